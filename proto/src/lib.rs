@@ -1,0 +1,1 @@
+//! Wire types shared by fabricd, libfabric-mm and fabricctl.

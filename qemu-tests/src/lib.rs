@@ -1,0 +1,1 @@
+//! qemu-tests
