@@ -1,0 +1,215 @@
+//! Reading sysfs attributes under an injectable root, with typed errors.
+//!
+//! Every backend that reads `/sys` goes through [`SysfsRoot`], so the same code runs on the
+//! live host (`/`), on extracted fixture trees, and inside QEMU guests. Attribute files are
+//! untrusted input: sizes are bounded and contents are parsed strictly; a missing or
+//! unparsable attribute is an error the caller turns into "unknown".
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The most bytes read from one attribute file (sysfs pages are 4 KiB; `resource` on a
+/// device with many BARs stays far below this).
+pub const MAX_ATTR_BYTES: u64 = 64 * 1024;
+
+/// Why an attribute could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AttrError {
+    /// The file does not exist (the kernel or dump does not expose it).
+    #[error("{path}: missing")]
+    Missing {
+        /// The attribute path.
+        path: PathBuf,
+    },
+    /// The file exists but could not be read (permissions, I/O).
+    #[error("{path}: unreadable")]
+    Unreadable {
+        /// The attribute path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The contents did not parse.
+    #[error("{path}: invalid value {value:?}")]
+    Invalid {
+        /// The attribute path.
+        path: PathBuf,
+        /// What was read (truncated).
+        value: String,
+    },
+}
+
+impl AttrError {
+    /// True when the attribute simply does not exist.
+    pub fn is_missing(&self) -> bool {
+        matches!(self, AttrError::Missing { .. })
+    }
+}
+
+/// A sysfs tree rooted somewhere (`/` on a live host), plus the name of the node it
+/// describes.
+#[derive(Debug, Clone)]
+pub struct SysfsRoot {
+    root: PathBuf,
+    node: String,
+}
+
+impl SysfsRoot {
+    /// A root directory and the node name to qualify identities with.
+    pub fn new(root: impl Into<PathBuf>, node: impl Into<String>) -> Self {
+        Self { root: root.into(), node: node.into() }
+    }
+
+    /// A root with the node named from its `proc/sys/kernel/hostname` (or `etc/hostname`),
+    /// falling back to `localhost`.
+    pub fn with_hostname(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        let node = ["proc/sys/kernel/hostname", "etc/hostname"]
+            .iter()
+            .find_map(|p| read_bounded(&root.join(p)).ok())
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty() && s.len() <= 253 && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/'))
+            .unwrap_or_else(|| "localhost".to_owned());
+        Self { root, node }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The node name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Resolves a path like `sys/bus/pci/devices` under the root. Absolute inputs are
+    /// re-rooted, never escaped to the live `/`.
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        let rel = rel.as_ref();
+        self.root.join(rel.strip_prefix("/").unwrap_or(rel))
+    }
+
+    /// Re-roots an absolute path (e.g. a symlink target resolved inside the tree).
+    pub fn contains(&self, p: &Path) -> bool {
+        p.starts_with(&self.root)
+    }
+}
+
+fn read_bounded(path: &Path) -> Result<String, AttrError> {
+    let file = fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AttrError::Missing { path: path.to_owned() },
+        _ => AttrError::Unreadable { path: path.to_owned(), source: e },
+    })?;
+    let mut buf = Vec::new();
+    file.take(MAX_ATTR_BYTES)
+        .read_to_end(&mut buf)
+        .map_err(|e| AttrError::Unreadable { path: path.to_owned(), source: e })?;
+    String::from_utf8(buf).map_err(|e| AttrError::Invalid {
+        path: path.to_owned(),
+        value: String::from_utf8_lossy(&e.into_bytes()[..]).chars().take(64).collect(),
+    })
+}
+
+/// Reads an attribute file and trims trailing whitespace.
+pub fn read_attr(path: &Path) -> Result<String, AttrError> {
+    Ok(read_bounded(path)?.trim_end().to_owned())
+}
+
+/// Reads and parses an attribute with `parse`, which returns `None` for bad contents.
+pub fn parse_attr<T>(path: &Path, parse: impl FnOnce(&str) -> Option<T>) -> Result<T, AttrError> {
+    let s = read_attr(path)?;
+    parse(s.trim()).ok_or_else(|| AttrError::Invalid { path: path.to_owned(), value: s.chars().take(64).collect() })
+}
+
+/// Parses `0x1234` / `1234` hexadecimal.
+pub fn parse_hex_u64(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    if t.is_empty() || t.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(t, 16).ok()
+}
+
+/// Parses a decimal unsigned integer.
+pub fn parse_dec_u64(s: &str) -> Option<u64> {
+    let t = s.trim();
+    if t.is_empty() || t.len() > 20 || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    t.parse().ok()
+}
+
+/// Parses a `numa_node` value: `-1` means "no NUMA affinity" and yields `Ok(None)`.
+pub fn parse_numa_node(s: &str) -> Option<Option<u32>> {
+    match s.trim() {
+        "-1" => Some(None),
+        t => parse_dec_u64(t).and_then(|v| u32::try_from(v).ok()).filter(|&v| v < 65_536).map(Some),
+    }
+}
+
+/// Lists the entry names of a directory, sorted (so discovery order is deterministic).
+/// A missing directory is an empty list.
+pub fn list_dir(path: &Path) -> Result<Vec<String>, AttrError> {
+    let rd = match fs::read_dir(path) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(AttrError::Unreadable { path: path.to_owned(), source: e }),
+    };
+    let mut names: Vec<String> =
+        rd.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The final component of a symlink's target (e.g. the driver name from `driver`).
+pub fn link_name(path: &Path) -> Result<String, AttrError> {
+    let target = fs::read_link(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AttrError::Missing { path: path.to_owned() },
+        _ => AttrError::Unreadable { path: path.to_owned(), source: e },
+    })?;
+    target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| AttrError::Invalid { path: path.to_owned(), value: target.display().to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsers_accept_kernel_formats_and_reject_garbage() {
+        assert_eq!(parse_hex_u64("0x10de"), Some(0x10de));
+        assert_eq!(parse_hex_u64("ffff"), Some(0xffff));
+        assert_eq!(parse_hex_u64("0x"), None);
+        assert_eq!(parse_hex_u64("0x12345678901234567"), None);
+        assert_eq!(parse_dec_u64("42\n"), Some(42));
+        assert_eq!(parse_dec_u64("-1"), None);
+        assert_eq!(parse_numa_node("-1"), Some(None));
+        assert_eq!(parse_numa_node("1"), Some(Some(1)));
+        assert_eq!(parse_numa_node("x"), None);
+    }
+
+    #[test]
+    fn attributes_are_bounded_and_typed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big");
+        fs::write(&p, vec![b'a'; (MAX_ATTR_BYTES as usize) * 2]).unwrap();
+        assert_eq!(read_attr(&p).unwrap().len(), MAX_ATTR_BYTES as usize);
+        assert!(read_attr(&dir.path().join("nope")).unwrap_err().is_missing());
+        fs::write(dir.path().join("bin"), [0xff, 0xfe]).unwrap();
+        assert!(matches!(read_attr(&dir.path().join("bin")), Err(AttrError::Invalid { .. })));
+        assert!(list_dir(&dir.path().join("absent")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn absolute_paths_stay_under_the_root() {
+        let r = SysfsRoot::new("/tmp/x", "n");
+        assert_eq!(r.path("/sys/bus"), PathBuf::from("/tmp/x/sys/bus"));
+    }
+}
