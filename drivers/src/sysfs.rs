@@ -159,8 +159,7 @@ pub fn list_dir(path: &Path) -> Result<Vec<String>, AttrError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(AttrError::Unreadable { path: path.to_owned(), source: e }),
     };
-    let mut names: Vec<String> =
-        rd.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect();
+    let mut names: Vec<String> = rd.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect();
     names.sort();
     Ok(names)
 }

@@ -59,12 +59,22 @@ impl BackendReport {
 
     /// A report for a backend whose source is absent.
     pub fn not_present(backend: &str, reason: impl Into<String>) -> Self {
-        Self { backend: backend.to_owned(), state: BackendState::NotPresent(reason.into()), devices: 0, unknown: Vec::new() }
+        Self {
+            backend: backend.to_owned(),
+            state: BackendState::NotPresent(reason.into()),
+            devices: 0,
+            unknown: Vec::new(),
+        }
     }
 
     /// A report for a backend that failed.
     pub fn failed(backend: &str, reason: impl Into<String>) -> Self {
-        Self { backend: backend.to_owned(), state: BackendState::Failed(reason.into()), devices: 0, unknown: Vec::new() }
+        Self {
+            backend: backend.to_owned(),
+            state: BackendState::Failed(reason.into()),
+            devices: 0,
+            unknown: Vec::new(),
+        }
     }
 
     /// Records an attribute that could not be read, keeping the list bounded.

@@ -68,14 +68,9 @@ impl Fabric {
                 return Err(PathError::NoDevice(x.0));
             }
         }
-        let hops = if a == b {
-            Some(vec![a])
-        } else {
-            self.find_hops(a, b)
-        };
-        let hops = hops.ok_or_else(|| {
-            PathError::Unreachable(self.device(a).id.to_string(), self.device(b).id.to_string())
-        })?;
+        let hops = if a == b { Some(vec![a]) } else { self.find_hops(a, b) };
+        let hops =
+            hops.ok_or_else(|| PathError::Unreachable(self.device(a).id.to_string(), self.device(b).id.to_string()))?;
         Ok(self.describe(hops, a, b))
     }
 
