@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The one test command: installs what the tiers need (as root on Debian), then runs every
+# tier that exists. CI (.ci/run) calls exactly this.
+#
+#   tier 0  format and lints
+#   tier 1  unit, property, fixture and golden tests   (cargo nextest, all crates)
+#   tier 2  integration tests with the real binaries    (part of the nextest run)
+#   tier 3  QEMU guests: not yet built (the qemu-tests issue); docs/testing.md says so
+#   tier 5  fuzz targets, briefly                       (scripts/fuzz.sh --smoke)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "dependencies"
+scripts/deps.sh
+export FABRIC_INSTALL_DEPS=1
+
+step "tier 0: rustfmt and clippy"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tiers 1-2: unit, fixture, golden and integration tests"
+cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test
+
+step "doc tests"
+cargo test --workspace --doc --locked
+
+step "tier 5: fuzz smoke run"
+scripts/fuzz.sh --smoke
+
+step "all tiers passed"
