@@ -176,18 +176,24 @@ fn add_nvlinks(
     switches: &mut HashSet<DeviceIdx>,
     gpu_pairs: &mut HashSet<(DeviceIdx, DeviceIdx)>,
 ) {
-    let mut bundles: BTreeMap<PciAddress, Bundle> = BTreeMap::new();
+    let mut bundles: BTreeMap<FarEnd, Bundle> = BTreeMap::new();
     let mut down_unattributed = 0u32;
     for l in &rec.links {
-        let Some(addr) = l.remote else {
-            if l.active {
+        let far = match l.remote.filter(|a| *a != NO_ADDRESS) {
+            Some(a) => FarEnd::Pci(a),
+            // An NVSwitch outside this host's PCI tree (switch trays) has no usable address,
+            // but still carries the GPU's traffic to every other GPU on the fabric.
+            None if l.active && l.remote_type == Some(RemoteType::Switch) => FarEnd::SwitchFabric,
+            None if l.active => {
                 report.note_unknown(format!("nvml device {} nvlink {}: active, far end unknown", rec.index, l.link));
-            } else {
-                down_unattributed += 1;
+                continue;
             }
-            continue;
+            None => {
+                down_unattributed += 1;
+                continue;
+            }
         };
-        let b = bundles.entry(addr).or_default();
+        let b = bundles.entry(far).or_default();
         if l.active {
             b.active += 1;
         } else {
@@ -202,35 +208,33 @@ fn add_nvlinks(
         inv.device_mut(gpu).attrs.insert("nvml.nvlinks_down_far_end_unknown".into(), down_unattributed.to_string());
     }
     let gpu_generation = inv.device(gpu).gpu.as_ref().and_then(|g| g.nvlink_generation);
-    for (addr, b) in bundles {
-        let kind = b.remote_type.unwrap_or_else(|| infer_remote_type(inv, node, addr, gpu_at));
-        let other = match kind {
-            RemoteType::Gpu => match gpu_at.get(&addr).copied().or_else(|| inv.find_pci(Some(node), addr)) {
-                Some(o) => o,
-                None => {
-                    report.note_unknown(format!("nvml device {} nvlink peer GPU {addr}: not found", rec.index));
+    for (far, b) in bundles {
+        let (kind, other) = match far {
+            FarEnd::SwitchFabric => match switch_fabric(inv, node) {
+                Some(s) => (RemoteType::Switch, s),
+                None => continue,
+            },
+            FarEnd::Pci(addr) => {
+                let kind = b.remote_type.unwrap_or_else(|| infer_remote_type(inv, node, addr, gpu_at));
+                let other = match kind {
+                    RemoteType::Gpu => gpu_at.get(&addr).copied().or_else(|| inv.find_pci(Some(node), addr)),
+                    RemoteType::Switch => nvswitch_at(inv, node, addr),
+                    RemoteType::IbmNpu => npu_at(inv, node, addr),
+                    RemoteType::Unknown => None,
+                };
+                let Some(other) = other else {
+                    report.note_unknown(format!(
+                        "nvml device {} nvlink far end {addr} ({kind:?}): not placed",
+                        rec.index
+                    ));
                     continue;
-                }
-            },
-            RemoteType::Switch => match endpoint_at(inv, node, addr, DeviceKind::NvSwitch) {
-                Some(s) => {
-                    switches.insert(s);
-                    s
-                }
-                None => continue,
-            },
-            RemoteType::IbmNpu => match endpoint_at(inv, node, addr, DeviceKind::Other) {
-                Some(n) => {
-                    inv.device_mut(n).attrs.insert("nvml.nvlink_endpoint".into(), "ibm_npu".into());
-                    n
-                }
-                None => continue,
-            },
-            RemoteType::Unknown => {
-                report.note_unknown(format!("nvml device {} nvlink far end {addr}: type unknown", rec.index));
-                continue;
+                };
+                (kind, other)
             }
         };
+        if kind == RemoteType::Switch {
+            switches.insert(other);
+        }
         if other == gpu {
             continue;
         }
@@ -240,7 +244,7 @@ fn add_nvlinks(
         }
         let generation = b.generation.or(gpu_generation);
         if generation.is_none() {
-            report.note_unknown(format!("nvml device {} nvlink to {addr}: generation unknown", rec.index));
+            report.note_unknown(format!("nvml device {} nvlink to {far}: generation unknown", rec.index));
         }
         let per_link = generation.and_then(nvlink_mbps_per_link);
         let bandwidth = Bandwidth {
@@ -282,24 +286,85 @@ fn infer_remote_type(
     }
 }
 
-/// The far end of an NVLink that is not a GPU, by PCI address: the function the PCI backend
-/// found (an NVSwitch is a PCI function of class 0x0680 on the host), or a new device keyed
-/// by node and address. `kind` is applied to it unless it is `Other`. `None` only when the
-/// inventory is full.
-fn endpoint_at(inv: &mut Inventory, node: &str, addr: PciAddress, kind: DeviceKind) -> Option<DeviceIdx> {
-    let idx = match inv.find_pci(Some(node), addr) {
+/// Where a bundle of NVLinks goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum FarEnd {
+    /// A device with a PCI address.
+    Pci(PciAddress),
+    /// NVSwitches NVML names by type only.
+    SwitchFabric,
+}
+
+impl std::fmt::Display for FarEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FarEnd::Pci(a) => write!(f, "{a}"),
+            FarEnd::SwitchFabric => f.write_str("the NVSwitch fabric"),
+        }
+    }
+}
+
+/// The all-zero address NVML reports when it does not know the far end.
+const NO_ADDRESS: PciAddress = PciAddress { domain: 0, bus: 0, device: 0, function: 0 };
+
+/// The NVSwitch at a PCI address: the function the PCI backend found there (an NVSwitch on
+/// an HGX board is a host PCI function of class 0x0680), or a new device keyed by node and
+/// address. If the host function at that address is plainly something else, the address is
+/// not a host address (a switch in another tray), and the switch gets a name of its own.
+fn nvswitch_at(inv: &mut Inventory, node: &str, addr: PciAddress) -> Option<DeviceIdx> {
+    let host = inv.find_pci(Some(node), addr).filter(|&i| {
+        let d = inv.device(i);
+        let vendor = d.pci.as_ref().and_then(|p| p.vendor_id);
+        matches!(d.kind, DeviceKind::NvSwitch | DeviceKind::Other) && vendor.is_none_or(|v| v == NVIDIA_VENDOR_ID)
+    });
+    let idx = match host {
         Some(i) => i,
         None => {
-            let mut d = Device::new(DeviceId::pci(node, addr), kind, Some(node));
-            let vendor_id = (kind == DeviceKind::NvSwitch).then_some(NVIDIA_VENDOR_ID);
-            d.pci = Some(PciInfo { address: Some(addr), vendor_id, ..PciInfo::default() });
+            let id = if inv.find_pci(Some(node), addr).is_some() {
+                DeviceId::named(node, &format!("nvswitch@{addr}"))
+            } else {
+                DeviceId::pci(node, addr)
+            };
+            let host_pci = id.scheme() == "pci";
+            let mut d = Device::new(id, DeviceKind::NvSwitch, Some(node));
+            if host_pci {
+                d.pci = Some(PciInfo { address: Some(addr), vendor_id: Some(NVIDIA_VENDOR_ID), ..PciInfo::default() });
+            } else {
+                d.attrs.insert("nvml.remote_bus_id".into(), addr.to_string());
+            }
             inv.add_device(d).ok()?
         }
     };
     let d = inv.device_mut(idx);
-    if kind != DeviceKind::Other {
-        d.kind = kind;
+    d.kind = DeviceKind::NvSwitch;
+    add_source(d, "nvml");
+    Some(idx)
+}
+
+/// One device standing for the NVSwitches a node's GPUs reach without a usable address.
+fn switch_fabric(inv: &mut Inventory, node: &str) -> Option<DeviceIdx> {
+    let id = DeviceId::named(node, "nvswitch-fabric");
+    if let Some(i) = inv.find(&id) {
+        return Some(i);
     }
+    let mut d = Device::new(id, DeviceKind::NvSwitch, Some(node));
+    d.attrs.insert("nvml.note".into(), "NVSwitches reached by NVLink without a PCI address on this host".into());
+    add_source(&mut d, "nvml");
+    inv.add_device(d).ok()
+}
+
+/// The IBM NPU (POWER9 CPU end of an NVLink) at a PCI address.
+fn npu_at(inv: &mut Inventory, node: &str, addr: PciAddress) -> Option<DeviceIdx> {
+    let idx = match inv.find_pci(Some(node), addr) {
+        Some(i) => i,
+        None => {
+            let mut d = Device::new(DeviceId::pci(node, addr), DeviceKind::Other, Some(node));
+            d.pci = Some(PciInfo { address: Some(addr), ..PciInfo::default() });
+            inv.add_device(d).ok()?
+        }
+    };
+    let d = inv.device_mut(idx);
+    d.attrs.insert("nvml.nvlink_endpoint".into(), "ibm_npu".into());
     add_source(d, "nvml");
     Some(idx)
 }

@@ -271,3 +271,38 @@ fn a_panicking_source_fails_the_backend_and_leaves_the_inventory_alone() {
     }
     assert!(inv.devices.is_empty());
 }
+
+#[test]
+fn switches_without_a_host_address_become_one_fabric_device() {
+    let mut fake = FakeNvml::hgx_h100();
+    for g in &mut fake.gpus {
+        for l in &mut g.links {
+            // What NVML may report for switches in other trays: a type but no address.
+            l.remote = Ok("00000000:00:00.0".into());
+        }
+    }
+    let mut inv = Inventory::new();
+    let report = discover_from(&fake, NODE, &mut inv);
+    assert_eq!(inv.count(DeviceKind::NvSwitch), 1);
+    let sw = inv.find(&DeviceId::named(NODE, "nvswitch-fabric")).unwrap();
+    let g0 = inv.find(&uuid_of(0)).unwrap();
+    assert_eq!(links_between(&inv, g0, sw)[0].kind, LinkKind::NvLink { generation: 4, count: 18 });
+    assert!(report.unknown.is_empty(), "{:?}", report.unknown);
+    let fabric = Fabric::build(inv).unwrap();
+    let inv = fabric.inventory();
+    assert_eq!(fabric.classify(inv.find(&uuid_of(0)).unwrap(), inv.find(&uuid_of(5)).unwrap()), HopClass::Nv(18));
+}
+
+#[test]
+fn a_switch_address_taken_by_another_host_function_is_not_reused() {
+    let mut inv = Inventory::new();
+    let a = addr(HGX_SWITCHES[0]);
+    let mut nic = Device::new(DeviceId::pci(NODE, a), DeviceKind::Nic, Some(NODE));
+    nic.pci = Some(PciInfo { address: Some(a), vendor_id: Some(0x15b3), ..PciInfo::default() });
+    let nic = inv.add_device(nic).unwrap();
+    discover_from(&FakeNvml::hgx_h100(), NODE, &mut inv);
+    assert_eq!(inv.device(nic).kind, DeviceKind::Nic, "the NIC stays a NIC");
+    let sw = inv.find(&DeviceId::named(NODE, &format!("nvswitch@{a}"))).expect("switch named by its address");
+    assert_eq!(inv.device(sw).kind, DeviceKind::NvSwitch);
+    assert_eq!(inv.count(DeviceKind::NvSwitch), 4);
+}
