@@ -78,7 +78,7 @@ impl FabricState {
     }
 
     /// The name used in [`fabric_topology::GpuInfo::fabric_state`].
-    pub fn as_str(&self) -> String {
+    pub fn name(&self) -> String {
         match self {
             FabricState::NotSupported => "not_supported".to_owned(),
             FabricState::NotStarted => "not_started".to_owned(),
@@ -276,8 +276,8 @@ mod tests {
 
     #[test]
     fn raw_enums_decode() {
-        assert_eq!(FabricState::from_raw(3).as_str(), "completed");
-        assert_eq!(FabricState::from_raw(9).as_str(), "unknown(9)");
+        assert_eq!(FabricState::from_raw(3).name(), "completed");
+        assert_eq!(FabricState::from_raw(9).name(), "unknown(9)");
         assert_eq!(RemoteType::from_raw(2), RemoteType::Switch);
         assert_eq!(RemoteType::from_raw(255), RemoteType::Unknown);
         assert_eq!(FabricHealth::from_raw(3).to_string(), "limited_capacity");

@@ -136,7 +136,7 @@ fn fill_gpu(d: &mut Device, rec: &GpuRecord) {
         gpu.nvlink_generation = Some(g);
     }
     if let Some(f) = &rec.fabric {
-        gpu.fabric_state = Some(f.state.as_str());
+        gpu.fabric_state = Some(f.state.name());
         let registered = f.state == FabricState::Completed && f.status == 0 && f.cluster_uuid != [0; 16];
         if registered {
             gpu.fabric_cluster = Some(format_uuid(&f.cluster_uuid));
