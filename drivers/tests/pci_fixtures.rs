@@ -93,7 +93,9 @@ fn every_dump_gives_every_function_and_host_bridge_and_invents_no_link_speed() {
         // Every function hangs off a bridge or host bridge, over a PCIe link.
         for (i, d) in f.inventory().devices.iter().enumerate() {
             if d.pci.is_some() {
-                let pl = f.parent_link(DeviceIdx(i as u32)).unwrap_or_else(|| panic!("{}: {} has no parent", x.archive, d.id));
+                let pl = f
+                    .parent_link(DeviceIdx(i as u32))
+                    .unwrap_or_else(|| panic!("{}: {} has no parent", x.archive, d.id));
                 assert!(matches!(f.link(pl).kind, LinkKind::Pcie { .. }));
                 assert_eq!(d.sources, vec!["pci".to_owned()]);
             }
@@ -107,7 +109,10 @@ fn every_dump_gives_every_function_and_host_bridge_and_invents_no_link_speed() {
         }
         for d in &f.inventory().devices {
             if let Some(p) = &d.pci {
-                assert_eq!((p.link_speed_gts, p.link_width, p.max_link_speed_gts, p.max_link_width), (None, None, None, None));
+                assert_eq!(
+                    (p.link_speed_gts, p.link_width, p.max_link_speed_gts, p.max_link_width),
+                    (None, None, None, None)
+                );
             }
         }
         for attr in ["current_link_speed", "current_link_width", "max_link_speed", "max_link_width"] {

@@ -269,6 +269,20 @@ fn read_regular(path: &Path) -> Result<String, AttrError> {
     }
 }
 
+/// The name a link like `driver` points to, checked to sit in a directory named `parent`
+/// (`.../drivers/nvidia`, `.../iommu_groups/17`). The target need not exist: dumps keep
+/// links whose targets were not copied.
+fn link_in(dir: &Path, name: &str, parent: &str) -> Result<String, AttrError> {
+    let path = dir.join(name);
+    let target = fs::read_link(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AttrError::Missing { path: path.clone() },
+        _ => AttrError::Unreadable { path: path.clone(), source: e },
+    })?;
+    let in_parent = target.parent().and_then(Path::file_name).is_some_and(|p| p == parent);
+    let leaf = target.file_name().and_then(|n| n.to_str()).filter(|n| in_parent && !n.is_empty());
+    leaf.map(str::to_owned).ok_or_else(|| AttrError::Invalid { path, value: clip(&target.to_string_lossy()) })
+}
+
 fn parsed<T>(dir: &Path, name: &str, parse: impl FnOnce(&str) -> Result<T, AttrParseError>) -> Result<T, AttrError> {
     let path = dir.join(name);
     let text = read_regular(&path)?;
@@ -298,7 +312,8 @@ pub fn read_function(dir: &Path, tally: &mut Tally) -> FunctionAttrs {
             Err(_) => tally.record("local_cpulist", Err(list_err)),
         },
     };
-    a.link_speed_gts = tally.record("current_link_speed", parsed(dir, "current_link_speed", parse_link_speed)).flatten();
+    a.link_speed_gts =
+        tally.record("current_link_speed", parsed(dir, "current_link_speed", parse_link_speed)).flatten();
     a.max_link_speed_gts = tally.record("max_link_speed", parsed(dir, "max_link_speed", parse_link_speed)).flatten();
     a.link_width = tally.record("current_link_width", parsed(dir, "current_link_width", parse_link_width));
     a.max_link_width = tally.record("max_link_width", parsed(dir, "max_link_width", parse_link_width));
@@ -306,12 +321,12 @@ pub fn read_function(dir: &Path, tally: &mut Tally) -> FunctionAttrs {
         a.bars = bars.into_iter().filter(|b| b.index <= 6).collect();
         a.bars_known = true;
     }
-    let group = sysfs::link_name(&dir.join("iommu_group")).and_then(|name| {
+    let group = link_in(dir, "iommu_group", "iommu_groups").and_then(|name| {
         parse_iommu_group(&name).map_err(|_| AttrError::Invalid { path: dir.join("iommu_group"), value: clip(&name) })
     });
     a.iommu_group = tally.record("iommu_group", group);
     // No `driver` link means no driver is bound: a fact, not an unknown.
-    a.driver = match sysfs::link_name(&dir.join("driver")) {
+    a.driver = match link_in(dir, "driver", "drivers") {
         Ok(d) => Some(d),
         Err(e) if e.is_missing() => None,
         Err(e) => tally.record("driver", Err(e)),
@@ -359,7 +374,10 @@ mod tests {
         assert!(parse_id16("0x10000").is_err());
         assert_eq!(parse_class("0x030200").unwrap(), 0x030200);
         assert!(parse_class("0x1000000").is_err());
-        assert_eq!(parse_meminfo_total("Node 0 MemTotal:       16747124 kB\nNode 0 MemFree: 1 kB").unwrap(), 16747124 * 1024);
+        assert_eq!(
+            parse_meminfo_total("Node 0 MemTotal:       16747124 kB\nNode 0 MemFree: 1 kB").unwrap(),
+            16747124 * 1024
+        );
         assert!(parse_meminfo_total("Node 0 MemFree: 1 kB").is_err());
         assert!(parse_meminfo_total("Node 0 MemTotal: 1 MB").is_err());
         assert_eq!(parse_distance("10 21").unwrap(), vec![10, 21]);

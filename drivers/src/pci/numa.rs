@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use fabric_topology::{
-    BackendReport, Bandwidth, CpuSet, Device, DeviceId, DeviceIdx, DeviceKind, Inventory, Link, LinkKind,
-    MemoryKind, MemoryResource,
+    BackendReport, Bandwidth, CpuSet, Device, DeviceId, DeviceIdx, DeviceKind, Inventory, Link, LinkKind, MemoryKind,
+    MemoryResource,
 };
 
 use super::add;
@@ -57,7 +57,8 @@ fn noted<T>(report: &mut BackendReport, r: Result<T, AttrError>) -> Option<T> {
 /// Reads the NUMA nodes under the root, sorted by number.
 pub fn read_nodes(root: &SysfsRoot, report: &mut BackendReport) -> Result<Vec<NumaNode>, NumaError> {
     let dir = root.path("sys/devices/system/node");
-    let mut ids: Vec<u32> = sysfs::list_dir(&dir).map_err(NumaError::List)?.iter().filter_map(|n| parse_node_name(n)).collect();
+    let mut ids: Vec<u32> =
+        sysfs::list_dir(&dir).map_err(NumaError::List)?.iter().filter_map(|n| parse_node_name(n)).collect();
     ids.sort_unstable();
     if ids.len() > MAX_NODES {
         report.note_unknown(format!("{}: {} NUMA nodes, reading the first {MAX_NODES}", dir.display(), ids.len()));
