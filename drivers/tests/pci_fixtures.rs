@@ -78,10 +78,6 @@ fn has_line(r: &BackendReport, needle: &str) -> bool {
 #[test]
 fn every_dump_gives_every_function_and_host_bridge_and_invents_no_link_speed() {
     let archives = fixtures::archives();
-    if archives.is_empty() {
-        eprintln!("skipping: real sysfs fixtures not found");
-        return;
-    }
     assert_eq!(archives.len(), 3, "the fixture set this test was written against");
     for a in archives {
         let x = fixtures::extract_path(&a);
