@@ -181,7 +181,11 @@ impl Builder<'_> {
     fn ports(&mut self) {
         let mut ports: Vec<&PortRaw> = self.scan.ports.iter().collect();
         // Roots first, then by depth, so that parents are known before children.
-        ports.sort_by_key(|p| (p.kind != PortKind::Root, p.path.components().count()));
+        // Ties broken by the upstream device path, which (unlike `portN`) is stable.
+        ports.sort_by(|a, b| {
+            let key = |p: &PortRaw| (p.kind != PortKind::Root, p.path.components().count());
+            key(a).cmp(&key(b)).then_with(|| a.uport.cmp(&b.uport))
+        });
         for p in ports {
             let ident = match p.kind {
                 PortKind::Root => {
