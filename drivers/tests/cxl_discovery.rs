@@ -339,3 +339,19 @@ fn symlinks_that_leave_the_root_are_not_followed() {
     assert!(!has_cxl_link(&inv, &hb(), &serial(1)));
     inv.validate().unwrap();
 }
+
+#[test]
+fn acpi_companion_dports_resolve_through_physical_node() {
+    // Kernels that register the ACPI0016 device as the root's dport: its `physical_node`
+    // names the PCI host bridge.
+    let t = qemu_cxl(&Names::default());
+    let acpi = "sys/devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0016:00";
+    t.file(&format!("{acpi}/path"), "\\_SB_.PC0C");
+    t.link(&format!("{acpi}/physical_node"), "sys/devices/pci0000:0c");
+    t.link("sys/devices/platform/ACPI0017:00/root0/dport12", acpi);
+    let mut inv = Inventory::new();
+    let r = discover(t.root(), &mut inv);
+    assert!(r.unknown.is_empty(), "{:#?}", r.unknown);
+    let w = decoder(&inv, &DeviceId::named(NODE, "ACPI0017:00"), CxlDecoderLevel::Root, WINDOW.0);
+    assert_eq!(w.targets, vec![hb().to_string()]);
+}

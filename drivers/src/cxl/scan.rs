@@ -385,13 +385,10 @@ fn scan_region(name: String, path: PathBuf, res: &Resolver, notes: &mut Vec<Stri
             });
         }
     }
-    if attrs.mode.is_none() && !a.contains_key("mode") {
-        // Before 6.3 only pmem regions existed; the uuid marks them.
-        let mut attrs = attrs;
-        if attrs.uuid.is_some() {
-            attrs.mode = Some(CxlMode::Pmem);
-        }
-        return RegionRaw { name, path, attrs, dax };
+    let mut attrs = attrs;
+    if !a.contains_key("mode") && attrs.uuid.is_some() {
+        // Before 6.3 regions had no `mode`: only PMEM regions existed, and they carry a UUID.
+        attrs.mode = Some(CxlMode::Pmem);
     }
     RegionRaw { name, path, attrs, dax }
 }
