@@ -1,0 +1,407 @@
+//! `fabric.topology/v1` and `fabric.devices/v1`: the fabric as a JSON document, built from a
+//! [`Fabric`] with stable identities and a stable order.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fabric_topology::cxl::{CxlInventory, CxlMemdevInfo};
+use fabric_topology::{
+    BackendState, Bandwidth, CpuSet, DeviceId, DeviceIdx, DeviceKind, Fabric, GpuInfo, LinkKind, LinkState,
+    MemoryResource, PciInfo, UalinkInfo,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::order::{MatrixLabels, device_order, sorted_nodes};
+use crate::{DEVICES_SCHEMA, HasSchema, TOPOLOGY_SCHEMA};
+
+/// The largest number of matrix devices for which a document carries the class matrix.
+pub const MATRIX_LIMIT: usize = 64;
+
+/// What to put in a topology document.
+#[derive(Debug, Clone, Default)]
+pub struct TopologyOptions {
+    /// Only this node's devices (and the links among them).
+    pub node: Option<String>,
+}
+
+/// The whole fabric (or one node of it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopologyDoc {
+    /// Always `fabric.topology/v1`.
+    pub schema: String,
+    /// Node names in natural order.
+    pub nodes: Vec<String>,
+    /// Counts over the document's devices and links.
+    pub summary: SummaryDoc,
+    /// Matrix labels (`GPU0`, `NIC0`, ...) of the document's matrix devices, in matrix order.
+    pub labels: Vec<LabelDoc>,
+    /// Devices in the stable order.
+    pub devices: Vec<DeviceDoc>,
+    /// Links between the document's devices.
+    pub links: Vec<LinkDoc>,
+    /// CXL decoders and regions.
+    pub cxl: CxlInventory,
+    /// How each discovery backend fared.
+    pub backends: Vec<BackendDoc>,
+    /// Hop classes between matrix devices; absent when there are more than 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix: Option<MatrixDoc>,
+}
+
+/// Every device with its identity and details.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DevicesDoc {
+    /// Always `fabric.devices/v1`.
+    pub schema: String,
+    /// Devices in the stable order.
+    pub devices: Vec<DeviceDoc>,
+}
+
+/// A label in the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelDoc {
+    /// `GPU0`, `ACC3`, `NIC1`, `CXL0`.
+    pub label: String,
+    /// The device it names.
+    pub id: DeviceId,
+}
+
+/// One device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceDoc {
+    /// Stable identity.
+    pub id: DeviceId,
+    /// Kind.
+    pub kind: DeviceKind,
+    /// Matrix label, for GPUs, accelerators, NICs and CXL memdevs.
+    pub label: Option<String>,
+    /// Node; null for fabric-level devices.
+    pub node: Option<String>,
+    /// Display name.
+    pub name: Option<String>,
+    /// NUMA node, null when unknown.
+    pub numa_node: Option<u32>,
+    /// Local CPUs as a cpulist, null when unknown.
+    pub local_cpus: Option<CpuSet>,
+    /// Upstream device in the PCI/CXL hierarchy.
+    pub parent: Option<DeviceId>,
+    /// PCI details.
+    pub pci: Option<PciInfo>,
+    /// GPU details.
+    pub gpu: Option<GpuInfo>,
+    /// CXL memdev details.
+    pub cxl: Option<CxlMemdevInfo>,
+    /// UALink details.
+    pub ualink: Option<UalinkInfo>,
+    /// Memory resources.
+    pub memory: Vec<MemoryResource>,
+    /// Sum of `memory` sizes in bytes.
+    pub memory_bytes: u64,
+    /// Links of the device by kind (`pcie`, `nvlink`, ...).
+    pub link_kinds: BTreeMap<String, usize>,
+    /// Backends that contributed.
+    pub sources: Vec<String>,
+    /// Backend-specific facts.
+    pub attrs: BTreeMap<String, String>,
+}
+
+/// One link. For hierarchical kinds (`pcie`, `cxl`, `host`) `a` is the upstream end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkDoc {
+    /// One end.
+    pub a: DeviceId,
+    /// The other end.
+    pub b: DeviceId,
+    /// Kind and shape, tagged by `type`.
+    pub kind: LinkKind,
+    /// Per-direction bandwidth in MB/s.
+    pub bandwidth: Bandwidth,
+    /// One-way latency.
+    pub latency_ns: Option<u32>,
+    /// `up`, `degraded` or `down`.
+    pub state: LinkState,
+    /// `current / max` bandwidth, rounded to 4 decimals; null when either is unknown.
+    pub fraction: Option<f64>,
+}
+
+/// A backend's report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendDoc {
+    /// Backend name.
+    pub backend: String,
+    /// `present`, `not_present` or `failed`.
+    pub state: String,
+    /// Why it was not present or failed.
+    pub reason: Option<String>,
+    /// Devices contributed.
+    pub devices: usize,
+    /// Attributes it could not read.
+    pub unknown: Vec<String>,
+}
+
+/// Hop classes between matrix devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatrixDoc {
+    /// Row and column labels.
+    pub labels: Vec<String>,
+    /// `classes[i][j]`: how `labels[i]` reaches `labels[j]` (`X`, `NV18`, `PIX`, ...).
+    pub classes: Vec<Vec<String>>,
+}
+
+/// Counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryDoc {
+    /// Nodes.
+    pub nodes: usize,
+    /// Devices.
+    pub devices: usize,
+    /// Devices by kind.
+    pub devices_by_kind: BTreeMap<String, usize>,
+    /// Links.
+    pub links: usize,
+    /// Links by kind.
+    pub links_by_kind: BTreeMap<String, usize>,
+    /// Links by state.
+    pub links_by_state: BTreeMap<String, usize>,
+    /// Scale-up domains (NVLink/xGMI/UALink/C2C components) by number of compute devices.
+    pub scale_up_domains: Vec<DomainSizeDoc>,
+}
+
+/// `count` scale-up domains have `size` compute devices each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainSizeDoc {
+    /// Compute devices per domain.
+    pub size: usize,
+    /// Number of such domains.
+    pub count: usize,
+}
+
+impl HasSchema for TopologyDoc {
+    const SCHEMA: &'static str = TOPOLOGY_SCHEMA;
+    fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
+impl HasSchema for DevicesDoc {
+    const SCHEMA: &'static str = DEVICES_SCHEMA;
+    fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
+/// Name of a device kind as it appears in documents (`gpu`, `nv_switch`, ...).
+pub fn kind_name(kind: DeviceKind) -> String {
+    serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Name of a link state as it appears in documents.
+pub fn state_name(state: LinkState) -> &'static str {
+    match state {
+        LinkState::Up => "up",
+        LinkState::Degraded => "degraded",
+        LinkState::Down => "down",
+    }
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+/// Which devices a document covers.
+fn scope(fabric: &Fabric, order: &[DeviceIdx], node: Option<&str>) -> Vec<DeviceIdx> {
+    match node {
+        None => order.to_vec(),
+        Some(n) => order.iter().copied().filter(|&i| fabric.device(i).node.as_deref() == Some(n)).collect(),
+    }
+}
+
+/// A device as a document entry.
+pub fn device_doc(fabric: &Fabric, labels: &MatrixLabels, idx: DeviceIdx) -> DeviceDoc {
+    let d = fabric.device(idx);
+    let mut link_kinds = BTreeMap::new();
+    for (_, li) in fabric.neighbors(idx) {
+        *link_kinds.entry(fabric.link(li).kind.name().to_owned()).or_insert(0) += 1;
+    }
+    DeviceDoc {
+        id: d.id.clone(),
+        kind: d.kind,
+        label: labels.label(idx).map(str::to_owned),
+        node: d.node.clone(),
+        name: d.name.clone(),
+        numa_node: d.numa_node,
+        local_cpus: d.local_cpus.clone(),
+        parent: fabric.parent(idx).map(|p| fabric.device(p).id.clone()),
+        pci: d.pci.clone(),
+        gpu: d.gpu.clone(),
+        cxl: d.cxl.clone(),
+        ualink: d.ualink.clone(),
+        memory: d.memory.clone(),
+        memory_bytes: d.memory_bytes(),
+        link_kinds,
+        sources: d.sources.clone(),
+        attrs: d.attrs.clone(),
+    }
+}
+
+/// Sizes of the scale-up domains (compute devices per component of non-down scale-up links).
+pub fn scale_up_domain_sizes(fabric: &Fabric, devices: &[DeviceIdx]) -> Vec<DomainSizeDoc> {
+    let mut parent: Vec<u32> = (0..fabric.len() as u32).collect();
+    fn find(p: &mut [u32], mut x: u32) -> u32 {
+        while p[x as usize] != x {
+            let g = p[p[x as usize] as usize];
+            p[x as usize] = g;
+            x = g;
+        }
+        x
+    }
+    let inv = fabric.inventory();
+    let mut touched = vec![false; fabric.len()];
+    for l in inv.links.iter().filter(|l| l.kind.is_scale_up() && l.state != LinkState::Down) {
+        let (ra, rb) = (find(&mut parent, l.a.0), find(&mut parent, l.b.0));
+        if ra != rb {
+            parent[ra.max(rb) as usize] = ra.min(rb);
+        }
+        touched[l.a.get()] = true;
+        touched[l.b.get()] = true;
+    }
+    let mut size: HashMap<u32, usize> = HashMap::new();
+    for &i in devices {
+        if touched[i.get()] && fabric.device(i).kind.is_compute() {
+            *size.entry(find(&mut parent, i.0)).or_insert(0) += 1;
+        }
+    }
+    let mut hist: BTreeMap<usize, usize> = BTreeMap::new();
+    for s in size.into_values() {
+        *hist.entry(s).or_insert(0) += 1;
+    }
+    hist.into_iter().map(|(size, count)| DomainSizeDoc { size, count }).collect()
+}
+
+/// Counts over a set of devices and the links among them.
+pub fn summary(fabric: &Fabric, devices: &[DeviceIdx], links: &[usize]) -> SummaryDoc {
+    let mut devices_by_kind = BTreeMap::new();
+    let mut nodes = std::collections::HashSet::new();
+    for &i in devices {
+        let d = fabric.device(i);
+        *devices_by_kind.entry(kind_name(d.kind)).or_insert(0) += 1;
+        if let Some(n) = d.node.as_deref() {
+            nodes.insert(n);
+        }
+    }
+    let (mut links_by_kind, mut links_by_state) = (BTreeMap::new(), BTreeMap::new());
+    for &li in links {
+        let l = fabric.link(li);
+        *links_by_kind.entry(l.kind.name().to_owned()).or_insert(0) += 1;
+        *links_by_state.entry(state_name(l.state).to_owned()).or_insert(0) += 1;
+    }
+    SummaryDoc {
+        nodes: nodes.len(),
+        devices: devices.len(),
+        devices_by_kind,
+        links: links.len(),
+        links_by_kind,
+        links_by_state,
+        scale_up_domains: scale_up_domain_sizes(fabric, devices),
+    }
+}
+
+/// The links with both ends in `devices`, ordered by the position of their ends.
+pub fn links_among(fabric: &Fabric, devices: &[DeviceIdx]) -> Vec<usize> {
+    let mut pos = vec![u32::MAX; fabric.len()];
+    for (p, &i) in devices.iter().enumerate() {
+        pos[i.get()] = p as u32;
+    }
+    let mut out: Vec<(u32, u32, usize)> = fabric
+        .inventory()
+        .links
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| pos[l.a.get()] != u32::MAX && pos[l.b.get()] != u32::MAX)
+        .map(|(li, l)| (pos[l.a.get()], pos[l.b.get()], li))
+        .collect();
+    // Parallel links between the same ends keep their relative inventory order.
+    out.sort_by_key(|&(a, b, li)| (a, b, li));
+    out.into_iter().map(|(_, _, li)| li).collect()
+}
+
+/// A link as a document entry.
+pub fn link_doc(fabric: &Fabric, li: usize) -> LinkDoc {
+    let l = fabric.link(li);
+    LinkDoc {
+        a: fabric.device(l.a).id.clone(),
+        b: fabric.device(l.b).id.clone(),
+        kind: l.kind,
+        bandwidth: l.bandwidth,
+        latency_ns: l.latency_ns,
+        state: l.state,
+        fraction: l.bandwidth.fraction().map(round4),
+    }
+}
+
+fn backend_doc(r: &fabric_topology::BackendReport) -> BackendDoc {
+    let (state, reason) = match &r.state {
+        BackendState::Present => ("present", None),
+        BackendState::NotPresent(why) => ("not_present", Some(why.clone())),
+        BackendState::Failed(why) => ("failed", Some(why.clone())),
+    };
+    BackendDoc {
+        backend: r.backend.clone(),
+        state: state.to_owned(),
+        reason,
+        devices: r.devices,
+        unknown: r.unknown.clone(),
+    }
+}
+
+impl TopologyDoc {
+    /// Builds the document for a fabric.
+    pub fn from_fabric(fabric: &Fabric, opts: &TopologyOptions) -> Self {
+        let order = device_order(fabric);
+        let labels = MatrixLabels::from_order(fabric, &order);
+        Self::build(fabric, &order, &labels, opts)
+    }
+
+    /// Builds the document from a precomputed order and labels.
+    pub fn build(fabric: &Fabric, order: &[DeviceIdx], labels: &MatrixLabels, opts: &TopologyOptions) -> Self {
+        let devices = scope(fabric, order, opts.node.as_deref());
+        let links = links_among(fabric, &devices);
+        let in_scope = |i: DeviceIdx| opts.node.is_none() || fabric.device(i).node == opts.node;
+        let matrix_devs: Vec<(String, DeviceIdx)> =
+            labels.entries().iter().filter(|(_, i)| in_scope(*i)).cloned().collect();
+        let matrix = (matrix_devs.len() <= MATRIX_LIMIT && !matrix_devs.is_empty()).then(|| MatrixDoc {
+            labels: matrix_devs.iter().map(|(l, _)| l.clone()).collect(),
+            classes: matrix_devs
+                .iter()
+                .map(|&(_, a)| matrix_devs.iter().map(|&(_, b)| fabric.classify(a, b).to_string()).collect())
+                .collect(),
+        });
+        let nodes = match &opts.node {
+            Some(n) => vec![n.clone()],
+            None => sorted_nodes(fabric),
+        };
+        Self {
+            schema: TOPOLOGY_SCHEMA.to_owned(),
+            nodes,
+            summary: summary(fabric, &devices, &links),
+            labels: matrix_devs.iter().map(|(l, i)| LabelDoc { label: l.clone(), id: fabric.device(*i).id.clone() }).collect(),
+            devices: devices.iter().map(|&i| device_doc(fabric, labels, i)).collect(),
+            links: links.iter().map(|&li| link_doc(fabric, li)).collect(),
+            cxl: fabric.inventory().cxl.clone(),
+            backends: fabric.inventory().backends.iter().map(backend_doc).collect(),
+            matrix,
+        }
+    }
+}
+
+impl DevicesDoc {
+    /// Every device of the fabric (or of one node).
+    pub fn from_fabric(fabric: &Fabric, node: Option<&str>) -> Self {
+        let order = device_order(fabric);
+        let labels = MatrixLabels::from_order(fabric, &order);
+        let devices = scope(fabric, &order, node);
+        Self {
+            schema: DEVICES_SCHEMA.to_owned(),
+            devices: devices.iter().map(|&i| device_doc(fabric, &labels, i)).collect(),
+        }
+    }
+}
