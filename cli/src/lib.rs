@@ -85,10 +85,11 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let view = load_view(&a.source)?;
             let from = view.resolve(&a.a).with_context(|| format!("resolving the source device {:?}", a.a))?;
             let to = view.resolve(&a.b).with_context(|| format!("resolving the destination device {:?}", a.b))?;
-            let route = view
-                .fabric
-                .route(from, to)
-                .map_err(|source| RunError::Route { a: a.a.clone(), b: a.b.clone(), source })?;
+            let route = view.fabric.route(from, to).map_err(|source| RunError::Route {
+                a: a.a.clone(),
+                b: a.b.clone(),
+                source,
+            })?;
             let doc = PathDoc::from_route(&view.fabric, &view.labels, from, to, &route);
             let r = match a.output {
                 ListFormat::Table => render::path::render_table(&doc, out),

@@ -37,10 +37,10 @@ impl SourceError {
     /// How to fix it.
     pub fn hint(&self) -> &'static str {
         match self {
-            SourceError::SimNotFound(_) => {
-                "pass an existing file to --sim, e.g. --sim configs/sim/hgx-h100-8gpu.toml"
+            SourceError::SimNotFound(_) => "pass an existing file to --sim, e.g. --sim configs/sim/hgx-h100-8gpu.toml",
+            SourceError::SimLoad { .. } => {
+                "fix the file and key named above; sim fabrics are described in configs/sim/"
             }
-            SourceError::SimLoad { .. } => "fix the file and key named above; sim fabrics are described in configs/sim/",
             SourceError::NoSysfs(_) => "pass --sysfs-root a directory that contains sys/ (an extracted sysfs dump)",
             SourceError::Index(_) => "a discovery backend produced a dangling link; rerun with -vv and report it",
         }

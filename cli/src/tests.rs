@@ -123,7 +123,9 @@ fn unknown_affinity_is_na_and_node_filter_keeps_global_labels() {
 
     let v = View::new(testkit::fabric(testkit::two_nodes()), Some("node1".into())).expect("view");
     let t = out(&v, render::matrix::render);
-    assert!(t.starts_with("       GPU8 ") || t.lines().next().is_some_and(|h| h.split_whitespace().next() == Some("GPU8")));
+    assert!(
+        t.starts_with("       GPU8 ") || t.lines().next().is_some_and(|h| h.split_whitespace().next() == Some("GPU8"))
+    );
     assert!(!t.contains("GPU0 "), "node filter drops node0");
     assert!(View::new(testkit::fabric(testkit::hgx()), Some("nope".into())).is_err());
 }
@@ -161,7 +163,10 @@ fn json_round_trips_and_carries_the_matrix() {
     assert_eq!(doc.links.len(), v.fabric.inventory().links.len());
     let m = doc.matrix.as_ref().expect("matrix for 13 devices");
     assert_eq!(m.labels.len(), 13);
-    let (i, j) = (m.labels.iter().position(|l| l == "GPU4").expect("GPU4"), m.labels.iter().position(|l| l == "NIC3").expect("NIC3"));
+    let (i, j) = (
+        m.labels.iter().position(|l| l == "GPU4").expect("GPU4"),
+        m.labels.iter().position(|l| l == "NIC3").expect("NIC3"),
+    );
     assert_eq!(m.classes[i][j], "PIX");
     let degraded: Vec<_> = doc.links.iter().filter(|l| l.state == LinkState::Degraded).collect();
     assert_eq!(degraded.len(), 1);
@@ -207,7 +212,8 @@ fn dot_is_valid_and_marks_degraded_edges() {
     let t = out(&v, render::dot::render);
     check_dot(&t);
     assert!(t.contains("subgraph \"cluster_node0\""));
-    let edge = t.lines().find(|l| l.contains("\"pci:node0/0000:72:02.0\" -- \"pci:node0/0000:77:00.0\"")).expect("edge");
+    let edge =
+        t.lines().find(|l| l.contains("\"pci:node0/0000:72:02.0\" -- \"pci:node0/0000:77:00.0\"")).expect("edge");
     assert!(edge.contains("style=dashed") && edge.contains("color=red") && edge.contains("50%"), "{edge}");
     assert_eq!(t.matches(" -- ").count(), v.fabric.inventory().links.len());
     check_dot(&out(&view(testkit::two_nodes()), render::dot::render));
@@ -246,7 +252,9 @@ fn tree_nests_the_pci_hierarchy() {
     assert_eq!(indent("CPU name:node0/numa0"), 2);
     assert_eq!(indent("HB name:node0/pci0000:10"), 4);
     assert_eq!(indent("GPU0 0000:13:00.0"), 12);
-    assert!(t.contains("NIC4 0000:77:00.0 \"MT2910 Family [ConnectX-7]\" [pcie gen5 x8 (max gen5 x16), 31.5 of 63.0 GB/s (50%)]"));
+    assert!(t.contains(
+        "NIC4 0000:77:00.0 \"MT2910 Family [ConnectX-7]\" [pcie gen5 x8 (max gen5 x16), 31.5 of 63.0 GB/s (50%)]"
+    ));
     assert!(t.contains("HBM 80 GiB {nvlink to 4 peers, 18 links}"));
     assert!(t.contains("outside the PCI tree:"));
     let t = out(&view(testkit::two_nodes()), render::tree::render);
@@ -303,4 +311,29 @@ fn paths_report_bottleneck_class_and_degradation() {
     assert_eq!(doc.class, "NET");
     assert!(doc.hops.iter().any(|h| h.id.as_str() == "name:fabric/leaf0"));
     assert_eq!(doc.latency_ns, Some(1200));
+}
+
+/// Manual timing probe: `NODES=12500 cargo test -p fabric-cli --lib probe_ -- --ignored
+/// --nocapture` renders the table and tree of a 100,000-GPU cluster and prints timings.
+#[test]
+#[ignore]
+fn probe_large_cluster_timing() {
+    let n: usize = std::env::var("NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let t0 = Instant::now();
+    let v = view(testkit::cluster(n));
+    eprintln!("build {:?} devices {}", t0.elapsed(), v.fabric.len());
+    let t0 = Instant::now();
+    println!("{}", out(&v, render::matrix::render));
+    eprintln!("table {:?}", t0.elapsed());
+    let t0 = Instant::now();
+    let tree = out(&v, render::tree::render);
+    eprintln!("tree {:?}", t0.elapsed());
+    println!("{}", &tree[tree.len() - 800..]);
+}
+
+#[test]
+fn backends_that_are_missing_are_explained() {
+    let t = out(&view(testkit::cxl_host()), render::matrix::render);
+    assert!(t.contains("Discovery:\n\n  nvml: not present (libnvidia-ml.so.1 not found)"), "{t}");
+    assert!(!out(&view(testkit::hgx()), render::matrix::render).contains("Discovery:"));
 }

@@ -82,7 +82,12 @@ impl PathDoc {
     pub fn from_route(fabric: &Fabric, labels: &MatrixLabels, a: DeviceIdx, b: DeviceIdx, route: &Route) -> Self {
         let hop = |i| {
             let d = fabric.device(i);
-            PathHopDoc { id: d.id.clone(), label: labels.label(i).map(str::to_owned), kind: d.kind, name: d.name.clone() }
+            PathHopDoc {
+                id: d.id.clone(),
+                label: labels.label(i).map(str::to_owned),
+                kind: d.kind,
+                name: d.name.clone(),
+            }
         };
         let hops: Vec<PathHopDoc> = route.hops.iter().map(|&i| hop(i)).collect();
         let links = route

@@ -383,7 +383,10 @@ impl TopologyDoc {
             schema: TOPOLOGY_SCHEMA.to_owned(),
             nodes,
             summary: summary(fabric, &devices, &links),
-            labels: matrix_devs.iter().map(|(l, i)| LabelDoc { label: l.clone(), id: fabric.device(*i).id.clone() }).collect(),
+            labels: matrix_devs
+                .iter()
+                .map(|(l, i)| LabelDoc { label: l.clone(), id: fabric.device(*i).id.clone() })
+                .collect(),
             devices: devices.iter().map(|&i| device_doc(fabric, labels, i)).collect(),
             links: links.iter().map(|&li| link_doc(fabric, li)).collect(),
             cxl: fabric.inventory().cxl.clone(),
@@ -403,5 +406,98 @@ impl DevicesDoc {
             schema: DEVICES_SCHEMA.to_owned(),
             devices: devices.iter().map(|&i| device_doc(fabric, &labels, i)).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_topology::{Device, Inventory, Link};
+    use serde_json::Value;
+
+    use super::*;
+    use crate::parse_doc;
+
+    fn tiny() -> Fabric {
+        let mut inv = Inventory::new();
+        let mut cpu = Device::new(DeviceId::named("n1", "numa0"), DeviceKind::Cpu, Some("n1"));
+        cpu.numa_node = Some(0);
+        let cpu = inv.add_device(cpu).expect("cpu");
+        let addr = "0000:17:00.0".parse().expect("addr");
+        let mut g = Device::new(DeviceId::uuid("GPU-b"), DeviceKind::Gpu, Some("n1"));
+        g.pci = Some(PciInfo { address: Some(addr), ..PciInfo::default() });
+        let g = inv.add_device(g).expect("gpu");
+        let addr2 = "0000:03:00.0".parse().expect("addr");
+        let mut g2 = Device::new(DeviceId::uuid("GPU-a"), DeviceKind::Gpu, Some("n1"));
+        g2.pci = Some(PciInfo { address: Some(addr2), ..PciInfo::default() });
+        let g2 = inv.add_device(g2).expect("gpu");
+        inv.add_link(Link::pcie(cpu, g, (Some(4), Some(8)), (Some(4), Some(16))));
+        inv.add_link(Link::pcie(cpu, g2, (Some(4), Some(16)), (Some(4), Some(16))));
+        Fabric::build(inv).expect("fabric")
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object().expect("object").keys().map(String::as_str).collect()
+    }
+
+    /// Pins the field names of v1: renaming or removing one is a breaking change that
+    /// needs a new schema version (docs/topology-json.md, "Compatibility").
+    #[test]
+    fn v1_field_names_are_stable() {
+        let doc = TopologyDoc::from_fabric(&tiny(), &TopologyOptions::default());
+        let v = serde_json::to_value(&doc).expect("json");
+        let mut top = keys(&v);
+        top.sort_unstable();
+        assert_eq!(top, ["backends", "cxl", "devices", "labels", "links", "matrix", "nodes", "schema", "summary"]);
+        let mut dev = keys(&v["devices"][0]);
+        dev.sort_unstable();
+        assert_eq!(
+            dev,
+            [
+                "attrs",
+                "cxl",
+                "gpu",
+                "id",
+                "kind",
+                "label",
+                "link_kinds",
+                "local_cpus",
+                "memory",
+                "memory_bytes",
+                "name",
+                "node",
+                "numa_node",
+                "parent",
+                "pci",
+                "sources",
+                "ualink"
+            ]
+        );
+        let mut link = keys(&v["links"][0]);
+        link.sort_unstable();
+        assert_eq!(link, ["a", "b", "bandwidth", "fraction", "kind", "latency_ns", "state"]);
+        assert_eq!(v["links"][0]["kind"]["type"], "pcie");
+        let mut s = keys(&v["summary"]);
+        s.sort_unstable();
+        assert_eq!(
+            s,
+            ["devices", "devices_by_kind", "links", "links_by_kind", "links_by_state", "nodes", "scale_up_domains"]
+        );
+    }
+
+    #[test]
+    fn devices_and_labels_follow_pci_order_not_discovery_order() {
+        let doc = TopologyDoc::from_fabric(&tiny(), &TopologyOptions::default());
+        let ids: Vec<&str> = doc.devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["uuid:GPU-a", "uuid:GPU-b", "name:n1/numa0"]);
+        assert_eq!(doc.labels[0], LabelDoc { label: "GPU0".into(), id: DeviceId::uuid("GPU-a") });
+        let m = doc.matrix.as_ref().expect("matrix");
+        assert_eq!(m.classes, [["X", "NODE"], ["NODE", "X"]].map(|r| r.map(String::from).to_vec()).to_vec());
+        let degraded = doc.links.iter().find(|l| l.state == LinkState::Degraded).expect("degraded");
+        assert_eq!(degraded.fraction, Some(0.5));
+        let text = serde_json::to_string(&doc).expect("json");
+        assert_eq!(parse_doc::<TopologyDoc>(&text).expect("parse"), doc);
+        let devices = DevicesDoc::from_fabric(&tiny(), Some("n1"));
+        assert_eq!(devices.devices.len(), 3);
+        assert!(parse_doc::<DevicesDoc>(&text).is_err(), "a topology document is not a devices document");
     }
 }

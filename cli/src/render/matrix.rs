@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use fabric_topology::{DeviceIdx, DeviceKind, HopClass, LinkState};
+use fabric_topology::{BackendState, DeviceIdx, DeviceKind, HopClass, LinkState};
 
 use crate::render::{bandwidth, summary};
 use crate::view::View;
@@ -18,17 +18,44 @@ pub fn render(view: &View, w: &mut dyn Write) -> io::Result<()> {
     if devs.is_empty() {
         writeln!(w, "No GPU, accelerator, NIC or CXL memory device found ({} devices in all).", view.devices().len())?;
         writeln!(w, "Use `-o tree` to see the whole hierarchy.")?;
-        return Ok(());
+        return write_backend_notes(view, w);
     }
     if devs.len() > FULL_MATRIX_LIMIT {
-        return summary::render(view, &devs, w);
+        summary::render(view, &devs, w)?;
+        return write_backend_notes(view, w);
     }
     write_matrix(view, &devs, w)?;
     writeln!(w)?;
     write_legend(w)?;
     writeln!(w)?;
     write_labels(view, &devs, w)?;
-    write_degraded(view, &devs, usize::MAX, w)
+    write_degraded(view, &devs, usize::MAX, w)?;
+    write_backend_notes(view, w)
+}
+
+/// Backends that were not present or failed, so that a missing device has an explanation.
+pub fn write_backend_notes(view: &View, w: &mut dyn Write) -> io::Result<()> {
+    let notes: Vec<String> = view
+        .fabric
+        .inventory()
+        .backends
+        .iter()
+        .filter_map(|b| match &b.state {
+            BackendState::Present => None,
+            BackendState::NotPresent(why) => Some(format!("  {}: not present ({why})", b.backend)),
+            BackendState::Failed(why) => Some(format!("  {}: failed ({why})", b.backend)),
+        })
+        .collect();
+    if notes.is_empty() {
+        return Ok(());
+    }
+    writeln!(w)?;
+    writeln!(w, "Discovery:")?;
+    writeln!(w)?;
+    for n in notes {
+        writeln!(w, "{n}")?;
+    }
+    Ok(())
 }
 
 /// The CPUs local to a device: its own, else those of the CPU it hangs off.

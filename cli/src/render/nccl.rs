@@ -194,7 +194,9 @@ impl Export<'_> {
             let tclass = match pd.kind {
                 DeviceKind::NvSwitch => NVSWITCH_CLASS.to_owned(),
                 DeviceKind::Cpu => "0x068001".to_owned(),
-                _ => pd.pci.as_ref().and_then(|p| p.class).map_or_else(|| GPU_CLASS.to_owned(), |c| format!("0x{c:06x}")),
+                _ => {
+                    pd.pci.as_ref().and_then(|p| p.class).map_or_else(|| GPU_CLASS.to_owned(), |c| format!("0x{c:06x}"))
+                }
             };
             match links.iter_mut().find(|(t, c, _)| *t == target && *c == tclass && target != NO_BUS_ID) {
                 Some(e) => e.2 += u32::from(count),

@@ -114,10 +114,7 @@ fn write_classes(w: &mut dyn Write, title: &str, m: &BTreeMap<HopClass, usize>) 
     if total == 0 {
         return writeln!(w, "  {title:<18}no pairs");
     }
-    let parts: Vec<String> = m
-        .iter()
-        .map(|(k, v)| format!("{k} {v} ({}%)", (v * 1000 / total + 5) / 10))
-        .collect();
+    let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v} ({}%)", (v * 1000 / total + 5) / 10)).collect();
     writeln!(w, "  {title:<18}{} pairs: {}", total, parts.join(", "))
 }
 
@@ -136,7 +133,12 @@ pub fn render(view: &View, devs: &[(&str, DeviceIdx)], w: &mut dyn Write) -> io:
     write_counts(w, "links by kind", &s.links_by_kind)?;
     write_counts(w, "links by state", &s.links_by_state)?;
     let domains: Vec<String> = s.scale_up_domains.iter().map(|d| format!("{} x {} devices", d.count, d.size)).collect();
-    writeln!(w, "  {:<18}{}", "scale-up domains", if domains.is_empty() { "none".to_owned() } else { domains.join(", ") })?;
+    writeln!(
+        w,
+        "  {:<18}{}",
+        "scale-up domains",
+        if domains.is_empty() { "none".to_owned() } else { domains.join(", ") }
+    )?;
     let degraded = s.links_by_state.get("degraded").copied().unwrap_or(0);
     let down = s.links_by_state.get("down").copied().unwrap_or(0);
     writeln!(w, "  {:<18}{degraded} degraded, {down} down", "link health")?;

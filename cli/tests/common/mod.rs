@@ -91,7 +91,8 @@ pub fn hgx_node(inv: &mut Inventory, node: &str, degraded: bool) -> NodeParts {
         let cpu = parts.cpus[numa as usize];
         let base = 0x10 + q * 0x20;
         let hb = add(inv, {
-            let mut d = Device::new(DeviceId::named(node, &format!("pci0000:{base:02x}")), DeviceKind::HostBridge, Some(node));
+            let mut d =
+                Device::new(DeviceId::named(node, &format!("pci0000:{base:02x}")), DeviceKind::HostBridge, Some(node));
             d.numa_node = Some(numa);
             d
         });
@@ -196,12 +197,17 @@ pub fn two_nodes() -> Inventory {
 pub fn cluster(nodes: usize) -> Inventory {
     let mut inv = Inventory::new();
     let spines: Vec<DeviceIdx> = (0..4)
-        .map(|s| add(&mut inv, Device::new(DeviceId::named("fabric", &format!("spine{s}")), DeviceKind::NetworkSwitch, None)))
+        .map(|s| {
+            add(&mut inv, Device::new(DeviceId::named("fabric", &format!("spine{s}")), DeviceKind::NetworkSwitch, None))
+        })
         .collect();
     let mut leaf = None;
     for n in 0..nodes {
         if n % 32 == 0 {
-            let l = add(&mut inv, Device::new(DeviceId::named("fabric", &format!("leaf{}", n / 32)), DeviceKind::NetworkSwitch, None));
+            let l = add(
+                &mut inv,
+                Device::new(DeviceId::named("fabric", &format!("leaf{}", n / 32)), DeviceKind::NetworkSwitch, None),
+            );
             for &s in &spines {
                 inv.add_link(Link::new(l, s, LinkKind::Network { gbps: 800 }, Bandwidth::full(100_000), None));
             }
