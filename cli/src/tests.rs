@@ -158,6 +158,8 @@ fn json_round_trips_and_carries_the_matrix() {
     let text = out(&v, render::json::render_topology);
     let doc: TopologyDoc = parse_doc(&text).expect("parses");
     assert_eq!(doc, render::json::topology_doc(&v));
+    let built = serde_json::to_string_pretty(&render::json::topology_doc(&v)).expect("json");
+    assert_eq!(text, built + "\n", "streaming writes the same bytes as the built document");
     assert_eq!(doc.schema, "fabric.topology/v1");
     assert_eq!(doc.devices.len(), v.fabric.len());
     assert_eq!(doc.links.len(), v.fabric.inventory().links.len());
@@ -239,6 +241,10 @@ fn devices_table_lists_every_device() {
     for want in ["uuid:GPU-node0-00", "gpu", "node0", "0000:13:00.0", "5 (nvlink:4,pcie:1)", "80 GiB"] {
         assert!(gpu.contains(want), "{want} in {gpu}");
     }
+    let json = out(&v, render::json::render_devices);
+    let doc: fabric_proto::DevicesDoc = parse_doc(&json).expect("devices document");
+    assert_eq!(doc, fabric_proto::DevicesDoc::from_fabric(&v.fabric, None));
+    assert_eq!(doc.devices.len(), v.fabric.len());
 }
 
 #[test]

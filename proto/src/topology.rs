@@ -104,7 +104,7 @@ pub struct DeviceDoc {
     pub attrs: BTreeMap<String, String>,
 }
 
-/// One link. For hierarchical kinds (`pcie`, `cxl`, `host`) `a` is the upstream end.
+/// One link. For hierarchical kinds (`pcie`, `cxl`, `host_attach`) `a` is the upstream end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkDoc {
     /// One end.
@@ -363,6 +363,19 @@ impl TopologyDoc {
 
     /// Builds the document from a precomputed order and labels.
     pub fn build(fabric: &Fabric, order: &[DeviceIdx], labels: &MatrixLabels, opts: &TopologyOptions) -> Self {
+        let (mut head, devices, links) = Self::parts(fabric, order, labels, opts);
+        head.devices = devices.iter().map(|&i| device_doc(fabric, labels, i)).collect();
+        head.links = links.iter().map(|&li| link_doc(fabric, li)).collect();
+        head
+    }
+
+    /// The document without devices and links, plus the devices and links in scope.
+    fn parts(
+        fabric: &Fabric,
+        order: &[DeviceIdx],
+        labels: &MatrixLabels,
+        opts: &TopologyOptions,
+    ) -> (Self, Vec<DeviceIdx>, Vec<usize>) {
         let devices = scope(fabric, order, opts.node.as_deref());
         let links = links_among(fabric, &devices);
         let in_scope = |i: DeviceIdx| opts.node.is_none() || fabric.device(i).node == opts.node;
@@ -379,7 +392,7 @@ impl TopologyDoc {
             Some(n) => vec![n.clone()],
             None => sorted_nodes(fabric),
         };
-        Self {
+        let head = Self {
             schema: TOPOLOGY_SCHEMA.to_owned(),
             nodes,
             summary: summary(fabric, &devices, &links),
@@ -387,13 +400,86 @@ impl TopologyDoc {
                 .iter()
                 .map(|(l, i)| LabelDoc { label: l.clone(), id: fabric.device(*i).id.clone() })
                 .collect(),
-            devices: devices.iter().map(|&i| device_doc(fabric, labels, i)).collect(),
-            links: links.iter().map(|&li| link_doc(fabric, li)).collect(),
+            devices: Vec::new(),
+            links: Vec::new(),
             cxl: fabric.inventory().cxl.clone(),
             backends: fabric.inventory().backends.iter().map(backend_doc).collect(),
             matrix,
-        }
+        };
+        (head, devices, links)
     }
+}
+
+/// Serializes a sequence lazily, one element at a time.
+struct Lazy<F>(F);
+
+impl<F, I, T> Serialize for Lazy<F>
+where
+    F: Fn() -> I,
+    I: Iterator<Item = T>,
+    T: Serialize,
+{
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq((self.0)())
+    }
+}
+
+/// The same fields as [`TopologyDoc`], with devices and links produced while writing.
+#[derive(Serialize)]
+struct TopologyStream<'a, D: Serialize, L: Serialize> {
+    schema: &'a str,
+    nodes: Vec<String>,
+    summary: SummaryDoc,
+    labels: Vec<LabelDoc>,
+    devices: D,
+    links: L,
+    cxl: &'a CxlInventory,
+    backends: Vec<BackendDoc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    matrix: Option<MatrixDoc>,
+}
+
+/// Writes the topology document (pretty JSON) without materialising every device and
+/// link entry first, so that a 100,000-GPU fabric streams in bounded extra memory. The
+/// bytes are identical to serialising [`TopologyDoc::build`].
+pub fn write_topology<W: std::io::Write>(
+    w: W,
+    fabric: &Fabric,
+    order: &[DeviceIdx],
+    labels: &MatrixLabels,
+    opts: &TopologyOptions,
+) -> serde_json::Result<()> {
+    let (head, devices, links) = TopologyDoc::parts(fabric, order, labels, opts);
+    let doc = TopologyStream {
+        schema: TOPOLOGY_SCHEMA,
+        nodes: head.nodes,
+        summary: head.summary,
+        labels: head.labels,
+        devices: Lazy(|| devices.iter().map(|&i| device_doc(fabric, labels, i))),
+        links: Lazy(|| links.iter().map(|&li| link_doc(fabric, li))),
+        cxl: &fabric.inventory().cxl,
+        backends: head.backends,
+        matrix: head.matrix,
+    };
+    serde_json::to_writer_pretty(w, &doc)
+}
+
+/// Writes the devices document (pretty JSON), producing entries while writing; the bytes
+/// are identical to serialising [`DevicesDoc::from_fabric`].
+pub fn write_devices<W: std::io::Write>(w: W, fabric: &Fabric, node: Option<&str>) -> serde_json::Result<()> {
+    #[derive(Serialize)]
+    struct DevicesStream<'a, D: Serialize> {
+        schema: &'a str,
+        devices: D,
+    }
+    let order = device_order(fabric);
+    let labels = MatrixLabels::from_order(fabric, &order);
+    let devices = scope(fabric, &order, node);
+    let doc = DevicesStream {
+        schema: DEVICES_SCHEMA,
+        devices: Lazy(|| devices.iter().map(|&i| device_doc(fabric, &labels, i))),
+    };
+    serde_json::to_writer_pretty(w, &doc)
 }
 
 impl DevicesDoc {

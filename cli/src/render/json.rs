@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use fabric_proto::{DevicesDoc, TopologyDoc, TopologyOptions};
+use fabric_proto::{TopologyDoc, TopologyOptions};
 
 use crate::view::View;
 
@@ -11,15 +11,15 @@ pub fn topology_doc(view: &View) -> TopologyDoc {
     TopologyDoc::build(&view.fabric, &view.order, &view.labels, &TopologyOptions { node: view.node.clone() })
 }
 
-/// Writes the topology document.
+/// Writes the topology document, streaming devices and links.
 pub fn render_topology(view: &View, w: &mut dyn Write) -> io::Result<()> {
-    serde_json::to_writer_pretty(&mut *w, &topology_doc(view))?;
+    let opts = TopologyOptions { node: view.node.clone() };
+    fabric_proto::topology::write_topology(&mut *w, &view.fabric, &view.order, &view.labels, &opts)?;
     writeln!(w)
 }
 
 /// Writes the devices document.
 pub fn render_devices(view: &View, w: &mut dyn Write) -> io::Result<()> {
-    let doc = DevicesDoc::from_fabric(&view.fabric, view.node.as_deref());
-    serde_json::to_writer_pretty(&mut *w, &doc)?;
+    fabric_proto::topology::write_devices(&mut *w, &view.fabric, view.node.as_deref())?;
     writeln!(w)
 }
