@@ -1,1 +1,130 @@
-//! fabricctl
+//! fabricctl: the operator CLI over the fabric model.
+//!
+//! `main.rs` only parses arguments, installs logging and prints errors; [`run`] loads the
+//! inventory from its [`source`], prepares a [`view::View`] and hands it to a renderer in
+//! [`render`]. Every renderer writes to an `io::Write`, so tests render into a buffer.
+
+pub mod args;
+pub mod render;
+pub mod source;
+pub mod view;
+
+use std::io::{self, Write};
+
+use anyhow::Context;
+use fabric_proto::PathDoc;
+use fabric_topology::PathError;
+
+use crate::args::{Cli, Command, ListFormat, SourceArgs, TopologyFormat};
+use crate::source::{Source, SourceError};
+use crate::view::{View, ViewError};
+
+/// Errors of the commands themselves (loading and resolving have their own).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No route between two devices.
+    #[error("finding a route from {a} to {b}")]
+    Route {
+        /// Source argument.
+        a: String,
+        /// Destination argument.
+        b: String,
+        /// Why.
+        #[source]
+        source: PathError,
+    },
+    /// Writing the output failed.
+    #[error("writing the output")]
+    Output(#[source] io::Error),
+}
+
+impl RunError {
+    /// How to fix it.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            RunError::Route { .. } => {
+                Some("check link states with `fabricctl topology -o tree`; down links are never routed over")
+            }
+            RunError::Output(_) => None,
+        }
+    }
+}
+
+/// Loads the inventory the flags select and prepares it for rendering.
+pub fn load_view(args: &SourceArgs) -> anyhow::Result<View> {
+    let fabric = Source::from_args(args).load()?;
+    Ok(View::new(fabric, args.node.clone())?)
+}
+
+/// Runs a parsed command line, writing its output to `out`.
+pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Topology(a) => {
+            let view = load_view(&a.source)?;
+            let r = match a.output {
+                TopologyFormat::Table => render::matrix::render(&view, out),
+                TopologyFormat::Tree => render::tree::render(&view, out),
+                TopologyFormat::Json => render::json::render_topology(&view, out),
+                TopologyFormat::Dot => render::dot::render(&view, out),
+                TopologyFormat::NcclXml => {
+                    let node = view.single_node()?.to_owned();
+                    render::nccl::render(&view, &node, out)
+                }
+            };
+            r.map_err(RunError::Output)?;
+        }
+        Command::Devices(a) => {
+            let view = load_view(&a.source)?;
+            let r = match a.output {
+                ListFormat::Table => render::devices::render(&view, out),
+                ListFormat::Json => render::json::render_devices(&view, out),
+            };
+            r.map_err(RunError::Output)?;
+        }
+        Command::Path(a) => {
+            let view = load_view(&a.source)?;
+            let from = view.resolve(&a.a).with_context(|| format!("resolving the source device {:?}", a.a))?;
+            let to = view.resolve(&a.b).with_context(|| format!("resolving the destination device {:?}", a.b))?;
+            let route = view.fabric.route(from, to).map_err(|source| RunError::Route {
+                a: a.a.clone(),
+                b: a.b.clone(),
+                source,
+            })?;
+            let doc = PathDoc::from_route(&view.fabric, &view.labels, from, to, &route);
+            let r = match a.output {
+                ListFormat::Table => render::path::render_table(&doc, out),
+                ListFormat::Json => render::path::render_json(&doc, out),
+            };
+            r.map_err(RunError::Output)?;
+        }
+    }
+    out.flush().map_err(RunError::Output)?;
+    Ok(())
+}
+
+/// The fix to suggest for an error, from the first error in its chain that knows one.
+pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
+    err.chain().find_map(|e| {
+        if let Some(e) = e.downcast_ref::<SourceError>() {
+            Some(e.hint())
+        } else if let Some(e) = e.downcast_ref::<ViewError>() {
+            Some(e.hint())
+        } else if let Some(e) = e.downcast_ref::<RunError>() {
+            e.hint()
+        } else {
+            None
+        }
+    })
+}
+
+/// True when the error is only a closed output pipe (`fabricctl ... | head`).
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe))
+}
+
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+pub(crate) mod testkit;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+//! The NCCL topology XML export against the structure NCCL's loader accepts
+//! (`src/graph/xml.cc`: `system > cpu > pci* > gpu|nic`, `gpu > nvlink`, `nic > net`) and
+//! against a reference dump in NCCL's own format (`tests/data/nccl-reference.xml`, written
+//! in the shape of the dumps `NCCL_TOPO_DUMP_FILE` produces).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fabric_cli::render::nccl;
+use fabric_cli::view::View;
+use quick_xml::Reader;
+use quick_xml::events::Event;
+
+/// An element: name, attributes, children.
+#[derive(Debug, Clone)]
+struct El {
+    name: String,
+    attrs: BTreeMap<String, String>,
+    kids: Vec<El>,
+}
+
+/// Parses with quick-xml, which rejects malformed XML (mismatched tags, bad attributes).
+fn parse(text: &str) -> El {
+    let mut r = Reader::from_str(text);
+    let mut stack: Vec<El> = vec![El { name: "#doc".into(), attrs: BTreeMap::new(), kids: Vec::new() }];
+    let el = |e: &quick_xml::events::BytesStart<'_>| El {
+        name: e.name().as_ref().to_owned(),
+        attrs: e
+            .attributes()
+            .map(|a| {
+                let a = a.expect("well-formed attribute");
+                (a.key.as_ref().to_owned(), a.value.to_string())
+            })
+            .collect(),
+        kids: Vec::new(),
+    };
+    loop {
+        match r.read_event().expect("well-formed XML") {
+            Event::Start(e) => stack.push(el(&e)),
+            Event::Empty(e) => {
+                let x = el(&e);
+                stack.last_mut().expect("parent").kids.push(x);
+            }
+            Event::End(_) => {
+                let x = stack.pop().expect("open element");
+                stack.last_mut().expect("parent").kids.push(x);
+            }
+            Event::Text(t) => assert!(t.as_ref().trim().is_empty(), "no text content in NCCL XML"),
+            Event::Comment(_) => {}
+            Event::Eof => break,
+            other => panic!("unexpected XML event {other:?}"),
+        }
+    }
+    assert_eq!(stack.len(), 1, "unclosed elements");
+    let mut doc = stack.pop().expect("doc");
+    assert_eq!(doc.kids.len(), 1, "one root element");
+    doc.kids.remove(0)
+}
+
+/// (parent, element) pairs and attribute names per element.
+#[derive(Debug, Default)]
+struct Shape {
+    nesting: BTreeSet<(String, String)>,
+    attrs: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn shape(e: &El, parent: &str, s: &mut Shape) {
+    s.nesting.insert((parent.to_owned(), e.name.clone()));
+    s.attrs.entry(e.name.clone()).or_default().extend(e.attrs.keys().cloned());
+    for k in &e.kids {
+        shape(k, &e.name, s);
+    }
+}
+
+fn walk<'a>(e: &'a El, out: &mut Vec<&'a El>) {
+    out.push(e);
+    for k in &e.kids {
+        walk(k, out);
+    }
+}
+
+fn export(inv: fabric_topology::Inventory, node: &str) -> String {
+    let v = View::new(common::fabric(inv), None).expect("view");
+    let mut buf = Vec::new();
+    nccl::render(&v, node, &mut buf).expect("render");
+    String::from_utf8(buf).expect("utf-8")
+}
+
+/// NCCL's hand-written parser: no declaration, elements start with `<` after spaces or
+/// newlines only (no tabs), single spaces between attributes, values under 256 characters,
+/// no entities.
+fn check_nccl_parser_constraints(text: &str) {
+    assert!(text.starts_with("<system version=\"1\">"), "no XML declaration: NCCL cannot parse one");
+    for line in text.lines() {
+        assert!(!line.contains('\t'), "tab in {line:?}");
+        assert!(line.trim_start().starts_with('<') && line.ends_with('>'), "{line:?}");
+        assert!(
+            !line.contains("  ") || line.trim_start() == line.trim_start().replace("  ", " "),
+            "double space: {line:?}"
+        );
+        assert!(!line.contains('&'), "entity in {line:?}");
+    }
+}
+
+const REQUIRED: &[(&str, &[&str])] = &[
+    ("system", &["version"]),
+    ("cpu", &["numaid"]),
+    ("pci", &["busid", "class", "link_speed", "link_width"]),
+    ("gpu", &["dev", "rank"]),
+    ("nvlink", &["target", "count", "tclass"]),
+    ("net", &["name", "dev"]),
+];
+
+#[test]
+fn hgx_export_matches_nccls_structure() {
+    let text = export(common::hgx(), "node0");
+    check_nccl_parser_constraints(&text);
+    let root = parse(&text);
+    assert_eq!(root.name, "system");
+    assert_eq!(root.attrs.get("version").map(String::as_str), Some("1"));
+
+    let reference = parse(include_str!("data/nccl-reference.xml"));
+    let (mut want, mut got) = (Shape::default(), Shape::default());
+    shape(&reference, "#doc", &mut want);
+    shape(&root, "#doc", &mut got);
+    for pair in &got.nesting {
+        assert!(want.nesting.contains(pair), "nesting {pair:?} does not occur in NCCL dumps");
+    }
+    for (el, names) in &got.attrs {
+        let known = want.attrs.get(el).cloned().unwrap_or_default();
+        let unknown: Vec<_> = names.difference(&known).collect();
+        assert!(unknown.is_empty(), "{el} has attributes NCCL does not write: {unknown:?}");
+    }
+    let mut all = Vec::new();
+    walk(&root, &mut all);
+    for e in &all {
+        if let Some((_, req)) = REQUIRED.iter().find(|(n, _)| *n == e.name) {
+            for r in *req {
+                assert!(e.attrs.contains_key(*r), "{} lacks {r}: {:?}", e.name, e.attrs);
+            }
+        }
+        if let Some(b) = e.attrs.get("busid").or(e.attrs.get("target")) {
+            assert_eq!(b, &b.to_ascii_lowercase(), "bus ids are lower case");
+        }
+    }
+    let count = |n: &str| all.iter().filter(|e| e.name == n).count();
+    assert_eq!(count("cpu"), 2);
+    assert_eq!(count("gpu"), 8);
+    assert_eq!(count("net"), 5);
+    assert_eq!(count("nvlink"), 32, "one per GPU and NVSwitch");
+    // GPU dev numbers follow bus order; NVSwitch targets carry NCCL's NVSwitch class.
+    let gpus: Vec<&&El> = all.iter().filter(|e| e.name == "gpu").collect();
+    for (i, g) in gpus.iter().enumerate() {
+        assert_eq!(g.attrs["dev"], i.to_string());
+        assert_eq!(g.attrs["sm"], "90");
+        let links: u32 = g.kids.iter().map(|n| n.attrs["count"].parse::<u32>().expect("count")).sum();
+        assert_eq!(links, 18);
+        assert!(g.kids.iter().all(|n| n.attrs["tclass"] == "0x068000" && n.attrs["target"] == nccl::NO_BUS_ID));
+    }
+    // Only switch upstream ports appear as bridges, as in NCCL's sysfs-derived XML.
+    let cpu0 = &root.kids[0];
+    assert_eq!(cpu0.attrs["numaid"], "0");
+    assert_eq!(cpu0.attrs["affinity"], "000000ff,ffffffff,ffff0000,00000000,00ffffff,ffffffff");
+    let first = &cpu0.kids[0];
+    assert_eq!((first.attrs["busid"].as_str(), first.attrs["class"].as_str()), ("0000:11:00.0", "0x060400"));
+    assert_eq!(first.kids[0].attrs["busid"], "0000:13:00.0");
+    assert_eq!(first.kids[0].kids[0].name, "gpu");
+    // The degraded NIC still exports its maximum link, as NCCL reads max_link_speed.
+    let nic4 = all.iter().find(|e| e.attrs.get("busid").map(String::as_str) == Some("0000:77:00.0")).expect("NIC4");
+    assert_eq!((nic4.attrs["link_speed"].as_str(), nic4.attrs["link_width"].as_str()), ("32.0 GT/s PCIe", "16"));
+}
+
+#[test]
+fn network_speed_and_direct_nvlinks_are_exported() {
+    let text = export(common::two_nodes(), "node1");
+    let root = parse(&text);
+    let mut all = Vec::new();
+    walk(&root, &mut all);
+    let nets: Vec<&&El> = all.iter().filter(|e| e.name == "net").collect();
+    assert_eq!(nets.iter().filter(|n| n.attrs.get("speed").map(String::as_str) == Some("400000")).count(), 4);
+    assert!(text.contains("node node1"));
+    assert!(!text.contains("GPU-node0"), "only the requested node");
+
+    // Two GPUs with a direct NVLink bundle: the peer's bus id and GPU class.
+    let mut inv = common::cxl_host();
+    let gpu = inv.find(&"uuid:GPU-cxl0-00".parse().expect("id")).expect("gpu");
+    let mut peer = inv.devices[gpu.get()].clone();
+    peer.id = "uuid:GPU-cxl0-01".parse().expect("id");
+    let addr: fabric_topology::PciAddress = "0000:02:00.0".parse().expect("addr");
+    peer.pci.as_mut().expect("pci").address = Some(addr);
+    let rp = inv.find(&fabric_topology::DeviceId::pci("cxl0", "0000:00:01.0".parse().expect("a"))).expect("rp");
+    let p = inv.add_device(peer).expect("add");
+    inv.add_link(fabric_topology::Link::pcie(rp, p, (Some(5), Some(16)), (Some(5), Some(16))));
+    let kind = fabric_topology::LinkKind::NvLink { generation: 3, count: 12 };
+    inv.add_link(fabric_topology::Link::new(gpu, p, kind, fabric_topology::Bandwidth::full(300_000), None));
+    let text = export(inv, "cxl0");
+    check_nccl_parser_constraints(&text);
+    assert!(text.contains("<nvlink target=\"0000:02:00.0\" count=\"12\" tclass=\"0x030200\"/>"), "{text}");
+    assert!(!text.contains(" sm="), "unknown compute capability is left to NCCL: {text}");
+}
