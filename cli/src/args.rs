@@ -25,6 +25,42 @@ pub enum Command {
     Devices(DevicesArgs),
     /// Show the best route between two devices (ids or matrix labels such as GPU0).
     Path(PathArgs),
+    /// Run a benchmark against its baseline, measured in the same run.
+    Bench(BenchArgs),
+}
+
+/// `fabricctl bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub which: BenchCommand,
+    /// Print the result as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// `fabricctl topology -o json` on this host vs `lstopo-no-graphics --whole-io --of xml`.
+    Host {
+        /// Runs of each command.
+        #[arg(long, default_value_t = 20)]
+        runs: u32,
+        /// The sysfs root to discover.
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        sysfs_root: PathBuf,
+    },
+    /// Load and build a large sim fabric; path queries vs a whole-graph BFS.
+    Scale {
+        /// The sim fabric.
+        #[arg(long, value_name = "FILE", default_value = "configs/sim/cluster-100k.toml")]
+        sim: PathBuf,
+        /// Path queries to time.
+        #[arg(long, default_value_t = 2000)]
+        queries: usize,
+    },
 }
 
 /// Where the inventory comes from.

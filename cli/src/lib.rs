@@ -5,6 +5,7 @@
 //! [`render`]. Every renderer writes to an `io::Write`, so tests render into a buffer.
 
 pub mod args;
+pub mod bench;
 pub mod render;
 pub mod source;
 pub mod view;
@@ -15,7 +16,8 @@ use anyhow::Context;
 use fabric_proto::PathDoc;
 use fabric_topology::PathError;
 
-use crate::args::{Cli, Command, ListFormat, SourceArgs, TopologyFormat};
+use crate::args::{BenchCommand, Cli, Command, ListFormat, SourceArgs, TopologyFormat};
+use crate::bench::BenchError;
 use crate::source::{Source, SourceError};
 use crate::view::{View, ViewError};
 
@@ -97,6 +99,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             };
             r.map_err(RunError::Output)?;
         }
+        Command::Bench(b) => match &b.which {
+            BenchCommand::Host { runs, sysfs_root } => {
+                let r = bench::host(*runs, sysfs_root)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Scale { sim, queries } => {
+                let r = bench::scale(sim, *queries)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+        },
     }
     out.flush().map_err(RunError::Output)?;
     Ok(())
@@ -110,6 +122,8 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         } else if let Some(e) = e.downcast_ref::<ViewError>() {
             Some(e.hint())
         } else if let Some(e) = e.downcast_ref::<RunError>() {
+            e.hint()
+        } else if let Some(e) = e.downcast_ref::<BenchError>() {
             e.hint()
         } else {
             None
