@@ -23,17 +23,19 @@ enum Op {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
     Text(String),
-    /// `{VAR}` or `{VAR OP K}`; `var` is `i` or `j`.
+    /// `{VAR}` or `{VAR OP K OP K…}` (left to right); `var` is `i` or `j`.
     Var {
         var: u8,
-        op: Option<(Op, u64)>,
+        ops: Vec<(Op, u64)>,
         hex: bool,
+        width: usize,
     },
 }
 
-/// A name with placeholders: `gpu{i}`, `sw{i/2}`, `tray{j%9}`, `bus{i*2:x}`. A placeholder is
-/// `{VAR}` or `{VAR OP K}` with VAR `i` or `j`, OP one of `+ - * / %`, K a decimal integer,
-/// and an optional `:x` suffix for lower-case hexadecimal. `{{` and `}}` are literal braces.
+/// A name with placeholders: `gpu{i}`, `sw{i/2}`, `tray{j%9}`, `bus{i*2+16:x}`. A
+/// placeholder is `{VAR}` or `{VAR OP K ...}` with VAR `i` or `j`, each OP one of
+/// `+ - * / %` applied left to right, K a decimal integer, and an optional format: `:x`
+/// (hexadecimal), `:02x` / `:03` (zero-padded). `{{` and `}}` are literal braces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pattern {
     pieces: Vec<Piece>,
@@ -90,19 +92,21 @@ impl Pattern {
         for p in &self.pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Var { var, op, hex } => {
+                Piece::Var { var, ops, hex, width } => {
                     let x = if *var == b'i' { i } else { j };
-                    let v = match *op {
-                        None => Some(x),
-                        Some((Op::Add, k)) => x.checked_add(k),
-                        Some((Op::Sub, k)) => x.checked_sub(k),
-                        Some((Op::Mul, k)) => x.checked_mul(k),
-                        Some((Op::Div, k)) => x.checked_div(k),
-                        Some((Op::Rem, k)) => x.checked_rem(k),
-                    };
+                    let mut v = Some(x);
+                    for &(op, k) in ops {
+                        v = v.and_then(|v| match op {
+                            Op::Add => v.checked_add(k),
+                            Op::Sub => v.checked_sub(k),
+                            Op::Mul => v.checked_mul(k),
+                            Op::Div => v.checked_div(k),
+                            Op::Rem => v.checked_rem(k),
+                        });
+                    }
                     let v = v.ok_or_else(|| format!("placeholder out of range for {}={x}", *var as char))?;
                     // Writing to a String cannot fail.
-                    let _ = if *hex { write!(out, "{v:x}") } else { write!(out, "{v}") };
+                    let _ = if *hex { write!(out, "{v:0width$x}") } else { write!(out, "{v:0width$}") };
                 }
             }
         }
@@ -118,11 +122,19 @@ impl Pattern {
 }
 
 fn parse_placeholder(inner: &str) -> Result<Piece, String> {
-    let bad = || format!("bad placeholder {{{inner}}} (expected i, j, i+K, i-K, i*K, i/K, i%K, optional :x)");
-    let (expr, hex) = match inner.split_once(':') {
-        Some((e, "x")) => (e, true),
-        Some(_) => return Err(bad()),
-        None => (inner, false),
+    let bad = || {
+        format!("bad placeholder {{{inner}}} (expected i or j, then +K -K *K /K %K, then optionally :x, :04x or :03)")
+    };
+    let (expr, hex, width) = match inner.split_once(':') {
+        Some((e, fmt)) => {
+            let (digits, hex) = fmt.strip_suffix('x').map_or((fmt, false), |d| (d, true));
+            let width = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| bad())? };
+            if !digits.is_empty() && !digits.starts_with('0') || width > 16 {
+                return Err(bad());
+            }
+            (e, hex, width)
+        }
+        None => (inner, false, 0),
     };
     let expr: String = expr.chars().filter(|c| !c.is_whitespace()).collect();
     let mut chars = expr.chars();
@@ -131,23 +143,29 @@ fn parse_placeholder(inner: &str) -> Result<Piece, String> {
         Some('j') => b'j',
         _ => return Err(bad()),
     };
-    let rest = chars.as_str();
-    if rest.is_empty() {
-        return Ok(Piece::Var { var, op: None, hex });
+    let mut rest = chars.as_str();
+    let mut ops = Vec::new();
+    while !rest.is_empty() {
+        let op = match rest.as_bytes()[0] {
+            b'+' => Op::Add,
+            b'-' => Op::Sub,
+            b'*' => Op::Mul,
+            b'/' => Op::Div,
+            b'%' => Op::Rem,
+            _ => return Err(bad()),
+        };
+        let digits = rest[1..].find(|c: char| !c.is_ascii_digit()).map_or(rest.len(), |p| p + 1);
+        let k: u64 = rest[1..digits].parse().map_err(|_| bad())?;
+        if k == 0 && matches!(op, Op::Div | Op::Rem) {
+            return Err(format!("division by zero in {{{inner}}}"));
+        }
+        if ops.len() >= 8 {
+            return Err(bad());
+        }
+        ops.push((op, k));
+        rest = &rest[digits..];
     }
-    let op = match rest.as_bytes()[0] {
-        b'+' => Op::Add,
-        b'-' => Op::Sub,
-        b'*' => Op::Mul,
-        b'/' => Op::Div,
-        b'%' => Op::Rem,
-        _ => return Err(bad()),
-    };
-    let k: u64 = rest[1..].parse().map_err(|_| bad())?;
-    if k == 0 && matches!(op, Op::Div | Op::Rem) {
-        return Err(format!("division by zero in {{{inner}}}"));
-    }
-    Ok(Piece::Var { var, op: Some((op, k)), hex })
+    Ok(Piece::Var { var, ops, hex, width })
 }
 
 /// Checks that a rendered name can be part of a device identity: non-empty, at most 128
@@ -240,10 +258,12 @@ mod tests {
 
     #[test]
     fn patterns_render_arithmetic_and_hex() {
-        let p = Pattern::parse("sw{i/2}-p{i%2}-{j+1}-{i*16:x}{{x}}").unwrap();
-        assert_eq!(p.render(3, 4).unwrap(), "sw1-p1-5-30{x}");
+        let p = Pattern::parse("sw{i/2}-p{i%2}-{j+1}-{i*16:x}{{x}}-{i%2+8}").unwrap();
+        assert_eq!(p.render(3, 4).unwrap(), "sw1-p1-5-30{x}-9");
         assert!(Pattern::parse("plain").unwrap().is_literal());
-        for bad in ["{k}", "{i", "a}", "{i/0}", "{i^2}", "{i:y}", "{i+}"] {
+        let p = Pattern::parse("{i:02x}.{i:03}").unwrap();
+        assert_eq!(p.render(10, 0).unwrap(), "0a.010");
+        for bad in ["{k}", "{i", "a}", "{i/0}", "{i^2}", "{i:y}", "{i+}", "{i:2x}", "{i:099}"] {
             assert!(Pattern::parse(bad).is_err(), "{bad}");
         }
         assert!(Pattern::parse("{i-1}").unwrap().render(0, 0).is_err());
