@@ -4,14 +4,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use fabric_topology::{BackendReport, DeviceId, DeviceIdx, DeviceKind, Inventory, Link, UalinkInfo};
+use fabric_topology::{BackendReport, Device, DeviceId, DeviceIdx, DeviceKind, Inventory, Link, UalinkInfo};
 use toml::Spanned;
 
 use super::degrade;
 use super::error::Located;
 use super::r#gen::{self, MAX_COUNT};
 use super::network;
-use super::plan::{self, End, Ident, NodePlan, count_of, link_shape, pattern, placeholder_link, render_name};
+use super::plan::{self, End, Ident, NodePlan, Proto, count_of, link_shape, pattern, placeholder_link, render_name};
 use super::schema::{FabricSwitchKind, SimFile};
 
 /// Most devices (and twice as many links) one sim fabric may hold: ten times the
@@ -86,6 +86,7 @@ pub(crate) fn build(file: &SimFile) -> Result<Inventory, Located> {
     let mut ualink = UalinkIds::new(file)?;
     let mut placed_nodes = Vec::with_capacity(nodes.len());
     let mut ids = Vec::new();
+    let mut serials = HashSet::new();
     for entry in nodes {
         let base = inv.devices.len() as u32;
         let p = &plans[entry.template];
@@ -102,29 +103,19 @@ pub(crate) fn build(file: &SimFile) -> Result<Inventory, Located> {
                     DeviceId::serial("cxl", &format!("{serial:#x}"))
                 }
             };
-            let mut d = proto.device.clone();
-            d.node = Some(entry.name.clone());
-            if let Some(g) = d.gpu.as_mut()
-                && let Some(u) = id.as_str().strip_prefix("uuid:")
+            if let Ident::CxlSerial(_) = proto.ident
+                && !serials.insert(id.clone())
             {
-                g.uuid = Some(u.to_owned());
+                return Err(Located::new(entry.span.clone(), format!("duplicate device id {id} on node {node}")));
             }
-            if let (Ident::CxlSerial(None), Some(c)) = (&proto.ident, d.cxl.as_mut()) {
-                c.serial = id.as_str().strip_prefix("serial:cxl/0x").and_then(|s| u64::from_str_radix(s, 16).ok());
-            }
-            if d.kind == DeviceKind::Accelerator {
-                d.ualink = ualink.next(&entry)?;
-            }
+            let ualink_info = if proto.device.kind == DeviceKind::Accelerator { ualink.next(&entry)? } else { None };
             if keep_ids {
                 ids.push(id.clone());
             }
-            d.id = id;
-            let expect = inv.devices.len();
-            let idx = inv.add_device(d).map_err(|e| Located::new(entry.span.clone(), e.to_string()))?;
-            if idx.get() != expect {
-                let id = &inv.device(idx).id;
-                return Err(Located::new(entry.span.clone(), format!("duplicate device id {id} on node {node}")));
-            }
+            // Devices are pushed directly and indexed once at the end: identities are unique
+            // by construction (unique node names; unique names and PCI addresses within a
+            // template; hashed UUIDs; serials checked above).
+            inv.devices.push(stamp(proto, id, &entry.name, ualink_info));
         }
         for (a, b, link) in &p.links {
             let end = |e: &End| match *e {
@@ -150,10 +141,40 @@ pub(crate) fn build(file: &SimFile) -> Result<Inventory, Located> {
     for d in &file.degraded {
         degrade::apply(d, &placed, &mut inv)?;
     }
+    inv.reindex();
     let mut report = BackendReport::present("sim");
     report.devices = inv.devices.len();
     inv.backends.push(report);
     Ok(inv)
+}
+
+/// A node's copy of a prototype device, built field by field so that nothing is allocated
+/// twice (the prototype's placeholder id is never cloned).
+fn stamp(proto: &Proto, id: DeviceId, node: &str, ualink: Option<UalinkInfo>) -> Device {
+    let p = &proto.device;
+    let mut gpu = p.gpu.clone();
+    if let Some(g) = gpu.as_mut() {
+        g.uuid = id.as_str().strip_prefix("uuid:").map(str::to_owned);
+    }
+    let mut cxl = p.cxl.clone();
+    if let (Ident::CxlSerial(None), Some(c)) = (&proto.ident, cxl.as_mut()) {
+        c.serial = id.as_str().strip_prefix("serial:cxl/0x").and_then(|s| u64::from_str_radix(s, 16).ok());
+    }
+    Device {
+        id,
+        kind: p.kind,
+        node: Some(node.to_owned()),
+        name: p.name.clone(),
+        numa_node: p.numa_node,
+        local_cpus: p.local_cpus.clone(),
+        pci: p.pci.clone(),
+        gpu,
+        cxl,
+        ualink: ualink.or_else(|| p.ualink.clone()),
+        memory: p.memory.clone(),
+        sources: p.sources.clone(),
+        attrs: p.attrs.clone(),
+    }
 }
 
 /// `[[switch]]`: fabric-level switches, named `name:fabric/NAME`.
@@ -172,7 +193,7 @@ fn fabric_switches(file: &SimFile, inv: &mut Inventory) -> Result<HashMap<String
                 FabricSwitchKind::Ualink => DeviceKind::UalinkSwitch,
                 FabricSwitchKind::Network => DeviceKind::NetworkSwitch,
             };
-            let mut d = fabric_topology::Device::new(DeviceId::named("fabric", &buf), kind, None);
+            let mut d = Device::new(DeviceId::named("fabric", &buf), kind, None);
             d.name = Some(spec.model.clone().unwrap_or_else(|| buf.clone()));
             d.sources = vec!["sim".to_owned()];
             if let Some(p) = spec.ports {
