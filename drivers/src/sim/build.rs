@@ -14,9 +14,10 @@ use super::network;
 use super::plan::{self, End, Ident, NodePlan, Proto, count_of, link_shape, pattern, placeholder_link, render_name};
 use super::schema::{FabricSwitchKind, SimFile};
 
-/// Most devices (and twice as many links) one sim fabric may hold: ten times the
-/// 100,000-GPU cluster, far below what would exhaust a laptop.
-pub(crate) const MAX_DEVICES: u64 = 8_000_000;
+/// Most devices (and twice as many links) one sim fabric may hold: 2.5 times the
+/// 100,000-GPU cluster (~790,000 devices), so a hostile or mistyped file cannot make the
+/// parser allocate more than a few GiB.
+pub(crate) const MAX_DEVICES: u64 = 2_000_000;
 
 /// A node to build.
 pub(crate) struct NodeEntry<'a> {
@@ -59,6 +60,7 @@ pub(crate) fn build(file: &SimFile) -> Result<Inventory, Located> {
     for (name, t) in &file.templates {
         plans.insert(name.as_str(), plan::compile(name, t, &fabric)?);
     }
+    check_node_counts(file, &plans)?;
     let nodes = node_entries(file, &plans)?;
 
     // Refuse sizes that would not fit before allocating anything big.
@@ -218,6 +220,28 @@ fn fabric_switches(file: &SimFile, inv: &mut Inventory) -> Result<HashMap<String
         }
     }
     Ok(names)
+}
+
+/// Refuses node generators whose devices alone would pass [`MAX_DEVICES`], before any
+/// node name is generated.
+fn check_node_counts(file: &SimFile, plans: &HashMap<&str, NodePlan>) -> Result<(), Located> {
+    let mut devices = 0u64;
+    let size = |t: &Spanned<String>| plans.get(t.get_ref().as_str()).map_or(0, |p| p.protos.len() as u64);
+    let mut check = |n: u64, t: &Spanned<String>, at: &Spanned<String>| {
+        devices = devices.saturating_add(n.saturating_mul(size(t)));
+        if devices > MAX_DEVICES {
+            return Err(Located::at(at, format!("the fabric would have more devices than the limit of {MAX_DEVICES}")));
+        }
+        Ok(())
+    };
+    for spec in &file.node {
+        check(count_of(spec.count.as_ref(), "count")?, &spec.template, &spec.name)?;
+    }
+    if let Some(c) = &file.cluster {
+        let at = Spanned::new(c.nodes.span(), String::new());
+        check(count_of(Some(&c.nodes), "nodes")?, &c.template, &at)?;
+    }
+    Ok(())
 }
 
 /// Nodes from `[[node]]` entries, then the `[cluster]`, with unique names.

@@ -210,7 +210,7 @@ impl<'a> Compiler<'a> {
         if self.plan.names.insert(local.clone(), idx).is_some() {
             return Err(Located::new(at, format!("duplicate device name `{local}` in template {}", self.template)));
         }
-        if let Ident::Pci(a) = ident
+        if let Some(a) = device.pci_address()
             && !self.addresses.insert(a)
         {
             return Err(Located::new(at, format!("duplicate PCI address {a} in template {}", self.template)));
