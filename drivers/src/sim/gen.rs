@@ -218,8 +218,18 @@ pub(crate) fn gpu_uuid(fabric: &str, node: &str, device: &str) -> String {
     let mut h = stable_hash(&[fabric, node, device]);
     h = (h & !(0xf << 76)) | (0x8 << 76);
     h = (h & !(0x3 << 62)) | (0x2 << 62);
-    let hex = format!("{h:032x}");
-    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+    let mut s = String::with_capacity(40);
+    s.push_str("GPU-");
+    for (n, &(from, to)) in [(0u32, 8u32), (8, 12), (12, 16), (16, 20), (20, 32)].iter().enumerate() {
+        if n > 0 {
+            s.push('-');
+        }
+        for nibble in from..to {
+            let v = (h >> (124 - 4 * nibble)) & 0xf;
+            s.push(char::from_digit(v as u32, 16).unwrap_or('0'));
+        }
+    }
+    s
 }
 
 /// A deterministic non-zero 64-bit serial (CXL memdev DSN) for a device.

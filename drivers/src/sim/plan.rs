@@ -275,7 +275,8 @@ impl<'a> Compiler<'a> {
             }
             let secondary = self.bus(parent, at)?;
             let parent_dev = &self.plan.protos[parent as usize].device;
-            let mut rp = Self::new_device(DeviceKind::PciBridge, Some("PCIe root port"), Some(parent_dev));
+            // The root port's model is the CPU's, which the file does not give: unknown.
+            let mut rp = Self::new_device(DeviceKind::PciBridge, None, Some(parent_dev));
             rp.pci = Some(Self::pci_info(rp_addr, 0x06_0400, None, None));
             let local = format!("rp-{rp_addr}");
             let rp_idx = self.push(local, Ident::Pci(rp_addr), rp, at.span())?;
@@ -295,8 +296,7 @@ impl<'a> Compiler<'a> {
             }
             let child_bus = self.bus(sw.host_bridge, at)?;
             let parent_dev = &self.plan.protos[parent as usize].device;
-            let mut dsp =
-                Self::new_device(DeviceKind::PciBridge, Some("PCIe switch downstream port"), Some(parent_dev));
+            let mut dsp = Self::new_device(DeviceKind::PciBridge, parent_dev.name.as_deref(), Some(parent_dev));
             dsp.pci = Some(Self::pci_info(dsp_addr, 0x06_0400, sw.r#gen, sw.width));
             let dsp_idx = self.push(format!("dsp-{dsp_addr}"), Ident::Pci(dsp_addr), dsp, at.span())?;
             let link = if sw.cxl { cxl_link(sw.r#gen, sw.width) } else { pcie_link(sw.r#gen, sw.width) };
