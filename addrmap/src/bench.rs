@@ -32,6 +32,9 @@ pub struct TranslateBench {
     pub ratio: f64,
     /// `translate_batch` throughput, lookups per second.
     pub batch_lookups_per_sec: f64,
+    /// Single lookups, each through a fresh reader guard, no writer running; ns each (the
+    /// cost of the guard itself, for comparison with the next figure).
+    pub ns_per_lookup_with_guard: f64,
     /// Single lookups, each through a fresh reader guard, while a writer thread publishes
     /// new generations; ns each.
     pub ns_per_lookup_while_publishing: f64,
@@ -161,6 +164,16 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
     let batch = lookups as f64 / t.elapsed().as_secs_f64();
     drop(tree);
 
+    let reader = map.reader();
+    let guard_ns = time(&|addrs: &[u64]| {
+        let mut acc = 0u64;
+        for &a in addrs {
+            if let Ok(l) = reader.load().translate(a) {
+                acc = acc.wrapping_add(l.offset);
+            }
+        }
+        black_box(acc)
+    });
     let (while_ns, generations) = while_publishing(map, &inv, &addrs);
     Ok(TranslateBench {
         ranges: snap.len(),
@@ -169,6 +182,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         btreemap_ns_per_lookup: tree_ns,
         ratio: tree_ns / ns,
         batch_lookups_per_sec: batch,
+        ns_per_lookup_with_guard: guard_ns,
         ns_per_lookup_while_publishing: while_ns,
         generations_published: generations,
         build_ms: built.ms,

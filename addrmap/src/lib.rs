@@ -21,6 +21,7 @@ pub mod partition;
 pub mod persist;
 pub mod snapshot;
 pub mod state;
+mod sys;
 
 pub use config::{DeviceOverride, GIB, MapConfig, NodeOverride, NodeSpan, TIB};
 pub use interleave::{Geometry, InterleaveError};

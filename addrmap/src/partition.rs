@@ -77,7 +77,7 @@ impl<'a> PartitionView<'a> {
     #[inline]
     pub fn translate(&self, gfa: u64) -> Result<Location, TranslateError> {
         match self.snap.find(gfa) {
-            Some(i) if bit(&self.index.ranges, i) => self.snap.resolve(i, gfa),
+            Some((i, start, w)) if bit(&self.index.ranges, i) => self.snap.resolve(start, w, gfa),
             Some(_) => Err(TranslateError::NotInPartition { gfa }),
             None => Err(TranslateError::Unmapped { gfa }),
         }

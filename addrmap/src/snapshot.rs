@@ -1,10 +1,13 @@
 //! Immutable snapshots of the map and lock-free translation in both directions.
 //!
-//! A snapshot holds a flat array of range starts (sorted) beside a parallel array of
-//! 16-byte entries, and a bucket index over the high bits of the address: bucket `b` of
-//! width `2^shift` stores how many starts lie at or below its lower edge, so a lookup is one
-//! bucket read, a scan of the (few) starts between two bucket counts, and one entry read.
-//! Buckets number about twice the ranges, so a bucket holds one or two starts on average.
+//! A snapshot holds a flat array of 16-byte `[start, end)` records sorted by start, a
+//! parallel array of 32-bit owner words, and a bucket index over the high bits of the
+//! address with about two buckets per range (the next power of two, doubled). Each bucket's
+//! 32-byte slot carries a copy of the range that covers (or last starts before) the bucket's
+//! lower edge and the start of the next range, so a lookup usually ends after reading one
+//! slot: one cache miss for a map of any size. Only an address at or past a range start
+//! inside its own bucket reads the records (a second miss). The index costs up to 128 bytes
+//! per range (64 MiB for a million ranges) to buy that single miss.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,18 +87,43 @@ pub enum TranslateError {
     ResourceNotInPartition,
 }
 
+// An owner word is `tag << 30 | index`: a resource index for direct ranges and holes, a
+// set index for sets.
+const TAG_SHIFT: u32 = 30;
+const INDEX_MASK: u32 = (1 << TAG_SHIFT) - 1;
 const TAG_DIRECT: u32 = 0;
 const TAG_HOLE: u32 = 1;
 const TAG_SET: u32 = 2;
 const TAG_SET_HOLE: u32 = 3;
 
-/// One range: `[start, end)` with `start` in the parallel `starts` array.
+/// One range.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+#[repr(C, align(16))]
+struct Rec {
+    start: u64,
     end: u64,
-    /// Resource index for direct ranges and holes; set index for sets.
-    aux: u32,
-    tag: u32,
+}
+
+/// How far ahead [`Snapshot::translate_batch`] prefetches.
+const PREFETCH_DISTANCE: usize = 16;
+
+/// One bucket: the range covering (or last starting before) the bucket's lower edge, and
+/// where the next range starts. 32 bytes, two to a cache line.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct Slot {
+    start0: u64,
+    end0: u64,
+    next: u64,
+    w0: u32,
+    /// Number of ranges starting at or below the edge.
+    a: u32,
+}
+
+/// Builds an owner word.
+fn owner(tag: u32, index: usize) -> u32 {
+    debug_assert!(index <= INDEX_MASK as usize);
+    (tag << TAG_SHIFT) | index as u32
 }
 
 /// Where a resource's bytes are.
@@ -125,11 +153,11 @@ pub struct SetInfo {
 #[derive(Debug)]
 pub struct Snapshot {
     state: Arc<State>,
-    starts: Vec<u64>,
-    entries: Vec<Entry>,
+    recs: Vec<Rec>,
+    owners: Vec<u32>,
     lo: u64,
     shift: u32,
-    buckets: Vec<u32>,
+    slots: Vec<Slot>,
     resources: Vec<ResourceKey>,
     targets: Vec<Target>,
     by_device: HashMap<DeviceId, Vec<u32>>,
@@ -142,16 +170,16 @@ impl Snapshot {
     pub fn build(state: Arc<State>) -> Self {
         let mut resources: Vec<ResourceKey> = Vec::new();
         let mut targets: Vec<Target> = Vec::new();
-        let mut ranges: Vec<(u64, Entry)> = Vec::with_capacity(state.placements.len() + state.interleaves.len());
+        let mut ranges: Vec<(Rec, u32)> = Vec::with_capacity(state.placements.len() + state.interleaves.len());
         for p in &state.placements {
             let r = resources.len() as u32;
             resources.push(p.key.clone());
             if p.presence == Presence::Present {
                 targets.push(Target::Direct { start: p.start, size: p.size });
-                ranges.push((p.start, Entry { end: p.start + p.size, aux: r, tag: TAG_DIRECT }));
+                ranges.push((Rec { start: p.start, end: p.start + p.size }, owner(TAG_DIRECT, r as usize)));
             } else {
                 targets.push(Target::Hole);
-                ranges.push((p.start, Entry { end: p.start + p.reserved, aux: r, tag: TAG_HOLE }));
+                ranges.push((Rec { start: p.start, end: p.start + p.reserved }, owner(TAG_HOLE, r as usize)));
             }
         }
         let mut sets = Vec::with_capacity(state.interleaves.len());
@@ -165,7 +193,7 @@ impl Snapshot {
                 targets.push(if present { Target::Member { set: si, pos: pos as u32 } } else { Target::Hole });
             }
             let (end, tag) = if present { (s.start + s.size(), TAG_SET) } else { (s.start + s.reserved, TAG_SET_HOLE) };
-            ranges.push((s.start, Entry { end, aux: si, tag }));
+            ranges.push((Rec { start: s.start, end }, owner(tag, si as usize)));
             sets.push(SetInfo {
                 name: s.name.clone(),
                 geometry: s.geometry,
@@ -174,27 +202,16 @@ impl Snapshot {
                 members,
             });
         }
-        ranges.sort_unstable_by_key(|r| r.0);
-        let starts: Vec<u64> = ranges.iter().map(|r| r.0).collect();
-        let entries: Vec<Entry> = ranges.iter().map(|r| r.1).collect();
+        ranges.sort_unstable_by_key(|r| r.0.start);
+        let recs: Vec<Rec> = ranges.iter().map(|r| r.0).collect();
+        let owners: Vec<u32> = ranges.iter().map(|r| r.1).collect();
         let mut by_device: HashMap<DeviceId, Vec<u32>> = HashMap::new();
         for (i, k) in resources.iter().enumerate() {
             by_device.entry(k.device.clone()).or_default().push(i as u32);
         }
-        let (lo, shift, buckets) = bucket_index(&starts, &entries);
-        let mut snap = Self {
-            state,
-            starts,
-            entries,
-            lo,
-            shift,
-            buckets,
-            resources,
-            targets,
-            by_device,
-            sets,
-            partitions: Vec::new(),
-        };
+        let (lo, shift, slots) = bucket_index(&recs, &owners);
+        let mut snap =
+            Self { state, recs, owners, lo, shift, slots, resources, targets, by_device, sets, partitions: Vec::new() };
         snap.partitions = crate::partition::index(&snap);
         snap
     }
@@ -211,12 +228,12 @@ impl Snapshot {
 
     /// Number of ranges (direct, sets and holes).
     pub fn len(&self) -> usize {
-        self.starts.len()
+        self.recs.len()
     }
 
     /// Whether the map has no ranges.
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
+        self.recs.is_empty()
     }
 
     /// The key of a resource.
@@ -229,42 +246,52 @@ impl Snapshot {
         &self.sets[s.0 as usize]
     }
 
-    /// Index of the range holding `gfa`, if any.
+    /// The range holding `gfa`, if any: (index, start, owner word).
+    ///
+    /// The bucket's slot carries the range that covers its lower edge and the start of the
+    /// next range, so most lookups end after reading that one slot; only an address at or
+    /// past the first start inside its bucket scans the records.
     #[inline]
-    pub(crate) fn find(&self, gfa: u64) -> Option<usize> {
+    pub(crate) fn find(&self, gfa: u64) -> Option<(usize, u64, u32)> {
         let b = (gfa.wrapping_sub(self.lo) >> self.shift) as usize;
-        if gfa < self.lo || b + 1 >= self.buckets.len() {
+        if gfa < self.lo || b + 1 >= self.slots.len() {
             return None;
         }
-        let a = self.buckets[b] as usize;
-        let z = self.buckets[b + 1] as usize;
+        let s = &self.slots[b];
+        if gfa < s.next {
+            // `a == 0` only when no range starts at or below the edge; then `end0` is 0.
+            return (gfa < s.end0).then(|| (s.a as usize - 1, s.start0, s.w0));
+        }
+        let a = s.a as usize;
+        let z = self.slots[b + 1].a as usize;
+        // recs[a].start == s.next <= gfa, so the answer is in a..z.
         let i = if z - a <= 8 {
-            let mut i = a;
-            while i < z && self.starts[i] <= gfa {
+            let mut i = a + 1;
+            while i < z && self.recs[i].start <= gfa {
                 i += 1;
             }
-            i
+            i - 1
         } else {
-            a + self.starts[a..z].partition_point(|&s| s <= gfa)
+            a + self.recs[a..z].partition_point(|r| r.start <= gfa) - 1
         };
-        let i = i.checked_sub(1)?;
-        (gfa < self.entries[i].end).then_some(i)
+        let r = self.recs[i];
+        (gfa < r.end).then(|| (i, r.start, self.owners[i]))
     }
 
-    /// Translates the range at `i` (which holds `gfa`).
+    /// Translates `gfa` in the range starting at `start` with owner word `w`.
     #[inline]
-    pub(crate) fn resolve(&self, i: usize, gfa: u64) -> Result<Location, TranslateError> {
-        let e = self.entries[i];
-        let off = gfa - self.starts[i];
-        match e.tag {
-            TAG_DIRECT => Ok(Location { resource: ResourceRef(e.aux), offset: off, set: None }),
+    pub(crate) fn resolve(&self, start: u64, w: u32, gfa: u64) -> Result<Location, TranslateError> {
+        let aux = w & INDEX_MASK;
+        let off = gfa - start;
+        match w >> TAG_SHIFT {
+            TAG_DIRECT => Ok(Location { resource: ResourceRef(aux), offset: off, set: None }),
             TAG_SET => {
-                let s = &self.sets[e.aux as usize];
+                let s = &self.sets[aux as usize];
                 let (pos, dpa) = s.geometry.hpa_to_dpa(off);
-                Ok(Location { resource: s.members[pos as usize], offset: dpa, set: Some(SetRef(e.aux)) })
+                Ok(Location { resource: s.members[pos as usize], offset: dpa, set: Some(SetRef(aux)) })
             }
-            TAG_HOLE => Err(TranslateError::Hole { gfa, owner: HoleOwner::Resource(ResourceRef(e.aux)) }),
-            _ => Err(TranslateError::Hole { gfa, owner: HoleOwner::Set(SetRef(e.aux)) }),
+            TAG_HOLE => Err(TranslateError::Hole { gfa, owner: HoleOwner::Resource(ResourceRef(aux)) }),
+            _ => Err(TranslateError::Hole { gfa, owner: HoleOwner::Set(SetRef(aux)) }),
         }
     }
 
@@ -272,15 +299,30 @@ impl Snapshot {
     #[inline]
     pub fn translate(&self, gfa: u64) -> Result<Location, TranslateError> {
         match self.find(gfa) {
-            Some(i) => self.resolve(i, gfa),
+            Some((_, start, w)) => self.resolve(start, w, gfa),
             None => Err(TranslateError::Unmapped { gfa }),
         }
     }
 
     /// Translates many GFAs; `out` must be at least as long as `gfas`.
+    ///
+    /// Faster per address than [`Snapshot::translate`] in a loop: the slot of the address
+    /// `PREFETCH_DISTANCE` ahead is prefetched, so several cache misses are in flight at once.
     pub fn translate_batch(&self, gfas: &[u64], out: &mut [Result<Location, TranslateError>]) {
-        for (g, o) in gfas.iter().zip(out.iter_mut()) {
+        for (k, (g, o)) in gfas.iter().zip(out.iter_mut()).enumerate() {
+            if let Some(&ahead) = gfas.get(k + PREFETCH_DISTANCE) {
+                self.prefetch(ahead);
+            }
             *o = self.translate(*g);
+        }
+    }
+
+    /// Hints the CPU to fetch the slot `gfa` will read.
+    #[inline]
+    fn prefetch(&self, gfa: u64) {
+        let b = (gfa.wrapping_sub(self.lo) >> self.shift) as usize;
+        if let Some(slot) = self.slots.get(b) {
+            crate::sys::prefetch(slot);
         }
     }
 
@@ -340,10 +382,11 @@ impl Snapshot {
     /// Whether every resource behind range `i` satisfies `pred` (one for a direct range or
     /// hole, every member for a set).
     pub(crate) fn entry_all(&self, i: usize, pred: impl Fn(ResourceRef) -> bool) -> bool {
-        let e = self.entries[i];
-        match e.tag {
-            TAG_DIRECT | TAG_HOLE => pred(ResourceRef(e.aux)),
-            _ => self.sets[e.aux as usize].members.iter().all(|&m| pred(m)),
+        let w = self.owners[i];
+        let aux = w & INDEX_MASK;
+        match w >> TAG_SHIFT {
+            TAG_DIRECT | TAG_HOLE => pred(ResourceRef(aux)),
+            _ => self.sets[aux as usize].members.iter().all(|&m| pred(m)),
         }
     }
 
@@ -353,27 +396,32 @@ impl Snapshot {
     }
 }
 
-/// Builds the bucket index: `(lo, shift, counts)`.
-fn bucket_index(starts: &[u64], entries: &[Entry]) -> (u64, u32, Vec<u32>) {
-    let Some(&lo) = starts.first() else {
+/// Builds the bucket index: `(lo, shift, slots)`, one slot per bucket edge.
+fn bucket_index(recs: &[Rec], owners: &[u32]) -> (u64, u32, Vec<Slot>) {
+    let Some(lo) = recs.first().map(|r| r.start) else {
         return (0, 0, Vec::new());
     };
-    let hi = entries.iter().map(|e| e.end).max().unwrap_or(lo);
+    let hi = recs.iter().map(|r| r.end).max().unwrap_or(lo);
     let span = hi - lo;
-    let target = (starts.len() as u64 * 2).next_power_of_two();
+    let target = (recs.len() as u64).next_power_of_two() * 2;
     let mut shift = 0u32;
     while shift < 63 && (span >> shift) >= target {
         shift += 1;
     }
     let nb = (span >> shift) as usize + 1;
-    let mut buckets = Vec::with_capacity(nb + 1);
+    let mut slots = Vec::with_capacity(nb + 1);
     let mut count = 0usize;
     for b in 0..=nb {
         let edge = lo.saturating_add((b as u64) << shift);
-        while count < starts.len() && starts[count] <= edge {
+        while count < recs.len() && recs[count].start <= edge {
             count += 1;
         }
-        buckets.push(count as u32);
+        let (start0, end0, w0) = match count.checked_sub(1) {
+            Some(i) => (recs[i].start, recs[i].end, owners[i]),
+            None => (0, 0, 0),
+        };
+        let next = recs.get(count).map_or(u64::MAX, |r| r.start);
+        slots.push(Slot { start0, end0, next, w0, a: count as u32 });
     }
-    (lo, shift, buckets)
+    (lo, shift, slots)
 }
