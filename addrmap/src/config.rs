@@ -173,7 +173,7 @@ impl MapConfig {
         };
         pow2("node_span".into(), default_span, self.device_align)?;
         let bits = self.address_bits;
-        let base_ok = |v: u64, align: u64| v % align == 0 && v < self.limit();
+        let base_ok = |v: u64, align: u64| v.is_multiple_of(align) && v < self.limit();
         if !base_ok(self.base, default_span) {
             return Err(ConfigError::BadBase { what: "base".into(), value: self.base, align: default_span, bits });
         }

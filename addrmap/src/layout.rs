@@ -415,7 +415,7 @@ pub fn add_interleave(
     let g = geometry.granularity();
     let smallest = taken.iter().map(|p| p.size).min().unwrap_or(0);
     let size = member_size.unwrap_or(smallest / g * g);
-    if size == 0 || size % g != 0 || size > smallest {
+    if size == 0 || !size.is_multiple_of(g) || size > smallest {
         return Err(LayoutError::MemberSize { size, granularity: g, smallest });
     }
     let node = match taken.first() {

@@ -1,6 +1,7 @@
 //! Property tests of the layout: no overlaps, exact translation both ways against a linear
 //! reference, stability under add/remove/restart/re-enumeration, lowest-fit placement, and
 //! byte-identical results from independent computations.
+#![allow(clippy::unwrap_used, reason = "test helpers panic on failure by design")]
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Helpers shared by the black-box tests: inventories and a naive reference translator.
+#![allow(clippy::unwrap_used, reason = "test helpers panic on failure by design")]
 #![allow(dead_code)]
 
 use fabric_addrmap::{Presence, ResourceKey, State};
