@@ -35,8 +35,11 @@ pub struct TranslateBench {
     /// Single lookups, each through a fresh reader guard, no writer running; ns each (the
     /// cost of the guard itself, for comparison with the next figure).
     pub ns_per_lookup_with_guard: f64,
-    /// Single lookups, each through a fresh reader guard, while a writer thread publishes
-    /// new generations; ns each.
+    /// Single lookups, each through a [`crate::CachedReader`] (one atomic load to check for a
+    /// new generation), no writer running; ns each.
+    pub ns_per_lookup_cached_reader: f64,
+    /// Single lookups, each through a [`crate::CachedReader`], while a writer thread
+    /// publishes new generations (and competes for the CPUs); ns each.
     pub ns_per_lookup_while_publishing: f64,
     /// Generations the writer published during that measurement.
     pub generations_published: u64,
@@ -174,6 +177,22 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         }
         black_box(acc)
     });
+    let cached_ns = {
+        let mut cached = reader.cached();
+        let mut pass = |addrs: &[u64]| {
+            let mut acc = 0u64;
+            for &a in addrs {
+                if let Ok(l) = cached.current().translate(a) {
+                    acc = acc.wrapping_add(l.offset);
+                }
+            }
+            black_box(acc)
+        };
+        pass(&addrs);
+        let t = Instant::now();
+        pass(&addrs);
+        t.elapsed().as_secs_f64() * 1e9 / lookups.max(1) as f64
+    };
     let (while_ns, generations) = while_publishing(map, &inv, &addrs);
     Ok(TranslateBench {
         ranges: snap.len(),
@@ -183,6 +202,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         ratio: tree_ns / ns,
         batch_lookups_per_sec: batch,
         ns_per_lookup_with_guard: guard_ns,
+        ns_per_lookup_cached_reader: cached_ns,
         ns_per_lookup_while_publishing: while_ns,
         generations_published: generations,
         build_ms: built.ms,
@@ -192,7 +212,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
 /// Lookups through a reader while another thread republishes (a device leaves and comes
 /// back, over and over). Returns (ns per lookup, generations published meanwhile).
 fn while_publishing(mut map: AddressMap, inv: &Inventory, addrs: &[u64]) -> (f64, u64) {
-    let reader = map.reader();
+    let mut reader = map.reader().cached();
     let stop = Arc::new(AtomicBool::new(false));
     let published = Arc::new(AtomicU64::new(0));
     let mut smaller = inv.clone();
@@ -224,7 +244,7 @@ fn while_publishing(mut map: AddressMap, inv: &Inventory, addrs: &[u64]) -> (f64
     let mut done = 0usize;
     loop {
         for &a in addrs {
-            if let Ok(l) = reader.load().translate(a) {
+            if let Ok(l) = reader.current().translate(a) {
                 acc = acc.wrapping_add(l.offset);
             }
         }

@@ -27,7 +27,7 @@ pub use config::{DeviceOverride, GIB, MapConfig, NodeOverride, NodeSpan, TIB};
 pub use interleave::{Geometry, InterleaveError};
 pub use layout::{Change, GcFilter, LayoutError, RangeChange};
 pub use listing::{Listing, NodeUsage, RangeInfo, RangeKind};
-pub use map::{AddressMap, MapError, Reader, RebuildFrom, Rebuilt};
+pub use map::{AddressMap, CachedReader, MapError, Reader, RebuildFrom, Rebuilt};
 pub use partition::PartitionView;
 pub use persist::{DecodeError, PersistError, decode_state, encode_state};
 pub use snapshot::{HoleOwner, Location, ResourceRef, SetRef, Snapshot, TranslateError};

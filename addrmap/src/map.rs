@@ -78,6 +78,29 @@ impl Reader {
     }
 }
 
+/// A reader for one thread's hot loop: it keeps the current snapshot and checks for a newer
+/// one with a single atomic load per call (cheaper than [`Reader::load`]). It holds the
+/// snapshot it last returned until the next call.
+#[derive(Debug)]
+pub struct CachedReader {
+    cache: arc_swap::Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
+}
+
+impl CachedReader {
+    /// The current snapshot.
+    #[inline]
+    pub fn current(&mut self) -> &Arc<Snapshot> {
+        self.cache.load()
+    }
+}
+
+impl Reader {
+    /// A caching reader for one thread.
+    pub fn cached(&self) -> CachedReader {
+        CachedReader { cache: arc_swap::Cache::new(self.current.clone()) }
+    }
+}
+
 /// The global fabric address map.
 #[derive(Debug)]
 pub struct AddressMap {
