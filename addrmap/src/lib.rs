@@ -6,7 +6,7 @@
 //! - [`interleave`] has the CXL HDM interleave arithmetic (ways 1..16 incl. 3/6/12).
 //! - [`snapshot`] and [`partition`] translate GFA <-> (resource, offset) without locks.
 //! - [`map`] is the writer that publishes snapshots; [`persist`] the state file.
-//! - [`bench`] has the benchmarks the CLI exposes.
+//! - [`mod@bench`] has the benchmarks the CLI exposes.
 //!
 //! See docs/addrmap.md for the layout rules, the file format and the recovery procedure.
 
