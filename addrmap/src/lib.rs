@@ -1,0 +1,34 @@
+//! The global fabric address map (GFA): every byte of device memory in a domain gets one
+//! stable place in one address space of at least 57 significant bits.
+//!
+//! - [`layout`] is the placement algorithm: a pure function of (previous state, inventory),
+//!   stable by resource identity, deterministic across nodes.
+//! - [`interleave`] has the CXL HDM interleave arithmetic (ways 1..16 incl. 3/6/12).
+//! - [`snapshot`] and [`partition`] translate GFA <-> (resource, offset) without locks.
+//! - [`map`] is the writer that publishes snapshots; [`persist`] the state file.
+//! - [`mod@bench`] has the benchmarks the CLI exposes.
+//!
+//! See docs/addrmap.md for the layout rules, the file format and the recovery procedure.
+
+pub mod alloc;
+pub mod bench;
+pub mod config;
+pub mod interleave;
+pub mod layout;
+pub mod listing;
+pub mod map;
+pub mod partition;
+pub mod persist;
+pub mod snapshot;
+pub mod state;
+mod sys;
+
+pub use config::{DeviceOverride, GIB, MapConfig, NodeOverride, NodeSpan, TIB};
+pub use interleave::{Geometry, InterleaveError};
+pub use layout::{Change, GcFilter, LayoutError, RangeChange};
+pub use listing::{Listing, NodeUsage, RangeInfo, RangeKind};
+pub use map::{AddressMap, CachedReader, MapError, Reader, RebuildFrom, Rebuilt};
+pub use partition::PartitionView;
+pub use persist::{DecodeError, PersistError, decode_state, encode_state};
+pub use snapshot::{HoleOwner, Location, ResourceRef, SetRef, Snapshot, TranslateError};
+pub use state::{FABRIC_NODE, InterleaveSet, NodeSlot, Partition, Placement, Presence, ResourceKey, State};

@@ -1,0 +1,306 @@
+//! Property tests of the layout: no overlaps, exact translation both ways against a linear
+//! reference, stability under add/remove/restart/re-enumeration, lowest-fit placement, and
+//! byte-identical results from independent computations.
+#![allow(clippy::unwrap_used, reason = "test helpers panic on failure by design")]
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+
+use common::{Naive, assert_no_overlaps, device, inventory, naive_translate, snap_translate};
+use fabric_addrmap::{AddressMap, GIB, GcFilter, MapConfig, NodeSpan, Presence, ResourceKey, State, encode_state};
+use fabric_topology::{Device, DeviceId, MemoryKind};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(usize),
+    Remove(usize),
+    Restart,
+    Reenumerate(u64),
+    Gc(Option<usize>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..12usize).prop_map(Op::Add),
+        2 => (0..12usize).prop_map(Op::Remove),
+        1 => Just(Op::Restart),
+        1 => any::<u64>().prop_map(Op::Reenumerate),
+        1 => proptest::option::of(0..12usize).prop_map(Op::Gc),
+    ]
+}
+
+/// Twelve devices over three nodes and the fabric; sizes from the seed.
+fn universe(sizes: &[u64]) -> Vec<Device> {
+    (0..12)
+        .map(|i| {
+            let node = match i % 4 {
+                3 => None,
+                n => Some(["n-a", "n-b", "n-c"][n]),
+            };
+            let s = sizes[i];
+            if i % 5 == 4 {
+                device(
+                    node,
+                    &format!("CXL-{i}"),
+                    &[(MemoryKind::CxlVolatile, s), (MemoryKind::CxlPersistent, s / 2 + 1)],
+                )
+            } else {
+                device(node, &format!("GPU-{i}"), &[(MemoryKind::Hbm, s)])
+            }
+        })
+        .collect()
+}
+
+fn config(small: bool) -> MapConfig {
+    if small {
+        // Small fixed node slots so nodes overflow into extension slots, and one device
+        // with a coarser alignment.
+        let mut c = MapConfig { node_span: NodeSpan::Fixed(256 * GIB), address_bits: 48, ..MapConfig::default() };
+        c.devices.insert(DeviceId::uuid("GPU-1"), fabric_addrmap::DeviceOverride { align: Some(64 * GIB) });
+        c
+    } else {
+        MapConfig::default()
+    }
+}
+
+fn shuffled(devs: &[Device], present: &BTreeSet<usize>, seed: u64) -> fabric_topology::Inventory {
+    let mut list: Vec<Device> = present.iter().map(|&i| devs[i].clone()).collect();
+    let mut x = seed | 1;
+    for i in (1..list.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        list.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    inventory(list)
+}
+
+fn keys_of(d: &Device) -> Vec<(ResourceKey, u64)> {
+    (0..d.memory.len()).map(|i| (ResourceKey::of(d, i).unwrap(), d.memory[i].size)).collect()
+}
+
+/// The lowest `align`-aligned window of `size` bytes in `node`'s slots of `st`, by brute force.
+fn naive_lowest_fit(st: &State, node: &str, size: u64, align: u64) -> Option<u64> {
+    let taken: Vec<(u64, u64)> = st
+        .placements
+        .iter()
+        .map(|p| (p.start, p.start + p.reserved))
+        .chain(st.interleaves.iter().map(|s| (s.start, s.start + s.reserved)))
+        .collect();
+    for slot in st.nodes.iter().filter(|n| n.node == node) {
+        let mut c = slot.start.next_multiple_of(align);
+        while c + size <= slot.start + slot.span {
+            if taken.iter().all(|&(s, e)| c + size <= s || c >= e) {
+                return Some(c);
+            }
+            c += align;
+        }
+    }
+    None
+}
+
+fn check_translation(map: &AddressMap, devs: &[Device], present: &BTreeSet<usize>, rng: &mut u64) {
+    let snap = map.snapshot();
+    for &i in present {
+        for (key, size) in keys_of(&devs[i]) {
+            for off in [0, size - 1, size / 2, *rng % size] {
+                let gfa = snap.reverse_key(&key, off).unwrap();
+                assert_eq!(snap_translate(&snap, gfa), Naive::Direct(key.clone(), off));
+            }
+            assert!(snap.reverse_key(&key, size).is_err());
+            *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        }
+    }
+    for gfa in common::boundary_probes(snap.state()) {
+        assert_eq!(snap_translate(&snap, gfa), naive_translate(snap.state(), gfa), "gfa {gfa:#x}");
+    }
+    // Random addresses (most near mapped space) agree with the linear reference.
+    let high = snap.listing().high_water.max(1);
+    for _ in 0..200 {
+        *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let gfa = (*rng >> 7) % (high + GIB);
+        assert_eq!(snap_translate(&snap, gfa), naive_translate(snap.state(), gfa), "gfa {gfa:#x}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn layout_is_stable_exact_and_deterministic(
+        small in any::<bool>(),
+        sizes in proptest::collection::vec(1u64..(300 * GIB), 12),
+        ops in proptest::collection::vec(op(), 1..24),
+    ) {
+        let devs = universe(&sizes);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("map.state");
+        let mut map = AddressMap::new(config(small)).unwrap();
+        let mut twin = AddressMap::new(config(small)).unwrap();
+        let mut present = BTreeSet::new();
+        let mut home: HashMap<ResourceKey, u64> = HashMap::new();
+        let mut rng = 0x1234_5678u64;
+        for (step, op) in ops.into_iter().enumerate() {
+            let before = map.state().clone();
+            let gen_before = map.generation();
+            let mut added = None;
+            let change = match &op {
+                Op::Add(i) => { if present.insert(*i) { added = Some(*i); } None }
+                Op::Remove(i) => { present.remove(i); None }
+                Op::Restart => {
+                    map.save(&path).unwrap();
+                    map = AddressMap::load(&path).unwrap();
+                    prop_assert_eq!(map.state(), &before);
+                    continue;
+                }
+                Op::Reenumerate(_) => None,
+                Op::Gc(which) => {
+                    let filter = match which { Some(i) => GcFilter::Device(devs[*i].id.clone()), None => GcFilter::All };
+                    let c = map.gc(&filter);
+                    twin.gc(&filter);
+                    for r in &c.collected { home.remove(&r.key); }
+                    Some(c)
+                }
+            };
+            let change = match change {
+                Some(c) => c,
+                None => {
+                    let seed = if let Op::Reenumerate(s) = op { s } else { step as u64 };
+                    let c = map.update(&shuffled(&devs, &present, seed)).unwrap();
+                    // The twin sees the same inventory in another order.
+                    let c2 = twin.update(&shuffled(&devs, &present, seed ^ 0xdead_beef)).unwrap();
+                    prop_assert_eq!(&c, &c2);
+                    if matches!(op, Op::Reenumerate(_)) {
+                        prop_assert!(c.is_empty(), "re-enumeration changed the map: {:?}", c);
+                    }
+                    c
+                }
+            };
+            prop_assert_eq!(encode_state(map.state()), encode_state(twin.state()));
+            prop_assert_eq!(map.generation(), if change.is_empty() { gen_before } else { gen_before + 1 });
+            let st = map.state();
+            st.validate().unwrap();
+            assert_no_overlaps(st);
+            // Stability: every key keeps the start it first got, until collected.
+            for p in &st.placements {
+                let start = *home.entry(p.key.clone()).or_insert(p.start);
+                prop_assert_eq!(start, p.start, "{} moved", p.key);
+                let want_present = present.iter().any(|&i| devs[i].id == p.key.device);
+                prop_assert_eq!(p.presence == Presence::Present, want_present);
+            }
+            // Lowest fit for a single new single-resource device.
+            if let Some(i) = added
+                && devs[i].memory.len() == 1
+                && change.added.len() == 1
+            {
+                let d = &devs[i];
+                let node = d.node.clone().unwrap_or_else(|| fabric_addrmap::FABRIC_NODE.to_owned());
+                let align = st.config.align_of(&d.id);
+                let reserved = d.memory[0].size.next_multiple_of(align);
+                let got = change.added[0].start;
+                match naive_lowest_fit(&before, &node, reserved, align) {
+                    Some(want) => prop_assert_eq!(got, want),
+                    None => {
+                        // A new slot: the lowest free span-aligned slot of the space.
+                        prop_assert_eq!(change.nodes_added.len(), 1);
+                        let slot = &change.nodes_added[0];
+                        prop_assert_eq!(got, slot.start);
+                        let mut c = st.config.base;
+                        while before.nodes.iter().any(|n| c < n.start + n.span && n.start < c + slot.span) {
+                            c += slot.span;
+                        }
+                        prop_assert_eq!(slot.start, c);
+                    }
+                }
+            }
+            check_translation(&map, &devs, &present, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn returning_device_gets_its_old_range_and_vanished_leaves_a_hole() {
+    let devs: Vec<Device> =
+        (0..4).map(|i| device(Some("n0"), &format!("GPU-{i}"), &[(MemoryKind::Hbm, 80 * GIB)])).collect();
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    let c = map.update(&inventory(devs.clone())).unwrap();
+    assert_eq!(c.added.len(), 4);
+    assert_eq!(c.generation, 1);
+    let starts: Vec<u64> = c.added.iter().map(|r| r.start).collect();
+    assert_eq!(starts, [0, 80 * GIB, 160 * GIB, 240 * GIB]);
+
+    let c = map.update(&inventory([devs[0].clone(), devs[2].clone(), devs[3].clone()])).unwrap();
+    assert_eq!(c.vanished.len(), 1);
+    assert_eq!(c.generation, 2);
+    let snap = map.snapshot();
+    assert!(matches!(snap.translate(80 * GIB + 5), Err(fabric_addrmap::TranslateError::Hole { .. })));
+
+    // A new device does not take the hole.
+    let newcomer = device(Some("n0"), "GPU-new", &[(MemoryKind::Hbm, 80 * GIB)]);
+    let mut list = vec![devs[0].clone(), devs[2].clone(), devs[3].clone(), newcomer.clone()];
+    let c = map.update(&inventory(list.clone())).unwrap();
+    assert_eq!(c.added[0].start, 320 * GIB);
+
+    list.push(devs[1].clone());
+    let c = map.update(&inventory(list.clone())).unwrap();
+    assert_eq!(c.returned.len(), 1);
+    assert_eq!(c.returned[0].start, 80 * GIB);
+
+    // Same inventory again: nothing changes, the generation stays.
+    let g = map.generation();
+    assert!(map.update(&inventory(list.into_iter().rev())).unwrap().is_empty());
+    assert_eq!(map.generation(), g);
+}
+
+#[test]
+fn gc_frees_holes_for_the_lowest_fit_and_releases_empty_nodes() {
+    let a = device(Some("n0"), "GPU-a", &[(MemoryKind::Hbm, 10 * GIB)]);
+    let b = device(Some("n0"), "GPU-b", &[(MemoryKind::Hbm, 10 * GIB)]);
+    let c = device(Some("n1"), "GPU-c", &[(MemoryKind::Hbm, 10 * GIB)]);
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    map.update(&inventory([a.clone(), b.clone(), c.clone()])).unwrap();
+    map.update(&inventory([b.clone()])).unwrap();
+    let ch = map.gc(&GcFilter::Device(a.id.clone()));
+    assert_eq!(ch.collected.len(), 1);
+    assert!(ch.nodes_removed.is_empty());
+    let ch = map.gc(&GcFilter::All);
+    assert_eq!(ch.collected.len(), 1);
+    assert_eq!(ch.nodes_removed.len(), 1);
+    assert_eq!(ch.nodes_removed[0].node, "n1");
+    let d = device(Some("n0"), "GPU-d", &[(MemoryKind::Hbm, 10 * GIB)]);
+    let ch = map.update(&inventory([b, d])).unwrap();
+    assert_eq!(ch.added[0].start, 0, "the collected hole is the lowest fit");
+    assert!(map.gc(&GcFilter::All).is_empty());
+}
+
+#[test]
+fn grown_resource_moves_and_shrunk_one_stays() {
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    let a = |s| device(Some("n0"), "GPU-a", &[(MemoryKind::Hbm, s)]);
+    let b = device(Some("n0"), "GPU-b", &[(MemoryKind::Hbm, GIB)]);
+    map.update(&inventory([a(3 * GIB / 2), b.clone()])).unwrap();
+    let c = map.update(&inventory([a(GIB), b.clone()])).unwrap();
+    assert_eq!(c.resized.len(), 1);
+    assert_eq!(c.resized[0].start, 0);
+    // Still within the 2 GiB reservation.
+    let c = map.update(&inventory([a(2 * GIB), b.clone()])).unwrap();
+    assert_eq!(c.resized.len(), 1);
+    assert_eq!(c.resized[0].start, 0);
+    let c = map.update(&inventory([a(3 * GIB), b])).unwrap();
+    assert_eq!(c.moved.len(), 1);
+    assert_eq!(c.moved[0].previous, Some(0));
+    assert_eq!(c.moved[0].start, 3 * GIB);
+}
+
+#[test]
+fn pinned_node_base_and_dram_not_mapped() {
+    let mut cfg = MapConfig::default();
+    cfg.nodes.insert("n9".into(), fabric_addrmap::NodeOverride { base: Some(64 * fabric_addrmap::TIB), span: None });
+    let mut map = AddressMap::new(cfg).unwrap();
+    let g = device(Some("n9"), "GPU-9", &[(MemoryKind::Hbm, GIB), (MemoryKind::Dram, GIB)]);
+    let c = map.update(&inventory([g])).unwrap();
+    assert_eq!(c.added.len(), 1);
+    assert_eq!(c.added[0].start, 64 * fabric_addrmap::TIB);
+}
