@@ -43,7 +43,10 @@ fn build(cpus: usize, hbs: usize, shape: &[(usize, bool, u8, u8)]) -> (Fabric, V
     (Fabric::build(inv).unwrap(), endpoints)
 }
 
-fn shape() -> impl Strategy<Value = (usize, usize, Vec<(usize, bool, u8, u8)>)> {
+/// (parent choice, is bridge, PCIe generation, width) per device.
+type Shape = Vec<(usize, bool, u8, u8)>;
+
+fn shape() -> impl Strategy<Value = (usize, usize, Shape)> {
     (
         1usize..4,
         1usize..5,
