@@ -34,7 +34,7 @@ impl Fabric {
     /// Indexes an inventory. Fails only if a link names a device that does not exist.
     pub fn build(mut inv: Inventory) -> Result<Self, InventoryError> {
         inv.validate()?;
-        inv.reindex();
+        inv.ensure_indexed();
         let n = inv.devices.len();
         let mut degree = vec![0u32; n + 1];
         for l in &inv.links {

@@ -124,7 +124,16 @@ impl Inventory {
         Self::default()
     }
 
-    /// Rebuilds the identity index (after deserialising).
+    /// Rebuilds the identity index if it does not cover every device (after deserialising,
+    /// or after devices were pushed directly); a no-op on an inventory built through
+    /// [`Inventory::add_device`], which keeps the index current.
+    pub fn ensure_indexed(&mut self) {
+        if self.index.len() != self.devices.len() {
+            self.reindex();
+        }
+    }
+
+    /// Rebuilds the identity index from scratch.
     pub fn reindex(&mut self) {
         self.index = self.devices.iter().enumerate().map(|(i, d)| (d.id.clone(), DeviceIdx(i as u32))).collect();
     }
