@@ -17,7 +17,9 @@ use super::schema::{FabricSwitchKind, SimFile};
 /// Most devices (and twice as many links) one sim fabric may hold: 2.5 times the
 /// 100,000-GPU cluster (~790,000 devices), so a hostile or mistyped file cannot make the
 /// parser allocate more than a few GiB.
-pub(crate) const MAX_DEVICES: u64 = 2_000_000;
+// Fuzzing builds (`--cfg fuzzing`, set by scripts/fuzz.sh) use a lower cap so a mutated
+// count cannot spend the fuzzer's memory limit on one input.
+pub(crate) const MAX_DEVICES: u64 = if cfg!(fuzzing) { 20_000 } else { 2_000_000 };
 
 /// A node to build.
 pub(crate) struct NodeEntry<'a> {
