@@ -25,8 +25,100 @@ pub enum Command {
     Devices(DevicesArgs),
     /// Show the best route between two devices (ids or matrix labels such as GPU0).
     Path(PathArgs),
+    /// The global fabric address map: list, translate, reverse, gc, partitions, rebuild.
+    Map(MapArgs),
     /// Run a benchmark against its baseline, measured in the same run.
     Bench(BenchArgs),
+}
+
+/// `fabricctl map`.
+#[derive(Debug, Args)]
+pub struct MapArgs {
+    /// What to do (default: list the map).
+    #[command(subcommand)]
+    pub command: Option<MapCommand>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table, global = true)]
+    pub output: ListFormat,
+    /// The map state file (default: one per source under $FABRIC_STATE_DIR,
+    /// /var/lib/fabric for root, else $XDG_STATE_HOME/fabric or ~/.local/state/fabric).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub state: Option<PathBuf>,
+    /// Inventory source.
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+/// `fabricctl map` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum MapCommand {
+    /// Which device, resource and offset a global fabric address (GFA) lands on.
+    Translate {
+        /// The GFA (0x-prefixed hex or decimal).
+        gfa: String,
+        /// Resolve through a partition's view only.
+        #[arg(long, value_name = "NAME")]
+        partition: Option<String>,
+    },
+    /// The GFA of a byte of a device's memory.
+    Reverse {
+        /// The device: an id or a label (GPU0).
+        device: String,
+        /// Byte offset in the resource (0x-prefixed hex or decimal).
+        offset: String,
+        /// Memory kind (hbm, cxl_volatile, cxl_persistent, cxl_dynamic, host_exported);
+        /// default: the device's first mapped kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Which resource of that kind (0 for the first).
+        #[arg(long, default_value_t = 0)]
+        ordinal: u16,
+    },
+    /// Release the holes vanished devices left (all, one device's, or one node's).
+    Gc {
+        /// Only this device's holes (a device id).
+        #[arg(long, value_name = "ID", conflicts_with = "node")]
+        device: Option<String>,
+        /// Only the holes in this node's slots.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+    },
+    /// Manage partitions: named subsets of devices that see only their own ranges.
+    #[command(subcommand)]
+    Partition(PartitionCommand),
+    /// Start the map again after its state file was damaged (the bad file is moved aside).
+    Rebuild {
+        /// Start from the inventory alone, or from the previous good copy of the state.
+        #[arg(long, value_enum, default_value_t = RebuildSource::Previous)]
+        from: RebuildSource,
+    },
+}
+
+/// Partition subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PartitionCommand {
+    /// Create or replace a partition.
+    Set {
+        /// Partition name.
+        name: String,
+        /// Member devices (ids or labels).
+        #[arg(required = true)]
+        devices: Vec<String>,
+    },
+    /// Remove a partition.
+    Remove {
+        /// Partition name.
+        name: String,
+    },
+}
+
+/// Where `map rebuild` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RebuildSource {
+    /// Place every range anew from the inventory.
+    Inventory,
+    /// The previous good copy of the state, brought up to date.
+    Previous,
 }
 
 /// `fabricctl bench`.
@@ -52,6 +144,15 @@ pub enum BenchCommand {
         #[arg(long, value_name = "DIR", default_value = "/")]
         sysfs_root: PathBuf,
     },
+    /// GFA lookups over a map of N ranges vs a `BTreeMap` range query.
+    Translate {
+        /// Ranges in the map.
+        #[arg(long, default_value_t = 1_000_000)]
+        ranges: usize,
+        /// Lookups to time.
+        #[arg(long, default_value_t = 4_000_000)]
+        lookups: usize,
+    },
     /// Load and build a large sim fabric; path queries vs a whole-graph BFS.
     Scale {
         /// The sim fabric.
@@ -67,13 +168,13 @@ pub enum BenchCommand {
 #[derive(Debug, Clone, Default, Args)]
 pub struct SourceArgs {
     /// Discover the host whose sysfs tree is under DIR (default: the live host, `/`).
-    #[arg(long, value_name = "DIR", conflicts_with = "sim")]
+    #[arg(long, value_name = "DIR", conflicts_with = "sim", global = true)]
     pub sysfs_root: Option<PathBuf>,
     /// Load a simulated fabric from a TOML file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub sim: Option<PathBuf>,
     /// Restrict the output to one node (nccl-xml: the node to export; default the first).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", global = true)]
     pub node: Option<String>,
 }
 

@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod map;
 pub mod render;
 pub mod source;
 pub mod view;
@@ -18,6 +19,7 @@ use fabric_topology::PathError;
 
 use crate::args::{BenchCommand, Cli, Command, ListFormat, SourceArgs, TopologyFormat};
 use crate::bench::BenchError;
+use crate::map::MapCmdError;
 use crate::source::{Source, SourceError};
 use crate::view::{View, ViewError};
 
@@ -99,7 +101,12 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             };
             r.map_err(RunError::Output)?;
         }
+        Command::Map(m) => map::run(m, out)?,
         Command::Bench(b) => match &b.which {
+            BenchCommand::Translate { ranges, lookups } => {
+                let r = fabric_addrmap::bench::translate(*ranges, *lookups)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
             BenchCommand::Host { runs, sysfs_root } => {
                 let r = bench::host(*runs, sysfs_root)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
@@ -124,6 +131,8 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         } else if let Some(e) = e.downcast_ref::<RunError>() {
             e.hint()
         } else if let Some(e) = e.downcast_ref::<BenchError>() {
+            e.hint()
+        } else if let Some(e) = e.downcast_ref::<MapCmdError>() {
             e.hint()
         } else {
             None

@@ -1,0 +1,435 @@
+//! `fabricctl map`: the global fabric address map of the selected inventory — listing,
+//! translation both ways, hole collection, partitions and rebuild.
+//!
+//! Until the daemon owns the map, `fabricctl` does: every `map` command loads the state
+//! file, brings it in line with the inventory (stable placement: returning devices get
+//! their old ranges, vanished ones leave holes), creates interleave sets for CXL regions it
+//! has not seen, saves the state if anything changed, and then answers.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use fabric_addrmap::{
+    AddressMap, Change, GcFilter, Location, MapConfig, MapError, RebuildFrom, ResourceKey, Snapshot, TranslateError,
+};
+use fabric_topology::cxl::CxlMode;
+use fabric_topology::{DeviceId, Inventory, MemoryKind};
+use serde::Serialize;
+
+use crate::args::{ListFormat, MapArgs, MapCommand, PartitionCommand, RebuildSource};
+use crate::source::Source;
+use crate::view::View;
+
+/// Errors of the map commands.
+#[derive(Debug, thiserror::Error)]
+pub enum MapCmdError {
+    /// The state file could not be opened, updated or saved.
+    #[error("address map state {path}")]
+    State {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: MapError,
+    },
+    /// No state directory could be chosen.
+    #[error("no state directory: set --state, FABRIC_STATE_DIR, XDG_STATE_HOME or HOME")]
+    NoStateDir,
+    /// A GFA or offset argument is not a number.
+    #[error("{0:?} is not an address (use 0x-prefixed hex or decimal)")]
+    BadNumber(String),
+    /// A translation failed.
+    #[error("translating {what}")]
+    Translate {
+        /// What was asked.
+        what: String,
+        /// Why.
+        #[source]
+        source: TranslateError,
+    },
+    /// The partition named does not exist.
+    #[error("no partition named {0:?}")]
+    NoPartition(String),
+}
+
+impl MapCmdError {
+    /// How to fix it.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            MapCmdError::State { source: MapError::Persist(_), .. } => Some(
+                "the state file is damaged and was left untouched; `fabricctl map rebuild` moves it aside \
+                 and starts again (`--from previous` restores the last good copy)",
+            ),
+            MapCmdError::NoStateDir => Some("pass --state FILE"),
+            MapCmdError::Translate { source: TranslateError::Hole { .. }, .. } => {
+                Some("the owner vanished; `fabricctl map gc` releases its hole once you are sure it is gone")
+            }
+            MapCmdError::Translate { source: TranslateError::UnknownResource, .. } => {
+                Some("list the mapped resources with `fabricctl map`; --kind and --ordinal pick one of a device's")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The state file: `--state`, else `$FABRIC_STATE_DIR`, `/var/lib/fabric` for root, or
+/// `$XDG_STATE_HOME/fabric` / `~/.local/state/fabric`; one file per inventory source so a
+/// sim fabric never shares placements with the host.
+pub fn state_path(explicit: Option<&Path>, source: &Source) -> Result<PathBuf, MapCmdError> {
+    if let Some(p) = explicit {
+        return Ok(p.to_owned());
+    }
+    let dir = if let Some(d) = std::env::var_os("FABRIC_STATE_DIR") {
+        PathBuf::from(d)
+    } else if is_root() {
+        PathBuf::from("/var/lib/fabric")
+    } else if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
+        PathBuf::from(d).join("fabric")
+    } else {
+        PathBuf::from(std::env::var_os("HOME").ok_or(MapCmdError::NoStateDir)?).join(".local/state/fabric")
+    };
+    let name = match source {
+        Source::Sim(f) => format!("map-sim-{}.state", f.file_stem().and_then(|s| s.to_str()).unwrap_or("fabric")),
+        Source::Sysfs(_) => "map.state".to_owned(),
+    };
+    Ok(dir.join(name))
+}
+
+fn is_root() -> bool {
+    // The effective uid without libc: /proc/self/status "Uid: real effective ...".
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).map(|v| v.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// The interleave sets the inventory's CXL regions call for: name, ways, granularity,
+/// members in position order, bytes per member.
+fn region_sets(inv: &Inventory) -> Vec<(String, u32, u64, Vec<ResourceKey>, u64)> {
+    let mut sets = Vec::new();
+    for r in &inv.cxl.regions {
+        let (Some(ways), Some(gran), Some(size)) = (r.ways, r.granularity, r.size) else { continue };
+        if r.targets.is_empty() || r.targets.len() != ways as usize || ways == 0 || size % u64::from(ways) != 0 {
+            continue;
+        }
+        let kind = match r.mode {
+            Some(CxlMode::Pmem) => MemoryKind::CxlPersistent,
+            Some(CxlMode::DynamicRam) => MemoryKind::CxlDynamic,
+            _ => MemoryKind::CxlVolatile,
+        };
+        let name = match (&r.uuid, r.resource) {
+            (Some(u), _) => format!("cxl-region:{u}"),
+            (None, Some(hpa)) => format!("cxl-region:hpa-{hpa:#x}"),
+            (None, None) => continue,
+        };
+        let members = r.targets.iter().map(|d| ResourceKey::new(d.clone(), kind, 0)).collect();
+        sets.push((name, ways, u64::from(gran), members, size / u64::from(ways)));
+    }
+    sets
+}
+
+/// Opens the map for an inventory, brings it up to date and saves it if it changed.
+/// Returns the map, what changed, and the CXL regions that could not become sets.
+pub fn open(inv: &Inventory, path: &Path) -> Result<(AddressMap, Change, Vec<String>), MapCmdError> {
+    let err = |source| MapCmdError::State { path: path.to_owned(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            err(MapError::Persist(fabric_addrmap::PersistError::Write { path: dir.to_owned(), source: e }))
+        })?;
+    }
+    let mut map = AddressMap::open(path, MapConfig::default()).map_err(err)?;
+    let before = map.generation();
+    let change = map.update(inv).map_err(err)?;
+    let mut skipped = Vec::new();
+    for (name, ways, gran, members, member_size) in region_sets(inv) {
+        if map.state().interleaves.iter().any(|s| s.name == name) {
+            continue;
+        }
+        if let Err(e) = map.add_interleave(&name, ways, gran, &members, Some(member_size)) {
+            tracing::warn!(set = %name, error = %e, "CXL region not mapped as an interleave set");
+            skipped.push(format!("{name}: {e}"));
+        }
+    }
+    if map.generation() != before || !path.exists() {
+        map.save(path).map_err(err)?;
+    }
+    Ok((map, change, skipped))
+}
+
+/// Parses `0x…` hex or decimal.
+pub fn parse_number(s: &str) -> Result<u64, MapCmdError> {
+    let t = s.trim().replace('_', "");
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    };
+    r.map_err(|_| MapCmdError::BadNumber(s.to_owned()))
+}
+
+fn memory_kind(s: &str) -> Option<MemoryKind> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+}
+
+/// A translation, for output.
+#[derive(Debug, Serialize)]
+pub struct TranslateDoc {
+    /// Schema name.
+    pub schema: &'static str,
+    /// The GFA asked.
+    pub gfa: String,
+    /// The device holding it.
+    pub device: String,
+    /// Kind of memory.
+    pub kind: MemoryKind,
+    /// Ordinal among the device's resources of that kind.
+    pub ordinal: u16,
+    /// Byte offset in the resource.
+    pub offset: String,
+    /// The interleave set it went through.
+    pub interleave_set: Option<String>,
+    /// The map generation answered from.
+    pub generation: u64,
+}
+
+fn translate_doc(snap: &Snapshot, gfa: u64, loc: &Location) -> TranslateDoc {
+    let key = snap.resource(loc.resource);
+    TranslateDoc {
+        schema: "fabric.map.translate/v1",
+        gfa: format!("{gfa:#x}"),
+        device: key.device.to_string(),
+        kind: key.kind,
+        ordinal: key.ordinal,
+        offset: format!("{:#x}", loc.offset),
+        interleave_set: loc.set.map(|s| snap.set(s).name.clone()),
+        generation: snap.generation(),
+    }
+}
+
+fn write_json<T: Serialize>(v: &T, out: &mut dyn Write) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v).map_err(io::Error::other)?;
+    writeln!(out)
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 5] =
+        [("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (u, v) in UNITS {
+        if n >= v {
+            return format!("{:.1} {u}", n as f64 / v as f64);
+        }
+    }
+    format!("{n} B")
+}
+
+/// Most ranges the table lists before it summarises (JSON always has all).
+const TABLE_RANGES: usize = 48;
+
+fn render_listing(map: &AddressMap, path: &Path, skipped: &[String], out: &mut dyn Write) -> io::Result<()> {
+    let l = map.snapshot().listing();
+    writeln!(
+        out,
+        "Address map generation {} ({} address bits)  state {}",
+        l.generation,
+        l.address_bits,
+        path.display()
+    )?;
+    writeln!(
+        out,
+        "mapped {}  holes {}  high water {:#x}  ranges {}\n",
+        bytes(l.mapped_bytes),
+        bytes(l.hole_bytes),
+        l.high_water,
+        l.ranges.len()
+    )?;
+    writeln!(out, "{:<16} {:>20} {:>10} {:>10} {:>6}", "NODE", "START", "SPAN", "MAPPED", "USED")?;
+    for n in l.nodes.iter().take(TABLE_RANGES) {
+        let util = format!("{:.1}%", n.utilisation * 100.0);
+        writeln!(out, "{:<16} {:>#20x} {:>10} {:>10} {:>6}", n.node, n.start, bytes(n.span), bytes(n.mapped), util)?;
+    }
+    if l.nodes.len() > TABLE_RANGES {
+        writeln!(out, "... {} more nodes (-o json lists all)", l.nodes.len() - TABLE_RANGES)?;
+    }
+    writeln!(out)?;
+    writeln!(out, "{:>20} {:>20} {:>10} {:<10} {:<14} OWNER", "START", "END", "SIZE", "KIND", "MEMORY")?;
+    for r in l.ranges.iter().take(TABLE_RANGES) {
+        let kind = serde_json::to_value(r.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let mem = r.memory.and_then(|m| serde_json::to_value(m).ok()).and_then(|v| v.as_str().map(str::to_owned));
+        let mut owner = r.owner.clone();
+        if let Some(i) = &r.interleave {
+            owner = format!("{owner} ({}-way, {} B granularity: {})", i.ways, i.granularity, i.members.join(", "));
+        }
+        if let Some(g) = r.vanished_since {
+            owner = format!("{owner} [vanished at generation {g}]");
+        }
+        let end = r.start.saturating_add(r.size.saturating_sub(1));
+        writeln!(
+            out,
+            "{:>#20x} {:>#20x} {:>10} {:<10} {:<14} {owner}",
+            r.start,
+            end,
+            bytes(r.size),
+            kind,
+            mem.unwrap_or_else(|| "-".into())
+        )?;
+    }
+    if l.ranges.len() > TABLE_RANGES {
+        writeln!(out, "... {} more ranges (-o json lists all)", l.ranges.len() - TABLE_RANGES)?;
+    }
+    for s in skipped {
+        writeln!(out, "\nnot mapped: {s}")?;
+    }
+    Ok(())
+}
+
+fn render_change(change: &Change, format: ListFormat, out: &mut dyn Write) -> io::Result<()> {
+    if format == ListFormat::Json {
+        return write_json(change, out);
+    }
+    writeln!(out, "generation {}", change.generation)?;
+    for (what, list) in [
+        ("added", &change.added),
+        ("returned", &change.returned),
+        ("vanished", &change.vanished),
+        ("collected", &change.collected),
+        ("moved", &change.moved),
+        ("resized", &change.resized),
+        ("absorbed", &change.absorbed),
+    ] {
+        if !list.is_empty() {
+            writeln!(out, "{what}: {}", list.len())?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs a `map` command.
+pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let source = Source::from_args(&args.source);
+    let path = state_path(args.state.as_deref(), &source)?;
+    let view = View::new(source.load()?, args.source.node.clone())?;
+    let inv = view.fabric.inventory();
+    let format = args.output;
+    match &args.command {
+        None => {
+            let (map, _, skipped) = open(inv, &path)?;
+            if format == ListFormat::Json {
+                write_json(&map.snapshot().listing(), out)?;
+            } else {
+                render_listing(&map, &path, &skipped, out)?;
+            }
+        }
+        Some(MapCommand::Translate { gfa, partition }) => {
+            let (map, _, _) = open(inv, &path)?;
+            let snap = map.snapshot();
+            let g = parse_number(gfa)?;
+            let what = format!("GFA {g:#x}");
+            let loc = match partition {
+                Some(p) => snap.partition(p).ok_or_else(|| MapCmdError::NoPartition(p.clone()))?.translate(g),
+                None => snap.translate(g),
+            }
+            .map_err(|source| MapCmdError::Translate { what, source })?;
+            let doc = translate_doc(&snap, g, &loc);
+            if format == ListFormat::Json {
+                write_json(&doc, out)?;
+            } else {
+                let kind = serde_json::to_value(doc.kind)?.as_str().unwrap_or_default().to_owned();
+                write!(out, "{} -> {} {kind}[{}] + {}", doc.gfa, doc.device, doc.ordinal, doc.offset)?;
+                match &doc.interleave_set {
+                    Some(s) => writeln!(out, " (through interleave set {s})")?,
+                    None => writeln!(out)?,
+                }
+            }
+        }
+        Some(MapCommand::Reverse { device, offset, kind, ordinal }) => {
+            let (map, _, _) = open(inv, &path)?;
+            let snap = map.snapshot();
+            let idx = view.resolve(device)?;
+            let id: &DeviceId = &view.fabric.device(idx).id;
+            let off = parse_number(offset)?;
+            let kind = match kind {
+                Some(k) => memory_kind(k).ok_or_else(|| MapCmdError::BadNumber(k.clone()))?,
+                None => first_mapped_kind(&snap, id).unwrap_or(MemoryKind::Hbm),
+            };
+            let what = format!("{id} offset {off:#x}");
+            let gfa =
+                snap.reverse(id, kind, *ordinal, off).map_err(|source| MapCmdError::Translate { what, source })?;
+            if format == ListFormat::Json {
+                #[derive(Serialize)]
+                struct ReverseDoc<'a> {
+                    schema: &'static str,
+                    device: &'a DeviceId,
+                    kind: MemoryKind,
+                    ordinal: u16,
+                    offset: String,
+                    gfa: String,
+                    generation: u64,
+                }
+                let doc = ReverseDoc {
+                    schema: "fabric.map.reverse/v1",
+                    device: id,
+                    kind,
+                    ordinal: *ordinal,
+                    offset: format!("{off:#x}"),
+                    gfa: format!("{gfa:#x}"),
+                    generation: snap.generation(),
+                };
+                write_json(&doc, out)?;
+            } else {
+                writeln!(out, "{id} offset {off:#x} -> GFA {gfa:#x}")?;
+            }
+        }
+        Some(MapCommand::Gc { device, node }) => {
+            let (mut map, _, _) = open(inv, &path)?;
+            let filter = match (device, node) {
+                (Some(d), _) => GcFilter::Device(d.parse::<DeviceId>()?),
+                (None, Some(n)) => GcFilter::Node(n.clone()),
+                (None, None) => GcFilter::All,
+            };
+            let change = map.gc(&filter);
+            map.save(&path).map_err(|source| MapCmdError::State { path: path.clone(), source })?;
+            render_change(&change, format, out)?;
+        }
+        Some(MapCommand::Rebuild { from }) => {
+            let from = match from {
+                RebuildSource::Inventory => RebuildFrom::Inventory,
+                RebuildSource::Previous => RebuildFrom::Previous,
+            };
+            let rebuilt = AddressMap::rebuild(&path, MapConfig::default(), inv, from)
+                .map_err(|source| MapCmdError::State { path: path.clone(), source })?;
+            if let Some(p) = &rebuilt.moved_aside {
+                writeln!(out, "moved the damaged state aside to {}", p.display())?;
+            }
+            render_change(&rebuilt.change, format, out)?;
+        }
+        Some(MapCommand::Partition(p)) => {
+            let (mut map, _, _) = open(inv, &path)?;
+            let change = match p {
+                PartitionCommand::Set { name, devices } => {
+                    let ids = devices
+                        .iter()
+                        .map(|d| view.resolve(d).map(|i| view.fabric.device(i).id.clone()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    map.partition(name, &ids)
+                }
+                PartitionCommand::Remove { name } => {
+                    map.remove_partition(name).map_err(|source| MapCmdError::State { path: path.clone(), source })?
+                }
+            };
+            map.save(&path).map_err(|source| MapCmdError::State { path: path.clone(), source })?;
+            render_change(&change, format, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn first_mapped_kind(snap: &Snapshot, id: &DeviceId) -> Option<MemoryKind> {
+    [
+        MemoryKind::Hbm,
+        MemoryKind::CxlVolatile,
+        MemoryKind::CxlPersistent,
+        MemoryKind::CxlDynamic,
+        MemoryKind::HostExported,
+    ]
+    .into_iter()
+    .find(|&k| snap.lookup(id, k, 0).is_some())
+}
