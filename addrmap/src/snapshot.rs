@@ -409,7 +409,7 @@ fn bucket_index(recs: &[Rec], owners: &[u32]) -> (u64, u32, Vec<Slot>) {
         shift += 1;
     }
     let nb = (span >> shift) as usize + 1;
-    let mut slots = Vec::with_capacity(nb + 1);
+    let mut slots = crate::sys::huge_vec(nb + 1);
     let mut count = 0usize;
     for b in 0..=nb {
         let edge = lo.saturating_add((b as u64) << shift);
