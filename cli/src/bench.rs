@@ -2,8 +2,8 @@
 //!
 //! - `host`: `fabricctl topology -o json` on this host as a whole process, against
 //!   `lstopo-no-graphics --whole-io --of xml` (hwloc) run the same number of times.
-//! - `scale`: load and build a large sim fabric (time, peak memory), then path queries on
-//!   it against a plain breadth-first search over the whole graph.
+//! - `scale`: load and build a large sim fabric and its address map (time, peak memory),
+//!   then path queries on it against a plain breadth-first search over the whole graph.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -95,7 +95,11 @@ pub struct ScaleBench {
     pub discover_ms: f64,
     /// Time to index it into the fabric graph, ms.
     pub build_ms: f64,
-    /// Peak resident memory of the process after building, MiB (VmHWM).
+    /// Time to place every memory resource in a new global address map, ms.
+    pub addrmap_ms: f64,
+    /// Ranges in that map.
+    pub addrmap_ranges: usize,
+    /// Peak resident memory of the process after building both, MiB (VmHWM).
     pub peak_rss_mib: f64,
     /// Path queries timed.
     pub queries: usize,
@@ -205,6 +209,12 @@ pub fn scale(sim: &Path, queries: usize) -> Result<ScaleBench, BenchError> {
     let t = Instant::now();
     let fabric = Fabric::build(inv).map_err(|e| BenchError::Load { path: sim.to_owned(), reason: e.to_string() })?;
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let map = fabric_addrmap::AddressMap::new(fabric_addrmap::MapConfig::default())
+        .and_then(|mut m| m.update(fabric.inventory()).map(|_| m))
+        .map_err(|e| BenchError::Load { path: sim.to_owned(), reason: e.to_string() })?;
+    let addrmap_ms = t.elapsed().as_secs_f64() * 1e3;
+    let addrmap_ranges = map.snapshot().len();
     let peak = peak_rss_mib();
     let gpus: Vec<DeviceIdx> = fabric.devices_of(DeviceKind::Gpu).collect();
     if gpus.len() < 2 {
@@ -233,6 +243,8 @@ pub fn scale(sim: &Path, queries: usize) -> Result<ScaleBench, BenchError> {
         gpus: gpus.len(),
         discover_ms,
         build_ms,
+        addrmap_ms,
+        addrmap_ranges,
         peak_rss_mib: peak,
         queries: pairs.len(),
         route_us,
