@@ -319,24 +319,6 @@ fn paths_report_bottleneck_class_and_degradation() {
     assert_eq!(doc.latency_ns, Some(1200));
 }
 
-/// Manual timing probe: `NODES=12500 cargo test -p fabric-cli --lib probe_ -- --ignored
-/// --nocapture` renders the table and tree of a 100,000-GPU cluster and prints timings.
-#[test]
-#[ignore]
-fn probe_large_cluster_timing() {
-    let n: usize = std::env::var("NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
-    let t0 = Instant::now();
-    let v = view(testkit::cluster(n));
-    eprintln!("build {:?} devices {}", t0.elapsed(), v.fabric.len());
-    let t0 = Instant::now();
-    println!("{}", out(&v, render::matrix::render));
-    eprintln!("table {:?}", t0.elapsed());
-    let t0 = Instant::now();
-    let tree = out(&v, render::tree::render);
-    eprintln!("tree {:?}", t0.elapsed());
-    println!("{}", &tree[tree.len() - 800..]);
-}
-
 #[test]
 fn backends_that_are_missing_are_explained() {
     let t = out(&view(testkit::cxl_host()), render::matrix::render);
