@@ -99,7 +99,21 @@ fn gpu_box() -> Synth {
         &with(ids("0x8086", "0x347a", "0x060400", "1"), &link("8.0 GT/s", "16", "8.0 GT/s", "16")),
     );
     s.function(NIC, &with(ids("0x15b3", "0x101b", "0x020700", "1"), &link("Unknown", "16", "16.0 GT/s", "16")));
+    // The kernel lists the function's RDMA device and interface as class subdirectories.
+    s.write(&format!("sys/devices/{NIC}/infiniband/mlx5_0/ports/1/state"), "4: ACTIVE\n");
+    s.write(&format!("sys/devices/{NIC}/net/ibp129s0/mtu"), "4092\n");
     s
+}
+
+#[test]
+fn nics_carry_their_rdma_device_and_interface_names() {
+    let (f, _) = discover(&gpu_box());
+    let nic = f.device(func(&f, "0000:81:00.0"));
+    assert_eq!(nic.kind, fabric_topology::DeviceKind::Nic);
+    assert_eq!(nic.attrs.get("ib_device").map(String::as_str), Some("mlx5_0"));
+    assert_eq!(nic.attrs.get("netdev").map(String::as_str), Some("ibp129s0"));
+    let gpu = f.device(func(&f, "0000:03:00.0"));
+    assert!(!gpu.attrs.contains_key("ib_device"), "no infiniband/ directory, no RDMA name");
 }
 
 #[test]

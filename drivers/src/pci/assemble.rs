@@ -52,6 +52,12 @@ fn function_device(node: &str, f: &Function) -> Device {
         dev.attrs.insert("pci.class_name".to_owned(), c);
     }
     dev.attrs.insert("pci.sysfs_path".to_owned(), format!("sys/devices/{}", f.rel));
+    if let Some(ib) = a.rdma_devices.first() {
+        dev.attrs.insert("ib_device".to_owned(), ib.clone());
+    }
+    if !a.netdevs.is_empty() {
+        dev.attrs.insert("netdev".to_owned(), a.netdevs.join(","));
+    }
     dev.numa_node = a.numa_node.flatten();
     dev.local_cpus = a.local_cpus.clone();
     dev.pci = Some(PciInfo {

@@ -194,6 +194,21 @@ pub struct FunctionAttrs {
     pub iommu_group: Option<u32>,
     /// The `driver` link's target name.
     pub driver: Option<String>,
+    /// RDMA devices of the function (`infiniband/mlx5_0`): what NCCL calls a NIC.
+    pub rdma_devices: Vec<String>,
+    /// Network interfaces of the function (`net/eth0`).
+    pub netdevs: Vec<String>,
+}
+
+/// Entries of a class subdirectory of a function (`infiniband/`, `net/`): names only, with
+/// the characters an interface or device name may have, at most 16.
+fn class_entries(dir: &Path, sub: &str) -> Vec<String> {
+    sysfs::list_dir(&dir.join(sub))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:@".contains(&b)))
+        .take(16)
+        .collect()
 }
 
 /// How often each attribute was missing or bad across functions, so the report carries
@@ -331,6 +346,9 @@ pub fn read_function(dir: &Path, tally: &mut Tally) -> FunctionAttrs {
         Err(e) if e.is_missing() => None,
         Err(e) => tally.record("driver", Err(e)),
     };
+    // Absent directories mean the function has no RDMA device / interface: not unknowns.
+    a.rdma_devices = class_entries(dir, "infiniband");
+    a.netdevs = class_entries(dir, "net");
     a
 }
 
