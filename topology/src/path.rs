@@ -94,17 +94,23 @@ impl Fabric {
 
     /// device → NIC on its node, NIC → NIC through network switches, NIC → device.
     fn across_network(&self, a: DeviceIdx, b: DeviceIdx) -> Option<Vec<DeviceIdx>> {
-        let nic_side = |x: DeviceIdx| {
+        let has_net = |d: DeviceIdx| {
+            self.device(d).kind == DeviceKind::Nic
+                && self.neighbors(d).any(|(_, l)| {
+                    matches!(self.link(l).kind, LinkKind::Network { .. }) && self.link(l).state != LinkState::Down
+                })
+        };
+        let nic_side = |x: DeviceIdx| -> Option<Vec<DeviceIdx>> {
+            // A NIC on the network is its own way out.
+            if has_net(x) {
+                return Some(vec![x]);
+            }
             let n = self.node_index(x);
             let allow = move |d: DeviceIdx| self.node_index(d) == n;
-            let has_net = |d: DeviceIdx| {
-                self.device(d).kind == DeviceKind::Nic
-                    && self.neighbors(d).any(|(_, l)| matches!(self.link(l).kind, LinkKind::Network { .. }))
-            };
-            self.widest(x, &allow, has_net)
+            self.widest(x, &allow, has_net).map(|(_, p)| p)
         };
-        let (_, mut left) = nic_side(a)?;
-        let (_, mut right) = nic_side(b)?;
+        let mut left = nic_side(a)?;
+        let mut right = nic_side(b)?;
         let (na, nb) = (*left.last()?, *right.last()?);
         let mid = self.network_bfs(na, nb)?;
         right.reverse();

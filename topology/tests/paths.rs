@@ -171,6 +171,13 @@ fn cross_node_routes_go_through_nics_and_network_switches() {
     assert_eq!(r.bandwidth_mbps, Some(31_507), "the degraded NIC PCIe link");
     // The route is connected: consecutive hops share a link.
     assert_eq!(r.links.len(), r.hops.len() - 1);
+    // A NIC on the network is its own way out: NIC to NIC, and GPU to a remote NIC, with
+    // one NIC per node.
+    let r = f.route(n0[2], n1[2]).unwrap();
+    assert_eq!(r.hops.len(), 5, "nic, leaf, spine, leaf, nic: {:?}", r.hops);
+    assert_eq!(f.classify(n0[2], n1[2]), HopClass::Net);
+    let r = f.route(n0[0], n1[2]).unwrap();
+    assert_eq!(r.hops.last(), Some(&n1[2]));
 }
 
 #[test]
