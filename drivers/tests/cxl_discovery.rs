@@ -148,7 +148,8 @@ fn decoders_carry_ways_granularity_and_stable_targets() {
     let w = decoder(&inv, &root_id, CxlDecoderLevel::Root, WINDOW.0);
     assert_eq!((w.size, w.ways, w.granularity), (Some(WINDOW.1), Some(1), Some(4096)));
     assert_eq!(w.targets, vec![hb().to_string()]);
-    assert_eq!(w.capabilities, vec!["ram", "pmem", "accelmem", "expander", "qos_class=0"]);
+    assert_eq!(w.capabilities, vec!["ram", "pmem", "accelmem", "expander"]);
+    assert_eq!(w.qos_class, Some(0));
     assert_eq!(w.locked, Some(false));
 
     let h = decoder(&inv, &hb(), CxlDecoderLevel::Switch, WINDOW.0);

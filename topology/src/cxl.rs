@@ -81,8 +81,10 @@ pub struct CxlDecoder {
     pub dpa_size: Option<u64>,
     /// Targets in interleave order, by stable identity where resolvable.
     pub targets: Vec<String>,
-    /// Root decoder capabilities (`ram`, `pmem`, `accelmem`, ...).
+    /// Root decoder capabilities (`ram`, `pmem`, `accelmem`, `expander`).
     pub capabilities: Vec<String>,
+    /// The platform's QoS class for the window (root decoders; from CDAT/ACPI), when set.
+    pub qos_class: Option<u32>,
     /// Region this decoder is part of, by region UUID or kernel name.
     pub region: Option<String>,
     /// Whether the decoder is locked by firmware.

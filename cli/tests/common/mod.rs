@@ -275,6 +275,7 @@ pub fn cxl_host() -> Inventory {
         dpa_size: None,
         targets: vec!["name:cxl0/pci0000:0c".into()],
         capabilities: vec!["ram".into()],
+        qos_class: None,
         region: None,
         locked: Some(false),
     });

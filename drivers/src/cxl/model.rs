@@ -330,9 +330,6 @@ impl Builder<'_> {
                     .filter(|(c, _)| *c == Some(true))
                     .map(|(_, n)| (*n).to_owned())
                     .collect();
-            if let Some(q) = a.qos_class {
-                capabilities.push(format!("qos_class={q}"));
-            }
             let dec = CxlDecoder {
                 kernel_name: d.name.clone(),
                 level,
@@ -346,6 +343,7 @@ impl Builder<'_> {
                 dpa_size: a.dpa_size,
                 targets,
                 capabilities,
+                qos_class: a.qos_class,
                 region: None,
                 locked: a.locked,
             };

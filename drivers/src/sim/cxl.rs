@@ -113,6 +113,7 @@ pub(crate) fn compile_regions(c: &Compiler<'_>, specs: &[RegionSpec]) -> Result<
             dpa_size: None,
             targets: Vec::new(),
             capabilities: win.capabilities.clone(),
+            qos_class: None,
             region: None,
             locked: None,
         };
@@ -217,6 +218,7 @@ pub(crate) fn compile_regions(c: &Compiler<'_>, specs: &[RegionSpec]) -> Result<
                 dpa_size: dpa.map(|_| per_way),
                 targets: Vec::new(),
                 capabilities: Vec::new(),
+                qos_class: None,
                 region: Some(spec.name.get_ref().clone()),
                 locked: Some(false),
             };
