@@ -79,9 +79,10 @@ pub struct DeviceOverride {
     pub align: Option<u64>,
 }
 
-/// The map's configuration.
+/// The map's configuration. Every field has a default, so a configuration file names only
+/// what it changes (`configs/addrmap.toml` lists them all).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct MapConfig {
     /// Significant bits of a GFA: every mapped byte lies below `2^address_bits`.
     pub address_bits: u8,

@@ -44,6 +44,10 @@ pub struct MapArgs {
     /// /var/lib/fabric for root, else $XDG_STATE_HOME/fabric or ~/.local/state/fabric).
     #[arg(long, value_name = "FILE", global = true)]
     pub state: Option<PathBuf>,
+    /// Map configuration (TOML; see configs/addrmap.toml): base, width, node spans,
+    /// alignments. It steers new placements only; placed ranges never move.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
     /// Inventory source.
     #[command(flatten)]
     pub source: SourceArgs,

@@ -50,6 +50,44 @@ pub enum MapCmdError {
     /// The partition named does not exist.
     #[error("no partition named {0:?}")]
     NoPartition(String),
+    /// The map configuration file could not be read.
+    #[error("reading map configuration {path}")]
+    ConfigRead {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The map configuration file is not valid (the message names line and key).
+    #[error("{path}: {message}")]
+    ConfigParse {
+        /// The file.
+        path: PathBuf,
+        /// The TOML error, with line, column and key.
+        message: String,
+    },
+    /// The map configuration is inconsistent.
+    #[error("{path}: invalid map configuration")]
+    ConfigInvalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: fabric_addrmap::config::ConfigError,
+    },
+}
+
+/// Reads a map configuration (`configs/addrmap.toml` documents every key).
+pub fn load_config(path: &Path) -> Result<MapConfig, MapCmdError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| MapCmdError::ConfigRead { path: path.to_owned(), source })?;
+    let config: MapConfig = toml::from_str(&text).map_err(|e| MapCmdError::ConfigParse {
+        path: path.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })?;
+    config.validate().map_err(|source| MapCmdError::ConfigInvalid { path: path.to_owned(), source })?;
+    Ok(config)
 }
 
 impl MapCmdError {
@@ -130,15 +168,24 @@ fn region_sets(inv: &Inventory) -> Vec<(String, u32, u64, Vec<ResourceKey>, u64)
 
 /// Opens the map for an inventory, brings it up to date and saves it if it changed.
 /// Returns the map, what changed, and the CXL regions that could not become sets.
-pub fn open(inv: &Inventory, path: &Path) -> Result<(AddressMap, Change, Vec<String>), MapCmdError> {
+///
+/// `config`, when given, steers new placements from now on (placed ranges never move).
+pub fn open(
+    inv: &Inventory,
+    path: &Path,
+    config: Option<&MapConfig>,
+) -> Result<(AddressMap, Change, Vec<String>), MapCmdError> {
     let err = |source| MapCmdError::State { path: path.to_owned(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| {
             err(MapError::Persist(fabric_addrmap::PersistError::Write { path: dir.to_owned(), source: e }))
         })?;
     }
-    let mut map = AddressMap::open(path, MapConfig::default()).map_err(err)?;
+    let mut map = AddressMap::open(path, config.cloned().unwrap_or_default()).map_err(err)?;
     let before = map.generation();
+    if let Some(c) = config {
+        map.set_config(c.clone()).map_err(err)?;
+    }
     let change = map.update(inv).map_err(err)?;
     let mut skipped = Vec::new();
     for (name, ways, gran, members, member_size) in region_sets(inv) {
@@ -306,12 +353,14 @@ fn render_change(change: &Change, format: ListFormat, out: &mut dyn Write) -> io
 pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let source = Source::from_args(&args.source);
     let path = state_path(args.state.as_deref(), &source)?;
+    let config = args.config.as_deref().map(load_config).transpose()?;
+    let config = config.as_ref();
     let view = View::new(source.load()?, args.source.node.clone())?;
     let inv = view.fabric.inventory();
     let format = args.output;
     match &args.command {
         None => {
-            let (map, _, skipped) = open(inv, &path)?;
+            let (map, _, skipped) = open(inv, &path, config)?;
             if format == ListFormat::Json {
                 write_json(&map.snapshot().listing(), out)?;
             } else {
@@ -319,7 +368,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
         Some(MapCommand::Translate { gfa, partition }) => {
-            let (map, _, _) = open(inv, &path)?;
+            let (map, _, _) = open(inv, &path, config)?;
             let snap = map.snapshot();
             let g = parse_number(gfa)?;
             let what = format!("GFA {g:#x}");
@@ -341,7 +390,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
         Some(MapCommand::Reverse { device, offset, kind, ordinal }) => {
-            let (map, _, _) = open(inv, &path)?;
+            let (map, _, _) = open(inv, &path, config)?;
             let snap = map.snapshot();
             let idx = view.resolve(device)?;
             let id: &DeviceId = &view.fabric.device(idx).id;
@@ -379,7 +428,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
         Some(MapCommand::Gc { device, node }) => {
-            let (mut map, _, _) = open(inv, &path)?;
+            let (mut map, _, _) = open(inv, &path, config)?;
             let filter = match (device, node) {
                 (Some(d), _) => GcFilter::Device(d.parse::<DeviceId>()?),
                 (None, Some(n)) => GcFilter::Node(n.clone()),
@@ -394,7 +443,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 RebuildSource::Inventory => RebuildFrom::Inventory,
                 RebuildSource::Previous => RebuildFrom::Previous,
             };
-            let rebuilt = AddressMap::rebuild(&path, MapConfig::default(), inv, from)
+            let rebuilt = AddressMap::rebuild(&path, config.cloned().unwrap_or_default(), inv, from)
                 .map_err(|source| MapCmdError::State { path: path.clone(), source })?;
             if let Some(p) = &rebuilt.moved_aside {
                 writeln!(out, "moved the damaged state aside to {}", p.display())?;
@@ -402,7 +451,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             render_change(&rebuilt.change, format, out)?;
         }
         Some(MapCommand::Partition(p)) => {
-            let (mut map, _, _) = open(inv, &path)?;
+            let (mut map, _, _) = open(inv, &path, config)?;
             let change = match p {
                 PartitionCommand::Set { name, devices } => {
                     let ids = devices

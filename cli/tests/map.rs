@@ -204,3 +204,26 @@ fn cxl_regions_become_interleave_sets_with_exact_striping() {
         assert_eq!(t["offset"].as_str().unwrap(), format!("{:#x}", (k / 2) * g + 5));
     }
 }
+
+#[test]
+fn the_shipped_map_configuration_states_the_defaults() {
+    let path = repo().join("configs/addrmap.toml");
+    let config = fabric_cli::map::load_config(&path).expect("configs/addrmap.toml parses");
+    assert_eq!(config, fabric_addrmap::MapConfig::default(), "the file documents the real defaults");
+}
+
+#[test]
+fn a_map_configuration_steers_new_placements_and_bad_keys_are_named() {
+    let env = Env::new();
+    let cfg = env.dir.path().join("map.toml");
+    std::fs::write(&cfg, "base = 0x100_0000_0000\n").unwrap();
+    let listing = env.json(&["map", "--config", cfg.to_str().unwrap()]);
+    let first = ranges(&listing)[0].0;
+    assert!(first >= 0x100_0000_0000, "new placements start at the configured base: {first:#x}");
+
+    std::fs::write(&cfg, "address_bits = 57\ndevice_allign = 4096\n").unwrap();
+    let o = env.run(&["map", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("map.toml") && err.contains("line 2") && err.contains("device_allign"), "{err}");
+}

@@ -324,7 +324,7 @@ impl Builder<'_> {
                     }
                 }
             }
-            let mut capabilities: Vec<String> =
+            let capabilities: Vec<String> =
                 [(a.cap_ram, "ram"), (a.cap_pmem, "pmem"), (a.cap_type2, "accelmem"), (a.cap_type3, "expander")]
                     .iter()
                     .filter(|(c, _)| *c == Some(true))
