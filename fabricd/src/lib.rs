@@ -1,7 +1,10 @@
 //! `fabricd`, the privileged fabric daemon: discovery, the global address map, memory
 //! brokering, authorization and the journal.
 //!
-//! This crate is reserved by the workspace layout and is filled by the daemon issue
-//! (Unix-socket server, protocol, sessions, journal). Until then it holds no code: the
-//! discovery and topology it will serve already live in `fabric-drivers` and
-//! `fabric-topology`, and `fabricctl` reads them directly.
+//! Built so far: the configuration ([`config`], documented key by key in
+//! `configs/fabricd.toml`). The socket server, sessions, memory brokering and monitoring
+//! arrive with the rest of the daemon issue; until then there is no `fabricd` binary, and
+//! `fabricctl` reads discovery and the address map directly.
+
+pub mod config;
+mod sys;

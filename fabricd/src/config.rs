@@ -1,0 +1,364 @@
+//! The daemon's configuration file (`configs/fabricd.toml` documents every key).
+//!
+//! Every key has a default; a file names only what it changes. Defaults depend on who runs
+//! the daemon: as root it uses system paths (`/run/fabric`, `/var/lib/fabric`) and the host
+//! backends; as a normal user it uses the user's runtime and state directories, which is
+//! how the sim default runs unprivileged.
+
+use std::path::{Path, PathBuf};
+
+use fabric_addrmap::MapConfig;
+use serde::{Deserialize, Serialize};
+
+/// Errors loading a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid (the message names the line, column and key).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The TOML error.
+        message: String,
+    },
+    /// A value is out of range or inconsistent with another.
+    #[error("{path}: {key}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// No default directory exists for this user.
+    #[error("no default for {0}: set it in the configuration (no XDG_RUNTIME_DIR/XDG_STATE_HOME/HOME)")]
+    NoDefault(&'static str),
+}
+
+/// Which discovery backends run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendName {
+    /// PCI from sysfs.
+    Pci,
+    /// CXL from sysfs.
+    Cxl,
+    /// UALink vendor attributes.
+    Ualink,
+    /// NVIDIA NVML.
+    Nvml,
+    /// NVIDIA CUDA driver API.
+    Cuda,
+}
+
+/// `[socket]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SocketConfig {
+    /// Socket path. Default: `/run/fabric/fabricd.sock` as root, else
+    /// `$XDG_RUNTIME_DIR/fabric/fabricd.sock`.
+    pub path: Option<PathBuf>,
+    /// Group that owns the socket (mode 0660): its members may connect. Default: the
+    /// daemon's own group.
+    pub group: Option<String>,
+    /// Group whose members may run admin operations (besides root).
+    pub admin_group: Option<String>,
+}
+
+/// `[state]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateConfig {
+    /// State directory (address map, journal, sim device memory). Default:
+    /// `/var/lib/fabric` as root, else `$XDG_STATE_HOME/fabric` or `~/.local/state/fabric`.
+    pub dir: Option<PathBuf>,
+}
+
+/// `[discovery]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Root the host backends read under.
+    pub sysfs_root: PathBuf,
+    /// Host backends to run, in this order.
+    pub backends: Vec<BackendName>,
+    /// Sim fabrics to serve instead of the host (relative paths are relative to the
+    /// configuration file).
+    pub sim: Vec<PathBuf>,
+    /// Seconds between rescans (0: only at start and on uevents).
+    pub rescan_interval_s: u64,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            sysfs_root: PathBuf::from("/"),
+            backends: vec![
+                BackendName::Pci,
+                BackendName::Cxl,
+                BackendName::Ualink,
+                BackendName::Nvml,
+                BackendName::Cuda,
+            ],
+            sim: Vec::new(),
+            rescan_interval_s: 60,
+        }
+    }
+}
+
+/// `[limits]`, per user unless named otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Bytes of fabric memory one uid may have allocated.
+    pub allocated_bytes_per_uid: u64,
+    /// Bytes one uid may have pinned for DMA.
+    pub pinned_bytes_per_uid: u64,
+    /// Regions, exports, imports and registrations one uid may hold.
+    pub objects_per_uid: u32,
+    /// Connected clients, all users together.
+    pub clients: u32,
+    /// Largest request body accepted, bytes.
+    pub max_request_bytes: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            allocated_bytes_per_uid: 1 << 40,
+            pinned_bytes_per_uid: 64 << 30,
+            objects_per_uid: 4096,
+            clients: 1024,
+            max_request_bytes: 1 << 20,
+        }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Prometheus endpoint (`host:port`, loopback only); empty disables it.
+    pub listen: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:9477".to_owned() }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Format.
+    pub format: LogFormat,
+    /// Level filter (`RUST_LOG` syntax); `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { format: LogFormat::Text, level: "info".to_owned() }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The client socket.
+    pub socket: SocketConfig,
+    /// Persistent state.
+    pub state: StateConfig,
+    /// What to discover.
+    pub discovery: DiscoveryConfig,
+    /// Per-user limits.
+    pub limits: LimitsConfig,
+    /// Prometheus metrics.
+    pub metrics: MetricsConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// The global address map (the keys of `configs/addrmap.toml`).
+    pub map: MapConfig,
+}
+
+/// Who the daemon runs as, for defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Environment {
+    /// Running as root.
+    pub root: bool,
+    /// `$XDG_RUNTIME_DIR`.
+    pub runtime_dir: Option<PathBuf>,
+    /// `$XDG_STATE_HOME`.
+    pub state_home: Option<PathBuf>,
+    /// `$HOME`.
+    pub home: Option<PathBuf>,
+}
+
+impl Environment {
+    /// This process's environment.
+    pub fn current() -> Self {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Self {
+            root: crate::sys::effective_uid() == 0,
+            runtime_dir: var("XDG_RUNTIME_DIR"),
+            state_home: var("XDG_STATE_HOME"),
+            home: var("HOME"),
+        }
+    }
+}
+
+impl Config {
+    /// Parses a configuration; `origin` names the file in errors, and relative sim paths
+    /// are resolved against `base_dir`.
+    pub fn parse(text: &str, origin: &Path, base_dir: &Path) -> Result<Self, ConfigError> {
+        let mut c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        for s in &mut c.discovery.sim {
+            if s.is_relative() {
+                *s = base_dir.join(&*s);
+            }
+        }
+        c.validate(origin)?;
+        Ok(c)
+    }
+
+    /// Reads a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(&text, path, path.parent().unwrap_or(Path::new(".")))
+    }
+
+    fn validate(&self, origin: &Path) -> Result<(), ConfigError> {
+        let bad = |key, message: String| ConfigError::Invalid { path: origin.to_owned(), key, message };
+        if let Err(e) = self.map.validate() {
+            return Err(bad("map", e.to_string()));
+        }
+        if self.limits.max_request_bytes < 4096 || self.limits.max_request_bytes > 64 << 20 {
+            return Err(bad("limits.max_request_bytes", "must be between 4 KiB and 64 MiB".to_owned()));
+        }
+        if self.limits.clients == 0 {
+            return Err(bad("limits.clients", "must be at least 1".to_owned()));
+        }
+        if !self.metrics.listen.is_empty() {
+            let addr: std::net::SocketAddr = self
+                .metrics
+                .listen
+                .parse()
+                .map_err(|_| bad("metrics.listen", format!("{:?} is not host:port", self.metrics.listen)))?;
+            if !addr.ip().is_loopback() {
+                return Err(bad("metrics.listen", format!("{addr} is not a loopback address")));
+            }
+        }
+        let mut seen = Vec::new();
+        for b in &self.discovery.backends {
+            if seen.contains(b) {
+                return Err(bad("discovery.backends", format!("{b:?} is listed twice")));
+            }
+            seen.push(*b);
+        }
+        Ok(())
+    }
+
+    /// The socket path, from the file or the defaults for `env`.
+    pub fn socket_path(&self, env: &Environment) -> Result<PathBuf, ConfigError> {
+        if let Some(p) = &self.socket.path {
+            return Ok(p.clone());
+        }
+        if env.root {
+            return Ok(PathBuf::from("/run/fabric/fabricd.sock"));
+        }
+        env.runtime_dir.as_ref().map(|d| d.join("fabric/fabricd.sock")).ok_or(ConfigError::NoDefault("socket.path"))
+    }
+
+    /// The state directory, from the file or the defaults for `env`.
+    pub fn state_dir(&self, env: &Environment) -> Result<PathBuf, ConfigError> {
+        if let Some(p) = &self.state.dir {
+            return Ok(p.clone());
+        }
+        if env.root {
+            return Ok(PathBuf::from("/var/lib/fabric"));
+        }
+        if let Some(s) = &env.state_home {
+            return Ok(s.join("fabric"));
+        }
+        env.home.as_ref().map(|h| h.join(".local/state/fabric")).ok_or(ConfigError::NoDefault("state.dir"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(t: &str) -> Result<Config, ConfigError> {
+        Config::parse(t, Path::new("test.toml"), Path::new("/etc/fabric"))
+    }
+
+    #[test]
+    fn an_empty_file_is_the_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let e = parse("[socket]\npath = \"/x\"\ngroupp = \"fabric\"\n").unwrap_err().to_string();
+        assert!(e.contains("test.toml") && e.contains("line 3") && e.contains("groupp"), "{e}");
+        let e = parse("[metrics]\nlisten = \"0.0.0.0:9477\"\n").unwrap_err().to_string();
+        assert!(e.contains("metrics.listen") && e.contains("loopback"), "{e}");
+        let e = parse("[discovery]\nbackends = [\"pci\", \"pci\"]\n").unwrap_err().to_string();
+        assert!(e.contains("twice"), "{e}");
+        let e = parse("[discovery]\nbackends = [\"gpu\"]\n").unwrap_err().to_string();
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse("[map]\naddress_bits = 12\n").unwrap_err().to_string();
+        assert!(e.contains("map") && e.contains("address_bits"), "{e}");
+    }
+
+    #[test]
+    fn defaults_follow_who_runs_the_daemon() {
+        let c = Config::default();
+        let root = Environment { root: true, ..Environment::default() };
+        assert_eq!(c.socket_path(&root).unwrap(), PathBuf::from("/run/fabric/fabricd.sock"));
+        assert_eq!(c.state_dir(&root).unwrap(), PathBuf::from("/var/lib/fabric"));
+        let user = Environment {
+            root: false,
+            runtime_dir: Some("/run/user/1000".into()),
+            state_home: None,
+            home: Some("/home/u".into()),
+        };
+        assert_eq!(c.socket_path(&user).unwrap(), PathBuf::from("/run/user/1000/fabric/fabricd.sock"));
+        assert_eq!(c.state_dir(&user).unwrap(), PathBuf::from("/home/u/.local/state/fabric"));
+        assert!(matches!(c.socket_path(&Environment::default()), Err(ConfigError::NoDefault(_))));
+    }
+
+    #[test]
+    fn sim_paths_are_relative_to_the_file() {
+        let c = parse("[discovery]\nsim = [\"sim/a.toml\", \"/abs/b.toml\"]\n").unwrap();
+        assert_eq!(c.discovery.sim, vec![PathBuf::from("/etc/fabric/sim/a.toml"), PathBuf::from("/abs/b.toml")]);
+    }
+}

@@ -1,0 +1,12 @@
+//! The configuration files shipped in `configs/` parse, and state the real defaults.
+
+use std::path::Path;
+
+use fabricd::config::Config;
+
+#[test]
+fn the_shipped_configuration_states_the_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/fabricd.toml");
+    let c = Config::load(&path).expect("configs/fabricd.toml parses");
+    assert_eq!(c, Config::default(), "every key in configs/fabricd.toml is at its default");
+}
