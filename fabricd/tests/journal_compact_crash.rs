@@ -11,8 +11,11 @@ use fabricd::journal::{Journal, JournalOptions, KIND_SNAPSHOT, Replay, segment_n
 
 const OPTIONS: JournalOptions = JournalOptions { segment_bytes: 160 };
 
-/// File name -> bytes for every file in `dir` but the lock.
-fn image(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+/// File name -> bytes.
+type Files = BTreeMap<String, Vec<u8>>;
+
+/// Every segment and temporary in `dir`.
+fn image(dir: &Path) -> Files {
     fs::read_dir(dir)
         .expect("list")
         .map(|e| e.expect("entry"))
@@ -22,7 +25,7 @@ fn image(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-fn restore(dir: &Path, files: &BTreeMap<String, Vec<u8>>) {
+fn restore(dir: &Path, files: &Files) {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir).expect("mkdir");
     for (name, bytes) in files {
@@ -36,7 +39,7 @@ fn seqs(replay: &Replay) -> Vec<u64> {
 
 /// A journal with `n` records over several segments, then compacted; returns the files
 /// before and after compaction, and the new segment's name.
-fn compacted(dir: &Path, n: u8) -> (BTreeMap<String, Vec<u8>>, BTreeMap<String, Vec<u8>>, String) {
+fn compacted(dir: &Path, n: u8) -> (Files, Files, String) {
     let (mut j, _) = Journal::open(dir, OPTIONS).expect("open");
     for i in 0..n {
         j.append(1, &[i; 40]).expect("append");
@@ -99,7 +102,7 @@ fn crash_after_the_rename_lets_the_snapshot_win() {
     let old: Vec<&String> = before.keys().collect();
     // None, some (oldest first, as compaction removes them) or all but one old segment
     // removed; and an old segment damaged (it is obsolete either way).
-    let mut cases: Vec<BTreeMap<String, Vec<u8>>> = Vec::new();
+    let mut cases: Vec<Files> = Vec::new();
     for kept_from in 0..old.len() {
         let mut files = after.clone();
         for n in &old[kept_from..] {

@@ -121,11 +121,7 @@ fn every_damaged_byte_of_a_middle_record_is_a_hard_error() {
                 image[at] ^= flip;
                 let path = fresh(&dir, &image);
                 match open(&dir) {
-                    Err(JournalError::Corrupt {
-                        path: p,
-                        offset,
-                        source: FormatError::Damaged { next_valid, .. },
-                    }) => {
+                    Err(JournalError::Corrupt { path: p, offset, source: FormatError::Damaged { next_valid, .. } }) => {
                         assert_eq!(p, path);
                         assert_eq!(offset, start as u64, "record {m} byte {at} ^ {flip:#x}");
                         assert_eq!(next_valid, ends[m] as u64, "record {m} byte {at} ^ {flip:#x}");
@@ -226,4 +222,59 @@ fn missing_or_misnamed_segments_are_hard_errors() {
     fs::write(&paths[0], &first).expect("restore");
     let (_, replay) = open(tmp.path()).expect("open");
     assert_eq!(replay.records.len(), 12);
+}
+
+#[test]
+fn salvage_keeps_the_prefix_before_the_damage_and_moves_the_rest_aside() {
+    use fabricd::journal::{SalvageAction, salvage};
+    // Intact: nothing to do.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    multi_segment(tmp.path());
+    assert_eq!(salvage(tmp.path()).expect("salvage"), fabricd::journal::Salvage::default());
+
+    // Damage in a middle record of the newest segment: cut there.
+    let (mut bytes, ends) = reference();
+    bytes[ends[3] + 5] ^= 0x04;
+    let dir = tmp.path().join("one");
+    let path = fresh(&dir, &bytes);
+    assert!(open(&dir).is_err());
+    let report = salvage(&dir).expect("salvage");
+    let aside = report.aside.clone().expect("aside dir");
+    assert_eq!(
+        report.actions,
+        [SalvageAction::Truncated {
+            path: path.clone(),
+            offset: ends[3] as u64,
+            copy: aside.join("0000000000000001.seg")
+        }]
+    );
+    assert_eq!(fs::read(aside.join("0000000000000001.seg")).expect("copy"), bytes, "full bytes kept");
+    let (mut j, replay) = open(&dir).expect("open after salvage");
+    check_prefix(&replay, 4);
+    assert_eq!(j.append(1, b"on we go").expect("append"), 5);
+
+    // Damage in a sealed segment's header: it and every later segment go aside.
+    let dir = tmp.path().join("multi");
+    let paths = multi_segment(&dir);
+    let mut second = fs::read(&paths[1]).expect("read");
+    second[20] ^= 0xff;
+    fs::write(&paths[1], &second).expect("write");
+    assert!(open(&dir).is_err());
+    let report = salvage(&dir).expect("salvage");
+    let moved: Vec<_> = report
+        .actions
+        .iter()
+        .map(|a| match a {
+            SalvageAction::MovedAside { path, .. } => path.clone(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(moved, paths[1..]);
+    let (_, replay) = open(&dir).expect("open after salvage");
+    let first_segment_records = replay.records.len();
+    assert!(first_segment_records > 0 && first_segment_records < 12);
+    assert_eq!(
+        replay.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        (1..=first_segment_records as u64).collect::<Vec<_>>()
+    );
 }

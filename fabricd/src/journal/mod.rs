@@ -11,10 +11,12 @@
 //! procedure.
 //!
 //! Layout: [`format`] is the byte format and a pure decoder, `recover` the scan at open,
-//! `writer` the appending side, [`sys`] the file-system steps.
+//! `writer` the appending side, `salvage` the operator's repair of a damaged journal,
+//! [`sys`] the file-system steps.
 
 pub mod format;
 mod recover;
+mod salvage;
 pub mod sys;
 mod writer;
 
@@ -24,6 +26,7 @@ use std::path::PathBuf;
 pub use format::{
     DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, RecordFault, decode_segment,
 };
+pub use salvage::{Salvage, SalvageAction, salvage};
 pub use sys::{segment_name, segment_path};
 pub use writer::Journal;
 

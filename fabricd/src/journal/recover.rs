@@ -13,7 +13,6 @@ use super::{JournalError, MAX_SEGMENT_FILE, Record, Replay, Truncation};
 #[derive(Debug)]
 pub(crate) struct Recovered {
     pub replay: Replay,
-    pub lock: File,
     /// The newest segment, open for writing.
     pub file: File,
     pub segment: u64,
@@ -34,12 +33,11 @@ struct Checked {
     torn: Option<format::TornTail>,
 }
 
+/// Opens the journal in `dir`, which the caller has locked ([`sys::lock`]).
 pub(crate) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
-    ensure_dir(dir)?;
-    let lock = sys::lock(dir)?;
     let (numbers, temps) = list(dir)?;
     if numbers.is_empty() {
-        return create_first(dir, lock, temps);
+        return create_first(dir, temps);
     }
 
     // The newest segment that starts with a snapshot supersedes every older one.
@@ -149,7 +147,6 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
     );
     Ok(Recovered {
         replay,
-        lock,
         file,
         segment: last.number,
         first_segment,
@@ -164,7 +161,7 @@ fn corrupt(path: &Path, source: format::FormatError) -> JournalError {
     JournalError::Corrupt { path: path.to_owned(), offset: source.offset(), source }
 }
 
-fn ensure_dir(dir: &Path) -> Result<(), JournalError> {
+pub(crate) fn ensure_dir(dir: &Path) -> Result<(), JournalError> {
     if dir.is_dir() {
         return Ok(());
     }
@@ -176,7 +173,7 @@ fn ensure_dir(dir: &Path) -> Result<(), JournalError> {
 }
 
 /// Segment numbers (sorted) and temporaries in `dir`.
-fn list(dir: &Path) -> Result<(Vec<u64>, Vec<PathBuf>), JournalError> {
+pub(crate) fn list(dir: &Path) -> Result<(Vec<u64>, Vec<PathBuf>), JournalError> {
     let lerr = |source| JournalError::ListDir { path: dir.to_owned(), source };
     let mut numbers = Vec::new();
     let mut temps = Vec::new();
@@ -195,7 +192,7 @@ fn list(dir: &Path) -> Result<(Vec<u64>, Vec<PathBuf>), JournalError> {
     Ok((numbers, temps))
 }
 
-fn create_first(dir: &Path, lock: File, temps: Vec<PathBuf>) -> Result<Recovered, JournalError> {
+fn create_first(dir: &Path, temps: Vec<PathBuf>) -> Result<Recovered, JournalError> {
     let mut replay = Replay::default();
     for path in temps {
         sys::remove(&path)?;
@@ -206,7 +203,6 @@ fn create_first(dir: &Path, lock: File, temps: Vec<PathBuf>) -> Result<Recovered
     tracing::info!(dir = %dir.display(), "journal created");
     Ok(Recovered {
         replay,
-        lock,
         file,
         segment: 1,
         first_segment: 1,

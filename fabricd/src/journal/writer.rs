@@ -40,7 +40,9 @@ impl Journal {
         if options.segment_bytes == 0 || options.segment_bytes > MAX_SEGMENT_BYTES {
             return Err(JournalError::Options { segment_bytes: options.segment_bytes });
         }
-        let Recovered { replay, lock, file, segment, first_segment, generation, len, records_in_segment, next_seq } =
+        recover::ensure_dir(dir)?;
+        let lock = sys::lock(dir)?;
+        let Recovered { replay, file, segment, first_segment, generation, len, records_in_segment, next_seq } =
             recover::recover(dir)?;
         let journal = Self {
             dir: dir.to_owned(),
