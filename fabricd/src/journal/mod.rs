@@ -10,7 +10,7 @@
 //! leaves the files as they are. See docs/journal.md for the format and the operator's
 //! procedure.
 //!
-//! Layout: [`format`] is the byte format and a pure decoder, `recover` the scan at open,
+//! Layout: [`format`](mod@format) is the byte format and a pure decoder, `recover` the scan at open,
 //! `writer` the appending side, `salvage` the operator's repair of a damaged journal,
 //! [`sys`] the file-system steps.
 
