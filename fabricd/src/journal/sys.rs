@@ -1,0 +1,122 @@
+//! File-system steps the journal's durability rests on: whole-file creation by rename,
+//! directory fsync, the lock file. Only `std::fs`; no raw syscalls are needed.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::JournalError;
+
+/// Suffix of a file being created; such files are garbage after a crash.
+pub const TEMP_SUFFIX: &str = ".tmp";
+/// Suffix of a segment file.
+pub const SEGMENT_SUFFIX: &str = ".seg";
+/// Name of the lock file that keeps a second writer out.
+pub const LOCK_FILE: &str = "journal.lock";
+
+/// File name of segment `n`: 16 lower-case hex digits, so names sort by number.
+pub fn segment_name(n: u64) -> String {
+    format!("{n:016x}{SEGMENT_SUFFIX}")
+}
+
+/// Path of segment `n` in `dir`.
+pub fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(segment_name(n))
+}
+
+/// What a directory entry is to the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A segment, by number.
+    Segment(u64),
+    /// A segment left half-created by a crash.
+    Temp,
+    /// Something else (ignored).
+    Other,
+}
+
+/// Classifies a file name.
+pub fn classify(name: &str) -> Entry {
+    let (stem, temp) = match name.strip_suffix(TEMP_SUFFIX) {
+        Some(stem) => (stem, true),
+        None => (name, false),
+    };
+    let Some(hex) = stem.strip_suffix(SEGMENT_SUFFIX) else {
+        return Entry::Other;
+    };
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Entry::Other;
+    }
+    match (temp, u64::from_str_radix(hex, 16)) {
+        (true, _) => Entry::Temp,
+        (false, Ok(n)) => Entry::Segment(n),
+        (false, Err(_)) => Entry::Other,
+    }
+}
+
+/// Makes a directory's entries (creations, renames, removals) durable.
+pub fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|source| JournalError::Sync { path: dir.to_owned(), source })
+}
+
+/// Creates `path` with exactly `bytes`, all or nothing: writes `path.tmp`, fsyncs it,
+/// renames it into place and fsyncs the directory. Returns the file, open for writing.
+pub fn create_whole(dir: &Path, path: &Path, bytes: &[u8]) -> Result<File, JournalError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(TEMP_SUFFIX);
+    let tmp = PathBuf::from(tmp);
+    let werr = |p: &Path| {
+        let p = p.to_owned();
+        move |source| JournalError::Write { path: p, source }
+    };
+    let mut file =
+        OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(werr(&tmp))?;
+    file.write_all(bytes).map_err(werr(&tmp))?;
+    file.sync_all().map_err(|source| JournalError::Sync { path: tmp.clone(), source })?;
+    fs::rename(&tmp, path).map_err(werr(path))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// Removes a file; a file already gone is fine.
+pub fn remove(path: &Path) -> Result<(), JournalError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(JournalError::Remove { path: path.to_owned(), source }),
+    }
+}
+
+/// Takes the journal's exclusive lock (`flock`), released when the file closes, so also
+/// when the process dies.
+pub fn lock(dir: &Path) -> Result<File, JournalError> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|source| JournalError::Write { path: path.clone(), source })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(JournalError::Locked { path }),
+        Err(TryLockError::Error(source)) => Err(JournalError::Write { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_others_are_ignored() {
+        assert_eq!(segment_name(0x2a), "000000000000002a.seg");
+        assert_eq!(classify(&segment_name(0x2a)), Entry::Segment(0x2a));
+        assert_eq!(classify(&segment_name(u64::MAX)), Entry::Segment(u64::MAX));
+        assert_eq!(classify("000000000000002a.seg.tmp"), Entry::Temp);
+        for other in ["journal.lock", "2a.seg", "000000000000002A.seg", "000000000000002a.segx", "x.tmp", ""] {
+            assert_eq!(classify(other), Entry::Other, "{other}");
+        }
+    }
+}
