@@ -2,6 +2,8 @@
 //! arbitrary field values; every truncation of a valid frame or body is an error; random
 //! bytes never panic; the header layout and one body encoding are pinned byte for byte.
 
+#![allow(clippy::unwrap_used)] // Helpers outside #[test] fns: a panic there is a failed test.
+
 use fabric_proto::wire::*;
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -19,7 +21,10 @@ fn text() -> impl Strategy<Value = ErrorText> {
     "\\PC{0,80}".prop_map(|s| ErrorText::truncated(&s))
 }
 
-fn list<T: std::fmt::Debug, const N: usize>(s: impl Strategy<Value = T>, max: usize) -> impl Strategy<Value = BoundedVec<T, N>> {
+fn list<T: std::fmt::Debug, const N: usize>(
+    s: impl Strategy<Value = T>,
+    max: usize,
+) -> impl Strategy<Value = BoundedVec<T, N>> {
     vec(s, 0..=max).prop_map(|v| BoundedVec::new(v).unwrap())
 }
 
@@ -47,7 +52,11 @@ fn resource() -> impl Strategy<Value = ResourceName> {
 }
 
 fn handle() -> impl Strategy<Value = ExportHandle> {
-    any::<(u64, u64, [u8; 16])>().prop_map(|(region, generation, s)| ExportHandle { region, generation, secret: Secret(s) })
+    any::<(u64, u64, [u8; 16])>().prop_map(|(region, generation, s)| ExportHandle {
+        region,
+        generation,
+        secret: Secret(s),
+    })
 }
 
 fn access() -> impl Strategy<Value = AccessMode> {
@@ -137,7 +146,12 @@ fn response() -> impl Strategy<Value = Response> {
         text(),
         proptest::option::of(any::<u16>()),
     )
-        .prop_map(|(kind, subject, detail, bandwidth_permille)| Problem { kind, subject, detail, bandwidth_permille });
+        .prop_map(|(kind, subject, detail, bandwidth_permille)| Problem {
+            kind,
+            subject,
+            detail,
+            bandwidth_permille,
+        });
     let status = (any::<(bool, u64, u32, u32, u32)>(), any::<(u64, u64, u64, u64, u64, u64, u64)>(), list(problem, 5))
         .prop_map(|(a, b, problems)| StatusResponse {
             ready: a.0,
@@ -208,11 +222,18 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
     ];
     let detail = proptest::option::of(prop_oneof![
         (range(), range()).prop_map(|(offered, supported)| ErrorDetail::Versions { offered, supported }),
-        (name(), any::<(u64, u64, u64)>())
-            .prop_map(|(what, (used, requested, max))| ErrorDetail::Limit { what, used, requested, max }),
+        (name(), any::<(u64, u64, u64)>()).prop_map(|(what, (used, requested, max))| ErrorDetail::Limit {
+            what,
+            used,
+            requested,
+            max
+        }),
     ]);
-    (proptest::sample::select(codes.to_vec()), text(), detail)
-        .prop_map(|(code, message, detail)| ErrorBody { code, message, detail })
+    (proptest::sample::select(codes.to_vec()), text(), detail).prop_map(|(code, message, detail)| ErrorBody {
+        code,
+        message,
+        detail,
+    })
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -256,15 +277,17 @@ fn framed() -> impl Strategy<Value = (Header, Message)> {
         error_body().prop_map(Message::Error),
         event().prop_map(Message::Event),
     ];
-    (msg, any::<u64>(), any::<u8>(), proptest::sample::select(Opcode::ALL.to_vec())).prop_map(|(msg, id, minor, any_op)| {
-        let opcode = msg.opcode().unwrap_or(any_op);
-        let header = Header {
-            version: Version::new(1, minor),
-            fd_count: msg.fds_required(),
-            ..Header::new(opcode, msg.kind(), id)
-        };
-        (header, msg)
-    })
+    (msg, any::<u64>(), any::<u8>(), proptest::sample::select(Opcode::ALL.to_vec())).prop_map(
+        |(msg, id, minor, any_op)| {
+            let opcode = msg.opcode().unwrap_or(any_op);
+            let header = Header {
+                version: Version::new(1, minor),
+                fd_count: msg.fds_required(),
+                ..Header::new(opcode, msg.kind(), id)
+            };
+            (header, msg)
+        },
+    )
 }
 
 fn encode(header: &Header, msg: &Message) -> Vec<u8> {
@@ -486,7 +509,10 @@ fn every_body_limit_is_enforced_at_the_boundary() {
             // The encoder refuses what the decoder would.
             let mut out = vec![7];
             let big = vec![0u8; max as usize + 1];
-            assert!(matches!(encode_frame(&Header::new(op, kind, 1), &big, &mut out), Err(FrameError::BodyTooLarge { .. })));
+            assert!(matches!(
+                encode_frame(&Header::new(op, kind, 1), &big, &mut out),
+                Err(FrameError::BodyTooLarge { .. })
+            ));
         }
     }
 }

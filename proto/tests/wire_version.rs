@@ -1,5 +1,7 @@
 //! Version negotiation, export handles and the constant-time comparison.
 
+#![allow(clippy::unwrap_used)] // Helpers outside #[test] fns: a panic there is a failed test.
+
 use fabric_proto::wire::{
     ErrorBody, ErrorCode, ErrorDetail, ExportHandle, HandleError, SUPPORTED_VERSIONS, Secret, Version, VersionError,
     VersionRange, ct_eq, negotiate,
@@ -30,9 +32,15 @@ fn negotiation_picks_the_highest_common_version() {
 fn negotiation_refuses_disjoint_and_empty_ranges() {
     let server = r(v(1, 0), v(1, 3));
     let too_new = r(v(1, 4), v(2, 0));
-    assert_eq!(negotiate(too_new, server), Err(VersionError::UnsupportedVersion { offered: too_new, supported: server }));
+    assert_eq!(
+        negotiate(too_new, server),
+        Err(VersionError::UnsupportedVersion { offered: too_new, supported: server })
+    );
     let too_old = r(v(0, 1), v(0, 9));
-    assert_eq!(negotiate(too_old, server), Err(VersionError::UnsupportedVersion { offered: too_old, supported: server }));
+    assert_eq!(
+        negotiate(too_old, server),
+        Err(VersionError::UnsupportedVersion { offered: too_old, supported: server })
+    );
     let empty = r(v(1, 2), v(1, 1));
     assert_eq!(negotiate(empty, server), Err(VersionError::EmptyRange { offered: empty }));
 }
