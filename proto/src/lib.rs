@@ -11,6 +11,7 @@
 pub mod order;
 pub mod path;
 pub mod topology;
+pub mod wire;
 
 pub use order::{MatrixLabels, device_order, natural_cmp};
 pub use path::{PathDoc, PathHopDoc, PathLinkDoc};

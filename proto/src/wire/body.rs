@@ -1,0 +1,249 @@
+//! Body encoding: postcard (compact, not self-describing, varint integers) of the struct an
+//! opcode and frame kind name, with no trailing bytes allowed. Decoding is total: any byte
+//! string gives a typed value or a [`BodyError`], and bounded types refuse over-long
+//! strings and lists before allocating them.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::event::Event;
+use super::header::{FrameError, FrameKind, HEADER_LEN, Header, encode_frame};
+use super::opcode::Opcode;
+use super::request::Request;
+use super::response::{ErrorBody, Response};
+
+/// A decoded body of any kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// A request.
+    Request(Request),
+    /// A successful response.
+    Response(Response),
+    /// An error response.
+    Error(ErrorBody),
+    /// An event.
+    Event(Event),
+}
+
+impl Message {
+    /// The kind of frame that carries it.
+    pub fn kind(&self) -> FrameKind {
+        match self {
+            Message::Request(_) => FrameKind::Request,
+            Message::Response(_) => FrameKind::Response,
+            Message::Error(_) => FrameKind::Error,
+            Message::Event(_) => FrameKind::Event,
+        }
+    }
+
+    /// The opcode, when the body determines it (errors answer any opcode).
+    pub fn opcode(&self) -> Option<Opcode> {
+        match self {
+            Message::Request(r) => Some(r.opcode()),
+            Message::Response(r) => Some(r.opcode()),
+            Message::Error(_) => None,
+            Message::Event(_) => Some(Opcode::Subscribe),
+        }
+    }
+
+    /// Descriptors that must travel with it.
+    pub fn fds_required(&self) -> u8 {
+        match self {
+            Message::Request(r) => r.fds_required(),
+            Message::Response(r) => r.fds_required(),
+            Message::Error(_) | Message::Event(_) => 0,
+        }
+    }
+}
+
+/// Why a body does not encode or decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// The bytes are not a valid body for the opcode and kind.
+    #[error("{opcode} {kind:?} body does not decode")]
+    Decode {
+        /// Opcode.
+        opcode: Opcode,
+        /// Frame kind.
+        kind: FrameKind,
+        /// What postcard found.
+        #[source]
+        source: postcard::Error,
+    },
+    /// A valid body followed by more bytes.
+    #[error("{opcode} {kind:?} body has {extra} trailing bytes")]
+    TrailingBytes {
+        /// Opcode.
+        opcode: Opcode,
+        /// Frame kind.
+        kind: FrameKind,
+        /// Bytes left over.
+        extra: usize,
+    },
+    /// The body slice is not as long as the header says.
+    #[error("body is {actual} bytes, header announced {announced}")]
+    LengthMismatch {
+        /// From the header.
+        announced: u32,
+        /// Given.
+        actual: usize,
+    },
+    /// An event frame under an opcode other than `Subscribe`.
+    #[error("{opcode} frames carry no events")]
+    NotAnEventOpcode {
+        /// Opcode.
+        opcode: Opcode,
+    },
+    /// The header does not fit the message (kind or opcode).
+    #[error("header says {opcode} {kind:?}, message is another")]
+    HeaderMismatch {
+        /// Opcode in the header.
+        opcode: Opcode,
+        /// Kind in the header.
+        kind: FrameKind,
+    },
+    /// The body could not be serialised.
+    #[error("body does not encode")]
+    Encode(#[source] postcard::Error),
+    /// The frame around the body is refused (too large, too many descriptors).
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+fn from_body<T: DeserializeOwned>(opcode: Opcode, kind: FrameKind, bytes: &[u8]) -> Result<T, BodyError> {
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(bytes).map_err(|source| BodyError::Decode { opcode, kind, source })?;
+    if !rest.is_empty() {
+        return Err(BodyError::TrailingBytes { opcode, kind, extra: rest.len() });
+    }
+    Ok(value)
+}
+
+/// Decodes a request body of `opcode`.
+pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError> {
+    let k = FrameKind::Request;
+    Ok(match opcode {
+        Opcode::Hello => Request::Hello(from_body(opcode, k, bytes)?),
+        Opcode::Status => Request::Status(from_body(opcode, k, bytes)?),
+        Opcode::Topology => Request::Topology(from_body(opcode, k, bytes)?),
+        Opcode::Devices => Request::Devices(from_body(opcode, k, bytes)?),
+        Opcode::Map => Request::Map(from_body(opcode, k, bytes)?),
+        Opcode::Translate => Request::Translate(from_body(opcode, k, bytes)?),
+        Opcode::Alloc => Request::Alloc(from_body(opcode, k, bytes)?),
+        Opcode::Free => Request::Free(from_body(opcode, k, bytes)?),
+        Opcode::Export => Request::Export(from_body(opcode, k, bytes)?),
+        Opcode::Revoke => Request::Revoke(from_body(opcode, k, bytes)?),
+        Opcode::Import => Request::Import(from_body(opcode, k, bytes)?),
+        Opcode::Release => Request::Release(from_body(opcode, k, bytes)?),
+        Opcode::Register => Request::Register(from_body(opcode, k, bytes)?),
+        Opcode::Unregister => Request::Unregister(from_body(opcode, k, bytes)?),
+        Opcode::Partitions => Request::Partitions(from_body(opcode, k, bytes)?),
+        Opcode::Subscribe => Request::Subscribe(from_body(opcode, k, bytes)?),
+    })
+}
+
+/// Decodes a successful response body of `opcode`.
+pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyError> {
+    let k = FrameKind::Response;
+    Ok(match opcode {
+        Opcode::Hello => Response::Hello(from_body(opcode, k, bytes)?),
+        Opcode::Status => Response::Status(from_body(opcode, k, bytes)?),
+        Opcode::Topology => Response::Topology(from_body(opcode, k, bytes)?),
+        Opcode::Devices => Response::Devices(from_body(opcode, k, bytes)?),
+        Opcode::Map => Response::Map(from_body(opcode, k, bytes)?),
+        Opcode::Translate => Response::Translate(from_body(opcode, k, bytes)?),
+        Opcode::Alloc => Response::Alloc(from_body(opcode, k, bytes)?),
+        Opcode::Free => from_body::<()>(opcode, k, bytes).map(|()| Response::Free)?,
+        Opcode::Export => Response::Export(from_body(opcode, k, bytes)?),
+        Opcode::Revoke => from_body::<()>(opcode, k, bytes).map(|()| Response::Revoke)?,
+        Opcode::Import => Response::Import(from_body(opcode, k, bytes)?),
+        Opcode::Release => from_body::<()>(opcode, k, bytes).map(|()| Response::Release)?,
+        Opcode::Register => Response::Register(from_body(opcode, k, bytes)?),
+        Opcode::Unregister => from_body::<()>(opcode, k, bytes).map(|()| Response::Unregister)?,
+        Opcode::Partitions => Response::Partitions(from_body(opcode, k, bytes)?),
+        Opcode::Subscribe => Response::Subscribe(from_body(opcode, k, bytes)?),
+    })
+}
+
+/// Decodes an error body (the same for every opcode).
+pub fn decode_error(opcode: Opcode, bytes: &[u8]) -> Result<ErrorBody, BodyError> {
+    from_body(opcode, FrameKind::Error, bytes)
+}
+
+/// Decodes an event body (only under `Subscribe`).
+pub fn decode_event(opcode: Opcode, bytes: &[u8]) -> Result<Event, BodyError> {
+    if opcode != Opcode::Subscribe {
+        return Err(BodyError::NotAnEventOpcode { opcode });
+    }
+    from_body(opcode, FrameKind::Event, bytes)
+}
+
+/// Decodes the body of a frame whose header was checked by [`super::decode_header`].
+pub fn decode_body(header: &Header, bytes: &[u8]) -> Result<Message, BodyError> {
+    if bytes.len() != header.body_len as usize {
+        return Err(BodyError::LengthMismatch { announced: header.body_len, actual: bytes.len() });
+    }
+    let op = header.opcode;
+    Ok(match header.kind {
+        FrameKind::Request => Message::Request(decode_request(op, bytes)?),
+        FrameKind::Response => Message::Response(decode_response(op, bytes)?),
+        FrameKind::Error => Message::Error(decode_error(op, bytes)?),
+        FrameKind::Event => Message::Event(decode_event(op, bytes)?),
+    })
+}
+
+fn append<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), BodyError> {
+    postcard::to_io(value, out).map(drop).map_err(BodyError::Encode)
+}
+
+/// Appends the body of `msg` (no header) to `out`.
+pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
+    match msg {
+        Message::Request(r) => match r {
+            Request::Hello(b) => append(b, out),
+            Request::Status(b) => append(b, out),
+            Request::Topology(b) | Request::Devices(b) | Request::Map(b) => append(b, out),
+            Request::Translate(b) => append(b, out),
+            Request::Alloc(b) => append(b, out),
+            Request::Free(b) => append(b, out),
+            Request::Export(b) => append(b, out),
+            Request::Revoke(b) => append(b, out),
+            Request::Import(b) => append(b, out),
+            Request::Release(b) => append(b, out),
+            Request::Register(b) => append(b, out),
+            Request::Unregister(b) => append(b, out),
+            Request::Partitions(b) => append(b, out),
+            Request::Subscribe(b) => append(b, out),
+        },
+        Message::Response(r) => match r {
+            Response::Hello(b) => append(b, out),
+            Response::Status(b) => append(b, out),
+            Response::Topology(b) | Response::Devices(b) | Response::Map(b) => append(b, out),
+            Response::Translate(b) => append(b, out),
+            Response::Alloc(b) => append(b, out),
+            Response::Export(b) => append(b, out),
+            Response::Import(b) => append(b, out),
+            Response::Register(b) => append(b, out),
+            Response::Partitions(b) => append(b, out),
+            Response::Subscribe(b) => append(b, out),
+            Response::Free | Response::Revoke | Response::Release | Response::Unregister => Ok(()),
+        },
+        Message::Error(b) => append(b, out),
+        Message::Event(b) => append(b, out),
+    }
+}
+
+/// Appends a whole frame for `msg` to `out`: `header`'s kind and opcode must fit the
+/// message, its `body_len` is filled in, and the frame is checked against the opcode's
+/// limits. On error `out` is left as it was.
+pub fn encode_message(header: &Header, msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
+    if header.kind != msg.kind() || msg.opcode().is_some_and(|op| op != header.opcode) {
+        return Err(BodyError::HeaderMismatch { opcode: header.opcode, kind: header.kind });
+    }
+    let start = out.len();
+    let mut body = Vec::with_capacity(256);
+    encode_body(msg, &mut body)?;
+    encode_frame(header, &body, out).inspect_err(|_| out.truncate(start))?;
+    debug_assert_eq!(out.len(), start + HEADER_LEN + body.len());
+    Ok(())
+}

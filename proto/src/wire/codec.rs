@@ -1,0 +1,299 @@
+//! The blocking transport: whole frames with their descriptors over a
+//! [`UnixStream`], a small client [`Connection`] (hello, calls, queued events), and the
+//! peer's credentials. A daemon on tokio reuses the pure functions instead.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use super::body::{BodyError, Message, decode_body, encode_message};
+use super::bounded::Name;
+use super::event::Event;
+use super::header::{FrameError, FrameKind, HEADER_LEN, Header, decode_header, encode_frame};
+use super::opcode::Opcode;
+use super::request::{HelloRequest, Request};
+use super::response::{ErrorBody, HelloResponse, Response};
+use super::version::{SUPPORTED_VERSIONS, Version, VersionRange};
+use super::{MAX_FDS, sys};
+
+/// Why a frame could not be sent or received.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The socket failed (a read timeout shows as `WouldBlock`/`TimedOut`).
+    #[error("socket I/O failed")]
+    Io(#[from] io::Error),
+    /// The peer closed the connection between frames.
+    #[error("connection closed")]
+    Closed,
+    /// The peer closed the connection inside a frame.
+    #[error("connection closed after {read} of {need} bytes")]
+    Truncated {
+        /// Bytes of the part being read.
+        read: usize,
+        /// Bytes it needed.
+        need: usize,
+    },
+    /// The header is refused.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The body is refused.
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    /// The kernel truncated the control data (`MSG_CTRUNC`): descriptors were lost.
+    #[error("descriptors truncated by the kernel")]
+    ControlTruncated,
+    /// Fewer descriptors arrived than the header announced.
+    #[error("header announced {announced} descriptors, {received} arrived")]
+    MissingFds {
+        /// From the header.
+        announced: u8,
+        /// Arrived.
+        received: usize,
+    },
+    /// The message needs a different number of descriptors than came with it.
+    #[error("{opcode} {kind:?} needs {required} descriptors, got {received}")]
+    FdsMismatch {
+        /// Opcode.
+        opcode: Opcode,
+        /// Frame kind.
+        kind: FrameKind,
+        /// Needed.
+        required: u8,
+        /// Got.
+        received: usize,
+    },
+    /// The server answered with an error.
+    #[error("server refused {opcode}: {:?}: {}", .body.code, .body.message)]
+    Refused {
+        /// The request's opcode.
+        opcode: Opcode,
+        /// The error body.
+        body: ErrorBody,
+    },
+    /// The answer does not match the request (wrong id, opcode or kind).
+    #[error("unexpected {opcode} {kind:?} frame for request {request_id}")]
+    Unexpected {
+        /// Opcode of the frame.
+        opcode: Opcode,
+        /// Kind of the frame.
+        kind: FrameKind,
+        /// Its request id.
+        request_id: u64,
+    },
+    /// The server chose a version outside the offered range.
+    #[error("server chose version {chosen}, offered {offered}")]
+    BadVersion {
+        /// Chosen.
+        chosen: Version,
+        /// Offered.
+        offered: VersionRange,
+    },
+}
+
+/// A frame as read: checked header, body bytes, descriptors (exactly as many as the
+/// header announced).
+#[derive(Debug)]
+pub struct Frame {
+    /// The header.
+    pub header: Header,
+    /// The body.
+    pub body: Vec<u8>,
+    /// The descriptors, owned.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Credentials of the peer process, from `SO_PEERCRED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerCred {
+    /// Process id (at connect time).
+    pub pid: i32,
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+}
+
+/// The credentials the kernel recorded for the other end of `stream` when it connected.
+/// A server must take identity from here, never from a request body.
+pub fn peer_cred(stream: &UnixStream) -> io::Result<PeerCred> {
+    let (pid, uid, gid) = sys::peer_cred(stream)?;
+    Ok(PeerCred { pid, uid, gid })
+}
+
+/// Writes one frame: `header` (its `body_len` and `fd_count` are taken from `body` and
+/// `fds`), `body`, and `fds` as `SCM_RIGHTS` with the first byte.
+pub fn send_frame(stream: &UnixStream, header: &Header, body: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), CodecError> {
+    let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
+    let mut buf = Vec::new();
+    encode_frame(&Header { fd_count, ..*header }, body, &mut buf)?;
+    send_bytes(stream, &buf, fds)
+}
+
+fn send_bytes(stream: &UnixStream, buf: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), CodecError> {
+    let mut sent = sys::send_with_fds(stream.as_fd(), &[IoSlice::new(buf)], fds)?;
+    while sent < buf.len() {
+        // The descriptors went with the first byte; the rest is plain data.
+        let n = sys::send_with_fds(stream.as_fd(), &[IoSlice::new(&buf[sent..])], &[])?;
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero).into());
+        }
+        sent += n;
+    }
+    Ok(())
+}
+
+/// Fills `buf`, keeping at most `keep` of the descriptors that arrive and closing the
+/// rest at once, so a peer cannot make us hold more than `keep` however it splits a frame.
+fn read_full(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    keep: usize,
+    at_boundary: bool,
+) -> Result<(), CodecError> {
+    let mut read = 0;
+    while read < buf.len() {
+        let got = sys::recv_with_fds(stream.as_fd(), &mut buf[read..])?;
+        let arrived = got.fds.len();
+        fds.extend(got.fds);
+        if fds.len() > keep {
+            tracing::debug!(arrived, keep, "closing descriptors beyond what the frame may carry");
+            fds.truncate(keep);
+        }
+        if got.truncated {
+            return Err(CodecError::ControlTruncated);
+        }
+        if got.bytes == 0 {
+            return Err(if at_boundary && read == 0 {
+                CodecError::Closed
+            } else {
+                CodecError::Truncated { read, need: buf.len() }
+            });
+        }
+        read += got.bytes;
+    }
+    Ok(())
+}
+
+/// Reads one frame. The header is checked before the body is allocated, so the body is
+/// never larger than its opcode allows; descriptors beyond what the header announces are
+/// closed.
+pub fn recv_frame(stream: &UnixStream) -> Result<Frame, CodecError> {
+    let mut raw = [0u8; HEADER_LEN];
+    let mut fds = Vec::new();
+    read_full(stream, &mut raw, &mut fds, usize::from(MAX_FDS), true)?;
+    let header = decode_header(&raw)?;
+    let announced = usize::from(header.fd_count);
+    fds.truncate(announced);
+    let mut body = vec![0u8; header.body_len as usize];
+    read_full(stream, &mut body, &mut fds, announced, false)?;
+    if fds.len() < announced {
+        return Err(CodecError::MissingFds { announced: header.fd_count, received: fds.len() });
+    }
+    Ok(Frame { header, body, fds })
+}
+
+/// Reads one frame and decodes its body, checking that the descriptors are the ones the
+/// message needs.
+pub fn recv_message(stream: &UnixStream) -> Result<(Header, Message, Vec<OwnedFd>), CodecError> {
+    let frame = recv_frame(stream)?;
+    let msg = decode_body(&frame.header, &frame.body)?;
+    let required = msg.fds_required();
+    if usize::from(required) != frame.fds.len() {
+        let h = frame.header;
+        return Err(CodecError::FdsMismatch { opcode: h.opcode, kind: h.kind, required, received: frame.fds.len() });
+    }
+    Ok((frame.header, msg, frame.fds))
+}
+
+/// Writes one message with its descriptors under `header` (kind and opcode must match).
+pub fn send_message(
+    stream: &UnixStream,
+    header: &Header,
+    msg: &Message,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), CodecError> {
+    let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
+    let mut buf = Vec::new();
+    encode_message(&Header { fd_count, ..*header }, msg, &mut buf)?;
+    send_bytes(stream, &buf, fds)
+}
+
+/// A blocking client connection: negotiates a version, numbers requests, matches
+/// answers to them, and queues events that arrive in between.
+#[derive(Debug)]
+pub struct Connection {
+    stream: UnixStream,
+    version: Version,
+    next_id: u64,
+    events: VecDeque<Event>,
+}
+
+impl Connection {
+    /// Wraps a connected stream; call [`Connection::hello`] first.
+    pub fn new(stream: UnixStream) -> Self {
+        Self { stream, version: SUPPORTED_VERSIONS.max, next_id: 1, events: VecDeque::new() }
+    }
+
+    /// The stream (to set timeouts).
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    /// The version in use.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Offers `versions`, checks the server's choice and uses it from now on.
+    pub fn hello(&mut self, client: &str, versions: VersionRange) -> Result<HelloResponse, CodecError> {
+        let req = Request::Hello(HelloRequest { versions, client: Name::truncated(client) });
+        // The hello frame is always sent at the oldest version offered, so that a server
+        // that knows only that one can read it.
+        self.version = versions.min;
+        let (resp, _) = self.call(req, &[])?;
+        let Response::Hello(hello) = resp else {
+            return Err(CodecError::Unexpected {
+                opcode: resp.opcode(),
+                kind: FrameKind::Response,
+                request_id: self.next_id - 1,
+            });
+        };
+        if !versions.contains(hello.version) {
+            return Err(CodecError::BadVersion { chosen: hello.version, offered: versions });
+        }
+        self.version = hello.version;
+        Ok(hello)
+    }
+
+    /// Sends a request and waits for its answer; an error answer is
+    /// [`CodecError::Refused`]. Events that arrive meanwhile are queued.
+    pub fn call(&mut self, req: Request, fds: &[BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>), CodecError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let opcode = req.opcode();
+        let header = Header { version: self.version, ..Header::new(opcode, FrameKind::Request, id) };
+        send_message(&self.stream, &header, &Message::Request(req), fds)?;
+        loop {
+            let (h, msg, fds) = recv_message(&self.stream)?;
+            match msg {
+                Message::Event(ev) => self.events.push_back(ev),
+                Message::Response(r) if h.request_id == id && h.opcode == opcode => return Ok((r, fds)),
+                Message::Error(body) if h.request_id == id => return Err(CodecError::Refused { opcode, body }),
+                _ => return Err(CodecError::Unexpected { opcode: h.opcode, kind: h.kind, request_id: h.request_id }),
+            }
+        }
+    }
+
+    /// The next event: a queued one, or the next frame (which must be an event).
+    pub fn next_event(&mut self) -> Result<Event, CodecError> {
+        if let Some(ev) = self.events.pop_front() {
+            return Ok(ev);
+        }
+        match recv_message(&self.stream)? {
+            (_, Message::Event(ev), _) => Ok(ev),
+            (h, ..) => Err(CodecError::Unexpected { opcode: h.opcode, kind: h.kind, request_id: h.request_id }),
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The fabricd wire protocol: length-delimited binary frames over a Unix stream socket, with
+//! a fixed zerocopy header, bounded postcard bodies and file descriptors passed as
+//! `SCM_RIGHTS`. The layout, versioning rules and security notes are in `docs/protocol.md`.
+//!
+//! The pieces are layered so that the daemon can reuse them over tokio:
+//! - pure, allocation-bounded functions with no I/O: [`encode_frame`], [`decode_header`],
+//!   [`encode_body`], [`decode_body`] and [`negotiate`];
+//! - a blocking transport over [`std::os::unix::net::UnixStream`] ([`send_frame`],
+//!   [`recv_frame`], [`Connection`]) and [`peer_cred`], with every syscall in `sys`.
+//!
+//! Decoding is total: any byte string yields a value or a typed error, never a panic, and
+//! no allocation is larger than a small multiple of the announced body length, which is
+//! checked against per-opcode limits before anything is allocated.
+
+mod body;
+mod bounded;
+mod codec;
+mod event;
+mod handle;
+mod header;
+mod opcode;
+mod request;
+mod response;
+mod sys;
+mod version;
+
+pub use body::{
+    BodyError, Message, decode_body, decode_error, decode_event, decode_request, decode_response, encode_body,
+    encode_message,
+};
+pub use bounded::{BoundedError, BoundedString, BoundedVec, DeviceName, ErrorText, Name};
+pub use codec::{
+    CodecError, Connection, Frame, PeerCred, peer_cred, recv_frame, recv_message, send_frame, send_message,
+};
+pub use event::{DeviceChange, Event, LinkChange, MapChange, Revocation, RevocationReason, Topics};
+pub use handle::{ExportHandle, HandleError, Secret, ct_eq};
+pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
+pub use opcode::Opcode;
+pub use request::{
+    AccessMode, AllocRequest, AllocTarget, ExportPolicy, ExportRequest, FreeRequest, HelloRequest, ImportRequest,
+    MemoryClass, PartitionSpec, PartitionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request,
+    ResourceName, RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest,
+    UnregisterRequest,
+};
+pub use response::{
+    AllocResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportResponse, HelloResponse, ImportResponse,
+    PartitionInfo, PartitionsResponse, Problem, ProblemKind, RegisterResponse, Response, StatusResponse,
+    SubscribeResponse, TranslateResponse, Translation,
+};
+pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
+
+/// The four bytes every frame starts with.
+pub const MAGIC: [u8; 4] = *b"FBRC";
+
+/// The largest body of any frame (a response carrying a large JSON document). Requests are
+/// far smaller: see [`MAX_REQUEST_BODY`].
+pub const MAX_BODY: u32 = 16 << 20;
+
+/// The largest body of any request, so that a server holds at most this much (plus a
+/// header) per connection while it reads.
+pub const MAX_REQUEST_BODY: u32 = 64 << 10;
+
+/// The most file descriptors any frame may carry.
+pub const MAX_FDS: u8 = 8;

@@ -1,0 +1,159 @@
+//! Operation codes and their per-opcode limits: the largest body and the most file
+//! descriptors a frame of each kind may carry.
+
+use std::fmt;
+
+use super::header::FrameKind;
+use super::{MAX_BODY, MAX_REQUEST_BODY};
+
+/// What a frame is about. Codes are frozen within a major version; new codes come with a
+/// minor version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum Opcode {
+    /// Version negotiation; the first frame on every connection.
+    Hello = 0x0001,
+    /// Daemon health: what is missing or degraded and why.
+    Status = 0x0002,
+    /// The fabric as a `fabric.topology/v1` document.
+    Topology = 0x0010,
+    /// The devices as a `fabric.devices/v1` document.
+    Devices = 0x0011,
+    /// The address map listing as a JSON document.
+    Map = 0x0012,
+    /// GFA to resource+offset and back.
+    Translate = 0x0013,
+    /// Allocate a region; the response carries its memory object.
+    Alloc = 0x0020,
+    /// Free a region (revoking its exports).
+    Free = 0x0021,
+    /// Export a region: get a handle.
+    Export = 0x0022,
+    /// Revoke an export.
+    Revoke = 0x0023,
+    /// Import a region by handle; the response carries its memory object.
+    Import = 0x0024,
+    /// Release an import.
+    Release = 0x0025,
+    /// Register memory for DMA by a device.
+    Register = 0x0030,
+    /// Undo a registration.
+    Unregister = 0x0031,
+    /// List or change partitions (changes are admin only).
+    Partitions = 0x0040,
+    /// Choose the event topics this connection receives.
+    Subscribe = 0x0050,
+}
+
+impl Opcode {
+    /// Every opcode, in code order.
+    pub const ALL: [Opcode; 16] = [
+        Opcode::Hello,
+        Opcode::Status,
+        Opcode::Topology,
+        Opcode::Devices,
+        Opcode::Map,
+        Opcode::Translate,
+        Opcode::Alloc,
+        Opcode::Free,
+        Opcode::Export,
+        Opcode::Revoke,
+        Opcode::Import,
+        Opcode::Release,
+        Opcode::Register,
+        Opcode::Unregister,
+        Opcode::Partitions,
+        Opcode::Subscribe,
+    ];
+
+    /// The opcode with this code, if any.
+    pub fn from_code(code: u16) -> Option<Self> {
+        Self::ALL.iter().copied().find(|op| op.code() == code)
+    }
+
+    /// The wire code.
+    pub const fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// A short lower-case name, for logs and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Opcode::Hello => "hello",
+            Opcode::Status => "status",
+            Opcode::Topology => "topology",
+            Opcode::Devices => "devices",
+            Opcode::Map => "map",
+            Opcode::Translate => "translate",
+            Opcode::Alloc => "alloc",
+            Opcode::Free => "free",
+            Opcode::Export => "export",
+            Opcode::Revoke => "revoke",
+            Opcode::Import => "import",
+            Opcode::Release => "release",
+            Opcode::Register => "register",
+            Opcode::Unregister => "unregister",
+            Opcode::Partitions => "partitions",
+            Opcode::Subscribe => "subscribe",
+        }
+    }
+
+    /// Whether the operation changes state only an administrator may change (the server
+    /// still decides per request: listing partitions is open to all).
+    pub const fn may_need_admin(self) -> bool {
+        matches!(self, Opcode::Partitions)
+    }
+
+    /// The largest body a frame of this opcode and kind may carry. Always at most
+    /// [`MAX_BODY`]; requests at most [`MAX_REQUEST_BODY`]; events only for `Subscribe`.
+    pub const fn max_body(self, kind: FrameKind) -> u32 {
+        const SMALL: u32 = 256;
+        match kind {
+            FrameKind::Error => 4 << 10,
+            FrameKind::Event => match self {
+                Opcode::Subscribe => 4 << 10,
+                _ => 0,
+            },
+            FrameKind::Request => match self {
+                Opcode::Hello => SMALL,
+                Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map => 1 << 10,
+                Opcode::Translate | Opcode::Partitions => MAX_REQUEST_BODY,
+                Opcode::Export => 4 << 10,
+                Opcode::Alloc | Opcode::Register => 1 << 10,
+                Opcode::Free | Opcode::Revoke | Opcode::Import | Opcode::Release | Opcode::Unregister => SMALL,
+                Opcode::Subscribe => SMALL,
+            },
+            FrameKind::Response => match self {
+                Opcode::Topology | Opcode::Devices | Opcode::Map => MAX_BODY,
+                Opcode::Status | Opcode::Translate | Opcode::Partitions => 1 << 20,
+                Opcode::Hello
+                | Opcode::Alloc
+                | Opcode::Free
+                | Opcode::Export
+                | Opcode::Revoke
+                | Opcode::Import
+                | Opcode::Release
+                | Opcode::Register
+                | Opcode::Unregister
+                | Opcode::Subscribe => SMALL,
+            },
+        }
+    }
+
+    /// The most file descriptors a frame of this opcode and kind may carry (at most
+    /// [`super::MAX_FDS`]): the memory object of an alloc or import response, the memory
+    /// a register request hands over.
+    pub const fn max_fds(self, kind: FrameKind) -> u8 {
+        match (self, kind) {
+            (Opcode::Alloc | Opcode::Import, FrameKind::Response) => 1,
+            (Opcode::Register, FrameKind::Request) => 1,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,332 @@
+//! Request bodies: one struct per operation, and [`Request`], the typed form of any of
+//! them. Field order is the wire order (postcard); it is frozen within a major version.
+
+use fabric_topology::MemoryKind;
+use serde::{Deserialize, Serialize};
+
+use super::bounded::{BoundedVec, DeviceName, Name};
+use super::event::Topics;
+use super::handle::ExportHandle;
+use super::opcode::Opcode;
+use super::version::VersionRange;
+
+/// Kind of memory, as it travels. Variant order is the wire code and is frozen; it maps
+/// one to one onto [`MemoryKind`] (a new kind there fails to compile here until it gets a
+/// code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemoryClass {
+    /// HBM.
+    Hbm,
+    /// Host DRAM.
+    Dram,
+    /// CXL volatile.
+    CxlVolatile,
+    /// CXL persistent.
+    CxlPersistent,
+    /// CXL dynamic capacity.
+    CxlDynamic,
+    /// Host memory exported to the fabric.
+    HostExported,
+}
+
+impl From<MemoryKind> for MemoryClass {
+    fn from(k: MemoryKind) -> Self {
+        match k {
+            MemoryKind::Hbm => MemoryClass::Hbm,
+            MemoryKind::Dram => MemoryClass::Dram,
+            MemoryKind::CxlVolatile => MemoryClass::CxlVolatile,
+            MemoryKind::CxlPersistent => MemoryClass::CxlPersistent,
+            MemoryKind::CxlDynamic => MemoryClass::CxlDynamic,
+            MemoryKind::HostExported => MemoryClass::HostExported,
+        }
+    }
+}
+
+impl From<MemoryClass> for MemoryKind {
+    fn from(k: MemoryClass) -> Self {
+        match k {
+            MemoryClass::Hbm => MemoryKind::Hbm,
+            MemoryClass::Dram => MemoryKind::Dram,
+            MemoryClass::CxlVolatile => MemoryKind::CxlVolatile,
+            MemoryClass::CxlPersistent => MemoryKind::CxlPersistent,
+            MemoryClass::CxlDynamic => MemoryKind::CxlDynamic,
+            MemoryClass::HostExported => MemoryKind::HostExported,
+        }
+    }
+}
+
+/// One memory resource of a device: the `ordinal`-th resource of kind `memory`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ResourceName {
+    /// Device identity in text form.
+    pub device: DeviceName,
+    /// Kind of memory.
+    pub memory: MemoryClass,
+    /// Which resource of that kind, from 0.
+    pub ordinal: u16,
+}
+
+/// `Hello`: the versions the client can speak, and a name for logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloRequest {
+    /// Offered versions, inclusive.
+    pub versions: VersionRange,
+    /// Client name (program), for logs only; identity comes from `SO_PEERCRED`.
+    pub client: Name,
+}
+
+/// `Status`: no fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusRequest {}
+
+/// `Topology`, `Devices` and `Map`: which part of the fabric.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyRequest {
+    /// Only this node (all nodes when absent).
+    pub node: Option<Name>,
+}
+
+/// One translation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TranslateQuery {
+    /// GFA to resource + offset.
+    Gfa(u64),
+    /// Resource + offset to GFA.
+    Resource {
+        /// The resource.
+        resource: ResourceName,
+        /// Byte offset in it.
+        offset: u64,
+    },
+}
+
+/// `Translate`: up to 1,024 queries, answered in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranslateRequest {
+    /// The queries.
+    pub queries: BoundedVec<TranslateQuery, 1024>,
+}
+
+/// Where to allocate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocTarget {
+    /// One resource.
+    Resource(ResourceName),
+    /// Any resource of this kind on the device.
+    Device {
+        /// Device identity.
+        device: DeviceName,
+        /// Kind of memory.
+        memory: MemoryClass,
+    },
+    /// An interleave set, by name.
+    Set(Name),
+}
+
+/// `Alloc`: a region of `size` bytes. The response carries one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocRequest {
+    /// Where.
+    pub target: AllocTarget,
+    /// Bytes (the server may round up to its page size).
+    pub size: u64,
+    /// Alignment of the region's GFA in bytes (a power of two; 0 for the default).
+    pub align: u64,
+}
+
+/// `Free`: a region the caller owns. Its exports are revoked and importers told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeRequest {
+    /// Region id.
+    pub region: u64,
+}
+
+/// Read-only or read-write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AccessMode {
+    /// Loads only.
+    ReadOnly,
+    /// Loads and stores.
+    ReadWrite,
+}
+
+/// Who may import an export. Empty `uids` and `gids` mean the owner's uid only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportPolicy {
+    /// Allowed user ids.
+    pub uids: BoundedVec<u32, 64>,
+    /// Allowed group ids (primary group of the importer).
+    pub gids: BoundedVec<u32, 64>,
+    /// Importers must be bound to this partition.
+    pub partition: Option<Name>,
+    /// The most an importer gets.
+    pub access: AccessMode,
+}
+
+/// `Export`: make a region importable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportRequest {
+    /// Region id.
+    pub region: u64,
+    /// Who may import.
+    pub policy: ExportPolicy,
+}
+
+/// `Revoke`: end an export; its importers are told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeRequest {
+    /// The export's handle.
+    pub handle: ExportHandle,
+}
+
+/// `Import`: a region by handle. The response carries one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportRequest {
+    /// The handle.
+    pub handle: ExportHandle,
+    /// Access wanted (at most the policy's).
+    pub access: AccessMode,
+}
+
+/// `Release`: drop an import.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// Import id.
+    pub import: u64,
+}
+
+/// What memory a registration covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RegisterSource {
+    /// A region the caller owns.
+    Region(u64),
+    /// An import the caller holds.
+    Import(u64),
+    /// The memory object sent as the frame's one descriptor (memfd, dma-buf).
+    Fd,
+}
+
+/// `Register`: pin memory and map it for DMA by a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    /// The device that will DMA.
+    pub device: DeviceName,
+    /// The memory.
+    pub source: RegisterSource,
+    /// Byte offset in the source.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Direction the device may access.
+    pub access: AccessMode,
+}
+
+/// `Unregister`: undo a registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnregisterRequest {
+    /// Registration id.
+    pub registration: u64,
+}
+
+/// A partition: devices and the users bound to them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionSpec {
+    /// Name.
+    pub name: Name,
+    /// Devices (identities in text form).
+    pub devices: BoundedVec<DeviceName, 1024>,
+    /// Users bound to it.
+    pub uids: BoundedVec<u32, 64>,
+    /// Groups bound to it.
+    pub gids: BoundedVec<u32, 64>,
+}
+
+/// `Partitions`: list them (anyone) or change them (admin only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartitionsRequest {
+    /// The partitions the caller may see.
+    List,
+    /// Create or replace one.
+    Set(PartitionSpec),
+    /// Remove one.
+    Remove {
+        /// Name.
+        name: Name,
+    },
+}
+
+/// `Subscribe`: the event topics this connection wants from now on (empty: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscribeRequest {
+    /// Topics.
+    pub topics: Topics,
+}
+
+/// Any request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// See [`HelloRequest`].
+    Hello(HelloRequest),
+    /// See [`StatusRequest`].
+    Status(StatusRequest),
+    /// The topology document.
+    Topology(TopologyRequest),
+    /// The devices document.
+    Devices(TopologyRequest),
+    /// The address map document.
+    Map(TopologyRequest),
+    /// See [`TranslateRequest`].
+    Translate(TranslateRequest),
+    /// See [`AllocRequest`].
+    Alloc(AllocRequest),
+    /// See [`FreeRequest`].
+    Free(FreeRequest),
+    /// See [`ExportRequest`].
+    Export(ExportRequest),
+    /// See [`RevokeRequest`].
+    Revoke(RevokeRequest),
+    /// See [`ImportRequest`].
+    Import(ImportRequest),
+    /// See [`ReleaseRequest`].
+    Release(ReleaseRequest),
+    /// See [`RegisterRequest`].
+    Register(RegisterRequest),
+    /// See [`UnregisterRequest`].
+    Unregister(UnregisterRequest),
+    /// See [`PartitionsRequest`].
+    Partitions(PartitionsRequest),
+    /// See [`SubscribeRequest`].
+    Subscribe(SubscribeRequest),
+}
+
+impl Request {
+    /// The opcode the request travels under.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Hello(_) => Opcode::Hello,
+            Request::Status(_) => Opcode::Status,
+            Request::Topology(_) => Opcode::Topology,
+            Request::Devices(_) => Opcode::Devices,
+            Request::Map(_) => Opcode::Map,
+            Request::Translate(_) => Opcode::Translate,
+            Request::Alloc(_) => Opcode::Alloc,
+            Request::Free(_) => Opcode::Free,
+            Request::Export(_) => Opcode::Export,
+            Request::Revoke(_) => Opcode::Revoke,
+            Request::Import(_) => Opcode::Import,
+            Request::Release(_) => Opcode::Release,
+            Request::Register(_) => Opcode::Register,
+            Request::Unregister(_) => Opcode::Unregister,
+            Request::Partitions(_) => Opcode::Partitions,
+            Request::Subscribe(_) => Opcode::Subscribe,
+        }
+    }
+
+    /// Descriptors that must come with the request.
+    pub fn fds_required(&self) -> u8 {
+        match self {
+            Request::Register(RegisterRequest { source: RegisterSource::Fd, .. }) => 1,
+            _ => 0,
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! Response bodies, [`Response`] (the typed form of any of them), and the error body every
+//! refusal carries.
+
+use serde::{Deserialize, Serialize};
+
+use super::bounded::{BoundedVec, DeviceName, ErrorText, Name};
+use super::event::Topics;
+use super::handle::ExportHandle;
+use super::opcode::Opcode;
+use super::request::{AccessMode, PartitionSpec, ResourceName};
+use super::version::{Version, VersionRange};
+
+/// `Hello`: the agreed version and the server's limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloResponse {
+    /// Version both sides use from now on.
+    pub version: Version,
+    /// Server name and version, for logs.
+    pub server: Name,
+    /// Session id (for logs and `fabricctl status`).
+    pub session: u64,
+    /// Largest request body the server accepts.
+    pub max_request_body: u32,
+    /// Most descriptors per frame the server accepts.
+    pub max_fds: u8,
+}
+
+/// `Topology`, `Devices`, `Map`: a JSON document of the named schema (for example
+/// `fabric.topology/v1`, see `docs/topology-json.md`), carried as text so that the wire
+/// format does not duplicate the documents' own versioning.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Document {
+    /// Schema name and version.
+    pub schema: Name,
+    /// The document.
+    pub json: String,
+}
+
+/// The answer to one [`super::TranslateQuery`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Translation {
+    /// The GFA lands in this resource at this offset.
+    Resource {
+        /// The resource.
+        resource: ResourceName,
+        /// Byte offset in it.
+        offset: u64,
+        /// The interleave set it went through.
+        set: Option<Name>,
+    },
+    /// The resource offset has this GFA.
+    Gfa(u64),
+    /// Nothing holds the address.
+    Unmapped,
+    /// A hole reserved for a vanished owner (`DEVICE#kindN` or `set:NAME`).
+    Hole {
+        /// The owner.
+        owner: DeviceName,
+    },
+    /// Mapped, but not in the caller's partition.
+    NotInPartition,
+    /// The resource is not known or not mapped.
+    UnknownResource,
+}
+
+/// `Translate`: one answer per query, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranslateResponse {
+    /// The answers.
+    pub results: BoundedVec<Translation, 1024>,
+}
+
+/// `Alloc`: the region; its memory object is the frame's one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocResponse {
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Bytes.
+    pub size: u64,
+    /// GFA of the first byte, when the memory is in the address map.
+    pub gfa: Option<u64>,
+    /// Offset of the region in the descriptor (for `mmap`).
+    pub offset: u64,
+}
+
+/// `Export`: the handle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportResponse {
+    /// The handle (a capability: whoever holds it and passes the policy may import).
+    pub handle: ExportHandle,
+}
+
+/// `Import`: the import; its memory object is the frame's one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportResponse {
+    /// Import id (for `Release`).
+    pub import: u64,
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Bytes.
+    pub size: u64,
+    /// GFA of the first byte, when mapped.
+    pub gfa: Option<u64>,
+    /// Offset of the region in the descriptor.
+    pub offset: u64,
+    /// Access granted.
+    pub access: AccessMode,
+}
+
+/// `Register`: the registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// Registration id (for `Unregister`).
+    pub registration: u64,
+    /// Device address of the first byte.
+    pub iova: u64,
+}
+
+/// `Partitions`: the partitions the caller may see, after any change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionsResponse {
+    /// The partitions.
+    pub partitions: BoundedVec<PartitionSpec, 1024>,
+}
+
+/// Describes a partition (same fields as the spec that set it).
+pub type PartitionInfo = PartitionSpec;
+
+/// What is wrong with something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ProblemKind {
+    /// A backend's library or kernel interface is absent.
+    BackendMissing,
+    /// A backend failed.
+    BackendFailed,
+    /// A known device vanished.
+    DeviceMissing,
+    /// A device reports a failure.
+    DeviceFailed,
+    /// A link is down.
+    LinkDown,
+    /// A link runs below its maximum bandwidth.
+    LinkDegraded,
+    /// Anything else; see the detail.
+    Other,
+}
+
+/// One thing missing or degraded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// What kind of problem.
+    pub kind: ProblemKind,
+    /// What it is about: a backend, device or link (`A<->B`).
+    pub subject: DeviceName,
+    /// Why, in words.
+    pub detail: ErrorText,
+    /// Bandwidth left, in thousandths, for a degraded link.
+    pub bandwidth_permille: Option<u16>,
+}
+
+/// `Status`: the daemon's health and counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusResponse {
+    /// Serving normally (false while starting or when something required is missing).
+    pub ready: bool,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// Devices known.
+    pub devices: u32,
+    /// Links known.
+    pub links: u32,
+    /// Connected sessions.
+    pub sessions: u32,
+    /// Live regions.
+    pub regions: u64,
+    /// Live exports.
+    pub exports: u64,
+    /// Live imports.
+    pub imports: u64,
+    /// Live registrations.
+    pub registrations: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+    /// Bytes pinned by registrations.
+    pub pinned_bytes: u64,
+    /// Address map generation.
+    pub map_generation: u64,
+    /// What is missing or degraded and why.
+    pub problems: BoundedVec<Problem, 1024>,
+}
+
+/// `Subscribe`: the topics now delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscribeResponse {
+    /// Topics.
+    pub topics: Topics,
+}
+
+/// Any successful response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// See [`HelloResponse`].
+    Hello(HelloResponse),
+    /// See [`StatusResponse`].
+    Status(StatusResponse),
+    /// A `fabric.topology/v1` document.
+    Topology(Document),
+    /// A `fabric.devices/v1` document.
+    Devices(Document),
+    /// An address map listing document.
+    Map(Document),
+    /// See [`TranslateResponse`].
+    Translate(TranslateResponse),
+    /// See [`AllocResponse`].
+    Alloc(AllocResponse),
+    /// The region is freed (empty body).
+    Free,
+    /// See [`ExportResponse`].
+    Export(ExportResponse),
+    /// The export is revoked (empty body).
+    Revoke,
+    /// See [`ImportResponse`].
+    Import(ImportResponse),
+    /// The import is released (empty body).
+    Release,
+    /// See [`RegisterResponse`].
+    Register(RegisterResponse),
+    /// The registration is undone (empty body).
+    Unregister,
+    /// See [`PartitionsResponse`].
+    Partitions(PartitionsResponse),
+    /// See [`SubscribeResponse`].
+    Subscribe(SubscribeResponse),
+}
+
+impl Response {
+    /// The opcode the response travels under.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Response::Hello(_) => Opcode::Hello,
+            Response::Status(_) => Opcode::Status,
+            Response::Topology(_) => Opcode::Topology,
+            Response::Devices(_) => Opcode::Devices,
+            Response::Map(_) => Opcode::Map,
+            Response::Translate(_) => Opcode::Translate,
+            Response::Alloc(_) => Opcode::Alloc,
+            Response::Free => Opcode::Free,
+            Response::Export(_) => Opcode::Export,
+            Response::Revoke => Opcode::Revoke,
+            Response::Import(_) => Opcode::Import,
+            Response::Release => Opcode::Release,
+            Response::Register(_) => Opcode::Register,
+            Response::Unregister => Opcode::Unregister,
+            Response::Partitions(_) => Opcode::Partitions,
+            Response::Subscribe(_) => Opcode::Subscribe,
+        }
+    }
+
+    /// Descriptors that must come with the response.
+    pub fn fds_required(&self) -> u8 {
+        match self {
+            Response::Alloc(_) | Response::Import(_) => 1,
+            _ => 0,
+        }
+    }
+}
+
+/// Why a request was refused. Variant order is the wire code and is frozen; new codes come
+/// with a minor version, and a client that meets an unknown code treats it as `Internal`
+/// only if it negotiated that minor (it cannot otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The frame was malformed (the server then closes the connection).
+    BadFrame,
+    /// The opcode is not known to the server.
+    UnknownOpcode,
+    /// No common protocol version.
+    UnsupportedVersion,
+    /// A request other than `Hello` came first.
+    NotNegotiated,
+    /// The body does not decode or a field is out of range.
+    BadRequest,
+    /// The caller may not do this (policy, owner, partition).
+    PermissionDenied,
+    /// Only root or the admin group may do this.
+    AdminRequired,
+    /// No such device, region, import, registration or partition.
+    NotFound,
+    /// The handle does not name a live export (wrong secret or generation).
+    InvalidHandle,
+    /// The export was revoked.
+    Revoked,
+    /// A per-user limit (bytes, pinned bytes, objects) would be exceeded.
+    LimitExceeded,
+    /// The resource has no free space.
+    NoSpace,
+    /// Descriptors missing, extra or of the wrong kind.
+    BadFds,
+    /// The server cannot serve this now (not ready, backend missing).
+    Unavailable,
+    /// A bug or an I/O failure in the server.
+    Internal,
+}
+
+/// Machine-readable detail of some errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorDetail {
+    /// The version ranges that did not meet.
+    Versions {
+        /// Offered by the client.
+        offered: VersionRange,
+        /// Supported by the server.
+        supported: VersionRange,
+    },
+    /// The limit that was hit.
+    Limit {
+        /// Which (`allocated_bytes`, `pinned_bytes`, `objects`...).
+        what: Name,
+        /// In use now.
+        used: u64,
+        /// Asked for.
+        requested: u64,
+        /// Allowed.
+        max: u64,
+    },
+}
+
+/// The body of every error frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub code: ErrorCode,
+    /// Why, in words (also logged by the server).
+    pub message: ErrorText,
+    /// Details for some codes.
+    pub detail: Option<ErrorDetail>,
+}
+
+impl From<super::version::VersionError> for ErrorBody {
+    /// The refusal a server sends when [`super::negotiate`] fails.
+    fn from(e: super::version::VersionError) -> Self {
+        let detail = match e {
+            super::version::VersionError::EmptyRange { .. } => None,
+            super::version::VersionError::UnsupportedVersion { offered, supported } => {
+                Some(ErrorDetail::Versions { offered, supported })
+            }
+        };
+        ErrorBody { code: ErrorCode::UnsupportedVersion, message: ErrorText::truncated(&e.to_string()), detail }
+    }
+}

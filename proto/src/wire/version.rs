@@ -1,0 +1,99 @@
+//! Protocol versions and the negotiation of one at connect: the client offers a range, the
+//! server picks the highest version both understand or refuses with a typed error.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A protocol version. The major names the frame layout and the body encodings; a minor
+/// adds opcodes, variants or fields that a peer uses only once both sides negotiated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Version {
+    /// Incompatible changes.
+    pub major: u8,
+    /// Compatible additions.
+    pub minor: u8,
+}
+
+impl Version {
+    /// A version.
+    pub const fn new(major: u8, minor: u8) -> Self {
+        Self { major, minor }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// An inclusive range of versions, ordered by (major, minor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VersionRange {
+    /// Oldest version.
+    pub min: Version,
+    /// Newest version.
+    pub max: Version,
+}
+
+impl VersionRange {
+    /// A range; see [`VersionRange::is_valid`].
+    pub const fn new(min: Version, max: Version) -> Self {
+        Self { min, max }
+    }
+
+    /// Whether `min <= max`.
+    pub fn is_valid(&self) -> bool {
+        self.min <= self.max
+    }
+
+    /// Whether `v` lies in the range.
+    pub fn contains(&self, v: Version) -> bool {
+        self.min <= v && v <= self.max
+    }
+}
+
+impl fmt::Display for VersionRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..={}", self.min, self.max)
+    }
+}
+
+/// The version this crate speaks best.
+pub const PROTOCOL_VERSION: Version = Version::new(1, 0);
+
+/// Every version this crate understands.
+pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);
+
+/// Why no version could be agreed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    /// The offered range is empty (`min > max`).
+    #[error("offered version range {offered} is empty")]
+    EmptyRange {
+        /// What the peer offered.
+        offered: VersionRange,
+    },
+    /// The ranges do not overlap.
+    #[error("no common version: offered {offered}, supported {supported}")]
+    UnsupportedVersion {
+        /// What the peer offered.
+        offered: VersionRange,
+        /// What this side understands.
+        supported: VersionRange,
+    },
+}
+
+/// Picks the highest version in both `offered` and `supported`.
+pub fn negotiate(offered: VersionRange, supported: VersionRange) -> Result<Version, VersionError> {
+    if !offered.is_valid() {
+        return Err(VersionError::EmptyRange { offered });
+    }
+    let best = offered.max.min(supported.max);
+    if supported.is_valid() && offered.contains(best) && supported.contains(best) {
+        Ok(best)
+    } else {
+        Err(VersionError::UnsupportedVersion { offered, supported })
+    }
+}

@@ -1,0 +1,559 @@
+//! Pure codec properties: every message type round-trips through a whole frame with
+//! arbitrary field values; every truncation of a valid frame or body is an error; random
+//! bytes never panic; the header layout and one body encoding are pinned byte for byte.
+
+#![allow(clippy::unwrap_used)] // Helpers outside #[test] fns: a panic there is a failed test.
+
+use fabric_proto::wire::*;
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::strategy::Union;
+
+fn name() -> impl Strategy<Value = Name> {
+    "\\PC{0,24}".prop_map(|s| Name::truncated(&s))
+}
+
+fn device() -> impl Strategy<Value = DeviceName> {
+    prop_oneof!["\\PC{0,40}".prop_map(|s| DeviceName::truncated(&s)), Just(DeviceName::truncated(&"d".repeat(256)))]
+}
+
+fn text() -> impl Strategy<Value = ErrorText> {
+    "\\PC{0,80}".prop_map(|s| ErrorText::truncated(&s))
+}
+
+fn list<T: std::fmt::Debug, const N: usize>(
+    s: impl Strategy<Value = T>,
+    max: usize,
+) -> impl Strategy<Value = BoundedVec<T, N>> {
+    vec(s, 0..=max).prop_map(|v| BoundedVec::new(v).unwrap())
+}
+
+fn version() -> impl Strategy<Value = Version> {
+    any::<(u8, u8)>().prop_map(|(a, b)| Version::new(a, b))
+}
+
+fn range() -> impl Strategy<Value = VersionRange> {
+    (version(), version()).prop_map(|(a, b)| VersionRange::new(a, b))
+}
+
+fn memory() -> impl Strategy<Value = MemoryClass> {
+    prop_oneof![
+        Just(MemoryClass::Hbm),
+        Just(MemoryClass::Dram),
+        Just(MemoryClass::CxlVolatile),
+        Just(MemoryClass::CxlPersistent),
+        Just(MemoryClass::CxlDynamic),
+        Just(MemoryClass::HostExported),
+    ]
+}
+
+fn resource() -> impl Strategy<Value = ResourceName> {
+    (device(), memory(), any::<u16>()).prop_map(|(device, memory, ordinal)| ResourceName { device, memory, ordinal })
+}
+
+fn handle() -> impl Strategy<Value = ExportHandle> {
+    any::<(u64, u64, [u8; 16])>().prop_map(|(region, generation, s)| ExportHandle {
+        region,
+        generation,
+        secret: Secret(s),
+    })
+}
+
+fn access() -> impl Strategy<Value = AccessMode> {
+    prop_oneof![Just(AccessMode::ReadOnly), Just(AccessMode::ReadWrite)]
+}
+
+fn topics() -> impl Strategy<Value = Topics> {
+    (0u8..16).prop_map(|b| Topics::from_bits(b).unwrap())
+}
+
+fn spec() -> impl Strategy<Value = PartitionSpec> {
+    (name(), list(device(), 6), list(any::<u32>(), 6), list(any::<u32>(), 6))
+        .prop_map(|(name, devices, uids, gids)| PartitionSpec { name, devices, uids, gids })
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let topo = || proptest::option::of(name()).prop_map(|node| TopologyRequest { node });
+    let query = prop_oneof![
+        any::<u64>().prop_map(TranslateQuery::Gfa),
+        (resource(), any::<u64>()).prop_map(|(resource, offset)| TranslateQuery::Resource { resource, offset }),
+    ];
+    let target = prop_oneof![
+        resource().prop_map(AllocTarget::Resource),
+        (device(), memory()).prop_map(|(device, memory)| AllocTarget::Device { device, memory }),
+        name().prop_map(AllocTarget::Set),
+    ];
+    let policy = (list(any::<u32>(), 8), list(any::<u32>(), 8), proptest::option::of(name()), access())
+        .prop_map(|(uids, gids, partition, access)| ExportPolicy { uids, gids, partition, access });
+    let source = prop_oneof![
+        any::<u64>().prop_map(RegisterSource::Region),
+        any::<u64>().prop_map(RegisterSource::Import),
+        Just(RegisterSource::Fd),
+    ];
+    let partitions = prop_oneof![
+        Just(PartitionsRequest::List),
+        spec().prop_map(PartitionsRequest::Set),
+        name().prop_map(|name| PartitionsRequest::Remove { name }),
+    ];
+    Union::new(vec![
+        (range(), name()).prop_map(|(versions, client)| Request::Hello(HelloRequest { versions, client })).boxed(),
+        Just(Request::Status(StatusRequest {})).boxed(),
+        topo().prop_map(Request::Topology).boxed(),
+        topo().prop_map(Request::Devices).boxed(),
+        topo().prop_map(Request::Map).boxed(),
+        list(query, 20).prop_map(|queries| Request::Translate(TranslateRequest { queries })).boxed(),
+        (target, any::<u64>(), any::<u64>())
+            .prop_map(|(target, size, align)| Request::Alloc(AllocRequest { target, size, align }))
+            .boxed(),
+        any::<u64>().prop_map(|region| Request::Free(FreeRequest { region })).boxed(),
+        (any::<u64>(), policy).prop_map(|(region, policy)| Request::Export(ExportRequest { region, policy })).boxed(),
+        handle().prop_map(|handle| Request::Revoke(RevokeRequest { handle })).boxed(),
+        (handle(), access()).prop_map(|(handle, access)| Request::Import(ImportRequest { handle, access })).boxed(),
+        any::<u64>().prop_map(|import| Request::Release(ReleaseRequest { import })).boxed(),
+        (device(), source, any::<u64>(), any::<u64>(), access())
+            .prop_map(|(device, source, offset, len, access)| {
+                Request::Register(RegisterRequest { device, source, offset, len, access })
+            })
+            .boxed(),
+        any::<u64>().prop_map(|registration| Request::Unregister(UnregisterRequest { registration })).boxed(),
+        partitions.prop_map(Request::Partitions).boxed(),
+        topics().prop_map(|topics| Request::Subscribe(SubscribeRequest { topics })).boxed(),
+    ])
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    let doc = || (name(), "\\PC{0,200}").prop_map(|(schema, json)| Document { schema, json });
+    let translation = prop_oneof![
+        (resource(), any::<u64>(), proptest::option::of(name()))
+            .prop_map(|(resource, offset, set)| Translation::Resource { resource, offset, set }),
+        any::<u64>().prop_map(Translation::Gfa),
+        Just(Translation::Unmapped),
+        device().prop_map(|owner| Translation::Hole { owner }),
+        Just(Translation::NotInPartition),
+        Just(Translation::UnknownResource),
+    ];
+    let problem = (
+        prop_oneof![
+            Just(ProblemKind::BackendMissing),
+            Just(ProblemKind::BackendFailed),
+            Just(ProblemKind::DeviceMissing),
+            Just(ProblemKind::DeviceFailed),
+            Just(ProblemKind::LinkDown),
+            Just(ProblemKind::LinkDegraded),
+            Just(ProblemKind::Other),
+        ],
+        device(),
+        text(),
+        proptest::option::of(any::<u16>()),
+    )
+        .prop_map(|(kind, subject, detail, bandwidth_permille)| Problem {
+            kind,
+            subject,
+            detail,
+            bandwidth_permille,
+        });
+    let status = (any::<(bool, u64, u32, u32, u32)>(), any::<(u64, u64, u64, u64, u64, u64, u64)>(), list(problem, 5))
+        .prop_map(|(a, b, problems)| StatusResponse {
+            ready: a.0,
+            uptime_s: a.1,
+            devices: a.2,
+            links: a.3,
+            sessions: a.4,
+            regions: b.0,
+            exports: b.1,
+            imports: b.2,
+            registrations: b.3,
+            allocated_bytes: b.4,
+            pinned_bytes: b.5,
+            map_generation: b.6,
+            problems,
+        });
+    Union::new(vec![
+        (version(), name(), any::<u64>(), any::<u32>(), any::<u8>())
+            .prop_map(|(version, server, session, max_request_body, max_fds)| {
+                Response::Hello(HelloResponse { version, server, session, max_request_body, max_fds })
+            })
+            .boxed(),
+        status.prop_map(Response::Status).boxed(),
+        doc().prop_map(Response::Topology).boxed(),
+        doc().prop_map(Response::Devices).boxed(),
+        doc().prop_map(Response::Map).boxed(),
+        list(translation, 20).prop_map(|results| Response::Translate(TranslateResponse { results })).boxed(),
+        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()))
+            .prop_map(|((region, generation, size, offset), gfa)| {
+                Response::Alloc(AllocResponse { region, generation, size, gfa, offset })
+            })
+            .boxed(),
+        Just(Response::Free).boxed(),
+        handle().prop_map(|handle| Response::Export(ExportResponse { handle })).boxed(),
+        Just(Response::Revoke).boxed(),
+        (any::<(u64, u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access())
+            .prop_map(|((import, region, generation, size, offset), gfa, access)| {
+                Response::Import(ImportResponse { import, region, generation, size, gfa, offset, access })
+            })
+            .boxed(),
+        Just(Response::Release).boxed(),
+        any::<(u64, u64)>()
+            .prop_map(|(registration, iova)| Response::Register(RegisterResponse { registration, iova }))
+            .boxed(),
+        Just(Response::Unregister).boxed(),
+        list(spec(), 4).prop_map(|partitions| Response::Partitions(PartitionsResponse { partitions })).boxed(),
+        topics().prop_map(|topics| Response::Subscribe(SubscribeResponse { topics })).boxed(),
+    ])
+}
+
+fn error_body() -> impl Strategy<Value = ErrorBody> {
+    let codes = [
+        ErrorCode::BadFrame,
+        ErrorCode::UnknownOpcode,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::NotNegotiated,
+        ErrorCode::BadRequest,
+        ErrorCode::PermissionDenied,
+        ErrorCode::AdminRequired,
+        ErrorCode::NotFound,
+        ErrorCode::InvalidHandle,
+        ErrorCode::Revoked,
+        ErrorCode::LimitExceeded,
+        ErrorCode::NoSpace,
+        ErrorCode::BadFds,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ];
+    let detail = proptest::option::of(prop_oneof![
+        (range(), range()).prop_map(|(offered, supported)| ErrorDetail::Versions { offered, supported }),
+        (name(), any::<(u64, u64, u64)>()).prop_map(|(what, (used, requested, max))| ErrorDetail::Limit {
+            what,
+            used,
+            requested,
+            max
+        }),
+    ]);
+    (proptest::sample::select(codes.to_vec()), text(), detail).prop_map(|(code, message, detail)| ErrorBody {
+        code,
+        message,
+        detail,
+    })
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let device_change = prop_oneof![
+        Just(DeviceChange::Added),
+        Just(DeviceChange::Removed),
+        Just(DeviceChange::Failed),
+        Just(DeviceChange::Recovered)
+    ];
+    let link_change = prop_oneof![
+        Just(LinkChange::Up),
+        Just(LinkChange::Down),
+        any::<u16>().prop_map(|bandwidth_permille| LinkChange::Degraded { bandwidth_permille }),
+    ];
+    let reason = prop_oneof![
+        Just(RevocationReason::Revoked),
+        Just(RevocationReason::Freed),
+        Just(RevocationReason::OwnerExited),
+        Just(RevocationReason::DeviceLost),
+    ];
+    prop_oneof![
+        (device(), device_change).prop_map(|(device, change)| Event::Device { device, change }),
+        (device(), device(), name(), link_change).prop_map(|(a, b, kind, change)| Event::Link { a, b, kind, change }),
+        any::<(u64, u32, u32, u32)>().prop_map(|(generation, added, holed, removed)| Event::Map(MapChange {
+            generation,
+            added,
+            holed,
+            removed
+        })),
+        (any::<(u64, u64, u64)>(), reason).prop_map(|((region, generation, import), reason)| {
+            Event::Revocation(Revocation { region, generation, import, reason })
+        }),
+    ]
+}
+
+/// A message with the header it travels under.
+fn framed() -> impl Strategy<Value = (Header, Message)> {
+    let msg = prop_oneof![
+        request().prop_map(Message::Request),
+        response().prop_map(Message::Response),
+        error_body().prop_map(Message::Error),
+        event().prop_map(Message::Event),
+    ];
+    (msg, any::<u64>(), any::<u8>(), proptest::sample::select(Opcode::ALL.to_vec())).prop_map(
+        |(msg, id, minor, any_op)| {
+            let opcode = msg.opcode().unwrap_or(any_op);
+            let header = Header {
+                version: Version::new(1, minor),
+                fd_count: msg.fds_required(),
+                ..Header::new(opcode, msg.kind(), id)
+            };
+            (header, msg)
+        },
+    )
+}
+
+fn encode(header: &Header, msg: &Message) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_message(header, msg, &mut out).unwrap();
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_message_round_trips_through_a_frame((header, msg) in framed()) {
+        let bytes = encode(&header, &msg);
+        let decoded = decode_header(&bytes).unwrap();
+        prop_assert_eq!(decoded, Header { body_len: (bytes.len() - HEADER_LEN) as u32, ..header });
+        prop_assert_eq!(decode_body(&decoded, &bytes[HEADER_LEN..]).unwrap(), msg);
+    }
+
+    #[test]
+    fn every_truncation_of_a_frame_is_an_error((header, msg) in framed()) {
+        let bytes = encode(&header, &msg);
+        for cut in 0..bytes.len() {
+            let prefix = &bytes[..cut];
+            let result = decode_header(prefix).map_err(|_| ()).and_then(|h| decode_body(&h, &prefix[HEADER_LEN..]).map_err(|_| ()));
+            prop_assert!(result.is_err(), "prefix of {cut} bytes decoded");
+        }
+        // The body alone: no proper prefix decodes as the same opcode and kind either.
+        let body = &bytes[HEADER_LEN..];
+        for cut in 0..body.len() {
+            let short = Header { body_len: cut as u32, ..decode_header(&bytes).unwrap() };
+            prop_assert!(decode_body(&short, &body[..cut]).is_err(), "body prefix of {cut} bytes decoded");
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused((header, msg) in framed(), extra in vec(any::<u8>(), 1..8)) {
+        let mut body = Vec::new();
+        encode_body(&msg, &mut body).unwrap();
+        body.extend_from_slice(&extra);
+        let h = Header { body_len: body.len() as u32, ..header };
+        let is_trailing = matches!(decode_body(&h, &body), Err(BodyError::TrailingBytes { .. }));
+        prop_assert!(is_trailing);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(bytes in vec(any::<u8>(), 0..600)) {
+        let _ = decode_header(&bytes);
+        for op in Opcode::ALL {
+            let _ = decode_request(op, &bytes);
+            let _ = decode_response(op, &bytes);
+            let _ = decode_error(op, &bytes);
+            let _ = decode_event(op, &bytes);
+        }
+    }
+
+    #[test]
+    fn random_bodies_under_a_valid_header_never_panic(
+        op in proptest::sample::select(Opcode::ALL.to_vec()),
+        kind in proptest::sample::select(FrameKind::ALL.to_vec()),
+        body in vec(any::<u8>(), 0..300),
+    ) {
+        let mut frame = Header { body_len: body.len() as u32, ..Header::new(op, kind, 1) }.to_raw();
+        frame.body_len = (body.len() as u32).into();
+        let mut bytes = zerocopy::IntoBytes::as_bytes(&frame).to_vec();
+        bytes.extend_from_slice(&body);
+        if let Ok(h) = decode_header(&bytes) {
+            let _ = decode_body(&h, &bytes[HEADER_LEN..]);
+        }
+    }
+
+    #[test]
+    fn mutated_frames_never_panic((header, msg) in framed(), flips in vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)) {
+        let mut bytes = encode(&header, &msg);
+        for (at, x) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] ^= x;
+        }
+        if let Ok(h) = decode_header(&bytes) {
+            let end = (HEADER_LEN + h.body_len as usize).min(bytes.len());
+            let _ = decode_body(&h, &bytes[HEADER_LEN..end]);
+        }
+    }
+}
+
+#[test]
+fn header_layout_is_pinned() {
+    let h = Header {
+        version: Version::new(1, 2),
+        opcode: Opcode::Import,
+        kind: FrameKind::Response,
+        request_id: 0x0102_0304_0506_0708,
+        body_len: 0,
+        fd_count: 1,
+    };
+    let mut out = Vec::new();
+    encode_frame(&h, &[0xee; 3], &mut out).unwrap();
+    #[rustfmt::skip]
+    let want: [u8; 35] = [
+        b'F', b'B', b'R', b'C',  // magic
+        1, 2,                    // major, minor
+        0x24, 0x00,              // opcode (Import)
+        0x09, 0x00,              // flags: RESPONSE | HAS_FDS
+        1, 0,                    // fd_count, reserved
+        3, 0, 0, 0,              // body_len
+        8, 7, 6, 5, 4, 3, 2, 1,  // request_id
+        0, 0, 0, 0, 0, 0, 0, 0,  // reserved
+        0xee, 0xee, 0xee,
+    ];
+    assert_eq!(out, want);
+    assert_eq!(HEADER_LEN, 32);
+    assert_eq!(size_of::<RawHeader>(), HEADER_LEN);
+    assert_eq!(decode_header(&out).unwrap(), Header { body_len: 3, ..h });
+}
+
+#[test]
+fn hello_body_encoding_is_pinned() {
+    let msg = Message::Request(Request::Hello(HelloRequest {
+        versions: VersionRange::new(Version::new(1, 0), Version::new(1, 3)),
+        client: Name::new("ctl").unwrap(),
+    }));
+    let mut body = Vec::new();
+    encode_body(&msg, &mut body).unwrap();
+    assert_eq!(body, [1, 0, 1, 3, 3, b'c', b't', b'l']);
+    let mut body = Vec::new();
+    encode_body(&Message::Request(Request::Free(FreeRequest { region: 300 })), &mut body).unwrap();
+    assert_eq!(body, [0xac, 0x02], "u64 fields are varints");
+}
+
+fn raw(opcode: u16, flags: u16, fd_count: u8, body_len: u32) -> RawHeader {
+    let mut r = Header::new(Opcode::Hello, FrameKind::Request, 9).to_raw();
+    r.opcode = opcode.into();
+    r.flags = flags.into();
+    r.fd_count = fd_count;
+    r.body_len = body_len.into();
+    r
+}
+
+fn bytes(r: &RawHeader) -> Vec<u8> {
+    zerocopy::IntoBytes::as_bytes(r).to_vec()
+}
+
+#[test]
+fn bad_headers_get_typed_errors() {
+    let ok = raw(0x0001, 0, 0, 10);
+    assert!(decode_header(&bytes(&ok)).is_ok());
+
+    let mut r = ok;
+    r.magic = *b"FBRD";
+    assert_eq!(decode_header(&bytes(&r)), Err(FrameError::BadMagic { found: *b"FBRD" }));
+
+    for major in [0, 2, 255] {
+        let mut r = ok;
+        r.major = major;
+        assert!(matches!(
+            decode_header(&bytes(&r)),
+            Err(FrameError::UnsupportedVersion { offered, .. }) if offered.major == major
+        ));
+    }
+    // Any minor of a known major is accepted: minors only add.
+    let mut r = ok;
+    r.minor = 200;
+    assert!(decode_header(&bytes(&r)).is_ok());
+
+    let mut r = ok;
+    r.reserved0 = 1;
+    assert_eq!(decode_header(&bytes(&r)), Err(FrameError::ReservedNotZero));
+    for i in 0..8 {
+        let mut r = ok;
+        r.reserved1[i] = 0x80;
+        assert_eq!(decode_header(&bytes(&r)), Err(FrameError::ReservedNotZero));
+    }
+
+    // Unknown bits, ERROR without RESPONSE, EVENT with RESPONSE, HAS_FDS disagreeing.
+    for (flags, fds) in [(0x10, 0), (0x8000, 0), (0x2, 0), (0x5, 0), (0x8, 0), (0x0, 1)] {
+        assert_eq!(decode_header(&bytes(&raw(1, flags, fds, 0))), Err(FrameError::BadFlags { flags, fd_count: fds }));
+    }
+
+    assert_eq!(
+        decode_header(&bytes(&raw(0x7777, 0, 0, 12))),
+        Err(FrameError::UnknownOpcode { code: 0x7777, request_id: 9, body_len: 12 })
+    );
+
+    // Hello requests carry no descriptors.
+    assert!(matches!(
+        decode_header(&bytes(&raw(0x0001, 0x8, 1, 0))),
+        Err(FrameError::TooManyFds { opcode: Opcode::Hello, count: 1, max: 0, .. })
+    ));
+    // An import response may carry one, not two.
+    assert!(decode_header(&bytes(&raw(0x0024, 0x9, 1, 0))).is_ok());
+    assert!(matches!(decode_header(&bytes(&raw(0x0024, 0x9, 2, 0))), Err(FrameError::TooManyFds { max: 1, .. })));
+    // Events only under Subscribe.
+    assert!(matches!(decode_header(&bytes(&raw(0x0001, 0x4, 0, 1))), Err(FrameError::BodyTooLarge { max: 0, .. })));
+    let h = decode_header(&bytes(&raw(0x0001, 0x4, 0, 0))).unwrap();
+    assert_eq!(decode_body(&h, &[]), Err(BodyError::NotAnEventOpcode { opcode: Opcode::Hello }));
+}
+
+#[test]
+fn every_body_limit_is_enforced_at_the_boundary() {
+    for op in Opcode::ALL {
+        for kind in FrameKind::ALL {
+            let max = op.max_body(kind);
+            assert!(max <= MAX_BODY);
+            if kind == FrameKind::Request {
+                assert!(max <= MAX_REQUEST_BODY, "{op}");
+            }
+            assert!(op.max_fds(kind) <= MAX_FDS);
+            let flags = [0u16, 0x1, 0x3, 0x4][FrameKind::ALL.iter().position(|k| *k == kind).unwrap()];
+            let at = decode_header(&bytes(&raw(op.code(), flags, 0, max))).unwrap();
+            assert_eq!((at.opcode, at.kind, at.body_len), (op, kind, max));
+            assert_eq!(
+                decode_header(&bytes(&raw(op.code(), flags, 0, max + 1))),
+                Err(FrameError::BodyTooLarge { opcode: op, kind, len: u64::from(max) + 1, max })
+            );
+            assert!(matches!(
+                decode_header(&bytes(&raw(op.code(), flags, 0, u32::MAX))),
+                Err(FrameError::BodyTooLarge { .. })
+            ));
+            // The encoder refuses what the decoder would.
+            let mut out = vec![7];
+            let big = vec![0u8; max as usize + 1];
+            assert!(matches!(
+                encode_frame(&Header::new(op, kind, 1), &big, &mut out),
+                Err(FrameError::BodyTooLarge { .. })
+            ));
+        }
+    }
+}
+
+#[test]
+fn over_long_fields_are_refused_on_both_sides() {
+    assert!(Name::new("x".repeat(64)).is_ok());
+    assert_eq!(Name::new("x".repeat(65)), Err(BoundedError::TooLong { len: 65, max: 64 }));
+    assert_eq!(Name::truncated(&"é".repeat(40)).len(), 64);
+    assert!(BoundedVec::<u32, 64>::new(vec![0; 65]).is_err());
+
+    // A hello whose client name is 65 bytes long, written by hand.
+    let mut body = vec![1, 0, 1, 0, 65];
+    body.extend(std::iter::repeat_n(b'a', 65));
+    assert!(matches!(decode_request(Opcode::Hello, &body), Err(BodyError::Decode { .. })));
+    body[4] = 64;
+    body.pop();
+    assert!(decode_request(Opcode::Hello, &body).is_ok());
+
+    // A translate request announcing 1,025 queries, all present.
+    let mut body = vec![0x81, 0x08];
+    body.extend(std::iter::repeat_n([0u8, 0], 1025).flatten());
+    assert!(matches!(decode_request(Opcode::Translate, &body), Err(BodyError::Decode { .. })));
+    // 1,024 is fine.
+    let mut body = vec![0x80, 0x08];
+    body.extend(std::iter::repeat_n([0u8, 0], 1024).flatten());
+    let Ok(Request::Translate(t)) = decode_request(Opcode::Translate, &body) else { panic!("1024 queries refused") };
+    assert_eq!(t.queries.len(), 1024);
+
+    // Unknown topic bits.
+    assert!(decode_request(Opcode::Subscribe, &[0x10]).is_err());
+    assert!(decode_request(Opcode::Subscribe, &[0x0f]).is_ok());
+}
+
+#[test]
+fn encode_message_checks_header_against_message() {
+    let msg = Message::Request(Request::Free(FreeRequest { region: 1 }));
+    let mut out = vec![1, 2, 3];
+    let wrong_op = Header::new(Opcode::Alloc, FrameKind::Request, 1);
+    assert!(matches!(encode_message(&wrong_op, &msg, &mut out), Err(BodyError::HeaderMismatch { .. })));
+    let wrong_kind = Header::new(Opcode::Free, FrameKind::Response, 1);
+    assert!(matches!(encode_message(&wrong_kind, &msg, &mut out), Err(BodyError::HeaderMismatch { .. })));
+    assert_eq!(out, [1, 2, 3], "nothing appended on error");
+}
