@@ -2,7 +2,7 @@
 # The one test command: installs what the tiers need (as root on Debian), then runs every
 # tier that exists. CI (.ci/run) calls exactly this.
 #
-#   tier 0  format and lints
+#   tier 0  format, lints and API docs
 #   tier 1  unit, property, fixture and golden tests   (cargo nextest, all crates)
 #   tier 2  integration tests with the real binaries    (part of the nextest run)
 #   tier 3  QEMU guests: not yet built (the qemu-tests issue); docs/testing.md says so
@@ -16,9 +16,10 @@ step "dependencies"
 scripts/deps.sh
 export FABRIC_INSTALL_DEPS=1
 
-step "tier 0: rustfmt and clippy"
+step "tier 0: rustfmt, clippy and rustdoc"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "tiers 1-2: unit, fixture, golden and integration tests"
 cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test
