@@ -62,7 +62,8 @@ fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match config.log.format {
         LogFormat::Text => b.try_init(),
         LogFormat::Json => b.json().try_init(),
@@ -157,7 +158,6 @@ async fn serve(config: Config) -> ExitCode {
         return ExitCode::from(EXIT_START);
     }
     let status = ops::status(&daemon);
-    notify::notify_logged(&format!("READY=1\nSTATUS=serving {} devices", status.devices));
     tracing::info!(
         socket = %path.display(),
         devices = status.devices,
@@ -165,6 +165,7 @@ async fn serve(config: Config) -> ExitCode {
         problems = status.problems.len(),
         "ready"
     );
+    notify::notify_logged(&format!("READY=1\nSTATUS=serving {} devices", status.devices));
     let r = fabricd::run(listener, daemon, shutdown).await;
     let _ = std::fs::remove_file(&path);
     match r {
