@@ -132,7 +132,7 @@ pub fn state_path(explicit: Option<&Path>, source: &Source) -> Result<PathBuf, M
     Ok(dir.join(name))
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // The effective uid without libc: /proc/self/status "Uid: real effective ...".
     std::fs::read_to_string("/proc/self/status")
         .ok()
