@@ -94,3 +94,16 @@ fn sigterm_stops_cleanly_and_a_stale_socket_is_replaced() {
     let log = d.log();
     assert!(log.contains("SIGTERM") && log.contains("stopped"), "{log}");
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let s = common::Setup::new("");
+    let mut text = std::fs::read_to_string(&s.config).unwrap();
+    text.push_str("[log]\nformat = \"json\"\n");
+    std::fs::write(&s.config, text).unwrap();
+    let d = common::start(&s.config, s.dir.path());
+    let log = d.log();
+    let lines: Vec<serde_json::Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"))).collect();
+    assert!(lines.iter().any(|v| v["fields"]["message"] == "ready"), "{log}");
+}
