@@ -21,6 +21,7 @@ pub mod partition;
 pub mod persist;
 pub mod snapshot;
 pub mod state;
+pub mod sync;
 mod sys;
 
 pub use config::{DeviceOverride, GIB, MapConfig, NodeOverride, NodeSpan, TIB};
@@ -32,3 +33,4 @@ pub use partition::PartitionView;
 pub use persist::{DecodeError, PersistError, decode_state, encode_state};
 pub use snapshot::{HoleOwner, Location, ResourceRef, SetRef, Snapshot, TranslateError};
 pub use state::{FABRIC_NODE, InterleaveSet, NodeSlot, Partition, Placement, Presence, ResourceKey, State};
+pub use sync::{RegionSet, Synced, open_synced, region_sets};

@@ -29,6 +29,20 @@ pub enum Command {
     Map(MapArgs),
     /// Run a benchmark against its baseline, measured in the same run.
     Bench(BenchArgs),
+    /// Ask a running fabricd how it is: what is missing or degraded, and why.
+    Status(StatusArgs),
+}
+
+/// `fabricctl status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table)]
+    pub output: ListFormat,
+    /// The daemon's socket (default: $FABRIC_SOCKET, /run/fabric/fabricd.sock for root,
+    /// else $XDG_RUNTIME_DIR/fabric/fabricd.sock).
+    #[arg(long, value_name = "SOCKET")]
+    pub daemon: Option<PathBuf>,
 }
 
 /// `fabricctl map`.
@@ -177,6 +191,11 @@ pub struct SourceArgs {
     /// Load a simulated fabric from a TOML file.
     #[arg(long, value_name = "FILE", global = true)]
     pub sim: Option<PathBuf>,
+    /// Ask a running fabricd instead of discovering (topology and devices, `-o json`
+    /// only for now). SOCKET defaults to $FABRIC_SOCKET, /run/fabric/fabricd.sock for
+    /// root, else $XDG_RUNTIME_DIR/fabric/fabricd.sock.
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, conflicts_with_all = ["sim", "sysfs_root"], global = true)]
+    pub daemon: Option<Option<PathBuf>>,
     /// Restrict the output to one node (nccl-xml: the node to export; default the first).
     #[arg(long, value_name = "NAME", global = true)]
     pub node: Option<String>,

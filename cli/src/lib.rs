@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod daemon;
 pub mod map;
 pub mod render;
 pub mod source;
@@ -19,6 +20,7 @@ use fabric_topology::PathError;
 
 use crate::args::{BenchCommand, Cli, Command, ListFormat, SourceArgs, TopologyFormat};
 use crate::bench::BenchError;
+use crate::daemon::DaemonError;
 use crate::map::MapCmdError;
 use crate::source::{Source, SourceError};
 use crate::view::{View, ViewError};
@@ -60,9 +62,44 @@ pub fn load_view(args: &SourceArgs) -> anyhow::Result<View> {
     Ok(View::new(fabric, args.node.clone())?)
 }
 
+/// Prints the daemon's topology or devices document.
+fn daemon_document(source: &SourceArgs, devices: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let socket = source.daemon.as_ref().and_then(|s| s.as_deref());
+    let json = daemon::Client::connect(socket)?.document(devices, source.node.as_deref())?;
+    writeln!(out, "{json}").map_err(RunError::Output)?;
+    Ok(())
+}
+
 /// Runs a parsed command line, writing its output to `out`.
 pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match &cli.command {
+        Command::Topology(a) if a.source.daemon.is_some() => {
+            if a.output != TopologyFormat::Json {
+                let name = match a.output {
+                    TopologyFormat::Table => "table",
+                    TopologyFormat::Tree => "tree",
+                    TopologyFormat::Dot => "dot",
+                    TopologyFormat::NcclXml => "nccl-xml",
+                    TopologyFormat::Json => "json",
+                };
+                return Err(DaemonError::FormatUnavailable(name).into());
+            }
+            daemon_document(&a.source, false, out)?;
+        }
+        Command::Devices(a) if a.source.daemon.is_some() => {
+            if a.output != ListFormat::Json {
+                return Err(DaemonError::FormatUnavailable("table").into());
+            }
+            daemon_document(&a.source, true, out)?;
+        }
+        Command::Path(a) if a.source.daemon.is_some() => return Err(DaemonError::CommandUnavailable("path").into()),
+        Command::Map(m) if m.source.daemon.is_some() => return Err(DaemonError::CommandUnavailable("map").into()),
+        Command::Status(s) => {
+            let mut client = daemon::Client::connect(s.daemon.as_deref())?;
+            let status = client.status()?;
+            let doc = daemon::status_doc(client.path(), &status);
+            daemon::render_status(&doc, s.output, out).map_err(RunError::Output)?;
+        }
         Command::Topology(a) => {
             let view = load_view(&a.source)?;
             let r = match a.output {
@@ -133,6 +170,8 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         } else if let Some(e) = e.downcast_ref::<BenchError>() {
             e.hint()
         } else if let Some(e) = e.downcast_ref::<MapCmdError>() {
+            e.hint()
+        } else if let Some(e) = e.downcast_ref::<DaemonError>() {
             e.hint()
         } else {
             None

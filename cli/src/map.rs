@@ -10,9 +10,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use fabric_addrmap::{
-    AddressMap, Change, GcFilter, Location, MapConfig, MapError, RebuildFrom, ResourceKey, Snapshot, TranslateError,
+    AddressMap, Change, GcFilter, Location, MapConfig, MapError, RebuildFrom, Snapshot, TranslateError,
 };
-use fabric_topology::cxl::CxlMode;
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 use serde::Serialize;
 
@@ -133,37 +132,12 @@ pub fn state_path(explicit: Option<&Path>, source: &Source) -> Result<PathBuf, M
     Ok(dir.join(name))
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // The effective uid without libc: /proc/self/status "Uid: real effective ...".
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).map(|v| v.split_whitespace().nth(1) == Some("0")))
         .unwrap_or(false)
-}
-
-/// The interleave sets the inventory's CXL regions call for: name, ways, granularity,
-/// members in position order, bytes per member.
-fn region_sets(inv: &Inventory) -> Vec<(String, u32, u64, Vec<ResourceKey>, u64)> {
-    let mut sets = Vec::new();
-    for r in &inv.cxl.regions {
-        let (Some(ways), Some(gran), Some(size)) = (r.ways, r.granularity, r.size) else { continue };
-        if r.targets.is_empty() || r.targets.len() != ways as usize || ways == 0 || size % u64::from(ways) != 0 {
-            continue;
-        }
-        let kind = match r.mode {
-            Some(CxlMode::Pmem) => MemoryKind::CxlPersistent,
-            Some(CxlMode::DynamicRam) => MemoryKind::CxlDynamic,
-            _ => MemoryKind::CxlVolatile,
-        };
-        let name = match (&r.uuid, r.resource) {
-            (Some(u), _) => format!("cxl-region:{u}"),
-            (None, Some(hpa)) => format!("cxl-region:hpa-{hpa:#x}"),
-            (None, None) => continue,
-        };
-        let members = r.targets.iter().map(|d| ResourceKey::new(d.clone(), kind, 0)).collect();
-        sets.push((name, ways, u64::from(gran), members, size / u64::from(ways)));
-    }
-    sets
 }
 
 /// Opens the map for an inventory, brings it up to date and saves it if it changed.
@@ -175,32 +149,9 @@ pub fn open(
     path: &Path,
     config: Option<&MapConfig>,
 ) -> Result<(AddressMap, Change, Vec<String>), MapCmdError> {
-    let err = |source| MapCmdError::State { path: path.to_owned(), source };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            err(MapError::Persist(fabric_addrmap::PersistError::Write { path: dir.to_owned(), source: e }))
-        })?;
-    }
-    let mut map = AddressMap::open(path, config.cloned().unwrap_or_default()).map_err(err)?;
-    let before = map.generation();
-    if let Some(c) = config {
-        map.set_config(c.clone()).map_err(err)?;
-    }
-    let change = map.update(inv).map_err(err)?;
-    let mut skipped = Vec::new();
-    for (name, ways, gran, members, member_size) in region_sets(inv) {
-        if map.state().interleaves.iter().any(|s| s.name == name) {
-            continue;
-        }
-        if let Err(e) = map.add_interleave(&name, ways, gran, &members, Some(member_size)) {
-            tracing::warn!(set = %name, error = %e, "CXL region not mapped as an interleave set");
-            skipped.push(format!("{name}: {e}"));
-        }
-    }
-    if map.generation() != before || !path.exists() {
-        map.save(path).map_err(err)?;
-    }
-    Ok((map, change, skipped))
+    let s = fabric_addrmap::open_synced(inv, path, config)
+        .map_err(|source| MapCmdError::State { path: path.to_owned(), source })?;
+    Ok((s.map, s.change, s.skipped))
 }
 
 /// Parses `0x…` hex or decimal.

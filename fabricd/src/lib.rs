@@ -1,15 +1,28 @@
 //! `fabricd`, the privileged fabric daemon: discovery, the global address map, memory
 //! brokering, authorization and the journal.
 //!
-//! Built so far, as groundwork for the daemon issue:
+//! What this crate serves today (`docs/fabricd.md` is exact about it):
 //! - [`config`]: the configuration, documented key by key in `configs/fabricd.toml`;
-//! - [`journal`]: the durable journal — append-only, checksummed segments, fsync before
-//!   acknowledging, compaction, crash recovery (`docs/journal.md`).
+//! - [`daemon`]: start-up — discovery, the fabric, the address map in the state dir and
+//!   the journal's lock — and the state every connection shares;
+//! - [`server`]: the Unix socket server ([`run`]): hello negotiation, then status,
+//!   topology, devices, map, translate and partitions ([`ops`]), every refusal a typed
+//!   error and a log line;
+//! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
+//! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
-//! The socket server, sessions, memory brokering and monitoring arrive with the rest of the
-//! daemon issue; until then there is no `fabricd` binary, and `fabricctl` reads discovery
-//! and the address map directly.
+//! Memory brokering (alloc, export, import, register), events and monitoring are not
+//! served yet: those operations answer `NotImplemented`.
 
+pub mod auth;
 pub mod config;
+pub mod daemon;
 pub mod journal;
+pub mod notify;
+pub mod ops;
+pub mod server;
+pub mod socket;
 mod sys;
+
+pub use daemon::{Daemon, StartError};
+pub use server::{ServeError, run};

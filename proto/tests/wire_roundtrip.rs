@@ -219,6 +219,7 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
         ErrorCode::BadFds,
         ErrorCode::Unavailable,
         ErrorCode::Internal,
+        ErrorCode::NotImplemented,
     ];
     let detail = proptest::option::of(prop_oneof![
         (range(), range()).prop_map(|(offered, supported)| ErrorDetail::Versions { offered, supported }),

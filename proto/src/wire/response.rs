@@ -304,6 +304,9 @@ pub enum ErrorCode {
     Unavailable,
     /// A bug or an I/O failure in the server.
     Internal,
+    /// The operation is valid but this daemon does not implement it yet (added in 1.0,
+    /// appended so that every earlier code keeps its number).
+    NotImplemented,
 }
 
 /// Machine-readable detail of some errors.

@@ -1,0 +1,238 @@
+//! fabricctl as a client of fabricd: the socket to use, the documents it serves, and
+//! `fabricctl status`.
+
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fabric_proto::wire::{
+    CodecError, Connection, Name, ProblemKind, Request, Response, SUPPORTED_VERSIONS, StatusRequest, StatusResponse,
+    TopologyRequest,
+};
+use serde::Serialize;
+
+use crate::args::ListFormat;
+
+/// Errors talking to the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// No socket path could be chosen.
+    #[error("no fabricd socket: set FABRIC_SOCKET or XDG_RUNTIME_DIR, or pass --daemon SOCKET")]
+    NoSocket,
+    /// Nothing listens on the socket.
+    #[error("no fabricd is listening on {path}")]
+    NotRunning {
+        /// The socket tried.
+        path: PathBuf,
+        /// Why the connection failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The exchange failed or the daemon refused.
+    #[error("fabricd at {path}")]
+    Call {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: CodecError,
+    },
+    /// The daemon answered with something else than asked.
+    #[error("fabricd at {0} answered with an unexpected response")]
+    Unexpected(PathBuf),
+    /// The output format needs the fabric model, which the daemon does not send.
+    #[error("-o {0} is not available with --daemon yet; use -o json")]
+    FormatUnavailable(&'static str),
+    /// The command does not use the daemon yet.
+    #[error("fabricctl {0} does not use the daemon yet; drop --daemon (it reads discovery and the map directly)")]
+    CommandUnavailable(&'static str),
+}
+
+impl DaemonError {
+    /// How to fix it.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            DaemonError::NotRunning { .. } => Some(
+                "start fabricd (`fabricd --config configs/fabricd.toml`, or `systemctl start fabricd`), \
+                 or pass the socket it serves with --daemon SOCKET",
+            ),
+            DaemonError::NoSocket => Some("pass --daemon SOCKET"),
+            DaemonError::FormatUnavailable(_) => {
+                Some("the daemon sends JSON documents; table, tree, dot and nccl-xml still need --sim or --sysfs-root")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The socket to use: the one given, else `$FABRIC_SOCKET`, else `/run/fabric/fabricd.sock`
+/// for root, else `$XDG_RUNTIME_DIR/fabric/fabricd.sock` — the daemon's own defaults.
+pub fn socket_path(explicit: Option<&Path>) -> Result<PathBuf, DaemonError> {
+    if let Some(p) = explicit {
+        return Ok(p.to_owned());
+    }
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(p) = var("FABRIC_SOCKET") {
+        return Ok(p);
+    }
+    if crate::map::is_root() {
+        return Ok(PathBuf::from("/run/fabric/fabricd.sock"));
+    }
+    var("XDG_RUNTIME_DIR").map(|d| d.join("fabric/fabricd.sock")).ok_or(DaemonError::NoSocket)
+}
+
+/// A negotiated connection to the daemon.
+#[derive(Debug)]
+pub struct Client {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Client {
+    /// Connects and says hello.
+    pub fn connect(explicit: Option<&Path>) -> Result<Self, DaemonError> {
+        let path = socket_path(explicit)?;
+        let stream =
+            UnixStream::connect(&path).map_err(|source| DaemonError::NotRunning { path: path.clone(), source })?;
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+        let mut conn = Connection::new(stream);
+        conn.hello("fabricctl", SUPPORTED_VERSIONS)
+            .map_err(|source| DaemonError::Call { path: path.clone(), source })?;
+        tracing::debug!(socket = %path.display(), version = %conn.version(), "connected to fabricd");
+        Ok(Self { conn, path })
+    }
+
+    /// Sends a request and returns the response.
+    pub fn call(&mut self, req: Request) -> Result<Response, DaemonError> {
+        self.conn.call(req, &[]).map(|(r, _)| r).map_err(|source| DaemonError::Call { path: self.path.clone(), source })
+    }
+
+    /// The topology (`devices: false`) or devices document, as JSON text.
+    pub fn document(&mut self, devices: bool, node: Option<&str>) -> Result<String, DaemonError> {
+        let t = TopologyRequest { node: node.map(Name::truncated) };
+        match (devices, self.call(if devices { Request::Devices(t) } else { Request::Topology(t) })?) {
+            (false, Response::Topology(d)) | (true, Response::Devices(d)) => Ok(d.json),
+            _ => Err(DaemonError::Unexpected(self.path.clone())),
+        }
+    }
+
+    /// The daemon's status.
+    pub fn status(&mut self) -> Result<StatusResponse, DaemonError> {
+        match self.call(Request::Status(StatusRequest {}))? {
+            Response::Status(s) => Ok(s),
+            _ => Err(DaemonError::Unexpected(self.path.clone())),
+        }
+    }
+
+    /// The socket in use.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `fabric.status/v1`: what `fabricctl status -o json` prints.
+#[derive(Debug, Serialize)]
+pub struct StatusDoc {
+    /// Schema.
+    pub schema: &'static str,
+    /// The socket asked.
+    pub socket: String,
+    /// Serving normally.
+    pub ready: bool,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// Devices known.
+    pub devices: u32,
+    /// Links known.
+    pub links: u32,
+    /// Connected sessions (this one included).
+    pub sessions: u32,
+    /// Address map generation.
+    pub map_generation: u64,
+    /// What is missing or degraded and why.
+    pub problems: Vec<ProblemDoc>,
+}
+
+/// One problem.
+#[derive(Debug, Serialize)]
+pub struct ProblemDoc {
+    /// `backend_missing`, `backend_failed`, `device_missing`, `device_failed`, `link_down`,
+    /// `link_degraded` or `other`.
+    pub kind: &'static str,
+    /// The backend, device or link (`A<->B`).
+    pub subject: String,
+    /// Why.
+    pub detail: String,
+    /// Fraction of the link's bandwidth left (0 to 1), for links.
+    pub bandwidth_fraction: Option<f64>,
+}
+
+fn kind_name(k: ProblemKind) -> &'static str {
+    match k {
+        ProblemKind::BackendMissing => "backend_missing",
+        ProblemKind::BackendFailed => "backend_failed",
+        ProblemKind::DeviceMissing => "device_missing",
+        ProblemKind::DeviceFailed => "device_failed",
+        ProblemKind::LinkDown => "link_down",
+        ProblemKind::LinkDegraded => "link_degraded",
+        ProblemKind::Other => "other",
+    }
+}
+
+/// The status document.
+pub fn status_doc(socket: &Path, s: &StatusResponse) -> StatusDoc {
+    StatusDoc {
+        schema: "fabric.status/v1",
+        socket: socket.display().to_string(),
+        ready: s.ready,
+        uptime_s: s.uptime_s,
+        devices: s.devices,
+        links: s.links,
+        sessions: s.sessions,
+        map_generation: s.map_generation,
+        problems: s
+            .problems
+            .iter()
+            .map(|p| ProblemDoc {
+                kind: kind_name(p.kind),
+                subject: p.subject.to_string(),
+                detail: p.detail.to_string(),
+                bandwidth_fraction: p.bandwidth_permille.map(|m| f64::from(m) / 1000.0),
+            })
+            .collect(),
+    }
+}
+
+/// Writes the status as a table or JSON.
+pub fn render_status(doc: &StatusDoc, format: ListFormat, out: &mut dyn Write) -> io::Result<()> {
+    if format == ListFormat::Json {
+        serde_json::to_writer_pretty(&mut *out, doc).map_err(io::Error::other)?;
+        return writeln!(out);
+    }
+    let state = if doc.ready { "serving" } else { "not ready" };
+    writeln!(out, "fabricd at {}: {state} (up {} s, {} sessions)", doc.socket, doc.uptime_s, doc.sessions)?;
+    writeln!(out, "devices {}, links {}, address map generation {}", doc.devices, doc.links, doc.map_generation)?;
+    if doc.problems.is_empty() {
+        return writeln!(out, "no problems: every backend present, every link up");
+    }
+    writeln!(out, "problems ({}):", doc.problems.len())?;
+    for p in &doc.problems {
+        let what = match p.kind {
+            "backend_missing" => format!("backend {} not present: {}", p.subject, p.detail),
+            "backend_failed" => format!("backend {} failed: {}", p.subject, p.detail),
+            "link_down" => format!("link {} down: {}", p.subject, p.detail),
+            "link_degraded" => match p.bandwidth_fraction {
+                Some(f) => {
+                    format!("link {} degraded: {:.1}% of its bandwidth left ({})", p.subject, f * 100.0, p.detail)
+                }
+                None => format!("link {} degraded: {}", p.subject, p.detail),
+            },
+            "device_missing" => format!("device {} missing: {}", p.subject, p.detail),
+            "device_failed" => format!("device {} failed: {}", p.subject, p.detail),
+            _ => format!("{}: {}", p.subject, p.detail),
+        };
+        writeln!(out, "  {what}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! The daemon's state: the discovered fabric, the address map and the journal lock, built
+//! once at start; and the discovery the configuration selects.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use fabric_addrmap::{AddressMap, MapError};
+use fabric_drivers::SysfsRoot;
+use fabric_proto::MatrixLabels;
+use fabric_proto::order::device_order;
+use fabric_topology::inventory::InventoryError;
+use fabric_topology::{BackendReport, BackendState, DeviceIdx, Fabric, Inventory};
+
+use crate::config::{BackendName, Config, ConfigError, Environment};
+use crate::journal::{Journal, JournalError, JournalOptions};
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A default path could not be chosen.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// More than one sim fabric is configured.
+    #[error("discovery.sim lists {0} files; this fabricd serves one sim fabric")]
+    ManySims(usize),
+    /// The sim fabric could not be loaded.
+    #[error("loading sim fabric {path}")]
+    Sim {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: fabric_drivers::sim::SimError,
+    },
+    /// Discovery produced an inconsistent inventory.
+    #[error("indexing the discovered inventory")]
+    Index(#[source] InventoryError),
+    /// The address map state could not be opened, updated or saved.
+    #[error("address map state {path}")]
+    Map {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: MapError,
+    },
+    /// The journal could not be opened (another daemon holds its lock, or damage).
+    #[error("journal in {path}")]
+    Journal {
+        /// The journal directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: JournalError,
+    },
+    /// The admin group does not exist.
+    #[error("socket.admin_group {0:?} is not a group on this system")]
+    UnknownAdminGroup(String),
+}
+
+/// Runs the discovery the configuration selects: the sim fabric when one is configured,
+/// else the configured host backends under `discovery.sysfs_root`, in their order.
+/// Backends left out of the configuration are reported as not present.
+pub fn discover(config: &Config) -> Result<Inventory, StartError> {
+    match config.discovery.sim.as_slice() {
+        [] => {}
+        [path] => {
+            tracing::info!(file = %path.display(), "loading sim fabric");
+            return fabric_drivers::sim::load(path).map_err(|source| StartError::Sim { path: path.clone(), source });
+        }
+        many => return Err(StartError::ManySims(many.len())),
+    }
+    let root = SysfsRoot::with_hostname(&config.discovery.sysfs_root);
+    tracing::info!(root = %root.root().display(), node = root.node(), "discovering host");
+    let all = fabric_drivers::host_backends(&root);
+    let mut chosen: Vec<&dyn fabric_drivers::Backend> = Vec::new();
+    for want in &config.discovery.backends {
+        if let Some(b) = all.iter().find(|b| b.name() == backend_name(*want)) {
+            chosen.push(b.as_ref());
+        }
+    }
+    let mut inv = fabric_drivers::discover(&chosen);
+    for b in &all {
+        if !chosen.iter().any(|c| c.name() == b.name()) {
+            inv.backends.push(BackendReport::not_present(b.name(), "disabled by discovery.backends"));
+        }
+    }
+    Ok(inv)
+}
+
+fn backend_name(b: BackendName) -> &'static str {
+    match b {
+        BackendName::Pci => "pci",
+        BackendName::Cxl => "cxl",
+        BackendName::Ualink => "ualink",
+        BackendName::Nvml => "nvml",
+        BackendName::Cuda => "cuda",
+    }
+}
+
+/// One line per backend: `name: present (N devices)` / `not present: reason` / `failed`.
+pub fn backend_line(r: &BackendReport) -> String {
+    match &r.state {
+        BackendState::Present => format!("{}: present ({} devices)", r.backend, r.devices),
+        BackendState::NotPresent(why) => format!("{}: not present: {why}", r.backend),
+        BackendState::Failed(why) => format!("{}: failed: {why}", r.backend),
+    }
+}
+
+/// The running daemon's state, shared by every connection.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The configuration it started with.
+    pub config: Config,
+    /// The socket it serves.
+    pub socket_path: PathBuf,
+    /// Its state directory.
+    pub state_dir: PathBuf,
+    /// The fabric discovered at start.
+    pub fabric: Fabric,
+    /// Devices in the stable order.
+    pub order: Vec<DeviceIdx>,
+    /// Matrix labels over the fabric.
+    pub labels: MatrixLabels,
+    /// Node names.
+    pub nodes: Vec<String>,
+    map: Mutex<AddressMap>,
+    map_path: PathBuf,
+    _journal: Journal,
+    started: Instant,
+    sessions: AtomicU32,
+    next_session: AtomicU64,
+    /// Gid of `socket.admin_group`, resolved at start.
+    pub admin_gid: Option<u32>,
+}
+
+impl Daemon {
+    /// Starts with the defaults for the current user: [`Daemon::start_in`].
+    pub fn start(config: Config) -> Result<Self, StartError> {
+        Self::start_in(config, &Environment::current())
+    }
+
+    /// Discovery, the fabric, the address map (`map.state` in the state dir, opened,
+    /// brought up to date and saved) and the journal (its lock keeps a second daemon off
+    /// the same state dir).
+    pub fn start_in(config: Config, env: &Environment) -> Result<Self, StartError> {
+        let socket_path = config.socket_path(env)?;
+        let state_dir = config.state_dir(env)?;
+        let admin_gid = match &config.socket.admin_group {
+            Some(name) => Some(match nix::unistd::Group::from_name(name) {
+                Ok(Some(g)) => g.gid.as_raw(),
+                _ => return Err(StartError::UnknownAdminGroup(name.clone())),
+            }),
+            None => None,
+        };
+        let journal_dir = state_dir.join("journal");
+        let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
+            .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
+        tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
+        let inv = discover(&config)?;
+        for r in &inv.backends {
+            tracing::info!(backend = %r.backend, "{}", backend_line(r));
+        }
+        let map_path = state_dir.join("map.state");
+        let synced = fabric_addrmap::open_synced(&inv, &map_path, Some(&config.map))
+            .map_err(|source| StartError::Map { path: map_path.clone(), source })?;
+        let fabric = Fabric::build(inv).map_err(StartError::Index)?;
+        let order = device_order(&fabric);
+        let labels = MatrixLabels::from_order(&fabric, &order);
+        let nodes = fabric_proto::order::sorted_nodes(&fabric);
+        tracing::info!(
+            devices = fabric.inventory().devices.len(),
+            links = fabric.inventory().links.len(),
+            map_generation = synced.map.generation(),
+            "fabric loaded"
+        );
+        Ok(Self {
+            config,
+            socket_path,
+            state_dir,
+            fabric,
+            order,
+            labels,
+            nodes,
+            map: Mutex::new(synced.map),
+            map_path,
+            _journal: journal,
+            started: Instant::now(),
+            sessions: AtomicU32::new(0),
+            next_session: AtomicU64::new(1),
+            admin_gid,
+        })
+    }
+
+    /// The address map (a poisoned lock is recovered: the map is only changed through
+    /// methods that leave it consistent).
+    pub fn map(&self) -> MutexGuard<'_, AddressMap> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Saves the map after a change.
+    pub fn save_map(&self, map: &AddressMap) -> Result<(), MapError> {
+        map.save(&self.map_path)
+    }
+
+    /// Seconds since start.
+    pub fn uptime_s(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Connected sessions.
+    pub fn sessions(&self) -> u32 {
+        self.sessions.load(Ordering::Relaxed)
+    }
+
+    /// Registers a new session; the guard unregisters it.
+    pub fn open_session(&self) -> SessionGuard<'_> {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+        SessionGuard { daemon: self, id: self.next_session.fetch_add(1, Ordering::Relaxed) }
+    }
+}
+
+/// A connected session; dropping it unregisters it.
+#[derive(Debug)]
+pub struct SessionGuard<'a> {
+    daemon: &'a Daemon,
+    /// The session id.
+    pub id: u64,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.daemon.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}

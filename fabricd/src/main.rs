@@ -1,0 +1,197 @@
+//! The `fabricd` binary: parses arguments, installs logging, starts the daemon, serves
+//! until SIGTERM/SIGINT. Exit codes: 0 clean stop (or `--check` passed), 2 usage,
+//! 3 configuration invalid, 4 start-up failed (state dir, lock, discovery, socket),
+//! 1 anything else at run time.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use fabricd::config::{Config, Environment, LogFormat};
+use fabricd::daemon::{backend_line, discover};
+use fabricd::{Daemon, notify, ops, socket};
+use tokio_util::sync::CancellationToken;
+
+/// fabricd: the fabric daemon.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Configuration file (configs/fabricd.toml documents every key); default: built-in
+    /// defaults.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Check the configuration and run discovery, print a summary and exit (0: fine).
+    #[arg(long)]
+    check: bool,
+}
+
+const EXIT_RUNTIME: u8 = 1;
+const EXIT_CONFIG: u8 = 3;
+const EXIT_START: u8 = 4;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match &args.config {
+        Some(p) => Config::load(p),
+        None => Ok(Config::default()),
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "fabricd: configuration error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    init_logging(&config);
+    if args.check {
+        return check(&config, args.config.as_deref());
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    rt.block_on(serve(config))
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let _ = match config.log.format {
+        LogFormat::Text => b.try_init(),
+        LogFormat::Json => b.json().try_init(),
+    };
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn check(config: &Config, path: Option<&std::path::Path>) -> ExitCode {
+    let env = Environment::current();
+    let mut out = std::io::stdout().lock();
+    let file = path.map_or_else(|| "(built-in defaults)".to_owned(), |p| p.display().to_string());
+    let paths = config.socket_path(&env).and_then(|s| Ok((s, config.state_dir(&env)?)));
+    let (sock, state) = match paths {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "fabricd: configuration error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let inv = match discover(config) {
+        Ok(inv) => inv,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "fabricd: discovery failed: {}", error_chain(&e));
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let _ = writeln!(out, "configuration {file}: ok");
+    let _ = writeln!(out, "socket {}", sock.display());
+    let _ = writeln!(out, "state dir {}", state.display());
+    for r in &inv.backends {
+        let _ = writeln!(out, "backend {}", backend_line(r));
+    }
+    let degraded = inv.links.iter().filter(|l| l.state != fabric_topology::LinkState::Up).count();
+    let _ = writeln!(
+        out,
+        "discovered {} devices, {} links ({degraded} down or degraded)",
+        inv.devices.len(),
+        inv.links.len()
+    );
+    if let Err(e) = fabric_topology::Fabric::build(inv) {
+        let _ = writeln!(std::io::stderr(), "fabricd: discovered inventory is inconsistent: {}", error_chain(&e));
+        return ExitCode::from(EXIT_START);
+    }
+    let _ = writeln!(out, "check passed");
+    ExitCode::SUCCESS
+}
+
+async fn serve(config: Config) -> ExitCode {
+    let root = Environment::current().root;
+    let group = config.socket.group.clone();
+    let daemon = match tokio::task::spawn_blocking(move || Daemon::start(config)).await {
+        Ok(Ok(d)) => Arc::new(d),
+        Ok(Err(e)) => {
+            tracing::error!("cannot start: {}", error_chain(&e));
+            return ExitCode::from(EXIT_START);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "start-up panicked");
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let path = daemon.socket_path.clone();
+    let listener = match socket::bind(&path, group.as_deref(), root) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("cannot serve the socket: {}", error_chain(&e));
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let listener = match listener.set_nonblocking(true).and_then(|()| tokio::net::UnixListener::from_std(listener)) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot register the socket with the runtime");
+            let _ = std::fs::remove_file(&path);
+            return ExitCode::from(EXIT_START);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    if let Err(e) = watch_signals(shutdown.clone()) {
+        tracing::error!(error = %e, "cannot install signal handlers");
+        let _ = std::fs::remove_file(&path);
+        return ExitCode::from(EXIT_START);
+    }
+    let status = ops::status(&daemon);
+    tracing::info!(
+        socket = %path.display(),
+        devices = status.devices,
+        links = status.links,
+        problems = status.problems.len(),
+        "ready"
+    );
+    notify::notify_logged(&format!("READY=1\nSTATUS=serving {} devices", status.devices));
+    let r = fabricd::run(listener, daemon, shutdown).await;
+    let _ = std::fs::remove_file(&path);
+    match r {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("server failed: {}", error_chain(&e));
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+fn watch_signals(shutdown: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutting down");
+        notify::notify_logged("STOPPING=1");
+        shutdown.cancel();
+    });
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! The operations this daemon serves: each request, with the caller's credentials, to a
+//! response or a typed refusal. Pure over the [`Daemon`] state, so tests call it directly.
+
+use fabric_addrmap::{HoleOwner, Location, ResourceKey, Snapshot, TranslateError};
+use fabric_proto::TopologyOptions;
+use fabric_proto::wire::{
+    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PartitionSpec, PartitionsRequest,
+    PartitionsResponse, PeerCred, Problem, ProblemKind, Request, ResourceName, Response, StatusResponse,
+    TranslateQuery, TranslateResponse, Translation,
+};
+use fabric_topology::{BackendState, DeviceId, LinkState};
+
+use crate::auth;
+use crate::daemon::Daemon;
+
+/// A typed refusal with its message.
+pub fn refusal(code: ErrorCode, message: impl AsRef<str>) -> ErrorBody {
+    ErrorBody { code, message: ErrorText::truncated(message.as_ref()), detail: None }
+}
+
+/// Answers one request (not `Hello`, which the connection handles). Every refusal is
+/// also logged with the peer and the operation.
+pub fn handle(d: &Daemon, peer: &PeerCred, req: Request) -> Result<Response, ErrorBody> {
+    let op = req.opcode();
+    let r = match req {
+        Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
+        Request::Status(_) => Ok(Response::Status(status(d))),
+        Request::Topology(t) => topology(d, t.node.as_deref()).map(Response::Topology),
+        Request::Devices(t) => devices(d, t.node.as_deref()).map(Response::Devices),
+        Request::Map(t) => map_listing(d, t.node.as_deref()).map(Response::Map),
+        Request::Translate(t) => Ok(Response::Translate(translate(&d.map().snapshot(), &t.queries))),
+        Request::Partitions(p) => partitions(d, peer, p).map(Response::Partitions),
+        _ => Err(refusal(
+            ErrorCode::NotImplemented,
+            format!(
+                "{op} is not implemented by this fabricd yet (served: hello, status, topology, devices, map, translate, partitions)"
+            ),
+        )),
+    };
+    if let Err(e) = &r {
+        tracing::warn!(uid = peer.uid, pid = peer.pid, op = op.name(), code = ?e.code, "refused: {}", e.message);
+    }
+    r
+}
+
+fn check_node(d: &Daemon, node: Option<&str>) -> Result<(), ErrorBody> {
+    match node {
+        Some(n) if !d.nodes.iter().any(|x| x == n) => {
+            Err(refusal(ErrorCode::NotFound, format!("no node {n:?} (nodes: {})", d.nodes.join(", "))))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>) -> Result<Document, ErrorBody> {
+    let mut buf = Vec::new();
+    write(&mut buf).map_err(|e| refusal(ErrorCode::Internal, format!("serialising {schema}: {e}")))?;
+    let json = String::from_utf8(buf).map_err(|_| refusal(ErrorCode::Internal, "document is not UTF-8"))?;
+    Ok(Document { schema: Name::truncated(schema), json })
+}
+
+/// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`
+/// writes (without the final newline).
+pub fn topology(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
+    check_node(d, node)?;
+    let opts = TopologyOptions { node: node.map(str::to_owned) };
+    json_doc("fabric.topology/v1", |w| fabric_proto::topology::write_topology(w, &d.fabric, &d.order, &d.labels, &opts))
+}
+
+/// The `fabric.devices/v1` document.
+pub fn devices(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
+    check_node(d, node)?;
+    json_doc("fabric.devices/v1", |w| fabric_proto::topology::write_devices(w, &d.fabric, node))
+}
+
+/// The address map listing (`fabricctl map -o json`); the whole map (node filtering is
+/// not offered for the map).
+pub fn map_listing(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
+    if node.is_some() {
+        return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
+    }
+    let listing = d.map().snapshot().listing();
+    json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
+}
+
+/// The daemon's health: what is missing or degraded and why, and the counters.
+pub fn status(d: &Daemon) -> StatusResponse {
+    let inv = d.fabric.inventory();
+    let mut problems = Vec::new();
+    for r in &inv.backends {
+        let (kind, why) = match &r.state {
+            BackendState::Present => continue,
+            BackendState::NotPresent(why) => (ProblemKind::BackendMissing, why),
+            BackendState::Failed(why) => (ProblemKind::BackendFailed, why),
+        };
+        problems.push(Problem {
+            kind,
+            subject: DeviceName::truncated(&r.backend),
+            detail: ErrorText::truncated(why),
+            bandwidth_permille: None,
+        });
+    }
+    for l in &inv.links {
+        let subject = || DeviceName::truncated(&format!("{}<->{}", inv.device(l.a).id, inv.device(l.b).id));
+        match l.state {
+            LinkState::Up => {}
+            LinkState::Down => problems.push(Problem {
+                kind: ProblemKind::LinkDown,
+                subject: subject(),
+                detail: ErrorText::truncated("link is down"),
+                bandwidth_permille: Some(0),
+            }),
+            LinkState::Degraded => {
+                let permille = match (l.bandwidth.current_mbps, l.bandwidth.max_mbps) {
+                    (Some(c), Some(m)) if m > 0 => Some(u16::try_from(c.min(m) * 1000 / m).unwrap_or(1000)),
+                    _ => None,
+                };
+                let detail = match (l.bandwidth.current_mbps, l.bandwidth.max_mbps) {
+                    (Some(c), Some(m)) => format!("running at {c} of {m} MB/s per direction"),
+                    _ => "running below its capability".to_owned(),
+                };
+                problems.push(Problem {
+                    kind: ProblemKind::LinkDegraded,
+                    subject: subject(),
+                    detail: ErrorText::truncated(&detail),
+                    bandwidth_permille: permille,
+                });
+            }
+        }
+    }
+    problems.truncate(1024);
+    let generation = d.map().generation();
+    StatusResponse {
+        ready: true,
+        uptime_s: d.uptime_s(),
+        devices: u32::try_from(inv.devices.len()).unwrap_or(u32::MAX),
+        links: u32::try_from(inv.links.len()).unwrap_or(u32::MAX),
+        sessions: d.sessions(),
+        regions: 0,
+        exports: 0,
+        imports: 0,
+        registrations: 0,
+        allocated_bytes: 0,
+        pinned_bytes: 0,
+        map_generation: generation,
+        problems: BoundedVec::new(problems).unwrap_or_default(),
+    }
+}
+
+fn resource_name(key: &ResourceKey) -> ResourceName {
+    ResourceName {
+        device: DeviceName::truncated(&key.device.to_string()),
+        memory: key.kind.into(),
+        ordinal: key.ordinal,
+    }
+}
+
+fn located(snap: &Snapshot, loc: &Location) -> Translation {
+    Translation::Resource {
+        resource: resource_name(snap.resource(loc.resource)),
+        offset: loc.offset,
+        set: loc.set.map(|s| Name::truncated(&snap.set(s).name)),
+    }
+}
+
+fn failed(snap: &Snapshot, e: TranslateError) -> Translation {
+    match e {
+        TranslateError::Hole { owner, .. } => {
+            let owner = match owner {
+                HoleOwner::Resource(r) => {
+                    let k = snap.resource(r);
+                    format!(
+                        "{}#{}{}",
+                        k.device,
+                        serde_json::to_value(k.kind)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default(),
+                        k.ordinal
+                    )
+                }
+                HoleOwner::Set(s) => format!("set:{}", snap.set(s).name),
+            };
+            Translation::Hole { owner: DeviceName::truncated(&owner) }
+        }
+        TranslateError::NotInPartition { .. } => Translation::NotInPartition,
+        TranslateError::Unmapped { .. } => Translation::Unmapped,
+        _ => Translation::UnknownResource,
+    }
+}
+
+/// Answers translation queries against one snapshot, in order.
+pub fn translate(snap: &Snapshot, queries: &[TranslateQuery]) -> TranslateResponse {
+    let results = queries
+        .iter()
+        .map(|q| match q {
+            TranslateQuery::Gfa(g) => match snap.translate(*g) {
+                Ok(loc) => located(snap, &loc),
+                Err(e) => failed(snap, e),
+            },
+            TranslateQuery::Resource { resource, offset } => {
+                let Ok(device) = resource.device.parse::<DeviceId>() else { return Translation::UnknownResource };
+                match snap.reverse(&device, resource.memory.into(), resource.ordinal, *offset) {
+                    Ok(g) => Translation::Gfa(g),
+                    Err(e) => failed(snap, e),
+                }
+            }
+        })
+        .collect();
+    // As many answers as queries, which the request bounds by the same limit.
+    TranslateResponse { results: BoundedVec::new(results).unwrap_or_default() }
+}
+
+fn partition_list(d: &Daemon) -> PartitionsResponse {
+    let map = d.map();
+    let specs = map
+        .state()
+        .partitions
+        .iter()
+        .map(|p| PartitionSpec {
+            name: Name::truncated(&p.name),
+            devices: BoundedVec::new(p.devices.iter().map(|id| DeviceName::truncated(&id.to_string())).collect())
+                .unwrap_or_default(),
+            uids: BoundedVec::default(),
+            gids: BoundedVec::default(),
+        })
+        .collect();
+    PartitionsResponse { partitions: BoundedVec::new(specs).unwrap_or_default() }
+}
+
+fn partitions(d: &Daemon, peer: &PeerCred, req: PartitionsRequest) -> Result<PartitionsResponse, ErrorBody> {
+    if matches!(req, PartitionsRequest::List) {
+        return Ok(partition_list(d));
+    }
+    if !auth::is_admin(peer, d.admin_gid, || auth::proc_groups(peer.pid)) {
+        let group = d.config.socket.admin_group.as_deref().unwrap_or("(none configured)");
+        return Err(refusal(
+            ErrorCode::AdminRequired,
+            format!(
+                "changing partitions needs root or membership of socket.admin_group {group}; uid {} is neither",
+                peer.uid
+            ),
+        ));
+    }
+    {
+        let mut map = d.map();
+        let change = match &req {
+            PartitionsRequest::Set(spec) => {
+                if !spec.uids.is_empty() || !spec.gids.is_empty() {
+                    return Err(refusal(
+                        ErrorCode::NotImplemented,
+                        "binding uids/gids to partitions is not implemented yet",
+                    ));
+                }
+                let mut ids = Vec::new();
+                for dev in spec.devices.iter() {
+                    let id = dev
+                        .parse::<DeviceId>()
+                        .map_err(|e| refusal(ErrorCode::BadRequest, format!("device {dev:?}: {e}")))?;
+                    if d.fabric.inventory().find(&id).is_none() {
+                        return Err(refusal(ErrorCode::NotFound, format!("no device {id}")));
+                    }
+                    ids.push(id);
+                }
+                map.partition(&spec.name, &ids)
+            }
+            PartitionsRequest::Remove { name } => map
+                .remove_partition(name)
+                .map_err(|e| refusal(ErrorCode::NotFound, format!("partition {name:?}: {e}")))?,
+            PartitionsRequest::List => return Err(refusal(ErrorCode::Internal, "list reached the change path")),
+        };
+        tracing::info!(uid = peer.uid, pid = peer.pid, ?change, "partitions changed");
+        d.save_map(&map).map_err(|e| refusal(ErrorCode::Internal, format!("saving the address map: {e}")))?;
+    }
+    Ok(partition_list(d))
+}

@@ -1,0 +1,296 @@
+//! The socket server: accept loop, one task per connection, framing over tokio, hello
+//! negotiation and the request loop. Shutdown stops accepting, lets requests in flight
+//! finish (bounded) and returns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fabric_proto::wire::{
+    BodyError, ErrorBody, ErrorCode, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
+    MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, Version, decode_header,
+    decode_request, encode_message, negotiate,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::daemon::Daemon;
+use crate::ops::{self, refusal};
+
+/// How long requests in flight get to finish after shutdown is asked for.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// A client that stops sending in the middle of a frame is dropped after this long.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client that does not read its answers is dropped after this long.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Accepting failed in a way that will not recover.
+    #[error("accepting connections")]
+    Accept(#[source] std::io::Error),
+}
+
+/// Serves `listener` until `shutdown` is cancelled, then stops accepting, waits up to
+/// [`DRAIN_TIMEOUT`] for connections to finish their current request, and returns.
+pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: CancellationToken) -> Result<(), ServeError> {
+    let tracker = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(daemon.config.limits.clients as usize));
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)) => {
+                tracing::warn!(error = %e, "accept failed for lack of resources; pausing 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionAborted || e.kind() == std::io::ErrorKind::Interrupted =>
+            {
+                continue;
+            }
+            Err(e) => return Err(ServeError::Accept(e)),
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(limit = daemon.config.limits.clients, "client limit reached; dropping a new connection");
+            continue;
+        };
+        let daemon = daemon.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let _slot = slot;
+            serve_connection(stream, &daemon, &shutdown).await;
+        });
+    }
+    drop(listener);
+    tracker.close();
+    tracing::info!(connections = tracker.len(), "no longer accepting; draining connections");
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait()).await.is_err() {
+        tracing::warn!(connections = tracker.len(), "connections still busy after the drain timeout; closing them");
+    }
+    Ok(())
+}
+
+/// What reading a frame gave.
+enum Read {
+    /// A request, decoded.
+    Request(Header, Request),
+    /// A frame to refuse while the stream stays in sync.
+    Refuse(Header, ErrorBody),
+    /// A frame after which the stream is out of sync: answer (when possible) and close.
+    Fatal(ErrorBody),
+    /// The peer closed, stalled or failed; just close.
+    Gone,
+}
+
+struct Conn<'a> {
+    stream: UnixStream,
+    peer: PeerCred,
+    daemon: &'a Daemon,
+    version: Option<Version>,
+}
+
+async fn serve_connection(stream: UnixStream, daemon: &Daemon, shutdown: &CancellationToken) {
+    let peer = match stream.peer_cred() {
+        Ok(c) => PeerCred { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read peer credentials; closing");
+            return;
+        }
+    };
+    let session = daemon.open_session();
+    let span = tracing::debug_span!("session", id = session.id, uid = peer.uid, pid = peer.pid);
+    serve_session(stream, peer, daemon, session.id, shutdown).instrument(span).await;
+}
+
+async fn serve_session(
+    stream: UnixStream,
+    peer: PeerCred,
+    daemon: &Daemon,
+    session: u64,
+    shutdown: &CancellationToken,
+) {
+    tracing::debug!("connected");
+    let mut conn = Conn { stream, peer, daemon, version: None };
+    loop {
+        let read = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = conn.read_frame() => r,
+        };
+        let ok = match read {
+            Read::Gone => break,
+            Read::Fatal(err) => {
+                tracing::warn!(uid = peer.uid, pid = peer.pid, code = ?err.code, "closing connection: {}", err.message);
+                let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
+                let _ = conn.send(&h, Message::Error(err)).await;
+                break;
+            }
+            Read::Refuse(h, err) => {
+                tracing::warn!(uid = peer.uid, pid = peer.pid, op = h.opcode.name(), code = ?err.code, "refused: {}", err.message);
+                conn.send(&h, Message::Error(err)).await
+            }
+            Read::Request(h, req) => {
+                let answer = conn.answer(req, session);
+                match answer {
+                    Ok(resp) => conn.send(&h, Message::Response(resp)).await,
+                    Err(err) => conn.send(&h, Message::Error(err)).await,
+                }
+            }
+        };
+        if !ok {
+            break;
+        }
+    }
+    tracing::debug!("disconnected");
+}
+
+impl Conn<'_> {
+    async fn read_frame(&mut self) -> Read {
+        let mut raw = [0u8; HEADER_LEN];
+        // Waiting for the first byte has no time limit; the rest of the frame has one.
+        match self.stream.read(&mut raw[..1]).await {
+            Ok(0) | Err(_) => return Read::Gone,
+            Ok(_) => {}
+        }
+        match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut raw[1..])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Read::Gone,
+            Err(_) => {
+                tracing::warn!(
+                    uid = self.peer.uid,
+                    pid = self.peer.pid,
+                    "client stalled inside a frame header; closing"
+                );
+                return Read::Gone;
+            }
+        }
+        let header = match decode_header(&raw) {
+            Ok(h) => h,
+            Err(FrameError::UnknownOpcode { code, request_id, body_len }) if body_len <= MAX_REQUEST_BODY => {
+                if !self.skip(body_len).await {
+                    return Read::Gone;
+                }
+                // The unknown code cannot be echoed (no receiver could decode it); the error
+                // travels under Hello with the request's id.
+                let h = Header::new(Opcode::Hello, FrameKind::Request, request_id);
+                return Read::Refuse(h, refusal(ErrorCode::UnknownOpcode, format!("unknown opcode {code:#06x}")));
+            }
+            Err(e) => return Read::Fatal(refusal(ErrorCode::BadFrame, e.to_string())),
+        };
+        if header.kind != FrameKind::Request {
+            // Only requests come from clients; the body length was bounded by decode_header.
+            if !self.skip(header.body_len).await {
+                return Read::Gone;
+            }
+            return Read::Refuse(
+                header,
+                refusal(ErrorCode::BadRequest, format!("a client sent a {:?} frame", header.kind)),
+            );
+        }
+        // decode_header bounded body_len by the opcode's request limit (at most 64 KiB).
+        let mut body = vec![0u8; header.body_len as usize];
+        match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut body)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Read::Gone,
+            Err(_) => {
+                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, "client stalled inside a frame body; closing");
+                return Read::Gone;
+            }
+        }
+        if header.fd_count > 0 {
+            // Plain reads drop any SCM_RIGHTS descriptors (the kernel closes them).
+            return Read::Refuse(
+                header,
+                refusal(ErrorCode::BadFds, "no operation this fabricd serves takes file descriptors"),
+            );
+        }
+        match decode_request(header.opcode, &body) {
+            Ok(req) => Read::Request(header, req),
+            Err(e) => Read::Refuse(header, refusal(ErrorCode::BadRequest, body_error(&e))),
+        }
+    }
+
+    /// Reads and discards `len` bytes (bounded by the caller); false if the peer went.
+    async fn skip(&mut self, len: u32) -> bool {
+        let mut left = len as usize;
+        let mut buf = [0u8; 4096];
+        while left > 0 {
+            let n = left.min(buf.len());
+            match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut buf[..n])).await {
+                Ok(Ok(_)) => left -= n,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    fn answer(&mut self, req: Request, session: u64) -> Result<Response, ErrorBody> {
+        if let Request::Hello(h) = &req {
+            return match negotiate(h.versions, SUPPORTED_VERSIONS) {
+                Ok(v) => {
+                    self.version = Some(v);
+                    tracing::debug!(client = %h.client, version = %v, "hello");
+                    Ok(Response::Hello(HelloResponse {
+                        version: v,
+                        server: Name::truncated(concat!("fabricd ", env!("CARGO_PKG_VERSION"))),
+                        session,
+                        max_request_body: self.daemon.config.limits.max_request_bytes.min(MAX_REQUEST_BODY),
+                        max_fds: MAX_FDS,
+                    }))
+                }
+                Err(e) => {
+                    let body = ErrorBody::from(e);
+                    tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = "hello", "refused: {}", body.message);
+                    Err(body)
+                }
+            };
+        }
+        if self.version.is_none() {
+            let body = refusal(ErrorCode::NotNegotiated, "send hello first");
+            tracing::warn!(
+                uid = self.peer.uid,
+                pid = self.peer.pid,
+                op = req.opcode().name(),
+                "refused: send hello first"
+            );
+            return Err(body);
+        }
+        ops::handle(self.daemon, &self.peer, req)
+    }
+
+    /// Sends one answer to the request `h`; false when the connection is unusable.
+    async fn send(&mut self, h: &Header, msg: Message) -> bool {
+        let kind = msg.kind();
+        let version = self.version.unwrap_or(h.version);
+        let header = Header { version, ..h.answer(kind) };
+        let mut buf = Vec::new();
+        if let Err(e) = encode_message(&header, &msg, &mut buf) {
+            tracing::error!(error = %e, op = h.opcode.name(), "cannot encode an answer");
+            buf.clear();
+            let err = Message::Error(refusal(ErrorCode::Internal, format!("answer does not encode: {e}")));
+            if encode_message(&Header { version, ..h.answer(FrameKind::Error) }, &err, &mut buf).is_err() {
+                return false;
+            }
+        }
+        matches!(tokio::time::timeout(WRITE_TIMEOUT, self.stream.write_all(&buf)).await, Ok(Ok(())))
+    }
+}
+
+fn body_error(e: &BodyError) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}

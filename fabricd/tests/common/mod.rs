@@ -1,0 +1,135 @@
+//! Starts the real `fabricd` binary on a temporary socket and state dir serving the bundled
+//! HGX sim fabric, and waits for its readiness datagram (`NOTIFY_SOCKET`).
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fabric_proto::wire::{Connection, SUPPORTED_VERSIONS};
+
+/// The sim fabric every test serves.
+pub fn sim_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml").canonicalize().unwrap()
+}
+
+/// A daemon's files: configuration, socket, state dir.
+#[derive(Debug)]
+pub struct Setup {
+    /// Holds the directory.
+    pub dir: tempfile::TempDir,
+    /// The configuration file.
+    pub config: PathBuf,
+    /// The socket.
+    pub socket: PathBuf,
+    /// The state dir.
+    pub state: PathBuf,
+}
+
+impl Setup {
+    /// A configuration with `extra` TOML appended (e.g. a `[socket]` group line goes in
+    /// `socket_extra`).
+    pub fn new(socket_extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // Let an unprivileged test client reach the socket directory.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = dir.path().join("run/fabricd.sock");
+        let state = dir.path().join("state");
+        let config = dir.path().join("fabricd.toml");
+        Self::write(&config, &socket, &state, socket_extra);
+        Self { dir, config, socket, state }
+    }
+
+    /// Writes a configuration file.
+    pub fn write(config: &Path, socket: &Path, state: &Path, socket_extra: &str) {
+        let text = format!(
+            "[socket]\npath = {:?}\n{socket_extra}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            socket.display().to_string(),
+            state.display().to_string(),
+            sim_file().display().to_string()
+        );
+        std::fs::write(config, text).unwrap();
+    }
+}
+
+/// A running daemon; killed on drop if still running.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The process.
+    pub child: Child,
+    /// The readiness message it sent.
+    pub ready: String,
+    /// Its stderr (the log), in a file so that it never blocks on a full pipe.
+    pub log: PathBuf,
+    /// The socket it sends service-manager notifications to.
+    pub notify: UnixDatagram,
+}
+
+impl Daemon {
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `fabricd --config config` and waits for READY=1 (up to 30 s).
+pub fn start(config: &Path, dir: &Path) -> Daemon {
+    let notify_path = dir.join(format!("notify-{}", rand_suffix()));
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let log = dir.join(format!("stderr-{}", rand_suffix()));
+    let child = Command::new(env!("CARGO_BIN_EXE_fabricd"))
+        .arg("--config")
+        .arg(config)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = match notify.recv(&mut buf) {
+        Ok(n) => n,
+        Err(e) => {
+            let mut child = child;
+            let _ = child.kill();
+            let err = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("fabricd did not become ready ({e}); stderr:\n{err}");
+        }
+    };
+    Daemon { child, ready: String::from_utf8_lossy(&buf[..n]).into_owned(), log, notify }
+}
+
+fn rand_suffix() -> String {
+    format!("{}-{:?}", std::process::id(), Instant::now()).chars().filter(char::is_ascii_alphanumeric).collect()
+}
+
+/// A negotiated client connection.
+pub fn client(socket: &Path) -> Connection {
+    let s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut c = Connection::new(s);
+    c.hello("fabricd-test", SUPPORTED_VERSIONS).unwrap();
+    c
+}
+
+/// Waits for the child to exit (up to `secs`).
+pub fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "fabricd did not exit within {secs} s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
