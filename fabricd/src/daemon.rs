@@ -15,6 +15,7 @@ use fabric_topology::{BackendReport, BackendState, DeviceIdx, Fabric, Inventory}
 
 use crate::config::{BackendName, Config, ConfigError, Environment};
 use crate::journal::{Journal, JournalError, JournalOptions};
+use crate::metrics::{Live, Metrics};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +135,8 @@ pub struct Daemon {
     next_session: AtomicU64,
     /// Gid of `socket.admin_group`, resolved at start.
     pub admin_gid: Option<u32>,
+    /// Request counters and the gauges the metrics page shows.
+    pub metrics: Metrics,
 }
 
 impl Daemon {
@@ -176,6 +179,8 @@ impl Daemon {
             map_generation = synced.map.generation(),
             "fabric loaded"
         );
+        let metrics = Metrics::new(&fabric);
+        metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
         Ok(Self {
             config,
             socket_path,
@@ -191,6 +196,7 @@ impl Daemon {
             sessions: AtomicU32::new(0),
             next_session: AtomicU64::new(1),
             admin_gid,
+            metrics,
         })
     }
 
@@ -202,7 +208,14 @@ impl Daemon {
 
     /// Saves the map after a change.
     pub fn save_map(&self, map: &AddressMap) -> Result<(), MapError> {
+        self.metrics.set_map(map.generation(), map.state().mapped_bytes());
         map.save(&self.map_path)
+    }
+
+    /// The Prometheus page (`docs/fabricd.md`, section Metrics).
+    pub fn metrics_page(&self) -> String {
+        let opened = self.next_session.load(Ordering::Relaxed).saturating_sub(1);
+        self.metrics.render(Live { sessions: u64::from(self.sessions()), sessions_total: opened })
     }
 
     /// Seconds since start.

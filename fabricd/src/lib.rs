@@ -9,6 +9,7 @@
 //!   topology, devices, map, translate and partitions ([`ops`]), every refusal a typed
 //!   error and a log line;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
+//! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
 //! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
 //! Memory brokering (alloc, export, import, register), events and monitoring are not
@@ -17,7 +18,9 @@
 pub mod auth;
 pub mod config;
 pub mod daemon;
+pub mod http;
 pub mod journal;
+pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod server;

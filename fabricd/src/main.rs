@@ -1,6 +1,6 @@
 //! The `fabricd` binary: parses arguments, installs logging, starts the daemon, serves
 //! until SIGTERM/SIGINT. Exit codes: 0 clean stop (or `--check` passed), 2 usage,
-//! 3 configuration invalid, 4 start-up failed (state dir, lock, discovery, socket),
+//! 3 configuration invalid, 4 start-up failed (state dir, lock, discovery, socket, metrics),
 //! 1 anything else at run time.
 
 use std::io::Write;
@@ -11,8 +11,9 @@ use std::sync::Arc;
 use clap::Parser;
 use fabricd::config::{Config, Environment, LogFormat};
 use fabricd::daemon::{backend_line, discover};
-use fabricd::{Daemon, notify, ops, socket};
+use fabricd::{Daemon, http, notify, ops, socket};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// fabricd: the fabric daemon.
 #[derive(Debug, Parser)]
@@ -157,6 +158,22 @@ async fn serve(config: Config) -> ExitCode {
         let _ = std::fs::remove_file(&path);
         return ExitCode::from(EXIT_START);
     }
+    let tasks = TaskTracker::new();
+    let listen = daemon.config.metrics.listen.clone();
+    if !listen.is_empty() {
+        match http::bind(&listen) {
+            Ok(l) => {
+                tracing::info!(listen = %listen, "serving metrics at /metrics");
+                tasks.spawn(http::serve(l, daemon.clone(), shutdown.clone()));
+            }
+            Err(e) => {
+                tracing::error!("cannot serve metrics: {}", error_chain(&e));
+                let _ = std::fs::remove_file(&path);
+                return ExitCode::from(EXIT_START);
+            }
+        }
+    }
+    tasks.close();
     let status = ops::status(&daemon);
     tracing::info!(
         socket = %path.display(),
@@ -166,8 +183,11 @@ async fn serve(config: Config) -> ExitCode {
         "ready"
     );
     notify::notify_logged(&format!("READY=1\nSTATUS=serving {} devices", status.devices));
-    let r = fabricd::run(listener, daemon, shutdown).await;
+    let r = fabricd::run(listener, daemon, shutdown.clone()).await;
     let _ = std::fs::remove_file(&path);
+    // The metrics endpoint stops with the server (it also stops when the server failed).
+    shutdown.cancel();
+    tasks.wait().await;
     match r {
         Ok(()) => {
             tracing::info!("stopped");

@@ -3,7 +3,7 @@
 //! finish (bounded) and returns.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     BodyError, ErrorBody, ErrorCode, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
@@ -125,24 +125,35 @@ async fn serve_session(
             () = shutdown.cancelled() => break,
             r = conn.read_frame() => r,
         };
+        let start = Instant::now();
         let ok = match read {
             Read::Gone => break,
             Read::Fatal(err) => {
                 tracing::warn!(uid = peer.uid, pid = peer.pid, code = ?err.code, "closing connection: {}", err.message);
                 let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
+                let code = err.code;
                 let _ = conn.send(&h, Message::Error(err)).await;
+                daemon.metrics.record(None, Some(code), start.elapsed());
                 break;
             }
             Read::Refuse(h, err) => {
                 tracing::warn!(uid = peer.uid, pid = peer.pid, op = h.opcode.name(), code = ?err.code, "refused: {}", err.message);
-                conn.send(&h, Message::Error(err)).await
+                // An unknown opcode travels under Hello; count it as op="unknown".
+                let op = (err.code != ErrorCode::UnknownOpcode).then_some(h.opcode);
+                let code = err.code;
+                let ok = conn.send(&h, Message::Error(err)).await;
+                daemon.metrics.record(op, Some(code), start.elapsed());
+                ok
             }
             Read::Request(h, req) => {
                 let answer = conn.answer(req, session);
-                match answer {
+                let code = answer.as_ref().err().map(|e| e.code);
+                let ok = match answer {
                     Ok(resp) => conn.send(&h, Message::Response(resp)).await,
                     Err(err) => conn.send(&h, Message::Error(err)).await,
-                }
+                };
+                daemon.metrics.record(Some(h.opcode), code, start.elapsed());
+                ok
             }
         };
         if !ok {

@@ -1,0 +1,181 @@
+//! The metrics endpoint: a tiny HTTP/1.1 responder on a loopback TCP socket. `GET /metrics`
+//! answers the page of [`metrics`](crate::metrics); anything else answers 404 (or 400 when
+//! the request head is malformed or too big). One request per connection, then close.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::daemon::Daemon;
+
+/// The largest request head read; a bigger one is answered 400.
+pub const MAX_HEAD: usize = 8 << 10;
+/// A client must send its whole request head within this long.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A client must take the answer within this long.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Scrapes served at once; further connections are closed at accept.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// Why the endpoint could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// `metrics.listen` is not `host:port`.
+    #[error("metrics.listen {0:?} is not host:port")]
+    Address(String),
+    /// The address could not be bound (in use, not local).
+    #[error("cannot listen for metrics on {addr} (metrics.listen; \"\" disables the endpoint)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds `listen` (already validated as loopback by the configuration).
+pub fn bind(listen: &str) -> Result<TcpListener, HttpError> {
+    let addr: SocketAddr = listen.parse().map_err(|_| HttpError::Address(listen.to_owned()))?;
+    let bind = |addr| -> std::io::Result<TcpListener> {
+        let l = std::net::TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        TcpListener::from_std(l)
+    };
+    bind(addr).map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Serves scrapes on `listener` until `shutdown` is cancelled; then waits (briefly) for the
+/// scrapes in flight.
+pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics accept failed; pausing 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("metrics connection limit reached; closing a new connection");
+            continue;
+        };
+        let daemon = daemon.clone();
+        tracker.spawn(async move {
+            let _slot = slot;
+            answer(stream, &daemon).await;
+        });
+    }
+    drop(listener);
+    tracker.close();
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, tracker.wait()).await;
+}
+
+/// What a request head asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /metrics` (or `HEAD`).
+    Metrics {
+        /// Whether only the head is wanted.
+        head_only: bool,
+    },
+    /// Any other method or path.
+    NotFound,
+    /// Not an HTTP request head.
+    Bad,
+}
+
+/// Routes a request head (the bytes before the blank line).
+pub fn route(head: &[u8]) -> Route {
+    let Ok(text) = std::str::from_utf8(head) else { return Route::Bad };
+    let line = text.split("\r\n").next().unwrap_or("");
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Route::Bad;
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Route::Bad;
+    }
+    let path = target.split('?').next().unwrap_or(target);
+    match (method, path) {
+        ("GET", "/metrics") => Route::Metrics { head_only: false },
+        ("HEAD", "/metrics") => Route::Metrics { head_only: true },
+        _ => Route::NotFound,
+    }
+}
+
+/// Reads up to the end of the head; `None` when the peer went, stalled or sent too much.
+async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            buf.truncate(end);
+            return Some(buf);
+        }
+        if buf.len() >= MAX_HEAD {
+            return None;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn answer(mut stream: TcpStream, daemon: &Daemon) {
+    let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await.ok().flatten();
+    let (status, ctype, body, head_only) = match head.as_deref().map_or(Route::Bad, route) {
+        Route::Metrics { head_only } => {
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", daemon.metrics_page(), head_only)
+        }
+        Route::NotFound => {
+            ("404 Not Found", "text/plain; charset=utf-8", "not found; try /metrics\n".to_owned(), false)
+        }
+        Route::Bad => ("400 Bad Request", "text/plain; charset=utf-8", "bad request\n".to_owned(), false),
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if !head_only {
+        out.extend_from_slice(body.as_bytes());
+    }
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+        stream.write_all(&out).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_get_metrics_and_refuses_the_rest() {
+        assert_eq!(route(b"GET /metrics HTTP/1.1\r\nHost: x"), Route::Metrics { head_only: false });
+        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0"), Route::Metrics { head_only: false });
+        assert_eq!(route(b"HEAD /metrics HTTP/1.1"), Route::Metrics { head_only: true });
+        assert_eq!(route(b"GET / HTTP/1.1"), Route::NotFound);
+        assert_eq!(route(b"POST /metrics HTTP/1.1"), Route::NotFound);
+        assert_eq!(route(b"GET /metrics"), Route::Bad);
+        assert_eq!(route(b"GET /metrics SPDY/3"), Route::Bad);
+        assert_eq!(route(b"\xff\xfe"), Route::Bad);
+    }
+}

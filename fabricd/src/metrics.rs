@@ -1,0 +1,415 @@
+//! Prometheus metrics: request counters and latency histograms kept in atomics (no lock on
+//! the request path), and the text exposition format (version 0.0.4) rendered per scrape.
+//! [`http`](crate::http) serves the page; `docs/fabricd.md` lists every metric.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fabric_proto::wire::{ErrorCode, Opcode};
+use fabric_topology::{BackendState, Fabric, LinkState};
+
+/// Upper bounds of the request duration histogram buckets, in seconds (50 µs .. 5 s).
+pub const BUCKETS_S: [f64; 16] =
+    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+/// The same bounds in nanoseconds (what [`Histogram::observe`] compares with).
+const BUCKETS_NS: [u64; 16] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+];
+
+/// The `op` label values: every opcode, then `unknown` (a frame whose opcode is not known
+/// or that could not be decoded).
+const OPS: usize = Opcode::ALL.len() + 1;
+/// The `result` label values: `ok`, then one per error code.
+const RESULTS: [&str; 17] = [
+    "ok",
+    "bad_frame",
+    "unknown_opcode",
+    "unsupported_version",
+    "not_negotiated",
+    "bad_request",
+    "permission_denied",
+    "admin_required",
+    "not_found",
+    "invalid_handle",
+    "revoked",
+    "limit_exceeded",
+    "no_space",
+    "bad_fds",
+    "unavailable",
+    "internal",
+    "not_implemented",
+];
+
+fn result_index(code: Option<ErrorCode>) -> usize {
+    match code {
+        None => 0,
+        Some(ErrorCode::BadFrame) => 1,
+        Some(ErrorCode::UnknownOpcode) => 2,
+        Some(ErrorCode::UnsupportedVersion) => 3,
+        Some(ErrorCode::NotNegotiated) => 4,
+        Some(ErrorCode::BadRequest) => 5,
+        Some(ErrorCode::PermissionDenied) => 6,
+        Some(ErrorCode::AdminRequired) => 7,
+        Some(ErrorCode::NotFound) => 8,
+        Some(ErrorCode::InvalidHandle) => 9,
+        Some(ErrorCode::Revoked) => 10,
+        Some(ErrorCode::LimitExceeded) => 11,
+        Some(ErrorCode::NoSpace) => 12,
+        Some(ErrorCode::BadFds) => 13,
+        Some(ErrorCode::Unavailable) => 14,
+        Some(ErrorCode::Internal) => 15,
+        Some(ErrorCode::NotImplemented) => 16,
+    }
+}
+
+fn op_index(op: Option<Opcode>) -> usize {
+    op.and_then(|op| Opcode::ALL.iter().position(|o| *o == op)).unwrap_or(Opcode::ALL.len())
+}
+
+fn op_name(i: usize) -> &'static str {
+    Opcode::ALL.get(i).map_or("unknown", |op| op.name())
+}
+
+/// A latency histogram: per-bucket counts (not cumulative; made cumulative when rendered)
+/// and the sum in nanoseconds.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// One slot per bound, then the overflow (`+Inf` only).
+    buckets: [AtomicU64; BUCKETS_NS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let slot = BUCKETS_NS.iter().position(|b| ns <= *b).unwrap_or(BUCKETS_NS.len());
+        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound, then the total (the `+Inf` bucket and `_count`), and
+    /// the sum in seconds.
+    pub fn read(&self) -> ([u64; BUCKETS_NS.len() + 1], f64) {
+        let mut out = [0u64; BUCKETS_NS.len() + 1];
+        let mut acc = 0u64;
+        for (o, b) in out.iter_mut().zip(&self.buckets) {
+            acc = acc.saturating_add(b.load(Ordering::Relaxed));
+            *o = acc;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        (out, sum)
+    }
+}
+
+/// The daemon's request metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: [[AtomicU64; RESULTS.len()]; OPS],
+    durations: [Histogram; OPS],
+    /// The fabric part (devices, links, backends): fixed at start, rendered once.
+    fabric_text: String,
+    map_generation: AtomicU64,
+    map_mapped_bytes: AtomicU64,
+}
+
+/// What the page shows besides what [`Metrics`] holds, read at scrape time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Live {
+    /// Connected clients.
+    pub sessions: u64,
+    /// Sessions opened since start.
+    pub sessions_total: u64,
+}
+
+impl Metrics {
+    /// Metrics for a daemon serving `fabric`, all counters at zero.
+    pub fn new(fabric: &Fabric) -> Self {
+        Self {
+            requests: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            durations: std::array::from_fn(|_| Histogram::default()),
+            fabric_text: fabric_text(fabric),
+            map_generation: AtomicU64::new(0),
+            map_mapped_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one answered request: its opcode (`None`: unknown or undecodable), its
+    /// result (`None`: answered; else the error code) and how long it took.
+    pub fn record(&self, op: Option<Opcode>, error: Option<ErrorCode>, took: Duration) {
+        let o = op_index(op);
+        self.requests[o][result_index(error)].fetch_add(1, Ordering::Relaxed);
+        self.durations[o].observe(took);
+    }
+
+    /// Sets the address map gauges.
+    pub fn set_map(&self, generation: u64, mapped_bytes: u64) {
+        self.map_generation.store(generation, Ordering::Relaxed);
+        self.map_mapped_bytes.store(mapped_bytes, Ordering::Relaxed);
+    }
+
+    /// The whole page in the text exposition format.
+    pub fn render(&self, live: Live) -> String {
+        let mut p = Page::default();
+        p.family("fabricd_up", "gauge", "1 while fabricd serves.");
+        p.sample("fabricd_up", &[], 1);
+        p.family("fabricd_build_info", "gauge", "Always 1; the label names the fabricd version.");
+        p.sample("fabricd_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+
+        p.family("fabricd_requests_total", "counter", "Requests answered, by operation and result.");
+        for (o, row) in self.requests.iter().enumerate() {
+            for (r, c) in row.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    p.sample("fabricd_requests_total", &[("op", op_name(o)), ("result", RESULTS[r])], n);
+                }
+            }
+        }
+        p.family(
+            "fabricd_request_duration_seconds",
+            "histogram",
+            "Time from a request read to its answer written, by operation.",
+        );
+        for (o, h) in self.durations.iter().enumerate() {
+            let (cum, sum) = h.read();
+            let count = cum[BUCKETS_S.len()];
+            if count > 0 {
+                p.histogram("fabricd_request_duration_seconds", &[("op", op_name(o))], &cum, sum);
+            }
+        }
+
+        p.family("fabricd_sessions", "gauge", "Connected clients.");
+        p.sample("fabricd_sessions", &[], live.sessions);
+        p.family("fabricd_sessions_total", "counter", "Client sessions opened since start.");
+        p.sample("fabricd_sessions_total", &[], live.sessions_total);
+
+        p.family("fabricd_map_generation", "gauge", "Generation of the global address map.");
+        p.sample("fabricd_map_generation", &[], self.map_generation.load(Ordering::Relaxed));
+        p.family("fabricd_map_mapped_bytes", "gauge", "Bytes of the address map that translate.");
+        p.sample("fabricd_map_mapped_bytes", &[], self.map_mapped_bytes.load(Ordering::Relaxed));
+
+        p.out.push_str(&self.fabric_text);
+        p.out
+    }
+}
+
+/// `fabricd_devices`, `fabricd_links` and `fabricd_backend_present` for a fabric.
+fn fabric_text(fabric: &Fabric) -> String {
+    let inv = fabric.inventory();
+    let mut devices: BTreeMap<String, u64> = BTreeMap::new();
+    for d in &inv.devices {
+        let kind = serde_json::to_value(d.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| format!("{:?}", d.kind).to_lowercase());
+        *devices.entry(kind).or_default() += 1;
+    }
+    let mut links: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for l in &inv.links {
+        let state = match l.state {
+            LinkState::Up => "up",
+            LinkState::Degraded => "degraded",
+            LinkState::Down => "down",
+        };
+        *links.entry((l.kind.name(), state)).or_default() += 1;
+    }
+    let mut p = Page::default();
+    p.family("fabricd_devices", "gauge", "Devices in the fabric, by kind.");
+    for (kind, n) in &devices {
+        p.sample("fabricd_devices", &[("kind", kind)], *n);
+    }
+    p.family("fabricd_links", "gauge", "Links in the fabric, by kind and state.");
+    for ((kind, state), n) in &links {
+        p.sample("fabricd_links", &[("kind", kind), ("state", state)], *n);
+    }
+    p.family("fabricd_backend_present", "gauge", "1 when the discovery backend is present, else 0.");
+    for b in &inv.backends {
+        let present = u64::from(matches!(b.state, BackendState::Present));
+        p.sample("fabricd_backend_present", &[("backend", &b.backend)], present);
+    }
+    p.out
+}
+
+/// Escapes a label value: backslash, double quote and line feed.
+pub fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// Escapes HELP text: backslash and line feed.
+pub fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// A page being written.
+#[derive(Debug, Default)]
+pub struct Page {
+    /// The text so far.
+    pub out: String,
+}
+
+impl Page {
+    /// `# HELP` and `# TYPE` lines of a family.
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    /// One sample line.
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    /// The `_bucket`, `_sum` and `_count` lines of one histogram: `cumulative` has one count
+    /// per bound of [`BUCKETS_S`] and then the total.
+    pub fn histogram(&mut self, name: &str, labels: &[(&str, &str)], cumulative: &[u64], sum_s: f64) {
+        for (i, n) in cumulative.iter().enumerate() {
+            let le = BUCKETS_S.get(i).map_or_else(|| "+Inf".to_owned(), |b| format!("{b}"));
+            let _ = write!(self.out, "{name}_bucket");
+            self.labels(labels, Some(&le));
+            let _ = writeln!(self.out, " {n}");
+        }
+        let total = cumulative.last().copied().unwrap_or(0);
+        let _ = write!(self.out, "{name}_sum");
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {sum_s}");
+        let _ = write!(self.out, "{name}_count");
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {total}");
+    }
+
+    fn labels(&mut self, labels: &[(&str, &str)], le: Option<&str>) {
+        if labels.is_empty() && le.is_none() {
+            return;
+        }
+        self.out.push('{');
+        let mut first = true;
+        for (k, v) in labels.iter().copied().chain(le.map(|le| ("le", le))) {
+            if !first {
+                self.out.push(',');
+            }
+            first = false;
+            let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+        }
+        self.out.push('}');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn label_values_and_help_are_escaped() {
+        assert_eq!(escape_label(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(escape_label("x\ny"), "x\\ny");
+        assert_eq!(escape_help("a\\b\nc \"q\""), "a\\\\b\\nc \"q\"");
+        let mut p = Page::default();
+        p.family("m", "gauge", "two\nlines");
+        p.sample("m", &[("backend", "we\"ird\\\n")], 1);
+        assert_eq!(p.out, "# HELP m two\\nlines\n# TYPE m gauge\nm{backend=\"we\\\"ird\\\\\\n\"} 1\n");
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_inf_sum_and_count() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(10)); // first bucket (<= 50 µs)
+        h.observe(Duration::from_micros(50)); // on the bound: still the first
+        h.observe(Duration::from_micros(51)); // 100 µs bucket
+        h.observe(Duration::from_millis(3)); // 5 ms bucket
+        h.observe(Duration::from_secs(9)); // only +Inf
+        let (cum, sum) = h.read();
+        assert_eq!(cum[0], 2);
+        assert_eq!(cum[1], 3);
+        assert_eq!(cum[5], 3); // 2.5 ms
+        assert_eq!(cum[6], 4); // 5 ms
+        assert_eq!(cum[15], 4); // 5 s
+        assert_eq!(cum[16], 5); // +Inf
+        assert!(cum.windows(2).all(|w| w[0] <= w[1]));
+        assert!((sum - 9.003111).abs() < 1e-9, "{sum}");
+
+        let mut p = Page::default();
+        p.histogram("h", &[("op", "status")], &cum, sum);
+        let lines: Vec<&str> = p.out.lines().collect();
+        assert_eq!(lines.len(), BUCKETS_S.len() + 3);
+        assert_eq!(lines[0], "h_bucket{op=\"status\",le=\"0.00005\"} 2");
+        assert_eq!(lines[15], "h_bucket{op=\"status\",le=\"5\"} 4");
+        assert_eq!(lines[16], "h_bucket{op=\"status\",le=\"+Inf\"} 5");
+        assert_eq!(lines[17], "h_sum{op=\"status\"} 9.003111");
+        assert_eq!(lines[18], "h_count{op=\"status\"} 5");
+    }
+
+    #[test]
+    fn render_counts_requests_by_op_and_result() {
+        let inv = fabric_drivers::sim::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml"),
+        )
+        .unwrap();
+        let fabric = Fabric::build(inv).unwrap();
+        let m = Metrics::new(&fabric);
+        m.record(Some(Opcode::Status), None, Duration::from_micros(70));
+        m.record(Some(Opcode::Status), None, Duration::from_micros(70));
+        m.record(Some(Opcode::Alloc), Some(ErrorCode::NotImplemented), Duration::from_micros(10));
+        m.record(None, Some(ErrorCode::UnknownOpcode), Duration::from_micros(10));
+        m.set_map(7, 1 << 30);
+        let page = m.render(Live { sessions: 2, sessions_total: 5 });
+        for want in [
+            "fabricd_requests_total{op=\"status\",result=\"ok\"} 2\n",
+            "fabricd_requests_total{op=\"alloc\",result=\"not_implemented\"} 1\n",
+            "fabricd_requests_total{op=\"unknown\",result=\"unknown_opcode\"} 1\n",
+            "fabricd_request_duration_seconds_bucket{op=\"status\",le=\"0.00005\"} 0\n",
+            "fabricd_request_duration_seconds_bucket{op=\"status\",le=\"0.0001\"} 2\n",
+            "fabricd_request_duration_seconds_count{op=\"status\"} 2\n",
+            "fabricd_sessions 2\n",
+            "fabricd_sessions_total 5\n",
+            "fabricd_map_generation 7\n",
+            "fabricd_map_mapped_bytes 1073741824\n",
+            "fabricd_devices{kind=\"gpu\"} 8\n",
+            "fabricd_build_info{version=\"",
+            "fabricd_up 1\n",
+        ] {
+            assert!(page.contains(want), "missing {want:?} in\n{page}");
+        }
+        assert!(!page.contains("op=\"hello\""), "series that never moved are left out");
+        let links: u64 = page
+            .lines()
+            .filter(|l| l.starts_with("fabricd_links{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(links as usize, fabric.inventory().links.len());
+        // Every family has exactly one HELP and one TYPE line.
+        for fam in page.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let name = fam.split(' ').next().unwrap();
+            assert_eq!(page.matches(&format!("# HELP {name} ")).count(), 1, "{name}");
+        }
+    }
+}
