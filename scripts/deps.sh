@@ -8,6 +8,7 @@ declare -A WANT=(
   [hwloc]=lstopo-no-graphics   # tier 1: compare PCI discovery with hwloc on the live host
   [graphviz]=dot               # tier 1: check that `fabricctl topology -o dot` parses
   [hyperfine]=hyperfine        # benchmarks: whole-process timing side by side
+  [prometheus]=promtool        # fabricd tests: `promtool check metrics` on the metrics page
 )
 
 missing=()

@@ -1,0 +1,174 @@
+//! The real daemon serves Prometheus metrics on `metrics.listen`: the counters move with
+//! the requests clients make, the page is valid exposition text (checked with `promtool
+//! check metrics` when it is installed), other paths are 404, and a port in use is a
+//! start-up error.
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fabric_proto::wire::{CodecError, Connection, ErrorCode, Request, StatusRequest};
+
+/// A port free right now on 127.0.0.1 (bound, read, released).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A setup whose daemon serves metrics on `127.0.0.1:port`.
+fn setup(port: u16) -> common::Setup {
+    let s = common::Setup::new("");
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    assert!(text.contains("listen = \"\""));
+    std::fs::write(&s.config, text.replace("listen = \"\"", &format!("listen = \"127.0.0.1:{port}\""))).unwrap();
+    s
+}
+
+/// Sends `request` raw and returns (status line, headers, body).
+fn http(port: u16, request: &[u8]) -> (String, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_owned(), headers.to_owned(), body.to_owned())
+}
+
+fn scrape(port: u16) -> String {
+    let (status, headers, body) = http(port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(headers.contains("Content-Type: text/plain; version=0.0.4"), "{headers}");
+    assert!(headers.contains(&format!("Content-Length: {}", body.len())), "{headers}");
+    body
+}
+
+/// The value of the sample `series` (name and labels exactly as rendered), if present.
+fn value(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn counters_move_with_requests_and_the_page_is_valid_exposition_text() {
+    let port = free_port();
+    let s = setup(port);
+    let d = common::start(&s.config, s.dir.path());
+    assert!(d.log().contains("serving metrics"), "{}", d.log());
+
+    let before = scrape(port);
+    assert_eq!(value(&before, "fabricd_up"), Some(1.0));
+    assert_eq!(value(&before, "fabricd_requests_total{op=\"status\",result=\"ok\"}"), None);
+    assert_eq!(value(&before, "fabricd_sessions"), Some(0.0));
+    let devices: f64 = before
+        .lines()
+        .filter(|l| l.starts_with("fabricd_devices{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(devices, 63.0, "{before}");
+    assert_eq!(value(&before, "fabricd_devices{kind=\"gpu\"}"), Some(8.0));
+    assert_eq!(value(&before, "fabricd_backend_present{backend=\"sim\"}"), Some(1.0), "{before}");
+    assert!(value(&before, "fabricd_map_generation").unwrap() >= 1.0, "{before}");
+    assert!(value(&before, "fabricd_map_mapped_bytes").unwrap() > 0.0, "{before}");
+
+    // hello + two status requests on one connection, held open.
+    let mut c = common::client(&s.socket);
+    for _ in 0..2 {
+        c.call(Request::Status(StatusRequest {}), &[]).unwrap();
+    }
+    // A request before hello: refused NotNegotiated.
+    let mut raw = Connection::new(UnixStream::connect(&s.socket).unwrap());
+    match raw.call(Request::Status(StatusRequest {}), &[]) {
+        Err(CodecError::Refused { body, .. }) => assert_eq!(body.code, ErrorCode::NotNegotiated),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    let page = scrape(port);
+    assert_eq!(value(&page, "fabricd_requests_total{op=\"hello\",result=\"ok\"}"), Some(1.0), "{page}");
+    assert_eq!(value(&page, "fabricd_requests_total{op=\"status\",result=\"ok\"}"), Some(2.0), "{page}");
+    assert_eq!(value(&page, "fabricd_requests_total{op=\"status\",result=\"not_negotiated\"}"), Some(1.0), "{page}");
+    assert_eq!(value(&page, "fabricd_request_duration_seconds_count{op=\"status\"}"), Some(3.0), "{page}");
+    assert_eq!(value(&page, "fabricd_request_duration_seconds_bucket{op=\"status\",le=\"+Inf\"}"), Some(3.0));
+    assert!(value(&page, "fabricd_request_duration_seconds_sum{op=\"status\"}").unwrap() > 0.0);
+    assert_eq!(value(&page, "fabricd_sessions"), Some(2.0), "{page}");
+    assert_eq!(value(&page, "fabricd_sessions_total"), Some(2.0), "{page}");
+
+    // Buckets are cumulative: non-decreasing in `le` order.
+    let buckets: Vec<f64> = page
+        .lines()
+        .filter(|l| l.starts_with("fabricd_request_duration_seconds_bucket{op=\"status\","))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), 17);
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+
+    // Other paths and methods are 404; a malformed head is 400; an oversized one is refused.
+    let (st, _, _) = http(port, b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(st, "HTTP/1.1 404 Not Found");
+    let (st, _, _) = http(port, b"POST /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(st, "HTTP/1.1 404 Not Found");
+    let (st, _, _) = http(port, b"hello\r\n\r\n");
+    assert_eq!(st, "HTTP/1.1 400 Bad Request");
+    let mut big = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 9000));
+    big.extend_from_slice(b"\r\n\r\n");
+    let (st, _, _) = http(port, &big);
+    assert_eq!(st, "HTTP/1.1 400 Bad Request");
+
+    drop(c);
+    drop(raw);
+    promtool_check(&page);
+}
+
+/// `promtool check metrics` on the page, when promtool is installed (Debian `prometheus`;
+/// `scripts/deps.sh` installs it as root).
+fn promtool_check(page: &str) {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("skipped promtool check: promtool not installed (Debian package prometheus; scripts/deps.sh)");
+            return;
+        }
+        Err(e) => panic!("running promtool: {e}"),
+    };
+    child.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\npage:\n{page}");
+    eprintln!("promtool check metrics: ok");
+}
+
+#[test]
+fn sigterm_stops_the_endpoint_and_a_port_in_use_is_a_start_up_error() {
+    let port = free_port();
+    let s = setup(port);
+    let mut d = common::start(&s.config, s.dir.path());
+    scrape(port);
+    let pid = i32::try_from(d.child.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid; it touches no memory of ours.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let st = common::wait_exit(&mut d.child, 20);
+    assert_eq!(st.code(), Some(0), "{}", d.log());
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "the endpoint closed with the daemon");
+
+    // The port held by someone else: fabricd refuses to start, naming the key.
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let s = setup(port);
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricd")).arg("--config").arg(&s.config).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("cannot listen for metrics") && err.contains("metrics.listen"), "{err}");
+    assert!(!s.socket.exists(), "the socket is removed when start-up fails");
+}
