@@ -19,6 +19,9 @@ pub const MAX_HEAD: usize = 8 << 10;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A client must take the answer within this long.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long, and how much, input after the answer is read before closing.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+const DRAIN_MAX: usize = 64 << 10;
 /// Scrapes served at once; further connections are closed at accept.
 pub const MAX_CONNECTIONS: usize = 16;
 
@@ -159,6 +162,19 @@ async fn answer(mut stream: TcpStream, daemon: &Daemon) {
     let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
         stream.write_all(&out).await?;
         stream.shutdown().await
+    })
+    .await;
+    // Closing with unread input would reset the connection, and the client could lose the
+    // answer; read what is left (bounded) until the client closes.
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        let mut buf = [0u8; 4096];
+        let mut left = DRAIN_MAX;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
     })
     .await;
 }

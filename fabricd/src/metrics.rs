@@ -186,7 +186,7 @@ impl Metrics {
         p.family(
             "fabricd_request_duration_seconds",
             "histogram",
-            "Time from a request read to its answer written, by operation.",
+            "Time from a request read to its answer ready to send, by operation.",
         );
         for (o, h) in self.durations.iter().enumerate() {
             let (cum, sum) = h.read();

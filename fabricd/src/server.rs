@@ -125,35 +125,32 @@ async fn serve_session(
             () = shutdown.cancelled() => break,
             r = conn.read_frame() => r,
         };
+        // Counted before the answer is sent, so that a client that has its answer also
+        // sees it counted.
         let start = Instant::now();
         let ok = match read {
             Read::Gone => break,
             Read::Fatal(err) => {
                 tracing::warn!(uid = peer.uid, pid = peer.pid, code = ?err.code, "closing connection: {}", err.message);
                 let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
-                let code = err.code;
+                daemon.metrics.record(None, Some(err.code), start.elapsed());
                 let _ = conn.send(&h, Message::Error(err)).await;
-                daemon.metrics.record(None, Some(code), start.elapsed());
                 break;
             }
             Read::Refuse(h, err) => {
                 tracing::warn!(uid = peer.uid, pid = peer.pid, op = h.opcode.name(), code = ?err.code, "refused: {}", err.message);
                 // An unknown opcode travels under Hello; count it as op="unknown".
                 let op = (err.code != ErrorCode::UnknownOpcode).then_some(h.opcode);
-                let code = err.code;
-                let ok = conn.send(&h, Message::Error(err)).await;
-                daemon.metrics.record(op, Some(code), start.elapsed());
-                ok
+                daemon.metrics.record(op, Some(err.code), start.elapsed());
+                conn.send(&h, Message::Error(err)).await
             }
             Read::Request(h, req) => {
                 let answer = conn.answer(req, session);
-                let code = answer.as_ref().err().map(|e| e.code);
-                let ok = match answer {
+                daemon.metrics.record(Some(h.opcode), answer.as_ref().err().map(|e| e.code), start.elapsed());
+                match answer {
                     Ok(resp) => conn.send(&h, Message::Response(resp)).await,
                     Err(err) => conn.send(&h, Message::Error(err)).await,
-                };
-                daemon.metrics.record(Some(h.opcode), code, start.elapsed());
-                ok
+                }
             }
         };
         if !ok {
