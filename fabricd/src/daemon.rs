@@ -15,6 +15,7 @@ use fabric_topology::{BackendReport, BackendState, DeviceIdx, Fabric, Inventory}
 
 use crate::config::{BackendName, Config, ConfigError, Environment};
 use crate::journal::{Journal, JournalError, JournalOptions};
+use crate::memory::Memory;
 use crate::metrics::{Live, Metrics};
 
 /// Why the daemon could not start.
@@ -59,6 +60,9 @@ pub enum StartError {
     /// The admin group does not exist.
     #[error("socket.admin_group {0:?} is not a group on this system")]
     UnknownAdminGroup(String),
+    /// The sim device memory directory could not be prepared.
+    #[error("sim device memory")]
+    Memory(#[source] crate::memory::MemoryError),
 }
 
 /// Runs the discovery the configuration selects: the sim fabric when one is configured,
@@ -137,6 +141,8 @@ pub struct Daemon {
     pub admin_gid: Option<u32>,
     /// Request counters and the gauges the metrics page shows.
     pub metrics: Metrics,
+    /// Regions, exports and imports of sim device memory.
+    pub memory: Memory,
 }
 
 impl Daemon {
@@ -179,6 +185,8 @@ impl Daemon {
             map_generation = synced.map.generation(),
             "fabric loaded"
         );
+        let memory = Memory::open(&state_dir.join("memory"), fabric.inventory(), config.limits.clone())
+            .map_err(StartError::Memory)?;
         let metrics = Metrics::new(&fabric);
         metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
         Ok(Self {
@@ -197,6 +205,7 @@ impl Daemon {
             next_session: AtomicU64::new(1),
             admin_gid,
             metrics,
+            memory,
         })
     }
 

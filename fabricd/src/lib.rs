@@ -6,26 +6,30 @@
 //! - [`daemon`]: start-up — discovery, the fabric, the address map in the state dir and
 //!   the journal's lock — and the state every connection shares;
 //! - [`server`]: the Unix socket server ([`run`]): hello negotiation, then status,
-//!   topology, devices, map, translate and partitions ([`ops`]), every refusal a typed
-//!   error and a log line;
+//!   topology, devices, map, translate and partitions ([`ops`]), and alloc, free,
+//!   export, revoke, import and release ([`memops`] over [`memory`], regions passed as
+//!   descriptors), every refusal a typed error and a log line;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
 //! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
 //! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
-//! Memory brokering (alloc, export, import, register), events and monitoring are not
-//! served yet: those operations answer `NotImplemented`.
+//! Registration (register/unregister), interleave-set allocation, events and monitoring
+//! are not served yet: those operations answer `NotImplemented`. Regions and exports are
+//! not durable across a daemon restart yet.
 
 pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod http;
 pub mod journal;
+pub mod memops;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod ops;
 pub mod server;
 pub mod socket;
-mod sys;
+pub(crate) mod sys;
 
 pub use daemon::{Daemon, StartError};
 pub use server::{ServeError, run};

@@ -10,30 +10,51 @@ use fabric_proto::wire::{
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
+use std::os::fd::OwnedFd;
+
 use crate::auth;
 use crate::daemon::Daemon;
+use crate::memops;
 
 /// A typed refusal with its message.
 pub fn refusal(code: ErrorCode, message: impl AsRef<str>) -> ErrorBody {
     ErrorBody { code, message: ErrorText::truncated(message.as_ref()), detail: None }
 }
 
-/// Answers one request (not `Hello`, which the connection handles). Every refusal is
-/// also logged with the peer and the operation.
+/// Answers one request (not `Hello`) outside any session, dropping any descriptor the
+/// answer carries: [`handle_session`] with session 0.
 pub fn handle(d: &Daemon, peer: &PeerCred, req: Request) -> Result<Response, ErrorBody> {
+    handle_session(d, peer, 0, req).map(|(r, _)| r)
+}
+
+/// Answers one request (not `Hello`) of `session`, with the descriptor the answer carries
+/// (`Alloc` and `Import`). Every refusal is also logged with the peer and the operation.
+pub fn handle_session(
+    d: &Daemon,
+    peer: &PeerCred,
+    session: u64,
+    req: Request,
+) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
     let op = req.opcode();
+    let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
     let r = match req {
         Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
-        Request::Status(_) => Ok(Response::Status(status(d))),
-        Request::Topology(t) => topology(d, t.node.as_deref()).map(Response::Topology),
-        Request::Devices(t) => devices(d, t.node.as_deref()).map(Response::Devices),
-        Request::Map(t) => map_listing(d, t.node.as_deref()).map(Response::Map),
-        Request::Translate(t) => Ok(Response::Translate(translate(&d.map().snapshot(), &t.queries))),
-        Request::Partitions(p) => partitions(d, peer, p).map(Response::Partitions),
+        Request::Status(_) => Ok((Response::Status(status(d)), None)),
+        Request::Topology(t) => plain(topology(d, t.node.as_deref()).map(Response::Topology)),
+        Request::Devices(t) => plain(devices(d, t.node.as_deref()).map(Response::Devices)),
+        Request::Map(t) => plain(map_listing(d, t.node.as_deref()).map(Response::Map)),
+        Request::Translate(t) => Ok((Response::Translate(translate(&d.map().snapshot(), &t.queries)), None)),
+        Request::Partitions(p) => plain(partitions(d, peer, p).map(Response::Partitions)),
+        Request::Alloc(a) => memops::alloc(d, peer, session, a),
+        Request::Free(f) => plain(memops::free(d, session, f.region)),
+        Request::Export(e) => plain(memops::export(d, peer, session, e)),
+        Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
+        Request::Import(i) => memops::import(d, peer, session, i),
+        Request::Release(r) => plain(memops::release(d, session, r.import)),
         _ => Err(refusal(
             ErrorCode::NotImplemented,
             format!(
-                "{op} is not implemented by this fabricd yet (served: hello, status, topology, devices, map, translate, partitions)"
+                "{op} is not implemented by this fabricd yet (served: hello, status, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release)"
             ),
         )),
     };
@@ -130,17 +151,18 @@ pub fn status(d: &Daemon) -> StatusResponse {
     }
     problems.truncate(1024);
     let generation = d.map().generation();
+    let mem = d.memory.counts();
     StatusResponse {
         ready: true,
         uptime_s: d.uptime_s(),
         devices: u32::try_from(inv.devices.len()).unwrap_or(u32::MAX),
         links: u32::try_from(inv.links.len()).unwrap_or(u32::MAX),
         sessions: d.sessions(),
-        regions: 0,
-        exports: 0,
-        imports: 0,
+        regions: mem.regions,
+        exports: mem.exports,
+        imports: mem.imports,
         registrations: 0,
-        allocated_bytes: 0,
+        allocated_bytes: mem.allocated_bytes,
         pinned_bytes: 0,
         map_generation: generation,
         problems: BoundedVec::new(problems).unwrap_or_default(),

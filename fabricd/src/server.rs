@@ -2,6 +2,7 @@
 //! negotiation and the request loop. Shutdown stops accepting, lets requests in flight
 //! finish (bounded) and returns.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use fabric_proto::wire::{
     MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, Version, decode_header,
     decode_request, encode_message, negotiate,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -18,7 +19,9 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::daemon::Daemon;
+use crate::memory::Reclaimed;
 use crate::ops::{self, refusal};
+use crate::sys;
 
 /// How long requests in flight get to finish after shutdown is asked for.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -148,7 +151,8 @@ async fn serve_session(
                 let answer = conn.answer(req, session);
                 daemon.metrics.record(Some(h.opcode), answer.as_ref().err().map(|e| e.code), start.elapsed());
                 match answer {
-                    Ok(resp) => conn.send(&h, Message::Response(resp)).await,
+                    Ok((resp, None)) => conn.send(&h, Message::Response(resp)).await,
+                    Ok((resp, Some(fd))) => conn.send_fd(&h, Message::Response(resp), fd).await,
                     Err(err) => conn.send(&h, Message::Error(err)).await,
                 }
             }
@@ -156,6 +160,17 @@ async fn serve_session(
         if !ok {
             break;
         }
+    }
+    let r = daemon.memory.close_session(session);
+    if r != Reclaimed::default() {
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            regions = r.regions,
+            exports = r.exports,
+            imports = r.imports,
+            "session closed; reclaimed its regions and imports, revoked its exports"
+        );
     }
     tracing::debug!("disconnected");
 }
@@ -240,19 +255,20 @@ impl Conn<'_> {
         true
     }
 
-    fn answer(&mut self, req: Request, session: u64) -> Result<Response, ErrorBody> {
+    fn answer(&mut self, req: Request, session: u64) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
         if let Request::Hello(h) = &req {
             return match negotiate(h.versions, SUPPORTED_VERSIONS) {
                 Ok(v) => {
                     self.version = Some(v);
                     tracing::debug!(client = %h.client, version = %v, "hello");
-                    Ok(Response::Hello(HelloResponse {
+                    let hello = HelloResponse {
                         version: v,
                         server: Name::truncated(concat!("fabricd ", env!("CARGO_PKG_VERSION"))),
                         session,
                         max_request_body: self.daemon.config.limits.max_request_bytes.min(MAX_REQUEST_BODY),
                         max_fds: MAX_FDS,
-                    }))
+                    };
+                    Ok((Response::Hello(hello), None))
                 }
                 Err(e) => {
                     let body = ErrorBody::from(e);
@@ -271,7 +287,40 @@ impl Conn<'_> {
             );
             return Err(body);
         }
-        ops::handle(self.daemon, &self.peer, req)
+        ops::handle_session(self.daemon, &self.peer, session, req)
+    }
+
+    /// Sends one answer with its descriptor (`SCM_RIGHTS` with the first bytes, the rest
+    /// plainly); false when the connection is unusable. The descriptor is closed here
+    /// once sent (the client has its own).
+    async fn send_fd(&mut self, h: &Header, msg: Message, fd: OwnedFd) -> bool {
+        let version = self.version.unwrap_or(h.version);
+        let header = Header { version, fd_count: 1, ..h.answer(msg.kind()) };
+        let mut buf = Vec::new();
+        if let Err(e) = encode_message(&header, &msg, &mut buf) {
+            tracing::error!(error = %e, op = h.opcode.name(), "cannot encode an answer");
+            let err = Message::Error(refusal(ErrorCode::Internal, format!("answer does not encode: {e}")));
+            return self.send(h, err).await;
+        }
+        let first = async {
+            loop {
+                self.stream.writable().await?;
+                match self
+                    .stream
+                    .try_io(Interest::WRITABLE, || sys::send_with_fd(self.stream.as_fd(), &buf, fd.as_fd()))
+                {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    r => return r,
+                }
+            }
+        };
+        let sent = match tokio::time::timeout(WRITE_TIMEOUT, first).await {
+            Ok(Ok(n)) => n,
+            _ => return false,
+        };
+        drop(fd);
+        let rest = buf.get(sent..).unwrap_or_default();
+        matches!(tokio::time::timeout(WRITE_TIMEOUT, self.stream.write_all(rest)).await, Ok(Ok(())))
     }
 
     /// Sends one answer to the request `h`; false when the connection is unusable.

@@ -1,0 +1,109 @@
+//! The memory operations on the wire: alloc, free, export, revoke, import and release,
+//! from requests to [`crate::memory::Memory`] calls and back, every refusal typed.
+
+use std::os::fd::OwnedFd;
+
+use fabric_proto::wire::{
+    AllocRequest, AllocResponse, AllocTarget, ErrorBody, ErrorCode, ErrorDetail, ExportHandle, ExportRequest,
+    ExportResponse, ImportRequest, ImportResponse, Name, PeerCred, Response,
+};
+use fabric_topology::DeviceId;
+
+use crate::daemon::Daemon;
+use crate::memory::{MemoryError, Place};
+use crate::ops::refusal;
+
+/// The typed refusal for a memory error.
+pub fn refused(e: &MemoryError) -> ErrorBody {
+    let code = match e {
+        MemoryError::NotFound(_) => ErrorCode::NotFound,
+        MemoryError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+        MemoryError::InvalidHandle => ErrorCode::InvalidHandle,
+        MemoryError::Revoked => ErrorCode::Revoked,
+        MemoryError::Limit { .. } => ErrorCode::LimitExceeded,
+        MemoryError::NoSpace(_) => ErrorCode::NoSpace,
+        MemoryError::BadRequest(_) => ErrorCode::BadRequest,
+        MemoryError::NotImplemented(_) => ErrorCode::NotImplemented,
+        MemoryError::Io { .. } => ErrorCode::Internal,
+    };
+    let mut message = e.to_string();
+    if let MemoryError::Io { source, .. } = e {
+        message.push_str(&format!(": {source}"));
+    }
+    let mut body = refusal(code, message);
+    if let MemoryError::Limit { what, used, requested, max, .. } = e {
+        body.detail =
+            Some(ErrorDetail::Limit { what: Name::truncated(what), used: *used, requested: *requested, max: *max });
+    }
+    body
+}
+
+fn parse_device(s: &str) -> Result<DeviceId, ErrorBody> {
+    s.parse::<DeviceId>().map_err(|e| refusal(ErrorCode::BadRequest, format!("device {s:?}: {e}")))
+}
+
+/// `Alloc`: a region and its backing file, read-write.
+pub fn alloc(
+    d: &Daemon,
+    peer: &PeerCred,
+    session: u64,
+    req: AllocRequest,
+) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
+    let (device, kind, ordinal): (_, fabric_topology::MemoryKind, _) = match &req.target {
+        AllocTarget::Resource(r) => (parse_device(&r.device)?, r.memory.into(), Some(r.ordinal)),
+        AllocTarget::Device { device, memory } => (parse_device(device)?, (*memory).into(), None),
+        AllocTarget::Set(_) => {
+            return Err(refusal(ErrorCode::NotImplemented, "allocating from an interleave set is not served yet"));
+        }
+    };
+    let g = d
+        .memory
+        .alloc(peer, session, &Place { device, kind, ordinal }, req.size, req.align)
+        .map_err(|e| refused(&e))?;
+    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa: None, offset: 0 };
+    Ok((Response::Alloc(resp), Some(g.fd)))
+}
+
+/// `Free`: a region of this session.
+pub fn free(d: &Daemon, session: u64, region: u64) -> Result<Response, ErrorBody> {
+    d.memory.free(session, region).map_err(|e| refused(&e))?;
+    Ok(Response::Free)
+}
+
+/// `Export`: a handle for a region of this session.
+pub fn export(d: &Daemon, peer: &PeerCred, session: u64, req: ExportRequest) -> Result<Response, ErrorBody> {
+    let handle = d.memory.export(peer, session, req.region, req.policy).map_err(|e| refused(&e))?;
+    Ok(Response::Export(ExportResponse { handle }))
+}
+
+/// `Revoke`: an export of a region of this session.
+pub fn revoke(d: &Daemon, session: u64, handle: &ExportHandle) -> Result<Response, ErrorBody> {
+    d.memory.revoke(session, handle).map_err(|e| refused(&e))?;
+    Ok(Response::Revoke)
+}
+
+/// `Import`: the region a handle names, opened read-only or read-write as granted.
+pub fn import(
+    d: &Daemon,
+    peer: &PeerCred,
+    session: u64,
+    req: ImportRequest,
+) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
+    let g = d.memory.import(peer, session, &req.handle, req.access).map_err(|e| refused(&e))?;
+    let resp = ImportResponse {
+        import: g.import,
+        region: g.region,
+        generation: g.generation,
+        size: g.len,
+        gfa: None,
+        offset: 0,
+        access: req.access,
+    };
+    Ok((Response::Import(resp), Some(g.fd)))
+}
+
+/// `Release`: an import of this session.
+pub fn release(d: &Daemon, session: u64, import: u64) -> Result<Response, ErrorBody> {
+    d.memory.release(session, import).map_err(|e| refused(&e))?;
+    Ok(Response::Release)
+}

@@ -1,0 +1,118 @@
+//! A deterministic first-fit range allocator over one memory resource: the lowest aligned
+//! offset where the (rounded) length fits wins.
+
+use std::collections::BTreeMap;
+
+/// The allocation granule and default alignment: 2 MiB (a huge page).
+pub const GRANULE: u64 = 2 << 20;
+
+/// Why a range could not be allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// No free range is large enough.
+    #[error("no free range of {len} bytes aligned to {align} in {capacity} bytes")]
+    NoSpace {
+        /// Bytes asked for (rounded).
+        len: u64,
+        /// Alignment.
+        align: u64,
+        /// The resource's size.
+        capacity: u64,
+    },
+    /// The alignment is not a power of two.
+    #[error("alignment {0} is not a power of two")]
+    BadAlign(u64),
+}
+
+/// Allocated ranges of one resource, by offset.
+#[derive(Debug, Clone)]
+pub struct RangeAllocator {
+    capacity: u64,
+    used: BTreeMap<u64, u64>,
+}
+
+/// Rounds `len` up to whole granules (`None` on overflow or zero).
+pub fn round_len(len: u64) -> Option<u64> {
+    if len == 0 {
+        return None;
+    }
+    len.checked_add(GRANULE - 1).map(|l| l / GRANULE * GRANULE)
+}
+
+impl RangeAllocator {
+    /// An empty allocator over `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        Self { capacity, used: BTreeMap::new() }
+    }
+
+    /// The resource's size.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Allocates `len` bytes (a multiple of [`GRANULE`]) at the lowest offset aligned to
+    /// `align` (0: [`GRANULE`]; smaller ones are raised to it) where they fit.
+    pub fn alloc(&mut self, len: u64, align: u64) -> Result<u64, AllocError> {
+        if align != 0 && !align.is_power_of_two() {
+            return Err(AllocError::BadAlign(align));
+        }
+        let align = align.max(GRANULE);
+        let no_space = AllocError::NoSpace { len, align, capacity: self.capacity };
+        let mut cursor = 0u64;
+        for (&off, &l) in &self.used {
+            let start = cursor.checked_next_multiple_of(align).ok_or(no_space)?;
+            if start.checked_add(len).is_some_and(|end| end <= off) {
+                self.used.insert(start, len);
+                return Ok(start);
+            }
+            cursor = off + l;
+        }
+        let start = cursor.checked_next_multiple_of(align).ok_or(no_space)?;
+        if start.checked_add(len).is_some_and(|end| end <= self.capacity) {
+            self.used.insert(start, len);
+            return Ok(start);
+        }
+        Err(no_space)
+    }
+
+    /// Frees the range at `offset`; false if none starts there.
+    pub fn free(&mut self, offset: u64) -> bool {
+        self.used.remove(&offset).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_reuses_the_lowest_hole_and_respects_alignment() {
+        let mut a = RangeAllocator::new(16 * GRANULE);
+        assert_eq!(a.alloc(GRANULE, 0), Ok(0));
+        assert_eq!(a.alloc(2 * GRANULE, 0), Ok(GRANULE));
+        assert_eq!(a.alloc(GRANULE, 4 * GRANULE), Ok(4 * GRANULE));
+        assert!(a.free(GRANULE));
+        assert!(!a.free(GRANULE));
+        // The hole at 1..3 granules is reused first.
+        assert_eq!(a.alloc(GRANULE, 0), Ok(GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(2 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(3 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 3), Err(AllocError::BadAlign(3)));
+    }
+
+    #[test]
+    fn full_and_oversized_requests_are_refused() {
+        let mut a = RangeAllocator::new(4 * GRANULE);
+        assert!(matches!(a.alloc(8 * GRANULE, 0), Err(AllocError::NoSpace { .. })));
+        assert_eq!(a.alloc(4 * GRANULE, 0), Ok(0));
+        assert!(matches!(a.alloc(GRANULE, 0), Err(AllocError::NoSpace { .. })));
+        assert!(matches!(
+            a.alloc(round_len(u64::MAX - 5).unwrap_or(GRANULE), 1 << 63),
+            Err(AllocError::NoSpace { .. })
+        ));
+        assert_eq!(round_len(0), None);
+        assert_eq!(round_len(1), Some(GRANULE));
+        assert_eq!(round_len(u64::MAX), None);
+    }
+}

@@ -1,0 +1,530 @@
+//! Sim device memory and its registry: regions allocated from the devices' memory
+//! resources, exports (capabilities with a random secret and a policy), imports, per-uid
+//! limits, and reclaim when a session ends.
+//!
+//! Each region is backed by its own sparse file under
+//! `<state dir>/memory/<sanitised device id>.<kind><ordinal>/r<region id>` (sized with
+//! `set_len`, never written by the daemon), so that a descriptor handed to a client
+//! reaches exactly that region and nothing else of the device. The per-resource
+//! [`alloc::RangeAllocator`] places regions in the resource's range (first fit, 2 MiB
+//! granule), which bounds what a resource holds. The registry is in memory only: at start,
+//! region files left by an earlier run are removed (their sessions are gone).
+
+pub mod alloc;
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use fabric_proto::wire::{AccessMode, ExportHandle, ExportPolicy, PeerCred, Secret};
+use fabric_topology::{DeviceId, Inventory, MemoryKind};
+
+use crate::config::LimitsConfig;
+use alloc::{AllocError, RangeAllocator, round_len};
+
+/// Why a memory operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// No such device resource, region, export or import.
+    #[error("{0}")]
+    NotFound(String),
+    /// The caller does not own the object or the policy does not admit it.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The handle names no live export.
+    #[error("the handle does not name a live export")]
+    InvalidHandle,
+    /// The export was revoked.
+    #[error("the export was revoked")]
+    Revoked,
+    /// A per-uid limit would be exceeded.
+    #[error("uid {uid}: {what} limit: {used} in use + {requested} asked > {max}")]
+    Limit {
+        /// The uid.
+        uid: u32,
+        /// `allocated_bytes` or `objects`.
+        what: &'static str,
+        /// In use.
+        used: u64,
+        /// Asked for.
+        requested: u64,
+        /// Allowed.
+        max: u64,
+    },
+    /// The resource has no room.
+    #[error(transparent)]
+    NoSpace(AllocError),
+    /// The request is malformed (size 0, bad alignment).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Not served yet.
+    #[error("{0}")]
+    NotImplemented(String),
+    /// A backing file could not be created or opened.
+    #[error("backing file {path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MemoryError + '_ {
+    move |source| MemoryError::Io { path: path.to_owned(), source }
+}
+
+/// One memory resource of a device.
+#[derive(Debug)]
+struct Resource {
+    device: DeviceId,
+    kind: MemoryKind,
+    ordinal: u16,
+    dir: PathBuf,
+    ranges: RangeAllocator,
+}
+
+#[derive(Debug)]
+struct Region {
+    generation: u64,
+    owner: PeerCred,
+    session: u64,
+    resource: usize,
+    offset: u64,
+    len: u64,
+    path: PathBuf,
+}
+
+#[derive(Debug)]
+struct Export {
+    handle: ExportHandle,
+    owner_uid: u32,
+    policy: ExportPolicy,
+    revoked: bool,
+}
+
+#[derive(Debug)]
+struct Import {
+    region: u64,
+    uid: u32,
+    session: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    bytes: u64,
+    objects: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    resources: Vec<Resource>,
+    regions: HashMap<u64, Region>,
+    exports: Vec<Export>,
+    imports: HashMap<u64, Import>,
+    usage: HashMap<u32, Usage>,
+    next_id: u64,
+}
+
+/// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
+/// that kind with room when `ordinal` is `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The device.
+    pub device: DeviceId,
+    /// Kind of memory.
+    pub kind: MemoryKind,
+    /// Which resource of that kind.
+    pub ordinal: Option<u16>,
+}
+
+/// A region as the client gets it.
+#[derive(Debug)]
+pub struct Granted {
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The backing file, opened for the access granted.
+    pub fd: OwnedFd,
+    /// Import id (imports only).
+    pub import: u64,
+}
+
+/// Counters for `status`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Live regions.
+    pub regions: u64,
+    /// Live (unrevoked) exports.
+    pub exports: u64,
+    /// Live imports.
+    pub imports: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+}
+
+/// What a closed session held and lost.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Regions freed.
+    pub regions: u64,
+    /// Exports revoked (of those regions).
+    pub exports: u64,
+    /// Imports released.
+    pub imports: u64,
+}
+
+/// The memory broker's state.
+#[derive(Debug)]
+pub struct Memory {
+    state: Mutex<State>,
+    limits: LimitsConfig,
+}
+
+/// A device id as a file name: characters other than `[A-Za-z0-9._-]` become `_`.
+pub fn sanitise(id: &str) -> String {
+    id.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect()
+}
+
+fn kind_name(k: MemoryKind) -> String {
+    format!("{k:?}").to_ascii_lowercase()
+}
+
+fn random_secret() -> std::io::Result<Secret> {
+    let mut b = [0u8; 16];
+    File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(Secret(b))
+}
+
+impl Memory {
+    /// One resource per memory resource of each device, with its directory under
+    /// `root` created and emptied of region files left by an earlier run.
+    pub fn open(root: &Path, inv: &Inventory, limits: LimitsConfig) -> Result<Self, MemoryError> {
+        let mut resources = Vec::new();
+        for dev in &inv.devices {
+            let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
+            for m in &dev.memory {
+                let ord = ordinals.entry(m.kind).or_default();
+                let ordinal = *ord;
+                *ord += 1;
+                let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
+                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+                let mut stale = 0usize;
+                for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
+                    if e.file_name().to_string_lossy().starts_with('r') {
+                        std::fs::remove_file(e.path()).map_err(io_err(&e.path()))?;
+                        stale += 1;
+                    }
+                }
+                if stale > 0 {
+                    tracing::info!(dir = %dir.display(), stale, "removed region files of an earlier run");
+                }
+                resources.push(Resource {
+                    device: dev.id.clone(),
+                    kind: m.kind,
+                    ordinal,
+                    dir,
+                    ranges: RangeAllocator::new(m.size),
+                });
+            }
+        }
+        tracing::info!(resources = resources.len(), dir = %root.display(), "sim device memory ready");
+        Ok(Self { state: Mutex::new(State { resources, next_id: 1, ..State::default() }), limits })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check(&self, st: &State, uid: u32, bytes: u64, objects: u64) -> Result<(), MemoryError> {
+        let u = st.usage.get(&uid).copied().unwrap_or_default();
+        let max_b = self.limits.allocated_bytes_per_uid;
+        if u.bytes.saturating_add(bytes) > max_b {
+            return Err(MemoryError::Limit {
+                uid,
+                what: "allocated_bytes",
+                used: u.bytes,
+                requested: bytes,
+                max: max_b,
+            });
+        }
+        let max_o = u64::from(self.limits.objects_per_uid);
+        if u.objects.saturating_add(objects) > max_o {
+            return Err(MemoryError::Limit { uid, what: "objects", used: u.objects, requested: objects, max: max_o });
+        }
+        Ok(())
+    }
+
+    /// Allocates `size` bytes (rounded up to 2 MiB) on the resource `place` names.
+    pub fn alloc(
+        &self,
+        owner: &PeerCred,
+        session: u64,
+        place: &Place,
+        size: u64,
+        align: u64,
+    ) -> Result<Granted, MemoryError> {
+        let Place { device, kind, ordinal } = place;
+        let (kind, ordinal) = (*kind, *ordinal);
+        let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let mut st = self.state();
+        self.check(&st, owner.uid, len, 1)?;
+        let candidates: Vec<usize> = (0..st.resources.len())
+            .filter(|&i| {
+                let r = &st.resources[i];
+                r.device == *device && r.kind == kind && ordinal.is_none_or(|o| o == r.ordinal)
+            })
+            .collect();
+        if candidates.is_empty() {
+            let which = ordinal.map(|o| format!(" #{o}")).unwrap_or_default();
+            return Err(MemoryError::NotFound(format!("device {device} has no {} memory{which}", kind_name(kind))));
+        }
+        let mut last = None;
+        let mut placed = None;
+        for i in candidates {
+            match st.resources[i].ranges.alloc(len, align) {
+                Ok(off) => {
+                    placed = Some((i, off));
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some((resource, offset)) = placed else {
+            return Err(match last {
+                Some(AllocError::BadAlign(a)) => {
+                    MemoryError::BadRequest(format!("alignment {a} is not a power of two"))
+                }
+                Some(e) => MemoryError::NoSpace(e),
+                None => MemoryError::NotFound(format!("device {device}")),
+            });
+        };
+        let id = st.next_id;
+        st.next_id += 1;
+        let path = st.resources[resource].dir.join(format!("r{id}"));
+        let made = (|| {
+            let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+            f.set_len(len)?;
+            Ok::<_, std::io::Error>(OwnedFd::from(f))
+        })();
+        let fd = match made {
+            Ok(fd) => fd,
+            Err(e) => {
+                st.resources[resource].ranges.free(offset);
+                let _ = std::fs::remove_file(&path);
+                return Err(io_err(&path)(e));
+            }
+        };
+        let u = st.usage.entry(owner.uid).or_default();
+        u.bytes += len;
+        u.objects += 1;
+        st.regions.insert(id, Region { generation: id, owner: *owner, session, resource, offset, len, path });
+        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, len, "region allocated");
+        Ok(Granted { region: id, generation: id, len, fd, import: 0 })
+    }
+
+    fn owned(st: &State, region: u64, session: u64) -> Result<&Region, MemoryError> {
+        let r = st.regions.get(&region).ok_or_else(|| MemoryError::NotFound(format!("no region {region}")))?;
+        if r.session != session {
+            return Err(MemoryError::PermissionDenied(format!("region {region} belongs to another session")));
+        }
+        Ok(r)
+    }
+
+    /// Frees a region the session owns: its exports end and its imports are dropped.
+    pub fn free(&self, session: u64, region: u64) -> Result<Reclaimed, MemoryError> {
+        let mut st = self.state();
+        Self::owned(&st, region, session)?;
+        Ok(Self::drop_region(&mut st, region))
+    }
+
+    fn drop_region(st: &mut State, id: u64) -> Reclaimed {
+        let mut out = Reclaimed::default();
+        let Some(r) = st.regions.remove(&id) else { return out };
+        st.resources[r.resource].ranges.free(r.offset);
+        if let Err(e) = std::fs::remove_file(&r.path) {
+            tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");
+        }
+        let u = st.usage.entry(r.owner.uid).or_default();
+        u.bytes = u.bytes.saturating_sub(r.len);
+        u.objects = u.objects.saturating_sub(1);
+        out.regions = 1;
+        let mut released = Vec::new();
+        st.exports.retain(|e| {
+            if e.handle.region == id {
+                if !e.revoked {
+                    out.exports += 1;
+                }
+                released.push(e.owner_uid);
+                false
+            } else {
+                true
+            }
+        });
+        for uid in released {
+            let u = st.usage.entry(uid).or_default();
+            u.objects = u.objects.saturating_sub(1);
+        }
+        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.region == id).map(|(k, _)| *k).collect();
+        for k in imports {
+            Self::drop_import(st, k);
+            out.imports += 1;
+        }
+        tracing::info!(region = id, uid = r.owner.uid, exports = out.exports, imports = out.imports, "region freed");
+        out
+    }
+
+    fn drop_import(st: &mut State, id: u64) {
+        if let Some(i) = st.imports.remove(&id) {
+            let u = st.usage.entry(i.uid).or_default();
+            u.objects = u.objects.saturating_sub(1);
+        }
+    }
+
+    /// Exports a region the session owns under `policy`: a handle with a fresh secret.
+    pub fn export(
+        &self,
+        owner: &PeerCred,
+        session: u64,
+        region: u64,
+        policy: ExportPolicy,
+    ) -> Result<ExportHandle, MemoryError> {
+        if policy.partition.is_some() {
+            return Err(MemoryError::NotImplemented("export policies bound to a partition are not served yet".into()));
+        }
+        let mut st = self.state();
+        let generation = Self::owned(&st, region, session)?.generation;
+        self.check(&st, owner.uid, 0, 1)?;
+        let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
+        let handle = ExportHandle { region, generation, secret };
+        st.exports.push(Export { handle, owner_uid: owner.uid, policy, revoked: false });
+        st.usage.entry(owner.uid).or_default().objects += 1;
+        tracing::info!(uid = owner.uid, pid = owner.pid, region, generation, "region exported");
+        Ok(handle)
+    }
+
+    fn find_export<'s>(st: &'s mut State, handle: &ExportHandle) -> Option<&'s mut Export> {
+        // Every export is checked, each in constant time, with no early exit.
+        let mut found = None;
+        for (i, e) in st.exports.iter().enumerate() {
+            if e.handle.verify(handle) {
+                found = Some(i);
+            }
+        }
+        found.map(|i| &mut st.exports[i])
+    }
+
+    /// Revokes an export of a region the session owns; later imports are refused.
+    pub fn revoke(&self, session: u64, handle: &ExportHandle) -> Result<(), MemoryError> {
+        let mut st = self.state();
+        let owner_session = st.regions.get(&handle.region).map(|r| r.session);
+        let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
+        if owner_session != Some(session) {
+            return Err(MemoryError::PermissionDenied("only the region's owner may revoke its exports".into()));
+        }
+        e.revoked = true;
+        tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
+        Ok(())
+    }
+
+    /// Imports by handle: checks the secret, the generation, revocation and the policy,
+    /// and opens the region's file read-only or read-write as granted.
+    pub fn import(
+        &self,
+        peer: &PeerCred,
+        session: u64,
+        handle: &ExportHandle,
+        access: AccessMode,
+    ) -> Result<Granted, MemoryError> {
+        let mut st = self.state();
+        let (owner_uid, policy, revoked) = {
+            let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
+            (e.owner_uid, e.policy.clone(), e.revoked)
+        };
+        if revoked {
+            return Err(MemoryError::Revoked);
+        }
+        let admitted = if policy.uids.is_empty() && policy.gids.is_empty() {
+            peer.uid == owner_uid
+        } else {
+            policy.uids.contains(&peer.uid) || policy.gids.contains(&peer.gid)
+        };
+        if !admitted {
+            return Err(MemoryError::PermissionDenied(format!("the export's policy does not admit uid {}", peer.uid)));
+        }
+        if access == AccessMode::ReadWrite && policy.access == AccessMode::ReadOnly {
+            return Err(MemoryError::PermissionDenied("the export is read-only".into()));
+        }
+        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
+        let (path, len, generation) = (r.path.clone(), r.len, r.generation);
+        self.check(&st, peer.uid, 0, 1)?;
+        let f =
+            OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
+        let id = st.next_id;
+        st.next_id += 1;
+        st.imports.insert(id, Import { region: handle.region, uid: peer.uid, session });
+        st.usage.entry(peer.uid).or_default().objects += 1;
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            session,
+            region = handle.region,
+            import = id,
+            ?access,
+            "imported"
+        );
+        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), import: id })
+    }
+
+    /// Releases an import the session holds.
+    pub fn release(&self, session: u64, import: u64) -> Result<(), MemoryError> {
+        let mut st = self.state();
+        match st.imports.get(&import) {
+            None => Err(MemoryError::NotFound(format!("no import {import}"))),
+            Some(i) if i.session != session => {
+                Err(MemoryError::PermissionDenied(format!("import {import} belongs to another session")))
+            }
+            Some(_) => {
+                Self::drop_import(&mut st, import);
+                Ok(())
+            }
+        }
+    }
+
+    /// Everything a session held: its regions freed (their exports revoked, their imports
+    /// dropped) and its imports released.
+    pub fn close_session(&self, session: u64) -> Reclaimed {
+        let mut st = self.state();
+        let mut out = Reclaimed::default();
+        let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
+        for id in regions {
+            let r = Self::drop_region(&mut st, id);
+            out.regions += r.regions;
+            out.exports += r.exports;
+        }
+        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
+        for id in imports {
+            Self::drop_import(&mut st, id);
+            out.imports += 1;
+        }
+        out
+    }
+
+    /// Counters for `status`.
+    pub fn counts(&self) -> Counts {
+        let st = self.state();
+        Counts {
+            regions: st.regions.len() as u64,
+            exports: st.exports.iter().filter(|e| !e.revoked).count() as u64,
+            imports: st.imports.len() as u64,
+            allocated_bytes: st.regions.values().map(|r| r.len).sum(),
+        }
+    }
+}
