@@ -1,9 +1,13 @@
 //! The daemon's state: the discovered fabric, the address map and the journal lock, built
 //! once at start; and the discovery the configuration selects.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use fabric_proto::wire::{DeviceChange, Event, MapChange};
 use std::time::Instant;
 
 use fabric_addrmap::{AddressMap, MapError};
@@ -14,6 +18,7 @@ use fabric_topology::inventory::InventoryError;
 use fabric_topology::{BackendReport, BackendState, DeviceIdx, Fabric, Inventory};
 
 use crate::config::{BackendName, Config, ConfigError, Environment};
+use crate::events::EventBus;
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::memory::Memory;
 use crate::metrics::{Live, Metrics};
@@ -114,6 +119,31 @@ pub fn backend_line(r: &BackendReport) -> String {
     }
 }
 
+/// The discovered fabric and what is derived from it; replaced as a whole when a rescan
+/// finds a change (readers keep the one they loaded).
+#[derive(Debug)]
+pub struct View {
+    /// The fabric.
+    pub fabric: Fabric,
+    /// Devices in the stable order.
+    pub order: Vec<DeviceIdx>,
+    /// Matrix labels over the fabric.
+    pub labels: MatrixLabels,
+    /// Node names.
+    pub nodes: Vec<String>,
+}
+
+impl View {
+    /// Indexes `inv` into a fabric and derives the order, labels and nodes.
+    pub fn build(inv: Inventory) -> Result<Self, StartError> {
+        let fabric = Fabric::build(inv).map_err(StartError::Index)?;
+        let order = device_order(&fabric);
+        let labels = MatrixLabels::from_order(&fabric, &order);
+        let nodes = fabric_proto::order::sorted_nodes(&fabric);
+        Ok(Self { fabric, order, labels, nodes })
+    }
+}
+
 /// The running daemon's state, shared by every connection.
 #[derive(Debug)]
 pub struct Daemon {
@@ -123,14 +153,13 @@ pub struct Daemon {
     pub socket_path: PathBuf,
     /// Its state directory.
     pub state_dir: PathBuf,
-    /// The fabric discovered at start.
-    pub fabric: Fabric,
-    /// Devices in the stable order.
-    pub order: Vec<DeviceIdx>,
-    /// Matrix labels over the fabric.
-    pub labels: MatrixLabels,
-    /// Node names.
-    pub nodes: Vec<String>,
+    view: ArcSwap<View>,
+    /// Serialises rescans.
+    rescan: Mutex<()>,
+    /// Devices seen since start that the last rescan did not find.
+    vanished: Mutex<BTreeSet<String>>,
+    /// Event subscriptions.
+    pub events: EventBus,
     map: Mutex<AddressMap>,
     map_path: PathBuf,
     _journal: Journal,
@@ -175,10 +204,8 @@ impl Daemon {
         let map_path = state_dir.join("map.state");
         let synced = fabric_addrmap::open_synced(&inv, &map_path, Some(&config.map))
             .map_err(|source| StartError::Map { path: map_path.clone(), source })?;
-        let fabric = Fabric::build(inv).map_err(StartError::Index)?;
-        let order = device_order(&fabric);
-        let labels = MatrixLabels::from_order(&fabric, &order);
-        let nodes = fabric_proto::order::sorted_nodes(&fabric);
+        let view = View::build(inv)?;
+        let fabric = &view.fabric;
         tracing::info!(
             devices = fabric.inventory().devices.len(),
             links = fabric.inventory().links.len(),
@@ -187,16 +214,16 @@ impl Daemon {
         );
         let memory = Memory::open(&state_dir.join("memory"), fabric.inventory(), config.limits.clone())
             .map_err(StartError::Memory)?;
-        let metrics = Metrics::new(&fabric);
+        let metrics = Metrics::new(fabric);
         metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
         Ok(Self {
             config,
             socket_path,
             state_dir,
-            fabric,
-            order,
-            labels,
-            nodes,
+            view: ArcSwap::from_pointee(view),
+            rescan: Mutex::new(()),
+            vanished: Mutex::new(BTreeSet::new()),
+            events: EventBus::default(),
             map: Mutex::new(synced.map),
             map_path,
             _journal: journal,
@@ -207,6 +234,70 @@ impl Daemon {
             metrics,
             memory,
         })
+    }
+
+    /// Devices seen since start that the last rescan did not find, sorted.
+    pub fn vanished(&self) -> Vec<String> {
+        self.vanished.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// The current fabric view.
+    pub fn view(&self) -> Arc<View> {
+        self.view.load_full()
+    }
+
+    /// Tells each importer that subscribed to revocations which of its imports ended.
+    pub fn flush_revocations(&self) {
+        for (session, r) in self.memory.take_revocations() {
+            self.events.send_to(session, Event::Revocation(r));
+        }
+    }
+
+    /// Runs discovery again and, when the fabric changed, swaps in the new view, brings
+    /// the address map in line (vanished devices leave holes) and saves it, and publishes
+    /// the device, link and map events. Returns the events published.
+    pub fn rescan(&self) -> Result<Vec<Event>, StartError> {
+        let _one = self.rescan.lock().unwrap_or_else(|p| p.into_inner());
+        let inv = discover(&self.config)?;
+        let old = self.view();
+        let mut events = crate::monitor::diff(old.fabric.inventory(), &inv);
+        if events.is_empty() {
+            return Ok(events);
+        }
+        let view = View::build(inv)?;
+        {
+            let mut map = self.map();
+            let change = map
+                .update(view.fabric.inventory())
+                .map_err(|source| StartError::Map { path: self.map_path.clone(), source })?;
+            if !change.is_empty() {
+                self.save_map(&map).map_err(|source| StartError::Map { path: self.map_path.clone(), source })?;
+                let n = |v: &Vec<_>| u32::try_from(v.len()).unwrap_or(u32::MAX);
+                events.push(Event::Map(MapChange {
+                    generation: change.generation,
+                    added: n(&change.added) + n(&change.returned),
+                    holed: n(&change.vanished),
+                    removed: n(&change.collected),
+                }));
+            }
+        }
+        {
+            let mut gone = self.vanished.lock().unwrap_or_else(|p| p.into_inner());
+            for ev in &events {
+                if let Event::Device { device, change } = ev {
+                    match change {
+                        DeviceChange::Removed => gone.insert(device.as_str().to_owned()),
+                        _ => gone.remove(device.as_str()),
+                    };
+                }
+            }
+        }
+        self.view.store(Arc::new(view));
+        for ev in &events {
+            tracing::info!(event = ?ev, "fabric changed");
+            self.events.publish(ev);
+        }
+        Ok(events)
     }
 
     /// The address map (a poisoned lock is recovered: the map is only changed through

@@ -20,11 +20,13 @@
 pub mod auth;
 pub mod config;
 pub mod daemon;
+pub mod events;
 pub mod http;
 pub mod journal;
 pub mod memops;
 pub mod memory;
 pub mod metrics;
+pub mod monitor;
 pub mod notify;
 pub mod ops;
 pub mod server;

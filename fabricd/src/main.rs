@@ -173,6 +173,7 @@ async fn serve(config: Config) -> ExitCode {
             }
         }
     }
+    tasks.spawn(fabricd::monitor::run(daemon.clone(), shutdown.clone()));
     tasks.close();
     let status = ops::status(&daemon);
     tracing::info!(

@@ -13,7 +13,7 @@ use fabric_topology::{BackendState, DeviceId, LinkState};
 use std::os::fd::OwnedFd;
 
 use crate::auth;
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, View};
 use crate::memops;
 
 /// A typed refusal with its message.
@@ -54,17 +54,18 @@ pub fn handle_session(
         _ => Err(refusal(
             ErrorCode::NotImplemented,
             format!(
-                "{op} is not implemented by this fabricd yet (served: hello, status, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release)"
+                "{op} is not implemented by this fabricd yet (served: hello, status, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release, and subscribe on a connection)"
             ),
         )),
     };
     if let Err(e) = &r {
         tracing::warn!(uid = peer.uid, pid = peer.pid, op = op.name(), code = ?e.code, "refused: {}", e.message);
     }
+    d.flush_revocations();
     r
 }
 
-fn check_node(d: &Daemon, node: Option<&str>) -> Result<(), ErrorBody> {
+fn check_node(d: &View, node: Option<&str>) -> Result<(), ErrorBody> {
     match node {
         Some(n) if !d.nodes.iter().any(|x| x == n) => {
             Err(refusal(ErrorCode::NotFound, format!("no node {n:?} (nodes: {})", d.nodes.join(", "))))
@@ -83,14 +84,16 @@ fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result
 /// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`
 /// writes (without the final newline).
 pub fn topology(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
-    check_node(d, node)?;
+    let d = d.view();
+    check_node(&d, node)?;
     let opts = TopologyOptions { node: node.map(str::to_owned) };
     json_doc("fabric.topology/v1", |w| fabric_proto::topology::write_topology(w, &d.fabric, &d.order, &d.labels, &opts))
 }
 
 /// The `fabric.devices/v1` document.
 pub fn devices(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
-    check_node(d, node)?;
+    let d = d.view();
+    check_node(&d, node)?;
     json_doc("fabric.devices/v1", |w| fabric_proto::topology::write_devices(w, &d.fabric, node))
 }
 
@@ -106,7 +109,8 @@ pub fn map_listing(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody
 
 /// The daemon's health: what is missing or degraded and why, and the counters.
 pub fn status(d: &Daemon) -> StatusResponse {
-    let inv = d.fabric.inventory();
+    let view = d.view();
+    let inv = view.fabric.inventory();
     let mut problems = Vec::new();
     for r in &inv.backends {
         let (kind, why) = match &r.state {
@@ -118,6 +122,14 @@ pub fn status(d: &Daemon) -> StatusResponse {
             kind,
             subject: DeviceName::truncated(&r.backend),
             detail: ErrorText::truncated(why),
+            bandwidth_permille: None,
+        });
+    }
+    for id in d.vanished() {
+        problems.push(Problem {
+            kind: ProblemKind::DeviceMissing,
+            subject: DeviceName::truncated(&id),
+            detail: ErrorText::truncated("device vanished (its memory is a hole in the map)"),
             bandwidth_permille: None,
         });
     }
@@ -279,7 +291,7 @@ fn partitions(d: &Daemon, peer: &PeerCred, req: PartitionsRequest) -> Result<Par
                     let id = dev
                         .parse::<DeviceId>()
                         .map_err(|e| refusal(ErrorCode::BadRequest, format!("device {dev:?}: {e}")))?;
-                    if d.fabric.inventory().find(&id).is_none() {
+                    if d.view().fabric.inventory().find(&id).is_none() {
                         return Err(refusal(ErrorCode::NotFound, format!("no device {id}")));
                     }
                     ids.push(id);

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    BodyError, ErrorBody, ErrorCode, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
-    MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, Version, decode_header,
-    decode_request, encode_message, negotiate,
+    BodyError, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
+    MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SubscribeResponse,
+    Version, decode_header, decode_request, encode_message, negotiate,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -99,6 +99,17 @@ struct Conn<'a> {
     peer: PeerCred,
     daemon: &'a Daemon,
     version: Option<Version>,
+    /// The subscribe request's id and the queue of its events.
+    events: Option<(u64, mpsc::Receiver<Event>)>,
+}
+
+/// The next queued event with its subscribe request's id (`None`: the subscriber was
+/// dropped for falling behind); pending forever without a subscription.
+async fn next_event(events: &mut Option<(u64, mpsc::Receiver<Event>)>) -> (u64, Option<Event>) {
+    match events {
+        Some((id, rx)) => (*id, rx.recv().await),
+        None => std::future::pending().await,
+    }
 }
 
 async fn serve_connection(stream: UnixStream, daemon: &Daemon, shutdown: &CancellationToken) {
@@ -122,8 +133,30 @@ async fn serve_session(
     shutdown: &CancellationToken,
 ) {
     tracing::debug!("connected");
-    let mut conn = Conn { stream, peer, daemon, version: None };
+    let mut conn = Conn { stream, peer, daemon, version: None, events: None };
     loop {
+        // Waiting for a frame to start and for an event are both cancel-safe; a frame that
+        // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
+        let next = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = conn.stream.readable() => r.map(|()| None),
+            ev = next_event(&mut conn.events) => Ok(Some(ev)),
+        };
+        match next {
+            Err(_) => break,
+            Ok(None) => {}
+            Ok(Some((id, Some(ev)))) => {
+                let h = Header::new(Opcode::Subscribe, FrameKind::Event, id);
+                if !conn.send(&h, Message::Event(ev)).await {
+                    break;
+                }
+                continue;
+            }
+            Ok(Some((_, None))) => {
+                tracing::warn!(uid = peer.uid, pid = peer.pid, "subscriber fell behind its events; closing");
+                break;
+            }
+        }
         let read = tokio::select! {
             () = shutdown.cancelled() => break,
             r = conn.read_frame() => r,
@@ -148,7 +181,7 @@ async fn serve_session(
                 conn.send(&h, Message::Error(err)).await
             }
             Read::Request(h, req) => {
-                let answer = conn.answer(req, session);
+                let answer = conn.answer(req, session, h.request_id);
                 daemon.metrics.record(Some(h.opcode), answer.as_ref().err().map(|e| e.code), start.elapsed());
                 match answer {
                     Ok((resp, None)) => conn.send(&h, Message::Response(resp)).await,
@@ -161,7 +194,9 @@ async fn serve_session(
             break;
         }
     }
+    daemon.events.unsubscribe(session);
     let r = daemon.memory.close_session(session);
+    daemon.flush_revocations();
     if r != Reclaimed::default() {
         tracing::info!(
             uid = peer.uid,
@@ -255,7 +290,12 @@ impl Conn<'_> {
         true
     }
 
-    fn answer(&mut self, req: Request, session: u64) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
+    fn answer(
+        &mut self,
+        req: Request,
+        session: u64,
+        request_id: u64,
+    ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
         if let Request::Hello(h) = &req {
             return match negotiate(h.versions, SUPPORTED_VERSIONS) {
                 Ok(v) => {
@@ -286,6 +326,12 @@ impl Conn<'_> {
                 "refused: send hello first"
             );
             return Err(body);
+        }
+        if let Request::Subscribe(sub) = req {
+            // Events travel under this request's id until the next subscribe.
+            self.events = self.daemon.events.subscribe(session, sub.topics).map(|rx| (request_id, rx));
+            tracing::debug!(topics = ?sub.topics, "subscribed");
+            return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
         }
         ops::handle_session(self.daemon, &self.peer, session, req)
     }

@@ -19,7 +19,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use fabric_proto::wire::{AccessMode, ExportHandle, ExportPolicy, PeerCred, Secret};
+use fabric_proto::wire::{AccessMode, ExportHandle, ExportPolicy, PeerCred, Revocation, RevocationReason, Secret};
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
@@ -110,6 +110,9 @@ struct Export {
 #[derive(Debug)]
 struct Import {
     region: u64,
+    generation: u64,
+    /// The export it came through.
+    via: ExportHandle,
     uid: u32,
     session: u64,
 }
@@ -128,6 +131,8 @@ struct State {
     imports: HashMap<u64, Import>,
     usage: HashMap<u32, Usage>,
     next_id: u64,
+    /// Revocations to tell importers: (importing session, what ended).
+    revocations: Vec<(u64, Revocation)>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -342,10 +347,10 @@ impl Memory {
     pub fn free(&self, session: u64, region: u64) -> Result<Reclaimed, MemoryError> {
         let mut st = self.state();
         Self::owned(&st, region, session)?;
-        Ok(Self::drop_region(&mut st, region))
+        Ok(Self::drop_region(&mut st, region, RevocationReason::Freed))
     }
 
-    fn drop_region(st: &mut State, id: u64) -> Reclaimed {
+    fn drop_region(st: &mut State, id: u64, reason: RevocationReason) -> Reclaimed {
         let mut out = Reclaimed::default();
         let Some(r) = st.regions.remove(&id) else { return out };
         st.resources[r.resource].ranges.free(r.offset);
@@ -374,6 +379,10 @@ impl Memory {
         }
         let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.region == id).map(|(k, _)| *k).collect();
         for k in imports {
+            if let Some(i) = st.imports.get(&k) {
+                let r = Revocation { region: id, generation: i.generation, import: k, reason };
+                st.revocations.push((i.session, r));
+            }
             Self::drop_import(st, k);
             out.imports += 1;
         }
@@ -430,6 +439,22 @@ impl Memory {
             return Err(MemoryError::PermissionDenied("only the region's owner may revoke its exports".into()));
         }
         e.revoked = true;
+        let via = e.handle;
+        let told: Vec<(u64, Revocation)> = st
+            .imports
+            .iter()
+            .filter(|(_, i)| i.via.verify(&via))
+            .map(|(k, i)| {
+                let r = Revocation {
+                    region: i.region,
+                    generation: i.generation,
+                    import: *k,
+                    reason: RevocationReason::Revoked,
+                };
+                (i.session, r)
+            })
+            .collect();
+        st.revocations.extend(told);
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
         Ok(())
     }
@@ -444,9 +469,9 @@ impl Memory {
         access: AccessMode,
     ) -> Result<Granted, MemoryError> {
         let mut st = self.state();
-        let (owner_uid, policy, revoked) = {
+        let (owner_uid, policy, revoked, via) = {
             let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
-            (e.owner_uid, e.policy.clone(), e.revoked)
+            (e.owner_uid, e.policy.clone(), e.revoked, e.handle)
         };
         if revoked {
             return Err(MemoryError::Revoked);
@@ -469,7 +494,7 @@ impl Memory {
             OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
         let id = st.next_id;
         st.next_id += 1;
-        st.imports.insert(id, Import { region: handle.region, uid: peer.uid, session });
+        st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session });
         st.usage.entry(peer.uid).or_default().objects += 1;
         tracing::info!(
             uid = peer.uid,
@@ -505,7 +530,7 @@ impl Memory {
         let mut out = Reclaimed::default();
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
         for id in regions {
-            let r = Self::drop_region(&mut st, id);
+            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
             out.regions += r.regions;
             out.exports += r.exports;
         }
@@ -515,6 +540,12 @@ impl Memory {
             out.imports += 1;
         }
         out
+    }
+
+    /// The revocations that happened since the last call, each with the session that held
+    /// the import (in the order they happened).
+    pub fn take_revocations(&self) -> Vec<(u64, Revocation)> {
+        std::mem::take(&mut self.state().revocations)
     }
 
     /// Counters for `status`.
