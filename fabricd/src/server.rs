@@ -134,32 +134,33 @@ async fn serve_session(
 ) {
     tracing::debug!("connected");
     let mut conn = Conn { stream, peer, daemon, version: None, events: None };
+    let mut first = [0u8; 1];
     loop {
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
         // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
         let next = tokio::select! {
             () = shutdown.cancelled() => break,
-            r = conn.stream.readable() => r.map(|()| None),
-            ev = next_event(&mut conn.events) => Ok(Some(ev)),
+            r = conn.stream.read(&mut first) => r.map(|n| if n == 0 { None } else { Some(None) }),
+            ev = next_event(&mut conn.events) => Ok(Some(Some(ev))),
         };
+        let Ok(Some(next)) = next else { break };
         match next {
-            Err(_) => break,
-            Ok(None) => {}
-            Ok(Some((id, Some(ev)))) => {
+            None => {}
+            Some((id, Some(ev))) => {
                 let h = Header::new(Opcode::Subscribe, FrameKind::Event, id);
                 if !conn.send(&h, Message::Event(ev)).await {
                     break;
                 }
                 continue;
             }
-            Ok(Some((_, None))) => {
+            Some((_, None)) => {
                 tracing::warn!(uid = peer.uid, pid = peer.pid, "subscriber fell behind its events; closing");
                 break;
             }
         }
         let read = tokio::select! {
             () = shutdown.cancelled() => break,
-            r = conn.read_frame() => r,
+            r = conn.read_frame(first[0]) => r,
         };
         // Counted before the answer is sent, so that a client that has its answer also
         // sees it counted.
@@ -211,13 +212,11 @@ async fn serve_session(
 }
 
 impl Conn<'_> {
-    async fn read_frame(&mut self) -> Read {
+    /// Reads the rest of a frame whose first byte was `first`. Waiting for the first byte
+    /// has no time limit (the caller does it); the rest of the frame has one.
+    async fn read_frame(&mut self, first: u8) -> Read {
         let mut raw = [0u8; HEADER_LEN];
-        // Waiting for the first byte has no time limit; the rest of the frame has one.
-        match self.stream.read(&mut raw[..1]).await {
-            Ok(0) | Err(_) => return Read::Gone,
-            Ok(_) => {}
-        }
+        raw[0] = first;
         match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut raw[1..])).await {
             Ok(Ok(_)) => {}
             Ok(Err(_)) => return Read::Gone,
