@@ -95,7 +95,7 @@ pub struct DiscoveryConfig {
     /// Sim fabrics to serve instead of the host (relative paths are relative to the
     /// configuration file).
     pub sim: Vec<PathBuf>,
-    /// Seconds between rescans (0: only at start and on uevents).
+    /// Seconds between rescans (0: only at start; uevents are not listened to yet).
     pub rescan_interval_s: u64,
 }
 

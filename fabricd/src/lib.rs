@@ -13,8 +13,12 @@
 //! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
 //! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
-//! Registration (register/unregister), interleave-set allocation, events and monitoring
-//! are not served yet: those operations answer `NotImplemented`. Regions and exports are
+//! - [`events`]: subscriptions (`Subscribe` on a connection) with bounded queues, and
+//!   revocation events to importers; [`monitor`]: the periodic rescan and its device,
+//!   link and map events.
+//!
+//! Registration (register/unregister) and interleave-set allocation are not served yet:
+//! those operations answer `NotImplemented`. Regions and exports are
 //! not durable across a daemon restart yet.
 
 pub mod auth;
