@@ -237,3 +237,45 @@ fn rescan_publishes_link_device_and_map_changes_and_status_shows_them() {
     assert_eq!(status(&mut other).map_generation, m.generation);
     assert!(d.log().contains("fabric changed"));
 }
+
+#[test]
+fn a_subscriber_that_falls_behind_is_closed_after_its_queue_and_never_blocks_others() {
+    let setup = common::Setup::new("");
+    let d = common::start(&setup.config, setup.dir.path());
+    let gpu = first_gpu(&inventory(&common::sim_file()));
+    let mut a = common::client(&setup.socket);
+    let mut b = common::client(&setup.socket);
+    subscribe(&mut b, Topics::REVOCATION);
+    let region = alloc(&mut a, &gpu);
+    let handle = export(&mut a, region);
+    // More imports through one handle than a subscriber's queue holds (256).
+    let n = 300;
+    for _ in 0..n {
+        drop(import(&mut b, handle));
+    }
+    // One revoke queues an event per import at once: the daemon answers it without
+    // waiting for B, and drops B's subscription when its queue is full.
+    let t = Instant::now();
+    call(&mut a, Request::Revoke(RevokeRequest { handle }));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(status(&mut a).regions, 1, "the daemon still serves others");
+    // B gets what was queued, then the connection closes.
+    let mut got = 0;
+    loop {
+        match b.next_event() {
+            Ok(Event::Revocation(r)) => {
+                assert_eq!((r.region, r.reason), (region, RevocationReason::Revoked));
+                got += 1;
+            }
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => break,
+        }
+    }
+    assert_eq!(got, 256, "the queue's events, then the close");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !d.log().contains("subscriber fell behind its events") {
+        assert!(Instant::now() < deadline, "no log line for the dropped subscriber");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(status(&mut a).imports, 0, "B's imports are released when it is closed");
+}
