@@ -1,5 +1,5 @@
 //! Monitoring: a rescan every `discovery.rescan_interval_s` seconds, and the diff of two
-//! inventories as device and link events (devices by [`DeviceId`], links by their end
+//! inventories as device and link events (devices by [`fabric_topology::DeviceId`], links by their end
 //! points and kind).
 
 use std::collections::{BTreeMap, BTreeSet};
