@@ -71,17 +71,6 @@ fn init_logging(config: &Config) {
     };
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
-}
-
 fn check(config: &Config, path: Option<&std::path::Path>) -> ExitCode {
     let env = Environment::current();
     let mut out = std::io::stdout().lock();
@@ -97,7 +86,7 @@ fn check(config: &Config, path: Option<&std::path::Path>) -> ExitCode {
     let inv = match discover(config) {
         Ok(inv) => inv,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "fabricd: discovery failed: {}", error_chain(&e));
+            let _ = writeln!(std::io::stderr(), "fabricd: discovery failed: {}", fabricd::error_chain(&e));
             return ExitCode::from(EXIT_START);
         }
     };
@@ -115,7 +104,8 @@ fn check(config: &Config, path: Option<&std::path::Path>) -> ExitCode {
         inv.links.len()
     );
     if let Err(e) = fabric_topology::Fabric::build(inv) {
-        let _ = writeln!(std::io::stderr(), "fabricd: discovered inventory is inconsistent: {}", error_chain(&e));
+        let _ =
+            writeln!(std::io::stderr(), "fabricd: discovered inventory is inconsistent: {}", fabricd::error_chain(&e));
         return ExitCode::from(EXIT_START);
     }
     let _ = writeln!(out, "check passed");
@@ -128,7 +118,7 @@ async fn serve(config: Config) -> ExitCode {
     let daemon = match tokio::task::spawn_blocking(move || Daemon::start(config)).await {
         Ok(Ok(d)) => Arc::new(d),
         Ok(Err(e)) => {
-            tracing::error!("cannot start: {}", error_chain(&e));
+            tracing::error!("cannot start: {}", fabricd::error_chain(&e));
             return ExitCode::from(EXIT_START);
         }
         Err(e) => {
@@ -140,7 +130,7 @@ async fn serve(config: Config) -> ExitCode {
     let listener = match socket::bind(&path, group.as_deref(), root) {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!("cannot serve the socket: {}", error_chain(&e));
+            tracing::error!("cannot serve the socket: {}", fabricd::error_chain(&e));
             return ExitCode::from(EXIT_START);
         }
     };
@@ -167,7 +157,7 @@ async fn serve(config: Config) -> ExitCode {
                 tasks.spawn(http::serve(l, daemon.clone(), shutdown.clone()));
             }
             Err(e) => {
-                tracing::error!("cannot serve metrics: {}", error_chain(&e));
+                tracing::error!("cannot serve metrics: {}", fabricd::error_chain(&e));
                 let _ = std::fs::remove_file(&path);
                 return ExitCode::from(EXIT_START);
             }
@@ -195,7 +185,7 @@ async fn serve(config: Config) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!("server failed: {}", error_chain(&e));
+            tracing::error!("server failed: {}", fabricd::error_chain(&e));
             ExitCode::from(EXIT_RUNTIME)
         }
     }

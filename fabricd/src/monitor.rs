@@ -30,22 +30,10 @@ pub async fn run(daemon: Arc<Daemon>, shutdown: CancellationToken) {
         match tokio::task::spawn_blocking(move || d.rescan()).await {
             Ok(Ok(events)) if !events.is_empty() => tracing::info!(events = events.len(), "rescan found changes"),
             Ok(Ok(_)) => tracing::debug!("rescan: no change"),
-            Ok(Err(e)) => tracing::warn!(error = %crate::monitor::chain(&e), "rescan failed; keeping the fabric"),
+            Ok(Err(e)) => tracing::warn!(error = %crate::error_chain(&e), "rescan failed; keeping the fabric"),
             Err(e) => tracing::warn!(error = %e, "rescan panicked; keeping the fabric"),
         }
     }
-}
-
-/// An error with its sources, `: `-separated.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 /// A link bundle's summary: its worst state and its summed bandwidths.
