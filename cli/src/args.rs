@@ -180,6 +180,32 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 2000)]
         queries: usize,
     },
+    /// fabricd's control path (no-op, alloc, export, import; requests per second with many
+    /// clients) vs a bare Unix-socket echo with the same framing.
+    Control {
+        /// A running daemon's socket (default: start a private fabricd on `--sim`).
+        #[arg(long, value_name = "SOCKET")]
+        socket: Option<PathBuf>,
+        /// The sim fabric a private fabricd serves.
+        #[arg(long, value_name = "FILE", default_value = "configs/sim/hgx-h100-8gpu.toml")]
+        sim: PathBuf,
+        /// Round trips timed per operation.
+        #[arg(long, default_value_t = 20_000)]
+        iterations: usize,
+        /// Concurrent clients in the throughput run.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Seconds each throughput run lasts.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
+    /// The bare echo server `control` compares against (internal).
+    #[command(hide = true)]
+    EchoServer {
+        /// The socket to serve.
+        #[arg(long, value_name = "SOCKET")]
+        socket: PathBuf,
+    },
 }
 
 /// Where the inventory comes from.

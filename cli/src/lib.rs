@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod bench_control;
 pub mod daemon;
 pub mod map;
 pub mod render;
@@ -13,6 +14,7 @@ pub mod source;
 pub mod view;
 
 use std::io::{self, Write};
+use std::time::Duration;
 
 use anyhow::Context;
 use fabric_proto::PathDoc;
@@ -152,6 +154,18 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 let r = bench::scale(sim, *queries)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
+            BenchCommand::Control { socket, sim, iterations, clients, seconds } => {
+                let opts = bench_control::ControlOptions {
+                    daemon: socket.clone(),
+                    sim: sim.clone(),
+                    iterations: *iterations,
+                    clients: (*clients).max(1),
+                    duration: Duration::from_secs_f64(seconds.clamp(0.1, 600.0)),
+                };
+                let r = bench_control::control(&opts)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,
         },
     }
     out.flush().map_err(RunError::Output)?;

@@ -40,6 +40,7 @@ pub fn handle_session(
     let r = match req {
         Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
         Request::Status(_) => Ok((Response::Status(status(d)), None)),
+        Request::Ping => Ok((Response::Ping, None)),
         Request::Topology(t) => plain(topology(d, t.node.as_deref()).map(Response::Topology)),
         Request::Devices(t) => plain(devices(d, t.node.as_deref()).map(Response::Devices)),
         Request::Map(t) => plain(map_listing(d, t.node.as_deref()).map(Response::Map)),
@@ -54,7 +55,7 @@ pub fn handle_session(
         _ => Err(refusal(
             ErrorCode::NotImplemented,
             format!(
-                "{op} is not implemented by this fabricd yet (served: hello, status, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release, and subscribe on a connection)"
+                "{op} is not implemented by this fabricd yet (served: hello, status, ping, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release, and subscribe on a connection)"
             ),
         )),
     };

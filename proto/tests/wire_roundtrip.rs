@@ -98,6 +98,7 @@ fn request() -> impl Strategy<Value = Request> {
     Union::new(vec![
         (range(), name()).prop_map(|(versions, client)| Request::Hello(HelloRequest { versions, client })).boxed(),
         Just(Request::Status(StatusRequest {})).boxed(),
+        Just(Request::Ping).boxed(),
         topo().prop_map(Request::Topology).boxed(),
         topo().prop_map(Request::Devices).boxed(),
         topo().prop_map(Request::Map).boxed(),
@@ -185,6 +186,7 @@ fn response() -> impl Strategy<Value = Response> {
             })
             .boxed(),
         Just(Response::Free).boxed(),
+        Just(Response::Ping).boxed(),
         handle().prop_map(|handle| Response::Export(ExportResponse { handle })).boxed(),
         Just(Response::Revoke).boxed(),
         (any::<(u64, u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access())

@@ -125,6 +125,7 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
     Ok(match opcode {
         Opcode::Hello => Request::Hello(from_body(opcode, k, bytes)?),
         Opcode::Status => Request::Status(from_body(opcode, k, bytes)?),
+        Opcode::Ping => from_body::<()>(opcode, k, bytes).map(|()| Request::Ping)?,
         Opcode::Topology => Request::Topology(from_body(opcode, k, bytes)?),
         Opcode::Devices => Request::Devices(from_body(opcode, k, bytes)?),
         Opcode::Map => Request::Map(from_body(opcode, k, bytes)?),
@@ -148,6 +149,7 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
     Ok(match opcode {
         Opcode::Hello => Response::Hello(from_body(opcode, k, bytes)?),
         Opcode::Status => Response::Status(from_body(opcode, k, bytes)?),
+        Opcode::Ping => from_body::<()>(opcode, k, bytes).map(|()| Response::Ping)?,
         Opcode::Topology => Response::Topology(from_body(opcode, k, bytes)?),
         Opcode::Devices => Response::Devices(from_body(opcode, k, bytes)?),
         Opcode::Map => Response::Map(from_body(opcode, k, bytes)?),
@@ -214,6 +216,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Unregister(b) => append(b, out),
             Request::Partitions(b) => append(b, out),
             Request::Subscribe(b) => append(b, out),
+            Request::Ping => Ok(()),
         },
         Message::Response(r) => match r {
             Response::Hello(b) => append(b, out),
@@ -226,7 +229,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Response::Register(b) => append(b, out),
             Response::Partitions(b) => append(b, out),
             Response::Subscribe(b) => append(b, out),
-            Response::Free | Response::Revoke | Response::Release | Response::Unregister => Ok(()),
+            Response::Free | Response::Revoke | Response::Release | Response::Unregister | Response::Ping => Ok(()),
         },
         Message::Error(b) => append(b, out),
         Message::Event(b) => append(b, out),

@@ -15,6 +15,8 @@ pub enum Opcode {
     Hello = 0x0001,
     /// Daemon health: what is missing or degraded and why.
     Status = 0x0002,
+    /// Does nothing and answers at once: liveness and round-trip latency.
+    Ping = 0x0003,
     /// The fabric as a `fabric.topology/v1` document.
     Topology = 0x0010,
     /// The devices as a `fabric.devices/v1` document.
@@ -47,9 +49,10 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 16] = [
+    pub const ALL: [Opcode; 17] = [
         Opcode::Hello,
         Opcode::Status,
+        Opcode::Ping,
         Opcode::Topology,
         Opcode::Devices,
         Opcode::Map,
@@ -81,6 +84,7 @@ impl Opcode {
         match self {
             Opcode::Hello => "hello",
             Opcode::Status => "status",
+            Opcode::Ping => "ping",
             Opcode::Topology => "topology",
             Opcode::Devices => "devices",
             Opcode::Map => "map",
@@ -121,7 +125,7 @@ impl Opcode {
                 Opcode::Export => 4 << 10,
                 Opcode::Alloc | Opcode::Register => 1 << 10,
                 Opcode::Free | Opcode::Revoke | Opcode::Import | Opcode::Release | Opcode::Unregister => SMALL,
-                Opcode::Subscribe => SMALL,
+                Opcode::Subscribe | Opcode::Ping => SMALL,
             },
             FrameKind::Response => match self {
                 Opcode::Topology | Opcode::Devices | Opcode::Map => MAX_BODY,
@@ -135,7 +139,8 @@ impl Opcode {
                 | Opcode::Release
                 | Opcode::Register
                 | Opcode::Unregister
-                | Opcode::Subscribe => SMALL,
+                | Opcode::Subscribe
+                | Opcode::Ping => SMALL,
             },
         }
     }

@@ -269,6 +269,8 @@ pub enum Request {
     Hello(HelloRequest),
     /// See [`StatusRequest`].
     Status(StatusRequest),
+    /// Nothing to do: the daemon answers at once (empty body).
+    Ping,
     /// The topology document.
     Topology(TopologyRequest),
     /// The devices document.
@@ -305,6 +307,7 @@ impl Request {
         match self {
             Request::Hello(_) => Opcode::Hello,
             Request::Status(_) => Opcode::Status,
+            Request::Ping => Opcode::Ping,
             Request::Topology(_) => Opcode::Topology,
             Request::Devices(_) => Opcode::Devices,
             Request::Map(_) => Opcode::Map,

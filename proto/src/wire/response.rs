@@ -207,6 +207,8 @@ pub enum Response {
     Hello(HelloResponse),
     /// See [`StatusResponse`].
     Status(StatusResponse),
+    /// The answer to `Ping` (empty body).
+    Ping,
     /// A `fabric.topology/v1` document.
     Topology(Document),
     /// A `fabric.devices/v1` document.
@@ -243,6 +245,7 @@ impl Response {
         match self {
             Response::Hello(_) => Opcode::Hello,
             Response::Status(_) => Opcode::Status,
+            Response::Ping => Opcode::Ping,
             Response::Topology(_) => Opcode::Topology,
             Response::Devices(_) => Opcode::Devices,
             Response::Map(_) => Opcode::Map,

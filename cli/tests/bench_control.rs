@@ -1,0 +1,46 @@
+//! `fabricctl bench control` end to end: it starts a private fabricd and the echo server,
+//! runs every measurement, and reports positive latencies, both request rates and zero
+//! errors. Correctness only: timings are recorded by hand in docs/BENCHMARKS.md.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn control_bench_runs_against_a_private_daemon_with_zero_errors() {
+    let fabricctl = Path::new(env!("CARGO_BIN_EXE_fabricctl"));
+    assert!(
+        fabricctl.with_file_name("fabricd").exists(),
+        "fabricd is not built next to fabricctl: run `cargo build -p fabricd` (the workspace test run builds it)"
+    );
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+    let out = Command::new(fabricctl)
+        .args(["bench", "control", "--iterations", "300", "--clients", "8", "--seconds", "0.3", "--json", "--sim"])
+        .arg(&sim)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench control failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["bench"], "control");
+    assert_eq!(v["errors"], 0, "{v}");
+    for key in [
+        "echo_p50_us",
+        "echo_p99_us",
+        "noop_p50_us",
+        "noop_p99_us",
+        "alloc_p50_us",
+        "export_p50_us",
+        "import_p50_us",
+        "import_p99_us",
+        "rps",
+        "echo_rps",
+    ] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
+        assert!(x > 0.0, "{key} = {x}");
+    }
+    assert!(v["noop_p99_us"].as_f64() >= v["noop_p50_us"].as_f64());
+    let ratio = v["noop_p50_us"].as_f64().unwrap() / v["echo_p50_us"].as_f64().unwrap();
+    assert!((v["noop_ratio"].as_f64().unwrap() - ratio).abs() < 1e-9);
+}
