@@ -1,5 +1,26 @@
-//! `libfabric-mm`, the userspace library through which runtimes allocate, export, import
-//! and map fabric memory and register memory for DMA (Rust API and C ABI).
+//! `libfabric-mm`: the library runtimes link to use fabric memory. A [`Session`] talks to
+//! fabricd; memory is allocated on a device ([`Session::alloc`]), exported as a
+//! [`Handle`], imported by another process ([`Session::import`]) and mapped at its global
+//! fabric address inside the session's unified [`Window`] ([`Session::map`]), where
+//! loads and stores reach it directly, with no daemon on the path.
 //!
-//! This crate is reserved by the workspace layout and is filled by the libfabric-mm issue,
-//! after the daemon it talks to exists. It holds no code yet.
+//! Every resource is an owned value whose `Drop` undoes it. Revocation (owner exited,
+//! export revoked, device lost) marks imports revoked: the next use fails with
+//! [`Error::Revoked`], and [`Session::on_revocation`] runs a callback.
+//!
+//! See docs/libfabric-mm.md for the guide, the guarantees and the limits.
+#![warn(missing_docs)]
+
+mod client;
+pub mod error;
+pub mod memory;
+pub mod session;
+pub mod topology;
+pub mod window;
+
+pub use error::{Error, Result};
+pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
+pub use memory::{Handle, Import, Mapping, Memory, Region};
+pub use session::{Location, Policy, Session, SessionConfig, Target, default_socket};
+pub use topology::DeviceInfo;
+pub use window::{Protection, Window, WindowConfig};

@@ -1,0 +1,298 @@
+//! Memory objects: a [`Region`] this session allocated, an [`Import`] of another's
+//! export, a [`Mapping`] of either at its GFA in the window, and the [`Handle`] an export
+//! gives. Each owns what it names: dropping it undoes it (free, release, unmap). A region
+//! is freed only when the region and every mapping of it are dropped.
+
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use fabric_proto::wire::{ExportHandle, FreeRequest, ReleaseRequest, Request};
+
+use crate::error::{Error, Result};
+use crate::session::Inner;
+
+/// Whose memory it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemKind {
+    /// Allocated by this session.
+    Owned,
+    /// Imported by this session.
+    Imported {
+        /// The daemon's import id.
+        import: u64,
+    },
+}
+
+/// The shared state of one region or import (opaque).
+#[doc(hidden)]
+pub struct Mem {
+    pub(crate) session: Arc<Inner>,
+    pub(crate) kind: MemKind,
+    pub(crate) region: u64,
+    pub(crate) generation: u64,
+    pub(crate) size: u64,
+    pub(crate) gfa: Option<u64>,
+    pub(crate) offset: u64,
+    pub(crate) writable: bool,
+    pub(crate) fd: OwnedFd,
+}
+
+impl fmt::Debug for Mem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mem")
+            .field("kind", &self.kind)
+            .field("region", &self.region)
+            .field("generation", &self.generation)
+            .field("size", &self.size)
+            .field("gfa", &self.gfa)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+impl Mem {
+    /// `Err(Revoked)` once the daemon revoked this import.
+    pub(crate) fn check_live(&self) -> Result<()> {
+        if let MemKind::Imported { import } = self.kind
+            && let Some(r) = self.session.revocations.of_import(import)
+        {
+            return Err(Error::Revoked { region: r.region, generation: r.generation, reason: r.reason });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        let req = match self.kind {
+            MemKind::Owned => Request::Free(FreeRequest { region: self.region }),
+            MemKind::Imported { import } => {
+                self.session.revocations.forget(import);
+                Request::Release(ReleaseRequest { import })
+            }
+        };
+        // Best effort: a daemon that is gone reclaimed everything already, and a revoked
+        // import is already released on its side.
+        if let Err(e) = self.session.client.call(req, &[]) {
+            tracing::debug!(region = self.region, error = %e, "undoing on drop");
+        }
+    }
+}
+
+mod sealed {
+    /// Gives the library the shared state behind a memory object.
+    pub trait Sealed {
+        fn mem(&self) -> &std::sync::Arc<super::Mem>;
+    }
+}
+
+/// Anything that can be mapped and registered: [`Region`] and [`Import`].
+pub trait Memory: sealed::Sealed {
+    /// The daemon's region id.
+    fn id(&self) -> u64 {
+        self.mem().region
+    }
+
+    /// The region's generation (a new allocation never reuses an id and generation pair).
+    fn generation(&self) -> u64 {
+        self.mem().generation
+    }
+
+    /// Bytes.
+    fn len(&self) -> u64 {
+        self.mem().size
+    }
+
+    /// Whether the memory is empty (never, for memory the daemon handed out).
+    fn is_empty(&self) -> bool {
+        self.mem().size == 0
+    }
+
+    /// GFA of the first byte, when the daemon placed the region in the map.
+    fn gfa(&self) -> Option<u64> {
+        self.mem().gfa
+    }
+
+    /// Whether stores are allowed.
+    fn writable(&self) -> bool {
+        self.mem().writable
+    }
+
+    /// The memory object (a file descriptor), e.g. to `mmap` it anywhere.
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.mem().fd.as_fd()
+    }
+
+    /// Byte offset of the region in [`Memory::fd`].
+    fn fd_offset(&self) -> u64 {
+        self.mem().offset
+    }
+}
+
+/// A region this session allocated; freed when it and its mappings are dropped.
+#[derive(Debug)]
+pub struct Region(Arc<Mem>);
+
+impl Region {
+    pub(crate) fn new(m: Mem) -> Self {
+        Self(Arc::new(m))
+    }
+}
+
+impl sealed::Sealed for Region {
+    fn mem(&self) -> &Arc<Mem> {
+        &self.0
+    }
+}
+
+impl Memory for Region {}
+
+/// Another session's region, imported by handle; released when it and its mappings are
+/// dropped. After a revocation, every new use fails with [`Error::Revoked`].
+#[derive(Debug)]
+pub struct Import(Arc<Mem>);
+
+impl Import {
+    pub(crate) fn new(m: Mem) -> Self {
+        Self(Arc::new(m))
+    }
+
+    /// The daemon's import id.
+    pub fn import_id(&self) -> u64 {
+        match self.0.kind {
+            MemKind::Imported { import } => import,
+            MemKind::Owned => 0,
+        }
+    }
+
+    /// `Err(Revoked)` with the reason once the daemon revoked it.
+    pub fn check(&self) -> Result<()> {
+        self.0.check_live()
+    }
+}
+
+impl sealed::Sealed for Import {
+    fn mem(&self) -> &Arc<Mem> {
+        &self.0
+    }
+}
+
+impl Memory for Import {}
+
+/// Memory placed at its GFA in the window; unmapped (the reservation restored) on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    mem: Arc<Mem>,
+    ptr: *mut u8,
+    gfa: u64,
+}
+
+// SAFETY: the mapping is process-wide memory; the pointer is only an address, and the
+// Mem it keeps alive is Send + Sync.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; concurrent loads and stores through the pointer are the caller's
+// business (they are to shared memory, like any mmap).
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub(crate) fn new(mem: Arc<Mem>, ptr: *mut u8, gfa: u64) -> Self {
+        Self { mem, ptr, gfa }
+    }
+
+    /// First byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// GFA of the first byte (`as_ptr() == window.base + (gfa - window.gfa)`).
+    pub fn gfa(&self) -> u64 {
+        self.gfa
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.mem.size as usize
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        self.mem.size == 0
+    }
+
+    /// Whether stores are allowed.
+    pub fn writable(&self) -> bool {
+        self.mem.writable
+    }
+
+    /// `Err(Revoked)` once the memory behind the mapping was revoked. The pages stay
+    /// mapped until the mapping is dropped (see docs/libfabric-mm.md, "Revocation").
+    pub fn check(&self) -> Result<()> {
+        self.mem.check_live()
+    }
+
+    /// The bytes, for reading.
+    ///
+    /// # Safety
+    /// Other processes may store to shared memory at any time: the caller must not rely
+    /// on the contents staying unchanged while the slice lives.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is mapped readable for as long as self lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }
+    }
+
+    /// The bytes, for writing; `Err` when the mapping is read-only.
+    ///
+    /// # Safety
+    /// As for [`Mapping::as_slice`], and the caller must not create two live mutable
+    /// slices of one mapping.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> Result<&mut [u8]> {
+        if !self.mem.writable {
+            return Err(Error::InvalidArgument("the mapping is read-only".into()));
+        }
+        // SAFETY: ptr..ptr+len is mapped read-write for as long as self lives; aliasing is
+        // the caller's contract.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len()) })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Err(e) = self.mem.session.window.unplace(self.gfa) {
+            tracing::warn!(gfa = self.gfa, error = %e, "unmapping from the window");
+        }
+    }
+}
+
+/// An export's handle: region id, generation and a 128-bit secret. Its text form
+/// ([`fmt::Display`] / [`FromStr`]) is how it travels to another process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handle(pub(crate) ExportHandle);
+
+impl Handle {
+    /// The region it names.
+    pub fn region(&self) -> u64 {
+        self.0.region
+    }
+
+    /// The generation it names.
+    pub fn generation(&self) -> u64 {
+        self.0.generation
+    }
+}
+
+impl fmt::Display for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for Handle {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        s.parse::<ExportHandle>().map(Handle).map_err(|e| Error::InvalidArgument(format!("handle: {e}")))
+    }
+}

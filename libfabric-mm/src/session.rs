@@ -1,0 +1,328 @@
+//! A session with fabricd: the connection, the unified window, and the revocations the
+//! daemon reports for this session's imports. Every memory object holds the session alive.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fabric_proto::wire::{
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, Event, ExportPolicy, ExportRequest, ImportRequest,
+    MemoryClass, Name, Opcode, Request, Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery,
+    TranslateRequest, Translation,
+};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::memory::{Handle, Import, Mapping, Mem, MemKind, Memory, Region};
+use crate::window::{Protection, Window, WindowConfig};
+
+/// How to open a session.
+#[derive(Debug, Clone, Default)]
+pub struct SessionConfig {
+    /// The daemon's socket; `None`: [`default_socket`].
+    pub socket: Option<PathBuf>,
+    /// The unified window; `None`: [`WindowConfig::from_env`].
+    pub window: Option<WindowConfig>,
+    /// A name for the daemon's logs.
+    pub client_name: Option<String>,
+}
+
+/// The socket fabricd listens on by default: `$FABRIC_SOCKET`, else
+/// `/run/fabric/fabricd.sock` for root, else `$XDG_RUNTIME_DIR/fabric/fabricd.sock`.
+pub fn default_socket() -> Result<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(p) = var("FABRIC_SOCKET") {
+        return Ok(p);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(PathBuf::from("/run/fabric/fabricd.sock"));
+    }
+    var("XDG_RUNTIME_DIR")
+        .map(|d| d.join("fabric/fabricd.sock"))
+        .ok_or_else(|| Error::InvalidArgument("no daemon socket: set FABRIC_SOCKET or XDG_RUNTIME_DIR".into()))
+}
+
+type RevocationCallback = Box<dyn Fn(&Revocation) + Send + Sync>;
+
+/// What the reader thread records for the session.
+#[derive(Default)]
+pub(crate) struct Revocations {
+    /// Revoked imports by import id.
+    by_import: Mutex<HashMap<u64, Revocation>>,
+    callback: Mutex<Option<RevocationCallback>>,
+}
+
+impl Revocations {
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn record(&self, r: Revocation) {
+        tracing::info!(region = r.region, import = r.import, reason = ?r.reason, "import revoked");
+        Self::lock(&self.by_import).insert(r.import, r);
+        if let Some(cb) = Self::lock(&self.callback).as_ref() {
+            cb(&r);
+        }
+    }
+
+    pub(crate) fn of_import(&self, import: u64) -> Option<Revocation> {
+        Self::lock(&self.by_import).get(&import).copied()
+    }
+
+    pub(crate) fn forget(&self, import: u64) {
+        Self::lock(&self.by_import).remove(&import);
+    }
+}
+
+/// The shared part of a session: memory objects and mappings hold it.
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) window: Window,
+    pub(crate) revocations: Arc<Revocations>,
+    pub(crate) socket: PathBuf,
+}
+
+/// A session with fabricd. Cheap to clone (all clones are one session); the connection
+/// closes when the last clone and the last memory object of the session are dropped, and
+/// the daemon then reclaims whatever the session still held.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("socket", &self.inner.socket)
+            .field("session", &self.inner.client.session())
+            .field("window", &self.inner.window.config())
+            .finish()
+    }
+}
+
+/// Where to allocate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Memory of this class on a device (identity in text form, e.g. `uuid:GPU-…`).
+    Device {
+        /// The device.
+        device: String,
+        /// The class of memory.
+        memory: MemoryClass,
+    },
+    /// An interleave set, by name.
+    Set(String),
+}
+
+/// Who may import an export.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Allowed uids (with `gids` empty too: the owner's uid only).
+    pub uids: Vec<u32>,
+    /// Allowed primary gids.
+    pub gids: Vec<u32>,
+    /// Importers must be bound to this partition.
+    pub partition: Option<String>,
+    /// Read-only exports refuse read-write imports.
+    pub read_only: bool,
+}
+
+/// Where a GFA lands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// In a device's memory resource.
+    Resource {
+        /// The device.
+        device: String,
+        /// The class of memory.
+        memory: MemoryClass,
+        /// Which resource of that class.
+        ordinal: u16,
+        /// Byte offset in the resource.
+        offset: u64,
+        /// The interleave set the address went through, if any.
+        set: Option<String>,
+    },
+    /// A hole reserved for a vanished owner.
+    Hole {
+        /// The owner.
+        owner: String,
+    },
+    /// Nothing holds the address.
+    Unmapped,
+    /// Mapped, but outside the caller's partition.
+    NotInPartition,
+}
+
+fn bounded<const N: usize>(v: &[u32], what: &str) -> Result<BoundedVec<u32, N>> {
+    BoundedVec::new(v.to_vec()).map_err(|_| Error::InvalidArgument(format!("more than {N} {what}")))
+}
+
+impl Session {
+    /// Opens a session on the default socket with the default window.
+    pub fn open() -> Result<Self> {
+        Self::open_with(SessionConfig::default())
+    }
+
+    /// Opens a session as configured: connects, negotiates, subscribes to revocations of
+    /// this session's imports, and reserves the unified window.
+    pub fn open_with(config: SessionConfig) -> Result<Self> {
+        let socket = match config.socket {
+            Some(s) => s,
+            None => default_socket()?,
+        };
+        let window = Window::reserve(match config.window {
+            Some(w) => w,
+            None => WindowConfig::from_env()?,
+        })?;
+        let revocations = Arc::new(Revocations::default());
+        let sink = revocations.clone();
+        let on_event = Box::new(move |ev: Event| {
+            if let Event::Revocation(r) = ev {
+                sink.record(r);
+            }
+        });
+        let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
+        let client = Client::connect(&socket, name, on_event)?;
+        let inner = Arc::new(Inner { client, window, revocations, socket });
+        let s = Self { inner };
+        match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {
+            Response::Subscribe(_) => Ok(s),
+            _ => Err(Error::Unexpected(Opcode::Subscribe)),
+        }
+    }
+
+    pub(crate) fn call(&self, req: Request) -> Result<Response> {
+        self.inner.client.call(req, &[]).map(|(r, _)| r)
+    }
+
+    /// The socket this session talks to.
+    pub fn socket(&self) -> &Path {
+        &self.inner.socket
+    }
+
+    /// The protocol version agreed with the daemon.
+    pub fn protocol_version(&self) -> fabric_proto::wire::Version {
+        self.inner.client.version()
+    }
+
+    /// The daemon's id of this session.
+    pub fn id(&self) -> u64 {
+        self.inner.client.session()
+    }
+
+    /// The unified window.
+    pub fn window(&self) -> &Window {
+        &self.inner.window
+    }
+
+    /// Runs `f` (on the library's reader thread) for every revocation of one of this
+    /// session's imports, after the import is marked revoked. Replaces an earlier callback.
+    /// `f` must not block: answers to this session's calls wait behind it.
+    pub fn on_revocation(&self, f: impl Fn(&Revocation) + Send + Sync + 'static) {
+        *Revocations::lock(&self.inner.revocations.callback) = Some(Box::new(f));
+    }
+
+    /// Allocates `size` bytes (rounded up by the daemon to its granule).
+    pub fn alloc(&self, target: &Target, size: u64) -> Result<Region> {
+        let target = match target {
+            Target::Device { device, memory } => {
+                AllocTarget::Device { device: DeviceName::truncated(device), memory: *memory }
+            }
+            Target::Set(name) => AllocTarget::Set(Name::truncated(name)),
+        };
+        let (resp, mut fds) = self.inner.client.call(Request::Alloc(AllocRequest { target, size, align: 0 }), &[])?;
+        let Response::Alloc(a) = resp else { return Err(Error::Unexpected(Opcode::Alloc)) };
+        let fd = fds.pop().ok_or(Error::Unexpected(Opcode::Alloc))?;
+        Ok(Region::new(Mem {
+            session: self.inner.clone(),
+            kind: MemKind::Owned,
+            region: a.region,
+            generation: a.generation,
+            size: a.size,
+            gfa: a.gfa,
+            offset: a.offset,
+            writable: true,
+            fd,
+        }))
+    }
+
+    /// Exports a region: a handle another process can import, under `policy`.
+    pub fn export(&self, region: &Region, policy: &Policy) -> Result<Handle> {
+        let policy = ExportPolicy {
+            uids: bounded(&policy.uids, "uids")?,
+            gids: bounded(&policy.gids, "gids")?,
+            partition: policy.partition.as_deref().map(Name::truncated),
+            access: if policy.read_only { AccessMode::ReadOnly } else { AccessMode::ReadWrite },
+        };
+        match self.call(Request::Export(ExportRequest { region: region.id(), policy }))? {
+            Response::Export(e) => Ok(Handle(e.handle)),
+            _ => Err(Error::Unexpected(Opcode::Export)),
+        }
+    }
+
+    /// Revokes an export: its importers are told, new imports fail.
+    pub fn revoke(&self, handle: &Handle) -> Result<()> {
+        match self.call(Request::Revoke(RevokeRequest { handle: handle.0 }))? {
+            Response::Revoke => Ok(()),
+            _ => Err(Error::Unexpected(Opcode::Revoke)),
+        }
+    }
+
+    /// Imports the region a handle names, read-write or read-only.
+    pub fn import(&self, handle: &Handle, writable: bool) -> Result<Import> {
+        let access = if writable { AccessMode::ReadWrite } else { AccessMode::ReadOnly };
+        let (resp, mut fds) =
+            self.inner.client.call(Request::Import(ImportRequest { handle: handle.0, access }), &[])?;
+        let Response::Import(i) = resp else { return Err(Error::Unexpected(Opcode::Import)) };
+        let fd = fds.pop().ok_or(Error::Unexpected(Opcode::Import))?;
+        Ok(Import::new(Mem {
+            session: self.inner.clone(),
+            kind: MemKind::Imported { import: i.import },
+            region: i.region,
+            generation: i.generation,
+            size: i.size,
+            gfa: i.gfa,
+            offset: i.offset,
+            writable: i.access == AccessMode::ReadWrite,
+            fd,
+        }))
+    }
+
+    /// Maps memory at its GFA in the unified window: read-write when the memory is
+    /// writable, else read-only. The mapping holds the memory alive.
+    pub fn map(&self, memory: &impl Memory) -> Result<Mapping> {
+        let mem = memory.mem().clone();
+        mem.check_live()?;
+        let gfa = mem.gfa.ok_or(Error::NoGfa(mem.region))?;
+        let prot = if mem.writable { Protection::ReadWrite } else { Protection::Read };
+        let ptr = self.inner.window.place(gfa, mem.size, mem.fd.as_fd(), mem.offset, prot)?;
+        Ok(Mapping::new(mem, ptr, gfa))
+    }
+
+    /// Where each GFA lands (at most 1,024 per call).
+    pub fn translate(&self, gfas: &[u64]) -> Result<Vec<Location>> {
+        let queries = BoundedVec::new(gfas.iter().map(|g| TranslateQuery::Gfa(*g)).collect())
+            .map_err(|_| Error::InvalidArgument("at most 1024 GFAs per translate".into()))?;
+        let Response::Translate(t) = self.call(Request::Translate(TranslateRequest { queries }))? else {
+            return Err(Error::Unexpected(Opcode::Translate));
+        };
+        Ok(t.results
+            .iter()
+            .map(|a| match a {
+                Translation::Resource { resource, offset, set } => Location::Resource {
+                    device: resource.device.to_string(),
+                    memory: resource.memory,
+                    ordinal: resource.ordinal,
+                    offset: *offset,
+                    set: set.as_ref().map(ToString::to_string),
+                },
+                Translation::Hole { owner } => Location::Hole { owner: owner.to_string() },
+                Translation::NotInPartition => Location::NotInPartition,
+                Translation::Gfa(_) | Translation::Unmapped | Translation::UnknownResource => Location::Unmapped,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,313 @@
+//! The unified window: one large reservation of the process's virtual address space (no
+//! backing, no commit: `PROT_NONE`, `MAP_NORESERVE`) that mirrors a range of the global
+//! fabric address space, so that `ptr = base + (gfa - window.gfa)` and pointer arithmetic
+//! is GFA arithmetic. Memory is placed at its GFA with `MAP_FIXED` over the reservation,
+//! and unplacing puts the reservation back (never `munmap`, which would open a hole another
+//! allocation could take).
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+/// Default bytes the window mirrors: 16 TiB (16 sim nodes of 1 TiB each, or 1/8 of the
+/// 47-bit user address space of x86-64 with 4-level page tables).
+pub const DEFAULT_WINDOW_LEN: u64 = 16 << 40;
+
+/// Where the window sits in GFA space and how large it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// First GFA the window mirrors (page-aligned).
+    pub gfa: u64,
+    /// Bytes mirrored (page-aligned, non-zero).
+    pub len: u64,
+}
+
+impl Default for WindowConfig {
+    fn default() -> Self {
+        Self { gfa: 0, len: DEFAULT_WINDOW_LEN }
+    }
+}
+
+impl WindowConfig {
+    /// The default, overridden by `FABRIC_MM_WINDOW_GFA` and `FABRIC_MM_WINDOW_SIZE`
+    /// (decimal or `0x` hex bytes) when set.
+    pub fn from_env() -> Result<Self> {
+        let mut c = Self::default();
+        if let Some(v) = env_u64("FABRIC_MM_WINDOW_GFA")? {
+            c.gfa = v;
+        }
+        if let Some(v) = env_u64("FABRIC_MM_WINDOW_SIZE")? {
+            c.len = v;
+        }
+        Ok(c)
+    }
+}
+
+fn env_u64(name: &str) -> Result<Option<u64>> {
+    let Ok(v) = std::env::var(name) else { return Ok(None) };
+    let t = v.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map(Some).map_err(|_| Error::InvalidArgument(format!("{name}={v:?} is not a byte count")))
+}
+
+/// The page size.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).ok().filter(|p| p.is_power_of_two()).unwrap_or(4096)
+}
+
+/// The largest user virtual address on this machine: 2^47 with 4-level page tables, 2^56
+/// with 5-level ones (the kernel hands out addresses above 2^47 only when asked with a
+/// hint above it, so 2^47 is what a reservation can count on).
+pub const USER_VA_LIMIT: u64 = 1 << 47;
+
+/// The reserved range.
+#[derive(Debug)]
+pub struct Window {
+    base: usize,
+    config: WindowConfig,
+    /// Placed ranges: start GFA → length.
+    placed: Mutex<BTreeMap<u64, u64>>,
+}
+
+/// Protection for a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    /// Loads only.
+    Read,
+    /// Loads and stores.
+    ReadWrite,
+}
+
+impl Window {
+    /// Reserves the window.
+    pub fn reserve(config: WindowConfig) -> Result<Self> {
+        let page = page_size();
+        if config.len == 0 || config.len % page != 0 || config.gfa % page != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "window gfa {:#x} and len {:#x} must be non-zero multiples of the page size {page:#x}",
+                config.gfa, config.len
+            )));
+        }
+        if config.gfa.checked_add(config.len).is_none_or(|end| end > 1 << 57) {
+            return Err(Error::InvalidArgument(format!(
+                "window {:#x}+{:#x} exceeds the 57-bit GFA space",
+                config.gfa, config.len
+            )));
+        }
+        if config.len >= USER_VA_LIMIT {
+            return Err(Error::WindowReserve {
+                len: config.len,
+                why: format!("larger than the {USER_VA_LIMIT:#x}-byte (47-bit) user address space"),
+            });
+        }
+        let len = usize::try_from(config.len)
+            .map_err(|_| Error::WindowReserve { len: config.len, why: "larger than a pointer".into() })?;
+        // SAFETY: a fresh anonymous PROT_NONE mapping at an address the kernel picks; it
+        // aliases nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::WindowReserve { len: config.len, why: format!("the kernel refused: {e}") });
+        }
+        tracing::debug!(base = ?p, gfa = config.gfa, len = config.len, "reserved the unified window");
+        Ok(Self { base: p as usize, config, placed: Mutex::new(BTreeMap::new()) })
+    }
+
+    /// First byte of the window.
+    pub fn base(&self) -> *mut u8 {
+        self.base as *mut u8
+    }
+
+    /// Where the window sits in GFA space.
+    pub fn config(&self) -> WindowConfig {
+        self.config
+    }
+
+    /// The address of `gfa`, if the window mirrors it.
+    pub fn ptr_of(&self, gfa: u64) -> Option<*mut u8> {
+        let off = gfa.checked_sub(self.config.gfa).filter(|o| *o < self.config.len)?;
+        Some(self.base().wrapping_add(off as usize))
+    }
+
+    /// The GFA an address inside the window mirrors.
+    pub fn gfa_of(&self, ptr: *const u8) -> Option<u64> {
+        let off = (ptr as usize).checked_sub(self.base).filter(|o| (*o as u64) < self.config.len)?;
+        Some(self.config.gfa + off as u64)
+    }
+
+    fn check(&self, gfa: u64, len: u64) -> Result<u64> {
+        let outside = || Error::OutsideWindow { gfa, len, window_gfa: self.config.gfa, window_len: self.config.len };
+        let off = gfa.checked_sub(self.config.gfa).ok_or_else(outside)?;
+        if len == 0 || off.checked_add(len).is_none_or(|end| end > self.config.len) {
+            return Err(outside());
+        }
+        let page = page_size();
+        if gfa % page != 0 || len % page != 0 {
+            return Err(Error::InvalidArgument(format!("GFA range {gfa:#x}+{len:#x} is not page-aligned")));
+        }
+        Ok(off)
+    }
+
+    /// Maps `len` bytes of `fd` from `offset` at `gfa`'s place in the window.
+    pub fn place(&self, gfa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64, prot: Protection) -> Result<*mut u8> {
+        let off = self.check(gfa, len)?;
+        let mut placed = self.placed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let overlaps = placed.range(..gfa + len).next_back().is_some_and(|(s, l)| s + l > gfa);
+        if overlaps {
+            return Err(Error::AlreadyMapped { gfa, len });
+        }
+        let addr = self.base().wrapping_add(off as usize);
+        let prot = match prot {
+            Protection::Read => libc::PROT_READ,
+            Protection::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        };
+        let file_off = libc::off_t::try_from(offset)
+            .map_err(|_| Error::InvalidArgument(format!("offset {offset:#x} too large")))?;
+        // SAFETY: `addr..addr+len` lies inside our reservation (checked above) and no other
+        // placement covers it (checked under the lock), so MAP_FIXED replaces only
+        // reserved PROT_NONE pages that nothing references.
+        let p = unsafe {
+            libc::mmap(addr.cast(), len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), file_off)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Os { what: "mapping memory into the window", source: std::io::Error::last_os_error() });
+        }
+        placed.insert(gfa, len);
+        Ok(addr)
+    }
+
+    /// Puts the reservation back over a placement made by [`Window::place`].
+    pub fn unplace(&self, gfa: u64) -> Result<()> {
+        let mut placed = self.placed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(len) = placed.get(&gfa).copied() else {
+            return Err(Error::InvalidArgument(format!("nothing is placed at GFA {gfa:#x}")));
+        };
+        let addr = self.ptr_of(gfa).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
+        // SAFETY: the range is one of our placements inside the reservation; replacing it
+        // with fresh PROT_NONE pages drops the mapping (the caller guarantees no live
+        // references into it, see Mapping).
+        let p = unsafe {
+            libc::mmap(
+                addr.cast(),
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Os {
+                what: "restoring the window reservation",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        placed.remove(&gfa);
+        Ok(())
+    }
+
+    /// Ranges placed now: (GFA, bytes).
+    pub fn placements(&self) -> Vec<(u64, u64)> {
+        let placed = self.placed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        placed.iter().map(|(g, l)| (*g, *l)).collect()
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: the whole reservation (with any placements still in it) is ours; the
+        // Session that owns the window outlives every Mapping (they borrow it).
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.config.len as usize);
+        }
+    }
+}
+
+// SAFETY: the window's address range is process-global memory; all mutation of the
+// placement table goes through the mutex, and mmap is thread-safe.
+unsafe impl Send for Window {}
+// SAFETY: as above.
+unsafe impl Sync for Window {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    fn small() -> WindowConfig {
+        WindowConfig { gfa: 1 << 30, len: 1 << 30 }
+    }
+
+    #[test]
+    fn pointer_arithmetic_is_gfa_arithmetic() {
+        let w = Window::reserve(small()).unwrap();
+        let p = w.ptr_of((1 << 30) + 4096).unwrap();
+        assert_eq!(p as usize - w.base() as usize, 4096);
+        assert_eq!(w.gfa_of(p), Some((1 << 30) + 4096));
+        assert_eq!(w.ptr_of(0), None);
+        assert_eq!(w.ptr_of(2 << 30), None);
+        assert_eq!(w.gfa_of(w.base().wrapping_add(1 << 30)), None);
+    }
+
+    #[test]
+    fn placements_map_files_and_refuse_overlap_and_outside() {
+        let w = Window::reserve(small()).unwrap();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 8192]).unwrap();
+        let gfa = (1 << 30) + (1 << 20);
+        let p = w.place(gfa, 8192, f.as_fd(), 0, Protection::ReadWrite).unwrap();
+        // SAFETY: p..p+8192 was just mapped read-write from an 8 KiB file.
+        unsafe {
+            assert_eq!(*p.add(4096), 7);
+            *p = 9;
+        }
+        assert!(matches!(w.place(gfa + 4096, 4096, f.as_fd(), 0, Protection::Read), Err(Error::AlreadyMapped { .. })));
+        assert!(matches!(w.place(0, 4096, f.as_fd(), 0, Protection::Read), Err(Error::OutsideWindow { .. })));
+        assert!(matches!(
+            w.place((2 << 30) - 4096, 8192, f.as_fd(), 0, Protection::Read),
+            Err(Error::OutsideWindow { .. })
+        ));
+        assert_eq!(w.placements(), vec![(gfa, 8192)]);
+        w.unplace(gfa).unwrap();
+        assert!(w.placements().is_empty());
+        let mut back = [0u8; 1];
+        std::os::unix::fs::FileExt::read_at(&f, &mut back, 0).unwrap();
+        assert_eq!(back[0], 9, "the store went to the file");
+        // The range is placeable again.
+        w.place(gfa, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+    }
+
+    #[test]
+    fn oversize_windows_fail_with_the_address_space_limit() {
+        let e = Window::reserve(WindowConfig { gfa: 0, len: 1 << 47 }).unwrap_err();
+        assert!(matches!(e, Error::WindowReserve { .. }), "{e}");
+        assert!(e.to_string().contains("47-bit"), "{e}");
+        let e = Window::reserve(WindowConfig { gfa: 1 << 57, len: 4096 }).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        let e = Window::reserve(WindowConfig { gfa: 0, len: 100 }).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+
+    #[test]
+    fn a_large_reservation_commits_nothing() {
+        let w = Window::reserve(WindowConfig::default()).unwrap();
+        assert_eq!(w.config().len, DEFAULT_WINDOW_LEN);
+    }
+}
