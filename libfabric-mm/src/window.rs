@@ -89,7 +89,7 @@ impl Window {
     /// Reserves the window.
     pub fn reserve(config: WindowConfig) -> Result<Self> {
         let page = page_size();
-        if config.len == 0 || config.len % page != 0 || config.gfa % page != 0 {
+        if config.len == 0 || !config.len.is_multiple_of(page) || !config.gfa.is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!(
                 "window gfa {:#x} and len {:#x} must be non-zero multiples of the page size {page:#x}",
                 config.gfa, config.len
@@ -158,7 +158,7 @@ impl Window {
             return Err(outside());
         }
         let page = page_size();
-        if gfa % page != 0 || len % page != 0 {
+        if !gfa.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!("GFA range {gfa:#x}+{len:#x} is not page-aligned")));
         }
         Ok(off)
