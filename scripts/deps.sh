@@ -9,6 +9,7 @@ declare -A WANT=(
   [graphviz]=dot               # tier 1: check that `fabricctl topology -o dot` parses
   [hyperfine]=hyperfine        # benchmarks: whole-process timing side by side
   [prometheus]=promtool        # fabricd tests: `promtool check metrics` on the metrics page
+  [pkgconf]=pkg-config          # libfabric-mm tests: build the C examples through fabric-mm.pc
 )
 
 missing=()

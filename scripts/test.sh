@@ -22,6 +22,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "tiers 1-2: unit, fixture, golden and integration tests"
+# The binaries and the C library (cdylib + staticlib) the integration tests run and link.
+cargo build --workspace --bins --locked
+cargo build -p libfabric-mm --lib --locked
 cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test
 
 step "doc tests"

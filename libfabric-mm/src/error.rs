@@ -132,32 +132,33 @@ impl Error {
         move |source| Error::Os { what, source }
     }
 
-    /// The stable negative integer the C ABI returns for this error (see
+    /// The stable negative integer the C ABI returns for this error (`FMM_E_*` in
     /// `include/fabric_mm.h`).
     pub fn code(&self) -> i32 {
+        use crate::ffi::*;
         match self {
-            Error::Connect { .. } => -1,
+            Error::Connect { .. } => FMM_E_CONNECT,
             Error::Refused { code, .. } => match code {
-                ErrorCode::PermissionDenied | ErrorCode::AdminRequired => -10,
-                ErrorCode::NotFound => -11,
-                ErrorCode::InvalidHandle => -12,
-                ErrorCode::Revoked => -13,
-                ErrorCode::LimitExceeded => -14,
-                ErrorCode::NoSpace => -15,
-                ErrorCode::NotImplemented => -16,
-                ErrorCode::BadRequest => -17,
-                _ => -19,
+                ErrorCode::PermissionDenied | ErrorCode::AdminRequired => FMM_E_PERMISSION,
+                ErrorCode::NotFound => FMM_E_NOT_FOUND,
+                ErrorCode::InvalidHandle => FMM_E_INVALID_HANDLE,
+                ErrorCode::Revoked => FMM_E_REVOKED,
+                ErrorCode::LimitExceeded => FMM_E_LIMIT,
+                ErrorCode::NoSpace => FMM_E_NO_SPACE,
+                ErrorCode::NotImplemented => FMM_E_NOT_IMPLEMENTED,
+                ErrorCode::BadRequest => FMM_E_BAD_REQUEST,
+                _ => FMM_E_REFUSED,
             },
-            Error::Protocol(_) | Error::Unexpected(_) => -2,
-            Error::Disconnected => -3,
-            Error::Revoked { .. } => -13,
-            Error::WindowReserve { .. } => -20,
-            Error::OutsideWindow { .. } => -21,
-            Error::NoGfa(_) => -22,
-            Error::AlreadyMapped { .. } => -23,
-            Error::MemlockLimit { .. } => -24,
-            Error::InvalidArgument(_) => -30,
-            Error::Os { .. } => -31,
+            Error::Protocol(_) | Error::Unexpected(_) => FMM_E_PROTOCOL,
+            Error::Disconnected => FMM_E_DISCONNECTED,
+            Error::Revoked { .. } => FMM_E_REVOKED,
+            Error::WindowReserve { .. } => FMM_E_WINDOW,
+            Error::OutsideWindow { .. } => FMM_E_OUTSIDE_WINDOW,
+            Error::NoGfa(_) => FMM_E_NO_GFA,
+            Error::AlreadyMapped { .. } => FMM_E_ALREADY_MAPPED,
+            Error::MemlockLimit { .. } => FMM_E_MEMLOCK,
+            Error::InvalidArgument(_) => FMM_E_ARG,
+            Error::Os { .. } => FMM_E_OS,
         }
     }
 }

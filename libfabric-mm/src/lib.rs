@@ -13,6 +13,7 @@
 
 mod client;
 pub mod error;
+pub mod ffi;
 pub mod memory;
 pub mod session;
 pub mod topology;

@@ -1,0 +1,425 @@
+//! The C ABI (`include/fabric_mm.h`, generated from this file by cbindgen): opaque
+//! handles, `int` results (0 or a negative `FMM_E_*` code), the last error's text per
+//! thread, and no panic across the boundary (each entry point catches one and reports
+//! `FMM_E_PANIC`).
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+
+use crate::error::Error;
+use crate::memory::{Handle, Import, Mapping, Region};
+use crate::session::{Policy, Session, SessionConfig, Target};
+use crate::window::WindowConfig;
+use fabric_proto::wire::MemoryClass;
+
+/// Success.
+pub const FMM_OK: c_int = 0;
+/// No daemon answers at the socket.
+pub const FMM_E_CONNECT: c_int = -1;
+/// The connection to the daemon failed (protocol error or unexpected answer).
+pub const FMM_E_PROTOCOL: c_int = -2;
+/// The connection to the daemon is closed.
+pub const FMM_E_DISCONNECTED: c_int = -3;
+/// The daemon refused: permission or policy.
+pub const FMM_E_PERMISSION: c_int = -10;
+/// The daemon refused: no such device, region, export or import.
+pub const FMM_E_NOT_FOUND: c_int = -11;
+/// The daemon refused: the handle names no live export.
+pub const FMM_E_INVALID_HANDLE: c_int = -12;
+/// The memory was revoked (owner exited, export revoked, region freed, device lost).
+pub const FMM_E_REVOKED: c_int = -13;
+/// The daemon refused: a per-uid limit (bytes, pinned bytes, objects).
+pub const FMM_E_LIMIT: c_int = -14;
+/// The daemon refused: the memory resource is full.
+pub const FMM_E_NO_SPACE: c_int = -15;
+/// The daemon does not serve the operation.
+pub const FMM_E_NOT_IMPLEMENTED: c_int = -16;
+/// The daemon refused a malformed request.
+pub const FMM_E_BAD_REQUEST: c_int = -17;
+/// The daemon refused for another reason (see fmm_last_error()).
+pub const FMM_E_REFUSED: c_int = -19;
+/// The unified window could not be reserved at that size.
+pub const FMM_E_WINDOW: c_int = -20;
+/// The memory lies outside the window.
+pub const FMM_E_OUTSIDE_WINDOW: c_int = -21;
+/// The memory has no GFA.
+pub const FMM_E_NO_GFA: c_int = -22;
+/// The GFA range is already mapped.
+pub const FMM_E_ALREADY_MAPPED: c_int = -23;
+/// Pinning exceeds RLIMIT_MEMLOCK.
+pub const FMM_E_MEMLOCK: c_int = -24;
+/// An argument is invalid: NULL pointer, non-UTF-8 string, out-of-range value.
+pub const FMM_E_ARG: c_int = -30;
+/// A system call failed.
+pub const FMM_E_OS: c_int = -31;
+/// The output buffer is too small.
+pub const FMM_E_BUFFER: c_int = -32;
+/// A panic inside the library was caught at the boundary (a bug; please report it).
+pub const FMM_E_PANIC: c_int = -90;
+
+/// HBM on a GPU or accelerator.
+pub const FMM_MEM_HBM: c_int = 0;
+/// Host DRAM.
+pub const FMM_MEM_DRAM: c_int = 1;
+/// CXL volatile capacity.
+pub const FMM_MEM_CXL_VOLATILE: c_int = 2;
+/// CXL persistent capacity.
+pub const FMM_MEM_CXL_PERSISTENT: c_int = 3;
+/// CXL dynamic capacity.
+pub const FMM_MEM_CXL_DYNAMIC: c_int = 4;
+/// Host memory exported to the fabric.
+pub const FMM_MEM_HOST_EXPORTED: c_int = 5;
+
+/// A session with fabricd.
+#[derive(Debug)]
+pub struct FmmSession(Session);
+/// A region this session allocated.
+#[derive(Debug)]
+pub struct FmmRegion(Region);
+/// An imported region.
+#[derive(Debug)]
+pub struct FmmImport(Import);
+/// Memory placed at its GFA in the window.
+#[derive(Debug)]
+pub struct FmmMapping(Mapping);
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn fail(e: &Error) -> c_int {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    set_error(&msg);
+    e.code()
+}
+
+/// Runs `f`, turning a panic into `FMM_E_PANIC` and an error into its code.
+fn guard(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => FMM_OK,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            set_error("internal error: a panic was caught at the C boundary");
+            FMM_E_PANIC
+        }
+    }
+}
+
+fn arg_err(what: &str) -> c_int {
+    set_error(what);
+    FMM_E_ARG
+}
+
+/// # Safety
+/// `s` is NULL or a NUL-terminated string.
+unsafe fn opt_str<'a>(s: *const c_char, what: &str) -> Result<Option<&'a str>, c_int> {
+    if s.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let c = unsafe { CStr::from_ptr(s) };
+    c.to_str().map(Some).map_err(|_| arg_err(&format!("{what} is not UTF-8")))
+}
+
+fn class(c: c_int) -> Result<MemoryClass, c_int> {
+    Ok(match c {
+        FMM_MEM_HBM => MemoryClass::Hbm,
+        FMM_MEM_DRAM => MemoryClass::Dram,
+        FMM_MEM_CXL_VOLATILE => MemoryClass::CxlVolatile,
+        FMM_MEM_CXL_PERSISTENT => MemoryClass::CxlPersistent,
+        FMM_MEM_CXL_DYNAMIC => MemoryClass::CxlDynamic,
+        FMM_MEM_HOST_EXPORTED => MemoryClass::HostExported,
+        other => return Err(arg_err(&format!("unknown memory class {other}"))),
+    })
+}
+
+fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c_int> {
+    if buf.is_null() {
+        return Err(arg_err("output buffer is NULL"));
+    }
+    if text.len() + 1 > len {
+        set_error(&format!("output buffer of {len} bytes is too small: {} needed", text.len() + 1));
+        return Err(FMM_E_BUFFER);
+    }
+    // SAFETY: buf has room for len >= text.len() + 1 bytes (checked above).
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        *buf.add(text.len()) = 0;
+    }
+    Ok(())
+}
+
+/// Writes `value` through `out`.
+fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
+    if out.is_null() {
+        return Err(arg_err("result pointer is NULL"));
+    }
+    // SAFETY: out is non-NULL and points to writable storage for a pointer.
+    unsafe { *out = Box::into_raw(Box::new(value)) };
+    Ok(())
+}
+
+/// # Safety
+/// `p` is NULL or a live pointer this library returned for `T`.
+unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, c_int> {
+    // SAFETY: the caller's contract.
+    unsafe { p.as_ref() }.ok_or_else(|| arg_err(&format!("{what} is NULL")))
+}
+
+/// The text of the last error on this thread (valid until the next failing call on it).
+#[unsafe(no_mangle)]
+pub extern "C" fn fmm_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Opens a session. `socket` NULL: `$FABRIC_SOCKET` or the default path. `window_len` 0:
+/// the default window (or `FABRIC_MM_WINDOW_GFA`/`FABRIC_MM_WINDOW_SIZE`), else a window
+/// of that many bytes at GFA `window_gfa`.
+///
+/// # Safety
+/// `socket` is NULL or a NUL-terminated string; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_session_open(
+    socket: *const c_char,
+    window_gfa: u64,
+    window_len: u64,
+    out: *mut *mut FmmSession,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
+        let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
+        let s = Session::open_with(SessionConfig { socket, window, client_name: Some("libfabric-mm (C)".into()) })
+            .map_err(|e| fail(&e))?;
+        put(out, FmmSession(s))
+    })
+}
+
+/// Closes a session handle (its objects keep the connection until they are dropped).
+///
+/// # Safety
+/// `s` is NULL or a live session from `fmm_session_open`, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_session_close(s: *mut FmmSession) {
+    if !s.is_null() {
+        // SAFETY: the caller's contract: s came from Box::into_raw in fmm_session_open.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(s) })));
+    }
+}
+
+/// Writes the identity of the first device with memory of `memory_class` into `buf`.
+///
+/// # Safety
+/// `s` is a live session; `buf` has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_first_device(
+    s: *const FmmSession,
+    memory_class: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get(s, "session") }?;
+        let c = class(memory_class)?;
+        let d = s.0.first_device_with(c).map_err(|e| fail(&e))?;
+        let Some(d) = d else {
+            set_error("no device has memory of that class");
+            return Err(FMM_E_NOT_FOUND);
+        };
+        copy_out(&d.id, buf, len)
+    })
+}
+
+/// Allocates `size` bytes of `memory_class` on `device`.
+///
+/// # Safety
+/// `s` is a live session; `device` a NUL-terminated string; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_alloc(
+    s: *const FmmSession,
+    device: *const c_char,
+    memory_class: c_int,
+    size: u64,
+    out: *mut *mut FmmRegion,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get(s, "session") }?;
+        // SAFETY: forwarded caller contract.
+        let device = unsafe { opt_str(device, "device") }?.ok_or_else(|| arg_err("device is NULL"))?;
+        let t = Target::Device { device: device.to_owned(), memory: class(memory_class)? };
+        let r = s.0.alloc(&t, size).map_err(|e| fail(&e))?;
+        put(out, FmmRegion(r))
+    })
+}
+
+/// Frees a region (when its mappings are gone too).
+///
+/// # Safety
+/// `r` is NULL or a live region, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_region_free(r: *mut FmmRegion) {
+    if !r.is_null() {
+        // SAFETY: the caller's contract: r came from Box::into_raw in fmm_alloc.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(r) })));
+    }
+}
+
+/// Exports a region; writes the handle's text (at most 80 bytes with the NUL) into `buf`.
+/// `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
+/// `read_only` non-zero limits importers to loads.
+///
+/// # Safety
+/// `s` and `r` are live; `buf` has `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_export(
+    s: *const FmmSession,
+    r: *const FmmRegion,
+    uid: u32,
+    read_only: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (s, r) = unsafe { (get(s, "session")?, get(r, "region")?) };
+        let policy = Policy {
+            uids: if uid == u32::MAX { vec![] } else { vec![uid] },
+            read_only: read_only != 0,
+            ..Policy::default()
+        };
+        let h = s.0.export(&r.0, &policy).map_err(|e| fail(&e))?;
+        copy_out(&h.to_string(), buf, len)
+    })
+}
+
+/// Imports the region a handle's text names; `writable` non-zero asks for stores.
+///
+/// # Safety
+/// `s` is live; `handle` is a NUL-terminated string; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_import(
+    s: *const FmmSession,
+    handle: *const c_char,
+    writable: c_int,
+    out: *mut *mut FmmImport,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get(s, "session") }?;
+        // SAFETY: forwarded caller contract.
+        let text = unsafe { opt_str(handle, "handle") }?.ok_or_else(|| arg_err("handle is NULL"))?;
+        let h: Handle = text.parse().map_err(|e| fail(&e))?;
+        let i = s.0.import(&h, writable != 0).map_err(|e| fail(&e))?;
+        put(out, FmmImport(i))
+    })
+}
+
+/// 0 while the import is live, `FMM_E_REVOKED` (-13) once revoked.
+///
+/// # Safety
+/// `i` is a live import.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_import_check(i: *const FmmImport) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let i = unsafe { get(i, "import") }?;
+        i.0.check().map_err(|e| fail(&e))
+    })
+}
+
+/// Releases an import (when its mappings are gone too).
+///
+/// # Safety
+/// `i` is NULL or a live import, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_import_release(i: *mut FmmImport) {
+    if !i.is_null() {
+        // SAFETY: the caller's contract: i came from Box::into_raw in fmm_import.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(i) })));
+    }
+}
+
+/// Maps a region at its GFA in the window.
+///
+/// # Safety
+/// `s` and `r` are live; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_map_region(s: *const FmmSession, r: *const FmmRegion, out: *mut *mut FmmMapping) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (s, r) = unsafe { (get(s, "session")?, get(r, "region")?) };
+        let m = s.0.map(&r.0).map_err(|e| fail(&e))?;
+        put(out, FmmMapping(m))
+    })
+}
+
+/// Maps an import at its GFA in the window.
+///
+/// # Safety
+/// `s` and `i` are live; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_map_import(s: *const FmmSession, i: *const FmmImport, out: *mut *mut FmmMapping) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (s, i) = unsafe { (get(s, "session")?, get(i, "import")?) };
+        let m = s.0.map(&i.0).map_err(|e| fail(&e))?;
+        put(out, FmmMapping(m))
+    })
+}
+
+/// The first byte of a mapping (NULL for a NULL mapping).
+///
+/// # Safety
+/// `m` is NULL or a live mapping.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_mapping_ptr(m: *const FmmMapping) -> *mut c_void {
+    // SAFETY: the caller's contract.
+    unsafe { m.as_ref() }.map_or(std::ptr::null_mut(), |m| m.0.as_ptr().cast())
+}
+
+/// The bytes of a mapping (0 for NULL).
+///
+/// # Safety
+/// `m` is NULL or a live mapping.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_mapping_len(m: *const FmmMapping) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { m.as_ref() }.map_or(0, |m| m.0.len() as u64)
+}
+
+/// The GFA of a mapping's first byte (0 for NULL).
+///
+/// # Safety
+/// `m` is NULL or a live mapping.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_mapping_gfa(m: *const FmmMapping) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { m.as_ref() }.map_or(0, |m| m.0.gfa())
+}
+
+/// Unmaps (restores the window reservation).
+///
+/// # Safety
+/// `m` is NULL or a live mapping, not used afterwards (nor pointers into it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_unmap(m: *mut FmmMapping) {
+    if !m.is_null() {
+        // SAFETY: the caller's contract: m came from Box::into_raw in fmm_map_*.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(m) })));
+    }
+}
