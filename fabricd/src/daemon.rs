@@ -310,17 +310,20 @@ impl Daemon {
             tracing::warn!(error = %crate::error_chain(&e), "cannot prepare the memory of new devices");
         }
         self.view.store(Arc::new(view));
+        // Memory first, so that a client acting on an event finds it done; revocations
+        // after the device events, so that subscribers learn why.
+        self.device_memory(&events);
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev);
         }
-        self.device_memory(&events);
+        self.flush_revocations();
         Ok(events)
     }
 
     /// The memory side of device events: a removed or failed device's regions are lost
-    /// (exports revoked, importers and owners told, reason `DeviceLost`); a recovered
-    /// one takes new regions again.
+    /// (exports revoked, importers and owners to be told, reason `DeviceLost`); a
+    /// recovered one takes new regions again.
     fn device_memory(&self, events: &[Event]) {
         for ev in events {
             let Event::Device { device, change } = ev else { continue };
@@ -344,7 +347,6 @@ impl Daemon {
                 DeviceChange::Added => {}
             }
         }
-        self.flush_revocations();
     }
 
     /// The address map (a poisoned lock is recovered: the map is only changed through

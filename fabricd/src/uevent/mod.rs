@@ -133,9 +133,9 @@ fn handle(daemon: &Daemon, msg: &[u8]) {
             tracing::debug!(
                 action = %ev.action,
                 devpath = %ev.devpath,
-                subsystem = ev.subsystem.as_deref().unwrap_or(""),
+                subsystem = %ev.subsystem.as_deref().unwrap_or(""),
                 seqnum = ev.seqnum,
-                synth_uuid = ev.get("SYNTH_UUID").unwrap_or(""),
+                synth_uuid = %ev.get("SYNTH_UUID").unwrap_or(""),
                 relevant = rel,
                 "kernel uevent"
             );
