@@ -1,6 +1,6 @@
 //! Monitoring: rescans every `discovery.rescan_interval_s` seconds and, debounced, when
 //! kernel uevents ask for one ([`crate::uevent`]); the diff of two inventories as device
-//! and link events ([`diff`]); CXL interleave sets brought in line with the inventory's
+//! and link events ([`diff()`]); CXL interleave sets brought in line with the inventory's
 //! regions ([`sets`]).
 
 pub mod diff;
