@@ -2,7 +2,8 @@
 //! it — every export revoked (a later import is `Revoked`), every importer and the owner
 //! told (reason `DeviceLost`), new exports and allocations on it refused — and when it
 //! comes back it is `Recovered` and takes allocations again; a kernel uevent reaches the
-//! daemon's listener and a relevant one triggers a rescan without any interval (as root).
+//! daemon's listener and a relevant one triggers a rescan without any interval (as root); a
+//! CXL region torn down and created again (no device or link change) rebuilds its set.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 mod common;
@@ -266,4 +267,54 @@ fn kernel_uevents_reach_the_listener_and_a_relevant_one_triggers_a_rescan() {
     let line = d.log().lines().find(|l| l.contains(uuid2)).unwrap().to_owned();
     assert!(line.contains("subsystem=node") && line.contains("relevant=true"), "{line}");
     assert!(wait_log(&d, "rescan found changes", 10), "{}", d.log());
+}
+
+#[test]
+fn a_cxl_region_torn_down_and_created_again_rebuilds_its_interleave_set() {
+    let setup = common::Setup::new("");
+    let sim = setup.dir.path().join("fabric.toml");
+    let pool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/cxl-pool.toml");
+    let base = std::fs::read_to_string(&pool).unwrap();
+    std::fs::write(&sim, &base).unwrap();
+    let config = std::fs::read_to_string(&setup.config).unwrap().replace(
+        &format!("sim = [{:?}]", common::sim_file().display().to_string()),
+        &format!("sim = [{:?}]\nrescan_interval_s = 1", sim.display().to_string()),
+    );
+    std::fs::write(&setup.config, config).unwrap();
+    let _d = common::start(&setup.config, setup.dir.path());
+    let mut c = common::client(&setup.socket);
+    subscribe(&mut c, Topics::MAP);
+    let sets = |c: &mut Connection| -> Vec<String> {
+        let Ok(Response::Map(doc)) = call(c, Request::Map(fabric_proto::wire::TopologyRequest { node: None })) else {
+            panic!()
+        };
+        let v: serde_json::Value = serde_json::from_str(&doc.json).unwrap();
+        v["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["kind"] == "interleave")
+            .map(|r| r["owner"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let before = sets(&mut c);
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // region0 torn down; its memdevs stay, so no device or link changes: only the set.
+    let region0 = "[[templates.cxl-host.cxl_region]]\nname = \"region0\"\nmode = \"ram\"\ntargets = [\"mem0\", \"mem1\"]\ngranularity = 4096\nnuma = 1\n";
+    assert!(base.contains(region0));
+    replace(&sim, &base.replace(region0, ""));
+    let ev = events_until(&mut c, |e| matches!(e, Event::Map(_)));
+    let Some(Event::Map(m)) = ev.last() else { panic!() };
+    assert!(m.removed >= 1, "{m:?}");
+    let after = sets(&mut c);
+    assert_eq!(after.len(), 1, "{after:?}");
+    let gone = before.iter().find(|s| !after.contains(s)).unwrap().clone();
+
+    // Created again: the set is back.
+    replace(&sim, &base);
+    let ev = events_until(&mut c, |e| matches!(e, Event::Map(_)));
+    let Some(Event::Map(m)) = ev.last() else { panic!() };
+    assert!(m.added >= 1, "{m:?}");
+    assert!(sets(&mut c).contains(&gone));
 }
