@@ -95,8 +95,23 @@ pub struct DiscoveryConfig {
     /// Sim fabrics to serve instead of the host (relative paths are relative to the
     /// configuration file).
     pub sim: Vec<PathBuf>,
-    /// Seconds between rescans (0: only at start; uevents are not listened to yet).
+    /// Seconds between rescans (0: none; uevents may still trigger rescans).
     pub rescan_interval_s: u64,
+    /// Listen to kernel uevents and rescan (debounced) when a relevant one arrives.
+    pub uevents: UeventMode,
+}
+
+/// `discovery.uevents`: whether kernel uevents trigger rescans.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UeventMode {
+    /// On for the host backends, off for a sim fabric (whose file no uevent describes).
+    #[default]
+    Auto,
+    /// Always (with a sim fabric, a relevant uevent re-reads the sim file).
+    On,
+    /// Never: only the periodic rescans.
+    Off,
 }
 
 impl Default for DiscoveryConfig {
@@ -112,6 +127,7 @@ impl Default for DiscoveryConfig {
             ],
             sim: Vec::new(),
             rescan_interval_s: 60,
+            uevents: UeventMode::Auto,
         }
     }
 }
@@ -286,6 +302,16 @@ impl Config {
         Ok(())
     }
 
+    /// Whether kernel uevents are listened to: `discovery.uevents`, where `auto` means
+    /// "when serving the host" (no sim fabric configured).
+    pub fn uevents_enabled(&self) -> bool {
+        match self.discovery.uevents {
+            UeventMode::Auto => self.discovery.sim.is_empty(),
+            UeventMode::On => true,
+            UeventMode::Off => false,
+        }
+    }
+
     /// The socket path, from the file or the defaults for `env`.
     pub fn socket_path(&self, env: &Environment) -> Result<PathBuf, ConfigError> {
         if let Some(p) = &self.socket.path {
@@ -354,6 +380,15 @@ mod tests {
         assert_eq!(c.socket_path(&user).unwrap(), PathBuf::from("/run/user/1000/fabric/fabricd.sock"));
         assert_eq!(c.state_dir(&user).unwrap(), PathBuf::from("/home/u/.local/state/fabric"));
         assert!(matches!(c.socket_path(&Environment::default()), Err(ConfigError::NoDefault(_))));
+    }
+
+    #[test]
+    fn uevents_auto_means_host_only() {
+        assert!(parse("").unwrap().uevents_enabled());
+        assert!(!parse("[discovery]\nsim = [\"a.toml\"]\n").unwrap().uevents_enabled());
+        assert!(parse("[discovery]\nsim = [\"a.toml\"]\nuevents = \"on\"\n").unwrap().uevents_enabled());
+        assert!(!parse("[discovery]\nuevents = \"off\"\n").unwrap().uevents_enabled());
+        assert!(parse("[discovery]\nuevents = \"yes\"\n").is_err());
     }
 
     #[test]

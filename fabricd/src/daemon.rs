@@ -172,6 +172,8 @@ pub struct Daemon {
     pub metrics: Metrics,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
+    /// Rescans asked for outside the interval (kernel uevents).
+    pub monitor: crate::monitor::Trigger,
 }
 
 impl Daemon {
@@ -214,6 +216,12 @@ impl Daemon {
         );
         let memory = Memory::open(&state_dir.join("memory"), fabric.inventory(), config.limits.clone())
             .map_err(StartError::Memory)?;
+        for dev in &fabric.inventory().devices {
+            if let Some(why) = crate::monitor::failure(dev) {
+                tracing::warn!(device = %dev.id, reason = why, "device reports a failure; its memory is not served");
+                memory.device_lost(&dev.id);
+            }
+        }
         let metrics = Metrics::new(fabric);
         metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
         Ok(Self {
@@ -233,6 +241,7 @@ impl Daemon {
             admin_gid,
             metrics,
             memory,
+            monitor: crate::monitor::Trigger::default(),
         })
     }
 
@@ -260,28 +269,31 @@ impl Daemon {
         let _one = self.rescan.lock().unwrap_or_else(|p| p.into_inner());
         let inv = discover(&self.config)?;
         let old = self.view();
-        let mut events = crate::monitor::diff(old.fabric.inventory(), &inv);
-        if events.is_empty() {
+        let vanished: BTreeSet<String> = self.vanished().into_iter().collect();
+        let mut events = crate::monitor::diff(old.fabric.inventory(), &inv, &vanished);
+        let sets_differ = fabric_addrmap::region_sets(old.fabric.inventory()) != fabric_addrmap::region_sets(&inv);
+        if events.is_empty() && !sets_differ {
             return Ok(events);
         }
         let view = View::build(inv)?;
+        let map_err = |source| StartError::Map { path: self.map_path.clone(), source };
         {
             let mut map = self.map();
-            let change = map
-                .update(view.fabric.inventory())
-                .map_err(|source| StartError::Map { path: self.map_path.clone(), source })?;
-            if !change.is_empty() {
-                self.save_map(&map).map_err(|source| StartError::Map { path: self.map_path.clone(), source })?;
-                let n = |v: &Vec<_>| u32::try_from(v.len()).unwrap_or(u32::MAX);
+            let change = map.update(view.fabric.inventory()).map_err(map_err)?;
+            let sets = crate::monitor::sync_sets(&mut map, view.fabric.inventory()).map_err(map_err)?;
+            if !change.is_empty() || !sets.changes.is_empty() {
+                self.save_map(&map).map_err(map_err)?;
+                let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+                let all = || std::iter::once(&change).chain(&sets.changes);
                 events.push(Event::Map(MapChange {
-                    generation: change.generation,
-                    added: n(&change.added) + n(&change.returned),
-                    holed: n(&change.vanished),
-                    removed: n(&change.collected),
+                    generation: map.generation(),
+                    added: n(all().map(|c| c.added.len() + c.returned.len()).sum::<usize>() + sets.added.len()),
+                    holed: n(all().map(|c| c.vanished.len()).sum()),
+                    removed: n(all().map(|c| c.collected.len()).sum::<usize>() + sets.removed.len()),
                 }));
             }
         }
-        {
+        let missing = {
             let mut gone = self.vanished.lock().unwrap_or_else(|p| p.into_inner());
             for ev in &events {
                 if let Event::Device { device, change } = ev {
@@ -291,13 +303,50 @@ impl Daemon {
                     };
                 }
             }
+            gone.len() as u64
+        };
+        self.metrics.set_fabric(&view.fabric, missing);
+        if let Err(e) = self.memory.add_devices(view.fabric.inventory()) {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot prepare the memory of new devices");
         }
         self.view.store(Arc::new(view));
+        // Memory first, so that a client acting on an event finds it done; revocations
+        // after the device events, so that subscribers learn why.
+        self.device_memory(&events);
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev);
         }
+        self.flush_revocations();
         Ok(events)
+    }
+
+    /// The memory side of device events: a removed or failed device's regions are lost
+    /// (exports revoked, importers and owners to be told, reason `DeviceLost`); a
+    /// recovered one takes new regions again.
+    fn device_memory(&self, events: &[Event]) {
+        for ev in events {
+            let Event::Device { device, change } = ev else { continue };
+            let Ok(id) = device.as_str().parse::<fabric_topology::DeviceId>() else { continue };
+            match change {
+                DeviceChange::Removed | DeviceChange::Failed => {
+                    let r = self.memory.device_lost(&id);
+                    if r.regions > 0 {
+                        tracing::warn!(
+                            device = %id,
+                            regions = r.regions,
+                            exports = r.exports,
+                            imports = r.imports,
+                            "device lost with its regions; exports revoked, importers told"
+                        );
+                    }
+                }
+                DeviceChange::Recovered => {
+                    self.memory.device_back(&id);
+                }
+                DeviceChange::Added => {}
+            }
+        }
     }
 
     /// The address map (a poisoned lock is recovered: the map is only changed through
@@ -315,7 +364,11 @@ impl Daemon {
     /// The Prometheus page (`docs/fabricd.md`, section Metrics).
     pub fn metrics_page(&self) -> String {
         let opened = self.next_session.load(Ordering::Relaxed).saturating_sub(1);
-        self.metrics.render(Live { sessions: u64::from(self.sessions()), sessions_total: opened })
+        self.metrics.render(Live {
+            sessions: u64::from(self.sessions()),
+            sessions_total: opened,
+            memory: self.memory.counts(),
+        })
     }
 
     /// Seconds since start.

@@ -14,8 +14,9 @@
 //! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
 //! - [`events`]: subscriptions (`Subscribe` on a connection) with bounded queues, and
-//!   revocation events to importers; [`monitor`]: the periodic rescan and its device,
-//!   link and map events.
+//!   revocation events to importers; [`monitor`]: rescans (periodic, and on kernel
+//!   [`uevent`]s), their device, link and map events, lost devices' revocations and CXL
+//!   interleave sets rebuilt.
 //!
 //! Registration (register/unregister) and interleave-set allocation are not served yet:
 //! those operations answer `NotImplemented`. Regions and exports are
@@ -36,6 +37,7 @@ pub mod ops;
 pub mod server;
 pub mod socket;
 pub(crate) mod sys;
+pub mod uevent;
 
 pub use daemon::{Daemon, StartError};
 pub use server::{ServeError, run};

@@ -24,6 +24,7 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::NoSpace(_) => ErrorCode::NoSpace,
         MemoryError::BadRequest(_) => ErrorCode::BadRequest,
         MemoryError::NotImplemented(_) => ErrorCode::NotImplemented,
+        MemoryError::DeviceLost(_) => ErrorCode::Unavailable,
         MemoryError::Io { .. } => ErrorCode::Internal,
     };
     let mut message = e.to_string();

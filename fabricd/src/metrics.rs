@@ -4,11 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use fabric_proto::wire::{ErrorCode, Opcode};
 use fabric_topology::{BackendState, Fabric, LinkState};
+
+use crate::memory::Counts;
 
 /// Upper bounds of the request duration histogram buckets, in seconds (50 µs .. 5 s).
 pub const BUCKETS_S: [f64; 16] =
@@ -87,6 +90,42 @@ fn op_name(i: usize) -> &'static str {
     Opcode::ALL.get(i).map_or("unknown", |op| op.name())
 }
 
+/// What a received uevent was (`fabricd_uevents_total{kind}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UeventKind {
+    /// From a fabric subsystem: asked for a rescan.
+    Relevant,
+    /// From another subsystem.
+    Ignored,
+    /// Not a kernel uevent (unparsable, or not sent by the kernel).
+    Malformed,
+}
+
+const UEVENT_KINDS: [&str; 3] = ["relevant", "ignored", "malformed"];
+
+/// What started a rescan (`fabricd_rescans_total{trigger}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescanTrigger {
+    /// `discovery.rescan_interval_s`.
+    Interval,
+    /// Kernel uevents.
+    Uevent,
+}
+
+/// How a rescan ended (`fabricd_rescans_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescanResult {
+    /// The fabric changed.
+    Changed,
+    /// Nothing changed.
+    Unchanged,
+    /// Discovery or the map update failed; the fabric was kept.
+    Failed,
+}
+
+const TRIGGERS: [&str; 2] = ["interval", "uevent"];
+const RESCAN_RESULTS: [&str; 3] = ["changed", "unchanged", "failed"];
+
 /// A latency histogram: per-bucket counts (not cumulative; made cumulative when rendered)
 /// and the sum in nanoseconds.
 #[derive(Debug, Default)]
@@ -125,10 +164,14 @@ impl Histogram {
 pub struct Metrics {
     requests: [[AtomicU64; RESULTS.len()]; OPS],
     durations: [Histogram; OPS],
-    /// The fabric part (devices, links, backends): fixed at start, rendered once.
-    fabric_text: String,
+    /// The fabric part (devices, links, backends), rendered when the fabric changes.
+    fabric_text: Mutex<String>,
     map_generation: AtomicU64,
     map_mapped_bytes: AtomicU64,
+    uevents: [AtomicU64; UEVENT_KINDS.len()],
+    uevent_overruns: AtomicU64,
+    uevents_listening: AtomicBool,
+    rescans: [[AtomicU64; RESCAN_RESULTS.len()]; TRIGGERS.len()],
 }
 
 /// What the page shows besides what [`Metrics`] holds, read at scrape time.
@@ -138,6 +181,8 @@ pub struct Live {
     pub sessions: u64,
     /// Sessions opened since start.
     pub sessions_total: u64,
+    /// The memory registry's counters.
+    pub memory: Counts,
 }
 
 impl Metrics {
@@ -146,10 +191,55 @@ impl Metrics {
         Self {
             requests: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             durations: std::array::from_fn(|_| Histogram::default()),
-            fabric_text: fabric_text(fabric),
+            fabric_text: Mutex::new(fabric_text(fabric, 0)),
             map_generation: AtomicU64::new(0),
             map_mapped_bytes: AtomicU64::new(0),
+            uevents: std::array::from_fn(|_| AtomicU64::new(0)),
+            uevent_overruns: AtomicU64::new(0),
+            uevents_listening: AtomicBool::new(false),
+            rescans: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         }
+    }
+
+    /// Renders the device, link and backend gauges for `fabric` (after a rescan changed
+    /// it); `missing` devices were seen since start and are gone now.
+    pub fn set_fabric(&self, fabric: &Fabric, missing: u64) {
+        let text = fabric_text(fabric, missing);
+        *self.fabric_text.lock().unwrap_or_else(|p| p.into_inner()) = text;
+    }
+
+    /// Counts one received uevent.
+    pub fn uevent(&self, kind: UeventKind) {
+        let i = match kind {
+            UeventKind::Relevant => 0,
+            UeventKind::Ignored => 1,
+            UeventKind::Malformed => 2,
+        };
+        self.uevents[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one uevent socket overrun (events lost).
+    pub fn uevent_overrun(&self) {
+        self.uevent_overruns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the uevent listener runs.
+    pub fn set_uevents_listening(&self, on: bool) {
+        self.uevents_listening.store(on, Ordering::Relaxed);
+    }
+
+    /// Counts one rescan.
+    pub fn rescan(&self, trigger: RescanTrigger, result: RescanResult) {
+        let t = match trigger {
+            RescanTrigger::Interval => 0,
+            RescanTrigger::Uevent => 1,
+        };
+        let r = match result {
+            RescanResult::Changed => 0,
+            RescanResult::Unchanged => 1,
+            RescanResult::Failed => 2,
+        };
+        self.rescans[t][r].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one answered request: its opcode (`None`: unknown or undecodable), its
@@ -206,13 +296,49 @@ impl Metrics {
         p.family("fabricd_map_mapped_bytes", "gauge", "Bytes of the address map that translate.");
         p.sample("fabricd_map_mapped_bytes", &[], self.map_mapped_bytes.load(Ordering::Relaxed));
 
-        p.out.push_str(&self.fabric_text);
+        memory_series(&mut p, &live.memory);
+
+        p.family("fabricd_uevents_listening", "gauge", "1 while kernel uevents are listened to.");
+        p.sample("fabricd_uevents_listening", &[], u8::from(self.uevents_listening.load(Ordering::Relaxed)));
+        p.family("fabricd_uevents_total", "counter", "Kernel uevents received, by kind.");
+        for (kind, n) in UEVENT_KINDS.iter().zip(&self.uevents) {
+            p.sample("fabricd_uevents_total", &[("kind", kind)], n.load(Ordering::Relaxed));
+        }
+        p.family("fabricd_uevent_overruns_total", "counter", "Times the uevent socket overran (events lost).");
+        p.sample("fabricd_uevent_overruns_total", &[], self.uevent_overruns.load(Ordering::Relaxed));
+        p.family("fabricd_rescans_total", "counter", "Rescans, by what started them and how they ended.");
+        for (trigger, row) in TRIGGERS.iter().zip(&self.rescans) {
+            for (result, n) in RESCAN_RESULTS.iter().zip(row) {
+                let labels = [("trigger", *trigger), ("result", *result)];
+                p.sample("fabricd_rescans_total", &labels, n.load(Ordering::Relaxed));
+            }
+        }
+
+        p.out.push_str(&self.fabric_text.lock().unwrap_or_else(|p| p.into_inner()));
         p.out
     }
 }
 
-/// `fabricd_devices`, `fabricd_links` and `fabricd_backend_present` for a fabric.
-fn fabric_text(fabric: &Fabric) -> String {
+/// The memory registry's gauges.
+fn memory_series(p: &mut Page, m: &Counts) {
+    let gauges: [(&str, &str, u64); 7] = [
+        ("fabricd_regions", "Live regions of sim device memory (lost ones included).", m.regions),
+        ("fabricd_regions_lost", "Regions whose device vanished or failed.", m.lost_regions),
+        ("fabricd_exports", "Unrevoked exports.", m.exports),
+        ("fabricd_imports", "Live imports.", m.imports),
+        ("fabricd_allocated_bytes", "Bytes of live regions.", m.allocated_bytes),
+        ("fabricd_imported_bytes", "Bytes of regions mapped by importers, summed over live imports.", m.imported_bytes),
+        ("fabricd_pinned_bytes", "Bytes pinned for DMA by registrations.", m.pinned_bytes),
+    ];
+    for (name, help, v) in gauges {
+        p.family(name, "gauge", help);
+        p.sample(name, &[], v);
+    }
+}
+
+/// `fabricd_devices`, `fabricd_device_states`, `fabricd_links` and
+/// `fabricd_backend_present` for a fabric with `missing` vanished devices.
+fn fabric_text(fabric: &Fabric, missing: u64) -> String {
     let inv = fabric.inventory();
     let mut devices: BTreeMap<String, u64> = BTreeMap::new();
     for d in &inv.devices {
@@ -231,10 +357,20 @@ fn fabric_text(fabric: &Fabric) -> String {
         };
         *links.entry((l.kind.name(), state)).or_default() += 1;
     }
+    let failed = inv.devices.iter().filter(|d| crate::monitor::failure(d).is_some()).count() as u64;
     let mut p = Page::default();
     p.family("fabricd_devices", "gauge", "Devices in the fabric, by kind.");
     for (kind, n) in &devices {
         p.sample("fabricd_devices", &[("kind", kind)], *n);
+    }
+    p.family(
+        "fabricd_device_states",
+        "gauge",
+        "Devices by state: ok, failed (its backend reports a failure), missing (seen since start, gone now).",
+    );
+    let ok = (inv.devices.len() as u64).saturating_sub(failed);
+    for (state, n) in [("ok", ok), ("failed", failed), ("missing", missing)] {
+        p.sample("fabricd_device_states", &[("state", state)], n);
     }
     p.family("fabricd_links", "gauge", "Links in the fabric, by kind and state.");
     for ((kind, state), n) in &links {
@@ -381,7 +517,12 @@ mod tests {
         m.record(Some(Opcode::Alloc), Some(ErrorCode::NotImplemented), Duration::from_micros(10));
         m.record(None, Some(ErrorCode::UnknownOpcode), Duration::from_micros(10));
         m.set_map(7, 1 << 30);
-        let page = m.render(Live { sessions: 2, sessions_total: 5 });
+        let memory = Counts { regions: 3, allocated_bytes: 6 << 20, pinned_bytes: 2 << 20, ..Counts::default() };
+        m.uevent(UeventKind::Relevant);
+        m.uevent(UeventKind::Ignored);
+        m.uevent(UeventKind::Ignored);
+        m.rescan(RescanTrigger::Uevent, RescanResult::Changed);
+        let page = m.render(Live { sessions: 2, sessions_total: 5, memory });
         for want in [
             "fabricd_requests_total{op=\"status\",result=\"ok\"} 2\n",
             "fabricd_requests_total{op=\"alloc\",result=\"not_implemented\"} 1\n",
@@ -394,6 +535,15 @@ mod tests {
             "fabricd_map_generation 7\n",
             "fabricd_map_mapped_bytes 1073741824\n",
             "fabricd_devices{kind=\"gpu\"} 8\n",
+            "fabricd_regions 3\n",
+            "fabricd_allocated_bytes 6291456\n",
+            "fabricd_pinned_bytes 2097152\n",
+            "fabricd_exports 0\n",
+            "fabricd_uevents_total{kind=\"relevant\"} 1\n",
+            "fabricd_uevents_total{kind=\"ignored\"} 2\n",
+            "fabricd_rescans_total{trigger=\"uevent\",result=\"changed\"} 1\n",
+            "fabricd_rescans_total{trigger=\"interval\",result=\"changed\"} 0\n",
+            "fabricd_device_states{state=\"missing\"} 0\n",
             "fabricd_build_info{version=\"",
             "fabricd_up 1\n",
         ] {
@@ -406,6 +556,21 @@ mod tests {
             .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
             .sum();
         assert_eq!(links as usize, fabric.inventory().links.len());
+        let devices = fabric.inventory().devices.len();
+        assert!(page.contains(&format!("fabricd_device_states{{state=\"ok\"}} {devices}\n")), "{page}");
+        // A rescan's fabric replaces the gauges.
+        let mut inv = fabric.inventory().clone();
+        let gpu = inv.devices.iter().position(|d| d.kind == fabric_topology::DeviceKind::Gpu).unwrap();
+        inv.devices[gpu].attrs.insert(crate::monitor::FAILED_ATTR.into(), "fell off the bus".into());
+        m.set_fabric(&Fabric::build(inv).unwrap(), 2);
+        let page = m.render(Live::default());
+        for want in [
+            "fabricd_device_states{state=\"failed\"} 1\n".to_owned(),
+            "fabricd_device_states{state=\"missing\"} 2\n".to_owned(),
+            format!("fabricd_device_states{{state=\"ok\"}} {}\n", devices - 1),
+        ] {
+            assert!(page.contains(&want), "missing {want:?} in\n{page}");
+        }
         // Every family has exactly one HELP and one TYPE line.
         for fam in page.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let name = fam.split(' ').next().unwrap();

@@ -130,9 +130,21 @@ pub fn status(d: &Daemon) -> StatusResponse {
         problems.push(Problem {
             kind: ProblemKind::DeviceMissing,
             subject: DeviceName::truncated(&id),
-            detail: ErrorText::truncated("device vanished (its memory is a hole in the map)"),
+            detail: ErrorText::truncated(
+                "device vanished at a rescan (its memory is a hole in the map; its regions are lost, their exports revoked)",
+            ),
             bandwidth_permille: None,
         });
+    }
+    for dev in &inv.devices {
+        if let Some(why) = crate::monitor::failure(dev) {
+            problems.push(Problem {
+                kind: ProblemKind::DeviceFailed,
+                subject: DeviceName::truncated(&dev.id.to_string()),
+                detail: ErrorText::truncated(&format!("{why} (its regions are lost, their exports revoked)")),
+                bandwidth_permille: None,
+            });
+        }
     }
     for l in &inv.links {
         let subject = || DeviceName::truncated(&format!("{}<->{}", inv.device(l.a).id, inv.device(l.b).id));

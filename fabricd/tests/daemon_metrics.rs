@@ -1,7 +1,8 @@
 //! The real daemon serves Prometheus metrics on `metrics.listen`: the counters move with
 //! the requests clients make, the page is valid exposition text (checked with `promtool
 //! check metrics` when it is installed), other paths are 404, and a port in use is a
-//! start-up error.
+//! start-up error; the memory gauges follow allocations and the fabric gauges and rescan
+//! counters follow rescans.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 mod common;
@@ -12,7 +13,10 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fabric_proto::wire::{CodecError, Connection, ErrorCode, Request, StatusRequest};
+use fabric_proto::wire::{
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, DeviceName, ErrorCode, ExportPolicy,
+    ExportRequest, ImportRequest, MemoryClass, Request, Response, StatusRequest,
+};
 
 /// A port free right now on 127.0.0.1 (bound, read, released).
 fn free_port() -> u16 {
@@ -147,6 +151,110 @@ fn promtool_check(page: &str) {
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\npage:\n{page}");
     eprintln!("promtool check metrics: ok");
+}
+
+/// Polls the page until `ok` accepts it (up to 20 s); returns it.
+fn scrape_until(port: u16, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = scrape(port);
+        if ok(&page) {
+            return page;
+        }
+        assert!(std::time::Instant::now() < deadline, "the page never got there:\n{page}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn memory_gauges_follow_allocations_and_fabric_gauges_follow_rescans() {
+    let port = free_port();
+    let s = setup(port);
+    let sim = s.dir.path().join("fabric.toml");
+    let base = std::fs::read_to_string(common::sim_file()).unwrap();
+    std::fs::write(&sim, &base).unwrap();
+    let text = std::fs::read_to_string(&s.config).unwrap().replace(
+        &format!("sim = [{:?}]", common::sim_file().display().to_string()),
+        &format!("sim = [{:?}]\nrescan_interval_s = 1", sim.display().to_string()),
+    );
+    std::fs::write(&s.config, text).unwrap();
+    let _d = common::start(&s.config, s.dir.path());
+    let before = scrape(port);
+    for (series, v) in [
+        ("fabricd_regions", 0.0),
+        ("fabricd_exports", 0.0),
+        ("fabricd_imports", 0.0),
+        ("fabricd_allocated_bytes", 0.0),
+        ("fabricd_imported_bytes", 0.0),
+        ("fabricd_pinned_bytes", 0.0),
+        ("fabricd_regions_lost", 0.0),
+        ("fabricd_device_states{state=\"ok\"}", 63.0),
+        ("fabricd_device_states{state=\"missing\"}", 0.0),
+        ("fabricd_uevents_listening", 0.0),
+        ("fabricd_rescans_total{trigger=\"interval\",result=\"changed\"}", 0.0),
+    ] {
+        assert_eq!(value(&before, series), Some(v), "{series} in\n{before}");
+    }
+
+    // A region on gpu7, exported and imported.
+    let inv = fabric_drivers::sim::load(&sim).unwrap();
+    let gpus: Vec<String> =
+        inv.devices.iter().filter(|d| d.kind == fabric_topology::DeviceKind::Gpu).map(|d| d.id.to_string()).collect();
+    let seven = base
+        .replacen(
+            "count = 8\nparent = \"plx{i/2}\"\nmodel = \"NVIDIA H100",
+            "count = 7\nparent = \"plx{i/2}\"\nmodel = \"NVIDIA H100",
+            1,
+        )
+        .replacen("i = 8\n", "i = 7\n", 1);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("seven.toml"), &seven).unwrap();
+    let left = fabric_drivers::sim::load(&dir.path().join("seven.toml")).unwrap();
+    let gpu7 = gpus.iter().find(|g| left.find(&g.parse().unwrap()).is_none()).unwrap().clone();
+    let mut c = common::client(&s.socket);
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(&gpu7), memory: MemoryClass::Hbm },
+        size: 3 << 20,
+        align: 0,
+    });
+    let Response::Alloc(a) = c.call(req, &[]).unwrap().0 else { panic!() };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadOnly,
+    };
+    let Response::Export(e) = c.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    c.call(Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadOnly }), &[]).unwrap();
+    let page = scrape(port);
+    for (series, v) in [
+        ("fabricd_regions", 1.0),
+        ("fabricd_exports", 1.0),
+        ("fabricd_imports", 1.0),
+        ("fabricd_allocated_bytes", 4194304.0),
+        ("fabricd_imported_bytes", 4194304.0),
+    ] {
+        assert_eq!(value(&page, series), Some(v), "{series} in\n{page}");
+    }
+
+    // gpu7 vanishes: the next rescan updates the fabric gauges, counts itself, and the
+    // region is lost with its export revoked.
+    let tmp = sim.with_extension("tmp");
+    std::fs::write(&tmp, &seven).unwrap();
+    std::fs::rename(&tmp, &sim).unwrap();
+    let page = scrape_until(port, |p| value(p, "fabricd_devices{kind=\"gpu\"}") == Some(7.0));
+    assert!(value(&page, "fabricd_device_states{state=\"missing\"}").unwrap() >= 1.0, "{page}");
+    assert_eq!(value(&page, "fabricd_regions_lost"), Some(1.0), "{page}");
+    assert_eq!(value(&page, "fabricd_exports"), Some(0.0), "{page}");
+    assert_eq!(value(&page, "fabricd_regions"), Some(1.0), "{page}");
+    let page = scrape_until(port, |p| {
+        value(p, "fabricd_rescans_total{trigger=\"interval\",result=\"changed\"}").unwrap_or(0.0) >= 1.0
+    });
+    assert!(value(&page, "fabricd_map_generation").unwrap() > value(&before, "fabricd_map_generation").unwrap());
+    promtool_check(&page);
 }
 
 #[test]

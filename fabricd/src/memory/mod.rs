@@ -63,6 +63,9 @@ pub enum MemoryError {
     /// Not served yet.
     #[error("{0}")]
     NotImplemented(String),
+    /// The device holding the memory vanished or failed.
+    #[error("{0}")]
+    DeviceLost(String),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -86,6 +89,8 @@ struct Resource {
     ordinal: u16,
     dir: PathBuf,
     ranges: RangeAllocator,
+    /// The device vanished or failed: nothing is allocated here until it is back.
+    lost: bool,
 }
 
 #[derive(Debug)]
@@ -97,6 +102,8 @@ struct Region {
     offset: u64,
     len: u64,
     path: PathBuf,
+    /// Its device vanished or failed: exports revoked, no new ones.
+    lost: bool,
 }
 
 #[derive(Debug)]
@@ -173,6 +180,12 @@ pub struct Counts {
     pub imports: u64,
     /// Bytes allocated.
     pub allocated_bytes: u64,
+    /// Regions whose device vanished or failed (counted in `regions` too).
+    pub lost_regions: u64,
+    /// Bytes of the regions behind live imports, per import.
+    pub imported_bytes: u64,
+    /// Bytes pinned for DMA by registrations (0 until registrations are served).
+    pub pinned_bytes: u64,
 }
 
 /// What a closed session held and lost.
@@ -191,6 +204,8 @@ pub struct Reclaimed {
 pub struct Memory {
     state: Mutex<State>,
     limits: LimitsConfig,
+    /// Where resource directories go.
+    root: PathBuf,
 }
 
 /// A device id as a file name: characters other than `[A-Za-z0-9._-]` become `_`.
@@ -214,34 +229,47 @@ impl Memory {
     pub fn open(root: &Path, inv: &Inventory, limits: LimitsConfig) -> Result<Self, MemoryError> {
         let mut resources = Vec::new();
         for dev in &inv.devices {
-            let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
-            for m in &dev.memory {
-                let ord = ordinals.entry(m.kind).or_default();
-                let ordinal = *ord;
-                *ord += 1;
-                let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
-                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-                let mut stale = 0usize;
-                for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
-                    if e.file_name().to_string_lossy().starts_with('r') {
-                        std::fs::remove_file(e.path()).map_err(io_err(&e.path()))?;
-                        stale += 1;
-                    }
-                }
-                if stale > 0 {
-                    tracing::info!(dir = %dir.display(), stale, "removed region files of an earlier run");
-                }
-                resources.push(Resource {
-                    device: dev.id.clone(),
-                    kind: m.kind,
-                    ordinal,
-                    dir,
-                    ranges: RangeAllocator::new(m.size),
-                });
-            }
+            resources.extend(Self::resources_of(root, dev)?);
         }
         tracing::info!(resources = resources.len(), dir = %root.display(), "sim device memory ready");
-        Ok(Self { state: Mutex::new(State { resources, next_id: 1, ..State::default() }), limits })
+        Ok(Self {
+            state: Mutex::new(State { resources, next_id: 1, ..State::default() }),
+            limits,
+            root: root.to_owned(),
+        })
+    }
+
+    /// The resources of one device, their directories created and emptied of region files
+    /// left by an earlier run.
+    fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resource>, MemoryError> {
+        let mut out = Vec::new();
+        let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
+        for m in &dev.memory {
+            let ord = ordinals.entry(m.kind).or_default();
+            let ordinal = *ord;
+            *ord += 1;
+            let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            let mut stale = 0usize;
+            for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
+                if e.file_name().to_string_lossy().starts_with('r') {
+                    std::fs::remove_file(e.path()).map_err(io_err(&e.path()))?;
+                    stale += 1;
+                }
+            }
+            if stale > 0 {
+                tracing::info!(dir = %dir.display(), stale, "removed region files of an earlier run");
+            }
+            out.push(Resource {
+                device: dev.id.clone(),
+                kind: m.kind,
+                ordinal,
+                dir,
+                ranges: RangeAllocator::new(m.size),
+                lost: false,
+            });
+        }
+        Ok(out)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -291,6 +319,10 @@ impl Memory {
             let which = ordinal.map(|o| format!(" #{o}")).unwrap_or_default();
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory{which}", kind_name(kind))));
         }
+        if candidates.iter().all(|&i| st.resources[i].lost) {
+            return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
+        }
+        let candidates: Vec<usize> = candidates.into_iter().filter(|&i| !st.resources[i].lost).collect();
         let mut last = None;
         let mut placed = None;
         for i in candidates {
@@ -330,7 +362,8 @@ impl Memory {
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
-        st.regions.insert(id, Region { generation: id, owner: *owner, session, resource, offset, len, path });
+        st.regions
+            .insert(id, Region { generation: id, owner: *owner, session, resource, offset, len, path, lost: false });
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, len, "region allocated");
         Ok(Granted { region: id, generation: id, len, fd, import: 0 })
     }
@@ -409,7 +442,11 @@ impl Memory {
             return Err(MemoryError::NotImplemented("export policies bound to a partition are not served yet".into()));
         }
         let mut st = self.state();
-        let generation = Self::owned(&st, region, session)?.generation;
+        let r = Self::owned(&st, region, session)?;
+        if r.lost {
+            return Err(MemoryError::DeviceLost(format!("region {region}'s device vanished or failed")));
+        }
+        let generation = r.generation;
         self.check(&st, owner.uid, 0, 1)?;
         let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
         let handle = ExportHandle { region, generation, secret };
@@ -556,6 +593,88 @@ impl Memory {
             exports: st.exports.iter().filter(|e| !e.revoked).count() as u64,
             imports: st.imports.len() as u64,
             allocated_bytes: st.regions.values().map(|r| r.len).sum(),
+            lost_regions: st.regions.values().filter(|r| r.lost).count() as u64,
+            imported_bytes: st.imports.values().filter_map(|i| st.regions.get(&i.region)).map(|r| r.len).sum(),
+            pinned_bytes: 0,
         }
+    }
+
+    /// The device `id` vanished or failed: its resources take no new regions, and every
+    /// region on them is lost — each of its exports revoked (a later import is `Revoked`),
+    /// each importer told (reason `DeviceLost`) and its owner told too (a revocation with
+    /// import 0). Regions and imports stay until freed or released (a mapping cannot be
+    /// taken back). Returns the regions lost now, the exports revoked now and the imports
+    /// told.
+    pub fn device_lost(&self, id: &DeviceId) -> Reclaimed {
+        let mut st = self.state();
+        let st = &mut *st;
+        let mut out = Reclaimed::default();
+        let mut on: Vec<usize> = Vec::new();
+        for (i, r) in st.resources.iter_mut().enumerate() {
+            if r.device == *id {
+                r.lost = true;
+                on.push(i);
+            }
+        }
+        let mut lost: Vec<(u64, u64, u64)> = st
+            .regions
+            .iter_mut()
+            .filter(|(_, r)| !r.lost && on.contains(&r.resource))
+            .map(|(k, r)| {
+                r.lost = true;
+                (*k, r.generation, r.session)
+            })
+            .collect();
+        lost.sort_unstable();
+        for (region, generation, owner) in lost {
+            out.regions += 1;
+            for e in st.exports.iter_mut().filter(|e| e.handle.region == region && !e.revoked) {
+                e.revoked = true;
+                out.exports += 1;
+            }
+            let mut told: Vec<(u64, Revocation)> = st
+                .imports
+                .iter()
+                .filter(|(_, i)| i.region == region)
+                .map(|(k, i)| {
+                    (i.session, Revocation { region, generation, import: *k, reason: RevocationReason::DeviceLost })
+                })
+                .collect();
+            told.sort_unstable_by_key(|(_, r)| r.import);
+            out.imports += told.len() as u64;
+            st.revocations.extend(told);
+            let own = Revocation { region, generation, import: 0, reason: RevocationReason::DeviceLost };
+            st.revocations.push((owner, own));
+            tracing::warn!(%id, region, generation, "region lost with its device; exports revoked");
+        }
+        out
+    }
+
+    /// The device `id` is back (or healthy again): its resources take new regions again.
+    /// Regions lost with it stay lost. Returns whether it has resources here.
+    pub fn device_back(&self, id: &DeviceId) -> bool {
+        let mut st = self.state();
+        let mut any = false;
+        for r in st.resources.iter_mut().filter(|r| r.device == *id) {
+            r.lost = false;
+            any = true;
+        }
+        any
+    }
+
+    /// Adds the resources of devices of `inv` that have none here yet (devices found by a
+    /// rescan). Returns how many resources were added.
+    pub fn add_devices(&self, inv: &Inventory) -> Result<usize, MemoryError> {
+        let mut st = self.state();
+        let mut added = 0;
+        for dev in &inv.devices {
+            if dev.memory.is_empty() || st.resources.iter().any(|r| r.device == dev.id) {
+                continue;
+            }
+            let new = Self::resources_of(&self.root, dev)?;
+            added += new.len();
+            st.resources.extend(new);
+        }
+        Ok(added)
     }
 }

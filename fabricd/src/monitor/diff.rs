@@ -1,40 +1,13 @@
-//! Monitoring: a rescan every `discovery.rescan_interval_s` seconds, and the diff of two
-//! inventories as device and link events (devices by [`fabric_topology::DeviceId`], links by their end
-//! points and kind).
+//! The diff of two inventories as device and link events: devices by
+//! [`fabric_topology::DeviceId`] (added, removed, failed, recovered), links by their end
+//! points and kind.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::Duration;
 
 use fabric_proto::wire::{DeviceChange, DeviceName, Event, LinkChange, Name};
 use fabric_topology::{Inventory, LinkState};
-use tokio_util::sync::CancellationToken;
 
-use crate::daemon::Daemon;
-
-/// Rescans every `discovery.rescan_interval_s` seconds (0: never) until `shutdown`.
-pub async fn run(daemon: Arc<Daemon>, shutdown: CancellationToken) {
-    let secs = daemon.config.discovery.rescan_interval_s;
-    if secs == 0 {
-        return;
-    }
-    let mut tick = tokio::time::interval(Duration::from_secs(secs));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let d = daemon.clone();
-        match tokio::task::spawn_blocking(move || d.rescan()).await {
-            Ok(Ok(events)) if !events.is_empty() => tracing::info!(events = events.len(), "rescan found changes"),
-            Ok(Ok(_)) => tracing::debug!("rescan: no change"),
-            Ok(Err(e)) => tracing::warn!(error = %crate::error_chain(&e), "rescan failed; keeping the fabric"),
-            Err(e) => tracing::warn!(error = %e, "rescan panicked; keeping the fabric"),
-        }
-    }
-}
+use super::failure;
 
 /// A link bundle's summary: its worst state and its summed bandwidths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,18 +49,36 @@ fn links(inv: &Inventory) -> BTreeMap<(String, String, &'static str), LinkSum> {
     out
 }
 
-/// The events that take `old` to `new`: devices added and removed, then links whose
-/// state or bandwidth changed (a link that vanished while both ends stay is `Down`).
-pub fn diff(old: &Inventory, new: &Inventory) -> Vec<Event> {
-    let ids = |inv: &Inventory| inv.devices.iter().map(|d| d.id.to_string()).collect::<BTreeSet<_>>();
+/// The events that take `old` to `new`: devices added (`Recovered` instead for one in
+/// `vanished`, seen before and gone since, unless it comes back failed), removed, failed
+/// (its backend reports a failure: [`failure`]) and recovered (no longer failed); then links
+/// whose state or bandwidth changed (a link that vanished while both ends stay is `Down`).
+pub fn diff(old: &Inventory, new: &Inventory, vanished: &BTreeSet<String>) -> Vec<Event> {
+    let ids = |inv: &Inventory| {
+        inv.devices.iter().map(|d| (d.id.to_string(), failure(d).is_some())).collect::<BTreeMap<_, _>>()
+    };
     let (before, after) = (ids(old), ids(new));
     let mut events = Vec::new();
-    for id in after.difference(&before) {
-        events.push(Event::Device { device: DeviceName::truncated(id), change: DeviceChange::Added });
+    let dev = |id: &str, change| Event::Device { device: DeviceName::truncated(id), change };
+    for (id, &failed) in &after {
+        let change = match (before.get(id), failed) {
+            (None, false) if vanished.contains(id) => DeviceChange::Recovered,
+            (None, true) if vanished.contains(id) => DeviceChange::Failed,
+            (None, false) => DeviceChange::Added,
+            (None, true) => {
+                events.push(dev(id, DeviceChange::Added));
+                DeviceChange::Failed
+            }
+            (Some(false), true) => DeviceChange::Failed,
+            (Some(true), false) => DeviceChange::Recovered,
+            (Some(_), _) => continue,
+        };
+        events.push(dev(id, change));
     }
-    for id in before.difference(&after) {
-        events.push(Event::Device { device: DeviceName::truncated(id), change: DeviceChange::Removed });
+    for id in before.keys().filter(|id| !after.contains_key(*id)) {
+        events.push(dev(id, DeviceChange::Removed));
     }
+    let after: BTreeSet<String> = after.into_keys().collect();
     let (lb, la) = (links(old), links(new));
     let link_ev = |(a, b, kind): &(String, String, &str), change| Event::Link {
         a: DeviceName::truncated(a),
@@ -125,9 +116,45 @@ mod tests {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/sim/hgx-h100-8gpu.toml")).unwrap()
     }
 
+    fn diff(old: &Inventory, new: &Inventory) -> Vec<Event> {
+        super::diff(old, new, &BTreeSet::new())
+    }
+
     #[test]
     fn same_inventory_no_events() {
         assert!(diff(&sim(&hgx()), &sim(&hgx())).is_empty());
+    }
+
+    #[test]
+    fn failed_recovered_and_returning_devices() {
+        let base = sim(&hgx());
+        let gpu = base.devices.iter().find(|d| d.kind == fabric_topology::DeviceKind::Gpu).unwrap().id.to_string();
+        let mut failed = base.clone();
+        let i = failed.devices.iter().position(|d| d.id.to_string() == gpu).unwrap();
+        failed.devices[i].attrs.insert(super::super::FAILED_ATTR.into(), "fell off the bus".into());
+        let dev = |change| Event::Device { device: DeviceName::truncated(&gpu), change };
+        assert_eq!(diff(&base, &failed), vec![dev(DeviceChange::Failed)]);
+        assert_eq!(diff(&failed, &base), vec![dev(DeviceChange::Recovered)]);
+        assert!(diff(&failed, &failed).is_empty());
+        // Gone, then back: Recovered when it was seen before, Added when it is new.
+        let mut gone = base.clone();
+        gone.devices.remove(i);
+        let iu = u32::try_from(i).unwrap();
+        gone.links.retain(|l| l.a.0 != iu && l.b.0 != iu);
+        for l in &mut gone.links {
+            l.a.0 -= u32::from(l.a.0 > iu);
+            l.b.0 -= u32::from(l.b.0 > iu);
+        }
+        gone.reindex();
+        let ev = diff(&base, &gone);
+        assert_eq!(ev[0], dev(DeviceChange::Removed), "{ev:?}");
+        let seen: BTreeSet<String> = [gpu.clone()].into();
+        let back = super::diff(&gone, &base, &seen);
+        assert_eq!(back[0], dev(DeviceChange::Recovered), "{back:?}");
+        assert_eq!(diff(&gone, &base)[0], dev(DeviceChange::Added));
+        let back_failed = super::diff(&gone, &failed, &seen);
+        assert_eq!(back_failed[0], dev(DeviceChange::Failed), "{back_failed:?}");
+        assert_eq!(diff(&gone, &failed)[..2], [dev(DeviceChange::Added), dev(DeviceChange::Failed)]);
     }
 
     #[test]
