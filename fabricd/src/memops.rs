@@ -24,12 +24,11 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::NoSpace(_) => ErrorCode::NoSpace,
         MemoryError::BadRequest(_) => ErrorCode::BadRequest,
         MemoryError::NotImplemented(_) => ErrorCode::NotImplemented,
-        MemoryError::Io { .. } => ErrorCode::Internal,
+        MemoryError::Io { .. } | MemoryError::Journal(_) | MemoryError::Record(_) | MemoryError::JournalUnavailable => {
+            ErrorCode::Internal
+        }
     };
-    let mut message = e.to_string();
-    if let MemoryError::Io { source, .. } = e {
-        message.push_str(&format!(": {source}"));
-    }
+    let message = crate::error_chain(e);
     let mut body = refusal(code, message);
     if let MemoryError::Limit { what, used, requested, max, .. } = e {
         body.detail =

@@ -60,8 +60,9 @@ impl fmt::Display for VersionRange {
     }
 }
 
-/// The version this crate speaks best.
-pub const PROTOCOL_VERSION: Version = Version::new(1, 0);
+/// The version this crate speaks best. 1.1 added the session token and resume to `Hello`
+/// (docs/protocol.md, "Negotiation").
+pub const PROTOCOL_VERSION: Version = Version::new(1, 1);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);
