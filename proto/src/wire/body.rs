@@ -132,6 +132,10 @@ fn with_token<T: DeserializeOwned>(
     if rest.is_empty() {
         return Ok((value, None));
     }
+    // Anything but exactly one token after the 1.0 body is trailing bytes.
+    if rest.len() != size_of::<SessionToken>() {
+        return Err(BodyError::TrailingBytes { opcode, kind, extra: rest.len() });
+    }
     let token = from_body::<SessionToken>(opcode, kind, rest)?;
     Ok((value, Some(token)))
 }
