@@ -160,10 +160,8 @@ impl Worker {
             Err(_) => return None,
         };
         let token = hello.token.unwrap();
-        if let Some(old) = self.token {
-            if old == token {
-                self.shared.out.line(&format!("R {}", self.t));
-            }
+        if self.token == Some(token) {
+            self.shared.out.line(&format!("R {}", self.t));
         }
         self.token = Some(token);
         Some(c)
@@ -218,11 +216,11 @@ impl Worker {
                 }
                 seen = *e;
                 drop(e);
-                if let Some(mut again) = self.connect() {
-                    if self.after_restart(&mut again) {
-                        c = again;
-                        break;
-                    }
+                if let Some(mut again) = self.connect()
+                    && self.after_restart(&mut again)
+                {
+                    c = again;
+                    break;
                 }
                 // Killed again before this thread got back: that crash's report.
                 self.shared.out.line(&format!("D {}", self.t));

@@ -264,7 +264,7 @@ fn at_start_region_files_without_an_acknowledged_region_are_removed() {
         v
     };
     let mine = format!("r{}", r.region);
-    assert_eq!(files(), [mine.clone()]);
+    assert_eq!(files(), std::slice::from_ref(&mine));
     // A file no record names: what an allocation cut short by a crash leaves.
     let dir = walk(&setup.state.join("memory")).into_iter().find(|p| p.ends_with(&mine)).unwrap();
     std::fs::write(dir.with_file_name("r999999"), b"").unwrap();

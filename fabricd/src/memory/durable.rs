@@ -340,7 +340,7 @@ impl Replayed {
                 self.exports.retain(|e| e.region != id);
             }
             Change::ExportCreated(e) => {
-                if !self.regions.get(&e.region).is_some_and(|r| r.generation == e.generation) {
+                if self.regions.get(&e.region).is_none_or(|r| r.generation != e.generation) {
                     return Err(Inconsistency::NoRegion(e.region));
                 }
                 self.exports.push(e);
@@ -467,7 +467,8 @@ mod tests {
         }
         let (kind, payload) = seed("snapshot");
         assert_eq!(kind, KIND_SNAPSHOT);
-        let snap = Snapshot { next_id: 8, regions: vec![region], exports: vec![ExportRecord { revoked: true, ..export }] };
+        let snap =
+            Snapshot { next_id: 8, regions: vec![region], exports: vec![ExportRecord { revoked: true, ..export }] };
         assert_eq!(Snapshot::decode(&payload).unwrap(), snap);
     }
 

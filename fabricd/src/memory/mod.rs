@@ -9,7 +9,7 @@
 //! [`alloc::RangeAllocator`] places regions in the resource's range (first fit, 2 MiB
 //! granule), which bounds what a resource holds.
 //!
-//! The registry is durable ([`persist`], records in [`durable`]): every change to regions
+//! The registry is durable (`memory/persist.rs`, records in [`durable`]): every change to regions
 //! and exports is journaled before it is acknowledged, and at start the registry is
 //! rebuilt from the journal and reconciled with the region files found
 //! ([`Memory::open_durable`]). Imports are not journaled: they end with the daemon, and the

@@ -36,7 +36,7 @@ impl fmt::Debug for Secret {
 /// restart, a client that presents it in its `Hello` takes its regions and exports back
 /// (docs/fabricd.md, "Durability"). Its `Debug` does not print it and `==` takes the same
 /// time wherever the values differ: it is a capability, like an export's secret.
-#[derive(Clone, Copy, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Eq, Serialize, Deserialize)]
 pub struct SessionToken(pub [u8; 16]);
 
 impl SessionToken {
