@@ -165,6 +165,7 @@ fn echo_connection(stream: &UnixStream) {
                 session: 0,
                 max_request_body: fabric_proto::wire::MAX_REQUEST_BODY,
                 max_fds: fabric_proto::wire::MAX_FDS,
+                token: None,
             }))
         } else {
             Message::Response(Response::Ping)

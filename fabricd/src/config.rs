@@ -160,6 +160,23 @@ impl Default for LimitsConfig {
     }
 }
 
+/// `[memory]`: the durable memory registry (docs/fabricd.md, "Durability").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Seconds a session found in the journal at start, whose process is still alive,
+    /// has to come back (`Hello` with its token) before its regions are reclaimed.
+    pub resume_grace_s: u64,
+    /// Records appended since the last snapshot after which the journal is compacted.
+    pub compact_records: u32,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { resume_grace_s: 30, compact_records: 4096 }
+    }
+}
+
 /// `[metrics]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -213,6 +230,8 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// Per-user limits.
     pub limits: LimitsConfig,
+    /// The durable memory registry.
+    pub memory: MemoryConfig,
     /// Prometheus metrics.
     pub metrics: MetricsConfig,
     /// Logging.
@@ -278,6 +297,9 @@ impl Config {
         }
         if self.limits.max_request_bytes < 4096 || self.limits.max_request_bytes > 64 << 20 {
             return Err(bad("limits.max_request_bytes", "must be between 4 KiB and 64 MiB".to_owned()));
+        }
+        if self.memory.compact_records == 0 {
+            return Err(bad("memory.compact_records", "must be at least 1".to_owned()));
         }
         if self.limits.clients == 0 {
             return Err(bad("limits.clients", "must be at least 1".to_owned()));

@@ -20,7 +20,7 @@ use fabric_topology::{BackendReport, BackendState, DeviceIdx, Fabric, Inventory}
 use crate::config::{BackendName, Config, ConfigError, Environment};
 use crate::events::EventBus;
 use crate::journal::{Journal, JournalError, JournalOptions};
-use crate::memory::Memory;
+use crate::memory::{Durability, Memory};
 use crate::metrics::{Live, Metrics};
 
 /// Why the daemon could not start.
@@ -65,7 +65,8 @@ pub enum StartError {
     /// The admin group does not exist.
     #[error("socket.admin_group {0:?} is not a group on this system")]
     UnknownAdminGroup(String),
-    /// The sim device memory directory could not be prepared.
+    /// The sim device memory directory could not be prepared, or the registry could not
+    /// be restored from the journal.
     #[error("sim device memory")]
     Memory(#[source] crate::memory::MemoryError),
 }
@@ -162,7 +163,6 @@ pub struct Daemon {
     pub events: EventBus,
     map: Mutex<AddressMap>,
     map_path: PathBuf,
-    _journal: Journal,
     started: Instant,
     sessions: AtomicU32,
     next_session: AtomicU64,
@@ -214,8 +214,10 @@ impl Daemon {
             map_generation = synced.map.generation(),
             "fabric loaded"
         );
-        let memory = Memory::open(&state_dir.join("memory"), fabric.inventory(), config.limits.clone())
-            .map_err(StartError::Memory)?;
+        let durability = Durability { journal, replay, config: config.memory.clone() };
+        let memory =
+            Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)
+                .map_err(StartError::Memory)?;
         for dev in &fabric.inventory().devices {
             if let Some(why) = crate::monitor::failure(dev) {
                 tracing::warn!(device = %dev.id, reason = why, "device reports a failure; its memory is not served");
@@ -234,7 +236,6 @@ impl Daemon {
             events: EventBus::default(),
             map: Mutex::new(synced.map),
             map_path,
-            _journal: journal,
             started: Instant::now(),
             sessions: AtomicU32::new(0),
             next_session: AtomicU64::new(1),

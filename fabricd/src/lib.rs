@@ -18,14 +18,18 @@
 //!   [`uevent`]s), their device, link and map events, lost devices' revocations and CXL
 //!   interleave sets rebuilt.
 //!
+//! - [`memory`] is durable: regions and exports are journaled before they are
+//!   acknowledged and survive a daemon restart; [`grace`] reclaims sessions that do not
+//!   come back.
+//!
 //! Registration (register/unregister) and interleave-set allocation are not served yet:
-//! those operations answer `NotImplemented`. Regions and exports are
-//! not durable across a daemon restart yet.
+//! those operations answer `NotImplemented`.
 
 pub mod auth;
 pub mod config;
 pub mod daemon;
 pub mod events;
+pub mod grace;
 pub mod http;
 pub mod journal;
 pub mod memops;

@@ -165,6 +165,7 @@ async fn serve(config: Config) -> ExitCode {
     }
     fabricd::uevent::start(&daemon, &shutdown, &tasks);
     tasks.spawn(fabricd::monitor::run(daemon.clone(), shutdown.clone()));
+    tasks.spawn(fabricd::grace::run(daemon.clone(), shutdown.clone()));
     tasks.close();
     let status = ops::status(&daemon);
     tracing::info!(

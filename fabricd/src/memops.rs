@@ -25,12 +25,11 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::BadRequest(_) => ErrorCode::BadRequest,
         MemoryError::NotImplemented(_) => ErrorCode::NotImplemented,
         MemoryError::DeviceLost(_) => ErrorCode::Unavailable,
-        MemoryError::Io { .. } => ErrorCode::Internal,
+        MemoryError::Io { .. } | MemoryError::Journal(_) | MemoryError::Record(_) | MemoryError::JournalUnavailable => {
+            ErrorCode::Internal
+        }
     };
-    let mut message = e.to_string();
-    if let MemoryError::Io { source, .. } = e {
-        message.push_str(&format!(": {source}"));
-    }
+    let message = crate::error_chain(e);
     let mut body = refusal(code, message);
     if let MemoryError::Limit { what, used, requested, max, .. } = e {
         body.detail =

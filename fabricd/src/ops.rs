@@ -174,6 +174,14 @@ pub fn status(d: &Daemon) -> StatusResponse {
             }
         }
     }
+    for p in d.memory.problems() {
+        problems.push(Problem {
+            kind: ProblemKind::Other,
+            subject: DeviceName::truncated("memory"),
+            detail: ErrorText::truncated(&p),
+            bandwidth_permille: None,
+        });
+    }
     problems.truncate(1024);
     let generation = d.map().generation();
     let mem = d.memory.counts();

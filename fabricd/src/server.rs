@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     BodyError, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
-    MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SubscribeResponse,
-    Version, decode_header, decode_request, encode_message, negotiate,
+    MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SessionToken,
+    SubscribeResponse, Version, decode_header, decode_request, encode_message, negotiate,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::daemon::Daemon;
+use crate::memops;
 use crate::memory::Reclaimed;
 use crate::ops::{self, refusal};
 use crate::sys;
@@ -196,6 +197,12 @@ async fn serve_session(
         }
     }
     daemon.events.unsubscribe(session);
+    if shutdown.is_cancelled() {
+        // A daemon restart is not a client death: the session's regions stay journaled
+        // for the client to take back (docs/fabricd.md, "Durability").
+        tracing::debug!("disconnected by shutdown; regions kept for resume");
+        return;
+    }
     let r = daemon.memory.close_session(session);
     daemon.flush_revocations();
     if r != Reclaimed::default() {
@@ -298,6 +305,7 @@ impl Conn<'_> {
         if let Request::Hello(h) = &req {
             return match negotiate(h.versions, SUPPORTED_VERSIONS) {
                 Ok(v) => {
+                    let token = self.session_token(v, h.resume.as_ref(), session)?;
                     self.version = Some(v);
                     tracing::debug!(client = %h.client, version = %v, "hello");
                     let hello = HelloResponse {
@@ -306,6 +314,7 @@ impl Conn<'_> {
                         session,
                         max_request_body: self.daemon.config.limits.max_request_bytes.min(MAX_REQUEST_BODY),
                         max_fds: MAX_FDS,
+                        token,
                     };
                     Ok((Response::Hello(hello), None))
                 }
@@ -333,6 +342,36 @@ impl Conn<'_> {
             return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
         }
         ops::handle_session(self.daemon, &self.peer, session, req)
+    }
+
+    /// The token for the `Hello` response (1.1 and later): the session's own, or the one
+    /// it resumed (whose regions and exports it now owns). A failed resume refuses the
+    /// hello; the client may say hello again without it.
+    fn session_token(
+        &self,
+        v: Version,
+        resume: Option<&SessionToken>,
+        session: u64,
+    ) -> Result<Option<SessionToken>, ErrorBody> {
+        let (peer, memory) = (&self.peer, &self.daemon.memory);
+        let refused = |e: &crate::memory::MemoryError| {
+            let body = memops::refused(e);
+            tracing::warn!(uid = peer.uid, pid = peer.pid, op = "hello", "refused: {}", body.message);
+            body
+        };
+        if v < Version::new(1, 1) {
+            return match resume {
+                Some(_) => Err(refusal(ErrorCode::BadRequest, "resuming a session needs protocol 1.1")),
+                None => Ok(None),
+            };
+        }
+        match resume {
+            Some(t) => {
+                memory.resume(session, peer, t).map_err(|e| refused(&e))?;
+                Ok(Some(*t))
+            }
+            None => memory.session_token(session, peer).map(Some).map_err(|e| refused(&e)),
+        }
     }
 
     /// Sends one answer with its descriptor (`SCM_RIGHTS` with the first bytes, the rest

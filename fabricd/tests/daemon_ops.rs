@@ -41,7 +41,14 @@ fn hello_negotiates_and_refuses_versions_it_does_not_speak() {
     assert!(d.log().contains("ready"), "{}", d.log());
 
     let c = common::client(&s.socket);
-    assert_eq!(c.version(), Version::new(1, 0));
+    assert_eq!(c.version(), Version::new(1, 1));
+
+    // A 1.0-only client still gets a 1.0 hello (no session token travels).
+    let mut old = Connection::new(UnixStream::connect(&s.socket).unwrap());
+    let v1_0 = VersionRange::new(Version::new(1, 0), Version::new(1, 0));
+    let h = old.hello("old", v1_0).unwrap();
+    assert_eq!((h.version, h.token), (Version::new(1, 0), None));
+    assert!(matches!(old.call(Request::Status(StatusRequest {}), &[]), Ok((Response::Status(_), _))));
 
     // A request before hello is refused, typed.
     let mut raw = Connection::new(UnixStream::connect(&s.socket).unwrap());

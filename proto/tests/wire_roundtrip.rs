@@ -96,7 +96,11 @@ fn request() -> impl Strategy<Value = Request> {
         name().prop_map(|name| PartitionsRequest::Remove { name }),
     ];
     Union::new(vec![
-        (range(), name()).prop_map(|(versions, client)| Request::Hello(HelloRequest { versions, client })).boxed(),
+        (range(), name(), proptest::option::of(any::<[u8; 16]>()))
+            .prop_map(|(versions, client, t)| {
+                Request::Hello(HelloRequest { versions, client, resume: t.map(SessionToken) })
+            })
+            .boxed(),
         Just(Request::Status(StatusRequest {})).boxed(),
         Just(Request::Ping).boxed(),
         topo().prop_map(Request::Topology).boxed(),
@@ -170,9 +174,10 @@ fn response() -> impl Strategy<Value = Response> {
             problems,
         });
     Union::new(vec![
-        (version(), name(), any::<u64>(), any::<u32>(), any::<u8>())
-            .prop_map(|(version, server, session, max_request_body, max_fds)| {
-                Response::Hello(HelloResponse { version, server, session, max_request_body, max_fds })
+        (version(), name(), any::<u64>(), any::<u32>(), any::<u8>(), proptest::option::of(any::<[u8; 16]>()))
+            .prop_map(|(version, server, session, max_request_body, max_fds, t)| {
+                let token = t.map(SessionToken);
+                Response::Hello(HelloResponse { version, server, session, max_request_body, max_fds, token })
             })
             .boxed(),
         status.prop_map(Response::Status).boxed(),
@@ -318,9 +323,15 @@ proptest! {
             let result = decode_header(prefix).map_err(|_| ()).and_then(|h| decode_body(&h, &prefix[HEADER_LEN..]).map_err(|_| ()));
             prop_assert!(result.is_err(), "prefix of {cut} bytes decoded");
         }
-        // The body alone: no proper prefix decodes as the same opcode and kind either.
+        // The body alone: no proper prefix decodes as the same opcode and kind either,
+        // except the frozen 1.0 form of a hello that carries the 1.1 token extension.
         let body = &bytes[HEADER_LEN..];
-        for cut in 0..body.len() {
+        let v1_0 = match &msg {
+            Message::Request(Request::Hello(HelloRequest { resume: Some(_), .. }))
+            | Message::Response(Response::Hello(HelloResponse { token: Some(_), .. })) => Some(body.len() - 16),
+            _ => None,
+        };
+        for cut in (0..body.len()).filter(|c| Some(*c) != v1_0) {
             let short = Header { body_len: cut as u32, ..decode_header(&bytes).unwrap() };
             prop_assert!(decode_body(&short, &body[..cut]).is_err(), "body prefix of {cut} bytes decoded");
         }
@@ -411,10 +422,24 @@ fn hello_body_encoding_is_pinned() {
     let msg = Message::Request(Request::Hello(HelloRequest {
         versions: VersionRange::new(Version::new(1, 0), Version::new(1, 3)),
         client: Name::new("ctl").unwrap(),
+        resume: None,
     }));
     let mut body = Vec::new();
     encode_body(&msg, &mut body).unwrap();
     assert_eq!(body, [1, 0, 1, 3, 3, b'c', b't', b'l']);
+    // 1.1: the resume token is a trailing extension of exactly 16 bytes; the 1.0 form
+    // stays a prefix, so a 1.0 body still decodes.
+    let Message::Request(Request::Hello(mut hello)) = msg else { unreachable!() };
+    hello.resume = Some(SessionToken([7; 16]));
+    let mut ext = Vec::new();
+    encode_body(&Message::Request(Request::Hello(hello.clone())), &mut ext).unwrap();
+    assert_eq!(&ext[..8], &body[..]);
+    assert_eq!(&ext[8..], &[7; 16]);
+    assert_eq!(decode_request(Opcode::Hello, &ext).unwrap(), Request::Hello(hello));
+    assert!(matches!(decode_request(Opcode::Hello, &ext[..20]), Err(BodyError::TrailingBytes { extra: 12, .. })));
+    let mut long = ext.clone();
+    long.push(0);
+    assert!(matches!(decode_request(Opcode::Hello, &long), Err(BodyError::TrailingBytes { extra: 17, .. })));
     let mut body = Vec::new();
     encode_body(&Message::Request(Request::Free(FreeRequest { region: 300 })), &mut body).unwrap();
     assert_eq!(body, [0xac, 0x02], "u64 fields are varints");

@@ -249,6 +249,7 @@ fn serve(sock: UnixStream, supported: VersionRange) {
         session: 77,
         max_request_body: MAX_REQUEST_BODY,
         max_fds: MAX_FDS,
+        token: None,
     });
     send_message(&sock, &Header { version, ..h.answer(FrameKind::Response) }, &Message::Response(resp), &[]).unwrap();
 

@@ -75,6 +75,20 @@ impl RangeAllocator {
         Err(no_space)
     }
 
+    /// Marks `len` bytes at `offset` allocated (a region found at start); false, and
+    /// nothing changed, if the range is not free or not within the resource.
+    pub fn reserve(&mut self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else { return false };
+        if len == 0 || end > self.capacity {
+            return false;
+        }
+        if self.used.range(..end).next_back().is_some_and(|(&o, &l)| o + l > offset) {
+            return false;
+        }
+        self.used.insert(offset, len);
+        true
+    }
+
     /// Frees the range at `offset`; false if none starts there.
     pub fn free(&mut self, offset: u64) -> bool {
         self.used.remove(&offset).is_some()
@@ -99,6 +113,20 @@ mod tests {
         assert_eq!(a.alloc(GRANULE, 0), Ok(3 * GRANULE));
         assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
         assert_eq!(a.alloc(GRANULE, 3), Err(AllocError::BadAlign(3)));
+    }
+
+    #[test]
+    fn reserve_takes_free_ranges_only() {
+        let mut a = RangeAllocator::new(8 * GRANULE);
+        assert!(a.reserve(2 * GRANULE, 2 * GRANULE));
+        assert!(!a.reserve(3 * GRANULE, GRANULE), "overlaps the end of the first");
+        assert!(!a.reserve(GRANULE, 2 * GRANULE), "overlaps its start");
+        assert!(!a.reserve(7 * GRANULE, 2 * GRANULE), "past the capacity");
+        assert!(!a.reserve(u64::MAX, 2), "overflows");
+        assert!(a.reserve(4 * GRANULE, GRANULE), "adjacent is fine");
+        assert_eq!(a.alloc(GRANULE, 0), Ok(0));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
     }
 
     #[test]

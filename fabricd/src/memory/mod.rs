@@ -7,10 +7,20 @@
 //! `set_len`, never written by the daemon), so that a descriptor handed to a client
 //! reaches exactly that region and nothing else of the device. The per-resource
 //! [`alloc::RangeAllocator`] places regions in the resource's range (first fit, 2 MiB
-//! granule), which bounds what a resource holds. The registry is in memory only: at start,
-//! region files left by an earlier run are removed (their sessions are gone).
+//! granule), which bounds what a resource holds.
+//!
+//! The registry is durable (`memory/persist.rs`, records in [`durable`]): every change to regions
+//! and exports is journaled before it is acknowledged, and at start the registry is
+//! rebuilt from the journal and reconciled with the region files found
+//! ([`Memory::open_durable`]). Imports are not journaled: they end with the daemon, and the
+//! importer's mapping stays valid because it holds the descriptor. [`Memory::open`] is the
+//! same registry without a journal (region files of an earlier run are removed).
 
 pub mod alloc;
+pub mod durable;
+mod persist;
+
+pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -19,11 +29,14 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use fabric_proto::wire::{AccessMode, ExportHandle, ExportPolicy, PeerCred, Revocation, RevocationReason, Secret};
+use fabric_proto::wire::{
+    AccessMode, ExportHandle, ExportPolicy, PeerCred, Revocation, RevocationReason, Secret, SessionToken,
+};
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
 use alloc::{AllocError, RangeAllocator, round_len};
+use durable::{Change, DurableError, Owner};
 
 /// Why a memory operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +79,15 @@ pub enum MemoryError {
     /// The device holding the memory vanished or failed.
     #[error("{0}")]
     DeviceLost(String),
+    /// The journal refused the change (it is not made).
+    #[error("journal")]
+    Journal(#[source] crate::journal::JournalError),
+    /// A journal record does not encode or decode.
+    #[error("journal record")]
+    Record(#[source] DurableError),
+    /// The journal failed earlier and could not be reopened; changes are refused.
+    #[error("the journal is unavailable after a write failure; changes are refused")]
+    JournalUnavailable,
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -97,6 +119,10 @@ struct Resource {
 struct Region {
     generation: u64,
     owner: PeerCred,
+    /// The owner process's start time (see [`pid_start_time`]).
+    pid_start: Option<u64>,
+    /// The owning session's token, journaled with the region.
+    token: SessionToken,
     session: u64,
     resource: usize,
     offset: u64,
@@ -104,6 +130,12 @@ struct Region {
     path: PathBuf,
     /// Its device vanished or failed: exports revoked, no new ones.
     lost: bool,
+}
+
+impl Region {
+    fn durable_owner(&self) -> Owner {
+        Owner { uid: self.owner.uid, gid: self.owner.gid, pid: self.owner.pid, pid_start: self.pid_start }
+    }
 }
 
 #[derive(Debug)]
@@ -140,6 +172,14 @@ struct State {
     next_id: u64,
     /// Revocations to tell importers: (importing session, what ended).
     revocations: Vec<(u64, Revocation)>,
+    /// The journal (`None`: an in-memory registry).
+    log: Option<persist::Log>,
+    /// Tokens and owners of live sessions, made at first use.
+    sessions: HashMap<u64, persist::Session>,
+    /// Sessions found in the journal at start that no client has taken back yet.
+    orphans: Vec<persist::Orphan>,
+    /// What start-up had to drop.
+    problems: Vec<String>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -223,13 +263,55 @@ fn random_secret() -> std::io::Result<Secret> {
     Ok(Secret(b))
 }
 
+/// One resource per memory resource of each device, its directory under `root` created.
+fn resources(root: &Path, inv: &Inventory) -> Result<Vec<Resource>, MemoryError> {
+    let mut resources = Vec::new();
+    for dev in &inv.devices {
+        resources.extend(resources_of(root, dev)?);
+    }
+    Ok(resources)
+}
+
+/// The resources of one device, their directories created (region files in them are left
+/// alone: a durable registry reconciles them, `Memory::open` removes them).
+fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resource>, MemoryError> {
+    let mut out = Vec::new();
+    let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
+    for m in &dev.memory {
+        let ord = ordinals.entry(m.kind).or_default();
+        let ordinal = *ord;
+        *ord += 1;
+        let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        out.push(Resource {
+            device: dev.id.clone(),
+            kind: m.kind,
+            ordinal,
+            dir,
+            ranges: RangeAllocator::new(m.size),
+            lost: false,
+        });
+    }
+    Ok(out)
+}
+
 impl Memory {
     /// One resource per memory resource of each device, with its directory under
     /// `root` created and emptied of region files left by an earlier run.
     pub fn open(root: &Path, inv: &Inventory, limits: LimitsConfig) -> Result<Self, MemoryError> {
-        let mut resources = Vec::new();
-        for dev in &inv.devices {
-            resources.extend(Self::resources_of(root, dev)?);
+        let resources = resources(root, inv)?;
+        for r in &resources {
+            let dir = &r.dir;
+            let mut stale = 0usize;
+            for e in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+                if e.file_name().to_string_lossy().starts_with('r') {
+                    std::fs::remove_file(e.path()).map_err(io_err(&e.path()))?;
+                    stale += 1;
+                }
+            }
+            if stale > 0 {
+                tracing::info!(dir = %dir.display(), stale, "removed region files of an earlier run");
+            }
         }
         tracing::info!(resources = resources.len(), dir = %root.display(), "sim device memory ready");
         Ok(Self {
@@ -239,38 +321,6 @@ impl Memory {
         })
     }
 
-    /// The resources of one device, their directories created and emptied of region files
-    /// left by an earlier run.
-    fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resource>, MemoryError> {
-        let mut out = Vec::new();
-        let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
-        for m in &dev.memory {
-            let ord = ordinals.entry(m.kind).or_default();
-            let ordinal = *ord;
-            *ord += 1;
-            let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
-            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-            let mut stale = 0usize;
-            for e in std::fs::read_dir(&dir).map_err(io_err(&dir))?.flatten() {
-                if e.file_name().to_string_lossy().starts_with('r') {
-                    std::fs::remove_file(e.path()).map_err(io_err(&e.path()))?;
-                    stale += 1;
-                }
-            }
-            if stale > 0 {
-                tracing::info!(dir = %dir.display(), stale, "removed region files of an earlier run");
-            }
-            out.push(Resource {
-                device: dev.id.clone(),
-                kind: m.kind,
-                ordinal,
-                dir,
-                ranges: RangeAllocator::new(m.size),
-                lost: false,
-            });
-        }
-        Ok(out)
-    }
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -309,6 +359,7 @@ impl Memory {
         let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
+        let sess = st.session(session, owner)?;
         let candidates: Vec<usize> = (0..st.resources.len())
             .filter(|&i| {
                 let r = &st.resources[i];
@@ -359,11 +410,31 @@ impl Memory {
                 return Err(io_err(&path)(e));
             }
         };
+        let region = Region {
+            generation: id,
+            owner: *owner,
+            pid_start: sess.owner.pid_start,
+            token: sess.token,
+            session,
+            resource,
+            offset,
+            len,
+            path,
+            lost: false,
+        };
+        // Acknowledged only once journaled; a crash before this leaves a file that no
+        // record names, which the next start removes.
+        let record = Change::RegionAllocated(st.region_record(id, &region));
+        if let Err(e) = st.journal(&record) {
+            st.resources[resource].ranges.free(offset);
+            let _ = std::fs::remove_file(&region.path);
+            return Err(e);
+        }
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
-        st.regions
-            .insert(id, Region { generation: id, owner: *owner, session, resource, offset, len, path, lost: false });
+        st.regions.insert(id, region);
+        st.maybe_compact();
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, len, "region allocated");
         Ok(Granted { region: id, generation: id, len, fd, import: 0 })
     }
@@ -380,7 +451,10 @@ impl Memory {
     pub fn free(&self, session: u64, region: u64) -> Result<Reclaimed, MemoryError> {
         let mut st = self.state();
         Self::owned(&st, region, session)?;
-        Ok(Self::drop_region(&mut st, region, RevocationReason::Freed))
+        st.journal(&Change::RegionFreed { id: region })?;
+        let out = Self::drop_region(&mut st, region, RevocationReason::Freed);
+        st.maybe_compact();
+        Ok(out)
     }
 
     fn drop_region(st: &mut State, id: u64, reason: RevocationReason) -> Reclaimed {
@@ -450,8 +524,11 @@ impl Memory {
         self.check(&st, owner.uid, 0, 1)?;
         let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
         let handle = ExportHandle { region, generation, secret };
-        st.exports.push(Export { handle, owner_uid: owner.uid, policy, revoked: false });
+        let export = Export { handle, owner_uid: owner.uid, policy, revoked: false };
+        st.journal(&Change::ExportCreated(State::export_record(&export)))?;
+        st.exports.push(export);
         st.usage.entry(owner.uid).or_default().objects += 1;
+        st.maybe_compact();
         tracing::info!(uid = owner.uid, pid = owner.pid, region, generation, "region exported");
         Ok(handle)
     }
@@ -475,8 +552,15 @@ impl Memory {
         if owner_session != Some(session) {
             return Err(MemoryError::PermissionDenied("only the region's owner may revoke its exports".into()));
         }
-        e.revoked = true;
         let via = e.handle;
+        st.journal(&Change::ExportRevoked {
+            region: via.region,
+            generation: via.generation,
+            secret: *via.secret.expose(),
+        })?;
+        if let Some(e) = Self::find_export(&mut st, &via) {
+            e.revoked = true;
+        }
         let told: Vec<(u64, Revocation)> = st
             .imports
             .iter()
@@ -492,6 +576,7 @@ impl Memory {
             })
             .collect();
         st.revocations.extend(told);
+        st.maybe_compact();
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
         Ok(())
     }
@@ -566,6 +651,14 @@ impl Memory {
         let mut st = self.state();
         let mut out = Reclaimed::default();
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
+        let ended = st.sessions.remove(&session);
+        if let (Some(s), false) = (ended, regions.is_empty()) {
+            // The client is gone either way; if this fails, the journal is brought back
+            // in line (a snapshot of what is freed here) by the next change's reopen.
+            if let Err(e) = st.journal(&Change::SessionEnded { token: *s.token.expose() }) {
+                tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session");
+            }
+        }
         for id in regions {
             let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
             out.regions += r.regions;
@@ -576,6 +669,7 @@ impl Memory {
             Self::drop_import(&mut st, id);
             out.imports += 1;
         }
+        st.maybe_compact();
         out
     }
 
@@ -671,7 +765,7 @@ impl Memory {
             if dev.memory.is_empty() || st.resources.iter().any(|r| r.device == dev.id) {
                 continue;
             }
-            let new = Self::resources_of(&self.root, dev)?;
+            let new = resources_of(&self.root, dev)?;
             added += new.len();
             st.resources.extend(new);
         }

@@ -7,10 +7,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::event::Event;
+use super::handle::SessionToken;
 use super::header::{FrameError, FrameKind, HEADER_LEN, Header, encode_frame};
 use super::opcode::Opcode;
-use super::request::Request;
-use super::response::{ErrorBody, Response};
+use super::request::{HelloRequest, Request};
+use super::response::{ErrorBody, HelloResponse, Response};
 
 /// A decoded body of any kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,11 +120,43 @@ fn from_body<T: DeserializeOwned>(opcode: Opcode, kind: FrameKind, bytes: &[u8])
     Ok(value)
 }
 
+/// A body whose frozen 1.0 form may be followed by a session token (the `Hello` bodies
+/// since 1.1): the 1.0 prefix, then nothing or exactly the 16 token bytes.
+fn with_token<T: DeserializeOwned>(
+    opcode: Opcode,
+    kind: FrameKind,
+    bytes: &[u8],
+) -> Result<(T, Option<SessionToken>), BodyError> {
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(bytes).map_err(|source| BodyError::Decode { opcode, kind, source })?;
+    if rest.is_empty() {
+        return Ok((value, None));
+    }
+    // Anything but exactly one token after the 1.0 body is trailing bytes.
+    if rest.len() != size_of::<SessionToken>() {
+        return Err(BodyError::TrailingBytes { opcode, kind, extra: rest.len() });
+    }
+    let token = from_body::<SessionToken>(opcode, kind, rest)?;
+    Ok((value, Some(token)))
+}
+
+fn hello_request(bytes: &[u8]) -> Result<HelloRequest, BodyError> {
+    let (mut req, token) = with_token::<HelloRequest>(Opcode::Hello, FrameKind::Request, bytes)?;
+    req.resume = token;
+    Ok(req)
+}
+
+fn hello_response(bytes: &[u8]) -> Result<HelloResponse, BodyError> {
+    let (mut resp, token) = with_token::<HelloResponse>(Opcode::Hello, FrameKind::Response, bytes)?;
+    resp.token = token;
+    Ok(resp)
+}
+
 /// Decodes a request body of `opcode`.
 pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError> {
     let k = FrameKind::Request;
     Ok(match opcode {
-        Opcode::Hello => Request::Hello(from_body(opcode, k, bytes)?),
+        Opcode::Hello => Request::Hello(hello_request(bytes)?),
         Opcode::Status => Request::Status(from_body(opcode, k, bytes)?),
         Opcode::Ping => from_body::<()>(opcode, k, bytes).map(|()| Request::Ping)?,
         Opcode::Topology => Request::Topology(from_body(opcode, k, bytes)?),
@@ -147,7 +180,7 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
 pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyError> {
     let k = FrameKind::Response;
     Ok(match opcode {
-        Opcode::Hello => Response::Hello(from_body(opcode, k, bytes)?),
+        Opcode::Hello => Response::Hello(hello_response(bytes)?),
         Opcode::Status => Response::Status(from_body(opcode, k, bytes)?),
         Opcode::Ping => from_body::<()>(opcode, k, bytes).map(|()| Response::Ping)?,
         Opcode::Topology => Response::Topology(from_body(opcode, k, bytes)?),
@@ -202,7 +235,7 @@ fn append<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), BodyError> {
 pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
     match msg {
         Message::Request(r) => match r {
-            Request::Hello(b) => append(b, out),
+            Request::Hello(b) => append(b, out).and_then(|()| b.resume.map_or(Ok(()), |t| append(&t, out))),
             Request::Status(b) => append(b, out),
             Request::Topology(b) | Request::Devices(b) | Request::Map(b) => append(b, out),
             Request::Translate(b) => append(b, out),
@@ -219,7 +252,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Ping => Ok(()),
         },
         Message::Response(r) => match r {
-            Response::Hello(b) => append(b, out),
+            Response::Hello(b) => append(b, out).and_then(|()| b.token.map_or(Ok(()), |t| append(&t, out))),
             Response::Status(b) => append(b, out),
             Response::Topology(b) | Response::Devices(b) | Response::Map(b) => append(b, out),
             Response::Translate(b) => append(b, out),

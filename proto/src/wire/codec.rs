@@ -10,6 +10,7 @@ use std::os::unix::net::UnixStream;
 use super::body::{BodyError, Message, decode_body, encode_message};
 use super::bounded::Name;
 use super::event::Event;
+use super::handle::SessionToken;
 use super::header::{FrameError, FrameKind, HEADER_LEN, Header, decode_header, encode_frame};
 use super::opcode::Opcode;
 use super::request::{HelloRequest, Request};
@@ -248,7 +249,19 @@ impl Connection {
 
     /// Offers `versions`, checks the server's choice and uses it from now on.
     pub fn hello(&mut self, client: &str, versions: VersionRange) -> Result<HelloResponse, CodecError> {
-        let req = Request::Hello(HelloRequest { versions, client: Name::truncated(client) });
+        self.hello_with(client, versions, None)
+    }
+
+    /// [`Connection::hello`] that also asks to take back the session `resume` names (a
+    /// token from an earlier `Hello` response, after a daemon restart). Send it only to a
+    /// server that gave out that token (so one that speaks 1.1 or later).
+    pub fn hello_with(
+        &mut self,
+        client: &str,
+        versions: VersionRange,
+        resume: Option<SessionToken>,
+    ) -> Result<HelloResponse, CodecError> {
+        let req = Request::Hello(HelloRequest { versions, client: Name::truncated(client), resume });
         // The hello frame is always sent at the oldest version offered, so that a server
         // that knows only that one can read it.
         self.version = versions.min;

@@ -31,6 +31,33 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// A session's resume token: 128 random bits the server gives in the `Hello` response
+/// (protocol 1.1 and later) and journals with the session's regions. After a daemon
+/// restart, a client that presents it in its `Hello` takes its regions and exports back
+/// (docs/fabricd.md, "Durability"). Its `Debug` does not print it and `==` takes the same
+/// time wherever the values differ: it is a capability, like an export's secret.
+#[derive(Clone, Copy, Eq, Serialize, Deserialize)]
+pub struct SessionToken(pub [u8; 16]);
+
+impl SessionToken {
+    /// The token bytes (to journal them; never to log them).
+    pub fn expose(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl PartialEq for SessionToken {
+    fn eq(&self, other: &Self) -> bool {
+        ct_eq(&self.0, &other.0)
+    }
+}
+
+impl fmt::Debug for SessionToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionToken(..)")
+    }
+}
+
 /// Compares two byte strings in time that depends only on their lengths, not on where
 /// they differ: every byte is examined and the differences are folded together.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {

@@ -33,7 +33,7 @@ pub use codec::{
     CodecError, Connection, Frame, PeerCred, peer_cred, recv_frame, recv_message, send_frame, send_message,
 };
 pub use event::{DeviceChange, Event, LinkChange, MapChange, Revocation, RevocationReason, Topics};
-pub use handle::{ExportHandle, HandleError, Secret, ct_eq};
+pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
 pub use opcode::Opcode;
 pub use request::{

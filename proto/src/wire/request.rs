@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bounded::{BoundedVec, DeviceName, Name};
 use super::event::Topics;
-use super::handle::ExportHandle;
+use super::handle::{ExportHandle, SessionToken};
 use super::opcode::Opcode;
 use super::version::VersionRange;
 
@@ -73,6 +73,11 @@ pub struct HelloRequest {
     pub versions: VersionRange,
     /// Client name (program), for logs only; identity comes from `SO_PEERCRED`.
     pub client: Name,
+    /// The token of a session to take back after a daemon restart (1.1): its regions and
+    /// exports become this connection's. Travels as a trailing extension of the frozen
+    /// 1.0 body, present only when `Some` (see `docs/protocol.md`, "Negotiation").
+    #[serde(skip)]
+    pub resume: Option<SessionToken>,
 }
 
 /// `Status`: no fields.

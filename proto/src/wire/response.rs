@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::bounded::{BoundedVec, DeviceName, ErrorText, Name};
 use super::event::Topics;
-use super::handle::ExportHandle;
+use super::handle::{ExportHandle, SessionToken};
 use super::opcode::Opcode;
 use super::request::{AccessMode, PartitionSpec, ResourceName};
 use super::version::{Version, VersionRange};
@@ -23,6 +23,11 @@ pub struct HelloResponse {
     pub max_request_body: u32,
     /// Most descriptors per frame the server accepts.
     pub max_fds: u8,
+    /// The session's resume token (1.1; absent when 1.0 was agreed): present it in a
+    /// later `Hello` after a daemon restart to take this session's regions back. Travels
+    /// as a trailing extension of the frozen 1.0 body, present only when `Some`.
+    #[serde(skip)]
+    pub token: Option<SessionToken>,
 }
 
 /// `Topology`, `Devices`, `Map`: a JSON document of the named schema (for example

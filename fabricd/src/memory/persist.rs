@@ -1,0 +1,500 @@
+//! The durable side of the memory registry: journaling each change before it is
+//! acknowledged (and compacting), rebuilding the registry at start from the journal and
+//! the region files found, and sessions that outlive a daemon restart (tokens, resume,
+//! reclaim of owners that are gone or do not come back). docs/fabricd.md, "Durability".
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
+use fabric_topology::Inventory;
+
+use super::durable::{Change, ExportRecord, Owner, RegionRecord, Replayed, ResourceKey, Snapshot};
+use super::{Export, Memory, MemoryError, Reclaimed, Region, State, io_err};
+use crate::config::{LimitsConfig, MemoryConfig};
+use crate::journal::{Journal, JournalOptions, Replay};
+
+/// Session ids given to sessions found in the journal until a client takes them back
+/// (live sessions count up from 1, so the two never meet).
+const ORPHAN_SESSIONS: u64 = 1 << 62;
+
+/// The journal as the registry uses it. `journal` is `None` after a failed write until a
+/// reopen and snapshot succeed.
+#[derive(Debug)]
+pub(super) struct Log {
+    dir: PathBuf,
+    journal: Option<Journal>,
+    since_snapshot: u32,
+    compact_records: u32,
+}
+
+/// A session found in the journal at start that no client has taken back yet.
+#[derive(Debug)]
+pub(super) struct Orphan {
+    token: SessionToken,
+    session: u64,
+    owner: Owner,
+}
+
+/// A live session's token and owner.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Session {
+    pub(super) token: SessionToken,
+    pub(super) owner: Owner,
+}
+
+/// What a resumed session got back.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    /// Regions now owned by the session.
+    pub regions: u64,
+    /// Exports of them (revoked ones included).
+    pub exports: u64,
+}
+
+/// The journal the daemon opened, and how the registry uses it.
+#[derive(Debug)]
+pub struct Durability {
+    /// The journal.
+    pub journal: Journal,
+    /// What it replayed.
+    pub replay: Replay,
+    /// `[memory]`.
+    pub config: MemoryConfig,
+}
+
+/// Start time of process `pid` (field 22 of `/proc/<pid>/stat`, clock ticks since boot).
+pub fn pid_start_time(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let mut text = String::new();
+    File::open(format!("/proc/{pid}/stat")).ok()?.read_to_string(&mut text).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything; fields after
+    // the last ')' start at field 3.
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Whether the process that owned a session is still the same process: it exists and
+/// has the recorded start time (a recycled pid has another). Unknown (no pid or no start
+/// time recorded) counts as alive: the grace period decides.
+fn owner_alive(o: &Owner) -> bool {
+    match o.pid_start {
+        Some(start) => pid_start_time(o.pid) == Some(start),
+        None => true,
+    }
+}
+
+fn random_token() -> std::io::Result<SessionToken> {
+    let mut b = [0u8; 16];
+    File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(SessionToken(b))
+}
+
+/// The owner of a connecting peer: its credentials and its process's start time.
+pub fn owner_of(peer: &PeerCred) -> Owner {
+    Owner { uid: peer.uid, gid: peer.gid, pid: peer.pid, pid_start: pid_start_time(peer.pid) }
+}
+
+fn cred(o: &Owner) -> PeerCred {
+    PeerCred { pid: o.pid, uid: o.uid, gid: o.gid }
+}
+
+impl Log {
+    /// Reopens the journal and writes the registry as a snapshot, so that the journal
+    /// holds exactly what was acknowledged, whatever a failed write left behind.
+    fn reopen(&mut self, snapshot: &[u8]) -> Result<(), MemoryError> {
+        self.journal = None;
+        let (mut j, _) = Journal::open(&self.dir, JournalOptions::default()).map_err(MemoryError::Journal)?;
+        j.compact(snapshot).map_err(MemoryError::Journal)?;
+        tracing::warn!(dir = %self.dir.display(), "journal reopened after a failed write; registry snapshot written");
+        self.journal = Some(j);
+        self.since_snapshot = 0;
+        Ok(())
+    }
+}
+
+impl State {
+    pub(super) fn region_record(&self, id: u64, r: &Region) -> RegionRecord {
+        let res = &self.resources[r.resource];
+        RegionRecord {
+            id,
+            generation: r.generation,
+            token: *r.token.expose(),
+            owner: r.durable_owner(),
+            resource: ResourceKey {
+                device: DeviceName::truncated(&res.device.to_string()),
+                kind: res.kind.into(),
+                ordinal: res.ordinal,
+            },
+            offset: r.offset,
+            len: r.len,
+        }
+    }
+
+    pub(super) fn export_record(e: &Export) -> ExportRecord {
+        ExportRecord {
+            region: e.handle.region,
+            generation: e.handle.generation,
+            secret: *e.handle.secret.expose(),
+            owner_uid: e.owner_uid,
+            uids: e.policy.uids.clone(),
+            gids: e.policy.gids.clone(),
+            partition: e.policy.partition.clone(),
+            access: e.policy.access,
+            revoked: e.revoked,
+        }
+    }
+
+    /// The registry as a snapshot record.
+    fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
+        let mut regions: Vec<RegionRecord> = self.regions.iter().map(|(id, r)| self.region_record(*id, r)).collect();
+        regions.sort_by_key(|r| r.id);
+        let exports = self.exports.iter().map(Self::export_record).collect();
+        Snapshot { next_id: self.next_id, regions, exports }.encode().map_err(MemoryError::Record)
+    }
+
+    /// Journals `change` (durably) before the caller applies it; the caller undoes what
+    /// it prepared when this fails. Compacts when enough records have accumulated.
+    pub(super) fn journal(&mut self, change: &Change) -> Result<(), MemoryError> {
+        let Some(mut log) = self.log.take() else { return Ok(()) };
+        let r = self.journal_with(&mut log, change);
+        self.log = Some(log);
+        r
+    }
+
+    fn journal_with(&self, log: &mut Log, change: &Change) -> Result<(), MemoryError> {
+        let (kind, payload) = change.encode().map_err(MemoryError::Record)?;
+        if log.journal.is_none() {
+            // An earlier write failed: get the journal back in line before anything new.
+            log.reopen(&self.snapshot()?)?;
+        }
+        let j = log.journal.as_mut().ok_or(MemoryError::JournalUnavailable)?;
+        if let Err(e) = j.append(kind, &payload) {
+            tracing::error!(error = %crate::error_chain(&e), "journal append failed; the change is refused");
+            if let Err(again) = log.reopen(&self.snapshot()?) {
+                tracing::error!(error = %crate::error_chain(&again), "journal cannot be reopened; changes are refused");
+            }
+            return Err(MemoryError::Journal(e));
+        }
+        log.since_snapshot = log.since_snapshot.saturating_add(1);
+        Ok(())
+    }
+
+    /// Writes a snapshot when enough records have accumulated since the last one. Called
+    /// after a change is applied; a failure is logged (the journal stays valid).
+    pub(super) fn maybe_compact(&mut self) {
+        let due = self.log.as_ref().is_some_and(|l| l.since_snapshot >= l.compact_records && l.journal.is_some());
+        if !due {
+            return;
+        }
+        let snapshot = match self.snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "registry snapshot does not encode; not compacting");
+                return;
+            }
+        };
+        let Some(log) = self.log.as_mut() else { return };
+        let Some(j) = log.journal.as_mut() else { return };
+        match j.compact(&snapshot) {
+            Ok(seq) => {
+                tracing::debug!(seq, bytes = snapshot.len(), records = log.since_snapshot, "journal compacted");
+                log.since_snapshot = 0;
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "journal compaction failed; reopening");
+                if let Err(e) = log.reopen(&snapshot) {
+                    tracing::error!(error = %crate::error_chain(&e), "journal cannot be reopened; changes are refused");
+                }
+            }
+        }
+    }
+
+    /// The token and owner of `session`, made at its first use.
+    pub(super) fn session(&mut self, session: u64, peer: &PeerCred) -> Result<Session, MemoryError> {
+        if let Some(s) = self.sessions.get(&session) {
+            return Ok(*s);
+        }
+        let token = random_token().map_err(io_err(Path::new("/dev/urandom")))?;
+        let s = Session { token, owner: owner_of(peer) };
+        self.sessions.insert(session, s);
+        Ok(s)
+    }
+}
+
+impl Memory {
+    /// The registry rebuilt from the journal and reconciled with the region files under
+    /// `root`: a file with no acknowledged region is removed; a region whose resource,
+    /// file or size is gone is dropped (a warning and a `status` problem); the regions of
+    /// an owner whose process is gone are reclaimed; the rest wait, orphaned, for their
+    /// owner to come back within `memory.resume_grace_s`. Then the journal is compacted to
+    /// exactly this state.
+    pub fn open_durable(
+        root: &Path,
+        inv: &Inventory,
+        limits: LimitsConfig,
+        durability: Durability,
+    ) -> Result<Self, MemoryError> {
+        let Durability { mut journal, replay, config } = durability;
+        let mut model = match &replay.snapshot {
+            Some(s) => Replayed::from_snapshot(Snapshot::decode(&s.payload).map_err(MemoryError::Record)?),
+            None => Replayed::default(),
+        };
+        model.next_id = model.next_id.max(1);
+        let mut skipped = 0usize;
+        for rec in &replay.records {
+            let change = match Change::decode(rec.kind, &rec.payload) {
+                Ok(c) => c,
+                Err(super::durable::DurableError::UnknownKind(kind)) => {
+                    tracing::warn!(seq = rec.seq, kind, "journal record of another subsystem; skipped");
+                    continue;
+                }
+                Err(e) => return Err(MemoryError::Record(e)),
+            };
+            if let Err(e) = model.apply(change) {
+                skipped += 1;
+                tracing::warn!(seq = rec.seq, "journal record does not fit the registry; skipped: {e}");
+            }
+        }
+        let resources = super::resources(root, inv)?;
+        let mut st = State { resources, next_id: model.next_id, ..State::default() };
+        let mut orphans: BTreeMap<[u8; 16], u64> = BTreeMap::new();
+        let mut gone_owners = 0usize;
+        for r in model.regions.values() {
+            let Some(res) = st.resources.iter().position(|x| {
+                x.device.to_string() == r.resource.device.as_str()
+                    && fabric_proto::wire::MemoryClass::from(x.kind) == r.resource.kind
+                    && x.ordinal == r.resource.ordinal
+            }) else {
+                st.lost(
+                    r.id,
+                    &format!(
+                        "its resource {}#{:?}{} is not in the fabric",
+                        r.resource.device.as_str(),
+                        r.resource.kind,
+                        r.resource.ordinal
+                    ),
+                );
+                continue;
+            };
+            let path = st.resources[res].dir.join(format!("r{}", r.id));
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() && m.len() == r.len => {}
+                Ok(m) => {
+                    st.lost(r.id, &format!("its file {} is {} bytes, not {}", path.display(), m.len(), r.len));
+                    continue;
+                }
+                Err(e) => {
+                    st.lost(r.id, &format!("its file {} is missing ({e})", path.display()));
+                    continue;
+                }
+            }
+            if !owner_alive(&r.owner) {
+                gone_owners += 1;
+                tracing::info!(
+                    region = r.id,
+                    uid = r.owner.uid,
+                    pid = r.owner.pid,
+                    "owner process is gone; region reclaimed"
+                );
+                continue;
+            }
+            if !st.resources[res].ranges.reserve(r.offset, r.len) {
+                st.lost(r.id, &format!("its range {:#x}+{:#x} overlaps another region", r.offset, r.len));
+                continue;
+            }
+            let next = ORPHAN_SESSIONS + orphans.len() as u64;
+            let session = *orphans.entry(r.token).or_insert_with(|| {
+                st.orphans.push(Orphan { token: SessionToken(r.token), session: next, owner: r.owner });
+                next
+            });
+            let u = st.usage.entry(r.owner.uid).or_default();
+            u.bytes += r.len;
+            u.objects += 1;
+            st.regions.insert(
+                r.id,
+                Region {
+                    generation: r.generation,
+                    owner: cred(&r.owner),
+                    pid_start: r.owner.pid_start,
+                    token: SessionToken(r.token),
+                    session,
+                    resource: res,
+                    offset: r.offset,
+                    len: r.len,
+                    path,
+                    lost: false,
+                },
+            );
+        }
+        for e in &model.exports {
+            if !st.regions.contains_key(&e.region) {
+                continue;
+            }
+            let policy = ExportPolicy {
+                uids: e.uids.clone(),
+                gids: e.gids.clone(),
+                partition: e.partition.clone(),
+                access: e.access,
+            };
+            let handle = ExportHandle { region: e.region, generation: e.generation, secret: Secret(e.secret) };
+            st.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked: e.revoked });
+            st.usage.entry(e.owner_uid).or_default().objects += 1;
+        }
+        let stray = remove_stray_files(&st);
+        let snapshot = st.snapshot()?;
+        journal.compact(&snapshot).map_err(MemoryError::Journal)?;
+        tracing::info!(
+            regions = st.regions.len(),
+            exports = st.exports.len(),
+            sessions = st.orphans.len(),
+            reclaimed_owner_gone = gone_owners,
+            dropped = st.problems.len(),
+            stray_files_removed = stray,
+            records_skipped = skipped,
+            replayed = replay.records.len(),
+            grace_s = config.resume_grace_s,
+            "memory registry restored from the journal"
+        );
+        st.log = Some(Log {
+            dir: journal.dir().to_owned(),
+            journal: Some(journal),
+            since_snapshot: 0,
+            compact_records: config.compact_records,
+        });
+        Ok(Self { state: Mutex::new(st), limits, root: root.to_owned() })
+    }
+
+    /// The session's resume token (made at first use), for its `Hello` response.
+    pub fn session_token(&self, session: u64, peer: &PeerCred) -> Result<SessionToken, MemoryError> {
+        Ok(self.state().session(session, peer)?.token)
+    }
+
+    /// Gives the regions and exports of the orphaned session `token` names to `session`,
+    /// which must not hold regions yet; the caller's uid must be the owner's.
+    pub fn resume(&self, session: u64, peer: &PeerCred, token: &SessionToken) -> Result<Resumed, MemoryError> {
+        let mut st = self.state();
+        // Every orphan is compared, each in constant time.
+        let mut found = None;
+        for (i, o) in st.orphans.iter().enumerate() {
+            if o.token == *token {
+                found = Some(i);
+            }
+        }
+        let Some(i) = found else {
+            return Err(MemoryError::NotFound(
+                "no session to resume with this token (its regions were reclaimed, or it never held any)".into(),
+            ));
+        };
+        if st.orphans[i].owner.uid != peer.uid {
+            return Err(MemoryError::PermissionDenied(format!(
+                "the session belongs to uid {}, not {}",
+                st.orphans[i].owner.uid, peer.uid
+            )));
+        }
+        if st.regions.values().any(|r| r.session == session) {
+            return Err(MemoryError::BadRequest("resume a session before allocating on this connection".into()));
+        }
+        let owner = owner_of(peer);
+        st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
+        let o = st.orphans.remove(i);
+        st.sessions.insert(session, Session { token: o.token, owner });
+        let mut out = Resumed::default();
+        let mut ids = Vec::new();
+        for (id, r) in st.regions.iter_mut().filter(|(_, r)| r.session == o.session) {
+            r.session = session;
+            r.owner = *peer;
+            r.pid_start = owner.pid_start;
+            out.regions += 1;
+            ids.push(*id);
+        }
+        out.exports = st.exports.iter().filter(|e| ids.contains(&e.handle.region)).count() as u64;
+        st.maybe_compact();
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            session,
+            regions = out.regions,
+            exports = out.exports,
+            "session resumed"
+        );
+        Ok(out)
+    }
+
+    /// Reclaims every orphaned session (the grace period is over): their regions are
+    /// freed and their exports revoked, importers told.
+    pub fn reclaim_orphans(&self) -> Reclaimed {
+        let mut st = self.state();
+        let mut out = Reclaimed::default();
+        for o in std::mem::take(&mut st.orphans) {
+            if let Err(e) = st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
+                tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session");
+            }
+            let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
+            for id in ids {
+                let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
+                out.regions += r.regions;
+                out.exports += r.exports;
+                out.imports += r.imports;
+            }
+            tracing::info!(
+                uid = o.owner.uid,
+                pid = o.owner.pid,
+                "orphaned session not resumed within the grace period; reclaimed"
+            );
+        }
+        st.maybe_compact();
+        out
+    }
+
+    /// Sessions found in the journal that no client has taken back yet.
+    pub fn orphans(&self) -> usize {
+        self.state().orphans.len()
+    }
+
+    /// What start-up had to drop, one line each (shown by `status`).
+    pub fn problems(&self) -> Vec<String> {
+        self.state().problems.clone()
+    }
+}
+
+impl State {
+    fn lost(&mut self, region: u64, why: &str) {
+        tracing::warn!(region, "region dropped at start: {why}");
+        if self.problems.len() < 256 {
+            self.problems.push(format!("region {region} dropped at start: {why}"));
+        }
+    }
+}
+
+/// Removes region files with no live region: allocations never acknowledged, or freed
+/// with the file still there when the daemon died.
+fn remove_stray_files(st: &State) -> usize {
+    let live: HashMap<&Path, ()> = st.regions.values().map(|r| (r.path.as_path(), ())).collect();
+    let mut removed = 0;
+    for res in &st.resources {
+        let Ok(entries) = std::fs::read_dir(&res.dir) else { continue };
+        for e in entries.flatten() {
+            let path = e.path();
+            let name = e.file_name();
+            let is_region =
+                name.to_str().is_some_and(|n| n.strip_prefix('r').is_some_and(|d| d.parse::<u64>().is_ok()));
+            if !is_region || live.contains_key(path.as_path()) {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    removed += 1;
+                    tracing::info!(path = %path.display(), "removed a region file with no acknowledged region");
+                }
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove a stray region file"),
+            }
+        }
+    }
+    removed
+}
