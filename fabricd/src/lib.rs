@@ -24,10 +24,13 @@
 pub mod auth;
 pub mod config;
 pub mod daemon;
+pub mod dma;
+pub mod dmaops;
 pub mod events;
 pub mod http;
 pub mod journal;
 pub mod memops;
+pub mod placement;
 pub mod memory;
 pub mod metrics;
 pub mod monitor;

@@ -198,6 +198,8 @@ pub struct FunctionAttrs {
     pub rdma_devices: Vec<String>,
     /// Network interfaces of the function (`net/eth0`).
     pub netdevs: Vec<String>,
+    /// `dma_mask_bits`: bits of address the function can DMA to (set by its driver).
+    pub dma_mask_bits: Option<u8>,
 }
 
 /// Entries of a class subdirectory of a function (`infiniband/`, `net/`): names only, with
@@ -349,6 +351,14 @@ pub fn read_function(dir: &Path, tally: &mut Tally) -> FunctionAttrs {
     // Absent directories mean the function has no RDMA device / interface: not unknowns.
     a.rdma_devices = class_entries(dir, "infiniband");
     a.netdevs = class_entries(dir, "net");
+    // Older kernels lack the file: absent is not tallied; a bad value is.
+    a.dma_mask_bits = match parsed(dir, "dma_mask_bits", |t| {
+        t.parse::<u8>().ok().filter(|b| (1..=64).contains(b)).ok_or_else(|| AttrParseError::Number(clip(t)))
+    }) {
+        Ok(b) => Some(b),
+        Err(e) if e.is_missing() => None,
+        Err(e) => tally.record("dma_mask_bits", Err(e)),
+    };
     a
 }
 

@@ -11,6 +11,11 @@
 //! region files left by an earlier run are removed (their sessions are gone).
 
 pub mod alloc;
+mod register;
+mod set;
+
+pub use register::{Registered, Source};
+pub use set::{SetSpec, Whereabouts};
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -63,6 +68,12 @@ pub enum MemoryError {
     /// Not served yet.
     #[error("{0}")]
     NotImplemented(String),
+    /// The device's DMA domain has no IOVA range left below its mask.
+    #[error(transparent)]
+    Iova(crate::dma::iova::IovaError),
+    /// Memory could not be pinned (mapped and locked).
+    #[error(transparent)]
+    Pin(crate::dma::sys::PinError),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -115,12 +126,16 @@ struct Import {
     via: ExportHandle,
     uid: u32,
     session: u64,
+    /// Access granted (bounds what a registration of the import may allow).
+    access: AccessMode,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Usage {
     bytes: u64,
     objects: u64,
+    /// Bytes pinned by registrations.
+    pinned: u64,
 }
 
 #[derive(Debug, Default)]
@@ -133,6 +148,10 @@ struct State {
     next_id: u64,
     /// Revocations to tell importers: (importing session, what ended).
     revocations: Vec<(u64, Revocation)>,
+    /// DMA registrations and the IOVA space of each domain.
+    dma: crate::dma::Registry,
+    /// Regions striped over an interleave set, by region id.
+    set_regions: HashMap<u64, set::SetRegion>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -173,6 +192,10 @@ pub struct Counts {
     pub imports: u64,
     /// Bytes allocated.
     pub allocated_bytes: u64,
+    /// Live DMA registrations.
+    pub registrations: u64,
+    /// Bytes pinned by registrations (whole pages).
+    pub pinned_bytes: u64,
 }
 
 /// What a closed session held and lost.
@@ -184,6 +207,8 @@ pub struct Reclaimed {
     pub exports: u64,
     /// Imports released.
     pub imports: u64,
+    /// Registrations undone.
+    pub registrations: u64,
 }
 
 /// The memory broker's state.
@@ -351,9 +376,15 @@ impl Memory {
     }
 
     fn drop_region(st: &mut State, id: u64, reason: RevocationReason) -> Reclaimed {
-        let mut out = Reclaimed::default();
+        let mut out = Reclaimed {
+            registrations: Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Region(id)),
+            ..Reclaimed::default()
+        };
         let Some(r) = st.regions.remove(&id) else { return out };
         st.resources[r.resource].ranges.free(r.offset);
+        for i in st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
+            st.resources[i].ranges.free(r.offset);
+        }
         if let Err(e) = std::fs::remove_file(&r.path) {
             tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");
         }
@@ -391,6 +422,7 @@ impl Memory {
     }
 
     fn drop_import(st: &mut State, id: u64) {
+        Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
         if let Some(i) = st.imports.remove(&id) {
             let u = st.usage.entry(i.uid).or_default();
             u.objects = u.objects.saturating_sub(1);
@@ -454,6 +486,11 @@ impl Memory {
                 (i.session, r)
             })
             .collect();
+        // The imports stay (their holders release them); DMA through them ends now.
+        for (_, r) in &told {
+            let import = r.import;
+            Self::drop_registrations(&mut st, |g| g.covers == crate::dma::Covers::Import(import));
+        }
         st.revocations.extend(told);
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
         Ok(())
@@ -494,7 +531,7 @@ impl Memory {
             OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
         let id = st.next_id;
         st.next_id += 1;
-        st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session });
+        st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session, access });
         st.usage.entry(peer.uid).or_default().objects += 1;
         tracing::info!(
             uid = peer.uid,
@@ -527,7 +564,8 @@ impl Memory {
     /// dropped) and its imports released.
     pub fn close_session(&self, session: u64) -> Reclaimed {
         let mut st = self.state();
-        let mut out = Reclaimed::default();
+        let mut out =
+            Reclaimed { registrations: Self::drop_registrations(&mut st, |g| g.session == session), ..Reclaimed::default() };
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
         for id in regions {
             let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
@@ -556,6 +594,8 @@ impl Memory {
             exports: st.exports.iter().filter(|e| !e.revoked).count() as u64,
             imports: st.imports.len() as u64,
             allocated_bytes: st.regions.values().map(|r| r.len).sum(),
+            registrations: st.dma.count(),
+            pinned_bytes: st.dma.pinned_bytes(),
         }
     }
 }
