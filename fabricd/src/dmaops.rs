@@ -3,9 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use fabric_proto::wire::{
-    ErrorBody, ErrorCode, PeerCred, RegisterRequest, RegisterResponse, RegisterSource, Response,
-};
+use fabric_proto::wire::{ErrorBody, ErrorCode, PeerCred, RegisterRequest, RegisterResponse, RegisterSource, Response};
 use fabric_topology::DeviceId;
 
 use crate::daemon::Daemon;
@@ -16,8 +14,7 @@ use crate::ops::refusal;
 
 /// The DMA target of device `name`: its domain and mask.
 pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
-    let id: DeviceId =
-        name.parse().map_err(|e| refusal(ErrorCode::BadRequest, format!("device {name:?}: {e}")))?;
+    let id: DeviceId = name.parse().map_err(|e| refusal(ErrorCode::BadRequest, format!("device {name:?}: {e}")))?;
     let view = d.view();
     let inv = view.fabric.inventory();
     let idx = inv.find(&id).ok_or_else(|| refusal(ErrorCode::NotFound, format!("no device {id}")))?;
@@ -47,10 +44,8 @@ pub fn register(
         ),
         RegisterSource::Process { addr } => Source::Process { addr },
     };
-    let r = d
-        .memory
-        .register(peer, session, &target, source, req.offset, req.len, req.access)
-        .map_err(|e| refused(&e))?;
+    let r =
+        d.memory.register(peer, session, &target, source, req.offset, req.len, req.access).map_err(|e| refused(&e))?;
     Ok(Response::Register(RegisterResponse { registration: r.registration, iova: r.iova, len: r.len }))
 }
 

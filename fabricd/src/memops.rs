@@ -74,8 +74,7 @@ pub fn alloc(
         AllocTarget::Device { device, memory } => (parse_device(device)?, (*memory).into(), None),
         AllocTarget::Set(name) => {
             let set = placement::set_spec(d, name)?;
-            let (g, offset) =
-                d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
+            let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
             let gfa = set.start.checked_add(offset);
             let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: 0 };
             return Ok((Response::Alloc(resp), Some(g.fd)));

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, DeviceName, ErrorBody, ErrorCode,
     ErrorDetail, ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, RegisterRequest,
-    RegisterResponse, RegisterSource, ReleaseRequest, Request, Response, RevokeRequest, StatusRequest,
-    StatusResponse, UnregisterRequest,
+    RegisterResponse, RegisterSource, ReleaseRequest, Request, Response, RevokeRequest, StatusRequest, StatusResponse,
+    UnregisterRequest,
 };
 use fabric_topology::DeviceKind;
 
@@ -158,8 +158,7 @@ fn every_source_registers_below_the_mask_at_distinct_iovas_and_unregister_frees(
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let Response::Export(e) =
-        other.call(Request::Export(ExportRequest { region: shared, policy }), &[]).unwrap().0
+    let Response::Export(e) = other.call(Request::Export(ExportRequest { region: shared, policy }), &[]).unwrap().0
     else {
         panic!()
     };
@@ -216,10 +215,14 @@ fn every_source_registers_below_the_mask_at_distinct_iovas_and_unregister_frees(
     let body = refused(&mut other, Request::Unregister(UnregisterRequest { registration: r3.registration }), &[]);
     assert_eq!(body.code, ErrorCode::PermissionDenied);
     // Bad inputs: no such device, a CPU, a range past the region, the Fd source without one.
-    let body = refused(&mut c, reg_req("name:nowhere/x", RegisterSource::Region(region), 0, 1, AccessMode::ReadOnly), &[]);
-    assert_eq!(body.code, ErrorCode::NotFound);
     let body =
-        refused(&mut c, reg_req("name:cxl-host/numa0", RegisterSource::Region(region), 0, 1, AccessMode::ReadOnly), &[]);
+        refused(&mut c, reg_req("name:nowhere/x", RegisterSource::Region(region), 0, 1, AccessMode::ReadOnly), &[]);
+    assert_eq!(body.code, ErrorCode::NotFound);
+    let body = refused(
+        &mut c,
+        reg_req("name:cxl-host/numa0", RegisterSource::Region(region), 0, 1, AccessMode::ReadOnly),
+        &[],
+    );
     assert_eq!(body.code, ErrorCode::BadRequest, "{}", body.message);
     let body = refused(&mut c, reg_req(&gpu, RegisterSource::Region(region), MIB, 2 * MIB, AccessMode::ReadOnly), &[]);
     assert_eq!(body.code, ErrorCode::BadRequest);
@@ -320,7 +323,12 @@ fn pinned_bytes_and_object_limits_are_typed_refusals() {
     assert_eq!(body.code, ErrorCode::LimitExceeded);
     assert_eq!(
         body.detail,
-        Some(ErrorDetail::Limit { what: fabric_proto::wire::Name::truncated("pinned_bytes"), used: 3 * MIB, requested: 2 * MIB, max: 4 * MIB })
+        Some(ErrorDetail::Limit {
+            what: fabric_proto::wire::Name::truncated("pinned_bytes"),
+            used: 3 * MIB,
+            requested: 2 * MIB,
+            max: 4 * MIB
+        })
     );
     // Registrations count as objects: region + 1 registration + 1 more = 3, then refused.
     register(&mut c, &gpu, RegisterSource::Region(region), 0, PAGE, &[]);

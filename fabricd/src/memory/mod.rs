@@ -564,8 +564,10 @@ impl Memory {
     /// dropped) and its imports released.
     pub fn close_session(&self, session: u64) -> Reclaimed {
         let mut st = self.state();
-        let mut out =
-            Reclaimed { registrations: Self::drop_registrations(&mut st, |g| g.session == session), ..Reclaimed::default() };
+        let mut out = Reclaimed {
+            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
+            ..Reclaimed::default()
+        };
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
         for id in regions {
             let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);

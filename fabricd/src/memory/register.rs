@@ -66,7 +66,11 @@ fn check_process_range(pid: i32, start: u64, span: u64, access: AccessMode) -> R
             )));
         }
         if !v.locked {
-            return Err(bad(format!("{:#x}..{:#x} is not locked: mlock it before registering", v.start.max(start), v.end.min(end))));
+            return Err(bad(format!(
+                "{:#x}..{:#x} is not locked: mlock it before registering",
+                v.start.max(start),
+                v.end.min(end)
+            )));
         }
         at = v.end;
         if at >= end {
@@ -140,7 +144,10 @@ impl Memory {
                         "import {id} is read-only; the device may only read it"
                     )));
                 }
-                let r = st.regions.get(&i.region).ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
+                let r = st
+                    .regions
+                    .get(&i.region)
+                    .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
                 in_bounds(r.len, &format!("import {id}"))?;
                 let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
                 (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first, span, access)?)

@@ -90,9 +90,8 @@ impl Memory {
         }
         let per = round_len(size.div_ceil(ways))
             .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
-        let len = per
-            .checked_mul(ways)
-            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let len =
+            per.checked_mul(ways).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
         let mut idx = Vec::with_capacity(set.members.len());
@@ -102,11 +101,12 @@ impl Memory {
                 .iter()
                 .position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
                 .ok_or_else(|| {
-                    MemoryError::NotFound(format!("member {device} of set {} has no such memory", set.name))
-                })?;
+                MemoryError::NotFound(format!("member {device} of set {} has no such memory", set.name))
+            })?;
             idx.push(i);
         }
-        let mut cands: Vec<u64> = std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
+        let mut cands: Vec<u64> =
+            std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
         cands.sort_unstable();
         cands.dedup();
         let gfa_ok = |d: u64| align == 0 || (set.start.wrapping_add(d * ways)) % align == 0;
@@ -152,18 +152,8 @@ impl Memory {
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
-        st.regions.insert(
-            id,
-            Region {
-                generation: id,
-                owner: *owner,
-                session,
-                resource: idx[0],
-                offset: dpa,
-                len,
-                path,
-            },
-        );
+        st.regions
+            .insert(id, Region { generation: id, owner: *owner, session, resource: idx[0], offset: dpa, len, path });
         let set_offset = dpa * ways;
         st.set_regions.insert(id, SetRegion { name: set.name.clone(), set_offset, others: idx[1..].to_vec() });
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");

@@ -47,7 +47,8 @@ impl Setup {
     pub fn with_sim(sim: &Path, extra: &str) -> Self {
         let s = Self::new("");
         let text = std::fs::read_to_string(&s.config).unwrap();
-        let text = text.replace(&format!("{:?}", sim_file().display().to_string()), &format!("{:?}", sim.display().to_string()));
+        let text = text
+            .replace(&format!("{:?}", sim_file().display().to_string()), &format!("{:?}", sim.display().to_string()));
         std::fs::write(&s.config, format!("{text}{extra}\n")).unwrap();
         s
     }
