@@ -411,4 +411,21 @@ mod tests {
         assert_eq!(parse_distance("10 21").unwrap(), vec![10, 21]);
         assert!(parse_distance("").is_err());
     }
+
+    #[test]
+    fn dma_mask_bits_is_read_absent_is_quiet_and_bad_is_tallied() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tally = Tally::default();
+        assert_eq!(read_function(dir.path(), &mut tally).dma_mask_bits, None);
+        assert_eq!(tally.missing_count("dma_mask_bits"), 0);
+        fs::write(dir.path().join("dma_mask_bits"), "40\n").unwrap();
+        assert_eq!(read_function(dir.path(), &mut tally).dma_mask_bits, Some(40));
+        fs::write(dir.path().join("dma_mask_bits"), "65\n").unwrap();
+        assert_eq!(read_function(dir.path(), &mut tally).dma_mask_bits, None);
+        assert!(
+            tally.lines().iter().any(|l| l.starts_with("dma_mask_bits: unreadable or invalid")),
+            "{:?}",
+            tally.lines()
+        );
+    }
 }
