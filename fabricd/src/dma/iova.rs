@@ -214,7 +214,7 @@ mod tests {
                     }
                     Op::Free(_) => {}
                 }
-                let mut ranges: Vec<(u64, u64)> = a.allocated().collect();
+                let ranges: Vec<(u64, u64)> = a.allocated().collect();
                 let mut want = m.used.clone();
                 want.sort_unstable();
                 prop_assert_eq!(&ranges, &want);

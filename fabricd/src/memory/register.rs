@@ -207,7 +207,7 @@ impl Memory {
             ?access,
             "registered for DMA"
         );
-        debug_assert!(iova % PAGE == 0);
+        debug_assert!(iova.is_multiple_of(PAGE));
         Ok(Registered { registration: id, iova: iova + lead, len })
     }
 

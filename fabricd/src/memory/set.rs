@@ -109,7 +109,7 @@ impl Memory {
             std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
         cands.sort_unstable();
         cands.dedup();
-        let gfa_ok = |d: u64| align == 0 || (set.start.wrapping_add(d * ways)) % align == 0;
+        let gfa_ok = |d: u64| align == 0 || set.start.wrapping_add(d * ways).is_multiple_of(align);
         let fits = |d: u64| {
             d.checked_add(per).is_some_and(|e| e <= set.member_size)
                 && idx.iter().all(|&i| st.resources[i].ranges.is_free(d, per))
