@@ -17,9 +17,11 @@
 //!   revocation events to importers; [`monitor`]: the periodic rescan and its device,
 //!   link and map events.
 //!
-//! Registration (register/unregister) and interleave-set allocation are not served yet:
-//! those operations answer `NotImplemented`. Regions and exports are
-//! not durable across a daemon restart yet.
+//! - [`dma`], [`dmaops`]: DMA registration (register/unregister): IOVAs per DMA domain
+//!   below each device's mask, pinned memory, and the copy path's lookup;
+//!   [`placement`]: region GFAs and interleave-set allocation.
+//!
+//! Regions and exports are not durable across a daemon restart yet.
 
 pub mod auth;
 pub mod config;
