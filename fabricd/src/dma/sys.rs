@@ -208,8 +208,9 @@ pub struct Vma {
     pub locked: bool,
 }
 
-/// The mappings in an `smaps` text: each header line (`start-end perms ...`) with the
-/// `VmFlags:` line that follows it.
+/// The mappings in an `smaps` text: each header line (`start-end perms ...`, `start <
+/// end`) with the `VmFlags:` line that follows it. Lines of any other shape are skipped
+/// (the kernel escapes newlines in the path names a process can choose).
 pub fn parse_smaps(text: &str) -> Vec<Vma> {
     let mut out: Vec<Vma> = Vec::new();
     for line in text.lines() {
@@ -223,7 +224,7 @@ pub fn parse_smaps(text: &str) -> Vec<Vma> {
         let (Some(range), Some(perms)) = (parts.next(), parts.next()) else { continue };
         let Some((s, e)) = range.split_once('-') else { continue };
         let (Ok(start), Ok(end)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else { continue };
-        if perms.len() != 4 {
+        if perms.len() != 4 || start >= end {
             continue;
         }
         out.push(Vma { start, end, read: perms.starts_with('r'), write: perms.as_bytes()[1] == b'w', locked: false });
