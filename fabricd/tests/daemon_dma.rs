@@ -226,6 +226,12 @@ fn every_source_registers_below_the_mask_at_distinct_iovas_and_unregister_frees(
     assert_eq!(body.code, ErrorCode::BadRequest, "{}", body.message);
     let body = refused(&mut c, reg_req(&gpu, RegisterSource::Region(region), MIB, 2 * MIB, AccessMode::ReadOnly), &[]);
     assert_eq!(body.code, ErrorCode::BadRequest);
+    // Descriptors must match the source: Fd needs one, the others none.
+    let body = refused(&mut c, reg_req(&gpu, RegisterSource::Fd, 0, PAGE, AccessMode::ReadOnly), &[]);
+    assert_eq!(body.code, ErrorCode::BadFds, "{}", body.message);
+    let body =
+        refused(&mut c, reg_req(&gpu, RegisterSource::Region(region), 0, PAGE, AccessMode::ReadOnly), &[fd.as_fd()]);
+    assert_eq!(body.code, ErrorCode::BadFds, "{}", body.message);
     let s = status(&mut c);
     assert_eq!(s.registrations, 3);
     drop(mine);
