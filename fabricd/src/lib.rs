@@ -22,12 +22,15 @@
 //!   acknowledged and survive a daemon restart; [`grace`] reclaims sessions that do not
 //!   come back.
 //!
-//! Registration (register/unregister) and interleave-set allocation are not served yet:
-//! those operations answer `NotImplemented`.
+//! - [`dma`], [`dmaops`]: DMA registration (register/unregister): IOVAs per DMA domain
+//!   below each device's mask, pinned memory, and the copy path's lookup;
+//!   [`placement`]: region GFAs and interleave-set allocation.
 
 pub mod auth;
 pub mod config;
 pub mod daemon;
+pub mod dma;
+pub mod dmaops;
 pub mod events;
 pub mod grace;
 pub mod http;
@@ -38,6 +41,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod notify;
 pub mod ops;
+pub mod placement;
 pub mod server;
 pub mod socket;
 pub(crate) mod sys;

@@ -10,8 +10,10 @@ use fabric_proto::wire::{
 use fabric_topology::DeviceId;
 
 use crate::daemon::Daemon;
+use crate::dma::sys::PinError;
 use crate::memory::{MemoryError, Place};
 use crate::ops::refusal;
+use crate::placement;
 
 /// The typed refusal for a memory error.
 pub fn refused(e: &MemoryError) -> ErrorBody {
@@ -28,12 +30,27 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::Io { .. } | MemoryError::Journal(_) | MemoryError::Record(_) | MemoryError::JournalUnavailable => {
             ErrorCode::Internal
         }
+        MemoryError::Iova(_) => ErrorCode::NoSpace,
+        MemoryError::Pin(PinError::MemlockLimit { .. }) => ErrorCode::LimitExceeded,
+        MemoryError::Pin(PinError::Map { source, .. }) if source.raw_os_error() == Some(libc::EACCES) => {
+            ErrorCode::PermissionDenied
+        }
+        MemoryError::Pin(PinError::Map { .. }) => ErrorCode::BadRequest,
+        MemoryError::Pin(PinError::Lock { .. }) => ErrorCode::Internal,
     };
     let message = crate::error_chain(e);
     let mut body = refusal(code, message);
     if let MemoryError::Limit { what, used, requested, max, .. } = e {
         body.detail =
             Some(ErrorDetail::Limit { what: Name::truncated(what), used: *used, requested: *requested, max: *max });
+    }
+    if let MemoryError::Pin(PinError::MemlockLimit { requested, locked, limit }) = e {
+        body.detail = Some(ErrorDetail::Limit {
+            what: Name::truncated("RLIMIT_MEMLOCK"),
+            used: *locked,
+            requested: *requested,
+            max: *limit,
+        });
     }
     body
 }
@@ -52,15 +69,20 @@ pub fn alloc(
     let (device, kind, ordinal): (_, fabric_topology::MemoryKind, _) = match &req.target {
         AllocTarget::Resource(r) => (parse_device(&r.device)?, r.memory.into(), Some(r.ordinal)),
         AllocTarget::Device { device, memory } => (parse_device(device)?, (*memory).into(), None),
-        AllocTarget::Set(_) => {
-            return Err(refusal(ErrorCode::NotImplemented, "allocating from an interleave set is not served yet"));
+        AllocTarget::Set(name) => {
+            let set = placement::set_spec(d, name)?;
+            let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
+            let gfa = set.start.checked_add(offset);
+            let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: 0 };
+            return Ok((Response::Alloc(resp), Some(g.fd)));
         }
     };
     let g = d
         .memory
         .alloc(peer, session, &Place { device, kind, ordinal }, req.size, req.align)
         .map_err(|e| refused(&e))?;
-    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa: None, offset: 0 };
+    let gfa = placement::region_gfa(d, g.region);
+    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: 0 };
     Ok((Response::Alloc(resp), Some(g.fd)))
 }
 
@@ -95,7 +117,7 @@ pub fn import(
         region: g.region,
         generation: g.generation,
         size: g.len,
-        gfa: None,
+        gfa: placement::region_gfa(d, g.region),
         offset: 0,
         access: req.access,
     };

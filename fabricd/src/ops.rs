@@ -14,7 +14,7 @@ use std::os::fd::OwnedFd;
 
 use crate::auth;
 use crate::daemon::{Daemon, View};
-use crate::memops;
+use crate::{dmaops, memops};
 
 /// A typed refusal with its message.
 pub fn refusal(code: ErrorCode, message: impl AsRef<str>) -> ErrorBody {
@@ -35,6 +35,18 @@ pub fn handle_session(
     session: u64,
     req: Request,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
+    handle_session_fds(d, peer, session, req, Vec::new())
+}
+
+/// [`handle_session`] with the descriptors that came with the request (as many as
+/// [`Request::fds_required`] says; the server checked that).
+pub fn handle_session_fds(
+    d: &Daemon,
+    peer: &PeerCred,
+    session: u64,
+    req: Request,
+    fds: Vec<OwnedFd>,
+) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
     let op = req.opcode();
     let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
     let r = match req {
@@ -52,10 +64,12 @@ pub fn handle_session(
         Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
         Request::Import(i) => memops::import(d, peer, session, i),
         Request::Release(r) => plain(memops::release(d, session, r.import)),
+        Request::Register(r) => plain(dmaops::register(d, peer, session, r, fds)),
+        Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),
         _ => Err(refusal(
             ErrorCode::NotImplemented,
             format!(
-                "{op} is not implemented by this fabricd yet (served: hello, status, ping, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release, and subscribe on a connection)"
+                "{op} is not implemented by this fabricd yet (served: hello, status, ping, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release, register, unregister, and subscribe on a connection)"
             ),
         )),
     };
@@ -194,9 +208,9 @@ pub fn status(d: &Daemon) -> StatusResponse {
         regions: mem.regions,
         exports: mem.exports,
         imports: mem.imports,
-        registrations: 0,
+        registrations: mem.registrations,
         allocated_bytes: mem.allocated_bytes,
-        pinned_bytes: 0,
+        pinned_bytes: mem.pinned_bytes,
         map_generation: generation,
         problems: BoundedVec::new(problems).unwrap_or_default(),
     }

@@ -85,8 +85,8 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
 
 /// What reading a frame gave.
 enum Read {
-    /// A request, decoded.
-    Request(Header, Request),
+    /// A request, decoded, with the descriptors that came with it.
+    Request(Header, Request, Vec<OwnedFd>),
     /// A frame to refuse while the stream stays in sync.
     Refuse(Header, ErrorBody),
     /// A frame after which the stream is out of sync: answer (when possible) and close.
@@ -102,6 +102,8 @@ struct Conn<'a> {
     version: Option<Version>,
     /// The subscribe request's id and the queue of its events.
     events: Option<(u64, mpsc::Receiver<Event>)>,
+    /// Descriptors that came with the current frame's first byte.
+    fds: Vec<OwnedFd>,
 }
 
 /// The next queued event with its subscribe request's id (`None`: the subscriber was
@@ -134,14 +136,14 @@ async fn serve_session(
     shutdown: &CancellationToken,
 ) {
     tracing::debug!("connected");
-    let mut conn = Conn { stream, peer, daemon, version: None, events: None };
+    let mut conn = Conn { stream, peer, daemon, version: None, events: None, fds: Vec::new() };
     let mut first = [0u8; 1];
     loop {
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
         // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
         let next = tokio::select! {
             () = shutdown.cancelled() => break,
-            r = conn.stream.read(&mut first) => r.map(|n| if n == 0 { None } else { Some(None) }),
+            r = read_first(&conn.stream, &mut conn.fds, &mut first) => r.map(|n| if n == 0 { None } else { Some(None) }),
             ev = next_event(&mut conn.events) => Ok(Some(Some(ev))),
         };
         let Ok(Some(next)) = next else { break };
@@ -182,8 +184,8 @@ async fn serve_session(
                 daemon.metrics.record(op, Some(err.code), start.elapsed());
                 conn.send(&h, Message::Error(err)).await
             }
-            Read::Request(h, req) => {
-                let answer = conn.answer(req, session, h.request_id);
+            Read::Request(h, req, fds) => {
+                let answer = conn.answer(req, session, h.request_id, fds);
                 daemon.metrics.record(Some(h.opcode), answer.as_ref().err().map(|e| e.code), start.elapsed());
                 match answer {
                     Ok((resp, None)) => conn.send(&h, Message::Response(resp)).await,
@@ -212,10 +214,29 @@ async fn serve_session(
             regions = r.regions,
             exports = r.exports,
             imports = r.imports,
-            "session closed; reclaimed its regions and imports, revoked its exports"
+            registrations = r.registrations,
+            "session closed; reclaimed its regions, imports and registrations, revoked its exports"
         );
     }
     tracing::debug!("disconnected");
+}
+
+/// Reads a frame's first byte with `recvmsg` into `buf`, keeping in `fds` the descriptors
+/// that travel with it (at most [`MAX_FDS`]; the kernel closes any beyond its buffer).
+/// Cancel-safe: nothing is consumed until the readiness wait is over.
+async fn read_first(stream: &UnixStream, fds: &mut Vec<OwnedFd>, buf: &mut [u8; 1]) -> std::io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        match stream.try_io(Interest::READABLE, || sys::recv_with_fds(stream.as_fd(), buf)) {
+            Ok((n, mut got)) => {
+                got.truncate(usize::from(MAX_FDS));
+                *fds = got;
+                return Ok(n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 impl Conn<'_> {
@@ -269,15 +290,31 @@ impl Conn<'_> {
                 return Read::Gone;
             }
         }
-        if header.fd_count > 0 {
-            // Plain reads drop any SCM_RIGHTS descriptors (the kernel closes them).
+        // Descriptors travel with a frame's first byte (decode_header bounded the count by
+        // the opcode's limit); any that came otherwise were closed by the kernel.
+        let fds = std::mem::take(&mut self.fds);
+        if fds.len() != usize::from(header.fd_count) {
             return Read::Refuse(
                 header,
-                refusal(ErrorCode::BadFds, "no operation this fabricd serves takes file descriptors"),
+                refusal(
+                    ErrorCode::BadFds,
+                    format!(
+                        "the header announced {} descriptors and {} came with the frame's first byte",
+                        header.fd_count,
+                        fds.len()
+                    ),
+                ),
             );
         }
         match decode_request(header.opcode, &body) {
-            Ok(req) => Read::Request(header, req),
+            Ok(req) if usize::from(req.fds_required()) != fds.len() => Read::Refuse(
+                header,
+                refusal(
+                    ErrorCode::BadFds,
+                    format!("{} takes {} descriptors, {} came", header.opcode, req.fds_required(), fds.len()),
+                ),
+            ),
+            Ok(req) => Read::Request(header, req, fds),
             Err(e) => Read::Refuse(header, refusal(ErrorCode::BadRequest, body_error(&e))),
         }
     }
@@ -301,6 +338,7 @@ impl Conn<'_> {
         req: Request,
         session: u64,
         request_id: u64,
+        fds: Vec<OwnedFd>,
     ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
         if let Request::Hello(h) = &req {
             return match negotiate(h.versions, SUPPORTED_VERSIONS) {
@@ -341,7 +379,7 @@ impl Conn<'_> {
             tracing::debug!(topics = ?sub.topics, "subscribed");
             return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
         }
-        ops::handle_session(self.daemon, &self.peer, session, req)
+        ops::handle_session_fds(self.daemon, &self.peer, session, req, fds)
     }
 
     /// The token for the `Hello` response (1.1 and later): the session's own, or the one

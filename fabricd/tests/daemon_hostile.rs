@@ -92,7 +92,7 @@ fn hostile_frames_get_typed_errors_or_a_close_and_others_keep_being_served() {
     let s2 = conn.stream().try_clone().unwrap();
     (&s2).write_all(&frame(Opcode::Status, 77, &[1, 2, 3])).unwrap();
     assert_eq!(error(&s2), (77, ErrorCode::BadRequest));
-    // Descriptors announced (Register may carry one) but this daemon takes none: BadFds.
+    // A descriptor announced (Register may carry one) but none sent with the frame: BadFds.
     let mut bytes = frame(Opcode::Register, 78, &[0; 8]);
     bytes[8..10].copy_from_slice(&(1u16 << 3).to_le_bytes());
     bytes[10] = 1;

@@ -157,10 +157,10 @@ fn status_topology_devices_map_and_translate_match_the_same_computation_in_proce
     let Response::Translate(tr) = call(&mut c, Request::Translate(req)) else { panic!() };
     assert_eq!(tr.results.as_slice(), &[Translation::UnknownResource]);
 
-    // Operations of later slices answer NotImplemented, typed, and the session goes on.
+    // A refusal is typed and the session goes on: this fabric has no interleave sets.
     let alloc = AllocRequest { target: AllocTarget::Set(Name::truncated("any")), size: 4096, align: 4096 };
     let e = refused(&mut c, Request::Alloc(alloc));
-    assert_eq!(e.code, ErrorCode::NotImplemented);
+    assert_eq!(e.code, ErrorCode::NotFound);
     assert!(matches!(call(&mut c, Request::Status(StatusRequest {})), Response::Status(_)));
     drop(d);
 }

@@ -89,6 +89,7 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(RegisterSource::Region),
         any::<u64>().prop_map(RegisterSource::Import),
         Just(RegisterSource::Fd),
+        any::<u64>().prop_map(|addr| RegisterSource::Process { addr }),
     ];
     let partitions = prop_oneof![
         Just(PartitionsRequest::List),
@@ -200,8 +201,8 @@ fn response() -> impl Strategy<Value = Response> {
             })
             .boxed(),
         Just(Response::Release).boxed(),
-        any::<(u64, u64)>()
-            .prop_map(|(registration, iova)| Response::Register(RegisterResponse { registration, iova }))
+        any::<(u64, u64, u64)>()
+            .prop_map(|(registration, iova, len)| Response::Register(RegisterResponse { registration, iova, len }))
             .boxed(),
         Just(Response::Unregister).boxed(),
         list(spec(), 4).prop_map(|partitions| Response::Partitions(PartitionsResponse { partitions })).boxed(),

@@ -242,6 +242,10 @@ pub struct Device {
     pub sources: Vec<String>,
     /// Extra backend-specific facts, as text.
     pub attrs: BTreeMap<String, String>,
+    /// Bits of address the device can DMA to (`dma_mask_bits` in sysfs, or the sim
+    /// file), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dma_mask_bits: Option<u8>,
 }
 
 impl Device {
@@ -261,6 +265,7 @@ impl Device {
             memory: Vec::new(),
             sources: Vec::new(),
             attrs: BTreeMap::new(),
+            dma_mask_bits: None,
         }
     }
 

@@ -59,6 +59,7 @@ fn function_device(node: &str, f: &Function) -> Device {
         dev.attrs.insert("netdev".to_owned(), a.netdevs.join(","));
     }
     dev.numa_node = a.numa_node.flatten();
+    dev.dma_mask_bits = a.dma_mask_bits;
     dev.local_cpus = a.local_cpus.clone();
     dev.pci = Some(PciInfo {
         address: Some(f.path.address),

@@ -198,6 +198,8 @@ pub struct FunctionAttrs {
     pub rdma_devices: Vec<String>,
     /// Network interfaces of the function (`net/eth0`).
     pub netdevs: Vec<String>,
+    /// `dma_mask_bits`: bits of address the function can DMA to (set by its driver).
+    pub dma_mask_bits: Option<u8>,
 }
 
 /// Entries of a class subdirectory of a function (`infiniband/`, `net/`): names only, with
@@ -349,6 +351,14 @@ pub fn read_function(dir: &Path, tally: &mut Tally) -> FunctionAttrs {
     // Absent directories mean the function has no RDMA device / interface: not unknowns.
     a.rdma_devices = class_entries(dir, "infiniband");
     a.netdevs = class_entries(dir, "net");
+    // Older kernels lack the file: absent is not tallied; a bad value is.
+    a.dma_mask_bits = match parsed(dir, "dma_mask_bits", |t| {
+        t.parse::<u8>().ok().filter(|b| (1..=64).contains(b)).ok_or_else(|| AttrParseError::Number(clip(t)))
+    }) {
+        Ok(b) => Some(b),
+        Err(e) if e.is_missing() => None,
+        Err(e) => tally.record("dma_mask_bits", Err(e)),
+    };
     a
 }
 
@@ -400,5 +410,22 @@ mod tests {
         assert!(parse_meminfo_total("Node 0 MemTotal: 1 MB").is_err());
         assert_eq!(parse_distance("10 21").unwrap(), vec![10, 21]);
         assert!(parse_distance("").is_err());
+    }
+
+    #[test]
+    fn dma_mask_bits_is_read_absent_is_quiet_and_bad_is_tallied() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tally = Tally::default();
+        assert_eq!(read_function(dir.path(), &mut tally).dma_mask_bits, None);
+        assert_eq!(tally.missing_count("dma_mask_bits"), 0);
+        fs::write(dir.path().join("dma_mask_bits"), "40\n").unwrap();
+        assert_eq!(read_function(dir.path(), &mut tally).dma_mask_bits, Some(40));
+        fs::write(dir.path().join("dma_mask_bits"), "65\n").unwrap();
+        assert_eq!(read_function(dir.path(), &mut tally).dma_mask_bits, None);
+        assert!(
+            tally.lines().iter().any(|l| l.starts_with("dma_mask_bits: unreadable or invalid")),
+            "{:?}",
+            tally.lines()
+        );
     }
 }

@@ -178,6 +178,7 @@ fn stamp(proto: &Proto, id: DeviceId, node: &str, ualink: Option<UalinkInfo>) ->
         memory: p.memory.clone(),
         sources: p.sources.clone(),
         attrs: p.attrs.clone(),
+        dma_mask_bits: p.dma_mask_bits,
     }
 }
 

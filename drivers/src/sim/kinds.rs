@@ -23,6 +23,13 @@ fn memory(kind: MemoryKind, size: u64) -> MemoryResource {
 /// Adds every endpoint of the template, kind by kind in a fixed order (which fixes the
 /// order of ports and bus numbers below each switch).
 pub(crate) fn endpoints(c: &mut Compiler<'_>, t: &Template) -> Result<(), Located> {
+    for spec in t.gpu.iter().chain(&t.accelerator) {
+        if let Some(m) = &spec.dma_mask_bits
+            && !(12..=64).contains(m.get_ref())
+        {
+            return Err(Located::at(m, "dma_mask_bits must be 12 to 64"));
+        }
+    }
     for spec in &t.gpu {
         c.endpoints(spec.base(), DeviceKind::Gpu, CLASS_GPU, |d, _| {
             d.gpu = Some(GpuInfo {
@@ -32,6 +39,7 @@ pub(crate) fn endpoints(c: &mut Compiler<'_>, t: &Template) -> Result<(), Locate
                 ..GpuInfo::default()
             });
             d.memory.extend(spec.hbm.map(|s| memory(MemoryKind::Hbm, s.0)));
+            d.dma_mask_bits = spec.dma_mask_bits.as_ref().map(|m| *m.get_ref());
             Ok(())
         })?;
     }
@@ -41,6 +49,7 @@ pub(crate) fn endpoints(c: &mut Compiler<'_>, t: &Template) -> Result<(), Locate
         }
         c.endpoints(spec.base(), DeviceKind::Accelerator, CLASS_ACCELERATOR, |d, _| {
             d.memory.extend(spec.hbm.map(|s| memory(MemoryKind::Hbm, s.0)));
+            d.dma_mask_bits = spec.dma_mask_bits.as_ref().map(|m| *m.get_ref());
             Ok(())
         })?;
     }

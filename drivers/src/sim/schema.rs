@@ -259,6 +259,8 @@ endpoint_spec!(
         nvlinks: Option<u16>,
         /// CUDA compute capability.
         compute_capability: Option<String>,
+        /// Bits of address the device can DMA to (12 to 64; default 64).
+        dma_mask_bits: Option<Spanned<u8>>,
     }
 );
 

@@ -75,18 +75,25 @@ impl RangeAllocator {
         Err(no_space)
     }
 
-    /// Marks `len` bytes at `offset` allocated (a region found at start); false, and
-    /// nothing changed, if the range is not free or not within the resource.
+    /// Whether `[offset, offset + len)` lies in the resource and overlaps no allocation.
+    pub fn is_free(&self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= self.capacity) else { return false };
+        let before = self.used.range(..end).next_back();
+        before.is_none_or(|(&o, &l)| o + l <= offset)
+    }
+
+    /// Takes `[offset, offset + len)` if it is free; false otherwise.
     pub fn reserve(&mut self, offset: u64, len: u64) -> bool {
-        let Some(end) = offset.checked_add(len) else { return false };
-        if len == 0 || end > self.capacity {
-            return false;
-        }
-        if self.used.range(..end).next_back().is_some_and(|(&o, &l)| o + l > offset) {
+        if len == 0 || !self.is_free(offset, len) {
             return false;
         }
         self.used.insert(offset, len);
         true
+    }
+
+    /// Where allocations end, in order: the candidates for the lowest common free offset.
+    pub fn ends(&self) -> impl Iterator<Item = u64> + '_ {
+        self.used.iter().map(|(o, l)| o + l)
     }
 
     /// Frees the range at `offset`; false if none starts there.
@@ -127,6 +134,22 @@ mod tests {
         assert_eq!(a.alloc(GRANULE, 0), Ok(0));
         assert_eq!(a.alloc(GRANULE, 0), Ok(GRANULE));
         assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
+    }
+
+    #[test]
+        fn reservations_respect_neighbours_and_capacity() {
+        let mut a = RangeAllocator::new(8 * GRANULE);
+        assert_eq!(a.alloc(2 * GRANULE, 0), Ok(0));
+        assert!(!a.is_free(GRANULE, GRANULE));
+        assert!(a.is_free(2 * GRANULE, 6 * GRANULE));
+        assert!(!a.is_free(2 * GRANULE, 7 * GRANULE));
+        assert!(a.reserve(4 * GRANULE, GRANULE));
+        assert!(!a.reserve(3 * GRANULE, 2 * GRANULE));
+        assert!(!a.reserve(4 * GRANULE, 0));
+        assert_eq!(a.ends().collect::<Vec<_>>(), vec![2 * GRANULE, 5 * GRANULE]);
+        assert_eq!(a.alloc(2 * GRANULE, 0), Ok(2 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
+        assert!(a.free(4 * GRANULE));
     }
 
     #[test]

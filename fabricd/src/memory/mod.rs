@@ -22,6 +22,12 @@ mod persist;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
+mod register;
+mod set;
+
+pub use register::{Registered, Source};
+pub use set::{SetSpec, Whereabouts};
+
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -88,6 +94,12 @@ pub enum MemoryError {
     /// The journal failed earlier and could not be reopened; changes are refused.
     #[error("the journal is unavailable after a write failure; changes are refused")]
     JournalUnavailable,
+    /// The device's DMA domain has no IOVA range left below its mask.
+    #[error(transparent)]
+    Iova(crate::dma::iova::IovaError),
+    /// Memory could not be pinned (mapped and locked).
+    #[error(transparent)]
+    Pin(crate::dma::sys::PinError),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -154,12 +166,16 @@ struct Import {
     via: ExportHandle,
     uid: u32,
     session: u64,
+    /// Access granted (bounds what a registration of the import may allow).
+    access: AccessMode,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Usage {
     bytes: u64,
     objects: u64,
+    /// Bytes pinned by registrations.
+    pinned: u64,
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +196,10 @@ struct State {
     orphans: Vec<persist::Orphan>,
     /// What start-up had to drop.
     problems: Vec<String>,
+    /// DMA registrations and the IOVA space of each domain.
+    dma: crate::dma::Registry,
+    /// Regions striped over an interleave set, by region id.
+    set_regions: HashMap<u64, set::SetRegion>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -224,7 +244,9 @@ pub struct Counts {
     pub lost_regions: u64,
     /// Bytes of the regions behind live imports, per import.
     pub imported_bytes: u64,
-    /// Bytes pinned for DMA by registrations (0 until registrations are served).
+    /// Live DMA registrations.
+    pub registrations: u64,
+    /// Bytes pinned by registrations (whole pages).
     pub pinned_bytes: u64,
 }
 
@@ -237,6 +259,8 @@ pub struct Reclaimed {
     pub exports: u64,
     /// Imports released.
     pub imports: u64,
+    /// Registrations undone.
+    pub registrations: u64,
 }
 
 /// The memory broker's state.
@@ -458,9 +482,15 @@ impl Memory {
     }
 
     fn drop_region(st: &mut State, id: u64, reason: RevocationReason) -> Reclaimed {
-        let mut out = Reclaimed::default();
+        let mut out = Reclaimed {
+            registrations: Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Region(id)),
+            ..Reclaimed::default()
+        };
         let Some(r) = st.regions.remove(&id) else { return out };
         st.resources[r.resource].ranges.free(r.offset);
+        for i in st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
+            st.resources[i].ranges.free(r.offset);
+        }
         if let Err(e) = std::fs::remove_file(&r.path) {
             tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");
         }
@@ -498,6 +528,7 @@ impl Memory {
     }
 
     fn drop_import(st: &mut State, id: u64) {
+        Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
         if let Some(i) = st.imports.remove(&id) {
             let u = st.usage.entry(i.uid).or_default();
             u.objects = u.objects.saturating_sub(1);
@@ -575,6 +606,11 @@ impl Memory {
                 (i.session, r)
             })
             .collect();
+        // The imports stay (their holders release them); DMA through them ends now.
+        for (_, r) in &told {
+            let import = r.import;
+            Self::drop_registrations(&mut st, |g| g.covers == crate::dma::Covers::Import(import));
+        }
         st.revocations.extend(told);
         st.maybe_compact();
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
@@ -616,7 +652,7 @@ impl Memory {
             OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
         let id = st.next_id;
         st.next_id += 1;
-        st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session });
+        st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session, access });
         st.usage.entry(peer.uid).or_default().objects += 1;
         tracing::info!(
             uid = peer.uid,
@@ -649,7 +685,10 @@ impl Memory {
     /// dropped) and its imports released.
     pub fn close_session(&self, session: u64) -> Reclaimed {
         let mut st = self.state();
-        let mut out = Reclaimed::default();
+        let mut out = Reclaimed {
+            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
+            ..Reclaimed::default()
+        };
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
         let ended = st.sessions.remove(&session);
         if let (Some(s), false) = (ended, regions.is_empty()) {
@@ -689,7 +728,8 @@ impl Memory {
             allocated_bytes: st.regions.values().map(|r| r.len).sum(),
             lost_regions: st.regions.values().filter(|r| r.lost).count() as u64,
             imported_bytes: st.imports.values().filter_map(|i| st.regions.get(&i.region)).map(|r| r.len).sum(),
-            pinned_bytes: 0,
+            registrations: st.dma.count(),
+            pinned_bytes: st.dma.pinned_bytes(),
         }
     }
 

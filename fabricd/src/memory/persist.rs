@@ -152,15 +152,30 @@ impl State {
 
     /// The registry as a snapshot record.
     fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
-        let mut regions: Vec<RegionRecord> = self.regions.iter().map(|(id, r)| self.region_record(*id, r)).collect();
+        // Regions striped over an interleave set live as long as their session only.
+        let durable = |id: &u64| !self.set_regions.contains_key(id);
+        let mut regions: Vec<RegionRecord> =
+            self.regions.iter().filter(|(id, _)| durable(id)).map(|(id, r)| self.region_record(*id, r)).collect();
         regions.sort_by_key(|r| r.id);
-        let exports = self.exports.iter().map(Self::export_record).collect();
+        let exports = self.exports.iter().filter(|e| durable(&e.handle.region)).map(Self::export_record).collect();
         Snapshot { next_id: self.next_id, regions, exports }.encode().map_err(MemoryError::Record)
     }
 
     /// Journals `change` (durably) before the caller applies it; the caller undoes what
     /// it prepared when this fails. Compacts when enough records have accumulated.
+    /// Changes to regions striped over an interleave set are not journaled: such regions
+    /// live as long as their session only (docs/fabricd.md, "Durability").
     pub(super) fn journal(&mut self, change: &Change) -> Result<(), MemoryError> {
+        let region = match change {
+            Change::RegionAllocated(r) => Some(r.id),
+            Change::RegionFreed { id } => Some(*id),
+            Change::ExportCreated(e) => Some(e.region),
+            Change::ExportRevoked { region, .. } => Some(*region),
+            _ => None,
+        };
+        if region.is_some_and(|id| self.set_regions.contains_key(&id)) {
+            return Ok(());
+        }
         let Some(mut log) = self.log.take() else { return Ok(()) };
         let r = self.journal_with(&mut log, change);
         self.log = Some(log);

@@ -42,6 +42,17 @@ impl Setup {
         Self { dir, config, socket, state }
     }
 
+    /// Like [`Setup::new`], serving `sim` instead of the bundled HGX fabric, with `extra`
+    /// TOML appended at the end (whole tables, e.g. `[limits]`).
+    pub fn with_sim(sim: &Path, extra: &str) -> Self {
+        let s = Self::new("");
+        let text = std::fs::read_to_string(&s.config).unwrap();
+        let text = text
+            .replace(&format!("{:?}", sim_file().display().to_string()), &format!("{:?}", sim.display().to_string()));
+        std::fs::write(&s.config, format!("{text}{extra}\n")).unwrap();
+        s
+    }
+
     /// Writes a configuration file.
     pub fn write(config: &Path, socket: &Path, state: &Path, socket_extra: &str) {
         let text = format!(
@@ -83,19 +94,24 @@ impl Drop for Daemon {
 
 /// Starts `fabricd --config config` and waits for READY=1 (up to 30 s).
 pub fn start(config: &Path, dir: &Path) -> Daemon {
+    start_with(config, dir, |_| {})
+}
+
+/// [`start`], letting `prepare` adjust the command first (limits, `pre_exec`).
+pub fn start_with(config: &Path, dir: &Path, prepare: impl FnOnce(&mut Command)) -> Daemon {
     let notify_path = dir.join(format!("notify-{}", rand_suffix()));
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let log = dir.join(format!("stderr-{}", rand_suffix()));
-    let child = Command::new(env!("CARGO_BIN_EXE_fabricd"))
-        .arg("--config")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fabricd"));
+    cmd.arg("--config")
         .arg(config)
         .env("NOTIFY_SOCKET", &notify_path)
         .env("RUST_LOG", "debug")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+        .stderr(std::fs::File::create(&log).unwrap());
+    prepare(&mut cmd);
+    let child = cmd.spawn().unwrap();
     let mut buf = [0u8; 256];
     let n = match notify.recv(&mut buf) {
         Ok(n) => n,

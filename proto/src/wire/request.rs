@@ -207,8 +207,15 @@ pub enum RegisterSource {
     Region(u64),
     /// An import the caller holds.
     Import(u64),
-    /// The memory object sent as the frame's one descriptor (memfd, dma-buf).
+    /// The memory object sent as the frame's one descriptor (memfd or regular file).
     Fd,
+    /// The caller's own virtual memory from `addr` (plus the request's `offset`), which
+    /// the caller has locked (`mlock`); the server checks that and reaches it through the
+    /// process (added in 1.0 after `Fd`).
+    Process {
+        /// First byte, in the caller's address space.
+        addr: u64,
+    },
 }
 
 /// `Register`: pin memory and map it for DMA by a device.

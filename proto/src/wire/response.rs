@@ -123,6 +123,8 @@ pub struct RegisterResponse {
     pub registration: u64,
     /// Device address of the first byte.
     pub iova: u64,
+    /// Bytes registered (the IOVA range covers them, in whole 4 KiB pages).
+    pub len: u64,
 }
 
 /// `Partitions`: the partitions the caller may see, after any change.

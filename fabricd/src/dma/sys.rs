@@ -1,0 +1,276 @@
+//! The system calls of DMA registration: `mmap` + `mlock` of memory the daemon maps,
+//! `pidfd_open`/`pidfd_send_signal` to follow a client process, `process_vm_readv`/
+//! `process_vm_writev` to reach its memory, and the `/proc` reads that check what a
+//! client says it pinned. Every `unsafe` block is here.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// Why memory could not be pinned.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// `mmap` refused the range (a read-only descriptor mapped for writing, a file that
+    /// cannot be mapped).
+    #[error("mmap of {len} bytes at offset {offset}")]
+    Map {
+        /// Offset in the file.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `mlock` hit `RLIMIT_MEMLOCK` (the daemon lacks `CAP_IPC_LOCK`).
+    #[error(
+        "mlock of {requested} bytes refused by RLIMIT_MEMLOCK: the daemon has {locked} bytes locked, its limit is {limit} bytes (raise LimitMEMLOCK= or grant CAP_IPC_LOCK)"
+    )]
+    MemlockLimit {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the daemon has locked now (`VmLck`).
+        locked: u64,
+        /// The soft limit (`u64::MAX`: unlimited).
+        limit: u64,
+    },
+    /// `mlock` failed otherwise.
+    #[error("mlock of {len} bytes")]
+    Lock {
+        /// Bytes.
+        len: u64,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A shared mapping of a file range, locked in memory; unlocked and unmapped on drop.
+/// The daemon never reads or writes through it (a client may shrink the file under it,
+/// and a load then would be `SIGBUS`): it exists to pin the pages. Copies go through the
+/// descriptor ([`Pinned::file`]) with `pread`/`pwrite`.
+#[derive(Debug)]
+pub struct Pinned {
+    ptr: NonNull<libc::c_void>,
+    len: usize,
+    file: File,
+    offset: u64,
+}
+
+// SAFETY: the mapping is only created and destroyed (never dereferenced) by the owner, and
+// the kernel objects behind the pointer and the file may be used from any thread.
+unsafe impl Send for Pinned {}
+// SAFETY: shared references give access to the file only (whose I/O is thread-safe); the
+// pointer is never dereferenced.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// Maps `len` bytes of `file` at `offset` (both page multiples) shared, readable and,
+    /// when `writable`, writable, and locks them.
+    pub fn new(file: File, offset: u64, len: u64, writable: bool) -> Result<Self, PinError> {
+        let map_err = |source| PinError::Map { offset, len, source };
+        let ulen = usize::try_from(len).map_err(|_| map_err(io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
+        let off = libc::off_t::try_from(offset).map_err(|_| map_err(io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a new mapping at an address the kernel chooses; it aliases no Rust object.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), ulen, prot, libc::MAP_SHARED, file.as_raw_fd(), off) };
+        if p == libc::MAP_FAILED {
+            return Err(map_err(io::Error::last_os_error()));
+        }
+        let ptr = NonNull::new(p).ok_or_else(|| map_err(io::Error::from_raw_os_error(libc::EFAULT)))?;
+        let pinned = Self { ptr, len: ulen, file, offset };
+        // SAFETY: locks the mapping made above, which is `ulen` bytes long.
+        if unsafe { libc::mlock(ptr.as_ptr(), ulen) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOMEM | libc::EPERM) if memlock_limit() != u64::MAX => {
+                    PinError::MemlockLimit { requested: len, locked: locked_bytes(), limit: memlock_limit() }
+                }
+                _ => PinError::Lock { len, source: e },
+            });
+        }
+        Ok(pinned)
+    }
+
+    /// The file whose range is pinned, for `pread`/`pwrite`.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Offset of the pinned range in the file.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes pinned.
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    /// Whether nothing is pinned (never: a mapping has at least a page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, `len` bytes, not used after this.
+        unsafe {
+            libc::munlock(self.ptr.as_ptr(), self.len);
+            libc::munmap(self.ptr.as_ptr(), self.len);
+        }
+    }
+}
+
+/// The soft `RLIMIT_MEMLOCK` of this process (`u64::MAX`: unlimited).
+pub fn memlock_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `r`, which lives across the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return u64::MAX;
+    }
+    r.rlim_cur
+}
+
+/// Bytes this process has locked (`VmLck` of `/proc/self/status`; 0 when unreadable).
+pub fn locked_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmLck:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A descriptor for process `pid` (`pidfd_open`): it keeps naming that process even
+/// after the pid is reused.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the process behind `pidfd` is still running (signal 0 through the pidfd).
+pub fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
+    // SAFETY: pidfd_send_signal with signal 0 only checks; no siginfo is passed.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<u8>(), 0) };
+    r == 0
+}
+
+/// Reads `buf.len()` bytes at `addr` of process `pid`.
+pub fn read_process(pid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+    let base = usize::try_from(addr).map_err(|_| io::Error::from_raw_os_error(libc::EFAULT))?;
+    let remote = [RemoteIoVec { base, len: buf.len() }];
+    let want = buf.len();
+    let n = process_vm_readv(nix::unistd::Pid::from_raw(pid), &mut [io::IoSliceMut::new(buf)], &remote)
+        .map_err(io::Error::from)?;
+    if n != want {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("read {n} of {want} bytes")));
+    }
+    Ok(())
+}
+
+/// Writes `buf` at `addr` of process `pid`.
+pub fn write_process(pid: i32, addr: u64, buf: &[u8]) -> io::Result<()> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_writev};
+    let base = usize::try_from(addr).map_err(|_| io::Error::from_raw_os_error(libc::EFAULT))?;
+    let remote = [RemoteIoVec { base, len: buf.len() }];
+    let n = process_vm_writev(nix::unistd::Pid::from_raw(pid), &[io::IoSlice::new(buf)], &remote)
+        .map_err(io::Error::from)?;
+    if n != buf.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, format!("wrote {n} of {} bytes", buf.len())));
+    }
+    Ok(())
+}
+
+/// One mapping of a process, from `/proc/<pid>/smaps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vma {
+    /// First address.
+    pub start: u64,
+    /// End (exclusive).
+    pub end: u64,
+    /// Readable.
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+    /// `VM_LOCKED` (`lo` in `VmFlags`): the pages are locked.
+    pub locked: bool,
+}
+
+/// The mappings in an `smaps` text: each header line (`start-end perms ...`, `start <
+/// end`) with the `VmFlags:` line that follows it. Lines of any other shape are skipped
+/// (the kernel escapes newlines in the path names a process can choose).
+pub fn parse_smaps(text: &str) -> Vec<Vma> {
+    let mut out: Vec<Vma> = Vec::new();
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(v) = out.last_mut() {
+                v.locked = flags.split_whitespace().any(|f| f == "lo");
+            }
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else { continue };
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else { continue };
+        if perms.len() != 4 || start >= end {
+            continue;
+        }
+        out.push(Vma { start, end, read: perms.starts_with('r'), write: perms.as_bytes()[1] == b'w', locked: false });
+    }
+    out
+}
+
+/// The mappings of process `pid`.
+pub fn process_maps(pid: i32) -> io::Result<Vec<Vma>> {
+    Ok(parse_smaps(&std::fs::read_to_string(format!("/proc/{pid}/smaps"))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaps_headers_and_flags_parse() {
+        let text = "\
+7f0000000000-7f0000002000 rw-p 00000000 00:00 0 \n\
+Size:                  8 kB\n\
+Locked:                8 kB\n\
+VmFlags: rd wr mr mw me lo ac \n\
+7f0000002000-7f0000003000 r--p 00000000 00:00 0      [heap]\n\
+VmFlags: rd mr mw me ac \n";
+        let v = parse_smaps(text);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0], Vma { start: 0x7f00_0000_0000, end: 0x7f00_0000_2000, read: true, write: true, locked: true });
+        assert!(v[1].read && !v[1].write && !v[1].locked);
+        assert!(parse_smaps("garbage\nVmFlags: lo\n").is_empty());
+    }
+
+    #[test]
+    fn this_process_can_be_read_and_written_and_followed() {
+        let mut buf = vec![7u8; 64];
+        let addr = buf.as_mut_ptr() as u64;
+        let pid = std::process::id() as i32;
+        let mut out = [0u8; 64];
+        read_process(pid, addr, &mut out).unwrap();
+        assert_eq!(out, [7u8; 64]);
+        write_process(pid, addr + 8, &[1, 2, 3]).unwrap();
+        // The write went through the kernel, not a Rust reference: read it the same way.
+        read_process(pid, addr, &mut out).unwrap();
+        assert_eq!(&out[6..12], &[7, 7, 1, 2, 3, 7]);
+        let fd = pidfd_open(pid).unwrap();
+        assert!(pidfd_alive(std::os::fd::AsFd::as_fd(&fd)));
+        drop(buf);
+    }
+}

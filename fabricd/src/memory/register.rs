@@ -1,0 +1,258 @@
+//! Registration on the memory registry: [`Memory::register`] pins a region, an import, a
+//! memory object or the caller's own memory for a device's DMA and gives it an IOVA;
+//! [`Memory::unregister`] undoes it; the copy path resolves `(device, iova)` back to the
+//! memory ([`Memory::dma_read`], [`Memory::dma_write`]). The registry itself is
+//! [`crate::dma`]; it lives in the memory state so that the objects a registration covers
+//! cannot go without it.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::OwnedFd;
+
+use fabric_proto::wire::{AccessMode, PeerCred};
+
+use super::{Memory, MemoryError, State, io_err};
+use crate::dma::iova::PAGE;
+use crate::dma::sys::{self, Pinned};
+use crate::dma::{Backing, Covers, DmaError, Registration, Target, span_of};
+
+/// What to register.
+#[derive(Debug)]
+pub enum Source {
+    /// A region the session owns.
+    Region(u64),
+    /// An import the session holds.
+    Import(u64),
+    /// A memory object (memfd, regular file) sent with the request.
+    Fd(OwnedFd),
+    /// The caller's own memory at this address, locked by the caller.
+    Process {
+        /// First byte.
+        addr: u64,
+    },
+}
+
+/// A registration as the client gets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    /// Registration id.
+    pub registration: u64,
+    /// IOVA of the first registered byte.
+    pub iova: u64,
+    /// Bytes registered.
+    pub len: u64,
+}
+
+fn bad(m: impl Into<String>) -> MemoryError {
+    MemoryError::BadRequest(m.into())
+}
+
+/// Checks that `[start, start + span)` of process `pid` is mapped, locked and as
+/// accessible as `access` needs.
+fn check_process_range(pid: i32, start: u64, span: u64, access: AccessMode) -> Result<(), MemoryError> {
+    let vmas = sys::process_maps(pid)
+        .map_err(|e| MemoryError::PermissionDenied(format!("cannot read the mappings of pid {pid}: {e}")))?;
+    let end = start + span;
+    let mut at = start;
+    for v in vmas.iter().filter(|v| v.end > start && v.start < end) {
+        if v.start > at {
+            break;
+        }
+        if !v.read || (access == AccessMode::ReadWrite && !v.write) {
+            return Err(MemoryError::PermissionDenied(format!(
+                "{:#x}..{:#x} is not {} in the caller",
+                v.start,
+                v.end,
+                if access == AccessMode::ReadWrite { "readable and writable" } else { "readable" }
+            )));
+        }
+        if !v.locked {
+            return Err(bad(format!(
+                "{:#x}..{:#x} is not locked: mlock it before registering",
+                v.start.max(start),
+                v.end.min(end)
+            )));
+        }
+        at = v.end;
+        if at >= end {
+            return Ok(());
+        }
+    }
+    Err(bad(format!("{at:#x} (in {start:#x}..{end:#x}) is not mapped in the caller")))
+}
+
+fn pin(file: File, first: u64, span: u64, access: AccessMode) -> Result<Backing, MemoryError> {
+    Ok(Backing::Mapped(Pinned::new(file, first, span, access == AccessMode::ReadWrite).map_err(MemoryError::Pin)?))
+}
+
+impl Memory {
+    fn check_pinned(&self, st: &State, uid: u32, span: u64) -> Result<(), MemoryError> {
+        let used = st.usage.get(&uid).map_or(0, |u| u.pinned);
+        let max = self.limits.pinned_bytes_per_uid;
+        if used.saturating_add(span) > max {
+            return Err(MemoryError::Limit { uid, what: "pinned_bytes", used, requested: span, max });
+        }
+        Ok(())
+    }
+
+    /// Registers `len` bytes at `offset` of `source` (for [`Source::Process`], `offset`
+    /// adds to the address) for DMA by `target` with `access`: pins them, takes an IOVA
+    /// range below the device's mask, and accounts the whole pages against the caller's
+    /// `pinned_bytes` and `objects` limits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register(
+        &self,
+        peer: &PeerCred,
+        session: u64,
+        target: &Target,
+        source: Source,
+        offset: u64,
+        len: u64,
+        access: AccessMode,
+    ) -> Result<Registered, MemoryError> {
+        if len == 0 {
+            return Err(bad("a registration needs at least one byte"));
+        }
+        let at = match &source {
+            Source::Process { addr } => addr.checked_add(offset).ok_or_else(|| bad("address + offset overflows"))?,
+            _ => offset,
+        };
+        let (first, lead, span) = span_of(at, len).ok_or_else(|| bad(format!("{len} bytes at {at:#x} overflow")))?;
+        let mut st = self.state();
+        self.check(&st, peer.uid, 0, 1)?;
+        self.check_pinned(&st, peer.uid, span)?;
+        let in_bounds = |size: u64, what: &str| {
+            if at.checked_add(len).is_some_and(|e| e <= size) {
+                Ok(())
+            } else {
+                Err(bad(format!("{len} bytes at offset {at} run past the {size} bytes of {what}")))
+            }
+        };
+        let (covers, backing) = match source {
+            Source::Region(id) => {
+                let r = Self::owned(&st, id, session)?;
+                in_bounds(r.len, &format!("region {id}"))?;
+                let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
+                (Covers::Region(id), pin(f.map_err(io_err(&r.path))?, first, span, access)?)
+            }
+            Source::Import(id) => {
+                let i = st.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
+                if i.session != session {
+                    return Err(MemoryError::PermissionDenied(format!("import {id} belongs to another session")));
+                }
+                if access == AccessMode::ReadWrite && i.access == AccessMode::ReadOnly {
+                    return Err(MemoryError::PermissionDenied(format!(
+                        "import {id} is read-only; the device may only read it"
+                    )));
+                }
+                let r = st
+                    .regions
+                    .get(&i.region)
+                    .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
+                in_bounds(r.len, &format!("import {id}"))?;
+                let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
+                (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first, span, access)?)
+            }
+            Source::Fd(fd) => {
+                let f = File::from(fd);
+                let meta = f.metadata().map_err(|e| bad(format!("the descriptor cannot be inspected: {e}")))?;
+                if !meta.file_type().is_file() {
+                    return Err(bad("the descriptor is not a memory object (memfd or regular file)"));
+                }
+                in_bounds(meta.len(), "the memory object")?;
+                (Covers::Fd, pin(f, first, span, access)?)
+            }
+            Source::Process { .. } => {
+                if peer.pid <= 0 {
+                    return Err(MemoryError::PermissionDenied("the caller's pid is unknown".into()));
+                }
+                check_process_range(peer.pid, first, span, access)?;
+                let pidfd = sys::pidfd_open(peer.pid)
+                    .map_err(|e| MemoryError::PermissionDenied(format!("cannot follow pid {}: {e}", peer.pid)))?;
+                (Covers::Process, Backing::Process { pid: peer.pid, pidfd, addr: first })
+            }
+        };
+        // On failure the backing drops here, which unpins it.
+        let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
+        let id = st.next_id;
+        st.next_id += 1;
+        st.dma.insert(
+            id,
+            Registration {
+                device: target.device.clone(),
+                domain: target.domain.clone(),
+                iova,
+                span,
+                lead,
+                len,
+                access,
+                uid: peer.uid,
+                session,
+                covers,
+                backing,
+            },
+        );
+        let u = st.usage.entry(peer.uid).or_default();
+        u.pinned += span;
+        u.objects += 1;
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            session,
+            registration = id,
+            device = %target.device,
+            domain = %target.domain,
+            iova,
+            span,
+            ?covers,
+            ?access,
+            "registered for DMA"
+        );
+        debug_assert!(iova.is_multiple_of(PAGE));
+        Ok(Registered { registration: id, iova: iova + lead, len })
+    }
+
+    /// Undoes a registration the session made.
+    pub fn unregister(&self, session: u64, registration: u64) -> Result<(), MemoryError> {
+        let mut st = self.state();
+        match st.dma.get(registration) {
+            None => Err(MemoryError::NotFound(format!("no registration {registration}"))),
+            Some(r) if r.session != session => {
+                Err(MemoryError::PermissionDenied(format!("registration {registration} belongs to another session")))
+            }
+            Some(_) => {
+                Self::drop_registration(&mut st, registration);
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes one registration: frees its IOVA range, unpins, gives back its accounting.
+    pub(super) fn drop_registration(st: &mut State, id: u64) -> bool {
+        let Some(r) = st.dma.remove(id) else { return false };
+        let u = st.usage.entry(r.uid).or_default();
+        u.pinned = u.pinned.saturating_sub(r.span);
+        u.objects = u.objects.saturating_sub(1);
+        tracing::info!(registration = id, uid = r.uid, device = %r.device, iova = r.iova, span = r.span, "unregistered");
+        true
+    }
+
+    /// Removes every registration that matches; returns how many.
+    pub(super) fn drop_registrations(st: &mut State, pred: impl Fn(&Registration) -> bool) -> u64 {
+        let ids = st.dma.ids_where(pred);
+        ids.iter().filter(|&&id| Self::drop_registration(st, id)).count() as u64
+    }
+
+    /// Reads `buf.len()` bytes at `iova` of `target`'s domain: what the device would read.
+    pub fn dma_read(&self, target: &Target, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let st = self.state();
+        let (id, r, at) = st.dma.resolve(&target.domain, iova, buf.len() as u64)?;
+        r.read(id, at, buf)
+    }
+
+    /// Writes `buf` at `iova` of `target`'s domain: what the device would write.
+    pub fn dma_write(&self, target: &Target, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+        let st = self.state();
+        let (id, r, at) = st.dma.resolve(&target.domain, iova, buf.len() as u64)?;
+        r.write(id, at, buf)
+    }
+}

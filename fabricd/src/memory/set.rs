@@ -1,0 +1,197 @@
+//! Regions striped over an interleave set, and where a region sits in the global fabric
+//! address space.
+//!
+//! A set of `ways` members maps set offset `s` to member `(s / g) % ways` at DPA
+//! `(s / (g * ways)) * g + s % g` (granularity `g`; the 3/6/12-way families give the same
+//! chunk arithmetic). So a set range `[S, S + L)` with `S` and `L` multiples of
+//! `ways * g` is exactly the DPA range `[S / ways, (S + L) / ways)` of every member. A set
+//! region reserves that DPA range in every member's allocator (2 MiB granules, so `S` and
+//! `L` are multiples of `ways * 2 MiB`) and, in the sim, is backed by one file of `L`
+//! bytes whose byte `i` is the set's byte `S + i`.
+
+use std::fs::OpenOptions;
+use std::os::fd::OwnedFd;
+
+use fabric_proto::wire::PeerCred;
+use fabric_topology::{DeviceId, MemoryKind};
+
+use super::alloc::{AllocError, GRANULE, round_len};
+use super::{Granted, Memory, MemoryError, Region, io_err};
+
+/// An interleave set as the address map has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetSpec {
+    /// Name.
+    pub name: String,
+    /// Members in position order: device, kind, ordinal.
+    pub members: Vec<(DeviceId, MemoryKind, u16)>,
+    /// Bytes of each member the set uses (from DPA 0).
+    pub member_size: u64,
+    /// GFA of the set's first byte.
+    pub start: u64,
+}
+
+/// A set region's extra state: where in the set it is and the members' reservations.
+#[derive(Debug, Clone)]
+pub(super) struct SetRegion {
+    name: String,
+    /// Offset of the region in the set.
+    set_offset: u64,
+    /// Resources (after the first, which the region itself records) reserved at the same
+    /// DPA offset.
+    pub(super) others: Vec<usize>,
+}
+
+/// Where a region's bytes are, for its GFA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Whereabouts {
+    /// A range of one resource.
+    Resource {
+        /// Device.
+        device: DeviceId,
+        /// Kind.
+        kind: MemoryKind,
+        /// Ordinal of the resource among the device's of that kind.
+        ordinal: u16,
+        /// Offset in the resource.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// A range of an interleave set.
+    Set {
+        /// The set's name.
+        name: String,
+        /// Offset in the set.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+impl Memory {
+    /// Allocates `size` bytes (rounded up to `ways * 2 MiB`) striped over `set`, at the
+    /// lowest set offset free in every member whose GFA is aligned to `align` (a power of
+    /// two, 0 for none). Returns the region and its offset in the set.
+    pub fn alloc_set(
+        &self,
+        owner: &PeerCred,
+        session: u64,
+        set: &SetSpec,
+        size: u64,
+        align: u64,
+    ) -> Result<(Granted, u64), MemoryError> {
+        let ways = set.members.len() as u64;
+        if ways == 0 {
+            return Err(MemoryError::NotFound(format!("interleave set {} has no members", set.name)));
+        }
+        if align != 0 && !align.is_power_of_two() {
+            return Err(MemoryError::BadRequest(format!("alignment {align} is not a power of two")));
+        }
+        let per = round_len(size.div_ceil(ways))
+            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let len =
+            per.checked_mul(ways).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let mut st = self.state();
+        let (pid_start, token) = {
+            let sess = st.session(session, owner)?;
+            (sess.owner.pid_start, sess.token)
+        };
+        self.check(&st, owner.uid, len, 1)?;
+        let mut idx = Vec::with_capacity(set.members.len());
+        for (device, kind, ordinal) in &set.members {
+            let i = st
+                .resources
+                .iter()
+                .position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
+                .ok_or_else(|| {
+                MemoryError::NotFound(format!("member {device} of set {} has no such memory", set.name))
+            })?;
+            idx.push(i);
+        }
+        let mut cands: Vec<u64> =
+            std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
+        cands.sort_unstable();
+        cands.dedup();
+        let gfa_ok = |d: u64| align == 0 || set.start.wrapping_add(d * ways).is_multiple_of(align);
+        let fits = |d: u64| {
+            d.checked_add(per).is_some_and(|e| e <= set.member_size)
+                && idx.iter().all(|&i| st.resources[i].ranges.is_free(d, per))
+        };
+        // Alignment is reached within align / (2 MiB * ways) granules of any candidate.
+        let steps = (align / (GRANULE * ways)).max(1);
+        let found = cands.into_iter().find_map(|c| {
+            let base = c.checked_next_multiple_of(GRANULE)?;
+            (0..steps).map(|k| base + k * GRANULE).find(|&d| gfa_ok(d) && fits(d))
+        });
+        let Some(dpa) = found else {
+            return Err(MemoryError::NoSpace(AllocError::NoSpace {
+                len,
+                align: align.max(GRANULE * ways),
+                capacity: set.member_size * ways,
+            }));
+        };
+        for &i in &idx {
+            // Checked free just above, under the same lock.
+            st.resources[i].ranges.reserve(dpa, per);
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let path = st.resources[idx[0]].dir.join(format!("r{id}"));
+        let made = (|| {
+            let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+            f.set_len(len)?;
+            Ok::<_, std::io::Error>(OwnedFd::from(f))
+        })();
+        let fd = match made {
+            Ok(fd) => fd,
+            Err(e) => {
+                for &i in &idx {
+                    st.resources[i].ranges.free(dpa);
+                }
+                let _ = std::fs::remove_file(&path);
+                return Err(io_err(&path)(e));
+            }
+        };
+        let u = st.usage.entry(owner.uid).or_default();
+        u.bytes += len;
+        u.objects += 1;
+        // Not journaled: a set region lives as long as its session (persist.rs `journal`).
+        st.regions.insert(
+            id,
+            Region {
+                generation: id,
+                owner: *owner,
+                pid_start,
+                token,
+                session,
+                resource: idx[0],
+                offset: dpa,
+                len,
+                path,
+                lost: false,
+            },
+        );
+        let set_offset = dpa * ways;
+        st.set_regions.insert(id, SetRegion { name: set.name.clone(), set_offset, others: idx[1..].to_vec() });
+        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");
+        Ok((Granted { region: id, generation: id, len, fd, import: 0 }, set_offset))
+    }
+
+    /// Where region `id` is: a range of one resource or of an interleave set.
+    pub fn whereabouts(&self, id: u64) -> Option<Whereabouts> {
+        let st = self.state();
+        let r = st.regions.get(&id)?;
+        if let Some(s) = st.set_regions.get(&id) {
+            return Some(Whereabouts::Set { name: s.name.clone(), offset: s.set_offset, len: r.len });
+        }
+        let res = &st.resources[r.resource];
+        Some(Whereabouts::Resource {
+            device: res.device.clone(),
+            kind: res.kind,
+            ordinal: res.ordinal,
+            offset: r.offset,
+            len: r.len,
+        })
+    }
+}
