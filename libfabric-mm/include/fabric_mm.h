@@ -97,16 +97,16 @@
 #define FMM_MEM_HOST_EXPORTED 5
 
 // An imported region.
-typedef struct fmm_import fmm_import;
+typedef struct fmm_import_t fmm_import_t;
 
 // Memory placed at its GFA in the window.
-typedef struct fmm_mapping fmm_mapping;
+typedef struct fmm_mapping_t fmm_mapping_t;
 
 // A region this session allocated.
-typedef struct fmm_region fmm_region;
+typedef struct fmm_region_t fmm_region_t;
 
 // A session with fabricd.
-typedef struct fmm_session fmm_session;
+typedef struct fmm_session_t fmm_session_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
@@ -120,35 +120,35 @@ const char *fmm_last_error(void);
 int fmm_session_open(const char *socket,
                      uint64_t window_gfa,
                      uint64_t window_len,
-                     struct fmm_session **out);
+                     struct fmm_session_t **out);
 
 // Closes a session handle (its objects keep the connection until they are dropped).
 //
 // # Safety
 // `s` is NULL or a live session from `fmm_session_open`, not used afterwards.
-void fmm_session_close(struct fmm_session *s);
+void fmm_session_close(struct fmm_session_t *s);
 
 // Writes the identity of the first device with memory of `memory_class` into `buf`.
 //
 // # Safety
 // `s` is a live session; `buf` has `len` writable bytes.
-int fmm_first_device(const struct fmm_session *s, int memory_class, char *buf, size_t len);
+int fmm_first_device(const struct fmm_session_t *s, int memory_class, char *buf, size_t len);
 
 // Allocates `size` bytes of `memory_class` on `device`.
 //
 // # Safety
 // `s` is a live session; `device` a NUL-terminated string; `out` writable.
-int fmm_alloc(const struct fmm_session *s,
+int fmm_alloc(const struct fmm_session_t *s,
               const char *device,
               int memory_class,
               uint64_t size,
-              struct fmm_region **out);
+              struct fmm_region_t **out);
 
 // Frees a region (when its mappings are gone too).
 //
 // # Safety
 // `r` is NULL or a live region, not used afterwards.
-void fmm_region_free(struct fmm_region *r);
+void fmm_region_free(struct fmm_region_t *r);
 
 // Exports a region; writes the handle's text (at most 80 bytes with the NUL) into `buf`.
 // `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
@@ -156,8 +156,8 @@ void fmm_region_free(struct fmm_region *r);
 //
 // # Safety
 // `s` and `r` are live; `buf` has `len` writable bytes.
-int fmm_export(const struct fmm_session *s,
-               const struct fmm_region *r,
+int fmm_export(const struct fmm_session_t *s,
+               const struct fmm_region_t *r,
                uint32_t uid,
                int read_only,
                char *buf,
@@ -167,61 +167,61 @@ int fmm_export(const struct fmm_session *s,
 //
 // # Safety
 // `s` is live; `handle` is a NUL-terminated string; `out` writable.
-int fmm_import(const struct fmm_session *s,
+int fmm_import(const struct fmm_session_t *s,
                const char *handle,
                int writable,
-               struct fmm_import **out);
+               struct fmm_import_t **out);
 
 // 0 while the import is live, `FMM_E_REVOKED` (-13) once revoked.
 //
 // # Safety
 // `i` is a live import.
-int fmm_import_check(const struct fmm_import *i);
+int fmm_import_check(const struct fmm_import_t *i);
 
 // Releases an import (when its mappings are gone too).
 //
 // # Safety
 // `i` is NULL or a live import, not used afterwards.
-void fmm_import_release(struct fmm_import *i);
+void fmm_import_release(struct fmm_import_t *i);
 
 // Maps a region at its GFA in the window.
 //
 // # Safety
 // `s` and `r` are live; `out` writable.
-int fmm_map_region(const struct fmm_session *s,
-                   const struct fmm_region *r,
-                   struct fmm_mapping **out);
+int fmm_map_region(const struct fmm_session_t *s,
+                   const struct fmm_region_t *r,
+                   struct fmm_mapping_t **out);
 
 // Maps an import at its GFA in the window.
 //
 // # Safety
 // `s` and `i` are live; `out` writable.
-int fmm_map_import(const struct fmm_session *s,
-                   const struct fmm_import *i,
-                   struct fmm_mapping **out);
+int fmm_map_import(const struct fmm_session_t *s,
+                   const struct fmm_import_t *i,
+                   struct fmm_mapping_t **out);
 
 // The first byte of a mapping (NULL for a NULL mapping).
 //
 // # Safety
 // `m` is NULL or a live mapping.
-void *fmm_mapping_ptr(const struct fmm_mapping *m);
+void *fmm_mapping_ptr(const struct fmm_mapping_t *m);
 
 // The bytes of a mapping (0 for NULL).
 //
 // # Safety
 // `m` is NULL or a live mapping.
-uint64_t fmm_mapping_len(const struct fmm_mapping *m);
+uint64_t fmm_mapping_len(const struct fmm_mapping_t *m);
 
 // The GFA of a mapping's first byte (0 for NULL).
 //
 // # Safety
 // `m` is NULL or a live mapping.
-uint64_t fmm_mapping_gfa(const struct fmm_mapping *m);
+uint64_t fmm_mapping_gfa(const struct fmm_mapping_t *m);
 
 // Unmaps (restores the window reservation).
 //
 // # Safety
 // `m` is NULL or a live mapping, not used afterwards (nor pointers into it).
-void fmm_unmap(struct fmm_mapping *m);
+void fmm_unmap(struct fmm_mapping_t *m);
 
 #endif  /* FABRIC_MM_H */

@@ -30,9 +30,9 @@ static int importer(const char *socket, int rfd) {
         fprintf(stderr, "no handle from the owner\n");
         return 1;
     }
-    fmm_session *s = NULL;
-    fmm_import *imp = NULL;
-    fmm_mapping *m = NULL;
+    fmm_session_t *s = NULL;
+    fmm_import_t *imp = NULL;
+    fmm_mapping_t *m = NULL;
     int rc = fmm_session_open(socket, 0, 0, &s);
     if (rc) return die("fmm_session_open", rc);
     if ((rc = fmm_import(s, handle, 1, &imp))) return die("fmm_import", rc);
@@ -67,13 +67,15 @@ int main(int argc, char **argv) {
     if (pid < 0) return 1;
     if (pid == 0) {
         close(fds[1]);
-        _exit(importer(argv[1], fds[0]));
+        int rc = importer(argv[1], fds[0]);
+        fflush(stdout);
+        _exit(rc);
     }
     close(fds[0]);
 
-    fmm_session *s = NULL;
-    fmm_region *r = NULL;
-    fmm_mapping *m = NULL;
+    fmm_session_t *s = NULL;
+    fmm_region_t *r = NULL;
+    fmm_mapping_t *m = NULL;
     char device[256], handle[128];
     int rc = fmm_session_open(argv[1], 0, 0, &s);
     if (rc) return die("fmm_session_open", rc);
@@ -100,7 +102,7 @@ int main(int argc, char **argv) {
     }
     printf("owner: %s shared %u bytes with the importer; its store is visible\n", device, LEN);
     /* Errors are typed: importing garbage fails with a code and a message. */
-    fmm_import *bad = NULL;
+    fmm_import_t *bad = NULL;
     rc = fmm_import(s, "not-a-handle", 0, &bad);
     if (rc != FMM_E_ARG || strlen(fmm_last_error()) == 0) return die("garbage import check", rc);
     fmm_unmap(m);

@@ -1,0 +1,85 @@
+//! Starts the real fabricd (built next to this test binary by the workspace) on a temporary
+//! socket and state dir serving the bundled HGX sim fabric, and opens sessions on it.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fabric_mm::{MemoryClass, Session, SessionConfig, WindowConfig};
+
+/// A daemon on a temp dir; killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fabricd_bin() -> PathBuf {
+    // target/debug/deps/<test> → target/debug/fabricd
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(Path::parent).unwrap().join("fabricd");
+    assert!(
+        bin.exists(),
+        "{} is not built: run `cargo build -p fabricd` (the workspace test run builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// Starts fabricd and waits until its socket answers.
+pub fn daemon() -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fabricd.sock");
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml").canonicalize().unwrap();
+    let config = dir.path().join("fabricd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            socket.display().to_string(),
+            dir.path().join("state").display().to_string(),
+            sim.display().to_string()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("fabricd.log")).unwrap();
+    let child =
+        Command::new(fabricd_bin()).arg("--config").arg(&config).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    let d = Daemon { child, dir, socket };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+        assert!(Instant::now() < deadline, "fabricd did not come up: {}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d
+}
+
+impl Daemon {
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("fabricd.log")).unwrap_or_default()
+    }
+}
+
+/// A session on `socket` with a 16 TiB window at GFA 0 (covers the sim node).
+pub fn session(socket: &Path) -> Session {
+    Session::open_with(SessionConfig {
+        socket: Some(socket.to_owned()),
+        window: Some(WindowConfig::default()),
+        client_name: Some("libfabric-mm-test".into()),
+    })
+    .unwrap()
+}
+
+/// The first GPU with HBM.
+pub fn gpu(s: &Session) -> String {
+    s.first_device_with(MemoryClass::Hbm).unwrap().expect("the sim fabric has GPUs").id
+}
