@@ -137,7 +137,7 @@ mod tests {
     }
 
     #[test]
-        fn reservations_respect_neighbours_and_capacity() {
+    fn reservations_respect_neighbours_and_capacity() {
         let mut a = RangeAllocator::new(8 * GRANULE);
         assert_eq!(a.alloc(2 * GRANULE, 0), Ok(0));
         assert!(!a.is_free(GRANULE, GRANULE));

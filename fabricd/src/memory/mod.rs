@@ -345,7 +345,6 @@ impl Memory {
         })
     }
 
-
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
