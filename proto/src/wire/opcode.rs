@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::header::FrameKind;
+use super::version::Version;
 use super::{MAX_BODY, MAX_REQUEST_BODY};
 
 /// What a frame is about. Codes are frozen within a major version; new codes come with a
@@ -23,6 +24,8 @@ pub enum Opcode {
     Map = 0x0012,
     /// GFA to resource+offset and back.
     Translate = 0x0013,
+    /// The discovered inventory as a `fabric.inventory/v1` document (since 1.1).
+    Inventory = 0x0014,
     /// Allocate a region; the response carries its memory object.
     Alloc = 0x0020,
     /// Free a region (revoking its exports).
@@ -35,6 +38,8 @@ pub enum Opcode {
     Import = 0x0024,
     /// Release an import.
     Release = 0x0025,
+    /// List regions, exports and imports (since 1.1).
+    Regions = 0x0026,
     /// Register memory for DMA by a device.
     Register = 0x0030,
     /// Undo a registration.
@@ -47,19 +52,21 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 16] = [
+    pub const ALL: [Opcode; 18] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Topology,
         Opcode::Devices,
         Opcode::Map,
         Opcode::Translate,
+        Opcode::Inventory,
         Opcode::Alloc,
         Opcode::Free,
         Opcode::Export,
         Opcode::Revoke,
         Opcode::Import,
         Opcode::Release,
+        Opcode::Regions,
         Opcode::Register,
         Opcode::Unregister,
         Opcode::Partitions,
@@ -85,16 +92,28 @@ impl Opcode {
             Opcode::Devices => "devices",
             Opcode::Map => "map",
             Opcode::Translate => "translate",
+            Opcode::Inventory => "inventory",
             Opcode::Alloc => "alloc",
             Opcode::Free => "free",
             Opcode::Export => "export",
             Opcode::Revoke => "revoke",
             Opcode::Import => "import",
             Opcode::Release => "release",
+            Opcode::Regions => "regions",
             Opcode::Register => "register",
             Opcode::Unregister => "unregister",
             Opcode::Partitions => "partitions",
             Opcode::Subscribe => "subscribe",
+        }
+    }
+
+    /// The first protocol version that has this opcode: a peer uses it only when the
+    /// negotiated version is at least this, and a server answers it with `UnknownOpcode`
+    /// on a connection that negotiated less.
+    pub const fn since(self) -> Version {
+        match self {
+            Opcode::Inventory | Opcode::Regions => Version::new(1, 1),
+            _ => Version::new(1, 0),
         }
     }
 
@@ -116,15 +135,20 @@ impl Opcode {
             },
             FrameKind::Request => match self {
                 Opcode::Hello => SMALL,
-                Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map => 1 << 10,
+                Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory => 1 << 10,
                 Opcode::Translate | Opcode::Partitions => MAX_REQUEST_BODY,
                 Opcode::Export => 4 << 10,
                 Opcode::Alloc | Opcode::Register => 1 << 10,
-                Opcode::Free | Opcode::Revoke | Opcode::Import | Opcode::Release | Opcode::Unregister => SMALL,
+                Opcode::Free
+                | Opcode::Revoke
+                | Opcode::Import
+                | Opcode::Release
+                | Opcode::Unregister
+                | Opcode::Regions => SMALL,
                 Opcode::Subscribe => SMALL,
             },
             FrameKind::Response => match self {
-                Opcode::Topology | Opcode::Devices | Opcode::Map => MAX_BODY,
+                Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory | Opcode::Regions => MAX_BODY,
                 Opcode::Status | Opcode::Translate | Opcode::Partitions => 1 << 20,
                 Opcode::Hello
                 | Opcode::Alloc

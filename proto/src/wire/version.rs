@@ -61,7 +61,7 @@ impl fmt::Display for VersionRange {
 }
 
 /// The version this crate speaks best.
-pub const PROTOCOL_VERSION: Version = Version::new(1, 0);
+pub const PROTOCOL_VERSION: Version = Version::new(1, 1);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);
