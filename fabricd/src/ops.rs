@@ -39,7 +39,7 @@ pub fn handle_session(
     let caller = Caller::of(d, peer);
     let r = match req {
         Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
-        Request::Status(_) => plain(caller.view(d).and_then(|v| {
+        Request::Status(_) => plain(caller.status_view(d).and_then(|v| {
             let vanished = caller.vanished(d)?;
             Ok(Response::Status(status_in(d, &v, &vanished)))
         })),

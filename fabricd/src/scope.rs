@@ -113,8 +113,22 @@ impl Caller {
         }
     }
 
-    /// The vanished devices the caller may know of.
+    /// The fabric `Status` reports to the caller: its view, or for a client bound to
+    /// nothing (status stays open to it) no devices, only the backend reports.
+    pub fn status_view(&self, d: &Daemon) -> Result<Arc<View>, ErrorBody> {
+        if self.scope != Scope::Unbound {
+            return self.view(d);
+        }
+        let mut inv = Inventory::new();
+        inv.backends = d.view().fabric.inventory().backends.clone();
+        View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("status view: {e}")))
+    }
+
+    /// The vanished devices the caller may know of (none for a client bound to nothing).
     pub fn vanished(&self, d: &Daemon) -> Result<Vec<String>, ErrorBody> {
+        if self.scope == Scope::Unbound {
+            return Ok(Vec::new());
+        }
         let all = d.vanished();
         Ok(match self.members(&d.map().snapshot())? {
             None => all,

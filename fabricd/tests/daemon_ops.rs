@@ -41,7 +41,14 @@ fn hello_negotiates_and_refuses_versions_it_does_not_speak() {
     assert!(d.log().contains("ready"), "{}", d.log());
 
     let c = common::client(&s.socket);
-    assert_eq!(c.version(), Version::new(1, 0));
+    assert_eq!(c.version(), Version::new(1, 1));
+
+    // A 1.0 client does not get the opcodes 1.1 added: UnknownOpcode, typed.
+    let mut old = Connection::new(UnixStream::connect(&s.socket).unwrap());
+    old.hello("old", VersionRange::new(Version::new(1, 0), Version::new(1, 0))).unwrap();
+    assert_eq!(old.version(), Version::new(1, 0));
+    let e = refused(&mut old, Request::Regions(Default::default()));
+    assert_eq!(e.code, ErrorCode::UnknownOpcode, "{e:?}");
 
     // A request before hello is refused, typed.
     let mut raw = Connection::new(UnixStream::connect(&s.socket).unwrap());
