@@ -372,6 +372,22 @@ mod tests {
         assert!(matches!(decode(&wrong_count), Err(DecodeError::Invalid(_))));
     }
 
+    /// `fuzz/seeds/partition_bindings` holds files this encoder writes; they must stay
+    /// decodable (FABRICD_WRITE_SEEDS=1 rewrites them after a format change).
+    #[test]
+    fn fuzz_seeds_decode() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/partition_bindings");
+        let seeds = [("empty.state", Vec::new()), ("two.state", sample())];
+        for (name, bindings) in seeds {
+            let path = dir.join(name);
+            if std::env::var_os("FABRICD_WRITE_SEEDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, encode(&bindings)).unwrap();
+            }
+            assert_eq!(decode(&std::fs::read(&path).unwrap()).unwrap(), bindings, "{name}");
+        }
+    }
+
     #[test]
     fn changes_are_durable_and_a_corrupt_file_stops_the_open() {
         let dir = tempfile::tempdir().unwrap();

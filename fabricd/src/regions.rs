@@ -119,3 +119,70 @@ pub fn regions(d: &Daemon, caller: &Caller, req: RegionsRequest) -> Result<Regio
     }
     Ok(d.memory.list(if req.all { None } else { Some(caller.cred.uid) }))
 }
+
+#[cfg(test)]
+mod tests {
+    use fabric_proto::wire::{
+        AccessMode, ExportInfo, ExportPolicy, FrameKind, HEADER_LEN, Header, Message, RegionInfo, RegionsRequest,
+        RegionsResponse, Request, ResourceName, Response, TopologyRequest, decode_body, decode_header, encode_message,
+    };
+
+    use super::*;
+
+    /// `fuzz/seeds/wire_frame` holds frames of the opcodes protocol 1.1 added; they must
+    /// stay decodable (FABRICD_WRITE_SEEDS=1 rewrites them).
+    #[test]
+    fn wire_seeds_of_the_1_1_opcodes_decode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/wire_frame");
+        let policy = ExportPolicy {
+            uids: BoundedVec::new(vec![61001]).unwrap(),
+            gids: BoundedVec::default(),
+            partition: Some(Name::truncated("tenant-a")),
+            access: AccessMode::ReadOnly,
+        };
+        let listing = RegionsResponse {
+            regions: BoundedVec::new(vec![RegionInfo {
+                region: 1,
+                generation: 1,
+                owner_uid: 61001,
+                owner_pid: 42,
+                resource: ResourceName {
+                    device: DeviceName::truncated("uuid:GPU-0"),
+                    memory: fabric_proto::wire::MemoryClass::Hbm,
+                    ordinal: 0,
+                },
+                offset: 0,
+                size: 2 << 20,
+            }])
+            .unwrap(),
+            exports: BoundedVec::new(vec![ExportInfo {
+                region: 1,
+                generation: 1,
+                owner_uid: 61001,
+                policy,
+                revoked: false,
+            }])
+            .unwrap(),
+            imports: BoundedVec::default(),
+            truncated: false,
+        };
+        let seeds = [
+            ("regions_request", Message::Request(Request::Regions(RegionsRequest { all: true }))),
+            ("inventory_request", Message::Request(Request::Inventory(TopologyRequest::default()))),
+            ("regions_response", Message::Response(Response::Regions(listing))),
+        ];
+        for (name, msg) in seeds {
+            let op = msg.opcode().unwrap();
+            let mut frame = Vec::new();
+            encode_message(&Header::new(op, msg.kind(), 7), &msg, &mut frame).unwrap();
+            let path = dir.join(name);
+            if std::env::var_os("FABRICD_WRITE_SEEDS").is_some() {
+                std::fs::write(&path, &frame).unwrap();
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let h = decode_header(&bytes).unwrap();
+            assert!(h.kind == FrameKind::Request || h.kind == FrameKind::Response);
+            assert_eq!(decode_body(&h, &bytes[HEADER_LEN..]).unwrap(), msg, "{name}");
+        }
+    }
+}
