@@ -7,7 +7,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(bindings) = fabricd::partitions::decode(data) {
-        let again = fabricd::partitions::decode(&fabricd::partitions::encode(&bindings)).expect("re-encoded bindings decode");
+        let bytes = fabricd::partitions::encode(&bindings);
+        let again = fabricd::partitions::decode(&bytes).expect("re-encoded bindings decode");
         assert_eq!(again, bindings);
     }
 });
