@@ -31,6 +31,65 @@ pub enum Command {
     Bench(BenchArgs),
     /// Ask a running fabricd how it is: what is missing or degraded, and why.
     Status(StatusArgs),
+    /// Partitions served by fabricd: list them; set or remove one (root or the admin group).
+    Partitions(PartitionsArgs),
+    /// Regions, exports and imports fabricd holds for you (or for everyone, with --all).
+    Regions(RegionsArgs),
+}
+
+/// `fabricctl partitions`.
+#[derive(Debug, Args)]
+pub struct PartitionsArgs {
+    /// What to do (default: list).
+    #[command(subcommand)]
+    pub command: Option<PartitionsCommand>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table, global = true)]
+    pub output: ListFormat,
+    /// The daemon's socket (default: $FABRIC_SOCKET, /run/fabric/fabricd.sock for root,
+    /// else $XDG_RUNTIME_DIR/fabric/fabricd.sock).
+    #[arg(long, value_name = "SOCKET", global = true)]
+    pub daemon: Option<PathBuf>,
+}
+
+/// `fabricctl partitions` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PartitionsCommand {
+    /// The partitions you may see (all of them for an admin).
+    List,
+    /// Create or replace a partition: its devices and the users and groups bound to it.
+    Set {
+        /// Partition name.
+        name: String,
+        /// Member devices (ids, or labels such as GPU0 from `fabricctl topology --daemon`).
+        #[arg(required = true)]
+        devices: Vec<String>,
+        /// Bind this uid (repeatable).
+        #[arg(long = "uid", value_name = "UID")]
+        uids: Vec<u32>,
+        /// Bind this gid: its members, by primary or supplementary group (repeatable).
+        #[arg(long = "gid", value_name = "GID")]
+        gids: Vec<u32>,
+    },
+    /// Remove a partition and its bindings.
+    Remove {
+        /// Partition name.
+        name: String,
+    },
+}
+
+/// `fabricctl regions`.
+#[derive(Debug, Args)]
+pub struct RegionsArgs {
+    /// Everyone's regions, exports and imports (root or the admin group).
+    #[arg(long)]
+    pub all: bool,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table)]
+    pub output: ListFormat,
+    /// The daemon's socket (default as for `status`).
+    #[arg(long, value_name = "SOCKET")]
+    pub daemon: Option<PathBuf>,
 }
 
 /// `fabricctl status`.
@@ -217,9 +276,10 @@ pub struct SourceArgs {
     /// Load a simulated fabric from a TOML file.
     #[arg(long, value_name = "FILE", global = true)]
     pub sim: Option<PathBuf>,
-    /// Ask a running fabricd instead of discovering (topology and devices, `-o json`
-    /// only for now). SOCKET defaults to $FABRIC_SOCKET, /run/fabric/fabricd.sock for
-    /// root, else $XDG_RUNTIME_DIR/fabric/fabricd.sock.
+    /// Ask a running fabricd instead of discovering (topology, devices, path and the map
+    /// listing, every format). SOCKET defaults to $FABRIC_SOCKET, /run/fabric/fabricd.sock
+    /// for root, else $XDG_RUNTIME_DIR/fabric/fabricd.sock. Without --daemon, --sim or
+    /// --sysfs-root, the daemon at that default socket is used when one answers there.
     #[arg(long, value_name = "SOCKET", num_args = 0..=1, conflicts_with_all = ["sim", "sysfs_root"], global = true)]
     pub daemon: Option<Option<PathBuf>>,
     /// Restrict the output to one node (nccl-xml: the node to export; default the first).

@@ -6,13 +6,15 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fabric_addrmap::Listing;
 use fabric_proto::wire::{
-    CodecError, Connection, Name, ProblemKind, Request, Response, SUPPORTED_VERSIONS, StatusRequest, StatusResponse,
-    TopologyRequest,
+    CodecError, Connection, PartitionsRequest, PartitionsResponse, ProblemKind, RegionsRequest, RegionsResponse,
+    Request, Response, SUPPORTED_VERSIONS, StatusRequest, StatusResponse, TopologyRequest, Version,
 };
+use fabric_topology::{Fabric, Inventory};
 use serde::Serialize;
 
-use crate::args::ListFormat;
+use crate::args::{ListFormat, SourceArgs};
 
 /// Errors talking to the daemon.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +43,26 @@ pub enum DaemonError {
     /// The daemon answered with something else than asked.
     #[error("fabricd at {0} answered with an unexpected response")]
     Unexpected(PathBuf),
-    /// The output format needs the fabric model, which the daemon does not send.
-    #[error("-o {0} is not available with --daemon yet; use -o json")]
-    FormatUnavailable(&'static str),
+    /// A document from the daemon does not parse or index.
+    #[error("fabricd at {path} sent a {schema} document that does not load: {message}")]
+    Document {
+        /// The socket.
+        path: PathBuf,
+        /// Its schema.
+        schema: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// The daemon speaks an older protocol that lacks the operation.
+    #[error("fabricd at {path} speaks protocol {version}; {what} needs 1.1")]
+    TooOld {
+        /// The socket.
+        path: PathBuf,
+        /// Negotiated version.
+        version: Version,
+        /// The operation.
+        what: &'static str,
+    },
     /// The command does not use the daemon yet.
     #[error("fabricctl {0} does not use the daemon yet; drop --daemon (it reads discovery and the map directly)")]
     CommandUnavailable(&'static str),
@@ -58,9 +77,7 @@ impl DaemonError {
                  or pass the socket it serves with --daemon SOCKET",
             ),
             DaemonError::NoSocket => Some("pass --daemon SOCKET"),
-            DaemonError::FormatUnavailable(_) => {
-                Some("the daemon sends JSON documents; table, tree, dot and nccl-xml still need --sim or --sysfs-root")
-            }
+            DaemonError::TooOld { .. } => Some("upgrade fabricd, or drop --daemon to discover locally"),
             _ => None,
         }
     }
@@ -108,15 +125,6 @@ impl Client {
         self.conn.call(req, &[]).map(|(r, _)| r).map_err(|source| DaemonError::Call { path: self.path.clone(), source })
     }
 
-    /// The topology (`devices: false`) or devices document, as JSON text.
-    pub fn document(&mut self, devices: bool, node: Option<&str>) -> Result<String, DaemonError> {
-        let t = TopologyRequest { node: node.map(Name::truncated) };
-        match (devices, self.call(if devices { Request::Devices(t) } else { Request::Topology(t) })?) {
-            (false, Response::Topology(d)) | (true, Response::Devices(d)) => Ok(d.json),
-            _ => Err(DaemonError::Unexpected(self.path.clone())),
-        }
-    }
-
     /// The daemon's status.
     pub fn status(&mut self) -> Result<StatusResponse, DaemonError> {
         match self.call(Request::Status(StatusRequest {}))? {
@@ -128,6 +136,79 @@ impl Client {
     /// The socket in use.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn need_1_1(&self, what: &'static str) -> Result<(), DaemonError> {
+        let version = self.conn.version();
+        if version < Version::new(1, 1) {
+            return Err(DaemonError::TooOld { path: self.path.clone(), version, what });
+        }
+        Ok(())
+    }
+
+    fn bad_doc(&self, schema: &'static str, message: impl ToString) -> DaemonError {
+        DaemonError::Document { path: self.path.clone(), schema, message: message.to_string() }
+    }
+
+    /// The fabric the daemon serves to this caller (its partitions' part, for a bound
+    /// client), from the `fabric.inventory/v1` document, indexed as a local discovery is.
+    pub fn fabric(&mut self) -> Result<Fabric, DaemonError> {
+        self.need_1_1("the inventory")?;
+        let doc = match self.call(Request::Inventory(TopologyRequest::default()))? {
+            Response::Inventory(d) => d,
+            _ => return Err(DaemonError::Unexpected(self.path.clone())),
+        };
+        let inv: Inventory = serde_json::from_str(&doc.json).map_err(|e| self.bad_doc("fabric.inventory/v1", e))?;
+        Fabric::build(inv).map_err(|e| self.bad_doc("fabric.inventory/v1", e))
+    }
+
+    /// The address map listing this caller may see.
+    pub fn listing(&mut self) -> Result<Listing, DaemonError> {
+        let doc = match self.call(Request::Map(TopologyRequest::default()))? {
+            Response::Map(d) => d,
+            _ => return Err(DaemonError::Unexpected(self.path.clone())),
+        };
+        serde_json::from_str(&doc.json).map_err(|e| self.bad_doc("fabric.map/v1", e))
+    }
+
+    /// Lists or changes partitions.
+    pub fn partitions(&mut self, req: PartitionsRequest) -> Result<PartitionsResponse, DaemonError> {
+        match self.call(Request::Partitions(req))? {
+            Response::Partitions(p) => Ok(p),
+            _ => Err(DaemonError::Unexpected(self.path.clone())),
+        }
+    }
+
+    /// Regions, exports and imports: the caller's, or with `all` everyone's.
+    pub fn regions(&mut self, all: bool) -> Result<RegionsResponse, DaemonError> {
+        self.need_1_1("the regions listing")?;
+        match self.call(Request::Regions(RegionsRequest { all }))? {
+            Response::Regions(r) => Ok(r),
+            _ => Err(DaemonError::Unexpected(self.path.clone())),
+        }
+    }
+}
+
+/// The daemon a command that can use one should ask: the one `--daemon` names (it must
+/// answer); none with `--sim` or `--sysfs-root`; otherwise the one at the default socket
+/// when it answers there (when nothing does, the command discovers locally).
+pub fn select(source: &SourceArgs) -> Result<Option<Client>, DaemonError> {
+    if let Some(explicit) = &source.daemon {
+        return Client::connect(explicit.as_deref()).map(Some);
+    }
+    if source.sim.is_some() || source.sysfs_root.is_some() {
+        return Ok(None);
+    }
+    let Ok(path) = socket_path(None) else { return Ok(None) };
+    if !path.exists() {
+        return Ok(None);
+    }
+    match Client::connect(Some(&path)) {
+        Ok(c) => Ok(Some(c)),
+        Err(e) => {
+            tracing::info!(socket = %path.display(), error = %e, "no usable fabricd at the default socket; discovering locally");
+            Ok(None)
+        }
     }
 }
 

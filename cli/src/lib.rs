@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bench_control;
 pub mod daemon;
 pub mod map;
+pub mod remote;
 pub mod render;
 pub mod source;
 pub mod view;
@@ -58,44 +59,22 @@ impl RunError {
     }
 }
 
-/// Loads the inventory the flags select and prepares it for rendering.
+/// Loads the fabric the flags select — from fabricd ([`daemon::select`]) or discovered
+/// locally — and prepares it for rendering. Both paths give the same [`View`] for the
+/// same fabric, so every renderer prints the same bytes.
 pub fn load_view(args: &SourceArgs) -> anyhow::Result<View> {
-    let fabric = Source::from_args(args).load()?;
+    let fabric = match daemon::select(args)? {
+        Some(mut client) => client.fabric()?,
+        None => Source::from_args(args).load()?,
+    };
     Ok(View::new(fabric, args.node.clone())?)
-}
-
-/// Prints the daemon's topology or devices document.
-fn daemon_document(source: &SourceArgs, devices: bool, out: &mut dyn Write) -> anyhow::Result<()> {
-    let socket = source.daemon.as_ref().and_then(|s| s.as_deref());
-    let json = daemon::Client::connect(socket)?.document(devices, source.node.as_deref())?;
-    writeln!(out, "{json}").map_err(RunError::Output)?;
-    Ok(())
 }
 
 /// Runs a parsed command line, writing its output to `out`.
 pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Topology(a) if a.source.daemon.is_some() => {
-            if a.output != TopologyFormat::Json {
-                let name = match a.output {
-                    TopologyFormat::Table => "table",
-                    TopologyFormat::Tree => "tree",
-                    TopologyFormat::Dot => "dot",
-                    TopologyFormat::NcclXml => "nccl-xml",
-                    TopologyFormat::Json => "json",
-                };
-                return Err(DaemonError::FormatUnavailable(name).into());
-            }
-            daemon_document(&a.source, false, out)?;
-        }
-        Command::Devices(a) if a.source.daemon.is_some() => {
-            if a.output != ListFormat::Json {
-                return Err(DaemonError::FormatUnavailable("table").into());
-            }
-            daemon_document(&a.source, true, out)?;
-        }
-        Command::Path(a) if a.source.daemon.is_some() => return Err(DaemonError::CommandUnavailable("path").into()),
-        Command::Map(m) if m.source.daemon.is_some() => return Err(DaemonError::CommandUnavailable("map").into()),
+        Command::Partitions(p) => remote::partitions(p, out)?,
+        Command::Regions(r) => remote::regions(r, out)?,
         Command::Status(s) => {
             let mut client = daemon::Client::connect(s.daemon.as_deref())?;
             let status = client.status()?;

@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use fabric_addrmap::{
-    AddressMap, Change, GcFilter, Location, MapConfig, MapError, RebuildFrom, Snapshot, TranslateError,
+    AddressMap, Change, GcFilter, Listing, Location, MapConfig, MapError, RebuildFrom, Snapshot, TranslateError,
 };
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 use serde::Serialize;
@@ -222,15 +222,10 @@ fn bytes(n: u64) -> String {
 /// Most ranges the table lists before it summarises (JSON always has all).
 const TABLE_RANGES: usize = 48;
 
-fn render_listing(map: &AddressMap, path: &Path, skipped: &[String], out: &mut dyn Write) -> io::Result<()> {
-    let l = map.snapshot().listing();
-    writeln!(
-        out,
-        "Address map generation {} ({} address bits)  state {}",
-        l.generation,
-        l.address_bits,
-        path.display()
-    )?;
+/// Writes a listing as the `map` table; `from` says where it came from (`state FILE` or
+/// `fabricd SOCKET`) on the first line.
+pub fn render_listing(l: &Listing, from: &str, skipped: &[String], out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "Address map generation {} ({} address bits)  {from}", l.generation, l.address_bits)?;
     writeln!(
         out,
         "mapped {}  holes {}  high water {:#x}  ranges {}\n",
@@ -302,6 +297,32 @@ fn render_change(change: &Change, format: ListFormat, out: &mut dyn Write) -> io
 
 /// Runs a `map` command.
 pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    // The listing comes from fabricd when one is selected; the other commands work on a
+    // local state file and need --daemon left out.
+    match &args.command {
+        None => {
+            if let Some(mut client) = crate::daemon::select(&args.source)? {
+                let l = client.listing()?;
+                if args.output == ListFormat::Json {
+                    write_json(&l, out)?;
+                } else {
+                    render_listing(&l, &format!("fabricd {}", client.path().display()), &[], out)?;
+                }
+                return Ok(());
+            }
+        }
+        Some(c) if args.source.daemon.is_some() => {
+            let name = match c {
+                MapCommand::Translate { .. } => "map translate",
+                MapCommand::Reverse { .. } => "map reverse",
+                MapCommand::Gc { .. } => "map gc",
+                MapCommand::Partition(_) => "map partition (use `fabricctl partitions`)",
+                MapCommand::Rebuild { .. } => "map rebuild",
+            };
+            return Err(crate::daemon::DaemonError::CommandUnavailable(name).into());
+        }
+        Some(_) => {}
+    }
     let source = Source::from_args(&args.source);
     let path = state_path(args.state.as_deref(), &source)?;
     let config = args.config.as_deref().map(load_config).transpose()?;
@@ -315,7 +336,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             if format == ListFormat::Json {
                 write_json(&map.snapshot().listing(), out)?;
             } else {
-                render_listing(&map, &path, &skipped, out)?;
+                render_listing(&map.snapshot().listing(), &format!("state {}", path.display()), &skipped, out)?;
             }
         }
         Some(MapCommand::Translate { gfa, partition }) => {

@@ -1,6 +1,7 @@
-//! fabricctl against a running fabricd: `status` (table and JSON), `topology -o json` and
-//! `devices -o json` through the socket equal the local documents, formats that need the
-//! model say so, and `status` with no daemon exits 1 with the socket tried and a hint.
+//! fabricctl against a running fabricd: `status` (table and JSON); `topology` in every
+//! format, `devices`, `path` and the `map` listing through the socket equal the local
+//! output for the same fabric; `partitions` and `regions` from the daemon; `status` with no
+//! daemon exits 1 with the socket tried and a hint.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 use std::os::unix::net::UnixDatagram;
@@ -115,11 +116,184 @@ fn status_topology_and_devices_come_from_the_running_daemon() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+}
 
-    // Formats that need the fabric model say so instead of guessing.
-    let o = fabricctl(&["topology", "--daemon", sock]);
+/// Runs `args` through the daemon and locally on the sim; both must succeed with the
+/// same output.
+fn same_output(sock: &str, args: &[&str]) -> String {
+    let simf = sim();
+    let remote = fabricctl(&[args, &["--daemon", sock]].concat());
+    assert_eq!(remote.status.code(), Some(0), "{args:?}: {}", text(&remote.stderr));
+    let local = fabricctl(&[args, &["--sim", simf.to_str().unwrap()]].concat());
+    assert_eq!(local.status.code(), Some(0), "{args:?}: {}", text(&local.stderr));
+    assert_eq!(text(&remote.stdout), text(&local.stdout), "{args:?}");
+    assert!(!remote.stdout.is_empty());
+    text(&remote.stdout)
+}
+
+#[test]
+fn every_format_through_the_daemon_equals_the_local_output() {
+    let Some(bin) = fabricd_bin() else {
+        eprintln!("skipped: fabricd is not built next to fabricctl (run the workspace's tests)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_d, socket) = start(&bin, dir.path());
+    let sock = socket.to_str().unwrap();
+    for format in ["table", "tree", "json", "dot", "nccl-xml"] {
+        same_output(sock, &["topology", "-o", format]);
+    }
+    let golden =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/hgx-h100-8gpu.table"))
+            .unwrap();
+    assert_eq!(same_output(sock, &["topology", "-o", "table"]), golden, "and both equal the golden matrix");
+    same_output(sock, &["topology", "-o", "tree", "--node", "node0"]);
+    for format in ["table", "json"] {
+        same_output(sock, &["devices", "-o", format]);
+        same_output(sock, &["path", "GPU0", "GPU5", "-o", format]);
+    }
+
+    // The map listing: the daemon's against a local run over a copy of its state file.
+    let copy = dir.path().join("map-copy.state");
+    std::fs::copy(dir.path().join("state/map.state"), &copy).unwrap();
+    let simf = sim();
+    for format in ["json", "table"] {
+        let remote = fabricctl(&["map", "-o", format, "--daemon", sock]);
+        assert_eq!(remote.status.code(), Some(0), "{}", text(&remote.stderr));
+        let local =
+            fabricctl(&["map", "-o", format, "--sim", simf.to_str().unwrap(), "--state", copy.to_str().unwrap()]);
+        assert_eq!(local.status.code(), Some(0), "{}", text(&local.stderr));
+        let (r, l) = (text(&remote.stdout), text(&local.stdout));
+        if format == "json" {
+            assert_eq!(r, l);
+        } else {
+            // The first line says where the listing came from.
+            let (r1, rest_r) = r.split_once('\n').unwrap();
+            let (l1, rest_l) = l.split_once('\n').unwrap();
+            assert!(r1.ends_with(&format!("fabricd {sock}")), "{r1}");
+            assert!(l1.ends_with(&format!("state {}", copy.display())), "{l1}");
+            assert_eq!(rest_r, rest_l);
+        }
+    }
+    // Commands that change a local state file do not take --daemon.
+    let o = fabricctl(&["map", "gc", "--daemon", sock]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("use -o json"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("does not use the daemon"), "{}", text(&o.stderr));
+
+    // With FABRIC_SOCKET set and no source flag, the daemon answers.
+    let o = Command::new(env!("CARGO_BIN_EXE_fabricctl"))
+        .args(["devices", "-o", "json"])
+        .env("FABRIC_SOCKET", sock)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), same_output(sock, &["devices", "-o", "json"]));
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .is_some_and(|v| v.split_whitespace().nth(1) == Some("0"))
+}
+
+#[test]
+fn partitions_and_regions_come_from_the_daemon() {
+    let Some(bin) = fabricd_bin() else {
+        eprintln!("skipped: fabricd is not built next to fabricctl (run the workspace's tests)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_d, socket) = start(&bin, dir.path());
+    let sock = socket.to_str().unwrap();
+
+    let o = fabricctl(&["partitions", "--daemon", sock]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("no partitions"), "{}", text(&o.stdout));
+    let set = fabricctl(&[
+        "partitions",
+        "set",
+        "tenant-a",
+        "GPU0",
+        "GPU1",
+        "--uid",
+        "61001",
+        "--gid",
+        "61300",
+        "--daemon",
+        sock,
+    ]);
+    if !is_root() {
+        // Only root or the admin group change partitions.
+        assert_eq!(set.status.code(), Some(1));
+        assert!(
+            text(&set.stderr).contains("AdminRequired") || text(&set.stderr).contains("admin"),
+            "{}",
+            text(&set.stderr)
+        );
+    } else {
+        assert_eq!(set.status.code(), Some(0), "{}", text(&set.stderr));
+        let fabric = fabric_topology::Fabric::build(fabric_drivers::sim::load(&sim()).unwrap()).unwrap();
+        let order = fabric_proto::order::device_order(&fabric);
+        let labels = fabric_proto::MatrixLabels::from_order(&fabric, &order);
+        let gpu0 = fabric.device(labels.find("GPU0").unwrap()).id.to_string();
+        let o = fabricctl(&["partitions", "-o", "json", "--daemon", sock]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["schema"], "fabric.partitions/v1");
+        let p = &v["partitions"][0];
+        assert_eq!(p["name"], "tenant-a");
+        assert_eq!(p["devices"].as_array().unwrap().len(), 2);
+        assert!(p["devices"].as_array().unwrap().iter().any(|d| d == gpu0.as_str()), "{p}");
+        assert_eq!(p["uids"], serde_json::json!([61001]));
+        assert_eq!(p["gids"], serde_json::json!([61300]));
+        let t = text(&fabricctl(&["partitions", "--daemon", sock]).stdout);
+        assert!(t.contains("tenant-a") && t.contains("61001") && t.contains(&gpu0), "{t}");
+        let o = fabricctl(&["partitions", "remove", "tenant-a", "--daemon", sock]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        assert!(text(&o.stdout).contains("no partitions"));
+        let o = fabricctl(&["partitions", "remove", "tenant-a", "--daemon", sock]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            text(&o.stderr).contains("NotFound") || text(&o.stderr).contains("no partition"),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+
+    // A region and an export of this uid, held by this test's own connection.
+    use fabric_proto::wire::*;
+    let mut c = Connection::new(std::os::unix::net::UnixStream::connect(&socket).unwrap());
+    c.hello("cli-test", SUPPORTED_VERSIONS).unwrap();
+    let fabric = fabric_topology::Fabric::build(fabric_drivers::sim::load(&sim()).unwrap()).unwrap();
+    let gpu = fabric.inventory().devices.iter().find(|d| d.gpu.is_some()).unwrap().id.to_string();
+    let target = AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm };
+    let (Response::Alloc(a), _fd) =
+        c.call(Request::Alloc(AllocRequest { target, size: 4 << 20, align: 0 }), &[]).unwrap()
+    else {
+        panic!()
+    };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadOnly,
+    };
+    c.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap();
+
+    let o = fabricctl(&["regions", "-o", "json", "--daemon", sock]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["schema"], "fabric.regions/v1");
+    assert_eq!(v["regions"][0]["region"], a.region);
+    assert_eq!(v["regions"][0]["device"], gpu.as_str());
+    assert_eq!(v["regions"][0]["size"], a.size);
+    assert_eq!(v["exports"][0]["access"], "read_only");
+    assert!(!text(&o.stdout).contains("secret"));
+    let t = text(&fabricctl(&["regions", "--daemon", sock]).stdout);
+    assert!(t.contains("regions (1)") && t.contains("exports (1)") && t.contains(&gpu), "{t}");
+    let all = fabricctl(&["regions", "--all", "--daemon", sock]);
+    assert_eq!(all.status.code(), Some(if is_root() { 0 } else { 1 }), "{}", text(&all.stderr));
 }
 
 #[test]

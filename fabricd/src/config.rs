@@ -69,9 +69,10 @@ pub struct SocketConfig {
     /// `$XDG_RUNTIME_DIR/fabric/fabricd.sock`.
     pub path: Option<PathBuf>,
     /// Group that owns the socket (mode 0660): its members may connect. Default: the
-    /// daemon's own group.
+    /// daemon's own group. A name, or a numeric gid (all digits).
     pub group: Option<String>,
-    /// Group whose members may run admin operations (besides root).
+    /// Group whose members may run admin operations (besides root). A name, or a numeric
+    /// gid (all digits).
     pub admin_group: Option<String>,
 }
 
@@ -177,6 +178,16 @@ impl Default for MemoryConfig {
     }
 }
 
+/// `[security]`: how partitions bind clients (`docs/fabricd.md`, "Security and
+/// partitions").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Refuse fabric and memory operations to a non-admin client that no partition binds
+    /// (by its uid or one of its groups). When false, such a client sees the whole fabric.
+    pub require_partition: bool,
+}
+
 /// `[metrics]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -232,6 +243,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// The durable memory registry.
     pub memory: MemoryConfig,
+    /// Partition binding rules.
+    pub security: SecurityConfig,
     /// Prometheus metrics.
     pub metrics: MetricsConfig,
     /// Logging.

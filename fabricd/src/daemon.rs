@@ -69,6 +69,9 @@ pub enum StartError {
     /// be restored from the journal.
     #[error("sim device memory")]
     Memory(#[source] crate::memory::MemoryError),
+    /// The partition bindings file could not be read or is damaged.
+    #[error(transparent)]
+    Partitions(#[from] crate::partitions::PartitionError),
 }
 
 /// Runs the discovery the configuration selects: the sim fabric when one is configured,
@@ -174,6 +177,8 @@ pub struct Daemon {
     pub memory: Memory,
     /// Rescans asked for outside the interval (kernel uevents).
     pub monitor: crate::monitor::Trigger,
+    /// Who each partition binds (`partitions.state` in the state dir).
+    pub partitions: crate::partitions::Bindings,
 }
 
 impl Daemon {
@@ -189,16 +194,16 @@ impl Daemon {
         let socket_path = config.socket_path(env)?;
         let state_dir = config.state_dir(env)?;
         let admin_gid = match &config.socket.admin_group {
-            Some(name) => Some(match nix::unistd::Group::from_name(name) {
-                Ok(Some(g)) => g.gid.as_raw(),
-                _ => return Err(StartError::UnknownAdminGroup(name.clone())),
-            }),
+            Some(name) => {
+                Some(crate::socket::group_gid(name).map_err(|_| StartError::UnknownAdminGroup(name.clone()))?)
+            }
             None => None,
         };
         let journal_dir = state_dir.join("journal");
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
         tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
+        let partitions = crate::partitions::Bindings::open(&state_dir)?;
         let inv = discover(&config)?;
         for r in &inv.backends {
             tracing::info!(backend = %r.backend, "{}", backend_line(r));
@@ -243,6 +248,7 @@ impl Daemon {
             metrics,
             memory,
             monitor: crate::monitor::Trigger::default(),
+            partitions,
         })
     }
 

@@ -10,6 +10,9 @@
 //!   export, revoke, import and release ([`memops`] over [`memory`], regions passed as
 //!   descriptors), every refusal a typed error and a log line;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
+//! - [`partitions`], [`scope`], [`regions`]: who each partition binds (durable in the
+//!   state dir), what each client sees and touches through its partitions, and the
+//!   partition and region listings;
 //! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
 //! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
@@ -42,6 +45,9 @@ pub mod monitor;
 pub mod notify;
 pub mod ops;
 pub mod placement;
+pub mod partitions;
+pub mod regions;
+pub mod scope;
 pub mod server;
 pub mod socket;
 pub(crate) mod sys;

@@ -4,16 +4,15 @@
 use fabric_addrmap::{HoleOwner, Location, ResourceKey, Snapshot, TranslateError};
 use fabric_proto::TopologyOptions;
 use fabric_proto::wire::{
-    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PartitionSpec, PartitionsRequest,
-    PartitionsResponse, PeerCred, Problem, ProblemKind, Request, ResourceName, Response, StatusResponse,
-    TranslateQuery, TranslateResponse, Translation,
+    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PeerCred, Problem, ProblemKind, Request,
+    ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation,
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
 use std::os::fd::OwnedFd;
 
-use crate::auth;
 use crate::daemon::{Daemon, View};
+use crate::scope::{self, Caller};
 use crate::{dmaops, memops};
 
 /// A typed refusal with its message.
@@ -49,27 +48,39 @@ pub fn handle_session_fds(
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
     let op = req.opcode();
     let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
+    let caller = Caller::of(d, peer);
     let r = match req {
         Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
-        Request::Status(_) => Ok((Response::Status(status(d)), None)),
+        Request::Status(_) => plain(caller.status_view(d).and_then(|v| {
+            let vanished = caller.vanished(d)?;
+            Ok(Response::Status(status_in(d, &v, &vanished)))
+        })),
         Request::Ping => Ok((Response::Ping, None)),
-        Request::Topology(t) => plain(topology(d, t.node.as_deref()).map(Response::Topology)),
-        Request::Devices(t) => plain(devices(d, t.node.as_deref()).map(Response::Devices)),
-        Request::Map(t) => plain(map_listing(d, t.node.as_deref()).map(Response::Map)),
-        Request::Translate(t) => Ok((Response::Translate(translate(&d.map().snapshot(), &t.queries)), None)),
-        Request::Partitions(p) => plain(partitions(d, peer, p).map(Response::Partitions)),
-        Request::Alloc(a) => memops::alloc(d, peer, session, a),
+        Request::Topology(t) => {
+            plain(caller.view(d).and_then(|v| topology_in(&v, t.node.as_deref())).map(Response::Topology))
+        }
+        Request::Devices(t) => {
+            plain(caller.view(d).and_then(|v| devices_in(&v, t.node.as_deref())).map(Response::Devices))
+        }
+        Request::Inventory(t) => plain(inventory_in(d, &caller, t.node.as_deref()).map(Response::Inventory)),
+        Request::Map(t) => plain(map_listing_in(d, &caller, t.node.as_deref()).map(Response::Map)),
+        Request::Translate(t) => plain(translate_in(d, &caller, &t.queries).map(Response::Translate)),
+        Request::Partitions(p) => plain(crate::regions::partitions(d, &caller, p).map(Response::Partitions)),
+        Request::Regions(r) => plain(crate::regions::regions(d, &caller, r).map(Response::Regions)),
+        Request::Alloc(a) => scope::check_alloc(d, &caller, &a).and_then(|()| memops::alloc(d, peer, session, a)),
         Request::Free(f) => plain(memops::free(d, session, f.region)),
-        Request::Export(e) => plain(memops::export(d, peer, session, e)),
+        Request::Export(e) => {
+            scope::check_export(d, &caller, &e).and_then(|()| plain(memops::export(d, peer, session, e)))
+        }
         Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
-        Request::Import(i) => memops::import(d, peer, session, i),
+        Request::Import(i) => scope::check_import(d, &caller, &i).and_then(|()| memops::import(d, peer, session, i)),
         Request::Release(r) => plain(memops::release(d, session, r.import)),
         Request::Register(r) => plain(dmaops::register(d, peer, session, r, fds)),
         Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),
         _ => Err(refusal(
             ErrorCode::NotImplemented,
             format!(
-                "{op} is not implemented by this fabricd yet (served: hello, status, ping, topology, devices, map, translate, partitions, alloc, free, export, revoke, import, release, register, unregister, and subscribe on a connection)"
+                "{op} is not implemented by this fabricd yet (served: hello, status, ping, topology, devices, inventory, map, translate, partitions, alloc, free, export, revoke, import, release, regions, and subscribe on a connection)"
             ),
         )),
     };
@@ -99,16 +110,24 @@ fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result
 /// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`
 /// writes (without the final newline).
 pub fn topology(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
-    let d = d.view();
-    check_node(&d, node)?;
+    topology_in(&d.view(), node)
+}
+
+/// The `fabric.topology/v1` document of a view (the whole fabric or a partition's).
+pub fn topology_in(d: &View, node: Option<&str>) -> Result<Document, ErrorBody> {
+    check_node(d, node)?;
     let opts = TopologyOptions { node: node.map(str::to_owned) };
     json_doc("fabric.topology/v1", |w| fabric_proto::topology::write_topology(w, &d.fabric, &d.order, &d.labels, &opts))
 }
 
 /// The `fabric.devices/v1` document.
 pub fn devices(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
-    let d = d.view();
-    check_node(&d, node)?;
+    devices_in(&d.view(), node)
+}
+
+/// The `fabric.devices/v1` document of a view.
+pub fn devices_in(d: &View, node: Option<&str>) -> Result<Document, ErrorBody> {
+    check_node(d, node)?;
     json_doc("fabric.devices/v1", |w| fabric_proto::topology::write_devices(w, &d.fabric, node))
 }
 
@@ -122,9 +141,47 @@ pub fn map_listing(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }
 
+/// The address map listing as `caller` sees it: whole, or its partitions' ranges only.
+pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<Document, ErrorBody> {
+    if node.is_some() {
+        return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
+    }
+    let snap = d.map().snapshot();
+    let listing = match caller.members(&snap)? {
+        None => snap.listing(),
+        Some(m) => scope::scoped_listing(&snap, &m),
+    };
+    json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
+}
+
+/// Translation as `caller` sees the map: whole, or through its partitions' views.
+pub fn translate_in(d: &Daemon, caller: &Caller, queries: &[TranslateQuery]) -> Result<TranslateResponse, ErrorBody> {
+    caller.require_scope()?;
+    let snap = d.map().snapshot();
+    Ok(match &caller.scope {
+        scope::Scope::Bound(names) => scope::translate_in(&snap, names, queries),
+        _ => translate(&snap, queries),
+    })
+}
+
+/// The `fabric.inventory/v1` document: the inventory `caller` sees, which `fabricctl`
+/// indexes and renders in any format exactly as it renders a local discovery.
+pub fn inventory_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<Document, ErrorBody> {
+    if node.is_some() {
+        return Err(refusal(ErrorCode::BadRequest, "the inventory has no node filter (the client restricts it)"));
+    }
+    let v = caller.view(d)?;
+    json_doc("fabric.inventory/v1", |w| serde_json::to_writer(w, v.fabric.inventory()))
+}
+
 /// The daemon's health: what is missing or degraded and why, and the counters.
 pub fn status(d: &Daemon) -> StatusResponse {
-    let view = d.view();
+    status_in(d, &d.view(), &d.vanished())
+}
+
+/// The daemon's health with the devices and links of `view` and the `vanished` devices
+/// (a partition's, for a bound client); the memory counters are the daemon's.
+pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse {
     let inv = view.fabric.inventory();
     let mut problems = Vec::new();
     for r in &inv.backends {
@@ -140,10 +197,10 @@ pub fn status(d: &Daemon) -> StatusResponse {
             bandwidth_permille: None,
         });
     }
-    for id in d.vanished() {
+    for id in vanished {
         problems.push(Problem {
             kind: ProblemKind::DeviceMissing,
-            subject: DeviceName::truncated(&id),
+            subject: DeviceName::truncated(id),
             detail: ErrorText::truncated(
                 "device vanished at a rescan (its memory is a hole in the map; its regions are lost, their exports revoked)",
             ),
@@ -224,7 +281,7 @@ fn resource_name(key: &ResourceKey) -> ResourceName {
     }
 }
 
-fn located(snap: &Snapshot, loc: &Location) -> Translation {
+pub(crate) fn located(snap: &Snapshot, loc: &Location) -> Translation {
     Translation::Resource {
         resource: resource_name(snap.resource(loc.resource)),
         offset: loc.offset,
@@ -232,7 +289,7 @@ fn located(snap: &Snapshot, loc: &Location) -> Translation {
     }
 }
 
-fn failed(snap: &Snapshot, e: TranslateError) -> Translation {
+pub(crate) fn failed(snap: &Snapshot, e: TranslateError) -> Translation {
     match e {
         TranslateError::Hole { owner, .. } => {
             let owner = match owner {
@@ -278,68 +335,4 @@ pub fn translate(snap: &Snapshot, queries: &[TranslateQuery]) -> TranslateRespon
         .collect();
     // As many answers as queries, which the request bounds by the same limit.
     TranslateResponse { results: BoundedVec::new(results).unwrap_or_default() }
-}
-
-fn partition_list(d: &Daemon) -> PartitionsResponse {
-    let map = d.map();
-    let specs = map
-        .state()
-        .partitions
-        .iter()
-        .map(|p| PartitionSpec {
-            name: Name::truncated(&p.name),
-            devices: BoundedVec::new(p.devices.iter().map(|id| DeviceName::truncated(&id.to_string())).collect())
-                .unwrap_or_default(),
-            uids: BoundedVec::default(),
-            gids: BoundedVec::default(),
-        })
-        .collect();
-    PartitionsResponse { partitions: BoundedVec::new(specs).unwrap_or_default() }
-}
-
-fn partitions(d: &Daemon, peer: &PeerCred, req: PartitionsRequest) -> Result<PartitionsResponse, ErrorBody> {
-    if matches!(req, PartitionsRequest::List) {
-        return Ok(partition_list(d));
-    }
-    if !auth::is_admin(peer, d.admin_gid, || auth::proc_groups(peer.pid)) {
-        let group = d.config.socket.admin_group.as_deref().unwrap_or("(none configured)");
-        return Err(refusal(
-            ErrorCode::AdminRequired,
-            format!(
-                "changing partitions needs root or membership of socket.admin_group {group}; uid {} is neither",
-                peer.uid
-            ),
-        ));
-    }
-    {
-        let mut map = d.map();
-        let change = match &req {
-            PartitionsRequest::Set(spec) => {
-                if !spec.uids.is_empty() || !spec.gids.is_empty() {
-                    return Err(refusal(
-                        ErrorCode::NotImplemented,
-                        "binding uids/gids to partitions is not implemented yet",
-                    ));
-                }
-                let mut ids = Vec::new();
-                for dev in spec.devices.iter() {
-                    let id = dev
-                        .parse::<DeviceId>()
-                        .map_err(|e| refusal(ErrorCode::BadRequest, format!("device {dev:?}: {e}")))?;
-                    if d.view().fabric.inventory().find(&id).is_none() {
-                        return Err(refusal(ErrorCode::NotFound, format!("no device {id}")));
-                    }
-                    ids.push(id);
-                }
-                map.partition(&spec.name, &ids)
-            }
-            PartitionsRequest::Remove { name } => map
-                .remove_partition(name)
-                .map_err(|e| refusal(ErrorCode::NotFound, format!("partition {name:?}: {e}")))?,
-            PartitionsRequest::List => return Err(refusal(ErrorCode::Internal, "list reached the change path")),
-        };
-        tracing::info!(uid = peer.uid, pid = peer.pid, ?change, "partitions changed");
-        d.save_map(&map).map_err(|e| refusal(ErrorCode::Internal, format!("saving the address map: {e}")))?;
-    }
-    Ok(partition_list(d))
 }

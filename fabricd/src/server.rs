@@ -373,6 +373,17 @@ impl Conn<'_> {
             );
             return Err(body);
         }
+        if let Some(v) = self.version
+            && req.opcode().since() > v
+        {
+            let op = req.opcode();
+            let body = refusal(
+                ErrorCode::UnknownOpcode,
+                format!("{op} needs protocol {}; this connection speaks {v}", op.since()),
+            );
+            tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = op.name(), "refused: {}", body.message);
+            return Err(body);
+        }
         if let Request::Subscribe(sub) = req {
             // Events travel under this request's id until the next subscribe.
             self.events = self.daemon.events.subscribe(session, sub.topics).map(|rx| (request_id, rx));

@@ -34,8 +34,12 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
     move |source| SocketError::Io { what, path: path.to_owned(), source }
 }
 
-/// Resolves a group name to its gid.
+/// Resolves a group to its gid: a numeric gid (all digits) is taken as it is, so that a
+/// group need not exist in `/etc/group`; anything else is looked up by name.
 pub fn group_gid(name: &str) -> Result<u32, SocketError> {
+    if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
+        return name.parse().map_err(|_| SocketError::UnknownGroup(name.to_owned()));
+    }
     match nix::unistd::Group::from_name(name) {
         Ok(Some(g)) => Ok(g.gid.as_raw()),
         Ok(None) => Err(SocketError::UnknownGroup(name.to_owned())),
@@ -97,6 +101,8 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         assert!(matches!(bind(&file, None, false), Err(SocketError::NotASocket(_))));
         assert!(file.exists());
+        assert_eq!(group_gid("61100").unwrap(), 61100);
+        assert!(matches!(group_gid("99999999999"), Err(SocketError::UnknownGroup(_))));
         let e = bind(&dir.path().join("g.sock"), Some("no-such-group-fabric"), false).unwrap_err();
         assert!(e.to_string().contains("no-such-group-fabric"), "{e}");
     }

@@ -49,6 +49,9 @@ fn hello_negotiates_and_refuses_versions_it_does_not_speak() {
     let h = old.hello("old", v1_0).unwrap();
     assert_eq!((h.version, h.token), (Version::new(1, 0), None));
     assert!(matches!(old.call(Request::Status(StatusRequest {}), &[]), Ok((Response::Status(_), _))));
+    // A 1.0 client does not get the opcodes 1.1 added: UnknownOpcode, typed.
+    let e = refused(&mut old, Request::Regions(Default::default()));
+    assert_eq!(e.code, ErrorCode::UnknownOpcode, "{e:?}");
 
     // A request before hello is refused, typed.
     let mut raw = Connection::new(UnixStream::connect(&s.socket).unwrap());

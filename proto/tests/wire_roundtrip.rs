@@ -107,6 +107,8 @@ fn request() -> impl Strategy<Value = Request> {
         topo().prop_map(Request::Topology).boxed(),
         topo().prop_map(Request::Devices).boxed(),
         topo().prop_map(Request::Map).boxed(),
+        topo().prop_map(Request::Inventory).boxed(),
+        any::<bool>().prop_map(|all| Request::Regions(RegionsRequest { all })).boxed(),
         list(query, 20).prop_map(|queries| Request::Translate(TranslateRequest { queries })).boxed(),
         (target, any::<u64>(), any::<u64>())
             .prop_map(|(target, size, align)| Request::Alloc(AllocRequest { target, size, align }))
@@ -125,6 +127,35 @@ fn request() -> impl Strategy<Value = Request> {
         partitions.prop_map(Request::Partitions).boxed(),
         topics().prop_map(|topics| Request::Subscribe(SubscribeRequest { topics })).boxed(),
     ])
+}
+
+fn regions() -> impl Strategy<Value = RegionsResponse> {
+    let region = (any::<(u64, u64, u32, i32, u64, u64)>(), resource()).prop_map(|(a, resource)| RegionInfo {
+        region: a.0,
+        generation: a.1,
+        owner_uid: a.2,
+        owner_pid: a.3,
+        resource,
+        offset: a.4,
+        size: a.5,
+    });
+    let policy = (list(any::<u32>(), 4), list(any::<u32>(), 4), proptest::option::of(name()), access())
+        .prop_map(|(uids, gids, partition, access)| ExportPolicy { uids, gids, partition, access });
+    let export = (any::<(u64, u64, u32, bool)>(), policy).prop_map(|(a, policy)| ExportInfo {
+        region: a.0,
+        generation: a.1,
+        owner_uid: a.2,
+        policy,
+        revoked: a.3,
+    });
+    let import = any::<(u64, u64, u64, u32)>().prop_map(|(import, region, generation, uid)| ImportInfo {
+        import,
+        region,
+        generation,
+        uid,
+    });
+    (list(region, 3), list(export, 3), list(import, 3), any::<bool>())
+        .prop_map(|(regions, exports, imports, truncated)| RegionsResponse { regions, exports, imports, truncated })
 }
 
 fn response() -> impl Strategy<Value = Response> {
@@ -185,6 +216,8 @@ fn response() -> impl Strategy<Value = Response> {
         doc().prop_map(Response::Topology).boxed(),
         doc().prop_map(Response::Devices).boxed(),
         doc().prop_map(Response::Map).boxed(),
+        doc().prop_map(Response::Inventory).boxed(),
+        regions().prop_map(Response::Regions).boxed(),
         list(translation, 20).prop_map(|results| Response::Translate(TranslateResponse { results })).boxed(),
         (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()))
             .prop_map(|((region, generation, size, offset), gfa)| {

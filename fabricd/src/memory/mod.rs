@@ -36,7 +36,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use fabric_proto::wire::{
-    AccessMode, ExportHandle, ExportPolicy, PeerCred, Revocation, RevocationReason, Secret, SessionToken,
+    AccessMode, BoundedVec, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, PeerCred, RegionInfo,
+    RegionsResponse, ResourceName, Revocation, RevocationReason, Secret, SessionToken,
 };
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
@@ -227,6 +228,17 @@ pub struct Granted {
     pub fd: OwnedFd,
     /// Import id (imports only).
     pub import: u64,
+}
+
+/// What an export is about: see [`Memory::export_subject`].
+#[derive(Debug, Clone)]
+pub struct ExportSubject {
+    /// Who may import.
+    pub policy: ExportPolicy,
+    /// The device its region lies on.
+    pub device: DeviceId,
+    /// Revoked.
+    pub revoked: bool,
 }
 
 /// Counters for `status`.
@@ -542,9 +554,6 @@ impl Memory {
         region: u64,
         policy: ExportPolicy,
     ) -> Result<ExportHandle, MemoryError> {
-        if policy.partition.is_some() {
-            return Err(MemoryError::NotImplemented("export policies bound to a partition are not served yet".into()));
-        }
         let mut st = self.state();
         let r = Self::owned(&st, region, session)?;
         if r.lost {
@@ -633,8 +642,10 @@ impl Memory {
         if revoked {
             return Err(MemoryError::Revoked);
         }
+        // A policy naming a partition and no uids or gids admits the partition's clients:
+        // the caller (`scope::check_import`) has checked that the importer is bound to it.
         let admitted = if policy.uids.is_empty() && policy.gids.is_empty() {
-            peer.uid == owner_uid
+            peer.uid == owner_uid || policy.partition.is_some()
         } else {
             policy.uids.contains(&peer.uid) || policy.gids.contains(&peer.gid)
         };
@@ -715,6 +726,80 @@ impl Memory {
     /// the import (in the order they happened).
     pub fn take_revocations(&self) -> Vec<(u64, Revocation)> {
         std::mem::take(&mut self.state().revocations)
+    }
+
+    /// What a handle's export is about (for the partition checks before an import): its
+    /// policy, its region's device and whether it was revoked. The handle is verified as
+    /// for an import.
+    pub fn export_subject(&self, handle: &ExportHandle) -> Result<ExportSubject, MemoryError> {
+        let mut st = self.state();
+        let (policy, revoked) = {
+            let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
+            (e.policy.clone(), e.revoked)
+        };
+        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
+        let device = st.resources[r.resource].device.clone();
+        Ok(ExportSubject { policy, device, revoked })
+    }
+
+    /// Regions, exports (without their secrets) and imports by id; those of `uid` only
+    /// when given. Each list stops at the wire's bound, and `truncated` says so.
+    pub fn list(&self, uid: Option<u32>) -> RegionsResponse {
+        let st = self.state();
+        let mine = |u: u32| uid.is_none_or(|x| x == u);
+        let mut regions: Vec<_> = st
+            .regions
+            .iter()
+            .filter(|(_, r)| mine(r.owner.uid))
+            .map(|(id, r)| {
+                let res = &st.resources[r.resource];
+                RegionInfo {
+                    region: *id,
+                    generation: r.generation,
+                    owner_uid: r.owner.uid,
+                    owner_pid: r.owner.pid,
+                    resource: ResourceName {
+                        device: DeviceName::truncated(&res.device.to_string()),
+                        memory: res.kind.into(),
+                        ordinal: res.ordinal,
+                    },
+                    offset: r.offset,
+                    size: r.len,
+                }
+            })
+            .collect();
+        regions.sort_by_key(|r| r.region);
+        let mut exports: Vec<_> = st
+            .exports
+            .iter()
+            .filter(|e| mine(e.owner_uid))
+            .map(|e| ExportInfo {
+                region: e.handle.region,
+                generation: e.handle.generation,
+                owner_uid: e.owner_uid,
+                policy: e.policy.clone(),
+                revoked: e.revoked,
+            })
+            .collect();
+        exports.sort_by_key(|e| (e.region, e.generation));
+        let mut imports: Vec<_> = st
+            .imports
+            .iter()
+            .filter(|(_, i)| mine(i.uid))
+            .map(|(id, i)| ImportInfo { import: *id, region: i.region, generation: i.generation, uid: i.uid })
+            .collect();
+        imports.sort_by_key(|i| i.import);
+        const MAX: usize = 4096;
+        let truncated = regions.len() > MAX || exports.len() > MAX || imports.len() > MAX;
+        regions.truncate(MAX);
+        exports.truncate(MAX);
+        imports.truncate(MAX);
+        RegionsResponse {
+            regions: BoundedVec::new(regions).unwrap_or_default(),
+            exports: BoundedVec::new(exports).unwrap_or_default(),
+            imports: BoundedVec::new(imports).unwrap_or_default(),
+            truncated,
+        }
     }
 
     /// Counters for `status`.

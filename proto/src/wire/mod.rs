@@ -38,14 +38,14 @@ pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_he
 pub use opcode::Opcode;
 pub use request::{
     AccessMode, AllocRequest, AllocTarget, ExportPolicy, ExportRequest, FreeRequest, HelloRequest, ImportRequest,
-    MemoryClass, PartitionSpec, PartitionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request,
-    ResourceName, RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest,
-    UnregisterRequest,
+    MemoryClass, PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest,
+    Request, ResourceName, RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery,
+    TranslateRequest, UnregisterRequest,
 };
 pub use response::{
-    AllocResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportResponse, HelloResponse, ImportResponse,
-    PartitionInfo, PartitionsResponse, Problem, ProblemKind, RegisterResponse, Response, StatusResponse,
-    SubscribeResponse, TranslateResponse, Translation,
+    AllocResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportInfo, ExportResponse, HelloResponse, ImportInfo,
+    ImportResponse, PartitionInfo, PartitionsResponse, Problem, ProblemKind, RegionInfo, RegionsResponse,
+    RegisterResponse, Response, StatusResponse, SubscribeResponse, TranslateResponse, Translation,
 };
 pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
 

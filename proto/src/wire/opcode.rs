@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::header::FrameKind;
+use super::version::Version;
 use super::{MAX_BODY, MAX_REQUEST_BODY};
 
 /// What a frame is about. Codes are frozen within a major version; new codes come with a
@@ -15,7 +16,7 @@ pub enum Opcode {
     Hello = 0x0001,
     /// Daemon health: what is missing or degraded and why.
     Status = 0x0002,
-    /// Does nothing and answers at once: liveness and round-trip latency.
+    /// Does nothing and answers at once: liveness and round-trip latency (since 1.1).
     Ping = 0x0003,
     /// The fabric as a `fabric.topology/v1` document.
     Topology = 0x0010,
@@ -25,6 +26,8 @@ pub enum Opcode {
     Map = 0x0012,
     /// GFA to resource+offset and back.
     Translate = 0x0013,
+    /// The discovered inventory as a `fabric.inventory/v1` document (since 1.1).
+    Inventory = 0x0014,
     /// Allocate a region; the response carries its memory object.
     Alloc = 0x0020,
     /// Free a region (revoking its exports).
@@ -37,6 +40,8 @@ pub enum Opcode {
     Import = 0x0024,
     /// Release an import.
     Release = 0x0025,
+    /// List regions, exports and imports (since 1.1).
+    Regions = 0x0026,
     /// Register memory for DMA by a device.
     Register = 0x0030,
     /// Undo a registration.
@@ -49,7 +54,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 17] = [
+    pub const ALL: [Opcode; 19] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Ping,
@@ -57,12 +62,14 @@ impl Opcode {
         Opcode::Devices,
         Opcode::Map,
         Opcode::Translate,
+        Opcode::Inventory,
         Opcode::Alloc,
         Opcode::Free,
         Opcode::Export,
         Opcode::Revoke,
         Opcode::Import,
         Opcode::Release,
+        Opcode::Regions,
         Opcode::Register,
         Opcode::Unregister,
         Opcode::Partitions,
@@ -89,16 +96,28 @@ impl Opcode {
             Opcode::Devices => "devices",
             Opcode::Map => "map",
             Opcode::Translate => "translate",
+            Opcode::Inventory => "inventory",
             Opcode::Alloc => "alloc",
             Opcode::Free => "free",
             Opcode::Export => "export",
             Opcode::Revoke => "revoke",
             Opcode::Import => "import",
             Opcode::Release => "release",
+            Opcode::Regions => "regions",
             Opcode::Register => "register",
             Opcode::Unregister => "unregister",
             Opcode::Partitions => "partitions",
             Opcode::Subscribe => "subscribe",
+        }
+    }
+
+    /// The first protocol version that has this opcode: a peer uses it only when the
+    /// negotiated version is at least this, and a server answers it with `UnknownOpcode`
+    /// on a connection that negotiated less.
+    pub const fn since(self) -> Version {
+        match self {
+            Opcode::Ping | Opcode::Inventory | Opcode::Regions => Version::new(1, 1),
+            _ => Version::new(1, 0),
         }
     }
 
@@ -120,15 +139,20 @@ impl Opcode {
             },
             FrameKind::Request => match self {
                 Opcode::Hello => SMALL,
-                Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map => 1 << 10,
+                Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory => 1 << 10,
                 Opcode::Translate | Opcode::Partitions => MAX_REQUEST_BODY,
                 Opcode::Export => 4 << 10,
                 Opcode::Alloc | Opcode::Register => 1 << 10,
-                Opcode::Free | Opcode::Revoke | Opcode::Import | Opcode::Release | Opcode::Unregister => SMALL,
+                Opcode::Free
+                | Opcode::Revoke
+                | Opcode::Import
+                | Opcode::Release
+                | Opcode::Unregister
+                | Opcode::Regions => SMALL,
                 Opcode::Subscribe | Opcode::Ping => SMALL,
             },
             FrameKind::Response => match self {
-                Opcode::Topology | Opcode::Devices | Opcode::Map => MAX_BODY,
+                Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory | Opcode::Regions => MAX_BODY,
                 Opcode::Status | Opcode::Translate | Opcode::Partitions => 1 << 20,
                 Opcode::Hello
                 | Opcode::Alloc

@@ -267,6 +267,14 @@ pub enum PartitionsRequest {
     },
 }
 
+/// `Regions` (since 1.1): the caller's regions, exports and imports; with `all`, every
+/// one the daemon holds (admin only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionsRequest {
+    /// Everyone's, not only the caller's (root or the admin group only).
+    pub all: bool,
+}
+
 /// `Subscribe`: the event topics this connection wants from now on (empty: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubscribeRequest {
@@ -291,6 +299,8 @@ pub enum Request {
     Map(TopologyRequest),
     /// See [`TranslateRequest`].
     Translate(TranslateRequest),
+    /// The inventory document (since 1.1; `node` must be absent).
+    Inventory(TopologyRequest),
     /// See [`AllocRequest`].
     Alloc(AllocRequest),
     /// See [`FreeRequest`].
@@ -303,6 +313,8 @@ pub enum Request {
     Import(ImportRequest),
     /// See [`ReleaseRequest`].
     Release(ReleaseRequest),
+    /// See [`RegionsRequest`].
+    Regions(RegionsRequest),
     /// See [`RegisterRequest`].
     Register(RegisterRequest),
     /// See [`UnregisterRequest`].
@@ -324,12 +336,14 @@ impl Request {
             Request::Devices(_) => Opcode::Devices,
             Request::Map(_) => Opcode::Map,
             Request::Translate(_) => Opcode::Translate,
+            Request::Inventory(_) => Opcode::Inventory,
             Request::Alloc(_) => Opcode::Alloc,
             Request::Free(_) => Opcode::Free,
             Request::Export(_) => Opcode::Export,
             Request::Revoke(_) => Opcode::Revoke,
             Request::Import(_) => Opcode::Import,
             Request::Release(_) => Opcode::Release,
+            Request::Regions(_) => Opcode::Regions,
             Request::Register(_) => Opcode::Register,
             Request::Unregister(_) => Opcode::Unregister,
             Request::Partitions(_) => Opcode::Partitions,

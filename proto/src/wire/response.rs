@@ -7,7 +7,7 @@ use super::bounded::{BoundedVec, DeviceName, ErrorText, Name};
 use super::event::Topics;
 use super::handle::{ExportHandle, SessionToken};
 use super::opcode::Opcode;
-use super::request::{AccessMode, PartitionSpec, ResourceName};
+use super::request::{AccessMode, ExportPolicy, PartitionSpec, ResourceName};
 use super::version::{Version, VersionRange};
 
 /// `Hello`: the agreed version and the server's limits.
@@ -134,6 +134,67 @@ pub struct PartitionsResponse {
     pub partitions: BoundedVec<PartitionSpec, 1024>,
 }
 
+/// One region in a [`RegionsResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionInfo {
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Owner's uid.
+    pub owner_uid: u32,
+    /// Owner's pid when it allocated.
+    pub owner_pid: i32,
+    /// The resource it lies in.
+    pub resource: ResourceName,
+    /// Byte offset in the resource.
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// One export in a [`RegionsResponse`]: never its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportInfo {
+    /// Region id.
+    pub region: u64,
+    /// Generation the handle names.
+    pub generation: u64,
+    /// Exporter's uid.
+    pub owner_uid: u32,
+    /// Who may import.
+    pub policy: ExportPolicy,
+    /// Revoked (kept until its region is freed).
+    pub revoked: bool,
+}
+
+/// One import in a [`RegionsResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportInfo {
+    /// Import id.
+    pub import: u64,
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Importer's uid.
+    pub uid: u32,
+}
+
+/// `Regions` (since 1.1): regions, exports and imports, each list by id and at most
+/// 4,096 long (`truncated` says that more exist).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionsResponse {
+    /// Regions.
+    pub regions: BoundedVec<RegionInfo, 4096>,
+    /// Exports.
+    pub exports: BoundedVec<ExportInfo, 4096>,
+    /// Imports.
+    pub imports: BoundedVec<ImportInfo, 4096>,
+    /// Some list was cut at its bound.
+    pub truncated: bool,
+}
+
 /// Describes a partition (same fields as the spec that set it).
 pub type PartitionInfo = PartitionSpec;
 
@@ -222,6 +283,8 @@ pub enum Response {
     Devices(Document),
     /// An address map listing document.
     Map(Document),
+    /// A `fabric.inventory/v1` document.
+    Inventory(Document),
     /// See [`TranslateResponse`].
     Translate(TranslateResponse),
     /// See [`AllocResponse`].
@@ -236,6 +299,8 @@ pub enum Response {
     Import(ImportResponse),
     /// The import is released (empty body).
     Release,
+    /// See [`RegionsResponse`].
+    Regions(RegionsResponse),
     /// See [`RegisterResponse`].
     Register(RegisterResponse),
     /// The registration is undone (empty body).
@@ -256,6 +321,7 @@ impl Response {
             Response::Topology(_) => Opcode::Topology,
             Response::Devices(_) => Opcode::Devices,
             Response::Map(_) => Opcode::Map,
+            Response::Inventory(_) => Opcode::Inventory,
             Response::Translate(_) => Opcode::Translate,
             Response::Alloc(_) => Opcode::Alloc,
             Response::Free => Opcode::Free,
@@ -263,6 +329,7 @@ impl Response {
             Response::Revoke => Opcode::Revoke,
             Response::Import(_) => Opcode::Import,
             Response::Release => Opcode::Release,
+            Response::Regions(_) => Opcode::Regions,
             Response::Register(_) => Opcode::Register,
             Response::Unregister => Opcode::Unregister,
             Response::Partitions(_) => Opcode::Partitions,

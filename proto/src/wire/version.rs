@@ -61,7 +61,7 @@ impl fmt::Display for VersionRange {
 }
 
 /// The version this crate speaks best. 1.1 added the session token and resume to `Hello`
-/// (docs/protocol.md, "Negotiation") and the `Ping` opcode.
+/// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes.
 pub const PROTOCOL_VERSION: Version = Version::new(1, 1);
 
 /// Every version this crate understands.

@@ -1,0 +1,414 @@
+//! Partition bindings: which uids and gids each partition binds, kept durably in
+//! `<state dir>/partitions.state`, and the rule that binds a client to partitions.
+//!
+//! A partition's *devices* live in the address map state (`map.state`), where the map's
+//! partition views are built from them; this file holds only who is bound to which
+//! partition, so the map format stays as it is.
+//!
+//! File layout (integers little-endian):
+//!
+//! | bytes  | field                                        |
+//! |--------|----------------------------------------------|
+//! | 0..8   | magic `FBRCPART`                             |
+//! | 8..12  | format version (1)                           |
+//! | 12..16 | number of bindings                           |
+//! | 16..24 | payload length in bytes (at most 4 MiB)      |
+//! | 24..28 | CRC-32C of the payload                       |
+//! | 28..32 | CRC-32C of bytes 0..28                       |
+//! | 32..   | payload: a JSON array of bindings, by name   |
+//!
+//! Every change writes a temporary file, fsyncs it, renames it over the old one and
+//! fsyncs the directory before the change is acknowledged. A file that fails any check
+//! stops the daemon at start with [`PartitionError::Decode`]: bindings are security
+//! state, and silently dropping them would widen what clients see.
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+/// File magic.
+pub const MAGIC: [u8; 8] = *b"FBRCPART";
+/// Current format version.
+pub const VERSION: u32 = 1;
+/// Header length.
+pub const HEADER_LEN: usize = 32;
+/// Largest payload accepted.
+pub const MAX_PAYLOAD: u64 = 4 << 20;
+/// Most bindings (one per partition; the wire allows 1,024 partitions).
+pub const MAX_BINDINGS: usize = 1024;
+/// Most uids, and most gids, per binding (the wire's bound).
+pub const MAX_IDS: usize = 64;
+/// Longest partition name in bytes (the wire's `Name`).
+pub const MAX_NAME: usize = 64;
+/// The file's name in the state directory.
+pub const FILE_NAME: &str = "partitions.state";
+
+/// What is wrong with a bindings file's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Shorter than its header says.
+    #[error("truncated: {len} bytes, need {need}")]
+    Truncated {
+        /// Bytes present.
+        len: u64,
+        /// Bytes needed.
+        need: u64,
+    },
+    /// Not a bindings file.
+    #[error("bad magic (not a fabricd partition bindings file)")]
+    BadMagic,
+    /// Header bytes damaged.
+    #[error("header checksum mismatch")]
+    HeaderChecksum,
+    /// Written by an unknown format.
+    #[error("unsupported format version {0}")]
+    Version(u32),
+    /// The payload is larger than any valid one.
+    #[error("payload of {0} bytes exceeds the limit")]
+    TooLarge(u64),
+    /// Bytes after the payload.
+    #[error("{0} unexpected bytes after the payload")]
+    TrailingBytes(u64),
+    /// Payload bytes damaged.
+    #[error("payload checksum mismatch")]
+    PayloadChecksum,
+    /// The payload does not parse.
+    #[error("payload does not parse: {0}")]
+    Payload(String),
+    /// The payload parses but breaks a rule (count, order, bounds).
+    #[error("invalid bindings: {0}")]
+    Invalid(String),
+}
+
+/// Why bindings could not be loaded or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    /// The file is damaged or not a bindings file.
+    #[error(
+        "partition bindings {path} are unreadable (move the file aside to start without bindings, then set them again)"
+    )]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: DecodeError,
+    },
+    /// A binding breaks a bound.
+    #[error("{0}")]
+    Invalid(String),
+    /// Reading or writing the file failed.
+    #[error("{what} {path}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Who one partition binds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    /// The partition's name.
+    pub name: String,
+    /// Bound users, sorted, no duplicates.
+    pub uids: Vec<u32>,
+    /// Bound groups (primary or supplementary), sorted, no duplicates.
+    pub gids: Vec<u32>,
+}
+
+impl Binding {
+    /// A binding with its ids sorted and deduplicated.
+    pub fn new(name: &str, uids: &[u32], gids: &[u32]) -> Self {
+        let set = |v: &[u32]| v.iter().copied().collect::<BTreeSet<_>>().into_iter().collect();
+        Self { name: name.to_owned(), uids: set(uids), gids: set(gids) }
+    }
+
+    /// Whether it binds a client with `uid` and `groups` (primary and supplementary).
+    pub fn binds(&self, uid: u32, groups: &[u32]) -> bool {
+        self.uids.binary_search(&uid).is_ok() || groups.iter().any(|g| self.gids.binary_search(g).is_ok())
+    }
+}
+
+fn validate(bindings: &[Binding]) -> Result<(), String> {
+    if bindings.len() > MAX_BINDINGS {
+        return Err(format!("{} bindings, at most {MAX_BINDINGS}", bindings.len()));
+    }
+    for (i, b) in bindings.iter().enumerate() {
+        if b.name.is_empty() || b.name.len() > MAX_NAME {
+            return Err(format!("binding {i}: name must be 1 to {MAX_NAME} bytes"));
+        }
+        if b.uids.len() > MAX_IDS || b.gids.len() > MAX_IDS {
+            return Err(format!("partition {:?}: at most {MAX_IDS} uids and {MAX_IDS} gids", b.name));
+        }
+        if !b.uids.windows(2).all(|w| w[0] < w[1]) || !b.gids.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!("partition {:?}: ids are not sorted and unique", b.name));
+        }
+        if i > 0 && bindings[i - 1].name >= b.name {
+            return Err(format!("partition {:?}: names are not sorted and unique", b.name));
+        }
+    }
+    Ok(())
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+/// The file's bytes for `bindings` (sorted by name, as [`Bindings`] keeps them).
+pub fn encode(bindings: &[Binding]) -> Vec<u8> {
+    // Serialising plain structs of strings and integers cannot fail.
+    let payload = serde_json::to_vec(bindings).unwrap_or_default();
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(bindings.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    let header_crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&header_crc.to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Decodes a file's bytes: total over any input (a value or a typed error, never a
+/// panic), and nothing is allocated beyond the bytes given before the checksums pass.
+pub fn decode(bytes: &[u8]) -> Result<Vec<Binding>, DecodeError> {
+    let len = bytes.len() as u64;
+    if bytes.len() < HEADER_LEN {
+        if !MAGIC.starts_with(&bytes[..bytes.len().min(MAGIC.len())]) {
+            return Err(DecodeError::BadMagic);
+        }
+        return Err(DecodeError::Truncated { len, need: HEADER_LEN as u64 });
+    }
+    if bytes[..8] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    if crc32c::crc32c(&bytes[..28]) != u32_at(bytes, 28) {
+        return Err(DecodeError::HeaderChecksum);
+    }
+    let version = u32_at(bytes, 8);
+    if version != VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let count = u32_at(bytes, 12) as usize;
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[16..24]);
+    let payload_len = u64::from_le_bytes(w);
+    if payload_len > MAX_PAYLOAD {
+        return Err(DecodeError::TooLarge(payload_len));
+    }
+    let need = HEADER_LEN as u64 + payload_len;
+    if len < need {
+        return Err(DecodeError::Truncated { len, need });
+    }
+    if len > need {
+        return Err(DecodeError::TrailingBytes(len - need));
+    }
+    let payload = &bytes[HEADER_LEN..];
+    if crc32c::crc32c(payload) != u32_at(bytes, 24) {
+        return Err(DecodeError::PayloadChecksum);
+    }
+    let bindings: Vec<Binding> = serde_json::from_slice(payload).map_err(|e| DecodeError::Payload(e.to_string()))?;
+    if bindings.len() != count {
+        return Err(DecodeError::Invalid(format!("header counts {count} bindings, payload has {}", bindings.len())));
+    }
+    validate(&bindings).map_err(DecodeError::Invalid)?;
+    Ok(bindings)
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old file or the new one:
+/// a temporary file beside it, fsync, rename over, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PartitionError> {
+    let io = |what: &'static str, p: &Path| {
+        let p = p.to_owned();
+        move |source| PartitionError::Io { what, path: p, source }
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+    {
+        let mut f =
+            OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(io("creating", &tmp))?;
+        f.write_all(bytes).map_err(io("writing", &tmp))?;
+        f.sync_all().map_err(io("fsync of", &tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io("renaming over", path))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync of", dir))?;
+    Ok(())
+}
+
+/// The bindings of every partition, by name; readers take a snapshot without locking.
+#[derive(Debug)]
+pub struct Bindings {
+    path: PathBuf,
+    current: ArcSwap<Vec<Binding>>,
+    /// Serialises changes (write the file, then publish).
+    change: Mutex<()>,
+}
+
+impl Bindings {
+    /// Loads `<state_dir>/partitions.state`; a missing file is no bindings.
+    pub fn open(state_dir: &Path) -> Result<Self, PartitionError> {
+        let path = state_dir.join(FILE_NAME);
+        let list = match std::fs::read(&path) {
+            Ok(bytes) => decode(&bytes).map_err(|source| PartitionError::Decode { path: path.clone(), source })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => return Err(PartitionError::Io { what: "reading", path, source }),
+        };
+        tracing::info!(file = %path.display(), bindings = list.len(), "partition bindings loaded");
+        Ok(Self { path, current: ArcSwap::from_pointee(list), change: Mutex::new(()) })
+    }
+
+    /// The bindings now, sorted by name.
+    pub fn snapshot(&self) -> Arc<Vec<Binding>> {
+        self.current.load_full()
+    }
+
+    /// The binding of one partition (an empty one when it has none).
+    pub fn get(&self, name: &str) -> Binding {
+        self.snapshot().iter().find(|b| b.name == name).cloned().unwrap_or_else(|| Binding::new(name, &[], &[]))
+    }
+
+    fn replace(&self, next: Vec<Binding>) -> Result<(), PartitionError> {
+        validate(&next).map_err(PartitionError::Invalid)?;
+        write_atomic(&self.path, &encode(&next))?;
+        self.current.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Creates or replaces one partition's binding, durably before it returns. A binding
+    /// with no uids and no gids is removed instead (it binds nobody).
+    pub fn set(&self, binding: Binding) -> Result<(), PartitionError> {
+        let _one = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        let binding = Binding::new(&binding.name, &binding.uids, &binding.gids);
+        let mut next: Vec<Binding> = self.snapshot().iter().filter(|b| b.name != binding.name).cloned().collect();
+        if !binding.uids.is_empty() || !binding.gids.is_empty() {
+            next.push(binding);
+        }
+        next.sort_by(|a, b| a.name.cmp(&b.name));
+        self.replace(next)
+    }
+
+    /// Removes one partition's binding, durably; false when it had none.
+    pub fn remove(&self, name: &str) -> Result<bool, PartitionError> {
+        let _one = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        let cur = self.snapshot();
+        if !cur.iter().any(|b| b.name == name) {
+            return Ok(false);
+        }
+        self.replace(cur.iter().filter(|b| b.name != name).cloned().collect())?;
+        Ok(true)
+    }
+
+    /// The partitions that bind a client: every partition naming its uid or one of its
+    /// `groups` (primary and supplementary), sorted by name. A client bound to several
+    /// partitions sees their union.
+    pub fn bound(&self, uid: u32, groups: &[u32]) -> Vec<String> {
+        self.snapshot().iter().filter(|b| b.binds(uid, groups)).map(|b| b.name.clone()).collect()
+    }
+
+    /// Whether any binding names a group (so a caller's supplementary groups matter).
+    pub fn uses_groups(&self) -> bool {
+        self.snapshot().iter().any(|b| !b.gids.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Binding> {
+        vec![Binding::new("a", &[61001, 61000, 61001], &[]), Binding::new("b", &[], &[61200, 7])]
+    }
+
+    #[test]
+    fn encode_decode_round_trip_and_binding_rule() {
+        let s = sample();
+        assert_eq!(s[0].uids, vec![61000, 61001], "sorted, deduplicated");
+        assert_eq!(decode(&encode(&s)).unwrap(), s);
+        assert_eq!(decode(&encode(&[])).unwrap(), Vec::<Binding>::new());
+        assert!(s[0].binds(61000, &[]));
+        assert!(!s[0].binds(61002, &[61000]), "a uid list does not match gids");
+        assert!(s[1].binds(5, &[100, 61200]));
+        assert!(!s[1].binds(61200, &[100]));
+    }
+
+    #[test]
+    fn every_damage_is_a_typed_error() {
+        let good = encode(&sample());
+        assert_eq!(decode(b"FBRC"), Err(DecodeError::Truncated { len: 4, need: 32 }));
+        assert_eq!(decode(b"nope"), Err(DecodeError::BadMagic));
+        assert_eq!(
+            decode(&good[..good.len() - 1]),
+            Err(DecodeError::Truncated { len: good.len() as u64 - 1, need: good.len() as u64 })
+        );
+        let mut long = good.clone();
+        long.push(b' ');
+        assert_eq!(decode(&long), Err(DecodeError::TrailingBytes(1)));
+        for i in 0..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x20;
+            assert!(decode(&bad).is_err(), "flipping byte {i} went unnoticed");
+        }
+        // A well-framed payload that breaks the rules.
+        let unsorted = vec![Binding::new("b", &[1], &[]), Binding::new("a", &[1], &[])];
+        assert!(matches!(decode(&encode(&unsorted)), Err(DecodeError::Invalid(_))));
+        let mut wrong_count = encode(&sample());
+        wrong_count[12] = 3;
+        let crc = crc32c::crc32c(&wrong_count[..28]).to_le_bytes();
+        wrong_count[28..32].copy_from_slice(&crc);
+        assert!(matches!(decode(&wrong_count), Err(DecodeError::Invalid(_))));
+    }
+
+    /// `fuzz/seeds/partition_bindings` holds files this encoder writes; they must stay
+    /// decodable (FABRICD_WRITE_SEEDS=1 rewrites them after a format change).
+    #[test]
+    fn fuzz_seeds_decode() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/partition_bindings");
+        let seeds = [("empty.state", Vec::new()), ("two.state", sample())];
+        for (name, bindings) in seeds {
+            let path = dir.join(name);
+            if std::env::var_os("FABRICD_WRITE_SEEDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, encode(&bindings)).unwrap();
+            }
+            assert_eq!(decode(&std::fs::read(&path).unwrap()).unwrap(), bindings, "{name}");
+        }
+    }
+
+    #[test]
+    fn changes_are_durable_and_a_corrupt_file_stops_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Bindings::open(dir.path()).unwrap();
+        assert!(b.snapshot().is_empty());
+        b.set(Binding::new("tenant-b", &[61002], &[])).unwrap();
+        b.set(Binding::new("tenant-a", &[61001], &[61100])).unwrap();
+        assert_eq!(b.bound(61001, &[]), vec!["tenant-a"]);
+        assert_eq!(b.bound(5, &[61100]), vec!["tenant-a"]);
+        assert!(b.bound(61003, &[1, 2]).is_empty());
+        assert!(b.uses_groups());
+        let again = Bindings::open(dir.path()).unwrap();
+        assert_eq!(*again.snapshot(), *b.snapshot());
+        assert!(b.remove("tenant-b").unwrap());
+        assert!(!b.remove("tenant-b").unwrap());
+        b.set(Binding::new("tenant-a", &[], &[])).unwrap();
+        assert!(Bindings::open(dir.path()).unwrap().snapshot().is_empty(), "an empty binding is removed");
+        assert!(!dir.path().join(format!(".{FILE_NAME}.tmp")).exists());
+        std::fs::write(dir.path().join(FILE_NAME), b"garbage that is long enough to have a header").unwrap();
+        let e = Bindings::open(dir.path()).unwrap_err();
+        assert!(matches!(e, PartitionError::Decode { source: DecodeError::BadMagic, .. }), "{e}");
+        assert!(e.to_string().contains(FILE_NAME), "{e}");
+    }
+}

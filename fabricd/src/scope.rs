@@ -1,0 +1,420 @@
+//! What one client may see and touch: its [`Scope`], from its credentials and the
+//! partition bindings, and the fabric, map and translations seen through it.
+//!
+//! The rules (`docs/fabricd.md`, "Security and partitions"):
+//! - root and members of `socket.admin_group` are admins and see everything;
+//! - any other client is bound to every partition whose binding names its uid, its
+//!   primary gid or one of its supplementary groups; bound to several, it sees their union;
+//! - a client no partition binds sees the whole fabric, unless
+//!   `security.require_partition` is set: then fabric and memory operations refuse it.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use fabric_addrmap::{Listing, NodeUsage, RangeKind, Snapshot, TranslateError};
+use fabric_proto::wire::{
+    AllocRequest, AllocTarget, BoundedVec, ErrorBody, ErrorCode, ExportRequest, ImportRequest, PeerCred,
+    TranslateQuery, TranslateResponse, Translation,
+};
+use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
+
+use crate::auth;
+use crate::daemon::{Daemon, View};
+use crate::ops::refusal;
+
+/// What a client's requests reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything: an admin, or an unbound client while partitions are not required.
+    All,
+    /// The union of these partitions (names, sorted).
+    Bound(Vec<String>),
+    /// Nothing: bound to no partition while `security.require_partition` is set.
+    Unbound,
+}
+
+/// A client: its credentials, whether it is an admin, and its scope.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// From `SO_PEERCRED`.
+    pub cred: PeerCred,
+    /// Root or a member of the admin group.
+    pub admin: bool,
+    /// What it reaches.
+    pub scope: Scope,
+}
+
+impl Caller {
+    /// The caller behind `cred`. Supplementary groups are read from `/proc` only when an
+    /// admin group is configured or a binding names a group.
+    pub fn of(d: &Daemon, cred: &PeerCred) -> Self {
+        let need_groups = cred.uid != 0 && (d.admin_gid.is_some() || d.partitions.uses_groups());
+        let mut groups = vec![cred.gid];
+        if need_groups {
+            groups.extend(auth::proc_groups(cred.pid));
+        }
+        let admin = auth::is_admin(cred, d.admin_gid, || groups.clone());
+        let scope = if admin {
+            Scope::All
+        } else {
+            let bound = d.partitions.bound(cred.uid, &groups);
+            if !bound.is_empty() {
+                Scope::Bound(bound)
+            } else if d.config.security.require_partition {
+                Scope::Unbound
+            } else {
+                Scope::All
+            }
+        };
+        Self { cred: *cred, admin, scope }
+    }
+
+    /// Refuses a client bound to nothing while partitions are required.
+    pub fn require_scope(&self) -> Result<(), ErrorBody> {
+        match self.scope {
+            Scope::Unbound => Err(refusal(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "uid {} is bound to no partition and security.require_partition is set; ask an admin to bind it",
+                    self.cred.uid
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller is bound to partition `name` (admins count as bound to all).
+    pub fn in_partition(&self, name: &str) -> bool {
+        self.admin || matches!(&self.scope, Scope::Bound(b) if b.iter().any(|n| n == name))
+    }
+
+    /// The member devices of the caller's partitions (`None`: no restriction).
+    pub fn members(&self, snap: &Snapshot) -> Result<Option<HashSet<DeviceId>>, ErrorBody> {
+        self.require_scope()?;
+        let Scope::Bound(names) = &self.scope else { return Ok(None) };
+        Ok(Some(
+            snap.state()
+                .partitions
+                .iter()
+                .filter(|p| names.contains(&p.name))
+                .flat_map(|p| p.devices.iter().cloned())
+                .collect(),
+        ))
+    }
+
+    /// Refuses a device outside the caller's partitions.
+    pub fn check_device(&self, d: &Daemon, device: &DeviceId) -> Result<(), ErrorBody> {
+        match self.members(&d.map().snapshot())? {
+            Some(m) if !m.contains(device) => Err(refusal(
+                ErrorCode::PermissionDenied,
+                format!("device {device} is not in the caller's partitions ({})", self.partition_names()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The fabric `Status` reports to the caller: its view, or for a client bound to
+    /// nothing (status stays open to it) no devices, only the backend reports.
+    pub fn status_view(&self, d: &Daemon) -> Result<Arc<View>, ErrorBody> {
+        if self.scope != Scope::Unbound {
+            return self.view(d);
+        }
+        let mut inv = Inventory::new();
+        inv.backends = d.view().fabric.inventory().backends.clone();
+        View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("status view: {e}")))
+    }
+
+    /// The vanished devices the caller may know of (none for a client bound to nothing).
+    pub fn vanished(&self, d: &Daemon) -> Result<Vec<String>, ErrorBody> {
+        if self.scope == Scope::Unbound {
+            return Ok(Vec::new());
+        }
+        let all = d.vanished();
+        Ok(match self.members(&d.map().snapshot())? {
+            None => all,
+            Some(m) => {
+                let m: HashSet<String> = m.iter().map(ToString::to_string).collect();
+                all.into_iter().filter(|id| m.contains(id)).collect()
+            }
+        })
+    }
+
+    /// The caller's partitions, comma-separated, for messages.
+    pub fn partition_names(&self) -> String {
+        match &self.scope {
+            Scope::Bound(b) => b.join(", "),
+            Scope::All => "all".to_owned(),
+            Scope::Unbound => "none".to_owned(),
+        }
+    }
+
+    /// The fabric as the caller sees it: the whole view, or the view rebuilt from the
+    /// devices its partitions reach (see [`scoped_inventory`]).
+    pub fn view(&self, d: &Daemon) -> Result<Arc<View>, ErrorBody> {
+        let Some(members) = self.members(&d.map().snapshot())? else { return Ok(d.view()) };
+        let full = d.view();
+        let inv = scoped_inventory(&full.fabric, &members);
+        View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("partition view: {e}")))
+    }
+}
+
+/// `Alloc`: a bound client allocates only on its partitions' devices.
+pub fn check_alloc(d: &Daemon, caller: &Caller, req: &AllocRequest) -> Result<(), ErrorBody> {
+    caller.require_scope()?;
+    let device = match &req.target {
+        AllocTarget::Resource(r) => &r.device,
+        AllocTarget::Device { device, .. } => device,
+        // Not served yet; the memory op says so.
+        AllocTarget::Set(_) => return Ok(()),
+    };
+    // A malformed id is the memory op's BadRequest.
+    match device.parse::<DeviceId>() {
+        Ok(id) => caller.check_device(d, &id),
+        Err(_) => Ok(()),
+    }
+}
+
+/// `Export`: a policy may name only an existing partition its exporter is bound to.
+pub fn check_export(d: &Daemon, caller: &Caller, req: &ExportRequest) -> Result<(), ErrorBody> {
+    let Some(p) = &req.policy.partition else { return Ok(()) };
+    if !d.map().state().partitions.iter().any(|x| x.name == p.as_str()) {
+        return Err(refusal(
+            ErrorCode::NotFound,
+            format!("the export policy names partition {p:?}, which does not exist"),
+        ));
+    }
+    if !caller.in_partition(p) {
+        return Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!("uid {} may not export to partition {p:?}: it is not bound to it", caller.cred.uid),
+        ));
+    }
+    Ok(())
+}
+
+/// `Import`, before the handle's policy is checked: an export whose policy names a
+/// partition admits only clients bound to it (admins too); otherwise a bound client
+/// imports only regions on its partitions' devices. A handle that names no live export
+/// passes here and is refused by the memory op (`InvalidHandle`, `Revoked`).
+pub fn check_import(d: &Daemon, caller: &Caller, req: &ImportRequest) -> Result<(), ErrorBody> {
+    caller.require_scope()?;
+    let Ok(subject) = d.memory.export_subject(&req.handle) else { return Ok(()) };
+    if subject.revoked {
+        return Ok(());
+    }
+    if let Some(p) = &subject.policy.partition {
+        if caller.in_partition(p) {
+            return Ok(());
+        }
+        return Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!("the export is for partition {p:?}; uid {} is not bound to it", caller.cred.uid),
+        ));
+    }
+    match caller.members(&d.map().snapshot())? {
+        Some(m) if !m.contains(&subject.device) => Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!(
+                "the region lies on {}, outside the caller's partitions ({}); its exporter may name a partition in the policy",
+                subject.device,
+                caller.partition_names()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn is_switch(k: DeviceKind) -> bool {
+    matches!(k, DeviceKind::NvSwitch | DeviceKind::CxlSwitch | DeviceKind::UalinkSwitch | DeviceKind::NetworkSwitch)
+}
+
+/// The part of a fabric a partition reaches: its member devices, their ancestors in the
+/// PCI/CXL hierarchy (CPU, host bridge, bridges: so the tree and the matrix classes stay
+/// what they are), the switches a member links to directly (so NVLink/UALink classes
+/// stay), and the ancestors of those switches; the links among them; the CXL decoders
+/// they own (and root decoders) and the CXL regions whose targets they all are. Backend
+/// reports are kept whole. Device order is the fabric's.
+pub fn scoped_inventory(fabric: &Fabric, members: &HashSet<DeviceId>) -> Inventory {
+    let inv = fabric.inventory();
+    let mut keep = vec![false; inv.devices.len()];
+    let mark = |keep: &mut Vec<bool>, idx: DeviceIdx| {
+        for a in fabric.ancestors(idx) {
+            keep[a.get()] = true;
+        }
+    };
+    for (i, dev) in inv.devices.iter().enumerate() {
+        if !members.contains(&dev.id) {
+            continue;
+        }
+        let idx = DeviceIdx(i as u32);
+        mark(&mut keep, idx);
+        for (n, _) in fabric.neighbors(idx) {
+            if is_switch(fabric.device(n).kind) {
+                mark(&mut keep, n);
+            }
+        }
+    }
+    let mut out = Inventory::new();
+    let mut remap = vec![None; inv.devices.len()];
+    for (i, dev) in inv.devices.iter().enumerate() {
+        if keep[i] {
+            // Ids are unique in an indexed fabric, so this never dedupes.
+            remap[i] = out.add_device(dev.clone()).ok();
+        }
+    }
+    for l in &inv.links {
+        if let (Some(a), Some(b)) = (remap[l.a.get()], remap[l.b.get()]) {
+            let mut l = l.clone();
+            l.a = a;
+            l.b = b;
+            out.add_link(l);
+        }
+    }
+    let kept = |id: &DeviceId| inv.find(id).is_some_and(|i| keep[i.get()]);
+    out.cxl.decoders = inv.cxl.decoders.iter().filter(|dcd| dcd.owner.as_ref().is_none_or(kept)).cloned().collect();
+    out.cxl.regions = inv.cxl.regions.iter().filter(|r| r.targets.iter().all(kept)).cloned().collect();
+    out.backends = inv.backends.clone();
+    out
+}
+
+/// The map listing restricted to ranges whose devices are all members: direct ranges and
+/// holes of member resources, interleave sets of member resources only. Totals and node
+/// usage are recomputed over what is left.
+pub fn scoped_listing(snap: &Snapshot, members: &HashSet<DeviceId>) -> Listing {
+    let st = snap.state();
+    let mut owners: HashSet<String> =
+        st.placements.iter().filter(|p| members.contains(&p.key.device)).map(|p| p.key.to_string()).collect();
+    owners.extend(
+        st.interleaves
+            .iter()
+            .filter(|s| s.members.iter().all(|m| members.contains(&m.device)))
+            .map(|s| format!("set:{}", s.name)),
+    );
+    let mut l = snap.listing();
+    l.ranges.retain(|r| owners.contains(&r.owner));
+    let mut nodes: Vec<NodeUsage> = Vec::new();
+    for n in &l.nodes {
+        let inside: Vec<_> = l.ranges.iter().filter(|r| r.start >= n.start && r.start - n.start < n.span).collect();
+        if inside.is_empty() {
+            continue;
+        }
+        let reserved: u64 = inside.iter().map(|r| r.reserved).sum();
+        let mapped: u64 = inside.iter().map(|r| r.size).sum();
+        nodes.push(NodeUsage {
+            node: n.node.clone(),
+            start: n.start,
+            span: n.span,
+            reserved,
+            mapped,
+            utilisation: reserved as f64 / n.span as f64,
+        });
+    }
+    l.nodes = nodes;
+    l.mapped_bytes = l.ranges.iter().map(|r| r.size).sum();
+    l.hole_bytes = l.ranges.iter().filter(|r| r.kind == RangeKind::Hole).map(|r| r.reserved).sum();
+    l.high_water = l.ranges.iter().map(|r| r.start + r.reserved).max().unwrap_or(0);
+    l
+}
+
+/// Answers translation queries through the views of `partitions` (their union): a GFA or
+/// resource of another partition is `NotInPartition`, never its owner.
+pub fn translate_in(snap: &Snapshot, partitions: &[String], queries: &[TranslateQuery]) -> TranslateResponse {
+    let views: Vec<_> = partitions.iter().filter_map(|p| snap.partition(p)).collect();
+    let results = queries
+        .iter()
+        .map(|q| match q {
+            TranslateQuery::Gfa(g) => {
+                let mut hole = None;
+                for v in &views {
+                    match v.translate(*g) {
+                        Ok(loc) => return crate::ops::located(snap, &loc),
+                        Err(e @ TranslateError::Hole { .. }) => hole = Some(e),
+                        Err(_) => {}
+                    }
+                }
+                match (hole, snap.translate(*g)) {
+                    (Some(e), _) => crate::ops::failed(snap, e),
+                    (None, Err(TranslateError::Unmapped { .. })) => Translation::Unmapped,
+                    (None, _) => Translation::NotInPartition,
+                }
+            }
+            TranslateQuery::Resource { resource, offset } => {
+                let Ok(device) = resource.device.parse::<DeviceId>() else { return Translation::UnknownResource };
+                let mut other = None;
+                for v in &views {
+                    match v.reverse(&device, resource.memory.into(), resource.ordinal, *offset) {
+                        Ok(g) => return Translation::Gfa(g),
+                        Err(TranslateError::ResourceNotInPartition) => {}
+                        Err(e) => other = Some(e),
+                    }
+                }
+                match other {
+                    Some(e) => crate::ops::failed(snap, e),
+                    None => Translation::NotInPartition,
+                }
+            }
+        })
+        .collect();
+    TranslateResponse { results: BoundedVec::new(results).unwrap_or_default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabric_addrmap::AddressMap;
+
+    fn hgx() -> Fabric {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        Fabric::build(fabric_drivers::sim::load(&p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_partition_sees_its_devices_their_ancestors_and_switches_only() {
+        let f = hgx();
+        let gpus: Vec<DeviceId> =
+            f.inventory().devices.iter().filter(|d| d.gpu.is_some()).map(|d| d.id.clone()).collect();
+        assert!(gpus.len() >= 4);
+        let members: HashSet<DeviceId> = gpus[..2].iter().cloned().collect();
+        let inv = scoped_inventory(&f, &members);
+        let scoped = Fabric::build(inv).unwrap();
+        let seen: Vec<&DeviceId> =
+            scoped.inventory().devices.iter().filter(|d| d.gpu.is_some()).map(|d| &d.id).collect();
+        assert_eq!(seen, gpus[..2].iter().collect::<Vec<_>>());
+        for g in &gpus[2..] {
+            assert!(scoped.inventory().find(g).is_none(), "{g} leaked into the view");
+        }
+        // The two GPUs still reach each other as in the whole fabric.
+        let (a, b) = (scoped.inventory().find(&gpus[0]).unwrap(), scoped.inventory().find(&gpus[1]).unwrap());
+        let (fa, fb) = (f.inventory().find(&gpus[0]).unwrap(), f.inventory().find(&gpus[1]).unwrap());
+        assert_eq!(scoped.classify(a, b), f.classify(fa, fb));
+        assert!(scoped.inventory().devices.len() < f.inventory().devices.len());
+    }
+
+    #[test]
+    fn translation_through_partitions_hides_the_others() {
+        let f = hgx();
+        let mut map = AddressMap::new(Default::default()).unwrap();
+        map.update(f.inventory()).unwrap();
+        let gpus: Vec<DeviceId> =
+            f.inventory().devices.iter().filter(|d| d.gpu.is_some()).map(|d| d.id.clone()).collect();
+        map.partition("a", &gpus[..1]);
+        map.partition("b", &gpus[1..2]);
+        let snap = map.snapshot();
+        let listing = snap.listing();
+        let start_of =
+            |id: &DeviceId| listing.ranges.iter().find(|r| r.owner.starts_with(&format!("{id}#"))).unwrap().start;
+        let (ga, gb) = (start_of(&gpus[0]), start_of(&gpus[1]));
+        let q = [TranslateQuery::Gfa(ga), TranslateQuery::Gfa(gb), TranslateQuery::Gfa(u64::MAX >> 8)];
+        let r = translate_in(&snap, &["a".to_owned()], &q);
+        assert!(matches!(r.results[0], Translation::Resource { .. }));
+        assert_eq!(r.results[1], Translation::NotInPartition);
+        assert_eq!(r.results[2], Translation::Unmapped);
+        let both = translate_in(&snap, &["a".to_owned(), "b".to_owned()], &q);
+        assert!(matches!(both.results[1], Translation::Resource { .. }), "bound to both: the union");
+        let members: HashSet<DeviceId> = gpus[..1].iter().cloned().collect();
+        let l = scoped_listing(&snap, &members);
+        assert!(!l.ranges.is_empty());
+        assert!(l.ranges.iter().all(|r| r.owner.starts_with(&format!("{}#", gpus[0]))));
+        assert_eq!(l.mapped_bytes, l.ranges.iter().map(|r| r.size).sum::<u64>());
+    }
+}

@@ -1,0 +1,416 @@
+//! Security of a real daemon against real clients under unprivileged uids: the socket's
+//! mode and group, partition bindings by uid and by supplementary group, what a bound
+//! client sees and touches, export handles (forged, stale, revoked, replayed, policies that
+//! name someone else or a partition), admin-only changes, and `security.require_partition`
+//! after a restart on the same state.
+//!
+//! It needs root (to run clients under other uids); CI runs it as root. As anyone else it
+//! prints why it skipped. Each client is this test binary re-run (`--ignored --exact
+//! security_child`) under its uid, gid and groups: it reads one command a line on stdin and
+//! answers one line on stdout. Only numeric ids are used: nothing is created in /etc.
+#![allow(clippy::unwrap_used, clippy::print_stdout, clippy::print_stderr, reason = "a test and its child process")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use fabric_proto::wire::{
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, ExportHandle, ExportPolicy,
+    ExportRequest, ImportRequest, MemoryClass, Name, PartitionSpec, PartitionsRequest, RegionsRequest, Request,
+    ResourceName, Response, RevokeRequest, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
+};
+use fabric_topology::Fabric;
+
+const ENV_SOCKET: &str = "FABRICD_SECURITY_SOCKET";
+
+const SOCKET_GID: u32 = 61100;
+const ADMIN_GID: u32 = 61150;
+const TENANT_A_GID: u32 = 61300;
+/// Bound to tenant-a by uid.
+const UID_A: u32 = 61001;
+/// Bound to tenant-b by uid.
+const UID_B: u32 = 61002;
+/// Bound to nothing.
+const UID_C: u32 = 61003;
+/// Member of the admin group (a supplementary group).
+const UID_ADMIN: u32 = 61004;
+/// Bound to tenant-a through a supplementary group.
+const UID_D: u32 = 61005;
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn gpus() -> Vec<String> {
+    let f = Fabric::build(fabric_drivers::sim::load(&common::sim_file()).unwrap()).unwrap();
+    f.inventory().devices.iter().filter(|d| d.gpu.is_some()).map(|d| d.id.to_string()).collect()
+}
+
+/// One client process under its own credentials.
+struct Client {
+    name: &'static str,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Client {
+    /// Runs this test binary's `security_child` as `uid`, primary gid `SOCKET_GID` and the
+    /// supplementary `groups`.
+    fn spawn(name: &'static str, socket: &std::path::Path, uid: u32, groups: &[u32]) -> Self {
+        let groups: Vec<libc::gid_t> = groups.to_vec();
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--ignored", "--exact", "security_child", "--nocapture", "--test-threads", "1"])
+            .env(ENV_SOCKET, socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: the closure runs in the forked child before exec and makes only
+        // async-signal-safe system calls (setgroups, setgid, setuid) on data prepared
+        // before the fork; it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Supplementary groups first, while still root; then gid, then uid.
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(SOCKET_GID) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut c = Self { name, child, stdin, stdout };
+        assert_eq!(c.ask("whoami"), format!("ok uid={uid}"), "{name} runs under its uid");
+        c
+    }
+
+    /// Sends one command and returns the child's one-line answer.
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(n > 0, "{} exited while answering {cmd:?}", self.name);
+            // libtest prints its own text, even on the answer's line ("test x ... answer: ").
+            if let Some((_, a)) = line.split_once("answer: ") {
+                let a = a.trim_end().to_owned();
+                println!("{} ({cmd}) -> {a}", self.name);
+                return a;
+            }
+        }
+    }
+
+    /// The value of `key=` in an `ok` answer.
+    fn ok(&mut self, cmd: &str, key: &str) -> String {
+        let a = self.ask(cmd);
+        assert!(a.starts_with("ok"), "{}: {cmd} -> {a}", self.name);
+        a.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")).map(str::to_owned))
+            .unwrap_or_else(|| panic!("{}: {cmd} -> {a} has no {key}=", self.name))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.child.wait();
+    }
+}
+
+fn admin_call(c: &mut Connection, req: Request) -> Response {
+    c.call(req, &[]).unwrap().0
+}
+
+fn spec(name: &str, devices: &[&str], uids: &[u32], gids: &[u32]) -> PartitionSpec {
+    PartitionSpec {
+        name: Name::truncated(name),
+        devices: devices.iter().map(|d| (*d).try_into().unwrap()).collect::<Vec<_>>().try_into().unwrap(),
+        uids: uids.to_vec().try_into().unwrap(),
+        gids: gids.to_vec().try_into().unwrap(),
+    }
+}
+
+fn forged(h: &str) -> String {
+    let mut h: ExportHandle = h.parse().unwrap();
+    h.secret.0[7] ^= 1;
+    h.to_string()
+}
+
+fn stale(h: &str) -> String {
+    let mut h: ExportHandle = h.parse().unwrap();
+    h.generation += 1;
+    h.to_string()
+}
+
+#[test]
+fn partitions_handles_and_admin_rights_hold_against_other_uids() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run clients under uids {UID_A}..{UID_D} (CI runs it as root)");
+        return;
+    }
+    let s = common::Setup::new(&format!("group = \"{SOCKET_GID}\"\nadmin_group = \"{ADMIN_GID}\""));
+    let d = common::start(&s.config, s.dir.path());
+    let g = gpus();
+    assert!(g.len() >= 5);
+
+    // The socket: 0660, owned by the configured group.
+    let meta = std::fs::metadata(&s.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), SOCKET_GID);
+
+    // Root (an admin) carves two partitions: A by uid and by a group, B by uid.
+    let mut root = common::client(&s.socket);
+    admin_call(
+        &mut root,
+        Request::Partitions(PartitionsRequest::Set(spec("tenant-a", &[&g[0], &g[1]], &[UID_A], &[TENANT_A_GID]))),
+    );
+    admin_call(
+        &mut root,
+        Request::Partitions(PartitionsRequest::Set(spec("tenant-b", &[&g[2], &g[3]], &[UID_B], &[]))),
+    );
+
+    let mut a = Client::spawn("A", &s.socket, UID_A, &[]);
+    let mut b = Client::spawn("B", &s.socket, UID_B, &[]);
+    let mut c = Client::spawn("C", &s.socket, UID_C, &[]);
+    let mut dd = Client::spawn("D", &s.socket, UID_D, &[TENANT_A_GID]);
+    let mut adm = Client::spawn("admin-member", &s.socket, UID_ADMIN, &[ADMIN_GID]);
+
+    // Non-admins cannot change partitions; a member of the admin group can.
+    assert_eq!(a.ask(&format!("pset evil {}", g[2])), "err AdminRequired");
+    assert_eq!(a.ask("prm tenant-b"), "err AdminRequired");
+    assert_eq!(c.ask("prm tenant-a"), "err AdminRequired");
+    assert_eq!(adm.ask(&format!("pset shared {}", g[4])), "ok");
+    assert_eq!(adm.ask("prm shared"), "ok");
+    let log = d.log();
+    assert!(log.contains(&format!("uid={UID_A}")) && log.contains("AdminRequired"), "refusals are logged: {log}");
+
+    // Listing: a bound client sees its own partitions only; an unbound one none; admins all.
+    assert_eq!(a.ok("plist", "names"), "tenant-a");
+    assert_eq!(dd.ok("plist", "names"), "tenant-a", "bound through a supplementary group");
+    assert_eq!(b.ok("plist", "names"), "tenant-b");
+    assert_eq!(c.ok("plist", "names"), "");
+    assert_eq!(adm.ok("plist", "names"), "tenant-a,tenant-b");
+
+    // Devices, topology and map: A sees its GPUs and not B's; C (unbound) sees everything.
+    let seen_a = a.ok("devices", "gpus");
+    assert_eq!(seen_a, format!("{},{}", g[0], g[1]));
+    assert_eq!(dd.ok("devices", "gpus"), seen_a);
+    assert_eq!(b.ok("devices", "gpus"), format!("{},{}", g[2], g[3]));
+    assert_eq!(c.ok("devices", "gpus").split(',').count(), g.len());
+    assert_eq!(a.ok("topology", "gpus"), seen_a);
+    let map_a = a.ok("map", "owners");
+    assert!(map_a.contains(&g[0]) && map_a.contains(&g[1]) && !map_a.contains(&g[2]), "{map_a}");
+
+    // Translation: A resolves its own memory and gets NotInPartition for B's.
+    let gfa_b = b.ok(&format!("reverse {}", g[2]), "gfa");
+    let gfa_a = a.ok(&format!("reverse {}", g[0]), "gfa");
+    assert_eq!(a.ask(&format!("reverse {}", g[2])), "notinpartition");
+    assert_eq!(a.ask(&format!("gfa {gfa_b}")), "notinpartition");
+    assert_eq!(a.ok(&format!("gfa {gfa_a}"), "device"), g[0]);
+    assert_eq!(c.ok(&format!("gfa {gfa_b}"), "device"), g[2], "an unbound client sees the whole map");
+
+    // Alloc: only on the partition's devices.
+    assert_eq!(a.ask(&format!("alloc {}", g[2])), "err PermissionDenied");
+    let region = a.ok(&format!("alloc {}", g[0]), "region");
+    let region_b = b.ok(&format!("alloc {}", g[2]), "region");
+
+    // Handles. Owner-only policy: no other uid imports, even in the same partition.
+    let h_owner = a.ok(&format!("export {region} - -"), "handle");
+    assert_eq!(dd.ask(&format!("import {h_owner}")), "err PermissionDenied");
+    assert_eq!(c.ask(&format!("import {h_owner}")), "err PermissionDenied");
+    // A policy naming D: D imports; a forged secret or a stale generation does not.
+    let h_d = a.ok(&format!("export {region} {UID_D} -"), "handle");
+    assert!(dd.ask(&format!("import {h_d}")).starts_with("ok"));
+    assert_eq!(dd.ask(&format!("import {}", forged(&h_d))), "err InvalidHandle");
+    assert_eq!(dd.ask(&format!("import {}", stale(&h_d))), "err InvalidHandle");
+    assert_eq!(c.ask(&format!("import {}", forged(&h_d))), "err InvalidHandle");
+    // A policy naming other uids admits nobody else.
+    assert_eq!(c.ask(&format!("import {h_d}")), "err PermissionDenied");
+    // A policy naming B's uid still does not reach across partitions: the region is on A's device.
+    let h_b = a.ok(&format!("export {region} {UID_B} -"), "handle");
+    assert_eq!(b.ask(&format!("import {h_b}")), "err PermissionDenied");
+    // Nor may A import B's region, whatever B's policy says about A's uid.
+    let h_ba = b.ok(&format!("export {region_b} {UID_A} -"), "handle");
+    assert_eq!(a.ask(&format!("import {h_ba}")), "err PermissionDenied");
+    // A policy naming a partition: its clients import, others do not; an exporter names
+    // only a partition it is bound to.
+    assert_eq!(a.ask(&format!("export {region} - tenant-b")), "err PermissionDenied");
+    assert_eq!(a.ask(&format!("export {region} - nowhere")), "err NotFound");
+    let h_part = a.ok(&format!("export {region} - tenant-a"), "handle");
+    assert!(dd.ask(&format!("import {h_part}")).starts_with("ok"));
+    assert_eq!(b.ask(&format!("import {h_part}")), "err PermissionDenied");
+    assert_eq!(c.ask(&format!("import {h_part}")), "err PermissionDenied", "unbound: not in tenant-a");
+    // Revocation: later imports, and replays of the same handle, are refused.
+    assert_eq!(dd.ask(&format!("revoke {h_d}")), "err PermissionDenied", "only the owner revokes");
+    assert_eq!(a.ask(&format!("revoke {h_d}")), "ok");
+    assert_eq!(dd.ask(&format!("import {h_d}")), "err Revoked");
+    assert_eq!(dd.ask(&format!("import {h_d}")), "err Revoked", "a replay is refused again");
+    assert_eq!(c.ask(&format!("import {h_d}")), "err Revoked");
+
+    // Regions: one's own; everyone's for admins only. The listing carries no secret.
+    assert_eq!(a.ok("regions", "regions"), "1");
+    assert_eq!(a.ok("regions", "exports"), "4");
+    assert_eq!(dd.ok("regions", "imports"), "2");
+    assert_eq!(a.ask("regions-all"), "err AdminRequired");
+    assert_eq!(adm.ok("regions-all", "regions"), "2");
+    let Response::Regions(all) = admin_call(&mut root, Request::Regions(RegionsRequest { all: true })) else {
+        panic!()
+    };
+    assert_eq!(all.regions.len(), 2);
+    assert!(all.exports.iter().any(|e| e.revoked && e.policy.uids.as_slice() == [UID_D]));
+
+    // The bindings survive a restart, and with security.require_partition an unbound
+    // client is refused while bound ones carry on.
+    drop((a, b, c, dd, adm, root));
+    drop(d);
+    let text = std::fs::read_to_string(&s.config).unwrap() + "[security]\nrequire_partition = true\n";
+    std::fs::write(&s.config, text).unwrap();
+    let _d = common::start(&s.config, s.dir.path());
+    let mut a = Client::spawn("A", &s.socket, UID_A, &[]);
+    let mut c = Client::spawn("C", &s.socket, UID_C, &[]);
+    assert_eq!(a.ok("devices", "gpus"), seen_a, "bindings are durable");
+    assert_eq!(a.ok("plist", "names"), "tenant-a");
+    assert_eq!(c.ask("devices"), "err PermissionDenied");
+    assert_eq!(c.ask(&format!("gfa {gfa_a}")), "err PermissionDenied");
+    assert_eq!(c.ask(&format!("alloc {}", g[4])), "err PermissionDenied");
+    assert_eq!(c.ok("plist", "names"), "", "listing stays open");
+    assert!(c.ask("status").starts_with("ok"), "status stays open");
+}
+
+/// The client half of the test above, run by it under another uid; does nothing when run
+/// directly.
+#[test]
+#[ignore = "the client process of partitions_handles_and_admin_rights_hold_against_other_uids, which runs it"]
+fn security_child() {
+    let Some(socket) = std::env::var_os(ENV_SOCKET) else { return };
+    let mut conn = common::client(std::path::Path::new(&socket));
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"quit") {
+            break;
+        }
+        let answer = child_command(&mut conn, &words);
+        println!("answer: {answer}");
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+fn code(e: CodecError) -> String {
+    match e {
+        CodecError::Refused { body, .. } => format!("err {:?}", body.code),
+        other => panic!("transport failure: {other}"),
+    }
+}
+
+fn gpu_ids(json: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    let ids: Vec<&str> = devices.iter().filter(|d| d["kind"] == "gpu").map(|d| d["id"].as_str().unwrap()).collect();
+    ids.join(",")
+}
+
+fn child_command(conn: &mut Connection, w: &[&str]) -> String {
+    let mut call = |req: Request| conn.call(req, &[]).map(|(r, _fds)| r);
+    let resource = |dev: &str| ResourceName { device: dev.try_into().unwrap(), memory: MemoryClass::Hbm, ordinal: 0 };
+    let r = match w {
+        ["whoami"] => return format!("ok uid={}", nix::unistd::getuid()),
+        ["status"] => call(Request::Status(Default::default())).map(|_| "ok".to_owned()),
+        ["pset", name, dev] => {
+            call(Request::Partitions(PartitionsRequest::Set(spec(name, &[dev], &[], &[])))).map(|_| "ok".to_owned())
+        }
+        ["prm", name] => call(Request::Partitions(PartitionsRequest::Remove { name: Name::truncated(name) }))
+            .map(|_| "ok".to_owned()),
+        ["plist"] => call(Request::Partitions(PartitionsRequest::List)).map(|r| {
+            let Response::Partitions(p) = r else { panic!("{r:?}") };
+            let names: Vec<&str> = p.partitions.iter().map(|s| s.name.as_str()).collect();
+            format!("ok names={}", names.join(","))
+        }),
+        ["devices"] => call(Request::Devices(TopologyRequest::default())).map(|r| {
+            let Response::Devices(doc) = r else { panic!("{r:?}") };
+            format!("ok gpus={}", gpu_ids(&doc.json))
+        }),
+        ["topology"] => call(Request::Topology(TopologyRequest::default())).map(|r| {
+            let Response::Topology(doc) = r else { panic!("{r:?}") };
+            format!("ok gpus={}", gpu_ids(&doc.json))
+        }),
+        ["map"] => call(Request::Map(TopologyRequest::default())).map(|r| {
+            let Response::Map(doc) = r else { panic!("{r:?}") };
+            let v: serde_json::Value = serde_json::from_str(&doc.json).unwrap();
+            let owners: Vec<&str> =
+                v["ranges"].as_array().unwrap().iter().map(|r| r["owner"].as_str().unwrap()).collect();
+            format!("ok owners={}", owners.join(","))
+        }),
+        ["reverse", dev] => {
+            let q = TranslateQuery::Resource { resource: resource(dev), offset: 0 };
+            call(Request::Translate(TranslateRequest { queries: BoundedVec::new(vec![q]).unwrap() })).map(|r| {
+                let Response::Translate(t) = r else { panic!("{r:?}") };
+                match &t.results[0] {
+                    Translation::Gfa(g) => format!("ok gfa={g}"),
+                    Translation::NotInPartition => "notinpartition".to_owned(),
+                    other => format!("other {other:?}"),
+                }
+            })
+        }
+        ["gfa", gfa] => {
+            let q = TranslateQuery::Gfa(gfa.parse().unwrap());
+            call(Request::Translate(TranslateRequest { queries: BoundedVec::new(vec![q]).unwrap() })).map(|r| {
+                let Response::Translate(t) = r else { panic!("{r:?}") };
+                match &t.results[0] {
+                    Translation::Resource { resource, .. } => format!("ok device={}", resource.device),
+                    Translation::NotInPartition => "notinpartition".to_owned(),
+                    other => format!("other {other:?}"),
+                }
+            })
+        }
+        ["alloc", dev] => {
+            let target = AllocTarget::Resource(resource(dev));
+            call(Request::Alloc(AllocRequest { target, size: 2 << 20, align: 0 })).map(|r| {
+                let Response::Alloc(a) = r else { panic!("{r:?}") };
+                format!("ok region={}", a.region)
+            })
+        }
+        ["export", region, uids, partition] => {
+            let uids: Vec<u32> =
+                if *uids == "-" { Vec::new() } else { uids.split(',').map(|u| u.parse().unwrap()).collect() };
+            let policy = ExportPolicy {
+                uids: uids.try_into().unwrap(),
+                gids: BoundedVec::default(),
+                partition: (*partition != "-").then(|| Name::truncated(partition)),
+                access: AccessMode::ReadWrite,
+            };
+            call(Request::Export(ExportRequest { region: region.parse().unwrap(), policy })).map(|r| {
+                let Response::Export(e) = r else { panic!("{r:?}") };
+                format!("ok handle={}", e.handle)
+            })
+        }
+        ["import", handle] => {
+            let handle: ExportHandle = handle.parse().unwrap();
+            call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly })).map(|r| {
+                let Response::Import(i) = r else { panic!("{r:?}") };
+                format!("ok import={}", i.import)
+            })
+        }
+        ["revoke", handle] => {
+            let handle: ExportHandle = handle.parse().unwrap();
+            call(Request::Revoke(RevokeRequest { handle })).map(|_| "ok".to_owned())
+        }
+        ["regions"] | ["regions-all"] => {
+            call(Request::Regions(RegionsRequest { all: w[0] == "regions-all" })).map(|r| {
+                let Response::Regions(l) = r else { panic!("{r:?}") };
+                format!("ok regions={} exports={} imports={}", l.regions.len(), l.exports.len(), l.imports.len())
+            })
+        }
+        other => panic!("unknown command {other:?}"),
+    };
+    r.unwrap_or_else(code)
+}
