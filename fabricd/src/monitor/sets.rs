@@ -83,10 +83,7 @@ mod tests {
     use fabric_addrmap::{MapConfig, RangeKind};
 
     fn sim(text: &str) -> Inventory {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f.toml");
-        std::fs::write(&p, text).unwrap();
-        fabric_drivers::sim::load(&p).unwrap()
+        fabric_drivers::sim::parse(text, "test").unwrap()
     }
 
     fn pool() -> String {
