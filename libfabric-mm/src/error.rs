@@ -87,6 +87,30 @@ pub enum Error {
         /// The soft limit.
         limit: u64,
     },
+    /// The daemon refused to pin more for this user: `limits.pinned_bytes_per_uid`.
+    #[error(
+        "pinning {requested} more bytes exceeds fabricd's per-user pinned limit ({used} of {max} bytes pinned; raise limits.pinned_bytes_per_uid in fabricd.toml, or unregister)"
+    )]
+    PinnedLimit {
+        /// Bytes this user has pinned now.
+        used: u64,
+        /// Bytes asked for (whole pages).
+        requested: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The daemon could not lock the memory: its own `RLIMIT_MEMLOCK`.
+    #[error(
+        "fabricd cannot lock {requested} more bytes: its RLIMIT_MEMLOCK is {limit} bytes ({locked} locked; raise LimitMEMLOCK= in fabricd.service or grant it CAP_IPC_LOCK)"
+    )]
+    DaemonMemlockLimit {
+        /// Bytes the daemon has locked.
+        locked: u64,
+        /// Bytes asked for.
+        requested: u64,
+        /// The daemon's soft limit.
+        limit: u64,
+    },
     /// An argument is out of range.
     #[error("{0}")]
     InvalidArgument(String),
@@ -156,7 +180,8 @@ impl Error {
             Error::OutsideWindow { .. } => FMM_E_OUTSIDE_WINDOW,
             Error::NoGfa(_) => FMM_E_NO_GFA,
             Error::AlreadyMapped { .. } => FMM_E_ALREADY_MAPPED,
-            Error::MemlockLimit { .. } => FMM_E_MEMLOCK,
+            Error::MemlockLimit { .. } | Error::DaemonMemlockLimit { .. } => FMM_E_MEMLOCK,
+            Error::PinnedLimit { .. } => FMM_E_LIMIT,
             Error::InvalidArgument(_) => FMM_E_ARG,
             Error::Os { .. } => FMM_E_OS,
         }

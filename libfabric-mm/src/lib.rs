@@ -4,6 +4,10 @@
 //! fabric address inside the session's unified [`Window`] ([`Session::map`]), where
 //! loads and stores reach it directly, with no daemon on the path.
 //!
+//! Memory is registered for DMA by a device ([`Session::register`], [`Session::register_ptr`]):
+//! pinned and given an IOVA in the device's DMA domain, through a cache keyed by allocation
+//! and generation ([`regcache`]).
+//!
 //! Every resource is an owned value whose `Drop` undoes it. Revocation (owner exited,
 //! export revoked, device lost) marks imports revoked: the next use fails with
 //! [`Error::Revoked`], and [`Session::on_revocation`] runs a callback.
@@ -14,14 +18,20 @@
 mod client;
 pub mod error;
 pub mod ffi;
+pub mod hostmem;
 pub mod memory;
+pub mod regcache;
+pub mod register;
 pub mod session;
 pub mod topology;
 pub mod window;
 
 pub use error::{Error, Result};
 pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
+pub use hostmem::HostBuffer;
 pub use memory::{Handle, Import, Mapping, Memory, Region};
+pub use regcache::{CacheLimits, CacheStats};
+pub use register::{Access, Registrable, Registration, RegistrationStats};
 pub use session::{Location, Policy, Session, SessionConfig, Target, default_socket};
 pub use topology::DeviceInfo;
 pub use window::{Protection, Window, WindowConfig};

@@ -66,6 +66,12 @@ impl Mem {
 
 impl Drop for Mem {
     fn drop(&mut self) {
+        // Registrations the cache still holds go first (the daemon would drop them with
+        // the region anyway; this keeps the cache from answering with a dead one).
+        self.session.registrations.invalidate(crate::regcache::Owner::Fabric {
+            region: self.region,
+            generation: self.generation,
+        });
         let req = match self.kind {
             MemKind::Owned => Request::Free(FreeRequest { region: self.region }),
             MemKind::Imported { import } => {
@@ -139,6 +145,10 @@ impl Region {
     pub(crate) fn new(m: Mem) -> Self {
         Self(Arc::new(m))
     }
+
+    pub(crate) fn mem_arc(&self) -> &Arc<Mem> {
+        &self.0
+    }
 }
 
 impl sealed::Sealed for Region {
@@ -157,6 +167,10 @@ pub struct Import(Arc<Mem>);
 impl Import {
     pub(crate) fn new(m: Mem) -> Self {
         Self(Arc::new(m))
+    }
+
+    pub(crate) fn mem_arc(&self) -> &Arc<Mem> {
+        &self.0
     }
 
     /// The daemon's import id.
@@ -199,6 +213,10 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     pub(crate) fn new(mem: Arc<Mem>, ptr: *mut u8, gfa: u64) -> Self {
         Self { mem, ptr, gfa }
+    }
+
+    pub(crate) fn mem_arc(&self) -> &Arc<Mem> {
+        &self.mem
     }
 
     /// First byte.

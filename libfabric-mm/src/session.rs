@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) window: Window,
     pub(crate) revocations: Arc<Revocations>,
     pub(crate) socket: PathBuf,
+    /// The registration cache and counters (crate::register).
+    pub(crate) registrations: crate::register::Registrations,
 }
 
 /// A session with fabricd. Cheap to clone (all clones are one session); the connection
@@ -186,7 +188,7 @@ impl Session {
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
         let client = Client::connect(&socket, name, on_event)?;
-        let inner = Arc::new(Inner { client, window, revocations, socket });
+        let inner = Arc::new(Inner { client, window, revocations, socket, registrations: Default::default() });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {
             Response::Subscribe(_) => Ok(s),

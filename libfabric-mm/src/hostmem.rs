@@ -1,0 +1,232 @@
+//! Host memory for DMA registration and the system calls behind it: [`HostBuffer`] (a
+//! library-owned buffer on a memfd, which the daemon maps and pins itself) and the page
+//! locks (`mlock` + `MADV_DONTFORK`, reference-counted per page) that registering a bare
+//! pointer takes. Every `unsafe` block of registration is here.
+//!
+//! Why a memfd for host buffers rather than `mlock` + the daemon reaching into this
+//! process: the daemon maps the very same pages from the descriptor and pins them under
+//! its own accounting (`limits.pinned_bytes_per_uid`), so a process with the default
+//! 8 MiB `RLIMIT_MEMLOCK` can still register gigabytes; the daemon's copy engine reads
+//! and writes through the descriptor instead of `process_vm_readv`; and the buffer is
+//! `MADV_DONTFORK`, so a forked child never shares or copies its pages.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::regcache::{Owner, PageCounts, PageRun};
+use crate::session::Inner;
+
+/// Bytes of a page (the daemon's IOVA granule too).
+pub const PAGE: u64 = 4096;
+
+static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
+static LOCKED: Mutex<PageCounts> = Mutex::new(PageCounts::new());
+
+/// The shared state of a host buffer (opaque).
+#[doc(hidden)]
+pub struct HostMem {
+    pub(crate) session: Arc<Inner>,
+    pub(crate) id: u64,
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: u64,
+    pub(crate) fd: OwnedFd,
+}
+
+// SAFETY: the pointer names a process-wide shared mapping that lives as long as the value;
+// it is never dereferenced by the library, and the rest is Send + Sync.
+unsafe impl Send for HostMem {}
+// SAFETY: as above.
+unsafe impl Sync for HostMem {}
+
+impl std::fmt::Debug for HostMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMem").field("id", &self.id).field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        // Undo the cached registrations first: the daemon holds the pages until then.
+        self.session.registrations.invalidate(Owner::Host { buffer: self.id });
+        // SAFETY: the mapping made in `HostBuffer::new`, `len` bytes; no registration of
+        // it is left (each holds this value alive) and the buffer is gone.
+        unsafe { libc::munmap(self.ptr.cast(), self.len as usize) };
+    }
+}
+
+/// A page-aligned host buffer on a memfd, mapped shared in this process and excluded from
+/// forked children (`MADV_DONTFORK`). Register it with [`crate::Session::register`]: the
+/// daemon pins the same pages. Unmapped when it and every registration of it are dropped.
+#[derive(Debug, Clone)]
+pub struct HostBuffer(pub(crate) Arc<HostMem>);
+
+impl HostBuffer {
+    pub(crate) fn new(session: Arc<Inner>, len: u64) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("a host buffer needs at least one byte".into()));
+        }
+        let len = len
+            .checked_next_multiple_of(PAGE)
+            .filter(|l| usize::try_from(*l).is_ok() && i64::try_from(*l).is_ok())
+            .ok_or_else(|| Error::InvalidArgument(format!("{len} bytes is too large for a host buffer")))?;
+        let name = c"fabric-mm-host";
+        // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::os("memfd_create for a host buffer")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on our own descriptor; len fits off_t (checked above).
+        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+            return Err(Error::os("sizing a host buffer")(std::io::Error::last_os_error()));
+        }
+        let ulen = len as usize;
+        // SAFETY: a new shared mapping of our memfd at an address the kernel picks; it
+        // aliases no Rust object.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), ulen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os("mapping a host buffer")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: advice on the mapping made above.
+        if unsafe { libc::madvise(p, ulen, libc::MADV_DONTFORK) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: the mapping made above, not handed out.
+            unsafe { libc::munmap(p, ulen) };
+            return Err(Error::os("MADV_DONTFORK on a host buffer")(e));
+        }
+        let id = NEXT_BUFFER.fetch_add(1, Ordering::Relaxed);
+        Ok(Self(Arc::new(HostMem { session, id, ptr: p.cast(), len, fd })))
+    }
+
+    /// First byte. Loads and stores through it are the caller's (see the safety note on
+    /// [`crate::Registration`]: no Rust reference may be live while a device writes).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.0.ptr
+    }
+
+    /// Bytes (a whole number of pages).
+    pub fn len(&self) -> u64 {
+        self.0.len
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The buffer's process-wide id (never reused): its identity in the registration cache.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// The bytes.
+    ///
+    /// # Safety
+    /// No device may write the buffer (through a read-write registration) while the slice
+    /// lives.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is mapped read-write for as long as self lives; aliasing
+        // with DMA is the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.0.ptr, self.0.len as usize) }
+    }
+
+    /// The bytes, for writing.
+    ///
+    /// # Safety
+    /// As for [`HostBuffer::as_slice`], and no other slice of the buffer may be live.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: as above; exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.ptr, self.0.len as usize) }
+    }
+}
+
+/// The soft `RLIMIT_MEMLOCK` (`u64::MAX`: unlimited or unknown).
+pub fn memlock_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return u64::MAX;
+    }
+    r.rlim_cur
+}
+
+fn run_bytes((first, n): PageRun) -> (*mut libc::c_void, usize) {
+    ((first * PAGE) as usize as *mut libc::c_void, (n * PAGE) as usize)
+}
+
+/// Unlocks runs and lets children inherit them again.
+fn unlock_runs(runs: &[PageRun]) {
+    for run in runs {
+        let (p, n) = run_bytes(*run);
+        // SAFETY: these pages were locked by `PageLock::new` and still belong to the
+        // caller's mapping (or are gone, in which case the calls fail harmlessly); they
+        // change no memory contents.
+        unsafe {
+            libc::munlock(p, n);
+            libc::madvise(p, n, libc::MADV_DOFORK);
+        }
+    }
+}
+
+/// Pages of this process locked (`mlock`) and kept out of forked children
+/// (`MADV_DONTFORK`) for a registration of a bare pointer; undone on drop for the pages no
+/// other live registration holds.
+#[derive(Debug)]
+pub(crate) struct PageLock {
+    first: u64,
+    pages: u64,
+}
+
+impl PageLock {
+    /// Locks the pages under `len` bytes at `addr`.
+    pub(crate) fn new(addr: u64, len: u64) -> Result<Self> {
+        let end = addr
+            .checked_add(len)
+            .and_then(|e| e.checked_next_multiple_of(PAGE))
+            .ok_or_else(|| Error::InvalidArgument(format!("{len} bytes at {addr:#x} overflow")))?;
+        let first = addr / PAGE;
+        let pages = end / PAGE - first;
+        let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let runs = counts.acquire(first, pages);
+        for (i, run) in runs.iter().enumerate() {
+            let (p, n) = run_bytes(*run);
+            // SAFETY: mlock changes no memory contents; the kernel checks the range is
+            // mapped (ENOMEM otherwise).
+            let locked = unsafe { libc::mlock(p, n) } == 0;
+            let err = std::io::Error::last_os_error();
+            // SAFETY: as above: advice that changes what a child inherits, not contents.
+            let advised = locked && unsafe { libc::madvise(p, n, libc::MADV_DONTFORK) } == 0;
+            if !advised {
+                let err = if locked { std::io::Error::last_os_error() } else { err };
+                if locked {
+                    // SAFETY: the run locked just above.
+                    unsafe { libc::munlock(p, n) };
+                }
+                unlock_runs(&runs[..i]);
+                counts.release(first, pages);
+                let limit = memlock_limit();
+                return Err(match err.raw_os_error() {
+                    Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) if !locked && limit != u64::MAX => {
+                        Error::MemlockLimit { requested: pages * PAGE, limit }
+                    }
+                    _ => Error::Os { what: "locking memory for a registration", source: err },
+                });
+            }
+        }
+        Ok(Self { first, pages })
+    }
+}
+
+impl Drop for PageLock {
+    fn drop(&mut self) {
+        let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let runs = counts.release(self.first, self.pages);
+        unlock_runs(&runs);
+    }
+}

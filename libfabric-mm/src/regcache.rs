@@ -1,0 +1,435 @@
+//! The registration cache, as pure logic (no system calls, no `unsafe`, no daemon) so that
+//! it can be tested exhaustively — and run under Miri where a nightly toolchain exists.
+//!
+//! Entries are keyed by *what was allocated*, never by a bare address: an [`Owner`] (a
+//! fabric region's id and generation, or a library host buffer's never-reused id), plus
+//! device, access and byte range. A region freed and another allocated at the same GFA or
+//! the same virtual address has another id or generation, so it can never hit the old
+//! entry; the library also drops an owner's entries ([`RegCache::invalidate`]) when the
+//! owner goes, so that the registration they hold is undone at once.
+//!
+//! The cache is bounded by entries and by bytes; the least recently used entry goes first.
+//! Evicting or invalidating hands the values back to the caller, which drops them (for the
+//! library: unregisters, unless a user still holds the registration).
+
+use std::collections::{BTreeMap, HashMap};
+
+/// The allocation a registration covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    /// A fabric region (allocated or imported): the daemon's region id and generation.
+    Fabric {
+        /// Region id.
+        region: u64,
+        /// Region generation: a new allocation never reuses an id and generation pair.
+        generation: u64,
+    },
+    /// A library host buffer: its process-wide id, never reused.
+    Host {
+        /// Buffer id.
+        buffer: u64,
+    },
+}
+
+/// A cache key: owner, device (interned by the caller), access and byte range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegKey {
+    /// The allocation.
+    pub owner: Owner,
+    /// The device, as a small integer the caller interns.
+    pub device: u32,
+    /// Whether the device may write.
+    pub writable: bool,
+    /// First byte, in the owner.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// How big the cache may grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Entries at most (0: caching off).
+    pub entries: usize,
+    /// Bytes registered through cached entries at most.
+    pub bytes: u64,
+}
+
+impl Default for CacheLimits {
+    /// 1,024 entries and 4 GiB.
+    fn default() -> Self {
+        Self { entries: 1024, bytes: 4 << 30 }
+    }
+}
+
+/// What the cache has done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups answered from the cache.
+    pub hits: u64,
+    /// Lookups that found nothing.
+    pub misses: u64,
+    /// Entries dropped to stay within the limits.
+    pub evictions: u64,
+    /// Entries dropped because their owner went (freed, released, revoked).
+    pub invalidations: u64,
+    /// Entries now.
+    pub entries: u64,
+    /// Bytes of the entries now.
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+struct Slot<V> {
+    value: V,
+    tick: u64,
+}
+
+/// A bounded LRU map from [`RegKey`] to `V`.
+#[derive(Debug)]
+pub struct RegCache<V> {
+    limits: CacheLimits,
+    map: HashMap<RegKey, Slot<V>>,
+    /// Recency order: tick → key; the smallest tick is the least recently used.
+    order: BTreeMap<u64, RegKey>,
+    tick: u64,
+    stats: CacheStats,
+}
+
+impl<V> RegCache<V> {
+    /// An empty cache with these limits.
+    pub fn new(limits: CacheLimits) -> Self {
+        Self { limits, map: HashMap::new(), order: BTreeMap::new(), tick: 0, stats: CacheStats::default() }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> CacheLimits {
+        self.limits
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The value for `key`, made most recently used; counts a hit or a miss.
+    pub fn get(&mut self, key: &RegKey) -> Option<&V> {
+        let tick = self.tick + 1;
+        let Some(slot) = self.map.get_mut(key) else {
+            self.stats.misses += 1;
+            return None;
+        };
+        self.tick = tick;
+        self.order.remove(&slot.tick);
+        slot.tick = tick;
+        self.order.insert(tick, *key);
+        self.stats.hits += 1;
+        Some(&slot.value)
+    }
+
+    fn remove_key(&mut self, key: &RegKey) -> Option<V> {
+        let slot = self.map.remove(key)?;
+        self.order.remove(&slot.tick);
+        self.stats.entries -= 1;
+        self.stats.bytes -= key.len;
+        Some(slot.value)
+    }
+
+    /// Caches `value` under `key` (replacing an entry with the same key), then evicts the
+    /// least recently used entries until the limits hold. Returns what left the cache:
+    /// the replaced value and the evicted ones, or `value` itself when it can never fit
+    /// (caching off, or larger than the byte limit).
+    pub fn insert(&mut self, key: RegKey, value: V) -> Vec<V> {
+        if self.limits.entries == 0 || key.len > self.limits.bytes {
+            return vec![value];
+        }
+        let mut out: Vec<V> = self.remove_key(&key).into_iter().collect();
+        while self.stats.entries as usize >= self.limits.entries
+            || self.stats.bytes.saturating_add(key.len) > self.limits.bytes
+        {
+            let Some((_, lru)) = self.order.pop_first() else { break };
+            // The order and the map hold the same keys; remove from the map directly.
+            if let Some(slot) = self.map.remove(&lru) {
+                self.stats.entries -= 1;
+                self.stats.bytes -= lru.len;
+                self.stats.evictions += 1;
+                out.push(slot.value);
+            }
+        }
+        let tick = self.next_tick();
+        self.order.insert(tick, key);
+        self.map.insert(key, Slot { value, tick });
+        self.stats.entries += 1;
+        self.stats.bytes += key.len;
+        out
+    }
+
+    /// Drops every entry of `owner`; returns their values.
+    pub fn invalidate(&mut self, owner: Owner) -> Vec<V> {
+        let keys: Vec<RegKey> = self.map.keys().filter(|k| k.owner == owner).copied().collect();
+        let out: Vec<V> = keys.iter().filter_map(|k| self.remove_key(k)).collect();
+        self.stats.invalidations += out.len() as u64;
+        out
+    }
+
+    /// Drops every entry (e.g. before the limits change); returns their values. Not
+    /// counted as invalidations or evictions.
+    pub fn clear(&mut self) -> Vec<V> {
+        self.order.clear();
+        self.stats.entries = 0;
+        self.stats.bytes = 0;
+        self.map.drain().map(|(_, s)| s.value).collect()
+    }
+
+    /// New limits; returns what had to be evicted to meet them.
+    pub fn set_limits(&mut self, limits: CacheLimits) -> Vec<V> {
+        self.limits = limits;
+        let mut out = Vec::new();
+        while self.stats.entries as usize > limits.entries || self.stats.bytes > limits.bytes {
+            let Some((_, lru)) = self.order.pop_first() else { break };
+            if let Some(slot) = self.map.remove(&lru) {
+                self.stats.entries -= 1;
+                self.stats.bytes -= lru.len;
+                self.stats.evictions += 1;
+                out.push(slot.value);
+            }
+        }
+        out
+    }
+
+    /// Entries now.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Reference counts of locked pages, so that overlapping registrations of a process's own
+/// memory lock a page once and unlock it only when the last of them goes (`mlock` does
+/// not nest: one `munlock` undoes every lock of a page). Pure bookkeeping: the caller
+/// makes the system calls for the runs it is handed.
+#[derive(Debug, Default)]
+pub struct PageCounts {
+    counts: BTreeMap<u64, u32>,
+}
+
+/// Consecutive pages: first page number and how many.
+pub type PageRun = (u64, u64);
+
+fn push_run(runs: &mut Vec<PageRun>, page: u64) {
+    match runs.last_mut() {
+        Some((first, n)) if *first + *n == page => *n += 1,
+        _ => runs.push((page, 1)),
+    }
+}
+
+impl PageCounts {
+    /// No pages held.
+    pub const fn new() -> Self {
+        Self { counts: BTreeMap::new() }
+    }
+
+    /// Counts one more holder of pages `first..first + n`; returns the runs that had no
+    /// holder before (the ones to lock now).
+    pub fn acquire(&mut self, first: u64, n: u64) -> Vec<PageRun> {
+        let mut runs = Vec::new();
+        for page in first..first.saturating_add(n) {
+            let c = self.counts.entry(page).or_insert(0);
+            *c += 1;
+            if *c == 1 {
+                push_run(&mut runs, page);
+            }
+        }
+        runs
+    }
+
+    /// Counts one holder fewer of pages `first..first + n`; returns the runs that have no
+    /// holder left (the ones to unlock now). Pages never acquired are ignored.
+    pub fn release(&mut self, first: u64, n: u64) -> Vec<PageRun> {
+        let mut runs = Vec::new();
+        for page in first..first.saturating_add(n) {
+            if let Some(c) = self.counts.get_mut(&page) {
+                *c -= 1;
+                if *c == 0 {
+                    self.counts.remove(&page);
+                    push_run(&mut runs, page);
+                }
+            }
+        }
+        runs
+    }
+
+    /// Pages held now.
+    pub fn pages(&self) -> usize {
+        self.counts.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(region: u64, generation: u64, offset: u64, len: u64) -> RegKey {
+        RegKey { owner: Owner::Fabric { region, generation }, device: 0, writable: true, offset, len }
+    }
+
+    #[test]
+    fn hits_need_the_same_owner_generation_device_access_and_range() {
+        let mut c = RegCache::new(CacheLimits::default());
+        let k = key(1, 1, 0, 4096);
+        assert!(c.insert(k, "a").is_empty());
+        assert_eq!(c.get(&k), Some(&"a"));
+        // Same region id, next generation (freed and reallocated): a miss.
+        assert_eq!(c.get(&key(1, 2, 0, 4096)), None);
+        assert_eq!(c.get(&RegKey { device: 1, ..k }), None);
+        assert_eq!(c.get(&RegKey { writable: false, ..k }), None);
+        assert_eq!(c.get(&key(1, 1, 4096, 4096)), None);
+        assert_eq!(c.get(&key(1, 1, 0, 8192)), None);
+        assert_eq!(c.get(&RegKey { owner: Owner::Host { buffer: 1 }, ..k }), None);
+        assert_eq!((c.stats().hits, c.stats().misses), (1, 6));
+    }
+
+    #[test]
+    fn invalidation_drops_only_that_owner() {
+        let mut c = RegCache::new(CacheLimits::default());
+        c.insert(key(1, 1, 0, 10), 1);
+        c.insert(key(1, 1, 10, 10), 2);
+        c.insert(key(2, 1, 0, 10), 3);
+        let mut gone = c.invalidate(Owner::Fabric { region: 1, generation: 1 });
+        gone.sort();
+        assert_eq!(gone, vec![1, 2]);
+        assert_eq!(c.stats().invalidations, 2);
+        assert_eq!((c.stats().entries, c.stats().bytes), (1, 10));
+        assert_eq!(c.get(&key(1, 1, 0, 10)), None);
+        assert_eq!(c.get(&key(2, 1, 0, 10)), Some(&3));
+    }
+
+    #[test]
+    fn least_recently_used_goes_first_by_count_and_by_bytes() {
+        let mut c = RegCache::new(CacheLimits { entries: 2, bytes: 100 });
+        c.insert(key(1, 1, 0, 10), 1);
+        c.insert(key(2, 1, 0, 10), 2);
+        c.get(&key(1, 1, 0, 10));
+        assert_eq!(c.insert(key(3, 1, 0, 10), 3), vec![2]);
+        assert_eq!(c.stats().evictions, 1);
+        // 95 bytes need both others out.
+        let mut out = c.insert(key(4, 1, 0, 95), 4);
+        out.sort();
+        assert_eq!(out, vec![1, 3]);
+        assert_eq!((c.stats().entries, c.stats().bytes), (1, 95));
+        // Larger than the byte limit: never cached, handed straight back.
+        assert_eq!(c.insert(key(5, 1, 0, 101), 5), vec![5]);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn replacing_a_key_returns_the_old_value_and_caching_off_caches_nothing() {
+        let mut c = RegCache::new(CacheLimits::default());
+        c.insert(key(1, 1, 0, 10), 1);
+        assert_eq!(c.insert(key(1, 1, 0, 10), 2), vec![1]);
+        assert_eq!((c.stats().entries, c.stats().bytes), (1, 10));
+        assert_eq!(c.set_limits(CacheLimits { entries: 0, bytes: 0 }), vec![2]);
+        assert_eq!(c.insert(key(1, 1, 0, 10), 3), vec![3]);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn overlapping_page_holders_lock_once_and_unlock_last() {
+        let mut p = PageCounts::default();
+        assert_eq!(p.acquire(10, 3), vec![(10, 3)]);
+        assert_eq!(p.acquire(11, 4), vec![(13, 2)]);
+        assert_eq!(p.release(10, 3), vec![(10, 1)]);
+        assert_eq!(p.pages(), 4);
+        assert_eq!(p.release(11, 4), vec![(11, 4)]);
+        assert_eq!(p.pages(), 0);
+        assert_eq!(p.release(1, 2), vec![]);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u8, u8, u8),
+        Get(u8, u8, u8),
+        Invalidate(u8, u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, 0u8..3, 1u8..40).prop_map(|(r, g, l)| Op::Insert(r, g, l)),
+            (0u8..4, 0u8..3, 1u8..40).prop_map(|(r, g, l)| Op::Get(r, g, l)),
+            (0u8..4, 0u8..3).prop_map(|(r, g)| Op::Invalidate(r, g)),
+        ]
+    }
+
+    proptest! {
+        /// Against a model (a recency-ordered list): every value inserted comes back out
+        /// exactly once (by get-and-replace, eviction, invalidation or clear), the limits
+        /// always hold, a key of another generation never hits, and the LRU victim is the
+        /// model's.
+        #[test]
+        fn behaves_like_a_recency_list(ops in proptest::collection::vec(op(), 1..200), entries in 1usize..6, bytes in 20u64..120) {
+            let mut c = RegCache::new(CacheLimits { entries, bytes });
+            let mut model: Vec<(RegKey, u64)> = Vec::new(); // least recent first
+            let mut out_count = 0u64;
+            let mut next = 0u64;
+            for op in ops {
+                match op {
+                    Op::Insert(r, g, l) => {
+                        let k = key(u64::from(r), u64::from(g), 0, u64::from(l));
+                        next += 1;
+                        let out = c.insert(k, next);
+                        out_count += out.len() as u64;
+                        if u64::from(l) > bytes {
+                            prop_assert_eq!(out, vec![next]);
+                            continue;
+                        }
+                        let mut expect: Vec<u64> = Vec::new();
+                        if let Some(i) = model.iter().position(|(mk, _)| *mk == k) {
+                            expect.push(model.remove(i).1);
+                        }
+                        while model.len() >= entries || model.iter().map(|(k, _)| k.len).sum::<u64>() + k.len > bytes {
+                            expect.push(model.remove(0).1);
+                        }
+                        model.push((k, next));
+                        prop_assert_eq!(out, expect);
+                    }
+                    Op::Get(r, g, l) => {
+                        let k = key(u64::from(r), u64::from(g), 0, u64::from(l));
+                        let got = c.get(&k).copied();
+                        let i = model.iter().position(|(mk, _)| *mk == k);
+                        prop_assert_eq!(got, i.map(|i| model[i].1));
+                        if let Some(i) = i {
+                            let e = model.remove(i);
+                            model.push(e);
+                        }
+                    }
+                    Op::Invalidate(r, g) => {
+                        let owner = Owner::Fabric { region: u64::from(r), generation: u64::from(g) };
+                        let mut out = c.invalidate(owner);
+                        out_count += out.len() as u64;
+                        out.sort_unstable();
+                        let mut expect: Vec<u64> = model.iter().filter(|(k, _)| k.owner == owner).map(|e| e.1).collect();
+                        expect.sort_unstable();
+                        model.retain(|(k, _)| k.owner != owner);
+                        prop_assert_eq!(out, expect);
+                    }
+                }
+                let s = c.stats();
+                prop_assert!(s.entries as usize <= entries && s.bytes <= bytes);
+                prop_assert_eq!(s.entries as usize, model.len());
+                prop_assert_eq!(s.bytes, model.iter().map(|(k, _)| k.len).sum::<u64>());
+            }
+            out_count += c.clear().len() as u64;
+            prop_assert_eq!(out_count, next);
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! DMA registration: [`Session::register`] pins memory — a fabric [`Region`], an
+//! [`Import`], a [`Mapping`] of either, or a [`HostBuffer`] — and maps it at an IOVA in a
+//! device's DMA domain (the daemon's `Register`); [`Session::register_ptr`] does the same
+//! for any memory of this process, which the library locks first. A [`Registration`] is
+//! undone (`Unregister`) when it and the cache's hold on it are gone.
+//!
+//! Registrations of regions, imports and host buffers go through a bounded cache
+//! ([`crate::regcache`]) keyed by allocation identity and generation, never by address;
+//! bare pointers are never cached, because nothing tells the library when the memory
+//! under an address is freed and reused (see docs/libfabric-mm.md, "Registration").
+//!
+//! # Safety of DMA
+//! While memory is registered read-write, a device (or the daemon's copy engine acting for
+//! it) may write it at any time: no Rust reference to those bytes may be live across a
+//! copy. Access registered memory through raw pointers or volatile/raw copies.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use fabric_proto::wire::{
+    AccessMode, DeviceName, ErrorCode, Opcode, RegisterRequest, RegisterSource, Request, Response, UnregisterRequest,
+};
+
+use crate::error::{Error, Result};
+use crate::hostmem::{HostBuffer, HostMem, PageLock};
+use crate::memory::{Import, Mapping, Mem, MemKind, Region};
+use crate::regcache::{CacheLimits, CacheStats, Owner, RegCache, RegKey};
+use crate::session::{Inner, Session};
+
+/// What the device may do with registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// The device reads only.
+    ReadOnly,
+    /// The device reads and writes.
+    ReadWrite,
+}
+
+impl Access {
+    fn wire(self) -> AccessMode {
+        match self {
+            Access::ReadOnly => AccessMode::ReadOnly,
+            Access::ReadWrite => AccessMode::ReadWrite,
+        }
+    }
+}
+
+/// The registration cache's counters and this session's live registrations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistrationStats {
+    /// The cache: hits, misses, evictions, invalidations, entries and bytes cached.
+    pub cache: CacheStats,
+    /// Registrations of this session alive in the daemon (cached or held).
+    pub live: u64,
+    /// Bytes those registrations cover.
+    pub registered_bytes: u64,
+}
+
+/// One registration in the daemon; unregistered when the last holder (a [`Registration`]
+/// or the cache) drops it.
+#[derive(Debug)]
+struct DaemonReg {
+    session: Weak<Inner>,
+    id: u64,
+    iova: u64,
+    len: u64,
+    device: String,
+    access: Access,
+    /// For bare pointers: the pages the library locked; unlocked after the unregister.
+    _lock: Option<PageLock>,
+}
+
+impl Drop for DaemonReg {
+    fn drop(&mut self) {
+        // A session that is gone took its registrations with it in the daemon.
+        let Some(s) = self.session.upgrade() else { return };
+        s.registrations.live.fetch_sub(1, Ordering::Relaxed);
+        s.registrations.bytes.fetch_sub(self.len, Ordering::Relaxed);
+        let req = Request::Unregister(UnregisterRequest { registration: self.id });
+        if let Err(e) = s.client.call(req, &[]) {
+            tracing::debug!(registration = self.id, error = %e, "unregistering on drop");
+        }
+        // `_lock` drops after this body: the pages are unlocked once the daemon let go.
+    }
+}
+
+/// What a registration keeps alive.
+#[derive(Debug)]
+enum Keep {
+    Fabric(#[allow(dead_code)] Arc<Mem>),
+    Host(#[allow(dead_code)] Arc<HostMem>),
+    Pointer,
+}
+
+/// Memory registered for DMA by a device: the IOVA the device uses, the bytes, the access.
+/// Keeps the memory it covers alive; dropping it unregisters (unless the session's cache
+/// still holds the registration for reuse; then the cache unregisters it on eviction, on
+/// invalidation or when the memory goes) and unlocks what the library locked.
+pub struct Registration {
+    // Field order is drop order: unregister before the memory can go.
+    reg: Arc<DaemonReg>,
+    _keep: Keep,
+    session: Arc<Inner>,
+    cached: bool,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("id", &self.reg.id)
+            .field("iova", &self.reg.iova)
+            .field("len", &self.reg.len)
+            .field("device", &self.reg.device)
+            .field("access", &self.reg.access)
+            .field("cached", &self.cached)
+            .finish()
+    }
+}
+
+impl Registration {
+    /// The daemon's registration id (what a copy names).
+    pub fn id(&self) -> u64 {
+        self.reg.id
+    }
+
+    /// IOVA of the first registered byte, in the device's DMA domain.
+    pub fn iova(&self) -> u64 {
+        self.reg.iova
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> u64 {
+        self.reg.len
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        self.reg.len == 0
+    }
+
+    /// The device it was registered for.
+    pub fn device(&self) -> &str {
+        &self.reg.device
+    }
+
+    /// What the device may do.
+    pub fn access(&self) -> Access {
+        self.reg.access
+    }
+
+    /// Whether it came from (or went into) the session's registration cache.
+    pub fn cached(&self) -> bool {
+        self.cached
+    }
+
+    /// The session it belongs to.
+    pub fn session_id(&self) -> u64 {
+        self.session.client.session()
+    }
+}
+
+struct CacheState {
+    cache: RegCache<Arc<DaemonReg>>,
+    devices: HashMap<String, u32>,
+}
+
+/// The session's registration state: the cache and the live counters.
+pub(crate) struct Registrations {
+    state: Mutex<CacheState>,
+    live: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Default for Registrations {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(CacheState { cache: RegCache::new(CacheLimits::default()), devices: HashMap::new() }),
+            live: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Registrations {
+    fn lock(&self) -> MutexGuard<'_, CacheState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drops every cached registration of `owner` (freed, released, revoked): each is
+    /// unregistered unless a user still holds it.
+    pub(crate) fn invalidate(&self, owner: Owner) {
+        let gone = self.lock().cache.invalidate(owner);
+        drop(gone);
+    }
+}
+
+/// Memory [`Session::register`] accepts: [`Region`], [`Import`], [`Mapping`],
+/// [`HostBuffer`].
+pub trait Registrable: sealed::Sealed {}
+
+mod sealed {
+    /// What the library registers.
+    pub trait Sealed {
+        fn source(&self) -> super::Src<'_>;
+    }
+}
+
+/// The memory behind a [`Registrable`] (opaque).
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Src<'a> {
+    Fabric(&'a Arc<Mem>),
+    Host(&'a Arc<HostMem>),
+}
+
+macro_rules! registrable {
+    ($t:ty, $s:ident => $e:expr) => {
+        impl sealed::Sealed for $t {
+            fn source(&self) -> Src<'_> {
+                let $s = self;
+                $e
+            }
+        }
+        impl Registrable for $t {}
+    };
+}
+registrable!(Region, s => Src::Fabric(s.mem_arc()));
+registrable!(Import, s => Src::Fabric(s.mem_arc()));
+registrable!(Mapping, s => Src::Fabric(s.mem_arc()));
+registrable!(HostBuffer, s => Src::Host(&s.0));
+
+/// A daemon refusal made specific where the library can say more.
+fn refusal(e: Error) -> Error {
+    match e {
+        Error::Refused { code: ErrorCode::LimitExceeded, limit: Some((ref what, used, requested, max)), .. } => {
+            match what.as_str() {
+                "pinned_bytes" => Error::PinnedLimit { used, requested, max },
+                "RLIMIT_MEMLOCK" => Error::DaemonMemlockLimit { locked: used, requested, limit: max },
+                _ => e,
+            }
+        }
+        other => other,
+    }
+}
+
+impl Session {
+    /// Registers all of `memory` for DMA by `device` (its identity in text form). See
+    /// [`Session::register_range`].
+    pub fn register(&self, memory: &impl Registrable, device: &str, access: Access) -> Result<Registration> {
+        let len = match memory.source() {
+            Src::Fabric(m) => m.size,
+            Src::Host(h) => h.len,
+        };
+        self.register_range(memory, 0, len, device, access)
+    }
+
+    /// Registers `len` bytes at `offset` of `memory` for DMA by `device`: the daemon pins
+    /// them and maps them at an IOVA below the device's DMA mask. A registration of the
+    /// same memory (same allocation and generation), device, access and range is answered
+    /// from the session's cache without a round trip.
+    ///
+    /// Errors: [`Error::PinnedLimit`] past the daemon's per-user pinned-bytes limit,
+    /// [`Error::DaemonMemlockLimit`] when the daemon's own `RLIMIT_MEMLOCK` refuses,
+    /// [`Error::Revoked`] for a revoked import, and the daemon's other refusals.
+    pub fn register_range(
+        &self,
+        memory: &impl Registrable,
+        offset: u64,
+        len: u64,
+        device: &str,
+        access: Access,
+    ) -> Result<Registration> {
+        let (owner, size, keep) = match memory.source() {
+            Src::Fabric(m) => {
+                if let Err(e) = m.check_live() {
+                    self.inner.registrations.invalidate(Owner::Fabric { region: m.region, generation: m.generation });
+                    return Err(e);
+                }
+                (Owner::Fabric { region: m.region, generation: m.generation }, m.size, Keep::Fabric(m.clone()))
+            }
+            Src::Host(h) => (Owner::Host { buffer: h.id }, h.len, Keep::Host(h.clone())),
+        };
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at offset {offset} do not fit the {size} bytes of the memory"
+            )));
+        }
+        let regs = &self.inner.registrations;
+        let key = {
+            let mut st = regs.lock();
+            let next = st.devices.len() as u32;
+            let dev = match st.devices.get(device) {
+                Some(d) => *d,
+                None => *st.devices.entry(device.to_owned()).or_insert(next),
+            };
+            let key = RegKey { owner, device: dev, writable: access == Access::ReadWrite, offset, len };
+            if let Some(reg) = st.cache.get(&key) {
+                let reg = reg.clone();
+                return Ok(Registration { reg, _keep: keep, session: self.inner.clone(), cached: true });
+            }
+            key
+        };
+        let (source, fd): (RegisterSource, Option<BorrowedFd<'_>>) = match (memory.source(), &keep) {
+            (Src::Fabric(m), _) => match m.kind {
+                MemKind::Owned => (RegisterSource::Region(m.region), None),
+                MemKind::Imported { import } => (RegisterSource::Import(import), None),
+            },
+            (Src::Host(h), _) => (RegisterSource::Fd, Some(h.fd.as_fd())),
+        };
+        let reg = Arc::new(self.register_raw(source, offset, len, device, access, fd, None)?);
+        let out = regs.lock().cache.insert(key, reg.clone());
+        let cached = !out.iter().any(|r| Arc::ptr_eq(r, &reg));
+        drop(out);
+        Ok(Registration { reg, _keep: keep, session: self.inner.clone(), cached })
+    }
+
+    /// Registers `len` bytes of this process's memory at `ptr` for DMA by `device`. The
+    /// library locks the pages (`mlock`; [`Error::MemlockLimit`] names `RLIMIT_MEMLOCK`
+    /// when that refuses) and marks them `MADV_DONTFORK`, so that a forked child never
+    /// shares or copy-on-writes them; both are undone when the registration drops (for the
+    /// pages no other registration holds). Never cached: an address says nothing about
+    /// which allocation is there now.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be memory of this process that stays mapped until the
+    /// registration is dropped; while it is registered read-write, no Rust reference to it
+    /// may be live across a copy (a device may write it at any time). A child forked while
+    /// it is registered does not have those pages at all: it must not touch them.
+    pub unsafe fn register_ptr(
+        &self,
+        ptr: *const u8,
+        len: usize,
+        device: &str,
+        access: Access,
+    ) -> Result<Registration> {
+        if ptr.is_null() || len == 0 {
+            return Err(Error::InvalidArgument("register_ptr needs a non-NULL pointer and at least one byte".into()));
+        }
+        let addr = ptr as u64;
+        let lock = PageLock::new(addr, len as u64)?;
+        let reg = self.register_raw(RegisterSource::Process { addr }, 0, len as u64, device, access, None, Some(lock))?;
+        Ok(Registration { reg: Arc::new(reg), _keep: Keep::Pointer, session: self.inner.clone(), cached: false })
+    }
+
+    /// Registers without the cache (a fresh daemon registration every time), e.g. to
+    /// measure the miss path.
+    pub fn register_uncached(&self, memory: &impl Registrable, device: &str, access: Access) -> Result<Registration> {
+        let (source, len, fd, keep) = match memory.source() {
+            Src::Fabric(m) => {
+                m.check_live()?;
+                let s = match m.kind {
+                    MemKind::Owned => RegisterSource::Region(m.region),
+                    MemKind::Imported { import } => RegisterSource::Import(import),
+                };
+                (s, m.size, None, Keep::Fabric(m.clone()))
+            }
+            Src::Host(h) => (RegisterSource::Fd, h.len, Some(h.fd.as_fd()), Keep::Host(h.clone())),
+        };
+        let reg = self.register_raw(source, 0, len, device, access, fd, None)?;
+        Ok(Registration { reg: Arc::new(reg), _keep: keep, session: self.inner.clone(), cached: false })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register_raw(
+        &self,
+        source: RegisterSource,
+        offset: u64,
+        len: u64,
+        device: &str,
+        access: Access,
+        fd: Option<BorrowedFd<'_>>,
+        lock: Option<PageLock>,
+    ) -> Result<DaemonReg> {
+        let req =
+            Request::Register(RegisterRequest { device: DeviceName::truncated(device), source, offset, len, access: access.wire() });
+        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+        let (resp, _) = self.inner.client.call(req, &fds).map_err(refusal)?;
+        let Response::Register(r) = resp else { return Err(Error::Unexpected(Opcode::Register)) };
+        let regs = &self.inner.registrations;
+        regs.live.fetch_add(1, Ordering::Relaxed);
+        regs.bytes.fetch_add(r.len, Ordering::Relaxed);
+        tracing::debug!(registration = r.registration, iova = r.iova, len = r.len, device, "registered");
+        Ok(DaemonReg {
+            session: Arc::downgrade(&self.inner),
+            id: r.registration,
+            iova: r.iova,
+            len: r.len,
+            device: device.to_owned(),
+            access,
+            _lock: lock,
+        })
+    }
+
+    /// Allocates a page-aligned host buffer of at least `len` bytes for registration
+    /// (memfd-backed; see [`HostBuffer`]).
+    pub fn alloc_host(&self, len: u64) -> Result<HostBuffer> {
+        HostBuffer::new(self.inner.clone(), len)
+    }
+
+    /// The registration cache's statistics and the session's live registrations.
+    pub fn registration_stats(&self) -> RegistrationStats {
+        let regs = &self.inner.registrations;
+        RegistrationStats {
+            cache: regs.lock().cache.stats(),
+            live: regs.live.load(Ordering::Relaxed),
+            registered_bytes: regs.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Bounds the registration cache (`entries` 0 turns it off); evicts what no longer
+    /// fits.
+    pub fn set_registration_cache(&self, limits: CacheLimits) {
+        let gone = self.inner.registrations.lock().cache.set_limits(limits);
+        drop(gone);
+    }
+
+    /// Empties the registration cache (each registration no user holds is unregistered).
+    pub fn clear_registration_cache(&self) {
+        let gone = self.inner.registrations.lock().cache.clear();
+        drop(gone);
+    }
+}
