@@ -68,10 +68,9 @@ impl Drop for Mem {
     fn drop(&mut self) {
         // Registrations the cache still holds go first (the daemon would drop them with
         // the region anyway; this keeps the cache from answering with a dead one).
-        self.session.registrations.invalidate(crate::regcache::Owner::Fabric {
-            region: self.region,
-            generation: self.generation,
-        });
+        self.session
+            .registrations
+            .invalidate(crate::regcache::Owner::Fabric { region: self.region, generation: self.generation });
         let req = match self.kind {
             MemKind::Owned => Request::Free(FreeRequest { region: self.region }),
             MemKind::Imported { import } => {

@@ -340,7 +340,8 @@ impl Session {
         }
         let addr = ptr as u64;
         let lock = PageLock::new(addr, len as u64)?;
-        let reg = self.register_raw(RegisterSource::Process { addr }, 0, len as u64, device, access, None, Some(lock))?;
+        let reg =
+            self.register_raw(RegisterSource::Process { addr }, 0, len as u64, device, access, None, Some(lock))?;
         Ok(Registration { reg: Arc::new(reg), _keep: Keep::Pointer, session: self.inner.clone(), cached: false })
     }
 
@@ -373,8 +374,13 @@ impl Session {
         fd: Option<BorrowedFd<'_>>,
         lock: Option<PageLock>,
     ) -> Result<DaemonReg> {
-        let req =
-            Request::Register(RegisterRequest { device: DeviceName::truncated(device), source, offset, len, access: access.wire() });
+        let req = Request::Register(RegisterRequest {
+            device: DeviceName::truncated(device),
+            source,
+            offset,
+            len,
+            access: access.wire(),
+        });
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
         let (resp, _) = self.inner.client.call(req, &fds).map_err(refusal)?;
         let Response::Register(r) = resp else { return Err(Error::Unexpected(Opcode::Register)) };

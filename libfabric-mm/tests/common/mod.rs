@@ -36,14 +36,20 @@ fn fabricd_bin() -> PathBuf {
 
 /// Starts fabricd and waits until its socket answers.
 pub fn daemon() -> Daemon {
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml").canonicalize().unwrap();
+    daemon_with(&sim, "", |_| {})
+}
+
+/// Starts fabricd on the sim fabric `sim` with `extra` appended to its config (e.g. a
+/// `[limits]` table) and `prepare` applied to its command (e.g. a `pre_exec`).
+pub fn daemon_with(sim: &Path, extra: &str, prepare: impl FnOnce(&mut Command)) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("fabricd.sock");
-    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml").canonicalize().unwrap();
     let config = dir.path().join("fabricd.toml");
     std::fs::write(
         &config,
         format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n{extra}",
             socket.display().to_string(),
             dir.path().join("state").display().to_string(),
             sim.display().to_string()
@@ -51,8 +57,10 @@ pub fn daemon() -> Daemon {
     )
     .unwrap();
     let log = std::fs::File::create(dir.path().join("fabricd.log")).unwrap();
-    let child =
-        Command::new(fabricd_bin()).arg("--config").arg(&config).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    let mut cmd = Command::new(fabricd_bin());
+    cmd.arg("--config").arg(&config).stdout(Stdio::null()).stderr(log);
+    prepare(&mut cmd);
+    let child = cmd.spawn().unwrap();
     let d = Daemon { child, dir, socket };
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
