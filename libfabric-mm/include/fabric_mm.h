@@ -1,7 +1,7 @@
 /*
- * libfabric-mm: map fabric memory for load/store from C.
+ * libfabric-mm: map fabric memory for load/store and register memory for DMA from C.
  * Functions return 0 (FMM_OK) or a negative FMM_E_* code; fmm_last_error() has the text.
- * Handles are opaque; every fmm_*_open/alloc/import/map has a matching close/free/release/unmap.
+ * Handles are opaque; every fmm_*_open/alloc/import/map/register has a matching close/free/release/unmap/unregister.
  */
 
 #ifndef FABRIC_MM_H
@@ -96,6 +96,15 @@
 // Host memory exported to the fabric.
 #define FMM_MEM_HOST_EXPORTED 5
 
+// The device only reads registered memory.
+#define FMM_ACCESS_READ_ONLY 0
+
+// The device reads and writes registered memory.
+#define FMM_ACCESS_READ_WRITE 1
+
+// A page-aligned host buffer (memfd-backed) for registration.
+typedef struct fmm_host_buffer_t fmm_host_buffer_t;
+
 // An imported region.
 typedef struct fmm_import_t fmm_import_t;
 
@@ -105,8 +114,31 @@ typedef struct fmm_mapping_t fmm_mapping_t;
 // A region this session allocated.
 typedef struct fmm_region_t fmm_region_t;
 
+// Memory registered for DMA by a device.
+typedef struct fmm_registration_t fmm_registration_t;
+
 // A session with fabricd.
 typedef struct fmm_session_t fmm_session_t;
+
+// The registration cache's counters and the session's live registrations.
+typedef struct fmm_registration_stats_t {
+  // Lookups answered from the cache.
+  uint64_t hits;
+  // Lookups that found nothing.
+  uint64_t misses;
+  // Entries dropped to stay within the cache's bounds.
+  uint64_t evictions;
+  // Entries dropped because their memory was freed, released or revoked.
+  uint64_t invalidations;
+  // Entries cached now.
+  uint64_t entries;
+  // Bytes of the cached entries.
+  uint64_t cached_bytes;
+  // Registrations of the session alive in the daemon.
+  uint64_t live;
+  // Bytes they cover.
+  uint64_t registered_bytes;
+} fmm_registration_stats_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
@@ -223,5 +255,105 @@ uint64_t fmm_mapping_gfa(const struct fmm_mapping_t *m);
 // # Safety
 // `m` is NULL or a live mapping, not used afterwards (nor pointers into it).
 void fmm_unmap(struct fmm_mapping_t *m);
+
+// Allocates a host buffer of at least `len` bytes (rounded up to whole pages), kept out
+// of forked children.
+//
+// # Safety
+// `s` is a live session; `out` writable.
+int fmm_host_alloc(const struct fmm_session_t *s, uint64_t len, struct fmm_host_buffer_t **out);
+
+// The first byte of a host buffer (NULL for NULL).
+//
+// # Safety
+// `b` is NULL or a live host buffer.
+void *fmm_host_ptr(const struct fmm_host_buffer_t *b);
+
+// The bytes of a host buffer (0 for NULL).
+//
+// # Safety
+// `b` is NULL or a live host buffer.
+uint64_t fmm_host_len(const struct fmm_host_buffer_t *b);
+
+// Frees a host buffer (unmapped once its registrations are gone too).
+//
+// # Safety
+// `b` is NULL or a live host buffer, not used afterwards.
+void fmm_host_free(struct fmm_host_buffer_t *b);
+
+// Registers a whole host buffer for DMA by `device` with `access` (`FMM_ACCESS_*`).
+//
+// # Safety
+// `s` and `b` are live; `device` a NUL-terminated string; `out` writable.
+int fmm_register_host(const struct fmm_session_t *s,
+                      const struct fmm_host_buffer_t *b,
+                      const char *device,
+                      int access_mode,
+                      struct fmm_registration_t **out);
+
+// Registers a whole region for DMA by `device`.
+//
+// # Safety
+// `s` and `r` are live; `device` a NUL-terminated string; `out` writable.
+int fmm_register_region(const struct fmm_session_t *s,
+                        const struct fmm_region_t *r,
+                        const char *device,
+                        int access_mode,
+                        struct fmm_registration_t **out);
+
+// Registers a whole import for DMA by `device`.
+//
+// # Safety
+// `s` and `i` are live; `device` a NUL-terminated string; `out` writable.
+int fmm_register_import(const struct fmm_session_t *s,
+                        const struct fmm_import_t *i,
+                        const char *device,
+                        int access_mode,
+                        struct fmm_registration_t **out);
+
+// Registers `len` bytes of this process's memory at `ptr`: the library locks the pages
+// (`FMM_E_MEMLOCK` names RLIMIT_MEMLOCK when that refuses) and keeps them out of forked
+// children until the registration is dropped. Never cached.
+//
+// # Safety
+// `s` is live; `device` a NUL-terminated string; `out` writable; `ptr..ptr+len` stays
+// mapped until `fmm_unregister`, and is not read or written while a device writes it.
+int fmm_register_ptr(const struct fmm_session_t *s,
+                     const void *ptr,
+                     size_t len,
+                     const char *device,
+                     int access_mode,
+                     struct fmm_registration_t **out);
+
+// The IOVA of a registration's first byte in its device's DMA domain (0 for NULL).
+//
+// # Safety
+// `r` is NULL or a live registration.
+uint64_t fmm_registration_iova(const struct fmm_registration_t *r);
+
+// The bytes of a registration (0 for NULL).
+//
+// # Safety
+// `r` is NULL or a live registration.
+uint64_t fmm_registration_len(const struct fmm_registration_t *r);
+
+// The daemon's id of a registration, as copies name it (0 for NULL).
+//
+// # Safety
+// `r` is NULL or a live registration.
+uint64_t fmm_registration_id(const struct fmm_registration_t *r);
+
+// Drops a registration: unregistered unless the session's cache keeps it for reuse;
+// pages `fmm_register_ptr` locked are unlocked.
+//
+// # Safety
+// `r` is NULL or a live registration, not used afterwards.
+void fmm_unregister(struct fmm_registration_t *r);
+
+// Writes the session's registration statistics into `out`.
+//
+// # Safety
+// `s` is live; `out` points to writable storage for the struct.
+int fmm_registration_stats(const struct fmm_session_t *s, struct fmm_registration_stats_t *out);
 
 #endif  /* FABRIC_MM_H */

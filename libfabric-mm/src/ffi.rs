@@ -14,6 +14,9 @@ use crate::session::{Policy, Session, SessionConfig, Target};
 use crate::window::WindowConfig;
 use fabric_proto::wire::MemoryClass;
 
+mod registration;
+pub use registration::*;
+
 /// Success.
 pub const FMM_OK: c_int = 0;
 /// No daemon answers at the socket.

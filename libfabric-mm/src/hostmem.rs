@@ -19,7 +19,7 @@ use crate::regcache::{Owner, PageCounts, PageRun};
 use crate::session::Inner;
 
 /// Bytes of a page (the daemon's IOVA granule too).
-pub const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 
 static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
 static LOCKED: Mutex<PageCounts> = Mutex::new(PageCounts::new());
@@ -156,6 +156,24 @@ pub fn memlock_limit() -> u64 {
     r.rlim_cur
 }
 
+/// `mlock`, `munlock` and `madvise` as raw system calls: sanitizer runtimes (ASan, for one)
+/// intercept the libc wrappers and turn `mlock` into a no-op, and the daemon would then
+/// refuse the registration because the pages are not locked.
+fn mlock(p: *mut libc::c_void, n: usize) -> bool {
+    // SAFETY: mlock changes no memory contents; the kernel checks that the range is mapped.
+    unsafe { libc::syscall(libc::SYS_mlock, p, n) == 0 }
+}
+
+fn munlock(p: *mut libc::c_void, n: usize) {
+    // SAFETY: as for mlock.
+    unsafe { libc::syscall(libc::SYS_munlock, p, n) };
+}
+
+fn madvise(p: *mut libc::c_void, n: usize, advice: libc::c_int) -> bool {
+    // SAFETY: MADV_DONTFORK/MADV_DOFORK change what a child inherits, not contents.
+    unsafe { libc::syscall(libc::SYS_madvise, p, n, advice) == 0 }
+}
+
 fn run_bytes((first, n): PageRun) -> (*mut libc::c_void, usize) {
     ((first * PAGE) as usize as *mut libc::c_void, (n * PAGE) as usize)
 }
@@ -163,14 +181,11 @@ fn run_bytes((first, n): PageRun) -> (*mut libc::c_void, usize) {
 /// Unlocks runs and lets children inherit them again.
 fn unlock_runs(runs: &[PageRun]) {
     for run in runs {
+        // These pages were locked by `PageLock::new`; if the caller unmapped them already
+        // the calls fail harmlessly.
         let (p, n) = run_bytes(*run);
-        // SAFETY: these pages were locked by `PageLock::new` and still belong to the
-        // caller's mapping (or are gone, in which case the calls fail harmlessly); they
-        // change no memory contents.
-        unsafe {
-            libc::munlock(p, n);
-            libc::madvise(p, n, libc::MADV_DOFORK);
-        }
+        munlock(p, n);
+        madvise(p, n, libc::MADV_DOFORK);
     }
 }
 
@@ -196,17 +211,13 @@ impl PageLock {
         let runs = counts.acquire(first, pages);
         for (i, run) in runs.iter().enumerate() {
             let (p, n) = run_bytes(*run);
-            // SAFETY: mlock changes no memory contents; the kernel checks the range is
-            // mapped (ENOMEM otherwise).
-            let locked = unsafe { libc::mlock(p, n) } == 0;
+            let locked = mlock(p, n);
             let err = std::io::Error::last_os_error();
-            // SAFETY: as above: advice that changes what a child inherits, not contents.
-            let advised = locked && unsafe { libc::madvise(p, n, libc::MADV_DONTFORK) } == 0;
+            let advised = locked && madvise(p, n, libc::MADV_DONTFORK);
             if !advised {
                 let err = if locked { std::io::Error::last_os_error() } else { err };
                 if locked {
-                    // SAFETY: the run locked just above.
-                    unsafe { libc::munlock(p, n) };
+                    munlock(p, n);
                 }
                 unlock_runs(&runs[..i]);
                 counts.release(first, pages);
