@@ -258,6 +258,41 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
     },
+    /// libfabric-mm registration: a cache hit (ns) and a miss per MiB vs `mlock` of the same
+    /// bytes.
+    Register {
+        /// A running daemon's socket (default: start a private fabricd on `--sim`).
+        #[arg(long, value_name = "SOCKET")]
+        socket: Option<PathBuf>,
+        /// The sim fabric a private fabricd serves.
+        #[arg(long, value_name = "FILE", default_value = "configs/sim/hgx-h100-8gpu.toml")]
+        sim: PathBuf,
+        /// Bytes per registration.
+        #[arg(long, default_value_t = 64 << 20)]
+        bytes: u64,
+        /// Timed misses (and mlocks).
+        #[arg(long, default_value_t = 30)]
+        iterations: usize,
+        /// Timed cache hits.
+        #[arg(long, default_value_t = 1_000_000)]
+        hits: usize,
+    },
+    /// `memcpy` into an imported region mapped in the unified window vs into a local buffer
+    /// of the same size.
+    Loadstore {
+        /// A running daemon's socket (default: start a private fabricd on `--sim`).
+        #[arg(long, value_name = "SOCKET")]
+        socket: Option<PathBuf>,
+        /// The sim fabric a private fabricd serves.
+        #[arg(long, value_name = "FILE", default_value = "configs/sim/hgx-h100-8gpu.toml")]
+        sim: PathBuf,
+        /// Bytes per copy.
+        #[arg(long, default_value_t = 64 << 20)]
+        bytes: u64,
+        /// Timed copies of each kind.
+        #[arg(long, default_value_t = 30)]
+        iterations: usize,
+    },
     /// The bare echo server `control` compares against (internal).
     #[command(hide = true)]
     EchoServer {

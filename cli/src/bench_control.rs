@@ -131,7 +131,7 @@ pub struct ControlOptions {
 }
 
 /// A child process killed on drop.
-struct Reaped(Child);
+pub(crate) struct Reaped(Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
@@ -209,7 +209,7 @@ fn sibling(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
-fn start_daemon(dir: &Path, sim: &Path) -> Result<(Reaped, PathBuf), ControlBenchError> {
+pub(crate) fn start_daemon(dir: &Path, sim: &Path) -> Result<(Reaped, PathBuf), ControlBenchError> {
     let socket = dir.join("fabricd.sock");
     let sim = sim.canonicalize().map_err(io_err(format!("sim fabric {}", sim.display())))?;
     let config = dir.join("fabricd.toml");

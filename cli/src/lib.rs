@@ -7,6 +7,7 @@
 pub mod args;
 pub mod bench;
 pub mod bench_control;
+pub mod bench_dma;
 pub mod daemon;
 pub mod map;
 pub mod remote;
@@ -145,6 +146,26 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
             BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,
+            BenchCommand::Register { socket, sim, bytes, iterations, hits } => {
+                let opts = bench_dma::DmaOptions {
+                    daemon: socket.clone(),
+                    sim: sim.clone(),
+                    bytes: *bytes,
+                    iterations: *iterations,
+                    hits: *hits,
+                };
+                bench::print(&bench_dma::register(&opts)?, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Loadstore { socket, sim, bytes, iterations } => {
+                let opts = bench_dma::DmaOptions {
+                    daemon: socket.clone(),
+                    sim: sim.clone(),
+                    bytes: *bytes,
+                    iterations: *iterations,
+                    hits: 0,
+                };
+                bench::print(&bench_dma::loadstore(&opts)?, b.json, out).map_err(RunError::Output)?;
+            }
         },
     }
     out.flush().map_err(RunError::Output)?;
