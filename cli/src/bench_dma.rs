@@ -17,9 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabric_mm::{
-    Access, CacheLimits, HostBuffer, MemoryClass, Policy, Session, SessionConfig, Target, WindowConfig,
-};
+use fabric_mm::{Access, CacheLimits, HostBuffer, MemoryClass, Policy, Session, SessionConfig, Target, WindowConfig};
 use serde::Serialize;
 
 use crate::bench_control::{ControlBenchError, start_daemon};
@@ -127,8 +125,8 @@ fn daemon(opts: &DmaOptions) -> Result<Daemon, DmaBenchError> {
         return Ok(Daemon { _dir: None, _child: None, socket: s.clone() });
     }
     let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }
-        .map_err(DmaBenchError::TempDir)?;
+    let dir =
+        if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.map_err(DmaBenchError::TempDir)?;
     let (child, socket) = start_daemon(dir.path(), &opts.sim).map_err(DmaBenchError::Daemon)?;
     Ok(Daemon { _dir: Some(dir), _child: Some(child), socket })
 }

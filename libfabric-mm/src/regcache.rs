@@ -13,6 +13,52 @@
 //! library: unregisters, unless a user still holds the registration).
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A small multiplicative hasher (the Fx hash of rustc) for keys the process makes itself:
+/// a cache hit is one hash of a few words, far cheaper than SipHash, and there is no
+/// untrusted input to defend against.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl FxHasher {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A `HashMap` with [`FxHasher`].
+pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The allocation a registration covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,13 +131,13 @@ struct Slot<V> {
     tick: u64,
 }
 
-/// A bounded LRU map from [`RegKey`] to `V`.
+/// A bounded LRU map from [`RegKey`] to `V`. A hit is one hash lookup and a tick store;
+/// finding the least recently used entry scans the entries, which only a miss does (and
+/// a miss costs a daemon round trip, far more than a scan of the default 1,024).
 #[derive(Debug)]
 pub struct RegCache<V> {
     limits: CacheLimits,
-    map: HashMap<RegKey, Slot<V>>,
-    /// Recency order: tick → key; the smallest tick is the least recently used.
-    order: BTreeMap<u64, RegKey>,
+    map: FxHashMap<RegKey, Slot<V>>,
     tick: u64,
     stats: CacheStats,
 }
@@ -99,7 +145,7 @@ pub struct RegCache<V> {
 impl<V> RegCache<V> {
     /// An empty cache with these limits.
     pub fn new(limits: CacheLimits) -> Self {
-        Self { limits, map: HashMap::new(), order: BTreeMap::new(), tick: 0, stats: CacheStats::default() }
+        Self { limits, map: FxHashMap::default(), tick: 0, stats: CacheStats::default() }
     }
 
     /// The limits.
@@ -125,19 +171,26 @@ impl<V> RegCache<V> {
             return None;
         };
         self.tick = tick;
-        self.order.remove(&slot.tick);
         slot.tick = tick;
-        self.order.insert(tick, *key);
         self.stats.hits += 1;
         Some(&slot.value)
     }
 
     fn remove_key(&mut self, key: &RegKey) -> Option<V> {
         let slot = self.map.remove(key)?;
-        self.order.remove(&slot.tick);
         self.stats.entries -= 1;
         self.stats.bytes -= key.len;
         Some(slot.value)
+    }
+
+    /// Evicts the least recently used entry into `out`; false when empty.
+    fn evict_one(&mut self, out: &mut Vec<V>) -> bool {
+        let Some(lru) = self.map.iter().min_by_key(|(_, s)| s.tick).map(|(k, _)| *k) else { return false };
+        if let Some(v) = self.remove_key(&lru) {
+            self.stats.evictions += 1;
+            out.push(v);
+        }
+        true
     }
 
     /// Caches `value` under `key` (replacing an entry with the same key), then evicts the
@@ -149,20 +202,11 @@ impl<V> RegCache<V> {
             return vec![value];
         }
         let mut out: Vec<V> = self.remove_key(&key).into_iter().collect();
-        while self.stats.entries as usize >= self.limits.entries
-            || self.stats.bytes.saturating_add(key.len) > self.limits.bytes
-        {
-            let Some((_, lru)) = self.order.pop_first() else { break };
-            // The order and the map hold the same keys; remove from the map directly.
-            if let Some(slot) = self.map.remove(&lru) {
-                self.stats.entries -= 1;
-                self.stats.bytes -= lru.len;
-                self.stats.evictions += 1;
-                out.push(slot.value);
-            }
-        }
+        while (self.stats.entries as usize >= self.limits.entries
+            || self.stats.bytes.saturating_add(key.len) > self.limits.bytes)
+            && self.evict_one(&mut out)
+        {}
         let tick = self.next_tick();
-        self.order.insert(tick, key);
         self.map.insert(key, Slot { value, tick });
         self.stats.entries += 1;
         self.stats.bytes += key.len;
@@ -180,7 +224,6 @@ impl<V> RegCache<V> {
     /// Drops every entry (e.g. before the limits change); returns their values. Not
     /// counted as invalidations or evictions.
     pub fn clear(&mut self) -> Vec<V> {
-        self.order.clear();
         self.stats.entries = 0;
         self.stats.bytes = 0;
         self.map.drain().map(|(_, s)| s.value).collect()
@@ -190,15 +233,9 @@ impl<V> RegCache<V> {
     pub fn set_limits(&mut self, limits: CacheLimits) -> Vec<V> {
         self.limits = limits;
         let mut out = Vec::new();
-        while self.stats.entries as usize > limits.entries || self.stats.bytes > limits.bytes {
-            let Some((_, lru)) = self.order.pop_first() else { break };
-            if let Some(slot) = self.map.remove(&lru) {
-                self.stats.entries -= 1;
-                self.stats.bytes -= lru.len;
-                self.stats.evictions += 1;
-                out.push(slot.value);
-            }
-        }
+        while (self.stats.entries as usize > limits.entries || self.stats.bytes > limits.bytes)
+            && self.evict_one(&mut out)
+        {}
         out
     }
 

@@ -14,7 +14,6 @@
 //! it) may write it at any time: no Rust reference to those bytes may be live across a
 //! copy. Access registered memory through raw pointers or volatile/raw copies.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -26,7 +25,7 @@ use fabric_proto::wire::{
 use crate::error::{Error, Result};
 use crate::hostmem::{HostBuffer, HostMem, PageLock};
 use crate::memory::{Import, Mapping, Mem, MemKind, Region};
-use crate::regcache::{CacheLimits, CacheStats, Owner, RegCache, RegKey};
+use crate::regcache::{CacheLimits, CacheStats, FxHashMap, Owner, RegCache, RegKey};
 use crate::session::{Inner, Session};
 
 /// What the device may do with registered memory.
@@ -163,7 +162,7 @@ impl Registration {
 
 struct CacheState {
     cache: RegCache<Arc<DaemonReg>>,
-    devices: HashMap<String, u32>,
+    devices: FxHashMap<String, u32>,
 }
 
 /// The session's registration state: the cache and the live counters.
@@ -176,7 +175,10 @@ pub(crate) struct Registrations {
 impl Default for Registrations {
     fn default() -> Self {
         Self {
-            state: Mutex::new(CacheState { cache: RegCache::new(CacheLimits::default()), devices: HashMap::new() }),
+            state: Mutex::new(CacheState {
+                cache: RegCache::new(CacheLimits::default()),
+                devices: FxHashMap::default(),
+            }),
             live: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
         }
