@@ -30,8 +30,10 @@ fn register_bench_reports_hit_miss_and_mlock_from_one_run() {
     let v = bench(&["register", "--bytes", "1048576", "--iterations", "3", "--hits", "2000"]);
     assert_eq!(v["bench"], "register");
     assert_eq!(v["bytes"], 1 << 20);
-    positive(&v, "hit_ns");
-    positive(&v, "hit_baseline_ns");
+    let hit = positive(&v, "hit_ns");
+    positive(&v, "hit_wall_ns");
+    let base = positive(&v, "hit_baseline_ns");
+    assert!((positive(&v, "hit_ratio") - hit / base).abs() < 1e-9);
     let miss = positive(&v, "miss_us_per_mib");
     let mlock = positive(&v, "mlock_us_per_mib");
     assert!((positive(&v, "ratio") - miss / mlock).abs() < 1e-9);

@@ -62,6 +62,7 @@ pub struct RegistrationStats {
 #[derive(Debug)]
 struct DaemonReg {
     session: Weak<Inner>,
+    session_id: u64,
     id: u64,
     iova: u64,
     len: u64,
@@ -85,12 +86,12 @@ impl Drop for DaemonReg {
     }
 }
 
-/// What a registration keeps alive.
-#[derive(Debug)]
+/// What a registration keeps alive: its memory, which holds the session too (for a bare
+/// pointer, the session alone).
 enum Keep {
     Fabric(#[allow(dead_code)] Arc<Mem>),
     Host(#[allow(dead_code)] Arc<HostMem>),
-    Pointer,
+    Pointer(#[allow(dead_code)] Arc<Inner>),
 }
 
 /// Memory registered for DMA by a device: the IOVA the device uses, the bytes, the access.
@@ -101,7 +102,6 @@ pub struct Registration {
     // Field order is drop order: unregister before the memory can go.
     reg: Arc<DaemonReg>,
     _keep: Keep,
-    session: Arc<Inner>,
     cached: bool,
 }
 
@@ -154,9 +154,9 @@ impl Registration {
         self.cached
     }
 
-    /// The session it belongs to.
+    /// The daemon's id of the session it belongs to.
     pub fn session_id(&self) -> u64 {
-        self.session.client.session()
+        self.reg.session_id
     }
 }
 
@@ -300,7 +300,7 @@ impl Session {
             let key = RegKey { owner, device: dev, writable: access == Access::ReadWrite, offset, len };
             if let Some(reg) = st.cache.get(&key) {
                 let reg = reg.clone();
-                return Ok(Registration { reg, _keep: keep, session: self.inner.clone(), cached: true });
+                return Ok(Registration { reg, _keep: keep, cached: true });
             }
             key
         };
@@ -315,7 +315,7 @@ impl Session {
         let out = regs.lock().cache.insert(key, reg.clone());
         let cached = !out.iter().any(|r| Arc::ptr_eq(r, &reg));
         drop(out);
-        Ok(Registration { reg, _keep: keep, session: self.inner.clone(), cached })
+        Ok(Registration { reg, _keep: keep, cached })
     }
 
     /// Registers `len` bytes of this process's memory at `ptr` for DMA by `device`. The
@@ -344,7 +344,7 @@ impl Session {
         let lock = PageLock::new(addr, len as u64)?;
         let reg =
             self.register_raw(RegisterSource::Process { addr }, 0, len as u64, device, access, None, Some(lock))?;
-        Ok(Registration { reg: Arc::new(reg), _keep: Keep::Pointer, session: self.inner.clone(), cached: false })
+        Ok(Registration { reg: Arc::new(reg), _keep: Keep::Pointer(self.inner.clone()), cached: false })
     }
 
     /// Registers without the cache (a fresh daemon registration every time), e.g. to
@@ -362,7 +362,7 @@ impl Session {
             Src::Host(h) => (RegisterSource::Fd, h.len, Some(h.fd.as_fd()), Keep::Host(h.clone())),
         };
         let reg = self.register_raw(source, 0, len, device, access, fd, None)?;
-        Ok(Registration { reg: Arc::new(reg), _keep: keep, session: self.inner.clone(), cached: false })
+        Ok(Registration { reg: Arc::new(reg), _keep: keep, cached: false })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -392,6 +392,7 @@ impl Session {
         tracing::debug!(registration = r.registration, iova = r.iova, len = r.len, device, "registered");
         Ok(DaemonReg {
             session: Arc::downgrade(&self.inner),
+            session_id: self.inner.client.session(),
             id: r.registration,
             iova: r.iova,
             len: r.len,
