@@ -174,6 +174,18 @@ fn madvise(p: *mut libc::c_void, n: usize, advice: libc::c_int) -> bool {
     unsafe { libc::syscall(libc::SYS_madvise, p, n, advice) == 0 }
 }
 
+/// Bytes this process has locked now (`VmLck` of /proc/self/status; 0 when unreadable).
+fn locked_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmLck:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn run_bytes((first, n): PageRun) -> (*mut libc::c_void, usize) {
     ((first * PAGE) as usize as *mut libc::c_void, (n * PAGE) as usize)
 }
@@ -222,11 +234,15 @@ impl PageLock {
                 unlock_runs(&runs[..i]);
                 counts.release(first, pages);
                 let limit = memlock_limit();
+                let requested = pages * PAGE;
+                // ENOMEM is also what an unmapped range gets: name the limit only when
+                // the request would pass it.
+                let over = limit != u64::MAX && locked_bytes().saturating_add(requested) > limit;
                 return Err(match err.raw_os_error() {
-                    Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) if !locked && limit != u64::MAX => {
-                        Error::MemlockLimit { requested: pages * PAGE, limit }
+                    Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) if !locked && over => {
+                        Error::MemlockLimit { requested, limit }
                     }
-                    _ => Error::Os { what: "locking memory for a registration", source: err },
+                    _ => Error::Os { what: "locking memory for a registration (is it mapped?)", source: err },
                 });
             }
         }

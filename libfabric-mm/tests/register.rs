@@ -104,6 +104,13 @@ fn locked(p: *const u8) -> bool {
 }
 
 #[test]
+fn registrations_and_host_buffers_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Registration>();
+    send_sync::<HostBuffer>();
+}
+
+#[test]
 fn every_kind_of_memory_registers_below_the_mask_and_drops_clean() {
     let env = start("", |_| {});
     let s = common::session(&env.daemon.socket);
@@ -138,6 +145,13 @@ fn every_kind_of_memory_registers_below_the_mask_and_drops_clean() {
     assert_eq!(daemon_registrations(&env.daemon.socket).0, 5);
     assert_eq!(s.registration_stats().live, 4);
 
+    // Memory that is not mapped: an OS error, not a made-up limit.
+    let hole = anon(4096, 0);
+    // SAFETY: unmapping the page just mapped; nothing refers to it.
+    unsafe { libc::munmap(hole.cast(), 4096) };
+    // SAFETY: deliberately unmapped; the library must refuse it before any registration.
+    let e = unsafe { s.register_ptr(hole, 4096, &dev, Access::ReadOnly) }.unwrap_err();
+    assert!(matches!(e, Error::Os { .. }), "{e:?}");
     // Beyond the memory: refused by the library, nothing registered.
     let e = s.register_range(&region, MIB, 2 * MIB, &dev, Access::ReadOnly).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
