@@ -221,6 +221,15 @@ impl<V> RegCache<V> {
         out
     }
 
+    /// Evicts every entry whose value `unused` says no one else holds (to make room for a
+    /// registration the daemon refused for lack of pinned bytes); returns them.
+    pub fn evict_unused(&mut self, unused: impl Fn(&V) -> bool) -> Vec<V> {
+        let keys: Vec<RegKey> = self.map.iter().filter(|(_, s)| unused(&s.value)).map(|(k, _)| *k).collect();
+        let out: Vec<V> = keys.iter().filter_map(|k| self.remove_key(k)).collect();
+        self.stats.evictions += out.len() as u64;
+        out
+    }
+
     /// Drops every entry (e.g. before the limits change); returns their values. Not
     /// counted as invalidations or evictions.
     pub fn clear(&mut self) -> Vec<V> {
@@ -367,6 +376,19 @@ mod tests {
         // Larger than the byte limit: never cached, handed straight back.
         assert_eq!(c.insert(key(5, 1, 0, 101), 5), vec![5]);
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn evicting_unused_entries_keeps_the_ones_in_use() {
+        let mut c = RegCache::new(CacheLimits::default());
+        c.insert(key(1, 1, 0, 10), 1);
+        c.insert(key(2, 1, 0, 10), 2);
+        c.insert(key(3, 1, 0, 10), 3);
+        let mut out = c.evict_unused(|v| v % 2 == 1);
+        out.sort();
+        assert_eq!(out, vec![1, 3]);
+        assert_eq!((c.stats().evictions, c.stats().entries, c.stats().bytes), (2, 1, 10));
+        assert_eq!(c.get(&key(2, 1, 0, 10)), Some(&2));
     }
 
     #[test]

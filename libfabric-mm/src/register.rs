@@ -384,7 +384,14 @@ impl Session {
             access: access.wire(),
         });
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
-        let (resp, _) = self.inner.client.call(req, &fds).map_err(refusal)?;
+        let (resp, _) = match self.inner.client.call(req.clone(), &fds).map_err(refusal) {
+            // Cached registrations no one holds count against the same limits: give them
+            // back and try once more.
+            Err(Error::PinnedLimit { .. } | Error::DaemonMemlockLimit { .. }) if self.evict_unused() > 0 => {
+                self.inner.client.call(req, &fds).map_err(refusal)?
+            }
+            other => other?,
+        };
         let Response::Register(r) = resp else { return Err(Error::Unexpected(Opcode::Register)) };
         let regs = &self.inner.registrations;
         regs.live.fetch_add(1, Ordering::Relaxed);
@@ -400,6 +407,15 @@ impl Session {
             access,
             _lock: lock,
         })
+    }
+
+    /// Unregisters the cached registrations no user holds; returns how many.
+    fn evict_unused(&self) -> usize {
+        let gone = self.inner.registrations.lock().cache.evict_unused(|r| Arc::strong_count(r) == 1);
+        let n = gone.len();
+        drop(gone);
+        tracing::debug!(evicted = n, "pinned limit reached: cached registrations given back");
+        n
     }
 
     /// Allocates a page-aligned host buffer of at least `len` bytes for registration

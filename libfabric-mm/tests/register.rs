@@ -297,7 +297,15 @@ fn the_per_user_pinned_limit_is_a_clear_error() {
     assert!(e.to_string().contains("limits.pinned_bytes_per_uid"), "{e}");
     assert_eq!(e.code(), fabric_mm::ffi::FMM_E_LIMIT);
     // Within the limit it works.
-    s.register_range(&host, 0, 65536, &dev, Access::ReadWrite).unwrap();
+    let held = s.register_range(&host, 0, 32768, &dev, Access::ReadWrite).unwrap();
+    // A cached registration no one holds is given back to make room (and the refusal
+    // stands when the room is taken by registrations in use).
+    drop(s.register_range(&host, 32768, 32768, &dev, Access::ReadWrite).unwrap());
+    let again = s.register_range(&host, 65536, 32768, &dev, Access::ReadWrite).unwrap();
+    assert_eq!(s.registration_stats().cache.evictions, 1);
+    let e = s.register_range(&host, 98304, 4096, &dev, Access::ReadWrite).unwrap_err();
+    assert!(matches!(e, Error::PinnedLimit { used: 65536, requested: 4096, max: 65536 }), "{e:?}");
+    drop((held, again));
 }
 
 fn has_cap(pid: u32, cap: u32) -> bool {
