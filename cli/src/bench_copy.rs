@@ -292,7 +292,12 @@ fn memcpy_time(a: &[u8], b: &mut [u8], len: usize, iterations: usize) -> Duratio
     median(times)
 }
 
-fn run_one(opts: &CopyOptions, engines: u32, base: &Path, bufs: (&[u8], &mut [u8])) -> Result<(EngineRun, bool), CopyBenchError> {
+fn run_one(
+    opts: &CopyOptions,
+    engines: u32,
+    base: &Path,
+    bufs: (&[u8], &mut [u8]),
+) -> Result<(EngineRun, bool), CopyBenchError> {
     let dir = tempfile::Builder::new()
         .prefix("fabricctl-bench-copy-")
         .tempdir_in(base)
@@ -318,7 +323,13 @@ fn run_one(opts: &CopyOptions, engines: u32, base: &Path, bufs: (&[u8], &mut [u8
         let engine = time(false)?;
         let gfa = time(true)?;
         let (engine_gbps, memcpy_gbps) = (gbps(size, engine), gbps(size, memcpy));
-        points.push(CopyPoint { size, engine_gbps, gfa_gbps: gbps(size, gfa), memcpy_gbps, ratio: engine_gbps / memcpy_gbps });
+        points.push(CopyPoint {
+            size,
+            engine_gbps,
+            gfa_gbps: gbps(size, gfa),
+            memcpy_gbps,
+            ratio: engine_gbps / memcpy_gbps,
+        });
     }
     let big: Vec<f64> = points.iter().filter(|p| p.size >= 1 << 20).map(|p| p.ratio).collect();
     let pool = if big.is_empty() { points.iter().map(|p| p.ratio).collect() } else { big };

@@ -155,7 +155,12 @@ fn regions_copy_by_gfa_and_by_registration_over_partial_ranges() {
 
     // An importer copies from the exporter's region by GFA.
     let mut other = common::client(&env.setup.socket);
-    let policy = ExportPolicy { uids: BoundedVec::default(), gids: BoundedVec::default(), partition: None, access: AccessMode::ReadOnly };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadOnly,
+    };
     let Response::Export(e) = c.call(Request::Export(ExportRequest { region: a.info.region, policy }), &[]).unwrap().0
     else {
         panic!()
@@ -185,8 +190,22 @@ fn process_backed_registrations_copy_both_ways() {
     let len = MIB as usize;
     let p1 = own_memory(len, 11);
     let p2 = own_memory(len, 0);
-    let g1 = register(&mut c, gpu, RegisterSource::Process { addr: p1.as_ptr() as u64 }, 0, len as u64, AccessMode::ReadWrite);
-    let g2 = register(&mut c, gpu, RegisterSource::Process { addr: p2.as_ptr() as u64 }, 0, len as u64, AccessMode::ReadWrite);
+    let g1 = register(
+        &mut c,
+        gpu,
+        RegisterSource::Process { addr: p1.as_ptr() as u64 },
+        0,
+        len as u64,
+        AccessMode::ReadWrite,
+    );
+    let g2 = register(
+        &mut c,
+        gpu,
+        RegisterSource::Process { addr: p2.as_ptr() as u64 },
+        0,
+        len as u64,
+        AccessMode::ReadWrite,
+    );
     let p1_data = pattern(11, len);
 
     // Process memory to a region, by GFA.
@@ -273,7 +292,10 @@ fn other_region(c: &mut Connection, gpu: &str) -> u64 {
 
 /// Starts big copies and ends one of their dependencies at once, until one is seen
 /// stopped mid-way (the engine is slowed by one engine and small chunks).
-fn stops_mid_copy(end: impl Fn(&mut Connection, &Env) -> (CopyEndpoint, CopyEndpoint, Box<dyn FnOnce(&mut Connection)>), want: &str) {
+fn stops_mid_copy(
+    end: impl Fn(&mut Connection, &Env) -> (CopyEndpoint, CopyEndpoint, Box<dyn FnOnce(&mut Connection)>),
+    want: &str,
+) {
     let env = start("engines = 1\nchunk_bytes = 262144\n");
     let mut c = common::client(&env.setup.socket);
     let mut stopped = false;
@@ -307,7 +329,8 @@ fn unregister_during_a_copy_stops_it_and_the_daemon_serves_on() {
         |c, env| {
             let a = alloc(c, &env.gpus[0], 64 * MIB);
             let b = alloc(c, &env.gpus[1], 64 * MIB);
-            let rb = register(c, &env.gpus[0], RegisterSource::Region(b.info.region), 0, 64 * MIB, AccessMode::ReadWrite);
+            let rb =
+                register(c, &env.gpus[0], RegisterSource::Region(b.info.region), 0, 64 * MIB, AccessMode::ReadWrite);
             let then = move |c: &mut Connection| {
                 let (r, _) = c.call(Request::Unregister(UnregisterRequest { registration: rb }), &[]).unwrap();
                 assert_eq!(r, Response::Unregister);

@@ -80,7 +80,9 @@ fn a_copy_is_polled_waited_for_and_called_back() {
 
     // A callback on the reader thread.
     let (tx, rx) = mpsc::channel();
-    let c2 = s.copy_with(CopyEndpoint::Gfa(gb + MIB), CopyEndpoint::Gfa(ga + 7), MIB, move |r| tx.send(r.unwrap()).unwrap()).unwrap();
+    let c2 = s
+        .copy_with(CopyEndpoint::Gfa(gb + MIB), CopyEndpoint::Gfa(ga + 7), MIB, move |r| tx.send(r.unwrap()).unwrap())
+        .unwrap();
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), MIB);
     assert!(matches!(c2.poll(), Some(Err(Error::InvalidArgument(_)))), "the result went to the callback");
     drop(c2);
@@ -159,12 +161,17 @@ fn another_process_exports_and_this_one_imports_and_copies() {
         access: AccessMode::ReadWrite,
     });
     let Response::Register(r) = s.raw_request(req).unwrap() else { panic!() };
-    let c = s.copy(CopyEndpoint::Registration { id: r.registration, offset: 0 }, CopyEndpoint::Gfa(gfa + MIB), MIB).unwrap();
+    let c = s
+        .copy(CopyEndpoint::Registration { id: r.registration, offset: 0 }, CopyEndpoint::Gfa(gfa + MIB), MIB)
+        .unwrap();
     assert_eq!(c.wait().unwrap(), MIB);
     // SAFETY: the copy is done: nothing writes the buffer now (read through its pointer,
     // which the daemon was given).
     let seen = unsafe { std::slice::from_raw_parts(std::ptr::addr_of!(buf[0]), buf.len()) };
-    assert!(seen.iter().enumerate().all(|(i, &x)| x == pattern(5, MIB as usize + i)), "the engine wrote this process's memory");
+    assert!(
+        seen.iter().enumerate().all(|(i, &x)| x == pattern(5, MIB as usize + i)),
+        "the engine wrote this process's memory"
+    );
 
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());

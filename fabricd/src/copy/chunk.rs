@@ -86,7 +86,9 @@ pub fn copy(dst: &Side, src: &Side, offset: u64, len: u64, bounce: &mut Vec<u8>)
     let d = at(dst, offset, len, true)?;
     let s = at(src, offset, len, false)?;
     match (&d, &s) {
-        (At::Local { addr: d, .. }, At::Local { addr: s, .. }) => sys::vm_read(sys::own_pid(), *d, *s as u64, len).map_err(moved),
+        (At::Local { addr: d, .. }, At::Local { addr: s, .. }) => {
+            sys::vm_read(sys::own_pid(), *d, *s as u64, len).map_err(moved)
+        }
         (At::Local { addr: d, .. }, At::Remote(pid, s)) => sys::vm_read(*pid, *d, *s, len).map_err(moved),
         (At::Remote(pid, d), At::Local { addr: s, .. }) => sys::vm_write(*pid, *s, *d, len).map_err(moved),
         (At::Remote(dpid, d), At::Remote(spid, s)) => {

@@ -41,7 +41,14 @@ impl Mapping {
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // SAFETY: a new mapping at an address the kernel chooses; it aliases no Rust object.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), map_len, prot, libc::MAP_SHARED | libc::MAP_POPULATE, file.as_raw_fd(), off)
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                prot,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                off,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());

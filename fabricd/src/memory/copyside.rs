@@ -127,10 +127,15 @@ impl Memory {
             return Err(MemoryError::PermissionDenied(format!("registration {id} belongs to another session")));
         }
         if offset.checked_add(len).is_none_or(|e| e > r.len) {
-            return Err(bad(format!("{len} bytes at offset {offset} run past the {} bytes of registration {id}", r.len)));
+            return Err(bad(format!(
+                "{len} bytes at offset {offset} run past the {} bytes of registration {id}",
+                r.len
+            )));
         }
         if write && r.access != AccessMode::ReadWrite {
-            return Err(MemoryError::PermissionDenied(format!("registration {id} is read-only: it cannot be a copy's destination")));
+            return Err(MemoryError::PermissionDenied(format!(
+                "registration {id} is read-only: it cannot be a copy's destination"
+            )));
         }
         let at = r.lead + offset;
         let (side, key) = match &r.backing {
@@ -139,7 +144,8 @@ impl Memory {
                 (Side::Pinned { map: p.clone(), base: at }, key)
             }
             Backing::Process { pid, pidfd, addr } => {
-                let pidfd = pidfd.try_clone().map_err(|e| MemoryError::BadRequest(format!("cannot follow pid {pid}: {e}")))?;
+                let pidfd =
+                    pidfd.try_clone().map_err(|e| MemoryError::BadRequest(format!("cannot follow pid {pid}: {e}")))?;
                 (Side::Process { pid: *pid, pidfd: Arc::new(pidfd), addr: addr + at }, (1, *pid as u64, 0, addr + at))
             }
         };
@@ -163,11 +169,8 @@ impl Memory {
         let end = gfa.checked_add(len).ok_or_else(|| bad(format!("{len} bytes at GFA {gfa:#x} overflow")))?;
         // The regions this session reaches: its own, and those it imported (with the import).
         let owned = st.regions.iter().filter(|(_, r)| r.session == session).map(|(id, _)| (*id, None));
-        let imported = st
-            .imports
-            .iter()
-            .filter(|(_, i)| i.session == session)
-            .map(|(iid, i)| (i.region, Some((*iid, i.access))));
+        let imported =
+            st.imports.iter().filter(|(_, i)| i.session == session).map(|(iid, i)| (i.region, Some((*iid, i.access))));
         let mut found = None;
         for (rid, via) in owned.chain(imported) {
             let Some(w) = Self::whereabouts_in(st, rid) else { continue };
@@ -181,16 +184,11 @@ impl Memory {
             }
         }
         let Some((rid, via, start)) = found else {
-            return Err(MemoryError::NotFound(format!(
-                "GFA {gfa:#x} is in no region this session owns or imported"
-            )));
+            return Err(MemoryError::NotFound(format!("GFA {gfa:#x} is in no region this session owns or imported")));
         };
         let r = st.regions.get(&rid).ok_or_else(|| MemoryError::NotFound(format!("no region {rid}")))?;
         if end > start + r.len {
-            return Err(bad(format!(
-                "{len} bytes at GFA {gfa:#x} run past region {rid} ({start:#x}+{})",
-                r.len
-            )));
+            return Err(bad(format!("{len} bytes at GFA {gfa:#x} run past region {rid} ({start:#x}+{})", r.len)));
         }
         if r.lost {
             return Err(MemoryError::DeviceLost(format!("region {rid} lies on a device that was lost")));
