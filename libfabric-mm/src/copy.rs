@@ -1,5 +1,5 @@
 //! Asynchronous copies by the daemon's copy engine: [`Session::copy`] asks fabricd to move
-//! bytes between registrations and/or GFAs and returns at once with a [`Copy`]; the
+//! bytes between registrations and/or GFAs and returns at once with a [`Copy`](struct@Copy); the
 //! engine (not the caller's thread) moves the bytes, and its completion arrives on the
 //! session's reader thread, which resolves the `Copy`: [`Copy::poll`], [`Copy::wait`],
 //! [`Copy::wait_timeout`], or a callback ([`Session::copy_with`], [`Copy::on_complete`]).
@@ -57,7 +57,7 @@ struct Slot {
     handed: bool,
 }
 
-/// A copy's shared state: the reader thread fills it, the [`Copy`] reads it.
+/// A copy's shared state: the reader thread fills it, the [`Copy`](struct@Copy) reads it.
 #[derive(Default)]
 struct State {
     slot: Mutex<Slot>,

@@ -9,7 +9,7 @@
 //! [`Error::Revoked`], and [`Session::on_revocation`] runs a callback.
 //!
 //! [`Session::copy`] moves bytes between registrations and GFAs with the daemon's copy
-//! engine, asynchronously: a [`Copy`] to poll, wait on, or get a callback from.
+//! engine, asynchronously: a [`Copy`](struct@Copy) to poll, wait on, or get a callback from.
 //!
 //! See docs/libfabric-mm.md for the guide, the guarantees and the limits.
 #![warn(missing_docs)]

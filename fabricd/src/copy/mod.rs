@@ -7,7 +7,7 @@
 //! takes part); any engine takes any chunk. The engine that finishes a job's last chunk
 //! sends its [`CopyDone`] to the issuing connection.
 //!
-//! How bytes move ([`chunk`]): the kernel copies, never a load or store of the daemon —
+//! How bytes move (`chunk.rs`): the kernel copies, never a load or store of the daemon —
 //! a client holds a descriptor of the memory and may shrink it, and the kernel turns the
 //! fault that would be `SIGBUS` into an error:
 //! - daemon mapping to daemon mapping: `process_vm_readv` on the daemon itself (one copy);
@@ -171,7 +171,7 @@ impl CopyEngine {
     }
 
     /// Resolves and queues a copy of `session` in one step: `resolve` runs under the job
-    /// table's lock (see [`Shared::jobs`]) and gives the copy or a refusal. Returns the
+    /// table's lock (see `Shared::jobs`) and gives the copy or a refusal. Returns the
     /// copy id.
     pub fn submit<E>(
         &self,
