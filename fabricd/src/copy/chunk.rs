@@ -79,11 +79,25 @@ fn at(side: &Side, offset: u64, len: u64, write: bool) -> Result<At, ChunkError>
     })
 }
 
+/// The file behind a daemon-held side and the file offset of its byte 0.
+fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
+    match side {
+        Side::Pinned { map, base } => Some((map.file(), map.offset() + base)),
+        Side::File { file, offset, .. } => Some((file, *offset)),
+        Side::Process { .. } => None,
+    }
+}
+
 /// Copies bytes `[offset, offset + len)` of `src` to the same range of `dst`; `bounce`
 /// is the engine's buffer for process-to-process copies.
 pub fn copy(dst: &Side, src: &Side, offset: u64, len: u64, bounce: &mut Vec<u8>) -> Result<(), ChunkError> {
     let moved = |source| ChunkError::Move { at: offset, len, source };
     let d = at(dst, offset, len, true)?;
+    // A source the daemon holds a file of is read from the file's page cache straight
+    // into the destination: one copy, and no mapping of the source to make.
+    if let (At::Local { addr, .. }, Some((file, off))) = (&d, file_of(src)) {
+        return sys::pread_into(file, *addr, off + offset, len).map_err(moved);
+    }
     let s = at(src, offset, len, false)?;
     match (&d, &s) {
         (At::Local { addr: d, .. }, At::Local { addr: s, .. }) => {

@@ -129,6 +129,36 @@ fn vm_move(pid: i32, local: usize, remote: u64, len: u64, write: bool) -> io::Re
     Ok(())
 }
 
+/// Reads `len` bytes at offset `off` of `file` into address `local` of the daemon
+/// (`pread`, retrying short reads): one copy from the file's page cache, no mapping of
+/// the file needed. `local` must be daemon memory writable for `len` bytes that no Rust
+/// reference covers; a file shorter than `off + len` is an `UnexpectedEof` error.
+pub fn pread_into(file: &File, local: usize, off: u64, len: u64) -> io::Result<()> {
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(MAX_CALL) as usize;
+        let at = libc::off_t::try_from(off + done).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: the kernel writes at most `n` bytes at `local + done`, inside the
+        // caller's writable range; faults there come back as EFAULT.
+        let got = unsafe { libc::pread(file.as_raw_fd(), (local + done as usize) as *mut libc::c_void, n, at) };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if got == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read {done} of {len} bytes: the file is shorter"),
+            ));
+        }
+        done += got as u64;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -150,9 +180,17 @@ mod tests {
         dst.rewind().unwrap();
         dst.read_to_end(&mut out).unwrap();
         assert_eq!(&out[7..7 + 2 * PAGE as usize], &data[100..100 + 2 * PAGE as usize]);
+        // The same through pread, without mapping the source.
+        let d = Mapping::new(&dst, 0, PAGE, true).unwrap();
+        pread_into(&src, d.addr(), 5, PAGE).unwrap();
+        drop(d);
+        let mut out = vec![0; PAGE as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&dst, &mut out, 0).unwrap();
+        assert_eq!(out, &data[5..5 + PAGE as usize]);
         // The source shrinks under the mapping: the kernel reports it, no SIGBUS.
         let d = Mapping::new(&dst, 0, 2 * PAGE, true).unwrap();
         src.set_len(0).unwrap();
         assert!(vm_read(own_pid(), d.addr(), s.addr() as u64, 2 * PAGE).is_err());
+        assert!(pread_into(&src, d.addr(), 0, PAGE).is_err());
     }
 }
