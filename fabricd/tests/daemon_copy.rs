@@ -428,3 +428,52 @@ fn many(socket: &Path, gpu: &str, t: u8) {
         assert_eq!(&dst.map[d..d + p], &data[i * p..(i + 1) * p], "piece {i} of session {t}");
     }
 }
+
+fn memfd(len: u64) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let name = std::ffi::CString::new("copy-test").unwrap();
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: the descriptor was just created and is owned by nothing else.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    File::from(fd.try_clone().unwrap()).set_len(len).unwrap();
+    fd
+}
+
+#[test]
+fn memory_shrunk_under_a_registration_fails_the_copy_and_never_the_daemon() {
+    use std::os::fd::AsFd;
+    let env = start("");
+    let mut c = common::client(&env.setup.socket);
+    let gpu = &env.gpus[0];
+    let r = alloc(&mut c, gpu, 2 * MIB);
+    let (src_fd, dst_fd) = (memfd(2 * MIB), memfd(2 * MIB));
+    let reg_fd = |c: &mut Connection, fd: &std::os::fd::OwnedFd| {
+        let req = Request::Register(RegisterRequest {
+            device: DeviceName::truncated(gpu),
+            source: RegisterSource::Fd,
+            offset: 0,
+            len: 2 * MIB,
+            access: AccessMode::ReadWrite,
+        });
+        let Response::Register(r) = c.call(req, &[fd.as_fd()]).unwrap().0 else { panic!() };
+        r.registration
+    };
+    let (rs, rd) = (reg_fd(&mut c, &src_fd), reg_fd(&mut c, &dst_fd));
+    copy_ok(&mut c, reg(rd, 0), reg(rs, 0), 2 * MIB);
+    // The client shrinks both memory objects it registered.
+    File::from(src_fd.try_clone().unwrap()).set_len(0).unwrap();
+    File::from(dst_fd.try_clone().unwrap()).set_len(0).unwrap();
+    for (dst, src) in [(CopyEndpoint::Gfa(r.gfa()), reg(rs, 0)), (reg(rd, 0), CopyEndpoint::Gfa(r.gfa()))] {
+        let id = start_copy(&mut c, dst, src, MIB);
+        let d = done(&mut c, id, &mut Vec::new());
+        match d.result {
+            CopyResult::Failed { code, message } => assert_eq!(code, ErrorCode::Internal, "{message}"),
+            CopyResult::Ok => panic!("a copy through shrunk memory succeeded"),
+        }
+    }
+    // The daemon is alive and serves.
+    copy_ok(&mut c, CopyEndpoint::Gfa(r.gfa()), CopyEndpoint::Gfa(r.gfa() + MIB), 4096);
+    assert!(env.daemon.log().contains("copy chunk failed"));
+}
