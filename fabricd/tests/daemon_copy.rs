@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocResponse, AllocTarget, BoundedVec, CodecError, Connection, CopyDone, CopyEndpoint,
     CopyRequest, CopyResult, DeviceName, ErrorBody, ErrorCode, Event, ExportPolicy, ExportRequest, FreeRequest,
-    ImportRequest, MemoryClass, RegisterRequest, RegisterSource, Request, Response, UnregisterRequest, Version,
-    VersionRange,
+    ImportRequest, MemoryClass, RegisterRequest, RegisterSource, Request, Response, RevokeRequest, UnregisterRequest,
+    Version, VersionRange,
 };
 use fabric_topology::DeviceKind;
 use memmap2::{MmapMut, MmapOptions};
@@ -255,8 +255,11 @@ fn refusals_are_typed() {
     let body = refused(&mut c, gb, reg(ra, MIB - 5), 10);
     assert_eq!(body.code, ErrorCode::BadRequest, "{}", body.message);
 
-    // One copy in flight per session: the next ones are refused until it is done.
-    let first = start_copy(&mut c, gb, ga, 4 * MIB);
+    // One copy in flight per session: the next ones are refused until it is done (a
+    // 64 MiB copy on one engine in 256 KiB chunks outlasts many round trips).
+    let big_a = alloc(&mut c, gpu, 64 * MIB);
+    let big_b = alloc(&mut c, gpu, 64 * MIB);
+    let first = start_copy(&mut c, CopyEndpoint::Gfa(big_b.gfa()), CopyEndpoint::Gfa(big_a.gfa()), 64 * MIB);
     let mut limited = 0;
     let mut seen = Vec::new();
     let mut extra = Vec::new();
@@ -356,6 +359,42 @@ fn freeing_the_source_during_a_copy_stops_it() {
         },
         "freed",
     );
+}
+
+#[test]
+fn revoking_the_export_stops_an_importer_copy() {
+    let env = start("engines = 1\nchunk_bytes = 262144\n");
+    let mut owner = common::client(&env.setup.socket);
+    let mut c = common::client(&env.setup.socket);
+    let mut stopped = false;
+    for _ in 0..5 {
+        let a = alloc(&mut owner, &env.gpus[0], 64 * MIB);
+        let policy = ExportPolicy {
+            uids: BoundedVec::default(),
+            gids: BoundedVec::default(),
+            partition: None,
+            access: AccessMode::ReadOnly,
+        };
+        let Response::Export(e) =
+            owner.call(Request::Export(ExportRequest { region: a.info.region, policy }), &[]).unwrap().0
+        else {
+            panic!()
+        };
+        let req = Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadOnly });
+        let Response::Import(_) = c.call(req, &[]).unwrap().0 else { panic!() };
+        let b = alloc(&mut c, &env.gpus[1], 64 * MIB);
+        let id = start_copy(&mut c, CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), 64 * MIB);
+        let (r, _) = owner.call(Request::Revoke(RevokeRequest { handle: e.handle }), &[]).unwrap();
+        assert_eq!(r, Response::Revoke);
+        let d = done(&mut c, id, &mut Vec::new());
+        if let CopyResult::Failed { code, message } = d.result {
+            assert_eq!(code, ErrorCode::NotFound, "{message}");
+            assert!(message.contains("revoked"), "{message}");
+            stopped = true;
+            break;
+        }
+    }
+    assert!(stopped, "no copy was ever seen stopped by the revocation");
 }
 
 #[test]
