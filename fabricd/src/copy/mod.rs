@@ -10,8 +10,11 @@
 //! How bytes move (`chunk.rs`): the kernel copies, never a load or store of the daemon —
 //! a client holds a descriptor of the memory and may shrink it, and the kernel turns the
 //! fault that would be `SIGBUS` into an error:
-//! - daemon mapping to daemon mapping: `process_vm_readv` on the daemon itself (one copy);
-//! - daemon mapping to or from a client's memory: `process_vm_writev`/`readv` (one copy);
+//! - a region or memory-object source into a daemon-held destination: `pread` from the
+//!   source's file straight into the destination's mapping (one copy, and the source
+//!   needs no mapping);
+//! - a daemon-held side to or from a client's memory: `process_vm_writev`/`readv` from or
+//!   into the daemon's mapping (one copy);
 //! - client to client: both, through a per-engine buffer (two copies).
 //!
 //! # Lifetimes
