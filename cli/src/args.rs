@@ -293,6 +293,22 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 30)]
         iterations: usize,
     },
+    /// fabricd's copy engine bandwidth vs a single-thread memcpy of the same size, for
+    /// each size and engine count (a private fabricd per engine count).
+    Copy {
+        /// The sim fabric the private fabricd serves.
+        #[arg(long, value_name = "FILE", default_value = "configs/sim/hgx-h100-8gpu.toml")]
+        sim: PathBuf,
+        /// Copy sizes in bytes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1048576,4194304,16777216,67108864")]
+        sizes: Vec<u64>,
+        /// Engine counts (`copy.engines`), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        engines: Vec<u32>,
+        /// Copies timed per size (the median is reported).
+        #[arg(long, default_value_t = 9)]
+        iterations: usize,
+    },
     /// The bare echo server `control` compares against (internal).
     #[command(hide = true)]
     EchoServer {

@@ -7,6 +7,7 @@
 pub mod args;
 pub mod bench;
 pub mod bench_control;
+pub mod bench_copy;
 pub mod bench_dma;
 pub mod daemon;
 pub mod map;
@@ -143,6 +144,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                     duration: Duration::from_secs_f64(seconds.clamp(0.1, 600.0)),
                 };
                 let r = bench_control::control(&opts)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Copy { sim, sizes, engines, iterations } => {
+                let opts = bench_copy::CopyOptions {
+                    sim: sim.clone(),
+                    sizes: sizes.clone(),
+                    engines: engines.clone(),
+                    iterations: *iterations,
+                };
+                let r = bench_copy::copy(&opts)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
             BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,

@@ -178,6 +178,26 @@ impl Default for MemoryConfig {
     }
 }
 
+/// `[copy]`: the copy engine (docs/fabricd.md, "Copy engine").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CopyConfig {
+    /// Engine threads that move bytes (1 to 64).
+    pub engines: u32,
+    /// Copies one session may have queued or running at once; more are refused with
+    /// `LimitExceeded`.
+    pub max_in_flight_per_session: u32,
+    /// Largest piece of a copy one engine moves at a time (bytes, 256 KiB to 1 GiB); a
+    /// larger copy is split over the engines in pieces of at most this size.
+    pub chunk_bytes: u64,
+}
+
+impl Default for CopyConfig {
+    fn default() -> Self {
+        Self { engines: 2, max_in_flight_per_session: 64, chunk_bytes: 4 << 20 }
+    }
+}
+
 /// `[security]`: how partitions bind clients (`docs/fabricd.md`, "Security and
 /// partitions").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -243,6 +263,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// The durable memory registry.
     pub memory: MemoryConfig,
+    /// The copy engine.
+    pub copy: CopyConfig,
     /// Partition binding rules.
     pub security: SecurityConfig,
     /// Prometheus metrics.
@@ -316,6 +338,15 @@ impl Config {
         }
         if self.limits.clients == 0 {
             return Err(bad("limits.clients", "must be at least 1".to_owned()));
+        }
+        if !(1..=64).contains(&self.copy.engines) {
+            return Err(bad("copy.engines", "must be between 1 and 64".to_owned()));
+        }
+        if self.copy.max_in_flight_per_session == 0 {
+            return Err(bad("copy.max_in_flight_per_session", "must be at least 1".to_owned()));
+        }
+        if !(256 << 10..=1 << 30).contains(&self.copy.chunk_bytes) {
+            return Err(bad("copy.chunk_bytes", "must be between 256 KiB and 1 GiB".to_owned()));
         }
         if !self.metrics.listen.is_empty() {
             let addr: std::net::SocketAddr = self

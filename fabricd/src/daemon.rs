@@ -72,6 +72,9 @@ pub enum StartError {
     /// The partition bindings file could not be read or is damaged.
     #[error(transparent)]
     Partitions(#[from] crate::partitions::PartitionError),
+    /// The copy engine's threads could not be started.
+    #[error("copy engine")]
+    Copy(#[source] crate::copy::CopyError),
 }
 
 /// Runs the discovery the configuration selects: the sim fabric when one is configured,
@@ -171,8 +174,11 @@ pub struct Daemon {
     next_session: AtomicU64,
     /// Gid of `socket.admin_group`, resolved at start.
     pub admin_gid: Option<u32>,
-    /// Request counters and the gauges the metrics page shows.
-    pub metrics: Metrics,
+    /// Request counters and the gauges the metrics page shows (shared with the copy
+    /// engine's threads).
+    pub metrics: Arc<Metrics>,
+    /// The copy engine (`Copy` requests).
+    pub copies: crate::copy::CopyEngine,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
     /// Rescans asked for outside the interval (kernel uevents).
@@ -229,8 +235,9 @@ impl Daemon {
                 memory.device_lost(&dev.id);
             }
         }
-        let metrics = Metrics::new(fabric);
+        let metrics = Arc::new(Metrics::new(fabric));
         metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
+        let copies = crate::copy::CopyEngine::start(config.copy.clone(), metrics.clone()).map_err(StartError::Copy)?;
         Ok(Self {
             config,
             socket_path,
@@ -246,6 +253,7 @@ impl Daemon {
             next_session: AtomicU64::new(1),
             admin_gid,
             metrics,
+            copies,
             memory,
             monitor: crate::monitor::Trigger::default(),
             partitions,
@@ -262,11 +270,14 @@ impl Daemon {
         self.view.load_full()
     }
 
-    /// Tells each importer that subscribed to revocations which of its imports ended.
+    /// Tells each importer that subscribed to revocations which of its imports ended,
+    /// and stops the copies whose memory went with them (after every operation: see
+    /// [`crate::copy`], "Lifetimes").
     pub fn flush_revocations(&self) {
         for (session, r) in self.memory.take_revocations() {
             self.events.send_to(session, Event::Revocation(r));
         }
+        self.copies.sweep(&self.memory);
     }
 
     /// Runs discovery again and, when the fabric changed, swaps in the new view, brings

@@ -55,13 +55,17 @@ impl EventBus {
     /// Sends `ev` to every subscriber of its topic.
     pub fn publish(&self, ev: &Event) {
         let topic = ev.topic();
+        if topic == Topics::NONE {
+            return;
+        }
         self.subs().retain(|session, s| !s.topics.contains(topic) || deliver(*session, s, ev.clone()));
     }
 
     /// Sends `ev` to `session` if it subscribed to the event's topic.
     pub fn send_to(&self, session: u64, ev: Event) {
         let mut subs = self.subs();
-        if let Some(s) = subs.get(&session)
+        if ev.topic() != Topics::NONE
+            && let Some(s) = subs.get(&session)
             && s.topics.contains(ev.topic())
             && !deliver(session, s, ev)
         {

@@ -28,9 +28,14 @@
 //! - [`dma`], [`dmaops`]: DMA registration (register/unregister): IOVAs per DMA domain
 //!   below each device's mask, pinned memory, and the copy path's lookup;
 //!   [`placement`]: region GFAs and interleave-set allocation.
+//!
+//! - [`copy`], [`copyops`]: the copy engine (`Copy`): engine threads that move bytes
+//!   between registrations and GFAs, completions sent to the issuing connection.
 
 pub mod auth;
 pub mod config;
+pub mod copy;
+pub mod copyops;
 pub mod daemon;
 pub mod dma;
 pub mod dmaops;

@@ -172,6 +172,9 @@ pub struct Metrics {
     uevent_overruns: AtomicU64,
     uevents_listening: AtomicBool,
     rescans: [[AtomicU64; RESCAN_RESULTS.len()]; TRIGGERS.len()],
+    /// Finished copies and their bytes, by result (`fabricd_copies_total`,
+    /// `fabricd_copy_bytes_total`).
+    copies: [[AtomicU64; RESULTS.len()]; 2],
 }
 
 /// What the page shows besides what [`Metrics`] holds, read at scrape time.
@@ -198,6 +201,7 @@ impl Metrics {
             uevent_overruns: AtomicU64::new(0),
             uevents_listening: AtomicBool::new(false),
             rescans: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            copies: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
 
@@ -250,6 +254,14 @@ impl Metrics {
         self.durations[o].observe(took);
     }
 
+    /// Counts one finished copy: its result (`None`: every byte copied; else why it
+    /// stopped) and the bytes it moved.
+    pub fn copy_done(&self, error: Option<ErrorCode>, bytes: u64) {
+        let r = result_index(error);
+        self.copies[0][r].fetch_add(1, Ordering::Relaxed);
+        self.copies[1][r].fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Sets the address map gauges.
     pub fn set_map(&self, generation: u64, mapped_bytes: u64) {
         self.map_generation.store(generation, Ordering::Relaxed);
@@ -283,6 +295,22 @@ impl Metrics {
             let count = cum[BUCKETS_S.len()];
             if count > 0 {
                 p.histogram("fabricd_request_duration_seconds", &[("op", op_name(o))], &cum, sum);
+            }
+        }
+
+        for (i, (name, help)) in [
+            ("fabricd_copies_total", "Copies finished by the copy engine, by result."),
+            ("fabricd_copy_bytes_total", "Bytes moved by the copy engine, by the result of their copy."),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            p.family(name, "counter", help);
+            for (r, c) in self.copies[i].iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 || (r == 0 && i == 0) {
+                    p.sample(name, &[("result", RESULTS[r])], n);
+                }
             }
         }
 

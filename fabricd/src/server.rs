@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    BodyError, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
-    MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SessionToken,
+    BodyError, CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse,
+    MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SessionToken,
     SubscribeResponse, Version, decode_header, decode_request, encode_message, negotiate,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -104,6 +104,9 @@ struct Conn<'a> {
     events: Option<(u64, mpsc::Receiver<Event>)>,
     /// Descriptors that came with the current frame's first byte.
     fds: Vec<OwnedFd>,
+    /// Where the copy engine sends this connection's copy completions, and where they
+    /// are read from (bounded by `copy.max_in_flight_per_session`).
+    copies: (crate::copy::Sink, mpsc::UnboundedReceiver<(u64, CopyDone)>),
 }
 
 /// The next queued event with its subscribe request's id (`None`: the subscriber was
@@ -136,7 +139,8 @@ async fn serve_session(
     shutdown: &CancellationToken,
 ) {
     tracing::debug!("connected");
-    let mut conn = Conn { stream, peer, daemon, version: None, events: None, fds: Vec::new() };
+    let mut conn =
+        Conn { stream, peer, daemon, version: None, events: None, fds: Vec::new(), copies: mpsc::unbounded_channel() };
     let mut first = [0u8; 1];
     loop {
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
@@ -145,6 +149,7 @@ async fn serve_session(
             () = shutdown.cancelled() => break,
             r = read_first(&conn.stream, &mut conn.fds, &mut first) => r.map(|n| if n == 0 { None } else { Some(None) }),
             ev = next_event(&mut conn.events) => Ok(Some(Some(ev))),
+            Some((id, done)) = conn.copies.1.recv() => Ok(Some(Some((id, Some(Event::CopyDone(done)))))),
         };
         let Ok(Some(next)) = next else { break };
         match next {
@@ -199,6 +204,10 @@ async fn serve_session(
         }
     }
     daemon.events.unsubscribe(session);
+    let stopped = daemon.copies.end_session(session);
+    if stopped > 0 {
+        tracing::info!(copies = stopped, "session ended with copies in flight; stopped them");
+    }
     if shutdown.is_cancelled() {
         // A daemon restart is not a client death: the session's regions stay journaled
         // for the client to take back (docs/fabricd.md, "Durability").
@@ -389,6 +398,16 @@ impl Conn<'_> {
             self.events = self.daemon.events.subscribe(session, sub.topics).map(|rx| (request_id, rx));
             tracing::debug!(topics = ?sub.topics, "subscribed");
             return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
+        }
+        if let Request::Copy(c) = req {
+            // The connection's sink travels with the copy; the answer is only its id.
+            let caller = crate::scope::Caller::of(self.daemon, &self.peer);
+            let r = crate::copyops::copy(self.daemon, &caller, session, request_id, c, self.copies.0.clone());
+            if let Err(e) = &r {
+                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = "copy", code = ?e.code, "refused: {}", e.message);
+            }
+            self.daemon.flush_revocations();
+            return r.map(|r| (r, None));
         }
         ops::handle_session_fds(self.daemon, &self.peer, session, req, fds)
     }

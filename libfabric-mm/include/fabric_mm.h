@@ -102,6 +102,18 @@
 // The device reads and writes registered memory.
 #define FMM_ACCESS_READ_WRITE 1
 
+// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
+#define FMM_COPY_PENDING 1
+
+// Endpoint kind: a DMA registration of the session (`id`, `offset` in it).
+#define FMM_COPY_REGISTRATION 0
+
+// Endpoint kind: a global fabric address (`offset` is the GFA; `id` is ignored).
+#define FMM_COPY_GFA 1
+
+// A copy started with `fmm_copy_start`.
+typedef struct fmm_copy_t fmm_copy_t;
+
 // A page-aligned host buffer (memfd-backed) for registration.
 typedef struct fmm_host_buffer_t fmm_host_buffer_t;
 
@@ -139,6 +151,16 @@ typedef struct fmm_registration_stats_t {
   // Bytes they cover.
   uint64_t registered_bytes;
 } fmm_registration_stats_t;
+
+// One side of a copy.
+typedef struct fmm_copy_endpoint_t {
+  // `FMM_COPY_REGISTRATION` or `FMM_COPY_GFA`.
+  int kind;
+  // The registration's id (`FMM_COPY_REGISTRATION`).
+  uint64_t id;
+  // Byte offset in the registration, or the GFA (`FMM_COPY_GFA`).
+  uint64_t offset;
+} fmm_copy_endpoint_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
@@ -355,5 +377,38 @@ void fmm_unregister(struct fmm_registration_t *r);
 // # Safety
 // `s` is live; `out` points to writable storage for the struct.
 int fmm_registration_stats(const struct fmm_session_t *s, struct fmm_registration_stats_t *out);
+
+// Starts copying `len` bytes from `src` to `dst` with the daemon's copy engine; returns
+// at once with the copy in `out`. While it runs, the destination bytes may change at any
+// time: do not read them until the copy is done.
+//
+// # Safety
+// `s` is a live session; `dst` and `src` point to endpoints; `out` is writable.
+int fmm_copy_start(const struct fmm_session_t *s,
+                   const struct fmm_copy_endpoint_t *dst,
+                   const struct fmm_copy_endpoint_t *src,
+                   uint64_t len,
+                   struct fmm_copy_t **out);
+
+// `FMM_COPY_PENDING` while the copy runs; once done, 0 (every byte copied) or the
+// negative code of why it stopped, with the bytes copied in `*bytes` (when not NULL).
+//
+// # Safety
+// `c` is a live copy; `bytes` is NULL or writable.
+int fmm_copy_poll(const struct fmm_copy_t *c, uint64_t *bytes);
+
+// Waits for the copy: forever when `timeout_ms` is negative, else at most that many
+// milliseconds (then `FMM_COPY_PENDING`). Returns as `fmm_copy_poll` does.
+//
+// # Safety
+// `c` is a live copy; `bytes` is NULL or writable.
+int fmm_copy_wait(const struct fmm_copy_t *c, int64_t timeout_ms, uint64_t *bytes);
+
+// Frees a copy's handle (NULL is fine). A copy still running goes on in the daemon; its
+// result is discarded.
+//
+// # Safety
+// `c` is NULL or a live copy, not used afterwards.
+void fmm_copy_free(struct fmm_copy_t *c);
 
 #endif  /* FABRIC_MM_H */

@@ -102,6 +102,11 @@ impl Client {
         self.version
     }
 
+    /// Whether the connection is gone (the reader thread ended).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
     /// The daemon's id for this session.
     pub(crate) fn session(&self) -> u64 {
         self.session

@@ -123,6 +123,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A copy stopped before every byte moved: `code` says why (`NotFound`: an endpoint
+    /// went during the copy; `Internal`: an I/O failure).
+    #[error("copy {copy} failed after {bytes} bytes: {code:?}: {message}")]
+    CopyFailed {
+        /// The copy's id.
+        copy: u64,
+        /// The daemon's error code.
+        code: ErrorCode,
+        /// The daemon's explanation.
+        message: String,
+        /// Bytes known copied (whole chunks, not necessarily a prefix).
+        bytes: u64,
+    },
     /// The daemon answered with something else than the request asked for.
     #[error("fabricd answered {0} with an unexpected message")]
     Unexpected(Opcode),
@@ -162,7 +175,7 @@ impl Error {
         use crate::ffi::*;
         match self {
             Error::Connect { .. } => FMM_E_CONNECT,
-            Error::Refused { code, .. } => match code {
+            Error::Refused { code, .. } | Error::CopyFailed { code, .. } => match code {
                 ErrorCode::PermissionDenied | ErrorCode::AdminRequired => FMM_E_PERMISSION,
                 ErrorCode::NotFound => FMM_E_NOT_FOUND,
                 ErrorCode::InvalidHandle => FMM_E_INVALID_HANDLE,

@@ -88,6 +88,8 @@ pub struct FmmImport(Import);
 #[derive(Debug)]
 pub struct FmmMapping(Mapping);
 
+pub mod copy;
+
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }

@@ -12,10 +12,14 @@
 //! export revoked, device lost) marks imports revoked: the next use fails with
 //! [`Error::Revoked`], and [`Session::on_revocation`] runs a callback.
 //!
+//! [`Session::copy`] moves bytes between registrations and GFAs with the daemon's copy
+//! engine, asynchronously: a [`Copy`](struct@Copy) to poll, wait on, or get a callback from.
+//!
 //! See docs/libfabric-mm.md for the guide, the guarantees and the limits.
 #![warn(missing_docs)]
 
 mod client;
+pub mod copy;
 pub mod error;
 pub mod ffi;
 pub mod hostmem;
@@ -26,6 +30,7 @@ pub mod session;
 pub mod topology;
 pub mod window;
 
+pub use copy::{Copy, CopyEndpoint, CopyOutcome};
 pub use error::{Error, Result};
 pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
 pub use hostmem::HostBuffer;

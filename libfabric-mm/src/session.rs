@@ -84,6 +84,8 @@ pub(crate) struct Inner {
     pub(crate) socket: PathBuf,
     /// The registration cache and counters (crate::register).
     pub(crate) registrations: crate::register::Registrations,
+    /// Copies in flight (`crate::copy`).
+    pub(crate) copies: Arc<crate::copy::Copies>,
 }
 
 /// A session with fabricd. Cheap to clone (all clones are one session); the connection
@@ -180,15 +182,17 @@ impl Session {
             None => WindowConfig::from_env()?,
         })?;
         let revocations = Arc::new(Revocations::default());
+        let copies = Arc::new(crate::copy::Copies::default());
         let sink = revocations.clone();
-        let on_event = Box::new(move |ev: Event| {
-            if let Event::Revocation(r) = ev {
-                sink.record(r);
-            }
+        let copy_sink = copies.clone();
+        let on_event = Box::new(move |ev: Event| match ev {
+            Event::Revocation(r) => sink.record(r),
+            Event::CopyDone(d) => copy_sink.complete(d),
+            _ => {}
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
         let client = Client::connect(&socket, name, on_event)?;
-        let inner = Arc::new(Inner { client, window, revocations, socket, registrations: Default::default() });
+        let inner = Arc::new(Inner { client, window, revocations, socket, registrations: Default::default(), copies });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {
             Response::Subscribe(_) => Ok(s),

@@ -99,3 +99,18 @@ fn register_example_runs_plain_and_under_address_sanitizer() {
     let out = run(&asan, &d.socket);
     assert!(out.contains("register: done"), "{out}");
 }
+
+#[test]
+fn copy_example_runs_plain_and_under_address_sanitizer() {
+    let d = common::daemon();
+    let tmp = tempfile::tempdir().unwrap();
+    let pc = pkg_config_dir(tmp.path());
+    let plain = tmp.path().join("copy");
+    build("copy.c", &plain, &pc, &[]);
+    let out = run(&plain, &d.socket);
+    assert!(out.contains("the engine copied") && out.contains("refusals are typed"), "{out}");
+    let asan = tmp.path().join("copy-asan");
+    build("copy.c", &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    let out = run(&asan, &d.socket);
+    assert!(out.contains("the engine copied") && out.contains("refusals are typed"), "{out}");
+}

@@ -126,7 +126,17 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|registration| Request::Unregister(UnregisterRequest { registration })).boxed(),
         partitions.prop_map(Request::Partitions).boxed(),
         topics().prop_map(|topics| Request::Subscribe(SubscribeRequest { topics })).boxed(),
+        (copy_endpoint(), copy_endpoint(), any::<u64>())
+            .prop_map(|(dst, src, len)| Request::Copy(CopyRequest { dst, src, len }))
+            .boxed(),
     ])
+}
+
+fn copy_endpoint() -> impl Strategy<Value = CopyEndpoint> {
+    prop_oneof![
+        any::<(u64, u64)>().prop_map(|(id, offset)| CopyEndpoint::Registration { id, offset }),
+        any::<u64>().prop_map(CopyEndpoint::Gfa),
+    ]
 }
 
 fn regions() -> impl Strategy<Value = RegionsResponse> {
@@ -240,6 +250,7 @@ fn response() -> impl Strategy<Value = Response> {
         Just(Response::Unregister).boxed(),
         list(spec(), 4).prop_map(|partitions| Response::Partitions(PartitionsResponse { partitions })).boxed(),
         topics().prop_map(|topics| Response::Subscribe(SubscribeResponse { topics })).boxed(),
+        any::<u64>().prop_map(|copy| Response::Copy(CopyResponse { copy })).boxed(),
     ])
 }
 
@@ -307,6 +318,13 @@ fn event() -> impl Strategy<Value = Event> {
         })),
         (any::<(u64, u64, u64)>(), reason).prop_map(|((region, generation, import), reason)| {
             Event::Revocation(Revocation { region, generation, import, reason })
+        }),
+        (any::<(u64, u64)>(), proptest::option::of(error_body())).prop_map(|((copy, bytes), failed)| {
+            let result = match failed {
+                None => CopyResult::Ok,
+                Some(e) => CopyResult::Failed { code: e.code, message: e.message },
+            };
+            Event::CopyDone(CopyDone { copy, result, bytes })
         }),
     ]
 }

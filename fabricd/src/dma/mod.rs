@@ -115,8 +115,10 @@ pub fn target_of(dev: &Device) -> Target {
 /// What a registration's memory is.
 #[derive(Debug)]
 pub enum Backing {
-    /// Mapped and locked by the daemon.
-    Mapped(Pinned),
+    /// Mapped and locked by the daemon; shared with copies in flight
+    /// ([`crate::copy`]), so that the mapping outlives a copy's chunk in flight even
+    /// when the registration goes.
+    Mapped(std::sync::Arc<Pinned>),
     /// The client's own memory, locked by the client.
     Process {
         /// The process (as `SO_PEERCRED` gave it).

@@ -56,6 +56,7 @@ pub struct Pinned {
     len: usize,
     file: File,
     offset: u64,
+    writable: bool,
 }
 
 // SAFETY: the mapping is only created and destroyed (never dereferenced) by the owner, and
@@ -79,7 +80,7 @@ impl Pinned {
             return Err(map_err(io::Error::last_os_error()));
         }
         let ptr = NonNull::new(p).ok_or_else(|| map_err(io::Error::from_raw_os_error(libc::EFAULT)))?;
-        let pinned = Self { ptr, len: ulen, file, offset };
+        let pinned = Self { ptr, len: ulen, file, offset, writable };
         // SAFETY: locks the mapping made above, which is `ulen` bytes long.
         if unsafe { libc::mlock(ptr.as_ptr(), ulen) } != 0 {
             let e = io::Error::last_os_error();
@@ -96,6 +97,18 @@ impl Pinned {
     /// The file whose range is pinned, for `pread`/`pwrite`.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// The first byte of the mapping, for the kernel's use only (`process_vm_readv`/
+    /// `process_vm_writev` turn a fault on a shrunk file into `EFAULT` where a load in
+    /// the daemon would be `SIGBUS`); never dereferenced by the daemon.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr().cast()
+    }
+
+    /// Whether the mapping is writable.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
 
     /// Offset of the pinned range in the file.

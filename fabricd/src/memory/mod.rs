@@ -22,9 +22,11 @@ mod persist;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
+mod copyside;
 mod register;
 mod set;
 
+pub use copyside::{Dep, Resolved, Side};
 pub use register::{Registered, Source};
 pub use set::{SetSpec, Whereabouts};
 

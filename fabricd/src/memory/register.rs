@@ -81,7 +81,8 @@ fn check_process_range(pid: i32, start: u64, span: u64, access: AccessMode) -> R
 }
 
 fn pin(file: File, first: u64, span: u64, access: AccessMode) -> Result<Backing, MemoryError> {
-    Ok(Backing::Mapped(Pinned::new(file, first, span, access == AccessMode::ReadWrite).map_err(MemoryError::Pin)?))
+    let pinned = Pinned::new(file, first, span, access == AccessMode::ReadWrite).map_err(MemoryError::Pin)?;
+    Ok(Backing::Mapped(std::sync::Arc::new(pinned)))
 }
 
 impl Memory {

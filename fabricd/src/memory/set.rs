@@ -180,7 +180,11 @@ impl Memory {
 
     /// Where region `id` is: a range of one resource or of an interleave set.
     pub fn whereabouts(&self, id: u64) -> Option<Whereabouts> {
-        let st = self.state();
+        Self::whereabouts_in(&self.state(), id)
+    }
+
+    /// [`Memory::whereabouts`] under the registry lock.
+    pub(super) fn whereabouts_in(st: &super::State, id: u64) -> Option<Whereabouts> {
         let r = st.regions.get(&id)?;
         if let Some(s) = st.set_regions.get(&id) {
             return Some(Whereabouts::Set { name: s.name.clone(), offset: s.set_offset, len: r.len });

@@ -173,6 +173,7 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
         Opcode::Release => Request::Release(from_body(opcode, k, bytes)?),
         Opcode::Register => Request::Register(from_body(opcode, k, bytes)?),
         Opcode::Unregister => Request::Unregister(from_body(opcode, k, bytes)?),
+        Opcode::Copy => Request::Copy(from_body(opcode, k, bytes)?),
         Opcode::Partitions => Request::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Request::Subscribe(from_body(opcode, k, bytes)?),
     })
@@ -199,6 +200,7 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
         Opcode::Release => from_body::<()>(opcode, k, bytes).map(|()| Response::Release)?,
         Opcode::Register => Response::Register(from_body(opcode, k, bytes)?),
         Opcode::Unregister => from_body::<()>(opcode, k, bytes).map(|()| Response::Unregister)?,
+        Opcode::Copy => Response::Copy(from_body(opcode, k, bytes)?),
         Opcode::Partitions => Response::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Response::Subscribe(from_body(opcode, k, bytes)?),
     })
@@ -252,6 +254,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Release(b) => append(b, out),
             Request::Register(b) => append(b, out),
             Request::Unregister(b) => append(b, out),
+            Request::Copy(b) => append(b, out),
             Request::Partitions(b) => append(b, out),
             Request::Subscribe(b) => append(b, out),
             Request::Ping => Ok(()),
@@ -266,6 +269,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Response::Export(b) => append(b, out),
             Response::Import(b) => append(b, out),
             Response::Register(b) => append(b, out),
+            Response::Copy(b) => append(b, out),
             Response::Partitions(b) => append(b, out),
             Response::Subscribe(b) => append(b, out),
             Response::Free | Response::Revoke | Response::Release | Response::Unregister | Response::Ping => Ok(()),

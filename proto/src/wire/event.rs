@@ -6,7 +6,8 @@ use std::fmt;
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::bounded::{DeviceName, Name};
+use super::bounded::{DeviceName, ErrorText, Name};
+use super::response::ErrorCode;
 
 /// A set of event topics.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -141,6 +142,34 @@ pub struct Revocation {
     pub reason: RevocationReason,
 }
 
+/// How a copy ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CopyResult {
+    /// Every byte was copied.
+    Ok,
+    /// The copy stopped: the code says why (`NotFound` when an endpoint went away
+    /// during the copy, `Internal` for an I/O failure), the message in words.
+    Failed {
+        /// Why, as a code.
+        code: ErrorCode,
+        /// Why, in words.
+        message: ErrorText,
+    },
+}
+
+/// A copy of the receiving session finished (since 1.2). Sent to the session that asked
+/// for the copy, subscribed or not, under the `Copy` request's id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyDone {
+    /// The copy id the `Copy` response gave.
+    pub copy: u64,
+    /// How it ended.
+    pub result: CopyResult,
+    /// Bytes known copied (all of them on success; on failure a count of whole chunks
+    /// done, not a prefix: chunks run in parallel).
+    pub bytes: u64,
+}
+
 /// An event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
@@ -166,16 +195,21 @@ pub enum Event {
     Map(MapChange),
     /// An import was revoked.
     Revocation(Revocation),
+    /// A copy finished (since 1.2; not a topic: see [`CopyDone`]).
+    CopyDone(CopyDone),
 }
 
 impl Event {
-    /// The topic a subscriber needs to receive this event.
+    /// The topic a subscriber needs to receive this event ([`Topics::NONE`] for
+    /// [`Event::CopyDone`], which is not published to subscribers).
     pub fn topic(&self) -> Topics {
         match self {
             Event::Device { .. } => Topics::DEVICE,
             Event::Link { .. } => Topics::LINK,
             Event::Map(_) => Topics::MAP,
             Event::Revocation(_) => Topics::REVOCATION,
+            // Delivered to its session directly, never through subscriptions.
+            Event::CopyDone(_) => Topics::NONE,
         }
     }
 }

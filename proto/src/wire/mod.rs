@@ -32,20 +32,22 @@ pub use bounded::{BoundedError, BoundedString, BoundedVec, DeviceName, ErrorText
 pub use codec::{
     CodecError, Connection, Frame, PeerCred, peer_cred, recv_frame, recv_message, send_frame, send_message,
 };
-pub use event::{DeviceChange, Event, LinkChange, MapChange, Revocation, RevocationReason, Topics};
+pub use event::{
+    CopyDone, CopyResult, DeviceChange, Event, LinkChange, MapChange, Revocation, RevocationReason, Topics,
+};
 pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
 pub use opcode::Opcode;
 pub use request::{
-    AccessMode, AllocRequest, AllocTarget, ExportPolicy, ExportRequest, FreeRequest, HelloRequest, ImportRequest,
-    MemoryClass, PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest,
-    Request, ResourceName, RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery,
-    TranslateRequest, UnregisterRequest,
+    AccessMode, AllocRequest, AllocTarget, CopyEndpoint, CopyRequest, ExportPolicy, ExportRequest, FreeRequest,
+    HelloRequest, ImportRequest, MemoryClass, PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest,
+    RegisterSource, ReleaseRequest, Request, ResourceName, RevokeRequest, StatusRequest, SubscribeRequest,
+    TopologyRequest, TranslateQuery, TranslateRequest, UnregisterRequest,
 };
 pub use response::{
-    AllocResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportInfo, ExportResponse, HelloResponse, ImportInfo,
-    ImportResponse, PartitionInfo, PartitionsResponse, Problem, ProblemKind, RegionInfo, RegionsResponse,
-    RegisterResponse, Response, StatusResponse, SubscribeResponse, TranslateResponse, Translation,
+    AllocResponse, CopyResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportInfo, ExportResponse,
+    HelloResponse, ImportInfo, ImportResponse, PartitionInfo, PartitionsResponse, Problem, ProblemKind, RegionInfo,
+    RegionsResponse, RegisterResponse, Response, StatusResponse, SubscribeResponse, TranslateResponse, Translation,
 };
 pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
 

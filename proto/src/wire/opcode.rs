@@ -46,6 +46,8 @@ pub enum Opcode {
     Register = 0x0030,
     /// Undo a registration.
     Unregister = 0x0031,
+    /// Start an asynchronous copy by the daemon's copy engine (since 1.2).
+    Copy = 0x0032,
     /// List or change partitions (changes are admin only).
     Partitions = 0x0040,
     /// Choose the event topics this connection receives.
@@ -54,7 +56,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 19] = [
+    pub const ALL: [Opcode; 20] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Ping,
@@ -72,6 +74,7 @@ impl Opcode {
         Opcode::Regions,
         Opcode::Register,
         Opcode::Unregister,
+        Opcode::Copy,
         Opcode::Partitions,
         Opcode::Subscribe,
     ];
@@ -106,6 +109,7 @@ impl Opcode {
             Opcode::Regions => "regions",
             Opcode::Register => "register",
             Opcode::Unregister => "unregister",
+            Opcode::Copy => "copy",
             Opcode::Partitions => "partitions",
             Opcode::Subscribe => "subscribe",
         }
@@ -117,6 +121,7 @@ impl Opcode {
     pub const fn since(self) -> Version {
         match self {
             Opcode::Ping | Opcode::Inventory | Opcode::Regions => Version::new(1, 1),
+            Opcode::Copy => Version::new(1, 2),
             _ => Version::new(1, 0),
         }
     }
@@ -148,6 +153,7 @@ impl Opcode {
                 | Opcode::Import
                 | Opcode::Release
                 | Opcode::Unregister
+                | Opcode::Copy
                 | Opcode::Regions => SMALL,
                 Opcode::Subscribe | Opcode::Ping => SMALL,
             },
@@ -163,6 +169,7 @@ impl Opcode {
                 | Opcode::Release
                 | Opcode::Register
                 | Opcode::Unregister
+                | Opcode::Copy
                 | Opcode::Subscribe
                 | Opcode::Ping => SMALL,
             },

@@ -240,6 +240,34 @@ pub struct UnregisterRequest {
     pub registration: u64,
 }
 
+/// One side of a copy (since 1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CopyEndpoint {
+    /// A DMA registration of the caller's session, from byte `offset` of what it registered.
+    Registration {
+        /// Registration id.
+        id: u64,
+        /// Byte offset in the registered bytes.
+        offset: u64,
+    },
+    /// A global fabric address inside a region the caller owns or has imported (with
+    /// write access when it is the destination) and may reach under its partitions.
+    Gfa(u64),
+}
+
+/// `Copy` (since 1.2): move `len` bytes from `src` to `dst` with the daemon's copy engine.
+/// The answer comes at once with the copy's id; the completion follows as a
+/// [`super::Event::CopyDone`] sent to this connection whether or not it subscribed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyRequest {
+    /// Where the bytes go.
+    pub dst: CopyEndpoint,
+    /// Where they come from.
+    pub src: CopyEndpoint,
+    /// Bytes (at least one).
+    pub len: u64,
+}
+
 /// A partition: devices and the users bound to them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionSpec {
@@ -319,6 +347,8 @@ pub enum Request {
     Register(RegisterRequest),
     /// See [`UnregisterRequest`].
     Unregister(UnregisterRequest),
+    /// See [`CopyRequest`].
+    Copy(CopyRequest),
     /// See [`PartitionsRequest`].
     Partitions(PartitionsRequest),
     /// See [`SubscribeRequest`].
@@ -346,6 +376,7 @@ impl Request {
             Request::Regions(_) => Opcode::Regions,
             Request::Register(_) => Opcode::Register,
             Request::Unregister(_) => Opcode::Unregister,
+            Request::Copy(_) => Opcode::Copy,
             Request::Partitions(_) => Opcode::Partitions,
             Request::Subscribe(_) => Opcode::Subscribe,
         }

@@ -127,6 +127,13 @@ pub struct RegisterResponse {
     pub len: u64,
 }
 
+/// `Copy` (since 1.2): the copy was queued; its [`super::Event::CopyDone`] names this id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyResponse {
+    /// Copy id (unique within the daemon's run).
+    pub copy: u64,
+}
+
 /// `Partitions`: the partitions the caller may see, after any change.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionsResponse {
@@ -305,6 +312,8 @@ pub enum Response {
     Register(RegisterResponse),
     /// The registration is undone (empty body).
     Unregister,
+    /// See [`CopyResponse`].
+    Copy(CopyResponse),
     /// See [`PartitionsResponse`].
     Partitions(PartitionsResponse),
     /// See [`SubscribeResponse`].
@@ -332,6 +341,7 @@ impl Response {
             Response::Regions(_) => Opcode::Regions,
             Response::Register(_) => Opcode::Register,
             Response::Unregister => Opcode::Unregister,
+            Response::Copy(_) => Opcode::Copy,
             Response::Partitions(_) => Opcode::Partitions,
             Response::Subscribe(_) => Opcode::Subscribe,
         }

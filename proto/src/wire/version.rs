@@ -61,8 +61,9 @@ impl fmt::Display for VersionRange {
 }
 
 /// The version this crate speaks best. 1.1 added the session token and resume to `Hello`
-/// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes.
-pub const PROTOCOL_VERSION: Version = Version::new(1, 1);
+/// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes;
+/// 1.2 added `Copy` and the `CopyDone` event.
+pub const PROTOCOL_VERSION: Version = Version::new(1, 2);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

@@ -1,0 +1,362 @@
+//! The copy engine: `copy.engines` threads that move the bytes of `Copy` requests, so
+//! that neither the client's thread nor the daemon's request loop does.
+//!
+//! A copy is resolved (endpoints to memory the engine reaches without the registry lock,
+//! see [`crate::memory::Side`]) and queued as one job split in chunks of at most
+//! `copy.chunk_bytes` (and at most a 1/`engines` share of the copy, so that every engine
+//! takes part); any engine takes any chunk. The engine that finishes a job's last chunk
+//! sends its [`CopyDone`] to the issuing connection.
+//!
+//! How bytes move (`chunk.rs`): the kernel copies, never a load or store of the daemon —
+//! a client holds a descriptor of the memory and may shrink it, and the kernel turns the
+//! fault that would be `SIGBUS` into an error:
+//! - a region or memory-object source into a daemon-held destination: `pread` from the
+//!   source's file straight into the destination's mapping (one copy, and the source
+//!   needs no mapping);
+//! - a daemon-held side to or from a client's memory: `process_vm_writev`/`readv` from or
+//!   into the daemon's mapping (one copy);
+//! - client to client: both, through a per-engine buffer (two copies).
+//!
+//! # Lifetimes
+//! A job holds what it touches alive: the pinned mapping of a registration (shared), its
+//! own descriptor of a region file, a pidfd. So the engine never touches unmapped memory,
+//! whatever happens to the registry. What the registry says still counts: every job has a
+//! gate (read-locked around each chunk), and when something a job depends on goes —
+//! `Unregister`, `Free`, `Release`, a revocation, a lost device, the issuing session's end
+//! — [`CopyEngine::sweep`] write-locks the gate, which waits for the chunk in flight, and
+//! marks the job stopped: no byte moves after the operation that ended the dependency has
+//! been answered, and the copy completes with `NotFound` and the bytes done.
+
+mod sys;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+
+use fabric_proto::wire::{CopyDone, CopyResult, ErrorCode, ErrorText};
+
+use crate::config::CopyConfig;
+use crate::memory::{Dep, Memory, Side};
+use crate::metrics::Metrics;
+
+/// Where a copy's completion goes: the issuing connection, with the `Copy` request's id.
+pub type Sink = tokio::sync::mpsc::UnboundedSender<(u64, CopyDone)>;
+
+/// The smallest chunk a copy is split into (smaller copies are one chunk).
+pub const MIN_CHUNK: u64 = 256 << 10;
+/// Bytes of the per-engine buffer for client-to-client copies.
+const BOUNCE: usize = 1 << 20;
+
+/// Why a copy could not be queued.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// The session has `copy.max_in_flight_per_session` copies queued or running.
+    #[error("session has {in_flight} copies in flight, the limit (copy.max_in_flight_per_session) is {max}")]
+    TooMany {
+        /// Copies in flight.
+        in_flight: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// The engine threads could not be started.
+    #[error("starting copy engine thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// One copy, queued or running.
+struct Job {
+    id: u64,
+    session: u64,
+    request_id: u64,
+    len: u64,
+    dst: Side,
+    src: Side,
+    deps: Vec<Dep>,
+    /// `Some(why)` once stopped; read-locked while a chunk moves.
+    gate: RwLock<Option<String>>,
+    /// Chunks not yet taken to the end.
+    left: AtomicUsize,
+    /// Bytes of the chunks done.
+    done: AtomicU64,
+    /// The first chunk failure: code and words.
+    failed: Mutex<Option<(ErrorCode, String)>>,
+    sink: Sink,
+}
+
+impl Job {
+    fn fail(&self, code: ErrorCode, why: String) {
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert((code, why));
+    }
+}
+
+struct Chunk {
+    job: Arc<Job>,
+    at: u64,
+    len: u64,
+}
+
+/// What the engine threads share with the request path.
+struct Shared {
+    queue: Mutex<VecDeque<Chunk>>,
+    ready: Condvar,
+    stop: AtomicBool,
+    /// Jobs by id. Held while a copy is resolved and queued, so that a sweep after a
+    /// registry change sees every job resolved before it.
+    jobs: Mutex<HashMap<u64, Arc<Job>>>,
+    /// Jobs in flight per session.
+    per_session: Mutex<HashMap<u64, u32>>,
+    next_id: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The copy engine: its threads, queue and jobs.
+pub struct CopyEngine {
+    shared: Arc<Shared>,
+    config: CopyConfig,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CopyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyEngine").field("config", &self.config).field("threads", &self.threads.len()).finish()
+    }
+}
+
+/// A copy to queue: its resolved sides and what they depend on.
+#[derive(Debug)]
+pub struct NewCopy {
+    /// Destination.
+    pub dst: Side,
+    /// Source.
+    pub src: Side,
+    /// Bytes.
+    pub len: u64,
+    /// What both sides depend on.
+    pub deps: Vec<Dep>,
+}
+
+/// The chunk size for a copy of `len` bytes on `engines` engines with `max` the largest
+/// chunk: an even share per engine, at least [`MIN_CHUNK`], at most `max`, in pages.
+pub fn chunk_size(len: u64, engines: u32, max: u64) -> u64 {
+    let share = len.div_ceil(u64::from(engines.max(1)));
+    share.clamp(MIN_CHUNK, max.max(MIN_CHUNK)).next_multiple_of(4096)
+}
+
+impl CopyEngine {
+    /// Starts `config.engines` threads.
+    pub fn start(config: CopyConfig, metrics: Arc<Metrics>) -> Result<Self, CopyError> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            stop: AtomicBool::new(false),
+            jobs: Mutex::new(HashMap::new()),
+            per_session: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            metrics,
+        });
+        let mut threads = Vec::new();
+        for i in 0..config.engines {
+            let s = shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("copy-engine-{i}"))
+                .spawn(move || engine(&s))
+                .map_err(CopyError::Spawn)?;
+            threads.push(t);
+        }
+        tracing::info!(engines = config.engines, chunk_bytes = config.chunk_bytes, "copy engine started");
+        Ok(Self { shared, config, threads })
+    }
+
+    /// Resolves and queues a copy of `session` in one step: `resolve` runs under the job
+    /// table's lock (see `Shared::jobs`) and gives the copy or a refusal. Returns the
+    /// copy id.
+    pub fn submit<E>(
+        &self,
+        session: u64,
+        request_id: u64,
+        sink: Sink,
+        resolve: impl FnOnce() -> Result<NewCopy, E>,
+    ) -> Result<Result<u64, E>, CopyError> {
+        let mut jobs = lock(&self.shared.jobs);
+        let in_flight = lock(&self.shared.per_session).get(&session).copied().unwrap_or(0);
+        if in_flight >= self.config.max_in_flight_per_session {
+            return Err(CopyError::TooMany { in_flight, max: self.config.max_in_flight_per_session });
+        }
+        let c = match resolve() {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let size = chunk_size(c.len, self.config.engines, self.config.chunk_bytes);
+        let n = usize::try_from(c.len.div_ceil(size)).unwrap_or(usize::MAX);
+        let job = Arc::new(Job {
+            id,
+            session,
+            request_id,
+            len: c.len,
+            dst: c.dst,
+            src: c.src,
+            deps: c.deps,
+            gate: RwLock::new(None),
+            left: AtomicUsize::new(n),
+            done: AtomicU64::new(0),
+            failed: Mutex::new(None),
+            sink,
+        });
+        jobs.insert(id, job.clone());
+        *lock(&self.shared.per_session).entry(session).or_default() += 1;
+        drop(jobs);
+        {
+            let mut q = lock(&self.shared.queue);
+            let mut at = 0;
+            while at < c.len {
+                let len = size.min(c.len - at);
+                q.push_back(Chunk { job: job.clone(), at, len });
+                at += len;
+            }
+        }
+        self.shared.ready.notify_all();
+        tracing::debug!(copy = id, session, len = c.len, chunks = n, "copy queued");
+        Ok(Ok(id))
+    }
+
+    /// Stops every job that depends on something the registry no longer has (after an
+    /// unregister, free, release, revocation or lost device), waiting for their chunks
+    /// in flight; returns how many were stopped.
+    pub fn sweep(&self, memory: &Memory) -> usize {
+        let jobs: Vec<Arc<Job>> = lock(&self.shared.jobs).values().cloned().collect();
+        let mut stopped = 0;
+        for job in jobs {
+            if let Some(why) = memory.copy_dep_gone(&job.deps) {
+                stopped += usize::from(stop(&job, why));
+            }
+        }
+        stopped
+    }
+
+    /// Stops every job of `session` (its connection ended), waiting for their chunks in
+    /// flight.
+    pub fn end_session(&self, session: u64) -> usize {
+        let jobs: Vec<Arc<Job>> = lock(&self.shared.jobs).values().filter(|j| j.session == session).cloned().collect();
+        jobs.iter().map(|j| usize::from(stop(j, "the session ended".into()))).sum()
+    }
+
+    /// Copies queued or running.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.shared.jobs).len()
+    }
+}
+
+impl Drop for CopyEngine {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.ready.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Marks `job` stopped once its chunk in flight (if any) is over; false if it already was.
+fn stop(job: &Job, why: String) -> bool {
+    let mut g = job.gate.write().unwrap_or_else(|p| p.into_inner());
+    if g.is_some() {
+        return false;
+    }
+    tracing::info!(copy = job.id, session = job.session, reason = %why, "copy stopped");
+    *g = Some(why);
+    true
+}
+
+fn engine(s: &Shared) {
+    let mut bounce = Vec::new();
+    loop {
+        let chunk = {
+            let mut q = lock(&s.queue);
+            loop {
+                if s.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(c) = q.pop_front() {
+                    break c;
+                }
+                q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        run_chunk(&chunk, &mut bounce);
+        if chunk.job.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            finish(s, &chunk.job);
+        }
+    }
+}
+
+fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>) {
+    let job = &c.job;
+    let gate = job.gate.read().unwrap_or_else(|p| p.into_inner());
+    if gate.is_some() || lock(&job.failed).is_some() {
+        return;
+    }
+    match chunk::copy(&job.dst, &job.src, c.at, c.len, bounce) {
+        Ok(()) => {
+            job.done.fetch_add(c.len, Ordering::Relaxed);
+        }
+        Err(e) => {
+            tracing::warn!(copy = job.id, at = c.at, len = c.len, error = %e, "copy chunk failed");
+            job.fail(e.code(), e.to_string());
+        }
+    }
+    drop(gate);
+}
+
+fn finish(s: &Shared, job: &Arc<Job>) {
+    lock(&s.jobs).remove(&job.id);
+    {
+        let mut per = lock(&s.per_session);
+        if let Some(n) = per.get_mut(&job.session) {
+            *n -= 1;
+            if *n == 0 {
+                per.remove(&job.session);
+            }
+        }
+    }
+    let bytes = job.done.load(Ordering::Relaxed);
+    let stopped = job.gate.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let failed = lock(&job.failed).take();
+    let result = match (stopped, failed) {
+        // Stopped after its last byte moved: it is done.
+        (Some(_), None) if bytes == job.len => CopyResult::Ok,
+        (Some(why), _) => CopyResult::Failed { code: ErrorCode::NotFound, message: ErrorText::truncated(&why) },
+        (None, Some((code, why))) => CopyResult::Failed { code, message: ErrorText::truncated(&why) },
+        (None, None) => CopyResult::Ok,
+    };
+    let code = match &result {
+        CopyResult::Ok => None,
+        CopyResult::Failed { code, .. } => Some(*code),
+    };
+    s.metrics.copy_done(code, bytes);
+    tracing::debug!(copy = job.id, session = job.session, len = job.len, bytes, ok = code.is_none(), "copy done");
+    // A closed connection has no one to tell.
+    let _ = job.sink.send((job.request_id, CopyDone { copy: job.id, result, bytes }));
+}
+
+mod chunk;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_share_a_copy_over_the_engines_within_bounds() {
+        assert_eq!(chunk_size(1, 2, 4 << 20), MIN_CHUNK);
+        assert_eq!(chunk_size(1 << 20, 2, 4 << 20), 512 << 10);
+        assert_eq!(chunk_size(64 << 20, 4, 4 << 20), 4 << 20);
+        assert_eq!(chunk_size(64 << 20, 1, 64 << 10), MIN_CHUNK);
+        assert_eq!(chunk_size((1 << 20) + 1, 1, 8 << 20) % 4096, 0);
+    }
+}

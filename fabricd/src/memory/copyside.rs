@@ -1,0 +1,233 @@
+//! The copy engine's view of the registry: a copy endpoint (a registration of the
+//! session, or a GFA inside a region the session owns or imported) resolved, under the
+//! registry lock, to memory the engine can reach without that lock — a shared pinned
+//! mapping, a descriptor of the region's file, or a followed process — and the check that
+//! what a copy depends on is still there ([`Memory::copy_dep_gone`]).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fabric_addrmap::Snapshot;
+use fabric_proto::wire::{AccessMode, CopyEndpoint};
+use fabric_topology::DeviceId;
+
+use super::{Memory, MemoryError, State, io_err};
+use crate::dma::Backing;
+use crate::dma::sys::Pinned;
+use crate::placement::gfa_in;
+
+/// Memory one side of a copy reaches, holding it alive for the copy.
+#[derive(Debug, Clone)]
+pub enum Side {
+    /// A registration's pinned mapping, from byte `base` of it.
+    Pinned {
+        /// The mapping (shared with the registration).
+        map: Arc<Pinned>,
+        /// Offset of the endpoint's byte 0 in the mapping.
+        base: u64,
+    },
+    /// A region's memory file, from byte `offset` of the file.
+    File {
+        /// The file (its own descriptor).
+        file: Arc<File>,
+        /// Offset of the endpoint's byte 0 in the file.
+        offset: u64,
+        /// Opened for writing.
+        writable: bool,
+    },
+    /// A client's own memory (a process-backed registration).
+    Process {
+        /// The process.
+        pid: i32,
+        /// Follows it: the copy stops once it exits.
+        pidfd: Arc<OwnedFd>,
+        /// Address of the endpoint's byte 0.
+        addr: u64,
+    },
+}
+
+/// What a copy depends on: when any of it goes, the copy stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dep {
+    /// A registration.
+    Registration(u64),
+    /// A region.
+    Region(u64),
+    /// An import.
+    Import(u64),
+}
+
+/// An endpoint resolved.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The memory.
+    pub side: Side,
+    /// What it depends on.
+    pub deps: Vec<Dep>,
+    /// The device whose memory it is (GFA endpoints; for the partition check).
+    pub device: Option<DeviceId>,
+    /// Identity of the underlying object and the offset of byte 0 in it, to find
+    /// overlapping copies: `(kind, a, b, offset)` with files as `(0, dev, inode)` and
+    /// processes as `(1, pid, 0)`.
+    pub key: (u8, u64, u64, u64),
+}
+
+fn bad(m: impl Into<String>) -> MemoryError {
+    MemoryError::BadRequest(m.into())
+}
+
+fn file_key(f: &File, offset: u64) -> (u8, u64, u64, u64) {
+    match f.metadata() {
+        Ok(m) => (0, m.dev(), m.ino(), offset),
+        // An unknown identity cannot be compared; make it unique.
+        Err(_) => {
+            static UNKNOWN: AtomicU64 = AtomicU64::new(0);
+            (2, UNKNOWN.fetch_add(1, Ordering::Relaxed), 0, offset)
+        }
+    }
+}
+
+/// Whether the export an import came through was revoked (the import stays until its
+/// holder releases it, but no data moves through it).
+fn import_revoked(st: &State, i: &super::Import) -> bool {
+    st.exports.iter().any(|e| e.revoked && i.via.verify(&e.handle))
+}
+
+impl Memory {
+    /// Resolves `ep` for `len` bytes of a copy by `session`, for writing when `write`.
+    /// `snap` is the address map GFAs are looked up in.
+    pub fn copy_endpoint(
+        &self,
+        session: u64,
+        snap: &Snapshot,
+        ep: CopyEndpoint,
+        len: u64,
+        write: bool,
+    ) -> Result<Resolved, MemoryError> {
+        let st = self.state();
+        match ep {
+            CopyEndpoint::Registration { id, offset } => Self::registration_side(&st, session, id, offset, len, write),
+            CopyEndpoint::Gfa(gfa) => Self::gfa_side(&st, session, snap, gfa, len, write),
+        }
+    }
+
+    fn registration_side(
+        st: &State,
+        session: u64,
+        id: u64,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<Resolved, MemoryError> {
+        let r = st.dma.get(id).ok_or_else(|| MemoryError::NotFound(format!("no registration {id}")))?;
+        if r.session != session {
+            return Err(MemoryError::PermissionDenied(format!("registration {id} belongs to another session")));
+        }
+        if offset.checked_add(len).is_none_or(|e| e > r.len) {
+            return Err(bad(format!(
+                "{len} bytes at offset {offset} run past the {} bytes of registration {id}",
+                r.len
+            )));
+        }
+        if write && r.access != AccessMode::ReadWrite {
+            return Err(MemoryError::PermissionDenied(format!(
+                "registration {id} is read-only: it cannot be a copy's destination"
+            )));
+        }
+        let at = r.lead + offset;
+        let (side, key) = match &r.backing {
+            Backing::Mapped(p) => {
+                let key = file_key(p.file(), p.offset() + at);
+                (Side::Pinned { map: p.clone(), base: at }, key)
+            }
+            Backing::Process { pid, pidfd, addr } => {
+                let pidfd =
+                    pidfd.try_clone().map_err(|e| MemoryError::BadRequest(format!("cannot follow pid {pid}: {e}")))?;
+                (Side::Process { pid: *pid, pidfd: Arc::new(pidfd), addr: addr + at }, (1, *pid as u64, 0, addr + at))
+            }
+        };
+        let mut deps = vec![Dep::Registration(id)];
+        match r.covers {
+            crate::dma::Covers::Region(g) => deps.push(Dep::Region(g)),
+            crate::dma::Covers::Import(i) => deps.push(Dep::Import(i)),
+            crate::dma::Covers::Fd | crate::dma::Covers::Process => {}
+        }
+        Ok(Resolved { side, deps, device: None, key })
+    }
+
+    fn gfa_side(
+        st: &State,
+        session: u64,
+        snap: &Snapshot,
+        gfa: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<Resolved, MemoryError> {
+        let end = gfa.checked_add(len).ok_or_else(|| bad(format!("{len} bytes at GFA {gfa:#x} overflow")))?;
+        // The regions this session reaches: its own, and those it imported (with the import).
+        let owned = st.regions.iter().filter(|(_, r)| r.session == session).map(|(id, _)| (*id, None));
+        let imported =
+            st.imports.iter().filter(|(_, i)| i.session == session).map(|(iid, i)| (i.region, Some((*iid, i.access))));
+        let mut found = None;
+        for (rid, via) in owned.chain(imported) {
+            let Some(w) = Self::whereabouts_in(st, rid) else { continue };
+            let Some(start) = gfa_in(snap, &w) else { continue };
+            let Some(r) = st.regions.get(&rid) else { continue };
+            if start <= gfa && gfa < start + r.len {
+                // An owned region wins over an import of it (it grants more).
+                if found.is_none() || via.is_none() {
+                    found = Some((rid, via, start));
+                }
+            }
+        }
+        let Some((rid, via, start)) = found else {
+            return Err(MemoryError::NotFound(format!("GFA {gfa:#x} is in no region this session owns or imported")));
+        };
+        let r = st.regions.get(&rid).ok_or_else(|| MemoryError::NotFound(format!("no region {rid}")))?;
+        if end > start + r.len {
+            return Err(bad(format!("{len} bytes at GFA {gfa:#x} run past region {rid} ({start:#x}+{})", r.len)));
+        }
+        if r.lost {
+            return Err(MemoryError::DeviceLost(format!("region {rid} lies on a device that was lost")));
+        }
+        let mut deps = vec![Dep::Region(rid)];
+        if let Some((iid, access)) = via {
+            if st.imports.get(&iid).is_some_and(|i| import_revoked(st, i)) {
+                return Err(MemoryError::Revoked);
+            }
+            if write && access != AccessMode::ReadWrite {
+                return Err(MemoryError::PermissionDenied(format!(
+                    "import {iid} of region {rid} is read-only: it cannot be a copy's destination"
+                )));
+            }
+            deps.push(Dep::Import(iid));
+        }
+        let file = OpenOptions::new().read(true).write(write).open(&r.path).map_err(io_err(&r.path))?;
+        let offset = gfa - start;
+        let key = file_key(&file, offset);
+        let device = st.resources.get(r.resource).map(|res| res.device.clone());
+        Ok(Resolved { side: Side::File { file: Arc::new(file), offset, writable: write }, deps, device, key })
+    }
+
+    /// Why a copy that depends on `deps` must stop, when one of them is gone.
+    pub fn copy_dep_gone(&self, deps: &[Dep]) -> Option<String> {
+        let st = self.state();
+        deps.iter().find_map(|d| match *d {
+            Dep::Registration(id) if st.dma.get(id).is_none() => Some(format!("registration {id} was unregistered")),
+            Dep::Region(id) => match st.regions.get(&id) {
+                None => Some(format!("region {id} was freed")),
+                Some(r) if r.lost => Some(format!("region {id} lies on a device that was lost")),
+                Some(_) => None,
+            },
+            Dep::Import(id) => match st.imports.get(&id) {
+                None => Some(format!("import {id} ended")),
+                Some(i) if import_revoked(&st, i) => Some(format!("the export behind import {id} was revoked")),
+                Some(_) => None,
+            },
+            _ => None,
+        })
+    }
+}

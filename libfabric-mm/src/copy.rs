@@ -1,0 +1,300 @@
+//! Asynchronous copies by the daemon's copy engine: [`Session::copy`] asks fabricd to move
+//! bytes between registrations and/or GFAs and returns at once with a [`Copy`](struct@Copy); the
+//! engine (not the caller's thread) moves the bytes, and its completion arrives on the
+//! session's reader thread, which resolves the `Copy`: [`Copy::poll`], [`Copy::wait`],
+//! [`Copy::wait_timeout`], or a callback ([`Session::copy_with`], [`Copy::on_complete`]).
+//!
+//! # Memory safety
+//! The engine writes the destination at any time until the copy completes, from another
+//! process: while a copy runs, no Rust reference to its destination bytes (or, for the
+//! source, no writes) may be live in this process. Read the destination after the copy
+//! completed, through the mapping's raw pointer or a fresh slice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fabric_proto::wire::{CopyDone, CopyRequest, CopyResult, ErrorCode, Opcode, Request, Response, Version};
+
+use crate::error::{Error, Result};
+use crate::session::{Inner, Session};
+
+/// One side of a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CopyEndpoint {
+    /// A DMA registration of this session, from byte `offset` of the registered bytes.
+    Registration {
+        /// The registration's id.
+        id: u64,
+        /// Byte offset in it.
+        offset: u64,
+    },
+    /// A global fabric address inside a region this session owns or imported (with write
+    /// access when it is the destination).
+    Gfa(u64),
+}
+
+impl From<CopyEndpoint> for fabric_proto::wire::CopyEndpoint {
+    fn from(e: CopyEndpoint) -> Self {
+        match e {
+            CopyEndpoint::Registration { id, offset } => Self::Registration { id, offset },
+            CopyEndpoint::Gfa(g) => Self::Gfa(g),
+        }
+    }
+}
+
+/// What a completion callback gets: the bytes copied, or why the copy stopped
+/// ([`Error::CopyFailed`]).
+pub type CopyOutcome = Result<u64>;
+
+type Callback = Box<dyn FnOnce(CopyOutcome) + Send>;
+
+#[derive(Default)]
+struct Slot {
+    done: Option<CopyDone>,
+    callback: Option<Callback>,
+    /// The result went (or will go) to a callback.
+    handed: bool,
+}
+
+/// A copy's shared state: the reader thread fills it, the [`Copy`](struct@Copy) reads it.
+#[derive(Default)]
+struct State {
+    slot: Mutex<Slot>,
+    ready: Condvar,
+}
+
+impl State {
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The session's copies in flight, and completions that came before their copy was
+/// recorded (the reader thread may see the completion before the caller sees the id).
+#[derive(Default)]
+pub(crate) struct Copies {
+    inner: Mutex<CopiesInner>,
+}
+
+#[derive(Default)]
+struct CopiesInner {
+    waiting: HashMap<u64, Arc<State>>,
+    early: HashMap<u64, CopyDone>,
+}
+
+impl Copies {
+    fn lock(&self) -> MutexGuard<'_, CopiesInner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Called on the reader thread for each `CopyDone` event.
+    pub(crate) fn complete(&self, done: CopyDone) {
+        let state = {
+            let mut c = self.lock();
+            match c.waiting.remove(&done.copy) {
+                Some(s) => s,
+                None => {
+                    c.early.insert(done.copy, done);
+                    return;
+                }
+            }
+        };
+        deliver(&state, done);
+    }
+
+    fn track(&self, id: u64, state: &Arc<State>) {
+        let early = {
+            let mut c = self.lock();
+            match c.early.remove(&id) {
+                Some(d) => Some(d),
+                None => {
+                    c.waiting.insert(id, state.clone());
+                    None
+                }
+            }
+        };
+        if let Some(d) = early {
+            deliver(state, d);
+        }
+    }
+}
+
+fn deliver(state: &State, done: CopyDone) {
+    let callback = {
+        let mut slot = state.slot();
+        let cb = slot.callback.take();
+        if cb.is_none() {
+            slot.done = Some(done.clone());
+        }
+        slot.handed |= cb.is_some();
+        state.ready.notify_all();
+        cb
+    };
+    if let Some(cb) = callback {
+        cb(outcome(&done));
+    }
+}
+
+fn outcome(d: &CopyDone) -> CopyOutcome {
+    match &d.result {
+        CopyResult::Ok => Ok(d.bytes),
+        CopyResult::Failed { code, message } => {
+            Err(Error::CopyFailed { copy: d.copy, code: *code, message: message.to_string(), bytes: d.bytes })
+        }
+    }
+}
+
+/// A copy in flight or done. Dropping it does not cancel the copy (the daemon finishes
+/// it); its result is then discarded.
+pub struct Copy {
+    id: u64,
+    state: Arc<State>,
+    session: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Copy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Copy").field("id", &self.id).finish()
+    }
+}
+
+/// How often a waiter checks that the connection is still there.
+const TICK: Duration = Duration::from_millis(50);
+
+impl Copy {
+    /// The daemon's id of the copy.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn closed(&self) -> bool {
+        self.session.client.is_closed()
+    }
+
+    /// The result when the copy is done (bytes copied, or why it stopped); `None` while it
+    /// runs. A copy whose result went to a callback reports [`Error::InvalidArgument`].
+    pub fn poll(&self) -> Option<CopyOutcome> {
+        let slot = self.state.slot();
+        if let Some(d) = &slot.done {
+            return Some(outcome(d));
+        }
+        if slot.handed {
+            return Some(Err(Error::InvalidArgument("the copy's result goes to its callback".into())));
+        }
+        drop(slot);
+        self.closed().then_some(Err(Error::Disconnected))
+    }
+
+    /// Blocks until the copy is done.
+    pub fn wait(&self) -> CopyOutcome {
+        loop {
+            if let Some(r) = self.wait_timeout(Duration::from_secs(3600)) {
+                return r;
+            }
+        }
+    }
+
+    /// Blocks until the copy is done or `timeout` passes (`None`).
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<CopyOutcome> {
+        let deadline = Instant::now() + timeout;
+        let mut slot = self.state.slot();
+        loop {
+            if let Some(d) = &slot.done {
+                return Some(outcome(d));
+            }
+            if slot.handed {
+                return Some(Err(Error::InvalidArgument("the copy's result goes to its callback".into())));
+            }
+            if self.closed() {
+                return Some(Err(Error::Disconnected));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let step = (deadline - now).min(TICK);
+            slot = self.state.ready.wait_timeout(slot, step).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+    }
+
+    /// Runs `f` with the result once the copy is done: at once on this thread when it
+    /// already is, else on the session's reader thread (so `f` must not block). After
+    /// this, [`Copy::poll`] and [`Copy::wait`] no longer report the result.
+    pub fn on_complete(&self, f: impl FnOnce(CopyOutcome) + Send + 'static) {
+        let mut slot = self.state.slot();
+        slot.handed = true;
+        if let Some(d) = slot.done.take() {
+            drop(slot);
+            f(outcome(&d));
+            return;
+        }
+        slot.callback = Some(Box::new(f));
+    }
+}
+
+impl Session {
+    /// Starts copying `len` bytes from `src` to `dst` with the daemon's copy engine and
+    /// returns at once. Refusals (an endpoint not found or not this session's, a range
+    /// past its memory, overlap, too many copies in flight) come back here; failures
+    /// during the copy come with its result.
+    ///
+    /// While the copy runs, hold no Rust reference to the destination bytes (see the
+    /// module documentation).
+    pub fn copy(&self, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<Copy> {
+        let v = self.inner.client.version();
+        if v < Version::new(1, 2) {
+            return Err(Error::Refused {
+                op: Opcode::Copy,
+                code: ErrorCode::UnknownOpcode,
+                message: format!("the daemon speaks protocol {v}; copies need 1.2"),
+                limit: None,
+            });
+        }
+        let req = Request::Copy(CopyRequest { dst: dst.into(), src: src.into(), len });
+        let Response::Copy(r) = self.call(req)? else { return Err(Error::Unexpected(Opcode::Copy)) };
+        let state = Arc::new(State::default());
+        self.inner.copies.track(r.copy, &state);
+        Ok(Copy { id: r.copy, state, session: self.inner.clone() })
+    }
+
+    /// [`Session::copy`] with a callback that gets the result (see [`Copy::on_complete`]).
+    pub fn copy_with(
+        &self,
+        dst: CopyEndpoint,
+        src: CopyEndpoint,
+        len: u64,
+        f: impl FnOnce(CopyOutcome) + Send + 'static,
+    ) -> Result<Copy> {
+        let c = self.copy(dst, src, len)?;
+        c.on_complete(f);
+        Ok(c)
+    }
+}
+
+impl crate::Registration {
+    /// This registration as a copy endpoint, from byte `offset` of the registered bytes.
+    pub fn at(&self, offset: u64) -> CopyEndpoint {
+        CopyEndpoint::Registration { id: self.id(), offset }
+    }
+}
+
+impl From<&crate::Registration> for CopyEndpoint {
+    /// The registration's first byte.
+    fn from(r: &crate::Registration) -> Self {
+        r.at(0)
+    }
+}
+
+impl Drop for Copy {
+    fn drop(&mut self) {
+        // Forget the copy so that its completion does not linger, unless a callback
+        // still waits for it.
+        if self.state.slot().callback.is_some() {
+            return;
+        }
+        let mut c = self.session.copies.lock();
+        c.waiting.remove(&self.id);
+        c.early.remove(&self.id);
+    }
+}

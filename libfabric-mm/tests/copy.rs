@@ -1,0 +1,169 @@
+//! Copies by the daemon's copy engine through the library: poll, wait, wait with a
+//! timeout and callbacks; typed refusals; and two processes — one exports a region, the
+//! other imports it and has the engine copy from it into its own region and into its own
+//! locked memory registered for DMA (made with a raw request: the library's registration
+//! API is not part of this crate yet).
+//!
+//! The exporter is this same test binary re-run with `--ignored --exact exporter_process`.
+#![allow(clippy::unwrap_used, clippy::print_stdout, reason = "the exporter child reports on stdout")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use fabric_mm::{Access, CopyEndpoint, Error, Handle, Memory, MemoryClass, Policy, Target};
+use fabric_proto::wire::ErrorCode;
+
+const ENV_SOCKET: &str = "FABRIC_MM_COPY_TEST_SOCKET";
+const LEN: u64 = 4 << 20;
+const MIB: u64 = 1 << 20;
+
+fn pattern(seed: u8, i: usize) -> u8 {
+    (i.wrapping_mul(29) ^ (i >> 10)) as u8 ^ seed
+}
+
+/// The exporter: allocate, store the pattern, export, print the handle and GFA; exit at
+/// the end of stdin.
+#[test]
+#[ignore = "the exporter process of the copy tests, which run it"]
+fn exporter_process() {
+    let Ok(socket) = std::env::var(ENV_SOCKET) else { return };
+    let s = common::session(std::path::Path::new(&socket));
+    let region = s.alloc(&Target::Device { device: common::gpu(&s), memory: MemoryClass::Hbm }, LEN).unwrap();
+    let m = s.map(&region).unwrap();
+    // SAFETY: this process is the only writer, before it exports.
+    let bytes = unsafe { m.as_mut_slice().unwrap() };
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = pattern(5, i);
+    }
+    let handle = s.export(&region, &Policy { read_only: true, ..Policy::default() }).unwrap();
+    println!("\nHANDLE {handle} {:#x}", m.gfa());
+    std::io::stdout().flush().unwrap();
+    for _ in std::io::stdin().lock().lines() {}
+}
+
+fn session_and_regions(socket: &std::path::Path) -> (fabric_mm::Session, fabric_mm::Mapping, fabric_mm::Mapping) {
+    let s = common::session(socket);
+    let t = Target::Device { device: common::gpu(&s), memory: MemoryClass::Hbm };
+    let a = s.map(&s.alloc(&t, LEN).unwrap()).unwrap();
+    let b = s.map(&s.alloc(&t, LEN).unwrap()).unwrap();
+    // SAFETY: nothing else writes these regions yet.
+    unsafe { a.as_mut_slice().unwrap() }.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(1, i));
+    (s, a, b)
+}
+
+#[test]
+fn a_copy_is_polled_waited_for_and_called_back() {
+    let d = common::daemon();
+    let (s, a, b) = session_and_regions(&d.socket);
+    assert_eq!(s.protocol_version(), fabric_proto::wire::Version::new(1, 2));
+    let (ga, gb) = (a.gfa(), b.gfa());
+
+    // Poll until done, then wait gives the same answer.
+    let c = s.copy(CopyEndpoint::Gfa(gb), CopyEndpoint::Gfa(ga), 3 * MIB).unwrap();
+    let polled = loop {
+        if let Some(r) = c.poll() {
+            break r.unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(polled, 3 * MIB);
+    assert_eq!(c.wait().unwrap(), 3 * MIB);
+    assert_eq!(c.wait_timeout(Duration::ZERO).unwrap().unwrap(), 3 * MIB);
+    // SAFETY: the copy is done; nothing writes b now.
+    let got = unsafe { b.as_slice() };
+    assert!((0..3 * MIB as usize).all(|i| got[i] == pattern(1, i)), "the engine's bytes landed");
+    assert!(got[3 * MIB as usize..].iter().all(|&x| x == 0));
+
+    // A callback on the reader thread.
+    let (tx, rx) = mpsc::channel();
+    let c2 = s
+        .copy_with(CopyEndpoint::Gfa(gb + MIB), CopyEndpoint::Gfa(ga + 7), MIB, move |r| tx.send(r.unwrap()).unwrap())
+        .unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), MIB);
+    assert!(matches!(c2.poll(), Some(Err(Error::InvalidArgument(_)))), "the result went to the callback");
+    drop(c2);
+    // A callback set after the copy finished runs at once, here.
+    let c3 = s.copy(CopyEndpoint::Gfa(gb), CopyEndpoint::Gfa(ga + 1), 4096).unwrap();
+    c3.wait().unwrap();
+    let (tx, rx) = mpsc::channel();
+    c3.on_complete(move |r| tx.send(r.unwrap()).unwrap());
+    assert_eq!(rx.try_recv().unwrap(), 4096);
+    // SAFETY: all copies are done.
+    let got = unsafe { b.as_slice() };
+    assert!((0..4096).all(|i| got[i] == pattern(1, i + 1)));
+    assert!((0..MIB as usize).all(|i| got[MIB as usize + i] == pattern(1, i + 7)));
+
+    // Many at once, each resolved.
+    let copies: Vec<_> = (0..16u64)
+        .map(|i| s.copy(CopyEndpoint::Gfa(gb + i * 65536), CopyEndpoint::Gfa(ga + i * 65536), 65536).unwrap())
+        .collect();
+    for c in &copies {
+        assert_eq!(c.wait_timeout(Duration::from_secs(10)).unwrap().unwrap(), 65536);
+    }
+
+    // Refusals come back from copy() typed, with their C code.
+    let e = s.copy(CopyEndpoint::Gfa(gb), CopyEndpoint::Gfa(ga), 0).unwrap_err();
+    assert!(matches!(e, Error::Refused { code: ErrorCode::BadRequest, .. }), "{e}");
+    assert_eq!(e.code(), fabric_mm::ffi::FMM_E_BAD_REQUEST);
+    let e = s.copy(CopyEndpoint::Gfa(gb), CopyEndpoint::Registration { id: 4242, offset: 0 }, 1).unwrap_err();
+    assert!(matches!(e, Error::Refused { code: ErrorCode::NotFound, .. }), "{e}");
+}
+
+#[test]
+fn another_process_exports_and_this_one_imports_and_copies() {
+    let d = common::daemon();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "exporter_process", "--nocapture", "--test-threads=1"])
+        .env(ENV_SOCKET, &d.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (handle, gfa) = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the exporter exited before exporting");
+        if let Some(rest) = line.trim().strip_prefix("HANDLE ") {
+            let mut f = rest.split(' ');
+            let h: Handle = f.next().unwrap().parse().unwrap();
+            break (h, u64::from_str_radix(f.next().unwrap().trim_start_matches("0x"), 16).unwrap());
+        }
+    };
+    let s = common::session(&d.socket);
+    let import = s.import(&handle, false).unwrap();
+    assert_eq!(import.gfa(), Some(gfa));
+    let t = Target::Device { device: common::gpu(&s), memory: MemoryClass::Hbm };
+    let mine = s.map(&s.alloc(&t, LEN).unwrap()).unwrap();
+
+    // Import (by GFA) to this process's region (by GFA).
+    let c = s.copy(CopyEndpoint::Gfa(mine.gfa() + 10), CopyEndpoint::Gfa(gfa + 3), 2 * MIB).unwrap();
+    assert_eq!(c.wait().unwrap(), 2 * MIB);
+    // SAFETY: the copy is done.
+    let got = unsafe { mine.as_slice() };
+    assert!((0..2 * MIB as usize).all(|i| got[10 + i] == pattern(5, i + 3)), "the exporter's bytes landed");
+    // The import is read-only: no copy into it.
+    let e = s.copy(CopyEndpoint::Gfa(gfa), CopyEndpoint::Gfa(mine.gfa()), 16).unwrap_err();
+    assert!(matches!(e, Error::Refused { code: ErrorCode::PermissionDenied, .. }), "{e}");
+
+    // Import to this process's own locked memory, registered for DMA.
+    let mut buf = vec![0u8; MIB as usize];
+    // SAFETY: the buffer lives (and is not touched through a reference) until the copy is
+    // done and the registration dropped.
+    let reg = unsafe { s.register_ptr(buf.as_mut_ptr(), buf.len(), &common::gpu(&s), Access::ReadWrite) }.unwrap();
+    let c = s.copy(reg.at(0), CopyEndpoint::Gfa(gfa + MIB), MIB).unwrap();
+    assert_eq!(c.wait().unwrap(), MIB);
+    // SAFETY: the copy is done: nothing writes the buffer now (read through its pointer,
+    // which the daemon was given).
+    let seen = unsafe { std::slice::from_raw_parts(std::ptr::addr_of!(buf[0]), buf.len()) };
+    assert!(
+        seen.iter().enumerate().all(|(i, &x)| x == pattern(5, MIB as usize + i)),
+        "the engine wrote this process's memory"
+    );
+
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}
