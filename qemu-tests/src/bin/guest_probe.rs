@@ -1,0 +1,75 @@
+//! `fabric-guest-probe`: runs inside the QEMU guests. `fill PATH LEN SEED` maps PATH (a DAX
+//! device or a PCI BAR's sysfs `resourceN`) shared and stores the test pattern through the
+//! mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
+//! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
+
+use std::fs::OpenOptions;
+use std::process::ExitCode;
+
+use fabric_qemu_tests::pattern;
+
+fn parse(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+#[allow(clippy::print_stderr, clippy::print_stdout)] // A command-line tool run by guest scripts.
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(op), Some(path), Some(len), Some(seed)) =
+        (args.get(1), args.get(2), args.get(3).and_then(|s| parse(s)), args.get(4).and_then(|s| parse(s)))
+    else {
+        eprintln!("usage: fabric-guest-probe fill|check PATH LEN SEED");
+        return ExitCode::from(2);
+    };
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("open {path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // A raw mapping: device memory is reached only through volatile word accesses below,
+    // never through a Rust reference.
+    let map = match memmap2::MmapOptions::new().len(len as usize).map_raw(&file) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("mmap {path} ({len} bytes): {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let base = map.as_mut_ptr().cast::<u64>();
+    let words = (len / 8) as usize;
+    match op.as_str() {
+        "fill" => {
+            for i in 0..words {
+                // SAFETY: i < len / 8 keeps the word inside the mapping, which is page aligned.
+                unsafe { base.add(i).write_volatile(pattern::word(seed, i as u64 * 8)) };
+            }
+            if let Err(e) = map.flush() {
+                eprintln!("msync {path}: {e}");
+            }
+            println!("filled {len:#x} bytes of {path} with seed {seed:#x}");
+            ExitCode::SUCCESS
+        }
+        "check" => {
+            for i in 0..words {
+                // SAFETY: as above.
+                let got = unsafe { base.add(i).read_volatile() };
+                let want = pattern::word(seed, i as u64 * 8);
+                if got != want {
+                    eprintln!("{path}: offset {:#x}: {got:#018x}, expected {want:#018x}", i * 8);
+                    return ExitCode::from(1);
+                }
+            }
+            println!("checked {len:#x} bytes of {path} with seed {seed:#x}");
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("unknown operation {op}");
+            ExitCode::from(2)
+        }
+    }
+}

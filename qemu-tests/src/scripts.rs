@@ -1,0 +1,6 @@
+//! The guest scripts (`qemu-tests/guest/*.sh`), compiled in so a run needs no source tree.
+
+/// Helpers every test script sources (`/fabric/common.sh`).
+pub const COMMON: &str = include_str!("../guest/common.sh");
+/// The CXL region test.
+pub const CXL: &str = include_str!("../guest/cxl.sh");
