@@ -62,10 +62,13 @@ blob fabric-topology /tmp/topo.json
 fabricctl map --daemon -o json >/tmp/map.json 2>/tmp/map.err && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.err)"
 blob fabric-map /tmp/map.json
 
-# The region's DAX device (device_dax is loaded, kmem is not: it stays a character device).
+# The region's DAX device.
 DAX=""
-for d in /sys/bus/cxl/devices/$R/dax_region*/dax*; do [ -e "$d" ] && DAX=$(basename "$d"); done
-if [ -n "$DAX" ] && [ -c "/dev/$DAX" ]; then
+for d in /sys/bus/cxl/devices/$R/dax_region*/dax[0-9]*; do [ -e "$d" ] && DAX=$(basename "$d"); done
+# dax_cxl prefers the kmem driver for RAM regions (which is not loaded here, see
+# scripts/qemu-image.sh): hand the device to device_dax by id, as daxctl reconfigure-device does.
+[ -n "$DAX" ] && [ ! -e /sys/bus/dax/devices/$DAX/driver ] && echo "$DAX" >/sys/bus/dax/drivers/device_dax/new_id
+if [ -n "$DAX" ] && [ -c "/dev/$DAX" ] && [ -e /sys/bus/dax/devices/$DAX/driver ]; then
   result dax-device ok "/dev/$DAX size $(cat /sys/bus/dax/devices/$DAX/size)"
   # The host filled the backends before boot; read that through the region first, then
   # write our own pattern for the host to find in the backends after power-off.

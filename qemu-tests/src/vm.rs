@@ -168,7 +168,8 @@ impl Guest {
         let d = |f: &str| dir.join(f).display().to_string();
         let mut cmd = Command::new(&pre.qemu);
         cmd.args(["-accel", if accel == Accel::Kvm { "kvm" } else { "tcg" }])
-            .args(["-cpu", cpu, "-smp", "2", "-nodefaults", "-display", "none", "-no-reboot"])
+            .args(["-cpu", cpu, "-smp", &std::env::var("FABRIC_QEMU_SMP").unwrap_or_else(|_| "2".into())])
+            .args(["-nodefaults", "-display", "none", "-no-reboot"])
             .arg("-M")
             .arg(&spec.machine)
             .arg("-m")
@@ -273,6 +274,8 @@ fn build_initrd(pre: &Prereqs, script: &str, out: &Path) -> Result<(), VmError> 
     entries.push(Entry::File("fabric/common.sh".into(), crate::scripts::COMMON.as_bytes().to_vec(), 0o644));
     entries.push(Entry::File("fabric/test.sh".into(), script.as_bytes().to_vec(), 0o755));
     let mut img = fs::read(&pre.base_initrd).map_err(io(format!("reading {}", pre.base_initrd.display())))?;
+    // The kernel looks for the next archive's header only at 4-byte offsets, skipping zeros.
+    img.resize(img.len().next_multiple_of(4), 0);
     write_archive(&entries, &mut img).map_err(io("writing the overlay archive"))?;
     fs::write(out, img).map_err(io(format!("writing {}", out.display())))
 }
