@@ -117,6 +117,8 @@ impl Qmp {
                 {
                     break;
                 }
+                // QEMU exits when the guest powers off: no more events will come.
+                Err(QmpError::Closed) => break,
                 Err(e) => return Err(e),
             }
         }

@@ -4,3 +4,5 @@
 pub const COMMON: &str = include_str!("../guest/common.sh");
 /// The CXL region test.
 pub const CXL: &str = include_str!("../guest/cxl.sh");
+/// The hot-unplug test.
+pub const UNPLUG: &str = include_str!("../guest/unplug.sh");

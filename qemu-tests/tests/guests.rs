@@ -63,3 +63,63 @@ fn cxl_region_discovery_and_load_store() {
         out.fail(&format!("the guest's stores through the DAX device are not in the devices' memory: {e}"));
     }
 }
+
+fn json(out: &vm::Outcome, blob: &str) -> serde_json::Value {
+    serde_json::from_str(out.blob(blob)).unwrap_or_else(|e| out.fail(&format!("{blob}: not JSON: {e}")))
+}
+
+fn has_device(topo: &serde_json::Value, id: &str) -> bool {
+    topo["devices"].as_array().into_iter().flatten().any(|d| d["id"] == id)
+}
+
+#[test]
+fn hot_unplug_while_fabricd_serves() {
+    let Some(pre) = env::prereqs_or_skip("hot_unplug_while_fabricd_serves") else { return };
+    let mut spec = vm::VmSpec::new("unplug", scripts::UNPLUG);
+    let mem = pre.logs.join("unplug-mem");
+    let _ = std::fs::remove_dir_all(&mem);
+    cxl::add_topology(&mut spec, &mem).expect("backing files");
+    let mut guest = vm::Guest::start(&pre, &spec).expect("boot");
+    guest.wait_console("FABRIC-READY-FOR-UNPLUG").unwrap_or_else(|e| panic!("{e}\n{}", guest.console()));
+    let mut qmp = guest.qmp().expect("qmp");
+    // mem2 is the volatile device with serial 0x1002, in no region.
+    qmp.execute("device_del", serde_json::json!({ "id": "mem2" })).expect("device_del");
+    drop(qmp);
+    let out = guest.finish().expect("guest run");
+    out.expect_check("fabricd-start");
+    out.expect_check("kernel-unplug");
+    out.expect_check("fabric-noticed");
+    out.expect_check("daemon-serving");
+
+    let gone = "serial:cxl/0x1002";
+    let before = json(&out, "topology-before");
+    let after = json(&out, "topology-after");
+    if !has_device(&before, gone) {
+        out.fail("the topology before the unplug lacks serial:cxl/0x1002");
+    }
+    if has_device(&after, gone) {
+        out.fail("the topology after the unplug still has serial:cxl/0x1002");
+    }
+    for kept in ["serial:cxl/0x1000", "serial:cxl/0x1001", "serial:cxl/0x2000"] {
+        if !has_device(&after, kept) {
+            out.fail(&format!("{kept} vanished from the topology with the unplug"));
+        }
+    }
+    // The map: the range stays reserved for the device (a hole), never handed to another.
+    let owner = format!("{gone}#cxl_volatile0");
+    let range = |m: &serde_json::Value| m["ranges"].as_array().into_iter().flatten().find(|r| r["owner"] == owner.as_str()).cloned();
+    let (Some(rb), Some(ra)) = (range(&json(&out, "map-before")), range(&json(&out, "map-after"))) else {
+        out.fail(&format!("the map before or after lacks the range of {owner}"));
+    };
+    if rb["kind"] != "direct" || ra["kind"] == "direct" || ra["start"] != rb["start"] {
+        out.fail(&format!("the map did not turn {owner}'s range into a reserved hole: before {rb}, after {ra}"));
+    }
+    // The client was told.
+    let events: Vec<&str> = out.console.lines().filter_map(|l| l.split("FABRIC-EVENT ").nth(1)).collect();
+    if !events.iter().any(|e| e.contains("0x1002") && e.contains("Removed")) {
+        out.fail(&format!("the subscribed client got no Removed event for {gone}: {events:?}"));
+    }
+    if !events.iter().any(|e| e.starts_with("{\"Map\"")) {
+        out.fail(&format!("the subscribed client got no map event: {events:?}"));
+    }
+}

@@ -2,6 +2,8 @@
 //! device or a PCI BAR's sysfs `resourceN`) shared and stores the test pattern through the
 //! mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
 //! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
+//! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
+//! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
 use std::fs::OpenOptions;
 use std::process::ExitCode;
@@ -18,6 +20,9 @@ fn parse(s: &str) -> Option<u64> {
 #[allow(clippy::print_stderr, clippy::print_stdout)] // A command-line tool run by guest scripts.
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("watch") {
+        return watch(args.get(2).map(String::as_str).unwrap_or("/run/fabric/fabricd.sock"));
+    }
     let (Some(op), Some(path), Some(len), Some(seed)) =
         (args.get(1), args.get(2), args.get(3).and_then(|s| parse(s)), args.get(4).and_then(|s| parse(s)))
     else {
@@ -70,6 +75,44 @@ fn main() -> ExitCode {
         _ => {
             eprintln!("unknown operation {op}");
             ExitCode::from(2)
+        }
+    }
+}
+
+#[allow(clippy::print_stderr, clippy::print_stdout)] // As above.
+fn watch(socket: &str) -> ExitCode {
+    use fabric_proto::wire::{Connection, Request, Response, SUPPORTED_VERSIONS, SubscribeRequest, Topics};
+    use std::io::Write;
+    let stream = match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("connect {socket}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut c = Connection::new(stream);
+    if let Err(e) = c.hello("fabric-guest-probe", SUPPORTED_VERSIONS) {
+        eprintln!("hello: {e}");
+        return ExitCode::from(2);
+    }
+    match c.call(Request::Subscribe(SubscribeRequest { topics: Topics::ALL }), &[]) {
+        Ok((Response::Subscribe(_), _)) => println!("FABRIC-WATCH subscribed"),
+        other => {
+            eprintln!("subscribe: {other:?}");
+            return ExitCode::from(2);
+        }
+    }
+    let _ = std::io::stdout().flush();
+    loop {
+        match c.next_event() {
+            Ok(ev) => {
+                println!("FABRIC-EVENT {}", serde_json::to_string(&ev).unwrap_or_else(|e| format!("{{\"unprintable\":\"{e}\"}}")));
+                let _ = std::io::stdout().flush();
+            }
+            Err(e) => {
+                println!("FABRIC-WATCH ended: {e}");
+                return ExitCode::SUCCESS;
+            }
         }
     }
 }
