@@ -427,3 +427,16 @@ pub fn check_backends(dir: &Path, len: u64, seed: u64, dpa_base: [u64; 2]) -> Re
     }
     Ok(())
 }
+
+/// Serial of the dynamic-capacity device [`add_dcd`] adds.
+pub const DCD_SERIAL: u64 = 0x3000;
+
+/// Adds a dynamic-capacity device (QEMU id `dcd0`, two DC regions over 512 MiB, serial
+/// [`DCD_SERIAL`]) on the empty root port rp1 of a topology from [`add_topology`].
+pub fn add_dcd(spec: &mut VmSpec, dir: &Path) -> std::io::Result<()> {
+    let file = dir.join("dcd0.raw");
+    fs::OpenOptions::new().create(true).truncate(false).write(true).open(&file)?.set_len(512 << 20)?;
+    spec.object(format!("memory-backend-file,id=dcd0-be,share=on,mem-path={},size=512M", file.display()));
+    spec.device(format!("cxl-type3,bus=rp1,volatile-dc-memdev=dcd0-be,num-dc-regions=2,id=dcd0,sn={DCD_SERIAL:#x}"));
+    Ok(())
+}

@@ -6,3 +6,5 @@ pub const COMMON: &str = include_str!("../guest/common.sh");
 pub const CXL: &str = include_str!("../guest/cxl.sh");
 /// The hot-unplug test.
 pub const UNPLUG: &str = include_str!("../guest/unplug.sh");
+/// The dynamic-capacity test.
+pub const DCD: &str = include_str!("../guest/dcd.sh");

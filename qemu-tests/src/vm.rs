@@ -340,6 +340,11 @@ impl Outcome {
                 b.push('\n');
             }
         }
+        // Kept beside the console for whoever reads a failure (NAME.json, NAME.txt).
+        for (name, body) in &blobs {
+            let ext = if body.trim_start().starts_with(['{', '[']) { "json" } else { "txt" };
+            let _ = fs::write(dir.join(format!("{name}.{ext}")), body);
+        }
         Outcome { dir: dir.to_path_buf(), accel, elapsed, console, checks, blobs, exit }
     }
 

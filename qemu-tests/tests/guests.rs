@@ -19,9 +19,6 @@ fn cxl_region_discovery_and_load_store() {
     cxl::fill_backends(&mem, DAX_BYTES, 0x5eed_0001, [0, 0]).expect("prefill");
     let guest = vm::Guest::start(&pre, &spec).expect("boot");
     let out = guest.finish().expect("guest run");
-    for (k, v) in &out.blobs {
-        std::fs::write(out.dir.join(format!("{k}.json")), v).expect("keep blob");
-    }
 
     out.expect_check("cxl-region");
     out.expect_check("cxl-list");
@@ -121,5 +118,52 @@ fn hot_unplug_while_fabricd_serves() {
     }
     if !events.iter().any(|e| e.starts_with("{\"Map\"")) {
         out.fail(&format!("the subscribed client got no map event: {events:?}"));
+    }
+}
+
+#[test]
+fn dynamic_capacity_device_reported_as_the_kernel_shows_it() {
+    let Some(pre) = env::prereqs_or_skip("dynamic_capacity_device_reported_as_the_kernel_shows_it") else { return };
+    let mut spec = vm::VmSpec::new("dcd", scripts::DCD);
+    let mem = pre.logs.join("dcd-mem");
+    let _ = std::fs::remove_dir_all(&mem);
+    cxl::add_topology(&mut spec, &mem).expect("backing files");
+    cxl::add_dcd(&mut spec, &mem).expect("dcd backing file");
+    let mut guest = vm::Guest::start(&pre, &spec).expect("boot");
+    guest.wait_console("FABRIC-READY-FOR-DC").unwrap_or_else(|e| panic!("{e}\n{}", guest.console()));
+    let mut qmp = guest.qmp().expect("qmp");
+    let added = qmp.execute(
+        "cxl-add-dynamic-capacity",
+        serde_json::json!({
+            "path": "/machine/peripheral/dcd0", "host-id": 0, "selection-policy": "prescriptive",
+            "region": 0, "extents": [{ "offset": 0, "len": 128u64 << 20 }]
+        }),
+    );
+    drop(qmp);
+    let out = guest.finish().expect("guest run");
+    if let Err(e) = added {
+        out.fail(&format!("QMP cxl-add-dynamic-capacity was refused: {e}"));
+    }
+    out.expect_check("fabricd-start");
+    out.expect_check("cxl-list");
+    out.expect_check("fabric-topology");
+    out.expect_check("fabric-topology-after");
+    for (list, topo) in [("cxl-list-before", "topology-before"), ("cxl-list-after", "topology-after")] {
+        let kernel = cxl::kernel_view(&json(&out, list));
+        if !kernel.memdevs.values().any(|m| m.serial == cxl::DCD_SERIAL) {
+            out.fail(&format!("{list}: the kernel lists no memdev with the DCD's serial"));
+        }
+        let topo = json(&out, topo);
+        let diffs = cxl::compare(&kernel, &topo);
+        if !diffs.is_empty() {
+            out.fail(&format!("{topo}: fabricd differs from {list}:\n  {}", diffs.join("\n  ")));
+        }
+        // 6.12 shows no DC partitions or extents: fabricd must not invent any.
+        let dcd = topo["devices"].as_array().into_iter().flatten().find(|d| d["cxl"]["serial"] == cxl::DCD_SERIAL);
+        let Some(dcd) = dcd else { out.fail("fabricd lists no DCD") };
+        let dynamic = dcd["memory"].as_array().into_iter().flatten().any(|m| m["kind"] == "cxl_dynamic");
+        if !dcd["cxl"]["dc_regions"].is_null() || dynamic {
+            out.fail(&format!("fabricd reports dynamic capacity the kernel does not show: {dcd}"));
+        }
     }
 }
