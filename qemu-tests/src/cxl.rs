@@ -70,7 +70,12 @@ pub fn add_topology(spec: &mut VmSpec, dir: &Path) -> std::io::Result<()> {
                 id = d.id
             ));
         } else {
-            spec.device(format!("cxl-type3,bus={},volatile-memdev={id}-be,id={id},sn={:#x}", d.bus, d.serial, id = d.id));
+            spec.device(format!(
+                "cxl-type3,bus={},volatile-memdev={id}-be,id={id},sn={:#x}",
+                d.bus,
+                d.serial,
+                id = d.id
+            ));
         }
     }
     spec.arg("-M").arg("cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G,cxl-fmw.1.targets.0=cxl.2,cxl-fmw.1.size=4G");
@@ -156,13 +161,16 @@ fn walk(v: &serde_json::Value, out: &mut KernelView) {
                     },
                 );
             }
-            if let Some(name) = o.get("decoder").and_then(|d| d.as_str()).filter(|_| o.contains_key("interleave_ways")) {
+            if let Some(name) = o.get("decoder").and_then(|d| d.as_str()).filter(|_| o.contains_key("interleave_ways"))
+            {
                 let mut targets: Vec<(u64, String)> = o
                     .get("targets")
                     .and_then(|t| t.as_array())
                     .map(|t| {
                         t.iter()
-                            .filter_map(|x| Some((x.get("position").and_then(num)?, x.get("target")?.as_str()?.to_owned())))
+                            .filter_map(|x| {
+                                Some((x.get("position").and_then(num)?, x.get("target")?.as_str()?.to_owned()))
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
@@ -247,16 +255,20 @@ pub fn compare(kernel: &KernelView, topo: &serde_json::Value) -> Vec<String> {
         }
     }
     if kmem.keys().collect::<Vec<_>>() != fmem.keys().collect::<Vec<_>>() {
-        d(format!("memdev serials: kernel {:x?}, fabricd {:x?}", kmem.keys().collect::<Vec<_>>(), fmem.keys().collect::<Vec<_>>()));
+        d(format!(
+            "memdev serials: kernel {:x?}, fabricd {:x?}",
+            kmem.keys().collect::<Vec<_>>(),
+            fmem.keys().collect::<Vec<_>>()
+        ));
     }
     for (serial, k) in &kmem {
-        if let Some(&(ram, pmem)) = fmem.get(serial) {
-            if (ram, pmem) != (k.ram_size, k.pmem_size) {
-                d(format!(
-                    "memdev {serial:#x}: kernel ram {} pmem {}, fabricd ram {ram} pmem {pmem}",
-                    k.ram_size, k.pmem_size
-                ));
-            }
+        if let Some(&(ram, pmem)) = fmem.get(serial)
+            && (ram, pmem) != (k.ram_size, k.pmem_size)
+        {
+            d(format!(
+                "memdev {serial:#x}: kernel ram {} pmem {}, fabricd ram {ram} pmem {pmem}",
+                k.ram_size, k.pmem_size
+            ));
         }
     }
 
@@ -287,17 +299,18 @@ pub fn compare(kernel: &KernelView, topo: &serde_json::Value) -> Vec<String> {
                 d(format!("{name} {what}: kernel {kv:?}, fabricd {fv:?}"));
             }
         }
-        let ft: Vec<&str> = f["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str()).map(id_tail).collect();
+        let ft: Vec<&str> =
+            f["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str()).map(id_tail).collect();
         if !k.targets.is_empty() && k.targets != ft {
             d(format!("{name} targets: kernel {:?}, fabricd {ft:?}", k.targets));
         }
-        if f["level"] == "endpoint" {
-            if let Some(kr) = k.region.as_ref().and_then(|r| kernel.regions.get(r)) {
-                let want = format!("hpa:{:#x}", kr.resource);
-                let got = f["region"].as_str().unwrap_or("");
-                if got != want && Some(got) != k.region.as_deref() {
-                    d(format!("{name} region: kernel {:?} ({want}), fabricd {got:?}", k.region));
-                }
+        if f["level"] == "endpoint"
+            && let Some(kr) = k.region.as_ref().and_then(|r| kernel.regions.get(r))
+        {
+            let want = format!("hpa:{:#x}", kr.resource);
+            let got = f["region"].as_str().unwrap_or("");
+            if got != want && Some(got) != k.region.as_deref() {
+                d(format!("{name} region: kernel {:?} ({want}), fabricd {got:?}", k.region));
             }
         }
     }
@@ -332,7 +345,8 @@ pub fn compare(kernel: &KernelView, topo: &serde_json::Value) -> Vec<String> {
             .iter()
             .map(|m| kernel.memdevs.get(m).map_or(format!("?{m}"), |x| format!("serial:cxl/{:#x}", x.serial)))
             .collect();
-        let got: Vec<String> = f["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(str::to_owned)).collect();
+        let got: Vec<String> =
+            f["targets"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(str::to_owned)).collect();
         if want != got {
             d(format!("{name} targets: kernel {want:?}, fabricd {got:?}"));
         }
@@ -362,7 +376,8 @@ pub fn check_map(kernel: &KernelView, region: &str, map: &serde_json::Value) -> 
         .iter()
         .map(|m| kernel.memdevs.get(m).map_or(format!("?{m}"), |x| format!("serial:cxl/{:#x}#cxl_volatile0", x.serial)))
         .collect();
-    let got: Vec<String> = il["members"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(str::to_owned)).collect();
+    let got: Vec<String> =
+        il["members"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(str::to_owned)).collect();
     if want != got {
         diffs.push(format!("{owner}: members {got:?}, region targets {want:?}"));
     }
@@ -410,7 +425,9 @@ pub fn check_backends(dir: &Path, len: u64, seed: u64, dpa_base: [u64; 2]) -> Re
     while off < len {
         let (pos, dpa) = crate::pattern::interleave(off, 2, 256);
         let at = dpa_base[pos as usize] + dpa;
-        files[pos as usize].read_exact_at(&mut chunk, at).map_err(|e| format!("{}: {e}", paths[pos as usize].display()))?;
+        files[pos as usize]
+            .read_exact_at(&mut chunk, at)
+            .map_err(|e| format!("{}: {e}", paths[pos as usize].display()))?;
         for w in (0..256).step_by(8) {
             let got = u64::from_le_bytes(chunk[w..w + 8].try_into().unwrap_or_default());
             let want = crate::pattern::word(seed, off + w as u64);

@@ -77,7 +77,8 @@ pub fn locate() -> Result<Prereqs, String> {
     match Command::new(&qemu).arg("--version").output() {
         Ok(o) => {
             let v = String::from_utf8_lossy(&o.stdout).into_owned();
-            let major = v.split("version ").nth(1).and_then(|r| r.split('.').next()).and_then(|m| m.parse::<u32>().ok());
+            let major =
+                v.split("version ").nth(1).and_then(|r| r.split('.').next()).and_then(|m| m.parse::<u32>().ok());
             if major.is_none_or(|m| m < 10) {
                 missing.push(format!("{} is not QEMU 10.x ({})", qemu.display(), v.lines().next().unwrap_or("")));
             }

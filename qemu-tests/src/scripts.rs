@@ -8,3 +8,5 @@ pub const CXL: &str = include_str!("../guest/cxl.sh");
 pub const UNPLUG: &str = include_str!("../guest/unplug.sh");
 /// The dynamic-capacity test.
 pub const DCD: &str = include_str!("../guest/dcd.sh");
+/// The ivshmem (shared BAR) test.
+pub const IVSHMEM: &str = include_str!("../guest/ivshmem.sh");

@@ -214,7 +214,10 @@ impl Guest {
                 return Ok(());
             }
             if let Some(st) = self.child.try_wait().map_err(io("waiting for QEMU"))? {
-                return Err(VmError::QemuFailed { status: st.to_string(), log: read_lossy(&self.dir.join("qemu.log")) });
+                return Err(VmError::QemuFailed {
+                    status: st.to_string(),
+                    log: read_lossy(&self.dir.join("qemu.log")),
+                });
             }
             if self.kvm_failed() || self.started.elapsed() > self.timeout {
                 return Err(VmError::Timeout(self.timeout));
@@ -245,7 +248,10 @@ impl Guest {
         };
         let elapsed = self.started.elapsed();
         if !status.success() {
-            return Err(VmError::QemuFailed { status: status.to_string(), log: read_lossy(&self.dir.join("qemu.log")) });
+            return Err(VmError::QemuFailed {
+                status: status.to_string(),
+                log: read_lossy(&self.dir.join("qemu.log")),
+            });
         }
         Ok(Outcome::parse(&self.dir, self.accel, elapsed))
     }

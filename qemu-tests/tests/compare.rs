@@ -15,7 +15,12 @@ fn fixtures() -> (cxl::KernelView, Value, Value) {
 }
 
 fn decoder_mut<'a>(topo: &'a mut Value, name: &str) -> &'a mut Value {
-    topo["cxl"]["decoders"].as_array_mut().expect("decoders").iter_mut().find(|d| d["kernel_name"] == name).expect("decoder")
+    topo["cxl"]["decoders"]
+        .as_array_mut()
+        .expect("decoders")
+        .iter_mut()
+        .find(|d| d["kernel_name"] == name)
+        .expect("decoder")
 }
 
 #[test]
@@ -31,7 +36,12 @@ fn captured_listings_agree() {
 #[test]
 fn a_wrong_memdev_size_is_caught() {
     let (k, mut topo, _) = fixtures();
-    let dev = topo["devices"].as_array_mut().expect("devices").iter_mut().find(|d| d["cxl"]["serial"] == 0x1002).expect("memdev");
+    let dev = topo["devices"]
+        .as_array_mut()
+        .expect("devices")
+        .iter_mut()
+        .find(|d| d["cxl"]["serial"] == 0x1002)
+        .expect("memdev");
     dev["cxl"]["ram_size"] = Value::from(128u64 << 20);
     let diffs = cxl::compare(&k, &topo);
     assert!(diffs.iter().any(|d| d.contains("memdev 0x1002")), "{diffs:?}");
@@ -40,8 +50,14 @@ fn a_wrong_memdev_size_is_caught() {
 #[test]
 fn wrong_decoder_ways_targets_and_dpa_are_caught() {
     let (k, mut topo, _) = fixtures();
-    let switch = k.decoders.iter().find(|(_, d)| d.ways == Some(2) && !d.targets.is_empty()).map(|(n, _)| n.clone()).expect("2-way switch decoder");
-    let endpoint = k.decoders.iter().find(|(_, d)| d.dpa_size.is_some()).map(|(n, _)| n.clone()).expect("endpoint decoder");
+    let switch = k
+        .decoders
+        .iter()
+        .find(|(_, d)| d.ways == Some(2) && !d.targets.is_empty())
+        .map(|(n, _)| n.clone())
+        .expect("2-way switch decoder");
+    let endpoint =
+        k.decoders.iter().find(|(_, d)| d.dpa_size.is_some()).map(|(n, _)| n.clone()).expect("endpoint decoder");
     decoder_mut(&mut topo, &switch)["ways"] = Value::from(1);
     decoder_mut(&mut topo, &switch)["targets"].as_array_mut().expect("targets").reverse();
     decoder_mut(&mut topo, &endpoint)["dpa_start"] = Value::from(0x1000_0000u64);
@@ -75,7 +91,8 @@ fn region_target_order_and_granularity_are_checked() {
 #[test]
 fn the_map_must_place_the_region_as_its_interleave_set() {
     let (k, _, mut map) = fixtures();
-    let set = map["ranges"].as_array_mut().expect("ranges").iter_mut().find(|r| r["kind"] == "interleave").expect("set");
+    let set =
+        map["ranges"].as_array_mut().expect("ranges").iter_mut().find(|r| r["kind"] == "interleave").expect("set");
     set["interleave"]["members"].as_array_mut().expect("members").reverse();
     let diffs = cxl::check_map(&k, "region0", &map);
     assert!(diffs.iter().any(|d| d.contains("members")), "{diffs:?}");

@@ -1,7 +1,7 @@
 //! Tier 3: one QEMU guest per test, booted from the cached Debian kernel and initramfs.
 //! Each test fails with the guest's console when a guest check or a comparison fails.
 
-use fabric_qemu_tests::{cxl, env, scripts, vm};
+use fabric_qemu_tests::{cxl, env, pattern, scripts, vm};
 
 /// Bytes of the region the guest reads and writes through its DAX device (the probe's
 /// `0x800000` in guest/cxl.sh).
@@ -26,15 +26,18 @@ fn cxl_region_discovery_and_load_store() {
     out.expect_check("fabric-topology");
     out.expect_check("fabric-map");
     let region = out.blob("region-name").trim().to_owned();
-    let list: serde_json::Value = serde_json::from_str(out.blob("cxl-list")).unwrap_or_else(|e| out.fail(&format!("cxl list JSON: {e}")));
+    let list: serde_json::Value =
+        serde_json::from_str(out.blob("cxl-list")).unwrap_or_else(|e| out.fail(&format!("cxl list JSON: {e}")));
     let topo: serde_json::Value =
         serde_json::from_str(out.blob("fabric-topology")).unwrap_or_else(|e| out.fail(&format!("topology JSON: {e}")));
-    let map: serde_json::Value = serde_json::from_str(out.blob("fabric-map")).unwrap_or_else(|e| out.fail(&format!("map JSON: {e}")));
+    let map: serde_json::Value =
+        serde_json::from_str(out.blob("fabric-map")).unwrap_or_else(|e| out.fail(&format!("map JSON: {e}")));
 
     let kernel = cxl::kernel_view(&list);
     // The kernel saw what QEMU built: four memdevs with the configured serials and sizes,
     // and the region 2-way at 256 B over serials 0x1000 and 0x1001.
-    let serials: Vec<u64> = kernel.memdevs.values().map(|m| m.serial).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let serials: Vec<u64> =
+        kernel.memdevs.values().map(|m| m.serial).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     if serials != [0x1000, 0x1001, 0x1002, 0x2000] {
         out.fail(&format!("kernel memdev serials {serials:x?}"));
     }
@@ -55,7 +58,8 @@ fn cxl_region_discovery_and_load_store() {
     out.expect_check("dax-device");
     out.expect_check("dax-read");
     out.expect_check("dax-write");
-    let base: Vec<u64> = kr.decoders.iter().map(|d| kernel.decoders.get(d).and_then(|x| x.dpa_resource).unwrap_or(u64::MAX)).collect();
+    let base: Vec<u64> =
+        kr.decoders.iter().map(|d| kernel.decoders.get(d).and_then(|x| x.dpa_resource).unwrap_or(u64::MAX)).collect();
     if let Err(e) = cxl::check_backends(&mem, DAX_BYTES, 0x5eed_0002, [base[0], base[1]]) {
         out.fail(&format!("the guest's stores through the DAX device are not in the devices' memory: {e}"));
     }
@@ -104,7 +108,9 @@ fn hot_unplug_while_fabricd_serves() {
     }
     // The map: the range stays reserved for the device (a hole), never handed to another.
     let owner = format!("{gone}#cxl_volatile0");
-    let range = |m: &serde_json::Value| m["ranges"].as_array().into_iter().flatten().find(|r| r["owner"] == owner.as_str()).cloned();
+    let range = |m: &serde_json::Value| {
+        m["ranges"].as_array().into_iter().flatten().find(|r| r["owner"] == owner.as_str()).cloned()
+    };
     let (Some(rb), Some(ra)) = (range(&json(&out, "map-before")), range(&json(&out, "map-after"))) else {
         out.fail(&format!("the map before or after lacks the range of {owner}"));
     };
@@ -165,5 +171,52 @@ fn dynamic_capacity_device_reported_as_the_kernel_shows_it() {
         if !dcd["cxl"]["dc_regions"].is_null() || dynamic {
             out.fail(&format!("fabricd reports dynamic capacity the kernel does not show: {dcd}"));
         }
+    }
+}
+
+#[test]
+fn ivshmem_bar_shared_with_the_host() {
+    use std::os::unix::fs::FileExt;
+    let Some(pre) = env::prereqs_or_skip("ivshmem_bar_shared_with_the_host") else { return };
+    const LEN: u64 = 0x10_0000;
+    let shm = pre.logs.join("ivshmem.shm");
+    let file =
+        std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&shm).expect("shm file");
+    file.set_len(4 << 20).expect("size");
+    // The host's side of the share: its stores go straight into the backing file.
+    let mine: Vec<u8> = (0..LEN).step_by(8).flat_map(|o| pattern::word(0x5eed_0003, o).to_le_bytes()).collect();
+    file.write_all_at(&mine, 0).expect("host stores");
+    let mut spec = vm::VmSpec::new("ivshmem", scripts::IVSHMEM);
+    spec.object(format!("memory-backend-file,id=shm,share=on,mem-path={},size=4M", shm.display()))
+        .device("ivshmem-plain,memdev=shm,id=shm0");
+    let out = vm::Guest::start(&pre, &spec).expect("boot").finish().expect("guest run");
+    out.expect_check("ivshmem-device");
+    out.expect_check("bar-read");
+    out.expect_check("bar-write");
+    out.expect_check("fabric-topology");
+    let mut theirs = vec![0u8; LEN as usize];
+    file.read_exact_at(&mut theirs, 0).expect("host loads");
+    for (i, w) in theirs.chunks_exact(8).enumerate() {
+        let got = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        let want = pattern::word(0x5eed_0004, i as u64 * 8);
+        if got != want {
+            out.fail(&format!(
+                "the guest's store at BAR2 offset {:#x} is not in the host file: {got:#x}, expected {want:#x}",
+                i * 8
+            ));
+        }
+    }
+    // fabricd lists the device, by its address, with the BAR's size.
+    let bdf = out.blob("ivshmem-bdf").trim().to_owned();
+    let topo = json(&out, "topology");
+    let dev = topo["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["id"].as_str().is_some_and(|id| id.ends_with(&bdf)));
+    let Some(dev) = dev else { out.fail(&format!("fabricd lists no device at {bdf}")) };
+    let bar2 = dev["pci"]["bars"].as_array().into_iter().flatten().find(|b| b["index"] == 2);
+    if bar2.is_none_or(|b| b["size"] != 4u64 << 20) {
+        out.fail(&format!("fabricd's entry for {bdf} lacks the 4 MiB BAR2: {dev}"));
     }
 }

@@ -106,7 +106,10 @@ fn watch(socket: &str) -> ExitCode {
     loop {
         match c.next_event() {
             Ok(ev) => {
-                println!("FABRIC-EVENT {}", serde_json::to_string(&ev).unwrap_or_else(|e| format!("{{\"unprintable\":\"{e}\"}}")));
+                println!(
+                    "FABRIC-EVENT {}",
+                    serde_json::to_string(&ev).unwrap_or_else(|e| format!("{{\"unprintable\":\"{e}\"}}"))
+                );
                 let _ = std::io::stdout().flush();
             }
             Err(e) => {
