@@ -10,3 +10,5 @@ pub const UNPLUG: &str = include_str!("../guest/unplug.sh");
 pub const DCD: &str = include_str!("../guest/dcd.sh");
 /// The ivshmem (shared BAR) test.
 pub const IVSHMEM: &str = include_str!("../guest/ivshmem.sh");
+/// The VFIO/edu test.
+pub const VFIO: &str = include_str!("../guest/vfio.sh");

@@ -64,6 +64,8 @@ pub struct VmSpec {
     pub timeout: Duration,
     /// `q35` machine options beyond the defaults (e.g. `cxl=on`).
     pub machine: String,
+    /// Extra kernel command line (e.g. `intel_iommu=on`).
+    pub append: String,
 }
 
 impl VmSpec {
@@ -76,6 +78,7 @@ impl VmSpec {
             mem_mib: 1024,
             timeout: Duration::from_secs(240),
             machine: "q35".to_owned(),
+            append: String::new(),
         }
     }
 
@@ -178,7 +181,8 @@ impl Guest {
             .arg(&pre.kernel)
             .arg("-initrd")
             .arg(initrd)
-            .args(["-append", "console=ttyS0 loglevel=4 panic=-1 oops=panic"])
+            .arg("-append")
+            .arg(format!("console=ttyS0 loglevel=4 panic=-1 oops=panic {}", spec.append))
             .arg("-serial")
             .arg(format!("file:{}", d("console.log")))
             .arg("-serial")

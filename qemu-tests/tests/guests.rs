@@ -220,3 +220,36 @@ fn ivshmem_bar_shared_with_the_host() {
         out.fail(&format!("fabricd's entry for {bdf} lacks the 4 MiB BAR2: {dev}"));
     }
 }
+
+#[test]
+fn vfio_edu_dma_through_the_iommu() {
+    let Some(pre) = env::prereqs_or_skip("vfio_edu_dma_through_the_iommu") else { return };
+    let mut spec = vm::VmSpec::new("vfio", scripts::VFIO);
+    // The IOMMU must be created before the devices it translates for.
+    spec.device("intel-iommu").device("edu,id=edu0");
+    spec.append = "intel_iommu=on".to_owned();
+    let out = vm::Guest::start(&pre, &spec).expect("boot").finish().expect("guest run");
+    for check in [
+        "iommu-group",
+        "vfio-bind",
+        "fabric-topology",
+        "vfio-probe",
+        "vfio-dma-round-trip",
+        "vfio-unmapped-blocked",
+        "iommu-fault-reported",
+    ] {
+        out.expect_check(check);
+    }
+    // fabricd reports edu with its IOMMU group and the vfio-pci binding, as sysfs has them.
+    let edu = out.blob("edu");
+    let mut it = edu.split_whitespace();
+    let (Some(bdf), Some(group)) = (it.next(), it.next()) else { out.fail(&format!("edu blob {edu:?}")) };
+    let topo = json(&out, "topology");
+    let dev = topo["devices"].as_array().into_iter().flatten().find(|d| d["pci"]["address"] == bdf);
+    let Some(dev) = dev else { out.fail(&format!("fabricd lists no device at {bdf}")) };
+    if dev["pci"]["iommu_group"].as_u64().map(|g| g.to_string()).as_deref() != Some(group)
+        || dev["pci"]["driver"] != "vfio-pci"
+    {
+        out.fail(&format!("fabricd's edu entry disagrees with sysfs (group {group}, driver vfio-pci): {}", dev["pci"]));
+    }
+}

@@ -2,6 +2,7 @@
 //! device or a PCI BAR's sysfs `resourceN`) shared and stores the test pattern through the
 //! mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
 //! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
+//! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
 //! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
 //! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
@@ -9,6 +10,8 @@ use std::fs::OpenOptions;
 use std::process::ExitCode;
 
 use fabric_qemu_tests::pattern;
+
+mod vfio;
 
 fn parse(s: &str) -> Option<u64> {
     match s.strip_prefix("0x") {
@@ -20,6 +23,15 @@ fn parse(s: &str) -> Option<u64> {
 #[allow(clippy::print_stderr, clippy::print_stdout)] // A command-line tool run by guest scripts.
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if let (Some("edu-dma"), Some(bdf), Some(group)) = (args.get(1).map(String::as_str), args.get(2), args.get(3)) {
+        return match vfio::edu_dma(bdf, group) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("edu-dma: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if args.get(1).map(String::as_str) == Some("watch") {
         return watch(args.get(2).map(String::as_str).unwrap_or("/run/fabric/fabricd.sock"));
     }
