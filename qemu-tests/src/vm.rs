@@ -146,9 +146,16 @@ impl Guest {
         build_initrd(pre, &spec.script, &initrd)?;
         let accel = pick_accel(&root);
         let mut guest = Self::spawn(pre, spec, &dir, &initrd, accel)?;
+        if accel == Accel::Kvm {
+            // A KVM guest boots in seconds; one that has not within a minute is stuck.
+            guest.timeout = guest.timeout.min(Duration::from_secs(60));
+        }
         match guest.wait_console("FABRIC-GUEST-BOOTED") {
-            Ok(()) => Ok(guest),
-            Err(_) if guest.kvm_failed() => {
+            Ok(()) => {
+                guest.timeout = spec.timeout;
+                Ok(guest)
+            }
+            Err(_) if accel == Accel::Kvm && !std::env::var("FABRIC_QEMU_ACCEL").is_ok_and(|a| a == "kvm") => {
                 // Remembered for later tests: each would otherwise lose time finding out.
                 let _ = fs::write(root.join("kvm-unusable"), read_lossy(&dir.join("qemu.log")));
                 drop(guest);
