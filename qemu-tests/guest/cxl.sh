@@ -65,6 +65,7 @@ blob fabric-map /tmp/map.json
 # The region's DAX device.
 DAX=""
 for d in /sys/bus/cxl/devices/$R/dax_region*/dax[0-9]*; do [ -e "$d" ] && DAX=$(basename "$d"); done
+echo "$DAX" >/tmp/dax-name && blob dax-name /tmp/dax-name
 # dax_cxl prefers the kmem driver for RAM regions (which is not loaded here, see
 # scripts/qemu-image.sh): hand the device to device_dax by id, as daxctl reconfigure-device does.
 [ -n "$DAX" ] && [ ! -e /sys/bus/dax/devices/$DAX/driver ] && echo "$DAX" >/sys/bus/dax/drivers/device_dax/new_id

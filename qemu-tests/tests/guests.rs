@@ -54,7 +54,15 @@ fn cxl_region_discovery_and_load_store() {
         out.fail(&format!("the address map does not place {region}:\n  {}", diffs.join("\n  ")));
     }
 
-    // Load/store through the region's DAX device, checked against the backing files.
+    // The DAX device the guest maps is the one fabricd lists under the region.
+    let dax = out.blob("dax-name").trim().to_owned();
+    let listed =
+        topo["cxl"]["regions"].as_array().into_iter().flatten().filter(|r| r["kernel_name"] == region.as_str());
+    if !listed.flat_map(|r| r["dax"].as_array().into_iter().flatten()).any(|d| d["name"] == dax.as_str()) {
+        out.fail(&format!("fabricd does not list {dax} under {region}: {}", topo["cxl"]["regions"]));
+    }
+    // Load/store through the region's DAX device (mapped by libfabric-mm's DeviceMapping in
+    // fabric-guest-probe), checked against the backing files.
     out.expect_check("dax-device");
     out.expect_check("dax-read");
     out.expect_check("dax-write");

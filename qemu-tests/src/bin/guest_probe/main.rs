@@ -1,12 +1,11 @@
 //! `fabric-guest-probe`: runs inside the QEMU guests. `fill PATH LEN SEED` maps PATH (a DAX
-//! device or a PCI BAR's sysfs `resourceN`) shared and stores the test pattern through the
-//! mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
+//! device or a PCI BAR's sysfs `resourceN`) with libfabric-mm's `DeviceMapping` and stores
+//! the test pattern through the mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
 //! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
 //! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
 //! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
 //! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
-use std::fs::OpenOptions;
 use std::process::ExitCode;
 
 use fabric_qemu_tests::pattern;
@@ -41,44 +40,46 @@ fn main() -> ExitCode {
         eprintln!("usage: fabric-guest-probe fill|check PATH LEN SEED");
         return ExitCode::from(2);
     };
-    let file = match OpenOptions::new().read(true).write(true).open(path) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("open {path}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    // A raw mapping: device memory is reached only through volatile word accesses below,
-    // never through a Rust reference.
-    let map = match memmap2::MmapOptions::new().len(len as usize).map_raw(&file) {
+    // The mapping is libfabric-mm's: the library's device-memory path under test.
+    let map = match fabric_mm::device::DeviceMapping::open(std::path::Path::new(path), len as usize) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("mmap {path} ({len} bytes): {e}");
+            eprintln!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
             return ExitCode::from(2);
         }
     };
-    let base = map.as_mut_ptr().cast::<u64>();
-    let words = (len / 8) as usize;
+    const CHUNK: u64 = 0x1_0000;
+    let mut buf = vec![0u8; CHUNK as usize];
     match op.as_str() {
         "fill" => {
-            for i in 0..words {
-                // SAFETY: i < len / 8 keeps the word inside the mapping, which is page aligned.
-                unsafe { base.add(i).write_volatile(pattern::word(seed, i as u64 * 8)) };
-            }
-            if let Err(e) = map.flush() {
-                eprintln!("msync {path}: {e}");
+            for at in (0..len).step_by(CHUNK as usize) {
+                let n = CHUNK.min(len - at) as usize;
+                for (i, w) in buf[..n].chunks_exact_mut(8).enumerate() {
+                    w.copy_from_slice(&pattern::word(seed, at + i as u64 * 8).to_le_bytes());
+                }
+                if let Err(e) = map.write(at as usize, &buf[..n]) {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
             }
             println!("filled {len:#x} bytes of {path} with seed {seed:#x}");
             ExitCode::SUCCESS
         }
         "check" => {
-            for i in 0..words {
-                // SAFETY: as above.
-                let got = unsafe { base.add(i).read_volatile() };
-                let want = pattern::word(seed, i as u64 * 8);
-                if got != want {
-                    eprintln!("{path}: offset {:#x}: {got:#018x}, expected {want:#018x}", i * 8);
-                    return ExitCode::from(1);
+            for at in (0..len).step_by(CHUNK as usize) {
+                let n = CHUNK.min(len - at) as usize;
+                if let Err(e) = map.read(at as usize, &mut buf[..n]) {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+                for (i, w) in buf[..n].chunks_exact(8).enumerate() {
+                    let off = at + i as u64 * 8;
+                    let got = u64::from_le_bytes(w.try_into().unwrap_or_default());
+                    let want = pattern::word(seed, off);
+                    if got != want {
+                        eprintln!("{path}: offset {off:#x}: {got:#018x}, expected {want:#018x}");
+                        return ExitCode::from(1);
+                    }
                 }
             }
             println!("checked {len:#x} bytes of {path} with seed {seed:#x}");
