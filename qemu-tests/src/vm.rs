@@ -29,16 +29,18 @@ pub enum VmError {
     #[error("starting {0}")]
     Spawn(String, #[source] std::io::Error),
     /// QEMU exited with an error before the guest finished.
-    #[error("QEMU exited with {status} before the guest finished; qemu.log: {log}")]
+    #[error("QEMU exited with {status} before the guest finished; qemu.log: {log}\n--- guest console ---\n{console}")]
     QemuFailed {
         /// Exit status.
         status: String,
         /// QEMU's stderr.
         log: String,
+        /// The guest console up to then.
+        console: String,
     },
     /// The guest did not power off in time.
-    #[error("the guest did not finish within {0:?}")]
-    Timeout(Duration),
+    #[error("the guest did not finish within {0:?}\n--- guest console ---\n{1}")]
+    Timeout(Duration, String),
     /// QMP failed.
     #[error(transparent)]
     Qmp(#[from] QmpError),
@@ -225,15 +227,20 @@ impl Guest {
                 return Ok(());
             }
             if let Some(st) = self.child.try_wait().map_err(io("waiting for QEMU"))? {
-                return Err(VmError::QemuFailed {
-                    status: st.to_string(),
-                    log: read_lossy(&self.dir.join("qemu.log")),
-                });
+                return Err(self.qemu_failed(st));
             }
             if self.kvm_failed() || self.started.elapsed() > self.timeout {
-                return Err(VmError::Timeout(self.timeout));
+                return Err(VmError::Timeout(self.timeout, self.console()));
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn qemu_failed(&self, status: std::process::ExitStatus) -> VmError {
+        VmError::QemuFailed {
+            status: status.to_string(),
+            log: read_lossy(&self.dir.join("qemu.log")),
+            console: self.console(),
         }
     }
 
@@ -253,16 +260,13 @@ impl Guest {
             if self.kvm_failed() || self.started.elapsed() > self.timeout {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                return Err(VmError::Timeout(self.timeout));
+                return Err(VmError::Timeout(self.timeout, self.console()));
             }
             std::thread::sleep(Duration::from_millis(100));
         };
         let elapsed = self.started.elapsed();
         if !status.success() {
-            return Err(VmError::QemuFailed {
-                status: status.to_string(),
-                log: read_lossy(&self.dir.join("qemu.log")),
-            });
+            return Err(self.qemu_failed(status));
         }
         Ok(Outcome::parse(&self.dir, self.accel, elapsed))
     }

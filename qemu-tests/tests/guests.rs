@@ -89,7 +89,7 @@ fn hot_unplug_while_fabricd_serves() {
     let _ = std::fs::remove_dir_all(&mem);
     cxl::add_topology(&mut spec, &mem).expect("backing files");
     let mut guest = vm::Guest::start(&pre, &spec).expect("boot");
-    guest.wait_console("FABRIC-READY-FOR-UNPLUG").unwrap_or_else(|e| panic!("{e}\n{}", guest.console()));
+    guest.wait_console("FABRIC-READY-FOR-UNPLUG").expect("guest ready for the unplug");
     let mut qmp = guest.qmp().expect("qmp");
     // mem2 is the volatile device with serial 0x1002, in no region.
     qmp.execute("device_del", serde_json::json!({ "id": "mem2" })).expect("device_del");
@@ -144,7 +144,7 @@ fn dynamic_capacity_device_reported_as_the_kernel_shows_it() {
     cxl::add_topology(&mut spec, &mem).expect("backing files");
     cxl::add_dcd(&mut spec, &mem).expect("dcd backing file");
     let mut guest = vm::Guest::start(&pre, &spec).expect("boot");
-    guest.wait_console("FABRIC-READY-FOR-DC").unwrap_or_else(|e| panic!("{e}\n{}", guest.console()));
+    guest.wait_console("FABRIC-READY-FOR-DC").expect("guest ready for the extent");
     let mut qmp = guest.qmp().expect("qmp");
     let added = qmp.execute(
         "cxl-add-dynamic-capacity",
