@@ -5,7 +5,8 @@ export PATH=/fabric/bin:/bin:/sbin:/usr/bin
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 
 # result NAME ok|fail DETAIL...
-result() { n=$1; v=$2; shift 2; echo "FABRIC-TEST-RESULT $n $v $*"; }
+# The guest uptime ends each line: where a slow test spends its time.
+result() { n=$1; v=$2; shift 2; echo "FABRIC-TEST-RESULT $n $v $* [t=$(cut -d" " -f1 /proc/uptime)s]"; }
 # check NAME DETAIL -- COMMAND...: runs COMMAND, reports ok/fail with its exit status.
 check() {
   n=$1; d=$2; shift 3

@@ -9,7 +9,7 @@ blob cxl-list-before /tmp/cxl-before.json
 fabricctl topology --daemon -o json >/tmp/topo-before.json && result fabric-topology ok
 blob topology-before /tmp/topo-before.json
 dmesg >/tmp/dmesg-before
-echo "FABRIC-READY-FOR-DC"
+echo "FABRIC-READY-FOR-DC [t=$(cut -d" " -f1 /proc/uptime)s]"
 # 6.12 has no DCD support: the event the extent raises is all it may show. Wait for new
 # kernel messages (up to 5 s), then take the kernel's and fabricd's views again.
 i=0
