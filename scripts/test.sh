@@ -5,7 +5,7 @@
 #   tier 0  format, lints and API docs
 #   tier 1  unit, property, fixture and golden tests   (cargo nextest, all crates)
 #   tier 2  integration tests with the real binaries    (part of the nextest run)
-#   tier 3  QEMU guests: not yet built (the qemu-tests issue); docs/testing.md says so
+#   tier 3  QEMU guests (Debian 6.12 kernel; CXL, hot-unplug, ...) scripts/qemu-tests.sh
 #   tier 5  fuzz targets, briefly                       (scripts/fuzz.sh --smoke)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,10 +25,15 @@ step "tiers 1-2: unit, fixture, golden and integration tests"
 # The binaries and the C library (cdylib + staticlib) the integration tests run and link.
 cargo build --workspace --bins --locked
 cargo build -p libfabric-mm --lib --locked
-cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test
+# The QEMU guests run in tier 3 below, with the tier required; not twice.
+cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test \
+  -E 'not (package(fabric-qemu-tests) & binary(guests))'
 
 step "doc tests"
 cargo test --workspace --doc --locked
+
+step "tier 3: QEMU guests"
+scripts/qemu-tests.sh
 
 step "tier 5: fuzz smoke run"
 scripts/fuzz.sh --smoke

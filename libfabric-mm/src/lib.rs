@@ -20,6 +20,7 @@
 
 mod client;
 pub mod copy;
+pub mod device;
 pub mod error;
 pub mod ffi;
 pub mod hostmem;

@@ -1,5 +1,15 @@
-//! End-to-end tests on real Linux kernels booted under QEMU, with emulated CXL memory, an
-//! IOMMU with a DMA-capable device, and shared-memory BARs.
+//! End-to-end tests on real Linux kernels booted under QEMU (tier 3), with emulated CXL
+//! memory, an IOMMU with a DMA-capable device, and shared-memory BARs.
 //!
-//! This crate is reserved by the workspace layout and is filled by the qemu-tests issue.
-//! It holds no code yet; `docs/testing.md` lists the tiers that run today.
+//! The scripts in `scripts/` build everything from Debian packages (`qemu-deps.sh`,
+//! `qemu-image.sh`); this crate boots one guest per test ([`vm`]), talks QMP to it
+//! ([`qmp`]), and compares what the guest reports with what the kernel says ([`cxl`]).
+//! `docs/testing.md` ("Tier 3") describes the result channel, the cache and the logs.
+
+pub mod cpio;
+pub mod cxl;
+pub mod env;
+pub mod pattern;
+pub mod qmp;
+pub mod scripts;
+pub mod vm;

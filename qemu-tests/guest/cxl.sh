@@ -1,0 +1,81 @@
+#!/bin/sh
+# CXL: a 2-way volatile region at 256 B granularity across the switch's ports, created
+# through sysfs; then the kernel's view (cxl list -vvv), fabricd's view and the address map
+# go back to the host, and the region's DAX device is written for the host to read back
+# from the memory backends' files.
+. /fabric/common.sh
+
+memdev_by_serial() {
+  for m in /sys/bus/cxl/devices/mem*; do
+    [ "$(cat "$m/serial")" = "$1" ] && { basename "$m"; return; }
+  done
+}
+# The endpoint decoder of a memdev: decoderN.0 of the endpoint port whose uport is it.
+endpoint_decoder() {
+  for e in /sys/bus/cxl/devices/endpoint*; do
+    [ "$(basename "$(readlink -f "$e/uport")")" = "$1" ] && { echo "decoder${e##*endpoint}.0"; return; }
+  done
+}
+wr() { echo "$2" >"$1" || { result cxl-region fail "writing $2 to $1"; return 1; }; }
+
+A=$(memdev_by_serial 0x1000); B=$(memdev_by_serial 0x1001)
+DA=$(endpoint_decoder "$A"); DB=$(endpoint_decoder "$B")
+echo "region targets: $A ($DA) $B ($DB)"
+# 6.12 allocates DPA in 256 MiB units: each target gives all of its 256 MiB.
+SIZE=$((512 << 20))
+create_region() {
+  root=/sys/bus/cxl/devices/decoder0.0
+  R=$(cat $root/create_ram_region) || return 1
+  wr $root/create_ram_region "$R" || return 1
+  r=/sys/bus/cxl/devices/$R
+  wr $r/interleave_granularity 256 || return 1
+  wr $r/interleave_ways 2 || return 1
+  for d in $DA $DB; do
+    wr /sys/bus/cxl/devices/$d/mode ram || return 1
+    wr /sys/bus/cxl/devices/$d/dpa_size $((SIZE / 2)) || return 1
+  done
+  wr $r/size $SIZE || return 1
+  wr $r/target0 "$DA" || return 1
+  wr $r/target1 "$DB" || return 1
+  wr $r/commit 1 || return 1
+  # Committing programs the decoders; binding the region driver brings up its DAX region.
+  wr /sys/bus/cxl/drivers/cxl_region/bind "$R" || return 1
+  echo "$R" >/tmp/region
+}
+if create_region; then
+  R=$(cat /tmp/region)
+  result cxl-region ok "$R committed"
+else
+  result cxl-region fail "see the console"
+fi
+R=$(cat /tmp/region 2>/dev/null)
+sleep 1
+echo "$R" >/tmp/region-name
+blob region-name /tmp/region-name
+
+cxl list -vvv >/tmp/cxl.json 2>/tmp/cxl.err && result cxl-list ok || { result cxl-list fail "$(cat /tmp/cxl.err)"; }
+blob cxl-list /tmp/cxl.json
+
+start_fabricd
+fabricctl topology --daemon -o json >/tmp/topo.json 2>/tmp/topo.err && result fabric-topology ok || result fabric-topology fail "$(cat /tmp/topo.err)"
+blob fabric-topology /tmp/topo.json
+fabricctl map --daemon -o json >/tmp/map.json 2>/tmp/map.err && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.err)"
+blob fabric-map /tmp/map.json
+
+# The region's DAX device.
+DAX=""
+for d in /sys/bus/cxl/devices/$R/dax_region*/dax[0-9]*; do [ -e "$d" ] && DAX=$(basename "$d"); done
+echo "$DAX" >/tmp/dax-name && blob dax-name /tmp/dax-name
+# dax_cxl prefers the kmem driver for RAM regions (which is not loaded here, see
+# scripts/qemu-image.sh): hand the device to device_dax by id, as daxctl reconfigure-device does.
+[ -n "$DAX" ] && [ ! -e /sys/bus/dax/devices/$DAX/driver ] && echo "$DAX" >/sys/bus/dax/drivers/device_dax/new_id
+if [ -n "$DAX" ] && [ -c "/dev/$DAX" ] && [ -e /sys/bus/dax/devices/$DAX/driver ]; then
+  result dax-device ok "/dev/$DAX size $(cat /sys/bus/dax/devices/$DAX/size)"
+  # The host filled the backends before boot; read that through the region first, then
+  # write our own pattern for the host to find in the backends after power-off.
+  check dax-read "host pattern read through /dev/$DAX" -- fabric-guest-probe check "/dev/$DAX" 0x800000 0x5eed0001
+  check dax-write "guest pattern written through /dev/$DAX" -- fabric-guest-probe fill "/dev/$DAX" 0x800000 0x5eed0002
+else
+  result dax-device fail "region $R has no DAX device"; ls -lR /sys/bus/cxl/devices/$R/ | head -40
+fi
+kill $FABRICD_PID 2>/dev/null

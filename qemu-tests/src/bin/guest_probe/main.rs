@@ -1,0 +1,134 @@
+//! `fabric-guest-probe`: runs inside the QEMU guests. `fill PATH LEN SEED` maps PATH (a DAX
+//! device or a PCI BAR's sysfs `resourceN`) with libfabric-mm's `DeviceMapping` and stores
+//! the test pattern through the mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
+//! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
+//! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
+//! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
+//! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
+
+use std::process::ExitCode;
+
+use fabric_qemu_tests::pattern;
+
+mod vfio;
+
+fn parse(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+#[allow(clippy::print_stderr, clippy::print_stdout)] // A command-line tool run by guest scripts.
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let (Some("edu-dma"), Some(bdf), Some(group)) = (args.get(1).map(String::as_str), args.get(2), args.get(3)) {
+        return match vfio::edu_dma(bdf, group) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("edu-dma: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if args.get(1).map(String::as_str) == Some("watch") {
+        return watch(args.get(2).map(String::as_str).unwrap_or("/run/fabric/fabricd.sock"));
+    }
+    let (Some(op), Some(path), Some(len), Some(seed)) =
+        (args.get(1), args.get(2), args.get(3).and_then(|s| parse(s)), args.get(4).and_then(|s| parse(s)))
+    else {
+        eprintln!("usage: fabric-guest-probe fill|check PATH LEN SEED");
+        return ExitCode::from(2);
+    };
+    // The mapping is libfabric-mm's: the library's device-memory path under test.
+    let map = match fabric_mm::device::DeviceMapping::open(std::path::Path::new(path), len as usize) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
+            return ExitCode::from(2);
+        }
+    };
+    const CHUNK: u64 = 0x1_0000;
+    let mut buf = vec![0u8; CHUNK as usize];
+    match op.as_str() {
+        "fill" => {
+            for at in (0..len).step_by(CHUNK as usize) {
+                let n = CHUNK.min(len - at) as usize;
+                for (i, w) in buf[..n].chunks_exact_mut(8).enumerate() {
+                    w.copy_from_slice(&pattern::word(seed, at + i as u64 * 8).to_le_bytes());
+                }
+                if let Err(e) = map.write(at as usize, &buf[..n]) {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            }
+            println!("filled {len:#x} bytes of {path} with seed {seed:#x}");
+            ExitCode::SUCCESS
+        }
+        "check" => {
+            for at in (0..len).step_by(CHUNK as usize) {
+                let n = CHUNK.min(len - at) as usize;
+                if let Err(e) = map.read(at as usize, &mut buf[..n]) {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+                for (i, w) in buf[..n].chunks_exact(8).enumerate() {
+                    let off = at + i as u64 * 8;
+                    let got = u64::from_le_bytes(w.try_into().unwrap_or_default());
+                    let want = pattern::word(seed, off);
+                    if got != want {
+                        eprintln!("{path}: offset {off:#x}: {got:#018x}, expected {want:#018x}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            println!("checked {len:#x} bytes of {path} with seed {seed:#x}");
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("unknown operation {op}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[allow(clippy::print_stderr, clippy::print_stdout)] // As above.
+fn watch(socket: &str) -> ExitCode {
+    use fabric_proto::wire::{Connection, Request, Response, SUPPORTED_VERSIONS, SubscribeRequest, Topics};
+    use std::io::Write;
+    let stream = match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("connect {socket}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut c = Connection::new(stream);
+    if let Err(e) = c.hello("fabric-guest-probe", SUPPORTED_VERSIONS) {
+        eprintln!("hello: {e}");
+        return ExitCode::from(2);
+    }
+    match c.call(Request::Subscribe(SubscribeRequest { topics: Topics::ALL }), &[]) {
+        Ok((Response::Subscribe(_), _)) => println!("FABRIC-WATCH subscribed"),
+        other => {
+            eprintln!("subscribe: {other:?}");
+            return ExitCode::from(2);
+        }
+    }
+    let _ = std::io::stdout().flush();
+    loop {
+        match c.next_event() {
+            Ok(ev) => {
+                println!(
+                    "FABRIC-EVENT {}",
+                    serde_json::to_string(&ev).unwrap_or_else(|e| format!("{{\"unprintable\":\"{e}\"}}"))
+                );
+                let _ = std::io::stdout().flush();
+            }
+            Err(e) => {
+                println!("FABRIC-WATCH ended: {e}");
+                return ExitCode::SUCCESS;
+            }
+        }
+    }
+}

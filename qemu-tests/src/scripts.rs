@@ -1,0 +1,14 @@
+//! The guest scripts (`qemu-tests/guest/*.sh`), compiled in so a run needs no source tree.
+
+/// Helpers every test script sources (`/fabric/common.sh`).
+pub const COMMON: &str = include_str!("../guest/common.sh");
+/// The CXL region test.
+pub const CXL: &str = include_str!("../guest/cxl.sh");
+/// The hot-unplug test.
+pub const UNPLUG: &str = include_str!("../guest/unplug.sh");
+/// The dynamic-capacity test.
+pub const DCD: &str = include_str!("../guest/dcd.sh");
+/// The ivshmem (shared BAR) test.
+pub const IVSHMEM: &str = include_str!("../guest/ivshmem.sh");
+/// The VFIO/edu test.
+pub const VFIO: &str = include_str!("../guest/vfio.sh");
