@@ -5,8 +5,10 @@
  * caller's thread never moves the bytes. Refusals are typed (an empty copy is
  * FMM_E_BAD_REQUEST), and a copy can be polled.
  *
- * Registrations (FMM_COPY_REGISTRATION endpoints) name a DMA registration of the session
- * by id; this example copies between GFAs.
+ * Then register + copy: a host buffer (fmm_host_alloc) and the first region are registered
+ * for DMA by the GPU, and the engine copies region → host buffer between the two
+ * registrations (FMM_COPY_REGISTRATION endpoints name a registration by id); the bytes are
+ * checked in the host buffer.
  *
  * Usage: copy SOCKET        (exit status 0 when every check passed)
  */
@@ -88,6 +90,36 @@ int main(int argc, char **argv) {
     if ((rc = fmm_copy_start(s, &dst, &bad, 16, &c)) != FMM_E_ARG) return die("bad endpoint kind check", rc);
     fmm_copy_free(NULL);
     printf("copy: refusals are typed\n");
+
+    /* Register + copy: the first region and a host buffer, registered for DMA by the GPU. */
+    fmm_host_buffer_t *h = NULL;
+    fmm_registration_t *rh = NULL, *ra = NULL;
+    if ((rc = fmm_host_alloc(s, LEN, &h))) return die("fmm_host_alloc", rc);
+    memset(fmm_host_ptr(h), 0, LEN);
+    if ((rc = fmm_register_host(s, h, device, FMM_ACCESS_READ_WRITE, &rh))) return die("fmm_register_host", rc);
+    if ((rc = fmm_register_region(s, a, device, FMM_ACCESS_READ_ONLY, &ra))) return die("fmm_register_region", rc);
+    fmm_copy_endpoint_t to_host = {FMM_COPY_REGISTRATION, fmm_registration_id(rh), 8};
+    fmm_copy_endpoint_t from_region = {FMM_COPY_REGISTRATION, fmm_registration_id(ra), OFF};
+    c = NULL;
+    if ((rc = fmm_copy_start(s, &to_host, &from_region, COPY_LEN, &c))) return die("fmm_copy_start (registrations)", rc);
+    if ((rc = fmm_copy_wait(c, 10000, &bytes))) return die("fmm_copy_wait (registrations)", rc);
+    fmm_copy_free(c);
+    const volatile unsigned char *ph = fmm_host_ptr(h);
+    for (size_t i = 0; i < COPY_LEN; i++) {
+        if (ph[8 + i] != pattern(OFF + i)) {
+            fprintf(stderr, "host byte %zu is %u, expected %u\n", i, ph[8 + i], pattern(OFF + i));
+            return 1;
+        }
+    }
+    if (ph[7] != 0 || ph[8 + COPY_LEN] != 0) {
+        fprintf(stderr, "host bytes outside the copied range changed\n");
+        return 1;
+    }
+    printf("copy: registered region (IOVA 0x%llx) to registered host buffer (IOVA 0x%llx): %u bytes\n",
+           (unsigned long long)fmm_registration_iova(ra), (unsigned long long)fmm_registration_iova(rh), COPY_LEN);
+    fmm_unregister(ra);
+    fmm_unregister(rh);
+    fmm_host_free(h);
 
     fmm_unmap(ma);
     fmm_unmap(mb);
