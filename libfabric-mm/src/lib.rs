@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod client;
+pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod memory;
