@@ -7,8 +7,10 @@
 //!
 //! ```text
 //! gpu_check probe  --out FILE
+//! gpu_check ptx    --out FILE                       (writes the PTX kernel text)
 //! gpu_check memory --out FILE [--size-mib N] [--iters N]
 //! gpu_check import --socket PATH --out FILE        (started by `memory`)
+//! gpu_check summarize OUTDIR --out FILE [--elapsed S] (scripts/gpu-check.sh's summary.json)
 //! ```
 //! Exit codes: 0 every step passed; 1 a step failed; 2 usage; 3 CUDA not present (the
 //! JSON says why).
@@ -24,6 +26,8 @@ use fabric_mm::cuda::{
     self, AllocOptions, CudaContext, CudaError, GpuMapping, GpuMemory, Module, Stream, fdpass, pattern_word,
 };
 use serde_json::{Value, json};
+
+mod summary;
 
 const NOT_PRESENT: u8 = 3;
 const SEED_EXPORTER: u32 = 0x5eed_0001;
@@ -87,6 +91,13 @@ fn main() -> ExitCode {
         let _ = writeln!(std::io::stderr(), "usage: gpu_check probe|memory|import --out FILE [...]");
         return ExitCode::from(2);
     };
+    if args.get(1).map(String::as_str) == Some("ptx") {
+        // The kernel text, for inspection (ptxas) next to the bundle.
+        return match std::fs::write(&out, cuda::PATTERN_PTX) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        };
+    }
     let (doc, code) = match args.get(1).map(String::as_str) {
         Some("probe") => probe(),
         Some("memory") => {
@@ -94,6 +105,10 @@ fn main() -> ExitCode {
             let iters = arg(&args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
             exporter(size, iters, &out)
         }
+        Some("summarize") => match args.get(2) {
+            Some(dir) => summary::summarize(Path::new(dir), arg(&args, "--elapsed").and_then(|v| v.parse().ok())),
+            None => (json!({ "error": "OUTDIR missing" }), 2),
+        },
         Some("import") => match arg(&args, "--socket") {
             Some(sock) => importer(Path::new(&sock)),
             None => (json!({ "error": "--socket missing" }), 2),

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The GPU check: runs unattended on a machine with the NVIDIA driver (and, optionally, the
+# CUDA toolkit), without a Rust toolchain or network, using binaries built beforehand
+# (scripts/gpu-bundle.sh). Every step has a timeout; the whole run stays under 8 minutes.
+#
+#   gpu-check.sh OUTDIR
+#
+# Writes into OUTDIR: the nvidia-smi outputs (smi-query.xml, smi-query.txt, smi-topo.txt,
+# smi-nvlink.txt), discovery (topology.json, topology.txt, devices.json), the comparison
+# (gpu-compare.json, gpu-compare.txt), the CUDA checks (probe.json, memory.json,
+# memory.importer.json), each step's log (*.log), steps.tsv and summary.json.
+#
+# Binaries: $FABRIC_BIN_DIR, else ./bin next to this script (the bundle layout), else the
+# repository's target/release or target/debug.
+#
+# Exit: 0 every step passed; 3 no GPU here (CUDA/NVML/nvidia-smi not present; the summary
+# says why) and nothing else failed; 1 a step failed or timed out; 2 usage.
+set -uo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+OUT=$1
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+find_bins() {
+    for d in "${FABRIC_BIN_DIR:-}" "$HERE/bin" "$HERE/../target/release" "$HERE/../target/debug"; do
+        if [ -n "$d" ] && [ -x "$d/fabricctl" ]; then
+            echo "$d"
+            return
+        fi
+    done
+}
+BIN=$(find_bins)
+FABRICCTL=${BIN:+$BIN/fabricctl}
+GPU_CHECK=""
+for g in "$BIN/gpu_check" "$BIN/examples/gpu_check"; do
+    [ -n "$BIN" ] && [ -x "$g" ] && GPU_CHECK=$g && break
+done
+
+START=$(date +%s)
+printf 'step\texit\tseconds\toutput\n' >"$OUT/steps.tsv"
+
+# run NAME TIMEOUT OUTPUT CMD...: runs CMD with stdout to OUTPUT and stderr to NAME.log.
+run() {
+    local name=$1 limit=$2 output=$3
+    shift 3
+    local t0 rc
+    t0=$(date +%s)
+    if ! command -v "$1" >/dev/null 2>&1 && [ ! -x "$1" ]; then
+        echo "$1: not found" >"$OUT/$name.log"
+        rc=127
+    else
+        timeout --kill-after=10 "$limit" "$@" >"$OUT/$output" 2>"$OUT/$name.log"
+        rc=$?
+    fi
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" "$output" >>"$OUT/steps.tsv"
+    echo "== $name: exit $rc ($(($(date +%s) - t0)) s)" >&2
+    return $rc
+}
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "host: $(uname -a)"
+    echo "binaries: ${BIN:-none found}"
+    [ -r /proc/driver/nvidia/version ] && cat /proc/driver/nvidia/version
+} >"$OUT/environment.txt" 2>&1
+
+# 1. The reference: nvidia-smi.
+run smi-list 30 smi-list.txt nvidia-smi -L
+run smi-query-xml 60 smi-query.xml nvidia-smi -q -x
+run smi-query 60 smi-query.txt nvidia-smi -q
+run smi-topo 30 smi-topo.txt nvidia-smi topo -m
+run smi-nvlink 30 smi-nvlink.txt nvidia-smi nvlink --status
+
+# 2. Discovery (local, never a daemon) and the comparison.
+if [ -n "$FABRICCTL" ]; then
+    run topology-json 60 topology.json "$FABRICCTL" topology -o json --sysfs-root /
+    run topology 60 topology.txt "$FABRICCTL" topology --sysfs-root /
+    run devices 60 devices.json "$FABRICCTL" devices -o json --sysfs-root /
+    if [ -s "$OUT/smi-query.xml" ] && [ -s "$OUT/smi-topo.txt" ]; then
+        run gpu-compare 60 gpu-compare.json "$FABRICCTL" gpu-compare --sysfs-root / -o json \
+            --smi-xml "$OUT/smi-query.xml" --smi-topo "$OUT/smi-topo.txt"
+        run gpu-compare-table 60 gpu-compare.txt "$FABRICCTL" gpu-compare --sysfs-root / \
+            --smi-xml "$OUT/smi-query.xml" --smi-topo "$OUT/smi-topo.txt"
+    else
+        printf 'gpu-compare\tskipped\t0\tno nvidia-smi output\n' >>"$OUT/steps.tsv"
+    fi
+else
+    printf 'discovery\t127\t0\tfabricctl not found\n' >>"$OUT/steps.tsv"
+fi
+
+# 3. CUDA: presence, then the two-process memory check (1 GiB, 20 copies per figure).
+if [ -n "$GPU_CHECK" ]; then
+    run cuda-probe 60 probe.stdout "$GPU_CHECK" probe --out "$OUT/probe.json"
+    if [ $? -ne 3 ]; then
+        run cuda-memory 300 memory.stdout "$GPU_CHECK" memory --out "$OUT/memory.json" \
+            --size-mib "${GPU_CHECK_SIZE_MIB:-1024}" --iters "${GPU_CHECK_ITERS:-20}"
+    else
+        printf 'cuda-memory\tskipped\t0\tCUDA not present\n' >>"$OUT/steps.tsv"
+    fi
+    # 4. The summary, written by the same binary from the files above.
+    timeout 30 "$GPU_CHECK" summarize "$OUT" --out "$OUT/summary.json" --elapsed "$(($(date +%s) - START))"
+    exit $?
+fi
+
+# Without gpu_check the summary is what the shell knows.
+printf '{"status":"failed","reason":"gpu_check binary not found in %s","exit":1}\n' "${BIN:-any bin dir}" \
+    >"$OUT/summary.json"
+exit 1
