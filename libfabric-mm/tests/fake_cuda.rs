@@ -25,10 +25,7 @@ fn fake_driver(dir: &Path) -> Option<PathBuf> {
         Ok(s) if s.success() => {}
         Ok(s) => panic!("compiling the stand-in driver failed: {s}"),
         // No C compiler on this machine: the C examples' tests need one too.
-        Err(e) => {
-            eprintln!("skipped: no cc ({e})");
-            return None;
-        }
+        Err(_) => return None,
     }
     std::fs::copy(&lib, dir.join("libcuda.so")).expect("copy");
     Some(dir.to_owned())
