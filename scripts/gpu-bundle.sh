@@ -12,12 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-target/gpu-check}
 
-cargo build --release --locked -p fabric-cli -p fabricd --bins
-cargo build --release --locked -p libfabric-mm --example gpu_check
+cargo build --release --locked -p fabric-cli -p fabricd -p libfabric-mm --bins
 
 rm -rf "$DEST"
 mkdir -p "$DEST/bin"
-cp target/release/fabricctl target/release/fabricd target/release/examples/gpu_check "$DEST/bin/"
+cp target/release/fabricctl target/release/fabricd target/release/gpu_check "$DEST/bin/"
 cp scripts/gpu-check.sh "$DEST/"
 "$DEST/bin/gpu_check" ptx --out "$DEST/pattern.ptx"
 cat >"$DEST/README" <<TXT

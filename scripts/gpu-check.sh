@@ -37,9 +37,9 @@ find_bins() {
 BIN=$(find_bins)
 FABRICCTL=${BIN:+$BIN/fabricctl}
 GPU_CHECK=""
-for g in "$BIN/gpu_check" "$BIN/examples/gpu_check"; do
-    [ -n "$BIN" ] && [ -x "$g" ] && GPU_CHECK=$g && break
-done
+if [ -n "$BIN" ] && [ -x "$BIN/gpu_check" ]; then
+    GPU_CHECK=$BIN/gpu_check
+fi
 
 START=$(date +%s)
 printf 'step\texit\tseconds\toutput\n' >"$OUT/steps.tsv"

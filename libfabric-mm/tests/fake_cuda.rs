@@ -9,10 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn gpu_check() -> PathBuf {
-    let debug = std::env::current_exe().expect("exe").parent().and_then(Path::parent).expect("target").to_owned();
-    let bin = debug.join("examples/gpu_check");
-    assert!(bin.exists(), "{} is not built: run `cargo build -p libfabric-mm --example gpu_check`", bin.display());
-    bin
+    PathBuf::from(env!("CARGO_BIN_EXE_gpu_check"))
 }
 
 /// Builds the stand-in as libcuda.so.1 (and libcuda.so, the first name cudarc tries).

@@ -1,5 +1,5 @@
 //! CPU-side tests of the CUDA backend: presence probing, `cuInit` classification and size
-//! rounding. The paths that need a GPU run in `examples/gpu_check.rs` (scripts/gpu-check.sh).
+//! rounding. The paths that need a GPU run in `src/bin/gpu_check/` (scripts/gpu-check.sh).
 
 use super::*;
 
