@@ -8,7 +8,8 @@
 # Writes into OUTDIR: the nvidia-smi outputs (smi-query.xml, smi-query.txt, smi-topo.txt,
 # smi-nvlink.txt), discovery (topology.json, topology.txt, devices.json), the comparison
 # (gpu-compare.json, gpu-compare.txt), the CUDA checks (probe.json, memory.json,
-# memory.importer.json), each step's log (*.log), steps.tsv and summary.json.
+# memory.importer.json), the PTX (pattern.ptx, assembled by ptxas when the toolkit is
+# there), each step's log (*.log), steps.tsv and summary.json.
 #
 # Binaries: $FABRIC_BIN_DIR, else ./bin next to this script (the bundle layout), else the
 # repository's target/release or target/debug.
@@ -95,6 +96,15 @@ fi
 
 # 3. CUDA: presence, then the two-process memory check (1 GiB, 20 copies per figure).
 if [ -n "$GPU_CHECK" ]; then
+    # The kernel text, assembled offline where the toolkit is installed (the driver JIT
+    # compiles the same text in the memory check).
+    "$GPU_CHECK" ptx --out "$OUT/pattern.ptx"
+    PTXAS=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
+    if [ -n "$PTXAS" ]; then
+        run ptxas 60 ptxas.txt "$PTXAS" -arch=sm_90 -v "$OUT/pattern.ptx" -o "$OUT/pattern.sm_90.cubin"
+    else
+        printf 'ptxas\tskipped\t0\tno ptxas (CUDA toolkit) here\n' >>"$OUT/steps.tsv"
+    fi
     run cuda-probe 60 probe.stdout "$GPU_CHECK" probe --out "$OUT/probe.json"
     if [ $? -ne 3 ]; then
         run cuda-memory 300 memory.stdout "$GPU_CHECK" memory --out "$OUT/memory.json" \
