@@ -6,8 +6,8 @@
 //!
 //! `libcuda` is loaded at run time (cudarc, dynamic loading). Before the first cudarc call
 //! the library is probed with `dlopen`; without it every entry point answers
-//! [`CudaError::NotPresent`] ("CUDA not present: <reason>"), never a panic. Every raw call
-//! lives in `sys`, behind a token that only [`driver`] hands out.
+//! [`CudaError::NotPresent`] (`CUDA not present: <reason>`), never a panic. Every raw call
+//! lives in `sys`, behind a token that only the presence probe and `cuInit` hand out.
 //!
 //! Every resource is an owned value whose `Drop` undoes it: [`CudaContext`] releases the
 //! primary context, [`GpuMemory`] the allocation handle, [`GpuMapping`] unmaps and frees the
