@@ -35,9 +35,14 @@ fn gpu_here() -> bool {
 }
 
 fn run_script(dir: &Path, path: &str) -> (Output, serde_json::Value) {
+    run_script_with(dir, path, &[])
+}
+
+fn run_script_with(dir: &Path, path: &str, env: &[(&str, &str)]) -> (Output, serde_json::Value) {
     let out = dir.join("out");
     let o = Command::new(repo().join("scripts/gpu-check.sh"))
         .arg(&out)
+        .envs(env.iter().copied())
         .env("FABRIC_BIN_DIR", bins(dir))
         .env("PATH", path)
         .env_remove("RUST_LOG")
@@ -103,4 +108,20 @@ fn nvidia_smi_output_is_compared_and_differences_fail_the_check() {
         serde_json::from_slice(&std::fs::read(dir.path().join("out/gpu-compare.json")).expect("written"))
             .expect("JSON");
     assert_eq!(compare["gpus"][0]["problems"][0], "not discovered");
+}
+
+#[test]
+fn steps_past_the_time_budget_are_timed_out_and_fail_the_check() {
+    if gpu_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 12 s leaves less than the 10 s kill margin + 5 s: no step may start.
+    let (o, s) = run_script_with(dir.path(), "/usr/bin:/bin", &[("GPU_CHECK_BUDGET", "12")]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(s["status"], "failed");
+    let steps = s["steps"].as_array().expect("steps");
+    let ran: Vec<_> = steps.iter().filter(|x| x["status"] != "skipped").collect();
+    assert!(ran.len() >= 8 && ran.iter().all(|x| x["status"] == "timeout"), "{steps:?}");
+    assert!(s["failed_steps"].as_array().expect("list").iter().any(|x| x == "cuda-probe"));
 }
