@@ -282,3 +282,26 @@ impl Drop for GpuMapping<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_properties_ask_for_the_handles_and_device_given() {
+        let p = properties(3, AllocOptions { fabric: true, gpu_direct_rdma: true });
+        assert_eq!(p.requestedHandleTypes.0, 1 | 8, "POSIX fd and fabric, one bit each");
+        assert_eq!((p.location.id, p.allocFlags.gpuDirectRDMACapable), (3, 1));
+        assert_eq!(p.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        let p = properties(0, AllocOptions::default());
+        assert_eq!((p.requestedHandleTypes.0, p.allocFlags.gpuDirectRDMACapable), (1, 0));
+        // The layout the driver reads (CUDA 12.x CUmemAllocationProp): 32 bytes.
+        assert_eq!(std::mem::size_of::<cu::CUmemAllocationProp>(), 32);
+        assert_eq!(access(2).location.id, 2);
+    }
+
+    #[test]
+    fn fabric_handles_never_print_their_bytes() {
+        assert_eq!(format!("{:?}", FabricHandle([0xab; 64])), "FabricHandle(..)");
+    }
+}
