@@ -35,6 +35,26 @@ pub enum Command {
     Partitions(PartitionsArgs),
     /// Regions, exports and imports fabricd holds for you (or for everyone, with --all).
     Regions(RegionsArgs),
+    /// Compare discovered GPUs and their matrix classes with `nvidia-smi -q -x` and
+    /// `nvidia-smi topo -m` outputs (exit 1 when they differ).
+    GpuCompare(GpuCompareArgs),
+}
+
+/// `fabricctl gpu-compare`.
+#[derive(Debug, Args)]
+pub struct GpuCompareArgs {
+    /// The output of `nvidia-smi -q -x`.
+    #[arg(long, value_name = "FILE")]
+    pub smi_xml: PathBuf,
+    /// The output of `nvidia-smi topo -m`.
+    #[arg(long, value_name = "FILE")]
+    pub smi_topo: PathBuf,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table)]
+    pub output: ListFormat,
+    /// Inventory source.
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 /// `fabricctl partitions`.

@@ -10,7 +10,9 @@ pub mod bench_control;
 pub mod bench_copy;
 pub mod bench_dma;
 pub mod daemon;
+pub mod gpu_compare;
 pub mod map;
+pub mod nvsmi;
 pub mod remote;
 pub mod render;
 pub mod source;
@@ -122,6 +124,19 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             r.map_err(RunError::Output)?;
         }
         Command::Map(m) => map::run(m, out)?,
+        Command::GpuCompare(g) => {
+            let view = load_view(&g.source)?;
+            let c = gpu_compare::compare_files(&view, &g.smi_xml, &g.smi_topo)?;
+            let r = match g.output {
+                ListFormat::Table => gpu_compare::render_table(&c, out),
+                ListFormat::Json => gpu_compare::render_json(&c, out),
+            };
+            r.map_err(RunError::Output)?;
+            if c.differences > 0 {
+                out.flush().map_err(RunError::Output)?;
+                return Err(gpu_compare::GpuCompareError::Differences(c.differences).into());
+            }
+        }
         Command::Bench(b) => match &b.which {
             BenchCommand::Translate { ranges, lookups } => {
                 let r = fabric_addrmap::bench::translate(*ranges, *lookups)?;
@@ -197,6 +212,8 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         } else if let Some(e) = e.downcast_ref::<MapCmdError>() {
             e.hint()
         } else if let Some(e) = e.downcast_ref::<DaemonError>() {
+            e.hint()
+        } else if let Some(e) = e.downcast_ref::<gpu_compare::GpuCompareError>() {
             e.hint()
         } else {
             None

@@ -20,6 +20,7 @@
 
 mod client;
 pub mod copy;
+pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod ffi;

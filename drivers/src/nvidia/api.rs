@@ -159,19 +159,28 @@ impl RemoteType {
 pub enum P2pCap {
     /// P2P reads.
     Read,
+    /// P2P writes.
+    Write,
     /// P2P over NVLink.
     NvLink,
+    /// P2P atomics.
+    Atomics,
+    /// P2P over PCIe (NVML's "prop" index: PCIe peer traffic).
+    Pci,
 }
 
 impl P2pCap {
     /// Every capability the backend queries, in matrix order.
-    pub const ALL: [P2pCap; 2] = [P2pCap::Read, P2pCap::NvLink];
+    pub const ALL: [P2pCap; 5] = [P2pCap::Read, P2pCap::Write, P2pCap::NvLink, P2pCap::Atomics, P2pCap::Pci];
 
     /// Short name for attribute keys.
     pub fn as_str(&self) -> &'static str {
         match self {
             P2pCap::Read => "read",
+            P2pCap::Write => "write",
             P2pCap::NvLink => "nvlink",
+            P2pCap::Atomics => "atomics",
+            P2pCap::Pci => "pci",
         }
     }
 }

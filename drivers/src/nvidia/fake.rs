@@ -102,8 +102,9 @@ impl FakeNvml {
         for a in 0..8 {
             for b in 0..8 {
                 if a != b {
-                    p2p.insert((a, b, P2pCap::NvLink), P2pStatus::Ok);
-                    p2p.insert((a, b, P2pCap::Read), P2pStatus::Ok);
+                    for cap in P2pCap::ALL {
+                        p2p.insert((a, b, cap), P2pStatus::Ok);
+                    }
                 }
             }
         }

@@ -194,7 +194,10 @@ impl NvmlSource for NvmlLibrary {
     fn p2p_status(&self, a: u32, b: u32, cap: P2pCap) -> Result<P2pStatus, NvmlCallError> {
         let index = match cap {
             P2pCap::Read => P2pCapabilitiesIndex::Read,
+            P2pCap::Write => P2pCapabilitiesIndex::Write,
             P2pCap::NvLink => P2pCapabilitiesIndex::NvLink,
+            P2pCap::Atomics => P2pCapabilitiesIndex::Atomics,
+            P2pCap::Pci => P2pCapabilitiesIndex::Prop,
         };
         let s = self.device(a)?.p2p_status(&self.device(b)?, index).map_err(call_error)?;
         Ok(match s {

@@ -228,6 +228,8 @@ fn unanswered_queries_are_unknown_not_invented() {
     fake.gpus[3].fabric = Err(NvmlCallError::NotSupported);
     fake.gpus[3].numa_mask = vec![0b11];
     fake.p2p.insert((0, 1, P2pCap::Read), P2pStatus::ChipsetNotSupported);
+    fake.p2p.insert((0, 1, P2pCap::Atomics), P2pStatus::TopologyNotSupported);
+    fake.p2p.remove(&(0, 2, P2pCap::Write));
     let mut inv = Inventory::new();
     let report = discover_from(&fake, NODE, &mut inv);
     let d = inv.device(inv.find(&uuid_of(3)).unwrap());
@@ -245,6 +247,15 @@ fn unanswered_queries_are_unknown_not_invented() {
     let peer = uuid_of(1).as_str().trim_start_matches("uuid:").to_owned();
     let g0 = inv.device(inv.find(&uuid_of(0)).unwrap());
     assert_eq!(g0.attrs.get(&format!("nvml.p2p.read.{peer}")).map(String::as_str), Some("chipset_not_supported"));
+    // Every capability of the matrix is recorded per ordered pair; an unanswered one is
+    // absent (and noted), not guessed.
+    assert_eq!(g0.attrs.get(&format!("nvml.p2p.atomics.{peer}")).map(String::as_str), Some("topology_not_supported"));
+    for cap in ["write", "nvlink", "pci"] {
+        assert_eq!(g0.attrs.get(&format!("nvml.p2p.{cap}.{peer}")).map(String::as_str), Some("ok"), "{cap}");
+    }
+    let peer2 = uuid_of(2).as_str().trim_start_matches("uuid:").to_owned();
+    assert_eq!(g0.attrs.get(&format!("nvml.p2p.write.{peer2}")), None);
+    assert!(report.unknown.iter().any(|l| l.contains("device 0 p2p write to 2")), "{:?}", report.unknown);
 }
 
 #[test]

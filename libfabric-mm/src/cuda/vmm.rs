@@ -1,0 +1,307 @@
+//! GPU memory through the driver's virtual memory management: physical allocations
+//! (`cuMemCreate`, sized to the allocation granularity), their export as a POSIX descriptor
+//! or a fabric handle, their import in another process, and mappings (`cuMemAddressReserve`
+//! + `cuMemMap` + `cuMemSetAccess`) that kernels and copy engines load and store through.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use cudarc::driver::sys as cu;
+
+use super::context::{Ctx, CudaContext};
+use super::sys::{CUdeviceptr, CUmemGenericAllocationHandle};
+use super::{CudaError, round_up};
+
+/// How to allocate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocOptions {
+    /// Also allow export as a fabric handle (NVSwitch / IMEX systems). Fails on devices
+    /// without fabric support: retry without.
+    pub fabric: bool,
+    /// Ask for GPUDirect RDMA capability (needed for dma-buf export of the range).
+    pub gpu_direct_rdma: bool,
+}
+
+/// A fabric handle (`CUmemFabricHandle`): 64 opaque bytes another process on the same
+/// NVLink fabric (even on another node) imports.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FabricHandle(pub [u8; 64]);
+
+impl std::fmt::Debug for FabricHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The handle is a capability: never print its bytes.
+        f.write_str("FabricHandle(..)")
+    }
+}
+
+/// Builds the allocation properties for `ordinal`.
+fn properties(ordinal: i32, opts: AllocOptions) -> cu::CUmemAllocationProp {
+    let mut types = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+    if opts.fabric {
+        types |= cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
+    }
+    cu::CUmemAllocationProp {
+        type_: cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: cu::CUmemAllocationHandleType_enum(types),
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: u8::from(opts.gpu_direct_rdma),
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// Read-write access for one device.
+fn access(ordinal: i32) -> cu::CUmemAccessDesc {
+    cu::CUmemAccessDesc {
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    }
+}
+
+impl CudaContext {
+    /// The allocation granularity for `opts` on this device: the minimum, and the one the
+    /// driver recommends for performance.
+    pub fn granularity(&self, opts: AllocOptions) -> Result<(usize, usize), CudaError> {
+        let prop = properties(self.ordinal(), opts);
+        let drv = self.inner.drv;
+        let min = drv.granularity(&prop, cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)?;
+        let rec = drv.granularity(&prop, cu::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)?;
+        Ok((min, rec.max(min)))
+    }
+
+    /// Allocates at least `size` bytes of this GPU's memory, rounded up to the minimum
+    /// granularity, exportable as a POSIX descriptor (and as a fabric handle with
+    /// `opts.fabric`). The memory is not mapped yet: see [`GpuMemory::map`].
+    pub fn allocate(&self, size: usize, opts: AllocOptions) -> Result<GpuMemory, CudaError> {
+        let (min, _) = self.granularity(opts)?;
+        let size = round_up(size, min)?;
+        self.bind()?;
+        let handle = self.inner.drv.mem_create(size, &properties(self.ordinal(), opts))?;
+        tracing::debug!(ordinal = self.ordinal(), size, "cuMemCreate");
+        Ok(GpuMemory { ctx: self.clone(), handle, size, granularity: min, imported: false })
+    }
+
+    /// Imports an allocation another process exported as a POSIX descriptor. `size` is the
+    /// exporter's allocation size (the descriptor does not carry it). The descriptor stays
+    /// the caller's; the driver keeps its own reference.
+    pub fn import_fd(&self, fd: BorrowedFd<'_>, size: usize) -> Result<GpuMemory, CudaError> {
+        self.import(size, |drv| drv.import_fd(fd.as_raw_fd()))
+    }
+
+    /// Imports an allocation exported as a fabric handle.
+    pub fn import_fabric(&self, handle: &FabricHandle, size: usize) -> Result<GpuMemory, CudaError> {
+        self.import(size, |drv| drv.import_fabric(&handle.0))
+    }
+
+    fn import(
+        &self,
+        size: usize,
+        f: impl FnOnce(super::sys::Driver) -> Result<CUmemGenericAllocationHandle, CudaError>,
+    ) -> Result<GpuMemory, CudaError> {
+        let (min, _) = self.granularity(AllocOptions::default())?;
+        if size == 0 || !size.is_multiple_of(min) {
+            return Err(CudaError::InvalidArgument(format!("imported size {size} is not a multiple of {min}")));
+        }
+        self.bind()?;
+        let handle = f(self.inner.drv)?;
+        Ok(GpuMemory { ctx: self.clone(), handle, size, granularity: min, imported: true })
+    }
+}
+
+/// A physical GPU allocation (local or imported). Released on drop; the memory itself
+/// lives until every process has released its handle and unmapped it.
+#[derive(Debug)]
+pub struct GpuMemory {
+    ctx: CudaContext,
+    handle: CUmemGenericAllocationHandle,
+    size: usize,
+    granularity: usize,
+    imported: bool,
+}
+
+impl GpuMemory {
+    /// Bytes (a multiple of the granularity).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether this came from an import rather than a local `cuMemCreate`.
+    pub fn is_imported(&self) -> bool {
+        self.imported
+    }
+
+    /// The context (device) the allocation was made or imported in.
+    pub fn context(&self) -> &CudaContext {
+        &self.ctx
+    }
+
+    /// Exports the allocation as a POSIX descriptor, to send to another process
+    /// (`SCM_RIGHTS`, see [`super::fdpass`]). Each call makes a new descriptor.
+    pub fn export_fd(&self) -> Result<OwnedFd, CudaError> {
+        self.ctx.bind()?;
+        let fd = self.ctx.inner.drv.export_fd(self.handle)?;
+        if fd < 0 {
+            return Err(CudaError::Io { op: "cuMemExportToShareableHandle", message: format!("descriptor {fd}") });
+        }
+        // SAFETY: the driver just created `fd` for this process and hands it over; nothing
+        // else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Exports the allocation as a fabric handle (allocated with `AllocOptions::fabric`).
+    pub fn export_fabric(&self) -> Result<FabricHandle, CudaError> {
+        self.ctx.bind()?;
+        self.ctx.inner.drv.export_fabric(self.handle).map(FabricHandle)
+    }
+
+    /// Maps the whole allocation into a newly reserved device range, read-write for this
+    /// allocation's device and every context in `peers` (peer mappings across GPUs).
+    pub fn map(&self, peers: &[&CudaContext]) -> Result<GpuMapping<'_>, CudaError> {
+        self.ctx.bind()?;
+        let drv = self.ctx.inner.drv;
+        let va = drv.address_reserve(self.size, self.granularity)?;
+        // Each step's guard undoes it if a later step fails.
+        let mut m = GpuMapping { mem: self, ctx: self.ctx.inner.clone(), va, mapped: false };
+        drv.map(va, self.size, self.handle)?;
+        m.mapped = true;
+        let mut desc = vec![access(self.ctx.ordinal())];
+        desc.extend(peers.iter().filter(|p| p.ordinal() != self.ctx.ordinal()).map(|p| access(p.ordinal())));
+        drv.set_access(va, self.size, &desc)?;
+        Ok(m)
+    }
+}
+
+impl Drop for GpuMemory {
+    fn drop(&mut self) {
+        let r = self.ctx.bind().and_then(|()| self.ctx.inner.drv.mem_release(self.handle));
+        if let Err(e) = r {
+            tracing::warn!(size = self.size, "releasing GPU memory: {e}");
+        }
+    }
+}
+
+/// A mapping of a [`GpuMemory`] at a device address. Unmapped, then the range freed, on
+/// drop. The device address is usable by kernels and copies of the contexts given access.
+#[derive(Debug)]
+pub struct GpuMapping<'a> {
+    mem: &'a GpuMemory,
+    ctx: std::sync::Arc<Ctx>,
+    va: CUdeviceptr,
+    mapped: bool,
+}
+
+impl GpuMapping<'_> {
+    /// The device address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.va
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.mem.size
+    }
+
+    /// Always false: allocations are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.mem.size == 0
+    }
+
+    /// The memory mapped.
+    pub fn memory(&self) -> &GpuMemory {
+        self.mem
+    }
+
+    /// Exports the mapped range as a dma-buf descriptor, for a NIC or another device to
+    /// register (`cuMemGetHandleForAddressRange`). Needs GPUDirect RDMA support and an
+    /// allocation made with `AllocOptions::gpu_direct_rdma`.
+    pub fn dma_buf_fd(&self) -> Result<OwnedFd, CudaError> {
+        self.ctx.bind()?;
+        let fd = self.ctx.drv.dma_buf_fd(self.va, self.mem.size)?;
+        if fd < 0 {
+            return Err(CudaError::Io { op: "cuMemGetHandleForAddressRange", message: format!("descriptor {fd}") });
+        }
+        // SAFETY: the driver just created `fd` for this process and hands it over.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Copies `dst.len()` bytes at `offset` to host memory (synchronous).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
+        self.check(offset, dst.len())?;
+        self.ctx.bind()?;
+        // SAFETY: `check` keeps the range inside this live mapping, which the current
+        // context can access; the copy is synchronous.
+        unsafe { self.ctx.drv.memcpy_dtoh(dst, self.va + offset as u64) }
+    }
+
+    /// Copies `src` into the mapping at `offset` (synchronous).
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
+        self.check(offset, src.len())?;
+        self.ctx.bind()?;
+        // SAFETY: as for `read`.
+        unsafe { self.ctx.drv.memcpy_htod(self.va + offset as u64, src) }
+    }
+
+    /// Copies `len` bytes from `src` into this mapping with `cuMemcpyDtoD` (synchronous;
+    /// the baseline the stream copies are measured against).
+    pub fn copy_from(&self, src: &GpuMapping<'_>, len: usize) -> Result<(), CudaError> {
+        self.check(0, len)?;
+        src.check(0, len)?;
+        self.ctx.bind()?;
+        // SAFETY: both ranges lie inside live mappings the current context can access
+        // (checked above; access was granted at `map`); the copy is synchronous.
+        unsafe { self.ctx.drv.memcpy_dtod(self.va, src.va, len) }
+    }
+
+    pub(super) fn check(&self, offset: usize, len: usize) -> Result<(), CudaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.mem.size => Ok(()),
+            _ => Err(CudaError::InvalidArgument(format!("{offset}+{len} outside a {}-byte mapping", self.mem.size))),
+        }
+    }
+}
+
+impl Drop for GpuMapping<'_> {
+    fn drop(&mut self) {
+        let drv = self.ctx.drv;
+        if let Err(e) = self.ctx.bind() {
+            tracing::warn!("unmapping GPU memory: {e}");
+            return;
+        }
+        if self.mapped
+            && let Err(e) = drv.unmap(self.va, self.mem.size)
+        {
+            // A range still mapped cannot be freed.
+            tracing::warn!("cuMemUnmap: {e}");
+            return;
+        }
+        if let Err(e) = drv.address_free(self.va, self.mem.size) {
+            tracing::warn!("cuMemAddressFree: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_properties_ask_for_the_handles_and_device_given() {
+        let p = properties(3, AllocOptions { fabric: true, gpu_direct_rdma: true });
+        assert_eq!(p.requestedHandleTypes.0, 1 | 8, "POSIX fd and fabric, one bit each");
+        assert_eq!((p.location.id, p.allocFlags.gpuDirectRDMACapable), (3, 1));
+        assert_eq!(p.type_, cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        let p = properties(0, AllocOptions::default());
+        assert_eq!((p.requestedHandleTypes.0, p.allocFlags.gpuDirectRDMACapable), (1, 0));
+        // The layout the driver reads (CUDA 12.x CUmemAllocationProp): 32 bytes.
+        assert_eq!(std::mem::size_of::<cu::CUmemAllocationProp>(), 32);
+        assert_eq!(access(2).location.id, 2);
+    }
+
+    #[test]
+    fn fabric_handles_never_print_their_bytes() {
+        assert_eq!(format!("{:?}", FabricHandle([0xab; 64])), "FabricHandle(..)");
+    }
+}

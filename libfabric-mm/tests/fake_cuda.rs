@@ -1,0 +1,115 @@
+//! gpu_check's whole CUDA path against a stand-in driver (tests/fake_libcuda/fake_cuda.c,
+//! built here with `cc`): presence probe, allocation with the fabric-handle fallback,
+//! granularity rounding, POSIX-fd export passed to a second process over SCM_RIGHTS,
+//! import, map/set access/unmap, the pattern kernels' parameter layout, copies and event
+//! timing, and the importer's stores seen in the exporter's mapping. What this cannot show
+//! — that a real driver and GPU behave so — is the GPU check's job (docs/gpu.md).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn gpu_check() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpu_check"))
+}
+
+/// Builds the stand-in as libcuda.so.1 (and libcuda.so, the first name cudarc tries).
+fn fake_driver(dir: &Path) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda/fake_cuda.c");
+    let lib = dir.join("libcuda.so.1");
+    let status =
+        Command::new("cc").args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"]).arg(&lib).arg(&src).status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!("compiling the stand-in driver failed: {s}"),
+        // No C compiler on this machine: the C examples' tests need one too.
+        Err(_) => return None,
+    }
+    std::fs::copy(&lib, dir.join("libcuda.so")).expect("copy");
+    Some(dir.to_owned())
+}
+
+fn run(lib: &Path, args: &[&str], out: &Path) -> (Option<i32>, serde_json::Value) {
+    let o = Command::new(gpu_check())
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env("LD_LIBRARY_PATH", lib)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("runs");
+    let doc = std::fs::read(out).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    assert!(o.status.code().is_some(), "killed by a signal: {}", String::from_utf8_lossy(&o.stderr));
+    (o.status.code(), doc)
+}
+
+fn step<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    doc["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .find(|s| s["step"] == name)
+        .unwrap_or_else(|| panic!("{name}: {doc}"))
+}
+
+#[test]
+fn the_memory_check_runs_end_to_end_on_the_stand_in_driver() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(lib) = fake_driver(dir.path()) else { return };
+    let (code, probe) = run(&lib, &["probe"], &dir.path().join("probe.json"));
+    assert_eq!(code, Some(0), "{probe}");
+    assert_eq!(probe["driver_version"], 12080);
+    assert_eq!(probe["devices"][0]["compute_capability"], serde_json::json!([9, 0]));
+
+    let out = dir.path().join("memory.json");
+    let (code, doc) = run(&lib, &["memory", "--size-mib", "3", "--iters", "3"], &out);
+    assert_eq!(code, Some(0), "{doc:#}");
+    assert_eq!(doc["status"], "passed");
+    // 3 MiB rounds up to the stand-in's 2 MiB granularity.
+    assert_eq!(doc["size"], 4 << 20);
+    // The device claims fabric handles; cuMemCreate refuses them; the fallback allocates.
+    assert!(
+        step(&doc, "cuMemCreate with fabric handles")["unsupported"].as_str().expect("why").contains("NOT_SUPPORTED")
+    );
+    assert_eq!(step(&doc, "cuMemCreate")["ok"], true);
+    assert_eq!(step(&doc, "fill exporter pattern")["detail"], "kernel fill_u32");
+    assert_eq!(step(&doc, "verify locally")["detail"]["gpu_mismatched_words"], 0);
+    assert!(step(&doc, "dma-buf export (cuMemGetHandleForAddressRange)")["unsupported"].is_string());
+    assert_eq!(step(&doc, "peer access")["skipped"], "1 GPU(s): peer access needs two");
+    // The importer saw the exporter's pattern, and the exporter sees the importer's.
+    let imp = &doc["importer"];
+    assert_eq!(imp["status"], "passed", "{imp:#}");
+    assert_eq!(step(imp, "verify exporter's pattern through the import")["detail"]["gpu_mismatched_words"], 0);
+    assert_eq!(step(&doc, "verify importer's stores in exporter's mapping")["ok"], true);
+    let fig = &imp["figures"];
+    for k in [
+        "baseline cuMemcpyDtoD local->local GB/s",
+        "cuMemcpyDtoD imported->local GB/s",
+        "stream copy imported->local GB/s (events)",
+    ] {
+        assert!(fig[k].as_f64().expect(k) > 0.0, "{k}: {fig}");
+    }
+    assert!(fig["map us (imported)"]["samples"].as_u64().expect("samples") >= 50);
+}
+
+#[test]
+fn a_content_mismatch_is_caught() {
+    // The stand-in with a kernel that writes the wrong pattern: verification must fail.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda/fake_cuda.c"))
+        .expect("source")
+        .replace("buf[i] = pattern(i, seed);", "buf[i] = pattern(i, seed) ^ (i == 7);");
+    let bad = dir.path().join("bad.c");
+    std::fs::write(&bad, src).expect("write");
+    let lib = dir.path().join("libcuda.so.1");
+    match Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&bad).status() {
+        Ok(s) => assert!(s.success()),
+        Err(_) => return,
+    }
+    std::fs::copy(&lib, dir.path().join("libcuda.so")).expect("copy");
+    let (code, doc) = run(dir.path(), &["memory", "--size-mib", "2", "--iters", "1"], &dir.path().join("m.json"));
+    assert_eq!(code, Some(1));
+    assert_eq!(doc["status"], "failed");
+    let v = step(&doc, "verify locally");
+    assert_eq!(v["ok"], false);
+    assert!(v["error"].as_str().expect("error").contains("\"gpu_mismatched_words\":1"), "{v}");
+}
