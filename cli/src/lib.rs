@@ -7,6 +7,7 @@
 pub mod args;
 pub mod bench;
 pub mod bench_control;
+pub mod bench_libcontrol;
 pub mod daemon;
 pub mod map;
 pub mod remote;
@@ -142,6 +143,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                     duration: Duration::from_secs_f64(seconds.clamp(0.1, 600.0)),
                 };
                 let r = bench_control::control(&opts)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Libcontrol { socket, sim, iterations } => {
+                let opts = bench_libcontrol::LibControlOptions {
+                    daemon: socket.clone(),
+                    sim: sim.clone(),
+                    iterations: *iterations,
+                };
+                let r = bench_libcontrol::libcontrol(&opts)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
             BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,

@@ -107,6 +107,8 @@ fn spawn_connection(
         }
     };
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let detach_grace = Duration::from_secs(daemon.config.memory.detach_grace_s);
+    let main = MainRuntime { handle: tokio::runtime::Handle::current(), daemon, detach_grace };
     let spawned = std::thread::Builder::new().name("fabricd-conn".into()).spawn(move || {
         let _slot = slot;
         let _done = done_tx;
@@ -119,7 +121,7 @@ fn spawn_connection(
         };
         rt.block_on(async move {
             match UnixStream::from_std(std_stream) {
-                Ok(stream) => serve_connection(stream, &daemon, &shutdown).await,
+                Ok(stream) => serve_connection(stream, &main, &shutdown).await,
                 Err(e) => tracing::warn!(error = %e, "cannot register a connection; closing it"),
             }
         });
@@ -133,6 +135,37 @@ fn spawn_connection(
         }
         Err(e) => tracing::warn!(error = %e, "cannot start a connection's thread; closing it"),
     }
+}
+
+/// What a connection's thread needs from the daemon's runtime.
+#[derive(Clone)]
+struct MainRuntime {
+    handle: tokio::runtime::Handle,
+    daemon: Arc<Daemon>,
+    detach_grace: Duration,
+}
+
+/// Detaches `session` (keeps its regions and exports for a resume) when
+/// `memory.detach_grace_s` is set and the peer's process still exists; its token, or
+/// `None` when the session is to be closed (nothing to keep, or the process is gone).
+fn detach(daemon: &Daemon, peer: &PeerCred, session: u64) -> Option<SessionToken> {
+    if daemon.config.memory.detach_grace_s == 0 || crate::memory::pid_start_time(peer.pid).is_none() {
+        return None;
+    }
+    let (token, r) = daemon.memory.detach_session(session);
+    daemon.flush_revocations();
+    if let Some(t) = token {
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            imports = r.imports,
+            registrations = r.registrations,
+            grace_s = daemon.config.memory.detach_grace_s,
+            "connection closed; session kept for resume, its imports and registrations ended"
+        );
+        return Some(t);
+    }
+    None
 }
 
 /// What reading a frame gave.
@@ -169,7 +202,8 @@ async fn next_event(events: &mut Option<(u64, mpsc::Receiver<Event>)>) -> (u64, 
     }
 }
 
-async fn serve_connection(stream: UnixStream, daemon: &Daemon, shutdown: &CancellationToken) {
+async fn serve_connection(stream: UnixStream, main: &MainRuntime, shutdown: &CancellationToken) {
+    let daemon = &*main.daemon;
     let peer = match stream.peer_cred() {
         Ok(c) => PeerCred { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() },
         Err(e) => {
@@ -179,16 +213,17 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, shutdown: &Cancel
     };
     let session = daemon.open_session();
     let span = tracing::debug_span!("session", id = session.id, uid = peer.uid, pid = peer.pid);
-    serve_session(stream, peer, daemon, session.id, shutdown).instrument(span).await;
+    serve_session(stream, peer, main, session.id, shutdown).instrument(span).await;
 }
 
 async fn serve_session(
     stream: UnixStream,
     peer: PeerCred,
-    daemon: &Daemon,
+    main: &MainRuntime,
     session: u64,
     shutdown: &CancellationToken,
 ) {
+    let daemon = &*main.daemon;
     tracing::debug!("connected");
     let mut conn =
         Conn { stream, peer, daemon, version: None, events: None, inbox: Inbox::new(), out: Vec::with_capacity(256) };
@@ -260,6 +295,20 @@ async fn serve_session(
         // A daemon restart is not a client death: the session's regions stay journaled
         // for the client to take back (docs/fabricd.md, "Durability").
         tracing::debug!("disconnected by shutdown; regions kept for resume");
+        return;
+    }
+    if let Some(detached) = detach(daemon, &peer, session) {
+        // The connection's runtime ends with it: the grace timer runs on the daemon's.
+        let (daemon, token, grace) = (main.daemon.clone(), detached, main.detach_grace);
+        main.handle.spawn(async move {
+            tokio::time::sleep(grace).await;
+            let r = daemon.memory.reclaim_orphan(&token);
+            daemon.flush_revocations();
+            if r.regions > 0 {
+                tracing::info!(regions = r.regions, exports = r.exports, "detached session not resumed in time; reclaimed");
+            }
+        });
+        tracing::debug!("disconnected; session kept for resume");
         return;
     }
     let r = daemon.memory.close_session(session);

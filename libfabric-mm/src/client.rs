@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use fabric_proto::wire::{
-    CodecError, Connection, Event, FrameKind, Header, Message, Opcode, Request, Response, SUPPORTED_VERSIONS, Version,
-    recv_message, send_message,
+    CodecError, Connection, Event, FrameKind, Header, Message, Opcode, Request, Response, SUPPORTED_VERSIONS,
+    SessionToken, Version, recv_message, send_message,
 };
 
 use crate::error::{Error, Result};
@@ -50,6 +50,7 @@ pub(crate) struct Client {
     next_id: AtomicU64,
     version: Version,
     session: u64,
+    token: Option<SessionToken>,
     reader: Option<JoinHandle<()>>,
 }
 
@@ -72,13 +73,20 @@ impl Pending {
 }
 
 impl Client {
-    /// Connects to `socket`, negotiates a version, and starts the reader thread, which
-    /// passes every event to `on_event`.
-    pub(crate) fn connect(socket: &Path, name: &str, on_event: Box<dyn Fn(Event) + Send>) -> Result<Self> {
+    /// Connects to `socket`, negotiates a version (taking back the session `resume`
+    /// names, when given), and starts the reader thread, which passes every event to
+    /// `on_event`.
+    pub(crate) fn connect(
+        socket: &Path,
+        name: &str,
+        resume: Option<SessionToken>,
+        on_event: Box<dyn Fn(Event) + Send>,
+    ) -> Result<Self> {
         let stream =
             UnixStream::connect(socket).map_err(|source| Error::Connect { path: socket.to_owned(), source })?;
         let mut conn = Connection::new(stream);
-        let hello = conn.hello(name, SUPPORTED_VERSIONS).map_err(|e| Error::from_codec(Opcode::Hello, e))?;
+        let hello =
+            conn.hello_with(name, SUPPORTED_VERSIONS, resume).map_err(|e| Error::from_codec(Opcode::Hello, e))?;
         let stream = conn.stream().try_clone().map_err(Error::os("cloning the daemon socket"))?;
         let read_half = stream.try_clone().map_err(Error::os("cloning the daemon socket"))?;
         let shared = Arc::new(Shared { pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
@@ -93,6 +101,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             version: hello.version,
             session: hello.session,
+            token: hello.token,
             reader: Some(reader),
         })
     }
@@ -105,6 +114,19 @@ impl Client {
     /// The daemon's id for this session.
     pub(crate) fn session(&self) -> u64 {
         self.session
+    }
+
+    /// The session's resume token (protocol 1.1 and later).
+    pub(crate) fn token(&self) -> Option<SessionToken> {
+        self.token
+    }
+
+    /// Closes the connection now (both directions); the reader thread sees the end and
+    /// fails every request still waiting with `Disconnected`.
+    pub(crate) fn disconnect(&self) {
+        if let Ok(w) = self.writer.lock() {
+            let _ = w.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     fn send(&self, req: Request, fds: &[BorrowedFd<'_>], waiter: Waiter) -> Result<()> {

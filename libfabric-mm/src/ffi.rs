@@ -202,7 +202,12 @@ pub unsafe extern "C" fn fmm_session_open(
         // SAFETY: forwarded caller contract.
         let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
         let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
-        let s = Session::open_with(SessionConfig { socket, window, client_name: Some("libfabric-mm (C)".into()) })
+        let s = Session::open_with(SessionConfig {
+            socket,
+            window,
+            client_name: Some("libfabric-mm (C)".into()),
+            ..SessionConfig::default()
+        })
             .map_err(|e| fail(&e))?;
         put(out, FmmSession(s))
     })

@@ -8,6 +8,10 @@
 //! export revoked, device lost) marks imports revoked: the next use fails with
 //! [`Error::Revoked`], and [`Session::on_revocation`] runs a callback.
 //!
+//! Topology queries ([`Session::path`], [`Session::nearest_memory`],
+//! [`Session::alloc_nearest`]) rank where memory should go; a session's [`Token`] takes
+//! it back after a daemon restart or a dropped connection ([`SessionConfig::resume`]).
+//!
 //! See docs/libfabric-mm.md for the guide, the guarantees and the limits.
 #![warn(missing_docs)]
 
@@ -15,6 +19,8 @@ mod client;
 pub mod error;
 pub mod ffi;
 pub mod memory;
+pub mod path;
+pub mod resume;
 pub mod session;
 pub mod topology;
 pub mod window;
@@ -22,6 +28,8 @@ pub mod window;
 pub use error::{Error, Result};
 pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
 pub use memory::{Handle, Import, Mapping, Memory, Region};
+pub use path::{FabricView, NearMemory, PathInfo};
+pub use resume::Token;
 pub use session::{Location, Policy, Session, SessionConfig, Target, default_socket};
 pub use topology::DeviceInfo;
 pub use window::{Protection, Window, WindowConfig};

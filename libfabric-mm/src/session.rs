@@ -26,6 +26,9 @@ pub struct SessionConfig {
     pub window: Option<WindowConfig>,
     /// A name for the daemon's logs.
     pub client_name: Option<String>,
+    /// Take back the session this token names (its regions and exports), after a daemon
+    /// restart or a dropped connection, within the daemon's grace period (`resume.rs`).
+    pub resume: Option<crate::resume::Token>,
 }
 
 /// The socket fabricd listens on by default: `$FABRIC_SOCKET`, else
@@ -185,7 +188,7 @@ impl Session {
             }
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
-        let client = Client::connect(&socket, name, on_event)?;
+        let client = Client::connect(&socket, name, config.resume.map(|t| t.0), on_event)?;
         let inner = Arc::new(Inner { client, window, revocations, socket });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {

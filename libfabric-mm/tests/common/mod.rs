@@ -36,6 +36,11 @@ fn fabricd_bin() -> PathBuf {
 
 /// Starts fabricd and waits until its socket answers.
 pub fn daemon() -> Daemon {
+    daemon_with("")
+}
+
+/// [`daemon`] with `extra` appended to its configuration (whole TOML tables).
+pub fn daemon_with(extra: &str) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("fabricd.sock");
     let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml").canonicalize().unwrap();
@@ -43,7 +48,7 @@ pub fn daemon() -> Daemon {
     std::fs::write(
         &config,
         format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n{extra}",
             socket.display().to_string(),
             dir.path().join("state").display().to_string(),
             sim.display().to_string()
@@ -75,6 +80,7 @@ pub fn session(socket: &Path) -> Session {
         socket: Some(socket.to_owned()),
         window: Some(WindowConfig::default()),
         client_name: Some("libfabric-mm-test".into()),
+        ..SessionConfig::default()
     })
     .unwrap()
 }
