@@ -108,6 +108,23 @@ typedef struct fmm_region_t fmm_region_t;
 // A session with fabricd.
 typedef struct fmm_session_t fmm_session_t;
 
+// The path between two devices (`fmm_path`).
+typedef struct fmm_path_t {
+  // The hop class as `nvidia-smi topo -m` writes it (`X`, `NV18`, `PIX`, `SYS`, `CXL`,
+  // …), NUL-terminated.
+  char class_[16];
+  // Bottleneck bandwidth now, per direction, MB/s; 0 when unknown.
+  uint64_t bandwidth_mbps;
+  // Bottleneck bandwidth the route is built for, MB/s; 0 when unknown.
+  uint64_t max_bandwidth_mbps;
+  // Sum of the known link latencies, ns; 0 when unknown.
+  uint64_t latency_ns;
+  // Devices on the route, both ends included.
+  uint32_t hops;
+  // Links on the route running below their capability.
+  uint32_t degraded_links;
+} fmm_path_t;
+
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
 
@@ -223,5 +240,21 @@ uint64_t fmm_mapping_gfa(const struct fmm_mapping_t *m);
 // # Safety
 // `m` is NULL or a live mapping, not used afterwards (nor pointers into it).
 void fmm_unmap(struct fmm_mapping_t *m);
+
+// Writes the widest path from device `a` to device `b` (identities in text form) to `out`.
+//
+// # Safety
+// `s` is a live session; `a` and `b` NUL-terminated strings; `out` writable.
+int fmm_path(const struct fmm_session_t *s, const char *a, const char *b, struct fmm_path_t *out);
+
+// Allocates `size` bytes on the memory nearest to `device` that has room (its own
+// memory first, then by path bandwidth).
+//
+// # Safety
+// `s` is a live session; `device` a NUL-terminated string; `out` writable.
+int fmm_alloc_nearest(const struct fmm_session_t *s,
+                      const char *device_id,
+                      uint64_t size,
+                      struct fmm_region_t **out);
 
 #endif  /* FABRIC_MM_H */

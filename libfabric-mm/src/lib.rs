@@ -18,6 +18,7 @@
 mod client;
 pub mod error;
 pub mod ffi;
+pub mod ffi_path;
 pub mod memory;
 pub mod path;
 pub mod resume;

@@ -107,3 +107,36 @@ fn nearest_memory_ranks_own_hbm_then_nvlink_peers_then_host_dram() {
         "{loc:?}"
     );
 }
+
+#[test]
+fn the_c_abi_gives_the_same_path_and_allocates_nearest() {
+    use fabric_mm::ffi::{FMM_OK, fmm_region_free, fmm_session_close, fmm_session_open};
+    use fabric_mm::ffi_path::{FmmPath, fmm_alloc_nearest, fmm_path};
+    use std::ffi::CString;
+
+    let d = common::daemon();
+    let s = common::session(&d.socket);
+    let view = s.fabric_view().unwrap();
+    let (gpu0, nic4) = (id_of(&view, "gpu0"), id_of(&view, "nic4"));
+    let want = s.path(&gpu0, &nic4).unwrap();
+
+    let sock = CString::new(d.socket.to_str().unwrap()).unwrap();
+    let (a, b) = (CString::new(gpu0.clone()).unwrap(), CString::new(nic4).unwrap());
+    let mut session = std::ptr::null_mut();
+    // SAFETY: valid strings and out-pointers; every handle is closed below.
+    unsafe {
+        assert_eq!(fmm_session_open(sock.as_ptr(), 0, 1 << 44, &mut session), FMM_OK);
+        let mut p = std::mem::zeroed::<FmmPath>();
+        assert_eq!(fmm_path(session, a.as_ptr(), b.as_ptr(), &mut p), FMM_OK);
+        let class = std::ffi::CStr::from_ptr(p.class.as_ptr()).to_str().unwrap();
+        assert_eq!(class, want.class);
+        assert_eq!(Some(p.bandwidth_mbps), want.bandwidth_mbps);
+        assert_eq!(p.hops as usize, want.route.len());
+        assert!(fmm_path(session, a.as_ptr(), std::ptr::null(), &mut p) < 0, "NULL is refused");
+        let mut region = std::ptr::null_mut();
+        assert_eq!(fmm_alloc_nearest(session, a.as_ptr(), 1 << 20, &mut region), FMM_OK);
+        assert!(!region.is_null());
+        fmm_region_free(region);
+        fmm_session_close(session);
+    }
+}
