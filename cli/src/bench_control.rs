@@ -301,7 +301,12 @@ struct MemoryTimes {
     import: Vec<Duration>,
 }
 
-fn alloc_export(owner: &mut Connection, device: &str, size: u64, t: &mut MemoryTimes) -> Result<(u64, ExportHandle), ControlBenchError> {
+fn alloc_export(
+    owner: &mut Connection,
+    device: &str,
+    size: u64,
+    t: &mut MemoryTimes,
+) -> Result<(u64, ExportHandle), ControlBenchError> {
     let req = Request::Alloc(AllocRequest {
         target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
         size,
@@ -312,8 +317,12 @@ fn alloc_export(owner: &mut Connection, device: &str, size: u64, t: &mut MemoryT
     t.alloc.push(start.elapsed());
     drop(fds);
     let Response::Alloc(a) = resp else { return Err(ControlBenchError::Unexpected("alloc")) };
-    let policy =
-        ExportPolicy { uids: BoundedVec::default(), gids: BoundedVec::default(), partition: None, access: AccessMode::ReadWrite };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
     let start = Instant::now();
     let (resp, _) =
         owner.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).map_err(call_err("export"))?;
@@ -323,7 +332,11 @@ fn alloc_export(owner: &mut Connection, device: &str, size: u64, t: &mut MemoryT
 }
 
 /// One import (timed into `into`) and its release (untimed).
-fn import_release(importer: &mut Connection, handle: ExportHandle, into: &mut Vec<Duration>) -> Result<(), ControlBenchError> {
+fn import_release(
+    importer: &mut Connection,
+    handle: ExportHandle,
+    into: &mut Vec<Duration>,
+) -> Result<(), ControlBenchError> {
     let start = Instant::now();
     let (resp, fds) = importer
         .call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[])

@@ -103,9 +103,8 @@ pub fn libcontrol(opts: &LibControlOptions) -> Result<LibControlBench, LibContro
     let owner = session(&socket)?;
     let importer = session(&socket)?;
     let region_bytes = 2 << 20;
-    let region = owner
-        .alloc(&Target::Device { device, memory: MemoryClass::Hbm }, region_bytes)
-        .map_err(lib_err("alloc"))?;
+    let region =
+        owner.alloc(&Target::Device { device, memory: MemoryClass::Hbm }, region_bytes).map_err(lib_err("alloc"))?;
     let handle = owner.export(&region, &Policy::default()).map_err(lib_err("export"))?;
 
     let import_map = |k: usize, into: &mut Vec<Duration>| -> Result<(), LibControlBenchError> {

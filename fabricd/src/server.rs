@@ -305,7 +305,11 @@ async fn serve_session(
             let r = daemon.memory.reclaim_orphan(&token);
             daemon.flush_revocations();
             if r.regions > 0 {
-                tracing::info!(regions = r.regions, exports = r.exports, "detached session not resumed in time; reclaimed");
+                tracing::info!(
+                    regions = r.regions,
+                    exports = r.exports,
+                    "detached session not resumed in time; reclaimed"
+                );
             }
         });
         tracing::debug!("disconnected; session kept for resume");
@@ -337,7 +341,11 @@ impl Conn<'_> {
             Ok(Ok(n)) => n > 0,
             Ok(Err(_)) => false,
             Err(_) => {
-                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, "client stalled inside a frame {part}; closing");
+                tracing::warn!(
+                    uid = self.peer.uid,
+                    pid = self.peer.pid,
+                    "client stalled inside a frame {part}; closing"
+                );
                 false
             }
         }

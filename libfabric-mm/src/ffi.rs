@@ -208,7 +208,7 @@ pub unsafe extern "C" fn fmm_session_open(
             client_name: Some("libfabric-mm (C)".into()),
             ..SessionConfig::default()
         })
-            .map_err(|e| fail(&e))?;
+        .map_err(|e| fail(&e))?;
         put(out, FmmSession(s))
     })
 }

@@ -36,7 +36,12 @@ unsafe fn device<'a>(p: *const c_char, what: &str) -> Result<&'a str, c_int> {
 /// # Safety
 /// `s` is a live session; `a` and `b` NUL-terminated strings; `out` writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn fmm_path(s: *const FmmSession, a: *const c_char, b: *const c_char, out: *mut FmmPath) -> c_int {
+pub unsafe extern "C" fn fmm_path(
+    s: *const FmmSession,
+    a: *const c_char,
+    b: *const c_char,
+    out: *mut FmmPath,
+) -> c_int {
     guard(|| {
         // SAFETY: forwarded caller contract.
         let s = unsafe { get(s, "session") }?;

@@ -221,9 +221,10 @@ impl Session {
         &self.inner.window
     }
 
-    /// Runs `f` (on the library's reader thread) for every revocation of one of this
+    /// Runs `f` (on the thread that reads the event: the library's reader thread, or a
+    /// thread of this session waiting for an answer) for every revocation of one of this
     /// session's imports, after the import is marked revoked. Replaces an earlier callback.
-    /// `f` must not block: answers to this session's calls wait behind it.
+    /// `f` must not block or call the session: answers to this session's calls wait behind it.
     pub fn on_revocation(&self, f: impl Fn(&Revocation) + Send + Sync + 'static) {
         *Revocations::lock(&self.inner.revocations.callback) = Some(Box::new(f));
     }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use fabric_mm::{MemoryClass, Memory};
+use fabric_mm::{Memory, MemoryClass};
 use fabric_topology::{DeviceKind, link::pcie_mbps};
 
 /// Identity of the device named `name` on the sim node (`gpu0`, `nic4`, `numa1`, …).
