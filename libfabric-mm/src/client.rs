@@ -56,7 +56,11 @@ struct State {
 /// What callers and the background thread share.
 struct Shared {
     state: Mutex<State>,
+    /// Callers wait on this for their answers or for the read side.
     changed: Condvar,
+    /// The background thread waits on this (with a timeout) while callers read: callers do
+    /// not notify it, so a busy session does not wake it once per call.
+    idle: Condvar,
     stream: UnixStream,
     on_event: OnEvent,
 }
@@ -182,17 +186,15 @@ impl Pending {
                 shared.read_one();
                 st = shared.state();
                 st.reader = Reader::Nobody;
-                // Others may have their answer now, or may take over the reading.
-                shared.changed.notify_all();
+                if st.waiting > 1 {
+                    // Others may have their answer now, or may take over the reading.
+                    shared.changed.notify_all();
+                }
                 continue;
             }
             st = shared.wait(st);
         };
         st.waiting -= 1;
-        if st.waiting == 0 {
-            // The background thread may watch the socket again.
-            shared.changed.notify_all();
-        }
         reply
     }
 }
@@ -212,14 +214,19 @@ impl Drop for Pending {
     }
 }
 
+/// How often the background thread looks whether callers stopped reading.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// While no caller waits: watch the socket and read what comes (events, answers to
-/// requests no one waits for yet); stop when the connection is over.
+/// requests no one waits for yet); stop when the connection is over. While callers read,
+/// it looks every [`IDLE_CHECK`] whether they stopped, so events wait at most that long
+/// longer than they would for a dedicated reader.
 fn background(shared: &Shared) {
     loop {
         {
             let mut st = shared.state();
             while !st.closed && (st.reader != Reader::Nobody || st.waiting > 0) {
-                st = shared.wait(st);
+                st = shared.idle.wait_timeout(st, IDLE_CHECK).unwrap_or_else(std::sync::PoisonError::into_inner).0;
             }
             if st.closed {
                 return;
@@ -243,7 +250,9 @@ fn background(shared: &Shared) {
         let open = !shared.readable(0) || shared.read_one();
         let mut st = shared.state();
         st.reader = Reader::Nobody;
-        shared.changed.notify_all();
+        if st.waiting > 0 {
+            shared.changed.notify_all();
+        }
         if !open || st.closed {
             return;
         }
@@ -265,6 +274,7 @@ impl Client {
         let shared = Arc::new(Shared {
             state: Mutex::new(State { pending: HashMap::new(), reader: Reader::Nobody, waiting: 0, closed: false }),
             changed: Condvar::new(),
+            idle: Condvar::new(),
             stream: read_half,
             on_event,
         });
@@ -312,6 +322,7 @@ impl Client {
             e.reply.get_or_insert(Err(Error::Disconnected));
         }
         self.shared.changed.notify_all();
+        self.shared.idle.notify_all();
     }
 
     /// Sends a request; the answer arrives on the returned [`Pending`].
