@@ -213,6 +213,71 @@ mod tests {
         assert_eq!(inbox.pending(), &[9; 5]);
     }
 
+    /// Frames of random lengths (a 4-byte length prefix stands in for the header), sent
+    /// in random chunks, some with descriptors, and read the way the server reads: every
+    /// frame comes back byte for byte, and a frame gets descriptors only when a chunk that
+    /// carried them began at or before its first byte and ended after it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn random_chunking_keeps_frames_whole_and_descriptors_with_frame_starts() {
+        let (a, b) = pair();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut stream = Vec::new();
+        let mut starts = Vec::new();
+        for i in 0..200u32 {
+            let len = 4 + next(300) as usize;
+            starts.push(stream.len());
+            stream.extend_from_slice(&(len as u32).to_le_bytes());
+            stream.extend((4..len).map(|k| (i as usize + k) as u8));
+        }
+        // Chunks: (start, end, descriptors).
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        while at < stream.len() {
+            let end = (at + 1 + next(400) as usize).min(stream.len());
+            chunks.push((at, end, if next(4) == 0 { 1 + next(2) as usize } else { 0 }));
+            at = end;
+        }
+        let sent: Vec<_> = chunks.clone();
+        let bytes = stream.clone();
+        let writer = std::thread::spawn(move || {
+            for (s, e, n) in sent {
+                send(&a, &bytes[s..e], n);
+            }
+            a
+        });
+        let mut inbox = Inbox::new();
+        for (i, &start) in starts.iter().enumerate() {
+            if inbox.is_empty() {
+                assert!(inbox.fill(&b, None).await.unwrap() > 0);
+            }
+            while inbox.pending().len() < 4 {
+                let want = 4 - inbox.pending().len();
+                assert!(inbox.fill(&b, Some(want)).await.unwrap() > 0);
+            }
+            let p = inbox.pending();
+            let len = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
+            while inbox.pending().len() < len {
+                let want = len - inbox.pending().len();
+                assert!(inbox.fill(&b, Some(want)).await.unwrap() > 0);
+            }
+            let (r, fds) = inbox.take(len);
+            assert_eq!(inbox.bytes(r), &stream[start..start + len], "frame {i}");
+            if !fds.is_empty() {
+                let carried = chunks.iter().any(|&(s, e, n)| n > 0 && s <= start && start < e);
+                let later = chunks.iter().any(|&(s, e, n)| n > 0 && s > start && s < start + len && e > 0);
+                assert!(carried || later, "frame {i} got descriptors no chunk at its start carried");
+                assert!(fds.len() <= 2);
+            }
+        }
+        drop(writer.join().unwrap());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn frames_larger_than_the_buffer_grow_it_and_keep_their_bytes() {
         let (a, b) = pair();
