@@ -329,6 +329,19 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 9)]
         iterations: usize,
     },
+    /// The control path through libfabric-mm (import + map + unmap, and the library's
+    /// no-op) vs a bare Unix-socket echo with the same framing.
+    Libcontrol {
+        /// A running daemon's socket (default: start a private fabricd on `--sim`).
+        #[arg(long, value_name = "SOCKET")]
+        socket: Option<PathBuf>,
+        /// The sim fabric a private fabricd serves.
+        #[arg(long, value_name = "FILE", default_value = "configs/sim/hgx-h100-8gpu.toml")]
+        sim: PathBuf,
+        /// Round trips timed per figure.
+        #[arg(long, default_value_t = 20_000)]
+        iterations: usize,
+    },
     /// The bare echo server `control` compares against (internal).
     #[command(hide = true)]
     EchoServer {

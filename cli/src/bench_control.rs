@@ -95,10 +95,16 @@ pub struct ControlBench {
     pub export_p50_us: f64,
     /// `Export`, 99th percentile.
     pub export_p99_us: f64,
-    /// `Import` from a second connection (descriptor received), median.
+    /// `Import` from a second connection (descriptor received), back to back like the
+    /// pings, median.
     pub import_p50_us: f64,
     /// `Import`, 99th percentile.
     pub import_p99_us: f64,
+    /// `Import` right after the export it names (so after two journal `fdatasync`s, with
+    /// both connections idle meanwhile), median.
+    pub import_after_change_p50_us: f64,
+    /// The same, 99th percentile.
+    pub import_after_change_p99_us: f64,
     /// `noop_p50_us / echo_p50_us` (target ≤ 1.5).
     pub noop_ratio: f64,
     /// `import_p50_us / echo_p50_us` (target ≤ 3).
@@ -176,7 +182,7 @@ fn echo_connection(stream: &UnixStream) {
     }
 }
 
-fn connect(socket: &Path) -> Result<Connection, ControlBenchError> {
+pub(crate) fn connect(socket: &Path) -> Result<Connection, ControlBenchError> {
     let s = UnixStream::connect(socket).map_err(io_err(format!("connecting to {}", socket.display())))?;
     s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err("setting a read timeout"))?;
     let mut c = Connection::new(s);
@@ -233,7 +239,7 @@ pub(crate) fn start_daemon(dir: &Path, sim: &Path) -> Result<(Reaped, PathBuf), 
     Ok((Reaped(child), socket))
 }
 
-fn start_echo(dir: &Path) -> Result<(Reaped, PathBuf), ControlBenchError> {
+pub(crate) fn start_echo(dir: &Path) -> Result<(Reaped, PathBuf), ControlBenchError> {
     let socket = dir.join("echo.sock");
     let log = dir.join("echo.log");
     let stderr = std::fs::File::create(&log).map_err(io_err("creating the echo server's log"))?;
@@ -258,12 +264,12 @@ fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)].as_secs_f64() * 1e6
 }
 
-fn p50_p99(mut v: Vec<Duration>) -> (f64, f64) {
+pub(crate) fn p50_p99(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort_unstable();
     (percentile_us(&v, 50.0), percentile_us(&v, 99.0))
 }
 
-fn time_pings(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBenchError> {
+pub(crate) fn time_pings(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBenchError> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
@@ -273,7 +279,7 @@ fn time_pings(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBenc
     Ok(out)
 }
 
-fn hbm_device(c: &mut Connection) -> Result<String, ControlBenchError> {
+pub(crate) fn hbm_device(c: &mut Connection) -> Result<String, ControlBenchError> {
     let (resp, _) = c.call(Request::Devices(TopologyRequest { node: None }), &[]).map_err(call_err("devices"))?;
     let Response::Devices(doc) = resp else { return Err(ControlBenchError::Unexpected("devices")) };
     let v: serde_json::Value = serde_json::from_str(&doc.json).map_err(|_| ControlBenchError::Unexpected("devices"))?;
@@ -289,49 +295,88 @@ fn hbm_device(c: &mut Connection) -> Result<String, ControlBenchError> {
 struct MemoryTimes {
     alloc: Vec<Duration>,
     export: Vec<Duration>,
+    /// Imports right after their export (each follows two journaled changes).
+    import_after_change: Vec<Duration>,
+    /// Imports back to back, as the pings are timed.
     import: Vec<Duration>,
 }
 
+fn alloc_export(
+    owner: &mut Connection,
+    device: &str,
+    size: u64,
+    t: &mut MemoryTimes,
+) -> Result<(u64, ExportHandle), ControlBenchError> {
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
+        size,
+        align: 0,
+    });
+    let start = Instant::now();
+    let (resp, fds) = owner.call(req, &[]).map_err(call_err("alloc"))?;
+    t.alloc.push(start.elapsed());
+    drop(fds);
+    let Response::Alloc(a) = resp else { return Err(ControlBenchError::Unexpected("alloc")) };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
+    let start = Instant::now();
+    let (resp, _) =
+        owner.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).map_err(call_err("export"))?;
+    t.export.push(start.elapsed());
+    let Response::Export(e) = resp else { return Err(ControlBenchError::Unexpected("export")) };
+    Ok((a.region, e.handle))
+}
+
+/// One import (timed into `into`) and its release (untimed).
+fn import_release(
+    importer: &mut Connection,
+    handle: ExportHandle,
+    into: &mut Vec<Duration>,
+) -> Result<(), ControlBenchError> {
+    let start = Instant::now();
+    let (resp, fds) = importer
+        .call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[])
+        .map_err(call_err("import"))?;
+    into.push(start.elapsed());
+    drop(fds);
+    let Response::Import(i) = resp else { return Err(ControlBenchError::Unexpected("import")) };
+    importer.call(Request::Release(ReleaseRequest { import: i.import }), &[]).map_err(call_err("release"))?;
+    Ok(())
+}
+
+/// Times `n` allocs and exports, each export imported at once (`import_after_change`),
+/// and, per batch of exports, imports back to back (`import`).
 fn time_memory(socket: &Path, device: &str, size: u64, n: usize) -> Result<MemoryTimes, ControlBenchError> {
     let mut owner = connect(socket)?;
     let mut importer = connect(socket)?;
-    let mut t = MemoryTimes { alloc: Vec::with_capacity(n), export: Vec::with_capacity(n), import: Vec::new() };
-    t.import.reserve(n);
-    for _ in 0..n {
-        let req = Request::Alloc(AllocRequest {
-            target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
-            size,
-            align: 0,
-        });
-        let start = Instant::now();
-        let (resp, fds) = owner.call(req, &[]).map_err(call_err("alloc"))?;
-        t.alloc.push(start.elapsed());
-        drop(fds);
-        let Response::Alloc(a) = resp else { return Err(ControlBenchError::Unexpected("alloc")) };
-
-        let policy = ExportPolicy {
-            uids: BoundedVec::default(),
-            gids: BoundedVec::default(),
-            partition: None,
-            access: AccessMode::ReadWrite,
-        };
-        let start = Instant::now();
-        let (resp, _) =
-            owner.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).map_err(call_err("export"))?;
-        t.export.push(start.elapsed());
-        let Response::Export(e) = resp else { return Err(ControlBenchError::Unexpected("export")) };
-        let handle: ExportHandle = e.handle;
-
-        let start = Instant::now();
-        let (resp, fds) = importer
-            .call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[])
-            .map_err(call_err("import"))?;
-        t.import.push(start.elapsed());
-        drop(fds);
-        let Response::Import(i) = resp else { return Err(ControlBenchError::Unexpected("import")) };
-
-        importer.call(Request::Release(ReleaseRequest { import: i.import }), &[]).map_err(call_err("release"))?;
-        owner.call(Request::Free(FreeRequest { region: a.region }), &[]).map_err(call_err("free"))?;
+    let mut t = MemoryTimes {
+        alloc: Vec::with_capacity(n),
+        export: Vec::with_capacity(n),
+        import_after_change: Vec::with_capacity(n),
+        import: Vec::with_capacity(n),
+    };
+    // Batches keep the live regions few (per-uid limits) and the imports back to back.
+    let batch = 50;
+    let mut done = 0;
+    while done < n {
+        let k = batch.min(n - done);
+        let mut live = Vec::with_capacity(k);
+        for _ in 0..k {
+            let (region, handle) = alloc_export(&mut owner, device, size, &mut t)?;
+            import_release(&mut importer, handle, &mut t.import_after_change)?;
+            live.push((region, handle));
+        }
+        for (_, handle) in &live {
+            import_release(&mut importer, *handle, &mut t.import)?;
+        }
+        for (region, _) in live {
+            owner.call(Request::Free(FreeRequest { region }), &[]).map_err(call_err("free"))?;
+        }
+        done += k;
     }
     Ok(t)
 }
@@ -412,6 +457,7 @@ pub fn control(opts: &ControlOptions) -> Result<ControlBench, ControlBenchError>
     let (alloc_p50_us, alloc_p99_us) = p50_p99(mem.alloc);
     let (export_p50_us, export_p99_us) = p50_p99(mem.export);
     let (import_p50_us, import_p99_us) = p50_p99(mem.import);
+    let (import_after_change_p50_us, import_after_change_p99_us) = p50_p99(mem.import_after_change);
     Ok(ControlBench {
         bench: "control",
         iterations: n,
@@ -426,6 +472,8 @@ pub fn control(opts: &ControlOptions) -> Result<ControlBench, ControlBenchError>
         export_p99_us,
         import_p50_us,
         import_p99_us,
+        import_after_change_p50_us,
+        import_after_change_p99_us,
         noop_ratio: noop_p50_us / echo_p50_us.max(f64::MIN_POSITIVE),
         import_ratio: import_p50_us / echo_p50_us.max(f64::MIN_POSITIVE),
         clients: opts.clients,

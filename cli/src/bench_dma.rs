@@ -142,6 +142,7 @@ fn session(socket: &Path) -> Result<Session, DmaBenchError> {
         socket: Some(socket.to_owned()),
         window: Some(WindowConfig::default()),
         client_name: Some("fabricctl-bench".into()),
+        ..SessionConfig::default()
     })
     .map_err(lib("opening a session"))
 }

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bench_control;
 pub mod bench_copy;
 pub mod bench_dma;
+pub mod bench_libcontrol;
 pub mod daemon;
 pub mod gpu_compare;
 pub mod map;
@@ -169,6 +170,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                     iterations: *iterations,
                 };
                 let r = bench_copy::copy(&opts)?;
+                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Libcontrol { socket, sim, iterations } => {
+                let opts = bench_libcontrol::LibControlOptions {
+                    daemon: socket.clone(),
+                    sim: sim.clone(),
+                    iterations: *iterations,
+                };
+                let r = bench_libcontrol::libcontrol(&opts)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
             BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,

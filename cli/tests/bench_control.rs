@@ -34,6 +34,7 @@ fn control_bench_runs_against_a_private_daemon_with_zero_errors() {
         "export_p50_us",
         "import_p50_us",
         "import_p99_us",
+        "import_after_change_p50_us",
         "rps",
         "echo_rps",
     ] {
@@ -43,4 +44,28 @@ fn control_bench_runs_against_a_private_daemon_with_zero_errors() {
     assert!(v["noop_p99_us"].as_f64() >= v["noop_p50_us"].as_f64());
     let ratio = v["noop_p50_us"].as_f64().unwrap() / v["echo_p50_us"].as_f64().unwrap();
     assert!((v["noop_ratio"].as_f64().unwrap() - ratio).abs() < 1e-9);
+}
+
+#[test]
+fn libcontrol_bench_reports_the_library_figure_its_baseline_and_the_ratio() {
+    let fabricctl = Path::new(env!("CARGO_BIN_EXE_fabricctl"));
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+    let out = Command::new(fabricctl)
+        .args(["bench", "libcontrol", "--iterations", "50", "--json", "--sim"])
+        .arg(&sim)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench libcontrol failed: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["bench"], "libcontrol");
+    assert_eq!(v["iterations"], 50);
+    for key in ["echo_p50_us", "echo_p99_us", "lib_noop_p50_us", "import_map_p50_us", "import_map_p99_us", "ratio"] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"));
+        assert!(x > 0.0, "{key} = {x}");
+    }
+    assert!(v["import_map_p99_us"].as_f64() >= v["import_map_p50_us"].as_f64());
+    let ratio = v["import_map_p50_us"].as_f64().unwrap() / v["echo_p50_us"].as_f64().unwrap();
+    assert!((v["ratio"].as_f64().unwrap() - ratio).abs() < 1e-9, "{v}");
 }

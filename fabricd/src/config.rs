@@ -170,11 +170,14 @@ pub struct MemoryConfig {
     pub resume_grace_s: u64,
     /// Records appended since the last snapshot after which the journal is compacted.
     pub compact_records: u32,
+    /// Seconds a session whose connection closed while its process lives keeps its regions
+    /// and exports for a `Hello` with its token; 0: reclaimed at once (the default).
+    pub detach_grace_s: u64,
 }
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { resume_grace_s: 30, compact_records: 4096 }
+        Self { resume_grace_s: 30, compact_records: 4096, detach_grace_s: 0 }
     }
 }
 

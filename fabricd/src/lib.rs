@@ -42,6 +42,7 @@ pub mod dmaops;
 pub mod events;
 pub mod grace;
 pub mod http;
+pub mod inbox;
 pub mod journal;
 pub mod memops;
 pub mod memory;

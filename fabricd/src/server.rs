@@ -11,7 +11,7 @@ use fabric_proto::wire::{
     MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SessionToken,
     SubscribeResponse, Version, decode_header, decode_request, encode_message, negotiate,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::daemon::Daemon;
+use crate::inbox::Inbox;
 use crate::memops;
 use crate::memory::Reclaimed;
 use crate::ops::{self, refusal};
@@ -67,12 +68,7 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
             tracing::warn!(limit = daemon.config.limits.clients, "client limit reached; dropping a new connection");
             continue;
         };
-        let daemon = daemon.clone();
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let _slot = slot;
-            serve_connection(stream, &daemon, &shutdown).await;
-        });
+        spawn_connection(stream, daemon.clone(), shutdown.clone(), slot, &tracker);
     }
     drop(listener);
     tracker.close();
@@ -81,6 +77,95 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
         tracing::warn!(connections = tracker.len(), "connections still busy after the drain timeout; closing them");
     }
     Ok(())
+}
+
+/// Serves one connection on its own thread with its own single-threaded runtime, tracked
+/// by `tracker` (the drain waits for it).
+///
+/// Why a thread: on the shared multi-threaded runtime each request woke the worker that
+/// owned the socket's readiness and, often, a second idle worker that found nothing to do
+/// (tokio unparks a sibling whenever a task becomes runnable), and the task could move
+/// between workers; a request then paid several futex wake-ups and cross-core hand-offs
+/// on top of its two socket system calls (docs/BENCHMARKS.md, "Control path"). On its own
+/// thread a connection waits in its own `epoll_wait` and answers from there. Handlers are
+/// synchronous and may block (a journal `fdatasync`), which now holds up only their own
+/// connection. A handler that needs to start background work must use the daemon's
+/// runtime (a handle it keeps), not `tokio::spawn`, which would land on this connection's
+/// runtime and end with it.
+fn spawn_connection(
+    stream: UnixStream,
+    daemon: Arc<Daemon>,
+    shutdown: CancellationToken,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    tracker: &TaskTracker,
+) {
+    let std_stream = match stream.into_std() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take a new connection off the runtime; closing it");
+            return;
+        }
+    };
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let detach_grace = Duration::from_secs(daemon.config.memory.detach_grace_s);
+    let main = MainRuntime { handle: tokio::runtime::Handle::current(), daemon, detach_grace };
+    let spawned = std::thread::Builder::new().name("fabricd-conn".into()).spawn(move || {
+        let _slot = slot;
+        let _done = done_tx;
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a connection's runtime; closing it");
+                return;
+            }
+        };
+        rt.block_on(async move {
+            match UnixStream::from_std(std_stream) {
+                Ok(stream) => serve_connection(stream, &main, &shutdown).await,
+                Err(e) => tracing::warn!(error = %e, "cannot register a connection; closing it"),
+            }
+        });
+    });
+    match spawned {
+        // Done when the thread ends (the sender is dropped), whatever way it ends.
+        Ok(_) => {
+            tracker.spawn(async move {
+                let _ = done_rx.await;
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot start a connection's thread; closing it"),
+    }
+}
+
+/// What a connection's thread needs from the daemon's runtime.
+#[derive(Clone)]
+struct MainRuntime {
+    handle: tokio::runtime::Handle,
+    daemon: Arc<Daemon>,
+    detach_grace: Duration,
+}
+
+/// Detaches `session` (keeps its regions and exports for a resume) when
+/// `memory.detach_grace_s` is set and the peer's process still exists; its token, or
+/// `None` when the session is to be closed (nothing to keep, or the process is gone).
+fn detach(daemon: &Daemon, peer: &PeerCred, session: u64) -> Option<SessionToken> {
+    if daemon.config.memory.detach_grace_s == 0 || crate::memory::pid_start_time(peer.pid).is_none() {
+        return None;
+    }
+    let (token, r) = daemon.memory.detach_session(session);
+    daemon.flush_revocations();
+    if let Some(t) = token {
+        tracing::info!(
+            uid = peer.uid,
+            pid = peer.pid,
+            imports = r.imports,
+            registrations = r.registrations,
+            grace_s = daemon.config.memory.detach_grace_s,
+            "connection closed; session kept for resume, its imports and registrations ended"
+        );
+        return Some(t);
+    }
+    None
 }
 
 /// What reading a frame gave.
@@ -102,11 +187,13 @@ struct Conn<'a> {
     version: Option<Version>,
     /// The subscribe request's id and the queue of its events.
     events: Option<(u64, mpsc::Receiver<Event>)>,
-    /// Descriptors that came with the current frame's first byte.
-    fds: Vec<OwnedFd>,
     /// Where the copy engine sends this connection's copy completions, and where they
     /// are read from (bounded by `copy.max_in_flight_per_session`).
     copies: (crate::copy::Sink, mpsc::UnboundedReceiver<(u64, CopyDone)>),
+    /// Bytes read and not yet handled, with their descriptors.
+    inbox: Inbox,
+    /// The answer being sent (kept to reuse its allocation).
+    out: Vec<u8>,
 }
 
 /// The next queued event with its subscribe request's id (`None`: the subscriber was
@@ -118,7 +205,8 @@ async fn next_event(events: &mut Option<(u64, mpsc::Receiver<Event>)>) -> (u64, 
     }
 }
 
-async fn serve_connection(stream: UnixStream, daemon: &Daemon, shutdown: &CancellationToken) {
+async fn serve_connection(stream: UnixStream, main: &MainRuntime, shutdown: &CancellationToken) {
+    let daemon = &*main.daemon;
     let peer = match stream.peer_cred() {
         Ok(c) => PeerCred { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() },
         Err(e) => {
@@ -128,47 +216,58 @@ async fn serve_connection(stream: UnixStream, daemon: &Daemon, shutdown: &Cancel
     };
     let session = daemon.open_session();
     let span = tracing::debug_span!("session", id = session.id, uid = peer.uid, pid = peer.pid);
-    serve_session(stream, peer, daemon, session.id, shutdown).instrument(span).await;
+    serve_session(stream, peer, main, session.id, shutdown).instrument(span).await;
 }
 
 async fn serve_session(
     stream: UnixStream,
     peer: PeerCred,
-    daemon: &Daemon,
+    main: &MainRuntime,
     session: u64,
     shutdown: &CancellationToken,
 ) {
+    let daemon = &*main.daemon;
     tracing::debug!("connected");
-    let mut conn =
-        Conn { stream, peer, daemon, version: None, events: None, fds: Vec::new(), copies: mpsc::unbounded_channel() };
-    let mut first = [0u8; 1];
+    let mut conn = Conn {
+        stream,
+        peer,
+        daemon,
+        version: None,
+        events: None,
+        inbox: Inbox::new(),
+        out: Vec::with_capacity(256),
+        copies: mpsc::unbounded_channel(),
+    };
     loop {
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
         // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
-        let next = tokio::select! {
-            () = shutdown.cancelled() => break,
-            r = read_first(&conn.stream, &mut conn.fds, &mut first) => r.map(|n| if n == 0 { None } else { Some(None) }),
-            ev = next_event(&mut conn.events) => Ok(Some(Some(ev))),
-            Some((id, done)) = conn.copies.1.recv() => Ok(Some(Some((id, Some(Event::CopyDone(done)))))),
-        };
-        let Ok(Some(next)) = next else { break };
-        match next {
-            None => {}
-            Some((id, Some(ev))) => {
-                let h = Header::new(Opcode::Subscribe, FrameKind::Event, id);
-                if !conn.send(&h, Message::Event(ev)).await {
+        // Bytes already read (a client that sent several frames at once) are handled first.
+        if conn.inbox.is_empty() {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => break,
+                r = conn.inbox.fill(&conn.stream, None) => r.map(|n| if n == 0 { None } else { Some(None) }),
+                ev = next_event(&mut conn.events) => Ok(Some(Some(ev))),
+                Some((id, done)) = conn.copies.1.recv() => Ok(Some(Some((id, Some(Event::CopyDone(done)))))),
+            };
+            let Ok(Some(next)) = next else { break };
+            match next {
+                None => {}
+                Some((id, Some(ev))) => {
+                    let h = Header::new(Opcode::Subscribe, FrameKind::Event, id);
+                    if !conn.send(&h, Message::Event(ev)).await {
+                        break;
+                    }
+                    continue;
+                }
+                Some((_, None)) => {
+                    tracing::warn!(uid = peer.uid, pid = peer.pid, "subscriber fell behind its events; closing");
                     break;
                 }
-                continue;
-            }
-            Some((_, None)) => {
-                tracing::warn!(uid = peer.uid, pid = peer.pid, "subscriber fell behind its events; closing");
-                break;
             }
         }
         let read = tokio::select! {
             () = shutdown.cancelled() => break,
-            r = conn.read_frame(first[0]) => r,
+            r = conn.read_frame() => r,
         };
         // Counted before the answer is sent, so that a client that has its answer also
         // sees it counted.
@@ -214,6 +313,24 @@ async fn serve_session(
         tracing::debug!("disconnected by shutdown; regions kept for resume");
         return;
     }
+    if let Some(detached) = detach(daemon, &peer, session) {
+        // The connection's runtime ends with it: the grace timer runs on the daemon's.
+        let (daemon, token, grace) = (main.daemon.clone(), detached, main.detach_grace);
+        main.handle.spawn(async move {
+            tokio::time::sleep(grace).await;
+            let r = daemon.memory.reclaim_orphan(&token);
+            daemon.flush_revocations();
+            if r.regions > 0 {
+                tracing::info!(
+                    regions = r.regions,
+                    exports = r.exports,
+                    "detached session not resumed in time; reclaimed"
+                );
+            }
+        });
+        tracing::debug!("disconnected; session kept for resume");
+        return;
+    }
     let r = daemon.memory.close_session(session);
     daemon.flush_revocations();
     if r != Reclaimed::default() {
@@ -230,46 +347,40 @@ async fn serve_session(
     tracing::debug!("disconnected");
 }
 
-/// Reads a frame's first byte with `recvmsg` into `buf`, keeping in `fds` the descriptors
-/// that travel with it (at most [`MAX_FDS`]; the kernel closes any beyond its buffer).
-/// Cancel-safe: nothing is consumed until the readiness wait is over.
-async fn read_first(stream: &UnixStream, fds: &mut Vec<OwnedFd>, buf: &mut [u8; 1]) -> std::io::Result<usize> {
-    loop {
-        stream.readable().await?;
-        match stream.try_io(Interest::READABLE, || sys::recv_with_fds(stream.as_fd(), buf)) {
-            Ok((n, mut got)) => {
-                got.truncate(usize::from(MAX_FDS));
-                *fds = got;
-                return Ok(n);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 impl Conn<'_> {
-    /// Reads the rest of a frame whose first byte was `first`. Waiting for the first byte
-    /// has no time limit (the caller does it); the rest of the frame has one.
-    async fn read_frame(&mut self, first: u8) -> Read {
-        let mut raw = [0u8; HEADER_LEN];
-        raw[0] = first;
-        match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut raw[1..])).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Read::Gone,
+    /// Reads more of the current frame (at most `want` bytes), within the frame's one
+    /// deadline (set when the frame first needs a wait); false when the peer went or
+    /// stalled.
+    async fn more(&mut self, want: usize, deadline: &mut Option<tokio::time::Instant>, part: &str) -> bool {
+        let by = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + FRAME_TIMEOUT);
+        match tokio::time::timeout_at(by, self.inbox.fill(&self.stream, Some(want))).await {
+            Ok(Ok(n)) => n > 0,
+            Ok(Err(_)) => false,
             Err(_) => {
                 tracing::warn!(
                     uid = self.peer.uid,
                     pid = self.peer.pid,
-                    "client stalled inside a frame header; closing"
+                    "client stalled inside a frame {part}; closing"
                 );
+                false
+            }
+        }
+    }
+
+    /// Reads the current frame (some of it may be in the inbox already). Waiting for it to
+    /// start has no time limit (the caller does it); the rest of the frame has one.
+    async fn read_frame(&mut self) -> Read {
+        let mut deadline = None;
+        while self.inbox.pending().len() < HEADER_LEN {
+            let want = HEADER_LEN - self.inbox.pending().len();
+            if !self.more(want, &mut deadline, "header").await {
                 return Read::Gone;
             }
         }
-        let header = match decode_header(&raw) {
+        let header = match decode_header(self.inbox.pending()) {
             Ok(h) => h,
             Err(FrameError::UnknownOpcode { code, request_id, body_len }) if body_len <= MAX_REQUEST_BODY => {
-                if !self.skip(body_len).await {
+                if !self.skip(HEADER_LEN + body_len as usize, &mut deadline).await {
                     return Read::Gone;
                 }
                 // The unknown code cannot be echoed (no receiver could decode it); the error
@@ -279,9 +390,10 @@ impl Conn<'_> {
             }
             Err(e) => return Read::Fatal(refusal(ErrorCode::BadFrame, e.to_string())),
         };
+        let len = HEADER_LEN + header.body_len as usize;
         if header.kind != FrameKind::Request {
             // Only requests come from clients; the body length was bounded by decode_header.
-            if !self.skip(header.body_len).await {
+            if !self.skip(len, &mut deadline).await {
                 return Read::Gone;
             }
             return Read::Refuse(
@@ -290,32 +402,29 @@ impl Conn<'_> {
             );
         }
         // decode_header bounded body_len by the opcode's request limit (at most 64 KiB).
-        let mut body = vec![0u8; header.body_len as usize];
-        match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut body)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Read::Gone,
-            Err(_) => {
-                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, "client stalled inside a frame body; closing");
+        while self.inbox.pending().len() < len {
+            let want = len - self.inbox.pending().len();
+            if !self.more(want, &mut deadline, "body").await {
                 return Read::Gone;
             }
         }
-        // Descriptors travel with a frame's first byte (decode_header bounded the count by
-        // the opcode's limit); any that came otherwise were closed by the kernel.
-        let fds = std::mem::take(&mut self.fds);
+        // Descriptors travel with a frame's first bytes (decode_header bounded the count by
+        // the opcode's limit); any that came otherwise were closed (inbox.rs).
+        let (frame, fds) = self.inbox.take(len);
         if fds.len() != usize::from(header.fd_count) {
             return Read::Refuse(
                 header,
                 refusal(
                     ErrorCode::BadFds,
                     format!(
-                        "the header announced {} descriptors and {} came with the frame's first byte",
+                        "the header announced {} descriptors and {} came with the frame's first bytes",
                         header.fd_count,
                         fds.len()
                     ),
                 ),
             );
         }
-        match decode_request(header.opcode, &body) {
+        match decode_request(header.opcode, &self.inbox.bytes(frame)[HEADER_LEN..]) {
             Ok(req) if usize::from(req.fds_required()) != fds.len() => Read::Refuse(
                 header,
                 refusal(
@@ -328,18 +437,23 @@ impl Conn<'_> {
         }
     }
 
-    /// Reads and discards `len` bytes (bounded by the caller); false if the peer went.
-    async fn skip(&mut self, len: u32) -> bool {
-        let mut left = len as usize;
-        let mut buf = [0u8; 4096];
-        while left > 0 {
-            let n = left.min(buf.len());
-            match tokio::time::timeout(FRAME_TIMEOUT, self.stream.read_exact(&mut buf[..n])).await {
-                Ok(Ok(_)) => left -= n,
-                _ => return false,
+    /// Reads and discards the current frame, `len` bytes (bounded by the caller) with its
+    /// descriptors; false if the peer went.
+    async fn skip(&mut self, len: usize, deadline: &mut Option<tokio::time::Instant>) -> bool {
+        let mut left = len;
+        loop {
+            let n = self.inbox.pending().len().min(left);
+            if n > 0 {
+                drop(self.inbox.take(n));
+                left -= n;
+            }
+            if left == 0 {
+                return true;
+            }
+            if !self.more(left.min(4096), deadline, "body").await {
+                return false;
             }
         }
-        true
     }
 
     fn answer(
@@ -442,54 +556,78 @@ impl Conn<'_> {
         }
     }
 
+    /// Encodes an answer to the request `h` into `self.out`: `Some(true)`; an `Internal`
+    /// error in its place when it does not encode: `Some(false)`; `None` when not even
+    /// that encodes.
+    fn encode(&mut self, h: &Header, msg: &Message, fd_count: u8) -> Option<bool> {
+        let version = self.version.unwrap_or(h.version);
+        let header = Header { version, fd_count, ..h.answer(msg.kind()) };
+        self.out.clear();
+        if let Err(e) = encode_message(&header, msg, &mut self.out) {
+            tracing::error!(error = %e, op = h.opcode.name(), "cannot encode an answer");
+            self.out.clear();
+            let err = Message::Error(refusal(ErrorCode::Internal, format!("answer does not encode: {e}")));
+            let h = Header { version, ..h.answer(FrameKind::Error) };
+            return encode_message(&h, &err, &mut self.out).ok().map(|()| false);
+        }
+        Some(true)
+    }
+
+    /// Writes `self.out` from byte `sent` on: straight away when the socket takes it (the
+    /// usual case, no timer), else within [`WRITE_TIMEOUT`]. False when unusable.
+    async fn flush(&mut self, mut sent: usize) -> bool {
+        if sent < self.out.len() {
+            match self.stream.try_write(&self.out[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return false,
+            }
+        }
+        if sent >= self.out.len() {
+            return true;
+        }
+        let rest = &self.out[sent..];
+        matches!(tokio::time::timeout(WRITE_TIMEOUT, self.stream.write_all(rest)).await, Ok(Ok(())))
+    }
+
     /// Sends one answer with its descriptor (`SCM_RIGHTS` with the first bytes, the rest
     /// plainly); false when the connection is unusable. The descriptor is closed here
     /// once sent (the client has its own).
     async fn send_fd(&mut self, h: &Header, msg: Message, fd: OwnedFd) -> bool {
-        let version = self.version.unwrap_or(h.version);
-        let header = Header { version, fd_count: 1, ..h.answer(msg.kind()) };
-        let mut buf = Vec::new();
-        if let Err(e) = encode_message(&header, &msg, &mut buf) {
-            tracing::error!(error = %e, op = h.opcode.name(), "cannot encode an answer");
-            let err = Message::Error(refusal(ErrorCode::Internal, format!("answer does not encode: {e}")));
-            return self.send(h, err).await;
+        match self.encode(h, &msg, 1) {
+            None => return false,
+            // The answer did not encode and an error went in its place: no descriptor.
+            Some(false) => return self.flush(0).await,
+            Some(true) => {}
         }
-        let first = async {
-            loop {
-                self.stream.writable().await?;
-                match self
-                    .stream
-                    .try_io(Interest::WRITABLE, || sys::send_with_fd(self.stream.as_fd(), &buf, fd.as_fd()))
-                {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    r => return r,
+        let (stream, out) = (&self.stream, &self.out);
+        let attempt = || stream.try_io(Interest::WRITABLE, || sys::send_with_fd(stream.as_fd(), out, fd.as_fd()));
+        let sent = match attempt() {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let wait = async {
+                    loop {
+                        stream.writable().await?;
+                        match attempt() {
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                            r => return r,
+                        }
+                    }
+                };
+                match tokio::time::timeout(WRITE_TIMEOUT, wait).await {
+                    Ok(Ok(n)) => n,
+                    _ => return false,
                 }
             }
-        };
-        let sent = match tokio::time::timeout(WRITE_TIMEOUT, first).await {
-            Ok(Ok(n)) => n,
-            _ => return false,
+            Err(_) => return false,
         };
         drop(fd);
-        let rest = buf.get(sent..).unwrap_or_default();
-        matches!(tokio::time::timeout(WRITE_TIMEOUT, self.stream.write_all(rest)).await, Ok(Ok(())))
+        self.flush(sent).await
     }
 
     /// Sends one answer to the request `h`; false when the connection is unusable.
     async fn send(&mut self, h: &Header, msg: Message) -> bool {
-        let kind = msg.kind();
-        let version = self.version.unwrap_or(h.version);
-        let header = Header { version, ..h.answer(kind) };
-        let mut buf = Vec::new();
-        if let Err(e) = encode_message(&header, &msg, &mut buf) {
-            tracing::error!(error = %e, op = h.opcode.name(), "cannot encode an answer");
-            buf.clear();
-            let err = Message::Error(refusal(ErrorCode::Internal, format!("answer does not encode: {e}")));
-            if encode_message(&Header { version, ..h.answer(FrameKind::Error) }, &err, &mut buf).is_err() {
-                return false;
-            }
-        }
-        matches!(tokio::time::timeout(WRITE_TIMEOUT, self.stream.write_all(&buf)).await, Ok(Ok(())))
+        self.encode(h, &msg, 0).is_some() && self.flush(0).await
     }
 }
 

@@ -162,6 +162,23 @@ typedef struct fmm_copy_endpoint_t {
   uint64_t offset;
 } fmm_copy_endpoint_t;
 
+// The path between two devices (`fmm_path`).
+typedef struct fmm_path_t {
+  // The hop class as `nvidia-smi topo -m` writes it (`X`, `NV18`, `PIX`, `SYS`, `CXL`,
+  // …), NUL-terminated.
+  char class_[16];
+  // Bottleneck bandwidth now, per direction, MB/s; 0 when unknown.
+  uint64_t bandwidth_mbps;
+  // Bottleneck bandwidth the route is built for, MB/s; 0 when unknown.
+  uint64_t max_bandwidth_mbps;
+  // Sum of the known link latencies, ns; 0 when unknown.
+  uint64_t latency_ns;
+  // Devices on the route, both ends included.
+  uint32_t hops;
+  // Links on the route running below their capability.
+  uint32_t degraded_links;
+} fmm_path_t;
+
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
 
@@ -410,5 +427,21 @@ int fmm_copy_wait(const struct fmm_copy_t *c, int64_t timeout_ms, uint64_t *byte
 // # Safety
 // `c` is NULL or a live copy, not used afterwards.
 void fmm_copy_free(struct fmm_copy_t *c);
+
+// Writes the widest path from device `a` to device `b` (identities in text form) to `out`.
+//
+// # Safety
+// `s` is a live session; `a` and `b` NUL-terminated strings; `out` writable.
+int fmm_path(const struct fmm_session_t *s, const char *a, const char *b, struct fmm_path_t *out);
+
+// Allocates `size` bytes on the memory nearest to `device` that has room (its own
+// memory first, then by path bandwidth).
+//
+// # Safety
+// `s` is a live session; `device` a NUL-terminated string; `out` writable.
+int fmm_alloc_nearest(const struct fmm_session_t *s,
+                      const char *device_id,
+                      uint64_t size,
+                      struct fmm_region_t **out);
 
 #endif  /* FABRIC_MM_H */

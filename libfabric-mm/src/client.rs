@@ -1,20 +1,24 @@
 //! The connection to fabricd, multiplexed: callers on any thread send requests under the
-//! writer lock and wait for their own answer, while one reader thread receives every
-//! frame, hands each answer to the request it belongs to (by request id) and each event to
-//! the session's event handler. Asynchronous operations (copies) wait on the same path.
+//! writer lock and wait for their own answer (by request id). Whoever waits reads: a
+//! caller that finds no one reading reads frames itself until its answer comes, handing
+//! other callers' answers over and events to the session's handler, so a lone caller gets
+//! its answer on its own thread with no hand-off (one wake-up per round trip, as a plain
+//! blocking client). While no caller waits, a background thread watches the socket
+//! (`poll`, without reading) and reads what arrives (events, late answers), so events are
+//! delivered when the session is idle too. Asynchronous operations (copies) wait on the
+//! same path ([`Pending::wait`]).
 
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use fabric_proto::wire::{
-    CodecError, Connection, Event, FrameKind, Header, Message, Opcode, Request, Response, SUPPORTED_VERSIONS, Version,
-    recv_message, send_message,
+    CodecError, Connection, Event, FrameKind, Header, Message, Opcode, Request, Response, SUPPORTED_VERSIONS,
+    SessionToken, Version, recv_message, send_message,
 };
 
 use crate::error::{Error, Result};
@@ -22,24 +26,115 @@ use crate::error::{Error, Result};
 /// An answer: the response and its descriptors, or why there is none.
 pub(crate) type Reply = Result<(Response, Vec<OwnedFd>)>;
 
-/// Where an answer goes: the caller waiting for it.
-struct Waiter(Sender<Reply>);
+/// The session's event handler (runs on whichever thread read the event).
+type OnEvent = Box<dyn Fn(Event) + Send + Sync>;
 
-impl Waiter {
-    fn deliver(self, reply: Reply) {
-        let _ = self.0.send(reply);
-    }
+/// A request in flight.
+struct Entry {
+    op: Opcode,
+    reply: Option<Reply>,
+    /// Its [`Pending`] was dropped: the answer is discarded when it comes.
+    abandoned: bool,
 }
 
-/// What the reader thread shares with callers.
+/// Who is reading the socket (at most one at a time: frames are read whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reader {
+    Nobody,
+    Background,
+    Caller,
+}
+
+struct State {
+    pending: HashMap<u64, Entry>,
+    reader: Reader,
+    /// Callers blocked in [`Pending::wait`]; while any is, the background thread stays off.
+    waiting: usize,
+    closed: bool,
+}
+
+/// What callers and the background thread share.
 struct Shared {
-    pending: Mutex<HashMap<u64, (Opcode, Waiter)>>,
-    closed: AtomicBool,
+    state: Mutex<State>,
+    /// Callers wait on this for their answers or for the read side.
+    changed: Condvar,
+    /// The background thread waits on this (with a timeout) while callers read: callers do
+    /// not notify it, so a busy session does not wake it once per call.
+    idle: Condvar,
+    stream: UnixStream,
+    on_event: OnEvent,
 }
 
 impl Shared {
-    fn pending(&self) -> MutexGuard<'_, HashMap<u64, (Opcode, Waiter)>> {
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads one frame (the caller holds the read side) and routes it; false when the
+    /// connection is over (every request still waiting then fails with `Disconnected`).
+    fn read_one(&self) -> bool {
+        match recv_message(&self.stream) {
+            Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
+                (self.on_event)(ev);
+                true
+            }
+            Ok((h, msg, fds)) => {
+                let mut st = self.state();
+                let Some(e) = st.pending.get_mut(&h.request_id) else {
+                    tracing::warn!(
+                        request_id = h.request_id,
+                        opcode = h.opcode.name(),
+                        "answer to no request; dropped"
+                    );
+                    return true;
+                };
+                if e.abandoned {
+                    st.pending.remove(&h.request_id);
+                    return true;
+                }
+                let op = e.op;
+                e.reply = Some(match msg {
+                    Message::Response(r) => Ok((r, fds)),
+                    Message::Error(body) => Err(Error::from_codec(op, CodecError::Refused { opcode: op, body })),
+                    _ => Err(Error::Unexpected(op)),
+                });
+                true
+            }
+            Err(e) => {
+                match e {
+                    CodecError::Closed => tracing::debug!("fabricd closed the connection"),
+                    e => tracing::warn!(error = %e, "connection to fabricd failed"),
+                }
+                let mut st = self.state();
+                st.closed = true;
+                st.pending.retain(|_, e| !e.abandoned);
+                for e in st.pending.values_mut() {
+                    e.reply.get_or_insert(Err(Error::Disconnected));
+                }
+                false
+            }
+        }
+    }
+
+    /// Whether the socket has something to read (or hung up) within `timeout_ms`.
+    fn readable(&self, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd { fd: self.stream.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: `p` is one valid pollfd for the duration of the call; the descriptor
+            // is the stream's, open while `self` lives.
+            let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+            if n >= 0 {
+                return n > 0;
+            }
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                // Not expected for one valid descriptor; let a read find out what is wrong.
+                return true;
+            }
+        }
     }
 }
 
@@ -50,7 +145,8 @@ pub(crate) struct Client {
     next_id: AtomicU64,
     version: Version,
     session: u64,
-    reader: Option<JoinHandle<()>>,
+    token: Option<SessionToken>,
+    background: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -61,31 +157,131 @@ impl std::fmt::Debug for Client {
 
 /// A request in flight.
 pub(crate) struct Pending {
-    rx: Receiver<Reply>,
+    shared: Arc<Shared>,
+    id: u64,
+    done: bool,
 }
 
 impl Pending {
-    /// Blocks until the answer arrives.
-    pub(crate) fn wait(self) -> Reply {
-        self.rx.recv().unwrap_or(Err(Error::Disconnected))
+    /// Blocks until the answer arrives, reading the socket itself when no one else does.
+    pub(crate) fn wait(mut self) -> Reply {
+        self.done = true;
+        let shared = &*self.shared;
+        let mut st = shared.state();
+        st.waiting += 1;
+        let reply = loop {
+            if let Some(e) = st.pending.get_mut(&self.id)
+                && let Some(r) = e.reply.take()
+            {
+                st.pending.remove(&self.id);
+                break r;
+            }
+            if !st.pending.contains_key(&self.id) || st.closed {
+                st.pending.remove(&self.id);
+                break Err(Error::Disconnected);
+            }
+            if st.reader == Reader::Nobody {
+                st.reader = Reader::Caller;
+                drop(st);
+                shared.read_one();
+                st = shared.state();
+                st.reader = Reader::Nobody;
+                if st.waiting > 1 {
+                    // Others may have their answer now, or may take over the reading.
+                    shared.changed.notify_all();
+                }
+                continue;
+            }
+            st = shared.wait(st);
+        };
+        st.waiting -= 1;
+        reply
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut st = self.shared.state();
+        match st.pending.get_mut(&self.id) {
+            Some(e) if e.reply.is_none() => e.abandoned = true,
+            _ => {
+                st.pending.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// How often the background thread looks whether callers stopped reading.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// While no caller waits: watch the socket and read what comes (events, answers to
+/// requests no one waits for yet); stop when the connection is over. While callers read,
+/// it looks every [`IDLE_CHECK`] whether they stopped, so events wait at most that long
+/// longer than they would for a dedicated reader.
+fn background(shared: &Shared) {
+    loop {
+        {
+            let mut st = shared.state();
+            while !st.closed && (st.reader != Reader::Nobody || st.waiting > 0) {
+                st = shared.idle.wait_timeout(st, IDLE_CHECK).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+            }
+            if st.closed {
+                return;
+            }
+        }
+        if !shared.readable(-1) {
+            continue;
+        }
+        let mut st = shared.state();
+        if st.closed {
+            return;
+        }
+        if st.reader != Reader::Nobody || st.waiting > 0 {
+            // A caller reads (what woke us was likely its answer).
+            continue;
+        }
+        st.reader = Reader::Background;
+        drop(st);
+        // A caller may have taken the bytes between the poll and the lock: read only when
+        // a frame is still there, so the socket is never held by a blocked read.
+        let open = !shared.readable(0) || shared.read_one();
+        let mut st = shared.state();
+        st.reader = Reader::Nobody;
+        if st.waiting > 0 {
+            shared.changed.notify_all();
+        }
+        if !open || st.closed {
+            return;
+        }
     }
 }
 
 impl Client {
-    /// Connects to `socket`, negotiates a version, and starts the reader thread, which
-    /// passes every event to `on_event`.
-    pub(crate) fn connect(socket: &Path, name: &str, on_event: Box<dyn Fn(Event) + Send>) -> Result<Self> {
+    /// Connects to `socket`, negotiates a version (taking back the session `resume`
+    /// names, when given), and starts the background reader, which passes events to
+    /// `on_event` while no caller waits (callers that read pass them on too).
+    pub(crate) fn connect(socket: &Path, name: &str, resume: Option<SessionToken>, on_event: OnEvent) -> Result<Self> {
         let stream =
             UnixStream::connect(socket).map_err(|source| Error::Connect { path: socket.to_owned(), source })?;
         let mut conn = Connection::new(stream);
-        let hello = conn.hello(name, SUPPORTED_VERSIONS).map_err(|e| Error::from_codec(Opcode::Hello, e))?;
+        let hello =
+            conn.hello_with(name, SUPPORTED_VERSIONS, resume).map_err(|e| Error::from_codec(Opcode::Hello, e))?;
         let stream = conn.stream().try_clone().map_err(Error::os("cloning the daemon socket"))?;
         let read_half = stream.try_clone().map_err(Error::os("cloning the daemon socket"))?;
-        let shared = Arc::new(Shared { pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
-        let reader_shared = shared.clone();
-        let reader = std::thread::Builder::new()
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { pending: HashMap::new(), reader: Reader::Nobody, waiting: 0, closed: false }),
+            changed: Condvar::new(),
+            idle: Condvar::new(),
+            stream: read_half,
+            on_event,
+        });
+        let bg = shared.clone();
+        let background = std::thread::Builder::new()
             .name("fabric-mm-reader".into())
-            .spawn(move || read_loop(&read_half, &reader_shared, &*on_event))
+            .spawn(move || background(&bg))
             .map_err(Error::os("starting the reader thread"))?;
         Ok(Self {
             writer: Mutex::new(stream),
@@ -93,7 +289,8 @@ impl Client {
             next_id: AtomicU64::new(1),
             version: hello.version,
             session: hello.session,
-            reader: Some(reader),
+            token: hello.token,
+            background: Some(background),
         })
     }
 
@@ -102,9 +299,9 @@ impl Client {
         self.version
     }
 
-    /// Whether the connection is gone (the reader thread ended).
+    /// Whether the connection is gone.
     pub(crate) fn is_closed(&self) -> bool {
-        self.shared.closed.load(Ordering::Acquire)
+        self.shared.state().closed
     }
 
     /// The daemon's id for this session.
@@ -112,36 +309,56 @@ impl Client {
         self.session
     }
 
-    fn send(&self, req: Request, fds: &[BorrowedFd<'_>], waiter: Waiter) -> Result<()> {
-        let op = req.opcode();
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(Error::Disconnected);
+    /// The session's resume token (protocol 1.1 and later).
+    pub(crate) fn token(&self) -> Option<SessionToken> {
+        self.token
+    }
+
+    /// Closes the connection now (both directions); whoever reads sees the end and every
+    /// request still waiting fails with `Disconnected`.
+    pub(crate) fn disconnect(&self) {
+        if let Ok(w) = self.writer.lock() {
+            let _ = w.shutdown(std::net::Shutdown::Both);
         }
+        let mut st = self.shared.state();
+        st.closed = true;
+        st.pending.retain(|_, e| !e.abandoned);
+        for e in st.pending.values_mut() {
+            e.reply.get_or_insert(Err(Error::Disconnected));
+        }
+        self.shared.changed.notify_all();
+        self.shared.idle.notify_all();
+    }
+
+    /// Sends a request; the answer arrives on the returned [`Pending`].
+    pub(crate) fn start(&self, req: Request, fds: &[BorrowedFd<'_>]) -> Result<Pending> {
+        let op = req.opcode();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.shared.pending().insert(id, (op, waiter));
+        {
+            let mut st = self.shared.state();
+            if st.closed {
+                return Err(Error::Disconnected);
+            }
+            st.pending.insert(id, Entry { op, reply: None, abandoned: false });
+        }
+        let pending = Pending { shared: self.shared.clone(), id, done: false };
         let header = Header { version: self.version, ..Header::new(op, FrameKind::Request, id) };
         let sent = {
             let w = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             send_message(&w, &header, &Message::Request(req), fds)
         };
-        if let Err(e) = sent {
-            self.shared.pending().remove(&id);
-            return Err(Error::from_codec(op, e));
+        match sent {
+            Ok(()) => Ok(pending),
+            Err(e) => {
+                let mut p = pending;
+                p.done = true;
+                let mut st = self.shared.state();
+                st.pending.remove(&id);
+                let gone = matches!(&e, CodecError::Io(io)
+                    if matches!(io.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset));
+                Err(if st.closed || gone { Error::Disconnected } else { Error::from_codec(op, e) })
+            }
         }
-        // The reader may have died between the check and the insert: do not wait forever.
-        if self.shared.closed.load(Ordering::Acquire)
-            && let Some((_, w)) = self.shared.pending().remove(&id)
-        {
-            w.deliver(Err(Error::Disconnected));
-        }
-        Ok(())
-    }
-
-    /// Sends a request; the answer arrives on the returned [`Pending`].
-    pub(crate) fn start(&self, req: Request, fds: &[BorrowedFd<'_>]) -> Result<Pending> {
-        let (tx, rx) = mpsc::channel();
-        self.send(req, fds, Waiter(tx))?;
-        Ok(Pending { rx })
     }
 
     /// Sends a request and waits for its answer.
@@ -152,47 +369,9 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        if let Ok(w) = self.writer.lock() {
-            let _ = w.shutdown(std::net::Shutdown::Both);
-        }
-        if let Some(r) = self.reader.take() {
+        self.disconnect();
+        if let Some(r) = self.background.take() {
             let _ = r.join();
         }
-    }
-}
-
-fn read_loop(stream: &UnixStream, shared: &Shared, on_event: &dyn Fn(Event)) {
-    loop {
-        match recv_message(stream) {
-            Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => on_event(ev),
-            Ok((h, msg, fds)) => {
-                let Some((op, waiter)) = shared.pending().remove(&h.request_id) else {
-                    tracing::warn!(
-                        request_id = h.request_id,
-                        opcode = h.opcode.name(),
-                        "answer to no request; dropped"
-                    );
-                    continue;
-                };
-                let reply = match msg {
-                    Message::Response(r) => Ok((r, fds)),
-                    Message::Error(body) => Err(Error::from_codec(op, CodecError::Refused { opcode: op, body })),
-                    _ => Err(Error::Unexpected(op)),
-                };
-                waiter.deliver(reply);
-            }
-            Err(e) => {
-                match e {
-                    CodecError::Closed => tracing::debug!("fabricd closed the connection"),
-                    e => tracing::warn!(error = %e, "connection to fabricd failed"),
-                }
-                break;
-            }
-        }
-    }
-    shared.closed.store(true, Ordering::Release);
-    let waiters: Vec<_> = shared.pending().drain().collect();
-    for (_, (_, w)) in waiters {
-        w.deliver(Err(Error::Disconnected));
     }
 }

@@ -77,10 +77,10 @@ pub const FMM_MEM_HOST_EXPORTED: c_int = 5;
 
 /// A session with fabricd.
 #[derive(Debug)]
-pub struct FmmSession(Session);
+pub struct FmmSession(pub(crate) Session);
 /// A region this session allocated.
 #[derive(Debug)]
-pub struct FmmRegion(Region);
+pub struct FmmRegion(pub(crate) Region);
 /// An imported region.
 #[derive(Debug)]
 pub struct FmmImport(Import);
@@ -94,12 +94,12 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn set_error(msg: &str) {
+pub(crate) fn set_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
 }
 
-fn fail(e: &Error) -> c_int {
+pub(crate) fn fail(e: &Error) -> c_int {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -112,7 +112,7 @@ fn fail(e: &Error) -> c_int {
 }
 
 /// Runs `f`, turning a panic into `FMM_E_PANIC` and an error into its code.
-fn guard(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
+pub(crate) fn guard(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => FMM_OK,
         Ok(Err(code)) => code,
@@ -123,14 +123,14 @@ fn guard(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
     }
 }
 
-fn arg_err(what: &str) -> c_int {
+pub(crate) fn arg_err(what: &str) -> c_int {
     set_error(what);
     FMM_E_ARG
 }
 
 /// # Safety
 /// `s` is NULL or a NUL-terminated string.
-unsafe fn opt_str<'a>(s: *const c_char, what: &str) -> Result<Option<&'a str>, c_int> {
+pub(crate) unsafe fn opt_str<'a>(s: *const c_char, what: &str) -> Result<Option<&'a str>, c_int> {
     if s.is_null() {
         return Ok(None);
     }
@@ -168,7 +168,7 @@ fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c_int> {
 }
 
 /// Writes `value` through `out`.
-fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
+pub(crate) fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
     if out.is_null() {
         return Err(arg_err("result pointer is NULL"));
     }
@@ -179,7 +179,7 @@ fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
 
 /// # Safety
 /// `p` is NULL or a live pointer this library returned for `T`.
-unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, c_int> {
+pub(crate) unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, c_int> {
     // SAFETY: the caller's contract.
     unsafe { p.as_ref() }.ok_or_else(|| arg_err(&format!("{what} is NULL")))
 }
@@ -207,8 +207,13 @@ pub unsafe extern "C" fn fmm_session_open(
         // SAFETY: forwarded caller contract.
         let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
         let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
-        let s = Session::open_with(SessionConfig { socket, window, client_name: Some("libfabric-mm (C)".into()) })
-            .map_err(|e| fail(&e))?;
+        let s = Session::open_with(SessionConfig {
+            socket,
+            window,
+            client_name: Some("libfabric-mm (C)".into()),
+            ..SessionConfig::default()
+        })
+        .map_err(|e| fail(&e))?;
         put(out, FmmSession(s))
     })
 }

@@ -15,6 +15,10 @@
 //! [`Session::copy`] moves bytes between registrations and GFAs with the daemon's copy
 //! engine, asynchronously: a [`Copy`](struct@Copy) to poll, wait on, or get a callback from.
 //!
+//! Topology queries ([`Session::path`], [`Session::nearest_memory`],
+//! [`Session::alloc_nearest`]) rank where memory should go; a session's [`Token`] takes
+//! it back after a daemon restart or a dropped connection ([`SessionConfig::resume`]).
+//!
 //! See docs/libfabric-mm.md for the guide, the guarantees and the limits.
 #![warn(missing_docs)]
 
@@ -24,10 +28,13 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod ffi;
+pub mod ffi_path;
 pub mod hostmem;
 pub mod memory;
+pub mod path;
 pub mod regcache;
 pub mod register;
+pub mod resume;
 pub mod session;
 pub mod topology;
 pub mod window;
@@ -37,8 +44,10 @@ pub use error::{Error, Result};
 pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
 pub use hostmem::HostBuffer;
 pub use memory::{Handle, Import, Mapping, Memory, Region};
+pub use path::{FabricView, NearMemory, PathInfo};
 pub use regcache::{CacheLimits, CacheStats};
 pub use register::{Access, Registrable, Registration, RegistrationStats};
+pub use resume::Token;
 pub use session::{Location, Policy, Session, SessionConfig, Target, default_socket};
 pub use topology::DeviceInfo;
 pub use window::{Protection, Window, WindowConfig};

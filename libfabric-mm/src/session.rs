@@ -26,6 +26,9 @@ pub struct SessionConfig {
     pub window: Option<WindowConfig>,
     /// A name for the daemon's logs.
     pub client_name: Option<String>,
+    /// Take back the session this token names (its regions and exports), after a daemon
+    /// restart or a dropped connection, within the daemon's grace period (`resume.rs`).
+    pub resume: Option<crate::resume::Token>,
 }
 
 /// The socket fabricd listens on by default: `$FABRIC_SOCKET`, else
@@ -191,7 +194,7 @@ impl Session {
             _ => {}
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
-        let client = Client::connect(&socket, name, on_event)?;
+        let client = Client::connect(&socket, name, config.resume.map(|t| t.0), on_event)?;
         let inner = Arc::new(Inner { client, window, revocations, socket, registrations: Default::default(), copies });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {
@@ -224,9 +227,10 @@ impl Session {
         &self.inner.window
     }
 
-    /// Runs `f` (on the library's reader thread) for every revocation of one of this
+    /// Runs `f` (on the thread that reads the event: the library's reader thread, or a
+    /// thread of this session waiting for an answer) for every revocation of one of this
     /// session's imports, after the import is marked revoked. Replaces an earlier callback.
-    /// `f` must not block: answers to this session's calls wait behind it.
+    /// `f` must not block or call the session: answers to this session's calls wait behind it.
     pub fn on_revocation(&self, f: impl Fn(&Revocation) + Send + Sync + 'static) {
         *Revocations::lock(&self.inner.revocations.callback) = Some(Box::new(f));
     }

@@ -109,14 +109,18 @@ fn copy_example_runs_plain_and_under_address_sanitizer() {
     build("copy.c", &plain, &pc, &[]);
     let out = run(&plain, &d.socket);
     assert!(
-        out.contains("the engine copied") && out.contains("refusals are typed") && out.contains("to registered host buffer"),
+        out.contains("the engine copied")
+            && out.contains("refusals are typed")
+            && out.contains("to registered host buffer"),
         "{out}"
     );
     let asan = tmp.path().join("copy-asan");
     build("copy.c", &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
     let out = run(&asan, &d.socket);
     assert!(
-        out.contains("the engine copied") && out.contains("refusals are typed") && out.contains("to registered host buffer"),
+        out.contains("the engine copied")
+            && out.contains("refusals are typed")
+            && out.contains("to registered host buffer"),
         "{out}"
     );
 }

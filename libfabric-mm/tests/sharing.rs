@@ -145,6 +145,7 @@ fn mapping_respects_the_window_and_dropping_undoes() {
         socket: Some(d.socket.clone()),
         window: Some(fabric_mm::WindowConfig { gfa: gfa + LEN, len: 1 << 30 }),
         client_name: None,
+        ..fabric_mm::SessionConfig::default()
     })
     .unwrap();
     let e = narrow.map(&region).unwrap_err();

@@ -467,6 +467,55 @@ impl Memory {
         out
     }
 
+    /// Keeps what `session` (whose connection closed) holds for a client to take back by
+    /// its token, as if the daemon had restarted: the session becomes an orphan, its
+    /// regions and exports stay (and stay journaled). Its imports are released and its
+    /// registrations undone now (they are the connection's, not resumable). Returns the
+    /// token; `None` when the session held no region, and then it is closed as
+    /// [`Memory::close_session`] does.
+    pub fn detach_session(&self, session: u64) -> (Option<SessionToken>, Reclaimed) {
+        let mut st = self.state();
+        let holds = st.regions.values().any(|r| r.session == session);
+        let Some(s) = st.sessions.get(&session).copied().filter(|_| holds) else {
+            drop(st);
+            return (None, self.close_session(session));
+        };
+        let mut out = Reclaimed {
+            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
+            ..Reclaimed::default()
+        };
+        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
+        for id in imports {
+            Self::drop_import(&mut st, id);
+            out.imports += 1;
+        }
+        st.sessions.remove(&session);
+        st.orphans.push(Orphan { token: s.token, session, owner: s.owner });
+        (Some(s.token), out)
+    }
+
+    /// Reclaims the orphaned session `token` names, if no client took it back (the
+    /// grace period of a detached session is over): as [`Memory::reclaim_orphans`] for
+    /// that one session.
+    pub fn reclaim_orphan(&self, token: &SessionToken) -> Reclaimed {
+        let mut st = self.state();
+        let mut out = Reclaimed::default();
+        let Some(i) = st.orphans.iter().position(|o| o.token == *token) else { return out };
+        let o = st.orphans.remove(i);
+        if let Err(e) = st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
+            tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of a detached session");
+        }
+        let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
+        for id in ids {
+            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
+            out.regions += r.regions;
+            out.exports += r.exports;
+            out.imports += r.imports;
+        }
+        st.maybe_compact();
+        out
+    }
+
     /// Sessions found in the journal that no client has taken back yet.
     pub fn orphans(&self) -> usize {
         self.state().orphans.len()

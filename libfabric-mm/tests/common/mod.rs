@@ -36,8 +36,13 @@ fn fabricd_bin() -> PathBuf {
 
 /// Starts fabricd and waits until its socket answers.
 pub fn daemon() -> Daemon {
+    daemon_with_config("")
+}
+
+/// [`daemon`] with `extra` appended to its configuration (whole TOML tables).
+pub fn daemon_with_config(extra: &str) -> Daemon {
     let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml").canonicalize().unwrap();
-    daemon_with(&sim, "", |_| {})
+    daemon_with(&sim, extra, |_| {})
 }
 
 /// Starts fabricd on the sim fabric `sim` with `extra` appended to its config (e.g. a
@@ -83,6 +88,7 @@ pub fn session(socket: &Path) -> Session {
         socket: Some(socket.to_owned()),
         window: Some(WindowConfig::default()),
         client_name: Some("libfabric-mm-test".into()),
+        ..SessionConfig::default()
     })
     .unwrap()
 }

@@ -1,0 +1,142 @@
+//! Topology queries against a real fabricd on the bundled HGX sim
+//! (configs/sim/hgx-h100-8gpu.toml): GPUs talk over NVLink through the NVSwitches (bundles
+//! of 5, 4, 4 and 5 NVLink4 links, 25,000 MB/s each), NICs hang off PCIe Gen5 switches, two
+//! sockets, and nic1 trained at x8 instead of x16.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use fabric_mm::{Memory, MemoryClass};
+use fabric_topology::{DeviceKind, link::pcie_mbps};
+
+/// Identity of the device named `name` on the sim node (`gpu0`, `nic4`, `numa1`, …).
+fn id_of(view: &fabric_mm::FabricView, name: &str) -> String {
+    let inv = view.fabric().inventory();
+    let d = inv
+        .devices
+        .iter()
+        .find(|d| d.name.as_deref() == Some(name) || d.id.to_string().ends_with(&format!("/{name}")))
+        .or_else(|| {
+            // GPUs are named by UUID and NICs by PCI address: the sim file's `gpuN` / `nicN`
+            // is the Nth of its kind, in the file's order.
+            let (kind, k) = match name.split_at(3) {
+                ("gpu", k) => (DeviceKind::Gpu, k),
+                ("nic", k) => (DeviceKind::Nic, k),
+                _ => return None,
+            };
+            inv.devices.iter().filter(|d| d.kind == kind).nth(k.parse().ok()?)
+        })
+        .unwrap_or_else(|| panic!("no {name} in the sim fabric"));
+    d.id.to_string()
+}
+
+#[test]
+fn paths_give_the_sim_files_classes_and_bottlenecks() {
+    let d = common::daemon();
+    let s = common::session(&d.socket);
+    let view = s.fabric_view().unwrap();
+    let (gpu0, gpu1) = (id_of(&view, "gpu0"), id_of(&view, "gpu1"));
+
+    // GPU to GPU: NV18 (all 18 links, through the NVSwitches), and the widest single
+    // route runs through a 5-link bundle: 5 x 25,000 MB/s.
+    let nv = s.path(&gpu0, &gpu1).unwrap();
+    assert_eq!(nv.class, "NV18", "{nv:?}");
+    assert_eq!(nv.bandwidth_mbps, Some(5 * 25_000), "{nv:?}");
+    assert_eq!(nv.route.first(), Some(&gpu0));
+    assert_eq!(nv.route.last(), Some(&gpu1));
+    let kind_of = |id: &str| {
+        let inv = view.fabric().inventory();
+        inv.devices.iter().find(|d| d.id.to_string() == id).map(|d| d.kind)
+    };
+    assert_eq!(nv.route.len(), 3, "{nv:?}");
+    assert_eq!(kind_of(&nv.route[1]), Some(DeviceKind::NvSwitch), "through an NVSwitch: {nv:?}");
+    assert_eq!(nv.degraded_links, 0);
+
+    // A GPU on socket 0 to a NIC on socket 1: SYS, over the CPUs' link, and no faster
+    // than the NIC's PCIe Gen5 x16 link.
+    let nic4 = id_of(&view, "nic4");
+    let sys = s.path(&gpu0, &nic4).unwrap();
+    assert_eq!(sys.class, "SYS", "{sys:?}");
+    assert!(sys.route.iter().any(|h| h.ends_with("numa0")) && sys.route.iter().any(|h| h.ends_with("numa1")));
+    assert!(sys.bandwidth_mbps.unwrap() <= pcie_mbps(5, 16).unwrap(), "{sys:?}");
+    assert!(sys.bandwidth_mbps < nv.bandwidth_mbps);
+
+    // Same PCIe switch: PIX; nic1 trained at x8: the bottleneck is Gen5 x8, built for x16.
+    let nic0 = id_of(&view, "nic0");
+    let pix = s.path(&gpu0, &nic0).unwrap();
+    assert_eq!(pix.class, "PIX", "{pix:?}");
+    assert_eq!(pix.bandwidth_mbps, pcie_mbps(5, 16));
+    let slow = s.path(&gpu0, &id_of(&view, "nic1")).unwrap();
+    assert_eq!(slow.class, "PIX");
+    assert_eq!(slow.bandwidth_mbps, pcie_mbps(5, 8), "{slow:?}");
+    assert_eq!(slow.max_bandwidth_mbps, pcie_mbps(5, 16));
+    assert_eq!(slow.degraded_links, 1);
+
+    // Itself: X.
+    assert_eq!(s.path(&gpu0, &gpu0).unwrap().class, "X");
+    // Unknown devices are refused, not guessed.
+    assert!(s.path(&gpu0, "uuid:GPU-nope").is_err());
+}
+
+#[test]
+fn nearest_memory_ranks_own_hbm_then_nvlink_peers_then_host_dram() {
+    let d = common::daemon();
+    let s = common::session(&d.socket);
+    let view = s.fabric_view().unwrap();
+    let gpu0 = id_of(&view, "gpu0");
+
+    let all = s.nearest_memory(&gpu0, None).unwrap();
+    assert_eq!(all[0].device, gpu0, "its own HBM first");
+    assert_eq!((all[0].memory, all[0].path.class.as_str()), (MemoryClass::Hbm, "X"));
+    // Then the seven other GPUs over NVLink, before any host memory.
+    assert!(all[1..8].iter().all(|m| m.memory == MemoryClass::Hbm && m.path.class == "NV18"), "{all:#?}");
+    let dram: Vec<_> = all.iter().filter(|m| m.memory == MemoryClass::Dram).collect();
+    assert_eq!(dram.len(), 2, "two sockets: {all:#?}");
+    // gpu0 sits on socket 0: its DRAM ranks before socket 1's.
+    assert!(dram[0].device.ends_with("numa0") && dram[1].device.ends_with("numa1"), "{dram:#?}");
+    assert!(dram[0].path.bandwidth_mbps >= dram[1].path.bandwidth_mbps);
+
+    let only = s.nearest_memory(&gpu0, Some(MemoryClass::Dram)).unwrap();
+    assert_eq!(only.iter().map(|m| &m.device).collect::<Vec<_>>(), dram.iter().map(|m| &m.device).collect::<Vec<_>>());
+
+    // alloc_nearest lands on the GPU's own HBM.
+    let r = s.alloc_nearest(&gpu0, 1 << 20).unwrap();
+    let loc = s.translate(&[r.gfa().unwrap()]).unwrap();
+    assert!(
+        matches!(&loc[0], fabric_mm::Location::Resource { device, memory: MemoryClass::Hbm, .. } if *device == gpu0),
+        "{loc:?}"
+    );
+}
+
+#[test]
+fn the_c_abi_gives_the_same_path_and_allocates_nearest() {
+    use fabric_mm::ffi::{FMM_OK, fmm_region_free, fmm_session_close, fmm_session_open};
+    use fabric_mm::ffi_path::{FmmPath, fmm_alloc_nearest, fmm_path};
+    use std::ffi::CString;
+
+    let d = common::daemon();
+    let s = common::session(&d.socket);
+    let view = s.fabric_view().unwrap();
+    let (gpu0, nic4) = (id_of(&view, "gpu0"), id_of(&view, "nic4"));
+    let want = s.path(&gpu0, &nic4).unwrap();
+
+    let sock = CString::new(d.socket.to_str().unwrap()).unwrap();
+    let (a, b) = (CString::new(gpu0.clone()).unwrap(), CString::new(nic4).unwrap());
+    let mut session = std::ptr::null_mut();
+    // SAFETY: valid strings and out-pointers; every handle is closed below.
+    unsafe {
+        assert_eq!(fmm_session_open(sock.as_ptr(), 0, 1 << 44, &mut session), FMM_OK);
+        let mut p = std::mem::zeroed::<FmmPath>();
+        assert_eq!(fmm_path(session, a.as_ptr(), b.as_ptr(), &mut p), FMM_OK);
+        let class = std::ffi::CStr::from_ptr(p.class.as_ptr()).to_str().unwrap();
+        assert_eq!(class, want.class);
+        assert_eq!(Some(p.bandwidth_mbps), want.bandwidth_mbps);
+        assert_eq!(p.hops as usize, want.route.len());
+        assert!(fmm_path(session, a.as_ptr(), std::ptr::null(), &mut p) < 0, "NULL is refused");
+        let mut region = std::ptr::null_mut();
+        assert_eq!(fmm_alloc_nearest(session, a.as_ptr(), 1 << 20, &mut region), FMM_OK);
+        assert!(!region.is_null());
+        fmm_region_free(region);
+        fmm_session_close(session);
+    }
+}
