@@ -331,9 +331,11 @@ impl Daemon {
         // Memory first, so that a client acting on an event finds it done; revocations
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
+        let snap = self.map().snapshot();
+        let members = |names: &[String]| crate::scope::partition_members(&snap, names);
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
-            self.events.publish(ev);
+            self.events.publish(ev, &members);
         }
         self.flush_revocations();
         Ok(events)

@@ -1,8 +1,9 @@
 //! The event bus: per-session subscriptions with bounded queues. Publishing never waits:
 //! a subscriber whose queue is full loses its subscription (and its connection is closed
 //! once the queued events are written), so a slow reader never blocks the daemon.
+//! A subscriber bound to partitions sees only the device and link events of their devices.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
 use fabric_proto::wire::{Event, Topics};
@@ -11,10 +12,32 @@ use tokio::sync::mpsc;
 /// Events queued per subscriber before it is dropped.
 pub const QUEUE: usize = 256;
 
+/// Which device and link events a subscriber may see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reach {
+    /// Every device's: an admin, or a client no partition binds.
+    All,
+    /// Those of the member devices of these partitions (resolved when an event is
+    /// published, so a partition's new device set applies at once); none for no names.
+    Partitions(Vec<String>),
+}
+
 #[derive(Debug)]
 struct Sub {
     topics: Topics,
+    reach: Reach,
     tx: mpsc::Sender<Event>,
+}
+
+/// Whether a subscriber whose partitions hold `members` may see `ev`: device events of a
+/// member, link events with a member at either end; map events (a generation and counts)
+/// and the per-session events to all.
+fn visible(ev: &Event, members: &HashSet<String>) -> bool {
+    match ev {
+        Event::Device { device, .. } => members.contains(device.as_str()),
+        Event::Link { a, b, .. } => members.contains(a.as_str()) || members.contains(b.as_str()),
+        Event::Map(_) | Event::Revocation(_) | Event::CopyDone(_) => true,
+    }
 }
 
 /// The subscribers, by session.
@@ -31,14 +54,14 @@ impl EventBus {
     /// Subscribes `session` to `topics` (replacing any earlier subscription) and returns
     /// the queue its events arrive on; `None` (and no subscription) for no topics. When
     /// the returned receiver reports the channel closed, the subscriber overflowed.
-    pub fn subscribe(&self, session: u64, topics: Topics) -> Option<mpsc::Receiver<Event>> {
+    pub fn subscribe(&self, session: u64, topics: Topics, reach: Reach) -> Option<mpsc::Receiver<Event>> {
         let mut subs = self.subs();
         if topics == Topics::NONE {
             subs.remove(&session);
             return None;
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        subs.insert(session, Sub { topics, tx });
+        subs.insert(session, Sub { topics, reach, tx });
         Some(rx)
     }
 
@@ -52,13 +75,26 @@ impl EventBus {
         self.subs().get(&session).is_some_and(|s| s.topics.contains(topics))
     }
 
-    /// Sends `ev` to every subscriber of its topic.
-    pub fn publish(&self, ev: &Event) {
+    /// Sends `ev` to every subscriber of its topic that may see it; `members` gives the
+    /// member devices (identities in text form) of a set of partitions, asked once per
+    /// distinct set.
+    pub fn publish(&self, ev: &Event, members: &dyn Fn(&[String]) -> HashSet<String>) {
         let topic = ev.topic();
         if topic == Topics::NONE {
             return;
         }
-        self.subs().retain(|session, s| !s.topics.contains(topic) || deliver(*session, s, ev.clone()));
+        let mut known: HashMap<Vec<String>, HashSet<String>> = HashMap::new();
+        self.subs().retain(|session, s| {
+            if !s.topics.contains(topic) {
+                return true;
+            }
+            if let Reach::Partitions(names) = &s.reach
+                && !visible(ev, known.entry(names.clone()).or_insert_with(|| members(names)))
+            {
+                return true;
+            }
+            deliver(*session, s, ev.clone())
+        });
     }
 
     /// Sends `ev` to `session` if it subscribed to the event's topic.
@@ -90,7 +126,11 @@ fn deliver(session: u64, s: &Sub, ev: Event) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use fabric_proto::wire::MapChange;
+    use fabric_proto::wire::{DeviceChange, DeviceName, LinkChange, MapChange, Name};
+
+    fn none(_: &[String]) -> HashSet<String> {
+        HashSet::new()
+    }
 
     fn map_ev(g: u64) -> Event {
         Event::Map(MapChange { generation: g, added: 0, holed: 0, removed: 0 })
@@ -99,23 +139,54 @@ mod tests {
     #[test]
     fn topics_filter_and_overflow_drops_the_subscriber() {
         let bus = EventBus::default();
-        let mut map_rx = bus.subscribe(1, Topics::MAP).unwrap();
-        let mut dev_rx = bus.subscribe(2, Topics::DEVICE).unwrap();
-        bus.publish(&map_ev(1));
+        let mut map_rx = bus.subscribe(1, Topics::MAP, Reach::All).unwrap();
+        let mut dev_rx = bus.subscribe(2, Topics::DEVICE, Reach::All).unwrap();
+        bus.publish(&map_ev(1), &none);
         assert_eq!(map_rx.try_recv().unwrap(), map_ev(1));
         assert!(dev_rx.try_recv().is_err());
         for g in 0..QUEUE as u64 {
-            bus.publish(&map_ev(g));
+            bus.publish(&map_ev(g), &none);
         }
         assert!(bus.subscribed(1, Topics::MAP));
-        bus.publish(&map_ev(999));
+        bus.publish(&map_ev(999), &none);
         assert!(!bus.subscribed(1, Topics::MAP), "overflow drops the subscriber");
         for _ in 0..QUEUE {
             map_rx.try_recv().unwrap();
         }
         assert_eq!(map_rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected));
         assert!(bus.subscribed(2, Topics::DEVICE), "others are unaffected");
-        assert!(bus.subscribe(2, Topics::NONE).is_none());
+        assert!(bus.subscribe(2, Topics::NONE, Reach::All).is_none());
         assert!(!bus.subscribed(2, Topics::DEVICE));
+    }
+
+    fn dev_ev(name: &str) -> Event {
+        Event::Device { device: DeviceName::truncated(name), change: DeviceChange::Removed }
+    }
+
+    #[test]
+    fn a_bound_subscriber_sees_only_its_partitions_devices_and_links() {
+        let bus = EventBus::default();
+        let mut all = bus.subscribe(1, Topics::ALL, Reach::All).unwrap();
+        let mut a = bus.subscribe(2, Topics::ALL, Reach::Partitions(vec!["a".into()])).unwrap();
+        let mut nothing = bus.subscribe(3, Topics::from_bits(0b0101).unwrap(), Reach::Partitions(Vec::new())).unwrap();
+        let asked = std::cell::Cell::new(0);
+        let members = |names: &[String]| {
+            asked.set(asked.get() + 1);
+            if names == ["a".to_owned()] { ["gpu0".to_owned()].into_iter().collect() } else { HashSet::new() }
+        };
+        let link = |x: &str, y: &str| Event::Link {
+            a: DeviceName::truncated(x),
+            b: DeviceName::truncated(y),
+            kind: Name::truncated("nvlink"),
+            change: LinkChange::Down,
+        };
+        for ev in [dev_ev("gpu0"), dev_ev("gpu1"), link("gpu1", "gpu0"), link("gpu1", "gpu2"), map_ev(7)] {
+            bus.publish(&ev, &members);
+        }
+        let drain = |rx: &mut mpsc::Receiver<Event>| std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
+        assert_eq!(drain(&mut all).len(), 5, "an unbound subscriber sees everything");
+        assert_eq!(drain(&mut a), vec![dev_ev("gpu0"), link("gpu1", "gpu0"), map_ev(7)]);
+        assert_eq!(drain(&mut nothing), vec![map_ev(7)], "bound to nothing: no device events");
+        assert!(asked.get() <= 2 * 5, "members asked once per set and event");
     }
 }

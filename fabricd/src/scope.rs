@@ -20,6 +20,7 @@ use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
 
 use crate::auth;
 use crate::daemon::{Daemon, View};
+use crate::events::Reach;
 use crate::ops::refusal;
 
 /// What a client's requests reach.
@@ -86,6 +87,15 @@ impl Caller {
     /// Whether the caller is bound to partition `name` (admins count as bound to all).
     pub fn in_partition(&self, name: &str) -> bool {
         self.admin || matches!(&self.scope, Scope::Bound(b) if b.iter().any(|n| n == name))
+    }
+
+    /// Which device and link events the caller may receive.
+    pub fn event_reach(&self) -> Reach {
+        match &self.scope {
+            Scope::All => Reach::All,
+            Scope::Bound(names) => Reach::Partitions(names.clone()),
+            Scope::Unbound => Reach::Partitions(Vec::new()),
+        }
     }
 
     /// The member devices of the caller's partitions (`None`: no restriction).
@@ -226,6 +236,16 @@ pub fn check_import(d: &Daemon, caller: &Caller, req: &ImportRequest) -> Result<
 
 fn is_switch(k: DeviceKind) -> bool {
     matches!(k, DeviceKind::NvSwitch | DeviceKind::CxlSwitch | DeviceKind::UalinkSwitch | DeviceKind::NetworkSwitch)
+}
+
+/// The member devices of partitions `names`, as identities in text form (for events).
+pub fn partition_members(snap: &Snapshot, names: &[String]) -> HashSet<String> {
+    snap.state()
+        .partitions
+        .iter()
+        .filter(|p| names.contains(&p.name))
+        .flat_map(|p| p.devices.iter().map(ToString::to_string))
+        .collect()
 }
 
 /// The part of a fabric a partition reaches: its member devices, their ancestors in the

@@ -509,7 +509,8 @@ impl Conn<'_> {
         }
         if let Request::Subscribe(sub) = req {
             // Events travel under this request's id until the next subscribe.
-            self.events = self.daemon.events.subscribe(session, sub.topics).map(|rx| (request_id, rx));
+            let reach = crate::scope::Caller::of(self.daemon, &self.peer).event_reach();
+            self.events = self.daemon.events.subscribe(session, sub.topics, reach).map(|rx| (request_id, rx));
             tracing::debug!(topics = ?sub.topics, "subscribed");
             return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
         }

@@ -18,9 +18,10 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, ExportHandle, ExportPolicy,
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, Event, ExportHandle, ExportPolicy,
     ExportRequest, ImportRequest, MemoryClass, Name, PartitionSpec, PartitionsRequest, RegionsRequest, Request,
-    ResourceName, Response, RevokeRequest, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
+    ResourceName, Response, RevokeRequest, SubscribeRequest, Topics, TopologyRequest, TranslateQuery, TranslateRequest,
+    Translation,
 };
 use fabric_topology::Fabric;
 
@@ -285,8 +286,60 @@ fn partitions_handles_and_admin_rights_hold_against_other_uids() {
     assert!(c.ask("status").starts_with("ok"), "status stays open");
 }
 
-/// The client half of the test above, run by it under another uid; does nothing when run
-/// directly.
+#[test]
+fn bound_subscribers_get_only_their_partitions_device_events() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run clients under uids {UID_A}, {UID_B} (CI runs it as root)");
+        return;
+    }
+    // An editable copy of the sim, rescanned every second.
+    let s = common::Setup::new(&format!("group = \"{SOCKET_GID}\"\nadmin_group = \"{ADMIN_GID}\""));
+    let sim = s.dir.path().join("fabric.toml");
+    let base = std::fs::read_to_string(common::sim_file()).unwrap();
+    std::fs::write(&sim, &base).unwrap();
+    let config = std::fs::read_to_string(&s.config).unwrap().replace(
+        &format!("sim = [{:?}]", common::sim_file().display().to_string()),
+        &format!("sim = [{:?}]\nrescan_interval_s = 1", sim.display().to_string()),
+    );
+    assert!(config.contains("rescan_interval_s = 1"));
+    std::fs::write(&s.config, config).unwrap();
+    let d = common::start(&s.config, s.dir.path());
+    let g = gpus();
+    let last = g.last().unwrap().clone();
+    let mut root = common::client(&s.socket);
+    // tenant-a holds the GPU that will vanish; tenant-b does not.
+    admin_call(
+        &mut root,
+        Request::Partitions(PartitionsRequest::Set(spec("tenant-a", &[&g[0], &last], &[UID_A], &[]))),
+    );
+    admin_call(
+        &mut root,
+        Request::Partitions(PartitionsRequest::Set(spec("tenant-b", &[&g[2], &g[3]], &[UID_B], &[]))),
+    );
+    let mut a = Client::spawn("A", &s.socket, UID_A, &[]);
+    let mut b = Client::spawn("B", &s.socket, UID_B, &[]);
+    assert_eq!(a.ask("subscribe"), "ok");
+    assert_eq!(b.ask("subscribe"), "ok");
+
+    // The last GPU (and its NVLinks) leaves the sim file.
+    let seven = base
+        .replacen("count = 8\nparent = \"plx{i/2}\"", "count = 7\nparent = \"plx{i/2}\"", 1)
+        .replacen("i = 8\n", "i = 7\n", 1);
+    assert_ne!(seven, base);
+    let tmp = sim.with_extension("tmp");
+    std::fs::write(&tmp, &seven).unwrap();
+    std::fs::rename(&tmp, &sim).unwrap();
+
+    let seen_a = a.ok("events-until-map 20", "devices");
+    assert!(seen_a.split(',').any(|e| e == format!("{last}:Removed")), "A sees its GPU go: {seen_a}");
+    assert!(seen_a.split(',').all(|e| e.is_empty() || e.starts_with(&last)), "A sees only its devices: {seen_a}");
+    let seen_b = b.ask("events-until-map 20");
+    assert_eq!(seen_b, "ok devices= links=0 map=true", "B sees the map change and no device or link of A's");
+    drop(d);
+}
+
+/// The client half of the tests above, run by them under another uid; does nothing when
+/// run directly.
 #[test]
 #[ignore = "the client process of partitions_handles_and_admin_rights_hold_against_other_uids, which runs it"]
 fn security_child() {
@@ -325,6 +378,23 @@ fn child_command(conn: &mut Connection, w: &[&str]) -> String {
     let r = match w {
         ["whoami"] => return format!("ok uid={}", nix::unistd::getuid()),
         ["status"] => call(Request::Status(Default::default())).map(|_| "ok".to_owned()),
+        ["subscribe"] => call(Request::Subscribe(SubscribeRequest { topics: Topics::ALL })).map(|_| "ok".to_owned()),
+        ["events-until-map", secs] => {
+            // Device events as id:Change, the number of link events, whether a map event came.
+            let secs: u64 = secs.parse().unwrap();
+            conn.stream().set_read_timeout(Some(std::time::Duration::from_secs(secs))).unwrap();
+            let (mut devices, mut links, mut map) = (Vec::new(), 0, false);
+            while !map {
+                match conn.next_event() {
+                    Ok(Event::Device { device, change }) => devices.push(format!("{}:{change:?}", device.as_str())),
+                    Ok(Event::Link { .. }) => links += 1,
+                    Ok(Event::Map(_)) => map = true,
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            return format!("ok devices={} links={links} map={map}", devices.join(","));
+        }
         ["pset", name, dev] => {
             call(Request::Partitions(PartitionsRequest::Set(spec(name, &[dev], &[], &[])))).map(|_| "ok".to_owned())
         }
