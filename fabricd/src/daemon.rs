@@ -181,6 +181,8 @@ pub struct Daemon {
     pub copies: crate::copy::CopyEngine,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
+    /// The PCI functions held through VFIO (`dma.vfio`).
+    pub vfio: crate::dma::vfio::Vfio,
     /// Rescans asked for outside the interval (kernel uevents).
     pub monitor: crate::monitor::Trigger,
     /// Who each partition binds (`partitions.state` in the state dir).
@@ -238,6 +240,7 @@ impl Daemon {
         let metrics = Arc::new(Metrics::new(fabric));
         metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
         let copies = crate::copy::CopyEngine::start(config.copy.clone(), metrics.clone()).map_err(StartError::Copy)?;
+        let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
         Ok(Self {
             config,
             socket_path,
@@ -255,6 +258,7 @@ impl Daemon {
             metrics,
             copies,
             memory,
+            vfio,
             monitor: crate::monitor::Trigger::default(),
             partitions,
         })
