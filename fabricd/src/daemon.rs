@@ -212,6 +212,8 @@ impl Daemon {
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
         tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
         let partitions = crate::partitions::Bindings::open(&state_dir)?;
+        // Before discovery, so that the inventory shows the vfio-pci binding.
+        let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
         let inv = discover(&config)?;
         for r in &inv.backends {
             tracing::info!(backend = %r.backend, "{}", backend_line(r));
@@ -240,7 +242,6 @@ impl Daemon {
         let metrics = Arc::new(Metrics::new(fabric));
         metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
         let copies = crate::copy::CopyEngine::start(config.copy.clone(), metrics.clone()).map_err(StartError::Copy)?;
-        let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
         Ok(Self {
             config,
             socket_path,

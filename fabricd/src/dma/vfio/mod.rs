@@ -33,6 +33,15 @@ const SETTLE: Duration = Duration::from_millis(30);
 /// How long the unmap check waits for the fault record.
 const VERIFY_SETTLE: Duration = Duration::from_secs(3);
 
+/// An IOVA as the kernel logs it (`0x200000`).
+struct Hex(u64);
+
+impl std::fmt::Display for Hex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
 /// Why the VFIO backend refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum VfioError {
@@ -172,10 +181,11 @@ impl VfioDevice {
         let mut e = self.engine()?;
         e.kmsg.mark().map_err(VfioError::Kmsg)?;
         e.edu.copy(src, dst, len)?;
-        match e.kmsg.fault(SETTLE).map_err(VfioError::Kmsg)? {
-            Some(record) => Err(VfioError::Fault(record)),
-            None => Ok(()),
+        if let Some(record) = e.kmsg.fault(SETTLE).map_err(VfioError::Kmsg)? {
+            return Err(VfioError::Fault(record));
         }
+        tracing::info!(bdf = self.bdf, src = %Hex(src), dst = %Hex(dst), len, "device DMA copy done");
+        Ok(())
     }
 
     /// The unmap check: DMAs a page to `iova` (just unmapped) and returns the fault
@@ -194,7 +204,7 @@ impl VfioDevice {
         // holds the Arc), whose Drop unmaps the range first; the daemon forms no references
         // to registered memory (crate::dma, "Safety of DMA").
         unsafe { ioctl::map_dma(&self.container, pinned.as_ptr() as u64, iova, pinned.len(), write) }?;
-        tracing::info!(bdf = self.bdf, iova, len = pinned.len(), write, "VFIO DMA mapped");
+        tracing::info!(bdf = self.bdf, iova = %Hex(iova), len = pinned.len(), write, "VFIO DMA mapped");
         Ok(DmaMapping { device: self.clone(), iova, pinned })
     }
 }
@@ -229,19 +239,23 @@ impl Drop for DmaMapping {
         let (d, iova, len) = (&self.device, self.iova, self.pinned.len());
         if let Err(e) = ioctl::unmap_dma(&d.container, iova, len) {
             // The container keeps its own pin of the pages: nothing is freed under the device.
-            tracing::error!(bdf = d.bdf, iova, len, error = %crate::error_chain(&e), "VFIO DMA unmap failed");
+            tracing::error!(bdf = d.bdf, iova = %Hex(iova), len, error = %crate::error_chain(&e), "VFIO DMA unmap failed");
             return;
         }
-        tracing::info!(bdf = d.bdf, iova, len, "VFIO DMA unmapped");
+        tracing::info!(bdf = d.bdf, iova = %Hex(iova), len, "VFIO DMA unmapped");
         // The test hook runs here, under the registry's lock, so that no registration can
         // take the IOVA before the probe DMA to it is over.
         if d.verify_unmap {
             match d.probe_unmapped(iova) {
                 Ok(Some(record)) => {
-                    tracing::info!(bdf = d.bdf, iova, record, "unmap verified: the IOMMU blocked a DMA to the IOVA")
+                    tracing::info!(bdf = d.bdf, iova = %Hex(iova), record, "unmap verified: the IOMMU blocked a DMA to the IOVA")
                 }
-                Ok(None) => tracing::error!(bdf = d.bdf, iova, "unmap NOT verified: a DMA to the IOVA raised no fault"),
-                Err(e) => tracing::error!(bdf = d.bdf, iova, error = %crate::error_chain(&e), "unmap check failed"),
+                Ok(None) => {
+                    tracing::error!(bdf = d.bdf, iova = %Hex(iova), "unmap NOT verified: a DMA to the IOVA raised no fault")
+                }
+                Err(e) => {
+                    tracing::error!(bdf = d.bdf, iova = %Hex(iova), error = %crate::error_chain(&e), "unmap check failed")
+                }
             }
         }
     }
