@@ -37,6 +37,8 @@ use std::thread::JoinHandle;
 use fabric_proto::wire::{CopyDone, CopyResult, ErrorCode, ErrorText};
 
 use crate::config::CopyConfig;
+use crate::dma::vfio::VfioError;
+use crate::dma::vfio::engine::End;
 use crate::memory::{Dep, Memory, Side};
 use crate::metrics::Metrics;
 
@@ -149,10 +151,10 @@ pub struct NewCopy {
 pub struct DeviceCopy {
     /// The device, with its engine.
     pub device: Arc<crate::dma::vfio::VfioDevice>,
-    /// IOVA of the destination's byte 0.
-    pub dst: u64,
-    /// IOVA of the source's byte 0.
-    pub src: u64,
+    /// The destination's mapping and the IOVA of its byte 0.
+    pub dst: End,
+    /// The source's mapping and the IOVA of its byte 0.
+    pub src: End,
 }
 
 /// The chunk size for a copy of `len` bytes on `engines` engines with `max` the largest
@@ -319,9 +321,16 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>) {
     }
     let moved = match &job.device {
         // The device's DMA through the IOMMU; the CPU touches no byte.
-        Some(d) => {
-            d.device.copy(d.src + c.at, d.dst + c.at, c.len).map_err(|e| (ErrorCode::Internal, crate::error_chain(&e)))
-        }
+        Some(d) => d
+            .device
+            .copy(End { iova: d.src.iova + c.at, ..d.src }, End { iova: d.dst.iova + c.at, ..d.dst }, c.len)
+            .map_err(|e| {
+                let code = match e {
+                    VfioError::Unmapped { .. } => ErrorCode::NotFound,
+                    _ => ErrorCode::Internal,
+                };
+                (code, crate::error_chain(&e))
+            }),
         None => chunk::copy(&job.dst, &job.src, c.at, c.len, bounce).map_err(|e| (e.code(), e.to_string())),
     };
     match moved {

@@ -75,7 +75,7 @@ pub struct Resolved {
     pub key: (u8, u64, u64, u64),
     /// For a registration mapped in a VFIO container: the device and the IOVA of the
     /// endpoint's byte 0, so that a copy between two such endpoints can run on the device.
-    pub dma: Option<(Arc<crate::dma::vfio::VfioDevice>, u64)>,
+    pub dma: Option<(Arc<crate::dma::vfio::VfioDevice>, crate::dma::vfio::engine::End)>,
 }
 
 fn bad(m: impl Into<String>) -> MemoryError {
@@ -158,7 +158,10 @@ impl Memory {
             crate::dma::Covers::Import(i) => deps.push(Dep::Import(i)),
             crate::dma::Covers::Fd | crate::dma::Covers::Process => {}
         }
-        let dma = r.vfio.as_ref().map(|m| (m.device().clone(), r.iova + at));
+        let dma = r
+            .vfio
+            .as_ref()
+            .map(|m| (m.device().clone(), crate::dma::vfio::engine::End { map: m.id(), iova: r.iova + at }));
         Ok(Resolved { side, deps, device: None, key, dma })
     }
 

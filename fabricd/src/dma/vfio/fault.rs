@@ -13,6 +13,14 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
+/// Where the engine learns of IOMMU faults (the kernel log; a fake in tests).
+pub trait FaultLog: Send {
+    /// Skips everything logged so far.
+    fn mark(&mut self) -> io::Result<()>;
+    /// The first fault record of the device since the mark, waiting up to `settle`.
+    fn fault(&mut self, settle: Duration) -> io::Result<Option<String>>;
+}
+
 /// The kernel log, read from a mark.
 #[derive(Debug)]
 pub struct Kmsg {
@@ -37,15 +45,16 @@ impl Kmsg {
         k.mark()?;
         Ok(k)
     }
+}
 
-    /// Skips everything logged so far.
-    pub fn mark(&mut self) -> io::Result<()> {
+impl FaultLog for Kmsg {
+    fn mark(&mut self) -> io::Result<()> {
         self.file.seek(SeekFrom::End(0)).map(drop)
     }
 
-    /// The first fault record of the device logged since the mark, waiting up to `settle`
-    /// for one to arrive (the fault interrupt may be handled after the device reports done).
-    pub fn fault(&mut self, settle: Duration) -> io::Result<Option<String>> {
+    /// Waits for the record because the fault interrupt may be handled after the device
+    /// reports the transfer done.
+    fn fault(&mut self, settle: Duration) -> io::Result<Option<String>> {
         let deadline = Instant::now() + settle;
         let mut buf = vec![0u8; 8192];
         loop {

@@ -12,6 +12,7 @@
 
 pub mod bind;
 pub mod edu;
+pub mod engine;
 pub mod fault;
 pub mod ioctl;
 
@@ -19,19 +20,21 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::config::DmaConfig;
 use crate::dma::sys::Pinned;
 use bind::BindError;
 use edu::{Bar, Edu, EduError};
+use engine::{End, Engine};
 use ioctl::IoctlError;
 
-/// How long the engine waits after a transfer for the IOMMU's fault record.
-const SETTLE: Duration = Duration::from_millis(30);
-/// How long the unmap check waits for the fault record.
-const VERIFY_SETTLE: Duration = Duration::from_secs(3);
+/// Bytes of a device copy moved under one hold of the engine's lock.
+pub const STEP: u64 = 64 << 10;
+
+/// Ids of mappings, never reused: a copy names the mappings it runs through.
+static NEXT_MAPPING: AtomicU64 = AtomicU64::new(1);
 
 /// An IOVA as the kernel logs it (`0x200000`).
 struct Hex(u64);
@@ -63,6 +66,14 @@ pub enum VfioError {
     /// The device has no engine driver.
     #[error("{0} has no DMA engine driver")]
     NoEngine(String),
+    /// An end of a device copy is no longer mapped (its registration went).
+    #[error("IOVA {iova:#x}+{len} is no longer mapped: its registration went")]
+    Unmapped {
+        /// IOVA.
+        iova: u64,
+        /// Bytes.
+        len: u64,
+    },
 }
 
 /// BAR 0 of a VFIO device, through its descriptor (`pread`/`pwrite` at the region's offset).
@@ -88,13 +99,6 @@ impl Bar for RegionBar {
     }
 }
 
-/// A device engine and the kernel log it checks for faults; one transfer at a time.
-#[derive(Debug)]
-struct Engine {
-    edu: Edu<RegionBar>,
-    kmsg: fault::Kmsg,
-}
-
 /// A PCI function fabricd holds through VFIO.
 pub struct VfioDevice {
     /// `DDDD:BB:DD.F`.
@@ -106,7 +110,7 @@ pub struct VfioDevice {
     container: File,
     _group: File,
     _device: Arc<File>,
-    engine: Option<Mutex<Engine>>,
+    engine: Option<Mutex<Engine<RegionBar, fault::Kmsg>>>,
     verify_unmap: bool,
 }
 
@@ -143,7 +147,7 @@ impl VfioDevice {
             let (bar0, _) = ioctl::region(&device, 0)?;
             let edu = Edu::new(RegionBar { device: device.clone(), offset: bar0 })?;
             match fault::Kmsg::open(bdf) {
-                Ok(kmsg) => Some(Mutex::new(Engine { edu, kmsg })),
+                Ok(kmsg) => Some(Mutex::new(Engine::new(edu, kmsg))),
                 Err(e) => {
                     tracing::warn!(bdf, error = %e, "edu engine off: the kernel log (DMA faults) cannot be read; copies run on the CPU");
                     None
@@ -170,31 +174,23 @@ impl VfioDevice {
         self.engine.is_some()
     }
 
-    fn engine(&self) -> Result<std::sync::MutexGuard<'_, Engine>, VfioError> {
-        let e = self.engine.as_ref().ok_or_else(|| VfioError::NoEngine(self.bdf.clone()))?;
-        Ok(e.lock().unwrap_or_else(|p| p.into_inner()))
+    fn engine(&self) -> Option<MutexGuard<'_, Engine<RegionBar, fault::Kmsg>>> {
+        self.engine.as_ref().map(|e| e.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// Copies `len` bytes from IOVA `src` to IOVA `dst` on the device; a fault the IOMMU
-    /// logs for the device meanwhile fails the copy.
-    pub fn copy(&self, src: u64, dst: u64, len: u64) -> Result<(), VfioError> {
-        let mut e = self.engine()?;
-        e.kmsg.mark().map_err(VfioError::Kmsg)?;
-        e.edu.copy(src, dst, len)?;
-        if let Some(record) = e.kmsg.fault(SETTLE).map_err(VfioError::Kmsg)? {
-            return Err(VfioError::Fault(record));
+    /// Copies `len` bytes from `src` to `dst` on the device (see [`Engine::copy`]), in
+    /// steps of [`STEP`] bytes, each under the engine's lock: an unregister (which takes
+    /// that lock under the registry's) waits for one step at most.
+    pub fn copy(&self, src: End, dst: End, len: u64) -> Result<(), VfioError> {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(STEP);
+            let mut e = self.engine().ok_or_else(|| VfioError::NoEngine(self.bdf.clone()))?;
+            e.copy(End { iova: src.iova + done, ..src }, End { iova: dst.iova + done, ..dst }, n)?;
+            done += n;
         }
-        tracing::info!(bdf = self.bdf, src = %Hex(src), dst = %Hex(dst), len, "device DMA copy done");
+        tracing::info!(bdf = self.bdf, src = %Hex(src.iova), dst = %Hex(dst.iova), len, "device DMA copy done");
         Ok(())
-    }
-
-    /// The unmap check: DMAs a page to `iova` (just unmapped) and returns the fault
-    /// record the IOMMU logged, or `None` when the write went through unreported.
-    fn probe_unmapped(&self, iova: u64) -> Result<Option<String>, VfioError> {
-        let mut e = self.engine()?;
-        e.kmsg.mark().map_err(VfioError::Kmsg)?;
-        e.edu.write_to(iova)?;
-        e.kmsg.fault(VERIFY_SETTLE).map_err(VfioError::Kmsg)
     }
 
     /// Maps `pinned` at `iova` for the device (writable when `write`); the mapping lasts
@@ -204,14 +200,19 @@ impl VfioDevice {
         // holds the Arc), whose Drop unmaps the range first; the daemon forms no references
         // to registered memory (crate::dma, "Safety of DMA").
         unsafe { ioctl::map_dma(&self.container, pinned.as_ptr() as u64, iova, pinned.len(), write) }?;
+        let id = NEXT_MAPPING.fetch_add(1, Ordering::Relaxed);
+        if let Some(mut e) = self.engine() {
+            e.mapped(id, iova, pinned.len());
+        }
         tracing::info!(bdf = self.bdf, iova = %Hex(iova), len = pinned.len(), write, "VFIO DMA mapped");
-        Ok(DmaMapping { device: self.clone(), iova, pinned })
+        Ok(DmaMapping { device: self.clone(), id, iova, pinned })
     }
 }
 
 /// A range mapped in a VFIO container; unmapped on drop, before its memory can go.
 pub struct DmaMapping {
     device: Arc<VfioDevice>,
+    id: u64,
     iova: u64,
     pinned: Arc<Pinned>,
 }
@@ -232,11 +233,22 @@ impl DmaMapping {
     pub fn iova(&self) -> u64 {
         self.iova
     }
+
+    /// The mapping's id (never reused), for a device copy through it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 impl Drop for DmaMapping {
     fn drop(&mut self) {
         let (d, iova, len) = (&self.device, self.iova, self.pinned.len());
+        // Held across the unmap: a device transfer through this mapping in flight ends
+        // first, and none starts after (engine.rs).
+        let mut engine = d.engine();
+        if let Some(e) = engine.as_mut() {
+            e.unmapping(self.id);
+        }
         if let Err(e) = ioctl::unmap_dma(&d.container, iova, len) {
             // The container keeps its own pin of the pages: nothing is freed under the device.
             tracing::error!(bdf = d.bdf, iova = %Hex(iova), len, error = %crate::error_chain(&e), "VFIO DMA unmap failed");
@@ -245,8 +257,8 @@ impl Drop for DmaMapping {
         tracing::info!(bdf = d.bdf, iova = %Hex(iova), len, "VFIO DMA unmapped");
         // The test hook runs here, under the registry's lock, so that no registration can
         // take the IOVA before the probe DMA to it is over.
-        if d.verify_unmap {
-            match d.probe_unmapped(iova) {
+        if let (true, Some(e)) = (d.verify_unmap, engine.as_mut()) {
+            match e.probe_unmapped(iova) {
                 Ok(Some(record)) => {
                     tracing::info!(bdf = d.bdf, iova = %Hex(iova), record, "unmap verified: the IOMMU blocked a DMA to the IOVA")
                 }
