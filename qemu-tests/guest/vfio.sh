@@ -39,10 +39,12 @@ rc=$?
 cat /tmp/mm.out
 if [ $rc = 0 ]; then result vfio-mm ok "libfabric-mm round trip through fabricd"; else result vfio-mm fail "exit $rc"; fi
 IOVA=$(sed -n 's/^unregistered-iova //p' /tmp/mm.out)
-if grep -q "device DMA copy done" /tmp/fabricd.log; then
+# edu, not an engine thread, moved the bytes between the two registrations' IOVAs.
+set -- $(sed -n 's/^registered-iovas //p' /tmp/mm.out)
+if [ $# = 2 ] && grep -q "device DMA copy done.*src=$1 dst=$2 len=8192" /tmp/fabricd.log; then
   result vfio-engine-copy ok "$(grep 'device DMA copy done' /tmp/fabricd.log | head -n1)"
 else
-  result vfio-engine-copy fail "fabricd logged no device DMA copy"
+  result vfio-engine-copy fail "fabricd logged no device DMA copy from '$1' to '$2'"
 fi
 i=0
 while ! grep -q "unmap verified.*iova=$IOVA " /tmp/fabricd.log && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done

@@ -4,7 +4,7 @@
 //! copy API (fabricd runs it on edu's DMA engine: RAM → edu → RAM), the bytes checked;
 //! the client's own memory refused for a VFIO device; after the destination is
 //! unregistered, a copy to it is refused (`NotFound`). Prints one FABRIC-TEST-RESULT line
-//! per step and `unregistered-iova 0x…` for the guest script, which checks that fabricd's
+//! per step, `registered-iovas SRC DST` and `unregistered-iova 0x…` for the guest script, which checks that fabricd's
 //! unmap check saw the IOMMU block a DMA to that IOVA.
 
 use std::time::Duration;
@@ -50,6 +50,7 @@ pub fn mm_edu(bdf: &str) -> Result<(), String> {
         rs.iova(),
         rd.iova()
     );
+    println!("registered-iovas {:#x} {:#x}", rs.iova(), rd.iova());
     let c = s.copy(rd.at(0), rs.at(0), LEN).map_err(|e| format!("copy: {e}"))?;
     let n = c.wait_timeout(Duration::from_secs(60)).ok_or("the copy did not finish in 60 s")?;
     let n = n.map_err(|e| format!("copy failed: {e}"))?;
