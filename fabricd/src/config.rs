@@ -450,6 +450,10 @@ mod tests {
         assert!(e.contains("line 2"), "{e}");
         let e = parse("[map]\naddress_bits = 12\n").unwrap_err().to_string();
         assert!(e.contains("map") && e.contains("address_bits"), "{e}");
+        let e = parse("[dma]\nvfio = [\"00:04.0\"]\n").unwrap_err().to_string();
+        assert!(e.contains("dma.vfio") && e.contains("00:04.0"), "{e}");
+        let c = parse("[dma]\nvfio = [\"0000:00:04.0\"]\nvfio_verify_unmap = true\n").expect("valid");
+        assert_eq!(c.dma, DmaConfig { vfio: vec!["0000:00:04.0".into()], vfio_verify_unmap: true });
     }
 
     #[test]
