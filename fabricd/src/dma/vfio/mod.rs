@@ -277,6 +277,7 @@ impl Drop for DmaMapping {
 #[derive(Debug, Default)]
 pub struct Vfio {
     devices: HashMap<String, Arc<VfioDevice>>,
+    refused: Vec<(String, String)>,
 }
 
 impl Vfio {
@@ -284,6 +285,7 @@ impl Vfio {
     /// with its reason and leaves that function to software registrations.
     pub fn start(config: &DmaConfig, root: &Path) -> Self {
         let mut devices = HashMap::new();
+        let mut refused = Vec::new();
         for bdf in &config.vfio {
             // The config check parsed it; the key is the canonical spelling.
             let bdf = &bdf.parse::<fabric_topology::PciAddress>().map_or_else(|_| bdf.clone(), |a| a.to_string());
@@ -292,15 +294,39 @@ impl Vfio {
                     devices.insert(bdf.to_owned(), Arc::new(d));
                 }
                 Err(e) => {
-                    tracing::warn!(bdf, reason = %crate::error_chain(&e), "not taken for VFIO DMA");
+                    let why = crate::error_chain(&e);
+                    tracing::warn!(bdf, reason = %why, "not taken for VFIO DMA");
+                    refused.push((bdf.to_owned(), why));
                 }
             }
         }
-        Self { devices }
+        Self { devices, refused }
+    }
+
+    /// The functions of `dma.vfio` that were refused, with why (for `Status`).
+    pub fn refused(&self) -> &[(String, String)] {
+        &self.refused
     }
 
     /// The device at PCI address `bdf`.
     pub fn get(&self, bdf: &str) -> Option<&Arc<VfioDevice>> {
         self.devices.get(bdf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_function_is_reported_and_left_to_software() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let config = DmaConfig { vfio: vec!["0:0:4.0".into()], vfio_verify_unmap: false };
+        let v = Vfio::start(&config, root.path());
+        assert!(v.get("0000:00:04.0").is_none());
+        let [(bdf, why)] = v.refused() else { panic!("{:?}", v.refused()) };
+        assert_eq!(bdf, "0000:00:04.0", "the canonical spelling");
+        // Root or not, the reason is typed and says which.
+        assert!(why.contains("needs root") || why.contains("no PCI function 0000:00:04.0"), "{why}");
     }
 }
