@@ -2,9 +2,10 @@
 //! group, the device descriptor with its regions, and `VFIO_IOMMU_MAP_DMA`/`UNMAP_DMA`.
 //! Every `unsafe` block of the VFIO backend is here.
 //!
-//! Raw ioctls rather than the `vfio-ioctls` crate: that crate is not in this build's
-//! registry cache (builds are `--locked` and offline), and it brings `vm-memory` and
-//! `vmm-sys-util` for the few calls below.
+//! Raw ioctls rather than the `vfio-ioctls` crate (0.10): its `VfioContainer::vfio_dma_map`
+//! always maps `READ | WRITE`, which would let the device write a registration the client
+//! made `ReadOnly`; here the flags follow the registration's access. (Its `kvm` default
+//! feature would be turned off with `default-features = false`; that is not the obstacle.)
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
