@@ -17,6 +17,9 @@
 //!   into the daemon's mapping (one copy);
 //! - client to client: both, through a per-engine buffer (two copies).
 //!
+//! A copy between two registrations of a VFIO device with an engine driver is not moved
+//! by the kernel at all: the chunk runs on the device's own DMA ([`crate::dma::vfio`]).
+//!
 //! # Lifetimes
 //! A job holds what it touches alive: the pinned mapping of a registration (shared), its
 //! own descriptor of a region file, a pidfd. So the engine never touches unmapped memory,
