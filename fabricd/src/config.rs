@@ -201,6 +201,20 @@ impl Default for CopyConfig {
     }
 }
 
+/// `[dma]`: device DMA through VFIO (docs/fabricd.md, "VFIO DMA backend").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DmaConfig {
+    /// PCI functions (`DDDD:BB:DD.F`) fabricd takes for DMA through VFIO: bound to
+    /// `vfio-pci` at start (root only), their IOMMU group opened, and registrations for
+    /// them mapped in the group's type-1 container. Empty: registrations stay in software.
+    pub vfio: Vec<String>,
+    /// Test hook, admin-only by being config: after every `VFIO_IOMMU_UNMAP_DMA` the
+    /// device's engine DMAs one page to the IOVA just unmapped and requires the IOMMU to
+    /// block it (a DMAR fault in the kernel log); the outcome is logged. Never in production.
+    pub vfio_verify_unmap: bool,
+}
+
 /// `[security]`: how partitions bind clients (`docs/fabricd.md`, "Security and
 /// partitions").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,6 +282,8 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// The copy engine.
     pub copy: CopyConfig,
+    /// Device DMA through VFIO.
+    pub dma: DmaConfig,
     /// Partition binding rules.
     pub security: SecurityConfig,
     /// Prometheus metrics.
@@ -351,6 +367,11 @@ impl Config {
         if !(256 << 10..=1 << 30).contains(&self.copy.chunk_bytes) {
             return Err(bad("copy.chunk_bytes", "must be between 256 KiB and 1 GiB".to_owned()));
         }
+        for a in &self.dma.vfio {
+            if a.parse::<fabric_topology::PciAddress>().is_err() {
+                return Err(bad("dma.vfio", format!("{a:?} is not a PCI address (DDDD:BB:DD.F)")));
+            }
+        }
         if !self.metrics.listen.is_empty() {
             let addr: std::net::SocketAddr = self
                 .metrics
@@ -432,6 +453,10 @@ mod tests {
         assert!(e.contains("line 2"), "{e}");
         let e = parse("[map]\naddress_bits = 12\n").unwrap_err().to_string();
         assert!(e.contains("map") && e.contains("address_bits"), "{e}");
+        let e = parse("[dma]\nvfio = [\"00:04.0\"]\n").unwrap_err().to_string();
+        assert!(e.contains("dma.vfio") && e.contains("00:04.0"), "{e}");
+        let c = parse("[dma]\nvfio = [\"0000:00:04.0\"]\nvfio_verify_unmap = true\n").expect("valid");
+        assert_eq!(c.dma, DmaConfig { vfio: vec!["0000:00:04.0".into()], vfio_verify_unmap: true });
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use fabric_proto::wire::{CopyEndpoint, CopyRequest, CopyResponse, ErrorBody, ErrorCode, ErrorDetail, Name, Response};
 
-use crate::copy::{CopyError, NewCopy, Sink};
+use crate::copy::{CopyError, DeviceCopy, NewCopy, Sink};
 use crate::daemon::Daemon;
 use crate::memops::refused;
 use crate::memory::Resolved;
@@ -57,7 +57,15 @@ pub fn copy(
         }
         let mut deps = dst.deps;
         deps.extend(src.deps);
-        Ok(NewCopy { dst: dst.side, src: src.side, len: req.len, deps })
+        // Both ends mapped for the same VFIO device that has an engine: the device moves
+        // the bytes (docs/fabricd.md, "VFIO DMA backend").
+        let device = match (&dst.dma, &src.dma) {
+            (Some((dd, di)), Some((sd, si))) if std::sync::Arc::ptr_eq(dd, sd) && dd.has_engine() => {
+                Some(DeviceCopy { device: dd.clone(), dst: *di, src: *si })
+            }
+            _ => None,
+        };
+        Ok(NewCopy { dst: dst.side, src: src.side, len: req.len, deps, device })
     };
     match d.copies.submit(session, request_id, sink, resolve) {
         Ok(Ok(copy)) => Ok(Response::Copy(CopyResponse { copy })),

@@ -181,6 +181,8 @@ pub struct Daemon {
     pub copies: crate::copy::CopyEngine,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
+    /// The PCI functions held through VFIO (`dma.vfio`).
+    pub vfio: crate::dma::vfio::Vfio,
     /// Rescans asked for outside the interval (kernel uevents).
     pub monitor: crate::monitor::Trigger,
     /// Who each partition binds (`partitions.state` in the state dir).
@@ -210,6 +212,8 @@ impl Daemon {
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
         tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
         let partitions = crate::partitions::Bindings::open(&state_dir)?;
+        // Before discovery, so that the inventory shows the vfio-pci binding.
+        let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
         let inv = discover(&config)?;
         for r in &inv.backends {
             tracing::info!(backend = %r.backend, "{}", backend_line(r));
@@ -255,6 +259,7 @@ impl Daemon {
             metrics,
             copies,
             memory,
+            vfio,
             monitor: crate::monitor::Trigger::default(),
             partitions,
         })

@@ -22,7 +22,12 @@ pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
     if !can_dma(dev) {
         return Err(refusal(ErrorCode::BadRequest, format!("device {id} ({:?}) does not do DMA", dev.kind)));
     }
-    Ok(target_of(dev))
+    let mut t = target_of(dev);
+    if let Some(v) = dev.pci.as_ref().and_then(|p| p.address).and_then(|a| d.vfio.get(&a.to_string())) {
+        t.mask_bits = t.mask_bits.min(v.mask_bits.unwrap_or(crate::dma::DEFAULT_DMA_MASK_BITS));
+        t.vfio = Some(v.clone());
+    }
+    Ok(t)
 }
 
 /// `Register`: pins the source and maps it at an IOVA in the device's DMA domain.

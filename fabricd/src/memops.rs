@@ -37,6 +37,7 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         }
         MemoryError::Pin(PinError::Map { .. }) => ErrorCode::BadRequest,
         MemoryError::Pin(PinError::Lock { .. }) => ErrorCode::Internal,
+        MemoryError::Vfio(_) => ErrorCode::Internal,
     };
     let message = crate::error_chain(e);
     let mut body = refusal(code, message);

@@ -200,6 +200,14 @@ pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse
             bandwidth_permille: None,
         });
     }
+    for (bdf, why) in d.vfio.refused() {
+        problems.push(Problem {
+            kind: ProblemKind::BackendFailed,
+            subject: DeviceName::truncated(&format!("vfio:{bdf}")),
+            detail: ErrorText::truncated(&format!("not taken for VFIO DMA (dma.vfio): {why}")),
+            bandwidth_permille: None,
+        });
+    }
     for id in vanished {
         problems.push(Problem {
             kind: ProblemKind::DeviceMissing,

@@ -17,6 +17,9 @@
 //!   into the daemon's mapping (one copy);
 //! - client to client: both, through a per-engine buffer (two copies).
 //!
+//! A copy between two registrations of a VFIO device with an engine driver is not moved
+//! by the kernel at all: the chunk runs on the device's own DMA ([`crate::dma::vfio`]).
+//!
 //! # Lifetimes
 //! A job holds what it touches alive: the pinned mapping of a registration (shared), its
 //! own descriptor of a region file, a pidfd. So the engine never touches unmapped memory,
@@ -37,6 +40,8 @@ use std::thread::JoinHandle;
 use fabric_proto::wire::{CopyDone, CopyResult, ErrorCode, ErrorText};
 
 use crate::config::CopyConfig;
+use crate::dma::vfio::VfioError;
+use crate::dma::vfio::engine::End;
 use crate::memory::{Dep, Memory, Side};
 use crate::metrics::Metrics;
 
@@ -73,6 +78,7 @@ struct Job {
     dst: Side,
     src: Side,
     deps: Vec<Dep>,
+    device: Option<DeviceCopy>,
     /// `Some(why)` once stopped; read-locked while a chunk moves.
     gate: RwLock<Option<String>>,
     /// Chunks not yet taken to the end.
@@ -139,6 +145,19 @@ pub struct NewCopy {
     pub len: u64,
     /// What both sides depend on.
     pub deps: Vec<Dep>,
+    /// Set when the copy runs on a device's DMA engine rather than by the kernel.
+    pub device: Option<DeviceCopy>,
+}
+
+/// A copy the device moves: both ends are IOVAs in its VFIO container.
+#[derive(Debug, Clone)]
+pub struct DeviceCopy {
+    /// The device, with its engine.
+    pub device: Arc<crate::dma::vfio::VfioDevice>,
+    /// The destination's mapping and the IOVA of its byte 0.
+    pub dst: End,
+    /// The source's mapping and the IOVA of its byte 0.
+    pub src: End,
 }
 
 /// The chunk size for a copy of `len` bytes on `engines` engines with `max` the largest
@@ -203,6 +222,7 @@ impl CopyEngine {
             dst: c.dst,
             src: c.src,
             deps: c.deps,
+            device: c.device,
             gate: RwLock::new(None),
             left: AtomicUsize::new(n),
             done: AtomicU64::new(0),
@@ -302,13 +322,27 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>) {
     if gate.is_some() || lock(&job.failed).is_some() {
         return;
     }
-    match chunk::copy(&job.dst, &job.src, c.at, c.len, bounce) {
+    let moved = match &job.device {
+        // The device's DMA through the IOMMU; the CPU touches no byte.
+        Some(d) => d
+            .device
+            .copy(End { iova: d.src.iova + c.at, ..d.src }, End { iova: d.dst.iova + c.at, ..d.dst }, c.len)
+            .map_err(|e| {
+                let code = match e {
+                    VfioError::Unmapped { .. } => ErrorCode::NotFound,
+                    _ => ErrorCode::Internal,
+                };
+                (code, crate::error_chain(&e))
+            }),
+        None => chunk::copy(&job.dst, &job.src, c.at, c.len, bounce).map_err(|e| (e.code(), e.to_string())),
+    };
+    match moved {
         Ok(()) => {
             job.done.fetch_add(c.len, Ordering::Relaxed);
         }
-        Err(e) => {
-            tracing::warn!(copy = job.id, at = c.at, len = c.len, error = %e, "copy chunk failed");
-            job.fail(e.code(), e.to_string());
+        Err((code, why)) => {
+            tracing::warn!(copy = job.id, at = c.at, len = c.len, error = %why, on_device = job.device.is_some(), "copy chunk failed");
+            job.fail(code, why);
         }
     }
     drop(gate);

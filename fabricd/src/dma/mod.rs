@@ -28,6 +28,7 @@
 
 pub mod iova;
 pub mod sys;
+pub mod vfio;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -81,6 +82,9 @@ pub struct Target {
     pub domain: String,
     /// The device's DMA mask in bits.
     pub mask_bits: u8,
+    /// The device when the daemon holds it through VFIO: registrations are mapped in its
+    /// container ([`vfio`]).
+    pub vfio: Option<std::sync::Arc<vfio::VfioDevice>>,
 }
 
 /// Whether `dev` can be a DMA target at all (CPUs, bridges and switches move no data).
@@ -109,7 +113,7 @@ pub fn target_of(dev: &Device) -> Target {
         .dma_mask_bits
         .or_else(|| dev.attrs.get("dma_mask_bits").and_then(|v| v.trim().parse().ok()))
         .unwrap_or(DEFAULT_DMA_MASK_BITS);
-    Target { device: dev.id.clone(), domain, mask_bits }
+    Target { device: dev.id.clone(), domain, mask_bits, vfio: None }
 }
 
 /// What a registration's memory is.
@@ -166,6 +170,9 @@ pub struct Registration {
     pub session: u64,
     /// What bounds its life.
     pub covers: Covers,
+    /// Its IOMMU mapping, for a VFIO device. Declared before `backing`: dropped first, so
+    /// the range is unmapped before the memory is unpinned.
+    pub vfio: Option<vfio::DmaMapping>,
     /// The memory.
     pub backing: Backing,
 }
@@ -225,6 +232,13 @@ impl Registry {
     /// Takes `span` bytes of IOVA space in `t`'s domain below its mask.
     pub fn alloc_iova(&mut self, t: &Target, span: u64) -> Result<u64, IovaError> {
         self.domains.entry(t.domain.clone()).or_default().alloc(span, t.mask_bits)
+    }
+
+    /// Gives back an IOVA range of `t`'s domain that no registration took.
+    pub fn free_iova(&mut self, t: &Target, iova: u64) {
+        if let Some(d) = self.domains.get_mut(&t.domain) {
+            d.free(iova);
+        }
     }
 
     /// Records a registration whose IOVA came from [`Registry::alloc_iova`].
@@ -296,7 +310,10 @@ mod tests {
         assert_eq!(target_of(&d).mask_bits, 40);
         d.dma_mask_bits = Some(32);
         d.pci = Some(fabric_topology::PciInfo { iommu_group: Some(7), ..Default::default() });
-        assert_eq!(target_of(&d), Target { device: d.id.clone(), domain: "n0/iommu_group:7".into(), mask_bits: 32 });
+        assert_eq!(
+            target_of(&d),
+            Target { device: d.id.clone(), domain: "n0/iommu_group:7".into(), mask_bits: 32, vfio: None }
+        );
         assert!(can_dma(&d));
         assert!(!can_dma(&Device::new(DeviceId::named("n0", "numa0"), DeviceKind::Cpu, Some("n0"))));
     }

@@ -73,6 +73,9 @@ pub struct Resolved {
     /// overlapping copies: `(kind, a, b, offset)` with files as `(0, dev, inode)` and
     /// processes as `(1, pid, 0)`.
     pub key: (u8, u64, u64, u64),
+    /// For a registration mapped in a VFIO container: the device and the IOVA of the
+    /// endpoint's byte 0, so that a copy between two such endpoints can run on the device.
+    pub dma: Option<(Arc<crate::dma::vfio::VfioDevice>, crate::dma::vfio::engine::End)>,
 }
 
 fn bad(m: impl Into<String>) -> MemoryError {
@@ -155,7 +158,11 @@ impl Memory {
             crate::dma::Covers::Import(i) => deps.push(Dep::Import(i)),
             crate::dma::Covers::Fd | crate::dma::Covers::Process => {}
         }
-        Ok(Resolved { side, deps, device: None, key })
+        let dma = r
+            .vfio
+            .as_ref()
+            .map(|m| (m.device().clone(), crate::dma::vfio::engine::End { map: m.id(), iova: r.iova + at }));
+        Ok(Resolved { side, deps, device: None, key, dma })
     }
 
     fn gfa_side(
@@ -209,7 +216,13 @@ impl Memory {
         let offset = gfa - start;
         let key = file_key(&file, offset);
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
-        Ok(Resolved { side: Side::File { file: Arc::new(file), offset, writable: write }, deps, device, key })
+        Ok(Resolved {
+            side: Side::File { file: Arc::new(file), offset, writable: write },
+            deps,
+            device,
+            key,
+            dma: None,
+        })
     }
 
     /// Why a copy that depends on `deps` must stop, when one of them is gone.

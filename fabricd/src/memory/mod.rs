@@ -103,6 +103,9 @@ pub enum MemoryError {
     /// Memory could not be pinned (mapped and locked).
     #[error(transparent)]
     Pin(crate::dma::sys::PinError),
+    /// The VFIO backend refused the mapping.
+    #[error("VFIO")]
+    Vfio(#[source] crate::dma::vfio::VfioError),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {

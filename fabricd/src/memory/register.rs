@@ -163,6 +163,12 @@ impl Memory {
                 (Covers::Fd, pin(f, first, span, access)?)
             }
             Source::Process { .. } => {
+                if let Some(v) = &target.vfio {
+                    return Err(MemoryError::BadRequest(format!(
+                        "{} is a VFIO device: its IOMMU maps memory of the daemon only; register a region, an import or a memory object (memfd) instead of the caller's own memory",
+                        v.bdf
+                    )));
+                }
                 if peer.pid <= 0 {
                     return Err(MemoryError::PermissionDenied("the caller's pid is unknown".into()));
                 }
@@ -174,6 +180,16 @@ impl Memory {
         };
         // On failure the backing drops here, which unpins it.
         let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
+        let vfio = match (&target.vfio, &backing) {
+            (Some(dev), Backing::Mapped(p)) => match dev.map(iova, p.clone(), access == AccessMode::ReadWrite) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    st.dma.free_iova(target, iova);
+                    return Err(MemoryError::Vfio(e));
+                }
+            },
+            _ => None,
+        };
         let id = st.next_id;
         st.next_id += 1;
         st.dma.insert(
@@ -189,6 +205,7 @@ impl Memory {
                 uid: peer.uid,
                 session,
                 covers,
+                vfio,
                 backing,
             },
         );

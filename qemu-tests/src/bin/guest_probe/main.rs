@@ -3,6 +3,7 @@
 //! the test pattern through the mapping; `check PATH LEN SEED` loads through the mapping and compares. Exit 0 on
 //! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
 //! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
+//! `mm-edu BDF` does the same through libfabric-mm and fabricd's VFIO backend (`mmvfio.rs`).
 //! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
 //! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
@@ -10,6 +11,7 @@ use std::process::ExitCode;
 
 use fabric_qemu_tests::pattern;
 
+mod mmvfio;
 mod vfio;
 
 fn parse(s: &str) -> Option<u64> {
@@ -27,6 +29,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("edu-dma: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let (Some("mm-edu"), Some(bdf)) = (args.get(1).map(String::as_str), args.get(2)) {
+        return match mmvfio::mm_edu(bdf) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mm-edu: {e}");
                 ExitCode::from(1)
             }
         };
