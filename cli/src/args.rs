@@ -68,8 +68,8 @@ pub struct PartitionsArgs {
     pub output: ListFormat,
     /// The daemon's socket (default: $FABRIC_SOCKET, /run/fabric/fabricd.sock for root,
     /// else $XDG_RUNTIME_DIR/fabric/fabricd.sock).
-    #[arg(long, value_name = "SOCKET", global = true)]
-    pub daemon: Option<PathBuf>,
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, global = true)]
+    pub daemon: Option<Option<PathBuf>>,
 }
 
 /// `fabricctl partitions` subcommands.
@@ -108,8 +108,8 @@ pub struct RegionsArgs {
     #[arg(short, long, value_enum, default_value_t = ListFormat::Table)]
     pub output: ListFormat,
     /// The daemon's socket (default as for `status`).
-    #[arg(long, value_name = "SOCKET")]
-    pub daemon: Option<PathBuf>,
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1)]
+    pub daemon: Option<Option<PathBuf>>,
 }
 
 /// `fabricctl status`.
@@ -120,8 +120,8 @@ pub struct StatusArgs {
     pub output: ListFormat,
     /// The daemon's socket (default: $FABRIC_SOCKET, /run/fabric/fabricd.sock for root,
     /// else $XDG_RUNTIME_DIR/fabric/fabricd.sock).
-    #[arg(long, value_name = "SOCKET")]
-    pub daemon: Option<PathBuf>,
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1)]
+    pub daemon: Option<Option<PathBuf>>,
 }
 
 /// `fabricctl map`.

@@ -81,7 +81,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Partitions(p) => remote::partitions(p, out)?,
         Command::Regions(r) => remote::regions(r, out)?,
         Command::Status(s) => {
-            let mut client = daemon::Client::connect(s.daemon.as_deref())?;
+            let mut client = daemon::Client::connect(s.daemon.clone().flatten().as_deref())?;
             let status = client.status()?;
             let doc = daemon::status_doc(client.path(), &status);
             daemon::render_status(&doc, s.output, out).map_err(RunError::Output)?;

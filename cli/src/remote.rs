@@ -104,7 +104,7 @@ fn bounded<T, const N: usize>(what: &'static str, v: Vec<T>) -> Result<BoundedVe
 
 /// Runs `fabricctl partitions`.
 pub fn partitions(args: &PartitionsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut client = Client::connect(args.daemon.as_deref())?;
+    let mut client = Client::connect(args.daemon.clone().flatten().as_deref())?;
     let req = match &args.command {
         None | Some(PartitionsCommand::List) => PartitionsRequest::List,
         Some(PartitionsCommand::Set { name, devices, uids, gids }) => {
@@ -314,7 +314,7 @@ pub fn render_regions(doc: &RegionsDoc, format: ListFormat, out: &mut dyn Write)
 
 /// Runs `fabricctl regions`.
 pub fn regions(args: &RegionsArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut client = Client::connect(args.daemon.as_deref())?;
+    let mut client = Client::connect(args.daemon.clone().flatten().as_deref())?;
     let answer = client.regions(args.all)?;
     render_regions(&regions_doc(&answer, args.all), args.output, out)?;
     Ok(())
