@@ -72,6 +72,9 @@ pub enum StartError {
     /// The partition bindings file could not be read or is damaged.
     #[error(transparent)]
     Partitions(#[from] crate::partitions::PartitionError),
+    /// A DAX device or BAR `[memory]` exports cannot back regions.
+    #[error("[memory] device memory")]
+    Backing(#[source] crate::memory::backing::BackingError),
     /// The copy engine's threads could not be started.
     #[error("copy engine")]
     Copy(#[source] crate::copy::CopyError),
@@ -104,7 +107,30 @@ pub fn discover(config: &Config) -> Result<Inventory, StartError> {
             inv.backends.push(BackendReport::not_present(b.name(), "disabled by discovery.backends"));
         }
     }
+    // Exported BARs are memory resources of their functions (so the map places them);
+    // one that cannot be used now is skipped here and refused at start (`backings`).
+    let mut bars = Vec::new();
+    for spec in &config.memory.bars {
+        match crate::memory::backing::bar(&root, spec) {
+            Ok(b) => bars.push(b),
+            Err(e) => tracing::warn!(bar = %spec, error = %e, "exported BAR not usable"),
+        }
+    }
+    for absent in crate::memory::backing::add_bar_resources(&mut inv, &bars) {
+        tracing::warn!(bar = %absent, "exported BAR's function is not in the fabric");
+    }
     Ok(inv)
+}
+
+/// The device memory `[memory] dax` and `bars` export, resolved against the live sysfs
+/// (`discovery.sysfs_root`, device nodes under its `dev/`) and `inv` (after [`discover`]).
+pub fn backings(config: &Config, inv: &Inventory) -> Result<crate::memory::backing::Backings, StartError> {
+    let root = SysfsRoot::new(&config.discovery.sysfs_root, "");
+    let dev = root.path("dev");
+    let mut b = crate::memory::backing::resolve(&root, &dev, inv, &config.memory.dax, &config.memory.bars)
+        .map_err(StartError::Backing)?;
+    crate::memory::backing::locate_bars(inv, &mut b.bars);
+    Ok(b)
 }
 
 fn backend_name(b: BackendName) -> &'static str {
@@ -225,7 +251,8 @@ impl Daemon {
             map_generation = synced.map.generation(),
             "fabric loaded"
         );
-        let durability = Durability { journal, replay, config: config.memory.clone() };
+        let backings = backings(&config, fabric.inventory())?;
+        let durability = Durability { journal, replay, config: config.memory.clone(), backings };
         let memory =
             Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)
                 .map_err(StartError::Memory)?;

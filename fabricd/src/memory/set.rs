@@ -111,15 +111,25 @@ impl Memory {
         }
         let mut cands: Vec<u64> =
             std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
+        let device = st.set_backings.get(&set.name).cloned();
+        // A DAX device maps at its own alignment, and holds only its part of the set.
+        let dev_align = device.as_ref().map_or(0, |b| b.align);
+        if let Some(b) = &device {
+            cands.push(b.start.div_ceil(ways));
+        }
         cands.sort_unstable();
         cands.dedup();
         let gfa_ok = |d: u64| align == 0 || set.start.wrapping_add(d * ways).is_multiple_of(align);
+        let dev_ok = |d: u64| {
+            device.as_ref().is_none_or(|b| b.file_offset(d * ways, len).is_some_and(|o| o.is_multiple_of(b.align)))
+        };
         let fits = |d: u64| {
             d.checked_add(per).is_some_and(|e| e <= set.member_size)
+                && dev_ok(d)
                 && idx.iter().all(|&i| st.resources[i].ranges.is_free(d, per))
         };
         // Alignment is reached within align / (2 MiB * ways) granules of any candidate.
-        let steps = (align / (GRANULE * ways)).max(1);
+        let steps = (align.max(dev_align) / (GRANULE * ways)).max(1);
         let found = cands.into_iter().find_map(|c| {
             let base = c.checked_next_multiple_of(GRANULE)?;
             (0..steps).map(|k| base + k * GRANULE).find(|&d| gfa_ok(d) && fits(d))
@@ -137,20 +147,28 @@ impl Memory {
         }
         let id = st.next_id;
         st.next_id += 1;
-        let path = st.resources[idx[0]].dir.join(format!("r{id}"));
-        let made = (|| {
-            let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-            f.set_len(len)?;
-            Ok::<_, std::io::Error>(OwnedFd::from(f))
-        })();
-        let fd = match made {
-            Ok(fd) => fd,
+        let made = match &device {
+            Some(b) => Self::open_device(b, dpa * ways, len).map(|(fd, at)| (fd, b.path.clone(), at, true)),
+            None => {
+                let path = st.resources[idx[0]].dir.join(format!("r{id}"));
+                let made = (|| {
+                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+                    f.set_len(len)?;
+                    Ok::<_, std::io::Error>(OwnedFd::from(f))
+                })();
+                if made.is_err() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                made.map(|fd| (fd, path.clone(), 0, false)).map_err(io_err(&path))
+            }
+        };
+        let (fd, path, fd_offset, device_file) = match made {
+            Ok(m) => m,
             Err(e) => {
                 for &i in &idx {
                     st.resources[i].ranges.free(dpa);
                 }
-                let _ = std::fs::remove_file(&path);
-                return Err(io_err(&path)(e));
+                return Err(e);
             }
         };
         let u = st.usage.entry(owner.uid).or_default();
@@ -169,13 +187,15 @@ impl Memory {
                 offset: dpa,
                 len,
                 path,
+                fd_offset,
+                device_file,
                 lost: false,
             },
         );
         let set_offset = dpa * ways;
         st.set_regions.insert(id, SetRegion { name: set.name.clone(), set_offset, others: idx[1..].to_vec() });
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");
-        Ok((Granted { region: id, generation: id, len, fd, import: 0 }, set_offset))
+        Ok((Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 }, set_offset))
     }
 
     /// Where region `id` is: a range of one resource or of an interleave set.
