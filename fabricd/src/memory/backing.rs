@@ -267,3 +267,151 @@ pub fn locate_bars(inv: &Inventory, bars: &mut [BarBacking]) {
         bars[i].resource = ordinal.map(|o| (dev.id.clone(), o));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use fabric_topology::cxl::{CxlDax, CxlRegion};
+
+    /// A sysfs tree with DAX device `dax0.0` (`size`, `align`, bound to `driver`) and its
+    /// device node stood in for by a regular file, over a CXL region at HPA `0x10_0000_0000`.
+    fn tree(size: u64, align: Option<u64>, driver: Option<&str>) -> (tempfile::TempDir, Inventory) {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("sys/bus/dax/devices/dax0.0");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+        if let Some(a) = align {
+            std::fs::write(d.join("align"), format!("{a}\n")).unwrap();
+        }
+        if let Some(drv) = driver {
+            let dd = t.path().join("sys/bus/dax/drivers").join(drv);
+            std::fs::create_dir_all(&dd).unwrap();
+            std::os::unix::fs::symlink(&dd, d.join("driver")).unwrap();
+        }
+        std::fs::create_dir_all(t.path().join("dev")).unwrap();
+        std::fs::File::create(t.path().join("dev/dax0.0")).unwrap().set_len(size).unwrap();
+        let mut inv = Inventory::default();
+        inv.cxl.regions.push(CxlRegion {
+            kernel_name: "region0".into(),
+            uuid: None,
+            mode: None,
+            resource: Some(0x10_0000_0000),
+            size: Some(size),
+            ways: Some(2),
+            granularity: Some(256),
+            targets: Vec::new(),
+            committed: Some(true),
+            dax: vec![CxlDax { name: "dax0.0".into(), size: Some(size), numa_node: None }],
+            root_decoder: None,
+        });
+        (t, inv)
+    }
+
+    fn resolve_dax(t: &tempfile::TempDir, inv: &Inventory, name: &str) -> Result<SetBacking, BackingError> {
+        let root = SysfsRoot::new(t.path(), "");
+        dax(&root, &t.path().join("dev"), inv, name)
+    }
+
+    #[test]
+    fn a_device_dax_backs_its_regions_set_at_its_align() {
+        let (t, inv) = tree(512 << 20, Some(1 << 30), Some("device_dax"));
+        // 512 MiB is not a multiple of a 1 GiB align: refused.
+        assert!(matches!(resolve_dax(&t, &inv, "dax0.0"), Err(BackingError::Unusable { .. })));
+        let (t, inv) = tree(512 << 20, Some(2 << 20), Some("device_dax"));
+        let b = resolve_dax(&t, &inv, "dax0.0").unwrap();
+        assert_eq!(b.set, "cxl-region:hpa-0x1000000000");
+        assert_eq!((b.backing.start, b.backing.len, b.backing.align), (0, 512 << 20, 2 << 20));
+        assert_eq!(b.backing.path, t.path().join("dev/dax0.0"));
+        assert_eq!(b.backing.kind, BackingKind::Dax);
+        // Ranges map to file offsets only inside the device.
+        assert_eq!(b.backing.file_offset(4 << 20, 2 << 20), Some(4 << 20));
+        assert_eq!(b.backing.file_offset(510 << 20, 4 << 20), None);
+        // Without an align attribute the 2 MiB default holds.
+        let (t, inv) = tree(64 << 20, None, Some("device_dax"));
+        assert_eq!(resolve_dax(&t, &inv, "dax0.0").unwrap().backing.align, 2 << 20);
+    }
+
+    #[test]
+    fn a_dax_device_starting_inside_its_region_is_offset() {
+        let (t, inv) = tree(64 << 20, Some(2 << 20), Some("device_dax"));
+        std::fs::write(t.path().join("sys/bus/dax/devices/dax0.0/resource"), "0x1000400000\n").unwrap();
+        let b = resolve_dax(&t, &inv, "dax0.0").unwrap().backing;
+        assert_eq!(b.start, 4 << 20);
+        assert_eq!(b.file_offset(4 << 20, 2 << 20), Some(0));
+        assert_eq!(b.file_offset(2 << 20, 2 << 20), None, "before the device");
+    }
+
+    #[test]
+    fn unusable_dax_devices_are_refused_by_name() {
+        let (t, inv) = tree(64 << 20, Some(2 << 20), Some("kmem"));
+        let e = resolve_dax(&t, &inv, "dax0.0").unwrap_err();
+        assert!(e.to_string().contains("kmem"), "{e}");
+        let (t, inv) = tree(64 << 20, Some(2 << 20), None);
+        assert!(resolve_dax(&t, &inv, "dax0.0").unwrap_err().to_string().contains("no driver"));
+        let (t, inv) = tree(64 << 20, Some(2 << 20), Some("device_dax"));
+        assert!(matches!(resolve_dax(&t, &inv, "dax9.0"), Err(BackingError::Missing { .. })));
+        assert!(matches!(resolve_dax(&t, &inv, "../etc"), Err(BackingError::BadName(..))));
+        assert!(matches!(resolve_dax(&t, &inv, "dax0"), Err(BackingError::BadName(..))));
+        // No device node.
+        std::fs::remove_file(t.path().join("dev/dax0.0")).unwrap();
+        assert!(resolve_dax(&t, &inv, "dax0.0").unwrap_err().to_string().contains("does not exist"));
+        // A device no region of the fabric lists.
+        let (t, _) = tree(64 << 20, Some(2 << 20), Some("device_dax"));
+        let e = resolve_dax(&t, &Inventory::default(), "dax0.0").unwrap_err();
+        assert!(e.to_string().contains("no CXL region"), "{e}");
+        // Two DAX devices for one set.
+        let (t, inv) = tree(64 << 20, Some(2 << 20), Some("device_dax"));
+        let root = SysfsRoot::new(t.path(), "");
+        let twice = ["dax0.0".to_owned(), "dax0.0".to_owned()];
+        assert!(resolve(&root, &t.path().join("dev"), &inv, &twice, &[]).is_err());
+    }
+
+    fn bar_tree(flags: u64, len: u64) -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("sys/bus/pci/devices/0000:00:05.0");
+        std::fs::create_dir_all(&d).unwrap();
+        let zero = "0x0000000000000000 0x0000000000000000 0x0000000000000000\n";
+        let bar2 = format!("0x00000000fe000000 0x{:016x} 0x{flags:016x}\n", 0xfe00_0000 + len - 1);
+        std::fs::write(d.join("resource"), format!("{zero}{zero}{bar2}{zero}{zero}{zero}")).unwrap();
+        std::fs::File::create(d.join("resource2")).unwrap().set_len(len).unwrap();
+        t
+    }
+
+    #[test]
+    fn a_memory_bar_is_its_resource_file() {
+        let t = bar_tree(0x40200, 4 << 20);
+        let root = SysfsRoot::new(t.path(), "");
+        let b = bar(&root, "0000:00:05.0/2").unwrap();
+        assert_eq!(b.index, 2);
+        assert_eq!(b.backing.len, 4 << 20);
+        assert_eq!(b.backing.path, t.path().join("sys/bus/pci/devices/0000:00:05.0/resource2"));
+        // An I/O BAR, an empty BAR, a missing function and bad specs are refused.
+        let io = bar_tree(0x40101, 4096);
+        assert!(bar(&SysfsRoot::new(io.path(), ""), "0000:00:05.0/2").unwrap_err().to_string().contains("memory BAR"));
+        assert!(bar(&root, "0000:00:05.0/0").is_err());
+        assert!(matches!(bar(&root, "0000:00:06.0/2"), Err(BackingError::Missing { .. })));
+        for spec in ["0000:00:05.0", "0000:00:05.0/6", "nonsense/2", "0000:00:05.0/x"] {
+            assert!(matches!(bar(&root, spec), Err(BackingError::BadName(..))), "{spec}");
+        }
+    }
+
+    #[test]
+    fn exported_bars_become_host_exported_resources_in_order() {
+        use fabric_topology::{Device, DeviceKind, PciInfo};
+        let t = bar_tree(0x40200, 4 << 20);
+        let root = SysfsRoot::new(t.path(), "");
+        let mut b = vec![bar(&root, "0000:00:05.0/2").unwrap()];
+        let address: PciAddress = "0000:00:05.0".parse().unwrap();
+        let mut inv = Inventory::default();
+        let mut dev = Device::new(DeviceId::pci("n", address), DeviceKind::Nic, Some("n"));
+        dev.pci = Some(PciInfo { address: Some(address), ..PciInfo::default() });
+        inv.add_device(dev).unwrap();
+        assert!(add_bar_resources(&mut inv, &b).is_empty());
+        locate_bars(&inv, &mut b);
+        assert_eq!(b[0].resource, Some((DeviceId::pci("n", address), 0)));
+        assert_eq!(inv.devices[0].memory[0].kind, MemoryKind::HostExported);
+        assert_eq!(inv.devices[0].memory[0].size, 4 << 20);
+        assert_eq!(add_bar_resources(&mut Inventory::default(), &b), vec!["0000:00:05.0/2".to_owned()]);
+    }
+}
