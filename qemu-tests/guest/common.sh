@@ -17,6 +17,7 @@ blob() {
   { echo "FABRIC-BLOB-BEGIN $1"; cat "$2"; echo; echo "FABRIC-BLOB-END $1"; } >/dev/ttyS1
 }
 # start_fabricd: the daemon on the live sysfs, its socket in /run/fabric; waits for it.
+# FABRICD_EXTRA, when set, is appended to its config (e.g. a [memory] table).
 start_fabricd() {
   mkdir -p /run/fabric /tmp/fabric-state
   ip link set lo up 2>/dev/null
@@ -32,6 +33,7 @@ rescan_interval_s = 0
 uevents = "on"
 [metrics]
 listen = ""
+${FABRICD_EXTRA:-}
 EOT
   fabricd --config /tmp/fabricd.toml >/tmp/fabricd.log 2>&1 &
   FABRICD_PID=$!
