@@ -25,12 +25,15 @@ fn target(s: &Session, spec: &str) -> Result<Target, String> {
     Ok(Target::Device { device: dev.id, memory: MemoryClass::HostExported })
 }
 
-/// Allocates `len` bytes on `spec`, maps them at their GFA, stores the pattern for `seed`,
+/// Allocates `len` bytes on `spec` (after a one-granule spacer), maps them at their GFA, stores the pattern for `seed`,
 /// exports and writes `HANDLE GFA FD_OFFSET` to `out`; then waits (up to 60 s) for
 /// `out.done`, which the importer makes, and frees the region by exiting.
 pub fn owner(spec: &str, len: u64, seed: u64, out: &Path) -> Result<String, String> {
     let s = Session::open().map_err(|e| format!("session: {e}"))?;
     let target = target(&s, spec)?;
+    // A first, smallest region takes the start of the device, so that the one under test
+    // sits at a non-zero offset in the device file (the mmap offset path is exercised).
+    let _spacer = s.alloc(&target, 1).map_err(|e| format!("alloc on {target:?}: {e}"))?;
     let region = s.alloc(&target, len).map_err(|e| format!("alloc on {target:?}: {e}"))?;
     let m = s.map(&region).map_err(|e| format!("map at GFA {:?}: {e}", region.gfa()))?;
     if (m.len() as u64) < len {
