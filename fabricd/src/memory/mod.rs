@@ -538,7 +538,7 @@ impl Memory {
     fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
         let at = b
             .file_offset(offset, len)
-            .ok_or_else(|| MemoryError::NoSpace(AllocError::NoSpace { len, align: b.align, capacity: b.len }))?;
+            .ok_or(MemoryError::NoSpace(AllocError::NoSpace { len, align: b.align, capacity: b.len }))?;
         let f = b.open(true).map_err(io_err(&b.path))?;
         Ok((OwnedFd::from(f), at))
     }
