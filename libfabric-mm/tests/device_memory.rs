@@ -194,6 +194,37 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
 }
 
 #[test]
+fn a_region_on_a_bar_survives_a_daemon_kill_and_its_range_stays_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let (nic, bdf) = nic(dir.path(), &root);
+    fixture(&root, 2 << 20, &bdf);
+    let memory = format!("bars = [\"{bdf}/2\"]\nresume_grace_s = 600");
+    let mut d = start(dir.path(), &root, &memory).unwrap_or_else(|log| panic!("fabricd refused: {log}"));
+    let target = Target::Device { device: nic, memory: MemoryClass::HostExported };
+    let s = common::session(&d.socket);
+    let r = s.alloc(&target, 2 << 20).unwrap();
+    let gfa = r.gfa().unwrap();
+    fill(&s.map(&r).unwrap(), 0x51);
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let bar = root.join("sys/bus/pci/devices").join(&bdf).join("resource2");
+    check_file(&bar, 0, 2 << 20, 0x51);
+    // Restarted on the same state: the region is back (its owner, this process, lives and
+    // has the grace period to resume), so its range is not handed out again.
+    let d = start(dir.path(), &root, &memory).unwrap_or_else(|log| panic!("fabricd refused: {log}"));
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(!log.contains("is missing") && !log.contains("not inside"), "the region was dropped at restart: {log}");
+    let t = common::session(&d.socket);
+    let next = t.alloc(&target, 2 << 20).unwrap();
+    assert_eq!(next.gfa(), Some(gfa + (2 << 20)), "the restored region keeps its range");
+    assert!(t.alloc(&target, 2 << 20).is_err(), "the 4 MiB BAR is full");
+    assert!(bar.exists());
+    check_file(&bar, 0, 2 << 20, 0x51);
+}
+
+#[test]
 fn device_memory_the_fabric_cannot_serve_stops_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");

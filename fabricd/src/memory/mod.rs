@@ -9,6 +9,10 @@
 //! [`alloc::RangeAllocator`] places regions in the resource's range (first fit, 2 MiB
 //! granule), which bounds what a resource holds.
 //!
+//! Resources and interleave sets the operator exports as real device memory (a DAX device,
+//! a PCI BAR: [`backing`]) hold no files: their regions are ranges of the device file, and
+//! the client gets the device's descriptor with the region's offset in it.
+//!
 //! The registry is durable (`memory/persist.rs`, records in [`durable`]): every change to regions
 //! and exports is journaled before it is acknowledged, and at start the registry is
 //! rebuilt from the journal and reconciled with the region files found
@@ -536,9 +540,11 @@ impl Memory {
     /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
     /// backs: the descriptor and the range's offset in the file.
     fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
-        let at = b
-            .file_offset(offset, len)
-            .ok_or(MemoryError::NoSpace(AllocError::NoSpace { len, align: b.align, capacity: b.len }))?;
+        let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
+            len,
+            align: b.align,
+            capacity: b.len,
+        }))?;
         let f = b.open(true).map_err(io_err(&b.path))?;
         Ok((OwnedFd::from(f), at))
     }
