@@ -18,7 +18,7 @@ pub const DEFAULT_WINDOW_LEN: u64 = 16 << 40;
 /// The window's base address is congruent to its first GFA modulo this (1 GiB), so that a
 /// GFA aligned to a huge page (2 MiB or 1 GiB) has an address aligned the same way, as
 /// device-DAX mappings require.
-pub const WINDOW_ALIGN: u64 = 1 << 30;
+pub(crate) const WINDOW_ALIGN: u64 = 1 << 30;
 
 /// Where the window sits in GFA space and how large it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -180,6 +180,33 @@ pub fn dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) -> Result
     Ok(SetBacking { set, backing })
 }
 
+/// Why a line of a PCI function's sysfs `resource` table is not a memory BAR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BarLine {
+    /// The table has no such line.
+    Absent,
+    /// The line is not three hex numbers.
+    Malformed(String),
+    /// An I/O BAR, an unset one, or an empty range (the flags).
+    NotMemory(u64),
+}
+
+/// Line `index` of a sysfs `resource` table (`start end flags` in hex): the BAR's start and
+/// inclusive end when it is a non-empty memory BAR.
+pub fn memory_bar(table: &str, index: u8) -> Result<(u64, u64), BarLine> {
+    let line = table.lines().nth(usize::from(index)).ok_or(BarLine::Absent)?;
+    let f: Vec<u64> = line.split_whitespace().take(4).filter_map(parse_hex_u64).collect();
+    let [begin, end, flags] = f[..] else {
+        return Err(BarLine::Malformed(line.chars().take(120).collect()));
+    };
+    const IORESOURCE_IO: u64 = 0x100;
+    const IORESOURCE_MEM: u64 = 0x200;
+    if flags & IORESOURCE_IO != 0 || flags & IORESOURCE_MEM == 0 || end <= begin {
+        return Err(BarLine::NotMemory(flags));
+    }
+    Ok((begin, end))
+}
+
 /// Resolves BAR `spec` (`DDDD:BB:DD.F/N`): `sys/bus/pci/devices/BDF/resourceN` under `sysfs`,
 /// which must be a memory BAR of a whole number of pages.
 pub fn bar(sysfs: &SysfsRoot, spec: &str) -> Result<BarBacking, BackingError> {
@@ -188,13 +215,13 @@ pub fn bar(sysfs: &SysfsRoot, spec: &str) -> Result<BarBacking, BackingError> {
     let unusable = |why: String| BackingError::Unusable { what: spec.to_owned(), why };
     let dir = sysfs.path(format!("sys/bus/pci/devices/{address}"));
     let table = read_attr(&dir.join("resource")).map_err(|e| missing(e.to_string()))?;
-    let line = table.lines().nth(usize::from(index)).ok_or_else(|| missing(format!("no BAR {index}")))?;
-    let f: Vec<u64> = line.split_whitespace().filter_map(parse_hex_u64).collect();
-    let [begin, end, flags] = f[..] else { return Err(unusable(format!("resource line {line:?}"))) };
-    const IORESOURCE_IO: u64 = 0x100;
-    const IORESOURCE_MEM: u64 = 0x200;
-    if flags & IORESOURCE_IO != 0 || flags & IORESOURCE_MEM == 0 || end <= begin {
-        return Err(unusable(format!("BAR {index} is not a memory BAR (flags {flags:#x})")));
+    match memory_bar(&table, index) {
+        Ok(_) => {}
+        Err(BarLine::Absent) => return Err(missing(format!("no BAR {index}"))),
+        Err(BarLine::Malformed(line)) => return Err(unusable(format!("resource line {line:?}"))),
+        Err(BarLine::NotMemory(flags)) => {
+            return Err(unusable(format!("BAR {index} is not a memory BAR (flags {flags:#x})")));
+        }
     }
     let path = dir.join(format!("resource{index}"));
     let len = std::fs::metadata(&path).map_err(|e| missing(format!("{}: {e}", path.display())))?.len();
