@@ -101,19 +101,21 @@ fn word(seed: u64, off: u64) -> u64 {
     (off ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Stores the pattern through a mapping.
-fn fill(m: &fabric_mm::Mapping, seed: u64) {
+/// Stores the pattern in the first `len` bytes of a mapping.
+fn fill(m: &fabric_mm::Mapping, seed: u64, len: u64) {
+    assert!(len as usize <= m.len());
     let p = m.as_ptr().cast::<u64>();
-    for i in 0..m.len() / 8 {
+    for i in 0..len as usize / 8 {
         // SAFETY: `p + i` lies in the live read-write mapping; no reference to it exists.
         unsafe { p.add(i).write_volatile(word(seed, i as u64 * 8)) };
     }
 }
 
-/// Checks the pattern through a mapping.
-fn check(m: &fabric_mm::Mapping, seed: u64) {
+/// Checks the pattern in the first `len` bytes of a mapping.
+fn check(m: &fabric_mm::Mapping, seed: u64, len: u64) {
+    assert!(len as usize <= m.len());
     let p = m.as_ptr().cast::<u64>();
-    for i in 0..m.len() / 8 {
+    for i in 0..len as usize / 8 {
         // SAFETY: as in `fill`, read-only.
         let got = unsafe { p.add(i).read_volatile() };
         assert_eq!(got, word(seed, i as u64 * 8), "word {i} through the importer's mapping");
@@ -158,13 +160,14 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
     let b = owner.alloc(&Target::Set(SET.into()), 8 << 20).unwrap();
     let (ga, gb) = (a.gfa().unwrap(), b.gfa().unwrap());
     assert_eq!(gb - ga, 1 << 30, "the second region starts at the device's next 1 GiB");
+    assert_eq!((a.len(), b.len()), (1 << 30, 1 << 30), "DAX regions are whole multiples of its align");
     for (r, seed) in [(&a, 0xa), (&b, 0xb)] {
         let m = owner.map(r).unwrap();
-        fill(&m, seed);
+        fill(&m, seed, 8 << 20);
         let h = owner.export(r, &Policy::default()).unwrap();
         let i = importer.import(&h, false).unwrap();
         assert_eq!(i.gfa(), r.gfa());
-        check(&importer.map(&i).unwrap(), seed);
+        check(&importer.map(&i).unwrap(), seed, 8 << 20);
     }
     // The second path: the device file, at the region's offset in the set.
     check_file(&dax, 0, 8 << 20, 0xa);
@@ -175,10 +178,10 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
     let target = Target::Device { device: nic.clone(), memory: MemoryClass::HostExported };
     let c = owner.alloc(&target, 2 << 20).unwrap();
     let e = owner.alloc(&target, 2 << 20).unwrap();
-    fill(&owner.map(&c).unwrap(), 0xc);
-    fill(&owner.map(&e).unwrap(), 0xe);
+    fill(&owner.map(&c).unwrap(), 0xc, 2 << 20);
+    fill(&owner.map(&e).unwrap(), 0xe, 2 << 20);
     let h = owner.export(&e, &Policy::default()).unwrap();
-    check(&importer.map(&importer.import(&h, false).unwrap()).unwrap(), 0xe);
+    check(&importer.map(&importer.import(&h, false).unwrap()).unwrap(), 0xe, 2 << 20);
     assert_eq!(e.gfa().unwrap() - c.gfa().unwrap(), 2 << 20);
     check_file(&bar, 0, 2 << 20, 0xc);
     check_file(&bar, 2 << 20, 2 << 20, 0xe);
@@ -206,7 +209,7 @@ fn a_region_on_a_bar_survives_a_daemon_kill_and_its_range_stays_taken() {
     let s = common::session(&d.socket);
     let r = s.alloc(&target, 2 << 20).unwrap();
     let gfa = r.gfa().unwrap();
-    fill(&s.map(&r).unwrap(), 0x51);
+    fill(&s.map(&r).unwrap(), 0x51, 2 << 20);
     d.child.kill().unwrap();
     d.child.wait().unwrap();
     let bar = root.join("sys/bus/pci/devices").join(&bdf).join("resource2");

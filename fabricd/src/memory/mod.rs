@@ -49,7 +49,7 @@ use fabric_proto::wire::{
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
-use alloc::{AllocError, RangeAllocator, round_len};
+use alloc::{AllocError, GRANULE, RangeAllocator, round_len};
 use durable::{Change, DurableError, Owner};
 
 /// Why a memory operation was refused.
@@ -439,6 +439,17 @@ impl Memory {
         let (kind, ordinal) = (*kind, *ordinal);
         let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         let mut st = self.state();
+        // Device memory maps in whole multiples of its align (a BAR's is a page).
+        let dev_align = st
+            .resources
+            .iter()
+            .filter(|r| r.device == *device && r.kind == kind && ordinal.is_none_or(|o| o == r.ordinal))
+            .filter_map(|r| r.backing.as_ref().map(|b| b.align))
+            .max()
+            .unwrap_or(GRANULE);
+        let len = len
+            .checked_next_multiple_of(dev_align)
+            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         self.check(&st, owner.uid, len, 1)?;
         let sess = st.session(session, owner)?;
         let candidates: Vec<usize> = (0..st.resources.len())

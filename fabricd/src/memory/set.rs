@@ -15,7 +15,7 @@ use std::os::fd::OwnedFd;
 use fabric_proto::wire::PeerCred;
 use fabric_topology::{DeviceId, MemoryKind};
 
-use super::alloc::{AllocError, GRANULE, round_len};
+use super::alloc::{AllocError, GRANULE};
 use super::{Granted, Memory, MemoryError, Region, io_err};
 
 /// An interleave set as the address map has it.
@@ -69,8 +69,20 @@ pub enum Whereabouts {
     },
 }
 
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Least common multiple (`None` on overflow or a zero argument).
+fn lcm(a: u64, b: u64) -> Option<u64> {
+    (a / gcd(a, b).max(1)).checked_mul(b).filter(|&l| l > 0)
+}
+
 impl Memory {
-    /// Allocates `size` bytes (rounded up to `ways * 2 MiB`) striped over `set`, at the
+    /// Allocates `size` bytes (rounded up to `ways * 2 MiB`, and to a DAX device's align) striped over `set`, at the
     /// lowest set offset free in every member whose GFA is aligned to `align` (a power of
     /// two, 0 for none). Returns the region and its offset in the set.
     pub fn alloc_set(
@@ -88,11 +100,16 @@ impl Memory {
         if align != 0 && !align.is_power_of_two() {
             return Err(MemoryError::BadRequest(format!("alignment {align} is not a power of two")));
         }
-        let per = round_len(size.div_ceil(ways))
-            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
-        let len =
-            per.checked_mul(ways).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let bad = || MemoryError::BadRequest(format!("size {size} is not allocatable"));
         let mut st = self.state();
+        // A DAX device maps whole multiples of its align: the set region's length is a
+        // multiple of both `ways * 2 MiB` and that.
+        let unit = match st.set_backings.get(&set.name) {
+            Some(b) => lcm(GRANULE * ways, b.align).ok_or_else(bad)?,
+            None => GRANULE * ways,
+        };
+        let len = size.checked_next_multiple_of(unit).filter(|&l| l > 0).ok_or_else(bad)?;
+        let per = len / ways;
         let (pid_start, token) = {
             let sess = st.session(session, owner)?;
             (sess.owner.pid_start, sess.token)
@@ -217,5 +234,21 @@ impl Memory {
             offset: r.offset,
             len: r.len,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_region_units_cover_ways_granules_and_the_dax_align() {
+        const M: u64 = 1 << 20;
+        assert_eq!(lcm(2 * 2 * M, 2 * M), Some(4 * M));
+        assert_eq!(lcm(3 * 2 * M, 2 * M), Some(6 * M));
+        assert_eq!(lcm(3 * 2 * M, 1 << 30), Some(3 << 30));
+        assert_eq!(lcm(16 * 2 * M, 1 << 30), Some(1 << 30));
+        assert_eq!(lcm(u64::MAX, 2), None);
+        assert_eq!(lcm(0, 2), None);
     }
 }
