@@ -28,6 +28,16 @@ pub struct RegionSet {
     pub member_size: u64,
 }
 
+/// The name of the interleave set a CXL region becomes: `cxl-region:UUID`, else
+/// `cxl-region:hpa-0x…` (`None` when the region has neither).
+pub fn set_name(r: &fabric_topology::cxl::CxlRegion) -> Option<String> {
+    match (&r.uuid, r.resource) {
+        (Some(u), _) => Some(format!("cxl-region:{u}")),
+        (None, Some(hpa)) => Some(format!("cxl-region:hpa-{hpa:#x}")),
+        (None, None) => None,
+    }
+}
+
 /// The interleave sets the inventory's CXL regions call for. Regions whose geometry is
 /// unknown or inconsistent are left out.
 pub fn region_sets(inv: &Inventory) -> Vec<RegionSet> {
@@ -42,11 +52,7 @@ pub fn region_sets(inv: &Inventory) -> Vec<RegionSet> {
             Some(CxlMode::DynamicRam) => MemoryKind::CxlDynamic,
             _ => MemoryKind::CxlVolatile,
         };
-        let name = match (&r.uuid, r.resource) {
-            (Some(u), _) => format!("cxl-region:{u}"),
-            (None, Some(hpa)) => format!("cxl-region:hpa-{hpa:#x}"),
-            (None, None) => continue,
-        };
+        let Some(name) = set_name(r) else { continue };
         let members = r.targets.iter().map(|d| ResourceKey::new(d.clone(), kind, 0)).collect();
         sets.push(RegionSet { name, ways, granularity: u64::from(gran), members, member_size: size / u64::from(ways) });
     }

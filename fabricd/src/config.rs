@@ -173,11 +173,18 @@ pub struct MemoryConfig {
     /// Seconds a session whose connection closed while its process lives keeps its regions
     /// and exports for a `Hello` with its token; 0: reclaimed at once (the default).
     pub detach_grace_s: u64,
+    /// Device-DAX devices (`dax0.0`) whose CXL memory regions are allocated from: each
+    /// backs the interleave set of the CXL region it is carved from. None by default:
+    /// handing out a DAX device is an operator decision.
+    pub dax: Vec<String>,
+    /// PCI memory BARs (`0000:00:05.0/2`) whose bytes regions are allocated from, through
+    /// sysfs `resourceN`: each becomes a `host_exported` memory resource of its function.
+    pub bars: Vec<String>,
 }
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { resume_grace_s: 30, compact_records: 4096, detach_grace_s: 0 }
+        Self { resume_grace_s: 30, compact_records: 4096, detach_grace_s: 0, dax: Vec::new(), bars: Vec::new() }
     }
 }
 

@@ -72,6 +72,9 @@ pub enum StartError {
     /// The partition bindings file could not be read or is damaged.
     #[error(transparent)]
     Partitions(#[from] crate::partitions::PartitionError),
+    /// A DAX device or BAR `[memory]` exports cannot back regions.
+    #[error("[memory] device memory")]
+    Backing(#[source] crate::memory::backing::BackingError),
     /// The copy engine's threads could not be started.
     #[error("copy engine")]
     Copy(#[source] crate::copy::CopyError),
@@ -81,14 +84,31 @@ pub enum StartError {
 /// else the configured host backends under `discovery.sysfs_root`, in their order.
 /// Backends left out of the configuration are reported as not present.
 pub fn discover(config: &Config) -> Result<Inventory, StartError> {
-    match config.discovery.sim.as_slice() {
-        [] => {}
+    let mut inv = match config.discovery.sim.as_slice() {
+        [] => discover_host(config),
         [path] => {
             tracing::info!(file = %path.display(), "loading sim fabric");
-            return fabric_drivers::sim::load(path).map_err(|source| StartError::Sim { path: path.clone(), source });
+            fabric_drivers::sim::load(path).map_err(|source| StartError::Sim { path: path.clone(), source })?
         }
         many => return Err(StartError::ManySims(many.len())),
+    };
+    // Exported BARs are memory resources of their functions (so the map places them);
+    // one that cannot be used now is skipped here and refused at start (`backings`).
+    let root = SysfsRoot::new(&config.discovery.sysfs_root, "");
+    let mut bars = Vec::new();
+    for spec in &config.memory.bars {
+        match crate::memory::backing::bar(&root, spec) {
+            Ok(b) => bars.push(b),
+            Err(e) => tracing::warn!(bar = %spec, error = %e, "exported BAR not usable"),
+        }
     }
+    for absent in crate::memory::backing::add_bar_resources(&mut inv, &bars) {
+        tracing::warn!(bar = %absent, "exported BAR's function is not in the fabric");
+    }
+    Ok(inv)
+}
+
+fn discover_host(config: &Config) -> Inventory {
     let root = SysfsRoot::with_hostname(&config.discovery.sysfs_root);
     tracing::info!(root = %root.root().display(), node = root.node(), "discovering host");
     let all = fabric_drivers::host_backends(&root);
@@ -104,7 +124,18 @@ pub fn discover(config: &Config) -> Result<Inventory, StartError> {
             inv.backends.push(BackendReport::not_present(b.name(), "disabled by discovery.backends"));
         }
     }
-    Ok(inv)
+    inv
+}
+
+/// The device memory `[memory] dax` and `bars` export, resolved against the live sysfs
+/// (`discovery.sysfs_root`, device nodes under its `dev/`) and `inv` (after [`discover`]).
+pub fn backings(config: &Config, inv: &Inventory) -> Result<crate::memory::backing::Backings, StartError> {
+    let root = SysfsRoot::new(&config.discovery.sysfs_root, "");
+    let dev = root.path("dev");
+    let mut b = crate::memory::backing::resolve(&root, &dev, inv, &config.memory.dax, &config.memory.bars)
+        .map_err(StartError::Backing)?;
+    crate::memory::backing::locate_bars(inv, &mut b.bars);
+    Ok(b)
 }
 
 fn backend_name(b: BackendName) -> &'static str {
@@ -229,7 +260,8 @@ impl Daemon {
             map_generation = synced.map.generation(),
             "fabric loaded"
         );
-        let durability = Durability { journal, replay, config: config.memory.clone() };
+        let backings = backings(&config, fabric.inventory())?;
+        let durability = Durability { journal, replay, config: config.memory.clone(), backings };
         let memory =
             Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)
                 .map_err(StartError::Memory)?;

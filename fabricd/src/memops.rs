@@ -74,7 +74,7 @@ pub fn alloc(
             let set = placement::set_spec(d, name)?;
             let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
             let gfa = set.start.checked_add(offset);
-            let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: 0 };
+            let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
             return Ok((Response::Alloc(resp), Some(g.fd)));
         }
     };
@@ -83,7 +83,7 @@ pub fn alloc(
         .alloc(peer, session, &Place { device, kind, ordinal }, req.size, req.align)
         .map_err(|e| refused(&e))?;
     let gfa = placement::region_gfa(d, g.region);
-    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: 0 };
+    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
     Ok((Response::Alloc(resp), Some(g.fd)))
 }
 
@@ -119,7 +119,7 @@ pub fn import(
         generation: g.generation,
         size: g.len,
         gfa: placement::region_gfa(d, g.region),
-        offset: 0,
+        offset: g.offset,
         access: req.access,
     };
     Ok((Response::Import(resp), Some(g.fd)))

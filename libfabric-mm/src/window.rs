@@ -15,6 +15,11 @@ use crate::error::{Error, Result};
 /// 47-bit user address space of x86-64 with 4-level page tables).
 pub const DEFAULT_WINDOW_LEN: u64 = 16 << 40;
 
+/// The window's base address is congruent to its first GFA modulo this (1 GiB), so that a
+/// GFA aligned to a huge page (2 MiB or 1 GiB) has an address aligned the same way, as
+/// device-DAX mappings require.
+pub(crate) const WINDOW_ALIGN: u64 = 1 << 30;
+
 /// Where the window sits in GFA space and how large it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowConfig {
@@ -109,12 +114,19 @@ impl Window {
         }
         let len = usize::try_from(config.len)
             .map_err(|_| Error::WindowReserve { len: config.len, why: "larger than a pointer".into() })?;
+        // Over-reserve so that the window's base can sit at the GFA's offset modulo
+        // WINDOW_ALIGN: device memory (a DAX device) maps only at addresses aligned like
+        // its GFA (2 MiB, or 1 GiB for a DAX device with that `align`).
+        let slack = 2 * WINDOW_ALIGN as usize;
+        let total = len
+            .checked_add(slack)
+            .ok_or_else(|| Error::WindowReserve { len: config.len, why: "larger than a pointer".into() })?;
         // SAFETY: a fresh anonymous PROT_NONE mapping at an address the kernel picks; it
         // aliases nothing.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                total,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
@@ -125,8 +137,21 @@ impl Window {
             let e = std::io::Error::last_os_error();
             return Err(Error::WindowReserve { len: config.len, why: format!("the kernel refused: {e}") });
         }
-        tracing::debug!(base = ?p, gfa = config.gfa, len = config.len, "reserved the unified window");
-        Ok(Self { base: p as usize, config, placed: Mutex::new(BTreeMap::new()) })
+        let start = p as usize;
+        let base = start.next_multiple_of(WINDOW_ALIGN as usize) + (config.gfa % WINDOW_ALIGN) as usize;
+        let (head, tail) = (base - start, start + total - (base + len));
+        // SAFETY: `start..base` and `base+len..start+total` lie inside the reservation just
+        // made, which nothing references yet; only the window's own range stays.
+        unsafe {
+            if head > 0 {
+                libc::munmap(p, head);
+            }
+            if tail > 0 {
+                libc::munmap((base + len) as *mut libc::c_void, tail);
+            }
+        }
+        tracing::debug!(base = ?(base as *const u8), gfa = config.gfa, len = config.len, "reserved the unified window");
+        Ok(Self { base, config, placed: Mutex::new(BTreeMap::new()) })
     }
 
     /// First byte of the window.
@@ -303,6 +328,18 @@ mod tests {
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
         let e = Window::reserve(WindowConfig { gfa: 0, len: 100 }).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+
+    #[test]
+    fn huge_page_aligned_gfas_get_aligned_addresses() {
+        for gfa in [0u64, 1 << 30, (1 << 30) + (6 << 20), 4096] {
+            let w = Window::reserve(WindowConfig { gfa, len: 8 << 30 }).unwrap();
+            let p = w.ptr_of(gfa.next_multiple_of(2 << 20)).unwrap() as usize;
+            assert_eq!(p % (2 << 20), 0, "window gfa {gfa:#x}: a 2 MiB-aligned GFA at {p:#x}");
+            let g = gfa.next_multiple_of(WINDOW_ALIGN);
+            let p = w.ptr_of(g).unwrap() as usize;
+            assert_eq!(p as u64 % WINDOW_ALIGN, 0, "window gfa {gfa:#x}: a 1 GiB-aligned GFA at {p:#x}");
+        }
     }
 
     #[test]

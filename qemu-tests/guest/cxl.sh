@@ -1,8 +1,10 @@
 #!/bin/sh
 # CXL: a 2-way volatile region at 256 B granularity across the switch's ports, created
 # through sysfs; then the kernel's view (cxl list -vvv), fabricd's view and the address map
-# go back to the host, and the region's DAX device is written for the host to read back
-# from the memory backends' files.
+# go back to the host. fabricd then exports the region's DAX device ([memory] dax): a
+# libfabric-mm client allocates on the region's interleave set, maps it at its GFA and
+# stores; a second process imports and loads; the host reads the stores back from the
+# memory backends' files.
 . /fabric/common.sh
 
 memdev_by_serial() {
@@ -56,13 +58,7 @@ blob region-name /tmp/region-name
 cxl list -vvv >/tmp/cxl.json 2>/tmp/cxl.err && result cxl-list ok || { result cxl-list fail "$(cat /tmp/cxl.err)"; }
 blob cxl-list /tmp/cxl.json
 
-start_fabricd
-fabricctl topology --daemon -o json >/tmp/topo.json 2>/tmp/topo.err && result fabric-topology ok || result fabric-topology fail "$(cat /tmp/topo.err)"
-blob fabric-topology /tmp/topo.json
-fabricctl map --daemon -o json >/tmp/map.json 2>/tmp/map.err && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.err)"
-blob fabric-map /tmp/map.json
-
-# The region's DAX device.
+# The region's DAX device, handed to device_dax before fabricd starts (it exports it).
 DAX=""
 for d in /sys/bus/cxl/devices/$R/dax_region*/dax[0-9]*; do [ -e "$d" ] && DAX=$(basename "$d"); done
 echo "$DAX" >/tmp/dax-name && blob dax-name /tmp/dax-name
@@ -70,12 +66,37 @@ echo "$DAX" >/tmp/dax-name && blob dax-name /tmp/dax-name
 # scripts/qemu-image.sh): hand the device to device_dax by id, as daxctl reconfigure-device does.
 [ -n "$DAX" ] && [ ! -e /sys/bus/dax/devices/$DAX/driver ] && echo "$DAX" >/sys/bus/dax/drivers/device_dax/new_id
 if [ -n "$DAX" ] && [ -c "/dev/$DAX" ] && [ -e /sys/bus/dax/devices/$DAX/driver ]; then
-  result dax-device ok "/dev/$DAX size $(cat /sys/bus/dax/devices/$DAX/size)"
-  # The host filled the backends before boot; read that through the region first, then
-  # write our own pattern for the host to find in the backends after power-off.
+  result dax-device ok "/dev/$DAX size $(cat /sys/bus/dax/devices/$DAX/size) align $(cat /sys/bus/dax/devices/$DAX/align 2>/dev/null)"
+  # The host filled the backends before boot: read that through the raw device first
+  # (libfabric-mm's low-level DeviceMapping).
   check dax-read "host pattern read through /dev/$DAX" -- fabric-guest-probe check "/dev/$DAX" 0x800000 0x5eed0001
-  check dax-write "guest pattern written through /dev/$DAX" -- fabric-guest-probe fill "/dev/$DAX" 0x800000 0x5eed0002
 else
   result dax-device fail "region $R has no DAX device"; ls -lR /sys/bus/cxl/devices/$R/ | head -40
 fi
+
+# fabricd exports the DAX device: regions on the CXL region's interleave set are ranges of it.
+FABRICD_EXTRA="[memory]
+dax = [\"$DAX\"]"
+start_fabricd
+fabricctl topology --daemon -o json >/tmp/topo.json 2>/tmp/topo.err && result fabric-topology ok || result fabric-topology fail "$(cat /tmp/topo.err)"
+blob fabric-topology /tmp/topo.json
+fabricctl map --daemon -o json >/tmp/map.json 2>/tmp/map.err && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.err)"
+blob fabric-map /tmp/map.json
+
+# Through the library: one process allocates on the set, maps it at its GFA and stores the
+# pattern, exports; a second imports by handle, maps at the same GFA and loads it. The host
+# then finds the owner's stores in the memdevs' backing files (the second path).
+SET=$(grep -o '"set:cxl-region:[^"]*"' /tmp/map.json | head -1 | sed 's/^"set://; s/"$//')
+fabric-guest-probe owner "set:$SET" 0x800000 0x5eed0002 /tmp/lib-region >/tmp/owner.log 2>&1 &
+OWNER=$!
+i=0
+while [ ! -s /tmp/lib-region ] && kill -0 $OWNER 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+if [ -s /tmp/lib-region ]; then
+  result lib-alloc-store ok "set $SET: $(cat /tmp/lib-region)"
+  check lib-import-load "a second process imports the region and loads the pattern" -- fabric-guest-probe importer /tmp/lib-region 0x800000 0x5eed0002
+else
+  result lib-alloc-store fail "set $SET: $(cat /tmp/owner.log)"; tail -20 /tmp/fabricd.log
+fi
+if wait $OWNER; then result lib-owner ok "$(cat /tmp/owner.log)"; else result lib-owner fail "$(cat /tmp/owner.log)"; fi
+blob lib-region /tmp/lib-region
 kill $FABRICD_PID 2>/dev/null

@@ -61,15 +61,53 @@ fn cxl_region_discovery_and_load_store() {
     if !listed.flat_map(|r| r["dax"].as_array().into_iter().flatten()).any(|d| d["name"] == dax.as_str()) {
         out.fail(&format!("fabricd does not list {dax} under {region}: {}", topo["cxl"]["regions"]));
     }
-    // Load/store through the region's DAX device (mapped by libfabric-mm's DeviceMapping in
-    // fabric-guest-probe), checked against the backing files.
+    // The host's pattern read through the raw DAX device (libfabric-mm's DeviceMapping).
     out.expect_check("dax-device");
     out.expect_check("dax-read");
-    out.expect_check("dax-write");
-    let base: Vec<u64> =
-        kr.decoders.iter().map(|d| kernel.decoders.get(d).and_then(|x| x.dpa_resource).unwrap_or(u64::MAX)).collect();
+    // Through fabricd and the Session API: a region on the set (a range of the DAX device
+    // fabricd exports), mapped at its GFA and stored by one process, imported and loaded by
+    // another; the stores must be in the memdevs' backing files where the interleave puts
+    // the region's bytes.
+    out.expect_check("lib-alloc-store");
+    out.expect_check("lib-import-load");
+    out.expect_check("lib-owner");
+    let (gfa, fd_offset) = lib_region(&out);
+    let owner = format!("set:cxl-region:hpa-{:#x}", kr.resource);
+    let set_start = map["ranges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["owner"] == owner.as_str())
+        .and_then(|r| r["start"].as_u64());
+    // The DAX device spans the whole region, so the region's offset in the device file is
+    // its offset in the set.
+    if set_start.and_then(|s| s.checked_add(fd_offset)) != Some(gfa) {
+        out.fail(&format!(
+            "the region's GFA {gfa:#x} is not its set's start {set_start:?} + its DAX offset {fd_offset:#x}"
+        ));
+    }
+    // The probe allocates a spacer first: the region is not at the device's start.
+    if fd_offset == 0 || fd_offset % (2 * 256) != 0 {
+        out.fail(&format!("DAX offset {fd_offset:#x} is zero or not a whole number of interleave rows"));
+    }
+    let base: Vec<u64> = kr
+        .decoders
+        .iter()
+        .map(|d| kernel.decoders.get(d).and_then(|x| x.dpa_resource).unwrap_or(u64::MAX) + fd_offset / 2)
+        .collect();
     if let Err(e) = cxl::check_backends(&mem, DAX_BYTES, 0x5eed_0002, [base[0], base[1]]) {
-        out.fail(&format!("the guest's stores through the DAX device are not in the devices' memory: {e}"));
+        out.fail(&format!("the library's stores through fabricd's DAX region are not in the devices' memory: {e}"));
+    }
+}
+
+/// The `lib-region` blob of the owner probe: `HANDLE GFA FD_OFFSET`.
+fn lib_region(out: &vm::Outcome) -> (u64, u64) {
+    let blob = out.blob("lib-region");
+    let hex = |s: Option<&str>| s.and_then(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok());
+    let mut it = blob.split_whitespace().skip(1);
+    match (hex(it.next()), hex(it.next())) {
+        (Some(g), Some(o)) => (g, o),
+        _ => out.fail(&format!("lib-region blob {blob:?}")),
     }
 }
 
@@ -200,17 +238,26 @@ fn ivshmem_bar_shared_with_the_host() {
     let out = vm::Guest::start(&pre, &spec).expect("boot").finish().expect("guest run");
     out.expect_check("ivshmem-device");
     out.expect_check("bar-read");
-    out.expect_check("bar-write");
     out.expect_check("fabric-topology");
+    // Through fabricd and the Session API: a region on the BAR, stored by one process,
+    // imported and loaded by another; the host finds the stores in the file at the region's
+    // offset in the BAR.
+    out.expect_check("lib-alloc-store");
+    out.expect_check("lib-import-load");
+    out.expect_check("lib-owner");
+    let (_, fd_offset) = lib_region(&out);
+    if fd_offset != 2 << 20 {
+        out.fail(&format!("the region is at BAR offset {fd_offset:#x}, not after the probe's 2 MiB spacer"));
+    }
     let mut theirs = vec![0u8; LEN as usize];
-    file.read_exact_at(&mut theirs, 0).expect("host loads");
+    file.read_exact_at(&mut theirs, fd_offset).expect("host loads");
     for (i, w) in theirs.chunks_exact(8).enumerate() {
         let got = u64::from_le_bytes(w.try_into().unwrap_or_default());
         let want = pattern::word(0x5eed_0004, i as u64 * 8);
         if got != want {
             out.fail(&format!(
-                "the guest's store at BAR2 offset {:#x} is not in the host file: {got:#x}, expected {want:#x}",
-                i * 8
+                "the library's store at BAR2 offset {:#x} is not in the host file: {got:#x}, expected {want:#x}",
+                fd_offset + i as u64 * 8
             ));
         }
     }

@@ -212,6 +212,14 @@ impl Memory {
             }
             deps.push(Dep::Import(iid));
         }
+        if r.device_file {
+            // The engine moves bytes with pread/pwrite, which device-DAX and sysfs BAR files
+            // do not serve (they are mmap-only).
+            return Err(MemoryError::NotImplemented(format!(
+                "region {rid} is device memory ({}); the copy engine does not reach it yet: map it and copy with the CPU",
+                r.path.display()
+            )));
+        }
         let file = OpenOptions::new().read(true).write(write).open(&r.path).map_err(io_err(&r.path))?;
         let offset = gfa - start;
         let key = file_key(&file, offset);

@@ -9,6 +9,10 @@
 //! [`alloc::RangeAllocator`] places regions in the resource's range (first fit, 2 MiB
 //! granule), which bounds what a resource holds.
 //!
+//! Resources and interleave sets the operator exports as real device memory (a DAX device,
+//! a PCI BAR: [`backing`]) hold no files: their regions are ranges of the device file, and
+//! the client gets the device's descriptor with the region's offset in it.
+//!
 //! The registry is durable (`memory/persist.rs`, records in [`durable`]): every change to regions
 //! and exports is journaled before it is acknowledged, and at start the registry is
 //! rebuilt from the journal and reconciled with the region files found
@@ -17,6 +21,7 @@
 //! same registry without a journal (region files of an earlier run are removed).
 
 pub mod alloc;
+pub mod backing;
 pub mod durable;
 mod persist;
 
@@ -44,7 +49,7 @@ use fabric_proto::wire::{
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
-use alloc::{AllocError, RangeAllocator, round_len};
+use alloc::{AllocError, GRANULE, RangeAllocator, round_len};
 use durable::{Change, DurableError, Owner};
 
 /// Why a memory operation was refused.
@@ -131,6 +136,8 @@ struct Resource {
     ranges: RangeAllocator,
     /// The device vanished or failed: nothing is allocated here until it is back.
     lost: bool,
+    /// The device file its regions are ranges of (`None`: a sim file per region).
+    backing: Option<backing::DeviceBacking>,
 }
 
 #[derive(Debug)]
@@ -145,7 +152,12 @@ struct Region {
     resource: usize,
     offset: u64,
     len: u64,
+    /// The file clients map: the region's own sim file, or a device file.
     path: PathBuf,
+    /// Offset of the region's first byte in `path`.
+    fd_offset: u64,
+    /// `path` is device memory shared by many regions: never removed.
+    device_file: bool,
     /// Its device vanished or failed: exports revoked, no new ones.
     lost: bool,
 }
@@ -206,6 +218,8 @@ struct State {
     dma: crate::dma::Registry,
     /// Regions striped over an interleave set, by region id.
     set_regions: HashMap<u64, set::SetRegion>,
+    /// DAX devices backing interleave sets, by set name.
+    set_backings: HashMap<String, backing::DeviceBacking>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -231,6 +245,8 @@ pub struct Granted {
     pub len: u64,
     /// The backing file, opened for the access granted.
     pub fd: OwnedFd,
+    /// Offset of the region's first byte in `fd` (non-zero for device memory).
+    pub offset: u64,
     /// Import id (imports only).
     pub import: u64,
 }
@@ -331,6 +347,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
             dir,
             ranges: RangeAllocator::new(m.size),
             lost: false,
+            backing: None,
         });
     }
     Ok(out)
@@ -360,6 +377,33 @@ impl Memory {
             limits,
             root: root.to_owned(),
         })
+    }
+
+    /// Puts the device memory `b` lists behind its resources and sets (their regions
+    /// become ranges of the device files). BARs whose resource is not here are skipped with
+    /// a warning (the function vanished between discovery and now).
+    fn apply_backings(st: &mut State, b: &backing::Backings) {
+        for s in &b.sets {
+            tracing::info!(set = %s.set, dax = %s.backing.name, len = s.backing.len, "DAX device backs the set");
+            st.set_backings.insert(s.set.clone(), s.backing.clone());
+        }
+        for bar in &b.bars {
+            let found = bar.resource.as_ref().and_then(|(dev, ord)| {
+                st.resources
+                    .iter_mut()
+                    .find(|r| r.device == *dev && r.kind == MemoryKind::HostExported && r.ordinal == *ord)
+            });
+            match found {
+                Some(r) => {
+                    tracing::info!(device = %r.device, bar = %bar.backing.name, len = bar.backing.len, "BAR backs the resource");
+                    r.ranges = RangeAllocator::new(bar.backing.len);
+                    r.backing = Some(bar.backing.clone());
+                }
+                None => {
+                    tracing::warn!(bar = %bar.backing.name, "exported BAR has no resource in the fabric; not served")
+                }
+            }
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -398,6 +442,17 @@ impl Memory {
         let (kind, ordinal) = (*kind, *ordinal);
         let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         let mut st = self.state();
+        // Device memory maps in whole multiples of its align (a BAR's is a page).
+        let dev_align = st
+            .resources
+            .iter()
+            .filter(|r| r.device == *device && r.kind == kind && ordinal.is_none_or(|o| o == r.ordinal))
+            .filter_map(|r| r.backing.as_ref().map(|b| b.align))
+            .max()
+            .unwrap_or(GRANULE);
+        let len = len
+            .checked_next_multiple_of(dev_align)
+            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         self.check(&st, owner.uid, len, 1)?;
         let sess = st.session(session, owner)?;
         let candidates: Vec<usize> = (0..st.resources.len())
@@ -417,6 +472,11 @@ impl Memory {
         let mut last = None;
         let mut placed = None;
         for i in candidates {
+            // Device memory maps only at its own alignment (a DAX device's `align`).
+            let align = match &st.resources[i].backing {
+                Some(b) if align == 0 || align.is_power_of_two() => align.max(b.align),
+                _ => align,
+            };
             match st.resources[i].ranges.alloc(len, align) {
                 Ok(off) => {
                     placed = Some((i, off));
@@ -436,18 +496,26 @@ impl Memory {
         };
         let id = st.next_id;
         st.next_id += 1;
-        let path = st.resources[resource].dir.join(format!("r{id}"));
-        let made = (|| {
-            let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-            f.set_len(len)?;
-            Ok::<_, std::io::Error>(OwnedFd::from(f))
-        })();
-        let fd = match made {
-            Ok(fd) => fd,
+        let made = match st.resources[resource].backing.clone() {
+            Some(b) => Self::open_device(&b, offset, len).map(|(fd, at)| (fd, b.path, at, true)),
+            None => {
+                let path = st.resources[resource].dir.join(format!("r{id}"));
+                let made = (|| {
+                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+                    f.set_len(len)?;
+                    Ok::<_, std::io::Error>(OwnedFd::from(f))
+                })();
+                if made.is_err() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                made.map(|fd| (fd, path.clone(), 0, false)).map_err(io_err(&path))
+            }
+        };
+        let (fd, path, fd_offset, device_file) = match made {
+            Ok(m) => m,
             Err(e) => {
                 st.resources[resource].ranges.free(offset);
-                let _ = std::fs::remove_file(&path);
-                return Err(io_err(&path)(e));
+                return Err(e);
             }
         };
         let region = Region {
@@ -460,6 +528,8 @@ impl Memory {
             offset,
             len,
             path,
+            fd_offset,
+            device_file,
             lost: false,
         };
         // Acknowledged only once journaled; a crash before this leaves a file that no
@@ -467,7 +537,9 @@ impl Memory {
         let record = Change::RegionAllocated(st.region_record(id, &region));
         if let Err(e) = st.journal(&record) {
             st.resources[resource].ranges.free(offset);
-            let _ = std::fs::remove_file(&region.path);
+            if !region.device_file {
+                let _ = std::fs::remove_file(&region.path);
+            }
             return Err(e);
         }
         let u = st.usage.entry(owner.uid).or_default();
@@ -476,7 +548,19 @@ impl Memory {
         st.regions.insert(id, region);
         st.maybe_compact();
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, len, "region allocated");
-        Ok(Granted { region: id, generation: id, len, fd, import: 0 })
+        Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 })
+    }
+
+    /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
+    /// backs: the descriptor and the range's offset in the file.
+    fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
+        let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
+            len,
+            align: b.align,
+            capacity: b.len,
+        }))?;
+        let f = b.open(true).map_err(io_err(&b.path))?;
+        Ok((OwnedFd::from(f), at))
     }
 
     fn owned(st: &State, region: u64, session: u64) -> Result<&Region, MemoryError> {
@@ -507,7 +591,9 @@ impl Memory {
         for i in st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
             st.resources[i].ranges.free(r.offset);
         }
-        if let Err(e) = std::fs::remove_file(&r.path) {
+        if r.device_file {
+            // Device memory keeps its contents; the range is simply free again.
+        } else if let Err(e) = std::fs::remove_file(&r.path) {
             tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");
         }
         let u = st.usage.entry(r.owner.uid).or_default();
@@ -661,7 +747,7 @@ impl Memory {
             return Err(MemoryError::PermissionDenied("the export is read-only".into()));
         }
         let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
-        let (path, len, generation) = (r.path.clone(), r.len, r.generation);
+        let (path, len, generation, offset) = (r.path.clone(), r.len, r.generation, r.fd_offset);
         self.check(&st, peer.uid, 0, 1)?;
         let f =
             OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
@@ -678,7 +764,7 @@ impl Memory {
             ?access,
             "imported"
         );
-        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), import: id })
+        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
     }
 
     /// Releases an import the session holds.

@@ -64,6 +64,8 @@ pub struct Durability {
     pub replay: Replay,
     /// `[memory]`.
     pub config: MemoryConfig,
+    /// The device memory `[memory] dax` and `bars` export, resolved.
+    pub backings: super::backing::Backings,
 }
 
 /// Start time of process `pid` (field 22 of `/proc/<pid>/stat`, clock ticks since boot).
@@ -255,7 +257,7 @@ impl Memory {
         limits: LimitsConfig,
         durability: Durability,
     ) -> Result<Self, MemoryError> {
-        let Durability { mut journal, replay, config } = durability;
+        let Durability { mut journal, replay, config, backings } = durability;
         let mut model = match &replay.snapshot {
             Some(s) => Replayed::from_snapshot(Snapshot::decode(&s.payload).map_err(MemoryError::Record)?),
             None => Replayed::default(),
@@ -278,6 +280,7 @@ impl Memory {
         }
         let resources = super::resources(root, inv)?;
         let mut st = State { resources, next_id: model.next_id, ..State::default() };
+        Self::apply_backings(&mut st, &backings);
         let mut orphans: BTreeMap<[u8; 16], u64> = BTreeMap::new();
         let mut gone_owners = 0usize;
         for r in model.regions.values() {
@@ -297,8 +300,20 @@ impl Memory {
                 );
                 continue;
             };
-            let path = st.resources[res].dir.join(format!("r{}", r.id));
+            // A region of device memory is a range of the device file, which outlives the
+            // daemon like a sim file does (and is never removed).
+            let (path, fd_offset, device_file) = match &st.resources[res].backing {
+                Some(b) => match b.file_offset(r.offset, r.len) {
+                    Some(at) => (b.path.clone(), at, true),
+                    None => {
+                        st.lost(r.id, &format!("its range is not inside {}", b.path.display()));
+                        continue;
+                    }
+                },
+                None => (st.resources[res].dir.join(format!("r{}", r.id)), 0, false),
+            };
             match std::fs::metadata(&path) {
+                Ok(_) if device_file => {}
                 Ok(m) if m.is_file() && m.len() == r.len => {}
                 Ok(m) => {
                     st.lost(r.id, &format!("its file {} is {} bytes, not {}", path.display(), m.len(), r.len));
@@ -343,6 +358,8 @@ impl Memory {
                     offset: r.offset,
                     len: r.len,
                     path,
+                    fd_offset,
+                    device_file,
                     lost: false,
                 },
             );

@@ -133,7 +133,7 @@ impl Memory {
                 let r = Self::owned(&st, id, session)?;
                 in_bounds(r.len, &format!("region {id}"))?;
                 let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
-                (Covers::Region(id), pin(f.map_err(io_err(&r.path))?, first, span, access)?)
+                (Covers::Region(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
             }
             Source::Import(id) => {
                 let i = st.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
@@ -151,7 +151,7 @@ impl Memory {
                     .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
                 in_bounds(r.len, &format!("import {id}"))?;
                 let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
-                (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first, span, access)?)
+                (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
             }
             Source::Fd(fd) => {
                 let f = File::from(fd);

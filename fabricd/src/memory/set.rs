@@ -15,7 +15,7 @@ use std::os::fd::OwnedFd;
 use fabric_proto::wire::PeerCred;
 use fabric_topology::{DeviceId, MemoryKind};
 
-use super::alloc::{AllocError, GRANULE, round_len};
+use super::alloc::{AllocError, GRANULE};
 use super::{Granted, Memory, MemoryError, Region, io_err};
 
 /// An interleave set as the address map has it.
@@ -69,8 +69,20 @@ pub enum Whereabouts {
     },
 }
 
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Least common multiple (`None` on overflow or a zero argument).
+fn lcm(a: u64, b: u64) -> Option<u64> {
+    (a / gcd(a, b).max(1)).checked_mul(b).filter(|&l| l > 0)
+}
+
 impl Memory {
-    /// Allocates `size` bytes (rounded up to `ways * 2 MiB`) striped over `set`, at the
+    /// Allocates `size` bytes (rounded up to `ways * 2 MiB`, and to a DAX device's align) striped over `set`, at the
     /// lowest set offset free in every member whose GFA is aligned to `align` (a power of
     /// two, 0 for none). Returns the region and its offset in the set.
     pub fn alloc_set(
@@ -88,11 +100,16 @@ impl Memory {
         if align != 0 && !align.is_power_of_two() {
             return Err(MemoryError::BadRequest(format!("alignment {align} is not a power of two")));
         }
-        let per = round_len(size.div_ceil(ways))
-            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
-        let len =
-            per.checked_mul(ways).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let bad = || MemoryError::BadRequest(format!("size {size} is not allocatable"));
         let mut st = self.state();
+        // A DAX device maps whole multiples of its align: the set region's length is a
+        // multiple of both `ways * 2 MiB` and that.
+        let unit = match st.set_backings.get(&set.name) {
+            Some(b) => lcm(GRANULE * ways, b.align).ok_or_else(bad)?,
+            None => GRANULE * ways,
+        };
+        let len = size.checked_next_multiple_of(unit).filter(|&l| l > 0).ok_or_else(bad)?;
+        let per = len / ways;
         let (pid_start, token) = {
             let sess = st.session(session, owner)?;
             (sess.owner.pid_start, sess.token)
@@ -111,15 +128,25 @@ impl Memory {
         }
         let mut cands: Vec<u64> =
             std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
+        let device = st.set_backings.get(&set.name).cloned();
+        // A DAX device maps at its own alignment, and holds only its part of the set.
+        let dev_align = device.as_ref().map_or(0, |b| b.align);
+        if let Some(b) = &device {
+            cands.push(b.start.div_ceil(ways));
+        }
         cands.sort_unstable();
         cands.dedup();
         let gfa_ok = |d: u64| align == 0 || set.start.wrapping_add(d * ways).is_multiple_of(align);
+        let dev_ok = |d: u64| {
+            device.as_ref().is_none_or(|b| b.file_offset(d * ways, len).is_some_and(|o| o.is_multiple_of(b.align)))
+        };
         let fits = |d: u64| {
             d.checked_add(per).is_some_and(|e| e <= set.member_size)
+                && dev_ok(d)
                 && idx.iter().all(|&i| st.resources[i].ranges.is_free(d, per))
         };
         // Alignment is reached within align / (2 MiB * ways) granules of any candidate.
-        let steps = (align / (GRANULE * ways)).max(1);
+        let steps = (align.max(dev_align) / (GRANULE * ways)).max(1);
         let found = cands.into_iter().find_map(|c| {
             let base = c.checked_next_multiple_of(GRANULE)?;
             (0..steps).map(|k| base + k * GRANULE).find(|&d| gfa_ok(d) && fits(d))
@@ -137,20 +164,28 @@ impl Memory {
         }
         let id = st.next_id;
         st.next_id += 1;
-        let path = st.resources[idx[0]].dir.join(format!("r{id}"));
-        let made = (|| {
-            let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-            f.set_len(len)?;
-            Ok::<_, std::io::Error>(OwnedFd::from(f))
-        })();
-        let fd = match made {
-            Ok(fd) => fd,
+        let made = match &device {
+            Some(b) => Self::open_device(b, dpa * ways, len).map(|(fd, at)| (fd, b.path.clone(), at, true)),
+            None => {
+                let path = st.resources[idx[0]].dir.join(format!("r{id}"));
+                let made = (|| {
+                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+                    f.set_len(len)?;
+                    Ok::<_, std::io::Error>(OwnedFd::from(f))
+                })();
+                if made.is_err() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                made.map(|fd| (fd, path.clone(), 0, false)).map_err(io_err(&path))
+            }
+        };
+        let (fd, path, fd_offset, device_file) = match made {
+            Ok(m) => m,
             Err(e) => {
                 for &i in &idx {
                     st.resources[i].ranges.free(dpa);
                 }
-                let _ = std::fs::remove_file(&path);
-                return Err(io_err(&path)(e));
+                return Err(e);
             }
         };
         let u = st.usage.entry(owner.uid).or_default();
@@ -169,13 +204,15 @@ impl Memory {
                 offset: dpa,
                 len,
                 path,
+                fd_offset,
+                device_file,
                 lost: false,
             },
         );
         let set_offset = dpa * ways;
         st.set_regions.insert(id, SetRegion { name: set.name.clone(), set_offset, others: idx[1..].to_vec() });
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");
-        Ok((Granted { region: id, generation: id, len, fd, import: 0 }, set_offset))
+        Ok((Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 }, set_offset))
     }
 
     /// Where region `id` is: a range of one resource or of an interleave set.
@@ -197,5 +234,21 @@ impl Memory {
             offset: r.offset,
             len: r.len,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_region_units_cover_ways_granules_and_the_dax_align() {
+        const M: u64 = 1 << 20;
+        assert_eq!(lcm(2 * 2 * M, 2 * M), Some(4 * M));
+        assert_eq!(lcm(3 * 2 * M, 2 * M), Some(6 * M));
+        assert_eq!(lcm(3 * 2 * M, 1 << 30), Some(3 << 30));
+        assert_eq!(lcm(16 * 2 * M, 1 << 30), Some(1 << 30));
+        assert_eq!(lcm(u64::MAX, 2), None);
+        assert_eq!(lcm(0, 2), None);
     }
 }

@@ -22,7 +22,7 @@ impl Drop for Daemon {
     }
 }
 
-fn fabricd_bin() -> PathBuf {
+pub fn fabricd_bin() -> PathBuf {
     // target/debug/deps/<test> → target/debug/fabricd
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().and_then(Path::parent).unwrap().join("fabricd");

@@ -4,6 +4,8 @@
 //! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
 //! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
 //! `mm-edu BDF` does the same through libfabric-mm and fabricd's VFIO backend (`mmvfio.rs`).
+//! `owner TARGET LEN SEED OUT` and `importer OUT LEN SEED` share device memory through fabricd
+//! and libfabric-mm's Session API (see `session.rs`).
 //! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
 //! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
@@ -12,6 +14,7 @@ use std::process::ExitCode;
 use fabric_qemu_tests::pattern;
 
 mod mmvfio;
+mod session;
 mod vfio;
 
 fn parse(s: &str) -> Option<u64> {
@@ -41,6 +44,24 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         };
+    }
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    let num = |i: usize| args.get(i).and_then(|s| parse(s));
+    let done = |r: Result<String, String>| match r {
+        Ok(m) => {
+            println!("{m}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    };
+    if let (Some("owner"), Some(target), Some(len), Some(seed), Some(out)) = (arg(1), arg(2), num(3), num(4), arg(5)) {
+        return done(session::owner(target, len, seed, std::path::Path::new(out)));
+    }
+    if let (Some("importer"), Some(file), Some(len), Some(seed)) = (arg(1), arg(2), num(3), num(4)) {
+        return done(session::importer(std::path::Path::new(file), len, seed));
     }
     if args.get(1).map(String::as_str) == Some("watch") {
         return watch(args.get(2).map(String::as_str).unwrap_or("/run/fabric/fabricd.sock"));

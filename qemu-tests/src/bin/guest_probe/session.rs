@@ -1,0 +1,94 @@
+//! `owner` and `importer`: device memory through fabricd and libfabric-mm's Session API, as a
+//! runtime library would use it. The owner allocates on a CXL region's interleave set (its
+//! DAX device) or a PCI BAR, maps the region at its GFA in the unified window, stores the
+//! test pattern and exports it; the importer (another process) imports by handle, maps at
+//! the same GFA and loads. The host then finds the owner's bytes in the device's memory.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use fabric_mm::{Memory, MemoryClass, Policy, Session, Target};
+use fabric_qemu_tests::pattern;
+
+/// The allocation target: `set:NAME`, or `bar:BDF` (the host_exported memory of the PCI
+/// function at BDF, found in the daemon's device list).
+fn target(s: &Session, spec: &str) -> Result<Target, String> {
+    if let Some(name) = spec.strip_prefix("set:") {
+        return Ok(Target::Set(name.to_owned()));
+    }
+    let Some(bdf) = spec.strip_prefix("bar:") else { return Err(format!("target {spec:?}: set:NAME or bar:BDF")) };
+    let devices = s.devices().map_err(|e| format!("devices: {e}"))?;
+    let dev = devices
+        .into_iter()
+        .find(|d| d.id.ends_with(bdf) && d.memory.iter().any(|m| m.0 == MemoryClass::HostExported))
+        .ok_or_else(|| format!("fabricd lists no device at {bdf} with host_exported memory"))?;
+    Ok(Target::Device { device: dev.id, memory: MemoryClass::HostExported })
+}
+
+/// Allocates `len` bytes on `spec` (after a one-granule spacer), maps them at their GFA, stores the pattern for `seed`,
+/// exports and writes `HANDLE GFA FD_OFFSET` to `out`; then waits (up to 60 s) for
+/// `out.done`, which the importer makes, and frees the region by exiting.
+pub fn owner(spec: &str, len: u64, seed: u64, out: &Path) -> Result<String, String> {
+    let s = Session::open().map_err(|e| format!("session: {e}"))?;
+    let target = target(&s, spec)?;
+    // A first, smallest region takes the start of the device, so that the one under test
+    // sits at a non-zero offset in the device file (the mmap offset path is exercised).
+    let _spacer = s.alloc(&target, 1).map_err(|e| format!("alloc on {target:?}: {e}"))?;
+    let region = s.alloc(&target, len).map_err(|e| format!("alloc on {target:?}: {e}"))?;
+    let m = s.map(&region).map_err(|e| format!("map at GFA {:?}: {e}", region.gfa()))?;
+    if (m.len() as u64) < len {
+        return Err(format!("the region is {} bytes, asked {len}", m.len()));
+    }
+    let p = m.as_ptr().cast::<u64>();
+    for i in 0..len / 8 {
+        // SAFETY: `p + i` lies in the live read-write mapping of the region; no Rust
+        // reference to that memory exists.
+        unsafe { p.add(i as usize).write_volatile(pattern::word(seed, i * 8)) };
+    }
+    let handle = s.export(&region, &Policy::default()).map_err(|e| format!("export: {e}"))?;
+    let line = format!("{handle} {:#x} {:#x}\n", m.gfa(), region.fd_offset());
+    std::fs::write(out, &line).map_err(|e| format!("{}: {e}", out.display()))?;
+    let done = out.with_extension("done");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done.exists() {
+        if Instant::now() > deadline {
+            return Err("the importer did not finish within 60 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(format!(
+        "region {} at GFA {:#x} (fd offset {:#x}): {len:#x} bytes stored",
+        region.id(),
+        m.gfa(),
+        region.fd_offset()
+    ))
+}
+
+/// Imports the handle in `file` (written by [`owner`]) read-only, maps it at its GFA and
+/// checks `len` bytes of the pattern for `seed`; then makes `file.done`.
+pub fn importer(file: &Path, len: u64, seed: u64) -> Result<String, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut it = text.split_whitespace();
+    let handle: fabric_mm::Handle = it.next().ok_or("no handle")?.parse().map_err(|e| format!("handle: {e}"))?;
+    let gfa = it.next().and_then(|g| u64::from_str_radix(g.trim_start_matches("0x"), 16).ok());
+    let s = Session::open().map_err(|e| format!("session: {e}"))?;
+    let result = (|| {
+        let import = s.import(&handle, false).map_err(|e| format!("import: {e}"))?;
+        if import.gfa() != gfa {
+            return Err(format!("the import is at GFA {:?}, the owner's region at {gfa:?}", import.gfa()));
+        }
+        let m = s.map(&import).map_err(|e| format!("map: {e}"))?;
+        let p = m.as_ptr().cast::<u64>();
+        for i in 0..len / 8 {
+            // SAFETY: `p + i` lies in the live read-only mapping of the import.
+            let got = unsafe { p.add(i as usize).read_volatile() };
+            let want = pattern::word(seed, i * 8);
+            if got != want {
+                return Err(format!("offset {:#x}: {got:#018x}, expected {want:#018x}", i * 8));
+            }
+        }
+        Ok(format!("import of region {} at GFA {:#x}: {len:#x} bytes match", import.id(), m.gfa()))
+    })();
+    let _ = std::fs::write(file.with_extension("done"), "");
+    result
+}
