@@ -216,11 +216,16 @@ fn sibling(name: &str) -> PathBuf {
 }
 
 pub(crate) fn start_daemon(dir: &Path, sim: &Path) -> Result<(Reaped, PathBuf), ControlBenchError> {
+    start_daemon_with(dir, sim, "")
+}
+
+/// [`start_daemon`] with `extra` TOML (whole tables) appended to the configuration.
+pub(crate) fn start_daemon_with(dir: &Path, sim: &Path, extra: &str) -> Result<(Reaped, PathBuf), ControlBenchError> {
     let socket = dir.join("fabricd.sock");
     let sim = sim.canonicalize().map_err(io_err(format!("sim fabric {}", sim.display())))?;
     let config = dir.join("fabricd.toml");
     let text = format!(
-        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n",
+        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n{extra}",
         socket.display().to_string(),
         dir.join("state").display().to_string(),
         sim.display().to_string(),

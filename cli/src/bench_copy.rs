@@ -13,14 +13,15 @@
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, CodecError, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName,
-    Event, MemoryClass, RegisterRequest, RegisterSource, Request, Response, SUPPORTED_VERSIONS, TopologyRequest,
+    Event, MemoryClass, RegisterRequest, RegisterSource, Request, Response, SUPPORTED_VERSIONS,
 };
 use serde::Serialize;
+
+use crate::bench_control::{self, ControlBenchError, start_daemon_with};
 
 /// Why the copy benchmark could not run.
 #[derive(Debug, thiserror::Error)]
@@ -43,14 +44,9 @@ pub enum CopyBenchError {
         #[source]
         source: CodecError,
     },
-    /// fabricd did not come up.
-    #[error("fabricd did not answer on {socket} within 30 s; its log:\n{log}")]
-    DaemonStart {
-        /// The socket.
-        socket: PathBuf,
-        /// Its stderr.
-        log: String,
-    },
+    /// The private fabricd did not start, or the devices it serves could not be read.
+    #[error(transparent)]
+    Daemon(#[from] ControlBenchError),
     /// A copy did not complete whole.
     #[error("copy of {len} bytes failed: {result:?}")]
     CopyFailed {
@@ -142,77 +138,12 @@ pub struct CopyBench {
     pub runs: Vec<EngineRun>,
 }
 
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn connect(socket: &Path) -> Result<Connection, CopyBenchError> {
     let s = UnixStream::connect(socket).map_err(io_err(format!("connecting to {}", socket.display())))?;
     s.set_read_timeout(Some(Duration::from_secs(60))).map_err(io_err("setting a read timeout"))?;
     let mut c = Connection::new(s);
     c.hello("fabricctl-bench-copy", SUPPORTED_VERSIONS).map_err(call_err("hello"))?;
     Ok(c)
-}
-
-fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(name)))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from(name))
-}
-
-/// Starts a private fabricd with `copy.engines = engines` in `dir`.
-fn start_daemon(dir: &Path, sim: &Path, engines: u32) -> Result<(Reaped, PathBuf), CopyBenchError> {
-    let socket = dir.join("fabricd.sock");
-    let sim = sim.canonicalize().map_err(io_err(format!("sim fabric {}", sim.display())))?;
-    let config = dir.join("fabricd.toml");
-    let text = format!(
-        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n[copy]\nengines = {engines}\n",
-        socket.display().to_string(),
-        dir.join("state").display().to_string(),
-        sim.display().to_string(),
-    );
-    std::fs::write(&config, text).map_err(io_err("writing the daemon's configuration"))?;
-    let log = dir.join("fabricd.log");
-    let stderr = std::fs::File::create(&log).map_err(io_err("creating the daemon's log"))?;
-    let mut child = Command::new(sibling("fabricd"))
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .map_err(io_err("starting fabricd (build it: cargo build --release -p fabricd)"))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if connect(&socket).is_ok() {
-            return Ok((Reaped(child), socket));
-        }
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(CopyBenchError::DaemonStart { socket, log: std::fs::read_to_string(&log).unwrap_or_default() })
-}
-
-fn hbm_device(c: &mut Connection) -> Result<String, CopyBenchError> {
-    let (resp, _) = c.call(Request::Devices(TopologyRequest { node: None }), &[]).map_err(call_err("devices"))?;
-    let Response::Devices(doc) = resp else { return Err(CopyBenchError::Unexpected("devices answer")) };
-    let v: serde_json::Value =
-        serde_json::from_str(&doc.json).map_err(|_| CopyBenchError::Unexpected("devices document"))?;
-    v["devices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["memory"].as_array().is_some_and(|m| m.iter().any(|r| r["kind"] == "hbm")))
-        .and_then(|d| d["id"].as_str().map(str::to_owned))
-        .ok_or(CopyBenchError::Unexpected("no device with HBM"))
 }
 
 /// A region's GFA and, when the daemon could pin it, its registration.
@@ -302,9 +233,9 @@ fn run_one(
         .prefix("fabricctl-bench-copy-")
         .tempdir_in(base)
         .map_err(io_err(format!("a scratch directory in {}", base.display())))?;
-    let (_daemon, socket) = start_daemon(dir.path(), &opts.sim, engines)?;
+    let (_daemon, socket) = start_daemon_with(dir.path(), &opts.sim, &format!("[copy]\nengines = {engines}\n"))?;
     let mut c = connect(&socket)?;
-    let device = hbm_device(&mut c)?;
+    let device = bench_control::hbm_device(&mut c)?;
     let max = opts.sizes.iter().copied().max().unwrap_or(0);
     let (src, dst) = (region(&mut c, &device, max)?, region(&mut c, &device, max)?);
     let registered = src.registration.is_some() && dst.registration.is_some();

@@ -496,21 +496,8 @@ impl Memory {
         };
         let id = st.next_id;
         st.next_id += 1;
-        let made = match st.resources[resource].backing.clone() {
-            Some(b) => Self::open_device(&b, offset, len).map(|(fd, at)| (fd, b.path, at, true)),
-            None => {
-                let path = st.resources[resource].dir.join(format!("r{id}"));
-                let made = (|| {
-                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-                    f.set_len(len)?;
-                    Ok::<_, std::io::Error>(OwnedFd::from(f))
-                })();
-                if made.is_err() {
-                    let _ = std::fs::remove_file(&path);
-                }
-                made.map(|fd| (fd, path.clone(), 0, false)).map_err(io_err(&path))
-            }
-        };
+        let r = &st.resources[resource];
+        let made = Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len);
         let (fd, path, fd_offset, device_file) = match made {
             Ok(m) => m,
             Err(e) => {
@@ -553,6 +540,29 @@ impl Memory {
 
     /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
     /// backs: the descriptor and the range's offset in the file.
+    /// The memory behind a new region of `len` bytes: a range at `offset` of the device
+    /// file of `device`, else a new sim file at `path`. Returns the descriptor, the file,
+    /// the region's offset in it and whether it is a device file.
+    pub(super) fn make_backing(
+        device: Option<&backing::DeviceBacking>,
+        offset: u64,
+        path: &Path,
+        len: u64,
+    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+        if let Some(b) = device {
+            return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
+        }
+        let made = (|| {
+            let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+            f.set_len(len)?;
+            Ok::<_, std::io::Error>(OwnedFd::from(f))
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
+    }
+
     fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
         let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
             len,

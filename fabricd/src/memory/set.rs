@@ -9,14 +9,11 @@
 //! `L` are multiples of `ways * 2 MiB`) and, in the sim, is backed by one file of `L`
 //! bytes whose byte `i` is the set's byte `S + i`.
 
-use std::fs::OpenOptions;
-use std::os::fd::OwnedFd;
-
 use fabric_proto::wire::PeerCred;
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, GRANULE};
-use super::{Granted, Memory, MemoryError, Region, io_err};
+use super::{Granted, Memory, MemoryError, Region};
 
 /// An interleave set as the address map has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,21 +161,8 @@ impl Memory {
         }
         let id = st.next_id;
         st.next_id += 1;
-        let made = match &device {
-            Some(b) => Self::open_device(b, dpa * ways, len).map(|(fd, at)| (fd, b.path.clone(), at, true)),
-            None => {
-                let path = st.resources[idx[0]].dir.join(format!("r{id}"));
-                let made = (|| {
-                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-                    f.set_len(len)?;
-                    Ok::<_, std::io::Error>(OwnedFd::from(f))
-                })();
-                if made.is_err() {
-                    let _ = std::fs::remove_file(&path);
-                }
-                made.map(|fd| (fd, path.clone(), 0, false)).map_err(io_err(&path))
-            }
-        };
+        let path = st.resources[idx[0]].dir.join(format!("r{id}"));
+        let made = Self::make_backing(device.as_ref(), dpa * ways, &path, len);
         let (fd, path, fd_offset, device_file) = match made {
             Ok(m) => m,
             Err(e) => {
