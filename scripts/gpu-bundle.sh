@@ -17,6 +17,10 @@ cargo build --release --locked -p fabric-cli -p fabricd -p libfabric-mm --bins
 rm -rf "$DEST"
 mkdir -p "$DEST/bin"
 cp target/release/fabricctl target/release/fabricd target/release/gpu_check "$DEST/bin/"
+# Line tables are for backtraces here; the bundle travels without them (a quarter the size).
+if command -v strip >/dev/null; then
+    strip --strip-debug "$DEST"/bin/*
+fi
 cp scripts/gpu-check.sh "$DEST/"
 "$DEST/bin/gpu_check" ptx --out "$DEST/pattern.ptx"
 # The newest glibc symbol the binaries need: the GPU machine's glibc must be at least that.

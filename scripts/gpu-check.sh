@@ -107,6 +107,36 @@ else
     printf 'discovery\t127\t0\tfabricctl not found\n' >>"$OUT/steps.tsv"
 fi
 
+# 2b. The daemon on this host's GPUs: fabricd with the pci, nvml and cuda backends, its
+# status (what is missing or degraded), its devices and its address map (HBM placed).
+if [ -n "$FABRICCTL" ] && [ -x "$BIN/fabricd" ]; then
+    DDIR=$(mktemp -d)
+    cat >"$DDIR/fabricd.toml" <<TOML
+[socket]
+path = "$DDIR/fabricd.sock"
+[state]
+dir = "$DDIR/state"
+[discovery]
+backends = ["pci", "nvml", "cuda"]
+rescan_interval_s = 0
+uevents = "off"
+TOML
+    cp "$DDIR/fabricd.toml" "$OUT/fabricd.toml"
+    "$BIN/fabricd" --config "$DDIR/fabricd.toml" >"$OUT/fabricd.log" 2>&1 &
+    FABRICD=$!
+    for _ in $(seq 1 300); do
+        [ -S "$DDIR/fabricd.sock" ] && break
+        kill -0 "$FABRICD" 2>/dev/null || break
+        sleep 0.1
+    done
+    run daemon-status 30 daemon-status.json "$FABRICCTL" status --daemon "$DDIR/fabricd.sock" -o json
+    run daemon-devices 30 daemon-devices.json "$FABRICCTL" devices --daemon "$DDIR/fabricd.sock" -o json
+    run daemon-map 30 daemon-map.json "$FABRICCTL" map --daemon "$DDIR/fabricd.sock" -o json
+    kill -TERM "$FABRICD" 2>/dev/null
+    wait "$FABRICD"
+    printf 'daemon-stop\t%s\t0\tfabricd.log\n' "$?" >>"$OUT/steps.tsv"
+fi
+
 # 3. CUDA: presence, then the two-process memory check (1 GiB, 20 copies per figure).
 if [ -n "$GPU_CHECK" ]; then
     # The kernel text, assembled offline where the toolkit is installed (the driver JIT
