@@ -8,8 +8,10 @@
 #
 # Writes into OUTDIR: the nvidia-smi outputs (smi-query.xml, smi-query.txt, smi-topo.txt,
 # smi-nvlink.txt), discovery (topology.json, topology.txt, devices.json), the comparison
-# (gpu-compare.json, gpu-compare.txt), the CUDA checks (probe.json, memory.json,
-# memory.importer.json), the PTX (pattern.ptx, assembled by ptxas when the toolkit is
+# (gpu-compare.json, gpu-compare.txt), the daemon's view (fabricd.log, daemon-status.json,
+# daemon-devices.json, daemon-map.json), the CUDA checks (probe.json, memory.json and
+# memory.importer.json through fabricd, memory-direct*.json without it), the PTX
+# (pattern.ptx, assembled by ptxas when the toolkit is
 # there), each step's log (*.log), steps.tsv and summary.json.
 #
 # Binaries: $FABRIC_BIN_DIR, else ./bin next to this script (the bundle layout), else the
@@ -108,7 +110,18 @@ else
 fi
 
 # 2b. The daemon on this host's GPUs: fabricd with the pci, nvml and cuda backends, its
-# status (what is missing or degraded), its devices and its address map (HBM placed).
+# status (what is missing or degraded), its devices and its address map (HBM placed). It
+# keeps running for the memory check, which passes GPU memory through it.
+FABRICD=""
+DSOCK=""
+stop_daemon() {
+    if [ -n "$FABRICD" ]; then
+        kill -TERM "$FABRICD" 2>/dev/null
+        wait "$FABRICD"
+        printf 'daemon-stop\t%s\t0\tfabricd.log\n' "$?" >>"$OUT/steps.tsv"
+        FABRICD=""
+    fi
+}
 if [ -n "$FABRICCTL" ] && [ -x "$BIN/fabricd" ]; then
     DDIR=$(mktemp -d)
     cat >"$DDIR/fabricd.toml" <<TOML
@@ -132,12 +145,12 @@ TOML
     run daemon-status 30 daemon-status.json "$FABRICCTL" status --daemon "$DDIR/fabricd.sock" -o json
     run daemon-devices 30 daemon-devices.json "$FABRICCTL" devices --daemon "$DDIR/fabricd.sock" -o json
     run daemon-map 30 daemon-map.json "$FABRICCTL" map --daemon "$DDIR/fabricd.sock" -o json
-    kill -TERM "$FABRICD" 2>/dev/null
-    wait "$FABRICD"
-    printf 'daemon-stop\t%s\t0\tfabricd.log\n' "$?" >>"$OUT/steps.tsv"
+    [ -S "$DDIR/fabricd.sock" ] && DSOCK=$DDIR/fabricd.sock
 fi
 
-# 3. CUDA: presence, then the two-process memory check (1 GiB, 20 copies per figure).
+# 3. CUDA: presence, then the two-process memory check (1 GiB, 20 copies per figure): through
+# fabricd (Adopt, export, ImportObject) when it runs, and directly (the descriptor over a
+# socket between the two processes).
 if [ -n "$GPU_CHECK" ]; then
     # The kernel text, assembled offline where the toolkit is installed (the driver JIT
     # compiles the same text in the memory check).
@@ -150,16 +163,22 @@ if [ -n "$GPU_CHECK" ]; then
     fi
     run cuda-probe 60 probe.stdout "$GPU_CHECK" probe --out "$OUT/probe.json"
     if [ $? -ne 3 ]; then
-        run cuda-memory 300 memory.stdout "$GPU_CHECK" memory --out "$OUT/memory.json" \
-            --size-mib "${GPU_CHECK_SIZE_MIB:-1024}" --iters "${GPU_CHECK_ITERS:-20}"
+        run cuda-memory 200 memory.stdout "$GPU_CHECK" memory --out "$OUT/memory.json" \
+            --size-mib "${GPU_CHECK_SIZE_MIB:-1024}" --iters "${GPU_CHECK_ITERS:-20}" ${DSOCK:+--daemon "$DSOCK"}
+        if [ -n "$DSOCK" ]; then
+            run cuda-memory-direct 150 memory-direct.stdout "$GPU_CHECK" memory --out "$OUT/memory-direct.json" \
+                --size-mib "${GPU_CHECK_SIZE_MIB:-1024}" --iters "${GPU_CHECK_ITERS:-20}"
+        fi
     else
         printf 'cuda-memory\tskipped\t0\tCUDA not present\n' >>"$OUT/steps.tsv"
     fi
+    stop_daemon
     # 4. The summary, written by the same binary from the files above.
     timeout 20 "$GPU_CHECK" summarize "$OUT" --out "$OUT/summary.json" --elapsed "$(($(date +%s) - START))"
     exit $?
 fi
 
+stop_daemon
 # Without gpu_check the summary is what the shell knows.
 printf '{"status":"failed","reason":"gpu_check binary not found in %s","exit":1}\n' "${BIN:-any bin dir}" \
     >"$OUT/summary.json"

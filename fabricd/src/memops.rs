@@ -4,8 +4,9 @@
 use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{
-    AllocRequest, AllocResponse, AllocTarget, ErrorBody, ErrorCode, ErrorDetail, ExportHandle, ExportRequest,
-    ExportResponse, ImportRequest, ImportResponse, Name, PeerCred, Response,
+    AdoptRequest, AllocRequest, AllocResponse, AllocTarget, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
+    ExportHandle, ExportRequest, ExportResponse, ImportObjectResponse, ImportRequest, ImportResponse, Name, PeerCred,
+    Response,
 };
 use fabric_topology::DeviceId;
 
@@ -67,24 +68,72 @@ pub fn alloc(
     session: u64,
     req: AllocRequest,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
-    let (device, kind, ordinal): (_, fabric_topology::MemoryKind, _) = match &req.target {
-        AllocTarget::Resource(r) => (parse_device(&r.device)?, r.memory.into(), Some(r.ordinal)),
-        AllocTarget::Device { device, memory } => (parse_device(device)?, (*memory).into(), None),
-        AllocTarget::Set(name) => {
-            let set = placement::set_spec(d, name)?;
-            let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
-            let gfa = set.start.checked_add(offset);
-            let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
-            return Ok((Response::Alloc(resp), Some(g.fd)));
-        }
-    };
-    let g = d
-        .memory
-        .alloc(peer, session, &Place { device, kind, ordinal }, req.size, req.align)
-        .map_err(|e| refused(&e))?;
+    if let AllocTarget::Set(name) = &req.target {
+        let set = placement::set_spec(d, name)?;
+        let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
+        let gfa = set.start.checked_add(offset);
+        let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
+        return Ok((Response::Alloc(resp), Some(g.fd)));
+    }
+    let place = place_of(&req.target)?;
+    let g = d.memory.alloc(peer, session, &place, req.size, req.align).map_err(|e| refused(&e))?;
     let gfa = placement::region_gfa(d, g.region);
     let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
     Ok((Response::Alloc(resp), Some(g.fd)))
+}
+
+/// Where an `Alloc` or `Adopt` on a resource or a device goes; an interleave set is not
+/// one place (`Alloc` handles it first; `Adopt` refuses it).
+fn place_of(target: &AllocTarget) -> Result<Place, ErrorBody> {
+    match target {
+        AllocTarget::Resource(r) => {
+            Ok(Place { device: parse_device(&r.device)?, kind: r.memory.into(), ordinal: Some(r.ordinal) })
+        }
+        AllocTarget::Device { device, memory } => {
+            Ok(Place { device: parse_device(device)?, kind: (*memory).into(), ordinal: None })
+        }
+        AllocTarget::Set(name) => Err(refusal(
+            ErrorCode::BadRequest,
+            format!("interleave set {name:?}: a vendor object lies on one device's memory"),
+        )),
+    }
+}
+
+/// `Adopt`: the vendor object sent with the request becomes a region of this session.
+pub fn adopt(
+    d: &Daemon,
+    peer: &PeerCred,
+    session: u64,
+    req: AdoptRequest,
+    fds: Vec<OwnedFd>,
+) -> Result<Response, ErrorBody> {
+    let place = place_of(&req.target)?;
+    let fd = fds.into_iter().next().ok_or_else(|| refusal(ErrorCode::BadFds, "Adopt needs the object's descriptor"))?;
+    let a = d.memory.adopt(peer, session, &place, req.size, req.object, fd).map_err(|e| refused(&e))?;
+    let gfa = placement::region_gfa(d, a.region);
+    Ok(Response::Adopt(AllocResponse { region: a.region, generation: a.generation, size: a.size, gfa, offset: 0 }))
+}
+
+/// `ImportObject`: an adopted region by handle, with a duplicate of its vendor descriptor.
+pub fn import_object(
+    d: &Daemon,
+    peer: &PeerCred,
+    session: u64,
+    req: ImportRequest,
+) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
+    let o = d.memory.import_object(peer, session, &req.handle, req.access).map_err(|e| refused(&e))?;
+    let g = o.granted;
+    let resp = ImportObjectResponse {
+        import: g.import,
+        region: g.region,
+        generation: g.generation,
+        size: g.len,
+        gfa: placement::region_gfa(d, g.region),
+        access: req.access,
+        object: o.kind,
+        device: DeviceName::truncated(&o.device.to_string()),
+    };
+    Ok((Response::ImportObject(resp), Some(g.fd)))
 }
 
 /// `Free`: a region of this session.

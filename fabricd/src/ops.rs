@@ -67,13 +67,21 @@ pub fn handle_session_fds(
         Request::Translate(t) => plain(translate_in(d, &caller, &t.queries).map(Response::Translate)),
         Request::Partitions(p) => plain(crate::regions::partitions(d, &caller, p).map(Response::Partitions)),
         Request::Regions(r) => plain(crate::regions::regions(d, &caller, r).map(Response::Regions)),
-        Request::Alloc(a) => scope::check_alloc(d, &caller, &a).and_then(|()| memops::alloc(d, peer, session, a)),
+        Request::Alloc(a) => {
+            scope::check_alloc(d, &caller, &a.target).and_then(|()| memops::alloc(d, peer, session, a))
+        }
+        Request::Adopt(a) => {
+            scope::check_alloc(d, &caller, &a.target).and_then(|()| plain(memops::adopt(d, peer, session, a, fds)))
+        }
         Request::Free(f) => plain(memops::free(d, session, f.region)),
         Request::Export(e) => {
             scope::check_export(d, &caller, &e).and_then(|()| plain(memops::export(d, peer, session, e)))
         }
         Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
         Request::Import(i) => scope::check_import(d, &caller, &i).and_then(|()| memops::import(d, peer, session, i)),
+        Request::ImportObject(i) => {
+            scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, peer, session, i))
+        }
         Request::Release(r) => plain(memops::release(d, session, r.import)),
         Request::Register(r) => plain(dmaops::register(d, peer, session, r, fds)),
         Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use fabric_addrmap::{Listing, NodeUsage, RangeKind, Snapshot, TranslateError};
 use fabric_proto::wire::{
-    AllocRequest, AllocTarget, BoundedVec, ErrorBody, ErrorCode, ExportRequest, ImportRequest, PeerCred,
-    TranslateQuery, TranslateResponse, Translation,
+    AllocTarget, BoundedVec, ErrorBody, ErrorCode, ExportRequest, ImportRequest, PeerCred, TranslateQuery,
+    TranslateResponse, Translation,
 };
 use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
 
@@ -169,9 +169,9 @@ impl Caller {
 }
 
 /// `Alloc`: a bound client allocates only on its partitions' devices.
-pub fn check_alloc(d: &Daemon, caller: &Caller, req: &AllocRequest) -> Result<(), ErrorBody> {
+pub fn check_alloc(d: &Daemon, caller: &Caller, target: &AllocTarget) -> Result<(), ErrorBody> {
     caller.require_scope()?;
-    let device = match &req.target {
+    let device = match target {
         AllocTarget::Resource(r) => &r.device,
         AllocTarget::Device { device, .. } => device,
         // Not served yet; the memory op says so.

@@ -122,7 +122,7 @@ fn own_memory(len: usize, seed: u8) -> MmapMut {
 fn regions_copy_by_gfa_and_by_registration_over_partial_ranges() {
     let env = start("");
     let mut c = common::client(&env.setup.socket);
-    assert_eq!(c.version(), Version::new(1, 2));
+    assert_eq!(c.version(), fabric_proto::wire::PROTOCOL_VERSION);
     let gpu = &env.gpus[0];
     let mut a = alloc(&mut c, gpu, 4 * MIB);
     let mut b = alloc(&mut c, &env.gpus[1], 4 * MIB);

@@ -41,7 +41,7 @@ fn hello_negotiates_and_refuses_versions_it_does_not_speak() {
     assert!(d.log().contains("ready"), "{}", d.log());
 
     let c = common::client(&s.socket);
-    assert_eq!(c.version(), Version::new(1, 2));
+    assert_eq!(c.version(), fabric_proto::wire::PROTOCOL_VERSION);
 
     // A 1.0-only client still gets a 1.0 hello (no session token travels).
     let mut old = Connection::new(UnixStream::connect(&s.socket).unwrap());

@@ -75,6 +75,9 @@
 // The output buffer is too small.
 #define FMM_E_BUFFER -32
 
+// The device's own driver (CUDA) refused or is not present.
+#define FMM_E_DEVICE -33
+
 // A panic inside the library was caught at the boundary (a bug; please report it).
 #define FMM_E_PANIC -90
 

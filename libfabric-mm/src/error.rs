@@ -136,6 +136,9 @@ pub enum Error {
         /// Bytes known copied (whole chunks, not necessarily a prefix).
         bytes: u64,
     },
+    /// The GPU's driver refused, or is not there ("CUDA not present: …").
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
     /// The daemon answered with something else than the request asked for.
     #[error("fabricd answered {0} with an unexpected message")]
     Unexpected(Opcode),
@@ -197,6 +200,7 @@ impl Error {
             Error::PinnedLimit { .. } => FMM_E_LIMIT,
             Error::InvalidArgument(_) => FMM_E_ARG,
             Error::Os { .. } => FMM_E_OS,
+            Error::Cuda(_) => FMM_E_DEVICE,
         }
     }
 }

@@ -59,6 +59,8 @@ pub const FMM_E_ARG: c_int = -30;
 pub const FMM_E_OS: c_int = -31;
 /// The output buffer is too small.
 pub const FMM_E_BUFFER: c_int = -32;
+/// The device's own driver (CUDA) refused or is not present.
+pub const FMM_E_DEVICE: c_int = -33;
 /// A panic inside the library was caught at the boundary (a bug; please report it).
 pub const FMM_E_PANIC: c_int = -90;
 

@@ -261,13 +261,18 @@ impl Session {
 
     /// Exports a region: a handle another process can import, under `policy`.
     pub fn export(&self, region: &Region, policy: &Policy) -> Result<Handle> {
+        self.export_region(region.id(), policy)
+    }
+
+    /// Exports region `id` of this session under `policy`.
+    pub(crate) fn export_region(&self, id: u64, policy: &Policy) -> Result<Handle> {
         let policy = ExportPolicy {
             uids: bounded(&policy.uids, "uids")?,
             gids: bounded(&policy.gids, "gids")?,
             partition: policy.partition.as_deref().map(Name::truncated),
             access: if policy.read_only { AccessMode::ReadOnly } else { AccessMode::ReadWrite },
         };
-        match self.call(Request::Export(ExportRequest { region: region.id(), policy }))? {
+        match self.call(Request::Export(ExportRequest { region: id, policy }))? {
             Response::Export(e) => Ok(Handle(e.handle)),
             _ => Err(Error::Unexpected(Opcode::Export)),
         }

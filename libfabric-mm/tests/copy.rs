@@ -59,7 +59,7 @@ fn session_and_regions(socket: &std::path::Path) -> (fabric_mm::Session, fabric_
 fn a_copy_is_polled_waited_for_and_called_back() {
     let d = common::daemon();
     let (s, a, b) = session_and_regions(&d.socket);
-    assert_eq!(s.protocol_version(), fabric_proto::wire::Version::new(1, 2));
+    assert_eq!(s.protocol_version(), fabric_proto::wire::PROTOCOL_VERSION);
     let (ga, gb) = (a.gfa(), b.gfa());
 
     // Poll until done, then wait gives the same answer.

@@ -5,6 +5,8 @@
 //! timing, and the importer's stores seen in the exporter's mapping. What this cannot show
 //! — that a real driver and GPU behave so — is the GPU check's job (docs/gpu.md).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -29,10 +31,15 @@ fn fake_driver(dir: &Path) -> Option<PathBuf> {
 }
 
 fn run(lib: &Path, args: &[&str], out: &Path) -> (Option<i32>, serde_json::Value) {
+    run_env(lib, args, out, &[])
+}
+
+fn run_env(lib: &Path, args: &[&str], out: &Path, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value) {
     let o = Command::new(gpu_check())
         .args(args)
         .arg("--out")
         .arg(out)
+        .envs(env.iter().copied())
         .env("LD_LIBRARY_PATH", lib)
         .env_remove("RUST_LOG")
         .output()
@@ -112,4 +119,33 @@ fn a_content_mismatch_is_caught() {
     let v = step(&doc, "verify locally");
     assert_eq!(v["ok"], false);
     assert!(v["error"].as_str().expect("error").contains("\"gpu_mismatched_words\":1"), "{v}");
+}
+
+#[test]
+fn the_memory_check_goes_through_fabricd() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(lib) = fake_driver(dir.path()) else { return };
+    let d = common::daemon();
+    let gpu = common::gpu(&common::session(&d.socket));
+    // The stand-in reports the sim GPU's UUID, so the exporter finds its fabric identity
+    // through CUDA (`uuid:` + cuDeviceGetUuid), as on a real host.
+    let hex: String = gpu.trim_start_matches("uuid:GPU-").chars().filter(|c| *c != '-').collect();
+    assert_eq!(hex.len(), 32, "{gpu}");
+    let out = dir.path().join("memory.json");
+    let socket = d.socket.display().to_string();
+    let args = ["memory", "--size-mib", "2", "--iters", "2", "--daemon", &socket];
+    let (code, doc) = run_env(&lib, &args, &out, &[("FAKE_CUDA_UUID", &hex)]);
+    assert_eq!(code, Some(0), "{doc:#}\n{}", d.log());
+    let adopted = &step(&doc, "Adopt (the allocation becomes a region on the GPU's HBM)")["detail"];
+    assert_eq!(adopted["device"], gpu.as_str());
+    assert!(adopted["gfa"].is_u64(), "{adopted}");
+    let imp = &doc["importer"];
+    assert_eq!(imp["status"], "passed", "{imp:#}");
+    let got = &step(imp, "ImportObject + cuMemImportFromShareableHandle")["detail"];
+    assert_eq!(got["gfa"], adopted["gfa"]);
+    assert_eq!(got["device"], gpu.as_str());
+    assert_eq!(step(imp, "verify exporter's pattern through the import")["detail"]["gpu_mismatched_words"], 0);
+    assert_eq!(step(&doc, "verify importer's stores in exporter's mapping")["ok"], true);
+    let log = d.log();
+    assert!(log.contains("vendor object adopted") && log.contains("imported"), "{log}");
 }

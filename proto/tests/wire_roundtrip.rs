@@ -110,8 +110,14 @@ fn request() -> impl Strategy<Value = Request> {
         topo().prop_map(Request::Inventory).boxed(),
         any::<bool>().prop_map(|all| Request::Regions(RegionsRequest { all })).boxed(),
         list(query, 20).prop_map(|queries| Request::Translate(TranslateRequest { queries })).boxed(),
-        (target, any::<u64>(), any::<u64>())
+        (target.clone(), any::<u64>(), any::<u64>())
             .prop_map(|(target, size, align)| Request::Alloc(AllocRequest { target, size, align }))
+            .boxed(),
+        (target, any::<u64>())
+            .prop_map(|(target, size)| Request::Adopt(AdoptRequest { target, size, object: ObjectKind::CudaPosixFd }))
+            .boxed(),
+        (handle(), access())
+            .prop_map(|(handle, access)| Request::ImportObject(ImportRequest { handle, access }))
             .boxed(),
         any::<u64>().prop_map(|region| Request::Free(FreeRequest { region })).boxed(),
         (any::<u64>(), policy).prop_map(|(region, policy)| Request::Export(ExportRequest { region, policy })).boxed(),
@@ -232,6 +238,26 @@ fn response() -> impl Strategy<Value = Response> {
         (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()))
             .prop_map(|((region, generation, size, offset), gfa)| {
                 Response::Alloc(AllocResponse { region, generation, size, gfa, offset })
+            })
+            .boxed(),
+        (any::<(u64, u64, u64)>(), proptest::option::of(any::<u64>()))
+            .prop_map(|((region, generation, size), gfa)| {
+                Response::Adopt(AllocResponse { region, generation, size, gfa, offset: 0 })
+            })
+            .boxed(),
+        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access(), device())
+            .prop_map(|((import, region, generation, size), gfa, access, device)| {
+                let object = ObjectKind::CudaPosixFd;
+                Response::ImportObject(ImportObjectResponse {
+                    import,
+                    region,
+                    generation,
+                    size,
+                    gfa,
+                    access,
+                    object,
+                    device,
+                })
             })
             .boxed(),
         Just(Response::Free).boxed(),

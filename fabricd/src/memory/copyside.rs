@@ -212,6 +212,7 @@ impl Memory {
             }
             deps.push(Dep::Import(iid));
         }
+        Self::refuse_object(st, rid, "copy its bytes")?;
         if r.device_file {
             // The engine moves bytes with pread/pwrite, which device-DAX and sysfs BAR files
             // do not serve (they are mmap-only).

@@ -27,10 +27,12 @@ mod persist;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
+mod adopt;
 mod copyside;
 mod register;
 mod set;
 
+pub use adopt::{Adopted, ObjectGrant};
 pub use copyside::{Dep, Resolved, Side};
 pub use register::{Registered, Source};
 pub use set::{SetSpec, Whereabouts};
@@ -220,6 +222,8 @@ struct State {
     set_regions: HashMap<u64, set::SetRegion>,
     /// DAX devices backing interleave sets, by set name.
     set_backings: HashMap<String, backing::DeviceBacking>,
+    /// Vendor memory objects behind adopted regions, by region id (not journaled).
+    objects: HashMap<u64, adopt::Object>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -597,6 +601,7 @@ impl Memory {
             ..Reclaimed::default()
         };
         let Some(r) = st.regions.remove(&id) else { return out };
+        st.objects.remove(&id);
         st.resources[r.resource].ranges.free(r.offset);
         for i in st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
             st.resources[i].ranges.free(r.offset);
@@ -736,8 +741,32 @@ impl Memory {
         access: AccessMode,
     ) -> Result<Granted, MemoryError> {
         let mut st = self.state();
+        let via = Self::admit(&mut st, peer, handle, access)?;
+        if st.objects.contains_key(&handle.region) {
+            return Err(MemoryError::BadRequest(format!(
+                "region {} is a vendor object: import it with ImportObject (protocol 1.3)",
+                handle.region
+            )));
+        }
+        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
+        let (path, len, offset) = (r.path.clone(), r.len, r.fd_offset);
+        self.check(&st, peer.uid, 0, 1)?;
+        let f =
+            OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
+        let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
+        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
+    }
+
+    /// The checks of an import by handle: the secret and generation name a live export,
+    /// it is not revoked, its policy admits the peer and the access. Returns the export.
+    fn admit(
+        st: &mut State,
+        peer: &PeerCred,
+        handle: &ExportHandle,
+        access: AccessMode,
+    ) -> Result<ExportHandle, MemoryError> {
         let (owner_uid, policy, revoked, via) = {
-            let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
+            let e = Self::find_export(st, handle).ok_or(MemoryError::InvalidHandle)?;
             (e.owner_uid, e.policy.clone(), e.revoked, e.handle)
         };
         if revoked {
@@ -756,11 +785,19 @@ impl Memory {
         if access == AccessMode::ReadWrite && policy.access == AccessMode::ReadOnly {
             return Err(MemoryError::PermissionDenied("the export is read-only".into()));
         }
-        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
-        let (path, len, generation, offset) = (r.path.clone(), r.len, r.generation, r.fd_offset);
-        self.check(&st, peer.uid, 0, 1)?;
-        let f =
-            OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
+        Ok(via)
+    }
+
+    /// Records an admitted import of `handle`'s region: its id and the region's generation.
+    fn record_import(
+        st: &mut State,
+        peer: &PeerCred,
+        session: u64,
+        handle: &ExportHandle,
+        via: ExportHandle,
+        access: AccessMode,
+    ) -> Result<(u64, u64), MemoryError> {
+        let generation = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?.generation;
         let id = st.next_id;
         st.next_id += 1;
         st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session, access });
@@ -774,7 +811,7 @@ impl Memory {
             ?access,
             "imported"
         );
-        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
+        Ok((id, generation))
     }
 
     /// Releases an import the session holds.

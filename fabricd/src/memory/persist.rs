@@ -154,8 +154,9 @@ impl State {
 
     /// The registry as a snapshot record.
     fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
-        // Regions striped over an interleave set live as long as their session only.
-        let durable = |id: &u64| !self.set_regions.contains_key(id);
+        // Regions striped over an interleave set and adopted vendor objects live as long
+        // as their session only.
+        let durable = |id: &u64| !self.set_regions.contains_key(id) && !self.objects.contains_key(id);
         let mut regions: Vec<RegionRecord> =
             self.regions.iter().filter(|(id, _)| durable(id)).map(|(id, r)| self.region_record(*id, r)).collect();
         regions.sort_by_key(|r| r.id);
@@ -175,7 +176,7 @@ impl State {
             Change::ExportRevoked { region, .. } => Some(*region),
             _ => None,
         };
-        if region.is_some_and(|id| self.set_regions.contains_key(&id)) {
+        if region.is_some_and(|id| self.set_regions.contains_key(&id) || self.objects.contains_key(&id)) {
             return Ok(());
         }
         let Some(mut log) = self.log.take() else { return Ok(()) };

@@ -132,6 +132,7 @@ impl Memory {
             Source::Region(id) => {
                 let r = Self::owned(&st, id, session)?;
                 in_bounds(r.len, &format!("region {id}"))?;
+                Self::refuse_object(&st, id, "pin it for DMA")?;
                 let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
                 (Covers::Region(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
             }
@@ -150,6 +151,7 @@ impl Memory {
                     .get(&i.region)
                     .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
                 in_bounds(r.len, &format!("import {id}"))?;
+                Self::refuse_object(&st, i.region, "pin it for DMA")?;
                 let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
                 (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
             }

@@ -93,6 +93,18 @@ impl CudaContext {
         self.inner.drv.attribute(self.inner.dev, attr).is_ok_and(|v| v != 0)
     }
 
+    /// The GPU's UUID as NVML and `nvidia-smi -L` print it: `GPU-` and 32 hex digits in
+    /// 8-4-4-4-12 groups.
+    pub fn uuid(&self) -> Result<String, CudaError> {
+        Ok(format_uuid(&self.inner.drv.uuid(self.inner.dev)?))
+    }
+
+    /// The GPU's identity in the fabric (`uuid:GPU-…`, as fabricd's NVML and CUDA discovery
+    /// name it): the device to adopt its memory on.
+    pub fn fabric_device(&self) -> Result<String, CudaError> {
+        Ok(format!("uuid:{}", self.uuid()?))
+    }
+
     /// The device's memory features.
     pub fn properties(&self) -> Result<DeviceProperties, CudaError> {
         let drv = self.inner.drv;
@@ -144,4 +156,10 @@ impl Drop for PeerAccess {
             tracing::warn!("disabling peer access {} -> {}: {e}", self.from.ordinal(), self.to.ordinal());
         }
     }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from the 16 bytes `cuDeviceGetUuid` gives.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!("GPU-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
 }

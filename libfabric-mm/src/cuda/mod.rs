@@ -20,6 +20,7 @@
 mod context;
 pub mod fdpass;
 mod kernel;
+mod share;
 mod stream;
 mod sys;
 mod vmm;
@@ -27,8 +28,9 @@ mod vmm;
 use std::any::Any;
 use std::sync::OnceLock;
 
-pub use context::{CudaContext, DeviceProperties, PeerAccess};
+pub use context::{CudaContext, DeviceProperties, PeerAccess, format_uuid};
 pub use kernel::{Module, PATTERN_PTX, entry_params, pattern_word};
+pub use share::{GpuImport, GpuRegion};
 pub use stream::{Event, HostRegistration, Stream};
 pub use vmm::{AllocOptions, FabricHandle, GpuMapping, GpuMemory};
 

@@ -64,6 +64,13 @@ impl Driver {
         Ok(d)
     }
 
+    pub(super) fn uuid(self, dev: CUdevice) -> Result<[u8; 16], CudaError> {
+        let mut u = cu::CUuuid { bytes: [0; 16] };
+        // SAFETY: `u` is a writable 16-byte struct; `dev` came from cuDeviceGet.
+        call("cuDeviceGetUuid", || unsafe { cu::cuDeviceGetUuid_v2(&mut u, dev) })?;
+        Ok(u.bytes.map(|b| b as u8))
+    }
+
     pub(super) fn attribute(self, dev: CUdevice, attr: cu::CUdevice_attribute) -> Result<i32, CudaError> {
         let mut v: c_int = 0;
         // SAFETY: `v` is writable; `dev` came from cuDeviceGet.
@@ -297,10 +304,19 @@ impl Driver {
     }
 
     /// # Safety
-    /// As for [`Driver::memcpy_dtod_async`]; the copy is finished when this returns.
+    /// As for [`Driver::memcpy_dtod_async`]. The driver does not wait for device-to-device
+    /// copies (CUDA's "API synchronization behavior"): the copy is finished when this
+    /// returns only because the context is synchronised after it.
     pub(super) unsafe fn memcpy_dtod(self, dst: CUdeviceptr, src: CUdeviceptr, len: usize) -> Result<(), CudaError> {
         // SAFETY: the caller guarantees both ranges (this function's contract).
-        call("cuMemcpyDtoD", || unsafe { cu::cuMemcpyDtoD_v2(dst, src, len) })
+        call("cuMemcpyDtoD", || unsafe { cu::cuMemcpyDtoD_v2(dst, src, len) })?;
+        self.ctx_synchronize()
+    }
+
+    /// Waits for all work of the current context.
+    pub(super) fn ctx_synchronize(self) -> Result<(), CudaError> {
+        // SAFETY: no arguments; acts on the current context.
+        call("cuCtxSynchronize", || unsafe { cu::cuCtxSynchronize() })
     }
 
     /// # Safety

@@ -10,6 +10,7 @@
  * Built by tests/fake_cuda.rs with `cc -shared -fPIC`. */
 #define _GNU_SOURCE
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -56,6 +57,24 @@ CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) { (void)a; (void)
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &ctx_token; return OK; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return OK; }
 CUresult cuCtxSetCurrent(void *ctx) { return ctx == &ctx_token ? OK : INVALID_HANDLE; }
+CUresult cuCtxSynchronize(void) { return OK; }
+/* The device's UUID: FAKE_CUDA_UUID (32 hex digits) when set, so that a test can make this
+ * "GPU" one a sim daemon knows; else all zero. */
+CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) {
+    static const unsigned char id[16] = {0};
+    if (d != 0) return INVALID_DEVICE;
+    const char *env = getenv("FAKE_CUDA_UUID");
+    if (env && strlen(env) == 32) {
+        for (int i = 0; i < 16; i++) {
+            unsigned v;
+            if (sscanf(env + 2 * i, "%2x", &v) != 1) return INVALID_VALUE;
+            uuid[i] = (unsigned char)v;
+        }
+    } else {
+        memcpy(uuid, id, 16);
+    }
+    return OK;
+}
 CUresult cuCtxEnablePeerAccess(void *p, unsigned int f) { (void)p; (void)f; return NOT_SUPPORTED; }
 CUresult cuCtxDisablePeerAccess(void *p) { (void)p; return NOT_SUPPORTED; }
 

@@ -39,15 +39,16 @@ pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
 pub use opcode::Opcode;
 pub use request::{
-    AccessMode, AllocRequest, AllocTarget, CopyEndpoint, CopyRequest, ExportPolicy, ExportRequest, FreeRequest,
-    HelloRequest, ImportRequest, MemoryClass, PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest,
-    RegisterSource, ReleaseRequest, Request, ResourceName, RevokeRequest, StatusRequest, SubscribeRequest,
-    TopologyRequest, TranslateQuery, TranslateRequest, UnregisterRequest,
+    AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyEndpoint, CopyRequest, ExportPolicy, ExportRequest,
+    FreeRequest, HelloRequest, ImportRequest, MemoryClass, ObjectKind, PartitionSpec, PartitionsRequest,
+    RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request, ResourceName, RevokeRequest,
+    StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest, UnregisterRequest,
 };
 pub use response::{
     AllocResponse, CopyResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportInfo, ExportResponse,
-    HelloResponse, ImportInfo, ImportResponse, PartitionInfo, PartitionsResponse, Problem, ProblemKind, RegionInfo,
-    RegionsResponse, RegisterResponse, Response, StatusResponse, SubscribeResponse, TranslateResponse, Translation,
+    HelloResponse, ImportInfo, ImportObjectResponse, ImportResponse, PartitionInfo, PartitionsResponse, Problem,
+    ProblemKind, RegionInfo, RegionsResponse, RegisterResponse, Response, StatusResponse, SubscribeResponse,
+    TranslateResponse, Translation,
 };
 pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
 

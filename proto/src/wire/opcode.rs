@@ -42,6 +42,11 @@ pub enum Opcode {
     Release = 0x0025,
     /// List regions, exports and imports (since 1.1).
     Regions = 0x0026,
+    /// Hand the daemon memory a vendor API allocated (a CUDA POSIX export) so that it
+    /// becomes a region (since 1.3).
+    Adopt = 0x0027,
+    /// Import an adopted region: its vendor descriptor (since 1.3).
+    ImportObject = 0x0028,
     /// Register memory for DMA by a device.
     Register = 0x0030,
     /// Undo a registration.
@@ -56,7 +61,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 20] = [
+    pub const ALL: [Opcode; 22] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Ping,
@@ -72,6 +77,8 @@ impl Opcode {
         Opcode::Import,
         Opcode::Release,
         Opcode::Regions,
+        Opcode::Adopt,
+        Opcode::ImportObject,
         Opcode::Register,
         Opcode::Unregister,
         Opcode::Copy,
@@ -107,6 +114,8 @@ impl Opcode {
             Opcode::Import => "import",
             Opcode::Release => "release",
             Opcode::Regions => "regions",
+            Opcode::Adopt => "adopt",
+            Opcode::ImportObject => "import_object",
             Opcode::Register => "register",
             Opcode::Unregister => "unregister",
             Opcode::Copy => "copy",
@@ -122,6 +131,7 @@ impl Opcode {
         match self {
             Opcode::Ping | Opcode::Inventory | Opcode::Regions => Version::new(1, 1),
             Opcode::Copy => Version::new(1, 2),
+            Opcode::Adopt | Opcode::ImportObject => Version::new(1, 3),
             _ => Version::new(1, 0),
         }
     }
@@ -147,10 +157,11 @@ impl Opcode {
                 Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory => 1 << 10,
                 Opcode::Translate | Opcode::Partitions => MAX_REQUEST_BODY,
                 Opcode::Export => 4 << 10,
-                Opcode::Alloc | Opcode::Register => 1 << 10,
+                Opcode::Alloc | Opcode::Register | Opcode::Adopt => 1 << 10,
                 Opcode::Free
                 | Opcode::Revoke
                 | Opcode::Import
+                | Opcode::ImportObject
                 | Opcode::Release
                 | Opcode::Unregister
                 | Opcode::Copy
@@ -160,12 +171,15 @@ impl Opcode {
             FrameKind::Response => match self {
                 Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory | Opcode::Regions => MAX_BODY,
                 Opcode::Status | Opcode::Translate | Opcode::Partitions => 1 << 20,
+                // The device name is up to 256 bytes.
+                Opcode::ImportObject => 1 << 10,
                 Opcode::Hello
                 | Opcode::Alloc
                 | Opcode::Free
                 | Opcode::Export
                 | Opcode::Revoke
                 | Opcode::Import
+                | Opcode::Adopt
                 | Opcode::Release
                 | Opcode::Register
                 | Opcode::Unregister
@@ -178,11 +192,12 @@ impl Opcode {
 
     /// The most file descriptors a frame of this opcode and kind may carry (at most
     /// [`super::MAX_FDS`]): the memory object of an alloc or import response, the memory
-    /// a register request hands over.
+    /// a register request hands over, the vendor object an adopt request hands over and an
+    /// object import returns.
     pub const fn max_fds(self, kind: FrameKind) -> u8 {
         match (self, kind) {
-            (Opcode::Alloc | Opcode::Import, FrameKind::Response) => 1,
-            (Opcode::Register, FrameKind::Request) => 1,
+            (Opcode::Alloc | Opcode::Import | Opcode::ImportObject, FrameKind::Response) => 1,
+            (Opcode::Register | Opcode::Adopt, FrameKind::Request) => 1,
             _ => 0,
         }
     }

@@ -233,6 +233,30 @@ pub struct RegisterRequest {
     pub access: AccessMode,
 }
 
+/// What kind of vendor memory object an `Adopt` hands over (since 1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ObjectKind {
+    /// A CUDA virtual-memory allocation exported with `cuMemExportToShareableHandle` as a
+    /// POSIX file descriptor; an importer passes it to `cuMemImportFromShareableHandle`.
+    CudaPosixFd,
+}
+
+/// `Adopt` (since 1.3): the memory object sent as the frame's one descriptor, which a
+/// vendor API allocated on the target's memory, becomes a region of the caller's session:
+/// placed in the resource's range (so it has a GFA), counted against the caller's limits,
+/// exportable and importable (with `ImportObject`), freed with `Free` or with the session.
+/// The daemon never maps it; `size` is the exporter's word (the importer's driver checks it
+/// when it maps).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptRequest {
+    /// The memory it lies in: a resource, or a device and class (not a set).
+    pub target: AllocTarget,
+    /// Bytes of the object.
+    pub size: u64,
+    /// What the descriptor is.
+    pub object: ObjectKind,
+}
+
 /// `Unregister`: undo a registration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnregisterRequest {
@@ -343,6 +367,11 @@ pub enum Request {
     Release(ReleaseRequest),
     /// See [`RegionsRequest`].
     Regions(RegionsRequest),
+    /// See [`AdoptRequest`].
+    Adopt(AdoptRequest),
+    /// `ImportObject` (since 1.3): an adopted region by handle; the response carries its
+    /// vendor descriptor.
+    ImportObject(ImportRequest),
     /// See [`RegisterRequest`].
     Register(RegisterRequest),
     /// See [`UnregisterRequest`].
@@ -374,6 +403,8 @@ impl Request {
             Request::Import(_) => Opcode::Import,
             Request::Release(_) => Opcode::Release,
             Request::Regions(_) => Opcode::Regions,
+            Request::Adopt(_) => Opcode::Adopt,
+            Request::ImportObject(_) => Opcode::ImportObject,
             Request::Register(_) => Opcode::Register,
             Request::Unregister(_) => Opcode::Unregister,
             Request::Copy(_) => Opcode::Copy,
@@ -385,7 +416,7 @@ impl Request {
     /// Descriptors that must come with the request.
     pub fn fds_required(&self) -> u8 {
         match self {
-            Request::Register(RegisterRequest { source: RegisterSource::Fd, .. }) => 1,
+            Request::Register(RegisterRequest { source: RegisterSource::Fd, .. }) | Request::Adopt(_) => 1,
             _ => 0,
         }
     }

@@ -7,7 +7,7 @@ use super::bounded::{BoundedVec, DeviceName, ErrorText, Name};
 use super::event::Topics;
 use super::handle::{ExportHandle, SessionToken};
 use super::opcode::Opcode;
-use super::request::{AccessMode, ExportPolicy, PartitionSpec, ResourceName};
+use super::request::{AccessMode, ExportPolicy, ObjectKind, PartitionSpec, ResourceName};
 use super::version::{Version, VersionRange};
 
 /// `Hello`: the agreed version and the server's limits.
@@ -114,6 +114,29 @@ pub struct ImportResponse {
     pub offset: u64,
     /// Access granted.
     pub access: AccessMode,
+}
+
+/// `ImportObject` (since 1.3): the import of an adopted region; its vendor descriptor is
+/// the frame's one descriptor (for `ObjectKind::CudaPosixFd`, the allocation to pass to
+/// `cuMemImportFromShareableHandle`, `size` bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportObjectResponse {
+    /// Import id (for `Release`).
+    pub import: u64,
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Bytes.
+    pub size: u64,
+    /// GFA of the first byte, when mapped.
+    pub gfa: Option<u64>,
+    /// Access granted (the vendor driver does not enforce read-only: see `docs/gpu.md`).
+    pub access: AccessMode,
+    /// What the descriptor is.
+    pub object: ObjectKind,
+    /// The device whose memory it is.
+    pub device: DeviceName,
 }
 
 /// `Register`: the registration.
@@ -308,6 +331,10 @@ pub enum Response {
     Release,
     /// See [`RegionsResponse`].
     Regions(RegionsResponse),
+    /// `Adopt`: the region (its `offset` is 0; no descriptor travels back).
+    Adopt(AllocResponse),
+    /// See [`ImportObjectResponse`].
+    ImportObject(ImportObjectResponse),
     /// See [`RegisterResponse`].
     Register(RegisterResponse),
     /// The registration is undone (empty body).
@@ -339,6 +366,8 @@ impl Response {
             Response::Import(_) => Opcode::Import,
             Response::Release => Opcode::Release,
             Response::Regions(_) => Opcode::Regions,
+            Response::Adopt(_) => Opcode::Adopt,
+            Response::ImportObject(_) => Opcode::ImportObject,
             Response::Register(_) => Opcode::Register,
             Response::Unregister => Opcode::Unregister,
             Response::Copy(_) => Opcode::Copy,
@@ -350,7 +379,7 @@ impl Response {
     /// Descriptors that must come with the response.
     pub fn fds_required(&self) -> u8 {
         match self {
-            Response::Alloc(_) | Response::Import(_) => 1,
+            Response::Alloc(_) | Response::Import(_) | Response::ImportObject(_) => 1,
             _ => 0,
         }
     }

@@ -62,8 +62,9 @@ impl fmt::Display for VersionRange {
 
 /// The version this crate speaks best. 1.1 added the session token and resume to `Hello`
 /// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes;
-/// 1.2 added `Copy` and the `CopyDone` event.
-pub const PROTOCOL_VERSION: Version = Version::new(1, 2);
+/// 1.2 added `Copy` and the `CopyDone` event; 1.3 `Adopt` and `ImportObject` (vendor
+/// memory objects such as CUDA exports as regions).
+pub const PROTOCOL_VERSION: Version = Version::new(1, 3);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

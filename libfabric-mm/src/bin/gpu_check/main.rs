@@ -1,6 +1,8 @@
 //! gpu_check: the CUDA memory half of scripts/gpu-check.sh. Two processes share GPU memory:
 //! the exporter allocates HBM (`cuMemCreate`), fills it from a PTX kernel, exports it as a
-//! POSIX descriptor and passes it over a Unix socket (`SCM_RIGHTS`); the importer imports,
+//! POSIX descriptor and passes it over a Unix socket (`SCM_RIGHTS`) — or, with `--daemon`,
+//! hands it to fabricd (`Adopt`) and passes a handle the importer imports through the daemon
+//! (`ImportObject`, `fabric.rs`); the importer imports,
 //! maps and checks it from the GPU, times copies through the imported mapping against
 //! `cuMemcpyDtoD` between its own allocations of the same size, times map/unmap, and writes
 //! a new pattern the exporter then checks in its own mapping.
@@ -8,8 +10,9 @@
 //! ```text
 //! gpu_check probe  --out FILE
 //! gpu_check ptx    --out FILE                       (writes the PTX kernel text)
-//! gpu_check memory --out FILE [--size-mib N] [--iters N]
+//! gpu_check memory --out FILE [--size-mib N] [--iters N] [--daemon SOCKET [--device ID]]
 //! gpu_check import --socket PATH --out FILE        (started by `memory`)
+//! gpu_check import --daemon SOCKET --handle H --out FILE  (started by `memory --daemon`)
 //! gpu_check summarize OUTDIR --out FILE [--elapsed S] (scripts/gpu-check.sh's summary.json)
 //! ```
 //! Exit codes: 0 every step passed; 1 a step failed; 2 usage; 3 CUDA not present (the
@@ -27,6 +30,7 @@ use fabric_mm::cuda::{
 };
 use serde_json::{Value, json};
 
+mod fabric;
 mod summary;
 
 const NOT_PRESENT: u8 = 3;
@@ -103,15 +107,18 @@ fn main() -> ExitCode {
         Some("memory") => {
             let size = arg(&args, "--size-mib").and_then(|v| v.parse::<usize>().ok()).unwrap_or(256) << 20;
             let iters = arg(&args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
-            exporter(size, iters, &out)
+            let daemon = arg(&args, "--daemon")
+                .map(|socket| fabric::Daemon { socket: PathBuf::from(socket), device: arg(&args, "--device") });
+            exporter(size, iters, &out, daemon.as_ref())
         }
         Some("summarize") => match args.get(2) {
             Some(dir) => summary::summarize(Path::new(dir), arg(&args, "--elapsed").and_then(|v| v.parse().ok())),
             None => (json!({ "error": "OUTDIR missing" }), 2),
         },
-        Some("import") => match arg(&args, "--socket") {
-            Some(sock) => importer(Path::new(&sock)),
-            None => (json!({ "error": "--socket missing" }), 2),
+        Some("import") => match (arg(&args, "--socket"), arg(&args, "--daemon"), arg(&args, "--handle")) {
+            (Some(sock), None, None) => importer(Source::Direct(PathBuf::from(sock))),
+            (None, Some(socket), Some(handle)) => importer(Source::Daemon { socket: PathBuf::from(socket), handle }),
+            _ => (json!({ "error": "either --socket, or --daemon and --handle" }), 2),
         },
         _ => (json!({ "error": "unknown command" }), 2),
     };
@@ -184,7 +191,7 @@ fn verify(module: Option<&(Module, Stream)>, m: &GpuMapping<'_>, seed: u32) -> R
     if gpu_errors.unwrap_or(0) + host_errors > 0 { Err(format!("content differs: {v}")) } else { Ok(v) }
 }
 
-fn exporter(size: usize, iters: u32, out: &Path) -> (Value, u8) {
+fn exporter(size: usize, iters: u32, out: &Path, daemon: Option<&fabric::Daemon>) -> (Value, u8) {
     let ctx = match CudaContext::new(0) {
         Ok(c) => c,
         Err(e) => return not_present(&e).unwrap_or_else(|| (json!({ "status": "failed", "error": e.to_string() }), 1)),
@@ -198,7 +205,11 @@ fn exporter(size: usize, iters: u32, out: &Path) -> (Value, u8) {
         |(min, rec)| json!({ "minimum": min, "recommended": rec }),
     );
     let mut mem = ctx.allocate(size, opts);
-    if mem.is_err() && opts.fabric {
+    // Why the allocation has no fabric handle type, when it has none.
+    let mut no_fabric = (!opts.fabric).then(|| "the device reports no fabric-handle support".to_owned());
+    if let (Err(e), true) = (&mem, opts.fabric) {
+        // NOT_PERMITTED: no IMEX channel (/dev/nvidia-caps-imex-channels) on this host.
+        no_fabric = Some(format!("cuMemCreate with the fabric handle type: {e}"));
         r.optional("cuMemCreate with fabric handles", mem, |_| json!(null));
         mem = ctx.allocate(size, AllocOptions { fabric: false, ..opts });
     }
@@ -214,9 +225,12 @@ fn exporter(size: usize, iters: u32, out: &Path) -> (Value, u8) {
     });
     r.step("fill exporter pattern", fill(module.as_ref(), &map, SEED_EXPORTER), |how| json!(how));
     r.step("verify locally", verify(module.as_ref(), &map, SEED_EXPORTER), Clone::clone);
-    optional_exports(&mut r, &ctx, &mem, &map, opts);
+    optional_exports(&mut r, &ctx, &mem, &map, no_fabric.as_deref());
     peers(&mut r, &ctx, &mem);
-    let child = share(&mut r, &mem, size, iters, out);
+    let child = match daemon {
+        Some(d) => fabric::share(&mut r, &mem, iters, out, d),
+        None => share(&mut r, &mem, size, iters, out),
+    };
     r.step(
         "verify importer's stores in exporter's mapping",
         verify(module.as_ref(), &map, SEED_IMPORTER),
@@ -226,13 +240,18 @@ fn exporter(size: usize, iters: u32, out: &Path) -> (Value, u8) {
     finish(json!({ "size": mem.size(), "importer": child }), r)
 }
 
-fn optional_exports(r: &mut Report, ctx: &CudaContext, mem: &GpuMemory, map: &GpuMapping<'_>, opts: AllocOptions) {
-    if opts.fabric {
-        if let Some(h) = r.optional("export fabric handle", mem.export_fabric(), |_| json!("64-byte handle")) {
-            r.optional("import fabric handle (same process)", ctx.import_fabric(&h, mem.size()), |m| json!(m.size()));
+/// Fabric handle (when the allocation has that type: `no_fabric` says why not), dma-buf,
+/// host registration.
+fn optional_exports(r: &mut Report, ctx: &CudaContext, mem: &GpuMemory, map: &GpuMapping<'_>, no_fabric: Option<&str>) {
+    match no_fabric {
+        None => {
+            if let Some(h) = r.optional("export fabric handle", mem.export_fabric(), |_| json!("64-byte handle")) {
+                r.optional("import fabric handle (same process)", ctx.import_fabric(&h, mem.size()), |m| {
+                    json!(m.size())
+                });
+            }
         }
-    } else {
-        r.skip("export fabric handle", "the device reports no fabric-handle support");
+        Some(why) => r.skip("export fabric handle", why),
     }
     r.optional("dma-buf export (cuMemGetHandleForAddressRange)", map.dma_buf_fd(), |fd| {
         // A dma-buf reports its size to lseek(SEEK_END).
@@ -325,41 +344,66 @@ fn share(r: &mut Report, mem: &GpuMemory, size: usize, iters: u32, out: &Path) -
     r.step("importer (import, map, verify, bandwidth, latency, write)", result, Clone::clone).unwrap_or(Value::Null)
 }
 
-fn importer(sock: &Path) -> (Value, u8) {
-    let mut r = Report::default();
-    let iters: u32 = std::env::var("GPU_CHECK_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20).max(1);
-    let conn = match UnixStream::connect(sock) {
-        Ok(c) => c,
-        Err(e) => return (json!({ "status": "failed", "error": format!("connect: {e}") }), 1),
-    };
-    let Some((payload, fd)) =
-        r.step("receive fd (SCM_RIGHTS)", s(fdpass::recv_fd(&conn)), |(p, _)| json!(String::from_utf8_lossy(p)))
-    else {
-        return finish(json!({}), r);
-    };
+/// Where the importer gets the memory: a descriptor straight from the exporter, or an
+/// import through fabricd.
+enum Source {
+    Direct(PathBuf),
+    Daemon { socket: PathBuf, handle: String },
+}
+
+/// What the importer holds while it uses the memory.
+enum Held {
+    Direct(GpuMemory),
+    /// The import holds its session open.
+    Fabric(cuda::GpuImport),
+}
+
+impl Held {
+    fn memory(&self) -> &GpuMemory {
+        match self {
+            Held::Direct(m) => m,
+            Held::Fabric(i) => i.memory(),
+        }
+    }
+}
+
+/// The direct path: the descriptor over the exporter's socket, imported here.
+fn receive(r: &mut Report, ctx: &CudaContext, sock: &Path) -> Option<Held> {
+    let conn =
+        r.step("connect to the exporter", UnixStream::connect(sock).map_err(|e| e.to_string()), |_| json!(null))?;
+    let (payload, fd) =
+        r.step("receive fd (SCM_RIGHTS)", s(fdpass::recv_fd(&conn)), |(p, _)| json!(String::from_utf8_lossy(p)))?;
     let p: Value = serde_json::from_slice(&payload).unwrap_or_default();
     let size = p["size"].as_u64().unwrap_or(0) as usize;
-    let seed = p["seed"].as_u64().unwrap_or(0) as u32;
-    let seed_write = p["seed_write"].as_u64().unwrap_or(0) as u32;
+    let mem = r.step("cuMemImportFromShareableHandle", s(ctx.import_fd(fd.as_fd(), size)), |m| json!(m.size()))?;
+    Some(Held::Direct(mem))
+}
+
+fn importer(source: Source) -> (Value, u8) {
+    let mut r = Report::default();
+    let iters: u32 = std::env::var("GPU_CHECK_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20).max(1);
     let ctx = match CudaContext::new(0) {
         Ok(c) => c,
         Err(e) => return not_present(&e).unwrap_or_else(|| (json!({ "status": "failed", "error": e.to_string() }), 1)),
     };
-    let Some(mem) = r.step("cuMemImportFromShareableHandle", s(ctx.import_fd(fd.as_fd(), size)), |m| json!(m.size()))
-    else {
-        return finish(json!({}), r);
+    let held = match &source {
+        Source::Direct(sock) => receive(&mut r, &ctx, sock),
+        Source::Daemon { socket, handle } => fabric::import(&mut r, &ctx, socket, handle).map(Held::Fabric),
     };
-    drop(fd);
+    let Some(held) = held else { return finish(json!({}), r) };
+    let mem = held.memory();
     let Some(map) = r.step("map imported memory", s(mem.map(&[])), |m| json!(m.device_ptr())) else {
         return finish(json!({}), r);
     };
     let module = r.step("load PTX module", s(ctx.load_pattern_module().and_then(|m| Ok((m, ctx.stream()?)))), |_| {
         json!("cuModuleLoadData")
     });
-    r.step("verify exporter's pattern through the import", verify(module.as_ref(), &map, seed), Clone::clone);
-    let figures = bench(&mut r, &ctx, &mem, &map, iters);
-    r.step("write importer pattern through the import", fill(module.as_ref(), &map, seed_write), |how| json!(how));
-    drop(conn);
+    r.step("verify exporter's pattern through the import", verify(module.as_ref(), &map, SEED_EXPORTER), Clone::clone);
+    let figures = bench(&mut r, &ctx, mem, &map, iters);
+    r.step("write importer pattern through the import", fill(module.as_ref(), &map, SEED_IMPORTER), |how| json!(how));
+    let size = mem.size();
+    drop(map);
+    drop(held);
     finish(json!({ "size": size, "iterations": iters, "figures": figures }), r)
 }
 
@@ -417,6 +461,7 @@ fn bench(r: &mut Report, ctx: &CudaContext, imported: &GpuMemory, imap: &GpuMapp
         ("cuMemcpyDtoD local->imported GB/s", sync(imap, &m1)),
         ("baseline stream copy local->local GB/s (events)", timed(&m2, &m1)),
         ("stream copy imported->local GB/s (events)", timed(&m2, imap)),
+        ("stream copy local->imported GB/s (events)", timed(imap, &m1)),
     ] {
         if let Some(v) = r.step(name, res, |v| json!(v)) {
             fig.insert(name.to_owned(), json!(v));

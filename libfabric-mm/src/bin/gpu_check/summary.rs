@@ -91,6 +91,7 @@ pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
         let json_out = match name {
             "cuda-probe" => read_json(dir, "probe.json"),
             "cuda-memory" => read_json(dir, "memory.json"),
+            "cuda-memory-direct" => read_json(dir, "memory-direct.json"),
             _ if output.ends_with(".json") => read_json(dir, output),
             _ => None,
         };
@@ -117,6 +118,7 @@ pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
     absent.dedup();
     let compare = read_json(dir, "gpu-compare.json");
     let memory = read_json(dir, "memory.json");
+    let direct = read_json(dir, "memory-direct.json");
     let (status, code) = if !failed.is_empty() || steps.is_empty() {
         ("failed", 1)
     } else if !absent.is_empty() {
@@ -135,6 +137,7 @@ pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
         "gpu_compare_differences": compare.as_ref().map(|c| c["differences"].clone()),
         "cuda_memory_status": memory.as_ref().map(|m| m["status"].clone()),
         "figures": memory.as_ref().map(|m| m["importer"]["figures"].clone()),
+        "figures_direct": direct.as_ref().map(|m| m["importer"]["figures"].clone()),
         "steps": steps,
     });
     (doc, code)

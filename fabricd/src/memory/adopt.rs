@@ -1,0 +1,207 @@
+//! Vendor memory objects as regions: `Adopt` takes a descriptor a vendor API made (a CUDA
+//! POSIX export of GPU memory) and places it in a device's memory resource, so that it has a
+//! GFA, counts against its owner's limits and is exported, revoked and reclaimed like any
+//! region; `ImportObject` hands a duplicate of the descriptor to an admitted importer, which
+//! gives it back to its own driver. The daemon holds the descriptor (which keeps the
+//! allocation alive while the region lives) and never maps or reads it. Adopted regions are
+//! not journaled: the allocation belongs to the exporting process and ends with it.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, PeerCred};
+use fabric_topology::{DeviceId, MemoryKind};
+
+use super::alloc::{AllocError, round_len};
+use super::{Granted, Memory, MemoryError, Place, Region, State, kind_name};
+
+/// A vendor memory object behind a region.
+#[derive(Debug)]
+pub(super) struct Object {
+    /// The descriptor the owner handed over.
+    fd: Arc<OwnedFd>,
+    /// What it is.
+    kind: ObjectKind,
+    /// Bytes of the object as its owner stated them (the region's range is this rounded
+    /// up to the allocation granule).
+    size: u64,
+}
+
+/// An adopted region as its owner gets it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adopted {
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Bytes of the object.
+    pub size: u64,
+}
+
+/// An import of an adopted region.
+#[derive(Debug)]
+pub struct ObjectGrant {
+    /// The import, with a duplicate of the object's descriptor (`offset` 0).
+    pub granted: Granted,
+    /// What the descriptor is.
+    pub kind: ObjectKind,
+    /// The device whose memory it is.
+    pub device: DeviceId,
+}
+
+/// What memory an object kind is.
+fn memory_of(kind: ObjectKind) -> MemoryKind {
+    match kind {
+        ObjectKind::CudaPosixFd => MemoryKind::Hbm,
+    }
+}
+
+/// Refuses descriptors that cannot be a vendor memory object: sockets, pipes and
+/// directories (a CUDA export is an anonymous inode or a character device; the test
+/// driver's is a memfd). Returns the descriptor's `/proc` link for the log.
+fn check_descriptor(fd: &OwnedFd) -> Result<String, MemoryError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let file = std::fs::File::from(fd.try_clone().map_err(|e| bad(format!("the descriptor cannot be used: {e}")))?);
+    let meta = file.metadata().map_err(|e| bad(format!("the descriptor cannot be inspected: {e}")))?;
+    let t = meta.file_type();
+    if t.is_dir() || t.is_socket() || t.is_fifo() || t.is_symlink() {
+        return Err(bad("the descriptor is a directory, socket or pipe, not a vendor memory object"));
+    }
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "?".into());
+    Ok(link)
+}
+
+fn bad(msg: impl Into<String>) -> MemoryError {
+    MemoryError::BadRequest(msg.into())
+}
+
+impl Memory {
+    /// Makes `fd`, a vendor memory object of `size` bytes on the resource `place` names, a
+    /// region of `session`: its range is reserved in the resource (rounded up to the 2 MiB
+    /// granule), its bytes count against the owner's `allocated_bytes`.
+    pub fn adopt(
+        &self,
+        owner: &PeerCred,
+        session: u64,
+        place: &Place,
+        size: u64,
+        kind: ObjectKind,
+        fd: OwnedFd,
+    ) -> Result<Adopted, MemoryError> {
+        let Place { device, kind: memory, ordinal } = place;
+        if *memory != memory_of(kind) {
+            return Err(bad(format!(
+                "a {kind:?} object is {} memory, not {}",
+                kind_name(memory_of(kind)),
+                kind_name(*memory)
+            )));
+        }
+        let link = check_descriptor(&fd)?;
+        let len = round_len(size).ok_or_else(|| bad(format!("size {size} is not adoptable")))?;
+        let mut st = self.state();
+        self.check(&st, owner.uid, len, 1)?;
+        let sess = st.session(session, owner)?;
+        let candidates: Vec<usize> = (0..st.resources.len())
+            .filter(|&i| {
+                let r = &st.resources[i];
+                r.device == *device && r.kind == *memory && ordinal.is_none_or(|o| o == r.ordinal)
+            })
+            .collect();
+        if candidates.is_empty() {
+            return Err(MemoryError::NotFound(format!("device {device} has no {} memory", kind_name(*memory))));
+        }
+        let mut last = None;
+        let mut placed = None;
+        for i in candidates {
+            if st.resources[i].lost {
+                last = Some(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
+                continue;
+            }
+            match st.resources[i].ranges.alloc(len, 0) {
+                Ok(off) => {
+                    placed = Some((i, off));
+                    break;
+                }
+                Err(e) => last = Some(MemoryError::NoSpace(e)),
+            }
+        }
+        let Some((resource, offset)) = placed else {
+            return Err(last.unwrap_or(MemoryError::NoSpace(AllocError::NoSpace { len, align: 0, capacity: 0 })));
+        };
+        let id = st.next_id;
+        st.next_id += 1;
+        st.regions.insert(
+            id,
+            Region {
+                generation: id,
+                owner: *owner,
+                pid_start: sess.owner.pid_start,
+                token: sess.token,
+                session,
+                resource,
+                offset,
+                len,
+                // No file: the object is the descriptor (`State::objects`); never removed.
+                path: PathBuf::new(),
+                fd_offset: 0,
+                device_file: true,
+                lost: false,
+            },
+        );
+        st.objects.insert(id, Object { fd: Arc::new(fd), kind, size });
+        let u = st.usage.entry(owner.uid).or_default();
+        u.bytes += len;
+        u.objects += 1;
+        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, size, ?kind, object = %link, "vendor object adopted");
+        Ok(Adopted { region: id, generation: id, size })
+    }
+
+    /// Imports an adopted region by handle (checked as [`Memory::import`] checks): the
+    /// import, a duplicate of the object's descriptor, its kind and its device.
+    pub fn import_object(
+        &self,
+        peer: &PeerCred,
+        session: u64,
+        handle: &ExportHandle,
+        access: AccessMode,
+    ) -> Result<ObjectGrant, MemoryError> {
+        let mut st = self.state();
+        let via = Self::admit(&mut st, peer, handle, access)?;
+        let Some(obj) = st.objects.get(&handle.region) else {
+            return Err(bad(format!(
+                "region {} is fabric memory, not a vendor object: import it with Import and map it",
+                handle.region
+            )));
+        };
+        let (kind, size) = (obj.kind, obj.size);
+        let fd =
+            obj.fd.as_fd().try_clone_to_owned().map_err(|e| MemoryError::Io { path: PathBuf::new(), source: e })?;
+        let device = Self::region_device(&st, handle.region)?;
+        self.check(&st, peer.uid, 0, 1)?;
+        let (import, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
+        let granted = Granted { region: handle.region, generation, len: size, fd, offset: 0, import };
+        Ok(ObjectGrant { granted, kind, device })
+    }
+
+    fn region_device(st: &State, region: u64) -> Result<DeviceId, MemoryError> {
+        let r = st.regions.get(&region).ok_or(MemoryError::InvalidHandle)?;
+        Ok(st.resources[r.resource].device.clone())
+    }
+
+    /// Refuses what the daemon cannot do with an adopted region's bytes (it never maps
+    /// them): DMA registration and the copy engine.
+    pub(super) fn refuse_object(st: &State, region: u64, what: &str) -> Result<(), MemoryError> {
+        match st.objects.get(&region) {
+            Some(o) => Err(MemoryError::NotImplemented(format!(
+                "region {region} is a vendor object ({:?}): fabricd does not map it, so it cannot {what}; \
+                 use the vendor's API in a process that imported it (docs/gpu.md)",
+                o.kind
+            ))),
+            None => Ok(()),
+        }
+    }
+}

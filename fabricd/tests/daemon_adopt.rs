@@ -1,0 +1,217 @@
+//! Vendor memory objects through the real daemon (`Adopt`, `ImportObject`): a descriptor
+//! standing in for a CUDA POSIX export (a memfd, so the test can see which object travels)
+//! becomes a region on a GPU's HBM with a GFA, counted in the owner's bytes, exported and
+//! imported by handle with the same object coming back; the refusals are typed (wrong
+//! import op either way, a socket as the object, non-HBM memory, a set, DMA registration of
+//! it); the owner's session closing revokes it and tells the importer.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use fabric_proto::wire::{
+    AccessMode, AdoptRequest, AllocRequest, AllocResponse, AllocTarget, BoundedVec, CodecError, Connection, DeviceName,
+    ErrorBody, ErrorCode, Event, ExportHandle, ExportPolicy, ExportRequest, FreeRequest, ImportObjectResponse,
+    ImportRequest, MemoryClass, Name, ObjectKind, RegionsRequest, RegisterRequest, RegisterSource, Request, Response,
+    RevocationReason, StatusRequest, SubscribeRequest, Topics,
+};
+use fabric_topology::{DeviceKind, MemoryKind};
+
+const MIB: u64 = 1 << 20;
+
+/// The first GPU of the sim and a device of the sim without HBM.
+fn devices() -> (String, String) {
+    let inv = fabric_drivers::sim::load(&common::sim_file()).unwrap();
+    let gpu = inv.devices.iter().find(|d| d.kind == DeviceKind::Gpu).unwrap();
+    assert!(gpu.memory.iter().any(|m| m.kind == MemoryKind::Hbm));
+    let other = inv.devices.iter().find(|d| !d.memory.iter().any(|m| m.kind == MemoryKind::Hbm)).unwrap();
+    (gpu.id.to_string(), other.id.to_string())
+}
+
+/// A memfd of `len` bytes starting with `tag`: the stand-in for a CUDA export.
+fn object(len: u64, tag: &[u8]) -> OwnedFd {
+    let name = CString::new("cuda-export").unwrap();
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: the descriptor was just created and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut f = File::from(fd.try_clone().unwrap());
+    f.set_len(len).unwrap();
+    f.write_all(tag).unwrap();
+    fd
+}
+
+fn adopt_req(target: AllocTarget, size: u64) -> Request {
+    Request::Adopt(AdoptRequest { target, size, object: ObjectKind::CudaPosixFd })
+}
+
+fn on_hbm(gpu: &str) -> AllocTarget {
+    AllocTarget::Device { device: DeviceName::truncated(gpu), memory: MemoryClass::Hbm }
+}
+
+fn adopt(c: &mut Connection, gpu: &str, size: u64, fd: &OwnedFd) -> AllocResponse {
+    let (r, fds) = c.call(adopt_req(on_hbm(gpu), size), &[fd.as_fd()]).unwrap();
+    assert!(fds.is_empty(), "Adopt answers without a descriptor");
+    let Response::Adopt(a) = r else { panic!("{r:?}") };
+    a
+}
+
+fn refused(c: &mut Connection, req: Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> ErrorBody {
+    match c.call(req, fds) {
+        Err(CodecError::Refused { body, .. }) => body,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn export(c: &mut Connection, region: u64) -> ExportHandle {
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
+    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
+        panic!()
+    };
+    e.handle
+}
+
+fn import_object(c: &mut Connection, handle: ExportHandle) -> (ImportObjectResponse, File) {
+    let req = Request::ImportObject(ImportRequest { handle, access: AccessMode::ReadWrite });
+    let (r, mut fds) = c.call(req, &[]).unwrap();
+    let Response::ImportObject(i) = r else { panic!("{r:?}") };
+    assert_eq!(fds.len(), 1);
+    (i, File::from(fds.remove(0)))
+}
+
+fn allocated(c: &mut Connection) -> u64 {
+    let Response::Status(s) = c.call(Request::Status(StatusRequest {}), &[]).unwrap().0 else { panic!() };
+    s.allocated_bytes
+}
+
+#[test]
+fn an_adopted_object_is_a_region_imported_by_handle() {
+    let setup = common::Setup::new("");
+    let d = common::start(&setup.config, setup.dir.path());
+    let (gpu, _) = devices();
+    let mut a = common::client(&setup.socket);
+    let mut b = common::client(&setup.socket);
+
+    let obj = object(6 * MIB, b"exporter's HBM");
+    let before = allocated(&mut a);
+    let r = adopt(&mut a, &gpu, 5 * MIB, &obj);
+    assert_eq!((r.size, r.offset), (5 * MIB, 0));
+    let gfa = r.gfa.expect("the GPU's HBM is in the map: the region has a GFA");
+    // The resource range is the size rounded up to the 2 MiB granule.
+    assert_eq!(allocated(&mut a) - before, 6 * MIB);
+    let Response::Regions(list) = a.call(Request::Regions(RegionsRequest { all: false }), &[]).unwrap().0 else {
+        panic!()
+    };
+    let info = list.regions.iter().find(|x| x.region == r.region).expect("listed");
+    assert_eq!(info.resource.device.as_str(), gpu);
+    assert_eq!(info.resource.memory, MemoryClass::Hbm);
+
+    // Another session imports it by handle and gets the very object back.
+    let handle = export(&mut a, r.region);
+    let (i, mut f) = import_object(&mut b, handle);
+    assert_eq!((i.region, i.generation, i.size, i.gfa), (r.region, r.generation, 5 * MIB, Some(gfa)));
+    assert_eq!((i.object, i.device.as_str(), i.access), (ObjectKind::CudaPosixFd, gpu.as_str(), AccessMode::ReadWrite));
+    let mut tag = [0u8; 14];
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_exact(&mut tag).unwrap();
+    assert_eq!(&tag, b"exporter's HBM");
+    assert!(d.log().contains("vendor object adopted"), "{}", d.log());
+
+    // Free gives the range back.
+    a.call(Request::Free(FreeRequest { region: r.region }), &[]).unwrap();
+    assert_eq!(allocated(&mut a), before);
+}
+
+#[test]
+fn wrong_ops_and_wrong_objects_are_typed_refusals() {
+    let setup = common::Setup::new("");
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (gpu, other) = devices();
+    let mut a = common::client(&setup.socket);
+    let obj = object(2 * MIB, b"x");
+    let r = adopt(&mut a, &gpu, 2 * MIB, &obj);
+    let h = export(&mut a, r.region);
+
+    // A vendor object is not mmap-able memory: plain Import refuses it.
+    let e = refused(&mut a, Request::Import(ImportRequest { handle: h, access: AccessMode::ReadWrite }), &[]);
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    assert!(e.message.contains("ImportObject"), "{}", e.message);
+    // And ImportObject refuses ordinary fabric memory.
+    let req = Request::Alloc(AllocRequest { target: on_hbm(&gpu), size: 2 * MIB, align: 0 });
+    let Response::Alloc(plain) = a.call(req, &[]).unwrap().0 else { panic!() };
+    let ph = export(&mut a, plain.region);
+    let e = refused(&mut a, Request::ImportObject(ImportRequest { handle: ph, access: AccessMode::ReadWrite }), &[]);
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    // A forged handle is refused as for Import.
+    let mut forged = h;
+    forged.secret.0[0] ^= 1;
+    let e =
+        refused(&mut a, Request::ImportObject(ImportRequest { handle: forged, access: AccessMode::ReadWrite }), &[]);
+    assert_eq!(e.code, ErrorCode::InvalidHandle);
+
+    // A socket is no memory object.
+    let (s1, _s2) = UnixStream::pair().unwrap();
+    let e = refused(&mut a, adopt_req(on_hbm(&gpu), 2 * MIB), &[s1.as_fd()]);
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    // A CUDA export is HBM: not on a device without it, not on another class, not on a set.
+    let no_hbm = AllocTarget::Device { device: DeviceName::truncated(&other), memory: MemoryClass::Hbm };
+    assert_eq!(refused(&mut a, adopt_req(no_hbm, 2 * MIB), &[obj.as_fd()]).code, ErrorCode::NotFound);
+    let cxl = AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::CxlVolatile };
+    assert_eq!(refused(&mut a, adopt_req(cxl, 2 * MIB), &[obj.as_fd()]).code, ErrorCode::BadRequest);
+    let set = AllocTarget::Set(Name::truncated("any"));
+    assert_eq!(refused(&mut a, adopt_req(set, 2 * MIB), &[obj.as_fd()]).code, ErrorCode::BadRequest);
+    assert_eq!(refused(&mut a, adopt_req(on_hbm(&gpu), 0), &[obj.as_fd()]).code, ErrorCode::BadRequest);
+
+    // The daemon never maps the object: it cannot pin it for DMA.
+    let reg = Request::Register(RegisterRequest {
+        device: DeviceName::truncated(&gpu),
+        source: RegisterSource::Region(r.region),
+        offset: 0,
+        len: 4096,
+        access: AccessMode::ReadWrite,
+    });
+    assert_eq!(refused(&mut a, reg, &[]).code, ErrorCode::NotImplemented);
+}
+
+#[test]
+fn the_owner_going_away_revokes_the_object_and_tells_the_importer() {
+    let setup = common::Setup::new("");
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (gpu, _) = devices();
+    let mut a = common::client(&setup.socket);
+    let mut b = common::client(&setup.socket);
+    let Response::Subscribe(_) =
+        b.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    let obj = object(2 * MIB, b"x");
+    let r = adopt(&mut a, &gpu, 2 * MIB, &obj);
+    let h = export(&mut a, r.region);
+    let (i, _f) = import_object(&mut b, h);
+
+    drop(a);
+    b.stream().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    match b.next_event().unwrap() {
+        Event::Revocation(rv) => {
+            assert_eq!((rv.region, rv.import), (r.region, i.import));
+            assert_eq!(rv.reason, RevocationReason::OwnerExited);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The export went with the region.
+    let e = refused(&mut b, Request::ImportObject(ImportRequest { handle: h, access: AccessMode::ReadWrite }), &[]);
+    assert_eq!(e.code, ErrorCode::InvalidHandle);
+}

@@ -1,0 +1,209 @@
+//! GPU memory as fabric regions, through fabricd: [`Session::adopt_gpu`] hands a CUDA
+//! allocation's POSIX export to the daemon (`Adopt`), which places it in the GPU's HBM
+//! resource (so it has a GFA), counts it against the owner's limits and exports, revokes and
+//! reclaims it like any region; [`Session::import_gpu`] imports it by handle
+//! (`ImportObject`): the daemon checks the handle and policy and passes the descriptor, which
+//! the importer gives to `cuMemImportFromShareableHandle`. The bytes never pass through the
+//! daemon: kernels and copy engines of the importer's GPU reach the exporter's HBM.
+
+use std::os::fd::AsFd;
+
+use fabric_proto::wire::{
+    AccessMode, AdoptRequest, AllocTarget, DeviceName, FreeRequest, ImportRequest, MemoryClass, ObjectKind, Opcode,
+    ReleaseRequest, Request, Response,
+};
+
+use super::{CudaContext, GpuMemory};
+use crate::error::{Error, Result};
+use crate::memory::Handle;
+use crate::session::{Policy, Session};
+
+/// GPU memory this session handed to fabricd: a region on the GPU's HBM resource. Dropping
+/// it frees the region (its exports are revoked and its importers told); the allocation
+/// itself stays the caller's [`GpuMemory`].
+#[derive(Debug)]
+pub struct GpuRegion {
+    session: Session,
+    region: u64,
+    generation: u64,
+    size: u64,
+    gfa: Option<u64>,
+    device: String,
+}
+
+impl GpuRegion {
+    /// Region id.
+    pub fn id(&self) -> u64 {
+        self.region
+    }
+
+    /// Region generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Its global fabric address, when the GPU's memory is in the address map.
+    pub fn gfa(&self) -> Option<u64> {
+        self.gfa
+    }
+
+    /// The GPU (`uuid:GPU-…`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Exports it: a handle another process imports with [`Session::import_gpu`].
+    pub fn export(&self, policy: &Policy) -> Result<Handle> {
+        self.session.export_region(self.region, policy)
+    }
+}
+
+impl Drop for GpuRegion {
+    fn drop(&mut self) {
+        let r = self.session.inner.client.call(Request::Free(FreeRequest { region: self.region }), &[]);
+        if let Err(e) = r {
+            tracing::debug!(region = self.region, error = %e, "freeing an adopted region");
+        }
+    }
+}
+
+/// Another process's GPU memory, imported through fabricd: the allocation (to map with
+/// [`GpuMemory::map`]) and the import that admitted it. Dropping it releases the
+/// allocation, then the import.
+///
+/// A revocation (owner exited, export revoked, region freed) is reported by
+/// [`GpuImport::check`] and the session's revocation callback; the driver's reference keeps
+/// the memory this process imported alive and mapped until it is dropped, so the daemon
+/// cannot take it back — a revoked import must stop using it.
+#[derive(Debug)]
+pub struct GpuImport {
+    // Fields drop in order: the allocation before the import.
+    memory: GpuMemory,
+    import: ImportGuard,
+    region: u64,
+    generation: u64,
+    gfa: Option<u64>,
+    device: String,
+    writable: bool,
+}
+
+/// The daemon's import: released on drop.
+#[derive(Debug)]
+struct ImportGuard {
+    session: Session,
+    id: u64,
+}
+
+impl Drop for ImportGuard {
+    fn drop(&mut self) {
+        let r = self.session.inner.client.call(Request::Release(ReleaseRequest { import: self.id }), &[]);
+        if let Err(e) = r {
+            tracing::debug!(import = self.id, error = %e, "releasing a GPU import");
+        }
+        self.session.inner.revocations.forget(self.id);
+    }
+}
+
+impl GpuImport {
+    /// The imported allocation.
+    pub fn memory(&self) -> &GpuMemory {
+        &self.memory
+    }
+
+    /// The import's id.
+    pub fn import_id(&self) -> u64 {
+        self.import.id
+    }
+
+    /// The region's id and generation.
+    pub fn region(&self) -> (u64, u64) {
+        (self.region, self.generation)
+    }
+
+    /// Its global fabric address, when in the map.
+    pub fn gfa(&self) -> Option<u64> {
+        self.gfa
+    }
+
+    /// The exporter's GPU (`uuid:GPU-…`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Whether the export granted stores (the CUDA mapping itself is always read-write:
+    /// see docs/gpu.md).
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// `Err(Revoked)` once the daemon told this session the import was revoked.
+    pub fn check(&self) -> Result<()> {
+        match self.import.session.inner.revocations.of_import(self.import.id) {
+            Some(r) => Err(Error::Revoked { region: r.region, generation: r.generation, reason: r.reason }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Session {
+    /// Hands `memory` (a local CUDA allocation) to fabricd as a region of this session on
+    /// its GPU's HBM: exported as a POSIX descriptor and sent with `Adopt`. `device` is the
+    /// GPU's fabric identity; `None` asks CUDA (`uuid:GPU-…`, [`CudaContext::fabric_device`]).
+    pub fn adopt_gpu(&self, memory: &GpuMemory, device: Option<&str>) -> Result<GpuRegion> {
+        if memory.is_imported() {
+            return Err(Error::InvalidArgument("an imported allocation is its exporter's to hand over".into()));
+        }
+        let device = match device {
+            Some(d) => d.to_owned(),
+            None => memory.context().fabric_device()?,
+        };
+        let fd = memory.export_fd()?;
+        let req = AdoptRequest {
+            target: AllocTarget::Device { device: DeviceName::truncated(&device), memory: MemoryClass::Hbm },
+            size: memory.size() as u64,
+            object: ObjectKind::CudaPosixFd,
+        };
+        let (resp, _) = self.inner.client.call(Request::Adopt(req), &[fd.as_fd()])?;
+        let Response::Adopt(a) = resp else { return Err(Error::Unexpected(Opcode::Adopt)) };
+        Ok(GpuRegion {
+            session: self.clone(),
+            region: a.region,
+            generation: a.generation,
+            size: a.size,
+            gfa: a.gfa,
+            device,
+        })
+    }
+
+    /// Imports GPU memory another session adopted, by handle, into `gpu`'s context
+    /// (`cuMemImportFromShareableHandle` on the descriptor fabricd passes). Map it with
+    /// `import.memory().map(..)`.
+    pub fn import_gpu(&self, handle: &Handle, gpu: &CudaContext, writable: bool) -> Result<GpuImport> {
+        let access = if writable { AccessMode::ReadWrite } else { AccessMode::ReadOnly };
+        let (resp, mut fds) =
+            self.inner.client.call(Request::ImportObject(ImportRequest { handle: handle.0, access }), &[])?;
+        let Response::ImportObject(i) = resp else { return Err(Error::Unexpected(Opcode::ImportObject)) };
+        let fd = fds.pop().ok_or(Error::Unexpected(Opcode::ImportObject))?;
+        // From here the import exists in the daemon: a failure below releases it.
+        let guard = ImportGuard { session: self.clone(), id: i.import };
+        match i.object {
+            ObjectKind::CudaPosixFd => {}
+        }
+        let size = usize::try_from(i.size).map_err(|_| Error::InvalidArgument(format!("size {}", i.size)))?;
+        let memory = gpu.import_fd(fd.as_fd(), size)?;
+        Ok(GpuImport {
+            memory,
+            import: guard,
+            region: i.region,
+            generation: i.generation,
+            gfa: i.gfa,
+            device: i.device.to_string(),
+            writable: i.access == AccessMode::ReadWrite,
+        })
+    }
+}
