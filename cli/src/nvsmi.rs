@@ -227,6 +227,27 @@ pub fn parse_topo_matrix(text: &str) -> Result<SmiMatrix, NvsmiError> {
 mod tests {
     use super::*;
 
+    /// Outputs captured on an H200 machine by `scripts/gpu-check.sh` (2026-11-29).
+    #[test]
+    fn captured_h200_outputs_parse() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nvidia-smi");
+        let xml = std::fs::read_to_string(format!("{dir}/h200-1gpu.query.xml")).unwrap();
+        let log = parse_query_xml(&xml).unwrap();
+        assert_eq!(log.driver_version.as_deref(), Some("580.159.04"));
+        assert_eq!(log.cuda_version.as_deref(), Some("13.0"));
+        assert_eq!(log.gpus.len(), 1);
+        let g = &log.gpus[0];
+        assert_eq!(g.product_name.as_deref(), Some("NVIDIA H200"));
+        assert_eq!(g.uuid.as_deref(), Some("GPU-74ea8f39-337d-2bff-f79c-f2f5ed86e4ee"));
+        assert_eq!(g.pci_bus_id.as_deref(), Some("00000000:00:06.0"));
+        assert_eq!(g.fb_total_mib, Some(143_771));
+        let topo = std::fs::read_to_string(format!("{dir}/h200-1gpu.topo.txt")).unwrap();
+        let m = parse_topo_matrix(&topo).unwrap();
+        // One GPU: "X" to itself; the affinity and "GPU NUMA ID" columns are not devices.
+        assert_eq!(m.labels, ["GPU0"]);
+        assert_eq!(m.get("GPU0", "GPU0"), Some("X"));
+    }
+
     #[test]
     fn memory_sizes_parse() {
         assert_eq!(parse_mib("81559 MiB"), Some(81559));

@@ -144,6 +144,16 @@ fn wrong_ops_and_wrong_objects_are_typed_refusals() {
     let r = adopt(&mut a, &gpu, 2 * MIB, &obj);
     let h = export(&mut a, r.region);
 
+    // Its importers' drivers map it read-write: a read-only export would be a false promise.
+    let ro = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadOnly,
+    };
+    let e = refused(&mut a, Request::Export(ExportRequest { region: r.region, policy: ro }), &[]);
+    assert_eq!(e.code, ErrorCode::BadRequest);
+    assert!(e.message.contains("read-only"), "{}", e.message);
     // A vendor object is not mmap-able memory: plain Import refuses it.
     let e = refused(&mut a, Request::Import(ImportRequest { handle: h, access: AccessMode::ReadWrite }), &[]);
     assert_eq!(e.code, ErrorCode::BadRequest);

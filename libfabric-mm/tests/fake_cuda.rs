@@ -146,6 +146,16 @@ fn the_memory_check_goes_through_fabricd() {
     assert_eq!(got["device"], gpu.as_str());
     assert_eq!(step(imp, "verify exporter's pattern through the import")["detail"]["gpu_mismatched_words"], 0);
     assert_eq!(step(&doc, "verify importer's stores in exporter's mapping")["ok"], true);
+    // The exporter freed the region once the importer's stores were done: the importer
+    // heard of it, and its mapping still read what it had written.
+    let seen = step(imp, "revocation seen after the owner freed the region");
+    assert_eq!(seen["ok"], true, "{seen}");
+    assert!(seen["detail"]["why"].as_str().expect("why").contains("Freed"), "{seen}");
+    assert_eq!(step(imp, "the revoked mapping still reads the data (the driver's reference)")["ok"], true);
+    let host = &step(&doc, "host<->device copies: registered vs pageable")["detail"];
+    for k in ["HtoD registered GB/s", "HtoD pageable GB/s", "DtoH registered GB/s", "DtoH pageable GB/s"] {
+        assert!(host[k].as_f64().expect(k) > 0.0, "{k}: {host}");
+    }
     let log = d.log();
     assert!(log.contains("vendor object adopted") && log.contains("imported"), "{log}");
 }

@@ -666,6 +666,12 @@ impl Memory {
             return Err(MemoryError::DeviceLost(format!("region {region}'s device vanished or failed")));
         }
         let generation = r.generation;
+        if policy.access == AccessMode::ReadOnly && st.objects.contains_key(&region) {
+            // The importer's driver maps a vendor object read-write whatever it asked.
+            return Err(MemoryError::BadRequest(format!(
+                "region {region} is a vendor object: its importers' drivers map it read-write, so it cannot be exported read-only"
+            )));
+        }
         self.check(&st, owner.uid, 0, 1)?;
         let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
         let handle = ExportHandle { region, generation, secret };

@@ -89,7 +89,6 @@ pub struct GpuImport {
     generation: u64,
     gfa: Option<u64>,
     device: String,
-    writable: bool,
 }
 
 /// The daemon's import: released on drop.
@@ -135,12 +134,6 @@ impl GpuImport {
         &self.device
     }
 
-    /// Whether the export granted stores (the CUDA mapping itself is always read-write:
-    /// see docs/gpu.md).
-    pub fn writable(&self) -> bool {
-        self.writable
-    }
-
     /// `Err(Revoked)` once the daemon told this session the import was revoked.
     pub fn check(&self) -> Result<()> {
         match self.import.session.inner.revocations.of_import(self.import.id) {
@@ -182,9 +175,10 @@ impl Session {
 
     /// Imports GPU memory another session adopted, by handle, into `gpu`'s context
     /// (`cuMemImportFromShareableHandle` on the descriptor fabricd passes). Map it with
-    /// `import.memory().map(..)`.
-    pub fn import_gpu(&self, handle: &Handle, gpu: &CudaContext, writable: bool) -> Result<GpuImport> {
-        let access = if writable { AccessMode::ReadWrite } else { AccessMode::ReadOnly };
+    /// `import.memory().map(..)`. Always read-write: the driver maps an imported allocation
+    /// so, which is why fabricd refuses read-only exports of GPU memory.
+    pub fn import_gpu(&self, handle: &Handle, gpu: &CudaContext) -> Result<GpuImport> {
+        let access = AccessMode::ReadWrite;
         let (resp, mut fds) =
             self.inner.client.call(Request::ImportObject(ImportRequest { handle: handle.0, access }), &[])?;
         let Response::ImportObject(i) = resp else { return Err(Error::Unexpected(Opcode::ImportObject)) };
@@ -203,7 +197,6 @@ impl Session {
             generation: i.generation,
             gfa: i.gfa,
             device: i.device.to_string(),
-            writable: i.access == AccessMode::ReadWrite,
         })
     }
 }

@@ -236,12 +236,14 @@ impl GpuMapping<'_> {
         unsafe { self.ctx.drv.memcpy_dtoh(dst, self.va + offset as u64) }
     }
 
-    /// Copies `src` into the mapping at `offset` (synchronous).
+    /// Copies `src` into the mapping at `offset`, and waits until it is there (from
+    /// pageable memory the driver returns once the bytes are staged, before its DMA ends).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
         self.check(offset, src.len())?;
         self.ctx.bind()?;
         // SAFETY: as for `read`.
-        unsafe { self.ctx.drv.memcpy_htod(self.va + offset as u64, src) }
+        unsafe { self.ctx.drv.memcpy_htod(self.va + offset as u64, src)? };
+        self.ctx.drv.ctx_synchronize()
     }
 
     /// Copies `len` bytes from `src` into this mapping with `cuMemcpyDtoD`, then waits for

@@ -52,12 +52,55 @@ pub fn share(r: &mut Report, mem: &GpuMemory, iters: u32, out: &Path, d: &Daemon
         return Value::Null;
     };
     let child_out = out.with_extension("importer.json");
-    let result = run_importer(&d.socket, &handle, iters, &child_out);
+    // Once the importer's stores are done, the region is freed: the importer must see the
+    // revocation. The allocation stays this process's (`mem`), for the exporter's check.
+    let mut region = Some(region);
+    let result = run_importer(&d.socket, &handle, iters, &child_out, || drop(region.take()));
     r.step("importer through fabricd (ImportObject, map, verify, bandwidth, latency, write)", result, Clone::clone)
         .unwrap_or(Value::Null)
 }
 
-fn run_importer(socket: &Path, handle: &Handle, iters: u32, child_out: &Path) -> Result<Value, String> {
+/// The file the importer creates once its stores are done (next to its report).
+pub fn written_marker(out: &Path) -> PathBuf {
+    out.with_extension("written")
+}
+
+/// Importer side, after its stores: announces them, waits up to 20 s for the owner's
+/// freeing of the region to arrive as a revocation, then checks the mapping still reads
+/// what was written (`verify`).
+pub fn await_revocation(
+    r: &mut Report,
+    import: &GpuImport,
+    marker: &Path,
+    verify: impl FnOnce() -> Result<Value, String>,
+) {
+    if let Err(e) = std::fs::write(marker, b"") {
+        r.step("announce the stores", Err::<(), _>(e.to_string()), |_| json!(null));
+        return;
+    }
+    let t = Instant::now();
+    let seen = loop {
+        match import.check() {
+            Err(e) => break Ok(e.to_string()),
+            Ok(()) if t.elapsed() > Duration::from_secs(20) => break Err("no revocation within 20 s".to_owned()),
+            Ok(()) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if r.step("revocation seen after the owner freed the region", seen, |why| json!({ "why": why, "after_ms": ms }))
+        .is_some()
+    {
+        r.step("the revoked mapping still reads the data (the driver's reference)", verify(), Clone::clone);
+    }
+}
+
+fn run_importer(
+    socket: &Path,
+    handle: &Handle,
+    iters: u32,
+    child_out: &Path,
+    mut on_written: impl FnMut(),
+) -> Result<Value, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["import", "--daemon"])
@@ -68,9 +111,15 @@ fn run_importer(socket: &Path, handle: &Handle, iters: u32, child_out: &Path) ->
         .spawn()
         .map_err(|e| format!("starting the importer: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(240);
+    let marker = written_marker(child_out);
+    let mut told = false;
     let status = loop {
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
             break st;
+        }
+        if !told && marker.exists() {
+            told = true;
+            on_written();
         }
         if Instant::now() > deadline {
             let _ = child.kill();
@@ -94,7 +143,7 @@ pub fn import(r: &mut Report, ctx: &CudaContext, socket: &Path, handle: &str) ->
     )?;
     let session =
         r.step("fabricd session", open(socket), |s| json!({ "protocol": s.protocol_version().to_string() }))?;
-    let imported = session.import_gpu(&handle, ctx, true).map_err(|e| e.to_string());
+    let imported = session.import_gpu(&handle, ctx).map_err(|e| e.to_string());
     let import = r.step(
         "ImportObject + cuMemImportFromShareableHandle",
         imported,

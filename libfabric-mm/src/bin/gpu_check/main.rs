@@ -116,8 +116,10 @@ fn main() -> ExitCode {
             None => (json!({ "error": "OUTDIR missing" }), 2),
         },
         Some("import") => match (arg(&args, "--socket"), arg(&args, "--daemon"), arg(&args, "--handle")) {
-            (Some(sock), None, None) => importer(Source::Direct(PathBuf::from(sock))),
-            (None, Some(socket), Some(handle)) => importer(Source::Daemon { socket: PathBuf::from(socket), handle }),
+            (Some(sock), None, None) => importer(Source::Direct(PathBuf::from(sock)), &out),
+            (None, Some(socket), Some(handle)) => {
+                importer(Source::Daemon { socket: PathBuf::from(socket), handle }, &out)
+            }
             _ => (json!({ "error": "either --socket, or --daemon and --handle" }), 2),
         },
         _ => (json!({ "error": "unknown command" }), 2),
@@ -258,18 +260,47 @@ fn optional_exports(r: &mut Report, ctx: &CudaContext, mem: &GpuMemory, map: &Gp
         let size = fd.try_clone().ok().map(std::fs::File::from).and_then(|mut f| f.seek(SeekFrom::End(0)).ok());
         json!({ "size_by_lseek": size })
     });
-    let mut host = vec![0u8; 64 << 20];
+    let len = (64 << 20).min(map.len());
+    let (mut host, mut pageable) = (vec![1u8; len], vec![1u8; len]);
     let t = Instant::now();
-    // SAFETY: `host` is this function's allocation, not touched through Rust references
-    // while registered, and outlives the registration (dropped first, below).
+    // SAFETY: `host` is this function's allocation and outlives the registration (dropped
+    // first, below); the GPU touches it only inside the synchronous copies of
+    // `host_copies`, which hold the only reference then.
     let reg = unsafe { ctx.register_host(host.as_mut_ptr(), host.len()) };
     let reg_us = t.elapsed().as_secs_f64() * 1e6;
     if let Some(reg) = r.step("cuMemHostRegister 64 MiB", s(reg), |_| json!({ "register_us": reg_us })) {
+        let copies = host_copies(ctx, &mut host, &mut pageable);
+        r.step("host<->device copies: registered vs pageable", copies, Clone::clone);
         let t = Instant::now();
         drop(reg);
         r.step("cuMemHostUnregister", Ok(t.elapsed().as_secs_f64() * 1e6), |us| json!({ "unregister_us": us }));
     }
     drop(host);
+}
+
+/// Host-to-device and device-to-host bandwidth from a registered (pinned) buffer against a
+/// pageable one of the same size, 10 copies each, in GB/s, to a scratch allocation.
+fn host_copies(ctx: &CudaContext, pinned: &mut [u8], pageable: &mut [u8]) -> Result<Value, String> {
+    const N: u32 = 10;
+    let len = pinned.len();
+    let scratch = s(ctx.allocate(len, AllocOptions::default()))?;
+    let map = s(scratch.map(&[]))?;
+    let mut fig = serde_json::Map::new();
+    for (name, buf) in [("registered", pinned), ("pageable", pageable)] {
+        s(map.write(0, buf))?; // warm-up
+        let t = Instant::now();
+        for _ in 0..N {
+            s(map.write(0, buf))?;
+        }
+        fig.insert(format!("HtoD {name} GB/s"), json!(gbps(len, N, t.elapsed().as_secs_f64())));
+        let t = Instant::now();
+        for _ in 0..N {
+            s(map.read(0, buf))?;
+        }
+        fig.insert(format!("DtoH {name} GB/s"), json!(gbps(len, N, t.elapsed().as_secs_f64())));
+    }
+    fig.insert("bytes".into(), json!(len));
+    Ok(Value::Object(fig))
 }
 
 fn peers(r: &mut Report, ctx: &CudaContext, mem: &GpuMemory) {
@@ -379,7 +410,7 @@ fn receive(r: &mut Report, ctx: &CudaContext, sock: &Path) -> Option<Held> {
     Some(Held::Direct(mem))
 }
 
-fn importer(source: Source) -> (Value, u8) {
+fn importer(source: Source, out: &Path) -> (Value, u8) {
     let mut r = Report::default();
     let iters: u32 = std::env::var("GPU_CHECK_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20).max(1);
     let ctx = match CudaContext::new(0) {
@@ -401,6 +432,13 @@ fn importer(source: Source) -> (Value, u8) {
     r.step("verify exporter's pattern through the import", verify(module.as_ref(), &map, SEED_EXPORTER), Clone::clone);
     let figures = bench(&mut r, &ctx, mem, &map, iters);
     r.step("write importer pattern through the import", fill(module.as_ref(), &map, SEED_IMPORTER), |how| json!(how));
+    if let Held::Fabric(import) = &held {
+        // The owner frees the region once this exists; the import must hear of it, and the
+        // mapping (held by the driver's reference) still reads what was written.
+        fabric::await_revocation(&mut r, import, &fabric::written_marker(out), || {
+            verify(module.as_ref(), &map, SEED_IMPORTER)
+        });
+    }
     let size = mem.size();
     drop(map);
     drop(held);

@@ -79,6 +79,13 @@ fn backend_lines(topology: Option<&Value>) -> (Value, Vec<String>) {
     (Value::Array(list), absent)
 }
 
+/// The exporter's host<->device copy figures (registered against pageable memory).
+fn host_figures(memory: &Value) -> Option<Value> {
+    let steps = memory["steps"].as_array()?;
+    let s = steps.iter().find(|s| s["step"].as_str().is_some_and(|n| n.starts_with("host<->device copies")))?;
+    Some(s["detail"].clone())
+}
+
 /// Builds summary.json from OUTDIR and returns it with the exit code.
 pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
     let tsv = std::fs::read_to_string(dir.join("steps.tsv")).unwrap_or_default();
@@ -138,6 +145,7 @@ pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
         "cuda_memory_status": memory.as_ref().map(|m| m["status"].clone()),
         "figures": memory.as_ref().map(|m| m["importer"]["figures"].clone()),
         "figures_direct": direct.as_ref().map(|m| m["importer"]["figures"].clone()),
+        "figures_host": memory.as_ref().and_then(host_figures),
         "steps": steps,
     });
     (doc, code)
