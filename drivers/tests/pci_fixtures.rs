@@ -115,6 +115,16 @@ fn every_dump_gives_every_function_and_host_bridge_and_invents_no_link_speed() {
             let line = format!("{attr}: missing on {n} of {n} PCI functions");
             assert_eq!(report.unknown.iter().filter(|l| **l == line).count(), 1, "{}: {line}", x.archive);
         }
+        // Real, healthy machines: the failure probes (AER counters, config space, link
+        // status) find nothing failed.
+        let failed: Vec<&str> = f
+            .inventory()
+            .devices
+            .iter()
+            .filter(|d| d.attrs.contains_key(fabric_topology::FAILED_ATTR))
+            .map(|d| d.id.as_str())
+            .collect();
+        assert!(failed.is_empty(), "{}: {failed:?}", x.archive);
         // Same tree, same inventory, same order.
         let (again, _) = discover(&x);
         assert_eq!(

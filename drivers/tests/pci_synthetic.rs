@@ -1,6 +1,7 @@
 //! PCI discovery on small synthetic sysfs trees: a PCIe switch with link speeds, a degraded
 //! GPU link, an NVSwitch recognised from PCI alone, VMD-style nesting, the no-NUMA
-//! fallback, and hostile contents (garbage, huge files, FIFOs, dangling links, loops, links
+//! fallback, functions that report a failure (fatal AER errors, config reads of all ones),
+//! and hostile contents (garbage, huge files, FIFOs, dangling links, loops, links
 //! leaving the root).
 #![allow(clippy::unwrap_used)]
 
@@ -330,5 +331,28 @@ fn hostile_trees_are_survived_and_reported() {
         "0000:00:0d.0: cannot follow link",
     ] {
         assert!(has(needle), "{needle:?} not in {:#?}", report.unknown);
+    }
+}
+
+#[test]
+fn functions_with_fatal_aer_errors_or_dead_config_space_are_failed_with_the_reason() {
+    let s = gpu_box();
+    let fatal = "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 1\nMalfTLP 0\nTOTAL_ERR_FATAL 1\n";
+    let quiet = "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 0\nMalfTLP 0\nTOTAL_ERR_FATAL 0\n";
+    s.write(&format!("sys/devices/{GPU}/aer_dev_fatal"), fatal);
+    s.write(&format!("sys/devices/{DSP1}/aer_dev_fatal"), quiet);
+    s.write(&format!("sys/devices/{NVSW}/config"), [0xffu8; 64]);
+    s.write(&format!("sys/devices/{NIC}/config"), [0xb3, 0x15, 0x1b, 0x10]);
+    // A runtime-suspended function is not woken to read its config space.
+    s.write(&format!("sys/devices/{USP}/config"), [0xffu8; 64]);
+    s.write(&format!("sys/devices/{USP}/power/runtime_status"), "suspended\n");
+    let (f, _) = discover(&s);
+    let failed = |a: &str| f.device(func(&f, a)).attrs.get(fabric_topology::FAILED_ATTR).cloned();
+    let gpu = failed("0000:03:00.0").expect("fatal AER errors fail the GPU");
+    assert!(gpu.contains("1 fatal") && gpu.contains("CmpltTO 1"), "{gpu}");
+    let nvsw = failed("0000:04:00.0").expect("config reads of all ones fail the NVSwitch");
+    assert!(nvsw.contains("config reads"), "{nvsw}");
+    for healthy in ["0000:02:01.0", "0000:81:00.0", "0000:01:00.0", "0000:00:01.0"] {
+        assert_eq!(failed(healthy), None, "{healthy}");
     }
 }

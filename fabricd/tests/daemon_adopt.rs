@@ -225,3 +225,35 @@ fn the_owner_going_away_revokes_the_object_and_tells_the_importer() {
     let e = refused(&mut b, Request::ImportObject(ImportRequest { handle: h, access: AccessMode::ReadWrite }), &[]);
     assert_eq!(e.code, ErrorCode::InvalidHandle);
 }
+
+#[test]
+fn adopted_objects_are_not_journaled_and_end_with_the_daemon() {
+    let setup = common::Setup::new("[memory]\ncompact_records = 2\n");
+    let mut d = common::start(&setup.config, setup.dir.path());
+    let (gpu, _) = devices();
+    let mut a = common::client(&setup.socket);
+    let obj = object(2 * MIB, b"x");
+    let r = adopt(&mut a, &gpu, 2 * MIB, &obj);
+    let h = export(&mut a, r.region);
+    // An ordinary region next to it, journaled; enough changes to compact with both live.
+    let req = Request::Alloc(AllocRequest { target: on_hbm(&gpu), size: 2 * MIB, align: 0 });
+    let Response::Alloc(plain) = a.call(req, &[]).unwrap().0 else { panic!() };
+    let ph = export(&mut a, plain.region);
+    drop(a);
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+
+    let d = common::start(&setup.config, setup.dir.path());
+    let mut b = common::client(&setup.socket);
+    // The object's export is gone with the object: nothing of it was journaled...
+    let e = refused(&mut b, Request::ImportObject(ImportRequest { handle: h, access: AccessMode::ReadWrite }), &[]);
+    assert_eq!(e.code, ErrorCode::InvalidHandle);
+    // ...while the registry replayed the rest without a problem about the object.
+    let Response::Status(s) = b.call(Request::Status(StatusRequest {}), &[]).unwrap().0 else { panic!() };
+    assert!(s.problems.iter().all(|p| !p.detail.as_str().contains(&format!("region {}", r.region))), "{s:?}");
+    assert!(!d.log().contains("panicked"), "{}", d.log());
+    // The ordinary region's export was journaled and still imports.
+    let (resp, fds) = b.call(Request::Import(ImportRequest { handle: ph, access: AccessMode::ReadWrite }), &[]).unwrap();
+    assert!(matches!(resp, Response::Import(ref i) if i.region == plain.region), "{resp:?}");
+    assert_eq!(fds.len(), 1);
+}

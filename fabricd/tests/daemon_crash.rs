@@ -1,7 +1,9 @@
 //! Crash recovery of the memory registry under load: a workload process (this test binary
-//! re-run as `crash_workload`) runs threads that allocate, write a pattern through the
-//! mapping, export, import, revoke, release and free concurrently, each on its own
-//! connection, and prints every change the daemon ACKNOWLEDGED. The test `kill -9`s the
+//! re-run as `crash_workload`) runs threads that allocate (on a CXL memory device of the
+//! sim CXL pool, or striped over its 2-way interleave set, whose first member is that
+//! device), write a pattern through the mapping, export, import, revoke, release and free
+//! concurrently, each on its own connection, and prints every change the daemon
+//! ACKNOWLEDGED. The test `kill -9`s the
 //! daemon after a random delay, waits until every workload thread saw the crash, restarts
 //! the daemon and checks, against the acknowledged changes:
 //!
@@ -30,10 +32,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, DeviceName, ErrorCode, ExportHandle,
-    ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, ReleaseRequest, Request, Response,
+    ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, Name, ReleaseRequest, Request, Response,
     RevokeRequest, SUPPORTED_VERSIONS, SessionToken, StatusRequest,
 };
-use fabric_topology::{Fabric, MemoryKind};
+use fabric_topology::MemoryKind;
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
 const ENV_SOCKET: &str = "FABRICD_CRASH_SOCKET";
@@ -64,10 +66,16 @@ fn pattern(region: u64, i: u64) -> u8 {
     region.wrapping_mul(131).wrapping_add(i.wrapping_mul(7)) as u8
 }
 
-fn gpu() -> String {
-    let f = Fabric::build(fabric_drivers::sim::load(&common::sim_file()).unwrap()).unwrap();
-    let d = f.inventory().devices.iter().find(|d| d.memory.iter().any(|m| m.kind == MemoryKind::Hbm)).unwrap();
-    d.id.to_string()
+fn cxl_pool() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/cxl-pool.toml").canonicalize().unwrap()
+}
+
+/// The CXL pool's 2-way interleave set and its first member (a CXL memory device).
+fn set_and_member() -> (String, String) {
+    let inv = fabric_drivers::sim::load(&cxl_pool()).unwrap();
+    let set = fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2).unwrap();
+    assert_eq!(set.members[0].kind, MemoryKind::CxlVolatile);
+    (set.name.clone(), set.members[0].device.to_string())
 }
 
 // ---------------------------------------------------------------- the workload process
@@ -106,7 +114,9 @@ struct Shared {
     /// Handles any thread exported, for others to import.
     handles: Mutex<Vec<ExportHandle>>,
     socket: String,
+    /// The CXL memory device regions go on, or the interleave set they are striped over.
     device: String,
+    set: String,
 }
 
 struct Owned {
@@ -234,14 +244,17 @@ impl Worker {
         let t = self.t;
         if roll < 30 && self.regions.len() < 6 || self.regions.is_empty() {
             let len = (1 + self.rng.below(2)) * 2 * MIB;
-            let req = Request::Alloc(AllocRequest {
-                target: AllocTarget::Device {
+            // Half the regions are striped over the set (a set region is a multiple of
+            // 4 MiB: 2 ways x 2 MiB), sharing the member's DPA space with the others.
+            let target = if self.rng.below(2) == 0 {
+                AllocTarget::Set(Name::truncated(&self.shared.set))
+            } else {
+                AllocTarget::Device {
                     device: DeviceName::truncated(&self.shared.device),
-                    memory: MemoryClass::Hbm,
-                },
-                size: len,
-                align: 0,
-            });
+                    memory: MemoryClass::CxlVolatile,
+                }
+            };
+            let req = Request::Alloc(AllocRequest { target, size: len, align: 0 });
             match call(c, req) {
                 Outcome::Ok((Response::Alloc(a), mut fds)) => {
                     self.shared.out.line(&format!("A {t} {} {}", a.region, a.size));
@@ -354,13 +367,15 @@ fn workload(socket: String, seed: u64) {
         default(info);
         std::process::exit(101);
     }));
+    let (set, device) = set_and_member();
     let shared = Arc::new(Shared {
         out: Out(Mutex::new(std::io::stdout())),
         epoch: Mutex::new(0),
         wake: Condvar::new(),
         handles: Mutex::new(Vec::new()),
         socket,
-        device: gpu(),
+        device,
+        set,
     });
     // End the harness's "test crash_workload ... " line so each acknowledgement has its own.
     shared.out.line("");
@@ -559,7 +574,7 @@ fn acknowledged_registry_changes_survive_kill_9() {
     let mut rng = Rng(seed | 1);
     // Small compaction threshold: crashes land around compactions too. A long grace: the
     // workload's sessions must wait for it across every crash.
-    let setup = common::Setup::new("[memory]\nresume_grace_s = 600\ncompact_records = 16\n");
+    let setup = common::Setup::with_sim(&cxl_pool(), "[memory]\nresume_grace_s = 600\ncompact_records = 16\n");
     let started = Instant::now();
     let mut daemon = common::start(&setup.config, setup.dir.path());
     let mut child = Command::new(std::env::current_exe().unwrap())

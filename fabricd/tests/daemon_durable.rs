@@ -2,7 +2,10 @@
 //! presents its session token takes its regions back, their contents written through an
 //! `mmap` are still there, and old export handles still import; owners that are gone are
 //! reclaimed at start, owners that do not come back after the grace period; a region whose
-//! file vanished is dropped with a `status` problem. Real daemon processes throughout.
+//! file vanished is dropped with a `status` problem. Regions striped over an interleave set
+//! (a sim file, or a range of the DAX device backing the set) come back the same way, at
+//! the same GFA and with their DPA range taken in every member again; one whose file or
+//! DAX device is gone is dropped with a problem. Real daemon processes throughout.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -15,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocResponse, AllocTarget, BoundedVec, CodecError, Connection, DeviceName, ErrorBody,
-    ErrorCode, ExportHandle, ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, ProblemKind,
-    Request, Response, SUPPORTED_VERSIONS, SessionToken, StatusRequest, StatusResponse,
+    ErrorCode, ExportHandle, ExportPolicy, ExportRequest, FreeRequest, ImportRequest, ImportResponse, MemoryClass,
+    Name, ProblemKind, RegionsRequest, Request, ResourceName, Response, SUPPORTED_VERSIONS, SessionToken,
+    StatusRequest, StatusResponse,
 };
 use fabric_topology::{Fabric, MemoryKind};
 use memmap2::{Mmap, MmapMut, MmapOptions};
@@ -41,11 +45,11 @@ fn connect(socket: &Path, resume: Option<SessionToken>) -> Result<(Connection, S
 }
 
 fn alloc(c: &mut Connection, device: &str, size: u64) -> (AllocResponse, File) {
-    let req = Request::Alloc(AllocRequest {
-        target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
-        size,
-        align: 0,
-    });
+    alloc_on(c, AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm }, size)
+}
+
+fn alloc_on(c: &mut Connection, target: AllocTarget, size: u64) -> (AllocResponse, File) {
+    let req = Request::Alloc(AllocRequest { target, size, align: 0 });
     let (r, mut fds) = c.call(req, &[]).unwrap();
     let Response::Alloc(a) = r else { panic!("{r:?}") };
     (a, File::from(fds.remove(0)))
@@ -65,10 +69,14 @@ fn export(c: &mut Connection, region: u64) -> ExportHandle {
 }
 
 fn import(c: &mut Connection, handle: ExportHandle) -> Result<File, ErrorBody> {
+    import_at(c, handle).map(|(_, f)| f)
+}
+
+fn import_at(c: &mut Connection, handle: ExportHandle) -> Result<(ImportResponse, File), ErrorBody> {
     match c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }), &[]) {
-        Ok((Response::Import(_), mut fds)) => {
+        Ok((Response::Import(i), mut fds)) => {
             let fd: OwnedFd = fds.remove(0);
-            Ok(File::from(fd))
+            Ok((i, File::from(fd)))
         }
         Err(CodecError::Refused { body, .. }) => Err(body),
         other => panic!("unexpected {other:?}"),
@@ -296,4 +304,214 @@ fn a_region_whose_file_vanished_is_dropped_with_a_problem() {
     assert!(lost[1].contains(&format!("region {}", r2.region)) && lost[1].contains("bytes"), "{lost:?}");
     assert!(region_files(&setup.state).is_empty(), "the file of the wrong size is removed");
     assert!(d.log().contains("region dropped at start"));
+}
+
+// ------------------------------------------------------------ regions striped over a set
+
+fn cxl_pool() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/cxl-pool.toml").canonicalize().unwrap()
+}
+
+/// The CXL pool's 2-way set: its name and its members' device ids.
+fn two_way_set() -> (String, String, String) {
+    let inv = fabric_drivers::sim::load(&cxl_pool()).unwrap();
+    let set = fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2).unwrap();
+    (set.name.clone(), set.members[0].device.to_string(), set.members[1].device.to_string())
+}
+
+fn on_set(name: &str) -> AllocTarget {
+    AllocTarget::Set(Name::truncated(name))
+}
+
+fn on_member(device: &str) -> AllocTarget {
+    AllocTarget::Resource(ResourceName {
+        device: DeviceName::truncated(device),
+        memory: MemoryClass::CxlVolatile,
+        ordinal: 0,
+    })
+}
+
+/// The offset in its resource of the caller's region `id` (the `Regions` list).
+fn region_offset(c: &mut Connection, id: u64) -> u64 {
+    let Response::Regions(r) = c.call(Request::Regions(RegionsRequest { all: false }), &[]).unwrap().0 else {
+        panic!()
+    };
+    r.regions.iter().find(|x| x.region == id).unwrap().offset
+}
+
+/// The `status` problems about regions dropped at start.
+fn dropped_at_start(s: &StatusResponse) -> Vec<&str> {
+    s.problems.iter().filter(|p| p.subject.as_str() == "memory").map(|p| p.detail.as_str()).collect()
+}
+
+fn set_region_restart(kill: bool) {
+    let (set, m0, m1) = two_way_set();
+    let setup = common::Setup::with_sim(&cxl_pool(), "[memory]\nresume_grace_s = 600\n");
+    let d = common::start(&setup.config, setup.dir.path());
+    let (mut a, token) = connect(&setup.socket, None).unwrap();
+    // 8 MiB over 2 members: DPA 0..4 MiB of each, set offset 0.
+    let (r, f) = alloc_on(&mut a, on_set(&set), 8 * MIB);
+    let gfa = r.gfa.expect("a set region has a GFA");
+    let mut m = map_rw(&f, r.size);
+    for (i, b) in m.iter_mut().enumerate() {
+        *b = pattern(r.region, i);
+    }
+    let handle = export(&mut a, r.region);
+    // A region on member 0 takes its DPA 4..6 MiB.
+    let (direct, _) = alloc_on(&mut a, on_member(&m0), 2 * MIB);
+    assert_eq!(region_offset(&mut a, direct.region), 4 * MIB);
+    // A freed set region leaves no record behind.
+    let (gone, _) = alloc_on(&mut a, on_set(&set), 4 * MIB);
+    a.call(Request::Free(FreeRequest { region: gone.region }), &[]).unwrap();
+    assert_eq!(region_files(&setup.state).len(), 2);
+
+    stop(d, kill);
+    let d = common::start(&setup.config, setup.dir.path());
+    assert_eq!(region_files(&setup.state).len(), 2, "the set region's file and the direct one are kept");
+    let (mut b, _) = connect(&setup.socket, None).unwrap();
+    let s = status(&mut b);
+    assert_eq!(s.regions, 2, "{:?}", s.problems);
+    assert!(dropped_at_start(&s).is_empty(), "{:?}", s.problems);
+    // Its export imports, at the same GFA, with the contents written before the restart.
+    let (i, fi) = import_at(&mut b, handle).unwrap();
+    assert_eq!((i.region, i.size, i.gfa), (r.region, r.size, Some(gfa)));
+    let mi = map_ro(&fi, r.size);
+    assert!(mi.iter().enumerate().all(|(i, v)| *v == pattern(r.region, i)), "contents survive the restart");
+
+    // The owner takes its session back by token.
+    let (mut a2, token2) = connect(&setup.socket, Some(token)).unwrap();
+    assert_eq!(token2, token);
+    m[777] = !pattern(r.region, 777);
+    assert_eq!(mi[777], !pattern(r.region, 777), "the owner's old mapping is still the region");
+    // The set region's DPA range is taken in both members again: the next set region
+    // skips DPA 0..6 MiB (set offset 12 MiB), and member 1's next region lands at 4 MiB.
+    let (next, _) = alloc_on(&mut a2, on_set(&set), 4 * MIB);
+    assert_eq!(next.gfa, Some(gfa + 12 * MIB));
+    let (on1, _) = alloc_on(&mut a2, on_member(&m1), 2 * MIB);
+    assert_eq!(region_offset(&mut a2, on1.region), 4 * MIB);
+    let h2 = export(&mut a2, r.region);
+
+    // A second restart: the resumed set region and its new export are journaled too (and
+    // the compaction at start wrote them into the snapshot).
+    drop(a);
+    stop(d, kill);
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (mut c, _) = connect(&setup.socket, None).unwrap();
+    let (i2, _) = import_at(&mut c, h2).unwrap();
+    assert_eq!(i2.gfa, Some(gfa));
+    let (mut a3, _) = connect(&setup.socket, Some(token)).unwrap();
+    a3.call(Request::Free(FreeRequest { region: r.region }), &[]).unwrap();
+    assert_eq!(import(&mut c, handle).unwrap_err().code, ErrorCode::InvalidHandle);
+    let (again, _) = alloc_on(&mut a3, on_set(&set), 8 * MIB);
+    assert_eq!(again.gfa, Some(gfa), "the freed set range is free in both members");
+    drop((a2, b));
+}
+
+#[test]
+fn set_regions_survive_sigterm_at_the_same_gfa() {
+    set_region_restart(false);
+}
+
+#[test]
+fn set_regions_survive_kill_9_at_the_same_gfa() {
+    set_region_restart(true);
+}
+
+#[test]
+fn a_set_region_whose_file_vanished_is_dropped_with_a_problem() {
+    let (set, _, _) = two_way_set();
+    let setup = common::Setup::with_sim(&cxl_pool(), "");
+    let d = common::start(&setup.config, setup.dir.path());
+    let (mut a, token) = connect(&setup.socket, None).unwrap();
+    let (r, _) = alloc_on(&mut a, on_set(&set), 4 * MIB);
+    stop(d, true);
+    let files = region_files(&setup.state);
+    assert_eq!(files.len(), 1);
+    std::fs::remove_file(&files[0]).unwrap();
+    let d = common::start(&setup.config, setup.dir.path());
+    assert_eq!(connect(&setup.socket, Some(token)).unwrap_err().code, ErrorCode::NotFound);
+    let (mut b, _) = connect(&setup.socket, None).unwrap();
+    let s = status(&mut b);
+    assert_eq!(s.regions, 0);
+    let lost = dropped_at_start(&s);
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(lost[0].contains(&format!("region {}", r.region)) && lost[0].contains("missing"), "{lost:?}");
+    // Its range is free again in both members.
+    let (again, _) = alloc_on(&mut b, on_set(&set), 4 * MIB);
+    assert_eq!(again.gfa, r.gfa);
+    assert!(d.log().contains("region dropped at start"));
+}
+
+const DAX_BYTES: u64 = 512 << 30;
+
+/// A fixture sysfs tree under `root` with `dax0.0` (the sim pool's region0 DAX device)
+/// bound to device_dax, 2 MiB align, its device file a sparse regular file.
+fn dax_fixture(root: &Path) {
+    let d = root.join("sys/bus/dax/devices/dax0.0");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("size"), format!("{DAX_BYTES}\n")).unwrap();
+    std::fs::write(d.join("align"), format!("{}\n", 2 * MIB)).unwrap();
+    let drv = root.join("sys/bus/dax/drivers/device_dax");
+    std::fs::create_dir_all(&drv).unwrap();
+    std::os::unix::fs::symlink(&drv, d.join("driver")).unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    File::create(root.join("dev/dax0.0")).unwrap().set_len(DAX_BYTES).unwrap();
+}
+
+/// Points the configuration's `[discovery] sysfs_root` at `root` and sets `[memory] dax`.
+fn configure_dax(setup: &common::Setup, root: &Path, dax: &str) {
+    let text = std::fs::read_to_string(&setup.config).unwrap();
+    let mut text = match text.find("[memory]") {
+        Some(at) => text[..at].to_owned(),
+        None => text.replace("[discovery]\n", &format!("[discovery]\nsysfs_root = {:?}\n", root.display().to_string())),
+    };
+    text.push_str(&format!("[memory]\nresume_grace_s = 600\ndax = [{dax}]\n"));
+    std::fs::write(&setup.config, text).unwrap();
+}
+
+#[test]
+fn a_dax_backed_set_region_survives_kill_9_and_is_dropped_when_the_dax_device_is_gone() {
+    use std::os::unix::fs::FileExt;
+    let (set, _, _) = two_way_set();
+    let setup = common::Setup::with_sim(&cxl_pool(), "");
+    let root = setup.dir.path().join("root");
+    dax_fixture(&root);
+    configure_dax(&setup, &root, "\"dax0.0\"");
+    let d = common::start(&setup.config, setup.dir.path());
+    let (mut a, token) = connect(&setup.socket, None).unwrap();
+    let (first, _) = alloc_on(&mut a, on_set(&set), 4 * MIB);
+    let (r, f) = alloc_on(&mut a, on_set(&set), 4 * MIB);
+    assert_eq!(r.offset, 4 * MIB, "the second region is the DAX device's next 4 MiB");
+    let bytes: Vec<u8> = (0..4 * MIB as usize).map(|i| pattern(r.region, i)).collect();
+    f.write_all_at(&bytes, r.offset).unwrap();
+    a.call(Request::Free(FreeRequest { region: first.region }), &[]).unwrap();
+    let handle = export(&mut a, r.region);
+    stop(d, true);
+
+    let d = common::start(&setup.config, setup.dir.path());
+    assert!(region_files(&setup.state).is_empty(), "DAX regions have no files of their own");
+    let (mut b, _) = connect(&setup.socket, None).unwrap();
+    let (i, fi) = import_at(&mut b, handle).unwrap();
+    assert_eq!((i.offset, i.gfa), (r.offset, r.gfa), "same range of the device, same GFA");
+    let mut got = vec![0u8; bytes.len()];
+    fi.read_exact_at(&mut got, i.offset).unwrap();
+    assert!(got == bytes, "contents survive the restart");
+    let (mut a2, _) = connect(&setup.socket, Some(token)).unwrap();
+    // Its range is taken again: the next region is not at 4 MiB (the freed 0..4 MiB is).
+    let (next, _) = alloc_on(&mut a2, on_set(&set), 8 * MIB);
+    assert_eq!(next.offset, 8 * MIB);
+    // Killed with the owner still connected: its session waits for it in the journal.
+    stop(d, true);
+    drop((a, a2, b));
+
+    // The operator stops exporting the DAX device: its regions cannot come back.
+    configure_dax(&setup, &root, "");
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (mut c, _) = connect(&setup.socket, None).unwrap();
+    let s = status(&mut c);
+    assert_eq!(s.regions, 0);
+    let lost = dropped_at_start(&s);
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert!(lost.iter().all(|l| l.contains("dax0.0") && l.contains("no longer backs")), "{lost:?}");
+    assert_eq!(import(&mut c, handle).unwrap_err().code, ErrorCode::InvalidHandle);
 }

@@ -22,6 +22,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = attrs::parse_cpumask(s);
     let _ = attrs::parse_meminfo_total(s);
     let _ = attrs::parse_distance(s);
+    if let Ok(c) = pci::health::parse_aer_counters(s) {
+        assert!(c.len() <= pci::health::MAX_AER_LINES);
+        let _ = pci::health::aer_fatal(&c);
+    }
+    let _ = pci::health::config_dead(data);
     let _ = pci::parse_node_name(s);
     let _ = pci::parse_host_bridge_name(s);
     let _ = pci::parse_device_path(s);

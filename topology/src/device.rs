@@ -240,13 +240,18 @@ pub struct Device {
     pub memory: Vec<MemoryResource>,
     /// Which backends contributed to this device (`pci`, `nvml`, `cxl`, `sim`, ...).
     pub sources: Vec<String>,
-    /// Extra backend-specific facts, as text.
+    /// Extra backend-specific facts, as text. [`FAILED_ATTR`] marks a failed device.
     pub attrs: BTreeMap<String, String>,
     /// Bits of address the device can DMA to (`dma_mask_bits` in sysfs, or the sim
     /// file), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dma_mask_bits: Option<u8>,
 }
+
+/// The attribute a backend sets, to the reason in words, when the device reports a failure
+/// (a PCI function with fatal AER errors or that no longer answers config reads, a GPU whose
+/// fabric health is unhealthy). Consumers treat the device's memory as lost.
+pub const FAILED_ATTR: &str = "failed";
 
 impl Device {
     /// A device with only identity and kind filled.

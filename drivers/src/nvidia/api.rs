@@ -19,6 +19,9 @@ pub enum NvmlCallError {
     /// NVML rejected an argument: for NVLink queries, a link the device does not have.
     #[error("invalid argument")]
     InvalidArgument,
+    /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or stopped responding.
+    #[error("the GPU is lost (fell off the bus or stopped responding)")]
+    GpuLost,
     /// Any other failure, with NVML's description.
     #[error("{0}")]
     Failed(String),

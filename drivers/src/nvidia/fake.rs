@@ -34,6 +34,9 @@ pub struct FakeGpu {
     pub cpu_mask: Vec<u64>,
     pub fabric: Result<FabricInfo, NvmlCallError>,
     pub links: Vec<FakeLink>,
+    /// Fell off the bus: what the driver cached (uuid, name, serial, PCI) still answers,
+    /// every query that reaches the GPU is `GpuLost`.
+    pub lost: bool,
 }
 
 impl FakeGpu {
@@ -49,6 +52,7 @@ impl FakeGpu {
             cpu_mask: vec![if node == 0 { 0xffff_ffff } else { 0xffff_ffff_0000_0000 }],
             fabric: Err(NvmlCallError::NotSupported),
             links: Vec::new(),
+            lost: false,
         }
     }
 }
@@ -128,8 +132,17 @@ impl FakeNvml {
         self.gpus.get(dev as usize).ok_or(NvmlCallError::InvalidArgument)
     }
 
-    fn link(&self, dev: u32, link: u32) -> Result<&FakeLink, NvmlCallError> {
+    /// The GPU, for a query that reaches it (not the driver's cache).
+    fn live(&self, dev: u32) -> Result<&FakeGpu, NvmlCallError> {
         let g = self.gpu(dev)?;
+        if g.lost {
+            return Err(NvmlCallError::GpuLost);
+        }
+        Ok(g)
+    }
+
+    fn link(&self, dev: u32, link: u32) -> Result<&FakeLink, NvmlCallError> {
+        let g = self.live(dev)?;
         if g.links.is_empty() {
             return Err(NvmlCallError::NotSupported);
         }
@@ -164,7 +177,7 @@ impl NvmlSource for FakeNvml {
     }
 
     fn memory_total(&self, dev: u32) -> Result<u64, NvmlCallError> {
-        Ok(self.gpu(dev)?.memory)
+        Ok(self.live(dev)?.memory)
     }
 
     fn memory_numa_node(&self, _dev: u32) -> Result<u32, NvmlCallError> {
@@ -180,7 +193,7 @@ impl NvmlSource for FakeNvml {
     }
 
     fn fabric_info(&self, dev: u32) -> Result<FabricInfo, NvmlCallError> {
-        self.gpu(dev)?.fabric.clone()
+        self.live(dev)?.fabric.clone()
     }
 
     fn nvlink_active(&self, dev: u32, link: u32) -> Result<bool, NvmlCallError> {

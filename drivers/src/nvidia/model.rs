@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use fabric_topology::link::nvlink_mbps_per_link;
 use fabric_topology::{
-    BackendReport, Bandwidth, Device, DeviceId, DeviceIdx, DeviceKind, GpuInfo, Inventory, Link, LinkKind, LinkState,
-    MemoryKind, MemoryResource, PciAddress, PciInfo,
+    BackendReport, Bandwidth, Device, DeviceId, DeviceIdx, DeviceKind, FAILED_ATTR, GpuInfo, Inventory, Link, LinkKind,
+    LinkState, MemoryKind, MemoryResource, PciAddress, PciInfo,
 };
 
-use super::api::{FabricState, RemoteType};
+use super::api::{FabricHealth, FabricState, RemoteType};
 use super::snapshot::{GpuRecord, NvmlSnapshot};
 
 /// NVIDIA's PCI vendor id.
@@ -104,6 +104,21 @@ fn place_gpu(rec: &GpuRecord, node: &str, inv: &mut Inventory, report: &mut Back
     Some(idx)
 }
 
+/// Why NVML says the GPU failed: it is lost (`NVML_ERROR_GPU_IS_LOST`), or its GPU fabric
+/// health summary is unhealthy (its memory cannot be reached over the NVLink fabric).
+/// `LimitedCapacity` is degraded, not failed.
+pub fn failure(rec: &GpuRecord) -> Option<String> {
+    if rec.lost {
+        return Some(
+            "NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST: fell off the bus or stopped responding)".into(),
+        );
+    }
+    match rec.fabric.as_ref().and_then(|f| f.health) {
+        Some(FabricHealth::Unhealthy) => Some("NVML reports its GPU fabric health unhealthy".into()),
+        _ => None,
+    }
+}
+
 fn fill_gpu(d: &mut Device, rec: &GpuRecord) {
     d.kind = DeviceKind::Gpu;
     if rec.name.is_some() {
@@ -148,6 +163,9 @@ fn fill_gpu(d: &mut Device, rec: &GpuRecord) {
         if let Some(h) = f.health {
             d.attrs.insert("nvml.fabric_health".into(), h.to_string());
         }
+    }
+    if let Some(why) = failure(rec) {
+        d.attrs.insert(FAILED_ATTR.to_owned(), why);
     }
     if let Some(size) = rec.memory_total
         && !d.memory.iter().any(|m| m.kind == MemoryKind::Hbm)

@@ -99,6 +99,7 @@ fn call_error(e: NvmlError) -> NvmlCallError {
             NvmlCallError::NotSupported
         }
         NvmlError::InvalidArg => NvmlCallError::InvalidArgument,
+        NvmlError::GpuLost => NvmlCallError::GpuLost,
         e => NvmlCallError::Failed(e.to_string()),
     }
 }

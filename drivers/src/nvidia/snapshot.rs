@@ -43,6 +43,8 @@ pub struct GpuRecord {
     pub links: Vec<NvLinkRecord>,
     /// True when every link query said the device has no NVLink.
     pub no_nvlink: bool,
+    /// Some query answered `GpuLost`: the GPU fell off the bus or stopped responding.
+    pub lost: bool,
 }
 
 /// One NVLink of a GPU.
@@ -141,6 +143,8 @@ pub fn collect(src: &dyn NvmlSource) -> Result<NvmlSnapshot, NvmlCallError> {
 struct Notes<'a> {
     dev: u32,
     unknown: &'a mut Vec<String>,
+    /// A query answered `GpuLost`.
+    lost: bool,
 }
 
 impl Notes<'_> {
@@ -149,12 +153,13 @@ impl Notes<'_> {
     }
 
     fn ok<T>(&mut self, what: &str, r: Result<T, NvmlCallError>) -> Option<T> {
+        self.lost |= matches!(r, Err(NvmlCallError::GpuLost));
         r.map_err(|e| self.note(what, &e)).ok()
     }
 }
 
 fn collect_gpu(src: &dyn NvmlSource, dev: u32, unknown: &mut Vec<String>) -> GpuRecord {
-    let mut n = Notes { dev, unknown };
+    let mut n = Notes { dev, unknown, lost: false };
     let mut rec = GpuRecord { index: dev, ..GpuRecord::default() };
     rec.uuid = n.ok("uuid", src.uuid(dev)).map(|s| s.trim().to_owned());
     rec.name = n.ok("name", src.name(dev));
@@ -212,6 +217,11 @@ fn collect_gpu(src: &dyn NvmlSource, dev: u32, unknown: &mut Vec<String>) -> Gpu
             }
             Err(e) => {
                 n.note(&format!("nvlink {link} state"), &e);
+                // A lost GPU answers no link either: one line, not one per link.
+                if e == NvmlCallError::GpuLost {
+                    n.lost = true;
+                    break;
+                }
                 continue;
             }
         };
@@ -246,6 +256,7 @@ fn collect_gpu(src: &dyn NvmlSource, dev: u32, unknown: &mut Vec<String>) -> Gpu
         rec.links.push(NvLinkRecord { link, active, generation, remote, remote_type });
     }
     rec.no_nvlink = absent == NVLINK_MAX_LINKS;
+    rec.lost = n.lost;
     rec
 }
 

@@ -2,11 +2,11 @@
 //! mesh, degraded links, and merging into functions the PCI backend found first.
 
 use fabric_topology::{
-    BackendState, Device, DeviceId, DeviceIdx, DeviceKind, Fabric, HopClass, Inventory, Link, LinkKind, LinkState,
-    MemoryKind, PciAddress, PciInfo,
+    BackendState, Device, DeviceId, DeviceIdx, DeviceKind, FAILED_ATTR, Fabric, HopClass, Inventory, Link, LinkKind,
+    LinkState, MemoryKind, PciAddress, PciInfo,
 };
 
-use super::api::{NvmlCallError, P2pCap, P2pStatus, RemoteType};
+use super::api::{FabricHealth, FabricInfo, FabricState, NvmlCallError, P2pCap, P2pStatus, RemoteType};
 use super::discover_from;
 use super::fake::{FakeNvml, HGX_GPUS, HGX_SPLIT, HGX_SWITCHES};
 use super::snapshot::parse_bus_id;
@@ -256,6 +256,36 @@ fn unanswered_queries_are_unknown_not_invented() {
     let peer2 = uuid_of(2).as_str().trim_start_matches("uuid:").to_owned();
     assert_eq!(g0.attrs.get(&format!("nvml.p2p.write.{peer2}")), None);
     assert!(report.unknown.iter().any(|l| l.contains("device 0 p2p write to 2")), "{:?}", report.unknown);
+}
+
+#[test]
+fn a_lost_gpu_and_an_unhealthy_fabric_mark_the_gpu_failed_and_limited_capacity_does_not() {
+    let mut fake = FakeNvml::hgx_h100();
+    fake.gpus[1].lost = true;
+    let health = |h| {
+        Ok(FabricInfo {
+            state: FabricState::Completed,
+            status: 0,
+            cluster_uuid: [0xab; 16],
+            clique_id: 7,
+            health: Some(h),
+        })
+    };
+    fake.gpus[2].fabric = health(FabricHealth::Unhealthy);
+    fake.gpus[3].fabric = health(FabricHealth::LimitedCapacity);
+    fake.gpus[4].fabric = health(FabricHealth::Healthy);
+    let mut inv = Inventory::new();
+    let report = discover_from(&fake, NODE, &mut inv);
+    let failed = |n: usize| inv.device(inv.find(&uuid_of(n)).unwrap()).attrs.get(FAILED_ATTR).cloned();
+    let lost = failed(1).expect("a lost GPU is failed");
+    assert!(lost.contains("GPU_IS_LOST"), "{lost}");
+    assert!(report.unknown.iter().any(|l| l.contains("device 1 memory_info") && l.contains("lost")));
+    assert!(failed(2).expect("an unhealthy fabric is a failure").contains("unhealthy"));
+    assert_eq!(failed(3), None, "limited capacity is degraded, not failed");
+    assert_eq!(inv.device(inv.find(&uuid_of(3)).unwrap()).attrs["nvml.fabric_health"], "limited_capacity");
+    for n in [0, 4, 5, 6, 7] {
+        assert_eq!(failed(n), None, "GPU {n}");
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use fabric_topology::link::pcie_gen_from_gts;
 use fabric_topology::{
-    Bandwidth, Device, DeviceId, DeviceIdx, DeviceKind, Inventory, Link, LinkKind, PciAddress, PciInfo,
+    Bandwidth, Device, DeviceId, DeviceIdx, DeviceKind, FAILED_ATTR, Inventory, Link, LinkKind, PciAddress, PciInfo,
 };
 
 use super::numa::Cpus;
@@ -118,6 +118,10 @@ pub(crate) fn assemble(
     let mut fn_idx: HashMap<PciAddress, DeviceIdx> = HashMap::new();
     for f in functions {
         if let Some(i) = add(inv, function_device(node, f), &mut added) {
+            // Also on a device another backend added first (a CXL memdev's function).
+            if let Some(why) = &f.attrs.failure {
+                inv.device_mut(i).attrs.insert(FAILED_ATTR.to_owned(), why.clone());
+            }
             fn_idx.insert(f.path.address, i);
         }
     }

@@ -200,6 +200,8 @@ pub struct FunctionAttrs {
     pub netdevs: Vec<String>,
     /// `dma_mask_bits`: bits of address the function can DMA to (set by its driver).
     pub dma_mask_bits: Option<u8>,
+    /// Why the function is failed, when it is ([`super::health`]).
+    pub failure: Option<String>,
 }
 
 /// Entries of a class subdirectory of a function (`infiniband/`, `net/`): names only, with
@@ -329,8 +331,9 @@ pub fn read_function(dir: &Path, tally: &mut Tally) -> FunctionAttrs {
             Err(_) => tally.record("local_cpulist", Err(list_err)),
         },
     };
-    a.link_speed_gts =
-        tally.record("current_link_speed", parsed(dir, "current_link_speed", parse_link_speed)).flatten();
+    let link_speed = parsed(dir, "current_link_speed", parse_link_speed);
+    a.failure = super::health::failure(dir, &link_speed);
+    a.link_speed_gts = tally.record("current_link_speed", link_speed).flatten();
     a.max_link_speed_gts = tally.record("max_link_speed", parsed(dir, "max_link_speed", parse_link_speed)).flatten();
     a.link_width = tally.record("current_link_width", parsed(dir, "current_link_width", parse_link_width));
     a.max_link_width = tally.record("max_link_width", parsed(dir, "max_link_width", parse_link_width));

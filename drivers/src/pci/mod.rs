@@ -1,12 +1,13 @@
 //! PCI discovery from sysfs: NUMA nodes as CPU devices, host bridges, every PCI function
 //! under `sys/bus/pci/devices` with its attributes, and the PCIe hierarchy as links.
 //!
-//! Works on any tree under an injected [`SysfsRoot`] and as non-root (config space is never
-//! read). Whatever a tree does not expose stays `None` and is summarised in the report, one
+//! Works on any tree under an injected [`SysfsRoot`] and as non-root (of config space only the
+//! first four bytes are read, of awake functions, as a liveness probe: [`health`]). Whatever a tree does not expose stays `None` and is summarised in the report, one
 //! line per attribute. The text parsers are pure and public so they can be fuzzed.
 
 mod assemble;
 pub mod attrs;
+pub mod health;
 pub mod kind;
 pub mod names;
 pub mod numa;

@@ -27,9 +27,16 @@ pub const KIND_EXPORT_REVOKED: u16 = 0x0104;
 pub const KIND_SESSION_ENDED: u16 = 0x0105;
 /// A client took a session back after a daemon restart: its owner is updated.
 pub const KIND_SESSION_RESUMED: u16 = 0x0106;
+/// A region striped over an interleave set was allocated (freed by [`KIND_REGION_FREED`]
+/// and [`KIND_SESSION_ENDED`] like any region).
+pub const KIND_SET_REGION_ALLOCATED: u16 = 0x0107;
 
 /// The format byte every payload starts with.
 pub const RECORD_VERSION: u8 = 1;
+/// The format byte of a snapshot that holds regions striped over interleave sets (it has
+/// one more list, `set_regions`); a snapshot without any is written as version 1, so a
+/// registry that never striped a region keeps the format older builds read.
+pub const SNAPSHOT_SETS_VERSION: u8 = 2;
 
 /// Why a journal payload does not decode into a registry record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,7 +48,7 @@ pub enum DurableError {
     #[error("record kind {0:#06x} has an empty payload")]
     Empty(u16),
     /// Written by another format version.
-    #[error("record kind {kind:#06x} has format version {version} (this build reads {RECORD_VERSION})")]
+    #[error("record kind {kind:#06x} has format version {version}, which this build does not read")]
     Version {
         /// The record kind.
         kind: u16,
@@ -139,6 +146,32 @@ pub struct ExportRecord {
     pub revoked: bool,
 }
 
+/// Where a region striped over an interleave set lies: the set, its offset in it, the
+/// set's other members (the region's own `resource` is the first member; each member holds
+/// the range `[offset, offset + len / ways)` of the region's record) and the DAX device
+/// its bytes are in, when the set was backed by one at allocation (`None`: a sim file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetPlacement {
+    /// The address map's name of the set.
+    pub set: Name,
+    /// Offset of the region in the set.
+    pub set_offset: u64,
+    /// The members after the first, in position order (CXL sets have at most 16 ways).
+    pub others: BoundedVec<ResourceKey, 16>,
+    /// The DAX device backing the set (`dax0.0`), when there was one.
+    pub dax: Option<Name>,
+}
+
+/// A live region striped over an interleave set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetRegionRecord {
+    /// The region as any region records it (`resource`: the first member; `offset`: the
+    /// DPA offset in every member; `len`: bytes of the whole region).
+    pub region: RegionRecord,
+    /// Where in the set.
+    pub placement: SetPlacement,
+}
+
 /// One acknowledged change to the registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -172,6 +205,8 @@ pub enum Change {
         /// The process that took it back.
         owner: Owner,
     },
+    /// See [`KIND_SET_REGION_ALLOCATED`].
+    SetRegionAllocated(SetRegionRecord),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -202,14 +237,36 @@ struct Resumed {
 pub struct Snapshot {
     /// The next region id to hand out (ids are never reused).
     pub next_id: u64,
-    /// Live regions, by id.
+    /// Live regions on one resource, by id.
     pub regions: Vec<RegionRecord>,
-    /// Exports of live regions.
+    /// Exports of live regions (of both lists).
     pub exports: Vec<ExportRecord>,
+    /// Live regions striped over interleave sets, by id (format version 2 only).
+    pub set_regions: Vec<SetRegionRecord>,
+}
+
+/// A version 1 snapshot: one without set regions.
+#[derive(Deserialize)]
+struct SnapshotV1 {
+    next_id: u64,
+    regions: Vec<RegionRecord>,
+    exports: Vec<ExportRecord>,
+}
+
+/// [`SnapshotV1`] as it is written (the same encoding, borrowed).
+#[derive(Serialize)]
+struct SnapshotV1Ref<'a> {
+    next_id: u64,
+    regions: &'a [RegionRecord],
+    exports: &'a [ExportRecord],
 }
 
 fn payload<T: Serialize>(value: &T) -> Result<Vec<u8>, DurableError> {
-    let mut out = vec![RECORD_VERSION];
+    payload_as(RECORD_VERSION, value)
+}
+
+fn payload_as<T: Serialize>(version: u8, value: &T) -> Result<Vec<u8>, DurableError> {
+    let mut out = vec![version];
     postcard::to_io(value, &mut out).map_err(DurableError::Encode)?;
     Ok(out)
 }
@@ -219,6 +276,10 @@ fn parse<T: DeserializeOwned>(kind: u16, bytes: &[u8]) -> Result<T, DurableError
     if version != RECORD_VERSION {
         return Err(DurableError::Version { kind, version });
     }
+    parse_body(kind, body)
+}
+
+fn parse_body<T: DeserializeOwned>(kind: u16, body: &[u8]) -> Result<T, DurableError> {
     let (value, rest) = postcard::take_from_bytes::<T>(body).map_err(|source| DurableError::Decode { kind, source })?;
     if !rest.is_empty() {
         return Err(DurableError::Trailing { kind, extra: rest.len() });
@@ -240,6 +301,7 @@ impl Change {
             Change::SessionResumed { token, owner } => {
                 (KIND_SESSION_RESUMED, payload(&Resumed { token: *token, owner: *owner })?)
             }
+            Change::SetRegionAllocated(r) => (KIND_SET_REGION_ALLOCATED, payload(r)?),
         })
     }
 
@@ -258,20 +320,34 @@ impl Change {
                 let r: Resumed = parse(kind, bytes)?;
                 Change::SessionResumed { token: r.token, owner: r.owner }
             }
+            KIND_SET_REGION_ALLOCATED => Change::SetRegionAllocated(parse(kind, bytes)?),
             other => return Err(DurableError::UnknownKind(other)),
         })
     }
 }
 
 impl Snapshot {
-    /// The snapshot record's payload.
+    /// The snapshot record's payload: version 1 when it holds no set region, else
+    /// version 2.
     pub fn encode(&self) -> Result<Vec<u8>, DurableError> {
-        payload(self)
+        if self.set_regions.is_empty() {
+            return payload(&SnapshotV1Ref { next_id: self.next_id, regions: &self.regions, exports: &self.exports });
+        }
+        payload_as(SNAPSHOT_SETS_VERSION, self)
     }
 
-    /// A snapshot record's payload, decoded.
+    /// A snapshot record's payload (version 1 or 2), decoded.
     pub fn decode(bytes: &[u8]) -> Result<Self, DurableError> {
-        parse(KIND_SNAPSHOT, bytes)
+        let kind = KIND_SNAPSHOT;
+        let (&version, body) = bytes.split_first().ok_or(DurableError::Empty(kind))?;
+        match version {
+            RECORD_VERSION => {
+                let v1: SnapshotV1 = parse_body(kind, body)?;
+                Ok(Self { next_id: v1.next_id, regions: v1.regions, exports: v1.exports, set_regions: Vec::new() })
+            }
+            SNAPSHOT_SETS_VERSION => parse_body(kind, body),
+            version => Err(DurableError::Version { kind, version }),
+        }
     }
 }
 
@@ -295,8 +371,10 @@ pub enum Inconsistency {
 pub struct Replayed {
     /// The next region id to hand out.
     pub next_id: u64,
-    /// Live regions.
+    /// Live regions (those striped over a set too).
     pub regions: BTreeMap<u64, RegionRecord>,
+    /// Where each live region striped over an interleave set lies, by region id.
+    pub sets: BTreeMap<u64, SetPlacement>,
     /// Exports of live regions.
     pub exports: Vec<ExportRecord>,
 }
@@ -307,6 +385,12 @@ impl Replayed {
         let mut out = Self { next_id: s.next_id, ..Self::default() };
         for r in s.regions {
             out.next_id = out.next_id.max(r.id.saturating_add(1));
+            out.sets.remove(&r.id);
+            out.regions.insert(r.id, r);
+        }
+        for SetRegionRecord { region: r, placement } in s.set_regions {
+            out.next_id = out.next_id.max(r.id.saturating_add(1));
+            out.sets.insert(r.id, placement);
             out.regions.insert(r.id, r);
         }
         out.exports = s.exports.into_iter().filter(|e| out.regions.contains_key(&e.region)).collect();
@@ -315,11 +399,14 @@ impl Replayed {
 
     /// The snapshot of this state.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            next_id: self.next_id,
-            regions: self.regions.values().cloned().collect(),
-            exports: self.exports.clone(),
+        let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
+        for (id, r) in &self.regions {
+            match self.sets.get(id) {
+                Some(p) => set_regions.push(SetRegionRecord { region: r.clone(), placement: p.clone() }),
+                None => regions.push(r.clone()),
+            }
         }
+        Snapshot { next_id: self.next_id, regions, exports: self.exports.clone(), set_regions }
     }
 
     /// Applies one change; an inconsistent one changes nothing.
@@ -332,11 +419,20 @@ impl Replayed {
                 }
                 self.regions.insert(r.id, r);
             }
+            Change::SetRegionAllocated(SetRegionRecord { region: r, placement }) => {
+                self.next_id = self.next_id.max(r.id.saturating_add(1));
+                if self.regions.contains_key(&r.id) {
+                    return Err(Inconsistency::DuplicateRegion(r.id));
+                }
+                self.sets.insert(r.id, placement);
+                self.regions.insert(r.id, r);
+            }
             Change::RegionFreed { id } => {
                 self.next_id = self.next_id.max(id.saturating_add(1));
                 if self.regions.remove(&id).is_none() {
                     return Err(Inconsistency::NoRegion(id));
                 }
+                self.sets.remove(&id);
                 self.exports.retain(|e| e.region != id);
             }
             Change::ExportCreated(e) => {
@@ -357,6 +453,7 @@ impl Replayed {
                 let gone: Vec<u64> = self.regions.values().filter(|r| r.token == token).map(|r| r.id).collect();
                 for id in &gone {
                     self.regions.remove(id);
+                    self.sets.remove(id);
                 }
                 self.exports.retain(|e| !gone.contains(&e.region));
             }
@@ -404,15 +501,41 @@ mod tests {
         }
     }
 
+    fn member(n: u8) -> ResourceKey {
+        ResourceKey {
+            device: DeviceName::truncated(&format!("serial:MEM-{n}")),
+            kind: MemoryClass::CxlVolatile,
+            ordinal: 0,
+        }
+    }
+
+    fn set_region(id: u64, token: u8, dax: Option<&str>) -> SetRegionRecord {
+        SetRegionRecord {
+            region: RegionRecord { resource: member(0), offset: 2 << 20, len: 4 << 20, ..region(id, token) },
+            placement: SetPlacement {
+                set: Name::truncated("cxl-region:hpa-0x1000000000"),
+                set_offset: 4 << 20,
+                others: BoundedVec::new(vec![member(1)]).unwrap_or_default(),
+                dax: dax.map(Name::truncated),
+            },
+        }
+    }
+
     fn all() -> Vec<Change> {
         vec![
             Change::RegionAllocated(region(1, 1)),
             Change::RegionAllocated(region(2, 1)),
             Change::RegionAllocated(region(3, 2)),
+            Change::SetRegionAllocated(set_region(4, 2, None)),
+            Change::SetRegionAllocated(set_region(5, 1, Some("dax0.0"))),
+            Change::SetRegionAllocated(set_region(6, 2, Some("dax0.0"))),
             Change::ExportCreated(export(1, 9)),
             Change::ExportCreated(export(3, 8)),
+            Change::ExportCreated(export(4, 7)),
+            Change::ExportCreated(export(5, 6)),
             Change::ExportRevoked { region: 1, generation: 1, secret: [9; 16] },
             Change::RegionFreed { id: 2 },
+            Change::RegionFreed { id: 6 },
             Change::SessionResumed { token: [2; 16], owner: Owner { pid: 7, ..owner() } },
             Change::SessionEnded { token: [1; 16] },
         ]
@@ -465,11 +588,29 @@ mod tests {
             assert_eq!(Change::decode(kind, &payload).unwrap(), change, "{name}");
             assert_eq!(change.encode().unwrap(), (kind, payload), "{name} encodes to the same bytes");
         }
+        let set = SetRegionRecord {
+            region: RegionRecord { id: 7, generation: 7, token, ..set_region(7, 0, None).region },
+            ..set_region(7, 0, Some("dax0.0"))
+        };
+        let (kind, payload) = seed("set_region_allocated");
+        let change = Change::SetRegionAllocated(set.clone());
+        assert_eq!(Change::decode(kind, &payload).unwrap(), change);
+        assert_eq!(change.encode().unwrap(), (kind, payload), "set_region_allocated encodes to the same bytes");
         let (kind, payload) = seed("snapshot");
         assert_eq!(kind, KIND_SNAPSHOT);
-        let snap =
-            Snapshot { next_id: 8, regions: vec![region], exports: vec![ExportRecord { revoked: true, ..export }] };
+        let snap = Snapshot {
+            next_id: 8,
+            regions: vec![region],
+            exports: vec![ExportRecord { revoked: true, ..export }],
+            set_regions: Vec::new(),
+        };
         assert_eq!(Snapshot::decode(&payload).unwrap(), snap);
+        assert_eq!(snap.encode().unwrap(), payload, "a snapshot without set regions is written as version 1");
+        let (kind, payload) = seed("snapshot_sets");
+        assert_eq!(kind, KIND_SNAPSHOT);
+        let snap = Snapshot { next_id: 8, set_regions: vec![set], ..Snapshot::default() };
+        assert_eq!(Snapshot::decode(&payload).unwrap(), snap);
+        assert_eq!(snap.encode().unwrap(), payload);
     }
 
     #[test]
@@ -478,11 +619,20 @@ mod tests {
         for c in all() {
             m.apply(c).unwrap();
         }
-        assert_eq!(m.regions.keys().copied().collect::<Vec<_>>(), vec![3]);
+        // Region 4 is striped over a set: it is resumed with its session (owner updated),
+        // 5 ended with session 1, 6 was freed.
+        assert_eq!(m.regions.keys().copied().collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(m.sets.keys().copied().collect::<Vec<_>>(), vec![4]);
+        assert_eq!(m.sets[&4], set_region(4, 2, None).placement);
         assert_eq!(m.regions[&3].owner.pid, 7);
-        assert_eq!(m.exports, vec![export(3, 8)]);
-        assert_eq!(m.next_id, 4);
-        let bytes = m.snapshot().encode().unwrap();
+        assert_eq!(m.regions[&4].owner.pid, 7);
+        assert_eq!(m.exports, vec![export(3, 8), export(4, 7)]);
+        assert_eq!(m.next_id, 7);
+        let snap = m.snapshot();
+        assert_eq!(snap.regions.len(), 1);
+        assert_eq!(snap.set_regions.len(), 1, "a set region is in the snapshot's own list");
+        let bytes = snap.encode().unwrap();
+        assert_eq!(bytes[0], SNAPSHOT_SETS_VERSION, "a snapshot with set regions is version 2");
         let back = Replayed::from_snapshot(Snapshot::decode(&bytes).unwrap());
         assert_eq!(back, m);
         // Inconsistent records change nothing.
@@ -492,6 +642,35 @@ mod tests {
             m.apply(Change::ExportRevoked { region: 3, generation: 3, secret: [1; 16] }),
             Err(Inconsistency::NoExport(3))
         );
+        assert_eq!(m.apply(Change::SetRegionAllocated(set_region(4, 5, None))), Err(Inconsistency::DuplicateRegion(4)));
         assert_eq!(m, back);
+    }
+
+    #[test]
+    fn a_snapshot_without_set_regions_keeps_version_1_and_a_version_1_snapshot_still_reads() {
+        let mut m = Replayed::default();
+        for c in all().into_iter().filter(|c| !matches!(c, Change::SetRegionAllocated(_))) {
+            let _ = m.apply(c);
+        }
+        let bytes = m.snapshot().encode().unwrap();
+        assert_eq!(bytes[0], RECORD_VERSION);
+        // The bytes a build without set regions wrote for this state: the same three lists.
+        let old = SnapshotV1Ref {
+            next_id: m.next_id,
+            regions: &m.regions.values().cloned().collect::<Vec<_>>(),
+            exports: &m.exports,
+        };
+        assert_eq!(payload(&old).unwrap(), bytes);
+        assert_eq!(Replayed::from_snapshot(Snapshot::decode(&bytes).unwrap()), m);
+        let mut v3 = bytes.clone();
+        v3[0] = 3;
+        assert_eq!(Snapshot::decode(&v3), Err(DurableError::Version { kind: KIND_SNAPSHOT, version: 3 }));
+        // A version 2 body behind a version 1 byte (or the reverse) does not decode.
+        let mut with_sets = m.snapshot();
+        with_sets.set_regions.push(set_region(9, 1, None));
+        let mut v2 = with_sets.encode().unwrap();
+        assert_eq!(Snapshot::decode(&v2).unwrap(), with_sets);
+        v2[0] = RECORD_VERSION;
+        assert!(Snapshot::decode(&v2).is_err());
     }
 }

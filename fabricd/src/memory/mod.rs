@@ -978,10 +978,15 @@ impl Memory {
                 on.push(i);
             }
         }
+        // A region striped over a set is lost with any of its members.
+        let sets = &st.set_regions;
+        let on_it = |id: &u64, r: &Region| {
+            on.contains(&r.resource) || sets.get(id).is_some_and(|s| s.others.iter().any(|i| on.contains(i)))
+        };
         let mut lost: Vec<(u64, u64, u64)> = st
             .regions
             .iter_mut()
-            .filter(|(_, r)| !r.lost && on.contains(&r.resource))
+            .filter(|(k, r)| !r.lost && on_it(k, r))
             .map(|(k, r)| {
                 r.lost = true;
                 (*k, r.generation, r.session)

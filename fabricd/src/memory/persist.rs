@@ -12,7 +12,9 @@ use std::sync::Mutex;
 use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
 use fabric_topology::Inventory;
 
-use super::durable::{Change, ExportRecord, Owner, RegionRecord, Replayed, ResourceKey, Snapshot};
+use super::durable::{
+    Change, ExportRecord, Owner, RegionRecord, Replayed, ResourceKey, SetPlacement, SetRegionRecord, Snapshot,
+};
 use super::{Export, Memory, MemoryError, Reclaimed, Region, State, io_err};
 use crate::config::{LimitsConfig, MemoryConfig};
 use crate::journal::{Journal, JournalOptions, Replay};
@@ -121,20 +123,49 @@ impl Log {
 }
 
 impl State {
+    /// The identity of resource `i`, as records name it.
+    pub(super) fn resource_key(&self, i: usize) -> ResourceKey {
+        let res = &self.resources[i];
+        ResourceKey {
+            device: DeviceName::truncated(&res.device.to_string()),
+            kind: res.kind.into(),
+            ordinal: res.ordinal,
+        }
+    }
+
+    /// The resource a record names, when the fabric has it.
+    fn find_resource(&self, key: &ResourceKey) -> Option<usize> {
+        self.resources.iter().position(|x| {
+            x.device.to_string() == key.device.as_str()
+                && fabric_proto::wire::MemoryClass::from(x.kind) == key.kind
+                && x.ordinal == key.ordinal
+        })
+    }
+
     pub(super) fn region_record(&self, id: u64, r: &Region) -> RegionRecord {
-        let res = &self.resources[r.resource];
         RegionRecord {
             id,
             generation: r.generation,
             token: *r.token.expose(),
             owner: r.durable_owner(),
-            resource: ResourceKey {
-                device: DeviceName::truncated(&res.device.to_string()),
-                kind: res.kind.into(),
-                ordinal: res.ordinal,
-            },
+            resource: self.resource_key(r.resource),
             offset: r.offset,
             len: r.len,
+        }
+    }
+
+    /// The record of a region striped over an interleave set (`s` its set part).
+    pub(super) fn set_region_record(&self, id: u64, r: &Region, s: &super::set::SetRegion) -> SetRegionRecord {
+        let others: Vec<ResourceKey> = s.others.iter().map(|&i| self.resource_key(i)).collect();
+        SetRegionRecord {
+            region: self.region_record(id, r),
+            placement: SetPlacement {
+                set: fabric_proto::wire::Name::truncated(&s.name),
+                set_offset: s.set_offset,
+                // A set has at most 16 members (CXL); more do not fit the record.
+                others: fabric_proto::wire::BoundedVec::new(others).unwrap_or_default(),
+                dax: s.dax.as_deref().map(fabric_proto::wire::Name::truncated),
+            },
         }
     }
 
@@ -154,21 +185,26 @@ impl State {
 
     /// The registry as a snapshot record.
     fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
-        // Regions striped over an interleave set and adopted vendor objects live as long
-        // as their session only.
-        let durable = |id: &u64| !self.set_regions.contains_key(id) && !self.objects.contains_key(id);
-        let mut regions: Vec<RegionRecord> =
-            self.regions.iter().filter(|(id, _)| durable(id)).map(|(id, r)| self.region_record(*id, r)).collect();
+        // Adopted vendor objects live as long as their session only.
+        let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
+        for (id, r) in self.regions.iter().filter(|(id, _)| !self.objects.contains_key(id)) {
+            match self.set_regions.get(id) {
+                Some(s) => set_regions.push(self.set_region_record(*id, r, s)),
+                None => regions.push(self.region_record(*id, r)),
+            }
+        }
         regions.sort_by_key(|r| r.id);
-        let exports = self.exports.iter().filter(|e| durable(&e.handle.region)).map(Self::export_record).collect();
-        Snapshot { next_id: self.next_id, regions, exports }.encode().map_err(MemoryError::Record)
+        set_regions.sort_by_key(|r| r.region.id);
+        let exports =
+            self.exports.iter().filter(|e| !self.objects.contains_key(&e.handle.region)).map(Self::export_record).collect();
+        Snapshot { next_id: self.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
     }
 
     /// Journals `change` (durably) before the caller applies it; the caller undoes what
     /// it prepared when this fails. Compacts when enough records have accumulated.
-    /// Changes to regions striped over an interleave set are not journaled: such regions
-    /// live as long as their session only (docs/fabricd.md, "Durability").
     pub(super) fn journal(&mut self, change: &Change) -> Result<(), MemoryError> {
+        // Changes to adopted vendor objects are not journaled: they live as long as their
+        // session only (docs/fabricd.md, "Adopted objects").
         let region = match change {
             Change::RegionAllocated(r) => Some(r.id),
             Change::RegionFreed { id } => Some(*id),
@@ -176,7 +212,7 @@ impl State {
             Change::ExportRevoked { region, .. } => Some(*region),
             _ => None,
         };
-        if region.is_some_and(|id| self.set_regions.contains_key(&id) || self.objects.contains_key(&id)) {
+        if region.is_some_and(|id| self.objects.contains_key(&id)) {
             return Ok(());
         }
         let Some(mut log) = self.log.take() else { return Ok(()) };
@@ -285,46 +321,13 @@ impl Memory {
         let mut orphans: BTreeMap<[u8; 16], u64> = BTreeMap::new();
         let mut gone_owners = 0usize;
         for r in model.regions.values() {
-            let Some(res) = st.resources.iter().position(|x| {
-                x.device.to_string() == r.resource.device.as_str()
-                    && fabric_proto::wire::MemoryClass::from(x.kind) == r.resource.kind
-                    && x.ordinal == r.resource.ordinal
-            }) else {
-                st.lost(
-                    r.id,
-                    &format!(
-                        "its resource {}#{:?}{} is not in the fabric",
-                        r.resource.device.as_str(),
-                        r.resource.kind,
-                        r.resource.ordinal
-                    ),
-                );
-                continue;
-            };
-            // A region of device memory is a range of the device file, which outlives the
-            // daemon like a sim file does (and is never removed).
-            let (path, fd_offset, device_file) = match &st.resources[res].backing {
-                Some(b) => match b.file_offset(r.offset, r.len) {
-                    Some(at) => (b.path.clone(), at, true),
-                    None => {
-                        st.lost(r.id, &format!("its range is not inside {}", b.path.display()));
-                        continue;
-                    }
-                },
-                None => (st.resources[res].dir.join(format!("r{}", r.id)), 0, false),
-            };
-            match std::fs::metadata(&path) {
-                Ok(_) if device_file => {}
-                Ok(m) if m.is_file() && m.len() == r.len => {}
-                Ok(m) => {
-                    st.lost(r.id, &format!("its file {} is {} bytes, not {}", path.display(), m.len(), r.len));
+            let found = match st.locate(r, model.sets.get(&r.id)) {
+                Ok(f) => f,
+                Err(why) => {
+                    st.lost(r.id, &why);
                     continue;
                 }
-                Err(e) => {
-                    st.lost(r.id, &format!("its file {} is missing ({e})", path.display()));
-                    continue;
-                }
-            }
+            };
             if !owner_alive(&r.owner) {
                 gone_owners += 1;
                 tracing::info!(
@@ -335,8 +338,18 @@ impl Memory {
                 );
                 continue;
             }
-            if !st.resources[res].ranges.reserve(r.offset, r.len) {
-                st.lost(r.id, &format!("its range {:#x}+{:#x} overlaps another region", r.offset, r.len));
+            let mut reserved = Vec::with_capacity(found.members.len());
+            for &m in &found.members {
+                if !st.resources[m].ranges.reserve(r.offset, found.per) {
+                    break;
+                }
+                reserved.push(m);
+            }
+            if reserved.len() < found.members.len() {
+                for m in reserved {
+                    st.resources[m].ranges.free(r.offset);
+                }
+                st.lost(r.id, &format!("its range {:#x}+{:#x} overlaps another region", r.offset, found.per));
                 continue;
             }
             let next = ORPHAN_SESSIONS + orphans.len() as u64;
@@ -355,15 +368,18 @@ impl Memory {
                     pid_start: r.owner.pid_start,
                     token: SessionToken(r.token),
                     session,
-                    resource: res,
+                    resource: found.members[0],
                     offset: r.offset,
                     len: r.len,
-                    path,
-                    fd_offset,
-                    device_file,
+                    path: found.path,
+                    fd_offset: found.fd_offset,
+                    device_file: found.device_file,
                     lost: false,
                 },
             );
+            if let Some(set) = found.set {
+                st.set_regions.insert(r.id, set);
+            }
         }
         for e in &model.exports {
             if !st.regions.contains_key(&e.region) {
@@ -545,7 +561,92 @@ impl Memory {
     }
 }
 
+/// Where a journaled region's bytes are now (see [`State::locate`]).
+struct Found {
+    /// The resources holding it: its own first (for a set region, the set's first member),
+    /// then the set's other members.
+    members: Vec<usize>,
+    /// Bytes of the region each member holds, from the region's offset.
+    per: u64,
+    /// The file clients map.
+    path: PathBuf,
+    /// The region's offset in it.
+    fd_offset: u64,
+    /// `path` is a device file (never removed, never sized).
+    device_file: bool,
+    /// The set part of a set region.
+    set: Option<super::set::SetRegion>,
+}
+
 impl State {
+    /// Finds what a journaled region needs in the fabric found at start: its resources,
+    /// and its file with the size recorded (a sim file), or the device file that holds its
+    /// range. `Err`: why it cannot come back.
+    fn locate(&self, r: &RegionRecord, set: Option<&SetPlacement>) -> Result<Found, String> {
+        let find = |key: &ResourceKey| {
+            self.find_resource(key).ok_or_else(|| {
+                format!("its resource {}#{:?}{} is not in the fabric", key.device.as_str(), key.kind, key.ordinal)
+            })
+        };
+        let mut members = vec![find(&r.resource)?];
+        let found = match set {
+            None => {
+                // A region of device memory is a range of the device file, which outlives
+                // the daemon like a sim file does (and is never removed).
+                let res = &self.resources[members[0]];
+                let (path, fd_offset, device_file) = match &res.backing {
+                    Some(b) => match b.file_offset(r.offset, r.len) {
+                        Some(at) => (b.path.clone(), at, true),
+                        None => return Err(format!("its range is not inside {}", b.path.display())),
+                    },
+                    None => (res.dir.join(format!("r{}", r.id)), 0, false),
+                };
+                Found { members, per: r.len, path, fd_offset, device_file, set: None }
+            }
+            Some(p) => {
+                for key in p.others.iter() {
+                    members.push(find(key)?);
+                }
+                let ways = members.len() as u64;
+                if !r.len.is_multiple_of(ways) {
+                    return Err(format!("its length {:#x} does not stripe over {ways} members", r.len));
+                }
+                let (path, fd_offset, device_file) = match &p.dax {
+                    Some(dax) => {
+                        let b = self.set_backings.get(p.set.as_str()).filter(|b| b.name == dax.as_str()).ok_or_else(
+                            || {
+                                format!(
+                                    "its DAX device {} no longer backs set {} (memory.dax)",
+                                    dax.as_str(),
+                                    p.set.as_str()
+                                )
+                            },
+                        )?;
+                        let at = b
+                            .file_offset(p.set_offset, r.len)
+                            .ok_or_else(|| format!("its range is not inside {} ({})", b.path.display(), b.name))?;
+                        (b.path.clone(), at, true)
+                    }
+                    None => (self.resources[members[0]].dir.join(format!("r{}", r.id)), 0, false),
+                };
+                let part = super::set::SetRegion {
+                    name: p.set.as_str().to_owned(),
+                    set_offset: p.set_offset,
+                    others: members[1..].to_vec(),
+                    dax: p.dax.as_ref().map(|d| d.as_str().to_owned()),
+                };
+                Found { members, per: r.len / ways, path, fd_offset, device_file, set: Some(part) }
+            }
+        };
+        match std::fs::metadata(&found.path) {
+            Ok(_) if found.device_file => {}
+            Ok(m) if m.is_file() && m.len() == r.len => {}
+            Ok(m) => return Err(format!("its file {} is {} bytes, not {}", found.path.display(), m.len(), r.len)),
+            Err(e) => return Err(format!("its file {} is missing ({e})", found.path.display())),
+        }
+        Ok(found)
+    }
+
     fn lost(&mut self, region: u64, why: &str) {
         tracing::warn!(region, "region dropped at start: {why}");
         if self.problems.len() < 256 {

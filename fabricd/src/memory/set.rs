@@ -13,6 +13,7 @@ use fabric_proto::wire::PeerCred;
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, GRANULE};
+use super::durable::Change;
 use super::{Granted, Memory, MemoryError, Region};
 
 /// An interleave set as the address map has it.
@@ -31,12 +32,15 @@ pub struct SetSpec {
 /// A set region's extra state: where in the set it is and the members' reservations.
 #[derive(Debug, Clone)]
 pub(super) struct SetRegion {
-    name: String,
+    /// The set's name in the address map.
+    pub(super) name: String,
     /// Offset of the region in the set.
-    set_offset: u64,
+    pub(super) set_offset: u64,
     /// Resources (after the first, which the region itself records) reserved at the same
     /// DPA offset.
     pub(super) others: Vec<usize>,
+    /// The DAX device its bytes are in (`None`: its own sim file).
+    pub(super) dax: Option<String>,
 }
 
 /// Where a region's bytes are, for its GFA.
@@ -172,29 +176,45 @@ impl Memory {
                 return Err(e);
             }
         };
+        let region = Region {
+            generation: id,
+            owner: *owner,
+            pid_start,
+            token,
+            session,
+            resource: idx[0],
+            offset: dpa,
+            len,
+            path,
+            fd_offset,
+            device_file,
+            lost: false,
+        };
+        let set_offset = dpa * ways;
+        let part = SetRegion {
+            name: set.name.clone(),
+            set_offset,
+            others: idx[1..].to_vec(),
+            dax: device.as_ref().map(|b| b.name.clone()),
+        };
+        // Acknowledged only once journaled, like any region (a crash before this leaves a
+        // sim file no record names, which the next start removes).
+        let record = Change::SetRegionAllocated(st.set_region_record(id, &region, &part));
+        if let Err(e) = st.journal(&record) {
+            for &i in &idx {
+                st.resources[i].ranges.free(dpa);
+            }
+            if !region.device_file {
+                let _ = std::fs::remove_file(&region.path);
+            }
+            return Err(e);
+        }
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
-        // Not journaled: a set region lives as long as its session (persist.rs `journal`).
-        st.regions.insert(
-            id,
-            Region {
-                generation: id,
-                owner: *owner,
-                pid_start,
-                token,
-                session,
-                resource: idx[0],
-                offset: dpa,
-                len,
-                path,
-                fd_offset,
-                device_file,
-                lost: false,
-            },
-        );
-        let set_offset = dpa * ways;
-        st.set_regions.insert(id, SetRegion { name: set.name.clone(), set_offset, others: idx[1..].to_vec() });
+        st.regions.insert(id, region);
+        st.set_regions.insert(id, part);
+        st.maybe_compact();
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");
         Ok((Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 }, set_offset))
     }

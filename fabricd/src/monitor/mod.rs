@@ -21,7 +21,7 @@ use crate::metrics::{RescanResult, RescanTrigger};
 
 /// The device attribute a backend sets (to the reason) when the device reports a failure;
 /// a failed device's memory is lost like a vanished device's.
-pub const FAILED_ATTR: &str = "failed";
+pub const FAILED_ATTR: &str = fabric_topology::FAILED_ATTR;
 /// A uevent-triggered rescan waits for this much quiet after the last relevant uevent.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// ... but no longer than this after the first one of a burst.
