@@ -105,6 +105,9 @@
 // The device reads and writes registered memory.
 #define FMM_ACCESS_READ_WRITE 1
 
+// Bytes a resume token's text takes with its NUL (32 hex digits + 1).
+#define FMM_TOKEN_LEN 33
+
 // The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
 #define FMM_COPY_PENDING 1
 
@@ -113,6 +116,9 @@
 
 // Endpoint kind: a global fabric address (`offset` is the GFA; `id` is ignored).
 #define FMM_COPY_GFA 1
+
+// `fmm_nearest_memory`: memory of every class.
+#define FMM_MEM_ANY -1
 
 // A copy started with `fmm_copy_start`.
 typedef struct fmm_copy_t fmm_copy_t;
@@ -153,6 +159,8 @@ typedef struct fmm_registration_stats_t {
   uint64_t live;
   // Bytes they cover.
   uint64_t registered_bytes;
+  // Of the hits, those answered by a cached registration of a larger range.
+  uint64_t range_hits;
 } fmm_registration_stats_t;
 
 // One side of a copy.
@@ -181,6 +189,18 @@ typedef struct fmm_path_t {
   // Links on the route running below their capability.
   uint32_t degraded_links;
 } fmm_path_t;
+
+// One memory resource ranked by `fmm_nearest_memory`.
+typedef struct fmm_near_memory_t {
+  // The identity of the device that holds it, NUL-terminated.
+  char device[256];
+  // Its class (`FMM_MEM_*`).
+  int memory_class;
+  // Its size, bytes.
+  uint64_t size;
+  // The path from the device asked about to it.
+  struct fmm_path_t path;
+} fmm_near_memory_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
@@ -385,6 +405,15 @@ uint64_t fmm_registration_len(const struct fmm_registration_t *r);
 // `r` is NULL or a live registration.
 uint64_t fmm_registration_id(const struct fmm_registration_t *r);
 
+// Where a registration's first byte lies in the daemon registration `fmm_registration_id`
+// names: 0, unless the cache answered it from a registration of a larger range (0 for
+// NULL). A `FMM_COPY_REGISTRATION` endpoint's `offset` counts from there:
+// `{FMM_COPY_REGISTRATION, fmm_registration_id(r), fmm_registration_offset(r) + off}`.
+//
+// # Safety
+// `r` is NULL or a live registration.
+uint64_t fmm_registration_offset(const struct fmm_registration_t *r);
+
 // Drops a registration: unregistered unless the session's cache keeps it for reuse;
 // pages `fmm_register_ptr` locked are unlocked.
 //
@@ -397,6 +426,57 @@ void fmm_unregister(struct fmm_registration_t *r);
 // # Safety
 // `s` is live; `out` points to writable storage for the struct.
 int fmm_registration_stats(const struct fmm_session_t *s, struct fmm_registration_stats_t *out);
+
+// Writes the session's resume token (32 hex digits and a NUL: `FMM_TOKEN_LEN` bytes) into
+// `buf`. The token is a secret: whoever holds it (and has the owner's uid) can take the
+// session's regions and exports; keep it where only the owner reads it.
+// `FMM_E_NOT_IMPLEMENTED` when the daemon speaks protocol 1.0, which has no tokens.
+//
+// # Safety
+// `s` is a live session; `buf` has `len` writable bytes.
+int fmm_session_token(const struct fmm_session_t *s, char *buf, size_t len);
+
+// `fmm_session_open` that takes back the session `token` (its text form) names: its
+// regions and exports become the new session's, and the new session keeps the token.
+// Works after a daemon restart (within `memory.resume_grace_s`) or after the old
+// connection closed while its process lived (`fmm_session_disconnect`, within
+// `memory.detach_grace_s`). A token resumes once: one that names nothing to take back
+// fails with `FMM_E_NOT_FOUND` (open without it then); a malformed one with `FMM_E_ARG`.
+// `token` NULL is `fmm_session_open`.
+//
+// # Safety
+// `socket` and `token` are NULL or NUL-terminated strings; `out` is writable.
+int fmm_session_resume(const char *socket,
+                       uint64_t window_gfa,
+                       uint64_t window_len,
+                       const char *token,
+                       struct fmm_session_t **out);
+
+// Closes the session's connection to the daemon now, keeping this process's mappings
+// (they hold the memory). With `memory.detach_grace_s` set, the daemon keeps the
+// session's regions and exports that long for `fmm_session_resume`; otherwise it
+// reclaims them at once. Every later call on this session fails with
+// `FMM_E_DISCONNECTED`; its handles must still be freed (which then does nothing in the
+// daemon) and the session closed.
+//
+// # Safety
+// `s` is a live session.
+int fmm_session_disconnect(const struct fmm_session_t *s);
+
+// A no-op round trip to the daemon: 0 while the connection serves,
+// `FMM_E_DISCONNECTED` once it is closed.
+//
+// # Safety
+// `s` is a live session.
+int fmm_session_ping(const struct fmm_session_t *s);
+
+// Revokes the export whose handle text is `handle` (this session must own the region,
+// e.g. after taking it back with `fmm_session_resume`): no new imports, and importers
+// are told.
+//
+// # Safety
+// `s` is a live session; `handle` is a NUL-terminated string.
+int fmm_revoke(const struct fmm_session_t *s, const char *handle);
 
 // Starts copying `len` bytes from `src` to `dst` with the daemon's copy engine; returns
 // at once with the copy in `out`. While it runs, the destination bytes may change at any
@@ -446,5 +526,21 @@ int fmm_alloc_nearest(const struct fmm_session_t *s,
                       const char *device_id,
                       uint64_t size,
                       struct fmm_region_t **out);
+
+// Every memory resource reachable from `device` (of class `memory_class`, or of every
+// class for `FMM_MEM_ANY`), nearest first: the device's own memory, then by bottleneck
+// bandwidth (highest first), then latency, then hops. Writes the first `cap` of them to
+// `out` (which may be NULL when `cap` is 0) and how many there are in all to `*count`:
+// call with `cap` 0 to size the array.
+//
+// # Safety
+// `s` is a live session; `device` a NUL-terminated string; `out` has room for `cap`
+// entries; `count` is writable.
+int fmm_nearest_memory(const struct fmm_session_t *s,
+                       const char *device,
+                       int memory_class,
+                       struct fmm_near_memory_t *out,
+                       size_t cap,
+                       size_t *count);
 
 #endif  /* FABRIC_MM_H */

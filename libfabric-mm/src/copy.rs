@@ -273,9 +273,11 @@ impl Session {
 }
 
 impl crate::Registration {
-    /// This registration as a copy endpoint, from byte `offset` of the registered bytes.
+    /// This registration as a copy endpoint, from byte `offset` of the registered bytes
+    /// (for a registration the cache answered from a larger one, the daemon registration
+    /// `id` names at [`crate::Registration::id_offset`] + `offset`).
     pub fn at(&self, offset: u64) -> CopyEndpoint {
-        CopyEndpoint::Registration { id: self.id(), offset }
+        CopyEndpoint::Registration { id: self.id(), offset: self.id_offset() + offset }
     }
 }
 

@@ -16,6 +16,8 @@ use fabric_proto::wire::MemoryClass;
 
 mod registration;
 pub use registration::*;
+mod resume;
+pub use resume::*;
 
 /// Success.
 pub const FMM_OK: c_int = 0;
@@ -141,7 +143,14 @@ pub(crate) unsafe fn opt_str<'a>(s: *const c_char, what: &str) -> Result<Option<
     c.to_str().map(Some).map_err(|_| arg_err(&format!("{what} is not UTF-8")))
 }
 
-fn class(c: c_int) -> Result<MemoryClass, c_int> {
+/// # Safety
+/// `s` is NULL or a NUL-terminated string.
+pub(crate) unsafe fn req_str<'a>(s: *const c_char, what: &str) -> Result<&'a str, c_int> {
+    // SAFETY: forwarded caller contract.
+    unsafe { opt_str(s, what) }?.ok_or_else(|| arg_err(&format!("{what} is NULL")))
+}
+
+pub(crate) fn class(c: c_int) -> Result<MemoryClass, c_int> {
     Ok(match c {
         FMM_MEM_HBM => MemoryClass::Hbm,
         FMM_MEM_DRAM => MemoryClass::Dram,
@@ -153,7 +162,7 @@ fn class(c: c_int) -> Result<MemoryClass, c_int> {
     })
 }
 
-fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c_int> {
+pub(crate) fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c_int> {
     if buf.is_null() {
         return Err(arg_err("output buffer is NULL"));
     }
@@ -205,19 +214,27 @@ pub unsafe extern "C" fn fmm_session_open(
     window_len: u64,
     out: *mut *mut FmmSession,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: forwarded caller contract.
-        let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
-        let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
-        let s = Session::open_with(SessionConfig {
-            socket,
-            window,
-            client_name: Some("libfabric-mm (C)".into()),
-            ..SessionConfig::default()
-        })
+    // SAFETY: forwarded caller contract.
+    guard(|| unsafe { open(socket, window_gfa, window_len, None, out) })
+}
+
+/// `fmm_session_open`, taking back the session `resume` names when given (ffi/resume.rs).
+///
+/// # Safety
+/// `socket` is NULL or a NUL-terminated string; `out` is writable.
+pub(crate) unsafe fn open(
+    socket: *const c_char,
+    window_gfa: u64,
+    window_len: u64,
+    resume: Option<crate::resume::Token>,
+    out: *mut *mut FmmSession,
+) -> Result<(), c_int> {
+    // SAFETY: forwarded caller contract.
+    let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
+    let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
+    let s = Session::open_with(SessionConfig { socket, window, client_name: Some("libfabric-mm (C)".into()), resume })
         .map_err(|e| fail(&e))?;
-        put(out, FmmSession(s))
-    })
+    put(out, FmmSession(s))
 }
 
 /// Closes a session handle (its objects keep the connection until they are dropped).

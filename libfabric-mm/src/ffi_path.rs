@@ -1,9 +1,16 @@
-//! The C ABI of the topology queries (`fmm_path`, `fmm_alloc_nearest`), over `path.rs`;
-//! the conventions are ffi.rs's (same header, same error handling).
+//! The C ABI of the topology queries (`fmm_path`, `fmm_nearest_memory`,
+//! `fmm_alloc_nearest`), over `path.rs`; the conventions are ffi.rs's (same header, same
+//! error handling).
 
 use std::ffi::{c_char, c_int};
 
-use crate::ffi::{FmmRegion, FmmSession, arg_err, fail, get, guard, opt_str, put};
+use fabric_proto::wire::MemoryClass;
+
+use crate::ffi::{
+    FMM_E_BUFFER, FMM_MEM_CXL_DYNAMIC, FMM_MEM_CXL_PERSISTENT, FMM_MEM_CXL_VOLATILE, FMM_MEM_DRAM, FMM_MEM_HBM,
+    FMM_MEM_HOST_EXPORTED, FmmRegion, FmmSession, arg_err, class, fail, get, guard, put, req_str, set_error,
+};
+use crate::path::PathInfo;
 
 /// The path between two devices (`fmm_path`).
 #[repr(C)]
@@ -24,11 +31,60 @@ pub struct FmmPath {
     pub degraded_links: u32,
 }
 
-/// # Safety
-/// `p` is NULL or a NUL-terminated string.
-unsafe fn device<'a>(p: *const c_char, what: &str) -> Result<&'a str, c_int> {
-    // SAFETY: forwarded caller contract.
-    unsafe { opt_str(p, what) }?.ok_or_else(|| arg_err(&format!("{what} is NULL")))
+/// `fmm_nearest_memory`: memory of every class.
+pub const FMM_MEM_ANY: c_int = -1;
+
+/// One memory resource ranked by `fmm_nearest_memory`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FmmNearMemory {
+    /// The identity of the device that holds it, NUL-terminated.
+    pub device: [c_char; 256],
+    /// Its class (`FMM_MEM_*`).
+    pub memory_class: c_int,
+    /// Its size, bytes.
+    pub size: u64,
+    /// The path from the device asked about to it.
+    pub path: FmmPath,
+}
+
+/// Copies `text` into a fixed C string field, NUL-terminated; `FMM_E_BUFFER` when it does
+/// not fit.
+fn fill(dst: &mut [c_char], text: &str) -> Result<(), c_int> {
+    if text.len() >= dst.len() {
+        set_error(&format!("{text:?} is longer than the {} bytes of its field", dst.len() - 1));
+        return Err(FMM_E_BUFFER);
+    }
+    for (d, b) in dst.iter_mut().zip(text.bytes().chain(std::iter::once(0))) {
+        *d = b as c_char;
+    }
+    Ok(())
+}
+
+fn c_path(p: &PathInfo) -> FmmPath {
+    let mut class = [0 as c_char; 16];
+    for (dst, src) in class.iter_mut().zip(p.class.bytes().take(15)) {
+        *dst = src as c_char;
+    }
+    FmmPath {
+        class,
+        bandwidth_mbps: p.bandwidth_mbps.unwrap_or(0),
+        max_bandwidth_mbps: p.max_bandwidth_mbps.unwrap_or(0),
+        latency_ns: p.latency_ns.unwrap_or(0),
+        hops: u32::try_from(p.route.len()).unwrap_or(u32::MAX),
+        degraded_links: u32::try_from(p.degraded_links).unwrap_or(u32::MAX),
+    }
+}
+
+fn class_code(c: MemoryClass) -> c_int {
+    match c {
+        MemoryClass::Hbm => FMM_MEM_HBM,
+        MemoryClass::Dram => FMM_MEM_DRAM,
+        MemoryClass::CxlVolatile => FMM_MEM_CXL_VOLATILE,
+        MemoryClass::CxlPersistent => FMM_MEM_CXL_PERSISTENT,
+        MemoryClass::CxlDynamic => FMM_MEM_CXL_DYNAMIC,
+        MemoryClass::HostExported => FMM_MEM_HOST_EXPORTED,
+    }
 }
 
 /// Writes the widest path from device `a` to device `b` (identities in text form) to `out`.
@@ -46,25 +102,13 @@ pub unsafe extern "C" fn fmm_path(
         // SAFETY: forwarded caller contract.
         let s = unsafe { get(s, "session") }?;
         // SAFETY: forwarded caller contract.
-        let (a, b) = unsafe { (device(a, "a")?, device(b, "b")?) };
+        let (a, b) = unsafe { (req_str(a, "a")?, req_str(b, "b")?) };
         if out.is_null() {
             return Err(arg_err("out is NULL"));
         }
         let p = s.0.path(a, b).map_err(|e| fail(&e))?;
-        let mut class = [0 as c_char; 16];
-        for (dst, src) in class.iter_mut().zip(p.class.bytes().take(15)) {
-            *dst = src as c_char;
-        }
-        let r = FmmPath {
-            class,
-            bandwidth_mbps: p.bandwidth_mbps.unwrap_or(0),
-            max_bandwidth_mbps: p.max_bandwidth_mbps.unwrap_or(0),
-            latency_ns: p.latency_ns.unwrap_or(0),
-            hops: u32::try_from(p.route.len()).unwrap_or(u32::MAX),
-            degraded_links: u32::try_from(p.degraded_links).unwrap_or(u32::MAX),
-        };
         // SAFETY: out is non-NULL (checked) and writable (caller contract).
-        unsafe { out.write(r) };
+        unsafe { out.write(c_path(&p)) };
         Ok(())
     })
 }
@@ -85,8 +129,51 @@ pub unsafe extern "C" fn fmm_alloc_nearest(
         // SAFETY: forwarded caller contract.
         let s = unsafe { get(s, "session") }?;
         // SAFETY: forwarded caller contract.
-        let d = unsafe { device(device_id, "device") }?;
+        let d = unsafe { req_str(device_id, "device") }?;
         let r = s.0.alloc_nearest(d, size).map_err(|e| fail(&e))?;
         put(out, FmmRegion(r))
+    })
+}
+
+/// Every memory resource reachable from `device` (of class `memory_class`, or of every
+/// class for `FMM_MEM_ANY`), nearest first: the device's own memory, then by bottleneck
+/// bandwidth (highest first), then latency, then hops. Writes the first `cap` of them to
+/// `out` (which may be NULL when `cap` is 0) and how many there are in all to `*count`:
+/// call with `cap` 0 to size the array.
+///
+/// # Safety
+/// `s` is a live session; `device` a NUL-terminated string; `out` has room for `cap`
+/// entries; `count` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_nearest_memory(
+    s: *const FmmSession,
+    device: *const c_char,
+    memory_class: c_int,
+    out: *mut FmmNearMemory,
+    cap: usize,
+    count: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (s, d) = unsafe { (get(s, "session")?, req_str(device, "device")?) };
+        if count.is_null() || (out.is_null() && cap > 0) {
+            return Err(arg_err("count is NULL, or out is NULL with a non-zero cap"));
+        }
+        let only = if memory_class == FMM_MEM_ANY { None } else { Some(class(memory_class)?) };
+        let near = s.0.nearest_memory(d, only).map_err(|e| fail(&e))?;
+        for (i, m) in near.iter().take(cap).enumerate() {
+            let mut e = FmmNearMemory {
+                device: [0; 256],
+                memory_class: class_code(m.memory),
+                size: m.size,
+                path: c_path(&m.path),
+            };
+            fill(&mut e.device, &m.device)?;
+            // SAFETY: out has room for cap > i entries (caller contract), non-NULL as cap > 0.
+            unsafe { out.add(i).write(e) };
+        }
+        // SAFETY: count is non-NULL (checked) and writable (caller contract).
+        unsafe { count.write(near.len()) };
+        Ok(())
     })
 }

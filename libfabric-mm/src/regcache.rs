@@ -8,11 +8,17 @@
 //! entry; the library also drops an owner's entries ([`RegCache::invalidate`]) when the
 //! owner goes, so that the registration they hold is undone at once.
 //!
+//! A lookup that finds no entry of exactly its range is answered from an entry of the same
+//! owner, device and access whose range contains it (a *range hit*): the caller uses the
+//! cached registration at the returned offset. The exact lookup is one hash probe (the hit
+//! path stays as fast as before); only a lookup that misses it searches an ordered index
+//! of the same keys, among the entries of that owner, device and access.
+//!
 //! The cache is bounded by entries and by bytes; the least recently used entry goes first.
 //! Evicting or invalidating hands the values back to the caller, which drops them (for the
 //! library: unregisters, unless a user still holds the registration).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A small multiplicative hasher (the Fx hash of rustc) for keys the process makes itself:
@@ -77,7 +83,9 @@ pub enum Owner {
     },
 }
 
-/// A cache key: owner, device (interned by the caller), access and byte range.
+/// A cache key: owner, device (interned by the caller), access and byte range. Ordered by
+/// those fields in that order, so that the entries of one owner, device and access are
+/// adjacent and sorted by offset (what a range lookup walks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegKey {
     /// The allocation.
@@ -111,8 +119,11 @@ impl Default for CacheLimits {
 /// What the cache has done.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
-    /// Lookups answered from the cache.
+    /// Lookups answered from the cache (range hits included).
     pub hits: u64,
+    /// Of the hits, those answered by an entry of a larger range that contains the one
+    /// asked for.
+    pub range_hits: u64,
     /// Lookups that found nothing.
     pub misses: u64,
     /// Entries dropped to stay within the limits.
@@ -131,13 +142,17 @@ struct Slot<V> {
     tick: u64,
 }
 
-/// A bounded LRU map from [`RegKey`] to `V`. A hit is one hash lookup and a tick store;
-/// finding the least recently used entry scans the entries, which only a miss does (and
-/// a miss costs a daemon round trip, far more than a scan of the default 1,024).
+/// A bounded LRU map from [`RegKey`] to `V`. An exact hit is one hash lookup and a tick
+/// store; a range hit also walks the ordered index over the entries of the key's owner,
+/// device and access that start at or before it. Finding the least recently used entry
+/// scans the entries, which only a miss does (and a miss costs a daemon round trip, far
+/// more than a scan of the default 1,024).
 #[derive(Debug)]
 pub struct RegCache<V> {
     limits: CacheLimits,
     map: FxHashMap<RegKey, Slot<V>>,
+    /// The keys of `map`, ordered: for range lookups and per-owner invalidation.
+    ranges: BTreeSet<RegKey>,
     tick: u64,
     stats: CacheStats,
 }
@@ -145,7 +160,7 @@ pub struct RegCache<V> {
 impl<V> RegCache<V> {
     /// An empty cache with these limits.
     pub fn new(limits: CacheLimits) -> Self {
-        Self { limits, map: FxHashMap::default(), tick: 0, stats: CacheStats::default() }
+        Self { limits, map: FxHashMap::default(), ranges: BTreeSet::new(), tick: 0, stats: CacheStats::default() }
     }
 
     /// The limits.
@@ -163,21 +178,59 @@ impl<V> RegCache<V> {
         self.tick
     }
 
-    /// The value for `key`, made most recently used; counts a hit or a miss.
-    pub fn get(&mut self, key: &RegKey) -> Option<&V> {
+    /// The value for `key` (a clone) and the offset of `key`'s first byte in the value's
+    /// range: 0 for an entry of exactly that range; else, from the entries of the same
+    /// owner, device and access whose range contains `key`'s, the one that starts last
+    /// (the longest of those). The entry is made most recently used; counts a hit (and a
+    /// range hit) or a miss.
+    #[inline]
+    pub fn get(&mut self, key: &RegKey) -> Option<(V, u64)>
+    where
+        V: Clone,
+    {
         let tick = self.tick + 1;
-        let Some(slot) = self.map.get_mut(key) else {
+        // The exact probe alone on the common path: one hash lookup.
+        if let Some(slot) = self.map.get_mut(key) {
+            slot.tick = tick;
+            self.tick = tick;
+            self.stats.hits += 1;
+            return Some((slot.value.clone(), 0));
+        }
+        self.get_range(key, tick)
+    }
+
+    /// [`RegCache::get`] past the exact probe: an entry whose range contains `key`'s, or a
+    /// miss. Kept out of line so that the exact hit stays a small function (the ordered
+    /// walk would otherwise grow its frame and cost every hit).
+    #[cold]
+    #[inline(never)]
+    fn get_range(&mut self, key: &RegKey, tick: u64) -> Option<(V, u64)>
+    where
+        V: Clone,
+    {
+        let Some(found) = self.containing(key) else {
             self.stats.misses += 1;
             return None;
         };
-        self.tick = tick;
+        let slot = self.map.get_mut(&found)?;
         slot.tick = tick;
+        self.tick = tick;
         self.stats.hits += 1;
-        Some(&slot.value)
+        self.stats.range_hits += 1;
+        Some((slot.value.clone(), key.offset - found.offset))
+    }
+
+    /// The key of the entry that answers a range lookup of `key` (see [`RegCache::get`]).
+    fn containing(&self, key: &RegKey) -> Option<RegKey> {
+        let end = key.offset.checked_add(key.len)?;
+        let first = RegKey { offset: 0, len: 0, ..*key };
+        let last = RegKey { len: u64::MAX, ..*key };
+        self.ranges.range(first..=last).rev().find(|k| k.offset.saturating_add(k.len) >= end).copied()
     }
 
     fn remove_key(&mut self, key: &RegKey) -> Option<V> {
         let slot = self.map.remove(key)?;
+        self.ranges.remove(key);
         self.stats.entries -= 1;
         self.stats.bytes -= key.len;
         Some(slot.value)
@@ -208,6 +261,7 @@ impl<V> RegCache<V> {
         {}
         let tick = self.next_tick();
         self.map.insert(key, Slot { value, tick });
+        self.ranges.insert(key);
         self.stats.entries += 1;
         self.stats.bytes += key.len;
         out
@@ -215,7 +269,9 @@ impl<V> RegCache<V> {
 
     /// Drops every entry of `owner`; returns their values.
     pub fn invalidate(&mut self, owner: Owner) -> Vec<V> {
-        let keys: Vec<RegKey> = self.map.keys().filter(|k| k.owner == owner).copied().collect();
+        let first = RegKey { owner, device: 0, writable: false, offset: 0, len: 0 };
+        let last = RegKey { owner, device: u32::MAX, writable: true, offset: u64::MAX, len: u64::MAX };
+        let keys: Vec<RegKey> = self.ranges.range(first..=last).copied().collect();
         let out: Vec<V> = keys.iter().filter_map(|k| self.remove_key(k)).collect();
         self.stats.invalidations += out.len() as u64;
         out
@@ -235,6 +291,7 @@ impl<V> RegCache<V> {
     pub fn clear(&mut self) -> Vec<V> {
         self.stats.entries = 0;
         self.stats.bytes = 0;
+        self.ranges.clear();
         self.map.drain().map(|(_, s)| s.value).collect()
     }
 
@@ -321,6 +378,9 @@ impl PageCounts {
 }
 
 #[cfg(test)]
+mod model_test;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -334,7 +394,7 @@ mod tests {
         let mut c = RegCache::new(CacheLimits::default());
         let k = key(1, 1, 0, 4096);
         assert!(c.insert(k, "a").is_empty());
-        assert_eq!(c.get(&k), Some(&"a"));
+        assert_eq!(c.get(&k), Some(("a", 0)));
         // Same region id, next generation (freed and reallocated): a miss.
         assert_eq!(c.get(&key(1, 2, 0, 4096)), None);
         assert_eq!(c.get(&RegKey { device: 1, ..k }), None);
@@ -342,7 +402,35 @@ mod tests {
         assert_eq!(c.get(&key(1, 1, 4096, 4096)), None);
         assert_eq!(c.get(&key(1, 1, 0, 8192)), None);
         assert_eq!(c.get(&RegKey { owner: Owner::Host { buffer: 1 }, ..k }), None);
-        assert_eq!((c.stats().hits, c.stats().misses), (1, 6));
+        assert_eq!((c.stats().hits, c.stats().misses, c.stats().range_hits), (1, 6, 0));
+    }
+
+    #[test]
+    fn a_sub_range_is_answered_by_a_cached_range_that_contains_it() {
+        let mut c = RegCache::new(CacheLimits::default());
+        c.insert(key(1, 1, 0, 8192), "whole");
+        // Inside: the same entry, at the sub-range's offset in it.
+        assert_eq!(c.get(&key(1, 1, 4096, 4096)), Some(("whole", 4096)));
+        assert_eq!(c.get(&key(1, 1, 100, 1)), Some(("whole", 100)));
+        // Reaching past its end, another generation, device or access: misses.
+        assert_eq!(c.get(&key(1, 1, 4096, 4097)), None);
+        assert_eq!(c.get(&key(1, 2, 4096, 10)), None);
+        assert_eq!(c.get(&RegKey { device: 1, ..key(1, 1, 0, 10) }), None);
+        assert_eq!(c.get(&RegKey { writable: false, ..key(1, 1, 0, 10) }), None);
+        let st = c.stats();
+        assert_eq!((st.hits, st.range_hits, st.misses), (2, 2, 4));
+        // Of two containing entries, the one that starts last answers.
+        c.insert(key(1, 1, 4000, 200), "late");
+        assert_eq!(c.get(&key(1, 1, 4100, 10)), Some(("late", 100)));
+        assert_eq!(c.get(&key(1, 1, 3990, 20)), Some(("whole", 3990)));
+        // An exact entry beats a containing one.
+        assert_eq!(c.get(&key(1, 1, 0, 8192)), Some(("whole", 0)));
+        // Freed: no entry of the owner answers any range any more.
+        let mut gone = c.invalidate(Owner::Fabric { region: 1, generation: 1 });
+        gone.sort_unstable();
+        assert_eq!(gone, vec!["late", "whole"]);
+        assert_eq!(c.get(&key(1, 1, 4100, 10)), None);
+        assert!(c.is_empty());
     }
 
     #[test]
@@ -357,7 +445,7 @@ mod tests {
         assert_eq!(c.stats().invalidations, 2);
         assert_eq!((c.stats().entries, c.stats().bytes), (1, 10));
         assert_eq!(c.get(&key(1, 1, 0, 10)), None);
-        assert_eq!(c.get(&key(2, 1, 0, 10)), Some(&3));
+        assert_eq!(c.get(&key(2, 1, 0, 10)), Some((3, 0)));
     }
 
     #[test]
@@ -388,7 +476,7 @@ mod tests {
         out.sort();
         assert_eq!(out, vec![1, 3]);
         assert_eq!((c.stats().evictions, c.stats().entries, c.stats().bytes), (2, 1, 10));
-        assert_eq!(c.get(&key(2, 1, 0, 10)), Some(&2));
+        assert_eq!(c.get(&key(2, 1, 0, 10)), Some((2, 0)));
     }
 
     #[test]
@@ -432,8 +520,8 @@ mod tests {
     proptest! {
         /// Against a model (a recency-ordered list): every value inserted comes back out
         /// exactly once (by get-and-replace, eviction, invalidation or clear), the limits
-        /// always hold, a key of another generation never hits, and the LRU victim is the
-        /// model's.
+        /// always hold, a key of another generation never hits, a shorter range hits the
+        /// longest entry, and the LRU victim is the model's.
         #[test]
         fn behaves_like_a_recency_list(ops in proptest::collection::vec(op(), 1..200), entries in 1usize..6, bytes in 20u64..120) {
             let mut c = RegCache::new(CacheLimits { entries, bytes });
@@ -463,8 +551,16 @@ mod tests {
                     }
                     Op::Get(r, g, l) => {
                         let k = key(u64::from(r), u64::from(g), 0, u64::from(l));
-                        let got = c.get(&k).copied();
-                        let i = model.iter().position(|(mk, _)| *mk == k);
+                        let got = c.get(&k).map(|(v, _)| v);
+                        // Exact, else the longest entry of the owner (all start at 0).
+                        let i = model.iter().position(|(mk, _)| *mk == k).or_else(|| {
+                            model
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, (mk, _))| mk.owner == k.owner && mk.len >= k.len)
+                                .max_by_key(|(_, (mk, _))| mk.len)
+                                .map(|(i, _)| i)
+                        });
                         prop_assert_eq!(got, i.map(|i| model[i].1));
                         if let Some(i) = i {
                             let e = model.remove(i);

@@ -5,7 +5,8 @@
 //! undone (`Unregister`) when it and the cache's hold on it are gone.
 //!
 //! Registrations of regions, imports and host buffers go through a bounded cache
-//! ([`crate::regcache`]) keyed by allocation identity and generation, never by address;
+//! ([`crate::regcache`]) keyed by allocation identity and generation, never by address (a
+//! sub-range of a cached range is answered from it, at its offset);
 //! bare pointers are never cached, because nothing tells the library when the memory
 //! under an address is freed and reused (see docs/libfabric-mm.md, "Registration").
 //!
@@ -101,6 +102,10 @@ enum Keep {
 pub struct Registration {
     // Field order is drop order: unregister before the memory can go.
     reg: Arc<DaemonReg>,
+    /// Where this registration's bytes start in `reg` (not 0 for a sub-range the cache
+    /// answered from a registration of a larger range).
+    offset: u64,
+    len: u64,
     _keep: Keep,
     cached: bool,
 }
@@ -109,8 +114,9 @@ impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
             .field("id", &self.reg.id)
-            .field("iova", &self.reg.iova)
-            .field("len", &self.reg.len)
+            .field("id_offset", &self.offset)
+            .field("iova", &self.iova())
+            .field("len", &self.len)
             .field("device", &self.reg.device)
             .field("access", &self.reg.access)
             .field("cached", &self.cached)
@@ -119,24 +125,38 @@ impl std::fmt::Debug for Registration {
 }
 
 impl Registration {
+    /// All of the daemon registration `reg`.
+    fn whole(reg: Arc<DaemonReg>, keep: Keep, cached: bool) -> Self {
+        let len = reg.len;
+        Self { reg, offset: 0, len, _keep: keep, cached }
+    }
+
     /// The daemon's registration id (what a copy names).
     pub fn id(&self) -> u64 {
         self.reg.id
     }
 
+    /// Where this registration's first byte lies in the daemon registration [`id`](Self::id)
+    /// names: 0, unless the cache answered this registration from a registration of a
+    /// larger range of the same memory. A copy endpoint names `id` and an offset from
+    /// there ([`Registration::at`] adds this).
+    pub fn id_offset(&self) -> u64 {
+        self.offset
+    }
+
     /// IOVA of the first registered byte, in the device's DMA domain.
     pub fn iova(&self) -> u64 {
-        self.reg.iova
+        self.reg.iova + self.offset
     }
 
     /// Bytes registered.
     pub fn len(&self) -> u64 {
-        self.reg.len
+        self.len
     }
 
     /// Never empty.
     pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
+        self.len == 0
     }
 
     /// The device it was registered for.
@@ -260,8 +280,10 @@ impl Session {
 
     /// Registers `len` bytes at `offset` of `memory` for DMA by `device`: the daemon pins
     /// them and maps them at an IOVA below the device's DMA mask. A registration of the
-    /// same memory (same allocation and generation), device, access and range is answered
-    /// from the session's cache without a round trip.
+    /// same memory (same allocation and generation), device and access whose range is
+    /// this one or contains it is answered from the session's cache without a round trip:
+    /// for a containing range, the same daemon registration at this range's offset in it
+    /// ([`Registration::id_offset`]; the IOVA is its IOVA plus that offset).
     ///
     /// Errors: [`Error::PinnedLimit`] past the daemon's per-user pinned-bytes limit,
     /// [`Error::DaemonMemlockLimit`] when the daemon's own `RLIMIT_MEMLOCK` refuses,
@@ -298,9 +320,8 @@ impl Session {
                 None => *st.devices.entry(device.to_owned()).or_insert(next),
             };
             let key = RegKey { owner, device: dev, writable: access == Access::ReadWrite, offset, len };
-            if let Some(reg) = st.cache.get(&key) {
-                let reg = reg.clone();
-                return Ok(Registration { reg, _keep: keep, cached: true });
+            if let Some((reg, at)) = st.cache.get(&key) {
+                return Ok(Registration { reg, offset: at, len, _keep: keep, cached: true });
             }
             key
         };
@@ -315,7 +336,7 @@ impl Session {
         let out = regs.lock().cache.insert(key, reg.clone());
         let cached = !out.iter().any(|r| Arc::ptr_eq(r, &reg));
         drop(out);
-        Ok(Registration { reg, _keep: keep, cached })
+        Ok(Registration::whole(reg, keep, cached))
     }
 
     /// Registers `len` bytes of this process's memory at `ptr` for DMA by `device`. The
@@ -344,7 +365,7 @@ impl Session {
         let lock = PageLock::new(addr, len as u64)?;
         let reg =
             self.register_raw(RegisterSource::Process { addr }, 0, len as u64, device, access, None, Some(lock))?;
-        Ok(Registration { reg: Arc::new(reg), _keep: Keep::Pointer(self.inner.clone()), cached: false })
+        Ok(Registration::whole(Arc::new(reg), Keep::Pointer(self.inner.clone()), false))
     }
 
     /// Registers without the cache (a fresh daemon registration every time), e.g. to
@@ -362,7 +383,7 @@ impl Session {
             Src::Host(h) => (RegisterSource::Fd, h.len, Some(h.fd.as_fd()), Keep::Host(h.clone())),
         };
         let reg = self.register_raw(source, 0, len, device, access, fd, None)?;
-        Ok(Registration { reg: Arc::new(reg), _keep: keep, cached: false })
+        Ok(Registration::whole(Arc::new(reg), keep, false))
     }
 
     #[allow(clippy::too_many_arguments)]

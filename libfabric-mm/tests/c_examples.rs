@@ -70,57 +70,59 @@ fn run(bin: &Path, socket: &Path) -> String {
     stdout
 }
 
-#[test]
-fn share_example_runs_plain_and_under_address_sanitizer() {
-    let d = common::daemon();
+/// Builds `example` plainly and under ASan and runs both against one fabricd started with
+/// `config` appended to its configuration; their outputs.
+fn plain_and_asan(example: &str, config: &str) -> [String; 2] {
+    let d = common::daemon_with_config(config);
     let tmp = tempfile::tempdir().unwrap();
     let pc = pkg_config_dir(tmp.path());
-    let plain = tmp.path().join("share");
-    build("share.c", &plain, &pc, &[]);
-    let out = run(&plain, &d.socket);
-    assert!(out.contains("importer: pattern seen") && out.contains("its store is visible"), "{out}");
-    let asan = tmp.path().join("share-asan");
-    build("share.c", &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
-    let out = run(&asan, &d.socket);
-    assert!(out.contains("its store is visible"), "{out}");
+    let name = example.trim_end_matches(".c");
+    let plain = tmp.path().join(name);
+    build(example, &plain, &pc, &[]);
+    let asan = tmp.path().join(format!("{name}-asan"));
+    build(example, &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    [run(&plain, &d.socket), run(&asan, &d.socket)]
+}
+
+#[test]
+fn share_example_runs_plain_and_under_address_sanitizer() {
+    for out in plain_and_asan("share.c", "") {
+        assert!(out.contains("importer: pattern seen") && out.contains("its store is visible"), "{out}");
+    }
 }
 
 #[test]
 fn register_example_runs_plain_and_under_address_sanitizer() {
-    let d = common::daemon();
-    let tmp = tempfile::tempdir().unwrap();
-    let pc = pkg_config_dir(tmp.path());
-    let plain = tmp.path().join("register");
-    build("register.c", &plain, &pc, &[]);
-    let out = run(&plain, &d.socket);
-    assert!(out.contains("again: cache hit") && out.contains("at IOVA 0x") && out.contains("register: done"), "{out}");
-    let asan = tmp.path().join("register-asan");
-    build("register.c", &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
-    let out = run(&asan, &d.socket);
-    assert!(out.contains("register: done"), "{out}");
+    for out in plain_and_asan("register.c", "") {
+        assert!(
+            out.contains("again: cache hit") && out.contains("at IOVA 0x") && out.contains("register: done"),
+            "{out}"
+        );
+    }
 }
 
 #[test]
 fn copy_example_runs_plain_and_under_address_sanitizer() {
-    let d = common::daemon();
-    let tmp = tempfile::tempdir().unwrap();
-    let pc = pkg_config_dir(tmp.path());
-    let plain = tmp.path().join("copy");
-    build("copy.c", &plain, &pc, &[]);
-    let out = run(&plain, &d.socket);
-    assert!(
-        out.contains("the engine copied")
-            && out.contains("refusals are typed")
-            && out.contains("to registered host buffer"),
-        "{out}"
-    );
-    let asan = tmp.path().join("copy-asan");
-    build("copy.c", &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
-    let out = run(&asan, &d.socket);
-    assert!(
-        out.contains("the engine copied")
-            && out.contains("refusals are typed")
-            && out.contains("to registered host buffer"),
-        "{out}"
-    );
+    for out in plain_and_asan("copy.c", "") {
+        assert!(
+            out.contains("the engine copied")
+                && out.contains("refusals are typed")
+                && out.contains("to registered host buffer"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn resume_example_takes_a_closed_session_back_by_token_plain_and_under_address_sanitizer() {
+    for out in plain_and_asan("resume.c", "[memory]\ndetach_grace_s = 60\n") {
+        let token = out.lines().find_map(|l| l.strip_prefix("owner: token ")).unwrap_or_else(|| panic!("{out}"));
+        assert!(token.len() > 32 && token[..32].bytes().all(|b| b.is_ascii_hexdigit()), "{out}");
+        assert!(
+            out.contains("connection closed, region not freed")
+                && out.contains("resumed: token kept, pattern seen")
+                && out.contains("export revoked by the new owner; the token resumes once"),
+            "{out}"
+        );
+    }
 }

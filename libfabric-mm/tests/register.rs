@@ -1,7 +1,8 @@
 //! DMA registration through the library against a real fabricd serving a fabric whose GPU
 //! has a 24-bit DMA mask: every kind of memory registers below the mask; the cache hits,
 //! misses, evicts and is invalidated when memory is freed or revoked, and never answers a
-//! reallocation at the same address with a stale registration; the per-user pinned limit,
+//! reallocation at the same address with a stale registration; a sub-range is answered
+//! from a cached larger registration and a copy to it lands at its offset; the per-user pinned limit,
 //! the daemon's `RLIMIT_MEMLOCK` and the caller's `RLIMIT_MEMLOCK` are clear typed errors;
 //! a forked child does not get registered pages and the parent's registrations survive.
 #![allow(clippy::unwrap_used)]
@@ -13,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fabric_mm::{Access, CacheLimits, Error, HostBuffer, Memory, MemoryClass, Policy, Registration, Session, Target};
+use fabric_mm::{
+    Access, CacheLimits, CopyEndpoint, Error, HostBuffer, Memory, MemoryClass, Policy, Registration, Session, Target,
+};
 use fabric_proto::wire::{Connection, Request, Response, SUPPORTED_VERSIONS, StatusRequest};
 
 const MIB: u64 = 1 << 20;
@@ -263,6 +266,56 @@ fn the_cache_hits_evicts_and_never_serves_freed_or_revoked_memory() {
     assert!(matches!(s.register(&import, &dev, Access::ReadWrite), Err(Error::Revoked { .. })));
     assert_eq!(s.registration_stats().cache.invalidations, before + 1);
     assert_eq!(s.registration_stats().cache.entries, 0);
+}
+
+#[test]
+fn a_sub_range_is_answered_from_a_cached_larger_registration_and_copies_land_there() {
+    let env = start("", |_| {});
+    let s = common::session(&env.daemon.socket);
+    let dev = gpu(&s);
+    let region = hbm(&s, &dev, 2 * MIB);
+    let m = s.map(&region).unwrap();
+    // SAFETY: nothing is registered yet; the mapping is this process's.
+    unsafe { std::ptr::write_bytes(m.as_ptr(), 0, (2 * MIB) as usize) };
+
+    let whole = s.register(&region, &dev, Access::ReadWrite).unwrap();
+    let (off, len) = (MIB + 4096 + 100, 64 * 1024);
+    let sub = s.register_range(&region, off, len, &dev, Access::ReadWrite).unwrap();
+    // The same daemon registration, at the sub-range's offset in it.
+    assert_eq!((sub.id(), sub.id_offset(), sub.iova(), sub.len()), (whole.id(), off, whole.iova() + off, len));
+    assert!(sub.cached());
+    below_mask(&sub);
+    let st = s.registration_stats();
+    assert_eq!((st.cache.hits, st.cache.range_hits, st.cache.misses, st.live), (1, 1, 1, 1));
+    assert_eq!(daemon_registrations(&env.daemon.socket).0, 1, "no second registration in the daemon");
+    // Another access is not answered by a read-write registration.
+    let ro = s.register_range(&region, off, len, &dev, Access::ReadOnly).unwrap();
+    assert_ne!(ro.id(), whole.id());
+    drop(ro);
+
+    // A copy to the sub-range's first byte lands at that offset of the region.
+    let host = s.alloc_host(len).unwrap();
+    // SAFETY: the buffer is not registered while it is filled.
+    unsafe { host.as_mut_slice() }.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8 + 1);
+    let src = s.register(&host, &dev, Access::ReadOnly).unwrap();
+    s.copy(sub.at(0), CopyEndpoint::from(&src), len).unwrap().wait().unwrap();
+    // SAFETY: the copy is done; nothing writes the region now.
+    let bytes = unsafe { m.as_slice() };
+    let at = off as usize;
+    assert_eq!(bytes[at - 1], 0, "the byte before the sub-range is untouched");
+    assert!((0..len as usize).all(|i| bytes[at + i] == (i % 251) as u8 + 1), "the copied bytes land at the offset");
+    assert_eq!(bytes[at + len as usize], 0, "the byte after the sub-range is untouched");
+
+    // Freed and reallocated: a sub-range of the new region never hits the old registration.
+    let hits = s.registration_stats().cache.hits;
+    drop((sub, whole, m, region));
+    let again = hbm(&s, &dev, 2 * MIB);
+    let fresh = s.register_range(&again, off, len, &dev, Access::ReadWrite).unwrap();
+    let st = s.registration_stats();
+    assert_eq!((st.cache.hits, st.cache.range_hits), (hits, 1), "a reallocation misses");
+    assert_eq!(fresh.id_offset(), 0, "a registration of its own");
+    drop((fresh, again, src, host));
+    assert_eq!(daemon_registrations(&env.daemon.socket).0, 0);
 }
 
 #[test]

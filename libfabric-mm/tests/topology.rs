@@ -140,3 +140,80 @@ fn the_c_abi_gives_the_same_path_and_allocates_nearest() {
         fmm_session_close(session);
     }
 }
+
+#[test]
+fn the_c_abi_ranks_nearest_memory_as_the_rust_api_does() {
+    use fabric_mm::ffi::{FMM_E_ARG, FMM_MEM_DRAM, FMM_MEM_HBM, FMM_OK, fmm_session_close, fmm_session_open};
+    use fabric_mm::ffi_path::{FMM_MEM_ANY, FmmNearMemory, fmm_nearest_memory};
+    use std::ffi::{CStr, CString};
+
+    let d = common::daemon();
+    let s = common::session(&d.socket);
+    let view = s.fabric_view().unwrap();
+    let gpu0 = id_of(&view, "gpu0");
+    let want = s.nearest_memory(&gpu0, None).unwrap();
+    let want_dram = s.nearest_memory(&gpu0, Some(MemoryClass::Dram)).unwrap();
+    assert!(want.len() > 2 && want_dram.len() == 2, "{want:#?}");
+
+    let sock = CString::new(d.socket.to_str().unwrap()).unwrap();
+    let dev = CString::new(gpu0.clone()).unwrap();
+    let mut session = std::ptr::null_mut();
+    // SAFETY: valid strings, out-pointers and arrays of the capacities passed; the
+    // session is closed below.
+    unsafe {
+        assert_eq!(fmm_session_open(sock.as_ptr(), 0, 1 << 44, &mut session), FMM_OK);
+        // Sizing call: no array, the count only.
+        let mut count = 0usize;
+        let nearest = |class, out: &mut [FmmNearMemory], count: &mut usize| {
+            fmm_nearest_memory(session, dev.as_ptr(), class, out.as_mut_ptr(), out.len(), count)
+        };
+        assert_eq!(nearest(FMM_MEM_ANY, &mut [], &mut count), FMM_OK);
+        assert_eq!(count, want.len());
+
+        let mut all = vec![std::mem::zeroed::<FmmNearMemory>(); count];
+        assert_eq!(nearest(FMM_MEM_ANY, &mut all, &mut count), FMM_OK);
+        assert_eq!(count, want.len());
+        for (got, want) in all.iter().zip(&want) {
+            assert_eq!(CStr::from_ptr(got.device.as_ptr()).to_str().unwrap(), want.device);
+            let class = match want.memory {
+                MemoryClass::Hbm => FMM_MEM_HBM,
+                MemoryClass::Dram => FMM_MEM_DRAM,
+                other => panic!("the HGX sim has no {other:?}"),
+            };
+            assert_eq!(got.memory_class, class);
+            assert_eq!(got.size, want.size);
+            assert_eq!(CStr::from_ptr(got.path.class.as_ptr()).to_str().unwrap(), want.path.class);
+            assert_eq!(got.path.bandwidth_mbps, want.path.bandwidth_mbps.unwrap_or(0), "0 for unknown");
+            assert_eq!(got.path.hops as usize, want.path.route.len());
+        }
+        // Nearest first: the GPU's own HBM, as the class `X`.
+        assert_eq!(CStr::from_ptr(all[0].device.as_ptr()).to_str().unwrap(), gpu0);
+        assert_eq!(CStr::from_ptr(all[0].path.class.as_ptr()).to_str().unwrap(), "X");
+
+        // One class; a short array gets the first entries and the full count.
+        let mut one = [std::mem::zeroed::<FmmNearMemory>(); 2];
+        one[1].size = 0xDEAD;
+        assert_eq!(nearest(FMM_MEM_DRAM, &mut one[..1], &mut count), FMM_OK);
+        assert_eq!(count, want_dram.len());
+        assert_eq!(CStr::from_ptr(one[0].device.as_ptr()).to_str().unwrap(), want_dram[0].device);
+        assert_eq!(one[1].size, 0xDEAD, "nothing written past the capacity");
+
+        // Refusals are typed, with a message.
+        assert_eq!(nearest(99, &mut one, &mut count), FMM_E_ARG);
+        assert_eq!(
+            fmm_nearest_memory(session, dev.as_ptr(), FMM_MEM_ANY, std::ptr::null_mut(), 1, &mut count),
+            FMM_E_ARG
+        );
+        assert_eq!(
+            fmm_nearest_memory(session, dev.as_ptr(), FMM_MEM_ANY, one.as_mut_ptr(), 2, std::ptr::null_mut()),
+            FMM_E_ARG
+        );
+        let nobody = CString::new("name:nowhere/nothing").unwrap();
+        assert_eq!(
+            fmm_nearest_memory(session, nobody.as_ptr(), FMM_MEM_ANY, one.as_mut_ptr(), 2, &mut count),
+            FMM_E_ARG
+        );
+        assert!(!CStr::from_ptr(fabric_mm::ffi::fmm_last_error()).to_bytes().is_empty());
+        fmm_session_close(session);
+    }
+}

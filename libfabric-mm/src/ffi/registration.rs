@@ -42,6 +42,8 @@ pub struct FmmRegistrationStats {
     pub live: u64,
     /// Bytes they cover.
     pub registered_bytes: u64,
+    /// Of the hits, those answered by a cached registration of a larger range.
+    pub range_hits: u64,
 }
 
 fn access(a: c_int) -> Result<Access, c_int> {
@@ -222,6 +224,19 @@ pub unsafe extern "C" fn fmm_registration_id(r: *const FmmRegistration) -> u64 {
     unsafe { r.as_ref() }.map_or(0, |r| r.0.id())
 }
 
+/// Where a registration's first byte lies in the daemon registration `fmm_registration_id`
+/// names: 0, unless the cache answered it from a registration of a larger range (0 for
+/// NULL). A `FMM_COPY_REGISTRATION` endpoint's `offset` counts from there:
+/// `{FMM_COPY_REGISTRATION, fmm_registration_id(r), fmm_registration_offset(r) + off}`.
+///
+/// # Safety
+/// `r` is NULL or a live registration.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_registration_offset(r: *const FmmRegistration) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { r.as_ref() }.map_or(0, |r| r.0.id_offset())
+}
+
 /// Drops a registration: unregistered unless the session's cache keeps it for reuse;
 /// pages `fmm_register_ptr` locked are unlocked.
 ///
@@ -257,6 +272,7 @@ pub unsafe extern "C" fn fmm_registration_stats(s: *const FmmSession, out: *mut 
             cached_bytes: st.cache.bytes,
             live: st.live,
             registered_bytes: st.registered_bytes,
+            range_hits: st.cache.range_hits,
         };
         // SAFETY: out is non-NULL and writable (the caller's contract).
         unsafe { out.write(v) };
