@@ -190,6 +190,8 @@ impl Memory {
             },
             _ => None,
         };
+        // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
+        let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
         let id = st.next_id;
         st.next_id += 1;
         st.dma.insert(
@@ -223,6 +225,7 @@ impl Memory {
             span,
             ?covers,
             ?access,
+            cpu_copy,
             "registered for DMA"
         );
         debug_assert!(iova.is_multiple_of(PAGE));
