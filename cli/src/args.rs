@@ -328,6 +328,13 @@ pub enum BenchCommand {
         /// Copies timed per size (the median is reported).
         #[arg(long, default_value_t = 9)]
         iterations: usize,
+        /// Copies in flight for the pipelined figure (the target's).
+        #[arg(long, default_value_t = 8)]
+        depth: usize,
+        /// Where the private daemons' state dirs go (default /dev/shm): a tmpfs mounted
+        /// with huge=always gives the sim regions huge pages.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// The control path through libfabric-mm (import + map + unmap, and the library's
     /// no-op) vs a bare Unix-socket echo with the same framing.

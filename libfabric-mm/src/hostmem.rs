@@ -73,7 +73,7 @@ impl HostBuffer {
             .ok_or_else(|| Error::InvalidArgument(format!("{len} bytes is too large for a host buffer")))?;
         let name = c"fabric-mm-host";
         // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if raw < 0 {
             return Err(Error::os("memfd_create for a host buffer")(std::io::Error::last_os_error()));
         }
@@ -82,6 +82,14 @@ impl HostBuffer {
         // SAFETY: ftruncate on our own descriptor; len fits off_t (checked above).
         if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
             return Err(Error::os("sizing a host buffer")(std::io::Error::last_os_error()));
+        }
+        // A host buffer never changes size: sealed so, fabricd may copy it with the CPU (a
+        // memory object no one can shrink cannot fault under the daemon). Best effort: an
+        // unsealed buffer is copied by the kernel, only slower.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS on our own descriptor takes an int and touches no memory.
+        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) } != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "host buffer not sealed");
         }
         let ulen = len as usize;
         // SAFETY: a new shared mapping of our memfd at an address the kernel picks; it

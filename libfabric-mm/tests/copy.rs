@@ -167,3 +167,33 @@ fn another_process_exports_and_this_one_imports_and_copies() {
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn host_buffers_are_sealed_so_the_engine_copies_them_with_the_cpu() {
+    let d = common::daemon();
+    let s = common::session(&d.socket);
+    let dev = common::gpu(&s);
+    let (a, b) = (s.alloc_host(2 * MIB).unwrap(), s.alloc_host(2 * MIB).unwrap());
+    let n = 2 * MIB as usize;
+    // SAFETY: the buffer is `n` bytes, and nothing else touches it yet.
+    unsafe { std::slice::from_raw_parts_mut(a.as_ptr(), n) }.iter_mut().enumerate().for_each(|(i, x)| {
+        *x = pattern(3, i);
+    });
+    let (ra, rb) = (s.register(&a, &dev, Access::ReadWrite).unwrap(), s.register(&b, &dev, Access::ReadWrite).unwrap());
+    let log = d.log();
+    for id in [ra.id(), rb.id()] {
+        let line = log
+            .lines()
+            .find(|l| l.contains("registered for DMA") && l.contains(&format!("registration={id} ")))
+            .unwrap_or_else(|| panic!("registration {id} not in the log:\n{log}"));
+        assert!(line.contains("cpu_copy=true"), "a host buffer is not sealed against shrinking: {line}");
+    }
+    let reg = |r: &fabric_mm::Registration, offset| CopyEndpoint::Registration { id: r.id(), offset };
+    let c = s.copy(reg(&rb, 4096), reg(&ra, 5), MIB).unwrap();
+    assert_eq!(c.wait().unwrap(), MIB);
+    // SAFETY: the copy is done; nothing writes `b` now.
+    let got = unsafe { std::slice::from_raw_parts(b.as_ptr(), n) };
+    assert!(got[..4096].iter().all(|&x| x == 0));
+    assert!((0..MIB as usize).all(|i| got[4096 + i] == pattern(3, i + 5)), "the CPU copy's bytes differ");
+    assert!(got[4096 + MIB as usize..].iter().all(|&x| x == 0));
+}

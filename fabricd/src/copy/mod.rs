@@ -9,10 +9,14 @@
 //!
 //! How bytes move (`chunk.rs`): the kernel copies, never a load or store of the daemon —
 //! a client holds a descriptor of the memory and may shrink it, and the kernel turns the
-//! fault that would be `SIGBUS` into an error:
+//! fault that would be `SIGBUS` into an error — except where no one can shrink it:
+//! - between two registrations of memfds sealed with `F_SEAL_SHRINK` (checked when
+//!   registered: [`crate::dma::sys::cannot_shrink`]): the CPU, one `memcpy` between the
+//!   pinned mappings;
 //! - a region or memory-object source into a daemon-held destination: `pread` from the
 //!   source's file straight into the destination's mapping (one copy, and the source
-//!   needs no mapping);
+//!   needs no mapping); a region destination by GFA is mapped once and the mapping kept
+//!   for later chunks and copies (`regionmap.rs`);
 //! - a daemon-held side to or from a client's memory: `process_vm_writev`/`readv` from or
 //!   into the daemon's mapping (one copy);
 //! - client to client: both, through a per-engine buffer (two copies).
@@ -30,6 +34,7 @@
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
 
+mod regionmap;
 mod sys;
 
 use std::collections::{HashMap, VecDeque};
@@ -85,6 +90,8 @@ struct Job {
     left: AtomicUsize,
     /// Bytes of the chunks done.
     done: AtomicU64,
+    /// Whether the CPU moved a chunk (sealed memory on both sides), for the log.
+    cpu: AtomicBool,
     /// The first chunk failure: code and words.
     failed: Mutex<Option<(ErrorCode, String)>>,
     sink: Sink,
@@ -115,6 +122,8 @@ struct Shared {
     per_session: Mutex<HashMap<u64, u32>>,
     next_id: AtomicU64,
     metrics: Arc<Metrics>,
+    /// Regions' kept destination mappings.
+    maps: regionmap::RegionMaps,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,6 +187,7 @@ impl CopyEngine {
             per_session: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
+            maps: regionmap::RegionMaps::default(),
         });
         let mut threads = Vec::new();
         for i in 0..config.engines {
@@ -226,6 +236,7 @@ impl CopyEngine {
             gate: RwLock::new(None),
             left: AtomicUsize::new(n),
             done: AtomicU64::new(0),
+            cpu: AtomicBool::new(false),
             failed: Mutex::new(None),
             sink,
         });
@@ -250,6 +261,8 @@ impl CopyEngine {
     /// unregister, free, release, revocation or lost device), waiting for their chunks
     /// in flight; returns how many were stopped.
     pub fn sweep(&self, memory: &Memory) -> usize {
+        // A gone region's kept mapping goes too (a chunk still using it holds it).
+        self.shared.maps.retain(|id| memory.copy_dep_gone(&[Dep::Region(id)]).is_none());
         let jobs: Vec<Arc<Job>> = lock(&self.shared.jobs).values().cloned().collect();
         let mut stopped = 0;
         for job in jobs {
@@ -309,14 +322,14 @@ fn engine(s: &Shared) {
                 q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
-        run_chunk(&chunk, &mut bounce);
+        run_chunk(&chunk, &mut bounce, &s.maps);
         if chunk.job.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             finish(s, &chunk.job);
         }
     }
 }
 
-fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>) {
+fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
     let job = &c.job;
     let gate = job.gate.read().unwrap_or_else(|p| p.into_inner());
     if gate.is_some() || lock(&job.failed).is_some() {
@@ -334,7 +347,13 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>) {
                 };
                 (code, crate::error_chain(&e))
             }),
-        None => chunk::copy(&job.dst, &job.src, c.at, c.len, bounce).map_err(|e| (e.code(), e.to_string())),
+        None => chunk::copy(&job.dst, &job.src, c.at, c.len, bounce, maps)
+            .map(|cpu| {
+                if cpu {
+                    job.cpu.store(true, Ordering::Relaxed);
+                }
+            })
+            .map_err(|e| (e.code(), e.to_string())),
     };
     match moved {
         Ok(()) => {
@@ -374,7 +393,8 @@ fn finish(s: &Shared, job: &Arc<Job>) {
         CopyResult::Failed { code, .. } => Some(*code),
     };
     s.metrics.copy_done(code, bytes);
-    tracing::debug!(copy = job.id, session = job.session, len = job.len, bytes, ok = code.is_none(), "copy done");
+    let cpu = job.cpu.load(Ordering::Relaxed);
+    tracing::debug!(copy = job.id, session = job.session, len = job.len, bytes, ok = code.is_none(), cpu, "copy done");
     // A closed connection has no one to tell.
     let _ = job.sink.send((job.request_id, CopyDone { copy: job.id, result, bytes }));
 }

@@ -1,10 +1,12 @@
-//! The system calls of the copy engine: a chunk's own mapping of a memory file, and
-//! `process_vm_readv`/`process_vm_writev` between a daemon mapping and a process (the
-//! daemon itself included). Every `unsafe` block of the copy engine is here.
+//! The system calls of the copy engine: a chunk's own mapping of a memory file (or a
+//! region's, kept), and `process_vm_readv`/`process_vm_writev` between a daemon mapping and
+//! a process (the daemon itself included); and the one CPU copy, between mappings of
+//! files that cannot shrink. Every `unsafe` block of the copy engine is here.
 //!
-//! The daemon never loads or stores through these mappings: a client may shrink the file
-//! behind one (it holds a descriptor), and a load would then be `SIGBUS`. The kernel does
-//! the copy instead, where such a fault is an `EFAULT` return.
+//! The daemon never loads or stores through a mapping of a file a client may shrink (it
+//! holds a descriptor), as a load would then be `SIGBUS`: the kernel does the copy
+//! instead, where such a fault is an `EFAULT` return. [`cpu_copy`] is for memory that
+//! cannot shrink only (sealed memfds: [`crate::dma::sys::cannot_shrink`]).
 
 use std::fs::File;
 use std::io;
@@ -14,7 +16,8 @@ use std::ptr::NonNull;
 /// Page size the mappings align to.
 const PAGE: u64 = 4096;
 
-/// A shared mapping of part of a file, made for one chunk and unmapped on drop.
+/// A shared mapping of part of a file, made for one chunk (or kept for a region) and
+/// unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
     base: NonNull<libc::c_void>,
@@ -30,9 +33,10 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes of `file` from `offset` (any alignment), populated, writable
-    /// when `writable`.
-    pub fn new(file: &File, offset: u64, len: u64, writable: bool) -> io::Result<Self> {
+    /// Maps `len` bytes of `file` from `offset` (any alignment), writable when
+    /// `writable`, populated when `populate` (else the kernel's copies fault pages in as
+    /// they go, and the mapping asks for huge pages).
+    pub fn new(file: &File, offset: u64, len: u64, writable: bool, populate: bool) -> io::Result<Self> {
         let overflow = || io::Error::from_raw_os_error(libc::EOVERFLOW);
         let first = offset - offset % PAGE;
         let lead = offset - first;
@@ -45,7 +49,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 map_len,
                 prot,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 },
                 file.as_raw_fd(),
                 off,
             )
@@ -54,6 +58,11 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(p).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        if !populate {
+            // Advice only (tmpfs `huge=advise`); failure changes nothing.
+            // SAFETY: advice on the mapping just made, `map_len` bytes.
+            unsafe { libc::madvise(p, map_len, libc::MADV_HUGEPAGE) };
+        }
         Ok(Self { base, map_len, lead: usize::try_from(lead).map_err(|_| overflow())? })
     }
 
@@ -90,6 +99,18 @@ pub fn vm_read(pid: i32, local: usize, remote: u64, len: u64) -> io::Result<()> 
 /// `pid`, retrying short transfers (see [`vm_read`]).
 pub fn vm_write(pid: i32, local: usize, remote: u64, len: u64) -> io::Result<()> {
     vm_move(pid, local, remote, len, true)
+}
+
+/// Copies `len` bytes from address `src` to address `dst` with the CPU (`memcpy`).
+///
+/// # Safety
+/// Both ranges lie inside live mappings of files that cannot shrink (so no load or store
+/// can fault), `dst` writable, the two ranges do not overlap, and no Rust reference
+/// covers either: the memory is shared with clients, which may touch it meanwhile (a
+/// copy racing with its own client's stores gets torn bytes, as a device's DMA would).
+pub unsafe fn cpu_copy(dst: usize, src: usize, len: u64) {
+    // SAFETY: the caller's contract: valid, non-overlapping, fault-free ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len as usize) }
 }
 
 /// At most this many bytes per call, so that a huge chunk cannot overflow `ssize_t`.
@@ -172,8 +193,8 @@ mod tests {
         src.write_all(&data).unwrap();
         let mut dst = tempfile::tempfile().unwrap();
         dst.set_len(3 * PAGE).unwrap();
-        let s = Mapping::new(&src, 100, 2 * PAGE, false).unwrap();
-        let d = Mapping::new(&dst, 7, 2 * PAGE, true).unwrap();
+        let s = Mapping::new(&src, 100, 2 * PAGE, false, true).unwrap();
+        let d = Mapping::new(&dst, 7, 2 * PAGE, true, false).unwrap();
         vm_read(own_pid(), d.addr(), s.addr() as u64, 2 * PAGE).unwrap();
         drop(d);
         let mut out = Vec::new();
@@ -181,14 +202,14 @@ mod tests {
         dst.read_to_end(&mut out).unwrap();
         assert_eq!(&out[7..7 + 2 * PAGE as usize], &data[100..100 + 2 * PAGE as usize]);
         // The same through pread, without mapping the source.
-        let d = Mapping::new(&dst, 0, PAGE, true).unwrap();
+        let d = Mapping::new(&dst, 0, PAGE, true, true).unwrap();
         pread_into(&src, d.addr(), 5, PAGE).unwrap();
         drop(d);
         let mut out = vec![0; PAGE as usize];
         std::os::unix::fs::FileExt::read_exact_at(&dst, &mut out, 0).unwrap();
         assert_eq!(out, &data[5..5 + PAGE as usize]);
         // The source shrinks under the mapping: the kernel reports it, no SIGBUS.
-        let d = Mapping::new(&dst, 0, 2 * PAGE, true).unwrap();
+        let d = Mapping::new(&dst, 0, 2 * PAGE, true, true).unwrap();
         src.set_len(0).unwrap();
         assert!(vm_read(own_pid(), d.addr(), s.addr() as u64, 2 * PAGE).is_err());
         assert!(pread_into(&src, d.addr(), 0, PAGE).is_err());

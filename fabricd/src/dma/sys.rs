@@ -47,9 +47,11 @@ pub enum PinError {
 }
 
 /// A shared mapping of a file range, locked in memory; unlocked and unmapped on drop.
-/// The daemon never reads or writes through it (a client may shrink the file under it,
-/// and a load then would be `SIGBUS`): it exists to pin the pages. Copies go through the
-/// descriptor ([`Pinned::file`]) with `pread`/`pwrite`.
+/// The daemon never reads or writes through it when a client may shrink the file under
+/// it (a load then would be `SIGBUS`): copies then go through the descriptor
+/// ([`Pinned::file`]) with `pread`/`pwrite`. Only when the file cannot shrink
+/// ([`Pinned::cannot_shrink`]: a memfd sealed with `F_SEAL_SHRINK`) may the copy engine
+/// load and store through it.
 #[derive(Debug)]
 pub struct Pinned {
     ptr: NonNull<libc::c_void>,
@@ -57,6 +59,7 @@ pub struct Pinned {
     file: File,
     offset: u64,
     writable: bool,
+    cannot_shrink: bool,
 }
 
 // SAFETY: the mapping is only created and destroyed (never dereferenced) by the owner, and
@@ -80,7 +83,13 @@ impl Pinned {
             return Err(map_err(io::Error::last_os_error()));
         }
         let ptr = NonNull::new(p).ok_or_else(|| map_err(io::Error::from_raw_os_error(libc::EFAULT)))?;
-        let pinned = Self { ptr, len: ulen, file, offset, writable };
+        // Checked once, on the descriptor that is mapped: seals are never removed.
+        let cannot_shrink = cannot_shrink(&file);
+        let pinned = Self { ptr, len: ulen, file, offset, writable, cannot_shrink };
+        // Huge pages where the file's filesystem gives them (tmpfs `huge=advise`): fewer
+        // pages for the kernel's copies to walk. Advice only; failure changes nothing.
+        // SAFETY: advice on the mapping made above, `ulen` bytes.
+        unsafe { libc::madvise(ptr.as_ptr(), ulen, libc::MADV_HUGEPAGE) };
         // SAFETY: locks the mapping made above, which is `ulen` bytes long.
         if unsafe { libc::mlock(ptr.as_ptr(), ulen) } != 0 {
             let e = io::Error::last_os_error();
@@ -111,6 +120,12 @@ impl Pinned {
         self.writable
     }
 
+    /// Whether no one can shrink the file (see [`cannot_shrink`]): then a load or store
+    /// through the mapping cannot fault, and the copy engine may `memcpy` through it.
+    pub fn cannot_shrink(&self) -> bool {
+        self.cannot_shrink
+    }
+
     /// Offset of the pinned range in the file.
     pub fn offset(&self) -> u64 {
         self.offset
@@ -135,6 +150,31 @@ impl Drop for Pinned {
             libc::munmap(self.ptr.as_ptr(), self.len);
         }
     }
+}
+
+/// `tmpfs`' `f_type` (`TMPFS_MAGIC`): memfds live there unless made with `MFD_HUGETLB`.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether no process can ever shrink `file`, so that every page of it a mapping covers
+/// (within its size now) stays there: a memfd on tmpfs sealed with `F_SEAL_SHRINK`. Seals
+/// cannot be removed, and a regular file (even on tmpfs) cannot be sealed. Holes punched
+/// into such a memfd refault as zero pages, never `SIGBUS`; hugetlbfs memfds are left out
+/// (a refault there can fail with `SIGBUS` when the huge page pool is empty).
+pub fn cannot_shrink(file: &File) -> bool {
+    // SAFETY: F_GET_SEALS takes no argument and touches no memory of ours.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return false;
+    }
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs into `fs`, which lives across the call.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let magic = fs.f_type as i64;
+    magic == TMPFS_MAGIC
 }
 
 /// The soft `RLIMIT_MEMLOCK` of this process (`u64::MAX`: unlimited).
@@ -285,5 +325,38 @@ VmFlags: rd mr mw me ac \n";
         let fd = pidfd_open(pid).unwrap();
         assert!(pidfd_alive(std::os::fd::AsFd::as_fd(&fd)));
         drop(buf);
+    }
+
+    /// A memfd made with `MFD_ALLOW_SEALING` and `len` bytes, sealed with `seals`.
+    fn sealed_memfd(len: u64, seals: i32) -> File {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(c"seal-test".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0);
+        // SAFETY: the descriptor was just made and nothing else owns it.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(len).expect("set_len");
+        // SAFETY: F_ADD_SEALS takes an int and touches no memory of ours.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) }, 0);
+        f
+    }
+
+    #[test]
+    fn only_a_memfd_sealed_against_shrinking_cannot_shrink() {
+        let sealed = sealed_memfd(8192, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW);
+        assert!(cannot_shrink(&sealed));
+        // The seal holds: the kernel refuses to shrink it.
+        assert!(sealed.set_len(0).is_err());
+        let p = Pinned::new(sealed, 0, 8192, true);
+        // Pinning may be refused by RLIMIT_MEMLOCK; when it works, the mapping knows.
+        if let Ok(p) = p {
+            assert!(p.cannot_shrink());
+        }
+        // Growing sealed, shrinking not: it can shrink.
+        assert!(!cannot_shrink(&sealed_memfd(8192, libc::F_SEAL_GROW)));
+        // No seals at all.
+        assert!(!cannot_shrink(&sealed_memfd(8192, 0)));
+        // A regular file cannot be sealed.
+        assert!(!cannot_shrink(&tempfile::tempfile().expect("tempfile")));
     }
 }

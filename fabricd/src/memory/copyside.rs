@@ -37,6 +37,10 @@ pub enum Side {
         offset: u64,
         /// Opened for writing.
         writable: bool,
+        /// The region whose file it is (its kept mapping is found by this id).
+        region: u64,
+        /// Bytes of the region, from byte 0 of the file.
+        region_len: u64,
     },
     /// A client's own memory (a process-backed registration).
     Process {
@@ -226,7 +230,7 @@ impl Memory {
         let key = file_key(&file, offset);
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
         Ok(Resolved {
-            side: Side::File { file: Arc::new(file), offset, writable: write },
+            side: Side::File { file: Arc::new(file), offset, writable: write, region: rid, region_len: r.len },
             deps,
             device,
             key,

@@ -192,6 +192,8 @@ impl Memory {
             },
             _ => None,
         };
+        // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
+        let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
         let id = st.next_id;
         st.next_id += 1;
         st.dma.insert(
@@ -225,6 +227,7 @@ impl Memory {
             span,
             ?covers,
             ?access,
+            cpu_copy,
             "registered for DMA"
         );
         debug_assert!(iova.is_multiple_of(PAGE));

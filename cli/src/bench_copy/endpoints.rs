@@ -1,0 +1,152 @@
+//! The endpoints `bench copy` copies between — two regions (by registration and by GFA)
+//! and two sealed memfds of fabricctl's registered — and the two ways a copy is timed:
+//! one at a time (request to `CopyDone`) and pipelined (`depth` copies in flight).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use fabric_proto::wire::{
+    AccessMode, AllocRequest, AllocTarget, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName, Event,
+    FrameKind, Header, MemoryClass, Message, Opcode, RegisterRequest, RegisterSource, Request, Response, recv_message,
+    send_message,
+};
+
+use super::{CopyBenchError, call_err, io_err};
+
+/// A region's GFA and, when the daemon could pin it, its registration.
+pub(super) struct Region {
+    pub gfa: u64,
+    pub registration: Option<u64>,
+}
+
+fn register(c: &mut Connection, device: &str, source: RegisterSource, len: u64, fd: Option<&OwnedFd>) -> Option<u64> {
+    let req = Request::Register(RegisterRequest {
+        device: DeviceName::truncated(device),
+        source,
+        offset: 0,
+        len,
+        access: AccessMode::ReadWrite,
+    });
+    let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
+    match c.call(req, &fds) {
+        Ok((Response::Register(r), _)) => Some(r.registration),
+        // Pinning refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK).
+        _ => None,
+    }
+}
+
+/// Allocates an HBM region of `size` bytes on `device` and registers it.
+pub(super) fn region(c: &mut Connection, device: &str, size: u64) -> Result<Region, CopyBenchError> {
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
+        size,
+        align: 0,
+    });
+    let (resp, _fds) = c.call(req, &[]).map_err(call_err("alloc"))?;
+    let Response::Alloc(a) = resp else { return Err(CopyBenchError::Unexpected("alloc answer")) };
+    let gfa = a.gfa.ok_or(CopyBenchError::Unexpected("a region without a GFA"))?;
+    let registration = register(c, device, RegisterSource::Region(a.region), size, None);
+    Ok(Region { gfa, registration })
+}
+
+/// A memfd of `size` bytes sealed against shrinking and growing (and further sealing),
+/// registered on `device`: memory the daemon may copy with the CPU. The descriptor is
+/// kept open for the registration's life. `None` when the daemon could not pin it.
+pub(super) fn sealed_memfd(
+    c: &mut Connection,
+    device: &str,
+    size: u64,
+) -> Result<Option<(OwnedFd, u64)>, CopyBenchError> {
+    // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
+    let fd =
+        unsafe { libc::memfd_create(c"fabricctl-bench-copy".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io_err("memfd_create")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptor was just made and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    File::from(fd.try_clone().map_err(io_err("dup of the memfd"))?)
+        .set_len(size)
+        .map_err(io_err("sizing the memfd"))?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: F_ADD_SEALS takes an int and touches no memory of ours.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io_err("sealing the memfd")(std::io::Error::last_os_error()));
+    }
+    Ok(register(c, device, RegisterSource::Fd, size, Some(&fd)).map(|id| (fd, id)))
+}
+
+/// Issues one copy; returns its id.
+fn issue(c: &mut Connection, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<u64, CopyBenchError> {
+    let (resp, _) = c.call(Request::Copy(CopyRequest { dst, src, len }), &[]).map_err(call_err("copy"))?;
+    let Response::Copy(r) = resp else { return Err(CopyBenchError::Unexpected("copy answer")) };
+    Ok(r.copy)
+}
+
+/// Waits for the completion of one of `ids` and takes it out; an incomplete copy is an error.
+fn complete(c: &mut Connection, ids: &mut HashSet<u64>, len: u64) -> Result<(), CopyBenchError> {
+    loop {
+        if let Event::CopyDone(d) = c.next_event().map_err(call_err("copy completion"))?
+            && ids.remove(&d.copy)
+        {
+            return match d.result {
+                CopyResult::Ok if d.bytes == len => Ok(()),
+                result => Err(CopyBenchError::CopyFailed { len, result }),
+            };
+        }
+    }
+}
+
+/// One copy at a time: request to completion.
+pub(super) fn one_copy(
+    c: &mut Connection,
+    dst: CopyEndpoint,
+    src: CopyEndpoint,
+    len: u64,
+) -> Result<Duration, CopyBenchError> {
+    let t = Instant::now();
+    let id = issue(c, dst, src, len)?;
+    complete(c, &mut HashSet::from([id]), len)?;
+    Ok(t.elapsed())
+}
+
+/// Request ids of pipelined copies: far above those the connection numbers its calls with.
+const PIPE_IDS: u64 = 1 << 48;
+
+/// `total` copies with `depth` in flight, all of the same ranges (the working set of the
+/// memcpy baseline): the wall time of the batch. Requests are written without waiting for
+/// their answers — a queue the client keeps full, as a DMA engine's ring is — and a new
+/// one goes as each completes. Every answer and completion is read before returning, so
+/// that `c` is left with nothing pending; no other copy may be in flight on `c`.
+pub(super) fn pipelined(
+    c: &mut Connection,
+    dst: CopyEndpoint,
+    src: CopyEndpoint,
+    len: u64,
+    depth: usize,
+    total: usize,
+) -> Result<Duration, CopyBenchError> {
+    let t = Instant::now();
+    let (mut issued, mut answered, mut done) = (0, 0, 0);
+    while done < total || answered < total {
+        while issued < total && issued - done < depth {
+            let id = PIPE_IDS + issued as u64;
+            let header = Header { version: c.version(), ..Header::new(Opcode::Copy, FrameKind::Request, id) };
+            let req = Message::Request(Request::Copy(CopyRequest { dst, src, len }));
+            send_message(c.stream(), &header, &req, &[]).map_err(call_err("copy"))?;
+            issued += 1;
+        }
+        match recv_message(c.stream()).map_err(call_err("copy answer"))? {
+            (h, Message::Response(Response::Copy(_)), _) if h.request_id >= PIPE_IDS => answered += 1,
+            (_, Message::Event(Event::CopyDone(d)), _) => match d.result {
+                CopyResult::Ok if d.bytes == len => done += 1,
+                result => return Err(CopyBenchError::CopyFailed { len, result }),
+            },
+            (_, Message::Error(_), _) => return Err(CopyBenchError::Unexpected("a pipelined copy was refused")),
+            _ => {}
+        }
+    }
+    Ok(t.elapsed())
+}
