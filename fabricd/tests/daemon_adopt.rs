@@ -253,7 +253,8 @@ fn adopted_objects_are_not_journaled_and_end_with_the_daemon() {
     assert!(s.problems.iter().all(|p| !p.detail.as_str().contains(&format!("region {}", r.region))), "{s:?}");
     assert!(!d.log().contains("panicked"), "{}", d.log());
     // The ordinary region's export was journaled and still imports.
-    let (resp, fds) = b.call(Request::Import(ImportRequest { handle: ph, access: AccessMode::ReadWrite }), &[]).unwrap();
+    let (resp, fds) =
+        b.call(Request::Import(ImportRequest { handle: ph, access: AccessMode::ReadWrite }), &[]).unwrap();
     assert!(matches!(resp, Response::Import(ref i) if i.region == plain.region), "{resp:?}");
     assert_eq!(fds.len(), 1);
 }

@@ -195,8 +195,12 @@ impl State {
         }
         regions.sort_by_key(|r| r.id);
         set_regions.sort_by_key(|r| r.region.id);
-        let exports =
-            self.exports.iter().filter(|e| !self.objects.contains_key(&e.handle.region)).map(Self::export_record).collect();
+        let exports = self
+            .exports
+            .iter()
+            .filter(|e| !self.objects.contains_key(&e.handle.region))
+            .map(Self::export_record)
+            .collect();
         Snapshot { next_id: self.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
     }
 
