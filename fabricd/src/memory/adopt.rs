@@ -205,3 +205,67 @@ impl Memory {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::os::fd::FromRawFd;
+
+    use fabric_topology::{Device, DeviceKind, Inventory, MemoryResource};
+
+    use super::*;
+    use crate::config::LimitsConfig;
+
+    const MIB: u64 = 1 << 20;
+
+    fn inventory(sources: &[&str]) -> (Inventory, DeviceId) {
+        let id = DeviceId::uuid("GPU-74ea8f39-337d-2bff-f79c-f2f5ed86e4ee");
+        let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+        d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1 << 30, hpa: None, numa_node: None });
+        d.memory.push(MemoryResource { kind: MemoryKind::Dram, size: 1 << 30, hpa: None, numa_node: None });
+        d.sources = sources.iter().map(|s| (*s).to_owned()).collect();
+        let mut inv = Inventory::default();
+        inv.add_device(d).unwrap();
+        (inv, id)
+    }
+
+    fn memfd() -> OwnedFd {
+        // SAFETY: a NUL-terminated name and no flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"object".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: the descriptor was just created and is owned by nothing else.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    const ME: PeerCred = PeerCred { pid: 1, uid: 1000, gid: 1000 };
+
+    #[test]
+    fn a_real_gpus_hbm_is_adopted_not_allocated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory(&["pci", "nvml"]);
+        let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
+        let hbm = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+        // A file per region would only pretend to be HBM: refused, with the way to do it.
+        let e = m.alloc(&ME, 1, &hbm, 2 * MIB, 0).unwrap_err();
+        assert!(matches!(&e, MemoryError::NotImplemented(w) if w.contains("Adopt")), "{e}");
+        // Host memory is real memory either way.
+        let dram = Place { device: gpu.clone(), kind: MemoryKind::Dram, ordinal: None };
+        m.alloc(&ME, 1, &dram, 2 * MIB, 0).unwrap();
+        // The driver's allocation, adopted, takes the resource's lowest range.
+        let a = m.adopt(&ME, 1, &hbm, 3 * MIB, ObjectKind::CudaPosixFd, memfd()).unwrap();
+        assert_eq!(a.size, 3 * MIB);
+        let Some(super::super::Whereabouts::Resource { offset, len, .. }) = m.whereabouts(a.region) else { panic!() };
+        assert_eq!((offset, len), (0, 4 * MIB));
+        assert_eq!(m.counts().allocated_bytes, 6 * MIB);
+    }
+
+    #[test]
+    fn a_sim_gpus_hbm_is_allocated_as_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory(&["sim"]);
+        let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
+        let hbm = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+        m.alloc(&ME, 1, &hbm, 2 * MIB, 0).unwrap();
+    }
+}

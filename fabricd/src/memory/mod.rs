@@ -140,6 +140,29 @@ struct Resource {
     lost: bool,
     /// The device file its regions are ranges of (`None`: a sim file per region).
     backing: Option<backing::DeviceBacking>,
+    /// The device comes from a sim fabric, whose memory is a file per region.
+    simulated: bool,
+}
+
+impl Resource {
+    /// Why `Alloc` cannot make a region here, when it cannot: device memory of a real
+    /// device (HBM, CXL) that no configured device file backs. A file per region would
+    /// only pretend to be that memory; host memory (DRAM, exported host memory) is real
+    /// either way.
+    fn unserved(&self) -> Option<String> {
+        let device_memory = !matches!(self.kind, MemoryKind::Dram | MemoryKind::HostExported);
+        (device_memory && !self.simulated && self.backing.is_none()).then(|| match self.kind {
+            MemoryKind::Hbm => format!(
+                "{}'s HBM is allocated by its driver: allocate it with the vendor API (fabric_mm::cuda) and hand it to fabricd with Adopt",
+                self.device
+            ),
+            _ => format!(
+                "{}'s {} memory is served only through a device file: name its DAX device in [memory] dax",
+                self.device,
+                kind_name(self.kind)
+            ),
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -352,6 +375,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
             ranges: RangeAllocator::new(m.size),
             lost: false,
             backing: None,
+            simulated: dev.sources.iter().any(|s| s == "sim"),
         });
     }
     Ok(out)
@@ -472,6 +496,11 @@ impl Memory {
         if candidates.iter().all(|&i| st.resources[i].lost) {
             return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
         }
+        if let Some(why) = candidates.iter().map(|&i| st.resources[i].unserved()).collect::<Option<Vec<_>>>() {
+            return Err(MemoryError::NotImplemented(why.into_iter().next().unwrap_or_default()));
+        }
+        let candidates: Vec<usize> =
+            candidates.into_iter().filter(|&i| st.resources[i].unserved().is_none()).collect();
         let candidates: Vec<usize> = candidates.into_iter().filter(|&i| !st.resources[i].lost).collect();
         let mut last = None;
         let mut placed = None;
