@@ -328,9 +328,12 @@ pub enum BenchCommand {
         /// Copies timed per size (the median is reported).
         #[arg(long, default_value_t = 9)]
         iterations: usize,
-        /// Copies in flight for the pipelined figure (the target's).
+        /// Requests in flight for the pipelined and batched figures.
         #[arg(long, default_value_t = 8)]
         depth: usize,
+        /// Copies per request for the batched figure (CopyBatch, 1 to 64).
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
         /// Where the private daemons' state dirs go (default /dev/shm): a tmpfs mounted
         /// with huge=always gives the sim regions huge pages.
         #[arg(long, value_name = "DIR")]

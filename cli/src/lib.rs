@@ -162,13 +162,14 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 let r = bench_control::control(&opts)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
-            BenchCommand::Copy { sim, sizes, engines, iterations, depth, dir } => {
+            BenchCommand::Copy { sim, sizes, engines, iterations, depth, batch, dir } => {
                 let opts = bench_copy::CopyOptions {
                     sim: sim.clone(),
                     sizes: sizes.clone(),
                     engines: engines.clone(),
                     iterations: *iterations,
                     depth: *depth,
+                    batch: *batch,
                     dir: dir.clone(),
                 };
                 let r = bench_copy::copy(&opts)?;

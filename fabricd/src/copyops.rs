@@ -1,10 +1,12 @@
-//! The `Copy` operation on the wire: endpoints checked and resolved, the copy queued on
-//! the [`crate::copy`] engine, its id answered at once; the completion travels later as a
-//! `CopyDone` event on the issuing connection.
+//! The `Copy` and `CopyBatch` operations on the wire: endpoints checked and resolved, the
+//! copy (or batch) queued on the [`crate::copy`] engine, its id answered at once; the
+//! completion travels later as a `CopyDone` event on the issuing connection.
 
-use fabric_proto::wire::{CopyEndpoint, CopyRequest, CopyResponse, ErrorBody, ErrorCode, ErrorDetail, Name, Response};
+use fabric_proto::wire::{
+    CopyBatchRequest, CopyEndpoint, CopyRequest, CopyResponse, ErrorBody, ErrorCode, ErrorDetail, Name, Response,
+};
 
-use crate::copy::{CopyError, DeviceCopy, NewCopy, Sink};
+use crate::copy::{CopyError, DeviceCopy, NewBatch, NewCopy, Sink};
 use crate::daemon::Daemon;
 use crate::memops::refused;
 use crate::memory::Resolved;
@@ -17,35 +19,45 @@ fn overlaps(a: &Resolved, b: &Resolved, len: u64) -> bool {
     (ka.0, ka.1, ka.2) == (kb.0, kb.1, kb.2) && ka.3 < kb.3.saturating_add(len) && kb.3 < ka.3.saturating_add(len)
 }
 
-/// `Copy`: queues `req` for `session`; the completion goes to `sink` under `request_id`.
-pub fn copy(
-    d: &Daemon,
-    caller: &Caller,
+/// What resolving a copy's endpoints needs: the map snapshot and the caller's devices
+/// when a side is a GFA.
+struct Resolver<'a> {
+    d: &'a Daemon,
+    caller: &'a Caller,
     session: u64,
-    request_id: u64,
-    req: CopyRequest,
-    sink: Sink,
-) -> Result<Response, ErrorBody> {
-    caller.require_scope()?;
-    if req.len == 0 {
-        return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
+    snap: Option<std::sync::Arc<fabric_addrmap::Snapshot>>,
+    members: Option<std::collections::HashSet<fabric_topology::DeviceId>>,
+}
+
+impl<'a> Resolver<'a> {
+    fn new(d: &'a Daemon, caller: &'a Caller, session: u64, reqs: &[CopyRequest]) -> Result<Self, ErrorBody> {
+        caller.require_scope()?;
+        let gfa = |e: CopyEndpoint| matches!(e, CopyEndpoint::Gfa(_));
+        let snap = reqs.iter().any(|r| gfa(r.dst) || gfa(r.src)).then(|| d.map().snapshot());
+        let members = match &snap {
+            Some(s) => caller.members(s)?,
+            None => None,
+        };
+        Ok(Self { d, caller, session, snap, members })
     }
-    let gfa = |e: CopyEndpoint| matches!(e, CopyEndpoint::Gfa(_));
-    let snap = (gfa(req.dst) || gfa(req.src)).then(|| d.map().snapshot());
-    let members = match &snap {
-        Some(s) => caller.members(s)?,
-        None => None,
-    };
-    let resolve = || -> Result<NewCopy, ErrorBody> {
-        let snap = snap.clone().unwrap_or_else(|| d.map().snapshot());
+
+    /// One copy's sides, checked (partitions, overlap) and resolved.
+    fn resolve(&self, req: &CopyRequest) -> Result<NewCopy, ErrorBody> {
+        if req.len == 0 {
+            return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
+        }
+        let snap = self.snap.clone().unwrap_or_else(|| self.d.map().snapshot());
         let side = |ep, write| {
-            let r = d.memory.copy_endpoint(session, &snap, ep, req.len, write).map_err(|e| refused(&e))?;
-            if let (Some(m), Some(dev)) = (&members, &r.device)
+            let r = self.d.memory.copy_endpoint(self.session, &snap, ep, req.len, write).map_err(|e| refused(&e))?;
+            if let (Some(m), Some(dev)) = (&self.members, &r.device)
                 && !m.contains(dev)
             {
                 return Err(refusal(
                     ErrorCode::PermissionDenied,
-                    format!("the memory lies on {dev}, outside the caller's partitions ({})", caller.partition_names()),
+                    format!(
+                        "the memory lies on {dev}, outside the caller's partitions ({})",
+                        self.caller.partition_names()
+                    ),
                 ));
             }
             Ok(r)
@@ -66,8 +78,13 @@ pub fn copy(
             _ => None,
         };
         Ok(NewCopy { dst: dst.side, src: src.side, len: req.len, deps, device })
-    };
-    match d.copies.submit(session, request_id, sink, resolve) {
+    }
+}
+
+/// The answer to a copy or batch the engine queued or refused.
+fn queued(r: Result<Result<u64, ErrorBody>, CopyError>, batch: bool) -> Result<Response, ErrorBody> {
+    match r {
+        Ok(Ok(copy)) if batch => Ok(Response::CopyBatch(CopyResponse { copy })),
         Ok(Ok(copy)) => Ok(Response::Copy(CopyResponse { copy })),
         Ok(Err(e)) => Err(e),
         Err(e @ CopyError::TooMany { in_flight, max }) => {
@@ -82,4 +99,49 @@ pub fn copy(
         }
         Err(e) => Err(refusal(ErrorCode::Internal, crate::error_chain(&e))),
     }
+}
+
+/// `Copy`: queues `req` for `session`; the completion goes to `sink` under `request_id`.
+pub fn copy(
+    d: &Daemon,
+    caller: &Caller,
+    session: u64,
+    request_id: u64,
+    req: CopyRequest,
+    sink: Sink,
+) -> Result<Response, ErrorBody> {
+    let r = Resolver::new(d, caller, session, &[req])?;
+    queued(d.copies.submit(session, request_id, sink, || r.resolve(&req)), false)
+}
+
+/// `CopyBatch`: every copy checked and resolved before any is queued, then one job with
+/// one completion (to `sink` under `request_id`).
+pub fn copy_batch(
+    d: &Daemon,
+    caller: &Caller,
+    session: u64,
+    request_id: u64,
+    req: &CopyBatchRequest,
+    sink: Sink,
+) -> Result<Response, ErrorBody> {
+    if req.copies.is_empty() {
+        return Err(refusal(ErrorCode::BadRequest, "a batch needs at least one copy"));
+    }
+    let r = Resolver::new(d, caller, session, &req.copies)?;
+    let resolve = || -> Result<NewBatch, ErrorBody> {
+        let copies = req
+            .copies
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                r.resolve(c).map_err(|mut e| {
+                    e.message =
+                        fabric_proto::wire::ErrorText::truncated(&format!("copy {i} of the batch: {}", e.message));
+                    e
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(NewBatch { copies })
+    };
+    queued(d.copies.submit_batch(session, request_id, sink, resolve), true)
 }

@@ -85,7 +85,7 @@ pub fn handle_session_fds(
         Request::Release(r) => plain(memops::release(d, session, r.import)),
         Request::Register(r) => plain(dmaops::register(d, peer, session, r, fds)),
         Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),
-        Request::Copy(_) => {
+        Request::Copy(_) | Request::CopyBatch(_) => {
             Err(refusal(ErrorCode::BadRequest, "copy is answered by the connection, which gets its completion"))
         }
         _ => Err(refusal(

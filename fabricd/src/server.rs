@@ -514,12 +514,17 @@ impl Conn<'_> {
             tracing::debug!(topics = ?sub.topics, "subscribed");
             return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
         }
-        if let Request::Copy(c) = req {
+        if matches!(req, Request::Copy(_) | Request::CopyBatch(_)) {
             // The connection's sink travels with the copy; the answer is only its id.
             let caller = crate::scope::Caller::of(self.daemon, &self.peer);
-            let r = crate::copyops::copy(self.daemon, &caller, session, request_id, c, self.copies.0.clone());
+            let sink = self.copies.0.clone();
+            let r = match &req {
+                Request::Copy(c) => crate::copyops::copy(self.daemon, &caller, session, request_id, *c, sink),
+                Request::CopyBatch(b) => crate::copyops::copy_batch(self.daemon, &caller, session, request_id, b, sink),
+                _ => unreachable!("matched above"),
+            };
             if let Err(e) = &r {
-                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = "copy", code = ?e.code, "refused: {}", e.message);
+                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = req.opcode().name(), code = ?e.code, "refused: {}", e.message);
             }
             self.daemon.flush_revocations();
             return r.map(|r| (r, None));

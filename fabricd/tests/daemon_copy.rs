@@ -12,10 +12,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocResponse, AllocTarget, BoundedVec, CodecError, Connection, CopyDone, CopyEndpoint,
-    CopyRequest, CopyResult, DeviceName, ErrorBody, ErrorCode, Event, ExportPolicy, ExportRequest, FreeRequest,
-    ImportRequest, MemoryClass, RegisterRequest, RegisterSource, Request, Response, RevokeRequest, UnregisterRequest,
-    Version, VersionRange,
+    AccessMode, AllocRequest, AllocResponse, AllocTarget, BoundedVec, CodecError, Connection, CopyBatchRequest,
+    CopyDone, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorBody, ErrorCode, Event, ExportPolicy,
+    ExportRequest, FreeRequest, ImportRequest, MemoryClass, RegisterRequest, RegisterSource, Request, Response,
+    RevokeRequest, UnregisterRequest, Version, VersionRange,
 };
 use fabric_topology::DeviceKind;
 use memmap2::{MmapMut, MmapOptions};
@@ -515,4 +515,65 @@ fn memory_shrunk_under_a_registration_fails_the_copy_and_never_the_daemon() {
     // The daemon is alive and serves.
     copy_ok(&mut c, CopyEndpoint::Gfa(r.gfa()), CopyEndpoint::Gfa(r.gfa() + MIB), 4096);
     assert!(env.daemon.log().contains("copy chunk failed"));
+}
+
+fn batch(copies: &[(CopyEndpoint, CopyEndpoint, u64)]) -> Request {
+    let copies = copies.iter().map(|&(dst, src, len)| CopyRequest { dst, src, len }).collect();
+    Request::CopyBatch(CopyBatchRequest { copies: BoundedVec::new(copies).unwrap() })
+}
+
+#[test]
+fn a_batch_moves_all_its_copies_with_one_completion_or_is_refused_whole() {
+    let env = start("engines = 2\nmax_in_flight_per_session = 2\n");
+    let mut c = common::client(&env.setup.socket);
+    let gpu = &env.gpus[0];
+    let mut a = alloc(&mut c, gpu, 4 * MIB);
+    let mut b = alloc(&mut c, &env.gpus[1], 4 * MIB);
+    let data = pattern(9, 4 * MIB as usize);
+    a.map.copy_from_slice(&data);
+    b.map.fill(0xee);
+    let ra = register(&mut c, gpu, RegisterSource::Region(a.info.region), 0, 4 * MIB, AccessMode::ReadOnly);
+    let rb = register(&mut c, gpu, RegisterSource::Region(b.info.region), 0, 4 * MIB, AccessMode::ReadWrite);
+
+    // Three copies of different kinds and sizes, one of them over several chunks.
+    let parts = [
+        (reg(rb, 0), reg(ra, 3 * MIB), MIB),
+        (CopyEndpoint::Gfa(b.gfa() + MIB + 5), CopyEndpoint::Gfa(a.gfa() + 17), 2 * MIB),
+        (reg(rb, 3 * MIB + 4096), CopyEndpoint::Gfa(a.gfa()), 4096),
+    ];
+    let Response::CopyBatch(r) = c.call(batch(&parts), &[]).unwrap().0 else { panic!() };
+    let d = done(&mut c, r.copy, &mut Vec::new());
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, 3 * MIB + 4096));
+    let (m, u) = (MIB as usize, 4096usize);
+    assert_eq!(&b.map[..m], &data[3 * m..4 * m]);
+    assert_eq!(&b.map[m + 5..3 * m + 5], &data[17..2 * m + 17]);
+    assert_eq!(&b.map[3 * m + u..3 * m + 2 * u], &data[..u]);
+    assert!(b.map[m..m + 5].iter().all(|&x| x == 0xee), "between the copies nothing moved");
+
+    // One bad copy refuses the whole batch, naming it; nothing of the others moves.
+    b.map.fill(0);
+    let bad = [(reg(rb, 0), reg(ra, 0), 4096), (CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), 0)];
+    let Err(CodecError::Refused { body, .. }) = c.call(batch(&bad), &[]) else { panic!() };
+    assert_eq!(body.code, ErrorCode::BadRequest);
+    assert!(body.message.contains("copy 1 of the batch"), "{}", body.message);
+    let outside = [(reg(rb, 0), reg(ra, 0), 4096), (reg(rb, 0), reg(ra + 1000, 0), 4096)];
+    let Err(CodecError::Refused { body, .. }) = c.call(batch(&outside), &[]) else { panic!() };
+    assert_eq!(body.code, ErrorCode::NotFound, "{}", body.message);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(b.map[..4096].iter().all(|&x| x == 0), "a refused batch moves nothing");
+    let Err(CodecError::Refused { body, .. }) = c.call(batch(&[]), &[]) else { panic!() };
+    assert_eq!(body.code, ErrorCode::BadRequest);
+
+    // A batch is one copy in flight for the session's limit (2 here).
+    let big = [(reg(rb, 0), reg(ra, 0), 4 * MIB); 3];
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let Response::CopyBatch(r) = c.call(batch(&big), &[]).unwrap().0 else { panic!() };
+        ids.push(r.copy);
+    }
+    let mut seen = Vec::new();
+    for id in ids {
+        let d = done(&mut c, id, &mut seen);
+        assert_eq!((d.result, d.bytes), (CopyResult::Ok, 12 * MIB));
+    }
 }

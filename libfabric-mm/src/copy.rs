@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fabric_proto::wire::{CopyDone, CopyRequest, CopyResult, ErrorCode, Opcode, Request, Response, Version};
+use fabric_proto::wire::{
+    BoundedVec, CopyBatchRequest, CopyDone, CopyRequest, CopyResult, ErrorCode, MAX_BATCH, Opcode, Request, Response,
+};
 
 use crate::error::{Error, Result};
 use crate::session::{Inner, Session};
@@ -41,6 +43,17 @@ impl From<CopyEndpoint> for fabric_proto::wire::CopyEndpoint {
             CopyEndpoint::Gfa(g) => Self::Gfa(g),
         }
     }
+}
+
+/// One copy of a batch ([`Session::copy_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CopyPart {
+    /// Where the bytes go.
+    pub dst: CopyEndpoint,
+    /// Where they come from.
+    pub src: CopyEndpoint,
+    /// How many.
+    pub len: u64,
 }
 
 /// What a completion callback gets: the bytes copied, or why the copy stopped
@@ -242,20 +255,48 @@ impl Session {
     /// While the copy runs, hold no Rust reference to the destination bytes (see the
     /// module documentation).
     pub fn copy(&self, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<Copy> {
+        self.needs(Opcode::Copy)?;
+        let req = Request::Copy(CopyRequest { dst: dst.into(), src: src.into(), len });
+        let Response::Copy(r) = self.call(req)? else { return Err(Error::Unexpected(Opcode::Copy)) };
+        Ok(self.track_copy(r.copy))
+    }
+
+    /// Starts up to 64 copies as one batch (like a DMA engine's descriptor list) and
+    /// returns at once with one [`Copy`](struct@Copy) for all of them: one request, one
+    /// completion, whose byte count is the sum. Every copy is checked before any starts (a
+    /// refusal names the copy); the engines run them in any order and in parallel, so
+    /// copies of one batch must not overlap each other's destinations or write another's
+    /// source. Needs protocol 1.3.
+    pub fn copy_batch(&self, copies: &[CopyPart]) -> Result<Copy> {
+        self.needs(Opcode::CopyBatch)?;
+        let list: Vec<CopyRequest> =
+            copies.iter().map(|c| CopyRequest { dst: c.dst.into(), src: c.src.into(), len: c.len }).collect();
+        let copies = BoundedVec::new(list)
+            .map_err(|_| Error::InvalidArgument(format!("at most {MAX_BATCH} copies per batch")))?;
+        let Response::CopyBatch(r) = self.call(Request::CopyBatch(CopyBatchRequest { copies }))? else {
+            return Err(Error::Unexpected(Opcode::CopyBatch));
+        };
+        Ok(self.track_copy(r.copy))
+    }
+
+    /// Refuses `op` here when the daemon's protocol is older than the op.
+    fn needs(&self, op: Opcode) -> Result<()> {
         let v = self.inner.client.version();
-        if v < Version::new(1, 2) {
+        if v < op.since() {
             return Err(Error::Refused {
-                op: Opcode::Copy,
+                op,
                 code: ErrorCode::UnknownOpcode,
-                message: format!("the daemon speaks protocol {v}; copies need 1.2"),
+                message: format!("the daemon speaks protocol {v}; {op} needs {}", op.since()),
                 limit: None,
             });
         }
-        let req = Request::Copy(CopyRequest { dst: dst.into(), src: src.into(), len });
-        let Response::Copy(r) = self.call(req)? else { return Err(Error::Unexpected(Opcode::Copy)) };
+        Ok(())
+    }
+
+    fn track_copy(&self, id: u64) -> Copy {
         let state = Arc::new(State::default());
-        self.inner.copies.track(r.copy, &state);
-        Ok(Copy { id: r.copy, state, session: self.inner.clone() })
+        self.inner.copies.track(id, &state);
+        Copy { id, state, session: self.inner.clone() }
     }
 
     /// [`Session::copy`] with a callback that gets the result (see [`Copy::on_complete`]).

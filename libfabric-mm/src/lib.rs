@@ -39,7 +39,7 @@ pub mod session;
 pub mod topology;
 pub mod window;
 
-pub use copy::{Copy, CopyEndpoint, CopyOutcome};
+pub use copy::{Copy, CopyEndpoint, CopyOutcome, CopyPart};
 pub use error::{Error, Result};
 pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
 pub use hostmem::HostBuffer;

@@ -197,3 +197,31 @@ fn host_buffers_are_sealed_so_the_engine_copies_them_with_the_cpu() {
     assert!((0..MIB as usize).all(|i| got[4096 + i] == pattern(3, i + 5)), "the CPU copy's bytes differ");
     assert!(got[4096 + MIB as usize..].iter().all(|&x| x == 0));
 }
+
+#[test]
+fn a_batch_is_one_copy_with_the_bytes_of_all_its_parts() {
+    let d = common::daemon();
+    let (s, a, b) = session_and_regions(&d.socket);
+    let (ga, gb) = (a.gfa(), b.gfa());
+    let part = |dst: u64, src: u64, len: u64| fabric_mm::CopyPart {
+        dst: CopyEndpoint::Gfa(gb + dst),
+        src: CopyEndpoint::Gfa(ga + src),
+        len,
+    };
+    let parts = [part(0, MIB, MIB), part(2 * MIB, 0, MIB + 7), part(MIB, 3 * MIB, 4096)];
+    let c = s.copy_batch(&parts).unwrap();
+    assert_eq!(c.wait().unwrap(), 2 * MIB + 7 + 4096);
+    // SAFETY: the batch completed; nothing writes `b` now.
+    let got = unsafe { b.as_slice() };
+    for p in &parts {
+        let (CopyEndpoint::Gfa(dst), CopyEndpoint::Gfa(src)) = (p.dst, p.src) else { unreachable!() };
+        let (dst, src) = ((dst - gb) as usize, (src - ga) as usize);
+        for i in (0..p.len as usize).step_by(997) {
+            assert_eq!(got[dst + i], pattern(1, src + i), "part at {dst:#x}, byte {i}");
+        }
+    }
+    // One bad part refuses the batch; more than 64 parts are refused before sending.
+    let e = s.copy_batch(&[parts[0], part(0, LEN, 1)]).unwrap_err();
+    assert!(matches!(&e, Error::Refused { message, .. } if message.contains("copy 1 of the batch")), "{e}");
+    assert!(matches!(s.copy_batch(&[parts[2]; 65]), Err(Error::InvalidArgument(_))));
+}

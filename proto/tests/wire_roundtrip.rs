@@ -135,6 +135,12 @@ fn request() -> impl Strategy<Value = Request> {
         (copy_endpoint(), copy_endpoint(), any::<u64>())
             .prop_map(|(dst, src, len)| Request::Copy(CopyRequest { dst, src, len }))
             .boxed(),
+        vec((copy_endpoint(), copy_endpoint(), any::<u64>()), 1..=MAX_BATCH)
+            .prop_map(|v| {
+                let copies = v.into_iter().map(|(dst, src, len)| CopyRequest { dst, src, len }).collect();
+                Request::CopyBatch(CopyBatchRequest { copies: BoundedVec::new(copies).unwrap() })
+            })
+            .boxed(),
     ])
 }
 
@@ -277,6 +283,7 @@ fn response() -> impl Strategy<Value = Response> {
         list(spec(), 4).prop_map(|partitions| Response::Partitions(PartitionsResponse { partitions })).boxed(),
         topics().prop_map(|topics| Response::Subscribe(SubscribeResponse { topics })).boxed(),
         any::<u64>().prop_map(|copy| Response::Copy(CopyResponse { copy })).boxed(),
+        any::<u64>().prop_map(|copy| Response::CopyBatch(CopyResponse { copy })).boxed(),
     ])
 }
 

@@ -8,9 +8,9 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName, Event,
-    FrameKind, Header, MemoryClass, Message, Opcode, RegisterRequest, RegisterSource, Request, Response, recv_message,
-    send_message,
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, Connection, CopyBatchRequest, CopyEndpoint, CopyRequest,
+    CopyResult, DeviceName, Event, FrameKind, Header, MAX_BATCH, MemoryClass, Message, Opcode, RegisterRequest,
+    RegisterSource, Request, Response, recv_message, send_message,
 };
 
 use super::{CopyBenchError, call_err, io_err};
@@ -115,34 +115,46 @@ pub(super) fn one_copy(
 /// Request ids of pipelined copies: far above those the connection numbers its calls with.
 const PIPE_IDS: u64 = 1 << 48;
 
-/// `total` copies with `depth` in flight, all of the same ranges (the working set of the
-/// memcpy baseline): the wall time of the batch. Requests are written without waiting for
-/// their answers — a queue the client keeps full, as a DMA engine's ring is — and a new
-/// one goes as each completes. Every answer and completion is read before returning, so
-/// that `c` is left with nothing pending; no other copy may be in flight on `c`.
+/// `requests` requests with `depth` in flight, each one copy of `len` bytes (`batch` 1:
+/// `Copy`) or `batch` of them (`CopyBatch`), all of the same ranges (the working set of
+/// the memcpy baseline): the wall time of them all. Requests are written without waiting
+/// for their answers — a queue the client keeps full, as a DMA engine's ring is — and a
+/// new one goes as each completes. Every answer and completion is read before returning,
+/// so that `c` is left with nothing pending; no other copy may be in flight on `c`.
 pub(super) fn pipelined(
     c: &mut Connection,
-    dst: CopyEndpoint,
-    src: CopyEndpoint,
+    (dst, src): (CopyEndpoint, CopyEndpoint),
     len: u64,
     depth: usize,
-    total: usize,
+    requests: usize,
+    batch: usize,
 ) -> Result<Duration, CopyBenchError> {
+    let one = CopyRequest { dst, src, len };
+    let (op, req) = if batch <= 1 {
+        (Opcode::Copy, Request::Copy(one))
+    } else {
+        let copies = BoundedVec::new(vec![one; batch])
+            .map_err(|_| CopyBenchError::Options(format!("a batch holds at most {MAX_BATCH} copies")))?;
+        (Opcode::CopyBatch, Request::CopyBatch(CopyBatchRequest { copies }))
+    };
+    let bytes = len * batch.max(1) as u64;
+    let req = Message::Request(req);
     let t = Instant::now();
     let (mut issued, mut answered, mut done) = (0, 0, 0);
-    while done < total || answered < total {
-        while issued < total && issued - done < depth {
+    while done < requests || answered < requests {
+        while issued < requests && issued - done < depth {
             let id = PIPE_IDS + issued as u64;
-            let header = Header { version: c.version(), ..Header::new(Opcode::Copy, FrameKind::Request, id) };
-            let req = Message::Request(Request::Copy(CopyRequest { dst, src, len }));
+            let header = Header { version: c.version(), ..Header::new(op, FrameKind::Request, id) };
             send_message(c.stream(), &header, &req, &[]).map_err(call_err("copy"))?;
             issued += 1;
         }
         match recv_message(c.stream()).map_err(call_err("copy answer"))? {
-            (h, Message::Response(Response::Copy(_)), _) if h.request_id >= PIPE_IDS => answered += 1,
+            (h, Message::Response(Response::Copy(_) | Response::CopyBatch(_)), _) if h.request_id >= PIPE_IDS => {
+                answered += 1
+            }
             (_, Message::Event(Event::CopyDone(d)), _) => match d.result {
-                CopyResult::Ok if d.bytes == len => done += 1,
-                result => return Err(CopyBenchError::CopyFailed { len, result }),
+                CopyResult::Ok if d.bytes == bytes => done += 1,
+                result => return Err(CopyBenchError::CopyFailed { len: bytes, result }),
             },
             (_, Message::Error(_), _) => return Err(CopyBenchError::Unexpected("a pipelined copy was refused")),
             _ => {}

@@ -74,16 +74,16 @@ pub enum CopyError {
     Spawn(#[source] std::io::Error),
 }
 
-/// One copy, queued or running.
+/// One copy (or batch of copies), queued or running.
 struct Job {
     id: u64,
     session: u64,
     request_id: u64,
+    /// Bytes of all its parts.
     len: u64,
-    dst: Side,
-    src: Side,
+    /// What it moves: one part for a `Copy`, up to 64 for a `CopyBatch`.
+    parts: Vec<Part>,
     deps: Vec<Dep>,
-    device: Option<DeviceCopy>,
     /// `Some(why)` once stopped; read-locked while a chunk moves.
     gate: RwLock<Option<String>>,
     /// Chunks not yet taken to the end.
@@ -104,8 +104,18 @@ impl Job {
     }
 }
 
+/// One copy of a job: its resolved sides.
+struct Part {
+    dst: Side,
+    src: Side,
+    /// Set when the device's DMA engine moves it.
+    device: Option<DeviceCopy>,
+}
+
 struct Chunk {
     job: Arc<Job>,
+    /// Which part.
+    part: usize,
     at: u64,
     len: u64,
 }
@@ -141,6 +151,13 @@ impl std::fmt::Debug for CopyEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyEngine").field("config", &self.config).field("threads", &self.threads.len()).finish()
     }
+}
+
+/// Copies to queue as one job (a batch; one completion).
+#[derive(Debug, Default)]
+pub struct NewBatch {
+    /// The copies.
+    pub copies: Vec<NewCopy>,
 }
 
 /// A copy to queue: its resolved sides and what they depend on.
@@ -212,27 +229,53 @@ impl CopyEngine {
         sink: Sink,
         resolve: impl FnOnce() -> Result<NewCopy, E>,
     ) -> Result<Result<u64, E>, CopyError> {
+        self.submit_batch(session, request_id, sink, || resolve().map(|c| NewBatch { copies: vec![c] }))
+    }
+
+    /// [`CopyEngine::submit`] for a batch: one job, its copies' chunks queued together,
+    /// one completion with the bytes of all of them.
+    pub fn submit_batch<E>(
+        &self,
+        session: u64,
+        request_id: u64,
+        sink: Sink,
+        resolve: impl FnOnce() -> Result<NewBatch, E>,
+    ) -> Result<Result<u64, E>, CopyError> {
         let mut jobs = lock(&self.shared.jobs);
         let in_flight = lock(&self.shared.per_session).get(&session).copied().unwrap_or(0);
         if in_flight >= self.config.max_in_flight_per_session {
             return Err(CopyError::TooMany { in_flight, max: self.config.max_in_flight_per_session });
         }
-        let c = match resolve() {
-            Ok(c) => c,
+        let batch = match resolve() {
+            Ok(b) => b,
             Err(e) => return Ok(Err(e)),
         };
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let size = chunk_size(c.len, self.config.engines, self.config.chunk_bytes);
-        let n = usize::try_from(c.len.div_ceil(size)).unwrap_or(usize::MAX);
+        // Each part is split as a copy of its own would be.
+        let mut chunks: Vec<(usize, u64, u64)> = Vec::new();
+        let (mut parts, mut deps, mut total) = (Vec::new(), Vec::new(), 0u64);
+        for (i, c) in batch.copies.into_iter().enumerate() {
+            let size = chunk_size(c.len, self.config.engines, self.config.chunk_bytes);
+            let mut at = 0;
+            while at < c.len {
+                let len = size.min(c.len - at);
+                chunks.push((i, at, len));
+                at += len;
+            }
+            total = total.saturating_add(c.len);
+            deps.extend(c.deps);
+            parts.push(Part { dst: c.dst, src: c.src, device: c.device });
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        let n = chunks.len();
         let job = Arc::new(Job {
             id,
             session,
             request_id,
-            len: c.len,
-            dst: c.dst,
-            src: c.src,
-            deps: c.deps,
-            device: c.device,
+            len: total,
+            parts,
+            deps,
             gate: RwLock::new(None),
             left: AtomicUsize::new(n),
             done: AtomicU64::new(0),
@@ -245,15 +288,10 @@ impl CopyEngine {
         drop(jobs);
         {
             let mut q = lock(&self.shared.queue);
-            let mut at = 0;
-            while at < c.len {
-                let len = size.min(c.len - at);
-                q.push_back(Chunk { job: job.clone(), at, len });
-                at += len;
-            }
+            q.extend(chunks.into_iter().map(|(part, at, len)| Chunk { job: job.clone(), part, at, len }));
         }
         self.shared.ready.notify_all();
-        tracing::debug!(copy = id, session, len = c.len, chunks = n, "copy queued");
+        tracing::debug!(copy = id, session, len = total, parts = job.parts.len(), chunks = n, "copy queued");
         Ok(Ok(id))
     }
 
@@ -335,7 +373,8 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
     if gate.is_some() || lock(&job.failed).is_some() {
         return;
     }
-    let moved = match &job.device {
+    let part = &job.parts[c.part];
+    let moved = match &part.device {
         // The device's DMA through the IOMMU; the CPU touches no byte.
         Some(d) => d
             .device
@@ -347,7 +386,7 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
                 };
                 (code, crate::error_chain(&e))
             }),
-        None => chunk::copy(&job.dst, &job.src, c.at, c.len, bounce, maps)
+        None => chunk::copy(&part.dst, &part.src, c.at, c.len, bounce, maps)
             .map(|cpu| {
                 if cpu {
                     job.cpu.store(true, Ordering::Relaxed);
@@ -360,7 +399,7 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
             job.done.fetch_add(c.len, Ordering::Relaxed);
         }
         Err((code, why)) => {
-            tracing::warn!(copy = job.id, at = c.at, len = c.len, error = %why, on_device = job.device.is_some(), "copy chunk failed");
+            tracing::warn!(copy = job.id, part = c.part, at = c.at, len = c.len, error = %why, on_device = part.device.is_some(), "copy chunk failed");
             job.fail(code, why);
         }
     }

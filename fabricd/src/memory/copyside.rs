@@ -54,7 +54,7 @@ pub enum Side {
 }
 
 /// What a copy depends on: when any of it goes, the copy stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Dep {
     /// A registration.
     Registration(u64),

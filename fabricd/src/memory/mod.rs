@@ -499,8 +499,7 @@ impl Memory {
         if let Some(why) = candidates.iter().map(|&i| st.resources[i].unserved()).collect::<Option<Vec<_>>>() {
             return Err(MemoryError::NotImplemented(why.into_iter().next().unwrap_or_default()));
         }
-        let candidates: Vec<usize> =
-            candidates.into_iter().filter(|&i| st.resources[i].unserved().is_none()).collect();
+        let candidates: Vec<usize> = candidates.into_iter().filter(|&i| st.resources[i].unserved().is_none()).collect();
         let candidates: Vec<usize> = candidates.into_iter().filter(|&i| !st.resources[i].lost).collect();
         let mut last = None;
         let mut placed = None;

@@ -130,10 +130,10 @@ impl Memory {
         let mut cands: Vec<u64> =
             std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
         let device = st.set_backings.get(&set.name).cloned();
-        if device.is_none() {
-            if let Some(why) = idx.iter().find_map(|&i| st.resources[i].unserved()) {
-                return Err(MemoryError::NotImplemented(format!("interleave set {}: {why}", set.name)));
-            }
+        if device.is_none()
+            && let Some(why) = idx.iter().find_map(|&i| st.resources[i].unserved())
+        {
+            return Err(MemoryError::NotImplemented(format!("interleave set {}: {why}", set.name)));
         }
         // A DAX device maps at its own alignment, and holds only its part of the set.
         let dev_align = device.as_ref().map_or(0, |b| b.align);

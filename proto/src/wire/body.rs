@@ -176,6 +176,7 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
         Opcode::Register => Request::Register(from_body(opcode, k, bytes)?),
         Opcode::Unregister => Request::Unregister(from_body(opcode, k, bytes)?),
         Opcode::Copy => Request::Copy(from_body(opcode, k, bytes)?),
+        Opcode::CopyBatch => Request::CopyBatch(from_body(opcode, k, bytes)?),
         Opcode::Partitions => Request::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Request::Subscribe(from_body(opcode, k, bytes)?),
     })
@@ -205,6 +206,7 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
         Opcode::Register => Response::Register(from_body(opcode, k, bytes)?),
         Opcode::Unregister => from_body::<()>(opcode, k, bytes).map(|()| Response::Unregister)?,
         Opcode::Copy => Response::Copy(from_body(opcode, k, bytes)?),
+        Opcode::CopyBatch => Response::CopyBatch(from_body(opcode, k, bytes)?),
         Opcode::Partitions => Response::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Response::Subscribe(from_body(opcode, k, bytes)?),
     })
@@ -260,6 +262,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Register(b) => append(b, out),
             Request::Unregister(b) => append(b, out),
             Request::Copy(b) => append(b, out),
+            Request::CopyBatch(b) => append(b, out),
             Request::Partitions(b) => append(b, out),
             Request::Subscribe(b) => append(b, out),
             Request::Ping => Ok(()),
@@ -275,7 +278,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Response::Export(b) => append(b, out),
             Response::Import(b) => append(b, out),
             Response::Register(b) => append(b, out),
-            Response::Copy(b) => append(b, out),
+            Response::Copy(b) | Response::CopyBatch(b) => append(b, out),
             Response::Partitions(b) => append(b, out),
             Response::Subscribe(b) => append(b, out),
             Response::Free | Response::Revoke | Response::Release | Response::Unregister | Response::Ping => Ok(()),

@@ -39,10 +39,11 @@ pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
 pub use opcode::Opcode;
 pub use request::{
-    AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyEndpoint, CopyRequest, ExportPolicy, ExportRequest,
-    FreeRequest, HelloRequest, ImportRequest, MemoryClass, ObjectKind, PartitionSpec, PartitionsRequest,
-    RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request, ResourceName, RevokeRequest,
-    StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest, UnregisterRequest,
+    AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyBatchRequest, CopyEndpoint, CopyRequest, ExportPolicy,
+    ExportRequest, FreeRequest, HelloRequest, ImportRequest, MAX_BATCH, MemoryClass, ObjectKind, PartitionSpec,
+    PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request, ResourceName,
+    RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest,
+    UnregisterRequest,
 };
 pub use response::{
     AllocResponse, CopyResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportInfo, ExportResponse,

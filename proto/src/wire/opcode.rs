@@ -53,6 +53,8 @@ pub enum Opcode {
     Unregister = 0x0031,
     /// Start an asynchronous copy by the daemon's copy engine (since 1.2).
     Copy = 0x0032,
+    /// Start several copies as one, with one completion (since 1.3).
+    CopyBatch = 0x0033,
     /// List or change partitions (changes are admin only).
     Partitions = 0x0040,
     /// Choose the event topics this connection receives.
@@ -61,7 +63,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 22] = [
+    pub const ALL: [Opcode; 23] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Ping,
@@ -82,6 +84,7 @@ impl Opcode {
         Opcode::Register,
         Opcode::Unregister,
         Opcode::Copy,
+        Opcode::CopyBatch,
         Opcode::Partitions,
         Opcode::Subscribe,
     ];
@@ -119,6 +122,7 @@ impl Opcode {
             Opcode::Register => "register",
             Opcode::Unregister => "unregister",
             Opcode::Copy => "copy",
+            Opcode::CopyBatch => "copy_batch",
             Opcode::Partitions => "partitions",
             Opcode::Subscribe => "subscribe",
         }
@@ -131,7 +135,7 @@ impl Opcode {
         match self {
             Opcode::Ping | Opcode::Inventory | Opcode::Regions => Version::new(1, 1),
             Opcode::Copy => Version::new(1, 2),
-            Opcode::Adopt | Opcode::ImportObject => Version::new(1, 3),
+            Opcode::Adopt | Opcode::ImportObject | Opcode::CopyBatch => Version::new(1, 3),
             _ => Version::new(1, 0),
         }
     }
@@ -156,7 +160,7 @@ impl Opcode {
                 Opcode::Hello => SMALL,
                 Opcode::Status | Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory => 1 << 10,
                 Opcode::Translate | Opcode::Partitions => MAX_REQUEST_BODY,
-                Opcode::Export => 4 << 10,
+                Opcode::Export | Opcode::CopyBatch => 4 << 10,
                 Opcode::Alloc | Opcode::Register | Opcode::Adopt => 1 << 10,
                 Opcode::Free
                 | Opcode::Revoke
@@ -184,6 +188,7 @@ impl Opcode {
                 | Opcode::Register
                 | Opcode::Unregister
                 | Opcode::Copy
+                | Opcode::CopyBatch
                 | Opcode::Subscribe
                 | Opcode::Ping => SMALL,
             },

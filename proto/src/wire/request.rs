@@ -292,6 +292,19 @@ pub struct CopyRequest {
     pub len: u64,
 }
 
+/// The most copies one `CopyBatch` carries.
+pub const MAX_BATCH: usize = 64;
+
+/// `CopyBatch` (since 1.3): several copies queued as one, like a DMA engine's descriptor
+/// list. Every copy is checked before any is queued (one refusal refuses the batch); the
+/// engines run them in any order and in parallel, and one [`super::Event::CopyDone`] under
+/// the batch's id reports the bytes of all of them (or the first failure).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyBatchRequest {
+    /// The copies, 1 to [`MAX_BATCH`].
+    pub copies: BoundedVec<CopyRequest, MAX_BATCH>,
+}
+
 /// A partition: devices and the users bound to them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionSpec {
@@ -378,6 +391,8 @@ pub enum Request {
     Unregister(UnregisterRequest),
     /// See [`CopyRequest`].
     Copy(CopyRequest),
+    /// See [`CopyBatchRequest`].
+    CopyBatch(CopyBatchRequest),
     /// See [`PartitionsRequest`].
     Partitions(PartitionsRequest),
     /// See [`SubscribeRequest`].
@@ -408,6 +423,7 @@ impl Request {
             Request::Register(_) => Opcode::Register,
             Request::Unregister(_) => Opcode::Unregister,
             Request::Copy(_) => Opcode::Copy,
+            Request::CopyBatch(_) => Opcode::CopyBatch,
             Request::Partitions(_) => Opcode::Partitions,
             Request::Subscribe(_) => Opcode::Subscribe,
         }

@@ -341,6 +341,8 @@ pub enum Response {
     Unregister,
     /// See [`CopyResponse`].
     Copy(CopyResponse),
+    /// `CopyBatch`: the batch's id, which its one `CopyDone` names.
+    CopyBatch(CopyResponse),
     /// See [`PartitionsResponse`].
     Partitions(PartitionsResponse),
     /// See [`SubscribeResponse`].
@@ -371,6 +373,7 @@ impl Response {
             Response::Register(_) => Opcode::Register,
             Response::Unregister => Opcode::Unregister,
             Response::Copy(_) => Opcode::Copy,
+            Response::CopyBatch(_) => Opcode::CopyBatch,
             Response::Partitions(_) => Opcode::Partitions,
             Response::Subscribe(_) => Opcode::Subscribe,
         }

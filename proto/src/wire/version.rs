@@ -63,7 +63,7 @@ impl fmt::Display for VersionRange {
 /// The version this crate speaks best. 1.1 added the session token and resume to `Hello`
 /// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes;
 /// 1.2 added `Copy` and the `CopyDone` event; 1.3 `Adopt` and `ImportObject` (vendor
-/// memory objects such as CUDA exports as regions).
+/// memory objects such as CUDA exports as regions) and `CopyBatch`.
 pub const PROTOCOL_VERSION: Version = Version::new(1, 3);
 
 /// Every version this crate understands.
