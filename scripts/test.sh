@@ -6,6 +6,7 @@
 #   tier 1  unit, property, fixture and golden tests   (cargo nextest, all crates)
 #   tier 2  integration tests with the real binaries    (part of the nextest run)
 #   tier 3  QEMU guests (Debian 6.12 kernel; CXL, hot-unplug, ...) scripts/qemu-tests.sh
+#   tier 4  Miri on the pure parts                      scripts/miri.sh
 #   tier 5  fuzz targets, briefly                       (scripts/fuzz.sh --smoke)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,9 @@ cargo test --workspace --doc --locked
 
 step "tier 3: QEMU guests"
 scripts/qemu-tests.sh
+
+step "tier 4: Miri on the pure parts"
+scripts/miri.sh
 
 step "tier 5: fuzz smoke run"
 scripts/fuzz.sh --smoke

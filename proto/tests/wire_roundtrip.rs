@@ -390,7 +390,7 @@ fn encode(header: &Header, msg: &Message) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 6 } else { 512 }, ..ProptestConfig::default() })]
 
     #[test]
     fn every_message_round_trips_through_a_frame((header, msg) in framed()) {

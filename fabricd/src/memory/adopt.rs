@@ -8,7 +8,6 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, PeerCred};
 use fabric_topology::{DeviceId, MemoryKind};
@@ -20,7 +19,7 @@ use super::{Granted, Memory, MemoryError, Place, Region, State, kind_name};
 #[derive(Debug)]
 pub(super) struct Object {
     /// The descriptor the owner handed over.
-    fd: Arc<OwnedFd>,
+    fd: OwnedFd,
     /// What it is.
     kind: ObjectKind,
     /// Bytes of the object as its owner stated them (the region's range is this rounded
@@ -152,7 +151,7 @@ impl Memory {
                 lost: false,
             },
         );
-        st.objects.insert(id, Object { fd: Arc::new(fd), kind, size });
+        st.objects.insert(id, Object { fd, kind, size });
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;

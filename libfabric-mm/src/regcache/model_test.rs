@@ -120,7 +120,7 @@ fn sorted(mut v: Vec<u64>) -> Vec<u64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: if cfg!(miri) { 6 } else { 512 }, ..ProptestConfig::default() })]
     /// Every answer is the model's (hit, range hit or miss; which registration; the offset
     /// in it); an answer always covers the range asked for, of the owner's current
     /// generation, device and access — never a freed allocation's, even at the same place;
