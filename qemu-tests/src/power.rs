@@ -403,6 +403,9 @@ mod tests {
 
     const MIB2: u64 = 2 << 20;
 
+    /// A way to damage what the observer found, and what the check must then say.
+    type Damage = (&'static str, Box<dyn Fn(&mut Observed)>);
+
     fn region(id: u64, pages: [u64; 3]) -> ObservedRegion {
         ObservedRegion { id, generation: id, size: MIB2, file_size: Some(MIB2), pages: Some(pages) }
     }
@@ -465,7 +468,7 @@ mod tests {
 
     #[test]
     fn each_kind_of_loss_is_caught() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Observed)>)> = vec![
+        let cases: Vec<Damage> = vec![
             ("is gone", Box::new(|o| o.regions.retain(|r| r.id != 1))),
             ("was freed (acknowledged) and is back", Box::new(|o| o.regions.push(region(3, [0, 16, 0])))),
             ("never acknowledged", Box::new(|o| o.regions.push(region(7, [0, 16, 0])))),
