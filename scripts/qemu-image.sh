@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the QEMU tier's base guest image from Debian packages only (run scripts/qemu-deps.sh
-# first): an initramfs with busybox-static, the 6.12 kernel's CXL/DAX/VFIO modules (with
-# their dependencies, decompressed), Debian's `cxl` and `daxctl` with the shared libraries
-# they load, and a generic /init.
+# first): an initramfs with busybox-static, the 6.12 kernel's CXL/DAX/VFIO, virtio-blk and
+# ext4 modules (with their dependencies, decompressed), Debian's `cxl` and `daxctl` with the
+# shared libraries they load, and a generic /init.
 #
 # Output, in the cache (see scripts/qemu-deps.sh):
 #   image/vmlinuz       the kernel
@@ -26,7 +26,9 @@ mkdir -p "$out"
 # kmem is left out: it would online a RAM region as System RAM, and QEMU 10.0 under TCG
 # crashes (SIGSEGV in access_stq) when the kernel then initialises that memory. Without it
 # the region stays a device-DAX character device, which is what the tests map.
-modules=(cxl_acpi cxl_pci cxl_mem cxl_pmem dax_cxl device_dax vfio vfio_iommu_type1 vfio_pci)
+# virtio_blk and ext4 (with jbd2, mbcache, crc16 and the crc32c its metadata checksums
+# load, which modprobe lists as soft dependencies) serve the power-loss test's disks.
+modules=(cxl_acpi cxl_pci cxl_mem cxl_pmem dax_cxl device_dax vfio vfio_iommu_type1 vfio_pci virtio_blk ext4)
 tools=(/usr/bin/cxl /usr/bin/daxctl)
 
 stamp=$(

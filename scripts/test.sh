@@ -26,9 +26,9 @@ step "tiers 1-2: unit, fixture, golden and integration tests"
 # The binaries and the C library (cdylib + staticlib) the integration tests run and link.
 cargo build --workspace --bins --locked
 cargo build -p libfabric-mm --lib --locked
-# The QEMU guests run in tier 3 below, with the tier required; not twice.
+# The QEMU guests (and the power-loss test) run in tier 3 below, with the tier required; not twice.
 cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test \
-  -E 'not (package(fabric-qemu-tests) & binary(guests))'
+  -E 'not (package(fabric-qemu-tests) & (binary(guests) | binary(power)))'
 
 step "doc tests"
 cargo test --workspace --doc --locked

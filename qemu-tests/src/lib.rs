@@ -8,8 +8,10 @@
 
 pub mod cpio;
 pub mod cxl;
+pub mod disk;
 pub mod env;
 pub mod pattern;
+pub mod power;
 pub mod qmp;
 pub mod scripts;
 pub mod vm;

@@ -12,3 +12,5 @@ pub const DCD: &str = include_str!("../guest/dcd.sh");
 pub const IVSHMEM: &str = include_str!("../guest/ivshmem.sh");
 /// The VFIO/edu test.
 pub const VFIO: &str = include_str!("../guest/vfio.sh");
+/// The power-loss test.
+pub const POWER: &str = include_str!("../guest/power.sh");

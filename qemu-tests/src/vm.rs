@@ -68,6 +68,8 @@ pub struct VmSpec {
     pub machine: String,
     /// Extra kernel command line (e.g. `intel_iommu=on`).
     pub append: String,
+    /// Extra files for the overlay archive: path (relative to `/`) and contents.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 impl VmSpec {
@@ -81,6 +83,7 @@ impl VmSpec {
             timeout: Duration::from_secs(240),
             machine: "q35".to_owned(),
             append: String::new(),
+            files: Vec::new(),
         }
     }
 
@@ -145,7 +148,7 @@ impl Guest {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
         let initrd = dir.join("initrd.img");
-        build_initrd(pre, &spec.script, &initrd)?;
+        build_initrd(pre, spec, &initrd)?;
         let accel = pick_accel(&root);
         let mut guest = Self::spawn(pre, spec, &dir, &initrd, accel)?;
         if accel == Accel::Kvm {
@@ -251,6 +254,39 @@ impl Guest {
         }
     }
 
+    /// What the guest wrote to its data port (ttyS1) so far.
+    pub fn data(&self) -> String {
+        read_lossy(&self.dir.join("data.log"))
+    }
+
+    /// Waits (within the test's timeout) until `done` holds for the data port's contents.
+    pub fn wait_data(&mut self, done: impl Fn(&str) -> bool) -> Result<(), VmError> {
+        loop {
+            if done(&self.data()) {
+                return Ok(());
+            }
+            if let Some(st) = self.child.try_wait().map_err(io("waiting for QEMU"))? {
+                return Err(self.qemu_failed(st));
+            }
+            if self.kvm_failed() || self.started.elapsed() > self.timeout {
+                return Err(VmError::Timeout(self.timeout, self.console()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Cuts the guest's power: SIGKILL of QEMU, so the guest gets no chance to write back
+    /// anything it still holds (its page cache, requests QEMU has not completed). What
+    /// QEMU already wrote to its disk images stays (the host is up). Collects the results.
+    pub fn cut_power(mut self) -> Result<Outcome, VmError> {
+        if let Some(st) = self.child.try_wait().map_err(io("waiting for QEMU"))? {
+            return Err(self.qemu_failed(st));
+        }
+        self.child.kill().map_err(io("killing QEMU"))?;
+        self.child.wait().map_err(io("waiting for QEMU"))?;
+        Ok(Outcome::parse(&self.dir, self.accel, self.started.elapsed()))
+    }
+
     /// Waits for QEMU to exit (the guest powers off) and collects the results.
     pub fn finish(mut self) -> Result<Outcome, VmError> {
         let status = loop {
@@ -285,7 +321,8 @@ fn read_lossy(p: &Path) -> String {
     fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
-fn build_initrd(pre: &Prereqs, script: &str, out: &Path) -> Result<(), VmError> {
+fn build_initrd(pre: &Prereqs, spec: &VmSpec, out: &Path) -> Result<(), VmError> {
+    let script = &spec.script;
     let mut entries = vec![Entry::Dir("fabric".into()), Entry::Dir("fabric/bin".into())];
     for b in &pre.binaries {
         let data = fs::read(b).map_err(io(format!("reading {}", b.display())))?;
@@ -294,6 +331,9 @@ fn build_initrd(pre: &Prereqs, script: &str, out: &Path) -> Result<(), VmError> 
     }
     entries.push(Entry::File("fabric/common.sh".into(), crate::scripts::COMMON.as_bytes().to_vec(), 0o644));
     entries.push(Entry::File("fabric/test.sh".into(), script.as_bytes().to_vec(), 0o755));
+    for (path, data) in &spec.files {
+        entries.push(Entry::File(path.trim_start_matches('/').to_owned(), data.clone(), 0o644));
+    }
     let mut img = fs::read(&pre.base_initrd).map_err(io(format!("reading {}", pre.base_initrd.display())))?;
     // The kernel looks for the next archive's header only at 4-byte offsets, skipping zeros.
     img.resize(img.len().next_multiple_of(4), 0);

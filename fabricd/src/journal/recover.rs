@@ -161,15 +161,11 @@ fn corrupt(path: &Path, source: format::FormatError) -> JournalError {
     JournalError::Corrupt { path: path.to_owned(), offset: source.offset(), source }
 }
 
+/// Creates the journal directory (and a missing state directory above it) durably: a
+/// power loss right after the first acknowledged append must not forget the directory
+/// that holds it.
 pub(crate) fn ensure_dir(dir: &Path) -> Result<(), JournalError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    fs::create_dir_all(dir).map_err(|source| JournalError::Write { path: dir.to_owned(), source })?;
-    match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => sys::sync_dir(parent),
-        _ => Ok(()),
-    }
+    sys::create_dir_durable(dir).map(|_| ()).map_err(|source| JournalError::Write { path: dir.to_owned(), source })
 }
 
 /// Segment numbers (sorted) and temporaries in `dir`.

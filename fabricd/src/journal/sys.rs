@@ -56,7 +56,40 @@ pub fn classify(name: &str) -> Entry {
 
 /// Makes a directory's entries (creations, renames, removals) durable.
 pub fn sync_dir(dir: &Path) -> Result<(), JournalError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|source| JournalError::Sync { path: dir.to_owned(), source })
+    fsync_dir(dir).map_err(|source| JournalError::Sync { path: dir.to_owned(), source })
+}
+
+/// `fsync` of a directory: its entries (creations, renames, removals) become durable.
+pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir).and_then(|d| d.sync_all())
+}
+
+/// Creates `dir` and every missing ancestor, each made durable: after each `mkdir` the
+/// directory that holds the new entry is fsynced (a power loss would otherwise forget a new
+/// directory, and every file in it, even after those files were fsynced). Existing
+/// directories are left alone; returns how many were created.
+pub fn create_dir_durable(dir: &Path) -> std::io::Result<usize> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.is_dir() {
+        missing.push(at);
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => break,
+        }
+    }
+    for d in missing.iter().rev() {
+        match fs::create_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => continue,
+            Err(e) => return Err(e),
+        }
+        match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => fsync_dir(p)?,
+            _ => fsync_dir(Path::new("."))?,
+        }
+    }
+    Ok(missing.len())
 }
 
 /// Creates `path` with exactly `bytes`, all or nothing: writes `path.tmp`, fsyncs it,
@@ -118,5 +151,17 @@ mod tests {
         for other in ["journal.lock", "2a.seg", "000000000000002A.seg", "000000000000002a.segx", "x.tmp", ""] {
             assert_eq!(classify(other), Entry::Other, "{other}");
         }
+    }
+
+    #[test]
+    fn durable_mkdir_creates_every_missing_level_once() {
+        let t = tempfile::tempdir().unwrap();
+        let deep = t.path().join("a/b/c");
+        assert_eq!(create_dir_durable(&deep).unwrap(), 3);
+        assert!(deep.is_dir());
+        assert_eq!(create_dir_durable(&deep).unwrap(), 0);
+        assert_eq!(create_dir_durable(&t.path().join("a/b/d")).unwrap(), 1);
+        std::fs::write(t.path().join("file"), b"x").unwrap();
+        assert!(create_dir_durable(&t.path().join("file/x")).is_err());
     }
 }

@@ -366,7 +366,8 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
         let ordinal = *ord;
         *ord += 1;
         let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        // Durably: a region file fsynced into a directory a power loss forgets is lost too.
+        crate::journal::sys::create_dir_durable(&dir).map_err(io_err(&dir))?;
         out.push(Resource {
             device: dev.id.clone(),
             kind: m.kind,
@@ -529,7 +530,7 @@ impl Memory {
         let id = st.next_id;
         st.next_id += 1;
         let r = &st.resources[resource];
-        let made = Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len);
+        let made = Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len, st.log.is_some());
         let (fd, path, fd_offset, device_file) = match made {
             Ok(m) => m,
             Err(e) => {
@@ -570,16 +571,21 @@ impl Memory {
         Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 })
     }
 
-    /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
-    /// backs: the descriptor and the range's offset in the file.
     /// The memory behind a new region of `len` bytes: a range at `offset` of the device
     /// file of `device`, else a new sim file at `path`. Returns the descriptor, the file,
     /// the region's offset in it and whether it is a device file.
+    ///
+    /// With `durable` (a journaled registry), a new sim file and its size are fsynced, and
+    /// so is its directory, before the caller journals the allocation: the record names the
+    /// file, and a power loss that kept the record but not the file (its directory entry
+    /// or its size are metadata that another file's `fdatasync` need not flush) would make
+    /// the next start drop an acknowledged region.
     pub(super) fn make_backing(
         device: Option<&backing::DeviceBacking>,
         offset: u64,
         path: &Path,
         len: u64,
+        durable: bool,
     ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
         if let Some(b) = device {
             return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
@@ -587,6 +593,12 @@ impl Memory {
         let made = (|| {
             let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
             f.set_len(len)?;
+            if durable {
+                f.sync_all()?;
+                if let Some(dir) = path.parent() {
+                    crate::journal::sys::fsync_dir(dir)?;
+                }
+            }
             Ok::<_, std::io::Error>(OwnedFd::from(f))
         })();
         if made.is_err() {
@@ -595,6 +607,8 @@ impl Memory {
         made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
     }
 
+    /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
+    /// backs: the descriptor and the range's offset in the file.
     fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
         let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
             len,

@@ -171,7 +171,7 @@ impl Memory {
         let id = st.next_id;
         st.next_id += 1;
         let path = st.resources[idx[0]].dir.join(format!("r{id}"));
-        let made = Self::make_backing(device.as_ref(), dpa * ways, &path, len);
+        let made = Self::make_backing(device.as_ref(), dpa * ways, &path, len, st.log.is_some());
         let (fd, path, fd_offset, device_file) = match made {
             Ok(m) => m,
             Err(e) => {

@@ -6,6 +6,8 @@
 //! `mm-edu BDF` does the same through libfabric-mm and fabricd's VFIO backend (`mmvfio.rs`).
 //! `owner TARGET LEN SEED OUT` and `importer OUT LEN SEED` share device memory through fabricd
 //! and libfabric-mm's Session API (see `session.rs`).
+//! `power-workload OUT TOKEN|- SEED` and `power-observe MEMORY_DIR HANDLES OUT` are the
+//! guest's half of the power-loss test (see `power.rs`).
 //! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
 //! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
@@ -14,6 +16,7 @@ use std::process::ExitCode;
 use fabric_qemu_tests::pattern;
 
 mod mmvfio;
+mod power;
 mod session;
 mod vfio;
 
@@ -62,6 +65,14 @@ fn main() -> ExitCode {
     }
     if let (Some("importer"), Some(file), Some(len), Some(seed)) = (arg(1), arg(2), num(3), num(4)) {
         return done(session::importer(std::path::Path::new(file), len, seed));
+    }
+    if let (Some("power-workload"), Some(out), Some(token), Some(seed)) = (arg(1), arg(2), arg(3), num(4)) {
+        let resume = if token == "-" { None } else { power::parse_token(token) };
+        return done(power::workload(std::path::Path::new(out), resume, seed));
+    }
+    if let (Some("power-observe"), Some(memory), Some(handles), Some(out)) = (arg(1), arg(2), arg(3), arg(4)) {
+        use std::path::Path;
+        return done(power::observe(Path::new(memory), Path::new(handles), Path::new(out)));
     }
     if args.get(1).map(String::as_str) == Some("watch") {
         return watch(args.get(2).map(String::as_str).unwrap_or("/run/fabric/fabricd.sock"));
