@@ -3,12 +3,14 @@
 //!
 //! The scripts in `scripts/` build everything from Debian packages (`qemu-deps.sh`,
 //! `qemu-image.sh`); this crate boots one guest per test ([`vm`]), talks QMP to it
-//! ([`qmp`]), and compares what the guest reports with what the kernel says ([`cxl`]).
+//! ([`qmp`]), and compares what the guest reports with what the kernel says ([`cxl`],
+//! [`kmem`]).
 //! `docs/testing.md` ("Tier 3") describes the result channel, the cache and the logs.
 
 pub mod cpio;
 pub mod cxl;
 pub mod env;
+pub mod kmem;
 pub mod pattern;
 pub mod qmp;
 pub mod scripts;

@@ -12,3 +12,5 @@ pub const DCD: &str = include_str!("../guest/dcd.sh");
 pub const IVSHMEM: &str = include_str!("../guest/ivshmem.sh");
 /// The VFIO/edu test.
 pub const VFIO: &str = include_str!("../guest/vfio.sh");
+/// The NUMA-node (CXL memory onlined by kmem) test.
+pub const NUMA: &str = include_str!("../guest/numa.sh");
