@@ -72,7 +72,9 @@ pub fn find_pages(file: &Path, len: u64, seed: u64) -> Result<Vec<u64>, String> 
     found
         .iter()
         .enumerate()
-        .map(|(k, o)| o.ok_or_else(|| format!("region page {k} (offset {:#x}) is not in the device's memory", k * PAGE)))
+        .map(|(k, o)| {
+            o.ok_or_else(|| format!("region page {k} (offset {:#x}) is not in the device's memory", k * PAGE))
+        })
         .collect()
 }
 

@@ -352,8 +352,11 @@ fn cxl_memory_onlined_as_a_numa_node_backs_regions() {
     // the node's memory as host_exported.
     let topo = json(&out, "fabric-topology");
     let suffix = format!("/numa{node}");
-    let Some(dev) =
-        topo["devices"].as_array().into_iter().flatten().find(|d| d["id"].as_str().is_some_and(|i| i.ends_with(&suffix)))
+    let Some(dev) = topo["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["id"].as_str().is_some_and(|i| i.ends_with(&suffix)))
     else {
         out.fail(&format!("fabricd lists no numa{node} device"))
     };
