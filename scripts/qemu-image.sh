@@ -25,11 +25,9 @@ mkdir -p "$out"
 # cxl_port and intel-iommu need nothing).
 # kmem is in the image but not loaded at boot: loaded, it takes every RAM region's DAX
 # device and onlines it as System RAM, while the DAX tests map the device itself. The NUMA
-# test (qemu-tests/guest/numa.sh) loads it from /etc/fabric-modules-optional, with the kernel
-# told to leave hot-added memory offline (memhp_default_state=offline) so the script onlines
-# it as ZONE_MOVABLE: onlined into ZONE_NORMAL, kernel allocations (page tables) land in the
-# CXL window, which QEMU 10.0 emulates as I/O memory, and TCG crashes (SIGSEGV in
-# access_stq).
+# test (qemu-tests/guest/numa.sh) loads it from /etc/fabric-modules-optional in a guest with
+# an SRAT: without one the CXL window joins node 0 and QEMU 10.0 under TCG crashes (SIGSEGV
+# in access_stq) once the kernel uses that memory (docs/testing.md, "Tier 3").
 modules=(cxl_acpi cxl_pci cxl_mem cxl_pmem dax_cxl device_dax vfio vfio_iommu_type1 vfio_pci)
 optional=(kmem)
 tools=(/usr/bin/cxl /usr/bin/daxctl)

@@ -35,7 +35,7 @@ DRV=$(basename "$(readlink -f /sys/bus/dax/devices/$DAX/driver 2>/dev/null)" 2>/
 NODE=$(cat /sys/bus/dax/devices/$DAX/target_node 2>/dev/null)
 if [ "$DRV" = kmem ] && [ -n "$NODE" ]; then result kmem ok "$DAX bound to kmem, target node $NODE"; else result kmem fail "$DAX driver '$DRV' node '$NODE'"; fi
 # memhp_default_state=offline left the blocks offline: online them movable, so that only
-# movable (user) pages land in the CXL window, never page tables (see scripts/qemu-image.sh).
+# movable (user, shmem) pages can land in the CXL window (docs/testing.md, "Tier 3").
 N=/sys/devices/system/node/node$NODE
 n=0
 for m in $N/memory[0-9]*; do [ -e "$m/state" ] && wr "$m/state" online_movable && n=$((n + 1)); done
