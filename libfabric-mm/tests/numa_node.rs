@@ -150,3 +150,27 @@ fn a_node_with_cpus_is_refused_as_cxl_memory() {
     let log = start(dir.path(), "numa_plain = [999]").err().expect("fabricd refuses a missing node");
     assert!(log.contains("NUMA node 999 does not exist"), "{log}");
 }
+
+#[test]
+fn a_node_region_does_not_outlive_the_daemon_but_its_mapping_does() {
+    if !Path::new("/sys/devices/system/node/node0").exists() {
+        eprintln!("skipped: this kernel shows no NUMA node 0");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), "numa_plain = [0]").unwrap_or_else(|log| panic!("fabricd did not start: {log}"));
+    let s = common::session(&d.socket);
+    let dev = s.devices().unwrap().into_iter().find(|d| d.id.ends_with("/numa0")).expect("numa0");
+    let region = s.alloc(&Target::Device { device: dev.id, memory: MemoryClass::HostExported }, 2 << 20).unwrap();
+    let m = s.map(&region).unwrap();
+    // SAFETY: the first word of the live read-write mapping; no reference to it exists.
+    unsafe { m.as_ptr().cast::<u64>().write_volatile(0xfeed) };
+    drop(d); // SIGKILL
+    // The mapping holds the memfd: the bytes are still there.
+    // SAFETY: as above, a read.
+    assert_eq!(unsafe { m.as_ptr().cast::<u64>().read_volatile() }, 0xfeed);
+    // The journaled region cannot come back: its memfd ended with the daemon.
+    let _d = start(dir.path(), "numa_plain = [0]").unwrap_or_else(|log| panic!("fabricd did not restart: {log}"));
+    let log = std::fs::read_to_string(dir.path().join("fabricd.log")).unwrap();
+    assert!(log.contains("it was a memfd on NUMA node 0, which ended with the daemon that made it"), "{log}");
+}
