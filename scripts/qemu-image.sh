@@ -23,18 +23,22 @@ mkdir -p "$out"
 
 # Modules every guest loads, in this order after their dependencies (built-in ones such as
 # cxl_port and intel-iommu need nothing).
-# kmem is left out: it would online a RAM region as System RAM, and QEMU 10.0 under TCG
-# crashes (SIGSEGV in access_stq) when the kernel then initialises that memory. Without it
-# the region stays a device-DAX character device, which is what the tests map.
+# kmem is in the image but not loaded at boot: loaded, it takes every RAM region's DAX
+# device and onlines it as System RAM, while the DAX tests map the device itself. The NUMA
+# test (qemu-tests/guest/numa.sh) loads it from /etc/fabric-modules-optional in a guest with
+# an SRAT: without one the CXL window joins node 0 and QEMU 10.0 under TCG crashes (SIGSEGV
+# in access_stq) once the kernel uses that memory (docs/testing.md, "Tier 3").
 # virtio_blk and ext4 (with jbd2, mbcache, crc16 and the crc32c its metadata checksums
 # load, which modprobe lists as soft dependencies) serve the power-loss test's disks.
 modules=(cxl_acpi cxl_pci cxl_mem cxl_pmem dax_cxl device_dax vfio vfio_iommu_type1 vfio_pci virtio_blk ext4)
+optional=(kmem)
 tools=(/usr/bin/cxl /usr/bin/daxctl)
 
 stamp=$(
   {
     echo "kernel $kver"
     echo "modules ${modules[*]}"
+    echo "optional ${optional[*]}"
     sha256sum /bin/busybox "${tools[@]}" "$0" | cut -d' ' -f1
   } | sha256sum | cut -d' ' -f1
 )
@@ -63,6 +67,17 @@ done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }' | while read -r ko; do
   echo "/lib/modules/$kver/$rel" >>"$root/etc/fabric-modules"
 done
 [ -s "$root/etc/fabric-modules" ] || { echo "qemu-image: no modules resolved" >&2; exit 1; }
+# Optional modules: their own files only (their dependencies are in the boot set above).
+: >"$root/etc/fabric-modules-optional"
+for m in "${optional[@]}"; do
+  ko=$(modprobe -C /dev/null -d "$kdir" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { p = $2 } END { print p }')
+  [ -n "$ko" ] || { echo "qemu-image: optional module $m not found" >&2; exit 1; }
+  rel=${ko#"$kdir/lib/modules/$kver/"}
+  rel=${rel%.xz}
+  mkdir -p "$root/lib/modules/$kver/$(dirname "$rel")"
+  xz -dc "$ko" >"$root/lib/modules/$kver/$rel"
+  echo "/lib/modules/$kver/$rel" >>"$root/etc/fabric-modules-optional"
+done
 
 cp /bin/busybox "$root/bin/busybox"
 for t in "${tools[@]}"; do

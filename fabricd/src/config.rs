@@ -180,11 +180,27 @@ pub struct MemoryConfig {
     /// PCI memory BARs (`0000:00:05.0/2`) whose bytes regions are allocated from, through
     /// sysfs `resourceN`: each becomes a `host_exported` memory resource of its function.
     pub bars: Vec<String>,
+    /// Memory-only NUMA nodes of CXL memory (onlined by `kmem`) whose memory regions are
+    /// allocated from: each region is a memfd whose pages the daemon places on the node
+    /// (docs/fabricd.md, "Memory backends"). A node with CPUs, or whose memory is not a
+    /// CXL region's, is refused.
+    pub numa: Vec<u32>,
+    /// NUMA nodes served like `numa` without the memory-only and CXL checks (a DRAM node,
+    /// or a memory-only node of plain DRAM): served only because they are listed here.
+    pub numa_plain: Vec<u32>,
 }
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { resume_grace_s: 30, compact_records: 4096, detach_grace_s: 0, dax: Vec::new(), bars: Vec::new() }
+        Self {
+            resume_grace_s: 30,
+            compact_records: 4096,
+            detach_grace_s: 0,
+            dax: Vec::new(),
+            bars: Vec::new(),
+            numa: Vec::new(),
+            numa_plain: Vec::new(),
+        }
     }
 }
 
@@ -361,6 +377,9 @@ impl Config {
         }
         if self.memory.compact_records == 0 {
             return Err(bad("memory.compact_records", "must be at least 1".to_owned()));
+        }
+        if let Some(n) = self.memory.numa_plain.iter().find(|n| self.memory.numa.contains(n)) {
+            return Err(bad("memory.numa_plain", format!("node {n} is in memory.numa too: list it once")));
         }
         if self.limits.clients == 0 {
             return Err(bad("limits.clients", "must be at least 1".to_owned()));

@@ -75,6 +75,9 @@ pub enum StartError {
     /// A DAX device or BAR `[memory]` exports cannot back regions.
     #[error("[memory] device memory")]
     Backing(#[source] crate::memory::backing::BackingError),
+    /// A NUMA node `[memory] numa` or `numa_plain` exports cannot back regions.
+    #[error("[memory] numa")]
+    Numa(#[source] crate::memory::numa::NumaError),
     /// The copy engine's threads could not be started.
     #[error("copy engine")]
     Copy(#[source] crate::copy::CopyError),
@@ -104,6 +107,20 @@ pub fn discover(config: &Config) -> Result<Inventory, StartError> {
     }
     for absent in crate::memory::backing::add_bar_resources(&mut inv, &bars) {
         tracing::warn!(bar = %absent, "exported BAR's function is not in the fabric");
+    }
+    // Exported NUMA nodes' memory becomes host_exported resources of their numaN devices
+    // the same way; one refused here is refused at start too (`backings`).
+    let mut nodes = Vec::new();
+    let listed =
+        config.memory.numa.iter().map(|&n| (n, false)).chain(config.memory.numa_plain.iter().map(|&n| (n, true)));
+    for (n, plain) in listed {
+        match crate::memory::numa::resolve_node(&root, &inv, n, plain) {
+            Ok(b) => nodes.push(b),
+            Err(e) => tracing::warn!(node = n, error = %e, "exported NUMA node not usable"),
+        }
+    }
+    for absent in crate::memory::numa::add_node_resources(&mut inv, &nodes) {
+        tracing::warn!(node = absent, "exported NUMA node has no numaN device in the fabric");
     }
     Ok(inv)
 }
@@ -135,6 +152,9 @@ pub fn backings(config: &Config, inv: &Inventory) -> Result<crate::memory::backi
     let mut b = crate::memory::backing::resolve(&root, &dev, inv, &config.memory.dax, &config.memory.bars)
         .map_err(StartError::Backing)?;
     crate::memory::backing::locate_bars(inv, &mut b.bars);
+    let numa = &config.memory;
+    b.nodes = crate::memory::numa::resolve(&root, inv, &numa.numa, &numa.numa_plain).map_err(StartError::Numa)?;
+    crate::memory::numa::locate_nodes(inv, &mut b.nodes).map_err(StartError::Numa)?;
     Ok(b)
 }
 

@@ -28,6 +28,8 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::BadRequest(_) => ErrorCode::BadRequest,
         MemoryError::NotImplemented(_) => ErrorCode::NotImplemented,
         MemoryError::DeviceLost(_) => ErrorCode::Unavailable,
+        MemoryError::Node(crate::memory::numa::NumaError::NoMemory { .. }) => ErrorCode::NoSpace,
+        MemoryError::Node(_) => ErrorCode::Internal,
         MemoryError::Io { .. } | MemoryError::Journal(_) | MemoryError::Record(_) | MemoryError::JournalUnavailable => {
             ErrorCode::Internal
         }

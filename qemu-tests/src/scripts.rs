@@ -14,3 +14,5 @@ pub const IVSHMEM: &str = include_str!("../guest/ivshmem.sh");
 pub const VFIO: &str = include_str!("../guest/vfio.sh");
 /// The power-loss test.
 pub const POWER: &str = include_str!("../guest/power.sh");
+/// The NUMA-node (CXL memory onlined by kmem) test.
+pub const NUMA: &str = include_str!("../guest/numa.sh");

@@ -1,7 +1,7 @@
 //! Tier 3: one QEMU guest per test, booted from the cached Debian kernel and initramfs.
 //! Each test fails with the guest's console when a guest check or a comparison fails.
 
-use fabric_qemu_tests::{cxl, env, pattern, scripts, vm};
+use fabric_qemu_tests::{cxl, env, kmem, pattern, scripts, vm};
 
 /// Bytes of the region the guest reads and writes through its DAX device (the probe's
 /// `0x800000` in guest/cxl.sh).
@@ -314,5 +314,74 @@ fn vfio_edu_dma_through_the_iommu() {
         || dev["pci"]["driver"] != "vfio-pci"
     {
         out.fail(&format!("fabricd's edu entry disagrees with sysfs (group {group}, driver vfio-pci): {}", dev["pci"]));
+    }
+}
+
+/// Bytes of the region the NUMA guest's probe stores (`0x200000` in guest/numa.sh).
+const NUMA_BYTES: u64 = 0x20_0000;
+
+#[test]
+fn cxl_memory_onlined_as_a_numa_node_backs_regions() {
+    let Some(pre) = env::prereqs_or_skip("cxl_memory_onlined_as_a_numa_node_backs_regions") else { return };
+    let mut spec = vm::VmSpec::new("numa", scripts::NUMA);
+    // Hot-added memory stays offline until the script onlines it movable (scripts/qemu-image.sh).
+    spec.append = "memhp_default_state=offline".to_owned();
+    let smp = std::env::var("FABRIC_QEMU_SMP").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let mem = pre.logs.join("numa-mem");
+    let _ = std::fs::remove_dir_all(&mem);
+    kmem::add_topology(&mut spec, &mem, smp).expect("backing file");
+    let guest = vm::Guest::start(&pre, &spec).expect("boot");
+    let out = guest.finish().expect("guest run");
+
+    // The kernel: the region's DAX device went to kmem and its memory blocks are online in a
+    // node with no CPUs.
+    out.expect_check("cxl-region");
+    out.expect_check("kmem");
+    out.expect_check("kmem-online");
+    out.expect_check("fabricd-start");
+    out.expect_check("fabric-topology");
+    let info = out.blob("kmem-info").to_owned();
+    let mut it = info.split_whitespace();
+    let (Some(region), Some(_dax), Some(node)) = (it.next(), it.next(), it.next()) else {
+        out.fail(&format!("kmem-info blob {info:?}"))
+    };
+    let list = json(&out, "cxl-list");
+    let kernel = cxl::kernel_view(&list);
+    let Some(kr) = kernel.regions.get(region) else { out.fail(&format!("cxl list has no {region}")) };
+    // fabricd: the node's device says which CXL region and memdev its memory is, and holds
+    // the node's memory as host_exported.
+    let topo = json(&out, "fabric-topology");
+    let suffix = format!("/numa{node}");
+    let Some(dev) = topo["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["id"].as_str().is_some_and(|i| i.ends_with(&suffix)))
+    else {
+        out.fail(&format!("fabricd lists no numa{node} device"))
+    };
+    let attr = |k: &str| dev["attrs"][k].as_str().unwrap_or_default().to_owned();
+    let set = format!("cxl-region:hpa-{:#x}", kr.resource);
+    if attr("cxl.regions") != set || !attr("cxl.memdevs").contains(&format!("{:#x}", kmem::SERIAL)) {
+        out.fail(&format!("numa{node} does not name {set} and memdev {:#x}: {dev}", kmem::SERIAL));
+    }
+    if attr("numa.memory_only") != "true" {
+        out.fail(&format!("numa{node} is not memory-only: {dev}"));
+    }
+    let exported = dev["memory"].as_array().into_iter().flatten().find(|m| m["kind"] == "host_exported");
+    if exported.and_then(|m| m["size"].as_u64()) != Some(kmem::DEVICE_BYTES) {
+        out.fail(&format!("numa{node}'s host_exported memory is not the region's {} bytes: {dev}", kmem::DEVICE_BYTES));
+    }
+    // The library: a region on the node, stored by one process and loaded by another; the
+    // kernel's numa_maps of the owner shows it bound to the node with every page there.
+    out.expect_check("lib-alloc-store");
+    out.expect_check("numa-placement");
+    out.expect_check("lib-import-load");
+    out.expect_check("lib-owner");
+    // And the bytes are in the CXL device's memory: every page of the region is found, whole,
+    // in its backing file (wherever the kernel's allocator put it).
+    match kmem::find_pages(&kmem::backing_file(&mem), NUMA_BYTES, 0x5eed_0005) {
+        Ok(at) => eprintln!("region pages in the device at {:#x?}…", &at[..4.min(at.len())]),
+        Err(e) => out.fail(&format!("the library's stores are not in the CXL device's memory: {e}")),
     }
 }

@@ -114,6 +114,8 @@ pub struct Backings {
     pub sets: Vec<SetBacking>,
     /// BARs.
     pub bars: Vec<BarBacking>,
+    /// NUMA nodes (`[memory] numa`, `numa_plain`), their devices set by the daemon.
+    pub nodes: Vec<super::numa::NodeBacking>,
 }
 
 fn is_dax_name(s: &str) -> bool {

@@ -11,7 +11,9 @@
 //!
 //! Resources and interleave sets the operator exports as real device memory (a DAX device,
 //! a PCI BAR: [`backing`]) hold no files: their regions are ranges of the device file, and
-//! the client gets the device's descriptor with the region's offset in it.
+//! the client gets the device's descriptor with the region's offset in it. A NUMA node the
+//! operator exports ([`numa`]) holds no files either: each region is a sealed memfd whose
+//! pages the daemon bound to the node, kept open by the daemon for the region's life.
 //!
 //! The registry is durable (`memory/persist.rs`, records in [`durable`]): every change to regions
 //! and exports is journaled before it is acknowledged, and at start the registry is
@@ -23,6 +25,8 @@
 pub mod alloc;
 pub mod backing;
 pub mod durable;
+pub mod nodefd;
+pub mod numa;
 mod persist;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
@@ -95,6 +99,9 @@ pub enum MemoryError {
     /// The device holding the memory vanished or failed.
     #[error("{0}")]
     DeviceLost(String),
+    /// A region on a NUMA node could not be made.
+    #[error(transparent)]
+    Node(numa::NumaError),
     /// The journal refused the change (it is not made).
     #[error("journal")]
     Journal(#[source] crate::journal::JournalError),
@@ -142,6 +149,8 @@ struct Resource {
     backing: Option<backing::DeviceBacking>,
     /// The device comes from a sim fabric, whose memory is a file per region.
     simulated: bool,
+    /// The NUMA node its regions' pages are placed on (a memfd per region).
+    numa: Option<numa::NodeBacking>,
 }
 
 impl Resource {
@@ -247,6 +256,10 @@ struct State {
     set_backings: HashMap<String, backing::DeviceBacking>,
     /// Vendor memory objects behind adopted regions, by region id (not journaled).
     objects: HashMap<u64, adopt::Object>,
+    /// The memfds of regions on NUMA nodes, by region id: the region lives as long as the
+    /// daemon holds it (its `path` is the descriptor's `/proc/self/fd` link, which imports,
+    /// copies and registrations reopen).
+    memfds: HashMap<u64, OwnedFd>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -377,6 +390,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
             lost: false,
             backing: None,
             simulated: dev.sources.iter().any(|s| s == "sim"),
+            numa: None,
         });
     }
     Ok(out)
@@ -431,6 +445,19 @@ impl Memory {
                 None => {
                     tracing::warn!(bar = %bar.backing.name, "exported BAR has no resource in the fabric; not served")
                 }
+            }
+        }
+        for n in &b.nodes {
+            let found = st
+                .resources
+                .iter_mut()
+                .find(|r| r.kind == MemoryKind::HostExported && r.ordinal == 0 && Some(&r.device) == n.device.as_ref());
+            match found {
+                Some(r) => {
+                    tracing::info!(device = %r.device, node = n.node, memory_only = n.memory_only, cxl_regions = n.cxl.len(), "NUMA node backs the resource");
+                    r.numa = Some(n.clone());
+                }
+                None => tracing::warn!(node = n.node, "exported NUMA node has no resource in the fabric; not served"),
             }
         }
     }
@@ -530,7 +557,12 @@ impl Memory {
         let id = st.next_id;
         st.next_id += 1;
         let r = &st.resources[resource];
-        let made = Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len, st.log.is_some());
+        let made = match r.numa.clone() {
+            Some(n) => Self::make_node_region(&mut st, n, id, len),
+            None => {
+                Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len, st.log.is_some())
+            }
+        };
         let (fd, path, fd_offset, device_file) = match made {
             Ok(m) => m,
             Err(e) => {
@@ -557,7 +589,7 @@ impl Memory {
         let record = Change::RegionAllocated(st.region_record(id, &region));
         if let Err(e) = st.journal(&record) {
             st.resources[resource].ranges.free(offset);
-            if !region.device_file {
+            if st.memfds.remove(&id).is_none() && !region.device_file {
                 let _ = std::fs::remove_file(&region.path);
             }
             return Err(e);
@@ -607,6 +639,22 @@ impl Memory {
         made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
     }
 
+    /// A new region `id` of `len` bytes on NUMA node `n`: its memfd is kept in
+    /// `st.memfds`, and the client gets a duplicate.
+    fn make_node_region(
+        st: &mut State,
+        n: numa::NodeBacking,
+        id: u64,
+        len: u64,
+    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+        use std::os::fd::AsRawFd;
+        let fd = n.make_region(id, len).map_err(MemoryError::Node)?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let dup = fd.try_clone().map_err(io_err(&path))?;
+        st.memfds.insert(id, fd);
+        Ok((dup, path, 0, false))
+    }
+
     /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
     /// backs: the descriptor and the range's offset in the file.
     fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
@@ -648,7 +696,9 @@ impl Memory {
         for i in st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
             st.resources[i].ranges.free(r.offset);
         }
-        if r.device_file {
+        if st.memfds.remove(&id).is_some() {
+            // Closing the daemon's memfd frees the pages once no client maps them.
+        } else if r.device_file {
             // Device memory keeps its contents; the range is simply free again.
         } else if let Err(e) = std::fs::remove_file(&r.path) {
             tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");

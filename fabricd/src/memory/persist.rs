@@ -598,6 +598,12 @@ impl State {
                 // A region of device memory is a range of the device file, which outlives
                 // the daemon like a sim file does (and is never removed).
                 let res = &self.resources[members[0]];
+                if let Some(n) = &res.numa {
+                    return Err(format!(
+                        "it was a memfd on NUMA node {}, which ended with the daemon that made it",
+                        n.node
+                    ));
+                }
                 let (path, fd_offset, device_file) = match &res.backing {
                     Some(b) => match b.file_offset(r.offset, r.len) {
                         Some(at) => (b.path.clone(), at, true),

@@ -10,13 +10,26 @@ use std::time::{Duration, Instant};
 use fabric_mm::{Memory, MemoryClass, Policy, Session, Target};
 use fabric_qemu_tests::pattern;
 
-/// The allocation target: `set:NAME`, or `bar:BDF` (the host_exported memory of the PCI
-/// function at BDF, found in the daemon's device list).
+/// The allocation target: `set:NAME`, `numa:N` (the host_exported memory of NUMA node N's
+/// device), or `bar:BDF` (the host_exported memory of the PCI function at BDF, found in the
+/// daemon's device list).
 fn target(s: &Session, spec: &str) -> Result<Target, String> {
     if let Some(name) = spec.strip_prefix("set:") {
         return Ok(Target::Set(name.to_owned()));
     }
-    let Some(bdf) = spec.strip_prefix("bar:") else { return Err(format!("target {spec:?}: set:NAME or bar:BDF")) };
+    if let Some(node) = spec.strip_prefix("numa:") {
+        // The host_exported memory fabricd made of a NUMA node it serves ([memory] numa).
+        let devices = s.devices().map_err(|e| format!("devices: {e}"))?;
+        let suffix = format!("/numa{node}");
+        let dev = devices
+            .into_iter()
+            .find(|d| d.id.ends_with(&suffix) && d.memory.iter().any(|m| m.0 == MemoryClass::HostExported))
+            .ok_or_else(|| format!("fabricd lists no numa{node} device with host_exported memory"))?;
+        return Ok(Target::Device { device: dev.id, memory: MemoryClass::HostExported });
+    }
+    let Some(bdf) = spec.strip_prefix("bar:") else {
+        return Err(format!("target {spec:?}: set:NAME, numa:N or bar:BDF"));
+    };
     let devices = s.devices().map_err(|e| format!("devices: {e}"))?;
     let dev = devices
         .into_iter()
