@@ -332,7 +332,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 8)]
         depth: usize,
         /// Copies per request for the batched figure (CopyBatch, 1 to 64).
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 16)]
         batch: usize,
         /// Where the private daemons' state dirs go (default /dev/shm): a tmpfs mounted
         /// with huge=always gives the sim regions huge pages.
