@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Miri: runs the pure parts' tests (wire codec, address-map arithmetic and interleave,
+# Miri: runs the pure parts' tests (wire codec, address-map arithmetic and CXL interleave,
 # fabric model, registration cache) under the Miri interpreter, which fails on undefined
 # behaviour, out-of-bounds or misaligned accesses, use-after-free and data races. Parts
 # that make system calls (sockets, mmap, ioctls) cannot run under Miri and are left out.
@@ -34,8 +34,9 @@ run() {
 }
 run -p fabric-proto --lib
 run -p fabric-proto --test wire_roundtrip
+# The lib tests check the interleave arithmetic against the kernel's and a naive one for
+# every geometry; tests/interleave.rs builds a whole map per geometry (too slow here).
 run -p fabric-addrmap --lib
-run -p fabric-addrmap --test interleave
 run -p fabric-topology --lib
 run -p libfabric-mm --lib regcache
 echo "miri: all passed in $(($(date +%s) - start)) s"

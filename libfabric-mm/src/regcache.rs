@@ -523,7 +523,7 @@ mod tests {
         /// always hold, a key of another generation never hits, a shorter range hits the
         /// longest entry, and the LRU victim is the model's.
         #[test]
-        fn behaves_like_a_recency_list(ops in proptest::collection::vec(op(), 1..200), entries in 1usize..6, bytes in 20u64..120) {
+        fn behaves_like_a_recency_list(ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 40 } else { 200 }), entries in 1usize..6, bytes in 20u64..120) {
             let mut c = RegCache::new(CacheLimits { entries, bytes });
             let mut model: Vec<(RegKey, u64)> = Vec::new(); // least recent first
             let mut out_count = 0u64;

@@ -128,7 +128,7 @@ proptest! {
     /// the cache nor a user holds it.
     #[test]
     fn the_library_sequence_matches_a_reference_model(
-        ops in proptest::collection::vec(op(), 1..300),
+        ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 40 } else { 300 }),
         entries in 1usize..8,
         bytes in 16u64..256,
     ) {
