@@ -91,7 +91,7 @@ impl Memory {
         kind: ObjectKind,
         fd: OwnedFd,
     ) -> Result<Adopted, MemoryError> {
-        let Place { device, kind: memory, ordinal } = place;
+        let Place { device, kind: memory, .. } = place;
         if *memory != memory_of(kind) {
             return Err(bad(format!(
                 "a {kind:?} object is {} memory, not {}",
@@ -104,12 +104,7 @@ impl Memory {
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
         let sess = st.session(session, owner)?;
-        let candidates: Vec<usize> = (0..st.resources.len())
-            .filter(|&i| {
-                let r = &st.resources[i];
-                r.device == *device && r.kind == *memory && ordinal.is_none_or(|o| o == r.ordinal)
-            })
-            .collect();
+        let candidates = st.candidates(place);
         if candidates.is_empty() {
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory", kind_name(*memory))));
         }

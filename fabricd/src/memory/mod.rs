@@ -153,6 +153,20 @@ struct Resource {
     numa: Option<numa::NodeBacking>,
 }
 
+impl State {
+    /// The resources `place` names, in order: the `ordinal`-th of its kind on its device, or
+    /// every one of that kind there.
+    fn candidates(&self, place: &Place) -> Vec<usize> {
+        let Place { device, kind, ordinal } = place;
+        (0..self.resources.len())
+            .filter(|&i| {
+                let r = &self.resources[i];
+                r.device == *device && r.kind == *kind && ordinal.is_none_or(|o| o == r.ordinal)
+            })
+            .collect()
+    }
+}
+
 impl Resource {
     /// Why `Alloc` cannot make a region here, when it cannot: device memory of a real
     /// device (HBM, CXL) that no configured device file backs. A file per region would
@@ -498,12 +512,11 @@ impl Memory {
         let (kind, ordinal) = (*kind, *ordinal);
         let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         let mut st = self.state();
+        let candidates = st.candidates(place);
         // Device memory maps in whole multiples of its align (a BAR's is a page).
-        let dev_align = st
-            .resources
+        let dev_align = candidates
             .iter()
-            .filter(|r| r.device == *device && r.kind == kind && ordinal.is_none_or(|o| o == r.ordinal))
-            .filter_map(|r| r.backing.as_ref().map(|b| b.align))
+            .filter_map(|&i| st.resources[i].backing.as_ref().map(|b| b.align))
             .max()
             .unwrap_or(GRANULE);
         let len = len
@@ -511,12 +524,6 @@ impl Memory {
             .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
         self.check(&st, owner.uid, len, 1)?;
         let sess = st.session(session, owner)?;
-        let candidates: Vec<usize> = (0..st.resources.len())
-            .filter(|&i| {
-                let r = &st.resources[i];
-                r.device == *device && r.kind == kind && ordinal.is_none_or(|o| o == r.ordinal)
-            })
-            .collect();
         if candidates.is_empty() {
             let which = ordinal.map(|o| format!(" #{o}")).unwrap_or_default();
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory{which}", kind_name(kind))));
@@ -527,8 +534,8 @@ impl Memory {
         if let Some(why) = candidates.iter().map(|&i| st.resources[i].unserved()).collect::<Option<Vec<_>>>() {
             return Err(MemoryError::NotImplemented(why.into_iter().next().unwrap_or_default()));
         }
-        let candidates: Vec<usize> = candidates.into_iter().filter(|&i| st.resources[i].unserved().is_none()).collect();
-        let candidates: Vec<usize> = candidates.into_iter().filter(|&i| !st.resources[i].lost).collect();
+        let candidates: Vec<usize> =
+            candidates.into_iter().filter(|&i| !st.resources[i].lost && st.resources[i].unserved().is_none()).collect();
         let mut last = None;
         let mut placed = None;
         for i in candidates {
