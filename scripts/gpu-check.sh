@@ -10,7 +10,8 @@
 # smi-nvlink.txt), discovery (topology.json, topology.txt, devices.json), the comparison
 # (gpu-compare.json, gpu-compare.txt), the daemon's view (fabricd.log, daemon-status.json,
 # daemon-devices.json, daemon-map.json), the CUDA checks (probe.json, memory.json and
-# memory.importer.json through fabricd, memory-direct*.json without it), the PTX
+# memory.importer.json through fabricd, memory-direct*.json without it, memory-fabric*.json
+# through fabricd with a fabric handle where an IMEX channel exists, imex-channel.txt), the PTX
 # (pattern.ptx, assembled by ptxas when the toolkit is
 # there), each step's log (*.log), steps.tsv and summary.json.
 #
@@ -148,6 +149,38 @@ TOML
     [ -S "$DDIR/fabricd.sock" ] && DSOCK=$DDIR/fabricd.sock
 fi
 
+# An IMEX channel for fabric handles (NVIDIA's IMEX guide, "IMEX Channels"): a CUDA
+# allocation with the fabric handle type needs /dev/nvidia-caps-imex-channels/channelN. When
+# there is none, GPU_CHECK_IMEX=create (as root) makes channel 0 from the major number the
+# driver registered in /proc/devices, as the guide's mknod does: changing /dev is the
+# operator's call, so only on request. Prints what it found or did; fails when no channel.
+imex_channel() {
+    local dir=${GPU_CHECK_IMEX_DIR:-/dev/nvidia-caps-imex-channels} major
+    if compgen -G "$dir/channel*" >/dev/null; then
+        echo "present: $(cd "$dir" && echo channel*)"
+        return 0
+    fi
+    major=$(awk '$2 == "nvidia-caps-imex-channels" { print $1 }' "${GPU_CHECK_PROC_DEVICES:-/proc/devices}" 2>/dev/null)
+    if [ -z "$major" ]; then
+        echo "no IMEX channel: the driver registers no nvidia-caps-imex-channels device"
+        return 1
+    fi
+    if [ "${GPU_CHECK_IMEX:-}" != create ]; then
+        echo "no IMEX channel in $dir (GPU_CHECK_IMEX=create makes channel 0)"
+        return 1
+    fi
+    if [ "$(id -u)" != 0 ]; then
+        echo "no IMEX channel in $dir, and creating one needs root"
+        return 1
+    fi
+    if mkdir -p "$dir" && mknod -m 666 "$dir/channel0" c "$major" 0; then
+        echo "created $dir/channel0 (major $major)"
+        return 0
+    fi
+    echo "no IMEX channel: mknod $dir/channel0 failed"
+    return 1
+}
+
 # 3. CUDA: presence, then the two-process memory check (1 GiB, 20 copies per figure): through
 # fabricd (Adopt, export, ImportObject) when it runs, and directly (the descriptor over a
 # socket between the two processes).
@@ -168,6 +201,15 @@ if [ -n "$GPU_CHECK" ]; then
         if [ -n "$DSOCK" ]; then
             run cuda-memory-direct 150 memory-direct.stdout "$GPU_CHECK" memory --out "$OUT/memory-direct.json" \
                 --size-mib "${GPU_CHECK_SIZE_MIB:-1024}" --iters "${GPU_CHECK_ITERS:-20}"
+            # 3b. The same through fabricd with a fabric handle instead of a descriptor (256 MiB):
+            # only where the driver can make one, which takes an IMEX channel.
+            if imex_channel >"$OUT/imex-channel.txt" 2>&1; then
+                printf 'imex-channel\t0\t0\timex-channel.txt\n' >>"$OUT/steps.tsv"
+                run cuda-memory-fabric 120 memory-fabric.stdout "$GPU_CHECK" memory \
+                    --out "$OUT/memory-fabric.json" --size-mib 256 --iters 5 --daemon "$DSOCK" --share fabric
+            else
+                printf 'cuda-memory-fabric\tskipped\t0\t%s\n' "$(cat "$OUT/imex-channel.txt")" >>"$OUT/steps.tsv"
+            fi
         fi
     else
         printf 'cuda-memory\tskipped\t0\tCUDA not present\n' >>"$OUT/steps.tsv"

@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use fabric_proto::wire::{
     AdoptRequest, AllocRequest, AllocResponse, AllocTarget, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
     ExportHandle, ExportRequest, ExportResponse, ImportObjectResponse, ImportRequest, ImportResponse, Name, PeerCred,
-    Response,
+    Response, Version,
 };
 use fabric_topology::DeviceId;
 
@@ -110,7 +110,13 @@ pub fn adopt(
     fds: Vec<OwnedFd>,
 ) -> Result<Response, ErrorBody> {
     let place = place_of(&req.target)?;
-    let fd = fds.into_iter().next().ok_or_else(|| refusal(ErrorCode::BadFds, "Adopt needs the object's descriptor"))?;
+    let fd = fds.into_iter().next();
+    if req.object.is_descriptor() && fd.is_none() {
+        return Err(refusal(ErrorCode::BadFds, "Adopt needs the object's descriptor"));
+    }
+    if !req.object.is_descriptor() && fd.is_some() {
+        return Err(refusal(ErrorCode::BadFds, "a fabric handle travels in the body: Adopt it with no descriptor"));
+    }
     let a = d.memory.adopt(peer, session, &place, req.size, req.object, fd).map_err(|e| refused(&e))?;
     let gfa = placement::region_gfa(d, a.region);
     Ok(Response::Adopt(AllocResponse { region: a.region, generation: a.generation, size: a.size, gfa, offset: 0 }))
@@ -122,20 +128,20 @@ pub fn import_object(
     peer: &PeerCred,
     session: u64,
     req: ImportRequest,
+    version: Version,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
-    let o = d.memory.import_object(peer, session, &req.handle, req.access).map_err(|e| refused(&e))?;
-    let g = o.granted;
+    let o = d.memory.import_object(peer, session, &req.handle, req.access, version).map_err(|e| refused(&e))?;
     let resp = ImportObjectResponse {
-        import: g.import,
-        region: g.region,
-        generation: g.generation,
-        size: g.len,
-        gfa: placement::region_gfa(d, g.region),
+        import: o.import,
+        region: o.region,
+        generation: o.generation,
+        size: o.size,
+        gfa: placement::region_gfa(d, o.region),
         access: req.access,
         object: o.kind,
         device: DeviceName::truncated(&o.device.to_string()),
     };
-    Ok((Response::ImportObject(resp), Some(g.fd)))
+    Ok((Response::ImportObject(resp), o.fd))
 }
 
 /// `Free`: a region of this session.

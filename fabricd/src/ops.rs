@@ -4,8 +4,9 @@
 use fabric_addrmap::{HoleOwner, Location, ResourceKey, Snapshot, TranslateError};
 use fabric_proto::TopologyOptions;
 use fabric_proto::wire::{
-    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PeerCred, Problem, ProblemKind, Request,
-    ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation,
+    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PROTOCOL_VERSION, PeerCred, Problem,
+    ProblemKind, Request, ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation,
+    Version,
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
@@ -34,17 +35,19 @@ pub fn handle_session(
     session: u64,
     req: Request,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
-    handle_session_fds(d, peer, session, req, Vec::new())
+    handle_session_fds(d, peer, session, req, Vec::new(), PROTOCOL_VERSION)
 }
 
 /// [`handle_session`] with the descriptors that came with the request (as many as
-/// [`Request::fds_required`] says; the server checked that).
+/// [`Request::fds_required`] says; the server checked that) and the protocol version the
+/// connection negotiated (what it may be sent).
 pub fn handle_session_fds(
     d: &Daemon,
     peer: &PeerCred,
     session: u64,
     req: Request,
     fds: Vec<OwnedFd>,
+    version: Version,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
     let op = req.opcode();
     let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
@@ -70,6 +73,10 @@ pub fn handle_session_fds(
         Request::Alloc(a) => {
             scope::check_alloc(d, &caller, &a.target).and_then(|()| memops::alloc(d, peer, session, a))
         }
+        Request::Adopt(a) if a.object.since() > version => Err(refusal(
+            ErrorCode::BadRequest,
+            format!("a {} needs protocol {}; this connection speaks {version}", a.object.name(), a.object.since()),
+        )),
         Request::Adopt(a) => {
             scope::check_alloc(d, &caller, &a.target).and_then(|()| plain(memops::adopt(d, peer, session, a, fds)))
         }
@@ -80,7 +87,7 @@ pub fn handle_session_fds(
         Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
         Request::Import(i) => scope::check_import(d, &caller, &i).and_then(|()| memops::import(d, peer, session, i)),
         Request::ImportObject(i) => {
-            scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, peer, session, i))
+            scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, peer, session, i, version))
         }
         Request::Release(r) => plain(memops::release(d, session, r.import)),
         Request::Register(r) => plain(dmaops::register(d, peer, session, r, fds)),

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     BodyError, CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse,
-    MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PeerCred, Request, Response, SUPPORTED_VERSIONS, SessionToken,
-    SubscribeResponse, Version, decode_header, decode_request, encode_message, negotiate,
+    MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
+    SUPPORTED_VERSIONS, SessionToken, SubscribeResponse, Version, decode_header, decode_request, encode_message,
+    negotiate,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -529,7 +530,8 @@ impl Conn<'_> {
             self.daemon.flush_revocations();
             return r.map(|r| (r, None));
         }
-        ops::handle_session_fds(self.daemon, &self.peer, session, req, fds)
+        let version = self.version.unwrap_or(PROTOCOL_VERSION);
+        ops::handle_session_fds(self.daemon, &self.peer, session, req, fds, version)
     }
 
     /// The token for the `Hello` response (1.1 and later): the session's own, or the one

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use fabric_proto::wire::{
     AccessMode, AdoptRequest, AllocRequest, AllocResponse, AllocTarget, BoundedVec, CodecError, Connection, DeviceName,
-    ErrorBody, ErrorCode, Event, ExportHandle, ExportPolicy, ExportRequest, FreeRequest, ImportObjectResponse,
-    ImportRequest, MemoryClass, Name, ObjectKind, RegionsRequest, RegisterRequest, RegisterSource, Request, Response,
-    RevocationReason, StatusRequest, SubscribeRequest, Topics,
+    ErrorBody, ErrorCode, Event, ExportHandle, ExportPolicy, ExportRequest, FabricHandleBytes, FreeRequest,
+    ImportObjectResponse, ImportRequest, MemoryClass, Name, ObjectKind, RegionsRequest, RegisterRequest,
+    RegisterSource, Request, Response, RevocationReason, StatusRequest, SubscribeRequest, Topics,
 };
 use fabric_topology::{DeviceKind, MemoryKind};
 
@@ -257,4 +257,53 @@ fn adopted_objects_are_not_journaled_and_end_with_the_daemon() {
         b.call(Request::Import(ImportRequest { handle: ph, access: AccessMode::ReadWrite }), &[]).unwrap();
     assert!(matches!(resp, Response::Import(ref i) if i.region == plain.region), "{resp:?}");
     assert_eq!(fds.len(), 1);
+}
+
+/// A CUDA fabric handle (protocol 1.4) is adopted as bytes: no descriptor travels either
+/// way, the importer gets the very bytes back, and a connection that negotiated 1.3 (which
+/// could not decode them) is refused both ways.
+#[test]
+fn a_fabric_handle_travels_as_bytes_and_only_to_connections_that_speak_1_4() {
+    let setup = common::Setup::new("");
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (gpu, _) = devices();
+    let mut a = common::client(&setup.socket);
+    let mut b = common::client(&setup.socket);
+    let mut bytes = [0u8; 64];
+    bytes.iter_mut().enumerate().for_each(|(i, x)| *x = 0x40 + i as u8);
+    let fabric = ObjectKind::CudaFabric(FabricHandleBytes(bytes));
+    let req = Request::Adopt(AdoptRequest { target: on_hbm(&gpu), size: 4 * MIB, object: fabric });
+
+    // With a descriptor as well: refused (the client side already refuses to send one).
+    let e = match a.call(req.clone(), &[object(MIB, b"x").as_fd()]) {
+        Err(e) => e.to_string(),
+        Ok(r) => panic!("{r:?}"),
+    };
+    assert!(e.contains("descriptor"), "{e}");
+    let (r, fds) = a.call(req.clone(), &[]).unwrap();
+    assert!(fds.is_empty());
+    let Response::Adopt(r) = r else { panic!("{r:?}") };
+    assert_eq!(r.size, 4 * MIB);
+
+    let handle = export(&mut a, r.region);
+    let (i, fds) = b.call(Request::ImportObject(ImportRequest { handle, access: AccessMode::ReadWrite }), &[]).unwrap();
+    assert!(fds.is_empty(), "a fabric handle comes back as bytes only");
+    let Response::ImportObject(i) = i else { panic!("{i:?}") };
+    assert_eq!((i.object, i.region, i.size, i.device.as_str()), (fabric, r.region, 4 * MIB, gpu.as_str()));
+
+    // A 1.3 connection: neither adopts nor is handed a fabric handle.
+    let s = UnixStream::connect(&setup.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut old = Connection::new(s);
+    let v13 = fabric_proto::wire::Version::new(1, 3);
+    assert_eq!(old.hello("old", fabric_proto::wire::VersionRange::new(v13, v13)).unwrap().version, v13);
+    let body = refused(&mut old, req, &[]);
+    assert!(body.message.contains("1.4"), "{}", body.message);
+    let body = refused(&mut old, Request::ImportObject(ImportRequest { handle, access: AccessMode::ReadWrite }), &[]);
+    assert!(body.message.contains("1.4"), "{}", body.message);
+    // The refused import recorded nothing: the region still frees cleanly with one import.
+    let Response::Regions(list) = a.call(Request::Regions(RegionsRequest { all: false }), &[]).unwrap().0 else {
+        panic!()
+    };
+    assert!(list.regions.iter().any(|x| x.region == r.region));
 }

@@ -14,20 +14,9 @@ fn gpu_check() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gpu_check"))
 }
 
-/// Builds the stand-in as libcuda.so.1 (and libcuda.so, the first name cudarc tries).
+/// Builds the stand-in as libcuda.so.1 in `dir` (`None`: no C compiler here).
 fn fake_driver(dir: &Path) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda/fake_cuda.c");
-    let lib = dir.join("libcuda.so.1");
-    let status =
-        Command::new("cc").args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"]).arg(&lib).arg(&src).status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!("compiling the stand-in driver failed: {s}"),
-        // No C compiler on this machine: the C examples' tests need one too.
-        Err(_) => return None,
-    }
-    std::fs::copy(&lib, dir.join("libcuda.so")).expect("copy");
-    Some(dir.to_owned())
+    common::fake_cuda_driver(dir)
 }
 
 fn run(lib: &Path, args: &[&str], out: &Path) -> (Option<i32>, serde_json::Value) {
@@ -123,6 +112,39 @@ fn a_content_mismatch_is_caught() {
 
 #[test]
 fn the_memory_check_goes_through_fabricd() {
+    through_fabricd(&[], "Adopt (the allocation becomes a region on the GPU's HBM)", "POSIX descriptor");
+}
+
+/// The same with the allocation handed over as a fabric handle (protocol 1.4): the stand-in
+/// driver makes fabric handles when told to, and the daemon passes the bytes.
+#[test]
+fn the_memory_check_shares_a_fabric_handle_through_fabricd() {
+    through_fabricd(
+        &["--share", "fabric"],
+        "Adopt as a fabric handle (the allocation becomes a region on the GPU's HBM)",
+        "fabric handle",
+    );
+}
+
+/// Asked to share by fabric handle where the driver makes none (no IMEX channel): a failed
+/// step that says why, not a silent fall back to descriptors.
+#[test]
+fn a_fabric_share_without_fabric_handles_fails_and_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(lib) = fake_driver(dir.path()) else { return };
+    let d = common::daemon();
+    let out = dir.path().join("memory.json");
+    let socket = d.socket.display().to_string();
+    let args = ["memory", "--size-mib", "2", "--iters", "1", "--daemon", &socket, "--share", "fabric"];
+    let (code, doc) = run(&lib, &args, &out);
+    assert_eq!(code, Some(1), "{doc:#}");
+    let s = step(&doc, "fabric handle for fabricd");
+    assert_eq!(s["ok"], false, "{s}");
+    assert!(s["error"].as_str().expect("error").contains("cuMemCreate"), "{s}");
+    assert!(!d.log().contains("vendor object adopted"), "{}", d.log());
+}
+
+fn through_fabricd(extra: &[&str], adopt_step: &str, object: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let Some(lib) = fake_driver(dir.path()) else { return };
     let d = common::daemon();
@@ -133,10 +155,11 @@ fn the_memory_check_goes_through_fabricd() {
     assert_eq!(hex.len(), 32, "{gpu}");
     let out = dir.path().join("memory.json");
     let socket = d.socket.display().to_string();
-    let args = ["memory", "--size-mib", "2", "--iters", "2", "--daemon", &socket];
-    let (code, doc) = run_env(&lib, &args, &out, &[("FAKE_CUDA_UUID", &hex)]);
+    let mut args = vec!["memory", "--size-mib", "2", "--iters", "2", "--daemon", &socket];
+    args.extend_from_slice(extra);
+    let (code, doc) = run_env(&lib, &args, &out, &[("FAKE_CUDA_UUID", &hex), ("FAKE_CUDA_FABRIC", "1")]);
     assert_eq!(code, Some(0), "{doc:#}\n{}", d.log());
-    let adopted = &step(&doc, "Adopt (the allocation becomes a region on the GPU's HBM)")["detail"];
+    let adopted = &step(&doc, adopt_step)["detail"];
     assert_eq!(adopted["device"], gpu.as_str());
     assert!(adopted["gfa"].is_u64(), "{adopted}");
     let imp = &doc["importer"];
@@ -144,6 +167,7 @@ fn the_memory_check_goes_through_fabricd() {
     let got = &step(imp, "ImportObject + cuMemImportFromShareableHandle")["detail"];
     assert_eq!(got["gfa"], adopted["gfa"]);
     assert_eq!(got["device"], gpu.as_str());
+    assert_eq!(got["object"], object);
     assert_eq!(step(imp, "verify exporter's pattern through the import")["detail"]["gpu_mismatched_words"], 0);
     assert_eq!(step(&doc, "verify importer's stores in exporter's mapping")["ok"], true);
     // The exporter freed the region once the importer's stores were done: the importer

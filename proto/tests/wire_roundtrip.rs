@@ -63,6 +63,13 @@ fn access() -> impl Strategy<Value = AccessMode> {
     prop_oneof![Just(AccessMode::ReadOnly), Just(AccessMode::ReadWrite)]
 }
 
+fn object() -> impl Strategy<Value = ObjectKind> {
+    prop_oneof![
+        Just(ObjectKind::CudaPosixFd),
+        vec(any::<u8>(), 64).prop_map(|b| ObjectKind::CudaFabric(FabricHandleBytes(b.try_into().unwrap()))),
+    ]
+}
+
 fn topics() -> impl Strategy<Value = Topics> {
     (0u8..16).prop_map(|b| Topics::from_bits(b).unwrap())
 }
@@ -113,8 +120,8 @@ fn request() -> impl Strategy<Value = Request> {
         (target.clone(), any::<u64>(), any::<u64>())
             .prop_map(|(target, size, align)| Request::Alloc(AllocRequest { target, size, align }))
             .boxed(),
-        (target, any::<u64>())
-            .prop_map(|(target, size)| Request::Adopt(AdoptRequest { target, size, object: ObjectKind::CudaPosixFd }))
+        (target, any::<u64>(), object())
+            .prop_map(|(target, size, object)| Request::Adopt(AdoptRequest { target, size, object }))
             .boxed(),
         (handle(), access())
             .prop_map(|(handle, access)| Request::ImportObject(ImportRequest { handle, access }))
@@ -251,9 +258,8 @@ fn response() -> impl Strategy<Value = Response> {
                 Response::Adopt(AllocResponse { region, generation, size, gfa, offset: 0 })
             })
             .boxed(),
-        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access(), device())
-            .prop_map(|((import, region, generation, size), gfa, access, device)| {
-                let object = ObjectKind::CudaPosixFd;
+        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access(), device(), object())
+            .prop_map(|((import, region, generation, size), gfa, access, device, object)| {
                 Response::ImportObject(ImportObjectResponse {
                     import,
                     region,
@@ -672,4 +678,32 @@ fn encode_message_checks_header_against_message() {
     let wrong_kind = Header::new(Opcode::Free, FrameKind::Response, 1);
     assert!(matches!(encode_message(&wrong_kind, &msg, &mut out), Err(BodyError::HeaderMismatch { .. })));
     assert_eq!(out, [1, 2, 3], "nothing appended on error");
+}
+
+#[test]
+fn adopt_object_encoding_is_pinned() {
+    let adopt = |object| {
+        let target = AllocTarget::Resource(ResourceName {
+            device: DeviceName::new("g").unwrap(),
+            memory: MemoryClass::Hbm,
+            ordinal: 0,
+        });
+        let mut body = Vec::new();
+        encode_body(&Message::Request(Request::Adopt(AdoptRequest { target, size: 2, object })), &mut body).unwrap();
+        body
+    };
+    let fd = adopt(ObjectKind::CudaPosixFd);
+    // The 1.3 form is unchanged: the kind is the last byte, 0.
+    assert_eq!(fd.last(), Some(&0));
+    let mut bytes = [0u8; 64];
+    bytes.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    let fabric = adopt(ObjectKind::CudaFabric(FabricHandleBytes(bytes)));
+    // 1.4: kind 1, then the 64 bytes raw (no length prefix).
+    assert_eq!(&fabric[..fd.len() - 1], &fd[..fd.len() - 1]);
+    assert_eq!(fabric[fd.len() - 1], 1);
+    assert_eq!(&fabric[fd.len()..], &bytes[..]);
+    let short = &fabric[..fabric.len() - 1];
+    assert!(decode_request(Opcode::Adopt, short).is_err(), "63 bytes of handle");
+    assert_eq!(format!("{:?}", FabricHandleBytes(bytes)), "FabricHandleBytes(..)");
+    assert_eq!(ObjectKind::CudaFabric(FabricHandleBytes(bytes)).since(), Version::new(1, 4));
 }

@@ -1,26 +1,28 @@
-//! Vendor memory objects as regions: `Adopt` takes a descriptor a vendor API made (a CUDA
-//! POSIX export of GPU memory) and places it in a device's memory resource, so that it has a
-//! GFA, counts against its owner's limits and is exported, revoked and reclaimed like any
-//! region; `ImportObject` hands a duplicate of the descriptor to an admitted importer, which
-//! gives it back to its own driver. The daemon holds the descriptor (which keeps the
-//! allocation alive while the region lives) and never maps or reads it. Adopted regions are
-//! not journaled: the allocation belongs to the exporting process and ends with it.
+//! Vendor memory objects as regions: `Adopt` takes an object a vendor API made (a CUDA
+//! POSIX export of GPU memory, or a CUDA fabric handle's bytes) and places it in a device's
+//! memory resource, so that it has a GFA, counts against its owner's limits and is
+//! exported, revoked and reclaimed like any region; `ImportObject` hands a duplicate of the
+//! descriptor, or the handle's bytes, to an admitted importer, which gives it to its own
+//! driver. The daemon holds a descriptor (which keeps the allocation alive while the region
+//! lives; a fabric handle keeps nothing alive: the exporter's allocation does) and never
+//! maps or reads it. Adopted regions are not journaled: the allocation belongs to the
+//! exporting process and ends with it.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
-use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, PeerCred};
+use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, PeerCred, Version};
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, round_len};
-use super::{Granted, Memory, MemoryError, Place, Region, State, kind_name};
+use super::{Memory, MemoryError, Place, Region, State, kind_name};
 
 /// A vendor memory object behind a region.
 #[derive(Debug)]
 pub(super) struct Object {
-    /// The descriptor the owner handed over.
-    fd: OwnedFd,
-    /// What it is.
+    /// The descriptor the owner handed over (none for an object that is bytes).
+    fd: Option<OwnedFd>,
+    /// What it is (for a fabric handle, the handle).
     kind: ObjectKind,
     /// Bytes of the object as its owner stated them (the region's range is this rounded
     /// up to the allocation granule).
@@ -41,9 +43,17 @@ pub struct Adopted {
 /// An import of an adopted region.
 #[derive(Debug)]
 pub struct ObjectGrant {
-    /// The import, with a duplicate of the object's descriptor (`offset` 0).
-    pub granted: Granted,
-    /// What the descriptor is.
+    /// Import id.
+    pub import: u64,
+    /// Region id.
+    pub region: u64,
+    /// Region generation.
+    pub generation: u64,
+    /// Bytes of the object.
+    pub size: u64,
+    /// A duplicate of the object's descriptor, for a kind that is one.
+    pub fd: Option<OwnedFd>,
+    /// What the object is (for a fabric handle, the handle).
     pub kind: ObjectKind,
     /// The device whose memory it is.
     pub device: DeviceId,
@@ -52,7 +62,24 @@ pub struct ObjectGrant {
 /// What memory an object kind is.
 fn memory_of(kind: ObjectKind) -> MemoryKind {
     match kind {
-        ObjectKind::CudaPosixFd => MemoryKind::Hbm,
+        ObjectKind::CudaPosixFd | ObjectKind::CudaFabric(_) => MemoryKind::Hbm,
+    }
+}
+
+/// Checks that the object came the way its kind travels: a descriptor kind with exactly the
+/// one descriptor, a bytes kind with none (and not all zero: no driver makes that handle).
+/// Returns the descriptor and what to log about the object.
+fn check_object(kind: &ObjectKind, fd: Option<OwnedFd>) -> Result<(Option<OwnedFd>, String), MemoryError> {
+    match (kind, fd) {
+        (ObjectKind::CudaPosixFd, Some(fd)) => check_descriptor(&fd).map(|link| (Some(fd), link)),
+        (ObjectKind::CudaPosixFd, None) => Err(bad("a CUDA POSIX object needs its descriptor")),
+        (ObjectKind::CudaFabric(h), None) if h.0.iter().all(|b| *b == 0) => {
+            Err(bad("an all-zero fabric handle is no CUDA allocation"))
+        }
+        (ObjectKind::CudaFabric(_), None) => Ok((None, "fabric handle (64 bytes)".into())),
+        (ObjectKind::CudaFabric(_), Some(_)) => {
+            Err(bad("a fabric handle travels in the request's body, with no descriptor"))
+        }
     }
 }
 
@@ -89,17 +116,18 @@ impl Memory {
         place: &Place,
         size: u64,
         kind: ObjectKind,
-        fd: OwnedFd,
+        fd: Option<OwnedFd>,
     ) -> Result<Adopted, MemoryError> {
         let Place { device, kind: memory, .. } = place;
         if *memory != memory_of(kind) {
             return Err(bad(format!(
-                "a {kind:?} object is {} memory, not {}",
+                "a {} is {} memory, not {}",
+                kind.name(),
                 kind_name(memory_of(kind)),
                 kind_name(*memory)
             )));
         }
-        let link = check_descriptor(&fd)?;
+        let (fd, link) = check_object(&kind, fd)?;
         let len = round_len(size).ok_or_else(|| bad(format!("size {size} is not adoptable")))?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
@@ -150,18 +178,21 @@ impl Memory {
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
-        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, size, ?kind, object = %link, "vendor object adopted");
+        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, size, kind = kind.name(), object = %link, "vendor object adopted");
         Ok(Adopted { region: id, generation: id, size })
     }
 
     /// Imports an adopted region by handle (checked as [`Memory::import`] checks): the
-    /// import, a duplicate of the object's descriptor, its kind and its device.
+    /// import, a duplicate of the object's descriptor or the object's bytes, its kind and
+    /// its device. `version` is the connection's protocol: an object kind newer than it is
+    /// refused before anything is recorded.
     pub fn import_object(
         &self,
         peer: &PeerCred,
         session: u64,
         handle: &ExportHandle,
         access: AccessMode,
+        version: Version,
     ) -> Result<ObjectGrant, MemoryError> {
         let mut st = self.state();
         let via = Self::admit(&mut st, peer, handle, access)?;
@@ -172,13 +203,24 @@ impl Memory {
             )));
         };
         let (kind, size) = (obj.kind, obj.size);
-        let fd =
-            obj.fd.as_fd().try_clone_to_owned().map_err(|e| MemoryError::Io { path: PathBuf::new(), source: e })?;
+        if kind.since() > version {
+            return Err(MemoryError::NotImplemented(format!(
+                "region {} is a {}, which needs protocol {}; this connection speaks {version}",
+                handle.region,
+                kind.name(),
+                kind.since()
+            )));
+        }
+        let fd = match &obj.fd {
+            Some(fd) => {
+                Some(fd.as_fd().try_clone_to_owned().map_err(|e| MemoryError::Io { path: PathBuf::new(), source: e })?)
+            }
+            None => None,
+        };
         let device = Self::region_device(&st, handle.region)?;
         self.check(&st, peer.uid, 0, 1)?;
         let (import, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
-        let granted = Granted { region: handle.region, generation, len: size, fd, offset: 0, import };
-        Ok(ObjectGrant { granted, kind, device })
+        Ok(ObjectGrant { import, region: handle.region, generation, size, fd, kind, device })
     }
 
     fn region_device(st: &State, region: u64) -> Result<DeviceId, MemoryError> {
@@ -191,9 +233,9 @@ impl Memory {
     pub(super) fn refuse_object(st: &State, region: u64, what: &str) -> Result<(), MemoryError> {
         match st.objects.get(&region) {
             Some(o) => Err(MemoryError::NotImplemented(format!(
-                "region {region} is a vendor object ({:?}): fabricd does not map it, so it cannot {what}; \
+                "region {region} is a vendor object ({}): fabricd does not map it, so it cannot {what}; \
                  use the vendor's API in a process that imported it (docs/gpu.md)",
-                o.kind
+                o.kind.name()
             ))),
             None => Ok(()),
         }
@@ -247,7 +289,7 @@ mod tests {
         let dram = Place { device: gpu.clone(), kind: MemoryKind::Dram, ordinal: None };
         m.alloc(&ME, 1, &dram, 2 * MIB, 0).unwrap();
         // The driver's allocation, adopted, takes the resource's lowest range.
-        let a = m.adopt(&ME, 1, &hbm, 3 * MIB, ObjectKind::CudaPosixFd, memfd()).unwrap();
+        let a = m.adopt(&ME, 1, &hbm, 3 * MIB, ObjectKind::CudaPosixFd, Some(memfd())).unwrap();
         assert_eq!(a.size, 3 * MIB);
         let Some(super::super::Whereabouts::Resource { offset, len, .. }) = m.whereabouts(a.region) else { panic!() };
         assert_eq!((offset, len), (0, 4 * MIB));
@@ -261,5 +303,41 @@ mod tests {
         let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
         let hbm = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
         m.alloc(&ME, 1, &hbm, 2 * MIB, 0).unwrap();
+    }
+
+    #[test]
+    fn a_fabric_handle_is_adopted_as_bytes_and_only_new_connections_get_it() {
+        use fabric_proto::wire::{BoundedVec, ExportPolicy, FabricHandleBytes};
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory(&["pci", "nvml"]);
+        let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
+        let hbm = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+        let handle = ObjectKind::CudaFabric(FabricHandleBytes([7; 64]));
+        // Bytes and a descriptor, a POSIX kind without one, an all-zero handle: refused.
+        for (kind, fd) in [
+            (handle, Some(memfd())),
+            (ObjectKind::CudaPosixFd, None),
+            (ObjectKind::CudaFabric(FabricHandleBytes([0; 64])), None),
+        ] {
+            let e = m.adopt(&ME, 1, &hbm, 2 * MIB, kind, fd).unwrap_err();
+            assert!(matches!(e, MemoryError::BadRequest(_)), "{e}");
+        }
+        assert_eq!(m.counts().allocated_bytes, 0, "nothing placed by a refusal");
+        let a = m.adopt(&ME, 1, &hbm, 2 * MIB, handle, None).unwrap();
+        let policy = ExportPolicy {
+            uids: BoundedVec::default(),
+            gids: BoundedVec::default(),
+            partition: None,
+            access: AccessMode::ReadWrite,
+        };
+        let h = m.export(&ME, 1, a.region, policy).unwrap();
+        // A connection at 1.3 could not decode the bytes: refused before any import exists.
+        let e = m.import_object(&ME, 2, &h, AccessMode::ReadWrite, Version::new(1, 3)).unwrap_err();
+        assert!(matches!(&e, MemoryError::NotImplemented(w) if w.contains("1.4")), "{e}");
+        let g = m.import_object(&ME, 2, &h, AccessMode::ReadWrite, Version::new(1, 4)).unwrap();
+        assert_eq!((g.kind, g.size, g.region, g.fd.is_none(), g.device), (handle, 2 * MIB, a.region, true, gpu));
+        // The daemon cannot reach the bytes either way.
+        let st = m.state();
+        assert!(Memory::refuse_object(&st, a.region, "copy").is_err());
     }
 }

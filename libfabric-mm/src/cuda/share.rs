@@ -1,19 +1,21 @@
 //! GPU memory as fabric regions, through fabricd: [`Session::adopt_gpu`] hands a CUDA
 //! allocation's POSIX export to the daemon (`Adopt`), which places it in the GPU's HBM
 //! resource (so it has a GFA), counts it against the owner's limits and exports, revokes and
-//! reclaims it like any region; [`Session::import_gpu`] imports it by handle
-//! (`ImportObject`): the daemon checks the handle and policy and passes the descriptor, which
-//! the importer gives to `cuMemImportFromShareableHandle`. The bytes never pass through the
-//! daemon: kernels and copy engines of the importer's GPU reach the exporter's HBM.
+//! reclaims it like any region; [`Session::adopt_gpu_fabric`] does the same with the
+//! allocation's fabric handle (64 bytes, NVSwitch/IMEX systems; protocol 1.4).
+//! [`Session::import_gpu`] imports either by handle (`ImportObject`): the daemon checks the
+//! handle and policy and passes the descriptor or the fabric handle, which the importer gives
+//! to `cuMemImportFromShareableHandle`. The bytes never pass through the daemon: kernels and
+//! copy engines of the importer's GPU reach the exporter's HBM.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use fabric_proto::wire::{
-    AccessMode, AdoptRequest, AllocTarget, DeviceName, FreeRequest, ImportRequest, MemoryClass, ObjectKind, Opcode,
-    ReleaseRequest, Request, Response,
+    AccessMode, AdoptRequest, AllocTarget, DeviceName, FabricHandleBytes, FreeRequest, ImportRequest, MemoryClass,
+    ObjectKind, Opcode, ReleaseRequest, Request, Response,
 };
 
-use super::{CudaContext, GpuMemory};
+use super::{CudaContext, FabricHandle, GpuMemory};
 use crate::error::{Error, Result};
 use crate::memory::Handle;
 use crate::session::{Policy, Session};
@@ -89,6 +91,7 @@ pub struct GpuImport {
     generation: u64,
     gfa: Option<u64>,
     device: String,
+    fabric: bool,
 }
 
 /// The daemon's import: released on drop.
@@ -134,6 +137,11 @@ impl GpuImport {
         &self.device
     }
 
+    /// Whether the memory came as a fabric handle (else as a POSIX descriptor).
+    pub fn is_fabric(&self) -> bool {
+        self.fabric
+    }
+
     /// `Err(Revoked)` once the daemon told this session the import was revoked.
     pub fn check(&self) -> Result<()> {
         match self.import.session.inner.revocations.of_import(self.import.id) {
@@ -148,20 +156,40 @@ impl Session {
     /// its GPU's HBM: exported as a POSIX descriptor and sent with `Adopt`. `device` is the
     /// GPU's fabric identity; `None` asks CUDA (`uuid:GPU-…`, [`CudaContext::fabric_device`]).
     pub fn adopt_gpu(&self, memory: &GpuMemory, device: Option<&str>) -> Result<GpuRegion> {
-        if memory.is_imported() {
-            return Err(Error::InvalidArgument("an imported allocation is its exporter's to hand over".into()));
-        }
-        let device = match device {
-            Some(d) => d.to_owned(),
-            None => memory.context().fabric_device()?,
-        };
+        let device = adoptable(memory, device)?;
         let fd = memory.export_fd()?;
+        self.adopt_object(memory, device, ObjectKind::CudaPosixFd, Some(fd.as_fd()))
+    }
+
+    /// [`Session::adopt_gpu`] with the allocation's fabric handle instead of a descriptor
+    /// (protocol 1.4): for NVLink/NVSwitch systems, where an importer on another node of the
+    /// NVLink domain can import it too. The allocation must have been made with
+    /// [`super::AllocOptions::fabric`] (the driver needs an IMEX channel for that). The
+    /// daemon keeps the handle's bytes only: the memory lives as long as this allocation.
+    pub fn adopt_gpu_fabric(&self, memory: &GpuMemory, device: Option<&str>) -> Result<GpuRegion> {
+        let v = self.protocol_version();
+        if v < ObjectKind::CudaFabric(FabricHandleBytes([0; 64])).since() {
+            return Err(Error::InvalidArgument(format!("fabric handles need protocol 1.4; fabricd speaks {v}")));
+        }
+        let device = adoptable(memory, device)?;
+        let FabricHandle(bytes) = memory.export_fabric()?;
+        self.adopt_object(memory, device, ObjectKind::CudaFabric(FabricHandleBytes(bytes)), None)
+    }
+
+    fn adopt_object(
+        &self,
+        memory: &GpuMemory,
+        device: String,
+        object: ObjectKind,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<GpuRegion> {
         let req = AdoptRequest {
             target: AllocTarget::Device { device: DeviceName::truncated(&device), memory: MemoryClass::Hbm },
             size: memory.size() as u64,
-            object: ObjectKind::CudaPosixFd,
+            object,
         };
-        let (resp, _) = self.inner.client.call(Request::Adopt(req), &[fd.as_fd()])?;
+        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+        let (resp, _) = self.inner.client.call(Request::Adopt(req), &fds)?;
         let Response::Adopt(a) = resp else { return Err(Error::Unexpected(Opcode::Adopt)) };
         Ok(GpuRegion {
             session: self.clone(),
@@ -174,7 +202,8 @@ impl Session {
     }
 
     /// Imports GPU memory another session adopted, by handle, into `gpu`'s context
-    /// (`cuMemImportFromShareableHandle` on the descriptor fabricd passes). Map it with
+    /// (`cuMemImportFromShareableHandle` on the descriptor or fabric handle fabricd passes,
+    /// whichever the exporter adopted). Map it with
     /// `import.memory().map(..)`. Always read-write: the driver maps an imported allocation
     /// so, which is why fabricd refuses read-only exports of GPU memory.
     pub fn import_gpu(&self, handle: &Handle, gpu: &CudaContext) -> Result<GpuImport> {
@@ -182,14 +211,17 @@ impl Session {
         let (resp, mut fds) =
             self.inner.client.call(Request::ImportObject(ImportRequest { handle: handle.0, access }), &[])?;
         let Response::ImportObject(i) = resp else { return Err(Error::Unexpected(Opcode::ImportObject)) };
-        let fd = fds.pop().ok_or(Error::Unexpected(Opcode::ImportObject))?;
         // From here the import exists in the daemon: a failure below releases it.
         let guard = ImportGuard { session: self.clone(), id: i.import };
-        match i.object {
-            ObjectKind::CudaPosixFd => {}
-        }
         let size = usize::try_from(i.size).map_err(|_| Error::InvalidArgument(format!("size {}", i.size)))?;
-        let memory = gpu.import_fd(fd.as_fd(), size)?;
+        let memory = match i.object {
+            ObjectKind::CudaPosixFd => {
+                let fd = fds.pop().ok_or(Error::Unexpected(Opcode::ImportObject))?;
+                gpu.import_fd(fd.as_fd(), size)?
+            }
+            ObjectKind::CudaFabric(FabricHandleBytes(bytes)) => gpu.import_fabric(&FabricHandle(bytes), size)?,
+        };
+        let fabric = matches!(i.object, ObjectKind::CudaFabric(_));
         Ok(GpuImport {
             memory,
             import: guard,
@@ -197,6 +229,19 @@ impl Session {
             generation: i.generation,
             gfa: i.gfa,
             device: i.device.to_string(),
+            fabric,
         })
     }
+}
+
+/// The device a local allocation is adopted on (`device`, else CUDA's UUID); an imported
+/// allocation is refused.
+fn adoptable(memory: &GpuMemory, device: Option<&str>) -> Result<String> {
+    if memory.is_imported() {
+        return Err(Error::InvalidArgument("an imported allocation is its exporter's to hand over".into()));
+    }
+    Ok(match device {
+        Some(d) => d.to_owned(),
+        None => memory.context().fabric_device()?,
+    })
 }

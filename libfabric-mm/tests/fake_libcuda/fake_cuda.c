@@ -6,9 +6,13 @@
  * exporter's bytes. The two PTX kernels (fill_u32, verify_u32) run on the CPU, reading their
  * parameters exactly as the PTX declares them (u64, u64, u32[, u64]).
  *
- * It is a test double, not a model of a GPU: no fabric handles, no dma-buf, one device.
+ * It is a test double, not a model of a GPU: no dma-buf, one device. Fabric handles only with
+ * FAKE_CUDA_FABRIC=1 (else cuMemCreate refuses them, as a driver without an IMEX channel
+ * does): the 64 bytes name the exporter's pid and descriptor, and an importer opens
+ * /proc/PID/fd/N — the same host and uid only, unlike a real fabric handle.
  * Built by tests/fake_cuda.rs with `cc -shared -fPIC`. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +79,23 @@ CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) {
     }
     return OK;
 }
+/* What fabricd's CUDA discovery asks of a device: name, PCI address, memory. */
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    if (d != 0) return INVALID_DEVICE;
+    snprintf(name, (size_t)len, "Fake CUDA device");
+    return OK;
+}
+CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice d) { return cuDeviceGetUuid_v2(uuid, d); }
+CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
+    if (d != 0) return INVALID_DEVICE;
+    snprintf(bus, (size_t)len, "0000:00:00.0");
+    return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    if (d != 0) return INVALID_DEVICE;
+    *bytes = (size_t)16 << 30;
+    return OK;
+}
 CUresult cuCtxEnablePeerAccess(void *p, unsigned int f) { (void)p; (void)f; return NOT_SUPPORTED; }
 CUresult cuCtxDisablePeerAccess(void *p) { (void)p; return NOT_SUPPORTED; }
 
@@ -84,9 +105,18 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const Prop *p, int option) {
     return OK;
 }
 
+static int fabric_enabled(void) {
+    const char *env = getenv("FAKE_CUDA_FABRIC");
+    return env && !strcmp(env, "1");
+}
+
+/* The stand-in fabric handle: magic, exporter pid, descriptor, size; the rest zero. */
+typedef struct { char magic[8]; uint32_t pid; int32_t fd; uint64_t size; unsigned char pad[40]; } FakeFabric;
+static const char FABRIC_MAGIC[8] = "fakefab1";
+
 CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const Prop *p, unsigned long long flags) {
     (void)flags;
-    if (p->handle_types & HANDLE_FABRIC) return NOT_SUPPORTED;
+    if ((p->handle_types & HANDLE_FABRIC) && !fabric_enabled()) return NOT_SUPPORTED;
     if (size == 0 || size % GRANULARITY) return INVALID_VALUE;
     int fd = memfd_create("fake-hbm", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0) return OUT_OF_MEMORY;
@@ -107,14 +137,39 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
 
 CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type, unsigned long long f) {
     (void)f;
+    Alloc *a = (Alloc *)(uintptr_t)h;
+    if (type == HANDLE_FABRIC && fabric_enabled()) {
+        FakeFabric ff;
+        memset(&ff, 0, sizeof ff);
+        memcpy(ff.magic, FABRIC_MAGIC, 8);
+        ff.pid = (uint32_t)getpid();
+        ff.fd = a->fd;
+        ff.size = a->size;
+        memcpy(out, &ff, sizeof ff);
+        return OK;
+    }
     if (type != HANDLE_POSIX_FD) return NOT_SUPPORTED;
-    int fd = dup(((Alloc *)(uintptr_t)h)->fd);
+    int fd = dup(a->fd);
     if (fd < 0) return OUT_OF_MEMORY;
     *(int *)out = fd;
     return OK;
 }
 
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
+    if (type == HANDLE_FABRIC && fabric_enabled()) {
+        FakeFabric ff;
+        memcpy(&ff, os, sizeof ff);
+        if (memcmp(ff.magic, FABRIC_MAGIC, 8)) return INVALID_HANDLE;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%u/fd/%d", ff.pid, ff.fd);
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) return INVALID_HANDLE;
+        Alloc *a = malloc(sizeof *a);
+        a->fd = fd;
+        a->size = (size_t)ff.size;
+        *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
+        return OK;
+    }
     if (type != HANDLE_POSIX_FD) return NOT_SUPPORTED;
     struct stat st;
     int fd = (int)(intptr_t)os;

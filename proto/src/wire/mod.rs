@@ -40,9 +40,9 @@ pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_he
 pub use opcode::Opcode;
 pub use request::{
     AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyBatchRequest, CopyEndpoint, CopyRequest, ExportPolicy,
-    ExportRequest, FreeRequest, HelloRequest, ImportRequest, MAX_BATCH, MemoryClass, ObjectKind, PartitionSpec,
-    PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request, ResourceName,
-    RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest,
+    ExportRequest, FabricHandleBytes, FreeRequest, HelloRequest, ImportRequest, MAX_BATCH, MemoryClass, ObjectKind,
+    PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request,
+    ResourceName, RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest, TranslateQuery, TranslateRequest,
     UnregisterRequest,
 };
 pub use response::{

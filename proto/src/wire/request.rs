@@ -1,6 +1,8 @@
 //! Request bodies: one struct per operation, and [`Request`], the typed form of any of
 //! them. Field order is the wire order (postcard); it is frozen within a major version.
 
+use std::fmt;
+
 use fabric_topology::MemoryKind;
 use serde::{Deserialize, Serialize};
 
@@ -8,7 +10,7 @@ use super::bounded::{BoundedVec, DeviceName, Name};
 use super::event::Topics;
 use super::handle::{ExportHandle, SessionToken};
 use super::opcode::Opcode;
-use super::version::VersionRange;
+use super::version::{Version, VersionRange};
 
 /// Kind of memory, as it travels. Variant order is the wire code and is frozen; it maps
 /// one to one onto [`MemoryKind`] (a new kind there fails to compile here until it gets a
@@ -233,15 +235,89 @@ pub struct RegisterRequest {
     pub access: AccessMode,
 }
 
-/// What kind of vendor memory object an `Adopt` hands over (since 1.3).
+/// What kind of vendor memory object an `Adopt` hands over (since 1.3), and for a kind
+/// that is bytes rather than a descriptor, the object itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ObjectKind {
     /// A CUDA virtual-memory allocation exported with `cuMemExportToShareableHandle` as a
     /// POSIX file descriptor; an importer passes it to `cuMemImportFromShareableHandle`.
+    /// The descriptor travels as the frame's one descriptor.
     CudaPosixFd,
+    /// (since 1.4) A CUDA allocation exported as a fabric handle (`CUmemFabricHandle`,
+    /// NVLink/NVSwitch systems with IMEX channels): 64 opaque bytes, carried in the body —
+    /// no descriptor travels. The bytes are a capability: whoever holds them (and may open
+    /// an IMEX channel) can import the memory.
+    CudaFabric(FabricHandleBytes),
 }
 
-/// `Adopt` (since 1.3): the memory object sent as the frame's one descriptor, which a
+impl ObjectKind {
+    /// The protocol version that introduced this kind: a peer that negotiated an older
+    /// one can neither send nor decode it.
+    pub const fn since(&self) -> Version {
+        match self {
+            ObjectKind::CudaPosixFd => Version::new(1, 3),
+            ObjectKind::CudaFabric(_) => Version::new(1, 4),
+        }
+    }
+
+    /// Whether the object travels as a file descriptor (as opposed to bytes in the body).
+    pub const fn is_descriptor(&self) -> bool {
+        matches!(self, ObjectKind::CudaPosixFd)
+    }
+
+    /// The kind's name, without any bytes it carries (for logs and errors).
+    pub const fn name(&self) -> &'static str {
+        match self {
+            ObjectKind::CudaPosixFd => "CUDA POSIX descriptor",
+            ObjectKind::CudaFabric(_) => "CUDA fabric handle",
+        }
+    }
+}
+
+/// The 64 bytes of a CUDA fabric handle. Encoded as 64 raw bytes; `Debug` never shows them
+/// (they are a capability).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FabricHandleBytes(pub [u8; 64]);
+
+impl fmt::Debug for FabricHandleBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FabricHandleBytes(..)")
+    }
+}
+
+impl Serialize for FabricHandleBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(self.0.len())?;
+        for b in &self.0 {
+            t.serialize_element(b)?;
+        }
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for FabricHandleBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Bytes64;
+        impl<'de> serde::de::Visitor<'de> for Bytes64 {
+            type Value = FabricHandleBytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("64 bytes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = [0u8; 64];
+                for (i, b) in out.iter_mut().enumerate() {
+                    *b = seq.next_element()?.ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
+                }
+                Ok(FabricHandleBytes(out))
+            }
+        }
+        d.deserialize_tuple(64, Bytes64)
+    }
+}
+
+/// `Adopt` (since 1.3): the memory object — sent as the frame's one descriptor, or, for a
+/// kind that is bytes (a CUDA fabric handle, 1.4), in `object` with no descriptor — which a
 /// vendor API allocated on the target's memory, becomes a region of the caller's session:
 /// placed in the resource's range (so it has a GFA), counted against the caller's limits,
 /// exportable and importable (with `ImportObject`), freed with `Free` or with the session.
@@ -253,7 +329,7 @@ pub struct AdoptRequest {
     pub target: AllocTarget,
     /// Bytes of the object.
     pub size: u64,
-    /// What the descriptor is.
+    /// What the object is (and, for a fabric handle, the object).
     pub object: ObjectKind,
 }
 
@@ -432,7 +508,8 @@ impl Request {
     /// Descriptors that must come with the request.
     pub fn fds_required(&self) -> u8 {
         match self {
-            Request::Register(RegisterRequest { source: RegisterSource::Fd, .. }) | Request::Adopt(_) => 1,
+            Request::Register(RegisterRequest { source: RegisterSource::Fd, .. }) => 1,
+            Request::Adopt(a) => u8::from(a.object.is_descriptor()),
             _ => 0,
         }
     }

@@ -116,9 +116,11 @@ pub struct ImportResponse {
     pub access: AccessMode,
 }
 
-/// `ImportObject` (since 1.3): the import of an adopted region; its vendor descriptor is
-/// the frame's one descriptor (for `ObjectKind::CudaPosixFd`, the allocation to pass to
-/// `cuMemImportFromShareableHandle`, `size` bytes).
+/// `ImportObject` (since 1.3): the import of an adopted region; its vendor object is the
+/// frame's one descriptor (for `ObjectKind::CudaPosixFd`, the allocation to pass to
+/// `cuMemImportFromShareableHandle`, `size` bytes) or, for a fabric handle (1.4), the bytes
+/// in `object` and no descriptor. A connection that negotiated 1.3 is refused a fabric
+/// handle (it could not decode it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportObjectResponse {
     /// Import id (for `Release`).
@@ -133,7 +135,7 @@ pub struct ImportObjectResponse {
     pub gfa: Option<u64>,
     /// Access granted (the vendor driver does not enforce read-only: see `docs/gpu.md`).
     pub access: AccessMode,
-    /// What the descriptor is.
+    /// What the object is (and, for a fabric handle, the object).
     pub object: ObjectKind,
     /// The device whose memory it is.
     pub device: DeviceName,
@@ -382,7 +384,8 @@ impl Response {
     /// Descriptors that must come with the response.
     pub fn fds_required(&self) -> u8 {
         match self {
-            Response::Alloc(_) | Response::Import(_) | Response::ImportObject(_) => 1,
+            Response::Alloc(_) | Response::Import(_) => 1,
+            Response::ImportObject(i) => u8::from(i.object.is_descriptor()),
             _ => 0,
         }
     }

@@ -63,8 +63,9 @@ impl fmt::Display for VersionRange {
 /// The version this crate speaks best. 1.1 added the session token and resume to `Hello`
 /// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes;
 /// 1.2 added `Copy` and the `CopyDone` event; 1.3 `Adopt` and `ImportObject` (vendor
-/// memory objects such as CUDA exports as regions) and `CopyBatch`.
-pub const PROTOCOL_VERSION: Version = Version::new(1, 3);
+/// memory objects such as CUDA exports as regions) and `CopyBatch`; 1.4 the
+/// `ObjectKind::CudaFabric` object (a CUDA fabric handle, bytes instead of a descriptor).
+pub const PROTOCOL_VERSION: Version = Version::new(1, 4);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

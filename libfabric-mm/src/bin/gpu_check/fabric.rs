@@ -1,7 +1,8 @@
-//! The memory check through fabricd (`gpu_check memory --daemon SOCKET`): the exporter hands
-//! its allocation to the daemon (`Adopt`: a region on the GPU's HBM, with a GFA) and exports
-//! it; the importer imports it by handle (`ImportObject`: the daemon checks the handle and
-//! passes the CUDA descriptor). The same checks as the direct path follow.
+//! The memory check through fabricd (`gpu_check memory --daemon SOCKET [--share fabric]`): the
+//! exporter hands its allocation to the daemon (`Adopt`: a region on the GPU's HBM, with a
+//! GFA) as a POSIX descriptor, or as a fabric handle with `--share fabric`, and exports it;
+//! the importer imports it by handle (`ImportObject`: the daemon checks the handle and passes
+//! the CUDA descriptor or fabric handle). The same checks as the direct path follow.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +20,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     /// The GPU's fabric identity, when CUDA's UUID is not it.
     pub device: Option<String>,
+    /// Hand the allocation over as a fabric handle (it must have that handle type).
+    pub fabric: bool,
 }
 
 fn open(socket: &Path) -> Result<Session, String> {
@@ -39,10 +42,15 @@ pub fn share(r: &mut Report, mem: &GpuMemory, iters: u32, out: &Path, d: &Daemon
     ) else {
         return Value::Null;
     };
-    let adopted = session.adopt_gpu(mem, d.device.as_deref()).map_err(|e| e.to_string());
+    let (adopted, step) = if d.fabric {
+        let a = session.adopt_gpu_fabric(mem, d.device.as_deref());
+        (a, "Adopt as a fabric handle (the allocation becomes a region on the GPU's HBM)")
+    } else {
+        (session.adopt_gpu(mem, d.device.as_deref()), "Adopt (the allocation becomes a region on the GPU's HBM)")
+    };
     let Some(region) = r.step(
-        "Adopt (the allocation becomes a region on the GPU's HBM)",
-        adopted,
+        step,
+        adopted.map_err(|e| e.to_string()),
         |g| json!({ "region": g.id(), "device": g.device(), "gfa": g.gfa(), "size": g.size() }),
     ) else {
         return Value::Null;
@@ -147,7 +155,10 @@ pub fn import(r: &mut Report, ctx: &CudaContext, socket: &Path, handle: &str) ->
     let import = r.step(
         "ImportObject + cuMemImportFromShareableHandle",
         imported,
-        |i| json!({ "import": i.import_id(), "device": i.device(), "gfa": i.gfa(), "size": i.memory().size() }),
+        |i| {
+            let object = if i.is_fabric() { "fabric handle" } else { "POSIX descriptor" };
+            json!({ "import": i.import_id(), "device": i.device(), "gfa": i.gfa(), "size": i.memory().size(), "object": object })
+        },
     )?;
     Some(import)
 }

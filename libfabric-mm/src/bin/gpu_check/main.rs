@@ -1,8 +1,9 @@
 //! gpu_check: the CUDA memory half of scripts/gpu-check.sh. Two processes share GPU memory:
 //! the exporter allocates HBM (`cuMemCreate`), fills it from a PTX kernel, exports it as a
 //! POSIX descriptor and passes it over a Unix socket (`SCM_RIGHTS`) — or, with `--daemon`,
-//! hands it to fabricd (`Adopt`) and passes a handle the importer imports through the daemon
-//! (`ImportObject`, `fabric.rs`); the importer imports,
+//! hands it to fabricd (`Adopt`, as a descriptor or with `--share fabric` as a fabric handle)
+//! and passes a handle the importer imports through the daemon (`ImportObject`,
+//! `fabric.rs`); the importer imports,
 //! maps and checks it from the GPU, times copies through the imported mapping against
 //! `cuMemcpyDtoD` between its own allocations of the same size, times map/unmap, and writes
 //! a new pattern the exporter then checks in its own mapping.
@@ -10,7 +11,7 @@
 //! ```text
 //! gpu_check probe  --out FILE
 //! gpu_check ptx    --out FILE                       (writes the PTX kernel text)
-//! gpu_check memory --out FILE [--size-mib N] [--iters N] [--daemon SOCKET [--device ID]]
+//! gpu_check memory --out FILE [--size-mib N] [--iters N] [--daemon SOCKET [--device ID] [--share fd|fabric]]
 //! gpu_check import --socket PATH --out FILE        (started by `memory`)
 //! gpu_check import --daemon SOCKET --handle H --out FILE  (started by `memory --daemon`)
 //! gpu_check summarize OUTDIR --out FILE [--elapsed S] (scripts/gpu-check.sh's summary.json)
@@ -107,8 +108,19 @@ fn main() -> ExitCode {
         Some("memory") => {
             let size = arg(&args, "--size-mib").and_then(|v| v.parse::<usize>().ok()).unwrap_or(256) << 20;
             let iters = arg(&args, "--iters").and_then(|v| v.parse().ok()).unwrap_or(20);
-            let daemon = arg(&args, "--daemon")
-                .map(|socket| fabric::Daemon { socket: PathBuf::from(socket), device: arg(&args, "--device") });
+            let fabric = match arg(&args, "--share").as_deref() {
+                None | Some("fd") => false,
+                Some("fabric") => true,
+                Some(other) => {
+                    let _ = writeln!(std::io::stderr(), "--share fd|fabric, not {other}");
+                    return ExitCode::from(2);
+                }
+            };
+            let daemon = arg(&args, "--daemon").map(|socket| fabric::Daemon {
+                socket: PathBuf::from(socket),
+                device: arg(&args, "--device"),
+                fabric,
+            });
             exporter(size, iters, &out, daemon.as_ref())
         }
         Some("summarize") => match args.get(2) {
@@ -218,6 +230,11 @@ fn exporter(size: usize, iters: u32, out: &Path, daemon: Option<&fabric::Daemon>
     let Some(mem) = r.step("cuMemCreate", s(mem), |m| json!({ "bytes": m.size(), "requested": size })) else {
         return finish(json!({}), r);
     };
+    if let (Some(why), Some(fabric::Daemon { fabric: true, .. })) = (&no_fabric, daemon) {
+        // Asked to share by fabric handle, and the allocation has none: that is the finding.
+        r.step("fabric handle for fabricd", Err::<(), _>(why.clone()), |_| json!(null));
+        return finish(json!({ "size": mem.size() }), r);
+    }
     let Some(map) = r.step("map (reserve, map, set access)", s(mem.map(&[])), |m| json!({ "va": m.device_ptr() }))
     else {
         return finish(json!({}), r);

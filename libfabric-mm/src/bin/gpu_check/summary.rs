@@ -99,6 +99,7 @@ pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
             "cuda-probe" => read_json(dir, "probe.json"),
             "cuda-memory" => read_json(dir, "memory.json"),
             "cuda-memory-direct" => read_json(dir, "memory-direct.json"),
+            "cuda-memory-fabric" => read_json(dir, "memory-fabric.json"),
             _ if output.ends_with(".json") => read_json(dir, output),
             _ => None,
         };
@@ -145,6 +146,7 @@ pub fn summarize(dir: &Path, elapsed_s: Option<u64>) -> (Value, u8) {
         "cuda_memory_status": memory.as_ref().map(|m| m["status"].clone()),
         "figures": memory.as_ref().map(|m| m["importer"]["figures"].clone()),
         "figures_direct": direct.as_ref().map(|m| m["importer"]["figures"].clone()),
+        "figures_fabric": read_json(dir, "memory-fabric.json").map(|m| m["importer"]["figures"].clone()),
         "figures_host": memory.as_ref().and_then(host_figures),
         "steps": steps,
     });
