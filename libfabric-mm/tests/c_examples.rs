@@ -159,7 +159,8 @@ fn gpu_share_example_shares_gpu_memory_through_fabricd_on_the_stand_in_driver() 
     // The stand-in GPU is the sim GPU fabricd knows: adopt finds it by CUDA's UUID.
     let gpu = common::gpu(&common::session(&d.socket));
     let hex = fake_libcuda::uuid_hex(&gpu);
-    for bin in build_both("gpu_share.c", tmp.path()) {
+    let [plain, asan] = build_both("gpu_share.c", tmp.path());
+    for bin in [plain, asan, bundled(tmp.path())] {
         let out = run_with(&bin, &d.socket, Some(&lib), &[("FAKE_CUDA_UUID", &hex)]);
         for want in [
             // 3 MiB asked, rounded up to the stand-in's 2 MiB granularity.
@@ -184,6 +185,21 @@ fn gpu_share_example_shares_gpu_memory_through_fabricd_on_the_stand_in_driver() 
     assert!(log.contains("vendor object adopted") && log.contains("imported"), "{log}");
 }
 
+/// `gpu_share` as scripts/gpu-bundle-c.sh links it for the GPU check (against the static
+/// library of this build): it needs no libfabric_mm.so.
+fn bundled(dir: &Path) -> PathBuf {
+    let profile = target_dir().file_name().unwrap().to_str().unwrap().to_owned();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-bundle-c.sh");
+    let out =
+        Command::new(script).arg(dir.join("bundle")).arg(&profile).env("FABRIC_BUNDLE_NO_BUILD", "1").output().unwrap();
+    assert!(out.status.success(), "gpu-bundle-c.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let bin = dir.join("bundle/bin/gpu_share");
+    let elf = Command::new("readelf").arg("-d").arg(&bin).output().unwrap();
+    let dynamic = String::from_utf8_lossy(&elf.stdout);
+    assert!(dynamic.contains("NEEDED") && !dynamic.contains("libfabric_mm"), "{dynamic}");
+    bin
+}
+
 #[test]
 fn gpu_share_example_without_a_driver_exits_3_with_the_reason() {
     // On a machine with a CUDA driver there is no "without" to show.
@@ -193,7 +209,8 @@ fn gpu_share_example_without_a_driver_exits_3_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
     // No daemon either: the example stops at fmm_gpu_open, before any session.
     let socket = tmp.path().join("no-daemon.sock");
-    for bin in build_both("gpu_share.c", tmp.path()) {
+    let [plain, asan] = build_both("gpu_share.c", tmp.path());
+    for bin in [plain, asan, bundled(tmp.path())] {
         let out = output(&bin, &socket, None, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{}: {stderr}", bin.display());
