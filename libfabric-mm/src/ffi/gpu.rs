@@ -4,7 +4,7 @@
 //! copies, dma-buf export, and GPU memory shared through fabricd (adopt, export, import,
 //! revocation). A child of [`crate::ffi`], whose conventions (codes, last error, panic
 //! boundary) it shares. Without a CUDA driver every entry point that returns an `int`
-//! answers `FMM_E_DEVICE` with "CUDA not present: <reason>" before looking at its
+//! answers `FMM_E_DEVICE` with `CUDA not present: <reason>` before looking at its
 //! arguments; an argument the backend refuses (a range outside a mapping, an unknown flag)
 //! is `FMM_E_ARG`.
 
