@@ -36,5 +36,6 @@ Exit: 0 passed, 3 no GPU/driver here (summary.json says why), 1 a step failed.
 Bring back OUTDIR: summary.json has the status and the figures.
 pattern.ptx is the kernel text gpu_check loads with cuModuleLoadData (for ptxas -arch=sm_90 if in doubt).
 TXT
+scripts/gpu-bundle-c.sh "$DEST" # bin/gpu_share, the CUDA C ABI example, linked statically
 tar -C "$(dirname "$DEST")" -czf "$DEST.tar.gz" "$(basename "$DEST")"
 echo "bundle: $DEST ($(du -sh "$DEST" | cut -f1)), $DEST.tar.gz"

@@ -99,6 +99,13 @@
 // Host memory exported to the fabric.
 #define FMM_MEM_HOST_EXPORTED 5
 
+// `fmm_gpu_alloc` flag: also allow export as a CUDA fabric handle (NVSwitch / IMEX
+// systems; refused by the driver elsewhere: retry without).
+#define FMM_GPU_ALLOC_FABRIC 1
+
+// `fmm_gpu_alloc` flag: ask for GPUDirect RDMA capability (needed by `fmm_gpu_dma_buf`).
+#define FMM_GPU_ALLOC_GPU_DIRECT_RDMA 2
+
 // The device only reads registered memory.
 #define FMM_ACCESS_READ_ONLY 0
 
@@ -123,6 +130,22 @@
 // A copy started with `fmm_copy_start`.
 typedef struct fmm_copy_t fmm_copy_t;
 
+// A GPU: its retained primary context.
+typedef struct fmm_gpu_t fmm_gpu_t;
+
+// Another process's GPU memory, imported through fabricd into a GPU; kept until it is
+// released and its mappings are gone.
+typedef struct fmm_gpu_import_t fmm_gpu_import_t;
+
+// GPU memory (local or imported) mapped at a device address; keeps what it maps alive.
+typedef struct fmm_gpu_mapping_t fmm_gpu_mapping_t;
+
+// A physical GPU allocation; kept until it is freed and its mappings are gone.
+typedef struct fmm_gpu_memory_t fmm_gpu_memory_t;
+
+// GPU memory this session handed to fabricd: a region on the GPU's HBM.
+typedef struct fmm_gpu_region_t fmm_gpu_region_t;
+
 // A page-aligned host buffer (memfd-backed) for registration.
 typedef struct fmm_host_buffer_t fmm_host_buffer_t;
 
@@ -140,6 +163,28 @@ typedef struct fmm_registration_t fmm_registration_t;
 
 // A session with fabricd.
 typedef struct fmm_session_t fmm_session_t;
+
+// What a GPU offers the memory paths.
+typedef struct fmm_gpu_properties_t {
+  // CUDA ordinal.
+  int32_t ordinal;
+  // Compute capability, major.
+  int32_t compute_major;
+  // Compute capability, minor.
+  int32_t compute_minor;
+  // 1 when `cuMemCreate`/`cuMemMap` (virtual memory management) is supported.
+  int virtual_memory_management;
+  // 1 when allocations export as POSIX descriptors (what fabricd passes).
+  int posix_fd_handles;
+  // 1 when allocations export as fabric handles (NVSwitch / IMEX systems).
+  int fabric_handles;
+  // 1 when GPUDirect RDMA works with these allocations (`fmm_gpu_dma_buf`).
+  int gpu_direct_rdma_with_vmm;
+  // The allocation granularity: sizes are rounded up to a multiple of it.
+  uint64_t granularity;
+  // The granularity the driver recommends for performance.
+  uint64_t recommended_granularity;
+} fmm_gpu_properties_t;
 
 // The registration cache's counters and the session's live registrations.
 typedef struct fmm_registration_stats_t {
@@ -317,6 +362,227 @@ uint64_t fmm_mapping_gfa(const struct fmm_mapping_t *m);
 // # Safety
 // `m` is NULL or a live mapping, not used afterwards (nor pointers into it).
 void fmm_unmap(struct fmm_mapping_t *m);
+
+// Writes the number of CUDA devices into `count`.
+//
+// # Safety
+// `count` points to a writable `int`.
+int fmm_gpu_count(int *count);
+
+// Opens GPU `ordinal` (0-based CUDA ordinal): initialises the driver once per process and
+// retains the device's primary context, the one the CUDA runtime uses, so device pointers
+// from this library work in the caller's kernels and `cudaMemcpy`s.
+//
+// # Safety
+// `out` is writable.
+int fmm_gpu_open(int ordinal, struct fmm_gpu_t **out);
+
+// Closes a GPU handle (memory and mappings made on it keep the context until they go).
+//
+// # Safety
+// `g` is NULL or a live GPU from `fmm_gpu_open`, not used afterwards.
+void fmm_gpu_close(struct fmm_gpu_t *g);
+
+// Writes the GPU's identity in the fabric (`uuid:GPU-…`, as fabricd names it: the device
+// `fmm_gpu_adopt` places memory on) into `buf`.
+//
+// # Safety
+// `g` is a live GPU; `buf` has `len` writable bytes.
+int fmm_gpu_device(const struct fmm_gpu_t *g, char *buf, size_t len);
+
+// Writes the GPU's UUID as `nvidia-smi -L` prints it (`GPU-` and 32 hex digits in
+// 8-4-4-4-12 groups, 41 bytes with the NUL) into `buf`.
+//
+// # Safety
+// `g` is a live GPU; `buf` has `len` writable bytes.
+int fmm_gpu_uuid(const struct fmm_gpu_t *g, char *buf, size_t len);
+
+// Writes the GPU's memory features into `out`.
+//
+// # Safety
+// `g` is a live GPU; `out` points to writable storage for the struct.
+int fmm_gpu_properties(const struct fmm_gpu_t *g, struct fmm_gpu_properties_t *out);
+
+// Allocates at least `size` bytes of the GPU's memory (`cuMemCreate`), rounded up to the
+// allocation granularity (`fmm_gpu_memory_size` gives the real size), exportable as a
+// POSIX descriptor. `flags`: `FMM_GPU_ALLOC_*` or 0; an unknown bit is `FMM_E_ARG`. Not
+// mapped yet: see `fmm_gpu_map`.
+//
+// # Safety
+// `g` is a live GPU; `out` writable.
+int fmm_gpu_alloc(const struct fmm_gpu_t *g,
+                  uint64_t size,
+                  uint32_t flags,
+                  struct fmm_gpu_memory_t **out);
+
+// Frees GPU memory (`cuMemRelease` once its mappings are gone too). A region adopted from
+// it stays in fabricd until `fmm_gpu_region_free`: the daemon holds its own reference.
+//
+// # Safety
+// `m` is NULL or live GPU memory, not used afterwards.
+void fmm_gpu_free(struct fmm_gpu_memory_t *m);
+
+// The bytes of GPU memory: the size asked for, rounded up to the granularity (0 for NULL).
+//
+// # Safety
+// `m` is NULL or live GPU memory.
+uint64_t fmm_gpu_memory_size(const struct fmm_gpu_memory_t *m);
+
+// Maps the whole of GPU memory into a newly reserved device range, read-write for the
+// memory's GPU and each GPU in `peers` (`npeers` of them; NULL and 0 for none). The
+// mapping keeps the memory alive: `fmm_gpu_free` may come before `fmm_gpu_unmap`.
+//
+// # Safety
+// `m` is live GPU memory; `peers` is NULL or holds `npeers` live GPUs; `out` writable.
+int fmm_gpu_map(const struct fmm_gpu_memory_t *m,
+                const struct fmm_gpu_t *const *peers,
+                size_t npeers,
+                struct fmm_gpu_mapping_t **out);
+
+// Maps an import as `fmm_gpu_map` maps local memory: its GPU's kernels and copies reach
+// the exporter's memory. The mapping keeps the import alive.
+//
+// # Safety
+// `i` is a live GPU import; `peers` is NULL or holds `npeers` live GPUs; `out` writable.
+int fmm_gpu_map_import(const struct fmm_gpu_import_t *i,
+                       const struct fmm_gpu_t *const *peers,
+                       size_t npeers,
+                       struct fmm_gpu_mapping_t **out);
+
+// The device address (`CUdeviceptr`) of a mapping's first byte, for the caller's kernels
+// and CUDA calls in the GPU's primary context (0 for NULL).
+//
+// # Safety
+// `m` is NULL or a live GPU mapping.
+uint64_t fmm_gpu_mapping_ptr(const struct fmm_gpu_mapping_t *m);
+
+// The bytes of a GPU mapping (0 for NULL).
+//
+// # Safety
+// `m` is NULL or a live GPU mapping.
+uint64_t fmm_gpu_mapping_len(const struct fmm_gpu_mapping_t *m);
+
+// Copies `len` bytes of the mapping at `offset` into host memory at `dst`, and waits.
+//
+// # Safety
+// `m` is a live GPU mapping; `dst` has `len` writable bytes.
+int fmm_gpu_read(const struct fmm_gpu_mapping_t *m, uint64_t offset, void *dst, size_t len);
+
+// Copies `len` bytes of host memory at `src` into the mapping at `offset`, and waits until
+// they are there.
+//
+// # Safety
+// `m` is a live GPU mapping; `src` has `len` readable bytes.
+int fmm_gpu_write(const struct fmm_gpu_mapping_t *m, uint64_t offset, const void *src, size_t len);
+
+// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` on the GPU
+// (`cuMemcpyDtoD` in `dst`'s context), and waits until the copy is done. `dst`'s GPU must
+// reach `src`: the same GPU, or a peer given when `src` was mapped.
+//
+// # Safety
+// `dst` and `src` are live GPU mappings.
+int fmm_gpu_copy(const struct fmm_gpu_mapping_t *dst,
+                 uint64_t dst_offset,
+                 const struct fmm_gpu_mapping_t *src,
+                 uint64_t src_offset,
+                 uint64_t len);
+
+// Exports a mapping's range as a dma-buf descriptor for a NIC or another device to
+// register; writes it into `fd` (the caller closes it). Needs GPUDirect RDMA support and
+// memory allocated with `FMM_GPU_ALLOC_GPU_DIRECT_RDMA`; `FMM_E_DEVICE` otherwise.
+//
+// # Safety
+// `m` is a live GPU mapping; `fd` points to a writable `int`.
+int fmm_gpu_dma_buf(const struct fmm_gpu_mapping_t *m, int *fd);
+
+// Unmaps (`cuMemUnmap`, `cuMemAddressFree`), then lets go of the memory or import it kept.
+//
+// # Safety
+// `m` is NULL or a live GPU mapping, not used afterwards (nor its device address).
+void fmm_gpu_unmap(struct fmm_gpu_mapping_t *m);
+
+// Hands local GPU memory to fabricd as a region of session `s` on its GPU's HBM (the
+// allocation's POSIX export travels with `Adopt`): it gets a GFA, counts against the
+// owner's limits, and is exported, revoked and reclaimed like any region. `device` is the
+// GPU's fabric identity; NULL asks CUDA (`uuid:GPU-…`, as `fmm_gpu_device`). `flags`: 0
+// (no `FMM_GPU_ADOPT_*` flag exists yet); an unknown bit is `FMM_E_ARG`. Imported memory
+// is refused (`FMM_E_ARG`): it is its exporter's to hand over.
+//
+// # Safety
+// `s` is a live session and `m` live GPU memory; `device` is NULL or a NUL-terminated
+// string; `out` writable.
+int fmm_gpu_adopt(const struct fmm_session_t *s,
+                  const struct fmm_gpu_memory_t *m,
+                  const char *device,
+                  uint32_t flags,
+                  struct fmm_gpu_region_t **out);
+
+// Exports an adopted region; writes the handle's text (at most 80 bytes with the NUL)
+// into `buf`, as `fmm_export` does. `uid` is the one other user allowed to import
+// (`(uint32_t)-1`: the owner's uid only). `read_only` must be 0: an importer's driver maps
+// GPU memory read-write whatever the policy says, so fabricd refuses read-only exports of
+// it (`FMM_E_BAD_REQUEST`).
+//
+// # Safety
+// `r` is a live GPU region; `buf` has `len` writable bytes.
+int fmm_gpu_export(const struct fmm_gpu_region_t *r,
+                   uint32_t uid,
+                   int read_only,
+                   char *buf,
+                   size_t len);
+
+// The bytes of an adopted region (0 for NULL).
+//
+// # Safety
+// `r` is NULL or a live GPU region.
+uint64_t fmm_gpu_region_size(const struct fmm_gpu_region_t *r);
+
+// Writes an adopted region's global fabric address into `gfa`; `FMM_E_NO_GFA` when the
+// GPU's memory is not in the address map.
+//
+// # Safety
+// `r` is a live GPU region; `gfa` points to a writable `uint64_t`.
+int fmm_gpu_region_gfa(const struct fmm_gpu_region_t *r, uint64_t *gfa);
+
+// Frees an adopted region in fabricd: its exports are revoked and its importers told
+// (`fmm_gpu_import_check` answers `FMM_E_REVOKED`). The GPU memory stays the caller's.
+//
+// # Safety
+// `r` is NULL or a live GPU region, not used afterwards.
+void fmm_gpu_region_free(struct fmm_gpu_region_t *r);
+
+// Imports the GPU memory a handle's text names (exported with `fmm_gpu_export`) into GPU
+// `g` (`cuMemImportFromShareableHandle` on the descriptor fabricd passes). Map it with
+// `fmm_gpu_map_import`; always read-write.
+//
+// # Safety
+// `s` is a live session and `g` a live GPU; `handle` is a NUL-terminated string; `out`
+// writable.
+int fmm_gpu_import(const struct fmm_session_t *s,
+                   const char *handle,
+                   const struct fmm_gpu_t *g,
+                   struct fmm_gpu_import_t **out);
+
+// 0 while the import is live, `FMM_E_REVOKED` (-13) once fabricd told this session it was
+// revoked (owner exited, export revoked, region freed). The driver's reference keeps what
+// this process mapped readable after that: a revoked import must stop using it.
+//
+// # Safety
+// `i` is a live GPU import.
+int fmm_gpu_import_check(const struct fmm_gpu_import_t *i);
+
+// The bytes of a GPU import (0 for NULL).
+//
+// # Safety
+// `i` is NULL or a live GPU import.
+uint64_t fmm_gpu_import_size(const struct fmm_gpu_import_t *i);
+
+// Releases a GPU import (the allocation, then the import in fabricd) once its mappings
+// are gone too.
+//
+// # Safety
+// `i` is NULL or a live GPU import, not used afterwards.
+void fmm_gpu_import_release(struct fmm_gpu_import_t *i);
 
 // Allocates a host buffer of at least `len` bytes (rounded up to whole pages), kept out
 // of forked children.

@@ -14,6 +14,8 @@ use crate::session::{Policy, Session, SessionConfig, Target};
 use crate::window::WindowConfig;
 use fabric_proto::wire::MemoryClass;
 
+mod gpu;
+pub use gpu::*;
 mod registration;
 pub use registration::*;
 mod resume;

@@ -1,9 +1,12 @@
 //! The C examples, compiled with gcc against the built library through its pkg-config file
 //! (filled in for the build tree), plainly and with `-fsanitize=address`, and run against a
-//! real fabricd.
+//! real fabricd; `gpu_share.c` on the stand-in CUDA driver (tests/fake_libcuda) and with no
+//! driver at all.
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "fake_libcuda/mod.rs"]
+mod fake_libcuda;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,12 +56,28 @@ fn build(example: &str, out: &Path, pc_dir: &Path, extra: &[&str]) {
 }
 
 fn run(bin: &Path, socket: &Path) -> String {
-    let out = Command::new(bin)
+    run_with(bin, socket, None, &[])
+}
+
+/// Runs `bin SOCKET` with `lib` (a stand-in libcuda's directory) first on the library path
+/// and `env` set; the exit status, stdout and stderr.
+fn output(bin: &Path, socket: &Path, lib: Option<&Path>, env: &[(&str, &str)]) -> std::process::Output {
+    let path = match lib {
+        Some(lib) => format!("{}:{}", lib.display(), target_dir().display()),
+        None => target_dir().display().to_string(),
+    };
+    Command::new(bin)
         .arg(socket)
-        .env("LD_LIBRARY_PATH", target_dir())
+        .env("LD_LIBRARY_PATH", path)
         .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        .envs(env.iter().copied())
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// [`output`] of a run that must succeed: its stdout.
+fn run_with(bin: &Path, socket: &Path, lib: Option<&Path>, env: &[(&str, &str)]) -> String {
+    let out = output(bin, socket, lib, env);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -70,18 +89,23 @@ fn run(bin: &Path, socket: &Path) -> String {
     stdout
 }
 
+/// Builds `example` plainly and under ASan into `dir`: the two binaries.
+fn build_both(example: &str, dir: &Path) -> [PathBuf; 2] {
+    let pc = pkg_config_dir(dir);
+    let name = example.trim_end_matches(".c");
+    let plain = dir.join(name);
+    build(example, &plain, &pc, &[]);
+    let asan = dir.join(format!("{name}-asan"));
+    build(example, &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    [plain, asan]
+}
+
 /// Builds `example` plainly and under ASan and runs both against one fabricd started with
 /// `config` appended to its configuration; their outputs.
 fn plain_and_asan(example: &str, config: &str) -> [String; 2] {
     let d = common::daemon_with_config(config);
     let tmp = tempfile::tempdir().unwrap();
-    let pc = pkg_config_dir(tmp.path());
-    let name = example.trim_end_matches(".c");
-    let plain = tmp.path().join(name);
-    build(example, &plain, &pc, &[]);
-    let asan = tmp.path().join(format!("{name}-asan"));
-    build(example, &asan, &pc, &["-fsanitize=address", "-fno-omit-frame-pointer"]);
-    [run(&plain, &d.socket), run(&asan, &d.socket)]
+    build_both(example, tmp.path()).map(|bin| run(&bin, &d.socket))
 }
 
 #[test]
@@ -124,5 +148,80 @@ fn resume_example_takes_a_closed_session_back_by_token_plain_and_under_address_s
                 && out.contains("export revoked by the new owner; the token resumes once"),
             "{out}"
         );
+    }
+}
+
+#[test]
+fn gpu_share_example_shares_gpu_memory_through_fabricd_on_the_stand_in_driver() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = fake_libcuda::build(tmp.path()) else { return };
+    let d = common::daemon();
+    // The stand-in GPU is the sim GPU fabricd knows: adopt finds it by CUDA's UUID.
+    let gpu = common::gpu(&common::session(&d.socket));
+    let hex = fake_libcuda::uuid_hex(&gpu);
+    let [plain, asan] = build_both("gpu_share.c", tmp.path());
+    for bin in [plain, asan, bundled(tmp.path())] {
+        let out = run_with(&bin, &d.socket, Some(&lib), &[("FAKE_CUDA_UUID", &hex)]);
+        for want in [
+            // 3 MiB asked, rounded up to the stand-in's 2 MiB granularity.
+            "exporter: 4194304 bytes (3145728 asked) at device address 0x",
+            &format!("adopted as a region of 4194304 bytes on {gpu} at GFA 0x"),
+            "importer: 4194304 bytes imported, mapped at device address 0x",
+            "exporter's pattern seen",
+            "importer: device-to-device copy verified",
+            "exporter: the importer's stores are in this GPU's memory",
+            "importer: revoked (-13): region ",
+            "was revoked: Freed",
+            "importer: done",
+            "exporter: region freed",
+            "gpu_share: passed",
+        ] {
+            assert!(out.contains(want), "{}: no {want:?} in\n{out}", bin.display());
+        }
+        // The stand-in has no dma-buf: the driver's refusal is FMM_E_DEVICE with its name.
+        assert!(out.contains("no dma-buf here: cuMemGetHandleForAddressRange: CUDA_ERROR_NOT_SUPPORTED"), "{out}");
+    }
+    let log = d.log();
+    assert!(log.contains("vendor object adopted") && log.contains("imported"), "{log}");
+}
+
+/// `gpu_share` as scripts/gpu-bundle-c.sh links it for the GPU check (against the static
+/// library of this build): it needs no libfabric_mm.so.
+fn bundled(dir: &Path) -> PathBuf {
+    let profile = target_dir().file_name().unwrap().to_str().unwrap().to_owned();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-bundle-c.sh");
+    let out =
+        Command::new(script).arg(dir.join("bundle")).arg(&profile).env("FABRIC_BUNDLE_NO_BUILD", "1").output().unwrap();
+    assert!(out.status.success(), "gpu-bundle-c.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let bin = dir.join("bundle/bin/gpu_share");
+    let elf = Command::new("readelf").arg("-d").arg(&bin).output().unwrap();
+    let dynamic = String::from_utf8_lossy(&elf.stdout);
+    assert!(dynamic.contains("NEEDED") && !dynamic.contains("libfabric_mm"), "{dynamic}");
+    bin
+}
+
+#[test]
+fn gpu_share_example_without_a_driver_exits_3_with_the_reason() {
+    // On a machine with a CUDA driver there is no "without" to show.
+    if fabric_mm::cuda::probe_library(&[fabric_mm::cuda::LIBCUDA]).is_ok() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // No daemon either: the example stops at fmm_gpu_open, before any session.
+    let socket = tmp.path().join("no-daemon.sock");
+    let [plain, asan] = build_both("gpu_share.c", tmp.path());
+    for bin in [plain, asan, bundled(tmp.path())] {
+        let out = output(&bin, &socket, None, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{}: {stderr}", bin.display());
+        assert!(
+            stderr.contains(
+                "exporter: no GPU here (-33): CUDA not present: libcuda.so.1: cannot open shared object file"
+            ),
+            "{stderr}"
+        );
+        // The importer saw the exporter give up and left quietly; ASan found no leak.
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(String::from_utf8_lossy(&out.stdout).is_empty());
     }
 }

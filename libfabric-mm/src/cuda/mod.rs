@@ -10,9 +10,10 @@
 //! lives in `sys`, behind a token that only the presence probe and `cuInit` hand out.
 //!
 //! Every resource is an owned value whose `Drop` undoes it: [`CudaContext`] releases the
-//! primary context, [`GpuMemory`] the allocation handle, [`GpuMapping`] unmaps and frees the
-//! reserved range, [`Stream`], [`Event`], [`Module`], [`HostRegistration`] and
-//! [`PeerAccess`] destroy, unload, unregister and disable.
+//! primary context, [`GpuMemory`] the allocation handle, [`GpuMapping`] and
+//! [`OwnedGpuMapping`] (which keeps its memory alive) unmap and free the reserved range,
+//! [`Stream`], [`Event`], [`Module`], [`HostRegistration`] and [`PeerAccess`] destroy,
+//! unload, unregister and disable.
 //!
 //! Device memory is never exposed as a Rust slice: kernels, copies and explicit
 //! host-to-device/device-to-host transfers are the only accessors.
@@ -32,7 +33,7 @@ pub use context::{CudaContext, DeviceProperties, PeerAccess, format_uuid};
 pub use kernel::{Module, PATTERN_PTX, entry_params, pattern_word};
 pub use share::{GpuImport, GpuRegion};
 pub use stream::{Event, HostRegistration, Stream};
-pub use vmm::{AllocOptions, FabricHandle, GpuMapping, GpuMemory};
+pub use vmm::{AllocOptions, FabricHandle, GpuMapping, GpuMemory, MappedRange, OwnedGpuMapping};
 
 /// The library cudarc would load first on Linux; probed before any cudarc call.
 pub const LIBCUDA: &str = "libcuda.so.1";

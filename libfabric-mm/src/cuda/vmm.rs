@@ -3,7 +3,9 @@
 //! or a fabric handle, their import in another process, and mappings (`cuMemAddressReserve`
 //! + `cuMemMap` + `cuMemSetAccess`) that kernels and copy engines load and store through.
 
+use std::ops::Deref;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 use cudarc::driver::sys as cu;
 
@@ -160,17 +162,7 @@ impl GpuMemory {
     /// Maps the whole allocation into a newly reserved device range, read-write for this
     /// allocation's device and every context in `peers` (peer mappings across GPUs).
     pub fn map(&self, peers: &[&CudaContext]) -> Result<GpuMapping<'_>, CudaError> {
-        self.ctx.bind()?;
-        let drv = self.ctx.inner.drv;
-        let va = drv.address_reserve(self.size, self.granularity)?;
-        // Each step's guard undoes it if a later step fails.
-        let mut m = GpuMapping { mem: self, ctx: self.ctx.inner.clone(), va, mapped: false };
-        drv.map(va, self.size, self.handle)?;
-        m.mapped = true;
-        let mut desc = vec![access(self.ctx.ordinal())];
-        desc.extend(peers.iter().filter(|p| p.ordinal() != self.ctx.ordinal()).map(|p| access(p.ordinal())));
-        drv.set_access(va, self.size, &desc)?;
-        Ok(m)
+        Ok(GpuMapping { mem: self, range: MappedRange::new(self, peers)? })
     }
 }
 
@@ -183,17 +175,34 @@ impl Drop for GpuMemory {
     }
 }
 
-/// A mapping of a [`GpuMemory`] at a device address. Unmapped, then the range freed, on
-/// drop. The device address is usable by kernels and copies of the contexts given access.
+/// A device range with a whole [`GpuMemory`] mapped into it, accessible to the contexts
+/// given when it was mapped: what [`GpuMapping`] and [`OwnedGpuMapping`] own and dereference
+/// to. Unmapped, then the range freed, on drop. The device address is usable by kernels and
+/// copies of the contexts given access.
 #[derive(Debug)]
-pub struct GpuMapping<'a> {
-    mem: &'a GpuMemory,
-    ctx: std::sync::Arc<Ctx>,
+pub struct MappedRange {
+    ctx: Arc<Ctx>,
     va: CUdeviceptr,
+    size: usize,
     mapped: bool,
 }
 
-impl GpuMapping<'_> {
+impl MappedRange {
+    /// Reserves a range, maps `mem` into it and grants access to its device and `peers`.
+    fn new(mem: &GpuMemory, peers: &[&CudaContext]) -> Result<Self, CudaError> {
+        mem.ctx.bind()?;
+        let drv = mem.ctx.inner.drv;
+        let va = drv.address_reserve(mem.size, mem.granularity)?;
+        // Each step's guard undoes it if a later step fails.
+        let mut m = MappedRange { ctx: mem.ctx.inner.clone(), va, size: mem.size, mapped: false };
+        drv.map(va, mem.size, mem.handle)?;
+        m.mapped = true;
+        let mut desc = vec![access(mem.ctx.ordinal())];
+        desc.extend(peers.iter().filter(|p| p.ordinal() != mem.ctx.ordinal()).map(|p| access(p.ordinal())));
+        drv.set_access(va, mem.size, &desc)?;
+        Ok(m)
+    }
+
     /// The device address of the first byte.
     pub fn device_ptr(&self) -> u64 {
         self.va
@@ -201,17 +210,12 @@ impl GpuMapping<'_> {
 
     /// Bytes mapped.
     pub fn len(&self) -> usize {
-        self.mem.size
+        self.size
     }
 
     /// Always false: allocations are never empty.
     pub fn is_empty(&self) -> bool {
-        self.mem.size == 0
-    }
-
-    /// The memory mapped.
-    pub fn memory(&self) -> &GpuMemory {
-        self.mem
+        self.size == 0
     }
 
     /// Exports the mapped range as a dma-buf descriptor, for a NIC or another device to
@@ -219,7 +223,7 @@ impl GpuMapping<'_> {
     /// allocation made with `AllocOptions::gpu_direct_rdma`.
     pub fn dma_buf_fd(&self) -> Result<OwnedFd, CudaError> {
         self.ctx.bind()?;
-        let fd = self.ctx.drv.dma_buf_fd(self.va, self.mem.size)?;
+        let fd = self.ctx.drv.dma_buf_fd(self.va, self.size)?;
         if fd < 0 {
             return Err(CudaError::Io { op: "cuMemGetHandleForAddressRange", message: format!("descriptor {fd}") });
         }
@@ -250,24 +254,31 @@ impl GpuMapping<'_> {
     /// the context (the driver returns before a device-to-device copy is done; seen on an
     /// H200: timed without the wait, 1 GiB "copied" at 126 TB/s). The baseline the stream
     /// copies are measured against.
-    pub fn copy_from(&self, src: &GpuMapping<'_>, len: usize) -> Result<(), CudaError> {
-        self.check(0, len)?;
-        src.check(0, len)?;
+    pub fn copy_from(&self, src: &MappedRange, len: usize) -> Result<(), CudaError> {
+        self.copy_range(0, src, 0, len)
+    }
+
+    /// [`MappedRange::copy_from`] between offsets: `len` bytes from `src` at `src_offset` to
+    /// this mapping at `offset`. This mapping's device must have access to `src` (its own
+    /// memory, or a peer given when `src` was mapped).
+    pub fn copy_range(&self, offset: usize, src: &MappedRange, src_offset: usize, len: usize) -> Result<(), CudaError> {
+        self.check(offset, len)?;
+        src.check(src_offset, len)?;
         self.ctx.bind()?;
-        // SAFETY: both ranges lie inside live mappings the current context can access
-        // (checked above; access was granted at `map`); `memcpy_dtod` waits for the copy.
-        unsafe { self.ctx.drv.memcpy_dtod(self.va, src.va, len) }
+        // SAFETY: both ranges lie inside live mappings (checked above; access was granted
+        // at `map`); `memcpy_dtod` waits for the copy.
+        unsafe { self.ctx.drv.memcpy_dtod(self.va + offset as u64, src.va + src_offset as u64, len) }
     }
 
     pub(super) fn check(&self, offset: usize, len: usize) -> Result<(), CudaError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.mem.size => Ok(()),
-            _ => Err(CudaError::InvalidArgument(format!("{offset}+{len} outside a {}-byte mapping", self.mem.size))),
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(CudaError::InvalidArgument(format!("{offset}+{len} outside a {}-byte mapping", self.size))),
         }
     }
 }
 
-impl Drop for GpuMapping<'_> {
+impl Drop for MappedRange {
     fn drop(&mut self) {
         let drv = self.ctx.drv;
         if let Err(e) = self.ctx.bind() {
@@ -275,15 +286,88 @@ impl Drop for GpuMapping<'_> {
             return;
         }
         if self.mapped
-            && let Err(e) = drv.unmap(self.va, self.mem.size)
+            && let Err(e) = drv.unmap(self.va, self.size)
         {
             // A range still mapped cannot be freed.
             tracing::warn!("cuMemUnmap: {e}");
             return;
         }
-        if let Err(e) = drv.address_free(self.va, self.mem.size) {
+        if let Err(e) = drv.address_free(self.va, self.size) {
             tracing::warn!("cuMemAddressFree: {e}");
         }
+    }
+}
+
+/// A mapping of a [`GpuMemory`] this borrows ([`GpuMemory::map`]); its accessors are
+/// [`MappedRange`]'s.
+#[derive(Debug)]
+pub struct GpuMapping<'a> {
+    mem: &'a GpuMemory,
+    range: MappedRange,
+}
+
+impl GpuMapping<'_> {
+    /// The memory mapped.
+    pub fn memory(&self) -> &GpuMemory {
+        self.mem
+    }
+}
+
+impl Deref for GpuMapping<'_> {
+    type Target = MappedRange;
+    fn deref(&self) -> &MappedRange {
+        &self.range
+    }
+}
+
+/// A mapping that keeps what it maps alive: the [`GpuMemory`] itself or an owner of one (a
+/// [`super::GpuImport`]), shared by an `Arc`. For callers that cannot hold a borrow, such as
+/// the C ABI. Its accessors are [`MappedRange`]'s.
+pub struct OwnedGpuMapping {
+    // Fields drop in order: the range is unmapped before the memory can be released.
+    range: MappedRange,
+    owner: Arc<dyn AsRef<GpuMemory> + Send + Sync>,
+}
+
+impl OwnedGpuMapping {
+    /// Maps the whole of the memory `owner` holds, as [`GpuMemory::map`] does, and keeps
+    /// `owner` until the mapping is dropped.
+    pub fn new<T: AsRef<GpuMemory> + Send + Sync + 'static>(
+        owner: Arc<T>,
+        peers: &[&CudaContext],
+    ) -> Result<Self, CudaError> {
+        let range = MappedRange::new((*owner).as_ref(), peers)?;
+        Ok(Self { range, owner })
+    }
+
+    /// The memory mapped.
+    pub fn memory(&self) -> &GpuMemory {
+        (*self.owner).as_ref()
+    }
+}
+
+impl Deref for OwnedGpuMapping {
+    type Target = MappedRange;
+    fn deref(&self) -> &MappedRange {
+        &self.range
+    }
+}
+
+impl std::fmt::Debug for OwnedGpuMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedGpuMapping").field("range", &self.range).field("memory", self.memory()).finish()
+    }
+}
+
+impl AsRef<GpuMemory> for GpuMemory {
+    fn as_ref(&self) -> &GpuMemory {
+        self
+    }
+}
+
+impl AsRef<GpuMemory> for super::GpuImport {
+    fn as_ref(&self) -> &GpuMemory {
+        self.memory()
     }
 }
 
