@@ -11,7 +11,8 @@
 # (gpu-compare.json, gpu-compare.txt), the daemon's view (fabricd.log, daemon-status.json,
 # daemon-devices.json, daemon-map.json), the CUDA checks (probe.json, memory.json and
 # memory.importer.json through fabricd, memory-direct*.json without it, memory-fabric*.json
-# through fabricd with a fabric handle where an IMEX channel exists, imex-channel.txt), the PTX
+# through fabricd with a fabric handle where an IMEX channel exists, imex-channel.txt; the C
+# example gpu_share through fabricd: c-share.txt, c-share-fabric.txt), the PTX
 # (pattern.ptx, assembled by ptxas when the toolkit is
 # there), each step's log (*.log), steps.tsv and summary.json.
 #
@@ -201,12 +202,22 @@ if [ -n "$GPU_CHECK" ]; then
         if [ -n "$DSOCK" ]; then
             run cuda-memory-direct 150 memory-direct.stdout "$GPU_CHECK" memory --out "$OUT/memory-direct.json" \
                 --size-mib "${GPU_CHECK_SIZE_MIB:-1024}" --iters "${GPU_CHECK_ITERS:-20}"
-            # 3b. The same through fabricd with a fabric handle instead of a descriptor (256 MiB):
-            # only where the driver can make one, which takes an IMEX channel.
+            # 3b. The C ABI: gpu_share (examples/c/gpu_share.c, in the bundle) shares GPU memory
+            # between two processes through fabricd with the fmm_gpu_* calls.
+            C_SHARE=""
+            if [ -x "$BIN/gpu_share" ]; then
+                C_SHARE=$BIN/gpu_share
+                run cuda-c-share 60 c-share.txt "$C_SHARE" "$DSOCK"
+            else
+                printf 'cuda-c-share\tskipped\t0\tno gpu_share in %s\n' "$BIN" >>"$OUT/steps.tsv"
+            fi
+            # 3c. Through fabricd with a fabric handle instead of a descriptor (256 MiB), from
+            # Rust and from C: only where the driver can make one, which takes an IMEX channel.
             if imex_channel >"$OUT/imex-channel.txt" 2>&1; then
                 printf 'imex-channel\t0\t0\timex-channel.txt\n' >>"$OUT/steps.tsv"
                 run cuda-memory-fabric 120 memory-fabric.stdout "$GPU_CHECK" memory \
                     --out "$OUT/memory-fabric.json" --size-mib 256 --iters 5 --daemon "$DSOCK" --share fabric
+                [ -n "$C_SHARE" ] && run cuda-c-share-fabric 60 c-share-fabric.txt "$C_SHARE" "$DSOCK" fabric
             else
                 printf 'cuda-memory-fabric\tskipped\t0\t%s\n' "$(cat "$OUT/imex-channel.txt")" >>"$OUT/steps.tsv"
             fi

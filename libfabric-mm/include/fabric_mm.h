@@ -106,6 +106,10 @@
 // `fmm_gpu_alloc` flag: ask for GPUDirect RDMA capability (needed by `fmm_gpu_dma_buf`).
 #define FMM_GPU_ALLOC_GPU_DIRECT_RDMA 2
 
+// `fmm_gpu_adopt` flag: hand the allocation over as a fabric handle (protocol 1.4; the
+// memory must have been allocated with `FMM_GPU_ALLOC_FABRIC`) instead of a descriptor.
+#define FMM_GPU_ADOPT_FABRIC 1
+
 // The device only reads registered memory.
 #define FMM_ACCESS_READ_ONLY 0
 
@@ -502,11 +506,12 @@ int fmm_gpu_dma_buf(const struct fmm_gpu_mapping_t *m, int *fd);
 void fmm_gpu_unmap(struct fmm_gpu_mapping_t *m);
 
 // Hands local GPU memory to fabricd as a region of session `s` on its GPU's HBM (the
-// allocation's POSIX export travels with `Adopt`): it gets a GFA, counts against the
-// owner's limits, and is exported, revoked and reclaimed like any region. `device` is the
-// GPU's fabric identity; NULL asks CUDA (`uuid:GPU-…`, as `fmm_gpu_device`). `flags`: 0
-// (no `FMM_GPU_ADOPT_*` flag exists yet); an unknown bit is `FMM_E_ARG`. Imported memory
-// is refused (`FMM_E_ARG`): it is its exporter's to hand over.
+// allocation's POSIX export travels with `Adopt`, or with `FMM_GPU_ADOPT_FABRIC` its
+// fabric handle): it gets a GFA, counts against the owner's limits, and is exported,
+// revoked and reclaimed like any region. `device` is the GPU's fabric identity; NULL asks
+// CUDA (`uuid:GPU-…`, as `fmm_gpu_device`). `flags`: 0 or `FMM_GPU_ADOPT_FABRIC`; an
+// unknown bit is `FMM_E_ARG`. Imported memory is refused (`FMM_E_ARG`): it is its
+// exporter's to hand over. `fmm_gpu_import` takes either kind.
 //
 // # Safety
 // `s` is a live session and `m` live GPU memory; `device` is NULL or a NUL-terminated

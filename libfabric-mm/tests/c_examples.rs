@@ -62,12 +62,24 @@ fn run(bin: &Path, socket: &Path) -> String {
 /// Runs `bin SOCKET` with `lib` (a stand-in libcuda's directory) first on the library path
 /// and `env` set; the exit status, stdout and stderr.
 fn output(bin: &Path, socket: &Path, lib: Option<&Path>, env: &[(&str, &str)]) -> std::process::Output {
+    output_args(bin, socket, &[], lib, env)
+}
+
+/// [`output`] with arguments after the socket.
+fn output_args(
+    bin: &Path,
+    socket: &Path,
+    args: &[&str],
+    lib: Option<&Path>,
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let path = match lib {
         Some(lib) => format!("{}:{}", lib.display(), target_dir().display()),
         None => target_dir().display().to_string(),
     };
     Command::new(bin)
         .arg(socket)
+        .args(args)
         .env("LD_LIBRARY_PATH", path)
         .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
         .envs(env.iter().copied())
@@ -183,6 +195,38 @@ fn gpu_share_example_shares_gpu_memory_through_fabricd_on_the_stand_in_driver() 
     }
     let log = d.log();
     assert!(log.contains("vendor object adopted") && log.contains("imported"), "{log}");
+}
+
+/// `gpu_share SOCKET fabric`: the allocation travels as a fabric handle (the stand-in makes
+/// them with `FAKE_CUDA_FABRIC=1`); without fabric handles in the driver it fails, saying so.
+#[test]
+fn gpu_share_example_shares_by_fabric_handle_on_the_stand_in_driver() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = fake_libcuda::build(tmp.path()) else { return };
+    let d = common::daemon();
+    let gpu = common::gpu(&common::session(&d.socket));
+    let hex = fake_libcuda::uuid_hex(&gpu);
+    let [plain, asan] = build_both("gpu_share.c", tmp.path());
+    for bin in [plain, asan] {
+        let env = [("FAKE_CUDA_UUID", hex.as_str()), ("FAKE_CUDA_FABRIC", "1")];
+        let out = output_args(&bin, &d.socket, &["fabric"], Some(&lib), &env);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for want in [
+            "exporter: handed over as a fabric handle",
+            "exporter's pattern seen",
+            "exporter: the importer's stores are in this GPU's memory",
+            "was revoked: Freed",
+            "gpu_share: passed",
+        ] {
+            assert!(stdout.contains(want), "{}: no {want:?} in\n{stdout}", bin.display());
+        }
+        let out = output_args(&bin, &d.socket, &["fabric"], Some(&lib), &env[..1]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("fmm_gpu_alloc"), "{stderr}");
+    }
+    assert!(d.log().contains("kind=\"CUDA fabric handle\"") || d.log().contains("CUDA fabric handle"), "{}", d.log());
 }
 
 /// `gpu_share` as scripts/gpu-bundle-c.sh links it for the GPU check (against the static

@@ -6,6 +6,8 @@
 //! — that a real driver and GPU behave so — is the GPU check's job (docs/gpu.md).
 
 mod common;
+#[path = "fake_libcuda/mod.rs"]
+mod fake_libcuda;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +18,7 @@ fn gpu_check() -> PathBuf {
 
 /// Builds the stand-in as libcuda.so.1 in `dir` (`None`: no C compiler here).
 fn fake_driver(dir: &Path) -> Option<PathBuf> {
-    common::fake_cuda_driver(dir)
+    fake_libcuda::build(dir)
 }
 
 fn run(lib: &Path, args: &[&str], out: &Path) -> (Option<i32>, serde_json::Value) {
@@ -151,8 +153,7 @@ fn through_fabricd(extra: &[&str], adopt_step: &str, object: &str) {
     let gpu = common::gpu(&common::session(&d.socket));
     // The stand-in reports the sim GPU's UUID, so the exporter finds its fabric identity
     // through CUDA (`uuid:` + cuDeviceGetUuid), as on a real host.
-    let hex: String = gpu.trim_start_matches("uuid:GPU-").chars().filter(|c| *c != '-').collect();
-    assert_eq!(hex.len(), 32, "{gpu}");
+    let hex = fake_libcuda::uuid_hex(&gpu);
     let out = dir.path().join("memory.json");
     let socket = d.socket.display().to_string();
     let mut args = vec!["memory", "--size-mib", "2", "--iters", "2", "--daemon", &socket];

@@ -5,7 +5,8 @@
 //! stand-in CUDA driver every CUDA step runs, fabricd's included, and the fabric-handle step
 //! runs only where an IMEX channel is.
 
-mod common;
+#[path = "fake_libcuda/mod.rs"]
+mod fake_libcuda;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,17 @@ fn bins_with(dir: &Path, daemon: bool) -> PathBuf {
     let mut links = vec![(debug.join("fabricctl"), "fabricctl"), (gpu_check, "gpu_check")];
     if daemon {
         links.push((debug.join("fabricd"), "fabricd"));
+        // The C example as the bundle links it (scripts/gpu-bundle-c.sh, static library).
+        let script = repo().join("scripts/gpu-bundle-c.sh");
+        let profile = debug.file_name().and_then(|n| n.to_str()).expect("profile").to_owned();
+        let made = Command::new(script)
+            .arg(dir.join("c"))
+            .arg(profile)
+            .env("FABRIC_BUNDLE_NO_BUILD", "1")
+            .output()
+            .expect("gpu-bundle-c.sh runs");
+        assert!(made.status.success(), "gpu-bundle-c.sh: {}", String::from_utf8_lossy(&made.stderr));
+        links.push((dir.join("c/bin/gpu_share"), "gpu_share"));
     }
     for (from, name) in links {
         assert!(
@@ -154,7 +166,7 @@ fn on_the_stand_in_driver_every_cuda_step_runs_and_fabric_handles_need_an_imex_c
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(lib) = common::fake_cuda_driver(dir.path()) else { return };
+    let Some(lib) = fake_libcuda::build(dir.path()) else { return };
     let imex = dir.path().join("imex");
     std::fs::create_dir(&imex).expect("imex dir");
     let devices = dir.path().join("devices");
@@ -183,7 +195,7 @@ fn on_the_stand_in_driver_every_cuda_step_runs_and_fabric_handles_need_an_imex_c
     let (o, s, status) = run("none", &[]);
     assert_eq!(o.status.code(), Some(3), "{}\n{s:#}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(s["failed_steps"], serde_json::json!([]), "{s:#}");
-    for step in ["cuda-probe", "cuda-memory", "cuda-memory-direct", "daemon-status"] {
+    for step in ["cuda-probe", "cuda-memory", "cuda-memory-direct", "daemon-status", "cuda-c-share"] {
         assert_eq!(status(step), Some("passed".into()), "{step}: {s:#}");
     }
     assert_eq!(status("cuda-memory-fabric"), Some("skipped".into()), "{s:#}");
@@ -197,6 +209,9 @@ fn on_the_stand_in_driver_every_cuda_step_runs_and_fabric_handles_need_an_imex_c
     assert_eq!(s["failed_steps"], serde_json::json!([]), "{s:#}");
     assert_eq!(status("imex-channel"), Some("passed".into()), "{s:#}");
     assert_eq!(status("cuda-memory-fabric"), Some("passed".into()), "{s:#}");
+    assert_eq!(status("cuda-c-share-fabric"), Some("passed".into()), "{s:#}");
+    let c = std::fs::read_to_string(dir.path().join("channel/out/c-share-fabric.txt")).expect("C output");
+    assert!(c.contains("handed over as a fabric handle") && c.contains("gpu_share: passed"), "{c}");
     assert!(s["figures_fabric"]["cuMemcpyDtoD imported->local GB/s"].as_f64().expect("figure") > 0.0, "{s:#}");
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("channel/out/memory-fabric.json")).expect("report"))

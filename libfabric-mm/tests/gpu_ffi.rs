@@ -233,8 +233,12 @@ unsafe fn through_fabricd(
         let mut s = null_mut();
         assert_eq!(fmm_session_open(sock.as_ptr(), 0, 0, &mut s), FMM_OK);
         let mut r = null_mut();
-        assert_eq!(fmm_gpu_adopt(s, mem, null(), 1, &mut r), FMM_E_ARG);
-        assert!(last().contains("unknown adopt flags 0x1"), "{}", last());
+        assert_eq!(fmm_gpu_adopt(s, mem, null(), 2, &mut r), FMM_E_ARG);
+        assert!(last().contains("unknown adopt flags 0x2"), "{}", last());
+        assert!(r.is_null());
+        // By fabric handle: this allocation has no fabric handle type, the driver says so.
+        assert_eq!(fmm_gpu_adopt(s, mem, null(), FMM_GPU_ADOPT_FABRIC, &mut r), FMM_E_DEVICE);
+        assert!(last().contains("fabric"), "{}", last());
         assert!(r.is_null());
         assert_eq!(fmm_gpu_adopt(s, mem, null(), 0, &mut r), FMM_OK);
         assert_eq!(fmm_gpu_region_size(r), 2 * MIB);

@@ -7,7 +7,8 @@
  * exporter then reads. Last, revocation: the exporter frees the region and the importer's
  * fmm_gpu_import_check answers FMM_E_REVOKED.
  *
- * Usage: gpu_share SOCKET
+ * Usage: gpu_share SOCKET [fd|fabric]  (fabric: allocate with the fabric handle type and adopt
+ *        by fabric handle, protocol 1.4 — needs an IMEX channel on NVIDIA's driver)
  * Exit: 0 every check passed; 3 no CUDA driver or GPU here ("CUDA not present: ..." on
  * stderr); 1 a check failed; 2 usage.
  */
@@ -25,6 +26,9 @@
 #define ASK (3u << 20)
 #define EXPORTER_SEED 0x5eed0001u
 #define IMPORTER_SEED 0x5eed0002u
+
+/* Share by fabric handle instead of a POSIX descriptor (argv[2] == "fabric"). */
+static int share_fabric;
 
 static uint32_t pattern(uint64_t i, uint32_t seed) { return (uint32_t)i * 0x9E3779B1u ^ seed; }
 
@@ -150,6 +154,7 @@ static int exporter(const char *socket, int to_importer, int from_importer) {
     /* Typed refusals: an unknown flag, a range outside the mapping. */
     if (fmm_gpu_alloc(g, ASK, 0x80, &bad) != FMM_E_ARG) return die(who, "unknown-flag check", -1);
     uint32_t flags = props.gpu_direct_rdma_with_vmm ? FMM_GPU_ALLOC_GPU_DIRECT_RDMA : 0;
+    if (share_fabric) flags |= FMM_GPU_ALLOC_FABRIC;
     if ((rc = fmm_gpu_alloc(g, ASK, flags, &mem))) return die(who, "fmm_gpu_alloc", rc);
     uint64_t size = fmm_gpu_memory_size(mem);
     if (size < ASK || props.granularity == 0 || size % props.granularity) {
@@ -179,7 +184,9 @@ static int exporter(const char *socket, int to_importer, int from_importer) {
 
     if ((rc = fmm_session_open(socket, 0, 0, &s))) return die(who, "fmm_session_open", rc);
     if (fmm_gpu_adopt(s, mem, NULL, 0x80, &bad_region) != FMM_E_ARG) return die(who, "unknown adopt flag check", -1);
-    if ((rc = fmm_gpu_adopt(s, mem, NULL, 0, &r))) return die(who, "fmm_gpu_adopt", rc);
+    if ((rc = fmm_gpu_adopt(s, mem, NULL, share_fabric ? FMM_GPU_ADOPT_FABRIC : 0, &r)))
+        return die(who, "fmm_gpu_adopt", rc);
+    if (share_fabric) printf("exporter: handed over as a fabric handle\n");
     uint64_t gfa = 0;
     rc = fmm_gpu_region_gfa(r, &gfa);
     if (rc && rc != FMM_E_NO_GFA) return die(who, "fmm_gpu_region_gfa", rc);
@@ -213,10 +220,11 @@ static int exporter(const char *socket, int to_importer, int from_importer) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SOCKET\n", argv[0]);
+    if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "fd") && strcmp(argv[2], "fabric"))) {
+        fprintf(stderr, "usage: %s SOCKET [fd|fabric]\n", argv[0]);
         return 2;
     }
+    share_fabric = argc == 3 && !strcmp(argv[2], "fabric");
     int down[2], up[2];
     if (pipe(down) || pipe(up)) return 1;
     /* Fork before CUDA is touched: a CUDA context does not survive into a child. */

@@ -28,8 +28,11 @@ pub const FMM_GPU_ALLOC_FABRIC: u32 = 1;
 pub const FMM_GPU_ALLOC_GPU_DIRECT_RDMA: u32 = 2;
 /// Every `fmm_gpu_alloc` flag this library knows.
 const ALLOC_FLAGS: u32 = FMM_GPU_ALLOC_FABRIC | FMM_GPU_ALLOC_GPU_DIRECT_RDMA;
-/// Every `fmm_gpu_adopt` flag this library knows (none yet).
-const ADOPT_FLAGS: u32 = 0;
+/// `fmm_gpu_adopt` flag: hand the allocation over as a fabric handle (protocol 1.4; the
+/// memory must have been allocated with `FMM_GPU_ALLOC_FABRIC`) instead of a descriptor.
+pub const FMM_GPU_ADOPT_FABRIC: u32 = 1;
+/// Every `fmm_gpu_adopt` flag this library knows.
+const ADOPT_FLAGS: u32 = FMM_GPU_ADOPT_FABRIC;
 
 /// A GPU: its retained primary context.
 #[derive(Debug)]
@@ -416,11 +419,12 @@ pub unsafe extern "C" fn fmm_gpu_unmap(m: *mut FmmGpuMapping) {
 }
 
 /// Hands local GPU memory to fabricd as a region of session `s` on its GPU's HBM (the
-/// allocation's POSIX export travels with `Adopt`): it gets a GFA, counts against the
-/// owner's limits, and is exported, revoked and reclaimed like any region. `device` is the
-/// GPU's fabric identity; NULL asks CUDA (`uuid:GPU-…`, as `fmm_gpu_device`). `flags`: 0
-/// (no `FMM_GPU_ADOPT_*` flag exists yet); an unknown bit is `FMM_E_ARG`. Imported memory
-/// is refused (`FMM_E_ARG`): it is its exporter's to hand over.
+/// allocation's POSIX export travels with `Adopt`, or with `FMM_GPU_ADOPT_FABRIC` its
+/// fabric handle): it gets a GFA, counts against the owner's limits, and is exported,
+/// revoked and reclaimed like any region. `device` is the GPU's fabric identity; NULL asks
+/// CUDA (`uuid:GPU-…`, as `fmm_gpu_device`). `flags`: 0 or `FMM_GPU_ADOPT_FABRIC`; an
+/// unknown bit is `FMM_E_ARG`. Imported memory is refused (`FMM_E_ARG`): it is its
+/// exporter's to hand over. `fmm_gpu_import` takes either kind.
 ///
 /// # Safety
 /// `s` is a live session and `m` live GPU memory; `device` is NULL or a NUL-terminated
@@ -439,8 +443,12 @@ pub unsafe extern "C" fn fmm_gpu_adopt(
         if flags & !ADOPT_FLAGS != 0 {
             return Err(arg_err(&format!("unknown adopt flags {:#x}", flags & !ADOPT_FLAGS)));
         }
-        let r = s.0.adopt_gpu(&m.0, device).map_err(error)?;
-        put(out, FmmGpuRegion(r))
+        let r = if flags & FMM_GPU_ADOPT_FABRIC != 0 {
+            s.0.adopt_gpu_fabric(&m.0, device)
+        } else {
+            s.0.adopt_gpu(&m.0, device)
+        };
+        put(out, FmmGpuRegion(r.map_err(error)?))
     })
 }
 

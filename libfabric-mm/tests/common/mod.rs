@@ -97,23 +97,3 @@ pub fn session(socket: &Path) -> Session {
 pub fn gpu(s: &Session) -> String {
     s.first_device_with(MemoryClass::Hbm).unwrap().expect("the sim fabric has GPUs").id
 }
-
-/// Builds the stand-in CUDA driver (tests/fake_libcuda/fake_cuda.c) as `dir/libcuda.so.1`
-/// (and libcuda.so, the first name cudarc tries); `Some(dir)` for `LD_LIBRARY_PATH`, `None`
-/// when this machine has no C compiler (the C examples' tests need one too).
-pub fn fake_cuda_driver(dir: &Path) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda/fake_cuda.c");
-    let lib = dir.join("libcuda.so.1");
-    let status = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!("compiling the stand-in driver failed: {s}"),
-        Err(_) => return None,
-    }
-    std::fs::copy(&lib, dir.join("libcuda.so")).unwrap();
-    Some(dir.to_owned())
-}

@@ -1,5 +1,6 @@
 //! Builds the stand-in driver (`fake_cuda.c`) for tests that run programs on it: include
 //! with `#[path = "fake_libcuda/mod.rs"] mod fake_libcuda;`.
+#![allow(dead_code)] // Each test binary uses part of it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
