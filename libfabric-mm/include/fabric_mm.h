@@ -168,6 +168,10 @@ typedef struct fmm_registration_t fmm_registration_t;
 // A session with fabricd.
 typedef struct fmm_session_t fmm_session_t;
 
+// One snapshot of the fabric a session sees (`fmm_view_open`): path and nearest-memory
+// queries on it answer without a round trip to fabricd, and agree with each other.
+typedef struct fmm_view_t fmm_view_t;
+
 // What a GPU offers the memory paths.
 typedef struct fmm_gpu_properties_t {
   // CUDA ordinal.
@@ -250,6 +254,17 @@ typedef struct fmm_near_memory_t {
   // The path from the device asked about to it.
   struct fmm_path_t path;
 } fmm_near_memory_t;
+
+// One device of a view (`fmm_view_device`).
+typedef struct fmm_device_info_t {
+  // Its identity (`uuid:GPU-…`, `pci:…`, `serial:…`, `name:…`), NUL-terminated.
+  char id[256];
+  // Its kind as the topology JSON writes it (`gpu`, `nvswitch`, `cxl_memdev`, `cpu`,
+  // …), NUL-terminated.
+  char kind[32];
+  // Bytes of memory it holds, every class together.
+  uint64_t memory_bytes;
+} fmm_device_info_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
 const char *fmm_last_error(void);
@@ -813,5 +828,49 @@ int fmm_nearest_memory(const struct fmm_session_t *s,
                        struct fmm_near_memory_t *out,
                        size_t cap,
                        size_t *count);
+
+// Takes one snapshot of the fabric session `s` sees (one round trip), for any number of
+// `fmm_view_*` queries; free it with `fmm_view_close`. A new snapshot sees later changes
+// (devices gone, links degraded); this one does not.
+//
+// # Safety
+// `s` is a live session; `out` writable.
+int fmm_view_open(const struct fmm_session_t *s, struct fmm_view_t **out);
+
+// Frees a view.
+//
+// # Safety
+// `v` is NULL or a live view, not used afterwards.
+void fmm_view_close(struct fmm_view_t *v);
+
+// How many devices the view holds (0 for NULL).
+//
+// # Safety
+// `v` is NULL or a live view.
+size_t fmm_view_device_count(const struct fmm_view_t *v);
+
+// Writes device `index` (from 0, below `fmm_view_device_count`) of the view to `out`.
+//
+// # Safety
+// `v` is a live view; `out` writable.
+int fmm_view_device(const struct fmm_view_t *v, size_t index, struct fmm_device_info_t *out);
+
+// [`fmm_path`] on the view's snapshot.
+//
+// # Safety
+// `v` is a live view; `a` and `b` NUL-terminated strings; `out` writable.
+int fmm_view_path(const struct fmm_view_t *v, const char *a, const char *b, struct fmm_path_t *out);
+
+// [`fmm_nearest_memory`] on the view's snapshot.
+//
+// # Safety
+// `v` is a live view; `device` a NUL-terminated string; `out` has room for `cap` entries;
+// `count` is writable.
+int fmm_view_nearest_memory(const struct fmm_view_t *v,
+                            const char *device,
+                            int memory_class,
+                            struct fmm_near_memory_t *out,
+                            size_t cap,
+                            size_t *count);
 
 #endif  /* FABRIC_MM_H */

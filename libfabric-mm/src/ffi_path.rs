@@ -1,6 +1,7 @@
 //! The C ABI of the topology queries (`fmm_path`, `fmm_nearest_memory`,
-//! `fmm_alloc_nearest`), over `path.rs`; the conventions are ffi.rs's (same header, same
-//! error handling).
+//! `fmm_alloc_nearest`, each on a fresh snapshot, and the same on one kept snapshot,
+//! `fmm_view_*`), over `path.rs`; the conventions are ffi.rs's (same header, same error
+//! handling).
 
 use std::ffi::{c_char, c_int};
 
@@ -10,7 +11,7 @@ use crate::ffi::{
     FMM_E_BUFFER, FMM_MEM_CXL_DYNAMIC, FMM_MEM_CXL_PERSISTENT, FMM_MEM_CXL_VOLATILE, FMM_MEM_DRAM, FMM_MEM_HBM,
     FMM_MEM_HOST_EXPORTED, FmmRegion, FmmSession, arg_err, class, fail, get, guard, put, req_str, set_error,
 };
-use crate::path::PathInfo;
+use crate::path::{FabricView, PathInfo};
 
 /// The path between two devices (`fmm_path`).
 #[repr(C)]
@@ -103,14 +104,20 @@ pub unsafe extern "C" fn fmm_path(
         let s = unsafe { get(s, "session") }?;
         // SAFETY: forwarded caller contract.
         let (a, b) = unsafe { (req_str(a, "a")?, req_str(b, "b")?) };
-        if out.is_null() {
-            return Err(arg_err("out is NULL"));
-        }
-        let p = s.0.path(a, b).map_err(|e| fail(&e))?;
-        // SAFETY: out is non-NULL (checked) and writable (caller contract).
-        unsafe { out.write(c_path(&p)) };
-        Ok(())
+        let view = s.0.fabric_view().map_err(|e| fail(&e))?;
+        path_into(&view, a, b, out)
     })
+}
+
+/// [`fmm_path`]'s answer from `view` into `out` (checked non-NULL).
+fn path_into(view: &FabricView, a: &str, b: &str, out: *mut FmmPath) -> Result<(), c_int> {
+    if out.is_null() {
+        return Err(arg_err("out is NULL"));
+    }
+    let p = view.path(a, b).map_err(|e| fail(&e))?;
+    // SAFETY: out is non-NULL (checked) and writable (the callers' contract).
+    unsafe { out.write(c_path(&p)) };
+    Ok(())
 }
 
 /// Allocates `size` bytes on the memory nearest to `device` that has room (its own
@@ -156,24 +163,163 @@ pub unsafe extern "C" fn fmm_nearest_memory(
     guard(|| {
         // SAFETY: forwarded caller contract.
         let (s, d) = unsafe { (get(s, "session")?, req_str(device, "device")?) };
-        if count.is_null() || (out.is_null() && cap > 0) {
-            return Err(arg_err("count is NULL, or out is NULL with a non-zero cap"));
+        let view = s.0.fabric_view().map_err(|e| fail(&e))?;
+        // SAFETY: forwarded caller contract.
+        unsafe { nearest_into(&view, d, memory_class, out, cap, count) }
+    })
+}
+
+/// [`fmm_nearest_memory`]'s answer from `view`.
+///
+/// # Safety
+/// As [`fmm_nearest_memory`]: `out` has room for `cap` entries; `count` is writable.
+unsafe fn nearest_into(
+    view: &FabricView,
+    d: &str,
+    memory_class: c_int,
+    out: *mut FmmNearMemory,
+    cap: usize,
+    count: *mut usize,
+) -> Result<(), c_int> {
+    if count.is_null() || (out.is_null() && cap > 0) {
+        return Err(arg_err("count is NULL, or out is NULL with a non-zero cap"));
+    }
+    let only = if memory_class == FMM_MEM_ANY { None } else { Some(class(memory_class)?) };
+    let near = view.nearest_memory(d, only).map_err(|e| fail(&e))?;
+    for (i, m) in near.iter().take(cap).enumerate() {
+        let mut e =
+            FmmNearMemory { device: [0; 256], memory_class: class_code(m.memory), size: m.size, path: c_path(&m.path) };
+        fill(&mut e.device, &m.device)?;
+        // SAFETY: out has room for cap > i entries (caller contract), non-NULL as cap > 0.
+        unsafe { out.add(i).write(e) };
+    }
+    // SAFETY: count is non-NULL (checked) and writable (caller contract).
+    unsafe { count.write(near.len()) };
+    Ok(())
+}
+
+/// One snapshot of the fabric a session sees (`fmm_view_open`): path and nearest-memory
+/// queries on it answer without a round trip to fabricd, and agree with each other.
+#[derive(Debug)]
+pub struct FmmView(FabricView);
+
+/// One device of a view (`fmm_view_device`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FmmDeviceInfo {
+    /// Its identity (`uuid:GPU-…`, `pci:…`, `serial:…`, `name:…`), NUL-terminated.
+    pub id: [c_char; 256],
+    /// Its kind as the topology JSON writes it (`gpu`, `nvswitch`, `cxl_memdev`, `cpu`,
+    /// …), NUL-terminated.
+    pub kind: [c_char; 32],
+    /// Bytes of memory it holds, every class together.
+    pub memory_bytes: u64,
+}
+
+/// Takes one snapshot of the fabric session `s` sees (one round trip), for any number of
+/// `fmm_view_*` queries; free it with `fmm_view_close`. A new snapshot sees later changes
+/// (devices gone, links degraded); this one does not.
+///
+/// # Safety
+/// `s` is a live session; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_view_open(s: *const FmmSession, out: *mut *mut FmmView) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get(s, "session") }?;
+        let view = s.0.fabric_view().map_err(|e| fail(&e))?;
+        put(out, FmmView(view))
+    })
+}
+
+/// Frees a view.
+///
+/// # Safety
+/// `v` is NULL or a live view, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_view_close(v: *mut FmmView) {
+    if !v.is_null() {
+        // SAFETY: the caller's contract: v came from Box::into_raw in fmm_view_open.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(v) })));
+    }
+}
+
+/// How many devices the view holds (0 for NULL).
+///
+/// # Safety
+/// `v` is NULL or a live view.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_view_device_count(v: *const FmmView) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { v.as_ref() }.map_or(0, |v| v.0.fabric().inventory().devices.len())
+}
+
+/// Writes device `index` (from 0, below `fmm_view_device_count`) of the view to `out`.
+///
+/// # Safety
+/// `v` is a live view; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_view_device(v: *const FmmView, index: usize, out: *mut FmmDeviceInfo) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let v = unsafe { get(v, "view") }?;
+        if out.is_null() {
+            return Err(arg_err("out is NULL"));
         }
-        let only = if memory_class == FMM_MEM_ANY { None } else { Some(class(memory_class)?) };
-        let near = s.0.nearest_memory(d, only).map_err(|e| fail(&e))?;
-        for (i, m) in near.iter().take(cap).enumerate() {
-            let mut e = FmmNearMemory {
-                device: [0; 256],
-                memory_class: class_code(m.memory),
-                size: m.size,
-                path: c_path(&m.path),
-            };
-            fill(&mut e.device, &m.device)?;
-            // SAFETY: out has room for cap > i entries (caller contract), non-NULL as cap > 0.
-            unsafe { out.add(i).write(e) };
-        }
-        // SAFETY: count is non-NULL (checked) and writable (caller contract).
-        unsafe { count.write(near.len()) };
+        let devices = &v.0.fabric().inventory().devices;
+        let d = devices
+            .get(index)
+            .ok_or_else(|| arg_err(&format!("device {index} of a view of {} devices", devices.len())))?;
+        let kind = serde_json::to_value(d.kind).ok().and_then(|k| k.as_str().map(str::to_owned)).unwrap_or_default();
+        let mut info = FmmDeviceInfo {
+            id: [0; 256],
+            kind: [0; 32],
+            memory_bytes: d.memory.iter().fold(0u64, |a, m| a.saturating_add(m.size)),
+        };
+        fill(&mut info.id, &d.id.to_string())?;
+        fill(&mut info.kind, &kind)?;
+        // SAFETY: out is non-NULL (checked) and writable (caller contract).
+        unsafe { out.write(info) };
         Ok(())
+    })
+}
+
+/// [`fmm_path`] on the view's snapshot.
+///
+/// # Safety
+/// `v` is a live view; `a` and `b` NUL-terminated strings; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_view_path(
+    v: *const FmmView,
+    a: *const c_char,
+    b: *const c_char,
+    out: *mut FmmPath,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (v, a, b) = unsafe { (get(v, "view")?, req_str(a, "a")?, req_str(b, "b")?) };
+        path_into(&v.0, a, b, out)
+    })
+}
+
+/// [`fmm_nearest_memory`] on the view's snapshot.
+///
+/// # Safety
+/// `v` is a live view; `device` a NUL-terminated string; `out` has room for `cap` entries;
+/// `count` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_view_nearest_memory(
+    v: *const FmmView,
+    device: *const c_char,
+    memory_class: c_int,
+    out: *mut FmmNearMemory,
+    cap: usize,
+    count: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (v, d) = unsafe { (get(v, "view")?, req_str(device, "device")?) };
+        // SAFETY: forwarded caller contract.
+        unsafe { nearest_into(&v.0, d, memory_class, out, cap, count) }
     })
 }

@@ -138,6 +138,22 @@ fn register_example_runs_plain_and_under_address_sanitizer() {
 }
 
 #[test]
+fn topology_example_prints_the_gpu_matrix_from_one_view_plain_and_under_address_sanitizer() {
+    for out in plain_and_asan("topology.c", "") {
+        assert!(out.contains("8 GPUs") && out.contains("topology: done"), "{out}");
+        // The HGX sim: every GPU pair over NVSwitch, X on the diagonal.
+        let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("GPU") && l.contains("  X")).collect();
+        assert_eq!(rows.len(), 8, "{out}");
+        assert!(
+            rows.iter().all(|r| r.split_whitespace().skip(1).filter(|c| c.starts_with("NV")).count() == 7),
+            "{out}"
+        );
+        assert!(out.contains("GPU0 -> GPU1: NV"), "{out}");
+        assert!(out.contains("nearest 0: ") && out.contains("class 0, X"), "own HBM first: {out}");
+    }
+}
+
+#[test]
 fn copy_example_runs_plain_and_under_address_sanitizer() {
     for out in plain_and_asan("copy.c", "") {
         assert!(

@@ -217,3 +217,78 @@ fn the_c_abi_ranks_nearest_memory_as_the_rust_api_does() {
         fmm_session_close(session);
     }
 }
+
+/// `fmm_view_*`: one snapshot answers any number of queries without a round trip, with the
+/// same answers as the per-call functions; its devices enumerate with their kinds; misuse
+/// is a typed error.
+#[test]
+fn a_c_view_answers_the_gpu_matrix_from_one_snapshot() {
+    use fabric_mm::ffi::{FMM_E_ARG, FMM_OK, fmm_session_close, fmm_session_open};
+    use fabric_mm::ffi_path::{
+        FMM_MEM_ANY, FmmDeviceInfo, FmmNearMemory, FmmPath, fmm_nearest_memory, fmm_path, fmm_view_close,
+        fmm_view_device, fmm_view_device_count, fmm_view_nearest_memory, fmm_view_open, fmm_view_path,
+    };
+    use std::ffi::{CStr, CString};
+
+    let d = common::daemon();
+    let sock = CString::new(d.socket.to_str().unwrap()).unwrap();
+    let mut session = std::ptr::null_mut();
+    let mut view = std::ptr::null_mut();
+    // SAFETY: valid strings, out-pointers and arrays; every handle is closed below.
+    unsafe {
+        assert_eq!(fmm_session_open(sock.as_ptr(), 0, 1 << 44, &mut session), FMM_OK);
+        assert_eq!(fmm_view_open(session, &mut view), FMM_OK);
+        let n = fmm_view_device_count(view);
+        let want = common::session(&d.socket).fabric_view().unwrap().fabric().inventory().devices.len();
+        assert_eq!(n, want);
+        let mut gpus = Vec::new();
+        for i in 0..n {
+            let mut info = std::mem::zeroed::<FmmDeviceInfo>();
+            assert_eq!(fmm_view_device(view, i, &mut info), FMM_OK);
+            let kind = CStr::from_ptr(info.kind.as_ptr()).to_str().unwrap();
+            if kind == "gpu" {
+                assert!(info.memory_bytes > 0, "a sim GPU has HBM");
+                gpus.push(CString::new(CStr::from_ptr(info.id.as_ptr()).to_bytes()).unwrap());
+            }
+        }
+        assert_eq!(gpus.len(), 8, "the HGX sim has eight GPUs");
+        let mut info = std::mem::zeroed::<FmmDeviceInfo>();
+        assert_eq!(fmm_view_device(view, n, &mut info), FMM_E_ARG, "past the end");
+        assert_eq!(fmm_view_device(view, 0, std::ptr::null_mut()), FMM_E_ARG);
+        assert_eq!(fmm_view_device_count(std::ptr::null()), 0);
+        // The GPU-to-GPU matrix from the view equals the per-call answers.
+        for a in &gpus {
+            for b in &gpus {
+                let (mut from_view, mut fresh) = (std::mem::zeroed::<FmmPath>(), std::mem::zeroed::<FmmPath>());
+                assert_eq!(fmm_view_path(view, a.as_ptr(), b.as_ptr(), &mut from_view), FMM_OK);
+                assert_eq!(fmm_path(session, a.as_ptr(), b.as_ptr(), &mut fresh), FMM_OK);
+                let class = |p: &FmmPath| CStr::from_ptr(p.class.as_ptr()).to_str().unwrap().to_owned();
+                assert_eq!(class(&from_view), class(&fresh));
+                assert_eq!((from_view.bandwidth_mbps, from_view.hops), (fresh.bandwidth_mbps, fresh.hops));
+                if a == b {
+                    assert_eq!(class(&from_view), "X");
+                } else {
+                    assert!(class(&from_view).starts_with("NV"), "{}", class(&from_view));
+                }
+            }
+        }
+        let (mut c1, mut c2) = (0usize, 0usize);
+        let mut near = vec![std::mem::zeroed::<FmmNearMemory>(); 4];
+        let mut fresh = vec![std::mem::zeroed::<FmmNearMemory>(); 4];
+        let g = gpus[0].as_ptr();
+        assert_eq!(fmm_view_nearest_memory(view, g, FMM_MEM_ANY, near.as_mut_ptr(), 4, &mut c1), FMM_OK);
+        assert_eq!(fmm_nearest_memory(session, g, FMM_MEM_ANY, fresh.as_mut_ptr(), 4, &mut c2), FMM_OK);
+        assert_eq!(c1, c2);
+        for (x, y) in near.iter().zip(&fresh) {
+            assert_eq!(CStr::from_ptr(x.device.as_ptr()), CStr::from_ptr(y.device.as_ptr()));
+            assert_eq!((x.memory_class, x.size), (y.memory_class, y.size));
+        }
+        let nobody = CString::new("uuid:GPU-00000000-0000-0000-0000-000000000000").unwrap();
+        let mut p = std::mem::zeroed::<FmmPath>();
+        assert!(fmm_view_path(view, g, nobody.as_ptr(), &mut p) < 0, "an unknown device is refused");
+        assert!(fmm_view_path(std::ptr::null(), g, g, &mut p) < 0, "a NULL view is refused");
+        fmm_view_close(view);
+        fmm_view_close(std::ptr::null_mut());
+        fmm_session_close(session);
+    }
+}
