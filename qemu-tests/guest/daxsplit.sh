@@ -29,8 +29,9 @@ fi
 devices() {
   for d in $DR/dax[0-9]*; do
     n=$(basename "$d")
-    drv=$(basename "$(readlink -f "$d/driver" 2>/dev/null)" 2>/dev/null)
-    echo "$n $(cat "$d/size") $(cat "$d/mapping0/start" 2>/dev/null || echo -) $(cat "$d/mapping0/end" 2>/dev/null || echo -) ${drv:--}"
+    drv=-
+    [ -e "$d/driver" ] && drv=$(basename "$(readlink -f "$d/driver")")
+    echo "$n $(cat "$d/size") $(cat "$d/mapping0/start" 2>/dev/null || echo -) $(cat "$d/mapping0/end" 2>/dev/null || echo -) $drv"
   done >"/tmp/$1"
   blob "$1" "/tmp/$1"
 }
