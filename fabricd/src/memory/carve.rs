@@ -367,9 +367,9 @@ impl DaxRegion {
             write(&self.dir.join(&d.name).join("driver/unbind"), &d.name)?;
         }
         write(&self.dir.join(&d.name).join("size"), "0")?;
-        let after = self.device(&d.name)?;
-        if after.size != 0 {
-            return Err(CarveError::Kernel { device: d.name.clone(), why: format!("size {:#x} after 0", after.size) });
+        let after = read_dec(&self.dir.join(&d.name).join("size"))?;
+        if after != 0 {
+            return Err(CarveError::Kernel { device: d.name.clone(), why: format!("size {after:#x} after 0") });
         }
         Ok(())
     }
@@ -401,4 +401,174 @@ impl DaxRegion {
 fn read_dec(path: &Path) -> Result<u64, CarveError> {
     let s = read_attr(path)?;
     parse_dec_u64(&s).ok_or_else(|| AttrError::Invalid { path: path.to_owned(), value: truncated(&s) }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const M: u64 = 1 << 20;
+    const BASE: u64 = 0x1_1000_0000;
+
+    /// A sysfs tree as 6.12 shows a CXL RAM region's DAX region (`region0/dax_region0`, 512 MiB
+    /// at `BASE`, align 2 MiB) with its first device `dax0.0` (`size`, `resource`, bound to
+    /// `device_dax` when `size` is non-zero) and `devices` carved ones, each (id, start, len).
+    fn tree(seed_size: u64, create: bool, devices: &[(u32, u64, u64)]) -> (tempfile::TempDir, SysfsRoot) {
+        let t = tempfile::tempdir().unwrap();
+        let dr = t.path().join("sys/devices/platform/ACPI0017:00/root0/decoder0.0/region0/dax_region0");
+        let attrs = dr.join("dax_region");
+        std::fs::create_dir_all(&attrs).unwrap();
+        std::fs::write(attrs.join("size"), format!("{}\n", 512 * M)).unwrap();
+        std::fs::write(attrs.join("align"), format!("{}\n", 2 * M)).unwrap();
+        std::fs::write(attrs.join("id"), "0\n").unwrap();
+        if create {
+            std::fs::write(attrs.join("create"), "\n").unwrap();
+            std::fs::write(attrs.join("delete"), "").unwrap();
+        }
+        let drivers = t.path().join("sys/bus/dax/drivers/device_dax");
+        std::fs::create_dir_all(&drivers).unwrap();
+        std::fs::create_dir_all(t.path().join("sys/bus/dax/devices")).unwrap();
+        std::fs::create_dir_all(t.path().join("dev")).unwrap();
+        let add = |name: &str, size: u64, range: Option<(u64, u64)>, bound: bool| {
+            let d = dr.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+            std::fs::write(d.join("resource"), format!("{:#x}\n", range.map_or(BASE, |r| r.0))).unwrap();
+            if let Some((s, l)) = range {
+                std::fs::create_dir_all(d.join("mapping0")).unwrap();
+                std::fs::write(d.join("mapping0/start"), format!("{s:#x}\n")).unwrap();
+                std::fs::write(d.join("mapping0/end"), format!("{:#x}\n", s + l - 1)).unwrap();
+            }
+            if bound {
+                std::os::unix::fs::symlink(&drivers, d.join("driver")).unwrap();
+            }
+            let rel = format!("../../../devices/platform/ACPI0017:00/root0/decoder0.0/region0/dax_region0/{name}");
+            std::os::unix::fs::symlink(rel, t.path().join("sys/bus/dax/devices").join(name)).unwrap();
+            std::fs::write(t.path().join("dev").join(name), "").unwrap();
+        };
+        add("dax0.0", seed_size, (seed_size > 0).then_some((BASE, seed_size)), seed_size > 0);
+        for &(id, s, l) in devices {
+            add(&format!("dax0.{id}"), l, Some((s, l)), true);
+        }
+        let root = SysfsRoot::new(t.path(), "");
+        (t, root)
+    }
+
+    fn open(t: &tempfile::TempDir, root: &SysfsRoot, seed: &str) -> Result<DaxRegion, CarveError> {
+        DaxRegion::open(root, &t.path().join("dev"), seed)
+    }
+
+    #[test]
+    fn a_dynamic_dax_region_is_taken_over_through_its_first_device() {
+        // The first device over the whole region, bound: unbound and shrunk to 0 (the fake
+        // tree keeps what is written, as the kernel would show it).
+        let (t, root) = tree(512 * M, true, &[]);
+        let r = open(&t, &root, "dax0.0").unwrap();
+        assert_eq!((r.id, r.start, r.size, r.align), (0, BASE, 512 * M, 2 * M));
+        assert!(r.dir.ends_with("region0/dax_region0"));
+        let seed = r.dir.join("dax0.0");
+        assert_eq!(std::fs::read_to_string(seed.join("size")).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(seed.join("driver/unbind")).unwrap(), "dax0.0");
+        assert!(r.available().is_err(), "no available_size in this tree");
+        // Already 0 (a restart): nothing is written.
+        let (t, root) = tree(0, true, &[]);
+        open(&t, &root, "dax0.0").unwrap();
+        assert!(!t.path().join("sys/bus/dax/drivers/device_dax/unbind").exists());
+    }
+
+    #[test]
+    fn what_cannot_be_carved_is_refused_by_name() {
+        let (t, root) = tree(0, true, &[]);
+        assert!(matches!(open(&t, &root, "dax0.1"), Err(CarveError::NotSeed(_))));
+        assert!(matches!(open(&t, &root, "dax0"), Err(CarveError::NotSeed(_))));
+        assert!(matches!(open(&t, &root, "dax9.0"), Err(CarveError::Unusable { .. })));
+        // A static region (a pmem namespace's) has no `create`.
+        let (t, root) = tree(0, false, &[]);
+        let e = open(&t, &root, "dax0.0").unwrap_err();
+        assert!(e.to_string().contains("static"), "{e}");
+        // An align that is not a power of two.
+        let (t, root) = tree(0, true, &[]);
+        std::fs::write(t.path().join("sys/bus/dax/devices/dax0.0/../dax_region/align"), "3000000\n").unwrap();
+        assert!(open(&t, &root, "dax0.0").unwrap_err().to_string().contains("power of two"));
+    }
+
+    #[test]
+    fn carved_devices_are_read_with_their_ranges() {
+        let (t, root) = tree(0, true, &[(1, BASE, 4 * M), (3, BASE + 8 * M, 2 * M)]);
+        let r = open(&t, &root, "dax0.0").unwrap();
+        let d = r.devices().unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].name, "dax0.1");
+        assert_eq!(d[0].ranges, vec![(BASE, 4 * M)]);
+        assert_eq!(d[0].driver.as_deref(), Some("device_dax"));
+        assert_eq!(d[1].size, 2 * M);
+        // A size its mappings do not add up to is the kernel's inconsistency, refused.
+        std::fs::write(r.dir.join("dax0.3/size"), "4194304\n").unwrap();
+        assert!(matches!(r.devices(), Err(CarveError::Kernel { .. })));
+    }
+
+    #[test]
+    fn a_carve_the_kernel_does_not_confirm_leaves_nothing() {
+        let (t, root) = tree(0, true, &[]);
+        let r = open(&t, &root, "dax0.0").unwrap();
+        // Outside the region, misaligned: refused before anything is written.
+        assert!(matches!(r.carve(BASE - 2 * M, 2 * M), Err(CarveError::Unusable { .. })));
+        assert!(matches!(r.carve(BASE + M, 2 * M), Err(CarveError::Unusable { .. })));
+        assert!(matches!(r.carve(BASE + 510 * M, 4 * M), Err(CarveError::Unusable { .. })));
+        assert_eq!(std::fs::read_to_string(r.dir.join("dax_region/create")).unwrap(), "\n");
+        // A `create` that names no new device (here the file keeps the `1` written to it).
+        let e = r.carve(BASE, 2 * M).unwrap_err();
+        assert!(e.to_string().contains("not a new device"), "{e}");
+        // Only carved devices of this region are destroyed.
+        assert!(r.destroy("dax0.0").is_err());
+        assert!(r.destroy("dax1.1").is_err());
+    }
+
+    #[test]
+    fn device_text_parses_or_is_refused() {
+        let d =
+            parse_device("dax0.1", "6291456", &[("0x100000000", "0x1001fffff"), ("0x100400000", "0x1007fffff")], None)
+                .unwrap();
+        assert_eq!(d.ranges, vec![(0x1_0000_0000, 2 * M), (0x1_0040_0000, 4 * M)]);
+        assert_eq!(parse_device("dax0.1", "0", &[], None).unwrap().ranges, vec![]);
+        assert!(parse_device("dax0.1", "4096", &[], None).is_err(), "size without ranges");
+        assert!(parse_device("dax0.1", "x", &[], None).is_err());
+        assert!(parse_device("dax0.1", "1", &[("0x10", "0xf")], None).is_err(), "end before start");
+        assert!(parse_device("dax0.1", "0", &[("0x0", "0xffffffffffffffff")], None).is_err(), "overflow");
+        assert_eq!(dax_ids("dax12.3"), Some((12, 3)));
+        for bad in ["dax.1", "dax1.", "dax1", "daxa.1", "dax1.1.1", "dax9999999999.0", "../dax0.0"] {
+            assert_eq!(dax_ids(bad), None, "{bad}");
+        }
+    }
+
+    fn dev(name: &str, ranges: &[(u64, u64)]) -> DaxDevice {
+        DaxDevice { name: name.into(), size: ranges.iter().map(|r| r.1).sum(), ranges: ranges.to_vec(), driver: None }
+    }
+
+    #[test]
+    fn start_up_keeps_exact_devices_recarves_the_missing_and_deletes_the_rest() {
+        let devices = [
+            dev("dax0.1", &[(BASE, 4 * M)]),
+            dev("dax0.2", &[(BASE + 4 * M, 8 * M)]),
+            // Half of region 3's range: not its device.
+            dev("dax0.3", &[(BASE + 12 * M, 2 * M)]),
+            // Two ranges: never a region's.
+            dev("dax0.4", &[(BASE + 32 * M, 2 * M), (BASE + 40 * M, 2 * M)]),
+        ];
+        let wanted = [
+            Wanted { region: 1, start: BASE, len: 4 * M },
+            Wanted { region: 2, start: BASE + 4 * M, len: 8 * M },
+            Wanted { region: 3, start: BASE + 12 * M, len: 4 * M },
+        ];
+        let p = plan(&devices, &wanted);
+        assert_eq!(p.found, vec![(1, "dax0.1".to_owned()), (2, "dax0.2".to_owned())]);
+        assert_eq!(p.missing, vec![3]);
+        assert_eq!(p.orphans, vec!["dax0.3".to_owned(), "dax0.4".to_owned()]);
+        // Two regions cannot claim one device.
+        let twice = [wanted[0], Wanted { region: 9, ..wanted[0] }];
+        let p = plan(&devices[..1], &twice);
+        assert_eq!((p.found.len(), p.missing, p.orphans.len()), (1, vec![9], 0));
+        assert_eq!(plan(&[], &[]), Plan::default());
+    }
 }
