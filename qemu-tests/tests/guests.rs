@@ -144,6 +144,10 @@ fn cxl_dax_device_per_region() {
     else {
         out.fail(&format!("regions {ab:?} {c:?}"))
     };
+    // A's bytes were available again: first fit put C where A was.
+    if c.gfa != a.gfa {
+        out.fail(&format!("C went to GFA {:#x}, not to freed A's {:#x}", c.gfa, a.gfa));
+    }
     let list = |blob: &str| daxsplit::listing(out.blob(blob)).unwrap_or_else(|e| out.fail(&e));
     let seed =
         out.blob("dax-devices-1").lines().find_map(|l| l.split_whitespace().next().filter(|n| n.ends_with(".0")));
