@@ -177,6 +177,12 @@ pub struct MemoryConfig {
     /// backs the interleave set of the CXL region it is carved from. None by default:
     /// handing out a DAX device is an operator decision.
     pub dax: Vec<String>,
+    /// Give each region on a `dax` device a DAX device of its own, carved from the DAX
+    /// region at the region's range (each `dax` entry must then be a region's first device,
+    /// `daxN.0`, which fabricd shrinks to 0 and every other device of which it owns), so that
+    /// a client's descriptor reaches only its region. Off: a region is a range of the whole
+    /// `dax` device.
+    pub dax_per_region: bool,
     /// PCI memory BARs (`0000:00:05.0/2`) whose bytes regions are allocated from, through
     /// sysfs `resourceN`: each becomes a `host_exported` memory resource of its function.
     pub bars: Vec<String>,
@@ -197,6 +203,7 @@ impl Default for MemoryConfig {
             compact_records: 4096,
             detach_grace_s: 0,
             dax: Vec::new(),
+            dax_per_region: false,
             bars: Vec::new(),
             numa: Vec::new(),
             numa_plain: Vec::new(),

@@ -149,11 +149,11 @@ fn discover_host(config: &Config) -> Inventory {
 pub fn backings(config: &Config, inv: &Inventory) -> Result<crate::memory::backing::Backings, StartError> {
     let root = SysfsRoot::new(&config.discovery.sysfs_root, "");
     let dev = root.path("dev");
-    let mut b = crate::memory::backing::resolve(&root, &dev, inv, &config.memory.dax, &config.memory.bars)
+    let m = &config.memory;
+    let mut b = crate::memory::backing::resolve(&root, &dev, inv, &m.dax, m.dax_per_region, &m.bars)
         .map_err(StartError::Backing)?;
     crate::memory::backing::locate_bars(inv, &mut b.bars);
-    let numa = &config.memory;
-    b.nodes = crate::memory::numa::resolve(&root, inv, &numa.numa, &numa.numa_plain).map_err(StartError::Numa)?;
+    b.nodes = crate::memory::numa::resolve(&root, inv, &m.numa, &m.numa_plain).map_err(StartError::Numa)?;
     crate::memory::numa::locate_nodes(inv, &mut b.nodes).map_err(StartError::Numa)?;
     Ok(b)
 }

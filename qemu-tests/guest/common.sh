@@ -16,6 +16,42 @@ check() {
 blob() {
   { echo "FABRIC-BLOB-BEGIN $1"; cat "$2"; echo; echo "FABRIC-BLOB-END $1"; } >/dev/ttyS1
 }
+# memdev_by_serial SERIAL: the memdev (mem3) with that serial.
+memdev_by_serial() {
+  for m in /sys/bus/cxl/devices/mem*; do
+    [ "$(cat "$m/serial")" = "$1" ] && { basename "$m"; return; }
+  done
+}
+# endpoint_decoder MEMDEV: decoderN.0 of the endpoint port whose uport is the memdev.
+endpoint_decoder() {
+  for e in /sys/bus/cxl/devices/endpoint*; do
+    [ "$(basename "$(readlink -f "$e/uport")")" = "$1" ] && { echo "decoder${e##*endpoint}.0"; return; }
+  done
+}
+# cxl_ram_region GRANULARITY SIZE DECODER...: a RAM region under decoder0.0 over the
+# endpoint decoders in position order (each gives SIZE / ways), created, committed and bound
+# through sysfs (binding the region driver brings up its DAX region); its name goes to
+# /tmp/region. Returns non-zero, with the failing write on the console, if a step fails.
+cxl_ram_region() {
+  g=$1; size=$2; shift 2
+  cxl_wr() { echo "$2" >"$1" || { echo "writing $2 to $1 failed"; return 1; }; }
+  root=/sys/bus/cxl/devices/decoder0.0
+  R=$(cat $root/create_ram_region) || return 1
+  cxl_wr $root/create_ram_region "$R" || return 1
+  r=/sys/bus/cxl/devices/$R
+  cxl_wr $r/interleave_granularity "$g" || return 1
+  cxl_wr $r/interleave_ways $# || return 1
+  for d in "$@"; do
+    cxl_wr /sys/bus/cxl/devices/$d/mode ram || return 1
+    cxl_wr /sys/bus/cxl/devices/$d/dpa_size $((size / $#)) || return 1
+  done
+  cxl_wr $r/size "$size" || return 1
+  i=0
+  for d in "$@"; do cxl_wr $r/target$i "$d" || return 1; i=$((i + 1)); done
+  cxl_wr $r/commit 1 || return 1
+  cxl_wr /sys/bus/cxl/drivers/cxl_region/bind "$R" || return 1
+  echo "$R" >/tmp/region
+}
 # start_fabricd: the daemon on the live sysfs, its socket in /run/fabric; waits for it.
 # $FABRICD_EXTRA (TOML) is appended to its configuration.
 start_fabricd() {

@@ -7,43 +7,11 @@
 # memory backends' files.
 . /fabric/common.sh
 
-memdev_by_serial() {
-  for m in /sys/bus/cxl/devices/mem*; do
-    [ "$(cat "$m/serial")" = "$1" ] && { basename "$m"; return; }
-  done
-}
-# The endpoint decoder of a memdev: decoderN.0 of the endpoint port whose uport is it.
-endpoint_decoder() {
-  for e in /sys/bus/cxl/devices/endpoint*; do
-    [ "$(basename "$(readlink -f "$e/uport")")" = "$1" ] && { echo "decoder${e##*endpoint}.0"; return; }
-  done
-}
-wr() { echo "$2" >"$1" || { result cxl-region fail "writing $2 to $1"; return 1; }; }
-
 A=$(memdev_by_serial 0x1000); B=$(memdev_by_serial 0x1001)
 DA=$(endpoint_decoder "$A"); DB=$(endpoint_decoder "$B")
 echo "region targets: $A ($DA) $B ($DB)"
 # 6.12 allocates DPA in 256 MiB units: each target gives all of its 256 MiB.
-SIZE=$((512 << 20))
-create_region() {
-  root=/sys/bus/cxl/devices/decoder0.0
-  R=$(cat $root/create_ram_region) || return 1
-  wr $root/create_ram_region "$R" || return 1
-  r=/sys/bus/cxl/devices/$R
-  wr $r/interleave_granularity 256 || return 1
-  wr $r/interleave_ways 2 || return 1
-  for d in $DA $DB; do
-    wr /sys/bus/cxl/devices/$d/mode ram || return 1
-    wr /sys/bus/cxl/devices/$d/dpa_size $((SIZE / 2)) || return 1
-  done
-  wr $r/size $SIZE || return 1
-  wr $r/target0 "$DA" || return 1
-  wr $r/target1 "$DB" || return 1
-  wr $r/commit 1 || return 1
-  # Committing programs the decoders; binding the region driver brings up its DAX region.
-  wr /sys/bus/cxl/drivers/cxl_region/bind "$R" || return 1
-  echo "$R" >/tmp/region
-}
+create_region() { cxl_ram_region 256 $((512 << 20)) "$DA" "$DB"; }
 if create_region; then
   R=$(cat /tmp/region)
   result cxl-region ok "$R committed"

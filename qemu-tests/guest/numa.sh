@@ -11,21 +11,7 @@ wr() { echo "$2" >"$1" || { echo "writing $2 to $1 failed"; return 1; }; }
 while read -r ko; do insmod "$ko" || echo "insmod $ko failed"; done </etc/fabric-modules-optional
 E=$(ls -d /sys/bus/cxl/devices/endpoint* | head -1)
 D=decoder${E##*endpoint}.0
-create_region() {
-  root=/sys/bus/cxl/devices/decoder0.0
-  R=$(cat $root/create_ram_region) || return 1
-  wr $root/create_ram_region "$R" || return 1
-  r=/sys/bus/cxl/devices/$R
-  wr $r/interleave_granularity 256 || return 1
-  wr $r/interleave_ways 1 || return 1
-  wr /sys/bus/cxl/devices/$D/mode ram || return 1
-  wr /sys/bus/cxl/devices/$D/dpa_size $((256 << 20)) || return 1
-  wr $r/size $((256 << 20)) || return 1
-  wr $r/target0 "$D" || return 1
-  wr $r/commit 1 || return 1
-  wr /sys/bus/cxl/drivers/cxl_region/bind "$R" || return 1
-  echo "$R" >/tmp/region
-}
+create_region() { cxl_ram_region 256 $((256 << 20)) "$D"; }
 if create_region; then result cxl-region ok "$(cat /tmp/region) committed"; else result cxl-region fail "see the console"; fi
 R=$(cat /tmp/region 2>/dev/null)
 sleep 1

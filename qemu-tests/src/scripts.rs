@@ -16,3 +16,5 @@ pub const VFIO: &str = include_str!("../guest/vfio.sh");
 pub const POWER: &str = include_str!("../guest/power.sh");
 /// The NUMA-node (CXL memory onlined by kmem) test.
 pub const NUMA: &str = include_str!("../guest/numa.sh");
+/// The per-region DAX test.
+pub const DAXSPLIT: &str = include_str!("../guest/daxsplit.sh");

@@ -1,7 +1,7 @@
 //! Tier 3: one QEMU guest per test, booted from the cached Debian kernel and initramfs.
 //! Each test fails with the guest's console when a guest check or a comparison fails.
 
-use fabric_qemu_tests::{cxl, env, kmem, pattern, scripts, vm};
+use fabric_qemu_tests::{cxl, daxsplit, env, kmem, pattern, scripts, vm};
 
 /// Bytes of the region the guest reads and writes through its DAX device (the probe's
 /// `0x800000` in guest/cxl.sh).
@@ -97,6 +97,84 @@ fn cxl_region_discovery_and_load_store() {
         .collect();
     if let Err(e) = cxl::check_backends(&mem, DAX_BYTES, 0x5eed_0002, [base[0], base[1]]) {
         out.fail(&format!("the library's stores through fabricd's DAX region are not in the devices' memory: {e}"));
+    }
+}
+
+/// Per-region DAX (guest/daxsplit.sh): fabricd carves a DAX device per region out of the
+/// CXL region's DAX region, at the HPAs the address map gives the region's GFA.
+#[test]
+fn cxl_dax_device_per_region() {
+    let Some(pre) = env::prereqs_or_skip("cxl_dax_device_per_region") else { return };
+    let mut spec = vm::VmSpec::new("daxsplit", scripts::DAXSPLIT);
+    let mem = pre.logs.join("daxsplit-mem");
+    let _ = std::fs::remove_dir_all(&mem);
+    cxl::add_topology(&mut spec, &mem).expect("backing files");
+    let guest = vm::Guest::start(&pre, &spec).expect("boot");
+    let out = guest.finish().expect("guest run");
+    for check in [
+        "cxl-region",
+        "dax-seed",
+        "seed-taken-over",
+        "split-alloc",
+        "split-devices",
+        "split-free",
+        "split-realloc",
+        "split-restart",
+        "split-probe",
+    ] {
+        out.expect_check(check);
+    }
+    let kernel = cxl::kernel_view(&json(&out, "cxl-list"));
+    let Some(kr) = kernel.regions.values().find(|r| r.ways == 2) else { out.fail("cxl list has no 2-way region") };
+    let map = json(&out, "fabric-map");
+    let owner = format!("set:cxl-region:hpa-{:#x}", kr.resource);
+    let Some(set_start) = map["ranges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["owner"] == owner.as_str())
+        .and_then(|r| r["start"].as_u64())
+    else {
+        out.fail(&format!("the map has no range owned by {owner}"))
+    };
+    let hpa_of_gfa = |g: u64| g.checked_sub(set_start).map(|o| kr.resource + o);
+    let parse = |blob: &str| daxsplit::regions(out.blob(blob)).unwrap_or_else(|e| out.fail(&e));
+    let (ab, c) = (parse("split-regions"), parse("split-c"));
+    let (Some(a), Some(b), Some(c)) = (ab.iter().find(|r| r.name == "A"), ab.iter().find(|r| r.name == "B"), c.first())
+    else {
+        out.fail(&format!("regions {ab:?} {c:?}"))
+    };
+    // A's bytes were available again: first fit put C where A was.
+    if c.gfa != a.gfa {
+        out.fail(&format!("C went to GFA {:#x}, not to freed A's {:#x}", c.gfa, a.gfa));
+    }
+    let list = |blob: &str| daxsplit::listing(out.blob(blob)).unwrap_or_else(|e| out.fail(&e));
+    let seed =
+        out.blob("dax-devices-1").lines().find_map(|l| l.split_whitespace().next().filter(|n| n.ends_with(".0")));
+    let Some(seed) = seed.map(str::to_owned) else { out.fail("no first device (daxN.0) in the listing") };
+    // Each region's device is exactly its region's HPAs; after A's free only B and C are
+    // there; after the crash and restart the same devices, the stray one deleted.
+    let mut diffs = daxsplit::check_listing("after A and B", &list("dax-devices-1"), &seed, &[a, b], hpa_of_gfa);
+    diffs.extend(daxsplit::check_listing("after free A, alloc C", &list("dax-devices-2"), &seed, &[b, c], hpa_of_gfa));
+    diffs.extend(daxsplit::check_listing("after the restart", &list("dax-devices-3"), &seed, &[b, c], hpa_of_gfa));
+    if list("dax-devices-2") != list("dax-devices-3") {
+        diffs.push("the restart changed the devices of B and C".into());
+    }
+    if !diffs.is_empty() {
+        out.fail(&format!("the DAX devices are not one per region at its place:\n  {}", diffs.join("\n  ")));
+    }
+    // The bytes stored through B and C are in the memdevs where the interleave puts those GFAs.
+    let dpa = |r: &daxsplit::SplitRegion| -> [u64; 2] {
+        let base = |i: usize| {
+            kr.decoders.get(i).and_then(|d| kernel.decoders.get(d)).and_then(|x| x.dpa_resource).unwrap_or(u64::MAX)
+        };
+        let half = (r.gfa - set_start) / 2;
+        [base(0) + half, base(1) + half]
+    };
+    for (r, seed) in [(b, daxsplit::SEEDS[1]), (c, daxsplit::SEEDS[2])] {
+        if let Err(e) = cxl::check_backends(&mem, r.len, seed, dpa(r)) {
+            out.fail(&format!("region {}'s stores are not in the devices' memory at its GFA: {e}", r.name));
+        }
     }
 }
 

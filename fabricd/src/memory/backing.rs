@@ -39,6 +39,9 @@ pub enum BackingError {
         /// Why not.
         why: String,
     },
+    /// Its DAX region cannot be carved into a device per region.
+    #[error(transparent)]
+    Carve(#[from] super::carve::CarveError),
 }
 
 /// What kind of device file a region's bytes are in.
@@ -66,6 +69,9 @@ pub struct DeviceBacking {
     pub len: u64,
     /// Mapping offsets and lengths must be multiples of this (the DAX device's `align`).
     pub align: u64,
+    /// Per-region DAX (`[memory] dax_per_region`): the DAX region each region gets a device
+    /// of its own in; `path` (its first device, shrunk to 0) is then never handed out.
+    pub carve: Option<super::carve::DaxRegion>,
 }
 
 impl DeviceBacking {
@@ -178,7 +184,38 @@ pub fn dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) -> Result
     if !start.is_multiple_of(align) || size == 0 || !size.is_multiple_of(align) {
         return Err(unusable(format!("offset {start:#x} in its region and size {size:#x} are not {align}-aligned")));
     }
-    let backing = DeviceBacking { kind: BackingKind::Dax, name: name.to_owned(), path, start, len: size, align };
+    let backing =
+        DeviceBacking { kind: BackingKind::Dax, name: name.to_owned(), path, start, len: size, align, carve: None };
+    Ok(SetBacking { set, backing })
+}
+
+/// Resolves `name` (`daxN.0`) for per-region DAX: its DAX region, taken over
+/// ([`super::carve::DaxRegion::open`]: the device shrinks to 0), backs the interleave set of
+/// the CXL region it belongs to, and each region on the set gets a device of its own at the
+/// HPAs of its set range.
+pub fn carved_dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) -> Result<SetBacking, BackingError> {
+    if !is_dax_name(name) {
+        return Err(BackingError::BadName(name.to_owned(), "DAX device name (daxN.M)"));
+    }
+    let unusable = |why: String| BackingError::Unusable { what: name.to_owned(), why };
+    // Before touching the device: it must be one of the fabric's CXL regions'.
+    let (set, region_start) =
+        set_of(inv, name).ok_or_else(|| unusable("no CXL region in the fabric lists it".into()))?;
+    let region_start = region_start.ok_or_else(|| unusable("its CXL region's HPA start is unknown".into()))?;
+    let region = super::carve::DaxRegion::open(sysfs, dev, name)?;
+    let start = region
+        .start
+        .checked_sub(region_start)
+        .ok_or_else(|| unusable(format!("its DAX region starts at {:#x}, before its CXL region", region.start)))?;
+    let backing = DeviceBacking {
+        kind: BackingKind::Dax,
+        name: name.to_owned(),
+        path: dev.join(name),
+        start,
+        len: region.size,
+        align: region.align,
+        carve: Some(region),
+    };
     Ok(SetBacking { set, backing })
 }
 
@@ -230,22 +267,26 @@ pub fn bar(sysfs: &SysfsRoot, spec: &str) -> Result<BarBacking, BackingError> {
     if len == 0 || !len.is_multiple_of(4096) {
         return Err(unusable(format!("{len} bytes is not a whole number of pages")));
     }
-    let backing = DeviceBacking { kind: BackingKind::Bar, name: spec.to_owned(), path, start: 0, len, align: 4096 };
+    let backing =
+        DeviceBacking { kind: BackingKind::Bar, name: spec.to_owned(), path, start: 0, len, align: 4096, carve: None };
     Ok(BarBacking { address, index, resource: None, backing })
 }
 
-/// Resolves everything `[memory]` lists. Any entry that cannot be used fails the start: an
-/// operator who exports a device wants to know at once that it is not served.
+/// Resolves everything `[memory]` lists; with `per_region`, each DAX device names the DAX
+/// region to carve a device per region from ([`carved_dax`]). Any entry that cannot be used
+/// fails the start: an operator who exports a device wants to know at once that it is not
+/// served.
 pub fn resolve(
     sysfs: &SysfsRoot,
     dev: &Path,
     inv: &Inventory,
     dax_names: &[String],
+    per_region: bool,
     bar_specs: &[String],
 ) -> Result<Backings, BackingError> {
     let mut out = Backings::default();
     for n in dax_names {
-        let b = dax(sysfs, dev, inv, n)?;
+        let b = if per_region { carved_dax(sysfs, dev, inv, n)? } else { dax(sysfs, dev, inv, n)? };
         if out.sets.iter().any(|s| s.set == b.set) {
             return Err(BackingError::Unusable {
                 what: n.clone(),
@@ -393,7 +434,7 @@ mod tests {
         let (t, inv) = tree(64 << 20, Some(2 << 20), Some("device_dax"));
         let root = SysfsRoot::new(t.path(), "");
         let twice = ["dax0.0".to_owned(), "dax0.0".to_owned()];
-        assert!(resolve(&root, &t.path().join("dev"), &inv, &twice, &[]).is_err());
+        assert!(resolve(&root, &t.path().join("dev"), &inv, &twice, false, &[]).is_err());
     }
 
     fn bar_tree(flags: u64, len: u64) -> tempfile::TempDir {

@@ -24,6 +24,8 @@
 
 pub mod alloc;
 pub mod backing;
+pub mod carve;
+mod carved;
 pub mod durable;
 pub mod nodefd;
 pub mod numa;
@@ -102,6 +104,9 @@ pub enum MemoryError {
     /// A region on a NUMA node could not be made.
     #[error(transparent)]
     Node(numa::NumaError),
+    /// A DAX device of its own could not be carved for the region.
+    #[error("per-region DAX device")]
+    Carve(#[source] carve::CarveError),
     /// The journal refused the change (it is not made).
     #[error("journal")]
     Journal(#[source] crate::journal::JournalError),
@@ -627,6 +632,9 @@ impl Memory {
         durable: bool,
     ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
         if let Some(b) = device {
+            if let Some(c) = &b.carve {
+                return Self::make_carved(b, c, offset, len);
+            }
             return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
         }
         let made = (|| {
@@ -699,9 +707,14 @@ impl Memory {
         };
         let Some(r) = st.regions.remove(&id) else { return out };
         st.objects.remove(&id);
-        st.resources[r.resource].ranges.free(r.offset);
-        for i in st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
-            st.resources[i].ranges.free(r.offset);
+        // A carved DAX device the kernel would not delete still holds the range.
+        let uncarved = st.uncarve(id);
+        let others = st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default();
+        if uncarved {
+            st.resources[r.resource].ranges.free(r.offset);
+            for i in others {
+                st.resources[i].ranges.free(r.offset);
+            }
         }
         if st.memfds.remove(&id).is_some() {
             // Closing the daemon's memfd frees the pages once no client maps them.

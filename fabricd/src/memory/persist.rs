@@ -385,6 +385,7 @@ impl Memory {
                 st.set_regions.insert(r.id, set);
             }
         }
+        st.reconcile_carved();
         for e in &model.exports {
             if !st.regions.contains_key(&e.region) {
                 continue;
@@ -621,6 +622,7 @@ impl State {
                 if !r.len.is_multiple_of(ways) {
                     return Err(format!("its length {:#x} does not stripe over {ways} members", r.len));
                 }
+                let mut carved = false;
                 let (path, fd_offset, device_file) = match &p.dax {
                     Some(dax) => {
                         let b = self.set_backings.get(p.set.as_str()).filter(|b| b.name == dax.as_str()).ok_or_else(
@@ -632,6 +634,9 @@ impl State {
                                 )
                             },
                         )?;
+                        // Its own device is found (or carved again) once every region is back
+                        // (`State::reconcile_carved`).
+                        carved = b.carve.is_some();
                         let at = b
                             .file_offset(p.set_offset, r.len)
                             .ok_or_else(|| format!("its range is not inside {} ({})", b.path.display(), b.name))?;
@@ -644,8 +649,13 @@ impl State {
                     set_offset: p.set_offset,
                     others: members[1..].to_vec(),
                     dax: p.dax.as_ref().map(|d| d.as_str().to_owned()),
+                    carved: None,
                 };
-                Found { members, per: r.len / ways, path, fd_offset, device_file, set: Some(part) }
+                let found = Found { members, per: r.len / ways, path, fd_offset, device_file, set: Some(part) };
+                if carved {
+                    return Ok(found);
+                }
+                found
             }
         };
         match std::fs::metadata(&found.path) {
@@ -657,7 +667,7 @@ impl State {
         Ok(found)
     }
 
-    fn lost(&mut self, region: u64, why: &str) {
+    pub(super) fn lost(&mut self, region: u64, why: &str) {
         tracing::warn!(region, "region dropped at start: {why}");
         if self.problems.len() < 256 {
             self.problems.push(format!("region {region} dropped at start: {why}"));

@@ -41,6 +41,8 @@ pub(super) struct SetRegion {
     pub(super) others: Vec<usize>,
     /// The DAX device its bytes are in (`None`: its own sim file).
     pub(super) dax: Option<String>,
+    /// The DAX device carved for it alone (`dax_per_region`), named by the kernel.
+    pub(super) carved: Option<String>,
 }
 
 /// Where a region's bytes are, for its GFA.
@@ -196,11 +198,14 @@ impl Memory {
             lost: false,
         };
         let set_offset = dpa * ways;
+        let carve = device.as_ref().and_then(|b| b.carve.as_ref());
+        let carved = carve.and_then(|_| region.path.file_name()).map(|n| n.to_string_lossy().into_owned());
         let part = SetRegion {
             name: set.name.clone(),
             set_offset,
             others: idx[1..].to_vec(),
             dax: device.as_ref().map(|b| b.name.clone()),
+            carved,
         };
         // Acknowledged only once journaled, like any region (a crash before this leaves a
         // sim file no record names, which the next start removes).
@@ -211,6 +216,10 @@ impl Memory {
             }
             if !region.device_file {
                 let _ = std::fs::remove_file(&region.path);
+            } else if let (Some(c), Some(name)) = (carve, &part.carved)
+                && let Err(undo) = c.destroy(name)
+            {
+                tracing::warn!(device = %name, error = %undo, "cannot delete the DAX device of a refused region");
             }
             return Err(e);
         }

@@ -8,6 +8,7 @@
 //! and libfabric-mm's Session API (see `session.rs`).
 //! `power-workload OUT TOKEN|- SEED` and `power-observe MEMORY_DIR HANDLES OUT` are the
 //! guest's half of the power-loss test (see `power.rs`).
+//! `split SET DIR` is the client of the per-region DAX test (see `split.rs`).
 //! `watch SOCKET` subscribes to every fabricd event topic and prints each event as one
 //! `FABRIC-EVENT {json}` line until the daemon closes the connection or the probe is killed.
 
@@ -18,6 +19,7 @@ use fabric_qemu_tests::pattern;
 mod mmvfio;
 mod power;
 mod session;
+mod split;
 mod vfio;
 
 fn parse(s: &str) -> Option<u64> {
@@ -62,6 +64,9 @@ fn main() -> ExitCode {
     };
     if let (Some("owner"), Some(target), Some(len), Some(seed), Some(out)) = (arg(1), arg(2), num(3), num(4), arg(5)) {
         return done(session::owner(target, len, seed, std::path::Path::new(out)));
+    }
+    if let (Some("split"), Some(set), Some(dir)) = (arg(1), arg(2), arg(3)) {
+        return done(split::split(set, std::path::Path::new(dir)));
     }
     if let (Some("importer"), Some(file), Some(len), Some(seed)) = (arg(1), arg(2), num(3), num(4)) {
         return done(session::importer(std::path::Path::new(file), len, seed));

@@ -1,0 +1,163 @@
+//! The registry's side of per-region DAX ([`super::carve`]): a region on a carved set gets
+//! a DAX device of its own when it is allocated, loses it when it is freed, and finds it
+//! again when the daemon restarts (devices outlive the daemon, like region files).
+
+use std::fs::OpenOptions;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use super::alloc::AllocError;
+use super::backing::DeviceBacking;
+use super::carve::{DaxRegion, Wanted, plan};
+use super::{Memory, MemoryError, State, io_err};
+
+impl Memory {
+    /// A device of its own for the range `[offset, offset + len)` of the set `b` backs,
+    /// carved from `c` and opened read-write: the descriptor, its node, offset 0, and that
+    /// it is a device file (see `Memory::make_backing`).
+    pub(super) fn make_carved(
+        b: &DeviceBacking,
+        c: &DaxRegion,
+        offset: u64,
+        len: u64,
+    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+        let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
+            len,
+            align: b.align,
+            capacity: b.len,
+        }))?;
+        let carved = c.carve(c.start + at, len).map_err(MemoryError::Carve)?;
+        match OpenOptions::new().read(true).write(true).open(&carved.path) {
+            Ok(f) => Ok((OwnedFd::from(f), carved.path, 0, true)),
+            Err(e) => {
+                if let Err(undo) = c.destroy(&carved.name) {
+                    tracing::warn!(device = %carved.name, error = %undo, "cannot delete a DAX device nobody got");
+                }
+                Err(io_err(&carved.path)(e))
+            }
+        }
+    }
+}
+
+impl State {
+    /// The DAX region set region `id` has a device carved from, and that device's name.
+    fn carved_of(&self, id: u64) -> Option<(&DaxRegion, &str)> {
+        let s = self.set_regions.get(&id)?;
+        let name = s.carved.as_deref()?;
+        Some((self.set_backings.get(&s.name)?.carve.as_ref()?, name))
+    }
+
+    /// Deletes region `id`'s carved device, if it has one. `false` when the kernel refused:
+    /// the device still holds its range, so the caller must not give the range back (a
+    /// restart deletes the device, which no region names then, and the range is free).
+    pub(super) fn uncarve(&mut self, id: u64) -> bool {
+        let Some((c, name)) = self.carved_of(id) else { return true };
+        let name = name.to_owned();
+        match c.destroy(&name) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(region = id, device = %name, error = %e, "cannot delete a freed region's DAX device; its range stays taken until a restart");
+                if self.problems.len() < 256 {
+                    self.problems.push(format!("region {id}'s DAX device {name} could not be deleted: {e}"));
+                }
+                false
+            }
+        }
+    }
+
+    /// At start, after the journaled regions are back: gives each region on a carved set
+    /// its device — the one found with exactly its range, else a new one at that range
+    /// (device memory keeps its bytes, so it holds what it held) — and deletes every other
+    /// device of the DAX region ([`plan`]). A region that gets no device is dropped with a
+    /// `status` problem.
+    pub(super) fn reconcile_carved(&mut self) {
+        let carved: Vec<(String, DeviceBacking)> =
+            self.set_backings.iter().filter(|(_, b)| b.carve.is_some()).map(|(s, b)| (s.clone(), b.clone())).collect();
+        for (set, b) in carved {
+            let Some(c) = &b.carve else { continue };
+            let mut wanted = Vec::new();
+            let mut ids: Vec<u64> = self.set_regions.iter().filter(|(_, s)| s.name == set).map(|(id, _)| *id).collect();
+            ids.sort_unstable();
+            for id in ids {
+                let (Some(r), Some(s)) = (self.regions.get(&id), self.set_regions.get(&id)) else { continue };
+                match b.file_offset(s.set_offset, r.len) {
+                    Some(at) => wanted.push(Wanted { region: id, start: c.start + at, len: r.len }),
+                    None => self.unrestore(id, &format!("its range is not inside {}'s DAX region", b.name)),
+                }
+            }
+            let devices = match c.devices() {
+                Ok(d) => d,
+                Err(e) => {
+                    for w in &wanted {
+                        self.unrestore(
+                            w.region,
+                            &format!("the devices of {}'s DAX region are unreadable: {e}", b.name),
+                        );
+                    }
+                    continue;
+                }
+            };
+            let p = plan(&devices, &wanted);
+            for o in &p.orphans {
+                match c.destroy(o) {
+                    Ok(()) => tracing::info!(device = %o, "DAX device no region names deleted"),
+                    Err(e) => {
+                        tracing::warn!(device = %o, error = %e, "cannot delete a DAX device no region names");
+                        if self.problems.len() < 256 {
+                            self.problems
+                                .push(format!("DAX device {o} (no region names it) could not be deleted: {e}"));
+                        }
+                    }
+                }
+            }
+            for (id, name) in &p.found {
+                let bound = devices.iter().find(|d| &d.name == name).map(|d| c.bind(d));
+                match bound {
+                    Some(Ok(path)) => {
+                        tracing::info!(region = id, device = %name, "region's DAX device found");
+                        self.attach_carved(*id, name, path);
+                    }
+                    Some(Err(e)) => self.unrestore(*id, &format!("its DAX device {name}: {e}")),
+                    None => self.unrestore(*id, &format!("its DAX device {name} vanished")),
+                }
+            }
+            for w in wanted.iter().filter(|w| p.missing.contains(&w.region)) {
+                match c.carve(w.start, w.len) {
+                    Ok(d) => {
+                        tracing::info!(region = w.region, device = %d.name, "region's DAX device was gone; carved again at its range");
+                        self.attach_carved(w.region, &d.name, d.path);
+                    }
+                    Err(e) => {
+                        self.unrestore(w.region, &format!("its DAX device is gone and cannot be carved again: {e}"))
+                    }
+                }
+            }
+        }
+    }
+
+    fn attach_carved(&mut self, id: u64, name: &str, path: PathBuf) {
+        if let Some(r) = self.regions.get_mut(&id) {
+            r.path = path;
+            r.fd_offset = 0;
+            r.device_file = true;
+        }
+        if let Some(s) = self.set_regions.get_mut(&id) {
+            s.carved = Some(name.to_owned());
+        }
+    }
+
+    /// Takes region `id`, restored a moment ago, back out: its ranges and usage are given
+    /// back and it is reported dropped.
+    fn unrestore(&mut self, id: u64, why: &str) {
+        if let Some(r) = self.regions.remove(&id) {
+            self.resources[r.resource].ranges.free(r.offset);
+            for i in self.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
+                self.resources[i].ranges.free(r.offset);
+            }
+            let u = self.usage.entry(r.owner.uid).or_default();
+            u.bytes = u.bytes.saturating_sub(r.len);
+            u.objects = u.objects.saturating_sub(1);
+        }
+        self.lost(id, why);
+    }
+}
