@@ -194,6 +194,10 @@ pub struct MemoryConfig {
     /// NUMA nodes served like `numa` without the memory-only and CXL checks (a DRAM node,
     /// or a memory-only node of plain DRAM): served only because they are listed here.
     pub numa_plain: Vec<u32>,
+    /// The tmpfs directory where regions on `numa`/`numa_plain` nodes live, a file each, so
+    /// that they outlive a daemon restart (not a reboot). Empty: `/dev/shm/fabricd-UID-HASH`,
+    /// HASH naming the state directory. Must be the daemon's own (0700) and on tmpfs.
+    pub numa_dir: String,
 }
 
 impl Default for MemoryConfig {
@@ -207,6 +211,7 @@ impl Default for MemoryConfig {
             bars: Vec::new(),
             numa: Vec::new(),
             numa_plain: Vec::new(),
+            numa_dir: String::new(),
         }
     }
 }

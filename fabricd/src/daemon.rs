@@ -78,6 +78,9 @@ pub enum StartError {
     /// A NUMA node `[memory] numa` or `numa_plain` exports cannot back regions.
     #[error("[memory] numa")]
     Numa(#[source] crate::memory::numa::NumaError),
+    /// The directory for regions on NUMA nodes (`[memory] numa_dir`) cannot be used.
+    #[error("[memory] numa_dir")]
+    NumaDir(#[source] crate::memory::numadir::NumaDirError),
     /// The copy engine's threads could not be started.
     #[error("copy engine")]
     Copy(#[source] crate::copy::CopyError),
@@ -280,7 +283,15 @@ impl Daemon {
             map_generation = synced.map.generation(),
             "fabric loaded"
         );
-        let backings = backings(&config, fabric.inventory())?;
+        let mut backings = backings(&config, fabric.inventory())?;
+        if !backings.nodes.is_empty() {
+            let dir = crate::memory::numadir::numa_root(&config.memory.numa_dir, &state_dir);
+            crate::memory::numadir::prepare(&dir).map_err(StartError::NumaDir)?;
+            tracing::info!(dir = %dir.display(), "regions on NUMA nodes live under this tmpfs directory");
+            for n in &mut backings.nodes {
+                n.dir = dir.clone();
+            }
+        }
         let durability = Durability { journal, replay, config: config.memory.clone(), backings };
         let memory =
             Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)

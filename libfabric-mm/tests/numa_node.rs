@@ -2,8 +2,10 @@
 //! `numaN` device per node) and serves node 0 through `[memory] numa_plain`. A session
 //! allocates on the node's `host_exported` memory, maps it at its GFA and stores; a second
 //! session imports and loads; and the kernel's own account (`/proc/self/numa_maps`) shows the
-//! mapping bound to node 0 with every page there. `[memory] numa = [0]` is refused: node 0
-//! has CPUs and is not CXL memory.
+//! mapping bound to node 0 with every page there. The region is a tmpfs file under
+//! `numa_dir`: it outlives a `kill -9` of the daemon, and the restarted daemon checks its
+//! pages and serves it again. `[memory] numa = [0]` is refused: node 0 has CPUs and is not
+//! CXL memory.
 //!
 //! The QEMU tier (`qemu-tests/guest/numa.sh`) does the same on a memory-only node of CXL
 //! memory onlined by `kmem`.
@@ -63,6 +65,15 @@ fn start(dir: &Path, memory: &str) -> Result<Daemon, String> {
     Ok(d)
 }
 
+/// A private tmpfs directory for the daemon's NUMA region files (removed when the first
+/// value drops), and the `[memory]` lines that serve node 0 with it (`None`: no /dev/shm).
+fn numa_plain_0() -> Option<(tempfile::TempDir, PathBuf, String)> {
+    let shm = tempfile::tempdir_in("/dev/shm").ok()?;
+    let numa_dir = shm.path().join("numa");
+    let memory = format!("numa_plain = [0]\nnuma_dir = {:?}", numa_dir.display().to_string());
+    Some((shm, numa_dir, memory))
+}
+
 fn word(seed: u64, off: u64) -> u64 {
     (off ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
@@ -83,13 +94,14 @@ fn pages_per_node(line: &str) -> Vec<(u32, u64)> {
 }
 
 #[test]
-fn a_region_on_a_numa_node_is_a_bound_memfd_shared_by_import() {
+fn a_region_on_a_numa_node_is_a_bound_file_shared_by_import() {
     let dir = tempfile::tempdir().unwrap();
     if !Path::new("/sys/devices/system/node/node0").exists() {
         eprintln!("skipped: this kernel shows no NUMA node 0");
         return;
     }
-    let d = start(dir.path(), "numa_plain = [0]").unwrap_or_else(|log| panic!("fabricd did not start: {log}"));
+    let Some((_shm, numa_dir, memory)) = numa_plain_0() else { return };
+    let d = start(dir.path(), &memory).unwrap_or_else(|log| panic!("fabricd did not start: {log}"));
     let s = common::session(&d.socket);
     let dev = s
         .devices()
@@ -100,7 +112,7 @@ fn a_region_on_a_numa_node_is_a_bound_memfd_shared_by_import() {
     let target = Target::Device { device: dev.id.clone(), memory: MemoryClass::HostExported };
     let len = 4u64 << 20;
     let region = s.alloc(&target, len).unwrap();
-    assert_eq!(region.fd_offset(), 0, "a memfd per region");
+    assert_eq!(region.fd_offset(), 0, "a file per region");
     assert!(region.gfa().is_some(), "host_exported memory is in the address map");
     let m = s.map(&region).unwrap();
     let p = m.as_ptr().cast::<u64>();
@@ -108,11 +120,11 @@ fn a_region_on_a_numa_node_is_a_bound_memfd_shared_by_import() {
         // SAFETY: `p + i` lies in the live read-write mapping; no reference to it exists.
         unsafe { p.add(i).write_volatile(word(7, i as u64 * 8)) };
     }
-    // The kernel's account: the mapping follows the memfd's shared policy (bound to node 0,
+    // The kernel's account: the mapping follows the file's shared policy (bound to node 0,
     // set by fabricd's mbind) and all its pages are on node 0.
     let line = numa_maps_line(m.as_ptr() as usize);
     assert!(line.contains("bind:0"), "{line}");
-    assert!(line.contains("fabric-r"), "the daemon's memfd: {line}");
+    assert!(line.contains(&format!("file={}", numa_dir.display())), "the daemon's region file: {line}");
     let pages = pages_per_node(&line);
     assert_eq!(pages, vec![(0, len / 4096)], "{line}");
 
@@ -152,25 +164,61 @@ fn a_node_with_cpus_is_refused_as_cxl_memory() {
 }
 
 #[test]
-fn a_node_region_does_not_outlive_the_daemon_but_its_mapping_does() {
+fn a_node_region_outlives_a_daemon_restart() {
     if !Path::new("/sys/devices/system/node/node0").exists() {
         eprintln!("skipped: this kernel shows no NUMA node 0");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let d = start(dir.path(), "numa_plain = [0]").unwrap_or_else(|log| panic!("fabricd did not start: {log}"));
+    let Some((_shm, numa_dir, memory)) = numa_plain_0() else { return };
+    let d = start(dir.path(), &memory).unwrap_or_else(|log| panic!("fabricd did not start: {log}"));
     let s = common::session(&d.socket);
+    let token = s.token().expect("fabricd speaks 1.1");
     let dev = s.devices().unwrap().into_iter().find(|d| d.id.ends_with("/numa0")).expect("numa0");
     let region = s.alloc(&Target::Device { device: dev.id, memory: MemoryClass::HostExported }, 2 << 20).unwrap();
+    let gfa = region.gfa();
+    let handle = s.export(&region, &Policy::default()).unwrap();
     let m = s.map(&region).unwrap();
     // SAFETY: the first word of the live read-write mapping; no reference to it exists.
     unsafe { m.as_ptr().cast::<u64>().write_volatile(0xfeed) };
     drop(d); // SIGKILL
-    // The mapping holds the memfd: the bytes are still there.
-    // SAFETY: as above, a read.
+    // SAFETY: as above, a read: the mapping holds the file.
     assert_eq!(unsafe { m.as_ptr().cast::<u64>().read_volatile() }, 0xfeed);
-    // The journaled region cannot come back: its memfd ended with the daemon.
-    let _d = start(dir.path(), "numa_plain = [0]").unwrap_or_else(|log| panic!("fabricd did not restart: {log}"));
+    std::mem::forget(m); // its session is gone: nothing to unmap through
+    std::mem::forget(region);
+    std::mem::forget(s);
+
+    // The journaled region comes back: its file is still on node 0, and this process (its
+    // owner) is alive, so it waits for the owner's session to be resumed.
+    let d = start(dir.path(), &memory).unwrap_or_else(|log| panic!("fabricd did not restart: {log}"));
     let log = std::fs::read_to_string(dir.path().join("fabricd.log")).unwrap();
-    assert!(log.contains("it was a memfd on NUMA node 0, which ended with the daemon that made it"), "{log}");
+    assert!(!log.contains("dropped at start"), "{log}");
+    let config = fabric_mm::SessionConfig {
+        socket: Some(d.socket.clone()),
+        resume: Some(token),
+        ..fabric_mm::SessionConfig::default()
+    };
+    let back = fabric_mm::Session::open_with(config).unwrap();
+    let other = common::session(&d.socket);
+    let import = other.import(&handle, false).unwrap();
+    assert_eq!(import.gfa(), gfa, "the same place in the address map");
+    let mi = other.map(&import).unwrap();
+    // SAFETY: the first word of the live read-only mapping of the import.
+    assert_eq!(unsafe { mi.as_ptr().cast::<u64>().read_volatile() }, 0xfeed);
+    let line = numa_maps_line(mi.as_ptr() as usize);
+    assert!(line.contains("bind:0") && line.contains(&format!("file={}", numa_dir.display())), "{line}");
+    drop((mi, import, other));
+
+    // A file that is not where the journal says (here: removed while no daemon ran) drops
+    // its region at the next start, with the reason (the resumed owner still holds it).
+    drop(d);
+    std::mem::forget(back);
+    for e in std::fs::read_dir(&numa_dir).unwrap().flatten() {
+        for f in std::fs::read_dir(e.path()).unwrap().flatten() {
+            std::fs::remove_file(f.path()).unwrap();
+        }
+    }
+    let _d = start(dir.path(), &memory).unwrap_or_else(|log| panic!("fabricd did not restart: {log}"));
+    let log = std::fs::read_to_string(dir.path().join("fabricd.log")).unwrap();
+    assert!(log.contains("dropped at start") && log.contains("is missing"), "{log}");
 }

@@ -1,8 +1,8 @@
 #!/bin/sh
 # CXL memory as a NUMA node: kmem onlines a 1-way RAM region as System RAM (movable), which
 # becomes a memory-only node; fabricd serves that node ([memory] numa) and a libfabric-mm
-# client allocates a region there (a memfd fabricd bound to the node), maps it at its GFA
-# and stores; a second process imports and loads. The owner's numa_maps shows where the
+# client allocates a region there (a file on fabricd's tmpfs numa_dir, bound to the node),
+# maps it at its GFA and stores; a second process imports and loads. The owner's numa_maps shows where the
 # kernel put the pages; the host then finds them in the device's backing file.
 . /fabric/common.sh
 wr() { echo "$2" >"$1" || { echo "writing $2 to $1 failed"; return 1; }; }
@@ -36,8 +36,11 @@ echo "$R $DAX $NODE" >/tmp/kmem-info && blob kmem-info /tmp/kmem-info
 cxl list -vvv >/tmp/cxl.json 2>/tmp/cxl.err || echo "cxl list: $(cat /tmp/cxl.err)"
 blob cxl-list /tmp/cxl.json
 
+# The region files' directory: tmpfs, as numa_dir must be (the guest's / is not).
+mkdir -p /run/fabric-numa && mount -t tmpfs -o mode=0700 tmpfs /run/fabric-numa || echo "mounting tmpfs failed"
 FABRICD_EXTRA="[memory]
-numa = [$NODE]"
+numa = [$NODE]
+numa_dir = \"/run/fabric-numa\""
 start_fabricd
 fabricctl topology --daemon -o json >/tmp/topo.json 2>/tmp/topo.err && result fabric-topology ok || result fabric-topology fail "$(cat /tmp/topo.err)"
 blob fabric-topology /tmp/topo.json
@@ -48,9 +51,9 @@ i=0
 while [ ! -s /tmp/lib-region ] && kill -0 $OWNER 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 if [ -s /tmp/lib-region ]; then
   result lib-alloc-store ok "node $NODE: $(cat /tmp/lib-region)"
-  # The kernel's account of the owner's mapping of the region (fabricd's memfd): bound to
-  # the node, all 512 pages there and none elsewhere.
-  grep "fabric-r" /proc/$OWNER/numa_maps >/tmp/numa-maps
+  # The kernel's account of the owner's mapping of the region (fabricd's file under
+  # numa_dir): bound to the node, all 512 pages there and none elsewhere.
+  grep "file=/run/fabric-numa/" /proc/$OWNER/numa_maps >/tmp/numa-maps
   blob numa-maps /tmp/numa-maps
   L=$(cat /tmp/numa-maps)
   others=$(tr ' ' '\n' </tmp/numa-maps | grep -E '^N[0-9]+=' | grep -v "^N$NODE=")
@@ -65,5 +68,5 @@ else
 fi
 if wait $OWNER; then result lib-owner ok "$(cat /tmp/owner.log)"; else result lib-owner fail "$(cat /tmp/owner.log)"; fi
 blob lib-region /tmp/lib-region
-grep -i "numa\|memfd" /tmp/fabricd.log | tail -5
+grep -i "numa" /tmp/fabricd.log | tail -5
 kill $FABRICD_PID 2>/dev/null

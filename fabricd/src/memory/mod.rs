@@ -29,6 +29,7 @@ mod carved;
 pub mod durable;
 pub mod nodefd;
 pub mod numa;
+pub mod numadir;
 mod persist;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
@@ -47,6 +48,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -154,7 +156,8 @@ struct Resource {
     backing: Option<backing::DeviceBacking>,
     /// The device comes from a sim fabric, whose memory is a file per region.
     simulated: bool,
-    /// The NUMA node its regions' pages are placed on (a memfd per region).
+    /// The NUMA node its regions' pages are placed on (a tmpfs file per region, under
+    /// `dir`, which is then the node's directory).
     numa: Option<numa::NodeBacking>,
 }
 
@@ -275,10 +278,6 @@ struct State {
     set_backings: HashMap<String, backing::DeviceBacking>,
     /// Vendor memory objects behind adopted regions, by region id (not journaled).
     objects: HashMap<u64, adopt::Object>,
-    /// The memfds of regions on NUMA nodes, by region id: the region lives as long as the
-    /// daemon holds it (its `path` is the descriptor's `/proc/self/fd` link, which imports,
-    /// copies and registrations reopen).
-    memfds: HashMap<u64, OwnedFd>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -473,7 +472,16 @@ impl Memory {
                 .find(|r| r.kind == MemoryKind::HostExported && r.ordinal == 0 && Some(&r.device) == n.device.as_ref());
             match found {
                 Some(r) => {
-                    tracing::info!(device = %r.device, node = n.node, memory_only = n.memory_only, cxl_regions = n.cxl.len(), "NUMA node backs the resource");
+                    // Its regions are files under the node's tmpfs directory, named as here.
+                    if let Some(name) = r.dir.file_name() {
+                        r.dir = n.dir.join(name);
+                    }
+                    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&r.dir)
+                        && e.kind() != std::io::ErrorKind::AlreadyExists
+                    {
+                        tracing::warn!(dir = %r.dir.display(), error = %e, "cannot create the NUMA region directory");
+                    }
+                    tracing::info!(device = %r.device, node = n.node, memory_only = n.memory_only, cxl_regions = n.cxl.len(), dir = %r.dir.display(), "NUMA node backs the resource");
                     r.numa = Some(n.clone());
                 }
                 None => tracing::warn!(node = n.node, "exported NUMA node has no resource in the fabric; not served"),
@@ -570,7 +578,7 @@ impl Memory {
         st.next_id += 1;
         let r = &st.resources[resource];
         let made = match r.numa.clone() {
-            Some(n) => Self::make_node_region(&mut st, n, id, len),
+            Some(n) => Self::make_node_region(&n, &r.dir.join(format!("r{id}")), len),
             None => {
                 Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len, st.log.is_some())
             }
@@ -601,7 +609,7 @@ impl Memory {
         let record = Change::RegionAllocated(st.region_record(id, &region));
         if let Err(e) = st.journal(&record) {
             st.resources[resource].ranges.free(offset);
-            if st.memfds.remove(&id).is_none() && !region.device_file {
+            if !region.device_file {
                 let _ = std::fs::remove_file(&region.path);
             }
             return Err(e);
@@ -654,20 +662,15 @@ impl Memory {
         made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
     }
 
-    /// A new region `id` of `len` bytes on NUMA node `n`: its memfd is kept in
-    /// `st.memfds`, and the client gets a duplicate.
+    /// A new region of `len` bytes on NUMA node `n`: the tmpfs file `path`, which outlives
+    /// the daemon (a restart finds it, `persist.rs`).
     fn make_node_region(
-        st: &mut State,
-        n: numa::NodeBacking,
-        id: u64,
+        n: &numa::NodeBacking,
+        path: &Path,
         len: u64,
     ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
-        use std::os::fd::AsRawFd;
-        let fd = n.make_region(id, len).map_err(MemoryError::Node)?;
-        let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        let dup = fd.try_clone().map_err(io_err(&path))?;
-        st.memfds.insert(id, fd);
-        Ok((dup, path, 0, false))
+        let fd = n.make_region(path, len).map_err(MemoryError::Node)?;
+        Ok((fd, path.to_owned(), 0, false))
     }
 
     /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
@@ -716,9 +719,7 @@ impl Memory {
                 st.resources[i].ranges.free(r.offset);
             }
         }
-        if st.memfds.remove(&id).is_some() {
-            // Closing the daemon's memfd frees the pages once no client maps them.
-        } else if r.device_file {
+        if r.device_file {
             // Device memory keeps its contents; the range is simply free again.
         } else if let Err(e) = std::fs::remove_file(&r.path) {
             tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");

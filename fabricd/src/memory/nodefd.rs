@@ -1,25 +1,27 @@
-//! The system calls behind a region on a NUMA node: a sealed memfd whose pages are bound
-//! to the node and faulted in by the daemon, then checked page by page.
+//! The system calls behind a region on a NUMA node: a tmpfs file (`numadir`) whose pages
+//! are bound to the node and faulted in by the daemon, then checked page by page — when
+//! made, and again when a restarted daemon finds it.
 //!
-//! Why `mbind` on a mapping and not `set_mempolicy`: a memfd is shmem, and `mbind` on a
-//! shared shmem mapping sets the *file's* shared policy for that range (`shmem_set_policy`),
+//! Why `mbind` on a mapping and not `set_mempolicy`: a tmpfs file is shmem, and `mbind` on
+//! a shared shmem mapping sets the *file's* shared policy for that range (`shmem_set_policy`),
 //! so every later fault through any process's mapping follows it too, while a thread's
 //! `set_mempolicy` governs only that thread's faults. The daemon faults every page in
 //! (`MADV_POPULATE_WRITE`, or a store per page on kernels before 5.14) so the memory is
 //! committed on the node before the client gets the descriptor, and reads each page's node
 //! back with `move_pages(2)` (a null `nodes` array: query only).
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
-/// Why a node-bound memfd could not be made.
+/// Why a node-bound region file could not be made or checked.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeFdError {
-    /// `memfd_create`.
-    #[error("memfd_create")]
+    /// Creating or opening the file.
+    #[error("opening the region file")]
     Create(#[source] std::io::Error),
     /// `ftruncate` to the region's length.
-    #[error("sizing the memfd to {len} bytes")]
+    #[error("sizing the region file to {len} bytes")]
     Size {
         /// Bytes.
         len: u64,
@@ -27,11 +29,8 @@ pub enum NodeFdError {
         #[source]
         source: std::io::Error,
     },
-    /// `F_ADD_SEALS`.
-    #[error("sealing the memfd")]
-    Seal(#[source] std::io::Error),
-    /// `mmap` of the memfd.
-    #[error("mapping the memfd")]
+    /// `mmap` of the file.
+    #[error("mapping the region file")]
     Map(#[source] std::io::Error),
     /// `mbind(MPOL_BIND)`.
     #[error("binding the memfd's pages to node {node}")]
@@ -66,7 +65,7 @@ pub enum NodeFdError {
     },
 }
 
-/// A shared mapping of a memfd, unmapped on drop.
+/// A shared mapping of a region file, unmapped on drop.
 struct Mapping {
     addr: *mut libc::c_void,
     len: usize,
@@ -75,7 +74,7 @@ struct Mapping {
 impl Mapping {
     fn new(fd: &OwnedFd, len: usize) -> Result<Self, NodeFdError> {
         // SAFETY: a fresh shared mapping chosen by the kernel (no MAP_FIXED) touches no
-        // existing memory; `fd` is a live memfd of at least `len` bytes.
+        // existing memory; `fd` is a live file of at least `len` bytes.
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -107,37 +106,43 @@ fn page_size() -> usize {
     usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
-/// A memfd named `name` of `len` bytes (a multiple of the page size), sealed against
-/// shrinking, growing and further seals, every page allocated on NUMA node `node` and
-/// checked to be there.
-pub fn node_memfd(name: &str, len: u64, node: u32) -> Result<OwnedFd, NodeFdError> {
-    let cname = CString::new(name.replace('\0', "_")).unwrap_or_default();
-    // SAFETY: `cname` is a valid NUL-terminated string; the flags are memfd_create's.
-    let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if raw < 0 {
-        return Err(NodeFdError::Create(std::io::Error::last_os_error()));
+/// A new file `path` (mode 0600; it must not exist) of `len` bytes (a multiple of the page
+/// size), on tmpfs, every page allocated on NUMA node `node` through the file's shared policy
+/// and checked to be there. On failure the file is removed.
+pub fn node_file(path: &Path, len: u64, node: u32) -> Result<OwnedFd, NodeFdError> {
+    let made = (|| {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(NodeFdError::Create)?;
+        f.set_len(len).map_err(|source| NodeFdError::Size { len, source })?;
+        let fd = OwnedFd::from(f);
+        let ulen = usize::try_from(len)
+            .map_err(|_| NodeFdError::Size { len, source: std::io::ErrorKind::InvalidInput.into() })?;
+        let map = Mapping::new(&fd, ulen)?;
+        bind(&map, node)?;
+        populate(&map, node)?;
+        check_placement(&map, node)?;
+        Ok(fd)
+    })();
+    if made.is_err() {
+        let _ = std::fs::remove_file(path);
     }
-    // SAFETY: `raw` is a descriptor memfd_create just returned, owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let size_err = |source| NodeFdError::Size { len, source };
-    let Ok(off_len) = libc::off_t::try_from(len) else {
-        return Err(size_err(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
-    };
-    // SAFETY: ftruncate on a descriptor we own.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), off_len) } != 0 {
-        return Err(size_err(std::io::Error::last_os_error()));
+    made
+}
+
+/// Checks that every page of `fd`'s first `len` bytes is on `node` (a restarted daemon's
+/// check of a region file it finds).
+pub fn check_file(fd: &OwnedFd, len: u64, node: u32) -> Result<(), NodeFdError> {
+    for (page, found) in page_nodes(fd, len)?.into_iter().enumerate() {
+        if found != node as libc::c_int {
+            return Err(NodeFdError::Misplaced { node, page: page as u64, found });
+        }
     }
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl(F_ADD_SEALS) on a descriptor we own; the argument is an int.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(NodeFdError::Seal(std::io::Error::last_os_error()));
-    }
-    let ulen = usize::try_from(len).map_err(|_| size_err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    let map = Mapping::new(&fd, ulen)?;
-    bind(&map, node)?;
-    populate(&map, node)?;
-    check_placement(&map, node)?;
-    Ok(fd)
+    Ok(())
 }
 
 fn bind(map: &Mapping, node: u32) -> Result<(), NodeFdError> {
@@ -272,33 +277,45 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A tmpfs directory for the test's files (`None`: /dev/shm is not tmpfs here).
+    fn shm_dir() -> Option<tempfile::TempDir> {
+        tempfile::tempdir_in("/dev/shm").ok()
+    }
+
     #[test]
-    fn a_node_memfd_is_sealed_and_on_its_node() {
+    fn a_node_file_is_on_its_node_and_stays_there_without_its_maker() {
+        let Some(dir) = shm_dir() else { return };
         let len = 4u64 << 20;
-        let fd = match node_memfd("fabric-test", len, 0) {
+        let path = dir.path().join("r1");
+        let fd = match node_file(&path, len, 0) {
             Ok(fd) => fd,
             // A kernel without NUMA support refuses mbind: nothing to check here.
             Err(NodeFdError::Bind { source, .. }) if source.raw_os_error() == Some(libc::ENOSYS) => return,
             Err(e) => panic!("{e}"),
         };
-        let f = std::fs::File::from(fd);
-        assert_eq!(f.metadata().unwrap().len(), len);
-        // Sealed: it neither shrinks nor grows.
-        assert!(f.set_len(len / 2).is_err());
-        assert!(f.set_len(len * 2).is_err());
-        // SAFETY: fcntl(F_GET_SEALS) on a descriptor the test owns.
-        let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
-        assert_eq!(seals, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL);
-        let fd = OwnedFd::from(f);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         let nodes = page_nodes(&fd, len).unwrap();
         assert_eq!(nodes.len() as u64, len / page_size() as u64);
         assert!(nodes.iter().all(|&n| n == 0), "{:?}", &nodes[..8]);
+        // Closed and opened again (as a restarted daemon does): still there, still checked.
+        drop(fd);
+        let again = OwnedFd::from(std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap());
+        check_file(&again, len, 0).unwrap();
+        // Asked about another node, the same pages are misplaced.
+        assert!(matches!(check_file(&again, len, 1), Err(NodeFdError::Misplaced { node: 1, page: 0, found: 0 })));
+        // An existing file is never overwritten.
+        assert!(matches!(node_file(&path, len, 0), Err(NodeFdError::Create(_))));
     }
 
     #[test]
-    fn a_node_that_does_not_exist_is_refused() {
+    fn a_node_that_does_not_exist_is_refused_and_leaves_no_file() {
+        let Some(dir) = shm_dir() else { return };
+        let path = dir.path().join("r2");
         // Node 1000 exists on no test machine (MAX_NUMNODES allows it on some kernels).
-        let e = node_memfd("fabric-test", 2 << 20, 1000).unwrap_err();
+        let e = node_file(&path, 2 << 20, 1000).unwrap_err();
         assert!(matches!(e, NodeFdError::Bind { node: 1000, .. }), "{e}");
+        assert!(!path.exists());
     }
 }

@@ -57,7 +57,7 @@ pub enum NumaError {
         /// Bytes asked.
         len: u64,
     },
-    /// The memfd could not be made or placed.
+    /// The region file could not be made or placed.
     #[error("region on NUMA node {node}")]
     Region {
         /// The node.
@@ -98,6 +98,9 @@ pub struct NodeBacking {
     pub meminfo: std::path::PathBuf,
     /// Its `numaN` device in the fabric (set by [`locate_nodes`]).
     pub device: Option<DeviceId>,
+    /// The tmpfs directory its region files go under (`super::numadir`; set by the daemon
+    /// before the registry opens).
+    pub dir: std::path::PathBuf,
 }
 
 /// A memory block directory name `memoryM` as M.
@@ -207,7 +210,7 @@ pub fn resolve_node(root: &SysfsRoot, inv: &Inventory, node: u32, plain: bool) -
     if !memory_only && !plain {
         return Err(refused(format!("it has CPUs ({cpulist}), so it is not a memory-only node; {hint}")));
     }
-    Ok(NodeBacking { node, mem_bytes, memory_only, cxl, plain, meminfo, device: None })
+    Ok(NodeBacking { node, mem_bytes, memory_only, cxl, plain, meminfo, device: None, dir: std::path::PathBuf::new() })
 }
 
 /// Resolves every node `[memory] numa` and `numa_plain` list.
@@ -261,18 +264,17 @@ pub fn add_node_resources(inv: &mut Inventory, nodes: &[NodeBacking]) -> Vec<u32
 }
 
 impl NodeBacking {
-    /// A new region of `len` bytes on the node: a sealed memfd (named after region `id`)
-    /// whose pages are all on the node. Refused when the node has less free memory than
-    /// `len` (faulting bound pages in on a full node would wake the OOM killer).
-    pub fn make_region(&self, id: u64, len: u64) -> Result<std::os::fd::OwnedFd, NumaError> {
+    /// A new region of `len` bytes on the node: the tmpfs file `path` whose pages are all on
+    /// the node. Refused when the node has less free memory than `len` (faulting bound pages
+    /// in on a full node would wake the OOM killer).
+    pub fn make_region(&self, path: &std::path::Path, len: u64) -> Result<std::os::fd::OwnedFd, NumaError> {
         let node = self.node;
         if let Some(free) = read_attr(&self.meminfo).ok().and_then(|t| parse_meminfo_field(&t, "MemFree"))
             && free < len
         {
             return Err(NumaError::NoMemory { node, free, len });
         }
-        super::nodefd::node_memfd(&format!("fabric-r{id}-node{node}"), len, node)
-            .map_err(|source| NumaError::Region { node, source })
+        super::nodefd::node_file(path, len, node).map_err(|source| NumaError::Region { node, source })
     }
 }
 

@@ -599,12 +599,6 @@ impl State {
                 // A region of device memory is a range of the device file, which outlives
                 // the daemon like a sim file does (and is never removed).
                 let res = &self.resources[members[0]];
-                if let Some(n) = &res.numa {
-                    return Err(format!(
-                        "it was a memfd on NUMA node {}, which ended with the daemon that made it",
-                        n.node
-                    ));
-                }
                 let (path, fd_offset, device_file) = match &res.backing {
                     Some(b) => match b.file_offset(r.offset, r.len) {
                         Some(at) => (b.path.clone(), at, true),
@@ -663,6 +657,24 @@ impl State {
             Ok(m) if m.is_file() && m.len() == r.len => {}
             Ok(m) => return Err(format!("its file {} is {} bytes, not {}", found.path.display(), m.len(), r.len)),
             Err(e) => return Err(format!("its file {} is missing ({e})", found.path.display())),
+        }
+        if let Some(n) = &self.resources[found.members[0]].numa {
+            // A region file on a NUMA node: its pages must still be there (the file's shared
+            // policy keeps them there; a file someone moved or replaced would not be).
+            let checked = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&found.path)
+                .map_err(|e| e.to_string())
+                .and_then(|f| {
+                    super::nodefd::check_file(&std::os::fd::OwnedFd::from(f), r.len, n.node).map_err(|e| {
+                        let why = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
+                        format!("{e}{why}")
+                    })
+                });
+            if let Err(why) = checked {
+                return Err(format!("its file {} on NUMA node {}: {why}", found.path.display(), n.node));
+            }
         }
         Ok(found)
     }

@@ -1,0 +1,146 @@
+//! Where regions on NUMA nodes live: one file per region on a tmpfs directory
+//! (`[memory] numa_dir`), so that they outlive the daemon like sim region files do.
+//!
+//! Why tmpfs: a tmpfs file is shmem, and `mbind` on a shared mapping of it sets the *file's*
+//! shared policy (`shmem_set_policy`), which stays with the inode after the daemon unmaps it
+//! and exits; the pages stay where they were placed, and a restarted daemon finds the file,
+//! checks its pages are on the node (`move_pages`) and serves the region again. A regular
+//! file's pages follow whoever faults them instead, and a memfd ends with its last
+//! descriptor. tmpfs is cleared at reboot, as the memory of a volatile CXL node is.
+//!
+//! The directory holds capabilities (any process that opens a region file reaches its
+//! bytes), so it must be the daemon's own: a real directory (not a symlink), owned by the
+//! daemon's uid, with no access for group or others, on tmpfs. It is created so when
+//! missing; anything else refuses the start.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// `tmpfs`' `f_type` (`TMPFS_MAGIC`).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Why the directory for NUMA regions cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NumaDirError {
+    /// It could not be created or inspected.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It exists but is not safe or not tmpfs.
+    #[error("{} cannot hold NUMA regions: {why}", path.display())]
+    Unusable {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+}
+
+/// The directory for regions on NUMA nodes: `configured` when set, else one under
+/// `/dev/shm` named after the daemon's uid and state directory (so two daemons never share
+/// one, and a restarted daemon finds its own).
+pub fn numa_root(configured: &str, state_dir: &Path) -> PathBuf {
+    if !configured.is_empty() {
+        return PathBuf::from(configured);
+    }
+    // FNV-1a of the state directory's path: stable across runs and builds.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in state_dir.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    PathBuf::from(format!("/dev/shm/fabricd-{uid}-{:08x}", h as u32))
+}
+
+/// Creates `dir` (mode 0700) when missing and checks it: a directory, not a symlink, owned
+/// by this process's uid, no group or other access, on tmpfs.
+pub fn prepare(dir: &Path) -> Result<(), NumaDirError> {
+    let io = |source| NumaDirError::Io { path: dir.to_owned(), source };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    let unusable = |why: String| NumaDirError::Unusable { path: dir.to_owned(), why };
+    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
+    if !meta.file_type().is_dir() {
+        return Err(unusable("not a directory (a symlink is refused)".into()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if meta.uid() != uid {
+        return Err(unusable(format!("owned by uid {}, not the daemon's {uid}", meta.uid())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(unusable(format!("mode {:o} lets others in (0700 wanted)", meta.mode() & 0o7777)));
+    }
+    match filesystem_magic(dir) {
+        Ok(TMPFS_MAGIC) => Ok(()),
+        Ok(m) => Err(unusable(format!(
+            "not on tmpfs (filesystem type {m:#x}): only a tmpfs file keeps its NUMA policy without the daemon"
+        ))),
+        Err(e) => Err(io(e)),
+    }
+}
+
+fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated; statfs writes one statfs into `fs`, which lives across
+    // the call.
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(fs.f_type as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn the_default_is_per_state_dir_and_stable() {
+        let a = numa_root("", Path::new("/var/lib/fabric"));
+        assert_eq!(a, numa_root("", Path::new("/var/lib/fabric")));
+        assert_ne!(a, numa_root("", Path::new("/var/lib/fabric2")));
+        assert!(a.starts_with("/dev/shm"), "{}", a.display());
+        assert_eq!(numa_root("/run/x", Path::new("/y")), PathBuf::from("/run/x"));
+    }
+
+    #[test]
+    fn only_a_private_tmpfs_directory_is_accepted() {
+        if filesystem_magic(Path::new("/dev/shm")).ok() != Some(TMPFS_MAGIC) {
+            eprintln!("skipped: /dev/shm is not tmpfs here");
+            return;
+        }
+        let base = tempfile::tempdir_in("/dev/shm").unwrap();
+        let d = base.path().join("numa");
+        prepare(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        prepare(&d).unwrap(); // again: already there, fine
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(prepare(&d), Err(NumaDirError::Unusable { why, .. }) if why.contains("mode 755")));
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&d, &link).unwrap();
+        assert!(matches!(prepare(&link), Err(NumaDirError::Unusable { why, .. }) if why.contains("symlink")));
+        // A directory on a disk filesystem (the test binary's) is refused when that is not tmpfs.
+        let exe_dir = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+        let disk = tempfile::tempdir_in(exe_dir).unwrap();
+        if filesystem_magic(disk.path()).unwrap() != TMPFS_MAGIC {
+            let e = prepare(&disk.path().join("numa")).unwrap_err();
+            assert!(e.to_string().contains("not on tmpfs"), "{e}");
+        }
+    }
+}
