@@ -508,7 +508,12 @@ fn memory_shrunk_under_a_registration_fails_the_copy_and_never_the_daemon() {
         let id = start_copy(&mut c, dst, src, MIB);
         let d = done(&mut c, id, &mut Vec::new());
         match d.result {
-            CopyResult::Failed { code, message } => assert_eq!(code, ErrorCode::Internal, "{message}"),
+            CopyResult::Failed { code, message } => {
+                assert_eq!(code, ErrorCode::Internal, "{message}");
+                // The CPU copied (its fault recovered), where the daemon has that copy.
+                let recovering = cfg!(all(target_arch = "x86_64", target_os = "linux"));
+                assert!(!recovering || message.as_str().contains("SIGBUS at address"), "{message}");
+            }
             CopyResult::Ok => panic!("a copy through shrunk memory succeeded"),
         }
     }

@@ -34,6 +34,7 @@
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
 
+pub mod fault;
 mod regionmap;
 mod sys;
 
@@ -215,7 +216,15 @@ impl CopyEngine {
                 .map_err(CopyError::Spawn)?;
             threads.push(t);
         }
-        tracing::info!(engines = config.engines, chunk_bytes = config.chunk_bytes, "copy engine started");
+        // Installed before the first chunk, so that the handler is in place while the
+        // daemon is still single-purpose; without it the kernel copies (`chunk.rs`).
+        let cpu = fault::ready();
+        tracing::info!(
+            engines = config.engines,
+            chunk_bytes = config.chunk_bytes,
+            recovering_cpu_copy = cpu,
+            "copy engine started"
+        );
         Ok(Self { shared, config, threads })
     }
 
@@ -392,7 +401,7 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
                     job.cpu.store(true, Ordering::Relaxed);
                 }
             })
-            .map_err(|e| (e.code(), e.to_string())),
+            .map_err(|e| (e.code(), crate::error_chain(&e))),
     };
     match moved {
         Ok(()) => {
