@@ -102,6 +102,17 @@ fn at(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At, Ch
     })
 }
 
+/// Whether the CPU copy may reach a side: memory the daemon maps that is not device
+/// memory (a registration of a DAX or BAR region stays with the kernel, as GFAs of such
+/// regions are refused when resolved).
+fn cpu_reaches(side: &Side) -> bool {
+    match side {
+        Side::Pinned { map, .. } => map.ordinary(),
+        Side::File { .. } => true,
+        Side::Process { .. } => false,
+    }
+}
+
 /// The file behind a daemon-held side and the file offset of its byte 0.
 fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
     match side {
@@ -149,7 +160,7 @@ pub fn copy(
     // Two sides the daemon maps (registrations of memory files, regions by GFA): the CPU
     // copies between the mappings, once, at memcpy speed; a fault (a client shrank a file
     // under the copy) fails the chunk and nothing else.
-    if matches!(d, At::Local { .. }) && !matches!(src, Side::Process { .. }) && fault::ready() {
+    if matches!(d, At::Local { .. }) && cpu_reaches(dst) && cpu_reaches(src) && fault::ready() {
         let s = at(src, offset, false, maps)?;
         if let (At::Local { addr: d_addr, .. }, At::Local { addr: s_addr, .. }) = (&d, &s) {
             return cpu_recovering(*d_addr, *s_addr, offset, len);
