@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, Connection, CopyDone, CopyEndpoint, CopyRequest, CopyResult, DeviceName,
-    ErrorCode, Event, FreeRequest, MemoryClass, RegisterRequest, RegisterSource, Request, Response,
+    AccessMode, Connection, CopyDone, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorCode, Event, FreeRequest,
+    RegisterRequest, RegisterSource, Request, Response,
 };
 use fabric_topology::DeviceKind;
 
@@ -33,15 +33,9 @@ struct Region {
 }
 
 fn alloc(c: &mut Connection, gpu: &str, size: u64) -> Region {
-    let req = Request::Alloc(AllocRequest {
-        target: AllocTarget::Device { device: DeviceName::truncated(gpu), memory: MemoryClass::Hbm },
-        size,
-        align: 0,
-    });
-    let (r, fds) = c.call(req, &[]).unwrap();
-    let Response::Alloc(a) = r else { panic!("{r:?}") };
+    let (a, file) = common::alloc_hbm(c, gpu, size);
     assert_eq!(a.offset, 0, "one file per region");
-    Region { id: a.region, gfa: a.gfa.unwrap(), file: File::from(fds.into_iter().next().unwrap()) }
+    Region { id: a.region, gfa: a.gfa.unwrap(), file }
 }
 
 fn free(c: &mut Connection, r: &Region) {

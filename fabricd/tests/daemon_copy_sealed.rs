@@ -14,8 +14,8 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorCode,
-    Event, MemoryClass, RegisterRequest, RegisterSource, Request, Response,
+    AccessMode, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorCode, Event, RegisterRequest,
+    RegisterSource, Request, Response,
 };
 use fabric_topology::DeviceKind;
 
@@ -93,14 +93,8 @@ fn copy(c: &mut Connection, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> (
 }
 
 fn gfa_region(c: &mut Connection, gpu: &str, size: u64) -> (u64, File) {
-    let req = Request::Alloc(AllocRequest {
-        target: AllocTarget::Device { device: DeviceName::truncated(gpu), memory: MemoryClass::Hbm },
-        size,
-        align: 0,
-    });
-    let (r, fds) = c.call(req, &[]).unwrap();
-    let Response::Alloc(a) = r else { panic!("{r:?}") };
-    (a.gfa.unwrap(), File::from(fds.into_iter().next().unwrap()))
+    let (a, file) = common::alloc_hbm(c, gpu, size);
+    (a.gfa.unwrap(), file)
 }
 
 #[test]

@@ -177,15 +177,19 @@ pub fn cannot_shrink(file: &File) -> bool {
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
         return false;
     }
+    fs_magic(file) == Some(TMPFS_MAGIC)
+}
+
+/// The `f_type` of the filesystem `file` is on (`None`: `fstatfs` failed).
+fn fs_magic(file: &File) -> Option<i64> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs writes one statfs into `fs`, which lives across the call.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
-        return false;
+        return None;
     }
     #[allow(clippy::unnecessary_cast)]
-    let magic = fs.f_type as i64;
-    magic == TMPFS_MAGIC
+    Some(fs.f_type as i64)
 }
 
 /// `sysfs`' `f_type` (`SYSFS_MAGIC`): PCI BAR `resourceN` files live there.
@@ -196,18 +200,7 @@ const SYSFS_MAGIC: i64 = 0x6265_6572;
 /// whose mappings are device memory (a BAR's uncached) that the copy engine does not
 /// reach with the CPU.
 pub fn ordinary_memory(file: &File) -> bool {
-    if !file.metadata().is_ok_and(|m| m.file_type().is_file()) {
-        return false;
-    }
-    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs writes one statfs into `fs`, which lives across the call.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
-        return false;
-    }
-    #[allow(clippy::unnecessary_cast)]
-    let magic = fs.f_type as i64;
-    magic != SYSFS_MAGIC
+    file.metadata().is_ok_and(|m| m.file_type().is_file()) && fs_magic(file).is_some_and(|m| m != SYSFS_MAGIC)
 }
 
 /// The soft `RLIMIT_MEMLOCK` of this process (`u64::MAX`: unlimited).
