@@ -103,7 +103,7 @@ fn at(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At, Ch
 }
 
 /// Whether the CPU copy may reach a side: memory the daemon maps that is not device
-/// memory (a registration of a DAX or BAR region stays with the kernel, as GFAs of such
+/// memory (a registration of a DAX or BAR region keeps the kernel path; GFAs of such
 /// regions are refused when resolved).
 fn cpu_reaches(side: &Side) -> bool {
     match side {
