@@ -5,7 +5,8 @@
 //! - The routine's only instruction that touches memory is the `rep movsb` at
 //!   `fabricd_copy_recovering_start`; the handler redirects only a fault whose
 //!   instruction pointer is in `[start, end)` — that instruction — and that the kernel
-//!   raised for a fault (`si_code > 0`, not a `kill`/`tgkill`/`sigqueue`). `rep movsb` is
+//!   raised for a fault (`si_code > 0`, not a `kill`/`tgkill`/`sigqueue`, nor an
+//!   asynchronous machine-check report, `BUS_MCEERR_AO`). `rep movsb` is
 //!   restartable: at a fault `rcx`, `rsi` and `rdi` say how far it got, so the fixup
 //!   returns the bytes left. The routine keeps nothing on the stack and calls nothing,
 //!   so leaving it at the fixup abandons no state.
@@ -14,7 +15,8 @@
 //!   none, the previous action is put back and the handler returns — the instruction
 //!   faults again under it and the process dies as it would have (a signal sent by a
 //!   process is raised again instead, as it would not recur by itself).
-//! - The handler calls only `sigaction` and `raise` (async-signal-safe) and reads atomics
+//! - The handler calls only `sigaction`, `signal` and `raise` (async-signal-safe) and the
+//!   previous handler, and reads atomics
 //!   and memory written before it was installed.
 
 use std::cell::UnsafeCell;
@@ -172,7 +174,10 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     let (info_ref, uc) = unsafe { (&*info, &mut *ctx.cast::<libc::ucontext_t>()) };
     let gregs = &mut uc.uc_mcontext.gregs;
     let rip = gregs[libc::REG_RIP as usize] as usize;
-    if info_ref.si_code > 0 && (start..end).contains(&rip) {
+    // A fault of the routine's own access: raised by the kernel (si_code > 0, not sent by
+    // a process), and not a machine-check report about some other page (action optional).
+    let fault = info_ref.si_code > 0 && !(sig == libc::SIGBUS && info_ref.si_code == libc::BUS_MCEERR_AO);
+    if fault && (start..end).contains(&rip) {
         // SAFETY: si_addr is the field of a SIGBUS/SIGSEGV raised by a fault.
         let addr = unsafe { info_ref.si_addr() } as usize;
         gregs[libc::REG_R9 as usize] = addr as i64;
