@@ -16,8 +16,7 @@
 //!   faults again under it and the process dies as it would have (a signal sent by a
 //!   process is raised again instead, as it would not recur by itself).
 //! - The handler calls only `sigaction`, `signal` and `raise` (async-signal-safe) and the
-//!   previous handler, and reads atomics
-//!   and memory written before it was installed.
+//!   previous handler, and reads atomics and memory written before it was installed.
 
 use std::cell::UnsafeCell;
 use std::io;
