@@ -1,6 +1,8 @@
-//! One chunk of a copy: from a side's memory to the other's, by the kernel (see the
-//! module above for which call moves which pair of sides), or by the CPU between two
-//! mappings of memory that cannot shrink.
+//! One chunk of a copy: from a side's memory to the other's — by the CPU between two
+//! daemon mappings (a fault, as from a file a client shrank, recovered into an error:
+//! [`super::fault`]), by the kernel to or from a client's own memory (see the module above
+//! for which call moves which pair of sides), and by the kernel for everything where the
+//! target has no recovering copy (then the CPU only between memory that cannot shrink).
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -8,6 +10,7 @@ use std::sync::Arc;
 use fabric_proto::wire::ErrorCode;
 
 use super::BOUNCE;
+use super::fault::{self, FaultError};
 use super::regionmap::RegionMaps;
 use super::sys::{self, Mapping};
 use crate::dma::sys::pidfd_alive;
@@ -40,6 +43,18 @@ pub enum ChunkError {
         #[source]
         source: std::io::Error,
     },
+    /// The CPU copy faulted (memory shrunk or unmapped under the copy) and recovered;
+    /// the same code as the kernel's refusal.
+    #[error("moving {len} bytes at offset {at}")]
+    Fault {
+        /// Offset in the copy.
+        at: u64,
+        /// Bytes.
+        len: u64,
+        /// Where and how.
+        #[source]
+        source: FaultError,
+    },
 }
 
 impl ChunkError {
@@ -47,7 +62,7 @@ impl ChunkError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ChunkError::ProcessGone(_) => ErrorCode::NotFound,
-            ChunkError::Map { .. } | ChunkError::Move { .. } => ErrorCode::Internal,
+            ChunkError::Map { .. } | ChunkError::Move { .. } | ChunkError::Fault { .. } => ErrorCode::Internal,
         }
     }
 }
@@ -65,19 +80,18 @@ enum At {
     Remote(i32, u64),
 }
 
-fn at(side: &Side, offset: u64, len: u64, write: bool, maps: &RegionMaps) -> Result<At, ChunkError> {
+fn at(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At, ChunkError> {
     let what = if write { "destination" } else { "source" };
     Ok(match side {
         Side::Pinned { map, base } => At::Local { addr: map.as_ptr() as usize + (base + offset) as usize, _map: None },
-        // A destination region: its kept mapping (made by the first chunk into it).
-        Side::File { file, offset: o, writable: true, region, region_len } if write => {
-            let m = maps.get(*region, file, *region_len).map_err(|source| ChunkError::Map { what, source })?;
+        // A region: its kept mapping (made by the first chunk that reached it), writable
+        // for a destination.
+        Side::File { file, offset: o, writable, region, region_len } => {
+            if write && !writable {
+                return Err(ChunkError::Map { what, source: std::io::Error::from_raw_os_error(libc::EBADF) });
+            }
+            let m = maps.get(*region, file, *region_len, write).map_err(|source| ChunkError::Map { what, source })?;
             At::Local { addr: m.addr() + (o + offset) as usize, _map: Some(m) }
-        }
-        Side::File { file, offset: o, .. } => {
-            let m =
-                Mapping::new(file, o + offset, len, false, true).map_err(|source| ChunkError::Map { what, source })?;
-            At::Local { addr: m.addr(), _map: Some(Arc::new(m)) }
         }
         Side::Process { pid, pidfd, addr } => {
             if !pidfd_alive(pidfd.as_fd()) {
@@ -88,12 +102,45 @@ fn at(side: &Side, offset: u64, len: u64, write: bool, maps: &RegionMaps) -> Res
     })
 }
 
+/// Whether the CPU copy may reach a side: memory the daemon maps that is not device
+/// memory (a registration of a DAX or BAR region keeps the kernel path; GFAs of such
+/// regions are refused when resolved).
+fn cpu_reaches(side: &Side) -> bool {
+    match side {
+        Side::Pinned { map, .. } => map.ordinary(),
+        Side::File { .. } => true,
+        Side::Process { .. } => false,
+    }
+}
+
 /// The file behind a daemon-held side and the file offset of its byte 0.
 fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
     match side {
         Side::Pinned { map, base } => Some((map.file(), map.offset() + base)),
         Side::File { file, offset, .. } => Some((file, *offset)),
         Side::Process { .. } => None,
+    }
+}
+
+/// The CPU copy of a chunk between two daemon addresses, `d` and `s`, that the caller
+/// resolved with [`at`] and holds (with their mappings) across the call.
+fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, ChunkError> {
+    let n = usize::try_from(len).map_err(|_| ChunkError::Move {
+        at: offset,
+        len,
+        source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
+    })?;
+    // SAFETY: both addresses lie in mappings the caller holds alive (its `At`s hold the
+    // kept region mappings, the job holds the registrations' pinned ones), `len` bytes
+    // inside each as the endpoints were checked against the registrations' and regions'
+    // lengths when resolved; the destination is mapped writable (a region's writable
+    // mapping; a registration a copy writes is read-write); the memory is clients' shared
+    // memory that no Rust reference covers; the request path refused overlapping ranges of
+    // one object. What a client may still do — shrink a file under a mapping — is a
+    // fault, recovered into an error.
+    match unsafe { fault::copy_recovering(d as *mut u8, s as *const u8, n) } {
+        Ok(()) => Ok(true),
+        Err(source) => Err(ChunkError::Fault { at: offset, len, source }),
     }
 }
 
@@ -109,8 +156,18 @@ pub fn copy(
     maps: &RegionMaps,
 ) -> Result<bool, ChunkError> {
     let moved = |source| ChunkError::Move { at: offset, len, source };
-    // Two pinned mappings of memory no one can shrink: no load or store can fault, so the
-    // CPU copies, once, at memcpy speed.
+    let d = at(dst, offset, true, maps)?;
+    // Two sides the daemon maps (registrations of memory files, regions by GFA): the CPU
+    // copies between the mappings, once, at memcpy speed; a fault (a client shrank a file
+    // under the copy) fails the chunk and nothing else.
+    if matches!(d, At::Local { .. }) && cpu_reaches(dst) && cpu_reaches(src) && fault::ready() {
+        let s = at(src, offset, false, maps)?;
+        if let (At::Local { addr: d_addr, .. }, At::Local { addr: s_addr, .. }) = (&d, &s) {
+            return cpu_recovering(*d_addr, *s_addr, offset, len);
+        }
+    }
+    // Without a recovering copy: two pinned mappings of memory no one can shrink: no load
+    // or store can fault, so the CPU copies, once, at memcpy speed.
     if let (Side::Pinned { map: dm, base: db }, Side::Pinned { map: sm, base: sb }) = (dst, src)
         && dm.cannot_shrink()
         && sm.cannot_shrink()
@@ -126,13 +183,12 @@ pub fn copy(
         unsafe { sys::cpu_copy(d, s, len) };
         return Ok(true);
     }
-    let d = at(dst, offset, len, true, maps)?;
     // A source the daemon holds a file of is read from the file's page cache straight
     // into the destination: one copy, and no mapping of the source to make.
     if let (At::Local { addr, .. }, Some((file, off))) = (&d, file_of(src)) {
         return sys::pread_into(file, *addr, off + offset, len).map_err(moved).map(|()| false);
     }
-    let s = at(src, offset, len, false, maps)?;
+    let s = at(src, offset, false, maps)?;
     let r = match (&d, &s) {
         (At::Local { addr: d, .. }, At::Local { addr: s, .. }) => {
             sys::vm_read(sys::own_pid(), *d, *s as u64, len).map_err(moved)

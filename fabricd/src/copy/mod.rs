@@ -7,19 +7,22 @@
 //! takes part); any engine takes any chunk. The engine that finishes a job's last chunk
 //! sends its [`CopyDone`] to the issuing connection.
 //!
-//! How bytes move (`chunk.rs`): the kernel copies, never a load or store of the daemon —
-//! a client holds a descriptor of the memory and may shrink it, and the kernel turns the
-//! fault that would be `SIGBUS` into an error — except where no one can shrink it:
-//! - between two registrations of memfds sealed with `F_SEAL_SHRINK` (checked when
-//!   registered: [`crate::dma::sys::cannot_shrink`]): the CPU, one `memcpy` between the
-//!   pinned mappings;
-//! - a region or memory-object source into a daemon-held destination: `pread` from the
-//!   source's file straight into the destination's mapping (one copy, and the source
-//!   needs no mapping); a region destination by GFA is mapped once and the mapping kept
-//!   for later chunks and copies (`regionmap.rs`);
+//! How bytes move (`chunk.rs`). A client holds a descriptor of the memory it copies and
+//! may shrink the file under the daemon's mapping, so a plain load or store of the daemon
+//! could be `SIGBUS`; every CPU copy is therefore the recovering one (`fault.rs`), which
+//! turns such a fault into the chunk's error:
+//! - between two daemon-held sides — registrations of region files, memory objects and
+//!   memfds (their pinned mappings), regions by GFA (mapped once per region and kept for
+//!   later chunks and copies: `regionmap.rs`) — the CPU, one `rep movsb` between the
+//!   mappings;
 //! - a daemon-held side to or from a client's memory: `process_vm_writev`/`readv` from or
-//!   into the daemon's mapping (one copy);
+//!   into the daemon's mapping (one copy: another process's memory cannot be mapped);
 //! - client to client: both, through a per-engine buffer (two copies).
+//!
+//! Where there is no recovering copy (not x86_64 Linux, or Miri) the kernel copies between
+//! daemon-held sides too (`pread` from the source's file into the destination's mapping),
+//! and the CPU only between memfds sealed with `F_SEAL_SHRINK`, which cannot shrink
+//! ([`crate::dma::sys::cannot_shrink`]).
 //!
 //! A copy between two registrations of a VFIO device with an engine driver is not moved
 //! by the kernel at all: the chunk runs on the device's own DMA ([`crate::dma::vfio`]).
@@ -34,6 +37,7 @@
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
 
+pub mod fault;
 mod regionmap;
 mod sys;
 
@@ -215,7 +219,15 @@ impl CopyEngine {
                 .map_err(CopyError::Spawn)?;
             threads.push(t);
         }
-        tracing::info!(engines = config.engines, chunk_bytes = config.chunk_bytes, "copy engine started");
+        // Installed before the first chunk, so that the handler is in place while the
+        // daemon is still single-purpose; without it the kernel copies (`chunk.rs`).
+        let cpu = fault::ready();
+        tracing::info!(
+            engines = config.engines,
+            chunk_bytes = config.chunk_bytes,
+            recovering_cpu_copy = cpu,
+            "copy engine started"
+        );
         Ok(Self { shared, config, threads })
     }
 
@@ -392,7 +404,7 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
                     job.cpu.store(true, Ordering::Relaxed);
                 }
             })
-            .map_err(|e| (e.code(), e.to_string())),
+            .map_err(|e| (e.code(), crate::error_chain(&e))),
     };
     match moved {
         Ok(()) => {

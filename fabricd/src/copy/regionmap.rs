@@ -1,9 +1,11 @@
-//! Mappings of GFA destinations kept per region, so that a copy into a region by GFA
-//! does not map (and populate) the destination range again for every chunk: the first
-//! chunk into a region maps the whole region once, unpopulated (pages fault in as the
-//! kernel's copies reach them, huge pages where the filesystem gives them), and later
-//! chunks and copies reuse it. The kernel still does every copy into it (`pread`), so a
-//! region file shrunk under the mapping is an error, never `SIGBUS`.
+//! Mappings of regions kept for the copy engine, so that a copy from or into a region by
+//! GFA does not map (and populate) the range again for every chunk: the first chunk that
+//! reaches a region maps the whole region once, unpopulated (pages fault in as copies
+//! reach them, huge pages where the filesystem gives them), and later chunks and copies
+//! reuse it — writable for a destination (a writable mapping serves a source too),
+//! read-only for a source reached through a read-only descriptor. Copies through these
+//! mappings recover from faults ([`super::fault`]) or are the kernel's, so a region file
+//! shrunk under its mapping is an error, never `SIGBUS`.
 //!
 //! A mapping holds its region's memory until dropped: [`RegionMaps::retain`] drops those of
 //! regions that are gone (called on every registry sweep), and the table is bounded.
@@ -19,36 +21,42 @@ use super::sys::Mapping;
 /// replaced mapping lives on while a chunk still uses it).
 const MAX_REGIONS: usize = 64;
 
-/// The kept mappings, by region id (ids are never reused within a daemon's life).
+/// The kept mappings, by region id (ids are never reused within a daemon's life) and
+/// whether writable.
 #[derive(Debug, Default)]
 pub struct RegionMaps {
-    maps: Mutex<HashMap<u64, Arc<Mapping>>>,
+    maps: Mutex<HashMap<(u64, bool), Arc<Mapping>>>,
 }
 
 impl RegionMaps {
-    /// The writable mapping of bytes `[0, len)` of `file`, region `region`'s memory,
-    /// made on first use.
-    pub fn get(&self, region: u64, file: &File, len: u64) -> io::Result<Arc<Mapping>> {
-        if let Some(m) = super::lock(&self.maps).get(&region) {
-            return Ok(m.clone());
+    /// A mapping of bytes `[0, len)` of `file`, region `region`'s memory, writable when
+    /// `writable` (then `file` must be open for writing), made on first use; a reader
+    /// gets the writable one when there is one.
+    pub fn get(&self, region: u64, file: &File, len: u64, writable: bool) -> io::Result<Arc<Mapping>> {
+        {
+            let maps = super::lock(&self.maps);
+            if let Some(m) = maps.get(&(region, true)).or_else(|| maps.get(&(region, false)).filter(|_| !writable)) {
+                return Ok(m.clone());
+            }
         }
         // Mapped outside the lock; two engines racing both map, the first kept.
-        let made = Arc::new(Mapping::new(file, 0, len, true, false)?);
+        let made = Arc::new(Mapping::new(file, 0, len, writable, false)?);
+        let key = (region, writable);
         let mut maps = super::lock(&self.maps);
-        if maps.len() >= MAX_REGIONS && !maps.contains_key(&region) {
+        if maps.len() >= MAX_REGIONS && !maps.contains_key(&key) {
             let victim = maps.keys().next().copied();
             if let Some(v) = victim {
                 maps.remove(&v);
             }
         }
-        Ok(maps.entry(region).or_insert(made).clone())
+        Ok(maps.entry(key).or_insert(made).clone())
     }
 
     /// Keeps only the mappings of regions for which `keep` holds; returns how many went.
     pub fn retain(&self, keep: impl Fn(u64) -> bool) -> usize {
         let mut maps = super::lock(&self.maps);
         let before = maps.len();
-        maps.retain(|id, _| keep(*id));
+        maps.retain(|(id, _), _| keep(*id));
         before - maps.len()
     }
 
@@ -69,14 +77,20 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         f.set_len(1 << 20).unwrap();
         let maps = RegionMaps::default();
-        let a = maps.get(1, &f, 1 << 20).unwrap();
-        let b = maps.get(1, &f, 1 << 20).unwrap();
+        let a = maps.get(1, &f, 1 << 20, true).unwrap();
+        let b = maps.get(1, &f, 1 << 20, true).unwrap();
         assert!(Arc::ptr_eq(&a, &b), "the second chunk did not reuse the mapping");
-        maps.get(2, &f, 1 << 20).unwrap();
-        assert_eq!(maps.retain(|id| id != 1), 1);
+        // A reader takes the writable mapping; a reader of another region gets its own,
+        // and a writer of that region then another.
+        assert!(Arc::ptr_eq(&a, &maps.get(1, &f, 1 << 20, false).unwrap()));
+        let r = maps.get(2, &f, 1 << 20, false).unwrap();
+        assert!(Arc::ptr_eq(&r, &maps.get(2, &f, 1 << 20, false).unwrap()));
+        assert!(!Arc::ptr_eq(&r, &maps.get(2, &f, 1 << 20, true).unwrap()));
+        assert_eq!(maps.len(), 3);
+        assert_eq!(maps.retain(|id| id != 2), 2);
         assert_eq!(maps.len(), 1);
         for id in 10..10 + 2 * MAX_REGIONS as u64 {
-            maps.get(id, &f, 4096).unwrap();
+            maps.get(id, &f, 4096, id % 2 == 0).unwrap();
         }
         assert_eq!(maps.len(), MAX_REGIONS);
     }

@@ -1,12 +1,14 @@
-//! The system calls of the copy engine: a chunk's own mapping of a memory file (or a
-//! region's, kept), and `process_vm_readv`/`process_vm_writev` between a daemon mapping and
-//! a process (the daemon itself included); and the one CPU copy, between mappings of
-//! files that cannot shrink. Every `unsafe` block of the copy engine is here.
+//! The system calls of the copy engine: a region's kept mapping, and
+//! `process_vm_readv`/`process_vm_writev` between a daemon mapping and a process (the
+//! daemon itself included), `pread` from a file; and the plain CPU copy, between mappings
+//! of files that cannot shrink. Every `unsafe` block of the copy engine is here, but for
+//! the recovering copy's (`fault/`).
 //!
-//! The daemon never loads or stores through a mapping of a file a client may shrink (it
-//! holds a descriptor), as a load would then be `SIGBUS`: the kernel does the copy
-//! instead, where such a fault is an `EFAULT` return. [`cpu_copy`] is for memory that
-//! cannot shrink only (sealed memfds: [`crate::dma::sys::cannot_shrink`]).
+//! The daemon loads and stores through a mapping of a file a client may shrink (it holds
+//! a descriptor) only inside the recovering copy ([`super::fault`]), where the `SIGBUS`
+//! of a shrunk file is an error; elsewhere the kernel copies, where such a fault is an
+//! `EFAULT` return. [`cpu_copy`] is for memory that cannot shrink only (sealed memfds:
+//! [`crate::dma::sys::cannot_shrink`]), on targets without the recovering copy.
 
 use std::fs::File;
 use std::io;
@@ -66,7 +68,7 @@ impl Mapping {
         Ok(Self { base, map_len, lead: usize::try_from(lead).map_err(|_| overflow())? })
     }
 
-    /// The address of the wanted byte (for the kernel only).
+    /// The address of the wanted byte (for the kernel, or the recovering copy).
     pub fn addr(&self) -> usize {
         self.base.as_ptr() as usize + self.lead
     }

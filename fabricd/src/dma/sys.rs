@@ -47,11 +47,12 @@ pub enum PinError {
 }
 
 /// A shared mapping of a file range, locked in memory; unlocked and unmapped on drop.
-/// The daemon never reads or writes through it when a client may shrink the file under
-/// it (a load then would be `SIGBUS`): copies then go through the descriptor
-/// ([`Pinned::file`]) with `pread`/`pwrite`. Only when the file cannot shrink
-/// ([`Pinned::cannot_shrink`]: a memfd sealed with `F_SEAL_SHRINK`) may the copy engine
-/// load and store through it.
+/// The daemon never reads or writes through it with plain loads and stores when a client
+/// may shrink the file under it (a load then would be `SIGBUS`): `dma_read`/`dma_write`
+/// go through the descriptor ([`Pinned::file`]) with `pread`/`pwrite`, and the copy
+/// engine through its recovering copy (`copy/fault`), which turns that fault into an
+/// error. Only when the file cannot shrink ([`Pinned::cannot_shrink`]: a memfd sealed with
+/// `F_SEAL_SHRINK`) may plain loads and stores go through it.
 #[derive(Debug)]
 pub struct Pinned {
     ptr: NonNull<libc::c_void>,
@@ -60,13 +61,15 @@ pub struct Pinned {
     offset: u64,
     writable: bool,
     cannot_shrink: bool,
+    ordinary: bool,
 }
 
-// SAFETY: the mapping is only created and destroyed (never dereferenced) by the owner, and
-// the kernel objects behind the pointer and the file may be used from any thread.
+// SAFETY: the mapping is only created and destroyed by the owner (others reach its bytes
+// with raw copies of shared memory only: the kernel's, the copy engine's), and the kernel
+// objects behind the pointer and the file may be used from any thread.
 unsafe impl Send for Pinned {}
-// SAFETY: shared references give access to the file only (whose I/O is thread-safe); the
-// pointer is never dereferenced.
+// SAFETY: shared references give access to the file (whose I/O is thread-safe) and the
+// pointer, whose bytes are shared memory reached only with raw copies, from any thread.
 unsafe impl Sync for Pinned {}
 
 impl Pinned {
@@ -85,7 +88,8 @@ impl Pinned {
         let ptr = NonNull::new(p).ok_or_else(|| map_err(io::Error::from_raw_os_error(libc::EFAULT)))?;
         // Checked once, on the descriptor that is mapped: seals are never removed.
         let cannot_shrink = cannot_shrink(&file);
-        let pinned = Self { ptr, len: ulen, file, offset, writable, cannot_shrink };
+        let ordinary = ordinary_memory(&file);
+        let pinned = Self { ptr, len: ulen, file, offset, writable, cannot_shrink, ordinary };
         // Huge pages where the file's filesystem gives them (tmpfs `huge=advise`): fewer
         // pages for the kernel's copies to walk. Advice only; failure changes nothing.
         // SAFETY: advice on the mapping made above, `ulen` bytes.
@@ -108,9 +112,10 @@ impl Pinned {
         &self.file
     }
 
-    /// The first byte of the mapping, for the kernel's use only (`process_vm_readv`/
+    /// The first byte of the mapping, for the kernel (`process_vm_readv`/
     /// `process_vm_writev` turn a fault on a shrunk file into `EFAULT` where a load in
-    /// the daemon would be `SIGBUS`); never dereferenced by the daemon.
+    /// the daemon would be `SIGBUS`) and the copy engine's recovering copy (which does the
+    /// same); never dereferenced by plain loads and stores unless [`Pinned::cannot_shrink`].
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr().cast()
     }
@@ -124,6 +129,12 @@ impl Pinned {
     /// through the mapping cannot fault, and the copy engine may `memcpy` through it.
     pub fn cannot_shrink(&self) -> bool {
         self.cannot_shrink
+    }
+
+    /// Whether the file is ordinary memory, not device memory (see [`ordinary_memory`]):
+    /// the copy engine's CPU copy reaches only such mappings.
+    pub fn ordinary(&self) -> bool {
+        self.ordinary
     }
 
     /// Offset of the pinned range in the file.
@@ -166,15 +177,30 @@ pub fn cannot_shrink(file: &File) -> bool {
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
         return false;
     }
+    fs_magic(file) == Some(TMPFS_MAGIC)
+}
+
+/// The `f_type` of the filesystem `file` is on (`None`: `fstatfs` failed).
+fn fs_magic(file: &File) -> Option<i64> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs writes one statfs into `fs`, which lives across the call.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
-        return false;
+        return None;
     }
     #[allow(clippy::unnecessary_cast)]
-    let magic = fs.f_type as i64;
-    magic == TMPFS_MAGIC
+    Some(fs.f_type as i64)
+}
+
+/// `sysfs`' `f_type` (`SYSFS_MAGIC`): PCI BAR `resourceN` files live there.
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// Whether `file` is ordinary memory: a regular file (a memfd, a region file, a memory
+/// object) not on sysfs — not a device-DAX character device nor a PCI BAR resource file,
+/// whose mappings are device memory (a BAR's uncached) that the copy engine does not
+/// reach with the CPU.
+pub fn ordinary_memory(file: &File) -> bool {
+    file.metadata().is_ok_and(|m| m.file_type().is_file()) && fs_magic(file).is_some_and(|m| m != SYSFS_MAGIC)
 }
 
 /// The soft `RLIMIT_MEMLOCK` of this process (`u64::MAX`: unlimited).
@@ -358,5 +384,17 @@ VmFlags: rd mr mw me ac \n";
         assert!(!cannot_shrink(&sealed_memfd(8192, 0)));
         // A regular file cannot be sealed.
         assert!(!cannot_shrink(&tempfile::tempfile().expect("tempfile")));
+    }
+
+    #[test]
+    fn memfds_and_files_are_ordinary_memory_and_device_and_sysfs_files_are_not() {
+        assert!(ordinary_memory(&sealed_memfd(8192, 0)));
+        assert!(ordinary_memory(&tempfile::tempfile().expect("tempfile")));
+        // A character device, as device-DAX is.
+        assert!(!ordinary_memory(&File::open("/dev/zero").expect("/dev/zero")));
+        // A regular file on sysfs, as a PCI BAR's resourceN is.
+        if let Ok(f) = File::open("/sys/kernel/mm/transparent_hugepage/enabled") {
+            assert!(!ordinary_memory(&f));
+        }
     }
 }

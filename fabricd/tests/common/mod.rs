@@ -138,6 +138,19 @@ pub fn client(socket: &Path) -> Connection {
     c
 }
 
+/// Allocates `size` bytes of `gpu`'s HBM: the answer and the region's file.
+pub fn alloc_hbm(c: &mut Connection, gpu: &str, size: u64) -> (fabric_proto::wire::AllocResponse, std::fs::File) {
+    use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass, Request, Response};
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(gpu), memory: MemoryClass::Hbm },
+        size,
+        align: 0,
+    });
+    let (r, fds) = c.call(req, &[]).unwrap();
+    let Response::Alloc(a) = r else { panic!("{r:?}") };
+    (a, std::fs::File::from(fds.into_iter().next().unwrap()))
+}
+
 /// Waits for the child to exit (up to `secs`).
 pub fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(secs);
