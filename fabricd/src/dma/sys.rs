@@ -164,7 +164,7 @@ impl Drop for Pinned {
 }
 
 /// `tmpfs`' `f_type` (`TMPFS_MAGIC`): memfds live there unless made with `MFD_HUGETLB`.
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+pub(crate) const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// Whether no process can ever shrink `file`, so that every page of it a mapping covers
 /// (within its size now) stays there: a memfd on tmpfs sealed with `F_SEAL_SHRINK`. Seals
@@ -181,7 +181,7 @@ pub fn cannot_shrink(file: &File) -> bool {
 }
 
 /// The `f_type` of the filesystem `file` is on (`None`: `fstatfs` failed).
-fn fs_magic(file: &File) -> Option<i64> {
+pub(crate) fn fs_magic(file: &File) -> Option<i64> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs writes one statfs into `fs`, which lives across the call.

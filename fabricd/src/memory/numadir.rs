@@ -16,8 +16,7 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-/// `tmpfs`' `f_type` (`TMPFS_MAGIC`).
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+use crate::dma::sys::{TMPFS_MAGIC, fs_magic};
 
 /// Why the directory for NUMA regions cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -90,17 +89,8 @@ pub fn prepare(dir: &Path) -> Result<(), NumaDirError> {
 }
 
 fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is NUL-terminated; statfs writes one statfs into `fs`, which lives across
-    // the call.
-    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    #[allow(clippy::unnecessary_cast)]
-    Ok(fs.f_type as i64)
+    let dir = std::fs::File::open(path)?;
+    fs_magic(&dir).ok_or_else(std::io::Error::last_os_error)
 }
 
 #[cfg(test)]
