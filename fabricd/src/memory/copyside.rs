@@ -114,10 +114,10 @@ impl Memory {
         len: u64,
         write: bool,
     ) -> Result<Resolved, MemoryError> {
-        let st = self.state();
+        let mut st = self.state();
         match ep {
             CopyEndpoint::Registration { id, offset } => Self::registration_side(&st, session, id, offset, len, write),
-            CopyEndpoint::Gfa(gfa) => Self::gfa_side(&st, session, snap, gfa, len, write),
+            CopyEndpoint::Gfa(gfa) => Self::gfa_side(&mut st, session, snap, gfa, len, write),
         }
     }
 
@@ -170,7 +170,7 @@ impl Memory {
     }
 
     fn gfa_side(
-        st: &State,
+        st: &mut State,
         session: u64,
         snap: &Snapshot,
         gfa: u64,
@@ -225,15 +225,27 @@ impl Memory {
                 r.path.display()
             )));
         }
-        let file = OpenOptions::new().read(true).write(write).open(&r.path).map_err(io_err(&r.path))?;
-        let offset = gfa - start;
-        let key = file_key(&file, offset);
+        let (path, region_len) = (r.path.clone(), r.len);
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
+        let (file, ident) = match st.copy_files.get(&rid) {
+            Some(f) => f.clone(),
+            None => {
+                // Opened once per region, read-write (the access check is above; the
+                // engine maps it read-only for a source), and kept until the region ends:
+                // a copy by GFA then costs no open and no fstat.
+                let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
+                let (kind, dev, ino, _) = file_key(&file, 0);
+                let f = (Arc::new(file), (kind, dev, ino));
+                st.copy_files.insert(rid, f.clone());
+                f
+            }
+        };
+        let offset = gfa - start;
         Ok(Resolved {
-            side: Side::File { file: Arc::new(file), offset, writable: write, region: rid, region_len: r.len },
+            side: Side::File { file, offset, writable: write, region: rid, region_len },
             deps,
             device,
-            key,
+            key: (ident.0, ident.1, ident.2, offset),
             dma: None,
         })
     }

@@ -276,6 +276,9 @@ struct State {
     set_regions: HashMap<u64, set::SetRegion>,
     /// DAX devices backing interleave sets, by set name.
     set_backings: HashMap<String, backing::DeviceBacking>,
+    /// Region files the copy engine reaches by GFA, opened read-write on a region's first
+    /// copy and closed when the region ends, with their identity (`copyside.rs`).
+    copy_files: HashMap<u64, (std::sync::Arc<std::fs::File>, (u8, u64, u64))>,
     /// Vendor memory objects behind adopted regions, by region id (not journaled).
     objects: HashMap<u64, adopt::Object>,
 }
@@ -710,6 +713,7 @@ impl Memory {
         };
         let Some(r) = st.regions.remove(&id) else { return out };
         st.objects.remove(&id);
+        st.copy_files.remove(&id);
         // A carved DAX device the kernel would not delete still holds the range.
         let uncarved = st.uncarve(id);
         let others = st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default();
