@@ -82,6 +82,9 @@ pub struct Resolved {
     pub dma: Option<(Arc<crate::dma::vfio::VfioDevice>, crate::dma::vfio::engine::End)>,
 }
 
+/// A region's file kept for copies by GFA, with its identity (`file_key` without the offset).
+pub(super) type CopyFile = (Arc<File>, (u8, u64, u64));
+
 fn bad(m: impl Into<String>) -> MemoryError {
     MemoryError::BadRequest(m.into())
 }

@@ -278,7 +278,7 @@ struct State {
     set_backings: HashMap<String, backing::DeviceBacking>,
     /// Region files the copy engine reaches by GFA, opened read-write on a region's first
     /// copy and closed when the region ends, with their identity (`copyside.rs`).
-    copy_files: HashMap<u64, (std::sync::Arc<std::fs::File>, (u8, u64, u64))>,
+    copy_files: HashMap<u64, copyside::CopyFile>,
     /// Vendor memory objects behind adopted regions, by region id (not journaled).
     objects: HashMap<u64, adopt::Object>,
 }
