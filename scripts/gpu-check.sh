@@ -153,8 +153,9 @@ fi
 # An IMEX channel for fabric handles (NVIDIA's IMEX guide, "IMEX Channels"): a CUDA
 # allocation with the fabric handle type needs /dev/nvidia-caps-imex-channels/channelN. When
 # there is none, GPU_CHECK_IMEX=create (as root) makes channel 0 from the major number the
-# driver registered in /proc/devices, as the guide's mknod does: changing /dev is the
-# operator's call, so only on request. Prints what it found or did; fails when no channel.
+# driver registered in /proc/devices, as the guide's mknod does (mode 0600), and removes it
+# after the check: changing /dev is the operator's call, so only on request. Prints what it
+# found or did; fails when no channel.
 imex_channel() {
     local dir=${GPU_CHECK_IMEX_DIR:-/dev/nvidia-caps-imex-channels} major
     if compgen -G "$dir/channel*" >/dev/null; then
@@ -174,8 +175,11 @@ imex_channel() {
         echo "no IMEX channel in $dir, and creating one needs root"
         return 1
     fi
-    if mkdir -p "$dir" && mknod -m 666 "$dir/channel0" c "$major" 0; then
-        echo "created $dir/channel0 (major $major)"
+    # Mode 0600: the check runs as root; an IMEX channel is the boundary of who may import
+    # fabric handles, so it is not opened to every user, and it is removed after the check.
+    if mkdir -p "$dir" && mknod -m 600 "$dir/channel0" c "$major" 0; then
+        IMEX_MADE=$dir/channel0
+        echo "created $dir/channel0 (major $major, mode 0600; removed after the check)"
         return 0
     fi
     echo "no IMEX channel: mknod $dir/channel0 failed"
@@ -226,6 +230,9 @@ if [ -n "$GPU_CHECK" ]; then
         printf 'cuda-memory\tskipped\t0\tCUDA not present\n' >>"$OUT/steps.tsv"
     fi
     stop_daemon
+    if [ -n "${IMEX_MADE:-}" ]; then
+        rm -f "$IMEX_MADE"
+    fi
     # 4. The summary, written by the same binary from the files above.
     timeout 20 "$GPU_CHECK" summarize "$OUT" --out "$OUT/summary.json" --elapsed "$(($(date +%s) - START))"
     exit $?

@@ -195,9 +195,13 @@ pub struct MemoryConfig {
     /// or a memory-only node of plain DRAM): served only because they are listed here.
     pub numa_plain: Vec<u32>,
     /// The tmpfs directory where regions on `numa`/`numa_plain` nodes live, a file each, so
-    /// that they outlive a daemon restart (not a reboot). Empty: `/dev/shm/fabricd-UID-HASH`,
-    /// HASH naming the state directory. Must be the daemon's own (0700) and on tmpfs.
+    /// that they outlive a daemon restart (not a reboot). Empty: `numa-HASH` in the runtime
+    /// directory (`/run/fabric` for root, else `$XDG_RUNTIME_DIR/fabric`), HASH naming the
+    /// state directory. Must be the daemon's own (0700) and on tmpfs.
     pub numa_dir: String,
+    /// Seconds between checks that region files keep their size (a client that shrank or
+    /// grew its region's file gets it put back); 0: never.
+    pub size_check_s: u64,
 }
 
 impl Default for MemoryConfig {
@@ -212,6 +216,7 @@ impl Default for MemoryConfig {
             numa: Vec::new(),
             numa_plain: Vec::new(),
             numa_dir: String::new(),
+            size_check_s: 5,
         }
     }
 }

@@ -285,7 +285,13 @@ impl Daemon {
         );
         let mut backings = backings(&config, fabric.inventory())?;
         if !backings.nodes.is_empty() {
-            let dir = crate::memory::numadir::numa_root(&config.memory.numa_dir, &state_dir);
+            let base = if env.root {
+                Some(PathBuf::from("/run/fabric"))
+            } else {
+                env.runtime_dir.as_ref().map(|d| d.join("fabric"))
+            };
+            let dir = crate::memory::numadir::numa_root(&config.memory.numa_dir, base.as_deref(), &state_dir)
+                .ok_or(StartError::Config(ConfigError::NoDefault("memory.numa_dir")))?;
             crate::memory::numadir::prepare(&dir).map_err(StartError::NumaDir)?;
             tracing::info!(dir = %dir.display(), "regions on NUMA nodes live under this tmpfs directory");
             for n in &mut backings.nodes {

@@ -55,6 +55,7 @@ pub mod placement;
 pub mod regions;
 pub mod scope;
 pub mod server;
+pub mod sizewatch;
 pub mod socket;
 pub(crate) mod sys;
 pub mod uevent;

@@ -49,6 +49,7 @@ fn main() -> ExitCode {
     if args.check {
         return check(&config, args.config.as_deref());
     }
+    raise_open_files();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -57,6 +58,24 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(serve(config))
+}
+
+/// Raises the soft limit on open descriptors to the hard one: every client connection,
+/// region file and memory object the daemon holds is one, and the usual soft default
+/// (1024) is far below what a busy node needs.
+fn raise_open_files() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `r`, which lives across the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 || r.rlim_cur >= r.rlim_max {
+        return;
+    }
+    let was = r.rlim_cur;
+    r.rlim_cur = r.rlim_max;
+    // SAFETY: setrlimit reads the rlimit `r` points to; raising the soft limit up to the
+    // hard one needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } == 0 {
+        tracing::debug!(from = was, to = r.rlim_cur, "raised the open-file limit");
+    }
 }
 
 fn init_logging(config: &Config) {
@@ -166,6 +185,7 @@ async fn serve(config: Config) -> ExitCode {
     fabricd::uevent::start(&daemon, &shutdown, &tasks);
     tasks.spawn(fabricd::monitor::run(daemon.clone(), shutdown.clone()));
     tasks.spawn(fabricd::grace::run(daemon.clone(), shutdown.clone()));
+    tasks.spawn(fabricd::sizewatch::run(daemon.clone(), shutdown.clone()));
     tasks.close();
     let status = ops::status(&daemon);
     tracing::info!(

@@ -140,7 +140,18 @@ fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, Chu
     // fault, recovered into an error.
     match unsafe { fault::copy_recovering(d as *mut u8, s as *const u8, n) } {
         Ok(()) => Ok(true),
-        Err(source) => Err(ChunkError::Fault { at: offset, len, source }),
+        Err(source) => {
+            if let FaultError::Access { addr, signal, .. } = &source {
+                tracing::warn!(
+                    addr = format_args!("{addr:#x}"),
+                    signal,
+                    at = offset,
+                    len,
+                    "a copy faulted (recovered)"
+                );
+            }
+            Err(ChunkError::Fault { at: offset, len, source })
+        }
     }
 }
 

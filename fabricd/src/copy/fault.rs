@@ -20,7 +20,9 @@ use std::io;
 pub enum FaultError {
     /// A load or store of the copy faulted: the memory behind a mapping went (a file
     /// shrunk under it: `SIGBUS`) or the address was not mapped as needed (`SIGSEGV`).
-    #[error("{} at address {addr:#x} after {done} of {len} bytes", signal_name(*.signal))]
+    // No address in the text: it travels to clients (`CopyDone`), and the daemon's
+    // addresses are its own (the daemon logs it).
+    #[error("{} after {done} of {len} bytes", signal_name(*.signal))]
     Access {
         /// The faulting address the kernel reported.
         addr: usize,

@@ -222,6 +222,13 @@ impl DaxRegion {
         let bus = root.path("sys/bus/dax");
         let mut region = DaxRegion { seed: seed.to_owned(), id, dir, bus, dev: dev.to_owned(), start: 0, size, align };
         let d = region.device(seed)?;
+        // Only a device no one else uses is taken over: a seed bound to kmem is System RAM
+        // (unbinding it would hot-remove memory), to another driver someone's device.
+        if let Some(other) = d.driver.as_deref().filter(|drv| *drv != "device_dax") {
+            return Err(unusable(format!(
+                "it is bound to {other}, not device_dax or nothing (a kmem device is a NUMA node: serve it with memory.numa)"
+            )));
+        }
         if d.size != 0 {
             tracing::info!(device = seed, size = d.size, "taking over the DAX region: its first device shrinks to 0");
             region.release(&d)?;
@@ -475,6 +482,21 @@ mod tests {
         let (t, root) = tree(0, true, &[]);
         open(&t, &root, "dax0.0").unwrap();
         assert!(!t.path().join("sys/bus/dax/drivers/device_dax/unbind").exists());
+    }
+
+    #[test]
+    fn a_seed_bound_to_kmem_is_refused_and_left_alone() {
+        let (t, root) = tree(512 * M, true, &[]);
+        // dax0.0 onlined as System RAM: its driver is kmem, not device_dax.
+        let seed = t.path().join("sys/bus/dax/devices/dax0.0");
+        std::fs::remove_file(seed.join("driver")).unwrap();
+        let kmem = t.path().join("sys/bus/dax/drivers/kmem");
+        std::fs::create_dir_all(&kmem).unwrap();
+        std::os::unix::fs::symlink(&kmem, seed.join("driver")).unwrap();
+        let e = open(&t, &root, "dax0.0").unwrap_err();
+        assert!(e.to_string().contains("bound to kmem"), "{e}");
+        assert_eq!(std::fs::read_to_string(seed.join("size")).unwrap().trim(), (512 * M).to_string(), "not shrunk");
+        assert!(!kmem.join("unbind").exists(), "not unbound");
     }
 
     #[test]

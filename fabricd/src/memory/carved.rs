@@ -99,6 +99,22 @@ impl State {
             };
             let p = plan(&devices, &wanted);
             for o in &p.orphans {
+                // A device bound to another driver (kmem: System RAM; anything else: someone's
+                // device) is reported, never deleted.
+                let foreign = devices
+                    .iter()
+                    .find(|d| &d.name == o)
+                    .and_then(|d| d.driver.clone())
+                    .filter(|drv| drv != "device_dax");
+                if let Some(drv) = foreign {
+                    tracing::warn!(device = %o, driver = %drv, "DAX device no region names is bound to another driver; left alone");
+                    if self.problems.len() < 256 {
+                        self.problems.push(format!(
+                            "DAX device {o} (no region names it) is bound to {drv}: left alone, its range is not served"
+                        ));
+                    }
+                    continue;
+                }
                 match c.destroy(o) {
                     Ok(()) => tracing::info!(device = %o, "DAX device no region names deleted"),
                     Err(e) => {

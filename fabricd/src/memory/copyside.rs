@@ -85,6 +85,11 @@ pub struct Resolved {
 /// A region's file kept for copies by GFA, with its identity (`file_key` without the offset).
 pub(super) type CopyFile = (Arc<File>, (u8, u64, u64));
 
+/// Region files kept open at most at once (descriptors are a daemon-wide resource: a
+/// session copying into many regions must not exhaust them); past that, an arbitrary one
+/// is closed and reopened on its next copy.
+const MAX_COPY_FILES: usize = 256;
+
 fn bad(m: impl Into<String>) -> MemoryError {
     MemoryError::BadRequest(m.into())
 }
@@ -239,6 +244,12 @@ impl Memory {
                 let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
                 let (kind, dev, ino, _) = file_key(&file, 0);
                 let f = (Arc::new(file), (kind, dev, ino));
+                if st.copy_files.len() >= MAX_COPY_FILES
+                    && let Some(victim) = st.copy_files.keys().next().copied()
+                {
+                    // Bounded: a chunk still running keeps its own `Arc` of the file.
+                    st.copy_files.remove(&victim);
+                }
                 st.copy_files.insert(rid, f.clone());
                 f
             }

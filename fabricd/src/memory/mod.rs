@@ -31,6 +31,7 @@ pub mod nodefd;
 pub mod numa;
 pub mod numadir;
 mod persist;
+mod sizes;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 

@@ -50,6 +50,10 @@ pub enum NodeFdError {
         #[source]
         source: std::io::Error,
     },
+    /// The pages could not be read in to be checked (a page past the file's end, a poisoned
+    /// page).
+    #[error("reading the region file's pages in")]
+    Read(#[source] std::io::Error),
     /// `move_pages` could not report placement.
     #[error("reading the pages' nodes (move_pages)")]
     Query(#[source] std::io::Error),
@@ -243,6 +247,20 @@ pub fn page_nodes(fd: &OwnedFd, len: u64) -> Result<Vec<i32>, NodeFdError> {
     // the file's pages in without allocating any.
     // SAFETY: advice on the mapping `map` owns; POPULATE_READ only maps pages in.
     if unsafe { libc::madvise(map.addr, map.len, libc::MADV_POPULATE_READ) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // Only a kernel without POPULATE_READ (before 5.14: EINVAL) gets the loads below.
+        // Any other error — EFAULT for a page past a file someone shrank, EHWPOISON for a
+        // poisoned page — is where a load would raise SIGBUS in the daemon: an error here.
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(NodeFdError::Read(e));
+        }
+        let size = std::fs::File::from(fd.try_clone().map_err(NodeFdError::Read)?)
+            .metadata()
+            .map_err(NodeFdError::Read)?
+            .len();
+        if size < len {
+            return Err(NodeFdError::Read(std::io::Error::other(format!("the file has {size} bytes, not {len}"))));
+        }
         for off in (0..map.len).step_by(step) {
             // SAFETY: `off < len`, inside the readable mapping `map` owns; read for its fault.
             unsafe { base.add(off).read_volatile() };

@@ -40,27 +40,30 @@ pub enum NumaDirError {
     },
 }
 
-/// The directory for regions on NUMA nodes: `configured` when set, else one under
-/// `/dev/shm` named after the daemon's uid and state directory (so two daemons never share
-/// one, and a restarted daemon finds its own).
-pub fn numa_root(configured: &str, state_dir: &Path) -> PathBuf {
+/// The directory for regions on NUMA nodes: `configured` when set, else `numa-HASH` under
+/// `base` — the daemon's runtime directory, `/run/fabric` for root or
+/// `$XDG_RUNTIME_DIR/fabric` — HASH naming the state directory (two daemons never share
+/// one, and a restarted daemon finds its own). Not under `/dev/shm`: a predictable name in
+/// a world-writable directory could be taken first by any user. `None`: no default here.
+pub fn numa_root(configured: &str, base: Option<&Path>, state_dir: &Path) -> Option<PathBuf> {
     if !configured.is_empty() {
-        return PathBuf::from(configured);
+        return Some(PathBuf::from(configured));
     }
     // FNV-1a of the state directory's path: stable across runs and builds.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in state_dir.as_os_str().as_encoded_bytes() {
         h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    PathBuf::from(format!("/dev/shm/fabricd-{uid}-{:08x}", h as u32))
+    base.map(|b| b.join(format!("numa-{:08x}", h as u32)))
 }
 
 /// Creates `dir` (mode 0700) when missing and checks it: a directory, not a symlink, owned
 /// by this process's uid, no group or other access, on tmpfs.
 pub fn prepare(dir: &Path) -> Result<(), NumaDirError> {
     let io = |source| NumaDirError::Io { path: dir.to_owned(), source };
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -102,11 +105,13 @@ mod tests {
 
     #[test]
     fn the_default_is_per_state_dir_and_stable() {
-        let a = numa_root("", Path::new("/var/lib/fabric"));
-        assert_eq!(a, numa_root("", Path::new("/var/lib/fabric")));
-        assert_ne!(a, numa_root("", Path::new("/var/lib/fabric2")));
-        assert!(a.starts_with("/dev/shm"), "{}", a.display());
-        assert_eq!(numa_root("/run/x", Path::new("/y")), PathBuf::from("/run/x"));
+        let base = Some(Path::new("/run/fabric"));
+        let a = numa_root("", base, Path::new("/var/lib/fabric")).unwrap();
+        assert_eq!(Some(&a), numa_root("", base, Path::new("/var/lib/fabric")).as_ref());
+        assert_ne!(Some(&a), numa_root("", base, Path::new("/var/lib/fabric2")).as_ref());
+        assert!(a.to_str().unwrap().starts_with("/run/fabric/numa-"), "{}", a.display());
+        assert_eq!(numa_root("/run/x", None, Path::new("/y")), Some(PathBuf::from("/run/x")));
+        assert_eq!(numa_root("", None, Path::new("/y")), None);
     }
 
     #[test]

@@ -139,16 +139,7 @@ fn install_now() -> io::Result<()> {
     // `PREVIOUS` is readable before the first handler can run.
     SAVED.store(true, Ordering::Release);
     for (i, &sig) in SIGNALS.iter().enumerate() {
-        // SAFETY: an all-zero sigaction is a valid value (no flags, empty mask) that is
-        // filled in below.
-        let mut act: libc::sigaction = unsafe { MaybeUninit::zeroed().assume_init() };
-        act.sa_sigaction = on_fault as *const () as usize;
-        // SA_ONSTACK: a thread with an alternate stack (every Rust thread has one) runs
-        // it there, so a stack overflow still reaches Rust's handler through ours. No
-        // SA_NODEFER: a fault inside the handler itself is then fatal, never a loop.
-        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        // SAFETY: `act.sa_mask` is a sigset owned here.
-        unsafe { libc::sigemptyset(&mut act.sa_mask) };
+        let act = our_action();
         // SAFETY: installs `on_fault`, an `extern "C"` SA_SIGINFO handler, for `sig`.
         if unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) } != 0 {
             let e = io::Error::last_os_error();
@@ -162,6 +153,21 @@ fn install_now() -> io::Result<()> {
     }
     tracing::debug!("recovering copy: SIGBUS/SIGSEGV handler installed");
     Ok(())
+}
+
+/// The action that runs [`on_fault`]. Async-signal-safe (no allocation, no locks).
+fn our_action() -> libc::sigaction {
+    // SAFETY: an all-zero sigaction is a valid value (no flags, empty mask) that is filled
+    // in below.
+    let mut act: libc::sigaction = unsafe { MaybeUninit::zeroed().assume_init() };
+    act.sa_sigaction = on_fault as *const () as usize;
+    // SA_ONSTACK: a thread with an alternate stack (every Rust thread has one) runs it
+    // there, so a stack overflow still reaches Rust's handler through ours. No SA_NODEFER:
+    // a fault inside the handler itself is then fatal, never a loop.
+    act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+    // SAFETY: `act.sa_mask` is a sigset owned here; sigemptyset is async-signal-safe.
+    unsafe { libc::sigemptyset(&mut act.sa_mask) };
+    act
 }
 
 /// The handler. Async-signal-safe: atomics, reads of `PREVIOUS`, `sigaction`, `raise`,
@@ -225,6 +231,17 @@ unsafe fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
         // SAFETY: a plain action's handler takes the signal number.
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
+    }
+    // A signal that does not recur by itself (sent by a process, or an asynchronous
+    // machine-check report): the process lives on, so the copy must keep its recovery even
+    // if the previous handler (Rust's resets to the default) replaced ours. A real fault
+    // recurs when the instruction runs again and must meet what that handler left.
+    // SAFETY: `info` is the kernel's siginfo for this call.
+    let code = unsafe { (*info).si_code };
+    if code <= 0 || (sig == libc::SIGBUS && code == libc::BUS_MCEERR_AO) {
+        let act = our_action();
+        // SAFETY: reinstalls `on_fault` for `sig` (sigaction is async-signal-safe).
+        unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) };
     }
 }
 

@@ -1,0 +1,84 @@
+//! Region files keep their size. A client holds its region's file read-write (it maps it),
+//! so it can also `ftruncate` it: shrinking it makes every other mapping of the region fault
+//! (`SIGBUS`) past the new end, and growing it takes memory no limit counts (a NUMA region's
+//! file grows past the range its node policy covers, and tmpfs fills). The registry puts
+//! the size back: [`Memory::restore_sizes`], called periodically by the daemon
+//! (`crate::sizewatch`). A shrunk region's lost tail comes back as zeros.
+
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+
+use super::Memory;
+
+impl Memory {
+    /// Every region file whose size is not its region's length gets that length back.
+    /// Device memory (a DAX device, a BAR: never resized by a client), adopted vendor
+    /// objects and interleave-set members are left alone. Returns how many were restored.
+    pub fn restore_sizes(&self) -> usize {
+        // The paths are read under the lock and checked outside it: region ids are never
+        // reused, so a region freed meanwhile only makes its `stat` fail.
+        let files: Vec<(u64, PathBuf, u64)> = {
+            let st = self.state();
+            st.regions
+                .iter()
+                .filter(|(id, r)| !r.device_file && !st.set_regions.contains_key(id) && !st.objects.contains_key(id))
+                .map(|(id, r)| (*id, r.path.clone(), r.len))
+                .collect()
+        };
+        let mut restored = 0;
+        for (id, path, len) in files {
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if meta.len() == len {
+                continue;
+            }
+            let fixed = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(len));
+            match fixed {
+                Ok(()) => {
+                    restored += 1;
+                    tracing::warn!(region = id, path = %path.display(), found = meta.len(), len, "a client resized its region file; size restored");
+                }
+                Err(e) => {
+                    tracing::warn!(region = id, path = %path.display(), error = %e, "cannot restore a region file's size")
+                }
+            }
+        }
+        restored
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use fabric_proto::wire::PeerCred;
+    use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
+
+    use super::*;
+    use crate::config::LimitsConfig;
+    use crate::memory::Place;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_region_file_a_client_resized_gets_its_size_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = DeviceId::uuid("GPU-74ea8f39-337d-2bff-f79c-f2f5ed86e4ee");
+        let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+        d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1 << 30, hpa: None, numa_node: None });
+        d.sources = vec!["sim".into()];
+        let mut inv = Inventory::default();
+        inv.add_device(d).unwrap();
+        let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
+        let me = PeerCred { pid: 1, uid: 1000, gid: 1000 };
+        let place = Place { device: id, kind: MemoryKind::Hbm, ordinal: None };
+        let a = m.alloc(&me, 1, &place, 4 * MIB, 0).unwrap();
+        let b = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+        assert_eq!(m.restore_sizes(), 0, "nothing resized yet");
+        let (fa, fb) = (std::fs::File::from(a.fd), std::fs::File::from(b.fd));
+        fa.set_len(MIB).unwrap(); // shrunk: other mappings would fault
+        fb.set_len(64 * MIB).unwrap(); // grown: memory no limit counts
+        assert_eq!(m.restore_sizes(), 2);
+        assert_eq!((fa.metadata().unwrap().len(), fb.metadata().unwrap().len()), (4 * MIB, 2 * MIB));
+        assert_eq!(m.restore_sizes(), 0);
+    }
+}
