@@ -348,6 +348,13 @@ pub struct Environment {
 }
 
 impl Environment {
+    /// The daemon's runtime directory: `/run/fabric` for root, else
+    /// `$XDG_RUNTIME_DIR/fabric` (the default socket's directory; NUMA region files go under
+    /// it too). `None` for a user without `XDG_RUNTIME_DIR`.
+    pub fn fabric_runtime_dir(&self) -> Option<PathBuf> {
+        if self.root { Some(PathBuf::from("/run/fabric")) } else { self.runtime_dir.as_ref().map(|d| d.join("fabric")) }
+    }
+
     /// This process's environment.
     pub fn current() -> Self {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
@@ -450,10 +457,7 @@ impl Config {
         if let Some(p) = &self.socket.path {
             return Ok(p.clone());
         }
-        if env.root {
-            return Ok(PathBuf::from("/run/fabric/fabricd.sock"));
-        }
-        env.runtime_dir.as_ref().map(|d| d.join("fabric/fabricd.sock")).ok_or(ConfigError::NoDefault("socket.path"))
+        env.fabric_runtime_dir().map(|d| d.join("fabricd.sock")).ok_or(ConfigError::NoDefault("socket.path"))
     }
 
     /// The state directory, from the file or the defaults for `env`.

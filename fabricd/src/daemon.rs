@@ -285,11 +285,7 @@ impl Daemon {
         );
         let mut backings = backings(&config, fabric.inventory())?;
         if !backings.nodes.is_empty() {
-            let base = if env.root {
-                Some(PathBuf::from("/run/fabric"))
-            } else {
-                env.runtime_dir.as_ref().map(|d| d.join("fabric"))
-            };
+            let base = env.fabric_runtime_dir();
             let dir = crate::memory::numadir::numa_root(&config.memory.numa_dir, base.as_deref(), &state_dir)
                 .ok_or(StartError::Config(ConfigError::NoDefault("memory.numa_dir")))?;
             crate::memory::numadir::prepare(&dir).map_err(StartError::NumaDir)?;
