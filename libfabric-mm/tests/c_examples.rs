@@ -15,7 +15,8 @@ fn target_dir() -> PathBuf {
     std::env::current_exe().unwrap().parent().and_then(Path::parent).unwrap().to_owned()
 }
 
-/// A pkg-config directory whose fabric-mm.pc points at the build tree.
+/// Installs the built library into a prefix under `dir` with `scripts/install-mm.sh` (what
+/// a C user runs) and returns the directory of the fabric-mm.pc it wrote.
 fn pkg_config_dir(dir: &Path) -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = target_dir();
@@ -24,14 +25,16 @@ fn pkg_config_dir(dir: &Path) -> PathBuf {
         "{} has no libfabric_mm.so: run `cargo build -p libfabric-mm` (scripts/test.sh does)",
         lib.display()
     );
-    let pc = std::fs::read_to_string(manifest.join("fabric-mm.pc.in"))
-        .unwrap()
-        .replace("@PREFIX@", &lib.display().to_string())
-        .replace("@LIBDIR@", &lib.display().to_string())
-        .replace("@INCLUDEDIR@", &manifest.join("include").display().to_string())
-        .replace("@VERSION@", env!("CARGO_PKG_VERSION"));
-    std::fs::write(dir.join("fabric-mm.pc"), pc).unwrap();
-    dir.to_owned()
+    let prefix = dir.join("prefix");
+    let out = Command::new(manifest.join("../scripts/install-mm.sh"))
+        .arg("--prefix")
+        .arg(&prefix)
+        .arg("--from")
+        .arg(&lib)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "install-mm.sh: {}", String::from_utf8_lossy(&out.stderr));
+    prefix.join("lib/pkgconfig")
 }
 
 fn build(example: &str, out: &Path, pc_dir: &Path, extra: &[&str]) {
@@ -124,6 +127,75 @@ fn plain_and_asan(example: &str, config: &str) -> [String; 2] {
 fn share_example_runs_plain_and_under_address_sanitizer() {
     for out in plain_and_asan("share.c", "") {
         assert!(out.contains("importer: pattern seen") && out.contains("its store is visible"), "{out}");
+    }
+}
+
+/// `scripts/install-mm.sh` as a packager runs it: staged under a DESTDIR for a prefix
+/// that does not exist yet, the header byte for byte the committed one, a pkg-config file
+/// naming the final prefix and the crate's version, and a static archive that links on its
+/// own (no libfabric_mm.so on the library path) into a program that runs.
+#[test]
+fn install_script_stages_library_header_and_pkg_config_for_a_prefix() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = manifest.join("../scripts/install-mm.sh");
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("stage");
+    let out = Command::new(&script)
+        .args(["--prefix", "/opt/fabric", "--destdir"])
+        .arg(&dest)
+        .arg("--from")
+        .arg(target_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "install-mm.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let root = dest.join("opt/fabric");
+    assert_eq!(
+        std::fs::read(root.join("include/fabric_mm.h")).unwrap(),
+        std::fs::read(manifest.join("include/fabric_mm.h")).unwrap()
+    );
+    for lib in ["libfabric_mm.so", "libfabric_mm.a"] {
+        assert!(root.join("lib").join(lib).is_file(), "{lib} not installed");
+    }
+    let pc = std::fs::read_to_string(root.join("lib/pkgconfig/fabric-mm.pc")).unwrap();
+    assert!(pc.lines().any(|l| l == "prefix=/opt/fabric"), "{pc}");
+    assert!(pc.lines().any(|l| l == "includedir=/opt/fabric/include"), "{pc}");
+    assert!(!pc.contains('@'), "an unfilled placeholder: {pc}");
+    let version = Command::new("pkg-config")
+        .args(["--modversion", "fabric-mm"])
+        .env("PKG_CONFIG_PATH", root.join("lib/pkgconfig"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), env!("CARGO_PKG_VERSION"));
+
+    // The staged archive, with the private libraries pkg-config names for static links.
+    let private = Command::new("pkg-config")
+        .args(["--static", "--libs-only-l", "fabric-mm"])
+        .env("PKG_CONFIG_PATH", root.join("lib/pkgconfig"))
+        .output()
+        .unwrap();
+    let private = String::from_utf8(private.stdout).unwrap();
+    let bin = tmp.path().join("share-static");
+    let cc = Command::new("gcc")
+        .args(["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg(manifest.join("examples/c/share.c"))
+        .arg(format!("-I{}", root.join("include").display()))
+        .arg(root.join("lib/libfabric_mm.a"))
+        .args(private.split_whitespace().filter(|f| *f != "-lfabric_mm"))
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "gcc share.c static:\n{}", String::from_utf8_lossy(&cc.stderr));
+    let d = common::daemon_with_config("");
+    let run = Command::new(&bin).arg(&d.socket).env_remove("LD_LIBRARY_PATH").output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success() && stdout.contains("importer: pattern seen"), "{stdout}");
+
+    // Bad arguments: exit status 2 and a message, nothing installed.
+    for args in [&["--prefix", "relative/dir"][..], &["--bogus"], &["--prefix"]] {
+        let out = Command::new(&script).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!out.stderr.is_empty(), "{args:?}: no message");
     }
 }
 
