@@ -30,7 +30,7 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::DeviceLost(_) => ErrorCode::Unavailable,
         MemoryError::Node(crate::memory::numa::NumaError::NoMemory { .. }) => ErrorCode::NoSpace,
         MemoryError::Node(_) => ErrorCode::Internal,
-        MemoryError::Carve(_) => ErrorCode::Internal,
+        MemoryError::Carve(_) | MemoryError::Zero(_) => ErrorCode::Internal,
         MemoryError::Io { .. } | MemoryError::Journal(_) | MemoryError::Record(_) | MemoryError::JournalUnavailable => {
             ErrorCode::Internal
         }

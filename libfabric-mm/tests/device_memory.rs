@@ -38,13 +38,30 @@ fn fixture(root: &Path, align: u64, bdf: &str) {
     std::fs::create_dir_all(&drv).unwrap();
     std::os::unix::fs::symlink(&drv, d.join("driver")).unwrap();
     std::fs::create_dir_all(root.join("dev")).unwrap();
-    std::fs::File::create(root.join("dev/dax0.0")).unwrap().set_len(DAX_BYTES).unwrap();
+    let dax = std::fs::File::create(root.join("dev/dax0.0")).unwrap();
+    dax.set_len(DAX_BYTES).unwrap();
+    // What a previous holder left at the start of each device: a new region must not show it.
+    dax.write_all_at(&vec![STALE; 8 << 20], 0).unwrap();
     let p = root.join("sys/bus/pci/devices").join(bdf);
     std::fs::create_dir_all(&p).unwrap();
     let zero = "0x0000000000000000 0x0000000000000000 0x0000000000000000\n";
     let bar2 = format!("0x00000000fe000000 0x{:016x} 0x0000000000040200\n", 0xfe00_0000 + BAR_BYTES - 1);
     std::fs::write(p.join("resource"), format!("{zero}{zero}{bar2}{zero}{zero}{zero}")).unwrap();
-    std::fs::File::create(p.join("resource2")).unwrap().set_len(BAR_BYTES).unwrap();
+    std::fs::write(p.join("resource2"), vec![STALE; BAR_BYTES as usize]).unwrap();
+}
+
+/// The byte a previous holder of the device memory left behind.
+const STALE: u8 = 0xee;
+
+/// Checks that the first `len` bytes of a new region's mapping are zeros.
+fn check_zero(m: &fabric_mm::Mapping, len: u64) {
+    assert!(len as usize <= m.len());
+    let p = m.as_ptr().cast::<u64>();
+    for i in 0..len as usize / 8 {
+        // SAFETY: `p + i` lies in the live mapping; no reference to it exists.
+        let got = unsafe { p.add(i).read_volatile() };
+        assert_eq!(got, 0, "word {i} of a new region on device memory is not zero");
+    }
 }
 
 struct Daemon {
@@ -163,6 +180,8 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
     assert_eq!((a.len(), b.len()), (1 << 30, 1 << 30), "DAX regions are whole multiples of its align");
     for (r, seed) in [(&a, 0xa), (&b, 0xb)] {
         let m = owner.map(r).unwrap();
+        // `a` is where the previous holder's bytes were: fabricd zeroed them.
+        check_zero(&m, 8 << 20);
         fill(&m, seed, 8 << 20);
         let h = owner.export(r, &Policy::default()).unwrap();
         let i = importer.import(&h, false).unwrap();
@@ -178,6 +197,8 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
     let target = Target::Device { device: nic.clone(), memory: MemoryClass::HostExported };
     let c = owner.alloc(&target, 2 << 20).unwrap();
     let e = owner.alloc(&target, 2 << 20).unwrap();
+    check_zero(&owner.map(&c).unwrap(), 2 << 20);
+    check_zero(&owner.map(&e).unwrap(), 2 << 20);
     fill(&owner.map(&c).unwrap(), 0xc, 2 << 20);
     fill(&owner.map(&e).unwrap(), 0xe, 2 << 20);
     let h = owner.export(&e, &Policy::default()).unwrap();
@@ -188,12 +209,18 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
     // The BAR holds two 2 MiB regions and no more.
     assert!(matches!(owner.alloc(&target, 2 << 20), Err(Error::Refused { .. })));
 
-    // Freeing leaves the device file and its bytes; the range is handed out again.
+    // Freeing leaves the device file and its bytes; the range is handed out again, zeroed:
+    // the next holder (here the same uid, as well it could be another) never sees them.
     drop(c);
+    check_file(&bar, 0, 2 << 20, 0xc);
     let again = owner.alloc(&target, 2 << 20).unwrap();
     assert_eq!(again.gfa(), Some(e.gfa().unwrap() - (2 << 20)));
     assert!(bar.exists() && dax.exists());
-    check_file(&bar, 0, 2 << 20, 0xc);
+    check_zero(&owner.map(&again).unwrap(), 2 << 20);
+    let mut back = vec![1u8; 2 << 20];
+    std::fs::File::open(&bar).unwrap().read_exact_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "the freed region's bytes are still in the BAR");
+    check_file(&bar, 2 << 20, 2 << 20, 0xe);
 }
 
 #[test]

@@ -41,6 +41,8 @@ pub mod fault;
 mod regionmap;
 mod sys;
 
+pub(crate) use sys::Mapping;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};

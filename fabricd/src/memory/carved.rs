@@ -27,13 +27,17 @@ impl Memory {
             capacity: b.len,
         }))?;
         let carved = c.carve(c.start + at, len).map_err(MemoryError::Carve)?;
-        match OpenOptions::new().read(true).write(true).open(&carved.path) {
+        // The new device's range held its previous holder's bytes: zeroed before anyone
+        // gets it.
+        let opened = OpenOptions::new().read(true).write(true).open(&carved.path).map_err(io_err(&carved.path));
+        let zeroed = opened.and_then(|f| super::zero::zero_range(&f, 0, len).map(|()| f).map_err(MemoryError::Zero));
+        match zeroed {
             Ok(f) => Ok((OwnedFd::from(f), carved.path, 0, true)),
             Err(e) => {
                 if let Err(undo) = c.destroy(&carved.name) {
                     tracing::warn!(device = %carved.name, error = %undo, "cannot delete a DAX device nobody got");
                 }
-                Err(io_err(&carved.path)(e))
+                Err(e)
             }
         }
     }

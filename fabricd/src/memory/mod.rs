@@ -32,6 +32,7 @@ pub mod numa;
 pub mod numadir;
 mod persist;
 mod sizes;
+pub mod zero;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
@@ -128,6 +129,9 @@ pub enum MemoryError {
     /// The VFIO backend refused the mapping.
     #[error("VFIO")]
     Vfio(#[source] crate::dma::vfio::VfioError),
+    /// The device memory of a new region could not be zeroed (it is not handed out).
+    #[error("zeroing the region's device memory")]
+    Zero(#[source] zero::ZeroError),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -678,7 +682,8 @@ impl Memory {
     }
 
     /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
-    /// backs: the descriptor and the range's offset in the file.
+    /// backs and zeroes that range (it holds its previous holder's bytes): the descriptor
+    /// and the range's offset in the file.
     fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
         let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
             len,
@@ -686,6 +691,7 @@ impl Memory {
             capacity: b.len,
         }))?;
         let f = b.open(true).map_err(io_err(&b.path))?;
+        zero::zero_range(&f, at, len).map_err(MemoryError::Zero)?;
         Ok((OwnedFd::from(f), at))
     }
 

@@ -48,6 +48,20 @@ fn verify(m: &Mapping, seed: u64, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Every word of the mapping is zero: a new region on device memory never shows what its
+/// range held before (fabricd zeroes it).
+fn verify_zero(m: &Mapping, what: &str) -> Result<(), String> {
+    let p = m.as_ptr().cast::<u64>();
+    for i in 0..m.len() as u64 / 8 {
+        // SAFETY: as in `store`, a load.
+        let got = unsafe { p.add(i as usize).read_volatile() };
+        if got != 0 {
+            return Err(format!("{what}: offset {:#x}: {got:#018x}, expected zero", i * 8));
+        }
+    }
+    Ok(())
+}
+
 /// The device node a descriptor is open on.
 fn device_of(fd: BorrowedFd<'_>) -> Result<String, String> {
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
@@ -138,6 +152,8 @@ pub fn split(set: &str, dir: &Path) -> Result<String, String> {
     let b = s.alloc(&target, 8 * MIB).map_err(|e| format!("alloc B: {e}"))?;
     let ma = s.map(&a).map_err(|e| format!("map A: {e}"))?;
     let mb = s.map(&b).map_err(|e| format!("map B: {e}"))?;
+    verify_zero(&ma, "A, new")?;
+    verify_zero(&mb, "B, new")?;
     // B first, then A: stores through A must leave B as it was.
     store(&mb, SEED_B);
     store(&ma, SEED_A);
@@ -161,6 +177,7 @@ pub fn split(set: &str, dir: &Path) -> Result<String, String> {
     wait_for(&dir.join("go-realloc"))?;
     let c = s.alloc(&target, 4 * MIB).map_err(|e| format!("alloc C after A was freed: {e}"))?;
     let mc = s.map(&c).map_err(|e| format!("map C: {e}"))?;
+    verify_zero(&mc, "C, in the range A's pattern was in")?;
     store(&mc, SEED_C);
     verify(&mb, SEED_B, "B after stores through C")?;
     let dev_c = device_of(c.fd())?;
