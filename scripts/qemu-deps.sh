@@ -3,8 +3,8 @@
 # guest kernel into the cache:
 #
 #   qemu-system-x86 (10.x) and linux-image-amd64 (6.12) from <codename>-backports,
-#   busybox-static, ndctl (cxl), daxctl, kmod (depmod), xz-utils, e2fsprogs (mkfs.ext4 and
-#   e2fsck for the power-loss test's disk images) from the base suite.
+#   busybox-static, ndctl (cxl), daxctl, kmod (depmod), xz-utils, cpio (the base initramfs),
+#   e2fsprogs (mkfs.ext4 and e2fsck for the power-loss test's disk images) from the base suite.
 #
 # The backports suite is added by deriving it from the machine's own Debian source entry
 # (deb822 *.sources or one-line sources.list): same URIs, components and Signed-By, suite
@@ -79,7 +79,7 @@ qemu_ok() {
 }
 kernel_ok() { compgen -G "$cache/kernel/boot/vmlinuz-6.12*" >/dev/null; }
 tools_ok() {
-  [ -x /bin/busybox ] && file_static /bin/busybox && command -v cxl >/dev/null && command -v daxctl >/dev/null && command -v depmod >/dev/null && command -v xz >/dev/null \
+  [ -x /bin/busybox ] && file_static /bin/busybox && command -v cxl >/dev/null && command -v daxctl >/dev/null && command -v depmod >/dev/null && command -v xz >/dev/null && command -v cpio >/dev/null \
     && command -v mkfs.ext4 >/dev/null && command -v e2fsck >/dev/null
 }
 file_static() { ! ldd "$1" >/dev/null 2>&1; }
@@ -107,8 +107,8 @@ if ! qemu_ok; then
   qemu_ok || die "qemu-system-x86_64 is not 10.x after the install"
 fi
 if ! tools_ok; then
-  log "installing busybox-static ndctl daxctl kmod xz-utils e2fsprogs"
-  apt-get install -y -qq --no-install-recommends busybox-static ndctl daxctl kmod xz-utils e2fsprogs >/dev/null || die "installing busybox-static ndctl daxctl kmod xz-utils e2fsprogs failed"
+  log "installing busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs"
+  apt-get install -y -qq --no-install-recommends busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs >/dev/null || die "installing busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs failed"
 fi
 
 if ! kernel_ok; then

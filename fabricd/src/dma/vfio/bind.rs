@@ -59,6 +59,11 @@ fn devices(root: &Path) -> PathBuf {
     root.join("sys/bus/pci/devices")
 }
 
+/// `bdf`'s sysfs directory under `root` (what `vfio-ioctls` reads the group link from).
+pub fn device_dir(root: &Path, bdf: &str) -> PathBuf {
+    devices(root).join(bdf)
+}
+
 fn link_base(p: &Path) -> Option<String> {
     std::fs::read_link(p).ok()?.file_name()?.to_str().map(str::to_owned)
 }

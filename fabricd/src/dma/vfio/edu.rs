@@ -15,6 +15,8 @@ pub const MASK_BITS: u8 = 28;
 pub const PIECE: u64 = 4096;
 /// Device address of edu's buffer.
 pub const BUFFER: u64 = 0x40000;
+/// Bytes of BAR 0 the driver touches (through the DMA command register).
+pub const REGISTERS: u64 = 0x100;
 
 const ID: u64 = 0x00;
 const DMA_SRC: u64 = 0x80;

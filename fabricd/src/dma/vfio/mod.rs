@@ -1,8 +1,9 @@
 //! The VFIO DMA backend: PCI functions named in `dma.vfio` are bound to `vfio-pci` at
-//! start ([`bind`]), their IOMMU group attached to a type-1 container of the daemon
-//! ([`ioctl`]); a registration for such a device maps its pinned memory at its IOVA in
-//! that container (`VFIO_IOMMU_MAP_DMA`), and dropping the registration unmaps it before
-//! the memory is unpinned ([`DmaMapping`]). A device with an engine driver ([`edu`]) runs
+//! start ([`bind`]), their IOMMU group attached to a type-1 v2 container of the daemon and
+//! the device opened through the `vfio-ioctls` crate ([`ioctl`]); a registration for such a
+//! device maps its pinned memory at its IOVA in that container (`VFIO_IOMMU_MAP_DMA`:
+//! the crate's for read-write, raw for read-only), and dropping the registration unmaps it
+//! before the memory is unpinned ([`DmaMapping`]). A device with an engine driver ([`edu`]) runs
 //! the copies between its registrations itself; a fault the IOMMU logs during such a copy
 //! fails the copy ([`fault`]).
 //!
@@ -17,8 +18,6 @@ pub mod fault;
 pub mod ioctl;
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -76,26 +75,27 @@ pub enum VfioError {
     },
 }
 
-/// BAR 0 of a VFIO device, through its descriptor (`pread`/`pwrite` at the region's offset).
+/// BAR 0 of a VFIO device, through its descriptor (`pread`/`pwrite` at the offset the
+/// region info gives).
 #[derive(Debug)]
 struct RegionBar {
-    device: Arc<File>,
+    device: Arc<ioctl::Device>,
     offset: u64,
 }
 
 impl Bar for RegionBar {
     fn read32(&self, reg: u64) -> std::io::Result<u32> {
         let mut b = [0u8; 4];
-        self.device.read_exact_at(&mut b, self.offset + reg)?;
+        self.device.read_at(&mut b, self.offset + reg)?;
         Ok(u32::from_le_bytes(b))
     }
     fn read64(&self, reg: u64) -> std::io::Result<u64> {
         let mut b = [0u8; 8];
-        self.device.read_exact_at(&mut b, self.offset + reg)?;
+        self.device.read_at(&mut b, self.offset + reg)?;
         Ok(u64::from_le_bytes(b))
     }
     fn write64(&self, reg: u64, v: u64) -> std::io::Result<()> {
-        self.device.write_all_at(&v.to_le_bytes(), self.offset + reg)
+        self.device.write_at(&v.to_le_bytes(), self.offset + reg)
     }
 }
 
@@ -107,10 +107,11 @@ pub struct VfioDevice {
     pub group: u32,
     /// The DMA mask its IOVAs stay below.
     pub mask_bits: Option<u8>,
-    container: File,
-    _group: File,
-    _device: Arc<File>,
+    // Field order is drop order: the engine (which holds the device too) goes first, then
+    // the device (closing it detaches the group), then the container.
     engine: Option<Mutex<Engine<RegionBar, fault::Kmsg>>>,
+    _device: Arc<ioctl::Device>,
+    container: Arc<vfio_ioctls::VfioContainer>,
     verify_unmap: bool,
 }
 
@@ -137,15 +138,18 @@ impl VfioDevice {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
         let f = bind::bind(root, bdf, euid)?;
-        let o = ioctl::open_device(Path::new("/dev/vfio"), f.group, bdf)?;
+        let o = ioctl::open_device(&bind::device_dir(root, bdf), f.group, bdf)?;
         ioctl::enable_bus_master(&o.device)?;
         let device = Arc::new(o.device);
         let is_edu = (f.ids.0.as_str(), f.ids.1.as_str()) == edu::IDS;
         let mut mask_bits = f.dma_mask_bits;
         let engine = if is_edu {
             mask_bits = Some(edu::MASK_BITS);
-            let (bar0, _) = ioctl::region(&device, 0)?;
-            let edu = Edu::new(RegionBar { device: device.clone(), offset: bar0 })?;
+            let bar0 = device.region(0)?;
+            if bar0.size < edu::REGISTERS {
+                return Err(ioctl::IoctlError::NoRegion { index: 0, size: bar0.size, flags: bar0.flags }.into());
+            }
+            let edu = Edu::new(RegionBar { device: device.clone(), offset: bar0.offset })?;
             match fault::Kmsg::open(bdf) {
                 Ok(kmsg) => Some(Mutex::new(Engine::new(edu, kmsg))),
                 Err(e) => {
@@ -161,10 +165,9 @@ impl VfioDevice {
             bdf: bdf.to_owned(),
             group: f.group,
             mask_bits,
-            container: o.container,
-            _group: o.group,
-            _device: device,
             engine,
+            _device: device,
+            container: o.container,
             verify_unmap,
         })
     }
@@ -199,7 +202,7 @@ impl VfioDevice {
         // SAFETY: `pinned` stays mapped and locked as long as the returned DmaMapping (it
         // holds the Arc), whose Drop unmaps the range first; the daemon forms no references
         // to registered memory (crate::dma, "Safety of DMA").
-        unsafe { ioctl::map_dma(&self.container, pinned.as_ptr() as u64, iova, pinned.len(), write) }?;
+        unsafe { ioctl::map_dma(&self.container, pinned.as_ptr(), iova, pinned.len(), write) }?;
         let id = NEXT_MAPPING.fetch_add(1, Ordering::Relaxed);
         if let Some(mut e) = self.engine() {
             e.mapped(id, iova, pinned.len());
