@@ -90,7 +90,9 @@ pub fn handle_session_fds(
             scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, peer, session, i, version))
         }
         Request::Release(r) => plain(memops::release(d, session, r.import)),
-        Request::Register(r) => plain(dmaops::register(d, peer, session, r, fds)),
+        Request::Register(r) => {
+            scope::check_register(d, &caller, &r).and_then(|()| plain(dmaops::register(d, peer, session, r, fds)))
+        }
         Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),
         Request::Copy(_) | Request::CopyBatch(_) => {
             Err(refusal(ErrorCode::BadRequest, "copy is answered by the connection, which gets its completion"))

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use fabric_addrmap::{Listing, NodeUsage, RangeKind, Snapshot, TranslateError};
 use fabric_proto::wire::{
-    AllocTarget, BoundedVec, ErrorBody, ErrorCode, ExportRequest, ImportRequest, PeerCred, TranslateQuery,
-    TranslateResponse, Translation,
+    AllocTarget, BoundedVec, ErrorBody, ErrorCode, ExportRequest, ImportRequest, PeerCred, RegisterRequest,
+    TranslateQuery, TranslateResponse, Translation,
 };
 use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
 
@@ -179,6 +179,18 @@ pub fn check_alloc(d: &Daemon, caller: &Caller, target: &AllocTarget) -> Result<
     };
     // A malformed id is the memory op's BadRequest.
     match device.parse::<DeviceId>() {
+        Ok(id) => caller.check_device(d, &id),
+        Err(_) => Ok(()),
+    }
+}
+
+/// `Register`: a bound client registers memory only for its partitions' devices (the
+/// device's DMA domain, its IOVAs and, under VFIO, its IOMMU mappings are its tenant's),
+/// and a client bound to nothing none while partitions are required.
+pub fn check_register(d: &Daemon, caller: &Caller, req: &RegisterRequest) -> Result<(), ErrorBody> {
+    caller.require_scope()?;
+    // A malformed id is the DMA op's BadRequest.
+    match req.device.parse::<DeviceId>() {
         Ok(id) => caller.check_device(d, &id),
         Err(_) => Ok(()),
     }

@@ -59,3 +59,13 @@ pub fn recv_with_fds(
     }
     Ok((msg.bytes, fds))
 }
+
+/// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited or unreadable).
+pub fn open_file_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `r`, which lives across the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(r.rlim_cur)
+}

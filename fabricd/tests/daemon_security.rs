@@ -2,7 +2,9 @@
 //! mode and group, partition bindings by uid and by supplementary group, what a bound
 //! client sees and touches, export handles (forged, stale, revoked, replayed, policies that
 //! name someone else or a partition), admin-only changes, and `security.require_partition`
-//! after a restart on the same state.
+//! after a restart on the same state; every operation that names another session's region,
+//! import or registration by id (free, export, register, release, unregister, revoke, copy)
+//! refused with the object unharmed; handles of freed regions dead, across a restart too.
 //!
 //! It needs root (to run clients under other uids); CI runs it as root. As anyone else it
 //! prints why it skipped. Each client is this test binary re-run (`--ignored --exact
@@ -12,16 +14,18 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, Event, ExportHandle, ExportPolicy,
-    ExportRequest, ImportRequest, MemoryClass, Name, PartitionSpec, PartitionsRequest, RegionsRequest, Request,
-    ResourceName, Response, RevokeRequest, SubscribeRequest, Topics, TopologyRequest, TranslateQuery, TranslateRequest,
-    Translation,
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, CopyEndpoint, CopyRequest, DeviceName,
+    Event, ExportHandle, ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, Name, PartitionSpec,
+    PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource, ReleaseRequest, Request, ResourceName,
+    Response, RevokeRequest, SubscribeRequest, Topics, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
+    UnregisterRequest,
 };
 use fabric_topology::Fabric;
 
@@ -139,6 +143,28 @@ fn spec(name: &str, devices: &[&str], uids: &[u32], gids: &[u32]) -> PartitionSp
     }
 }
 
+/// A daemon whose socket belongs to `SOCKET_GID` and whose admins are `ADMIN_GID`'s
+/// members; `None` (with a message) when not root.
+fn secured() -> Option<(common::Setup, common::Daemon)> {
+    if !is_root() {
+        eprintln!("skipped: needs root to run clients under uids {UID_A}..{UID_D} (CI runs it as root)");
+        return None;
+    }
+    let s = common::Setup::new(&format!("group = \"{SOCKET_GID}\"\nadmin_group = \"{ADMIN_GID}\""));
+    let d = common::start(&s.config, s.dir.path());
+    Some((s, d))
+}
+
+/// Root (an admin) carves two partitions: tenant-a of GPUs 0 and 1, bound by uid A and the
+/// group D has; tenant-b of GPUs 2 and 3, bound by uid B.
+fn two_tenants(root: &mut Connection, g: &[String]) {
+    admin_call(
+        root,
+        Request::Partitions(PartitionsRequest::Set(spec("tenant-a", &[&g[0], &g[1]], &[UID_A], &[TENANT_A_GID]))),
+    );
+    admin_call(root, Request::Partitions(PartitionsRequest::Set(spec("tenant-b", &[&g[2], &g[3]], &[UID_B], &[]))));
+}
+
 fn forged(h: &str) -> String {
     let mut h: ExportHandle = h.parse().unwrap();
     h.secret.0[7] ^= 1;
@@ -153,12 +179,7 @@ fn stale(h: &str) -> String {
 
 #[test]
 fn partitions_handles_and_admin_rights_hold_against_other_uids() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run clients under uids {UID_A}..{UID_D} (CI runs it as root)");
-        return;
-    }
-    let s = common::Setup::new(&format!("group = \"{SOCKET_GID}\"\nadmin_group = \"{ADMIN_GID}\""));
-    let d = common::start(&s.config, s.dir.path());
+    let Some((s, d)) = secured() else { return };
     let g = gpus();
     assert!(g.len() >= 5);
 
@@ -167,16 +188,8 @@ fn partitions_handles_and_admin_rights_hold_against_other_uids() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o660);
     assert_eq!(meta.gid(), SOCKET_GID);
 
-    // Root (an admin) carves two partitions: A by uid and by a group, B by uid.
     let mut root = common::client(&s.socket);
-    admin_call(
-        &mut root,
-        Request::Partitions(PartitionsRequest::Set(spec("tenant-a", &[&g[0], &g[1]], &[UID_A], &[TENANT_A_GID]))),
-    );
-    admin_call(
-        &mut root,
-        Request::Partitions(PartitionsRequest::Set(spec("tenant-b", &[&g[2], &g[3]], &[UID_B], &[]))),
-    );
+    two_tenants(&mut root, &g);
 
     let mut a = Client::spawn("A", &s.socket, UID_A, &[]);
     let mut b = Client::spawn("B", &s.socket, UID_B, &[]);
@@ -282,8 +295,118 @@ fn partitions_handles_and_admin_rights_hold_against_other_uids() {
     assert_eq!(c.ask("devices"), "err PermissionDenied");
     assert_eq!(c.ask(&format!("gfa {gfa_a}")), "err PermissionDenied");
     assert_eq!(c.ask(&format!("alloc {}", g[4])), "err PermissionDenied");
+    assert_eq!(c.ask(&format!("register {} region 1", g[4])), "err PermissionDenied", "not NotFound: refused first");
     assert_eq!(c.ok("plist", "names"), "", "listing stays open");
     assert!(c.ask("status").starts_with("ok"), "status stays open");
+}
+
+/// The handle `h` naming region `region` with generation `generation` instead.
+fn renamed(h: &str, region: u64, generation: u64) -> String {
+    let mut h: ExportHandle = h.parse().unwrap();
+    h.region = region;
+    h.generation = generation;
+    h.to_string()
+}
+
+#[test]
+fn regions_imports_and_registrations_of_others_cannot_be_touched_by_id_and_dead_handles_stay_dead() {
+    let Some((s, d)) = secured() else { return };
+    let g = gpus();
+    let mut root = common::client(&s.socket);
+    two_tenants(&mut root, &g);
+    let mut a = Client::spawn("A", &s.socket, UID_A, &[]);
+    // A's uid on another connection: another session, which owns none of A's objects.
+    let mut a2 = Client::spawn("A2", &s.socket, UID_A, &[]);
+    let mut b = Client::spawn("B", &s.socket, UID_B, &[]);
+    let mut c = Client::spawn("C", &s.socket, UID_C, &[]);
+    let mut dd = Client::spawn("D", &s.socket, UID_D, &[TENANT_A_GID]);
+
+    // A's region with a pattern, a registration of it, an export naming D and D's import.
+    let alloc = a.ask(&format!("alloc {}", g[0]));
+    let field = |a: &str, k: &str| a.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap().to_owned();
+    let (ra, gfa_a) = (field(&alloc, "region="), field(&alloc, "gfa="));
+    assert_eq!(a.ask(&format!("fill {ra} a5")), "ok");
+    let reg_a = a.ok(&format!("register {} region {ra}", g[0]), "registration");
+    let h = a.ok(&format!("export {ra} {UID_D} -"), "handle");
+    let imp_d = dd.ok(&format!("import {h}"), "import");
+    // B's region likewise, for the way back.
+    let alloc_b = b.ask(&format!("alloc {}", g[2]));
+    let (rb, gfa_b) = (field(&alloc_b, "region="), field(&alloc_b, "gfa="));
+    assert_eq!(b.ask(&format!("fill {rb} b6")), "ok");
+    let reg_b = b.ok(&format!("register {} region {rb}", g[2]), "registration");
+
+    // Every operation that names A's objects by id, from another partition (B), an unbound
+    // uid (C) and A's own uid on another connection (A2): refused, typed.
+    let own_c = c.ask(&format!("alloc {}", g[4]));
+    let own_a2 = a2.ask(&format!("alloc {}", g[1]));
+    for (x, dev, own_gfa) in [
+        (&mut b, g[2].as_str(), gfa_b.clone()),
+        (&mut c, g[4].as_str(), field(&own_c, "gfa=")),
+        (&mut a2, g[1].as_str(), field(&own_a2, "gfa=")),
+    ] {
+        assert_eq!(x.ask(&format!("free {ra}")), "err PermissionDenied");
+        assert_eq!(x.ask(&format!("export {ra} - -")), "err PermissionDenied");
+        assert_eq!(x.ask(&format!("register {dev} region {ra}")), "err PermissionDenied");
+        assert_eq!(x.ask(&format!("register {dev} import {imp_d}")), "err PermissionDenied");
+        assert_eq!(x.ask(&format!("release {imp_d}")), "err PermissionDenied");
+        assert_eq!(x.ask(&format!("unregister {reg_a}")), "err PermissionDenied");
+        assert_eq!(x.ask(&format!("revoke {h}")), "err PermissionDenied");
+        // A GFA in A's region is in no region of this session: it cannot be written or read.
+        assert_eq!(x.ask(&format!("copy {gfa_a} {own_gfa}")), "err NotFound");
+        assert_eq!(x.ask(&format!("copy {own_gfa} {gfa_a}")), "err NotFound");
+        assert_eq!(x.ask(&format!("copy r{reg_a} {own_gfa}")), "err PermissionDenied");
+        // Ids that name nothing are NotFound, not a hint about someone else's.
+        assert_eq!(x.ask("free 987654321"), "err NotFound");
+    }
+    // A bound client registers nothing for a device outside its partitions, not even its own
+    // memory (the device's DMA domain is the other tenant's).
+    assert_eq!(b.ask(&format!("register {} region {rb}", g[0])), "err PermissionDenied");
+    // And back: A cannot touch B's region.
+    assert_eq!(a.ask(&format!("free {rb}")), "err PermissionDenied");
+    assert_eq!(a.ask(&format!("unregister {reg_b}")), "err PermissionDenied");
+    assert_eq!(a.ask(&format!("copy {gfa_b} {gfa_a}")), "err NotFound");
+
+    // Unharmed: the bytes, the registration, the export and the import are all still there.
+    assert_eq!(a.ask(&format!("peek {ra}")), "ok byte=a5");
+    assert_eq!(b.ask(&format!("peek {rb}")), "ok byte=b6");
+    assert_eq!(a.ok("regions", "regions"), "2", "listed by uid: A's and A2's");
+    assert_eq!(a.ok("regions", "exports"), "1");
+    assert_eq!(dd.ok("regions", "imports"), "1");
+
+    // A valid, unrevoked handle replayed by uids its policy does not admit: refused, and
+    // the refusals neither consume nor revoke it.
+    assert_eq!(b.ask(&format!("import {h}")), "err PermissionDenied");
+    assert_eq!(c.ask(&format!("import {h}")), "err PermissionDenied");
+    assert_eq!(a2.ask(&format!("import {h}")), "err PermissionDenied", "the policy names D, not the owner's uid");
+    assert!(dd.ask(&format!("import {h}")).starts_with("ok"));
+    assert_eq!(a.ask(&format!("unregister {reg_a}")), "ok");
+    assert_eq!(dd.ask(&format!("release {imp_d}")), "ok");
+
+    // A freed region's handle is dead; the next region has a new id and generation, and no
+    // mix of the old handle's parts with the new region's imports it.
+    let gen_old: u64 = h.parse::<ExportHandle>().unwrap().generation;
+    assert_eq!(a.ask(&format!("free {ra}")), "ok");
+    assert_eq!(dd.ask(&format!("import {h}")), "err InvalidHandle");
+    let ra2 = a.ok(&format!("alloc {}", g[0]), "region");
+    assert_ne!(ra2, ra, "region ids are not reused");
+    let h2 = a.ok(&format!("export {ra2} {UID_D} -"), "handle");
+    let gen_new = h2.parse::<ExportHandle>().unwrap().generation;
+    assert_ne!(gen_new, gen_old);
+    let ra2: u64 = ra2.parse().unwrap();
+    assert_eq!(dd.ask(&format!("import {}", renamed(&h, ra2, gen_new))), "err InvalidHandle", "old secret");
+    assert_eq!(dd.ask(&format!("import {}", renamed(&h2, ra2, gen_old))), "err InvalidHandle", "old generation");
+    assert!(dd.ask(&format!("import {h2}")).starts_with("ok"));
+
+    // After a restart on the same state, ids still move on and the old handle stays dead.
+    drop((a, a2, b, c, dd, root));
+    drop(d);
+    let _d = common::start(&s.config, s.dir.path());
+    let mut a = Client::spawn("A", &s.socket, UID_A, &[]);
+    let mut dd = Client::spawn("D", &s.socket, UID_D, &[TENANT_A_GID]);
+    let ra3: u64 = a.ok(&format!("alloc {}", g[0]), "region").parse().unwrap();
+    assert!(ra3 > ra2, "region {ra3} after a restart, {ra2} before");
+    assert_eq!(dd.ask(&format!("import {h}")), "err InvalidHandle");
+    assert_eq!(dd.ask(&format!("import {h2}")), "err InvalidHandle");
 }
 
 #[test]
@@ -345,6 +468,8 @@ fn bound_subscribers_get_only_their_partitions_device_events() {
 fn security_child() {
     let Some(socket) = std::env::var_os(ENV_SOCKET) else { return };
     let mut conn = common::client(std::path::Path::new(&socket));
+    // The files of the regions this client allocated, by region id.
+    let mut files = HashMap::new();
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let line = line.unwrap();
@@ -352,7 +477,7 @@ fn security_child() {
         if words.first() == Some(&"quit") {
             break;
         }
-        let answer = child_command(&mut conn, &words);
+        let answer = child_command(&mut conn, &mut files, &words);
         println!("answer: {answer}");
         std::io::stdout().flush().unwrap();
     }
@@ -372,7 +497,10 @@ fn gpu_ids(json: &str) -> String {
     ids.join(",")
 }
 
-fn child_command(conn: &mut Connection, w: &[&str]) -> String {
+/// Bytes of a region's first page a `fill` writes and a `peek` reads.
+const PAGE: usize = 4096;
+
+fn child_command(conn: &mut Connection, files: &mut HashMap<u64, std::fs::File>, w: &[&str]) -> String {
     let mut call = |req: Request| conn.call(req, &[]).map(|(r, _fds)| r);
     let resource = |dev: &str| ResourceName { device: dev.try_into().unwrap(), memory: MemoryClass::Hbm, ordinal: 0 };
     let r = match w {
@@ -444,9 +572,60 @@ fn child_command(conn: &mut Connection, w: &[&str]) -> String {
         }
         ["alloc", dev] => {
             let target = AllocTarget::Resource(resource(dev));
-            call(Request::Alloc(AllocRequest { target, size: 2 << 20, align: 0 })).map(|r| {
+            let req = Request::Alloc(AllocRequest { target, size: 2 << 20, align: 0 });
+            conn.call(req, &[]).map(|(r, fds)| {
                 let Response::Alloc(a) = r else { panic!("{r:?}") };
-                format!("ok region={}", a.region)
+                files.insert(a.region, std::fs::File::from(fds.into_iter().next().unwrap()));
+                format!("ok region={} gfa={:#x}", a.region, a.gfa.unwrap())
+            })
+        }
+        ["fill", region, byte] => {
+            use std::os::unix::fs::FileExt;
+            let byte = u8::from_str_radix(byte, 16).unwrap();
+            files[&region.parse::<u64>().unwrap()].write_all_at(&[byte; PAGE], 0).unwrap();
+            return "ok".to_owned();
+        }
+        ["peek", region] => {
+            use std::os::unix::fs::FileExt;
+            let mut page = [0u8; PAGE];
+            files[&region.parse::<u64>().unwrap()].read_exact_at(&mut page, 0).unwrap();
+            let same = page.iter().all(|b| *b == page[0]);
+            return if same { format!("ok byte={:02x}", page[0]) } else { "mixed".to_owned() };
+        }
+        ["free", region] => {
+            call(Request::Free(FreeRequest { region: region.parse().unwrap() })).map(|_| "ok".to_owned())
+        }
+        ["release", import] => {
+            call(Request::Release(ReleaseRequest { import: import.parse().unwrap() })).map(|_| "ok".to_owned())
+        }
+        ["register", dev, kind, id] => {
+            let id = id.parse().unwrap();
+            let source = if *kind == "region" { RegisterSource::Region(id) } else { RegisterSource::Import(id) };
+            let req = RegisterRequest {
+                device: DeviceName::truncated(dev),
+                source,
+                offset: 0,
+                len: PAGE as u64,
+                access: AccessMode::ReadWrite,
+            };
+            call(Request::Register(req)).map(|r| {
+                let Response::Register(g) = r else { panic!("{r:?}") };
+                format!("ok registration={}", g.registration)
+            })
+        }
+        ["unregister", id] => {
+            call(Request::Unregister(UnregisterRequest { registration: id.parse().unwrap() })).map(|_| "ok".to_owned())
+        }
+        ["copy", dst, src] => {
+            // GFAs (0x…) or registrations (r<id>), one page.
+            let end = |s: &str| match s.strip_prefix("r") {
+                Some(id) => CopyEndpoint::Registration { id: id.parse().unwrap(), offset: 0 },
+                None => CopyEndpoint::Gfa(u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()),
+            };
+            let req = CopyRequest { dst: end(dst), src: end(src), len: PAGE as u64 };
+            call(Request::Copy(req)).map(|r| {
+                let Response::Copy(c) = r else { panic!("{r:?}") };
+                format!("ok copy={}", c.copy)
             })
         }
         ["export", region, uids, partition] => {
