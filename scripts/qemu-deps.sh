@@ -90,7 +90,7 @@ if qemu_ok && kernel_ok && tools_ok; then
   exit 0
 fi
 
-[ "$(id -u)" -eq 0 ] || die "missing packages; run as root on Debian (qemu-system-x86 10.x, busybox-static, ndctl, daxctl, the 6.12 kernel in $cache)"
+[ "$(id -u)" -eq 0 ] || die "missing packages; run as root on Debian (qemu-system-x86 10.x, busybox-static, ndctl, daxctl, kmod, xz-utils, e2fsprogs, the 6.12 kernel in $cache)"
 command -v apt-get >/dev/null || die "no apt-get: the QEMU tier needs a Debian machine"
 
 export DEBIAN_FRONTEND=noninteractive

@@ -30,6 +30,9 @@ cargo build -p libfabric-mm --lib --locked
 cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test \
   -E 'not (package(fabric-qemu-tests) & (binary(guests) | binary(power)))'
 
+step "tier 1: goldens of the 100,000-GPU cluster (ignored above: about 3 CPU-minutes)"
+cargo nextest run -p fabric-cli --test golden --locked --cargo-profile test --run-ignored only
+
 step "doc tests"
 cargo test --workspace --doc --locked
 

@@ -75,6 +75,41 @@ pub fn load_view(args: &SourceArgs) -> anyhow::Result<View> {
     Ok(View::new(fabric, args.node.clone())?)
 }
 
+/// Writes `fabricctl topology -o FORMAT` of a view.
+pub fn write_topology(view: &View, format: TopologyFormat, out: &mut dyn Write) -> anyhow::Result<()> {
+    let r = match format {
+        TopologyFormat::Table => render::matrix::render(view, out),
+        TopologyFormat::Tree => render::tree::render(view, out),
+        TopologyFormat::Json => render::json::render_topology(view, out),
+        TopologyFormat::Dot => render::dot::render(view, out),
+        TopologyFormat::NcclXml => render::nccl::render(view, view.single_node()?, out),
+    };
+    Ok(r.map_err(RunError::Output)?)
+}
+
+/// Writes `fabricctl devices -o FORMAT` of a view.
+pub fn write_devices(view: &View, format: ListFormat, out: &mut dyn Write) -> Result<(), RunError> {
+    let r = match format {
+        ListFormat::Table => render::devices::render(view, out),
+        ListFormat::Json => render::json::render_devices(view, out),
+    };
+    r.map_err(RunError::Output)
+}
+
+/// Writes `fabricctl path A B -o FORMAT` of a view: `a` and `b` are device ids or labels.
+pub fn write_path(view: &View, a: &str, b: &str, format: ListFormat, out: &mut dyn Write) -> anyhow::Result<()> {
+    let from = view.resolve(a).with_context(|| format!("resolving the source device {a:?}"))?;
+    let to = view.resolve(b).with_context(|| format!("resolving the destination device {b:?}"))?;
+    let route =
+        view.fabric.route(from, to).map_err(|source| RunError::Route { a: a.to_owned(), b: b.to_owned(), source })?;
+    let doc = PathDoc::from_route(&view.fabric, &view.labels, from, to, &route);
+    let r = match format {
+        ListFormat::Table => render::path::render_table(&doc, out),
+        ListFormat::Json => render::path::render_json(&doc, out),
+    };
+    Ok(r.map_err(RunError::Output)?)
+}
+
 /// Runs a parsed command line, writing its output to `out`.
 pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match &cli.command {
@@ -86,44 +121,9 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let doc = daemon::status_doc(client.path(), &status);
             daemon::render_status(&doc, s.output, out).map_err(RunError::Output)?;
         }
-        Command::Topology(a) => {
-            let view = load_view(&a.source)?;
-            let r = match a.output {
-                TopologyFormat::Table => render::matrix::render(&view, out),
-                TopologyFormat::Tree => render::tree::render(&view, out),
-                TopologyFormat::Json => render::json::render_topology(&view, out),
-                TopologyFormat::Dot => render::dot::render(&view, out),
-                TopologyFormat::NcclXml => {
-                    let node = view.single_node()?.to_owned();
-                    render::nccl::render(&view, &node, out)
-                }
-            };
-            r.map_err(RunError::Output)?;
-        }
-        Command::Devices(a) => {
-            let view = load_view(&a.source)?;
-            let r = match a.output {
-                ListFormat::Table => render::devices::render(&view, out),
-                ListFormat::Json => render::json::render_devices(&view, out),
-            };
-            r.map_err(RunError::Output)?;
-        }
-        Command::Path(a) => {
-            let view = load_view(&a.source)?;
-            let from = view.resolve(&a.a).with_context(|| format!("resolving the source device {:?}", a.a))?;
-            let to = view.resolve(&a.b).with_context(|| format!("resolving the destination device {:?}", a.b))?;
-            let route = view.fabric.route(from, to).map_err(|source| RunError::Route {
-                a: a.a.clone(),
-                b: a.b.clone(),
-                source,
-            })?;
-            let doc = PathDoc::from_route(&view.fabric, &view.labels, from, to, &route);
-            let r = match a.output {
-                ListFormat::Table => render::path::render_table(&doc, out),
-                ListFormat::Json => render::path::render_json(&doc, out),
-            };
-            r.map_err(RunError::Output)?;
-        }
+        Command::Topology(a) => write_topology(&load_view(&a.source)?, a.output, out)?,
+        Command::Devices(a) => write_devices(&load_view(&a.source)?, a.output, out)?,
+        Command::Path(a) => write_path(&load_view(&a.source)?, &a.a, &a.b, a.output, out)?,
         Command::Map(m) => map::run(m, out)?,
         Command::GpuCompare(g) => {
             let view = load_view(&g.source)?;

@@ -112,18 +112,13 @@ const REQUIRED: &[(&str, &[&str])] = &[
     ("net", &["name", "dev"]),
 ];
 
-#[test]
-fn hgx_export_matches_nccls_structure() {
-    let text = export(common::hgx(), "node0");
-    check_nccl_parser_constraints(&text);
-    let root = parse(&text);
-    assert_eq!(root.name, "system");
-    assert_eq!(root.attrs.get("version").map(String::as_str), Some("1"));
-
+/// The elements, nesting and attributes NCCL dumps use, and the attributes its loader
+/// needs; every element of `root`, in document order.
+fn check_nccl_structure(root: &El) -> Vec<&El> {
     let reference = parse(include_str!("data/nccl-reference.xml"));
     let (mut want, mut got) = (Shape::default(), Shape::default());
     shape(&reference, "#doc", &mut want);
-    shape(&root, "#doc", &mut got);
+    shape(root, "#doc", &mut got);
     for pair in &got.nesting {
         assert!(want.nesting.contains(pair), "nesting {pair:?} does not occur in NCCL dumps");
     }
@@ -133,7 +128,7 @@ fn hgx_export_matches_nccls_structure() {
         assert!(unknown.is_empty(), "{el} has attributes NCCL does not write: {unknown:?}");
     }
     let mut all = Vec::new();
-    walk(&root, &mut all);
+    walk(root, &mut all);
     for e in &all {
         if let Some((_, req)) = REQUIRED.iter().find(|(n, _)| *n == e.name) {
             for r in *req {
@@ -144,6 +139,18 @@ fn hgx_export_matches_nccls_structure() {
             assert_eq!(b, &b.to_ascii_lowercase(), "bus ids are lower case");
         }
     }
+    all
+}
+
+#[test]
+fn hgx_export_matches_nccls_structure() {
+    let text = export(common::hgx(), "node0");
+    check_nccl_parser_constraints(&text);
+    let root = parse(&text);
+    assert_eq!(root.name, "system");
+    assert_eq!(root.attrs.get("version").map(String::as_str), Some("1"));
+
+    let all = check_nccl_structure(&root);
     let count = |n: &str| all.iter().filter(|e| e.name == n).count();
     assert_eq!(count("cpu"), 2);
     assert_eq!(count("gpu"), 8);
@@ -198,4 +205,29 @@ fn network_speed_and_direct_nvlinks_are_exported() {
     check_nccl_parser_constraints(&text);
     assert!(text.contains("<nvlink target=\"0000:02:00.0\" count=\"12\" tclass=\"0x030200\"/>"), "{text}");
     assert!(!text.contains(" sm="), "unknown compute capability is left to NCCL: {text}");
+}
+
+/// The export of every sim fabric, as its golden keeps it (`tests/golden.rs` checks that
+/// `fabricctl topology -o nccl-xml` prints exactly that), has NCCL's structure.
+#[test]
+fn every_sim_fabrics_export_has_nccls_structure() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut seen = 0;
+    for e in std::fs::read_dir(manifest.join("../configs/sim")).expect("configs/sim").filter_map(Result::ok) {
+        let path = e.path();
+        let Some(stem) =
+            path.file_stem().and_then(|s| s.to_str()).filter(|_| path.extension().is_some_and(|x| x == "toml"))
+        else {
+            continue;
+        };
+        let golden = manifest.join(format!("tests/golden/{stem}.nccl-xml"));
+        let text = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
+        check_nccl_parser_constraints(&text);
+        let root = parse(&text);
+        assert_eq!(root.attrs.get("version").map(String::as_str), Some("1"), "{stem}");
+        let all = check_nccl_structure(&root);
+        assert!(all.iter().any(|e| e.name == "cpu"), "{stem}: no cpu element");
+        seen += 1;
+    }
+    assert!(seen > 0, "no sim fabrics in configs/sim");
 }
