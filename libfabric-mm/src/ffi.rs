@@ -20,6 +20,10 @@ mod registration;
 pub use registration::*;
 mod resume;
 pub use resume::*;
+mod location;
+pub use location::*;
+mod revocation;
+pub use revocation::*;
 
 /// Success.
 pub const FMM_OK: c_int = 0;
@@ -105,7 +109,8 @@ pub(crate) fn set_error(msg: &str) {
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
 }
 
-pub(crate) fn fail(e: &Error) -> c_int {
+/// The error's text with its sources, as `fmm_last_error()` and callbacks give it.
+pub(crate) fn error_text(e: &Error) -> String {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -113,7 +118,11 @@ pub(crate) fn fail(e: &Error) -> c_int {
         msg.push_str(&s.to_string());
         src = s.source();
     }
-    set_error(&msg);
+    msg
+}
+
+pub(crate) fn fail(e: &Error) -> c_int {
+    set_error(&error_text(e));
     e.code()
 }
 
@@ -162,6 +171,18 @@ pub(crate) fn class(c: c_int) -> Result<MemoryClass, c_int> {
         FMM_MEM_HOST_EXPORTED => MemoryClass::HostExported,
         other => return Err(arg_err(&format!("unknown memory class {other}"))),
     })
+}
+
+/// The `FMM_MEM_*` code of a class.
+pub(crate) fn class_code(c: MemoryClass) -> c_int {
+    match c {
+        MemoryClass::Hbm => FMM_MEM_HBM,
+        MemoryClass::Dram => FMM_MEM_DRAM,
+        MemoryClass::CxlVolatile => FMM_MEM_CXL_VOLATILE,
+        MemoryClass::CxlPersistent => FMM_MEM_CXL_PERSISTENT,
+        MemoryClass::CxlDynamic => FMM_MEM_CXL_DYNAMIC,
+        MemoryClass::HostExported => FMM_MEM_HOST_EXPORTED,
+    }
 }
 
 pub(crate) fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c_int> {
@@ -294,6 +315,26 @@ pub unsafe extern "C" fn fmm_alloc(
         let device = unsafe { opt_str(device, "device") }?.ok_or_else(|| arg_err("device is NULL"))?;
         let t = Target::Device { device: device.to_owned(), memory: class(memory_class)? };
         let r = s.0.alloc(&t, size).map_err(|e| fail(&e))?;
+        put(out, FmmRegion(r))
+    })
+}
+
+/// Allocates `size` bytes striped over the interleave set named `set` (as `fabricctl map`
+/// names it, e.g. `cxl-region:hpa-0x1000000000`); the region has a GFA in the set's range.
+///
+/// # Safety
+/// `s` is a live session; `set` a NUL-terminated string; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_alloc_set(
+    s: *const FmmSession,
+    set: *const c_char,
+    size: u64,
+    out: *mut *mut FmmRegion,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (s, set) = unsafe { (get(s, "session")?, req_str(set, "set")?) };
+        let r = s.0.alloc(&Target::Set(set.to_owned()), size).map_err(|e| fail(&e))?;
         put(out, FmmRegion(r))
     })
 }

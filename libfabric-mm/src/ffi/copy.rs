@@ -3,11 +3,12 @@
 //! handle. A child of [`crate::ffi`], whose conventions (codes, last error, panic
 //! boundary) it shares.
 
-use std::ffi::c_int;
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::{FMM_OK, FmmSession, arg_err, fail, get, guard, put, set_error};
+use super::revocation::UserData;
+use super::{FMM_OK, FmmSession, arg_err, error_text, fail, get, guard, put, set_error};
 use crate::copy::{Copy, CopyEndpoint, CopyOutcome};
 
 /// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
@@ -127,8 +128,73 @@ pub unsafe extern "C" fn fmm_copy_wait(c: *const FmmCopy, timeout_ms: i64, bytes
     if pending && r == FMM_OK { FMM_COPY_PENDING } else { r }
 }
 
+/// Called once with a copy's result (`fmm_copy_on_complete`): `rc` 0 (every byte copied)
+/// or the negative code of why it stopped, `bytes` the bytes copied, `message` NULL on
+/// success, else the failure's text (valid during the call only; `fmm_last_error()` is not
+/// set by a callback).
+pub type FmmCopyCallback =
+    Option<unsafe extern "C" fn(user: *mut c_void, rc: c_int, bytes: u64, message: *const c_char)>;
+
+/// The callback's arguments for a result.
+fn callback_args(r: &CopyOutcome) -> (c_int, u64, Option<CString>) {
+    match r {
+        Ok(n) => (FMM_OK, *n, None),
+        Err(e) => {
+            let bytes = if let crate::Error::CopyFailed { bytes, .. } = e { *bytes } else { 0 };
+            let text = CString::new(error_text(e).replace('\0', " ")).unwrap_or_default();
+            (e.code(), bytes, Some(text))
+        }
+    }
+}
+
+/// Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
+/// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy.
+///
+/// **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
+/// before this returns. Else it runs on the thread that reads the daemon's completion: the
+/// library's reader thread (`fabric-mm-reader`), or one of the caller's threads while it is
+/// inside an `fmm_*` call of this session that waits for fabricd's answer. `user` is passed
+/// as given and must stay valid until `cb` has run. If the connection to the daemon is lost
+/// first, `cb` does not run.
+///
+/// **What `cb` may not do.** Block or run long (answers to this session's calls and other
+/// completions wait behind it); call any `fmm_*` function that talks to fabricd on this
+/// session (it waits for the callback: deadlock); free this copy's handle
+/// (`fmm_copy_free`), or use it at all; unwind or `longjmp` out of the call. Signalling
+/// another thread (a flag, a condition variable, a queue) is the intended use.
+///
+/// `fmm_copy_free` may be called before the copy completes (from any thread but the
+/// callback): the callback still runs once.
+///
+/// # Safety
+/// `c` is a live copy; `cb` is a function safe to call from another thread with `user`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_copy_on_complete(c: *const FmmCopy, cb: FmmCopyCallback, user: *mut c_void) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let c = unsafe { get(c, "copy") }?;
+        let cb = cb.ok_or_else(|| arg_err("callback is NULL"))?;
+        let user = UserData(user);
+        c.0.on_complete(move |r| {
+            // No panic may unwind into the reader thread: the conversion is caught, the C
+            // function (which cannot unwind) is called outside. A conversion that panicked
+            // still reports, as FMM_E_PANIC.
+            let (rc, bytes, text) = catch_unwind(AssertUnwindSafe(|| callback_args(&r))).unwrap_or((
+                super::FMM_E_PANIC,
+                0,
+                Some(CString::from(c"internal error: a panic was caught at the C boundary")),
+            ));
+            let message = text.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+            // SAFETY: the caller's contract: cb may be called from this thread with user;
+            // message is NULL or NUL-terminated and lives across the call.
+            unsafe { cb(user.ptr(), rc, bytes, message) };
+        });
+        Ok(())
+    })
+}
+
 /// Frees a copy's handle (NULL is fine). A copy still running goes on in the daemon; its
-/// result is discarded.
+/// result is discarded, unless a callback is set (`fmm_copy_on_complete`): that still runs.
 ///
 /// # Safety
 /// `c` is NULL or a live copy, not used afterwards.
