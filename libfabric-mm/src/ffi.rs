@@ -201,6 +201,22 @@ pub(crate) fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c
     Ok(())
 }
 
+/// The user's pointer, carried to the thread that runs the callback; what it points to is
+/// the C caller's to keep valid and thread-safe (the documented contract).
+pub(crate) struct UserData(pub(crate) *mut c_void);
+
+impl UserData {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    pub(crate) fn ptr(&self) -> *mut c_void {
+        self.0
+    }
+}
+// SAFETY: the library only passes the pointer back to the caller's callback, never reads
+// through it; the callback entry points document that it is used from another thread.
+unsafe impl Send for UserData {}
+// SAFETY: as for Send: the pointer is only copied, never dereferenced here.
+unsafe impl Sync for UserData {}
+
 /// Writes `value` through `out`.
 pub(crate) fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
     if out.is_null() {
@@ -493,5 +509,37 @@ pub unsafe extern "C" fn fmm_unmap(m: *mut FmmMapping) {
     if !m.is_null() {
         // SAFETY: the caller's contract: m came from Box::into_raw in fmm_map_*.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(m) })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+
+    #[test]
+    fn alloc_set_refuses_a_null_session_and_writes_nothing() {
+        let mut out = null_mut();
+        // SAFETY: NULL session: refused before the name or out are touched.
+        assert_eq!(unsafe { fmm_alloc_set(null(), c"set".as_ptr(), 1 << 20, &mut out) }, FMM_E_ARG);
+        assert!(out.is_null());
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_alloc_set(null(), null(), 1 << 20, null_mut()) }, FMM_E_ARG);
+        // SAFETY: fmm_last_error returns a NUL-terminated string.
+        assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "session is NULL");
+    }
+
+    #[test]
+    fn strings_are_checked_for_null_and_utf8() {
+        // SAFETY: the arguments are NULL or NUL-terminated.
+        unsafe {
+            assert_eq!(opt_str(null(), "set"), Ok(None));
+            assert_eq!(req_str(null(), "set"), Err(FMM_E_ARG));
+            assert_eq!(req_str(c"\xff\xfe".as_ptr(), "set"), Err(FMM_E_ARG));
+            assert_eq!(req_str(c"cxl-region:hpa-0x1000000000".as_ptr(), "set"), Ok("cxl-region:hpa-0x1000000000"));
+        }
+        // SAFETY: fmm_last_error returns a NUL-terminated string.
+        assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "set is not UTF-8");
     }
 }

@@ -7,8 +7,7 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::revocation::UserData;
-use super::{FMM_OK, FmmSession, arg_err, error_text, fail, get, guard, put, set_error};
+use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put, set_error};
 use crate::copy::{Copy, CopyEndpoint, CopyOutcome};
 
 /// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
@@ -148,7 +147,8 @@ fn callback_args(r: &CopyOutcome) -> (c_int, u64, Option<CString>) {
 }
 
 /// Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
-/// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy.
+/// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
+/// replaces a callback that has not run yet, and one set after the callback ran never runs.
 ///
 /// **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
 /// before this returns. Else it runs on the thread that reads the daemon's completion: the
@@ -203,5 +203,64 @@ pub unsafe extern "C" fn fmm_copy_free(c: *mut FmmCopy) {
     if !c.is_null() {
         // SAFETY: the caller's contract: c came from Box::into_raw in fmm_copy_start.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(c) })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+    use crate::ffi::{FMM_E_ARG, fmm_last_error};
+
+    unsafe extern "C" fn never(_: *mut c_void, _: c_int, _: u64, _: *const c_char) {
+        unreachable!("no copy completes in these tests");
+    }
+
+    fn last() -> String {
+        // SAFETY: fmm_last_error returns a NUL-terminated string valid until the next failure.
+        unsafe { CStr::from_ptr(fmm_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn on_complete_refuses_a_null_copy_before_anything_else() {
+        // SAFETY: NULL copy, a valid function; nothing is dereferenced.
+        assert_eq!(unsafe { fmm_copy_on_complete(null(), Some(never), null_mut()) }, FMM_E_ARG);
+        assert_eq!(last(), "copy is NULL");
+        // SAFETY: as above, with no callback either.
+        assert_eq!(unsafe { fmm_copy_on_complete(null(), None, null_mut()) }, FMM_E_ARG);
+    }
+
+    #[test]
+    fn start_poll_and_wait_refuse_nulls() {
+        let e = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: 0 };
+        let mut out = null_mut();
+        // SAFETY: NULL session: refused before the endpoints are read.
+        assert_eq!(unsafe { fmm_copy_start(null(), &e, &e, 1, &mut out) }, FMM_E_ARG);
+        assert!(out.is_null());
+        // SAFETY: NULL copies are refused, not dereferenced.
+        assert_eq!(unsafe { fmm_copy_poll(null(), null_mut()) }, FMM_E_ARG);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_copy_wait(null(), 0, null_mut()) }, FMM_E_ARG);
+        // SAFETY: NULL is fine.
+        unsafe { fmm_copy_free(null_mut()) };
+    }
+
+    #[test]
+    fn callback_arguments_carry_the_code_bytes_and_text() {
+        assert_eq!(callback_args(&Ok(42)), (FMM_OK, 42, None));
+        let failed = crate::Error::CopyFailed {
+            copy: 7,
+            code: fabric_proto::wire::ErrorCode::Revoked,
+            message: "import revoked".into(),
+            bytes: 4096,
+        };
+        let (rc, bytes, text) = callback_args(&Err(failed));
+        assert_eq!((rc, bytes), (crate::ffi::FMM_E_REVOKED, 4096));
+        assert!(text.unwrap().to_str().unwrap().contains("import revoked"));
+        let (rc, bytes, text) = callback_args(&Err(crate::Error::Disconnected));
+        assert_eq!((rc, bytes), (crate::ffi::FMM_E_DISCONNECTED, 0));
+        assert!(!text.unwrap().as_bytes().is_empty());
     }
 }

@@ -105,3 +105,71 @@ pub unsafe extern "C" fn fmm_translate(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+    use crate::ffi::{FMM_E_ARG, FMM_E_BUFFER, FMM_MEM_CXL_VOLATILE};
+    use fabric_proto::wire::MemoryClass;
+
+    fn text(field: &[c_char]) -> &str {
+        // SAFETY: c_location NUL-terminates every field it fills, and a zeroed field is empty.
+        unsafe { CStr::from_ptr(field.as_ptr()) }.to_str().unwrap()
+    }
+
+    #[test]
+    fn translate_refuses_a_null_session_even_with_no_gfas() {
+        let mut out = [FmmLocation { kind: 9, device: [0; 257], memory_class: 0, ordinal: 0, offset: 0, set: [0; 65] }];
+        // SAFETY: NULL session: refused before gfas or out are touched.
+        assert_eq!(unsafe { fmm_translate(null(), [0u64].as_ptr(), 1, out.as_mut_ptr()) }, FMM_E_ARG);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_translate(null(), null(), 0, null_mut()) }, FMM_E_ARG);
+        assert_eq!(out[0].kind, 9, "nothing written");
+    }
+
+    #[test]
+    fn every_location_kind_converts() {
+        let cxl = Location::Resource {
+            device: "serial:cxl/0x1".into(),
+            memory: MemoryClass::CxlVolatile,
+            ordinal: 1,
+            offset: 0x1005,
+            set: Some("cxl-region:hpa-0x1000000000".into()),
+        };
+        let c = c_location(&cxl).unwrap();
+        assert_eq!(
+            (c.kind, c.memory_class, c.ordinal, c.offset),
+            (FMM_LOCATION_RESOURCE, FMM_MEM_CXL_VOLATILE, 1, 0x1005)
+        );
+        assert_eq!((text(&c.device), text(&c.set)), ("serial:cxl/0x1", "cxl-region:hpa-0x1000000000"));
+        let hbm = Location::Resource {
+            device: "uuid:GPU-1".into(),
+            memory: MemoryClass::Hbm,
+            ordinal: 0,
+            offset: 0,
+            set: None,
+        };
+        assert_eq!(text(&c_location(&hbm).unwrap().set), "");
+        let hole = c_location(&Location::Hole { owner: "set:gone".into() }).unwrap();
+        assert_eq!((hole.kind, text(&hole.device), hole.memory_class), (FMM_LOCATION_HOLE, "set:gone", -1));
+        assert_eq!(c_location(&Location::Unmapped).unwrap().kind, FMM_LOCATION_UNMAPPED);
+        assert_eq!(c_location(&Location::NotInPartition).unwrap().kind, FMM_LOCATION_NOT_IN_PARTITION);
+    }
+
+    #[test]
+    fn the_longest_protocol_names_fit_and_longer_ones_are_refused() {
+        let at = |device: String, set: String| Location::Resource {
+            device,
+            memory: MemoryClass::Dram,
+            ordinal: 0,
+            offset: 0,
+            set: Some(set),
+        };
+        let c = c_location(&at("d".repeat(256), "s".repeat(64))).unwrap();
+        assert_eq!((text(&c.device).len(), text(&c.set).len()), (256, 64));
+        assert_eq!(c_location(&at("d".repeat(257), String::new())).unwrap_err(), FMM_E_BUFFER);
+    }
+}

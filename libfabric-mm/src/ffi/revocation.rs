@@ -6,7 +6,7 @@
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::{FmmSession, get, guard};
+use super::{FmmSession, UserData, get, guard};
 use crate::{Revocation, RevocationReason};
 
 /// `fmm_revocation_t.reason`: the owner revoked the export.
@@ -35,22 +35,6 @@ pub struct FmmRevocation {
 /// Called for each revocation of one of the session's imports (see `fmm_on_revocation`
 /// for the thread and what it may not do); `r` is valid during the call only.
 pub type FmmRevocationCallback = Option<unsafe extern "C" fn(user: *mut c_void, r: *const FmmRevocation)>;
-
-/// The user's pointer, carried to the thread that runs the callback; what it points to is
-/// the C caller's to keep valid and thread-safe (the documented contract).
-pub(crate) struct UserData(pub(crate) *mut c_void);
-
-impl UserData {
-    /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    pub(crate) fn ptr(&self) -> *mut c_void {
-        self.0
-    }
-}
-// SAFETY: the library only passes the pointer back to the caller's callback, never reads
-// through it; `fmm_on_revocation` documents that it is used from another thread.
-unsafe impl Send for UserData {}
-// SAFETY: as for Send: the pointer is only copied, never dereferenced here.
-unsafe impl Sync for UserData {}
 
 fn reason_code(r: RevocationReason) -> c_int {
     match r {
@@ -113,4 +97,36 @@ pub unsafe extern "C" fn fmm_on_revocation(
         });
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+    use crate::ffi::FMM_E_ARG;
+
+    unsafe extern "C" fn never(_: *mut c_void, _: *const FmmRevocation) {
+        unreachable!("nothing is revoked in these tests");
+    }
+
+    #[test]
+    fn on_revocation_refuses_a_null_session_with_or_without_a_callback() {
+        // SAFETY: NULL session: refused, nothing dereferenced or kept.
+        assert_eq!(unsafe { fmm_on_revocation(null(), Some(never), null_mut()) }, FMM_E_ARG);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_on_revocation(null(), None, null_mut()) }, FMM_E_ARG);
+    }
+
+    #[test]
+    fn every_reason_has_its_own_code() {
+        let codes = [
+            RevocationReason::Revoked,
+            RevocationReason::Freed,
+            RevocationReason::OwnerExited,
+            RevocationReason::DeviceLost,
+        ]
+        .map(reason_code);
+        assert_eq!(codes, [FMM_REVOKED_BY_OWNER, FMM_REVOKED_FREED, FMM_REVOKED_OWNER_EXITED, FMM_REVOKED_DEVICE_LOST]);
+    }
 }
