@@ -119,6 +119,33 @@
 // Bytes a resume token's text takes with its NUL (32 hex digits + 1).
 #define FMM_TOKEN_LEN 33
 
+// `fmm_location_t.kind`: the GFA lands in a device's memory resource.
+#define FMM_LOCATION_RESOURCE 0
+
+// `fmm_location_t.kind`: a hole reserved for a vanished owner (`device` names it).
+#define FMM_LOCATION_HOLE 1
+
+// `fmm_location_t.kind`: nothing holds the address.
+#define FMM_LOCATION_UNMAPPED 2
+
+// `fmm_location_t.kind`: mapped, but outside the caller's partition.
+#define FMM_LOCATION_NOT_IN_PARTITION 3
+
+// The most GFAs one `fmm_translate` call takes.
+#define FMM_TRANSLATE_MAX 1024
+
+// `fmm_revocation_t.reason`: the owner revoked the export.
+#define FMM_REVOKED_BY_OWNER 0
+
+// `fmm_revocation_t.reason`: the owner freed the region.
+#define FMM_REVOKED_FREED 1
+
+// `fmm_revocation_t.reason`: the owner's process exited.
+#define FMM_REVOKED_OWNER_EXITED 2
+
+// `fmm_revocation_t.reason`: the device holding the memory vanished.
+#define FMM_REVOKED_DEVICE_LOST 3
+
 // The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
 #define FMM_COPY_PENDING 1
 
@@ -216,6 +243,40 @@ typedef struct fmm_registration_stats_t {
   uint64_t range_hits;
 } fmm_registration_stats_t;
 
+// Where a GFA lands (`fmm_translate`).
+typedef struct fmm_location_t {
+  // `FMM_LOCATION_*`.
+  int kind;
+  // `FMM_LOCATION_RESOURCE`: the device's identity; `FMM_LOCATION_HOLE`: the owner the
+  // hole is kept for; else empty. NUL-terminated (the protocol bounds it to 256 bytes).
+  char device[257];
+  // `FMM_LOCATION_RESOURCE`: the class of memory (`FMM_MEM_*`); else -1.
+  int memory_class;
+  // `FMM_LOCATION_RESOURCE`: which resource of that class on the device; else 0.
+  uint16_t ordinal;
+  // `FMM_LOCATION_RESOURCE`: the byte offset in the resource; else 0.
+  uint64_t offset;
+  // `FMM_LOCATION_RESOURCE`: the interleave set the address went through, empty when
+  // none. NUL-terminated (at most 64 bytes).
+  char set[65];
+} fmm_location_t;
+
+// One revoked import (`fmm_revocation_callback_t`).
+typedef struct fmm_revocation_t {
+  // The region's id.
+  uint64_t region;
+  // The region's generation.
+  uint64_t generation;
+  // The daemon's id of this session's import.
+  uint64_t import;
+  // Why (`FMM_REVOKED_*`).
+  int reason;
+} fmm_revocation_t;
+
+// Called for each revocation of one of the session's imports (see `fmm_on_revocation`
+// for the thread and what it may not do); `r` is valid during the call only.
+typedef void (*fmm_revocation_callback_t)(void *user, const struct fmm_revocation_t *r);
+
 // One side of a copy.
 typedef struct fmm_copy_endpoint_t {
   // `FMM_COPY_REGISTRATION` or `FMM_COPY_GFA`.
@@ -225,6 +286,12 @@ typedef struct fmm_copy_endpoint_t {
   // Byte offset in the registration, or the GFA (`FMM_COPY_GFA`).
   uint64_t offset;
 } fmm_copy_endpoint_t;
+
+// Called once with a copy's result (`fmm_copy_on_complete`): `rc` 0 (every byte copied)
+// or the negative code of why it stopped, `bytes` the bytes copied, `message` NULL on
+// success, else the failure's text (valid during the call only; `fmm_last_error()` is not
+// set by a callback).
+typedef void (*fmm_copy_callback_t)(void *user, int rc, uint64_t bytes, const char *message);
 
 // The path between two devices (`fmm_path`).
 typedef struct fmm_path_t {
@@ -301,6 +368,16 @@ int fmm_alloc(const struct fmm_session_t *s,
               int memory_class,
               uint64_t size,
               struct fmm_region_t **out);
+
+// Allocates `size` bytes striped over the interleave set named `set` (as `fabricctl map`
+// names it, e.g. `cxl-region:hpa-0x1000000000`); the region has a GFA in the set's range.
+//
+// # Safety
+// `s` is a live session; `set` a NUL-terminated string; `out` writable.
+int fmm_alloc_set(const struct fmm_session_t *s,
+                  const char *set,
+                  uint64_t size,
+                  struct fmm_region_t **out);
 
 // Frees a region (when its mappings are gone too).
 //
@@ -764,6 +841,40 @@ int fmm_session_ping(const struct fmm_session_t *s);
 // `s` is a live session; `handle` is a NUL-terminated string.
 int fmm_revoke(const struct fmm_session_t *s, const char *handle);
 
+// Translates `count` GFAs (at most `FMM_TRANSLATE_MAX`, one round trip): `out[i]` says
+// where `gfas[i]` lands. `count` 0 does nothing (`gfas` and `out` may then be NULL). An
+// address nothing holds is not an error: its kind is `FMM_LOCATION_UNMAPPED`.
+//
+// # Safety
+// `s` is a live session; `gfas` has `count` readable entries and `out` room for `count`.
+int fmm_translate(const struct fmm_session_t *s,
+                  const uint64_t *gfas,
+                  size_t count,
+                  struct fmm_location_t *out);
+
+// Sets the function called for every revocation of one of this session's imports, after
+// the import is marked revoked (its next use fails with `FMM_E_REVOKED`); replaces an
+// earlier one. `cb` NULL removes it. Once this returns, the earlier callback is not
+// running and never runs again, so its `user` may be freed.
+//
+// **Thread.** `cb` runs on the thread that reads the daemon's event: the library's reader
+// thread (`fabric-mm-reader`), or one of the caller's threads while it is inside an
+// `fmm_*` call of this session that waits for fabricd's answer. It may run until the
+// session's last object is freed (`fmm_session_close` alone does not stop it): remove it
+// with `cb` NULL first when `user` goes away earlier. `user` is passed as given.
+//
+// **What `cb` may not do.** Block or run long (answers to this session's calls wait
+// behind it); call any `fmm_*` function that talks to fabricd on this session, nor
+// `fmm_on_revocation` (both wait for the callback: deadlock); unwind or `longjmp` out of
+// the call. Recording the revocation (a flag, a queue) for another thread to act on is
+// the intended use; `fmm_import_check` and `fmm_unmap`/`fmm_import_release` belong on that
+// thread.
+//
+// # Safety
+// `s` is a live session; `cb` is NULL or a function safe to call from another thread with
+// `user`, which stays valid as said above.
+int fmm_on_revocation(const struct fmm_session_t *s, fmm_revocation_callback_t cb, void *user);
+
 // Starts copying `len` bytes from `src` to `dst` with the daemon's copy engine; returns
 // at once with the copy in `out`. While it runs, the destination bytes may change at any
 // time: do not read them until the copy is done.
@@ -790,8 +901,32 @@ int fmm_copy_poll(const struct fmm_copy_t *c, uint64_t *bytes);
 // `c` is a live copy; `bytes` is NULL or writable.
 int fmm_copy_wait(const struct fmm_copy_t *c, int64_t timeout_ms, uint64_t *bytes);
 
+// Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
+// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
+// replaces a callback that has not run yet, and one set after the callback ran never runs.
+//
+// **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
+// before this returns. Else it runs on the thread that reads the daemon's completion: the
+// library's reader thread (`fabric-mm-reader`), or one of the caller's threads while it is
+// inside an `fmm_*` call of this session that waits for fabricd's answer. `user` is passed
+// as given and must stay valid until `cb` has run. If the connection to the daemon is lost
+// first, `cb` does not run.
+//
+// **What `cb` may not do.** Block or run long (answers to this session's calls and other
+// completions wait behind it); call any `fmm_*` function that talks to fabricd on this
+// session (it waits for the callback: deadlock); free this copy's handle
+// (`fmm_copy_free`), or use it at all; unwind or `longjmp` out of the call. Signalling
+// another thread (a flag, a condition variable, a queue) is the intended use.
+//
+// `fmm_copy_free` may be called before the copy completes (from any thread but the
+// callback): the callback still runs once.
+//
+// # Safety
+// `c` is a live copy; `cb` is a function safe to call from another thread with `user`.
+int fmm_copy_on_complete(const struct fmm_copy_t *c, fmm_copy_callback_t cb, void *user);
+
 // Frees a copy's handle (NULL is fine). A copy still running goes on in the daemon; its
-// result is discarded.
+// result is discarded, unless a callback is set (`fmm_copy_on_complete`): that still runs.
 //
 // # Safety
 // `c` is NULL or a live copy, not used afterwards.

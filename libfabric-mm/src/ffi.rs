@@ -20,6 +20,10 @@ mod registration;
 pub use registration::*;
 mod resume;
 pub use resume::*;
+mod location;
+pub use location::*;
+mod revocation;
+pub use revocation::*;
 
 /// Success.
 pub const FMM_OK: c_int = 0;
@@ -105,7 +109,8 @@ pub(crate) fn set_error(msg: &str) {
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
 }
 
-pub(crate) fn fail(e: &Error) -> c_int {
+/// The error's text with its sources, as `fmm_last_error()` and callbacks give it.
+pub(crate) fn error_text(e: &Error) -> String {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
@@ -113,7 +118,11 @@ pub(crate) fn fail(e: &Error) -> c_int {
         msg.push_str(&s.to_string());
         src = s.source();
     }
-    set_error(&msg);
+    msg
+}
+
+pub(crate) fn fail(e: &Error) -> c_int {
+    set_error(&error_text(e));
     e.code()
 }
 
@@ -164,6 +173,18 @@ pub(crate) fn class(c: c_int) -> Result<MemoryClass, c_int> {
     })
 }
 
+/// The `FMM_MEM_*` code of a class.
+pub(crate) fn class_code(c: MemoryClass) -> c_int {
+    match c {
+        MemoryClass::Hbm => FMM_MEM_HBM,
+        MemoryClass::Dram => FMM_MEM_DRAM,
+        MemoryClass::CxlVolatile => FMM_MEM_CXL_VOLATILE,
+        MemoryClass::CxlPersistent => FMM_MEM_CXL_PERSISTENT,
+        MemoryClass::CxlDynamic => FMM_MEM_CXL_DYNAMIC,
+        MemoryClass::HostExported => FMM_MEM_HOST_EXPORTED,
+    }
+}
+
 pub(crate) fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c_int> {
     if buf.is_null() {
         return Err(arg_err("output buffer is NULL"));
@@ -179,6 +200,22 @@ pub(crate) fn copy_out(text: &str, buf: *mut c_char, len: usize) -> Result<(), c
     }
     Ok(())
 }
+
+/// The user's pointer, carried to the thread that runs the callback; what it points to is
+/// the C caller's to keep valid and thread-safe (the documented contract).
+pub(crate) struct UserData(pub(crate) *mut c_void);
+
+impl UserData {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    pub(crate) fn ptr(&self) -> *mut c_void {
+        self.0
+    }
+}
+// SAFETY: the library only passes the pointer back to the caller's callback, never reads
+// through it; the callback entry points document that it is used from another thread.
+unsafe impl Send for UserData {}
+// SAFETY: as for Send: the pointer is only copied, never dereferenced here.
+unsafe impl Sync for UserData {}
 
 /// Writes `value` through `out`.
 pub(crate) fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
@@ -294,6 +331,26 @@ pub unsafe extern "C" fn fmm_alloc(
         let device = unsafe { opt_str(device, "device") }?.ok_or_else(|| arg_err("device is NULL"))?;
         let t = Target::Device { device: device.to_owned(), memory: class(memory_class)? };
         let r = s.0.alloc(&t, size).map_err(|e| fail(&e))?;
+        put(out, FmmRegion(r))
+    })
+}
+
+/// Allocates `size` bytes striped over the interleave set named `set` (as `fabricctl map`
+/// names it, e.g. `cxl-region:hpa-0x1000000000`); the region has a GFA in the set's range.
+///
+/// # Safety
+/// `s` is a live session; `set` a NUL-terminated string; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_alloc_set(
+    s: *const FmmSession,
+    set: *const c_char,
+    size: u64,
+    out: *mut *mut FmmRegion,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let (s, set) = unsafe { (get(s, "session")?, req_str(set, "set")?) };
+        let r = s.0.alloc(&Target::Set(set.to_owned()), size).map_err(|e| fail(&e))?;
         put(out, FmmRegion(r))
     })
 }
@@ -452,5 +509,37 @@ pub unsafe extern "C" fn fmm_unmap(m: *mut FmmMapping) {
     if !m.is_null() {
         // SAFETY: the caller's contract: m came from Box::into_raw in fmm_map_*.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(m) })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+
+    #[test]
+    fn alloc_set_refuses_a_null_session_and_writes_nothing() {
+        let mut out = null_mut();
+        // SAFETY: NULL session: refused before the name or out are touched.
+        assert_eq!(unsafe { fmm_alloc_set(null(), c"set".as_ptr(), 1 << 20, &mut out) }, FMM_E_ARG);
+        assert!(out.is_null());
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_alloc_set(null(), null(), 1 << 20, null_mut()) }, FMM_E_ARG);
+        // SAFETY: fmm_last_error returns a NUL-terminated string.
+        assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "session is NULL");
+    }
+
+    #[test]
+    fn strings_are_checked_for_null_and_utf8() {
+        // SAFETY: the arguments are NULL or NUL-terminated.
+        unsafe {
+            assert_eq!(opt_str(null(), "set"), Ok(None));
+            assert_eq!(req_str(null(), "set"), Err(FMM_E_ARG));
+            assert_eq!(req_str(c"\xff\xfe".as_ptr(), "set"), Err(FMM_E_ARG));
+            assert_eq!(req_str(c"cxl-region:hpa-0x1000000000".as_ptr(), "set"), Ok("cxl-region:hpa-0x1000000000"));
+        }
+        // SAFETY: fmm_last_error returns a NUL-terminated string.
+        assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "set is not UTF-8");
     }
 }

@@ -5,11 +5,8 @@
 
 use std::ffi::{c_char, c_int};
 
-use fabric_proto::wire::MemoryClass;
-
 use crate::ffi::{
-    FMM_E_BUFFER, FMM_MEM_CXL_DYNAMIC, FMM_MEM_CXL_PERSISTENT, FMM_MEM_CXL_VOLATILE, FMM_MEM_DRAM, FMM_MEM_HBM,
-    FMM_MEM_HOST_EXPORTED, FmmRegion, FmmSession, arg_err, class, fail, get, guard, put, req_str, set_error,
+    FMM_E_BUFFER, FmmRegion, FmmSession, arg_err, class, class_code, fail, get, guard, put, req_str, set_error,
 };
 use crate::path::{FabricView, PathInfo};
 
@@ -51,7 +48,7 @@ pub struct FmmNearMemory {
 
 /// Copies `text` into a fixed C string field, NUL-terminated; `FMM_E_BUFFER` when it does
 /// not fit.
-fn fill(dst: &mut [c_char], text: &str) -> Result<(), c_int> {
+pub(crate) fn fill(dst: &mut [c_char], text: &str) -> Result<(), c_int> {
     if text.len() >= dst.len() {
         set_error(&format!("{text:?} is longer than the {} bytes of its field", dst.len() - 1));
         return Err(FMM_E_BUFFER);
@@ -74,17 +71,6 @@ fn c_path(p: &PathInfo) -> FmmPath {
         latency_ns: p.latency_ns.unwrap_or(0),
         hops: u32::try_from(p.route.len()).unwrap_or(u32::MAX),
         degraded_links: u32::try_from(p.degraded_links).unwrap_or(u32::MAX),
-    }
-}
-
-fn class_code(c: MemoryClass) -> c_int {
-    match c {
-        MemoryClass::Hbm => FMM_MEM_HBM,
-        MemoryClass::Dram => FMM_MEM_DRAM,
-        MemoryClass::CxlVolatile => FMM_MEM_CXL_VOLATILE,
-        MemoryClass::CxlPersistent => FMM_MEM_CXL_PERSISTENT,
-        MemoryClass::CxlDynamic => FMM_MEM_CXL_DYNAMIC,
-        MemoryClass::HostExported => FMM_MEM_HOST_EXPORTED,
     }
 }
 

@@ -231,9 +231,39 @@ fn copy_example_runs_plain_and_under_address_sanitizer() {
         assert!(
             out.contains("the engine copied")
                 && out.contains("refusals are typed")
-                && out.contains("to registered host buffer"),
+                && out.contains("to registered host buffer")
+                && out.contains("completion callback got 3145745 bytes, also with the handle freed first"),
             "{out}"
         );
+    }
+}
+
+/// The sim CXL pool's 2-way interleave set over mem0 and mem1 (4 KiB granules).
+const CXL_SET: &str = "cxl-region:hpa-0x1000000000";
+
+#[test]
+fn interleave_example_allocates_on_a_set_translates_and_is_called_back_on_revocation() {
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/cxl-pool.toml").canonicalize().unwrap();
+    let d = common::daemon_with(&sim, "", |_| {});
+    let tmp = tempfile::tempdir().unwrap();
+    for bin in build_both("interleave.c", tmp.path()) {
+        let out = output_args(&bin, &d.socket, &[CXL_SET], None, &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for want in [
+            "unknown set refused (-11): ",
+            CXL_SET,
+            // 5 MiB rounded up to 2 ways x 2 MiB.
+            "interleave: 8388608 bytes (5242880 asked) on ",
+            "cxl_volatile#0 + 0x0 (set ",
+            "cxl_volatile#0 + 0x1005 (set ",
+            "cxl_volatile#0 + 0x3fffff (set ",
+            "the top of the address space is unmapped",
+            "revoked by its owner; import check -13",
+            "interleave: done",
+        ] {
+            assert!(stdout.contains(want), "{}: no {want:?} in\n{stdout}", bin.display());
+        }
     }
 }
 

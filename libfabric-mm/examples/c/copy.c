@@ -5,6 +5,11 @@
  * caller's thread never moves the bytes. Refusals are typed (an empty copy is
  * FMM_E_BAD_REQUEST), and a copy can be polled.
  *
+ * Then a completion callback (fmm_copy_on_complete): the library calls a C function with
+ * the result on its own thread; the callback only records it and signals a condition
+ * variable, and the main thread waits on that. The copy's handle may be freed before the
+ * copy completes (the callback still runs), but never from inside the callback.
+ *
  * Then register + copy: a host buffer (fmm_host_alloc) and the first region are registered
  * for DMA by the GPU, and the engine copies region → host buffer between the two
  * registrations (FMM_COPY_REGISTRATION endpoints name a registration by id); the bytes are
@@ -12,9 +17,11 @@
  *
  * Usage: copy SOCKET        (exit status 0 when every check passed)
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fabric_mm.h"
 
@@ -27,6 +34,42 @@ static unsigned char pattern(size_t i) { return (unsigned char)(i * 13u ^ (i >> 
 static int die(const char *what, int rc) {
     fprintf(stderr, "%s failed (%d): %s\n", what, rc, fmm_last_error());
     return 1;
+}
+
+/* What a completion callback hands to the thread that waits for it. */
+struct done {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int calls, rc;
+    uint64_t bytes;
+    char message[256];
+};
+
+/* Runs on the library's thread (or at once, inside fmm_copy_on_complete, when the copy is
+ * already done): record and signal; no blocking, no fmm_* calls on the session, and not
+ * fmm_copy_free of this copy. */
+static void on_done(void *user, int rc, uint64_t bytes, const char *message) {
+    struct done *d = user;
+    pthread_mutex_lock(&d->lock);
+    d->calls++;
+    d->rc = rc;
+    d->bytes = bytes;
+    snprintf(d->message, sizeof d->message, "%s", message ? message : "");
+    pthread_cond_signal(&d->cond);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Waits (at most 10 s) until the callback ran; how many times it did. */
+static int wait_done(struct done *d) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 10;
+    pthread_mutex_lock(&d->lock);
+    while (d->calls == 0 && pthread_cond_timedwait(&d->cond, &d->lock, &deadline) == 0) {
+    }
+    int calls = d->calls;
+    pthread_mutex_unlock(&d->lock);
+    return calls;
 }
 
 int main(int argc, char **argv) {
@@ -78,6 +121,41 @@ int main(int argc, char **argv) {
     }
     printf("copy: the engine copied %u bytes from GFA 0x%llx to 0x%llx on %s\n", COPY_LEN,
            (unsigned long long)src.offset, (unsigned long long)dst.offset, device);
+
+    /* The same copy again, with a completion callback instead of a wait. */
+    struct done d = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, 0, ""};
+    memset(fmm_mapping_ptr(mb), 0, LEN);
+    c = NULL;
+    if ((rc = fmm_copy_start(s, &dst, &src, COPY_LEN, &c))) return die("fmm_copy_start (callback)", rc);
+    if ((rc = fmm_copy_on_complete(c, NULL, &d)) != FMM_E_ARG) return die("NULL callback check", rc);
+    if ((rc = fmm_copy_on_complete(NULL, on_done, &d)) != FMM_E_ARG) return die("NULL copy check", rc);
+    if ((rc = fmm_copy_on_complete(c, on_done, &d))) return die("fmm_copy_on_complete", rc);
+    if (wait_done(&d) != 1 || d.rc != FMM_OK || d.bytes != COPY_LEN || d.message[0]) {
+        fprintf(stderr, "callback: %d calls, rc %d, %llu bytes, \"%s\"\n", d.calls, d.rc, (unsigned long long)d.bytes,
+                d.message);
+        return 1;
+    }
+    /* The result went to the callback: poll no longer reports it. */
+    if ((rc = fmm_copy_poll(c, &bytes)) != FMM_E_ARG) return die("poll after callback check", rc);
+    fmm_copy_free(c);
+    for (size_t i = 0; i < COPY_LEN; i++) {
+        if (pb[1 + i] != pattern(OFF + i)) {
+            fprintf(stderr, "callback copy: byte %zu is %u, expected %u\n", i, pb[1 + i], pattern(OFF + i));
+            return 1;
+        }
+    }
+    /* Freed before it completes: the callback still runs, once. */
+    struct done early = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, 0, ""};
+    c = NULL;
+    if ((rc = fmm_copy_start(s, &dst, &src, COPY_LEN, &c))) return die("fmm_copy_start (freed)", rc);
+    if ((rc = fmm_copy_on_complete(c, on_done, &early))) return die("fmm_copy_on_complete (freed)", rc);
+    fmm_copy_free(c);
+    if (wait_done(&early) != 1 || early.rc != FMM_OK || early.bytes != COPY_LEN) {
+        fprintf(stderr, "freed copy's callback: %d calls, rc %d\n", early.calls, early.rc);
+        return 1;
+    }
+    printf("copy: completion callback got %llu bytes, also with the handle freed first\n",
+           (unsigned long long)d.bytes);
 
     /* Refusals are typed: an empty copy, an unknown registration. */
     c = NULL;

@@ -3,11 +3,11 @@
 //! handle. A child of [`crate::ffi`], whose conventions (codes, last error, panic
 //! boundary) it shares.
 
-use std::ffi::c_int;
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::{FMM_OK, FmmSession, arg_err, fail, get, guard, put, set_error};
+use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put, set_error};
 use crate::copy::{Copy, CopyEndpoint, CopyOutcome};
 
 /// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
@@ -127,8 +127,74 @@ pub unsafe extern "C" fn fmm_copy_wait(c: *const FmmCopy, timeout_ms: i64, bytes
     if pending && r == FMM_OK { FMM_COPY_PENDING } else { r }
 }
 
+/// Called once with a copy's result (`fmm_copy_on_complete`): `rc` 0 (every byte copied)
+/// or the negative code of why it stopped, `bytes` the bytes copied, `message` NULL on
+/// success, else the failure's text (valid during the call only; `fmm_last_error()` is not
+/// set by a callback).
+pub type FmmCopyCallback =
+    Option<unsafe extern "C" fn(user: *mut c_void, rc: c_int, bytes: u64, message: *const c_char)>;
+
+/// The callback's arguments for a result.
+fn callback_args(r: &CopyOutcome) -> (c_int, u64, Option<CString>) {
+    match r {
+        Ok(n) => (FMM_OK, *n, None),
+        Err(e) => {
+            let bytes = if let crate::Error::CopyFailed { bytes, .. } = e { *bytes } else { 0 };
+            let text = CString::new(error_text(e).replace('\0', " ")).unwrap_or_default();
+            (e.code(), bytes, Some(text))
+        }
+    }
+}
+
+/// Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
+/// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
+/// replaces a callback that has not run yet, and one set after the callback ran never runs.
+///
+/// **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
+/// before this returns. Else it runs on the thread that reads the daemon's completion: the
+/// library's reader thread (`fabric-mm-reader`), or one of the caller's threads while it is
+/// inside an `fmm_*` call of this session that waits for fabricd's answer. `user` is passed
+/// as given and must stay valid until `cb` has run. If the connection to the daemon is lost
+/// first, `cb` does not run.
+///
+/// **What `cb` may not do.** Block or run long (answers to this session's calls and other
+/// completions wait behind it); call any `fmm_*` function that talks to fabricd on this
+/// session (it waits for the callback: deadlock); free this copy's handle
+/// (`fmm_copy_free`), or use it at all; unwind or `longjmp` out of the call. Signalling
+/// another thread (a flag, a condition variable, a queue) is the intended use.
+///
+/// `fmm_copy_free` may be called before the copy completes (from any thread but the
+/// callback): the callback still runs once.
+///
+/// # Safety
+/// `c` is a live copy; `cb` is a function safe to call from another thread with `user`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_copy_on_complete(c: *const FmmCopy, cb: FmmCopyCallback, user: *mut c_void) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let c = unsafe { get(c, "copy") }?;
+        let cb = cb.ok_or_else(|| arg_err("callback is NULL"))?;
+        let user = UserData(user);
+        c.0.on_complete(move |r| {
+            // No panic may unwind into the reader thread: the conversion is caught, the C
+            // function (which cannot unwind) is called outside. A conversion that panicked
+            // still reports, as FMM_E_PANIC.
+            let (rc, bytes, text) = catch_unwind(AssertUnwindSafe(|| callback_args(&r))).unwrap_or((
+                super::FMM_E_PANIC,
+                0,
+                Some(CString::from(c"internal error: a panic was caught at the C boundary")),
+            ));
+            let message = text.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+            // SAFETY: the caller's contract: cb may be called from this thread with user;
+            // message is NULL or NUL-terminated and lives across the call.
+            unsafe { cb(user.ptr(), rc, bytes, message) };
+        });
+        Ok(())
+    })
+}
+
 /// Frees a copy's handle (NULL is fine). A copy still running goes on in the daemon; its
-/// result is discarded.
+/// result is discarded, unless a callback is set (`fmm_copy_on_complete`): that still runs.
 ///
 /// # Safety
 /// `c` is NULL or a live copy, not used afterwards.
@@ -137,5 +203,64 @@ pub unsafe extern "C" fn fmm_copy_free(c: *mut FmmCopy) {
     if !c.is_null() {
         // SAFETY: the caller's contract: c came from Box::into_raw in fmm_copy_start.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(c) })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+    use crate::ffi::{FMM_E_ARG, fmm_last_error};
+
+    unsafe extern "C" fn never(_: *mut c_void, _: c_int, _: u64, _: *const c_char) {
+        unreachable!("no copy completes in these tests");
+    }
+
+    fn last() -> String {
+        // SAFETY: fmm_last_error returns a NUL-terminated string valid until the next failure.
+        unsafe { CStr::from_ptr(fmm_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn on_complete_refuses_a_null_copy_before_anything_else() {
+        // SAFETY: NULL copy, a valid function; nothing is dereferenced.
+        assert_eq!(unsafe { fmm_copy_on_complete(null(), Some(never), null_mut()) }, FMM_E_ARG);
+        assert_eq!(last(), "copy is NULL");
+        // SAFETY: as above, with no callback either.
+        assert_eq!(unsafe { fmm_copy_on_complete(null(), None, null_mut()) }, FMM_E_ARG);
+    }
+
+    #[test]
+    fn start_poll_and_wait_refuse_nulls() {
+        let e = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: 0 };
+        let mut out = null_mut();
+        // SAFETY: NULL session: refused before the endpoints are read.
+        assert_eq!(unsafe { fmm_copy_start(null(), &e, &e, 1, &mut out) }, FMM_E_ARG);
+        assert!(out.is_null());
+        // SAFETY: NULL copies are refused, not dereferenced.
+        assert_eq!(unsafe { fmm_copy_poll(null(), null_mut()) }, FMM_E_ARG);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_copy_wait(null(), 0, null_mut()) }, FMM_E_ARG);
+        // SAFETY: NULL is fine.
+        unsafe { fmm_copy_free(null_mut()) };
+    }
+
+    #[test]
+    fn callback_arguments_carry_the_code_bytes_and_text() {
+        assert_eq!(callback_args(&Ok(42)), (FMM_OK, 42, None));
+        let failed = crate::Error::CopyFailed {
+            copy: 7,
+            code: fabric_proto::wire::ErrorCode::Revoked,
+            message: "import revoked".into(),
+            bytes: 4096,
+        };
+        let (rc, bytes, text) = callback_args(&Err(failed));
+        assert_eq!((rc, bytes), (crate::ffi::FMM_E_REVOKED, 4096));
+        assert!(text.unwrap().to_str().unwrap().contains("import revoked"));
+        let (rc, bytes, text) = callback_args(&Err(crate::Error::Disconnected));
+        assert_eq!((rc, bytes), (crate::ffi::FMM_E_DISCONNECTED, 0));
+        assert!(!text.unwrap().as_bytes().is_empty());
     }
 }

@@ -1,0 +1,175 @@
+//! The C ABI of address translation (part of `include/fabric_mm.h`): where a GFA lands —
+//! the device, the class and ordinal of its memory resource, the offset in it and the
+//! interleave set it went through — over [`crate::Session::translate`]. A child of
+//! [`crate::ffi`], whose conventions it shares.
+
+use std::ffi::{c_char, c_int};
+
+use super::{FMM_E_PROTOCOL, FmmSession, arg_err, class_code, fail, get, guard, set_error};
+use crate::ffi_path::fill;
+use crate::session::Location;
+
+/// `fmm_location_t.kind`: the GFA lands in a device's memory resource.
+pub const FMM_LOCATION_RESOURCE: c_int = 0;
+/// `fmm_location_t.kind`: a hole reserved for a vanished owner (`device` names it).
+pub const FMM_LOCATION_HOLE: c_int = 1;
+/// `fmm_location_t.kind`: nothing holds the address.
+pub const FMM_LOCATION_UNMAPPED: c_int = 2;
+/// `fmm_location_t.kind`: mapped, but outside the caller's partition.
+pub const FMM_LOCATION_NOT_IN_PARTITION: c_int = 3;
+/// The most GFAs one `fmm_translate` call takes.
+pub const FMM_TRANSLATE_MAX: usize = 1024;
+
+/// Where a GFA lands (`fmm_translate`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FmmLocation {
+    /// `FMM_LOCATION_*`.
+    pub kind: c_int,
+    /// `FMM_LOCATION_RESOURCE`: the device's identity; `FMM_LOCATION_HOLE`: the owner the
+    /// hole is kept for; else empty. NUL-terminated (the protocol bounds it to 256 bytes).
+    pub device: [c_char; 257],
+    /// `FMM_LOCATION_RESOURCE`: the class of memory (`FMM_MEM_*`); else -1.
+    pub memory_class: c_int,
+    /// `FMM_LOCATION_RESOURCE`: which resource of that class on the device; else 0.
+    pub ordinal: u16,
+    /// `FMM_LOCATION_RESOURCE`: the byte offset in the resource; else 0.
+    pub offset: u64,
+    /// `FMM_LOCATION_RESOURCE`: the interleave set the address went through, empty when
+    /// none. NUL-terminated (at most 64 bytes).
+    pub set: [c_char; 65],
+}
+
+fn c_location(l: &Location) -> Result<FmmLocation, c_int> {
+    let mut c = FmmLocation {
+        kind: FMM_LOCATION_UNMAPPED,
+        device: [0; 257],
+        memory_class: -1,
+        ordinal: 0,
+        offset: 0,
+        set: [0; 65],
+    };
+    match l {
+        Location::Resource { device, memory, ordinal, offset, set } => {
+            c.kind = FMM_LOCATION_RESOURCE;
+            fill(&mut c.device, device)?;
+            c.memory_class = class_code(*memory);
+            c.ordinal = *ordinal;
+            c.offset = *offset;
+            fill(&mut c.set, set.as_deref().unwrap_or(""))?;
+        }
+        Location::Hole { owner } => {
+            c.kind = FMM_LOCATION_HOLE;
+            fill(&mut c.device, owner)?;
+        }
+        Location::Unmapped => {}
+        Location::NotInPartition => c.kind = FMM_LOCATION_NOT_IN_PARTITION,
+    }
+    Ok(c)
+}
+
+/// Translates `count` GFAs (at most `FMM_TRANSLATE_MAX`, one round trip): `out[i]` says
+/// where `gfas[i]` lands. `count` 0 does nothing (`gfas` and `out` may then be NULL). An
+/// address nothing holds is not an error: its kind is `FMM_LOCATION_UNMAPPED`.
+///
+/// # Safety
+/// `s` is a live session; `gfas` has `count` readable entries and `out` room for `count`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_translate(
+    s: *const FmmSession,
+    gfas: *const u64,
+    count: usize,
+    out: *mut FmmLocation,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get(s, "session") }?;
+        if count == 0 {
+            return Ok(());
+        }
+        if gfas.is_null() || out.is_null() {
+            return Err(arg_err("gfas or out is NULL with a non-zero count"));
+        }
+        // SAFETY: gfas is non-NULL (checked) with count readable entries (caller contract).
+        let gfas = unsafe { std::slice::from_raw_parts(gfas, count) };
+        let locations = s.0.translate(gfas).map_err(|e| fail(&e))?;
+        if locations.len() != count {
+            set_error(&format!("the daemon answered {} of {count} translations", locations.len()));
+            return Err(FMM_E_PROTOCOL);
+        }
+        let converted = locations.iter().map(c_location).collect::<Result<Vec<_>, _>>()?;
+        for (i, l) in converted.into_iter().enumerate() {
+            // SAFETY: out is non-NULL (checked) with room for count > i entries (caller contract).
+            unsafe { out.add(i).write(l) };
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+    use crate::ffi::{FMM_E_ARG, FMM_E_BUFFER, FMM_MEM_CXL_VOLATILE};
+    use fabric_proto::wire::MemoryClass;
+
+    fn text(field: &[c_char]) -> &str {
+        // SAFETY: c_location NUL-terminates every field it fills, and a zeroed field is empty.
+        unsafe { CStr::from_ptr(field.as_ptr()) }.to_str().unwrap()
+    }
+
+    #[test]
+    fn translate_refuses_a_null_session_even_with_no_gfas() {
+        let mut out = [FmmLocation { kind: 9, device: [0; 257], memory_class: 0, ordinal: 0, offset: 0, set: [0; 65] }];
+        // SAFETY: NULL session: refused before gfas or out are touched.
+        assert_eq!(unsafe { fmm_translate(null(), [0u64].as_ptr(), 1, out.as_mut_ptr()) }, FMM_E_ARG);
+        // SAFETY: as above.
+        assert_eq!(unsafe { fmm_translate(null(), null(), 0, null_mut()) }, FMM_E_ARG);
+        assert_eq!(out[0].kind, 9, "nothing written");
+    }
+
+    #[test]
+    fn every_location_kind_converts() {
+        let cxl = Location::Resource {
+            device: "serial:cxl/0x1".into(),
+            memory: MemoryClass::CxlVolatile,
+            ordinal: 1,
+            offset: 0x1005,
+            set: Some("cxl-region:hpa-0x1000000000".into()),
+        };
+        let c = c_location(&cxl).unwrap();
+        assert_eq!(
+            (c.kind, c.memory_class, c.ordinal, c.offset),
+            (FMM_LOCATION_RESOURCE, FMM_MEM_CXL_VOLATILE, 1, 0x1005)
+        );
+        assert_eq!((text(&c.device), text(&c.set)), ("serial:cxl/0x1", "cxl-region:hpa-0x1000000000"));
+        let hbm = Location::Resource {
+            device: "uuid:GPU-1".into(),
+            memory: MemoryClass::Hbm,
+            ordinal: 0,
+            offset: 0,
+            set: None,
+        };
+        assert_eq!(text(&c_location(&hbm).unwrap().set), "");
+        let hole = c_location(&Location::Hole { owner: "set:gone".into() }).unwrap();
+        assert_eq!((hole.kind, text(&hole.device), hole.memory_class), (FMM_LOCATION_HOLE, "set:gone", -1));
+        assert_eq!(c_location(&Location::Unmapped).unwrap().kind, FMM_LOCATION_UNMAPPED);
+        assert_eq!(c_location(&Location::NotInPartition).unwrap().kind, FMM_LOCATION_NOT_IN_PARTITION);
+    }
+
+    #[test]
+    fn the_longest_protocol_names_fit_and_longer_ones_are_refused() {
+        let at = |device: String, set: String| Location::Resource {
+            device,
+            memory: MemoryClass::Dram,
+            ordinal: 0,
+            offset: 0,
+            set: Some(set),
+        };
+        let c = c_location(&at("d".repeat(256), "s".repeat(64))).unwrap();
+        assert_eq!((text(&c.device).len(), text(&c.set).len()), (256, 64));
+        assert_eq!(c_location(&at("d".repeat(257), String::new())).unwrap_err(), FMM_E_BUFFER);
+    }
+}

@@ -1,0 +1,142 @@
+//! The C ABI's interleave-set allocation, translation and copy callback called as C calls
+//! them, against a real fabricd on the sim CXL pool: bad strings and NULLs refused with
+//! `FMM_E_ARG` and nothing written, translations that agree with `Session::translate`, and
+//! a completion callback that runs once on another thread.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::path::Path;
+use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fabric_mm::ffi::copy::*;
+use fabric_mm::ffi::*;
+
+const SET: &str = "cxl-region:hpa-0x1000000000";
+
+fn last() -> String {
+    // SAFETY: fmm_last_error returns a NUL-terminated string valid until the next failure.
+    unsafe { CStr::from_ptr(fmm_last_error()) }.to_string_lossy().into_owned()
+}
+
+fn open(socket: &Path) -> *mut FmmSession {
+    let sock = CString::new(socket.to_str().unwrap()).unwrap();
+    let mut s = null_mut();
+    // SAFETY: a NUL-terminated socket path and a writable out pointer.
+    assert_eq!(unsafe { fmm_session_open(sock.as_ptr(), 0, 1 << 44, &mut s) }, FMM_OK, "{}", last());
+    s
+}
+
+fn location() -> FmmLocation {
+    FmmLocation { kind: 99, device: [0; 257], memory_class: 0, ordinal: 0, offset: 0, set: [0; 65] }
+}
+
+fn text(field: &[c_char]) -> String {
+    // SAFETY: the library NUL-terminates the fields it fills.
+    unsafe { CStr::from_ptr(field.as_ptr()) }.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_rust() {
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/cxl-pool.toml").canonicalize().unwrap();
+    let d = common::daemon_with(&sim, "", |_| {});
+    let s = open(&d.socket);
+    let set = CString::new(SET).unwrap();
+    let mut r = null_mut();
+
+    // SAFETY: s is live; strings are NUL-terminated; out pointers writable or NULL.
+    unsafe {
+        assert_eq!(fmm_alloc_set(s, c"\xff\xfe".as_ptr(), 1 << 20, &mut r), FMM_E_ARG);
+        assert_eq!(last(), "set is not UTF-8");
+        assert_eq!(fmm_alloc_set(s, null(), 1 << 20, &mut r), FMM_E_ARG);
+        assert_eq!(last(), "set is NULL");
+        assert!(r.is_null());
+        assert_eq!(fmm_alloc_set(s, c"no-such-set".as_ptr(), 1 << 20, &mut r), FMM_E_NOT_FOUND);
+        assert!(last().contains(SET), "the refusal names the sets there are: {}", last());
+        assert_eq!(fmm_alloc_set(s, set.as_ptr(), 1 << 20, null_mut()), FMM_E_ARG, "NULL out");
+        assert_eq!(fmm_alloc_set(s, set.as_ptr(), 4 << 20, &mut r), FMM_OK, "{}", last());
+    }
+    let mut m = null_mut();
+    // SAFETY: s and r are live; m writable.
+    assert_eq!(unsafe { fmm_map_region(s, r, &mut m) }, FMM_OK, "{}", last());
+    // SAFETY: m is live.
+    let (gfa, len) = unsafe { (fmm_mapping_gfa(m), fmm_mapping_len(m)) };
+
+    // Translation: the C answers are the Rust ones, field for field.
+    let gfas = [gfa, gfa + 4096, gfa + len - 1, u64::MAX - 7];
+    let mut out = [location(); 4];
+    // SAFETY: 4 GFAs in, room for 4 out.
+    assert_eq!(unsafe { fmm_translate(s, gfas.as_ptr(), 4, out.as_mut_ptr()) }, FMM_OK, "{}", last());
+    let rust = common::session(&d.socket).translate(&gfas).unwrap();
+    for (c, r) in out.iter().zip(&rust) {
+        match r {
+            fabric_mm::Location::Resource { device, ordinal, offset, set, .. } => {
+                assert_eq!(c.kind, FMM_LOCATION_RESOURCE);
+                assert_eq!((text(&c.device), c.ordinal, c.offset), (device.clone(), *ordinal, *offset));
+                assert_eq!(text(&c.set), set.clone().unwrap_or_default());
+                assert_eq!(c.memory_class, FMM_MEM_CXL_VOLATILE);
+            }
+            fabric_mm::Location::Unmapped => assert_eq!(c.kind, FMM_LOCATION_UNMAPPED),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_ne!(text(&out[0].device), text(&out[1].device), "granules alternate: {rust:?}");
+    let many = vec![gfa; FMM_TRANSLATE_MAX + 1];
+    let mut room = vec![location(); many.len()];
+    // SAFETY: the arrays have the counts given; NULLs are refused.
+    unsafe {
+        assert_eq!(fmm_translate(s, many.as_ptr(), many.len(), room.as_mut_ptr()), FMM_E_ARG);
+        assert!(room.iter().all(|l| l.kind == 99), "nothing written on a refusal");
+        assert_eq!(fmm_translate(s, null(), 1, room.as_mut_ptr()), FMM_E_ARG);
+        assert_eq!(fmm_translate(s, many.as_ptr(), 1, null_mut()), FMM_E_ARG);
+        assert_eq!(fmm_translate(s, null(), 0, null_mut()), FMM_OK);
+        assert_eq!(fmm_translate(s, many.as_ptr(), FMM_TRANSLATE_MAX, room.as_mut_ptr()), FMM_OK, "{}", last());
+        assert!(room[..FMM_TRANSLATE_MAX].iter().all(|l| l.kind == FMM_LOCATION_RESOURCE));
+        assert_eq!(room[FMM_TRANSLATE_MAX].kind, 99, "nothing past count");
+    }
+
+    // A copy called back: once, on another thread, with the bytes.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static RESULT: AtomicI64 = AtomicI64::new(1);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+    static THREAD: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+    unsafe extern "C" fn done(user: *mut c_void, rc: c_int, bytes: u64, message: *const c_char) {
+        assert_eq!(user as usize, 0x5eed);
+        assert!(message.is_null());
+        RESULT.store(rc.into(), Ordering::SeqCst);
+        BYTES.store(bytes, Ordering::SeqCst);
+        *THREAD.lock().unwrap() = Some(std::thread::current().id());
+        CALLS.fetch_add(1, Ordering::SeqCst);
+    }
+    let half = len / 2;
+    let dst = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: gfa + half };
+    let src = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: gfa };
+    let mut c = null_mut();
+    // SAFETY: s is live, endpoints and out valid; done is safe to call from any thread.
+    unsafe {
+        assert_eq!(fmm_copy_start(s, &dst, &src, half, &mut c), FMM_OK, "{}", last());
+        assert_eq!(fmm_copy_on_complete(c, None, null_mut()), FMM_E_ARG);
+        assert_eq!(last(), "callback is NULL");
+        assert_eq!(fmm_copy_on_complete(c, Some(done), 0x5eed as *mut c_void), FMM_OK, "{}", last());
+        fmm_copy_free(c);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while CALLS.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the callback never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(CALLS.load(Ordering::SeqCst), 1);
+    assert_eq!((RESULT.load(Ordering::SeqCst), BYTES.load(Ordering::SeqCst)), (0, half));
+    assert_ne!(*THREAD.lock().unwrap(), Some(std::thread::current().id()), "it ran on the library's thread");
+
+    // SAFETY: live handles, not used afterwards.
+    unsafe {
+        fmm_unmap(m);
+        fmm_region_free(r);
+        fmm_session_close(s);
+    }
+}
