@@ -184,3 +184,138 @@ fn through_fabricd(extra: &[&str], adopt_step: &str, object: &str) {
     let log = d.log();
     assert!(log.contains("vendor object adopted") && log.contains("imported"), "{log}");
 }
+
+#[test]
+fn with_two_stand_in_gpus_the_memory_check_copies_across_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(lib) = fake_driver(dir.path()) else { return };
+    let out = dir.path().join("memory.json");
+    let env = [("FAKE_CUDA_DEVICES", "2")];
+    let (code, doc) = run_env(&lib, &["memory", "--size-mib", "2", "--iters", "1"], &out, &env);
+    assert_eq!(code, Some(0), "{doc:#}");
+    assert_eq!(step(&doc, "can access peer 0->1")["detail"], true);
+    assert_eq!(step(&doc, "enable peer access 0->1")["ok"], true);
+    assert_eq!(step(&doc, "map with access for GPU 1")["detail"]["granted"], serde_json::json!([0, 1]));
+    let read = step(&doc, "GPU 1 kernel reads GPU 0's memory through the peer mapping");
+    assert_eq!(read["detail"]["gpu_mismatched_words"], 0, "{read}");
+    assert_eq!(step(&doc, "GPU 1 copies from GPU 0")["ok"], true);
+    assert_eq!(step(&doc, "verify the copy on GPU 1")["detail"]["gpu_mismatched_words"], 0);
+    let refused = step(&doc, "copy by GPU 1 without its access is refused");
+    assert!(refused["detail"].as_str().expect("why").contains("device 1 was not granted access"), "{refused}");
+}
+
+/// The child process of `peer_access_on_two_stand_in_gpus` (set: the stand-in's path).
+const PEER_CHILD: &str = "FAKE_CUDA_PEER_CHILD";
+
+#[test]
+fn peer_access_on_two_stand_in_gpus() {
+    let Some(lib) = std::env::var_os(PEER_CHILD) else {
+        // The parent: build the stand-in and run this test again on it, with two devices.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some(lib) = fake_driver(dir.path()) else { return };
+        let o = Command::new(std::env::current_exe().expect("exe"))
+            .args(["--exact", "peer_access_on_two_stand_in_gpus", "--nocapture", "--test-threads=1"])
+            .env(PEER_CHILD, &lib)
+            .env("FAKE_CUDA_DEVICES", "2")
+            .env("LD_LIBRARY_PATH", &lib)
+            .output()
+            .expect("runs");
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && stdout.contains("1 passed"), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+        return;
+    };
+    two_gpus(Path::new(&lib));
+}
+
+/// The library's peer path on the stand-in, and the stand-in's own checks called directly
+/// (bypassing the library's) so that they are known to answer as the driver documents.
+fn two_gpus(lib: &Path) {
+    use fabric_mm::cuda::{AllocOptions, CudaContext, CudaError, pattern_word};
+    type Ctx = *mut std::ffi::c_void;
+    let gpu0 = CudaContext::new(0).expect("GPU 0");
+    let gpu1 = CudaContext::new(1).expect("GPU 1");
+    // The copy cudarc loaded (libcuda.so and libcuda.so.1 are two files, each with its own
+    // state), found without loading another.
+    let raw: libloading::Library = ["libcuda.so", "libcuda.so.1"]
+        .iter()
+        .find_map(|name| {
+            // SAFETY: RTLD_NOLOAD only finds a library already loaded; nothing runs.
+            unsafe { libloading::os::unix::Library::open(Some(lib.join(name)), libc::RTLD_NOLOAD | libc::RTLD_NOW) }
+                .ok()
+        })
+        .expect("the stand-in is loaded")
+        .into();
+    // SAFETY: the signatures are those of cuda.h (and of fake_cuda.c).
+    let (retain, disable, dtod, set_access) = unsafe {
+        (
+            *raw.get::<unsafe extern "C" fn(*mut Ctx, i32) -> i32>(b"cuDevicePrimaryCtxRetain\0").expect("sym"),
+            *raw.get::<unsafe extern "C" fn(Ctx) -> i32>(b"cuCtxDisablePeerAccess\0").expect("sym"),
+            *raw.get::<unsafe extern "C" fn(u64, u64, usize) -> i32>(b"cuMemcpyDtoD_v2\0").expect("sym"),
+            *raw.get::<unsafe extern "C" fn(u64, usize, *const [i32; 3], usize) -> i32>(b"cuMemSetAccess\0")
+                .expect("sym"),
+        )
+    };
+    assert_ne!(gpu0.uuid().expect("stand-in"), gpu1.uuid().expect("stand-in"));
+    assert!(gpu0.can_access_peer(&gpu1).expect("stand-in") && gpu1.can_access_peer(&gpu0).expect("stand-in"));
+    assert!(!gpu0.can_access_peer(&gpu0).expect("stand-in"), "a device is not its own peer");
+    assert!(matches!(gpu0.enable_peer_access(&gpu0), Err(CudaError::InvalidArgument(_))));
+
+    // Context peer access: enabled once, a second time is the driver's ALREADY_ENABLED,
+    // and the guard's drop disables it (so disabling again is NOT_ENABLED).
+    let mut ctx1: Ctx = std::ptr::null_mut();
+    // SAFETY: `ctx1` is writable; device 1 exists.
+    assert_eq!(unsafe { retain(&mut ctx1, 1) }, 0);
+    let access = gpu0.enable_peer_access(&gpu1).expect("peer access 0->1");
+    match gpu0.enable_peer_access(&gpu1) {
+        Err(CudaError::Call { op: "cuCtxEnablePeerAccess", raw: 704, code }) => {
+            assert_eq!(code, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED")
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(access);
+    gpu0.bind().expect("stand-in");
+    // SAFETY: ctx1 is a retained context; the current one is GPU 0's.
+    assert_eq!(unsafe { disable(ctx1) }, 705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: the guard disabled it");
+
+    // VMM: GPU 0's memory, written with a pattern, mapped with and without GPU 1's access.
+    let mem = gpu0.allocate(1, AllocOptions::default()).expect("allocate on GPU 0");
+    let pattern: Vec<u8> = (0..mem.size() as u64 / 4).flat_map(|i| pattern_word(i, 7).to_ne_bytes()).collect();
+    let shared = mem.map(&[&gpu1, &gpu1, &gpu0]).expect("map with GPU 1's access");
+    assert_eq!(shared.granted(), [0, 1], "the owner once, each peer once");
+    shared.write(0, &pattern).expect("stand-in");
+    let private = mem.map(&[]).expect("map for GPU 0 only");
+    assert_eq!(private.granted(), [0]);
+    let local = gpu1.allocate(mem.size(), AllocOptions::default()).expect("allocate on GPU 1");
+    let dst = local.map(&[]).expect("map on GPU 1");
+
+    // GPU 1 copies what it was granted, and it arrives.
+    dst.copy_from(&shared, mem.size()).expect("GPU 1 copies from GPU 0");
+    let mut back = vec![0u8; mem.size()];
+    dst.read(0, &mut back).expect("stand-in");
+    assert!(back == pattern, "the copy on GPU 1 holds GPU 0's pattern");
+    // Not what it was not granted: a typed refusal from the library, before the driver...
+    match dst.copy_from(&private, mem.size()) {
+        Err(CudaError::NoAccess { device: 1, owner: 0 }) => {}
+        other => panic!("{other:?}"),
+    }
+    let stream = gpu1.stream().expect("stand-in");
+    // SAFETY: the copy is refused before it is queued; nothing outlives anything.
+    let queued = unsafe { stream.copy_async(&dst, &private, mem.size()) };
+    assert!(matches!(queued, Err(CudaError::NoAccess { device: 1, owner: 0 })), "{queued:?}");
+    // ...and the stand-in refuses it too when asked directly, as a copy engine would fail.
+    gpu1.bind().expect("stand-in");
+    let n = mem.size();
+    // SAFETY: both ranges are live mappings of `n` bytes; the stand-in copies host memory.
+    unsafe {
+        assert_eq!(dtod(dst.device_ptr(), private.device_ptr(), n), 1, "CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(dtod(dst.device_ptr(), shared.device_ptr(), n), 0);
+    }
+    // cuMemSetAccess: a location that is no device; then access taken away again.
+    // SAFETY: each descriptor is (location type DEVICE, id, flags) as CUmemAccessDesc is.
+    unsafe {
+        assert_eq!(set_access(shared.device_ptr(), n, &[1, 5, 3], 1), 101, "CUDA_ERROR_INVALID_DEVICE");
+        assert_eq!(set_access(shared.device_ptr() + 4096, n - 4096, &[1, 1, 3], 1), 1, "not a whole mapping");
+        assert_eq!(set_access(shared.device_ptr(), n, &[1, 1, 0], 1), 0, "PROT_NONE for GPU 1");
+        assert_eq!(dtod(dst.device_ptr(), shared.device_ptr(), n), 1, "GPU 1's access is gone");
+    }
+}

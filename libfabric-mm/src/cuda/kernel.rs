@@ -183,7 +183,9 @@ fn words_of(m: &GpuMapping<'_>) -> u64 {
 
 impl Module {
     /// Fills `m` with the pattern for `seed` from the GPU, and waits.
+    /// `m` must be accessible to the module's device ([`CudaError::NoAccess`]).
     pub fn fill(&self, stream: &Stream, m: &GpuMapping<'_>, seed: u32) -> Result<(), CudaError> {
+        m.check_access(self.ctx.ordinal)?;
         let mut buf = m.device_ptr();
         let mut words = words_of(m);
         let mut seed = seed;
@@ -198,7 +200,9 @@ impl Module {
     }
 
     /// Counts, from the GPU, the 32-bit words of `m` that differ from the pattern for `seed`.
+    /// `m` must be accessible to the module's device ([`CudaError::NoAccess`]).
     pub fn verify(&self, stream: &Stream, m: &GpuMapping<'_>, seed: u32) -> Result<u64, CudaError> {
+        m.check_access(self.ctx.ordinal)?;
         // The counter lives in a small allocation of the module's own device.
         let counter_mem = self.owner.allocate(4, AllocOptions::default())?;
         let counter = counter_mem.map(&[])?;

@@ -70,6 +70,15 @@ pub enum CudaError {
         /// Devices the driver reports.
         count: i32,
     },
+    /// Work of one device on a mapping that was not made accessible to it (give the device
+    /// as a peer when mapping).
+    #[error("device {device} was not granted access to this mapping of device {owner}'s memory")]
+    NoAccess {
+        /// The device that would have done the copy or run the kernel.
+        device: i32,
+        /// The device whose memory is mapped.
+        owner: i32,
+    },
     /// An argument the backend checks itself (zero or overflowing sizes, ranges).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -64,9 +64,11 @@ impl Stream {
     pub unsafe fn copy_async(&self, dst: &GpuMapping<'_>, src: &GpuMapping<'_>, len: usize) -> Result<(), CudaError> {
         dst.check(0, len)?;
         src.check(0, len)?;
+        dst.check_access(self.ctx.ordinal)?;
+        src.check_access(self.ctx.ordinal)?;
         self.ctx.bind()?;
-        // SAFETY: both ranges lie inside live mappings this context can access (checked
-        // above, access granted at map); the caller keeps them alive until the copy ends.
+        // SAFETY: both ranges lie inside live mappings this stream's device was granted
+        // (checked above); the caller keeps them alive until the copy ends.
         unsafe { self.ctx.drv.memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), len, self.raw) }
     }
 

@@ -185,6 +185,8 @@ pub struct MappedRange {
     va: CUdeviceptr,
     size: usize,
     mapped: bool,
+    /// The ordinals `cuMemSetAccess` granted: the owner first, then each peer once.
+    access: Vec<i32>,
 }
 
 impl MappedRange {
@@ -194,13 +196,37 @@ impl MappedRange {
         let drv = mem.ctx.inner.drv;
         let va = drv.address_reserve(mem.size, mem.granularity)?;
         // Each step's guard undoes it if a later step fails.
-        let mut m = MappedRange { ctx: mem.ctx.inner.clone(), va, size: mem.size, mapped: false };
+        let mut m = MappedRange { ctx: mem.ctx.inner.clone(), va, size: mem.size, mapped: false, access: Vec::new() };
         drv.map(va, mem.size, mem.handle)?;
         m.mapped = true;
-        let mut desc = vec![access(mem.ctx.ordinal())];
-        desc.extend(peers.iter().filter(|p| p.ordinal() != mem.ctx.ordinal()).map(|p| access(p.ordinal())));
+        let mut granted = vec![mem.ctx.ordinal()];
+        for p in peers {
+            if !granted.contains(&p.ordinal()) {
+                granted.push(p.ordinal());
+            }
+        }
+        let desc: Vec<_> = granted.iter().map(|&o| access(o)).collect();
         drv.set_access(va, mem.size, &desc)?;
+        m.access = granted;
         Ok(m)
+    }
+
+    /// The devices (ordinals) this mapping was made accessible to: the memory's own and the
+    /// peers given at `map`.
+    pub fn granted(&self) -> &[i32] {
+        &self.access
+    }
+
+    /// Refuses work of device `ordinal` on this range unless it was granted access. The
+    /// check is ours, before the driver's: on a GPU a copy engine or kernel touching a
+    /// range its device was not granted faults (an error the context keeps), where the
+    /// caller's mistake deserves a plain refusal.
+    pub(super) fn check_access(&self, ordinal: i32) -> Result<(), CudaError> {
+        if self.access.contains(&ordinal) {
+            Ok(())
+        } else {
+            Err(CudaError::NoAccess { device: ordinal, owner: self.ctx.ordinal })
+        }
     }
 
     /// The device address of the first byte.
@@ -259,11 +285,13 @@ impl MappedRange {
     }
 
     /// [`MappedRange::copy_from`] between offsets: `len` bytes from `src` at `src_offset` to
-    /// this mapping at `offset`. This mapping's device must have access to `src` (its own
-    /// memory, or a peer given when `src` was mapped).
+    /// this mapping at `offset`. The copy runs in this mapping's context, so its device must
+    /// have been granted `src` (its own memory, or a peer given when `src` was mapped):
+    /// otherwise [`CudaError::NoAccess`], before any driver call.
     pub fn copy_range(&self, offset: usize, src: &MappedRange, src_offset: usize, len: usize) -> Result<(), CudaError> {
         self.check(offset, len)?;
         src.check(src_offset, len)?;
+        src.check_access(self.ctx.ordinal)?;
         self.ctx.bind()?;
         // SAFETY: both ranges lie inside live mappings (checked above; access was granted
         // at `map`); `memcpy_dtod` waits for the copy.

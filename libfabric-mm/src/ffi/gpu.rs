@@ -74,7 +74,8 @@ pub struct FmmGpuProperties {
 fn error(e: impl Into<Error>) -> c_int {
     let e = e.into();
     let code = fail(&e);
-    if matches!(e, Error::Cuda(CudaError::InvalidArgument(_))) { FMM_E_ARG } else { code }
+    // The caller's mistakes, not the device's.
+    if matches!(e, Error::Cuda(CudaError::InvalidArgument(_) | CudaError::NoAccess { .. })) { FMM_E_ARG } else { code }
 }
 
 /// [`guard`] that first answers `FMM_E_DEVICE` ("CUDA not present: …") without a driver.

@@ -6,13 +6,23 @@
  * exporter's bytes. The two PTX kernels (fill_u32, verify_u32) run on the CPU, reading their
  * parameters exactly as the PTX declares them (u64, u64, u32[, u64]).
  *
- * It is a test double, not a model of a GPU: no dma-buf, one device. Fabric handles only with
+ * Devices: one, or FAKE_CUDA_DEVICES=N (1..8). Between distinct devices cuDeviceCanAccessPeer
+ * answers 1; cuCtxEnablePeerAccess/cuCtxDisablePeerAccess keep a per-pair state and answer
+ * as the driver documents (UNSUPPORTED, ALREADY_ENABLED, NOT_ENABLED, INVALID_CONTEXT,
+ * INVALID_VALUE for flags). VMM access is per mapping, as on a GPU: cuMemSetAccess records
+ * which devices each mapped range grants (by CUmemAccessDesc location.id) and a copy or
+ * kernel of the current context's device touching a range not granted to it fails
+ * (copies: INVALID_VALUE; kernels: ILLEGAL_ADDRESS, where a GPU would fault) — peer access
+ * of the context does not open VMM mappings, as it does not on a GPU.
+ *
+ * It is a test double, not a model of a GPU: no dma-buf. Fabric handles only with
  * FAKE_CUDA_FABRIC=1 (else cuMemCreate refuses them, as a driver without an IMEX channel
  * does): the 64 bytes name the exporter's pid and descriptor, and an importer opens
  * /proc/PID/fd/N — the same host and uid only, unlike a real fabric handle.
  * Built by tests/fake_cuda.rs with `cc -shared -fPIC`. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,24 +38,60 @@ typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
 
 enum {
-    OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_DEVICE = 101, INVALID_HANDLE = 400,
-    NOT_FOUND = 500, NOT_SUPPORTED = 801
+    OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
+    PEER_ACCESS_UNSUPPORTED = 217, INVALID_HANDLE = 400, NOT_FOUND = 500, ILLEGAL_ADDRESS = 700,
+    PEER_ACCESS_ALREADY_ENABLED = 704, PEER_ACCESS_NOT_ENABLED = 705, NOT_SUPPORTED = 801
 };
+enum { LOCATION_DEVICE = 1, PROT_NONE_ = 0, PROT_READ_ = 1, PROT_READWRITE_ = 3 };
+#define MAX_DEVICES 8
+#define MAX_MAPPINGS 256
 enum { HANDLE_POSIX_FD = 1, HANDLE_FABRIC = 8 };
 #define GRANULARITY (2u << 20)
 
 typedef struct { int type; unsigned int handle_types; int loc_type; int loc_id; void *win32; unsigned char flags[8]; } Prop;
-typedef struct { int fd; size_t size; } Alloc;
+typedef struct { int fd; size_t size; int dev; } Alloc;
+/* CUmemAccessDesc (CUDA 12.x): a CUmemLocation (type, id) and the protection flags. */
+typedef struct { int loc_type; int loc_id; int flags; } AccessDesc;
+/* A mapped range: which allocation's device it belongs to, which devices it grants. */
+typedef struct { uintptr_t va; size_t size; int owner; unsigned access; int used; } Mapping;
 
-static int ctx_token, stream_token;
+static int ctx_token[MAX_DEVICES], stream_token;
+static __thread int current = -1; /* the calling thread's current context's device */
+static int peer_enabled[MAX_DEVICES][MAX_DEVICES]; /* [from][to]: cuCtxEnablePeerAccess done */
+static Mapping mappings[MAX_MAPPINGS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int devices(void) {
+    const char *env = getenv("FAKE_CUDA_DEVICES");
+    int n = env ? atoi(env) : 1;
+    return n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
+}
+static int valid(CUdevice d) { return d >= 0 && d < devices(); }
+static int ctx_device(void *ctx) {
+    for (int d = 0; d < devices(); d++)
+        if (ctx == &ctx_token[d]) return d;
+    return -1;
+}
+
+/* Whether the current device may touch [p, p+n): inside one mapped range that grants it. */
+static int accessible(uintptr_t p, size_t n) {
+    int ok = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_MAPPINGS && !ok; i++) {
+        Mapping *m = &mappings[i];
+        ok = m->used && p >= m->va && p + n <= m->va + m->size && current >= 0 && (m->access >> current & 1);
+    }
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
 
 CUresult cuInit(unsigned int flags) { (void)flags; return OK; }
 CUresult cuDriverGetVersion(int *v) { *v = 12080; return OK; }
-CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
-CUresult cuDeviceGet(CUdevice *d, int ordinal) { if (ordinal != 0) return INVALID_DEVICE; *d = 0; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = devices(); return OK; }
+CUresult cuDeviceGet(CUdevice *d, int ordinal) { if (!valid(ordinal)) return INVALID_DEVICE; *d = ordinal; return OK; }
 
 CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
-    (void)d;
+    if (!valid(d)) return INVALID_DEVICE;
     switch (attr) {
     case 75: *v = 9; break;   /* compute capability major */
     case 76: *v = 0; break;   /* minor */
@@ -57,16 +103,31 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     return OK;
 }
 
-CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) { (void)a; (void)b; *v = 0; return OK; }
-CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &ctx_token; return OK; }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return OK; }
-CUresult cuCtxSetCurrent(void *ctx) { return ctx == &ctx_token ? OK : INVALID_HANDLE; }
-CUresult cuCtxSynchronize(void) { return OK; }
+/* Every pair of distinct devices is peer capable; a device is not its own peer (the real
+ * driver answers 0 for dev == peerDev). */
+CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) {
+    if (!valid(a) || !valid(b)) return INVALID_DEVICE;
+    *v = a != b;
+    return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) {
+    if (!valid(d)) return INVALID_DEVICE;
+    *ctx = &ctx_token[d];
+    return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return valid(d) ? OK : INVALID_DEVICE; }
+CUresult cuCtxSetCurrent(void *ctx) {
+    int d = ctx_device(ctx);
+    if (d < 0) return INVALID_CONTEXT;
+    current = d;
+    return OK;
+}
+CUresult cuCtxSynchronize(void) { return current < 0 ? INVALID_CONTEXT : OK; }
 /* The device's UUID: FAKE_CUDA_UUID (32 hex digits) when set, so that a test can make this
  * "GPU" one a sim daemon knows; else all zero. */
 CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) {
     static const unsigned char id[16] = {0};
-    if (d != 0) return INVALID_DEVICE;
+    if (!valid(d)) return INVALID_DEVICE;
     const char *env = getenv("FAKE_CUDA_UUID");
     if (env && strlen(env) == 32) {
         for (int i = 0; i < 16; i++) {
@@ -77,27 +138,45 @@ CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice d) {
     } else {
         memcpy(uuid, id, 16);
     }
+    uuid[15] ^= (unsigned char)d; /* device 0 keeps the UUID asked for; the others differ */
     return OK;
 }
 /* What fabricd's CUDA discovery asks of a device: name, PCI address, memory. */
 CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
-    if (d != 0) return INVALID_DEVICE;
+    if (!valid(d)) return INVALID_DEVICE;
     snprintf(name, (size_t)len, "Fake CUDA device");
     return OK;
 }
 CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice d) { return cuDeviceGetUuid_v2(uuid, d); }
 CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) {
-    if (d != 0) return INVALID_DEVICE;
-    snprintf(bus, (size_t)len, "0000:00:00.0");
+    if (!valid(d)) return INVALID_DEVICE;
+    snprintf(bus, (size_t)len, "0000:%02x:00.0", d);
     return OK;
 }
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
-    if (d != 0) return INVALID_DEVICE;
+    if (!valid(d)) return INVALID_DEVICE;
     *bytes = (size_t)16 << 30;
     return OK;
 }
-CUresult cuCtxEnablePeerAccess(void *p, unsigned int f) { (void)p; (void)f; return NOT_SUPPORTED; }
-CUresult cuCtxDisablePeerAccess(void *p) { (void)p; return NOT_SUPPORTED; }
+/* As the driver API documents them: access is one way, from the current context to peer. */
+CUresult cuCtxEnablePeerAccess(void *p, unsigned int f) {
+    int to = ctx_device(p);
+    if (current < 0 || to < 0 || to == current) return INVALID_CONTEXT;
+    if (f != 0) return INVALID_VALUE;
+    int can = 0;
+    cuDeviceCanAccessPeer(&can, current, to);
+    if (!can) return PEER_ACCESS_UNSUPPORTED;
+    if (peer_enabled[current][to]) return PEER_ACCESS_ALREADY_ENABLED;
+    peer_enabled[current][to] = 1;
+    return OK;
+}
+CUresult cuCtxDisablePeerAccess(void *p) {
+    int to = ctx_device(p);
+    if (current < 0 || to < 0) return INVALID_CONTEXT;
+    if (!peer_enabled[current][to]) return PEER_ACCESS_NOT_ENABLED;
+    peer_enabled[current][to] = 0;
+    return OK;
+}
 
 CUresult cuMemGetAllocationGranularity(size_t *g, const Prop *p, int option) {
     (void)p;
@@ -118,11 +197,13 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const Prop *p
     (void)flags;
     if ((p->handle_types & HANDLE_FABRIC) && !fabric_enabled()) return NOT_SUPPORTED;
     if (size == 0 || size % GRANULARITY) return INVALID_VALUE;
+    if (p->loc_type != LOCATION_DEVICE || !valid(p->loc_id)) return INVALID_DEVICE;
     int fd = memfd_create("fake-hbm", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0) return OUT_OF_MEMORY;
     Alloc *a = malloc(sizeof *a);
     a->fd = fd;
     a->size = size;
+    a->dev = p->loc_id;
     *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
     return OK;
 }
@@ -167,6 +248,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
         Alloc *a = malloc(sizeof *a);
         a->fd = fd;
         a->size = (size_t)ff.size;
+        a->dev = current < 0 ? 0 : current;
         *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
         return OK;
     }
@@ -177,6 +259,7 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *o
     Alloc *a = malloc(sizeof *a);
     a->fd = dup(fd);
     a->size = (size_t)st.st_size;
+    a->dev = current < 0 ? 0 : current;
     *h = (CUmemGenericAllocationHandle)(uintptr_t)a;
     return OK;
 }
@@ -197,17 +280,55 @@ CUresult cuMemMap(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocatio
     if (off + size > a->size) return INVALID_VALUE;
     /* Mapped without access until cuMemSetAccess, as on a GPU. */
     void *p = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)off);
-    return p == MAP_FAILED ? INVALID_VALUE : OK;
+    if (p == MAP_FAILED) return INVALID_VALUE;
+    CUresult r = OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_MAPPINGS; i++) {
+        if (!mappings[i].used) {
+            mappings[i] = (Mapping){ .va = (uintptr_t)va, .size = size, .owner = a->dev, .access = 0, .used = 1 };
+            r = OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
 }
 
 CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_MAPPINGS; i++)
+        if (mappings[i].used && mappings[i].va == (uintptr_t)va) mappings[i].used = 0;
+    pthread_mutex_unlock(&lock);
     void *p = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? INVALID_VALUE : OK;
 }
 
+/* The range must be one whole mapping; each descriptor sets (or, with PROT_NONE, takes
+ * away) one device's access and leaves the others as they were. A location that is no
+ * device is INVALID_DEVICE; a device that cannot reach the owner's memory, NOT_SUPPORTED. */
 CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const void *desc, size_t count) {
     if (!desc || count == 0) return INVALID_VALUE;
-    return mprotect((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE) ? INVALID_VALUE : OK;
+    const AccessDesc *d = desc;
+    Mapping *m = NULL;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_MAPPINGS && !m; i++)
+        if (mappings[i].used && mappings[i].va == (uintptr_t)va && mappings[i].size == size) m = &mappings[i];
+    CUresult r = m ? OK : INVALID_VALUE;
+    unsigned access = m ? m->access : 0;
+    for (size_t i = 0; i < count && r == OK; i++) {
+        int can = 0;
+        if (d[i].loc_type != LOCATION_DEVICE || !valid(d[i].loc_id)) r = INVALID_DEVICE;
+        else if (d[i].flags != PROT_NONE_ && d[i].flags != PROT_READ_ && d[i].flags != PROT_READWRITE_) r = INVALID_VALUE;
+        else if (d[i].loc_id != m->owner && (cuDeviceCanAccessPeer(&can, d[i].loc_id, m->owner), !can)) r = NOT_SUPPORTED;
+        else if (d[i].flags == PROT_NONE_) access &= ~(1u << d[i].loc_id);
+        else access |= 1u << d[i].loc_id;
+    }
+    if (r == OK) {
+        m->access = access;
+        r = mprotect((void *)(uintptr_t)va, size, access ? PROT_READ | PROT_WRITE : PROT_NONE) ? INVALID_VALUE : OK;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
 }
 
 CUresult cuMemGetHandleForAddressRange(void *h, CUdeviceptr va, size_t s, int t, unsigned long long f) {
@@ -241,10 +362,26 @@ CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
     return OK;
 }
 
-CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return OK; }
+/* Copies run on the current context's device: every device range must be granted to it. */
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    if (current < 0) return INVALID_CONTEXT;
+    if (!accessible(d, n) || !accessible(s, n)) return INVALID_VALUE;
+    memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+    return OK;
+}
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoD_v2(d, s, n); }
-CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { memcpy(d, (void *)(uintptr_t)s, n); return OK; }
-CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return OK; }
+CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) {
+    if (current < 0) return INVALID_CONTEXT;
+    if (!accessible(s, n)) return INVALID_VALUE;
+    memcpy(d, (void *)(uintptr_t)s, n);
+    return OK;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) {
+    if (current < 0) return INVALID_CONTEXT;
+    if (!accessible(d, n)) return INVALID_VALUE;
+    memcpy((void *)(uintptr_t)d, s, n);
+    return OK;
+}
 
 static int module_token;
 enum { FILL = 1, VERIFY = 2 };
@@ -271,6 +408,10 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
     uint32_t *buf = (uint32_t *)(uintptr_t)*(uint64_t *)params[0];
     uint64_t words = *(uint64_t *)params[1];
     uint32_t seed = *(uint32_t *)params[2];
+    if (current < 0) return INVALID_CONTEXT;
+    /* A GPU faults on an address its device was not granted; the stand-in refuses it. */
+    if (!accessible((uintptr_t)buf, words * 4)) return ILLEGAL_ADDRESS;
+    if ((uintptr_t)f == VERIFY && !accessible((uintptr_t)*(uint64_t *)params[3], 4)) return ILLEGAL_ADDRESS;
     if ((uintptr_t)f == FILL) {
         for (uint64_t i = 0; i < words; i++) buf[i] = pattern(i, seed);
         return OK;

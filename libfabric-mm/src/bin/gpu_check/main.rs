@@ -245,7 +245,7 @@ fn exporter(size: usize, iters: u32, out: &Path, daemon: Option<&fabric::Daemon>
     r.step("fill exporter pattern", fill(module.as_ref(), &map, SEED_EXPORTER), |how| json!(how));
     r.step("verify locally", verify(module.as_ref(), &map, SEED_EXPORTER), Clone::clone);
     optional_exports(&mut r, &ctx, &mem, &map, no_fabric.as_deref());
-    peers(&mut r, &ctx, &mem);
+    peers(&mut r, &ctx, &mem, SEED_EXPORTER);
     let child = match daemon {
         Some(d) => fabric::share(&mut r, &mem, iters, out, d),
         None => share(&mut r, &mem, size, iters, out),
@@ -320,20 +320,79 @@ fn host_copies(ctx: &CudaContext, pinned: &mut [u8], pageable: &mut [u8]) -> Res
     Ok(Value::Object(fig))
 }
 
-fn peers(r: &mut Report, ctx: &CudaContext, mem: &GpuMemory) {
+/// Peer access from GPU 0 to each other GPU that can reach it. The context's peer access
+/// (`cuCtxEnablePeerAccess`, which ordinary allocations need) is enabled and held; then the
+/// path this library uses, where VMM access is per mapping: GPU 0's memory (holding the
+/// pattern for `seed`) mapped with access for the peer, read there by the peer's kernel,
+/// copied by the peer into its own memory and verified; and the same copy from a mapping
+/// that did not grant the peer must be refused (by the library, before the driver: on a GPU
+/// such an access would fault the context).
+fn peers(r: &mut Report, ctx: &CudaContext, mem: &GpuMemory, seed: u32) {
     let count = cuda::device_count().unwrap_or(0);
     if count < 2 {
         r.skip("peer access", &format!("{count} GPU(s): peer access needs two"));
         return;
     }
     for ordinal in 1..count {
-        let Ok(peer) = CudaContext::new(ordinal) else { continue };
+        let Some(peer) = r.step(&format!("open GPU {ordinal}"), s(CudaContext::new(ordinal)), |_| json!(ordinal))
+        else {
+            continue;
+        };
         let can = r.step(&format!("can access peer 0->{ordinal}"), s(ctx.can_access_peer(&peer)), |c| json!(c));
         if can != Some(true) {
             continue;
         }
-        r.step(&format!("enable peer access 0->{ordinal}"), s(ctx.enable_peer_access(&peer)), |_| json!(true));
-        r.step(&format!("map with access for GPU {ordinal}"), s(mem.map(&[&peer])), |m| json!(m.device_ptr()));
+        // Held until the checks below are done: dropping it disables the access again.
+        let access =
+            r.step(&format!("enable peer access 0->{ordinal}"), s(ctx.enable_peer_access(&peer)), |_| json!(true));
+        let shared = r.step(
+            &format!("map with access for GPU {ordinal}"),
+            s(mem.map(&[&peer])),
+            |m| json!({ "va": m.device_ptr(), "granted": m.granted() }),
+        );
+        let local = s(peer.allocate(mem.size(), AllocOptions::default()));
+        let Some(local) = r.step(&format!("allocate on GPU {ordinal}"), local, |m| json!(m.size())) else { continue };
+        let Some(local_map) = r.step(&format!("map on GPU {ordinal}"), s(local.map(&[])), |m| json!(m.device_ptr()))
+        else {
+            continue;
+        };
+        if let Some(shared) = &shared {
+            let module = s(peer.load_pattern_module().and_then(|m| Ok((m, peer.stream()?)))).ok();
+            r.step(
+                &format!("GPU {ordinal} kernel reads GPU 0's memory through the peer mapping"),
+                verify(module.as_ref(), shared, seed),
+                Clone::clone,
+            );
+            let t = Instant::now();
+            let copied = s(local_map.copy_from(shared, shared.len())).map(|()| t.elapsed().as_secs_f64());
+            let copied = r.step(
+                &format!("GPU {ordinal} copies from GPU 0"),
+                copied,
+                |secs| json!({ "bytes": shared.len(), "GB/s": gbps(shared.len(), 1, *secs) }),
+            );
+            if copied.is_some() {
+                r.step(
+                    &format!("verify the copy on GPU {ordinal}"),
+                    verify(module.as_ref(), &local_map, seed),
+                    Clone::clone,
+                );
+            }
+        }
+        r.step(&format!("copy by GPU {ordinal} without its access is refused"), refused(mem, &local_map), |why| {
+            json!(why)
+        });
+        drop(access);
+    }
+}
+
+/// A copy into `dst` (another GPU's mapping) from a mapping of `mem` that grants only
+/// `mem`'s own GPU: passes when the library refuses it as [`CudaError::NoAccess`].
+fn refused(mem: &GpuMemory, dst: &GpuMapping<'_>) -> Result<String, String> {
+    let private = s(mem.map(&[]))?;
+    match dst.copy_from(&private, private.len()) {
+        Err(e @ CudaError::NoAccess { .. }) => Ok(e.to_string()),
+        Err(e) => Err(format!("refused, but not for want of access: {e}")),
+        Ok(()) => Err("the copy went through without access".into()),
     }
 }
 
