@@ -145,6 +145,9 @@ pub struct LimitsConfig {
     pub objects_per_uid: u32,
     /// Connected clients, all users together.
     pub clients: u32,
+    /// Connected clients of one uid (root and the daemon's own uid excepted), so that one
+    /// user cannot take every one of `clients`.
+    pub clients_per_uid: u32,
     /// Largest request body accepted, bytes.
     pub max_request_bytes: u32,
 }
@@ -156,6 +159,7 @@ impl Default for LimitsConfig {
             pinned_bytes_per_uid: 64 << 30,
             objects_per_uid: 4096,
             clients: 1024,
+            clients_per_uid: 64,
             max_request_bytes: 1 << 20,
         }
     }
@@ -408,6 +412,9 @@ impl Config {
         if self.limits.clients == 0 {
             return Err(bad("limits.clients", "must be at least 1".to_owned()));
         }
+        if self.limits.clients_per_uid == 0 {
+            return Err(bad("limits.clients_per_uid", "must be at least 1".to_owned()));
+        }
         if !(1..=64).contains(&self.copy.engines) {
             return Err(bad("copy.engines", "must be between 1 and 64".to_owned()));
         }
@@ -504,6 +511,8 @@ mod tests {
         assert!(e.contains("dma.vfio") && e.contains("00:04.0"), "{e}");
         let c = parse("[dma]\nvfio = [\"0000:00:04.0\"]\nvfio_verify_unmap = true\n").expect("valid");
         assert_eq!(c.dma, DmaConfig { vfio: vec!["0000:00:04.0".into()], vfio_verify_unmap: true });
+        let e = parse("[limits]\nclients_per_uid = 0\n").unwrap_err().to_string();
+        assert!(e.contains("limits.clients_per_uid") && e.contains("at least 1"), "{e}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //!   topology, devices, map, translate and partitions ([`ops`]), and alloc, free,
 //!   export, revoke, import and release ([`memops`] over [`memory`], regions passed as
 //!   descriptors), every refusal a typed error and a log line;
+//! - [`admission`]: client slots at accept, for all users and per uid;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
 //! - [`partitions`], [`scope`], [`regions`]: who each partition binds (durable in the
 //!   state dir), what each client sees and touches through its partitions, and the
@@ -32,6 +33,7 @@
 //! - [`copy`], [`copyops`]: the copy engine (`Copy`): engine threads that move bytes
 //!   between registrations and GFAs, completions sent to the issuing connection.
 
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod copy;

@@ -175,6 +175,27 @@ pub struct Metrics {
     /// Finished copies and their bytes, by result (`fabricd_copies_total`,
     /// `fabricd_copy_bytes_total`).
     copies: [[AtomicU64; RESULTS.len()]; 2],
+    /// Connections closed at accept, by the limit they hit (`fabricd_connections_refused_total`).
+    refused: [AtomicU64; REFUSAL_LIMITS.len()],
+}
+
+/// The `limit` label of `fabricd_connections_refused_total`.
+const REFUSAL_LIMITS: [&str; 2] = ["clients", "clients_per_uid"];
+
+/// Which limit closed a connection at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientLimit {
+    /// `limits.clients` (or fewer, by the open-file limit): all users together.
+    Clients,
+    /// `limits.clients_per_uid`: the connecting uid's.
+    ClientsPerUid,
+}
+
+impl ClientLimit {
+    /// The configuration key (and metric label) of the limit.
+    pub fn name(self) -> &'static str {
+        REFUSAL_LIMITS[self as usize]
+    }
 }
 
 /// What the page shows besides what [`Metrics`] holds, read at scrape time.
@@ -202,6 +223,7 @@ impl Metrics {
             uevents_listening: AtomicBool::new(false),
             rescans: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             copies: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            refused: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 
@@ -252,6 +274,11 @@ impl Metrics {
         let o = op_index(op);
         self.requests[o][result_index(error)].fetch_add(1, Ordering::Relaxed);
         self.durations[o].observe(took);
+    }
+
+    /// Counts one connection closed at accept by `limit`.
+    pub fn connection_refused(&self, limit: ClientLimit) {
+        self.refused[limit as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one finished copy: its result (`None`: every byte copied; else why it
@@ -318,6 +345,14 @@ impl Metrics {
         p.sample("fabricd_sessions", &[], live.sessions);
         p.family("fabricd_sessions_total", "counter", "Client sessions opened since start.");
         p.sample("fabricd_sessions_total", &[], live.sessions_total);
+        p.family(
+            "fabricd_connections_refused_total",
+            "counter",
+            "Connections closed at accept, by the limit they hit.",
+        );
+        for (limit, n) in REFUSAL_LIMITS.iter().zip(&self.refused) {
+            p.sample("fabricd_connections_refused_total", &[("limit", limit)], n.load(Ordering::Relaxed));
+        }
 
         p.family("fabricd_map_generation", "gauge", "Generation of the global address map.");
         p.sample("fabricd_map_generation", &[], self.map_generation.load(Ordering::Relaxed));
@@ -550,6 +585,8 @@ mod tests {
         m.uevent(UeventKind::Ignored);
         m.uevent(UeventKind::Ignored);
         m.rescan(RescanTrigger::Uevent, RescanResult::Changed);
+        m.connection_refused(ClientLimit::ClientsPerUid);
+        m.connection_refused(ClientLimit::ClientsPerUid);
         let page = m.render(Live { sessions: 2, sessions_total: 5, memory });
         for want in [
             "fabricd_requests_total{op=\"status\",result=\"ok\"} 2\n",
@@ -560,6 +597,8 @@ mod tests {
             "fabricd_request_duration_seconds_count{op=\"status\"} 2\n",
             "fabricd_sessions 2\n",
             "fabricd_sessions_total 5\n",
+            "fabricd_connections_refused_total{limit=\"clients\"} 0\n",
+            "fabricd_connections_refused_total{limit=\"clients_per_uid\"} 2\n",
             "fabricd_map_generation 7\n",
             "fabricd_map_mapped_bytes 1073741824\n",
             "fabricd_devices{kind=\"gpu\"} 8\n",

@@ -14,11 +14,12 @@ use fabric_proto::wire::{
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::admission::{Admission, Admitted, Refused};
 use crate::daemon::Daemon;
 use crate::inbox::Inbox;
 use crate::memops;
@@ -80,7 +81,7 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
             "the open-file limit holds fewer connections than limits.clients; serving fewer (raise LimitNOFILE= or ulimit -n)"
         );
     }
-    let slots = Arc::new(Semaphore::new(clients as usize));
+    let admission = Admission::new(clients, daemon.config.limits.clients_per_uid, sys::effective_uid());
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -100,11 +101,23 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
             }
             Err(e) => return Err(ServeError::Accept(e)),
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(limit = clients, "client limit reached; dropping a new connection");
-            continue;
+        // Identity is the connecting process's, read once here: the per-uid count needs it
+        // before the connection takes a thread.
+        let peer = match stream.peer_cred() {
+            Ok(c) => PeerCred { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read peer credentials; closing");
+                continue;
+            }
         };
-        spawn_connection(stream, daemon.clone(), shutdown.clone(), slot, &tracker);
+        let admitted = match admission.admit(peer.uid) {
+            Ok(a) => a,
+            Err(r) => {
+                refuse(&stream, &peer, &r, &daemon);
+                continue;
+            }
+        };
+        spawn_connection(stream, peer, daemon.clone(), shutdown.clone(), admitted, &tracker);
     }
     drop(listener);
     tracker.close();
@@ -113,6 +126,37 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
         tracing::warn!(connections = tracker.len(), "connections still busy after the drain timeout; closing them");
     }
     Ok(())
+}
+
+/// Closes a connection at accept: a `warn` line naming the uid and the limit, the refusal
+/// counted, and a `LimitExceeded` error frame (request id 0, before any hello: the
+/// connection is refused, not a request) when the socket takes it at once. A new
+/// socket's send buffer is empty, so it does; the accept loop never waits on a client.
+fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
+    match r.limit {
+        crate::metrics::ClientLimit::Clients => {
+            tracing::warn!(
+                uid = peer.uid,
+                pid = peer.pid,
+                limit = r.max,
+                "client limit reached; refusing a new connection"
+            );
+        }
+        crate::metrics::ClientLimit::ClientsPerUid => tracing::warn!(
+            uid = peer.uid,
+            pid = peer.pid,
+            open = r.used,
+            limit = r.max,
+            "limits.clients_per_uid reached for uid {}; refusing a new connection",
+            peer.uid
+        ),
+    }
+    daemon.metrics.connection_refused(r.limit);
+    let mut out = Vec::with_capacity(256);
+    let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
+    if encode_message(&h, &Message::Error(r.body()), &mut out).is_ok() {
+        let _ = stream.try_write(&out);
+    }
 }
 
 /// Serves one connection on its own thread with its own single-threaded runtime, tracked
@@ -130,9 +174,10 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
 /// runtime and end with it.
 fn spawn_connection(
     stream: UnixStream,
+    peer: PeerCred,
     daemon: Arc<Daemon>,
     shutdown: CancellationToken,
-    slot: tokio::sync::OwnedSemaphorePermit,
+    slot: Admitted,
     tracker: &TaskTracker,
 ) {
     let std_stream = match stream.into_std() {
@@ -145,6 +190,8 @@ fn spawn_connection(
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let detach_grace = Duration::from_secs(daemon.config.memory.detach_grace_s);
     let main = MainRuntime { handle: tokio::runtime::Handle::current(), daemon, detach_grace };
+    // The slots go back when the thread ends, whichever way (a closed or failed connection,
+    // a timeout, shutdown, a panic), or with the closure when the thread does not start.
     let spawned = std::thread::Builder::new().name("fabricd-conn".into()).spawn(move || {
         let _slot = slot;
         let _done = done_tx;
@@ -157,7 +204,7 @@ fn spawn_connection(
         };
         rt.block_on(async move {
             match UnixStream::from_std(std_stream) {
-                Ok(stream) => serve_connection(stream, &main, &shutdown).await,
+                Ok(stream) => serve_connection(stream, peer, &main, &shutdown).await,
                 Err(e) => tracing::warn!(error = %e, "cannot register a connection; closing it"),
             }
         });
@@ -241,15 +288,8 @@ async fn next_event(events: &mut Option<(u64, mpsc::Receiver<Event>)>) -> (u64, 
     }
 }
 
-async fn serve_connection(stream: UnixStream, main: &MainRuntime, shutdown: &CancellationToken) {
+async fn serve_connection(stream: UnixStream, peer: PeerCred, main: &MainRuntime, shutdown: &CancellationToken) {
     let daemon = &*main.daemon;
-    let peer = match stream.peer_cred() {
-        Ok(c) => PeerCred { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() },
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read peer credentials; closing");
-            return;
-        }
-    };
     let session = daemon.open_session();
     let span = tracing::debug_span!("session", id = session.id, uid = peer.uid, pid = peer.pid);
     serve_session(stream, peer, main, session.id, shutdown).instrument(span).await;

@@ -4,7 +4,8 @@
 //! name someone else or a partition), admin-only changes, and `security.require_partition`
 //! after a restart on the same state; every operation that names another session's region,
 //! import or registration by id (free, export, register, release, unregister, revoke, copy)
-//! refused with the object unharmed; handles of freed regions dead, across a restart too.
+//! refused with the object unharmed; handles of freed regions dead, across a restart too;
+//! `limits.clients_per_uid`: one uid's idle connections cannot take every client slot.
 //!
 //! It needs root (to run clients under other uids); CI runs it as root. As anyone else it
 //! prints why it skipped. Each client is this test binary re-run (`--ignored --exact
@@ -66,9 +67,14 @@ impl Client {
     /// Runs this test binary's `security_child` as `uid`, primary gid `SOCKET_GID` and the
     /// supplementary `groups`.
     fn spawn(name: &'static str, socket: &std::path::Path, uid: u32, groups: &[u32]) -> Self {
+        Self::spawn_child(name, "security_child", socket, uid, groups)
+    }
+
+    /// [`Client::spawn`] running the child test `child`.
+    fn spawn_child(name: &'static str, child: &str, socket: &std::path::Path, uid: u32, groups: &[u32]) -> Self {
         let groups: Vec<libc::gid_t> = groups.to_vec();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--ignored", "--exact", "security_child", "--nocapture", "--test-threads", "1"])
+        cmd.args(["--ignored", "--exact", child, "--nocapture", "--test-threads", "1"])
             .env(ENV_SOCKET, socket)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -662,4 +668,213 @@ fn child_command(conn: &mut Connection, files: &mut HashMap<u64, std::fs::File>,
         other => panic!("unknown command {other:?}"),
     };
     r.unwrap_or_else(code)
+}
+
+/// `limits.clients_per_uid` of the tests below.
+const PER_UID: u32 = 4;
+
+/// One uid holds its limit of idle connections: one more is refused with a typed error;
+/// another uid and root are served meanwhile; closing some lets it connect again; a
+/// connection the daemon drops on a timeout gives its count back.
+#[test]
+fn one_uid_cannot_take_every_client_slot_and_closed_or_timed_out_connections_count_no_more() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run clients under uids {UID_A}, {UID_B} (CI runs it as root)");
+        return;
+    }
+    let s = common::Setup::new(&format!("group = \"{SOCKET_GID}\""));
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(&s.config, format!("{text}[limits]\nclients_per_uid = {PER_UID}\n")).unwrap();
+    let d = common::start(&s.config, s.dir.path());
+    let refused = format!("err LimitExceeded what=clients_per_uid used={PER_UID} max={PER_UID}");
+
+    let mut a = Client::spawn_child("A", "uid_limit_child", &s.socket, UID_A, &[]);
+    assert_eq!(a.ask(&format!("open {PER_UID}")), format!("ok open={PER_UID}"));
+    assert_eq!(a.ask("try"), refused, "A's connection past its limit");
+    assert_eq!(a.ask("try"), refused, "and the next one");
+    assert_eq!(a.ask("status"), format!("ok served={PER_UID}"), "A's own connections are still served");
+    // Another uid, and root past the per-uid limit, are served beside A's full allowance.
+    let mut b = Client::spawn_child("B", "uid_limit_child", &s.socket, UID_B, &[]);
+    assert_eq!(b.ask(&format!("open {PER_UID}")), format!("ok open={PER_UID}"));
+    assert_eq!(b.ask("status"), format!("ok served={PER_UID}"));
+    let mut root: Vec<Connection> = (0..2 * PER_UID).map(|_| common::client(&s.socket)).collect();
+    for c in &mut root {
+        admin_call(c, Request::Status(Default::default()));
+    }
+    drop(b);
+    // Closed connections give their counts back, as soon as the daemon sees them closed
+    // (a few tries on a loaded machine).
+    assert_eq!(a.ask("close 2"), format!("ok open={}", PER_UID - 2));
+    assert_eq!(a.ask("try-until 20"), format!("ok open={}", PER_UID - 1));
+    assert_eq!(a.ask("try-until 20"), format!("ok open={PER_UID}"));
+    assert_eq!(a.ask("try"), refused, "at the limit again");
+    // A connection the daemon drops for stalling inside a frame gives its count back too.
+    assert_eq!(a.ask("stall"), "ok stalled=1");
+    assert_eq!(a.ask("try"), refused, "the stalled connection counts while it is open");
+    assert_eq!(a.ask("wait-dropped 60"), "ok dropped");
+    // The count is given back as the connection's thread ends, just after the close the
+    // client saw.
+    assert_eq!(a.ask("try-until 20"), format!("ok open={PER_UID}"), "the dropped connection's count came back");
+    assert_eq!(a.ask("status"), format!("ok served={PER_UID}"));
+    drop(a);
+    drop(root);
+
+    let log = d.log();
+    let line = format!("limits.clients_per_uid reached for uid {UID_A}; refusing a new connection");
+    assert!(log.contains(&line), "{log}");
+    assert!(log.contains(&format!("limit={PER_UID}")), "{log}");
+    assert!(!log.contains(&format!("limits.clients_per_uid reached for uid {UID_B}")), "{log}");
+    assert!(!log.contains("limits.clients_per_uid reached for uid 0"), "{log}");
+    assert!(log.contains("client stalled inside a frame header; closing"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Without root: the daemon's own uid (root's too) is not held to
+/// `limits.clients_per_uid`, and a connection past `limits.clients` gets a typed
+/// `LimitExceeded` error frame and a log line and is counted.
+#[test]
+fn the_daemons_own_uid_is_not_limited_per_uid_and_a_full_daemon_refuses_with_a_typed_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let s = common::Setup::new("");
+    let text =
+        std::fs::read_to_string(&s.config).unwrap().replace("listen = \"\"", &format!("listen = \"127.0.0.1:{port}\""));
+    std::fs::write(&s.config, format!("{text}[limits]\nclients = 6\nclients_per_uid = 2\n")).unwrap();
+    let d = common::start(&s.config, s.dir.path());
+    let mut held: Vec<Connection> = (0..6).map(|_| common::client(&s.socket)).collect();
+    for c in &mut held {
+        admin_call(c, Request::Status(Default::default()));
+    }
+    let mut seventh = Connection::new(std::os::unix::net::UnixStream::connect(&s.socket).unwrap());
+    seventh.stream().set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    match seventh.hello("seventh", fabric_proto::wire::SUPPORTED_VERSIONS) {
+        Err(CodecError::Refused { body, .. }) => {
+            assert_eq!(body.code, fabric_proto::wire::ErrorCode::LimitExceeded, "{}", body.message.as_str());
+            assert!(
+                matches!(&body.detail, Some(fabric_proto::wire::ErrorDetail::Limit { what, used: 6, requested: 1, max: 6 }) if what.as_str() == "clients"),
+                "{:?}",
+                body.detail
+            );
+        }
+        other => panic!("a seventh client of a daemon serving 6: {other:?}"),
+    }
+    // A slot given back is taken again.
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut again = loop {
+        let mut c = Connection::new(std::os::unix::net::UnixStream::connect(&s.socket).unwrap());
+        if c.hello("again", fabric_proto::wire::SUPPORTED_VERSIONS).is_ok() {
+            break c;
+        }
+        assert!(std::time::Instant::now() < deadline, "the closed client's slot never came back");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    admin_call(&mut again, Request::Status(Default::default()));
+    let mut http = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut page = String::new();
+    std::io::Read::read_to_string(&mut http, &mut page).unwrap();
+    assert!(page.contains("fabricd_connections_refused_total{limit=\"clients_per_uid\"} 0\n"), "{page}");
+    let refused: u64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("fabricd_connections_refused_total{limit=\"clients\"} "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(refused >= 1, "{page}");
+    let log = d.log();
+    assert!(log.contains("client limit reached; refusing a new connection"), "{log}");
+    assert!(!log.contains("limits.clients_per_uid reached"), "{log}");
+}
+
+/// The client half of the per-uid test, run under another uid; does nothing when run
+/// directly. Holds connections (`open N`, `close N`, `try`, `try-until SECS`, `stall` one,
+/// `wait-dropped SECS`) and answers one line per command.
+#[test]
+#[ignore = "the client process of one_uid_cannot_take_every_client_slot_..., which runs it"]
+fn uid_limit_child() {
+    let Some(socket) = std::env::var_os(ENV_SOCKET) else { return };
+    let socket = std::path::PathBuf::from(socket);
+    let mut held: Vec<Connection> = Vec::new();
+    let mut stalled: Vec<std::os::unix::net::UnixStream> = Vec::new();
+    // A connection and hello: served, or the refusal's code and numbers.
+    let attempt = || {
+        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let mut c = Connection::new(s);
+        match c.hello("uid-limit", fabric_proto::wire::SUPPORTED_VERSIONS) {
+            Ok(_) => Ok(c),
+            Err(CodecError::Refused { body, .. }) => Err(match body.detail {
+                Some(fabric_proto::wire::ErrorDetail::Limit { what, used, max, .. }) => {
+                    format!("err {:?} what={} used={used} max={max}", body.code, what.as_str())
+                }
+                _ => format!("err {:?}", body.code),
+            }),
+            Err(e) => Err(format!("transport {e}")),
+        }
+    };
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let answer = match words.as_slice() {
+            ["quit"] => break,
+            ["whoami"] => format!("ok uid={}", nix::unistd::getuid()),
+            ["open", n] => (0..n.parse::<usize>().unwrap())
+                .try_for_each(|_| attempt().map(|c| held.push(c)))
+                .map_or_else(|e| e, |()| format!("ok open={}", held.len())),
+            ["close", n] => {
+                held.truncate(held.len() - n.parse::<usize>().unwrap());
+                format!("ok open={}", held.len())
+            }
+            ["try"] => attempt().map_or_else(
+                |e| e,
+                |c| {
+                    held.push(c);
+                    format!("ok open={}", held.len())
+                },
+            ),
+            ["try-until", secs] => {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs.parse().unwrap());
+                loop {
+                    match attempt() {
+                        Ok(c) => {
+                            held.push(c);
+                            break format!("ok open={}", held.len());
+                        }
+                        Err(e) if std::time::Instant::now() > deadline => break e,
+                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+                    }
+                }
+            }
+            ["status"] => {
+                let served = held
+                    .iter_mut()
+                    .map(|c| c.call(Request::Status(Default::default()), &[]).is_ok())
+                    .filter(|ok| *ok)
+                    .count();
+                format!("ok served={served}")
+            }
+            ["stall"] => {
+                // A served connection sends ten bytes of a 32-byte header, and nothing
+                // more: the daemon drops it after its frame timeout (10 s).
+                let c = held.pop().unwrap();
+                let s = c.stream().try_clone().unwrap();
+                drop(c);
+                (&s).write_all(&[0; 10]).unwrap();
+                stalled.push(s);
+                format!("ok stalled={}", stalled.len())
+            }
+            ["wait-dropped", secs] => {
+                let s = stalled.pop().unwrap();
+                s.set_read_timeout(Some(std::time::Duration::from_secs(secs.parse().unwrap()))).unwrap();
+                match std::io::Read::read(&mut &s, &mut [0; 64]) {
+                    Ok(0) => "ok dropped".to_owned(),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => "ok dropped".to_owned(),
+                    other => format!("not dropped: {other:?}"),
+                }
+            }
+            _ => format!("unknown command {line:?}"),
+        };
+        println!("answer: {answer}");
+        std::io::stdout().flush().unwrap();
+    }
 }

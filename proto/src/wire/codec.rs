@@ -287,13 +287,28 @@ impl Connection {
         self.next_id += 1;
         let opcode = req.opcode();
         let header = Header { version: self.version, ..Header::new(opcode, FrameKind::Request, id) };
-        send_message(&self.stream, &header, &Message::Request(req), fds)?;
+        if let Err(e) = send_message(&self.stream, &header, &Message::Request(req), fds) {
+            // A server that refused the connection (request id 0, below) may have closed it
+            // before this request went: its error frame is still there to read.
+            let closed = matches!(&e, CodecError::Io(io) if matches!(io.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset));
+            if closed
+                && let Ok((h, Message::Error(body), _)) = recv_message(&self.stream)
+                && h.request_id == 0
+            {
+                return Err(CodecError::Refused { opcode, body });
+            }
+            return Err(e);
+        }
         loop {
             let (h, msg, fds) = recv_message(&self.stream)?;
             match msg {
                 Message::Event(ev) => self.events.push_back(ev),
                 Message::Response(r) if h.request_id == id && h.opcode == opcode => return Ok((r, fds)),
-                Message::Error(body) if h.request_id == id => return Err(CodecError::Refused { opcode, body }),
+                // Request id 0 (never a request's): the server refused the connection, or
+                // the stream, and closes it.
+                Message::Error(body) if h.request_id == id || h.request_id == 0 => {
+                    return Err(CodecError::Refused { opcode, body });
+                }
                 _ => return Err(CodecError::Unexpected { opcode: h.opcode, kind: h.kind, request_id: h.request_id }),
             }
         }
