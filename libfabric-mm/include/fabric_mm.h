@@ -909,8 +909,10 @@ int fmm_copy_wait(const struct fmm_copy_t *c, int64_t timeout_ms, uint64_t *byte
 // before this returns. Else it runs on the thread that reads the daemon's completion: the
 // library's reader thread (`fabric-mm-reader`), or one of the caller's threads while it is
 // inside an `fmm_*` call of this session that waits for fabricd's answer. `user` is passed
-// as given and must stay valid until `cb` has run. If the connection to the daemon is lost
-// first, `cb` does not run.
+// as given and must stay valid until `cb` has run. If the connection to the daemon ends
+// first, `cb` runs with `FMM_E_DISCONNECTED` on the thread that saw the end (the reader
+// thread, or the caller's inside a call, or the one calling `fmm_session_disconnect`), or
+// at once here when it had already ended.
 //
 // **What `cb` may not do.** Block or run long (answers to this session's calls and other
 // completions wait behind it); call any `fmm_*` function that talks to fabricd on this

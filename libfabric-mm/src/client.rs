@@ -26,8 +26,18 @@ use crate::error::{Error, Result};
 /// An answer: the response and its descriptors, or why there is none.
 pub(crate) type Reply = Result<(Response, Vec<OwnedFd>)>;
 
-/// The session's event handler (runs on whichever thread read the event).
-type OnEvent = Box<dyn Fn(Event) + Send + Sync>;
+/// What the connection tells the session besides answers.
+pub(crate) enum Notice {
+    /// An event fabricd sent.
+    Event(Event),
+    /// The connection is over (fabricd went, or [`Client::disconnect`]); told once. Nothing
+    /// that was still to come on it (a copy's completion) will.
+    Closed,
+}
+
+/// The session's handler of notices (runs on whichever thread read the event or saw the
+/// end: the reader thread, or a caller's thread inside a call or a disconnect).
+type OnEvent = Box<dyn Fn(Notice) + Send + Sync>;
 
 /// A request in flight.
 struct Entry {
@@ -79,7 +89,7 @@ impl Shared {
     fn read_one(&self) -> bool {
         match recv_message(&self.stream) {
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
-                (self.on_event)(ev);
+                (self.on_event)(Notice::Event(ev));
                 true
             }
             Ok((h, msg, fds)) => {
@@ -109,14 +119,29 @@ impl Shared {
                     CodecError::Closed => tracing::debug!("fabricd closed the connection"),
                     e => tracing::warn!(error = %e, "connection to fabricd failed"),
                 }
-                let mut st = self.state();
-                st.closed = true;
-                st.pending.retain(|_, e| !e.abandoned);
-                for e in st.pending.values_mut() {
-                    e.reply.get_or_insert(Err(Error::Disconnected));
-                }
+                self.close();
                 false
             }
+        }
+    }
+
+    /// Marks the connection over: every request still waiting fails with `Disconnected`,
+    /// and the first time, the session is told ([`Notice::Closed`], outside the lock).
+    fn close(&self) {
+        let first = {
+            let mut st = self.state();
+            let first = !st.closed;
+            st.closed = true;
+            st.pending.retain(|_, e| !e.abandoned);
+            for e in st.pending.values_mut() {
+                e.reply.get_or_insert(Err(Error::Disconnected));
+            }
+            first
+        };
+        self.changed.notify_all();
+        self.idle.notify_all();
+        if first {
+            (self.on_event)(Notice::Closed);
         }
     }
 
@@ -320,14 +345,7 @@ impl Client {
         if let Ok(w) = self.writer.lock() {
             let _ = w.shutdown(std::net::Shutdown::Both);
         }
-        let mut st = self.shared.state();
-        st.closed = true;
-        st.pending.retain(|_, e| !e.abandoned);
-        for e in st.pending.values_mut() {
-            e.reply.get_or_insert(Err(Error::Disconnected));
-        }
-        self.shared.changed.notify_all();
-        self.shared.idle.notify_all();
+        self.shared.close();
     }
 
     /// Sends a request; the answer arrives on the returned [`Pending`].

@@ -116,6 +116,28 @@ impl Copies {
         deliver(&state, done);
     }
 
+    /// Called once when the connection is over: no completion will come, so every copy
+    /// still waiting ends with [`Error::Disconnected`] — its callback is called with it
+    /// now (on this thread), and its waiters wake to find the connection closed.
+    pub(crate) fn disconnected(&self) {
+        let waiting: Vec<Arc<State>> = {
+            let mut c = self.lock();
+            c.early.clear();
+            c.waiting.drain().map(|(_, s)| s).collect()
+        };
+        for state in waiting {
+            let callback = {
+                let mut slot = state.slot();
+                let cb = slot.callback.take();
+                state.ready.notify_all();
+                cb
+            };
+            if let Some(cb) = callback {
+                cb(Err(Error::Disconnected));
+            }
+        }
+    }
+
     fn track(&self, id: u64, state: &Arc<State>) {
         let early = {
             let mut c = self.lock();
@@ -232,14 +254,22 @@ impl Copy {
     }
 
     /// Runs `f` with the result once the copy is done: at once on this thread when it
-    /// already is, else on the session's reader thread (so `f` must not block). After
-    /// this, [`Copy::poll`] and [`Copy::wait`] no longer report the result.
+    /// already is, else on the session's reader thread (so `f` must not block). If the
+    /// connection ends first, `f` gets [`Error::Disconnected`] when the library sees the
+    /// end. After this, [`Copy::poll`] and [`Copy::wait`] no longer report the result.
     pub fn on_complete(&self, f: impl FnOnce(CopyOutcome) + Send + 'static) {
         let mut slot = self.state.slot();
         slot.handed = true;
         if let Some(d) = slot.done.take() {
             drop(slot);
             f(outcome(&d));
+            return;
+        }
+        // The connection is over and no completion will come (`Copies::disconnected`, which
+        // runs after the session is marked closed, may already have passed this copy).
+        if self.closed() {
+            drop(slot);
+            f(Err(Error::Disconnected));
             return;
         }
         slot.callback = Some(Box::new(f));

@@ -12,7 +12,7 @@ use fabric_proto::wire::{
     TranslateRequest, Translation,
 };
 
-use crate::client::Client;
+use crate::client::{Client, Notice};
 use crate::error::{Error, Result};
 use crate::memory::{Handle, Import, Mapping, Mem, MemKind, Memory, Region};
 use crate::window::{Protection, Window, WindowConfig};
@@ -188,10 +188,11 @@ impl Session {
         let copies = Arc::new(crate::copy::Copies::default());
         let sink = revocations.clone();
         let copy_sink = copies.clone();
-        let on_event = Box::new(move |ev: Event| match ev {
-            Event::Revocation(r) => sink.record(r),
-            Event::CopyDone(d) => copy_sink.complete(d),
-            _ => {}
+        let on_event = Box::new(move |n: Notice| match n {
+            Notice::Event(Event::Revocation(r)) => sink.record(r),
+            Notice::Event(Event::CopyDone(d)) => copy_sink.complete(d),
+            Notice::Event(_) => {}
+            Notice::Closed => copy_sink.disconnected(),
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
         let client = Client::connect(&socket, name, config.resume.map(|t| t.0), on_event)?;

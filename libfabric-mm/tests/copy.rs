@@ -225,3 +225,41 @@ fn a_batch_is_one_copy_with_the_bytes_of_all_its_parts() {
     assert!(matches!(&e, Error::Refused { message, .. } if message.contains("copy 1 of the batch")), "{e}");
     assert!(matches!(s.copy_batch(&[parts[2]; 65]), Err(Error::InvalidArgument(_))));
 }
+
+/// A copy whose connection ends before its completion comes has its callback called once,
+/// with `Disconnected`, and a callback set after the end is called at once with it; without
+/// that a caller waiting on its callback would wait forever. The copy is large so that the
+/// disconnect usually comes first; rounds repeat until it has (a copy that finished first
+/// calls back with its bytes, also exactly once).
+#[test]
+fn a_copy_cut_off_by_the_end_of_its_connection_calls_back_with_disconnected() {
+    let d = common::daemon();
+    let mut cut_off = 0;
+    for _ in 0..20 {
+        let s = common::session(&d.socket);
+        let t = Target::Device { device: common::gpu(&s), memory: MemoryClass::Hbm };
+        let big = 256 * MIB;
+        let a = s.map(&s.alloc(&t, big).unwrap()).unwrap();
+        let b = s.map(&s.alloc(&t, big).unwrap()).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let c = s.copy(CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), big).unwrap();
+        c.on_complete(move |r| tx.send(r).unwrap());
+        s.disconnect();
+        let first = rx.recv_timeout(Duration::from_secs(10)).expect("the callback ran");
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "the callback ran twice");
+        match first {
+            Ok(n) => assert_eq!(n, big),
+            Err(Error::Disconnected) => cut_off += 1,
+            Err(e) => panic!("unexpected copy outcome {e}"),
+        }
+        // The connection is over: a callback set now runs at once, here.
+        let (tx, rx) = mpsc::channel();
+        c.on_complete(move |r| tx.send(r).unwrap());
+        let later = rx.try_recv().expect("a callback set after the end ran at once");
+        assert!(matches!(later, Err(Error::Disconnected)), "{later:?}");
+        if cut_off >= 3 {
+            break;
+        }
+    }
+    assert!(cut_off >= 1, "the disconnect never came before a 256 MiB copy's completion in 20 rounds");
+}
