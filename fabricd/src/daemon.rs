@@ -381,6 +381,13 @@ impl Daemon {
                 }));
             }
         }
+        if let Err(e) = self.memory.add_devices(view.fabric.inventory()) {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot prepare the memory of new devices");
+        }
+        let view = Arc::new(view);
+        self.view.store(view.clone());
+        // The vanished set after the view: `status` reads both, and a device it lists as
+        // missing then always comes with the rescan's whole view (its degraded links too).
         let missing = {
             let mut gone = self.vanished.lock().unwrap_or_else(|p| p.into_inner());
             for ev in &events {
@@ -394,10 +401,6 @@ impl Daemon {
             gone.len() as u64
         };
         self.metrics.set_fabric(&view.fabric, missing);
-        if let Err(e) = self.memory.add_devices(view.fabric.inventory()) {
-            tracing::warn!(error = %crate::error_chain(&e), "cannot prepare the memory of new devices");
-        }
-        self.view.store(Arc::new(view));
         // Memory first, so that a client acting on an event finds it done; revocations
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
