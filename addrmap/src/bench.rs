@@ -24,9 +24,10 @@ pub struct TranslateBench {
     pub ranges: usize,
     /// Lookups per measurement.
     pub lookups: usize,
-    /// Random single lookups through the snapshot, ns each.
+    /// Random single lookups through the snapshot, ns each (median of three passes).
     pub ns_per_lookup: f64,
-    /// The same addresses through `BTreeMap::range(..=gfa).next_back()`, ns each.
+    /// The same addresses through `BTreeMap::range(..=gfa).next_back()`, ns each (median
+    /// of three passes).
     pub btreemap_ns_per_lookup: f64,
     /// `btreemap_ns_per_lookup / ns_per_lookup`.
     pub ratio: f64,
@@ -101,6 +102,15 @@ pub fn build_map(inv: &Inventory, config: MapConfig) -> Result<(AddressMap, Buil
     Ok((map, bench))
 }
 
+/// Timed passes per figure of [`translate`] (after one warm-up pass).
+const PASSES: usize = 3;
+
+/// The median of `xs` (the upper one of an even count); 0 for none.
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
@@ -149,11 +159,18 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         }
         black_box(acc)
     };
+    // One warm-up pass, then the median of `PASSES` timed passes: a single pass on a shared
+    // VM swings by 2-4x with the neighbours' cache use, the median far less.
     let time = |f: &dyn Fn(&[u64]) -> u64| {
         f(&addrs);
-        let t = Instant::now();
-        f(&addrs);
-        t.elapsed().as_secs_f64() * 1e9 / lookups.max(1) as f64
+        let mut passes: Vec<f64> = (0..PASSES)
+            .map(|_| {
+                let t = Instant::now();
+                f(&addrs);
+                t.elapsed().as_secs_f64() * 1e9 / lookups.max(1) as f64
+            })
+            .collect();
+        median(&mut passes)
     };
     let ns = time(&snap_pass);
     let tree_ns = time(&tree_pass);
@@ -178,8 +195,9 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         black_box(acc)
     });
     let cached_ns = {
-        let mut cached = reader.cached();
-        let mut pass = |addrs: &[u64]| {
+        let cached = std::cell::RefCell::new(reader.cached());
+        time(&|addrs: &[u64]| {
+            let mut cached = cached.borrow_mut();
             let mut acc = 0u64;
             for &a in addrs {
                 if let Ok(l) = cached.current().translate(a) {
@@ -187,11 +205,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
                 }
             }
             black_box(acc)
-        };
-        pass(&addrs);
-        let t = Instant::now();
-        pass(&addrs);
-        t.elapsed().as_secs_f64() * 1e9 / lookups.max(1) as f64
+        })
     };
     let (while_ns, generations) = while_publishing(map, &inv, &addrs);
     Ok(TranslateBench {

@@ -8,6 +8,15 @@
 //! slot: one cache miss for a map of any size. Only an address at or past a range start
 //! inside its own bucket reads the records (a second miss). The index costs up to 128 bytes
 //! per range (64 MiB for a million ranges) to buy that single miss.
+//!
+//! In front of the slots sits a compact array of one 4-byte word per bucket: for a bucket
+//! that one range covers whole, that range's tag, owner index and how many buckets back it
+//! starts (when it starts on a bucket edge), else a marker. A translation that lands in such
+//! a bucket reads only that word: 8 MiB for a million ranges, small enough to stay in a
+//! server's last-level cache where the 64 MiB of slots cannot. The words are kept only when
+//! whole buckets hold at least half of the mapped bytes (a dense map, such as fixed node
+//! slots filled with equal devices); in a sparse map most lookups would read a word only to
+//! be sent on to the slots, so there the array is left empty and costs nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -158,6 +167,9 @@ pub struct Snapshot {
     lo: u64,
     shift: u32,
     slots: Vec<Slot>,
+    /// Per bucket, [`fast_word`] or [`SLOW`]; one shorter than `slots`, or empty when
+    /// whole buckets hold less than half of the mapped bytes.
+    fast: Vec<u32>,
     resources: Vec<ResourceKey>,
     targets: Vec<Target>,
     by_device: HashMap<DeviceId, Vec<u32>>,
@@ -209,9 +221,21 @@ impl Snapshot {
         for (i, k) in resources.iter().enumerate() {
             by_device.entry(k.device.clone()).or_default().push(i as u32);
         }
-        let (lo, shift, slots) = bucket_index(&recs, &owners);
-        let mut snap =
-            Self { state, recs, owners, lo, shift, slots, resources, targets, by_device, sets, partitions: Vec::new() };
+        let Index { lo, shift, slots, fast } = bucket_index(&recs, &owners);
+        let mut snap = Self {
+            state,
+            recs,
+            owners,
+            lo,
+            shift,
+            slots,
+            fast,
+            resources,
+            targets,
+            by_device,
+            sets,
+            partitions: Vec::new(),
+        };
         snap.partitions = crate::partition::index(&snap);
         snap
     }
@@ -296,8 +320,36 @@ impl Snapshot {
     }
 
     /// GFA to (resource, offset).
+    ///
+    /// A GFA in a bucket one range covers whole reads only the bucket's 8-byte word; any
+    /// other takes [`Snapshot::find`]'s path through the slots.
     #[inline]
     pub fn translate(&self, gfa: u64) -> Result<Location, TranslateError> {
+        let b = (gfa.wrapping_sub(self.lo) >> self.shift) as usize;
+        if gfa >= self.lo
+            && let Some(&f) = self.fast.get(b)
+            && f != SLOW
+        {
+            let start = self.lo + (((b - (f & BACK_MASK) as usize) as u64) << self.shift);
+            let w = (f & !INDEX_MASK) | (f & INDEX_MASK) >> BACK_BITS;
+            if f >> TAG_SHIFT == TAG_DIRECT {
+                return Ok(Location { resource: ResourceRef(w), offset: gfa - start, set: None });
+            }
+            return self.resolve_out_of_line(start, w, gfa);
+        }
+        self.translate_slots(gfa)
+    }
+
+    /// [`Snapshot::resolve`] for sets and holes, out of line for the same reason.
+    #[inline(never)]
+    fn resolve_out_of_line(&self, start: u64, w: u32, gfa: u64) -> Result<Location, TranslateError> {
+        self.resolve(start, w, gfa)
+    }
+
+    /// [`Snapshot::translate`] through the slots: kept out of line so that the bucket-word
+    /// path stays a handful of instructions wherever it is inlined.
+    #[inline(never)]
+    fn translate_slots(&self, gfa: u64) -> Result<Location, TranslateError> {
         match self.find(gfa) {
             Some((_, start, w)) => self.resolve(start, w, gfa),
             None => Err(TranslateError::Unmapped { gfa }),
@@ -317,11 +369,16 @@ impl Snapshot {
         }
     }
 
-    /// Hints the CPU to fetch the slot `gfa` will read.
+    /// Hints the CPU to fetch what `gfa`'s lookup reads first: its bucket word, or its slot
+    /// in a map without bucket words.
     #[inline]
     fn prefetch(&self, gfa: u64) {
         let b = (gfa.wrapping_sub(self.lo) >> self.shift) as usize;
-        if let Some(slot) = self.slots.get(b) {
+        if let Some(word) = self.fast.get(b) {
+            crate::sys::prefetch(word);
+        } else if self.fast.is_empty()
+            && let Some(slot) = self.slots.get(b)
+        {
             crate::sys::prefetch(slot);
         }
     }
@@ -396,10 +453,39 @@ impl Snapshot {
     }
 }
 
-/// Builds the bucket index: `(lo, shift, slots)`, one slot per bucket edge.
-fn bucket_index(recs: &[Rec], owners: &[u32]) -> (u64, u32, Vec<Slot>) {
+/// A bucket word that sends the lookup to the slots.
+const SLOW: u32 = u32::MAX;
+/// Bits of a bucket word that count the buckets between the range's start and this bucket.
+const BACK_BITS: u32 = 4;
+const BACK_MASK: u32 = (1 << BACK_BITS) - 1;
+
+/// The bucket word for a bucket that the range with owner word `w` starting `below_edge`
+/// bytes below the bucket's edge covers whole: the owner's tag, its index shifted up by
+/// [`BACK_BITS`], and the distance in buckets. [`SLOW`] when the range does not start on a
+/// bucket edge, starts 16 or more buckets back, or its index needs more than 26 bits.
+fn fast_word(w: u32, below_edge: u64, shift: u32) -> u32 {
+    let back = below_edge >> shift;
+    let index = w & INDEX_MASK;
+    if below_edge & ((1u64 << shift) - 1) != 0 || back > u64::from(BACK_MASK) || index >= (INDEX_MASK >> BACK_BITS) {
+        return SLOW;
+    }
+    (w & !INDEX_MASK) | index << BACK_BITS | back as u32
+}
+
+/// The bucket index of a snapshot.
+struct Index {
+    lo: u64,
+    shift: u32,
+    /// One slot per bucket edge (one more than buckets).
+    slots: Vec<Slot>,
+    /// One word per bucket.
+    fast: Vec<u32>,
+}
+
+/// Builds the bucket index over sorted, disjoint ranges.
+fn bucket_index(recs: &[Rec], owners: &[u32]) -> Index {
     let Some(lo) = recs.first().map(|r| r.start) else {
-        return (0, 0, Vec::new());
+        return Index { lo: 0, shift: 0, slots: Vec::new(), fast: Vec::new() };
     };
     let hi = recs.iter().map(|r| r.end).max().unwrap_or(lo);
     let span = hi - lo;
@@ -410,6 +496,8 @@ fn bucket_index(recs: &[Rec], owners: &[u32]) -> (u64, u32, Vec<Slot>) {
     }
     let nb = (span >> shift) as usize + 1;
     let mut slots = crate::sys::huge_vec(nb + 1);
+    let mut fast = crate::sys::huge_vec(nb);
+    let mut whole_bytes = 0u128;
     let mut count = 0usize;
     for b in 0..=nb {
         let edge = lo.saturating_add((b as u64) << shift);
@@ -422,6 +510,115 @@ fn bucket_index(recs: &[Rec], owners: &[u32]) -> (u64, u32, Vec<Slot>) {
         };
         let next = recs.get(count).map_or(u64::MAX, |r| r.start);
         slots.push(Slot { start0, end0, next, w0, a: count as u32 });
+        if b < nb {
+            // Whole when the range at the edge reaches the next edge (ranges are disjoint,
+            // so then no other range starts inside the bucket).
+            let whole = count > 0 && end0 >= edge.saturating_add(1 << shift);
+            let word = if whole { fast_word(w0, edge - start0, shift) } else { SLOW };
+            if word != SLOW {
+                whole_bytes += 1u128 << shift;
+            }
+            fast.push(word);
+        }
     }
-    (lo, shift, slots)
+    let mapped: u128 = recs.iter().map(|r| u128::from(r.end - r.start)).sum();
+    if whole_bytes * 2 < mapped {
+        fast = Vec::new();
+    }
+    Index { lo, shift, slots, fast }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_topology::{Device, DeviceKind, Inventory, MemoryResource};
+
+    use super::*;
+    use crate::config::{GIB, MapConfig, NodeSpan};
+    use crate::map::AddressMap;
+
+    /// Translation through the slots alone, as before the bucket words existed.
+    fn slow(snap: &Snapshot, gfa: u64) -> Result<Location, TranslateError> {
+        match snap.find(gfa) {
+            Some((_, start, w)) => snap.resolve(start, w, gfa),
+            None => Err(TranslateError::Unmapped { gfa }),
+        }
+    }
+
+    /// Ranges of uneven sizes (some below a bucket, some spanning several): the bucket words
+    /// answer exactly what the slots answer, at every bucket edge, next to it, and at
+    /// random addresses, and both kinds of bucket occur.
+    #[test]
+    fn bucket_words_agree_with_the_slots() {
+        let mut devices = Vec::new();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        // Miri interprets ~1000x slower than native code: a smaller map and fewer probes.
+        let nodes = if cfg!(miri) { 6 } else { 40 };
+        for n in 0..nodes {
+            let node = format!("node{n:02}");
+            for g in 0..(n % 3 + 6) {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let size = match g {
+                    3 => (rng >> 40) % (128 * GIB) + 1,
+                    5 => 2 * 1024 * 1024 * ((rng >> 50) + 1),
+                    _ => 128 * GIB,
+                };
+                let mut d = Device::new(DeviceId::uuid(&format!("GPU-{n}-{g}")), DeviceKind::Gpu, Some(&node));
+                d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size, hpa: None, numa_node: None });
+                devices.push(d);
+            }
+        }
+        // Fixed slots just big enough for the largest node: dense, so the words are kept.
+        let dense = MapConfig { node_span: NodeSpan::Fixed(1024 * GIB), ..MapConfig::default() };
+        // Slots sixteen times that: mostly empty buckets and buckets holding several ranges.
+        let sparse = MapConfig { node_span: NodeSpan::Fixed(16 * 1024 * GIB), ..MapConfig::default() };
+        for (config, kept) in [(dense, true), (MapConfig::default(), true), (sparse, false)] {
+            let mut map = AddressMap::new(config).unwrap();
+            map.update(&inventory(&devices, 0)).unwrap();
+            let snap = map.snapshot();
+            let fast = snap.fast.iter().filter(|&&f| f != SLOW).count();
+            assert_eq!(!snap.fast.is_empty(), kept, "{fast} of {} buckets whole", snap.fast.len());
+            if kept {
+                assert!(fast < snap.fast.len(), "every bucket whole: the slow path is untested");
+            }
+            check_every_probe(&snap, &mut rng);
+            // Every fifth device vanishes: its range is a hole, through either path.
+            map.update(&inventory(&devices, 5)).unwrap();
+            let snap = map.snapshot();
+            let holes = snap.fast.iter().filter(|&&f| f != SLOW && f >> TAG_SHIFT == TAG_HOLE).count();
+            assert_eq!(holes > 0, kept, "{holes} hole buckets");
+            check_every_probe(&snap, &mut rng);
+        }
+    }
+
+    /// The devices, less every `skip`th one (none for 0).
+    fn inventory(devices: &[Device], skip: usize) -> Inventory {
+        let mut inv = Inventory::new();
+        for (i, d) in devices.iter().enumerate() {
+            if skip == 0 || i % skip != 0 {
+                inv.add_device(d.clone()).unwrap();
+            }
+        }
+        inv
+    }
+
+    fn check_every_probe(snap: &Snapshot, rng: &mut u64) {
+        let width = 1u64 << snap.shift;
+        let buckets = snap.slots.len().saturating_sub(1) as u64;
+        let mut probes = Vec::new();
+        for b in 0..=buckets {
+            let edge = snap.lo + b * width;
+            probes.extend([edge.wrapping_sub(1), edge, edge + 1, edge + width / 2, edge + width - 1]);
+        }
+        for r in &snap.recs {
+            probes.extend([r.start.wrapping_sub(1), r.start, r.end - 1, r.end]);
+        }
+        for _ in 0..if cfg!(miri) { 200 } else { 20_000 } {
+            *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            probes.push(snap.lo + (*rng >> 11) % (buckets * width + width));
+        }
+        probes.extend([0, 1, u64::MAX, snap.lo.wrapping_sub(1)]);
+        for gfa in probes {
+            assert_eq!(snap.translate(gfa), slow(snap, gfa), "gfa {gfa:#x}");
+        }
+    }
 }
