@@ -1,7 +1,8 @@
 //! The NCCL topology XML export against the structure NCCL's loader accepts
 //! (`src/graph/xml.cc`: `system > cpu > pci* > gpu|nic`, `gpu > nvlink`, `nic > net`) and
-//! against a reference dump in NCCL's own format (`tests/data/nccl-reference.xml`, written
-//! in the shape of the dumps `NCCL_TOPO_DUMP_FILE` produces).
+//! against public NCCL topology files (`tests/data/nccl-public/`, see its README): a
+//! bare-metal HGX H200 `NCCL_TOPO_DUMP_FILE` posted to NVIDIA/nccl-tests, and two files
+//! Azure ships as `NCCL_TOPO_FILE`.
 
 mod common;
 
@@ -112,12 +113,20 @@ const REQUIRED: &[(&str, &[&str])] = &[
     ("net", &["name", "dev"]),
 ];
 
-/// The elements, nesting and attributes NCCL dumps use, and the attributes its loader
-/// needs; every element of `root`, in document order.
+/// The public NCCL topology files: (file name, text).
+const PUBLIC: &[(&str, &str)] = &[
+    ("nccl-tests-256-h200-numa0.xml", include_str!("data/nccl-public/nccl-tests-256-h200-numa0.xml")),
+    ("azure-ncv4-topo.xml", include_str!("data/nccl-public/azure-ncv4-topo.xml")),
+    ("azure-ndv5-topo.xml", include_str!("data/nccl-public/azure-ndv5-topo.xml")),
+];
+
+/// The elements, nesting and attributes NCCL's files use (all public files together), and
+/// the attributes its loader needs; every element of `root`, in document order.
 fn check_nccl_structure(root: &El) -> Vec<&El> {
-    let reference = parse(include_str!("data/nccl-reference.xml"));
     let (mut want, mut got) = (Shape::default(), Shape::default());
-    shape(&reference, "#doc", &mut want);
+    for (_, text) in PUBLIC {
+        shape(&parse(text), "#doc", &mut want);
+    }
     shape(root, "#doc", &mut got);
     for pair in &got.nesting {
         assert!(want.nesting.contains(pair), "nesting {pair:?} does not occur in NCCL dumps");
@@ -140,6 +149,82 @@ fn check_nccl_structure(root: &El) -> Vec<&El> {
         }
     }
     all
+}
+
+/// The constraints our export is held to are ones NCCL's own files meet: checked on every
+/// public file, so that a constraint stricter than NCCL (or a mis-transcribed file) fails.
+#[test]
+fn public_nccl_files_meet_the_parser_constraints() {
+    for (name, text) in PUBLIC {
+        check_nccl_parser_constraints(text);
+        let root = parse(text);
+        assert_eq!(root.name, "system", "{name}");
+        assert_eq!(root.attrs.get("version").map(String::as_str), Some("1"), "{name}");
+        assert!(root.kids.iter().all(|c| c.name == "cpu" && c.attrs.contains_key("numaid")), "{name}");
+    }
+}
+
+/// Where a GPU sits: the PCI classes from its CPU down to it, whether its switch also holds
+/// a NIC, its NVLink bundle sizes (sorted) and the classes of their far ends.
+#[derive(Debug, PartialEq, Eq)]
+struct GpuPlace {
+    classes: Vec<String>,
+    nic_on_switch: bool,
+    bundles: Vec<u32>,
+    tclasses: BTreeSet<String>,
+}
+
+/// The place of every GPU under `root`, in document order.
+fn gpu_places(root: &El) -> Vec<GpuPlace> {
+    fn go(e: &El, up: &El, classes: &mut Vec<String>, out: &mut Vec<GpuPlace>) {
+        for k in &e.kids {
+            if k.name == "gpu" {
+                let mut bundles: Vec<u32> =
+                    k.kids.iter().map(|n| n.attrs["count"].parse::<u32>().expect("count")).collect();
+                bundles.sort_unstable();
+                out.push(GpuPlace {
+                    classes: classes.clone(),
+                    nic_on_switch: up.kids.iter().any(|s| s.kids.iter().any(|n| n.name == "nic")),
+                    bundles,
+                    tclasses: k.kids.iter().map(|n| n.attrs["tclass"].clone()).collect(),
+                });
+            } else if k.name == "pci" {
+                classes.push(k.attrs["class"].clone());
+                go(k, e, classes, out);
+                classes.pop();
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for cpu in &root.kids {
+        go(cpu, cpu, &mut Vec::new(), &mut out);
+    }
+    out
+}
+
+/// The HGX sim board's export (`configs/sim/hgx-h100-8gpu.toml`) next to NUMA node 0 of a
+/// real HGX H200 dump: each GPU sits at the same depth under a PCIe switch (`0x060400` then
+/// `0x030200`), shares that switch with a NIC, and has 18 NVLinks to NVSwitches in bundles
+/// of 4 and 5 with NCCL's NVSwitch class.
+#[test]
+fn hgx_export_has_the_shape_of_a_real_h200_dump() {
+    let real = gpu_places(&parse(PUBLIC[0].1));
+    // The shipped sim board, as its golden keeps it (`tests/golden.rs` checks that
+    // `fabricctl topology -o nccl-xml --sim configs/sim/hgx-h100-8gpu.toml` prints exactly it).
+    let ours = gpu_places(&parse(include_str!("golden/hgx-h100-8gpu.nccl-xml")));
+    assert_eq!(real.len(), 3);
+    assert_eq!(ours.len(), 8);
+    let want = &real[0];
+    assert_eq!(want.classes, ["0x060400", "0x030200"], "the real dump's GPU path");
+    assert!(want.nic_on_switch);
+    assert_eq!(want.bundles, [4, 4, 5, 5]);
+    assert_eq!(want.tclasses, BTreeSet::from(["0x068000".to_owned()]));
+    for r in &real {
+        assert_eq!(r, want, "the real dump is uniform");
+    }
+    for (i, o) in ours.iter().enumerate() {
+        assert_eq!(o, want, "GPU {i} of the HGX export");
+    }
 }
 
 #[test]
