@@ -278,7 +278,8 @@ impl Snapshot {
     #[inline]
     pub(crate) fn find(&self, gfa: u64) -> Option<(usize, u64, u32)> {
         let b = (gfa.wrapping_sub(self.lo) >> self.shift) as usize;
-        if gfa < self.lo || b + 1 >= self.slots.len() {
+        // `b + 1` could wrap for the highest GFA of a map starting at 0 with one-byte buckets.
+        if gfa < self.lo || b >= self.slots.len().saturating_sub(1) {
             return None;
         }
         let s = &self.slots[b];
@@ -587,6 +588,25 @@ mod tests {
             let holes = snap.fast.iter().filter(|&&f| f != SLOW && f >> TAG_SHIFT == TAG_HOLE).count();
             assert_eq!(holes > 0, kept, "{holes} hole buckets");
             check_every_probe(&snap, &mut rng);
+        }
+    }
+
+    /// A map starting at GFA 0 with one-byte buckets: the highest GFA is unmapped, not an
+    /// overflow (it once wrapped the bucket number past the end of the slots).
+    #[test]
+    fn highest_gfa_of_a_map_at_zero_is_unmapped() {
+        let mut inv = Inventory::new();
+        let mut d = Device::new(DeviceId::uuid("GPU-tiny"), DeviceKind::Gpu, Some("n0"));
+        d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1, hpa: None, numa_node: None });
+        inv.add_device(d).unwrap();
+        let mut map = AddressMap::new(MapConfig::default()).unwrap();
+        map.update(&inv).unwrap();
+        let snap = map.snapshot();
+        assert_eq!((snap.lo, snap.shift), (0, 0), "the case this test is about");
+        assert!(snap.translate(0).is_ok());
+        for gfa in [1, u64::MAX - 1, u64::MAX] {
+            assert_eq!(snap.translate(gfa), Err(TranslateError::Unmapped { gfa }));
+            assert_eq!(snap.find(gfa), None);
         }
     }
 

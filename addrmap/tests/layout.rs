@@ -1,6 +1,8 @@
 //! Property tests of the layout: no overlaps, exact translation both ways against a linear
-//! reference, stability under add/remove/restart/re-enumeration, lowest-fit placement, and
-//! byte-identical results from independent computations.
+//! reference, stability under add/remove/restart/re-enumeration (with interleave sets made
+//! and dropped and partitions redrawn in the same sequences), lowest-fit placement,
+//! partition views against a reference, and byte-identical results from independent
+//! computations.
 #![allow(clippy::unwrap_used, reason = "test helpers panic on failure by design")]
 
 mod common;
@@ -8,7 +10,10 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 
 use common::{Naive, assert_no_overlaps, device, inventory, naive_translate, snap_translate};
-use fabric_addrmap::{AddressMap, GIB, GcFilter, MapConfig, NodeSpan, Presence, ResourceKey, State, encode_state};
+use fabric_addrmap::interleave::{GRANULARITIES, WAYS};
+use fabric_addrmap::{
+    AddressMap, GIB, GcFilter, MapConfig, NodeSpan, Presence, ResourceKey, State, TranslateError, encode_state,
+};
 use fabric_topology::{Device, DeviceId, MemoryKind};
 use proptest::prelude::*;
 
@@ -19,6 +24,17 @@ enum Op {
     Restart,
     Reenumerate(u64),
     Gc(Option<usize>),
+    /// An interleave set of `WAYS[ways]` present CXL resources (chosen from `pick`) with
+    /// granularity `GRANULARITIES[gran]`.
+    Interleave {
+        ways: usize,
+        gran: usize,
+        pick: u64,
+    },
+    /// Drops one of the sets, if any.
+    Uninterleave(u64),
+    /// Redraws partition `p` as the devices whose bits are set.
+    Partition(u16),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -28,10 +44,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Restart),
         1 => any::<u64>().prop_map(Op::Reenumerate),
         1 => proptest::option::of(0..12usize).prop_map(Op::Gc),
+        2 => (0..WAYS.len(), 0..GRANULARITIES.len(), any::<u64>())
+            .prop_map(|(ways, gran, pick)| Op::Interleave { ways, gran, pick }),
+        1 => any::<u64>().prop_map(Op::Uninterleave),
+        1 => any::<u16>().prop_map(Op::Partition),
     ]
 }
 
-/// Twelve devices over three nodes and the fabric; sizes from the seed.
+/// Twelve devices over three nodes and the fabric, every third a CXL device with two
+/// resources (eight CXL resources for interleave sets); sizes from the seed.
 fn universe(sizes: &[u64]) -> Vec<Device> {
     (0..12)
         .map(|i| {
@@ -40,7 +61,7 @@ fn universe(sizes: &[u64]) -> Vec<Device> {
                 n => Some(["n-a", "n-b", "n-c"][n]),
             };
             let s = sizes[i];
-            if i % 5 == 4 {
+            if i % 3 == 2 {
                 device(
                     node,
                     &format!("CXL-{i}"),
@@ -103,26 +124,82 @@ fn naive_lowest_fit(st: &State, node: &str, size: u64, align: u64) -> Option<u64
 
 fn check_translation(map: &AddressMap, devs: &[Device], present: &BTreeSet<usize>, rng: &mut u64) {
     let snap = map.snapshot();
+    let st = snap.state();
     for &i in present {
         for (key, size) in keys_of(&devs[i]) {
-            for off in [0, size - 1, size / 2, *rng % size] {
+            // A member of a present set translates through the set, for its first
+            // `member_size` bytes; a member of a set that is a hole has no GFA.
+            let set = st.interleaves.iter().find(|s| s.members.contains(&key));
+            let (mapped, want): (u64, fn(ResourceKey, u64) -> Naive) = match set {
+                Some(s) if s.presence == Presence::Present => (s.member_size, Naive::Member),
+                Some(_) => {
+                    assert!(snap.reverse_key(&key, 0).is_err(), "{key} is in a vanished set");
+                    continue;
+                }
+                // A member of a dropped set is placed again by the next inventory update.
+                None if !st.placements.iter().any(|p| p.key == key) => {
+                    assert_eq!(snap.reverse_key(&key, 0), Err(TranslateError::UnknownResource), "{key}");
+                    continue;
+                }
+                None => (size, Naive::Direct),
+            };
+            for off in [0, mapped - 1, mapped / 2, *rng % mapped] {
                 let gfa = snap.reverse_key(&key, off).unwrap();
-                assert_eq!(snap_translate(&snap, gfa), Naive::Direct(key.clone(), off));
+                assert_eq!(snap_translate(&snap, gfa), want(key.clone(), off));
             }
-            assert!(snap.reverse_key(&key, size).is_err());
+            assert!(snap.reverse_key(&key, mapped).is_err());
             *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         }
     }
-    for gfa in common::boundary_probes(snap.state()) {
-        assert_eq!(snap_translate(&snap, gfa), naive_translate(snap.state(), gfa), "gfa {gfa:#x}");
-    }
+    let mut probes = common::boundary_probes(st);
     // Random addresses (most near mapped space) agree with the linear reference.
     let high = snap.listing().high_water.max(1);
     for _ in 0..200 {
         *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let gfa = (*rng >> 7) % (high + GIB);
-        assert_eq!(snap_translate(&snap, gfa), naive_translate(snap.state(), gfa), "gfa {gfa:#x}");
+        probes.push((*rng >> 7) % (high + GIB));
     }
+    for &gfa in &probes {
+        assert_eq!(snap_translate(&snap, gfa), naive_translate(st, gfa), "gfa {gfa:#x}");
+    }
+    // Every partition's view answers what the reference answers for ranges whose devices
+    // are all its own, `NotInPartition` for any other range, and `Unmapped` outside ranges.
+    for part in &st.partitions {
+        let view = snap.partition(&part.name).unwrap();
+        for &gfa in &probes {
+            let want = match owners(st, gfa) {
+                None => Err("unmapped"),
+                Some(devices) if devices.iter().all(|d| part.devices.contains(d)) => Ok(naive_translate(st, gfa)),
+                Some(_) => Err("not in partition"),
+            };
+            let got = match view.translate(gfa) {
+                Ok(l) if l.set.is_some() => Ok(Naive::Member(snap.resource(l.resource).clone(), l.offset)),
+                Ok(l) => Ok(Naive::Direct(snap.resource(l.resource).clone(), l.offset)),
+                Err(TranslateError::Hole { .. }) => Ok(Naive::Hole),
+                Err(TranslateError::Unmapped { .. }) => Err("unmapped"),
+                Err(TranslateError::NotInPartition { .. }) => Err("not in partition"),
+                Err(e) => panic!("unexpected {e:?}"),
+            };
+            assert_eq!(got, want, "partition {} gfa {gfa:#x}", part.name);
+        }
+    }
+}
+
+/// The devices behind the range holding `gfa` (its translating part or its hole), by a
+/// linear scan; `None` outside every range.
+fn owners(st: &State, gfa: u64) -> Option<Vec<DeviceId>> {
+    for p in &st.placements {
+        let end = if p.presence == Presence::Present { p.start + p.size } else { p.start + p.reserved };
+        if gfa >= p.start && gfa < end {
+            return Some(vec![p.key.device.clone()]);
+        }
+    }
+    for s in &st.interleaves {
+        let end = if s.presence == Presence::Present { s.start + s.size() } else { s.start + s.reserved };
+        if gfa >= s.start && gfa < end {
+            return Some(s.members.iter().map(|m| m.device.clone()).collect());
+        }
+    }
+    None
 }
 
 proptest! {
@@ -141,6 +218,9 @@ proptest! {
         let mut twin = AddressMap::new(config(small)).unwrap();
         let mut present = BTreeSet::new();
         let mut home: HashMap<ResourceKey, u64> = HashMap::new();
+        let mut set_home: HashMap<String, u64> = HashMap::new();
+        // A dropped set's members wait for the next inventory update to be placed.
+        let mut unplaced = false;
         let mut rng = 0x1234_5678u64;
         for (step, op) in ops.into_iter().enumerate() {
             let before = map.state().clone();
@@ -163,6 +243,51 @@ proptest! {
                     for r in &c.collected { home.remove(&r.key); }
                     Some(c)
                 }
+                Op::Interleave { ways, gran, pick } => {
+                    let ways = usize::from(WAYS[*ways]);
+                    let gran = u64::from(GRANULARITIES[*gran]);
+                    let free: Vec<ResourceKey> = map.state().placements.iter()
+                        .filter(|p| p.presence == Presence::Present && p.key.device.to_string().contains("CXL-"))
+                        .map(|p| p.key.clone())
+                        .collect();
+                    if free.len() < ways {
+                        continue;
+                    }
+                    let first = (*pick % free.len() as u64) as usize;
+                    let members: Vec<ResourceKey> = (0..ways).map(|k| free[(first + k) % free.len()].clone()).collect();
+                    let name = format!("set{step}");
+                    let r = map.add_interleave(&name, ways as u32, gran, &members, None);
+                    let r2 = twin.add_interleave(&name, ways as u32, gran, &members, None);
+                    prop_assert_eq!(r.is_ok(), r2.is_ok());
+                    match r {
+                        Ok(c) => {
+                            // The members' direct ranges are released; they get new ones
+                            // only after the set is dropped.
+                            for m in &members { home.remove(m); }
+                            Some(c)
+                        }
+                        // Members smaller than the granularity: refused, nothing changed.
+                        Err(_) => { prop_assert_eq!(map.state(), &before); continue; }
+                    }
+                }
+                Op::Uninterleave(pick) => {
+                    let names: Vec<String> = map.state().interleaves.iter().map(|s| s.name.clone()).collect();
+                    if names.is_empty() {
+                        continue;
+                    }
+                    let name = &names[(*pick % names.len() as u64) as usize];
+                    let c = map.remove_interleave(name).unwrap();
+                    twin.remove_interleave(name).unwrap();
+                    set_home.remove(name);
+                    unplaced = true;
+                    Some(c)
+                }
+                Op::Partition(mask) => {
+                    let ids: Vec<DeviceId> = (0..devs.len()).filter(|i| mask & (1 << i) != 0).map(|i| devs[i].id.clone()).collect();
+                    let c = map.partition("p", &ids);
+                    twin.partition("p", &ids);
+                    Some(c)
+                }
             };
             let change = match change {
                 Some(c) => c,
@@ -172,9 +297,10 @@ proptest! {
                     // The twin sees the same inventory in another order.
                     let c2 = twin.update(&shuffled(&devs, &present, seed ^ 0xdead_beef)).unwrap();
                     prop_assert_eq!(&c, &c2);
-                    if matches!(op, Op::Reenumerate(_)) {
+                    if matches!(op, Op::Reenumerate(_)) && !unplaced {
                         prop_assert!(c.is_empty(), "re-enumeration changed the map: {:?}", c);
                     }
+                    unplaced = false;
                     c
                 }
             };
@@ -183,7 +309,17 @@ proptest! {
             let st = map.state();
             st.validate().unwrap();
             assert_no_overlaps(st);
-            // Stability: every key keeps the start it first got, until collected.
+            // Stability: every set keeps its start until dropped or collected, and is
+            // present exactly when all its members' devices are.
+            set_home.retain(|name, _| st.interleaves.iter().any(|s| &s.name == name));
+            for s in &st.interleaves {
+                let start = *set_home.entry(s.name.clone()).or_insert(s.start);
+                prop_assert_eq!(start, s.start, "set {} moved", s.name);
+                let all = s.members.iter().all(|m| present.iter().any(|&i| devs[i].id == m.device));
+                prop_assert_eq!(s.presence == Presence::Present, all, "set {}", s.name);
+            }
+            // Stability: every key keeps the start it first got, until collected (or absorbed
+            // into a set).
             for p in &st.placements {
                 let start = *home.entry(p.key.clone()).or_insert(p.start);
                 prop_assert_eq!(start, p.start, "{} moved", p.key);
