@@ -323,7 +323,7 @@ impl Snapshot {
     /// GFA to (resource, offset).
     ///
     /// A GFA in a bucket one range covers whole reads only the bucket's 4-byte word; any
-    /// other takes [`Snapshot::find`]'s path through the slots.
+    /// other goes through the slots.
     #[inline]
     pub fn translate(&self, gfa: u64) -> Result<Location, TranslateError> {
         let b = (gfa.wrapping_sub(self.lo) >> self.shift) as usize;
