@@ -131,8 +131,12 @@
 // `fmm_location_t.kind`: mapped, but outside the caller's partition.
 #define FMM_LOCATION_NOT_IN_PARTITION 3
 
-// The most GFAs one `fmm_translate` call takes.
+// The most GFAs one `fmm_translate` call takes (and resource offsets one `fmm_reverse`).
 #define FMM_TRANSLATE_MAX 1024
+
+// `fmm_reverse`'s answer for a resource offset with no GFA the caller may see (never a
+// mapped GFA: a range ends at or below 2^64 - 1).
+#define FMM_NO_GFA UINT64_MAX
 
 // `fmm_revocation_t.reason`: the owner revoked the export.
 #define FMM_REVOKED_BY_OWNER 0
@@ -260,6 +264,18 @@ typedef struct fmm_location_t {
   // none. NUL-terminated (at most 64 bytes).
   char set[65];
 } fmm_location_t;
+
+// A byte of a device's memory resource (`fmm_reverse`).
+typedef struct fmm_resource_offset_t {
+  // The device's identity, NUL-terminated (as `fmm_location_t.device` gives it).
+  const char *device;
+  // The class of memory (`FMM_MEM_*`).
+  int memory_class;
+  // Which resource of that class on the device.
+  uint16_t ordinal;
+  // Byte offset in the resource (a DPA offset for a member of an interleave set).
+  uint64_t offset;
+} fmm_resource_offset_t;
 
 // One revoked import (`fmm_revocation_callback_t`).
 typedef struct fmm_revocation_t {
@@ -851,6 +867,21 @@ int fmm_translate(const struct fmm_session_t *s,
                   const uint64_t *gfas,
                   size_t count,
                   struct fmm_location_t *out);
+
+// Finds the GFA of `count` resource offsets (at most `FMM_TRANSLATE_MAX`, one round
+// trip): `gfas[i]` is the GFA of `items[i]`, or `FMM_NO_GFA` where that byte has none the
+// caller may see (unknown or vanished resource, a member of a set that is a hole, outside
+// the caller's partitions, an offset past its mapped bytes). `count` 0 does nothing
+// (`items` and `gfas` may then be NULL). An item with a NULL or non-UTF-8 device or an
+// unknown memory class fails the call with `FMM_E_ARG`, writing nothing.
+//
+// # Safety
+// `s` is a live session; `items` has `count` readable entries, each `device` NULL or a
+// NUL-terminated string; `gfas` has room for `count`.
+int fmm_reverse(const struct fmm_session_t *s,
+                const struct fmm_resource_offset_t *items,
+                size_t count,
+                uint64_t *gfas);
 
 // Sets the function called for every revocation of one of this session's imports, after
 // the import is marked revoked (its next use fails with `FMM_E_REVOKED`); replaces an

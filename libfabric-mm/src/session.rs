@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, Event, ExportPolicy, ExportRequest, ImportRequest,
-    MemoryClass, Name, Opcode, Request, Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery,
-    TranslateRequest, Translation,
+    MemoryClass, Name, Opcode, Request, ResourceName, Response, Revocation, RevokeRequest, SubscribeRequest, Topics,
+    TranslateQuery, TranslateRequest, Translation,
 };
 
 use crate::client::{Client, Notice};
@@ -161,6 +161,19 @@ pub enum Location {
     Unmapped,
     /// Mapped, but outside the caller's partition.
     NotInPartition,
+}
+
+/// A byte of a device's memory resource, to find the GFA of ([`Session::reverse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceOffset {
+    /// The device's identity (as [`Location::Resource`] gives it).
+    pub device: String,
+    /// The class of memory.
+    pub memory: MemoryClass,
+    /// Which resource of that class.
+    pub ordinal: u16,
+    /// Byte offset in the resource (a DPA offset for a member of an interleave set).
+    pub offset: u64,
 }
 
 fn bounded<const N: usize>(v: &[u32], what: &str) -> Result<BoundedVec<u32, N>> {
@@ -340,5 +353,28 @@ impl Session {
                 Translation::Gfa(_) | Translation::Unmapped | Translation::UnknownResource => Location::Unmapped,
             })
             .collect())
+    }
+
+    /// The GFA of each resource offset — the reverse of [`Session::translate`], at most
+    /// 1,024 per call, one round trip. `None` where that byte has no GFA the caller may
+    /// see: the resource is unknown to the map or vanished, it is a member of an interleave
+    /// set that is a hole, it lies outside the caller's partitions, or the offset is past its
+    /// mapped bytes (for a set member, past the set's `member_size`).
+    pub fn reverse(&self, items: &[ResourceOffset]) -> Result<Vec<Option<u64>>> {
+        let queries = items
+            .iter()
+            .map(|r| {
+                let device = DeviceName::new(r.device.clone())
+                    .map_err(|e| Error::InvalidArgument(format!("device {:?}: {e}", r.device)))?;
+                let resource = ResourceName { device, memory: r.memory, ordinal: r.ordinal };
+                Ok(TranslateQuery::Resource { resource, offset: r.offset })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let queries = BoundedVec::new(queries)
+            .map_err(|_| Error::InvalidArgument("at most 1024 resource offsets per reverse".into()))?;
+        let Response::Translate(t) = self.call(Request::Translate(TranslateRequest { queries }))? else {
+            return Err(Error::Unexpected(Opcode::Translate));
+        };
+        Ok(t.results.iter().map(|a| if let Translation::Gfa(g) = a { Some(*g) } else { None }).collect())
     }
 }

@@ -1,7 +1,8 @@
 //! The C ABI's interleave-set allocation, translation and copy callback called as C calls
 //! them, against a real fabricd on the sim CXL pool: bad strings and NULLs refused with
-//! `FMM_E_ARG` and nothing written, translations that agree with `Session::translate`, and
-//! a completion callback that runs once on another thread.
+//! `FMM_E_ARG` and nothing written, translations that agree with `Session::translate`,
+//! reverse translations that lead back to the same GFAs in C and in Rust, and a completion
+//! callback that runs once on another thread.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -96,6 +97,60 @@ fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_ru
         assert_eq!(fmm_translate(s, many.as_ptr(), FMM_TRANSLATE_MAX, room.as_mut_ptr()), FMM_OK, "{}", last());
         assert!(room[..FMM_TRANSLATE_MAX].iter().all(|l| l.kind == FMM_LOCATION_RESOURCE));
         assert_eq!(room[FMM_TRANSLATE_MAX].kind, 99, "nothing past count");
+    }
+
+    // Reverse translation: every located byte leads back to its GFA, in C and in Rust; a
+    // device the map does not know, and an offset past a member's mapped bytes, have none.
+    let devices: Vec<CString> = out.iter().map(|l| CString::new(text(&l.device)).unwrap()).collect();
+    let mut items: Vec<FmmResourceOffset> = out[..3]
+        .iter()
+        .zip(&devices)
+        .map(|(l, dev)| FmmResourceOffset {
+            device: dev.as_ptr(),
+            memory_class: l.memory_class,
+            ordinal: l.ordinal,
+            offset: l.offset,
+        })
+        .collect();
+    let unknown = c"uuid:no-such-device";
+    items.push(FmmResourceOffset { device: unknown.as_ptr(), ..items[0] });
+    items.push(FmmResourceOffset { offset: u64::MAX / 2, ..items[0] });
+    let mut back = [7u64; 5];
+    // SAFETY: 5 items with NUL-terminated devices in, room for 5 out.
+    assert_eq!(unsafe { fmm_reverse(s, items.as_ptr(), 5, back.as_mut_ptr()) }, FMM_OK, "{}", last());
+    assert_eq!(back, [gfas[0], gfas[1], gfas[2], FMM_NO_GFA, FMM_NO_GFA]);
+    let rust_items: Vec<fabric_mm::ResourceOffset> = rust[..3]
+        .iter()
+        .map(|l| match l {
+            fabric_mm::Location::Resource { device, memory, ordinal, offset, .. } => fabric_mm::ResourceOffset {
+                device: device.clone(),
+                memory: *memory,
+                ordinal: *ordinal,
+                offset: *offset,
+            },
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    let rust_back = common::session(&d.socket).reverse(&rust_items).unwrap();
+    assert_eq!(rust_back, [Some(gfas[0]), Some(gfas[1]), Some(gfas[2])]);
+    let mut untouched = [7u64; 2];
+    // SAFETY: the arrays have the counts given; NULLs and bad fields are refused.
+    unsafe {
+        let bad_class = [FmmResourceOffset { memory_class: 77, ..items[0] }, items[1]];
+        assert_eq!(fmm_reverse(s, bad_class.as_ptr(), 2, untouched.as_mut_ptr()), FMM_E_ARG);
+        assert!(last().contains("memory class"), "{}", last());
+        let null_device = [items[0], FmmResourceOffset { device: null(), ..items[1] }];
+        assert_eq!(fmm_reverse(s, null_device.as_ptr(), 2, untouched.as_mut_ptr()), FMM_E_ARG);
+        assert_eq!(last(), "device is NULL");
+        assert_eq!(untouched, [7, 7], "nothing written on a refusal");
+        assert_eq!(fmm_reverse(s, null(), 1, untouched.as_mut_ptr()), FMM_E_ARG);
+        assert_eq!(fmm_reverse(s, items.as_ptr(), 1, null_mut()), FMM_E_ARG);
+        assert_eq!(fmm_reverse(s, null(), 0, null_mut()), FMM_OK);
+        let many = vec![items[0]; FMM_TRANSLATE_MAX + 1];
+        let mut room = vec![0u64; many.len()];
+        assert_eq!(fmm_reverse(s, many.as_ptr(), many.len(), room.as_mut_ptr()), FMM_E_ARG);
+        assert_eq!(fmm_reverse(s, many.as_ptr(), FMM_TRANSLATE_MAX, room.as_mut_ptr()), FMM_OK, "{}", last());
+        assert!(room[..FMM_TRANSLATE_MAX].iter().all(|&g| g == gfas[0]));
     }
 
     // A copy called back: once, on another thread, with the bytes.

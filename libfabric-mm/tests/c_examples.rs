@@ -259,6 +259,7 @@ fn interleave_example_allocates_on_a_set_translates_and_is_called_back_on_revoca
             "cxl_volatile#0 + 0x1005 (set ",
             "cxl_volatile#0 + 0x3fffff (set ",
             "the top of the address space is unmapped",
+            "every member byte reverses to its GFA",
             "revoked by its owner; import check -13",
             "interleave: done",
         ] {

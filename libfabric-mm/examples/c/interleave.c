@@ -4,7 +4,7 @@
  * land (fmm_translate): consecutive granules alternate between the set's member devices,
  * each at an offset in that device's memory. An address nothing holds translates as
  * FMM_LOCATION_UNMAPPED; an unknown set is FMM_E_NOT_FOUND, and its message names the
- * sets there are.
+ * sets there are. Each member byte found leads back to its GFA (fmm_reverse).
  *
  * Then a revocation callback (fmm_on_revocation): a second session imports the region and
  * registers a callback; the owner revokes the export; the callback (on the library's
@@ -110,6 +110,23 @@ int main(int argc, char **argv) {
            loc[0].device, loc[1].device);
     if ((rc = fmm_translate(s, NULL, 0, NULL))) return die("empty fmm_translate", rc);
     if ((rc = fmm_translate(s, NULL, 1, loc)) != FMM_E_ARG) return die("NULL gfas check", rc);
+
+    /* And back: each member's byte leads to the GFA it came from. */
+    fmm_resource_offset_t bytes[4];
+    uint64_t back[4];
+    for (int i = 0; i < 4; i++) {
+        fmm_resource_offset_t b = {loc[i].device, loc[i].memory_class, loc[i].ordinal, loc[i].offset};
+        bytes[i] = b;
+    }
+    if ((rc = fmm_reverse(s, bytes, 4, back))) return die("fmm_reverse", rc);
+    for (int i = 0; i < 4; i++) {
+        if (back[i] != gfas[i]) {
+            fprintf(stderr, "reverse of %s + 0x%llx: 0x%llx, not 0x%llx\n", loc[i].device,
+                    (unsigned long long)loc[i].offset, (unsigned long long)back[i], (unsigned long long)gfas[i]);
+            return 1;
+        }
+    }
+    printf("interleave: every member byte reverses to its GFA\n");
 
     /* A second session imports the region with a revocation callback; the owner revokes. */
     char handle[128];

@@ -1,13 +1,14 @@
 //! The C ABI of address translation (part of `include/fabric_mm.h`): where a GFA lands —
 //! the device, the class and ordinal of its memory resource, the offset in it and the
-//! interleave set it went through — over [`crate::Session::translate`]. A child of
-//! [`crate::ffi`], whose conventions it shares.
+//! interleave set it went through — over [`crate::Session::translate`], and the way back,
+//! resource offsets to GFAs, over [`crate::Session::reverse`]. A child of [`crate::ffi`],
+//! whose conventions it shares.
 
 use std::ffi::{c_char, c_int};
 
-use super::{FMM_E_PROTOCOL, FmmSession, arg_err, class_code, fail, get, guard, set_error};
+use super::{FMM_E_PROTOCOL, FmmSession, arg_err, class, class_code, fail, get, guard, req_str, set_error};
 use crate::ffi_path::fill;
-use crate::session::Location;
+use crate::session::{Location, ResourceOffset};
 
 /// `fmm_location_t.kind`: the GFA lands in a device's memory resource.
 pub const FMM_LOCATION_RESOURCE: c_int = 0;
@@ -17,8 +18,25 @@ pub const FMM_LOCATION_HOLE: c_int = 1;
 pub const FMM_LOCATION_UNMAPPED: c_int = 2;
 /// `fmm_location_t.kind`: mapped, but outside the caller's partition.
 pub const FMM_LOCATION_NOT_IN_PARTITION: c_int = 3;
-/// The most GFAs one `fmm_translate` call takes.
+/// The most GFAs one `fmm_translate` call takes (and resource offsets one `fmm_reverse`).
 pub const FMM_TRANSLATE_MAX: usize = 1024;
+/// `fmm_reverse`'s answer for a resource offset with no GFA the caller may see (never a
+/// mapped GFA: a range ends at or below 2^64 - 1).
+pub const FMM_NO_GFA: u64 = u64::MAX;
+
+/// A byte of a device's memory resource (`fmm_reverse`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FmmResourceOffset {
+    /// The device's identity, NUL-terminated (as `fmm_location_t.device` gives it).
+    pub device: *const c_char,
+    /// The class of memory (`FMM_MEM_*`).
+    pub memory_class: c_int,
+    /// Which resource of that class on the device.
+    pub ordinal: u16,
+    /// Byte offset in the resource (a DPA offset for a member of an interleave set).
+    pub offset: u64,
+}
 
 /// Where a GFA lands (`fmm_translate`).
 #[repr(C)]
@@ -101,6 +119,58 @@ pub unsafe extern "C" fn fmm_translate(
         for (i, l) in converted.into_iter().enumerate() {
             // SAFETY: out is non-NULL (checked) with room for count > i entries (caller contract).
             unsafe { out.add(i).write(l) };
+        }
+        Ok(())
+    })
+}
+
+/// Finds the GFA of `count` resource offsets (at most `FMM_TRANSLATE_MAX`, one round
+/// trip): `gfas[i]` is the GFA of `items[i]`, or `FMM_NO_GFA` where that byte has none the
+/// caller may see (unknown or vanished resource, a member of a set that is a hole, outside
+/// the caller's partitions, an offset past its mapped bytes). `count` 0 does nothing
+/// (`items` and `gfas` may then be NULL). An item with a NULL or non-UTF-8 device or an
+/// unknown memory class fails the call with `FMM_E_ARG`, writing nothing.
+///
+/// # Safety
+/// `s` is a live session; `items` has `count` readable entries, each `device` NULL or a
+/// NUL-terminated string; `gfas` has room for `count`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_reverse(
+    s: *const FmmSession,
+    items: *const FmmResourceOffset,
+    count: usize,
+    gfas: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get(s, "session") }?;
+        if count == 0 {
+            return Ok(());
+        }
+        if items.is_null() || gfas.is_null() {
+            return Err(arg_err("items or gfas is NULL with a non-zero count"));
+        }
+        if count > FMM_TRANSLATE_MAX {
+            return Err(arg_err(&format!("at most {FMM_TRANSLATE_MAX} resource offsets per call")));
+        }
+        // SAFETY: items is non-NULL (checked) with count readable entries (caller contract).
+        let items = unsafe { std::slice::from_raw_parts(items, count) };
+        let items = items
+            .iter()
+            .map(|i| {
+                // SAFETY: each device is NULL or NUL-terminated (caller contract).
+                let device = unsafe { req_str(i.device, "device") }?.to_owned();
+                Ok(ResourceOffset { device, memory: class(i.memory_class)?, ordinal: i.ordinal, offset: i.offset })
+            })
+            .collect::<Result<Vec<_>, c_int>>()?;
+        let found = s.0.reverse(&items).map_err(|e| fail(&e))?;
+        if found.len() != count {
+            set_error(&format!("the daemon answered {} of {count} reverse translations", found.len()));
+            return Err(FMM_E_PROTOCOL);
+        }
+        for (i, g) in found.into_iter().enumerate() {
+            // SAFETY: gfas is non-NULL (checked) with room for count > i entries (caller contract).
+            unsafe { gfas.add(i).write(g.unwrap_or(FMM_NO_GFA)) };
         }
         Ok(())
     })
