@@ -139,7 +139,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         placements.iter().enumerate().map(|(i, p)| (p.start, (p.start + p.size, i as u32))).collect();
 
     // Warm both structures once, then measure.
-    let snap_pass = |addrs: &[u64]| {
+    let mut snap_pass = |addrs: &[u64]| {
         let mut acc = 0u64;
         for &a in addrs {
             if let Ok(l) = snap.translate(a) {
@@ -148,7 +148,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         }
         black_box(acc)
     };
-    let tree_pass = |addrs: &[u64]| {
+    let mut tree_pass = |addrs: &[u64]| {
         let mut acc = 0u64;
         for &a in addrs {
             if let Some((&s, &(e, _))) = tree.range(..=a).next_back()
@@ -161,7 +161,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
     };
     // One warm-up pass, then the median of `PASSES` timed passes: a single pass on a shared
     // VM swings by 2-4x with the neighbours' cache use, the median far less.
-    let time = |f: &dyn Fn(&[u64]) -> u64| {
+    let time = |f: &mut dyn FnMut(&[u64]) -> u64| {
         f(&addrs);
         let mut passes: Vec<f64> = (0..PASSES)
             .map(|_| {
@@ -172,8 +172,8 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
             .collect();
         median(&mut passes)
     };
-    let ns = time(&snap_pass);
-    let tree_ns = time(&tree_pass);
+    let ns = time(&mut snap_pass);
+    let tree_ns = time(&mut tree_pass);
 
     let mut out: Vec<Result<Location, TranslateError>> = vec![Err(TranslateError::UnknownResource); 1024];
     let t = Instant::now();
@@ -185,7 +185,7 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
     drop(tree);
 
     let reader = map.reader();
-    let guard_ns = time(&|addrs: &[u64]| {
+    let guard_ns = time(&mut |addrs: &[u64]| {
         let mut acc = 0u64;
         for &a in addrs {
             if let Ok(l) = reader.load().translate(a) {
@@ -195,9 +195,8 @@ pub fn translate(ranges: usize, lookups: usize) -> Result<TranslateBench, MapErr
         black_box(acc)
     });
     let cached_ns = {
-        let cached = std::cell::RefCell::new(reader.cached());
-        time(&|addrs: &[u64]| {
-            let mut cached = cached.borrow_mut();
+        let mut cached = reader.cached();
+        time(&mut |addrs: &[u64]| {
             let mut acc = 0u64;
             for &a in addrs {
                 if let Ok(l) = cached.current().translate(a) {

@@ -333,12 +333,9 @@ impl Session {
 
     /// Where each GFA lands (at most 1,024 per call).
     pub fn translate(&self, gfas: &[u64]) -> Result<Vec<Location>> {
-        let queries = BoundedVec::new(gfas.iter().map(|g| TranslateQuery::Gfa(*g)).collect())
-            .map_err(|_| Error::InvalidArgument("at most 1024 GFAs per translate".into()))?;
-        let Response::Translate(t) = self.call(Request::Translate(TranslateRequest { queries }))? else {
-            return Err(Error::Unexpected(Opcode::Translate));
-        };
-        Ok(t.results
+        let queries = gfas.iter().map(|g| TranslateQuery::Gfa(*g)).collect();
+        Ok(self
+            .query(queries, "at most 1024 GFAs per translate")?
             .iter()
             .map(|a| match a {
                 Translation::Resource { resource, offset, set } => Location::Resource {
@@ -370,11 +367,17 @@ impl Session {
                 Ok(TranslateQuery::Resource { resource, offset: r.offset })
             })
             .collect::<Result<Vec<_>>>()?;
-        let queries = BoundedVec::new(queries)
-            .map_err(|_| Error::InvalidArgument("at most 1024 resource offsets per reverse".into()))?;
+        let answers = self.query(queries, "at most 1024 resource offsets per reverse")?;
+        Ok(answers.iter().map(|a| if let Translation::Gfa(g) = a { Some(*g) } else { None }).collect())
+    }
+
+    /// One `Translate` round trip: the daemon's answers, in order; `too_many` is the
+    /// refusal when the queries exceed the protocol's bound.
+    fn query(&self, queries: Vec<TranslateQuery>, too_many: &str) -> Result<Vec<Translation>> {
+        let queries = BoundedVec::new(queries).map_err(|_| Error::InvalidArgument(too_many.into()))?;
         let Response::Translate(t) = self.call(Request::Translate(TranslateRequest { queries }))? else {
             return Err(Error::Unexpected(Opcode::Translate));
         };
-        Ok(t.results.iter().map(|a| if let Translation::Gfa(g) = a { Some(*g) } else { None }).collect())
+        Ok(t.results.into_vec())
     }
 }

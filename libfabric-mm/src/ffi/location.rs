@@ -150,9 +150,6 @@ pub unsafe extern "C" fn fmm_reverse(
         if items.is_null() || gfas.is_null() {
             return Err(arg_err("items or gfas is NULL with a non-zero count"));
         }
-        if count > FMM_TRANSLATE_MAX {
-            return Err(arg_err(&format!("at most {FMM_TRANSLATE_MAX} resource offsets per call")));
-        }
         // SAFETY: items is non-NULL (checked) with count readable entries (caller contract).
         let items = unsafe { std::slice::from_raw_parts(items, count) };
         let items = items
