@@ -233,6 +233,8 @@ pub struct Daemon {
     pub metrics: Arc<Metrics>,
     /// The copy engine (`Copy` requests).
     pub copies: crate::copy::CopyEngine,
+    /// Refusals, logged with a rate limit (`refusals.rs`).
+    pub refusals: crate::refusals::RefusalLog,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
     /// The PCI functions held through VFIO (`dma.vfio`).
@@ -323,6 +325,7 @@ impl Daemon {
             admin_gid,
             metrics,
             copies,
+            refusals: crate::refusals::RefusalLog::new(),
             memory,
             vfio,
             monitor: crate::monitor::Trigger::default(),
@@ -333,6 +336,13 @@ impl Daemon {
     /// Devices seen since start that the last rescan did not find, sorted.
     pub fn vanished(&self) -> Vec<String> {
         self.vanished.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// Logs (rate-limited, see [`crate::refusals`]) that `op` of the caller `peer` was
+    /// refused with `err`. Every refusal of a request or connection goes through here.
+    pub fn refused(&self, peer: &fabric_proto::wire::PeerCred, op: &'static str, err: &fabric_proto::wire::ErrorBody) {
+        let group = crate::refusals::Group { uid: peer.uid, op, code: err.code };
+        self.refusals.refused(group, peer.pid, &err.message);
     }
 
     /// The current fabric view.

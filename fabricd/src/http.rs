@@ -1,6 +1,11 @@
 //! The metrics endpoint: a tiny HTTP/1.1 responder on a loopback TCP socket. `GET /metrics`
 //! answers the page of [`metrics`](crate::metrics); anything else answers 404 (or 400 when
 //! the request head is malformed or too big). One request per connection, then close.
+//!
+//! Any local user can connect, so idle connections must not keep scrapes out: at most
+//! [`MAX_CONNECTIONS`] are open, and when they are all taken a new connection closes the
+//! oldest one still waiting for its request head (a scraper sends its head at once; an
+//! idle client is the one that waits). A head must arrive within [`READ_TIMEOUT`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,14 +21,64 @@ use crate::daemon::Daemon;
 /// The largest request head read; a bigger one is answered 400.
 pub const MAX_HEAD: usize = 8 << 10;
 /// A client must send its whole request head within this long.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// A client must take the answer within this long.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long, and how much, input after the answer is read before closing.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 const DRAIN_MAX: usize = 64 << 10;
-/// Scrapes served at once; further connections are closed at accept.
-pub const MAX_CONNECTIONS: usize = 16;
+/// Connections open at once (descriptors kept back for them: `server::RESERVED_FDS`).
+/// Past it, the oldest connection still waiting for its head is closed for the new one.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// The connections open, and those still waiting for their head, oldest first.
+#[derive(Debug, Default)]
+struct Open {
+    count: usize,
+    next_id: u64,
+    waiting: std::collections::VecDeque<(u64, CancellationToken)>,
+}
+
+/// Counts a connection open until dropped.
+struct Slot {
+    open: Arc<std::sync::Mutex<Open>>,
+    id: u64,
+}
+
+impl Slot {
+    /// The connection's head has come: it can no longer be closed for a newer one.
+    fn head_read(&self) {
+        lock(&self.open).waiting.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut o = lock(&self.open);
+        o.count -= 1;
+        o.waiting.retain(|(id, _)| *id != self.id);
+    }
+}
+
+fn lock(open: &std::sync::Mutex<Open>) -> std::sync::MutexGuard<'_, Open> {
+    open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Takes a slot for a new connection, closing the oldest waiting one when all are taken;
+/// `None` when every open connection is past its head (being answered).
+fn admit(open: &Arc<std::sync::Mutex<Open>>) -> Option<(Slot, CancellationToken)> {
+    let mut o = lock(open);
+    if o.count >= MAX_CONNECTIONS {
+        let (_, oldest) = o.waiting.pop_front()?;
+        // Its task ends at once and gives its count back; until then one more is open.
+        oldest.cancel();
+    }
+    o.count += 1;
+    o.next_id += 1;
+    let (id, cancel) = (o.next_id, CancellationToken::new());
+    o.waiting.push_back((id, cancel.clone()));
+    Some((Slot { open: open.clone(), id }, cancel))
+}
 
 /// Why the endpoint could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +112,7 @@ pub fn bind(listen: &str) -> Result<TcpListener, HttpError> {
 /// scrapes in flight.
 pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>, shutdown: CancellationToken) {
     let tracker = TaskTracker::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(std::sync::Mutex::new(Open::default()));
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -71,14 +126,16 @@ pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>, shutdown: Cancell
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!("metrics connection limit reached; closing a new connection");
+        let Some((slot, closed)) = admit(&open) else {
+            tracing::debug!("metrics connections all being answered; closing a new connection");
             continue;
         };
         let daemon = daemon.clone();
         tracker.spawn(async move {
-            let _slot = slot;
-            answer(stream, &daemon).await;
+            tokio::select! {
+                () = closed.cancelled() => tracing::debug!("metrics connection idle while others wait; closed"),
+                () = answer(stream, &daemon, &slot) => {}
+            }
         });
     }
     drop(listener);
@@ -140,8 +197,9 @@ async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
     }
 }
 
-async fn answer(mut stream: TcpStream, daemon: &Daemon) {
+async fn answer(mut stream: TcpStream, daemon: &Daemon, slot: &Slot) {
     let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await.ok().flatten();
+    slot.head_read();
     let (status, ctype, body, head_only) = match head.as_deref().map_or(Route::Bad, route) {
         Route::Metrics { head_only } => {
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", daemon.metrics_page(), head_only)
@@ -182,6 +240,29 @@ async fn answer(mut stream: TcpStream, daemon: &Daemon) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_connection_closes_the_oldest_waiting_one_when_all_are_taken() {
+        let open = Arc::new(std::sync::Mutex::new(Open::default()));
+        let mut held: Vec<_> = (0..MAX_CONNECTIONS).map(|_| admit(&open).unwrap()).collect();
+        // The first has its head: it is answered, not closed for others.
+        held[0].0.head_read();
+        let (new, _) = admit(&open).unwrap();
+        assert!(!held[0].1.is_cancelled());
+        assert!(held[1].1.is_cancelled(), "the oldest waiting one is closed");
+        assert!(held[2..].iter().all(|(_, c)| !c.is_cancelled()));
+        // Its task ends: the count is back to the limit.
+        drop(held.remove(1));
+        assert_eq!(lock(&open).count, MAX_CONNECTIONS);
+        // All past their heads: a new one is closed instead.
+        for (s, _) in &held {
+            s.head_read();
+        }
+        new.head_read();
+        assert!(admit(&open).is_none());
+        drop((held, new));
+        assert_eq!(lock(&open).count, 0);
+    }
 
     #[test]
     fn routes_get_metrics_and_refuses_the_rest() {

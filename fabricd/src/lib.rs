@@ -15,6 +15,7 @@
 //!   state dir), what each client sees and touches through its partitions, and the
 //!   partition and region listings;
 //! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
+//!   [`refusals`]: the rate-limited refusal log;
 //! - [`journal`]: the durable journal (`docs/journal.md`).
 //!
 //! - [`events`]: subscriptions (`Subscribe` on a connection) with bounded queues, and
@@ -54,6 +55,7 @@ pub mod notify;
 pub mod ops;
 pub mod partitions;
 pub mod placement;
+pub mod refusals;
 pub mod regions;
 pub mod scope;
 pub mod server;

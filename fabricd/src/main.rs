@@ -196,6 +196,7 @@ async fn serve(config: Config) -> ExitCode {
     tasks.spawn(fabricd::monitor::run(daemon.clone(), shutdown.clone()));
     tasks.spawn(fabricd::grace::run(daemon.clone(), shutdown.clone()));
     tasks.spawn(fabricd::sizewatch::run(daemon.clone(), shutdown.clone()));
+    tasks.spawn(fabricd::refusals::run(daemon.clone(), shutdown.clone()));
     tasks.close();
     let status = ops::status(&daemon);
     tracing::info!(

@@ -49,6 +49,11 @@ pub fn handle_session_fds(
     fds: Vec<OwnedFd>,
     version: Version,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
+    if matches!(req, Request::Ping) {
+        // Liveness and round-trip latency: answered with nothing else done (no caller
+        // lookup, no revocation flush; docs/protocol.md).
+        return Ok((Response::Ping, None));
+    }
     let op = req.opcode();
     let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
     let caller = Caller::of(d, peer);
@@ -105,7 +110,7 @@ pub fn handle_session_fds(
         )),
     };
     if let Err(e) = &r {
-        tracing::warn!(uid = peer.uid, pid = peer.pid, op = op.name(), code = ?e.code, "refused: {}", e.message);
+        d.refused(peer, op.name(), e);
     }
     d.flush_revocations();
     r

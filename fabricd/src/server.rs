@@ -41,7 +41,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// sent).
 pub const FDS_PER_CONNECTION: u64 = 6;
 /// Descriptors kept back from connections: the journal, its lock and segments, the log,
-/// the listener, metrics scrapes (16), the copy engine's kept region files (256), device
+/// the listener, metrics connections (64, `http::MAX_CONNECTIONS`), the copy engine's kept region files (256), device
 /// files (DAX, BARs, VFIO), the uevent socket.
 pub const RESERVED_FDS: u64 = 512;
 
@@ -133,28 +133,27 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
 /// connection is refused, not a request) when the socket takes it at once. A new
 /// socket's send buffer is empty, so it does; the accept loop never waits on a client.
 fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
-    match r.limit {
+    let body = r.body();
+    let line = match r.limit {
         crate::metrics::ClientLimit::Clients => {
-            tracing::warn!(
-                uid = peer.uid,
-                pid = peer.pid,
-                limit = r.max,
-                "client limit reached; refusing a new connection"
-            );
+            format!("client limit reached; refusing a new connection ({})", body.message)
         }
-        crate::metrics::ClientLimit::ClientsPerUid => tracing::warn!(
-            uid = peer.uid,
-            pid = peer.pid,
-            open = r.used,
-            limit = r.max,
-            "limits.clients_per_uid reached for uid {}; refusing a new connection",
-            peer.uid
-        ),
-    }
+        crate::metrics::ClientLimit::ClientsPerUid => {
+            format!(
+                "limits.clients_per_uid reached for uid {}; refusing a new connection (open={} limit={})",
+                peer.uid, r.used, r.max
+            )
+        }
+    };
+    daemon.refused(
+        peer,
+        "connect",
+        &ErrorBody { message: fabric_proto::wire::ErrorText::truncated(&line), ..body.clone() },
+    );
     daemon.metrics.connection_refused(r.limit);
     let mut out = Vec::with_capacity(256);
     let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
-    if encode_message(&h, &Message::Error(r.body()), &mut out).is_ok() {
+    if encode_message(&h, &Message::Error(body), &mut out).is_ok() {
         let _ = stream.try_write(&out);
     }
 }
@@ -351,14 +350,19 @@ async fn serve_session(
         let ok = match read {
             Read::Gone => break,
             Read::Fatal(err) => {
-                tracing::warn!(uid = peer.uid, pid = peer.pid, code = ?err.code, "closing connection: {}", err.message);
+                let line = format!("closing connection: {}", err.message);
+                daemon.refused(
+                    &peer,
+                    "frame",
+                    &ErrorBody { message: fabric_proto::wire::ErrorText::truncated(&line), ..err.clone() },
+                );
                 let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
                 daemon.metrics.record(None, Some(err.code), start.elapsed());
                 let _ = conn.send(&h, Message::Error(err)).await;
                 break;
             }
             Read::Refuse(h, err) => {
-                tracing::warn!(uid = peer.uid, pid = peer.pid, op = h.opcode.name(), code = ?err.code, "refused: {}", err.message);
+                daemon.refused(&peer, h.opcode.name(), &err);
                 // An unknown opcode travels under Hello; count it as op="unknown".
                 let op = (err.code != ErrorCode::UnknownOpcode).then_some(h.opcode);
                 daemon.metrics.record(op, Some(err.code), start.elapsed());
@@ -557,19 +561,14 @@ impl Conn<'_> {
                 }
                 Err(e) => {
                     let body = ErrorBody::from(e);
-                    tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = "hello", "refused: {}", body.message);
+                    self.daemon.refused(&self.peer, "hello", &body);
                     Err(body)
                 }
             };
         }
         if self.version.is_none() {
             let body = refusal(ErrorCode::NotNegotiated, "send hello first");
-            tracing::warn!(
-                uid = self.peer.uid,
-                pid = self.peer.pid,
-                op = req.opcode().name(),
-                "refused: send hello first"
-            );
+            self.daemon.refused(&self.peer, req.opcode().name(), &body);
             return Err(body);
         }
         if let Some(v) = self.version
@@ -580,7 +579,7 @@ impl Conn<'_> {
                 ErrorCode::UnknownOpcode,
                 format!("{op} needs protocol {}; this connection speaks {v}", op.since()),
             );
-            tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = op.name(), "refused: {}", body.message);
+            self.daemon.refused(&self.peer, op.name(), &body);
             return Err(body);
         }
         if let Request::Subscribe(sub) = req {
@@ -600,7 +599,7 @@ impl Conn<'_> {
                 _ => unreachable!("matched above"),
             };
             if let Err(e) = &r {
-                tracing::warn!(uid = self.peer.uid, pid = self.peer.pid, op = req.opcode().name(), code = ?e.code, "refused: {}", e.message);
+                self.daemon.refused(&self.peer, req.opcode().name(), e);
             }
             self.daemon.flush_revocations();
             return r.map(|r| (r, None));
@@ -618,10 +617,10 @@ impl Conn<'_> {
         resume: Option<&SessionToken>,
         session: u64,
     ) -> Result<Option<SessionToken>, ErrorBody> {
-        let (peer, memory) = (&self.peer, &self.daemon.memory);
+        let (peer, memory, daemon) = (&self.peer, &self.daemon.memory, self.daemon);
         let refused = |e: &crate::memory::MemoryError| {
             let body = memops::refused(e);
-            tracing::warn!(uid = peer.uid, pid = peer.pid, op = "hello", "refused: {}", body.message);
+            daemon.refused(peer, "hello", &body);
             body
         };
         if v < Version::new(1, 1) {

@@ -349,7 +349,9 @@ fn wrong_major_versions_truncated_bodies_and_cut_off_frames_on_the_real_daemon()
     assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
     let log = d.log();
     assert!(!log.contains("panicked"), "{log}");
-    assert!(log.contains("unsupported protocol version 2."), "the refusal names the version: {log}");
+    // The first of the three is logged; the next two, refusals of the same uid, kind and
+    // code within seconds, are counted only (refusals.rs).
+    assert!(log.contains("unsupported protocol version 0."), "the refusal names the version: {log}");
 }
 
 /// Connects to `socket` and says hello, retrying for up to `secs` while the daemon closes
@@ -933,4 +935,39 @@ fn an_open_file_limit_too_low_for_limits_clients_serves_fewer_and_keeps_their_re
     let mut c = client_when_a_slot_frees(&s.socket, 30);
     still_served(&mut c);
     assert!(!d.log().contains("panicked"));
+}
+
+/// A client sending refusals as fast as it can does not get a log line for each: the first
+/// is logged, the rest are counted, and the counts reach the log (with the first lines, a
+/// later line of the group, or the summary at shutdown) so that nothing goes unrecorded.
+#[test]
+fn a_flood_of_refusals_is_counted_not_logged_line_by_line() {
+    const N: usize = 5_000;
+    let s = common::Setup::new("");
+    let mut d = common::start(&s.config, s.dir.path());
+    let mut c = raw(&s.socket);
+    // Status before hello: NotNegotiated, N times; written in batches, answers read back.
+    let mut one = Vec::new();
+    let h = Header::new(Opcode::Status, FrameKind::Request, 1);
+    encode_message(&h, &Message::Request(Request::Status(StatusRequest {})), &mut one).unwrap();
+    for _ in 0..N / 100 {
+        c.write_all(&one.repeat(100)).unwrap();
+        for _ in 0..100 {
+            assert_eq!(error(&c).1, ErrorCode::NotNegotiated);
+        }
+    }
+    drop(c);
+    let pid = i32::try_from(d.child.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid; it touches no memory of ours.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert!(common::wait_exit(&mut d.child, 20).success());
+    let log = d.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("send hello first")).collect();
+    assert!(!lines.is_empty() && lines.len() <= 50, "{} lines for {N} refusals:\n{log}", lines.len());
+    let not_logged: u64 = lines
+        .iter()
+        .filter_map(|l| l.split("not_logged=").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+        .sum();
+    let logged = lines.iter().filter(|l| l.contains("refused: send hello first")).count() as u64;
+    assert_eq!(logged + not_logged, N as u64, "every refusal is counted in the log:\n{}", lines.join("\n"));
 }

@@ -280,3 +280,26 @@ fn sigterm_stops_the_endpoint_and_a_port_in_use_is_a_start_up_error() {
     assert!(err.contains("cannot listen for metrics") && err.contains("metrics.listen"), "{err}");
     assert!(!s.socket.exists(), "the socket is removed when start-up fails");
 }
+
+/// Idle connections (a local user's, who never sends a request head) must not keep a
+/// scrape out: with far more of them open than the endpoint serves, a scrape still gets
+/// its page, promptly, and again while they stay open.
+#[test]
+fn idle_connections_do_not_block_scrapes() {
+    let port = free_port();
+    let s = setup(port);
+    let d = common::start(&s.config, s.dir.path());
+    scrape(port);
+    let idle: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    // Let the daemon accept all of them before the scrapes come.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let page = scrape(port);
+        assert!(page.contains("fabricd_requests_total"), "{page}");
+        assert!(t.elapsed() < Duration::from_secs(2), "a scrape waited {:?} behind idle connections", t.elapsed());
+    }
+    drop(idle);
+    let mut d = d;
+    assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
+}
