@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 
-use fabric_proto::wire::{ErrorBody, ErrorCode, PeerCred, RegisterRequest, RegisterResponse, RegisterSource, Response};
+use fabric_proto::wire::{ErrorBody, ErrorCode, RegisterRequest, RegisterResponse, RegisterSource, Response};
 use fabric_topology::DeviceId;
 
 use crate::daemon::Daemon;
@@ -11,6 +11,7 @@ use crate::dma::{Target, can_dma, target_of};
 use crate::memops::refused;
 use crate::memory::Source;
 use crate::ops::refusal;
+use crate::peer::Peer;
 
 /// The DMA target of device `name`: its domain and mask.
 pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
@@ -33,7 +34,7 @@ pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
 /// `Register`: pins the source and maps it at an IOVA in the device's DMA domain.
 pub fn register(
     d: &Daemon,
-    peer: &PeerCred,
+    peer: &Peer,
     session: u64,
     req: RegisterRequest,
     fds: Vec<OwnedFd>,
@@ -47,10 +48,16 @@ pub fn register(
                 .next()
                 .ok_or_else(|| refusal(ErrorCode::BadFds, "register from a descriptor needs one descriptor"))?,
         ),
-        RegisterSource::Process { addr } => Source::Process { addr },
+        // The process that connected, followed by its pidfd: never the pid looked up anew.
+        RegisterSource::Process { addr } => Source::Process {
+            addr,
+            process: peer.process().map_err(|e| refusal(ErrorCode::PermissionDenied, e.to_string()))?.clone(),
+        },
     };
-    let r =
-        d.memory.register(peer, session, &target, source, req.offset, req.len, req.access).map_err(|e| refused(&e))?;
+    let r = d
+        .memory
+        .register(&peer.cred, session, &target, source, req.offset, req.len, req.access)
+        .map_err(|e| refused(&e))?;
     Ok(Response::Register(RegisterResponse { registration: r.registration, iova: r.iova, len: r.len }))
 }
 

@@ -11,6 +11,7 @@
 //!   descriptors), every refusal a typed error and a log line;
 //! - [`admission`]: client slots at accept, for all users and per uid;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
+//! - [`peer`]: a connection's identity, fixed at accept (credentials, groups, a pidfd);
 //! - [`partitions`], [`scope`], [`regions`]: who each partition binds (durable in the
 //!   state dir), what each client sees and touches through its partitions, and the
 //!   partition and region listings;
@@ -54,6 +55,7 @@ pub mod monitor;
 pub mod notify;
 pub mod ops;
 pub mod partitions;
+pub mod peer;
 pub mod placement;
 pub mod refusals;
 pub mod regions;

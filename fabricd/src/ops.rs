@@ -4,15 +4,15 @@
 use fabric_addrmap::{HoleOwner, Location, ResourceKey, Snapshot, TranslateError};
 use fabric_proto::TopologyOptions;
 use fabric_proto::wire::{
-    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PROTOCOL_VERSION, PeerCred, Problem,
-    ProblemKind, Request, ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation,
-    Version,
+    BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PROTOCOL_VERSION, Problem, ProblemKind,
+    Request, ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation, Version,
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
 use std::os::fd::OwnedFd;
 
 use crate::daemon::{Daemon, View};
+use crate::peer::Peer;
 use crate::scope::{self, Caller};
 use crate::{dmaops, memops};
 
@@ -23,7 +23,7 @@ pub fn refusal(code: ErrorCode, message: impl AsRef<str>) -> ErrorBody {
 
 /// Answers one request (not `Hello`) outside any session, dropping any descriptor the
 /// answer carries: [`handle_session`] with session 0.
-pub fn handle(d: &Daemon, peer: &PeerCred, req: Request) -> Result<Response, ErrorBody> {
+pub fn handle(d: &Daemon, peer: &Peer, req: Request) -> Result<Response, ErrorBody> {
     handle_session(d, peer, 0, req).map(|(r, _)| r)
 }
 
@@ -31,7 +31,7 @@ pub fn handle(d: &Daemon, peer: &PeerCred, req: Request) -> Result<Response, Err
 /// (`Alloc` and `Import`). Every refusal is also logged with the peer and the operation.
 pub fn handle_session(
     d: &Daemon,
-    peer: &PeerCred,
+    peer: &Peer,
     session: u64,
     req: Request,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
@@ -43,7 +43,7 @@ pub fn handle_session(
 /// connection negotiated (what it may be sent).
 pub fn handle_session_fds(
     d: &Daemon,
-    peer: &PeerCred,
+    peer: &Peer,
     session: u64,
     req: Request,
     fds: Vec<OwnedFd>,
@@ -57,6 +57,7 @@ pub fn handle_session_fds(
     let op = req.opcode();
     let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
     let caller = Caller::of(d, peer);
+    let cred = &peer.cred;
     let r = match req {
         Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
         Request::Status(_) => plain(caller.status_view(d).and_then(|v| {
@@ -76,23 +77,23 @@ pub fn handle_session_fds(
         Request::Partitions(p) => plain(crate::regions::partitions(d, &caller, p).map(Response::Partitions)),
         Request::Regions(r) => plain(crate::regions::regions(d, &caller, r).map(Response::Regions)),
         Request::Alloc(a) => {
-            scope::check_alloc(d, &caller, &a.target).and_then(|()| memops::alloc(d, peer, session, a))
+            scope::check_alloc(d, &caller, &a.target).and_then(|()| memops::alloc(d, cred, session, a))
         }
         Request::Adopt(a) if a.object.since() > version => Err(refusal(
             ErrorCode::BadRequest,
             format!("a {} needs protocol {}; this connection speaks {version}", a.object.name(), a.object.since()),
         )),
         Request::Adopt(a) => {
-            scope::check_alloc(d, &caller, &a.target).and_then(|()| plain(memops::adopt(d, peer, session, a, fds)))
+            scope::check_alloc(d, &caller, &a.target).and_then(|()| plain(memops::adopt(d, cred, session, a, fds)))
         }
         Request::Free(f) => plain(memops::free(d, session, f.region)),
         Request::Export(e) => {
-            scope::check_export(d, &caller, &e).and_then(|()| plain(memops::export(d, peer, session, e)))
+            scope::check_export(d, &caller, &e).and_then(|()| plain(memops::export(d, cred, session, e)))
         }
         Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
-        Request::Import(i) => scope::check_import(d, &caller, &i).and_then(|()| memops::import(d, peer, session, i)),
+        Request::Import(i) => scope::check_import(d, &caller, &i).and_then(|()| memops::import(d, cred, session, i)),
         Request::ImportObject(i) => {
-            scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, peer, session, i, version))
+            scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, cred, session, i, version))
         }
         Request::Release(r) => plain(memops::release(d, session, r.import)),
         Request::Register(r) => {
@@ -110,7 +111,7 @@ pub fn handle_session_fds(
         )),
     };
     if let Err(e) = &r {
-        d.refused(peer, op.name(), e);
+        d.refused(cred, op.name(), e);
     }
     d.flush_revocations();
     r

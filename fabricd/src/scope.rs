@@ -22,6 +22,7 @@ use crate::auth;
 use crate::daemon::{Daemon, View};
 use crate::events::Reach;
 use crate::ops::refusal;
+use crate::peer::Peer;
 
 /// What a client's requests reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +38,7 @@ pub enum Scope {
 /// A client: its credentials, whether it is an admin, and its scope.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    /// From `SO_PEERCRED`.
+    /// From `SO_PEERCRED`, at connect.
     pub cred: PeerCred,
     /// Root or a member of the admin group.
     pub admin: bool,
@@ -46,15 +47,11 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// The caller behind `cred`. Supplementary groups are read from `/proc` only when an
-    /// admin group is configured or a binding names a group.
-    pub fn of(d: &Daemon, cred: &PeerCred) -> Self {
-        let need_groups = cred.uid != 0 && (d.admin_gid.is_some() || d.partitions.uses_groups());
-        let mut groups = vec![cred.gid];
-        if need_groups {
-            groups.extend(auth::proc_groups(cred.pid));
-        }
-        let admin = auth::is_admin(cred, d.admin_gid, || groups.clone());
+    /// The caller behind `peer`, with the groups its connection was accepted with.
+    pub fn of(d: &Daemon, peer: &Peer) -> Self {
+        let cred = &peer.cred;
+        let groups: Vec<u32> = std::iter::once(cred.gid).chain(peer.groups().iter().copied()).collect();
+        let admin = auth::is_admin(cred, d.admin_gid, peer.groups());
         let scope = if admin {
             Scope::All
         } else {

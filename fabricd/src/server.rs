@@ -25,6 +25,7 @@ use crate::inbox::Inbox;
 use crate::memops;
 use crate::memory::Reclaimed;
 use crate::ops::{self, refusal};
+use crate::peer::Peer;
 use crate::sys;
 
 /// How long requests in flight get to finish after shutdown is asked for.
@@ -101,19 +102,27 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
             }
             Err(e) => return Err(ServeError::Accept(e)),
         };
-        // Identity is the connecting process's, read once here: the per-uid count needs it
-        // before the connection takes a thread.
-        let peer = match stream.peer_cred() {
+        // Identity is the connecting process's, read once here and never again (the
+        // per-uid count needs it before the connection takes a thread): credentials and
+        // groups as the kernel recorded them at connect, and a pidfd for the process.
+        let cred = match stream.peer_cred() {
             Ok(c) => PeerCred { pid: c.pid().unwrap_or(0), uid: c.uid(), gid: c.gid() },
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read peer credentials; closing");
                 continue;
             }
         };
-        let admitted = match admission.admit(peer.uid) {
+        let peer = match Peer::accept(stream.as_fd(), cred) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(uid = cred.uid, pid = cred.pid, error = %crate::error_chain(&e), "cannot read the peer's identity; closing");
+                continue;
+            }
+        };
+        let admitted = match admission.admit(peer.cred.uid) {
             Ok(a) => a,
             Err(r) => {
-                refuse(&stream, &peer, &r, &daemon);
+                refuse(&stream, &peer.cred, &r, &daemon);
                 continue;
             }
         };
@@ -173,7 +182,7 @@ fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
 /// runtime and end with it.
 fn spawn_connection(
     stream: UnixStream,
-    peer: PeerCred,
+    peer: Peer,
     daemon: Arc<Daemon>,
     shutdown: CancellationToken,
     slot: Admitted,
@@ -228,12 +237,14 @@ struct MainRuntime {
 }
 
 /// Detaches `session` (keeps its regions and exports for a resume) when
-/// `memory.detach_grace_s` is set and the peer's process still exists; its token, or
-/// `None` when the session is to be closed (nothing to keep, or the process is gone).
-fn detach(daemon: &Daemon, peer: &PeerCred, session: u64) -> Option<SessionToken> {
-    if daemon.config.memory.detach_grace_s == 0 || crate::memory::pid_start_time(peer.pid).is_none() {
+/// `memory.detach_grace_s` is set and the peer's process still runs (asked through its
+/// pidfd: its pid may name another process by now); its token, or `None` when the session
+/// is to be closed (nothing to keep, or the process is gone).
+fn detach(daemon: &Daemon, peer: &Peer, session: u64) -> Option<SessionToken> {
+    if daemon.config.memory.detach_grace_s == 0 || !peer.process().is_ok_and(|p| p.running()) {
         return None;
     }
+    let peer = &peer.cred;
     let (token, r) = daemon.memory.detach_session(session);
     daemon.flush_revocations();
     if let Some(t) = token {
@@ -264,7 +275,7 @@ enum Read {
 
 struct Conn<'a> {
     stream: UnixStream,
-    peer: PeerCred,
+    peer: Peer,
     daemon: &'a Daemon,
     version: Option<Version>,
     /// The subscribe request's id and the queue of its events.
@@ -287,25 +298,19 @@ async fn next_event(events: &mut Option<(u64, mpsc::Receiver<Event>)>) -> (u64, 
     }
 }
 
-async fn serve_connection(stream: UnixStream, peer: PeerCred, main: &MainRuntime, shutdown: &CancellationToken) {
+async fn serve_connection(stream: UnixStream, peer: Peer, main: &MainRuntime, shutdown: &CancellationToken) {
     let daemon = &*main.daemon;
     let session = daemon.open_session();
-    let span = tracing::debug_span!("session", id = session.id, uid = peer.uid, pid = peer.pid);
+    let span = tracing::debug_span!("session", id = session.id, uid = peer.cred.uid, pid = peer.cred.pid);
     serve_session(stream, peer, main, session.id, shutdown).instrument(span).await;
 }
 
-async fn serve_session(
-    stream: UnixStream,
-    peer: PeerCred,
-    main: &MainRuntime,
-    session: u64,
-    shutdown: &CancellationToken,
-) {
+async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, session: u64, shutdown: &CancellationToken) {
     let daemon = &*main.daemon;
     tracing::debug!("connected");
     let mut conn = Conn {
         stream,
-        peer,
+        peer: peer.clone(),
         daemon,
         version: None,
         events: None,
@@ -335,7 +340,11 @@ async fn serve_session(
                     continue;
                 }
                 Some((_, None)) => {
-                    tracing::warn!(uid = peer.uid, pid = peer.pid, "subscriber fell behind its events; closing");
+                    tracing::warn!(
+                        uid = peer.cred.uid,
+                        pid = peer.cred.pid,
+                        "subscriber fell behind its events; closing"
+                    );
                     break;
                 }
             }
@@ -352,7 +361,7 @@ async fn serve_session(
             Read::Fatal(err) => {
                 let line = format!("closing connection: {}", err.message);
                 daemon.refused(
-                    &peer,
+                    &peer.cred,
                     "frame",
                     &ErrorBody { message: fabric_proto::wire::ErrorText::truncated(&line), ..err.clone() },
                 );
@@ -362,7 +371,7 @@ async fn serve_session(
                 break;
             }
             Read::Refuse(h, err) => {
-                daemon.refused(&peer, h.opcode.name(), &err);
+                daemon.refused(&peer.cred, h.opcode.name(), &err);
                 // An unknown opcode travels under Hello; count it as op="unknown".
                 let op = (err.code != ErrorCode::UnknownOpcode).then_some(h.opcode);
                 daemon.metrics.record(op, Some(err.code), start.elapsed());
@@ -415,8 +424,8 @@ async fn serve_session(
     daemon.flush_revocations();
     if r != Reclaimed::default() {
         tracing::info!(
-            uid = peer.uid,
-            pid = peer.pid,
+            uid = peer.cred.uid,
+            pid = peer.cred.pid,
             regions = r.regions,
             exports = r.exports,
             imports = r.imports,
@@ -438,8 +447,8 @@ impl Conn<'_> {
             Ok(Err(_)) => false,
             Err(_) => {
                 tracing::warn!(
-                    uid = self.peer.uid,
-                    pid = self.peer.pid,
+                    uid = self.peer.cred.uid,
+                    pid = self.peer.cred.pid,
                     "client stalled inside a frame {part}; closing"
                 );
                 false
@@ -561,14 +570,14 @@ impl Conn<'_> {
                 }
                 Err(e) => {
                     let body = ErrorBody::from(e);
-                    self.daemon.refused(&self.peer, "hello", &body);
+                    self.daemon.refused(&self.peer.cred, "hello", &body);
                     Err(body)
                 }
             };
         }
         if self.version.is_none() {
             let body = refusal(ErrorCode::NotNegotiated, "send hello first");
-            self.daemon.refused(&self.peer, req.opcode().name(), &body);
+            self.daemon.refused(&self.peer.cred, req.opcode().name(), &body);
             return Err(body);
         }
         if let Some(v) = self.version
@@ -579,7 +588,7 @@ impl Conn<'_> {
                 ErrorCode::UnknownOpcode,
                 format!("{op} needs protocol {}; this connection speaks {v}", op.since()),
             );
-            self.daemon.refused(&self.peer, op.name(), &body);
+            self.daemon.refused(&self.peer.cred, op.name(), &body);
             return Err(body);
         }
         if let Request::Subscribe(sub) = req {
@@ -599,7 +608,7 @@ impl Conn<'_> {
                 _ => unreachable!("matched above"),
             };
             if let Err(e) = &r {
-                self.daemon.refused(&self.peer, req.opcode().name(), e);
+                self.daemon.refused(&self.peer.cred, req.opcode().name(), e);
             }
             self.daemon.flush_revocations();
             return r.map(|r| (r, None));
@@ -617,7 +626,7 @@ impl Conn<'_> {
         resume: Option<&SessionToken>,
         session: u64,
     ) -> Result<Option<SessionToken>, ErrorBody> {
-        let (peer, memory, daemon) = (&self.peer, &self.daemon.memory, self.daemon);
+        let (peer, memory, daemon) = (&self.peer.cred, &self.daemon.memory, self.daemon);
         let refused = |e: &crate::memory::MemoryError| {
             let body = memops::refused(e);
             daemon.refused(peer, "hello", &body);

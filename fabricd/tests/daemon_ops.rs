@@ -16,6 +16,7 @@ use fabric_proto::wire::{
     TranslateQuery, TranslateRequest, Translation, Version, VersionRange,
 };
 use fabric_topology::{Fabric, LinkState};
+use fabricd::peer::Peer;
 
 fn call(c: &mut Connection, req: Request) -> Response {
     c.call(req, &[]).unwrap().0
@@ -185,14 +186,14 @@ fn partition_changes_need_an_admin_and_the_check_uses_the_peer_credentials() {
     common::Setup::write(&config, &socket, &state, "");
     let daemon = fabricd::Daemon::start(fabricd::config::Config::load(&config).unwrap()).unwrap();
     let gpu = sim_fabric().inventory().devices.iter().find(|d| d.gpu.is_some()).unwrap().id.to_string();
-    let user = PeerCred { pid: std::process::id() as i32, uid: 4242, gid: 4242 };
+    let user = Peer::new(PeerCred { pid: std::process::id() as i32, uid: 4242, gid: 4242 }, Vec::new(), None);
     let set = Request::Partitions(PartitionsRequest::Set(spec("tenant-a", &[&gpu])));
     let e = fabricd::ops::handle(&daemon, &user, set.clone()).unwrap_err();
     assert_eq!(e.code, ErrorCode::AdminRequired);
     let list = Request::Partitions(PartitionsRequest::List);
     let Response::Partitions(p) = fabricd::ops::handle(&daemon, &user, list.clone()).unwrap() else { panic!() };
     assert!(p.partitions.is_empty(), "listing is open to all");
-    let root = PeerCred { pid: 1, uid: 0, gid: 0 };
+    let root = Peer::new(PeerCred { pid: 1, uid: 0, gid: 0 }, Vec::new(), None);
     let Response::Partitions(p) = fabricd::ops::handle(&daemon, &root, set).unwrap() else { panic!() };
     assert_eq!(p.partitions.len(), 1);
     assert_eq!(p.partitions[0].devices[0].as_str(), gpu);

@@ -14,6 +14,7 @@ use fabric_topology::{DeviceKind, MemoryKind};
 use fabricd::config::LimitsConfig;
 use fabricd::dma::{DmaError, target_of};
 use fabricd::memory::{Memory, Place, Source};
+use fabricd::peer::Process;
 
 fn memfd(len: u64) -> File {
     let name = CString::new("dma-copy").unwrap();
@@ -72,7 +73,17 @@ fn registered_memory_is_reached_by_device_and_iova() {
     // SAFETY: locks the mapping just made, 8192 bytes; it stays mapped until the end.
     assert_eq!(unsafe { libc::mlock(own.as_ptr().cast(), 8192) }, 0);
     let addr = own.as_ptr() as u64;
-    let p = mem.register(&peer, 1, &t, Source::Process { addr }, 0, 8192, AccessMode::ReadWrite).unwrap();
+    let p = mem
+        .register(
+            &peer,
+            1,
+            &t,
+            Source::Process { addr, process: Process::this().unwrap() },
+            0,
+            8192,
+            AccessMode::ReadWrite,
+        )
+        .unwrap();
     let mut got = [0u8; 4];
     mem.dma_read(&t, p.iova, &mut got).unwrap();
     assert_eq!(&got, b"mine");

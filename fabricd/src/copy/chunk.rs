@@ -4,7 +4,6 @@
 //! for which call moves which pair of sides), and by the kernel for everything where the
 //! target has no recovering copy (then the CPU only between memory that cannot shrink).
 
-use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use fabric_proto::wire::ErrorCode;
@@ -13,8 +12,8 @@ use super::BOUNCE;
 use super::fault::{self, FaultError};
 use super::regionmap::RegionMaps;
 use super::sys::{self, Mapping};
-use crate::dma::sys::pidfd_alive;
 use crate::memory::Side;
+use crate::peer::Process;
 
 /// Why a chunk did not move.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +67,7 @@ impl ChunkError {
 }
 
 /// A side at one chunk: a daemon address, or a process address.
-enum At {
+enum At<'a> {
     /// Daemon memory at this address.
     Local {
         addr: usize,
@@ -76,11 +75,17 @@ enum At {
         /// region's kept one (held for the move).
         _map: Option<Arc<Mapping>>,
     },
-    /// Process memory.
-    Remote(i32, u64),
+    /// Process memory: reached by pid only inside [`Process::with`] ([`remote`]).
+    Remote(&'a Process, u64),
 }
 
-fn at(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At, ChunkError> {
+/// Moves bytes to or from `process` by its pid, which names it throughout the move (it
+/// has not exited before nor after).
+fn remote(process: &Process, f: impl FnOnce(i32) -> std::io::Result<()>) -> Result<std::io::Result<()>, ChunkError> {
+    process.with(f).map_err(|_| ChunkError::ProcessGone(process.pid()))
+}
+
+fn at<'a>(side: &'a Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At<'a>, ChunkError> {
     let what = if write { "destination" } else { "source" };
     Ok(match side {
         Side::Pinned { map, base } => At::Local { addr: map.as_ptr() as usize + (base + offset) as usize, _map: None },
@@ -93,11 +98,11 @@ fn at(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At, Ch
             let m = maps.get(*region, file, *region_len, write).map_err(|source| ChunkError::Map { what, source })?;
             At::Local { addr: m.addr() + (o + offset) as usize, _map: Some(m) }
         }
-        Side::Process { pid, pidfd, addr } => {
-            if !pidfd_alive(pidfd.as_fd()) {
-                return Err(ChunkError::ProcessGone(*pid));
+        Side::Process { process, addr } => {
+            if !process.running() {
+                return Err(ChunkError::ProcessGone(process.pid()));
             }
-            At::Remote(*pid, addr + offset)
+            At::Remote(process, addr + offset)
         }
     })
 }
@@ -204,16 +209,20 @@ pub fn copy(
         (At::Local { addr: d, .. }, At::Local { addr: s, .. }) => {
             sys::vm_read(sys::own_pid(), *d, *s as u64, len).map_err(moved)
         }
-        (At::Local { addr: d, .. }, At::Remote(pid, s)) => sys::vm_read(*pid, *d, *s, len).map_err(moved),
-        (At::Remote(pid, d), At::Local { addr: s, .. }) => sys::vm_write(*pid, *s, *d, len).map_err(moved),
-        (At::Remote(dpid, d), At::Remote(spid, s)) => {
+        (At::Local { addr: d, .. }, At::Remote(p, s)) => {
+            remote(p, |pid| sys::vm_read(pid, *d, *s, len))?.map_err(moved)
+        }
+        (At::Remote(p, d), At::Local { addr: s, .. }) => {
+            remote(p, |pid| sys::vm_write(pid, *s, *d, len))?.map_err(moved)
+        }
+        (At::Remote(dp, d), At::Remote(sp, s)) => {
             bounce.resize(BOUNCE, 0);
             let buf = bounce.as_mut_ptr() as usize;
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(BOUNCE as u64);
-                sys::vm_read(*spid, buf, s + done, n).map_err(moved)?;
-                sys::vm_write(*dpid, buf, d + done, n).map_err(moved)?;
+                remote(sp, |pid| sys::vm_read(pid, buf, s + done, n))?.map_err(moved)?;
+                remote(dp, |pid| sys::vm_write(pid, buf, d + done, n))?.map_err(moved)?;
                 done += n;
             }
             Ok(())

@@ -13,8 +13,8 @@
 //!   cannot fault the daemon;
 //! - the client's own virtual memory, which the client locks (`mlock`) and the daemon
 //!   checks (`VmFlags: lo` in `/proc/<pid>/smaps`) and reaches with `process_vm_readv`/
-//!   `process_vm_writev`, following the process by a pidfd so that a reused pid is never
-//!   written to.
+//!   `process_vm_writev`, following the process by the pidfd its connection was accepted
+//!   with ([`crate::peer::Process::with`]), so that a reused pid is never read or written.
 //!
 //! The registry has no lock of its own: it lives in the memory registry's state
 //! ([`crate::memory`]), so that freeing a region or releasing an import drops the
@@ -31,7 +31,6 @@ pub mod sys;
 pub mod vfio;
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
 use fabric_proto::wire::AccessMode;
@@ -125,10 +124,9 @@ pub enum Backing {
     Mapped(std::sync::Arc<Pinned>),
     /// The client's own memory, locked by the client.
     Process {
-        /// The process (as `SO_PEERCRED` gave it).
-        pid: i32,
-        /// Follows that process: copies stop once it exits.
-        pidfd: OwnedFd,
+        /// The process that connected, followed by the pidfd taken at accept: copies
+        /// stop once it exits, and never reach a process that got its pid since.
+        process: crate::peer::Process,
         /// First byte of the first page.
         addr: u64,
     },
@@ -183,12 +181,10 @@ impl Registration {
         let io = |source| DmaError::Io { registration: id, source };
         match &self.backing {
             Backing::Mapped(p) => p.file().read_exact_at(buf, p.offset() + at).map_err(io),
-            Backing::Process { pid, pidfd, addr } => {
-                if !sys::pidfd_alive(pidfd.as_fd()) {
-                    return Err(DmaError::ProcessGone(id));
-                }
-                sys::read_process(*pid, addr + at, buf).map_err(io)
-            }
+            Backing::Process { process, addr } => process
+                .with(|pid| sys::read_process(pid, addr + at, buf))
+                .map_err(|_| DmaError::ProcessGone(id))?
+                .map_err(io),
         }
     }
 
@@ -200,12 +196,10 @@ impl Registration {
         let io = |source| DmaError::Io { registration: id, source };
         match &self.backing {
             Backing::Mapped(p) => p.file().write_all_at(buf, p.offset() + at).map_err(io),
-            Backing::Process { pid, pidfd, addr } => {
-                if !sys::pidfd_alive(pidfd.as_fd()) {
-                    return Err(DmaError::ProcessGone(id));
-                }
-                sys::write_process(*pid, addr + at, buf).map_err(io)
-            }
+            Backing::Process { process, addr } => process
+                .with(|pid| sys::write_process(pid, addr + at, buf))
+                .map_err(|_| DmaError::ProcessGone(id))?
+                .map_err(io),
         }
     }
 }

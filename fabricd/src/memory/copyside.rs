@@ -5,7 +5,6 @@
 //! what a copy depends on is still there ([`Memory::copy_dep_gone`]).
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,10 +43,9 @@ pub enum Side {
     },
     /// A client's own memory (a process-backed registration).
     Process {
-        /// The process.
-        pid: i32,
-        /// Follows it: the copy stops once it exits.
-        pidfd: Arc<OwnedFd>,
+        /// The process, followed by its pidfd: the copy stops once it exits, and never
+        /// reaches a process that got its pid since.
+        process: crate::peer::Process,
         /// Address of the endpoint's byte 0.
         addr: u64,
     },
@@ -158,10 +156,9 @@ impl Memory {
                 let key = file_key(p.file(), p.offset() + at);
                 (Side::Pinned { map: p.clone(), base: at }, key)
             }
-            Backing::Process { pid, pidfd, addr } => {
-                let pidfd =
-                    pidfd.try_clone().map_err(|e| MemoryError::BadRequest(format!("cannot follow pid {pid}: {e}")))?;
-                (Side::Process { pid: *pid, pidfd: Arc::new(pidfd), addr: addr + at }, (1, *pid as u64, 0, addr + at))
+            Backing::Process { process, addr } => {
+                let key = (1, process.pid() as u64, 0, addr + at);
+                (Side::Process { process: process.clone(), addr: addr + at }, key)
             }
         };
         let mut deps = vec![Dep::Registration(id)];

@@ -77,10 +77,7 @@ pub fn pid_start_time(pid: i32) -> Option<u64> {
     }
     let mut text = String::new();
     File::open(format!("/proc/{pid}/stat")).ok()?.read_to_string(&mut text).ok()?;
-    // The command name (field 2) is in parentheses and may hold anything; fields after
-    // the last ')' start at field 3.
-    let rest = &text[text.rfind(')')? + 1..];
-    rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
+    crate::peer::start_time_in(&text)
 }
 
 /// Whether the process that owned a session is still the same process: it exists and

@@ -14,6 +14,7 @@ use super::{Memory, MemoryError, State, io_err};
 use crate::dma::iova::PAGE;
 use crate::dma::sys::{self, Pinned};
 use crate::dma::{Backing, Covers, DmaError, Registration, Target, span_of};
+use crate::peer::Process;
 
 /// What to register.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub enum Source {
     Process {
         /// First byte.
         addr: u64,
+        /// The caller's process, as its connection was accepted with it.
+        process: Process,
     },
 }
 
@@ -46,12 +49,21 @@ fn bad(m: impl Into<String>) -> MemoryError {
     MemoryError::BadRequest(m.into())
 }
 
-/// Checks that `[start, start + span)` of process `pid` is mapped, locked and as
-/// accessible as `access` needs.
-fn check_process_range(pid: i32, start: u64, span: u64, access: AccessMode) -> Result<(), MemoryError> {
-    let vmas = sys::process_maps(pid)
-        .map_err(|e| MemoryError::PermissionDenied(format!("cannot read the mappings of pid {pid}: {e}")))?;
+/// Checks that `[start, start + span)` of the caller's `process` is mapped, locked and as
+/// accessible as `access` needs. The mappings are read by pid and kept only when the
+/// pidfd shows the process still running afterwards: then they were its own. Refusals
+/// name only the range the caller asked for, never a mapping.
+fn check_process_range(process: &Process, start: u64, span: u64, access: AccessMode) -> Result<(), MemoryError> {
+    let vmas = match process.with(sys::process_maps) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::debug!(pid = process.pid(), error = %e, "cannot read the caller's mappings");
+            return Err(MemoryError::PermissionDenied("cannot read the calling process's mappings".into()));
+        }
+        Err(gone) => return Err(MemoryError::PermissionDenied(gone.to_string())),
+    };
     let end = start + span;
+    let range = format!("{start:#x}..{end:#x}");
     let mut at = start;
     for v in vmas.iter().filter(|v| v.end > start && v.start < end) {
         if v.start > at {
@@ -59,17 +71,13 @@ fn check_process_range(pid: i32, start: u64, span: u64, access: AccessMode) -> R
         }
         if !v.read || (access == AccessMode::ReadWrite && !v.write) {
             return Err(MemoryError::PermissionDenied(format!(
-                "{:#x}..{:#x} is not {} in the caller",
-                v.start,
-                v.end,
+                "{range} is not {} memory of the calling process",
                 if access == AccessMode::ReadWrite { "readable and writable" } else { "readable" }
             )));
         }
         if !v.locked {
             return Err(bad(format!(
-                "{:#x}..{:#x} is not locked: mlock it before registering",
-                v.start.max(start),
-                v.end.min(end)
+                "{range} is not locked memory of the calling process: mlock it before registering"
             )));
         }
         at = v.end;
@@ -77,7 +85,7 @@ fn check_process_range(pid: i32, start: u64, span: u64, access: AccessMode) -> R
             return Ok(());
         }
     }
-    Err(bad(format!("{at:#x} (in {start:#x}..{end:#x}) is not mapped in the caller")))
+    Err(bad(format!("{range} is not mapped in the calling process")))
 }
 
 fn pin(file: File, first: u64, span: u64, access: AccessMode) -> Result<Backing, MemoryError> {
@@ -114,7 +122,9 @@ impl Memory {
             return Err(bad("a registration needs at least one byte"));
         }
         let at = match &source {
-            Source::Process { addr } => addr.checked_add(offset).ok_or_else(|| bad("address + offset overflows"))?,
+            Source::Process { addr, .. } => {
+                addr.checked_add(offset).ok_or_else(|| bad("address + offset overflows"))?
+            }
             _ => offset,
         };
         let (first, lead, span) = span_of(at, len).ok_or_else(|| bad(format!("{len} bytes at {at:#x} overflow")))?;
@@ -164,20 +174,15 @@ impl Memory {
                 in_bounds(meta.len(), "the memory object")?;
                 (Covers::Fd, pin(f, first, span, access)?)
             }
-            Source::Process { .. } => {
+            Source::Process { process, .. } => {
                 if let Some(v) = &target.vfio {
                     return Err(MemoryError::BadRequest(format!(
                         "{} is a VFIO device: its IOMMU maps memory of the daemon only; register a region, an import or a memory object (memfd) instead of the caller's own memory",
                         v.bdf
                     )));
                 }
-                if peer.pid <= 0 {
-                    return Err(MemoryError::PermissionDenied("the caller's pid is unknown".into()));
-                }
-                check_process_range(peer.pid, first, span, access)?;
-                let pidfd = sys::pidfd_open(peer.pid)
-                    .map_err(|e| MemoryError::PermissionDenied(format!("cannot follow pid {}: {e}", peer.pid)))?;
-                (Covers::Process, Backing::Process { pid: peer.pid, pidfd, addr: first })
+                check_process_range(&process, first, span, access)?;
+                (Covers::Process, Backing::Process { process, addr: first })
             }
         };
         // On failure the backing drops here, which unpins it.
