@@ -54,6 +54,7 @@ pub mod notify;
 pub mod ops;
 pub mod partitions;
 pub mod placement;
+pub mod privdir;
 pub mod regions;
 pub mod scope;
 pub mod server;
