@@ -210,4 +210,18 @@ mod tests {
         let e = bind(&dir.path().join("g.sock"), Some("no-such-group-fabric"), false).unwrap_err();
         assert!(e.to_string().contains("no-such-group-fabric"), "{e}");
     }
+
+    #[test]
+    fn a_directory_others_may_write_is_refused_and_nothing_is_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let _l = bind(&path, None, false).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("d.sock")], "no private directory left");
+        for m in [0o777, 0o1777, 0o720] {
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(m)).unwrap();
+            let e = bind(&dir.path().join("e.sock"), None, false).unwrap_err().to_string();
+            assert!(e.contains(&format!("mode {m:04o}")) && e.contains("unsafe"), "{e}");
+        }
+    }
 }
