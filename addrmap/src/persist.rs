@@ -16,6 +16,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::state::{State, StateError};
@@ -268,7 +269,17 @@ pub fn save(path: &Path, state: &State) -> Result<(), PersistError> {
     let tmp = suffixed(path, ".tmp");
     let image = encode_state(state);
     {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(werr(&tmp))?;
+        // 0600 whatever the umask (set through the descriptor: an existing temporary keeps
+        // its mode on open), and not through a symlink.
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(werr(&tmp))?;
+        f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(werr(&tmp))?;
         f.write_all(&image).map_err(werr(&tmp))?;
         f.sync_all().map_err(werr(&tmp))?;
     }
@@ -280,6 +291,13 @@ pub fn save(path: &Path, state: &State) -> Result<(), PersistError> {
             fs::copy(path, &prev_tmp).map_err(werr(&prev_tmp))?;
             File::open(&prev_tmp).and_then(|f| f.sync_all()).map_err(werr(&prev_tmp))?;
         }
+        // The previous image is 0600 too (one an earlier version left wider is tightened).
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&prev_tmp)
+            .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o600)))
+            .map_err(werr(&prev_tmp))?;
         fs::rename(&prev_tmp, &prev).map_err(werr(&prev))?;
     }
     fs::rename(&tmp, path).map_err(werr(path))?;

@@ -53,6 +53,9 @@ pub enum StartError {
         #[source]
         source: MapError,
     },
+    /// The state directory is not the daemon's own private directory (`crate::privdir`).
+    #[error("state directory")]
+    StateDir(#[source] crate::privdir::DirError),
     /// The journal could not be opened (another daemon holds its lock, or damage).
     #[error("journal in {path}")]
     Journal {
@@ -251,9 +254,9 @@ impl Daemon {
         Self::start_in(config, &Environment::current())
     }
 
-    /// Discovery, the fabric, the address map (`map.state` in the state dir, opened,
-    /// brought up to date and saved) and the journal (its lock keeps a second daemon off
-    /// the same state dir).
+    /// The state dir checked (`crate::privdir`), discovery, the fabric, the address map
+    /// (`map.state` in the state dir, opened, brought up to date and saved) and the journal
+    /// (its lock keeps a second daemon off the same state dir).
     pub fn start_in(config: Config, env: &Environment) -> Result<Self, StartError> {
         let socket_path = config.socket_path(env)?;
         let state_dir = config.state_dir(env)?;
@@ -263,6 +266,9 @@ impl Daemon {
             }
             None => None,
         };
+        // Checked (and created 0700) before anything is read from it or written to it: it
+        // holds region files, export secrets and resume tokens.
+        crate::privdir::PrivateDir::create(&state_dir).map_err(StartError::StateDir)?;
         let journal_dir = state_dir.join("journal");
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;

@@ -57,6 +57,7 @@ pub mod ops;
 pub mod partitions;
 pub mod peer;
 pub mod placement;
+pub mod privdir;
 pub mod refusals;
 pub mod regions;
 pub mod scope;

@@ -31,9 +31,11 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         MemoryError::Node(crate::memory::numa::NumaError::NoMemory { .. }) => ErrorCode::NoSpace,
         MemoryError::Node(_) => ErrorCode::Internal,
         MemoryError::Carve(_) | MemoryError::Zero(_) => ErrorCode::Internal,
-        MemoryError::Io { .. } | MemoryError::Journal(_) | MemoryError::Record(_) | MemoryError::JournalUnavailable => {
-            ErrorCode::Internal
-        }
+        MemoryError::Io { .. }
+        | MemoryError::Private(_)
+        | MemoryError::Journal(_)
+        | MemoryError::Record(_)
+        | MemoryError::JournalUnavailable => ErrorCode::Internal,
         MemoryError::Iova(_) => ErrorCode::NoSpace,
         MemoryError::Pin(PinError::MemlockLimit { .. }) => ErrorCode::LimitExceeded,
         MemoryError::Pin(PinError::Map { source, .. }) if source.raw_os_error() == Some(libc::EACCES) => {

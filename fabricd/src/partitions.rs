@@ -23,7 +23,7 @@
 //! state, and silently dropping them would widen what clients see.
 
 use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -239,8 +239,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PartitionError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
     {
-        let mut f =
-            OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).map_err(io("creating", &tmp))?;
+        // 0600 whatever the umask, and not through a symlink.
+        let mut f = crate::privdir::file_options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .and_then(|f| crate::privdir::check_file(&f, &tmp).map(|()| f))
+            .map_err(io("creating", &tmp))?;
         f.write_all(bytes).map_err(io("writing", &tmp))?;
         f.sync_all().map_err(io("fsync of", &tmp))?;
     }
@@ -262,7 +268,13 @@ impl Bindings {
     /// Loads `<state_dir>/partitions.state`; a missing file is no bindings.
     pub fn open(state_dir: &Path) -> Result<Self, PartitionError> {
         let path = state_dir.join(FILE_NAME);
-        let list = match std::fs::read(&path) {
+        let read = || {
+            let mut f = crate::privdir::open_nofollow(&path, false)?;
+            crate::privdir::check_file(&f, &path)?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
+        };
+        let list = match read() {
             Ok(bytes) => decode(&bytes).map_err(|source| PartitionError::Decode { path: path.clone(), source })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(source) => return Err(PartitionError::Io { what: "reading", path, source }),

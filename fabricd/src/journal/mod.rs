@@ -226,6 +226,9 @@ pub enum JournalError {
         /// The configured size.
         segment_bytes: u64,
     },
+    /// The journal directory is not the daemon's own private directory.
+    #[error("journal directory")]
+    Dir(#[source] crate::privdir::DirError),
     /// Sequence or segment numbers ran out (only a crafted header can get here).
     #[error("journal sequence or segment numbers exhausted")]
     Exhausted,

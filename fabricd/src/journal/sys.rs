@@ -1,7 +1,8 @@
 //! File-system steps the journal's durability rests on: whole-file creation by rename,
-//! directory fsync, the lock file. Only `std::fs`; no raw syscalls are needed.
+//! directory fsync, the lock file. Files are made 0600 and opened without following a
+//! symlink (`crate::privdir`). Only `std::fs`; no raw syscalls are needed.
 
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -102,8 +103,14 @@ pub fn create_whole(dir: &Path, path: &Path, bytes: &[u8]) -> Result<File, Journ
         let p = p.to_owned();
         move |source| JournalError::Write { path: p, source }
     };
-    let mut file =
-        OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp).map_err(werr(&tmp))?;
+    let mut file = crate::privdir::file_options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(werr(&tmp))?;
+    crate::privdir::check_file(&file, &tmp).map_err(werr(&tmp))?;
     file.write_all(bytes).map_err(werr(&tmp))?;
     file.sync_all().map_err(|source| JournalError::Sync { path: tmp.clone(), source })?;
     fs::rename(&tmp, path).map_err(werr(path))?;
@@ -124,12 +131,13 @@ pub fn remove(path: &Path) -> Result<(), JournalError> {
 /// when the process dies.
 pub fn lock(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
+    let file = crate::privdir::file_options()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
+        .and_then(|f| crate::privdir::check_file(&f, &path).map(|()| f))
         .map_err(|source| JournalError::Write { path: path.clone(), source })?;
     match file.try_lock() {
         Ok(()) => Ok(file),

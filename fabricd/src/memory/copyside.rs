@@ -4,7 +4,7 @@
 //! mapping, a descriptor of the region's file, or a followed process — and the check that
 //! what a copy depends on is still there ([`Memory::copy_dep_gone`]).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -238,7 +238,7 @@ impl Memory {
                 // Opened once per region, read-write (the access check is above; the
                 // engine maps it read-only for a source), and kept until the region ends:
                 // a copy by GFA then costs no open and no fstat.
-                let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_err(&path))?;
+                let file = crate::privdir::open_nofollow(&path, true).map_err(io_err(&path))?;
                 let (kind, dev, ino, _) = file_key(&file, 0);
                 let f = (Arc::new(file), (kind, dev, ino));
                 if st.copy_files.len() >= MAX_COPY_FILES

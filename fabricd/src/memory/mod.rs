@@ -47,7 +47,7 @@ pub use register::{Registered, Source};
 pub use set::{SetSpec, Whereabouts};
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
@@ -132,6 +132,9 @@ pub enum MemoryError {
     /// The device memory of a new region could not be zeroed (it is not handed out).
     #[error("zeroing the region's device memory")]
     Zero(#[source] zero::ZeroError),
+    /// A directory of region files is not the daemon's own (`crate::privdir`).
+    #[error("region directory")]
+    Private(#[source] crate::privdir::DirError),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -404,9 +407,14 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
         let ord = ordinals.entry(m.kind).or_default();
         let ordinal = *ord;
         *ord += 1;
-        let dir = root.join(format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind)));
-        // Durably: a region file fsynced into a directory a power loss forgets is lost too.
-        crate::journal::sys::create_dir_durable(&dir).map_err(io_err(&dir))?;
+        let name = format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind));
+        // Private (region files are capabilities) and durable (a region file fsynced into a
+        // directory a power loss forgets is lost too), both by `PrivateDir`.
+        let dir = crate::privdir::PrivateDir::create(root)
+            .and_then(|r| r.subdir(&name))
+            .map_err(MemoryError::Private)?
+            .path()
+            .to_owned();
         out.push(Resource {
             device: dev.id.clone(),
             kind: m.kind,
@@ -654,7 +662,9 @@ impl Memory {
             return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
         }
         let made = (|| {
-            let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+            // 0600 whatever the umask: the file is a capability to the region's bytes.
+            let f = crate::privdir::file_options().read(true).write(true).create_new(true).open(path)?;
+            crate::privdir::check_file(&f, path)?;
             f.set_len(len)?;
             if durable {
                 f.sync_all()?;
@@ -881,8 +891,9 @@ impl Memory {
         let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
         let (path, len, offset) = (r.path.clone(), r.len, r.fd_offset);
         self.check(&st, peer.uid, 0, 1)?;
-        let f =
-            OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&path).map_err(io_err(&path))?;
+        // Not through a symlink: one planted in a misconfigured directory would hand the
+        // importer whatever it points at.
+        let f = crate::privdir::open_nofollow(&path, access == AccessMode::ReadWrite).map_err(io_err(&path))?;
         let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
         Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
     }

@@ -11,9 +11,9 @@
 //! The directory holds capabilities (any process that opens a region file reaches its
 //! bytes), so it must be the daemon's own: a real directory (not a symlink), owned by the
 //! daemon's uid, with no access for group or others, on tmpfs. It is created so when
-//! missing; anything else refuses the start.
+//! missing and checked as every private directory is (`crate::privdir`); not on tmpfs
+//! refuses the start too.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::dma::sys::{TMPFS_MAGIC, fs_magic};
@@ -30,7 +30,10 @@ pub enum NumaDirError {
         #[source]
         source: std::io::Error,
     },
-    /// It exists but is not safe or not tmpfs.
+    /// It is not the daemon's own private directory.
+    #[error(transparent)]
+    Private(#[from] crate::privdir::DirError),
+    /// It is not on tmpfs.
     #[error("{} cannot hold NUMA regions: {why}", path.display())]
     Unusable {
         /// The directory.
@@ -57,52 +60,34 @@ pub fn numa_root(configured: &str, base: Option<&Path>, state_dir: &Path) -> Opt
     base.map(|b| b.join(format!("numa-{:08x}", h as u32)))
 }
 
-/// Creates `dir` (mode 0700) when missing and checks it: a directory, not a symlink, owned
-/// by this process's uid, no group or other access, on tmpfs.
+/// Creates `dir` (mode 0700) when missing and checks it: a private directory
+/// ([`crate::privdir::PrivateDir`]: not a symlink, the daemon's uid's, no one else may
+/// write it; read bits for others are cleared), on tmpfs.
 pub fn prepare(dir: &Path) -> Result<(), NumaDirError> {
-    let io = |source| NumaDirError::Io { path: dir.to_owned(), source };
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(io)?;
+    let file = crate::privdir::PrivateDir::create(dir)?.into_file();
+    match fs_magic(&file) {
+        Some(TMPFS_MAGIC) => Ok(()),
+        Some(m) => Err(NumaDirError::Unusable {
+            path: dir.to_owned(),
+            why: format!(
+                "not on tmpfs (filesystem type {m:#x}): only a tmpfs file keeps its NUMA policy without the daemon"
+            ),
+        }),
+        None => Err(NumaDirError::Io { path: dir.to_owned(), source: std::io::Error::last_os_error() }),
     }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io(e)),
-    }
-    let unusable = |why: String| NumaDirError::Unusable { path: dir.to_owned(), why };
-    let meta = std::fs::symlink_metadata(dir).map_err(io)?;
-    if !meta.file_type().is_dir() {
-        return Err(unusable("not a directory (a symlink is refused)".into()));
-    }
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    if meta.uid() != uid {
-        return Err(unusable(format!("owned by uid {}, not the daemon's {uid}", meta.uid())));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(unusable(format!("mode {:o} lets others in (0700 wanted)", meta.mode() & 0o7777)));
-    }
-    match filesystem_magic(dir) {
-        Ok(TMPFS_MAGIC) => Ok(()),
-        Ok(m) => Err(unusable(format!(
-            "not on tmpfs (filesystem type {m:#x}): only a tmpfs file keeps its NUMA policy without the daemon"
-        ))),
-        Err(e) => Err(io(e)),
-    }
-}
-
-fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
-    let dir = std::fs::File::open(path)?;
-    fs_magic(&dir).ok_or_else(std::io::Error::last_os_error)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
 
+    fn filesystem_magic(path: &Path) -> std::io::Result<i64> {
+        let dir = std::fs::File::open(path)?;
+        fs_magic(&dir).ok_or_else(std::io::Error::last_os_error)
+    }
     #[test]
     fn the_default_is_per_state_dir_and_stable() {
         let base = Some(Path::new("/run/fabric"));
@@ -125,11 +110,13 @@ mod tests {
         prepare(&d).unwrap();
         assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
         prepare(&d).unwrap(); // again: already there, fine
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(matches!(prepare(&d), Err(NumaDirError::Unusable { why, .. }) if why.contains("mode 755")));
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = prepare(&d).unwrap_err().to_string();
+        assert!(e.contains("mode 0775") && e.contains("may write"), "{e}");
         let link = base.path().join("link");
         std::os::unix::fs::symlink(&d, &link).unwrap();
-        assert!(matches!(prepare(&link), Err(NumaDirError::Unusable { why, .. }) if why.contains("symlink")));
+        let e = prepare(&link).unwrap_err().to_string();
+        assert!(e.contains("symlink"), "{e}");
         // A directory on a disk filesystem (the test binary's) is refused when that is not tmpfs.
         let exe_dir = std::env::current_exe().unwrap().parent().unwrap().to_owned();
         let disk = tempfile::tempdir_in(exe_dir).unwrap();

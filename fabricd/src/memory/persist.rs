@@ -649,11 +649,19 @@ impl State {
                 found
             }
         };
-        match std::fs::metadata(&found.path) {
+        let meta = if found.device_file {
+            std::fs::metadata(&found.path)
+        } else {
+            // A region file: not through a symlink, the daemon's own, 0600 (one an earlier
+            // daemon left readable under umask 022 is tightened here, through its descriptor).
+            crate::privdir::open_nofollow(&found.path, false)
+                .and_then(|f| crate::privdir::check_file(&f, &found.path).and_then(|()| f.metadata()))
+        };
+        match meta {
             Ok(_) if found.device_file => {}
             Ok(m) if m.is_file() && m.len() == r.len => {}
             Ok(m) => return Err(format!("its file {} is {} bytes, not {}", found.path.display(), m.len(), r.len)),
-            Err(e) => return Err(format!("its file {} is missing ({e})", found.path.display())),
+            Err(e) => return Err(format!("its file {} is missing or unusable ({e})", found.path.display())),
         }
         if let Some(n) = &self.resources[found.members[0]].numa {
             // A region file on a NUMA node: its pages must still be there (the file's shared

@@ -5,7 +5,7 @@
 //! [`crate::dma`]; it lives in the memory state so that the objects a registration covers
 //! cannot go without it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{AccessMode, PeerCred};
@@ -143,7 +143,7 @@ impl Memory {
                 let r = Self::owned(&st, id, session)?;
                 in_bounds(r.len, &format!("region {id}"))?;
                 Self::refuse_object(&st, id, "pin it for DMA")?;
-                let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
+                let f = crate::privdir::open_nofollow(&r.path, access == AccessMode::ReadWrite);
                 (Covers::Region(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
             }
             Source::Import(id) => {
@@ -162,7 +162,7 @@ impl Memory {
                     .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
                 in_bounds(r.len, &format!("import {id}"))?;
                 Self::refuse_object(&st, i.region, "pin it for DMA")?;
-                let f = OpenOptions::new().read(true).write(access == AccessMode::ReadWrite).open(&r.path);
+                let f = crate::privdir::open_nofollow(&r.path, access == AccessMode::ReadWrite);
                 (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
             }
             Source::Fd(fd) => {

@@ -5,7 +5,6 @@
 //! the size back: [`Memory::restore_sizes`], called periodically by the daemon
 //! (`crate::sizewatch`). A shrunk region's lost tail comes back as zeros.
 
-use std::fs::OpenOptions;
 use std::path::PathBuf;
 
 use super::Memory;
@@ -31,7 +30,7 @@ impl Memory {
             if meta.len() == len {
                 continue;
             }
-            let fixed = OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(len));
+            let fixed = crate::privdir::open_nofollow(&path, true).and_then(|f| f.set_len(len));
             match fixed {
                 Ok(()) => {
                     restored += 1;
