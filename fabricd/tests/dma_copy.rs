@@ -47,7 +47,7 @@ fn registered_memory_is_reached_by_device_and_iova() {
     let pattern: Vec<u8> = (0..64u32 << 10).map(|i| (i * 7 % 251) as u8).collect();
     f.write_all_at(&pattern, 0).unwrap();
     let fd = OwnedFd::from(f.try_clone().unwrap());
-    let r = mem.register(&peer, 1, &t, Source::Fd(fd), 100, 10_000, AccessMode::ReadWrite).unwrap();
+    let r = mem.register(&peer, 1, &t, Source::Fd(fd), 100, 10_000, AccessMode::ReadWrite, &|| None).unwrap();
     let mut got = vec![0u8; 10_000];
     mem.dma_read(&t, r.iova, &mut got).unwrap();
     assert_eq!(got, pattern[100..10_100]);
@@ -60,7 +60,7 @@ fn registered_memory_is_reached_by_device_and_iova() {
     let place = Place { device: gpu.id.clone(), kind: MemoryKind::Hbm, ordinal: None };
     let g = mem.alloc(&peer, 1, &place, 1 << 20, 0).unwrap();
     File::from(g.fd).write_all_at(b"region bytes", 4096).unwrap();
-    let ro = mem.register(&peer, 1, &t, Source::Region(g.region), 4096, 12, AccessMode::ReadOnly).unwrap();
+    let ro = mem.register(&peer, 1, &t, Source::Region(g.region), 4096, 12, AccessMode::ReadOnly, &|| None).unwrap();
     let mut got = [0u8; 12];
     mem.dma_read(&t, ro.iova, &mut got).unwrap();
     assert_eq!(&got, b"region bytes");
@@ -72,7 +72,7 @@ fn registered_memory_is_reached_by_device_and_iova() {
     // SAFETY: locks the mapping just made, 8192 bytes; it stays mapped until the end.
     assert_eq!(unsafe { libc::mlock(own.as_ptr().cast(), 8192) }, 0);
     let addr = own.as_ptr() as u64;
-    let p = mem.register(&peer, 1, &t, Source::Process { addr }, 0, 8192, AccessMode::ReadWrite).unwrap();
+    let p = mem.register(&peer, 1, &t, Source::Process { addr }, 0, 8192, AccessMode::ReadWrite, &|| None).unwrap();
     let mut got = [0u8; 4];
     mem.dma_read(&t, p.iova, &mut got).unwrap();
     assert_eq!(&got, b"mine");

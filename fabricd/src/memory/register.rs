@@ -214,7 +214,7 @@ impl Memory {
                     return Err(bad("the descriptor is not a memory object (memfd or regular file)"));
                 }
                 let size = meta.len();
-                if !at.checked_add(len).is_some_and(|e| e <= size) {
+                if at.checked_add(len).is_none_or(|e| e > size) {
                     return Err(bad(format!(
                         "{len} bytes at offset {at} run past the {size} bytes of the memory object"
                     )));
