@@ -137,10 +137,14 @@ impl Default for DiscoveryConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Bytes of fabric memory one uid may have allocated.
-    pub allocated_bytes_per_uid: u64,
-    /// Bytes one uid may have pinned for DMA.
-    pub pinned_bytes_per_uid: u64,
+    /// Bytes of fabric memory one uid may have allocated. Unset: derived from the fabric
+    /// (`memory::limits::default_allocated`), so that one uid cannot take all of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes_per_uid: Option<u64>,
+    /// Bytes one uid may have pinned for DMA. Unset: derived from the machine's memory
+    /// (`memory::limits::default_pinned`), so that one uid cannot lock most of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_bytes_per_uid: Option<u64>,
     /// Regions, exports, imports and registrations one uid may hold.
     pub objects_per_uid: u32,
     /// Connected clients, all users together.
@@ -155,8 +159,8 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
-            allocated_bytes_per_uid: 1 << 40,
-            pinned_bytes_per_uid: 64 << 30,
+            allocated_bytes_per_uid: None,
+            pinned_bytes_per_uid: None,
             objects_per_uid: 4096,
             clients: 1024,
             clients_per_uid: 64,

@@ -111,7 +111,7 @@ pub fn copy(
     sink: Sink,
 ) -> Result<Response, ErrorBody> {
     let r = Resolver::new(d, caller, session, &[req])?;
-    queued(d.copies.submit(session, request_id, sink, || r.resolve(&req)), false)
+    queued(d.copies.submit(caller.cred.uid, session, request_id, sink, || r.resolve(&req)), false)
 }
 
 /// `CopyBatch`: every copy checked and resolved before any is queued, then one job with
@@ -143,5 +143,5 @@ pub fn copy_batch(
             .collect::<Result<Vec<_>, _>>()?;
         Ok(NewBatch { copies })
     };
-    queued(d.copies.submit_batch(session, request_id, sink, resolve), true)
+    queued(d.copies.submit_batch(caller.cred.uid, session, request_id, sink, resolve), true)
 }

@@ -9,7 +9,7 @@ use fabric_topology::DeviceId;
 use crate::daemon::Daemon;
 use crate::dma::{Target, can_dma, target_of};
 use crate::memops::refused;
-use crate::memory::Source;
+use crate::memory::{Abandon, Source};
 use crate::ops::refusal;
 use crate::peer::Peer;
 
@@ -31,13 +31,15 @@ pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
     Ok(t)
 }
 
-/// `Register`: pins the source and maps it at an IOVA in the device's DMA domain.
+/// `Register`: pins the source and maps it at an IOVA in the device's DMA domain; the pin
+/// is given up when `abandon` says so (the connection's end, the daemon's).
 pub fn register(
     d: &Daemon,
     peer: &Peer,
     session: u64,
     req: RegisterRequest,
     fds: Vec<OwnedFd>,
+    abandon: Abandon<'_>,
 ) -> Result<Response, ErrorBody> {
     let target = target(d, &req.device)?;
     let source = match req.source {
@@ -56,7 +58,7 @@ pub fn register(
     };
     let r = d
         .memory
-        .register(&peer.cred, session, &target, source, req.offset, req.len, req.access)
+        .register(&peer.cred, session, &target, source, req.offset, req.len, req.access, abandon)
         .map_err(|e| refused(&e))?;
     Ok(Response::Register(RegisterResponse { registration: r.registration, iova: r.iova, len: r.len }))
 }

@@ -43,6 +43,8 @@ pub fn refused(e: &MemoryError) -> ErrorBody {
         }
         MemoryError::Pin(PinError::Map { .. }) => ErrorCode::BadRequest,
         MemoryError::Pin(PinError::Lock { .. }) => ErrorCode::Internal,
+        // No one waits for the answer (the client hung up, the daemon is stopping).
+        MemoryError::Pin(PinError::Abandoned { .. }) => ErrorCode::Unavailable,
         MemoryError::Vfio(_) => ErrorCode::Internal,
     };
     let message = crate::error_chain(e);

@@ -35,12 +35,13 @@ pub fn handle_session(
     session: u64,
     req: Request,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
-    handle_session_fds(d, peer, session, req, Vec::new(), PROTOCOL_VERSION)
+    handle_session_fds(d, peer, session, req, Vec::new(), PROTOCOL_VERSION, &|| None)
 }
 
 /// [`handle_session`] with the descriptors that came with the request (as many as
 /// [`Request::fds_required`] says; the server checked that) and the protocol version the
-/// connection negotiated (what it may be sent).
+/// connection negotiated (what it may be sent). Long work a client controls (a `Register`
+/// pin) is given up when `abandon` says so.
 pub fn handle_session_fds(
     d: &Daemon,
     peer: &Peer,
@@ -48,6 +49,7 @@ pub fn handle_session_fds(
     req: Request,
     fds: Vec<OwnedFd>,
     version: Version,
+    abandon: crate::memory::Abandon<'_>,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
     if matches!(req, Request::Ping) {
         // Liveness and round-trip latency: answered with nothing else done (no caller
@@ -96,9 +98,8 @@ pub fn handle_session_fds(
             scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, cred, session, i, version))
         }
         Request::Release(r) => plain(memops::release(d, session, r.import)),
-        Request::Register(r) => {
-            scope::check_register(d, &caller, &r).and_then(|()| plain(dmaops::register(d, peer, session, r, fds)))
-        }
+        Request::Register(r) => scope::check_register(d, &caller, &r)
+            .and_then(|()| plain(dmaops::register(d, peer, session, r, fds, abandon))),
         Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),
         Request::Copy(_) | Request::CopyBatch(_) => {
             Err(refusal(ErrorCode::BadRequest, "copy is answered by the connection, which gets its completion"))

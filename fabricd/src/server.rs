@@ -285,6 +285,8 @@ struct Conn<'a> {
     copies: (crate::copy::Sink, mpsc::UnboundedReceiver<(u64, CopyDone)>),
     /// Bytes read and not yet handled, with their descriptors.
     inbox: Inbox,
+    /// The daemon's shutdown: a long request (a pin) gives up when it comes.
+    shutdown: CancellationToken,
     /// The answer being sent (kept to reuse its allocation).
     out: Vec<u8>,
 }
@@ -315,6 +317,7 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
         version: None,
         events: None,
         inbox: Inbox::new(),
+        shutdown: shutdown.clone(),
         out: Vec::with_capacity(256),
         copies: mpsc::unbounded_channel(),
     };
@@ -614,7 +617,18 @@ impl Conn<'_> {
             return r.map(|r| (r, None));
         }
         let version = self.version.unwrap_or(PROTOCOL_VERSION);
-        ops::handle_session_fds(self.daemon, &self.peer, session, req, fds, version)
+        // Asked between the pieces of a pin: no one waits for its answer any more.
+        let (stream, shutdown) = (&self.stream, &self.shutdown);
+        let abandon = || {
+            if shutdown.is_cancelled() {
+                Some("the daemon is stopping")
+            } else if sys::hung_up(stream.as_fd()) {
+                Some("the client hung up")
+            } else {
+                None
+            }
+        };
+        ops::handle_session_fds(self.daemon, &self.peer, session, req, fds, version, &abandon)
     }
 
     /// The token for the `Hello` response (1.1 and later): the session's own, or the one

@@ -69,3 +69,14 @@ pub fn open_file_limit() -> Option<u64> {
     }
     Some(r.rlim_cur)
 }
+
+/// Whether the peer of the connected socket `sock` has closed it (`POLLHUP`, or an error
+/// pending), asked without waiting. A peer that only shut down its writing half is not.
+pub fn hung_up(sock: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: 0, revents: 0 };
+    // SAFETY: poll reads and writes the one pollfd `p` points to, which lives across the
+    // call; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}

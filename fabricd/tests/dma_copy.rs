@@ -48,7 +48,7 @@ fn registered_memory_is_reached_by_device_and_iova() {
     let pattern: Vec<u8> = (0..64u32 << 10).map(|i| (i * 7 % 251) as u8).collect();
     f.write_all_at(&pattern, 0).unwrap();
     let fd = OwnedFd::from(f.try_clone().unwrap());
-    let r = mem.register(&peer, 1, &t, Source::Fd(fd), 100, 10_000, AccessMode::ReadWrite).unwrap();
+    let r = mem.register(&peer, 1, &t, Source::Fd(fd), 100, 10_000, AccessMode::ReadWrite, &|| None).unwrap();
     let mut got = vec![0u8; 10_000];
     mem.dma_read(&t, r.iova, &mut got).unwrap();
     assert_eq!(got, pattern[100..10_100]);
@@ -61,7 +61,7 @@ fn registered_memory_is_reached_by_device_and_iova() {
     let place = Place { device: gpu.id.clone(), kind: MemoryKind::Hbm, ordinal: None };
     let g = mem.alloc(&peer, 1, &place, 1 << 20, 0).unwrap();
     File::from(g.fd).write_all_at(b"region bytes", 4096).unwrap();
-    let ro = mem.register(&peer, 1, &t, Source::Region(g.region), 4096, 12, AccessMode::ReadOnly).unwrap();
+    let ro = mem.register(&peer, 1, &t, Source::Region(g.region), 4096, 12, AccessMode::ReadOnly, &|| None).unwrap();
     let mut got = [0u8; 12];
     mem.dma_read(&t, ro.iova, &mut got).unwrap();
     assert_eq!(&got, b"region bytes");
@@ -82,6 +82,7 @@ fn registered_memory_is_reached_by_device_and_iova() {
             0,
             8192,
             AccessMode::ReadWrite,
+            &|| None,
         )
         .unwrap();
     let mut got = [0u8; 4];

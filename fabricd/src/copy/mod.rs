@@ -4,7 +4,9 @@
 //! A copy is resolved (endpoints to memory the engine reaches without the registry lock,
 //! see [`crate::memory::Side`]) and queued as one job split in chunks of at most
 //! `copy.chunk_bytes` (and at most a 1/`engines` share of the copy, so that every engine
-//! takes part); any engine takes any chunk. The engine that finishes a job's last chunk
+//! takes part); any engine takes any chunk. Chunks are taken fairly (`fair.rs`): round
+//! robin over the uids with chunks queued and, within a uid, over its sessions, so that
+//! one session's backlog delays another's copy by at most a chunk per engine. The engine that finishes a job's last chunk
 //! sends its [`CopyDone`] to the issuing connection.
 //!
 //! How bytes move (`chunk.rs`). A client holds a descriptor of the memory it copies and
@@ -37,13 +39,14 @@
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
 
+mod fair;
 pub mod fault;
 mod regionmap;
 mod sys;
 
 pub(crate) use sys::Mapping;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
@@ -83,6 +86,8 @@ pub enum CopyError {
 /// One copy (or batch of copies), queued or running.
 struct Job {
     id: u64,
+    /// Whose: the issuing connection's uid and session (the queue's turns).
+    uid: u32,
     session: u64,
     request_id: u64,
     /// Bytes of all its parts.
@@ -128,7 +133,7 @@ struct Chunk {
 
 /// What the engine threads share with the request path.
 struct Shared {
-    queue: Mutex<VecDeque<Chunk>>,
+    queue: Mutex<fair::FairQueue<Chunk>>,
     ready: Condvar,
     stop: AtomicBool,
     /// Jobs by id. Held while a copy is resolved and queued, so that a sweep after a
@@ -203,7 +208,7 @@ impl CopyEngine {
     /// Starts `config.engines` threads.
     pub fn start(config: CopyConfig, metrics: Arc<Metrics>) -> Result<Self, CopyError> {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(fair::FairQueue::default()),
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
             jobs: Mutex::new(HashMap::new()),
@@ -233,23 +238,25 @@ impl CopyEngine {
         Ok(Self { shared, config, threads })
     }
 
-    /// Resolves and queues a copy of `session` in one step: `resolve` runs under the job
-    /// table's lock (see `Shared::jobs`) and gives the copy or a refusal. Returns the
-    /// copy id.
+    /// Resolves and queues a copy of `session` (of `uid`) in one step: `resolve` runs
+    /// under the job table's lock (see `Shared::jobs`) and gives the copy or a refusal.
+    /// Returns the copy id.
     pub fn submit<E>(
         &self,
+        uid: u32,
         session: u64,
         request_id: u64,
         sink: Sink,
         resolve: impl FnOnce() -> Result<NewCopy, E>,
     ) -> Result<Result<u64, E>, CopyError> {
-        self.submit_batch(session, request_id, sink, || resolve().map(|c| NewBatch { copies: vec![c] }))
+        self.submit_batch(uid, session, request_id, sink, || resolve().map(|c| NewBatch { copies: vec![c] }))
     }
 
     /// [`CopyEngine::submit`] for a batch: one job, its copies' chunks queued together,
     /// one completion with the bytes of all of them.
     pub fn submit_batch<E>(
         &self,
+        uid: u32,
         session: u64,
         request_id: u64,
         sink: Sink,
@@ -285,6 +292,7 @@ impl CopyEngine {
         let n = chunks.len();
         let job = Arc::new(Job {
             id,
+            uid,
             session,
             request_id,
             len: total,
@@ -300,12 +308,22 @@ impl CopyEngine {
         jobs.insert(id, job.clone());
         *lock(&self.shared.per_session).entry(session).or_default() += 1;
         drop(jobs);
-        {
+        let queued = {
             let mut q = lock(&self.shared.queue);
-            q.extend(chunks.into_iter().map(|(part, at, len)| Chunk { job: job.clone(), part, at, len }));
-        }
+            q.extend(uid, session, chunks.into_iter().map(|(part, at, len)| Chunk { job: job.clone(), part, at, len }));
+            q.len()
+        };
         self.shared.ready.notify_all();
-        tracing::debug!(copy = id, session, len = total, parts = job.parts.len(), chunks = n, "copy queued");
+        tracing::debug!(
+            copy = id,
+            uid,
+            session,
+            len = total,
+            parts = job.parts.len(),
+            chunks = n,
+            queued,
+            "copy queued"
+        );
         Ok(Ok(id))
     }
 
@@ -368,7 +386,7 @@ fn engine(s: &Shared) {
                 if s.stop.load(Ordering::Acquire) {
                     return;
                 }
-                if let Some(c) = q.pop_front() {
+                if let Some(c) = q.pop() {
                     break c;
                 }
                 q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -447,7 +465,16 @@ fn finish(s: &Shared, job: &Arc<Job>) {
     };
     s.metrics.copy_done(code, bytes);
     let cpu = job.cpu.load(Ordering::Relaxed);
-    tracing::debug!(copy = job.id, session = job.session, len = job.len, bytes, ok = code.is_none(), cpu, "copy done");
+    tracing::debug!(
+        copy = job.id,
+        uid = job.uid,
+        session = job.session,
+        len = job.len,
+        bytes,
+        ok = code.is_none(),
+        cpu,
+        "copy done"
+    );
     // A closed connection has no one to tell.
     let _ = job.sink.send((job.request_id, CopyDone { copy: job.id, result, bytes }));
 }

@@ -44,7 +44,21 @@ pub enum PinError {
         #[source]
         source: io::Error,
     },
+    /// The pin was given up part way (the client hung up, the daemon is stopping).
+    #[error("pinning abandoned after {locked} of {len} bytes: {why}")]
+    Abandoned {
+        /// Bytes locked when it stopped.
+        locked: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Why.
+        why: &'static str,
+    },
 }
+
+/// Bytes locked at a time by [`Pinned::new`]: between two such pieces it asks whether to
+/// go on, so that a large pin can be given up within one piece's time.
+pub const PIN_STEP: usize = 64 << 20;
 
 /// A shared mapping of a file range, locked in memory; unlocked and unmapped on drop.
 /// The daemon never reads or writes through it with plain loads and stores when a client
@@ -74,8 +88,16 @@ unsafe impl Sync for Pinned {}
 
 impl Pinned {
     /// Maps `len` bytes of `file` at `offset` (both page multiples) shared, readable and,
-    /// when `writable`, writable, and locks them.
-    pub fn new(file: File, offset: u64, len: u64, writable: bool) -> Result<Self, PinError> {
+    /// when `writable`, writable, and locks them [`PIN_STEP`] bytes at a time, asking
+    /// `abandon` before each piece: `Some(why)` gives the pin up (what was locked is
+    /// unlocked and unmapped).
+    pub fn new(
+        file: File,
+        offset: u64,
+        len: u64,
+        writable: bool,
+        abandon: &dyn Fn() -> Option<&'static str>,
+    ) -> Result<Self, PinError> {
         let map_err = |source| PinError::Map { offset, len, source };
         let ulen = usize::try_from(len).map_err(|_| map_err(io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
         let off = libc::off_t::try_from(offset).map_err(|_| map_err(io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
@@ -94,15 +116,27 @@ impl Pinned {
         // pages for the kernel's copies to walk. Advice only; failure changes nothing.
         // SAFETY: advice on the mapping made above, `ulen` bytes.
         unsafe { libc::madvise(ptr.as_ptr(), ulen, libc::MADV_HUGEPAGE) };
-        // SAFETY: locks the mapping made above, which is `ulen` bytes long.
-        if unsafe { libc::mlock(ptr.as_ptr(), ulen) } != 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::ENOMEM | libc::EPERM) if memlock_limit() != u64::MAX => {
-                    PinError::MemlockLimit { requested: len, locked: locked_bytes(), limit: memlock_limit() }
-                }
-                _ => PinError::Lock { len, source: e },
-            });
+        // Locking faults every page in, which for a client's file is the client's to make
+        // slow; piece by piece, the caller can stop it. On an early return `pinned` drops,
+        // which unlocks what was locked and unmaps.
+        let mut at = 0;
+        while at < ulen {
+            if let Some(why) = abandon() {
+                return Err(PinError::Abandoned { locked: at as u64, len, why });
+            }
+            let step = PIN_STEP.min(ulen - at);
+            // SAFETY: locks `step` bytes at `at` of the mapping made above, which is `ulen`
+            // bytes long.
+            if unsafe { libc::mlock(ptr.as_ptr().cast::<u8>().add(at).cast(), step) } != 0 {
+                let e = io::Error::last_os_error();
+                return Err(match e.raw_os_error() {
+                    Some(libc::ENOMEM | libc::EPERM) if memlock_limit() != u64::MAX => {
+                        PinError::MemlockLimit { requested: len, locked: locked_bytes(), limit: memlock_limit() }
+                    }
+                    _ => PinError::Lock { len, source: e },
+                });
+            }
+            at += step;
         }
         Ok(pinned)
     }
@@ -351,7 +385,7 @@ VmFlags: rd mr mw me ac \n";
         assert!(cannot_shrink(&sealed));
         // The seal holds: the kernel refuses to shrink it.
         assert!(sealed.set_len(0).is_err());
-        let p = Pinned::new(sealed, 0, 8192, true);
+        let p = Pinned::new(sealed, 0, 8192, true, &|| None);
         // Pinning may be refused by RLIMIT_MEMLOCK; when it works, the mapping knows.
         if let Ok(p) = p {
             assert!(p.cannot_shrink());

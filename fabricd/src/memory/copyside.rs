@@ -105,7 +105,7 @@ fn file_key(f: &File, offset: u64) -> (u8, u64, u64, u64) {
 
 /// Whether the export an import came through was revoked (the import stays until its
 /// holder releases it, but no data moves through it).
-fn import_revoked(st: &State, i: &super::Import) -> bool {
+pub(super) fn import_revoked(st: &State, i: &super::Import) -> bool {
     st.exports.iter().any(|e| e.revoked && i.via.verify(&e.handle))
 }
 

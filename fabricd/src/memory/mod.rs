@@ -27,6 +27,7 @@ pub mod backing;
 pub mod carve;
 mod carved;
 pub mod durable;
+pub mod limits;
 pub mod nodefd;
 pub mod numa;
 pub mod numadir;
@@ -43,7 +44,7 @@ mod set;
 
 pub use adopt::{Adopted, ObjectGrant};
 pub use copyside::{Dep, Resolved, Side};
-pub use register::{Registered, Source};
+pub use register::{Abandon, Registered, Source};
 pub use set::{SetSpec, Whereabouts};
 
 use std::collections::HashMap;
@@ -170,6 +171,15 @@ struct Resource {
 }
 
 impl State {
+    /// Counts the bytes of all resources again (after resources were added or resized).
+    fn recount_fabric(&mut self) {
+        let sum = |dram: bool| {
+            let of_kind = self.resources.iter().filter(|r| (r.kind == MemoryKind::Dram) == dram);
+            of_kind.map(|r| r.ranges.capacity()).fold(0, u64::saturating_add)
+        };
+        self.fabric_bytes = (sum(false), sum(true));
+    }
+
     /// The resources `place` names, in order: the `ordinal`-th of its kind on its device, or
     /// every one of that kind there.
     fn candidates(&self, place: &Place) -> Vec<usize> {
@@ -289,6 +299,9 @@ struct State {
     copy_files: HashMap<u64, copyside::CopyFile>,
     /// Vendor memory objects behind adopted regions, by region id (not journaled).
     objects: HashMap<u64, adopt::Object>,
+    /// Bytes of the resources together, `(device memory, host DRAM)` (what the default
+    /// `allocated_bytes_per_uid` is derived from), counted again whenever resources change.
+    fabric_bytes: (u64, u64),
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -370,6 +383,8 @@ pub struct Reclaimed {
 pub struct Memory {
     state: Mutex<State>,
     limits: LimitsConfig,
+    /// `limits.pinned_bytes_per_uid`, or the default derived from the machine's memory.
+    pinned_max: u64,
     /// Where resource directories go.
     root: PathBuf,
 }
@@ -449,11 +464,41 @@ impl Memory {
             }
         }
         tracing::info!(resources = resources.len(), dir = %root.display(), "sim device memory ready");
-        Ok(Self {
-            state: Mutex::new(State { resources, next_id: 1, ..State::default() }),
-            limits,
-            root: root.to_owned(),
-        })
+        Ok(Self::with_state(State { resources, next_id: 1, ..State::default() }, limits, root))
+    }
+
+    /// The registry over `st`, its per-uid limits resolved (the unset ones derived from the
+    /// fabric and the machine, `limits.rs`) and logged.
+    fn with_state(mut st: State, limits: LimitsConfig, root: &Path) -> Self {
+        st.recount_fabric();
+        let machine = limits::machine_memory();
+        let pinned_max = limits.pinned_bytes_per_uid.unwrap_or_else(|| match machine {
+            Some(m) => limits::default_pinned(m),
+            None => {
+                tracing::warn!("the machine's memory is unknown; limits.pinned_bytes_per_uid defaults to 0: set it");
+                0
+            }
+        });
+        let m = Self { state: Mutex::new(st), limits, pinned_max, root: root.to_owned() };
+        let fabric = m.state().fabric_bytes;
+        tracing::info!(
+            allocated_bytes_per_uid = m.allocated_max(fabric),
+            allocated_derived = m.limits.allocated_bytes_per_uid.is_none(),
+            device_memory_bytes = fabric.0,
+            dram_bytes = fabric.1,
+            pinned_bytes_per_uid = m.pinned_max,
+            pinned_derived = m.limits.pinned_bytes_per_uid.is_none(),
+            machine_bytes = machine.unwrap_or(0),
+            objects_per_uid = m.limits.objects_per_uid,
+            "per-uid memory limits"
+        );
+        m
+    }
+
+    /// `limits.allocated_bytes_per_uid`, or the default for a fabric of `(device memory,
+    /// DRAM)` bytes.
+    fn allocated_max(&self, (device, dram): (u64, u64)) -> u64 {
+        self.limits.allocated_bytes_per_uid.unwrap_or_else(|| limits::default_allocated(device, dram))
     }
 
     /// Puts the device memory `b` lists behind its resources and sets (their regions
@@ -511,7 +556,7 @@ impl Memory {
 
     fn check(&self, st: &State, uid: u32, bytes: u64, objects: u64) -> Result<(), MemoryError> {
         let u = st.usage.get(&uid).copied().unwrap_or_default();
-        let max_b = self.limits.allocated_bytes_per_uid;
+        let max_b = self.allocated_max(st.fabric_bytes);
         if u.bytes.saturating_add(bytes) > max_b {
             return Err(MemoryError::Limit {
                 uid,
@@ -1177,6 +1222,7 @@ impl Memory {
             added += new.len();
             st.resources.extend(new);
         }
+        st.recount_fabric();
         Ok(added)
     }
 }

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
 use fabric_topology::Inventory;
@@ -418,7 +417,7 @@ impl Memory {
             since_snapshot: 0,
             compact_records: config.compact_records,
         });
-        Ok(Self { state: Mutex::new(st), limits, root: root.to_owned() })
+        Ok(Self::with_state(st, limits, root))
     }
 
     /// The session's resume token (made at first use), for its `Hello` response.

@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 
 use fabric_proto::wire::{AccessMode, PeerCred};
 
@@ -88,25 +89,170 @@ fn check_process_range(process: &Process, start: u64, span: u64, access: AccessM
     Err(bad(format!("{range} is not mapped in the calling process")))
 }
 
-fn pin(file: File, first: u64, span: u64, access: AccessMode) -> Result<Backing, MemoryError> {
-    let pinned = Pinned::new(file, first, span, access == AccessMode::ReadWrite).map_err(MemoryError::Pin)?;
+/// What a registration pins, found under the lock: a region's file (the daemon's own), or
+/// what the request brought.
+enum Found {
+    /// A region's file and the region's offset in it.
+    File { path: PathBuf, fd_offset: u64 },
+    /// The memory object or the caller's memory, as the request named it.
+    Request,
+}
+
+/// The usage of a registration in progress (its pinned bytes and one object of its uid),
+/// taken before the pin so that pins running at once cannot together pass a limit; given
+/// back on drop unless [`Reservation::commit`]ted. Dropped only while the registry lock is
+/// not held (it takes the lock).
+struct Reservation<'m> {
+    memory: &'m Memory,
+    uid: u32,
+    span: u64,
+    held: bool,
+}
+
+impl Reservation<'_> {
+    /// The registration is inserted: its accounting stays with it.
+    fn commit(mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let mut st = self.memory.state();
+            let u = st.usage.entry(self.uid).or_default();
+            u.pinned = u.pinned.saturating_sub(self.span);
+            u.objects = u.objects.saturating_sub(1);
+        }
+    }
+}
+
+fn pin(file: File, first: u64, span: u64, access: AccessMode, abandon: Abandon<'_>) -> Result<Backing, MemoryError> {
+    let pinned = Pinned::new(file, first, span, access == AccessMode::ReadWrite, abandon).map_err(MemoryError::Pin)?;
     Ok(Backing::Mapped(std::sync::Arc::new(pinned)))
 }
+
+/// Asked between the pieces of a pin: `Some(why)` gives it up (the client hung up, the
+/// daemon is stopping).
+pub type Abandon<'a> = &'a dyn Fn() -> Option<&'static str>;
 
 impl Memory {
     fn check_pinned(&self, st: &State, uid: u32, span: u64) -> Result<(), MemoryError> {
         let used = st.usage.get(&uid).map_or(0, |u| u.pinned);
-        let max = self.limits.pinned_bytes_per_uid;
+        let max = self.pinned_max;
         if used.saturating_add(span) > max {
             return Err(MemoryError::Limit { uid, what: "pinned_bytes", used, requested: span, max });
         }
         Ok(())
     }
 
+    /// The region or import a registration covers, checked for `session` (it exists, is
+    /// the session's, the import's export is not revoked, the access is granted) and for
+    /// `[at, at + len)` lying within it: its file and offset; `Found::Request` for the
+    /// other sources.
+    fn covered(
+        st: &State,
+        covers: Covers,
+        session: u64,
+        at: u64,
+        len: u64,
+        access: AccessMode,
+    ) -> Result<Found, MemoryError> {
+        let in_bounds = |size: u64, what: &str| {
+            if at.checked_add(len).is_some_and(|e| e <= size) {
+                Ok(())
+            } else {
+                Err(bad(format!("{len} bytes at offset {at} run past the {size} bytes of {what}")))
+            }
+        };
+        let r = match covers {
+            Covers::Region(id) => {
+                let r = Self::owned(st, id, session)?;
+                in_bounds(r.len, &format!("region {id}"))?;
+                Self::refuse_object(st, id, "pin it for DMA")?;
+                r
+            }
+            Covers::Import(id) => {
+                let i = st.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
+                if i.session != session {
+                    return Err(MemoryError::PermissionDenied(format!("import {id} belongs to another session")));
+                }
+                if access == AccessMode::ReadWrite && i.access == AccessMode::ReadOnly {
+                    return Err(MemoryError::PermissionDenied(format!(
+                        "import {id} is read-only; the device may only read it"
+                    )));
+                }
+                if super::copyside::import_revoked(st, i) {
+                    return Err(MemoryError::Revoked);
+                }
+                let r = st
+                    .regions
+                    .get(&i.region)
+                    .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
+                in_bounds(r.len, &format!("import {id}"))?;
+                Self::refuse_object(st, i.region, "pin it for DMA")?;
+                r
+            }
+            Covers::Fd | Covers::Process => return Ok(Found::Request),
+        };
+        Ok(Found::File { path: r.path.clone(), fd_offset: r.fd_offset })
+    }
+
+    /// The memory of a registration, pinned or followed, outside the registry lock: what
+    /// a client chose (its file, its process) may take long to fault in or read.
+    fn back(
+        target: &Target,
+        source: Source,
+        found: Found,
+        (at, len, first, span): (u64, u64, u64, u64),
+        access: AccessMode,
+        abandon: Abandon<'_>,
+    ) -> Result<Backing, MemoryError> {
+        match (source, found) {
+            (_, Found::File { path, fd_offset }) => {
+                let f = crate::privdir::open_nofollow(&path, access == AccessMode::ReadWrite);
+                pin(f.map_err(io_err(&path))?, first + fd_offset, span, access, abandon)
+            }
+            (Source::Fd(fd), Found::Request) => {
+                let f = File::from(fd);
+                let meta = f.metadata().map_err(|e| bad(format!("the descriptor cannot be inspected: {e}")))?;
+                if !meta.file_type().is_file() {
+                    return Err(bad("the descriptor is not a memory object (memfd or regular file)"));
+                }
+                let size = meta.len();
+                if at.checked_add(len).is_none_or(|e| e > size) {
+                    return Err(bad(format!(
+                        "{len} bytes at offset {at} run past the {size} bytes of the memory object"
+                    )));
+                }
+                pin(f, first, span, access, abandon)
+            }
+            (Source::Process { process, .. }, Found::Request) => {
+                if let Some(v) = &target.vfio {
+                    return Err(MemoryError::BadRequest(format!(
+                        "{} is a VFIO device: its IOMMU maps memory of the daemon only; register a region, an import or a memory object (memfd) instead of the caller's own memory",
+                        v.bdf
+                    )));
+                }
+                check_process_range(&process, first, span, access)?;
+                Ok(Backing::Process { process, addr: first })
+            }
+            (Source::Region(_) | Source::Import(_), Found::Request) => {
+                Err(MemoryError::NotFound("the registered object is gone".into()))
+            }
+        }
+    }
+
     /// Registers `len` bytes at `offset` of `source` (for [`Source::Process`], `offset`
     /// adds to the address) for DMA by `target` with `access`: pins them, takes an IOVA
     /// range below the device's mask, and accounts the whole pages against the caller's
     /// `pinned_bytes` and `objects` limits.
+    ///
+    /// The registry lock is held only to check and reserve (the limits, the region or
+    /// import) and then to insert; the pin itself runs outside it, piece by piece, asking
+    /// `abandon` between pieces, so that a client's large or slow memory holds up only
+    /// its own request. What the registration covers is checked again at insert (a region
+    /// freed or an export revoked meanwhile refuses it).
     #[allow(clippy::too_many_arguments)]
     pub fn register(
         &self,
@@ -117,6 +263,7 @@ impl Memory {
         offset: u64,
         len: u64,
         access: AccessMode,
+        abandon: Abandon<'_>,
     ) -> Result<Registered, MemoryError> {
         if len == 0 {
             return Err(bad("a registration needs at least one byte"));
@@ -128,64 +275,28 @@ impl Memory {
             _ => offset,
         };
         let (first, lead, span) = span_of(at, len).ok_or_else(|| bad(format!("{len} bytes at {at:#x} overflow")))?;
+        let covers = match &source {
+            Source::Region(id) => Covers::Region(*id),
+            Source::Import(id) => Covers::Import(*id),
+            Source::Fd(_) => Covers::Fd,
+            Source::Process { .. } => Covers::Process,
+        };
+        let found = {
+            let mut st = self.state();
+            self.check(&st, peer.uid, 0, 1)?;
+            self.check_pinned(&st, peer.uid, span)?;
+            let found = Self::covered(&st, covers, session, at, len, access)?;
+            let u = st.usage.entry(peer.uid).or_default();
+            u.pinned += span;
+            u.objects += 1;
+            found
+        };
+        // Declared before the lock is taken again below, so that it drops after it.
+        let reservation = Reservation { memory: self, uid: peer.uid, span, held: true };
+        // On failure the backing drops (which unpins it) and then the reservation.
+        let backing = Self::back(target, source, found, (at, len, first, span), access, abandon)?;
         let mut st = self.state();
-        self.check(&st, peer.uid, 0, 1)?;
-        self.check_pinned(&st, peer.uid, span)?;
-        let in_bounds = |size: u64, what: &str| {
-            if at.checked_add(len).is_some_and(|e| e <= size) {
-                Ok(())
-            } else {
-                Err(bad(format!("{len} bytes at offset {at} run past the {size} bytes of {what}")))
-            }
-        };
-        let (covers, backing) = match source {
-            Source::Region(id) => {
-                let r = Self::owned(&st, id, session)?;
-                in_bounds(r.len, &format!("region {id}"))?;
-                Self::refuse_object(&st, id, "pin it for DMA")?;
-                let f = crate::privdir::open_nofollow(&r.path, access == AccessMode::ReadWrite);
-                (Covers::Region(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
-            }
-            Source::Import(id) => {
-                let i = st.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
-                if i.session != session {
-                    return Err(MemoryError::PermissionDenied(format!("import {id} belongs to another session")));
-                }
-                if access == AccessMode::ReadWrite && i.access == AccessMode::ReadOnly {
-                    return Err(MemoryError::PermissionDenied(format!(
-                        "import {id} is read-only; the device may only read it"
-                    )));
-                }
-                let r = st
-                    .regions
-                    .get(&i.region)
-                    .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
-                in_bounds(r.len, &format!("import {id}"))?;
-                Self::refuse_object(&st, i.region, "pin it for DMA")?;
-                let f = crate::privdir::open_nofollow(&r.path, access == AccessMode::ReadWrite);
-                (Covers::Import(id), pin(f.map_err(io_err(&r.path))?, first + r.fd_offset, span, access)?)
-            }
-            Source::Fd(fd) => {
-                let f = File::from(fd);
-                let meta = f.metadata().map_err(|e| bad(format!("the descriptor cannot be inspected: {e}")))?;
-                if !meta.file_type().is_file() {
-                    return Err(bad("the descriptor is not a memory object (memfd or regular file)"));
-                }
-                in_bounds(meta.len(), "the memory object")?;
-                (Covers::Fd, pin(f, first, span, access)?)
-            }
-            Source::Process { process, .. } => {
-                if let Some(v) = &target.vfio {
-                    return Err(MemoryError::BadRequest(format!(
-                        "{} is a VFIO device: its IOMMU maps memory of the daemon only; register a region, an import or a memory object (memfd) instead of the caller's own memory",
-                        v.bdf
-                    )));
-                }
-                check_process_range(&process, first, span, access)?;
-                (Covers::Process, Backing::Process { process, addr: first })
-            }
-        };
-        // On failure the backing drops here, which unpins it.
+        Self::covered(&st, covers, session, at, len, access)?;
         let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
         let vfio = match (&target.vfio, &backing) {
             (Some(dev), Backing::Mapped(p)) => match dev.map(iova, p.clone(), access == AccessMode::ReadWrite) {
@@ -218,9 +329,7 @@ impl Memory {
                 backing,
             },
         );
-        let u = st.usage.entry(peer.uid).or_default();
-        u.pinned += span;
-        u.objects += 1;
+        reservation.commit();
         tracing::info!(
             uid = peer.uid,
             pid = peer.pid,

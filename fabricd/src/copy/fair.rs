@@ -1,0 +1,127 @@
+//! The copy engine's queue of chunks, served fairly: round robin over the uids with chunks
+//! queued, and within a uid round robin over its sessions; each session's chunks in the
+//! order queued. One engine taking one chunk is one turn, and a chunk is at most
+//! `copy.chunk_bytes`, so a copy of a uid waits for at most one chunk of each other busy
+//! uid per engine, however much they have queued. A plain value with no lock of its own:
+//! the engine holds it under its mutex.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Chunks by uid and session, taken in turn.
+#[derive(Debug)]
+pub struct FairQueue<T> {
+    /// Uids with chunks queued, the next to serve first.
+    uids: VecDeque<u32>,
+    by_uid: HashMap<u32, Sessions<T>>,
+    len: usize,
+}
+
+/// One uid's sessions with chunks queued, the next to serve first.
+#[derive(Debug)]
+struct Sessions<T> {
+    order: VecDeque<u64>,
+    queues: HashMap<u64, VecDeque<T>>,
+}
+
+impl<T> Default for FairQueue<T> {
+    fn default() -> Self {
+        Self { uids: VecDeque::new(), by_uid: HashMap::new(), len: 0 }
+    }
+}
+
+impl<T> FairQueue<T> {
+    /// Queues `items` of `session` of `uid` after that session's earlier ones.
+    pub fn extend(&mut self, uid: u32, session: u64, items: impl IntoIterator<Item = T>) {
+        let mut items = items.into_iter().peekable();
+        if items.peek().is_none() {
+            return;
+        }
+        let s = self.by_uid.entry(uid).or_insert_with(|| {
+            self.uids.push_back(uid);
+            Sessions { order: VecDeque::new(), queues: HashMap::new() }
+        });
+        let q = s.queues.entry(session).or_insert_with(|| {
+            s.order.push_back(session);
+            VecDeque::new()
+        });
+        let before = q.len();
+        q.extend(items);
+        self.len += q.len() - before;
+    }
+
+    /// The next chunk: the first of the next session of the next uid, which then go to the
+    /// back of their turns (or leave them, with nothing more queued).
+    pub fn pop(&mut self) -> Option<T> {
+        let uid = self.uids.pop_front()?;
+        let s = self.by_uid.get_mut(&uid)?;
+        let session = s.order.pop_front()?;
+        let q = s.queues.get_mut(&session)?;
+        let item = q.pop_front();
+        if q.is_empty() {
+            s.queues.remove(&session);
+        } else {
+            s.order.push_back(session);
+        }
+        if s.order.is_empty() {
+            self.by_uid.remove(&uid);
+        } else {
+            self.uids.push_back(uid);
+        }
+        if item.is_some() {
+            self.len -= 1;
+        }
+        item
+    }
+
+    /// Chunks queued.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(q: &mut FairQueue<(u32, u64, u32)>) -> Vec<(u32, u64, u32)> {
+        std::iter::from_fn(|| q.pop()).collect()
+    }
+
+    #[test]
+    fn uids_take_turns_whatever_each_has_queued() {
+        let mut q = FairQueue::default();
+        q.extend(1, 10, (0..1000).map(|i| (1, 10, i)));
+        q.extend(2, 20, [(2, 20, 0)]);
+        assert_eq!(q.len(), 1001);
+        // The late uid's one chunk comes second, not after the thousand.
+        assert_eq!(q.pop(), Some((1, 10, 0)));
+        assert_eq!(q.pop(), Some((2, 20, 0)));
+        assert_eq!(q.pop(), Some((1, 10, 1)));
+        assert_eq!(q.len(), 998);
+    }
+
+    #[test]
+    fn sessions_of_a_uid_take_turns_within_its_turn_and_keep_their_order() {
+        let mut q = FairQueue::default();
+        q.extend(1, 10, (0..3).map(|i| (1, 10, i)));
+        q.extend(1, 11, (0..2).map(|i| (1, 11, i)));
+        q.extend(2, 20, (0..2).map(|i| (2, 20, i)));
+        let got = drain(&mut q);
+        assert_eq!(got, vec![(1, 10, 0), (2, 20, 0), (1, 11, 0), (2, 20, 1), (1, 10, 1), (1, 11, 1), (1, 10, 2)]);
+        assert_eq!(q.len(), 0);
+        assert!(q.by_uid.is_empty() && q.uids.is_empty(), "nothing kept for idle uids");
+    }
+
+    #[test]
+    fn a_session_queueing_again_joins_the_back_of_the_turns() {
+        let mut q = FairQueue::default();
+        q.extend(1, 10, [(1, 10, 0)]);
+        q.extend(1, 10, std::iter::empty());
+        assert_eq!(q.len(), 1);
+        q.extend(2, 20, [(2, 20, 0), (2, 20, 1)]);
+        assert_eq!(q.pop(), Some((1, 10, 0)));
+        q.extend(1, 10, [(1, 10, 1)]);
+        assert_eq!(drain(&mut q), vec![(2, 20, 0), (1, 10, 1), (2, 20, 1)]);
+        assert_eq!(q.pop(), None);
+    }
+}
