@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     BodyError, CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse,
-    MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
+    MAX_FDS, MAX_REQUEST_BODY, MAX_REQUEST_FDS, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
     SUPPORTED_VERSIONS, SessionToken, SubscribeResponse, Version, decode_header, decode_request, encode_message,
     negotiate,
 };
@@ -485,8 +485,23 @@ impl Conn<'_> {
             }
         }
         // Descriptors travel with a frame's first bytes (decode_header bounded the count by
-        // the opcode's limit); any that came otherwise were closed (inbox.rs).
-        let (frame, fds) = self.inbox.take(len);
+        // the opcode's limit); any that came otherwise were closed (inbox.rs). Refused
+        // frames close theirs when `got` drops; the stream stays in sync (every byte was
+        // read), so the connection is kept.
+        let (frame, got) = self.inbox.take(len);
+        if got.truncated {
+            return Read::Refuse(
+                header,
+                refusal(
+                    ErrorCode::BadFds,
+                    format!(
+                        "more descriptors came with the frame than a request carries (at most {MAX_REQUEST_FDS}), \
+                         or the daemon could take no more; none is kept"
+                    ),
+                ),
+            );
+        }
+        let fds = got.fds;
         if fds.len() != usize::from(header.fd_count) {
             return Read::Refuse(
                 header,
