@@ -38,6 +38,7 @@ pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
 mod adopt;
 mod copyside;
+pub mod fdkind;
 mod register;
 mod set;
 

@@ -22,7 +22,7 @@ pub enum Source {
     Region(u64),
     /// An import the session holds.
     Import(u64),
-    /// A memory object (memfd, regular file) sent with the request.
+    /// A memory object (memfd, tmpfs or hugetlbfs file, region file) sent with the request.
     Fd(OwnedFd),
     /// The caller's own memory at this address, locked by the caller.
     Process {
@@ -118,6 +118,11 @@ impl Memory {
             _ => offset,
         };
         let (first, lead, span) = span_of(at, len).ok_or_else(|| bad(format!("{len} bytes at {at:#x} overflow")))?;
+        // Before the lock: what the descriptor is, checked without waiting on its filesystem.
+        if let Source::Fd(fd) = &source {
+            super::fdkind::check_register(std::os::fd::AsFd::as_fd(fd), &self.root)
+                .map_err(|e| bad(crate::error_chain(&e)))?;
+        }
         let mut st = self.state();
         self.check(&st, peer.uid, 0, 1)?;
         self.check_pinned(&st, peer.uid, span)?;
