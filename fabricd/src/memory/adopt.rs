@@ -29,6 +29,13 @@ pub(super) struct Object {
     size: u64,
 }
 
+impl Object {
+    /// Whether it keeps a descriptor open (counted in `held.rs`).
+    pub(super) fn holds_fd(&self) -> bool {
+        self.fd.is_some()
+    }
+}
+
 /// An adopted region as its owner gets it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Adopted {
@@ -126,6 +133,9 @@ impl Memory {
         let len = round_len(size).ok_or_else(|| bad(format!("size {size} is not adoptable")))?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
+        if fd.is_some() {
+            self.check_held(&st, owner.uid, session)?;
+        }
         let sess = st.session(session, owner)?;
         let candidates = st.candidates(place);
         if candidates.is_empty() {
@@ -169,10 +179,12 @@ impl Memory {
                 lost: false,
             },
         );
+        let holds = u64::from(fd.is_some());
         st.objects.insert(id, Object { fd, kind, size });
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
+        u.fds += holds;
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, size, kind = kind.name(), object = %link, "vendor object adopted");
         Ok(Adopted { region: id, generation: id, size })
     }

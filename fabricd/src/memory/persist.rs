@@ -421,7 +421,7 @@ impl Memory {
             since_snapshot: 0,
             compact_records: config.compact_records,
         });
-        Ok(Self { state: Mutex::new(st), limits, root: root.to_owned() })
+        Ok(Self { state: Mutex::new(st), limits, root: root.to_owned(), held: super::held::HeldLimits::default() })
     }
 
     /// The session's resume token (made at first use), for its `Hello` response.

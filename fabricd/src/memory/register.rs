@@ -126,6 +126,8 @@ impl Memory {
         let mut st = self.state();
         self.check(&st, peer.uid, 0, 1)?;
         self.check_pinned(&st, peer.uid, span)?;
+        // Every registration keeps a descriptor: its pinned file, or the caller's pidfd.
+        self.check_held(&st, peer.uid, session)?;
         let in_bounds = |size: u64, what: &str| {
             if at.checked_add(len).is_some_and(|e| e <= size) {
                 Ok(())
@@ -221,6 +223,7 @@ impl Memory {
         let u = st.usage.entry(peer.uid).or_default();
         u.pinned += span;
         u.objects += 1;
+        u.fds += 1;
         tracing::info!(
             uid = peer.uid,
             pid = peer.pid,
@@ -260,6 +263,7 @@ impl Memory {
         let u = st.usage.entry(r.uid).or_default();
         u.pinned = u.pinned.saturating_sub(r.span);
         u.objects = u.objects.saturating_sub(1);
+        u.fds = u.fds.saturating_sub(1);
         tracing::info!(registration = id, uid = r.uid, device = %r.device, iova = r.iova, span = r.span, "unregistered");
         true
     }
