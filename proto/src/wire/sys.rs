@@ -69,6 +69,8 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8], max_fds: usize, nonbl
             return Err(e);
         }
     };
+    // `msg_controllen` is a `size_t` on glibc and a `socklen_t` on musl.
+    #[allow(clippy::unnecessary_cast)]
     let filled = (msg.msg_controllen as usize).min(room);
     let rights = super::cmsg::parse_rights(&zerocopy::IntoBytes::as_bytes(&control[..])[..filled]);
     let fds = rights
