@@ -89,7 +89,7 @@ impl Refused {
 }
 
 impl Admission {
-    /// `clients` slots in all (after the open-file limit: `server::client_slots`), at most
+    /// `clients` slots in all (after the open-file limit: `fdbudget::budget`), at most
     /// `per_uid` of them for any uid but root and `own_uid`.
     pub fn new(clients: u32, per_uid: u32, own_uid: u32) -> Self {
         Self { slots: Arc::new(Semaphore::new(clients as usize)), clients, per_uid, own_uid, open: Arc::default() }

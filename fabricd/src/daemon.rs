@@ -240,6 +240,8 @@ pub struct Daemon {
     pub refusals: crate::refusals::RefusalLog,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
+    /// How the open-file table is shared: connections and the descriptors objects keep.
+    pub fd_budget: crate::fdbudget::Budget,
     /// The PCI functions held through VFIO (`dma.vfio`).
     pub vfio: crate::dma::vfio::Vfio,
     /// Rescans asked for outside the interval (kernel uevents).
@@ -303,9 +305,12 @@ impl Daemon {
             }
         }
         let durability = Durability { journal, replay, config: config.memory.clone(), backings };
-        let memory =
+        let mut memory =
             Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)
                 .map_err(StartError::Memory)?;
+        // main raised the soft open-file limit first: this is the table the daemon has.
+        let fd_budget = crate::fdbudget::budget(config.limits.clients, crate::sys::open_file_limit());
+        memory.set_fd_budget(fd_budget, crate::sys::effective_uid());
         for dev in &fabric.inventory().devices {
             if let Some(why) = crate::monitor::failure(dev) {
                 tracing::warn!(device = %dev.id, reason = why, "device reports a failure; its memory is not served");
@@ -333,6 +338,7 @@ impl Daemon {
             copies,
             refusals: crate::refusals::RefusalLog::new(),
             memory,
+            fd_budget,
             vfio,
             monitor: crate::monitor::Trigger::default(),
             partitions,

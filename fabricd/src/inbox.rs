@@ -8,16 +8,21 @@
 //! that starts within the bytes it brought (for a client that sends each frame with one
 //! `sendmsg`, that frame's own). Every other read stays inside the frame being read (up to
 //! the end of its header, then of its body), where no frame starts, so whatever descriptors
-//! it brings are closed at once, as a plain `read` would have the kernel do. At most one
-//! read's descriptors (at most [`MAX_FDS`]) are ever held.
+//! it brings are closed at once, as a plain `read` would have the kernel do.
+//!
+//! Each `recvmsg` makes room for [`MAX_REQUEST_FDS`] descriptors (the most any request
+//! carries): the kernel installs no more than that in the daemon, whatever a peer sends,
+//! and reports the rest as truncation (`MSG_CTRUNC`; also when the daemon's open-file
+//! table is full). A boundary read's truncation travels with its descriptors to the frame
+//! that takes them, which is then refused; the descriptors that did arrive are owned and
+//! closed like any. So at most one read's descriptors (at most [`MAX_REQUEST_FDS`]) are
+//! ever held, and none is lost track of.
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use fabric_proto::wire::{HEADER_LEN, MAX_FDS, MAX_REQUEST_BODY};
+use fabric_proto::wire::{HEADER_LEN, MAX_REQUEST_BODY, MAX_REQUEST_FDS, recv_with_fds};
 use tokio::io::Interest;
 use tokio::net::UnixStream;
-
-use crate::sys;
 
 /// The most a frame the server reads can hold: a header and the largest request body.
 pub const MAX_FRAME: usize = HEADER_LEN + MAX_REQUEST_BODY as usize;
@@ -29,7 +34,17 @@ const INITIAL: usize = 4096;
 struct Arrived {
     start: usize,
     end: usize,
-    fds: Vec<OwnedFd>,
+    fds: FrameFds,
+}
+
+/// The descriptors a frame came with.
+#[derive(Debug, Default)]
+pub struct FrameFds {
+    /// Those the kernel installed, owned.
+    pub fds: Vec<OwnedFd>,
+    /// More came than were installed (more than [`MAX_REQUEST_FDS`], or the daemon's
+    /// open-file table was full): the frame must be refused.
+    pub truncated: bool,
 }
 
 /// The receive buffer of one connection.
@@ -79,17 +94,19 @@ impl Inbox {
         }
         self.make_room(want);
         let limit = if boundary { self.buf.len() } else { (self.end + want).min(self.buf.len()) };
-        let (n, mut fds) = loop {
+        let max_fds = usize::from(MAX_REQUEST_FDS);
+        let got = loop {
             let dst = &mut self.buf[self.end..limit];
-            match stream.try_io(Interest::READABLE, || sys::recv_with_fds(stream.as_fd(), dst)) {
+            match stream.try_io(Interest::READABLE, || recv_with_fds(stream.as_fd(), dst, max_fds, true)) {
                 Ok(r) => break r,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => stream.readable().await?,
                 Err(e) => return Err(e),
             }
         };
-        if boundary && !fds.is_empty() {
-            fds.truncate(usize::from(MAX_FDS));
+        let n = got.bytes;
+        if boundary && (!got.fds.is_empty() || got.truncated) {
             // A boundary read happens only when nothing was held: this replaces nothing.
+            let fds = FrameFds { fds: got.fds, truncated: got.truncated };
             self.arrived = Some(Arrived { start: self.end, end: self.end + n, fds });
         }
         // Inside a frame: dropped here, closed (see the module's note).
@@ -122,7 +139,7 @@ impl Inbox {
 
     /// Hands out the current frame, `len` bytes from the start (all read), with the
     /// descriptors that came with it, and moves past it.
-    pub fn take(&mut self, len: usize) -> (std::ops::Range<usize>, Vec<OwnedFd>) {
+    pub fn take(&mut self, len: usize) -> (std::ops::Range<usize>, FrameFds) {
         let (f, next) = (self.start, self.start + len);
         let fds = match self.arrived.take() {
             // The last frame that starts within the read that brought them takes them.
@@ -130,10 +147,10 @@ impl Inbox {
             // They belong to a later frame of the same read.
             Some(a) if next < a.end && f < a.end => {
                 self.arrived = Some(a);
-                Vec::new()
+                FrameFds::default()
             }
             // No frame started where they came (or it is gone): closed.
-            _ => Vec::new(),
+            _ => FrameFds::default(),
         };
         self.start = next;
         if self.start == self.end {
@@ -183,17 +200,60 @@ mod tests {
     async fn one_read_per_frame_and_descriptors_go_to_their_frame() {
         let (a, b) = pair();
         let mut inbox = Inbox::new();
-        // Two frames (40 and 50 bytes) sent at once: one read; the descriptors ride with
-        // the second sendmsg, so the second frame takes them.
+        // Two frames (40 and 50 bytes) sent at once: one read; the descriptor rides with
+        // the second sendmsg, so the second frame takes it.
         send(&a, &[1; 40], 0);
-        send(&a, &[2; 50], 2);
+        send(&a, &[2; 50], 1);
         assert_eq!(inbox.fill(&b, None).await.unwrap(), 90);
         let (r, fds) = inbox.take(40);
-        assert_eq!((r.clone(), fds.len()), (0..40, 0));
+        assert_eq!((r.clone(), fds.fds.len(), fds.truncated), (0..40, 0, false));
         assert_eq!(inbox.bytes(r), &[1; 40]);
         let (r, fds) = inbox.take(50);
-        assert_eq!((r.clone(), fds.len()), (40..90, 2));
+        assert_eq!((r.clone(), fds.fds.len(), fds.truncated), (40..90, 1, false));
         assert!(inbox.is_empty());
+    }
+
+    /// A pipe whose read end does not block, and whether its write ends are all closed.
+    fn pipe() -> (std::fs::File, OwnedFd) {
+        let (r, w) = std::io::pipe().unwrap();
+        let r = std::fs::File::from(OwnedFd::from(r));
+        nix::fcntl::fcntl(r.as_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).unwrap();
+        (r, OwnedFd::from(w))
+    }
+
+    fn write_ends_closed(r: &mut std::fs::File) -> bool {
+        use std::io::Read;
+        matches!(r.read(&mut [0u8; 1]), Ok(0))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn more_descriptors_than_a_request_carries_are_reported_and_none_is_kept() {
+        let (a, b) = pair();
+        let mut inbox = Inbox::new();
+        // 250 descriptors with a frame, as a hostile client sends them: the daemon gets
+        // one installed and the truncation, and once the frame is dropped holds none
+        // (the old receive path kept 8 of them open forever).
+        let pipes: Vec<_> = (0..250).map(|_| pipe()).collect();
+        let raw: Vec<std::os::fd::RawFd> = pipes.iter().map(|(_, w)| std::os::fd::AsRawFd::as_raw_fd(w)).collect();
+        let cmsgs = [nix::sys::socket::ControlMessage::ScmRights(&raw)];
+        let iov = [IoSlice::new(&[3; 32])];
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+        nix::sys::socket::sendmsg::<nix::sys::socket::UnixAddr>(
+            fd,
+            &iov,
+            &cmsgs,
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(inbox.fill(&b, None).await.unwrap(), 32);
+        let (_, fds) = inbox.take(32);
+        assert_eq!((fds.fds.len(), fds.truncated), (1, true));
+        drop(fds);
+        for (mut r, w) in pipes {
+            drop(w);
+            assert!(write_ends_closed(&mut r), "a received descriptor is still open");
+        }
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -208,7 +268,7 @@ mod tests {
         send(&a, &[9; 5], 0);
         assert_eq!(inbox.fill(&b, Some(30)).await.unwrap(), 30);
         let (_, fds) = inbox.take(40);
-        assert!(fds.is_empty());
+        assert!(fds.fds.is_empty() && !fds.truncated);
         assert_eq!(inbox.fill(&b, None).await.unwrap(), 5);
         assert_eq!(inbox.pending(), &[9; 5]);
     }
@@ -240,7 +300,7 @@ mod tests {
         let mut at = 0;
         while at < stream.len() {
             let end = (at + 1 + next(400) as usize).min(stream.len());
-            chunks.push((at, end, if next(4) == 0 { 1 + next(2) as usize } else { 0 }));
+            chunks.push((at, end, if next(4) == 0 { 1 + next(3) as usize } else { 0 }));
             at = end;
         }
         let sent: Vec<_> = chunks.clone();
@@ -268,11 +328,14 @@ mod tests {
             }
             let (r, fds) = inbox.take(len);
             assert_eq!(inbox.bytes(r), &stream[start..start + len], "frame {i}");
-            if !fds.is_empty() {
+            if !fds.fds.is_empty() || fds.truncated {
                 let carried = chunks.iter().any(|&(s, e, n)| n > 0 && s <= start && start < e);
                 let later = chunks.iter().any(|&(s, e, n)| n > 0 && s > start && s < start + len && e > 0);
                 assert!(carried || later, "frame {i} got descriptors no chunk at its start carried");
-                assert!(fds.len() <= 2);
+                // One installed at most; more sent is reported, never handed out.
+                assert!(fds.fds.len() <= 1);
+                let many = chunks.iter().any(|&(s, e, n)| n > 1 && s <= start && start < e);
+                assert!(!fds.truncated || many || later, "frame {i} reported a truncation no chunk caused");
             }
         }
         drop(writer.join().unwrap());

@@ -44,6 +44,7 @@ pub mod daemon;
 pub mod dma;
 pub mod dmaops;
 pub mod events;
+pub mod fdbudget;
 pub mod grace;
 pub mod http;
 pub mod inbox;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     BodyError, CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse,
-    MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
+    MAX_FDS, MAX_REQUEST_BODY, MAX_REQUEST_FDS, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
     SUPPORTED_VERSIONS, SessionToken, SubscribeResponse, Version, decode_header, decode_request, encode_message,
     negotiate,
 };
@@ -34,29 +34,6 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client that does not read its answers is dropped after this long.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Descriptors one connection holds: its socket and its thread's current-thread runtime
-/// (an epoll instance and the duplicate tokio's I/O driver keeps of it, the eventfd that
-/// wakes it, and the duplicate of tokio's signal pipe every I/O driver registers: 5 in
-/// all, counted in `/proc/PID/fd` by `tests/daemon_hostile.rs`), plus one that a request
-/// holds while it is answered (a region's file opened and sent, a descriptor the client
-/// sent).
-pub const FDS_PER_CONNECTION: u64 = 6;
-/// Descriptors kept back from connections: the journal, its lock and segments, the log,
-/// the listener, metrics connections (64, `http::MAX_CONNECTIONS`), the copy engine's kept region files (256), device
-/// files (DAX, BARs, VFIO), the uevent socket.
-pub const RESERVED_FDS: u64 = 512;
-
-/// The connections served at once: `limits.clients` (`configured`), or as many as the
-/// open-file limit holds when that is fewer (at least one). Past the limit a new
-/// connection's runtime, a region's file or a journal segment would fail to open at some
-/// point in some request; refusing the connection at accept keeps every request of the
-/// connections already served working.
-pub fn client_slots(configured: u32, open_files: Option<u64>) -> u32 {
-    let Some(limit) = open_files else { return configured };
-    let fit = limit.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION;
-    u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, configured.max(1))
-}
-
 /// Why the server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -70,15 +47,14 @@ pub enum ServeError {
 pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: CancellationToken) -> Result<(), ServeError> {
     let tracker = TaskTracker::new();
     let configured = daemon.config.limits.clients;
-    let open_files = sys::open_file_limit();
-    let clients = client_slots(configured, open_files);
+    let clients = daemon.fd_budget.clients;
     if clients < configured {
         tracing::warn!(
             limits.clients = configured,
             served = clients,
-            open_files = open_files.unwrap_or(0),
-            per_connection = FDS_PER_CONNECTION,
-            reserved = RESERVED_FDS,
+            open_files = sys::open_file_limit().unwrap_or(0),
+            per_connection = crate::fdbudget::FDS_PER_CONNECTION,
+            reserved = crate::fdbudget::RESERVED_FDS,
             "the open-file limit holds fewer connections than limits.clients; serving fewer (raise LimitNOFILE= or ulimit -n)"
         );
     }
@@ -501,8 +477,23 @@ impl Conn<'_> {
             }
         }
         // Descriptors travel with a frame's first bytes (decode_header bounded the count by
-        // the opcode's limit); any that came otherwise were closed (inbox.rs).
-        let (frame, fds) = self.inbox.take(len);
+        // the opcode's limit); any that came otherwise were closed (inbox.rs). Refused
+        // frames close theirs when `got` drops; the stream stays in sync (every byte was
+        // read), so the connection is kept.
+        let (frame, got) = self.inbox.take(len);
+        if got.truncated {
+            return Read::Refuse(
+                header,
+                refusal(
+                    ErrorCode::BadFds,
+                    format!(
+                        "more descriptors came with the frame than a request carries (at most {MAX_REQUEST_FDS}), \
+                         or the daemon could take no more; none is kept"
+                    ),
+                ),
+            );
+        }
+        let fds = got.fds;
         if fds.len() != usize::from(header.fd_count) {
             return Read::Refuse(
                 header,
@@ -745,22 +736,4 @@ fn body_error(e: &BodyError) -> String {
         src = c.source();
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn client_slots_are_what_the_open_file_limit_holds_up_to_the_configured_number() {
-        // The systemd unit's LimitNOFILE and the usual hard limits hold the default 1,024.
-        assert_eq!(client_slots(1024, Some(65_536)), 1024);
-        assert_eq!(client_slots(1024, None), 1024);
-        // The common soft default (1,024) holds 85; 4,096 holds 597.
-        assert_eq!(client_slots(1024, Some(1024)), (1024 - RESERVED_FDS as u32) / FDS_PER_CONNECTION as u32);
-        assert_eq!(client_slots(1024, Some(4096)), 597);
-        // Never none: a daemon that serves nobody is worse than one that runs short.
-        assert_eq!(client_slots(1024, Some(16)), 1);
-        assert_eq!(client_slots(8, Some(1 << 20)), 8);
-    }
 }

@@ -1,5 +1,6 @@
-//! The few system calls the daemon makes directly (and the descriptor-passing `sendmsg`);
-//! everything else goes through std, nix or tokio.
+//! The few system calls the daemon makes directly (and the descriptor-passing `sendmsg`;
+//! descriptors are received by `fabric_proto::wire::recv_with_fds`); everything else goes
+//! through std, nix or tokio.
 
 /// The effective user id of this process.
 pub fn effective_uid() -> u32 {
@@ -26,38 +27,6 @@ pub fn send_with_fd(
             r => return r.map_err(std::io::Error::from),
         }
     }
-}
-
-/// Reads into `buf` with one non-blocking `recvmsg`, taking the `SCM_RIGHTS` descriptors
-/// that come with the bytes (owned, close-on-exec). Returns the bytes read and them.
-pub fn recv_with_fds(
-    sock: std::os::fd::BorrowedFd<'_>,
-    buf: &mut [u8],
-) -> std::io::Result<(usize, Vec<std::os::fd::OwnedFd>)> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, recvmsg};
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-    let mut cmsg = nix::cmsg_space!([RawFd; 8]);
-    let mut iov = [std::io::IoSliceMut::new(buf)];
-    let flags = MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT;
-    let msg = loop {
-        match recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            r => break r.map_err(std::io::Error::from)?,
-        }
-    };
-    let mut fds = Vec::new();
-    if let Ok(iter) = msg.cmsgs() {
-        for c in iter {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                for fd in raw {
-                    // SAFETY: the kernel installed `fd` in this process for this message
-                    // (SCM_RIGHTS); nothing else knows of it, so it is owned here once.
-                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                }
-            }
-        }
-    }
-    Ok((msg.bytes, fds))
 }
 
 /// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited or unreadable).

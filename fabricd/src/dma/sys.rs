@@ -215,11 +215,11 @@ pub fn cannot_shrink(file: &File) -> bool {
 }
 
 /// The `f_type` of the filesystem `file` is on (`None`: `fstatfs` failed).
-pub(crate) fn fs_magic(file: &File) -> Option<i64> {
+pub(crate) fn fs_magic(file: impl std::os::fd::AsFd) -> Option<i64> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs writes one statfs into `fs`, which lives across the call.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+    if unsafe { libc::fstatfs(file.as_fd().as_raw_fd(), &mut fs) } != 0 {
         return None;
     }
     #[allow(clippy::unnecessary_cast)]

@@ -29,6 +29,13 @@ pub(super) struct Object {
     size: u64,
 }
 
+impl Object {
+    /// Whether it keeps a descriptor open (counted in `held.rs`).
+    pub(super) fn holds_fd(&self) -> bool {
+        self.fd.is_some()
+    }
+}
+
 /// An adopted region as its owner gets it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Adopted {
@@ -69,9 +76,13 @@ fn memory_of(kind: ObjectKind) -> MemoryKind {
 /// Checks that the object came the way its kind travels: a descriptor kind with exactly the
 /// one descriptor, a bytes kind with none (and not all zero: no driver makes that handle).
 /// Returns the descriptor and what to log about the object.
-fn check_object(kind: &ObjectKind, fd: Option<OwnedFd>) -> Result<(Option<OwnedFd>, String), MemoryError> {
+fn check_object(
+    kind: &ObjectKind,
+    fd: Option<OwnedFd>,
+    regions: &std::path::Path,
+) -> Result<(Option<OwnedFd>, String), MemoryError> {
     match (kind, fd) {
-        (ObjectKind::CudaPosixFd, Some(fd)) => check_descriptor(&fd).map(|link| (Some(fd), link)),
+        (ObjectKind::CudaPosixFd, Some(fd)) => check_descriptor(&fd, regions).map(|link| (Some(fd), link)),
         (ObjectKind::CudaPosixFd, None) => Err(bad("a CUDA POSIX object needs its descriptor")),
         (ObjectKind::CudaFabric(h), None) if h.0.iter().all(|b| *b == 0) => {
             Err(bad("an all-zero fabric handle is no CUDA allocation"))
@@ -83,22 +94,13 @@ fn check_object(kind: &ObjectKind, fd: Option<OwnedFd>) -> Result<(Option<OwnedF
     }
 }
 
-/// Refuses descriptors that cannot be a vendor memory object: sockets, pipes and
-/// directories (a CUDA export is an anonymous inode or a character device; the test
-/// driver's is a memfd). Returns the descriptor's `/proc` link for the log.
-fn check_descriptor(fd: &OwnedFd) -> Result<String, MemoryError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::FileTypeExt;
-    let file = std::fs::File::from(fd.try_clone().map_err(|e| bad(format!("the descriptor cannot be used: {e}")))?);
-    let meta = file.metadata().map_err(|e| bad(format!("the descriptor cannot be inspected: {e}")))?;
-    let t = meta.file_type();
-    if t.is_dir() || t.is_socket() || t.is_fifo() || t.is_symlink() {
-        return Err(bad("the descriptor is a directory, socket or pipe, not a vendor memory object"));
-    }
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "?".into());
-    Ok(link)
+/// Refuses descriptors that cannot be a CUDA export (`fdkind`: an NVIDIA device or a
+/// memfd; never an eventfd, `/dev/zero`, `/proc/self/mem` or a file on disk, which an
+/// importer would be handed as GPU memory). Returns the descriptor's `/proc` link for the
+/// log.
+fn check_descriptor(fd: &OwnedFd, regions: &std::path::Path) -> Result<String, MemoryError> {
+    super::fdkind::check_cuda_export(fd.as_fd(), regions).map_err(|e| bad(crate::error_chain(&e)))?;
+    Ok(super::fdkind::link(fd.as_fd()))
 }
 
 fn bad(msg: impl Into<String>) -> MemoryError {
@@ -127,10 +129,13 @@ impl Memory {
                 kind_name(*memory)
             )));
         }
-        let (fd, link) = check_object(&kind, fd)?;
+        let (fd, link) = check_object(&kind, fd, &self.root)?;
         let len = round_len(size).ok_or_else(|| bad(format!("size {size} is not adoptable")))?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
+        if fd.is_some() {
+            self.check_held(&st, owner.uid, session)?;
+        }
         let sess = st.session(session, owner)?;
         let candidates = st.candidates(place);
         if candidates.is_empty() {
@@ -174,10 +179,12 @@ impl Memory {
                 lost: false,
             },
         );
+        let holds = u64::from(fd.is_some());
         st.objects.insert(id, Object { fd, kind, size });
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
+        u.fds += holds;
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, size, kind = kind.name(), object = %link, "vendor object adopted");
         Ok(Adopted { region: id, generation: id, size })
     }

@@ -39,6 +39,8 @@ pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
 mod adopt;
 mod copyside;
+pub mod fdkind;
+mod held;
 mod register;
 mod set;
 
@@ -268,6 +270,8 @@ struct Usage {
     objects: u64,
     /// Bytes pinned by registrations.
     pinned: u64,
+    /// Descriptors its objects keep open (`held.rs`).
+    fds: u64,
 }
 
 #[derive(Debug, Default)]
@@ -387,6 +391,8 @@ pub struct Memory {
     pinned_max: u64,
     /// Where resource directories go.
     root: PathBuf,
+    /// The shares of the open-file table objects may keep (`held.rs`).
+    held: held::HeldLimits,
 }
 
 /// A device id as a file name: characters other than `[A-Za-z0-9._-]` become `_`.
@@ -479,7 +485,13 @@ impl Memory {
                 0
             }
         });
-        let m = Self { state: Mutex::new(st), limits, pinned_max, root: root.to_owned() };
+        let m = Self {
+            state: Mutex::new(st),
+            limits,
+            pinned_max,
+            root: root.to_owned(),
+            held: held::HeldLimits::default(),
+        };
         let fabric = m.state().fabric_bytes;
         tracing::info!(
             allocated_bytes_per_uid = m.allocated_max(fabric),
@@ -774,7 +786,7 @@ impl Memory {
             ..Reclaimed::default()
         };
         let Some(r) = st.regions.remove(&id) else { return out };
-        st.objects.remove(&id);
+        let held_fd = st.objects.remove(&id).is_some_and(|o| o.holds_fd());
         st.copy_files.remove(&id);
         // A carved DAX device the kernel would not delete still holds the range.
         let uncarved = st.uncarve(id);
@@ -793,6 +805,7 @@ impl Memory {
         let u = st.usage.entry(r.owner.uid).or_default();
         u.bytes = u.bytes.saturating_sub(r.len);
         u.objects = u.objects.saturating_sub(1);
+        u.fds = u.fds.saturating_sub(u64::from(held_fd));
         out.regions = 1;
         let mut released = Vec::new();
         st.exports.retain(|e| {

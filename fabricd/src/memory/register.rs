@@ -24,7 +24,7 @@ pub enum Source {
     Region(u64),
     /// An import the session holds.
     Import(u64),
-    /// A memory object (memfd, regular file) sent with the request.
+    /// A memory object (memfd, tmpfs or hugetlbfs file, region file) sent with the request.
     Fd(OwnedFd),
     /// The caller's own memory at this address, locked by the caller.
     Process {
@@ -98,7 +98,8 @@ enum Found {
     Request,
 }
 
-/// The usage of a registration in progress (its pinned bytes and one object of its uid),
+/// The usage of a registration in progress (its pinned bytes, one object and one kept
+/// descriptor of its uid),
 /// taken before the pin so that pins running at once cannot together pass a limit; given
 /// back on drop unless [`Reservation::commit`]ted. Dropped only while the registry lock is
 /// not held (it takes the lock).
@@ -123,6 +124,7 @@ impl Drop for Reservation<'_> {
             let u = st.usage.entry(self.uid).or_default();
             u.pinned = u.pinned.saturating_sub(self.span);
             u.objects = u.objects.saturating_sub(1);
+            u.fds = u.fds.saturating_sub(1);
         }
     }
 }
@@ -281,14 +283,22 @@ impl Memory {
             Source::Fd(_) => Covers::Fd,
             Source::Process { .. } => Covers::Process,
         };
+        // Before the lock: what the descriptor is, checked without waiting on its filesystem.
+        if let Source::Fd(fd) = &source {
+            super::fdkind::check_register(std::os::fd::AsFd::as_fd(fd), &self.root)
+                .map_err(|e| bad(crate::error_chain(&e)))?;
+        }
         let found = {
             let mut st = self.state();
             self.check(&st, peer.uid, 0, 1)?;
             self.check_pinned(&st, peer.uid, span)?;
+            // Every registration keeps a descriptor: its pinned file, or the caller's pidfd.
+            self.check_held(&st, peer.uid, session)?;
             let found = Self::covered(&st, covers, session, at, len, access)?;
             let u = st.usage.entry(peer.uid).or_default();
             u.pinned += span;
             u.objects += 1;
+            u.fds += 1;
             found
         };
         // Declared before the lock is taken again below, so that it drops after it.
@@ -369,6 +379,7 @@ impl Memory {
         let u = st.usage.entry(r.uid).or_default();
         u.pinned = u.pinned.saturating_sub(r.span);
         u.objects = u.objects.saturating_sub(1);
+        u.fds = u.fds.saturating_sub(1);
         tracing::info!(registration = id, uid = r.uid, device = %r.device, iova = r.iova, span = r.span, "unregistered");
         true
     }

@@ -155,7 +155,7 @@ fn read_full(
 ) -> Result<(), CodecError> {
     let mut read = 0;
     while read < buf.len() {
-        let got = sys::recv_with_fds(stream.as_fd(), &mut buf[read..])?;
+        let got = sys::recv_with_fds(stream.as_fd(), &mut buf[read..], usize::from(MAX_FDS), false)?;
         let arrived = got.fds.len();
         fds.extend(got.fds);
         if fds.len() > keep {

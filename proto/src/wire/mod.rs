@@ -14,6 +14,7 @@
 
 mod body;
 mod bounded;
+mod cmsg;
 mod codec;
 mod event;
 mod handle;
@@ -29,6 +30,7 @@ pub use body::{
     encode_message,
 };
 pub use bounded::{BoundedError, BoundedString, BoundedVec, DeviceName, ErrorText, Name};
+pub use cmsg::{Rights, build_control, parse_rights, rights_len};
 pub use codec::{
     CodecError, Connection, Frame, PeerCred, peer_cred, recv_frame, recv_message, send_frame, send_message,
 };
@@ -51,6 +53,7 @@ pub use response::{
     ProblemKind, RegionInfo, RegionsResponse, RegisterResponse, Response, StatusResponse, SubscribeResponse,
     TranslateResponse, Translation,
 };
+pub use sys::{Received, SCM_MAX_FD, recv_with_fds};
 pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
 
 /// The four bytes every frame starts with.
@@ -66,3 +69,8 @@ pub const MAX_REQUEST_BODY: u32 = 64 << 10;
 
 /// The most file descriptors any frame may carry.
 pub const MAX_FDS: u8 = 8;
+
+/// The most file descriptors any request carries (the largest [`Opcode::max_fds`] of a
+/// request): a server makes room for this many in each `recvmsg`, so that a peer cannot
+/// make it install more, and learns of any beyond from the truncation.
+pub const MAX_REQUEST_FDS: u8 = 1;

@@ -213,3 +213,14 @@ impl fmt::Display for Opcode {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_request_fds_is_what_the_largest_request_carries() {
+        let largest = Opcode::ALL.iter().map(|op| op.max_fds(FrameKind::Request)).max();
+        assert_eq!(largest, Some(super::super::MAX_REQUEST_FDS));
+    }
+}

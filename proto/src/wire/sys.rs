@@ -1,18 +1,15 @@
-//! The socket syscalls of the wire transport: `sendmsg`/`recvmsg` with `SCM_RIGHTS` and
-//! `SO_PEERCRED`, through nix. The one `unsafe` turns descriptors the kernel just
-//! installed into owned ones.
+//! The socket syscalls of the wire transport: `sendmsg` with `SCM_RIGHTS` and `SO_PEERCRED`
+//! through nix; `recvmsg` directly, so that the control data the kernel wrote is read by
+//! [`super::cmsg`] and every descriptor installed is owned, truncated or not.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use nix::sys::socket::{
-    ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr, getsockopt, recvmsg, sendmsg, sockopt,
-};
+use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, getsockopt, sendmsg, sockopt};
 
-/// Linux's cap on descriptors in one `SCM_RIGHTS` message (`SCM_MAX_FD`): a control
-/// buffer this large never truncates, whatever a peer sends.
-const SCM_MAX_FD: usize = 253;
+/// Linux's cap on descriptors in one `SCM_RIGHTS` message (`SCM_MAX_FD`).
+pub const SCM_MAX_FD: usize = 253;
 
 /// Sends `bufs` as one message with `fds` attached (none when empty). Returns the bytes
 /// sent, which may be fewer than asked; the descriptors travel with the first byte.
@@ -30,44 +27,64 @@ pub(super) fn send_with_fds(sock: BorrowedFd<'_>, bufs: &[IoSlice<'_>], fds: &[B
 
 /// What one `recvmsg` gave.
 #[derive(Debug)]
-pub(super) struct Received {
+pub struct Received {
     /// Bytes read into the buffer (0 at end of stream).
     pub bytes: usize,
-    /// Descriptors that came with them, owned (closed on drop) and close-on-exec.
+    /// Every descriptor the kernel installed for the message, owned (closed on drop) and
+    /// close-on-exec, also when the control data was truncated.
     pub fds: Vec<OwnedFd>,
-    /// The kernel truncated the control data (`MSG_CTRUNC`): descriptors were lost.
+    /// Descriptors were lost: more came than the receiver made room for, or the kernel
+    /// could not install them all (the receiver's open-file limit), or the control data was
+    /// not as the kernel writes it (`MSG_CTRUNC`, or [`super::Rights::malformed`]).
     pub truncated: bool,
 }
 
-/// Reads into `buf` with one `recvmsg`, taking any descriptors that arrive.
-pub(super) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-    let mut cmsg = nix::cmsg_space!([RawFd; SCM_MAX_FD], libc::ucred);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = loop {
-        match recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(Errno::EINTR) => continue,
-            r => break r.map_err(io::Error::from)?,
+/// The control buffer: room for [`SCM_MAX_FD`] descriptors, aligned for `cmsghdr`.
+const CONTROL_WORDS: usize = super::cmsg::rights_len(SCM_MAX_FD).div_ceil(std::mem::size_of::<usize>());
+
+/// Reads into `buf` with one `recvmsg` (`MSG_DONTWAIT` when `nonblocking`), with room for
+/// at most `max_fds` descriptors (at most [`SCM_MAX_FD`]): the kernel installs no more than
+/// that in this process whatever the peer sends, and reports the rest as truncation. Every
+/// descriptor installed is returned owned, so none can leak.
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8], max_fds: usize, nonblocking: bool) -> io::Result<Received> {
+    let mut control = [0usize; CONTROL_WORDS];
+    let room = super::cmsg::rights_len(max_fds.min(SCM_MAX_FD));
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let flags = libc::MSG_CMSG_CLOEXEC | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+    let (bytes, msg) = loop {
+        // SAFETY: zeroed is a valid msghdr (null pointers, zero lengths).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = room as _;
+        // SAFETY: `msg` points at one iovec over `buf` and at `control`, whose first `room`
+        // bytes (`room` <= its size) the kernel may write; all outlive the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags) };
+        if n >= 0 {
+            break (n as usize, msg);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
         }
     };
-    let mut fds = Vec::new();
-    let truncated = match msg.cmsgs() {
-        // ENOBUFS: MSG_CTRUNC; nix then refuses to walk the control data.
-        Err(_) => true,
-        Ok(iter) => {
-            for c in iter {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    for fd in raw {
-                        // SAFETY: the kernel installed `fd` in this process for this
-                        // message (SCM_RIGHTS); nothing else knows of it, so it is owned
-                        // here exactly once and closed when dropped.
-                        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                    }
-                }
-            }
-            msg.flags.contains(MsgFlags::MSG_CTRUNC)
-        }
-    };
-    Ok(Received { bytes: msg.bytes, fds, truncated })
+    // `msg_controllen` is a `size_t` on glibc and a `socklen_t` on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let filled = (msg.msg_controllen as usize).min(room);
+    let rights = super::cmsg::parse_rights(&zerocopy::IntoBytes::as_bytes(&control[..])[..filled]);
+    let fds = rights
+        .fds
+        .iter()
+        .map(|&fd| {
+            // SAFETY: the kernel installed `fd` in this process for this message
+            // (SCM_RIGHTS); nothing else knows of it, and the parser names each descriptor
+            // once, so it is owned here exactly once and closed when dropped.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        })
+        .collect();
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0 || rights.malformed;
+    Ok(Received { bytes, fds, truncated })
 }
 
 /// The pid, uid and gid of the process at the other end, as the kernel recorded them

@@ -1,0 +1,127 @@
+//! Descriptors that objects keep open while they live — an adopted CUDA export's, a DMA
+//! registration's pinned file or pidfd — counted against the open-file table's shares
+//! ([`crate::fdbudget`]): per uid, per connection (its session), for all uids other than
+//! root and the daemon's own together, and for everyone. A request that would pass one is
+//! refused with `LimitExceeded` naming it, before anything is opened or kept.
+
+use super::{Memory, MemoryError, State};
+use crate::fdbudget::Budget;
+
+/// The shares, and whose objects may use the part kept back from other uids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HeldLimits {
+    budget: Budget,
+    /// The daemon's effective uid: like root's, its objects count only against the whole
+    /// share and the connection's.
+    own_uid: u32,
+}
+
+impl Default for HeldLimits {
+    /// No bound (a registry without a daemon: tests, tools).
+    fn default() -> Self {
+        Self { budget: Budget::unlimited(u32::MAX), own_uid: 0 }
+    }
+}
+
+impl Memory {
+    /// Bounds the descriptors objects keep by `budget`; root's and `own_uid`'s objects may
+    /// use the share kept back from other uids.
+    pub fn set_fd_budget(&mut self, budget: Budget, own_uid: u32) {
+        self.held = HeldLimits { budget, own_uid };
+    }
+
+    /// Refuses one more kept descriptor for `uid` in `session` when a share is full.
+    pub(super) fn check_held(&self, st: &State, uid: u32, session: u64) -> Result<(), MemoryError> {
+        let HeldLimits { budget: b, own_uid } = self.held;
+        let privileged = uid == 0 || uid == own_uid;
+        let limit = |what, used: u64, max| {
+            if used.saturating_add(1) > max {
+                Err(MemoryError::Limit { uid, what, used, requested: 1, max })
+            } else {
+                Ok(())
+            }
+        };
+        let sum =
+            |all: bool| st.usage.iter().filter(|(u, _)| all || (**u != 0 && **u != own_uid)).map(|(_, x)| x.fds).sum();
+        if !privileged {
+            limit("descriptors_per_uid", st.usage.get(&uid).map_or(0, |u| u.fds), b.held_per_uid)?;
+            limit("descriptors_unprivileged", sum(false), b.held_unprivileged)?;
+        }
+        limit("descriptors", sum(true), b.held)?;
+        limit("descriptors_per_connection", Self::held_by_session(st, session), b.held_per_connection)
+    }
+
+    /// Descriptors `session`'s objects keep: its registrations and its adopted objects'.
+    fn held_by_session(st: &State, session: u64) -> u64 {
+        let registrations = st.dma.ids_where(|g| g.session == session).len() as u64;
+        let objects = st
+            .objects
+            .iter()
+            .filter(|(id, o)| o.holds_fd() && st.regions.get(id).is_some_and(|r| r.session == session))
+            .count() as u64;
+        registrations + objects
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    use fabric_proto::wire::{ObjectKind, PeerCred};
+    use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
+
+    use super::*;
+    use crate::config::LimitsConfig;
+    use crate::memory::Place;
+
+    fn memfd() -> OwnedFd {
+        // SAFETY: a NUL-terminated name and no flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"object".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: the descriptor was just created and is owned by nothing else.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    fn who(uid: u32) -> PeerCred {
+        PeerCred { pid: 1, uid, gid: uid }
+    }
+
+    #[test]
+    fn each_share_refuses_the_descriptor_past_it_and_gives_it_back_when_the_object_goes() {
+        let id = DeviceId::uuid("GPU-74ea8f39-337d-2bff-f79c-f2f5ed86e4ee");
+        let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+        d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1 << 30, hpa: None, numa_node: None });
+        d.sources = vec!["pci".into()];
+        let mut inv = Inventory::default();
+        inv.add_device(d).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
+        // Two per connection and per uid, three for other uids together, six in all.
+        let budget = Budget { clients: 4, held: 6, held_unprivileged: 3, held_per_uid: 2, held_per_connection: 2 };
+        m.set_fd_budget(budget, 999);
+        let hbm = Place { device: id, kind: MemoryKind::Hbm, ordinal: None };
+        let adopt = |m: &Memory, uid: u32, session: u64| {
+            m.adopt(&who(uid), session, &hbm, 2 << 20, ObjectKind::CudaPosixFd, Some(memfd()))
+        };
+        let what = |r: Result<_, MemoryError>| match r {
+            Err(MemoryError::Limit { what, .. }) => what,
+            other => panic!("expected a limit, got {other:?}"),
+        };
+        let a = adopt(&m, 1000, 1).unwrap();
+        adopt(&m, 1000, 1).unwrap();
+        assert_eq!(what(adopt(&m, 1000, 2)), "descriptors_per_uid");
+        adopt(&m, 1001, 3).unwrap();
+        assert_eq!(what(adopt(&m, 1002, 4)), "descriptors_unprivileged");
+        // Root and the daemon's uid use the share kept back, up to the whole table.
+        adopt(&m, 0, 5).unwrap();
+        adopt(&m, 0, 5).unwrap();
+        assert_eq!(what(adopt(&m, 0, 5)), "descriptors_per_connection");
+        adopt(&m, 999, 6).unwrap();
+        assert_eq!(what(adopt(&m, 0, 7)), "descriptors");
+        // Freeing an object gives its descriptor back.
+        m.free(1, a.region).unwrap();
+        adopt(&m, 1002, 4).unwrap();
+    }
+}
