@@ -147,7 +147,10 @@ fn place(inv: &mut Inventory, node: &str, g: &PhysicalGpu, id: &DeviceId, added:
     if let Some(i) = inv.find(id) {
         return Some(i);
     }
-    if let Some(i) = inv.find_pci(Some(node), g.address) {
+    // A function another GPU of this backend already took (two GPUs showing one address,
+    // as a hand-edited dump does) is not this GPU's.
+    let free = inv.find_pci(Some(node), g.address).filter(|&i| !inv.device(i).sources.iter().any(|s| s == NAME));
+    if let Some(i) = free {
         if inv.rename(i, id.clone()) {
             // The PCI backend may have called an MI300 (class 0x12) an accelerator before
             // it knew; KFD says it is a GPU.
