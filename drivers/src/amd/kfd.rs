@@ -73,6 +73,11 @@ impl Properties {
         self.get(key).and_then(|v| u32::try_from(v).ok())
     }
 
+    /// Every `(key, value)`, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.0.iter().map(|(k, &v)| (k.as_str(), v))
+    }
+
     /// Number of keys.
     pub fn len(&self) -> usize {
         self.0.len()
