@@ -294,7 +294,9 @@ impl Mi300xHost {
             for (k, peer) in (2..10).filter(|&p| p != node).enumerate() {
                 h.write(
                     &format!("{kfd}/{node}/io_links/{k}/properties"),
-                    &format!("type 11\nnode_from {node}\nnode_to {peer}\nweight 15\nmin_bandwidth 50000\nmax_bandwidth 50000"),
+                    &format!(
+                        "type 11\nnode_from {node}\nnode_to {peer}\nweight 15\nmin_bandwidth 50000\nmax_bandwidth 50000"
+                    ),
                 );
             }
         }
@@ -333,8 +335,11 @@ fn mi300x_export_has_rccls_xgmi_structure() {
         assert_eq!(o.classes.last().map(String::as_str), Some("0x120000"));
     }
     // Targets are the other seven GPUs' bus ids.
-    let busids: BTreeSet<&str> =
-        all.iter().filter(|e| e.attrs.get("class").is_some_and(|c| c == "0x120000")).map(|e| e.attrs["busid"].as_str()).collect();
+    let busids: BTreeSet<&str> = all
+        .iter()
+        .filter(|e| e.attrs.get("class").is_some_and(|c| c == "0x120000"))
+        .map(|e| e.attrs["busid"].as_str())
+        .collect();
     for g in &gpus {
         let targets: BTreeSet<&str> = g.kids.iter().map(|k| k.attrs["target"].as_str()).collect();
         assert_eq!(targets.len(), 7);

@@ -29,12 +29,9 @@ fn xgmi_links(inv: &Inventory) -> Vec<(String, String, u16, Option<u64>)> {
     inv.links
         .iter()
         .filter_map(|l| match l.kind {
-            LinkKind::Xgmi { count } => Some((
-                inv.device(l.a).id.to_string(),
-                inv.device(l.b).id.to_string(),
-                count,
-                l.bandwidth.max_mbps,
-            )),
+            LinkKind::Xgmi { count } => {
+                Some((inv.device(l.a).id.to_string(), inv.device(l.b).id.to_string(), count, l.bandwidth.max_mbps))
+            }
             _ => None,
         })
         .collect()
@@ -113,7 +110,10 @@ fn mi308x_cpx_partitions_group_under_eight_gpus_in_one_hive() {
     assert_eq!(mem, [51_539_607_552, 51_539_607_552, 51_539_607_552, 51_522_830_336]);
     assert_eq!(gi.compute_units, Some(80));
     assert_eq!(gi.gfx_target.as_deref(), Some("gfx942"), "gfx_target_version 90402");
-    assert_eq!(d.memory.iter().find(|m| m.kind == MemoryKind::Hbm).map(|m| m.size), Some(3 * 51_539_607_552 + 51_522_830_336));
+    assert_eq!(
+        d.memory.iter().find(|m| m.kind == MemoryKind::Hbm).map(|m| m.size),
+        Some(3 * 51_539_607_552 + 51_522_830_336)
+    );
     // Cross-device io_links: type 11, weight 41 = 2 x 13 + 15 (one xGMI hop between
     // partitions), bandwidth 0: every pair of the 8 is an xGMI peer, count not reported.
     let links = xgmi_links(&inv);

@@ -209,7 +209,9 @@ impl Export<'_> {
                     pd.pci.as_ref().and_then(|p| p.class).map_or_else(|| GPU_CLASS.to_owned(), |c| format!("0x{c:06x}"))
                 }
             };
-            match links.iter_mut().find(|(e, t, c, _)| *e == element && *t == target && *c == tclass && target != NO_BUS_ID)
+            match links
+                .iter_mut()
+                .find(|(e, t, c, _)| *e == element && *t == target && *c == tclass && target != NO_BUS_ID)
             {
                 Some(e) => e.3 += u32::from(count),
                 None => links.push((element, target, tclass, u32::from(count))),

@@ -57,7 +57,11 @@ pub fn read(dir: &Path, read: ReadFn<'_>, notes: &mut Vec<String>) -> AmdgpuAttr
             Ok(s) => {
                 let v = parse(&s);
                 if v.is_none() {
-                    notes.push(format!("{}: invalid value {:?}", path.display(), s.chars().take(32).collect::<String>()));
+                    notes.push(format!(
+                        "{}: invalid value {:?}",
+                        path.display(),
+                        s.chars().take(32).collect::<String>()
+                    ));
                 }
                 v
             }

@@ -16,13 +16,13 @@ pub mod assemble;
 pub mod kfd;
 
 use fabric_topology::{
-    Bandwidth, BackendReport, Device, DeviceId, DeviceIdx, DeviceKind, GpuInfo, GpuPartition, Inventory, Link,
+    BackendReport, Bandwidth, Device, DeviceId, DeviceIdx, DeviceKind, GpuInfo, GpuPartition, Inventory, Link,
     LinkKind, MemoryKind, MemoryResource, PciInfo,
 };
 
+use crate::Backend;
 use crate::pci::names;
 use crate::sysfs::{SysfsRoot, read_attr};
-use crate::Backend;
 
 use amdgpu::AmdgpuAttrs;
 use assemble::PhysicalGpu;
@@ -210,7 +210,11 @@ fn fill(d: &mut Device, g: &PhysicalGpu, a: &AmdgpuAttrs, notes: &mut Vec<String
         .unwrap_or_else(|| if g.partitioned { shown.iter().max().map_or(0, |m| m + 1) } else { 1 });
     let missing: Vec<String> = (0..expected).filter(|i| !shown.contains(i)).map(|i| i.to_string()).collect();
     if !missing.is_empty() {
-        notes.push(format!("{}: compute partition(s) {} not shown by KFD (hidden or missing)", d.id, missing.join(", ")));
+        notes.push(format!(
+            "{}: compute partition(s) {} not shown by KFD (hidden or missing)",
+            d.id,
+            missing.join(", ")
+        ));
     }
     if let Some(u) = g.unique_id.or(a.unique_id) {
         d.attrs.insert("amdgpu.unique_id".into(), format!("0x{u:016x}"));
@@ -223,7 +227,10 @@ fn fill(d: &mut Device, g: &PhysicalGpu, a: &AmdgpuAttrs, notes: &mut Vec<String
     // VRAM: amdgpu's total, else the sum of every partition's frame buffer, but only when
     // every partition is shown and read (a partial sum would be a wrong size).
     let kfd_sum = if missing.is_empty() {
-        g.nodes.iter().map(|(_, n)| PhysicalGpu::node_memory(n)).try_fold(0u64, |acc, m| m.map(|m| acc.saturating_add(m)))
+        g.nodes
+            .iter()
+            .map(|(_, n)| PhysicalGpu::node_memory(n))
+            .try_fold(0u64, |acc, m| m.map(|m| acc.saturating_add(m)))
     } else {
         None
     };
