@@ -70,11 +70,14 @@ fn node_address(n: &KfdNode) -> Option<PciAddress> {
     PciAddress::new(domain, (loc >> 8) as u8, ((loc >> 3) & 0x1f) as u8, (loc & 7) as u8)
 }
 
+/// A physical GPU's key: PCI domain, bus, device (slot) and unique id.
+type SlotKey = (u32, u8, u8, u64);
+
 /// Groups GPU nodes into physical GPUs. Nodes are grouped by unique id and PCI slot
 /// (bus, device): partitions differ only in the function bits. Returns the GPUs sorted by
 /// address, and notes for nodes that could not be placed.
 pub fn group(nodes: Vec<KfdNode>, notes: &mut Vec<String>) -> Vec<PhysicalGpu> {
-    let mut groups: BTreeMap<(u32, u8, u8, u64), Vec<(PciAddress, KfdNode)>> = BTreeMap::new();
+    let mut groups: BTreeMap<SlotKey, Vec<(PciAddress, KfdNode)>> = BTreeMap::new();
     for n in nodes.into_iter().filter(KfdNode::is_gpu) {
         let Some(addr) = node_address(&n) else {
             notes.push(format!("kfd node {}: location_id or domain missing or out of range", n.id));
@@ -156,7 +159,7 @@ fn direct_xgmi(l: &KfdLink, partitioned: bool) -> Option<XgmiPeer> {
     if l.max_bandwidth > 0 {
         // min is one link's bandwidth; a max that is not a whole number of links leaves
         // the count unknown rather than rounded.
-        let count = (l.min_bandwidth > 0 && l.max_bandwidth % l.min_bandwidth == 0)
+        let count = (l.min_bandwidth > 0 && l.max_bandwidth.is_multiple_of(l.min_bandwidth))
             .then(|| u16::try_from(l.max_bandwidth / l.min_bandwidth).ok())
             .flatten()
             .unwrap_or(0);

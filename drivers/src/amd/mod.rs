@@ -150,13 +150,13 @@ fn place(inv: &mut Inventory, node: &str, g: &PhysicalGpu, id: &DeviceId, added:
     // A function another GPU of this backend already took (two GPUs showing one address,
     // as a hand-edited dump does) is not this GPU's.
     let free = inv.find_pci(Some(node), g.address).filter(|&i| !inv.device(i).sources.iter().any(|s| s == NAME));
-    if let Some(i) = free {
-        if inv.rename(i, id.clone()) {
-            // The PCI backend may have called an MI300 (class 0x12) an accelerator before
-            // it knew; KFD says it is a GPU.
-            inv.device_mut(i).kind = DeviceKind::Gpu;
-            return Some(i);
-        }
+    if let Some(i) = free
+        && inv.rename(i, id.clone())
+    {
+        // The PCI backend may have called it something else (an older kernel's class, a
+        // function without a class file); KFD says it is a GPU.
+        inv.device_mut(i).kind = DeviceKind::Gpu;
+        return Some(i);
     }
     let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some(node));
     let vendor = g.prop("vendor_id").and_then(|v| u16::try_from(v).ok());
