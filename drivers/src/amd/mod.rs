@@ -62,14 +62,15 @@ pub fn discover_with(root: &SysfsRoot, inv: &mut Inventory, read: kfd::ReadFn<'_
     }
     let mut report = BackendReport::present(NAME);
     let tree = kfd::read_tree(&nodes_dir, read);
-    let mut notes = tree.notes;
+    let mut notes = Vec::new();
     if !tree.hidden.is_empty() {
-        report.note_unknown(format!(
+        notes.push(format!(
             "kfd: {} node(s) hidden (permission denied, as a device cgroup without the GPU gives): nodes {}",
             tree.hidden.len(),
             tree.hidden.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
         ));
     }
+    notes.extend(tree.notes);
     let gpus = assemble::group(tree.nodes, &mut notes);
     let conns = assemble::connect(&gpus);
     if conns.to_unknown > 0 {
@@ -238,5 +239,21 @@ fn fill(d: &mut Device, g: &PhysicalGpu, a: &AmdgpuAttrs, notes: &mut Vec<String
         && !d.memory.iter().any(|m| m.kind == MemoryKind::Hbm)
     {
         d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size, hpa: None, numa_node: None });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabric_topology::inventory::MAX_UNKNOWN_LINES;
+
+    #[test]
+    fn report_lines_stay_bounded_and_count_the_rest() {
+        let notes: Vec<String> = (0..MAX_UNKNOWN_LINES + 10).map(|i| format!("note {i}")).collect();
+        let r = finish(BackendReport::present(NAME), notes);
+        assert_eq!(r.unknown.len(), MAX_UNKNOWN_LINES);
+        assert_eq!(r.unknown.last().map(String::as_str), Some("… and 11 more"));
+        let r = finish(BackendReport::present(NAME), vec!["one".into()]);
+        assert_eq!(r.unknown, ["one"]);
     }
 }
