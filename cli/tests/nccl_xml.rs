@@ -2,7 +2,10 @@
 //! (`src/graph/xml.cc`: `system > cpu > pci* > gpu|nic`, `gpu > nvlink`, `nic > net`) and
 //! against public NCCL topology files (`tests/data/nccl-public/`, see its README): a
 //! bare-metal HGX H200 `NCCL_TOPO_DUMP_FILE` posted to NVIDIA/nccl-tests, and two files
-//! Azure ships as `NCCL_TOPO_FILE`.
+//! Azure ships as `NCCL_TOPO_FILE`. AMD exports are held to RCCL's own files of AMD machines
+//! (`tests/data/rccl-xml/`): a synthetic MI300X sysfs tree (no public capture has one
+//! unpartitioned with its PCI tree) built like `topo_8p_940.xml`'s machine is discovered and
+//! exported, and its GPUs' `<xgmi>` children compared with that file's.
 
 mod common;
 
@@ -120,11 +123,23 @@ const PUBLIC: &[(&str, &str)] = &[
     ("azure-ndv5-topo.xml", include_str!("data/nccl-public/azure-ndv5-topo.xml")),
 ];
 
+/// RCCL's topology files of AMD machines: (file name, text).
+const RCCL: &[(&str, &str)] = &[
+    ("topo_8p_940.xml", include_str!("data/rccl-xml/topo_8p_940.xml")),
+    ("topo_8p1h.xml", include_str!("data/rccl-xml/topo_8p1h.xml")),
+    ("topo_4p4h.xml", include_str!("data/rccl-xml/topo_4p4h.xml")),
+];
+
 /// The elements, nesting and attributes NCCL's files use (all public files together), and
 /// the attributes its loader needs; every element of `root`, in document order.
 fn check_nccl_structure(root: &El) -> Vec<&El> {
+    check_structure(root, PUBLIC)
+}
+
+/// As [`check_nccl_structure`], against the files in `refs` together.
+fn check_structure<'a>(root: &'a El, refs: &[(&str, &str)]) -> Vec<&'a El> {
     let (mut want, mut got) = (Shape::default(), Shape::default());
-    for (_, text) in PUBLIC {
+    for (_, text) in refs {
         shape(&parse(text), "#doc", &mut want);
     }
     shape(root, "#doc", &mut got);
@@ -200,6 +215,159 @@ fn gpu_places(root: &El) -> Vec<GpuPlace> {
         go(cpu, cpu, &mut Vec::new(), &mut out);
     }
     out
+}
+
+/// A sysfs tree of the machine `topo_8p_940.xml` models, as the kernel shows it
+/// unpartitioned: 8 MI300X (0x1002:0x74a1, class 0x120000) each below a root port on NUMA
+/// node 0 or 1, amdgpu's attributes on each function (hex `unique_id`, decimal hive id,
+/// 192 GiB of VRAM, SPX/NPS1), and a KFD tree where every GPU has one xGMI io_link to each
+/// other (weight 15, one link: min = max = 50000 MB/s) — RCCL's file has `count="1"` for
+/// every pair.
+struct Mi300xHost {
+    dir: tempfile::TempDir,
+}
+
+const MI300X_BUSES: [u8; 8] = [0x0c, 0x15, 0x1e, 0x69, 0x9f, 0xaf, 0xbf, 0xdf];
+
+impl Mi300xHost {
+    fn write(&self, rel: &str, v: &str) {
+        let p = self.dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, format!("{v}\n")).expect("write");
+    }
+
+    fn function(&self, path: &str, attrs: &[(&str, String)]) {
+        for (k, v) in attrs {
+            self.write(&format!("sys/devices/{path}/{k}"), v);
+        }
+        let name = path.rsplit('/').next().expect("name");
+        let link = self.dir.path().join("sys/bus/pci/devices").join(name);
+        std::fs::create_dir_all(link.parent().expect("parent")).expect("mkdir");
+        std::os::unix::fs::symlink(format!("../../../devices/{path}"), link).expect("symlink");
+    }
+
+    fn new() -> Self {
+        let h = Self { dir: tempfile::tempdir().expect("tempdir") };
+        let ids = |vendor: &str, device: &str, class: &str, numa: u8| {
+            vec![
+                ("vendor", vendor.to_owned()),
+                ("device", device.to_owned()),
+                ("class", class.to_owned()),
+                ("numa_node", numa.to_string()),
+                ("current_link_speed", "32.0 GT/s PCIe".to_owned()),
+                ("current_link_width", "16".to_owned()),
+                ("max_link_speed", "32.0 GT/s PCIe".to_owned()),
+                ("max_link_width", "16".to_owned()),
+            ]
+        };
+        for n in 0..2u8 {
+            h.write(&format!("sys/devices/system/node/node{n}/cpulist"), &format!("{}-{}", n * 48, n * 48 + 47));
+        }
+        let kfd = "sys/class/kfd/kfd/topology/nodes";
+        h.write(&format!("{kfd}/0/properties"), "cpu_cores_count 48\nsimd_count 0");
+        h.write(&format!("{kfd}/1/properties"), "cpu_cores_count 48\nsimd_count 0");
+        for (i, &bus) in MI300X_BUSES.iter().enumerate() {
+            let numa = u8::from(bus >= 0x80);
+            let rp = format!("pci0000:{bus:02x}/0000:{bus:02x}:01.0");
+            h.function(&rp, &ids("0x1022", "0x14ab", "0x060400", numa));
+            let gpu = format!("{rp}/0000:{:02x}:00.0", bus + 2);
+            let mut a = ids("0x1002", "0x74a1", "0x120000", numa);
+            let uid = 0x4a00_0000_0000_0000u64 + i as u64;
+            a.extend([
+                ("unique_id", format!("{uid:016x}")),
+                ("xgmi_hive_info/xgmi_hive_id", "7331".to_owned()),
+                ("xgmi_device_id", i.to_string()),
+                ("mem_info_vram_total", (192u64 << 30).to_string()),
+                ("current_compute_partition", "SPX".to_owned()),
+                ("current_memory_partition", "NPS1".to_owned()),
+            ]);
+            h.function(&gpu, &a);
+            let node = i + 2;
+            h.write(
+                &format!("{kfd}/{node}/properties"),
+                &format!(
+                    "simd_count 1216\nsimd_per_cu 4\nvendor_id 4098\ndevice_id 29857\nlocation_id {}\n\
+                     domain 0\nhive_id 7331\ngfx_target_version 90402\nunique_id {uid}",
+                    u32::from(bus + 2) << 8
+                ),
+            );
+            for (k, peer) in (2..10).filter(|&p| p != node).enumerate() {
+                h.write(
+                    &format!("{kfd}/{node}/io_links/{k}/properties"),
+                    &format!(
+                        "type 11\nnode_from {node}\nnode_to {peer}\nweight 15\nmin_bandwidth 50000\nmax_bandwidth 50000"
+                    ),
+                );
+            }
+        }
+        h
+    }
+
+    fn fabric(&self) -> fabric_topology::Fabric {
+        let root = fabric_drivers::SysfsRoot::new(self.dir.path(), "amd0");
+        common::fabric(fabric_drivers::discover_host(&root))
+    }
+}
+
+#[test]
+fn mi300x_export_has_rccls_xgmi_structure() {
+    let host = Mi300xHost::new();
+    let view = View::new(host.fabric(), None).expect("view");
+    let mut buf = Vec::new();
+    nccl::render(&view, "amd0", &mut buf).expect("render");
+    let text = String::from_utf8(buf).expect("utf-8");
+    check_nccl_parser_constraints(&text);
+    let root = parse(&text);
+    let refs: Vec<(&str, &str)> = PUBLIC.iter().chain(RCCL).copied().collect();
+    let all = check_structure(&root, &refs);
+    let gpus: Vec<&&El> = all.iter().filter(|e| e.name == "gpu").collect();
+    assert_eq!(gpus.len(), 8, "{text}");
+    for g in &gpus {
+        assert_eq!(g.attrs.get("gcn").map(String::as_str), Some("gfx942"), "as topo_8p_940.xml writes it");
+        assert!(g.kids.iter().all(|k| k.name == "xgmi"));
+    }
+    // Each GPU of the real file: 7 xGMI peers, one link each, all MI300X (0x120000).
+    let real = gpu_places(&parse(RCCL[0].1));
+    let ours = gpu_places(&root);
+    assert_eq!(real.len(), 8);
+    for (r, o) in real.iter().zip(&ours) {
+        assert_eq!((&o.bundles, &o.tclasses), (&r.bundles, &r.tclasses));
+        assert_eq!(o.classes.last().map(String::as_str), Some("0x120000"));
+    }
+    // Targets are the other seven GPUs' bus ids.
+    let busids: BTreeSet<&str> = all
+        .iter()
+        .filter(|e| e.attrs.get("class").is_some_and(|c| c == "0x120000"))
+        .map(|e| e.attrs["busid"].as_str())
+        .collect();
+    for g in &gpus {
+        let targets: BTreeSet<&str> = g.kids.iter().map(|k| k.attrs["target"].as_str()).collect();
+        assert_eq!(targets.len(), 7);
+        assert!(targets.is_subset(&busids));
+    }
+}
+
+#[test]
+fn mi300x_matrix_shows_one_xgmi_link_between_every_pair() {
+    let host = Mi300xHost::new();
+    let view = View::new(host.fabric(), None).expect("view");
+    let gpus: Vec<_> = view.matrix_devices().into_iter().filter(|(l, _)| l.starts_with("GPU")).collect();
+    assert_eq!(gpus.len(), 8, "class 0x120000 from AMD is a GPU");
+    for &(_, a) in &gpus {
+        for &(_, b) in &gpus {
+            let want = if a == b { "X" } else { "XGMI1" };
+            assert_eq!(view.fabric.classify(a, b).to_string(), want);
+        }
+    }
+    let mut buf = Vec::new();
+    fabric_cli::render::matrix::render(&view, &mut buf).expect("render");
+    let text = String::from_utf8(buf).expect("utf-8");
+    let row = text.lines().find(|l| l.starts_with("GPU0 ")).expect("GPU0 row");
+    assert_eq!(row.split_whitespace().filter(|c| *c == "XGMI1").count(), 7, "{text}");
+    let d = view.fabric.device(gpus[0].1);
+    assert!(d.id.as_str().starts_with("serial:amdgpu/0x4a00"), "keyed by unique_id, not a KFD node: {}", d.id);
+    assert_eq!(d.gpu.as_ref().and_then(|g| g.compute_partition_mode.as_deref()), Some("SPX"));
+    assert_eq!(d.memory_bytes(), 192 << 30, "mem_info_vram_total");
 }
 
 /// The HGX sim board's export (`configs/sim/hgx-h100-8gpu.toml`) next to NUMA node 0 of a

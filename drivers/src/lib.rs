@@ -1,11 +1,12 @@
-//! Discovery backends: PCI and CXL from sysfs, NVIDIA through NVML and CUDA, UALink from
-//! vendor sysfs attributes, and sim fabrics from TOML.
+//! Discovery backends: PCI and CXL from sysfs, AMD GPUs from KFD and amdgpu sysfs, NVIDIA
+//! through NVML and CUDA, UALink from vendor sysfs attributes, and sim fabrics from TOML.
 //!
 //! Every backend implements [`Backend`]: it adds what it finds to a shared
 //! [`Inventory`] and returns a [`BackendReport`] saying whether its source was present and
 //! which attributes were unknown. A backend never panics and never invents a value; a
 //! backend that fails leaves the others unaffected.
 
+pub mod amd;
 pub mod cxl;
 pub mod nvidia;
 pub mod pci;
@@ -40,12 +41,13 @@ pub fn discover(backends: &[&dyn Backend]) -> Inventory {
 }
 
 /// The host backends in their standard order, all reading under `root`: PCI, CXL, UALink
-/// attributes, then NVML and CUDA (which consult the driver libraries, not the root).
+/// attributes, AMD (KFD), then NVML and CUDA (which consult the driver libraries, not the root).
 pub fn host_backends(root: &SysfsRoot) -> Vec<Box<dyn Backend>> {
     vec![
         Box::new(pci::PciBackend::new(root.clone())),
         Box::new(cxl::CxlBackend::new(root.clone())),
         Box::new(ualink::UalinkBackend::new(root.clone())),
+        Box::new(amd::AmdBackend::new(root.clone())),
         Box::new(nvidia::NvmlBackend::new(root.node())),
         Box::new(nvidia::CudaBackend::new(root.node())),
     ]

@@ -14,7 +14,8 @@ pub enum HopClass {
     /// NVLink: the number of links between the two (directly, or through NVSwitches the
     /// lesser of the two devices' switch-facing link counts).
     Nv(u16),
-    /// AMD xGMI: the number of direct links.
+    /// AMD xGMI: the number of direct links; 0 when the kernel does not say how many
+    /// (partitioned modes report xGMI peers without bandwidth), shown as `XGMI`.
     Xgmi(u16),
     /// UALink through UALink switches (or directly): the lesser port count.
     Ual(u16),
@@ -67,6 +68,7 @@ impl fmt::Display for HopClass {
         match self {
             HopClass::X => f.write_str("X"),
             HopClass::Nv(n) => write!(f, "NV{n}"),
+            HopClass::Xgmi(0) => f.write_str("XGMI"),
             HopClass::Xgmi(n) => write!(f, "XGMI{n}"),
             HopClass::Ual(n) => write!(f, "UAL{n}"),
             HopClass::C2c => f.write_str("C2C"),

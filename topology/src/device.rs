@@ -164,6 +164,47 @@ pub struct GpuInfo {
     pub fabric_clique: Option<u32>,
     /// Compute capability `major.minor` (CUDA).
     pub compute_capability: Option<String>,
+    /// AMD: the GFX target the kernel reports (`gfx942`), from KFD's `gfx_target_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gfx_target: Option<String>,
+    /// Compute units of the whole device (all its partitions), when the source says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_units: Option<u32>,
+    /// AMD: the xGMI hive the GPU belongs to (`0x…`, the kernel's `hive_id`); GPUs of one
+    /// hive reach each other over xGMI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xgmi_hive: Option<String>,
+    /// The compute partition mode (AMD `SPX`/`DPX`/`QPX`/`CPX`), when the driver says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_partition_mode: Option<String>,
+    /// The memory partition mode (AMD `NPS1`/`NPS4`), when the driver says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_partition_mode: Option<String>,
+    /// The compute partitions of this physical GPU (AMD compute partitions, MIG-like
+    /// instances), in index order. Empty when the GPU is not partitioned or the source
+    /// does not show partitions; a partition the source hides is absent here and named in
+    /// the backend's report, never invented.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<GpuPartition>,
+}
+
+/// One compute partition of a physical GPU. It has no identity of its own beyond its
+/// GPU's and its index: the kernel renumbers its own handles (KFD node ids, render
+/// minors) whenever devices or modes change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPartition {
+    /// Index within the GPU (AMD: the XCP id, 0 for the first).
+    pub index: u32,
+    /// Compute units of this partition, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_units: Option<u32>,
+    /// Bytes of device memory local to this partition, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// The DRM render node minor serving it (`/dev/dri/renderD<minor>`), for display: the
+    /// kernel may renumber it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub render_minor: Option<u32>,
 }
 
 /// UALink identity of an accelerator or switch.

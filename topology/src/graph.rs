@@ -215,6 +215,9 @@ impl Fabric {
             return None;
         }
         let (mut nv_direct, mut xgmi, mut c2c, mut ual_direct) = (0u32, 0u32, false, 0u32);
+        // An xGMI link whose count the kernel does not give (count 0, partitioned AMD
+        // modes) still makes the pair xGMI peers.
+        let mut xgmi_link = false;
         for (n, li) in self.neighbors(a) {
             let l = self.link(li);
             if n != b || l.state == LinkState::Down {
@@ -222,7 +225,10 @@ impl Fabric {
             }
             match l.kind {
                 LinkKind::NvLink { count, .. } => nv_direct += u32::from(count),
-                LinkKind::Xgmi { count } => xgmi += u32::from(count),
+                LinkKind::Xgmi { count } => {
+                    xgmi_link = true;
+                    xgmi += u32::from(count);
+                }
                 LinkKind::Ualink { ports, .. } => ual_direct += u32::from(ports),
                 LinkKind::C2c => c2c = true,
                 _ => {}
@@ -243,7 +249,7 @@ impl Fabric {
         if nv > 0 {
             return Some(HopClass::Nv(sat(nv)));
         }
-        if xgmi > 0 {
+        if xgmi_link {
             return Some(HopClass::Xgmi(sat(xgmi)));
         }
         let ual = ual_direct + switched(a, DeviceKind::UalinkSwitch).min(switched(b, DeviceKind::UalinkSwitch));

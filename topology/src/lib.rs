@@ -16,7 +16,9 @@ pub mod path;
 
 pub use class::HopClass;
 pub use cpuset::CpuSet;
-pub use device::{Device, DeviceKind, FAILED_ATTR, GpuInfo, MemoryKind, MemoryResource, PciInfo, UalinkInfo};
+pub use device::{
+    Device, DeviceKind, FAILED_ATTR, GpuInfo, GpuPartition, MemoryKind, MemoryResource, PciInfo, UalinkInfo,
+};
 pub use graph::Fabric;
 pub use id::{DeviceId, IdError, PciAddress};
 pub use inventory::{BackendReport, BackendState, DeviceIdx, Inventory};

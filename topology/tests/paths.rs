@@ -145,8 +145,21 @@ fn direct_xgmi_and_c2c_and_down_links() {
     let f = b.build();
     assert_eq!(f.classify(a, c), HopClass::Xgmi(2));
     assert_eq!(f.classify(cpu, h), HopClass::C2c);
+    assert_eq!(HopClass::Xgmi(2).to_string(), "XGMI2");
     assert_eq!(f.classify(x, y), HopClass::Sys, "down links don't count; no PCI path is known");
     assert!(f.route(x, y).is_err());
+}
+
+#[test]
+fn xgmi_peers_without_a_link_count_are_still_xgmi() {
+    // Partitioned AMD GPUs: the kernel lists the xGMI peer but not how many links.
+    let mut b = B::new();
+    let a = b.dev("n0", "gpuA", DeviceKind::Gpu);
+    let c = b.dev("n0", "gpuB", DeviceKind::Gpu);
+    b.inv.add_link(Link::new(a, c, LinkKind::Xgmi { count: 0 }, Bandwidth::default(), None));
+    let f = b.build();
+    assert_eq!(f.classify(a, c), HopClass::Xgmi(0));
+    assert_eq!(f.classify(a, c).to_string(), "XGMI");
 }
 
 #[test]

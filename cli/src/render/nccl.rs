@@ -1,7 +1,8 @@
 //! NCCL topology XML for `NCCL_TOPO_FILE`, for one node.
 //!
 //! The structure follows what NCCL's loader (`src/graph/xml.cc`, `topo.cc`) accepts:
-//! `system > cpu > pci* > (pci | gpu | nic)`, `gpu > nvlink`, `nic > net`. As in NCCL's own
+//! `system > cpu > pci* > (pci | gpu | nic)`, `gpu > nvlink`, `nic > net`; AMD GPUs carry
+//! `gpu > xgmi` and `gcn` (the GFX target) as RCCL's topology files do. As in NCCL's own
 //! dumps, only switch upstream ports appear as `pci` elements (root ports and switch
 //! downstream ports are folded away), bus ids are lower case, `link_speed`/`link_width` are
 //! the link's maximum (NCCL reads `max_link_speed`, since idle GPUs train down), and CPU
@@ -176,16 +177,26 @@ impl Export<'_> {
         if let Some(sm) = sm {
             attrs.push(("sm", sm.to_string()));
         }
+        // RCCL names an AMD GPU's architecture by its GFX target (`gcn="gfx942"`).
+        if let Some(gfx) = d.gpu.as_ref().and_then(|g| g.gfx_target.as_deref()) {
+            attrs.push(("gcn", gfx.to_owned()));
+        }
         attrs.push(("rank", dev));
         if let Some(g) = d.attrs.get("gdr").filter(|g| matches!(g.as_str(), "0" | "1")) {
             attrs.push(("gdr", g.clone()));
         }
-        let mut links: Vec<(String, String, u32)> = Vec::new();
+        let mut links: Vec<(&str, String, String, u32)> = Vec::new();
         let mut sorted: Vec<(DeviceIdx, usize)> = f.neighbors(idx).collect();
         sorted.sort_by_key(|&(n, li)| (self.pos.get(&n).copied().unwrap_or(usize::MAX), li));
         for (peer, li) in sorted {
             let l = f.link(li);
-            let LinkKind::NvLink { count, .. } = l.kind else { continue };
+            // An xGMI bundle whose count the kernel did not give (partitioned modes) is
+            // left out: RCCL would read a count as bandwidth.
+            let (element, count) = match l.kind {
+                LinkKind::NvLink { count, .. } => ("nvlink", count),
+                LinkKind::Xgmi { count } => ("xgmi", count),
+                _ => continue,
+            };
             if l.state == LinkState::Down || count == 0 {
                 continue;
             }
@@ -198,17 +209,20 @@ impl Export<'_> {
                     pd.pci.as_ref().and_then(|p| p.class).map_or_else(|| GPU_CLASS.to_owned(), |c| format!("0x{c:06x}"))
                 }
             };
-            match links.iter_mut().find(|(t, c, _)| *t == target && *c == tclass && target != NO_BUS_ID) {
-                Some(e) => e.2 += u32::from(count),
-                None => links.push((target, tclass, u32::from(count))),
+            match links
+                .iter_mut()
+                .find(|(e, t, c, _)| *e == element && *t == target && *c == tclass && target != NO_BUS_ID)
+            {
+                Some(e) => e.3 += u32::from(count),
+                None => links.push((element, target, tclass, u32::from(count))),
             }
         }
         if links.is_empty() {
             return x.leaf("gpu", &attrs);
         }
         x.open("gpu", &attrs)?;
-        for (target, tclass, count) in links {
-            x.leaf("nvlink", &[("target", target), ("count", count.to_string()), ("tclass", tclass)])?;
+        for (element, target, tclass, count) in links {
+            x.leaf(element, &[("target", target), ("count", count.to_string()), ("tclass", tclass)])?;
         }
         x.close("gpu")
     }

@@ -10,13 +10,17 @@ pub const VENDOR_AMD_ATI: u16 = 0x1002;
 /// Classifies a function. Display controllers (class 0x03) count as GPUs only from NVIDIA
 /// and AMD: an Intel display function is usually the integrated graphics, which the
 /// fabric has no use for. NVSwitches show up as NVIDIA "other bridge" (0x0680) functions.
-/// CXL memory devices (0x0502) stay `Other`: the CXL backend owns their memdevs.
+/// AMD processing accelerators (class 0x12: MI300X/MI300A/MI308X) are GPUs. CXL memory
+/// devices (0x0502) stay `Other`: the CXL backend owns their memdevs.
 pub fn classify(vendor: Option<u16>, class: Option<u32>) -> DeviceKind {
     let Some(class) = class else { return DeviceKind::Other };
     let base = class >> 16;
     let sub = class >> 8;
     match (base, sub) {
         (0x03, _) if matches!(vendor, Some(VENDOR_NVIDIA | VENDOR_AMD_ATI)) => DeviceKind::Gpu,
+        // AMD's MI300 family shows as a processing accelerator (0x1200), not a display
+        // controller, but is a GPU (RCCL's topology files list it as one).
+        (0x12, _) if vendor == Some(VENDOR_AMD_ATI) => DeviceKind::Gpu,
         (_, 0x0680) if vendor == Some(VENDOR_NVIDIA) => DeviceKind::NvSwitch,
         (_, 0x0604 | 0x0609) => DeviceKind::PciBridge,
         (0x12, _) | (_, 0x0b40) => DeviceKind::Accelerator,
@@ -42,6 +46,7 @@ mod tests {
         assert_eq!(classify(Some(0x1000), Some(0x060900)), DeviceKind::PciBridge);
         assert_eq!(classify(Some(0x8086), Some(0x060000)), DeviceKind::Other);
         assert_eq!(classify(Some(0x1d0f), Some(0x120000)), DeviceKind::Accelerator);
+        assert_eq!(classify(Some(0x1002), Some(0x120000)), DeviceKind::Gpu, "MI300X");
         assert_eq!(classify(Some(0x8086), Some(0x0b4000)), DeviceKind::Accelerator);
         assert_eq!(classify(Some(0x15b3), Some(0x020700)), DeviceKind::Nic);
         assert_eq!(classify(Some(0x15b3), Some(0x028000)), DeviceKind::Nic);
