@@ -162,6 +162,26 @@ impl PrivateDir {
     pub fn into_file(self) -> File {
         File::from(self.fd)
     }
+
+    /// The directory's descriptor, kept to open its files with [`open_in`].
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+/// Opens the existing file `name` of the directory held open as `dir`, read-only or
+/// read-write: relative to that descriptor (whatever has happened to the directory's path
+/// since it was checked), one path component only, and a symlink there refused (`ELOOP`).
+pub fn open_in(dir: BorrowedFd<'_>, name: &std::ffi::OsStr, write: bool) -> io::Result<File> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a file name in the directory"));
+    }
+    let access = if write { OFlag::O_RDWR } else { OFlag::O_RDONLY };
+    let fd =
+        openat(dir, name, access | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()).map_err(io::Error::from)?;
+    Ok(File::from(fd))
 }
 
 fn unsafe_dir(path: &Path, st: &FileStat, why: &'static str) -> DirError {

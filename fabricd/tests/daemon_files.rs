@@ -267,3 +267,38 @@ fn symlinks_planted_at_a_region_file_or_a_state_files_temporary_are_not_followed
     assert_eq!(std::fs::read(&secret).unwrap(), b"a secret of the daemon's uid", "written through a link");
     drop(d);
 }
+
+/// Region files are opened by name in their resource's directory as the daemon opened it
+/// at start (a descriptor held since it was checked), not by path: a directory moved away
+/// and another put in its place — what whoever could write a misconfigured parent could
+/// do — does not change which file an Import hands out.
+#[test]
+fn region_files_are_opened_in_the_directory_held_since_start_not_by_path() {
+    use std::io::{Read, Seek, Write};
+    let s = common::Setup::new("");
+    let d = common::start(&s.config, s.dir.path());
+    let mut c = common::client(&s.socket);
+    let (a, file) = common::alloc_hbm(&mut c, &gpu(), 1 << 20);
+    let mut file = file;
+    file.write_all(b"the region's own bytes").unwrap();
+    let (r, _) = c.call(Request::Export(ExportRequest { region: a.region, policy: owner_only() }), &[]).unwrap();
+    let Response::Export(e) = r else { panic!("{r:?}") };
+    let mut all = Vec::new();
+    files_under(&s.state, &mut all);
+    let region = all.iter().find(|p| p.file_name().unwrap().to_str() == Some(&format!("r{}", a.region))).unwrap();
+    let dir = region.parent().unwrap().to_owned();
+    // The resource directory moved aside; a new one with a decoy of the same name in its place.
+    std::fs::rename(&dir, dir.with_extension("moved")).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(region, vec![b'x'; 1 << 20]).unwrap();
+    let (r, fds) =
+        c.call(Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadWrite }), &[]).unwrap();
+    assert!(matches!(r, Response::Import(_)), "{r:?}");
+    let mut got = std::fs::File::from(fds.into_iter().next().unwrap());
+    got.rewind().unwrap();
+    let mut head = [0u8; 22];
+    got.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"the region's own bytes", "Import handed out the file now at the region's path");
+    drop(d);
+}

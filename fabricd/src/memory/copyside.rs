@@ -230,7 +230,7 @@ impl Memory {
                 r.path.display()
             )));
         }
-        let (path, region_len) = (r.path.clone(), r.len);
+        let (region_file, region_len) = (st.region_file(r), r.len);
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
         let (file, ident) = match st.copy_files.get(&rid) {
             Some(f) => f.clone(),
@@ -238,7 +238,7 @@ impl Memory {
                 // Opened once per region, read-write (the access check is above; the
                 // engine maps it read-only for a source), and kept until the region ends:
                 // a copy by GFA then costs no open and no fstat.
-                let file = crate::privdir::open_nofollow(&path, true).map_err(io_err(&path))?;
+                let file = region_file.open(true).map_err(io_err(region_file.path()))?;
                 let (kind, dev, ino, _) = file_key(&file, 0);
                 let f = (Arc::new(file), (kind, dev, ino));
                 if st.copy_files.len() >= MAX_COPY_FILES

@@ -52,10 +52,9 @@ pub use set::{SetSpec, Whereabouts};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     AccessMode, BoundedVec, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, PeerCred, RegionInfo,
@@ -160,6 +159,8 @@ struct Resource {
     kind: MemoryKind,
     ordinal: u16,
     dir: PathBuf,
+    /// `dir`, held open since it was checked: region files are opened relative to it.
+    dir_fd: Arc<OwnedFd>,
     ranges: RangeAllocator,
     /// The device vanished or failed: nothing is allocated here until it is back.
     lost: bool,
@@ -172,7 +173,53 @@ struct Resource {
     numa: Option<numa::NodeBacking>,
 }
 
+/// Where a region's file is, to open it: by name in its resource's directory, held open
+/// since start (so nothing done to the directory's path since it was checked changes what
+/// is opened), or a device file (a DAX device, a BAR's `resourceN`).
+#[derive(Debug, Clone)]
+pub(crate) struct RegionFile {
+    dir: Option<Arc<OwnedFd>>,
+    path: PathBuf,
+    device_file: bool,
+}
+
+impl RegionFile {
+    /// Opens the file read-only or read-write, never through a symlink.
+    pub(crate) fn open(&self, write: bool) -> std::io::Result<File> {
+        if self.device_file {
+            return crate::privdir::open_nofollow(&self.path, write);
+        }
+        match (&self.dir, self.path.file_name()) {
+            (Some(dir), Some(name)) => crate::privdir::open_in(dir.as_fd(), name, write),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the region file is not in its resource's directory",
+            )),
+        }
+    }
+
+    /// The file's path (for messages and removal).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl State {
+    /// How to open the file of region `r` (see [`RegionFile`]).
+    pub(crate) fn region_file(&self, r: &Region) -> RegionFile {
+        self.file_in(r.resource, &r.path, r.device_file)
+    }
+
+    /// How to open `path`, a region file of resource `resource` (or a device file).
+    fn file_in(&self, resource: usize, path: &Path, device_file: bool) -> RegionFile {
+        let dir = self
+            .resources
+            .get(resource)
+            .filter(|res| path.parent() == Some(res.dir.as_path()))
+            .map(|res| res.dir_fd.clone());
+        RegionFile { dir, path: path.to_owned(), device_file }
+    }
+
     /// Counts the bytes of all resources again (after resources were added or resized).
     fn recount_fabric(&mut self) {
         let sum = |dram: bool| {
@@ -431,16 +478,15 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
         let name = format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind));
         // Private (region files are capabilities) and durable (a region file fsynced into a
         // directory a power loss forgets is lost too), both by `PrivateDir`.
-        let dir = crate::privdir::PrivateDir::create(root)
-            .and_then(|r| r.subdir(&name))
-            .map_err(MemoryError::Private)?
-            .path()
-            .to_owned();
+        let private =
+            crate::privdir::PrivateDir::create(root).and_then(|r| r.subdir(&name)).map_err(MemoryError::Private)?;
+        let dir = private.path().to_owned();
         out.push(Resource {
             device: dev.id.clone(),
             kind: m.kind,
             ordinal,
             dir,
+            dir_fd: Arc::new(private.into_fd()),
             ranges: RangeAllocator::new(m.size),
             lost: false,
             backing: None,
@@ -545,14 +591,19 @@ impl Memory {
                 .find(|r| r.kind == MemoryKind::HostExported && r.ordinal == 0 && Some(&r.device) == n.device.as_ref());
             match found {
                 Some(r) => {
-                    // Its regions are files under the node's tmpfs directory, named as here.
-                    if let Some(name) = r.dir.file_name() {
-                        r.dir = n.dir.join(name);
-                    }
-                    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&r.dir)
-                        && e.kind() != std::io::ErrorKind::AlreadyExists
-                    {
-                        tracing::warn!(dir = %r.dir.display(), error = %e, "cannot create the NUMA region directory");
+                    // Its regions are files under the node's tmpfs directory, named as here,
+                    // private and held open like every resource directory.
+                    let name = r.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let private = crate::privdir::PrivateDir::open(&n.dir).and_then(|d| d.subdir(&name));
+                    match private {
+                        Ok(d) => {
+                            r.dir = d.path().to_owned();
+                            r.dir_fd = Arc::new(d.into_fd());
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = n.node, error = %crate::error_chain(&e), "cannot make the NUMA region directory; the node is not served");
+                            continue;
+                        }
                     }
                     tracing::info!(device = %r.device, node = n.node, memory_only = n.memory_only, cxl_regions = n.cxl.len(), dir = %r.dir.display(), "NUMA node backs the resource");
                     r.numa = Some(n.clone());
@@ -947,11 +998,11 @@ impl Memory {
             )));
         }
         let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
-        let (path, len, offset) = (r.path.clone(), r.len, r.fd_offset);
+        let (file, len, offset) = (st.region_file(r), r.len, r.fd_offset);
         self.check(&st, peer.uid, 0, 1)?;
-        // Not through a symlink: one planted in a misconfigured directory would hand the
-        // importer whatever it points at.
-        let f = crate::privdir::open_nofollow(&path, access == AccessMode::ReadWrite).map_err(io_err(&path))?;
+        // By name in its directory held open, not through a symlink: one planted in a
+        // misconfigured directory would hand the importer whatever it points at.
+        let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
         let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
         Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
     }

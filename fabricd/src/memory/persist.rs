@@ -648,13 +648,14 @@ impl State {
                 found
             }
         };
+        let file = self.file_in(found.members[0], &found.path, found.device_file);
         let meta = if found.device_file {
             std::fs::metadata(&found.path)
         } else {
-            // A region file: not through a symlink, the daemon's own, 0600 (one an earlier
-            // daemon left readable under umask 022 is tightened here, through its descriptor).
-            crate::privdir::open_nofollow(&found.path, false)
-                .and_then(|f| crate::privdir::check_file(&f, &found.path).and_then(|()| f.metadata()))
+            // A region file: by name in its directory held open, not through a symlink, the
+            // daemon's own, 0600 (one an earlier daemon left readable under umask 022 is
+            // tightened here, through its descriptor).
+            file.open(false).and_then(|f| crate::privdir::check_file(&f, &found.path).and_then(|()| f.metadata()))
         };
         match meta {
             Ok(_) if found.device_file => {}
@@ -665,17 +666,12 @@ impl State {
         if let Some(n) = &self.resources[found.members[0]].numa {
             // A region file on a NUMA node: its pages must still be there (the file's shared
             // policy keeps them there; a file someone moved or replaced would not be).
-            let checked = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&found.path)
-                .map_err(|e| e.to_string())
-                .and_then(|f| {
-                    super::nodefd::check_file(&std::os::fd::OwnedFd::from(f), r.len, n.node).map_err(|e| {
-                        let why = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
-                        format!("{e}{why}")
-                    })
-                });
+            let checked = file.open(true).map_err(|e| e.to_string()).and_then(|f| {
+                super::nodefd::check_file(&std::os::fd::OwnedFd::from(f), r.len, n.node).map_err(|e| {
+                    let why = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
+                    format!("{e}{why}")
+                })
+            });
             if let Err(why) = checked {
                 return Err(format!("its file {} on NUMA node {}: {why}", found.path.display(), n.node));
             }

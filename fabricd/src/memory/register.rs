@@ -7,7 +7,6 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 
 use fabric_proto::wire::{AccessMode, PeerCred};
 
@@ -93,7 +92,7 @@ fn check_process_range(process: &Process, start: u64, span: u64, access: AccessM
 /// what the request brought.
 enum Found {
     /// A region's file and the region's offset in it.
-    File { path: PathBuf, fd_offset: u64 },
+    File { file: super::RegionFile, fd_offset: u64 },
     /// The memory object or the caller's memory, as the request named it.
     Request,
 }
@@ -197,7 +196,7 @@ impl Memory {
             }
             Covers::Fd | Covers::Process => return Ok(Found::Request),
         };
-        Ok(Found::File { path: r.path.clone(), fd_offset: r.fd_offset })
+        Ok(Found::File { file: st.region_file(r), fd_offset: r.fd_offset })
     }
 
     /// The memory of a registration, pinned or followed, outside the registry lock: what
@@ -211,9 +210,9 @@ impl Memory {
         abandon: Abandon<'_>,
     ) -> Result<Backing, MemoryError> {
         match (source, found) {
-            (_, Found::File { path, fd_offset }) => {
-                let f = crate::privdir::open_nofollow(&path, access == AccessMode::ReadWrite);
-                pin(f.map_err(io_err(&path))?, first + fd_offset, span, access, abandon)
+            (_, Found::File { file, fd_offset }) => {
+                let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
+                pin(f, first + fd_offset, span, access, abandon)
             }
             (Source::Fd(fd), Found::Request) => {
                 let f = File::from(fd);

@@ -5,39 +5,38 @@
 //! the size back: [`Memory::restore_sizes`], called periodically by the daemon
 //! (`crate::sizewatch`). A shrunk region's lost tail comes back as zeros.
 
-use std::path::PathBuf;
-
-use super::Memory;
+use super::{Memory, RegionFile};
 
 impl Memory {
     /// Every region file whose size is not its region's length gets that length back.
     /// Device memory (a DAX device, a BAR: never resized by a client), adopted vendor
     /// objects and interleave-set members are left alone. Returns how many were restored.
     pub fn restore_sizes(&self) -> usize {
-        // The paths are read under the lock and checked outside it: region ids are never
-        // reused, so a region freed meanwhile only makes its `stat` fail.
-        let files: Vec<(u64, PathBuf, u64)> = {
+        // Where the files are is read under the lock and they are checked outside it: region
+        // ids are never reused, so a region freed meanwhile only makes its open fail.
+        let files: Vec<(u64, RegionFile, u64)> = {
             let st = self.state();
             st.regions
                 .iter()
                 .filter(|(id, r)| !r.device_file && !st.set_regions.contains_key(id) && !st.objects.contains_key(id))
-                .map(|(id, r)| (*id, r.path.clone(), r.len))
+                .map(|(id, r)| (*id, st.region_file(r), r.len))
                 .collect()
         };
         let mut restored = 0;
-        for (id, path, len) in files {
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
+        for (id, file, len) in files {
+            let Ok(f) = file.open(true) else { continue };
+            let Ok(meta) = f.metadata() else { continue };
             if meta.len() == len {
                 continue;
             }
-            let fixed = crate::privdir::open_nofollow(&path, true).and_then(|f| f.set_len(len));
-            match fixed {
+            let path = file.path().display();
+            match f.set_len(len) {
                 Ok(()) => {
                     restored += 1;
-                    tracing::warn!(region = id, path = %path.display(), found = meta.len(), len, "a client resized its region file; size restored");
+                    tracing::warn!(region = id, path = %path, found = meta.len(), len, "a client resized its region file; size restored");
                 }
                 Err(e) => {
-                    tracing::warn!(region = id, path = %path.display(), error = %e, "cannot restore a region file's size")
+                    tracing::warn!(region = id, path = %path, error = %e, "cannot restore a region file's size")
                 }
             }
         }
