@@ -5,7 +5,7 @@
 //! eventfd, `/dev/zero`, `/proc/self/mem`, a file on ext4 or a FUSE mount, a socket — is
 //! refused before the daemon maps, pins or keeps it.
 //!
-//! The checks never reach a filesystem's server (see [`sys`]): a file on a FUSE mount is
+//! The checks never reach a filesystem's server (see `sys`): a file on a FUSE mount is
 //! refused without the daemon waiting on it.
 
 mod sys;
