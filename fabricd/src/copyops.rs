@@ -33,7 +33,7 @@ impl<'a> Resolver<'a> {
     fn new(d: &'a Daemon, caller: &'a Caller, session: u64, reqs: &[CopyRequest]) -> Result<Self, ErrorBody> {
         caller.require_scope()?;
         let gfa = |e: CopyEndpoint| matches!(e, CopyEndpoint::Gfa(_));
-        let snap = reqs.iter().any(|r| gfa(r.dst) || gfa(r.src)).then(|| d.map().snapshot());
+        let snap = reqs.iter().any(|r| gfa(r.dst) || gfa(r.src)).then(|| d.map_snapshot());
         let members = match &snap {
             Some(s) => caller.members(s)?,
             None => None,
@@ -46,7 +46,7 @@ impl<'a> Resolver<'a> {
         if req.len == 0 {
             return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
         }
-        let snap = self.snap.clone().unwrap_or_else(|| self.d.map().snapshot());
+        let snap = self.snap.clone().unwrap_or_else(|| self.d.map_snapshot());
         let side = |ep, write| {
             let r = self.d.memory.copy_endpoint(self.session, &snap, ep, req.len, write).map_err(|e| refused(&e))?;
             if let (Some(m), Some(dev)) = (&self.members, &r.device)

@@ -225,6 +225,8 @@ pub struct Daemon {
     /// Event subscriptions.
     pub events: EventBus,
     map: Mutex<AddressMap>,
+    /// Follows every snapshot `map` publishes; what every reader uses.
+    map_reader: fabric_addrmap::Reader,
     map_path: PathBuf,
     started: Instant,
     sessions: AtomicU32,
@@ -328,6 +330,7 @@ impl Daemon {
             rescan: Mutex::new(()),
             vanished: Mutex::new(BTreeSet::new()),
             events: EventBus::default(),
+            map_reader: synced.map.reader(),
             map: Mutex::new(synced.map),
             map_path,
             started: Instant::now(),
@@ -388,7 +391,7 @@ impl Daemon {
         let view = View::build(inv)?;
         let map_err = |source| StartError::Map { path: self.map_path.clone(), source };
         {
-            let mut map = self.map();
+            let mut map = self.map_writer();
             let change = map.update(view.fabric.inventory()).map_err(map_err)?;
             let sets = crate::monitor::sync_sets(&mut map, view.fabric.inventory()).map_err(map_err)?;
             if !change.is_empty() || !sets.changes.is_empty() {
@@ -426,7 +429,7 @@ impl Daemon {
         // Memory first, so that a client acting on an event finds it done; revocations
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
-        let snap = self.map().snapshot();
+        let snap = self.map_snapshot();
         let members = |names: &[String]| crate::scope::partition_members(&snap, names);
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
@@ -464,10 +467,17 @@ impl Daemon {
         }
     }
 
-    /// The address map (a poisoned lock is recovered: the map is only changed through
-    /// methods that leave it consistent).
-    pub fn map(&self) -> MutexGuard<'_, AddressMap> {
+    /// The address map's writer, for the changes (rescans, partitions), serialised by its
+    /// lock (a poisoned lock is recovered: the map is only changed through methods that
+    /// leave it consistent). Readers never take it: [`Daemon::map_snapshot`].
+    pub fn map_writer(&self) -> MutexGuard<'_, AddressMap> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The address map's current snapshot, lock-free (the writer publishes each new one
+    /// with one atomic swap).
+    pub fn map_snapshot(&self) -> Arc<fabric_addrmap::Snapshot> {
+        self.map_reader.snapshot()
     }
 
     /// Saves the map after a change.

@@ -164,7 +164,7 @@ pub fn map_listing(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
     }
-    let listing = d.map().snapshot().listing();
+    let listing = d.map_snapshot().listing();
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }
 
@@ -173,7 +173,7 @@ pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
     }
-    let snap = d.map().snapshot();
+    let snap = d.map_snapshot();
     let listing = match caller.members(&snap)? {
         None => snap.listing(),
         Some(m) => scope::scoped_listing(&snap, &m),
@@ -184,7 +184,7 @@ pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result
 /// Translation as `caller` sees the map: whole, or through its partitions' views.
 pub fn translate_in(d: &Daemon, caller: &Caller, queries: &[TranslateQuery]) -> Result<TranslateResponse, ErrorBody> {
     caller.require_scope()?;
-    let snap = d.map().snapshot();
+    let snap = d.map_snapshot();
     Ok(match &caller.scope {
         scope::Scope::Bound(names) => scope::translate_in(&snap, names, queries),
         _ => translate(&snap, queries),
@@ -289,7 +289,7 @@ pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse
         });
     }
     problems.truncate(1024);
-    let generation = d.map().generation();
+    let generation = d.map_snapshot().generation();
     let mem = d.memory.counts();
     StatusResponse {
         ready: true,

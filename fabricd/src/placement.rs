@@ -36,13 +36,13 @@ pub fn gfa_in(snap: &Snapshot, w: &Whereabouts) -> Option<u64> {
 /// The GFA of region `region`'s first byte, when it has one.
 pub fn region_gfa(d: &Daemon, region: u64) -> Option<u64> {
     let w = d.memory.whereabouts(region)?;
-    let snap = d.map().snapshot();
+    let snap = d.map_snapshot();
     gfa_in(&snap, &w)
 }
 
 /// The interleave set `name` of the map, for striping a region over it.
 pub fn set_spec(d: &Daemon, name: &str) -> Result<SetSpec, ErrorBody> {
-    let snap = d.map().snapshot();
+    let snap = d.map_snapshot();
     let sets = &snap.state().interleaves;
     let Some(s) = sets.iter().find(|s| s.name == name) else {
         let known: Vec<&str> = sets.iter().map(|s| s.name.as_str()).collect();

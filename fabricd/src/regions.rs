@@ -25,7 +25,7 @@ fn admin_required(d: &Daemon, caller: &Caller, what: &str) -> ErrorBody {
 /// The partitions `caller` may see: all of them for an admin, those that bind it for
 /// anyone else (none for an unbound client).
 pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
-    let map = d.map();
+    let map = d.map_snapshot();
     let specs = map
         .state()
         .partitions
@@ -61,7 +61,7 @@ pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result
         refusal(ErrorCode::Internal, format!("{what}: {}", crate::error_chain(e)))
     };
     {
-        let mut map = d.map();
+        let mut map = d.map_writer();
         match &req {
             PartitionsRequest::Set(spec) => {
                 if spec.name.is_empty() {

@@ -111,7 +111,7 @@ impl Caller {
 
     /// Refuses a device outside the caller's partitions.
     pub fn check_device(&self, d: &Daemon, device: &DeviceId) -> Result<(), ErrorBody> {
-        match self.members(&d.map().snapshot())? {
+        match self.members(&d.map_snapshot())? {
             Some(m) if !m.contains(device) => Err(refusal(
                 ErrorCode::PermissionDenied,
                 format!("device {device} is not in the caller's partitions ({})", self.partition_names()),
@@ -137,7 +137,7 @@ impl Caller {
             return Ok(Vec::new());
         }
         let all = d.vanished();
-        Ok(match self.members(&d.map().snapshot())? {
+        Ok(match self.members(&d.map_snapshot())? {
             None => all,
             Some(m) => {
                 let m: HashSet<String> = m.iter().map(ToString::to_string).collect();
@@ -158,7 +158,7 @@ impl Caller {
     /// The fabric as the caller sees it: the whole view, or the view rebuilt from the
     /// devices its partitions reach (see [`scoped_inventory`]).
     pub fn view(&self, d: &Daemon) -> Result<Arc<View>, ErrorBody> {
-        let Some(members) = self.members(&d.map().snapshot())? else { return Ok(d.view()) };
+        let Some(members) = self.members(&d.map_snapshot())? else { return Ok(d.view()) };
         let full = d.view();
         let inv = scoped_inventory(&full.fabric, &members);
         View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("partition view: {e}")))
@@ -196,7 +196,7 @@ pub fn check_register(d: &Daemon, caller: &Caller, req: &RegisterRequest) -> Res
 /// `Export`: a policy may name only an existing partition its exporter is bound to.
 pub fn check_export(d: &Daemon, caller: &Caller, req: &ExportRequest) -> Result<(), ErrorBody> {
     let Some(p) = &req.policy.partition else { return Ok(()) };
-    if !d.map().state().partitions.iter().any(|x| x.name == p.as_str()) {
+    if !d.map_snapshot().state().partitions.iter().any(|x| x.name == p.as_str()) {
         return Err(refusal(
             ErrorCode::NotFound,
             format!("the export policy names partition {p:?}, which does not exist"),
@@ -230,7 +230,7 @@ pub fn check_import(d: &Daemon, caller: &Caller, req: &ImportRequest) -> Result<
             format!("the export is for partition {p:?}; uid {} is not bound to it", caller.cred.uid),
         ));
     }
-    match caller.members(&d.map().snapshot())? {
+    match caller.members(&d.map_snapshot())? {
         Some(m) if !m.contains(&subject.device) => Err(refusal(
             ErrorCode::PermissionDenied,
             format!(
