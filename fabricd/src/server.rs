@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    BodyError, CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse,
-    MAX_FDS, MAX_REQUEST_BODY, MAX_REQUEST_FDS, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
+    CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
+    MAX_REQUEST_BODY, MAX_REQUEST_FDS, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
     SUPPORTED_VERSIONS, SessionToken, SubscribeResponse, Version, decode_header, decode_request, encode_message,
     negotiate,
 };
@@ -516,7 +516,7 @@ impl Conn<'_> {
                 ),
             ),
             Ok(req) => Read::Request(header, req, fds),
-            Err(e) => Read::Refuse(header, refusal(ErrorCode::BadRequest, body_error(&e))),
+            Err(e) => Read::Refuse(header, refusal(ErrorCode::BadRequest, crate::error_chain(&e))),
         }
     }
 
@@ -725,15 +725,4 @@ impl Conn<'_> {
     async fn send(&mut self, h: &Header, msg: Message) -> bool {
         self.encode(h, &msg, 0).is_some() && self.flush(0).await
     }
-}
-
-fn body_error(e: &BodyError) -> String {
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
