@@ -106,6 +106,8 @@ impl Reader {
 pub struct AddressMap {
     state: Arc<State>,
     current: Arc<ArcSwap<Snapshot>>,
+    /// Inside [`AddressMap::commit`]: changes update `state` but are not published yet.
+    held: bool,
 }
 
 impl AddressMap {
@@ -120,7 +122,7 @@ impl AddressMap {
         state.validate()?;
         let state = Arc::new(state);
         let snap = Snapshot::build(state.clone());
-        Ok(Self { state, current: Arc::new(ArcSwap::from_pointee(snap)) })
+        Ok(Self { state, current: Arc::new(ArcSwap::from_pointee(snap)), held: false })
     }
 
     /// Loads a state file; a corrupt file is an error and is left untouched.
@@ -179,12 +181,47 @@ impl AddressMap {
 
     fn publish(&mut self, (state, change): (State, Change)) -> Change {
         if !change.is_empty() {
-            let state = Arc::new(state);
-            self.current.store(Arc::new(Snapshot::build(state.clone())));
-            self.state = state;
-            tracing::info!(generation = change.generation, "address map generation published");
+            self.state = Arc::new(state);
+            if !self.held {
+                self.current.store(Arc::new(Snapshot::build(self.state.clone())));
+                tracing::info!(generation = change.generation, "address map generation published");
+            }
         }
         change
+    }
+
+    /// Commit, then publish: runs the changes `f` makes to the map, saves the resulting
+    /// state to `path` (atomically, as [`AddressMap::save`]) when it changed, and only
+    /// then publishes its snapshot, so that no reader ever sees a generation that is not
+    /// on disk. When `f` or the save fails, the map is back where it was and readers saw
+    /// nothing of it.
+    pub fn commit<T, E: From<MapError>>(
+        &mut self,
+        path: &Path,
+        f: impl FnOnce(&mut Self) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let before = self.state.clone();
+        self.held = true;
+        let r = f(self).and_then(|t| {
+            if !Arc::ptr_eq(&before, &self.state) {
+                self.save(path)?;
+            }
+            Ok(t)
+        });
+        self.held = false;
+        match r {
+            Ok(t) => {
+                if !Arc::ptr_eq(&before, &self.state) {
+                    self.current.store(Arc::new(Snapshot::build(self.state.clone())));
+                    tracing::info!(generation = self.state.generation, "address map generation saved and published");
+                }
+                Ok(t)
+            }
+            Err(e) => {
+                self.state = before;
+                Err(e)
+            }
+        }
     }
 
     /// Brings the map in line with the domain's inventory.

@@ -174,3 +174,43 @@ fn missing_state_with_previous_copy_is_an_error_and_absent_state_starts_empty() 
         Err(MapError::Persist(PersistError::MissingWithPrevious { .. }))
     ));
 }
+
+/// Commit, then publish: a change made inside `commit` reaches readers only once it is
+/// saved; a save that fails leaves the map and its readers where they were.
+#[test]
+fn commit_publishes_only_what_was_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("map.state");
+    let mut map = small_map();
+    map.save(&path).unwrap();
+    let reader = map.reader();
+    assert_eq!(reader.snapshot().generation(), 1);
+
+    // Inside the commit, before the save: readers still see generation 1.
+    let seen_inside = map
+        .commit(&path, |m| {
+            m.update(&inventory(devs(3)))?;
+            Ok::<_, MapError>(reader.snapshot().generation())
+        })
+        .unwrap();
+    assert_eq!(seen_inside, 1, "a change was visible before it was saved");
+    assert_eq!(reader.snapshot().generation(), 2);
+    assert_eq!(AddressMap::load(&path).unwrap().generation(), 2, "published and saved are the same generation");
+
+    // A save that fails (a directory where the new file goes): nothing is published and the
+    // map is back at generation 2, its devices as before.
+    fs::create_dir(dir.path().join("map.state.tmp")).unwrap();
+    let before = map.state().clone();
+    let r = map.commit(&path, |m| m.update(&inventory(devs(4))).map(|_| ()));
+    assert!(r.is_err(), "the save cannot succeed");
+    assert_eq!(reader.snapshot().generation(), 2);
+    assert_eq!(map.state(), &before);
+    assert_eq!(AddressMap::load(&path).unwrap().generation(), 2);
+
+    // An unchanged commit writes nothing and publishes nothing new.
+    fs::remove_dir(dir.path().join("map.state.tmp")).unwrap();
+    let saved = fs::read(&path).unwrap();
+    map.commit(&path, |m| m.update(&inventory(devs(3))).map(|_| ())).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), saved);
+    assert_eq!(reader.snapshot().generation(), 2);
+}

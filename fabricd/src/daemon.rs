@@ -392,10 +392,11 @@ impl Daemon {
         let map_err = |source| StartError::Map { path: self.map_path.clone(), source };
         {
             let mut map = self.map_writer();
-            let change = map.update(view.fabric.inventory()).map_err(map_err)?;
-            let sets = crate::monitor::sync_sets(&mut map, view.fabric.inventory()).map_err(map_err)?;
+            let inv = view.fabric.inventory();
+            let (change, sets) = self
+                .commit_map(&mut map, |m| Ok((m.update(inv)?, crate::monitor::sync_sets(m, inv)?)))
+                .map_err(map_err)?;
             if !change.is_empty() || !sets.changes.is_empty() {
-                self.save_map(&map).map_err(map_err)?;
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
                 let all = || std::iter::once(&change).chain(&sets.changes);
                 events.push(Event::Map(MapChange {
@@ -480,10 +481,16 @@ impl Daemon {
         self.map_reader.snapshot()
     }
 
-    /// Saves the map after a change.
-    pub fn save_map(&self, map: &AddressMap) -> Result<(), MapError> {
+    /// Changes the map with `f`, saves it, and only then publishes it to readers
+    /// ([`AddressMap::commit`]); `map` is the writer's guard ([`Daemon::map_writer`]).
+    pub fn commit_map<T>(
+        &self,
+        map: &mut AddressMap,
+        f: impl FnOnce(&mut AddressMap) -> Result<T, MapError>,
+    ) -> Result<T, MapError> {
+        let r = map.commit(&self.map_path, f)?;
         self.metrics.set_map(map.generation(), map.state().mapped_bytes());
-        map.save(&self.map_path)
+        Ok(r)
     }
 
     /// The Prometheus page (`docs/fabricd.md`, section Metrics).

@@ -80,8 +80,9 @@ pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result
                 d.partitions
                     .set(Binding::new(&spec.name, &spec.uids, &spec.gids))
                     .map_err(|e| internal("saving the partition bindings", &e))?;
-                let change = map.partition(&spec.name, &ids);
-                d.save_map(&map).map_err(|e| internal("saving the address map", &e))?;
+                let change = d
+                    .commit_map(&mut map, |m| Ok(m.partition(&spec.name, &ids)))
+                    .map_err(|e| internal("saving the address map", &e))?;
                 tracing::info!(
                     uid = caller.cred.uid,
                     pid = caller.cred.pid,
@@ -96,8 +97,8 @@ pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result
             PartitionsRequest::Remove { name } => {
                 let in_map = map.state().partitions.iter().any(|p| p.name == name.as_str());
                 if in_map {
-                    map.remove_partition(name).map_err(|e| internal("removing the partition", &e))?;
-                    d.save_map(&map).map_err(|e| internal("saving the address map", &e))?;
+                    d.commit_map(&mut map, |m| m.remove_partition(name))
+                        .map_err(|e| internal("removing the partition from the address map", &e))?;
                 }
                 let bound = d.partitions.remove(name).map_err(|e| internal("saving the partition bindings", &e))?;
                 if !in_map && !bound {
