@@ -697,7 +697,11 @@ impl Conn<'_> {
             Some(true) => {}
         }
         let (stream, out) = (&self.stream, &self.out);
-        let attempt = || stream.try_io(Interest::WRITABLE, || sys::send_with_fd(stream.as_fd(), out, fd.as_fd()));
+        let attempt = || {
+            stream.try_io(Interest::WRITABLE, || {
+                fabric_proto::wire::send_with_fds(stream.as_fd(), &[std::io::IoSlice::new(out)], &[fd.as_fd()])
+            })
+        };
         let sent = match attempt() {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

@@ -1,32 +1,11 @@
-//! The few system calls the daemon makes directly (and the descriptor-passing `sendmsg`;
-//! descriptors are received by `fabric_proto::wire::recv_with_fds`); everything else goes
-//! through std, nix or tokio.
+//! The few system calls the daemon makes directly; descriptors are passed by
+//! `fabric_proto::wire::{send_with_fds, recv_with_fds}`, everything else goes through std,
+//! nix or tokio.
 
 /// The effective user id of this process.
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions, cannot fail and touches no memory of ours.
     unsafe { libc::geteuid() }
-}
-
-/// Sends `buf` on the socket `sock` with `fd` attached as `SCM_RIGHTS`, in one
-/// non-blocking `sendmsg`; returns the bytes sent (the descriptor travels with the first).
-pub fn send_with_fd(
-    sock: std::os::fd::BorrowedFd<'_>,
-    buf: &[u8],
-    fd: std::os::fd::BorrowedFd<'_>,
-) -> std::io::Result<usize> {
-    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
-    use std::os::fd::AsRawFd;
-    let raw = [fd.as_raw_fd()];
-    let cmsgs = [ControlMessage::ScmRights(&raw)];
-    let iov = [std::io::IoSlice::new(buf)];
-    loop {
-        match sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT, None)
-        {
-            Err(nix::errno::Errno::EINTR) => continue,
-            r => return r.map_err(std::io::Error::from),
-        }
-    }
 }
 
 /// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited or unreadable).

@@ -6,12 +6,9 @@
 //! anonymous-inode descriptor of the NVIDIA driver — travels between the two processes
 //! directly rather than through the daemon.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::IoSlice;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-
-use nix::errno::Errno;
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr, recvmsg, sendmsg};
 
 use super::CudaError;
 
@@ -27,55 +24,28 @@ pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, payload: &[u8]) -> Result<
     if payload.is_empty() || payload.len() > MAX_PAYLOAD {
         return Err(CudaError::InvalidArgument(format!("payload of {} bytes", payload.len())));
     }
-    let raw = [fd.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&raw)];
-    let iov = [IoSlice::new(payload)];
-    let sent = loop {
-        match sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None) {
-            Err(Errno::EINTR) => continue,
-            r => break r.map_err(|e| io("sendmsg", e))?,
-        }
-    };
+    let sent = fabric_proto::wire::send_with_fds(sock.as_fd(), &[IoSlice::new(payload)], &[fd])
+        .map_err(|e| io("sendmsg", e))?;
     if sent != payload.len() {
         return Err(io("sendmsg", format!("sent {sent} of {} bytes", payload.len())));
     }
     Ok(())
 }
 
-/// Receives one message sent by [`send_fd`]: its payload and its one descriptor.
+/// Receives one message sent by [`send_fd`]: its payload and its one descriptor. A message
+/// with more descriptors is refused, and every descriptor it brought is closed.
 pub fn recv_fd(sock: &UnixStream) -> Result<(Vec<u8>, OwnedFd), CudaError> {
     let mut buf = [0u8; MAX_PAYLOAD];
-    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = loop {
-        match recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(Errno::EINTR) => continue,
-            r => break r.map_err(|e| io("recvmsg", e))?,
-        }
-    };
-    let bytes = msg.bytes;
-    let mut fds = Vec::new();
-    for c in msg.cmsgs().map_err(|e| io("recvmsg", e))? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: the kernel installed `fd` in this process for this message; nothing
-                // else knows of it, so it is owned here exactly once.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
+    // Room for one: the kernel closes what does not fit and says so (`truncated`).
+    let got = fabric_proto::wire::recv_with_fds(sock.as_fd(), &mut buf, 1, false).map_err(|e| io("recvmsg", e))?;
+    if got.truncated {
+        return Err(io("recvmsg", "more than one descriptor attached (all closed)"));
     }
-    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-        return Err(io("recvmsg", "control data truncated: descriptors lost"));
-    }
-    if bytes == 0 {
+    if got.bytes == 0 {
         return Err(io("recvmsg", "the peer closed the socket"));
     }
-    let mut fds = fds.into_iter();
-    let fd = fds.next().ok_or_else(|| io("recvmsg", "no descriptor attached"))?;
-    if fds.next().is_some() {
-        return Err(io("recvmsg", "more than one descriptor attached"));
-    }
-    Ok((buf[..bytes].to_vec(), fd))
+    let fd = got.fds.into_iter().next().ok_or_else(|| io("recvmsg", "no descriptor attached"))?;
+    Ok((buf[..got.bytes].to_vec(), fd))
 }
 
 #[cfg(test)]
@@ -110,5 +80,23 @@ mod tests {
         let (c, _d) = UnixStream::pair().unwrap();
         let f = tempfile::tempfile().unwrap();
         assert!(matches!(send_fd(&c, std::os::fd::AsFd::as_fd(&f), b""), Err(CudaError::InvalidArgument(_))));
+    }
+
+    /// More descriptors than one: refused, and none of them stays open here (each pipe's
+    /// reader sees end of file once the sender's copy is closed too). Before, the kernel
+    /// installed four, the rest were lost and the four were never closed.
+    #[test]
+    fn a_message_with_many_descriptors_is_refused_and_leaves_none_open() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let pipes: Vec<_> = (0..8).map(|_| std::io::pipe().unwrap()).collect();
+        let ends: Vec<BorrowedFd<'_>> = pipes.iter().map(|(_, w)| w.as_fd()).collect();
+        fabric_proto::wire::send_with_fds(a.as_fd(), &[IoSlice::new(b"size=1")], &ends).unwrap();
+        let e = recv_fd(&b).unwrap_err();
+        assert!(e.to_string().contains("more than one"), "{e}");
+        for (mut r, w) in pipes {
+            drop(w);
+            let mut byte = [0u8; 1];
+            assert_eq!(r.read(&mut byte).unwrap(), 0, "a write end is still open in this process");
+        }
     }
 }

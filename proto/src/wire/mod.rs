@@ -53,7 +53,7 @@ pub use response::{
     ProblemKind, RegionInfo, RegionsResponse, RegisterResponse, Response, StatusResponse, SubscribeResponse,
     TranslateResponse, Translation,
 };
-pub use sys::{Received, SCM_MAX_FD, recv_with_fds};
+pub use sys::{Received, SCM_MAX_FD, recv_with_fds, send_with_fds};
 pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
 
 /// The four bytes every frame starts with.

@@ -12,8 +12,11 @@ use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, getsockopt, sendmsg, 
 pub const SCM_MAX_FD: usize = 253;
 
 /// Sends `bufs` as one message with `fds` attached (none when empty). Returns the bytes
-/// sent, which may be fewer than asked; the descriptors travel with the first byte.
-pub(super) fn send_with_fds(sock: BorrowedFd<'_>, bufs: &[IoSlice<'_>], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+/// sent, which may be fewer than asked; the descriptors travel with the first byte. On a
+/// non-blocking socket a full buffer is `WouldBlock` with nothing sent. The one
+/// `SCM_RIGHTS` sender of the workspace (client, daemon, and libfabric-mm's descriptor
+/// passing); [`recv_with_fds`] is the one receiver.
+pub fn send_with_fds(sock: BorrowedFd<'_>, bufs: &[IoSlice<'_>], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
     let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
     let rights = [ControlMessage::ScmRights(&raw)];
     let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &rights };
