@@ -484,3 +484,66 @@ fn every_sim_fabrics_export_has_nccls_structure() {
     }
     assert!(seen > 0, "no sim fabrics in configs/sim");
 }
+
+/// A host with two RDMA NICs, written from the kernel's sysfs ABI: a ConnectX-7 whose
+/// `sys_image_guid` is that of `mlx5_0` in the public H200 dump (nccl-tests#256, byte order
+/// undone), active at NDR, with `nvidia_peermem` loaded; and a RoCE NIC whose port is down.
+fn rdma_host() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |rel: &str, v: &str| {
+        let p = dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, format!("{v}\n")).expect("write");
+    };
+    let link = |target: String, at: &str| {
+        let p = dir.path().join(at);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::os::unix::fs::symlink(target, p).expect("symlink");
+    };
+    write("sys/devices/system/node/node0/cpulist", "0-7");
+    write("sys/module/nvidia_peermem/version", "550.54.15");
+    for (func, class, ib, guid, state, phys, layer) in [
+        ("0000:18:00.0", "0x020700", "mlx5_0", "58a2:e103:00b1:7ca8", "4: ACTIVE", "5: LinkUp", "InfiniBand"),
+        ("0000:19:00.0", "0x020000", "mlx5_1", "b83f:d203:00aa:bb10", "1: DOWN", "2: Polling", "Ethernet"),
+    ] {
+        let path = format!("pci0000:17/0000:17:01.0/{func}");
+        for (k, v) in [("vendor", "0x15b3"), ("device", "0x1021"), ("class", class), ("numa_node", "0")] {
+            write(&format!("sys/devices/{path}/{k}"), v);
+        }
+        link(format!("../../../devices/{path}"), &format!("sys/bus/pci/devices/{func}"));
+        let ibdir = format!("sys/devices/{path}/infiniband/{ib}");
+        write(&format!("{ibdir}/sys_image_guid"), guid);
+        write(&format!("{ibdir}/ports/1/state"), state);
+        write(&format!("{ibdir}/ports/1/phys_state"), phys);
+        write(&format!("{ibdir}/ports/1/rate"), "400 Gb/sec (4X NDR)");
+        write(&format!("{ibdir}/ports/1/link_layer"), layer);
+        link(format!("../../devices/{path}/infiniband/{ib}"), &format!("sys/class/infiniband/{ib}"));
+    }
+    let rp = "pci0000:17/0000:17:01.0";
+    for (k, v) in [("vendor", "0x8086"), ("device", "0x352a"), ("class", "0x060400"), ("numa_node", "0")] {
+        write(&format!("sys/devices/{rp}/{k}"), v);
+    }
+    link(format!("../../../devices/{rp}"), "sys/bus/pci/devices/0000:17:01.0");
+    dir
+}
+
+#[test]
+fn rdma_ports_are_nets_as_nccl_writes_them() {
+    let dir = rdma_host();
+    let root = fabric_drivers::SysfsRoot::new(dir.path(), "ib0");
+    let text = export(fabric_drivers::discover_host(&root), "ib0");
+    check_nccl_parser_constraints(&text);
+    let root = parse(&text);
+    let all = check_nccl_structure(&root);
+    let nets: Vec<&&El> = all.iter().filter(|e| e.name == "net").collect();
+    assert_eq!(nets.len(), 1, "the down port is left out, as NCCL skips ports not ACTIVE: {text}");
+    // The H200 dump's mlx5_0, less what sysfs cannot say (latency, maxconn = max_qp).
+    let real = parse(PUBLIC[0].1);
+    let mut real_all = Vec::new();
+    walk(&real, &mut real_all);
+    let mut want = real_all.iter().find(|e| e.name == "net").expect("net").attrs.clone();
+    want.remove("latency");
+    want.remove("maxconn");
+    assert_eq!(nets[0].attrs, want, "{text}");
+    assert!(text.contains("<!-- not active, left out: mlx5_1 port 1 -->"), "{text}");
+}

@@ -1,4 +1,5 @@
-//! Discovery backends: PCI and CXL from sysfs, AMD GPUs from KFD and amdgpu sysfs, NVIDIA
+//! Discovery backends: PCI and CXL from sysfs, AMD GPUs from KFD and amdgpu sysfs, RDMA NICs
+//! from `/sys/class/infiniband`, NVIDIA
 //! through NVML and CUDA, UALink from vendor sysfs attributes, and sim fabrics from TOML.
 //!
 //! Every backend implements [`Backend`]: it adds what it finds to a shared
@@ -10,6 +11,7 @@ pub mod amd;
 pub mod cxl;
 pub mod nvidia;
 pub mod pci;
+pub mod rdma;
 pub mod sim;
 pub mod sysfs;
 pub mod ualink;
@@ -41,13 +43,14 @@ pub fn discover(backends: &[&dyn Backend]) -> Inventory {
 }
 
 /// The host backends in their standard order, all reading under `root`: PCI, CXL, UALink
-/// attributes, AMD (KFD), then NVML and CUDA (which consult the driver libraries, not the root).
+/// attributes, AMD (KFD), RDMA devices, then NVML and CUDA (which consult the driver libraries, not the root).
 pub fn host_backends(root: &SysfsRoot) -> Vec<Box<dyn Backend>> {
     vec![
         Box::new(pci::PciBackend::new(root.clone())),
         Box::new(cxl::CxlBackend::new(root.clone())),
         Box::new(ualink::UalinkBackend::new(root.clone())),
         Box::new(amd::AmdBackend::new(root.clone())),
+        Box::new(rdma::RdmaBackend::new(root.clone())),
         Box::new(nvidia::NvmlBackend::new(root.node())),
         Box::new(nvidia::CudaBackend::new(root.node())),
     ]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use fabric_topology::cxl::{CxlInventory, CxlMemdevInfo};
 use fabric_topology::{
     BackendState, Bandwidth, CpuSet, DeviceId, DeviceIdx, DeviceKind, Fabric, GpuInfo, LinkKind, LinkState,
-    MemoryResource, PciInfo, UalinkInfo,
+    MemoryResource, PciInfo, RdmaDevice, UalinkInfo,
 };
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +92,9 @@ pub struct DeviceDoc {
     pub cxl: Option<CxlMemdevInfo>,
     /// UALink details.
     pub ualink: Option<UalinkInfo>,
+    /// RDMA devices of a NIC and their ports (absent when it has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rdma: Vec<RdmaDevice>,
     /// Memory resources.
     pub memory: Vec<MemoryResource>,
     /// Sum of `memory` sizes in bytes.
@@ -235,6 +238,7 @@ pub fn device_doc(fabric: &Fabric, labels: &MatrixLabels, idx: DeviceIdx) -> Dev
         gpu: d.gpu.clone(),
         cxl: d.cxl.clone(),
         ualink: d.ualink.clone(),
+        rdma: d.rdma.clone(),
         memory: d.memory.clone(),
         memory_bytes: d.memory_bytes(),
         link_kinds,

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cpuset::CpuSet;
 use crate::cxl::CxlMemdevInfo;
 use crate::id::{DeviceId, PciAddress};
+use crate::rdma::RdmaDevice;
 
 /// What a device is, as far as the fabric is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -287,6 +288,9 @@ pub struct Device {
     /// file), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dma_mask_bits: Option<u8>,
+    /// The RDMA devices of a NIC (`/sys/class/infiniband`), with their ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rdma: Vec<RdmaDevice>,
 }
 
 /// The attribute a backend sets, to the reason in words, when the device reports a failure
@@ -312,6 +316,7 @@ impl Device {
             sources: Vec::new(),
             attrs: BTreeMap::new(),
             dma_mask_bits: None,
+            rdma: Vec::new(),
         }
     }
 

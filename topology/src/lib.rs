@@ -13,6 +13,7 @@ pub mod id;
 pub mod inventory;
 pub mod link;
 pub mod path;
+pub mod rdma;
 
 pub use class::HopClass;
 pub use cpuset::CpuSet;
@@ -24,3 +25,4 @@ pub use id::{DeviceId, IdError, PciAddress};
 pub use inventory::{BackendReport, BackendState, DeviceIdx, Inventory};
 pub use link::{Bandwidth, Link, LinkKind, LinkState};
 pub use path::{PathError, Route};
+pub use rdma::{GidType, LinkLayer, PhysState, PortState, RdmaDevice, RdmaGid, RdmaPort};

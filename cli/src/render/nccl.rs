@@ -6,7 +6,8 @@
 //! dumps, only switch upstream ports appear as `pci` elements (root ports and switch
 //! downstream ports are folded away), bus ids are lower case, `link_speed`/`link_width` are
 //! the link's maximum (NCCL reads `max_link_speed`, since idle GPUs train down), and CPU
-//! affinity is the kernel's `cpumap` hex mask. NCCL's hand-written parser has no XML
+//! affinity is the kernel's `cpumap` hex mask. A NIC with RDMA devices has one `<net>` per
+//! active port, as NCCL's IB transport writes them. NCCL's hand-written parser has no XML
 //! declaration support and does not decode entities, so none are written and attribute
 //! values are restricted to plain characters. Attributes the inventory does not know
 //! (`sm`, `gdr`, CPU `arch`/`vendor`/`familyid`/`modelid`) are omitted, never guessed: NCCL
@@ -16,6 +17,8 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 
 use fabric_topology::{CpuSet, DeviceIdx, DeviceKind, LinkKind, LinkState};
+
+use fabric_drivers::rdma::attrs as rdma_attrs;
 
 use crate::render::matrix::nic_port_name;
 use crate::view::View;
@@ -231,6 +234,9 @@ impl Export<'_> {
         let f = &self.view.fabric;
         let d = f.device(idx);
         let dev = self.nic_dev[&idx];
+        if !d.rdma.is_empty() {
+            return self.rdma_nets(x, idx, dev);
+        }
         let name = nic_port_name(d).map_or_else(|| self.view.short_name(idx), str::to_owned);
         let mut attrs = vec![("name", name), ("dev", dev.to_string())];
         let gbps = f
@@ -250,6 +256,51 @@ impl Export<'_> {
         }
         x.open("nic", &[])?;
         x.leaf("net", &attrs)?;
+        x.close("nic")
+    }
+
+    /// One `<net>` per active port of the NIC's RDMA devices, as NCCL's IB transport lists
+    /// them (`ncclIbInit` skips ports that are not `ACTIVE`): `name` the RDMA device,
+    /// `speed` the port rate in Mb/s, `port` its number, `guid` the `sys_image_guid` in
+    /// NCCL's byte order, `gdr` 1 when a peer-memory client is loaded. `latency` and
+    /// `maxconn` (the device's `max_qp`) are not in sysfs and are left to NCCL.
+    fn rdma_nets(&self, x: &mut Xml<'_>, idx: DeviceIdx, first: usize) -> io::Result<()> {
+        let d = self.view.fabric.device(idx);
+        let mut dev = first;
+        let mut nets = Vec::new();
+        let mut left_out = Vec::new();
+        for r in &d.rdma {
+            let guid = r.sys_image_guid.as_deref().and_then(rdma_attrs::guid).map(|(g, _)| rdma_attrs::nccl_guid(g));
+            for p in &r.ports {
+                if p.link_state() != LinkState::Up {
+                    left_out.push(format!("{} port {}", r.name, p.number));
+                    continue;
+                }
+                let mut a = vec![("name", r.name.clone()), ("dev", dev.to_string())];
+                dev += 1;
+                if let Some(m) = p.rate_mbps {
+                    a.push(("speed", m.to_string()));
+                }
+                a.push(("port", p.number.to_string()));
+                if let Some(g) = &guid {
+                    a.push(("guid", g.clone()));
+                }
+                if r.peer_memory.is_some() {
+                    a.push(("gdr", "1".to_owned()));
+                }
+                nets.push(a);
+            }
+        }
+        if !left_out.is_empty() {
+            x.comment(&format!("not active, left out: {}", left_out.join(", ")))?;
+        }
+        if nets.is_empty() {
+            return Ok(());
+        }
+        x.open("nic", &[])?;
+        for a in &nets {
+            x.leaf("net", a)?;
+        }
         x.close("nic")
     }
 
@@ -325,6 +376,7 @@ pub fn render(view: &View, node: &str, w: &mut dyn Write) -> io::Result<()> {
     let pos: HashMap<DeviceIdx, usize> = devs.iter().enumerate().map(|(p, &i)| (i, p)).collect();
     let mut relevant = vec![false; f.len()];
     let (mut gpu_dev, mut nic_dev) = (HashMap::new(), HashMap::new());
+    let mut next_net = 0;
     let mut skipped = Vec::new();
     for &i in &devs {
         let kind = f.device(i).kind;
@@ -335,9 +387,18 @@ pub fn render(view: &View, node: &str, w: &mut dyn Write) -> io::Result<()> {
             skipped.push(i);
             continue;
         }
-        let m = if kind == DeviceKind::Gpu { &mut gpu_dev } else { &mut nic_dev };
-        let n = m.len();
-        m.insert(i, n);
+        if kind == DeviceKind::Gpu {
+            gpu_dev.insert(i, gpu_dev.len());
+        } else {
+            // NCCL numbers its nets, not NICs: an RDMA NIC has one per active port.
+            nic_dev.insert(i, next_net);
+            let d = f.device(i);
+            next_net += if d.rdma.is_empty() {
+                1
+            } else {
+                d.rdma.iter().flat_map(|r| &r.ports).filter(|p| p.link_state() == LinkState::Up).count()
+            };
+        }
         for a in f.ancestors(i) {
             relevant[a.get()] = true;
         }
