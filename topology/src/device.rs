@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
 use crate::cxl::CxlMemdevInfo;
+use crate::hmem::NumaMemoryInfo;
 use crate::id::{DeviceId, PciAddress};
 
 /// What a device is, as far as the fabric is concerned.
@@ -40,6 +41,9 @@ pub enum DeviceKind {
     UalinkSwitch,
     /// A network switch (leaf, spine).
     NetworkSwitch,
+    /// A memory-only NUMA node (no CPUs): CXL, soft-reserved, NVDIMM or coherent device
+    /// memory the kernel onlined as a node of its own.
+    MemoryNode,
     /// Any other PCI function.
     Other,
 }
@@ -60,6 +64,7 @@ impl DeviceKind {
             DeviceKind::CxlMemdev => "CXL",
             DeviceKind::UalinkSwitch => "UALSW",
             DeviceKind::NetworkSwitch => "NETSW",
+            DeviceKind::MemoryNode => "MEM",
             DeviceKind::Other => "DEV",
         }
     }
@@ -236,7 +241,10 @@ pub enum MemoryKind {
     CxlPersistent,
     /// A CXL dynamic-capacity region.
     CxlDynamic,
-    /// Host memory exported to the fabric.
+    /// Host memory exported to the fabric: a node fabricd serves, or the memory of a
+    /// memory-only NUMA node (CXL, soft-reserved, NVDIMM or coherent device memory the
+    /// kernel onlined as a node of its own; its origin is in the device's
+    /// [`NumaMemoryInfo`]), which is the fabric's rather than the host's own DRAM.
     HostExported,
 }
 
@@ -287,6 +295,10 @@ pub struct Device {
     /// file), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dma_mask_bits: Option<u8>,
+    /// For NUMA node devices: what the kernel says about the node's memory (origin, tier,
+    /// HMAT access classes, memory-side caches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_memory: Option<NumaMemoryInfo>,
 }
 
 /// The attribute a backend sets, to the reason in words, when the device reports a failure
@@ -312,6 +324,7 @@ impl Device {
             sources: Vec::new(),
             attrs: BTreeMap::new(),
             dma_mask_bits: None,
+            numa_memory: None,
         }
     }
 

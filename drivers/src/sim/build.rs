@@ -179,6 +179,7 @@ fn stamp(proto: &Proto, id: DeviceId, node: &str, ualink: Option<UalinkInfo>) ->
         sources: p.sources.clone(),
         attrs: p.attrs.clone(),
         dma_mask_bits: p.dma_mask_bits,
+        numa_memory: p.numa_memory.clone(),
     }
 }
 
