@@ -25,13 +25,16 @@ fn numa<'a>(inv: &'a Inventory, node: &str, n: u32) -> &'a fabric_topology::Devi
     inv.device(i)
 }
 
+/// A DAX device as compared: name, origin, mode, size, target node.
+type DaxRow<'a> = (&'a str, &'a MemoryOrigin, &'a DaxMode, Option<u64>, Option<u32>);
+
 #[test]
 fn real_dump_dax_devices_are_nvdimm_with_their_target_nodes() {
     let x = extract("32em64t").unwrap();
     let inv = discover_host(&x.sysfs());
     // From the dump: sys/bus/dax/devices/dax*/{size,target_node}, the driver links, and the
     // device paths under ACPI0012:00/ndbus0 (an NVDIMM bus).
-    let got: Vec<(&str, &MemoryOrigin, &DaxMode, Option<u64>, Option<u32>)> =
+    let got: Vec<DaxRow<'_>> =
         inv.hmem.dax.iter().map(|d| (d.name.as_str(), &d.origin, &d.mode, d.size, d.target_node)).collect();
     assert_eq!(
         got,

@@ -120,11 +120,14 @@ fn hmat_links(inv: &mut Inventory, cpus: &Cpus, notes: &mut Vec<String>) {
     }
 }
 
+/// A CXL region as this step needs it: kernel name, stable key, host physical `[start, end)`.
+type RegionSpan = (String, String, Option<(u64, u64)>);
+
 /// After the CXL backend built its regions: names the region of every CXL DAX device, and
 /// finds the region of each memory-only node whose origin is still unknown from its
 /// memory blocks (all inside one region's host physical range).
 pub fn resolve_cxl(root: &SysfsRoot, inv: &mut Inventory, report: &mut BackendReport) {
-    let regions: Vec<(String, String, Option<(u64, u64)>)> = inv
+    let regions: Vec<RegionSpan> = inv
         .cxl
         .regions
         .iter()
