@@ -9,6 +9,7 @@
 
 pub mod amd;
 pub mod cxl;
+pub mod hmem;
 pub mod nvidia;
 pub mod pci;
 pub mod rdma;

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use fabric_topology::cxl::{CxlInventory, CxlMemdevInfo};
+use fabric_topology::hmem::{HmemInventory, NumaMemoryInfo};
 use fabric_topology::{
     BackendState, Bandwidth, CpuSet, DeviceId, DeviceIdx, DeviceKind, Fabric, GpuInfo, LinkKind, LinkState,
     MemoryResource, PciInfo, RdmaDevice, UalinkInfo,
@@ -40,6 +41,9 @@ pub struct TopologyDoc {
     pub links: Vec<LinkDoc>,
     /// CXL decoders and regions.
     pub cxl: CxlInventory,
+    /// DAX devices of every origin and the kernel's memory tiers; absent when there are none.
+    #[serde(default, skip_serializing_if = "HmemInventory::is_empty")]
+    pub hmem: HmemInventory,
     /// How each discovery backend fared.
     pub backends: Vec<BackendDoc>,
     /// Hop classes between matrix devices; absent when there are more than 64.
@@ -95,6 +99,9 @@ pub struct DeviceDoc {
     /// RDMA devices of a NIC and their ports (absent when it has none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rdma: Vec<RdmaDevice>,
+    /// For NUMA nodes: the node's memory origin, tier, HMAT access classes and caches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_memory: Option<NumaMemoryInfo>,
     /// Memory resources.
     pub memory: Vec<MemoryResource>,
     /// Sum of `memory` sizes in bytes.
@@ -137,8 +144,15 @@ pub struct BackendDoc {
     pub reason: Option<String>,
     /// Devices contributed.
     pub devices: usize,
-    /// Attributes it could not read.
+    /// Attributes it could not read and objects it skipped, with the reason.
     pub unknown: Vec<String>,
+    /// Lines past the report's bound that were counted but not kept.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unknown_omitted: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Hop classes between matrix devices.
@@ -239,6 +253,7 @@ pub fn device_doc(fabric: &Fabric, labels: &MatrixLabels, idx: DeviceIdx) -> Dev
         cxl: d.cxl.clone(),
         ualink: d.ualink.clone(),
         rdma: d.rdma.clone(),
+        numa_memory: d.numa_memory.clone(),
         memory: d.memory.clone(),
         memory_bytes: d.memory_bytes(),
         link_kinds,
@@ -354,6 +369,7 @@ fn backend_doc(r: &fabric_topology::BackendReport) -> BackendDoc {
         reason,
         devices: r.devices,
         unknown: r.unknown.clone(),
+        unknown_omitted: r.unknown_omitted,
     }
 }
 
@@ -407,6 +423,7 @@ impl TopologyDoc {
             devices: Vec::new(),
             links: Vec::new(),
             cxl: fabric.inventory().cxl.clone(),
+            hmem: fabric.inventory().hmem.clone(),
             backends: fabric.inventory().backends.iter().map(backend_doc).collect(),
             matrix,
         };
@@ -438,6 +455,8 @@ struct TopologyStream<'a, D: Serialize, L: Serialize> {
     devices: D,
     links: L,
     cxl: &'a CxlInventory,
+    #[serde(skip_serializing_if = "HmemInventory::is_empty")]
+    hmem: &'a HmemInventory,
     backends: Vec<BackendDoc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     matrix: Option<MatrixDoc>,
@@ -462,6 +481,7 @@ pub fn write_topology<W: std::io::Write>(
         devices: Lazy(|| devices.iter().map(|&i| device_doc(fabric, labels, i))),
         links: Lazy(|| links.iter().map(|&li| link_doc(fabric, li))),
         cxl: &fabric.inventory().cxl,
+        hmem: &fabric.inventory().hmem,
         backends: head.backends,
         matrix: head.matrix,
     };

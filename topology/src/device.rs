@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
 use crate::cxl::CxlMemdevInfo;
+use crate::hmem::NumaMemoryInfo;
 use crate::id::{DeviceId, PciAddress};
 use crate::rdma::RdmaDevice;
 
@@ -41,6 +42,9 @@ pub enum DeviceKind {
     UalinkSwitch,
     /// A network switch (leaf, spine).
     NetworkSwitch,
+    /// A memory-only NUMA node (no CPUs): CXL, soft-reserved, NVDIMM or coherent device
+    /// memory the kernel onlined as a node of its own.
+    MemoryNode,
     /// Any other PCI function.
     Other,
 }
@@ -61,6 +65,7 @@ impl DeviceKind {
             DeviceKind::CxlMemdev => "CXL",
             DeviceKind::UalinkSwitch => "UALSW",
             DeviceKind::NetworkSwitch => "NETSW",
+            DeviceKind::MemoryNode => "MEM",
             DeviceKind::Other => "DEV",
         }
     }
@@ -237,7 +242,10 @@ pub enum MemoryKind {
     CxlPersistent,
     /// A CXL dynamic-capacity region.
     CxlDynamic,
-    /// Host memory exported to the fabric.
+    /// Host memory exported to the fabric: a node fabricd serves, or the memory of a
+    /// memory-only NUMA node (CXL, soft-reserved, NVDIMM or coherent device memory the
+    /// kernel onlined as a node of its own; its origin is in the device's
+    /// [`NumaMemoryInfo`]), which is the fabric's rather than the host's own DRAM.
     HostExported,
 }
 
@@ -291,6 +299,10 @@ pub struct Device {
     /// The RDMA devices of a NIC (`/sys/class/infiniband`), with their ports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rdma: Vec<RdmaDevice>,
+    /// For NUMA node devices: what the kernel says about the node's memory (origin, tier,
+    /// HMAT access classes, memory-side caches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_memory: Option<NumaMemoryInfo>,
 }
 
 /// The attribute a backend sets, to the reason in words, when the device reports a failure
@@ -317,6 +329,7 @@ impl Device {
             attrs: BTreeMap::new(),
             dma_mask_bits: None,
             rdma: Vec::new(),
+            numa_memory: None,
         }
     }
 

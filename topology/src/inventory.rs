@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cxl::CxlInventory;
 use crate::device::{Device, DeviceKind};
+use crate::hmem::HmemInventory;
 use crate::id::{DeviceId, PciAddress};
 use crate::link::Link;
 
@@ -44,8 +45,17 @@ pub struct BackendReport {
     pub state: BackendState,
     /// Devices it contributed.
     pub devices: usize,
-    /// Attributes it could not read, as `path: reason` lines (bounded).
+    /// Attributes it could not read and objects it skipped, as `path: reason` lines
+    /// (bounded).
     pub unknown: Vec<String>,
+    /// Lines past [`MAX_UNKNOWN_LINES`] that were not kept: counted, so that nothing a
+    /// backend skipped vanishes without a trace.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unknown_omitted: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Most `unknown` lines a report keeps; the count of the rest is appended.
@@ -54,7 +64,13 @@ pub const MAX_UNKNOWN_LINES: usize = 64;
 impl BackendReport {
     /// A report for a backend that ran.
     pub fn present(backend: &str) -> Self {
-        Self { backend: backend.to_owned(), state: BackendState::Present, devices: 0, unknown: Vec::new() }
+        Self {
+            backend: backend.to_owned(),
+            state: BackendState::Present,
+            devices: 0,
+            unknown: Vec::new(),
+            unknown_omitted: 0,
+        }
     }
 
     /// A report for a backend whose source is absent.
@@ -64,6 +80,7 @@ impl BackendReport {
             state: BackendState::NotPresent(reason.into()),
             devices: 0,
             unknown: Vec::new(),
+            unknown_omitted: 0,
         }
     }
 
@@ -74,6 +91,7 @@ impl BackendReport {
             state: BackendState::Failed(reason.into()),
             devices: 0,
             unknown: Vec::new(),
+            unknown_omitted: 0,
         }
     }
 
@@ -81,6 +99,8 @@ impl BackendReport {
     pub fn note_unknown(&mut self, line: impl Into<String>) {
         if self.unknown.len() < MAX_UNKNOWN_LINES {
             self.unknown.push(line.into());
+        } else {
+            self.unknown_omitted += 1;
         }
     }
 }
@@ -112,6 +132,9 @@ pub struct Inventory {
     pub links: Vec<Link>,
     /// CXL decoders and regions.
     pub cxl: CxlInventory,
+    /// DAX devices and memory tiers.
+    #[serde(default, skip_serializing_if = "HmemInventory::is_empty")]
+    pub hmem: HmemInventory,
     /// One report per backend that was asked.
     pub backends: Vec<BackendReport>,
     #[serde(skip)]

@@ -9,6 +9,7 @@ pub mod cpuset;
 pub mod cxl;
 pub mod device;
 pub mod graph;
+pub mod hmem;
 pub mod id;
 pub mod inventory;
 pub mod link;
@@ -21,6 +22,9 @@ pub use device::{
     Device, DeviceKind, FAILED_ATTR, GpuInfo, GpuPartition, MemoryKind, MemoryResource, PciInfo, UalinkInfo,
 };
 pub use graph::Fabric;
+pub use hmem::{
+    AccessClass, DaxDevice, DaxMode, HmemInventory, MemoryOrigin, MemorySideCache, MemoryTier, NumaMemoryInfo,
+};
 pub use id::{DeviceId, IdError, PciAddress};
 pub use inventory::{BackendReport, BackendState, DeviceIdx, Inventory};
 pub use link::{Bandwidth, Link, LinkKind, LinkState};

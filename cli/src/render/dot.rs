@@ -33,7 +33,7 @@ fn shape(kind: DeviceKind) -> &'static str {
         DeviceKind::NvSwitch | DeviceKind::CxlSwitch | DeviceKind::UalinkSwitch | DeviceKind::NetworkSwitch => {
             "hexagon"
         }
-        DeviceKind::CxlMemdev => "cylinder",
+        DeviceKind::CxlMemdev | DeviceKind::MemoryNode => "cylinder",
         _ => "box",
     }
 }

@@ -57,13 +57,16 @@ impl<'a> Tree<'a> {
                 s.push_str(&format!(" [{}]", link_summary(l)));
             }
         }
-        if d.kind == DeviceKind::Cpu {
+        if matches!(d.kind, DeviceKind::Cpu | DeviceKind::MemoryNode) {
             if let Some(n) = d.numa_node {
                 s.push_str(&format!(" numa {n}"));
             }
             if let Some(c) = &d.local_cpus {
                 s.push_str(&format!(" cpus {c}"));
             }
+        }
+        if let Some(m) = &d.numa_memory {
+            s.push_str(&numa_memory_summary(m));
         }
         let mut mem: BTreeMap<MemoryKind, u64> = BTreeMap::new();
         for m in &d.memory {
@@ -118,6 +121,15 @@ impl<'a> Tree<'a> {
         for &i in devs.iter().filter(|&&i| f.device(i).kind == DeviceKind::Cpu) {
             self.subtree(i, 1, w)?;
         }
+        // Memory-only nodes hang off no PCI tree: they are the node's memory, listed next.
+        let memory: Vec<DeviceIdx> = devs
+            .iter()
+            .copied()
+            .filter(|&i| f.device(i).kind == DeviceKind::MemoryNode && !self.seen[i.get()])
+            .collect();
+        for i in memory {
+            self.subtree(i, 1, w)?;
+        }
         let orphans: Vec<DeviceIdx> = devs
             .iter()
             .copied()
@@ -132,6 +144,34 @@ impl<'a> Tree<'a> {
         }
         Ok(())
     }
+}
+
+/// ` origin cxl tier 22 hmat 20000/15000 MB/s 400/450 ns from 0 cache 4.0 GiB`: what the
+/// kernel says about a NUMA node's memory (HMAT: access class 1, else 0; read/write).
+fn numa_memory_summary(m: &fabric_topology::NumaMemoryInfo) -> String {
+    let mut s = String::new();
+    if m.memory_only {
+        s.push_str(&format!(" origin {}", m.origin.name()));
+    }
+    if let Some(t) = m.tier {
+        s.push_str(&format!(" tier {t}"));
+    }
+    let opt = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
+    if let Some(a) = m.access.iter().find(|a| a.class == 1).or_else(|| m.access.first()) {
+        let from: Vec<String> = a.initiators.iter().map(u32::to_string).collect();
+        s.push_str(&format!(
+            " hmat {}/{} MB/s {}/{} ns from {}",
+            opt(a.read_bandwidth_mbps),
+            opt(a.write_bandwidth_mbps),
+            opt(a.read_latency_ns),
+            opt(a.write_latency_ns),
+            if from.is_empty() { "?".to_owned() } else { from.join(",") }
+        ));
+    }
+    for c in &m.caches {
+        s.push_str(&format!(" cache{} {}", c.level, c.size.map_or_else(|| "?".to_owned(), bytes)));
+    }
+    s
 }
 
 fn makeup(view: &View, devs: &[DeviceIdx]) -> String {

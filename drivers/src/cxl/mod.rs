@@ -72,6 +72,7 @@ impl Backend for CxlBackend {
             report.note_unknown(n.clone());
         }
         report.devices = model::build(&scanned, self.root.node(), inventory, &mut report);
+        crate::hmem::resolve_cxl(&self.root, inventory, &mut report);
         tracing::debug!(
             memdevs = scanned.memdevs.len(),
             ports = scanned.ports.len(),

@@ -370,7 +370,12 @@ fn scan_region(name: String, path: PathBuf, res: &Resolver, notes: &mut Vec<Stri
     let mut dax = Vec::new();
     for dr in entries.iter().filter(|e| e.starts_with("dax_region")) {
         let Ok(dr_path) = res.resolve(&path.join(dr)).map_err(|e| notes.push(e.to_string())) else { continue };
-        for d in list_dir(&dr_path).unwrap_or_default().into_iter().filter(|e| is_dax_name(e)).take(64) {
+        let names: Vec<String> =
+            list_dir(&dr_path).unwrap_or_default().into_iter().filter(|e| is_dax_name(e)).collect();
+        if names.len() > 64 {
+            notes.push(format!("{}: {} DAX devices, only 64 read", dr_path.display(), names.len()));
+        }
+        for d in names.into_iter().take(64) {
             let dp = dr_path.join(&d);
             let mut da = RawAttrs::new();
             collect(&dp, "size", true, &mut da, notes);

@@ -51,7 +51,7 @@ fn function_device(node: &str, f: &Function) -> Device {
     if let Some(c) = class_name {
         dev.attrs.insert("pci.class_name".to_owned(), c);
     }
-    dev.attrs.insert("pci.sysfs_path".to_owned(), format!("sys/devices/{}", f.rel));
+    dev.attrs.insert("pci.sysfs_path".to_owned(), f.rel.clone());
     if let Some(ib) = a.rdma_devices.first() {
         dev.attrs.insert("ib_device".to_owned(), ib.clone());
     }
@@ -148,7 +148,11 @@ pub(crate) fn assemble(
             PathNode::HostBridge(d, b) => hb_idx.get(&(d, b)).copied(),
         });
         let Some(up) = up else {
-            notes.push(format!("{}: no host bridge or bridge above it", f.path.address));
+            // A function found as a plain directory has already been reported as shown
+            // without its place in the hierarchy.
+            if !f.path.ancestors.is_empty() || f.rel.starts_with("sys/devices/") {
+                notes.push(format!("{}: no host bridge or bridge above it", f.path.address));
+            }
             continue;
         };
         // The downstream device's link attributes describe its upstream link.

@@ -54,7 +54,8 @@ pub(crate) type Notes = Vec<String>;
 pub(crate) struct Function {
     /// Its place in the hierarchy.
     pub path: DevicePath,
-    /// Its path below `sys/devices`.
+    /// Its directory relative to the root (`sys/devices/pci0000:00/...`, or
+    /// `sys/bus/pci/devices/ADDR` for a function a dump holds as a plain directory).
     pub rel: String,
     /// Its attributes.
     pub attrs: FunctionAttrs,
@@ -79,16 +80,35 @@ impl PciBackend {
         for name in names {
             let link = dir.join(&name);
             let (rel, real) = match tree::resolve_function_link(&self.root, &link) {
-                Ok(r) => r,
-                Err(e) => {
-                    notes.push(error_chain(&e));
-                    continue;
-                }
+                Ok((rel, real)) => (format!("sys/devices/{rel}"), real),
+                Err(e) => match plain_function(&link, &name) {
+                    // Stripped dumps and some containers hold the function's directory
+                    // itself, not a link into sys/devices: its attributes are all there,
+                    // only its place in the hierarchy is not.
+                    Some(address) => {
+                        notes.push(format!(
+                            "{}: not a link into sys/devices; shown without its place in the PCI hierarchy",
+                            link.display()
+                        ));
+                        let attrs = attrs::read_function(&link, &mut tally);
+                        let path = DevicePath { address, ancestors: Vec::new() };
+                        if found.contains_key(&address) {
+                            notes.push(format!("{}: a second entry for {address}, skipped", link.display()));
+                            continue;
+                        }
+                        found.insert(address, Function { path, rel: format!("sys/bus/pci/devices/{name}"), attrs });
+                        continue;
+                    }
+                    None => {
+                        notes.push(format!("{}, skipped", error_chain(&e)));
+                        continue;
+                    }
+                },
             };
-            let path = match tree::parse_device_path(&rel) {
+            let path = match tree::parse_device_path(&rel["sys/devices/".len()..]) {
                 Ok(p) => p,
                 Err(e) => {
-                    notes.push(format!("{}: {e}", link.display()));
+                    notes.push(format!("{}: {e}, skipped", link.display()));
                     continue;
                 }
             };
@@ -96,7 +116,7 @@ impl PciBackend {
                 notes.push(format!("{}: entry name differs from its target {rel}", link.display()));
             }
             if found.contains_key(&path.address) {
-                notes.push(format!("{}: a second entry for {}", link.display(), path.address));
+                notes.push(format!("{}: a second entry for {}, skipped", link.display(), path.address));
                 continue;
             }
             let attrs = attrs::read_function(&real, &mut tally);
@@ -110,6 +130,16 @@ impl PciBackend {
         let dir: PathBuf = self.root.path("sys/devices");
         sysfs::list_dir(&dir).unwrap_or_default().iter().filter_map(|n| parse_host_bridge_name(n)).collect()
     }
+}
+
+/// The address of a function a dump holds as a plain directory (not a symlink) named by
+/// its address; `None` for anything else.
+fn plain_function(entry: &std::path::Path, name: &str) -> Option<PciAddress> {
+    let meta = std::fs::symlink_metadata(entry).ok()?;
+    if !meta.is_dir() {
+        return None;
+    }
+    name.parse().ok()
 }
 
 /// Adds a device (or finds the one with its identity) and marks it as seen by this backend;
@@ -150,6 +180,7 @@ impl Backend for PciBackend {
         });
         let cpus = numa::add_cpus(inventory, &self.root, &nodes, &mut report);
         report.devices = cpus.added;
+        crate::hmem::enrich_nodes(&self.root, inventory, &cpus, &mut report);
         if !self.root.path("sys/bus/pci/devices").is_dir() {
             report.state = BackendState::NotPresent(format!(
                 "no PCI bus in sysfs ({} is not a directory)",

@@ -1,13 +1,15 @@
-//! NUMA nodes as CPU devices: one `Cpu` device per `sys/devices/system/node/nodeN` with its
-//! CPUs and DRAM, linked pairwise by the SMP interconnect; a single `package` device when
-//! the tree has no NUMA nodes.
+//! NUMA nodes as devices: one `Cpu` device per `sys/devices/system/node/nodeN` with CPUs
+//! (its CPUs and DRAM), one `MemoryNode` device per node whose `cpulist` is empty (CXL,
+//! soft-reserved, NVDIMM or device memory the kernel onlined as a node: fabric memory, not
+//! the host's DRAM); CPU nodes linked pairwise by the SMP interconnect and to every memory
+//! node; a single `package` device when the tree has no NUMA nodes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use fabric_topology::{
     BackendReport, Bandwidth, CpuSet, Device, DeviceId, DeviceIdx, DeviceKind, Inventory, Link, LinkKind, MemoryKind,
-    MemoryResource,
+    MemoryOrigin, MemoryResource, NumaMemoryInfo,
 };
 
 use super::add;
@@ -57,8 +59,18 @@ fn noted<T>(report: &mut BackendReport, r: Result<T, AttrError>) -> Option<T> {
 /// Reads the NUMA nodes under the root, sorted by number.
 pub fn read_nodes(root: &SysfsRoot, report: &mut BackendReport) -> Result<Vec<NumaNode>, NumaError> {
     let dir = root.path("sys/devices/system/node");
-    let mut ids: Vec<u32> =
-        sysfs::list_dir(&dir).map_err(NumaError::List)?.iter().filter_map(|n| parse_node_name(n)).collect();
+    let mut ids = Vec::new();
+    for name in sysfs::list_dir(&dir).map_err(NumaError::List)? {
+        match parse_node_name(&name) {
+            Some(id) => ids.push(id),
+            // `node` followed by anything but a plain number below 65,536 is not a node
+            // the kernel makes: say so rather than drop it.
+            None if name.len() > 4 && name.starts_with("node") && name[4..].bytes().all(|b| b.is_ascii_digit()) => {
+                report.note_unknown(format!("{}: not a NUMA node number, skipped", dir.join(&name).display()));
+            }
+            None => {}
+        }
+    }
     ids.sort_unstable();
     if ids.len() > MAX_NODES {
         report.note_unknown(format!("{}: {} NUMA nodes, reading the first {MAX_NODES}", dir.display(), ids.len()));
@@ -85,6 +97,8 @@ pub struct Cpus {
     pub by_node: BTreeMap<u32, DeviceIdx>,
     /// The `package` device when there are no NUMA nodes.
     pub package: Option<DeviceIdx>,
+    /// Memory-only `numaN` devices by N: never a host bridge's anchor.
+    pub memory_nodes: BTreeMap<u32, DeviceIdx>,
     /// Devices this call added (not counting ones already present).
     pub added: usize,
 }
@@ -128,25 +142,54 @@ pub fn add_cpus(inv: &mut Inventory, root: &SysfsRoot, nodes: &[NumaNode], repor
         return cpus;
     }
     for n in nodes {
-        let mut dev = Device::new(DeviceId::named(node, &format!("numa{}", n.id)), DeviceKind::Cpu, Some(node));
-        dev.name = Some(format!("NUMA node {}", n.id));
+        // An empty cpulist is the kernel saying "no CPUs"; a missing one says nothing, so
+        // such a node stays a CPU node (the conservative reading) and its gap is reported.
+        let memory_only = n.cpus.as_ref().is_some_and(CpuSet::is_empty);
+        let kind = if memory_only { DeviceKind::MemoryNode } else { DeviceKind::Cpu };
+        let mut dev = Device::new(DeviceId::named(node, &format!("numa{}", n.id)), kind, Some(node));
+        dev.name =
+            Some(if memory_only { format!("NUMA node {} (memory only)", n.id) } else { format!("NUMA node {}", n.id) });
         dev.numa_node = Some(n.id);
-        dev.local_cpus = n.cpus.clone();
+        dev.local_cpus = n.cpus.clone().filter(|c| !c.is_empty());
+        // A memory-only node's memory is fabric memory with a place in the address map
+        // (host_exported); a CPU node's is the host's own DRAM.
+        let mem_kind = if memory_only { MemoryKind::HostExported } else { MemoryKind::Dram };
         if let Some(size) = n.mem_bytes {
-            dev.memory.push(MemoryResource { kind: MemoryKind::Dram, size, hpa: None, numa_node: Some(n.id) });
+            dev.memory.push(MemoryResource { kind: mem_kind, size, hpa: None, numa_node: Some(n.id) });
+        }
+        if memory_only {
+            dev.numa_memory = Some(NumaMemoryInfo {
+                memory_only: true,
+                origin: MemoryOrigin::Unknown,
+                tier: None,
+                access: Vec::new(),
+                caches: Vec::new(),
+            });
         }
         if let Some(d) = &n.distance {
             let row: Vec<String> = d.iter().map(u32::to_string).collect();
             dev.attrs.insert("numa.distance".to_owned(), row.join(" "));
         }
         if let Some(idx) = add(inv, dev, &mut cpus.added) {
-            cpus.by_node.insert(n.id, idx);
+            if memory_only {
+                cpus.memory_nodes.insert(n.id, idx);
+            } else {
+                cpus.by_node.insert(n.id, idx);
+            }
         }
     }
     let idxs: Vec<DeviceIdx> = cpus.by_node.values().copied().collect();
     for (i, &a) in idxs.iter().enumerate() {
         for &b in &idxs[i + 1..] {
             inv.add_link(Link::new(a, b, LinkKind::Smp, Bandwidth::default(), None));
+        }
+    }
+    // Every CPU reaches every memory node through the SMP fabric; the HMAT figures, where
+    // the firmware gives them, are put on these links by the hmem backend. Memory nodes are
+    // not linked to each other: no traffic passes through one.
+    for &m in cpus.memory_nodes.values() {
+        for &c in &idxs {
+            inv.add_link(Link::new(c, m, LinkKind::Smp, Bandwidth::default(), None));
         }
     }
     cpus

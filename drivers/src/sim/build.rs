@@ -180,6 +180,7 @@ fn stamp(proto: &Proto, id: DeviceId, node: &str, ualink: Option<UalinkInfo>) ->
         attrs: p.attrs.clone(),
         dma_mask_bits: p.dma_mask_bits,
         rdma: p.rdma.clone(),
+        numa_memory: p.numa_memory.clone(),
     }
 }
 

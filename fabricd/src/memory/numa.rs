@@ -221,7 +221,10 @@ pub fn resolve(root: &SysfsRoot, inv: &Inventory, numa: &[u32], plain: &[u32]) -
 
 /// The `numaN` device of node `node`.
 pub fn node_device(inv: &Inventory, node: u32) -> Option<DeviceId> {
-    inv.devices.iter().find(|d| d.kind == DeviceKind::Cpu && d.numa_node == Some(node)).map(|d| d.id.clone())
+    inv.devices
+        .iter()
+        .find(|d| matches!(d.kind, DeviceKind::Cpu | DeviceKind::MemoryNode) && d.numa_node == Some(node))
+        .map(|d| d.id.clone())
 }
 
 /// Finds each node's `numaN` device in `inv` (after [`add_node_resources`] ran on it).
@@ -239,7 +242,10 @@ pub fn locate_nodes(inv: &Inventory, nodes: &mut [NodeBacking]) -> Result<(), Nu
 pub fn add_node_resources(inv: &mut Inventory, nodes: &[NodeBacking]) -> Vec<u32> {
     let mut absent = Vec::new();
     for n in nodes {
-        let Some(dev) = inv.devices.iter_mut().find(|d| d.kind == DeviceKind::Cpu && d.numa_node == Some(n.node))
+        let Some(dev) = inv
+            .devices
+            .iter_mut()
+            .find(|d| matches!(d.kind, DeviceKind::Cpu | DeviceKind::MemoryNode) && d.numa_node == Some(n.node))
         else {
             absent.push(n.node);
             continue;
