@@ -68,6 +68,9 @@ impl<'a> Tree<'a> {
         if let Some(m) = &d.numa_memory {
             s.push_str(&numa_memory_summary(m));
         }
+        for r in &d.rdma {
+            s.push_str(&rdma_summary(r));
+        }
         let mut mem: BTreeMap<MemoryKind, u64> = BTreeMap::new();
         for m in &d.memory {
             *mem.entry(m.kind).or_insert(0) += m.size;
@@ -148,6 +151,41 @@ impl<'a> Tree<'a> {
 
 /// ` origin cxl tier 22 hmat 20000/15000 MB/s 400/450 ns from 0 cache 4.0 GiB`: what the
 /// kernel says about a NUMA node's memory (HMAT: access class 1, else 0; read/write).
+/// ` rdma mlx5_0 port1 active/link_up 400 Gb/s infiniband roce_v2 eth0`: an RDMA device's
+/// ports, each with what the kernel says (unknown parts left out).
+fn rdma_summary(r: &fabric_topology::rdma::RdmaDevice) -> String {
+    let mut s = format!(" rdma {}", r.name);
+    for p in &r.ports {
+        s.push_str(&format!(" port{}", p.number));
+        let state = p.state.map(|x| format!("{x:?}"));
+        let phys = p.phys_state.map(|x| format!("{x:?}"));
+        match (state, phys) {
+            (Some(a), Some(b)) => s.push_str(&format!(" {}/{}", a.to_lowercase(), b.to_lowercase())),
+            (Some(a), None) | (None, Some(a)) => s.push_str(&format!(" {}", a.to_lowercase())),
+            (None, None) => {}
+        }
+        if let Some(m) = p.rate_mbps {
+            s.push_str(&format!(" {} Gb/s", m / 1000));
+        }
+        if let Some(l) = p.link_layer {
+            s.push_str(match l {
+                fabric_topology::rdma::LinkLayer::Infiniband => " infiniband",
+                fabric_topology::rdma::LinkLayer::Ethernet => " ethernet",
+            });
+        }
+        if p.gids.iter().any(|g| g.kind == Some(fabric_topology::rdma::GidType::RoceV2)) {
+            s.push_str(" roce_v2");
+        }
+        if let Some(n) = &p.netdev {
+            s.push_str(&format!(" {n}"));
+        }
+    }
+    if let Some(pm) = &r.peer_memory {
+        s.push_str(&format!(" gpudirect {pm}"));
+    }
+    s
+}
+
 fn numa_memory_summary(m: &fabric_topology::NumaMemoryInfo) -> String {
     let mut s = String::new();
     if m.memory_only {
@@ -239,4 +277,53 @@ pub fn render(view: &View, w: &mut dyn Write) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_topology::rdma::{GidType, LinkLayer, PhysState, PortState, RdmaDevice, RdmaGid, RdmaPort};
+
+    use super::rdma_summary;
+
+    #[test]
+    fn rdma_ports_are_summarised_with_what_is_known() {
+        let port = |number, state, phys, rate, layer, v2: bool, netdev: Option<&str>| RdmaPort {
+            number,
+            state,
+            phys_state: phys,
+            rate_mbps: rate,
+            rate: None,
+            link_layer: layer,
+            lid: None,
+            sm_lid: None,
+            port_guid: None,
+            gids: if v2 {
+                vec![RdmaGid { index: 1, gid: "::ffff:10.0.0.1".into(), kind: Some(GidType::RoceV2), netdev: None }]
+            } else {
+                Vec::new()
+            },
+            netdev: netdev.map(str::to_owned),
+        };
+        let r = RdmaDevice {
+            name: "mlx5_0".into(),
+            node_type: None,
+            node_guid: None,
+            sys_image_guid: None,
+            firmware: None,
+            ports: vec![
+                port(
+                    1,
+                    Some(PortState::Active),
+                    Some(PhysState::LinkUp),
+                    Some(400_000),
+                    Some(LinkLayer::Ethernet),
+                    true,
+                    Some("eth0"),
+                ),
+                port(2, Some(PortState::Down), None, None, None, false, None),
+            ],
+            peer_memory: None,
+        };
+        assert_eq!(rdma_summary(&r), " rdma mlx5_0 port1 active/linkup 400 Gb/s ethernet roce_v2 eth0 port2 down");
+    }
 }
