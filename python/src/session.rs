@@ -24,7 +24,7 @@ pub(crate) fn default_socket(py: Python<'_>) -> PyResult<String> {
 }
 
 /// A session with fabricd (see `fabric_mm.Session`).
-#[pyclass(module = "fabric_mm._native", subclass, frozen)]
+#[pyclass(module = "fabric_mm._native", frozen)]
 #[derive(Debug)]
 pub struct Session {
     slot: Slot<fabric_mm::Session>,
