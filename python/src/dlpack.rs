@@ -18,8 +18,6 @@ use crate::memory::Pin;
 pub(crate) const CPU_DEVICE: (i32, i32) = (1, 0);
 const KDL_UINT: u8 = 1;
 const FLAG_READ_ONLY: u64 = 1;
-const LEGACY: &CStr = c"dltensor";
-const VERSIONED: &CStr = c"dltensor_versioned";
 
 #[repr(C)]
 struct DlDevice {
@@ -77,6 +75,34 @@ struct Owned<M> {
     _pin: Pin,
 }
 
+/// The two managed-tensor layouts: DLPack 1.0's versioned one and the legacy one.
+trait Managed: Sized {
+    /// The capsule's name.
+    const NAME: &'static CStr;
+    fn tensor(&mut self) -> &mut DlTensor;
+    fn context(&mut self) -> &mut *mut c_void;
+}
+
+impl Managed for DlManagedTensor {
+    const NAME: &'static CStr = c"dltensor";
+    fn tensor(&mut self) -> &mut DlTensor {
+        &mut self.dl_tensor
+    }
+    fn context(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+impl Managed for DlManagedTensorVersioned {
+    const NAME: &'static CStr = c"dltensor_versioned";
+    fn tensor(&mut self) -> &mut DlTensor {
+        &mut self.dl_tensor
+    }
+    fn context(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
 fn tensor(address: usize) -> DlTensor {
     DlTensor {
         data: address as *mut c_void,
@@ -90,53 +116,55 @@ fn tensor(address: usize) -> DlTensor {
     }
 }
 
+/// The deleter of both layouts.
+///
 /// # Safety
-/// `m` is null or a pointer `export` made (the `managed` field of a boxed
-/// `Owned<DlManagedTensor>`), not deleted before.
-unsafe extern "C" fn delete_legacy(m: *mut DlManagedTensor) {
+/// `m` is null or a pointer [`capsule`] made (the `managed` field of a boxed `Owned<M>`),
+/// not deleted before.
+unsafe extern "C" fn delete<M: Managed>(m: *mut M) {
     if m.is_null() {
         return;
     }
-    // SAFETY: per the contract, `m` is the first field of a live `Box<Owned<_>>` (repr(C)).
-    let owned = unsafe { Box::from_raw(m.cast::<Owned<DlManagedTensor>>()) };
+    // SAFETY: per the contract, `m` is the first field of a live `Box<Owned<M>>` (repr(C)).
+    let owned = unsafe { Box::from_raw(m.cast::<Owned<M>>()) };
     // A panic must not unwind into the consumer's C code.
     let _ = catch_unwind(AssertUnwindSafe(|| drop(owned)));
 }
 
+/// The capsule's destructor.
+///
 /// # Safety
-/// As for [`delete_legacy`], for `Owned<DlManagedTensorVersioned>`.
-unsafe extern "C" fn delete_versioned(m: *mut DlManagedTensorVersioned) {
-    if m.is_null() {
-        return;
-    }
-    // SAFETY: per the contract, `m` is the first field of a live `Box<Owned<_>>` (repr(C)).
-    let owned = unsafe { Box::from_raw(m.cast::<Owned<DlManagedTensorVersioned>>()) };
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(owned)));
-}
-
-/// # Safety
-/// Called by Python with a capsule (GIL held), once, when it is collected.
-unsafe extern "C" fn capsule_legacy(capsule: *mut ffi::PyObject) {
+/// Called by Python with a capsule [`capsule`] made (GIL held), once, when it is collected.
+unsafe extern "C" fn destroy<M: Managed>(capsule: *mut ffi::PyObject) {
     // SAFETY: a consumer renames the capsule when it takes the tensor (then the deleter is
-    // its to call); still named "dltensor", the pointer is ours and was never handed over.
+    // its to call); still under our name, the pointer is ours and was never handed over.
     unsafe {
-        if ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr()).cast::<DlManagedTensor>();
-            delete_legacy(m);
+        if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
+            delete::<M>(ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr()).cast());
         }
     }
 }
 
-/// # Safety
-/// As for [`capsule_legacy`].
-unsafe extern "C" fn capsule_versioned(capsule: *mut ffi::PyObject) {
-    // SAFETY: as in `capsule_legacy`.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr()).cast::<DlManagedTensorVersioned>();
-            delete_versioned(m);
-        }
+/// Boxes `managed` with its shape, strides and pin, and hands the box to a capsule.
+fn capsule<'py, M: Managed>(py: Python<'py>, managed: M, len: i64, pin: Pin) -> PyResult<Bound<'py, PyAny>> {
+    let mut b = Box::new(Owned { managed, shape: [len], strides: [1], _pin: pin });
+    let (shape, strides) = (b.shape.as_mut_ptr(), b.strides.as_mut_ptr());
+    let t = b.managed.tensor();
+    t.shape = shape;
+    t.strides = strides;
+    let raw = Box::into_raw(b);
+    // SAFETY: raw is a live box, ours alone; its address is the context consumers may see.
+    unsafe { *(*raw).managed.context() = raw.cast() };
+    // SAFETY: raw (its first field) is the capsule's pointer under the layout's name; the
+    // destructor deletes it unless a consumer took it.
+    let cap = unsafe { ffi::PyCapsule_New(raw.cast(), M::NAME.as_ptr(), Some(destroy::<M>)) };
+    // SAFETY: an owned reference, or NULL with an exception set.
+    let made = unsafe { Bound::from_owned_ptr_or_err(py, cap) };
+    if made.is_err() {
+        // SAFETY: no capsule holds raw: it is still ours alone.
+        unsafe { delete::<M>(raw.cast()) };
     }
+    made
 }
 
 /// The capsule for `__dlpack__`, after checking what the consumer asked for.
@@ -159,64 +187,22 @@ pub(crate) fn export<'py>(
     }
     let (address, size, writable) = pin.parts();
     let len = i64::try_from(size).map_err(|_| PyBufferError::new_err("mapping larger than DLPack's shape"))?;
-    let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-    if !versioned && !writable {
+    if max_version.is_some_and(|(major, _)| major >= 1) {
+        let managed = DlManagedTensorVersioned {
+            version: DlPackVersion { major: 1, minor: 0 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<DlManagedTensorVersioned>),
+            flags: if writable { 0 } else { FLAG_READ_ONLY },
+            dl_tensor: tensor(address),
+        };
+        return capsule(py, managed, len, pin);
+    }
+    if !writable {
         return Err(PyBufferError::new_err(
             "a read-only mapping needs a DLPack ≥ 1.0 consumer (max_version), which honours its read-only flag",
         ));
     }
-    if versioned {
-        let mut b = Box::new(Owned {
-            managed: DlManagedTensorVersioned {
-                version: DlPackVersion { major: 1, minor: 0 },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: if writable { 0 } else { FLAG_READ_ONLY },
-                dl_tensor: tensor(address),
-            },
-            shape: [len],
-            strides: [1],
-            _pin: pin,
-        });
-        b.managed.dl_tensor.shape = b.shape.as_mut_ptr();
-        b.managed.dl_tensor.strides = b.strides.as_mut_ptr();
-        let raw = Box::into_raw(b);
-        // SAFETY: raw is a live box; its address is the context consumers may look at.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        // SAFETY: raw.managed is the capsule's pointer, named as DLPack 1.0 requires; the
-        // destructor handles an unconsumed capsule.
-        let cap = unsafe { ffi::PyCapsule_New(raw.cast(), VERSIONED.as_ptr(), Some(capsule_versioned)) };
-        // SAFETY: an owned reference or NULL with an exception set.
-        let made = unsafe { Bound::from_owned_ptr_or_err(py, cap) };
-        if made.is_err() {
-            // SAFETY: no capsule holds raw: it is still ours alone.
-            unsafe { delete_versioned(raw.cast()) };
-        }
-        made
-    } else {
-        let mut b = Box::new(Owned {
-            managed: DlManagedTensor {
-                dl_tensor: tensor(address),
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            shape: [len],
-            strides: [1],
-            _pin: pin,
-        });
-        b.managed.dl_tensor.shape = b.shape.as_mut_ptr();
-        b.managed.dl_tensor.strides = b.strides.as_mut_ptr();
-        let raw = Box::into_raw(b);
-        // SAFETY: raw is a live box.
-        unsafe { (*raw).managed.manager_ctx = raw.cast() };
-        // SAFETY: as above, with the legacy name.
-        let cap = unsafe { ffi::PyCapsule_New(raw.cast(), LEGACY.as_ptr(), Some(capsule_legacy)) };
-        // SAFETY: an owned reference or NULL with an exception set.
-        let made = unsafe { Bound::from_owned_ptr_or_err(py, cap) };
-        if made.is_err() {
-            // SAFETY: no capsule holds raw: it is still ours alone.
-            unsafe { delete_legacy(raw.cast()) };
-        }
-        made
-    }
+    let managed =
+        DlManagedTensor { dl_tensor: tensor(address), manager_ctx: std::ptr::null_mut(), deleter: Some(delete) };
+    capsule(py, managed, len, pin)
 }
