@@ -6,8 +6,9 @@ numpy.asarray, numpy.from_dlpack).
 
     target/python-venv/bin/python python/bench.py [--rounds 5] [--iterations 2000] [--json]
 
-Needs the package installed (scripts/python-tests.sh does it), target/debug/fabricd (or
-$FABRICD) and target/release/fabricctl (or $FABRICCTL).
+Needs the package installed (scripts/python-tests.sh does it), target/release/fabricd (or
+$FABRICD) and target/release/fabricctl (or $FABRICCTL): both sides meet the same release
+daemon, so its time does not dilute what Python adds.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     fabricctl = os.environ.get("FABRICCTL", str(ROOT / "target" / "release" / "fabricctl"))
+    os.environ.setdefault("FABRICD", str(ROOT / "target" / "release" / "fabricd"))
     with tempfile.TemporaryDirectory() as tmp:
         daemon = Daemon(Path(tmp))
         try:
