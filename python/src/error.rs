@@ -15,7 +15,7 @@ const CLOSED: &str = "closed";
 
 /// The Python exception for a library error.
 pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    let message = chain(&e);
+    let message = fabric_mm::ffi::error_text(&e);
     let code = e.code();
     build(py, code, kind(&e), &message, |d| details(d, &e)).unwrap_or_else(|fallback| fallback)
 }
@@ -29,18 +29,6 @@ pub(crate) fn closed(py: Python<'_>, what: &str) -> PyErr {
 /// An argument this binding refuses before calling the library.
 pub(crate) fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
     to_py(py, Error::InvalidArgument(message.into()))
-}
-
-/// The message, then each cause (`Error`'s `Display` does not repeat its source).
-fn chain(e: &Error) -> String {
-    let mut s = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(c) = source {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        source = c.source();
-    }
-    s
 }
 
 fn kind(e: &Error) -> &'static str {
