@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import time
 
 import pytest
 
@@ -66,7 +67,18 @@ def test_resume_by_token(tmp_path_factory: pytest.TempPathFactory) -> None:
         s.disconnect()
         with pytest.raises(fabric_mm.DisconnectedError):
             s.ping()
-        with fabric_mm.Session(d.socket, resume=token) as back:
+        # The daemon takes a moment to see the connection go; until then the session is
+        # not detached, and a resume finds nothing to take back.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                back = fabric_mm.Session(d.socket, resume=token)
+                break
+            except fabric_mm.NotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with back:
             assert back.token() == token
             # The export came back with the session: it still imports.
             other = fabric_mm.Session(d.socket)
