@@ -14,19 +14,21 @@ venv=target/python-venv
 export PYTHONDONTWRITEBYTECODE=1
 python=${PYTHON:-python3}
 
-# Debian's python3 has no venv module (or no ensurepip) without python3-venv.
-if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
+# Always a new environment: nothing an earlier run (or anyone else) installed is reused.
+rm -rf "$venv"
+if ! "$python" -m venv "$venv" >/dev/null 2>&1; then
+  # Debian's python3 makes no venv (no ensurepip) without python3-venv.
+  rm -rf "$venv"
   if [[ ${FABRIC_INSTALL_DEPS:-0} == 1 && $(id -u) == 0 ]]; then
-    apt-get install -y --no-install-recommends python3-venv >/dev/null
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    "$python" -m venv "$venv"
   else
-    echo "python-tests: $python has no venv/ensurepip: install python3-venv" >&2
+    echo "python-tests: $python cannot make a virtual environment: install python3-venv" >&2
     exit 1
   fi
 fi
-
-# Always a new environment: nothing an earlier run (or anyone else) installed is reused.
-rm -rf "$venv"
-"$python" -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check maturin numpy pytest mypy
 
 # The daemon the tests start (the workspace's debug build; cheap when test.sh built it).
