@@ -131,7 +131,10 @@ impl Session {
     /// the library's reader thread, with the GIL); `None` stops the calls.
     fn on_revocation(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         let s = self.get(py)?;
-        match callback {
+        // Without the GIL: the library holds its callback lock while a callback runs, and a
+        // running callback waits for the GIL; taking that lock with the GIL held would
+        // deadlock against it.
+        py.detach(move || match callback {
             None => s.on_revocation(|_| {}),
             Some(cb) => s.on_revocation(move |r| {
                 // No GIL during interpreter shutdown: nobody is left to tell.
@@ -142,7 +145,7 @@ impl Session {
                     }
                 });
             }),
-        }
+        });
         Ok(())
     }
 

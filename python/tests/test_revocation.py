@@ -7,6 +7,8 @@ import queue
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -98,3 +100,26 @@ def test_a_failing_callback_does_not_break_the_session(session: fabric_mm.Sessio
         # Reported through sys.unraisablehook, as Python reports errors it cannot raise.
         assert "callback bug" in str(reported.get(timeout=5))
         importer.on_revocation(None)
+
+
+def test_replacing_the_callback_while_it_runs(session: fabric_mm.Session, gpu: str) -> None:
+    # The library holds its callback lock while a callback runs, and the callback needs the
+    # GIL: on_revocation must wait for that lock without the GIL, or the two deadlock (this
+    # test then hangs instead of passing).
+    started, finished = threading.Event(), threading.Event()
+
+    def slow(_: fabric_mm.Revocation) -> None:
+        started.set()
+        time.sleep(0.5)  # releases the GIL, and needs it back to return
+        finished.set()
+
+    with fabric_mm.Session(session.socket) as importer:
+        importer.on_revocation(slow)
+        region = session.alloc(MIB, device=gpu)
+        handle = session.export(region)
+        imp = importer.import_(handle)  # held: a released import is not revoked
+        session.revoke(handle)
+        assert started.wait(5)
+        importer.on_revocation(None)
+        assert finished.is_set()
+        imp.release()
