@@ -8,6 +8,7 @@
 #   tier 3  QEMU guests (Debian 6.12 kernel; CXL, hot-unplug, ...) scripts/qemu-tests.sh
 #   tier 4  Miri on the pure parts                      scripts/miri.sh
 #   tier 5  fuzz targets, briefly                       (scripts/fuzz.sh --smoke)
+#   python  the fabric_mm package: built from source, mypy, pytest   scripts/python-tests.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,9 @@ cargo nextest run -p fabric-cli --test golden --locked --cargo-profile test --ru
 
 step "doc tests"
 cargo test --workspace --doc --locked
+
+step "python: the fabric_mm package (pip install ./python, mypy, pytest on fabricd)"
+scripts/python-tests.sh
 
 step "tier 3: QEMU guests"
 scripts/qemu-tests.sh

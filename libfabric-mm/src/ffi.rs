@@ -109,8 +109,9 @@ pub(crate) fn set_error(msg: &str) {
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
 }
 
-/// The error's text with its sources, as `fmm_last_error()` and callbacks give it.
-pub(crate) fn error_text(e: &Error) -> String {
+/// The error's text with its sources, as `fmm_last_error()` and callbacks give it (and the
+/// Python binding's exceptions).
+pub fn error_text(e: &Error) -> String {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {

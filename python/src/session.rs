@@ -1,0 +1,323 @@
+//! `Session`: one connection to fabricd, opened exactly as the Rust library opens one
+//! (`SessionConfig`: `FABRIC_SOCKET`, then the defaults; the window from
+//! `FABRIC_MM_WINDOW_*`; a resume token), with every library call of `fabric_mm::Session`
+//! a method.
+
+use std::path::PathBuf;
+
+use fabric_mm::{Policy, ResourceOffset, SessionConfig, Target, Token, WindowConfig};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::copy::{Copy, HostBuffer, Registration, endpoint};
+use crate::error::{closed, invalid, to_py};
+use crate::gil::{Slot, blocking};
+use crate::memory::{Import, Mapping, Region, Source};
+use crate::values;
+
+/// The socket a session opens by default: `$FABRIC_SOCKET`, else
+/// `/run/fabric/fabricd.sock` for root, else `$XDG_RUNTIME_DIR/fabric/fabricd.sock` (the
+/// library's own resolution).
+#[pyfunction]
+pub(crate) fn default_socket(py: Python<'_>) -> PyResult<String> {
+    fabric_mm::default_socket().map(|p| p.to_string_lossy().into_owned()).map_err(|e| to_py(py, e))
+}
+
+/// A session with fabricd (see `fabric_mm.Session`).
+#[pyclass(module = "fabric_mm._native", frozen)]
+#[derive(Debug)]
+pub struct Session {
+    slot: Slot<fabric_mm::Session>,
+}
+
+impl Session {
+    pub(crate) fn get(&self, py: Python<'_>) -> PyResult<std::sync::Arc<fabric_mm::Session>> {
+        self.slot.get().ok_or_else(|| closed(py, "session"))
+    }
+}
+
+#[pymethods]
+impl Session {
+    #[new]
+    #[pyo3(signature = (socket=None, *, client_name=None, resume=None, window_gfa=None, window_size=None))]
+    fn new(
+        py: Python<'_>,
+        socket: Option<PathBuf>,
+        client_name: Option<String>,
+        resume: Option<&str>,
+        window_gfa: Option<u64>,
+        window_size: Option<u64>,
+    ) -> PyResult<Self> {
+        let resume = resume.map(str::parse::<Token>).transpose().map_err(|e| to_py(py, e))?;
+        // Either part of the window given: the rest from the environment, as the library
+        // itself would take it.
+        let window = match (window_gfa, window_size) {
+            (None, None) => None,
+            (gfa, len) => {
+                let env = WindowConfig::from_env().map_err(|e| to_py(py, e))?;
+                Some(WindowConfig { gfa: gfa.unwrap_or(env.gfa), len: len.unwrap_or(env.len) })
+            }
+        };
+        let config = SessionConfig {
+            socket,
+            window,
+            client_name: Some(client_name.unwrap_or_else(|| "fabric_mm-python".into())),
+            resume,
+        };
+        let s = blocking(py, move || fabric_mm::Session::open_with(config))?;
+        Ok(Self { slot: Slot::new(s) })
+    }
+
+    /// Closes this handle on the session. Objects made from it (regions, imports,
+    /// mappings, registrations) keep the connection until they go too.
+    fn close(&self) {
+        self.slot.close();
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        !self.slot.is_open()
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    /// The socket this session talks to.
+    #[getter]
+    fn socket(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.get(py)?.socket().to_string_lossy().into_owned())
+    }
+
+    /// The daemon's id of this session.
+    #[getter]
+    fn id(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.get(py)?.id())
+    }
+
+    /// The protocol version agreed with fabricd, `(major, minor)`.
+    #[getter]
+    fn protocol_version(&self, py: Python<'_>) -> PyResult<(u8, u8)> {
+        let v = self.get(py)?.protocol_version();
+        Ok((v.major, v.minor))
+    }
+
+    /// The resume token (32 hex digits; a secret), `None` with a protocol-1.0 daemon.
+    fn token(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        Ok(self.get(py)?.token().map(|t| t.to_string()))
+    }
+
+    /// Drops the connection now, keeping this process's mappings.
+    fn disconnect(&self, py: Python<'_>) -> PyResult<()> {
+        let s = self.get(py)?;
+        py.detach(move || s.disconnect());
+        Ok(())
+    }
+
+    /// One round trip to fabricd.
+    fn ping(&self, py: Python<'_>) -> PyResult<()> {
+        let s = self.get(py)?;
+        blocking(py, move || s.ping())
+    }
+
+    /// Calls `callback(dict)` for every revocation of one of this session's imports (on
+    /// the library's reader thread, with the GIL); `None` stops the calls.
+    fn on_revocation(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
+        let s = self.get(py)?;
+        // Without the GIL: the library holds its callback lock while a callback runs, and a
+        // running callback waits for the GIL; taking that lock with the GIL held would
+        // deadlock against it.
+        py.detach(move || match callback {
+            None => s.on_revocation(|_| {}),
+            Some(cb) => s.on_revocation(move |r| {
+                // No GIL during interpreter shutdown: nobody is left to tell.
+                let _ = Python::try_attach(|py| {
+                    let call = values::revocation(py, r).and_then(|d| cb.call1(py, (d,)));
+                    if let Err(e) = call {
+                        e.write_unraisable(py, Some(cb.bind(py)));
+                    }
+                });
+            }),
+        });
+        Ok(())
+    }
+
+    #[pyo3(signature = (size, *, device=None, memory="hbm", set=None))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        size: u64,
+        device: Option<String>,
+        memory: &str,
+        set: Option<String>,
+    ) -> PyResult<Region> {
+        let target = match (device, set) {
+            (Some(device), None) => {
+                Target::Device { device, memory: values::class_of(memory).map_err(|e| to_py(py, e))? }
+            }
+            (None, Some(set)) => Target::Set(set),
+            _ => return Err(invalid(py, "alloc takes exactly one of device= and set=")),
+        };
+        let s = self.get(py)?;
+        blocking(py, move || s.alloc(&target, size)).map(Region::new)
+    }
+
+    fn alloc_nearest(&self, py: Python<'_>, device: String, size: u64) -> PyResult<Region> {
+        let s = self.get(py)?;
+        blocking(py, move || s.alloc_nearest(&device, size)).map(Region::new)
+    }
+
+    #[pyo3(signature = (region, *, uids=Vec::new(), gids=Vec::new(), partition=None, read_only=false))]
+    fn export(
+        &self,
+        py: Python<'_>,
+        region: &Region,
+        uids: Vec<u32>,
+        gids: Vec<u32>,
+        partition: Option<String>,
+        read_only: bool,
+    ) -> PyResult<String> {
+        let s = self.get(py)?;
+        let r = region.get(py)?;
+        let policy = Policy { uids, gids, partition, read_only };
+        blocking(py, move || s.export(&r, &policy)).map(|h| h.to_string())
+    }
+
+    fn revoke(&self, py: Python<'_>, handle: &str) -> PyResult<()> {
+        let s = self.get(py)?;
+        let h = handle.parse().map_err(|e| to_py(py, e))?;
+        blocking(py, move || s.revoke(&h))
+    }
+
+    #[pyo3(signature = (handle, writable=true))]
+    fn import_handle(&self, py: Python<'_>, handle: &str, writable: bool) -> PyResult<Import> {
+        let s = self.get(py)?;
+        let h = handle.parse().map_err(|e| to_py(py, e))?;
+        blocking(py, move || s.import(&h, writable)).map(Import::new)
+    }
+
+    fn map(&self, py: Python<'_>, memory: &Bound<'_, PyAny>) -> PyResult<Mapping> {
+        let s = self.get(py)?;
+        let mapped = match Source::of(py, memory)? {
+            Source::Region(r) => blocking(py, move || s.map(&*r)),
+            Source::Import(i) => blocking(py, move || s.map(&*i)),
+            _ => return Err(invalid(py, "map takes a Region or an Import")),
+        }?;
+        Ok(Mapping::new(mapped))
+    }
+
+    fn translate<'py>(&self, py: Python<'py>, gfas: Vec<u64>) -> PyResult<Bound<'py, PyList>> {
+        let s = self.get(py)?;
+        let found = blocking(py, move || s.translate(&gfas))?;
+        let out = PyList::empty(py);
+        for l in &found {
+            out.append(values::location(py, l)?)?;
+        }
+        Ok(out)
+    }
+
+    /// `items`: `(device, memory class, ordinal, offset)` tuples.
+    fn reverse(&self, py: Python<'_>, items: Vec<(String, String, u16, u64)>) -> PyResult<Vec<Option<u64>>> {
+        let s = self.get(py)?;
+        let items = items
+            .into_iter()
+            .map(|(device, memory, ordinal, offset)| {
+                Ok(ResourceOffset { device, memory: values::class_of(&memory)?, ordinal, offset })
+            })
+            .collect::<fabric_mm::Result<Vec<_>>>()
+            .map_err(|e| to_py(py, e))?;
+        blocking(py, move || s.reverse(&items))
+    }
+
+    fn devices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let s = self.get(py)?;
+        let found = blocking(py, move || s.devices())?;
+        let out = PyList::empty(py);
+        for d in &found {
+            out.append(values::device(py, d)?)?;
+        }
+        Ok(out)
+    }
+
+    fn path<'py>(&self, py: Python<'py>, a: String, b: String) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.get(py)?;
+        let p = blocking(py, move || s.path(&a, &b))?;
+        values::path(py, &p)
+    }
+
+    #[pyo3(signature = (device, memory=None))]
+    fn nearest_memory<'py>(
+        &self,
+        py: Python<'py>,
+        device: String,
+        memory: Option<&str>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let only = memory.map(values::class_of).transpose().map_err(|e| to_py(py, e))?;
+        let s = self.get(py)?;
+        let found = blocking(py, move || s.nearest_memory(&device, only))?;
+        let out = PyList::empty(py);
+        for m in &found {
+            out.append(values::near(py, m)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Registers `memory` (a Region, Import, Mapping or HostBuffer; `length` bytes at
+    /// `offset`, all of it by default) for DMA by `device`, through the session's cache.
+    #[pyo3(signature = (memory, device, access="rw", *, offset=0, length=None))]
+    fn register(
+        &self,
+        py: Python<'_>,
+        memory: &Bound<'_, PyAny>,
+        device: String,
+        access: &str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> PyResult<Registration> {
+        let access = values::access_of(access).map_err(|e| to_py(py, e))?;
+        let s = self.get(py)?;
+        let src = Source::of(py, memory)?;
+        let length = match length {
+            Some(l) => l,
+            None => src.len().checked_sub(offset).ok_or_else(|| invalid(py, "offset lies past the memory"))?,
+        };
+        let reg = match src {
+            Source::Region(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
+            Source::Import(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
+            Source::Mapping(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
+            Source::Host(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
+        }?;
+        Ok(Registration::new(reg))
+    }
+
+    /// A page-aligned host buffer of at least `size` bytes, for registration.
+    fn alloc_host(&self, py: Python<'_>, size: u64) -> PyResult<HostBuffer> {
+        let s = self.get(py)?;
+        blocking(py, move || s.alloc_host(size)).map(HostBuffer::new)
+    }
+
+    fn registration_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        values::registration_stats(py, &self.get(py)?.registration_stats())
+    }
+
+    fn clear_registration_cache(&self, py: Python<'_>) -> PyResult<()> {
+        let s = self.get(py)?;
+        py.detach(move || s.clear_registration_cache());
+        Ok(())
+    }
+
+    /// Starts a copy of `length` bytes by fabricd's copy engine; endpoints are GFAs (int),
+    /// Registrations (their first byte) or `Registration.at(offset)`.
+    fn copy(&self, py: Python<'_>, dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>, length: u64) -> PyResult<Copy> {
+        let (dst, src) = (endpoint(py, dst)?, endpoint(py, src)?);
+        let s = self.get(py)?;
+        blocking(py, move || s.copy(dst, src, length)).map(Copy::new)
+    }
+}

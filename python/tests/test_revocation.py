@@ -1,0 +1,125 @@
+"""Revocation surfaces twice: as a callback (a Revocation dataclass, on the library's
+thread) and as RevokedError from every later use of the import or its mapping."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import fabric_mm
+from conftest import MIB
+
+
+def test_revoke_is_a_callback_and_an_exception(session: fabric_mm.Session, gpu: str) -> None:
+    region = session.alloc(MIB, device=gpu)
+    handle = session.export(region)
+    seen: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    with fabric_mm.Session(session.socket) as importer:
+        importer.on_revocation(seen.put)
+        imp = importer.import_(handle)
+        m = importer.map(imp)
+        m.check()
+        session.revoke(handle)
+        r = seen.get(timeout=5)
+        assert r == fabric_mm.Revocation(region=region.id, generation=region.generation,
+                                         import_id=imp.import_id, reason="revoked")
+        with pytest.raises(fabric_mm.RevokedError) as e:
+            m.check()
+        assert e.value.code == fabric_mm.errors.E_REVOKED
+        assert e.value.reason == "revoked" and e.value.region == region.id
+        with pytest.raises(fabric_mm.RevokedError):
+            imp.check()
+        with pytest.raises(fabric_mm.RevokedError):
+            importer.register(imp, gpu)
+        # The pages stay mapped until unmapped: a view reads, it does not crash.
+        assert m.memoryview()[0] == 0
+        # A new import of the revoked handle is refused by the daemon, as revoked.
+        with pytest.raises(fabric_mm.RevokedError) as refused:
+            importer.import_(handle)
+        assert refused.value.kind == "refused" and refused.value.daemon_code == "Revoked"
+
+
+def test_owner_exit_revokes(session: fabric_mm.Session) -> None:
+    owner = textwrap.dedent(
+        """
+        import sys, fabric_mm
+        s = fabric_mm.Session(sys.argv[1])
+        gpu = next(d.id for d in s.devices() if d.kind == "gpu")
+        r = s.alloc(1 << 20, device=gpu)
+        print(s.export(r), flush=True)
+        sys.stdin.readline()
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", owner, session.socket],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        handle = child.stdout.readline().strip()
+        seen: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+        session.on_revocation(seen.put)
+        m = session.map(session.import_(handle))
+        child.kill()
+        assert seen.get(timeout=5).reason == "owner_exited"
+        with pytest.raises(fabric_mm.RevokedError):
+            m.check()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_failing_callback_does_not_break_the_session(session: fabric_mm.Session, gpu: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    reported: "queue.Queue[BaseException]" = queue.Queue()
+    monkeypatch.setattr(sys, "unraisablehook",
+                        lambda u: reported.put(u.exc_value) if u.exc_value else None)
+
+    def broken(_: fabric_mm.Revocation) -> None:
+        raise RuntimeError("callback bug")
+
+    with fabric_mm.Session(session.socket) as importer:
+        importer.on_revocation(broken)
+        region = session.alloc(MIB, device=gpu)
+        handle = session.export(region)
+        imp = importer.import_(handle)
+        session.revoke(handle)
+        # Reported as unraisable; the session keeps answering.
+        for _ in range(50):
+            importer.ping()
+            try:
+                imp.check()
+            except fabric_mm.RevokedError:
+                break
+        else:
+            pytest.fail("the revocation never arrived")
+        # Reported through sys.unraisablehook, as Python reports errors it cannot raise.
+        assert "callback bug" in str(reported.get(timeout=5))
+        importer.on_revocation(None)
+
+
+def test_replacing_the_callback_while_it_runs(session: fabric_mm.Session, gpu: str) -> None:
+    # The library holds its callback lock while a callback runs, and the callback needs the
+    # GIL: on_revocation must wait for that lock without the GIL, or the two deadlock (this
+    # test then hangs instead of passing).
+    started, finished = threading.Event(), threading.Event()
+
+    def slow(_: fabric_mm.Revocation) -> None:
+        started.set()
+        time.sleep(0.5)  # releases the GIL, and needs it back to return
+        finished.set()
+
+    with fabric_mm.Session(session.socket) as importer:
+        importer.on_revocation(slow)
+        region = session.alloc(MIB, device=gpu)
+        handle = session.export(region)
+        imp = importer.import_(handle)  # held: a released import is not revoked
+        session.revoke(handle)
+        assert started.wait(5)
+        importer.on_revocation(None)
+        assert finished.is_set()
+        imp.release()
