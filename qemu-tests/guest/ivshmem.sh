@@ -14,9 +14,12 @@ echo 1 >"$DEV/enable" 2>/dev/null
 basename "$DEV" >/tmp/bdf && blob ivshmem-bdf /tmp/bdf
 check bar-read "host pattern read through resource2" -- fabric-guest-probe check "$DEV/resource2" 0x100000 0x5eed0003
 # fabricd exports BAR2 ([memory] bars): a libfabric-mm client allocates on it, maps it at
-# its GFA and stores; a second process imports and loads; the host reads the file.
+# its GFA and stores; a second process imports and loads; the host reads the file. The
+# client (root) uses the whole 4 MiB BAR: the derived per-uid default would be half of it.
 FABRICD_EXTRA="[memory]
-bars = [\"$(basename "$DEV")/2\"]"
+bars = [\"$(basename "$DEV")/2\"]
+[limits]
+allocated_bytes_per_uid = 0x400000"
 start_fabricd
 fabricctl topology --daemon -o json >/tmp/topo.json && result fabric-topology ok
 blob topology /tmp/topo.json
