@@ -209,6 +209,15 @@ pub enum PartitionCommand {
     },
 }
 
+/// What `bench control` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ControlMode {
+    /// The control path's round trips against a bare echo server.
+    Latency,
+    /// Latency isolation under other clients' work, and group commit.
+    Isolation,
+}
+
 /// Where `map rebuild` starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RebuildSource {
@@ -277,6 +286,11 @@ pub enum BenchCommand {
         /// Seconds each throughput run lasts.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
+        /// `latency`: round trips against the echo server; `isolation`: no-op latency while
+        /// other clients allocate or change partitions, and allocations per second from 1
+        /// and 16 clients (group commit).
+        #[arg(long, value_enum, default_value_t = ControlMode::Latency)]
+        mode: ControlMode,
     },
     /// libfabric-mm registration: a cache hit (ns) and a miss per MiB vs `mlock` of the same
     /// bytes.

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bench_control;
 pub mod bench_copy;
 pub mod bench_dma;
+pub mod bench_isolation;
 pub mod bench_libcontrol;
 pub mod daemon;
 pub mod gpu_compare;
@@ -151,7 +152,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 let r = bench::scale(sim, *queries)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
-            BenchCommand::Control { socket, sim, iterations, clients, seconds } => {
+            BenchCommand::Control { socket, sim, iterations, clients, seconds, mode } => {
                 let opts = bench_control::ControlOptions {
                     daemon: socket.clone(),
                     sim: sim.clone(),
@@ -159,8 +160,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                     clients: (*clients).max(1),
                     duration: Duration::from_secs_f64(seconds.clamp(0.1, 600.0)),
                 };
-                let r = bench_control::control(&opts)?;
-                bench::print(&r, b.json, out).map_err(RunError::Output)?;
+                match mode {
+                    args::ControlMode::Latency => {
+                        let r = bench_control::control(&opts)?;
+                        bench::print(&r, b.json, out).map_err(RunError::Output)?;
+                    }
+                    args::ControlMode::Isolation => {
+                        let r = bench_isolation::isolation(&opts)?;
+                        bench::print(&r, b.json, out).map_err(RunError::Output)?;
+                    }
+                }
             }
             BenchCommand::Copy { sim, sizes, engines, iterations, depth, batch, dir } => {
                 let opts = bench_copy::CopyOptions {

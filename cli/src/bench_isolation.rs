@@ -1,0 +1,274 @@
+//! `fabricctl bench control --mode isolation`: whether one client's requests wait behind
+//! another's work in fabricd, and whether concurrent allocations share the journal's fsync
+//! (group commit). The baselines are the same daemon in the same run: the no-op's latency
+//! idle, and allocations per second from one client.
+//!
+//! - **Latency isolation.** One client times no-ops (`Ping`) idle, then while other
+//!   clients allocate and free regions in a loop (2 MiB ones and, one in eight, 1 GiB
+//!   ones), then while an admin client changes partitions in a loop (each change saves the
+//!   address map). p50, p99 and max of each. A `Ping` takes no shared lock at all, so the
+//!   same is timed for `Status`, which reads the memory registry: what a request that
+//!   touches shared state waits.
+//! - **Group commit.** Allocations (each freed at once) per second from one client, then
+//!   from 16 clients at once; with group commit the 16 share fsyncs and get more through.
+//!
+//! What this does not load yet: allocations on device memory that must be zeroed (a DAX
+//! device or BAR stand-in) and rescans triggered from outside; docs/BENCHMARKS.md says
+//! what each figure covers.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fabric_proto::wire::{
+    AllocRequest, AllocTarget, BoundedVec, Connection, DeviceName, FreeRequest, MemoryClass, Name, PartitionSpec,
+    PartitionsRequest, Request, Response, StatusRequest,
+};
+use serde::Serialize;
+
+use crate::bench_control::{ControlBenchError, ControlOptions, connect, hbm_device, start_daemon, time_pings};
+
+/// Clients that allocate while the no-ops are timed.
+const ALLOCATING_CLIENTS: usize = 4;
+/// Clients of the group-commit run.
+const COMMIT_CLIENTS: usize = 16;
+
+/// Result of the isolation mode; latencies in microseconds.
+#[derive(Debug, Serialize)]
+pub struct IsolationBench {
+    /// Benchmark name.
+    pub bench: &'static str,
+    /// No-ops timed per phase.
+    pub iterations: usize,
+    /// Idle: p50, p99, max.
+    pub idle_p50_us: f64,
+    /// Idle p99.
+    pub idle_p99_us: f64,
+    /// Idle max.
+    pub idle_max_us: f64,
+    /// While other clients allocate and free (1 GiB regions among them): p50.
+    pub loaded_p50_us: f64,
+    /// Same, p99 (target: ≤ 2 × `idle_p99_us`).
+    pub loaded_p99_us: f64,
+    /// Same, max (target: ≤ 5 ms).
+    pub loaded_max_us: f64,
+    /// Allocations the loading clients made meanwhile.
+    pub loaded_allocs: u64,
+    /// While partitions change in a loop: p50.
+    pub partitions_p50_us: f64,
+    /// Same, p99.
+    pub partitions_p99_us: f64,
+    /// Same, max.
+    pub partitions_max_us: f64,
+    /// Partition changes made meanwhile.
+    pub partition_changes: u64,
+    /// `Status` (reads the registry) idle: p99.
+    pub status_idle_p99_us: f64,
+    /// `Status` while other clients allocate: p99.
+    pub status_loaded_p99_us: f64,
+    /// `Status` while other clients allocate: max.
+    pub status_loaded_max_us: f64,
+    /// Allocations (and frees) per second, one client.
+    pub allocs_per_s_1: f64,
+    /// Allocations (and frees) per second, 16 clients together.
+    pub allocs_per_s_16: f64,
+    /// `allocs_per_s_16 / allocs_per_s_1` (target with group commit: ≥ 3).
+    pub group_commit_ratio: f64,
+    /// Seconds each throughput run lasted.
+    pub seconds: f64,
+    /// Failed requests of the loading clients (must be 0).
+    pub errors: u64,
+}
+
+fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
+    v.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let at = |p: f64| v.get(((p / 100.0) * (v.len().saturating_sub(1)) as f64).round() as usize).copied();
+    (at(50.0).map_or(0.0, us), at(99.0).map_or(0.0, us), v.last().copied().map_or(0.0, us))
+}
+
+fn alloc_req(device: &str, size: u64) -> Request {
+    Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
+        size,
+        align: 0,
+    })
+}
+
+/// Clients that each loop over `work` (one step per call) until stopped; the count of
+/// steps done and of errors.
+struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(
+        socket: &Path,
+        clients: usize,
+        work: impl Fn(&mut Connection, u64) -> bool + Send + Sync + 'static,
+    ) -> Result<Self, ControlBenchError> {
+        let (stop, done, errors) = (Arc::new(AtomicBool::new(false)), Arc::default(), Arc::default());
+        let work = Arc::new(work);
+        let mut threads = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            let mut c = connect(socket)?;
+            let (stop, done, errors, work): (Arc<AtomicBool>, Arc<AtomicU64>, Arc<AtomicU64>, _) =
+                (stop.clone(), Arc::clone(&done), Arc::clone(&errors), work.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if work(&mut c, i) {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    i += 1;
+                }
+            }));
+        }
+        Ok(Self { stop, done, errors, threads })
+    }
+
+    /// Stops the clients: (steps done, errors).
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        (self.done.load(Ordering::Relaxed), self.errors.load(Ordering::Relaxed))
+    }
+}
+
+/// `n` `Status` round trips, each timed.
+fn time_status(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBenchError> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        c.call(Request::Status(StatusRequest {}), &[])
+            .map_err(|source| ControlBenchError::Call { what: "status".into(), source })?;
+        out.push(t.elapsed());
+    }
+    Ok(out)
+}
+
+/// One allocation of `size` on `device`, freed at once; false when either is refused.
+fn alloc_free(c: &mut Connection, device: &str, size: u64) -> bool {
+    let Ok((Response::Alloc(a), fds)) = c.call(alloc_req(device, size), &[]) else { return false };
+    drop(fds);
+    c.call(Request::Free(FreeRequest { region: a.region }), &[]).is_ok()
+}
+
+/// Allocations per second from `clients` clients for `duration`, and their errors.
+fn allocs_per_s(
+    socket: &Path,
+    device: &str,
+    clients: usize,
+    duration: Duration,
+) -> Result<(f64, u64), ControlBenchError> {
+    let dev = device.to_owned();
+    let start = Instant::now();
+    let load = Load::start(socket, clients, move |c, _| alloc_free(c, &dev, 2 << 20))?;
+    std::thread::sleep(duration);
+    let (done, errors) = load.stop();
+    Ok((done as f64 / start.elapsed().as_secs_f64(), errors))
+}
+
+/// Runs the isolation mode.
+pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchError> {
+    let dir = tempfile::tempdir()
+        .map_err(|source| ControlBenchError::Io { what: "creating a temporary directory".into(), source })?;
+    let (_daemon, socket) = match &opts.daemon {
+        Some(s) => (None, s.clone()),
+        None => {
+            let (child, socket) = start_daemon(dir.path(), &opts.sim)?;
+            (Some(child), socket)
+        }
+    };
+    let n = opts.iterations.max(10);
+    let mut probe = connect(&socket)?;
+    let device = hbm_device(&mut probe)?;
+    time_pings(&mut probe, (n / 10).max(10))?;
+    let idle = time_pings(&mut probe, n)?;
+    let status_idle = time_status(&mut probe, n)?;
+
+    // Other clients allocate and free, one allocation in eight of 1 GiB.
+    let dev = device.clone();
+    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| {
+        alloc_free(c, &dev, if i % 8 == 7 { 1 << 30 } else { 2 << 20 })
+    })?;
+    std::thread::sleep(Duration::from_millis(50));
+    let loaded = time_pings(&mut probe, n)?;
+    let status_loaded = time_status(&mut probe, n)?;
+    let (loaded_allocs, alloc_errors) = load.stop();
+
+    // An admin (this user runs the private daemon) changes a partition in a loop.
+    let dev = device.clone();
+    let load = Load::start(&socket, 1, move |c, i| {
+        let req = if i % 2 == 0 {
+            let devices = BoundedVec::new(vec![DeviceName::truncated(&dev)]).unwrap_or_default();
+            let spec = PartitionSpec {
+                name: Name::truncated("bench"),
+                devices,
+                uids: BoundedVec::default(),
+                gids: BoundedVec::default(),
+            };
+            PartitionsRequest::Set(spec)
+        } else {
+            PartitionsRequest::Remove { name: Name::truncated("bench") }
+        };
+        c.call(Request::Partitions(req), &[]).is_ok()
+    })?;
+    std::thread::sleep(Duration::from_millis(50));
+    let partitions = time_pings(&mut probe, n)?;
+    let (partition_changes, partition_errors) = load.stop();
+
+    let (allocs_per_s_1, e1) = allocs_per_s(&socket, &device, 1, opts.duration)?;
+    let (allocs_per_s_16, e16) = allocs_per_s(&socket, &device, COMMIT_CLIENTS, opts.duration)?;
+
+    let (idle_p50_us, idle_p99_us, idle_max_us) = stats(idle);
+    let (loaded_p50_us, loaded_p99_us, loaded_max_us) = stats(loaded);
+    let (partitions_p50_us, partitions_p99_us, partitions_max_us) = stats(partitions);
+    let (_, status_idle_p99_us, _) = stats(status_idle);
+    let (_, status_loaded_p99_us, status_loaded_max_us) = stats(status_loaded);
+    Ok(IsolationBench {
+        bench: "control-isolation",
+        iterations: n,
+        idle_p50_us,
+        idle_p99_us,
+        idle_max_us,
+        loaded_p50_us,
+        loaded_p99_us,
+        loaded_max_us,
+        loaded_allocs,
+        partitions_p50_us,
+        partitions_p99_us,
+        partitions_max_us,
+        partition_changes,
+        status_idle_p99_us,
+        status_loaded_p99_us,
+        status_loaded_max_us,
+        allocs_per_s_1,
+        allocs_per_s_16,
+        group_commit_ratio: allocs_per_s_16 / allocs_per_s_1.max(f64::MIN_POSITIVE),
+        seconds: opts.duration.as_secs_f64(),
+        errors: alloc_errors + partition_errors + e1 + e16,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_are_median_p99_and_max() {
+        let v: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let (p50, p99, max) = stats(v);
+        assert_eq!((p50.round(), p99.round(), max.round()), (51.0, 99.0, 100.0));
+        assert_eq!(stats(Vec::new()), (0.0, 0.0, 0.0));
+    }
+}
