@@ -356,8 +356,18 @@ impl Daemon {
     /// Logs (rate-limited, see [`crate::refusals`]) that `op` of the caller `peer` was
     /// refused with `err`. Every refusal of a request or connection goes through here.
     pub fn refused(&self, peer: &fabric_proto::wire::PeerCred, op: &'static str, err: &fabric_proto::wire::ErrorBody) {
-        let group = crate::refusals::Group { uid: peer.uid, op, code: err.code };
-        self.refusals.refused(group, peer.pid, &err.message);
+        self.refused_line(peer, op, err.code, &err.message);
+    }
+
+    /// [`Daemon::refused`] with a log line other than the message the client gets.
+    pub fn refused_line(
+        &self,
+        peer: &fabric_proto::wire::PeerCred,
+        op: &'static str,
+        code: fabric_proto::wire::ErrorCode,
+        line: &str,
+    ) {
+        self.refusals.refused(crate::refusals::Group { uid: peer.uid, op, code }, peer.pid, line);
     }
 
     /// The current fabric view.

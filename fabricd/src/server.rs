@@ -130,11 +130,7 @@ fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
             )
         }
     };
-    daemon.refused(
-        peer,
-        "connect",
-        &ErrorBody { message: fabric_proto::wire::ErrorText::truncated(&line), ..body.clone() },
-    );
+    daemon.refused_line(peer, "connect", body.code, &line);
     daemon.metrics.connection_refused(r.limit);
     let mut out = Vec::with_capacity(256);
     let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
@@ -339,11 +335,7 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
             Read::Gone => break,
             Read::Fatal(err) => {
                 let line = format!("closing connection: {}", err.message);
-                daemon.refused(
-                    &peer.cred,
-                    "frame",
-                    &ErrorBody { message: fabric_proto::wire::ErrorText::truncated(&line), ..err.clone() },
-                );
+                daemon.refused_line(&peer.cred, "frame", err.code, &line);
                 let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
                 daemon.metrics.record(None, Some(err.code), start.elapsed());
                 let _ = conn.send(&h, Message::Error(err)).await;

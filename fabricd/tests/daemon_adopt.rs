@@ -407,20 +407,7 @@ fn a_uid_at_its_descriptor_share_is_refused_while_others_and_root_work() {
         return;
     }
     let setup = common::Setup::new(&format!("group = \"{BUDGET_GID}\""));
-    let _d = common::start_with(&setup.config, setup.dir.path(), |cmd| {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: runs in the forked child before exec and makes one async-signal-safe
-        // system call on a value on its stack.
-        unsafe {
-            cmd.pre_exec(|| {
-                let r = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    });
+    let _d = common::start_with_open_files(&setup.config, setup.dir.path(), 1024);
     let (gpu, _) = devices();
     let mut children = Vec::new();
     let mut answers = Vec::new();

@@ -888,20 +888,7 @@ fn an_open_file_limit_too_low_for_limits_clients_serves_fewer_and_keeps_their_re
     // 1,024 open files, soft and hard: 36 connections' worth (half of what is left after
     // what the daemon keeps back, 7 descriptors each: fdbudget.rs), far from the default
     // limits.clients of 1,024.
-    let d = common::start_with(&s.config, s.dir.path(), |cmd| {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: runs in the forked child before exec and makes one async-signal-safe
-        // system call on a value on its stack.
-        unsafe {
-            cmd.pre_exec(|| {
-                let r = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    });
+    let d = common::start_with_open_files(&s.config, s.dir.path(), 1024);
     // Logged as the server starts, just after the readiness notification.
     let deadline = Instant::now() + Duration::from_secs(20);
     while !d.log().contains("holds fewer connections than limits.clients") {

@@ -14,8 +14,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Stdio};
 
 use fabric_proto::wire::{
     AccessMode, CodecError, Connection, CopyEndpoint, CopyRequest, DeviceName, ErrorBody, ErrorCode, Event,
@@ -38,27 +37,8 @@ const SECRET: &str = "victim-secret-0123456789";
 /// This test binary's `child` test run as `uid` (primary gid `SOCKET_GID`, supplementary
 /// `groups`) with `stdin` as its standard input.
 fn spawn(child: &str, socket: &std::path::Path, uid: u32, groups: &[u32], stdin: Stdio) -> Child {
-    let groups: Vec<libc::gid_t> = groups.to_vec();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", child, "--nocapture", "--test-threads", "1"])
-        .env(ENV_SOCKET, socket)
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe system calls (setgroups, setgid, setuid) on data prepared before
-    // the fork; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                || libc::setgid(SOCKET_GID) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut cmd = common::child_as(child, ENV_SOCKET, socket, uid, SOCKET_GID, groups);
+    cmd.stdin(stdin);
     cmd.spawn().unwrap()
 }
 

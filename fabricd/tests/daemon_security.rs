@@ -18,8 +18,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, CopyEndpoint, CopyRequest, DeviceName,
@@ -72,28 +71,8 @@ impl Client {
 
     /// [`Client::spawn`] running the child test `child`.
     fn spawn_child(name: &'static str, child: &str, socket: &std::path::Path, uid: u32, groups: &[u32]) -> Self {
-        let groups: Vec<libc::gid_t> = groups.to_vec();
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--ignored", "--exact", child, "--nocapture", "--test-threads", "1"])
-            .env(ENV_SOCKET, socket)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: the closure runs in the forked child before exec and makes only
-        // async-signal-safe system calls (setgroups, setgid, setuid) on data prepared
-        // before the fork; it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                // Supplementary groups first, while still root; then gid, then uid.
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(SOCKET_GID) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let mut cmd = common::child_as(child, ENV_SOCKET, socket, uid, SOCKET_GID, groups);
+        cmd.stdin(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());

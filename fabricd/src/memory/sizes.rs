@@ -24,16 +24,16 @@ impl Memory {
         };
         let mut restored = 0;
         for (id, file, len) in files {
-            let Ok(f) = file.open(true) else { continue };
-            let Ok(meta) = f.metadata() else { continue };
-            if meta.len() == len {
+            // One stat per region per check; the file is opened only to put its size back.
+            let Ok(found) = file.size() else { continue };
+            if found == len {
                 continue;
             }
             let path = file.path().display();
-            match f.set_len(len) {
+            match file.open(true).and_then(|f| f.set_len(len)) {
                 Ok(()) => {
                     restored += 1;
-                    tracing::warn!(region = id, path = %path, found = meta.len(), len, "a client resized its region file; size restored");
+                    tracing::warn!(region = id, path = %path, found, len, "a client resized its region file; size restored");
                 }
                 Err(e) => {
                     tracing::warn!(region = id, path = %path, error = %e, "cannot restore a region file's size")

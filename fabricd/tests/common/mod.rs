@@ -125,6 +125,50 @@ pub fn start_with(config: &Path, dir: &Path, prepare: impl FnOnce(&mut Command))
     Daemon { child, ready: String::from_utf8_lossy(&buf[..n]).into_owned(), log, notify }
 }
 
+/// [`start`] with an open-file limit of `limit`, soft and hard.
+pub fn start_with_open_files(config: &Path, dir: &Path, limit: u64) -> Daemon {
+    start_with(config, dir, |cmd| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: runs in the forked child before exec and makes one async-signal-safe
+        // system call on a value on its stack.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    })
+}
+
+/// This test binary re-run as its ignored test `child` (one command a line on stdin, one
+/// answer on stdout) under `uid`, primary gid `gid` and the supplementary `groups`, with
+/// `socket` in the environment variable `env`. Only numeric ids: nothing in /etc.
+pub fn child_as(child: &str, env: &str, socket: &Path, uid: u32, gid: u32, groups: &[u32]) -> Command {
+    let groups: Vec<libc::gid_t> = groups.to_vec();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", child, "--nocapture", "--test-threads", "1"])
+        .env(env, socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe system calls (setgroups, setgid, setuid) on data prepared before
+    // the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Supplementary groups first, while still root; then gid, then uid.
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 fn rand_suffix() -> String {
     format!("{}-{:?}", std::process::id(), Instant::now()).chars().filter(char::is_ascii_alphanumeric).collect()
 }
