@@ -1,0 +1,512 @@
+//! The sans-IO frame decoder: received bytes, and any descriptors that came with them, go
+//! in; whole checked frames — header, body bytes and the descriptors that belong to the
+//! frame — or typed refusals come out. No I/O: the daemon's tokio reader, the blocking
+//! client transport and a node-to-node link (bytes only) all drive this one decoder.
+//!
+//! Bounded: the decoder holds at most one frame of [`DecoderConfig::max_body`] plus a
+//! header, whatever a peer sends. It reads as a receiver must: the header is checked
+//! ([`super::decode_header`]) before any body byte is buffered; the body of a frame this
+//! side does not take (an unknown opcode, or a kind it does not expect) is read past
+//! without being kept; a header that cannot be trusted stops the stream for good.
+//! Resumable at any byte boundary: bytes may arrive one at a time or many frames at once.
+//!
+//! Descriptors (`SCM_RIGHTS` on a Unix socket; none on other links): a sender attaches a
+//! frame's descriptors to its first byte, and the kernel ends a `recvmsg` right after the
+//! chunk that carries them, so the descriptors of a read belong to the last frame that
+//! starts within the bytes it brought. The decoder offers room past the current frame only
+//! at a frame boundary (nothing buffered): every other read stays inside the frame being
+//! read, where no frame starts, so the descriptors it brings are closed at once. At most one
+//! read's descriptors are held until a frame takes them; a frame that is refused, or read
+//! past, closes its own.
+
+use std::os::fd::OwnedFd;
+
+use super::codec::Frame;
+use super::header::{FrameError, FrameKind, HEADER_LEN, Header, decode_header};
+use super::{MAX_BODY, MAX_FDS, MAX_REQUEST_BODY, MAX_REQUEST_FDS};
+
+/// The buffer a decoder starts with when it reads greedily (it grows only for frames larger
+/// than this, up to one frame).
+const INITIAL: usize = 4096;
+
+/// What to do with descriptors beyond the count a header announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtraFds {
+    /// Close them and hand the frame out with the ones announced (a client: what the
+    /// daemon sends is trusted to be meant, the rest is noise).
+    Close,
+    /// Refuse the frame ([`DecodeError::ExtraFds`]; a server: a request is exactly what it
+    /// says).
+    Refuse,
+}
+
+/// What a decoder takes: the limits of one side of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecoderConfig {
+    /// The largest body buffered. A frame this side takes with a longer body stops the
+    /// stream; one it reads past may be longer (only up to its opcode's limit).
+    pub max_body: u32,
+    /// The only kind handed out (`None`: every kind); frames of other kinds are read past
+    /// and reported as [`DecodeError::UnexpectedKind`].
+    pub expect: Option<FrameKind>,
+    /// The most descriptors the receiver makes room for in one read: what the kernel may
+    /// install in this process per `recvmsg` (links without descriptors ignore it).
+    pub fds_per_read: u8,
+    /// Descriptors beyond a header's count.
+    pub extra_fds: ExtraFds,
+}
+
+impl DecoderConfig {
+    /// A server reading requests: bodies up to [`MAX_REQUEST_BODY`], room for
+    /// [`MAX_REQUEST_FDS`] descriptors per read, exactly the descriptors announced.
+    pub const SERVER: Self = Self {
+        max_body: MAX_REQUEST_BODY,
+        expect: Some(FrameKind::Request),
+        fds_per_read: MAX_REQUEST_FDS,
+        extra_fds: ExtraFds::Refuse,
+    };
+
+    /// A client reading answers and events: bodies up to [`MAX_BODY`], room for
+    /// [`MAX_FDS`] descriptors per read, those beyond the announced count closed.
+    pub const CLIENT: Self =
+        Self { max_body: MAX_BODY, expect: None, fds_per_read: MAX_FDS, extra_fds: ExtraFds::Close };
+
+    /// The largest frame buffered.
+    pub const fn max_frame(&self) -> usize {
+        HEADER_LEN + self.max_body as usize
+    }
+}
+
+/// Why a frame is refused. After [`DecodeError::is_fatal`] ones the stream cannot be read
+/// further; after the others the whole frame was read (its descriptors closed), and the
+/// next one can be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The header is refused ([`super::decode_header`]), or announces a body larger than
+    /// the decoder buffers: the stream cannot be resynchronised.
+    #[error(transparent)]
+    Header(FrameError),
+    /// An opcode this side does not know, with a body it could read past.
+    #[error("unknown opcode {code:#06x}")]
+    UnknownOpcode {
+        /// The code.
+        code: u16,
+        /// The frame's request id.
+        request_id: u64,
+        /// Its body length.
+        body_len: u32,
+    },
+    /// A frame of a kind this side does not take (a client sending a response).
+    #[error("a peer sent a {:?} frame", .header.kind)]
+    UnexpectedKind {
+        /// Its header.
+        header: Header,
+    },
+    /// More descriptors came with the frame than a read makes room for, or the receiver
+    /// could install no more: none is kept.
+    #[error(
+        "more descriptors came with the frame than it may carry (at most {room} a read), or no more could be installed; none is kept"
+    )]
+    FdsTruncated {
+        /// Its header.
+        header: Header,
+        /// The room made per read.
+        room: u8,
+    },
+    /// Fewer descriptors came with the frame's first bytes than its header announced.
+    #[error("the header announced {announced} descriptors and {received} came with the frame's first bytes")]
+    MissingFds {
+        /// Its header.
+        header: Header,
+        /// From the header.
+        announced: u8,
+        /// Arrived.
+        received: usize,
+    },
+    /// More descriptors came with the frame than its header announced ([`ExtraFds::Refuse`]).
+    #[error("the header announced {announced} descriptors and {received} came with the frame's first bytes")]
+    ExtraFds {
+        /// Its header.
+        header: Header,
+        /// From the header.
+        announced: u8,
+        /// Arrived.
+        received: usize,
+    },
+}
+
+impl DecodeError {
+    /// Whether the stream is out of sync after this refusal.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, DecodeError::Header(_))
+    }
+
+    /// The header of the refused frame, when it was read.
+    pub fn header(&self) -> Option<&Header> {
+        match self {
+            DecodeError::Header(_) | DecodeError::UnknownOpcode { .. } => None,
+            DecodeError::UnexpectedKind { header }
+            | DecodeError::FdsTruncated { header, .. }
+            | DecodeError::MissingFds { header, .. }
+            | DecodeError::ExtraFds { header, .. } => Some(header),
+        }
+    }
+}
+
+/// A decoded frame, borrowing its body from the decoder until the next call that changes
+/// it.
+#[derive(Debug)]
+pub struct FrameView<'a, D = OwnedFd> {
+    /// The checked header.
+    pub header: Header,
+    /// The body: exactly `header.body_len` bytes.
+    pub body: &'a [u8],
+    /// The descriptors that came with the frame: exactly `header.fd_count`.
+    pub fds: Vec<D>,
+}
+
+impl FrameView<'_, OwnedFd> {
+    /// The frame with a body of its own.
+    pub fn to_frame(self) -> Frame {
+        Frame { header: self.header, body: self.body.to_vec(), fds: self.fds }
+    }
+}
+
+/// Which part of a frame is being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramePart {
+    /// The 32-byte header.
+    Header,
+    /// The body.
+    Body,
+}
+
+/// How far the frame being read has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// The part being read.
+    pub part: FramePart,
+    /// Bytes of that part read.
+    pub read: usize,
+    /// Bytes of that part in all.
+    pub need: usize,
+}
+
+/// Descriptors that came with the stream bytes `start..end`.
+#[derive(Debug)]
+struct Arrived<D> {
+    start: u64,
+    end: u64,
+    fds: Vec<D>,
+    truncated: bool,
+}
+
+/// A refused frame's body being read past, and the refusal to report once it is.
+#[derive(Debug)]
+struct Skip {
+    left: usize,
+    body_len: usize,
+    refusal: DecodeError,
+}
+
+/// The sans-IO decoder of one direction of one connection. Drive it by calling
+/// [`FrameDecoder::next_frame`] until it gives `None`, then receiving into
+/// [`FrameDecoder::read_buf`] and telling it with [`FrameDecoder::filled`] (or handing it
+/// bytes with [`FrameDecoder::push`]).
+#[derive(Debug)]
+pub struct FrameDecoder<D = OwnedFd> {
+    config: DecoderConfig,
+    buf: Vec<u8>,
+    /// The first byte not yet handed out (the start of the current frame).
+    start: usize,
+    /// The end of the bytes received.
+    end: usize,
+    /// The stream offset of `buf[0]`.
+    base: u64,
+    /// The current frame's header, once checked.
+    header: Option<Header>,
+    /// The descriptors of the last boundary read, until a frame takes them.
+    arrived: Option<Arrived<D>>,
+    skip: Option<Skip>,
+    /// The refusal that stopped the stream.
+    failed: Option<FrameError>,
+}
+
+impl<D> FrameDecoder<D> {
+    /// A decoder at the start of a stream; it allocates nothing until it first receives.
+    pub fn new(config: DecoderConfig) -> Self {
+        Self {
+            config,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            base: 0,
+            header: None,
+            arrived: None,
+            skip: None,
+            failed: None,
+        }
+    }
+
+    /// Its limits.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    /// How far the current frame has come; `None` at a frame boundary with nothing
+    /// buffered (the next byte received starts a frame).
+    pub fn progress(&self) -> Option<Progress> {
+        if let Some(s) = &self.skip {
+            return Some(Progress { part: FramePart::Body, read: s.body_len - s.left, need: s.body_len });
+        }
+        let pending = self.end - self.start;
+        match self.header {
+            _ if pending == 0 => None,
+            None if pending < HEADER_LEN => Some(Progress { part: FramePart::Header, read: pending, need: HEADER_LEN }),
+            None => Some(Progress { part: FramePart::Body, read: pending - HEADER_LEN, need: usize::MAX }),
+            Some(h) => Some(Progress { part: FramePart::Body, read: pending - HEADER_LEN, need: h.body_len as usize }),
+        }
+    }
+
+    /// Whether nothing is buffered and no frame has begun.
+    pub fn at_boundary(&self) -> bool {
+        self.progress().is_none()
+    }
+
+    /// Whether the stream was stopped by a refused header.
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// The bytes the current frame still needs before it can be decoded (the rest of its
+    /// header, then of its body); 0 when a frame is complete (call
+    /// [`FrameDecoder::next_frame`]) or the stream failed.
+    pub fn want(&self) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        if let Some(s) = &self.skip {
+            return s.left;
+        }
+        let pending = self.end - self.start;
+        match self.header {
+            None => HEADER_LEN.saturating_sub(pending),
+            Some(h) => (HEADER_LEN + h.body_len as usize).saturating_sub(pending),
+        }
+    }
+
+    /// Where to receive next. At a frame boundary: up to the buffer's end when `greedy`
+    /// (several frames in one read), else one header. Inside a frame: exactly the rest of
+    /// its current part, so that no read brings bytes past the frame it is in. Empty after
+    /// a fatal refusal, or while a complete frame waits for [`FrameDecoder::next_frame`].
+    pub fn read_buf(&mut self, greedy: bool) -> &mut [u8] {
+        if self.failed.is_some() {
+            return &mut [];
+        }
+        if let Some(s) = &self.skip {
+            // Nothing is buffered while a body is read past: the buffer is scratch.
+            let n = s.left.min(INITIAL.max(self.buf.len()));
+            if self.buf.len() < n {
+                self.buf.resize(n, 0);
+            }
+            return &mut self.buf[..n];
+        }
+        let want = if self.at_boundary() && greedy {
+            self.buf.len().max(INITIAL).min(self.config.max_frame())
+        } else {
+            self.want()
+        };
+        self.make_room(want);
+        let end = (self.end + want).min(self.buf.len());
+        &mut self.buf[self.end..end]
+    }
+
+    /// Makes room for `want` more bytes after the current frame's start: moves the pending
+    /// bytes to the front, and grows the buffer up to one frame.
+    fn make_room(&mut self, want: usize) {
+        if self.start == self.end {
+            self.base += self.end as u64;
+            self.start = 0;
+            self.end = 0;
+        }
+        if self.end + want <= self.buf.len() {
+            return;
+        }
+        let len = self.end - self.start;
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.base += self.start as u64;
+            self.start = 0;
+            self.end = len;
+        }
+        let need = (len + want).min(self.config.max_frame());
+        if self.buf.len() < need {
+            self.buf.resize(need, 0);
+        }
+    }
+
+    /// Records that `n` bytes were received into [`FrameDecoder::read_buf`], with `fds`
+    /// (`truncated`: descriptors were lost: more came than the room made, or the receiver
+    /// could install no more). A read at a frame boundary keeps its descriptors for the
+    /// last frame that starts within it; any other read's are closed here.
+    pub fn filled(&mut self, n: usize, fds: Vec<D>, truncated: bool) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Some(s) = &mut self.skip {
+            s.left -= n.min(s.left);
+            return;
+        }
+        let boundary = self.at_boundary();
+        let n = n.min(self.buf.len() - self.end);
+        let at = self.base + self.end as u64;
+        self.end += n;
+        if boundary && (!fds.is_empty() || truncated) {
+            // A boundary read happens only when nothing was held: this replaces nothing.
+            self.arrived = Some(Arrived { start: at, end: at + n as u64, fds, truncated });
+        }
+        // Inside a frame: dropped here, closed (see the module's note).
+    }
+
+    /// Hands the decoder received bytes (a link that reads into its own buffer): takes
+    /// as many as [`FrameDecoder::read_buf`] offers (`greedy`) and returns how many; push
+    /// the rest after the frames they complete are taken. The descriptors go with the
+    /// bytes taken.
+    pub fn push(&mut self, bytes: &[u8], fds: Vec<D>, truncated: bool) -> usize {
+        let room = self.read_buf(true);
+        let n = room.len().min(bytes.len());
+        room[..n].copy_from_slice(&bytes[..n]);
+        self.filled(n, fds, truncated);
+        n
+    }
+
+    /// The descriptors of the frame at stream bytes `start..end`: those of the read that
+    /// brought its first byte, when it is the last frame to start within that read.
+    fn claim(&mut self, start: u64, end: u64) -> (Vec<D>, bool) {
+        match self.arrived.take() {
+            Some(a) if a.start <= start && start < a.end && end >= a.end => (a.fds, a.truncated),
+            // They belong to a later frame of the same read.
+            Some(a) if start < a.end && end < a.end => {
+                self.arrived = Some(a);
+                (Vec::new(), false)
+            }
+            // No frame started where they came (or it is gone): closed.
+            _ => (Vec::new(), false),
+        }
+    }
+
+    /// Moves past `len` buffered bytes.
+    fn consume(&mut self, len: usize) {
+        self.start += len;
+        if self.start == self.end {
+            self.base += self.end as u64;
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    fn fail(&mut self, e: FrameError) -> Option<Result<FrameView<'_, D>, DecodeError>> {
+        self.failed = Some(e);
+        self.arrived = None;
+        self.header = None;
+        self.start = self.end;
+        Some(Err(DecodeError::Header(e)))
+    }
+
+    /// Starts reading past a frame whose header was just read: its descriptors are closed,
+    /// the body bytes already buffered dropped; `refusal` is reported once the rest is.
+    fn skip(&mut self, body_len: usize, refusal: DecodeError) -> Option<Result<FrameView<'_, D>, DecodeError>> {
+        let at = self.base + self.start as u64;
+        drop(self.claim(at, at + (HEADER_LEN + body_len) as u64));
+        let buffered = (self.end - self.start - HEADER_LEN).min(body_len);
+        self.consume(HEADER_LEN + buffered);
+        let left = body_len - buffered;
+        if left == 0 {
+            return Some(Err(refusal));
+        }
+        self.skip = Some(Skip { left, body_len, refusal });
+        None
+    }
+
+    /// The next complete frame, or refusal; `None` when more bytes are needed.
+    pub fn next_frame(&mut self) -> Option<Result<FrameView<'_, D>, DecodeError>> {
+        if let Some(e) = self.failed {
+            return Some(Err(DecodeError::Header(e)));
+        }
+        if let Some(s) = &self.skip {
+            if s.left > 0 {
+                return None;
+            }
+            let refusal = s.refusal;
+            self.skip = None;
+            return Some(Err(refusal));
+        }
+        let header = match self.header {
+            Some(h) => h,
+            None => {
+                let pending = &self.buf[self.start..self.end];
+                if pending.len() < HEADER_LEN {
+                    return None;
+                }
+                match decode_header(pending) {
+                    Ok(h) if self.config.expect.is_some_and(|k| k != h.kind) => {
+                        // decode_header bounded the body by its opcode's limit.
+                        return self.skip(h.body_len as usize, DecodeError::UnexpectedKind { header: h });
+                    }
+                    Ok(h) if h.body_len > self.config.max_body => {
+                        let (opcode, kind, max) = (h.opcode, h.kind, self.config.max_body);
+                        return self.fail(FrameError::BodyTooLarge { opcode, kind, len: h.body_len.into(), max });
+                    }
+                    Ok(h) => {
+                        self.header = Some(h);
+                        h
+                    }
+                    Err(FrameError::UnknownOpcode { code, request_id, body_len })
+                        if body_len <= self.config.max_body =>
+                    {
+                        let refusal = DecodeError::UnknownOpcode { code, request_id, body_len };
+                        return self.skip(body_len as usize, refusal);
+                    }
+                    Err(e) => return self.fail(e),
+                }
+            }
+        };
+        let len = HEADER_LEN + header.body_len as usize;
+        if self.end - self.start < len {
+            return None;
+        }
+        let f = self.start;
+        let at = self.base + f as u64;
+        let (mut fds, truncated) = self.claim(at, at + len as u64);
+        self.header = None;
+        self.consume(len);
+        let announced = header.fd_count;
+        let refusal = if truncated {
+            Some(DecodeError::FdsTruncated { header, room: self.config.fds_per_read })
+        } else if fds.len() < usize::from(announced) {
+            Some(DecodeError::MissingFds { header, announced, received: fds.len() })
+        } else if fds.len() > usize::from(announced) && self.config.extra_fds == ExtraFds::Refuse {
+            Some(DecodeError::ExtraFds { header, announced, received: fds.len() })
+        } else {
+            fds.truncate(usize::from(announced));
+            None
+        };
+        if let Some(r) = refusal {
+            // The frame's descriptors are closed with it; the stream stays in sync.
+            return Some(Err(r));
+        }
+        // `consume` may reset the indices; the bytes stay where they are until the next
+        // receive.
+        Some(Ok(FrameView { header, body: &self.buf[f + HEADER_LEN..f + len], fds }))
+    }
+
+    /// The bytes buffered and not yet handed out.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// The buffer's size (bounded by one frame: [`DecoderConfig::max_frame`]).
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+}
