@@ -510,3 +510,146 @@ impl<D> FrameDecoder<D> {
         self.buf.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Opcode;
+
+    /// A descriptor stand-in: its number.
+    type Fd = u32;
+
+    fn frame(opcode: Opcode, kind: FrameKind, id: u64, body: &[u8], fds: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        let h = Header { fd_count: fds, ..Header::new(opcode, kind, id) };
+        super::super::encode_frame(&h, body, &mut out).unwrap();
+        out
+    }
+
+    fn server() -> FrameDecoder<Fd> {
+        FrameDecoder::new(DecoderConfig::SERVER)
+    }
+
+    /// Pushes all of `bytes` (the first push with `fds`), taking frames out as they come:
+    /// each frame's (opcode, request id, body, descriptors) or its refusal.
+    #[allow(clippy::type_complexity)]
+    fn feed(d: &mut FrameDecoder<Fd>, mut bytes: &[u8], mut fds: Vec<Fd>) -> Vec<Result<(Opcode, u64, Vec<u8>, Vec<Fd>), DecodeError>> {
+        let mut out = Vec::new();
+        loop {
+            while let Some(r) = d.next_frame() {
+                let fatal = r.as_ref().is_err_and(DecodeError::is_fatal);
+                out.push(r.map(|f| (f.header.opcode, f.header.request_id, f.body.to_vec(), f.fds)));
+                if fatal {
+                    return out;
+                }
+            }
+            if bytes.is_empty() {
+                return out;
+            }
+            let n = d.push(bytes, std::mem::take(&mut fds), false);
+            assert!(n > 0, "no room with no frame to take");
+            bytes = &bytes[n..];
+        }
+    }
+
+    #[test]
+    fn frames_a_server_does_not_take_are_read_past_and_the_next_is_served() {
+        let mut d = server();
+        // A response from a client (1 MiB allowed for Status: never buffered), an unknown
+        // opcode with a small body, then a request; pushed a byte at a time.
+        let mut stream = frame(Opcode::Status, FrameKind::Response, 1, &vec![9; 200_000], 0);
+        let mut unknown = frame(Opcode::Ping, FrameKind::Request, 2, &[5; 40], 0);
+        unknown[6..8].copy_from_slice(&0x7777u16.to_le_bytes());
+        stream.extend_from_slice(&unknown);
+        stream.extend_from_slice(&frame(Opcode::Free, FrameKind::Request, 3, &[1, 2, 3], 0));
+        let mut got = Vec::new();
+        for chunk in stream.chunks(7) {
+            got.extend(feed(&mut d, chunk, Vec::new()));
+            assert!(d.capacity() <= DecoderConfig::SERVER.max_frame());
+        }
+        assert!(matches!(got[0], Err(DecodeError::UnexpectedKind { header }) if header.request_id == 1));
+        assert_eq!(got[1], Err(DecodeError::UnknownOpcode { code: 0x7777, request_id: 2, body_len: 40 }));
+        assert_eq!(got[2], Ok((Opcode::Free, 3, vec![1, 2, 3], vec![])));
+        assert_eq!(got.len(), 3);
+        assert!(d.at_boundary());
+    }
+
+    #[test]
+    fn a_refused_header_stops_the_stream_and_closes_what_it_holds() {
+        let mut d = server();
+        let mut bad = frame(Opcode::Ping, FrameKind::Request, 1, &[], 0);
+        bad[0] = b'X';
+        let got = feed(&mut d, &bad, vec![7]);
+        assert_eq!(got, vec![Err(DecodeError::Header(FrameError::BadMagic { found: *b"XBRC" }))]);
+        assert!(d.is_failed() && d.arrived.is_none());
+        assert!(d.read_buf(true).is_empty() && d.want() == 0);
+        assert_eq!(d.push(&[1, 2, 3], vec![8], false), 0);
+        assert!(matches!(d.next_frame(), Some(Err(DecodeError::Header(FrameError::BadMagic { .. })))));
+        // An unknown opcode whose body is more than the decoder would read past.
+        let mut d = server();
+        let mut raw = frame(Opcode::Ping, FrameKind::Request, 4, &[], 0);
+        raw[6..8].copy_from_slice(&0x7777u16.to_le_bytes());
+        raw[12..16].copy_from_slice(&(MAX_REQUEST_BODY + 1).to_le_bytes());
+        let got = feed(&mut d, &raw, vec![]);
+        assert!(matches!(got[..], [Err(DecodeError::Header(FrameError::UnknownOpcode { request_id: 4, .. }))]));
+        // A body within the opcode's limit but beyond the decoder's.
+        let config = DecoderConfig { max_body: 100, ..DecoderConfig::CLIENT };
+        let mut d = FrameDecoder::<Fd>::new(config);
+        let got = feed(&mut d, &frame(Opcode::Status, FrameKind::Response, 1, &[0; 101], 0), vec![]);
+        assert!(matches!(got[..], [Err(DecodeError::Header(FrameError::BodyTooLarge { len: 101, max: 100, .. }))]));
+    }
+
+    #[test]
+    fn descriptors_are_counted_against_the_header_by_each_sides_rule() {
+        let with_one = frame(Opcode::Register, FrameKind::Request, 1, &[0; 4], 1);
+        let with_none = frame(Opcode::Ping, FrameKind::Request, 2, &[], 0);
+        // The server refuses a frame whose descriptors are not exactly the announced ones.
+        let mut d = server();
+        assert!(matches!(feed(&mut d, &with_one, vec![])[..], [Err(DecodeError::MissingFds { announced: 1, received: 0, .. })]));
+        assert!(matches!(feed(&mut d, &with_none, vec![3])[..], [Err(DecodeError::ExtraFds { announced: 0, received: 1, .. })]));
+        assert_eq!(feed(&mut d, &with_one, vec![4]), vec![Ok((Opcode::Register, 1, vec![0; 4], vec![4]))]);
+        d.push(&with_one, vec![5], true);
+        assert!(matches!(d.next_frame(), Some(Err(DecodeError::FdsTruncated { room: 1, .. }))));
+        // A client keeps the announced ones and closes the rest.
+        let mut d = FrameDecoder::<Fd>::new(DecoderConfig::CLIENT);
+        let alloc = frame(Opcode::Alloc, FrameKind::Response, 3, &[1], 1);
+        assert_eq!(feed(&mut d, &alloc, vec![6, 7, 8]), vec![Ok((Opcode::Alloc, 3, vec![1], vec![6]))]);
+    }
+
+    #[test]
+    fn descriptors_go_to_the_last_frame_that_starts_in_their_read_and_none_inside_a_frame() {
+        let mut d = server();
+        let first = frame(Opcode::Ping, FrameKind::Request, 1, &[], 0);
+        let second = frame(Opcode::Register, FrameKind::Request, 2, &[0; 4], 1);
+        let mut both = first.clone();
+        both.extend_from_slice(&second[..10]);
+        // One read brings the first frame and the start of the second with a descriptor.
+        assert_eq!(d.push(&both, vec![9], false), both.len());
+        assert_eq!(d.next_frame().unwrap().unwrap().fds, Vec::<Fd>::new());
+        assert!(d.next_frame().is_none());
+        // A read inside the frame: its descriptor is dropped, and the room stops at the
+        // end of the header.
+        assert_eq!(d.read_buf(true).len(), HEADER_LEN - 10);
+        assert_eq!(d.progress(), Some(Progress { part: FramePart::Header, read: 10, need: HEADER_LEN }));
+        assert_eq!(d.push(&second[10..], vec![10], false), HEADER_LEN - 10);
+        assert!(d.next_frame().is_none());
+        assert_eq!(d.progress(), Some(Progress { part: FramePart::Body, read: 0, need: 4 }));
+        assert_eq!(d.push(&second[HEADER_LEN..], vec![], false), 4);
+        assert_eq!(d.next_frame().unwrap().unwrap().fds, vec![9]);
+        assert!(d.at_boundary() && d.arrived.is_none());
+    }
+
+    #[test]
+    fn an_exact_reader_allocates_only_what_the_frame_needs() {
+        // The blocking transport makes a decoder per frame: it must not cost a greedy buffer.
+        let mut d = server();
+        assert_eq!(d.read_buf(false).len(), HEADER_LEN);
+        assert_eq!(d.capacity(), HEADER_LEN);
+        let f = frame(Opcode::Free, FrameKind::Request, 1, &[1; 9], 0);
+        d.read_buf(false).copy_from_slice(&f[..HEADER_LEN]);
+        d.filled(HEADER_LEN, vec![], false);
+        assert!(d.next_frame().is_none());
+        assert_eq!(d.read_buf(false).len(), 9);
+        assert_eq!(d.capacity(), HEADER_LEN + 9);
+    }
+}
