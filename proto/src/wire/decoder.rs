@@ -533,7 +533,11 @@ mod tests {
     /// Pushes all of `bytes` (the first push with `fds`), taking frames out as they come:
     /// each frame's (opcode, request id, body, descriptors) or its refusal.
     #[allow(clippy::type_complexity)]
-    fn feed(d: &mut FrameDecoder<Fd>, mut bytes: &[u8], mut fds: Vec<Fd>) -> Vec<Result<(Opcode, u64, Vec<u8>, Vec<Fd>), DecodeError>> {
+    fn feed(
+        d: &mut FrameDecoder<Fd>,
+        mut bytes: &[u8],
+        mut fds: Vec<Fd>,
+    ) -> Vec<Result<(Opcode, u64, Vec<u8>, Vec<Fd>), DecodeError>> {
         let mut out = Vec::new();
         loop {
             while let Some(r) = d.next_frame() {
@@ -605,8 +609,14 @@ mod tests {
         let with_none = frame(Opcode::Ping, FrameKind::Request, 2, &[], 0);
         // The server refuses a frame whose descriptors are not exactly the announced ones.
         let mut d = server();
-        assert!(matches!(feed(&mut d, &with_one, vec![])[..], [Err(DecodeError::MissingFds { announced: 1, received: 0, .. })]));
-        assert!(matches!(feed(&mut d, &with_none, vec![3])[..], [Err(DecodeError::ExtraFds { announced: 0, received: 1, .. })]));
+        assert!(matches!(
+            feed(&mut d, &with_one, vec![])[..],
+            [Err(DecodeError::MissingFds { announced: 1, received: 0, .. })]
+        ));
+        assert!(matches!(
+            feed(&mut d, &with_none, vec![3])[..],
+            [Err(DecodeError::ExtraFds { announced: 0, received: 1, .. })]
+        ));
         assert_eq!(feed(&mut d, &with_one, vec![4]), vec![Ok((Opcode::Register, 1, vec![0; 4], vec![4]))]);
         d.push(&with_one, vec![5], true);
         assert!(matches!(d.next_frame(), Some(Err(DecodeError::FdsTruncated { room: 1, .. }))));
