@@ -154,7 +154,7 @@ pub fn recv_frame(stream: &UnixStream) -> Result<Frame, CodecError> {
     let room = usize::from(decoder.config().fds_per_read);
     loop {
         if let Some(r) = decoder.next_frame() {
-            return r.map(FrameView::to_frame).map_err(CodecError::from);
+            return r.map(FrameView::into_frame).map_err(CodecError::from);
         }
         let progress = decoder.progress();
         let got = sys::recv_with_fds(stream.as_fd(), decoder.read_buf(false), room, false)?;

@@ -167,7 +167,7 @@ pub struct FrameView<'a, D = OwnedFd> {
 
 impl FrameView<'_, OwnedFd> {
     /// The frame with a body of its own.
-    pub fn to_frame(self) -> Frame {
+    pub fn into_frame(self) -> Frame {
         Frame { header: self.header, body: self.body.to_vec(), fds: self.fds }
     }
 }
@@ -212,7 +212,8 @@ struct Skip {
 /// The sans-IO decoder of one direction of one connection. Drive it by calling
 /// [`FrameDecoder::next_frame`] until it gives `None`, then receiving into
 /// [`FrameDecoder::read_buf`] and telling it with [`FrameDecoder::filled`] (or handing it
-/// bytes with [`FrameDecoder::push`]).
+/// bytes with [`FrameDecoder::push`]). `D` is what a descriptor is: [`OwnedFd`] on a Unix
+/// socket; a link that carries none (TCP) hands in empty lists, and tests use stand-ins.
 #[derive(Debug)]
 pub struct FrameDecoder<D = OwnedFd> {
     config: DecoderConfig,
@@ -262,8 +263,8 @@ impl<D> FrameDecoder<D> {
         let pending = self.end - self.start;
         match self.header {
             _ if pending == 0 => None,
-            None if pending < HEADER_LEN => Some(Progress { part: FramePart::Header, read: pending, need: HEADER_LEN }),
-            None => Some(Progress { part: FramePart::Body, read: pending - HEADER_LEN, need: usize::MAX }),
+            // A whole header not yet checked counts as read (next_frame checks it).
+            None => Some(Progress { part: FramePart::Header, read: pending.min(HEADER_LEN), need: HEADER_LEN }),
             Some(h) => Some(Progress { part: FramePart::Body, read: pending - HEADER_LEN, need: h.body_len as usize }),
         }
     }
