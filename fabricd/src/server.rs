@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
-    MAX_REQUEST_BODY, MAX_REQUEST_FDS, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
-    SUPPORTED_VERSIONS, SessionToken, Version, decode_header, decode_request, encode_message, negotiate,
+    CopyDone, DecodeError, ErrorBody, ErrorCode, Event, FrameDecoder, FrameKind, FramePart, FrameView, Header,
+    HelloResponse, MAX_FDS, MAX_REQUEST_BODY, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
+    SUPPORTED_VERSIONS, SessionToken, Version, decode_request, encode_message, negotiate,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::admission::{Admission, Admitted, Refused};
 use crate::daemon::Daemon;
 use crate::dispatch::Context;
-use crate::inbox::Inbox;
+use crate::inbox;
 use crate::memory::Reclaimed;
 use crate::ops::{self, refusal};
 use crate::peer::Peer;
@@ -248,6 +248,45 @@ enum Read {
     Gone,
 }
 
+/// What a decoded frame, or its refusal, asks of the server. Descriptors travel with a
+/// frame's first bytes (the decoder bounded their count by the opcode's limit and checked
+/// it against the header); refused frames close theirs when dropped; the stream stays in
+/// sync (every byte was read) except after a refused header.
+fn read_of(r: Result<FrameView<'_>, DecodeError>) -> Read {
+    let frame = match r {
+        Ok(f) => f,
+        Err(DecodeError::UnknownOpcode { code, request_id, .. }) => {
+            // The unknown code cannot be echoed (no receiver could decode it); the error
+            // travels under Hello with the request's id.
+            let h = Header::new(Opcode::Hello, FrameKind::Request, request_id);
+            return Read::Refuse(h, refusal(ErrorCode::UnknownOpcode, format!("unknown opcode {code:#06x}")));
+        }
+        Err(e @ DecodeError::Header(_)) => return Read::Fatal(refusal(ErrorCode::BadFrame, e.to_string())),
+        Err(DecodeError::UnexpectedKind { header }) => {
+            // Only requests come from clients.
+            let why = format!("a client sent a {:?} frame", header.kind);
+            return Read::Refuse(header, refusal(ErrorCode::BadRequest, why));
+        }
+        Err(
+            e @ (DecodeError::FdsTruncated { header, .. }
+            | DecodeError::MissingFds { header, .. }
+            | DecodeError::ExtraFds { header, .. }),
+        ) => return Read::Refuse(header, refusal(ErrorCode::BadFds, e.to_string())),
+    };
+    let (header, fds) = (frame.header, frame.fds);
+    match decode_request(header.opcode, frame.body) {
+        Ok(req) if usize::from(req.fds_required()) != fds.len() => Read::Refuse(
+            header,
+            refusal(
+                ErrorCode::BadFds,
+                format!("{} takes {} descriptors, {} came", header.opcode, req.fds_required(), fds.len()),
+            ),
+        ),
+        Ok(req) => Read::Request(header, req, fds),
+        Err(e) => Read::Refuse(header, refusal(ErrorCode::BadRequest, crate::error_chain(&e))),
+    }
+}
+
 struct Conn<'a> {
     stream: UnixStream,
     /// Who is at the other end, fixed at accept.
@@ -260,7 +299,7 @@ struct Conn<'a> {
     /// are read from (bounded by `copy.max_in_flight_per_session`).
     copies: (crate::copy::Sink, mpsc::UnboundedReceiver<(u64, CopyDone)>),
     /// Bytes read and not yet handled, with their descriptors.
-    inbox: Inbox,
+    decoder: FrameDecoder,
     /// The daemon's shutdown: a long request (a pin) gives up when it comes.
     shutdown: CancellationToken,
     /// The answer being sent (kept to reuse its allocation).
@@ -299,7 +338,7 @@ async fn serve_session(
         daemon,
         version: None,
         events: None,
-        inbox: Inbox::new(),
+        decoder: inbox::decoder(),
         shutdown: shutdown.clone(),
         out: Vec::with_capacity(256),
         copies: mpsc::unbounded_channel(),
@@ -308,10 +347,10 @@ async fn serve_session(
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
         // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
         // Bytes already read (a client that sent several frames at once) are handled first.
-        if conn.inbox.is_empty() {
+        if conn.decoder.at_boundary() {
             let next = tokio::select! {
                 () = shutdown.cancelled() => break,
-                r = conn.inbox.fill(&conn.stream, None) => r.map(|n| if n == 0 { None } else { Some(None) }),
+                r = inbox::fill(&mut conn.decoder, &conn.stream) => r.map(|n| if n == 0 { None } else { Some(None) }),
                 ev = next_event(&mut conn.events) => Ok(Some(Some(ev))),
                 Some((id, done)) = conn.copies.1.recv() => Ok(Some(Some((id, Some(Event::CopyDone(done)))))),
             };
@@ -416,12 +455,16 @@ async fn serve_session(
 }
 
 impl Conn<'_> {
-    /// Reads more of the current frame (at most `want` bytes), within the frame's one
-    /// deadline (set when the frame first needs a wait); false when the peer went or
+    /// Reads more of the current frame (at most the rest of its part), within the frame's
+    /// one deadline (set when the frame first needs a wait); false when the peer went or
     /// stalled.
-    async fn more(&mut self, want: usize, deadline: &mut Option<tokio::time::Instant>, part: &str) -> bool {
+    async fn more(&mut self, deadline: &mut Option<tokio::time::Instant>) -> bool {
         let by = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + FRAME_TIMEOUT);
-        match tokio::time::timeout_at(by, self.inbox.fill(&self.stream, Some(want))).await {
+        let part = match self.decoder.progress() {
+            Some(p) if p.part == FramePart::Header => "header",
+            _ => "body",
+        };
+        match tokio::time::timeout_at(by, inbox::fill(&mut self.decoder, &self.stream)).await {
             Ok(Ok(n)) => n > 0,
             Ok(Err(_)) => false,
             Err(_) => {
@@ -435,106 +478,16 @@ impl Conn<'_> {
         }
     }
 
-    /// Reads the current frame (some of it may be in the inbox already). Waiting for it to
-    /// start has no time limit (the caller does it); the rest of the frame has one.
+    /// Reads the current frame (some of it may be in the decoder already). Waiting for it
+    /// to start has no time limit (the caller does it); the rest of the frame has one.
     async fn read_frame(&mut self) -> Read {
         let mut deadline = None;
-        while self.inbox.pending().len() < HEADER_LEN {
-            let want = HEADER_LEN - self.inbox.pending().len();
-            if !self.more(want, &mut deadline, "header").await {
-                return Read::Gone;
-            }
-        }
-        let header = match decode_header(self.inbox.pending()) {
-            Ok(h) => h,
-            Err(FrameError::UnknownOpcode { code, request_id, body_len }) if body_len <= MAX_REQUEST_BODY => {
-                if !self.skip(HEADER_LEN + body_len as usize, &mut deadline).await {
-                    return Read::Gone;
-                }
-                // The unknown code cannot be echoed (no receiver could decode it); the error
-                // travels under Hello with the request's id.
-                let h = Header::new(Opcode::Hello, FrameKind::Request, request_id);
-                return Read::Refuse(h, refusal(ErrorCode::UnknownOpcode, format!("unknown opcode {code:#06x}")));
-            }
-            Err(e) => return Read::Fatal(refusal(ErrorCode::BadFrame, e.to_string())),
-        };
-        let len = HEADER_LEN + header.body_len as usize;
-        if header.kind != FrameKind::Request {
-            // Only requests come from clients; the body length was bounded by decode_header.
-            if !self.skip(len, &mut deadline).await {
-                return Read::Gone;
-            }
-            return Read::Refuse(
-                header,
-                refusal(ErrorCode::BadRequest, format!("a client sent a {:?} frame", header.kind)),
-            );
-        }
-        // decode_header bounded body_len by the opcode's request limit (at most 64 KiB).
-        while self.inbox.pending().len() < len {
-            let want = len - self.inbox.pending().len();
-            if !self.more(want, &mut deadline, "body").await {
-                return Read::Gone;
-            }
-        }
-        // Descriptors travel with a frame's first bytes (decode_header bounded the count by
-        // the opcode's limit); any that came otherwise were closed (inbox.rs). Refused
-        // frames close theirs when `got` drops; the stream stays in sync (every byte was
-        // read), so the connection is kept.
-        let (frame, got) = self.inbox.take(len);
-        if got.truncated {
-            return Read::Refuse(
-                header,
-                refusal(
-                    ErrorCode::BadFds,
-                    format!(
-                        "more descriptors came with the frame than a request carries (at most {MAX_REQUEST_FDS}), \
-                         or the daemon could take no more; none is kept"
-                    ),
-                ),
-            );
-        }
-        let fds = got.fds;
-        if fds.len() != usize::from(header.fd_count) {
-            return Read::Refuse(
-                header,
-                refusal(
-                    ErrorCode::BadFds,
-                    format!(
-                        "the header announced {} descriptors and {} came with the frame's first bytes",
-                        header.fd_count,
-                        fds.len()
-                    ),
-                ),
-            );
-        }
-        match decode_request(header.opcode, &self.inbox.bytes(frame)[HEADER_LEN..]) {
-            Ok(req) if usize::from(req.fds_required()) != fds.len() => Read::Refuse(
-                header,
-                refusal(
-                    ErrorCode::BadFds,
-                    format!("{} takes {} descriptors, {} came", header.opcode, req.fds_required(), fds.len()),
-                ),
-            ),
-            Ok(req) => Read::Request(header, req, fds),
-            Err(e) => Read::Refuse(header, refusal(ErrorCode::BadRequest, crate::error_chain(&e))),
-        }
-    }
-
-    /// Reads and discards the current frame, `len` bytes (bounded by the caller) with its
-    /// descriptors; false if the peer went.
-    async fn skip(&mut self, len: usize, deadline: &mut Option<tokio::time::Instant>) -> bool {
-        let mut left = len;
         loop {
-            let n = self.inbox.pending().len().min(left);
-            if n > 0 {
-                drop(self.inbox.take(n));
-                left -= n;
+            if let Some(r) = self.decoder.next_frame() {
+                return read_of(r);
             }
-            if left == 0 {
-                return true;
-            }
-            if !self.more(left.min(4096), deadline, "body").await {
-                return false;
+            if !self.more(&mut deadline).await {
+                return Read::Gone;
             }
         }
     }

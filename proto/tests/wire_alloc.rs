@@ -16,6 +16,8 @@ struct Counting;
 
 static TRACKING: AtomicBool = AtomicBool::new(false);
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
+/// Allocations (and reallocations) while tracking.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Tests in this file run one at a time so that the measurements do not mix.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -24,6 +26,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if TRACKING.load(Ordering::Relaxed) {
             LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            COUNT.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: same contract as ours, passed through.
         unsafe { System.alloc(layout) }
@@ -35,6 +38,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if TRACKING.load(Ordering::Relaxed) {
             LARGEST.fetch_max(new_size, Ordering::Relaxed);
+            COUNT.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: same contract as ours, passed through.
         unsafe { System.realloc(ptr, layout, new_size) }
@@ -47,6 +51,7 @@ static ALLOC: Counting = Counting;
 /// The largest allocation `f` makes.
 fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
     LARGEST.store(0, Ordering::Relaxed);
+    COUNT.store(0, Ordering::Relaxed);
     TRACKING.store(true, Ordering::Relaxed);
     let r = f();
     TRACKING.store(false, Ordering::Relaxed);
@@ -119,4 +124,34 @@ fn the_counter_sees_large_allocations() {
     let (v, largest) = largest_allocation(|| vec![1u8; 1 << 20]);
     assert_eq!(v.len(), 1 << 20);
     assert!(largest >= 1 << 20);
+    assert_eq!(COUNT.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_warm_decoder_allocates_nothing_per_frame() {
+    let _g = SERIAL.lock().unwrap();
+    let mut stream = Vec::new();
+    for id in 1..=200 {
+        let h = Header::new(Opcode::Free, FrameKind::Request, id);
+        encode_frame(&h, &[7; 9], &mut stream).unwrap();
+    }
+    let mut d = FrameDecoder::<std::os::fd::OwnedFd>::new(DecoderConfig::SERVER);
+    // Warm: the buffer reaches its working size on the first read.
+    let n = d.push(&stream[..100], Vec::new(), false);
+    let mut at = n;
+    let (frames, _) = largest_allocation(|| {
+        let mut frames = 0;
+        loop {
+            while let Some(r) = d.next_frame() {
+                assert!(r.is_ok_and(|f| f.body == [7; 9]));
+                frames += 1;
+            }
+            if at == stream.len() {
+                return frames;
+            }
+            at += d.push(&stream[at..(at + 333).min(stream.len())], Vec::new(), false);
+        }
+    });
+    assert_eq!(frames, 200);
+    assert_eq!(COUNT.load(Ordering::Relaxed), 0, "the decoder allocated while framing");
 }

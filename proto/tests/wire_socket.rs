@@ -306,3 +306,34 @@ fn a_connection_reports_a_version_refusal() {
     }
     t.join().unwrap();
 }
+
+#[test]
+fn a_frame_the_client_refuses_is_read_whole_and_the_next_one_decodes() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let refused = Message::Error(ErrorBody {
+        code: ErrorCode::Internal,
+        message: ErrorText::new("from a newer server").unwrap(),
+        detail: None,
+    });
+    let after = Message::Response(Response::Free);
+    // An opcode this client does not know, with a body.
+    let mut unknown = frame_bytes(&Header::new(Opcode::Free, FrameKind::Error, 1), &refused);
+    unknown[6..8].copy_from_slice(&0x7777u16.to_le_bytes());
+    send_raw(&a, &unknown, &[]);
+    send_message(&a, &Header::new(Opcode::Free, FrameKind::Response, 2), &after, &[]).unwrap();
+    assert!(matches!(recv_frame(&b), Err(CodecError::Frame(FrameError::UnknownOpcode { code: 0x7777, .. }))));
+    assert_eq!(recv_message(&b).unwrap().1, after);
+    // More descriptors than a read makes room for (MAX_FDS): refused, all closed, in sync.
+    let pipes: Vec<_> = (0..usize::from(MAX_FDS) + 1).map(|_| pipe()).collect();
+    let raw: Vec<RawFd> = pipes.iter().map(|(_, w)| w.as_raw_fd()).collect();
+    let header = Header { fd_count: 1, ..Header::new(Opcode::Alloc, FrameKind::Response, 3) };
+    send_raw(&a, &frame_bytes(&header, &alloc_response()), &raw);
+    send_message(&a, &Header::new(Opcode::Free, FrameKind::Response, 4), &after, &[]).unwrap();
+    assert!(matches!(recv_message(&b), Err(CodecError::ControlTruncated)));
+    for (mut r, w) in pipes {
+        drop(w);
+        assert!(write_end_closed(&mut r), "a descriptor of the refused frame is still open");
+    }
+    let (h, msg, _) = recv_message(&b).unwrap();
+    assert_eq!((h.request_id, msg), (4, after));
+}

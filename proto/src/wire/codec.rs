@@ -9,14 +9,15 @@ use std::os::unix::net::UnixStream;
 
 use super::body::{BodyError, Message, decode_body, encode_message};
 use super::bounded::Name;
+use super::decoder::{DecodeError, DecoderConfig, FrameDecoder, FrameView};
 use super::event::Event;
 use super::handle::SessionToken;
-use super::header::{FrameError, FrameKind, HEADER_LEN, Header, decode_header, encode_frame};
+use super::header::{FrameError, FrameKind, Header, encode_frame};
 use super::opcode::Opcode;
 use super::request::{HelloRequest, Request};
 use super::response::{ErrorBody, HelloResponse, Response};
+use super::sys;
 use super::version::{SUPPORTED_VERSIONS, Version, VersionRange};
-use super::{MAX_FDS, sys};
 
 /// Why a frame could not be sent or received.
 #[derive(Debug, thiserror::Error)]
@@ -144,55 +145,46 @@ fn send_bytes(stream: &UnixStream, buf: &[u8], fds: &[BorrowedFd<'_>]) -> Result
     Ok(())
 }
 
-/// Fills `buf`, keeping at most `keep` of the descriptors that arrive and closing the
-/// rest at once, so a peer cannot make us hold more than `keep` however it splits a frame.
-fn read_full(
-    stream: &UnixStream,
-    buf: &mut [u8],
-    fds: &mut Vec<OwnedFd>,
-    keep: usize,
-    at_boundary: bool,
-) -> Result<(), CodecError> {
-    let mut read = 0;
-    while read < buf.len() {
-        let got = sys::recv_with_fds(stream.as_fd(), &mut buf[read..], usize::from(MAX_FDS), false)?;
-        let arrived = got.fds.len();
-        fds.extend(got.fds);
-        if fds.len() > keep {
-            tracing::debug!(arrived, keep, "closing descriptors beyond what the frame may carry");
-            fds.truncate(keep);
+/// Reads one frame, driving a [`FrameDecoder`] that reads no byte past it (so the stream
+/// holds nothing between calls): the header is checked before the body is allocated, so
+/// the body is never larger than its opcode allows; descriptors beyond what the header
+/// announces, and any that arrive after the frame's first bytes, are closed.
+pub fn recv_frame(stream: &UnixStream) -> Result<Frame, CodecError> {
+    let mut decoder = FrameDecoder::new(DecoderConfig::CLIENT);
+    let room = usize::from(decoder.config().fds_per_read);
+    loop {
+        if let Some(r) = decoder.next_frame() {
+            return r.map(FrameView::into_frame).map_err(CodecError::from);
         }
-        if got.truncated {
-            return Err(CodecError::ControlTruncated);
-        }
+        let progress = decoder.progress();
+        let got = sys::recv_with_fds(stream.as_fd(), decoder.read_buf(false), room, false)?;
         if got.bytes == 0 {
-            return Err(if at_boundary && read == 0 {
-                CodecError::Closed
-            } else {
-                CodecError::Truncated { read, need: buf.len() }
+            return Err(match progress {
+                None => CodecError::Closed,
+                Some(p) => CodecError::Truncated { read: p.read, need: p.need },
             });
         }
-        read += got.bytes;
+        decoder.filled(got.bytes, got.fds, got.truncated);
     }
-    Ok(())
 }
 
-/// Reads one frame. The header is checked before the body is allocated, so the body is
-/// never larger than its opcode allows; descriptors beyond what the header announces are
-/// closed.
-pub fn recv_frame(stream: &UnixStream) -> Result<Frame, CodecError> {
-    let mut raw = [0u8; HEADER_LEN];
-    let mut fds = Vec::new();
-    read_full(stream, &mut raw, &mut fds, usize::from(MAX_FDS), true)?;
-    let header = decode_header(&raw)?;
-    let announced = usize::from(header.fd_count);
-    fds.truncate(announced);
-    let mut body = vec![0u8; header.body_len as usize];
-    read_full(stream, &mut body, &mut fds, announced, false)?;
-    if fds.len() < announced {
-        return Err(CodecError::MissingFds { announced: header.fd_count, received: fds.len() });
+impl From<DecodeError> for CodecError {
+    fn from(e: DecodeError) -> Self {
+        match e {
+            DecodeError::Header(e) => CodecError::Frame(e),
+            DecodeError::UnknownOpcode { code, request_id, body_len } => {
+                CodecError::Frame(FrameError::UnknownOpcode { code, request_id, body_len })
+            }
+            DecodeError::UnexpectedKind { header } => {
+                CodecError::Unexpected { opcode: header.opcode, kind: header.kind, request_id: header.request_id }
+            }
+            DecodeError::FdsTruncated { .. } => CodecError::ControlTruncated,
+            DecodeError::MissingFds { announced, received, .. } => CodecError::MissingFds { announced, received },
+            DecodeError::ExtraFds { header, announced, received } => {
+                CodecError::FdsMismatch { opcode: header.opcode, kind: header.kind, required: announced, received }
+            }
+        }
     }
-    Ok(Frame { header, body, fds })
 }
 
 /// Reads one frame and decodes its body, checking that the descriptors are the ones the

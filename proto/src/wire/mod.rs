@@ -5,6 +5,9 @@
 //! The pieces are layered so that the daemon can reuse them over tokio:
 //! - pure, allocation-bounded functions with no I/O: [`encode_frame`], [`decode_header`],
 //!   [`encode_body`], [`decode_body`] and [`negotiate`];
+//! - the one sans-IO [`FrameDecoder`] (bytes and descriptors in, whole frames out) that
+//!   every receiver drives: the daemon over tokio, the blocking transport below, and a
+//!   link that carries no descriptors;
 //! - a blocking transport over [`std::os::unix::net::UnixStream`] ([`send_frame`],
 //!   [`recv_frame`], [`Connection`]) and [`peer_cred`], with every syscall in `sys`.
 //!
@@ -16,6 +19,7 @@ mod body;
 mod bounded;
 mod cmsg;
 mod codec;
+mod decoder;
 mod event;
 mod handle;
 mod header;
@@ -34,6 +38,7 @@ pub use cmsg::{Rights, build_control, parse_rights, rights_len};
 pub use codec::{
     CodecError, Connection, Frame, PeerCred, peer_cred, recv_frame, recv_message, send_frame, send_message,
 };
+pub use decoder::{DecodeError, DecoderConfig, ExtraFds, FrameDecoder, FramePart, FrameView, Progress};
 pub use event::{
     CopyDone, CopyResult, DeviceChange, Event, LinkChange, MapChange, Revocation, RevocationReason, Topics,
 };
