@@ -45,11 +45,10 @@ pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
     PartitionsResponse { partitions: BoundedVec::new(specs).unwrap_or_default() }
 }
 
-/// `Partitions`. A change holds the map's lock throughout, writes the bindings file and
-/// the map state (each durably: temporary file, fsync, rename, fsync of the directory) and
-/// only then answers. `Set` writes the bindings first and `Remove` the map first, so that
-/// a crash between the two leaves a binding without devices (its clients see nothing)
-/// rather than devices bound to a stale set of users.
+/// `Partitions`. A change holds the map writer's lock throughout, saves the address map
+/// state and the bindings as one record (temporary file, fsync, rename, fsync of the
+/// directory: `crate::store`), publishes both and only then answers; a crash leaves the
+/// old partition or the new one, never devices bound to a stale set of users.
 pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result<PartitionsResponse, ErrorBody> {
     if matches!(req, PartitionsRequest::List) {
         return Ok(partition_list(d, caller));
@@ -77,12 +76,13 @@ pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result
                     }
                     ids.push(id);
                 }
-                d.partitions
-                    .set(Binding::new(&spec.name, &spec.uids, &spec.gids))
-                    .map_err(|e| internal("saving the partition bindings", &e))?;
+                let binding = Binding::new(&spec.name, &spec.uids, &spec.gids);
                 let change = d
-                    .commit_map(&mut map, |m| Ok(m.partition(&spec.name, &ids)))
-                    .map_err(|e| internal("saving the address map", &e))?;
+                    .commit_map(&mut map, |m, bindings| {
+                        *bindings = crate::partitions::with_binding(bindings, &binding)?;
+                        Ok(m.partition(&spec.name, &ids))
+                    })
+                    .map_err(|e| internal("saving the partition", &e))?;
                 tracing::info!(
                     uid = caller.cred.uid,
                     pid = caller.cred.pid,
@@ -95,15 +95,21 @@ pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result
                 );
             }
             PartitionsRequest::Remove { name } => {
-                let in_map = map.state().partitions.iter().any(|p| p.name == name.as_str());
-                if in_map {
-                    d.commit_map(&mut map, |m| m.remove_partition(name))
-                        .map_err(|e| internal("removing the partition from the address map", &e))?;
-                }
-                let bound = d.partitions.remove(name).map_err(|e| internal("saving the partition bindings", &e))?;
+                let in_map = map.map().state().partitions.iter().any(|p| p.name == name.as_str());
+                let bound = d.partitions.snapshot().iter().any(|b| b.name == name.as_str());
                 if !in_map && !bound {
                     return Err(refusal(ErrorCode::NotFound, format!("no partition {name:?}")));
                 }
+                d.commit_map(&mut map, |m, bindings| {
+                    if in_map {
+                        m.remove_partition(name)?;
+                    }
+                    if let Some(rest) = crate::partitions::without_binding(bindings, name) {
+                        *bindings = rest;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| internal("removing the partition", &e))?;
                 tracing::info!(uid = caller.cred.uid, pid = caller.cred.pid, partition = %name, "partition removed");
             }
             PartitionsRequest::List => {}
