@@ -35,4 +35,7 @@ pub use partition::PartitionView;
 pub use persist::{DecodeError, PersistError, decode_state, encode_state};
 pub use snapshot::{HoleOwner, Location, ResourceRef, SetRef, Snapshot, TranslateError};
 pub use state::{FABRIC_NODE, InterleaveSet, NodeSlot, Partition, Placement, Presence, ResourceKey, State};
-pub use sync::{RegionSet, Synced, open_synced, region_sets};
+pub use sync::{
+    InventorySync, REGION_SET_PREFIX, RegionSet, SetSync, SyncScope, Synced, open_synced, region_sets, sync_inventory,
+    sync_sets,
+};

@@ -243,6 +243,13 @@ impl AddressMap {
         Ok(self.publish(next))
     }
 
+    /// Brings one node's part of the map in line with its inventory
+    /// ([`layout::apply_node_inventory`]): other nodes' placements are not touched.
+    pub fn update_node(&mut self, node: &str, inv: &Inventory) -> Result<Change, MapError> {
+        let next = layout::apply_node_inventory(&self.state, node, inv)?;
+        Ok(self.publish(next))
+    }
+
     /// Creates an interleave set (see [`layout::add_interleave`]).
     pub fn add_interleave(
         &mut self,

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use fabric_proto::wire::{DeviceChange, Event, MapChange};
 use std::time::Instant;
 
-use fabric_addrmap::{AddressMap, MapError};
+use fabric_addrmap::{AddressMap, InventorySync, SyncScope};
 use fabric_drivers::SysfsRoot;
 use fabric_proto::MatrixLabels;
 use fabric_proto::order::device_order;
@@ -46,15 +46,6 @@ pub enum StartError {
     /// Discovery produced an inconsistent inventory.
     #[error("indexing the discovered inventory")]
     Index(#[source] InventoryError),
-    /// The address map state could not be opened, updated or saved.
-    #[error("address map state {path}")]
-    Map {
-        /// The state file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: MapError,
-    },
     /// The state directory is not the daemon's own private directory (`crate::privdir`).
     #[error("state directory")]
     StateDir(#[source] crate::privdir::DirError),
@@ -208,8 +199,7 @@ fn open_map(
     let mut writer = MapWriter::new(map, at);
     let skipped = writer.commit(store, &partitions, at == 0, |m, _| {
         m.set_config(config.map.clone())?;
-        m.update(inv)?;
-        Ok(crate::monitor::sync_sets(m, inv)?.skipped)
+        Ok(fabric_addrmap::sync_inventory(m, inv, SyncScope::Domain)?.sets.skipped)
     })?;
     for s in skipped {
         tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
@@ -441,8 +431,10 @@ impl Daemon {
         {
             let mut map = self.map_writer();
             let inv = view.fabric.inventory();
-            let (change, sets) = self
-                .commit_map(&mut map, |m, _| Ok((m.update(inv)?, crate::monitor::sync_sets(m, inv)?)))
+            // This daemon discovers the whole domain it serves: a domain-wide sync (a
+            // domain's node would sync `SyncScope::Node` with its own inventory).
+            let InventorySync { change, sets } = self
+                .commit_map(&mut map, |m, _| Ok(fabric_addrmap::sync_inventory(m, inv, SyncScope::Domain)?))
                 .map_err(map_err)?;
             if !change.is_empty() || !sets.changes.is_empty() {
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
