@@ -62,6 +62,12 @@ pub enum FrameError {
         /// Computed CRC.
         computed: u32,
     },
+    /// Written by another (newer or unknown) format version.
+    #[error("unsupported format version {0}")]
+    Version(u32),
+    /// Unknown payload encoding.
+    #[error("unsupported payload encoding {0}")]
+    Encoding(u32),
     /// The payload is larger than the file kind allows.
     #[error("payload of {len} bytes exceeds the limit of {max}")]
     TooLarge {
@@ -164,6 +170,26 @@ pub fn frame_payload<'a>(bytes: &'a [u8], header: &FrameHeader, max: u64) -> Res
         return Err(FrameError::PayloadChecksum { stored, computed });
     }
     Ok(payload)
+}
+
+/// Checks a whole frame of one file kind — `magic`, then the header CRC, `version` and
+/// `encoding`, then the payload's length (at most `max`) and CRC — and returns its
+/// generation and payload. Pure and total: suitable for fuzzing.
+pub fn decode_frame<'a>(
+    magic: &[u8; 8],
+    version: u32,
+    encoding: u32,
+    max: u64,
+    bytes: &'a [u8],
+) -> Result<(u64, &'a [u8]), FrameError> {
+    let header = decode_frame_header(magic, bytes)?;
+    if header.version != version {
+        return Err(FrameError::Version(header.version));
+    }
+    if header.encoding != encoding {
+        return Err(FrameError::Encoding(header.encoding));
+    }
+    Ok((header.generation, frame_payload(bytes, &header, max)?))
 }
 
 /// Which step of a whole-file write failed.
@@ -270,6 +296,9 @@ mod tests {
         assert_eq!(h, FrameHeader { version: 3, encoding: 1, generation: 42, payload_len: 7 });
         assert_eq!(frame_payload(&good, &h, 7).unwrap(), b"payload");
         assert_eq!(frame_payload(&good, &h, 6), Err(FrameError::TooLarge { len: 7, max: 6 }));
+        assert_eq!(decode_frame(&MAGIC, 3, 1, 7, &good), Ok((42, &b"payload"[..])));
+        assert_eq!(decode_frame(&MAGIC, 4, 1, 7, &good), Err(FrameError::Version(3)));
+        assert_eq!(decode_frame(&MAGIC, 3, 2, 7, &good), Err(FrameError::Encoding(1)));
         assert_eq!(decode_frame_header(&MAGIC, b"TEST"), Err(FrameError::Truncated { len: 4, need: 40 }));
         assert_eq!(decode_frame_header(&MAGIC, b"nope"), Err(FrameError::BadMagic));
         assert_eq!(decode_frame_header(b"OTHERMAG", &good), Err(FrameError::BadMagic));

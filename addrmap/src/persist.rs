@@ -34,45 +34,10 @@ pub const HEADER_LEN: usize = durable::FRAME_HEADER_LEN;
 /// What is wrong with a state file's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    /// Shorter than its header says (or than a header).
-    #[error("truncated: {len} bytes, need {need}")]
-    Truncated {
-        /// Bytes present.
-        len: u64,
-        /// Bytes needed.
-        need: u64,
-    },
-    /// Not a state file.
-    #[error("bad magic (not a fabric address map state file)")]
-    BadMagic,
-    /// Header bytes damaged.
-    #[error("header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
-    HeaderChecksum {
-        /// Stored CRC.
-        stored: u32,
-        /// Computed CRC.
-        computed: u32,
-    },
-    /// Written by a newer (or unknown) format.
-    #[error("unsupported format version {0}")]
-    Version(u32),
-    /// Unknown payload encoding.
-    #[error("unsupported payload encoding {0}")]
-    Encoding(u32),
-    /// Bytes after the payload.
-    #[error("{extra} unexpected bytes after the payload")]
-    TrailingBytes {
-        /// How many.
-        extra: u64,
-    },
-    /// Payload bytes damaged.
-    #[error("payload checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
-    PayloadChecksum {
-        /// Stored CRC.
-        stored: u32,
-        /// Computed CRC.
-        computed: u32,
-    },
+    /// The frame is damaged: truncated, not a state file (bad magic), a checksum
+    /// mismatch, bytes after the payload, another format version or encoding.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     /// The payload does not parse.
     #[error("payload does not parse: {0}")]
     Payload(String),
@@ -145,30 +110,9 @@ pub fn encode_state(state: &State) -> Vec<u8> {
     durable::encode_frame(&MAGIC, VERSION, ENCODING_JSON, state.generation, &payload)
 }
 
-impl From<FrameError> for DecodeError {
-    fn from(e: FrameError) -> Self {
-        match e {
-            FrameError::Truncated { len, need } => Self::Truncated { len, need },
-            FrameError::BadMagic => Self::BadMagic,
-            FrameError::HeaderChecksum { stored, computed } => Self::HeaderChecksum { stored, computed },
-            // The state file sets no limit of its own (`u64::MAX`): never reached.
-            FrameError::TooLarge { len, .. } => Self::Truncated { len: 0, need: len },
-            FrameError::TrailingBytes { extra } => Self::TrailingBytes { extra },
-            FrameError::PayloadChecksum { stored, computed } => Self::PayloadChecksum { stored, computed },
-        }
-    }
-}
-
 /// Checks the header; returns (generation, payload) without parsing the payload.
 pub fn decode_frame(bytes: &[u8]) -> Result<(u64, &[u8]), DecodeError> {
-    let header = durable::decode_frame_header(&MAGIC, bytes)?;
-    if header.version != VERSION {
-        return Err(DecodeError::Version(header.version));
-    }
-    if header.encoding != ENCODING_JSON {
-        return Err(DecodeError::Encoding(header.encoding));
-    }
-    Ok((header.generation, durable::frame_payload(bytes, &header, u64::MAX)?))
+    Ok(durable::decode_frame(&MAGIC, VERSION, ENCODING_JSON, u64::MAX, bytes)?)
 }
 
 /// Decodes and validates a state file image. Pure: suitable for fuzzing.

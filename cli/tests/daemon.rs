@@ -157,8 +157,7 @@ fn every_format_through_the_daemon_equals_the_local_output() {
     // map half of its map record, written as a state file).
     let copy = dir.path().join("map-copy.state");
     let record = std::fs::read(dir.path().join("state/map.record")).unwrap();
-    let header = fabric_addrmap::durable::decode_frame_header(b"FBRCMAPR", &record).unwrap();
-    let payload = fabric_addrmap::durable::frame_payload(&record, &header, u64::MAX).unwrap();
+    let (_, payload) = fabric_addrmap::durable::decode_frame(b"FBRCMAPR", 1, 1, u64::MAX, &record).unwrap();
     let mut body: serde_json::Value = serde_json::from_slice(payload).unwrap();
     let state: fabric_addrmap::State = serde_json::from_value(body["map"].take()).unwrap();
     std::fs::write(&copy, fabric_addrmap::encode_state(&state)).unwrap();

@@ -7,7 +7,8 @@
 //! never leave devices bound to a stale set of users.
 //!
 //! A daemon before the record kept the bindings in `<state dir>/partitions.state`, which
-//! [`read_legacy`] still reads (once, to migrate). Its layout (integers little-endian):
+//! the file store still reads (once, to migrate) with [`decode`]. Its layout (integers
+//! little-endian):
 //!
 //! | bytes  | field                                        |
 //! |--------|----------------------------------------------|
@@ -19,11 +20,10 @@
 //! | 28..32 | CRC-32C of bytes 0..28                       |
 //! | 32..   | payload: a JSON array of bindings, by name   |
 //!
-//! A file that fails any check stops the daemon at start with [`PartitionError::Decode`]:
-//! bindings are security state, and silently dropping them would widen what clients see.
+//! A file that fails any check stops the daemon at start: bindings are security state,
+//! and silently dropping them would widen what clients see.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -83,34 +83,12 @@ pub enum DecodeError {
     Invalid(String),
 }
 
-/// Why bindings could not be loaded or changed.
+/// Why bindings could not be changed.
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
-    /// The file is damaged or not a bindings file.
-    #[error(
-        "partition bindings {path} are unreadable (move the file aside to start without bindings, then set them again)"
-    )]
-    Decode {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        #[source]
-        source: DecodeError,
-    },
     /// A binding breaks a bound.
     #[error("{0}")]
     Invalid(String),
-    /// Reading or writing the file failed.
-    #[error("{what} {path}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Who one partition binds.
@@ -230,22 +208,6 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Binding>, DecodeError> {
     Ok(bindings)
 }
 
-/// Reads a legacy `<state_dir>/partitions.state`: `None` when there is none.
-pub fn read_legacy(state_dir: &Path) -> Result<Option<Vec<Binding>>, PartitionError> {
-    let path = state_dir.join(FILE_NAME);
-    let read = || {
-        let mut f = crate::privdir::open_nofollow(&path, false)?;
-        crate::privdir::check_file(&f, &path)?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
-    };
-    match read() {
-        Ok(bytes) => decode(&bytes).map(Some).map_err(|source| PartitionError::Decode { path, source }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(PartitionError::Io { what: "reading", path, source }),
-    }
-}
-
 /// `bindings` with one partition's binding created or replaced; a binding with no uids and
 /// no gids is removed instead (it binds nobody). The result is checked ([`validate`]).
 pub fn with_binding(bindings: &[Binding], binding: &Binding) -> Result<Vec<Binding>, PartitionError> {
@@ -356,7 +318,7 @@ mod tests {
     /// decodable (FABRICD_WRITE_SEEDS=1 rewrites them after a format change).
     #[test]
     fn fuzz_seeds_decode() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/partition_bindings");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/partition_bindings");
         let seeds = [("empty.state", Vec::new()), ("two.state", sample())];
         for (name, bindings) in seeds {
             let path = dir.join(name);
@@ -369,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn changes_keep_the_rules_and_a_corrupt_legacy_file_is_refused() {
+    fn changes_keep_the_rules() {
         let mut list = with_binding(&[], &Binding::new("tenant-b", &[61002], &[])).unwrap();
         list = with_binding(&list, &Binding::new("tenant-a", &[61001], &[61100])).unwrap();
         let b = Bindings::new(Arc::new(list.clone()));
@@ -383,14 +345,5 @@ mod tests {
         assert!(list.is_empty(), "an empty binding is removed");
         let long = Binding::new(&"x".repeat(MAX_NAME + 1), &[1], &[]);
         assert!(matches!(with_binding(&list, &long), Err(PartitionError::Invalid(_))));
-
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_legacy(dir.path()).unwrap(), None);
-        std::fs::write(dir.path().join(FILE_NAME), encode(&sample())).unwrap();
-        assert_eq!(read_legacy(dir.path()).unwrap(), Some(sample()));
-        std::fs::write(dir.path().join(FILE_NAME), b"garbage that is long enough to have a header").unwrap();
-        let e = read_legacy(dir.path()).unwrap_err();
-        assert!(matches!(e, PartitionError::Decode { source: DecodeError::BadMagic, .. }), "{e}");
-        assert!(e.to_string().contains(FILE_NAME), "{e}");
     }
 }

@@ -50,7 +50,14 @@ impl FileStore {
             Err(PersistError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(StoreError::LegacyMap(e)),
         };
-        let bindings = crate::partitions::read_legacy(&self.dir).map_err(StoreError::LegacyBindings)?;
+        let path = self.dir.join(crate::partitions::FILE_NAME);
+        let bindings = match read_private(&path) {
+            Ok(bytes) => {
+                Some(crate::partitions::decode(&bytes).map_err(|source| StoreError::LegacyBindings { path, source })?)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(StoreError::Io { what: "reading", path, source }),
+        };
         if map.is_none() && bindings.is_none() {
             return Ok(None);
         }
@@ -78,15 +85,17 @@ impl FileStore {
     }
 }
 
+/// A whole file of the daemon's: not through a symlink, and checked (`crate::privdir`).
+fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = crate::privdir::open_nofollow(path, false)?;
+    crate::privdir::check_file(&f, path)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
+}
+
 impl MapStore for FileStore {
     fn load(&self) -> Result<Option<Record>, StoreError> {
-        let read = || {
-            let mut f = crate::privdir::open_nofollow(&self.path, false)?;
-            crate::privdir::check_file(&f, &self.path)?;
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
-        };
-        let record = match read() {
+        let record = match read_private(&self.path) {
             Ok(bytes) => {
                 let r =
                     decode_record(&bytes).map_err(|source| StoreError::Corrupt { path: self.path.clone(), source })?;
@@ -200,6 +209,10 @@ mod tests {
         std::fs::write(dir.path().join(crate::partitions::FILE_NAME), b"not a bindings file at all, long enough")
             .unwrap();
         let e = FileStore::new(dir.path()).load().unwrap_err();
-        assert!(matches!(e, StoreError::LegacyBindings(_)), "{e}");
+        assert!(
+            matches!(&e, StoreError::LegacyBindings { source: crate::partitions::DecodeError::BadMagic, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains(crate::partitions::FILE_NAME), "{e}");
     }
 }

@@ -51,9 +51,17 @@ pub enum StoreError {
     /// not be read.
     #[error("migrating the address map state")]
     LegacyMap(#[source] fabric_addrmap::PersistError),
-    /// As [`StoreError::LegacyMap`], for the bindings.
-    #[error("migrating the partition bindings")]
-    LegacyBindings(#[source] crate::partitions::PartitionError),
+    /// An earlier daemon's bindings file is damaged or not a bindings file.
+    #[error(
+        "partition bindings {path} are unreadable (move the file aside to start without bindings, then set them again)"
+    )]
+    LegacyBindings {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: crate::partitions::DecodeError,
+    },
 }
 
 /// A store of the one record that holds the address map state and the partition bindings.

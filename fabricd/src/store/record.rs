@@ -48,15 +48,10 @@ struct Body {
 /// What is wrong with a record's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
-    /// The frame is damaged.
-    #[error("frame")]
+    /// The frame is damaged (truncated, a checksum mismatch, not a record, another
+    /// format version or encoding).
+    #[error(transparent)]
     Frame(#[from] FrameError),
-    /// Written by an unknown format.
-    #[error("unsupported format version {0}")]
-    Version(u32),
-    /// Unknown payload encoding.
-    #[error("unsupported payload encoding {0}")]
-    Encoding(u32),
     /// The payload does not parse.
     #[error("payload does not parse: {0}")]
     Payload(String),
@@ -77,18 +72,11 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 
 /// Decodes and validates a record. Pure: the fuzz target `map_record` drives it.
 pub fn decode_record(bytes: &[u8]) -> Result<Record, RecordError> {
-    let header = durable::decode_frame_header(&MAGIC, bytes)?;
-    if header.version != VERSION {
-        return Err(RecordError::Version(header.version));
-    }
-    if header.encoding != ENCODING_JSON {
-        return Err(RecordError::Encoding(header.encoding));
-    }
-    let payload = durable::frame_payload(bytes, &header, MAX_PAYLOAD)?;
+    let (generation, payload) = durable::decode_frame(&MAGIC, VERSION, ENCODING_JSON, MAX_PAYLOAD, bytes)?;
     let body: Body = serde_json::from_slice(payload).map_err(|e| RecordError::Payload(e.to_string()))?;
     body.map.validate().map_err(RecordError::Map)?;
     crate::partitions::validate(&body.bindings).map_err(RecordError::Bindings)?;
-    Ok(Record { generation: header.generation, map: Arc::new(body.map), bindings: Arc::new(body.bindings) })
+    Ok(Record { generation, map: Arc::new(body.map), bindings: Arc::new(body.bindings) })
 }
 
 #[cfg(test)]
@@ -130,7 +118,7 @@ mod tests {
         newer[8] = 2;
         let crc = crc32c::crc32c(&newer[..36]).to_le_bytes();
         newer[36..40].copy_from_slice(&crc);
-        assert_eq!(decode_record(&newer), Err(RecordError::Version(2)));
+        assert_eq!(decode_record(&newer), Err(RecordError::Frame(FrameError::Version(2))));
         // Well framed, but the bindings break the rules.
         let unsorted = Record {
             bindings: Arc::new(vec![Binding::new("b", &[1], &[]), Binding::new("a", &[1], &[])]),
