@@ -2,15 +2,15 @@
 //! copy (or batch) queued on the [`crate::copy`] engine, its id answered at once; the
 //! completion travels later as a `CopyDone` event on the issuing connection.
 
-use fabric_proto::wire::{
-    CopyBatchRequest, CopyEndpoint, CopyRequest, CopyResponse, ErrorBody, ErrorCode, ErrorDetail, Name, Response,
-};
+use std::collections::HashSet;
 
-use crate::copy::{CopyError, DeviceCopy, NewBatch, NewCopy, Sink};
+use fabric_proto::wire::{CopyEndpoint, CopyRequest, CopyResponse, ErrorBody, ErrorCode, Response};
+use fabric_topology::DeviceId;
+
+use crate::copy::{DeviceCopy, NewBatch, NewCopy, Sink};
 use crate::daemon::Daemon;
-use crate::memops::refused;
+use crate::dispatch::errors::{memory as refused, refusal};
 use crate::memory::Resolved;
-use crate::ops::refusal;
 use crate::scope::Caller;
 
 /// Whether `[a, a + len)` and `[b, b + len)` of the same object overlap.
@@ -19,26 +19,32 @@ fn overlaps(a: &Resolved, b: &Resolved, len: u64) -> bool {
     (ka.0, ka.1, ka.2) == (kb.0, kb.1, kb.2) && ka.3 < kb.3.saturating_add(len) && kb.3 < ka.3.saturating_add(len)
 }
 
-/// What resolving a copy's endpoints needs: the map snapshot and the caller's devices
-/// when a side is a GFA.
+/// A copy's (or batch's) authorized issuer: the caller, the devices its partitions hold
+/// ([`crate::dispatch::authz::Grant`]), its session and the request's id.
+#[derive(Debug)]
+pub struct Copies<'a> {
+    /// Who.
+    pub caller: &'a Caller,
+    /// The devices the caller reaches; `None`: any.
+    pub members: Option<HashSet<DeviceId>>,
+    /// The session whose registrations and regions the endpoints name.
+    pub session: u64,
+    /// The completion travels under it.
+    pub request_id: u64,
+}
+
+/// What resolving a copy's endpoints needs: the map snapshot when a side is a GFA.
 struct Resolver<'a> {
     d: &'a Daemon,
-    caller: &'a Caller,
-    session: u64,
+    copies: &'a Copies<'a>,
     snap: Option<std::sync::Arc<fabric_addrmap::Snapshot>>,
-    members: Option<std::collections::HashSet<fabric_topology::DeviceId>>,
 }
 
 impl<'a> Resolver<'a> {
-    fn new(d: &'a Daemon, caller: &'a Caller, session: u64, reqs: &[CopyRequest]) -> Result<Self, ErrorBody> {
-        caller.require_scope()?;
+    fn new(d: &'a Daemon, copies: &'a Copies<'a>, reqs: &[CopyRequest]) -> Self {
         let gfa = |e: CopyEndpoint| matches!(e, CopyEndpoint::Gfa(_));
         let snap = reqs.iter().any(|r| gfa(r.dst) || gfa(r.src)).then(|| d.map_snapshot());
-        let members = match &snap {
-            Some(s) => caller.members(s)?,
-            None => None,
-        };
-        Ok(Self { d, caller, session, snap, members })
+        Self { d, copies, snap }
     }
 
     /// One copy's sides, checked (partitions, overlap) and resolved.
@@ -48,15 +54,17 @@ impl<'a> Resolver<'a> {
         }
         let snap = self.snap.clone().unwrap_or_else(|| self.d.map_snapshot());
         let side = |ep, write| {
-            let r = self.d.memory.copy_endpoint(self.session, &snap, ep, req.len, write).map_err(|e| refused(&e))?;
-            if let (Some(m), Some(dev)) = (&self.members, &r.device)
+            let r =
+                self.d.memory.copy_endpoint(self.copies.session, &snap, ep, req.len, write).map_err(|e| refused(&e))?;
+            // The one check the table leaves to the copy: a GFA's device is known only now.
+            if let (Some(m), Some(dev)) = (&self.copies.members, &r.device)
                 && !m.contains(dev)
             {
                 return Err(refusal(
                     ErrorCode::PermissionDenied,
                     format!(
                         "the memory lies on {dev}, outside the caller's partitions ({})",
-                        self.caller.partition_names()
+                        self.copies.caller.partition_names()
                     ),
                 ));
             }
@@ -81,56 +89,24 @@ impl<'a> Resolver<'a> {
     }
 }
 
-/// The answer to a copy or batch the engine queued or refused.
-fn queued(r: Result<Result<u64, ErrorBody>, CopyError>, batch: bool) -> Result<Response, ErrorBody> {
-    match r {
-        Ok(Ok(copy)) if batch => Ok(Response::CopyBatch(CopyResponse { copy })),
-        Ok(Ok(copy)) => Ok(Response::Copy(CopyResponse { copy })),
-        Ok(Err(e)) => Err(e),
-        Err(e @ CopyError::TooMany { in_flight, max }) => {
-            let mut body = refusal(ErrorCode::LimitExceeded, e.to_string());
-            body.detail = Some(ErrorDetail::Limit {
-                what: Name::truncated("copies_in_flight"),
-                used: u64::from(in_flight),
-                requested: 1,
-                max: u64::from(max),
-            });
-            Err(body)
-        }
-        Err(e) => Err(refusal(ErrorCode::Internal, crate::error_chain(&e))),
-    }
-}
-
-/// `Copy`: queues `req` for `session`; the completion goes to `sink` under `request_id`.
-pub fn copy(
+/// `Copy` (one, `batch` false) or `CopyBatch`: every copy checked and resolved before any
+/// is queued, then one job with one completion (to `sink` under the request's id). The
+/// answer is the copy's id.
+pub fn submit(
     d: &Daemon,
-    caller: &Caller,
-    session: u64,
-    request_id: u64,
-    req: CopyRequest,
+    copies: &Copies<'_>,
+    reqs: &[CopyRequest],
+    batch: bool,
     sink: Sink,
 ) -> Result<Response, ErrorBody> {
-    let r = Resolver::new(d, caller, session, &[req])?;
-    queued(d.copies.submit(caller.cred.uid, session, request_id, sink, || r.resolve(&req)), false)
-}
-
-/// `CopyBatch`: every copy checked and resolved before any is queued, then one job with
-/// one completion (to `sink` under `request_id`).
-pub fn copy_batch(
-    d: &Daemon,
-    caller: &Caller,
-    session: u64,
-    request_id: u64,
-    req: &CopyBatchRequest,
-    sink: Sink,
-) -> Result<Response, ErrorBody> {
-    if req.copies.is_empty() {
-        return Err(refusal(ErrorCode::BadRequest, "a batch needs at least one copy"));
-    }
-    let r = Resolver::new(d, caller, session, &req.copies)?;
+    let r = Resolver::new(d, copies, reqs);
     let resolve = || -> Result<NewBatch, ErrorBody> {
-        let copies = req
-            .copies
+        if let [one] = reqs
+            && !batch
+        {
+            return r.resolve(one).map(|c| NewBatch { copies: vec![c] });
+        }
+        let copies = reqs
             .iter()
             .enumerate()
             .map(|(i, c)| {
@@ -143,5 +119,11 @@ pub fn copy_batch(
             .collect::<Result<Vec<_>, _>>()?;
         Ok(NewBatch { copies })
     };
-    queued(d.copies.submit_batch(caller.cred.uid, session, request_id, sink, resolve), true)
+    let (uid, session, request_id) = (copies.caller.uid(), copies.session, copies.request_id);
+    match d.copies.submit_batch(uid, session, request_id, sink, resolve) {
+        Ok(Ok(copy)) if batch => Ok(Response::CopyBatch(CopyResponse { copy })),
+        Ok(Ok(copy)) => Ok(Response::Copy(CopyResponse { copy })),
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(crate::dispatch::errors::copy(&e)),
+    }
 }

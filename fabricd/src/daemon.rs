@@ -24,6 +24,7 @@ use crate::events::EventBus;
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::memory::{Durability, Memory};
 use crate::metrics::{Live, Metrics};
+use crate::principal::Principal;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -277,6 +278,8 @@ pub struct Daemon {
     pub monitor: crate::monitor::Trigger,
     /// Who each partition binds, as last saved in the map record (lock-free snapshots).
     pub partitions: crate::partitions::Bindings,
+    /// Orders operations authorized against the partition state before changes to it.
+    pub policy: crate::dispatch::gate::PolicyGate,
 }
 
 impl Daemon {
@@ -373,6 +376,7 @@ impl Daemon {
             vfio,
             monitor: crate::monitor::Trigger::default(),
             partitions,
+            policy: crate::dispatch::gate::PolicyGate::new(),
         })
     }
 
@@ -381,21 +385,15 @@ impl Daemon {
         self.vanished.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
-    /// Logs (rate-limited, see [`crate::refusals`]) that `op` of the caller `peer` was
-    /// refused with `err`. Every refusal of a request or connection goes through here.
-    pub fn refused(&self, peer: &fabric_proto::wire::PeerCred, op: &'static str, err: &fabric_proto::wire::ErrorBody) {
-        self.refused_line(peer, op, err.code, &err.message);
+    /// Logs (rate-limited, see [`crate::refusals`]) that `op` of `who` was refused with
+    /// `err`. Every refusal of a request or connection goes through here.
+    pub fn refused(&self, who: &Principal, op: &'static str, err: &fabric_proto::wire::ErrorBody) {
+        self.refused_line(who, op, err.code, &err.message);
     }
 
     /// [`Daemon::refused`] with a log line other than the message the client gets.
-    pub fn refused_line(
-        &self,
-        peer: &fabric_proto::wire::PeerCred,
-        op: &'static str,
-        code: fabric_proto::wire::ErrorCode,
-        line: &str,
-    ) {
-        self.refusals.refused(crate::refusals::Group { uid: peer.uid, op, code }, peer.pid, line);
+    pub fn refused_line(&self, who: &Principal, op: &'static str, code: fabric_proto::wire::ErrorCode, line: &str) {
+        self.refusals.refused(crate::refusals::Group { uid: who.uid(), op, code }, who.pid(), line);
     }
 
     /// The current fabric view.

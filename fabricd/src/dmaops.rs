@@ -1,24 +1,21 @@
-//! The DMA operations on the wire: register and unregister, from requests to
+//! The DMA operations: register and unregister, from checked arguments to
 //! [`crate::memory::Memory::register`] calls and back, every refusal typed.
 
-use std::os::fd::OwnedFd;
-
-use fabric_proto::wire::{ErrorBody, ErrorCode, RegisterRequest, RegisterResponse, RegisterSource, Response};
+use fabric_proto::wire::{AccessMode, ErrorBody, ErrorCode, RegisterResponse, Response};
 use fabric_topology::DeviceId;
 
 use crate::daemon::Daemon;
+use crate::dispatch::errors::{memory as refused, refusal};
+use crate::dispatch::operation::RegisterFrom;
 use crate::dma::{Target, can_dma, target_of};
-use crate::memops::refused;
 use crate::memory::{Abandon, Source};
-use crate::ops::refusal;
-use crate::peer::Peer;
+use crate::principal::Principal;
 
 /// The DMA target of device `name`: its domain and mask.
-pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
-    let id: DeviceId = name.parse().map_err(|e| refusal(ErrorCode::BadRequest, format!("device {name:?}: {e}")))?;
+pub fn target(d: &Daemon, id: &DeviceId) -> Result<Target, ErrorBody> {
     let view = d.view();
     let inv = view.fabric.inventory();
-    let idx = inv.find(&id).ok_or_else(|| refusal(ErrorCode::NotFound, format!("no device {id}")))?;
+    let idx = inv.find(id).ok_or_else(|| refusal(ErrorCode::NotFound, format!("no device {id}")))?;
     let dev = inv.device(idx);
     if !can_dma(dev) {
         return Err(refusal(ErrorCode::BadRequest, format!("device {id} ({:?}) does not do DMA", dev.kind)));
@@ -31,34 +28,44 @@ pub fn target(d: &Daemon, name: &str) -> Result<Target, ErrorBody> {
     Ok(t)
 }
 
+/// A `Register`'s checked arguments.
+#[derive(Debug)]
+pub struct Registration {
+    /// The device whose DMA domain maps it.
+    pub device: DeviceId,
+    /// What is pinned.
+    pub from: RegisterFrom,
+    /// Offset into the source.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The device's access.
+    pub access: AccessMode,
+}
+
 /// `Register`: pins the source and maps it at an IOVA in the device's DMA domain; the pin
 /// is given up when `abandon` says so (the connection's end, the daemon's).
 pub fn register(
     d: &Daemon,
-    peer: &Peer,
+    who: &Principal,
     session: u64,
-    req: RegisterRequest,
-    fds: Vec<OwnedFd>,
+    req: Registration,
     abandon: Abandon<'_>,
 ) -> Result<Response, ErrorBody> {
     let target = target(d, &req.device)?;
-    let source = match req.source {
-        RegisterSource::Region(id) => Source::Region(id),
-        RegisterSource::Import(id) => Source::Import(id),
-        RegisterSource::Fd => Source::Fd(
-            fds.into_iter()
-                .next()
-                .ok_or_else(|| refusal(ErrorCode::BadFds, "register from a descriptor needs one descriptor"))?,
-        ),
+    let source = match req.from {
+        RegisterFrom::Region(id) => Source::Region(id),
+        RegisterFrom::Import(id) => Source::Import(id),
+        RegisterFrom::Fd(fd) => Source::Fd(fd),
         // The process that connected, followed by its pidfd: never the pid looked up anew.
-        RegisterSource::Process { addr } => Source::Process {
+        RegisterFrom::Process { addr } => Source::Process {
             addr,
-            process: peer.process().map_err(|e| refusal(ErrorCode::PermissionDenied, e.to_string()))?.clone(),
+            process: who.process().map_err(|e| refusal(ErrorCode::PermissionDenied, e.to_string()))?.clone(),
         },
     };
     let r = d
         .memory
-        .register(&peer.cred, session, &target, source, req.offset, req.len, req.access, abandon)
+        .register(&who.owner(), session, &target, source, req.offset, req.len, req.access, abandon)
         .map_err(|e| refused(&e))?;
     Ok(Response::Register(RegisterResponse { registration: r.registration, iova: r.iova, len: r.len }))
 }

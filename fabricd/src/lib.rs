@@ -5,15 +5,17 @@
 //! - [`config`]: the configuration, documented key by key in `configs/fabricd.toml`;
 //! - [`daemon`]: start-up — discovery, the fabric, the address map in the state dir and
 //!   the journal's lock — and the state every connection shares;
-//! - [`server`]: the Unix socket server ([`run`]): hello negotiation, then status,
-//!   topology, devices, map, translate and partitions ([`ops`]), and alloc, free,
-//!   export, revoke, import and release ([`memops`] over [`memory`], regions passed as
-//!   descriptors), every refusal a typed error and a log line;
+//! - [`server`]: the Unix socket server ([`run`]): hello negotiation, then each request
+//!   made an operation ([`ops`]) and applied by the one dispatch ([`dispatch`]: one
+//!   authorization point, every refusal a typed error and a log line) — status,
+//!   topology, devices, map, translate and partitions, and alloc, free, export, revoke,
+//!   import and release ([`memops`] over [`memory`], regions passed as descriptors);
+//! - [`principal`]: who a request comes from, computed once per connection;
 //! - [`admission`]: client slots at accept, for all users and per uid;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
 //! - [`peer`]: a connection's identity, fixed at accept (credentials, groups, a pidfd);
 //! - [`partitions`], [`scope`], [`regions`]: who each partition binds, what each client
-//!   sees and touches through its partitions, and the partition and region listings;
+//!   sees through its partitions, and the partition operations;
 //! - [`store`]: the map record (address map state and bindings, saved as one before
 //!   either is published) behind the `MapStore` trait, and its file store;
 //! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
@@ -42,6 +44,7 @@ pub mod config;
 pub mod copy;
 pub mod copyops;
 pub mod daemon;
+pub mod dispatch;
 pub mod dma;
 pub mod dmaops;
 pub mod events;
@@ -59,6 +62,7 @@ pub mod ops;
 pub mod partitions;
 pub mod peer;
 pub mod placement;
+pub mod principal;
 pub mod privdir;
 pub mod refusals;
 pub mod regions;

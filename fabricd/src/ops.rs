@@ -1,25 +1,26 @@
-//! The operations this daemon serves: each request, with the caller's credentials, to a
-//! response or a typed refusal. Pure over the [`Daemon`] state, so tests call it directly.
+//! The requests this daemon serves, on the transport's side of the dispatch: a request
+//! made an [`Operation`] and handed to [`dispatch::apply`] ([`request`], and
+//! [`handle`] for in-process callers and tests), and the read-only answers the dispatch
+//! builds (status, topology, devices, inventory, map, translation).
 
 use fabric_addrmap::{HoleOwner, Location, ResourceKey, Snapshot, TranslateError};
 use fabric_proto::TopologyOptions;
 use fabric_proto::wire::{
     BoundedVec, DeviceName, Document, ErrorBody, ErrorCode, ErrorText, Name, PROTOCOL_VERSION, Problem, ProblemKind,
-    Request, ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation, Version,
+    Request, ResourceName, Response, StatusResponse, TranslateQuery, TranslateResponse, Translation,
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 use crate::daemon::{Daemon, View};
+use crate::dispatch::{self, Context, Operation, Outcome};
 use crate::peer::Peer;
+use crate::principal::Client;
 use crate::scope::{self, Caller};
-use crate::{dmaops, memops};
 
-/// A typed refusal with its message.
-pub fn refusal(code: ErrorCode, message: impl AsRef<str>) -> ErrorBody {
-    ErrorBody { code, message: ErrorText::truncated(message.as_ref()), detail: None }
-}
+pub use crate::dispatch::errors::refusal;
 
 /// Answers one request (not `Hello`) outside any session, dropping any descriptor the
 /// answer carries: [`handle_session`] with session 0.
@@ -28,94 +29,32 @@ pub fn handle(d: &Daemon, peer: &Peer, req: Request) -> Result<Response, ErrorBo
 }
 
 /// Answers one request (not `Hello`) of `session`, with the descriptor the answer carries
-/// (`Alloc` and `Import`). Every refusal is also logged with the peer and the operation.
+/// (`Alloc` and `Import`), for an in-process caller with `peer`'s identity. Copies and
+/// subscriptions need a connection.
 pub fn handle_session(
     d: &Daemon,
     peer: &Peer,
     session: u64,
     req: Request,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
-    handle_session_fds(d, peer, session, req, Vec::new(), PROTOCOL_VERSION, &|| None)
-}
-
-/// [`handle_session`] with the descriptors that came with the request (as many as
-/// [`Request::fds_required`] says; the server checked that) and the protocol version the
-/// connection negotiated (what it may be sent). Long work a client controls (a `Register`
-/// pin) is given up when `abandon` says so.
-pub fn handle_session_fds(
-    d: &Daemon,
-    peer: &Peer,
-    session: u64,
-    req: Request,
-    fds: Vec<OwnedFd>,
-    version: Version,
-    abandon: crate::memory::Abandon<'_>,
-) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
     if matches!(req, Request::Ping) {
-        // Liveness and round-trip latency: answered with nothing else done (no caller
-        // lookup, no revocation flush; docs/protocol.md).
         return Ok((Response::Ping, None));
     }
-    let op = req.opcode();
-    let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
-    let caller = Caller::of(d, peer);
-    let cred = &peer.cred;
-    let r = match req {
-        Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
-        Request::Status(_) => plain(caller.status_view(d).and_then(|v| {
-            let vanished = caller.vanished(d)?;
-            Ok(Response::Status(status_in(d, &v, &vanished)))
-        })),
-        Request::Ping => Ok((Response::Ping, None)),
-        Request::Topology(t) => {
-            plain(caller.view(d).and_then(|v| topology_in(&v, t.node.as_deref())).map(Response::Topology))
-        }
-        Request::Devices(t) => {
-            plain(caller.view(d).and_then(|v| devices_in(&v, t.node.as_deref())).map(Response::Devices))
-        }
-        Request::Inventory(t) => plain(inventory_in(d, &caller, t.node.as_deref()).map(Response::Inventory)),
-        Request::Map(t) => plain(map_listing_in(d, &caller, t.node.as_deref()).map(Response::Map)),
-        Request::Translate(t) => plain(translate_in(d, &caller, &t.queries).map(Response::Translate)),
-        Request::Partitions(p) => plain(crate::regions::partitions(d, &caller, p).map(Response::Partitions)),
-        Request::Regions(r) => plain(crate::regions::regions(d, &caller, r).map(Response::Regions)),
-        Request::Alloc(a) => {
-            scope::check_alloc(d, &caller, &a.target).and_then(|()| memops::alloc(d, cred, session, a))
-        }
-        Request::Adopt(a) if a.object.since() > version => Err(refusal(
-            ErrorCode::BadRequest,
-            format!("a {} needs protocol {}; this connection speaks {version}", a.object.name(), a.object.since()),
-        )),
-        Request::Adopt(a) => {
-            scope::check_alloc(d, &caller, &a.target).and_then(|()| plain(memops::adopt(d, cred, session, a, fds)))
-        }
-        Request::Free(f) => plain(memops::free(d, session, f.region)),
-        Request::Export(e) => {
-            scope::check_export(d, &caller, &e).and_then(|()| plain(memops::export(d, cred, session, e)))
-        }
-        Request::Revoke(r) => plain(memops::revoke(d, session, &r.handle)),
-        Request::Import(i) => scope::check_import(d, &caller, &i).and_then(|()| memops::import(d, cred, session, i)),
-        Request::ImportObject(i) => {
-            scope::check_import(d, &caller, &i).and_then(|()| memops::import_object(d, cred, session, i, version))
-        }
-        Request::Release(r) => plain(memops::release(d, session, r.import)),
-        Request::Register(r) => scope::check_register(d, &caller, &r)
-            .and_then(|()| plain(dmaops::register(d, peer, session, r, fds, abandon))),
-        Request::Unregister(u) => plain(dmaops::unregister(d, session, u.registration)),
-        Request::Copy(_) | Request::CopyBatch(_) => {
-            Err(refusal(ErrorCode::BadRequest, "copy is answered by the connection, which gets its completion"))
-        }
-        _ => Err(refusal(
-            ErrorCode::NotImplemented,
-            format!(
-                "{op} is not implemented by this fabricd yet (served: hello, status, ping, topology, devices, inventory, map, translate, partitions, alloc, free, export, revoke, import, release, regions, and subscribe on a connection)"
-            ),
-        )),
-    };
-    if let Err(e) = &r {
-        d.refused(cred, op.name(), e);
-    }
-    d.flush_revocations();
-    r
+    let client = Arc::new(Client::accept(peer, d.admin_gid));
+    let cx =
+        Context { client: &client, session, request_id: 0, version: PROTOCOL_VERSION, abandon: &|| None, copies: None };
+    request(d, &cx, req, Vec::new()).map(|o| (o.response, o.fd))
+}
+
+/// One request of `cx`'s client, with the descriptors that came with it (as many as
+/// [`Request::fds_required`] says; the transport checked that): made an operation and
+/// applied by the one dispatch. Every refusal is logged with the principal and the
+/// operation.
+pub fn request(d: &Daemon, cx: &Context<'_>, req: Request, fds: Vec<OwnedFd>) -> Result<Outcome, ErrorBody> {
+    let name = req.opcode().name();
+    let op = Operation::from_request(req, fds, cx.version)
+        .map_err(|e| dispatch::refused_request(d, &cx.client.principal, name, e))?;
+    dispatch::apply(d, cx, op)
 }
 
 fn check_node(d: &View, node: Option<&str>) -> Result<(), ErrorBody> {

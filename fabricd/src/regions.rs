@@ -1,26 +1,14 @@
-//! The listing and admin operations over the daemon's registries: `Partitions` (list for
-//! anyone, set and remove for admins, with the uid/gid bindings kept in
-//! [`crate::partitions`]) and `Regions` (the caller's regions, exports and imports, or
-//! everyone's for an admin).
+//! The partition operations: list (what the caller may see), set and remove (admins:
+//! the authorization table says so), with the uid/gid bindings kept in
+//! [`crate::partitions`].
 
-use fabric_proto::wire::{
-    BoundedVec, DeviceName, ErrorBody, ErrorCode, Name, PartitionSpec, PartitionsRequest, PartitionsResponse,
-    RegionsRequest, RegionsResponse,
-};
-use fabric_topology::DeviceId;
+use fabric_proto::wire::{BoundedVec, DeviceName, ErrorBody, ErrorCode, Name, PartitionSpec, PartitionsResponse};
 
 use crate::daemon::Daemon;
-use crate::ops::refusal;
+use crate::dispatch::errors::{internal, refusal};
+use crate::dispatch::operation::PartitionChange;
 use crate::partitions::Binding;
 use crate::scope::{Caller, Scope};
-
-fn admin_required(d: &Daemon, caller: &Caller, what: &str) -> ErrorBody {
-    let group = d.config.socket.admin_group.as_deref().unwrap_or("(none configured)");
-    refusal(
-        ErrorCode::AdminRequired,
-        format!("{what} needs root or membership of socket.admin_group {group}; uid {} is neither", caller.cred.uid),
-    )
-}
 
 /// The partitions `caller` may see: all of them for an admin, those that bind it for
 /// anyone else (none for an unbound client).
@@ -30,7 +18,7 @@ pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
         .state()
         .partitions
         .iter()
-        .filter(|p| caller.admin || matches!(&caller.scope, Scope::Bound(b) if b.contains(&p.name)))
+        .filter(|p| caller.admin() || matches!(&caller.scope, Scope::Bound(b) if b.contains(&p.name)))
         .map(|p| {
             let b = d.partitions.get(&p.name);
             PartitionSpec {
@@ -45,86 +33,58 @@ pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
     PartitionsResponse { partitions: BoundedVec::new(specs).unwrap_or_default() }
 }
 
-/// `Partitions`. A change holds the map writer's lock throughout, saves the address map
-/// state and the bindings as one record (temporary file, fsync, rename, fsync of the
-/// directory: `crate::store`), publishes both and only then answers; a crash leaves the
-/// old partition or the new one, never devices bound to a stale set of users.
-pub fn partitions(d: &Daemon, caller: &Caller, req: PartitionsRequest) -> Result<PartitionsResponse, ErrorBody> {
-    if matches!(req, PartitionsRequest::List) {
-        return Ok(partition_list(d, caller));
+/// `Partitions` set: a change holds the map writer's lock throughout, saves the address
+/// map state and the bindings as one record (temporary file, fsync, rename, fsync of the
+/// directory: `crate::store`), publishes both and only then returns; a crash leaves the
+/// old partition or the new one, never devices bound to a stale set of users. The caller
+/// is authorized (an admin).
+pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> Result<(), ErrorBody> {
+    let mut map = d.map_writer();
+    let view = d.view();
+    if let Some(id) = change.devices.iter().find(|id| view.fabric.inventory().find(id).is_none()) {
+        return Err(refusal(ErrorCode::NotFound, format!("no device {id}")));
     }
-    if !caller.admin {
-        return Err(admin_required(d, caller, "changing partitions"));
-    }
-    let internal = |what: &str, e: &dyn std::error::Error| {
-        refusal(ErrorCode::Internal, format!("{what}: {}", crate::error_chain(e)))
-    };
-    {
-        let mut map = d.map_writer();
-        match &req {
-            PartitionsRequest::Set(spec) => {
-                if spec.name.is_empty() {
-                    return Err(refusal(ErrorCode::BadRequest, "a partition needs a name"));
-                }
-                let mut ids = Vec::new();
-                for dev in spec.devices.iter() {
-                    let id = dev
-                        .parse::<DeviceId>()
-                        .map_err(|e| refusal(ErrorCode::BadRequest, format!("device {dev:?}: {e}")))?;
-                    if d.view().fabric.inventory().find(&id).is_none() {
-                        return Err(refusal(ErrorCode::NotFound, format!("no device {id}")));
-                    }
-                    ids.push(id);
-                }
-                let binding = Binding::new(&spec.name, &spec.uids, &spec.gids);
-                let change = d
-                    .commit_map(&mut map, |m, bindings| {
-                        *bindings = crate::partitions::with_binding(bindings, &binding)?;
-                        Ok(m.partition(&spec.name, &ids))
-                    })
-                    .map_err(|e| internal("saving the partition", &e))?;
-                tracing::info!(
-                    uid = caller.cred.uid,
-                    pid = caller.cred.pid,
-                    partition = %spec.name,
-                    devices = ids.len(),
-                    uids = ?spec.uids.as_slice(),
-                    gids = ?spec.gids.as_slice(),
-                    generation = change.generation,
-                    "partition set"
-                );
-            }
-            PartitionsRequest::Remove { name } => {
-                let in_map = map.map().state().partitions.iter().any(|p| p.name == name.as_str());
-                let bound = d.partitions.snapshot().iter().any(|b| b.name == name.as_str());
-                if !in_map && !bound {
-                    return Err(refusal(ErrorCode::NotFound, format!("no partition {name:?}")));
-                }
-                d.commit_map(&mut map, |m, bindings| {
-                    if in_map {
-                        m.remove_partition(name)?;
-                    }
-                    if let Some(rest) = crate::partitions::without_binding(bindings, name) {
-                        *bindings = rest;
-                    }
-                    Ok(())
-                })
-                .map_err(|e| internal("removing the partition", &e))?;
-                tracing::info!(uid = caller.cred.uid, pid = caller.cred.pid, partition = %name, "partition removed");
-            }
-            PartitionsRequest::List => {}
-        }
-    }
-    Ok(partition_list(d, caller))
+    let binding = Binding::new(&change.name, &change.uids, &change.gids);
+    let committed = d
+        .commit_map(&mut map, |m, bindings| {
+            *bindings = crate::partitions::with_binding(bindings, &binding)?;
+            Ok(m.partition(&change.name, &change.devices))
+        })
+        .map_err(|e| internal("saving the partition", &e))?;
+    tracing::info!(
+        uid = caller.uid(),
+        pid = caller.principal().pid(),
+        partition = %change.name,
+        devices = change.devices.len(),
+        uids = ?change.uids,
+        gids = ?change.gids,
+        generation = committed.generation,
+        "partition set"
+    );
+    Ok(())
 }
 
-/// `Regions`: the caller's regions, exports and imports (by uid, across its sessions),
-/// or with `all` everyone's (admins only).
-pub fn regions(d: &Daemon, caller: &Caller, req: RegionsRequest) -> Result<RegionsResponse, ErrorBody> {
-    if req.all && !caller.admin {
-        return Err(admin_required(d, caller, "listing every uid's regions"));
+/// `Partitions` remove: the partition's devices and its binding go in one record (see
+/// [`set_partition`]).
+pub fn remove_partition(d: &Daemon, caller: &Caller, name: &str) -> Result<(), ErrorBody> {
+    let mut map = d.map_writer();
+    let in_map = map.map().state().partitions.iter().any(|p| p.name == name);
+    let bound = d.partitions.snapshot().iter().any(|b| b.name == name);
+    if !in_map && !bound {
+        return Err(refusal(ErrorCode::NotFound, format!("no partition {name:?}")));
     }
-    Ok(d.memory.list(if req.all { None } else { Some(caller.cred.uid) }))
+    d.commit_map(&mut map, |m, bindings| {
+        if in_map {
+            m.remove_partition(name)?;
+        }
+        if let Some(rest) = crate::partitions::without_binding(bindings, name) {
+            *bindings = rest;
+        }
+        Ok(())
+    })
+    .map_err(|e| internal("removing the partition", &e))?;
+    tracing::info!(uid = caller.uid(), pid = caller.principal().pid(), partition = %name, "partition removed");
+    Ok(())
 }
 
 #[cfg(test)]

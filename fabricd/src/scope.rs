@@ -12,17 +12,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use fabric_addrmap::{Listing, NodeUsage, RangeKind, Snapshot, TranslateError};
-use fabric_proto::wire::{
-    AllocTarget, BoundedVec, ErrorBody, ErrorCode, ExportRequest, ImportRequest, PeerCred, RegisterRequest,
-    TranslateQuery, TranslateResponse, Translation,
-};
+use fabric_proto::wire::{BoundedVec, ErrorBody, ErrorCode, TranslateQuery, TranslateResponse, Translation};
 use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
 
-use crate::auth;
 use crate::daemon::{Daemon, View};
+use crate::dispatch::errors::refusal;
 use crate::events::Reach;
-use crate::ops::refusal;
-use crate::peer::Peer;
+use crate::principal::{Client, Principal};
 
 /// What a client's requests reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,27 +31,30 @@ pub enum Scope {
     Unbound,
 }
 
-/// A client: its credentials, whether it is an admin, and its scope.
+/// A client as one request sees it: its principal and standing (fixed at connect) and
+/// the scope the partition bindings give it now.
+///
+/// The rule for a connection that lives across binding changes: its scope is resolved
+/// anew for each request ([`Caller::resolve`]), from the bindings current when that
+/// request is authorized, so a client bound or unbound by an admin is treated so from
+/// its next request on; a request already authorized finishes under the scope it was
+/// authorized with (the partition change waits for it: [`crate::dispatch::gate`]).
 #[derive(Debug, Clone)]
 pub struct Caller {
-    /// From `SO_PEERCRED`, at connect.
-    pub cred: PeerCred,
-    /// Root or a member of the admin group.
-    pub admin: bool,
+    /// Who, and whether an admin.
+    pub client: Arc<Client>,
     /// What it reaches.
     pub scope: Scope,
 }
 
 impl Caller {
-    /// The caller behind `peer`, with the groups its connection was accepted with.
-    pub fn of(d: &Daemon, peer: &Peer) -> Self {
-        let cred = &peer.cred;
-        let groups: Vec<u32> = std::iter::once(cred.gid).chain(peer.groups().iter().copied()).collect();
-        let admin = auth::is_admin(cred, d.admin_gid, peer.groups());
-        let scope = if admin {
+    /// `client` with the scope the current bindings give it.
+    pub fn resolve(d: &Daemon, client: Arc<Client>) -> Self {
+        let scope = if client.admin {
             Scope::All
         } else {
-            let bound = d.partitions.bound(cred.uid, &groups);
+            let p = &client.principal;
+            let bound = d.partitions.bound(p.uid(), &p.groups());
             if !bound.is_empty() {
                 Scope::Bound(bound)
             } else if d.config.security.require_partition {
@@ -64,7 +63,22 @@ impl Caller {
                 Scope::All
             }
         };
-        Self { cred: *cred, admin, scope }
+        Self { client, scope }
+    }
+
+    /// Whether it is an admin.
+    pub fn admin(&self) -> bool {
+        self.client.admin
+    }
+
+    /// Its uid, for messages and listings.
+    pub fn uid(&self) -> u32 {
+        self.client.principal.uid()
+    }
+
+    /// Its principal.
+    pub fn principal(&self) -> &Principal {
+        &self.client.principal
     }
 
     /// Refuses a client bound to nothing while partitions are required.
@@ -74,7 +88,7 @@ impl Caller {
                 ErrorCode::PermissionDenied,
                 format!(
                     "uid {} is bound to no partition and security.require_partition is set; ask an admin to bind it",
-                    self.cred.uid
+                    self.uid()
                 ),
             )),
             _ => Ok(()),
@@ -83,7 +97,7 @@ impl Caller {
 
     /// Whether the caller is bound to partition `name` (admins count as bound to all).
     pub fn in_partition(&self, name: &str) -> bool {
-        self.admin || matches!(&self.scope, Scope::Bound(b) if b.iter().any(|n| n == name))
+        self.admin() || matches!(&self.scope, Scope::Bound(b) if b.iter().any(|n| n == name))
     }
 
     /// Which device and link events the caller may receive.
@@ -107,17 +121,6 @@ impl Caller {
                 .flat_map(|p| p.devices.iter().cloned())
                 .collect(),
         ))
-    }
-
-    /// Refuses a device outside the caller's partitions.
-    pub fn check_device(&self, d: &Daemon, device: &DeviceId) -> Result<(), ErrorBody> {
-        match self.members(&d.map_snapshot())? {
-            Some(m) if !m.contains(device) => Err(refusal(
-                ErrorCode::PermissionDenied,
-                format!("device {device} is not in the caller's partitions ({})", self.partition_names()),
-            )),
-            _ => Ok(()),
-        }
     }
 
     /// The fabric `Status` reports to the caller: its view, or for a client bound to
@@ -162,84 +165,6 @@ impl Caller {
         let full = d.view();
         let inv = scoped_inventory(&full.fabric, &members);
         View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("partition view: {e}")))
-    }
-}
-
-/// `Alloc`: a bound client allocates only on its partitions' devices.
-pub fn check_alloc(d: &Daemon, caller: &Caller, target: &AllocTarget) -> Result<(), ErrorBody> {
-    caller.require_scope()?;
-    let device = match target {
-        AllocTarget::Resource(r) => &r.device,
-        AllocTarget::Device { device, .. } => device,
-        // Not served yet; the memory op says so.
-        AllocTarget::Set(_) => return Ok(()),
-    };
-    // A malformed id is the memory op's BadRequest.
-    match device.parse::<DeviceId>() {
-        Ok(id) => caller.check_device(d, &id),
-        Err(_) => Ok(()),
-    }
-}
-
-/// `Register`: a bound client registers memory only for its partitions' devices (the
-/// device's DMA domain, its IOVAs and, under VFIO, its IOMMU mappings are its tenant's),
-/// and a client bound to nothing none while partitions are required.
-pub fn check_register(d: &Daemon, caller: &Caller, req: &RegisterRequest) -> Result<(), ErrorBody> {
-    caller.require_scope()?;
-    // A malformed id is the DMA op's BadRequest.
-    match req.device.parse::<DeviceId>() {
-        Ok(id) => caller.check_device(d, &id),
-        Err(_) => Ok(()),
-    }
-}
-
-/// `Export`: a policy may name only an existing partition its exporter is bound to.
-pub fn check_export(d: &Daemon, caller: &Caller, req: &ExportRequest) -> Result<(), ErrorBody> {
-    let Some(p) = &req.policy.partition else { return Ok(()) };
-    if !d.map_snapshot().state().partitions.iter().any(|x| x.name == p.as_str()) {
-        return Err(refusal(
-            ErrorCode::NotFound,
-            format!("the export policy names partition {p:?}, which does not exist"),
-        ));
-    }
-    if !caller.in_partition(p) {
-        return Err(refusal(
-            ErrorCode::PermissionDenied,
-            format!("uid {} may not export to partition {p:?}: it is not bound to it", caller.cred.uid),
-        ));
-    }
-    Ok(())
-}
-
-/// `Import`, before the handle's policy is checked: an export whose policy names a
-/// partition admits only clients bound to it (admins too); otherwise a bound client
-/// imports only regions on its partitions' devices. A handle that names no live export
-/// passes here and is refused by the memory op (`InvalidHandle`, `Revoked`).
-pub fn check_import(d: &Daemon, caller: &Caller, req: &ImportRequest) -> Result<(), ErrorBody> {
-    caller.require_scope()?;
-    let Ok(subject) = d.memory.export_subject(&req.handle) else { return Ok(()) };
-    if subject.revoked {
-        return Ok(());
-    }
-    if let Some(p) = &subject.policy.partition {
-        if caller.in_partition(p) {
-            return Ok(());
-        }
-        return Err(refusal(
-            ErrorCode::PermissionDenied,
-            format!("the export is for partition {p:?}; uid {} is not bound to it", caller.cred.uid),
-        ));
-    }
-    match caller.members(&d.map_snapshot())? {
-        Some(m) if !m.contains(&subject.device) => Err(refusal(
-            ErrorCode::PermissionDenied,
-            format!(
-                "the region lies on {}, outside the caller's partitions ({}); its exporter may name a partition in the policy",
-                subject.device,
-                caller.partition_names()
-            ),
-        )),
-        _ => Ok(()),
     }
 }
 

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use fabric_proto::wire::{
     CopyDone, ErrorBody, ErrorCode, Event, FrameError, FrameKind, HEADER_LEN, Header, HelloResponse, MAX_FDS,
     MAX_REQUEST_BODY, MAX_REQUEST_FDS, Message, Name, Opcode, PROTOCOL_VERSION, PeerCred, Request, Response,
-    SUPPORTED_VERSIONS, SessionToken, SubscribeResponse, Version, decode_header, decode_request, encode_message,
-    negotiate,
+    SUPPORTED_VERSIONS, SessionToken, Version, decode_header, decode_request, encode_message, negotiate,
 };
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -21,11 +20,12 @@ use tracing::Instrument;
 
 use crate::admission::{Admission, Admitted, Refused};
 use crate::daemon::Daemon;
+use crate::dispatch::Context;
 use crate::inbox::Inbox;
-use crate::memops;
 use crate::memory::Reclaimed;
 use crate::ops::{self, refusal};
 use crate::peer::Peer;
+use crate::principal::{Client, Principal};
 use crate::sys;
 
 /// How long requests in flight get to finish after shutdown is asked for.
@@ -95,14 +95,16 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
                 continue;
             }
         };
-        let admitted = match admission.admit(peer.cred.uid) {
+        // The principal and its standing, once for the connection's life.
+        let client = Arc::new(Client::accept(&peer, daemon.admin_gid));
+        let admitted = match admission.admit(client.principal.uid()) {
             Ok(a) => a,
             Err(r) => {
-                refuse(&stream, &peer.cred, &r, &daemon);
+                refuse(&stream, &client.principal, &r, &daemon);
                 continue;
             }
         };
-        spawn_connection(stream, peer, daemon.clone(), shutdown.clone(), admitted, &tracker);
+        spawn_connection(stream, client, daemon.clone(), shutdown.clone(), admitted, &tracker);
     }
     drop(listener);
     tracker.close();
@@ -117,7 +119,7 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
 /// counted, and a `LimitExceeded` error frame (request id 0, before any hello: the
 /// connection is refused, not a request) when the socket takes it at once. A new
 /// socket's send buffer is empty, so it does; the accept loop never waits on a client.
-fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
+fn refuse(stream: &UnixStream, who: &Principal, r: &Refused, daemon: &Daemon) {
     let body = r.body();
     let line = match r.limit {
         crate::metrics::ClientLimit::Clients => {
@@ -126,11 +128,13 @@ fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
         crate::metrics::ClientLimit::ClientsPerUid => {
             format!(
                 "limits.clients_per_uid reached for uid {}; refusing a new connection (open={} limit={})",
-                peer.uid, r.used, r.max
+                who.uid(),
+                r.used,
+                r.max
             )
         }
     };
-    daemon.refused_line(peer, "connect", body.code, &line);
+    daemon.refused_line(who, "connect", body.code, &line);
     daemon.metrics.connection_refused(r.limit);
     let mut out = Vec::with_capacity(256);
     let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
@@ -154,7 +158,7 @@ fn refuse(stream: &UnixStream, peer: &PeerCred, r: &Refused, daemon: &Daemon) {
 /// runtime and end with it.
 fn spawn_connection(
     stream: UnixStream,
-    peer: Peer,
+    client: Arc<Client>,
     daemon: Arc<Daemon>,
     shutdown: CancellationToken,
     slot: Admitted,
@@ -184,7 +188,7 @@ fn spawn_connection(
         };
         rt.block_on(async move {
             match UnixStream::from_std(std_stream) {
-                Ok(stream) => serve_connection(stream, peer, &main, &shutdown).await,
+                Ok(stream) => serve_connection(stream, client, &main, &shutdown).await,
                 Err(e) => tracing::warn!(error = %e, "cannot register a connection; closing it"),
             }
         });
@@ -212,17 +216,16 @@ struct MainRuntime {
 /// `memory.detach_grace_s` is set and the peer's process still runs (asked through its
 /// pidfd: its pid may name another process by now); its token, or `None` when the session
 /// is to be closed (nothing to keep, or the process is gone).
-fn detach(daemon: &Daemon, peer: &Peer, session: u64) -> Option<SessionToken> {
-    if daemon.config.memory.detach_grace_s == 0 || !peer.process().is_ok_and(|p| p.running()) {
+fn detach(daemon: &Daemon, who: &Principal, session: u64) -> Option<SessionToken> {
+    if daemon.config.memory.detach_grace_s == 0 || !who.process().is_ok_and(|p| p.running()) {
         return None;
     }
-    let peer = &peer.cred;
     let (token, r) = daemon.memory.detach_session(session);
     daemon.flush_revocations();
     if let Some(t) = token {
         tracing::info!(
-            uid = peer.uid,
-            pid = peer.pid,
+            uid = who.uid(),
+            pid = who.pid(),
             imports = r.imports,
             registrations = r.registrations,
             grace_s = daemon.config.memory.detach_grace_s,
@@ -247,7 +250,8 @@ enum Read {
 
 struct Conn<'a> {
     stream: UnixStream,
-    peer: Peer,
+    /// Who is at the other end, fixed at accept.
+    client: Arc<Client>,
     daemon: &'a Daemon,
     version: Option<Version>,
     /// The subscribe request's id and the queue of its events.
@@ -272,19 +276,26 @@ async fn next_event(events: &mut Option<(u64, mpsc::Receiver<Event>)>) -> (u64, 
     }
 }
 
-async fn serve_connection(stream: UnixStream, peer: Peer, main: &MainRuntime, shutdown: &CancellationToken) {
+async fn serve_connection(stream: UnixStream, client: Arc<Client>, main: &MainRuntime, shutdown: &CancellationToken) {
     let daemon = &*main.daemon;
     let session = daemon.open_session();
-    let span = tracing::debug_span!("session", id = session.id, uid = peer.cred.uid, pid = peer.cred.pid);
-    serve_session(stream, peer, main, session.id, shutdown).instrument(span).await;
+    let (uid, pid) = (client.principal.uid(), client.principal.pid());
+    let span = tracing::debug_span!("session", id = session.id, uid, pid);
+    serve_session(stream, client, main, session.id, shutdown).instrument(span).await;
 }
 
-async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, session: u64, shutdown: &CancellationToken) {
+async fn serve_session(
+    stream: UnixStream,
+    client: Arc<Client>,
+    main: &MainRuntime,
+    session: u64,
+    shutdown: &CancellationToken,
+) {
     let daemon = &*main.daemon;
     tracing::debug!("connected");
     let mut conn = Conn {
         stream,
-        peer: peer.clone(),
+        client: client.clone(),
         daemon,
         version: None,
         events: None,
@@ -316,8 +327,8 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
                 }
                 Some((_, None)) => {
                     tracing::warn!(
-                        uid = peer.cred.uid,
-                        pid = peer.cred.pid,
+                        uid = client.principal.uid(),
+                        pid = client.principal.pid(),
                         "subscriber fell behind its events; closing"
                     );
                     break;
@@ -331,33 +342,30 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
         // Counted before the answer is sent, so that a client that has its answer also
         // sees it counted.
         let start = Instant::now();
-        let ok = match read {
+        let (h, counted, answer, close) = match read {
             Read::Gone => break,
             Read::Fatal(err) => {
                 let line = format!("closing connection: {}", err.message);
-                daemon.refused_line(&peer.cred, "frame", err.code, &line);
-                let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
-                daemon.metrics.record(None, Some(err.code), start.elapsed());
-                let _ = conn.send(&h, Message::Error(err)).await;
-                break;
+                daemon.refused_line(&client.principal, "frame", err.code, &line);
+                (Header::new(Opcode::Hello, FrameKind::Error, 0), None, Err(err), true)
             }
             Read::Refuse(h, err) => {
-                daemon.refused(&peer.cred, h.opcode.name(), &err);
+                daemon.refused(&client.principal, h.opcode.name(), &err);
                 // An unknown opcode travels under Hello; count it as op="unknown".
                 let op = (err.code != ErrorCode::UnknownOpcode).then_some(h.opcode);
-                daemon.metrics.record(op, Some(err.code), start.elapsed());
-                conn.send(&h, Message::Error(err)).await
+                (h, op, Err(err), false)
             }
-            Read::Request(h, req, fds) => {
-                let answer = conn.answer(req, session, h.request_id, fds);
-                daemon.metrics.record(Some(h.opcode), answer.as_ref().err().map(|e| e.code), start.elapsed());
-                match answer {
-                    Ok((resp, None)) => conn.send(&h, Message::Response(resp)).await,
-                    Ok((resp, Some(fd))) => conn.send_fd(&h, Message::Response(resp), fd).await,
-                    Err(err) => conn.send(&h, Message::Error(err)).await,
-                }
-            }
+            Read::Request(h, req, fds) => (h, Some(h.opcode), conn.answer(req, session, h.request_id, fds), false),
         };
+        daemon.metrics.record(counted, answer.as_ref().err().map(|e| e.code), start.elapsed());
+        let ok = match answer {
+            Ok((resp, None)) => conn.send(&h, Message::Response(resp)).await,
+            Ok((resp, Some(fd))) => conn.send_fd(&h, Message::Response(resp), fd).await,
+            Err(err) => conn.send(&h, Message::Error(err)).await,
+        };
+        if close {
+            break;
+        }
         if !ok {
             break;
         }
@@ -373,7 +381,7 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
         tracing::debug!("disconnected by shutdown; regions kept for resume");
         return;
     }
-    if let Some(detached) = detach(daemon, &peer, session) {
+    if let Some(detached) = detach(daemon, &client.principal, session) {
         // The connection's runtime ends with it: the grace timer runs on the daemon's.
         let (daemon, token, grace) = (main.daemon.clone(), detached, main.detach_grace);
         main.handle.spawn(async move {
@@ -395,8 +403,8 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
     daemon.flush_revocations();
     if r != Reclaimed::default() {
         tracing::info!(
-            uid = peer.cred.uid,
-            pid = peer.cred.pid,
+            uid = client.principal.uid(),
+            pid = client.principal.pid(),
             regions = r.regions,
             exports = r.exports,
             imports = r.imports,
@@ -418,8 +426,8 @@ impl Conn<'_> {
             Ok(Err(_)) => false,
             Err(_) => {
                 tracing::warn!(
-                    uid = self.peer.cred.uid,
-                    pid = self.peer.cred.pid,
+                    uid = self.client.principal.uid(),
+                    pid = self.client.principal.pid(),
                     "client stalled inside a frame {part}; closing"
                 );
                 false
@@ -556,14 +564,14 @@ impl Conn<'_> {
                 }
                 Err(e) => {
                     let body = ErrorBody::from(e);
-                    self.daemon.refused(&self.peer.cred, "hello", &body);
+                    self.daemon.refused(&self.client.principal, "hello", &body);
                     Err(body)
                 }
             };
         }
         if self.version.is_none() {
             let body = refusal(ErrorCode::NotNegotiated, "send hello first");
-            self.daemon.refused(&self.peer.cred, req.opcode().name(), &body);
+            self.daemon.refused(&self.client.principal, req.opcode().name(), &body);
             return Err(body);
         }
         if let Some(v) = self.version
@@ -574,32 +582,14 @@ impl Conn<'_> {
                 ErrorCode::UnknownOpcode,
                 format!("{op} needs protocol {}; this connection speaks {v}", op.since()),
             );
-            self.daemon.refused(&self.peer.cred, op.name(), &body);
+            self.daemon.refused(&self.client.principal, op.name(), &body);
             return Err(body);
         }
-        if let Request::Subscribe(sub) = req {
-            // Events travel under this request's id until the next subscribe.
-            let reach = crate::scope::Caller::of(self.daemon, &self.peer).event_reach();
-            self.events = self.daemon.events.subscribe(session, sub.topics, reach).map(|rx| (request_id, rx));
-            tracing::debug!(topics = ?sub.topics, "subscribed");
-            return Ok((Response::Subscribe(SubscribeResponse { topics: sub.topics }), None));
+        if matches!(req, Request::Ping) {
+            // Liveness and round-trip latency: answered with nothing else done
+            // (docs/protocol.md).
+            return Ok((Response::Ping, None));
         }
-        if matches!(req, Request::Copy(_) | Request::CopyBatch(_)) {
-            // The connection's sink travels with the copy; the answer is only its id.
-            let caller = crate::scope::Caller::of(self.daemon, &self.peer);
-            let sink = self.copies.0.clone();
-            let r = match &req {
-                Request::Copy(c) => crate::copyops::copy(self.daemon, &caller, session, request_id, *c, sink),
-                Request::CopyBatch(b) => crate::copyops::copy_batch(self.daemon, &caller, session, request_id, b, sink),
-                _ => unreachable!("matched above"),
-            };
-            if let Err(e) = &r {
-                self.daemon.refused(&self.peer.cred, req.opcode().name(), e);
-            }
-            self.daemon.flush_revocations();
-            return r.map(|r| (r, None));
-        }
-        let version = self.version.unwrap_or(PROTOCOL_VERSION);
         // Asked between the pieces of a pin: no one waits for its answer any more.
         let (stream, shutdown) = (&self.stream, &self.shutdown);
         let abandon = || {
@@ -611,7 +601,20 @@ impl Conn<'_> {
                 None
             }
         };
-        ops::handle_session_fds(self.daemon, &self.peer, session, req, fds, version, &abandon)
+        let cx = Context {
+            client: &self.client,
+            session,
+            request_id,
+            version: self.version.unwrap_or(PROTOCOL_VERSION),
+            abandon: &abandon,
+            copies: Some(&self.copies.0),
+        };
+        let out = ops::request(self.daemon, &cx, req, fds)?;
+        if let Response::Subscribe(_) = out.response {
+            // Events travel under this request's id until the next subscribe.
+            self.events = out.events.map(|rx| (request_id, rx));
+        }
+        Ok((out.response, out.fd))
     }
 
     /// The token for the `Hello` response (1.1 and later): the session's own, or the one
@@ -623,10 +626,11 @@ impl Conn<'_> {
         resume: Option<&SessionToken>,
         session: u64,
     ) -> Result<Option<SessionToken>, ErrorBody> {
-        let (peer, memory, daemon) = (&self.peer.cred, &self.daemon.memory, self.daemon);
+        let (who, memory, daemon) = (&self.client.principal, &self.daemon.memory, self.daemon);
+        let peer = &who.owner();
         let refused = |e: &crate::memory::MemoryError| {
-            let body = memops::refused(e);
-            daemon.refused(peer, "hello", &body);
+            let body = crate::dispatch::errors::memory(e);
+            daemon.refused(who, "hello", &body);
             body
         };
         if v < Version::new(1, 1) {

@@ -1,0 +1,170 @@
+//! The authorization table: whether a caller may run an operation, decided in one place
+//! for every operation ([`authorize`]) from the caller (its principal, whether it is an
+//! admin, its scope) and the facts of the policy state ([`Facts`]).
+//!
+//! | operation | rule (besides a client bound to nothing while partitions are required: `PermissionDenied`) |
+//! |---|---|
+//! | status, partitions list, subscribe | anyone (they answer through the caller's scope) |
+//! | topology, devices, inventory, map, translate, copy | a scope |
+//! | partitions set / remove, regions of all uids | an admin (`AdminRequired`) |
+//! | alloc, adopt, register | the device (every member device of a set) in the caller's partitions |
+//! | export | a policy partition exists (`NotFound`) and binds the caller |
+//! | import, import-object | an export for a partition binds the caller; otherwise its region's device is in the caller's partitions |
+//! | free, revoke, release, unregister, regions of one's own | anyone; the registry checks that the session owns the object, in the critical section that acts on it |
+//!
+//! Admins are bound to every partition. The export's own policy (uids, gids, access) is
+//! the registry's to check, under the lock that creates the import.
+
+use std::collections::HashSet;
+
+use fabric_proto::wire::{ErrorBody, ErrorCode, ExportHandle};
+use fabric_topology::DeviceId;
+
+use super::errors::refusal;
+use super::operation::{Operation, Target};
+use crate::memory::ExportSubject;
+use crate::scope::{Caller, Scope};
+
+/// What the table reads of the policy state: one view of the partitions, the map's sets
+/// and the registry's exports.
+pub trait Facts {
+    /// Whether the map has a partition `name`.
+    fn partition_exists(&self, name: &str) -> bool;
+    /// The member devices of partitions `names`, together.
+    fn members(&self, names: &[String]) -> HashSet<DeviceId>;
+    /// The member devices of interleave set `name`; `None` when the map has no such set.
+    fn set_devices(&self, name: &str) -> Option<Vec<DeviceId>>;
+    /// What the export `handle` names is about; `None` when it names no export.
+    fn export_subject(&self, handle: &ExportHandle) -> Option<ExportSubject>;
+    /// The configured admin group, for messages.
+    fn admin_group(&self) -> Option<&str>;
+}
+
+/// What an authorized operation may reach beyond what the table checked: the devices of a
+/// copy's endpoints are known only once the registry resolves them.
+#[derive(Debug, Default)]
+pub struct Grant {
+    /// The devices the caller's partitions hold; `None`: no restriction.
+    pub members: Option<HashSet<DeviceId>>,
+}
+
+/// Decides whether `caller` may run `op`.
+pub fn authorize(op: &Operation, caller: &Caller, facts: &dyn Facts) -> Result<Grant, ErrorBody> {
+    use Operation as O;
+    match op {
+        O::Status | O::ListPartitions | O::Subscribe { .. } => Ok(Grant::default()),
+        O::Free { .. } | O::Revoke { .. } | O::Release { .. } | O::Unregister { .. } => Ok(Grant::default()),
+        O::Regions { all: false } => Ok(Grant::default()),
+        O::Regions { all: true } => admin(caller, facts, "listing every uid's regions"),
+        O::SetPartition(_) | O::RemovePartition { .. } => admin(caller, facts, "changing partitions"),
+        O::Topology { .. } | O::Devices { .. } | O::Inventory { .. } | O::Map { .. } | O::Translate { .. } => {
+            caller.require_scope().map(|()| Grant::default())
+        }
+        O::Copy { .. } => Ok(Grant { members: members(caller, facts)? }),
+        O::Alloc { target: Target::Place(p), .. } | O::Adopt { place: p, .. } => device(caller, facts, &p.device),
+        O::Register { device: d, .. } => device(caller, facts, d),
+        O::Alloc { target: Target::Set(name), .. } => set(caller, facts, name),
+        O::Export { policy, .. } => export(caller, facts, policy.partition.as_deref()),
+        O::Import { handle, .. } | O::ImportObject { handle, .. } => import(caller, facts, handle),
+    }
+}
+
+fn admin(caller: &Caller, facts: &dyn Facts, what: &str) -> Result<Grant, ErrorBody> {
+    if caller.admin() {
+        return Ok(Grant::default());
+    }
+    let group = facts.admin_group().unwrap_or("(none configured)");
+    Err(refusal(
+        ErrorCode::AdminRequired,
+        format!("{what} needs root or membership of socket.admin_group {group}; uid {} is neither", caller.uid()),
+    ))
+}
+
+/// The member devices of the caller's partitions (`None`: no restriction).
+fn members(caller: &Caller, facts: &dyn Facts) -> Result<Option<HashSet<DeviceId>>, ErrorBody> {
+    caller.require_scope()?;
+    Ok(match &caller.scope {
+        Scope::Bound(names) => Some(facts.members(names)),
+        _ => None,
+    })
+}
+
+fn outside(caller: &Caller, device: &DeviceId) -> ErrorBody {
+    refusal(
+        ErrorCode::PermissionDenied,
+        format!("device {device} is not in the caller's partitions ({})", caller.partition_names()),
+    )
+}
+
+/// `Alloc`, `Adopt`, `Register`: a bound client reaches only its partitions' devices (a
+/// device's DMA domain, its IOVAs and, under VFIO, its IOMMU mappings are its tenant's).
+fn device(caller: &Caller, facts: &dyn Facts, device: &DeviceId) -> Result<Grant, ErrorBody> {
+    match members(caller, facts)? {
+        Some(m) if !m.contains(device) => Err(outside(caller, device)),
+        _ => Ok(Grant::default()),
+    }
+}
+
+/// `Alloc` on an interleave set: every member device must be the caller's. A set the map
+/// does not have passes here: the allocation says `NotFound`.
+fn set(caller: &Caller, facts: &dyn Facts, name: &str) -> Result<Grant, ErrorBody> {
+    let Some(m) = members(caller, facts)? else { return Ok(Grant::default()) };
+    let devices = facts.set_devices(name).unwrap_or_default();
+    match devices.iter().find(|d| !m.contains(d)) {
+        Some(d) => Err(outside(caller, d)),
+        None => Ok(Grant::default()),
+    }
+}
+
+/// `Export`: a policy may name only an existing partition its exporter is bound to.
+fn export(caller: &Caller, facts: &dyn Facts, partition: Option<&str>) -> Result<Grant, ErrorBody> {
+    let Some(p) = partition else { return Ok(Grant::default()) };
+    if !facts.partition_exists(p) {
+        return Err(refusal(
+            ErrorCode::NotFound,
+            format!("the export policy names partition {p:?}, which does not exist"),
+        ));
+    }
+    if !caller.in_partition(p) {
+        return Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!("uid {} may not export to partition {p:?}: it is not bound to it", caller.uid()),
+        ));
+    }
+    Ok(Grant::default())
+}
+
+/// `Import`: an export whose policy names a partition admits only clients bound to it
+/// (admins too); otherwise a bound client imports only regions on its partitions'
+/// devices. A handle that names no live export passes here and is refused by the
+/// registry (`InvalidHandle`, `Revoked`), which checks it again under its lock.
+fn import(caller: &Caller, facts: &dyn Facts, handle: &ExportHandle) -> Result<Grant, ErrorBody> {
+    caller.require_scope()?;
+    let Some(subject) = facts.export_subject(handle) else { return Ok(Grant::default()) };
+    if subject.revoked {
+        return Ok(Grant::default());
+    }
+    if let Some(p) = &subject.policy.partition {
+        if caller.in_partition(p) {
+            return Ok(Grant::default());
+        }
+        return Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!("the export is for partition {p:?}; uid {} is not bound to it", caller.uid()),
+        ));
+    }
+    match members(caller, facts)? {
+        Some(m) if !m.contains(&subject.device) => Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!(
+                "the region lies on {}, outside the caller's partitions ({}); its exporter may name a partition in the policy",
+                subject.device,
+                caller.partition_names()
+            ),
+        )),
+        _ => Ok(Grant::default()),
+    }
+}
+
+#[cfg(test)]
+mod tests;
