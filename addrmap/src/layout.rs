@@ -262,10 +262,25 @@ pub fn wanted_resources(st: &State, inv: &Inventory) -> BTreeMap<ResourceKey, (S
 
 /// Brings the layout in line with an inventory of the whole domain.
 pub fn apply_inventory(prev: &State, inv: &Inventory) -> Result<(State, Change), LayoutError> {
+    apply_scoped(prev, inv, None)
+}
+
+/// Brings one node's part of the layout in line with that node's inventory: only the
+/// placements and interleave sets in `node`'s slots (and resources the inventory puts on
+/// `node`) change; every other node's stay byte for byte as they are, whatever `inv` says
+/// of them. A set whose members span nodes (on [`crate::FABRIC_NODE`]) belongs to the
+/// domain: `node` = `FABRIC_NODE`, or [`apply_inventory`], updates it.
+pub fn apply_node_inventory(prev: &State, node: &str, inv: &Inventory) -> Result<(State, Change), LayoutError> {
+    apply_scoped(prev, inv, Some(node))
+}
+
+fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(State, Change), LayoutError> {
+    let in_scope = |n: &str| scope.is_none_or(|s| s == n);
     let mut st = prev.clone();
     let mut change = Change::default();
     let next_gen = prev.generation + 1;
     let mut wanted = wanted_resources(prev, inv);
+    wanted.retain(|_, (node, _)| in_scope(node));
 
     // Interleave members are not placed directly; a set is present when all its members are.
     let mut member_size: HashMap<ResourceKey, u64> = HashMap::new();
@@ -276,7 +291,7 @@ pub fn apply_inventory(prev: &State, inv: &Inventory) -> Result<(State, Change),
             }
         }
     }
-    for s in &mut st.interleaves {
+    for s in st.interleaves.iter_mut().filter(|s| in_scope(&s.node)) {
         let ok = s.members.iter().all(|m| member_size.get(m).is_some_and(|&sz| sz >= s.member_size));
         let presence = if ok { Presence::Present } else { Presence::Vanished { since: next_gen } };
         if (presence == Presence::Present) != (s.presence == Presence::Present) {
@@ -288,6 +303,12 @@ pub fn apply_inventory(prev: &State, inv: &Inventory) -> Result<(State, Change),
     let mut pending: Vec<(ResourceKey, String, u64, Option<u64>)> = Vec::new();
     let old = std::mem::take(&mut st.placements);
     for mut p in old {
+        // Another node's range stays as it is, unless this node's inventory now has its
+        // resource (a device that moved: its range is kept, as a domain update keeps it).
+        if !in_scope(&p.node) && !wanted.contains_key(&p.key) {
+            st.placements.push(p);
+            continue;
+        }
         match wanted.remove(&p.key) {
             Some((node, size)) => {
                 if p.presence != Presence::Present {

@@ -5,7 +5,8 @@
 //!   stable by resource identity, deterministic across nodes.
 //! - [`interleave`] has the CXL HDM interleave arithmetic (ways 1..16 incl. 3/6/12).
 //! - [`snapshot`] and [`partition`] translate GFA <-> (resource, offset) without locks.
-//! - [`map`] is the writer that publishes snapshots; [`persist`] the state file.
+//! - [`map`] is the writer that publishes snapshots; [`persist`] the state file, in the
+//!   checksummed frame and whole-file write of [`durable`].
 //! - [`mod@bench`] has the benchmarks the CLI exposes.
 //!
 //! See docs/addrmap.md for the layout rules, the file format and the recovery procedure.
@@ -13,6 +14,7 @@
 pub mod alloc;
 pub mod bench;
 pub mod config;
+pub mod durable;
 pub mod interleave;
 pub mod layout;
 pub mod listing;
@@ -33,4 +35,7 @@ pub use partition::PartitionView;
 pub use persist::{DecodeError, PersistError, decode_state, encode_state};
 pub use snapshot::{HoleOwner, Location, ResourceRef, SetRef, Snapshot, TranslateError};
 pub use state::{FABRIC_NODE, InterleaveSet, NodeSlot, Partition, Placement, Presence, ResourceKey, State};
-pub use sync::{RegionSet, Synced, open_synced, region_sets};
+pub use sync::{
+    InventorySync, REGION_SET_PREFIX, RegionSet, SetSync, SyncScope, Synced, open_synced, region_sets, sync_inventory,
+    sync_sets,
+};

@@ -200,12 +200,25 @@ impl AddressMap {
         path: &Path,
         f: impl FnOnce(&mut Self) -> Result<T, E>,
     ) -> Result<T, E> {
+        self.commit_with(
+            f,
+            |state, changed| if changed { Ok(persist::save(path, state).map_err(MapError::from)?) } else { Ok(()) },
+        )
+    }
+
+    /// [`AddressMap::commit`] with the saving left to `save`, which is called once `f`
+    /// succeeded, with the resulting state and whether `f` changed it (a store that keeps
+    /// more than the map may have other changes to save). The snapshot is published only
+    /// after `save` succeeded; when either fails the map is back where it was.
+    pub fn commit_with<T, E>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, E>,
+        save: impl FnOnce(&Arc<State>, bool) -> Result<(), E>,
+    ) -> Result<T, E> {
         let before = self.state.clone();
         self.held = true;
         let r = f(self).and_then(|t| {
-            if !Arc::ptr_eq(&before, &self.state) {
-                self.save(path)?;
-            }
+            save(&self.state, !Arc::ptr_eq(&before, &self.state))?;
             Ok(t)
         });
         self.held = false;
@@ -227,6 +240,13 @@ impl AddressMap {
     /// Brings the map in line with the domain's inventory.
     pub fn update(&mut self, inv: &Inventory) -> Result<Change, MapError> {
         let next = layout::apply_inventory(&self.state, inv)?;
+        Ok(self.publish(next))
+    }
+
+    /// Brings one node's part of the map in line with its inventory
+    /// ([`layout::apply_node_inventory`]): other nodes' placements are not touched.
+    pub fn update_node(&mut self, node: &str, inv: &Inventory) -> Result<Change, MapError> {
+        let next = layout::apply_node_inventory(&self.state, node, inv)?;
         Ok(self.publish(next))
     }
 
@@ -279,9 +299,10 @@ impl AddressMap {
         st.generation += 1;
         st.validate()?;
         let generation = st.generation;
-        let state = Arc::new(st);
-        self.current.store(Arc::new(Snapshot::build(state.clone())));
-        self.state = state;
+        self.state = Arc::new(st);
+        if !self.held {
+            self.current.store(Arc::new(Snapshot::build(self.state.clone())));
+        }
         Ok(Change { generation, ..Change::default() })
     }
 }

@@ -15,10 +15,11 @@
 //! | 40..   | payload                                 |
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::durable::{self, FrameError};
 use crate::state::{State, StateError};
 
 /// File magic: like PNG's, it catches text-mode and truncation-to-7-bit damage.
@@ -28,50 +29,15 @@ pub const VERSION: u32 = 1;
 /// Payload encoding: JSON.
 pub const ENCODING_JSON: u32 = 1;
 /// Header length.
-pub const HEADER_LEN: usize = 40;
+pub const HEADER_LEN: usize = durable::FRAME_HEADER_LEN;
 
 /// What is wrong with a state file's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    /// Shorter than its header says (or than a header).
-    #[error("truncated: {len} bytes, need {need}")]
-    Truncated {
-        /// Bytes present.
-        len: u64,
-        /// Bytes needed.
-        need: u64,
-    },
-    /// Not a state file.
-    #[error("bad magic (not a fabric address map state file)")]
-    BadMagic,
-    /// Header bytes damaged.
-    #[error("header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
-    HeaderChecksum {
-        /// Stored CRC.
-        stored: u32,
-        /// Computed CRC.
-        computed: u32,
-    },
-    /// Written by a newer (or unknown) format.
-    #[error("unsupported format version {0}")]
-    Version(u32),
-    /// Unknown payload encoding.
-    #[error("unsupported payload encoding {0}")]
-    Encoding(u32),
-    /// Bytes after the payload.
-    #[error("{extra} unexpected bytes after the payload")]
-    TrailingBytes {
-        /// How many.
-        extra: u64,
-    },
-    /// Payload bytes damaged.
-    #[error("payload checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
-    PayloadChecksum {
-        /// Stored CRC.
-        stored: u32,
-        /// Computed CRC.
-        computed: u32,
-    },
+    /// The frame is damaged: truncated, not a state file (bad magic), a checksum
+    /// mismatch, bytes after the payload, another format version or encoding.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     /// The payload does not parse.
     #[error("payload does not parse: {0}")]
     Payload(String),
@@ -141,72 +107,12 @@ pub enum PersistError {
 pub fn encode_state(state: &State) -> Vec<u8> {
     // Serialising plain data with string keys cannot fail.
     let payload = serde_json::to_vec(state).unwrap_or_default();
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&ENCODING_JSON.to_le_bytes());
-    out.extend_from_slice(&state.generation.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-    let hcrc = crc32c::crc32c(&out[..36]);
-    out.extend_from_slice(&hcrc.to_le_bytes());
-    out.extend_from_slice(&payload);
-    out
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
+    durable::encode_frame(&MAGIC, VERSION, ENCODING_JSON, state.generation, &payload)
 }
 
 /// Checks the header; returns (generation, payload) without parsing the payload.
 pub fn decode_frame(bytes: &[u8]) -> Result<(u64, &[u8]), DecodeError> {
-    let len = bytes.len() as u64;
-    if bytes.len() < HEADER_LEN {
-        if !MAGIC.starts_with(&bytes[..bytes.len().min(8)]) {
-            return Err(DecodeError::BadMagic);
-        }
-        return Err(DecodeError::Truncated { len, need: HEADER_LEN as u64 });
-    }
-    if bytes[..8] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
-    let stored = u32_at(bytes, 36);
-    let computed = crc32c::crc32c(&bytes[..36]);
-    if stored != computed {
-        return Err(DecodeError::HeaderChecksum { stored, computed });
-    }
-    let version = u32_at(bytes, 8);
-    if version != VERSION {
-        return Err(DecodeError::Version(version));
-    }
-    let encoding = u32_at(bytes, 12);
-    if encoding != ENCODING_JSON {
-        return Err(DecodeError::Encoding(encoding));
-    }
-    let generation = u64_at(bytes, 16);
-    let plen = u64_at(bytes, 24);
-    let need = (HEADER_LEN as u64).saturating_add(plen);
-    if len < need {
-        return Err(DecodeError::Truncated { len, need });
-    }
-    if len > need {
-        return Err(DecodeError::TrailingBytes { extra: len - need });
-    }
-    let payload = &bytes[HEADER_LEN..];
-    let stored = u32_at(bytes, 32);
-    let computed = crc32c::crc32c(payload);
-    if stored != computed {
-        return Err(DecodeError::PayloadChecksum { stored, computed });
-    }
-    Ok((generation, payload))
+    Ok(durable::decode_frame(&MAGIC, VERSION, ENCODING_JSON, u64::MAX, bytes)?)
 }
 
 /// Decodes and validates a state file image. Pure: suitable for fuzzing.
@@ -222,13 +128,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, DecodeError> {
 
 /// `map.state` -> `map.state.prev`.
 pub fn prev_path(path: &Path) -> PathBuf {
-    suffixed(path, ".prev")
-}
-
-fn suffixed(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
+    durable::suffixed(path, ".prev")
 }
 
 /// Loads and validates a state file; a corrupt file is reported and left as it is.
@@ -244,12 +144,11 @@ pub fn load(path: &Path) -> Result<State, PersistError> {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), PersistError> {
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|source| PersistError::Write { path: dir.to_owned(), source })
+    durable::sync_dir(dir).map_err(|source| PersistError::Write { path: dir.to_owned(), source })
 }
 
-/// Writes a state atomically: temp file, fsync, keep the old file as `.prev`, rename,
-/// fsync the directory. Refuses to replace a corrupt file.
+/// Writes a state atomically: keeps the old file as `.prev`, then [`durable::write_whole`]
+/// (temp file, fsync, rename, fsync of the directory). Refuses to replace a corrupt file.
 pub fn save(path: &Path, state: &State) -> Result<(), PersistError> {
     let werr = |p: &Path| {
         let p = p.to_owned();
@@ -265,27 +164,10 @@ pub fn save(path: &Path, state: &State) -> Result<(), PersistError> {
     {
         return Err(PersistError::RefuseOverwrite { path: path.to_owned(), source });
     }
-    let dir = path.parent().unwrap_or(Path::new(""));
-    let tmp = suffixed(path, ".tmp");
     let image = encode_state(state);
-    {
-        // 0600 whatever the umask (set through the descriptor: an existing temporary keeps
-        // its mode on open), and not through a symlink.
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(werr(&tmp))?;
-        f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(werr(&tmp))?;
-        f.write_all(&image).map_err(werr(&tmp))?;
-        f.sync_all().map_err(werr(&tmp))?;
-    }
     if existing.is_some() {
         let prev = prev_path(path);
-        let prev_tmp = suffixed(path, ".prev.tmp");
+        let prev_tmp = durable::suffixed(path, ".prev.tmp");
         let _ = fs::remove_file(&prev_tmp);
         if fs::hard_link(path, &prev_tmp).is_err() {
             fs::copy(path, &prev_tmp).map_err(werr(&prev_tmp))?;
@@ -300,8 +182,8 @@ pub fn save(path: &Path, state: &State) -> Result<(), PersistError> {
             .map_err(werr(&prev_tmp))?;
         fs::rename(&prev_tmp, &prev).map_err(werr(&prev))?;
     }
-    fs::rename(&tmp, path).map_err(werr(path))?;
-    sync_dir(dir)?;
+    // The directory fsync at its end makes the `.prev` rename durable too.
+    durable::write_whole(path, &image).map_err(|e| PersistError::Write { path: e.path, source: e.source })?;
     tracing::info!(path = %path.display(), generation = state.generation, bytes = image.len(), "address map saved");
     Ok(())
 }
@@ -322,10 +204,10 @@ pub fn move_aside(path: &Path) -> Result<Option<PathBuf>, PersistError> {
             format!("t{secs}")
         }
     };
-    let mut target = suffixed(path, &format!(".corrupt-{tag}"));
+    let mut target = durable::suffixed(path, &format!(".corrupt-{tag}"));
     let mut n = 1;
     while target.exists() {
-        target = suffixed(path, &format!(".corrupt-{tag}-{n}"));
+        target = durable::suffixed(path, &format!(".corrupt-{tag}-{n}"));
         n += 1;
     }
     fs::rename(path, &target).map_err(|source| PersistError::Write { path: target.clone(), source })?;
@@ -336,8 +218,5 @@ pub fn move_aside(path: &Path) -> Result<Option<PathBuf>, PersistError> {
 
 /// The generation in an intact header, if the header is intact.
 fn header_generation(bytes: &[u8]) -> Option<u64> {
-    if bytes.len() < HEADER_LEN || bytes[..8] != MAGIC || u32_at(bytes, 36) != crc32c::crc32c(&bytes[..36]) {
-        return None;
-    }
-    Some(u64_at(bytes, 16))
+    durable::decode_frame_header(&MAGIC, bytes).ok().map(|h| h.generation)
 }

@@ -1,6 +1,14 @@
-//! Bringing a persisted map in line with a discovered inventory: open the state file,
-//! apply the inventory (stable placement), add interleave sets for CXL regions not yet
-//! mapped, and save when anything changed. Shared by `fabricctl map` and `fabricd`.
+//! Bringing a map in line with a discovered inventory: the devices' resources (stable
+//! placement) and the interleave sets the inventory's CXL regions call for, for the whole
+//! domain or for one node ([`SyncScope`]) — [`sync_inventory`], a pure function over the
+//! map that `fabricd` runs at start and on every rescan — and [`open_synced`], which
+//! opens a state file, adds the sets not yet mapped and saves (`fabricctl map`).
+//!
+//! CXL region sets: a new region becomes a set; a set whose region is gone while every
+//! member device remains (the region was torn down) is removed and its members are mapped
+//! directly again; a set whose region changed geometry is rebuilt; a set whose members
+//! vanished stays, a hole that translates again when they come back. Sets with other names
+//! (made by an operator) are never touched.
 
 use std::path::Path;
 
@@ -11,7 +19,7 @@ use crate::config::MapConfig;
 use crate::layout::Change;
 use crate::map::{AddressMap, MapError};
 use crate::persist::PersistError;
-use crate::state::ResourceKey;
+use crate::state::{FABRIC_NODE, InterleaveSet, ResourceKey};
 
 /// An interleave set a CXL region calls for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,4 +106,126 @@ pub fn open_synced(inv: &Inventory, path: &Path, config: Option<&MapConfig>) -> 
         map.save(path)?;
     }
     Ok(Synced { map, change, skipped })
+}
+
+/// The prefix of the sets made from CXL regions.
+pub const REGION_SET_PREFIX: &str = "cxl-region:";
+
+/// What a sync covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncScope<'a> {
+    /// The whole domain: the inventory is all of it.
+    Domain,
+    /// One node: only its placements and sets change ([`crate::layout::apply_node_inventory`]);
+    /// the inventory need only hold that node's devices.
+    Node(&'a str),
+}
+
+impl SyncScope<'_> {
+    fn covers(&self, node: &str) -> bool {
+        match self {
+            Self::Domain => true,
+            Self::Node(n) => *n == node,
+        }
+    }
+}
+
+/// What [`sync_sets`] did.
+#[derive(Debug, Default)]
+pub struct SetSync {
+    /// Sets added (new regions, or rebuilt ones).
+    pub added: Vec<String>,
+    /// Sets removed (regions torn down, or rebuilt ones).
+    pub removed: Vec<String>,
+    /// Regions that could not become sets, as `name: reason`.
+    pub skipped: Vec<String>,
+    /// The map changes, in order.
+    pub changes: Vec<Change>,
+}
+
+/// What [`sync_inventory`] did.
+#[derive(Debug, Default)]
+pub struct InventorySync {
+    /// The devices' resources.
+    pub change: Change,
+    /// The CXL region sets.
+    pub sets: SetSync,
+}
+
+fn same(set: &InterleaveSet, want: &RegionSet) -> bool {
+    set.geometry.ways() == want.ways
+        && set.geometry.granularity() == want.granularity
+        && set.members == want.members
+        && set.member_size == want.member_size
+}
+
+fn update(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<Change, MapError> {
+    match scope {
+        SyncScope::Domain => map.update(inv),
+        SyncScope::Node(n) => map.update_node(n, inv),
+    }
+}
+
+/// The node a region set's range goes to: its members' node when they share one, else
+/// [`FABRIC_NODE`] (as [`crate::layout::add_interleave`] decides).
+fn set_node(inv: &Inventory, set: &RegionSet) -> String {
+    let node_of = |k: &ResourceKey| inv.find(&k.device).and_then(|i| inv.device(i).node.clone());
+    match set.members.first().map(node_of) {
+        Some(Some(n)) if set.members.iter().all(|m| node_of(m).as_deref() == Some(n.as_str())) => n,
+        _ => FABRIC_NODE.to_owned(),
+    }
+}
+
+/// Brings the map's `cxl-region:` sets in `scope` in line with `inv` (already applied to
+/// the map, as [`sync_inventory`] does first).
+pub fn sync_sets(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<SetSync, MapError> {
+    let want: Vec<RegionSet> = region_sets(inv).into_iter().filter(|s| scope.covers(&set_node(inv, s))).collect();
+    let mut out = SetSync::default();
+    let stale: Vec<String> = map
+        .state()
+        .interleaves
+        .iter()
+        .filter(|s| s.name.starts_with(REGION_SET_PREFIX) && scope.covers(&s.node))
+        .filter(|s| match want.iter().find(|w| w.name == s.name) {
+            Some(w) => !same(s, w),
+            None => s.members.iter().all(|m| inv.find(&m.device).is_some()),
+        })
+        .map(|s| s.name.clone())
+        .collect();
+    for name in stale {
+        out.changes.push(map.remove_interleave(&name)?);
+        tracing::info!(set = %name, "CXL region gone or changed; interleave set removed");
+        out.removed.push(name);
+    }
+    if !out.removed.is_empty() {
+        // The members of removed sets are placed directly again.
+        out.changes.push(update(map, inv, scope)?);
+    }
+    for set in want {
+        if map.state().interleaves.iter().any(|s| s.name == set.name) {
+            continue;
+        }
+        match map.add_interleave(&set.name, set.ways, set.granularity, &set.members, Some(set.member_size)) {
+            Ok(c) => {
+                tracing::info!(set = %set.name, ways = set.ways, "CXL region mapped as an interleave set");
+                out.changes.push(c);
+                out.added.push(set.name);
+            }
+            Err(e) => {
+                tracing::warn!(set = %set.name, error = %e, "CXL region not mapped as an interleave set");
+                out.skipped.push(format!("{}: {e}", set.name));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Brings the map in line with `inv` in `scope`: the devices' resources, then the CXL
+/// region sets. Pure apart from the map (no I/O): the caller saves and publishes, e.g.
+/// inside [`AddressMap::commit_with`]. With [`SyncScope::Node`], every placement and set of
+/// other nodes stays byte for byte as it was.
+pub fn sync_inventory(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<InventorySync, MapError> {
+    let change = update(map, inv, scope)?;
+    let sets = sync_sets(map, inv, scope)?;
+    Ok(InventorySync { change, sets })
 }

@@ -1,5 +1,6 @@
 //! The CPU and kernel hints the lookup structures use: a cache prefetch, and transparent
-//! huge pages for the large lookup tables. Hints only; without them everything still works.
+//! huge pages for the large lookup tables (hints only; without them everything still
+//! works); and the process's euid, which the files it writes must belong to.
 
 /// Asks the CPU to bring the cache line holding `*r` closer. No effect on other targets.
 #[inline(always)]
@@ -41,4 +42,10 @@ pub fn huge_vec<T>(n: usize) -> Vec<T> {
         }
     }
     v
+}
+
+/// The process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory of ours and cannot fail.
+    unsafe { libc::geteuid() }
 }

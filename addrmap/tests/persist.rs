@@ -7,6 +7,7 @@ mod common;
 use std::fs;
 
 use common::{device, inventory};
+use fabric_addrmap::durable::FrameError;
 use fabric_addrmap::persist::{HEADER_LEN, prev_path};
 use fabric_addrmap::{
     AddressMap, DecodeError, GIB, MapConfig, MapError, PersistError, RebuildFrom, decode_state, encode_state,
@@ -64,7 +65,10 @@ fn every_truncation_and_every_bit_flip_is_an_error() {
     let good = encode_state(map.state());
     for len in 0..good.len() {
         let e = decode_state(&good[..len]).unwrap_err();
-        assert!(matches!(e, DecodeError::Truncated { .. } | DecodeError::BadMagic), "len {len}: {e:?}");
+        assert!(
+            matches!(e, DecodeError::Frame(FrameError::Truncated { .. } | FrameError::BadMagic)),
+            "len {len}: {e:?}"
+        );
     }
     for i in 0..good.len() {
         for bit in [0x01u8, 0x80] {
@@ -75,7 +79,7 @@ fn every_truncation_and_every_bit_flip_is_an_error() {
     }
     let mut long = good.clone();
     long.push(0);
-    assert_eq!(decode_state(&long).unwrap_err(), DecodeError::TrailingBytes { extra: 1 });
+    assert_eq!(decode_state(&long).unwrap_err(), DecodeError::Frame(FrameError::TrailingBytes { extra: 1 }));
 }
 
 #[test]
@@ -96,7 +100,7 @@ fn semantically_bad_payload_with_good_checksums_is_rejected() {
     b[8] = 2;
     let crc = crc32c::crc32c(&b[..36]);
     b[36..40].copy_from_slice(&crc.to_le_bytes());
-    assert_eq!(decode_state(&b).unwrap_err(), DecodeError::Version(2));
+    assert_eq!(decode_state(&b).unwrap_err(), DecodeError::Frame(FrameError::Version(2)));
 }
 
 #[test]
@@ -119,7 +123,10 @@ fn corrupt_file_is_reported_left_untouched_and_not_overwritten() {
             Err(MapError::Persist(PersistError::Corrupt { path: p, .. })) => assert_eq!(p, path),
             other => panic!("expected Corrupt, got {other:?}"),
         }
-        let msg = format!("{}", PersistError::Corrupt { path: path.clone(), source: DecodeError::BadMagic });
+        let msg = format!(
+            "{}",
+            PersistError::Corrupt { path: path.clone(), source: DecodeError::Frame(FrameError::BadMagic) }
+        );
         assert!(msg.contains("map.state"), "{msg}");
         match map.save(&path) {
             Err(MapError::Persist(PersistError::RefuseOverwrite { .. })) => {}

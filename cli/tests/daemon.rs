@@ -153,9 +153,14 @@ fn every_format_through_the_daemon_equals_the_local_output() {
         same_output(sock, &["path", "GPU0", "GPU5", "-o", format]);
     }
 
-    // The map listing: the daemon's against a local run over a copy of its state file.
+    // The map listing: the daemon's against a local run over a copy of its map state (the
+    // map half of its map record, written as a state file).
     let copy = dir.path().join("map-copy.state");
-    std::fs::copy(dir.path().join("state/map.state"), &copy).unwrap();
+    let record = std::fs::read(dir.path().join("state/map.record")).unwrap();
+    let (_, payload) = fabric_addrmap::durable::decode_frame(b"FBRCMAPR", 1, 1, u64::MAX, &record).unwrap();
+    let mut body: serde_json::Value = serde_json::from_slice(payload).unwrap();
+    let state: fabric_addrmap::State = serde_json::from_value(body["map"].take()).unwrap();
+    std::fs::write(&copy, fabric_addrmap::encode_state(&state)).unwrap();
     let simf = sim();
     for format in ["json", "table"] {
         let remote = fabricctl(&["map", "-o", format, "--daemon", sock]);

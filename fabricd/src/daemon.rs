@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::store::{CommitError, FileStore, MapStore, MapWriter};
+
 use arc_swap::ArcSwap;
 use fabric_proto::wire::{DeviceChange, Event, MapChange};
 use std::time::Instant;
 
-use fabric_addrmap::{AddressMap, MapError};
+use fabric_addrmap::{AddressMap, InventorySync, SyncScope};
 use fabric_drivers::SysfsRoot;
 use fabric_proto::MatrixLabels;
 use fabric_proto::order::device_order;
@@ -45,15 +47,6 @@ pub enum StartError {
     /// Discovery produced an inconsistent inventory.
     #[error("indexing the discovered inventory")]
     Index(#[source] InventoryError),
-    /// The address map state could not be opened, updated or saved.
-    #[error("address map state {path}")]
-    Map {
-        /// The state file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: MapError,
-    },
     /// The state directory is not the daemon's own private directory (`crate::privdir`).
     #[error("state directory")]
     StateDir(#[source] crate::privdir::DirError),
@@ -73,9 +66,16 @@ pub enum StartError {
     /// be restored from the journal.
     #[error("sim device memory")]
     Memory(#[source] crate::memory::MemoryError),
-    /// The partition bindings file could not be read or is damaged.
-    #[error(transparent)]
-    Partitions(#[from] crate::partitions::PartitionError),
+    /// The map record (address map state and partition bindings) could not be loaded,
+    /// migrated, brought up to date or saved.
+    #[error("map record {path}")]
+    Record {
+        /// The record's file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: CommitError,
+    },
     /// A DAX device or BAR `[memory]` exports cannot back regions.
     #[error("[memory] device memory")]
     Backing(#[source] crate::memory::backing::BackingError),
@@ -184,6 +184,30 @@ pub fn backend_line(r: &BackendReport) -> String {
     }
 }
 
+/// Loads the map record from `store` (migrating a state dir of a daemon before it), brings
+/// the map in line with `config` and `inv`, and saves the record when anything changed or
+/// none was saved yet. Nothing is published before that save: no reader exists yet.
+fn open_map(
+    store: &dyn MapStore,
+    config: &Config,
+    inv: &Inventory,
+) -> Result<(MapWriter, crate::partitions::Bindings), CommitError> {
+    let (map, bindings, at) = match store.load()? {
+        Some(r) => (AddressMap::from_state(Arc::unwrap_or_clone(r.map))?, r.bindings, r.generation),
+        None => (AddressMap::new(config.map.clone())?, Arc::new(Vec::new()), 0),
+    };
+    let partitions = crate::partitions::Bindings::new(bindings);
+    let mut writer = MapWriter::new(map, at);
+    let skipped = writer.commit(store, &partitions, at == 0, |m, _| {
+        m.set_config(config.map.clone())?;
+        Ok(fabric_addrmap::sync_inventory(m, inv, SyncScope::Domain)?.sets.skipped)
+    })?;
+    for s in skipped {
+        tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
+    }
+    Ok((writer, partitions))
+}
+
 /// The discovered fabric and what is derived from it; replaced as a whole when a rescan
 /// finds a change (readers keep the one they loaded).
 #[derive(Debug)]
@@ -225,10 +249,13 @@ pub struct Daemon {
     vanished: Mutex<BTreeSet<String>>,
     /// Event subscriptions.
     pub events: EventBus,
-    map: Mutex<AddressMap>,
+    /// The address map and bindings' one writer; only changes take its lock.
+    map: Mutex<MapWriter>,
     /// Follows every snapshot `map` publishes; what every reader uses.
     map_reader: fabric_addrmap::Reader,
-    map_path: PathBuf,
+    /// Where the map record is saved before a change is published.
+    store: Box<dyn MapStore>,
+    record_path: PathBuf,
     started: Instant,
     sessions: AtomicU32,
     next_session: AtomicU64,
@@ -249,7 +276,7 @@ pub struct Daemon {
     pub vfio: crate::dma::vfio::Vfio,
     /// Rescans asked for outside the interval (kernel uevents).
     pub monitor: crate::monitor::Trigger,
-    /// Who each partition binds (`partitions.state` in the state dir).
+    /// Who each partition binds, as last saved in the map record (lock-free snapshots).
     pub partitions: crate::partitions::Bindings,
     /// Orders operations authorized against the partition state before changes to it.
     pub policy: crate::dispatch::gate::PolicyGate,
@@ -280,22 +307,22 @@ impl Daemon {
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
         tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
-        let partitions = crate::partitions::Bindings::open(&state_dir)?;
         // Before discovery, so that the inventory shows the vfio-pci binding.
         let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
         let inv = discover(&config)?;
         for r in &inv.backends {
             tracing::info!(backend = %r.backend, "{}", backend_line(r));
         }
-        let map_path = state_dir.join("map.state");
-        let synced = fabric_addrmap::open_synced(&inv, &map_path, Some(&config.map))
-            .map_err(|source| StartError::Map { path: map_path.clone(), source })?;
+        let store = FileStore::new(&state_dir);
+        let record_path = store.path().to_owned();
+        let (writer, partitions) = open_map(&store, &config, &inv)
+            .map_err(|source| StartError::Record { path: record_path.clone(), source })?;
         let view = View::build(inv)?;
         let fabric = &view.fabric;
         tracing::info!(
             devices = fabric.inventory().devices.len(),
             links = fabric.inventory().links.len(),
-            map_generation = synced.map.generation(),
+            map_generation = writer.map().generation(),
             "fabric loaded"
         );
         let mut backings = backings(&config, fabric.inventory())?;
@@ -323,7 +350,7 @@ impl Daemon {
             }
         }
         let metrics = Arc::new(Metrics::new(fabric));
-        metrics.set_map(synced.map.generation(), synced.map.state().mapped_bytes());
+        metrics.set_map(writer.map().generation(), writer.map().state().mapped_bytes());
         let copies = crate::copy::CopyEngine::start(config.copy.clone(), metrics.clone()).map_err(StartError::Copy)?;
         Ok(Self {
             config,
@@ -333,9 +360,10 @@ impl Daemon {
             rescan: Mutex::new(()),
             vanished: Mutex::new(BTreeSet::new()),
             events: EventBus::default(),
-            map_reader: synced.map.reader(),
-            map: Mutex::new(synced.map),
-            map_path,
+            map_reader: writer.map().reader(),
+            map: Mutex::new(writer),
+            store: Box::new(store),
+            record_path,
             started: Instant::now(),
             sessions: AtomicU32::new(0),
             next_session: AtomicU64::new(1),
@@ -397,18 +425,20 @@ impl Daemon {
             return Ok(events);
         }
         let view = View::build(inv)?;
-        let map_err = |source| StartError::Map { path: self.map_path.clone(), source };
+        let map_err = |source| StartError::Record { path: self.record_path.clone(), source };
         {
             let mut map = self.map_writer();
             let inv = view.fabric.inventory();
-            let (change, sets) = self
-                .commit_map(&mut map, |m| Ok((m.update(inv)?, crate::monitor::sync_sets(m, inv)?)))
+            // This daemon discovers the whole domain it serves: a domain-wide sync (a
+            // domain's node would sync `SyncScope::Node` with its own inventory).
+            let InventorySync { change, sets } = self
+                .commit_map(&mut map, |m, _| Ok(fabric_addrmap::sync_inventory(m, inv, SyncScope::Domain)?))
                 .map_err(map_err)?;
             if !change.is_empty() || !sets.changes.is_empty() {
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
                 let all = || std::iter::once(&change).chain(&sets.changes);
                 events.push(Event::Map(MapChange {
-                    generation: map.generation(),
+                    generation: map.map().generation(),
                     added: n(all().map(|c| c.added.len() + c.returned.len()).sum::<usize>() + sets.added.len()),
                     holed: n(all().map(|c| c.vanished.len()).sum()),
                     removed: n(all().map(|c| c.collected.len()).sum::<usize>() + sets.removed.len()),
@@ -477,9 +507,10 @@ impl Daemon {
     }
 
     /// The address map's writer, for the changes (rescans, partitions), serialised by its
-    /// lock (a poisoned lock is recovered: the map is only changed through methods that
-    /// leave it consistent). Readers never take it: [`Daemon::map_snapshot`].
-    pub fn map_writer(&self) -> MutexGuard<'_, AddressMap> {
+    /// lock (a poisoned lock is recovered: the map is only changed through
+    /// [`MapWriter::commit`], which leaves it as it was on failure). Readers never take it:
+    /// [`Daemon::map_snapshot`], and `partitions` for the bindings.
+    pub fn map_writer(&self) -> MutexGuard<'_, MapWriter> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -489,15 +520,16 @@ impl Daemon {
         self.map_reader.snapshot()
     }
 
-    /// Changes the map with `f`, saves it, and only then publishes it to readers
-    /// ([`AddressMap::commit`]); `map` is the writer's guard ([`Daemon::map_writer`]).
+    /// Changes the map and the bindings with `f`, saves both as one record, and only then
+    /// publishes them to readers ([`MapWriter::commit`]); `map` is the writer's guard
+    /// ([`Daemon::map_writer`]).
     pub fn commit_map<T>(
         &self,
-        map: &mut AddressMap,
-        f: impl FnOnce(&mut AddressMap) -> Result<T, MapError>,
-    ) -> Result<T, MapError> {
-        let r = map.commit(&self.map_path, f)?;
-        self.metrics.set_map(map.generation(), map.state().mapped_bytes());
+        map: &mut MapWriter,
+        f: impl FnOnce(&mut AddressMap, &mut Vec<crate::partitions::Binding>) -> Result<T, CommitError>,
+    ) -> Result<T, CommitError> {
+        let r = map.commit(self.store.as_ref(), &self.partitions, false, f)?;
+        self.metrics.set_map(map.map().generation(), map.map().state().mapped_bytes());
         Ok(r)
     }
 

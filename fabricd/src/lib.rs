@@ -14,9 +14,10 @@
 //! - [`admission`]: client slots at accept, for all users and per uid;
 //! - [`socket`], [`notify`], [`auth`]: the socket file, `sd_notify`, the admin check;
 //! - [`peer`]: a connection's identity, fixed at accept (credentials, groups, a pidfd);
-//! - [`partitions`], [`scope`], [`regions`]: who each partition binds (durable in the
-//!   state dir), what each client sees through its partitions, and the partition
-//!   operations;
+//! - [`partitions`], [`scope`], [`regions`]: who each partition binds, what each client
+//!   sees through its partitions, and the partition operations;
+//! - [`store`]: the map record (address map state and bindings, saved as one before
+//!   either is published) behind the `MapStore` trait, and its file store;
 //! - [`metrics`], [`http`]: the Prometheus page and its loopback HTTP endpoint;
 //!   [`refusals`]: the rate-limited refusal log;
 //! - [`journal`]: the durable journal (`docs/journal.md`).
@@ -69,6 +70,7 @@ pub mod scope;
 pub mod server;
 pub mod sizewatch;
 pub mod socket;
+pub mod store;
 pub(crate) mod sys;
 pub mod uevent;
 

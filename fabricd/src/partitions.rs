@@ -1,11 +1,14 @@
-//! Partition bindings: which uids and gids each partition binds, kept durably in
-//! `<state dir>/partitions.state`, and the rule that binds a client to partitions.
+//! Partition bindings: which uids and gids each partition binds, and the rule that binds a
+//! client to partitions.
 //!
-//! A partition's *devices* live in the address map state (`map.state`), where the map's
-//! partition views are built from them; this file holds only who is bound to which
-//! partition, so the map format stays as it is.
+//! A partition's *devices* live in the address map state, where the map's partition views
+//! are built from them; the bindings say who is bound to which partition. Both are saved
+//! together in one map record (`crate::store`) before either is published, so a crash can
+//! never leave devices bound to a stale set of users.
 //!
-//! File layout (integers little-endian):
+//! A daemon before the record kept the bindings in `<state dir>/partitions.state`, which
+//! the file store still reads (once, to migrate) with [`decode`]. Its layout (integers
+//! little-endian):
 //!
 //! | bytes  | field                                        |
 //! |--------|----------------------------------------------|
@@ -17,16 +20,11 @@
 //! | 28..32 | CRC-32C of bytes 0..28                       |
 //! | 32..   | payload: a JSON array of bindings, by name   |
 //!
-//! Every change writes a temporary file, fsyncs it, renames it over the old one and
-//! fsyncs the directory before the change is acknowledged. A file that fails any check
-//! stops the daemon at start with [`PartitionError::Decode`]: bindings are security
-//! state, and silently dropping them would widen what clients see.
+//! A file that fails any check stops the daemon at start: bindings are security state,
+//! and silently dropping them would widen what clients see.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
@@ -85,34 +83,12 @@ pub enum DecodeError {
     Invalid(String),
 }
 
-/// Why bindings could not be loaded or changed.
+/// Why bindings could not be changed.
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
-    /// The file is damaged or not a bindings file.
-    #[error(
-        "partition bindings {path} are unreadable (move the file aside to start without bindings, then set them again)"
-    )]
-    Decode {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        #[source]
-        source: DecodeError,
-    },
     /// A binding breaks a bound.
     #[error("{0}")]
     Invalid(String),
-    /// Reading or writing the file failed.
-    #[error("{what} {path}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Who one partition binds.
@@ -140,7 +116,9 @@ impl Binding {
     }
 }
 
-fn validate(bindings: &[Binding]) -> Result<(), String> {
+/// Checks the bounds and order [`Bindings`] keeps: at most [`MAX_BINDINGS`], names of 1 to
+/// [`MAX_NAME`] bytes sorted and unique, at most [`MAX_IDS`] sorted, unique ids each.
+pub fn validate(bindings: &[Binding]) -> Result<(), String> {
     if bindings.len() > MAX_BINDINGS {
         return Err(format!("{} bindings, at most {MAX_BINDINGS}", bindings.len()));
     }
@@ -167,7 +145,8 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(w)
 }
 
-/// The file's bytes for `bindings` (sorted by name, as [`Bindings`] keeps them).
+/// The legacy file's bytes for `bindings` (sorted by name, as [`Bindings`] keeps them);
+/// what a daemon before the map record wrote (tests and the fuzz target use it).
 pub fn encode(bindings: &[Binding]) -> Vec<u8> {
     // Serialising plain structs of strings and integers cannot fail.
     let payload = serde_json::to_vec(bindings).unwrap_or_default();
@@ -229,58 +208,35 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Binding>, DecodeError> {
     Ok(bindings)
 }
 
-/// Writes `bytes` to `path` so that a crash leaves either the old file or the new one:
-/// a temporary file beside it, fsync, rename over, fsync of the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PartitionError> {
-    let io = |what: &'static str, p: &Path| {
-        let p = p.to_owned();
-        move |source| PartitionError::Io { what, path: p, source }
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
-    {
-        // 0600 whatever the umask, and not through a symlink.
-        let mut f = crate::privdir::file_options()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .and_then(|f| crate::privdir::check_file(&f, &tmp).map(|()| f))
-            .map_err(io("creating", &tmp))?;
-        f.write_all(bytes).map_err(io("writing", &tmp))?;
-        f.sync_all().map_err(io("fsync of", &tmp))?;
+/// `bindings` with one partition's binding created or replaced; a binding with no uids and
+/// no gids is removed instead (it binds nobody). The result is checked ([`validate`]).
+pub fn with_binding(bindings: &[Binding], binding: &Binding) -> Result<Vec<Binding>, PartitionError> {
+    let binding = Binding::new(&binding.name, &binding.uids, &binding.gids);
+    let mut next: Vec<Binding> = bindings.iter().filter(|b| b.name != binding.name).cloned().collect();
+    if !binding.uids.is_empty() || !binding.gids.is_empty() {
+        next.push(binding);
     }
-    std::fs::rename(&tmp, path).map_err(io("renaming over", path))?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync of", dir))?;
-    Ok(())
+    next.sort_by(|a, b| a.name.cmp(&b.name));
+    validate(&next).map_err(PartitionError::Invalid)?;
+    Ok(next)
 }
 
-/// The bindings of every partition, by name; readers take a snapshot without locking.
+/// `bindings` without one partition's binding, or `None` when it had none.
+pub fn without_binding(bindings: &[Binding], name: &str) -> Option<Vec<Binding>> {
+    bindings.iter().any(|b| b.name == name).then(|| bindings.iter().filter(|b| b.name != name).cloned().collect())
+}
+
+/// The bindings of every partition, by name, as last saved; readers take a snapshot
+/// without locking. Changed only by the daemon's map commit, after the record is saved.
 #[derive(Debug)]
 pub struct Bindings {
-    path: PathBuf,
     current: ArcSwap<Vec<Binding>>,
-    /// Serialises changes (write the file, then publish).
-    change: Mutex<()>,
 }
 
 impl Bindings {
-    /// Loads `<state_dir>/partitions.state`; a missing file is no bindings.
-    pub fn open(state_dir: &Path) -> Result<Self, PartitionError> {
-        let path = state_dir.join(FILE_NAME);
-        let read = || {
-            let mut f = crate::privdir::open_nofollow(&path, false)?;
-            crate::privdir::check_file(&f, &path)?;
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
-        };
-        let list = match read() {
-            Ok(bytes) => decode(&bytes).map_err(|source| PartitionError::Decode { path: path.clone(), source })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(source) => return Err(PartitionError::Io { what: "reading", path, source }),
-        };
-        tracing::info!(file = %path.display(), bindings = list.len(), "partition bindings loaded");
-        Ok(Self { path, current: ArcSwap::from_pointee(list), change: Mutex::new(()) })
+    /// Bindings as loaded from the store (sorted by name, validated).
+    pub fn new(list: Arc<Vec<Binding>>) -> Self {
+        Self { current: ArcSwap::new(list) }
     }
 
     /// The bindings now, sorted by name.
@@ -288,40 +244,14 @@ impl Bindings {
         self.current.load_full()
     }
 
+    /// Publishes bindings that were saved.
+    pub(crate) fn publish(&self, next: Arc<Vec<Binding>>) {
+        self.current.store(next);
+    }
+
     /// The binding of one partition (an empty one when it has none).
     pub fn get(&self, name: &str) -> Binding {
         self.snapshot().iter().find(|b| b.name == name).cloned().unwrap_or_else(|| Binding::new(name, &[], &[]))
-    }
-
-    fn replace(&self, next: Vec<Binding>) -> Result<(), PartitionError> {
-        validate(&next).map_err(PartitionError::Invalid)?;
-        write_atomic(&self.path, &encode(&next))?;
-        self.current.store(Arc::new(next));
-        Ok(())
-    }
-
-    /// Creates or replaces one partition's binding, durably before it returns. A binding
-    /// with no uids and no gids is removed instead (it binds nobody).
-    pub fn set(&self, binding: Binding) -> Result<(), PartitionError> {
-        let _one = self.change.lock().unwrap_or_else(|p| p.into_inner());
-        let binding = Binding::new(&binding.name, &binding.uids, &binding.gids);
-        let mut next: Vec<Binding> = self.snapshot().iter().filter(|b| b.name != binding.name).cloned().collect();
-        if !binding.uids.is_empty() || !binding.gids.is_empty() {
-            next.push(binding);
-        }
-        next.sort_by(|a, b| a.name.cmp(&b.name));
-        self.replace(next)
-    }
-
-    /// Removes one partition's binding, durably; false when it had none.
-    pub fn remove(&self, name: &str) -> Result<bool, PartitionError> {
-        let _one = self.change.lock().unwrap_or_else(|p| p.into_inner());
-        let cur = self.snapshot();
-        if !cur.iter().any(|b| b.name == name) {
-            return Ok(false);
-        }
-        self.replace(cur.iter().filter(|b| b.name != name).cloned().collect())?;
-        Ok(true)
     }
 
     /// The partitions that bind a client: every partition naming its uid or one of its
@@ -388,7 +318,7 @@ mod tests {
     /// decodable (FABRICD_WRITE_SEEDS=1 rewrites them after a format change).
     #[test]
     fn fuzz_seeds_decode() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/partition_bindings");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/partition_bindings");
         let seeds = [("empty.state", Vec::new()), ("two.state", sample())];
         for (name, bindings) in seeds {
             let path = dir.join(name);
@@ -401,26 +331,19 @@ mod tests {
     }
 
     #[test]
-    fn changes_are_durable_and_a_corrupt_file_stops_the_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let b = Bindings::open(dir.path()).unwrap();
-        assert!(b.snapshot().is_empty());
-        b.set(Binding::new("tenant-b", &[61002], &[])).unwrap();
-        b.set(Binding::new("tenant-a", &[61001], &[61100])).unwrap();
+    fn changes_keep_the_rules() {
+        let mut list = with_binding(&[], &Binding::new("tenant-b", &[61002], &[])).unwrap();
+        list = with_binding(&list, &Binding::new("tenant-a", &[61001], &[61100])).unwrap();
+        let b = Bindings::new(Arc::new(list.clone()));
         assert_eq!(b.bound(61001, &[]), vec!["tenant-a"]);
         assert_eq!(b.bound(5, &[61100]), vec!["tenant-a"]);
         assert!(b.bound(61003, &[1, 2]).is_empty());
         assert!(b.uses_groups());
-        let again = Bindings::open(dir.path()).unwrap();
-        assert_eq!(*again.snapshot(), *b.snapshot());
-        assert!(b.remove("tenant-b").unwrap());
-        assert!(!b.remove("tenant-b").unwrap());
-        b.set(Binding::new("tenant-a", &[], &[])).unwrap();
-        assert!(Bindings::open(dir.path()).unwrap().snapshot().is_empty(), "an empty binding is removed");
-        assert!(!dir.path().join(format!(".{FILE_NAME}.tmp")).exists());
-        std::fs::write(dir.path().join(FILE_NAME), b"garbage that is long enough to have a header").unwrap();
-        let e = Bindings::open(dir.path()).unwrap_err();
-        assert!(matches!(e, PartitionError::Decode { source: DecodeError::BadMagic, .. }), "{e}");
-        assert!(e.to_string().contains(FILE_NAME), "{e}");
+        let list = without_binding(&list, "tenant-b").unwrap();
+        assert!(without_binding(&list, "tenant-b").is_none());
+        let list = with_binding(&list, &Binding::new("tenant-a", &[], &[])).unwrap();
+        assert!(list.is_empty(), "an empty binding is removed");
+        let long = Binding::new(&"x".repeat(MAX_NAME + 1), &[1], &[]);
+        assert!(matches!(with_binding(&list, &long), Err(PartitionError::Invalid(_))));
     }
 }

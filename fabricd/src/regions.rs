@@ -33,23 +33,24 @@ pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
     PartitionsResponse { partitions: BoundedVec::new(specs).unwrap_or_default() }
 }
 
-/// `Partitions` set: a change holds the map's lock throughout, writes the bindings file
-/// and the map state (each durably: temporary file, fsync, rename, fsync of the
-/// directory) and only then returns. The bindings are written first, so that a crash
-/// between the two leaves a binding without devices (its clients see nothing) rather
-/// than devices bound to a stale set of users. The caller is authorized (an admin).
+/// `Partitions` set: a change holds the map writer's lock throughout, saves the address
+/// map state and the bindings as one record (temporary file, fsync, rename, fsync of the
+/// directory: `crate::store`), publishes both and only then returns; a crash leaves the
+/// old partition or the new one, never devices bound to a stale set of users. The caller
+/// is authorized (an admin).
 pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> Result<(), ErrorBody> {
     let mut map = d.map_writer();
     let view = d.view();
     if let Some(id) = change.devices.iter().find(|id| view.fabric.inventory().find(id).is_none()) {
         return Err(refusal(ErrorCode::NotFound, format!("no device {id}")));
     }
-    d.partitions
-        .set(Binding::new(&change.name, &change.uids, &change.gids))
-        .map_err(|e| internal("saving the partition bindings", &e))?;
+    let binding = Binding::new(&change.name, &change.uids, &change.gids);
     let committed = d
-        .commit_map(&mut map, |m| Ok(m.partition(&change.name, &change.devices)))
-        .map_err(|e| internal("saving the address map", &e))?;
+        .commit_map(&mut map, |m, bindings| {
+            *bindings = crate::partitions::with_binding(bindings, &binding)?;
+            Ok(m.partition(&change.name, &change.devices))
+        })
+        .map_err(|e| internal("saving the partition", &e))?;
     tracing::info!(
         uid = caller.uid(),
         pid = caller.principal().pid(),
@@ -63,18 +64,25 @@ pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> R
     Ok(())
 }
 
-/// `Partitions` remove: the map first, then the bindings (see [`set_partition`]).
+/// `Partitions` remove: the partition's devices and its binding go in one record (see
+/// [`set_partition`]).
 pub fn remove_partition(d: &Daemon, caller: &Caller, name: &str) -> Result<(), ErrorBody> {
     let mut map = d.map_writer();
-    let in_map = map.state().partitions.iter().any(|p| p.name == name);
-    if in_map {
-        d.commit_map(&mut map, |m| m.remove_partition(name))
-            .map_err(|e| internal("removing the partition from the address map", &e))?;
-    }
-    let bound = d.partitions.remove(name).map_err(|e| internal("saving the partition bindings", &e))?;
+    let in_map = map.map().state().partitions.iter().any(|p| p.name == name);
+    let bound = d.partitions.snapshot().iter().any(|b| b.name == name);
     if !in_map && !bound {
         return Err(refusal(ErrorCode::NotFound, format!("no partition {name:?}")));
     }
+    d.commit_map(&mut map, |m, bindings| {
+        if in_map {
+            m.remove_partition(name)?;
+        }
+        if let Some(rest) = crate::partitions::without_binding(bindings, name) {
+            *bindings = rest;
+        }
+        Ok(())
+    })
+    .map_err(|e| internal("removing the partition", &e))?;
     tracing::info!(uid = caller.uid(), pid = caller.principal().pid(), partition = %name, "partition removed");
     Ok(())
 }

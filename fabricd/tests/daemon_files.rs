@@ -122,12 +122,11 @@ fn under_umask_022_the_state_is_private_and_another_uid_reads_nothing() {
         regions += usize::from(p.file_name().unwrap().to_str().unwrap() == format!("r{}", a.region));
     }
     assert_eq!(regions, 1, "the region's file is among {all:?}");
-    for name in ["map.state", "journal/journal.lock"] {
+    for name in [fabricd::store::RECORD_FILE, "journal/journal.lock"] {
         assert!(all.contains(&s.state.join(name)), "{name} in {all:?}");
     }
     assert!(all.iter().any(|p| p.extension().is_some_and(|e| e == "seg")), "a journal segment in {all:?}");
     if is_root() {
-        assert!(all.contains(&s.state.join("partitions.state")), "{all:?}");
         // The socket: its configured mode and group, and nothing left of its private
         // staging directory.
         let m = std::fs::metadata(&s.socket).unwrap();
@@ -253,9 +252,10 @@ fn symlinks_planted_at_a_region_file_or_a_state_files_temporary_are_not_followed
         panic!("Import followed the planted symlink: {r:?}, descriptor reads {leaked:?}");
     }
     if is_root() {
-        // A link where partitions.state's temporary goes: the next change must not write
+        // A link where the map record's temporary goes: the next change must not write
         // through it.
-        std::os::unix::fs::symlink(&secret, s.state.join(".partitions.state.tmp")).unwrap();
+        let record = s.state.join(fabricd::store::RECORD_FILE);
+        std::os::unix::fs::symlink(&secret, fabric_addrmap::durable::suffixed(&record, ".tmp")).unwrap();
         let spec = PartitionSpec {
             name: Name::truncated("p"),
             devices: vec![DeviceName::truncated(&gpu())].try_into().unwrap(),

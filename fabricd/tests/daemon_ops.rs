@@ -17,6 +17,7 @@ use fabric_proto::wire::{
 };
 use fabric_topology::{Fabric, LinkState};
 use fabricd::peer::Peer;
+use fabricd::store::MapStore;
 
 fn call(c: &mut Connection, req: Request) -> Response {
     c.call(req, &[]).unwrap().0
@@ -115,7 +116,7 @@ fn status_topology_devices_map_and_translate_match_the_same_computation_in_proce
     assert_eq!(e.code, ErrorCode::NotFound);
 
     // Map: the listing of the state the daemon saved.
-    let map = AddressMap::load(&s.state.join("map.state")).unwrap();
+    let map = saved_map(&s.state);
     let snap = map.snapshot();
     let listing = snap.listing();
     let Response::Map(doc) = call(&mut c, Request::Map(TopologyRequest { node: None })) else { panic!() };
@@ -198,9 +199,11 @@ fn partition_changes_need_an_admin_and_the_check_uses_the_peer_credentials() {
     assert_eq!(p.partitions.len(), 1);
     assert_eq!(p.partitions[0].devices[0].as_str(), gpu);
     drop(daemon);
-    // Persisted in the state dir's map.
-    let map = AddressMap::load(&state.join("map.state")).unwrap();
+    // Persisted in the state dir's map record (no uids or gids: no binding).
+    let map = saved_map(&state);
     assert_eq!(map.state().partitions.len(), 1);
+    let record = fabricd::store::FileStore::new(&state).load().unwrap().unwrap();
+    assert!(record.bindings.is_empty(), "{:?}", record.bindings);
 }
 
 /// Run as a child under an unprivileged uid by the test below; does nothing otherwise.
@@ -241,4 +244,10 @@ fn a_non_root_client_is_refused_end_to_end() {
         log.contains("refused") && log.contains("uid=65534") && log.contains("partitions"),
         "the refusal names uid and op: {log}"
     );
+}
+
+/// The address map in the map record the daemon saved in `state`.
+fn saved_map(state: &std::path::Path) -> AddressMap {
+    let record = fabricd::store::FileStore::new(state).load().unwrap().unwrap();
+    AddressMap::from_state((*record.map).clone()).unwrap()
 }

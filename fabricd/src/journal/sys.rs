@@ -3,13 +3,12 @@
 //! symlink (`crate::privdir`). Only `std::fs`; no raw syscalls are needed.
 
 use std::fs::{self, File, TryLockError};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::JournalError;
 
 /// Suffix of a file being created; such files are garbage after a crash.
-pub const TEMP_SUFFIX: &str = ".tmp";
+pub const TEMP_SUFFIX: &str = fabric_addrmap::durable::TEMP_SUFFIX;
 /// Suffix of a segment file.
 pub const SEGMENT_SUFFIX: &str = ".seg";
 /// Name of the lock file that keeps a second writer out.
@@ -93,29 +92,17 @@ pub fn create_dir_durable(dir: &Path) -> std::io::Result<usize> {
     Ok(missing.len())
 }
 
-/// Creates `path` with exactly `bytes`, all or nothing: writes `path.tmp`, fsyncs it,
-/// renames it into place and fsyncs the directory. Returns the file, open for writing.
+/// Creates `path` with exactly `bytes`, all or nothing ([`fabric_addrmap::durable::write_whole`]:
+/// `path.tmp`, fsync, rename, fsync of `dir`). Returns the file, open for writing.
 pub fn create_whole(dir: &Path, path: &Path, bytes: &[u8]) -> Result<File, JournalError> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(TEMP_SUFFIX);
-    let tmp = PathBuf::from(tmp);
-    let werr = |p: &Path| {
-        let p = p.to_owned();
-        move |source| JournalError::Write { path: p, source }
-    };
-    let mut file = crate::privdir::file_options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(werr(&tmp))?;
-    crate::privdir::check_file(&file, &tmp).map_err(werr(&tmp))?;
-    file.write_all(bytes).map_err(werr(&tmp))?;
-    file.sync_all().map_err(|source| JournalError::Sync { path: tmp.clone(), source })?;
-    fs::rename(&tmp, path).map_err(werr(path))?;
-    sync_dir(dir)?;
-    Ok(file)
+    use fabric_addrmap::durable::{WriteStep, write_whole};
+    debug_assert_eq!(path.parent(), Some(dir));
+    write_whole(path, bytes).map_err(|e| match e.step {
+        WriteStep::Sync | WriteStep::SyncDir => JournalError::Sync { path: e.path, source: e.source },
+        WriteStep::Create | WriteStep::Write | WriteStep::Rename => {
+            JournalError::Write { path: e.path, source: e.source }
+        }
+    })
 }
 
 /// Removes a file; a file already gone is fine.

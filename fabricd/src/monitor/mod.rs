@@ -1,10 +1,9 @@
 //! Monitoring: rescans every `discovery.rescan_interval_s` seconds and, debounced, when
 //! kernel uevents ask for one ([`crate::uevent`]); the diff of two inventories as device
-//! and link events ([`diff()`]); CXL interleave sets brought in line with the inventory's
-//! regions ([`sets`]).
+//! and link events ([`diff()`]). The map side of a rescan (resources and CXL interleave
+//! sets) is `fabric_addrmap::sync_inventory`, run by `Daemon::rescan`.
 
 pub mod diff;
-pub mod sets;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +13,6 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use diff::diff;
-pub use sets::{SetSync, sync_sets};
 
 use crate::daemon::Daemon;
 use crate::metrics::{RescanResult, RescanTrigger};

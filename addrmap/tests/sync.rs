@@ -1,0 +1,140 @@
+//! Inventory-to-map synchronisation ([`fabric_addrmap::sync_inventory`]) on the sim CXL
+//! pool: CXL region sets follow the regions (torn down, created, members vanished), and a
+//! node's sync touches only that node's placements and sets.
+#![allow(clippy::unwrap_used, reason = "tests panic on failure by design")]
+
+use fabric_addrmap::{AddressMap, MapConfig, RangeKind, SyncScope, region_sets, sync_inventory, sync_sets};
+use fabric_topology::Inventory;
+
+fn sim(text: &str) -> Inventory {
+    fabric_drivers::sim::parse(text, "test").unwrap()
+}
+
+fn pool() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/sim/cxl-pool.toml")).unwrap()
+}
+
+fn set_names(map: &AddressMap) -> Vec<String> {
+    map.state().interleaves.iter().map(|s| s.name.clone()).collect()
+}
+
+const DOMAIN: SyncScope<'static> = SyncScope::Domain;
+
+#[test]
+fn regions_torn_down_and_created_follow_the_inventory() {
+    let text = pool();
+    let region0 = "[[templates.cxl-host.cxl_region]]\nname = \"region0\"\nmode = \"ram\"\ntargets = [\"mem0\", \"mem1\"]\ngranularity = 4096\nnuma = 1\n";
+    assert!(text.contains(region0));
+    let full = sim(&text);
+    let torn = sim(&text.replace(region0, ""));
+    assert_eq!(region_sets(&full).len(), region_sets(&torn).len() + 1);
+    let gone = region_sets(&full).into_iter().find(|s| !region_sets(&torn).contains(s)).unwrap();
+
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    map.update(&full).unwrap();
+    let s = sync_sets(&mut map, &full, DOMAIN).unwrap();
+    assert_eq!(s.added.len(), region_sets(&full).len(), "{:?}", s.skipped);
+    let g0 = map.generation();
+    assert!(sync_sets(&mut map, &full, DOMAIN).unwrap().changes.is_empty(), "in line: nothing to do");
+    assert_eq!(map.generation(), g0);
+
+    // region0 torn down (its memdevs stay): the set goes and mem0/mem1 are direct again.
+    let s = sync_inventory(&mut map, &torn, DOMAIN).unwrap().sets;
+    assert_eq!(s.removed, vec![gone.name.clone()]);
+    assert!(!set_names(&map).contains(&gone.name));
+    let listing = map.snapshot().listing();
+    for m in &gone.members {
+        let direct =
+            listing.ranges.iter().any(|r| r.kind == RangeKind::Direct && r.owner.contains(&m.device.to_string()));
+        assert!(direct, "{} is not mapped directly: {listing:?}", m.device);
+    }
+
+    // Created again: a set again.
+    let s = sync_inventory(&mut map, &full, DOMAIN).unwrap().sets;
+    assert_eq!(s.added, vec![gone.name.clone()], "{:?}", s.skipped);
+    assert!(set_names(&map).contains(&gone.name));
+}
+
+#[test]
+fn a_set_whose_members_vanished_stays() {
+    let text = pool();
+    let full = sim(&text);
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    sync_inventory(&mut map, &full, DOMAIN).unwrap();
+    let before = set_names(&map);
+    // Every member device gone (the regions with them): the sets stay, as holes.
+    let members: Vec<String> =
+        region_sets(&full).into_iter().flat_map(|s| s.members).map(|m| m.device.to_string()).collect();
+    assert!(!members.is_empty());
+    let mut without = full.clone();
+    without.cxl.regions.clear();
+    without.devices.retain(|d| !members.contains(&d.id.to_string()));
+    without.links.clear();
+    without.reindex();
+    let s = sync_inventory(&mut map, &without, DOMAIN).unwrap().sets;
+    assert!(s.removed.is_empty() && s.added.is_empty(), "{s:?}");
+    assert_eq!(set_names(&map), before);
+}
+
+/// The part of a state that belongs to `node`, as bytes: its slots, placements and sets.
+fn node_part(map: &AddressMap, node: &str) -> String {
+    let st = map.state();
+    let slots: Vec<_> = st.nodes.iter().filter(|n| n.node == node).collect();
+    let placements: Vec<_> = st.placements.iter().filter(|p| p.node == node).collect();
+    let sets: Vec<_> = st.interleaves.iter().filter(|s| s.node == node).collect();
+    serde_json::to_string(&(slots, placements, sets)).unwrap()
+}
+
+/// Only `node`'s devices and CXL regions of `inv`.
+fn node_only(inv: &Inventory, node: &str) -> Inventory {
+    let mut out = inv.clone();
+    out.devices.retain(|d| d.node.as_deref() == Some(node));
+    let ids: Vec<_> = out.devices.iter().map(|d| d.id.clone()).collect();
+    out.cxl.regions.retain(|r| r.targets.iter().all(|t| ids.contains(t)));
+    out.links.clear();
+    out.reindex();
+    out
+}
+
+#[test]
+fn a_nodes_sync_leaves_every_other_nodes_placement_byte_identical() {
+    let text = format!("{}\n[[node]]\nname = \"host-b\"\ntemplate = \"cxl-host\"\n", pool());
+    let full = sim(&text);
+    let nodes: std::collections::BTreeSet<_> = full.devices.iter().filter_map(|d| d.node.clone()).collect();
+    assert_eq!(nodes.iter().map(String::as_str).collect::<Vec<_>>(), ["cxl-host", "host-b"]);
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    let s = sync_inventory(&mut map, &full, DOMAIN).unwrap();
+    assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
+    let sets_a = map.state().interleaves.iter().filter(|s| s.node == "cxl-host").count();
+    assert!(sets_a > 0, "node A has interleave sets: {:?}", set_names(&map));
+    let a_before = node_part(&map, "cxl-host");
+
+    // Node B rescans: one region torn down, one memdev gone, the rest as it was.
+    let mut b = node_only(&full, "host-b");
+    // A directly mapped device in no region goes, and the region named by its UUID is torn
+    // down (regions named by HPA share names across hosts, so only one host's is mapped).
+    let direct: Vec<_> = map.state().placements.iter().map(|p| p.key.device.clone()).collect();
+    let in_region = |id: &fabric_topology::DeviceId| b.cxl.regions.iter().any(|r| r.targets.contains(id));
+    let gone = b.devices.iter().position(|d| direct.contains(&d.id) && !in_region(&d.id)).unwrap();
+    let gone = b.devices.remove(gone).id;
+    let torn = b.cxl.regions.iter().position(|r| r.uuid.is_some()).unwrap();
+    b.cxl.regions.remove(torn);
+    b.reindex();
+    let b_before = node_part(&map, "host-b");
+
+    // The same inventory for the whole domain would have emptied node A: the scope is
+    // what keeps it.
+    let mut domain = AddressMap::from_state(map.state().clone()).unwrap();
+    sync_inventory(&mut domain, &b, DOMAIN).unwrap();
+    assert_ne!(node_part(&domain, "cxl-host"), a_before);
+
+    let s = sync_inventory(&mut map, &b, SyncScope::Node("host-b")).unwrap();
+    assert_eq!(s.sets.removed.len(), 1, "{s:?}");
+    assert!(s.change.vanished.iter().any(|r| r.key.device == gone), "{:?}", s.change);
+    assert_ne!(node_part(&map, "host-b"), b_before, "node B changed");
+    assert_eq!(node_part(&map, "cxl-host"), a_before, "node A's placements, slots and sets are untouched");
+    // And back: node B's sync again with its whole inventory restores its set.
+    let s = sync_inventory(&mut map, &node_only(&full, "host-b"), SyncScope::Node("host-b")).unwrap();
+    assert_eq!(s.sets.added.len(), 1, "{s:?}");
+    assert_eq!(node_part(&map, "cxl-host"), a_before);
+}
