@@ -11,9 +11,11 @@
 //! procedure.
 //!
 //! Layout: [`format`](mod@format) is the byte format and a pure decoder, `recover` the scan at open,
-//! `writer` the appending side, `salvage` the operator's repair of a damaged journal,
+//! `writer` the appending side, `commit` the group commit that shares one `fdatasync` among
+//! concurrent changes, `salvage` the operator's repair of a damaged journal,
 //! [`sys`] the file-system steps.
 
+mod commit;
 pub mod format;
 mod recover;
 mod salvage;
@@ -23,6 +25,7 @@ mod writer;
 use std::io;
 use std::path::PathBuf;
 
+pub use commit::{CommitError, Committer, Ticket};
 pub use format::{
     DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, RecordFault, decode_segment,
 };
