@@ -20,12 +20,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use super::{Journal, JournalError, JournalOptions, MAX_BATCH_BYTES, format};
 
-/// Why a queued record was not made durable.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("group commit")]
-pub struct CommitError(#[source] Arc<JournalError>);
-
-type Outcome = Result<(), CommitError>;
+/// A batch's outcome, shared by its records' tickets.
+type Outcome = Result<(), Arc<JournalError>>;
 
 /// A queued record or snapshot; [`Ticket::wait`] says whether it is durable.
 #[derive(Debug)]
@@ -39,8 +35,8 @@ impl Ticket {
     /// Blocks until the record is durable (`Ok`) or its write failed. Never call it under
     /// a lock that an [`enqueue`](Committer::enqueue) needs: the leader's write would wait
     /// for nobody, but the other waiters would wait for the lock.
-    pub fn wait(self) -> Result<(), CommitError> {
-        self.committer.wait_for(&self.slot)
+    pub fn wait(self) -> Result<(), JournalError> {
+        self.committer.wait_for(&self.slot).map_err(JournalError::Batch)
     }
 }
 
@@ -157,9 +153,9 @@ impl Committer {
     /// `fdatasync`), a snapshot with `compact`. After a failure the rest fail with it.
     fn write(&self, batch: Vec<Item>) {
         let mut guard = lock(&self.journal);
-        let mut failed: Option<CommitError> = match guard.as_ref() {
+        let mut failed: Option<Arc<JournalError>> = match guard.as_ref() {
             Some(_) => None,
-            None => Some(CommitError(Arc::new(JournalError::Poisoned))),
+            None => Some(Arc::new(JournalError::Poisoned)),
         };
         let mut run: Vec<Item> = Vec::new();
         let mut run_bytes = 0usize;
@@ -186,7 +182,7 @@ impl Committer {
                     }
                 }
                 Entry::Snapshot(bytes) => {
-                    let done = j.compact(bytes).map(|_| ()).map_err(|e| CommitError(Arc::new(e)));
+                    let done = j.compact(bytes).map(|_| ()).map_err(Arc::new);
                     self.syncs.fetch_add(1, Ordering::Relaxed);
                     failed = done.as_ref().err().cloned();
                     let _ = item.slot.set(done);
@@ -196,7 +192,7 @@ impl Committer {
     }
 
     /// Appends `run` with one write and one `fdatasync` and settles its tickets.
-    fn flush(&self, j: &mut Journal, run: Vec<Item>) -> Option<CommitError> {
+    fn flush(&self, j: &mut Journal, run: Vec<Item>) -> Option<Arc<JournalError>> {
         let records: Vec<(u16, &[u8])> = run
             .iter()
             .filter_map(|i| match &i.entry {
@@ -204,7 +200,7 @@ impl Committer {
                 Entry::Snapshot(_) => None,
             })
             .collect();
-        let done = j.append_batch(&records).map(|_| ()).map_err(|e| CommitError(Arc::new(e)));
+        let done = j.append_batch(&records).map(|_| ()).map_err(Arc::new);
         self.syncs.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = &done {
             tracing::error!(error = %crate::error_chain(e), records = run.len(), "journal write failed; the batch is refused");

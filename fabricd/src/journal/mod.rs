@@ -23,9 +23,10 @@ pub mod sys;
 mod writer;
 
 use std::io;
+
 use std::path::PathBuf;
 
-pub use commit::{CommitError, Committer, Ticket};
+pub use commit::{Committer, Ticket};
 pub use format::{
     DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, RecordFault, decode_segment,
 };
@@ -239,4 +240,7 @@ pub enum JournalError {
     /// written until the journal is opened again (which recovers what is durable).
     #[error("journal stopped after an earlier write or sync failure; reopen it")]
     Poisoned,
+    /// The batch a record was group-committed in failed (`commit.rs`).
+    #[error("the group commit's write failed")]
+    Batch(#[source] std::sync::Arc<JournalError>),
 }
