@@ -114,7 +114,6 @@ pub fn handle_session_fds(
     if let Err(e) = &r {
         d.refused(cred, op.name(), e);
     }
-    d.flush_revocations();
     r
 }
 

@@ -218,7 +218,6 @@ fn detach(daemon: &Daemon, peer: &Peer, session: u64) -> Option<SessionToken> {
     }
     let peer = &peer.cred;
     let (token, r) = daemon.memory.detach_session(session);
-    daemon.flush_revocations();
     if let Some(t) = token {
         tracing::info!(
             uid = peer.uid,
@@ -379,7 +378,6 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
         main.handle.spawn(async move {
             tokio::time::sleep(grace).await;
             let r = daemon.memory.reclaim_orphan(&token);
-            daemon.flush_revocations();
             if r.regions > 0 {
                 tracing::info!(
                     regions = r.regions,
@@ -392,7 +390,6 @@ async fn serve_session(stream: UnixStream, peer: Peer, main: &MainRuntime, sessi
         return;
     }
     let r = daemon.memory.close_session(session);
-    daemon.flush_revocations();
     if r != Reclaimed::default() {
         tracing::info!(
             uid = peer.cred.uid,
@@ -596,7 +593,6 @@ impl Conn<'_> {
             if let Err(e) = &r {
                 self.daemon.refused(&self.peer.cred, req.opcode().name(), e);
             }
-            self.daemon.flush_revocations();
             return r.map(|r| (r, None));
         }
         let version = self.version.unwrap_or(PROTOCOL_VERSION);

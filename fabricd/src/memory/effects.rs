@@ -3,7 +3,9 @@
 //! the lock and that run after it, and the commit that waits for the journal.
 //!
 //! Every operation ends with [`Memory::finish`]: the effects it queued run, with the
-//! lock released, and a compaction it became due for is waited on.
+//! lock released, what it ended is told to the daemon's hook (revocations to importers,
+//! copies that depended on it stopped: [`Memory::on_end`]), and a compaction it became due
+//! for is waited on.
 
 use std::path::PathBuf;
 use std::sync::MutexGuard;
@@ -54,8 +56,14 @@ impl Memory {
     pub(super) fn finish(&self, mut st: MutexGuard<'_, State>) {
         let compaction = st.maybe_compact();
         let effects = std::mem::take(&mut st.effects);
+        let hook = self.ended_hook.get().filter(|_| std::mem::take(&mut st.ended) || !st.revocations.is_empty());
+        let revocations = hook.map(|_| std::mem::take(&mut st.revocations)).unwrap_or_default();
         drop(st);
         self.run(effects);
+        if let Some(tell) = hook {
+            // Importers told and copies stopped before the operation answers.
+            (tell.0)(self, revocations);
+        }
         if let Some(t) = compaction {
             let waited = t.wait();
             if let Err(e) = &waited {

@@ -366,6 +366,8 @@ struct State {
     objects: HashMap<u64, adopt::Object>,
     /// Slow steps changes left to do once the lock is released (`effects.rs`).
     effects: Vec<effects::Effect>,
+    /// Something a copy may depend on ended since the last [`Memory::finish`].
+    ended: bool,
     /// Bytes of the resources together, `(device memory, host DRAM)` (what the default
     /// `allocated_bytes_per_uid` is derived from), counted again whenever resources change.
     fabric_bytes: (u64, u64),
@@ -466,7 +468,22 @@ pub struct Memory {
     root: PathBuf,
     /// The shares of the open-file table objects may keep (`held.rs`).
     held: held::HeldLimits,
+    /// Who hears what an operation ended ([`Memory::on_end`]).
+    ended_hook: std::sync::OnceLock<Hook>,
 }
+
+/// The end hook, shown by name only.
+struct Hook(EndHook);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EndHook")
+    }
+}
+
+/// Called, without the registry lock, at the end of an operation that ended something,
+/// with the revocations it caused (each with the session to tell).
+pub type EndHook = Box<dyn Fn(&Memory, Vec<(u64, Revocation)>) + Send + Sync>;
 
 /// A device id as a file name: characters other than `[A-Za-z0-9._-]` become `_`.
 pub fn sanitise(id: &str) -> String {
@@ -563,6 +580,7 @@ impl Memory {
             pinned_max,
             root: root.to_owned(),
             held: held::HeldLimits::default(),
+            ended_hook: std::sync::OnceLock::new(),
         };
         let fabric = m.state().fabric_bytes;
         tracing::info!(
@@ -689,6 +707,7 @@ impl Memory {
             ..Reclaimed::default()
         };
         let Some(r) = st.regions.remove(&id) else { return out };
+        st.ended = true;
         let held_fd = st.objects.remove(&id).is_some_and(|o| o.holds_fd());
         st.copy_files.remove(&id);
         let mut members = vec![r.resource];
@@ -745,6 +764,7 @@ impl Memory {
     fn drop_import(st: &mut State, id: u64) {
         Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
         if let Some(i) = st.imports.remove(&id) {
+            st.ended = true;
             let u = st.usage.entry(i.uid).or_default();
             u.objects = u.objects.saturating_sub(1);
         }
@@ -824,6 +844,7 @@ impl Memory {
         if let Some(e) = Self::find_export(&mut st, &via) {
             e.revoked = true;
         }
+        st.ended = true;
         let told: Vec<(u64, Revocation)> = st
             .imports
             .iter()
@@ -943,6 +964,7 @@ impl Memory {
             }
             Some(_) => {
                 Self::drop_import(&mut st, import);
+                self.finish(st);
                 Ok(())
             }
         }
@@ -969,31 +991,40 @@ impl Memory {
                 }
             }
         }
-        for id in regions {
-            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
-            out.regions += r.regions;
-            out.exports += r.exports;
-        }
         let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
         for id in imports {
             Self::drop_import(&mut st, id);
             out.imports += 1;
         }
-        // The files go (effects) only once the end is durable: a crash before would bring
-        // the regions back, with their files.
+        // The regions go once their end is durable (a crash before brings them back, with
+        // their files), their files after that (effects).
         drop(st);
-        let (st, done) = self.commit(ticket);
+        let (mut st, done) = self.commit(ticket);
         if let Err(e) = done {
             tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session");
+        }
+        for id in regions {
+            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
+            out.regions += r.regions;
+            out.exports += r.exports;
         }
         self.finish(st);
         out
     }
 
     /// The revocations that happened since the last call, each with the session that held
-    /// the import (in the order they happened).
+    /// the import (in the order they happened), when no [`Memory::on_end`] hook takes them.
     pub fn take_revocations(&self) -> Vec<(u64, Revocation)> {
         std::mem::take(&mut self.state().revocations)
+    }
+
+    /// Sets who hears, at the end of each operation that ended something (a region, an
+    /// import, a registration, an export, a device's memory), the revocations it caused:
+    /// the daemon tells the importers and stops the copies that depended on it. Set once.
+    pub fn on_end(&self, hook: EndHook) {
+        if self.ended_hook.set(Hook(hook)).is_err() {
+            tracing::warn!("the registry's end hook was already set; kept the first");
+        }
     }
 
     /// What a handle's export is about (for the partition checks before an import): its
@@ -1090,10 +1121,10 @@ impl Memory {
     /// each importer told (reason `DeviceLost`) and its owner told too (a revocation with
     /// import 0). Regions and imports stay until freed or released (a mapping cannot be
     /// taken back). Returns the regions lost now, the exports revoked now and the imports
-    /// told.
+    /// told; the importers and owners are told at the caller's [`Memory::deliver_ended`].
     pub fn device_lost(&self, id: &DeviceId) -> Reclaimed {
-        let mut st = self.state();
-        let st = &mut *st;
+        let mut guard = self.state();
+        let st = &mut *guard;
         let mut out = Reclaimed::default();
         let mut on: Vec<usize> = Vec::new();
         for (i, r) in st.resources.iter_mut().enumerate() {
@@ -1138,7 +1169,15 @@ impl Memory {
             st.revocations.push((owner, own));
             tracing::warn!(%id, region, generation, "region lost with its device; exports revoked");
         }
+        // Told by the caller's `deliver_ended`, after it published why (the device events).
+        st.ended |= out.regions > 0;
         out
+    }
+
+    /// Delivers to the end hook ([`Memory::on_end`]) what an operation ended and held
+    /// back ([`Memory::device_lost`] does, so that a rescan tells subscribers why first).
+    pub fn deliver_ended(&self) {
+        self.finish(self.state());
     }
 
     /// The device `id` is back (or healthy again): its resources take new regions again.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
 use fabric_topology::Inventory;
@@ -486,47 +486,46 @@ impl Memory {
     /// freed and their exports revoked, importers told.
     pub fn reclaim_orphans(&self) -> Reclaimed {
         let mut st = self.state();
-        let mut out = Reclaimed::default();
+        let orphans = std::mem::take(&mut st.orphans);
+        self.reclaim(st, orphans)
+    }
+
+    /// Ends `orphans` (taken out of the orphan list): each end queued in the journal and,
+    /// once durable, their regions dropped (importers told), their files removed after.
+    fn reclaim(&self, mut st: MutexGuard<'_, State>, orphans: Vec<Orphan>) -> Reclaimed {
         let mut tickets = Vec::new();
-        for o in std::mem::take(&mut st.orphans) {
-            out.add(self.reclaim_one(&mut st, &o, &mut tickets));
+        for o in &orphans {
+            match st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
+                Ok(t) => tickets.extend(t),
+                Err(e) => {
+                    tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session")
+                }
+            }
+        }
+        drop(st);
+        let mut st = None;
+        for t in tickets {
+            let (guard, done) = self.commit(Some(t));
+            if let Err(e) = done {
+                tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session");
+            }
+            st = Some(guard);
+        }
+        let mut st = st.unwrap_or_else(|| self.state());
+        let mut out = Reclaimed::default();
+        for o in &orphans {
+            let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
+            for id in ids {
+                out.add(Self::drop_region(&mut st, id, RevocationReason::OwnerExited));
+            }
             tracing::info!(
                 uid = o.owner.uid,
                 pid = o.owner.pid,
                 "orphaned session not resumed within the grace period; reclaimed"
             );
         }
-        drop(st);
-        self.settle_all(tickets);
+        self.finish(st);
         out
-    }
-
-    /// Ends orphan `o`: its end queued in the journal (its ticket pushed to `tickets`) and
-    /// its regions dropped, their files left to the effects that run once it is durable.
-    fn reclaim_one(&self, st: &mut State, o: &Orphan, tickets: &mut Vec<Ticket>) -> Reclaimed {
-        match st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
-            Ok(t) => tickets.extend(t),
-            Err(e) => tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session"),
-        }
-        let mut out = Reclaimed::default();
-        let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
-        for id in ids {
-            out.add(Self::drop_region(st, id, RevocationReason::OwnerExited));
-        }
-        out
-    }
-
-    /// Waits for `tickets` (outside the lock), then ends the operation ([`Memory::finish`]).
-    fn settle_all(&self, tickets: Vec<Ticket>) {
-        let mut last = None;
-        for t in tickets {
-            let (st, done) = self.commit(Some(t));
-            if let Err(e) = done {
-                tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session");
-            }
-            last = Some(st);
-        }
-        self.finish(last.unwrap_or_else(|| self.state()));
     }
 
     /// Keeps what `session` (whose connection closed) holds for a client to take back by
@@ -553,6 +552,7 @@ impl Memory {
         }
         st.sessions.remove(&session);
         st.orphans.push(Orphan { token: s.token, session, owner: s.owner });
+        self.finish(st);
         (Some(s.token), out)
     }
 
@@ -563,11 +563,7 @@ impl Memory {
         let mut st = self.state();
         let Some(i) = st.orphans.iter().position(|o| o.token == *token) else { return Reclaimed::default() };
         let o = st.orphans.remove(i);
-        let mut tickets = Vec::new();
-        let out = self.reclaim_one(&mut st, &o, &mut tickets);
-        drop(st);
-        self.settle_all(tickets);
-        out
+        self.reclaim(st, vec![o])
     }
 
     /// Sessions found in the journal that no client has taken back yet.
