@@ -5,15 +5,17 @@
 //!
 //! - **Latency isolation.** One client times no-ops (`Ping`) idle, then while other
 //!   clients allocate and free regions in a loop (2 MiB ones and, one in eight, 1 GiB
-//!   ones), then while an admin client changes partitions in a loop (each change saves the
+//!   ones on device memory that fabricd zeroes whole before handing it out: a DAX device
+//!   whose stand-in is a sparse file, backing the CXL pool's 2-way set, which a private
+//!   daemon serves beside the HBM fabric), then while an admin client changes partitions in a loop (each change saves the
 //!   address map). p50, p99 and max of each. A `Ping` takes no shared lock at all, so the
 //!   same is timed for `Status`, which reads the memory registry: what a request that
 //!   touches shared state waits.
 //! - **Group commit.** Allocations (each freed at once) per second from one client, then
 //!   from 16 clients at once; with group commit the 16 share fsyncs and get more through.
 //!
-//! What this does not load yet: allocations on device memory that must be zeroed (a DAX
-//! device or BAR stand-in) and rescans triggered from outside; docs/BENCHMARKS.md says
+//! What this does not load yet: rescans triggered from outside; with `--daemon` (a running
+//! daemon) the 1 GiB regions are HBM, not zeroed device memory. docs/BENCHMARKS.md says
 //! what each figure covers.
 
 use std::path::Path;
@@ -27,7 +29,7 @@ use fabric_proto::wire::{
 };
 use serde::Serialize;
 
-use crate::bench_control::{ControlBenchError, ControlOptions, connect, hbm_device, start_daemon, time_pings};
+use crate::bench_control::{ControlBenchError, ControlOptions, connect, hbm_device, start_daemon_on, time_pings};
 
 /// Clients that allocate while the no-ops are timed.
 const ALLOCATING_CLIENTS: usize = 4;
@@ -55,6 +57,8 @@ pub struct IsolationBench {
     pub loaded_max_us: f64,
     /// Allocations the loading clients made meanwhile.
     pub loaded_allocs: u64,
+    /// The 1 GiB regions of the load were on device memory that is zeroed (a DAX stand-in).
+    pub loaded_zeroed: bool,
     /// While partitions change in a loop: p50.
     pub partitions_p50_us: f64,
     /// Same, p99.
@@ -94,6 +98,45 @@ fn alloc_req(device: &str, size: u64) -> Request {
         size,
         align: 0,
     })
+}
+
+/// Size of the DAX stand-in's sparse file: more than the pool's set holds.
+const DAX_BYTES: u64 = 512 << 30;
+
+/// A sysfs tree under `root` with `dax0.0` (the CXL pool's region0 DAX device) bound to
+/// device_dax, 2 MiB align, its device file a sparse regular file.
+fn dax_stand_in(root: &Path) -> std::io::Result<()> {
+    let d = root.join("sys/bus/dax/devices/dax0.0");
+    std::fs::create_dir_all(&d)?;
+    std::fs::write(d.join("size"), format!("{DAX_BYTES}\n"))?;
+    std::fs::write(d.join("align"), format!("{}\n", 2 << 20))?;
+    let drv = root.join("sys/bus/dax/drivers/device_dax");
+    std::fs::create_dir_all(&drv)?;
+    std::os::unix::fs::symlink(&drv, d.join("driver"))?;
+    std::fs::create_dir_all(root.join("dev"))?;
+    std::fs::File::create(root.join("dev/dax0.0"))?.set_len(DAX_BYTES)
+}
+
+/// Starts the private daemon: `sim`, and beside it the CXL pool (`cxl-pool.toml` next to
+/// `sim`, when there) with its 2-way set on the DAX stand-in. Returns the set's name when
+/// it is served.
+fn start_private(
+    dir: &Path,
+    sim: &Path,
+) -> Result<(crate::bench_control::Reaped, std::path::PathBuf, Option<String>), ControlBenchError> {
+    let pool = sim.with_file_name("cxl-pool.toml");
+    let set = fabric_drivers::sim::load(&pool)
+        .ok()
+        .and_then(|inv| fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2).map(|s| s.name.clone()));
+    let Some(set) = set else {
+        let (child, socket) = start_daemon_on(dir, &[sim], "", "")?;
+        return Ok((child, socket, None));
+    };
+    let root = dir.join("root");
+    dax_stand_in(&root).map_err(|source| ControlBenchError::Io { what: "making the DAX stand-in".into(), source })?;
+    let discovery = format!("sysfs_root = {:?}\n", root.display().to_string());
+    let (child, socket) = start_daemon_on(dir, &[sim, &pool], &discovery, "[memory]\ndax = [\"dax0.0\"]\n")?;
+    Ok((child, socket, Some(set)))
 }
 
 /// Clients that each loop over `work` (one step per call) until stopped; the count of
@@ -158,7 +201,12 @@ fn time_status(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBen
 
 /// One allocation of `size` on `device`, freed at once; false when either is refused.
 fn alloc_free(c: &mut Connection, device: &str, size: u64) -> bool {
-    let Ok((Response::Alloc(a), fds)) = c.call(alloc_req(device, size), &[]) else { return false };
+    free_after(c, alloc_req(device, size))
+}
+
+/// The allocation `req`, freed at once; false when either is refused.
+fn free_after(c: &mut Connection, req: Request) -> bool {
+    let Ok((Response::Alloc(a), fds)) = c.call(req, &[]) else { return false };
     drop(fds);
     c.call(Request::Free(FreeRequest { region: a.region }), &[]).is_ok()
 }
@@ -182,11 +230,11 @@ fn allocs_per_s(
 pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchError> {
     let dir = tempfile::tempdir()
         .map_err(|source| ControlBenchError::Io { what: "creating a temporary directory".into(), source })?;
-    let (_daemon, socket) = match &opts.daemon {
-        Some(s) => (None, s.clone()),
+    let (_daemon, socket, zeroed_set) = match &opts.daemon {
+        Some(s) => (None, s.clone(), None),
         None => {
-            let (child, socket) = start_daemon(dir.path(), &opts.sim)?;
-            (Some(child), socket)
+            let (child, socket, set) = start_private(dir.path(), &opts.sim)?;
+            (Some(child), socket, set)
         }
     };
     let n = opts.iterations.max(10);
@@ -196,10 +244,17 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let idle = time_pings(&mut probe, n)?;
     let status_idle = time_status(&mut probe, n)?;
 
-    // Other clients allocate and free, one allocation in eight of 1 GiB.
+    // Other clients allocate and free, one allocation in eight of 1 GiB (on the zeroed
+    // device memory when it is served).
     let dev = device.clone();
-    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| {
-        alloc_free(c, &dev, if i % 8 == 7 { 1 << 30 } else { 2 << 20 })
+    let loaded_zeroed = zeroed_set.is_some();
+    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| match (&zeroed_set, i % 8 == 7) {
+        (Some(set), true) => {
+            let req = AllocRequest { target: AllocTarget::Set(Name::truncated(set)), size: 1 << 30, align: 0 };
+            free_after(c, Request::Alloc(req))
+        }
+        (None, true) => alloc_free(c, &dev, 1 << 30),
+        (_, false) => alloc_free(c, &dev, 2 << 20),
     })?;
     std::thread::sleep(Duration::from_millis(50));
     let loaded = time_pings(&mut probe, n)?;
@@ -245,6 +300,7 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
         loaded_p99_us,
         loaded_max_us,
         loaded_allocs,
+        loaded_zeroed,
         partitions_p50_us,
         partitions_p99_us,
         partitions_max_us,

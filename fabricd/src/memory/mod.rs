@@ -800,7 +800,7 @@ impl Memory {
         st.usage.entry(owner.uid).or_default().objects += 1;
         drop(st);
         let (mut st, done) = self.commit(ticket);
-        let gone = !st.regions.get(&region).is_some_and(|r| r.generation == generation);
+        let gone = st.regions.get(&region).is_none_or(|r| r.generation != generation);
         if done.is_err() || gone {
             let u = st.usage.entry(owner.uid).or_default();
             u.objects = u.objects.saturating_sub(1);
