@@ -42,6 +42,8 @@ mod copyside;
 mod effects;
 pub mod fdkind;
 mod held;
+#[cfg(test)]
+mod ledger_tests;
 mod register;
 mod reserve;
 mod set;
