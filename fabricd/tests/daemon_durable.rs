@@ -430,16 +430,13 @@ fn a_set_region_whose_file_vanished_is_dropped_with_a_problem() {
     assert!(d.log().contains("region dropped at start"));
 }
 
-use common::{configure_dax, dax_fixture};
+use common::configure_dax;
 
 #[test]
 fn a_dax_backed_set_region_survives_kill_9_and_is_dropped_when_the_dax_device_is_gone() {
     use std::os::unix::fs::FileExt;
-    let (set, _, _) = two_way_set();
-    let setup = common::Setup::with_sim(&cxl_pool(), "");
+    let (setup, set) = common::dax_backed_set("");
     let root = setup.dir.path().join("root");
-    dax_fixture(&root);
-    configure_dax(&setup, &root, "\"dax0.0\"");
     let d = common::start(&setup.config, setup.dir.path());
     let (mut a, token) = connect(&setup.socket, None).unwrap();
     let (first, _) = alloc_on(&mut a, on_set(&set), 4 * MIB);

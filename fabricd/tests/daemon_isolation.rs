@@ -15,7 +15,7 @@ use fabric_proto::wire::{
     Response, StatusRequest,
 };
 
-use common::{configure_dax, cxl_pool, dax_fixture, on_set, two_way_set};
+use common::{on_set, two_way_set};
 
 const GIB: u64 = 1 << 30;
 
@@ -25,11 +25,8 @@ fn call(c: &mut Connection, req: Request) -> Response {
 
 #[test]
 fn others_are_answered_while_an_allocation_zeroes_device_memory() {
-    let (set, _, member) = two_way_set();
-    let setup = common::Setup::with_sim(&cxl_pool(), "[limits]\nallocated_bytes_per_uid = 1099511627776\n");
-    let root = setup.dir.path().join("root");
-    dax_fixture(&root);
-    configure_dax(&setup, &root, "\"dax0.0\"");
+    let (_, _, member) = two_way_set();
+    let (setup, set) = common::dax_backed_set("[limits]\nallocated_bytes_per_uid = 1099511627776\n");
     let _d = common::start(&setup.config, setup.dir.path());
     let mut slow = common::client(&setup.socket);
     let mut other = common::client(&setup.socket);

@@ -242,6 +242,17 @@ pub fn dax_fixture(root: &Path) {
     std::fs::File::create(root.join("dev/dax0.0")).unwrap().set_len(DAX_BYTES).unwrap();
 }
 
+/// A daemon's files serving the CXL pool (with `extra` TOML) whose 2-way set is backed by
+/// the DAX stand-in of [`dax_fixture`] under the setup's `root`; and the set's name.
+pub fn dax_backed_set(extra: &str) -> (Setup, String) {
+    let (set, _, _) = two_way_set();
+    let setup = Setup::with_sim(&cxl_pool(), extra);
+    let root = setup.dir.path().join("root");
+    dax_fixture(&root);
+    configure_dax(&setup, &root, "\"dax0.0\"");
+    (setup, set)
+}
+
 /// Points the configuration's `[discovery] sysfs_root` at `root` and sets `[memory] dax`.
 pub fn configure_dax(setup: &Setup, root: &Path, dax: &str) {
     let text = std::fs::read_to_string(&setup.config).unwrap();
