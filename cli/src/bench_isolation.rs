@@ -6,8 +6,9 @@
 //! - **Latency isolation.** One client times no-ops (`Ping`) idle, then while other
 //!   clients allocate and free regions in a loop (2 MiB ones and, one in eight, 1 GiB
 //!   ones on device memory that fabricd zeroes whole before handing it out: a DAX device
-//!   whose stand-in is a sparse file, backing the CXL pool's 2-way set, which a private
-//!   daemon serves beside the HBM fabric), then while an admin client changes partitions in a loop (each change saves the
+//!   whose stand-in is a sparse file, backing the CXL pool's 2-way set: a private daemon
+//!   serves the CXL pool next to `--sim` when it is there, the 2 MiB regions on a member of
+//!   the set), then while an admin client changes partitions in a loop (each change saves the
 //!   address map). p50, p99 and max of each. A `Ping` takes no shared lock at all, so the
 //!   same is timed for `Status`, which reads the memory registry: what a request that
 //!   touches shared state waits.
@@ -92,9 +93,16 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     (at(50.0).map_or(0.0, us), at(99.0).map_or(0.0, us), v.last().copied().map_or(0.0, us))
 }
 
-fn alloc_req(device: &str, size: u64) -> Request {
+/// Where the 2 MiB regions of the load go: a device and its kind of memory.
+#[derive(Debug, Clone)]
+struct On {
+    device: String,
+    memory: MemoryClass,
+}
+
+fn alloc_req(on: &On, size: u64) -> Request {
     Request::Alloc(AllocRequest {
-        target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
+        target: AllocTarget::Device { device: DeviceName::truncated(&on.device), memory: on.memory },
         size,
         align: 0,
     })
@@ -117,25 +125,37 @@ fn dax_stand_in(root: &Path) -> std::io::Result<()> {
     std::fs::File::create(root.join("dev/dax0.0"))?.set_len(DAX_BYTES)
 }
 
-/// Starts the private daemon: `sim`, and beside it the CXL pool (`cxl-pool.toml` next to
-/// `sim`, when there) with its 2-way set on the DAX stand-in. Returns the set's name when
-/// it is served.
+/// The CXL pool's 2-way set on the DAX stand-in, and the member regions of the load go to.
+#[derive(Debug, Clone)]
+struct ZeroedSet {
+    set: String,
+    member: String,
+}
+
+/// Starts the private daemon: on the CXL pool (`cxl-pool.toml` next to `sim`, when there:
+/// fabricd serves one sim fabric) with its 2-way set on the DAX stand-in, else on `sim`.
+///
+/// The stand-in lives in `shm` (a tmpfs, as device memory is memory: zeroing it writes no
+/// disk, which would slow the journal's `fdatasync`s of later phases), the state in `dir`.
 fn start_private(
     dir: &Path,
+    shm: &Path,
     sim: &Path,
-) -> Result<(crate::bench_control::Reaped, std::path::PathBuf, Option<String>), ControlBenchError> {
+) -> Result<(crate::bench_control::Reaped, std::path::PathBuf, Option<ZeroedSet>), ControlBenchError> {
     let pool = sim.with_file_name("cxl-pool.toml");
-    let set = fabric_drivers::sim::load(&pool)
-        .ok()
-        .and_then(|inv| fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2).map(|s| s.name.clone()));
+    let set = fabric_drivers::sim::load(&pool).ok().and_then(|inv| {
+        let s = fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2)?;
+        let member = s.members.last()?.device.to_string();
+        Some(ZeroedSet { set: s.name.clone(), member })
+    });
     let Some(set) = set else {
         let (child, socket) = start_daemon_on(dir, &[sim], "", "")?;
         return Ok((child, socket, None));
     };
-    let root = dir.join("root");
+    let root = shm.join("root");
     dax_stand_in(&root).map_err(|source| ControlBenchError::Io { what: "making the DAX stand-in".into(), source })?;
     let discovery = format!("sysfs_root = {:?}\n", root.display().to_string());
-    let (child, socket) = start_daemon_on(dir, &[sim, &pool], &discovery, "[memory]\ndax = [\"dax0.0\"]\n")?;
+    let (child, socket) = start_daemon_on(dir, &[&pool], &discovery, "[memory]\ndax = [\"dax0.0\"]\n")?;
     Ok((child, socket, Some(set)))
 }
 
@@ -199,9 +219,9 @@ fn time_status(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBen
     Ok(out)
 }
 
-/// One allocation of `size` on `device`, freed at once; false when either is refused.
-fn alloc_free(c: &mut Connection, device: &str, size: u64) -> bool {
-    free_after(c, alloc_req(device, size))
+/// One allocation of `size` on `on`, freed at once; false when either is refused.
+fn alloc_free(c: &mut Connection, on: &On, size: u64) -> bool {
+    free_after(c, alloc_req(on, size))
 }
 
 /// The allocation `req`, freed at once; false when either is refused.
@@ -212,13 +232,8 @@ fn free_after(c: &mut Connection, req: Request) -> bool {
 }
 
 /// Allocations per second from `clients` clients for `duration`, and their errors.
-fn allocs_per_s(
-    socket: &Path,
-    device: &str,
-    clients: usize,
-    duration: Duration,
-) -> Result<(f64, u64), ControlBenchError> {
-    let dev = device.to_owned();
+fn allocs_per_s(socket: &Path, on: &On, clients: usize, duration: Duration) -> Result<(f64, u64), ControlBenchError> {
+    let dev = on.clone();
     let start = Instant::now();
     let load = Load::start(socket, clients, move |c, _| alloc_free(c, &dev, 2 << 20))?;
     std::thread::sleep(duration);
@@ -230,25 +245,34 @@ fn allocs_per_s(
 pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchError> {
     let dir = tempfile::tempdir()
         .map_err(|source| ControlBenchError::Io { what: "creating a temporary directory".into(), source })?;
+    // Removed after the daemon is stopped (declared first, dropped last).
+    let shm = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).map_err(|source| {
+        ControlBenchError::Io { what: "creating a temporary directory for the DAX stand-in".into(), source }
+    })?;
     let (_daemon, socket, zeroed_set) = match &opts.daemon {
         Some(s) => (None, s.clone(), None),
         None => {
-            let (child, socket, set) = start_private(dir.path(), &opts.sim)?;
+            let (child, socket, set) = start_private(dir.path(), shm.path(), &opts.sim)?;
             (Some(child), socket, set)
         }
     };
     let n = opts.iterations.max(10);
     let mut probe = connect(&socket)?;
-    let device = hbm_device(&mut probe)?;
+    // On the CXL pool, the member the set does not start on; else a GPU's HBM.
+    let on = match &zeroed_set {
+        Some(z) => On { device: z.member.clone(), memory: MemoryClass::CxlVolatile },
+        None => On { device: hbm_device(&mut probe)?, memory: MemoryClass::Hbm },
+    };
     time_pings(&mut probe, (n / 10).max(10))?;
     let idle = time_pings(&mut probe, n)?;
     let status_idle = time_status(&mut probe, n)?;
 
     // Other clients allocate and free, one allocation in eight of 1 GiB (on the zeroed
     // device memory when it is served).
-    let dev = device.clone();
+    let dev = on.clone();
     let loaded_zeroed = zeroed_set.is_some();
-    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| match (&zeroed_set, i % 8 == 7) {
+    let set = zeroed_set.as_ref().map(|z| z.set.clone());
+    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| match (&set, i % 8 == 7) {
         (Some(set), true) => {
             let req = AllocRequest { target: AllocTarget::Set(Name::truncated(set)), size: 1 << 30, align: 0 };
             free_after(c, Request::Alloc(req))
@@ -262,7 +286,7 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let (loaded_allocs, alloc_errors) = load.stop();
 
     // An admin (this user runs the private daemon) changes a partition in a loop.
-    let dev = device.clone();
+    let dev = on.device.clone();
     let load = Load::start(&socket, 1, move |c, i| {
         let req = if i % 2 == 0 {
             let devices = BoundedVec::new(vec![DeviceName::truncated(&dev)]).unwrap_or_default();
@@ -282,8 +306,8 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let partitions = time_pings(&mut probe, n)?;
     let (partition_changes, partition_errors) = load.stop();
 
-    let (allocs_per_s_1, e1) = allocs_per_s(&socket, &device, 1, opts.duration)?;
-    let (allocs_per_s_16, e16) = allocs_per_s(&socket, &device, COMMIT_CLIENTS, opts.duration)?;
+    let (allocs_per_s_1, e1) = allocs_per_s(&socket, &on, 1, opts.duration)?;
+    let (allocs_per_s_16, e16) = allocs_per_s(&socket, &on, COMMIT_CLIENTS, opts.duration)?;
 
     let (idle_p50_us, idle_p99_us, idle_max_us) = stats(idle);
     let (loaded_p50_us, loaded_p99_us, loaded_max_us) = stats(loaded);
