@@ -221,14 +221,29 @@ pub(crate) fn start_daemon(dir: &Path, sim: &Path) -> Result<(Reaped, PathBuf), 
 
 /// [`start_daemon`] with `extra` TOML (whole tables) appended to the configuration.
 pub(crate) fn start_daemon_with(dir: &Path, sim: &Path, extra: &str) -> Result<(Reaped, PathBuf), ControlBenchError> {
+    start_daemon_on(dir, &[sim], "", extra)
+}
+
+/// [`start_daemon_with`] serving every sim fabric of `sims`, with `discovery` (keys of the
+/// `[discovery]` table, one a line) added to that table.
+pub(crate) fn start_daemon_on(
+    dir: &Path,
+    sims: &[&Path],
+    discovery: &str,
+    extra: &str,
+) -> Result<(Reaped, PathBuf), ControlBenchError> {
     let socket = dir.join("fabricd.sock");
-    let sim = sim.canonicalize().map_err(io_err(format!("sim fabric {}", sim.display())))?;
+    let mut names = Vec::with_capacity(sims.len());
+    for sim in sims {
+        let sim = sim.canonicalize().map_err(io_err(format!("sim fabric {}", sim.display())))?;
+        names.push(format!("{:?}", sim.display().to_string()));
+    }
     let config = dir.join("fabricd.toml");
     let text = format!(
-        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n{extra}",
+        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{}]\n{discovery}[metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n{extra}",
         socket.display().to_string(),
         dir.join("state").display().to_string(),
-        sim.display().to_string(),
+        names.join(", "),
     );
     std::fs::write(&config, text).map_err(io_err("writing the daemon's configuration"))?;
     let log = dir.join("fabricd.log");

@@ -5,15 +5,18 @@
 //!
 //! - **Latency isolation.** One client times no-ops (`Ping`) idle, then while other
 //!   clients allocate and free regions in a loop (2 MiB ones and, one in eight, 1 GiB
-//!   ones), then while an admin client changes partitions in a loop (each change saves the
+//!   ones on device memory that fabricd zeroes whole before handing it out: a DAX device
+//!   whose stand-in is a sparse file, backing the CXL pool's 2-way set: a private daemon
+//!   serves the CXL pool next to `--sim` when it is there, the 2 MiB regions on a member of
+//!   the set), then while an admin client changes partitions in a loop (each change saves the
 //!   address map). p50, p99 and max of each. A `Ping` takes no shared lock at all, so the
 //!   same is timed for `Status`, which reads the memory registry: what a request that
 //!   touches shared state waits.
 //! - **Group commit.** Allocations (each freed at once) per second from one client, then
 //!   from 16 clients at once; with group commit the 16 share fsyncs and get more through.
 //!
-//! What this does not load yet: allocations on device memory that must be zeroed (a DAX
-//! device or BAR stand-in) and rescans triggered from outside; docs/BENCHMARKS.md says
+//! What this does not load yet: rescans triggered from outside; with `--daemon` (a running
+//! daemon) the 1 GiB regions are HBM, not zeroed device memory. docs/BENCHMARKS.md says
 //! what each figure covers.
 
 use std::path::Path;
@@ -27,7 +30,7 @@ use fabric_proto::wire::{
 };
 use serde::Serialize;
 
-use crate::bench_control::{ControlBenchError, ControlOptions, connect, hbm_device, start_daemon, time_pings};
+use crate::bench_control::{ControlBenchError, ControlOptions, connect, hbm_device, start_daemon_on, time_pings};
 
 /// Clients that allocate while the no-ops are timed.
 const ALLOCATING_CLIENTS: usize = 4;
@@ -55,6 +58,8 @@ pub struct IsolationBench {
     pub loaded_max_us: f64,
     /// Allocations the loading clients made meanwhile.
     pub loaded_allocs: u64,
+    /// The 1 GiB regions of the load were on device memory that is zeroed (a DAX stand-in).
+    pub loaded_zeroed: bool,
     /// While partitions change in a loop: p50.
     pub partitions_p50_us: f64,
     /// Same, p99.
@@ -88,12 +93,70 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     (at(50.0).map_or(0.0, us), at(99.0).map_or(0.0, us), v.last().copied().map_or(0.0, us))
 }
 
-fn alloc_req(device: &str, size: u64) -> Request {
+/// Where the 2 MiB regions of the load go: a device and its kind of memory.
+#[derive(Debug, Clone)]
+struct On {
+    device: String,
+    memory: MemoryClass,
+}
+
+fn alloc_req(on: &On, size: u64) -> Request {
     Request::Alloc(AllocRequest {
-        target: AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Hbm },
+        target: AllocTarget::Device { device: DeviceName::truncated(&on.device), memory: on.memory },
         size,
         align: 0,
     })
+}
+
+/// Size of the DAX stand-in's sparse file: more than the pool's set holds.
+const DAX_BYTES: u64 = 512 << 30;
+
+/// A sysfs tree under `root` with `dax0.0` (the CXL pool's region0 DAX device) bound to
+/// device_dax, 2 MiB align, its device file a sparse regular file.
+fn dax_stand_in(root: &Path) -> std::io::Result<()> {
+    let d = root.join("sys/bus/dax/devices/dax0.0");
+    std::fs::create_dir_all(&d)?;
+    std::fs::write(d.join("size"), format!("{DAX_BYTES}\n"))?;
+    std::fs::write(d.join("align"), format!("{}\n", 2 << 20))?;
+    let drv = root.join("sys/bus/dax/drivers/device_dax");
+    std::fs::create_dir_all(&drv)?;
+    std::os::unix::fs::symlink(&drv, d.join("driver"))?;
+    std::fs::create_dir_all(root.join("dev"))?;
+    std::fs::File::create(root.join("dev/dax0.0"))?.set_len(DAX_BYTES)
+}
+
+/// The CXL pool's 2-way set on the DAX stand-in, and the member regions of the load go to.
+#[derive(Debug, Clone)]
+struct ZeroedSet {
+    set: String,
+    member: String,
+}
+
+/// Starts the private daemon: on the CXL pool (`cxl-pool.toml` next to `sim`, when there:
+/// fabricd serves one sim fabric) with its 2-way set on the DAX stand-in, else on `sim`.
+///
+/// The stand-in lives in `shm` (a tmpfs, as device memory is memory: zeroing it writes no
+/// disk, which would slow the journal's `fdatasync`s of later phases), the state in `dir`.
+fn start_private(
+    dir: &Path,
+    shm: &Path,
+    sim: &Path,
+) -> Result<(crate::bench_control::Reaped, std::path::PathBuf, Option<ZeroedSet>), ControlBenchError> {
+    let pool = sim.with_file_name("cxl-pool.toml");
+    let set = fabric_drivers::sim::load(&pool).ok().and_then(|inv| {
+        let s = fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2)?;
+        let member = s.members.last()?.device.to_string();
+        Some(ZeroedSet { set: s.name.clone(), member })
+    });
+    let Some(set) = set else {
+        let (child, socket) = start_daemon_on(dir, &[sim], "", "")?;
+        return Ok((child, socket, None));
+    };
+    let root = shm.join("root");
+    dax_stand_in(&root).map_err(|source| ControlBenchError::Io { what: "making the DAX stand-in".into(), source })?;
+    let discovery = format!("sysfs_root = {:?}\n", root.display().to_string());
+    let (child, socket) = start_daemon_on(dir, &[&pool], &discovery, "[memory]\ndax = [\"dax0.0\"]\n")?;
+    Ok((child, socket, Some(set)))
 }
 
 /// Clients that each loop over `work` (one step per call) until stopped; the count of
@@ -156,21 +219,21 @@ fn time_status(c: &mut Connection, n: usize) -> Result<Vec<Duration>, ControlBen
     Ok(out)
 }
 
-/// One allocation of `size` on `device`, freed at once; false when either is refused.
-fn alloc_free(c: &mut Connection, device: &str, size: u64) -> bool {
-    let Ok((Response::Alloc(a), fds)) = c.call(alloc_req(device, size), &[]) else { return false };
+/// One allocation of `size` on `on`, freed at once; false when either is refused.
+fn alloc_free(c: &mut Connection, on: &On, size: u64) -> bool {
+    free_after(c, alloc_req(on, size))
+}
+
+/// The allocation `req`, freed at once; false when either is refused.
+fn free_after(c: &mut Connection, req: Request) -> bool {
+    let Ok((Response::Alloc(a), fds)) = c.call(req, &[]) else { return false };
     drop(fds);
     c.call(Request::Free(FreeRequest { region: a.region }), &[]).is_ok()
 }
 
 /// Allocations per second from `clients` clients for `duration`, and their errors.
-fn allocs_per_s(
-    socket: &Path,
-    device: &str,
-    clients: usize,
-    duration: Duration,
-) -> Result<(f64, u64), ControlBenchError> {
-    let dev = device.to_owned();
+fn allocs_per_s(socket: &Path, on: &On, clients: usize, duration: Duration) -> Result<(f64, u64), ControlBenchError> {
+    let dev = on.clone();
     let start = Instant::now();
     let load = Load::start(socket, clients, move |c, _| alloc_free(c, &dev, 2 << 20))?;
     std::thread::sleep(duration);
@@ -182,24 +245,40 @@ fn allocs_per_s(
 pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchError> {
     let dir = tempfile::tempdir()
         .map_err(|source| ControlBenchError::Io { what: "creating a temporary directory".into(), source })?;
-    let (_daemon, socket) = match &opts.daemon {
-        Some(s) => (None, s.clone()),
+    // Removed after the daemon is stopped (declared first, dropped last).
+    let shm = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).map_err(|source| {
+        ControlBenchError::Io { what: "creating a temporary directory for the DAX stand-in".into(), source }
+    })?;
+    let (_daemon, socket, zeroed_set) = match &opts.daemon {
+        Some(s) => (None, s.clone(), None),
         None => {
-            let (child, socket) = start_daemon(dir.path(), &opts.sim)?;
-            (Some(child), socket)
+            let (child, socket, set) = start_private(dir.path(), shm.path(), &opts.sim)?;
+            (Some(child), socket, set)
         }
     };
     let n = opts.iterations.max(10);
     let mut probe = connect(&socket)?;
-    let device = hbm_device(&mut probe)?;
+    // On the CXL pool, the member the set does not start on; else a GPU's HBM.
+    let on = match &zeroed_set {
+        Some(z) => On { device: z.member.clone(), memory: MemoryClass::CxlVolatile },
+        None => On { device: hbm_device(&mut probe)?, memory: MemoryClass::Hbm },
+    };
     time_pings(&mut probe, (n / 10).max(10))?;
     let idle = time_pings(&mut probe, n)?;
     let status_idle = time_status(&mut probe, n)?;
 
-    // Other clients allocate and free, one allocation in eight of 1 GiB.
-    let dev = device.clone();
-    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| {
-        alloc_free(c, &dev, if i % 8 == 7 { 1 << 30 } else { 2 << 20 })
+    // Other clients allocate and free, one allocation in eight of 1 GiB (on the zeroed
+    // device memory when it is served).
+    let dev = on.clone();
+    let loaded_zeroed = zeroed_set.is_some();
+    let set = zeroed_set.as_ref().map(|z| z.set.clone());
+    let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| match (&set, i % 8 == 7) {
+        (Some(set), true) => {
+            let req = AllocRequest { target: AllocTarget::Set(Name::truncated(set)), size: 1 << 30, align: 0 };
+            free_after(c, Request::Alloc(req))
+        }
+        (None, true) => alloc_free(c, &dev, 1 << 30),
+        (_, false) => alloc_free(c, &dev, 2 << 20),
     })?;
     std::thread::sleep(Duration::from_millis(50));
     let loaded = time_pings(&mut probe, n)?;
@@ -207,7 +286,7 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let (loaded_allocs, alloc_errors) = load.stop();
 
     // An admin (this user runs the private daemon) changes a partition in a loop.
-    let dev = device.clone();
+    let dev = on.device.clone();
     let load = Load::start(&socket, 1, move |c, i| {
         let req = if i % 2 == 0 {
             let devices = BoundedVec::new(vec![DeviceName::truncated(&dev)]).unwrap_or_default();
@@ -227,8 +306,8 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let partitions = time_pings(&mut probe, n)?;
     let (partition_changes, partition_errors) = load.stop();
 
-    let (allocs_per_s_1, e1) = allocs_per_s(&socket, &device, 1, opts.duration)?;
-    let (allocs_per_s_16, e16) = allocs_per_s(&socket, &device, COMMIT_CLIENTS, opts.duration)?;
+    let (allocs_per_s_1, e1) = allocs_per_s(&socket, &on, 1, opts.duration)?;
+    let (allocs_per_s_16, e16) = allocs_per_s(&socket, &on, COMMIT_CLIENTS, opts.duration)?;
 
     let (idle_p50_us, idle_p99_us, idle_max_us) = stats(idle);
     let (loaded_p50_us, loaded_p99_us, loaded_max_us) = stats(loaded);
@@ -245,6 +324,7 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
         loaded_p99_us,
         loaded_max_us,
         loaded_allocs,
+        loaded_zeroed,
         partitions_p50_us,
         partitions_p99_us,
         partitions_max_us,

@@ -248,7 +248,7 @@ pub struct Daemon {
     /// Devices seen since start that the last rescan did not find.
     vanished: Mutex<BTreeSet<String>>,
     /// Event subscriptions.
-    pub events: EventBus,
+    pub events: Arc<EventBus>,
     /// The address map and bindings' one writer; only changes take its lock.
     map: Mutex<MapWriter>,
     /// Follows every snapshot `map` publishes; what every reader uses.
@@ -352,6 +352,16 @@ impl Daemon {
         let metrics = Arc::new(Metrics::new(fabric));
         metrics.set_map(writer.map().generation(), writer.map().state().mapped_bytes());
         let copies = crate::copy::CopyEngine::start(config.copy.clone(), metrics.clone()).map_err(StartError::Copy)?;
+        let events = Arc::new(EventBus::default());
+        // Revocations are effects of the operation that caused them: it tells the
+        // importers and stops the copies that depended on what it ended, before it answers.
+        let (bus, sweeper) = (events.clone(), copies.sweeper());
+        memory.on_end(Box::new(move |memory, revocations| {
+            for (session, r) in revocations {
+                bus.send_to(session, Event::Revocation(r));
+            }
+            sweeper.sweep(memory);
+        }));
         Ok(Self {
             config,
             socket_path,
@@ -359,7 +369,7 @@ impl Daemon {
             view: ArcSwap::from_pointee(view),
             rescan: Mutex::new(()),
             vanished: Mutex::new(BTreeSet::new()),
-            events: EventBus::default(),
+            events,
             map_reader: writer.map().reader(),
             map: Mutex::new(writer),
             store: Box::new(store),
@@ -399,16 +409,6 @@ impl Daemon {
     /// The current fabric view.
     pub fn view(&self) -> Arc<View> {
         self.view.load_full()
-    }
-
-    /// Tells each importer that subscribed to revocations which of its imports ended,
-    /// and stops the copies whose memory went with them (after every operation: see
-    /// [`crate::copy`], "Lifetimes").
-    pub fn flush_revocations(&self) {
-        for (session, r) in self.memory.take_revocations() {
-            self.events.send_to(session, Event::Revocation(r));
-        }
-        self.copies.sweep(&self.memory);
     }
 
     /// Runs discovery again and, when the fabric changed, swaps in the new view, brings
@@ -474,7 +474,7 @@ impl Daemon {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev, &members);
         }
-        self.flush_revocations();
+        self.memory.deliver_ended();
         Ok(events)
     }
 

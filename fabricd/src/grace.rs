@@ -33,5 +33,4 @@ pub async fn run(daemon: Arc<Daemon>, shutdown: CancellationToken) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "reclaiming orphaned sessions panicked"),
     }
-    daemon.flush_revocations();
 }

@@ -221,7 +221,6 @@ fn detach(daemon: &Daemon, who: &Principal, session: u64) -> Option<SessionToken
         return None;
     }
     let (token, r) = daemon.memory.detach_session(session);
-    daemon.flush_revocations();
     if let Some(t) = token {
         tracing::info!(
             uid = who.uid(),
@@ -426,7 +425,6 @@ async fn serve_session(
         main.handle.spawn(async move {
             tokio::time::sleep(grace).await;
             let r = daemon.memory.reclaim_orphan(&token);
-            daemon.flush_revocations();
             if r.regions > 0 {
                 tracing::info!(
                     regions = r.regions,
@@ -439,7 +437,6 @@ async fn serve_session(
         return;
     }
     let r = daemon.memory.close_session(session);
-    daemon.flush_revocations();
     if r != Reclaimed::default() {
         tracing::info!(
             uid = client.principal.uid(),

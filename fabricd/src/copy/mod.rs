@@ -331,16 +331,13 @@ impl CopyEngine {
     /// unregister, free, release, revocation or lost device), waiting for their chunks
     /// in flight; returns how many were stopped.
     pub fn sweep(&self, memory: &Memory) -> usize {
-        // A gone region's kept mapping goes too (a chunk still using it holds it).
-        self.shared.maps.retain(|id| memory.copy_dep_gone(&[Dep::Region(id)]).is_none());
-        let jobs: Vec<Arc<Job>> = lock(&self.shared.jobs).values().cloned().collect();
-        let mut stopped = 0;
-        for job in jobs {
-            if let Some(why) = memory.copy_dep_gone(&job.deps) {
-                stopped += usize::from(stop(&job, why));
-            }
-        }
-        stopped
+        self.sweeper().sweep(memory)
+    }
+
+    /// A handle that sweeps this engine's jobs ([`CopyEngine::sweep`]), for the registry's
+    /// end hook.
+    pub fn sweeper(&self) -> Sweeper {
+        Sweeper(self.shared.clone())
     }
 
     /// Stops every job of `session` (its connection ended), waiting for their chunks in
@@ -363,6 +360,34 @@ impl Drop for CopyEngine {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// Stops the copies that depend on what an operation ended: the registry's end hook holds
+/// one (`Memory::on_end`), while the engine holds its threads.
+#[derive(Clone)]
+pub struct Sweeper(Arc<Shared>);
+
+impl std::fmt::Debug for Sweeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweeper").finish_non_exhaustive()
+    }
+}
+
+impl Sweeper {
+    /// [`CopyEngine::sweep`].
+    pub fn sweep(&self, memory: &Memory) -> usize {
+        let shared = &self.0;
+        // A gone region's kept mapping goes too (a chunk still using it holds it).
+        shared.maps.retain(|id| memory.copy_dep_gone(&[Dep::Region(id)]).is_none());
+        let jobs: Vec<Arc<Job>> = lock(&shared.jobs).values().cloned().collect();
+        let mut stopped = 0;
+        for job in jobs {
+            if let Some(why) = memory.copy_dep_gone(&job.deps) {
+                stopped += usize::from(stop(&job, why));
+            }
+        }
+        stopped
     }
 }
 

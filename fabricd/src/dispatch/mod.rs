@@ -91,7 +91,6 @@ pub fn apply(d: &Daemon, cx: &Context<'_>, op: Operation) -> Result<Outcome, Err
     if let Err(e) = &r {
         d.refused(&cx.client.principal, name, e);
     }
-    d.flush_revocations();
     r
 }
 

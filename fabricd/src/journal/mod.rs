@@ -11,9 +11,11 @@
 //! procedure.
 //!
 //! Layout: [`format`](mod@format) is the byte format and a pure decoder, `recover` the scan at open,
-//! `writer` the appending side, `salvage` the operator's repair of a damaged journal,
+//! `writer` the appending side, `commit` the group commit that shares one `fdatasync` among
+//! concurrent changes, `salvage` the operator's repair of a damaged journal,
 //! [`sys`] the file-system steps.
 
+mod commit;
 pub mod format;
 mod recover;
 mod salvage;
@@ -21,8 +23,10 @@ pub mod sys;
 mod writer;
 
 use std::io;
+
 use std::path::PathBuf;
 
+pub use commit::{Committer, Ticket};
 pub use format::{
     DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, RecordFault, decode_segment,
 };
@@ -236,4 +240,7 @@ pub enum JournalError {
     /// written until the journal is opened again (which recovers what is durable).
     #[error("journal stopped after an earlier write or sync failure; reopen it")]
     Poisoned,
+    /// The batch a record was group-committed in failed (`commit.rs`).
+    #[error("the group commit's write failed")]
+    Batch(#[source] std::sync::Arc<JournalError>),
 }

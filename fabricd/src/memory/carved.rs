@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use super::alloc::AllocError;
 use super::backing::DeviceBacking;
 use super::carve::{DaxRegion, Wanted, plan};
+use super::effects::Effect;
 use super::{Memory, MemoryError, State, io_err};
 
 impl Memory {
@@ -51,22 +52,13 @@ impl State {
         Some((self.set_backings.get(&s.name)?.carve.as_ref()?, name))
     }
 
-    /// Deletes region `id`'s carved device, if it has one. `false` when the kernel refused:
-    /// the device still holds its range, so the caller must not give the range back (a
-    /// restart deletes the device, which no region names then, and the range is free).
-    pub(super) fn uncarve(&mut self, id: u64) -> bool {
-        let Some((c, name)) = self.carved_of(id) else { return true };
-        let name = name.to_owned();
-        match c.destroy(&name) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(region = id, device = %name, error = %e, "cannot delete a freed region's DAX device; its range stays taken until a restart");
-                if self.problems.len() < 256 {
-                    self.problems.push(format!("region {id}'s DAX device {name} could not be deleted: {e}"));
-                }
-                false
-            }
-        }
+    /// The effect that deletes region `id`'s carved device, if it has one, and then gives
+    /// back its range (`offset` in each of `resources`). A device the kernel will not
+    /// delete still holds its range: it stays taken until a restart deletes the device,
+    /// which no region names then.
+    pub(super) fn uncarve(&self, id: u64, resources: Vec<usize>, offset: u64) -> Option<Effect> {
+        let (c, name) = self.carved_of(id)?;
+        Some(Effect::Uncarve { region: id, carve: c.clone(), device: name.to_owned(), resources, offset })
     }
 
     /// At start, after the journaled regions are back: gives each region on a carved set

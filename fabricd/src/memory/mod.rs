@@ -39,9 +39,13 @@ pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 
 mod adopt;
 mod copyside;
+mod effects;
 pub mod fdkind;
 mod held;
+#[cfg(test)]
+mod ledger_tests;
 mod register;
+mod reserve;
 mod set;
 
 pub use adopt::{Adopted, ObjectGrant};
@@ -63,7 +67,7 @@ use fabric_proto::wire::{
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
-use alloc::{AllocError, GRANULE, RangeAllocator, round_len};
+use alloc::{AllocError, RangeAllocator};
 use durable::{Change, DurableError, Owner};
 
 /// Why a memory operation was refused.
@@ -362,6 +366,10 @@ struct State {
     copy_files: HashMap<u64, copyside::CopyFile>,
     /// Vendor memory objects behind adopted regions, by region id (not journaled).
     objects: HashMap<u64, adopt::Object>,
+    /// Slow steps changes left to do once the lock is released (`effects.rs`).
+    effects: Vec<effects::Effect>,
+    /// Something a copy may depend on ended since the last [`Memory::finish`].
+    ended: bool,
     /// Bytes of the resources together, `(device memory, host DRAM)` (what the default
     /// `allocated_bytes_per_uid` is derived from), counted again whenever resources change.
     fabric_bytes: (u64, u64),
@@ -441,6 +449,16 @@ pub struct Reclaimed {
     pub registrations: u64,
 }
 
+impl Reclaimed {
+    /// Adds what `other` reclaimed.
+    fn add(&mut self, other: Reclaimed) {
+        self.regions += other.regions;
+        self.exports += other.exports;
+        self.imports += other.imports;
+        self.registrations += other.registrations;
+    }
+}
+
 /// The memory broker's state.
 #[derive(Debug)]
 pub struct Memory {
@@ -452,7 +470,22 @@ pub struct Memory {
     root: PathBuf,
     /// The shares of the open-file table objects may keep (`held.rs`).
     held: held::HeldLimits,
+    /// Who hears what an operation ended ([`Memory::on_end`]).
+    ended_hook: std::sync::OnceLock<Hook>,
 }
+
+/// The end hook, shown by name only.
+struct Hook(EndHook);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EndHook")
+    }
+}
+
+/// Called, without the registry lock, at the end of an operation that ended something,
+/// with the revocations it caused (each with the session to tell).
+pub type EndHook = Box<dyn Fn(&Memory, Vec<(u64, Revocation)>) + Send + Sync>;
 
 /// A device id as a file name: characters other than `[A-Za-z0-9._-]` become `_`.
 pub fn sanitise(id: &str) -> String {
@@ -549,6 +582,7 @@ impl Memory {
             pinned_max,
             root: root.to_owned(),
             held: held::HeldLimits::default(),
+            ended_hook: std::sync::OnceLock::new(),
         };
         let fabric = m.state().fabric_bytes;
         tracing::info!(
@@ -648,183 +682,6 @@ impl Memory {
         Ok(())
     }
 
-    /// Allocates `size` bytes (rounded up to 2 MiB) on the resource `place` names.
-    pub fn alloc(
-        &self,
-        owner: &PeerCred,
-        session: u64,
-        place: &Place,
-        size: u64,
-        align: u64,
-    ) -> Result<Granted, MemoryError> {
-        let Place { device, kind, ordinal } = place;
-        let (kind, ordinal) = (*kind, *ordinal);
-        let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
-        let mut st = self.state();
-        let candidates = st.candidates(place);
-        // Device memory maps in whole multiples of its align (a BAR's is a page).
-        let dev_align = candidates
-            .iter()
-            .filter_map(|&i| st.resources[i].backing.as_ref().map(|b| b.align))
-            .max()
-            .unwrap_or(GRANULE);
-        let len = len
-            .checked_next_multiple_of(dev_align)
-            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
-        self.check(&st, owner.uid, len, 1)?;
-        let sess = st.session(session, owner)?;
-        if candidates.is_empty() {
-            let which = ordinal.map(|o| format!(" #{o}")).unwrap_or_default();
-            return Err(MemoryError::NotFound(format!("device {device} has no {} memory{which}", kind_name(kind))));
-        }
-        if candidates.iter().all(|&i| st.resources[i].lost) {
-            return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
-        }
-        if let Some(why) = candidates.iter().map(|&i| st.resources[i].unserved()).collect::<Option<Vec<_>>>() {
-            return Err(MemoryError::NotImplemented(why.into_iter().next().unwrap_or_default()));
-        }
-        let candidates: Vec<usize> =
-            candidates.into_iter().filter(|&i| !st.resources[i].lost && st.resources[i].unserved().is_none()).collect();
-        let mut last = None;
-        let mut placed = None;
-        for i in candidates {
-            // Device memory maps only at its own alignment (a DAX device's `align`).
-            let align = match &st.resources[i].backing {
-                Some(b) if align == 0 || align.is_power_of_two() => align.max(b.align),
-                _ => align,
-            };
-            match st.resources[i].ranges.alloc(len, align) {
-                Ok(off) => {
-                    placed = Some((i, off));
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let Some((resource, offset)) = placed else {
-            return Err(match last {
-                Some(AllocError::BadAlign(a)) => {
-                    MemoryError::BadRequest(format!("alignment {a} is not a power of two"))
-                }
-                Some(e) => MemoryError::NoSpace(e),
-                None => MemoryError::NotFound(format!("device {device}")),
-            });
-        };
-        let id = st.next_id;
-        st.next_id += 1;
-        let r = &st.resources[resource];
-        let made = match r.numa.clone() {
-            Some(n) => Self::make_node_region(&n, &r.dir.join(format!("r{id}")), len),
-            None => {
-                Self::make_backing(r.backing.as_ref(), offset, &r.dir.join(format!("r{id}")), len, st.log.is_some())
-            }
-        };
-        let (fd, path, fd_offset, device_file) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                st.resources[resource].ranges.free(offset);
-                return Err(e);
-            }
-        };
-        let region = Region {
-            generation: id,
-            owner: *owner,
-            pid_start: sess.owner.pid_start,
-            token: sess.token,
-            session,
-            resource,
-            offset,
-            len,
-            path,
-            fd_offset,
-            device_file,
-            lost: false,
-        };
-        // Acknowledged only once journaled; a crash before this leaves a file that no
-        // record names, which the next start removes.
-        let record = Change::RegionAllocated(st.region_record(id, &region));
-        if let Err(e) = st.journal(&record) {
-            st.resources[resource].ranges.free(offset);
-            if !region.device_file {
-                let _ = std::fs::remove_file(&region.path);
-            }
-            return Err(e);
-        }
-        let u = st.usage.entry(owner.uid).or_default();
-        u.bytes += len;
-        u.objects += 1;
-        st.regions.insert(id, region);
-        st.maybe_compact();
-        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, len, "region allocated");
-        Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 })
-    }
-
-    /// The memory behind a new region of `len` bytes: a range at `offset` of the device
-    /// file of `device`, else a new sim file at `path`. Returns the descriptor, the file,
-    /// the region's offset in it and whether it is a device file.
-    ///
-    /// With `durable` (a journaled registry), a new sim file and its size are fsynced, and
-    /// so is its directory, before the caller journals the allocation: the record names the
-    /// file, and a power loss that kept the record but not the file (its directory entry
-    /// or its size are metadata that another file's `fdatasync` need not flush) would make
-    /// the next start drop an acknowledged region.
-    pub(super) fn make_backing(
-        device: Option<&backing::DeviceBacking>,
-        offset: u64,
-        path: &Path,
-        len: u64,
-        durable: bool,
-    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
-        if let Some(b) = device {
-            if let Some(c) = &b.carve {
-                return Self::make_carved(b, c, offset, len);
-            }
-            return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
-        }
-        let made = (|| {
-            // 0600 whatever the umask: the file is a capability to the region's bytes.
-            let f = crate::privdir::file_options().read(true).write(true).create_new(true).open(path)?;
-            crate::privdir::check_file(&f, path)?;
-            f.set_len(len)?;
-            if durable {
-                f.sync_all()?;
-                if let Some(dir) = path.parent() {
-                    crate::journal::sys::fsync_dir(dir)?;
-                }
-            }
-            Ok::<_, std::io::Error>(OwnedFd::from(f))
-        })();
-        if made.is_err() {
-            let _ = std::fs::remove_file(path);
-        }
-        made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
-    }
-
-    /// A new region of `len` bytes on NUMA node `n`: the tmpfs file `path`, which outlives
-    /// the daemon (a restart finds it, `persist.rs`).
-    fn make_node_region(
-        n: &numa::NodeBacking,
-        path: &Path,
-        len: u64,
-    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
-        let fd = n.make_region(path, len).map_err(MemoryError::Node)?;
-        Ok((fd, path.to_owned(), 0, false))
-    }
-
-    /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
-    /// backs and zeroes that range (it holds its previous holder's bytes): the descriptor
-    /// and the range's offset in the file.
-    fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
-        let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
-            len,
-            align: b.align,
-            capacity: b.len,
-        }))?;
-        let f = b.open(true).map_err(io_err(&b.path))?;
-        zero::zero_range(&f, at, len).map_err(MemoryError::Zero)?;
-        Ok((OwnedFd::from(f), at))
-    }
-
     fn owned(st: &State, region: u64, session: u64) -> Result<&Region, MemoryError> {
         let r = st.regions.get(&region).ok_or_else(|| MemoryError::NotFound(format!("no region {region}")))?;
         if r.session != session {
@@ -837,9 +694,12 @@ impl Memory {
     pub fn free(&self, session: u64, region: u64) -> Result<Reclaimed, MemoryError> {
         let mut st = self.state();
         Self::owned(&st, region, session)?;
-        st.journal(&Change::RegionFreed { id: region })?;
+        let ticket = st.journal(&Change::RegionFreed { id: region })?;
+        drop(st);
+        let (mut st, done) = self.commit(ticket);
+        done?;
         let out = Self::drop_region(&mut st, region, RevocationReason::Freed);
-        st.maybe_compact();
+        self.finish(st);
         Ok(out)
     }
 
@@ -849,21 +709,25 @@ impl Memory {
             ..Reclaimed::default()
         };
         let Some(r) = st.regions.remove(&id) else { return out };
+        st.ended = true;
         let held_fd = st.objects.remove(&id).is_some_and(|o| o.holds_fd());
         st.copy_files.remove(&id);
-        // A carved DAX device the kernel would not delete still holds the range.
-        let uncarved = st.uncarve(id);
-        let others = st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default();
-        if uncarved {
-            st.resources[r.resource].ranges.free(r.offset);
-            for i in others {
-                st.resources[i].ranges.free(r.offset);
+        let mut members = vec![r.resource];
+        members.extend(st.set_regions.get(&id).map(|s| s.others.clone()).unwrap_or_default());
+        // A carved DAX device holds the range until it is deleted (an effect, outside the
+        // lock); any other range is free again now.
+        match st.uncarve(id, members.clone(), r.offset) {
+            Some(fx) => st.effects.push(fx),
+            None => {
+                for i in members {
+                    st.resources[i].ranges.free(r.offset);
+                }
             }
         }
-        if r.device_file {
-            // Device memory keeps its contents; the range is simply free again.
-        } else if let Err(e) = std::fs::remove_file(&r.path) {
-            tracing::warn!(path = %r.path.display(), error = %e, "cannot remove a region file");
+        st.set_regions.remove(&id);
+        if !r.device_file {
+            // Device memory keeps its contents (its range is simply free again); a file goes.
+            st.effects.push(effects::Effect::RemoveFile(r.path.clone()));
         }
         let u = st.usage.entry(r.owner.uid).or_default();
         u.bytes = u.bytes.saturating_sub(r.len);
@@ -902,6 +766,7 @@ impl Memory {
     fn drop_import(st: &mut State, id: u64) {
         Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
         if let Some(i) = st.imports.remove(&id) {
+            st.ended = true;
             let u = st.usage.entry(i.uid).or_default();
             u.objects = u.objects.saturating_sub(1);
         }
@@ -915,6 +780,8 @@ impl Memory {
         region: u64,
         policy: ExportPolicy,
     ) -> Result<ExportHandle, MemoryError> {
+        // Read before the lock: the secret is the handle's, whatever happens next.
+        let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
         let mut st = self.state();
         let r = Self::owned(&st, region, session)?;
         if r.lost {
@@ -928,13 +795,22 @@ impl Memory {
             )));
         }
         self.check(&st, owner.uid, 0, 1)?;
-        let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
         let handle = ExportHandle { region, generation, secret };
         let export = Export { handle, owner_uid: owner.uid, policy, revoked: false };
-        st.journal(&Change::ExportCreated(State::export_record(&export)))?;
-        st.exports.push(export);
+        let ticket = st.journal(&Change::ExportCreated(State::export_record(&export)))?;
+        // Reserved while the record is written: concurrent exports count it.
         st.usage.entry(owner.uid).or_default().objects += 1;
-        st.maybe_compact();
+        drop(st);
+        let (mut st, done) = self.commit(ticket);
+        let gone = st.regions.get(&region).is_none_or(|r| r.generation != generation);
+        if done.is_err() || gone {
+            let u = st.usage.entry(owner.uid).or_default();
+            u.objects = u.objects.saturating_sub(1);
+            done?;
+            return Err(MemoryError::NotFound(format!("region {region} was freed meanwhile")));
+        }
+        st.exports.push(export);
+        self.finish(st);
         tracing::info!(uid = owner.uid, pid = owner.pid, region, generation, "region exported");
         Ok(handle)
     }
@@ -959,14 +835,18 @@ impl Memory {
             return Err(MemoryError::PermissionDenied("only the region's owner may revoke its exports".into()));
         }
         let via = e.handle;
-        st.journal(&Change::ExportRevoked {
+        let ticket = st.journal(&Change::ExportRevoked {
             region: via.region,
             generation: via.generation,
             secret: *via.secret.expose(),
         })?;
+        drop(st);
+        let (mut st, done) = self.commit(ticket);
+        done?;
         if let Some(e) = Self::find_export(&mut st, &via) {
             e.revoked = true;
         }
+        st.ended = true;
         let told: Vec<(u64, Revocation)> = st
             .imports
             .iter()
@@ -987,7 +867,7 @@ impl Memory {
             Self::drop_registrations(&mut st, |g| g.covers == crate::dma::Covers::Import(import));
         }
         st.revocations.extend(told);
-        st.maybe_compact();
+        self.finish(st);
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
         Ok(())
     }
@@ -1086,6 +966,7 @@ impl Memory {
             }
             Some(_) => {
                 Self::drop_import(&mut st, import);
+                self.finish(st);
                 Ok(())
             }
         }
@@ -1101,31 +982,51 @@ impl Memory {
         };
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
         let ended = st.sessions.remove(&session);
+        let mut ticket = None;
         if let (Some(s), false) = (ended, regions.is_empty()) {
             // The client is gone either way; if this fails, the journal is brought back
-            // in line (a snapshot of what is freed here) by the next change's reopen.
-            if let Err(e) = st.journal(&Change::SessionEnded { token: *s.token.expose() }) {
-                tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session");
+            // in line (a snapshot of what is freed here) before the next change.
+            match st.journal(&Change::SessionEnded { token: *s.token.expose() }) {
+                Ok(t) => ticket = t,
+                Err(e) => {
+                    tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session")
+                }
             }
-        }
-        for id in regions {
-            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
-            out.regions += r.regions;
-            out.exports += r.exports;
         }
         let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
         for id in imports {
             Self::drop_import(&mut st, id);
             out.imports += 1;
         }
-        st.maybe_compact();
+        // The regions go once their end is durable (a crash before brings them back, with
+        // their files), their files after that (effects).
+        drop(st);
+        let (mut st, done) = self.commit(ticket);
+        if let Err(e) = done {
+            tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session");
+        }
+        for id in regions {
+            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
+            out.regions += r.regions;
+            out.exports += r.exports;
+        }
+        self.finish(st);
         out
     }
 
     /// The revocations that happened since the last call, each with the session that held
-    /// the import (in the order they happened).
+    /// the import (in the order they happened), when no [`Memory::on_end`] hook takes them.
     pub fn take_revocations(&self) -> Vec<(u64, Revocation)> {
         std::mem::take(&mut self.state().revocations)
+    }
+
+    /// Sets who hears, at the end of each operation that ended something (a region, an
+    /// import, a registration, an export, a device's memory), the revocations it caused:
+    /// the daemon tells the importers and stops the copies that depended on it. Set once.
+    pub fn on_end(&self, hook: EndHook) {
+        if self.ended_hook.set(Hook(hook)).is_err() {
+            tracing::warn!("the registry's end hook was already set; kept the first");
+        }
     }
 
     /// What a handle's export is about (for the partition checks before an import): its
@@ -1222,10 +1123,10 @@ impl Memory {
     /// each importer told (reason `DeviceLost`) and its owner told too (a revocation with
     /// import 0). Regions and imports stay until freed or released (a mapping cannot be
     /// taken back). Returns the regions lost now, the exports revoked now and the imports
-    /// told.
+    /// told; the importers and owners are told at the caller's [`Memory::deliver_ended`].
     pub fn device_lost(&self, id: &DeviceId) -> Reclaimed {
-        let mut st = self.state();
-        let st = &mut *st;
+        let mut guard = self.state();
+        let st = &mut *guard;
         let mut out = Reclaimed::default();
         let mut on: Vec<usize> = Vec::new();
         for (i, r) in st.resources.iter_mut().enumerate() {
@@ -1270,7 +1171,15 @@ impl Memory {
             st.revocations.push((owner, own));
             tracing::warn!(%id, region, generation, "region lost with its device; exports revoked");
         }
+        // Told by the caller's `deliver_ended`, after it published why (the device events).
+        st.ended |= out.regions > 0;
         out
+    }
+
+    /// Delivers to the end hook ([`Memory::on_end`]) what an operation ended and held
+    /// back ([`Memory::device_lost`] does, so that a rescan tells subscribers why first).
+    pub fn deliver_ended(&self) {
+        self.finish(self.state());
     }
 
     /// The device `id` is back (or healthy again): its resources take new regions again.

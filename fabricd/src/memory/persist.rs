@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, MutexGuard};
 
 use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
 use fabric_topology::Inventory;
@@ -16,18 +17,23 @@ use super::durable::{
 };
 use super::{Export, Memory, MemoryError, Reclaimed, Region, State, io_err};
 use crate::config::{LimitsConfig, MemoryConfig};
-use crate::journal::{Journal, JournalOptions, Replay};
+use crate::journal::{Committer, Journal, JournalOptions, Replay, Ticket};
 
 /// Session ids given to sessions found in the journal until a client takes them back
 /// (live sessions count up from 1, so the two never meet).
 const ORPHAN_SESSIONS: u64 = 1 << 62;
 
-/// The journal as the registry uses it. `journal` is `None` after a failed write until a
-/// reopen and snapshot succeed.
+/// The journal as the registry uses it: a group committer, and what the registry knows of
+/// the records it queued.
 #[derive(Debug)]
 pub(super) struct Log {
-    dir: PathBuf,
-    journal: Option<Journal>,
+    committer: Arc<Committer>,
+    /// Records queued whose changes are neither published nor undone yet (a snapshot is
+    /// only taken when there are none, so it is exactly the state the queue ends in).
+    in_flight: u32,
+    /// A commit failed: the journal is reopened with a snapshot of what was acknowledged
+    /// before the next change, once nothing is in flight.
+    broken: bool,
     since_snapshot: u32,
     compact_records: u32,
 }
@@ -102,20 +108,6 @@ pub fn owner_of(peer: &PeerCred) -> Owner {
 
 fn cred(o: &Owner) -> PeerCred {
     PeerCred { pid: o.pid, uid: o.uid, gid: o.gid }
-}
-
-impl Log {
-    /// Reopens the journal and writes the registry as a snapshot, so that the journal
-    /// holds exactly what was acknowledged, whatever a failed write left behind.
-    fn reopen(&mut self, snapshot: &[u8]) -> Result<(), MemoryError> {
-        self.journal = None;
-        let (mut j, _) = Journal::open(&self.dir, JournalOptions::default()).map_err(MemoryError::Journal)?;
-        j.compact(snapshot).map_err(MemoryError::Journal)?;
-        tracing::warn!(dir = %self.dir.display(), "journal reopened after a failed write; registry snapshot written");
-        self.journal = Some(j);
-        self.since_snapshot = 0;
-        Ok(())
-    }
 }
 
 impl State {
@@ -200,9 +192,10 @@ impl State {
         Snapshot { next_id: self.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
     }
 
-    /// Journals `change` (durably) before the caller applies it; the caller undoes what
-    /// it prepared when this fails. Compacts when enough records have accumulated.
-    pub(super) fn journal(&mut self, change: &Change) -> Result<(), MemoryError> {
+    /// Queues `change` in the journal, in state order: the caller waits for the ticket
+    /// outside the registry lock ([`Memory::commit`]) and publishes or undoes its change
+    /// then. `None`: nothing to wait for (no journal, or an adopted object's change).
+    pub(super) fn journal(&mut self, change: &Change) -> Result<Option<Ticket>, MemoryError> {
         // Changes to adopted vendor objects are not journaled: they live as long as their
         // session only (docs/fabricd.md, "Adopted objects").
         let region = match change {
@@ -213,60 +206,65 @@ impl State {
             _ => None,
         };
         if region.is_some_and(|id| self.objects.contains_key(&id)) {
-            return Ok(());
+            return Ok(None);
         }
-        let Some(mut log) = self.log.take() else { return Ok(()) };
-        let r = self.journal_with(&mut log, change);
+        let Some(mut log) = self.log.take() else { return Ok(None) };
+        let r = self.queue_with(&mut log, change);
         self.log = Some(log);
-        r
+        r.map(Some)
     }
 
-    fn journal_with(&self, log: &mut Log, change: &Change) -> Result<(), MemoryError> {
+    fn queue_with(&self, log: &mut Log, change: &Change) -> Result<Ticket, MemoryError> {
         let (kind, payload) = change.encode().map_err(MemoryError::Record)?;
-        if log.journal.is_none() {
-            // An earlier write failed: get the journal back in line before anything new.
-            log.reopen(&self.snapshot()?)?;
-        }
-        let j = log.journal.as_mut().ok_or(MemoryError::JournalUnavailable)?;
-        if let Err(e) = j.append(kind, &payload) {
-            tracing::error!(error = %crate::error_chain(&e), "journal append failed; the change is refused");
-            if let Err(again) = log.reopen(&self.snapshot()?) {
-                tracing::error!(error = %crate::error_chain(&again), "journal cannot be reopened; changes are refused");
+        if log.broken {
+            if log.in_flight > 0 {
+                return Err(MemoryError::JournalUnavailable);
             }
-            return Err(MemoryError::Journal(e));
+            // The one write under the registry lock, on the error path only: the journal is
+            // brought back in line with what was acknowledged before anything new.
+            let snapshot = self.snapshot()?;
+            log.committer.reopen(&snapshot).map_err(|e| {
+                tracing::error!(error = %crate::error_chain(&e), "journal cannot be reopened; changes are refused");
+                MemoryError::Journal(e)
+            })?;
+            log.broken = false;
+            log.since_snapshot = 0;
         }
+        log.in_flight += 1;
         log.since_snapshot = log.since_snapshot.saturating_add(1);
-        Ok(())
+        Ok(log.committer.enqueue(kind, payload))
     }
 
-    /// Writes a snapshot when enough records have accumulated since the last one. Called
-    /// after a change is applied; a failure is logged (the journal stays valid).
-    pub(super) fn maybe_compact(&mut self) {
-        let due = self.log.as_ref().is_some_and(|l| l.since_snapshot >= l.compact_records && l.journal.is_some());
-        if !due {
-            return;
+    /// A queued record's outcome is known (its change is published or undone next, under
+    /// this same lock).
+    pub(super) fn settle(&mut self, waited: &Result<(), crate::journal::JournalError>) {
+        let Some(log) = self.log.as_mut() else { return };
+        log.in_flight = log.in_flight.saturating_sub(1);
+        if let Err(e) = waited {
+            tracing::error!(error = %crate::error_chain(e), "journal write failed; the change is refused");
+            log.broken = true;
+        }
+    }
+
+    /// Queues a snapshot when enough records have accumulated since the last one and none
+    /// is in flight; the caller waits for it outside the lock ([`Memory::finish`]).
+    pub(super) fn maybe_compact(&mut self) -> Option<Ticket> {
+        let log = self.log.as_ref()?;
+        if log.since_snapshot < log.compact_records || log.broken || log.in_flight > 0 {
+            return None;
         }
         let snapshot = match self.snapshot() {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "registry snapshot does not encode; not compacting");
-                return;
+                return None;
             }
         };
-        let Some(log) = self.log.as_mut() else { return };
-        let Some(j) = log.journal.as_mut() else { return };
-        match j.compact(&snapshot) {
-            Ok(seq) => {
-                tracing::debug!(seq, bytes = snapshot.len(), records = log.since_snapshot, "journal compacted");
-                log.since_snapshot = 0;
-            }
-            Err(e) => {
-                tracing::warn!(error = %crate::error_chain(&e), "journal compaction failed; reopening");
-                if let Err(e) = log.reopen(&snapshot) {
-                    tracing::error!(error = %crate::error_chain(&e), "journal cannot be reopened; changes are refused");
-                }
-            }
-        }
+        let log = self.log.as_mut()?;
+        tracing::debug!(bytes = snapshot.len(), records = log.since_snapshot, "journal compaction queued");
+        log.since_snapshot = 0;
+        log.in_flight += 1;
+        Some(log.committer.enqueue_snapshot(snapshot))
     }
 
     /// The token and owner of `session`, made at its first use.
@@ -412,8 +410,9 @@ impl Memory {
             "memory registry restored from the journal"
         );
         st.log = Some(Log {
-            dir: journal.dir().to_owned(),
-            journal: Some(journal),
+            committer: Committer::new(journal, JournalOptions::default()),
+            in_flight: 0,
+            broken: false,
             since_snapshot: 0,
             compact_records: config.compact_records,
         });
@@ -451,8 +450,15 @@ impl Memory {
             return Err(MemoryError::BadRequest("resume a session before allocating on this connection".into()));
         }
         let owner = owner_of(peer);
-        st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
+        let ticket = st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
+        // Taken while the record is written, so that no reclaim takes it meanwhile.
         let o = st.orphans.remove(i);
+        drop(st);
+        let (mut st, done) = self.commit(ticket);
+        if let Err(e) = done {
+            st.orphans.push(o);
+            return Err(e);
+        }
         st.sessions.insert(session, Session { token: o.token, owner });
         let mut out = Resumed::default();
         let mut ids = Vec::new();
@@ -464,7 +470,7 @@ impl Memory {
             ids.push(*id);
         }
         out.exports = st.exports.iter().filter(|e| ids.contains(&e.handle.region)).count() as u64;
-        st.maybe_compact();
+        self.finish(st);
         tracing::info!(
             uid = peer.uid,
             pid = peer.pid,
@@ -480,17 +486,37 @@ impl Memory {
     /// freed and their exports revoked, importers told.
     pub fn reclaim_orphans(&self) -> Reclaimed {
         let mut st = self.state();
-        let mut out = Reclaimed::default();
-        for o in std::mem::take(&mut st.orphans) {
-            if let Err(e) = st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
+        let orphans = std::mem::take(&mut st.orphans);
+        self.reclaim(st, orphans)
+    }
+
+    /// Ends `orphans` (taken out of the orphan list): each end queued in the journal and,
+    /// once durable, their regions dropped (importers told), their files removed after.
+    fn reclaim(&self, mut st: MutexGuard<'_, State>, orphans: Vec<Orphan>) -> Reclaimed {
+        let mut tickets = Vec::new();
+        for o in &orphans {
+            match st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
+                Ok(t) => tickets.extend(t),
+                Err(e) => {
+                    tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session")
+                }
+            }
+        }
+        drop(st);
+        let mut st = None;
+        for t in tickets {
+            let (guard, done) = self.commit(Some(t));
+            if let Err(e) = done {
                 tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session");
             }
+            st = Some(guard);
+        }
+        let mut st = st.unwrap_or_else(|| self.state());
+        let mut out = Reclaimed::default();
+        for o in &orphans {
             let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
             for id in ids {
-                let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
-                out.regions += r.regions;
-                out.exports += r.exports;
-                out.imports += r.imports;
+                out.add(Self::drop_region(&mut st, id, RevocationReason::OwnerExited));
             }
             tracing::info!(
                 uid = o.owner.uid,
@@ -498,7 +524,7 @@ impl Memory {
                 "orphaned session not resumed within the grace period; reclaimed"
             );
         }
-        st.maybe_compact();
+        self.finish(st);
         out
     }
 
@@ -526,6 +552,7 @@ impl Memory {
         }
         st.sessions.remove(&session);
         st.orphans.push(Orphan { token: s.token, session, owner: s.owner });
+        self.finish(st);
         (Some(s.token), out)
     }
 
@@ -534,21 +561,9 @@ impl Memory {
     /// that one session.
     pub fn reclaim_orphan(&self, token: &SessionToken) -> Reclaimed {
         let mut st = self.state();
-        let mut out = Reclaimed::default();
-        let Some(i) = st.orphans.iter().position(|o| o.token == *token) else { return out };
+        let Some(i) = st.orphans.iter().position(|o| o.token == *token) else { return Reclaimed::default() };
         let o = st.orphans.remove(i);
-        if let Err(e) = st.journal(&Change::SessionEnded { token: *o.token.expose() }) {
-            tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of a detached session");
-        }
-        let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
-        for id in ids {
-            let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
-            out.regions += r.regions;
-            out.exports += r.exports;
-            out.imports += r.imports;
-        }
-        st.maybe_compact();
-        out
+        self.reclaim(st, vec![o])
     }
 
     /// Sessions found in the journal that no client has taken back yet.

@@ -367,6 +367,7 @@ impl Memory {
             }
             Some(_) => {
                 Self::drop_registration(&mut st, registration);
+                self.finish(st);
                 Ok(())
             }
         }
@@ -375,6 +376,8 @@ impl Memory {
     /// Removes one registration: frees its IOVA range, unpins, gives back its accounting.
     pub(super) fn drop_registration(st: &mut State, id: u64) -> bool {
         let Some(r) = st.dma.remove(id) else { return false };
+        // A copy through it ends too (`Memory::finish`).
+        st.ended = true;
         let u = st.usage.entry(r.uid).or_default();
         u.pinned = u.pinned.saturating_sub(r.span);
         u.objects = u.objects.saturating_sub(1);

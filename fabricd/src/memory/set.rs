@@ -13,8 +13,8 @@ use fabric_proto::wire::PeerCred;
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, GRANULE};
-use super::durable::Change;
-use super::{Granted, Memory, MemoryError, Region};
+use super::reserve::Make;
+use super::{Granted, Memory, MemoryError};
 
 /// An interleave set as the address map has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,10 +113,6 @@ impl Memory {
         };
         let len = size.checked_next_multiple_of(unit).filter(|&l| l > 0).ok_or_else(bad)?;
         let per = len / ways;
-        let (pid_start, token) = {
-            let sess = st.session(session, owner)?;
-            (sess.owner.pid_start, sess.token)
-        };
         self.check(&st, owner.uid, len, 1)?;
         let mut idx = Vec::with_capacity(set.members.len());
         for (device, kind, ordinal) in &set.members {
@@ -170,67 +166,25 @@ impl Memory {
             // Checked free just above, under the same lock.
             st.resources[i].ranges.reserve(dpa, per);
         }
-        let id = st.next_id;
-        st.next_id += 1;
-        let path = st.resources[idx[0]].dir.join(format!("r{id}"));
-        let made = Self::make_backing(device.as_ref(), dpa * ways, &path, len, st.log.is_some());
-        let (fd, path, fd_offset, device_file) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                for &i in &idx {
-                    st.resources[i].ranges.free(dpa);
-                }
-                return Err(e);
-            }
-        };
-        let region = Region {
-            generation: id,
-            owner: *owner,
-            pid_start,
-            token,
-            session,
-            resource: idx[0],
-            offset: dpa,
-            len,
-            path,
-            fd_offset,
-            device_file,
-            lost: false,
-        };
+        let res = st.reserve(owner, session, idx.clone(), dpa, len)?;
+        let path = st.resources[idx[0]].dir.join(format!("r{}", res.id));
         let set_offset = dpa * ways;
-        let carve = device.as_ref().and_then(|b| b.carve.as_ref());
-        let carved = carve.and_then(|_| region.path.file_name()).map(|n| n.to_string_lossy().into_owned());
-        let part = SetRegion {
+        let carved = device.as_ref().and_then(|b| b.carve.as_ref()).is_some();
+        let durable = st.log.is_some();
+        drop(st);
+        let make = Make::File { device: device.clone(), offset: set_offset, path, durable };
+        // The carved device's name is the kernel's: known once it is made.
+        let part = |made_path: Option<&std::path::Path>| SetRegion {
             name: set.name.clone(),
             set_offset,
             others: idx[1..].to_vec(),
             dax: device.as_ref().map(|b| b.name.clone()),
-            carved,
+            carved: made_path.filter(|_| carved).and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()),
         };
-        // Acknowledged only once journaled, like any region (a crash before this leaves a
-        // sim file no record names, which the next start removes).
-        let record = Change::SetRegionAllocated(st.set_region_record(id, &region, &part));
-        if let Err(e) = st.journal(&record) {
-            for &i in &idx {
-                st.resources[i].ranges.free(dpa);
-            }
-            if !region.device_file {
-                let _ = std::fs::remove_file(&region.path);
-            } else if let (Some(c), Some(name)) = (carve, &part.carved)
-                && let Err(undo) = c.destroy(name)
-            {
-                tracing::warn!(device = %name, error = %undo, "cannot delete the DAX device of a refused region");
-            }
-            return Err(e);
-        }
-        let u = st.usage.entry(owner.uid).or_default();
-        u.bytes += len;
-        u.objects += 1;
-        st.regions.insert(id, region);
-        st.set_regions.insert(id, part);
-        st.maybe_compact();
+        let id = res.id;
+        let g = self.make_and_commit_with(res, &make, |made| Some(part(Some(made))))?;
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");
-        Ok((Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 }, set_offset))
+        Ok((g, set_offset))
     }
 
     /// Where region `id` is: a range of one resource or of an interleave set.

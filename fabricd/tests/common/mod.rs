@@ -206,3 +206,60 @@ pub fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The CXL pool sim fabric (two memdevs in a 2-way interleave set).
+pub fn cxl_pool() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/cxl-pool.toml").canonicalize().unwrap()
+}
+
+/// The CXL pool's 2-way set: its name and its members' device ids.
+pub fn two_way_set() -> (String, String, String) {
+    let inv = fabric_drivers::sim::load(&cxl_pool()).unwrap();
+    let set = fabric_addrmap::region_sets(&inv).into_iter().find(|s| s.ways == 2).unwrap();
+    (set.name.clone(), set.members[0].device.to_string(), set.members[1].device.to_string())
+}
+
+/// An allocation on interleave set `name`.
+pub fn on_set(name: &str) -> fabric_proto::wire::AllocTarget {
+    fabric_proto::wire::AllocTarget::Set(fabric_proto::wire::Name::truncated(name))
+}
+
+/// The size of the DAX device [`dax_fixture`] makes.
+pub const DAX_BYTES: u64 = 512 << 30;
+
+/// A fixture sysfs tree under `root` with `dax0.0` (the sim pool's region0 DAX device)
+/// bound to device_dax, 2 MiB align, its device file a sparse regular file (a stand-in for
+/// device memory: fabricd zeroes a range of it before handing it out).
+pub fn dax_fixture(root: &Path) {
+    let d = root.join("sys/bus/dax/devices/dax0.0");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("size"), format!("{DAX_BYTES}\n")).unwrap();
+    std::fs::write(d.join("align"), format!("{}\n", 2 << 20)).unwrap();
+    let drv = root.join("sys/bus/dax/drivers/device_dax");
+    std::fs::create_dir_all(&drv).unwrap();
+    std::os::unix::fs::symlink(&drv, d.join("driver")).unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::File::create(root.join("dev/dax0.0")).unwrap().set_len(DAX_BYTES).unwrap();
+}
+
+/// A daemon's files serving the CXL pool (with `extra` TOML) whose 2-way set is backed by
+/// the DAX stand-in of [`dax_fixture`] under the setup's `root`; and the set's name.
+pub fn dax_backed_set(extra: &str) -> (Setup, String) {
+    let (set, _, _) = two_way_set();
+    let setup = Setup::with_sim(&cxl_pool(), extra);
+    let root = setup.dir.path().join("root");
+    dax_fixture(&root);
+    configure_dax(&setup, &root, "\"dax0.0\"");
+    (setup, set)
+}
+
+/// Points the configuration's `[discovery] sysfs_root` at `root` and sets `[memory] dax`.
+pub fn configure_dax(setup: &Setup, root: &Path, dax: &str) {
+    let text = std::fs::read_to_string(&setup.config).unwrap();
+    let mut text = match text.find("[memory]") {
+        Some(at) => text[..at].to_owned(),
+        None => text.replace("[discovery]\n", &format!("[discovery]\nsysfs_root = {:?}\n", root.display().to_string())),
+    };
+    text.push_str(&format!("[memory]\nresume_grace_s = 600\ndax = [{dax}]\n"));
+    std::fs::write(&setup.config, text).unwrap();
+}

@@ -1,0 +1,361 @@
+//! A new region in three steps, so that no slow work happens under the registry lock:
+//! under the lock, the request is checked and a [`Reservation`] taken (its id, its range in
+//! every resource it spans, its bytes and object in the owner's usage), which keeps
+//! concurrent allocations from colliding; without the lock, its backing is made (a sim
+//! file created and fsynced with its directory, a device range zeroed, a DAX device
+//! carved, a NUMA file placed); then it is committed: its record queued in state order
+//! and made durable by group commit, and only then published. A failure at any step
+//! gives the reservation back and undoes the backing.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use fabric_proto::wire::{PeerCred, SessionToken};
+
+use super::alloc::{AllocError, GRANULE, round_len};
+use super::durable::Change;
+use super::set::SetRegion;
+use super::{Granted, Memory, MemoryError, Place, Region, State, backing, io_err, kind_name, numa, zero};
+
+/// What an allocation holds while its backing is made: nothing else can take its id, its
+/// range or its share of the owner's limits.
+#[derive(Debug)]
+pub(super) struct Reservation {
+    pub(super) id: u64,
+    pub(super) owner: PeerCred,
+    pub(super) session: u64,
+    pub(super) pid_start: Option<u64>,
+    pub(super) token: SessionToken,
+    /// The resource the region records, then the other members of its set (same offset).
+    pub(super) resources: Vec<usize>,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+}
+
+/// The backing to make for a reservation, outside the lock.
+#[derive(Debug)]
+pub(super) enum Make {
+    /// A file on a NUMA node's tmpfs.
+    Node(numa::NodeBacking, PathBuf),
+    /// A range at `offset` of a device file (zeroed; carved first on a carved set), or
+    /// else a sim file at `path` (fsynced with its directory when `durable`).
+    File { device: Option<backing::DeviceBacking>, offset: u64, path: PathBuf, durable: bool },
+}
+
+/// A backing made: the descriptor, the file, the region's offset in it, whether it is a
+/// device file.
+pub(super) type Made = (OwnedFd, PathBuf, u64, bool);
+
+impl Make {
+    fn run(&self, len: u64) -> Result<Made, MemoryError> {
+        match self {
+            Make::Node(n, path) => Memory::make_node_region(n, path, len),
+            Make::File { device, offset, path, durable } => {
+                Memory::make_backing(device.as_ref(), *offset, path, len, *durable)
+            }
+        }
+    }
+
+    /// Undoes a backing nobody got: its file removed, its carved device deleted.
+    fn undo(&self, made: &Made) {
+        let (_, path, _, device_file) = made;
+        if !device_file {
+            let _ = std::fs::remove_file(path);
+            return;
+        }
+        if let Make::File { device: Some(b), .. } = self
+            && let (Some(c), Some(name)) = (&b.carve, path.file_name())
+            && let Err(e) = c.destroy(&name.to_string_lossy())
+        {
+            tracing::warn!(device = %path.display(), error = %e, "cannot delete the DAX device of a refused region");
+        }
+    }
+}
+
+impl State {
+    /// Gives back what `res` held.
+    pub(super) fn unreserve(&mut self, res: &Reservation) {
+        for &i in &res.resources {
+            if let Some(r) = self.resources.get_mut(i) {
+                r.ranges.free(res.offset);
+            }
+        }
+        let u = self.usage.entry(res.owner.uid).or_default();
+        u.bytes = u.bytes.saturating_sub(res.len);
+        u.objects = u.objects.saturating_sub(1);
+    }
+
+    /// Takes the id and counts the region in its owner's usage (its ranges are taken by
+    /// the caller): the rest of a [`Reservation`].
+    pub(super) fn reserve(
+        &mut self,
+        owner: &PeerCred,
+        session: u64,
+        resources: Vec<usize>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Reservation, MemoryError> {
+        let sess = match self.session(session, owner) {
+            Ok(s) => s,
+            Err(e) => {
+                for &i in &resources {
+                    self.resources[i].ranges.free(offset);
+                }
+                return Err(e);
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let u = self.usage.entry(owner.uid).or_default();
+        u.bytes += len;
+        u.objects += 1;
+        Ok(Reservation {
+            id,
+            owner: *owner,
+            session,
+            pid_start: sess.owner.pid_start,
+            token: sess.token,
+            resources,
+            offset,
+            len,
+        })
+    }
+}
+
+impl Memory {
+    /// Allocates `size` bytes (rounded up to 2 MiB) on the resource `place` names.
+    pub fn alloc(
+        &self,
+        owner: &PeerCred,
+        session: u64,
+        place: &Place,
+        size: u64,
+        align: u64,
+    ) -> Result<Granted, MemoryError> {
+        let (res, make) = self.reserve_on(owner, session, place, size, align)?;
+        let device = &place.device;
+        let g = self.make_and_commit(res, &make, None)?;
+        tracing::info!(uid = owner.uid, pid = owner.pid, session, region = g.region, %device, len = g.len, "region allocated");
+        Ok(g)
+    }
+
+    /// Makes the backing `make` for `res` (outside the lock), then commits the region
+    /// (with its set part, for a set region).
+    pub(super) fn make_and_commit(
+        &self,
+        res: Reservation,
+        make: &Make,
+        set: Option<SetRegion>,
+    ) -> Result<Granted, MemoryError> {
+        self.make_and_commit_with(res, make, |_| set)
+    }
+
+    /// [`Memory::make_and_commit`], the set part made from the backing's file (a carved
+    /// device's name is known once it is carved).
+    pub(super) fn make_and_commit_with(
+        &self,
+        res: Reservation,
+        make: &Make,
+        set: impl FnOnce(&Path) -> Option<SetRegion>,
+    ) -> Result<Granted, MemoryError> {
+        let made = match make.run(res.len) {
+            Ok(m) => m,
+            Err(e) => {
+                self.state().unreserve(&res);
+                return Err(e);
+            }
+        };
+        let set = set(&made.1);
+        self.commit_region(res, make, made, set)
+    }
+
+    /// The reservation step of [`Memory::alloc`], under the lock: the checks, the range
+    /// (first fit over the resources `place` names), the id and the usage.
+    fn reserve_on(
+        &self,
+        owner: &PeerCred,
+        session: u64,
+        place: &Place,
+        size: u64,
+        align: u64,
+    ) -> Result<(Reservation, Make), MemoryError> {
+        let Place { device, kind, ordinal } = place;
+        let (kind, ordinal) = (*kind, *ordinal);
+        let len = round_len(size).ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        let mut st = self.state();
+        let candidates = st.candidates(place);
+        // Device memory maps in whole multiples of its align (a BAR's is a page).
+        let dev_align = candidates
+            .iter()
+            .filter_map(|&i| st.resources[i].backing.as_ref().map(|b| b.align))
+            .max()
+            .unwrap_or(GRANULE);
+        let len = len
+            .checked_next_multiple_of(dev_align)
+            .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
+        self.check(&st, owner.uid, len, 1)?;
+        if candidates.is_empty() {
+            let which = ordinal.map(|o| format!(" #{o}")).unwrap_or_default();
+            return Err(MemoryError::NotFound(format!("device {device} has no {} memory{which}", kind_name(kind))));
+        }
+        if candidates.iter().all(|&i| st.resources[i].lost) {
+            return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
+        }
+        if let Some(why) = candidates.iter().map(|&i| st.resources[i].unserved()).collect::<Option<Vec<_>>>() {
+            return Err(MemoryError::NotImplemented(why.into_iter().next().unwrap_or_default()));
+        }
+        let candidates: Vec<usize> =
+            candidates.into_iter().filter(|&i| !st.resources[i].lost && st.resources[i].unserved().is_none()).collect();
+        let mut last = None;
+        let mut placed = None;
+        for i in candidates {
+            // Device memory maps only at its own alignment (a DAX device's `align`).
+            let align = match &st.resources[i].backing {
+                Some(b) if align == 0 || align.is_power_of_two() => align.max(b.align),
+                _ => align,
+            };
+            match st.resources[i].ranges.alloc(len, align) {
+                Ok(off) => {
+                    placed = Some((i, off));
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some((resource, offset)) = placed else {
+            return Err(match last {
+                Some(AllocError::BadAlign(a)) => {
+                    MemoryError::BadRequest(format!("alignment {a} is not a power of two"))
+                }
+                Some(e) => MemoryError::NoSpace(e),
+                None => MemoryError::NotFound(format!("device {device}")),
+            });
+        };
+        let res = st.reserve(owner, session, vec![resource], offset, len)?;
+        let r = &st.resources[resource];
+        let path = r.dir.join(format!("r{}", res.id));
+        let make = match r.numa.clone() {
+            Some(n) => Make::Node(n, path),
+            None => Make::File { device: r.backing.clone(), offset, path, durable: st.log.is_some() },
+        };
+        Ok((res, make))
+    }
+
+    /// The commit step: the region's record queued in state order, waited for outside the
+    /// lock (group commit), then the region published. Acknowledged only once journaled; a
+    /// crash before leaves a file no record names, which the next start removes.
+    fn commit_region(
+        &self,
+        res: Reservation,
+        make: &Make,
+        made: Made,
+        set: Option<SetRegion>,
+    ) -> Result<Granted, MemoryError> {
+        let (fd, path, fd_offset, device_file) = made;
+        let region = Region {
+            generation: res.id,
+            owner: res.owner,
+            pid_start: res.pid_start,
+            token: res.token,
+            session: res.session,
+            resource: res.resources.first().copied().unwrap_or_default(),
+            offset: res.offset,
+            len: res.len,
+            path,
+            fd_offset,
+            device_file,
+            lost: false,
+        };
+        let mut st = self.state();
+        let record = match &set {
+            Some(part) => Change::SetRegionAllocated(st.set_region_record(res.id, &region, part)),
+            None => Change::RegionAllocated(st.region_record(res.id, &region)),
+        };
+        let queued = st.journal(&record);
+        drop(st);
+        let done = match queued {
+            Ok(ticket) => self.commit(ticket),
+            Err(e) => (self.state(), Err(e)),
+        };
+        let (mut st, done) = done;
+        if let Err(e) = done {
+            st.unreserve(&res);
+            drop(st);
+            make.undo(&(fd, region.path, fd_offset, device_file));
+            return Err(e);
+        }
+        let (id, len) = (res.id, res.len);
+        st.regions.insert(id, region);
+        if let Some(part) = set {
+            st.set_regions.insert(id, part);
+        }
+        self.finish(st);
+        Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 })
+    }
+
+    /// The memory behind a new region of `len` bytes: a range at `offset` of the device
+    /// file of `device`, else a new sim file at `path`. Returns the descriptor, the file,
+    /// the region's offset in it and whether it is a device file.
+    ///
+    /// With `durable` (a journaled registry), a new sim file and its size are fsynced, and
+    /// so is its directory, before the caller journals the allocation: the record names the
+    /// file, and a power loss that kept the record but not the file (its directory entry
+    /// or its size are metadata that another file's `fdatasync` need not flush) would make
+    /// the next start drop an acknowledged region.
+    pub(super) fn make_backing(
+        device: Option<&backing::DeviceBacking>,
+        offset: u64,
+        path: &Path,
+        len: u64,
+        durable: bool,
+    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+        if let Some(b) = device {
+            if let Some(c) = &b.carve {
+                return Self::make_carved(b, c, offset, len);
+            }
+            return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
+        }
+        let made = (|| {
+            // 0600 whatever the umask: the file is a capability to the region's bytes.
+            let f = crate::privdir::file_options().read(true).write(true).create_new(true).open(path)?;
+            crate::privdir::check_file(&f, path)?;
+            f.set_len(len)?;
+            if durable {
+                f.sync_all()?;
+                if let Some(dir) = path.parent() {
+                    crate::journal::sys::fsync_dir(dir)?;
+                }
+            }
+            Ok::<_, std::io::Error>(OwnedFd::from(f))
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
+    }
+
+    /// A new region of `len` bytes on NUMA node `n`: the tmpfs file `path`, which outlives
+    /// the daemon (a restart finds it, `persist.rs`).
+    fn make_node_region(
+        n: &numa::NodeBacking,
+        path: &Path,
+        len: u64,
+    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+        let fd = n.make_region(path, len).map_err(MemoryError::Node)?;
+        Ok((fd, path.to_owned(), 0, false))
+    }
+
+    /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it
+    /// backs and zeroes that range (it holds its previous holder's bytes): the descriptor
+    /// and the range's offset in the file.
+    fn open_device(b: &backing::DeviceBacking, offset: u64, len: u64) -> Result<(OwnedFd, u64), MemoryError> {
+        let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
+            len,
+            align: b.align,
+            capacity: b.len,
+        }))?;
+        let f = b.open(true).map_err(io_err(&b.path))?;
+        zero::zero_range(&f, at, len).map_err(MemoryError::Zero)?;
+        Ok((OwnedFd::from(f), at))
+    }
+}
