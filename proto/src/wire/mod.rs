@@ -19,6 +19,7 @@ mod codec;
 mod event;
 mod handle;
 mod header;
+mod node;
 mod opcode;
 mod request;
 mod response;
@@ -39,6 +40,7 @@ pub use event::{
 };
 pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
+pub use node::{Access, Grant, NODE_IDENTITIES, NodeId, NodeIdError};
 pub use opcode::Opcode;
 pub use request::{
     AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyBatchRequest, CopyEndpoint, CopyRequest, ExportPolicy,
