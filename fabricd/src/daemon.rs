@@ -87,6 +87,9 @@ pub enum StartError {
     /// The copy engine's threads could not be started.
     #[error("copy engine")]
     Copy(#[source] crate::copy::CopyError),
+    /// This node's id could not be read or made (`crate::nodeid`).
+    #[error("node id")]
+    NodeId(#[source] crate::nodeid::NodeIdFileError),
 }
 
 /// Runs the discovery the configuration selects: the sim fabric when one is configured,
@@ -217,6 +220,8 @@ pub struct Daemon {
     pub socket_path: PathBuf,
     /// Its state directory.
     pub state_dir: PathBuf,
+    /// This node's id: the owner its handles and grants name (`crate::nodeid`).
+    pub node: fabric_proto::wire::NodeId,
     view: ArcSwap<View>,
     /// Serialises rescans.
     rescan: Mutex<()>,
@@ -273,6 +278,8 @@ impl Daemon {
         // Checked (and created 0700) before anything is read from it or written to it: it
         // holds region files, export secrets and resume tokens.
         crate::privdir::PrivateDir::create(&state_dir).map_err(StartError::StateDir)?;
+        let node = crate::nodeid::load_or_create(&state_dir).map_err(StartError::NodeId)?;
+        tracing::info!(%node, "node id");
         let journal_dir = state_dir.join("journal");
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
@@ -326,6 +333,7 @@ impl Daemon {
             config,
             socket_path,
             state_dir,
+            node,
             view: ArcSwap::from_pointee(view),
             rescan: Mutex::new(()),
             vanished: Mutex::new(BTreeSet::new()),

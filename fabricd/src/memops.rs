@@ -4,9 +4,9 @@
 use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{
-    AdoptRequest, AllocRequest, AllocResponse, AllocTarget, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
-    ExportHandle, ExportRequest, ExportResponse, ImportObjectResponse, ImportRequest, ImportResponse, Name, PeerCred,
-    Response, Version,
+    Access, AdoptRequest, AllocRequest, AllocResponse, AllocTarget, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
+    ExportHandle, ExportRequest, ExportResponse, Grant, ImportObjectResponse, ImportRequest, ImportResponse, Name,
+    PeerCred, Response, Version,
 };
 use fabric_topology::DeviceId;
 
@@ -79,14 +79,38 @@ pub fn alloc(
         let set = placement::set_spec(d, name)?;
         let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
         let gfa = set.start.checked_add(offset);
-        let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
+        let resp = AllocResponse {
+            region: g.region,
+            generation: g.generation,
+            size: g.len,
+            gfa,
+            offset: g.offset,
+            grant: fd_grant(d),
+        };
         return Ok((Response::Alloc(resp), Some(g.fd)));
     }
     let place = place_of(&req.target)?;
     let g = d.memory.alloc(peer, session, &place, req.size, req.align).map_err(|e| refused(&e))?;
     let gfa = placement::region_gfa(d, g.region);
-    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
+    let resp = AllocResponse {
+        region: g.region,
+        generation: g.generation,
+        size: g.len,
+        gfa,
+        offset: g.offset,
+        grant: fd_grant(d),
+    };
     Ok((Response::Alloc(resp), Some(g.fd)))
+}
+
+/// The grant of memory this node hands over as a descriptor (every `Alloc` and `Import`).
+fn fd_grant(d: &Daemon) -> Option<Grant> {
+    Some(Grant { owner: d.node, access: Access::Fd })
+}
+
+/// The grant of a vendor object of this node (`Adopt`, `ImportObject`).
+fn vendor_grant(d: &Daemon) -> Option<Grant> {
+    Some(Grant { owner: d.node, access: Access::Vendor })
 }
 
 /// Where an `Alloc` or `Adopt` on a resource or a device goes; an interleave set is not
@@ -124,7 +148,15 @@ pub fn adopt(
     }
     let a = d.memory.adopt(peer, session, &place, req.size, req.object, fd).map_err(|e| refused(&e))?;
     let gfa = placement::region_gfa(d, a.region);
-    Ok(Response::Adopt(AllocResponse { region: a.region, generation: a.generation, size: a.size, gfa, offset: 0 }))
+    let grant = vendor_grant(d);
+    Ok(Response::Adopt(AllocResponse {
+        region: a.region,
+        generation: a.generation,
+        size: a.size,
+        gfa,
+        offset: 0,
+        grant,
+    }))
 }
 
 /// `ImportObject`: an adopted region by handle, with a duplicate of its vendor descriptor.
@@ -145,6 +177,7 @@ pub fn import_object(
         access: req.access,
         object: o.kind,
         device: DeviceName::truncated(&o.device.to_string()),
+        grant: vendor_grant(d),
     };
     Ok((Response::ImportObject(resp), o.fd))
 }
@@ -158,7 +191,9 @@ pub fn free(d: &Daemon, session: u64, region: u64) -> Result<Response, ErrorBody
 /// `Export`: a handle for a region of this session.
 pub fn export(d: &Daemon, peer: &PeerCred, session: u64, req: ExportRequest) -> Result<Response, ErrorBody> {
     let handle = d.memory.export(peer, session, req.region, req.policy).map_err(|e| refused(&e))?;
-    Ok(Response::Export(ExportResponse { handle }))
+    // The registry keeps handles node-less (all of them are this node's); the one handed
+    // out names this node.
+    Ok(Response::Export(ExportResponse { handle: ExportHandle { node: Some(d.node), ..handle } }))
 }
 
 /// `Revoke`: an export of a region of this session.
@@ -183,6 +218,7 @@ pub fn import(
         gfa: placement::region_gfa(d, g.region),
         offset: g.offset,
         access: req.access,
+        grant: fd_grant(d),
     };
     Ok((Response::Import(resp), Some(g.fd)))
 }

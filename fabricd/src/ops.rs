@@ -60,6 +60,10 @@ pub fn handle_session_fds(
     let plain = |r: Result<Response, ErrorBody>| r.map(|r| (r, None));
     let caller = Caller::of(d, peer);
     let cred = &peer.cred;
+    if let Err(e) = crate::nodeid::check_handle(d.node, &req, version) {
+        d.refused(cred, op.name(), &e);
+        return Err(e.for_version(version));
+    }
     let r = match req {
         Request::Hello(_) => Err(refusal(ErrorCode::BadRequest, "hello is answered by the connection")),
         Request::Status(_) => plain(caller.status_view(d).and_then(|v| {
@@ -115,7 +119,9 @@ pub fn handle_session_fds(
         d.refused(cred, op.name(), e);
     }
     d.flush_revocations();
-    r
+    // What this connection's version can express: 1.4 and older get node-less handles
+    // and no grants (fabric_proto::wire::Response::for_version).
+    r.map(|(resp, fd)| (resp.for_version(version), fd)).map_err(|e| e.for_version(version))
 }
 
 fn check_node(d: &View, node: Option<&str>) -> Result<(), ErrorBody> {

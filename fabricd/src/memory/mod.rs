@@ -929,7 +929,7 @@ impl Memory {
         }
         self.check(&st, owner.uid, 0, 1)?;
         let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
-        let handle = ExportHandle { region, generation, secret };
+        let handle = ExportHandle { node: None, region, generation, secret };
         let export = Export { handle, owner_uid: owner.uid, policy, revoked: false };
         st.journal(&Change::ExportCreated(State::export_record(&export)))?;
         st.exports.push(export);
