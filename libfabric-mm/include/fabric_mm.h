@@ -66,6 +66,9 @@
 // Pinning exceeds RLIMIT_MEMLOCK.
 #define FMM_E_MEMLOCK -24
 
+// The memory is granted copy-only: no descriptor, no mapping; the copy API reaches it.
+#define FMM_E_COPY_ONLY -25
+
 // An argument is invalid: NULL pointer, non-UTF-8 string, out-of-range value.
 #define FMM_E_ARG -30
 
