@@ -370,7 +370,7 @@ pub unsafe extern "C" fn fmm_region_free(r: *mut FmmRegion) {
     }
 }
 
-/// Exports a region; writes the handle's text (at most 80 bytes with the NUL) into `buf`.
+/// Exports a region; writes the handle's text (at most 96 bytes with the NUL) into `buf`.
 /// `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
 /// `read_only` non-zero limits importers to loads.
 ///
