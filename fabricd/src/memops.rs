@@ -75,23 +75,16 @@ pub fn alloc(
     session: u64,
     req: AllocRequest,
 ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
-    if let AllocTarget::Set(name) = &req.target {
+    let (g, gfa) = if let AllocTarget::Set(name) = &req.target {
         let set = placement::set_spec(d, name)?;
         let (g, offset) = d.memory.alloc_set(peer, session, &set, req.size, req.align).map_err(|e| refused(&e))?;
-        let gfa = set.start.checked_add(offset);
-        let resp = AllocResponse {
-            region: g.region,
-            generation: g.generation,
-            size: g.len,
-            gfa,
-            offset: g.offset,
-            grant: fd_grant(d),
-        };
-        return Ok((Response::Alloc(resp), Some(g.fd)));
-    }
-    let place = place_of(&req.target)?;
-    let g = d.memory.alloc(peer, session, &place, req.size, req.align).map_err(|e| refused(&e))?;
-    let gfa = placement::region_gfa(d, g.region);
+        (g, set.start.checked_add(offset))
+    } else {
+        let place = place_of(&req.target)?;
+        let g = d.memory.alloc(peer, session, &place, req.size, req.align).map_err(|e| refused(&e))?;
+        let gfa = placement::region_gfa(d, g.region);
+        (g, gfa)
+    };
     let resp = AllocResponse {
         region: g.region,
         generation: g.generation,

@@ -10,8 +10,8 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use fabric_proto::wire::{
-    Access, AccessMode, BoundedVec, CodecError, Connection, ErrorBody, ErrorCode, ErrorDetail, ExportHandle,
-    ExportPolicy, ExportRequest, Grant, ImportRequest, NodeId, Request, Response, RevokeRequest, Version, VersionRange,
+    Access, AccessMode, CodecError, Connection, ErrorBody, ErrorCode, ErrorDetail, ExportHandle, Grant, ImportRequest,
+    NodeId, Request, Response, RevokeRequest, Version, VersionRange,
 };
 use fabric_topology::{Fabric, MemoryKind};
 
@@ -32,16 +32,7 @@ fn old_client(socket: &std::path::Path) -> Connection {
 }
 
 fn export(c: &mut Connection, region: u64) -> ExportHandle {
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
-        panic!()
-    };
-    e.handle
+    common::export(c, region, AccessMode::ReadWrite)
 }
 
 fn import(c: &mut Connection, handle: ExportHandle) -> Result<(Option<Grant>, usize), ErrorBody> {

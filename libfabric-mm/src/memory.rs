@@ -302,8 +302,9 @@ impl Drop for Mapping {
     }
 }
 
-/// An export's handle: region id, generation and a 128-bit secret. Its text form
-/// ([`fmt::Display`] / [`FromStr`]) is how it travels to another process.
+/// An export's handle: owner node (protocol 1.5), region id, generation and a 128-bit
+/// secret. Its text form ([`fmt::Display`] / [`FromStr`]) is how it travels to another
+/// process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle(pub(crate) ExportHandle);
 
@@ -316,6 +317,11 @@ impl Handle {
     /// The generation it names.
     pub fn generation(&self) -> u64 {
         self.0.generation
+    }
+
+    /// The node that owns the region (`None`: a handle from a daemon older than 1.5).
+    pub fn node(&self) -> Option<NodeId> {
+        self.0.node
     }
 }
 
