@@ -278,12 +278,13 @@ impl Daemon {
         // Checked (and created 0700) before anything is read from it or written to it: it
         // holds region files, export secrets and resume tokens.
         crate::privdir::PrivateDir::create(&state_dir).map_err(StartError::StateDir)?;
-        let node = crate::nodeid::load_or_create(&state_dir).map_err(StartError::NodeId)?;
-        tracing::info!(%node, "node id");
         let journal_dir = state_dir.join("journal");
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
         tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
+        // After the journal's lock: only the daemon that owns the state dir draws an id.
+        let node = crate::nodeid::load_or_create(&state_dir).map_err(StartError::NodeId)?;
+        tracing::info!(%node, "node id");
         let partitions = crate::partitions::Bindings::open(&state_dir)?;
         // Before discovery, so that the inventory shows the vfio-pci binding.
         let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
