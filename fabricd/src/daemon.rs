@@ -88,6 +88,9 @@ pub enum StartError {
     /// The copy engine's threads could not be started.
     #[error("copy engine")]
     Copy(#[source] crate::copy::CopyError),
+    /// This node's id could not be read or made (`crate::nodeid`).
+    #[error("node id")]
+    NodeId(#[source] crate::nodeid::NodeIdFileError),
 }
 
 /// Runs the discovery the configuration selects: the sim fabric when one is configured,
@@ -242,6 +245,8 @@ pub struct Daemon {
     pub socket_path: PathBuf,
     /// Its state directory.
     pub state_dir: PathBuf,
+    /// This node's id: the owner its handles and grants name (`crate::nodeid`).
+    pub node: fabric_proto::wire::NodeId,
     view: ArcSwap<View>,
     /// Serialises rescans.
     rescan: Mutex<()>,
@@ -307,6 +312,9 @@ impl Daemon {
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
         tracing::info!(dir = %journal_dir.display(), records = replay.records.len(), "journal open");
+        // After the journal's lock: only the daemon that owns the state dir draws an id.
+        let node = crate::nodeid::load_or_create(&state_dir).map_err(StartError::NodeId)?;
+        tracing::info!(%node, "node id");
         // Before discovery, so that the inventory shows the vfio-pci binding.
         let vfio = crate::dma::vfio::Vfio::start(&config.dma, &config.discovery.sysfs_root);
         let inv = discover(&config)?;
@@ -366,6 +374,7 @@ impl Daemon {
             config,
             socket_path,
             state_dir,
+            node,
             view: ArcSwap::from_pointee(view),
             rescan: Mutex::new(()),
             vanished: Mutex::new(BTreeSet::new()),

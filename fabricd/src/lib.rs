@@ -57,6 +57,7 @@ pub mod memops;
 pub mod memory;
 pub mod metrics;
 pub mod monitor;
+pub mod nodeid;
 pub mod notify;
 pub mod ops;
 pub mod partitions;

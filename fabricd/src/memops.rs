@@ -5,8 +5,8 @@
 use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{
-    AccessMode, AllocResponse, DeviceName, ErrorBody, ExportHandle, ExportPolicy, ExportResponse, ImportObjectResponse,
-    ImportResponse, ObjectKind, PeerCred, Response, Version,
+    Access, AccessMode, AllocResponse, DeviceName, ErrorBody, ExportHandle, ExportPolicy, ExportResponse, Grant,
+    ImportObjectResponse, ImportResponse, ObjectKind, PeerCred, Response, Version,
 };
 
 use crate::daemon::Daemon;
@@ -24,20 +24,37 @@ pub fn alloc(
     size: u64,
     align: u64,
 ) -> Result<(Response, OwnedFd), ErrorBody> {
-    let place = match target {
-        Target::Place(p) => p,
+    let (g, gfa) = match target {
         Target::Set(name) => {
             let set = placement::set_spec(d, name)?;
             let (g, offset) = d.memory.alloc_set(owner, session, &set, size, align).map_err(|e| refused(&e))?;
-            let gfa = set.start.checked_add(offset);
-            let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
-            return Ok((Response::Alloc(resp), g.fd));
+            (g, set.start.checked_add(offset))
+        }
+        Target::Place(place) => {
+            let g = d.memory.alloc(owner, session, place, size, align).map_err(|e| refused(&e))?;
+            let gfa = placement::region_gfa(d, g.region);
+            (g, gfa)
         }
     };
-    let g = d.memory.alloc(owner, session, place, size, align).map_err(|e| refused(&e))?;
-    let gfa = placement::region_gfa(d, g.region);
-    let resp = AllocResponse { region: g.region, generation: g.generation, size: g.len, gfa, offset: g.offset };
+    let resp = AllocResponse {
+        region: g.region,
+        generation: g.generation,
+        size: g.len,
+        gfa,
+        offset: g.offset,
+        grant: fd_grant(d),
+    };
     Ok((Response::Alloc(resp), g.fd))
+}
+
+/// The grant of memory this node hands over as a descriptor (every `Alloc` and `Import`).
+fn fd_grant(d: &Daemon) -> Option<Grant> {
+    Some(Grant { owner: d.node, access: Access::Fd })
+}
+
+/// The grant of a vendor object of this node (`Adopt`, `ImportObject`).
+fn vendor_grant(d: &Daemon) -> Option<Grant> {
+    Some(Grant { owner: d.node, access: Access::Vendor })
 }
 
 /// `Adopt`: the vendor object sent with the request (`fd`, when it is a descriptor)
@@ -53,7 +70,15 @@ pub fn adopt(
 ) -> Result<Response, ErrorBody> {
     let a = d.memory.adopt(owner, session, place, size, object, fd).map_err(|e| refused(&e))?;
     let gfa = placement::region_gfa(d, a.region);
-    Ok(Response::Adopt(AllocResponse { region: a.region, generation: a.generation, size: a.size, gfa, offset: 0 }))
+    let grant = vendor_grant(d);
+    Ok(Response::Adopt(AllocResponse {
+        region: a.region,
+        generation: a.generation,
+        size: a.size,
+        gfa,
+        offset: 0,
+        grant,
+    }))
 }
 
 /// `ImportObject`: an adopted region by handle, with a duplicate of its vendor descriptor.
@@ -75,6 +100,7 @@ pub fn import_object(
         access,
         object: o.kind,
         device: DeviceName::truncated(&o.device.to_string()),
+        grant: vendor_grant(d),
     };
     Ok((Response::ImportObject(resp), o.fd))
 }
@@ -94,7 +120,9 @@ pub fn export(
     policy: ExportPolicy,
 ) -> Result<Response, ErrorBody> {
     let handle = d.memory.export(owner, session, region, policy).map_err(|e| refused(&e))?;
-    Ok(Response::Export(ExportResponse { handle }))
+    // The registry keeps handles node-less (all of them are this node's); the one handed
+    // out names this node.
+    Ok(Response::Export(ExportResponse { handle: ExportHandle { node: Some(d.node), ..handle } }))
 }
 
 /// `Revoke`: an export of a region of this session.
@@ -120,6 +148,7 @@ pub fn import(
         gfa: placement::region_gfa(d, g.region),
         offset: g.offset,
         access,
+        grant: fd_grant(d),
     };
     Ok((Response::Import(resp), g.fd))
 }

@@ -40,7 +40,7 @@ const BUCKETS_NS: [u64; 16] = [
 /// or that could not be decoded).
 const OPS: usize = Opcode::ALL.len() + 1;
 /// The `result` label values: `ok`, then one per error code.
-const RESULTS: [&str; 17] = [
+const RESULTS: [&str; 18] = [
     "ok",
     "bad_frame",
     "unknown_opcode",
@@ -58,6 +58,7 @@ const RESULTS: [&str; 17] = [
     "unavailable",
     "internal",
     "not_implemented",
+    "wrong_node",
 ];
 
 fn result_index(code: Option<ErrorCode>) -> usize {
@@ -79,6 +80,7 @@ fn result_index(code: Option<ErrorCode>) -> usize {
         Some(ErrorCode::Unavailable) => 14,
         Some(ErrorCode::Internal) => 15,
         Some(ErrorCode::NotImplemented) => 16,
+        Some(ErrorCode::WrongNode) => 17,
     }
 }
 

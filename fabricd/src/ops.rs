@@ -47,14 +47,25 @@ pub fn handle_session(
 }
 
 /// One request of `cx`'s client, with the descriptors that came with it (as many as
-/// [`Request::fds_required`] says; the transport checked that): made an operation and
-/// applied by the one dispatch. Every refusal is logged with the principal and the
-/// operation.
+/// [`Request::fds_required`] says; the transport checked that): its handle checked
+/// against this node, made an operation and applied by the one dispatch, and its answer
+/// put in the form the connection's version reads (1.4 and older get node-less handles
+/// and no grants: `fabric_proto::wire::Response::for_version`). Every refusal is logged
+/// with the principal and the operation.
 pub fn request(d: &Daemon, cx: &Context<'_>, req: Request, fds: Vec<OwnedFd>) -> Result<Outcome, ErrorBody> {
     let name = req.opcode().name();
-    let op = Operation::from_request(req, fds, cx.version)
-        .map_err(|e| dispatch::refused_request(d, &cx.client.principal, name, e))?;
+    let version = cx.version;
+    if let Err(e) = crate::nodeid::check_handle(d.node, &req, version) {
+        return Err(dispatch::refused_request(d, &cx.client.principal, name, e).for_version(version));
+    }
+    let op = Operation::from_request(req, fds, version)
+        .map_err(|e| dispatch::refused_request(d, &cx.client.principal, name, e).for_version(version))?;
     dispatch::apply(d, cx, op)
+        .map(|mut o| {
+            o.response = o.response.for_version(version);
+            o
+        })
+        .map_err(|e| e.for_version(version))
 }
 
 fn check_node(d: &View, node: Option<&str>) -> Result<(), ErrorBody> {

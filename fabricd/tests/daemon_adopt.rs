@@ -299,6 +299,8 @@ fn a_fabric_handle_travels_as_bytes_and_only_to_connections_that_speak_1_4() {
     assert_eq!(old.hello("old", fabric_proto::wire::VersionRange::new(v13, v13)).unwrap().version, v13);
     let body = refused(&mut old, req, &[]);
     assert!(body.message.contains("1.4"), "{}", body.message);
+    // The handle as a 1.3 client holds it: node-less (node ids came with 1.5).
+    let handle = ExportHandle { node: None, ..handle };
     let body = refused(&mut old, Request::ImportObject(ImportRequest { handle, access: AccessMode::ReadWrite }), &[]);
     assert!(body.message.contains("1.4"), "{}", body.message);
     // The refused import recorded nothing: the region still frees cleanly with one import.

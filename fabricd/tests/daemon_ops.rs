@@ -61,7 +61,8 @@ fn hello_negotiates_and_refuses_versions_it_does_not_speak() {
     assert_eq!(e.code, ErrorCode::NotNegotiated);
 
     // A newer minor only: no common version; the error names both ranges.
-    let offered = VersionRange::new(Version::new(1, 5), Version::new(1, 9));
+    let next = fabric_proto::wire::PROTOCOL_VERSION.minor + 1;
+    let offered = VersionRange::new(Version::new(1, next), Version::new(1, next + 4));
     match raw.hello("future", offered) {
         Err(CodecError::Refused { body, .. }) => {
             assert_eq!(body.code, ErrorCode::UnsupportedVersion);

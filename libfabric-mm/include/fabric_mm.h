@@ -66,6 +66,9 @@
 // Pinning exceeds RLIMIT_MEMLOCK.
 #define FMM_E_MEMLOCK -24
 
+// The memory is granted copy-only: no descriptor, no mapping; the copy API reaches it.
+#define FMM_E_COPY_ONLY -25
+
 // An argument is invalid: NULL pointer, non-UTF-8 string, out-of-range value.
 #define FMM_E_ARG -30
 
@@ -401,7 +404,7 @@ int fmm_alloc_set(const struct fmm_session_t *s,
 // `r` is NULL or a live region, not used afterwards.
 void fmm_region_free(struct fmm_region_t *r);
 
-// Exports a region; writes the handle's text (at most 80 bytes with the NUL) into `buf`.
+// Exports a region; writes the handle's text (at most 96 bytes with the NUL) into `buf`.
 // `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
 // `read_only` non-zero limits importers to loads.
 //
@@ -630,7 +633,7 @@ int fmm_gpu_adopt(const struct fmm_session_t *s,
                   uint32_t flags,
                   struct fmm_gpu_region_t **out);
 
-// Exports an adopted region; writes the handle's text (at most 80 bytes with the NUL)
+// Exports an adopted region; writes the handle's text (at most 96 bytes with the NUL)
 // into `buf`, as `fmm_export` does. `uid` is the one other user allowed to import
 // (`(uint32_t)-1`: the owner's uid only). `read_only` must be 0: an importer's driver maps
 // GPU memory read-write whatever the policy says, so fabricd refuses read-only exports of

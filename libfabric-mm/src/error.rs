@@ -69,6 +69,10 @@ pub enum Error {
     /// The memory has no GFA (the daemon placed it outside the map).
     #[error("region {0} has no GFA, so it cannot be placed in the window")]
     NoGfa(u64),
+    /// The daemon granted the memory copy-only (protocol 1.5): no descriptor came with it,
+    /// so it cannot be mapped or opened; the copy API reaches it by GFA.
+    #[error("region {0} is granted copy-only: reach it with the copy API, not by mapping it")]
+    CopyOnly(u64),
     /// The range is already mapped in the window.
     #[error("GFA range {gfa:#x}+{len:#x} is already mapped")]
     AlreadyMapped {
@@ -195,6 +199,7 @@ impl Error {
             Error::WindowReserve { .. } => FMM_E_WINDOW,
             Error::OutsideWindow { .. } => FMM_E_OUTSIDE_WINDOW,
             Error::NoGfa(_) => FMM_E_NO_GFA,
+            Error::CopyOnly(_) => FMM_E_COPY_ONLY,
             Error::AlreadyMapped { .. } => FMM_E_ALREADY_MAPPED,
             Error::MemlockLimit { .. } | Error::DaemonMemlockLimit { .. } => FMM_E_MEMLOCK,
             Error::PinnedLimit { .. } => FMM_E_LIMIT,

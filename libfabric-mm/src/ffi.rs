@@ -61,6 +61,8 @@ pub const FMM_E_NO_GFA: c_int = -22;
 pub const FMM_E_ALREADY_MAPPED: c_int = -23;
 /// Pinning exceeds RLIMIT_MEMLOCK.
 pub const FMM_E_MEMLOCK: c_int = -24;
+/// The memory is granted copy-only: no descriptor, no mapping; the copy API reaches it.
+pub const FMM_E_COPY_ONLY: c_int = -25;
 /// An argument is invalid: NULL pointer, non-UTF-8 string, out-of-range value.
 pub const FMM_E_ARG: c_int = -30;
 /// A system call failed.
@@ -368,7 +370,7 @@ pub unsafe extern "C" fn fmm_region_free(r: *mut FmmRegion) {
     }
 }
 
-/// Exports a region; writes the handle's text (at most 80 bytes with the NUL) into `buf`.
+/// Exports a region; writes the handle's text (at most 96 bytes with the NUL) into `buf`.
 /// `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
 /// `read_only` non-zero limits importers to loads.
 ///

@@ -41,7 +41,7 @@ pub mod window;
 
 pub use copy::{Copy, CopyEndpoint, CopyOutcome, CopyPart};
 pub use error::{Error, Result};
-pub use fabric_proto::wire::{MemoryClass, Revocation, RevocationReason};
+pub use fabric_proto::wire::{MemoryClass, NodeId, Revocation, RevocationReason};
 pub use hostmem::HostBuffer;
 pub use memory::{Handle, Import, Mapping, Memory, Region};
 pub use path::{FabricView, NearMemory, PathInfo};

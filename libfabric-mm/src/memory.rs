@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use fabric_proto::wire::{ExportHandle, FreeRequest, ReleaseRequest, Request};
+use fabric_proto::wire::{ExportHandle, FreeRequest, NodeId, ReleaseRequest, Request};
 
 use crate::error::{Error, Result};
 use crate::session::Inner;
@@ -36,7 +36,10 @@ pub struct Mem {
     pub(crate) gfa: Option<u64>,
     pub(crate) offset: u64,
     pub(crate) writable: bool,
-    pub(crate) fd: OwnedFd,
+    /// The node that owns the region, when the daemon said (protocol 1.5).
+    pub(crate) owner: Option<NodeId>,
+    /// The memory object; `None` when the grant is copy-only.
+    pub(crate) fd: Option<OwnedFd>,
 }
 
 impl fmt::Debug for Mem {
@@ -48,6 +51,8 @@ impl fmt::Debug for Mem {
             .field("size", &self.size)
             .field("gfa", &self.gfa)
             .field("writable", &self.writable)
+            .field("owner", &self.owner)
+            .field("copy_only", &self.fd.is_none())
             .finish()
     }
 }
@@ -125,9 +130,23 @@ pub trait Memory: sealed::Sealed {
         self.mem().writable
     }
 
-    /// The memory object (a file descriptor), e.g. to `mmap` it anywhere.
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.mem().fd.as_fd()
+    /// The memory object (a file descriptor), e.g. to `mmap` it anywhere;
+    /// [`Error::CopyOnly`] when the daemon granted the memory copy-only.
+    fn fd(&self) -> Result<BorrowedFd<'_>> {
+        let m = self.mem();
+        m.fd.as_ref().map(AsFd::as_fd).ok_or(Error::CopyOnly(m.region))
+    }
+
+    /// Whether the daemon granted the memory copy-only (protocol 1.5): it has no
+    /// descriptor and cannot be mapped; [`crate::Session::copy`] reaches it by GFA.
+    fn copy_only(&self) -> bool {
+        self.mem().fd.is_none()
+    }
+
+    /// The node that owns the region (protocol 1.5; `None` from an older daemon, whose
+    /// regions are its own).
+    fn owner(&self) -> Option<NodeId> {
+        self.mem().owner
     }
 
     /// Byte offset of the region in [`Memory::fd`].
@@ -283,8 +302,9 @@ impl Drop for Mapping {
     }
 }
 
-/// An export's handle: region id, generation and a 128-bit secret. Its text form
-/// ([`fmt::Display`] / [`FromStr`]) is how it travels to another process.
+/// An export's handle: owner node (protocol 1.5), region id, generation and a 128-bit
+/// secret. Its text form ([`fmt::Display`] / [`FromStr`]) is how it travels to another
+/// process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle(pub(crate) ExportHandle);
 
@@ -297,6 +317,11 @@ impl Handle {
     /// The generation it names.
     pub fn generation(&self) -> u64 {
         self.0.generation
+    }
+
+    /// The node that owns the region (`None`: a handle from a daemon older than 1.5).
+    pub fn node(&self) -> Option<NodeId> {
+        self.0.node
     }
 }
 

@@ -2,14 +2,14 @@
 //! daemon reports for this session's imports. Every memory object holds the session alive.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, Event, ExportPolicy, ExportRequest, ImportRequest,
-    MemoryClass, Name, Opcode, Request, ResourceName, Response, Revocation, RevokeRequest, SubscribeRequest, Topics,
-    TranslateQuery, TranslateRequest, Translation,
+    Access, AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, Event, ExportPolicy, ExportRequest, Grant,
+    ImportRequest, MemoryClass, Name, Opcode, Request, ResourceName, Response, Revocation, RevokeRequest,
+    SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
 };
 
 use crate::client::{Client, Notice};
@@ -257,9 +257,9 @@ impl Session {
             }
             Target::Set(name) => AllocTarget::Set(Name::truncated(name)),
         };
-        let (resp, mut fds) = self.inner.client.call(Request::Alloc(AllocRequest { target, size, align: 0 }), &[])?;
+        let (resp, fds) = self.inner.client.call(Request::Alloc(AllocRequest { target, size, align: 0 }), &[])?;
         let Response::Alloc(a) = resp else { return Err(Error::Unexpected(Opcode::Alloc)) };
-        let fd = fds.pop().ok_or(Error::Unexpected(Opcode::Alloc))?;
+        let fd = granted_fd(Opcode::Alloc, a.grant, fds)?;
         Ok(Region::new(Mem {
             session: self.inner.clone(),
             kind: MemKind::Owned,
@@ -269,6 +269,7 @@ impl Session {
             gfa: a.gfa,
             offset: a.offset,
             writable: true,
+            owner: a.grant.map(|g| g.owner),
             fd,
         }))
     }
@@ -303,10 +304,9 @@ impl Session {
     /// Imports the region a handle names, read-write or read-only.
     pub fn import(&self, handle: &Handle, writable: bool) -> Result<Import> {
         let access = if writable { AccessMode::ReadWrite } else { AccessMode::ReadOnly };
-        let (resp, mut fds) =
-            self.inner.client.call(Request::Import(ImportRequest { handle: handle.0, access }), &[])?;
+        let (resp, fds) = self.inner.client.call(Request::Import(ImportRequest { handle: handle.0, access }), &[])?;
         let Response::Import(i) = resp else { return Err(Error::Unexpected(Opcode::Import)) };
-        let fd = fds.pop().ok_or(Error::Unexpected(Opcode::Import))?;
+        let fd = granted_fd(Opcode::Import, i.grant, fds)?;
         Ok(Import::new(Mem {
             session: self.inner.clone(),
             kind: MemKind::Imported { import: i.import },
@@ -316,6 +316,7 @@ impl Session {
             gfa: i.gfa,
             offset: i.offset,
             writable: i.access == AccessMode::ReadWrite,
+            owner: i.grant.map(|g| g.owner),
             fd,
         }))
     }
@@ -325,9 +326,10 @@ impl Session {
     pub fn map(&self, memory: &impl Memory) -> Result<Mapping> {
         let mem = memory.mem().clone();
         mem.check_live()?;
+        let fd = mem.fd.as_ref().ok_or(Error::CopyOnly(mem.region))?;
         let gfa = mem.gfa.ok_or(Error::NoGfa(mem.region))?;
         let prot = if mem.writable { Protection::ReadWrite } else { Protection::Read };
-        let ptr = self.inner.window.place(gfa, mem.size, mem.fd.as_fd(), mem.offset, prot)?;
+        let ptr = self.inner.window.place(gfa, mem.size, fd.as_fd(), mem.offset, prot)?;
         Ok(Mapping::new(mem, ptr, gfa))
     }
 
@@ -379,5 +381,45 @@ impl Session {
             return Err(Error::Unexpected(Opcode::Translate));
         };
         Ok(t.results.into_vec())
+    }
+}
+
+/// The descriptor an `Alloc` or `Import` answer (`op`) hands over, as its grant says: one
+/// for an [`Access::Fd`] grant and for every answer of a daemon older than 1.5 (which sends
+/// no grant), none for a copy-only one. A vendor object is not an answer to these.
+fn granted_fd(op: Opcode, grant: Option<Grant>, fds: Vec<OwnedFd>) -> Result<Option<OwnedFd>> {
+    let access = grant.map_or(Access::Fd, |g| g.access);
+    match (access, <[OwnedFd; 1]>::try_from(fds)) {
+        (Access::Fd, Ok([fd])) => Ok(Some(fd)),
+        (Access::CopyOnly, Err(none)) if none.is_empty() => Ok(None),
+        _ => Err(Error::Unexpected(op)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_proto::wire::NodeId;
+
+    use super::*;
+
+    fn fds(n: usize) -> Vec<OwnedFd> {
+        (0..n).map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap())).collect()
+    }
+
+    fn grant(access: Access) -> Option<Grant> {
+        Some(Grant { owner: NodeId([7; 8]), access })
+    }
+
+    #[test]
+    fn each_kind_of_grant_hands_over_what_it_says() {
+        let op = Opcode::Import;
+        assert!(granted_fd(op, None, fds(1)).unwrap().is_some(), "a 1.4 daemon: always a descriptor");
+        assert!(granted_fd(op, grant(Access::Fd), fds(1)).unwrap().is_some());
+        assert!(granted_fd(op, grant(Access::CopyOnly), fds(0)).unwrap().is_none());
+        for (g, n) in [(None, 0), (grant(Access::Fd), 0), (grant(Access::Fd), 2), (grant(Access::CopyOnly), 1)] {
+            assert!(matches!(granted_fd(op, g, fds(n)), Err(Error::Unexpected(Opcode::Import))), "{g:?} with {n}");
+        }
+        assert!(matches!(granted_fd(op, grant(Access::Vendor), fds(0)), Err(Error::Unexpected(_))));
+        assert_eq!(Error::CopyOnly(3).code(), crate::ffi::FMM_E_COPY_ONLY);
     }
 }

@@ -51,12 +51,19 @@ fn resource() -> impl Strategy<Value = ResourceName> {
     (device(), memory(), any::<u16>()).prop_map(|(device, memory, ordinal)| ResourceName { device, memory, ordinal })
 }
 
+fn node() -> impl Strategy<Value = NodeId> {
+    any::<[u8; 8]>().prop_map(NodeId)
+}
+
 fn handle() -> impl Strategy<Value = ExportHandle> {
-    any::<(u64, u64, [u8; 16])>().prop_map(|(region, generation, s)| ExportHandle {
-        region,
-        generation,
-        secret: Secret(s),
-    })
+    (proptest::option::of(node()), any::<(u64, u64, [u8; 16])>())
+        .prop_map(|(node, (region, generation, s))| ExportHandle { node, region, generation, secret: Secret(s) })
+}
+
+/// A grant (1.5) or none (an older connection's response).
+fn grant() -> impl Strategy<Value = Option<Grant>> {
+    let access = prop_oneof![Just(Access::Fd), Just(Access::Vendor), Just(Access::CopyOnly)];
+    proptest::option::of((node(), access).prop_map(|(owner, access)| Grant { owner, access }))
 }
 
 fn access() -> impl Strategy<Value = AccessMode> {
@@ -248,18 +255,18 @@ fn response() -> impl Strategy<Value = Response> {
         doc().prop_map(Response::Inventory).boxed(),
         regions().prop_map(Response::Regions).boxed(),
         list(translation, 20).prop_map(|results| Response::Translate(TranslateResponse { results })).boxed(),
-        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()))
-            .prop_map(|((region, generation, size, offset), gfa)| {
-                Response::Alloc(AllocResponse { region, generation, size, gfa, offset })
+        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), grant())
+            .prop_map(|((region, generation, size, offset), gfa, grant)| {
+                Response::Alloc(AllocResponse { region, generation, size, gfa, offset, grant })
             })
             .boxed(),
-        (any::<(u64, u64, u64)>(), proptest::option::of(any::<u64>()))
-            .prop_map(|((region, generation, size), gfa)| {
-                Response::Adopt(AllocResponse { region, generation, size, gfa, offset: 0 })
+        (any::<(u64, u64, u64)>(), proptest::option::of(any::<u64>()), grant())
+            .prop_map(|((region, generation, size), gfa, grant)| {
+                Response::Adopt(AllocResponse { region, generation, size, gfa, offset: 0, grant })
             })
             .boxed(),
-        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access(), device(), object())
-            .prop_map(|((import, region, generation, size), gfa, access, device, object)| {
+        (any::<(u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access(), device(), object(), grant())
+            .prop_map(|((import, region, generation, size), gfa, access, device, object, grant)| {
                 Response::ImportObject(ImportObjectResponse {
                     import,
                     region,
@@ -269,6 +276,7 @@ fn response() -> impl Strategy<Value = Response> {
                     access,
                     object,
                     device,
+                    grant,
                 })
             })
             .boxed(),
@@ -276,9 +284,9 @@ fn response() -> impl Strategy<Value = Response> {
         Just(Response::Ping).boxed(),
         handle().prop_map(|handle| Response::Export(ExportResponse { handle })).boxed(),
         Just(Response::Revoke).boxed(),
-        (any::<(u64, u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access())
-            .prop_map(|((import, region, generation, size, offset), gfa, access)| {
-                Response::Import(ImportResponse { import, region, generation, size, gfa, offset, access })
+        (any::<(u64, u64, u64, u64, u64)>(), proptest::option::of(any::<u64>()), access(), grant())
+            .prop_map(|((import, region, generation, size, offset), gfa, access, grant)| {
+                Response::Import(ImportResponse { import, region, generation, size, gfa, offset, access, grant })
             })
             .boxed(),
         Just(Response::Release).boxed(),
@@ -311,6 +319,7 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
         ErrorCode::Unavailable,
         ErrorCode::Internal,
         ErrorCode::NotImplemented,
+        ErrorCode::WrongNode,
     ];
     let detail = proptest::option::of(prop_oneof![
         (range(), range()).prop_map(|(offered, supported)| ErrorDetail::Versions { offered, supported }),
@@ -320,6 +329,7 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
             requested,
             max
         }),
+        node().prop_map(|node| ErrorDetail::Node { node }),
     ]);
     (proptest::sample::select(codes.to_vec()), text(), detail).prop_map(|(code, message, detail)| ErrorBody {
         code,
@@ -389,6 +399,23 @@ fn framed() -> impl Strategy<Value = (Header, Message)> {
     )
 }
 
+/// The length of the trailing extension `msg` carries, if any.
+fn trailer_len(msg: &Message) -> Option<usize> {
+    let node = |h: &ExportHandle| h.node.map(|_| NodeId::LEN);
+    let grant = |g: &Option<Grant>| g.map(|_| Grant::LEN);
+    match msg {
+        Message::Request(Request::Hello(h)) => h.resume.map(|_| 16),
+        Message::Response(Response::Hello(h)) => h.token.map(|_| 16),
+        Message::Request(Request::Import(i) | Request::ImportObject(i)) => node(&i.handle),
+        Message::Request(Request::Revoke(r)) => node(&r.handle),
+        Message::Response(Response::Export(e)) => node(&e.handle),
+        Message::Response(Response::Alloc(a) | Response::Adopt(a)) => grant(&a.grant),
+        Message::Response(Response::Import(i)) => grant(&i.grant),
+        Message::Response(Response::ImportObject(i)) => grant(&i.grant),
+        _ => None,
+    }
+}
+
 fn encode(header: &Header, msg: &Message) -> Vec<u8> {
     let mut out = Vec::new();
     encode_message(header, msg, &mut out).unwrap();
@@ -416,14 +443,11 @@ proptest! {
             prop_assert!(result.is_err(), "prefix of {cut} bytes decoded");
         }
         // The body alone: no proper prefix decodes as the same opcode and kind either,
-        // except the frozen 1.0 form of a hello that carries the 1.1 token extension.
+        // except the frozen form of a body that carries a trailer (the 1.1 token of a
+        // hello, the 1.5 node of a handle or grant of a response).
         let body = &bytes[HEADER_LEN..];
-        let v1_0 = match &msg {
-            Message::Request(Request::Hello(HelloRequest { resume: Some(_), .. }))
-            | Message::Response(Response::Hello(HelloResponse { token: Some(_), .. })) => Some(body.len() - 16),
-            _ => None,
-        };
-        for cut in (0..body.len()).step_by(if cfg!(miri) { 31 } else { 1 }).filter(|c| Some(*c) != v1_0) {
+        let frozen = trailer_len(&msg).map(|t| body.len() - t);
+        for cut in (0..body.len()).step_by(if cfg!(miri) { 31 } else { 1 }).filter(|c| Some(*c) != frozen) {
             let short = Header { body_len: cut as u32, ..decode_header(&bytes).unwrap() };
             prop_assert!(decode_body(&short, &body[..cut]).is_err(), "body prefix of {cut} bytes decoded");
         }
@@ -678,6 +702,47 @@ fn encode_message_checks_header_against_message() {
     let wrong_kind = Header::new(Opcode::Free, FrameKind::Response, 1);
     assert!(matches!(encode_message(&wrong_kind, &msg, &mut out), Err(BodyError::HeaderMismatch { .. })));
     assert_eq!(out, [1, 2, 3], "nothing appended on error");
+}
+
+#[test]
+fn node_trailers_are_pinned() {
+    // 1.5: the handle's node trails the frozen import body as 8 raw bytes, and a grant
+    // trails the frozen response as the node and one byte of access; without them the
+    // body is the 1.4 one, byte for byte.
+    let node = NodeId([1, 2, 3, 4, 5, 6, 7, 8]);
+    let handle = ExportHandle { node: None, region: 1, generation: 2, secret: Secret([9; 16]) };
+    let import = |handle| Message::Request(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }));
+    let (mut old, mut new) = (Vec::new(), Vec::new());
+    encode_body(&import(handle), &mut old).unwrap();
+    encode_body(&import(ExportHandle { node: Some(node), ..handle }), &mut new).unwrap();
+    assert_eq!(old.len(), 1 + 1 + 16 + 1);
+    assert_eq!(&new[..old.len()], &old[..]);
+    assert_eq!(&new[old.len()..], &node.0);
+    let Request::Import(i) = decode_request(Opcode::Import, &new).unwrap() else { unreachable!() };
+    assert_eq!(i.handle.node, Some(node));
+    let Request::Import(i) = decode_request(Opcode::Import, &old).unwrap() else { unreachable!() };
+    assert_eq!(i.handle.node, None, "a 1.4 body is a node-less handle");
+    assert!(matches!(
+        decode_request(Opcode::Import, &new[..new.len() - 1]),
+        Err(BodyError::TrailingBytes { extra: 7, .. })
+    ));
+    let alloc = |grant| {
+        let a = AllocResponse { region: 5, generation: 5, size: 4096, gfa: None, offset: 0, grant };
+        let mut body = Vec::new();
+        encode_body(&Message::Response(Response::Alloc(a)), &mut body).unwrap();
+        body
+    };
+    let (old, new) = (alloc(None), alloc(Some(Grant { owner: node, access: Access::CopyOnly })));
+    assert_eq!(&new[..old.len()], &old[..]);
+    assert_eq!(&new[old.len()..], &[1, 2, 3, 4, 5, 6, 7, 8, 2]);
+    let Response::Alloc(a) = decode_response(Opcode::Alloc, &new).unwrap() else { unreachable!() };
+    assert_eq!(a.grant, Some(Grant { owner: node, access: Access::CopyOnly }));
+    assert_eq!(Response::Alloc(a.clone()).fds_required(), 0, "a copy-only grant carries no descriptor");
+    let mut bad = new.clone();
+    if let Some(b) = bad.last_mut() {
+        *b = 3;
+    }
+    assert!(matches!(decode_response(Opcode::Alloc, &bad), Err(BodyError::Decode { .. })), "no access 3");
 }
 
 #[test]

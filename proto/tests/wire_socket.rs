@@ -31,6 +31,7 @@ fn alloc_response() -> Message {
         size: 4096,
         gfa: Some(1 << 40),
         offset: 0,
+        grant: None,
     }))
 }
 
@@ -102,6 +103,7 @@ fn descriptors_beyond_the_header_are_closed() {
         gfa: None,
         offset: 0,
         access: AccessMode::ReadOnly,
+        grant: None,
     }));
     send_raw(&a, &frame_bytes(&header, &msg), &[mem.as_raw_fd(), w1.as_raw_fd(), w2.as_raw_fd()]);
     drop((w1, w2));

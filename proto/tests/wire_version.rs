@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used)] // Helpers outside #[test] fns: a panic there is a failed test.
 
 use fabric_proto::wire::{
-    ErrorBody, ErrorCode, ErrorDetail, ExportHandle, HandleError, SUPPORTED_VERSIONS, Secret, Version, VersionError,
-    VersionRange, ct_eq, negotiate,
+    Access, AllocResponse, ErrorBody, ErrorCode, ErrorDetail, ErrorText, ExportHandle, ExportResponse, Grant,
+    HandleError, NODE_IDENTITIES, NodeId, PROTOCOL_VERSION, Response, SUPPORTED_VERSIONS, Secret, Version,
+    VersionError, VersionRange, ct_eq, negotiate,
 };
 use proptest::prelude::*;
 
@@ -87,10 +88,29 @@ proptest! {
 
     #[test]
     fn handle_text_round_trips(region in any::<u64>(), generation in any::<u64>(), secret in any::<[u8; 16]>()) {
-        let h = ExportHandle { region, generation, secret: Secret(secret) };
+        let h = ExportHandle { node: None, region, generation, secret: Secret(secret) };
         let text = h.to_string();
         prop_assert_eq!(text.len(), 4 + 1 + 16 + 1 + 16 + 1 + 32);
         prop_assert_eq!(text.parse::<ExportHandle>(), Ok(h));
+    }
+
+    #[test]
+    fn node_handle_text_round_trips(node in any::<[u8; 8]>(), region in any::<u64>(), generation in any::<u64>(), secret in any::<[u8; 16]>()) {
+        let h = ExportHandle { node: Some(NodeId(node)), region, generation, secret: Secret(secret) };
+        let text = h.to_string();
+        prop_assert!(text.starts_with("fbh2-"));
+        prop_assert_eq!(text.len(), 4 + 1 + 16 + 1 + 16 + 1 + 16 + 1 + 32);
+        prop_assert_eq!(text.parse::<ExportHandle>(), Ok(h));
+        // The node-less form of the same handle is the 1.4 text, which names no node.
+        let old = ExportHandle { node: None, ..h }.to_string();
+        prop_assert!(old.starts_with("fbh1-"));
+        prop_assert_eq!(old.parse::<ExportHandle>().map(|h| h.node), Ok(None));
+    }
+
+    #[test]
+    fn node_id_text_round_trips(node in any::<[u8; 8]>()) {
+        let n = NodeId(node);
+        prop_assert_eq!(n.to_string().parse::<NodeId>(), Ok(n));
     }
 
     #[test]
@@ -107,7 +127,7 @@ proptest! {
 
 #[test]
 fn handle_verification_needs_every_part() {
-    let h = ExportHandle { region: 7, generation: 3, secret: Secret([0xab; 16]) };
+    let h = ExportHandle { node: None, region: 7, generation: 3, secret: Secret([0xab; 16]) };
     assert!(h.verify(&h));
     let mut s = [0xab; 16];
     s[15] ^= 1;
@@ -115,14 +135,14 @@ fn handle_verification_needs_every_part() {
     let mut s = [0xab; 16];
     s[0] ^= 0x80;
     assert!(!h.verify(&ExportHandle { secret: Secret(s), ..h }));
-    assert!(!h.verify(&ExportHandle { region: 8, ..h }));
+    assert!(!h.verify(&ExportHandle { node: None, region: 8, ..h }));
     assert!(!h.verify(&ExportHandle { generation: 2, ..h }));
     assert_ne!(h, ExportHandle { generation: 2, ..h });
 }
 
 #[test]
 fn malformed_handle_texts_are_refused() {
-    let good = ExportHandle { region: 1, generation: 2, secret: Secret([0x5a; 16]) }.to_string();
+    let good = ExportHandle { node: None, region: 1, generation: 2, secret: Secret([0x5a; 16]) }.to_string();
     assert!(good.parse::<ExportHandle>().is_ok());
     let bad = [
         String::new(),
@@ -143,8 +163,54 @@ fn malformed_handle_texts_are_refused() {
 }
 
 #[test]
+fn malformed_node_handle_texts_are_refused() {
+    let node = Some(NodeId([0xc3; 8]));
+    let good = ExportHandle { node, region: 1, generation: 2, secret: Secret([0x5a; 16]) }.to_string();
+    assert!(good.parse::<ExportHandle>().is_ok());
+    let bad = [
+        // A node where the 1.4 form has none, and none where 1.5 has one.
+        good.replacen("fbh2", "fbh1", 1),
+        good.replacen("-c3c3c3c3c3c3c3c3", "", 1),
+        good.replacen("c3c3c3c3c3c3c3c3", "c3c3c3c3c3c3c3", 1),
+        good.replacen("c3c3c3c3c3c3c3c3", "+3c3c3c3c3c3c3c3", 1),
+        good.replacen("c3c3", "éé", 1),
+        "fbh2".to_owned(),
+        "fbh2-".to_owned(),
+    ];
+    for s in bad {
+        assert_eq!(s.parse::<ExportHandle>(), Err(HandleError::Malformed), "{s:?}");
+    }
+}
+
+#[test]
+fn an_older_connection_gets_what_it_understood() {
+    let node = NodeId([1; 8]);
+    let handle = ExportHandle { node: Some(node), region: 1, generation: 2, secret: Secret([3; 16]) };
+    let export = Response::Export(ExportResponse { handle });
+    let grant = Some(Grant { owner: node, access: Access::Fd });
+    let alloc = Response::Alloc(AllocResponse { region: 1, generation: 1, size: 2, gfa: None, offset: 0, grant });
+    for old in [Version::new(1, 0), Version::new(1, 4)] {
+        let Response::Export(e) = export.clone().for_version(old) else { unreachable!() };
+        assert_eq!(e.handle, ExportHandle { node: None, ..handle }, "node-less before 1.5");
+        let Response::Alloc(a) = alloc.clone().for_version(old) else { unreachable!() };
+        assert_eq!(a.grant, None);
+        assert_eq!(Response::Alloc(a).fds_required(), 1, "before 1.5 an alloc always carries its descriptor");
+        let wrong = ErrorBody {
+            code: ErrorCode::WrongNode,
+            message: ErrorText::truncated("elsewhere"),
+            detail: Some(ErrorDetail::Node { node }),
+        };
+        let e = wrong.for_version(old);
+        assert_eq!((e.code, e.detail), (ErrorCode::InvalidHandle, None), "1.4 cannot decode WrongNode");
+    }
+    assert_eq!(export.clone().for_version(NODE_IDENTITIES), export);
+    assert_eq!(alloc.clone().for_version(PROTOCOL_VERSION), alloc);
+    assert_eq!(NODE_IDENTITIES, Version::new(1, 5));
+}
+
+#[test]
 fn secrets_never_print() {
-    let h = ExportHandle { region: 1, generation: 2, secret: Secret([0x5a; 16]) };
+    let h = ExportHandle { node: None, region: 1, generation: 2, secret: Secret([0x5a; 16]) };
     let dbg = format!("{h:?}");
     assert!(!dbg.contains("5a") && !dbg.contains("90"), "{dbg}");
 }

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tup
 
 from . import _native
 from .errors import (
-    BadRequestError, ClosedError, ConnectError, CopyFailedError, DeviceError,
+    BadRequestError, ClosedError, ConnectError, CopyFailedError, CopyOnlyError, DeviceError,
     DisconnectedError, FabricError, InvalidArgumentError, InvalidHandleError, LimitError,
     NotFoundError, NotSupportedError, PermissionDeniedError, ProtocolError, RefusedError,
     RevokedError, SystemCallError, WindowError,
@@ -37,7 +37,8 @@ __all__ = [
     "FabricError", "ConnectError", "DisconnectedError", "ProtocolError", "RefusedError",
     "PermissionDeniedError", "NotFoundError", "InvalidHandleError", "LimitError",
     "NotSupportedError", "BadRequestError", "RevokedError", "WindowError",
-    "InvalidArgumentError", "ClosedError", "CopyFailedError", "SystemCallError", "DeviceError",
+    "InvalidArgumentError", "ClosedError", "CopyFailedError", "CopyOnlyError", "SystemCallError",
+    "DeviceError",
     "__version__",
 ]
 

@@ -24,6 +24,7 @@ E_OUTSIDE_WINDOW = -21
 E_NO_GFA = -22
 E_ALREADY_MAPPED = -23
 E_MEMLOCK = -24
+E_COPY_ONLY = -25
 E_ARG = -30
 E_OS = -31
 E_DEVICE = -33
@@ -116,6 +117,11 @@ class WindowError(FabricError):
     is mapped already."""
 
 
+class CopyOnlyError(FabricError):
+    """The memory is granted copy-only (a region another node serves that way): it has no
+    descriptor and cannot be mapped; copy to and from its GFA instead."""
+
+
 class InvalidArgumentError(FabricError, ValueError):
     """An argument is out of range (checked before anything reaches fabricd)."""
 
@@ -145,6 +151,7 @@ _BY_KIND: Dict[str, Type[FabricError]] = {
     "outside_window": WindowError,
     "no_gfa": WindowError,
     "already_mapped": WindowError,
+    "copy_only": CopyOnlyError,
     "memlock": LimitError,
     "pinned_limit": LimitError,
     "daemon_memlock": LimitError,

@@ -41,6 +41,7 @@ fn kind(e: &Error) -> &'static str {
         Error::WindowReserve { .. } => "window",
         Error::OutsideWindow { .. } => "outside_window",
         Error::NoGfa(_) => "no_gfa",
+        Error::CopyOnly(_) => "copy_only",
         Error::AlreadyMapped { .. } => "already_mapped",
         Error::MemlockLimit { .. } => "memlock",
         Error::PinnedLimit { .. } => "pinned_limit",

@@ -795,7 +795,7 @@ impl Memory {
             )));
         }
         self.check(&st, owner.uid, 0, 1)?;
-        let handle = ExportHandle { region, generation, secret };
+        let handle = ExportHandle { node: None, region, generation, secret };
         let export = Export { handle, owner_uid: owner.uid, policy, revoked: false };
         let ticket = st.journal(&Change::ExportCreated(State::export_record(&export)))?;
         // Reserved while the record is written: concurrent exports count it.

@@ -390,7 +390,8 @@ impl Memory {
                 partition: e.partition.clone(),
                 access: e.access,
             };
-            let handle = ExportHandle { region: e.region, generation: e.generation, secret: Secret(e.secret) };
+            let handle =
+                ExportHandle { node: None, region: e.region, generation: e.generation, secret: Secret(e.secret) };
             st.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked: e.revoked });
             st.usage.entry(e.owner_uid).or_default().objects += 1;
         }

@@ -195,6 +195,19 @@ pub fn alloc_hbm(c: &mut Connection, gpu: &str, size: u64) -> (fabric_proto::wir
     (a, std::fs::File::from(fds.into_iter().next().unwrap()))
 }
 
+/// Exports `region` to the owner's uid with `access`: the handle.
+pub fn export(
+    c: &mut Connection,
+    region: u64,
+    access: fabric_proto::wire::AccessMode,
+) -> fabric_proto::wire::ExportHandle {
+    use fabric_proto::wire::{BoundedVec, ExportPolicy, ExportRequest, Request, Response};
+    let policy = ExportPolicy { uids: BoundedVec::default(), gids: BoundedVec::default(), partition: None, access };
+    let (r, _) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap();
+    let Response::Export(e) = r else { panic!("{r:?}") };
+    e.handle
+}
+
 /// Waits for the child to exit (up to `secs`).
 pub fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(secs);

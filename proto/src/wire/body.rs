@@ -7,11 +7,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::event::Event;
-use super::handle::SessionToken;
+use super::handle::{ExportHandle, SessionToken};
 use super::header::{FrameError, FrameKind, HEADER_LEN, Header, encode_frame};
+use super::node::{Grant, NodeId};
 use super::opcode::Opcode;
-use super::request::{HelloRequest, Request};
-use super::response::{ErrorBody, HelloResponse, Response};
+use super::request::{HelloRequest, ImportRequest, Request, RevokeRequest};
+use super::response::{
+    AllocResponse, ErrorBody, ExportResponse, HelloResponse, ImportObjectResponse, ImportResponse, Response,
+};
 
 /// A decoded body of any kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,36 +123,86 @@ fn from_body<T: DeserializeOwned>(opcode: Opcode, kind: FrameKind, bytes: &[u8])
     Ok(value)
 }
 
-/// A body whose frozen 1.0 form may be followed by a session token (the `Hello` bodies
-/// since 1.1): the 1.0 prefix, then nothing or exactly the 16 token bytes.
-fn with_token<T: DeserializeOwned>(
+/// A fixed-length value that a later minor version appends to a frozen body: the session
+/// token of `Hello` (1.1), the node of a handle and the grant of a response (1.5).
+trait Trailer: DeserializeOwned {
+    /// Its encoded length.
+    const LEN: usize;
+}
+
+impl Trailer for SessionToken {
+    const LEN: usize = size_of::<SessionToken>();
+}
+
+impl Trailer for NodeId {
+    const LEN: usize = NodeId::LEN;
+}
+
+impl Trailer for Grant {
+    const LEN: usize = Grant::LEN;
+}
+
+/// A body whose frozen form may be followed by one trailer `X`: the frozen prefix, then
+/// nothing or exactly the trailer's bytes.
+fn with_trailer<T: DeserializeOwned, X: Trailer>(
     opcode: Opcode,
     kind: FrameKind,
     bytes: &[u8],
-) -> Result<(T, Option<SessionToken>), BodyError> {
+) -> Result<(T, Option<X>), BodyError> {
     let (value, rest) =
         postcard::take_from_bytes::<T>(bytes).map_err(|source| BodyError::Decode { opcode, kind, source })?;
     if rest.is_empty() {
         return Ok((value, None));
     }
-    // Anything but exactly one token after the 1.0 body is trailing bytes.
-    if rest.len() != size_of::<SessionToken>() {
+    // Anything but exactly one trailer after the frozen body is trailing bytes.
+    if rest.len() != X::LEN {
         return Err(BodyError::TrailingBytes { opcode, kind, extra: rest.len() });
     }
-    let token = from_body::<SessionToken>(opcode, kind, rest)?;
-    Ok((value, Some(token)))
+    let trailer = from_body::<X>(opcode, kind, rest)?;
+    Ok((value, Some(trailer)))
 }
 
 fn hello_request(bytes: &[u8]) -> Result<HelloRequest, BodyError> {
-    let (mut req, token) = with_token::<HelloRequest>(Opcode::Hello, FrameKind::Request, bytes)?;
+    let (mut req, token) = with_trailer::<HelloRequest, _>(Opcode::Hello, FrameKind::Request, bytes)?;
     req.resume = token;
     Ok(req)
 }
 
 fn hello_response(bytes: &[u8]) -> Result<HelloResponse, BodyError> {
-    let (mut resp, token) = with_token::<HelloResponse>(Opcode::Hello, FrameKind::Response, bytes)?;
+    let (mut resp, token) = with_trailer::<HelloResponse, _>(Opcode::Hello, FrameKind::Response, bytes)?;
     resp.token = token;
     Ok(resp)
+}
+
+/// A body that carries a handle, and the handle's node after it (1.5).
+fn with_node<T: DeserializeOwned>(
+    opcode: Opcode,
+    kind: FrameKind,
+    bytes: &[u8],
+    handle: impl FnOnce(&mut T) -> &mut ExportHandle,
+) -> Result<T, BodyError> {
+    let (mut value, node) = with_trailer::<T, NodeId>(opcode, kind, bytes)?;
+    handle(&mut value).node = node;
+    Ok(value)
+}
+
+/// A response that hands memory over, and its grant after it (1.5).
+fn with_grant<T: DeserializeOwned>(
+    opcode: Opcode,
+    bytes: &[u8],
+    grant: impl FnOnce(&mut T) -> &mut Option<Grant>,
+) -> Result<T, BodyError> {
+    let (mut value, g) = with_trailer::<T, Grant>(opcode, FrameKind::Response, bytes)?;
+    *grant(&mut value) = g;
+    Ok(value)
+}
+
+fn import_request(opcode: Opcode, bytes: &[u8]) -> Result<ImportRequest, BodyError> {
+    with_node(opcode, FrameKind::Request, bytes, |r: &mut ImportRequest| &mut r.handle)
+}
+
+fn alloc_response(opcode: Opcode, bytes: &[u8]) -> Result<AllocResponse, BodyError> {
+    with_grant(opcode, bytes, |r: &mut AllocResponse| &mut r.grant)
 }
 
 /// Decodes a request body of `opcode`.
@@ -166,12 +219,12 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
         Opcode::Inventory => Request::Inventory(from_body(opcode, k, bytes)?),
         Opcode::Regions => Request::Regions(from_body(opcode, k, bytes)?),
         Opcode::Adopt => Request::Adopt(from_body(opcode, k, bytes)?),
-        Opcode::ImportObject => Request::ImportObject(from_body(opcode, k, bytes)?),
+        Opcode::ImportObject => Request::ImportObject(import_request(opcode, bytes)?),
         Opcode::Alloc => Request::Alloc(from_body(opcode, k, bytes)?),
         Opcode::Free => Request::Free(from_body(opcode, k, bytes)?),
         Opcode::Export => Request::Export(from_body(opcode, k, bytes)?),
-        Opcode::Revoke => Request::Revoke(from_body(opcode, k, bytes)?),
-        Opcode::Import => Request::Import(from_body(opcode, k, bytes)?),
+        Opcode::Revoke => Request::Revoke(with_node(opcode, k, bytes, |r: &mut RevokeRequest| &mut r.handle)?),
+        Opcode::Import => Request::Import(import_request(opcode, bytes)?),
         Opcode::Release => Request::Release(from_body(opcode, k, bytes)?),
         Opcode::Register => Request::Register(from_body(opcode, k, bytes)?),
         Opcode::Unregister => Request::Unregister(from_body(opcode, k, bytes)?),
@@ -195,13 +248,15 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
         Opcode::Translate => Response::Translate(from_body(opcode, k, bytes)?),
         Opcode::Inventory => Response::Inventory(from_body(opcode, k, bytes)?),
         Opcode::Regions => Response::Regions(from_body(opcode, k, bytes)?),
-        Opcode::Adopt => Response::Adopt(from_body(opcode, k, bytes)?),
-        Opcode::ImportObject => Response::ImportObject(from_body(opcode, k, bytes)?),
-        Opcode::Alloc => Response::Alloc(from_body(opcode, k, bytes)?),
+        Opcode::Adopt => Response::Adopt(alloc_response(opcode, bytes)?),
+        Opcode::ImportObject => {
+            Response::ImportObject(with_grant(opcode, bytes, |r: &mut ImportObjectResponse| &mut r.grant)?)
+        }
+        Opcode::Alloc => Response::Alloc(alloc_response(opcode, bytes)?),
         Opcode::Free => from_body::<()>(opcode, k, bytes).map(|()| Response::Free)?,
-        Opcode::Export => Response::Export(from_body(opcode, k, bytes)?),
+        Opcode::Export => Response::Export(with_node(opcode, k, bytes, |r: &mut ExportResponse| &mut r.handle)?),
         Opcode::Revoke => from_body::<()>(opcode, k, bytes).map(|()| Response::Revoke)?,
-        Opcode::Import => Response::Import(from_body(opcode, k, bytes)?),
+        Opcode::Import => Response::Import(with_grant(opcode, bytes, |r: &mut ImportResponse| &mut r.grant)?),
         Opcode::Release => from_body::<()>(opcode, k, bytes).map(|()| Response::Release)?,
         Opcode::Register => Response::Register(from_body(opcode, k, bytes)?),
         Opcode::Unregister => from_body::<()>(opcode, k, bytes).map(|()| Response::Unregister)?,
@@ -243,11 +298,16 @@ fn append<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), BodyError> {
     postcard::to_io(value, out).map(drop).map_err(BodyError::Encode)
 }
 
+/// Appends a trailer, when there is one.
+fn trail<X: Serialize>(trailer: Option<&X>, out: &mut Vec<u8>) -> Result<(), BodyError> {
+    trailer.map_or(Ok(()), |t| append(t, out))
+}
+
 /// Appends the body of `msg` (no header) to `out`.
 pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
     match msg {
         Message::Request(r) => match r {
-            Request::Hello(b) => append(b, out).and_then(|()| b.resume.map_or(Ok(()), |t| append(&t, out))),
+            Request::Hello(b) => append(b, out).and_then(|()| trail(b.resume.as_ref(), out)),
             Request::Status(b) => append(b, out),
             Request::Topology(b) | Request::Devices(b) | Request::Map(b) | Request::Inventory(b) => append(b, out),
             Request::Regions(b) => append(b, out),
@@ -255,8 +315,10 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Alloc(b) => append(b, out),
             Request::Free(b) => append(b, out),
             Request::Export(b) => append(b, out),
-            Request::Revoke(b) => append(b, out),
-            Request::Import(b) | Request::ImportObject(b) => append(b, out),
+            Request::Revoke(b) => append(b, out).and_then(|()| trail(b.handle.node.as_ref(), out)),
+            Request::Import(b) | Request::ImportObject(b) => {
+                append(b, out).and_then(|()| trail(b.handle.node.as_ref(), out))
+            }
             Request::Adopt(b) => append(b, out),
             Request::Release(b) => append(b, out),
             Request::Register(b) => append(b, out),
@@ -268,15 +330,15 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Ping => Ok(()),
         },
         Message::Response(r) => match r {
-            Response::Hello(b) => append(b, out).and_then(|()| b.token.map_or(Ok(()), |t| append(&t, out))),
+            Response::Hello(b) => append(b, out).and_then(|()| trail(b.token.as_ref(), out)),
             Response::Status(b) => append(b, out),
             Response::Topology(b) | Response::Devices(b) | Response::Map(b) | Response::Inventory(b) => append(b, out),
             Response::Regions(b) => append(b, out),
             Response::Translate(b) => append(b, out),
-            Response::Alloc(b) | Response::Adopt(b) => append(b, out),
-            Response::ImportObject(b) => append(b, out),
-            Response::Export(b) => append(b, out),
-            Response::Import(b) => append(b, out),
+            Response::Alloc(b) | Response::Adopt(b) => append(b, out).and_then(|()| trail(b.grant.as_ref(), out)),
+            Response::ImportObject(b) => append(b, out).and_then(|()| trail(b.grant.as_ref(), out)),
+            Response::Export(b) => append(b, out).and_then(|()| trail(b.handle.node.as_ref(), out)),
+            Response::Import(b) => append(b, out).and_then(|()| trail(b.grant.as_ref(), out)),
             Response::Register(b) => append(b, out),
             Response::Copy(b) | Response::CopyBatch(b) => append(b, out),
             Response::Partitions(b) => append(b, out),

@@ -1,11 +1,13 @@
-//! Export handles: the capability that names an exported region (region id + generation +
-//! 128-bit secret), a text form to pass between processes, and the constant-time
-//! comparison a server must use to check one.
+//! Export handles: the capability that names an exported region (owner node, region id,
+//! generation, 128-bit secret), a text form to pass between processes, and the
+//! constant-time comparison a server must use to check one.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+use super::node::NodeId;
 
 /// The 128-bit random part of a handle. Its `Debug` does not print it and `==` takes the
 /// same time wherever the values differ.
@@ -75,6 +77,12 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 /// The capability that names an exported region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportHandle {
+    /// The node that owns the region (1.5). `None` is the node-less handle of 1.4 and
+    /// older, which only the daemon that made it resolves (as its own). Travels as a
+    /// trailing extension of the bodies that carry a handle, present only when `Some`
+    /// (`docs/protocol.md`, "Node identities").
+    #[serde(skip)]
+    pub node: Option<NodeId>,
     /// Region id.
     pub region: u64,
     /// Generation of the region (or of its export); a freed and reused id has a new one.
@@ -84,8 +92,9 @@ pub struct ExportHandle {
 }
 
 impl ExportHandle {
-    /// Whether `presented` names this export: all three parts are compared, the secret
-    /// in constant time, without an early exit on the first mismatch.
+    /// Whether `presented` names this export: region, generation and secret are compared,
+    /// the secret in constant time, without an early exit on the first mismatch. The node
+    /// is not: which node a handle is for is settled before, where it is resolved.
     pub fn verify(&self, presented: &ExportHandle) -> bool {
         let ids = (self.region == presented.region) & (self.generation == presented.generation);
         let secret = ct_eq(&self.secret.0, &presented.secret.0);
@@ -93,14 +102,22 @@ impl ExportHandle {
     }
 }
 
-/// Prefix of the text form of a handle.
+/// Prefix of the text form of a node-less handle (1.4 and older).
 const TEXT_PREFIX: &str = "fbh1";
 
-/// The text form: `fbh1-RRRRRRRRRRRRRRRR-GGGGGGGGGGGGGGGG-SSSS...` (region and generation
-/// as 16 hex digits, secret as 32). It carries the secret: treat it like a password.
+/// Prefix of the text form of a handle that names its node (1.5).
+const NODE_TEXT_PREFIX: &str = "fbh2";
+
+/// The text form: `fbh2-NNNNNNNNNNNNNNNN-RRRRRRRRRRRRRRRR-GGGGGGGGGGGGGGGG-SSSS...` (node,
+/// region and generation as 16 hex digits, secret as 32), or for a node-less handle
+/// `fbh1-` and the last three fields. It carries the secret: treat it like a password.
 impl fmt::Display for ExportHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{TEXT_PREFIX}-{:016x}-{:016x}-", self.region, self.generation)?;
+        match self.node {
+            Some(node) => write!(f, "{NODE_TEXT_PREFIX}-{node}-")?,
+            None => write!(f, "{TEXT_PREFIX}-")?,
+        }
+        write!(f, "{:016x}-{:016x}-", self.region, self.generation)?;
         for b in self.secret.0 {
             write!(f, "{b:02x}")?;
         }
@@ -111,7 +128,8 @@ impl fmt::Display for ExportHandle {
 /// A handle's text form that does not parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HandleError {
-    /// Not `fbh1-` followed by three hex fields of 16, 16 and 32 digits.
+    /// Not `fbh1-` followed by three hex fields of 16, 16 and 32 digits, nor `fbh2-`
+    /// followed by four of 16, 16, 16 and 32.
     #[error("malformed export handle")]
     Malformed,
 }
@@ -120,9 +138,14 @@ impl FromStr for ExportHandle {
     type Err = HandleError;
     fn from_str(s: &str) -> Result<Self, HandleError> {
         let mut parts = s.trim().split('-');
-        let (Some(TEXT_PREFIX), Some(r), Some(g), Some(sec), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let node = match parts.next() {
+            Some(TEXT_PREFIX) => None,
+            Some(NODE_TEXT_PREFIX) => {
+                Some(parts.next().and_then(|n| n.parse::<NodeId>().ok()).ok_or(HandleError::Malformed)?)
+            }
+            _ => return Err(HandleError::Malformed),
+        };
+        let (Some(r), Some(g), Some(sec), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return Err(HandleError::Malformed);
         };
         let hex_u64 = |t: &str| {
@@ -145,6 +168,6 @@ impl FromStr for ExportHandle {
             }
             *byte = u8::from_str_radix(pair, 16).map_err(|_| HandleError::Malformed)?;
         }
-        Ok(ExportHandle { region, generation, secret: Secret(secret) })
+        Ok(ExportHandle { node, region, generation, secret: Secret(secret) })
     }
 }

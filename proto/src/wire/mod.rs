@@ -23,6 +23,7 @@ mod decoder;
 mod event;
 mod handle;
 mod header;
+mod node;
 mod opcode;
 mod request;
 mod response;
@@ -44,6 +45,7 @@ pub use event::{
 };
 pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
+pub use node::{Access, Grant, NODE_IDENTITIES, NodeId, NodeIdError};
 pub use opcode::Opcode;
 pub use request::{
     AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyBatchRequest, CopyEndpoint, CopyRequest, ExportPolicy,

@@ -182,14 +182,15 @@ pub struct ExportRequest {
 /// `Revoke`: end an export; its importers are told.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevokeRequest {
-    /// The export's handle.
+    /// The export's handle (its node, since 1.5, trails the body).
     pub handle: ExportHandle,
 }
 
-/// `Import`: a region by handle. The response carries one descriptor.
+/// `Import`: a region by handle. The response carries one descriptor (before 1.5; since,
+/// what its grant says).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportRequest {
-    /// The handle.
+    /// The handle (its node, since 1.5, trails the body, after `access`).
     pub handle: ExportHandle,
     /// Access wanted (at most the policy's).
     pub access: AccessMode,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::bounded::{BoundedVec, DeviceName, ErrorText, Name};
 use super::event::Topics;
 use super::handle::{ExportHandle, SessionToken};
+use super::node::{Access, Grant, NODE_IDENTITIES, NodeId};
 use super::opcode::Opcode;
 use super::request::{AccessMode, ExportPolicy, ObjectKind, PartitionSpec, ResourceName};
 use super::version::{Version, VersionRange};
@@ -75,7 +76,8 @@ pub struct TranslateResponse {
     pub results: BoundedVec<Translation, 1024>,
 }
 
-/// `Alloc`: the region; its memory object is the frame's one descriptor.
+/// `Alloc`: the region; its memory object is the frame's one descriptor (since 1.5, when
+/// the grant's access is [`Access::Fd`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocResponse {
     /// Region id.
@@ -88,16 +90,23 @@ pub struct AllocResponse {
     pub gfa: Option<u64>,
     /// Offset of the region in the descriptor (for `mmap`).
     pub offset: u64,
+    /// The owner node and how the memory is reached (1.5; absent when an older version
+    /// was agreed). Travels as a trailing extension of the frozen body, present only when
+    /// `Some`.
+    #[serde(skip)]
+    pub grant: Option<Grant>,
 }
 
 /// `Export`: the handle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportResponse {
-    /// The handle (a capability: whoever holds it and passes the policy may import).
+    /// The handle (a capability: whoever holds it and passes the policy may import). Its
+    /// node, since 1.5, trails the body.
     pub handle: ExportHandle,
 }
 
-/// `Import`: the import; its memory object is the frame's one descriptor.
+/// `Import`: the import; its memory object is the frame's one descriptor (since 1.5, when
+/// the grant's access is [`Access::Fd`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportResponse {
     /// Import id (for `Release`).
@@ -114,6 +123,11 @@ pub struct ImportResponse {
     pub offset: u64,
     /// Access granted.
     pub access: AccessMode,
+    /// The owner node and how the memory is reached (1.5; absent when an older version
+    /// was agreed). Travels as a trailing extension of the frozen body, present only when
+    /// `Some`.
+    #[serde(skip)]
+    pub grant: Option<Grant>,
 }
 
 /// `ImportObject` (since 1.3): the import of an adopted region; its vendor object is the
@@ -139,6 +153,11 @@ pub struct ImportObjectResponse {
     pub object: ObjectKind,
     /// The device whose memory it is.
     pub device: DeviceName,
+    /// The owner node and how the memory is reached (1.5; absent when an older version
+    /// was agreed). Travels as a trailing extension of the frozen body, present only when
+    /// `Some`.
+    #[serde(skip)]
+    pub grant: Option<Grant>,
 }
 
 /// `Register`: the registration.
@@ -381,13 +400,33 @@ impl Response {
         }
     }
 
-    /// Descriptors that must come with the response.
+    /// Descriptors that must come with the response: one for a grant reached through a
+    /// descriptor (every `Alloc` and `Import` before 1.5).
     pub fn fds_required(&self) -> u8 {
+        let fd = |grant: &Option<Grant>| u8::from(grant.is_none_or(|g| g.access == Access::Fd));
         match self {
-            Response::Alloc(_) | Response::Import(_) => 1,
+            Response::Alloc(a) => fd(&a.grant),
+            Response::Import(i) => fd(&i.grant),
             Response::ImportObject(i) => u8::from(i.object.is_descriptor()),
             _ => 0,
         }
+    }
+
+    /// The response as a connection that negotiated `version` understands it: before 1.5,
+    /// without the node of handles and without grants. A server answers an older
+    /// connection only with grants it could express (a descriptor for `Alloc` and
+    /// `Import`, a vendor object for `Adopt` and `ImportObject`).
+    pub fn for_version(mut self, version: Version) -> Response {
+        if version < NODE_IDENTITIES {
+            match &mut self {
+                Response::Alloc(a) | Response::Adopt(a) => a.grant = None,
+                Response::Import(i) => i.grant = None,
+                Response::ImportObject(i) => i.grant = None,
+                Response::Export(e) => e.handle.node = None,
+                _ => {}
+            }
+        }
+        self
     }
 }
 
@@ -429,6 +468,9 @@ pub enum ErrorCode {
     /// The operation is valid but this daemon does not implement it yet (added in 1.0,
     /// appended so that every earlier code keeps its number).
     NotImplemented,
+    /// (since 1.5) The handle names a region another node owns, which this daemon does
+    /// not serve; the detail names the node.
+    WrongNode,
 }
 
 /// Machine-readable detail of some errors.
@@ -452,6 +494,11 @@ pub enum ErrorDetail {
         /// Allowed.
         max: u64,
     },
+    /// (since 1.5) The node a handle named.
+    Node {
+        /// Its id.
+        node: NodeId,
+    },
 }
 
 /// The body of every error frame.
@@ -463,6 +510,23 @@ pub struct ErrorBody {
     pub message: ErrorText,
     /// Details for some codes.
     pub detail: Option<ErrorDetail>,
+}
+
+impl ErrorBody {
+    /// The refusal as a connection that negotiated `version` can decode it: before 1.5,
+    /// `WrongNode` reads `InvalidHandle` (a handle that names no export here) and the node
+    /// detail is left out.
+    pub fn for_version(mut self, version: Version) -> ErrorBody {
+        if version < NODE_IDENTITIES {
+            if self.code == ErrorCode::WrongNode {
+                self.code = ErrorCode::InvalidHandle;
+            }
+            if matches!(self.detail, Some(ErrorDetail::Node { .. })) {
+                self.detail = None;
+            }
+        }
+        self
+    }
 }
 
 impl From<super::version::VersionError> for ErrorBody {

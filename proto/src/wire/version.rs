@@ -64,8 +64,10 @@ impl fmt::Display for VersionRange {
 /// (docs/protocol.md, "Negotiation"), and the `Ping`, `Inventory` and `Regions` opcodes;
 /// 1.2 added `Copy` and the `CopyDone` event; 1.3 `Adopt` and `ImportObject` (vendor
 /// memory objects such as CUDA exports as regions) and `CopyBatch`; 1.4 the
-/// `ObjectKind::CudaFabric` object (a CUDA fabric handle, bytes instead of a descriptor).
-pub const PROTOCOL_VERSION: Version = Version::new(1, 4);
+/// `ObjectKind::CudaFabric` object (a CUDA fabric handle, bytes instead of a descriptor);
+/// 1.5 node identities: handles name their node and responses that hand memory over carry
+/// a typed grant (`docs/protocol.md`, "Node identities").
+pub const PROTOCOL_VERSION: Version = Version::new(1, 5);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

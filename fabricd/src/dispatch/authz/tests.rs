@@ -20,7 +20,7 @@ fn dev(n: u8) -> DeviceId {
 }
 
 fn handle(region: u64) -> ExportHandle {
-    ExportHandle { region, generation: 1, secret: Secret([region as u8; 16]) }
+    ExportHandle { node: None, region, generation: 1, secret: Secret([region as u8; 16]) }
 }
 
 fn policy(partition: Option<&str>) -> ExportPolicy {

@@ -51,7 +51,7 @@ pub unsafe extern "C" fn fmm_gpu_adopt(
     })
 }
 
-/// Exports an adopted region; writes the handle's text (at most 80 bytes with the NUL)
+/// Exports an adopted region; writes the handle's text (at most 96 bytes with the NUL)
 /// into `buf`, as `fmm_export` does. `uid` is the one other user allowed to import
 /// (`(uint32_t)-1`: the owner's uid only). `read_only` must be 0: an importer's driver maps
 /// GPU memory read-write whatever the policy says, so fabricd refuses read-only exports of

@@ -159,10 +159,11 @@ pub fn split(set: &str, dir: &Path) -> Result<String, String> {
     store(&ma, SEED_A);
     verify(&mb, SEED_B, "B after stores through A")?;
     verify(&ma, SEED_A, "A")?;
-    let (dev_a, dev_b) = (device_of(a.fd())?, device_of(b.fd())?);
+    let (fd_a, fd_b) = (a.fd().map_err(|e| e.to_string())?, b.fd().map_err(|e| e.to_string())?);
+    let (dev_a, dev_b) = (device_of(fd_a)?, device_of(fd_b)?);
     println!("A on {dev_a}, B on {dev_b}: patterns stored and checked");
-    println!("{}", bounded(a.fd(), a.len(), "A")?);
-    println!("{}", bounded(b.fd(), b.len(), "B")?);
+    println!("{}", bounded(fd_a, a.len(), "A")?);
+    println!("{}", bounded(fd_b, b.len(), "B")?);
     let line = |n: &str, dev: &str, m: &Mapping, r: &fabric_mm::Region| {
         format!("{n} {dev} {:#x} {:#x} {:#x}\n", m.gfa(), r.len(), r.fd_offset())
     };
@@ -180,7 +181,7 @@ pub fn split(set: &str, dir: &Path) -> Result<String, String> {
     verify_zero(&mc, "C, in the range A's pattern was in")?;
     store(&mc, SEED_C);
     verify(&mb, SEED_B, "B after stores through C")?;
-    let dev_c = device_of(c.fd())?;
+    let dev_c = device_of(c.fd().map_err(|e| e.to_string())?)?;
     println!("C on {dev_c} at GFA {:#x} (A was at {gfa_a:#x})", mc.gfa());
     put(&dir.join("c"), &format!("C {dev_c} {:#x} {:#x}\n", mc.gfa(), c.len()))?;
 

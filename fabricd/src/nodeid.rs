@@ -1,0 +1,159 @@
+//! This daemon's node id — drawn at random on first start and kept in the state directory
+//! (`node-id`), so that it and every handle it made survive restarts — and the check that
+//! a handle a request carries names this node, or why not (`docs/protocol.md`, "Node
+//! identities").
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use fabric_proto::wire::{ErrorBody, ErrorCode, ErrorDetail, ErrorText, NODE_IDENTITIES, NodeId, Request, Version};
+
+/// The file in the state directory: the id's 16 hex digits and a newline.
+pub const FILE_NAME: &str = "node-id";
+
+/// The most bytes read from the file (the id, a newline and some slack for editors).
+const MAX_FILE_LEN: u64 = 64;
+
+/// Why the node id could not be read or made.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeIdFileError {
+    /// The file exists but could not be read.
+    #[error("reading {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not hold an id. It is not replaced: a new id would orphan every
+    /// handle the old one named.
+    #[error("{path} does not hold a node id (16 hex digits); restore it or remove it to draw a new one")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+    },
+    /// No random bytes for a new id.
+    #[error("drawing a node id from /dev/urandom")]
+    Random(#[source] std::io::Error),
+    /// The new id could not be saved.
+    #[error("saving the node id")]
+    Save(#[source] crate::journal::JournalError),
+}
+
+/// The node id kept in `state_dir` (the daemon's private directory), drawn and saved (all
+/// or nothing) when there is none yet.
+pub fn load_or_create(state_dir: &Path) -> Result<NodeId, NodeIdFileError> {
+    let path = state_dir.join(FILE_NAME);
+    match crate::privdir::open_nofollow(&path, false) {
+        Ok(f) => {
+            let mut text = String::new();
+            f.take(MAX_FILE_LEN)
+                .read_to_string(&mut text)
+                .map_err(|source| NodeIdFileError::Read { path: path.clone(), source })?;
+            text.trim_end().parse::<NodeId>().map_err(|_| NodeIdFileError::Malformed { path })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut bytes = [0u8; NodeId::LEN];
+            File::open("/dev/urandom").and_then(|mut r| r.read_exact(&mut bytes)).map_err(NodeIdFileError::Random)?;
+            let id = NodeId(bytes);
+            crate::journal::sys::create_whole(state_dir, &path, format!("{id}\n").as_bytes())
+                .map_err(NodeIdFileError::Save)?;
+            tracing::info!(node = %id, file = %path.display(), "drew this node's id");
+            Ok(id)
+        }
+        Err(source) => Err(NodeIdFileError::Read { path, source }),
+    }
+}
+
+/// Checks the handle `req` carries (`Import`, `ImportObject`, `Revoke`) against this node,
+/// `local`, for a connection that negotiated `version`:
+/// - before 1.5 a handle is node-less and means this node; one that names a node (bytes an
+///   older client cannot have meant) is a bad request;
+/// - since 1.5 it must name a node: this one is served, another is refused with
+///   `WrongNode` naming it (cross-node imports come with the domain), and a node-less
+///   (`fbh1`) handle is a bad request, so that no handle is ever taken for this node's by
+///   default.
+pub fn check_handle(local: NodeId, req: &Request, version: Version) -> Result<(), ErrorBody> {
+    let handle = match req {
+        Request::Import(i) | Request::ImportObject(i) => &i.handle,
+        Request::Revoke(r) => &r.handle,
+        _ => return Ok(()),
+    };
+    let refuse =
+        |code, message: String, detail| Err(ErrorBody { code, message: ErrorText::truncated(&message), detail });
+    match handle.node {
+        None if version < NODE_IDENTITIES => Ok(()),
+        Some(_) if version < NODE_IDENTITIES => refuse(
+            ErrorCode::BadRequest,
+            format!("a handle that names its node needs protocol {NODE_IDENTITIES}; this connection speaks {version}"),
+            None,
+        ),
+        None => refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "a node-less (fbh1) handle: since protocol {NODE_IDENTITIES} a handle names its node (this is node {local})"
+            ),
+            None,
+        ),
+        Some(node) if node == local => Ok(()),
+        Some(node) => refuse(
+            ErrorCode::WrongNode,
+            format!(
+                "the handle names node {node}; this is node {local}, and imports from another node are not served yet"
+            ),
+            Some(ErrorDetail::Node { node }),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_proto::wire::{AccessMode, ExportHandle, ImportRequest, RevokeRequest, Secret};
+
+    use super::*;
+
+    const HERE: NodeId = NodeId([1; 8]);
+    const THERE: NodeId = NodeId([2; 8]);
+
+    fn import(node: Option<NodeId>) -> Request {
+        let handle = ExportHandle { node, region: 1, generation: 1, secret: Secret([0; 16]) };
+        Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly })
+    }
+
+    fn code(r: Result<(), ErrorBody>) -> Option<ErrorCode> {
+        r.err().map(|e| e.code)
+    }
+
+    #[test]
+    fn every_pair_of_version_and_handle_node_has_one_answer() {
+        let old = Version::new(1, 4);
+        let new = NODE_IDENTITIES;
+        assert_eq!(code(check_handle(HERE, &import(None), old)), None, "1.4: node-less is local");
+        assert_eq!(code(check_handle(HERE, &import(Some(HERE)), old)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_handle(HERE, &import(Some(THERE)), old)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_handle(HERE, &import(Some(HERE)), new)), None);
+        assert_eq!(code(check_handle(HERE, &import(None), new)), Some(ErrorCode::BadRequest));
+        let wrong = check_handle(HERE, &import(Some(THERE)), new).unwrap_err();
+        assert_eq!(wrong.code, ErrorCode::WrongNode);
+        assert_eq!(wrong.detail, Some(ErrorDetail::Node { node: THERE }));
+        assert!(wrong.message.contains(&THERE.to_string()), "{}", wrong.message);
+        let revoke = Request::Revoke(RevokeRequest {
+            handle: ExportHandle { node: Some(THERE), region: 1, generation: 1, secret: Secret([0; 16]) },
+        });
+        assert_eq!(code(check_handle(HERE, &revoke, new)), Some(ErrorCode::WrongNode));
+        assert_eq!(code(check_handle(HERE, &Request::Ping, new)), None);
+    }
+
+    #[test]
+    fn the_id_is_drawn_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = load_or_create(dir.path()).unwrap();
+        assert_eq!(load_or_create(dir.path()).unwrap(), first);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(load_or_create(other.path()).unwrap(), first, "two state dirs, two nodes");
+        std::fs::write(dir.path().join(FILE_NAME), "not an id\n").unwrap();
+        assert!(matches!(load_or_create(dir.path()), Err(NodeIdFileError::Malformed { .. })));
+    }
+}
