@@ -24,7 +24,7 @@ use crate::events::EventBus;
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::memory::{Durability, Memory};
 use crate::metrics::{Live, Metrics};
-use crate::principal::Principal;
+use crate::ops::principal::Principal;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +47,9 @@ pub enum StartError {
     /// Discovery produced an inconsistent inventory.
     #[error("indexing the discovered inventory")]
     Index(#[source] InventoryError),
-    /// The state directory is not the daemon's own private directory (`crate::privdir`).
+    /// The state directory is not the daemon's own private directory (`crate::sys::privdir`).
     #[error("state directory")]
-    StateDir(#[source] crate::privdir::DirError),
+    StateDir(#[source] crate::sys::privdir::DirError),
     /// The journal could not be opened (another daemon holds its lock, or damage).
     #[error("journal in {path}")]
     Journal {
@@ -272,19 +272,19 @@ pub struct Daemon {
     /// The copy engine (`Copy` requests).
     pub copies: crate::copy::CopyEngine,
     /// Refusals, logged with a rate limit (`refusals.rs`).
-    pub refusals: crate::refusals::RefusalLog,
+    pub refusals: crate::ops::refusals::RefusalLog,
     /// Regions, exports and imports of sim device memory.
     pub memory: Memory,
     /// How the open-file table is shared: connections and the descriptors objects keep.
-    pub fd_budget: crate::fdbudget::Budget,
+    pub fd_budget: crate::sys::fdbudget::Budget,
     /// The PCI functions held through VFIO (`dma.vfio`).
     pub vfio: crate::dma::vfio::Vfio,
     /// Rescans asked for outside the interval (kernel uevents).
-    pub monitor: crate::monitor::Trigger,
+    pub monitor: crate::tasks::monitor::Trigger,
     /// Who each partition binds, as last saved in the map record (lock-free snapshots).
     pub partitions: crate::partitions::Bindings,
     /// Orders operations authorized against the partition state before changes to it.
-    pub policy: crate::dispatch::gate::PolicyGate,
+    pub policy: crate::ops::dispatch::gate::PolicyGate,
 }
 
 impl Daemon {
@@ -293,21 +293,21 @@ impl Daemon {
         Self::start_in(config, &Environment::current())
     }
 
-    /// The state dir checked (`crate::privdir`), discovery, the fabric, the address map
+    /// The state dir checked (`crate::sys::privdir`), discovery, the fabric, the address map
     /// (`map.state` in the state dir, opened, brought up to date and saved) and the journal
     /// (its lock keeps a second daemon off the same state dir).
     pub fn start_in(config: Config, env: &Environment) -> Result<Self, StartError> {
         let socket_path = config.socket_path(env)?;
         let state_dir = config.state_dir(env)?;
         let admin_gid = match &config.socket.admin_group {
-            Some(name) => {
-                Some(crate::socket::group_gid(name).map_err(|_| StartError::UnknownAdminGroup(name.clone()))?)
-            }
+            Some(name) => Some(
+                crate::transport::socket::group_gid(name).map_err(|_| StartError::UnknownAdminGroup(name.clone()))?,
+            ),
             None => None,
         };
         // Checked (and created 0700) before anything is read from it or written to it: it
         // holds region files, export secrets and resume tokens.
-        crate::privdir::PrivateDir::create(&state_dir).map_err(StartError::StateDir)?;
+        crate::sys::privdir::PrivateDir::create(&state_dir).map_err(StartError::StateDir)?;
         let journal_dir = state_dir.join("journal");
         let (journal, replay) = Journal::open(&journal_dir, JournalOptions::default())
             .map_err(|source| StartError::Journal { path: journal_dir.clone(), source })?;
@@ -349,10 +349,10 @@ impl Daemon {
             Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)
                 .map_err(StartError::Memory)?;
         // main raised the soft open-file limit first: this is the table the daemon has.
-        let fd_budget = crate::fdbudget::budget(config.limits.clients, crate::sys::open_file_limit());
+        let fd_budget = crate::sys::fdbudget::budget(config.limits.clients, crate::sys::open_file_limit());
         memory.set_fd_budget(fd_budget, crate::sys::effective_uid());
         for dev in &fabric.inventory().devices {
-            if let Some(why) = crate::monitor::failure(dev) {
+            if let Some(why) = crate::tasks::monitor::failure(dev) {
                 tracing::warn!(device = %dev.id, reason = why, "device reports a failure; its memory is not served");
                 memory.device_lost(&dev.id);
             }
@@ -389,13 +389,13 @@ impl Daemon {
             admin_gid,
             metrics,
             copies,
-            refusals: crate::refusals::RefusalLog::new(),
+            refusals: crate::ops::refusals::RefusalLog::new(),
             memory,
             fd_budget,
             vfio,
-            monitor: crate::monitor::Trigger::default(),
+            monitor: crate::tasks::monitor::Trigger::default(),
             partitions,
-            policy: crate::dispatch::gate::PolicyGate::new(),
+            policy: crate::ops::dispatch::gate::PolicyGate::new(),
         })
     }
 
@@ -404,7 +404,7 @@ impl Daemon {
         self.vanished.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
-    /// Logs (rate-limited, see [`crate::refusals`]) that `op` of `who` was refused with
+    /// Logs (rate-limited, see [`crate::ops::refusals`]) that `op` of `who` was refused with
     /// `err`. Every refusal of a request or connection goes through here.
     pub fn refused(&self, who: &Principal, op: &'static str, err: &fabric_proto::wire::ErrorBody) {
         self.refused_line(who, op, err.code, &err.message);
@@ -412,7 +412,7 @@ impl Daemon {
 
     /// [`Daemon::refused`] with a log line other than the message the client gets.
     pub fn refused_line(&self, who: &Principal, op: &'static str, code: fabric_proto::wire::ErrorCode, line: &str) {
-        self.refusals.refused(crate::refusals::Group { uid: who.uid(), op, code }, who.pid(), line);
+        self.refusals.refused(crate::ops::refusals::Group { uid: who.uid(), op, code }, who.pid(), line);
     }
 
     /// The current fabric view.
@@ -428,7 +428,7 @@ impl Daemon {
         let inv = discover(&self.config)?;
         let old = self.view();
         let vanished: BTreeSet<String> = self.vanished().into_iter().collect();
-        let mut events = crate::monitor::diff(old.fabric.inventory(), &inv, &vanished);
+        let mut events = crate::tasks::monitor::diff(old.fabric.inventory(), &inv, &vanished);
         let sets_differ = fabric_addrmap::region_sets(old.fabric.inventory()) != fabric_addrmap::region_sets(&inv);
         if events.is_empty() && !sets_differ {
             return Ok(events);
@@ -478,7 +478,7 @@ impl Daemon {
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
         let snap = self.map_snapshot();
-        let members = |names: &[String]| crate::scope::partition_members(&snap, names);
+        let members = |names: &[String]| crate::ops::scope::partition_members(&snap, names);
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev, &members);

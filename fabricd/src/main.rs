@@ -11,7 +11,9 @@ use std::sync::Arc;
 use clap::Parser;
 use fabricd::config::{Config, Environment, LogFormat};
 use fabricd::daemon::{backend_line, discover};
-use fabricd::{Daemon, http, notify, ops, socket};
+use fabricd::sys::notify;
+use fabricd::transport::{http, socket};
+use fabricd::{Daemon, ops};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -192,11 +194,11 @@ async fn serve(config: Config) -> ExitCode {
             }
         }
     }
-    fabricd::uevent::start(&daemon, &shutdown, &tasks);
-    tasks.spawn(fabricd::monitor::run(daemon.clone(), shutdown.clone()));
-    tasks.spawn(fabricd::grace::run(daemon.clone(), shutdown.clone()));
-    tasks.spawn(fabricd::sizewatch::run(daemon.clone(), shutdown.clone()));
-    tasks.spawn(fabricd::refusals::run(daemon.clone(), shutdown.clone()));
+    fabricd::tasks::uevent::start(&daemon, &shutdown, &tasks);
+    tasks.spawn(fabricd::tasks::monitor::run(daemon.clone(), shutdown.clone()));
+    tasks.spawn(fabricd::tasks::grace::run(daemon.clone(), shutdown.clone()));
+    tasks.spawn(fabricd::tasks::sizewatch::run(daemon.clone(), shutdown.clone()));
+    tasks.spawn(fabricd::ops::refusals::run(daemon.clone(), shutdown.clone()));
     tasks.close();
     let status = ops::status(&daemon);
     tracing::info!(

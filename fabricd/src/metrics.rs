@@ -1,6 +1,6 @@
 //! Prometheus metrics: request counters and latency histograms kept in atomics (no lock on
 //! the request path), and the text exposition format (version 0.0.4) rendered per scrape.
-//! [`http`](crate::http) serves the page; `docs/fabricd.md` lists every metric.
+//! [`http`](crate::transport::http) serves the page; `docs/fabricd.md` lists every metric.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -422,7 +422,7 @@ fn fabric_text(fabric: &Fabric, missing: u64) -> String {
         };
         *links.entry((l.kind.name(), state)).or_default() += 1;
     }
-    let failed = inv.devices.iter().filter(|d| crate::monitor::failure(d).is_some()).count() as u64;
+    let failed = inv.devices.iter().filter(|d| crate::tasks::monitor::failure(d).is_some()).count() as u64;
     let mut p = Page::default();
     p.family("fabricd_devices", "gauge", "Devices in the fabric, by kind.");
     for (kind, n) in &devices {
@@ -630,7 +630,7 @@ mod tests {
         // A rescan's fabric replaces the gauges.
         let mut inv = fabric.inventory().clone();
         let gpu = inv.devices.iter().position(|d| d.kind == fabric_topology::DeviceKind::Gpu).unwrap();
-        inv.devices[gpu].attrs.insert(crate::monitor::FAILED_ATTR.into(), "fell off the bus".into());
+        inv.devices[gpu].attrs.insert(crate::tasks::monitor::FAILED_ATTR.into(), "fell off the bus".into());
         m.set_fabric(&Fabric::build(inv).unwrap(), 2);
         let page = m.render(Live::default());
         for want in [

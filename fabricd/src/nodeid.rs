@@ -46,7 +46,7 @@ pub enum NodeIdFileError {
 /// or nothing) when there is none yet.
 pub fn load_or_create(state_dir: &Path) -> Result<NodeId, NodeIdFileError> {
     let path = state_dir.join(FILE_NAME);
-    match crate::privdir::open_nofollow(&path, false) {
+    match crate::sys::privdir::open_nofollow(&path, false) {
         Ok(f) => {
             let mut text = String::new();
             f.take(MAX_FILE_LEN)

@@ -16,8 +16,8 @@ use fabric_proto::wire::{
     TranslateQuery, TranslateRequest, Translation, Version, VersionRange,
 };
 use fabric_topology::{Fabric, LinkState};
-use fabricd::peer::Peer;
 use fabricd::store::MapStore;
+use fabricd::transport::peer::Peer;
 
 fn call(c: &mut Connection, req: Request) -> Response {
     c.call(req, &[]).unwrap().0

@@ -1,6 +1,6 @@
 //! The check and the act of an operation see the same partition state: a partition
 //! change is acknowledged only after the operations authorized against the state it
-//! replaces have finished (`fabricd::dispatch::gate`).
+//! replaces have finished (`fabricd::ops::dispatch::gate`).
 //!
 //! In process: the window between an operation's authorization and its effects cannot be
 //! held open from outside the daemon, so a `Register` from a memory object is held inside
@@ -20,9 +20,9 @@ use fabric_proto::wire::{
     AccessMode, ErrorCode, Name, PROTOCOL_VERSION, PartitionSpec, PartitionsRequest, PeerCred, RegisterRequest,
     RegisterSource, Request, Response,
 };
-use fabricd::dispatch::Context;
-use fabricd::peer::Peer;
-use fabricd::principal::Client;
+use fabricd::ops::dispatch::Context;
+use fabricd::ops::principal::Client;
+use fabricd::transport::peer::Peer;
 
 const TENANT: u32 = 4242;
 

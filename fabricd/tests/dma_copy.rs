@@ -14,7 +14,7 @@ use fabric_topology::{DeviceKind, MemoryKind};
 use fabricd::config::LimitsConfig;
 use fabricd::dma::{DmaError, target_of};
 use fabricd::memory::{Memory, Place, Source};
-use fabricd::peer::Process;
+use fabricd::transport::peer::Process;
 
 fn memfd(len: u64) -> File {
     let name = CString::new("dma-copy").unwrap();

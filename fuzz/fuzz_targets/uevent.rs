@@ -4,7 +4,7 @@
 //! same uevent (when it fits the size limit).
 #![no_main]
 
-use fabricd::uevent::parse::{MAX_FIELDS, MAX_MESSAGE, parse};
+use fabricd::tasks::uevent::parse::{MAX_FIELDS, MAX_MESSAGE, parse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

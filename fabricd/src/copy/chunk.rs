@@ -13,7 +13,7 @@ use super::fault::{self, FaultError};
 use super::regionmap::RegionMaps;
 use super::sys::{self, Mapping};
 use crate::memory::Side;
-use crate::peer::Process;
+use crate::transport::peer::Process;
 
 /// Why a chunk did not move.
 #[derive(Debug, thiserror::Error)]

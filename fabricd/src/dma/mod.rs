@@ -14,7 +14,7 @@
 //! - the client's own virtual memory, which the client locks (`mlock`) and the daemon
 //!   checks (`VmFlags: lo` in `/proc/<pid>/smaps`) and reaches with `process_vm_readv`/
 //!   `process_vm_writev`, following the process by the pidfd its connection was accepted
-//!   with ([`crate::peer::Process::with`]), so that a reused pid is never read or written.
+//!   with ([`crate::transport::peer::Process::with`]), so that a reused pid is never read or written.
 //!
 //! The registry has no lock of its own: it lives in the memory registry's state
 //! ([`crate::memory`]), so that freeing a region or releasing an import drops the
@@ -126,7 +126,7 @@ pub enum Backing {
     Process {
         /// The process that connected, followed by the pidfd taken at accept: copies
         /// stop once it exits, and never reach a process that got its pid since.
-        process: crate::peer::Process,
+        process: crate::transport::peer::Process,
         /// First byte of the first page.
         addr: u64,
     },

@@ -1,7 +1,7 @@
 //! The system calls of DMA registration: `mmap` + `mlock` of memory the daemon maps,
 //! `process_vm_readv`/`process_vm_writev` to reach a client's memory, and the `/proc`
 //! reads that check what a client says it pinned (by pid: callers go through
-//! [`crate::peer::Process::with`], which follows the process by its pidfd).
+//! [`crate::transport::peer::Process::with`], which follows the process by its pidfd).
 
 use std::fs::File;
 use std::io;

@@ -232,7 +232,7 @@ pub enum JournalError {
     },
     /// The journal directory is not the daemon's own private directory.
     #[error("journal directory")]
-    Dir(#[source] crate::privdir::DirError),
+    Dir(#[source] crate::sys::privdir::DirError),
     /// Sequence or segment numbers ran out (only a crafted header can get here).
     #[error("journal sequence or segment numbers exhausted")]
     Exhausted,

@@ -124,7 +124,7 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
         return Err(JournalError::Discontinuous { path: dir.to_owned(), what: "no live segment".into() });
     };
     let first_segment = first.number;
-    let file = crate::privdir::open_nofollow(&last.path, true)
+    let file = crate::sys::privdir::open_nofollow(&last.path, true)
         .map_err(|source| JournalError::Write { path: last.path.clone(), source })?;
     if let Some(t) = last.torn {
         tracing::warn!(
@@ -161,10 +161,10 @@ fn corrupt(path: &Path, source: format::FormatError) -> JournalError {
 /// Creates the journal directory (and a missing state directory above it) durably: a
 /// power loss right after the first acknowledged append must not forget the directory
 /// that holds it.
-/// It must be the daemon's own (`crate::privdir`): segments name export secrets and
+/// It must be the daemon's own (`crate::sys::privdir`): segments name export secrets and
 /// resume tokens.
 pub(crate) fn ensure_dir(dir: &Path) -> Result<(), JournalError> {
-    crate::privdir::PrivateDir::create(dir).map(|_| ()).map_err(JournalError::Dir)
+    crate::sys::privdir::PrivateDir::create(dir).map(|_| ()).map_err(JournalError::Dir)
 }
 
 /// Segment numbers (sorted) and temporaries in `dir`.
@@ -211,7 +211,7 @@ fn create_first(dir: &Path, temps: Vec<PathBuf>) -> Result<Recovered, JournalErr
 /// The header of a segment, or what is wrong with it.
 fn read_header(path: &Path) -> Result<Result<SegmentHeader, format::FormatError>, JournalError> {
     let rerr = |source| JournalError::Read { path: path.to_owned(), source };
-    let mut file = crate::privdir::open_nofollow(path, false).map_err(rerr)?;
+    let mut file = crate::sys::privdir::open_nofollow(path, false).map_err(rerr)?;
     let mut buf = Vec::with_capacity(HEADER_LEN);
     file.by_ref().take(HEADER_LEN as u64).read_to_end(&mut buf).map_err(rerr)?;
     Ok(SegmentHeader::decode(&buf))
@@ -221,8 +221,8 @@ fn read_segment(path: &Path) -> Result<Vec<u8>, JournalError> {
     let rerr = |source| JournalError::Read { path: path.to_owned(), source };
     // Every live segment is read here once at open: not through a symlink, the daemon's
     // own, and 0600 from here on (one an earlier daemon left readable is tightened).
-    let file = crate::privdir::open_nofollow(path, false).map_err(rerr)?;
-    crate::privdir::check_file(&file, path).map_err(rerr)?;
+    let file = crate::sys::privdir::open_nofollow(path, false).map_err(rerr)?;
+    crate::sys::privdir::check_file(&file, path).map_err(rerr)?;
     let len = file.metadata().map_err(rerr)?.len();
     if len > MAX_SEGMENT_FILE {
         return Err(JournalError::TooLarge { path: path.to_owned(), len });

@@ -1,6 +1,6 @@
 //! File-system steps the journal's durability rests on: whole-file creation by rename,
 //! directory fsync, the lock file. Files are made 0600 and opened without following a
-//! symlink (`crate::privdir`). Only `std::fs`; no raw syscalls are needed.
+//! symlink (`crate::sys::privdir`). Only `std::fs`; no raw syscalls are needed.
 
 use std::fs::{self, File, TryLockError};
 use std::path::{Path, PathBuf};
@@ -118,13 +118,13 @@ pub fn remove(path: &Path) -> Result<(), JournalError> {
 /// when the process dies.
 pub fn lock(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join(LOCK_FILE);
-    let file = crate::privdir::file_options()
+    let file = crate::sys::privdir::file_options()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
-        .and_then(|f| crate::privdir::check_file(&f, &path).map(|()| f))
+        .and_then(|f| crate::sys::privdir::check_file(&f, &path).map(|()| f))
         .map_err(|source| JournalError::Write { path: path.clone(), source })?;
     match file.try_lock() {
         Ok(()) => Ok(file),

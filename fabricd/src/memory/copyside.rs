@@ -45,7 +45,7 @@ pub enum Side {
     Process {
         /// The process, followed by its pidfd: the copy stops once it exits, and never
         /// reaches a process that got its pid since.
-        process: crate::peer::Process,
+        process: crate::transport::peer::Process,
         /// Address of the endpoint's byte 0.
         addr: u64,
     },

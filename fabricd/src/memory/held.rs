@@ -1,11 +1,11 @@
 //! Descriptors that objects keep open while they live — an adopted CUDA export's, a DMA
 //! registration's pinned file or pidfd — counted against the open-file table's shares
-//! ([`crate::fdbudget`]): per uid, per connection (its session), for all uids other than
+//! ([`crate::sys::fdbudget`]): per uid, per connection (its session), for all uids other than
 //! root and the daemon's own together, and for everyone. A request that would pass one is
 //! refused with `LimitExceeded` naming it, before anything is opened or kept.
 
 use super::{Memory, MemoryError, State};
-use crate::fdbudget::Budget;
+use crate::sys::fdbudget::Budget;
 
 /// The shares, and whose objects may use the part kept back from other uids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -138,9 +138,9 @@ pub enum MemoryError {
     /// The device memory of a new region could not be zeroed (it is not handed out).
     #[error("zeroing the region's device memory")]
     Zero(#[source] zero::ZeroError),
-    /// A directory of region files is not the daemon's own (`crate::privdir`).
+    /// A directory of region files is not the daemon's own (`crate::sys::privdir`).
     #[error("region directory")]
-    Private(#[source] crate::privdir::DirError),
+    Private(#[source] crate::sys::privdir::DirError),
     /// A backing file could not be created or opened.
     #[error("backing file {path}")]
     Io {
@@ -191,10 +191,10 @@ impl RegionFile {
     /// Opens the file read-only or read-write, never through a symlink.
     pub(crate) fn open(&self, write: bool) -> std::io::Result<File> {
         if self.device_file {
-            return crate::privdir::open_nofollow(&self.path, write);
+            return crate::sys::privdir::open_nofollow(&self.path, write);
         }
         match (&self.dir, self.path.file_name()) {
-            (Some(dir), Some(name)) => crate::privdir::open_in(dir.as_fd(), name, write),
+            (Some(dir), Some(name)) => crate::sys::privdir::open_in(dir.as_fd(), name, write),
             _ => Err(std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "the region file is not in its resource's directory",
@@ -523,8 +523,9 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
         let name = format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind));
         // Private (region files are capabilities) and durable (a region file fsynced into a
         // directory a power loss forgets is lost too), both by `PrivateDir`.
-        let private =
-            crate::privdir::PrivateDir::create(root).and_then(|r| r.subdir(&name)).map_err(MemoryError::Private)?;
+        let private = crate::sys::privdir::PrivateDir::create(root)
+            .and_then(|r| r.subdir(&name))
+            .map_err(MemoryError::Private)?;
         let dir = private.path().to_owned();
         out.push(Resource {
             device: dev.id.clone(),
@@ -640,7 +641,7 @@ impl Memory {
                     // Its regions are files under the node's tmpfs directory, named as here,
                     // private and held open like every resource directory.
                     let name = r.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    let private = crate::privdir::PrivateDir::open(&n.dir).and_then(|d| d.subdir(&name));
+                    let private = crate::sys::privdir::PrivateDir::open(&n.dir).and_then(|d| d.subdir(&name));
                     match private {
                         Ok(d) => {
                             r.dir = d.path().to_owned();

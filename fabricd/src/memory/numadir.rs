@@ -11,7 +11,7 @@
 //! The directory holds capabilities (any process that opens a region file reaches its
 //! bytes), so it must be the daemon's own: a real directory (not a symlink), owned by the
 //! daemon's uid, with no access for group or others, on tmpfs. It is created so when
-//! missing and checked as every private directory is (`crate::privdir`); not on tmpfs
+//! missing and checked as every private directory is (`crate::sys::privdir`); not on tmpfs
 //! refuses the start too.
 
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ pub enum NumaDirError {
     },
     /// It is not the daemon's own private directory.
     #[error(transparent)]
-    Private(#[from] crate::privdir::DirError),
+    Private(#[from] crate::sys::privdir::DirError),
     /// It is not on tmpfs.
     #[error("{} cannot hold NUMA regions: {why}", path.display())]
     Unusable {
@@ -61,10 +61,10 @@ pub fn numa_root(configured: &str, base: Option<&Path>, state_dir: &Path) -> Opt
 }
 
 /// Creates `dir` (mode 0700) when missing and checks it: a private directory
-/// ([`crate::privdir::PrivateDir`]: not a symlink, the daemon's uid's, no one else may
+/// ([`crate::sys::privdir::PrivateDir`]: not a symlink, the daemon's uid's, no one else may
 /// write it; read bits for others are cleared), on tmpfs.
 pub fn prepare(dir: &Path) -> Result<(), NumaDirError> {
-    let file = crate::privdir::PrivateDir::create(dir)?.into_file();
+    let file = crate::sys::privdir::PrivateDir::create(dir)?.into_file();
     match fs_magic(&file) {
         Some(TMPFS_MAGIC) => Ok(()),
         Some(m) => Err(NumaDirError::Unusable {

@@ -82,7 +82,7 @@ pub fn pid_start_time(pid: i32) -> Option<u64> {
     }
     let mut text = String::new();
     File::open(format!("/proc/{pid}/stat")).ok()?.read_to_string(&mut text).ok()?;
-    crate::peer::start_time_in(&text)
+    crate::transport::peer::start_time_in(&text)
 }
 
 /// Whether the process that owned a session is still the same process: it exists and
@@ -671,7 +671,7 @@ impl State {
             // A region file: by name in its directory held open, not through a symlink, the
             // daemon's own, 0600 (one an earlier daemon left readable under umask 022 is
             // tightened here, through its descriptor).
-            file.open(false).and_then(|f| crate::privdir::check_file(&f, &found.path).and_then(|()| f.metadata()))
+            file.open(false).and_then(|f| crate::sys::privdir::check_file(&f, &found.path).and_then(|()| f.metadata()))
         };
         match meta {
             Ok(_) if found.device_file => {}

@@ -14,7 +14,7 @@ use super::{Memory, MemoryError, State, io_err};
 use crate::dma::iova::PAGE;
 use crate::dma::sys::{self, Pinned};
 use crate::dma::{Backing, Covers, DmaError, Registration, Target, span_of};
-use crate::peer::Process;
+use crate::transport::peer::Process;
 
 /// What to register.
 #[derive(Debug)]

@@ -317,8 +317,8 @@ impl Memory {
         }
         let made = (|| {
             // 0600 whatever the umask: the file is a capability to the region's bytes.
-            let f = crate::privdir::file_options().read(true).write(true).create_new(true).open(path)?;
-            crate::privdir::check_file(&f, path)?;
+            let f = crate::sys::privdir::file_options().read(true).write(true).create_new(true).open(path)?;
+            crate::sys::privdir::check_file(&f, path)?;
             f.set_len(len)?;
             if durable {
                 f.sync_all()?;

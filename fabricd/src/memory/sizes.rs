@@ -3,7 +3,7 @@
 //! (`SIGBUS`) past the new end, and growing it takes memory no limit counts (a NUMA region's
 //! file grows past the range its node policy covers, and tmpfs fills). The registry puts
 //! the size back: [`Memory::restore_sizes`], called periodically by the daemon
-//! (`crate::sizewatch`). A shrunk region's lost tail comes back as zeros.
+//! (`crate::tasks::sizewatch`). A shrunk region's lost tail comes back as zeros.
 
 use super::{Memory, RegionFile};
 

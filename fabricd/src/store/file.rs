@@ -85,10 +85,10 @@ impl FileStore {
     }
 }
 
-/// A whole file of the daemon's: not through a symlink, and checked (`crate::privdir`).
+/// A whole file of the daemon's: not through a symlink, and checked (`crate::sys::privdir`).
 fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = crate::privdir::open_nofollow(path, false)?;
-    crate::privdir::check_file(&f, path)?;
+    let mut f = crate::sys::privdir::open_nofollow(path, false)?;
+    crate::sys::privdir::check_file(&f, path)?;
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
 }

@@ -1,6 +1,6 @@
 //! Who may do what: the admin check for partition changes. Identity comes only from what
 //! the kernel recorded when the client connected (`SO_PEERCRED`, `SO_PEERGROUPS`; see
-//! [`crate::peer`]), never from `/proc`, whose pid may since name another process.
+//! [`crate::transport::peer`]), never from `/proc`, whose pid may since name another process.
 
 use fabric_proto::wire::PeerCred;
 

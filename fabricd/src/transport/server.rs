@@ -18,15 +18,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::admission::{Admission, Admitted, Refused};
 use crate::daemon::Daemon;
-use crate::dispatch::Context;
-use crate::inbox;
 use crate::memory::Reclaimed;
+use crate::ops::dispatch::Context;
+use crate::ops::principal::{Client, Principal};
 use crate::ops::{self, refusal};
-use crate::peer::Peer;
-use crate::principal::{Client, Principal};
 use crate::sys;
+use crate::transport::admission::{Admission, Admitted, Refused};
+use crate::transport::inbox;
+use crate::transport::peer::Peer;
 
 /// How long requests in flight get to finish after shutdown is asked for.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -53,8 +53,8 @@ pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: Cancella
             limits.clients = configured,
             served = clients,
             open_files = sys::open_file_limit().unwrap_or(0),
-            per_connection = crate::fdbudget::FDS_PER_CONNECTION,
-            reserved = crate::fdbudget::RESERVED_FDS,
+            per_connection = crate::sys::fdbudget::FDS_PER_CONNECTION,
+            reserved = crate::sys::fdbudget::RESERVED_FDS,
             "the open-file limit holds fewer connections than limits.clients; serving fewer (raise LimitNOFILE= or ulimit -n)"
         );
     }
@@ -579,7 +579,7 @@ impl Conn<'_> {
         let (who, memory, daemon) = (&self.client.principal, &self.daemon.memory, self.daemon);
         let peer = &who.owner();
         let refused = |e: &crate::memory::MemoryError| {
-            let body = crate::dispatch::errors::memory(e);
+            let body = crate::ops::dispatch::errors::memory(e);
             daemon.refused(who, "hello", &body);
             body
         };

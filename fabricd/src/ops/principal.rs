@@ -2,19 +2,19 @@
 //! accepted, and what it stands as for this daemon's policy ([`Client`]: an admin or not).
 //!
 //! A principal is a local process today (uid, gids and the process, as the kernel
-//! recorded them at connect: see [`crate::peer`]). A domain of several nodes adds a peer
+//! recorded them at connect: see [`crate::transport::peer`]). A domain of several nodes adds a peer
 //! node as a second kind (`Peer { node, incarnation }`): every decision below the
 //! transport matches on the kind, so adding one is a compile error at each place that
 //! must decide what a node may do, not a silent default.
 //!
 //! What a principal *reaches* (its partitions) is not fixed with it: bindings change
-//! while a connection lives, so [`crate::scope::Caller::resolve`] resolves the scope from
+//! while a connection lives, so [`crate::ops::scope::Caller::resolve`] resolves the scope from
 //! the bindings current when each request is authorized. Admin standing is fixed at
 //! connect, like the groups it derives from.
 
 use fabric_proto::wire::PeerCred;
 
-use crate::peer::{Peer, Process, ProcessGone};
+use crate::transport::peer::{Peer, Process, ProcessGone};
 
 /// A process on this host, as the kernel recorded it when it connected.
 #[derive(Debug, Clone)]
@@ -84,7 +84,7 @@ impl Principal {
     /// or among its supplementary groups (those of the connection, fixed at connect).
     pub fn is_admin(&self, admin_gid: Option<u32>) -> bool {
         match self {
-            Self::Local(p) => crate::auth::is_admin(&p.cred, admin_gid, &p.groups),
+            Self::Local(p) => crate::ops::auth::is_admin(&p.cred, admin_gid, &p.groups),
         }
     }
 }

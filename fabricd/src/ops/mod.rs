@@ -3,6 +3,16 @@
 //! [`handle`] for in-process callers and tests), and the read-only answers the dispatch
 //! builds (status, topology, devices, inventory, map, translation).
 
+pub mod auth;
+pub mod copyops;
+pub mod dispatch;
+pub mod dmaops;
+pub mod memops;
+pub mod principal;
+pub mod refusals;
+pub mod regions;
+pub mod scope;
+
 use fabric_addrmap::{HoleOwner, Location, ResourceKey, Snapshot, TranslateError};
 use fabric_proto::TopologyOptions;
 use fabric_proto::wire::{
@@ -15,12 +25,12 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::daemon::{Daemon, View};
-use crate::dispatch::{self, Context, Operation, Outcome};
-use crate::peer::Peer;
-use crate::principal::Client;
-use crate::scope::{self, Caller};
+use crate::transport::peer::Peer;
+use dispatch::{Context, Operation, Outcome};
+use principal::Client;
+use scope::Caller;
 
-pub use crate::dispatch::errors::refusal;
+pub use dispatch::errors::refusal;
 
 /// Answers one request (not `Hello`) outside any session, dropping any descriptor the
 /// answer carries: [`handle_session`] with session 0.
@@ -193,7 +203,7 @@ pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse
         });
     }
     for dev in &inv.devices {
-        if let Some(why) = crate::monitor::failure(dev) {
+        if let Some(why) = crate::tasks::monitor::failure(dev) {
             problems.push(Problem {
                 kind: ProblemKind::DeviceFailed,
                 subject: DeviceName::truncated(&dev.id.to_string()),

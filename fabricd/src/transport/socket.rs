@@ -172,7 +172,7 @@ fn unstage(dir: &OwnedFd, stage_name: &str) {
 /// the socket's name there while the daemon is stopped.
 pub fn check_dir(dir: &OwnedFd, path: &Path) -> Result<(), SocketError> {
     let st = fstat(dir).map_err(|e| io_err("inspecting socket directory", path)(e.into()))?;
-    let euid = crate::privdir::euid();
+    let euid = crate::sys::privdir::euid();
     if (st.st_uid != euid && st.st_uid != 0) || st.st_mode & 0o022 != 0 {
         return Err(SocketError::UnsafeDir {
             path: path.to_owned(),

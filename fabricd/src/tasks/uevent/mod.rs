@@ -1,7 +1,7 @@
 //! Kernel uevents: a `NETLINK_KOBJECT_UEVENT` socket bound to the kernel's multicast group
 //! (1), read by one task. Each message is parsed ([`parse`]); one from a subsystem the
 //! fabric is made of ([`RELEVANT`]) asks the monitor for a rescan, which
-//! [`monitor`](crate::monitor) debounces. Messages not sent by the kernel (sender port
+//! [`monitor`](crate::tasks::monitor) debounces. Messages not sent by the kernel (sender port
 //! not 0) are dropped. If the socket cannot be opened the daemon logs it once and keeps
 //! its periodic rescans.
 

@@ -1,7 +1,7 @@
 //! The one dispatch: every operation, from any front end (the Unix socket's connections
 //! today, a node-to-node link tomorrow), is applied by [`apply`], which authorizes it at
 //! one point ([`authz::authorize`]), runs it, and logs its refusal. Wire frames and Unix
-//! credentials stay in the transport ([`crate::server`], [`crate::ops`]); below this
+//! credentials stay in the transport ([`crate::transport::server`], [`crate::ops`]); below this
 //! module code sees a [`Principal`] and an [`Operation`].
 //!
 //! - [`operation`]: the operations and their checked arguments;
@@ -28,9 +28,9 @@ pub use operation::Operation;
 
 use crate::daemon::Daemon;
 use crate::memory::{Abandon, ExportSubject};
-use crate::principal::{Client, Principal};
-use crate::scope::Caller;
-use crate::{copyops, dmaops, memops, ops, regions};
+use crate::ops::principal::{Client, Principal};
+use crate::ops::scope::Caller;
+use crate::ops::{self, copyops, dmaops, memops, regions};
 use errors::refusal;
 
 /// Where an operation comes from: the client, its session, and what its connection

@@ -1,5 +1,5 @@
 //! Monitoring: rescans every `discovery.rescan_interval_s` seconds and, debounced, when
-//! kernel uevents ask for one ([`crate::uevent`]); the diff of two inventories as device
+//! kernel uevents ask for one ([`crate::tasks::uevent`]); the diff of two inventories as device
 //! and link events ([`diff()`]). The map side of a rescan (resources and CXL interleave
 //! sets) is `fabric_addrmap::sync_inventory`, run by `Daemon::rescan`.
 

@@ -16,9 +16,9 @@ use fabric_proto::wire::{BoundedVec, ErrorBody, ErrorCode, TranslateQuery, Trans
 use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
 
 use crate::daemon::{Daemon, View};
-use crate::dispatch::errors::refusal;
 use crate::events::Reach;
-use crate::principal::{Client, Principal};
+use crate::ops::dispatch::errors::refusal;
+use crate::ops::principal::{Client, Principal};
 
 /// What a client's requests reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub enum Scope {
 /// anew for each request ([`Caller::resolve`]), from the bindings current when that
 /// request is authorized, so a client bound or unbound by an admin is treated so from
 /// its next request on; a request already authorized finishes under the scope it was
-/// authorized with (the partition change waits for it: [`crate::dispatch::gate`]).
+/// authorized with (the partition change waits for it: [`crate::ops::dispatch::gate`]).
 #[derive(Debug, Clone)]
 pub struct Caller {
     /// Who, and whether an admin.

@@ -1,6 +1,12 @@
-//! The few system calls the daemon makes directly; descriptors are passed by
+//! The system layer: the daemon's private files and directories ([`privdir`]), the shares
+//! of its open-file table ([`fdbudget`]), `sd_notify` ([`notify`]), and the few system calls
+//! it makes directly (here); descriptors are passed by
 //! `fabric_proto::wire::{send_with_fds, recv_with_fds}`, everything else goes through std,
 //! nix or tokio.
+
+pub mod fdbudget;
+pub mod notify;
+pub mod privdir;
 
 /// The effective user id of this process.
 pub fn effective_uid() -> u32 {

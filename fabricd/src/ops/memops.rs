@@ -1,5 +1,5 @@
 //! The memory operations: alloc, adopt, free, export, revoke, import and release, from
-//! checked arguments ([`crate::dispatch::Operation`]) to [`crate::memory::Memory`] calls
+//! checked arguments ([`crate::ops::dispatch::Operation`]) to [`crate::memory::Memory`] calls
 //! and their answers, every refusal typed.
 
 use std::os::fd::OwnedFd;
@@ -10,9 +10,9 @@ use fabric_proto::wire::{
 };
 
 use crate::daemon::Daemon;
-use crate::dispatch::errors::memory as refused;
-use crate::dispatch::operation::Target;
 use crate::memory::Place;
+use crate::ops::dispatch::errors::memory as refused;
+use crate::ops::dispatch::operation::Target;
 use crate::placement;
 
 /// `Alloc`: a region and its backing file, read-write.

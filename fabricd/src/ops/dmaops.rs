@@ -5,11 +5,11 @@ use fabric_proto::wire::{AccessMode, ErrorBody, ErrorCode, RegisterResponse, Res
 use fabric_topology::DeviceId;
 
 use crate::daemon::Daemon;
-use crate::dispatch::errors::{memory as refused, refusal};
-use crate::dispatch::operation::RegisterFrom;
 use crate::dma::{Target, can_dma, target_of};
 use crate::memory::{Abandon, Source};
-use crate::principal::Principal;
+use crate::ops::dispatch::errors::{memory as refused, refusal};
+use crate::ops::dispatch::operation::RegisterFrom;
+use crate::ops::principal::Principal;
 
 /// The DMA target of device `name`: its domain and mask.
 pub fn target(d: &Daemon, id: &DeviceId) -> Result<Target, ErrorBody> {

@@ -5,10 +5,10 @@
 use fabric_proto::wire::{BoundedVec, DeviceName, ErrorBody, ErrorCode, Name, PartitionSpec, PartitionsResponse};
 
 use crate::daemon::Daemon;
-use crate::dispatch::errors::{internal, refusal};
-use crate::dispatch::operation::PartitionChange;
+use crate::ops::dispatch::errors::{internal, refusal};
+use crate::ops::dispatch::operation::PartitionChange;
+use crate::ops::scope::{Caller, Scope};
 use crate::partitions::Binding;
-use crate::scope::{Caller, Scope};
 
 /// The partitions `caller` may see: all of them for an admin, those that bind it for
 /// anyone else (none for an unbound client).

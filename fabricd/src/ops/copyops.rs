@@ -9,9 +9,9 @@ use fabric_topology::DeviceId;
 
 use crate::copy::{DeviceCopy, NewBatch, NewCopy, Sink};
 use crate::daemon::Daemon;
-use crate::dispatch::errors::{memory as refused, refusal};
 use crate::memory::Resolved;
-use crate::scope::Caller;
+use crate::ops::dispatch::errors::{memory as refused, refusal};
+use crate::ops::scope::Caller;
 
 /// Whether `[a, a + len)` and `[b, b + len)` of the same object overlap.
 fn overlaps(a: &Resolved, b: &Resolved, len: u64) -> bool {
@@ -20,7 +20,7 @@ fn overlaps(a: &Resolved, b: &Resolved, len: u64) -> bool {
 }
 
 /// A copy's (or batch's) authorized issuer: the caller, the devices its partitions hold
-/// ([`crate::dispatch::authz::Grant`]), its session and the request's id.
+/// ([`crate::ops::dispatch::authz::Grant`]), its session and the request's id.
 #[derive(Debug)]
 pub struct Copies<'a> {
     /// Who.
@@ -124,6 +124,6 @@ pub fn submit(
         Ok(Ok(copy)) if batch => Ok(Response::CopyBatch(CopyResponse { copy })),
         Ok(Ok(copy)) => Ok(Response::Copy(CopyResponse { copy })),
         Ok(Err(e)) => Err(e),
-        Err(e) => Err(crate::dispatch::errors::copy(&e)),
+        Err(e) => Err(crate::ops::dispatch::errors::copy(&e)),
     }
 }

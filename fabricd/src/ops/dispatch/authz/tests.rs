@@ -10,10 +10,10 @@ use fabric_proto::wire::{
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::*;
-use crate::dispatch::operation::{PartitionChange, RegisterFrom};
 use crate::memory::Place;
-use crate::peer::Peer;
-use crate::principal::Client;
+use crate::ops::dispatch::operation::{PartitionChange, RegisterFrom};
+use crate::ops::principal::Client;
+use crate::transport::peer::Peer;
 
 fn dev(n: u8) -> DeviceId {
     format!("uuid:GPU-{n}").parse().unwrap()

@@ -23,7 +23,7 @@ use fabric_topology::DeviceId;
 use super::errors::refusal;
 use super::operation::{Operation, Target};
 use crate::memory::ExportSubject;
-use crate::scope::{Caller, Scope};
+use crate::ops::scope::{Caller, Scope};
 
 /// What the table reads of the policy state: one view of the partitions, the map's sets
 /// and the registry's exports.
