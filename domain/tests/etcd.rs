@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fabric_domain::testing::{EtcdServer, TestingError};
 use fabric_domain::{
     DataPathKind, DomainClient, DomainConfig, DomainSettings, EtcdError, FabricGroup, LeaseState, MemberRecord,
-    RecordError, RecordLimits, fresh_incarnation,
+    RecordError, RecordLimits, SlotClaim, fresh_incarnation,
 };
 
 async fn etcd() -> Option<EtcdServer> {
@@ -61,11 +61,14 @@ fn sixteen_slots() -> DomainSettings {
 async fn sixteen_concurrent_claimers_get_sixteen_distinct_slots() {
     let Some(etcd) = etcd().await else { return };
     let settings = sixteen_slots();
+    // All connected first, then released at once, so that claims really race.
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(16));
     let mut claimers = Vec::new();
     for i in 0..16 {
         let c = client(&etcd, &format!("tray-{i}"), 6).await;
-        let settings = settings.clone();
+        let (settings, start) = (settings.clone(), start.clone());
         claimers.push(tokio::spawn(async move {
+            start.wait().await;
             c.ensure_settings(&settings).await.unwrap();
             (c.claim_slot(&settings).await.unwrap(), c)
         }));
@@ -79,6 +82,12 @@ async fn sixteen_concurrent_claimers_get_sixteen_distinct_slots() {
         clients.push((slot, c));
     }
     assert_eq!(slots.len(), 16, "{slots:?}");
+    // etcd agrees: each slot key names the node that was told it holds it.
+    for (slot, c) in &clients {
+        let value = c.raw().get(c.keys().slot(*slot), None).await.unwrap();
+        let claim: SlotClaim = fabric_domain::records::decode(value.kvs()[0].value(), RecordLimits::default()).unwrap();
+        assert_eq!(claim, SlotClaim::new(*slot, c.node()));
+    }
     // A repeated claim (as after a restart: a new connection) returns the same slot.
     for (slot, c) in &clients {
         let again = client(&etcd, c.node(), 6).await;
