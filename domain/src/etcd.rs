@@ -101,8 +101,8 @@ pub enum EtcdError {
         /// How many slots there are.
         count: u32,
     },
-    /// A slot claim kept losing races.
-    #[error("slot claim for {node} lost {attempts} races in a row")]
+    /// A slot claim (or gc) kept losing races with other writers of the same keys.
+    #[error("slot claim or gc for {node} lost {attempts} races in a row")]
     Contention {
         /// The node.
         node: String,

@@ -77,7 +77,7 @@ impl DomainClient {
         let slot_key = self.keys().slot(claim.slot);
         let txn = Txn::new()
             .when([
-                Compare::create_revision(member, CompareOp::Equal, 0),
+                Compare::create_revision(member.clone(), CompareOp::Equal, 0),
                 Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision),
             ])
             .and_then([TxnOp::delete(slot_key, None), TxnOp::delete(reverse, None)]);
@@ -86,7 +86,12 @@ impl DomainClient {
             info!(%node, slot = claim.slot, "freed a slot");
             return Ok(Some(claim.slot));
         }
-        Err(EtcdError::GcLive { node: node.to_owned() })
+        // Either the node is live, or its claim changed under us (another gc): say which.
+        if self.get_raw(&member).await?.is_some() {
+            Err(EtcdError::GcLive { node: node.to_owned() })
+        } else {
+            Err(EtcdError::Contention { node: node.to_owned(), attempts: 1 })
+        }
     }
 
     /// Checks that `slot-of/<node>`'s claim names `node` and that `slots/<n>` agrees.
