@@ -3,18 +3,27 @@
 # Idempotent: packages already present are left alone. Without root it only reports.
 set -euo pipefail
 
-# Package -> a command it provides (what we check for).
+# Package -> a command it provides, or an absolute path of a file it installs (what we check for).
 declare -A WANT=(
   [hwloc]=lstopo-no-graphics   # tier 1: compare PCI discovery with hwloc on the live host
   [graphviz]=dot               # tier 1: check that `fabricctl topology -o dot` parses
   [hyperfine]=hyperfine        # benchmarks: whole-process timing side by side
   [prometheus]=promtool        # fabricd tests: `promtool check metrics` on the metrics page
   [pkgconf]=pkg-config          # libfabric-mm tests: build the C examples through fabric-mm.pc
+  [etcd-server]=etcd           # domain tests: each test starts its own private etcd
+  [etcd-client]=etcdctl        # domain: inspect a private etcd by hand
+  [protobuf-compiler]=protoc   # builds etcd's protos for the etcd-client crate (fabric-domain)
+  [libprotobuf-dev]=/usr/include/google/protobuf/descriptor.proto  # the protos etcd's import
 )
 
 missing=()
 for pkg in "${!WANT[@]}"; do
-  command -v "${WANT[$pkg]}" >/dev/null 2>&1 || missing+=("$pkg")
+  want=${WANT[$pkg]}
+  if [[ $want == /* ]]; then
+    [ -e "$want" ] || missing+=("$pkg")
+  else
+    command -v "$want" >/dev/null 2>&1 || missing+=("$pkg")
+  fi
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "deps: all present"
@@ -27,4 +36,16 @@ fi
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+# Debian's etcd-server starts a system etcd on install; tests never use one (each starts its
+# own on free ports), so no service may start while installing: policy-rc.d answers "denied"
+# for the install only, and a service that exists is stopped and disabled afterwards.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy"
+  chmod 755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if command -v systemctl >/dev/null 2>&1 && systemctl list-unit-files etcd.service >/dev/null 2>&1; then
+  systemctl disable --now etcd.service >/dev/null 2>&1 || true
+fi

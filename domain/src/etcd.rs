@@ -1,0 +1,359 @@
+//! A thin client over etcd for the domain: connecting (with timeouts and TLS), the
+//! domain-wide settings (written once, then compared), and member join and listing.
+//!
+//! Every request is bounded by the configuration's request timeout (a third of the lease
+//! TTL) with `tokio::time::timeout` rather than the client's own timeout, which would also
+//! cut the lease's keepalive stream. Slot claims are in `slots.rs`, the lease in `lease.rs`.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions,
+};
+use etcd_client::{Txn, TxnOp};
+use tracing::warn;
+
+use crate::config::{CONNECT_TIMEOUT, ConfigError, DomainConfig};
+use crate::lease::Lease;
+use crate::records::{self, DomainSettings, Keys, MemberRecord, Record, RecordError, RecordLimits};
+
+/// Errors from the domain's etcd operations. Each names etcd when etcd is the cause, so a
+/// refused domain change says why.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// The `[domain]` section is invalid.
+    #[error("domain configuration")]
+    Config(#[from] ConfigError),
+    /// A TLS file could not be read.
+    #[error("etcd tls file {path}")]
+    TlsFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// etcd could not be reached at connect.
+    #[error("etcd at {endpoints}: cannot connect")]
+    Connect {
+        /// The endpoints tried.
+        endpoints: String,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// An etcd request failed.
+    #[error("etcd {op}")]
+    Request {
+        /// The operation.
+        op: &'static str,
+        /// Why.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// An etcd request got no answer in time.
+    #[error("etcd {op}: no answer within {after:?}")]
+    Timeout {
+        /// The operation.
+        op: &'static str,
+        /// The timeout.
+        after: Duration,
+    },
+    /// A value in etcd was refused.
+    #[error("etcd record at {key}")]
+    Record {
+        /// The key it was read from.
+        key: String,
+        /// Why it was refused.
+        #[source]
+        source: RecordError,
+    },
+    /// Another live daemon holds this node name.
+    #[error("node name {node} is held by a live daemon (incarnation {incarnation}) until its lease ends")]
+    NameTaken {
+        /// The node name.
+        node: String,
+        /// The holder's incarnation, `unknown` when its record was unreadable.
+        incarnation: String,
+    },
+    /// The domain's settings contradict this node's.
+    #[error("domain setting {field}: the domain has {domain}, this node has {local}")]
+    SettingsMismatch {
+        /// The setting.
+        field: &'static str,
+        /// The domain's value.
+        domain: String,
+        /// This node's value.
+        local: String,
+    },
+    /// The lease this operation needs has been lost.
+    #[error("lease {id:#x} is lost: {reason}")]
+    LeaseLost {
+        /// The lease.
+        id: i64,
+        /// Why it was lost.
+        reason: String,
+    },
+    /// Every slot of the domain is claimed.
+    #[error("all {count} slots of the domain are claimed")]
+    DomainFull {
+        /// How many slots there are.
+        count: u32,
+    },
+    /// A slot claim (or gc) kept losing races with other writers of the same keys.
+    #[error("slot claim or gc for {node} lost {attempts} races in a row")]
+    Contention {
+        /// The node.
+        node: String,
+        /// How many attempts.
+        attempts: u32,
+    },
+    /// The two keys of a slot claim disagree.
+    #[error("slot-of/{node} names slot {slot}, but slots/{slot} is held by {holder}")]
+    Inconsistent {
+        /// The node.
+        node: String,
+        /// The slot.
+        slot: u32,
+        /// Who `slots/<slot>` names (`nobody` when absent).
+        holder: String,
+    },
+    /// An admin tried to free the slot of a node that is a live member.
+    #[error("node {node} is a live member: its slot cannot be freed")]
+    GcLive {
+        /// The node.
+        node: String,
+    },
+}
+
+/// What the domain's member keys hold: the records that decoded, and the values refused.
+#[derive(Debug, Default)]
+pub struct MemberList {
+    /// Valid members, by key order.
+    pub members: Vec<MemberRecord>,
+    /// Keys whose values were refused, with why. They never enter the list above.
+    pub refused: Vec<(String, RecordError)>,
+}
+
+/// A connection to the domain's etcd, for one node.
+#[derive(Clone)]
+pub struct DomainClient {
+    client: Client,
+    keys: Keys,
+    node: String,
+    limits: RecordLimits,
+    lease_ttl: Duration,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for DomainClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DomainClient")
+            .field("keys", &self.keys)
+            .field("node", &self.node)
+            .field("lease_ttl", &self.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DomainClient {
+    /// Validates `config`, connects to its endpoints and checks that etcd answers.
+    pub async fn connect(config: &DomainConfig, limits: RecordLimits) -> Result<Self, EtcdError> {
+        config.validate()?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(config.keepalive_interval(), config.request_timeout());
+        if let Some(tls) = &config.tls {
+            let mut tls_options = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca)?));
+            if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+                tls_options = tls_options.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            if let Some(name) = &tls.server_name {
+                tls_options = tls_options.domain_name(name.clone());
+            }
+            options = options.with_tls(tls_options);
+        }
+        let endpoints = config.endpoints.join(",");
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&config.endpoints, Some(options))).await;
+        let client = match connected {
+            Ok(Ok(client)) => client,
+            Ok(Err(source)) => return Err(EtcdError::Connect { endpoints, source }),
+            Err(_) => return Err(EtcdError::Timeout { op: "connect", after: CONNECT_TIMEOUT }),
+        };
+        let this = Self {
+            client,
+            keys: Keys::new(&config.name),
+            node: config.node.clone(),
+            limits,
+            lease_ttl: config.lease_ttl(),
+            request_timeout: config.request_timeout(),
+        };
+        // The client connects lazily: one cheap read proves etcd answers.
+        let mut kv = this.client.clone();
+        let probe = GetOptions::new().with_count_only();
+        this.call("connect", kv.get(this.keys.settings(), Some(probe))).await?;
+        Ok(this)
+    }
+
+    /// The domain's keys.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The record decoder's bounds.
+    pub fn limits(&self) -> RecordLimits {
+        self.limits
+    }
+
+    /// The underlying etcd client (for admin tools and tests).
+    pub fn raw(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Grants this node a lease of the configured TTL and starts renewing it.
+    pub async fn grant_lease(&self) -> Result<Lease, EtcdError> {
+        let mut lease = self.client.clone();
+        let ttl = i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+        let granted = self.call("lease grant", lease.lease_grant(ttl, None)).await?;
+        Ok(Lease::start(self.client.clone(), granted.id(), self.lease_ttl, self.request_timeout))
+    }
+
+    /// Makes the domain's settings `local` if none are written yet; otherwise reads them and
+    /// refuses, naming both values, when they differ from `local`.
+    pub async fn ensure_settings(&self, local: &DomainSettings) -> Result<DomainSettings, EtcdError> {
+        let key = self.keys.settings();
+        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key.clone(),
+            records::encode(local),
+            None,
+        )]);
+        let mut kv = self.client.clone();
+        if self.call("settings write", kv.txn(txn)).await?.succeeded() {
+            return Ok(local.clone());
+        }
+        let domain: DomainSettings = self
+            .get_record(&key)
+            .await?
+            .ok_or_else(|| EtcdError::Record { key: key.clone(), source: RecordError::Truncated { len: 0 } })?;
+        match domain.difference(local) {
+            Some((field, domain, local)) => Err(EtcdError::SettingsMismatch { field, domain, local }),
+            None => Ok(domain),
+        }
+    }
+
+    /// Joins the domain: writes `record` (this node's) on `lease`, unless another live daemon
+    /// holds the name.
+    pub async fn join(&self, lease: &Lease, record: &MemberRecord) -> Result<(), EtcdError> {
+        let key = self.keys.member(&self.node);
+        record.validate().map_err(|source| EtcdError::Record { key: key.clone(), source })?;
+        if record.name != self.node {
+            let reason = format!("names {:?}, this node is {:?}", record.name, self.node);
+            return Err(EtcdError::Record { key, source: RecordError::Invalid { field: "name", reason } });
+        }
+        lease.check()?;
+        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key.clone(),
+            records::encode(record),
+            Some(PutOptions::new().with_lease(lease.id())),
+        )]);
+        let mut kv = self.client.clone();
+        if self.call("member join", kv.txn(txn)).await?.succeeded() {
+            return Ok(());
+        }
+        let incarnation = match self.get_record::<MemberRecord>(&key).await {
+            Ok(Some(holder)) => holder.incarnation.to_string(),
+            Ok(None) | Err(_) => "unknown".to_owned(),
+        };
+        Err(EtcdError::NameTaken { node: self.node.clone(), incarnation })
+    }
+
+    /// Leaves the domain: revokes the lease, which deletes the member record with it.
+    pub async fn leave(&self, lease: Lease) -> Result<(), EtcdError> {
+        let id = lease.id();
+        drop(lease);
+        let mut client = self.client.clone();
+        self.call("lease revoke", client.lease_revoke(id)).await.map(drop)
+    }
+
+    /// Every member record of the domain; values that do not decode (or whose name is not
+    /// their key's) are refused, logged and listed apart.
+    pub async fn members(&self) -> Result<MemberList, EtcdError> {
+        let prefix = self.keys.members();
+        let mut kv = self.client.clone();
+        let response = self.call("members read", kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await?;
+        let mut list = MemberList::default();
+        for entry in response.kvs() {
+            let key = String::from_utf8_lossy(entry.key()).into_owned();
+            let name = key.strip_prefix(&prefix).unwrap_or_default();
+            let decoded = records::decode::<MemberRecord>(entry.value(), self.limits).and_then(|record| {
+                if record.name == name {
+                    Ok(record)
+                } else {
+                    let reason = format!("{:?} under the key of {name:?}", record.name);
+                    Err(RecordError::Invalid { field: "name", reason })
+                }
+            });
+            match decoded {
+                Ok(record) => list.members.push(record),
+                Err(error) => {
+                    warn!(%key, %error, "refused a member record");
+                    list.refused.push((key, error));
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// Reads and decodes one record; `None` when the key is absent.
+    pub(crate) async fn get_record<R: Record>(&self, key: &str) -> Result<Option<R>, EtcdError> {
+        match self.get_raw(key).await? {
+            Some((value, _)) => self.decode(key, &value).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// One key's value and modification revision; `None` when it is absent.
+    pub(crate) async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
+        let mut kv = self.client.clone();
+        let response = self.call("read", kv.get(key, None)).await?;
+        Ok(response.kvs().first().map(|entry| (entry.value().to_vec(), entry.mod_revision())))
+    }
+
+    /// Decodes a value read from `key`, naming the key when refused.
+    pub(crate) fn decode<R: Record>(&self, key: &str, value: &[u8]) -> Result<R, EtcdError> {
+        records::decode(value, self.limits).map_err(|source| {
+            warn!(%key, error = %source, "refused an etcd record");
+            EtcdError::Record { key: key.to_owned(), source }
+        })
+    }
+
+    /// Runs one etcd request under the request timeout.
+    pub(crate) async fn call<T>(
+        &self,
+        op: &'static str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, EtcdError> {
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(source)) => Err(EtcdError::Request { op, source }),
+            Err(_) => Err(EtcdError::Timeout { op, after: self.request_timeout }),
+        }
+    }
+}
+
+/// A fresh incarnation for this start of the daemon: nanoseconds since the Unix epoch, so
+/// it grows across restarts of one node as long as its clock does; never 0.
+pub fn fresh_incarnation() -> u64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, EtcdError> {
+    std::fs::read(path).map_err(|source| EtcdError::TlsFile { path: path.to_owned(), source })
+}

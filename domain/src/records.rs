@@ -1,0 +1,593 @@
+//! The domain's keys in etcd and the records stored under them, with their strict encoding.
+//!
+//! Every key lives under `/fabric/<domain>/`:
+//!
+//! | key                    | record             | lease | written by                       |
+//! |------------------------|--------------------|-------|----------------------------------|
+//! | `settings`             | [`DomainSettings`] | no    | the first node, once             |
+//! | `members/<node>`       | [`MemberRecord`]   | yes   | the node, at join                |
+//! | `slots/<n>`            | [`SlotClaim`]      | no    | the node, at its first claim     |
+//! | `slot-of/<node>`       | [`SlotClaim`]      | no    | the same transaction             |
+//! | `placements/<node>`    | (next step)        | no    | the node, when its memory moves  |
+//!
+//! A record is JSON with a `version` field, at most [`RecordLimits::max_bytes`] long; the
+//! decoder refuses oversized, truncated, wrong-version, unknown-field and out-of-range input
+//! with a typed [`RecordError`] and never panics: etcd is shared, so any of its values may
+//! have been written by a broken or hostile hand.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::is_valid_name;
+
+/// The one record format version this build reads and writes.
+pub const RECORD_VERSION: u32 = 1;
+/// Default bound on one record's encoded size.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 64 * 1024;
+/// Highest bound a caller may set: well under etcd's 1.5 MiB request limit.
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// Most slots a domain may have (the 100,000-GPU cluster has 12,500 nodes).
+pub const MAX_SLOTS: u32 = 1 << 16;
+/// Smallest node span: 1 GiB, the map's default device alignment.
+pub const MIN_NODE_SPAN: u64 = 1 << 30;
+/// Longest peer address (`host:port`).
+pub const MAX_PEER_ADDRESS_LEN: usize = 260;
+/// Most capabilities or fabric groups one member lists.
+pub const MAX_LIST_LEN: usize = 32;
+/// Longest software version string.
+pub const MAX_VERSION_LEN: usize = 64;
+
+/// Errors from decoding a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// The value is larger than the configured bound.
+    #[error("{len} bytes, more than the {max}-byte bound")]
+    Oversized {
+        /// Its length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The value ends before the record does (an empty value included).
+    #[error("truncated after {len} bytes")]
+    Truncated {
+        /// Its length.
+        len: usize,
+    },
+    /// The record's format version is not [`RECORD_VERSION`].
+    #[error("format version {found}, this build reads {RECORD_VERSION}")]
+    WrongVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// The value is not a well-formed record (syntax, unknown or missing field, wrong type).
+    #[error("malformed: {0}")]
+    Malformed(String),
+    /// The record is well formed but a field is out of range.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Bounds on what the decoder accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordLimits {
+    max_bytes: usize,
+}
+
+impl RecordLimits {
+    /// Limits with this bound on a record's size, capped at [`MAX_RECORD_BYTES`].
+    pub fn new(max_bytes: usize) -> Self {
+        Self { max_bytes: max_bytes.min(MAX_RECORD_BYTES) }
+    }
+
+    /// The bound on a record's size.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+}
+
+impl Default for RecordLimits {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_RECORD_BYTES)
+    }
+}
+
+/// The etcd keys of one domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// The keys of the domain `domain` (a name [`DomainConfig::validate`] accepted).
+    ///
+    /// [`DomainConfig::validate`]: crate::config::DomainConfig::validate
+    pub fn new(domain: &str) -> Self {
+        Self { prefix: format!("/fabric/{domain}/") }
+    }
+
+    /// `/fabric/<domain>/`: every key of the domain.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The domain-wide settings.
+    pub fn settings(&self) -> String {
+        format!("{}settings", self.prefix)
+    }
+
+    /// The prefix of every member key.
+    pub fn members(&self) -> String {
+        format!("{}members/", self.prefix)
+    }
+
+    /// A live node's member record (on its lease).
+    pub fn member(&self, node: &str) -> String {
+        format!("{}members/{node}", self.prefix)
+    }
+
+    /// The prefix of every slot key.
+    pub fn slots(&self) -> String {
+        format!("{}slots/", self.prefix)
+    }
+
+    /// The claim of slot `slot`.
+    pub fn slot(&self, slot: u32) -> String {
+        format!("{}slots/{slot}", self.prefix)
+    }
+
+    /// The slot a node holds (the reverse of [`Keys::slot`]).
+    pub fn slot_of(&self, node: &str) -> String {
+        format!("{}slot-of/{node}", self.prefix)
+    }
+
+    /// A node's placements (written by the next step: map publication).
+    pub fn placements(&self, node: &str) -> String {
+        format!("{}placements/{node}", self.prefix)
+    }
+
+    /// The slot number a slot key names, if it is one (`slots/<n>` with `n` in decimal,
+    /// no leading zero, below [`MAX_SLOTS`]).
+    pub fn parse_slot_key(&self, key: &[u8]) -> Option<u32> {
+        let rest = key.strip_prefix(self.slots().as_bytes())?;
+        let text = std::str::from_utf8(rest).ok()?;
+        if text.is_empty() || (text.len() > 1 && text.starts_with('0')) || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        text.parse::<u32>().ok().filter(|n| *n < MAX_SLOTS)
+    }
+}
+
+/// How nodes of the domain reach each other's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataPathKind {
+    /// A file every node can map (nodes on one machine: the stand-in for a memory fabric).
+    SharedFile,
+    /// NVLink load/store between GPUs of one clique.
+    Nvlink,
+    /// A CXL memory pool shared by hosts.
+    Cxl,
+    /// RDMA reads and writes (scale-out).
+    Rdma,
+}
+
+/// Domain-wide settings, written once by the first node; every other node must agree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainSettings {
+    /// Format version ([`RECORD_VERSION`]).
+    pub version: u32,
+    /// Significant bits of a GFA (40..=64).
+    pub address_bits: u8,
+    /// Every node's slot size: a power of two, at least [`MIN_NODE_SPAN`]; slot `n` starts
+    /// at `n * node_span`.
+    pub node_span: u64,
+    /// The data paths the domain uses, sorted, no duplicates.
+    pub data_paths: Vec<DataPathKind>,
+}
+
+impl DomainSettings {
+    /// Settings of the current version.
+    pub fn new(address_bits: u8, node_span: u64, mut data_paths: Vec<DataPathKind>) -> Self {
+        data_paths.sort_unstable();
+        data_paths.dedup();
+        Self { version: RECORD_VERSION, address_bits, node_span, data_paths }
+    }
+
+    /// How many slots the address space holds (at most [`MAX_SLOTS`]).
+    pub fn slot_count(&self) -> u32 {
+        let space = if self.address_bits >= 64 { u128::from(u64::MAX) + 1 } else { 1u128 << self.address_bits };
+        let slots = space / u128::from(self.node_span.max(1));
+        u32::try_from(slots.min(u128::from(MAX_SLOTS))).unwrap_or(MAX_SLOTS)
+    }
+
+    /// The first field where `self` and `other` differ, with both values as text.
+    pub fn difference(&self, other: &Self) -> Option<(&'static str, String, String)> {
+        if self.address_bits != other.address_bits {
+            return Some(("address_bits", self.address_bits.to_string(), other.address_bits.to_string()));
+        }
+        if self.node_span != other.node_span {
+            return Some(("node_span", format!("{:#x}", self.node_span), format!("{:#x}", other.node_span)));
+        }
+        if self.data_paths != other.data_paths {
+            return Some(("data_paths", format!("{:?}", self.data_paths), format!("{:?}", other.data_paths)));
+        }
+        None
+    }
+
+    fn check(&self) -> Result<(), RecordError> {
+        if !(40..=64).contains(&self.address_bits) {
+            return Err(invalid("address_bits", format!("{} is outside 40..=64", self.address_bits)));
+        }
+        if !self.node_span.is_power_of_two() || self.node_span < MIN_NODE_SPAN {
+            return Err(invalid("node_span", format!("{:#x} is not a power of two of at least 1 GiB", self.node_span)));
+        }
+        if self.address_bits < 64 && self.node_span > 1u64 << self.address_bits {
+            return Err(invalid("node_span", format!("{:#x} is larger than the address space", self.node_span)));
+        }
+        if self.data_paths.is_empty() || !self.data_paths.windows(2).all(|w| matches!(w, [a, b] if a < b)) {
+            return Err(invalid("data_paths", "must be non-empty, sorted, without duplicates".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A group of nodes that can load and store each other's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FabricGroup {
+    /// An NVLink domain: NVML's `clusterUuid` and `cliqueId`.
+    NvlinkClique {
+        /// The cluster UUID (as NVML prints it).
+        cluster_uuid: String,
+        /// The clique within the cluster.
+        clique_id: u32,
+    },
+    /// A CXL memory pool shared by several hosts.
+    CxlPool {
+        /// The pool's name.
+        pool: String,
+    },
+}
+
+/// A live node's record, on its lease: gone one TTL after the node stops renewing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberRecord {
+    /// Format version ([`RECORD_VERSION`]).
+    pub version: u32,
+    /// The node's name (the key's last part).
+    pub name: String,
+    /// Fresh for every start of the daemon: state tied to another incarnation is void.
+    pub incarnation: u64,
+    /// Where other nodes reach this one (`host:port`).
+    pub peer_address: String,
+    /// What the node offers (short names, each like a node name).
+    pub capabilities: Vec<String>,
+    /// The NVLink cliques and CXL pools the node belongs to.
+    pub groups: Vec<FabricGroup>,
+    /// The daemon's software version.
+    pub software: String,
+}
+
+impl MemberRecord {
+    fn check(&self) -> Result<(), RecordError> {
+        check_node_name("name", &self.name)?;
+        if self.incarnation == 0 {
+            return Err(invalid("incarnation", "0 is not an incarnation".into()));
+        }
+        check_peer_address(&self.peer_address)?;
+        if self.capabilities.len() > MAX_LIST_LEN {
+            return Err(invalid("capabilities", format!("more than {MAX_LIST_LEN}")));
+        }
+        for capability in &self.capabilities {
+            check_node_name("capabilities", capability)?;
+        }
+        if self.groups.len() > MAX_LIST_LEN {
+            return Err(invalid("groups", format!("more than {MAX_LIST_LEN}")));
+        }
+        for group in &self.groups {
+            let (field, text) = match group {
+                FabricGroup::NvlinkClique { cluster_uuid, .. } => ("groups.cluster_uuid", cluster_uuid),
+                FabricGroup::CxlPool { pool } => ("groups.pool", pool),
+            };
+            if text.is_empty() || text.len() > MAX_VERSION_LEN || !text.bytes().all(is_token_byte) {
+                return Err(invalid(field, "must be 1 to 64 of [A-Za-z0-9._:-]".into()));
+            }
+        }
+        if self.software.is_empty()
+            || self.software.len() > MAX_VERSION_LEN
+            || !self.software.bytes().all(is_token_byte)
+        {
+            return Err(invalid("software", "must be 1 to 64 of [A-Za-z0-9._:-]".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A slot's claim, stored both at `slots/<n>` and at `slot-of/<node>`, without a lease: a
+/// node keeps its slot (and its GFAs) across restarts and deaths.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotClaim {
+    /// Format version ([`RECORD_VERSION`]).
+    pub version: u32,
+    /// The slot.
+    pub slot: u32,
+    /// The node that holds it.
+    pub node: String,
+}
+
+impl SlotClaim {
+    /// A claim of the current version.
+    pub fn new(slot: u32, node: &str) -> Self {
+        Self { version: RECORD_VERSION, slot, node: node.to_owned() }
+    }
+
+    fn check(&self) -> Result<(), RecordError> {
+        if self.slot >= MAX_SLOTS {
+            return Err(invalid("slot", format!("{} is not below {MAX_SLOTS}", self.slot)));
+        }
+        check_node_name("node", &self.node)
+    }
+}
+
+/// A record type stored in etcd.
+pub trait Record: Serialize + DeserializeOwned {
+    /// Checks the ranges serde cannot express.
+    fn validate(&self) -> Result<(), RecordError>;
+}
+
+impl Record for DomainSettings {
+    fn validate(&self) -> Result<(), RecordError> {
+        self.check()
+    }
+}
+
+impl Record for MemberRecord {
+    fn validate(&self) -> Result<(), RecordError> {
+        self.check()
+    }
+}
+
+impl Record for SlotClaim {
+    fn validate(&self) -> Result<(), RecordError> {
+        self.check()
+    }
+}
+
+/// Just the version field, read before the record itself so that a record of another
+/// version is named as such rather than as malformed.
+#[derive(Deserialize)]
+struct VersionProbe {
+    version: u32,
+}
+
+/// Encodes a record (for records this build made: their fields are in range).
+pub fn encode<R: Record>(record: &R) -> Vec<u8> {
+    // Serializing these plain structs (strings, integers, vectors, unit-like enums) into a
+    // vector cannot fail; an empty value would be refused by every decoder, never misread.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+/// Decodes and checks a record read from etcd.
+pub fn decode<R: Record>(bytes: &[u8], limits: RecordLimits) -> Result<R, RecordError> {
+    if bytes.len() > limits.max_bytes() {
+        return Err(RecordError::Oversized { len: bytes.len(), max: limits.max_bytes() });
+    }
+    let probe: VersionProbe = serde_json::from_slice(bytes).map_err(|e| json_error(bytes, &e))?;
+    if probe.version != RECORD_VERSION {
+        return Err(RecordError::WrongVersion { found: probe.version });
+    }
+    let record: R = serde_json::from_slice(bytes).map_err(|e| json_error(bytes, &e))?;
+    record.validate()?;
+    Ok(record)
+}
+
+fn json_error(bytes: &[u8], error: &serde_json::Error) -> RecordError {
+    if error.is_eof() { RecordError::Truncated { len: bytes.len() } } else { RecordError::Malformed(error.to_string()) }
+}
+
+fn invalid(field: &'static str, reason: String) -> RecordError {
+    RecordError::Invalid { field, reason }
+}
+
+fn check_node_name(field: &'static str, name: &str) -> Result<(), RecordError> {
+    if is_valid_name(name) {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("{:?} is not a name", name.chars().take(80).collect::<String>())))
+    }
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
+}
+
+/// `host:port` with a non-zero port; the host a name or an IP address (`[v6]` bracketed).
+fn check_peer_address(address: &str) -> Result<(), RecordError> {
+    let fail =
+        || invalid("peer_address", format!("{:?} is not host:port", address.chars().take(80).collect::<String>()));
+    if address.len() > MAX_PEER_ADDRESS_LEN {
+        return Err(fail());
+    }
+    if address.parse::<std::net::SocketAddr>().is_ok_and(|a| a.port() != 0) {
+        return Ok(());
+    }
+    let (host, port) = address.rsplit_once(':').ok_or_else(fail)?;
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0) && !port.starts_with('+');
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if port_ok && host_ok { Ok(()) } else { Err(fail()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn member() -> MemberRecord {
+        MemberRecord {
+            version: RECORD_VERSION,
+            name: "tray-3".into(),
+            incarnation: 42,
+            peer_address: "10.0.0.3:7400".into(),
+            capabilities: vec!["shared-file".into()],
+            groups: vec![
+                FabricGroup::NvlinkClique { cluster_uuid: "c0ffee00-0000-4000-8000-000000000001".into(), clique_id: 7 },
+                FabricGroup::CxlPool { pool: "pool-a".into() },
+            ],
+            software: "0.1.0".into(),
+        }
+    }
+
+    fn settings() -> DomainSettings {
+        DomainSettings::new(57, 1 << 40, vec![DataPathKind::SharedFile, DataPathKind::Nvlink])
+    }
+
+    #[test]
+    fn key_layout() {
+        let keys = Keys::new("supernode");
+        assert_eq!(keys.settings(), "/fabric/supernode/settings");
+        assert_eq!(keys.member("tray-1"), "/fabric/supernode/members/tray-1");
+        assert_eq!(keys.slot(12), "/fabric/supernode/slots/12");
+        assert_eq!(keys.slot_of("tray-1"), "/fabric/supernode/slot-of/tray-1");
+        assert_eq!(keys.placements("tray-1"), "/fabric/supernode/placements/tray-1");
+        assert_eq!(keys.parse_slot_key(b"/fabric/supernode/slots/12"), Some(12));
+        for bad in ["slots/", "slots/012", "slots/-1", "slots/65536", "slots/1x", "slot-of/a"] {
+            assert_eq!(keys.parse_slot_key(format!("/fabric/supernode/{bad}").as_bytes()), None, "{bad}");
+        }
+        assert_eq!(keys.parse_slot_key(b"/fabric/other/slots/1"), None);
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let limits = RecordLimits::default();
+        assert_eq!(decode::<MemberRecord>(&encode(&member()), limits), Ok(member()));
+        assert_eq!(decode::<DomainSettings>(&encode(&settings()), limits), Ok(settings()));
+        let claim = SlotClaim::new(9, "tray-9");
+        assert_eq!(decode::<SlotClaim>(&encode(&claim), limits), Ok(claim));
+    }
+
+    #[test]
+    fn refusals_are_typed() {
+        let limits = RecordLimits::new(256);
+        let bytes = encode(&SlotClaim::new(1, "a"));
+        assert_eq!(decode::<SlotClaim>(&[], limits), Err(RecordError::Truncated { len: 0 }));
+        assert_eq!(
+            decode::<SlotClaim>(&bytes[..bytes.len() - 1], limits),
+            Err(RecordError::Truncated { len: bytes.len() - 1 })
+        );
+        let v2 = br#"{"version":2,"slot":1,"node":"a","future":true}"#;
+        assert_eq!(decode::<SlotClaim>(v2, limits), Err(RecordError::WrongVersion { found: 2 }));
+        assert_eq!(decode::<SlotClaim>(&[b' '; 257], limits), Err(RecordError::Oversized { len: 257, max: 256 }));
+        let extra = br#"{"version":1,"slot":1,"node":"a","extra":0}"#;
+        assert!(matches!(decode::<SlotClaim>(extra, limits), Err(RecordError::Malformed(_))));
+        let bad_node = br#"{"version":1,"slot":1,"node":"../x"}"#;
+        assert!(matches!(decode::<SlotClaim>(bad_node, limits), Err(RecordError::Invalid { field: "node", .. })));
+        let big_slot = br#"{"version":1,"slot":65536,"node":"a"}"#;
+        assert!(matches!(decode::<SlotClaim>(big_slot, limits), Err(RecordError::Invalid { field: "slot", .. })));
+        assert_eq!(RecordLimits::new(usize::MAX).max_bytes(), MAX_RECORD_BYTES);
+    }
+
+    #[test]
+    fn settings_are_checked_and_compared() {
+        let limits = RecordLimits::default();
+        for (bits, span) in [(39u8, 1u64 << 30), (65, 1 << 30), (57, 3 << 30), (57, 1 << 20), (40, 1 << 41)] {
+            let s = DomainSettings { address_bits: bits, node_span: span, ..settings() };
+            assert!(matches!(decode::<DomainSettings>(&encode(&s), limits), Err(RecordError::Invalid { .. })));
+        }
+        let unsorted =
+            DomainSettings { data_paths: vec![DataPathKind::Nvlink, DataPathKind::SharedFile], ..settings() };
+        assert!(decode::<DomainSettings>(&encode(&unsorted), limits).is_err());
+        assert_eq!(settings().slot_count(), 1 << 16);
+        assert_eq!(DomainSettings::new(44, 1 << 40, vec![DataPathKind::Cxl]).slot_count(), 16);
+        assert_eq!(DomainSettings::new(64, 1 << 63, vec![DataPathKind::Cxl]).slot_count(), 2);
+        let other = DomainSettings::new(52, 1 << 40, vec![DataPathKind::SharedFile]);
+        assert_eq!(settings().difference(&other), Some(("address_bits", "57".into(), "52".into())));
+        assert_eq!(settings().difference(&settings()), None);
+    }
+
+    #[test]
+    fn member_fields_are_checked() {
+        let limits = RecordLimits::default();
+        let cases: Vec<(&str, MemberRecord)> = vec![
+            ("incarnation", MemberRecord { incarnation: 0, ..member() }),
+            ("peer_address", MemberRecord { peer_address: "10.0.0.3".into(), ..member() }),
+            ("peer_address", MemberRecord { peer_address: "h:0".into(), ..member() }),
+            ("peer_address", MemberRecord { peer_address: "a b:1".into(), ..member() }),
+            ("capabilities", MemberRecord { capabilities: vec!["x".into(); 33], ..member() }),
+            ("software", MemberRecord { software: String::new(), ..member() }),
+            ("groups.pool", MemberRecord { groups: vec![FabricGroup::CxlPool { pool: "a/b".into() }], ..member() }),
+        ];
+        for (field, record) in cases {
+            match decode::<MemberRecord>(&encode(&record), limits) {
+                Err(RecordError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        for good in ["node-1.example:7400", "[::1]:7400", "127.0.0.1:1"] {
+            let record = MemberRecord { peer_address: good.into(), ..member() };
+            assert!(decode::<MemberRecord>(&encode(&record), limits).is_ok(), "{good}");
+        }
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let limits = RecordLimits::new(256);
+            let _ = decode::<SlotClaim>(&bytes, limits);
+            let _ = decode::<MemberRecord>(&bytes, limits);
+            let _ = decode::<DomainSettings>(&bytes, limits);
+        }
+
+        #[test]
+        fn claims_round_trip(slot in 0..MAX_SLOTS, node in name()) {
+            let claim = SlotClaim::new(slot, &node);
+            prop_assert_eq!(decode::<SlotClaim>(&encode(&claim), RecordLimits::default()), Ok(claim));
+        }
+
+        #[test]
+        fn members_round_trip(
+            node in name(),
+            incarnation in 1..u64::MAX,
+            port in 1..u16::MAX,
+            capabilities in proptest::collection::vec(name(), 0..4),
+            clique in any::<u32>(),
+        ) {
+            let record = MemberRecord {
+                name: node,
+                incarnation,
+                peer_address: format!("10.1.2.3:{port}"),
+                capabilities,
+                groups: vec![FabricGroup::NvlinkClique { cluster_uuid: "u-1".into(), clique_id: clique }],
+                ..member()
+            };
+            prop_assert_eq!(decode::<MemberRecord>(&encode(&record), RecordLimits::default()), Ok(record));
+        }
+
+        #[test]
+        fn every_truncation_is_refused(cut in 0usize..200) {
+            let bytes = encode(&member());
+            let cut = cut.min(bytes.len() - 1);
+            prop_assert!(decode::<MemberRecord>(&bytes[..cut], RecordLimits::default()).is_err());
+        }
+    }
+}

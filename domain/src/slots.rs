@@ -1,0 +1,139 @@
+//! Slot claims: one etcd key per slot, claimed by compare-and-swap, never freed but by an
+//! admin.
+//!
+//! A claim is one transaction: if neither `slots/<n>` nor `slot-of/<node>` was ever
+//! created, put both (without a lease, so the slot outlives the daemon). A node that
+//! already holds a slot gets it back. Each node starts its search at a hash of its name, so
+//! nodes starting together mostly try different slots; a lost race means another node
+//! took a slot, so the retries are bounded by the number of claimers, not a storm.
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use tracing::info;
+
+use crate::etcd::{DomainClient, EtcdError};
+use crate::records::{self, DomainSettings, SlotClaim};
+
+/// Most claim transactions one call tries before it gives up.
+pub const MAX_CLAIM_ATTEMPTS: u32 = 64;
+
+impl DomainClient {
+    /// The slot this node holds, claiming the first free one (from a hash of its name) if it
+    /// holds none.
+    pub async fn claim_slot(&self, settings: &DomainSettings) -> Result<u32, EtcdError> {
+        let node = self.node().to_owned();
+        let count = settings.slot_count();
+        let reverse = self.keys().slot_of(&node);
+        for _ in 0..MAX_CLAIM_ATTEMPTS {
+            if let Some(slot) = self.held_slot(&node).await? {
+                return Ok(slot);
+            }
+            let taken = self.taken_slots().await?;
+            let start = name_hash(&node) % u64::from(count);
+            let free = (0..u64::from(count))
+                .map(|i| (start + i) % u64::from(count))
+                .filter_map(|s| u32::try_from(s).ok())
+                .find(|s| taken.binary_search(s).is_err());
+            let Some(slot) = free else {
+                return Err(EtcdError::DomainFull { count });
+            };
+            let key = self.keys().slot(slot);
+            let claim = records::encode(&SlotClaim::new(slot, &node));
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(reverse.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([TxnOp::put(key, claim.clone(), None), TxnOp::put(reverse.clone(), claim, None)]);
+            let mut kv = self.raw();
+            if self.call("slot claim", kv.txn(txn)).await?.succeeded() {
+                info!(%node, slot, "claimed a slot");
+                return Ok(slot);
+            }
+        }
+        Err(EtcdError::Contention { node, attempts: MAX_CLAIM_ATTEMPTS })
+    }
+
+    /// The slot `node` holds, checked against the slot's own key; `None` when it holds none.
+    pub async fn held_slot(&self, node: &str) -> Result<Option<u32>, EtcdError> {
+        let reverse = self.keys().slot_of(node);
+        let Some((value, _)) = self.get_raw(&reverse).await? else {
+            return Ok(None);
+        };
+        let claim: SlotClaim = self.decode(&reverse, &value)?;
+        self.check_claim(node, &claim).await?;
+        Ok(Some(claim.slot))
+    }
+
+    /// Admin: frees the slot of `node`, which must not be a live member. Its GFAs may then
+    /// be given to another node. Returns the slot freed, `None` when it held none.
+    pub async fn gc_slot(&self, node: &str) -> Result<Option<u32>, EtcdError> {
+        let reverse = self.keys().slot_of(node);
+        let Some((value, revision)) = self.get_raw(&reverse).await? else {
+            return Ok(None);
+        };
+        let claim: SlotClaim = self.decode(&reverse, &value)?;
+        self.check_claim(node, &claim).await?;
+        let member = self.keys().member(node);
+        let slot_key = self.keys().slot(claim.slot);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(member.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision),
+            ])
+            .and_then([TxnOp::delete(slot_key, None), TxnOp::delete(reverse, None)]);
+        let mut kv = self.raw();
+        if self.call("slot gc", kv.txn(txn)).await?.succeeded() {
+            info!(%node, slot = claim.slot, "freed a slot");
+            return Ok(Some(claim.slot));
+        }
+        // Either the node is live, or its claim changed under us (another gc): say which.
+        if self.get_raw(&member).await?.is_some() {
+            Err(EtcdError::GcLive { node: node.to_owned() })
+        } else {
+            Err(EtcdError::Contention { node: node.to_owned(), attempts: 1 })
+        }
+    }
+
+    /// Checks that `slot-of/<node>`'s claim names `node` and that `slots/<n>` agrees.
+    async fn check_claim(&self, node: &str, claim: &SlotClaim) -> Result<(), EtcdError> {
+        let inconsistent = |holder: String| EtcdError::Inconsistent { node: node.to_owned(), slot: claim.slot, holder };
+        if claim.node != node {
+            return Err(inconsistent(format!("{} (by slot-of/{node} itself)", claim.node)));
+        }
+        let key = self.keys().slot(claim.slot);
+        match self.get_raw(&key).await? {
+            None => Err(inconsistent("nobody".to_owned())),
+            Some((value, _)) => {
+                let holder: SlotClaim = self.decode(&key, &value)?;
+                if holder.node == node && holder.slot == claim.slot { Ok(()) } else { Err(inconsistent(holder.node)) }
+            }
+        }
+    }
+
+    /// Every claimed slot number, sorted (keys that are not slot keys are ignored: the
+    /// claim transaction compares the real key anyway).
+    async fn taken_slots(&self) -> Result<Vec<u32>, EtcdError> {
+        let mut kv = self.raw();
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let response = self.call("slots read", kv.get(self.keys().slots(), Some(options))).await?;
+        let mut taken: Vec<u32> = response.kvs().iter().filter_map(|e| self.keys().parse_slot_key(e.key())).collect();
+        taken.sort_unstable();
+        Ok(taken)
+    }
+}
+
+/// FNV-1a of a node name: stable across builds and platforms (unlike `DefaultHasher`).
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_hash;
+
+    #[test]
+    fn the_name_hash_is_fnv1a() {
+        assert_eq!(name_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(name_hash("a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
