@@ -3,7 +3,6 @@
 //! a handle a request carries names this node, or why not (`docs/protocol.md`, "Node
 //! identities").
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -55,9 +54,7 @@ pub fn load_or_create(state_dir: &Path) -> Result<NodeId, NodeIdFileError> {
             text.trim_end().parse::<NodeId>().map_err(|_| NodeIdFileError::Malformed { path })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut bytes = [0u8; NodeId::LEN];
-            File::open("/dev/urandom").and_then(|mut r| r.read_exact(&mut bytes)).map_err(NodeIdFileError::Random)?;
-            let id = NodeId(bytes);
+            let id = NodeId(crate::sys::random_bytes().map_err(NodeIdFileError::Random)?);
             crate::journal::sys::create_whole(state_dir, &path, format!("{id}\n").as_bytes())
                 .map_err(NodeIdFileError::Save)?;
             tracing::info!(node = %id, file = %path.display(), "drew this node's id");

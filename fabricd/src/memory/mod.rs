@@ -55,7 +55,6 @@ pub use set::{SetSpec, Whereabouts};
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -497,9 +496,7 @@ fn kind_name(k: MemoryKind) -> String {
 }
 
 fn random_secret() -> std::io::Result<Secret> {
-    let mut b = [0u8; 16];
-    File::open("/dev/urandom")?.read_exact(&mut b)?;
-    Ok(Secret(b))
+    crate::sys::random_bytes().map(Secret)
 }
 
 /// One resource per memory resource of each device, its directory under `root` created.

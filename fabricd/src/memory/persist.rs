@@ -96,9 +96,7 @@ fn owner_alive(o: &Owner) -> bool {
 }
 
 fn random_token() -> std::io::Result<SessionToken> {
-    let mut b = [0u8; 16];
-    File::open("/dev/urandom")?.read_exact(&mut b)?;
-    Ok(SessionToken(b))
+    crate::sys::random_bytes().map(SessionToken)
 }
 
 /// The owner of a connecting peer: its credentials and its process's start time.

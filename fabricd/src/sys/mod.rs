@@ -34,3 +34,12 @@ pub fn hung_up(sock: std::os::fd::BorrowedFd<'_>) -> bool {
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
+
+/// `N` bytes from the kernel's random source (`/dev/urandom`): secrets, session tokens,
+/// node ids.
+pub fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b)
+}
