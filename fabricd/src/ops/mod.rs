@@ -129,25 +129,25 @@ pub fn map_listing(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody
 }
 
 /// The address map listing as `caller` sees it: whole, or its partitions' ranges only.
-pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<Document, ErrorBody> {
+pub fn map_listing_in(caller: &Caller, node: Option<&str>) -> Result<Document, ErrorBody> {
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
     }
-    let snap = d.map_snapshot();
-    let listing = match caller.members(&snap)? {
+    let snap = caller.snapshot();
+    let listing = match caller.members()? {
         None => snap.listing(),
-        Some(m) => scope::scoped_listing(&snap, &m),
+        Some(m) => scope::scoped_listing(snap, &m),
     };
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }
 
 /// Translation as `caller` sees the map: whole, or through its partitions' views.
-pub fn translate_in(d: &Daemon, caller: &Caller, queries: &[TranslateQuery]) -> Result<TranslateResponse, ErrorBody> {
+pub fn translate_in(caller: &Caller, queries: &[TranslateQuery]) -> Result<TranslateResponse, ErrorBody> {
     caller.require_scope()?;
-    let snap = d.map_snapshot();
+    let snap = caller.snapshot();
     Ok(match &caller.scope {
-        scope::Scope::Bound(names) => scope::translate_in(&snap, names, queries),
-        _ => translate(&snap, queries),
+        scope::Scope::Bound(names) => scope::translate_in(snap, names, queries),
+        _ => translate(snap, queries),
     })
 }
 
