@@ -131,12 +131,13 @@ impl Memory {
         }
         let (fd, link) = check_object(&kind, fd, &self.root)?;
         let len = round_len(size).ok_or_else(|| bad(format!("size {size} is not adoptable")))?;
+        self.ensure_session(session, owner)?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
         if fd.is_some() {
             self.check_held(&st, owner.uid, session)?;
         }
-        let sess = st.session(session, owner)?;
+        let sess = st.session(session)?;
         let candidates = st.candidates(place);
         if candidates.is_empty() {
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory", kind_name(*memory))));

@@ -150,3 +150,69 @@ fn concurrent_allocations_never_collide_and_all_come_back() {
     ranges.sort_unstable();
     assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "{ranges:?}");
 }
+
+/// An import opens the region's file without the lock, between two steps under it: what
+/// happens to the export or the region between the open and the grant is seen by the grant.
+#[test]
+fn an_import_whose_region_is_freed_or_export_revoked_while_its_file_opens_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
+    let rw = AccessMode::ReadWrite;
+    // Plan, open outside the lock, let `meanwhile` change the registry, then grant.
+    let import = |h: &ExportHandle, meanwhile: &dyn Fn()| {
+        let pending = m.plan_import(&me, h, rw).unwrap();
+        let fd = std::os::fd::OwnedFd::from(pending.file.open(true).unwrap());
+        meanwhile();
+        m.grant_import(&me, 2, h, rw, pending, fd)
+    };
+
+    let kept = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, kept.region, policy.clone()).unwrap();
+    let g = import(&h, &|| {}).unwrap();
+    assert_eq!((g.region, g.generation, g.len), (kept.region, kept.generation, kept.len));
+
+    let freed = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, freed.region, policy.clone()).unwrap();
+    let refused = import(&h, &|| {
+        m.free(1, freed.region).unwrap();
+    });
+    assert!(matches!(refused, Err(super::MemoryError::InvalidHandle)), "{refused:?}");
+
+    let revoked = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, revoked.region, policy).unwrap();
+    let refused = import(&h, &|| m.revoke(1, &h).unwrap());
+    assert!(matches!(refused, Err(super::MemoryError::Revoked)), "{refused:?}");
+
+    // Only the first import was recorded.
+    assert_eq!(m.counts().imports, 1);
+}
+
+#[test]
+fn a_session_ended_before_its_first_allocation_takes_the_lock_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    // The token is made once, outside the lock, and kept by later uses.
+    let token = m.session_token(1, &me).unwrap();
+    assert_eq!(m.session_token(1, &me).unwrap(), token);
+    m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    // The session ends between its token being made and the reservation: refused, and
+    // nothing is left reserved.
+    m.ensure_session(2, &me).unwrap();
+    m.close_session(2);
+    let refused = m.reserve_on(&me, 2, &place, 2 * MIB, 0);
+    assert!(matches!(refused, Err(super::MemoryError::NotFound(_))), "{refused:?}");
+    assert_eq!(m.counts().regions, 1);
+    assert_eq!(m.list(None).regions.len(), 1);
+}

@@ -403,6 +403,19 @@ pub struct Granted {
     pub import: u64,
 }
 
+/// An admitted import whose file is being opened outside the lock ([`Memory::import`]).
+#[derive(Debug)]
+struct PendingImport {
+    /// The region's file.
+    file: RegionFile,
+    /// The region's generation when it was admitted.
+    generation: u64,
+    /// Bytes.
+    len: u64,
+    /// Offset of the region's first byte in the file.
+    offset: u64,
+}
+
 /// What an export is about: see [`Memory::export_subject`].
 #[derive(Debug, Clone)]
 pub struct ExportSubject {
@@ -872,6 +885,12 @@ impl Memory {
 
     /// Imports by handle: checks the secret, the generation, revocation and the policy,
     /// and opens the region's file read-only or read-write as granted.
+    ///
+    /// The file is opened without the registry lock, between two checks under it: the
+    /// first finds the region's file, the second grants the import only if the export is
+    /// still live and admits the peer, and the region is still the one the handle names
+    /// (a region freed meanwhile is refused as if it had been freed first; region ids are
+    /// never reused).
     pub fn import(
         &self,
         peer: &PeerCred,
@@ -879,8 +898,24 @@ impl Memory {
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<Granted, MemoryError> {
+        let pending = self.plan_import(peer, handle, access)?;
+        // By name in its directory held open, not through a symlink: one planted in a
+        // misconfigured directory would hand the importer whatever it points at.
+        let file = &pending.file;
+        let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
+        self.grant_import(peer, session, handle, access, pending, OwnedFd::from(f))
+    }
+
+    /// The first step of [`Memory::import`], under the lock: the import is admitted and the
+    /// region's file found.
+    fn plan_import(
+        &self,
+        peer: &PeerCred,
+        handle: &ExportHandle,
+        access: AccessMode,
+    ) -> Result<PendingImport, MemoryError> {
         let mut st = self.state();
-        let via = Self::admit(&mut st, peer, handle, access)?;
+        Self::admit(&mut st, peer, handle, access)?;
         if st.objects.contains_key(&handle.region) {
             return Err(MemoryError::BadRequest(format!(
                 "region {} is a vendor object: import it with ImportObject (protocol 1.3)",
@@ -888,13 +923,34 @@ impl Memory {
             )));
         }
         let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
-        let (file, len, offset) = (st.region_file(r), r.len, r.fd_offset);
+        let pending =
+            PendingImport { file: st.region_file(r), generation: r.generation, len: r.len, offset: r.fd_offset };
         self.check(&st, peer.uid, 0, 1)?;
-        // By name in its directory held open, not through a symlink: one planted in a
-        // misconfigured directory would hand the importer whatever it points at.
-        let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
+        Ok(pending)
+    }
+
+    /// The last step of [`Memory::import`], under the lock again with the file `fd` opened:
+    /// the checks of [`Memory::plan_import`] once more (the export may have been revoked,
+    /// the region freed, the limits reached meanwhile), then the import recorded.
+    fn grant_import(
+        &self,
+        peer: &PeerCred,
+        session: u64,
+        handle: &ExportHandle,
+        access: AccessMode,
+        pending: PendingImport,
+        fd: OwnedFd,
+    ) -> Result<Granted, MemoryError> {
+        let mut st = self.state();
+        let via = Self::admit(&mut st, peer, handle, access)?;
+        let same = st.regions.get(&handle.region).is_some_and(|r| r.generation == pending.generation);
+        if !same {
+            return Err(MemoryError::InvalidHandle);
+        }
+        self.check(&st, peer.uid, 0, 1)?;
         let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
-        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
+        let PendingImport { len, offset, .. } = pending;
+        Ok(Granted { region: handle.region, generation, len, fd, offset, import: id })
     }
 
     /// The checks of an import by handle: the secret and generation name a live export,

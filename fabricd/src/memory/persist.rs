@@ -265,15 +265,22 @@ impl State {
         Some(log.committer.enqueue_snapshot(snapshot))
     }
 
-    /// The token and owner of `session`, made at its first use.
-    pub(super) fn session(&mut self, session: u64, peer: &PeerCred) -> Result<Session, MemoryError> {
-        if let Some(s) = self.sessions.get(&session) {
-            return Ok(*s);
-        }
+    /// The token and owner of `session`, which [`Memory::ensure_session`] made before the
+    /// lock was taken. `NotFound` when the session ended meanwhile (its connection closed).
+    pub(super) fn session(&self, session: u64) -> Result<Session, MemoryError> {
+        self.sessions
+            .get(&session)
+            .copied()
+            .ok_or_else(|| MemoryError::NotFound(format!("session {session} has ended")))
+    }
+}
+
+impl Session {
+    /// A new session's token (from `/dev/urandom`) and owner (its process's start time
+    /// from `/proc`): I/O, so made outside the registry lock.
+    fn make(peer: &PeerCred) -> Result<Self, MemoryError> {
         let token = random_token().map_err(io_err(Path::new("/dev/urandom")))?;
-        let s = Session { token, owner: owner_of(peer) };
-        self.sessions.insert(session, s);
-        Ok(s)
+        Ok(Self { token, owner: owner_of(peer) })
     }
 }
 
@@ -418,14 +425,29 @@ impl Memory {
         Ok(Self::with_state(st, limits, root))
     }
 
+    /// Makes `session`'s token and owner at its first use, without the registry lock (they
+    /// are read from `/dev/urandom` and `/proc`); a concurrent first use keeps the one made
+    /// first. Operations that need the session call this before they take the lock.
+    pub(super) fn ensure_session(&self, session: u64, peer: &PeerCred) -> Result<(), MemoryError> {
+        if self.state().sessions.contains_key(&session) {
+            return Ok(());
+        }
+        let made = Session::make(peer)?;
+        self.state().sessions.entry(session).or_insert(made);
+        Ok(())
+    }
+
     /// The session's resume token (made at first use), for its `Hello` response.
     pub fn session_token(&self, session: u64, peer: &PeerCred) -> Result<SessionToken, MemoryError> {
-        Ok(self.state().session(session, peer)?.token)
+        self.ensure_session(session, peer)?;
+        Ok(self.state().session(session)?.token)
     }
 
     /// Gives the regions and exports of the orphaned session `token` names to `session`,
     /// which must not hold regions yet; the caller's uid must be the owner's.
     pub fn resume(&self, session: u64, peer: &PeerCred, token: &SessionToken) -> Result<Resumed, MemoryError> {
+        // Read before the lock: the process's start time is in `/proc`.
+        let owner = owner_of(peer);
         let mut st = self.state();
         // Every orphan is compared, each in constant time.
         let mut found = None;
@@ -448,7 +470,6 @@ impl Memory {
         if st.regions.values().any(|r| r.session == session) {
             return Err(MemoryError::BadRequest("resume a session before allocating on this connection".into()));
         }
-        let owner = owner_of(peer);
         let ticket = st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
         // Taken while the record is written, so that no reclaim takes it meanwhile.
         let o = st.orphans.remove(i);

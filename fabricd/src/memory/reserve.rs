@@ -95,7 +95,7 @@ impl State {
         offset: u64,
         len: u64,
     ) -> Result<Reservation, MemoryError> {
-        let sess = match self.session(session, owner) {
+        let sess = match self.session(session) {
             Ok(s) => s,
             Err(e) => {
                 for &i in &resources {
@@ -132,6 +132,7 @@ impl Memory {
         size: u64,
         align: u64,
     ) -> Result<Granted, MemoryError> {
+        self.ensure_session(session, owner)?;
         let (res, make) = self.reserve_on(owner, session, place, size, align)?;
         let device = &place.device;
         let g = self.make_and_commit(res, &make, None)?;
@@ -171,7 +172,7 @@ impl Memory {
 
     /// The reservation step of [`Memory::alloc`], under the lock: the checks, the range
     /// (first fit over the resources `place` names), the id and the usage.
-    fn reserve_on(
+    pub(super) fn reserve_on(
         &self,
         owner: &PeerCred,
         session: u64,

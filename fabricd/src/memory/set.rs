@@ -104,6 +104,7 @@ impl Memory {
             return Err(MemoryError::BadRequest(format!("alignment {align} is not a power of two")));
         }
         let bad = || MemoryError::BadRequest(format!("size {size} is not allocatable"));
+        self.ensure_session(session, owner)?;
         let mut st = self.state();
         // A DAX device maps whole multiples of its align: the set region's length is a
         // multiple of both `ways * 2 MiB` and that.
