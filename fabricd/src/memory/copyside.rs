@@ -222,15 +222,15 @@ impl Memory {
             deps.push(Dep::Import(iid));
         }
         Self::refuse_object(st, rid, "copy its bytes")?;
-        if r.device_file {
+        if r.backing.is_device() {
             // The engine moves bytes with pread/pwrite, which device-DAX and sysfs BAR files
             // do not serve (they are mmap-only).
             return Err(MemoryError::NotImplemented(format!(
                 "region {rid} is device memory ({}); the copy engine does not reach it yet: map it and copy with the CPU",
-                r.path.display()
+                r.backing.path().unwrap_or(std::path::Path::new("")).display()
             )));
         }
-        let (region_file, region_len) = (st.region_file(r), r.len);
+        let (region_file, region_len) = (st.region_file(rid, r)?, r.len);
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
         let (file, ident) = match st.copy_files.get(&rid) {
             Some(f) => f.clone(),

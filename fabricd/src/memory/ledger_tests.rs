@@ -47,9 +47,14 @@ fn inventory() -> (Inventory, DeviceId) {
 
 /// A durable registry over `dir`, rebuilt from its journal.
 fn open(dir: &std::path::Path, inv: &Inventory) -> Memory {
+    open_with(dir, inv, Backings::default())
+}
+
+/// [`open`] with the device memory `backings` exports.
+fn open_with(dir: &std::path::Path, inv: &Inventory, backings: Backings) -> Memory {
     let (journal, replay) = Journal::open(&dir.join("journal"), JournalOptions::default()).unwrap();
     let config = MemoryConfig { compact_records: 4, resume_grace_s: 600, ..MemoryConfig::default() };
-    let durability = Durability { journal, replay, config, backings: Backings::default() };
+    let durability = Durability { journal, replay, config, backings };
     Memory::open_durable(&dir.join("memory"), inv, LimitsConfig::default(), durability).unwrap()
 }
 
@@ -215,4 +220,83 @@ fn a_session_ended_before_its_first_allocation_takes_the_lock_gets_nothing() {
     assert!(matches!(refused, Err(super::MemoryError::NotFound(_))), "{refused:?}");
     assert_eq!(m.counts().regions, 1);
     assert_eq!(m.list(None).regions.len(), 1);
+}
+
+/// A resource a device file backs (a BAR's `resourceN`; a plain file stands in): its
+/// regions are ranges of that one file, zeroed when allocated, never removed, and a
+/// registry rebuilt from the journal finds each at the same offset of the same file.
+#[test]
+fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use super::backing::{BackingKind, BarBacking, DeviceBacking};
+
+    let dir = tempfile::tempdir().unwrap();
+    let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
+    let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+    d.memory.push(MemoryResource { kind: MemoryKind::HostExported, size: 64 * MIB, hpa: None, numa_node: None });
+    let mut inv = Inventory::default();
+    inv.add_device(d).unwrap();
+    let bar = dir.path().join("resource2");
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&bar).unwrap();
+    f.write_all_at(&vec![0xaa; (8 * MIB) as usize], 0).unwrap();
+    let backing = DeviceBacking {
+        kind: BackingKind::Bar,
+        name: "0000:00:05.0/2".into(),
+        path: bar.clone(),
+        start: 0,
+        len: 8 * MIB,
+        align: 4096,
+        carve: None,
+    };
+    let backings = Backings {
+        bars: vec![BarBacking {
+            address: "0000:00:05.0".parse().unwrap(),
+            resource: Some((id.clone(), 0)),
+            index: 2,
+            backing,
+        }],
+        ..Backings::default()
+    };
+    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
+    let place = Place { device: id, kind: MemoryKind::HostExported, ordinal: None };
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
+    let same_file = |fd: &std::os::fd::OwnedFd| {
+        let a = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap();
+        let b = std::fs::metadata(&bar).unwrap();
+        (a.dev(), a.ino()) == (b.dev(), b.ino())
+    };
+    let byte = |at: u64| {
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        b[0]
+    };
+
+    let (kept, handle) = {
+        let m = open_with(dir.path(), &inv, backings.clone());
+        let freed = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+        let kept = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+        assert!(same_file(&kept.fd) && same_file(&freed.fd));
+        assert_eq!((freed.offset, kept.offset), (0, 2 * MIB));
+        // Each region's range was zeroed; the rest of the device keeps its bytes.
+        assert_eq!((byte(0), byte(2 * MIB), byte(4 * MIB - 1), byte(4 * MIB)), (0, 0, 0, 0xaa));
+        m.free(1, freed.region).unwrap();
+        assert!(bar.exists(), "device memory is never removed");
+        let handle = m.export(&me, 1, kept.region, policy).unwrap();
+        (kept.region, handle)
+    };
+    let m = open_with(dir.path(), &inv, backings);
+    let listed = m.list(None);
+    assert_eq!(listed.regions.len(), 1);
+    assert_eq!((listed.regions[0].region, listed.regions[0].offset), (kept, 2 * MIB));
+    let g = m.import(&me, 9, &handle, AccessMode::ReadWrite).unwrap();
+    assert!(same_file(&g.fd));
+    assert_eq!((g.region, g.offset, g.len), (kept, 2 * MIB, 2 * MIB));
+    // The freed range is free again, and allocated first.
+    assert_eq!(m.alloc(&me, 9, &place, 2 * MIB, 0).unwrap().offset, 0);
 }
