@@ -1258,16 +1258,28 @@ impl Memory {
 
     /// Adds the resources of devices of `inv` that have none here yet (devices found by a
     /// rescan). Returns how many resources were added.
+    ///
+    /// Their directories are made without the lock; a device a concurrent rescan added
+    /// meanwhile is added once (making a directory that exists is harmless).
     pub fn add_devices(&self, inv: &Inventory) -> Result<usize, MemoryError> {
+        let new: Vec<&fabric_topology::Device> = {
+            let st = self.state();
+            let known = |d: &fabric_topology::Device| st.resources.iter().any(|r| r.device == d.id);
+            inv.devices.iter().filter(|d| !d.memory.is_empty() && !known(d)).collect()
+        };
+        if new.is_empty() {
+            return Ok(0);
+        }
+        let made = new.into_iter().map(|d| resources_of(&self.root, d)).collect::<Result<Vec<_>, _>>()?;
         let mut st = self.state();
         let mut added = 0;
-        for dev in &inv.devices {
-            if dev.memory.is_empty() || st.resources.iter().any(|r| r.device == dev.id) {
+        for resources in made {
+            let Some(device) = resources.first().map(|r| r.device.clone()) else { continue };
+            if st.resources.iter().any(|r| r.device == device) {
                 continue;
             }
-            let new = resources_of(&self.root, dev)?;
-            added += new.len();
-            st.resources.extend(new);
+            added += resources.len();
+            st.resources.extend(resources);
         }
         st.recount_fabric();
         Ok(added)
