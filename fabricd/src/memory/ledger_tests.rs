@@ -66,16 +66,26 @@ fn held(m: &Memory) -> RegionsResponse {
     r
 }
 
-fn apply(m: &Memory, gpu: &DeviceId, ops: &[Op]) {
-    // The owner is this process, alive: a rebuilt registry keeps its regions for it.
-    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
-    let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
-    let policy = ExportPolicy {
+/// The owner of every region: this process, alive (a rebuilt registry keeps its regions
+/// for it).
+fn me() -> PeerCred {
+    PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 }
+}
+
+/// An export policy that admits the owner's uid, read-write.
+fn owner_only() -> ExportPolicy {
+    ExportPolicy {
         uids: BoundedVec::default(),
         gids: BoundedVec::default(),
         partition: None,
         access: AccessMode::ReadWrite,
-    };
+    }
+}
+
+fn apply(m: &Memory, gpu: &DeviceId, ops: &[Op]) {
+    let me = me();
+    let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+    let policy = owner_only();
     let mut regions: Vec<(u64, u64)> = Vec::new();
     let mut handles: Vec<(u64, ExportHandle)> = Vec::new();
     for op in ops {
@@ -163,14 +173,9 @@ fn an_import_whose_region_is_freed_or_export_revoked_while_its_file_opens_is_ref
     let dir = tempfile::tempdir().unwrap();
     let (inv, gpu) = inventory();
     let m = open(dir.path(), &inv);
-    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
+    let me = me();
     let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
+    let policy = owner_only();
     let rw = AccessMode::ReadWrite;
     // Plan, open outside the lock, let `meanwhile` change the registry, then grant.
     let import = |h: &ExportHandle, meanwhile: &dyn Fn()| {
@@ -206,7 +211,7 @@ fn a_session_ended_before_its_first_allocation_takes_the_lock_gets_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (inv, gpu) = inventory();
     let m = open(dir.path(), &inv);
-    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
+    let me = me();
     let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
     // The token is made once, outside the lock, and kept by later uses.
     let token = m.session_token(1, &me).unwrap();
@@ -258,14 +263,9 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
         }],
         ..Backings::default()
     };
-    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
+    let me = me();
     let place = Place { device: id, kind: MemoryKind::HostExported, ordinal: None };
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
+    let policy = owner_only();
     let same_file = |fd: &std::os::fd::OwnedFd| {
         let a = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap();
         let b = std::fs::metadata(&bar).unwrap();
