@@ -7,14 +7,18 @@
 //! not use it yet.
 
 pub mod config;
+pub mod election;
 pub mod etcd;
+pub mod fence;
 pub mod lease;
 pub mod records;
 mod slots;
 pub mod testing;
 
 pub use config::{ConfigError, DomainConfig, EtcdTls};
+pub use election::{Election, Leadership};
 pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
+pub use fence::Fence;
 pub use lease::{Lease, LeaseState};
 pub use records::{
     DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, RecordError, RecordLimits, SlotClaim,
