@@ -84,12 +84,8 @@ impl Election {
     /// Starts campaigning for `client`'s node on `lease` (the node's member lease).
     pub fn start(client: &DomainClient, lease: &Lease) -> Self {
         let (tx, state) = watch::channel(Leadership::Unknown);
-        let me = Me {
-            node: client.node().to_owned(),
-            lease: lease.id(),
-            name: election_name(client.keys()),
-            state: tx,
-        };
+        let me =
+            Me { node: client.node().to_owned(), lease: lease.id(), name: election_name(client.keys()), state: tx };
         let task = tokio::spawn(run(client.raw(), me, lease.watch(), lease.ttl()));
         Self { state, task }
     }

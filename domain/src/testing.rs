@@ -82,7 +82,13 @@ impl EtcdServer {
         let binary = etcd_binary().ok_or(TestingError::NotInstalled)?;
         ns.check()?;
         let ip = netns::find("ip").ok_or_else(|| NetError::Unavailable("`ip` is not installed".to_owned()))?;
-        let command = vec![ip.display().to_string(), "netns".into(), "exec".into(), ns.name().into(), binary.display().to_string()];
+        let command = vec![
+            ip.display().to_string(),
+            "netns".into(),
+            "exec".into(),
+            ns.name().into(),
+            binary.display().to_string(),
+        ];
         let (client_url, peer_url) = (format!("http://{}:2379", ns.addr()), format!("http://{}:2380", ns.addr()));
         Self::start_once(command, client_url, peer_url, Some(ns.clone())).await
     }
@@ -129,8 +135,7 @@ impl EtcdServer {
     async fn spawn_and_wait(&mut self) -> Result<(), TestingError> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("etcd.log"))?;
         let (program, args) = self.command.split_first().ok_or(TestingError::NotInstalled)?;
-        let child =
-            Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn()?;
+        let child = Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn()?;
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
@@ -169,7 +174,9 @@ impl EtcdServer {
             None => probe().await,
             // From inside etcd's namespace: its address exists nowhere else.
             Some(ns) => match netns::in_netns(ns, probe) {
-                Ok(thread) => tokio::task::spawn_blocking(move || thread.join().unwrap_or(false)).await.unwrap_or(false),
+                Ok(thread) => {
+                    tokio::task::spawn_blocking(move || thread.join().unwrap_or(false)).await.unwrap_or(false)
+                }
                 Err(_) => false,
             },
         }
@@ -206,7 +213,13 @@ fn free_port() -> std::io::Result<u16> {
 
 /// A test node's `[domain]` configuration: domain `test` at `endpoint`.
 pub fn config(endpoint: &str, node: &str, lease_ttl_secs: u64) -> DomainConfig {
-    DomainConfig { name: "test".into(), endpoints: vec![endpoint.to_owned()], tls: None, node: node.into(), lease_ttl_secs }
+    DomainConfig {
+        name: "test".into(),
+        endpoints: vec![endpoint.to_owned()],
+        tls: None,
+        node: node.into(),
+        lease_ttl_secs,
+    }
 }
 
 /// A valid member record for `node`, with a fresh incarnation.

@@ -135,7 +135,13 @@ impl Net {
             let port = format!("p{port}");
             // Created inside the switch namespace, its peer moved straight into the node's:
             // the host's namespace never sees either end.
-            run("ip", ["netns", "exec", &sw, "ip", "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
+            run(
+                "ip",
+                [
+                    "netns", "exec", &sw, "ip", "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
+                    &ns.name,
+                ],
+            )?;
             run("ip", ["netns", "exec", &sw, "ip", "link", "set", &port, "master", "br0", "up"])?;
             let cidr = format!("{}/24", ns.addr);
             ns.exec(["ip", "addr", "add", &cidr, "dev", "eth0"])?;
@@ -196,7 +202,8 @@ where
 {
     ns.check()?;
     let path = Path::new(NETNS_DIR).join(&ns.name);
-    let file = std::fs::File::open(&path).map_err(|source| NetError::Io { what: format!("open {}", path.display()), source })?;
+    let file = std::fs::File::open(&path)
+        .map_err(|source| NetError::Io { what: format!("open {}", path.display()), source })?;
     let (entered_tx, entered_rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .name(format!("netns-{}", ns.name))
