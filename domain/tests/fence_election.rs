@@ -109,12 +109,12 @@ async fn agreed(elections: &[&Election], within: Duration) -> String {
     loop {
         let views: Vec<Leadership> = elections.iter().map(|e| e.current()).collect();
         let leaders: Vec<Option<&str>> = views.iter().map(Leadership::leader).collect();
-        if let Some(Some(first)) = leaders.first() {
-            if leaders.iter().all(|l| l == &Some(*first)) {
-                let count = views.iter().filter(|v| v.is_leader()).count();
-                assert_eq!(count, 1, "exactly one leader: {views:?}");
-                return (*first).to_owned();
-            }
+        if let Some(Some(first)) = leaders.first()
+            && leaders.iter().all(|l| l == &Some(*first))
+        {
+            let count = views.iter().filter(|v| v.is_leader()).count();
+            assert_eq!(count, 1, "exactly one leader: {views:?}");
+            return (*first).to_owned();
         }
         assert!(Instant::now() < deadline, "no agreement within {within:?}: {views:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
