@@ -117,21 +117,27 @@ struct Me {
 
 impl Me {
     /// Publishes what `kv` (the leader key) says, unless an equal or newer term is known.
-    fn observed(&self, kv: &KeyValue) {
+    /// This node is published as leader only once its campaign returned (`won`): etcd may
+    /// show its key first while the campaign still waits, and a campaign cancelled then
+    /// resigns. Answers whether the key is this node's.
+    fn observed(&self, kv: &KeyValue, won: bool) -> bool {
         let term = kv.create_revision();
         let leader = match std::str::from_utf8(kv.value()) {
             Ok(name) if !name.is_empty() && name.len() <= 63 => name.to_owned(),
             _ => {
                 warn!(key = %String::from_utf8_lossy(kv.key()), "refused a leader value that is not a node name");
-                return;
+                return false;
             }
         };
-        let next = if leader == self.node && kv.lease() == self.lease {
-            Leadership::Leader { node: leader, term }
+        if leader == self.node && kv.lease() == self.lease {
+            if won {
+                self.publish(Leadership::Leader { node: leader, term });
+            }
+            true
         } else {
-            Leadership::Follower { leader, term }
-        };
-        self.publish(next);
+            self.publish(Leadership::Follower { leader, term });
+            false
+        }
     }
 
     fn publish(&self, next: Leadership) {
@@ -176,6 +182,8 @@ async fn next_observed(stream: &mut Option<ObserveStream>) -> Option<Result<Opti
 /// lease is lost.
 async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl: std::time::Duration) {
     let mut campaigning = Some(campaign(&client, &me));
+    // Whether this node's campaign returned (it leads until its lease ends).
+    let mut won = false;
     let mut observer: Option<ObserveStream> = None;
     let mut tick = tokio::time::interval(ttl);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -195,7 +203,10 @@ async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl
                 campaigning = None;
                 match result {
                     Ok(response) => match response.leader() {
-                        Some(key) => me.publish(Leadership::Leader { node: me.node.clone(), term: key.rev() }),
+                        Some(key) => {
+                            won = true;
+                            me.publish(Leadership::Leader { node: me.node.clone(), term: key.rev() });
+                        }
                         None => warn!(node = %me.node, "campaign answered without a leader key"),
                     },
                     // Retried at the next tick.
@@ -203,7 +214,7 @@ async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl
                 }
             }
             message = next_observed(&mut observer) => match message {
-                Some(Ok(Some(kv))) => me.observed(&kv),
+                Some(Ok(Some(kv))) => won &= me.observed(&kv, won),
                 Some(Ok(None)) | None => observer = None,
                 Some(Err(error)) => {
                     warn!(node = %me.node, %error, "etcd observe failed");
@@ -214,10 +225,16 @@ async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl
                 let mut election = client.election_client();
                 match tokio::time::timeout(ttl / 3, election.leader(me.name.clone())).await {
                     Ok(Ok(mut response)) => match response.take_kv() {
-                        Some(kv) => me.observed(&kv),
-                        None => me.unknown(),
+                        Some(kv) => won &= me.observed(&kv, won),
+                        None => {
+                            won = false;
+                            me.unknown();
+                        }
                     },
-                    Ok(Err(error)) if error.to_string().contains("no leader") => me.unknown(),
+                    Ok(Err(error)) if error.to_string().contains("no leader") => {
+                        won = false;
+                        me.unknown();
+                    }
                     Ok(Err(error)) => warn!(node = %me.node, %error, "etcd leader read failed"),
                     Err(_) => warn!(node = %me.node, "etcd leader read: no answer in time"),
                 }
@@ -228,7 +245,7 @@ async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl
                         Err(_) => warn!(node = %me.node, "etcd observe: no answer in time"),
                     }
                 }
-                if campaigning.is_none() && !me.state.borrow().is_leader() {
+                if campaigning.is_none() && !won {
                     campaigning = Some(campaign(&client, &me));
                 }
             }
