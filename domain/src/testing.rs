@@ -211,6 +211,20 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
+/// A private etcd on loopback, or `None` after printing `skipped: …` when etcd is not
+/// installed (any other failure panics: this is for tests).
+#[allow(clippy::print_stderr)]
+pub async fn etcd_or_skip() -> Option<EtcdServer> {
+    match EtcdServer::start().await {
+        Ok(server) => Some(server),
+        Err(TestingError::NotInstalled) => {
+            eprintln!("skipped: {}", TestingError::NotInstalled);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// A test node's `[domain]` configuration: domain `test` at `endpoint`.
 pub fn config(endpoint: &str, node: &str, lease_ttl_secs: u64) -> DomainConfig {
     DomainConfig {

@@ -162,14 +162,7 @@ async fn a_node_cut_off_from_etcd_fences_itself_before_its_ttl_and_rejoins_after
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_restarted_on_its_data_keeps_leases_members_and_fences() {
     // On loopback: a restart needs no namespace.
-    let mut etcd = match EtcdServer::start().await {
-        Ok(etcd) => etcd,
-        Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(mut etcd) = testing::etcd_or_skip().await else { return };
     // Renewals every 5 s; a lease is given up 10 s after its last acknowledged renewal.
     const TTL: u64 = 15;
     let c = connect(etcd.endpoint(), "tray-0", TTL).await;

@@ -8,19 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use fabric_domain::testing::{self, EtcdServer, TestingError};
+use fabric_domain::testing::{self, EtcdServer};
 use fabric_domain::{DomainClient, Election, EtcdError, Leadership, LeaseState, RecordLimits};
-
-async fn etcd() -> Option<EtcdServer> {
-    match EtcdServer::start().await {
-        Ok(server) => Some(server),
-        Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 async fn client(etcd: &EtcdServer, node: &str, ttl: u64) -> DomainClient {
     DomainClient::connect(&testing::config(etcd.endpoint(), node, ttl), RecordLimits::default()).await.unwrap()
@@ -32,7 +21,7 @@ async fn value(c: &DomainClient, key: &str) -> Option<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_lease_expired_cannot_write_until_it_rejoins() {
-    let Some(etcd) = etcd().await else { return };
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
     let c = client(&etcd, "tray-0", 2).await;
     let key = c.keys().placements("tray-0");
     let first = testing::member("tray-0");
@@ -84,7 +73,7 @@ async fn a_node_whose_lease_expired_cannot_write_until_it_rejoins() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_refuses_without_asking_etcd_once_the_lease_is_known_lost() {
-    let Some(etcd) = etcd().await else { return };
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
     let c = client(&etcd, "tray-0", 3).await;
     let lease = c.grant_lease().await.unwrap();
     let fence = c.join_fenced(&lease, &testing::member("tray-0")).await.unwrap();
@@ -124,7 +113,7 @@ async fn agreed(elections: &[&Election], gone: Option<&str>, within: Duration) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_campaigners_elect_one_leader_and_its_end_hands_over() {
-    let Some(etcd) = etcd().await else { return };
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
     let ttl = 2;
     let mut nodes = Vec::new();
     for name in ["tray-0", "tray-1", "tray-2"] {
