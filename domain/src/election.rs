@@ -119,7 +119,7 @@ impl Me {
     /// Publishes what `kv` (the leader key) says, unless an equal or newer term is known.
     /// This node is published as leader only once its campaign returned (`won`): etcd may
     /// show its key first while the campaign still waits, and a campaign cancelled then
-    /// resigns. Answers whether the key is this node's.
+    /// resigns. Answers whether this node still leads as far as `kv` tells.
     fn observed(&self, kv: &KeyValue, won: bool) -> bool {
         let term = kv.create_revision();
         let leader = match std::str::from_utf8(kv.value()) {
@@ -135,8 +135,10 @@ impl Me {
             }
             true
         } else {
+            // A late report of an older leader changes nothing.
+            let stale = term < self.state.borrow().term();
             self.publish(Leadership::Follower { leader, term });
-            false
+            won && stale
         }
     }
 

@@ -273,3 +273,63 @@ async fn sixteen_nodes_in_sixteen_namespaces_join_at_once_without_a_retry_storm(
     assert!(most <= 16, "{most}");
     assert!(total <= 48, "a retry storm: {total} claim transactions for 16 slots");
 }
+
+#[test]
+fn a_net_lives_only_in_its_namespaces_and_is_removed_on_drop() {
+    let net = match Net::create(2) {
+        Ok(net) => net,
+        Err(NetError::Unavailable(why)) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let listed = || {
+        String::from_utf8(std::process::Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap()
+    };
+    let names: Vec<String> = std::iter::once(net.etcd()).chain(net.nodes()).map(|ns| ns.name().to_owned()).collect();
+    let before = listed();
+    for name in &names {
+        assert!(before.contains(name.as_str()), "{name} in {before}");
+    }
+    // The host's namespace has none of the test's addresses or interfaces.
+    let host = std::process::Command::new("ip").args(["-4", "addr"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&host.stdout).contains("10.77.0."), "the host got a test address");
+    // A node reaches a listener at etcd's address, and stops reaching it once cut.
+    let addr = net.etcd().addr();
+    let listener = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let bound = listener.clone();
+    let server = netns::in_netns(net.etcd(), move || async move {
+        let socket = std::net::TcpListener::bind((addr, 7777)).unwrap();
+        *bound.lock().unwrap() = Some(socket.local_addr().unwrap());
+        // Connections wait in the backlog; the thread only has to outlive the probes.
+        let _ = stop_rx.recv();
+        drop(socket);
+    })
+    .unwrap();
+    while listener.lock().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let node = net.nodes()[0].clone();
+    let reaches = |node: &netns::Netns| {
+        let thread = netns::in_netns(node, move || async move {
+            let connect = tokio::net::TcpStream::connect((addr, 7777));
+            matches!(tokio::time::timeout(Duration::from_secs(1), connect).await, Ok(Ok(_)))
+        })
+        .unwrap();
+        thread.join().unwrap()
+    };
+    assert!(reaches(&node), "a node cannot reach etcd's address");
+    node.cut(addr).unwrap();
+    assert!(!reaches(&node), "the cut let a connection through");
+    node.heal(addr).unwrap();
+    assert!(reaches(&node), "the heal did not restore the path");
+    stop_tx.send(()).unwrap();
+    server.join().unwrap();
+    drop(net);
+    let after = listed();
+    for name in &names {
+        assert!(!after.contains(name.as_str()), "{name} left behind: {after}");
+    }
+}
