@@ -1,6 +1,7 @@
 //! Faults at the crate level, with a real etcd and nodes in network namespaces: a node
 //! cut off from etcd by iptables fences itself before its TTL and rejoins after the heal;
-//! etcd stopped and restarted on its data; sixteen nodes joining at once.
+//! etcd stopped and restarted on its data; a leader cut off steps down before another is
+//! elected; sixteen nodes joining at once.
 //!
 //! The namespace tests need root, `ip` and `iptables` (scripts/deps.sh); without them, or
 //! without `etcd`, a test prints `skipped: …` and passes. Each test creates its own
@@ -12,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use fabric_domain::testing::netns::{self, Net, NetError};
 use fabric_domain::testing::{self, EtcdServer, TestingError};
-use fabric_domain::{DataPathKind, DomainClient, DomainSettings, EtcdError, LeaseState, RecordLimits};
+use fabric_domain::{
+    DataPathKind, DomainClient, DomainSettings, Election, EtcdError, Leadership, LeaseState, RecordLimits,
+};
 use tokio::sync::{Barrier, mpsc, oneshot};
 
 /// A private net of `nodes` node namespaces with etcd in its own, or why the test skips.
@@ -272,6 +275,82 @@ async fn sixteen_nodes_in_sixteen_namespaces_join_at_once_without_a_retry_storm(
     // fifteen times; in all, the hashed starting points keep it near one claim per node.
     assert!(most <= 16, "{most}");
     assert!(total <= 48, "a retry storm: {total} claim transactions for 16 slots");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_etcd_steps_down_before_another_is_elected() {
+    let Some((net, etcd)) = net_and_etcd(3).await else { return };
+    const TTL: u64 = 3;
+    let mut views = Vec::new();
+    let mut stops = Vec::new();
+    let mut threads = Vec::new();
+    for (i, ns) in net.nodes().iter().enumerate() {
+        let endpoint = etcd.endpoint().to_owned();
+        let (view_tx, view_rx) = oneshot::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        threads.push(
+            netns::in_netns(ns, move || async move {
+                let node = format!("node-{i}");
+                let c = connect(&endpoint, &node, TTL).await;
+                let lease = c.grant_lease().await.unwrap();
+                c.join(&lease, &testing::member(&node)).await.unwrap();
+                let election = Election::start(&c, &lease);
+                view_tx.send(election.watch()).unwrap();
+                // The election and the lease live on this thread's runtime until the end.
+                let _ = stop_rx.await;
+                drop((election, lease));
+            })
+            .unwrap(),
+        );
+        views.push(view_rx.await.unwrap());
+        stops.push(stop_tx);
+    }
+    let current = |views: &[tokio::sync::watch::Receiver<Leadership>]| -> Vec<Leadership> {
+        views.iter().map(|v| v.borrow().clone()).collect()
+    };
+    let agreed = |views: &[Leadership], gone: Option<&str>| -> Option<String> {
+        let first = views.first()?.leader()?;
+        let same = views.iter().all(|v| v.leader() == Some(first));
+        let leaders = views.iter().filter(|v| v.is_leader()).count();
+        (same && leaders == 1 && Some(first) != gone).then(|| first.to_owned())
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let first = loop {
+        if let Some(leader) = agreed(&current(&views), None) {
+            break leader;
+        }
+        assert!(Instant::now() < deadline, "no agreement: {:?}", current(&views));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let leader: usize = first.strip_prefix("node-").unwrap().parse().unwrap();
+    let others: Vec<tokio::sync::watch::Receiver<Leadership>> =
+        views.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, v)| v.clone()).collect();
+
+    let cut_at = Instant::now();
+    net.nodes()[leader].cut(net.etcd().addr()).unwrap();
+    let (mut down, mut up) = (None, None);
+    while (down.is_none() || up.is_none()) && cut_at.elapsed() < Duration::from_secs(TTL + 3) {
+        if down.is_none() && *views[leader].borrow() == Leadership::Unknown {
+            down = Some(cut_at.elapsed());
+        }
+        if up.is_none() && agreed(&current(&others), Some(&first)).is_some() {
+            up = Some(cut_at.elapsed());
+            // At no moment do two nodes believe they lead.
+            assert!(down.is_some(), "a new leader while the old one still leads: {:?}", current(&views));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (down, up) = (down.unwrap(), up.unwrap());
+    eprintln!("leader cut: it stepped down after {down:?}, another led after {up:?}");
+    assert!(down < Duration::from_secs(TTL), "{down:?}");
+    assert!(up < Duration::from_secs(TTL + 1), "{up:?}");
+    net.nodes()[leader].heal(net.etcd().addr()).unwrap();
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    for thread in threads {
+        join(thread).await;
+    }
 }
 
 #[test]
