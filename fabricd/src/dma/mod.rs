@@ -17,9 +17,11 @@
 //!   with ([`crate::transport::peer::Process::with`]), so that a reused pid is never read or written.
 //!
 //! The registry has no lock of its own: it lives in the memory registry's state
-//! ([`crate::memory`]), so that freeing a region or releasing an import drops the
+//! ([`crate::memory`]), so that freeing a region or releasing an import detaches the
 //! registrations over it in the same critical section — a registration never outlives
-//! its memory.
+//! its memory. Mapping and unmapping run outside that lock; an IOVA range is taken
+//! before its mapping is made and freed only after its unmap has returned
+//! ([`Registry::detach`]), so no two mappings of a domain ever share an IOVA.
 //!
 //! # Safety of DMA
 //! While memory is registered a device (or the copy engine acting for it) may write it at
@@ -228,9 +230,10 @@ impl Registry {
         self.domains.entry(t.domain.clone()).or_default().alloc(span, t.mask_bits)
     }
 
-    /// Gives back an IOVA range of `t`'s domain that no registration took.
-    pub fn free_iova(&mut self, t: &Target, iova: u64) {
-        if let Some(d) = self.domains.get_mut(&t.domain) {
+    /// Gives back an IOVA range of `domain` that no registration holds: one whose
+    /// registration failed, or one whose detached registration is unmapped.
+    pub fn free_iova(&mut self, domain: &str, iova: u64) {
+        if let Some(d) = self.domains.get_mut(domain) {
             d.free(iova);
         }
     }
@@ -245,13 +248,11 @@ impl Registry {
         self.regs.get(&id)
     }
 
-    /// Removes a registration and frees its IOVA range; dropping the result unpins.
-    pub fn remove(&mut self, id: u64) -> Option<Registration> {
-        let r = self.regs.remove(&id)?;
-        if let Some(d) = self.domains.get_mut(&r.domain) {
-            d.free(r.iova);
-        }
-        Some(r)
+    /// Removes a registration: no copy resolves it any more, but its IOVA range stays
+    /// taken. Dropping the result unmaps and unpins it (slow: done without the lock);
+    /// only then may the range be freed ([`Registry::free_iova`]).
+    pub fn detach(&mut self, id: u64) -> Option<Registration> {
+        self.regs.remove(&id)
     }
 
     /// Ids of the registrations that match.

@@ -1,6 +1,7 @@
 //! What a registry change leaves to do outside the registry lock: the slow steps
-//! (removing a region file, deleting a carved DAX device) that a change decides on under
-//! the lock and that run after it, and the commit that waits for the journal.
+//! (removing a region file, deleting a carved DAX device, unmapping and unpinning a
+//! registration) that a change decides on under the lock and that run after it, and the
+//! commit that waits for the journal.
 //!
 //! Every operation ends with [`Memory::finish`]: the effects it queued run, with the
 //! lock released, what it ended is told to the daemon's hook (revocations to importers,
@@ -32,6 +33,14 @@ pub(super) enum Effect {
         resources: Vec<usize>,
         /// The range's offset in each of them.
         offset: u64,
+    },
+    /// A detached registration: unmapped (VFIO) and unpinned, then its IOVA range freed and
+    /// its accounting given back ([`Memory::undo_registration`]).
+    Unregister {
+        /// The registration's id.
+        id: u64,
+        /// The registration.
+        registration: Box<crate::dma::Registration>,
     },
 }
 
@@ -74,7 +83,7 @@ impl Memory {
     }
 
     /// Runs `effects`, in order, without the lock (taking it briefly to give back what a
-    /// deleted device held).
+    /// deleted device or an undone registration held).
     pub(super) fn run(&self, effects: Vec<Effect>) {
         for e in effects {
             match e {
@@ -101,6 +110,7 @@ impl Memory {
                         }
                     }
                 },
+                Effect::Unregister { id, registration } => self.undo_registration(id, *registration),
             }
         }
     }

@@ -45,6 +45,8 @@ pub mod fdkind;
 mod held;
 #[cfg(test)]
 mod ledger_tests;
+#[cfg(test)]
+mod register_tests;
 mod register;
 mod reserve;
 mod set;
@@ -1038,10 +1040,6 @@ impl Memory {
     /// dropped) and its imports released.
     pub fn close_session(&self, session: u64) -> Reclaimed {
         let mut st = self.state();
-        let mut out = Reclaimed {
-            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
-            ..Reclaimed::default()
-        };
         let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
         let ended = st.sessions.remove(&session);
         let mut ticket = None;
@@ -1055,17 +1053,24 @@ impl Memory {
                 }
             }
         }
-        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
-        for id in imports {
-            Self::drop_import(&mut st, id);
-            out.imports += 1;
-        }
         // The regions go once their end is durable (a crash before brings them back, with
-        // their files), their files after that (effects).
+        // their files), their files after that (effects). What the session's connection
+        // held goes after the wait too, so that its effects (unmaps, unpins) are this
+        // operation's own and run before it returns (another operation's `finish` would
+        // run effects queued before the wait).
         drop(st);
         let (mut st, done) = self.commit(ticket);
         if let Err(e) = done {
             tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session");
+        }
+        let mut out = Reclaimed {
+            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
+            ..Reclaimed::default()
+        };
+        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
+        for id in imports {
+            Self::drop_import(&mut st, id);
+            out.imports += 1;
         }
         for id in regions {
             let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);

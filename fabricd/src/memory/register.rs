@@ -1,6 +1,7 @@
 //! Registration on the memory registry: [`Memory::register`] pins a region, an import, a
 //! memory object or the caller's own memory for a device's DMA and gives it an IOVA;
-//! [`Memory::unregister`] undoes it; the copy path resolves `(device, iova)` back to the
+//! [`Memory::unregister`] undoes it (the unmap and unpin run as an effect, after the lock,
+//! and the IOVA range is freed only then: [`Effect::Unregister`]); the copy path resolves `(device, iova)` back to the
 //! memory ([`Memory::dma_read`], [`Memory::dma_write`]). The registry itself is
 //! [`crate::dma`]; it lives in the memory state so that the objects a registration covers
 //! cannot go without it.
@@ -10,6 +11,7 @@ use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{AccessMode, PeerCred};
 
+use super::effects::Effect;
 use super::{Memory, MemoryError, State, io_err};
 use crate::dma::iova::PAGE;
 use crate::dma::sys::{self, Pinned};
@@ -97,15 +99,18 @@ enum Found {
     Request,
 }
 
-/// The usage of a registration in progress (its pinned bytes, one object and one kept
-/// descriptor of its uid),
-/// taken before the pin so that pins running at once cannot together pass a limit; given
-/// back on drop unless [`Reservation::commit`]ted. Dropped only while the registry lock is
-/// not held (it takes the lock).
+/// What a registration in progress holds: its usage (its pinned bytes, one object and one
+/// kept descriptor of its uid), so that pins running at once cannot together pass a limit,
+/// and its IOVA range, so that no other registration of the domain is mapped there. Taken
+/// before the pin and the map; given back on drop unless [`Reservation::commit`]ted.
+/// Dropped only while the registry lock is not held (it takes the lock), and after the
+/// backing and mapping it reserved for (so the range is freed only once unmapped).
 struct Reservation<'m> {
     memory: &'m Memory,
     uid: u32,
     span: u64,
+    domain: &'m str,
+    iova: u64,
     held: bool,
 }
 
@@ -120,11 +125,19 @@ impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.held {
             let mut st = self.memory.state();
-            let u = st.usage.entry(self.uid).or_default();
-            u.pinned = u.pinned.saturating_sub(self.span);
-            u.objects = u.objects.saturating_sub(1);
-            u.fds = u.fds.saturating_sub(1);
+            st.dma.free_iova(self.domain, self.iova);
+            st.unpin_usage(self.uid, self.span);
         }
+    }
+}
+
+impl State {
+    /// Gives back the usage of a registration of `span` bytes of `uid`.
+    fn unpin_usage(&mut self, uid: u32, span: u64) {
+        let u = self.usage.entry(uid).or_default();
+        u.pinned = u.pinned.saturating_sub(span);
+        u.objects = u.objects.saturating_sub(1);
+        u.fds = u.fds.saturating_sub(1);
     }
 }
 
@@ -246,14 +259,15 @@ impl Memory {
 
     /// Registers `len` bytes at `offset` of `source` (for [`Source::Process`], `offset`
     /// adds to the address) for DMA by `target` with `access`: pins them, takes an IOVA
-    /// range below the device's mask, and accounts the whole pages against the caller's
-    /// `pinned_bytes` and `objects` limits.
+    /// range below the device's mask (mapped there in a VFIO device's IOMMU), and accounts
+    /// the whole pages against the caller's `pinned_bytes` and `objects` limits.
     ///
     /// The registry lock is held only to check and reserve (the limits, the region or
-    /// import) and then to insert; the pin itself runs outside it, piece by piece, asking
-    /// `abandon` between pieces, so that a client's large or slow memory holds up only
-    /// its own request. What the registration covers is checked again at insert (a region
-    /// freed or an export revoked meanwhile refuses it).
+    /// import, the IOVA range) and then to insert; the pin runs outside it, piece by
+    /// piece, asking `abandon` between pieces, and so does the map, so that a client's
+    /// large or slow memory holds up only its own request. What the registration covers
+    /// is checked again at insert (a region freed or an export revoked meanwhile refuses
+    /// it). A failure unmaps and unpins what was done, then gives the reservation back.
     #[allow(clippy::too_many_arguments)]
     pub fn register(
         &self,
@@ -287,36 +301,32 @@ impl Memory {
             super::fdkind::check_register(std::os::fd::AsFd::as_fd(fd), &self.root)
                 .map_err(|e| bad(crate::error_chain(&e)))?;
         }
-        let found = {
+        let (found, iova) = {
             let mut st = self.state();
             self.check(&st, peer.uid, 0, 1)?;
             self.check_pinned(&st, peer.uid, span)?;
             // Every registration keeps a descriptor: its pinned file, or the caller's pidfd.
             self.check_held(&st, peer.uid, session)?;
             let found = Self::covered(&st, covers, session, at, len, access)?;
+            let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
             let u = st.usage.entry(peer.uid).or_default();
             u.pinned += span;
             u.objects += 1;
             u.fds += 1;
-            found
+            (found, iova)
         };
-        // Declared before the lock is taken again below, so that it drops after it.
-        let reservation = Reservation { memory: self, uid: peer.uid, span, held: true };
-        // On failure the backing drops (which unpins it) and then the reservation.
+        // Declared first, so that on failure it drops last: after the lock taken again
+        // below, the mapping (unmapped) and the backing (unpinned).
+        let reservation = Reservation { memory: self, uid: peer.uid, span, domain: &target.domain, iova, held: true };
         let backing = Self::back(target, source, found, (at, len, first, span), access, abandon)?;
-        let mut st = self.state();
-        Self::covered(&st, covers, session, at, len, access)?;
-        let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
         let vfio = match (&target.vfio, &backing) {
-            (Some(dev), Backing::Mapped(p)) => match dev.map(iova, p.clone(), access == AccessMode::ReadWrite) {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    st.dma.free_iova(target, iova);
-                    return Err(MemoryError::Vfio(e));
-                }
-            },
+            (Some(dev), Backing::Mapped(p)) => {
+                Some(dev.map(iova, p.clone(), access == AccessMode::ReadWrite).map_err(MemoryError::Vfio)?)
+            }
             _ => None,
         };
+        let mut st = self.state();
+        Self::covered(&st, covers, session, at, len, access)?;
         // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
         let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
         let id = st.next_id;
@@ -373,17 +383,29 @@ impl Memory {
         }
     }
 
-    /// Removes one registration: frees its IOVA range, unpins, gives back its accounting.
+    /// Detaches one registration: no copy resolves it any more, and its unmap, unpin,
+    /// IOVA range and accounting are left to [`Effect::Unregister`], which the operation's
+    /// [`Memory::finish`] runs after the lock and before it answers.
     pub(super) fn drop_registration(st: &mut State, id: u64) -> bool {
-        let Some(r) = st.dma.remove(id) else { return false };
+        let Some(r) = st.dma.detach(id) else { return false };
         // A copy through it ends too (`Memory::finish`).
         st.ended = true;
-        let u = st.usage.entry(r.uid).or_default();
-        u.pinned = u.pinned.saturating_sub(r.span);
-        u.objects = u.objects.saturating_sub(1);
-        u.fds = u.fds.saturating_sub(1);
-        tracing::info!(registration = id, uid = r.uid, device = %r.device, iova = r.iova, span = r.span, "unregistered");
+        st.effects.push(Effect::Unregister { id, registration: Box::new(r) });
         true
+    }
+
+    /// Undoes a detached registration, without the lock: unmaps it (VFIO) and unpins it,
+    /// then, under the lock, frees its IOVA range and gives back its accounting — in that
+    /// order, so that no registration is mapped at the range before its unmap is done.
+    pub(super) fn undo_registration(&self, id: u64, r: crate::dma::Registration) {
+        let (uid, device, domain, iova, span) = (r.uid, r.device.clone(), r.domain.clone(), r.iova, r.span);
+        // The mapping is declared before the backing: unmapped first, then unpinned.
+        drop(r);
+        let mut st = self.state();
+        st.dma.free_iova(&domain, iova);
+        st.unpin_usage(uid, span);
+        drop(st);
+        tracing::info!(registration = id, uid, device = %device, iova, span, "unregistered");
     }
 
     /// Removes every registration that matches; returns how many.

@@ -3,7 +3,8 @@
 //! the device opened through the `vfio-ioctls` crate ([`ioctl`]); a registration for such a
 //! device maps its pinned memory at its IOVA in that container (`VFIO_IOMMU_MAP_DMA`:
 //! the crate's for read-write, raw for read-only), and dropping the registration unmaps it
-//! before the memory is unpinned ([`DmaMapping`]). A device with an engine driver ([`edu`]) runs
+//! before the memory is unpinned ([`DmaMapping`]). The container is reached through the
+//! [`Iommu`] trait, so that the registry's use of it is tested on a fake. A device with an engine driver ([`edu`]) runs
 //! the copies between its registrations itself; a fault the IOMMU logs during such a copy
 //! fails the copy ([`fault`]).
 //!
@@ -75,6 +76,31 @@ pub enum VfioError {
     },
 }
 
+/// What the daemon asks of the IOMMU behind a device: map and unmap ranges of its own
+/// address space at IOVAs. A VFIO container in the daemon; a fake in tests.
+pub trait Iommu: Send + Sync {
+    /// Maps `len` bytes at `vaddr` at `iova`, writable by the device when `write`.
+    ///
+    /// # Safety
+    /// As [`ioctl::map_dma`]: the range stays mapped until [`Iommu::unmap`] of it, and no
+    /// Rust reference to its bytes is live meanwhile.
+    unsafe fn map(&self, vaddr: *mut u8, iova: u64, len: u64, write: bool) -> Result<(), IoctlError>;
+
+    /// Removes the mapping of `[iova, iova + len)`.
+    fn unmap(&self, iova: u64, len: u64) -> Result<(), IoctlError>;
+}
+
+impl Iommu for vfio_ioctls::VfioContainer {
+    unsafe fn map(&self, vaddr: *mut u8, iova: u64, len: u64, write: bool) -> Result<(), IoctlError> {
+        // SAFETY: the caller upholds map_dma's contract (this function's).
+        unsafe { ioctl::map_dma(self, vaddr, iova, len, write) }
+    }
+
+    fn unmap(&self, iova: u64, len: u64) -> Result<(), IoctlError> {
+        ioctl::unmap_dma(self, iova, len)
+    }
+}
+
 /// BAR 0 of a VFIO device, through its descriptor (`pread`/`pwrite` at the offset the
 /// region info gives).
 #[derive(Debug)]
@@ -110,8 +136,8 @@ pub struct VfioDevice {
     // Field order is drop order: the engine (which holds the device too) goes first, then
     // the device (closing it detaches the group), then the container.
     engine: Option<Mutex<Engine<RegionBar, fault::Kmsg>>>,
-    _device: Arc<ioctl::Device>,
-    container: Arc<vfio_ioctls::VfioContainer>,
+    _device: Option<Arc<ioctl::Device>>,
+    container: Arc<dyn Iommu>,
     verify_unmap: bool,
 }
 
@@ -166,10 +192,25 @@ impl VfioDevice {
             group: f.group,
             mask_bits,
             engine,
-            _device: device,
+            _device: Some(device),
             container: o.container,
             verify_unmap,
         })
+    }
+
+    /// A device without an engine whose registrations are mapped in `iommu` (a fake
+    /// container, for tests of the registry).
+    #[cfg(test)]
+    pub(crate) fn with_iommu(bdf: &str, group: u32, iommu: Arc<dyn Iommu>) -> Self {
+        Self {
+            bdf: bdf.to_owned(),
+            group,
+            mask_bits: None,
+            engine: None,
+            _device: None,
+            container: iommu,
+            verify_unmap: false,
+        }
     }
 
     /// Whether copies between its registrations run on the device.
@@ -182,8 +223,8 @@ impl VfioDevice {
     }
 
     /// Copies `len` bytes from `src` to `dst` on the device (see [`Engine::copy`]), in
-    /// steps of [`STEP`] bytes, each under the engine's lock: an unregister (which takes
-    /// that lock under the registry's) waits for one step at most.
+    /// steps of [`STEP`] bytes, each under the engine's lock: an unregister (whose unmap
+    /// takes that lock) waits for one step at most.
     pub fn copy(&self, src: End, dst: End, len: u64) -> Result<(), VfioError> {
         let mut done = 0;
         while done < len {
@@ -202,7 +243,7 @@ impl VfioDevice {
         // SAFETY: `pinned` stays mapped and locked as long as the returned DmaMapping (it
         // holds the Arc), whose Drop unmaps the range first; the daemon forms no references
         // to registered memory (crate::dma, "Safety of DMA").
-        unsafe { ioctl::map_dma(&self.container, pinned.as_ptr(), iova, pinned.len(), write) }?;
+        unsafe { self.container.map(pinned.as_ptr(), iova, pinned.len(), write) }?;
         let id = NEXT_MAPPING.fetch_add(1, Ordering::Relaxed);
         if let Some(mut e) = self.engine() {
             e.mapped(id, iova, pinned.len());
@@ -252,14 +293,14 @@ impl Drop for DmaMapping {
         if let Some(e) = engine.as_mut() {
             e.unmapping(self.id);
         }
-        if let Err(e) = ioctl::unmap_dma(&d.container, iova, len) {
+        if let Err(e) = d.container.unmap(iova, len) {
             // The container keeps its own pin of the pages: nothing is freed under the device.
             tracing::error!(bdf = d.bdf, iova = %Hex(iova), len, error = %crate::error_chain(&e), "VFIO DMA unmap failed");
             return;
         }
         tracing::info!(bdf = d.bdf, iova = %Hex(iova), len, "VFIO DMA unmapped");
-        // The test hook runs here, under the registry's lock, so that no registration can
-        // take the IOVA before the probe DMA to it is over.
+        // The test hook runs here, before the registry frees the IOVA (it does once this
+        // drop returns), so that no registration can take it before the probe DMA is over.
         if let (true, Some(e)) = (d.verify_unmap, engine.as_mut()) {
             match e.probe_unmapped(iova) {
                 Ok(Some(record)) => {

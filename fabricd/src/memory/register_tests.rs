@@ -1,0 +1,239 @@
+//! Registration against a fake IOMMU, without a daemon: a `MAP_DMA` or an unmap that the
+//! IOMMU holds up delays only the request that asked for it, an IOVA range is never mapped
+//! twice (not even while the unmap of its last registration is under way), and a failed
+//! map gives everything back.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::time::Duration;
+
+use fabric_proto::wire::{AccessMode, PeerCred};
+use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
+
+use super::register::{Registered, Source};
+use super::{Memory, MemoryError, Place};
+use crate::config::LimitsConfig;
+use crate::dma::Target;
+use crate::dma::iova::PAGE;
+use crate::dma::vfio::ioctl::IoctlError;
+use crate::dma::vfio::{Iommu, VfioDevice};
+
+const MIB: u64 = 1 << 20;
+/// How long a request may take while another one is held in the IOMMU.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A call the test holds: armed, the next call waits in it until released.
+#[derive(Default)]
+struct Hold {
+    state: Mutex<(bool, bool, bool)>,
+    cv: Condvar,
+}
+
+impl Hold {
+    fn arm(&self) {
+        *self.state.lock().unwrap() = (true, false, false);
+    }
+
+    /// Called by the fake: waits here if armed (once).
+    fn pass(&self) {
+        let mut s = self.state.lock().unwrap();
+        if !s.0 {
+            return;
+        }
+        s.0 = false;
+        s.1 = true;
+        self.cv.notify_all();
+        while !s.2 {
+            s = self.cv.wait(s).unwrap();
+        }
+    }
+
+    /// Whether a call is waiting in it (waits for one up to [`PATIENCE`]).
+    fn entered(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        self.cv.wait_timeout_while(s, PATIENCE, |s| !s.1).unwrap().0.1
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().2 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A container that records what is mapped and, like the kernel, refuses to map over a
+/// mapped IOVA (`EEXIST`) or to unmap what is not mapped.
+#[derive(Default)]
+struct FakeIommu {
+    mapped: Mutex<BTreeMap<u64, u64>>,
+    hold_map: Hold,
+    hold_unmap: Hold,
+    fail_next_map: AtomicBool,
+}
+
+fn refused(call: &'static str, errno: i32) -> IoctlError {
+    IoctlError::Call { call, source: std::io::Error::from_raw_os_error(errno) }
+}
+
+impl Iommu for FakeIommu {
+    unsafe fn map(&self, _vaddr: *mut u8, iova: u64, len: u64, _write: bool) -> Result<(), IoctlError> {
+        self.hold_map.pass();
+        if self.fail_next_map.swap(false, Ordering::SeqCst) {
+            return Err(refused("VFIO_IOMMU_MAP_DMA", libc::ENOMEM));
+        }
+        let mut m = self.mapped.lock().unwrap();
+        if m.iter().any(|(&s, &l)| s < iova + len && iova < s + l) {
+            return Err(refused("VFIO_IOMMU_MAP_DMA", libc::EEXIST));
+        }
+        m.insert(iova, len);
+        Ok(())
+    }
+
+    fn unmap(&self, iova: u64, len: u64) -> Result<(), IoctlError> {
+        self.hold_unmap.pass();
+        match self.mapped.lock().unwrap().remove(&iova) {
+            Some(l) if l == len => Ok(()),
+            _ => Err(refused("VFIO_IOMMU_UNMAP_DMA", libc::EINVAL)),
+        }
+    }
+}
+
+struct Setup {
+    memory: Memory,
+    gpu: DeviceId,
+    iommu: Arc<FakeIommu>,
+    target: Target,
+    _dir: tempfile::TempDir,
+}
+
+fn peer(uid: u32) -> PeerCred {
+    PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid, gid: uid }
+}
+
+impl Setup {
+    fn new(limits: LimitsConfig) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = DeviceId::uuid("GPU-5c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e");
+        let mut d = Device::new(gpu.clone(), DeviceKind::Gpu, Some("n0"));
+        d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 64 * MIB, hpa: None, numa_node: None });
+        d.sources = vec!["sim".to_owned()];
+        let mut inv = Inventory::default();
+        inv.add_device(d).unwrap();
+        let memory = Memory::open(dir.path(), &inv, limits).unwrap();
+        let iommu = Arc::new(FakeIommu::default());
+        let device = VfioDevice::with_iommu("0000:00:04.0", 5, iommu.clone());
+        let target = Target {
+            device: gpu.clone(),
+            domain: "n0/iommu_group:5".into(),
+            mask_bits: 32,
+            vfio: Some(Arc::new(device)),
+        };
+        Self { memory, gpu, iommu, target, _dir: dir }
+    }
+
+    /// A 2 MiB region of session `session` (uid `1000 + session`).
+    fn region(&self, session: u64) -> u64 {
+        let place = Place { device: self.gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+        self.memory.alloc(&peer(1000 + session as u32), session, &place, 2 * MIB, 0).unwrap().region
+    }
+
+    /// Registers the first page of `region` of `session` for the device.
+    fn register(&self, session: u64, region: u64) -> Result<Registered, MemoryError> {
+        let p = peer(1000 + session as u32);
+        let source = Source::Region(region);
+        self.memory.register(&p, session, &self.target, source, 0, PAGE, AccessMode::ReadWrite, &|| None)
+    }
+
+    fn mapped(&self) -> Vec<u64> {
+        self.iommu.mapped.lock().unwrap().keys().copied().collect()
+    }
+}
+
+#[test]
+fn a_map_the_iommu_holds_up_delays_no_other_client() {
+    let t = Setup::new(LimitsConfig::default());
+    let (r1, r2) = (t.region(1), t.region(2));
+    t.iommu.hold_map.arm();
+    std::thread::scope(|s| {
+        let slow = s.spawn(|| t.register(1, r1));
+        assert!(t.iommu.hold_map.entered());
+        // Meanwhile another client allocates, counts and registers in the same domain.
+        let (tx, rx) = mpsc::channel();
+        let t = &t;
+        s.spawn(move || {
+            let region = t.region(2);
+            let counts = t.memory.counts();
+            let _ = tx.send((region, counts, t.register(2, r2)));
+        });
+        let other = rx.recv_timeout(PATIENCE);
+        // Let go before asserting, so that a failure does not leave the scope waiting.
+        t.iommu.hold_map.release();
+        let (_, counts, other) = other.expect("another client's requests waited for a map held in the IOMMU");
+        assert_eq!(counts.registrations, 0, "the held registration is not published before its map");
+        let other = other.unwrap();
+        let slow = slow.join().unwrap().unwrap();
+        // The IOVA was reserved before the map: the other registration went elsewhere.
+        assert_ne!(slow.iova, other.iova);
+        assert_eq!(slow.iova, PAGE, "the first reservation took the lowest range");
+    });
+    assert_eq!(t.memory.counts().registrations, 2);
+    assert_eq!(t.mapped(), vec![PAGE, 2 * PAGE]);
+}
+
+/// Unregister and Free end a registration alike: the unmap runs outside the lock, other
+/// clients go on meanwhile, the IOVA range stays taken until the unmap is done, and the
+/// ending operation answers only then.
+#[test]
+fn an_iova_is_not_handed_out_again_before_its_unmap_is_done() {
+    type End = fn(&Setup, u64, Registered) -> Result<(), MemoryError>;
+    let unregister: End = |t, _, r| t.memory.unregister(1, r.registration);
+    let free: End = |t, region, _| t.memory.free(1, region).map(|_| ());
+    for (what, end) in [("unregister", unregister), ("free", free)] {
+        let t = Setup::new(LimitsConfig::default());
+        let (r1, r2) = (t.region(1), t.region(2));
+        let first = t.register(1, r1).unwrap();
+        assert_eq!(first.iova, PAGE);
+        t.iommu.hold_unmap.arm();
+        std::thread::scope(|s| {
+            let ending = s.spawn(|| end(&t, r1, first));
+            assert!(t.iommu.hold_unmap.entered(), "{what}");
+            let (tx, rx) = mpsc::channel();
+            let t = &t;
+            s.spawn(move || {
+                let _ = tx.send(t.register(2, r2));
+            });
+            let other = rx.recv_timeout(PATIENCE);
+            let answered_early = ending.is_finished();
+            t.iommu.hold_unmap.release();
+            let other = other.unwrap_or_else(|_| panic!("{what}: a registration waited for another's unmap"));
+            // The fake refuses a map over a mapped range: this fails if the range was free.
+            let other = other.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            assert_ne!(other.iova, first.iova, "{what}");
+            assert!(!answered_early, "{what} answered before the unmap was done");
+            ending.join().unwrap().unwrap();
+        });
+        // Unmapped, the range is free again: the lowest fit.
+        assert_eq!(t.mapped(), vec![2 * PAGE], "{what}");
+        let again = t.register(2, r2).unwrap();
+        assert_eq!(again.iova, PAGE, "{what}");
+        assert_eq!(t.memory.counts().registrations, 2, "{what}");
+    }
+}
+
+#[test]
+fn a_failed_map_gives_back_its_iova_and_its_pinned_bytes() {
+    // One page may be pinned: a reservation not given back would refuse the next one.
+    let t = Setup::new(LimitsConfig { pinned_bytes_per_uid: Some(PAGE), ..LimitsConfig::default() });
+    let r1 = t.region(1);
+    t.iommu.fail_next_map.store(true, Ordering::SeqCst);
+    let failed = t.register(1, r1);
+    assert!(matches!(failed, Err(MemoryError::Vfio(_))), "{failed:?}");
+    let counts = t.memory.counts();
+    assert_eq!((counts.registrations, counts.pinned_bytes), (0, 0));
+    assert!(t.mapped().is_empty());
+    let ok = t.register(1, r1).unwrap();
+    assert_eq!(ok.iova, PAGE, "the failed registration's range is free again");
+    assert_eq!(t.memory.counts().pinned_bytes, PAGE);
+}
