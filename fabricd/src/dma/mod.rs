@@ -118,7 +118,7 @@ pub fn target_of(dev: &Device) -> Target {
 }
 
 /// What a registration's memory is.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Backing {
     /// Mapped and locked by the daemon; shared with copies in flight
     /// ([`crate::copy`]), so that the mapping outlives a copy's chunk in flight even
@@ -178,6 +178,22 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// What a copy through it needs, taken under the registry lock and used without it:
+    /// its memory stays reachable (mapped, or its process followed) as long as the result.
+    pub fn reach(&self) -> Reach {
+        Reach { backing: self.backing.clone(), access: self.access }
+    }
+}
+
+/// A registration's memory and access, for reading and writing it outside the registry
+/// lock ([`Registration::reach`]).
+#[derive(Debug, Clone)]
+pub struct Reach {
+    backing: Backing,
+    access: AccessMode,
+}
+
+impl Reach {
     /// Reads `buf.len()` bytes at byte `at` of the page-aligned range.
     pub fn read(&self, id: u64, at: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let io = |source| DmaError::Io { registration: id, source };

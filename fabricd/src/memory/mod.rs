@@ -45,9 +45,9 @@ pub mod fdkind;
 mod held;
 #[cfg(test)]
 mod ledger_tests;
+mod register;
 #[cfg(test)]
 mod register_tests;
-mod register;
 mod reserve;
 mod set;
 

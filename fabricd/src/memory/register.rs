@@ -15,7 +15,7 @@ use super::effects::Effect;
 use super::{Memory, MemoryError, State, io_err};
 use crate::dma::iova::PAGE;
 use crate::dma::sys::{self, Pinned};
-use crate::dma::{Backing, Covers, DmaError, Registration, Target, span_of};
+use crate::dma::{Backing, Covers, DmaError, Reach, Registration, Target, span_of};
 use crate::transport::peer::Process;
 
 /// What to register.
@@ -414,17 +414,23 @@ impl Memory {
         ids.iter().filter(|&&id| Self::drop_registration(st, id)).count() as u64
     }
 
+    /// The registration of `target`'s domain holding `[iova, iova + len)`, resolved under
+    /// the lock, to be read or written without it.
+    fn dma_reach(&self, target: &Target, iova: u64, len: usize) -> Result<(u64, Reach, u64), DmaError> {
+        let st = self.state();
+        let (id, r, at) = st.dma.resolve(&target.domain, iova, len as u64)?;
+        Ok((id, r.reach(), at))
+    }
+
     /// Reads `buf.len()` bytes at `iova` of `target`'s domain: what the device would read.
     pub fn dma_read(&self, target: &Target, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let st = self.state();
-        let (id, r, at) = st.dma.resolve(&target.domain, iova, buf.len() as u64)?;
-        r.read(id, at, buf)
+        let (id, reach, at) = self.dma_reach(target, iova, buf.len())?;
+        reach.read(id, at, buf)
     }
 
     /// Writes `buf` at `iova` of `target`'s domain: what the device would write.
     pub fn dma_write(&self, target: &Target, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
-        let st = self.state();
-        let (id, r, at) = st.dma.resolve(&target.domain, iova, buf.len() as u64)?;
-        r.write(id, at, buf)
+        let (id, reach, at) = self.dma_reach(target, iova, buf.len())?;
+        reach.write(id, at, buf)
     }
 }
