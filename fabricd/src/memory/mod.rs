@@ -784,6 +784,19 @@ impl Memory {
         out
     }
 
+    /// Drops what a session's connection held, which no client can take back: its
+    /// registrations and its imports.
+    fn drop_connection(st: &mut State, session: u64) -> Reclaimed {
+        let mut out =
+            Reclaimed { registrations: Self::drop_registrations(st, |g| g.session == session), ..Reclaimed::default() };
+        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
+        for id in imports {
+            Self::drop_import(st, id);
+            out.imports += 1;
+        }
+        out
+    }
+
     fn drop_import(st: &mut State, id: u64) {
         Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
         if let Some(i) = st.imports.remove(&id) {
@@ -1063,15 +1076,7 @@ impl Memory {
         if let Err(e) = done {
             tracing::error!(error = %crate::error_chain(&e), session, "cannot journal the end of a session");
         }
-        let mut out = Reclaimed {
-            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
-            ..Reclaimed::default()
-        };
-        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
-        for id in imports {
-            Self::drop_import(&mut st, id);
-            out.imports += 1;
-        }
+        let mut out = Self::drop_connection(&mut st, session);
         for id in regions {
             let r = Self::drop_region(&mut st, id, RevocationReason::OwnerExited);
             out.regions += r.regions;

@@ -560,15 +560,7 @@ impl Memory {
             drop(st);
             return (None, self.close_session(session));
         };
-        let mut out = Reclaimed {
-            registrations: Self::drop_registrations(&mut st, |g| g.session == session),
-            ..Reclaimed::default()
-        };
-        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
-        for id in imports {
-            Self::drop_import(&mut st, id);
-            out.imports += 1;
-        }
+        let out = Self::drop_connection(&mut st, session);
         st.sessions.remove(&session);
         st.orphans.push(Orphan { token: s.token, session, owner: s.owner });
         self.finish(st);

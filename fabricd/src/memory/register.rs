@@ -1,8 +1,9 @@
 //! Registration on the memory registry: [`Memory::register`] pins a region, an import, a
 //! memory object or the caller's own memory for a device's DMA and gives it an IOVA;
 //! [`Memory::unregister`] undoes it (the unmap and unpin run as an effect, after the lock,
-//! and the IOVA range is freed only then: [`Effect::Unregister`]); the copy path resolves `(device, iova)` back to the
-//! memory ([`Memory::dma_read`], [`Memory::dma_write`]). The registry itself is
+//! and the IOVA range is freed only then: [`Effect::Unregister`]); the copy path resolves
+//! `(device, iova)` back to the memory ([`Memory::dma_read`], [`Memory::dma_write`]),
+//! reading and writing it without the lock. The registry itself is
 //! [`crate::dma`]; it lives in the memory state so that the objects a registration covers
 //! cannot go without it.
 
