@@ -35,7 +35,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn inventory() -> (Inventory, DeviceId) {
+/// One sim GPU with 256 MiB of HBM.
+pub(super) fn inventory() -> (Inventory, DeviceId) {
     let id = DeviceId::uuid("GPU-74ea8f39-337d-2bff-f79c-f2f5ed86e4ee");
     let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
     d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 256 * MIB, hpa: None, numa_node: None });

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
 
 use fabric_proto::wire::{AccessMode, PeerCred};
-use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
+use fabric_topology::{DeviceId, MemoryKind};
 
 use super::register::{Registered, Source};
 use super::{Memory, MemoryError, Place};
@@ -115,12 +115,7 @@ fn peer(uid: u32) -> PeerCred {
 impl Setup {
     fn new(limits: LimitsConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let gpu = DeviceId::uuid("GPU-5c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e");
-        let mut d = Device::new(gpu.clone(), DeviceKind::Gpu, Some("n0"));
-        d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 64 * MIB, hpa: None, numa_node: None });
-        d.sources = vec!["sim".to_owned()];
-        let mut inv = Inventory::default();
-        inv.add_device(d).unwrap();
+        let (inv, gpu) = super::ledger_tests::inventory();
         let memory = Memory::open(dir.path(), &inv, limits).unwrap();
         let iommu = Arc::new(FakeIommu::default());
         let device = VfioDevice::with_iommu("0000:00:04.0", 5, iommu.clone());
