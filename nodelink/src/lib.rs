@@ -7,3 +7,18 @@ pub mod identity;
 
 pub use certs::{CertError, DomainCa, Pem, PemFiles, San, create_ca, create_node};
 pub use identity::{IdentityError, NodeIdentity};
+pub mod message;
+
+pub use message::{
+    Hello, MessageError, PEER_DECODER, PEER_PROTOCOL, PeerError, PeerFailure, PeerMessage, PeerOp, PeerRequest,
+    PeerResponse, Refusal, Welcome,
+};
+pub mod tls;
+
+pub use tls::{Credentials, TlsError};
+pub mod error;
+pub mod framed;
+pub mod link;
+
+pub use error::{LinkError, Stage};
+pub use link::{Link, LinkLimits, Peer, PeerPolicy, Server};
