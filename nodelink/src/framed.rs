@@ -33,6 +33,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Framed<S> {
         &self.stream
     }
 
+    /// The stream; bytes read past the last message are dropped (tests write raw bytes).
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+
     /// The next message and its request id. Waits up to `idle` for a frame to begin, then
     /// up to the frame time for it to end. Any refused frame ends the stream.
     pub async fn recv(&mut self, idle: Duration) -> Result<(u64, PeerMessage), LinkError> {
