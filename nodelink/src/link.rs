@@ -53,7 +53,8 @@ impl Default for LinkLimits {
 
 /// Who may link: asked for every peer whose certificate and Hello agree. The domain answers
 /// from etcd's member records: a node that is no member, or an incarnation that is not its
-/// current one, is refused.
+/// current one, is refused. Called on the connection's task: it must answer from memory
+/// (the daemon's view of the member records), never wait on etcd.
 pub trait PeerPolicy: Send + Sync + 'static {
     /// Whether `node` at `incarnation` may link now.
     fn admit(&self, node: &NodeIdentity, incarnation: u64) -> Result<(), Refusal>;
