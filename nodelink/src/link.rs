@@ -125,8 +125,13 @@ impl Drop for Server {
     }
 }
 
+/// How often the accept loop reports connections it closed for want of a handshake slot
+/// (a flood must not flood the log too).
+const DROPPED_REPORT: Duration = Duration::from_secs(1);
+
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut conns = JoinSet::new();
+    let (mut dropped, mut reported) = (0u64, Instant::now());
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -141,8 +146,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     }
                 };
                 let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
-                    tracing::warn!(%addr, "node link: too many connections being admitted; closed");
                     drop(tcp);
+                    dropped += 1;
+                    if reported.elapsed() >= DROPPED_REPORT {
+                        tracing::warn!(%addr, dropped, "node link: too many connections being admitted; closed at accept");
+                        (dropped, reported) = (0, Instant::now());
+                    }
                     continue;
                 };
                 conns.spawn(serve(tcp, addr, shared.clone(), permit));
