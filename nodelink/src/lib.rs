@@ -21,4 +21,4 @@ pub mod framed;
 pub mod link;
 
 pub use error::{LinkError, Stage};
-pub use link::{Link, LinkLimits, Peer, PeerPolicy, Server};
+pub use link::{Link, LinkLimits, LinkStats, Peer, PeerPolicy, Server};

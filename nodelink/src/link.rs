@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -71,7 +72,45 @@ pub struct Peer {
     pub addr: SocketAddr,
 }
 
+/// What a server did with the connections it accepted, since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Closed at accept: too many were being admitted.
+    pub closed_at_accept: u64,
+    /// Admitted (Welcome sent).
+    pub admitted: u64,
+    /// Refused with a [`Refusal`] (a Hello that disagrees, the policy, `Busy`).
+    pub refused: u64,
+    /// Dropped before a Hello could be answered: no or a bad certificate, not TLS, garbage
+    /// or nothing instead of a Hello.
+    pub failed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    closed_at_accept: AtomicU64,
+    admitted: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Counters {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> LinkStats {
+        LinkStats {
+            closed_at_accept: self.closed_at_accept.load(Ordering::Relaxed),
+            admitted: self.admitted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
 struct Shared {
+    counters: Arc<Counters>,
     acceptor: TlsAcceptor,
     identity: NodeIdentity,
     incarnation: u64,
@@ -85,6 +124,7 @@ struct Shared {
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
+    counters: Arc<Counters>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -100,7 +140,9 @@ impl Server {
         let acceptor = TlsAcceptor::from(creds.server_config()?);
         let listener = TcpListener::bind(addr).await.map_err(LinkError::Io)?;
         let addr = listener.local_addr().map_err(LinkError::Io)?;
+        let counters = Arc::new(Counters::default());
         let shared = Arc::new(Shared {
+            counters: counters.clone(),
             acceptor,
             identity: creds.identity().clone(),
             incarnation,
@@ -110,12 +152,17 @@ impl Server {
             links: Arc::new(Semaphore::new(limits.max_links)),
         });
         let task = tokio::spawn(accept_loop(listener, shared));
-        Ok(Self { addr, task })
+        Ok(Self { addr, counters, task })
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What it did with the connections it accepted.
+    pub fn stats(&self) -> LinkStats {
+        self.counters.snapshot()
     }
 }
 
@@ -147,6 +194,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 };
                 let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
                     drop(tcp);
+                    Counters::bump(&shared.counters.closed_at_accept);
                     dropped += 1;
                     if reported.elapsed() >= DROPPED_REPORT {
                         tracing::warn!(%addr, dropped, "node link: too many connections being admitted; closed at accept");
@@ -168,9 +216,14 @@ async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, handshake:
         Ok(r) => r,
     };
     drop(handshake);
+    let counters = &shared.counters;
     let (mut framed, peer, _link) = match admitted {
-        Ok(a) => a,
+        Ok(a) => {
+            Counters::bump(&counters.admitted);
+            a
+        }
         Err(e) => {
+            Counters::bump(if matches!(e, LinkError::Refused(_)) { &counters.refused } else { &counters.failed });
             tracing::warn!(%addr, error = %e, "node link: peer not admitted");
             return;
         }
@@ -298,7 +351,9 @@ impl Link {
             let mut framed = Framed::new(tls, limits.frame_timeout);
             framed.send(0, &PeerMessage::Hello(hello)).await?;
             match framed.recv(limits.handshake_timeout).await? {
-                (0, PeerMessage::Welcome(w)) if w.node == expected.node => Ok((framed, w)),
+                (0, PeerMessage::Welcome(w)) if w.node == expected.node && w.version == PEER_PROTOCOL => {
+                    Ok((framed, w))
+                }
                 (_, PeerMessage::Refused(r)) => Err(LinkError::Refused(r)),
                 (_, other) => Err(LinkError::unexpected("a welcome from the expected node", &other)),
             }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{TestDomain, assert_pong, closed_by_server, limits};
 use fabric_nodelink::{
-    Credentials, DomainCa, Hello, LinkError, LinkLimits, PEER_PROTOCOL, PeerError, PeerOp, PeerRequest, Refusal,
+    Credentials, DomainCa, Hello, LinkError, LinkLimits, LinkStats, PEER_PROTOCOL, PeerError, PeerOp, PeerRequest,
+    Refusal,
 };
 use fabric_proto::wire::{FrameKind, Header, Opcode};
 use tokio::io::AsyncWriteExt;
@@ -63,6 +64,7 @@ async fn no_client_certificate() {
         let _ = tls.write_all(&hello).await;
         closed_by_server(&mut tls, SLACK).await;
     }
+    d.wait_stats(LinkStats { admitted: 1, failed: 1, ..LinkStats::default() }).await;
     assert_pong(&mut good).await;
     d.link("n2").await.expect("the server still admits");
 }
@@ -77,6 +79,7 @@ async fn a_certificate_from_another_ca() {
     let creds = Credentials::from_pem(&d.ca.pem().cert, &pem).expect("creds");
     let r = fabric_nodelink::Link::connect(d.addr(), &creds, &d.server_id, 1, limits()).await;
     assert!(matches!(r, Err(LinkError::Io(_) | LinkError::Closed)), "{r:?}");
+    d.wait_stats(LinkStats { admitted: 1, failed: 1, ..LinkStats::default() }).await;
     assert_pong(&mut good).await;
 }
 
@@ -96,6 +99,7 @@ async fn a_valid_node_claiming_to_be_another() {
     let hello = Hello { domain: "elsewhere".into(), node: "n3".into(), incarnation: 1, version: PEER_PROTOCOL };
     let r = fabric_nodelink::Link::connect_with(d.addr(), &d.creds("n3"), &d.server_id, hello, limits()).await;
     assert!(matches!(r, Err(LinkError::Refused(Refusal::WrongDomain { .. }))), "{r:?}");
+    d.wait_stats(LinkStats { admitted: 1, refused: 2, ..LinkStats::default() }).await;
     assert_pong(&mut good).await;
 }
 
@@ -110,6 +114,7 @@ async fn a_stale_incarnation_and_a_non_member() {
     assert!(matches!(r, Err(LinkError::Refused(Refusal::NotMember(_)))), "{r:?}");
     // The current incarnation is admitted.
     fabric_nodelink::Link::connect(d.addr(), &d.creds("n3"), &d.server_id, 2, limits()).await.expect("current");
+    d.wait_stats(LinkStats { admitted: 2, refused: 2, ..LinkStats::default() }).await;
     assert_pong(&mut good).await;
 }
 
@@ -157,6 +162,7 @@ async fn garbage_instead_of_a_client_hello() {
         closed_by_server(&mut tcp, SLACK + limits().handshake_timeout).await;
         assert_pong(&mut good).await;
     }
+    d.wait_stats(LinkStats { admitted: 1, failed: 3, ..LinkStats::default() }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,6 +194,7 @@ async fn a_flood_of_connections_beyond_the_limit() {
         closed_by_server(tcp, limits().handshake_timeout + SLACK).await;
     }
     assert!(start.elapsed() + Duration::from_millis(200) >= limits().handshake_timeout);
+    d.wait_stats(LinkStats { admitted: 1, closed_at_accept: excess as u64, failed: max as u64, refused: 0 }).await;
     assert_pong(&mut good).await;
     let mut late = d.link("n2").await.expect("the server admits after the flood");
     assert_pong(&mut late).await;
@@ -210,6 +217,7 @@ async fn links_beyond_the_limit_are_refused_busy() {
     let _second = d.link("n2").await.expect("second link");
     let r = d.link("n3").await;
     assert!(matches!(r, Err(LinkError::Refused(Refusal::Busy))), "{r:?}");
+    d.wait_stats(LinkStats { admitted: 2, refused: 1, ..LinkStats::default() }).await;
     drop(_second);
     // The slot comes back once the server sees the link closed.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -242,6 +250,7 @@ async fn stalls_are_cut_off() {
     assert!(took + Duration::from_millis(100) >= l.handshake_timeout, "closed by the timeout, not before: {took:?}");
     closed_by_server(&mut no_hello, l.handshake_timeout + SLACK).await;
     closed_by_server(&mut mid_frame, l.frame_timeout + SLACK).await;
+    d.wait_stats(LinkStats { admitted: 2, failed: 2, ..LinkStats::default() }).await;
     assert_pong(&mut good).await;
 }
 

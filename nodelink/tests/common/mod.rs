@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use fabric_nodelink::framed::Framed;
 use fabric_nodelink::{
-    Credentials, DomainCa, Hello, Link, LinkLimits, NodeIdentity, PEER_PROTOCOL, PeerMessage, PeerPolicy, Refusal, San,
-    Server,
+    Credentials, DomainCa, Hello, Link, LinkLimits, LinkStats, NodeIdentity, PEER_PROTOCOL, PeerMessage, PeerPolicy,
+    Refusal, San, Server,
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
@@ -86,6 +86,16 @@ impl TestDomain {
     /// A link as `node` at incarnation 1.
     pub async fn link(&self, node: &str) -> Result<Link, fabric_nodelink::LinkError> {
         Link::connect(self.addr(), &self.creds(node), &self.server_id, 1, limits()).await
+    }
+
+    /// Waits (up to 3 s) until the server's counters are `want` (they change on the
+    /// server's tasks, a little after the client sees the outcome).
+    pub async fn wait_stats(&self, want: LinkStats) {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while self.server.stats() != want && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(self.server.stats(), want);
     }
 
     /// The well-behaved peer, linked.
