@@ -14,6 +14,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
 };
 use time::{Duration, OffsetDateTime};
+use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::identity::{IdentityError, NodeIdentity, check_name};
 
@@ -149,8 +150,8 @@ impl DomainCa {
             return Err(not_this("another domain's CA".into()));
         }
         let der = pem_der(&pem.cert).map_err(|e| not_this(e.to_string()))?;
-        let raw = key.public_key_raw();
-        if !der.windows(raw.len()).any(|w| w == raw) {
+        let (_, cert) = X509Certificate::from_der(&der).map_err(|e| not_this(e.to_string()))?;
+        if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
             return Err(not_this("the key is not the certificate's".into()));
         }
         Ok(Self { domain: domain.to_owned(), pem })

@@ -222,9 +222,16 @@ async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, handshake:
             Counters::bump(&counters.admitted);
             a
         }
+        Err(LinkError::Refused(refusal)) => {
+            // Only a node with a valid certificate gets this far: worth a warning.
+            Counters::bump(&counters.refused);
+            tracing::warn!(%addr, %refusal, "node link: peer refused");
+            return;
+        }
         Err(e) => {
-            Counters::bump(if matches!(e, LinkError::Refused(_)) { &counters.refused } else { &counters.failed });
-            tracing::warn!(%addr, error = %e, "node link: peer not admitted");
+            // Anyone can cause these, as fast as they can connect: counted, logged quietly.
+            Counters::bump(&counters.failed);
+            tracing::debug!(%addr, error = %e, "node link: connection dropped before admission");
             return;
         }
     };

@@ -34,6 +34,9 @@ pub enum TlsError {
     /// The client certificate verifier could not be built (an empty CA).
     #[error("client verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// A node name that is no TLS server name (cannot happen for a checked name).
+    #[error("server name {0:?}")]
+    ServerName(String),
     /// This node's own certificate names no node.
     #[error("this node's certificate: {0}")]
     OwnIdentity(IdentityError),
@@ -108,7 +111,7 @@ impl Credentials {
 /// The server name a client sends for `node` (node names are DNS labels); the check that
 /// matters is [`NodeVerifier`]'s.
 pub fn server_name(node: &NodeIdentity) -> Result<ServerName<'static>, TlsError> {
-    ServerName::try_from(node.node.clone()).map_err(|e| TlsError::Pem { what: "server name", why: e.to_string() })
+    ServerName::try_from(node.node.clone()).map_err(|_| TlsError::ServerName(node.node.clone()))
 }
 
 /// The identity the peer's certificate of a finished handshake states.
