@@ -1,0 +1,24 @@
+//! The node-to-node link of a domain: TCP between fabricd nodes, mutually authenticated
+//! TLS with certificates from the domain's CA that name their node, framed like the Unix
+//! socket. Not wired into fabricd yet (docs/domain.md, "Node link").
+
+pub mod certs;
+pub mod identity;
+
+pub use certs::{CertError, DomainCa, Pem, PemFiles, San, create_ca, create_node};
+pub use identity::{IdentityError, NodeIdentity};
+pub mod message;
+
+pub use message::{
+    Hello, MessageError, PEER_DECODER, PEER_PROTOCOL, PeerError, PeerFailure, PeerMessage, PeerOp, PeerRequest,
+    PeerResponse, Refusal, Welcome,
+};
+pub mod tls;
+
+pub use tls::{Credentials, TlsError};
+pub mod error;
+pub mod framed;
+pub mod link;
+
+pub use error::{LinkError, Stage};
+pub use link::{Link, LinkLimits, LinkStats, Peer, PeerPolicy, Server};

@@ -1,0 +1,413 @@
+//! The node link over TCP: a [`Server`] that admits peers whose certificate, Hello and
+//! incarnation agree, and a client [`Link`]. Bounded: at most
+//! [`LinkLimits::max_handshakes`] connections are being admitted and at most
+//! [`LinkLimits::max_links`] links are held at once (more are closed at once, or refused
+//! `Busy`); every wait has a deadline. A misbehaving peer loses its own connection and
+//! nothing else.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::error::{LinkError, Stage};
+use crate::framed::Framed;
+use crate::identity::NodeIdentity;
+use crate::message::{
+    Hello, PEER_PROTOCOL, PeerError, PeerFailure, PeerMessage, PeerRequest, PeerResponse, Refusal, Welcome,
+};
+use crate::tls::{Credentials, peer_identity, server_name};
+
+/// The bounds of a node's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkLimits {
+    /// Connections being admitted (TLS handshake and Hello) at once; more are closed on
+    /// accept.
+    pub max_handshakes: usize,
+    /// Admitted links at once; more are refused [`Refusal::Busy`].
+    pub max_links: usize,
+    /// From TCP accept (or connect) to Welcome.
+    pub handshake_timeout: Duration,
+    /// A begun frame must end, and a write finish, within this.
+    pub frame_timeout: Duration,
+    /// A link with no frame for this long is closed (peers ping more often); a client
+    /// waits this long for an answer.
+    pub idle_timeout: Duration,
+}
+
+impl Default for LinkLimits {
+    fn default() -> Self {
+        Self {
+            max_handshakes: 32,
+            max_links: 256,
+            handshake_timeout: Duration::from_secs(5),
+            frame_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Who may link: asked for every peer whose certificate and Hello agree. The domain answers
+/// from etcd's member records: a node that is no member, or an incarnation that is not its
+/// current one, is refused. Called on the connection's task: it must answer from memory
+/// (the daemon's view of the member records), never wait on etcd.
+pub trait PeerPolicy: Send + Sync + 'static {
+    /// Whether `node` at `incarnation` may link now.
+    fn admit(&self, node: &NodeIdentity, incarnation: u64) -> Result<(), Refusal>;
+}
+
+/// An admitted peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Its identity, from its certificate.
+    pub identity: NodeIdentity,
+    /// Its incarnation, from its Hello (admitted by the policy).
+    pub incarnation: u64,
+    /// Its address.
+    pub addr: SocketAddr,
+}
+
+/// What a server did with the connections it accepted, since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Closed at accept: too many were being admitted.
+    pub closed_at_accept: u64,
+    /// Admitted (Welcome sent).
+    pub admitted: u64,
+    /// Refused with a [`Refusal`] (a Hello that disagrees, the policy, `Busy`).
+    pub refused: u64,
+    /// Dropped before a Hello could be answered: no or a bad certificate, not TLS, garbage
+    /// or nothing instead of a Hello.
+    pub failed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    closed_at_accept: AtomicU64,
+    admitted: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Counters {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> LinkStats {
+        LinkStats {
+            closed_at_accept: self.closed_at_accept.load(Ordering::Relaxed),
+            admitted: self.admitted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+struct Shared {
+    counters: Arc<Counters>,
+    acceptor: TlsAcceptor,
+    identity: NodeIdentity,
+    incarnation: u64,
+    policy: Arc<dyn PeerPolicy>,
+    limits: LinkLimits,
+    handshakes: Arc<Semaphore>,
+    links: Arc<Semaphore>,
+}
+
+/// A listening node-link server. Dropping it stops it and closes every link it holds.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    counters: Arc<Counters>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Listens on `addr` as the node `creds` names, at `incarnation`.
+    pub async fn bind(
+        addr: SocketAddr,
+        creds: &Credentials,
+        incarnation: u64,
+        policy: Arc<dyn PeerPolicy>,
+        limits: LinkLimits,
+    ) -> Result<Self, LinkError> {
+        let acceptor = TlsAcceptor::from(creds.server_config()?);
+        let listener = TcpListener::bind(addr).await.map_err(LinkError::Io)?;
+        let addr = listener.local_addr().map_err(LinkError::Io)?;
+        let counters = Arc::new(Counters::default());
+        let shared = Arc::new(Shared {
+            counters: counters.clone(),
+            acceptor,
+            identity: creds.identity().clone(),
+            incarnation,
+            policy,
+            limits,
+            handshakes: Arc::new(Semaphore::new(limits.max_handshakes)),
+            links: Arc::new(Semaphore::new(limits.max_links)),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared));
+        Ok(Self { addr, counters, task })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What it did with the connections it accepted.
+    pub fn stats(&self) -> LinkStats {
+        self.counters.snapshot()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How often the accept loop reports connections it closed for want of a handshake slot
+/// (a flood must not flood the log too).
+const DROPPED_REPORT: Duration = Duration::from_secs(1);
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut conns = JoinSet::new();
+    let (mut dropped, mut reported) = (0u64, Instant::now());
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (tcp, addr) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of descriptors or a connection reset before accept: wait a
+                        // little rather than spin.
+                        tracing::warn!(error = %e, "node link: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
+                    drop(tcp);
+                    Counters::bump(&shared.counters.closed_at_accept);
+                    dropped += 1;
+                    if reported.elapsed() >= DROPPED_REPORT {
+                        tracing::warn!(%addr, dropped, "node link: too many connections being admitted; closed at accept");
+                        (dropped, reported) = (0, Instant::now());
+                    }
+                    continue;
+                };
+                conns.spawn(serve(tcp, addr, shared.clone(), permit));
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, handshake: OwnedSemaphorePermit) {
+    let limits = shared.limits;
+    let admitted = match tokio::time::timeout(limits.handshake_timeout, admit(tcp, addr, &shared)).await {
+        Err(_) => Err(LinkError::Timeout(Stage::Handshake)),
+        Ok(r) => r,
+    };
+    drop(handshake);
+    let counters = &shared.counters;
+    let (mut framed, peer, _link) = match admitted {
+        Ok(a) => {
+            Counters::bump(&counters.admitted);
+            a
+        }
+        Err(LinkError::Refused(refusal)) => {
+            // Only a node with a valid certificate gets this far: worth a warning.
+            Counters::bump(&counters.refused);
+            tracing::warn!(%addr, %refusal, "node link: peer refused");
+            return;
+        }
+        Err(e) => {
+            // Anyone can cause these, as fast as they can connect: counted, logged quietly.
+            Counters::bump(&counters.failed);
+            tracing::debug!(%addr, error = %e, "node link: connection dropped before admission");
+            return;
+        }
+    };
+    tracing::info!(%addr, peer = %peer.identity, incarnation = peer.incarnation, "node link: peer admitted");
+    let end = serve_link(&mut framed, &peer, limits).await;
+    tracing::info!(%addr, peer = %peer.identity, error = %end, "node link: closed");
+    framed.close().await;
+}
+
+type ServerStream = tokio_rustls::server::TlsStream<TcpStream>;
+
+/// TLS, then the Hello: the identity is the certificate's, and the Hello must agree with
+/// it; then the policy and the link limit.
+async fn admit(
+    tcp: TcpStream,
+    addr: SocketAddr,
+    shared: &Shared,
+) -> Result<(Framed<ServerStream>, Peer, OwnedSemaphorePermit), LinkError> {
+    let _ = tcp.set_nodelay(true);
+    let tls = shared.acceptor.accept(tcp).await.map_err(LinkError::Io)?;
+    let identity = peer_identity(tls.get_ref().1.peer_certificates())?;
+    let mut framed = Framed::new(tls, shared.limits.frame_timeout);
+    let (id, message) = framed.recv(shared.limits.handshake_timeout).await?;
+    let PeerMessage::Hello(hello) = message else {
+        return Err(LinkError::unexpected("a hello", &message));
+    };
+    let verdict = check_hello(shared, &identity, &hello).and_then(|()| {
+        shared.policy.admit(&identity, hello.incarnation)?;
+        shared.links.clone().try_acquire_owned().map_err(|_| Refusal::Busy)
+    });
+    match verdict {
+        Ok(link) => {
+            let welcome =
+                Welcome { node: shared.identity.node.clone(), incarnation: shared.incarnation, version: PEER_PROTOCOL };
+            framed.send(id, &PeerMessage::Welcome(welcome)).await?;
+            Ok((framed, Peer { identity, incarnation: hello.incarnation, addr }, link))
+        }
+        Err(refusal) => {
+            framed.send(id, &PeerMessage::Refused(refusal.clone())).await?;
+            framed.close().await;
+            Err(LinkError::Refused(refusal))
+        }
+    }
+}
+
+fn check_hello(shared: &Shared, certified: &NodeIdentity, hello: &Hello) -> Result<(), Refusal> {
+    if hello.version != PEER_PROTOCOL {
+        return Err(Refusal::Version { offered: hello.version, supported: PEER_PROTOCOL });
+    }
+    let ours = &shared.identity.domain;
+    for claimed in [&hello.domain, &certified.domain] {
+        if claimed != ours {
+            return Err(Refusal::WrongDomain { ours: ours.clone(), claimed: claimed.clone() });
+        }
+    }
+    if hello.node != certified.node {
+        return Err(Refusal::NotCertified { certified: certified.node.clone(), claimed: hello.node.clone() });
+    }
+    Ok(())
+}
+
+/// Answers an admitted peer until it leaves, stalls or misbehaves. No operation is served
+/// yet: every request is answered [`PeerError::Unsupported`].
+async fn serve_link(framed: &mut Framed<ServerStream>, peer: &Peer, limits: LinkLimits) -> LinkError {
+    loop {
+        let (id, message) = match framed.recv(limits.idle_timeout).await {
+            Ok(m) => m,
+            Err(e) => return e,
+        };
+        let answer = match message {
+            PeerMessage::Ping => PeerMessage::Pong,
+            PeerMessage::Request(PeerRequest { op, .. }) => {
+                tracing::debug!(peer = %peer.identity, ?op, "node link: request not served yet");
+                PeerMessage::Failure(PeerFailure { op, error: PeerError::Unsupported(op) })
+            }
+            other => return LinkError::unexpected("a ping or a request", &other),
+        };
+        if let Err(e) = framed.send(id, &answer).await {
+            return e;
+        }
+    }
+}
+
+type ClientStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// A link to another node, as its client.
+#[derive(Debug)]
+pub struct Link {
+    framed: Framed<ClientStream>,
+    peer: NodeIdentity,
+    peer_incarnation: u64,
+    next_id: u64,
+    limits: LinkLimits,
+}
+
+impl Link {
+    /// Links to `expected` at `addr` as the node `creds` names, at `incarnation`.
+    pub async fn connect(
+        addr: SocketAddr,
+        creds: &Credentials,
+        expected: &NodeIdentity,
+        incarnation: u64,
+        limits: LinkLimits,
+    ) -> Result<Self, LinkError> {
+        let me = creds.identity();
+        let hello = Hello { domain: me.domain.clone(), node: me.node.clone(), incarnation, version: PEER_PROTOCOL };
+        Self::connect_with(addr, creds, expected, hello, limits).await
+    }
+
+    /// [`Link::connect`] with the Hello given (tests: a Hello that lies).
+    pub async fn connect_with(
+        addr: SocketAddr,
+        creds: &Credentials,
+        expected: &NodeIdentity,
+        hello: Hello,
+        limits: LinkLimits,
+    ) -> Result<Self, LinkError> {
+        let connector = TlsConnector::from(creds.client_config(expected)?);
+        let name = server_name(expected)?;
+        let handshake = async {
+            let tcp = TcpStream::connect(addr).await.map_err(LinkError::Io)?;
+            let _ = tcp.set_nodelay(true);
+            let tls = connector.connect(name, tcp).await.map_err(LinkError::Io)?;
+            let mut framed = Framed::new(tls, limits.frame_timeout);
+            framed.send(0, &PeerMessage::Hello(hello)).await?;
+            match framed.recv(limits.handshake_timeout).await? {
+                (0, PeerMessage::Welcome(w)) if w.node == expected.node && w.version == PEER_PROTOCOL => {
+                    Ok((framed, w))
+                }
+                (_, PeerMessage::Refused(r)) => Err(LinkError::Refused(r)),
+                (_, other) => Err(LinkError::unexpected("a welcome from the expected node", &other)),
+            }
+        };
+        let (framed, welcome) = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
+            Err(_) => return Err(LinkError::Timeout(Stage::Handshake)),
+            Ok(r) => r?,
+        };
+        Ok(Self { framed, peer: expected.clone(), peer_incarnation: welcome.incarnation, next_id: 1, limits })
+    }
+
+    /// The peer, as its certificate names it.
+    pub fn peer(&self) -> &NodeIdentity {
+        &self.peer
+    }
+
+    /// The peer's incarnation, from its Welcome.
+    pub fn peer_incarnation(&self) -> u64 {
+        self.peer_incarnation
+    }
+
+    /// Pings the peer; the round trip.
+    pub async fn ping(&mut self) -> Result<Duration, LinkError> {
+        let start = Instant::now();
+        match self.exchange(PeerMessage::Ping).await? {
+            PeerMessage::Pong => Ok(start.elapsed()),
+            other => Err(LinkError::unexpected("a pong", &other)),
+        }
+    }
+
+    /// Sends a request and waits for its answer.
+    pub async fn call(&mut self, request: PeerRequest) -> Result<PeerResponse, LinkError> {
+        let op = request.op;
+        match self.exchange(PeerMessage::Request(request)).await? {
+            PeerMessage::Response(r) if r.op == op => Ok(r),
+            PeerMessage::Failure(f) if f.op == op => Err(LinkError::Peer(f.error)),
+            other => Err(LinkError::unexpected("the answer to the request", &other)),
+        }
+    }
+
+    async fn exchange(&mut self, message: PeerMessage) -> Result<PeerMessage, LinkError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.framed.send(id, &message).await?;
+        match self.framed.recv(self.limits.idle_timeout).await? {
+            (got, answer) if got == id => Ok(answer),
+            (_, other) => Err(LinkError::unexpected("an answer with the request's id", &other)),
+        }
+    }
+}
