@@ -3,8 +3,8 @@
 //! This crate is the first step (see `docs/domain.md`): the `[domain]` configuration
 //! ([`config`]), the etcd key layout and strict record encoding ([`records`]), and a thin
 //! etcd client ([`etcd`]) with the node's lease ([`lease`]), slot claims by compare-and-swap
-//! (`slots.rs`) and member join. [`testing`] starts a private etcd for tests. fabricd does
-//! not use it yet.
+//! (`slots.rs`) and member join, and [`view`]: the domain as one node sees it, built from
+//! those records. [`testing`] starts a private etcd for tests.
 
 pub mod config;
 pub mod etcd;
@@ -12,11 +12,14 @@ pub mod lease;
 pub mod records;
 mod slots;
 pub mod testing;
+pub mod view;
 
 pub use config::{ConfigError, DomainConfig, EtcdTls};
 pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
 pub use lease::{Lease, LeaseState};
 pub use records::{
-    DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, RecordError, RecordLimits, SlotClaim,
+    DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord,
+    RecordError, RecordLimits, SlotClaim,
 };
 pub use slots::MAX_CLAIM_ATTEMPTS;
+pub use view::{DomainLocation, DomainView, NodeEntry};
