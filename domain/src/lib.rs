@@ -16,6 +16,9 @@ pub mod view;
 
 pub use config::{ConfigError, DomainConfig, EtcdTls};
 pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
+/// The etcd client crate, for callers that build their own transactions on
+/// [`DomainClient::raw`] and [`DomainClient::call`].
+pub use etcd_client;
 pub use lease::{Lease, LeaseState};
 pub use records::{
     DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord,

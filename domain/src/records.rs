@@ -546,7 +546,7 @@ fn is_token_byte(b: u8) -> bool {
 }
 
 /// `host:port` with a non-zero port; the host a name or an IP address (`[v6]` bracketed).
-fn check_peer_address(address: &str) -> Result<(), RecordError> {
+pub fn check_peer_address(address: &str) -> Result<(), RecordError> {
     let fail =
         || invalid("peer_address", format!("{:?} is not host:port", address.chars().take(80).collect::<String>()));
     if address.len() > MAX_PEER_ADDRESS_LEN {

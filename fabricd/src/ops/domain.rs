@@ -1,0 +1,240 @@
+//! The domain's requests: the domain's map, translations that land in other nodes' slots,
+//! `domain status`, `domain nodes` (a `fabric.domain/v1` document) and the admin's slot gc.
+//! All but gc read what the domain task published, lock-free; gc waits for etcd, bounded.
+
+use fabric_domain::{DomainView, PlacedKind};
+use fabric_proto::wire::{
+    DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
+};
+use serde::Serialize;
+
+use super::{json_doc, refusal};
+use crate::daemon::Daemon;
+use crate::tasks::domain::{Domain, Standing, listing};
+
+/// Answers what translation of this node's map left `Unmapped` (or `UnknownResource`)
+/// from the domain's view: a GFA in another node's slot, or a resource of another node.
+/// A connection older than 1.6 gets the answer in the shapes it knows.
+pub fn translate(domain: &Domain, queries: &[TranslateQuery], results: &mut [Translation], version: Version) {
+    let view = domain.view();
+    for (q, r) in queries.iter().zip(results.iter_mut()) {
+        match (q, &*r) {
+            (TranslateQuery::Gfa(gfa), Translation::Unmapped) => {
+                if let Some(t) = remote(&view, domain.node(), *gfa) {
+                    *r = if version >= DOMAIN { t } else { downgrade(t) };
+                }
+            }
+            (TranslateQuery::Resource { resource, offset }, Translation::UnknownResource) => {
+                if let Some(gfa) = reverse(&view, resource, *offset) {
+                    *r = Translation::Gfa(gfa);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where `gfa` lands in another node's slot.
+fn remote(view: &DomainView, me: &str, gfa: u64) -> Option<Translation> {
+    let at = view.locate(gfa)?;
+    if at.node == me {
+        return None;
+    }
+    let range = at.range.filter(|r| r.kind != PlacedKind::Hole && at.offset < r.size);
+    let resource = range.filter(|r| r.kind == PlacedKind::Direct).and_then(|r| {
+        let memory = listing::memory_kind(r.memory.as_deref())?;
+        Some(ResourceName { device: DeviceName::truncated(&r.owner), memory: memory.into(), ordinal: r.ordinal })
+    });
+    let set = range
+        .filter(|r| r.kind == PlacedKind::Interleave)
+        .map(|r| Name::truncated(r.owner.strip_prefix("set:").unwrap_or(&r.owner)));
+    Some(Translation::Remote {
+        node: Name::truncated(at.node),
+        live: at.live,
+        offset: if resource.is_some() || set.is_some() { at.offset } else { 0 },
+        resource,
+        set,
+    })
+}
+
+/// The answer a connection before 1.6 gets: the resource when the node is live, else a
+/// hole named after the node.
+fn downgrade(t: Translation) -> Translation {
+    match t {
+        Translation::Remote { live: true, resource: Some(resource), offset, .. } => {
+            Translation::Resource { resource, offset, set: None }
+        }
+        Translation::Remote { live: true, set: Some(set), offset, .. } => {
+            Translation::Hole { owner: DeviceName::truncated(&format!("set:{set}@{offset}")) }
+        }
+        Translation::Remote { node, .. } => Translation::Hole { owner: DeviceName::truncated(&format!("node:{node}")) },
+        other => other,
+    }
+}
+
+/// The GFA of `offset` in a resource another node placed.
+fn reverse(view: &DomainView, resource: &ResourceName, offset: u64) -> Option<u64> {
+    let kind = serde_json::to_value(fabric_topology::MemoryKind::from(resource.memory)).ok()?;
+    let kind = kind.as_str()?;
+    view.nodes().into_iter().filter(|n| n.member.is_some()).find_map(|n| {
+        n.placements?
+            .ranges
+            .iter()
+            .find(|r| {
+                r.kind == PlacedKind::Direct
+                    && r.owner == resource.device.as_str()
+                    && r.memory.as_deref() == Some(kind)
+                    && r.ordinal == resource.ordinal
+            })
+            .filter(|r| offset < r.size)
+            .map(|r| r.start + offset)
+    })
+}
+
+/// One node of the domain as `fabricctl domain nodes` lists it.
+#[derive(Debug, Serialize)]
+struct NodeDoc<'a> {
+    name: &'a str,
+    state: &'static str,
+    slot: Option<u32>,
+    incarnation: Option<u64>,
+    peer_address: Option<&'a str>,
+    ranges: usize,
+    mapped_bytes: u64,
+}
+
+/// This node's standing.
+#[derive(Debug, Serialize)]
+struct SelfDoc<'a> {
+    node: &'a str,
+    slot: u32,
+    standing: &'static str,
+    reason: Option<&'a str>,
+    incarnation: u64,
+}
+
+/// etcd as this node sees it.
+#[derive(Debug, Serialize)]
+struct EtcdDoc {
+    reachable: bool,
+    round_trip_us: Option<u64>,
+    errors: u64,
+}
+
+/// `fabric.domain/v1`.
+#[derive(Debug, Serialize)]
+struct DomainDoc<'a> {
+    domain: &'a str,
+    #[serde(rename = "self", skip_serializing_if = "Option::is_none")]
+    this: Option<SelfDoc<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd: Option<EtcdDoc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settings: Option<&'a fabric_domain::DomainSettings>,
+    nodes: Vec<NodeDoc<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    missing: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gc: Option<GcDoc<'a>>,
+}
+
+/// What a gc freed.
+#[derive(Debug, Serialize)]
+struct GcDoc<'a> {
+    node: &'a str,
+    slot: Option<u32>,
+}
+
+/// Answers a `Domain` request.
+pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::Document, ErrorBody> {
+    let Some(domain) = &d.domain else {
+        return Err(refusal(ErrorCode::NotFound, "this daemon is in no domain (no [domain] in its configuration)"));
+    };
+    let view = domain.view();
+    let status = domain.status();
+    let mut doc = DomainDoc {
+        domain: domain.name(),
+        this: None,
+        etcd: None,
+        settings: None,
+        nodes: nodes(&view),
+        missing: None,
+        gc: None,
+    };
+    let gc_node;
+    match action {
+        DomainAction::Nodes => {}
+        DomainAction::Status => {
+            let (standing, reason) = match &status.standing {
+                Standing::Joined => ("joined", None),
+                Standing::Fenced(why) => ("fenced", Some(why.as_str())),
+                Standing::Unreachable(why) => ("etcd unreachable", Some(why.as_str())),
+            };
+            doc.this = Some(SelfDoc {
+                node: domain.node(),
+                slot: domain.slot(),
+                standing,
+                reason,
+                incarnation: status.incarnation,
+            });
+            doc.etcd = Some(EtcdDoc {
+                reachable: status.etcd_reachable,
+                round_trip_us: status.round_trip.map(|t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
+                errors: domain.etcd_errors(),
+            });
+            doc.settings = Some(domain.settings());
+            doc.missing = Some(missing(&view));
+        }
+        DomainAction::Gc { node } => {
+            gc_node = node.as_str().to_owned();
+            let slot = domain.gc(&gc_node).map_err(|e| {
+                let code = match &e {
+                    fabric_domain::EtcdError::GcLive { .. } => ErrorCode::BadRequest,
+                    _ => ErrorCode::Unavailable,
+                };
+                refusal(code, format!("domain gc {gc_node}: {}", crate::error_chain(&e)))
+            })?;
+            tracing::info!(node = %gc_node, ?slot, "domain slot freed by an admin");
+            doc.gc = Some(GcDoc { node: &gc_node, slot });
+        }
+    }
+    json_doc("fabric.domain/v1", |w| serde_json::to_writer_pretty(w, &doc))
+}
+
+fn nodes(view: &DomainView) -> Vec<NodeDoc<'_>> {
+    view.nodes()
+        .into_iter()
+        .map(|n| NodeDoc {
+            name: n.name,
+            state: if n.member.is_some() { "live" } else { "gone" },
+            slot: n.slot,
+            incarnation: n.member.map(|m| m.incarnation),
+            peer_address: n.member.map(|m| m.peer_address.as_str()),
+            ranges: n.placements.map_or(0, |p| p.ranges.len()),
+            mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
+        })
+        .collect()
+}
+
+/// What is missing and why: gone nodes, live nodes without a slot or placements, refused
+/// records.
+fn missing(view: &DomainView) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in view.nodes() {
+        match (n.member.is_some(), n.slot, n.placements.is_some()) {
+            (false, Some(slot), _) => {
+                out.push(format!("{}: gone (its lease ended); slot {slot} kept as a hole, its GFAs reserved", n.name));
+            }
+            (true, None, _) => out.push(format!("{}: live but holds no slot yet", n.name)),
+            (true, Some(_), false) => out.push(format!("{}: live, placements not published yet", n.name)),
+            _ => {}
+        }
+    }
+    for (key, why) in view.refused() {
+        out.push(format!("{key}: refused: {why}"));
+    }
+    if view.settings().is_none() {
+        out.push("settings: not read from etcd yet".to_owned());
+    }
+    out
+}
