@@ -576,6 +576,33 @@ mod tests {
         assert_eq!(parse("").unwrap(), Config::default());
     }
 
+    const DOMAIN: &str = "[domain]\nname = \"d\"\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"tray0\"\n";
+    const FIXED: &str = "[map]\nnode_span = { fixed = 1099511627776 }\n";
+
+    #[test]
+    fn a_domain_node_is_checked_against_the_rest() {
+        let c = parse(&format!("{FIXED}{DOMAIN}")).unwrap();
+        assert_eq!(c.domain.as_ref().map(|d| d.node.as_str()), Some("tray0"));
+        assert_eq!(c.peer_address().as_deref(), Some("tray0:7471"));
+        assert_eq!(parse("").unwrap().peer_address(), None);
+        let refused = |t: String, key: &str| {
+            let e = parse(&t).unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        };
+        refused(DOMAIN.to_owned(), "map.node_span: a domain node needs a fixed node span");
+        refused(format!("{FIXED}base = 1099511627776\n{DOMAIN}"), "map.base");
+        refused(format!("{FIXED}[map.nodes.tray0]\nbase = 0\n{DOMAIN}"), "map.nodes");
+        refused(format!("[map]\nnode_span = {{ fixed = 4096 }}\n{DOMAIN}"), "node_span");
+        refused(format!("{FIXED}{}", DOMAIN.replace("tray0", "Tray 0")), "domain: node");
+        refused(format!("{FIXED}{DOMAIN}[peer]\naddress = \"nowhere\"\n"), "peer.address");
+        refused("[peer]\naddress = \"h:1\"\n".to_owned(), "only a domain node has peers");
+        refused(format!("[discovery]\nsim = [\"a.toml\"]\n{FIXED}{DOMAIN}"), "discovery.sim_node");
+        refused(format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray1\"\n{FIXED}{DOMAIN}"), "\"tray0\"");
+        refused("[discovery]\nsim_node = \"tray1\"\n".to_owned(), "needs exactly one discovery.sim file");
+        let c = parse(&format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray0\"\n{FIXED}{DOMAIN}")).unwrap();
+        assert_eq!(c.discovery.sim_node.as_deref(), Some("tray0"));
+    }
+
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
         let e = parse("[socket]\npath = \"/x\"\ngroupp = \"fabric\"\n").unwrap_err().to_string();

@@ -184,7 +184,8 @@ fn three_nodes_hold_one_map_and_see_a_death() {
         until(Duration::from_secs(15), "tray1 back", || all_live_and_placed(c, 3));
     }
     let again = map(&mut clients[0]);
-    let after: Vec<Value> = again["ranges"].as_array().unwrap().iter().filter(|r| r["node"] == "tray1").cloned().collect();
+    let after: Vec<Value> =
+        again["ranges"].as_array().unwrap().iter().filter(|r| r["node"] == "tray1").cloned().collect();
     assert_eq!(after, before, "tray1 has its GFAs back");
     for c in &mut clients[1..] {
         assert_eq!(map(c), again);

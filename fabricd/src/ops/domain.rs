@@ -238,3 +238,94 @@ fn missing(view: &DomainView) -> Vec<String> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use fabric_domain::records::{RECORD_VERSION, encode};
+    use fabric_domain::{DataPathKind, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, SlotClaim};
+    use fabric_proto::wire::MemoryClass;
+
+    use super::*;
+
+    const SPAN: u64 = 1 << 40;
+
+    fn view(live: bool) -> DomainView {
+        let k = Keys::new("d");
+        let member = MemberRecord {
+            version: RECORD_VERSION,
+            name: "tray1".into(),
+            incarnation: 3,
+            peer_address: "tray1:7471".into(),
+            capabilities: vec![],
+            groups: vec![],
+            software: "0.1.0".into(),
+        };
+        let range = |start, kind, owner: &str, memory: Option<&str>| PlacedRange {
+            start,
+            reserved: 1 << 30,
+            size: 1 << 30,
+            kind,
+            owner: owner.into(),
+            memory: memory.map(str::to_owned),
+            ordinal: 0,
+        };
+        let placements = PlacementsRecord {
+            version: RECORD_VERSION,
+            node: "tray1".into(),
+            incarnation: 3,
+            generation: 1,
+            slot: 2,
+            span: SPAN,
+            ranges: vec![
+                range(2 * SPAN, PlacedKind::Direct, "uuid:GPU-1", Some("hbm")),
+                range(2 * SPAN + (1 << 30), PlacedKind::Interleave, "set:s", None),
+            ],
+        };
+        let mut entries = vec![
+            (k.settings(), encode(&DomainSettings::new(57, SPAN, vec![DataPathKind::SharedFile]))),
+            (k.slot(2), encode(&SlotClaim::new(2, "tray1"))),
+            (k.slot(0), encode(&SlotClaim::new(0, "tray0"))),
+            (k.placements("tray1"), encode(&placements)),
+        ];
+        if live {
+            entries.push((k.member("tray1"), encode(&member)));
+        }
+        DomainView::load(k, Default::default(), entries.iter().map(|(a, b)| (a.as_bytes(), b.as_slice())), 1)
+    }
+
+    #[test]
+    fn another_nodes_gfa_names_the_node_resource_and_offset() {
+        let v = view(true);
+        let t = remote(&v, "tray0", 2 * SPAN + 7).unwrap();
+        let Translation::Remote { node, live: true, resource: Some(r), set: None, offset: 7 } = &t else {
+            panic!("{t:?}")
+        };
+        assert_eq!((node.as_str(), r.device.as_str(), r.memory), ("tray1", "uuid:GPU-1", MemoryClass::Hbm));
+        assert!(matches!(downgrade(t), Translation::Resource { offset: 7, .. }), "a 1.5 client gets the resource");
+        let set = remote(&v, "tray0", 2 * SPAN + (1 << 30) + 9).unwrap();
+        assert!(matches!(&set, Translation::Remote { set: Some(s), offset: 9, .. } if s.as_str() == "s"), "{set:?}");
+        let hole = remote(&v, "tray0", 3 * SPAN - 1).unwrap();
+        assert!(matches!(hole, Translation::Remote { resource: None, set: None, offset: 0, .. }), "{hole:?}");
+        assert_eq!(remote(&v, "tray1", 2 * SPAN), None, "its own slot is answered by its own map");
+        assert_eq!(remote(&v, "tray0", 5 * SPAN), None, "nobody's slot");
+        let resource =
+            ResourceName { device: DeviceName::truncated("uuid:GPU-1"), memory: MemoryClass::Hbm, ordinal: 0 };
+        assert_eq!(reverse(&v, &resource, 5), Some(2 * SPAN + 5));
+        assert_eq!(reverse(&v, &resource, 1 << 30), None, "past its size");
+    }
+
+    #[test]
+    fn a_gone_nodes_gfa_is_named_as_gone() {
+        let v = view(false);
+        let t = remote(&v, "tray0", 2 * SPAN + 7).unwrap();
+        assert!(matches!(&t, Translation::Remote { live: false, .. }), "{t:?}");
+        assert!(matches!(downgrade(t), Translation::Hole { owner } if owner.as_str() == "node:tray1"));
+        let resource =
+            ResourceName { device: DeviceName::truncated("uuid:GPU-1"), memory: MemoryClass::Hbm, ordinal: 0 };
+        assert_eq!(reverse(&v, &resource, 5), None, "a gone node's memory has no GFA to reach");
+        assert_eq!(missing(&v)[1], "tray1: gone (its lease ended); slot 2 kept as a hole, its GFAs reserved");
+        let listing = listing::listing(&v);
+        assert_eq!(listing.nodes.iter().map(|n| n.state.as_deref()).collect::<Vec<_>>(), [Some("gone"), Some("gone")]);
+        assert!(listing.ranges.iter().all(|r| r.kind == fabric_addrmap::RangeKind::Hole && r.size == 0));
+    }
+}
