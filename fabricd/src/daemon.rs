@@ -622,6 +622,7 @@ impl Daemon {
             sessions: u64::from(self.sessions()),
             sessions_total: opened,
             memory: self.memory.counts(),
+            domain: self.domain.as_ref().map(|d| d.gauges()),
         })
     }
 

@@ -95,6 +95,21 @@ impl Domain {
         self.view.load_full()
     }
 
+    /// What the metrics page shows.
+    pub fn gauges(&self) -> crate::metrics::DomainGauges {
+        let view = self.view();
+        let status = self.status();
+        let nodes = view.nodes();
+        let live = nodes.iter().filter(|n| n.member.is_some()).count() as u64;
+        crate::metrics::DomainGauges {
+            live,
+            gone: nodes.iter().filter(|n| n.member.is_none() && n.slot.is_some()).count() as u64,
+            joined: status.standing == Standing::Joined,
+            round_trip_s: status.round_trip.map(|t| t.as_secs_f64()),
+            etcd_errors: self.etcd_errors(),
+        }
+    }
+
     /// etcd requests that failed since start.
     pub fn etcd_errors(&self) -> u64 {
         self.etcd_errors.load(Ordering::Relaxed)
