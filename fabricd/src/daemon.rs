@@ -37,7 +37,7 @@ pub enum StartError {
     SimNode(String),
     /// The domain could not be joined (`crate::tasks::domain`).
     #[error("domain")]
-    Domain(#[source] crate::tasks::domain::JoinError),
+    Domain(#[source] Box<crate::tasks::domain::JoinError>),
     /// More than one sim fabric is configured.
     #[error("discovery.sim lists {0} files; this fabricd serves one sim fabric")]
     ManySims(usize),
@@ -377,8 +377,8 @@ impl Daemon {
         // remembered) before the map is opened, and pinned in the map's configuration.
         let starting = match &config.domain {
             Some(_) => {
-                let starting =
-                    crate::tasks::domain::join::start(&config, &inv, &state_dir).map_err(StartError::Domain)?;
+                let starting = crate::tasks::domain::join::start(&config, &inv, &state_dir)
+                    .map_err(|e| StartError::Domain(Box::new(e)))?;
                 let d = starting.domain();
                 let span = d.settings().node_span;
                 let pin = fabric_addrmap::NodeOverride {
