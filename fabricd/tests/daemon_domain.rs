@@ -213,11 +213,20 @@ fn a_taken_name_and_other_settings_are_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = etcd(&rt) else { return };
     let first = node(&etcd, "tray0", "tray0", SPAN);
-    let _live = common::start(&first.config, first.dir.path());
+    let mut live = common::start(&first.config, first.dir.path());
     // Another daemon (its own state dir and socket) under the same name.
     let twin = node(&etcd, "tray0", "tray0", SPAN);
     let log = refused(&twin.config);
     assert!(log.contains("tray0 is held by a live daemon"), "{log}");
+    // A clean stop leaves the domain at once: the name is free without waiting for the TTL.
+    let stopped = Command::new("kill").arg("-TERM").arg(live.child.id().to_string()).status().unwrap();
+    assert!(stopped.success());
+    assert!(common::wait_exit(&mut live.child, 10).success());
+    let t0 = Instant::now();
+    let _twin = common::start(&twin.config, twin.dir.path());
+    assert!(t0.elapsed() < Duration::from_secs(TTL), "the name was free at once");
+    let mut c = common::client(&twin.socket);
+    assert_eq!(nodes(&mut c)[0].0, "tray0");
     // Another node with another node span: both values named.
     let other = node(&etcd, "tray1", "tray1", 2 * SPAN);
     let log = refused(&other.config);

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 
 use arc_swap::ArcSwap;
 use fabric_domain::records::{RECORD_VERSION, Record};
@@ -174,6 +174,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         client: ArcSwap::from_pointee(client),
         map_changed: Notify::new(),
         etcd_errors: AtomicU64::new(0),
+        lease: AtomicI64::new(0),
         runtime: RuntimeGuard::new(runtime),
     });
     Ok(Starting { domain, joined })

@@ -10,7 +10,7 @@ pub mod publish;
 mod watch;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -61,6 +61,8 @@ pub struct Domain {
     /// Told after each committed change of this node's map.
     map_changed: Notify,
     etcd_errors: AtomicU64,
+    /// The lease the member key lives on while joined; 0 when not joined.
+    lease: AtomicI64,
     runtime: RuntimeGuard,
 }
 
@@ -138,6 +140,25 @@ impl Domain {
             self.etcd_errors.fetch_add(1, Ordering::Relaxed);
         }
         r
+    }
+
+    /// Leaves the domain at shutdown: revokes the lease, so the member key goes at once
+    /// (the slot stays). Waits for etcd at most one request timeout.
+    pub fn leave(&self) {
+        let lease = self.lease.swap(0, Ordering::Relaxed);
+        let Some(client) = (*self.client.load_full()).clone().filter(|_| lease != 0) else { return };
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.runtime.get().spawn(async move {
+            let mut raw = client.raw();
+            let _ = tx.send(client.call("lease revoke", raw.lease_revoke(lease)).await.map(drop));
+        });
+        match rx.recv_timeout(self.config.request_timeout()) {
+            Ok(Ok(())) => tracing::info!(node = %self.config.node, "left the domain"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot leave the domain; it ends with the lease")
+            }
+            Err(_) => tracing::warn!("etcd did not answer the leave; the node goes with its lease"),
+        }
     }
 
     fn set_status(&self, f: impl FnOnce(&mut DomainStatus)) {

@@ -46,6 +46,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
             },
         };
         domain.client.store(Arc::new(Some(j.client.clone())));
+        domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
         domain.set_status(|s| {
             s.standing = Standing::Joined;
             s.incarnation = j.incarnation;
@@ -56,6 +57,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
                 domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
                 domain.client.store(Arc::new(None));
+                domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
                 drop(j);
             }
             End::Watch(reason) => {
