@@ -241,3 +241,58 @@ fn a_taken_name_and_other_settings_are_refused() {
     let log = refused(&auto.config);
     assert!(log.contains("map.node_span: a domain node needs a fixed node span"), "{log}");
 }
+
+/// The pid of the etcd `server` runs (the one whose command line names its data dir).
+fn etcd_pid(server: &EtcdServer) -> String {
+    let dir = server.dir().display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .find(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains(&dir)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .expect("the test's etcd runs")
+}
+
+fn signal(pid: &str, sig: &str) {
+    assert!(Command::new("kill").arg(format!("-{sig}")).arg(pid).status().unwrap().success());
+}
+
+#[test]
+fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let s = node(&etcd, "tray0", "tray0", SPAN);
+    let _d = common::start(&s.config, s.dir.path());
+    let mut c = common::client(&s.socket);
+    until(Duration::from_secs(15), "joined with placements", || all_live_and_placed(&mut c, 1));
+    let first = domain(&mut c, DomainAction::Status);
+    assert_eq!(first["self"]["standing"], "joined", "{first}");
+    let incarnation = first["self"]["incarnation"].as_u64().unwrap();
+    let held = map(&mut c);
+    // etcd stops answering (SIGSTOP): the lease cannot be renewed; the node fences itself
+    // before its TTL runs out.
+    let pid = etcd_pid(&etcd);
+    signal(&pid, "STOP");
+    let fenced = until(Duration::from_secs(TTL + 1), "fenced", || {
+        domain(&mut c, DomainAction::Status)["self"]["standing"] == "fenced"
+    });
+    assert!(fenced < Duration::from_secs(TTL), "fenced after {fenced:?}, not before the TTL ended");
+    // Local service goes on: the domain map it held is still answered, at once.
+    let t0 = Instant::now();
+    assert_eq!(map(&mut c), held);
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    let status = domain(&mut c, DomainAction::Status);
+    assert!(status["self"]["reason"].as_str().unwrap().contains("lease lost"), "{status}");
+    // etcd back: a new lease and a new incarnation; the same slot.
+    signal(&pid, "CONT");
+    until(Duration::from_secs(20), "rejoined with a new incarnation", || {
+        let s = domain(&mut c, DomainAction::Status);
+        s["self"]["standing"] == "joined" && s["self"]["incarnation"].as_u64() != Some(incarnation)
+    });
+    until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c, 1));
+    assert_eq!(map(&mut c)["ranges"], held["ranges"]);
+}

@@ -36,9 +36,14 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                     let why = crate::error_chain(&e);
                     tracing::warn!(error = %why, "cannot join the domain; retrying");
                     domain.etcd_failed();
-                    if !matches!(domain.status().standing, Standing::Fenced(_)) || join::unreachable(&e) {
-                        domain.set_status(|s| s.standing = Standing::Unreachable(why));
-                    }
+                    // A fenced node stays fenced until it rejoins; one that never joined
+                    // since start is unreachable.
+                    domain.set_status(|s| {
+                        s.standing = match &s.standing {
+                            Standing::Fenced(_) => Standing::Fenced(format!("lease lost; rejoining: {why}")),
+                            _ => Standing::Unreachable(why),
+                        }
+                    });
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(domain.config.request_timeout());
                     continue;
