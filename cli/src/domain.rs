@@ -6,11 +6,12 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc};
 use fabric_proto::wire::{
     BoundedVec, DOMAIN, DomainAction, DomainRequest, Name, Request, Response, TranslateQuery, TranslateRequest,
     Translation,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::args::ListFormat;
 use crate::daemon::{Client, DaemonError};
@@ -45,84 +46,6 @@ pub enum DomainCommand {
     },
 }
 
-/// One node of `fabric.domain/v1`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct NodeDoc {
-    /// Name.
-    pub name: String,
-    /// `live` or `gone`.
-    pub state: String,
-    /// Its slot.
-    pub slot: Option<u32>,
-    /// Incarnation while live.
-    pub incarnation: Option<u64>,
-    /// Peer address while live.
-    pub peer_address: Option<String>,
-    /// Ranges it published.
-    pub ranges: usize,
-    /// Bytes of them that translate.
-    pub mapped_bytes: u64,
-}
-
-/// `self` of `fabric.domain/v1`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SelfDoc {
-    /// This node.
-    pub node: String,
-    /// Its slot.
-    pub slot: u32,
-    /// `joined`, `fenced` or `etcd unreachable`.
-    pub standing: String,
-    /// Why, when not joined.
-    pub reason: Option<String>,
-    /// Incarnation of the current join.
-    pub incarnation: u64,
-}
-
-/// `etcd` of `fabric.domain/v1`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct EtcdDoc {
-    /// Whether the last request answered.
-    pub reachable: bool,
-    /// Round trip of the last probe, in microseconds.
-    pub round_trip_us: Option<u64>,
-    /// Failed requests since start.
-    pub errors: u64,
-}
-
-/// `gc` of `fabric.domain/v1`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct GcDoc {
-    /// The node.
-    pub node: String,
-    /// The slot freed (none: it held none).
-    pub slot: Option<u32>,
-}
-
-/// `fabric.domain/v1`, as the daemon sends it.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct DomainDoc {
-    /// The domain.
-    pub domain: String,
-    /// This node (status).
-    #[serde(rename = "self", default, skip_serializing_if = "Option::is_none")]
-    pub this: Option<SelfDoc>,
-    /// etcd (status).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub etcd: Option<EtcdDoc>,
-    /// Domain settings (status).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub settings: Option<serde_json::Value>,
-    /// The nodes.
-    pub nodes: Vec<NodeDoc>,
-    /// What is missing and why (status).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub missing: Option<Vec<String>>,
-    /// What a gc freed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gc: Option<GcDoc>,
-}
-
 fn need_domain(client: &Client, what: &str) -> anyhow::Result<()> {
     let version = client.version();
     if version < DOMAIN {
@@ -148,7 +71,7 @@ pub fn run(args: &DomainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let parsed: DomainDoc = serde_json::from_str(&doc.json).map_err(|e| DaemonError::Document {
         path: client.path().to_owned(),
-        schema: "fabric.domain/v1",
+        schema: DOMAIN_SCHEMA,
         message: e.to_string(),
     })?;
     if args.output == ListFormat::Json {
@@ -281,4 +204,57 @@ pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dy
         _ => writeln!(out, " {}", doc.answer)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_proto::domain::{EtcdDoc, GcDoc, NodeDoc, SelfDoc};
+
+    use super::*;
+
+    fn node(name: &str, live: bool, slot: u32) -> NodeDoc {
+        NodeDoc {
+            name: name.into(),
+            state: if live { "live" } else { "gone" }.into(),
+            slot: Some(slot),
+            incarnation: live.then_some(7),
+            peer_address: live.then(|| format!("{name}:7471")),
+            ranges: 4,
+            mapped_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn status_shows_standing_etcd_nodes_and_what_is_missing() {
+        let doc = DomainDoc {
+            domain: "supernode".into(),
+            this: Some(SelfDoc {
+                node: "tray0".into(),
+                slot: 3,
+                standing: "fenced".into(),
+                reason: Some("lease lost: etcd keepalive: no answer".into()),
+                incarnation: 9,
+            }),
+            etcd: Some(EtcdDoc { reachable: false, round_trip_us: Some(1500), errors: 2 }),
+            settings: None,
+            nodes: vec![node("tray0", true, 3), node("tray1", false, 5)],
+            missing: Some(vec!["tray1: gone (its lease ended); slot 5 kept as a hole".into()]),
+            gc: None,
+        };
+        let mut out = Vec::new();
+        render(&doc, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for want in [
+            "domain supernode  node tray0 (slot 3, incarnation 9)  fenced: lease lost: etcd keepalive: no answer\n",
+            "etcd unreachable  round trip 1.5 ms  errors 2\n",
+            "tray1                gone      5                    - -",
+            "missing:\n  tray1: gone",
+        ] {
+            assert!(text.contains(want), "{want:?} in\n{text}");
+        }
+        let freed = DomainDoc { gc: Some(GcDoc { node: "tray1".into(), slot: Some(5) }), ..doc };
+        let mut out = Vec::new();
+        render(&freed, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "domain supernode: freed slot 5 of tray1\n");
+    }
 }

@@ -3,10 +3,10 @@
 //! All but gc read what the domain task published, lock-free; gc waits for etcd, bounded.
 
 use fabric_domain::{DomainView, PlacedKind};
+use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, NodeDoc, SelfDoc, SettingsDoc};
 use fabric_proto::wire::{
     DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
 };
-use serde::Serialize;
 
 use super::{json_doc, refusal};
 use crate::daemon::Daemon;
@@ -91,69 +91,14 @@ fn reverse(view: &DomainView, resource: &ResourceName, offset: u64) -> Option<u6
     })
 }
 
-/// One node of the domain as `fabricctl domain nodes` lists it.
-#[derive(Debug, Serialize)]
-struct NodeDoc<'a> {
-    name: &'a str,
-    state: &'static str,
-    slot: Option<u32>,
-    incarnation: Option<u64>,
-    peer_address: Option<&'a str>,
-    ranges: usize,
-    mapped_bytes: u64,
-}
-
-/// This node's standing.
-#[derive(Debug, Serialize)]
-struct SelfDoc<'a> {
-    node: &'a str,
-    slot: u32,
-    standing: &'static str,
-    reason: Option<&'a str>,
-    incarnation: u64,
-}
-
-/// etcd as this node sees it.
-#[derive(Debug, Serialize)]
-struct EtcdDoc {
-    reachable: bool,
-    round_trip_us: Option<u64>,
-    errors: u64,
-}
-
-/// `fabric.domain/v1`.
-#[derive(Debug, Serialize)]
-struct DomainDoc<'a> {
-    domain: &'a str,
-    #[serde(rename = "self", skip_serializing_if = "Option::is_none")]
-    this: Option<SelfDoc<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    etcd: Option<EtcdDoc>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    settings: Option<&'a fabric_domain::DomainSettings>,
-    nodes: Vec<NodeDoc<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    missing: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    gc: Option<GcDoc<'a>>,
-}
-
-/// What a gc freed.
-#[derive(Debug, Serialize)]
-struct GcDoc<'a> {
-    node: &'a str,
-    slot: Option<u32>,
-}
-
 /// Answers a `Domain` request.
 pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::Document, ErrorBody> {
     let Some(domain) = &d.domain else {
         return Err(refusal(ErrorCode::NotFound, "this daemon is in no domain (no [domain] in its configuration)"));
     };
     let view = domain.view();
-    let status = domain.status();
     let mut doc = DomainDoc {
-        domain: domain.name(),
+        domain: domain.name().to_owned(),
         this: None,
         etcd: None,
         settings: None,
@@ -161,19 +106,19 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
         missing: None,
         gc: None,
     };
-    let gc_node;
     match action {
         DomainAction::Nodes => {}
         DomainAction::Status => {
+            let status = domain.status();
             let (standing, reason) = match &status.standing {
                 Standing::Joined => ("joined", None),
-                Standing::Fenced(why) => ("fenced", Some(why.as_str())),
-                Standing::Unreachable(why) => ("etcd unreachable", Some(why.as_str())),
+                Standing::Fenced(why) => ("fenced", Some(why.clone())),
+                Standing::Unreachable(why) => ("etcd unreachable", Some(why.clone())),
             };
             doc.this = Some(SelfDoc {
-                node: domain.node(),
+                node: domain.node().to_owned(),
                 slot: domain.slot(),
-                standing,
+                standing: standing.to_owned(),
                 reason,
                 incarnation: status.incarnation,
             });
@@ -182,34 +127,40 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
                 round_trip_us: status.round_trip.map(|t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
                 errors: domain.etcd_errors(),
             });
-            doc.settings = Some(domain.settings());
+            let s = domain.settings();
+            let paths = s.data_paths.iter().filter_map(|p| serde_json::to_value(p).ok());
+            doc.settings = Some(SettingsDoc {
+                address_bits: s.address_bits,
+                node_span: s.node_span,
+                data_paths: paths.filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+            });
             doc.missing = Some(missing(&view));
         }
         DomainAction::Gc { node } => {
-            gc_node = node.as_str().to_owned();
-            let slot = domain.gc(&gc_node).map_err(|e| {
+            let node = node.as_str();
+            let slot = domain.gc(node).map_err(|e| {
                 let code = match &e {
                     fabric_domain::EtcdError::GcLive { .. } => ErrorCode::BadRequest,
                     _ => ErrorCode::Unavailable,
                 };
-                refusal(code, format!("domain gc {gc_node}: {}", crate::error_chain(&e)))
+                refusal(code, format!("domain gc {node}: {}", crate::error_chain(&e)))
             })?;
-            tracing::info!(node = %gc_node, ?slot, "domain slot freed by an admin");
-            doc.gc = Some(GcDoc { node: &gc_node, slot });
+            tracing::info!(%node, ?slot, "domain slot freed by an admin");
+            doc.gc = Some(GcDoc { node: node.to_owned(), slot });
         }
     }
-    json_doc("fabric.domain/v1", |w| serde_json::to_writer_pretty(w, &doc))
+    json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer_pretty(w, &doc))
 }
 
-fn nodes(view: &DomainView) -> Vec<NodeDoc<'_>> {
+fn nodes(view: &DomainView) -> Vec<NodeDoc> {
     view.nodes()
         .into_iter()
         .map(|n| NodeDoc {
-            name: n.name,
-            state: if n.member.is_some() { "live" } else { "gone" },
+            name: n.name.to_owned(),
+            state: if n.member.is_some() { "live" } else { "gone" }.to_owned(),
             slot: n.slot,
             incarnation: n.member.map(|m| m.incarnation),
-            peer_address: n.member.map(|m| m.peer_address.as_str()),
+            peer_address: n.member.map(|m| m.peer_address.clone()),
             ranges: n.placements.map_or(0, |p| p.ranges.len()),
             mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
         })
