@@ -72,7 +72,7 @@ up() {
   "$ETCD" --name fabric-domain --data-dir "$RUN/etcd" \
     --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-    --initial-cluster "fabric-domain=http://127.0.0.1:$peer" >"$RUN/etcd.log" 2>&1 &
+    --initial-cluster "fabric-domain=http://127.0.0.1:$peer" </dev/null >"$RUN/etcd.log" 2>&1 &
   echo $! >"$RUN/etcd.pid"
   wait_port "$client" 20 || die "etcd did not answer on 127.0.0.1:$client (see $RUN/etcd.log)"
   echo "etcd http://127.0.0.1:$client (data $RUN/etcd)"
@@ -100,7 +100,7 @@ lease_ttl_secs = $TTL
 [peer]
 address = "127.0.0.1:$((7471 + i))"
 EOF
-    "$FABRICD" --config "$dir/fabricd.toml" 2>"$dir/fabricd.log" &
+    "$FABRICD" --config "$dir/fabricd.toml" </dev/null >/dev/null 2>"$dir/fabricd.log" &
     echo $! >"$dir/pid"
   done
   for ((i = 0; i < n; i++)); do

@@ -2,7 +2,10 @@
 //! one tray of the sim supernode, hold the same domain map; a GFA of another node's slot
 //! translates to that node; a node killed with SIGKILL is seen gone within TTL + 1 s with
 //! its slot kept as a hole, and comes back with the same slot and GFAs; a second daemon
-//! with a live node's name and one with other domain settings are refused.
+//! with a live node's name and one with other domain settings are refused, a cleanly
+//! stopped node's name is free at once, an admin's gc frees only a gone node's slot; a
+//! node whose etcd stops answering fences itself, serves on and rejoins; and
+//! `scripts/domain.sh` starts and stops a domain.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -209,7 +212,7 @@ fn refused(config: &Path) -> String {
 }
 
 #[test]
-fn a_taken_name_and_other_settings_are_refused() {
+fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = etcd(&rt) else { return };
     let first = node(&etcd, "tray0", "tray0", SPAN);
@@ -227,6 +230,24 @@ fn a_taken_name_and_other_settings_are_refused() {
     assert!(t0.elapsed() < Duration::from_secs(TTL), "the name was free at once");
     let mut c = common::client(&twin.socket);
     assert_eq!(nodes(&mut c)[0].0, "tray0");
+    // An admin's gc: refused for a live node; frees a gone node's slot for good.
+    let asker = node(&etcd, "tray1", "tray1", SPAN);
+    let _asker = common::start(&asker.config, asker.dir.path());
+    let mut a = common::client(&asker.socket);
+    let live = a.call(
+        Request::Domain(DomainRequest {
+            action: DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray0") },
+        }),
+        &[],
+    );
+    let err = format!("{:?}", live.unwrap_err());
+    assert!(err.contains("BadRequest") && err.contains("tray0 is a live member"), "{err}");
+    let slot = nodes(&mut a).iter().find(|n| n.0 == "tray0").unwrap().2;
+    drop(_twin);
+    until(Duration::from_secs(TTL + 2), "tray0 gone", || nodes(&mut a).iter().any(|n| n.0 == "tray0" && n.1 == "gone"));
+    let freed = domain(&mut a, DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray0") });
+    assert_eq!((freed["gc"]["node"].as_str(), freed["gc"]["slot"].as_u64()), (Some("tray0"), Some(slot)), "{freed}");
+    until(Duration::from_secs(5), "tray0's slot gone from the view", || nodes(&mut a).iter().all(|n| n.0 != "tray0"));
     // Another node with another node span: both values named.
     let other = node(&etcd, "tray1", "tray1", 2 * SPAN);
     let log = refused(&other.config);
@@ -295,4 +316,42 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     });
     until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c, 1));
     assert_eq!(map(&mut c)["ranges"], held["ranges"]);
+}
+
+#[test]
+fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The script starts its own etcd; this only checks that one is installed.
+    let Some(_etcd) = etcd(&rt) else { return };
+    let run = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/domain.sh");
+    let sh = |args: &[&str]| {
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .env("FABRIC_DOMAIN_RUN", run.path().join("d"))
+            .env("FABRICD", env!("CARGO_BIN_EXE_fabricd"))
+            .env("FABRIC_DOMAIN_TTL", "2")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, text) = sh(&["up", "2"]);
+    assert!(ok, "{text}");
+    let sockets: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("tray").and_then(|l| l.split_once(' ')).map(|(_, p)| PathBuf::from(p)))
+        .collect();
+    assert_eq!(sockets.len(), 2, "{text}");
+    let (ok, again) = sh(&["up", "2"]);
+    assert!(!ok && again.contains("already up"), "{again}");
+    let mut c = common::client(&sockets[1]);
+    until(Duration::from_secs(15), "both trays live", || all_live_and_placed(&mut c, 2));
+    let (ok, status) = sh(&["status"]);
+    assert!(ok && status.matches("running").count() == 2, "{status}");
+    let (ok, text) = sh(&["down"]);
+    assert!(ok, "{text}");
+    assert!(!run.path().join("d").exists(), "the run dir is removed");
+    assert!(std::os::unix::net::UnixStream::connect(&sockets[0]).is_err(), "tray0 stopped");
 }
