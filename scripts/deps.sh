@@ -12,6 +12,7 @@ declare -A WANT=(
   [pkgconf]=pkg-config          # libfabric-mm tests: build the C examples through fabric-mm.pc
   [etcd-server]=etcd           # domain tests: each test starts its own private etcd
   [etcd-client]=etcdctl        # domain: inspect a private etcd by hand
+  [iptables]=/usr/sbin/iptables  # domain fault tests: cut a node's namespace off from etcd
   [protobuf-compiler]=protoc   # builds etcd's protos for the etcd-client crate (fabric-domain)
   [libprotobuf-dev]=/usr/include/google/protobuf/descriptor.proto  # the protos etcd's import
 )

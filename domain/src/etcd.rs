@@ -95,6 +95,16 @@ pub enum EtcdError {
         /// Why it was lost.
         reason: String,
     },
+    /// A fenced write was refused: this node's membership (incarnation) no longer holds.
+    #[error("node {node} incarnation {incarnation} is fenced: {reason}")]
+    Fenced {
+        /// The node.
+        node: String,
+        /// The membership's incarnation.
+        incarnation: u64,
+        /// Why.
+        reason: String,
+    },
     /// Every slot of the domain is claimed.
     #[error("all {count} slots of the domain are claimed")]
     DomainFull {

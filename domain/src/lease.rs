@@ -1,19 +1,22 @@
 //! A node's etcd lease and the task that renews it every third of its TTL.
 //!
-//! The task reports through a watch channel: `Alive` while renewals succeed, `Lost` from
-//! the first renewal that fails, times out, or finds the lease expired. A renewal waits at
-//! most the request timeout (a third of the TTL), so a node cut off from etcd sees `Lost`
-//! at most two thirds of a TTL after its last renewal: before etcd expires its member key,
-//! which leaves it time to fence itself. A lost lease is never renewed again: the node
-//! rejoins with a new lease (and a new incarnation). Dropping the [`Lease`] stops the task;
+//! The task reports through a watch channel: `Alive` while renewals succeed, `Lost` once
+//! the lease is found expired, or once two thirds of a TTL passed since the last renewal
+//! etcd acknowledged (counted from when it was sent). A failed renewal is retried, on a
+//! new keepalive stream, every twelfth of the TTL until that deadline, each attempt cut at
+//! the deadline: a short etcd outage (a restart, which refreshes every lease) costs no
+//! lease, while a node cut off from etcd sees `Lost` a third of a TTL before etcd expires
+//! its member key, which leaves it time to fence itself. A lost lease is never renewed
+//! again: the node rejoins with a new lease (and a new incarnation). Dropping the [`Lease`] stops the task;
 //! the lease then runs out in etcd after its TTL (use `DomainClient::leave` to end it now).
 
 use std::time::Duration;
 
-use etcd_client::Client;
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 use crate::etcd::EtcdError;
 
@@ -78,35 +81,58 @@ impl Drop for Lease {
     }
 }
 
-/// The renewal loop: one keepalive request and its answer per tick.
+/// The renewal loop: one keepalive request and its answer per tick; failures retried
+/// until two thirds of the TTL passed since the last acknowledged renewal.
 async fn renew(mut client: Client, id: i64, every: Duration, timeout: Duration, state: watch::Sender<LeaseState>) {
     let lost = |reason: String| {
         warn!(lease = id, %reason, "lease lost");
         state.send_replace(LeaseState::Lost(reason));
     };
-    let (mut keeper, mut stream) = match tokio::time::timeout(timeout, client.lease_keep_alive(id)).await {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => return lost(format!("etcd keepalive stream: {e}")),
-        Err(_) => return lost(format!("etcd keepalive stream: no answer within {timeout:?}")),
-    };
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // `every` is a third of the TTL. The lease was granted just before this task started.
+    let budget = every * 2;
+    let retry = every / 4;
+    let mut last_good = Instant::now();
+    let mut next = last_good + every;
+    let mut keepalive: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
     loop {
-        tick.tick().await;
-        let renewal = async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        match tokio::time::timeout(timeout, renewal).await {
-            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
-            Ok(Ok(Some(_))) => return lost("expired in etcd".to_owned()),
-            Ok(Ok(None)) => return lost("etcd closed the keepalive stream".to_owned()),
-            Ok(Err(e)) => return lost(format!("etcd keepalive: {e}")),
-            Err(_) => return lost(format!("etcd keepalive: no answer within {timeout:?}")),
-        }
+        tokio::time::sleep_until(next).await;
         if state.is_closed() {
             info!(lease = id, "lease dropped");
             return;
         }
+        let sent = Instant::now();
+        let deadline = last_good + budget;
+        let Some(left) = deadline.checked_duration_since(sent).filter(|d| !d.is_zero()) else {
+            return lost(format!("no renewal acknowledged for {budget:?}"));
+        };
+        let renewal = async {
+            if keepalive.is_none() {
+                keepalive = Some(client.lease_keep_alive(id).await?);
+            }
+            match keepalive.as_mut() {
+                Some((keeper, stream)) => {
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                }
+                None => Ok(None),
+            }
+        };
+        let failure = match tokio::time::timeout(timeout.min(left), renewal).await {
+            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                last_good = sent;
+                next = sent + every;
+                continue;
+            }
+            Ok(Ok(Some(_))) => return lost("expired in etcd".to_owned()),
+            Ok(Ok(None)) => "etcd closed the keepalive stream".to_owned(),
+            Ok(Err(e)) => format!("etcd keepalive: {e}"),
+            Err(_) => format!("etcd keepalive: no answer within {:?}", timeout.min(left)),
+        };
+        keepalive = None;
+        if Instant::now() >= deadline {
+            return lost(format!("{failure}; no renewal acknowledged for {budget:?}"));
+        }
+        debug!(lease = id, %failure, "lease renewal failed; retrying");
+        next = (Instant::now() + retry).min(deadline);
     }
 }

@@ -20,12 +20,18 @@ impl DomainClient {
     /// The slot this node holds, claiming the first free one (from a hash of its name) if it
     /// holds none.
     pub async fn claim_slot(&self, settings: &DomainSettings) -> Result<u32, EtcdError> {
+        self.claim_slot_counted(settings).await.map(|(slot, _)| slot)
+    }
+
+    /// [`DomainClient::claim_slot`], also answering how many claim transactions it sent
+    /// (0 when the node already held a slot): what a test of concurrent starts counts.
+    pub async fn claim_slot_counted(&self, settings: &DomainSettings) -> Result<(u32, u32), EtcdError> {
         let node = self.node().to_owned();
         let count = settings.slot_count();
         let reverse = self.keys().slot_of(&node);
-        for _ in 0..MAX_CLAIM_ATTEMPTS {
+        for attempt in 0..MAX_CLAIM_ATTEMPTS {
             if let Some(slot) = self.held_slot(&node).await? {
-                return Ok(slot);
+                return Ok((slot, attempt));
             }
             let taken = self.taken_slots().await?;
             let start = name_hash(&node) % u64::from(count);
@@ -46,8 +52,8 @@ impl DomainClient {
                 .and_then([TxnOp::put(key, claim.clone(), None), TxnOp::put(reverse.clone(), claim, None)]);
             let mut kv = self.raw();
             if self.call("slot claim", kv.txn(txn)).await?.succeeded() {
-                info!(%node, slot, "claimed a slot");
-                return Ok(slot);
+                info!(%node, slot, attempts = attempt + 1, "claimed a slot");
+                return Ok((slot, attempt + 1));
             }
         }
         Err(EtcdError::Contention { node, attempts: MAX_CLAIM_ATTEMPTS })

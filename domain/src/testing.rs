@@ -1,9 +1,12 @@
-//! A private etcd for tests: started on 127.0.0.1 with free ports and a temporary data
-//! directory, stopped and removed on drop. Never a system service.
+//! A private etcd for tests: started on 127.0.0.1 with free ports (or inside a test's
+//! network namespace, [`netns`]) and a temporary data directory, stopped and removed on
+//! drop; it can be stopped and restarted on the same data. Never a system service.
 //!
 //! [`EtcdServer::start`] answers [`TestingError::NotInstalled`] when there is no `etcd`
 //! binary, so a test can skip with a message (`scripts/deps.sh` installs Debian's
-//! `etcd-server`).
+//! `etcd-server`). [`config`] and [`member`] build what a test node needs.
+
+pub mod netns;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -11,6 +14,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd_client::Client;
+
+use crate::config::DomainConfig;
+use crate::records::{FabricGroup, MemberRecord, RECORD_VERSION};
+use netns::{NetError, Netns};
 
 /// How long a fresh etcd gets to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -34,23 +41,33 @@ pub enum TestingError {
         /// The end of etcd's log.
         log: String,
     },
+    /// The network namespace harness failed.
+    #[error(transparent)]
+    Net(#[from] NetError),
 }
 
 /// A private etcd process.
 #[derive(Debug)]
 pub struct EtcdServer {
-    child: Child,
+    child: Option<Child>,
     endpoint: String,
     dir: tempfile::TempDir,
+    /// The whole command line, to restart it on the same data.
+    command: Vec<String>,
+    /// The namespace it runs in, when not on loopback.
+    netns: Option<Netns>,
 }
 
 impl EtcdServer {
-    /// Starts etcd and waits until it answers a request.
+    /// Starts etcd on 127.0.0.1 and waits until it answers a request.
     pub async fn start() -> Result<Self, TestingError> {
         let binary = etcd_binary().ok_or(TestingError::NotInstalled)?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            match Self::start_once(&binary).await {
+            let client_url = format!("http://127.0.0.1:{}", free_port()?);
+            let peer_url = format!("http://127.0.0.1:{}", free_port()?);
+            let command = vec![binary.display().to_string()];
+            match Self::start_once(command, client_url, peer_url, None).await {
                 Ok(server) => return Ok(server),
                 Err(e @ TestingError::NotHealthy { .. }) => last = Some(e),
                 Err(e) => return Err(e),
@@ -59,38 +76,79 @@ impl EtcdServer {
         Err(last.unwrap_or(TestingError::NotInstalled))
     }
 
-    async fn start_once(binary: &Path) -> Result<Self, TestingError> {
+    /// Starts etcd inside `ns` (a namespace of a [`netns::Net`]), listening on its
+    /// address only, and waits until it answers from there.
+    pub async fn start_in(ns: &Netns) -> Result<Self, TestingError> {
+        let binary = etcd_binary().ok_or(TestingError::NotInstalled)?;
+        ns.check()?;
+        let ip = netns::find("ip").ok_or_else(|| NetError::Unavailable("`ip` is not installed".to_owned()))?;
+        let command = vec![
+            ip.display().to_string(),
+            "netns".into(),
+            "exec".into(),
+            ns.name().into(),
+            binary.display().to_string(),
+        ];
+        let (client_url, peer_url) = (format!("http://{}:2379", ns.addr()), format!("http://{}:2380", ns.addr()));
+        Self::start_once(command, client_url, peer_url, Some(ns.clone())).await
+    }
+
+    async fn start_once(
+        mut command: Vec<String>,
+        client_url: String,
+        peer_url: String,
+        netns: Option<Netns>,
+    ) -> Result<Self, TestingError> {
         let dir = tempfile::tempdir()?;
-        let (client_port, peer_port) = (free_port()?, free_port()?);
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
-        let child = Command::new(binary)
-            .arg("--name=test")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=test={peer_url}"))
-            .arg("--logger=zap")
-            .arg("--log-outputs=stderr")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
-        let mut server = Self { child, endpoint: client_url, dir };
+        command.extend([
+            "--name=test".to_owned(),
+            format!("--data-dir={}", dir.path().join("data").display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=test={peer_url}"),
+            "--logger=zap".to_owned(),
+            "--log-outputs=stderr".to_owned(),
+        ]);
+        let mut server = Self { child: None, endpoint: client_url, dir, command, netns };
+        server.spawn_and_wait().await?;
+        Ok(server)
+    }
+
+    /// Stops etcd (SIGKILL, as a crash would), keeping its data directory.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Our own child, by its handle (`ip netns exec` execs etcd: same pid).
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same data directory and addresses, and waits until it
+    /// answers.
+    pub async fn restart(&mut self) -> Result<(), TestingError> {
+        self.stop();
+        self.spawn_and_wait().await
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), TestingError> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("etcd.log"))?;
+        let (program, args) = self.command.split_first().ok_or(TestingError::NotInstalled)?;
+        let child = Command::new(program).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn()?;
+        self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(TestingError::NotHealthy { after: START_TIMEOUT, log: server.log_tail(status) });
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(TestingError::NotHealthy { after: START_TIMEOUT, log: self.log_tail(status) });
             }
-            if server.answers().await {
-                return Ok(server);
+            if self.answers().await {
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(TestingError::NotHealthy { after: START_TIMEOUT, log: server.log_tail("still running") })
+        Err(TestingError::NotHealthy { after: START_TIMEOUT, log: self.log_tail("still running") })
     }
 
     /// The client URL (`http://127.0.0.1:PORT`).
@@ -104,11 +162,24 @@ impl EtcdServer {
     }
 
     async fn answers(&self) -> bool {
-        let probe = async {
-            let mut client = Client::connect([self.endpoint.as_str()], None).await?;
-            client.get("/", None).await
+        let endpoint = self.endpoint.clone();
+        let probe = || async move {
+            let probe = async {
+                let mut client = Client::connect([endpoint.as_str()], None).await?;
+                client.get("/", None).await
+            };
+            matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Ok(_)))
         };
-        matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Ok(_)))
+        match &self.netns {
+            None => probe().await,
+            // From inside etcd's namespace: its address exists nowhere else.
+            Some(ns) => match netns::in_netns(ns, probe) {
+                Ok(thread) => {
+                    tokio::task::spawn_blocking(move || thread.join().unwrap_or(false)).await.unwrap_or(false)
+                }
+                Err(_) => false,
+            },
+        }
     }
 
     fn log_tail(&self, status: impl std::fmt::Display) -> String {
@@ -122,8 +193,7 @@ impl EtcdServer {
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         // Our own child, by its handle: killed and reaped before its directory goes.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -139,4 +209,42 @@ fn etcd_binary() -> Option<PathBuf> {
 /// A port that was free a moment ago (etcd binds it right after; a lost race retries).
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+/// A private etcd on loopback, or `None` after printing `skipped: …` when etcd is not
+/// installed (any other failure panics: this is for tests).
+#[allow(clippy::print_stderr)]
+pub async fn etcd_or_skip() -> Option<EtcdServer> {
+    match EtcdServer::start().await {
+        Ok(server) => Some(server),
+        Err(TestingError::NotInstalled) => {
+            eprintln!("skipped: {}", TestingError::NotInstalled);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A test node's `[domain]` configuration: domain `test` at `endpoint`.
+pub fn config(endpoint: &str, node: &str, lease_ttl_secs: u64) -> DomainConfig {
+    DomainConfig {
+        name: "test".into(),
+        endpoints: vec![endpoint.to_owned()],
+        tls: None,
+        node: node.into(),
+        lease_ttl_secs,
+    }
+}
+
+/// A valid member record for `node`, with a fresh incarnation.
+pub fn member(node: &str) -> MemberRecord {
+    MemberRecord {
+        version: RECORD_VERSION,
+        name: node.into(),
+        incarnation: crate::fresh_incarnation(),
+        peer_address: "127.0.0.1:7400".into(),
+        capabilities: vec!["shared-file".into()],
+        groups: vec![FabricGroup::CxlPool { pool: "pool-0".into() }],
+        software: env!("CARGO_PKG_VERSION").into(),
+    }
 }

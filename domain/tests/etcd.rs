@@ -9,21 +9,14 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use fabric_domain::testing::{EtcdServer, TestingError};
+use fabric_domain::testing::EtcdServer;
 use fabric_domain::{
     DataPathKind, DomainClient, DomainConfig, DomainSettings, EtcdError, FabricGroup, LeaseState, MemberRecord,
     RecordError, RecordLimits, SlotClaim, fresh_incarnation,
 };
 
 async fn etcd() -> Option<EtcdServer> {
-    match EtcdServer::start().await {
-        Ok(server) => Some(server),
-        Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    fabric_domain::testing::etcd_or_skip().await
 }
 
 fn config(etcd: &EtcdServer, node: &str, ttl: u64) -> DomainConfig {

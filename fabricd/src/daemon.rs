@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::store::{CommitError, FileStore, MapStore, MapWriter};
+use crate::store::{CommitError, FileStore, MapStore, MapView, MapWriter, Published};
 
 use arc_swap::ArcSwap;
 use fabric_proto::wire::{DeviceChange, Event, MapChange};
@@ -231,25 +231,21 @@ pub fn backend_line(r: &BackendReport) -> String {
 /// Loads the map record from `store` (migrating a state dir of a daemon before it), brings
 /// the map in line with `config` and `inv`, and saves the record when anything changed or
 /// none was saved yet. Nothing is published before that save: no reader exists yet.
-fn open_map(
-    store: &dyn MapStore,
-    config: &Config,
-    inv: &Inventory,
-) -> Result<(MapWriter, crate::partitions::Bindings), CommitError> {
+fn open_map(store: &dyn MapStore, config: &Config, inv: &Inventory) -> Result<(MapWriter, Published), CommitError> {
     let (map, bindings, at) = match store.load()? {
         Some(r) => (AddressMap::from_state(Arc::unwrap_or_clone(r.map))?, r.bindings, r.generation),
         None => (AddressMap::new(config.map.clone())?, Arc::new(Vec::new()), 0),
     };
-    let partitions = crate::partitions::Bindings::new(bindings);
+    let published = Published::new(MapView { map: map.snapshot(), bindings });
     let mut writer = MapWriter::new(map, at);
-    let skipped = writer.commit(store, &partitions, at == 0, |m, _| {
+    let skipped = writer.commit(store, &published, at == 0, |m, _| {
         m.set_config(config.map.clone())?;
         Ok(fabric_addrmap::sync_inventory(m, inv, sync_scope(config))?.sets.skipped)
     })?;
     for s in skipped {
         tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
     }
-    Ok((writer, partitions))
+    Ok((writer, published))
 }
 
 /// What a map sync covers: the whole inventory when the daemon runs alone; only its own
@@ -306,8 +302,8 @@ pub struct Daemon {
     pub events: Arc<EventBus>,
     /// The address map and bindings' one writer; only changes take its lock.
     map: Mutex<MapWriter>,
-    /// Follows every snapshot `map` publishes; what every reader uses.
-    map_reader: fabric_addrmap::Reader,
+    /// The map and bindings `map` last saved, published as one; what every reader uses.
+    published: Published,
     /// Where the map record is saved before a change is published.
     store: Box<dyn MapStore>,
     record_path: PathBuf,
@@ -331,8 +327,6 @@ pub struct Daemon {
     pub vfio: crate::dma::vfio::Vfio,
     /// Rescans asked for outside the interval (kernel uevents).
     pub monitor: crate::tasks::monitor::Trigger,
-    /// Who each partition binds, as last saved in the map record (lock-free snapshots).
-    pub partitions: crate::partitions::Bindings,
     /// Orders operations authorized against the partition state before changes to it.
     pub policy: crate::ops::dispatch::gate::PolicyGate,
     /// The domain this node joined (`[domain]`); `None` when it runs alone.
@@ -392,7 +386,7 @@ impl Daemon {
         };
         let store = FileStore::new(&state_dir);
         let record_path = store.path().to_owned();
-        let (writer, partitions) = open_map(&store, &config, &inv)
+        let (writer, published) = open_map(&store, &config, &inv)
             .map_err(|source| StartError::Record { path: record_path.clone(), source })?;
         let domain = starting.map(|s| s.run(writer.map().reader()));
         let view = View::build(inv)?;
@@ -449,8 +443,8 @@ impl Daemon {
             rescan: Mutex::new(()),
             vanished: Mutex::new(BTreeSet::new()),
             events,
-            map_reader: writer.map().reader(),
             map: Mutex::new(writer),
+            published,
             store: Box::new(store),
             record_path,
             started: Instant::now(),
@@ -464,7 +458,6 @@ impl Daemon {
             fd_budget,
             vfio,
             monitor: crate::tasks::monitor::Trigger::default(),
-            partitions,
             policy: crate::ops::dispatch::gate::PolicyGate::new(),
             domain,
         })
@@ -588,15 +581,20 @@ impl Daemon {
     /// The address map's writer, for the changes (rescans, partitions), serialised by its
     /// lock (a poisoned lock is recovered: the map is only changed through
     /// [`MapWriter::commit`], which leaves it as it was on failure). Readers never take it:
-    /// [`Daemon::map_snapshot`], and `partitions` for the bindings.
+    /// [`Daemon::map_view`].
     pub fn map_writer(&self) -> MutexGuard<'_, MapWriter> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The address map's current snapshot, lock-free (the writer publishes each new one
-    /// with one atomic swap).
+    /// The map and the bindings as last saved, lock-free (the writer publishes both with
+    /// one atomic swap). A request that reads both reads them from one view.
+    pub fn map_view(&self) -> Arc<MapView> {
+        self.published.load()
+    }
+
+    /// The address map's current snapshot ([`Daemon::map_view`]'s map).
     pub fn map_snapshot(&self) -> Arc<fabric_addrmap::Snapshot> {
-        self.map_reader.snapshot()
+        self.published.load().map.clone()
     }
 
     /// Changes the map and the bindings with `f`, saves both as one record, and only then
@@ -607,7 +605,7 @@ impl Daemon {
         map: &mut MapWriter,
         f: impl FnOnce(&mut AddressMap, &mut Vec<crate::partitions::Binding>) -> Result<T, CommitError>,
     ) -> Result<T, CommitError> {
-        let r = map.commit(self.store.as_ref(), &self.partitions, false, f)?;
+        let r = map.commit(self.store.as_ref(), &self.published, false, f)?;
         self.metrics.set_map(map.map().generation(), map.map().state().mapped_bytes());
         if let Some(d) = &self.domain {
             d.map_changed();

@@ -24,9 +24,7 @@
 //! and silently dropping them would widen what clients see.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
 /// File magic.
@@ -226,45 +224,11 @@ pub fn without_binding(bindings: &[Binding], name: &str) -> Option<Vec<Binding>>
     bindings.iter().any(|b| b.name == name).then(|| bindings.iter().filter(|b| b.name != name).cloned().collect())
 }
 
-/// The bindings of every partition, by name, as last saved; readers take a snapshot
-/// without locking. Changed only by the daemon's map commit, after the record is saved.
-#[derive(Debug)]
-pub struct Bindings {
-    current: ArcSwap<Vec<Binding>>,
-}
-
-impl Bindings {
-    /// Bindings as loaded from the store (sorted by name, validated).
-    pub fn new(list: Arc<Vec<Binding>>) -> Self {
-        Self { current: ArcSwap::new(list) }
-    }
-
-    /// The bindings now, sorted by name.
-    pub fn snapshot(&self) -> Arc<Vec<Binding>> {
-        self.current.load_full()
-    }
-
-    /// Publishes bindings that were saved.
-    pub(crate) fn publish(&self, next: Arc<Vec<Binding>>) {
-        self.current.store(next);
-    }
-
-    /// The binding of one partition (an empty one when it has none).
-    pub fn get(&self, name: &str) -> Binding {
-        self.snapshot().iter().find(|b| b.name == name).cloned().unwrap_or_else(|| Binding::new(name, &[], &[]))
-    }
-
-    /// The partitions that bind a client: every partition naming its uid or one of its
-    /// `groups` (primary and supplementary), sorted by name. A client bound to several
-    /// partitions sees their union.
-    pub fn bound(&self, uid: u32, groups: &[u32]) -> Vec<String> {
-        self.snapshot().iter().filter(|b| b.binds(uid, groups)).map(|b| b.name.clone()).collect()
-    }
-
-    /// Whether any binding names a group (so a caller's supplementary groups matter).
-    pub fn uses_groups(&self) -> bool {
-        self.snapshot().iter().any(|b| !b.gids.is_empty())
-    }
+/// The partitions in `bindings` that bind a client: every partition naming its uid or one
+/// of its `groups` (primary and supplementary), sorted by name. A client bound to several
+/// partitions sees their union.
+pub fn bound(bindings: &[Binding], uid: u32, groups: &[u32]) -> Vec<String> {
+    bindings.iter().filter(|b| b.binds(uid, groups)).map(|b| b.name.clone()).collect()
 }
 
 #[cfg(test)]
@@ -334,11 +298,9 @@ mod tests {
     fn changes_keep_the_rules() {
         let mut list = with_binding(&[], &Binding::new("tenant-b", &[61002], &[])).unwrap();
         list = with_binding(&list, &Binding::new("tenant-a", &[61001], &[61100])).unwrap();
-        let b = Bindings::new(Arc::new(list.clone()));
-        assert_eq!(b.bound(61001, &[]), vec!["tenant-a"]);
-        assert_eq!(b.bound(5, &[61100]), vec!["tenant-a"]);
-        assert!(b.bound(61003, &[1, 2]).is_empty());
-        assert!(b.uses_groups());
+        assert_eq!(bound(&list, 61001, &[]), vec!["tenant-a"]);
+        assert_eq!(bound(&list, 5, &[61100]), vec!["tenant-a"]);
+        assert!(bound(&list, 61003, &[1, 2]).is_empty());
         let list = without_binding(&list, "tenant-b").unwrap();
         assert!(without_binding(&list, "tenant-b").is_none());
         let list = with_binding(&list, &Binding::new("tenant-a", &[], &[])).unwrap();

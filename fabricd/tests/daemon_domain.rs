@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fabric_domain::testing::{EtcdServer, TestingError};
+use fabric_domain::testing::EtcdServer;
 use fabric_proto::wire::{
     BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, TopologyRequest, TranslateQuery,
     TranslateRequest, Translation,
@@ -28,14 +28,7 @@ const TTL: u64 = 2;
 const SPAN: u64 = 1 << 40;
 
 fn etcd(rt: &tokio::runtime::Runtime) -> Option<EtcdServer> {
-    match rt.block_on(EtcdServer::start()) {
-        Ok(server) => Some(server),
-        Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    rt.block_on(fabric_domain::testing::etcd_or_skip())
 }
 
 fn supernode() -> PathBuf {

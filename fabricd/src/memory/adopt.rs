@@ -9,12 +9,12 @@
 //! exporting process and ends with it.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
 
 use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, PeerCred, Version};
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, round_len};
+use super::backings::Backing;
 use super::{Memory, MemoryError, Place, Region, State, kind_name};
 
 /// A vendor memory object behind a region.
@@ -131,12 +131,13 @@ impl Memory {
         }
         let (fd, link) = check_object(&kind, fd, &self.root)?;
         let len = round_len(size).ok_or_else(|| bad(format!("size {size} is not adoptable")))?;
+        self.ensure_session(session, owner)?;
         let mut st = self.state();
         self.check(&st, owner.uid, len, 1)?;
         if fd.is_some() {
             self.check_held(&st, owner.uid, session)?;
         }
-        let sess = st.session(session, owner)?;
+        let sess = st.session(session)?;
         let candidates = st.candidates(place);
         if candidates.is_empty() {
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory", kind_name(*memory))));
@@ -161,6 +162,7 @@ impl Memory {
         };
         let id = st.next_id;
         st.next_id += 1;
+        let holds = u64::from(fd.is_some());
         st.regions.insert(
             id,
             Region {
@@ -172,15 +174,11 @@ impl Memory {
                 resource,
                 offset,
                 len,
-                // No file: the object is the descriptor (`State::objects`); never removed.
-                path: PathBuf::new(),
-                fd_offset: 0,
-                device_file: true,
+                // No file: the object is the descriptor (or the handle's bytes).
+                backing: Backing::Object(Object { fd, kind, size }),
                 lost: false,
             },
         );
-        let holds = u64::from(fd.is_some());
-        st.objects.insert(id, Object { fd, kind, size });
         let u = st.usage.entry(owner.uid).or_default();
         u.bytes += len;
         u.objects += 1;
@@ -203,7 +201,7 @@ impl Memory {
     ) -> Result<ObjectGrant, MemoryError> {
         let mut st = self.state();
         let via = Self::admit(&mut st, peer, handle, access)?;
-        let Some(obj) = st.objects.get(&handle.region) else {
+        let Some(obj) = st.regions.get(&handle.region).and_then(|r| r.object()) else {
             return Err(bad(format!(
                 "region {} is fabric memory, not a vendor object: import it with Import and map it",
                 handle.region
@@ -219,9 +217,11 @@ impl Memory {
             )));
         }
         let fd = match &obj.fd {
-            Some(fd) => {
-                Some(fd.as_fd().try_clone_to_owned().map_err(|e| MemoryError::Io { path: PathBuf::new(), source: e })?)
-            }
+            Some(fd) => Some(
+                fd.as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| MemoryError::Io { path: std::path::PathBuf::new(), source: e })?,
+            ),
             None => None,
         };
         let device = Self::region_device(&st, handle.region)?;
@@ -238,7 +238,7 @@ impl Memory {
     /// Refuses what the daemon cannot do with an adopted region's bytes (it never maps
     /// them): DMA registration and the copy engine.
     pub(super) fn refuse_object(st: &State, region: u64, what: &str) -> Result<(), MemoryError> {
-        match st.objects.get(&region) {
+        match st.regions.get(&region).and_then(|r| r.object()) {
             Some(o) => Err(MemoryError::NotImplemented(format!(
                 "region {region} is a vendor object ({}): fabricd does not map it, so it cannot {what}; \
                  use the vendor's API in a process that imported it (docs/gpu.md)",

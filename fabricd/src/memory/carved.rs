@@ -8,20 +8,15 @@ use std::path::PathBuf;
 
 use super::alloc::AllocError;
 use super::backing::DeviceBacking;
+use super::backings::Backing;
 use super::carve::{DaxRegion, Wanted, plan};
-use super::effects::Effect;
+use super::reserve::Made;
 use super::{Memory, MemoryError, State, io_err};
 
 impl Memory {
     /// A device of its own for the range `[offset, offset + len)` of the set `b` backs,
-    /// carved from `c` and opened read-write: the descriptor, its node, offset 0, and that
-    /// it is a device file (see `Memory::make_backing`).
-    pub(super) fn make_carved(
-        b: &DeviceBacking,
-        c: &DaxRegion,
-        offset: u64,
-        len: u64,
-    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+    /// carved from `c` and opened read-write (see `Memory::make_backing`).
+    pub(super) fn make_carved(b: &DeviceBacking, c: &DaxRegion, offset: u64, len: u64) -> Result<Made, MemoryError> {
         let at = b.file_offset(offset, len).ok_or(MemoryError::NoSpace(AllocError::NoSpace {
             len,
             align: b.align,
@@ -33,7 +28,10 @@ impl Memory {
         let opened = OpenOptions::new().read(true).write(true).open(&carved.path).map_err(io_err(&carved.path));
         let zeroed = opened.and_then(|f| super::zero::zero_range(&f, 0, len).map(|()| f).map_err(MemoryError::Zero));
         match zeroed {
-            Ok(f) => Ok((OwnedFd::from(f), carved.path, 0, true)),
+            Ok(f) => {
+                let backing = Backing::CarvedDax { path: carved.path, name: carved.name, from: c.clone() };
+                Ok((OwnedFd::from(f), backing))
+            }
             Err(e) => {
                 if let Err(undo) = c.destroy(&carved.name) {
                     tracing::warn!(device = %carved.name, error = %undo, "cannot delete a DAX device nobody got");
@@ -45,22 +43,6 @@ impl Memory {
 }
 
 impl State {
-    /// The DAX region set region `id` has a device carved from, and that device's name.
-    fn carved_of(&self, id: u64) -> Option<(&DaxRegion, &str)> {
-        let s = self.set_regions.get(&id)?;
-        let name = s.carved.as_deref()?;
-        Some((self.set_backings.get(&s.name)?.carve.as_ref()?, name))
-    }
-
-    /// The effect that deletes region `id`'s carved device, if it has one, and then gives
-    /// back its range (`offset` in each of `resources`). A device the kernel will not
-    /// delete still holds its range: it stays taken until a restart deletes the device,
-    /// which no region names then.
-    pub(super) fn uncarve(&self, id: u64, resources: Vec<usize>, offset: u64) -> Option<Effect> {
-        let (c, name) = self.carved_of(id)?;
-        Some(Effect::Uncarve { region: id, carve: c.clone(), device: name.to_owned(), resources, offset })
-    }
-
     /// At start, after the journaled regions are back: gives each region on a carved set
     /// its device — the one found with exactly its range, else a new one at that range
     /// (device memory keeps its bytes, so it holds what it held) — and deletes every other
@@ -127,7 +109,7 @@ impl State {
                 match bound {
                     Some(Ok(path)) => {
                         tracing::info!(region = id, device = %name, "region's DAX device found");
-                        self.attach_carved(*id, name, path);
+                        self.attach_carved(*id, name, path, c);
                     }
                     Some(Err(e)) => self.unrestore(*id, &format!("its DAX device {name}: {e}")),
                     None => self.unrestore(*id, &format!("its DAX device {name} vanished")),
@@ -137,7 +119,7 @@ impl State {
                 match c.carve(w.start, w.len) {
                     Ok(d) => {
                         tracing::info!(region = w.region, device = %d.name, "region's DAX device was gone; carved again at its range");
-                        self.attach_carved(w.region, &d.name, d.path);
+                        self.attach_carved(w.region, &d.name, d.path, c);
                     }
                     Err(e) => {
                         self.unrestore(w.region, &format!("its DAX device is gone and cannot be carved again: {e}"))
@@ -147,14 +129,9 @@ impl State {
         }
     }
 
-    fn attach_carved(&mut self, id: u64, name: &str, path: PathBuf) {
+    fn attach_carved(&mut self, id: u64, name: &str, path: PathBuf, from: &DaxRegion) {
         if let Some(r) = self.regions.get_mut(&id) {
-            r.path = path;
-            r.fd_offset = 0;
-            r.device_file = true;
-        }
-        if let Some(s) = self.set_regions.get_mut(&id) {
-            s.carved = Some(name.to_owned());
+            r.backing = Backing::CarvedDax { path, name: name.to_owned(), from: from.clone() };
         }
     }
 

@@ -80,6 +80,22 @@ pub struct Resolved {
     pub dma: Option<(Arc<crate::dma::vfio::VfioDevice>, crate::dma::vfio::engine::End)>,
 }
 
+/// A GFA endpoint as resolved under the lock.
+enum GfaSide {
+    /// Resolved.
+    Resolved(Resolved),
+    /// The region's file is not kept yet: it is opened without the lock, and the endpoint
+    /// resolved again.
+    Open {
+        /// The region.
+        region: u64,
+        /// Its generation when it was found.
+        generation: u64,
+        /// Its file.
+        file: super::RegionFile,
+    },
+}
+
 /// A region's file kept for copies by GFA, with its identity (`file_key` without the offset).
 pub(super) type CopyFile = (Arc<File>, (u8, u64, u64));
 
@@ -121,9 +137,38 @@ impl Memory {
         write: bool,
     ) -> Result<Resolved, MemoryError> {
         let mut st = self.state();
-        match ep {
-            CopyEndpoint::Registration { id, offset } => Self::registration_side(&st, session, id, offset, len, write),
-            CopyEndpoint::Gfa(gfa) => Self::gfa_side(&mut st, session, snap, gfa, len, write),
+        let gfa = match ep {
+            CopyEndpoint::Registration { id, offset } => {
+                return Self::registration_side(&st, session, id, offset, len, write);
+            }
+            CopyEndpoint::Gfa(gfa) => gfa,
+        };
+        let (region, generation, file) = match Self::gfa_side(&mut st, session, snap, gfa, len, write)? {
+            GfaSide::Resolved(r) => return Ok(r),
+            GfaSide::Open { region, generation, file } => (region, generation, file),
+        };
+        drop(st);
+        // Opened outside the lock, once per region, read-write (the access check is done;
+        // the engine maps it read-only for a source), and kept until the region ends: a
+        // copy by GFA then costs no open and no fstat. Kept only if the region is still
+        // the one it was (a region freed meanwhile is not found again below).
+        let f = file.open(true).map_err(io_err(file.path()))?;
+        let (kind, dev, ino, _) = file_key(&f, 0);
+        let mut st = self.state();
+        if st.regions.get(&region).is_some_and(|r| r.generation == generation) && !st.copy_files.contains_key(&region) {
+            if st.copy_files.len() >= MAX_COPY_FILES
+                && let Some(victim) = st.copy_files.keys().next().copied()
+            {
+                // Bounded: a chunk still running keeps its own `Arc` of the file.
+                st.copy_files.remove(&victim);
+            }
+            st.copy_files.insert(region, (Arc::new(f), (kind, dev, ino)));
+        }
+        match Self::gfa_side(&mut st, session, snap, gfa, len, write)? {
+            GfaSide::Resolved(r) => Ok(r),
+            GfaSide::Open { region, .. } => {
+                Err(MemoryError::NotFound(format!("region {region}'s file could not be kept for copies")))
+            }
         }
     }
 
@@ -174,6 +219,8 @@ impl Memory {
         Ok(Resolved { side, deps, device: None, key, dma })
     }
 
+    /// A GFA endpoint resolved under the lock, or the region file to open without it first
+    /// (a region's first copy by GFA).
     fn gfa_side(
         st: &mut State,
         session: u64,
@@ -181,7 +228,7 @@ impl Memory {
         gfa: u64,
         len: u64,
         write: bool,
-    ) -> Result<Resolved, MemoryError> {
+    ) -> Result<GfaSide, MemoryError> {
         let end = gfa.checked_add(len).ok_or_else(|| bad(format!("{len} bytes at GFA {gfa:#x} overflow")))?;
         // The regions this session reaches: its own, and those it imported (with the import).
         let owned = st.regions.iter().filter(|(_, r)| r.session == session).map(|(id, _)| (*id, None));
@@ -222,43 +269,27 @@ impl Memory {
             deps.push(Dep::Import(iid));
         }
         Self::refuse_object(st, rid, "copy its bytes")?;
-        if r.device_file {
+        if r.backing.is_device() {
             // The engine moves bytes with pread/pwrite, which device-DAX and sysfs BAR files
             // do not serve (they are mmap-only).
             return Err(MemoryError::NotImplemented(format!(
                 "region {rid} is device memory ({}); the copy engine does not reach it yet: map it and copy with the CPU",
-                r.path.display()
+                r.backing.path().unwrap_or(std::path::Path::new("")).display()
             )));
         }
-        let (region_file, region_len) = (st.region_file(r), r.len);
+        let region_len = r.len;
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
-        let (file, ident) = match st.copy_files.get(&rid) {
-            Some(f) => f.clone(),
-            None => {
-                // Opened once per region, read-write (the access check is above; the
-                // engine maps it read-only for a source), and kept until the region ends:
-                // a copy by GFA then costs no open and no fstat.
-                let file = region_file.open(true).map_err(io_err(region_file.path()))?;
-                let (kind, dev, ino, _) = file_key(&file, 0);
-                let f = (Arc::new(file), (kind, dev, ino));
-                if st.copy_files.len() >= MAX_COPY_FILES
-                    && let Some(victim) = st.copy_files.keys().next().copied()
-                {
-                    // Bounded: a chunk still running keeps its own `Arc` of the file.
-                    st.copy_files.remove(&victim);
-                }
-                st.copy_files.insert(rid, f.clone());
-                f
-            }
+        let Some((file, ident)) = st.copy_files.get(&rid).cloned() else {
+            return Ok(GfaSide::Open { region: rid, generation: r.generation, file: st.region_file(rid, r)? });
         };
         let offset = gfa - start;
-        Ok(Resolved {
+        Ok(GfaSide::Resolved(Resolved {
             side: Side::File { file, offset, writable: write, region: rid, region_len },
             deps,
             device,
             key: (ident.0, ident.1, ident.2, offset),
             dma: None,
-        })
+        }))
     }
 
     /// Why a copy that depends on `deps` must stop, when one of them is gone.

@@ -54,11 +54,9 @@ impl Memory {
     /// Descriptors `session`'s objects keep: its registrations and its adopted objects'.
     fn held_by_session(st: &State, session: u64) -> u64 {
         let registrations = st.dma.ids_where(|g| g.session == session).len() as u64;
-        let objects = st
-            .objects
-            .iter()
-            .filter(|(id, o)| o.holds_fd() && st.regions.get(id).is_some_and(|r| r.session == session))
-            .count() as u64;
+        let objects =
+            st.regions.values().filter(|r| r.session == session && r.object().is_some_and(|o| o.holds_fd())).count()
+                as u64;
         registrations + objects
     }
 }

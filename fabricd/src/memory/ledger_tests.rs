@@ -47,9 +47,14 @@ fn inventory() -> (Inventory, DeviceId) {
 
 /// A durable registry over `dir`, rebuilt from its journal.
 fn open(dir: &std::path::Path, inv: &Inventory) -> Memory {
+    open_with(dir, inv, Backings::default())
+}
+
+/// [`open`] with the device memory `backings` exports.
+fn open_with(dir: &std::path::Path, inv: &Inventory, backings: Backings) -> Memory {
     let (journal, replay) = Journal::open(&dir.join("journal"), JournalOptions::default()).unwrap();
     let config = MemoryConfig { compact_records: 4, resume_grace_s: 600, ..MemoryConfig::default() };
-    let durability = Durability { journal, replay, config, backings: Backings::default() };
+    let durability = Durability { journal, replay, config, backings };
     Memory::open_durable(&dir.join("memory"), inv, LimitsConfig::default(), durability).unwrap()
 }
 
@@ -61,16 +66,26 @@ fn held(m: &Memory) -> RegionsResponse {
     r
 }
 
-fn apply(m: &Memory, gpu: &DeviceId, ops: &[Op]) {
-    // The owner is this process, alive: a rebuilt registry keeps its regions for it.
-    let me = PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 };
-    let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
-    let policy = ExportPolicy {
+/// The owner of every region: this process, alive (a rebuilt registry keeps its regions
+/// for it).
+fn me() -> PeerCred {
+    PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 }
+}
+
+/// An export policy that admits the owner's uid, read-write.
+fn owner_only() -> ExportPolicy {
+    ExportPolicy {
         uids: BoundedVec::default(),
         gids: BoundedVec::default(),
         partition: None,
         access: AccessMode::ReadWrite,
-    };
+    }
+}
+
+fn apply(m: &Memory, gpu: &DeviceId, ops: &[Op]) {
+    let me = me();
+    let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+    let policy = owner_only();
     let mut regions: Vec<(u64, u64)> = Vec::new();
     let mut handles: Vec<(u64, ExportHandle)> = Vec::new();
     for op in ops {
@@ -149,4 +164,139 @@ fn concurrent_allocations_never_collide_and_all_come_back() {
     let mut ranges: Vec<(u64, u64)> = after.regions.iter().map(|r| (r.offset, r.size)).collect();
     ranges.sort_unstable();
     assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "{ranges:?}");
+}
+
+/// An import opens the region's file without the lock, between two steps under it: what
+/// happens to the export or the region between the open and the grant is seen by the grant.
+#[test]
+fn an_import_whose_region_is_freed_or_export_revoked_while_its_file_opens_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let me = me();
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    let policy = owner_only();
+    let rw = AccessMode::ReadWrite;
+    // Plan, open outside the lock, let `meanwhile` change the registry, then grant.
+    let import = |h: &ExportHandle, meanwhile: &dyn Fn()| {
+        let pending = m.plan_import(&me, h, rw).unwrap();
+        let fd = std::os::fd::OwnedFd::from(pending.file.open(true).unwrap());
+        meanwhile();
+        m.grant_import(&me, 2, h, rw, pending, fd)
+    };
+
+    let kept = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, kept.region, policy.clone()).unwrap();
+    let g = import(&h, &|| {}).unwrap();
+    assert_eq!((g.region, g.generation, g.len), (kept.region, kept.generation, kept.len));
+
+    let freed = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, freed.region, policy.clone()).unwrap();
+    let refused = import(&h, &|| {
+        m.free(1, freed.region).unwrap();
+    });
+    assert!(matches!(refused, Err(super::MemoryError::InvalidHandle)), "{refused:?}");
+
+    let revoked = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, revoked.region, policy).unwrap();
+    let refused = import(&h, &|| m.revoke(1, &h).unwrap());
+    assert!(matches!(refused, Err(super::MemoryError::Revoked)), "{refused:?}");
+
+    // Only the first import was recorded.
+    assert_eq!(m.counts().imports, 1);
+}
+
+#[test]
+fn a_session_ended_before_its_first_allocation_takes_the_lock_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let me = me();
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    // The token is made once, outside the lock, and kept by later uses.
+    let token = m.session_token(1, &me).unwrap();
+    assert_eq!(m.session_token(1, &me).unwrap(), token);
+    m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    // The session ends between its token being made and the reservation: refused, and
+    // nothing is left reserved.
+    m.ensure_session(2, &me).unwrap();
+    m.close_session(2);
+    let refused = m.reserve_on(&me, 2, &place, 2 * MIB, 0);
+    assert!(matches!(refused, Err(super::MemoryError::NotFound(_))), "{refused:?}");
+    assert_eq!(m.counts().regions, 1);
+    assert_eq!(m.list(None).regions.len(), 1);
+}
+
+/// A resource a device file backs (a BAR's `resourceN`; a plain file stands in): its
+/// regions are ranges of that one file, zeroed when allocated, never removed, and a
+/// registry rebuilt from the journal finds each at the same offset of the same file.
+#[test]
+fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use super::backing::{BackingKind, BarBacking, DeviceBacking};
+
+    let dir = tempfile::tempdir().unwrap();
+    let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
+    let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+    d.memory.push(MemoryResource { kind: MemoryKind::HostExported, size: 64 * MIB, hpa: None, numa_node: None });
+    let mut inv = Inventory::default();
+    inv.add_device(d).unwrap();
+    let bar = dir.path().join("resource2");
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&bar).unwrap();
+    f.write_all_at(&vec![0xaa; (8 * MIB) as usize], 0).unwrap();
+    let backing = DeviceBacking {
+        kind: BackingKind::Bar,
+        name: "0000:00:05.0/2".into(),
+        path: bar.clone(),
+        start: 0,
+        len: 8 * MIB,
+        align: 4096,
+        carve: None,
+    };
+    let backings = Backings {
+        bars: vec![BarBacking {
+            address: "0000:00:05.0".parse().unwrap(),
+            resource: Some((id.clone(), 0)),
+            index: 2,
+            backing,
+        }],
+        ..Backings::default()
+    };
+    let me = me();
+    let place = Place { device: id, kind: MemoryKind::HostExported, ordinal: None };
+    let policy = owner_only();
+    let same_file = |fd: &std::os::fd::OwnedFd| {
+        let a = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap();
+        let b = std::fs::metadata(&bar).unwrap();
+        (a.dev(), a.ino()) == (b.dev(), b.ino())
+    };
+    let byte = |at: u64| {
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        b[0]
+    };
+
+    let (kept, handle) = {
+        let m = open_with(dir.path(), &inv, backings.clone());
+        let freed = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+        let kept = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+        assert!(same_file(&kept.fd) && same_file(&freed.fd));
+        assert_eq!((freed.offset, kept.offset), (0, 2 * MIB));
+        // Each region's range was zeroed; the rest of the device keeps its bytes.
+        assert_eq!((byte(0), byte(2 * MIB), byte(4 * MIB - 1), byte(4 * MIB)), (0, 0, 0, 0xaa));
+        m.free(1, freed.region).unwrap();
+        assert!(bar.exists(), "device memory is never removed");
+        let handle = m.export(&me, 1, kept.region, policy).unwrap();
+        (kept.region, handle)
+    };
+    let m = open_with(dir.path(), &inv, backings);
+    let listed = m.list(None);
+    assert_eq!(listed.regions.len(), 1);
+    assert_eq!((listed.regions[0].region, listed.regions[0].offset), (kept, 2 * MIB));
+    let g = m.import(&me, 9, &handle, AccessMode::ReadWrite).unwrap();
+    assert!(same_file(&g.fd));
+    assert_eq!((g.region, g.offset, g.len), (kept, 2 * MIB, 2 * MIB));
+    // The freed range is free again, and allocated first.
+    assert_eq!(m.alloc(&me, 9, &place, 2 * MIB, 0).unwrap().offset, 0);
 }

@@ -24,6 +24,7 @@
 
 pub mod alloc;
 pub mod backing;
+mod backings;
 pub mod carve;
 mod carved;
 pub mod durable;
@@ -67,6 +68,7 @@ use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
 use alloc::{AllocError, RangeAllocator};
+use backings::{Backing, Offer};
 use durable::{Change, DurableError, Owner};
 
 /// Why a memory operation was refused.
@@ -167,13 +169,8 @@ struct Resource {
     ranges: RangeAllocator,
     /// The device vanished or failed: nothing is allocated here until it is back.
     lost: bool,
-    /// The device file its regions are ranges of (`None`: a sim file per region).
-    backing: Option<backing::DeviceBacking>,
-    /// The device comes from a sim fabric, whose memory is a file per region.
-    simulated: bool,
-    /// The NUMA node its regions' pages are placed on (a tmpfs file per region, under
-    /// `dir`, which is then the node's directory).
-    numa: Option<numa::NodeBacking>,
+    /// What backs its regions.
+    offer: Offer,
 }
 
 /// Where a region's file is, to open it: by name in its resource's directory, held open
@@ -183,6 +180,7 @@ struct Resource {
 pub(crate) struct RegionFile {
     dir: Option<Arc<OwnedFd>>,
     path: PathBuf,
+    /// A device file, opened by path (never through a symlink).
     device_file: bool,
 }
 
@@ -220,19 +218,22 @@ impl RegionFile {
 }
 
 impl State {
-    /// How to open the file of region `r` (see [`RegionFile`]).
-    pub(crate) fn region_file(&self, r: &Region) -> RegionFile {
-        self.file_in(r.resource, &r.path, r.device_file)
+    /// How to open the file of region `id` (see [`RegionFile`]); a vendor object has none.
+    pub(crate) fn region_file(&self, id: u64, r: &Region) -> Result<RegionFile, MemoryError> {
+        self.file_in(r.resource, &r.backing).ok_or_else(|| {
+            MemoryError::BadRequest(format!("region {id} is a vendor object: it has no file fabricd opens"))
+        })
     }
 
-    /// How to open `path`, a region file of resource `resource` (or a device file).
-    fn file_in(&self, resource: usize, path: &Path, device_file: bool) -> RegionFile {
+    /// How to open the file of `backing`, a region of resource `resource`.
+    fn file_in(&self, resource: usize, backing: &Backing) -> Option<RegionFile> {
+        let path = backing.path()?;
         let dir = self
             .resources
             .get(resource)
-            .filter(|res| path.parent() == Some(res.dir.as_path()))
+            .filter(|res| backing.own_file().is_some() && path.parent() == Some(res.dir.as_path()))
             .map(|res| res.dir_fd.clone());
-        RegionFile { dir, path: path.to_owned(), device_file }
+        Some(RegionFile { dir, path: path.to_owned(), device_file: backing.is_device() })
     }
 
     /// Counts the bytes of all resources again (after resources were added or resized).
@@ -263,8 +264,7 @@ impl Resource {
     /// only pretend to be that memory; host memory (DRAM, exported host memory) is real
     /// either way.
     fn unserved(&self) -> Option<String> {
-        let device_memory = !matches!(self.kind, MemoryKind::Dram | MemoryKind::HostExported);
-        (device_memory && !self.simulated && self.backing.is_none()).then(|| match self.kind {
+        matches!(self.offer, Offer::Driver).then(|| match self.kind {
             MemoryKind::Hbm => format!(
                 "{}'s HBM is allocated by its driver: allocate it with the vendor API (fabric_mm::cuda) and hand it to fabricd with Adopt",
                 self.device
@@ -290,12 +290,8 @@ struct Region {
     resource: usize,
     offset: u64,
     len: u64,
-    /// The file clients map: the region's own sim file, or a device file.
-    path: PathBuf,
-    /// Offset of the region's first byte in `path`.
-    fd_offset: u64,
-    /// `path` is device memory shared by many regions: never removed.
-    device_file: bool,
+    /// What holds its bytes.
+    backing: Backing,
     /// Its device vanished or failed: exports revoked, no new ones.
     lost: bool,
 }
@@ -303,6 +299,11 @@ struct Region {
 impl Region {
     fn durable_owner(&self) -> Owner {
         Owner { uid: self.owner.uid, gid: self.owner.gid, pid: self.owner.pid, pid_start: self.pid_start }
+    }
+
+    /// The vendor object it is, for an adopted region (not journaled).
+    fn object(&self) -> Option<&adopt::Object> {
+        self.backing.object()
     }
 }
 
@@ -363,8 +364,6 @@ struct State {
     /// Region files the copy engine reaches by GFA, opened read-write on a region's first
     /// copy and closed when the region ends, with their identity (`copyside.rs`).
     copy_files: HashMap<u64, copyside::CopyFile>,
-    /// Vendor memory objects behind adopted regions, by region id (not journaled).
-    objects: HashMap<u64, adopt::Object>,
     /// Slow steps changes left to do once the lock is released (`effects.rs`).
     effects: Vec<effects::Effect>,
     /// Something a copy may depend on ended since the last [`Memory::finish`].
@@ -401,6 +400,19 @@ pub struct Granted {
     pub offset: u64,
     /// Import id (imports only).
     pub import: u64,
+}
+
+/// An admitted import whose file is being opened outside the lock ([`Memory::import`]).
+#[derive(Debug)]
+struct PendingImport {
+    /// The region's file.
+    file: RegionFile,
+    /// The region's generation when it was admitted.
+    generation: u64,
+    /// Bytes.
+    len: u64,
+    /// Offset of the region's first byte in the file.
+    offset: u64,
 }
 
 /// What an export is about: see [`Memory::export_subject`].
@@ -532,9 +544,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
             dir_fd: Arc::new(private.into_fd()),
             ranges: RangeAllocator::new(m.size),
             lost: false,
-            backing: None,
-            simulated: dev.sources.iter().any(|s| s == "sim"),
-            numa: None,
+            offer: Offer::of(m.kind, dev.sources.iter().any(|s| s == "sim")),
         });
     }
     Ok(out)
@@ -621,7 +631,7 @@ impl Memory {
                 Some(r) => {
                     tracing::info!(device = %r.device, bar = %bar.backing.name, len = bar.backing.len, "BAR backs the resource");
                     r.ranges = RangeAllocator::new(bar.backing.len);
-                    r.backing = Some(bar.backing.clone());
+                    r.offer = Offer::Device(bar.backing.clone());
                 }
                 None => {
                     tracing::warn!(bar = %bar.backing.name, "exported BAR has no resource in the fabric; not served")
@@ -650,7 +660,7 @@ impl Memory {
                         }
                     }
                     tracing::info!(device = %r.device, node = n.node, memory_only = n.memory_only, cxl_regions = n.cxl.len(), dir = %r.dir.display(), "NUMA node backs the resource");
-                    r.numa = Some(n.clone());
+                    r.offer = Offer::Node(n.clone());
                 }
                 None => tracing::warn!(node = n.node, "exported NUMA node has no resource in the fabric; not served"),
             }
@@ -708,24 +718,35 @@ impl Memory {
         };
         let Some(r) = st.regions.remove(&id) else { return out };
         st.ended = true;
-        let held_fd = st.objects.remove(&id).is_some_and(|o| o.holds_fd());
+        let held_fd = r.object().is_some_and(|o| o.holds_fd());
         st.copy_files.remove(&id);
         let mut members = vec![r.resource];
-        members.extend(st.set_regions.get(&id).map(|s| s.others.clone()).unwrap_or_default());
-        // A carved DAX device holds the range until it is deleted (an effect, outside the
-        // lock); any other range is free again now.
-        match st.uncarve(id, members.clone(), r.offset) {
-            Some(fx) => st.effects.push(fx),
-            None => {
-                for i in members {
-                    st.resources[i].ranges.free(r.offset);
-                }
+        members.extend(st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default());
+        let free_now = match &r.backing {
+            // A carved DAX device holds the range until it is deleted (an effect, outside
+            // the lock).
+            Backing::CarvedDax { name, from, .. } => {
+                let (carve, device) = (from.clone(), name.clone());
+                st.effects.push(effects::Effect::Uncarve {
+                    region: id,
+                    carve,
+                    device,
+                    resources: members,
+                    offset: r.offset,
+                });
+                None
             }
-        }
-        st.set_regions.remove(&id);
-        if !r.device_file {
-            // Device memory keeps its contents (its range is simply free again); a file goes.
-            st.effects.push(effects::Effect::RemoveFile(r.path.clone()));
+            // The region's own file goes (outside the lock).
+            Backing::SimFile(path) | Backing::NodeFile { path, .. } => {
+                st.effects.push(effects::Effect::RemoveFile(path.clone()));
+                Some(members)
+            }
+            // Device memory keeps its contents: its range is simply free again; an object
+            // is closed with the region.
+            Backing::DeviceRange { .. } | Backing::Object(_) => Some(members),
+        };
+        for i in free_now.unwrap_or_default() {
+            st.resources[i].ranges.free(r.offset);
         }
         let u = st.usage.entry(r.owner.uid).or_default();
         u.bytes = u.bytes.saturating_sub(r.len);
@@ -786,7 +807,7 @@ impl Memory {
             return Err(MemoryError::DeviceLost(format!("region {region}'s device vanished or failed")));
         }
         let generation = r.generation;
-        if policy.access == AccessMode::ReadOnly && st.objects.contains_key(&region) {
+        if policy.access == AccessMode::ReadOnly && r.object().is_some() {
             // The importer's driver maps a vendor object read-write whatever it asked.
             return Err(MemoryError::BadRequest(format!(
                 "region {region} is a vendor object: its importers' drivers map it read-write, so it cannot be exported read-only"
@@ -872,6 +893,12 @@ impl Memory {
 
     /// Imports by handle: checks the secret, the generation, revocation and the policy,
     /// and opens the region's file read-only or read-write as granted.
+    ///
+    /// The file is opened without the registry lock, between two checks under it: the
+    /// first finds the region's file, the second grants the import only if the export is
+    /// still live and admits the peer, and the region is still the one the handle names
+    /// (a region freed meanwhile is refused as if it had been freed first; region ids are
+    /// never reused).
     pub fn import(
         &self,
         peer: &PeerCred,
@@ -879,22 +906,59 @@ impl Memory {
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<Granted, MemoryError> {
+        let pending = self.plan_import(peer, handle, access)?;
+        // By name in its directory held open, not through a symlink: one planted in a
+        // misconfigured directory would hand the importer whatever it points at.
+        let file = &pending.file;
+        let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
+        self.grant_import(peer, session, handle, access, pending, OwnedFd::from(f))
+    }
+
+    /// The first step of [`Memory::import`], under the lock: the import is admitted and the
+    /// region's file found.
+    fn plan_import(
+        &self,
+        peer: &PeerCred,
+        handle: &ExportHandle,
+        access: AccessMode,
+    ) -> Result<PendingImport, MemoryError> {
         let mut st = self.state();
-        let via = Self::admit(&mut st, peer, handle, access)?;
-        if st.objects.contains_key(&handle.region) {
+        Self::admit(&mut st, peer, handle, access)?;
+        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
+        if r.object().is_some() {
             return Err(MemoryError::BadRequest(format!(
                 "region {} is a vendor object: import it with ImportObject (protocol 1.3)",
                 handle.region
             )));
         }
-        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
-        let (file, len, offset) = (st.region_file(r), r.len, r.fd_offset);
+        let file = st.region_file(handle.region, r)?;
+        let pending = PendingImport { file, generation: r.generation, len: r.len, offset: r.backing.offset() };
         self.check(&st, peer.uid, 0, 1)?;
-        // By name in its directory held open, not through a symlink: one planted in a
-        // misconfigured directory would hand the importer whatever it points at.
-        let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
+        Ok(pending)
+    }
+
+    /// The last step of [`Memory::import`], under the lock again with the file `fd` opened:
+    /// the checks of [`Memory::plan_import`] once more (the export may have been revoked,
+    /// the region freed, the limits reached meanwhile), then the import recorded.
+    fn grant_import(
+        &self,
+        peer: &PeerCred,
+        session: u64,
+        handle: &ExportHandle,
+        access: AccessMode,
+        pending: PendingImport,
+        fd: OwnedFd,
+    ) -> Result<Granted, MemoryError> {
+        let mut st = self.state();
+        let via = Self::admit(&mut st, peer, handle, access)?;
+        let same = st.regions.get(&handle.region).is_some_and(|r| r.generation == pending.generation);
+        if !same {
+            return Err(MemoryError::InvalidHandle);
+        }
+        self.check(&st, peer.uid, 0, 1)?;
         let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
-        Ok(Granted { region: handle.region, generation, len, fd: OwnedFd::from(f), offset, import: id })
+        let PendingImport { len, offset, .. } = pending;
+        Ok(Granted { region: handle.region, generation, len, fd, offset, import: id })
     }
 
     /// The checks of an import by handle: the secret and generation name a live export,
@@ -1194,16 +1258,28 @@ impl Memory {
 
     /// Adds the resources of devices of `inv` that have none here yet (devices found by a
     /// rescan). Returns how many resources were added.
+    ///
+    /// Their directories are made without the lock; a device a concurrent rescan added
+    /// meanwhile is added once (making a directory that exists is harmless).
     pub fn add_devices(&self, inv: &Inventory) -> Result<usize, MemoryError> {
+        let new: Vec<&fabric_topology::Device> = {
+            let st = self.state();
+            let known = |d: &fabric_topology::Device| st.resources.iter().any(|r| r.device == d.id);
+            inv.devices.iter().filter(|d| !d.memory.is_empty() && !known(d)).collect()
+        };
+        if new.is_empty() {
+            return Ok(0);
+        }
+        let made = new.into_iter().map(|d| resources_of(&self.root, d)).collect::<Result<Vec<_>, _>>()?;
         let mut st = self.state();
         let mut added = 0;
-        for dev in &inv.devices {
-            if dev.memory.is_empty() || st.resources.iter().any(|r| r.device == dev.id) {
+        for resources in made {
+            let Some(device) = resources.first().map(|r| r.device.clone()) else { continue };
+            if st.resources.iter().any(|r| r.device == device) {
                 continue;
             }
-            let new = resources_of(&self.root, dev)?;
-            added += new.len();
-            st.resources.extend(new);
+            added += resources.len();
+            st.resources.extend(resources);
         }
         st.recount_fabric();
         Ok(added)

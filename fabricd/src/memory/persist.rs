@@ -6,12 +6,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, MutexGuard};
 
 use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
 use fabric_topology::Inventory;
 
+use super::backings::{Backing, Offer};
 use super::durable::{
     Change, ExportRecord, Owner, RegionRecord, Replayed, ResourceKey, SetPlacement, SetRegionRecord, Snapshot,
 };
@@ -173,7 +174,7 @@ impl State {
     fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
         // Adopted vendor objects live as long as their session only.
         let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
-        for (id, r) in self.regions.iter().filter(|(id, _)| !self.objects.contains_key(id)) {
+        for (id, r) in self.regions.iter().filter(|(_, r)| r.object().is_none()) {
             match self.set_regions.get(id) {
                 Some(s) => set_regions.push(self.set_region_record(*id, r, s)),
                 None => regions.push(self.region_record(*id, r)),
@@ -184,7 +185,7 @@ impl State {
         let exports = self
             .exports
             .iter()
-            .filter(|e| !self.objects.contains_key(&e.handle.region))
+            .filter(|e| self.regions.get(&e.handle.region).is_none_or(|r| r.object().is_none()))
             .map(Self::export_record)
             .collect();
         Snapshot { next_id: self.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
@@ -203,7 +204,7 @@ impl State {
             Change::ExportRevoked { region, .. } => Some(*region),
             _ => None,
         };
-        if region.is_some_and(|id| self.objects.contains_key(&id)) {
+        if region.and_then(|id| self.regions.get(&id)).is_some_and(|r| r.object().is_some()) {
             return Ok(None);
         }
         let Some(mut log) = self.log.take() else { return Ok(None) };
@@ -265,15 +266,22 @@ impl State {
         Some(log.committer.enqueue_snapshot(snapshot))
     }
 
-    /// The token and owner of `session`, made at its first use.
-    pub(super) fn session(&mut self, session: u64, peer: &PeerCred) -> Result<Session, MemoryError> {
-        if let Some(s) = self.sessions.get(&session) {
-            return Ok(*s);
-        }
+    /// The token and owner of `session`, which [`Memory::ensure_session`] made before the
+    /// lock was taken. `NotFound` when the session ended meanwhile (its connection closed).
+    pub(super) fn session(&self, session: u64) -> Result<Session, MemoryError> {
+        self.sessions
+            .get(&session)
+            .copied()
+            .ok_or_else(|| MemoryError::NotFound(format!("session {session} has ended")))
+    }
+}
+
+impl Session {
+    /// A new session's token (from `/dev/urandom`) and owner (its process's start time
+    /// from `/proc`): I/O, so made outside the registry lock.
+    fn make(peer: &PeerCred) -> Result<Self, MemoryError> {
         let token = random_token().map_err(io_err(Path::new("/dev/urandom")))?;
-        let s = Session { token, owner: owner_of(peer) };
-        self.sessions.insert(session, s);
-        Ok(s)
+        Ok(Self { token, owner: owner_of(peer) })
     }
 }
 
@@ -367,9 +375,7 @@ impl Memory {
                     resource: found.members[0],
                     offset: r.offset,
                     len: r.len,
-                    path: found.path,
-                    fd_offset: found.fd_offset,
-                    device_file: found.device_file,
+                    backing: found.backing,
                     lost: false,
                 },
             );
@@ -418,14 +424,29 @@ impl Memory {
         Ok(Self::with_state(st, limits, root))
     }
 
+    /// Makes `session`'s token and owner at its first use, without the registry lock (they
+    /// are read from `/dev/urandom` and `/proc`); a concurrent first use keeps the one made
+    /// first. Operations that need the session call this before they take the lock.
+    pub(super) fn ensure_session(&self, session: u64, peer: &PeerCred) -> Result<(), MemoryError> {
+        if self.state().sessions.contains_key(&session) {
+            return Ok(());
+        }
+        let made = Session::make(peer)?;
+        self.state().sessions.entry(session).or_insert(made);
+        Ok(())
+    }
+
     /// The session's resume token (made at first use), for its `Hello` response.
     pub fn session_token(&self, session: u64, peer: &PeerCred) -> Result<SessionToken, MemoryError> {
-        Ok(self.state().session(session, peer)?.token)
+        self.ensure_session(session, peer)?;
+        Ok(self.state().session(session)?.token)
     }
 
     /// Gives the regions and exports of the orphaned session `token` names to `session`,
     /// which must not hold regions yet; the caller's uid must be the owner's.
     pub fn resume(&self, session: u64, peer: &PeerCred, token: &SessionToken) -> Result<Resumed, MemoryError> {
+        // Read before the lock: the process's start time is in `/proc`.
+        let owner = owner_of(peer);
         let mut st = self.state();
         // Every orphan is compared, each in constant time.
         let mut found = None;
@@ -448,7 +469,6 @@ impl Memory {
         if st.regions.values().any(|r| r.session == session) {
             return Err(MemoryError::BadRequest("resume a session before allocating on this connection".into()));
         }
-        let owner = owner_of(peer);
         let ticket = st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
         // Taken while the record is written, so that no reclaim takes it meanwhile.
         let o = st.orphans.remove(i);
@@ -583,12 +603,8 @@ struct Found {
     members: Vec<usize>,
     /// Bytes of the region each member holds, from the region's offset.
     per: u64,
-    /// The file clients map.
-    path: PathBuf,
-    /// The region's offset in it.
-    fd_offset: u64,
-    /// `path` is a device file (never removed, never sized).
-    device_file: bool,
+    /// What holds its bytes (a carved region's device is found later).
+    backing: Backing,
     /// The set part of a set region.
     set: Option<super::set::SetRegion>,
 }
@@ -609,14 +625,16 @@ impl State {
                 // A region of device memory is a range of the device file, which outlives
                 // the daemon like a sim file does (and is never removed).
                 let res = &self.resources[members[0]];
-                let (path, fd_offset, device_file) = match &res.backing {
-                    Some(b) => match b.file_offset(r.offset, r.len) {
-                        Some(at) => (b.path.clone(), at, true),
+                let own = res.dir.join(format!("r{}", r.id));
+                let backing = match &res.offer {
+                    Offer::Device(b) => match b.file_offset(r.offset, r.len) {
+                        Some(offset) => Backing::DeviceRange { path: b.path.clone(), offset },
                         None => return Err(format!("its range is not inside {}", b.path.display())),
                     },
-                    None => (res.dir.join(format!("r{}", r.id)), 0, false),
+                    Offer::Node(n) => Backing::NodeFile { path: own, node: n.node },
+                    Offer::Files | Offer::Driver => Backing::SimFile(own),
                 };
-                Found { members, per: r.len, path, fd_offset, device_file, set: None }
+                Found { members, per: r.len, backing, set: None }
             }
             Some(p) => {
                 for key in p.others.iter() {
@@ -627,7 +645,7 @@ impl State {
                     return Err(format!("its length {:#x} does not stripe over {ways} members", r.len));
                 }
                 let mut carved = false;
-                let (path, fd_offset, device_file) = match &p.dax {
+                let backing = match &p.dax {
                     Some(dax) => {
                         let b = self.set_backings.get(p.set.as_str()).filter(|b| b.name == dax.as_str()).ok_or_else(
                             || {
@@ -644,50 +662,52 @@ impl State {
                         let at = b
                             .file_offset(p.set_offset, r.len)
                             .ok_or_else(|| format!("its range is not inside {} ({})", b.path.display(), b.name))?;
-                        (b.path.clone(), at, true)
+                        Backing::DeviceRange { path: b.path.clone(), offset: at }
                     }
-                    None => (self.resources[members[0]].dir.join(format!("r{}", r.id)), 0, false),
+                    None => Backing::SimFile(self.resources[members[0]].dir.join(format!("r{}", r.id))),
                 };
                 let part = super::set::SetRegion {
                     name: p.set.as_str().to_owned(),
                     set_offset: p.set_offset,
                     others: members[1..].to_vec(),
                     dax: p.dax.as_ref().map(|d| d.as_str().to_owned()),
-                    carved: None,
                 };
-                let found = Found { members, per: r.len / ways, path, fd_offset, device_file, set: Some(part) };
+                let found = Found { members, per: r.len / ways, backing, set: Some(part) };
                 if carved {
                     return Ok(found);
                 }
                 found
             }
         };
-        let file = self.file_in(found.members[0], &found.path, found.device_file);
-        let meta = if found.device_file {
-            std::fs::metadata(&found.path)
+        let file = self
+            .file_in(found.members[0], &found.backing)
+            .ok_or_else(|| "it is a vendor object, which is never journaled".to_owned())?;
+        let (path, device) = (file.path().to_owned(), found.backing.is_device());
+        let meta = if device {
+            std::fs::metadata(&path)
         } else {
             // A region file: by name in its directory held open, not through a symlink, the
             // daemon's own, 0600 (one an earlier daemon left readable under umask 022 is
             // tightened here, through its descriptor).
-            file.open(false).and_then(|f| crate::sys::privdir::check_file(&f, &found.path).and_then(|()| f.metadata()))
+            file.open(false).and_then(|f| crate::sys::privdir::check_file(&f, &path).and_then(|()| f.metadata()))
         };
         match meta {
-            Ok(_) if found.device_file => {}
+            Ok(_) if device => {}
             Ok(m) if m.is_file() && m.len() == r.len => {}
-            Ok(m) => return Err(format!("its file {} is {} bytes, not {}", found.path.display(), m.len(), r.len)),
-            Err(e) => return Err(format!("its file {} is missing or unusable ({e})", found.path.display())),
+            Ok(m) => return Err(format!("its file {} is {} bytes, not {}", path.display(), m.len(), r.len)),
+            Err(e) => return Err(format!("its file {} is missing or unusable ({e})", path.display())),
         }
-        if let Some(n) = &self.resources[found.members[0]].numa {
+        if let Backing::NodeFile { node, .. } = &found.backing {
             // A region file on a NUMA node: its pages must still be there (the file's shared
             // policy keeps them there; a file someone moved or replaced would not be).
             let checked = file.open(true).map_err(|e| e.to_string()).and_then(|f| {
-                super::nodefd::check_file(&std::os::fd::OwnedFd::from(f), r.len, n.node).map_err(|e| {
+                super::nodefd::check_file(&std::os::fd::OwnedFd::from(f), r.len, *node).map_err(|e| {
                     let why = std::error::Error::source(&e).map(|s| format!(": {s}")).unwrap_or_default();
                     format!("{e}{why}")
                 })
             });
             if let Err(why) = checked {
-                return Err(format!("its file {} on NUMA node {}: {why}", found.path.display(), n.node));
+                return Err(format!("its file {} on NUMA node {node}: {why}", path.display()));
             }
         }
         Ok(found)
@@ -704,7 +724,7 @@ impl State {
 /// Removes region files with no live region: allocations never acknowledged, or freed
 /// with the file still there when the daemon died.
 fn remove_stray_files(st: &State) -> usize {
-    let live: HashMap<&Path, ()> = st.regions.values().map(|r| (r.path.as_path(), ())).collect();
+    let live: HashMap<&Path, ()> = st.regions.values().filter_map(|r| Some((r.backing.path()?, ()))).collect();
     let mut removed = 0;
     for res in &st.resources {
         let Ok(entries) = std::fs::read_dir(&res.dir) else { continue };

@@ -166,12 +166,12 @@ impl Memory {
                 Err(bad(format!("{len} bytes at offset {at} run past the {size} bytes of {what}")))
             }
         };
-        let r = match covers {
+        let (region, r) = match covers {
             Covers::Region(id) => {
                 let r = Self::owned(st, id, session)?;
                 in_bounds(r.len, &format!("region {id}"))?;
                 Self::refuse_object(st, id, "pin it for DMA")?;
-                r
+                (id, r)
             }
             Covers::Import(id) => {
                 let i = st.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
@@ -192,11 +192,11 @@ impl Memory {
                     .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
                 in_bounds(r.len, &format!("import {id}"))?;
                 Self::refuse_object(st, i.region, "pin it for DMA")?;
-                r
+                (i.region, r)
             }
             Covers::Fd | Covers::Process => return Ok(Found::Request),
         };
-        Ok(Found::File { file: st.region_file(r), fd_offset: r.fd_offset })
+        Ok(Found::File { file: st.region_file(region, r)?, fd_offset: r.backing.offset() })
     }
 
     /// The memory of a registration, pinned or followed, outside the registry lock: what

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use fabric_proto::wire::{PeerCred, SessionToken};
 
 use super::alloc::{AllocError, GRANULE, round_len};
+use super::backings::{Backing, Offer};
 use super::durable::Change;
 use super::set::SetRegion;
 use super::{Granted, Memory, MemoryError, Place, Region, State, backing, io_err, kind_name, numa, zero};
@@ -42,9 +43,8 @@ pub(super) enum Make {
     File { device: Option<backing::DeviceBacking>, offset: u64, path: PathBuf, durable: bool },
 }
 
-/// A backing made: the descriptor, the file, the region's offset in it, whether it is a
-/// device file.
-pub(super) type Made = (OwnedFd, PathBuf, u64, bool);
+/// A backing made: the descriptor, opened read-write, and what it is.
+pub(super) type Made = (OwnedFd, Backing);
 
 impl Make {
     fn run(&self, len: u64) -> Result<Made, MemoryError> {
@@ -53,21 +53,6 @@ impl Make {
             Make::File { device, offset, path, durable } => {
                 Memory::make_backing(device.as_ref(), *offset, path, len, *durable)
             }
-        }
-    }
-
-    /// Undoes a backing nobody got: its file removed, its carved device deleted.
-    fn undo(&self, made: &Made) {
-        let (_, path, _, device_file) = made;
-        if !device_file {
-            let _ = std::fs::remove_file(path);
-            return;
-        }
-        if let Make::File { device: Some(b), .. } = self
-            && let (Some(c), Some(name)) = (&b.carve, path.file_name())
-            && let Err(e) = c.destroy(&name.to_string_lossy())
-        {
-            tracing::warn!(device = %path.display(), error = %e, "cannot delete the DAX device of a refused region");
         }
     }
 }
@@ -95,7 +80,7 @@ impl State {
         offset: u64,
         len: u64,
     ) -> Result<Reservation, MemoryError> {
-        let sess = match self.session(session, owner) {
+        let sess = match self.session(session) {
             Ok(s) => s,
             Err(e) => {
                 for &i in &resources {
@@ -132,6 +117,7 @@ impl Memory {
         size: u64,
         align: u64,
     ) -> Result<Granted, MemoryError> {
+        self.ensure_session(session, owner)?;
         let (res, make) = self.reserve_on(owner, session, place, size, align)?;
         let device = &place.device;
         let g = self.make_and_commit(res, &make, None)?;
@@ -147,17 +133,6 @@ impl Memory {
         make: &Make,
         set: Option<SetRegion>,
     ) -> Result<Granted, MemoryError> {
-        self.make_and_commit_with(res, make, |_| set)
-    }
-
-    /// [`Memory::make_and_commit`], the set part made from the backing's file (a carved
-    /// device's name is known once it is carved).
-    pub(super) fn make_and_commit_with(
-        &self,
-        res: Reservation,
-        make: &Make,
-        set: impl FnOnce(&Path) -> Option<SetRegion>,
-    ) -> Result<Granted, MemoryError> {
         let made = match make.run(res.len) {
             Ok(m) => m,
             Err(e) => {
@@ -165,13 +140,12 @@ impl Memory {
                 return Err(e);
             }
         };
-        let set = set(&made.1);
-        self.commit_region(res, make, made, set)
+        self.commit_region(res, made, set)
     }
 
     /// The reservation step of [`Memory::alloc`], under the lock: the checks, the range
     /// (first fit over the resources `place` names), the id and the usage.
-    fn reserve_on(
+    pub(super) fn reserve_on(
         &self,
         owner: &PeerCred,
         session: u64,
@@ -185,11 +159,8 @@ impl Memory {
         let mut st = self.state();
         let candidates = st.candidates(place);
         // Device memory maps in whole multiples of its align (a BAR's is a page).
-        let dev_align = candidates
-            .iter()
-            .filter_map(|&i| st.resources[i].backing.as_ref().map(|b| b.align))
-            .max()
-            .unwrap_or(GRANULE);
+        let dev_align =
+            candidates.iter().filter_map(|&i| st.resources[i].offer.device().map(|b| b.align)).max().unwrap_or(GRANULE);
         let len = len
             .checked_next_multiple_of(dev_align)
             .ok_or_else(|| MemoryError::BadRequest(format!("size {size} is not allocatable")))?;
@@ -210,7 +181,7 @@ impl Memory {
         let mut placed = None;
         for i in candidates {
             // Device memory maps only at its own alignment (a DAX device's `align`).
-            let align = match &st.resources[i].backing {
+            let align = match st.resources[i].offer.device() {
                 Some(b) if align == 0 || align.is_power_of_two() => align.max(b.align),
                 _ => align,
             };
@@ -234,9 +205,12 @@ impl Memory {
         let res = st.reserve(owner, session, vec![resource], offset, len)?;
         let r = &st.resources[resource];
         let path = r.dir.join(format!("r{}", res.id));
-        let make = match r.numa.clone() {
-            Some(n) => Make::Node(n, path),
-            None => Make::File { device: r.backing.clone(), offset, path, durable: st.log.is_some() },
+        let durable = st.log.is_some();
+        let make = match &r.offer {
+            Offer::Node(n) => Make::Node(n.clone(), path),
+            Offer::Device(b) => Make::File { device: Some(b.clone()), offset, path, durable },
+            // A driver's memory was refused above (`Resource::unserved`).
+            Offer::Files | Offer::Driver => Make::File { device: None, offset, path, durable },
         };
         Ok((res, make))
     }
@@ -244,14 +218,9 @@ impl Memory {
     /// The commit step: the region's record queued in state order, waited for outside the
     /// lock (group commit), then the region published. Acknowledged only once journaled; a
     /// crash before leaves a file no record names, which the next start removes.
-    fn commit_region(
-        &self,
-        res: Reservation,
-        make: &Make,
-        made: Made,
-        set: Option<SetRegion>,
-    ) -> Result<Granted, MemoryError> {
-        let (fd, path, fd_offset, device_file) = made;
+    fn commit_region(&self, res: Reservation, made: Made, set: Option<SetRegion>) -> Result<Granted, MemoryError> {
+        let (fd, backing) = made;
+        let fd_offset = backing.offset();
         let region = Region {
             generation: res.id,
             owner: res.owner,
@@ -261,9 +230,7 @@ impl Memory {
             resource: res.resources.first().copied().unwrap_or_default(),
             offset: res.offset,
             len: res.len,
-            path,
-            fd_offset,
-            device_file,
+            backing,
             lost: false,
         };
         let mut st = self.state();
@@ -281,7 +248,8 @@ impl Memory {
         if let Err(e) = done {
             st.unreserve(&res);
             drop(st);
-            make.undo(&(fd, region.path, fd_offset, device_file));
+            drop(fd);
+            region.backing.undo();
             return Err(e);
         }
         let (id, len) = (res.id, res.len);
@@ -294,8 +262,7 @@ impl Memory {
     }
 
     /// The memory behind a new region of `len` bytes: a range at `offset` of the device
-    /// file of `device`, else a new sim file at `path`. Returns the descriptor, the file,
-    /// the region's offset in it and whether it is a device file.
+    /// file of `device` (or a DAX device carved for it), else a new sim file at `path`.
     ///
     /// With `durable` (a journaled registry), a new sim file and its size are fsynced, and
     /// so is its directory, before the caller journals the allocation: the record names the
@@ -308,12 +275,13 @@ impl Memory {
         path: &Path,
         len: u64,
         durable: bool,
-    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+    ) -> Result<Made, MemoryError> {
         if let Some(b) = device {
             if let Some(c) = &b.carve {
                 return Self::make_carved(b, c, offset, len);
             }
-            return Self::open_device(b, offset, len).map(|(fd, at)| (fd, b.path.clone(), at, true));
+            let (fd, offset) = Self::open_device(b, offset, len)?;
+            return Ok((fd, Backing::DeviceRange { path: b.path.clone(), offset }));
         }
         let made = (|| {
             // 0600 whatever the umask: the file is a capability to the region's bytes.
@@ -331,18 +299,14 @@ impl Memory {
         if made.is_err() {
             let _ = std::fs::remove_file(path);
         }
-        made.map(|fd| (fd, path.to_owned(), 0, false)).map_err(io_err(path))
+        made.map(|fd| (fd, Backing::SimFile(path.to_owned()))).map_err(io_err(path))
     }
 
     /// A new region of `len` bytes on NUMA node `n`: the tmpfs file `path`, which outlives
     /// the daemon (a restart finds it, `persist.rs`).
-    fn make_node_region(
-        n: &numa::NodeBacking,
-        path: &Path,
-        len: u64,
-    ) -> Result<(OwnedFd, PathBuf, u64, bool), MemoryError> {
+    fn make_node_region(n: &numa::NodeBacking, path: &Path, len: u64) -> Result<Made, MemoryError> {
         let fd = n.make_region(path, len).map_err(MemoryError::Node)?;
-        Ok((fd, path.to_owned(), 0, false))
+        Ok((fd, Backing::NodeFile { path: path.to_owned(), node: n.node }))
     }
 
     /// Opens device file `b` read-write for the range `[offset, offset + len)` of what it

@@ -39,10 +39,9 @@ pub(super) struct SetRegion {
     /// Resources (after the first, which the region itself records) reserved at the same
     /// DPA offset.
     pub(super) others: Vec<usize>,
-    /// The DAX device its bytes are in (`None`: its own sim file).
+    /// The configured DAX device of the set its bytes are in (`None`: its own sim file),
+    /// as journaled; what backs them is the region's [`super::backings::Backing`].
     pub(super) dax: Option<String>,
-    /// The DAX device carved for it alone (`dax_per_region`), named by the kernel.
-    pub(super) carved: Option<String>,
 }
 
 /// Where a region's bytes are, for its GFA.
@@ -104,6 +103,7 @@ impl Memory {
             return Err(MemoryError::BadRequest(format!("alignment {align} is not a power of two")));
         }
         let bad = || MemoryError::BadRequest(format!("size {size} is not allocatable"));
+        self.ensure_session(session, owner)?;
         let mut st = self.state();
         // A DAX device maps whole multiples of its align: the set region's length is a
         // multiple of both `ways * 2 MiB` and that.
@@ -169,20 +169,17 @@ impl Memory {
         let res = st.reserve(owner, session, idx.clone(), dpa, len)?;
         let path = st.resources[idx[0]].dir.join(format!("r{}", res.id));
         let set_offset = dpa * ways;
-        let carved = device.as_ref().and_then(|b| b.carve.as_ref()).is_some();
         let durable = st.log.is_some();
         drop(st);
-        let make = Make::File { device: device.clone(), offset: set_offset, path, durable };
-        // The carved device's name is the kernel's: known once it is made.
-        let part = |made_path: Option<&std::path::Path>| SetRegion {
+        let part = SetRegion {
             name: set.name.clone(),
             set_offset,
             others: idx[1..].to_vec(),
             dax: device.as_ref().map(|b| b.name.clone()),
-            carved: made_path.filter(|_| carved).and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()),
         };
+        let make = Make::File { device, offset: set_offset, path, durable };
         let id = res.id;
-        let g = self.make_and_commit_with(res, &make, |made| Some(part(Some(made))))?;
+        let g = self.make_and_commit(res, &make, Some(part))?;
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, set = %set.name, set_offset, len, "set region allocated");
         Ok((g, set_offset))
     }

@@ -18,8 +18,8 @@ impl Memory {
             let st = self.state();
             st.regions
                 .iter()
-                .filter(|(id, r)| !r.device_file && !st.set_regions.contains_key(id) && !st.objects.contains_key(id))
-                .map(|(id, r)| (*id, st.region_file(r), r.len))
+                .filter(|(id, r)| r.backing.own_file().is_some() && !st.set_regions.contains_key(id))
+                .filter_map(|(id, r)| Some((*id, st.region_file(*id, r).ok()?, r.len)))
                 .collect()
         };
         let mut restored = 0;

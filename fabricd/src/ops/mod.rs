@@ -134,14 +134,14 @@ pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
     }
-    let snap = d.map_snapshot();
-    let listing = match caller.members(&snap)? {
+    let snap = caller.snapshot();
+    let listing = match caller.members()? {
         // A domain node shows the domain's map, the same on every node.
         None => match &d.domain {
             Some(domain) => crate::tasks::domain::listing::listing(&domain.view()),
             None => snap.listing(),
         },
-        Some(m) => scope::scoped_listing(&snap, &m),
+        Some(m) => scope::scoped_listing(snap, &m),
     };
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }
@@ -156,11 +156,11 @@ pub fn translate_in(
     version: fabric_proto::wire::Version,
 ) -> Result<TranslateResponse, ErrorBody> {
     caller.require_scope()?;
-    let snap = d.map_snapshot();
+    let snap = caller.snapshot();
     Ok(match &caller.scope {
-        scope::Scope::Bound(names) => scope::translate_in(&snap, names, queries),
+        scope::Scope::Bound(names) => scope::translate_in(snap, names, queries),
         _ => {
-            let mut r = translate(&snap, queries);
+            let mut r = translate(snap, queries);
             if let Some(domain) = &d.domain {
                 let mut results = r.results.into_vec();
                 domain::translate(domain, queries, &mut results, version);

@@ -13,14 +13,15 @@ use crate::partitions::Binding;
 /// The partitions `caller` may see: all of them for an admin, those that bind it for
 /// anyone else (none for an unbound client).
 pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
-    let map = d.map_snapshot();
-    let specs = map
+    let view = d.map_view();
+    let specs = view
+        .map
         .state()
         .partitions
         .iter()
         .filter(|p| caller.admin() || matches!(&caller.scope, Scope::Bound(b) if b.contains(&p.name)))
         .map(|p| {
-            let b = d.partitions.get(&p.name);
+            let b = view.binding(&p.name);
             PartitionSpec {
                 name: Name::truncated(&p.name),
                 devices: BoundedVec::new(p.devices.iter().map(|id| DeviceName::truncated(&id.to_string())).collect())
@@ -68,11 +69,11 @@ pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> R
 /// [`set_partition`]).
 pub fn remove_partition(d: &Daemon, caller: &Caller, name: &str) -> Result<(), ErrorBody> {
     let mut map = d.map_writer();
-    let in_map = map.map().state().partitions.iter().any(|p| p.name == name);
-    let bound = d.partitions.snapshot().iter().any(|b| b.name == name);
-    if !in_map && !bound {
+    // The writer's lock is held: the published view is the writer's state.
+    if !d.map_view().has_partition(name) {
         return Err(refusal(ErrorCode::NotFound, format!("no partition {name:?}")));
     }
+    let in_map = map.map().state().partitions.iter().any(|p| p.name == name);
     d.commit_map(&mut map, |m, bindings| {
         if in_map {
             m.remove_partition(name)?;

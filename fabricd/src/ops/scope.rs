@@ -19,6 +19,7 @@ use crate::daemon::{Daemon, View};
 use crate::events::Reach;
 use crate::ops::dispatch::errors::refusal;
 use crate::ops::principal::{Client, Principal};
+use crate::store::MapView;
 
 /// What a client's requests reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,39 +32,54 @@ pub enum Scope {
     Unbound,
 }
 
-/// A client as one request sees it: its principal and standing (fixed at connect) and
-/// the scope the partition bindings give it now.
+/// A client as one request sees it: its principal and standing (fixed at connect), the
+/// map and bindings published when the request began, and the scope those bindings give it.
 ///
 /// The rule for a connection that lives across binding changes: its scope is resolved
 /// anew for each request ([`Caller::resolve`]), from the bindings current when that
 /// request is authorized, so a client bound or unbound by an admin is treated so from
 /// its next request on; a request already authorized finishes under the scope it was
 /// authorized with (the partition change waits for it: [`crate::ops::dispatch::gate`]).
+/// The scope and the partitions' device sets come from one [`MapView`], so a request
+/// never pairs new bindings with an old map or the other way round.
 #[derive(Debug, Clone)]
 pub struct Caller {
     /// Who, and whether an admin.
     pub client: Arc<Client>,
     /// What it reaches.
     pub scope: Scope,
+    /// The map and bindings the scope was resolved against.
+    pub map: Arc<MapView>,
 }
 
 impl Caller {
-    /// `client` with the scope the current bindings give it.
+    /// `client` with the scope the current map view gives it.
     pub fn resolve(d: &Daemon, client: Arc<Client>) -> Self {
+        Self::resolve_in(d.map_view(), d.config.security.require_partition, client)
+    }
+
+    /// `client` with the scope `map`'s bindings give it (`require_partition`: whether a
+    /// client bound to nothing is refused, `security.require_partition`).
+    pub fn resolve_in(map: Arc<MapView>, require_partition: bool, client: Arc<Client>) -> Self {
         let scope = if client.admin {
             Scope::All
         } else {
             let p = &client.principal;
-            let bound = d.partitions.bound(p.uid(), &p.groups());
+            let bound = map.bound(p.uid(), &p.groups());
             if !bound.is_empty() {
                 Scope::Bound(bound)
-            } else if d.config.security.require_partition {
+            } else if require_partition {
                 Scope::Unbound
             } else {
                 Scope::All
             }
         };
-        Self { client, scope }
+        Self { client, scope, map }
+    }
+
+    /// The address map this request sees.
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.map.map
     }
 
     /// Whether it is an admin.
@@ -110,11 +126,12 @@ impl Caller {
     }
 
     /// The member devices of the caller's partitions (`None`: no restriction).
-    pub fn members(&self, snap: &Snapshot) -> Result<Option<HashSet<DeviceId>>, ErrorBody> {
+    pub fn members(&self) -> Result<Option<HashSet<DeviceId>>, ErrorBody> {
         self.require_scope()?;
         let Scope::Bound(names) = &self.scope else { return Ok(None) };
         Ok(Some(
-            snap.state()
+            self.snapshot()
+                .state()
                 .partitions
                 .iter()
                 .filter(|p| names.contains(&p.name))
@@ -140,7 +157,7 @@ impl Caller {
             return Ok(Vec::new());
         }
         let all = d.vanished();
-        Ok(match self.members(&d.map_snapshot())? {
+        Ok(match self.members()? {
             None => all,
             Some(m) => {
                 let m: HashSet<String> = m.iter().map(ToString::to_string).collect();
@@ -161,7 +178,7 @@ impl Caller {
     /// The fabric as the caller sees it: the whole view, or the view rebuilt from the
     /// devices its partitions reach (see [`scoped_inventory`]).
     pub fn view(&self, d: &Daemon) -> Result<Arc<View>, ErrorBody> {
-        let Some(members) = self.members(&d.map_snapshot())? else { return Ok(d.view()) };
+        let Some(members) = self.members()? else { return Ok(d.view()) };
         let full = d.view();
         let inv = scoped_inventory(&full.fabric, &members);
         View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("partition view: {e}")))

@@ -1,8 +1,9 @@
 //! Where the address map and the partition bindings are kept: one [`Record`] holding both,
 //! saved whole behind the [`MapStore`] trait before a change is published (commit, then
-//! publish). [`FileStore`] keeps it in the state directory; a domain adds a shared store.
+//! publish) as one [`MapView`]. [`FileStore`] keeps it in the state directory; a domain adds a shared store.
 
 mod file;
+mod published;
 pub mod record;
 mod writer;
 
@@ -13,6 +14,7 @@ use fabric_addrmap::State;
 
 use crate::partitions::Binding;
 pub use file::{FileStore, RECORD_FILE};
+pub use published::{MapView, Published};
 pub use record::{Record, RecordError, decode_record, encode_record};
 pub use writer::{CommitError, MapWriter};
 

@@ -105,19 +105,20 @@ fn authorized(d: &Daemon, cx: &Context<'_>, op: Operation) -> Result<Outcome, Er
     // Taken before the scope is read, held until the effects are in place.
     let _pass = op.acts_under_policy().then(|| d.policy.enter());
     let caller = Caller::resolve(d, cx.client.clone());
-    let grant = authz::authorize(&op, &caller, &DaemonFacts::new(d))?;
+    let grant = authz::authorize(&op, &caller, &DaemonFacts::new(d, &caller))?;
     run(d, cx, &caller, grant, op)
 }
 
-/// The policy state as the daemon holds it: one map snapshot, the registry's exports.
+/// The policy state as the daemon holds it: the map the caller's scope was resolved
+/// against (one view), the registry's exports.
 struct DaemonFacts<'a> {
     d: &'a Daemon,
     snap: Arc<Snapshot>,
 }
 
 impl<'a> DaemonFacts<'a> {
-    fn new(d: &'a Daemon) -> Self {
-        Self { d, snap: d.map_snapshot() }
+    fn new(d: &'a Daemon, caller: &Caller) -> Self {
+        Self { d, snap: caller.snapshot().clone() }
     }
 }
 

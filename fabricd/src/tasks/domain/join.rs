@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use arc_swap::ArcSwap;
 use fabric_domain::records::{RECORD_VERSION, Record};
 use fabric_domain::{
-    DataPathKind, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Lease, MemberRecord,
-    fresh_incarnation,
+    DataPathKind, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
+    MemberRecord, fresh_incarnation,
 };
 use fabric_topology::Inventory;
 use serde::{Deserialize, Serialize};
@@ -66,11 +66,13 @@ pub enum JoinError {
     Stopped,
 }
 
-/// A join that holds: the client, the lease the member key lives on, its incarnation.
+/// A join that holds: the client, the lease the member key lives on, the fence its
+/// writes go through, its incarnation.
 #[derive(Debug)]
 pub(super) struct Joined {
     pub(super) client: DomainClient,
     pub(super) lease: Lease,
+    pub(super) fence: Fence,
     pub(super) incarnation: u64,
 }
 
@@ -201,13 +203,17 @@ pub(super) async fn join(
         groups: groups.to_vec(),
         software: env!("CARGO_PKG_VERSION").to_owned(),
     };
-    if let Err(e) = client.join(&lease, &record).await {
-        // The lease holds nothing: give it back rather than let it run out.
-        let _ = client.leave(lease).await;
-        return Err(e);
-    }
+    let fence = match client.join_fenced(&lease, &record).await {
+        Ok(fence) => fence,
+        Err(e) => {
+            // Give the lease back (with the member key, if the join got that far) rather
+            // than let it run out.
+            let _ = client.leave(lease).await;
+            return Err(e);
+        }
+    };
     tracing::info!(domain = %config.name, node = %config.node, slot, incarnation, "joined the domain");
-    Ok((slot, Joined { client, lease, incarnation }))
+    Ok((slot, Joined { client, lease, fence, incarnation }))
 }
 
 /// Whether `e` says etcd did not answer (rather than refused).

@@ -1,12 +1,11 @@
 //! This node's placements record (`placements/<node>`), made from a snapshot of its map,
-//! and its write, guarded by the node's own member key: the put happens only while the
-//! member key lives on this node's lease, so a node whose lease ended writes nothing.
+//! and its write, fenced by the node's membership (`fabric_domain::fence`): a node whose
+//! lease ended, or whose member key is another daemon's, writes nothing.
 
 use fabric_addrmap::Snapshot;
 use fabric_addrmap::state::Presence;
-use fabric_domain::etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use fabric_domain::records::{self, RECORD_VERSION};
-use fabric_domain::{DomainClient, EtcdError, PlacedKind, PlacedRange, PlacementsRecord};
+use fabric_domain::{DomainClient, EtcdError, Fence, PlacedKind, PlacedRange, PlacementsRecord};
 
 /// The ranges of `node` in `snap`, by start.
 pub fn record(snap: &Snapshot, node: &str, incarnation: u64, slot: u32, span: u64) -> PlacementsRecord {
@@ -55,16 +54,16 @@ pub fn record(snap: &Snapshot, node: &str, incarnation: u64, slot: u32, span: u6
     }
 }
 
-/// Writes `record` if this node's member key still lives on `lease`. `Ok(false)`: it does
-/// not (the lease ended, or another daemon holds the name): nothing was written.
-pub async fn write(client: &DomainClient, lease: i64, record: &PlacementsRecord) -> Result<bool, EtcdError> {
-    let keys = client.keys();
-    let member = keys.member(client.node());
-    let txn = Txn::new().when([Compare::lease(member, CompareOp::Equal, lease)]).and_then([TxnOp::put(
-        keys.placements(client.node()),
-        records::encode(record),
-        None,
-    )]);
-    let mut kv = client.raw();
-    Ok(client.call("placements write", kv.txn(txn)).await?.succeeded())
+/// Writes `record` while `fence`'s membership holds. `Ok(false)`: it does not (the lease
+/// ended, or the member key is another membership's): nothing was written.
+pub async fn write(client: &DomainClient, fence: &Fence, record: &PlacementsRecord) -> Result<bool, EtcdError> {
+    let key = client.keys().placements(client.node());
+    match client.put_fenced(fence, key, records::encode(record)).await {
+        Ok(_) => Ok(true),
+        Err(EtcdError::Fenced { reason, .. }) => {
+            tracing::warn!(%reason, "placements not written: this membership no longer holds");
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }

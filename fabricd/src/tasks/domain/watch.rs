@@ -186,16 +186,13 @@ async fn placements(
     if written.as_ref() == Some(&record) {
         return None;
     }
-    if let Err(e) = j.lease.check() {
-        return Some(End::LeaseLost(e.to_string()));
-    }
-    match publish::write(&j.client, j.lease.id(), &record).await {
+    match publish::write(&j.client, &j.fence, &record).await {
         Ok(true) => {
             tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
             *written = Some(record);
             None
         }
-        Ok(false) => Some(End::LeaseLost("the member key no longer lives on this node's lease".to_owned())),
+        Ok(false) => Some(End::LeaseLost("this membership no longer holds its member key".to_owned())),
         Err(e) => {
             // Retried at the next map change or session; the watch session goes on.
             tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements");

@@ -103,7 +103,8 @@ fn caller(kind: Kind) -> Caller {
         Kind::BoundB => Scope::Bound(vec!["b".into()]),
         Kind::Unbound => Scope::Unbound,
     };
-    Caller { client, scope }
+    let map = fabric_addrmap::AddressMap::new(fabric_addrmap::MapConfig::default()).unwrap().snapshot();
+    Caller { client, scope, map: Arc::new(crate::store::MapView { map, bindings: Arc::new(Vec::new()) }) }
 }
 
 fn place(n: u8) -> Place {
