@@ -75,6 +75,10 @@ pub struct NodeUsage {
     pub mapped: u64,
     /// `reserved / span`.
     pub utilisation: f64,
+    /// In a domain's map: `live`, or `gone` for a node whose lease ended (its slot kept, a
+    /// hole that keeps its GFAs). Absent in a node's own map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 /// The whole listing.
@@ -151,6 +155,7 @@ impl Snapshot {
                 reserved: 0,
                 mapped: 0,
                 utilisation: 0.0,
+                state: None,
             })
             .collect();
         for r in &ranges {

@@ -35,6 +35,8 @@ pub enum Command {
     Partitions(PartitionsArgs),
     /// Regions, exports and imports fabricd holds for you (or for everyone, with --all).
     Regions(RegionsArgs),
+    /// The domain fabricd's node belongs to: status, nodes, and an admin's slot gc.
+    Domain(crate::domain::DomainArgs),
     /// Compare discovered GPUs and their matrix classes with `nvidia-smi -q -x` and
     /// `nvidia-smi topo -m` outputs (exit 1 when they differ).
     GpuCompare(GpuCompareArgs),

@@ -133,6 +133,11 @@ impl Client {
         }
     }
 
+    /// The protocol version the connection negotiated.
+    pub fn version(&self) -> Version {
+        self.conn.version()
+    }
+
     /// The socket in use.
     pub fn path(&self) -> &Path {
         &self.path

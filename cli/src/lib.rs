@@ -12,6 +12,7 @@ pub mod bench_dma;
 pub mod bench_isolation;
 pub mod bench_libcontrol;
 pub mod daemon;
+pub mod domain;
 pub mod gpu_compare;
 pub mod map;
 pub mod nvsmi;
@@ -116,6 +117,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     match &cli.command {
         Command::Partitions(p) => remote::partitions(p, out)?,
         Command::Regions(r) => remote::regions(r, out)?,
+        Command::Domain(d) => domain::run(d, out)?,
         Command::Status(s) => {
             let mut client = daemon::Client::connect(s.daemon.clone().flatten().as_deref())?;
             let status = client.status()?;

@@ -237,7 +237,11 @@ pub fn render_listing(l: &Listing, from: &str, skipped: &[String], out: &mut dyn
     writeln!(out, "{:<16} {:>20} {:>10} {:>10} {:>6}", "NODE", "START", "SPAN", "MAPPED", "USED")?;
     for n in l.nodes.iter().take(TABLE_RANGES) {
         let util = format!("{:.1}%", n.utilisation * 100.0);
-        writeln!(out, "{:<16} {:>#20x} {:>10} {:>10} {:>6}", n.node, n.start, bytes(n.span), bytes(n.mapped), util)?;
+        let node = match n.state.as_deref() {
+            Some("gone") => format!("{} (gone)", n.node),
+            _ => n.node.clone(),
+        };
+        writeln!(out, "{node:<16} {:>#20x} {:>10} {:>10} {:>6}", n.start, bytes(n.span), bytes(n.mapped), util)?;
     }
     if l.nodes.len() > TABLE_RANGES {
         writeln!(out, "... {} more nodes (-o json lists all)", l.nodes.len() - TABLE_RANGES)?;
@@ -311,9 +315,14 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 return Ok(());
             }
         }
+        Some(MapCommand::Translate { gfa, partition: None }) if args.source.daemon.is_some() => {
+            if let Some(mut client) = crate::daemon::select(&args.source)? {
+                return crate::domain::translate(&mut client, parse_number(gfa)?, args.output, out);
+            }
+        }
         Some(c) if args.source.daemon.is_some() => {
             let name = match c {
-                MapCommand::Translate { .. } => "map translate",
+                MapCommand::Translate { .. } => "map translate --partition (a bound client sees its partitions)",
                 MapCommand::Reverse { .. } => "map reverse",
                 MapCommand::Gc { .. } => "map gc",
                 MapCommand::Partition(_) => "map partition (use `fabricctl partitions`)",

@@ -344,7 +344,7 @@ impl DomainClient {
     }
 
     /// Runs one etcd request under the request timeout.
-    pub(crate) async fn call<T>(
+    pub async fn call<T>(
         &self,
         op: &'static str,
         request: impl Future<Output = Result<T, etcd_client::Error>>,

@@ -3,9 +3,10 @@
 //! This crate is the first step (see `docs/domain.md`): the `[domain]` configuration
 //! ([`config`]), the etcd key layout and strict record encoding ([`records`]), and a thin
 //! etcd client ([`etcd`]) with the node's lease ([`lease`]), slot claims by compare-and-swap
-//! (`slots.rs`) and member join, writes fenced by the node's membership ([`fence`]) and
-//! the domain's leader ([`election`]). [`testing`] starts a private etcd for tests, and
-//! network namespaces for fault tests. fabricd does not use it yet.
+//! (`slots.rs`) and member join, writes fenced by the node's membership ([`fence`]), the
+//! domain's leader ([`election`]) and [`view`]: the domain as one node sees it, built from
+//! those records. [`testing`] starts a private etcd for tests, and network namespaces for
+//! fault tests. fabricd joins through it (`fabricd/src/tasks/domain/`).
 
 pub mod config;
 pub mod election;
@@ -15,13 +16,19 @@ pub mod lease;
 pub mod records;
 mod slots;
 pub mod testing;
+pub mod view;
 
 pub use config::{ConfigError, DomainConfig, EtcdTls};
 pub use election::{Election, Leadership};
 pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
+/// The etcd client crate, for callers that read or watch on [`DomainClient::raw`] under
+/// [`DomainClient::call`].
+pub use etcd_client;
 pub use fence::Fence;
 pub use lease::{Lease, LeaseState};
 pub use records::{
-    DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, RecordError, RecordLimits, SlotClaim,
+    DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord,
+    RecordError, RecordLimits, SlotClaim,
 };
 pub use slots::MAX_CLAIM_ATTEMPTS;
+pub use view::{DomainLocation, DomainView, NodeEntry};

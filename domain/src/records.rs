@@ -338,6 +338,131 @@ impl SlotClaim {
     }
 }
 
+/// Most ranges one node's placements record lists.
+pub const MAX_PLACED_RANGES: usize = 4096;
+/// Longest owner (a device id, or `set:NAME`) a placed range names.
+pub const MAX_OWNER_LEN: usize = 256;
+
+/// What a placed range is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacedKind {
+    /// One memory resource, mapped directly.
+    Direct,
+    /// A CXL interleave set.
+    Interleave,
+    /// Reserved for an owner that vanished: nothing translates there.
+    Hole,
+}
+
+/// One range of a node's slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacedRange {
+    /// First GFA.
+    pub start: u64,
+    /// Bytes reserved in the slot.
+    pub reserved: u64,
+    /// Bytes that translate (0 for a hole; at most `reserved`).
+    pub size: u64,
+    /// What the range is.
+    pub kind: PlacedKind,
+    /// The device id of a resource, or `set:NAME` of an interleave set.
+    pub owner: String,
+    /// The memory kind of a resource (`hbm`, `cxl_volatile`, ...), absent for a set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// The resource's ordinal among its device's resources of that kind.
+    #[serde(default)]
+    pub ordinal: u16,
+}
+
+/// `placements/<node>`: where one node placed its memory, all inside its slot. Written by
+/// the node after each committed change of its map; read by every other node to hold the
+/// domain's map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementsRecord {
+    /// Format version.
+    pub version: u32,
+    /// The node.
+    pub node: String,
+    /// Its incarnation when it wrote this record.
+    pub incarnation: u64,
+    /// The node's map generation the ranges come from.
+    pub generation: u64,
+    /// Its slot.
+    pub slot: u32,
+    /// The domain's node span (the slot's size).
+    pub span: u64,
+    /// The ranges, by start, without overlaps.
+    pub ranges: Vec<PlacedRange>,
+}
+
+impl PlacementsRecord {
+    /// The slot's first GFA and one past its last (`None` when it lies beyond 2^64).
+    pub fn slot_range(&self) -> Option<(u64, u64)> {
+        let start = u64::from(self.slot).checked_mul(self.span)?;
+        Some((start, start.checked_add(self.span)?))
+    }
+
+    /// The range holding `gfa`, if any.
+    pub fn range_at(&self, gfa: u64) -> Option<&PlacedRange> {
+        let i = self.ranges.partition_point(|r| r.start <= gfa).checked_sub(1)?;
+        self.ranges.get(i).filter(|r| gfa - r.start < r.reserved)
+    }
+
+    fn check(&self) -> Result<(), RecordError> {
+        check_node_name("node", &self.node)?;
+        if self.slot >= MAX_SLOTS {
+            return Err(invalid("slot", format!("{} is not below {MAX_SLOTS}", self.slot)));
+        }
+        if !self.span.is_power_of_two() || self.span < MIN_NODE_SPAN {
+            return Err(invalid("span", format!("{:#x} is not a power of two of at least 1 GiB", self.span)));
+        }
+        let (low, high) =
+            self.slot_range().ok_or_else(|| invalid("slot", format!("slot {} lies beyond 2^64", self.slot)))?;
+        if self.ranges.len() > MAX_PLACED_RANGES {
+            return Err(invalid("ranges", format!("more than {MAX_PLACED_RANGES}")));
+        }
+        let mut next = low;
+        for r in &self.ranges {
+            let end = r.start.checked_add(r.reserved).filter(|&e| r.reserved > 0 && r.start >= low && e <= high);
+            let Some(end) = end else {
+                let reason =
+                    format!("{:#x}+{:#x} is not inside slot {} [{low:#x}, {high:#x})", r.start, r.reserved, self.slot);
+                return Err(invalid("ranges.start", reason));
+            };
+            if r.start < next {
+                return Err(invalid(
+                    "ranges.start",
+                    format!("{:#x} overlaps the range before it (unsorted or overlapping)", r.start),
+                ));
+            }
+            next = end;
+            if r.size > r.reserved || (r.kind == PlacedKind::Hole && r.size != 0) {
+                return Err(invalid(
+                    "ranges.size",
+                    format!("{:#x} at {:#x} does not fit its reservation", r.size, r.start),
+                ));
+            }
+            if r.owner.is_empty() || r.owner.len() > MAX_OWNER_LEN || !r.owner.bytes().all(is_owner_byte) {
+                return Err(invalid("ranges.owner", format!("must be 1 to {MAX_OWNER_LEN} of [A-Za-z0-9._:/#@+-]")));
+            }
+            match (&r.memory, r.kind) {
+                (None, PlacedKind::Direct) => {
+                    return Err(invalid("ranges.memory", "a resource names its memory kind".into()));
+                }
+                (Some(m), _) if m.is_empty() || m.len() > MAX_VERSION_LEN || !m.bytes().all(is_token_byte) => {
+                    return Err(invalid("ranges.memory", "must be 1 to 64 of [A-Za-z0-9._:-]".into()));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A record type stored in etcd.
 pub trait Record: Serialize + DeserializeOwned {
     /// Checks the ranges serde cannot express.
@@ -357,6 +482,12 @@ impl Record for MemberRecord {
 }
 
 impl Record for SlotClaim {
+    fn validate(&self) -> Result<(), RecordError> {
+        self.check()
+    }
+}
+
+impl Record for PlacementsRecord {
     fn validate(&self) -> Result<(), RecordError> {
         self.check()
     }
@@ -406,12 +537,16 @@ fn check_node_name(field: &'static str, name: &str) -> Result<(), RecordError> {
     }
 }
 
+fn is_owner_byte(b: u8) -> bool {
+    is_token_byte(b) || matches!(b, b'/' | b'#' | b'@' | b'+')
+}
+
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
 }
 
 /// `host:port` with a non-zero port; the host a name or an IP address (`[v6]` bracketed).
-fn check_peer_address(address: &str) -> Result<(), RecordError> {
+pub fn check_peer_address(address: &str) -> Result<(), RecordError> {
     let fail =
         || invalid("peer_address", format!("{:?} is not host:port", address.chars().take(80).collect::<String>()));
     if address.len() > MAX_PEER_ADDRESS_LEN {
@@ -549,6 +684,78 @@ mod tests {
         "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?"
     }
 
+    const GIB: u64 = 1 << 30;
+
+    fn range(start: u64, reserved: u64) -> PlacedRange {
+        PlacedRange {
+            start,
+            reserved,
+            size: reserved,
+            kind: PlacedKind::Direct,
+            owner: "name:tray3/gpu0".into(),
+            memory: Some("hbm".into()),
+            ordinal: 0,
+        }
+    }
+
+    fn placements(slot: u32) -> PlacementsRecord {
+        PlacementsRecord {
+            version: RECORD_VERSION,
+            node: "tray3".into(),
+            incarnation: 7,
+            generation: 2,
+            slot,
+            span: 64 * GIB,
+            ranges: vec![],
+        }
+    }
+
+    #[test]
+    fn placements_stay_inside_their_slot() {
+        let limits = RecordLimits::default();
+        let base = 3 * 64 * GIB;
+        let mut good = placements(3);
+        good.ranges = vec![range(base, GIB), range(base + GIB, 63 * GIB)];
+        assert_eq!(decode::<PlacementsRecord>(&encode(&good), limits), Ok(good.clone()));
+        assert_eq!(good.range_at(base + GIB + 5).map(|r| r.start), Some(base + GIB));
+        assert_eq!(good.range_at(base - 1), None);
+        let field = |r: &PlacementsRecord| match decode::<PlacementsRecord>(&encode(r), limits) {
+            Err(RecordError::Invalid { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        let mut outside = good.clone();
+        outside.ranges = vec![range(base - GIB, GIB)];
+        assert_eq!(field(&outside), "ranges.start");
+        let mut past_end = good.clone();
+        past_end.ranges = vec![range(base + 63 * GIB, 2 * GIB)];
+        assert_eq!(field(&past_end), "ranges.start");
+        let mut wraps = good.clone();
+        wraps.ranges = vec![range(u64::MAX - 1, 4)];
+        assert_eq!(field(&wraps), "ranges.start");
+        let mut overlap = good.clone();
+        overlap.ranges = vec![range(base, 2 * GIB), range(base + GIB, GIB)];
+        assert_eq!(field(&overlap), "ranges.start");
+        let mut unsorted = good.clone();
+        unsorted.ranges.reverse();
+        assert_eq!(field(&unsorted), "ranges.start");
+        let mut big = good.clone();
+        big.ranges[0].size = 2 * GIB;
+        assert_eq!(field(&big), "ranges.size");
+        let mut owner = good.clone();
+        owner.ranges[0].owner = "a b".into();
+        assert_eq!(field(&owner), "ranges.owner");
+        let mut kindless = good.clone();
+        kindless.ranges[0].memory = None;
+        assert_eq!(field(&kindless), "ranges.memory");
+        let mut span = good.clone();
+        span.span = 3 * GIB;
+        assert_eq!(field(&span), "span");
+        let mut beyond = good;
+        beyond.slot = MAX_SLOTS - 1;
+        beyond.span = 1 << 62;
+        assert_eq!(field(&beyond), "slot");
+    }
+
     proptest! {
         #[test]
         fn any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
@@ -556,6 +763,16 @@ mod tests {
             let _ = decode::<SlotClaim>(&bytes, limits);
             let _ = decode::<MemberRecord>(&bytes, limits);
             let _ = decode::<DomainSettings>(&bytes, limits);
+            let _ = decode::<PlacementsRecord>(&bytes, limits);
+        }
+
+        #[test]
+        fn placements_round_trip(slot in 0u32..1024, count in 0usize..8, step in 1u64..4) {
+            let mut record = placements(slot);
+            record.ranges = (0..count as u64)
+                .map(|i| range(record.slot_range().unwrap().0 + i * step * GIB, GIB))
+                .collect();
+            prop_assert_eq!(decode::<PlacementsRecord>(&encode(&record), RecordLimits::default()), Ok(record));
         }
 
         #[test]

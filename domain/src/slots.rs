@@ -86,7 +86,12 @@ impl DomainClient {
                 Compare::create_revision(member.clone(), CompareOp::Equal, 0),
                 Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision),
             ])
-            .and_then([TxnOp::delete(slot_key, None), TxnOp::delete(reverse, None)]);
+            .and_then([
+                TxnOp::delete(slot_key, None),
+                TxnOp::delete(reverse, None),
+                // Its placements lay in the slot: they go with it.
+                TxnOp::delete(self.keys().placements(node), None),
+            ]);
         let mut kv = self.raw();
         if self.call("slot gc", kv.txn(txn)).await?.succeeded() {
             info!(%node, slot = claim.slot, "freed a slot");

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use fabric_addrmap::MapConfig;
+use fabric_domain::DomainConfig;
 use serde::{Deserialize, Serialize};
 
 /// Errors loading a configuration.
@@ -96,6 +97,10 @@ pub struct DiscoveryConfig {
     /// Sim fabrics to serve instead of the host (relative paths are relative to the
     /// configuration file).
     pub sim: Vec<PathBuf>,
+    /// Serve only this node's devices of the sim fabric (and its fabric-level switches):
+    /// one node of a sim fabric, as a domain node serves its own part of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_node: Option<String>,
     /// Seconds between rescans (0: none; uevents may still trigger rescans).
     pub rescan_interval_s: u64,
     /// Listen to kernel uevents and rescan (debounced) when a relevant one arrives.
@@ -127,6 +132,7 @@ impl Default for DiscoveryConfig {
                 BackendName::Cuda,
             ],
             sim: Vec::new(),
+            sim_node: None,
             rescan_interval_s: 60,
             uevents: UeventMode::Auto,
         }
@@ -340,6 +346,29 @@ pub struct Config {
     pub log: LogConfig,
     /// The global address map (the keys of `configs/addrmap.toml`).
     pub map: MapConfig,
+    /// The domain this node joins (`docs/domain.md`); absent: the daemon runs alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<DomainConfig>,
+    /// How other nodes of the domain reach this one.
+    pub peer: PeerConfig,
+}
+
+/// `[peer]`: this node's address for the other nodes of its domain.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeerConfig {
+    /// `host:port` published in the member record. No peer service listens there yet
+    /// (docs/domain.md, "What is not there yet"); default `<domain.node>:7471`.
+    pub address: Option<String>,
+}
+
+impl Config {
+    /// The peer address published in this node's member record (`peer.address`, else
+    /// `<domain.node>:7471`); `None` outside a domain.
+    pub fn peer_address(&self) -> Option<String> {
+        let domain = self.domain.as_ref()?;
+        Some(self.peer.address.clone().unwrap_or_else(|| format!("{}:7471", domain.node)))
+    }
 }
 
 /// Who the daemon runs as, for defaults.
@@ -443,12 +472,60 @@ impl Config {
                 return Err(bad("metrics.listen", format!("{addr} is not a loopback address")));
             }
         }
+        if let Some(node) = &self.discovery.sim_node {
+            if self.discovery.sim.len() != 1 {
+                return Err(bad("discovery.sim_node", "needs exactly one discovery.sim file".to_owned()));
+            }
+            if !fabric_domain::config::is_valid_name(node) {
+                return Err(bad("discovery.sim_node", format!("{node:?} is not a node name")));
+            }
+        }
+        if let Some(domain) = &self.domain {
+            self.validate_domain(domain).map_err(|(key, message)| bad(key, message))?;
+        } else if self.peer.address.is_some() {
+            return Err(bad("peer.address", "only a domain node has peers: add [domain]".to_owned()));
+        }
         let mut seen = Vec::new();
         for b in &self.discovery.backends {
             if seen.contains(b) {
                 return Err(bad("discovery.backends", format!("{b:?} is listed twice")));
             }
             seen.push(*b);
+        }
+        Ok(())
+    }
+
+    /// A domain node's settings against the rest of the configuration.
+    fn validate_domain(&self, domain: &DomainConfig) -> Result<(), (&'static str, String)> {
+        domain.validate().map_err(|e| ("domain", e.to_string()))?;
+        if !matches!(self.map.node_span, fabric_addrmap::NodeSpan::Fixed(_)) {
+            // Slot n of the domain starts at n × node_span on every node: one size for all.
+            return Err((
+                "map.node_span",
+                "a domain node needs a fixed node span (map.node_span = { fixed = BYTES }), the same on every node"
+                    .to_owned(),
+            ));
+        }
+        crate::tasks::domain::join::check_settings(self).map_err(|e| ("map", format!("as domain settings: {e}")))?;
+        if self.map.base != 0 {
+            return Err(("map.base", "must be 0 in a domain: slot n starts at n × node_span".to_owned()));
+        }
+        if self.map.nodes.contains_key(&domain.node) {
+            return Err((
+                "map.nodes",
+                format!("{}: a domain node's slot comes from the domain, not from map.nodes", domain.node),
+            ));
+        }
+        if !self.discovery.sim.is_empty() && self.discovery.sim_node.as_deref() != Some(domain.node.as_str()) {
+            return Err((
+                "discovery.sim_node",
+                format!("a domain node serving a sim fabric serves its own node of it: set it to {:?}", domain.node),
+            ));
+        }
+        if let Some(address) = &self.peer.address
+            && fabric_domain::records::check_peer_address(address).is_err()
+        {
+            return Err(("peer.address", format!("{address:?} is not host:port")));
         }
         Ok(())
     }
@@ -497,6 +574,33 @@ mod tests {
     #[test]
     fn an_empty_file_is_the_defaults() {
         assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    const DOMAIN: &str = "[domain]\nname = \"d\"\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"tray0\"\n";
+    const FIXED: &str = "[map]\nnode_span = { fixed = 1099511627776 }\n";
+
+    #[test]
+    fn a_domain_node_is_checked_against_the_rest() {
+        let c = parse(&format!("{FIXED}{DOMAIN}")).unwrap();
+        assert_eq!(c.domain.as_ref().map(|d| d.node.as_str()), Some("tray0"));
+        assert_eq!(c.peer_address().as_deref(), Some("tray0:7471"));
+        assert_eq!(parse("").unwrap().peer_address(), None);
+        let refused = |t: String, key: &str| {
+            let e = parse(&t).unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        };
+        refused(DOMAIN.to_owned(), "map.node_span: a domain node needs a fixed node span");
+        refused(format!("{FIXED}base = 1099511627776\n{DOMAIN}"), "map.base");
+        refused(format!("{FIXED}[map.nodes.tray0]\nbase = 0\n{DOMAIN}"), "map.nodes");
+        refused(format!("[map]\nnode_span = {{ fixed = 4096 }}\n{DOMAIN}"), "node_span");
+        refused(format!("{FIXED}{}", DOMAIN.replace("tray0", "Tray 0")), "domain: node");
+        refused(format!("{FIXED}{DOMAIN}[peer]\naddress = \"nowhere\"\n"), "peer.address");
+        refused("[peer]\naddress = \"h:1\"\n".to_owned(), "only a domain node has peers");
+        refused(format!("[discovery]\nsim = [\"a.toml\"]\n{FIXED}{DOMAIN}"), "discovery.sim_node");
+        refused(format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray1\"\n{FIXED}{DOMAIN}"), "\"tray0\"");
+        refused("[discovery]\nsim_node = \"tray1\"\n".to_owned(), "needs exactly one discovery.sim file");
+        let c = parse(&format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray0\"\n{FIXED}{DOMAIN}")).unwrap();
+        assert_eq!(c.discovery.sim_node.as_deref(), Some("tray0"));
     }
 
     #[test]

@@ -32,6 +32,12 @@ pub enum StartError {
     /// A default path could not be chosen.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// `discovery.sim_node` names no node of the sim fabric.
+    #[error("discovery.sim_node {0:?} is not a node of the sim fabric")]
+    SimNode(String),
+    /// The domain could not be joined (`crate::tasks::domain`).
+    #[error("domain")]
+    Domain(#[source] Box<crate::tasks::domain::JoinError>),
     /// More than one sim fabric is configured.
     #[error("discovery.sim lists {0} files; this fabricd serves one sim fabric")]
     ManySims(usize),
@@ -101,7 +107,12 @@ pub fn discover(config: &Config) -> Result<Inventory, StartError> {
         [] => discover_host(config),
         [path] => {
             tracing::info!(file = %path.display(), "loading sim fabric");
-            fabric_drivers::sim::load(path).map_err(|source| StartError::Sim { path: path.clone(), source })?
+            let inv =
+                fabric_drivers::sim::load(path).map_err(|source| StartError::Sim { path: path.clone(), source })?;
+            match &config.discovery.sim_node {
+                Some(node) => only_node(inv, node)?,
+                None => inv,
+            }
         }
         many => return Err(StartError::ManySims(many.len())),
     };
@@ -133,6 +144,36 @@ pub fn discover(config: &Config) -> Result<Inventory, StartError> {
         tracing::warn!(node = absent, "exported NUMA node has no numaN device in the fabric");
     }
     Ok(inv)
+}
+
+/// The part of a sim fabric one node serves: its devices, the fabric-level ones (switches
+/// that belong to no node) and the links among them. CXL decoders and regions are the
+/// node's own (they name its devices).
+fn only_node(inv: Inventory, node: &str) -> Result<Inventory, StartError> {
+    if !inv.devices.iter().any(|d| d.node.as_deref() == Some(node)) {
+        return Err(StartError::SimNode(node.to_owned()));
+    }
+    let keep = |d: &fabric_topology::Device| d.node.as_deref().is_none_or(|n| n == node);
+    let mut out = Inventory::new();
+    let mut index = vec![None; inv.devices.len()];
+    for (i, d) in inv.devices.iter().enumerate() {
+        if keep(d) {
+            index[i] = Some(out.add_device(d.clone()).map_err(StartError::Index)?);
+        }
+    }
+    for l in &inv.links {
+        let at = |i: DeviceIdx| index.get(i.get()).copied().flatten();
+        if let (Some(a), Some(b)) = (at(l.a), at(l.b)) {
+            out.add_link(fabric_topology::Link { a, b, ..l.clone() });
+        }
+    }
+    let own = |id: &fabric_topology::DeviceId| out.find(id).is_some();
+    let decoders = inv.cxl.decoders.into_iter().filter(|d| d.owner.as_ref().is_none_or(own)).collect();
+    let regions = inv.cxl.regions.into_iter().filter(|r| r.targets.iter().all(own)).collect();
+    out.cxl = fabric_topology::cxl::CxlInventory { decoders, regions };
+    out.hmem = inv.hmem;
+    out.backends = inv.backends;
+    Ok(out)
 }
 
 fn discover_host(config: &Config) -> Inventory {
@@ -199,12 +240,21 @@ fn open_map(store: &dyn MapStore, config: &Config, inv: &Inventory) -> Result<(M
     let mut writer = MapWriter::new(map, at);
     let skipped = writer.commit(store, &published, at == 0, |m, _| {
         m.set_config(config.map.clone())?;
-        Ok(fabric_addrmap::sync_inventory(m, inv, SyncScope::Domain)?.sets.skipped)
+        Ok(fabric_addrmap::sync_inventory(m, inv, sync_scope(config))?.sets.skipped)
     })?;
     for s in skipped {
         tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
     }
     Ok((writer, published))
+}
+
+/// What a map sync covers: the whole inventory when the daemon runs alone; only its own
+/// node in a domain (the other nodes place their own memory in their slots).
+fn sync_scope(config: &Config) -> SyncScope<'_> {
+    match &config.domain {
+        Some(d) => SyncScope::Node(&d.node),
+        None => SyncScope::Domain,
+    }
 }
 
 /// The discovered fabric and what is derived from it; replaced as a whole when a rescan
@@ -279,6 +329,8 @@ pub struct Daemon {
     pub monitor: crate::tasks::monitor::Trigger,
     /// Orders operations authorized against the partition state before changes to it.
     pub policy: crate::ops::dispatch::gate::PolicyGate,
+    /// The domain this node joined (`[domain]`); `None` when it runs alone.
+    pub domain: Option<Arc<crate::tasks::domain::Domain>>,
 }
 
 impl Daemon {
@@ -290,7 +342,7 @@ impl Daemon {
     /// The state dir checked (`crate::sys::privdir`), discovery, the fabric, the address map
     /// (`map.state` in the state dir, opened, brought up to date and saved) and the journal
     /// (its lock keeps a second daemon off the same state dir).
-    pub fn start_in(config: Config, env: &Environment) -> Result<Self, StartError> {
+    pub fn start_in(mut config: Config, env: &Environment) -> Result<Self, StartError> {
         let socket_path = config.socket_path(env)?;
         let state_dir = config.state_dir(env)?;
         let admin_gid = match &config.socket.admin_group {
@@ -315,10 +367,28 @@ impl Daemon {
         for r in &inv.backends {
             tracing::info!(backend = %r.backend, "{}", backend_line(r));
         }
+        // In a domain, the slot decides where this node's memory lies: joined (or the slot
+        // remembered) before the map is opened, and pinned in the map's configuration.
+        let starting = match &config.domain {
+            Some(_) => {
+                let starting = crate::tasks::domain::join::start(&config, &inv, &state_dir)
+                    .map_err(|e| StartError::Domain(Box::new(e)))?;
+                let d = starting.domain();
+                let span = d.settings().node_span;
+                let pin = fabric_addrmap::NodeOverride {
+                    base: Some(u64::from(d.slot()).saturating_mul(span)),
+                    span: Some(span),
+                };
+                config.map.nodes.insert(d.node().to_owned(), pin);
+                Some(starting)
+            }
+            None => None,
+        };
         let store = FileStore::new(&state_dir);
         let record_path = store.path().to_owned();
         let (writer, published) = open_map(&store, &config, &inv)
             .map_err(|source| StartError::Record { path: record_path.clone(), source })?;
+        let domain = starting.map(|s| s.run(writer.map().reader()));
         let view = View::build(inv)?;
         let fabric = &view.fabric;
         tracing::info!(
@@ -389,6 +459,7 @@ impl Daemon {
             vfio,
             monitor: crate::tasks::monitor::Trigger::default(),
             policy: crate::ops::dispatch::gate::PolicyGate::new(),
+            domain,
         })
     }
 
@@ -431,10 +502,9 @@ impl Daemon {
         {
             let mut map = self.map_writer();
             let inv = view.fabric.inventory();
-            // This daemon discovers the whole domain it serves: a domain-wide sync (a
-            // domain's node would sync `SyncScope::Node` with its own inventory).
+            let scope = sync_scope(&self.config);
             let InventorySync { change, sets } = self
-                .commit_map(&mut map, |m, _| Ok(fabric_addrmap::sync_inventory(m, inv, SyncScope::Domain)?))
+                .commit_map(&mut map, |m, _| Ok(fabric_addrmap::sync_inventory(m, inv, scope)?))
                 .map_err(map_err)?;
             if !change.is_empty() || !sets.changes.is_empty() {
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
@@ -537,6 +607,9 @@ impl Daemon {
     ) -> Result<T, CommitError> {
         let r = map.commit(self.store.as_ref(), &self.published, false, f)?;
         self.metrics.set_map(map.map().generation(), map.map().state().mapped_bytes());
+        if let Some(d) = &self.domain {
+            d.map_changed();
+        }
         Ok(r)
     }
 
@@ -547,6 +620,7 @@ impl Daemon {
             sessions: u64::from(self.sessions()),
             sessions_total: opened,
             memory: self.memory.counts(),
+            domain: self.domain.as_ref().map(|d| d.gauges()),
         })
     }
 

@@ -209,11 +209,16 @@ async fn serve(config: Config) -> ExitCode {
         "ready"
     );
     notify::notify_logged(&format!("READY=1\nSTATUS=serving {} devices", status.devices));
+    let domain = daemon.domain.clone();
     let r = fabricd::run(listener, daemon, shutdown.clone()).await;
     let _ = std::fs::remove_file(&path);
     // The metrics endpoint stops with the server (it also stops when the server failed).
     shutdown.cancel();
     tasks.wait().await;
+    if let Some(domain) = domain {
+        // Gone from the domain at once rather than one TTL later.
+        let _ = tokio::task::spawn_blocking(move || domain.leave()).await;
+    }
     match r {
         Ok(()) => {
             tracing::info!("stopped");

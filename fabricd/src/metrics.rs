@@ -209,6 +209,23 @@ pub struct Live {
     pub sessions_total: u64,
     /// The memory registry's counters.
     pub memory: Counts,
+    /// The domain's gauges, for a domain node.
+    pub domain: Option<DomainGauges>,
+}
+
+/// What the metrics page shows of a domain node (read from the domain task's state).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DomainGauges {
+    /// Members whose lease lives.
+    pub live: u64,
+    /// Nodes that hold a slot but whose lease ended.
+    pub gone: u64,
+    /// 1 while this node is joined (not fenced, etcd reachable at the last join).
+    pub joined: bool,
+    /// The last etcd round trip, in seconds.
+    pub round_trip_s: Option<f64>,
+    /// etcd requests that failed since start.
+    pub etcd_errors: u64,
 }
 
 impl Metrics {
@@ -362,6 +379,9 @@ impl Metrics {
         p.sample("fabricd_map_mapped_bytes", &[], self.map_mapped_bytes.load(Ordering::Relaxed));
 
         memory_series(&mut p, &live.memory);
+        if let Some(d) = &live.domain {
+            domain_series(&mut p, d);
+        }
 
         p.family("fabricd_uevents_listening", "gauge", "1 while kernel uevents are listened to.");
         p.sample("fabricd_uevents_listening", &[], u8::from(self.uevents_listening.load(Ordering::Relaxed)));
@@ -399,6 +419,21 @@ fn memory_series(p: &mut Page, m: &Counts) {
         p.family(name, "gauge", help);
         p.sample(name, &[], v);
     }
+}
+
+/// The `fabricd_domain_*` series.
+fn domain_series(p: &mut Page, d: &DomainGauges) {
+    p.family("fabricd_domain_members", "gauge", "Nodes of the domain, by state: live (lease alive) or gone.");
+    p.sample("fabricd_domain_members", &[("state", "live")], d.live);
+    p.sample("fabricd_domain_members", &[("state", "gone")], d.gone);
+    p.family("fabricd_domain_joined", "gauge", "1 while this node is joined to its domain (0: fenced or unreachable).");
+    p.sample("fabricd_domain_joined", &[], u8::from(d.joined));
+    if let Some(rtt) = d.round_trip_s {
+        p.family("fabricd_domain_etcd_round_trip_seconds", "gauge", "Round trip of the last etcd probe.");
+        p.sample("fabricd_domain_etcd_round_trip_seconds", &[], rtt);
+    }
+    p.family("fabricd_domain_etcd_errors_total", "counter", "etcd requests that failed.");
+    p.sample("fabricd_domain_etcd_errors_total", &[], d.etcd_errors);
 }
 
 /// `fabricd_devices`, `fabricd_device_states`, `fabricd_links` and
@@ -589,7 +624,8 @@ mod tests {
         m.rescan(RescanTrigger::Uevent, RescanResult::Changed);
         m.connection_refused(ClientLimit::ClientsPerUid);
         m.connection_refused(ClientLimit::ClientsPerUid);
-        let page = m.render(Live { sessions: 2, sessions_total: 5, memory });
+        let domain = DomainGauges { live: 2, gone: 1, joined: true, round_trip_s: Some(0.0005), etcd_errors: 4 };
+        let page = m.render(Live { sessions: 2, sessions_total: 5, memory, domain: Some(domain) });
         for want in [
             "fabricd_requests_total{op=\"status\",result=\"ok\"} 2\n",
             "fabricd_requests_total{op=\"alloc\",result=\"not_implemented\"} 1\n",
@@ -602,6 +638,11 @@ mod tests {
             "fabricd_connections_refused_total{limit=\"clients\"} 0\n",
             "fabricd_connections_refused_total{limit=\"clients_per_uid\"} 2\n",
             "fabricd_map_generation 7\n",
+            "fabricd_domain_members{state=\"live\"} 2\n",
+            "fabricd_domain_members{state=\"gone\"} 1\n",
+            "fabricd_domain_joined 1\n",
+            "fabricd_domain_etcd_round_trip_seconds 0.0005\n",
+            "fabricd_domain_etcd_errors_total 4\n",
             "fabricd_map_mapped_bytes 1073741824\n",
             "fabricd_devices{kind=\"gpu\"} 8\n",
             "fabricd_regions 3\n",

@@ -348,6 +348,16 @@ impl Session {
                     set: set.as_ref().map(ToString::to_string),
                 },
                 Translation::Hole { owner } => Location::Hole { owner: owner.to_string() },
+                // Another node's memory (1.6): the resource, without its node for now; a
+                // set's range or a hole of that node's slot as a hole named after it.
+                Translation::Remote { resource: Some(resource), offset, .. } => Location::Resource {
+                    device: resource.device.to_string(),
+                    memory: resource.memory,
+                    ordinal: resource.ordinal,
+                    offset: *offset,
+                    set: None,
+                },
+                Translation::Remote { node, .. } => Location::Hole { owner: format!("node:{node}") },
                 Translation::NotInPartition => Location::NotInPartition,
                 Translation::Gfa(_) | Translation::Unmapped | Translation::UnknownResource => Location::Unmapped,
             })

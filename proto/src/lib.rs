@@ -1,6 +1,7 @@
 //! Wire types shared by fabricd, libfabric-mm and fabricctl: the versioned JSON documents
 //! that describe a fabric (`fabric.topology/v1`), its devices (`fabric.devices/v1`) and a
-//! route between two devices (`fabric.path/v1`).
+//! route between two devices (`fabric.path/v1`), and the domain a daemon's node belongs to
+//! (`fabric.domain/v1`, [`domain`]).
 //!
 //! Documents are built from a [`fabric_topology::Fabric`] and never carry inventory
 //! indexes: every reference is a stable [`fabric_topology::DeviceId`]. Devices, links and
@@ -8,6 +9,7 @@
 //! in which discovery enumerated them. The schema and its compatibility policy are in
 //! `docs/topology-json.md`.
 
+pub mod domain;
 pub mod order;
 pub mod path;
 pub mod topology;

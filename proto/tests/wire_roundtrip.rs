@@ -146,6 +146,13 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|registration| Request::Unregister(UnregisterRequest { registration })).boxed(),
         partitions.prop_map(Request::Partitions).boxed(),
         topics().prop_map(|topics| Request::Subscribe(SubscribeRequest { topics })).boxed(),
+        prop_oneof![
+            Just(DomainAction::Status),
+            Just(DomainAction::Nodes),
+            name().prop_map(|node| DomainAction::Gc { node }),
+        ]
+        .prop_map(|action| Request::Domain(DomainRequest { action }))
+        .boxed(),
         (copy_endpoint(), copy_endpoint(), any::<u64>())
             .prop_map(|(dst, src, len)| Request::Copy(CopyRequest { dst, src, len }))
             .boxed(),
@@ -204,6 +211,8 @@ fn response() -> impl Strategy<Value = Response> {
         device().prop_map(|owner| Translation::Hole { owner }),
         Just(Translation::NotInPartition),
         Just(Translation::UnknownResource),
+        (name(), any::<bool>(), proptest::option::of(resource()), proptest::option::of(name()), any::<u64>())
+            .prop_map(|(node, live, resource, set, offset)| Translation::Remote { node, live, resource, set, offset }),
     ];
     let problem = (
         prop_oneof![
@@ -298,6 +307,7 @@ fn response() -> impl Strategy<Value = Response> {
         topics().prop_map(|topics| Response::Subscribe(SubscribeResponse { topics })).boxed(),
         any::<u64>().prop_map(|copy| Response::Copy(CopyResponse { copy })).boxed(),
         any::<u64>().prop_map(|copy| Response::CopyBatch(CopyResponse { copy })).boxed(),
+        doc().prop_map(Response::Domain).boxed(),
     ])
 }
 

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)] // Helpers outside #[test] fns: a panic there is a failed test.
 
 use fabric_proto::wire::{
-    Access, AllocResponse, ErrorBody, ErrorCode, ErrorDetail, ErrorText, ExportHandle, ExportResponse, Grant,
-    HandleError, NODE_IDENTITIES, NodeId, PROTOCOL_VERSION, Response, SUPPORTED_VERSIONS, Secret, Version,
+    Access, AllocResponse, DOMAIN, ErrorBody, ErrorCode, ErrorDetail, ErrorText, ExportHandle, ExportResponse, Grant,
+    HandleError, NODE_IDENTITIES, NodeId, Opcode, PROTOCOL_VERSION, Response, SUPPORTED_VERSIONS, Secret, Version,
     VersionError, VersionRange, ct_eq, negotiate,
 };
 use proptest::prelude::*;
@@ -213,4 +213,15 @@ fn secrets_never_print() {
     let h = ExportHandle { node: None, region: 1, generation: 2, secret: Secret([0x5a; 16]) };
     let dbg = format!("{h:?}");
     assert!(!dbg.contains("5a") && !dbg.contains("90"), "{dbg}");
+}
+
+#[test]
+fn the_domain_comes_with_1_6() {
+    assert_eq!(DOMAIN, Version::new(1, 6));
+    assert!(PROTOCOL_VERSION >= DOMAIN);
+    assert_eq!(Opcode::Domain.since(), DOMAIN);
+    assert!(Opcode::Domain.may_need_admin());
+    // Older opcodes keep their versions: a 1.5 client is unaffected.
+    assert_eq!(Opcode::Translate.since(), Version::new(1, 0));
+    assert_eq!(Opcode::from_code(0x0060), Some(Opcode::Domain));
 }

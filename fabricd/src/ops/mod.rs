@@ -7,6 +7,7 @@ pub mod auth;
 pub mod copyops;
 pub mod dispatch;
 pub mod dmaops;
+pub mod domain;
 pub mod memops;
 pub mod principal;
 pub mod refusals;
@@ -129,25 +130,44 @@ pub fn map_listing(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody
 }
 
 /// The address map listing as `caller` sees it: whole, or its partitions' ranges only.
-pub fn map_listing_in(caller: &Caller, node: Option<&str>) -> Result<Document, ErrorBody> {
+pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<Document, ErrorBody> {
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the map listing has no node filter"));
     }
     let snap = caller.snapshot();
     let listing = match caller.members()? {
-        None => snap.listing(),
+        // A domain node shows the domain's map, the same on every node.
+        None => match &d.domain {
+            Some(domain) => crate::tasks::domain::listing::listing(&domain.view()),
+            None => snap.listing(),
+        },
         Some(m) => scope::scoped_listing(snap, &m),
     };
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }
 
-/// Translation as `caller` sees the map: whole, or through its partitions' views.
-pub fn translate_in(caller: &Caller, queries: &[TranslateQuery]) -> Result<TranslateResponse, ErrorBody> {
+/// Translation as `caller` sees the map: whole (in a domain, the domain's: a GFA of
+/// another node's slot names that node), or through its partitions' views. `version` is
+/// the connection's, which decides how a GFA of another node is answered.
+pub fn translate_in(
+    d: &Daemon,
+    caller: &Caller,
+    queries: &[TranslateQuery],
+    version: fabric_proto::wire::Version,
+) -> Result<TranslateResponse, ErrorBody> {
     caller.require_scope()?;
     let snap = caller.snapshot();
     Ok(match &caller.scope {
         scope::Scope::Bound(names) => scope::translate_in(snap, names, queries),
-        _ => translate(snap, queries),
+        _ => {
+            let mut r = translate(snap, queries);
+            if let Some(domain) = &d.domain {
+                let mut results = r.results.into_vec();
+                domain::translate(domain, queries, &mut results, version);
+                r.results = BoundedVec::new(results).unwrap_or_default();
+            }
+            r
+        }
     })
 }
 

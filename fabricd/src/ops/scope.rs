@@ -278,6 +278,7 @@ pub fn scoped_listing(snap: &Snapshot, members: &HashSet<DeviceId>) -> Listing {
             reserved,
             mapped,
             utilisation: reserved as f64 / n.span as f64,
+            state: n.state.clone(),
         });
     }
     l.nodes = nodes;

@@ -232,6 +232,7 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
         Opcode::CopyBatch => Request::CopyBatch(from_body(opcode, k, bytes)?),
         Opcode::Partitions => Request::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Request::Subscribe(from_body(opcode, k, bytes)?),
+        Opcode::Domain => Request::Domain(from_body(opcode, k, bytes)?),
     })
 }
 
@@ -264,6 +265,7 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
         Opcode::CopyBatch => Response::CopyBatch(from_body(opcode, k, bytes)?),
         Opcode::Partitions => Response::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Response::Subscribe(from_body(opcode, k, bytes)?),
+        Opcode::Domain => Response::Domain(from_body(opcode, k, bytes)?),
     })
 }
 
@@ -326,6 +328,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Copy(b) => append(b, out),
             Request::CopyBatch(b) => append(b, out),
             Request::Partitions(b) => append(b, out),
+            Request::Domain(b) => append(b, out),
             Request::Subscribe(b) => append(b, out),
             Request::Ping => Ok(()),
         },
@@ -342,6 +345,7 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Response::Register(b) => append(b, out),
             Response::Copy(b) | Response::CopyBatch(b) => append(b, out),
             Response::Partitions(b) => append(b, out),
+            Response::Domain(b) => append(b, out),
             Response::Subscribe(b) => append(b, out),
             Response::Free | Response::Revoke | Response::Release | Response::Unregister | Response::Ping => Ok(()),
         },

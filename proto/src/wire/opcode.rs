@@ -59,11 +59,14 @@ pub enum Opcode {
     Partitions = 0x0040,
     /// Choose the event topics this connection receives.
     Subscribe = 0x0050,
+    /// The domain this daemon's node belongs to: status, nodes, and the admin's slot gc
+    /// (since 1.6).
+    Domain = 0x0060,
 }
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Ping,
@@ -87,6 +90,7 @@ impl Opcode {
         Opcode::CopyBatch,
         Opcode::Partitions,
         Opcode::Subscribe,
+        Opcode::Domain,
     ];
 
     /// The opcode with this code, if any.
@@ -125,6 +129,7 @@ impl Opcode {
             Opcode::CopyBatch => "copy_batch",
             Opcode::Partitions => "partitions",
             Opcode::Subscribe => "subscribe",
+            Opcode::Domain => "domain",
         }
     }
 
@@ -136,6 +141,7 @@ impl Opcode {
             Opcode::Ping | Opcode::Inventory | Opcode::Regions => Version::new(1, 1),
             Opcode::Copy => Version::new(1, 2),
             Opcode::Adopt | Opcode::ImportObject | Opcode::CopyBatch => Version::new(1, 3),
+            Opcode::Domain => Version::new(1, 6),
             _ => Version::new(1, 0),
         }
     }
@@ -143,7 +149,7 @@ impl Opcode {
     /// Whether the operation changes state only an administrator may change (the server
     /// still decides per request: listing partitions is open to all).
     pub const fn may_need_admin(self) -> bool {
-        matches!(self, Opcode::Partitions)
+        matches!(self, Opcode::Partitions | Opcode::Domain)
     }
 
     /// The largest body a frame of this opcode and kind may carry. Always at most
@@ -170,11 +176,11 @@ impl Opcode {
                 | Opcode::Unregister
                 | Opcode::Copy
                 | Opcode::Regions => SMALL,
-                Opcode::Subscribe | Opcode::Ping => SMALL,
+                Opcode::Subscribe | Opcode::Ping | Opcode::Domain => SMALL,
             },
             FrameKind::Response => match self {
                 Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory | Opcode::Regions => MAX_BODY,
-                Opcode::Status | Opcode::Translate | Opcode::Partitions => 1 << 20,
+                Opcode::Status | Opcode::Translate | Opcode::Partitions | Opcode::Domain => 1 << 20,
                 // The device name is up to 256 bytes.
                 Opcode::ImportObject => 1 << 10,
                 Opcode::Hello

@@ -424,6 +424,27 @@ pub struct SubscribeRequest {
     pub topics: Topics,
 }
 
+/// What a `Domain` request asks (since 1.6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DomainAction {
+    /// This node's standing in its domain and etcd's reachability, with the members.
+    Status,
+    /// The domain's nodes: name, incarnation, slot, live or gone, peer address.
+    Nodes,
+    /// Admin: free the slot of a node that is gone (its GFAs may then go to another node).
+    Gc {
+        /// The node.
+        node: Name,
+    },
+}
+
+/// `Domain` (since 1.6): answered with a `fabric.domain/v1` document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainRequest {
+    /// What is asked.
+    pub action: DomainAction,
+}
+
 /// Any request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -474,6 +495,8 @@ pub enum Request {
     Partitions(PartitionsRequest),
     /// See [`SubscribeRequest`].
     Subscribe(SubscribeRequest),
+    /// See [`DomainRequest`].
+    Domain(DomainRequest),
 }
 
 impl Request {
@@ -503,6 +526,7 @@ impl Request {
             Request::CopyBatch(_) => Opcode::CopyBatch,
             Request::Partitions(_) => Opcode::Partitions,
             Request::Subscribe(_) => Opcode::Subscribe,
+            Request::Domain(_) => Opcode::Domain,
         }
     }
 

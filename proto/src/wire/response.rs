@@ -67,6 +67,22 @@ pub enum Translation {
     NotInPartition,
     /// The resource is not known or not mapped.
     UnknownResource,
+    /// The GFA lies in the slot of another node of the domain (since 1.6; an older
+    /// connection gets [`Translation::Resource`] or [`Translation::Hole`]): that node,
+    /// whether it is live, and the resource or interleave set and the offset there;
+    /// neither resource nor set for a hole of that node's slot.
+    Remote {
+        /// The node whose slot holds the GFA.
+        node: Name,
+        /// Whether the node is a live member (a gone node's slot is kept as a hole).
+        live: bool,
+        /// The resource, for a directly mapped range.
+        resource: Option<ResourceName>,
+        /// The interleave set, for a set's range.
+        set: Option<Name>,
+        /// Byte offset in the range.
+        offset: u64,
+    },
 }
 
 /// `Translate`: one answer per query, in order.
@@ -368,6 +384,8 @@ pub enum Response {
     Partitions(PartitionsResponse),
     /// See [`SubscribeResponse`].
     Subscribe(SubscribeResponse),
+    /// A `fabric.domain/v1` document (since 1.6).
+    Domain(Document),
 }
 
 impl Response {
@@ -397,6 +415,7 @@ impl Response {
             Response::CopyBatch(_) => Opcode::CopyBatch,
             Response::Partitions(_) => Opcode::Partitions,
             Response::Subscribe(_) => Opcode::Subscribe,
+            Response::Domain(_) => Opcode::Domain,
         }
     }
 

@@ -66,8 +66,12 @@ impl fmt::Display for VersionRange {
 /// memory objects such as CUDA exports as regions) and `CopyBatch`; 1.4 the
 /// `ObjectKind::CudaFabric` object (a CUDA fabric handle, bytes instead of a descriptor);
 /// 1.5 node identities: handles name their node and responses that hand memory over carry
-/// a typed grant (`docs/protocol.md`, "Node identities").
-pub const PROTOCOL_VERSION: Version = Version::new(1, 5);
+/// a typed grant (`docs/protocol.md`, "Node identities"); 1.6 the `Domain` opcode and the
+/// `Translation::Remote` answer (a GFA in another node's slot of the domain).
+pub const PROTOCOL_VERSION: Version = Version::new(1, 6);
+
+/// The first version with the domain: the `Domain` opcode and `Translation::Remote`.
+pub const DOMAIN: Version = Version::new(1, 6);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

@@ -57,6 +57,10 @@ pub fn authorize(op: &Operation, caller: &Caller, facts: &dyn Facts) -> Result<G
         O::Regions { all: false } => Ok(Grant::default()),
         O::Regions { all: true } => admin(caller, facts, "listing every uid's regions"),
         O::SetPartition(_) | O::RemovePartition { .. } => admin(caller, facts, "changing partitions"),
+        O::Domain { action: fabric_proto::wire::DomainAction::Gc { .. } } => {
+            admin(caller, facts, "freeing a node's domain slot")
+        }
+        O::Domain { .. } => caller.require_scope().map(|()| Grant::default()),
         O::Topology { .. } | O::Devices { .. } | O::Inventory { .. } | O::Map { .. } | O::Translate { .. } => {
             caller.require_scope().map(|()| Grant::default())
         }

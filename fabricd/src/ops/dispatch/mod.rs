@@ -179,8 +179,9 @@ fn run(
             answer(caller.view(d).and_then(|v| ops::devices_in(&v, node.as_deref())).map(Response::Devices))
         }
         O::Inventory { node } => answer(ops::inventory_in(d, caller, node.as_deref()).map(Response::Inventory)),
-        O::Map { node } => answer(ops::map_listing_in(caller, node.as_deref()).map(Response::Map)),
-        O::Translate { queries } => answer(ops::translate_in(caller, &queries).map(Response::Translate)),
+        O::Map { node } => answer(ops::map_listing_in(d, caller, node.as_deref()).map(Response::Map)),
+        O::Translate { queries } => answer(ops::translate_in(d, caller, &queries, cx.version).map(Response::Translate)),
+        O::Domain { action } => answer(ops::domain::request(d, &action).map(Response::Domain)),
         O::ListPartitions => Ok(Outcome::answer(Response::Partitions(regions::partition_list(d, caller)))),
         O::SetPartition(change) => {
             regions::set_partition(d, caller, &change)?;

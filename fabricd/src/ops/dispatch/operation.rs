@@ -65,6 +65,8 @@ pub enum Operation {
     Inventory { node: Option<String> },
     /// The address map listing.
     Map { node: Option<String> },
+    /// The domain's status or nodes, or the admin's slot gc.
+    Domain { action: fabric_proto::wire::DomainAction },
     /// GFA and resource translations.
     Translate { queries: Vec<TranslateQuery> },
     /// The partitions the caller may see.
@@ -214,6 +216,7 @@ impl Operation {
                 Self::Copy { copies: b.copies.into_vec(), batch: true }
             }
             Request::Subscribe(s) => Self::Subscribe { topics: s.topics },
+            Request::Domain(r) => Self::Domain { action: r.action },
         })
     }
 
@@ -242,6 +245,7 @@ impl Operation {
             Self::Copy { batch: false, .. } => O::Copy,
             Self::Copy { batch: true, .. } => O::CopyBatch,
             Self::Subscribe { .. } => O::Subscribe,
+            Self::Domain { .. } => O::Domain,
         };
         op.name()
     }

@@ -147,6 +147,14 @@ fn rows() -> Vec<(Operation, [Option<ErrorCode>; 5])> {
         (O::Regions { all: true }, admins),
         (O::SetPartition(change), admins),
         (O::RemovePartition { name: "a".into() }, admins),
+        (O::Domain { action: fabric_proto::wire::DomainAction::Status }, scoped),
+        (O::Domain { action: fabric_proto::wire::DomainAction::Nodes }, scoped),
+        (
+            O::Domain {
+                action: fabric_proto::wire::DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray1") },
+            },
+            admins,
+        ),
         (O::Alloc { target: Target::Place(place(0)), size: 1, align: 0 }, on_a),
         (O::Alloc { target: Target::Set("zero".into()), size: 1, align: 0 }, on_a),
         (O::Alloc { target: Target::Set("both".into()), size: 1, align: 0 }, [OK, DENIED, DENIED, OK, DENIED]),

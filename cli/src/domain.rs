@@ -1,0 +1,260 @@
+//! `fabricctl domain status|nodes|gc NODE`: the domain the daemon's node belongs to, from
+//! its `fabric.domain/v1` document (protocol 1.6), as a table or JSON; and the GFA
+//! translation `fabricctl map translate --daemon` asks of a daemon.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc};
+use fabric_proto::wire::{
+    BoundedVec, DOMAIN, DomainAction, DomainRequest, Name, Request, Response, TranslateQuery, TranslateRequest,
+    Translation,
+};
+use serde::Serialize;
+
+use crate::args::ListFormat;
+use crate::daemon::{Client, DaemonError};
+
+/// `fabricctl domain`.
+#[derive(Debug, Args)]
+pub struct DomainArgs {
+    /// What to show or do (default: status).
+    #[command(subcommand)]
+    pub command: Option<DomainCommand>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table, global = true)]
+    pub output: ListFormat,
+    /// The daemon's socket (default: $FABRIC_SOCKET, /run/fabric/fabricd.sock for root,
+    /// else $XDG_RUNTIME_DIR/fabric/fabricd.sock).
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, global = true)]
+    pub daemon: Option<Option<PathBuf>>,
+}
+
+/// `fabricctl domain` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DomainCommand {
+    /// This node's standing (joined, fenced, etcd unreachable), etcd, the members and
+    /// what is missing and why.
+    Status,
+    /// The domain's nodes: incarnation, slot, live or gone, peer address.
+    Nodes,
+    /// Free the slot of a node that is gone, for good (root or the admin group).
+    Gc {
+        /// The node.
+        node: String,
+    },
+}
+
+fn need_domain(client: &Client, what: &str) -> anyhow::Result<()> {
+    let version = client.version();
+    if version < DOMAIN {
+        anyhow::bail!("fabricd at {} speaks protocol {version}; {what} needs {DOMAIN}", client.path().display());
+    }
+    Ok(())
+}
+
+/// Runs `fabricctl domain`.
+pub fn run(args: &DomainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut client = Client::connect(args.daemon.clone().flatten().as_deref())?;
+    need_domain(&client, "fabricctl domain")?;
+    let action = match &args.command {
+        None | Some(DomainCommand::Status) => DomainAction::Status,
+        Some(DomainCommand::Nodes) => DomainAction::Nodes,
+        Some(DomainCommand::Gc { node }) => DomainAction::Gc {
+            node: Name::new(node.as_str()).map_err(|_| anyhow::anyhow!("node name {node:?} is too long"))?,
+        },
+    };
+    let doc = match client.call(Request::Domain(DomainRequest { action }))? {
+        Response::Domain(d) => d,
+        _ => return Err(DaemonError::Unexpected(client.path().to_owned()).into()),
+    };
+    let parsed: DomainDoc = serde_json::from_str(&doc.json).map_err(|e| DaemonError::Document {
+        path: client.path().to_owned(),
+        schema: DOMAIN_SCHEMA,
+        message: e.to_string(),
+    })?;
+    if args.output == ListFormat::Json {
+        serde_json::to_writer_pretty(&mut *out, &parsed)?;
+        writeln!(out)?;
+    } else {
+        render(&parsed, out)?;
+    }
+    Ok(())
+}
+
+/// The table form.
+pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
+    if let Some(gc) = &doc.gc {
+        return match gc.slot {
+            Some(s) => writeln!(out, "domain {}: freed slot {s} of {}", doc.domain, gc.node),
+            None => writeln!(out, "domain {}: {} held no slot", doc.domain, gc.node),
+        };
+    }
+    if let Some(me) = &doc.this {
+        write!(
+            out,
+            "domain {}  node {} (slot {}, incarnation {})  {}",
+            doc.domain, me.node, me.slot, me.incarnation, me.standing
+        )?;
+        match &me.reason {
+            Some(r) => writeln!(out, ": {r}")?,
+            None => writeln!(out)?,
+        }
+    } else {
+        writeln!(out, "domain {}", doc.domain)?;
+    }
+    if let Some(e) = &doc.etcd {
+        let rtt = e.round_trip_us.map_or_else(|| "-".to_owned(), |us| format!("{:.1} ms", us as f64 / 1000.0));
+        let reach = if e.reachable { "reachable" } else { "unreachable" };
+        writeln!(out, "etcd {reach}  round trip {rtt}  errors {}", e.errors)?;
+    }
+    writeln!(out)?;
+    writeln!(out, "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}", "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES")?;
+    for n in &doc.nodes {
+        let slot = n.slot.map_or_else(|| "-".to_owned(), |s| s.to_string());
+        let inc = n.incarnation.map_or_else(|| "-".to_owned(), |i| i.to_string());
+        let peer = n.peer_address.as_deref().unwrap_or("-");
+        writeln!(out, "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}", n.name, n.state, slot, inc, peer, n.ranges)?;
+    }
+    if let Some(missing) = doc.missing.as_ref().filter(|m| !m.is_empty()) {
+        writeln!(out, "\nmissing:")?;
+        for m in missing {
+            writeln!(out, "  {m}")?;
+        }
+    }
+    Ok(())
+}
+
+/// `fabric.map.translate/v1` of a daemon's answer.
+#[derive(Debug, Serialize)]
+struct RemoteTranslateDoc {
+    schema: &'static str,
+    gfa: String,
+    /// The node whose slot holds the GFA, when it is another node of the domain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live: Option<bool>,
+    answer: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<String>,
+}
+
+/// `fabricctl map translate GFA --daemon`: asks the daemon, which in a domain names the
+/// node of a GFA in another node's slot.
+pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dyn Write) -> anyhow::Result<()> {
+    let queries = BoundedVec::new(vec![TranslateQuery::Gfa(gfa)]).unwrap_or_default();
+    let answer = match client.call(Request::Translate(TranslateRequest { queries }))? {
+        Response::Translate(t) => t.results.into_vec().into_iter().next(),
+        _ => None,
+    };
+    let Some(answer) = answer else { return Err(DaemonError::Unexpected(client.path().to_owned()).into()) };
+    let mut doc = RemoteTranslateDoc {
+        schema: "fabric.map.translate/v1",
+        gfa: format!("{gfa:#x}"),
+        node: None,
+        live: None,
+        answer: String::new(),
+        device: None,
+        offset: None,
+    };
+    let resource = |r: &fabric_proto::wire::ResourceName| {
+        let kind = serde_json::to_value(r.memory).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        format!("{} {kind}[{}]", r.device, r.ordinal)
+    };
+    match &answer {
+        Translation::Resource { resource: r, offset, set } => {
+            doc.answer = set.as_ref().map_or_else(|| "resource".to_owned(), |s| format!("through interleave set {s}"));
+            doc.device = Some(resource(r));
+            doc.offset = Some(format!("{offset:#x}"));
+        }
+        Translation::Remote { node, live, resource: r, set, offset } => {
+            doc.node = Some(node.to_string());
+            doc.live = Some(*live);
+            doc.answer = match (r, set) {
+                (Some(_), _) => "resource".to_owned(),
+                (None, Some(s)) => format!("interleave set {s}"),
+                (None, None) => "hole in the node's slot".to_owned(),
+            };
+            doc.device = r.as_ref().map(resource);
+            if r.is_some() || set.is_some() {
+                doc.offset = Some(format!("{offset:#x}"));
+            }
+        }
+        Translation::Hole { owner } => doc.answer = format!("hole of {owner}"),
+        Translation::NotInPartition => doc.answer = "not in your partitions".to_owned(),
+        Translation::Unmapped | Translation::Gfa(_) | Translation::UnknownResource => {
+            doc.answer = "unmapped".to_owned()
+        }
+    }
+    if format == ListFormat::Json {
+        serde_json::to_writer_pretty(&mut *out, &doc)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    write!(out, "GFA {gfa:#x} ->")?;
+    if let Some(n) = &doc.node {
+        write!(out, " node {n}{}", if doc.live == Some(false) { " (gone)" } else { "" })?;
+    }
+    match (&doc.device, &doc.offset) {
+        (Some(d), Some(o)) => writeln!(out, " {d} + {o}")?,
+        _ => writeln!(out, " {}", doc.answer)?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_proto::domain::{EtcdDoc, GcDoc, NodeDoc, SelfDoc};
+
+    use super::*;
+
+    fn node(name: &str, live: bool, slot: u32) -> NodeDoc {
+        NodeDoc {
+            name: name.into(),
+            state: if live { "live" } else { "gone" }.into(),
+            slot: Some(slot),
+            incarnation: live.then_some(7),
+            peer_address: live.then(|| format!("{name}:7471")),
+            ranges: 4,
+            mapped_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn status_shows_standing_etcd_nodes_and_what_is_missing() {
+        let doc = DomainDoc {
+            domain: "supernode".into(),
+            this: Some(SelfDoc {
+                node: "tray0".into(),
+                slot: 3,
+                standing: "fenced".into(),
+                reason: Some("lease lost: etcd keepalive: no answer".into()),
+                incarnation: 9,
+            }),
+            etcd: Some(EtcdDoc { reachable: false, round_trip_us: Some(1500), errors: 2 }),
+            settings: None,
+            nodes: vec![node("tray0", true, 3), node("tray1", false, 5)],
+            missing: Some(vec!["tray1: gone (its lease ended); slot 5 kept as a hole".into()]),
+            gc: None,
+        };
+        let mut out = Vec::new();
+        render(&doc, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for want in [
+            "domain supernode  node tray0 (slot 3, incarnation 9)  fenced: lease lost: etcd keepalive: no answer\n",
+            "etcd unreachable  round trip 1.5 ms  errors 2\n",
+            "tray1                gone      5                    - -",
+            "missing:\n  tray1: gone",
+        ] {
+            assert!(text.contains(want), "{want:?} in\n{text}");
+        }
+        let freed = DomainDoc { gc: Some(GcDoc { node: "tray1".into(), slot: Some(5) }), ..doc };
+        let mut out = Vec::new();
+        render(&freed, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "domain supernode: freed slot 5 of tray1\n");
+    }
+}

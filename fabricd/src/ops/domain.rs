@@ -1,0 +1,282 @@
+//! The domain's requests: the domain's map, translations that land in other nodes' slots,
+//! `domain status`, `domain nodes` (a `fabric.domain/v1` document) and the admin's slot gc.
+//! All but gc read what the domain task published, lock-free; gc waits for etcd, bounded.
+
+use fabric_domain::{DomainView, PlacedKind};
+use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, NodeDoc, SelfDoc, SettingsDoc};
+use fabric_proto::wire::{
+    DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
+};
+
+use super::{json_doc, refusal};
+use crate::daemon::Daemon;
+use crate::tasks::domain::{Domain, Standing, listing};
+
+/// Answers what translation of this node's map left `Unmapped` (or `UnknownResource`)
+/// from the domain's view: a GFA in another node's slot, or a resource of another node.
+/// A connection older than 1.6 gets the answer in the shapes it knows.
+pub fn translate(domain: &Domain, queries: &[TranslateQuery], results: &mut [Translation], version: Version) {
+    let view = domain.view();
+    for (q, r) in queries.iter().zip(results.iter_mut()) {
+        match (q, &*r) {
+            (TranslateQuery::Gfa(gfa), Translation::Unmapped) => {
+                if let Some(t) = remote(&view, domain.node(), *gfa) {
+                    *r = if version >= DOMAIN { t } else { downgrade(t) };
+                }
+            }
+            (TranslateQuery::Resource { resource, offset }, Translation::UnknownResource) => {
+                if let Some(gfa) = reverse(&view, resource, *offset) {
+                    *r = Translation::Gfa(gfa);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where `gfa` lands in another node's slot.
+fn remote(view: &DomainView, me: &str, gfa: u64) -> Option<Translation> {
+    let at = view.locate(gfa)?;
+    if at.node == me {
+        return None;
+    }
+    let range = at.range.filter(|r| r.kind != PlacedKind::Hole && at.offset < r.size);
+    let resource = range.filter(|r| r.kind == PlacedKind::Direct).and_then(|r| {
+        let memory = listing::memory_kind(r.memory.as_deref())?;
+        Some(ResourceName { device: DeviceName::truncated(&r.owner), memory: memory.into(), ordinal: r.ordinal })
+    });
+    let set = range
+        .filter(|r| r.kind == PlacedKind::Interleave)
+        .map(|r| Name::truncated(r.owner.strip_prefix("set:").unwrap_or(&r.owner)));
+    Some(Translation::Remote {
+        node: Name::truncated(at.node),
+        live: at.live,
+        offset: if resource.is_some() || set.is_some() { at.offset } else { 0 },
+        resource,
+        set,
+    })
+}
+
+/// The answer a connection before 1.6 gets: the resource when the node is live, else a
+/// hole named after the node.
+fn downgrade(t: Translation) -> Translation {
+    match t {
+        Translation::Remote { live: true, resource: Some(resource), offset, .. } => {
+            Translation::Resource { resource, offset, set: None }
+        }
+        Translation::Remote { live: true, set: Some(set), offset, .. } => {
+            Translation::Hole { owner: DeviceName::truncated(&format!("set:{set}@{offset}")) }
+        }
+        Translation::Remote { node, .. } => Translation::Hole { owner: DeviceName::truncated(&format!("node:{node}")) },
+        other => other,
+    }
+}
+
+/// The GFA of `offset` in a resource another node placed.
+fn reverse(view: &DomainView, resource: &ResourceName, offset: u64) -> Option<u64> {
+    let kind = serde_json::to_value(fabric_topology::MemoryKind::from(resource.memory)).ok()?;
+    let kind = kind.as_str()?;
+    view.nodes().into_iter().filter(|n| n.member.is_some()).find_map(|n| {
+        n.placements?
+            .ranges
+            .iter()
+            .find(|r| {
+                r.kind == PlacedKind::Direct
+                    && r.owner == resource.device.as_str()
+                    && r.memory.as_deref() == Some(kind)
+                    && r.ordinal == resource.ordinal
+            })
+            .filter(|r| offset < r.size)
+            .map(|r| r.start + offset)
+    })
+}
+
+/// Answers a `Domain` request.
+pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::Document, ErrorBody> {
+    let Some(domain) = &d.domain else {
+        return Err(refusal(ErrorCode::NotFound, "this daemon is in no domain (no [domain] in its configuration)"));
+    };
+    let view = domain.view();
+    let mut doc = DomainDoc {
+        domain: domain.name().to_owned(),
+        this: None,
+        etcd: None,
+        settings: None,
+        nodes: nodes(&view),
+        missing: None,
+        gc: None,
+    };
+    match action {
+        DomainAction::Nodes => {}
+        DomainAction::Status => {
+            let status = domain.status();
+            let (standing, reason) = match &status.standing {
+                Standing::Joined => ("joined", None),
+                Standing::Fenced(why) => ("fenced", Some(why.clone())),
+                Standing::Unreachable(why) => ("etcd unreachable", Some(why.clone())),
+            };
+            doc.this = Some(SelfDoc {
+                node: domain.node().to_owned(),
+                slot: domain.slot(),
+                standing: standing.to_owned(),
+                reason,
+                incarnation: status.incarnation,
+            });
+            doc.etcd = Some(EtcdDoc {
+                reachable: status.etcd_reachable,
+                round_trip_us: status.round_trip.map(|t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
+                errors: domain.etcd_errors(),
+            });
+            let s = domain.settings();
+            let paths = s.data_paths.iter().filter_map(|p| serde_json::to_value(p).ok());
+            doc.settings = Some(SettingsDoc {
+                address_bits: s.address_bits,
+                node_span: s.node_span,
+                data_paths: paths.filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+            });
+            doc.missing = Some(missing(&view));
+        }
+        DomainAction::Gc { node } => {
+            let node = node.as_str();
+            let slot = domain.gc(node).map_err(|e| {
+                let code = match &e {
+                    fabric_domain::EtcdError::GcLive { .. } => ErrorCode::BadRequest,
+                    _ => ErrorCode::Unavailable,
+                };
+                refusal(code, format!("domain gc {node}: {}", crate::error_chain(&e)))
+            })?;
+            tracing::info!(%node, ?slot, "domain slot freed by an admin");
+            doc.gc = Some(GcDoc { node: node.to_owned(), slot });
+        }
+    }
+    json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer_pretty(w, &doc))
+}
+
+fn nodes(view: &DomainView) -> Vec<NodeDoc> {
+    view.nodes()
+        .into_iter()
+        .map(|n| NodeDoc {
+            name: n.name.to_owned(),
+            state: if n.member.is_some() { "live" } else { "gone" }.to_owned(),
+            slot: n.slot,
+            incarnation: n.member.map(|m| m.incarnation),
+            peer_address: n.member.map(|m| m.peer_address.clone()),
+            ranges: n.placements.map_or(0, |p| p.ranges.len()),
+            mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
+        })
+        .collect()
+}
+
+/// What is missing and why: gone nodes, live nodes without a slot or placements, refused
+/// records.
+fn missing(view: &DomainView) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in view.nodes() {
+        match (n.member.is_some(), n.slot, n.placements.is_some()) {
+            (false, Some(slot), _) => {
+                out.push(format!("{}: gone (its lease ended); slot {slot} kept as a hole, its GFAs reserved", n.name));
+            }
+            (true, None, _) => out.push(format!("{}: live but holds no slot yet", n.name)),
+            (true, Some(_), false) => out.push(format!("{}: live, placements not published yet", n.name)),
+            _ => {}
+        }
+    }
+    for (key, why) in view.refused() {
+        out.push(format!("{key}: refused: {why}"));
+    }
+    if view.settings().is_none() {
+        out.push("settings: not read from etcd yet".to_owned());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_domain::records::{RECORD_VERSION, encode};
+    use fabric_domain::{DataPathKind, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, SlotClaim};
+    use fabric_proto::wire::MemoryClass;
+
+    use super::*;
+
+    const SPAN: u64 = 1 << 40;
+
+    fn view(live: bool) -> DomainView {
+        let k = Keys::new("d");
+        let member = MemberRecord {
+            version: RECORD_VERSION,
+            name: "tray1".into(),
+            incarnation: 3,
+            peer_address: "tray1:7471".into(),
+            capabilities: vec![],
+            groups: vec![],
+            software: "0.1.0".into(),
+        };
+        let range = |start, kind, owner: &str, memory: Option<&str>| PlacedRange {
+            start,
+            reserved: 1 << 30,
+            size: 1 << 30,
+            kind,
+            owner: owner.into(),
+            memory: memory.map(str::to_owned),
+            ordinal: 0,
+        };
+        let placements = PlacementsRecord {
+            version: RECORD_VERSION,
+            node: "tray1".into(),
+            incarnation: 3,
+            generation: 1,
+            slot: 2,
+            span: SPAN,
+            ranges: vec![
+                range(2 * SPAN, PlacedKind::Direct, "uuid:GPU-1", Some("hbm")),
+                range(2 * SPAN + (1 << 30), PlacedKind::Interleave, "set:s", None),
+            ],
+        };
+        let mut entries = vec![
+            (k.settings(), encode(&DomainSettings::new(57, SPAN, vec![DataPathKind::SharedFile]))),
+            (k.slot(2), encode(&SlotClaim::new(2, "tray1"))),
+            (k.slot(0), encode(&SlotClaim::new(0, "tray0"))),
+            (k.placements("tray1"), encode(&placements)),
+        ];
+        if live {
+            entries.push((k.member("tray1"), encode(&member)));
+        }
+        DomainView::load(k, Default::default(), entries.iter().map(|(a, b)| (a.as_bytes(), b.as_slice())), 1)
+    }
+
+    #[test]
+    fn another_nodes_gfa_names_the_node_resource_and_offset() {
+        let v = view(true);
+        let t = remote(&v, "tray0", 2 * SPAN + 7).unwrap();
+        let Translation::Remote { node, live: true, resource: Some(r), set: None, offset: 7 } = &t else {
+            panic!("{t:?}")
+        };
+        assert_eq!((node.as_str(), r.device.as_str(), r.memory), ("tray1", "uuid:GPU-1", MemoryClass::Hbm));
+        assert!(matches!(downgrade(t), Translation::Resource { offset: 7, .. }), "a 1.5 client gets the resource");
+        let set = remote(&v, "tray0", 2 * SPAN + (1 << 30) + 9).unwrap();
+        assert!(matches!(&set, Translation::Remote { set: Some(s), offset: 9, .. } if s.as_str() == "s"), "{set:?}");
+        let hole = remote(&v, "tray0", 3 * SPAN - 1).unwrap();
+        assert!(matches!(hole, Translation::Remote { resource: None, set: None, offset: 0, .. }), "{hole:?}");
+        assert_eq!(remote(&v, "tray1", 2 * SPAN), None, "its own slot is answered by its own map");
+        assert_eq!(remote(&v, "tray0", 5 * SPAN), None, "nobody's slot");
+        let resource =
+            ResourceName { device: DeviceName::truncated("uuid:GPU-1"), memory: MemoryClass::Hbm, ordinal: 0 };
+        assert_eq!(reverse(&v, &resource, 5), Some(2 * SPAN + 5));
+        assert_eq!(reverse(&v, &resource, 1 << 30), None, "past its size");
+    }
+
+    #[test]
+    fn a_gone_nodes_gfa_is_named_as_gone() {
+        let v = view(false);
+        let t = remote(&v, "tray0", 2 * SPAN + 7).unwrap();
+        assert!(matches!(&t, Translation::Remote { live: false, .. }), "{t:?}");
+        assert!(matches!(downgrade(t), Translation::Hole { owner } if owner.as_str() == "node:tray1"));
+        let resource =
+            ResourceName { device: DeviceName::truncated("uuid:GPU-1"), memory: MemoryClass::Hbm, ordinal: 0 };
+        assert_eq!(reverse(&v, &resource, 5), None, "a gone node's memory has no GFA to reach");
+        assert_eq!(missing(&v)[1], "tray1: gone (its lease ended); slot 2 kept as a hole, its GFAs reserved");
+        let listing = listing::listing(&v);
+        assert_eq!(listing.nodes.iter().map(|n| n.state.as_deref()).collect::<Vec<_>>(), [Some("gone"), Some("gone")]);
+        assert!(listing.ranges.iter().all(|r| r.kind == fabric_addrmap::RangeKind::Hole && r.size == 0));
+    }
+}

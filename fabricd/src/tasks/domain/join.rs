@@ -1,0 +1,270 @@
+//! Joining the domain: connect to etcd, agree on the domain settings, claim (or find) this
+//! node's slot, grant a lease and put the member record on it. At start this runs before
+//! the map is opened (the slot decides where the node's memory lies) and bounds the start
+//! by etcd's timeouts; after a lost lease the domain task runs it again with a new
+//! incarnation. The slot is remembered in the state dir, so a node that held one can start
+//! serving while etcd is unreachable and join once it answers.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+use arc_swap::ArcSwap;
+use fabric_domain::records::{RECORD_VERSION, Record};
+use fabric_domain::{
+    DataPathKind, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
+    MemberRecord, fresh_incarnation,
+};
+use fabric_topology::Inventory;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::{Domain, DomainStatus, RuntimeGuard, Standing};
+use crate::config::Config;
+
+/// Why a node could not take its place in the domain at start.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The domain's runtime could not be started.
+    #[error("starting the runtime of the etcd client")]
+    Runtime(#[source] std::io::Error),
+    /// etcd refused: the name is held by a live daemon, the settings differ, the domain is
+    /// full, a record is damaged.
+    #[error("joining domain {domain} as {node}")]
+    Etcd {
+        /// The domain.
+        domain: String,
+        /// This node.
+        node: String,
+        /// Why.
+        #[source]
+        source: EtcdError,
+    },
+    /// etcd is unreachable and this node never held a slot (nothing in the state dir):
+    /// it cannot know where its memory lies in the domain.
+    #[error("etcd is unreachable and node {node} has no slot remembered in {path} (it never joined)")]
+    NoSlot {
+        /// This node.
+        node: String,
+        /// The slot file looked for.
+        path: PathBuf,
+        /// Why etcd was not reached.
+        #[source]
+        source: EtcdError,
+    },
+    /// The remembered slot could not be saved or read.
+    #[error("slot file {path}")]
+    SlotFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The domain task stopped before it answered.
+    #[error("the domain task stopped during the join")]
+    Stopped,
+}
+
+/// A join that holds: the client, the lease the member key lives on, the fence its
+/// writes go through, its incarnation.
+#[derive(Debug)]
+pub(super) struct Joined {
+    pub(super) client: DomainClient,
+    pub(super) lease: Lease,
+    pub(super) fence: Fence,
+    pub(super) incarnation: u64,
+}
+
+/// The outcome of the join at start: the domain (its slot known) and the join when etcd
+/// answered. [`Starting::run`] starts the domain task once the map is open.
+#[derive(Debug)]
+pub struct Starting {
+    domain: Arc<Domain>,
+    joined: Option<Joined>,
+}
+
+impl Starting {
+    /// The domain.
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// Starts the domain task: it publishes the placements of the map `reader` follows,
+    /// watches the domain, and rejoins when needed.
+    pub fn run(self, reader: fabric_addrmap::Reader) -> Arc<Domain> {
+        let domain = self.domain.clone();
+        domain.runtime.get().spawn(super::watch::run(self.domain, self.joined, reader));
+        domain
+    }
+}
+
+/// The settings this node brings: the map's address bits and node span (validated fixed),
+/// and the data paths fabricd has between nodes today (files on a shared file system).
+pub fn local_settings(config: &Config) -> DomainSettings {
+    let span = match config.map.node_span {
+        fabric_addrmap::NodeSpan::Fixed(span) => span,
+        fabric_addrmap::NodeSpan::Auto { min } => min,
+    };
+    DomainSettings::new(config.map.address_bits, span, vec![DataPathKind::SharedFile])
+}
+
+/// Checks the settings a configuration brings against the domain's record rules (at load).
+pub fn check_settings(config: &Config) -> Result<(), String> {
+    local_settings(config).validate().map_err(|e| e.to_string())
+}
+
+/// Joins the domain `config.domain` names (the caller checked it is set), blocking until
+/// etcd answers or its timeouts pass. Refuses when etcd refuses; starts without a join
+/// (the task keeps trying) when etcd is unreachable and a slot is remembered.
+pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Starting, JoinError> {
+    let Some(dc) = config.domain.clone() else {
+        return Err(JoinError::Stopped);
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("fabricd-domain")
+        .enable_all()
+        .build()
+        .map_err(JoinError::Runtime)?;
+    let local = local_settings(config);
+    let peer_address = config.peer_address().unwrap_or_default();
+    let groups = groups(inv);
+    let slot_file = state_dir.join("domain-slot.json");
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (dc, local, peer, groups) = (dc.clone(), local.clone(), peer_address.clone(), groups.clone());
+        runtime.spawn(async move {
+            let _ = tx.send(join(&dc, &local, &peer, &groups).await);
+        });
+    }
+    let err = |source| JoinError::Etcd { domain: dc.name.clone(), node: dc.node.clone(), source };
+    let (slot, joined) = match rx.recv().map_err(|_| JoinError::Stopped)? {
+        Ok((slot, joined)) => {
+            remember(&slot_file, &dc, slot, local.node_span)?;
+            (slot, Some(joined))
+        }
+        Err(e) if unreachable(&e) => match remembered(&slot_file, &dc, local.node_span)? {
+            Some(slot) => {
+                tracing::warn!(error = %crate::error_chain(&e), slot, "etcd unreachable: serving with the remembered slot, joining when it answers");
+                (slot, None)
+            }
+            None => return Err(JoinError::NoSlot { node: dc.node.clone(), path: slot_file, source: e }),
+        },
+        Err(e) => return Err(err(e)),
+    };
+    let status = DomainStatus {
+        standing: match &joined {
+            Some(_) => Standing::Joined,
+            None => Standing::Unreachable("etcd did not answer at start".to_owned()),
+        },
+        incarnation: joined.as_ref().map_or(0, |j| j.incarnation),
+        etcd_reachable: joined.is_some(),
+        round_trip: None,
+    };
+    let view = DomainView::new(fabric_domain::Keys::new(&dc.name), Domain::limits());
+    let client = joined.as_ref().map(|j| j.client.clone());
+    tracing::info!(domain = %dc.name, node = %dc.node, slot, "domain slot");
+    let domain = Arc::new(Domain {
+        config: dc,
+        settings: local,
+        slot,
+        peer_address,
+        groups,
+        status: ArcSwap::from_pointee(status),
+        view: ArcSwap::from_pointee(view),
+        client: ArcSwap::from_pointee(client),
+        map_changed: Notify::new(),
+        etcd_errors: AtomicU64::new(0),
+        lease: AtomicI64::new(0),
+        runtime: RuntimeGuard::new(runtime),
+    });
+    Ok(Starting { domain, joined })
+}
+
+/// One join: settings, slot, lease, member record with a fresh incarnation.
+pub(super) async fn join(
+    config: &DomainConfig,
+    local: &DomainSettings,
+    peer_address: &str,
+    groups: &[FabricGroup],
+) -> Result<(u32, Joined), EtcdError> {
+    let client = DomainClient::connect(config, Domain::limits()).await?;
+    client.ensure_settings(local).await?;
+    let slot = client.claim_slot(local).await?;
+    let lease = client.grant_lease().await?;
+    let incarnation = fresh_incarnation();
+    let record = MemberRecord {
+        version: RECORD_VERSION,
+        name: config.node.clone(),
+        incarnation,
+        peer_address: peer_address.to_owned(),
+        capabilities: vec!["shared-file".to_owned()],
+        groups: groups.to_vec(),
+        software: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let fence = match client.join_fenced(&lease, &record).await {
+        Ok(fence) => fence,
+        Err(e) => {
+            // Give the lease back (with the member key, if the join got that far) rather
+            // than let it run out.
+            let _ = client.leave(lease).await;
+            return Err(e);
+        }
+    };
+    tracing::info!(domain = %config.name, node = %config.node, slot, incarnation, "joined the domain");
+    Ok((slot, Joined { client, lease, fence, incarnation }))
+}
+
+/// Whether `e` says etcd did not answer (rather than refused).
+pub(super) fn unreachable(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::Connect { .. } | EtcdError::Timeout { .. } | EtcdError::Request { .. })
+}
+
+/// The NVLink cliques of the node's GPUs (NVML's cluster UUID and clique id), at most as
+/// many as a member record lists.
+fn groups(inv: &Inventory) -> Vec<FabricGroup> {
+    let mut out: Vec<FabricGroup> = Vec::new();
+    for gpu in inv.devices.iter().filter_map(|d| d.gpu.as_ref()) {
+        if let (Some(cluster), Some(clique)) = (&gpu.fabric_cluster, gpu.fabric_clique) {
+            let group = FabricGroup::NvlinkClique { cluster_uuid: cluster.clone(), clique_id: clique };
+            if !out.contains(&group) && out.len() < fabric_domain::records::MAX_LIST_LEN {
+                out.push(group);
+            }
+        }
+    }
+    out
+}
+
+/// The slot file: which slot this node held in which domain.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct SlotMemory {
+    domain: String,
+    node: String,
+    slot: u32,
+    node_span: u64,
+}
+
+fn remember(path: &Path, config: &DomainConfig, slot: u32, node_span: u64) -> Result<(), JoinError> {
+    let memory = SlotMemory { domain: config.name.clone(), node: config.node.clone(), slot, node_span };
+    let io = |source| JoinError::SlotFile { path: path.to_owned(), source };
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&memory).unwrap_or_default()).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// The remembered slot, when the file names this domain, node and span.
+fn remembered(path: &Path, config: &DomainConfig, node_span: u64) -> Result<Option<u32>, JoinError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(JoinError::SlotFile { path: path.to_owned(), source }),
+    };
+    let Ok(memory) = serde_json::from_slice::<SlotMemory>(&bytes) else {
+        tracing::warn!(file = %path.display(), "slot file is damaged: ignored");
+        return Ok(None);
+    };
+    let same = memory.domain == config.name && memory.node == config.node && memory.node_span == node_span;
+    Ok(same.then_some(memory.slot))
+}

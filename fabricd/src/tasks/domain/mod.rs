@@ -1,0 +1,204 @@
+//! fabricd as a node of a domain (`docs/domain.md`): it joins at start ([`join`]), then a
+//! task on a small runtime of its own publishes this node's placements ([`publish`]),
+//! watches the domain into a [`DomainView`] ([`watch`]) and rejoins after a lost lease.
+//! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
+//! [`listing`]) and never wait for etcd.
+
+pub mod join;
+pub mod listing;
+pub mod publish;
+mod watch;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use fabric_domain::{DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, RecordLimits};
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
+
+pub use join::{JoinError, Starting};
+
+/// How this node stands in its domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// Joined: its member key lives on its lease; domain writes go ahead.
+    Joined,
+    /// Its lease was lost (etcd unreachable past a renewal, or expired): no domain writes
+    /// until it rejoins with a new lease and incarnation. Local service goes on.
+    Fenced(String),
+    /// etcd could not be reached to (re)join; local service goes on with the slot the node
+    /// held before.
+    Unreachable(String),
+}
+
+/// What `fabricctl domain status` shows of this node; replaced as a whole.
+#[derive(Debug, Clone)]
+pub struct DomainStatus {
+    /// Joined, fenced or unreachable.
+    pub standing: Standing,
+    /// The incarnation of the current (or last) join; 0 before the first.
+    pub incarnation: u64,
+    /// Whether the last etcd request answered.
+    pub etcd_reachable: bool,
+    /// Round trip of the last probe that answered.
+    pub round_trip: Option<Duration>,
+}
+
+/// The domain side of the daemon, shared by requests and the domain task.
+#[derive(Debug)]
+pub struct Domain {
+    config: DomainConfig,
+    settings: DomainSettings,
+    slot: u32,
+    peer_address: String,
+    groups: Vec<fabric_domain::FabricGroup>,
+    status: ArcSwap<DomainStatus>,
+    view: ArcSwap<DomainView>,
+    /// The client of the current join, for admin requests (gc).
+    client: ArcSwap<Option<DomainClient>>,
+    /// Told after each committed change of this node's map.
+    map_changed: Notify,
+    etcd_errors: AtomicU64,
+    /// The lease the member key lives on while joined; 0 when not joined.
+    lease: AtomicI64,
+    runtime: RuntimeGuard,
+}
+
+impl Domain {
+    /// This node's name in the domain.
+    pub fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    /// The domain's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The slot this node holds.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The domain settings.
+    pub fn settings(&self) -> &DomainSettings {
+        &self.settings
+    }
+
+    /// This node's standing, etcd reachability and round trip.
+    pub fn status(&self) -> Arc<DomainStatus> {
+        self.status.load_full()
+    }
+
+    /// The domain as last seen through the watch.
+    pub fn view(&self) -> Arc<DomainView> {
+        self.view.load_full()
+    }
+
+    /// What the metrics page shows.
+    pub fn gauges(&self) -> crate::metrics::DomainGauges {
+        let view = self.view();
+        let status = self.status();
+        let nodes = view.nodes();
+        let live = nodes.iter().filter(|n| n.member.is_some()).count() as u64;
+        crate::metrics::DomainGauges {
+            live,
+            gone: nodes.iter().filter(|n| n.member.is_none() && n.slot.is_some()).count() as u64,
+            joined: status.standing == Standing::Joined,
+            round_trip_s: status.round_trip.map(|t| t.as_secs_f64()),
+            etcd_errors: self.etcd_errors(),
+        }
+    }
+
+    /// etcd requests that failed since start.
+    pub fn etcd_errors(&self) -> u64 {
+        self.etcd_errors.load(Ordering::Relaxed)
+    }
+
+    /// Tells the domain task that this node's map changed (after the change was saved and
+    /// published); it writes the placements record. Never blocks.
+    pub fn map_changed(&self) {
+        self.map_changed.notify_one();
+    }
+
+    /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
+    /// Waits for etcd at most one request timeout.
+    pub fn gc(&self, node: &str) -> Result<Option<u32>, EtcdError> {
+        let Some(client) = (*self.client.load_full()).clone() else {
+            return Err(EtcdError::Timeout { op: "slot gc (not joined)", after: Duration::ZERO });
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let node = node.to_owned();
+        self.runtime.get().spawn(async move {
+            let _ = tx.send(client.gc_slot(&node).await);
+        });
+        let wait = self.config.request_timeout() * 2;
+        let r = rx.recv_timeout(wait).unwrap_or(Err(EtcdError::Timeout { op: "slot gc", after: wait }));
+        if r.is_err() {
+            self.etcd_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Leaves the domain at shutdown: revokes the lease, so the member key goes at once
+    /// (the slot stays). Waits for etcd at most one request timeout.
+    pub fn leave(&self) {
+        let lease = self.lease.swap(0, Ordering::Relaxed);
+        let Some(client) = (*self.client.load_full()).clone().filter(|_| lease != 0) else { return };
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.runtime.get().spawn(async move {
+            let mut raw = client.raw();
+            let _ = tx.send(client.call("lease revoke", raw.lease_revoke(lease)).await.map(drop));
+        });
+        match rx.recv_timeout(self.config.request_timeout()) {
+            Ok(Ok(())) => tracing::info!(node = %self.config.node, "left the domain"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot leave the domain; it ends with the lease")
+            }
+            Err(_) => tracing::warn!("etcd did not answer the leave; the node goes with its lease"),
+        }
+    }
+
+    fn set_status(&self, f: impl FnOnce(&mut DomainStatus)) {
+        let mut s = (*self.status.load_full()).clone();
+        f(&mut s);
+        self.status.store(Arc::new(s));
+    }
+
+    fn etcd_failed(&self) {
+        self.etcd_errors.fetch_add(1, Ordering::Relaxed);
+        self.set_status(|s| s.etcd_reachable = false);
+    }
+
+    fn limits() -> RecordLimits {
+        RecordLimits::default()
+    }
+}
+
+/// The domain's runtime, shut down without waiting when the daemon goes (dropping a
+/// runtime may not block inside the daemon's own runtime).
+#[derive(Debug)]
+struct RuntimeGuard {
+    handle: tokio::runtime::Handle,
+    runtime: Option<Runtime>,
+}
+
+impl RuntimeGuard {
+    fn new(runtime: Runtime) -> Self {
+        Self { handle: runtime.handle().clone(), runtime: Some(runtime) }
+    }
+
+    fn get(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl Drop for RuntimeGuard {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}

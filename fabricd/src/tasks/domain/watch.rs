@@ -1,0 +1,205 @@
+//! The domain task: while joined, it reads the domain's prefix into a [`DomainView`],
+//! follows it with a watch, writes this node's placements after each map change and
+//! probes etcd's round trip; when the lease is lost it stops every domain write, says so,
+//! and rejoins (new lease, new incarnation) once etcd answers. Each step is bounded by
+//! the client's request timeout; nothing here holds a lock across an await.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabric_domain::etcd_client::{EventType, GetOptions, WatchOptions};
+use fabric_domain::{DomainView, EtcdError, LeaseState};
+
+use super::join::{self, Joined};
+use super::{Domain, Standing, publish};
+
+/// Why a joined session ended.
+enum End {
+    /// The lease is lost: fence, then rejoin.
+    LeaseLost(String),
+    /// The watch broke (etcd restarted, compaction): read again with the same join.
+    Watch(String),
+}
+
+/// Runs until the daemon drops the domain's runtime.
+pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader: fabric_addrmap::Reader) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let j = match joined.take() {
+            Some(j) => j,
+            None => match rejoin(&domain).await {
+                Ok(j) => {
+                    backoff = Duration::from_millis(200);
+                    j
+                }
+                Err(e) => {
+                    let why = crate::error_chain(&e);
+                    tracing::warn!(error = %why, "cannot join the domain; retrying");
+                    domain.etcd_failed();
+                    // A fenced node stays fenced until it rejoins; one that never joined
+                    // since start is unreachable.
+                    domain.set_status(|s| {
+                        s.standing = match &s.standing {
+                            Standing::Fenced(_) => Standing::Fenced(format!("lease lost; rejoining: {why}")),
+                            _ => Standing::Unreachable(why),
+                        }
+                    });
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(domain.config.request_timeout());
+                    continue;
+                }
+            },
+        };
+        domain.client.store(Arc::new(Some(j.client.clone())));
+        domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
+        domain.set_status(|s| {
+            s.standing = Standing::Joined;
+            s.incarnation = j.incarnation;
+            s.etcd_reachable = true;
+        });
+        match session(&domain, &j, &reader).await {
+            End::LeaseLost(reason) => {
+                tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
+                domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
+                domain.client.store(Arc::new(None));
+                domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
+                drop(j);
+            }
+            End::Watch(reason) => {
+                tracing::warn!(%reason, "domain watch lost; reading the domain again");
+                domain.etcd_failed();
+                tokio::time::sleep(backoff).await;
+                joined = Some(j);
+            }
+        }
+    }
+}
+
+async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
+    let (slot, j) = join::join(&domain.config, &domain.settings, &domain.peer_address, &domain.groups).await?;
+    if slot != domain.slot {
+        // A slot changes only through an admin's gc of this node while it was gone; its
+        // memory lies in the old one. Serving on would hand out GFAs of another node.
+        let _ = j.client.leave(j.lease).await;
+        return Err(EtcdError::Inconsistent {
+            node: domain.config.node.clone(),
+            slot,
+            holder: format!("this daemon, which serves slot {} (restart it to move)", domain.slot),
+        });
+    }
+    Ok(j)
+}
+
+/// One joined session: the view, the watch, placements and probes, until the lease is
+/// lost or the watch breaks.
+async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -> End {
+    let mut lease = j.lease.watch();
+    if let LeaseState::Lost(why) = j.lease.state() {
+        return End::LeaseLost(why);
+    }
+    let prefix = j.client.keys().prefix().to_owned();
+    let mut kv = j.client.raw();
+    let all = match j.client.call("domain read", kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await {
+        Ok(r) => r,
+        Err(e) => return End::Watch(crate::error_chain(&e)),
+    };
+    let revision = all.header().map_or(0, |h| h.revision());
+    let entries = all.kvs().iter().map(|e| (e.key(), e.value()));
+    let mut view = DomainView::load(j.client.keys().clone(), Domain::limits(), entries, revision);
+    domain.view.store(Arc::new(view.clone()));
+    let mut watcher = j.client.raw();
+    let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+    let mut stream = match j.client.call("domain watch", watcher.watch(prefix, Some(options))).await {
+        Ok(s) => s,
+        Err(e) => return End::Watch(crate::error_chain(&e)),
+    };
+    let mut written: Option<fabric_domain::PlacementsRecord> = None;
+    if let Some(end) = placements(domain, j, reader, &mut written).await {
+        return end;
+    }
+    let mut probe = tokio::time::interval(domain.config.keepalive_interval());
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            changed = lease.changed() => {
+                let state = lease.borrow().clone();
+                match (changed, state) {
+                    (_, LeaseState::Lost(why)) => return End::LeaseLost(why),
+                    (Err(_), _) => return End::LeaseLost("the lease's renewal stopped".to_owned()),
+                    _ => {}
+                }
+            }
+            () = domain.map_changed.notified() => {
+                if let Some(end) = placements(domain, j, reader, &mut written).await {
+                    return end;
+                }
+            }
+            message = stream.message() => {
+                let response = match message {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return End::Watch("etcd closed the watch".to_owned()),
+                    Err(e) => return End::Watch(format!("watch: {e}")),
+                };
+                if response.canceled() {
+                    return End::Watch(format!("watch canceled (compacted at {})", response.compact_revision()));
+                }
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let value = match event.event_type() {
+                        EventType::Put => Some(kv.value()),
+                        EventType::Delete => None,
+                    };
+                    if let Err(reason) = view.apply(kv.key(), value, kv.mod_revision()) {
+                        tracing::warn!(key = %String::from_utf8_lossy(kv.key()), %reason, "refused an etcd record");
+                    }
+                }
+                domain.view.store(Arc::new(view.clone()));
+            }
+            _ = probe.tick() => {
+                let started = Instant::now();
+                let mut kv = j.client.raw();
+                let count = GetOptions::new().with_count_only();
+                match j.client.call("probe", kv.get(j.client.keys().settings(), Some(count))).await {
+                    Ok(_) => domain.set_status(|s| {
+                        s.etcd_reachable = true;
+                        s.round_trip = Some(started.elapsed());
+                    }),
+                    Err(e) => {
+                        tracing::debug!(error = %crate::error_chain(&e), "etcd probe failed");
+                        domain.etcd_failed();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes this node's placements when they differ from the last written.
+async fn placements(
+    domain: &Domain,
+    j: &Joined,
+    reader: &fabric_addrmap::Reader,
+    written: &mut Option<fabric_domain::PlacementsRecord>,
+) -> Option<End> {
+    let snap = reader.snapshot();
+    let record = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
+    if written.as_ref() == Some(&record) {
+        return None;
+    }
+    match publish::write(&j.client, &j.fence, &record).await {
+        Ok(true) => {
+            tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
+            *written = Some(record);
+            None
+        }
+        Ok(false) => Some(End::LeaseLost("this membership no longer holds its member key".to_owned())),
+        Err(e) => {
+            // Retried at the next map change or session; the watch session goes on.
+            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements");
+            domain.etcd_failed();
+            domain.map_changed();
+            tokio::time::sleep(domain.config.keepalive_interval()).await;
+            None
+        }
+    }
+}

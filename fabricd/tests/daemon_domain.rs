@@ -1,0 +1,350 @@
+//! fabricd nodes joined into one domain through a private etcd: three nodes, each serving
+//! one tray of the sim supernode, hold the same domain map; a GFA of another node's slot
+//! translates to that node; a node killed with SIGKILL is seen gone within TTL + 1 s with
+//! its slot kept as a hole, and comes back with the same slot and GFAs; a second daemon
+//! with a live node's name and one with other domain settings are refused, a cleanly
+//! stopped node's name is free at once, an admin's gc frees only a gone node's slot; a
+//! node whose etcd stops answering fences itself, serves on and rejoins; and
+//! `scripts/domain.sh` starts and stops a domain.
+//!
+//! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
+//! skipped (scripts/deps.sh installs Debian's etcd-server).
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fabric_domain::testing::EtcdServer;
+use fabric_proto::wire::{
+    BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, TopologyRequest, TranslateQuery,
+    TranslateRequest, Translation,
+};
+use serde_json::Value;
+
+const TTL: u64 = 2;
+const SPAN: u64 = 1 << 40;
+
+fn etcd(rt: &tokio::runtime::Runtime) -> Option<EtcdServer> {
+    rt.block_on(fabric_domain::testing::etcd_or_skip())
+}
+
+fn supernode() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
+}
+
+/// A node's files: tray `tray` of the supernode in domain `test`, node span `span`.
+fn node(etcd: &EtcdServer, name: &str, tray: &str, span: u64) -> common::Setup {
+    let extra = format!(
+        "[map]\nnode_span = {{ fixed = {span} }}\n[domain]\nname = \"test\"\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n",
+        etcd.endpoint()
+    );
+    let s = common::Setup::with_sim(&supernode(), &extra);
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {tray:?}\n"))).unwrap();
+    s
+}
+
+fn domain(c: &mut Connection, action: DomainAction) -> Value {
+    match c.call(Request::Domain(DomainRequest { action }), &[]).unwrap().0 {
+        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The domain map a node shows, without the etcd revision it was read at.
+fn map(c: &mut Connection) -> Value {
+    let Response::Map(d) = c.call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
+    let mut v: Value = serde_json::from_str(&d.json).unwrap();
+    v.as_object_mut().unwrap().remove("generation");
+    v
+}
+
+fn translate(c: &mut Connection, gfa: u64) -> Translation {
+    let queries = BoundedVec::new(vec![TranslateQuery::Gfa(gfa)]).unwrap();
+    let Response::Translate(t) = c.call(Request::Translate(TranslateRequest { queries }), &[]).unwrap().0 else {
+        panic!()
+    };
+    t.results.into_vec().remove(0)
+}
+
+/// `(name, state, slot, ranges)` of every node `c` lists.
+fn nodes(c: &mut Connection) -> Vec<(String, String, u64, u64)> {
+    let doc = domain(c, DomainAction::Nodes);
+    doc["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let s = |k: &str| n[k].as_str().unwrap_or_default().to_owned();
+            (s("name"), s("state"), n["slot"].as_u64().unwrap_or(u64::MAX), n["ranges"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Polls `f` every 50 ms for up to `within`; the time it took.
+fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t0.elapsed()
+}
+
+fn all_live_and_placed(c: &mut Connection, n: usize) -> bool {
+    let list = nodes(c);
+    list.len() == n && list.iter().all(|(_, state, _, ranges)| state == "live" && *ranges > 0)
+}
+
+#[test]
+fn three_nodes_hold_one_map_and_see_a_death() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let setups: Vec<_> = (0..3).map(|i| node(&etcd, &format!("tray{i}"), &format!("tray{i}"), SPAN)).collect();
+    let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "every node live with its placements", || all_live_and_placed(c, 3));
+    }
+    // One map, the same on every node: three slots, each node's memory inside its own.
+    let first = map(&mut clients[0]);
+    for c in &mut clients[1..] {
+        assert_eq!(map(c), first, "every node shows the same domain map");
+    }
+    let slots: Vec<(String, u64)> = first["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["node"].as_str().unwrap().to_owned(), n["start"].as_u64().unwrap() / SPAN))
+        .collect();
+    assert_eq!(slots.len(), 3, "{first}");
+    let ranges = first["ranges"].as_array().unwrap();
+    for r in ranges {
+        let node = r["node"].as_str().unwrap();
+        let slot = slots.iter().find(|(n, _)| n == node).unwrap().1;
+        assert_eq!(r["start"].as_u64().unwrap() / SPAN, slot, "{r}");
+    }
+    // A GFA of tray1 asked of tray0 names tray1, the device and the offset.
+    let r1 = ranges.iter().find(|r| r["node"] == "tray1" && r["kind"] == "direct").unwrap().clone();
+    let gfa = r1["start"].as_u64().unwrap() + 4096 + 5;
+    let owner = r1["owner"].as_str().unwrap();
+    let device = owner.split('#').next().unwrap();
+    match translate(&mut clients[0], gfa) {
+        Translation::Remote { node, live: true, resource: Some(res), offset, set: None } => {
+            assert_eq!((node.as_str(), res.device.as_str(), offset), ("tray1", device, 4096 + 5));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Its own GFAs stay local answers.
+    let r0 = ranges.iter().find(|r| r["node"] == "tray0" && r["kind"] == "direct").unwrap();
+    assert!(matches!(translate(&mut clients[0], r0["start"].as_u64().unwrap()), Translation::Resource { .. }));
+
+    // kill -9 tray1: the others see it gone within TTL + 1 s, its slot kept as a hole.
+    let before: Vec<Value> = ranges.iter().filter(|r| r["node"] == "tray1").cloned().collect();
+    let mut dead = daemons[1].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    for i in [0, 2] {
+        let c = &mut clients[i];
+        until(Duration::from_secs(TTL + 3), "tray1 gone", || {
+            nodes(c).iter().any(|(n, state, _, _)| n == "tray1" && state == "gone")
+        });
+    }
+    let seen = killed.elapsed();
+    assert!(seen <= Duration::from_secs(TTL + 1), "gone seen after {seen:?}, more than TTL + 1 s");
+    let holed = map(&mut clients[0]);
+    assert_eq!(map(&mut clients[2]), holed);
+    let gone = holed["nodes"].as_array().unwrap().iter().find(|n| n["node"] == "tray1").unwrap();
+    assert_eq!(gone["state"], "gone");
+    for r in holed["ranges"].as_array().unwrap().iter().filter(|r| r["node"] == "tray1") {
+        assert_eq!((r["kind"].as_str(), r["size"].as_u64()), (Some("hole"), Some(0)), "{r}");
+    }
+    match translate(&mut clients[0], gfa) {
+        Translation::Remote { node, live: false, .. } => assert_eq!(node.as_str(), "tray1"),
+        other => panic!("{other:?}"),
+    }
+    let status = domain(&mut clients[0], DomainAction::Status);
+    let missing = status["missing"].to_string();
+    assert!(missing.contains("tray1: gone"), "{status}");
+    assert_eq!(status["self"]["standing"], "joined", "{status}");
+
+    // tray1 comes back: the same slot, the same GFAs, the same map as before.
+    drop(dead);
+    daemons[1] = Some(common::start(&setups[1].config, setups[1].dir.path()));
+    clients[1] = common::client(&setups[1].socket);
+    for c in &mut clients {
+        until(Duration::from_secs(15), "tray1 back", || all_live_and_placed(c, 3));
+    }
+    let again = map(&mut clients[0]);
+    let after: Vec<Value> =
+        again["ranges"].as_array().unwrap().iter().filter(|r| r["node"] == "tray1").cloned().collect();
+    assert_eq!(after, before, "tray1 has its GFAs back");
+    for c in &mut clients[1..] {
+        assert_eq!(map(c), again);
+    }
+}
+
+/// Runs fabricd on `config` and expects it to refuse to start; its log.
+fn refused(config: &Path) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fabricd"))
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = common::wait_exit(&mut child, 30);
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(!status.success(), "fabricd started; log:\n{log}");
+    log
+}
+
+#[test]
+fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let first = node(&etcd, "tray0", "tray0", SPAN);
+    let mut live = common::start(&first.config, first.dir.path());
+    // Another daemon (its own state dir and socket) under the same name.
+    let twin = node(&etcd, "tray0", "tray0", SPAN);
+    let log = refused(&twin.config);
+    assert!(log.contains("tray0 is held by a live daemon"), "{log}");
+    // A clean stop leaves the domain at once: the name is free without waiting for the TTL.
+    let stopped = Command::new("kill").arg("-TERM").arg(live.child.id().to_string()).status().unwrap();
+    assert!(stopped.success());
+    assert!(common::wait_exit(&mut live.child, 10).success());
+    let t0 = Instant::now();
+    let _twin = common::start(&twin.config, twin.dir.path());
+    assert!(t0.elapsed() < Duration::from_secs(TTL), "the name was free at once");
+    let mut c = common::client(&twin.socket);
+    assert_eq!(nodes(&mut c)[0].0, "tray0");
+    // An admin's gc: refused for a live node; frees a gone node's slot for good.
+    let asker = node(&etcd, "tray1", "tray1", SPAN);
+    let _asker = common::start(&asker.config, asker.dir.path());
+    let mut a = common::client(&asker.socket);
+    let live = a.call(
+        Request::Domain(DomainRequest {
+            action: DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray0") },
+        }),
+        &[],
+    );
+    let err = format!("{:?}", live.unwrap_err());
+    assert!(err.contains("BadRequest") && err.contains("tray0 is a live member"), "{err}");
+    let slot = nodes(&mut a).iter().find(|n| n.0 == "tray0").unwrap().2;
+    drop(_twin);
+    until(Duration::from_secs(TTL + 2), "tray0 gone", || nodes(&mut a).iter().any(|n| n.0 == "tray0" && n.1 == "gone"));
+    let freed = domain(&mut a, DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray0") });
+    assert_eq!((freed["gc"]["node"].as_str(), freed["gc"]["slot"].as_u64()), (Some("tray0"), Some(slot)), "{freed}");
+    until(Duration::from_secs(5), "tray0's slot gone from the view", || nodes(&mut a).iter().all(|n| n.0 != "tray0"));
+    // Another node with another node span: both values named.
+    let other = node(&etcd, "tray1", "tray1", 2 * SPAN);
+    let log = refused(&other.config);
+    assert!(
+        log.contains("domain setting node_span: the domain has 0x10000000000, this node has 0x20000000000"),
+        "{log}"
+    );
+    // Auto node spans are refused at load, naming the key.
+    let auto = node(&etcd, "tray2", "tray2", SPAN);
+    let text = std::fs::read_to_string(&auto.config).unwrap();
+    std::fs::write(&auto.config, text.replace(&format!("node_span = {{ fixed = {SPAN} }}"), "")).unwrap();
+    let log = refused(&auto.config);
+    assert!(log.contains("map.node_span: a domain node needs a fixed node span"), "{log}");
+}
+
+/// The pid of the etcd `server` runs (the one whose command line names its data dir).
+fn etcd_pid(server: &EtcdServer) -> String {
+    let dir = server.dir().display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .find(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains(&dir)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .expect("the test's etcd runs")
+}
+
+fn signal(pid: &str, sig: &str) {
+    assert!(Command::new("kill").arg(format!("-{sig}")).arg(pid).status().unwrap().success());
+}
+
+#[test]
+fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let s = node(&etcd, "tray0", "tray0", SPAN);
+    let _d = common::start(&s.config, s.dir.path());
+    let mut c = common::client(&s.socket);
+    until(Duration::from_secs(15), "joined with placements", || all_live_and_placed(&mut c, 1));
+    let first = domain(&mut c, DomainAction::Status);
+    assert_eq!(first["self"]["standing"], "joined", "{first}");
+    let incarnation = first["self"]["incarnation"].as_u64().unwrap();
+    let held = map(&mut c);
+    // etcd stops answering (SIGSTOP): the lease cannot be renewed; the node fences itself
+    // before its TTL runs out.
+    let pid = etcd_pid(&etcd);
+    signal(&pid, "STOP");
+    let fenced = until(Duration::from_secs(TTL + 1), "fenced", || {
+        domain(&mut c, DomainAction::Status)["self"]["standing"] == "fenced"
+    });
+    assert!(fenced < Duration::from_secs(TTL), "fenced after {fenced:?}, not before the TTL ended");
+    // Local service goes on: the domain map it held is still answered, at once.
+    let t0 = Instant::now();
+    assert_eq!(map(&mut c), held);
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    let status = domain(&mut c, DomainAction::Status);
+    assert!(status["self"]["reason"].as_str().unwrap().contains("lease lost"), "{status}");
+    // etcd back: a new lease and a new incarnation; the same slot.
+    signal(&pid, "CONT");
+    until(Duration::from_secs(20), "rejoined with a new incarnation", || {
+        let s = domain(&mut c, DomainAction::Status);
+        s["self"]["standing"] == "joined" && s["self"]["incarnation"].as_u64() != Some(incarnation)
+    });
+    until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c, 1));
+    assert_eq!(map(&mut c)["ranges"], held["ranges"]);
+}
+
+#[test]
+fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The script starts its own etcd; this only checks that one is installed.
+    let Some(_etcd) = etcd(&rt) else { return };
+    let run = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/domain.sh");
+    let sh = |args: &[&str]| {
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .env("FABRIC_DOMAIN_RUN", run.path().join("d"))
+            .env("FABRICD", env!("CARGO_BIN_EXE_fabricd"))
+            .env("FABRIC_DOMAIN_TTL", "2")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, text) = sh(&["up", "2"]);
+    assert!(ok, "{text}");
+    let sockets: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("tray").and_then(|l| l.split_once(' ')).map(|(_, p)| PathBuf::from(p)))
+        .collect();
+    assert_eq!(sockets.len(), 2, "{text}");
+    let (ok, again) = sh(&["up", "2"]);
+    assert!(!ok && again.contains("already up"), "{again}");
+    let mut c = common::client(&sockets[1]);
+    until(Duration::from_secs(15), "both trays live", || all_live_and_placed(&mut c, 2));
+    let (ok, status) = sh(&["status"]);
+    assert!(ok && status.matches("running").count() == 2, "{status}");
+    let (ok, text) = sh(&["down"]);
+    assert!(ok, "{text}");
+    assert!(!run.path().join("d").exists(), "the run dir is removed");
+    assert!(std::os::unix::net::UnixStream::connect(&sockets[0]).is_err(), "tray0 stopped");
+}

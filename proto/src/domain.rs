@@ -1,0 +1,98 @@
+//! `fabric.domain/v1`: the domain a daemon's node belongs to, as the `Domain` request
+//! answers it (protocol 1.6) and `fabricctl domain -o json` prints it. fabricd fills it
+//! from its domain view; fields a request did not ask for are absent.
+
+use serde::{Deserialize, Serialize};
+
+/// Schema name and version of [`DomainDoc`].
+pub const DOMAIN_SCHEMA: &str = "fabric.domain/v1";
+
+/// The document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DomainDoc {
+    /// The domain's name.
+    pub domain: String,
+    /// This node's standing (`status`).
+    #[serde(rename = "self", default, skip_serializing_if = "Option::is_none")]
+    pub this: Option<SelfDoc>,
+    /// etcd as this node sees it (`status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdDoc>,
+    /// The domain settings (`status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<SettingsDoc>,
+    /// Every node holding a slot or live, by name.
+    pub nodes: Vec<NodeDoc>,
+    /// What is missing and why (`status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<Vec<String>>,
+    /// What an admin's gc freed (`gc`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<GcDoc>,
+}
+
+/// One node of the domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDoc {
+    /// Its name.
+    pub name: String,
+    /// `live` (its lease lives) or `gone` (its slot kept as a hole).
+    pub state: String,
+    /// Its slot.
+    pub slot: Option<u32>,
+    /// Its incarnation, while live.
+    pub incarnation: Option<u64>,
+    /// Its peer address, while live.
+    pub peer_address: Option<String>,
+    /// Ranges it published.
+    pub ranges: usize,
+    /// Bytes of them that translate.
+    pub mapped_bytes: u64,
+}
+
+/// The answering node's standing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfDoc {
+    /// Its name.
+    pub node: String,
+    /// Its slot.
+    pub slot: u32,
+    /// `joined`, `fenced` (lease lost: no domain writes until it rejoins) or
+    /// `etcd unreachable` (not joined since start).
+    pub standing: String,
+    /// Why, when not joined.
+    pub reason: Option<String>,
+    /// Incarnation of the current (or last) join; 0 before the first.
+    pub incarnation: u64,
+}
+
+/// etcd as the answering node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdDoc {
+    /// Whether its last request answered.
+    pub reachable: bool,
+    /// Round trip of the last probe, in microseconds.
+    pub round_trip_us: Option<u64>,
+    /// Failed requests since start.
+    pub errors: u64,
+}
+
+/// The domain-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingsDoc {
+    /// Significant bits of a GFA.
+    pub address_bits: u8,
+    /// Every slot's size: slot n starts at n × node_span.
+    pub node_span: u64,
+    /// Data paths between nodes (`shared_file`, `nvlink`, `cxl`, `rdma`).
+    pub data_paths: Vec<String>,
+}
+
+/// What a gc freed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcDoc {
+    /// The node.
+    pub node: String,
+    /// The slot freed; none when the node held none.
+    pub slot: Option<u32>,
+}

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# A domain on this machine, as the current user (no root): a private etcd and N fabricd
+# nodes, node i serving tray i of configs/sim/supernode-64.toml (docs/domain.md).
+#
+#   scripts/domain.sh up N     start etcd and nodes tray0..tray(N-1) (1 <= N <= 16); prints
+#                              each node's socket
+#   scripts/domain.sh status   the nodes and whether they run
+#   scripts/domain.sh down     stop what `up` started (only those pids) and remove the run dir
+#
+# Everything lives in one run dir ($FABRIC_DOMAIN_RUN, default ${TMPDIR:-/tmp}/fabric-domain-UID):
+# etcd's data, each node's configuration, socket, state dir and log, and the pids. etcd listens
+# on free loopback ports. FABRICD (default target/debug/fabricd, else fabricd on PATH) and
+# FABRIC_ETCD (default etcd on PATH) pick the binaries.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+RUN=${FABRIC_DOMAIN_RUN:-${TMPDIR:-/tmp}/fabric-domain-$(id -u)}
+SIM=$ROOT/configs/sim/supernode-64.toml
+ETCD=${FABRIC_ETCD:-etcd}
+if [ -z "${FABRICD:-}" ]; then
+  if [ -x "$ROOT/target/debug/fabricd" ]; then FABRICD=$ROOT/target/debug/fabricd; else FABRICD=fabricd; fi
+fi
+DOMAIN=supernode
+TTL=${FABRIC_DOMAIN_TTL:-6}
+SPAN=1099511627776 # 1 TiB: every node's slot, the same on all of them
+
+die() { echo "domain.sh: $*" >&2; exit 1; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits up to $2 seconds for TCP port $1 on 127.0.0.1 to accept a connection.
+wait_port() {
+  local port=$1 i
+  for ((i = 0; i < $2 * 10; i++)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# Whether pid $1 still runs the command whose arguments include $2 (never a reused pid).
+ours() {
+  [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF -- "$2"
+}
+
+# Stops pid file $1's process if it still is ours (its command line names $2).
+stop() {
+  local file=$1 mark=$2 pid i
+  [ -f "$file" ] || return 0
+  pid=$(cat "$file")
+  if ours "$pid" "$mark"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do ours "$pid" "$mark" || break; sleep 0.1; done
+    if ours "$pid" "$mark"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  fi
+  rm -f "$file"
+}
+
+up() {
+  local n=${1:-}
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 16)) || die "up N: N is 1 to 16 (the supernode has 16 trays)"
+  [ -e "$RUN/etcd.pid" ] && die "a domain is already up in $RUN (scripts/domain.sh down first)"
+  command -v "$ETCD" >/dev/null || die "no etcd (scripts/deps.sh installs Debian's etcd-server)"
+  command -v "$FABRICD" >/dev/null || [ -x "$FABRICD" ] || die "no fabricd at $FABRICD (cargo build -p fabricd)"
+  mkdir -p "$RUN"
+  chmod 700 "$RUN"
+  local client peer
+  client=$(free_port)
+  peer=$(free_port)
+  "$ETCD" --name fabric-domain --data-dir "$RUN/etcd" \
+    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "fabric-domain=http://127.0.0.1:$peer" </dev/null >"$RUN/etcd.log" 2>&1 &
+  echo $! >"$RUN/etcd.pid"
+  wait_port "$client" 20 || die "etcd did not answer on 127.0.0.1:$client (see $RUN/etcd.log)"
+  echo "etcd http://127.0.0.1:$client (data $RUN/etcd)"
+  local i dir
+  for ((i = 0; i < n; i++)); do
+    dir=$RUN/tray$i
+    mkdir -p "$dir"
+    cat >"$dir/fabricd.toml" <<EOF
+[socket]
+path = "$dir/fabricd.sock"
+[state]
+dir = "$dir/state"
+[discovery]
+sim = ["$SIM"]
+sim_node = "tray$i"
+[metrics]
+listen = ""
+[map]
+node_span = { fixed = $SPAN }
+[domain]
+name = "$DOMAIN"
+endpoints = ["http://127.0.0.1:$client"]
+node = "tray$i"
+lease_ttl_secs = $TTL
+[peer]
+address = "127.0.0.1:$((7471 + i))"
+EOF
+    "$FABRICD" --config "$dir/fabricd.toml" </dev/null >/dev/null 2>"$dir/fabricd.log" &
+    echo $! >"$dir/pid"
+  done
+  for ((i = 0; i < n; i++)); do
+    dir=$RUN/tray$i
+    local t
+    for ((t = 0; t < 300; t++)); do
+      [ -S "$dir/fabricd.sock" ] && break
+      ours "$(cat "$dir/pid")" "$dir/fabricd.toml" || die "tray$i did not start (see $dir/fabricd.log)"
+      sleep 0.1
+    done
+    [ -S "$dir/fabricd.sock" ] || die "tray$i: no socket after 30 s (see $dir/fabricd.log)"
+    echo "tray$i $dir/fabricd.sock"
+  done
+  echo "try: FABRIC_SOCKET=$RUN/tray0/fabricd.sock fabricctl domain status -o json"
+}
+
+status() {
+  [ -e "$RUN/etcd.pid" ] || { echo "no domain up in $RUN"; return 0; }
+  local dir pid state
+  for dir in "$RUN"/tray*; do
+    [ -d "$dir" ] || continue
+    pid=$(cat "$dir/pid" 2>/dev/null || echo 0)
+    if ours "$pid" "$dir/fabricd.toml"; then state="running (pid $pid)"; else state="stopped"; fi
+    echo "$(basename "$dir") $state $dir/fabricd.sock"
+  done
+}
+
+down() {
+  [ -d "$RUN" ] || { echo "no domain up in $RUN"; return 0; }
+  local dir
+  for dir in "$RUN"/tray*; do
+    [ -d "$dir" ] && stop "$dir/pid" "$dir/fabricd.toml"
+  done
+  stop "$RUN/etcd.pid" "$RUN/etcd"
+  rm -rf "$RUN"
+  echo "domain down"
+}
+
+case "${1:-}" in
+  up) up "${2:-}" ;;
+  down) down ;;
+  status) status ;;
+  *) die "usage: scripts/domain.sh up N | status | down" ;;
+esac
