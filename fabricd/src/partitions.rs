@@ -114,7 +114,7 @@ impl Binding {
     }
 }
 
-/// Checks the bounds and order [`Bindings`] keeps: at most [`MAX_BINDINGS`], names of 1 to
+/// Checks the bounds and order a bindings list keeps: at most [`MAX_BINDINGS`], names of 1 to
 /// [`MAX_NAME`] bytes sorted and unique, at most [`MAX_IDS`] sorted, unique ids each.
 pub fn validate(bindings: &[Binding]) -> Result<(), String> {
     if bindings.len() > MAX_BINDINGS {
@@ -143,7 +143,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(w)
 }
 
-/// The legacy file's bytes for `bindings` (sorted by name, as [`Bindings`] keeps them);
+/// The legacy file's bytes for `bindings` (sorted by name, as the map record keeps them);
 /// what a daemon before the map record wrote (tests and the fuzz target use it).
 pub fn encode(bindings: &[Binding]) -> Vec<u8> {
     // Serialising plain structs of strings and integers cannot fail.

@@ -109,7 +109,7 @@ impl Credentials {
 }
 
 /// The server name a client sends for `node` (node names are DNS labels); the check that
-/// matters is [`NodeVerifier`]'s.
+/// matters is the verifier's, which checks that the certificate names `node`.
 pub fn server_name(node: &NodeIdentity) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(node.node.clone()).map_err(|_| TlsError::ServerName(node.node.clone()))
 }

@@ -25,7 +25,7 @@ enum Command {
         #[arg(long)]
         domain: String,
     },
-    /// Make a node certificate signed by DIR's CA: DIR/<node>.pem and DIR/<node>.key (0600).
+    /// Make a node certificate signed by DIR's CA: DIR/NODE.pem and DIR/NODE.key (0600).
     Node {
         /// The directory holding the CA.
         dir: PathBuf,

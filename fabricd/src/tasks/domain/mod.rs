@@ -1,6 +1,6 @@
 //! fabricd as a node of a domain (`docs/domain.md`): it joins at start ([`join`]), then a
 //! task on a small runtime of its own publishes this node's placements ([`publish`]),
-//! watches the domain into a [`DomainView`] ([`watch`]) and rejoins after a lost lease.
+//! watches the domain into a [`DomainView`] (`watch.rs`) and rejoins after a lost lease.
 //! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
 //! [`listing`]) and never wait for etcd.
 
