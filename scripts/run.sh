@@ -17,6 +17,9 @@ sim=${SIM:-configs/sim/hgx-h100-8gpu.toml}
 if [[ -n ${FABRIC_BIN:-} ]]; then
   bin=$(cd "$FABRIC_BIN" && pwd)
 else
+  # fabricd's etcd client needs protoc to build (scripts/protoc.sh).
+  source scripts/protoc.sh
+  ensure_protoc
   cargo build --release --locked --bin fabricd --bin fabricctl
   bin=$root/target/release
 fi
