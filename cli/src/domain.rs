@@ -34,10 +34,10 @@ pub struct DomainArgs {
 /// `fabricctl domain` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DomainCommand {
-    /// This node's standing (joined, fenced, etcd unreachable), etcd, the members and
-    /// what is missing and why.
+    /// This node's standing (joined, fenced, etcd unreachable), the leader, etcd, the
+    /// members and what is missing and why.
     Status,
-    /// The domain's nodes: incarnation, slot, live or gone, peer address.
+    /// The domain's nodes: incarnation, slot, live or gone, peer address; the leader marked.
     Nodes,
     /// Free the slot of a node that is gone, for good (root or the admin group).
     Gc {
@@ -104,18 +104,32 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
     } else {
         writeln!(out, "domain {}", doc.domain)?;
     }
+    match (&doc.leader, &doc.this) {
+        (Some(l), _) => {
+            let who = if l.this_node { " (this node)" } else { "" };
+            writeln!(out, "leader {}{who}  term {}", l.node, l.term)?
+        }
+        // Only a status answer says it does not know.
+        (None, Some(_)) => writeln!(out, "leader unknown")?,
+        (None, None) => {}
+    }
     if let Some(e) = &doc.etcd {
         let rtt = e.round_trip_us.map_or_else(|| "-".to_owned(), |us| format!("{:.1} ms", us as f64 / 1000.0));
         let reach = if e.reachable { "reachable" } else { "unreachable" };
         writeln!(out, "etcd {reach}  round trip {rtt}  errors {}", e.errors)?;
     }
     writeln!(out)?;
-    writeln!(out, "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}", "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES")?;
+    writeln!(
+        out,
+        "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}  {}",
+        "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES", "ROLE"
+    )?;
     for n in &doc.nodes {
         let slot = n.slot.map_or_else(|| "-".to_owned(), |s| s.to_string());
         let inc = n.incarnation.map_or_else(|| "-".to_owned(), |i| i.to_string());
         let peer = n.peer_address.as_deref().unwrap_or("-");
-        writeln!(out, "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}", n.name, n.state, slot, inc, peer, n.ranges)?;
+        let role = if n.leader { "leader" } else { "-" };
+        writeln!(out, "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}  {role}", n.name, n.state, slot, inc, peer, n.ranges)?;
     }
     if let Some(missing) = doc.missing.as_ref().filter(|m| !m.is_empty()) {
         writeln!(out, "\nmissing:")?;
@@ -208,7 +222,7 @@ pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dy
 
 #[cfg(test)]
 mod tests {
-    use fabric_proto::domain::{EtcdDoc, GcDoc, NodeDoc, SelfDoc};
+    use fabric_proto::domain::{EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc};
 
     use super::*;
 
@@ -221,6 +235,7 @@ mod tests {
             peer_address: live.then(|| format!("{name}:7471")),
             ranges: 4,
             mapped_bytes: 1 << 30,
+            leader: false,
         }
     }
 
@@ -237,6 +252,7 @@ mod tests {
             }),
             etcd: Some(EtcdDoc { reachable: false, round_trip_us: Some(1500), errors: 2 }),
             settings: None,
+            leader: None,
             nodes: vec![node("tray0", true, 3), node("tray1", false, 5)],
             missing: Some(vec!["tray1: gone (its lease ended); slot 5 kept as a hole".into()]),
             gc: None,
@@ -246,12 +262,24 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         for want in [
             "domain supernode  node tray0 (slot 3, incarnation 9)  fenced: lease lost: etcd keepalive: no answer\n",
+            "leader unknown\n",
             "etcd unreachable  round trip 1.5 ms  errors 2\n",
             "tray1                gone      5                    - -",
             "missing:\n  tray1: gone",
         ] {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
+        let led = DomainDoc {
+            leader: Some(LeaderDoc { node: "tray2".into(), term: 17, this_node: false }),
+            nodes: vec![node("tray0", true, 3), NodeDoc { leader: true, ..node("tray2", true, 4) }],
+            ..doc.clone()
+        };
+        let mut out = Vec::new();
+        render(&led, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\nleader tray2  term 17\n"), "{text}");
+        assert!(text.contains("tray2:7471                    4  leader\n"), "{text}");
+        assert!(text.contains("tray0:7471                    4  -\n"), "{text}");
         let freed = DomainDoc { gc: Some(GcDoc { node: "tray1".into(), slot: Some(5) }), ..doc };
         let mut out = Vec::new();
         render(&freed, &mut out).unwrap();

@@ -59,10 +59,11 @@ impl Leadership {
         }
     }
 
-    fn term(&self) -> i64 {
+    /// The leader's term, when known.
+    pub fn term(&self) -> Option<i64> {
         match self {
-            Self::Unknown => 0,
-            Self::Leader { term, .. } | Self::Follower { term, .. } => *term,
+            Self::Unknown => None,
+            Self::Leader { term, .. } | Self::Follower { term, .. } => Some(*term),
         }
     }
 }
@@ -136,7 +137,7 @@ impl Me {
             true
         } else {
             // A late report of an older leader changes nothing.
-            let stale = term < self.state.borrow().term();
+            let stale = term < self.state.borrow().term().unwrap_or(0);
             self.publish(Leadership::Follower { leader, term });
             won && stale
         }

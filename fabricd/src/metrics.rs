@@ -226,6 +226,10 @@ pub struct DomainGauges {
     pub round_trip_s: Option<f64>,
     /// etcd requests that failed since start.
     pub etcd_errors: u64,
+    /// Whether this node leads the domain.
+    pub leader: bool,
+    /// The term of the leader this node knows of; none while not known.
+    pub leader_term: Option<i64>,
 }
 
 impl Metrics {
@@ -434,6 +438,12 @@ fn domain_series(p: &mut Page, d: &DomainGauges) {
     }
     p.family("fabricd_domain_etcd_errors_total", "counter", "etcd requests that failed.");
     p.sample("fabricd_domain_etcd_errors_total", &[], d.etcd_errors);
+    p.family("fabricd_domain_leader", "gauge", "1 while this node leads its domain, else 0.");
+    p.sample("fabricd_domain_leader", &[], u8::from(d.leader));
+    if let Some(term) = d.leader_term {
+        p.family("fabricd_domain_leader_term", "gauge", "Term of the domain's leader as this node knows it.");
+        p.sample("fabricd_domain_leader_term", &[], term);
+    }
 }
 
 /// `fabricd_devices`, `fabricd_device_states`, `fabricd_links` and
@@ -624,7 +634,15 @@ mod tests {
         m.rescan(RescanTrigger::Uevent, RescanResult::Changed);
         m.connection_refused(ClientLimit::ClientsPerUid);
         m.connection_refused(ClientLimit::ClientsPerUid);
-        let domain = DomainGauges { live: 2, gone: 1, joined: true, round_trip_s: Some(0.0005), etcd_errors: 4 };
+        let domain = DomainGauges {
+            live: 2,
+            gone: 1,
+            joined: true,
+            round_trip_s: Some(0.0005),
+            etcd_errors: 4,
+            leader: true,
+            leader_term: Some(12),
+        };
         let page = m.render(Live { sessions: 2, sessions_total: 5, memory, domain: Some(domain) });
         for want in [
             "fabricd_requests_total{op=\"status\",result=\"ok\"} 2\n",
@@ -643,6 +661,8 @@ mod tests {
             "fabricd_domain_joined 1\n",
             "fabricd_domain_etcd_round_trip_seconds 0.0005\n",
             "fabricd_domain_etcd_errors_total 4\n",
+            "fabricd_domain_leader 1\n",
+            "fabricd_domain_leader_term 12\n",
             "fabricd_map_mapped_bytes 1073741824\n",
             "fabricd_devices{kind=\"gpu\"} 8\n",
             "fabricd_regions 3\n",

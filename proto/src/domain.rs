@@ -1,6 +1,8 @@
 //! `fabric.domain/v1`: the domain a daemon's node belongs to, as the `Domain` request
 //! answers it (protocol 1.6) and `fabricctl domain -o json` prints it. fabricd fills it
-//! from its domain view; fields a request did not ask for are absent.
+//! from its domain view; fields a request did not ask for are absent. Fields added after
+//! the first release (`leader`, a node's `leader` mark) are optional, so older documents
+//! still decode.
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +23,10 @@ pub struct DomainDoc {
     /// The domain settings (`status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings: Option<SettingsDoc>,
+    /// Who leads the domain, as the answering node knows it (`status`, `nodes`); absent
+    /// while not known (not yet observed, no leader, or this node's lease lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<LeaderDoc>,
     /// Every node holding a slot or live, by name.
     pub nodes: Vec<NodeDoc>,
     /// What is missing and why (`status`).
@@ -48,6 +54,24 @@ pub struct NodeDoc {
     pub ranges: usize,
     /// Bytes of them that translate.
     pub mapped_bytes: u64,
+    /// Whether it leads the domain, as the answering node knows it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub leader: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The domain's leader: the node where domain-wide duties run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderDoc {
+    /// The leading node.
+    pub node: String,
+    /// Its term (the leader key's create revision in etcd): it grows with every new leader.
+    pub term: i64,
+    /// Whether the answering node leads.
+    pub this_node: bool,
 }
 
 /// The answering node's standing.
@@ -95,4 +119,47 @@ pub struct GcDoc {
     pub node: String,
     /// The slot freed; none when the node held none.
     pub slot: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_document_without_leader_fields_still_decodes() {
+        let old = r#"{"domain":"d","nodes":[{"name":"tray0","state":"live","slot":0,"incarnation":1,
+            "peer_address":"tray0:7471","ranges":2,"mapped_bytes":4096}]}"#;
+        let doc: DomainDoc = serde_json::from_str(old).unwrap();
+        assert_eq!(doc.leader, None);
+        assert!(!doc.nodes[0].leader);
+    }
+
+    #[test]
+    fn the_leader_round_trips_and_is_marked_only_on_its_node() {
+        let node = |name: &str, leader| NodeDoc {
+            name: name.into(),
+            state: "live".into(),
+            slot: Some(0),
+            incarnation: Some(1),
+            peer_address: None,
+            ranges: 0,
+            mapped_bytes: 0,
+            leader,
+        };
+        let doc = DomainDoc {
+            domain: "d".into(),
+            this: None,
+            etcd: None,
+            settings: None,
+            leader: Some(LeaderDoc { node: "tray1".into(), term: 42, this_node: false }),
+            nodes: vec![node("tray0", false), node("tray1", true)],
+            missing: None,
+            gc: None,
+        };
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["leader"], serde_json::json!({"node": "tray1", "term": 42, "this_node": false}));
+        assert_eq!(json["nodes"][0].get("leader"), None, "a follower carries no mark");
+        assert_eq!(json["nodes"][1]["leader"], true);
+        assert_eq!(serde_json::from_value::<DomainDoc>(json).unwrap(), doc);
+    }
 }

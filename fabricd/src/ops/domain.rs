@@ -1,9 +1,10 @@
 //! The domain's requests: the domain's map, translations that land in other nodes' slots,
-//! `domain status`, `domain nodes` (a `fabric.domain/v1` document) and the admin's slot gc.
+//! `domain status`, `domain nodes` (a `fabric.domain/v1` document, with the leader as this
+//! node knows it) and the admin's slot gc.
 //! All but gc read what the domain task published, lock-free; gc waits for etcd, bounded.
 
-use fabric_domain::{DomainView, PlacedKind};
-use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, NodeDoc, SelfDoc, SettingsDoc};
+use fabric_domain::{DomainView, Leadership, PlacedKind};
+use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc, SettingsDoc};
 use fabric_proto::wire::{
     DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
 };
@@ -97,12 +98,14 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
         return Err(refusal(ErrorCode::NotFound, "this daemon is in no domain (no [domain] in its configuration)"));
     };
     let view = domain.view();
+    let leadership = domain.leadership();
     let mut doc = DomainDoc {
         domain: domain.name().to_owned(),
         this: None,
         etcd: None,
         settings: None,
-        nodes: nodes(&view),
+        leader: leader(&leadership),
+        nodes: nodes(&view, leadership.leader()),
         missing: None,
         gc: None,
     };
@@ -152,7 +155,12 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
     json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer_pretty(w, &doc))
 }
 
-fn nodes(view: &DomainView) -> Vec<NodeDoc> {
+fn leader(l: &Leadership) -> Option<LeaderDoc> {
+    Some(LeaderDoc { node: l.leader()?.to_owned(), term: l.term()?, this_node: l.is_leader() })
+}
+
+/// The domain's nodes; `leader`'s is marked.
+fn nodes(view: &DomainView, leader: Option<&str>) -> Vec<NodeDoc> {
     view.nodes()
         .into_iter()
         .map(|n| NodeDoc {
@@ -163,6 +171,7 @@ fn nodes(view: &DomainView) -> Vec<NodeDoc> {
             peer_address: n.member.map(|m| m.peer_address.clone()),
             ranges: n.placements.map_or(0, |p| p.ranges.len()),
             mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
+            leader: leader == Some(n.name),
         })
         .collect()
 }
@@ -278,5 +287,21 @@ mod tests {
         let listing = listing::listing(&v);
         assert_eq!(listing.nodes.iter().map(|n| n.state.as_deref()).collect::<Vec<_>>(), [Some("gone"), Some("gone")]);
         assert!(listing.ranges.iter().all(|r| r.kind == fabric_addrmap::RangeKind::Hole && r.size == 0));
+    }
+
+    #[test]
+    fn the_leader_is_named_and_marked_only_when_known() {
+        let v = view(true);
+        let follower = Leadership::Follower { leader: "tray1".into(), term: 9 };
+        assert_eq!(leader(&follower), Some(LeaderDoc { node: "tray1".into(), term: 9, this_node: false }));
+        let marked = nodes(&v, follower.leader());
+        assert_eq!(
+            marked.iter().map(|n| (n.name.as_str(), n.leader)).collect::<Vec<_>>(),
+            [("tray0", false), ("tray1", true)]
+        );
+        let me = Leadership::Leader { node: "tray0".into(), term: 11 };
+        assert_eq!(leader(&me).map(|l| l.this_node), Some(true));
+        assert_eq!(leader(&Leadership::Unknown), None);
+        assert!(nodes(&v, None).iter().all(|n| !n.leader));
     }
 }

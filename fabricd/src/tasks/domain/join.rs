@@ -174,6 +174,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
         client: ArcSwap::from_pointee(client),
+        leadership: ArcSwap::from_pointee(None),
         map_changed: Notify::new(),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),

@@ -1,6 +1,7 @@
 //! fabricd as a node of a domain (`docs/domain.md`): it joins at start ([`join`]), then a
 //! task on a small runtime of its own publishes this node's placements ([`publish`]),
-//! watches the domain into a [`DomainView`] (`watch.rs`) and rejoins after a lost lease.
+//! watches the domain into a [`DomainView`] (`watch.rs`), campaigns for the domain's
+//! leader on each join's lease ([`Domain::leadership`]) and rejoins after a lost lease.
 //! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
 //! [`listing`]) and never wait for etcd.
 
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use fabric_domain::{DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, RecordLimits};
+use fabric_domain::{DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Leadership, RecordLimits};
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
@@ -58,6 +59,8 @@ pub struct Domain {
     view: ArcSwap<DomainView>,
     /// The client of the current join, for admin requests (gc).
     client: ArcSwap<Option<DomainClient>>,
+    /// The current join's election (`fabric_domain::Election`); none while not joined.
+    leadership: ArcSwap<Option<tokio::sync::watch::Receiver<Leadership>>>,
     /// Told after each committed change of this node's map.
     map_changed: Notify,
     etcd_errors: AtomicU64,
@@ -97,11 +100,22 @@ impl Domain {
         self.view.load_full()
     }
 
+    /// Who leads the domain, as this node knows it: `Unknown` while not joined. The
+    /// leader is where domain-wide duties will run; none runs on its own yet (slot gc
+    /// stays an admin's request, answered by any node).
+    pub fn leadership(&self) -> Leadership {
+        match &**self.leadership.load() {
+            Some(rx) => rx.borrow().clone(),
+            None => Leadership::Unknown,
+        }
+    }
+
     /// What the metrics page shows.
     pub fn gauges(&self) -> crate::metrics::DomainGauges {
         let view = self.view();
         let status = self.status();
         let nodes = view.nodes();
+        let leadership = self.leadership();
         let live = nodes.iter().filter(|n| n.member.is_some()).count() as u64;
         crate::metrics::DomainGauges {
             live,
@@ -109,6 +123,8 @@ impl Domain {
             joined: status.standing == Standing::Joined,
             round_trip_s: status.round_trip.map(|t| t.as_secs_f64()),
             etcd_errors: self.etcd_errors(),
+            leader: leadership.is_leader(),
+            leader_term: leadership.term(),
         }
     }
 

@@ -1,14 +1,16 @@
 //! The domain task: while joined, it reads the domain's prefix into a [`DomainView`],
 //! follows it with a watch, writes this node's placements after each map change and
-//! probes etcd's round trip; when the lease is lost it stops every domain write, says so,
-//! and rejoins (new lease, new incarnation) once etcd answers. Each step is bounded by
+//! probes etcd's round trip; each join campaigns for the domain's leader on its lease
+//! (an [`Election`] that lives as long as the join). When the lease is lost it stops every
+//! domain write and the campaign, says so, and rejoins (new lease, new incarnation, new
+//! campaign) once etcd answers. Each step is bounded by
 //! the client's request timeout; nothing here holds a lock across an await.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_domain::etcd_client::{EventType, GetOptions, WatchOptions};
-use fabric_domain::{DomainView, EtcdError, LeaseState};
+use fabric_domain::{DomainView, Election, EtcdError, LeaseState};
 
 use super::join::{self, Joined};
 use super::{Domain, Standing, publish};
@@ -24,6 +26,7 @@ enum End {
 /// Runs until the daemon drops the domain's runtime.
 pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader: fabric_addrmap::Reader) {
     let mut backoff = Duration::from_millis(200);
+    let mut election: Option<Election> = None;
     loop {
         let j = match joined.take() {
             Some(j) => j,
@@ -52,6 +55,9 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
         };
         domain.client.store(Arc::new(Some(j.client.clone())));
         domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
+        // One campaign per join: a session that ends with a broken watch keeps it.
+        let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
+        domain.leadership.store(Arc::new(Some(e.watch())));
         domain.set_status(|s| {
             s.standing = Standing::Joined;
             s.incarnation = j.incarnation;
@@ -63,6 +69,10 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
                 domain.client.store(Arc::new(None));
                 domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
+                // The campaign ends with the lease: leadership is unknown until a rejoin
+                // campaigns again.
+                domain.leadership.store(Arc::new(None));
+                election = None;
                 drop(j);
             }
             End::Watch(reason) => {
