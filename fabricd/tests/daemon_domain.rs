@@ -4,8 +4,9 @@
 //! its slot kept as a hole, and comes back with the same slot and GFAs; a second daemon
 //! with a live node's name and one with other domain settings are refused, a cleanly
 //! stopped node's name is free at once, an admin's gc frees only a gone node's slot; a
-//! node whose etcd stops answering fences itself, serves on and rejoins; and
-//! `scripts/domain.sh` starts and stops a domain.
+//! node whose etcd stops answering fences itself (its leadership unknown), serves on and
+//! rejoins; three nodes agree on one leader, and on a new one with a larger term when the
+//! leader is killed; and `scripts/domain.sh` starts and stops a domain.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -283,6 +284,9 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     let _d = common::start(&s.config, s.dir.path());
     let mut c = common::client(&s.socket);
     until(Duration::from_secs(15), "joined with placements", || all_live_and_placed(&mut c, 1));
+    until(Duration::from_secs(TTL + 2), "the only node leads", || {
+        leader(&mut c).is_some_and(|(node, _, this)| node == "tray0" && this)
+    });
     let first = domain(&mut c, DomainAction::Status);
     assert_eq!(first["self"]["standing"], "joined", "{first}");
     let incarnation = first["self"]["incarnation"].as_u64().unwrap();
@@ -301,6 +305,7 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     assert!(t0.elapsed() < Duration::from_secs(1));
     let status = domain(&mut c, DomainAction::Status);
     assert!(status["self"]["reason"].as_str().unwrap().contains("lease lost"), "{status}");
+    assert_eq!(status.get("leader"), None, "a fenced node does not claim to lead: {status}");
     // etcd back: a new lease and a new incarnation; the same slot.
     signal(&pid, "CONT");
     until(Duration::from_secs(20), "rejoined with a new incarnation", || {
@@ -309,6 +314,78 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     });
     until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c, 1));
     assert_eq!(map(&mut c)["ranges"], held["ranges"]);
+    until(Duration::from_secs(TTL + 2), "leads again", || leader(&mut c).is_some_and(|(_, _, this)| this));
+}
+
+/// `(node, term, this node leads)` of the leader `c`'s node knows, from `domain status`.
+fn leader(c: &mut Connection) -> Option<(String, i64, bool)> {
+    let doc = domain(c, DomainAction::Status);
+    let l = doc.get("leader")?;
+    Some((l["node"].as_str()?.to_owned(), l["term"].as_i64()?, l["this_node"].as_bool()?))
+}
+
+/// The leader every node in `clients` names, once they all name the same one with the same
+/// term and exactly one of them says it leads (the leader is always among them here).
+fn agreed(clients: &mut [&mut Connection]) -> Option<(String, i64)> {
+    let seen: Vec<_> = clients.iter_mut().map(|c| leader(c)).collect::<Option<_>>()?;
+    let (node, term, _) = seen[0].clone();
+    let same = seen.iter().all(|(n, t, _)| *n == node && *t == term);
+    let leads = seen.iter().filter(|(_, _, this)| *this).count();
+    (same && leads == 1).then_some((node, term))
+}
+
+#[test]
+fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let setups: Vec<_> = (0..3).map(|i| node(&etcd, &format!("tray{i}"), &format!("tray{i}"), SPAN)).collect();
+    let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "every node live", || nodes(c).iter().filter(|n| n.1 == "live").count() == 3);
+    }
+    let mut first = None;
+    until(Duration::from_secs(TTL + 2), "one leader named by every node", || {
+        first = agreed(&mut clients.iter_mut().collect::<Vec<_>>());
+        first.is_some()
+    });
+    let (old, old_term) = first.unwrap();
+    let l: usize = old.strip_prefix("tray").unwrap().parse().unwrap();
+    // `domain nodes` marks it, and only it.
+    let listed = domain(&mut clients[(l + 1) % 3], DomainAction::Nodes);
+    let marked: Vec<_> =
+        listed["nodes"].as_array().unwrap().iter().filter(|n| n["leader"] == true).map(|n| n["name"].clone()).collect();
+    assert_eq!(marked, [Value::from(old.clone())], "{listed}");
+
+    // kill -9 the leader: the two others agree on a new one, with a larger term, within
+    // TTL + 2 s.
+    let mut dead = daemons[l].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    let mut next = None;
+    let [a, b] = [(l + 1) % 3, (l + 2) % 3];
+    let (lo, hi) = clients.split_at_mut(a.max(b));
+    let mut others = [&mut lo[a.min(b)], &mut hi[0]];
+    until(Duration::from_secs(TTL + 4), "a new leader named by both others", || {
+        next = agreed(&mut others).filter(|(n, _)| *n != old);
+        next.is_some()
+    });
+    let took = killed.elapsed();
+    assert!(took <= Duration::from_secs(TTL + 2), "new leader after {took:?}, more than TTL + 2 s");
+    let (new, new_term) = next.unwrap();
+    eprintln!("{old} (term {old_term}) killed; {new} leads (term {new_term}) after {took:?}");
+    assert!(new_term > old_term, "term {new_term} after {old_term}");
+
+    // The killed node restarted follows the new leader.
+    drop(dead);
+    daemons[l] = Some(common::start(&setups[l].config, setups[l].dir.path()));
+    clients[l] = common::client(&setups[l].socket);
+    until(Duration::from_secs(15), "the restarted node follows", || {
+        leader(&mut clients[l]).is_some_and(|(n, t, this)| n == new && t == new_term && !this)
+    });
+    let all = agreed(&mut clients.iter_mut().collect::<Vec<_>>());
+    assert_eq!(all, Some((new, new_term)));
 }
 
 #[test]
