@@ -25,6 +25,8 @@ use fabric_proto::wire::{
 };
 use serde_json::Value;
 
+use common::scrape::{free_port, promtool_check, scrape, value};
+
 const TTL: u64 = 2;
 const SPAN: u64 = 1 << 40;
 
@@ -338,7 +340,16 @@ fn agreed(clients: &mut [&mut Connection]) -> Option<(String, i64)> {
 fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = etcd(&rt) else { return };
-    let setups: Vec<_> = (0..3).map(|i| node(&etcd, &format!("tray{i}"), &format!("tray{i}"), SPAN)).collect();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let setups: Vec<_> = (0..3)
+        .map(|i| {
+            let s = node(&etcd, &format!("tray{i}"), &format!("tray{i}"), SPAN);
+            let text = std::fs::read_to_string(&s.config).unwrap();
+            let listen = format!("listen = \"127.0.0.1:{}\"", ports[i]);
+            std::fs::write(&s.config, text.replace("listen = \"\"", &listen)).unwrap();
+            s
+        })
+        .collect();
     let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
     let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
     for c in &mut clients {
@@ -356,6 +367,13 @@ fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
     let marked: Vec<_> =
         listed["nodes"].as_array().unwrap().iter().filter(|n| n["leader"] == true).map(|n| n["name"].clone()).collect();
     assert_eq!(marked, [Value::from(old.clone())], "{listed}");
+    // Each node's metrics say whether it leads, and the term.
+    for (i, port) in ports.iter().enumerate() {
+        let page = scrape(*port);
+        assert_eq!(value(&page, "fabricd_domain_leader"), Some(if i == l { 1.0 } else { 0.0 }), "{page}");
+        assert_eq!(value(&page, "fabricd_domain_leader_term"), Some(old_term as f64), "{page}");
+        promtool_check(&page);
+    }
 
     // kill -9 the leader: the two others agree on a new one, with a larger term, within
     // TTL + 2 s.

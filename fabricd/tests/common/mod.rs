@@ -2,6 +2,8 @@
 //! HGX sim fabric, and waits for its readiness datagram (`NOTIFY_SOCKET`).
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod scrape;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::{Path, PathBuf};
