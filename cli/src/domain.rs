@@ -121,8 +121,8 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}  {}",
-        "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES", "ROLE"
+        "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}  ROLE",
+        "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES"
     )?;
     for n in &doc.nodes {
         let slot = n.slot.map_or_else(|| "-".to_owned(), |s| s.to_string());
