@@ -3,8 +3,8 @@
 //! probes etcd's round trip; each join campaigns for the domain's leader on its lease
 //! (an [`Election`] that lives as long as the join). When the lease is lost it stops every
 //! domain write and the campaign, says so, and rejoins (new lease, new incarnation, new
-//! campaign) once etcd answers. Each step is bounded by
-//! the client's request timeout; nothing here holds a lock across an await.
+//! campaign) once etcd answers. Each step is bounded by the client's request timeout;
+//! nothing here holds a lock across an await.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
