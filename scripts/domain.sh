@@ -31,10 +31,15 @@ free_port() {
 }
 
 # Waits up to $2 seconds for TCP port $1 on 127.0.0.1 to accept a connection.
-wait_port() {
-  local port=$1 i
+# Waits up to $2 seconds for the etcd on 127.0.0.1:$1 to answer its /health with
+# "health":"true" (an open port is not enough: a fresh member elects itself first, and a
+# node that cannot join a domain whose slot it never held refuses to start).
+wait_etcd() {
+  local port=$1 i reply
   for ((i = 0; i < $2 * 10; i++)); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    reply=$( (exec 3<>"/dev/tcp/127.0.0.1/$port" &&
+      printf 'GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 && timeout 2 cat <&3) 2>/dev/null || true)
+    [[ $reply == *'"health":"true"'* ]] && return 0
     sleep 0.1
   done
   return 1
@@ -74,7 +79,7 @@ up() {
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "fabric-domain=http://127.0.0.1:$peer" </dev/null >"$RUN/etcd.log" 2>&1 &
   echo $! >"$RUN/etcd.pid"
-  wait_port "$client" 20 || die "etcd did not answer on 127.0.0.1:$client (see $RUN/etcd.log)"
+  wait_etcd "$client" 20 || die "etcd on 127.0.0.1:$client is not healthy (see $RUN/etcd.log)"
   echo "etcd http://127.0.0.1:$client (data $RUN/etcd)"
   local i dir
   for ((i = 0; i < n; i++)); do

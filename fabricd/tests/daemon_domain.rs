@@ -426,7 +426,16 @@ fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
         (out.status.success(), text)
     };
     let (ok, text) = sh(&["up", "2"]);
-    assert!(ok, "{text}");
+    if !ok {
+        // The nodes' logs say why one did not start (the run dir goes with the test).
+        let logs: String = (0..2)
+            .map(|i| {
+                let log = run.path().join(format!("d/tray{i}/fabricd.log"));
+                format!("--- tray{i}:\n{}\n", std::fs::read_to_string(&log).unwrap_or_default())
+            })
+            .collect();
+        panic!("{text}\n{logs}");
+    }
     let sockets: Vec<PathBuf> = text
         .lines()
         .filter_map(|l| l.strip_prefix("tray").and_then(|l| l.split_once(' ')).map(|(_, p)| PathBuf::from(p)))
