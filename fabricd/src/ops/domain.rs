@@ -11,7 +11,7 @@ use fabric_proto::wire::{
 
 use super::{json_doc, refusal};
 use crate::daemon::Daemon;
-use crate::tasks::domain::{Domain, Standing, listing};
+use crate::tasks::domain::{Domain, GcError, Standing, listing};
 
 /// Answers what translation of this node's map left `Unmapped` (or `UnknownResource`)
 /// from the domain's view: a GFA in another node's slot, or a resource of another node.
@@ -143,7 +143,7 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
             let node = node.as_str();
             let slot = domain.gc(node).map_err(|e| {
                 let code = match &e {
-                    fabric_domain::EtcdError::GcLive { .. } => ErrorCode::BadRequest,
+                    GcError::Etcd(fabric_domain::EtcdError::GcLive { .. }) => ErrorCode::BadRequest,
                     _ => ErrorCode::Unavailable,
                 };
                 refusal(code, format!("domain gc {node}: {}", crate::error_chain(&e)))

@@ -21,6 +21,18 @@ use tokio::sync::Notify;
 
 pub use join::{JoinError, Starting};
 
+/// Why an admin's slot gc was not done.
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    /// This node holds no membership now (fenced, or etcd unreachable since start): it
+    /// has no client to ask etcd with.
+    #[error("this node is not joined to the domain; a gc needs a live membership")]
+    NotJoined,
+    /// etcd refused or did not answer.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+}
+
 /// How this node stands in its domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Standing {
@@ -141,10 +153,8 @@ impl Domain {
 
     /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
     /// Waits for etcd at most one request timeout.
-    pub fn gc(&self, node: &str) -> Result<Option<u32>, EtcdError> {
-        let Some(client) = (*self.client.load_full()).clone() else {
-            return Err(EtcdError::Timeout { op: "slot gc (not joined)", after: Duration::ZERO });
-        };
+    pub fn gc(&self, node: &str) -> Result<Option<u32>, GcError> {
+        let Some(client) = (*self.client.load_full()).clone() else { return Err(GcError::NotJoined) };
         let (tx, rx) = std::sync::mpsc::channel();
         let node = node.to_owned();
         self.runtime.get().spawn(async move {
@@ -155,7 +165,7 @@ impl Domain {
         if r.is_err() {
             self.etcd_errors.fetch_add(1, Ordering::Relaxed);
         }
-        r
+        Ok(r?)
     }
 
     /// Leaves the domain at shutdown: revokes the lease, so the member key goes at once
