@@ -198,7 +198,7 @@ impl Drop for EtcdServer {
 }
 
 /// `$FABRIC_ETCD`, else `etcd` on `PATH`.
-fn etcd_binary() -> Option<PathBuf> {
+pub fn etcd_binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("FABRIC_ETCD") {
         return Some(PathBuf::from(path)).filter(|p| p.is_file());
     }

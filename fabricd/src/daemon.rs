@@ -177,7 +177,12 @@ fn only_node(inv: Inventory, node: &str) -> Result<Inventory, StartError> {
 }
 
 fn discover_host(config: &Config) -> Inventory {
-    let root = SysfsRoot::with_hostname(&config.discovery.sysfs_root);
+    // A domain node's devices are the node's, under the name it joins with (the map places
+    // and publishes only its own node's memory); a lone daemon names them after the host.
+    let root = match &config.domain {
+        Some(d) => SysfsRoot::new(&config.discovery.sysfs_root, d.node.as_str()),
+        None => SysfsRoot::with_hostname(&config.discovery.sysfs_root),
+    };
     tracing::info!(root = %root.root().display(), node = root.node(), "discovering host");
     let all = fabric_drivers::host_backends(&root);
     let mut chosen: Vec<&dyn fabric_drivers::Backend> = Vec::new();
