@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 #[path = "../../drivers/tests/cxl_fixture/mod.rs"]
-#[allow(dead_code)]
 mod cxl_fixture;
 
 use std::path::Path;
