@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabric_domain::etcd_client::{EventType, GetOptions, WatchOptions};
+use fabric_domain::etcd_client::{EventType, GetOptions};
 use fabric_domain::{DomainView, Election, EtcdError, LeaseState};
 
 use super::join::{self, Joined};
@@ -107,19 +107,15 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     if let LeaseState::Lost(why) = j.lease.state() {
         return End::LeaseLost(why);
     }
-    let prefix = j.client.keys().prefix().to_owned();
-    let mut kv = j.client.raw();
-    let all = match j.client.call("domain read", kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await {
-        Ok(r) => r,
+    let (all, revision) = match j.client.read_domain().await {
+        Ok(read) => read,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
-    let revision = all.header().map_or(0, |h| h.revision());
-    let entries = all.kvs().iter().map(|e| (e.key(), e.value()));
+    let entries = all.iter().map(|e| (e.key(), e.value()));
     let mut view = DomainView::load(j.client.keys().clone(), Domain::limits(), entries, revision);
+    drop(all);
     domain.view.store(Arc::new(view.clone()));
-    let mut watcher = j.client.raw();
-    let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let mut stream = match j.client.call("domain watch", watcher.watch(prefix, Some(options))).await {
+    let mut stream = match j.client.watch_domain(revision + 1).await {
         Ok(s) => s,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
