@@ -22,8 +22,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fabric_domain::etcd_client::{Client, EventType, WatchOptions};
-use fabric_domain::testing::netns::{self, ETCD_ADDR, Net, NetError, Netns};
-use fabric_domain::testing::{EtcdServer, TestingError};
+use fabric_domain::testing::netns::{self, ETCD_ADDR, Net, Netns};
+use fabric_domain::testing::{self, EtcdServer};
 use fabric_proto::wire::{
     BoundedVec, Connection, DeviceName, DomainAction, DomainRequest, Name, PartitionSpec, PartitionsRequest, Request,
     Response, Translation,
@@ -34,26 +34,6 @@ use common::domain::{all_live_and_placed, domain, map, nodes, standing, translat
 
 const SPAN: u64 = 1 << 40;
 
-/// A private net of `nodes` node namespaces with etcd in its own, or why the test skips.
-fn net_and_etcd(rt: &tokio::runtime::Runtime, nodes: u8) -> Option<(Net, EtcdServer)> {
-    let net = match Net::create(nodes) {
-        Ok(net) => net,
-        Err(NetError::Unavailable(why)) => {
-            eprintln!("skipped: {why}");
-            return None;
-        }
-        Err(e) => panic!("{e}"),
-    };
-    match rt.block_on(EtcdServer::start_in(net.etcd())) {
-        Ok(etcd) => Some((net, etcd)),
-        Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
-
 /// Node `tray<i>` of the domain at `etcd`, with lease TTL `ttl`.
 fn setup(etcd: &EtcdServer, i: usize, ttl: u64) -> common::Setup {
     let name = format!("tray{i}");
@@ -63,6 +43,18 @@ fn setup(etcd: &EtcdServer, i: usize, ttl: u64) -> common::Setup {
 /// Starts fabricd for `s` inside `ns` and waits until it is ready.
 fn start_in(ns: &Netns, s: &common::Setup) -> common::Daemon {
     common::start_with(&s.config, s.dir.path(), |cmd| ns.enter_on_spawn(cmd).unwrap())
+}
+
+/// Nodes `tray0..tray<n-1>`, each in its namespace of `net`, lease TTL `ttl`; returns once
+/// every node lists them all live with their placements.
+fn up(net: &Net, etcd: &EtcdServer, n: usize, ttl: u64) -> (Vec<common::Setup>, Vec<common::Daemon>, Vec<Connection>) {
+    let setups: Vec<_> = (0..n).map(|i| setup(etcd, i, ttl)).collect();
+    let daemons: Vec<_> = setups.iter().zip(net.nodes()).map(|(s, ns)| start_in(ns, s)).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "every node live with placements", || all_live_and_placed(c, n));
+    }
+    (setups, daemons, clients)
 }
 
 fn signal(daemon: &common::Daemon, sig: &str) {
@@ -152,23 +144,18 @@ fn record_events(ns: &Netns, endpoint: String) -> (tokio::sync::oneshot::Sender<
 #[test]
 fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as_a_zombie() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some((net, etcd)) = net_and_etcd(&rt, 2) else { return };
+    let Some((net, etcd)) = rt.block_on(testing::net_and_etcd_or_skip(2)) else { return };
     const TTL: u64 = 2;
-    let setups: Vec<_> = (0..2).map(|i| setup(&etcd, i, TTL)).collect();
-    let hung = start_in(&net.nodes()[0], &setups[0]);
-    let _other = start_in(&net.nodes()[1], &setups[1]);
-    let mut c0 = common::client(&setups[0].socket);
-    let mut c1 = common::client(&setups[1].socket);
-    for c in [&mut c0, &mut c1] {
-        until(Duration::from_secs(15), "both live with placements", || all_live_and_placed(c, 2));
-    }
+    let (_setups, daemons, clients) = up(&net, &etcd, 2, TTL);
+    let hung = &daemons[0];
+    let [mut c0, mut c1] = <[Connection; 2]>::try_from(clients).ok().unwrap();
     let (_, old) = standing(&mut c0);
     let gpu = gpu_of(&mut c0, "tray0");
     let held = map(&mut c0);
     let (stop, events) = record_events(net.etcd(), etcd.endpoint().to_owned());
 
     // Hung past its TTL: the other node sees it gone.
-    signal(&hung, "STOP");
+    signal(hung, "STOP");
     let stopped = Instant::now();
     until(Duration::from_secs(TTL + 2), "tray0 gone", || {
         nodes(&mut c1).iter().any(|n| n.0 == "tray0" && n.1 == "gone")
@@ -181,7 +168,7 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
         (c0, r)
     });
     std::thread::sleep(Duration::from_millis(200));
-    signal(&hung, "CONT");
+    signal(hung, "CONT");
     let (mut c0, asked) = asker.join().unwrap();
     asked.expect("the hung node serves its local client once resumed");
     eprintln!("tray0 resumed {:?} after SIGSTOP", stopped.elapsed());
@@ -220,15 +207,10 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
 #[test]
 fn a_node_cut_off_from_etcd_by_iptables_fences_itself_serves_on_and_rejoins_on_the_heal() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some((net, etcd)) = net_and_etcd(&rt, 2) else { return };
+    let Some((net, etcd)) = rt.block_on(testing::net_and_etcd_or_skip(2)) else { return };
     const TTL: u64 = 3;
-    let setups: Vec<_> = (0..2).map(|i| setup(&etcd, i, TTL)).collect();
-    let _d: Vec<_> = (0..2).map(|i| start_in(&net.nodes()[i], &setups[i])).collect();
-    let mut c0 = common::client(&setups[0].socket);
-    let mut c1 = common::client(&setups[1].socket);
-    for c in [&mut c0, &mut c1] {
-        until(Duration::from_secs(15), "both live with placements", || all_live_and_placed(c, 2));
-    }
+    let (_setups, _daemons, clients) = up(&net, &etcd, 2, TTL);
+    let [mut c0, mut c1] = <[Connection; 2]>::try_from(clients).ok().unwrap();
     let (_, old) = standing(&mut c0);
     let held = map(&mut c0);
     let gpu = gpu_of(&mut c0, "tray0");
@@ -274,14 +256,9 @@ fn a_node_cut_off_from_etcd_by_iptables_fences_itself_serves_on_and_rejoins_on_t
 #[test]
 fn etcd_stopped_and_restarted_local_service_and_held_maps_go_on_domain_changes_wait() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some((net, mut etcd)) = net_and_etcd(&rt, 2) else { return };
+    let Some((net, mut etcd)) = rt.block_on(testing::net_and_etcd_or_skip(2)) else { return };
     const TTL: u64 = 3;
-    let setups: Vec<_> = (0..2).map(|i| setup(&etcd, i, TTL)).collect();
-    let _d: Vec<_> = (0..2).map(|i| start_in(&net.nodes()[i], &setups[i])).collect();
-    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
-    for c in &mut clients {
-        until(Duration::from_secs(15), "both live with placements", || all_live_and_placed(c, 2));
-    }
+    let (_setups, _daemons, mut clients) = up(&net, &etcd, 2, TTL);
     let held = map(&mut clients[0]);
     assert_eq!(map(&mut clients[1]), held);
     let gpus: Vec<String> = (0..2).map(|i| gpu_of(&mut clients[i], &format!("tray{i}"))).collect();
@@ -350,7 +327,7 @@ fn etcd_requests(net: &Net) -> BTreeMap<String, u64> {
 #[test]
 fn sixteen_nodes_started_at_once_take_sixteen_slots_and_hold_one_map_without_a_retry_storm() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some((net, etcd)) = net_and_etcd(&rt, 16) else { return };
+    let Some((net, etcd)) = rt.block_on(testing::net_and_etcd_or_skip(16)) else { return };
     const TTL: u64 = 6;
     let setups: Vec<_> = (0..16).map(|i| setup(&etcd, i, TTL)).collect();
     let before = etcd_requests(&net);
