@@ -180,7 +180,16 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
     until(Duration::from_secs(10), "tray1 sees the new incarnation", || incarnation_of(&mut c1, "tray0") == Some(new));
     until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c1, 2));
     assert_eq!(map(&mut c1)["ranges"], held["ranges"], "the same slot and GFAs");
-    assert!(hung.log().contains("lease lost"), "the node logs that it was expired");
+    let log = hung.log();
+    assert!(log.contains("lease lost"), "the node logs that it was expired");
+    // What the resumed node did (seen with --no-capture): it published the queued change
+    // only after it knew its lease lost, i.e. as its new incarnation.
+    for line in log.lines().filter(|l| l.contains("lease lost") || l.contains("placements")) {
+        eprintln!("tray0: {line}");
+    }
+    let lost = log.find("lease lost").unwrap();
+    assert!(!log[..lost].contains("placements published generation=2"), "published as a zombie:\n{log}");
+    assert!(log[lost..].contains("placements published generation=2"), "the change published after the rejoin:\n{log}");
     std::thread::sleep(Duration::from_millis(500));
     stop.send(()).unwrap();
     let seen = events.join().unwrap();
