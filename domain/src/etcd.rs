@@ -232,7 +232,7 @@ impl DomainClient {
 
     /// Every record under the domain's prefix at one revision, and that revision. Read in
     /// pages of [`READ_PAGE`] keys, each at the first page's revision: the whole domain
-    /// in one response would pass gRPC's 4 MiB message limit at about 3,000 nodes (a node
+    /// in one response would pass gRPC's 4 MiB message limit at about 2,600 nodes (a node
     /// is about 1.5 KiB of records), while a page stays under [`Self::message_limit`].
     pub async fn read_domain(&self) -> Result<(Vec<KeyValue>, i64), EtcdError> {
         let prefix = self.keys.prefix().as_bytes().to_vec();

@@ -280,6 +280,10 @@ async fn a_domain_larger_than_a_grpc_message_is_read_in_pages_at_one_revision_an
         raw.txn(fabric_domain::etcd_client::Txn::new().and_then(ops)).await.unwrap();
     }
     raw.put("/fabric/test0", "outside", None).await.unwrap();
+    // One answer for all of it is beyond the client's default message limit: hence pages.
+    let whole = raw.get("/fabric/test/", Some(fabric_domain::etcd_client::GetOptions::new().with_prefix())).await;
+    let err = whole.unwrap_err().to_string();
+    assert!(err.contains("message length too large"), "{err}");
     let (all, revision) = c.read_domain().await.unwrap();
     assert_eq!(all.len(), 5_000);
     let keys: BTreeSet<&[u8]> = all.iter().map(|kv| kv.key()).collect();
