@@ -178,6 +178,7 @@ fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
     until(Duration::from_secs(TTL + 2), "tray0 gone", || nodes(&mut a).iter().any(|n| n.0 == "tray0" && n.1 == "gone"));
     let freed = domain(&mut a, DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray0") });
     assert_eq!((freed["gc"]["node"].as_str(), freed["gc"]["slot"].as_u64()), (Some("tray0"), Some(slot)), "{freed}");
+    assert_eq!(freed["nodes"], serde_json::json!([]), "a gc's answer lists no nodes: {freed}");
     until(Duration::from_secs(5), "tray0's slot gone from the view", || nodes(&mut a).iter().all(|n| n.0 != "tray0"));
     // Another node with another node span: both values named.
     let other = node(&etcd, "tray1", "tray1", 2 * SPAN);
