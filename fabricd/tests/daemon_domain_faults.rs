@@ -289,11 +289,15 @@ fn etcd_stopped_and_restarted_local_service_and_held_maps_go_on_domain_changes_w
         assert!(err.contains("Unavailable") && err.contains("etcd"), "{err}");
     }
     // Past the point where the nodes' leases are lost: they say so, and still serve.
+    // The partition changes above made each node try to publish and fail: the retry waits
+    // without delaying the fence, which comes before the TTL ends.
     until(Duration::from_secs(TTL + 2), "both fenced", || clients.iter_mut().all(|c| standing(c).0 == "fenced"));
+    let fenced = t0.elapsed();
+    assert!(fenced < Duration::from_secs(TTL), "fenced {fenced:?} after etcd stopped, not before the TTL ended");
     for c in &mut clients {
         assert_eq!(map(c), held);
     }
-    eprintln!("etcd down for {:?}", t0.elapsed());
+    eprintln!("etcd down for {:?}, both nodes fenced after {fenced:?}", t0.elapsed());
     rt.block_on(etcd.restart()).unwrap();
     let t1 = Instant::now();
     for c in &mut clients {

@@ -120,8 +120,13 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
     let mut written: Option<fabric_domain::PlacementsRecord> = None;
-    if let Some(end) = placements(domain, j, reader, &mut written).await {
-        return end;
+    // When a failed placements write is tried again: a deadline of the loop below, never a
+    // sleep inside it, so a lost lease is acted on at once meanwhile.
+    let mut retry: Option<tokio::time::Instant> = None;
+    match placements(domain, j, reader, &mut written).await {
+        Written::Done => {}
+        Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+        Written::Fenced(end) => return end,
     }
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -135,9 +140,19 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                     _ => {}
                 }
             }
-            () = domain.map_changed.notified() => {
-                if let Some(end) = placements(domain, j, reader, &mut written).await {
-                    return end;
+            () = domain.map_changed.notified(), if retry.is_none() => {
+                match placements(domain, j, reader, &mut written).await {
+                    Written::Done => {}
+                    Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Written::Fenced(end) => return end,
+                }
+            }
+            () = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
+                retry = None;
+                match placements(domain, j, reader, &mut written).await {
+                    Written::Done => {}
+                    Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Written::Fenced(end) => return end,
                 }
             }
             message = stream.message() => {
@@ -180,32 +195,40 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     }
 }
 
+/// What a placements write came to.
+enum Written {
+    /// Written, or nothing new to write.
+    Done,
+    /// etcd did not take it: try again after a while (a change meanwhile is in the map,
+    /// which the retry reads).
+    Retry,
+    /// This membership no longer holds its member key: the session ends.
+    Fenced(End),
+}
+
 /// Writes this node's placements when they differ from the last written.
 async fn placements(
     domain: &Domain,
     j: &Joined,
     reader: &fabric_addrmap::Reader,
     written: &mut Option<fabric_domain::PlacementsRecord>,
-) -> Option<End> {
+) -> Written {
     let snap = reader.snapshot();
     let record = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
     if written.as_ref() == Some(&record) {
-        return None;
+        return Written::Done;
     }
     match publish::write(&j.client, &j.fence, &record).await {
         Ok(true) => {
             tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
             *written = Some(record);
-            None
+            Written::Done
         }
-        Ok(false) => Some(End::LeaseLost("this membership no longer holds its member key".to_owned())),
+        Ok(false) => Written::Fenced(End::LeaseLost("this membership no longer holds its member key".to_owned())),
         Err(e) => {
-            // Retried at the next map change or session; the watch session goes on.
-            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements");
+            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements; retrying");
             domain.etcd_failed();
-            domain.map_changed();
-            tokio::time::sleep(domain.config.keepalive_interval()).await;
-            None
+            Written::Retry
         }
     }
 }
