@@ -225,6 +225,30 @@ pub async fn etcd_or_skip() -> Option<EtcdServer> {
     }
 }
 
+/// A private net of `nodes` node namespaces ([`netns::Net`]) with etcd started in its own,
+/// or `None` after printing `skipped: …` when the namespaces are unavailable (not root, no
+/// `ip` or `iptables`) or etcd is not installed; any other failure panics: this is for
+/// tests.
+#[allow(clippy::print_stderr)]
+pub async fn net_and_etcd_or_skip(nodes: u8) -> Option<(netns::Net, EtcdServer)> {
+    let net = match netns::Net::create(nodes) {
+        Ok(net) => net,
+        Err(NetError::Unavailable(why)) => {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    match EtcdServer::start_in(net.etcd()).await {
+        Ok(etcd) => Some((net, etcd)),
+        Err(TestingError::NotInstalled) => {
+            eprintln!("skipped: {}", TestingError::NotInstalled);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// A test node's `[domain]` configuration: domain `test` at `endpoint`.
 pub fn config(endpoint: &str, node: &str, lease_ttl_secs: u64) -> DomainConfig {
     DomainConfig {

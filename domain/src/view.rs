@@ -1,9 +1,15 @@
 //! The domain as one node sees it: a pure value built from the records under
 //! `/fabric/<domain>/` (an initial read, then the watch's events). A hostile or
 //! inconsistent record is refused with a reason and never enters the view; nothing here
-//! does I/O.
+//! does I/O. Its storage is shared in shards (`shards.rs`): a clone — published after
+//! every watch event — costs a reference count per shard, and a change copies one shard.
+
+mod shards;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shards::Shards;
 
 use crate::records::{
     self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, RecordLimits, SlotClaim,
@@ -43,11 +49,13 @@ pub struct DomainView {
     keys: Option<Keys>,
     limits: RecordLimits,
     settings: Option<DomainSettings>,
-    members: BTreeMap<String, MemberRecord>,
+    members: Shards<String, Arc<MemberRecord>>,
     /// `slots/<n>` → the claim, the authority on who holds a slot.
-    slots: BTreeMap<u32, String>,
-    /// Placements as decoded; [`DomainView::placements`] keeps only the consistent ones.
-    placements: BTreeMap<String, PlacementsRecord>,
+    slots: Shards<u32, String>,
+    /// The reverse of `slots`: the slot each node holds.
+    slot_of: Shards<String, u32>,
+    /// Placements consistent with the node's slot and the settings.
+    placements: Shards<String, Arc<PlacementsRecord>>,
     /// Keys whose value was refused, with why (cleared when the key is rewritten well or
     /// deleted).
     refused: BTreeMap<String, String>,
@@ -143,6 +151,7 @@ impl DomainView {
         let Some(value) = value else {
             // Freed by the admin's gc: the node's placements go with it.
             if let Some(node) = self.slots.remove(&slot) {
+                self.slot_of.remove(&node);
                 self.placements.remove(&node);
             }
             return Ok(());
@@ -156,7 +165,9 @@ impl DomainView {
         {
             return Err(format!("slot {slot} is beyond the domain's {count} slots"));
         }
-        if let Some((other, _)) = self.slots.iter().find(|(s, n)| **s != slot && **n == claim.node) {
+        if let Some(other) = self.slot_of.get(&claim.node)
+            && *other != slot
+        {
             return Err(format!("{} already holds slot {other}: a node holds one slot", claim.node));
         }
         if let Some(holder) = self.slots.get(&slot)
@@ -164,6 +175,7 @@ impl DomainView {
         {
             return Err(format!("slot {slot} is held by {holder}: a claim never changes hands"));
         }
+        self.slot_of.insert(claim.node.clone(), slot);
         self.slots.insert(slot, claim.node);
         Ok(())
     }
@@ -177,7 +189,7 @@ impl DomainView {
         if record.name != name {
             return Err(format!("{:?} under the key of {name:?}", record.name));
         }
-        self.members.insert(name.to_owned(), record);
+        self.members.insert(name.to_owned(), Arc::new(record));
         Ok(())
     }
 
@@ -200,7 +212,7 @@ impl DomainView {
         {
             return Err(format!("span {:#x}, the domain's node span is {:#x}", record.span, settings.node_span));
         }
-        self.placements.insert(name.to_owned(), record);
+        self.placements.insert(name.to_owned(), Arc::new(record));
         Ok(())
     }
 
@@ -211,18 +223,18 @@ impl DomainView {
 
     /// The slot `node` holds.
     pub fn slot_of(&self, node: &str) -> Option<u32> {
-        self.slots.iter().find(|(_, n)| *n == node).map(|(s, _)| *s)
+        self.slot_of.get(node).copied()
     }
 
     /// Live members, by name.
     pub fn members(&self) -> impl Iterator<Item = &MemberRecord> {
-        self.members.values()
+        self.members.sorted().into_iter().map(|(_, m)| &**m)
     }
 
     /// Every node the view knows of (holding a slot, or live without one), by name.
     pub fn nodes(&self) -> Vec<NodeEntry<'_>> {
         let mut names: Vec<&str> =
-            self.slots.values().map(String::as_str).chain(self.members.keys().map(String::as_str)).collect();
+            self.slots.iter().map(|(_, n)| n.as_str()).chain(self.members.iter().map(|(n, _)| n.as_str())).collect();
         names.sort_unstable();
         names.dedup();
         names
@@ -230,8 +242,8 @@ impl DomainView {
             .map(|name| NodeEntry {
                 name,
                 slot: self.slot_of(name),
-                member: self.members.get(name),
-                placements: self.placements.get(name),
+                member: self.members.get(name).map(|m| &**m),
+                placements: self.placements.get(name).map(|p| &**p),
             })
             .collect()
     }
@@ -247,10 +259,10 @@ impl DomainView {
         let span = self.settings.as_ref()?.node_span;
         let slot = u32::try_from(gfa / span).ok()?;
         let node = self.slots.get(&slot)?;
-        let range = self.placements.get(node).and_then(|p| p.range_at(gfa));
+        let range = self.placements.get(node.as_str()).and_then(|p| p.range_at(gfa));
         Some(DomainLocation {
             node,
-            live: self.members.contains_key(node),
+            live: self.members.contains_key(node.as_str()),
             range,
             offset: range.map_or(0, |r| gfa - r.start),
         })

@@ -24,10 +24,14 @@ pub use join::{JoinError, Starting};
 /// Why an admin's slot gc was not done.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
-    /// This node holds no membership now (fenced, or etcd unreachable since start): it
-    /// has no client to ask etcd with.
-    #[error("this node is not joined to the domain; a gc needs a live membership")]
-    NotJoined,
+    /// This node holds no membership now: its lease was lost (etcd unreachable past a
+    /// renewal, or the lease expired), or etcd has not answered since start. A domain
+    /// change waits until the node rejoins.
+    #[error("etcd unavailable to this node ({standing}): domain changes wait until it rejoins")]
+    NotJoined {
+        /// The node's standing, with why (`fenced: lease lost: …`, `etcd unreachable: …`).
+        standing: String,
+    },
     /// etcd refused or did not answer.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
@@ -44,6 +48,16 @@ pub enum Standing {
     /// etcd could not be reached to (re)join; local service goes on with the slot the node
     /// held before.
     Unreachable(String),
+}
+
+impl std::fmt::Display for Standing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Joined => f.write_str("joined"),
+            Self::Fenced(why) => write!(f, "fenced: {why}"),
+            Self::Unreachable(why) => write!(f, "etcd unreachable: {why}"),
+        }
+    }
 }
 
 /// What `fabricctl domain status` shows of this node; replaced as a whole.
@@ -154,7 +168,9 @@ impl Domain {
     /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
     /// Waits for etcd at most one request timeout.
     pub fn gc(&self, node: &str) -> Result<Option<u32>, GcError> {
-        let Some(client) = (*self.client.load_full()).clone() else { return Err(GcError::NotJoined) };
+        let Some(client) = (*self.client.load_full()).clone() else {
+            return Err(GcError::NotJoined { standing: self.status().standing.to_string() });
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         let node = node.to_owned();
         self.runtime.get().spawn(async move {

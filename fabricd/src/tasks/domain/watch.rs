@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabric_domain::etcd_client::{EventType, GetOptions, WatchOptions};
+use fabric_domain::etcd_client::{EventType, GetOptions};
 use fabric_domain::{DomainView, Election, EtcdError, LeaseState};
 
 use super::join::{self, Joined};
@@ -107,25 +107,26 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     if let LeaseState::Lost(why) = j.lease.state() {
         return End::LeaseLost(why);
     }
-    let prefix = j.client.keys().prefix().to_owned();
-    let mut kv = j.client.raw();
-    let all = match j.client.call("domain read", kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await {
-        Ok(r) => r,
+    let (all, revision) = match j.client.read_domain().await {
+        Ok(read) => read,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
-    let revision = all.header().map_or(0, |h| h.revision());
-    let entries = all.kvs().iter().map(|e| (e.key(), e.value()));
+    let entries = all.iter().map(|e| (e.key(), e.value()));
     let mut view = DomainView::load(j.client.keys().clone(), Domain::limits(), entries, revision);
+    drop(all);
     domain.view.store(Arc::new(view.clone()));
-    let mut watcher = j.client.raw();
-    let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let mut stream = match j.client.call("domain watch", watcher.watch(prefix, Some(options))).await {
+    let mut stream = match j.client.watch_domain(revision + 1).await {
         Ok(s) => s,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
     let mut written: Option<fabric_domain::PlacementsRecord> = None;
-    if let Some(end) = placements(domain, j, reader, &mut written).await {
-        return end;
+    // When a failed placements write is tried again: a deadline of the loop below, never a
+    // sleep inside it, so a lost lease is acted on at once meanwhile.
+    let mut retry: Option<tokio::time::Instant> = None;
+    match placements(domain, j, reader, &mut written).await {
+        Written::Done => {}
+        Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+        Written::Fenced(end) => return end,
     }
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -139,9 +140,19 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                     _ => {}
                 }
             }
-            () = domain.map_changed.notified() => {
-                if let Some(end) = placements(domain, j, reader, &mut written).await {
-                    return end;
+            () = domain.map_changed.notified(), if retry.is_none() => {
+                match placements(domain, j, reader, &mut written).await {
+                    Written::Done => {}
+                    Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Written::Fenced(end) => return end,
+                }
+            }
+            () = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
+                retry = None;
+                match placements(domain, j, reader, &mut written).await {
+                    Written::Done => {}
+                    Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Written::Fenced(end) => return end,
                 }
             }
             message = stream.message() => {
@@ -184,32 +195,40 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     }
 }
 
+/// What a placements write came to.
+enum Written {
+    /// Written, or nothing new to write.
+    Done,
+    /// etcd did not take it: try again after a while (a change meanwhile is in the map,
+    /// which the retry reads).
+    Retry,
+    /// This membership no longer holds its member key: the session ends.
+    Fenced(End),
+}
+
 /// Writes this node's placements when they differ from the last written.
 async fn placements(
     domain: &Domain,
     j: &Joined,
     reader: &fabric_addrmap::Reader,
     written: &mut Option<fabric_domain::PlacementsRecord>,
-) -> Option<End> {
+) -> Written {
     let snap = reader.snapshot();
     let record = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
     if written.as_ref() == Some(&record) {
-        return None;
+        return Written::Done;
     }
     match publish::write(&j.client, &j.fence, &record).await {
         Ok(true) => {
             tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
             *written = Some(record);
-            None
+            Written::Done
         }
-        Ok(false) => Some(End::LeaseLost("this membership no longer holds its member key".to_owned())),
+        Ok(false) => Written::Fenced(End::LeaseLost("this membership no longer holds its member key".to_owned())),
         Err(e) => {
-            // Retried at the next map change or session; the watch session goes on.
-            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements");
+            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements; retrying");
             domain.etcd_failed();
-            domain.map_changed();
-            tokio::time::sleep(domain.config.keepalive_interval()).await;
-            None
+            Written::Retry
         }
     }
 }
