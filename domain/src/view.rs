@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::records::{
     self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, RecordLimits, SlotClaim,
 };
+use crate::topology::TopologyRecord;
 
 /// One node of the domain: its slot and, when it published them, its placements; `member`
 /// is its live member record (absent once its lease ended: the node is gone, its slot a
@@ -48,6 +49,8 @@ pub struct DomainView {
     slots: BTreeMap<u32, String>,
     /// Placements as decoded; [`DomainView::placements`] keeps only the consistent ones.
     placements: BTreeMap<String, PlacementsRecord>,
+    /// Topology records of nodes that hold a slot ([`DomainView::topology`]).
+    topology: BTreeMap<String, TopologyRecord>,
     /// Keys whose value was refused, with why (cleared when the key is rewritten well or
     /// deleted).
     refused: BTreeMap<String, String>,
@@ -92,7 +95,7 @@ impl DomainView {
             r if r == b"settings" => 0,
             r if r.starts_with(b"slots/") => 1,
             r if r.starts_with(b"members/") => 2,
-            r if r.starts_with(b"placements/") => 3,
+            r if r.starts_with(b"placements/") || r.starts_with(b"topology/") => 3,
             _ => 4,
         }
     }
@@ -117,6 +120,7 @@ impl DomainView {
             },
             (r, v) if r.starts_with("members/") => self.member(&r["members/".len()..], v),
             (r, v) if r.starts_with("placements/") => self.put_placements(&r["placements/".len()..], v),
+            (r, v) if r.starts_with("topology/") => self.put_topology(&r["topology/".len()..], v),
             // slot-of/<node> repeats slots/<n> for the claim's transaction; the view reads
             // the slot keys, which say who holds a slot.
             _ => Ok(()),
@@ -144,6 +148,7 @@ impl DomainView {
             // Freed by the admin's gc: the node's placements go with it.
             if let Some(node) = self.slots.remove(&slot) {
                 self.placements.remove(&node);
+                self.topology.remove(&node);
             }
             return Ok(());
         };
@@ -202,6 +207,28 @@ impl DomainView {
         }
         self.placements.insert(name.to_owned(), record);
         Ok(())
+    }
+
+    fn put_topology(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
+        let Some(value) = value else {
+            self.topology.remove(name);
+            return Ok(());
+        };
+        let record: TopologyRecord = records::decode(value, self.limits).map_err(|e| e.to_string())?;
+        if record.node != name {
+            return Err(format!("{:?} under the key of {name:?}", record.node));
+        }
+        if self.slot_of(name).is_none() {
+            return Err(format!("{name} holds no slot"));
+        }
+        self.topology.insert(name.to_owned(), record);
+        Ok(())
+    }
+
+    /// The topology record `node` published, when it holds a slot and the record was
+    /// accepted (`crate::domain_fabric` merges them).
+    pub fn topology(&self, node: &str) -> Option<&TopologyRecord> {
+        self.topology.get(node)
     }
 
     /// The domain settings, once read.

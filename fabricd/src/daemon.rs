@@ -391,6 +391,9 @@ impl Daemon {
         let domain = starting.map(|s| s.run(writer.map().reader()));
         let view = View::build(inv)?;
         let fabric = &view.fabric;
+        if let Some(d) = &domain {
+            d.fabric_changed(fabric);
+        }
         tracing::info!(
             devices = fabric.inventory().devices.len(),
             links = fabric.inventory().links.len(),
@@ -522,6 +525,9 @@ impl Daemon {
         }
         let view = Arc::new(view);
         self.view.store(view.clone());
+        if let Some(d) = &self.domain {
+            d.fabric_changed(&view.fabric);
+        }
         // The vanished set after the view: `status` reads both, and a device it lists as
         // missing then always comes with the rescan's whole view (its degraded links too).
         let missing = {

@@ -95,6 +95,18 @@ fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result
     Ok(Document { schema: Name::truncated(schema), json })
 }
 
+/// The fabric `caller` asks about: on a domain node, for a caller its partitions do not
+/// restrict, the domain's (every node's topology record merged, the same on every node);
+/// otherwise the node's own, seen through the caller's partitions.
+pub fn fabric_view(d: &Daemon, caller: &Caller) -> Result<Arc<View>, ErrorBody> {
+    match (&d.domain, caller.members()?) {
+        (Some(domain), None) => View::build(domain.inventory())
+            .map(Arc::new)
+            .map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}"))),
+        _ => caller.view(d),
+    }
+}
+
 /// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`
 /// writes (without the final newline).
 pub fn topology(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
@@ -177,7 +189,7 @@ pub fn inventory_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<D
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the inventory has no node filter (the client restricts it)"));
     }
-    let v = caller.view(d)?;
+    let v = fabric_view(d, caller)?;
     json_doc("fabric.inventory/v1", |w| serde_json::to_writer(w, v.fabric.inventory()))
 }
 

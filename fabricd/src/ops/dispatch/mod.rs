@@ -172,12 +172,12 @@ fn run(
             let vanished = caller.vanished(d)?;
             Ok(Response::Status(ops::status_in(d, &v, &vanished)))
         })),
-        O::Topology { node } => {
-            answer(caller.view(d).and_then(|v| ops::topology_in(&v, node.as_deref())).map(Response::Topology))
-        }
-        O::Devices { node } => {
-            answer(caller.view(d).and_then(|v| ops::devices_in(&v, node.as_deref())).map(Response::Devices))
-        }
+        O::Topology { node } => answer(
+            ops::fabric_view(d, caller).and_then(|v| ops::topology_in(&v, node.as_deref())).map(Response::Topology),
+        ),
+        O::Devices { node } => answer(
+            ops::fabric_view(d, caller).and_then(|v| ops::devices_in(&v, node.as_deref())).map(Response::Devices),
+        ),
         O::Inventory { node } => answer(ops::inventory_in(d, caller, node.as_deref()).map(Response::Inventory)),
         O::Map { node } => answer(ops::map_listing_in(d, caller, node.as_deref()).map(Response::Map)),
         O::Translate { queries } => answer(ops::translate_in(d, caller, &queries, cx.version).map(Response::Translate)),

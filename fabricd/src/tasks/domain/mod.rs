@@ -1,5 +1,6 @@
 //! fabricd as a node of a domain (`docs/domain.md`): it joins at start ([`join`]), then a
-//! task on a small runtime of its own publishes this node's placements ([`publish`]),
+//! task on a small runtime of its own publishes this node's placements and topology
+//! ([`publish`]),
 //! watches the domain into a [`DomainView`] (`watch.rs`), campaigns for the domain's
 //! leader on each join's lease ([`Domain::leadership`]) and rejoins after a lost lease.
 //! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
@@ -14,8 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use fabric_domain::{DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Leadership, RecordLimits};
+use arc_swap::{ArcSwap, ArcSwapOption};
+use fabric_domain::{
+    DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Leadership, RecordLimits, TopologyRecord,
+};
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
@@ -73,8 +76,11 @@ pub struct Domain {
     client: ArcSwap<Option<DomainClient>>,
     /// The current join's election (`fabric_domain::Election`); none while not joined.
     leadership: ArcSwap<Option<tokio::sync::watch::Receiver<Leadership>>>,
-    /// Told after each committed change of this node's map.
+    /// Told after each committed change of this node's map, and after each rescan.
     map_changed: Notify,
+    /// What this node publishes of its fabric (`topology/<node>`), made at start and at
+    /// each rescan; the task writes it with the join's incarnation.
+    topology: ArcSwapOption<TopologyRecord>,
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
@@ -149,6 +155,20 @@ impl Domain {
     /// published); it writes the placements record. Never blocks.
     pub fn map_changed(&self) {
         self.map_changed.notify_one();
+    }
+
+    /// Tells the domain task that this node's fabric is `fabric` now (at start, and after
+    /// a rescan that changed it); it writes the topology record. Never blocks.
+    pub fn fabric_changed(&self, fabric: &fabric_topology::Fabric) {
+        self.topology.store(Some(Arc::new(TopologyRecord::from_fabric(fabric, &self.config.node, 0))));
+        self.map_changed.notify_one();
+    }
+
+    /// The domain's fabric, merged from every node's topology record as this node's view
+    /// holds them (`fabric_domain::domain_fabric::merge`): the same on every node that saw
+    /// the same records.
+    pub fn inventory(&self) -> fabric_topology::Inventory {
+        fabric_domain::domain_fabric::merge(&self.view())
     }
 
     /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).

@@ -1,5 +1,6 @@
 //! The domain task: while joined, it reads the domain's prefix into a [`DomainView`],
-//! follows it with a watch, writes this node's placements after each map change and
+//! follows it with a watch, writes this node's placements after each map change (and its
+//! topology after each rescan) and
 //! probes etcd's round trip; each join campaigns for the domain's leader on its lease
 //! (an [`Election`] that lives as long as the join). When the lease is lost it stops every
 //! domain write and the campaign, says so, and rejoins (new lease, new incarnation, new
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_domain::etcd_client::{EventType, GetOptions, WatchOptions};
-use fabric_domain::{DomainView, Election, EtcdError, LeaseState};
+use fabric_domain::{DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
 
 use super::join::{self, Joined};
 use super::{Domain, Standing, publish};
@@ -123,8 +124,8 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
         Ok(s) => s,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
-    let mut written: Option<fabric_domain::PlacementsRecord> = None;
-    if let Some(end) = placements(domain, j, reader, &mut written).await {
+    let mut written = Written::default();
+    if let Some(end) = publish_records(domain, j, reader, &mut written).await {
         return end;
     }
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
@@ -140,7 +141,7 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                 }
             }
             () = domain.map_changed.notified() => {
-                if let Some(end) = placements(domain, j, reader, &mut written).await {
+                if let Some(end) = publish_records(domain, j, reader, &mut written).await {
                     return end;
                 }
             }
@@ -184,28 +185,78 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     }
 }
 
-/// Writes this node's placements when they differ from the last written.
-async fn placements(
+/// The records this session wrote last.
+#[derive(Default)]
+struct Written {
+    placements: Option<PlacementsRecord>,
+    topology: Option<TopologyRecord>,
+}
+
+/// Writes this node's placements and topology when they differ from the last written.
+async fn publish_records(
     domain: &Domain,
     j: &Joined,
     reader: &fabric_addrmap::Reader,
-    written: &mut Option<fabric_domain::PlacementsRecord>,
+    written: &mut Written,
 ) -> Option<End> {
     let snap = reader.snapshot();
-    let record = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
-    if written.as_ref() == Some(&record) {
-        return None;
-    }
-    match publish::write(&j.client, &j.fence, &record).await {
-        Ok(true) => {
-            tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
-            *written = Some(record);
-            None
+    let placements = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
+    if written.placements.as_ref() != Some(&placements) {
+        let key = j.client.keys().placements(&domain.config.node);
+        match write(domain, j, key, &placements).await {
+            Some(Ok(())) => {
+                tracing::info!(
+                    generation = placements.generation,
+                    ranges = placements.ranges.len(),
+                    "placements published"
+                );
+                written.placements = Some(placements);
+            }
+            Some(Err(end)) => return Some(end),
+            None => return None,
         }
-        Ok(false) => Some(End::LeaseLost("this membership no longer holds its member key".to_owned())),
+    }
+    let made = domain.topology.load_full()?;
+    let topology = TopologyRecord { incarnation: j.incarnation, ..(*made).clone() };
+    if written.topology.as_ref() != Some(&topology) {
+        let encoded = fabric_domain::records::encode(&topology).len();
+        let bound = Domain::limits().max_bytes();
+        if encoded > bound {
+            // Every other node would refuse it: say so here, once per change.
+            tracing::warn!(
+                bytes = encoded,
+                bound,
+                "topology record too large to publish; the domain shows no topology of this node"
+            );
+            written.topology = Some(topology);
+            return None;
+        }
+        let key = j.client.keys().topology(&domain.config.node);
+        match write(domain, j, key, &topology).await {
+            Some(Ok(())) => {
+                tracing::info!(devices = topology.devices.len(), links = topology.links.len(), "topology published");
+                written.topology = Some(topology);
+            }
+            Some(Err(end)) => return Some(end),
+            None => return None,
+        }
+    }
+    None
+}
+
+/// One fenced write. `Some(Ok(()))`: written; `Some(Err(end))`: the membership no longer
+/// holds; `None`: etcd failed, retried at the next change (the session goes on).
+async fn write<R: fabric_domain::records::Record>(
+    domain: &Domain,
+    j: &Joined,
+    key: String,
+    record: &R,
+) -> Option<Result<(), End>> {
+    match publish::write(&j.client, &j.fence, key, record).await {
+        Ok(true) => Some(Ok(())),
+        Ok(false) => Some(Err(End::LeaseLost("this membership no longer holds its member key".to_owned()))),
         Err(e) => {
-            // Retried at the next map change or session; the watch session goes on.
-            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements");
+            tracing::warn!(error = %crate::error_chain(&e), "cannot publish this node's records");
             domain.etcd_failed();
             domain.map_changed();
             tokio::time::sleep(domain.config.keepalive_interval()).await;
