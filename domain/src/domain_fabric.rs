@@ -75,6 +75,7 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> Vec<
     let mut indexes = Vec::with_capacity(record.devices.len());
     for d in &record.devices {
         let mut device = Device::new(d.id.clone(), d.kind, (!d.fabric).then_some(record.node.as_str()));
+        device.name = d.name.clone();
         device.sources.push(DOMAIN_BACKEND.to_owned());
         device.memory = d
             .memory
@@ -111,7 +112,7 @@ mod tests {
     /// A tray of the supernode: two GPUs, each 18 NVLinks to the same two fabric switches
     /// (9 to each), a NIC on the rail network (fabric-level leaf).
     fn tray(node: &str) -> TopologyRecord {
-        let dev = |id: DeviceId, kind, fabric| TopologyDevice { id, kind, fabric, memory: vec![] };
+        let dev = |id: DeviceId, kind, fabric| TopologyDevice { id, kind, name: None, fabric, memory: vec![] };
         let mut devices = vec![
             dev(DeviceId::named(node, "numa0"), DeviceKind::Cpu, false),
             dev(DeviceId::uuid(&format!("GPU-{node}-0")), DeviceKind::Gpu, false),
@@ -149,10 +150,17 @@ mod tests {
             TopologyDevice {
                 id: DeviceId::named(node, "pci0000:00"),
                 kind: DeviceKind::HostBridge,
+                name: None,
                 fabric: false,
                 memory: vec![],
             },
-            TopologyDevice { id: DeviceId::pci(node, addr), kind: DeviceKind::Gpu, fabric: false, memory: vec![] },
+            TopologyDevice {
+                id: DeviceId::pci(node, addr),
+                kind: DeviceKind::Gpu,
+                name: None,
+                fabric: false,
+                memory: vec![],
+            },
         ];
         let pcie =
             LinkKind::Pcie { gen_current: Some(5), width_current: Some(16), gen_max: Some(5), width_max: Some(16) };

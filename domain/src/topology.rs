@@ -18,6 +18,8 @@ pub const MAX_TOPOLOGY_LINKS: usize = 4096;
 pub const MAX_DEVICE_MEMORY: usize = 16;
 /// Longest device identity.
 pub const MAX_DEVICE_ID_LEN: usize = 256;
+/// Longest device name.
+pub const MAX_DEVICE_NAME_LEN: usize = 128;
 
 /// `topology/<node>`: the node's part of the domain's topology, written after discovery
 /// and after each rescan that changes it (a fenced write, no lease: like the placements, it
@@ -45,6 +47,9 @@ pub struct TopologyDevice {
     pub id: DeviceId,
     /// What it is.
     pub kind: DeviceKind,
+    /// Display name (model), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// A fabric-level switch, of no node: several nodes publish it, the domain holds one.
     #[serde(default, skip_serializing_if = "is_false")]
     pub fabric: bool,
@@ -113,6 +118,10 @@ impl TopologyRecord {
             devices.push(TopologyDevice {
                 id: d.id.clone(),
                 kind: d.kind,
+                name: d
+                    .name
+                    .as_ref()
+                    .map(|n| n.chars().filter(|c| !c.is_control()).take(MAX_DEVICE_NAME_LEN).collect()),
                 fabric: shared,
                 memory: d
                     .memory
@@ -163,6 +172,12 @@ impl TopologyRecord {
         for d in &self.devices {
             if d.id.as_str().len() > MAX_DEVICE_ID_LEN {
                 return Err(invalid("devices.id", format!("longer than {MAX_DEVICE_ID_LEN} bytes")));
+            }
+            if d.name.as_ref().is_some_and(|n| n.len() > MAX_DEVICE_NAME_LEN || n.chars().any(char::is_control)) {
+                return Err(invalid(
+                    "devices.name",
+                    format!("{}: more than {MAX_DEVICE_NAME_LEN} bytes, or control characters", d.id),
+                ));
             }
             if !ids.insert(&d.id) {
                 return Err(invalid("devices.id", format!("{} is listed twice", d.id)));
@@ -247,6 +262,9 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let mut r = good.clone();
+        r.devices[1].name = Some("GPU\n0".into());
+        assert_eq!(field(&r), "devices.name");
+        let mut r = good.clone();
         r.incarnation = 0;
         assert_eq!(field(&r), "incarnation");
         let mut r = good.clone();
@@ -291,6 +309,7 @@ mod tests {
                 .map(|i| TopologyDevice {
                     id: DeviceId::named("tray0", &format!("d{i}")),
                     kind: DeviceKind::Gpu,
+                    name: None,
                     fabric: false,
                     memory: vec![],
                 })
