@@ -15,6 +15,7 @@ pub mod election;
 pub mod etcd;
 pub mod fence;
 pub mod lease;
+pub mod partition;
 pub mod records;
 mod slots;
 pub mod testing;
@@ -29,6 +30,7 @@ pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
 pub use etcd_client;
 pub use fence::Fence;
 pub use lease::{Lease, LeaseState};
+pub use partition::PartitionRecord;
 pub use records::{
     DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord,
     RecordError, RecordLimits, SlotClaim,

@@ -9,6 +9,7 @@
 //! | `slots/<n>`            | [`SlotClaim`]      | no    | the node, at its first claim     |
 //! | `slot-of/<node>`       | [`SlotClaim`]      | no    | the same transaction             |
 //! | `placements/<node>`    | [`PlacementsRecord`] | no  | the node, when its memory moves  |
+//! | `partitions/<name>`    | [`PartitionRecord`](crate::partition::PartitionRecord) | no | an admin, through any node |
 //! | `topology/<node>`      | [`TopologyRecord`](crate::topology::TopologyRecord) | no | the node, after discovery and each rescan |
 //!
 //! A record is JSON with a `version` field, at most [`RecordLimits::max_bytes`] long; the
@@ -150,6 +151,11 @@ impl Keys {
     /// A node's placements.
     pub fn placements(&self, node: &str) -> String {
         format!("{}placements/{node}", self.prefix)
+    }
+
+    /// A partition of the domain (an admin's definition).
+    pub fn partition(&self, name: &str) -> String {
+        format!("{}partitions/{name}", self.prefix)
     }
 
     /// What a node publishes of its inventory (devices, links, fabric-level switches).

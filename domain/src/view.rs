@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::partition::PartitionRecord;
 use crate::records::{
     self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, RecordLimits, SlotClaim,
 };
@@ -49,6 +50,8 @@ pub struct DomainView {
     slots: BTreeMap<u32, String>,
     /// Placements as decoded; [`DomainView::placements`] keeps only the consistent ones.
     placements: BTreeMap<String, PlacementsRecord>,
+    /// The domain's partitions, by name ([`DomainView::partitions`]).
+    partitions: BTreeMap<String, PartitionRecord>,
     /// Topology records of nodes that hold a slot ([`DomainView::topology`]).
     topology: BTreeMap<String, TopologyRecord>,
     /// Keys whose value was refused, with why (cleared when the key is rewritten well or
@@ -121,6 +124,7 @@ impl DomainView {
             (r, v) if r.starts_with("members/") => self.member(&r["members/".len()..], v),
             (r, v) if r.starts_with("placements/") => self.put_placements(&r["placements/".len()..], v),
             (r, v) if r.starts_with("topology/") => self.put_topology(&r["topology/".len()..], v),
+            (r, v) if r.starts_with("partitions/") => self.put_partition(&r["partitions/".len()..], v),
             // slot-of/<node> repeats slots/<n> for the claim's transaction; the view reads
             // the slot keys, which say who holds a slot.
             _ => Ok(()),
@@ -223,6 +227,24 @@ impl DomainView {
         }
         self.topology.insert(name.to_owned(), record);
         Ok(())
+    }
+
+    fn put_partition(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
+        let Some(value) = value else {
+            self.partitions.remove(name);
+            return Ok(());
+        };
+        let record: PartitionRecord = records::decode(value, self.limits).map_err(|e| e.to_string())?;
+        if record.name != name {
+            return Err(format!("{:?} under the key of {name:?}", record.name));
+        }
+        self.partitions.insert(name.to_owned(), record);
+        Ok(())
+    }
+
+    /// The domain's partitions, by name.
+    pub fn partitions(&self) -> impl Iterator<Item = &PartitionRecord> {
+        self.partitions.values()
     }
 
     /// The topology record `node` published, when it holds a slot and the record was
