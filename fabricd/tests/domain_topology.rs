@@ -3,7 +3,9 @@
 //! publish their topology record; every node answers the same merged topology, whose
 //! matrix says NV18 between GPUs of the two trays (through the fabric-level NVLink
 //! switches) and NET between a tray and the HGX host; a tray killed with SIGKILL is still
-//! listed, its devices marked down and no longer reached, within TTL + 1 s.
+//! listed, its devices marked down and no longer reached, within TTL + 1 s. A partition
+//! of the domain names a GPU of each tray; a client it binds, on the other tray, sees those
+//! two GPUs in the topology and their ranges in the map, and nothing else.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -11,10 +13,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::domain::{node, sim, topology, until};
+use fabric_proto::wire::{Name, PartitionSpec, PartitionsRequest, Request, Response, TopologyRequest};
 use serde_json::Value;
 
 const TTL: u64 = 2;
@@ -135,4 +140,116 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
         assert_eq!(d["attrs"]["domain_node"], "live", "{d}");
     }
     drop(daemons);
+}
+
+const ENV_SOCKET: &str = "FABRICD_DOMAIN_PARTITION_SOCKET";
+const SOCKET_GID: u32 = 61100;
+/// Bound to the domain's partition.
+const UID_BOUND: u32 = 61001;
+
+/// What a bound client sees, as one JSON line: the topology's nodes and GPUs, the map's
+/// range owners, the partitions listed. Run by the test below under `UID_BOUND`; does
+/// nothing otherwise.
+#[test]
+fn domain_partition_child() {
+    let Some(sock) = std::env::var_os(ENV_SOCKET) else { return };
+    let mut c = common::client(std::path::Path::new(&sock));
+    let doc = topology(&mut c);
+    let gpus: BTreeSet<String> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    let Response::Map(m) = c.call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
+    let map: Value = serde_json::from_str(&m.json).unwrap();
+    let owners: BTreeSet<String> = map["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["owner"].as_str().unwrap().split('#').next().unwrap().to_owned())
+        .collect();
+    let map_nodes: Vec<&str> = map["nodes"].as_array().unwrap().iter().map(|n| n["node"].as_str().unwrap()).collect();
+    let Response::Partitions(p) = c.call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0 else {
+        panic!()
+    };
+    let names: Vec<&str> = p.partitions.iter().map(|s| s.name.as_str()).collect();
+    let out = serde_json::json!({ "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names });
+    println!("answer: {out}");
+}
+
+#[test]
+fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client under uid {UID_BOUND}");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let supernode = sim("supernode-64.toml");
+    let setups = [node(&etcd, &supernode, "tray0", SPAN, TTL), node(&etcd, &supernode, "tray1", SPAN, TTL)];
+    for s in &setups {
+        let text = std::fs::read_to_string(&s.config).unwrap();
+        std::fs::write(&s.config, text.replacen("\n[state]\n", &format!("\ngroup = \"{SOCKET_GID}\"\n[state]\n"), 1))
+            .unwrap();
+    }
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut admin {
+        until(Duration::from_secs(15), "both topologies merged", || {
+            topology(c)["nodes"] == serde_json::json!(["tray0", "tray1"])
+        });
+    }
+    // One GPU of each tray, chosen from the domain's topology as the admin sees it.
+    let doc = topology(&mut admin[0]);
+    let gpu_of = |n: &str| -> String {
+        doc["devices"].as_array().unwrap().iter().find(|d| d["kind"] == "gpu" && d["node"] == n).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let chosen: BTreeSet<String> = [gpu_of("tray0"), gpu_of("tray1")].into();
+    let spec = PartitionSpec {
+        name: Name::truncated("tenant"),
+        devices: chosen.iter().map(|d| d.as_str().try_into().unwrap()).collect::<Vec<_>>().try_into().unwrap(),
+        uids: vec![UID_BOUND].try_into().unwrap(),
+        gids: Vec::new().try_into().unwrap(),
+    };
+    // Set on tray0: its definition is in etcd, so tray1 follows.
+    let Response::Partitions(p) = admin[0].call(Request::Partitions(PartitionsRequest::Set(spec)), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    assert_eq!(p.partitions.len(), 1, "the admin's next listing has it at once");
+    until(Duration::from_secs(5), "tray1 sees the partition", || {
+        let Response::Partitions(p) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0
+        else {
+            panic!()
+        };
+        p.partitions.len() == 1
+    });
+    // The bound client asks tray1.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "domain_partition_child", "--nocapture", "--test-threads", "1"])
+        .env(ENV_SOCKET, &setups[1].socket)
+        .uid(UID_BOUND)
+        .gid(SOCKET_GID)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find_map(|l| l.split_once("answer: ").map(|(_, a)| a.to_owned())).expect(&text);
+    let seen: Value = serde_json::from_str(&line).unwrap();
+    let set = |k: &str| -> BTreeSet<String> {
+        seen[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(set("gpus"), chosen, "the topology shows the partition's GPUs, of both trays, and no other");
+    assert_eq!(seen["nodes"], serde_json::json!(["tray0", "tray1"]), "{seen}");
+    assert_eq!(set("owners"), chosen, "the map shows their ranges only: {seen}");
+    assert_eq!(set("map_nodes"), ["tray0".to_owned(), "tray1".to_owned()].into(), "{seen}");
+    assert_eq!(seen["partitions"], serde_json::json!(["tenant"]), "{seen}");
+    // The admin still sees the whole domain.
+    let all = topology(&mut admin[1]);
+    assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);
 }

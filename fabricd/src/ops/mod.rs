@@ -95,16 +95,22 @@ fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result
     Ok(Document { schema: Name::truncated(schema), json })
 }
 
-/// The fabric `caller` asks about: on a domain node, for a caller its partitions do not
-/// restrict, the domain's (every node's topology record merged, the same on every node);
-/// otherwise the node's own, seen through the caller's partitions.
+/// The fabric `caller` asks about: on a domain node the domain's (every node's topology
+/// record merged, the same on every node), otherwise the node's own; for a bound client,
+/// its partitions' part of it.
 pub fn fabric_view(d: &Daemon, caller: &Caller) -> Result<Arc<View>, ErrorBody> {
-    match (&d.domain, caller.members()?) {
-        (Some(domain), None) => View::build(domain.inventory())
-            .map(Arc::new)
-            .map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}"))),
-        _ => caller.view(d),
-    }
+    let Some(domain) = &d.domain else { return caller.view(d) };
+    let inv = domain.inventory();
+    let inv = match caller.members()? {
+        None => inv,
+        // A bound client: its partitions' part of the domain's fabric.
+        Some(m) => {
+            let fabric = fabric_topology::Fabric::build(inv)
+                .map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))?;
+            scope::scoped_inventory(&fabric, &m)
+        }
+    };
+    View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))
 }
 
 /// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`
@@ -153,7 +159,13 @@ pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result
             Some(domain) => crate::tasks::domain::listing::listing(&domain.view()),
             None => snap.listing(),
         },
-        Some(m) => scope::scoped_listing(snap, &m),
+        // A bound client of a domain node: its partitions' part of the domain's map.
+        Some(m) => match &d.domain {
+            Some(domain) => scope::restrict_listing(crate::tasks::domain::listing::listing(&domain.view()), |r| {
+                r.owner.split('#').next().and_then(|id| id.parse().ok()).is_some_and(|id| m.contains(&id))
+            }),
+            None => scope::scoped_listing(snap, &m),
+        },
     };
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }

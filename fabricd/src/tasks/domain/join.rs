@@ -173,6 +173,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         groups,
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
+        fence: ArcSwap::from_pointee(joined.as_ref().map(|j| j.fence.clone())),
         client: ArcSwap::from_pointee(client),
         leadership: ArcSwap::from_pointee(None),
         map_changed: Notify::new(),

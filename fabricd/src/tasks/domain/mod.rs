@@ -17,19 +17,20 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use fabric_domain::{
-    DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Leadership, RecordLimits, TopologyRecord,
+    DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Fence, Leadership, PartitionRecord,
+    RecordLimits, TopologyRecord,
 };
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
 pub use join::{JoinError, Starting};
 
-/// Why an admin's slot gc was not done.
+/// Why an admin's domain request (a slot gc, a partition change) was not done.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
     /// This node holds no membership now (fenced, or etcd unreachable since start): it
-    /// has no client to ask etcd with.
-    #[error("this node is not joined to the domain; a gc needs a live membership")]
+    /// has no client to ask etcd with, nor a fence to write under.
+    #[error("this node is not joined to the domain; the request needs a live membership")]
     NotJoined,
     /// etcd refused or did not answer.
     #[error(transparent)]
@@ -72,8 +73,10 @@ pub struct Domain {
     groups: Vec<fabric_domain::FabricGroup>,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
-    /// The client of the current join, for admin requests (gc).
+    /// The client of the current join, for admin requests (gc, partitions).
     client: ArcSwap<Option<DomainClient>>,
+    /// The fence of the current join, for admin writes (partitions); none while not joined.
+    fence: ArcSwap<Option<Fence>>,
     /// The current join's election (`fabric_domain::Election`); none while not joined.
     leadership: ArcSwap<Option<tokio::sync::watch::Receiver<Leadership>>>,
     /// Told after each committed change of this node's map, and after each rescan.
@@ -175,13 +178,45 @@ impl Domain {
     /// Waits for etcd at most one request timeout.
     pub fn gc(&self, node: &str) -> Result<Option<u32>, GcError> {
         let Some(client) = (*self.client.load_full()).clone() else { return Err(GcError::NotJoined) };
-        let (tx, rx) = std::sync::mpsc::channel();
         let node = node.to_owned();
+        self.ask("slot gc", async move { client.gc_slot(&node).await })
+    }
+
+    /// Admin: writes the domain's partition `name` (`Some`) or deletes it (`None`) under
+    /// this node's fence, then waits (at most one request timeout) until this node's view
+    /// holds the change, so that the admin's next request sees it here.
+    pub fn set_partition(&self, name: &str, record: Option<&PartitionRecord>) -> Result<(), GcError> {
+        let (Some(client), Some(fence)) = ((*self.client.load_full()).clone(), (*self.fence.load_full()).clone())
+        else {
+            return Err(GcError::NotJoined);
+        };
+        let key = client.keys().partition(name);
+        let value = record.map(fabric_domain::records::encode);
+        let revision = self.ask("partition write", async move {
+            match value {
+                Some(v) => client.put_fenced(&fence, key, v).await,
+                None => client.delete_fenced(&fence, key).await,
+            }
+        })?;
+        let deadline = std::time::Instant::now() + self.config.request_timeout();
+        while self.view().revision() < revision && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// Runs `op` on the domain's runtime and waits for it at most two request timeouts.
+    fn ask<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        op: impl Future<Output = Result<T, EtcdError>> + Send + 'static,
+    ) -> Result<T, GcError> {
+        let (tx, rx) = std::sync::mpsc::channel();
         self.runtime.get().spawn(async move {
-            let _ = tx.send(client.gc_slot(&node).await);
+            let _ = tx.send(op.await);
         });
         let wait = self.config.request_timeout() * 2;
-        let r = rx.recv_timeout(wait).unwrap_or(Err(EtcdError::Timeout { op: "slot gc", after: wait }));
+        let r = rx.recv_timeout(wait).unwrap_or(Err(EtcdError::Timeout { op: what, after: wait }));
         if r.is_err() {
             self.etcd_errors.fetch_add(1, Ordering::Relaxed);
         }

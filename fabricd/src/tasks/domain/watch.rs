@@ -55,6 +55,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
             },
         };
         domain.client.store(Arc::new(Some(j.client.clone())));
+        domain.fence.store(Arc::new(Some(j.fence.clone())));
         domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
         // One campaign per join: a session that ends with a broken watch keeps it.
         let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
@@ -69,6 +70,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
                 domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
                 domain.client.store(Arc::new(None));
+                domain.fence.store(Arc::new(None));
                 domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
                 // The campaign ends with the lease: leadership is unknown until a rejoin
                 // campaigns again.
