@@ -19,7 +19,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::domain::{node, sim, topology, until};
-use fabric_proto::wire::{Name, PartitionSpec, PartitionsRequest, Request, Response, TopologyRequest};
+use fabric_proto::wire::{
+    BoundedVec, Name, PartitionSpec, PartitionsRequest, Request, Response, TopologyRequest, TranslateQuery,
+    TranslateRequest, Translation,
+};
 use serde_json::Value;
 
 const TTL: u64 = 2;
@@ -175,7 +178,29 @@ fn domain_partition_child() {
         panic!()
     };
     let names: Vec<&str> = p.partitions.iter().map(|s| s.name.as_str()).collect();
-    let out = serde_json::json!({ "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names });
+    // Each of its ranges translates to its device, on whichever node; another's does not.
+    let mut gfas: Vec<u64> =
+        map["ranges"].as_array().unwrap().iter().map(|r| r["start"].as_u64().unwrap() + 5).collect();
+    gfas.push(std::env::var("FABRICD_TEST_OTHER_GFA").unwrap().parse().unwrap());
+    let queries = BoundedVec::new(gfas.into_iter().map(TranslateQuery::Gfa).collect()).unwrap();
+    let Response::Translate(t) = c.call(Request::Translate(TranslateRequest { queries }), &[]).unwrap().0 else {
+        panic!()
+    };
+    let translated: Vec<String> = t
+        .results
+        .iter()
+        .map(|r| match r {
+            Translation::Resource { resource, offset: 5, set: None } => format!("local {}", resource.device.as_str()),
+            Translation::Remote { node, resource: Some(res), offset: 5, .. } => {
+                format!("{} {}", node.as_str(), res.device.as_str())
+            }
+            other => format!("{other:?}"),
+        })
+        .collect();
+    let out = serde_json::json!({
+        "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names,
+        "translated": translated,
+    });
     println!("answer: {out}");
 }
 
@@ -229,8 +254,20 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
         };
         p.partitions.len() == 1
     });
+    // A GFA of a device outside the partition, from the whole domain map.
+    let Response::Map(m) = admin[1].call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
+    let whole: Value = serde_json::from_str(&m.json).unwrap();
+    let other = whole["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "direct" && !chosen.contains(r["owner"].as_str().unwrap().split('#').next().unwrap()))
+        .unwrap()["start"]
+        .as_u64()
+        .unwrap();
     // The bound client asks tray1.
     let out = Command::new(std::env::current_exe().unwrap())
+        .env("FABRICD_TEST_OTHER_GFA", other.to_string())
         .args(["--exact", "domain_partition_child", "--nocapture", "--test-threads", "1"])
         .env(ENV_SOCKET, &setups[1].socket)
         .uid(UID_BOUND)
@@ -249,6 +286,17 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     assert_eq!(set("owners"), chosen, "the map shows their ranges only: {seen}");
     assert_eq!(set("map_nodes"), ["tray0".to_owned(), "tray1".to_owned()].into(), "{seen}");
     assert_eq!(seen["partitions"], serde_json::json!(["tenant"]), "{seen}");
+    let translated: Vec<&str> =
+        seen["translated"].as_array().expect(&line).iter().map(|v| v.as_str().unwrap()).collect();
+    let (last, mine) = translated.split_last().unwrap();
+    assert_eq!(*last, "NotInPartition", "{seen}");
+    assert!(!mine.is_empty(), "{seen}");
+    for t in mine {
+        let (place, device) = t.split_once(' ').unwrap();
+        assert!(chosen.contains(device), "{seen}");
+        let on_tray0 = device == gpu_of("tray0");
+        assert_eq!(place, if on_tray0 { "tray0" } else { "local" }, "tray0's GPU is remote to tray1: {seen}");
+    }
     // The admin still sees the whole domain.
     let all = topology(&mut admin[1]);
     assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);

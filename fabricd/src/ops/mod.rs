@@ -22,6 +22,7 @@ use fabric_proto::wire::{
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -182,6 +183,24 @@ pub fn translate_in(
     caller.require_scope()?;
     let snap = caller.snapshot();
     Ok(match &caller.scope {
+        // A bound client of a domain node: the domain's answers, kept where they name a
+        // device of its partitions.
+        scope::Scope::Bound(_) if d.domain.is_some() => {
+            let members: HashSet<String> =
+                caller.members()?.unwrap_or_default().iter().map(ToString::to_string).collect();
+            let mut r = translate(snap, queries);
+            let mut results = r.results.into_vec();
+            if let Some(domain) = &d.domain {
+                domain::translate(domain, queries, &mut results, version);
+            }
+            for (q, t) in queries.iter().zip(results.iter_mut()) {
+                if !scope::visible(q, t, &members) {
+                    *t = Translation::NotInPartition;
+                }
+            }
+            r.results = BoundedVec::new(results).unwrap_or_default();
+            r
+        }
         scope::Scope::Bound(names) => scope::translate_in(snap, names, queries),
         _ => {
             let mut r = translate(snap, queries);

@@ -325,6 +325,23 @@ pub fn restrict_listing(mut l: Listing, keep: impl Fn(&RangeInfo) -> bool) -> Li
     l
 }
 
+/// Whether a translation answer may be shown to a client whose partitions hold the
+/// devices `members` (identities as text): it names a member's resource (or the query
+/// named one), or says nothing is mapped there. Interleave sets and holes are not.
+pub fn visible(query: &TranslateQuery, t: &Translation, members: &HashSet<String>) -> bool {
+    let member = |device: &str| members.contains(device.split('#').next().unwrap_or(device));
+    match t {
+        Translation::Unmapped | Translation::NotInPartition | Translation::UnknownResource => true,
+        Translation::Resource { resource, set: None, .. } => member(resource.device.as_str()),
+        Translation::Remote { resource: Some(resource), set: None, .. } => member(resource.device.as_str()),
+        Translation::Gfa(_) => {
+            matches!(query, TranslateQuery::Resource { resource, .. } if member(resource.device.as_str()))
+        }
+        Translation::Hole { owner } => member(owner.as_str()),
+        Translation::Resource { .. } | Translation::Remote { .. } => false,
+    }
+}
+
 /// Answers translation queries through the views of `partitions` (their union): a GFA or
 /// resource of another partition is `NotInPartition`, never its owner.
 pub fn translate_in(snap: &Snapshot, partitions: &[String], queries: &[TranslateQuery]) -> TranslateResponse {
