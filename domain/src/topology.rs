@@ -325,6 +325,21 @@ mod tests {
         ));
     }
 
+    /// The fuzz target's seeds of the new records decode (the first byte picks the type).
+    #[test]
+    fn fuzz_seeds_decode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/domain_records");
+        let seed = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let topology = seed("topology");
+        assert_eq!(topology[0] % 6, 4);
+        let record = decode::<TopologyRecord>(&topology[1..], RecordLimits::default()).unwrap();
+        assert_eq!(record.devices.len(), 3);
+        let partition = seed("partition");
+        assert_eq!(partition[0] % 6, 5);
+        let record = decode::<crate::partition::PartitionRecord>(&partition[1..], RecordLimits::default()).unwrap();
+        assert_eq!(record.name, "tenant-a");
+    }
+
     proptest! {
         #[test]
         fn any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
