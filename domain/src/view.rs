@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::partition::PartitionRecord;
 use crate::records::{
-    self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, RecordLimits, SlotClaim,
+    self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, Record, RecordLimits, SlotClaim,
 };
 use crate::topology::TopologyRecord;
 
@@ -214,32 +214,19 @@ impl DomainView {
     }
 
     fn put_topology(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
-        let Some(value) = value else {
-            self.topology.remove(name);
-            return Ok(());
-        };
-        let record: TopologyRecord = records::decode(value, self.limits).map_err(|e| e.to_string())?;
-        if record.node != name {
-            return Err(format!("{:?} under the key of {name:?}", record.node));
-        }
-        if self.slot_of(name).is_none() {
-            return Err(format!("{name} holds no slot"));
-        }
-        self.topology.insert(name.to_owned(), record);
-        Ok(())
+        let holds_slot = self.slot_of(name).is_some();
+        put_named(&mut self.topology, self.limits, name, value, |r: &TopologyRecord| {
+            if r.node != name {
+                return Err(format!("{:?} under the key of {name:?}", r.node));
+            }
+            if holds_slot { Ok(()) } else { Err(format!("{name} holds no slot")) }
+        })
     }
 
     fn put_partition(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
-        let Some(value) = value else {
-            self.partitions.remove(name);
-            return Ok(());
-        };
-        let record: PartitionRecord = records::decode(value, self.limits).map_err(|e| e.to_string())?;
-        if record.name != name {
-            return Err(format!("{:?} under the key of {name:?}", record.name));
-        }
-        self.partitions.insert(name.to_owned(), record);
-        Ok(())
+        put_named(&mut self.partitions, self.limits, name, value, |r: &PartitionRecord| {
+            if r.name == name { Ok(()) } else { Err(format!("{:?} under the key of {name:?}", r.name)) }
+        })
     }
 
     /// The domain's partitions, by name.
@@ -304,6 +291,25 @@ impl DomainView {
             offset: range.map_or(0, |r| gfa - r.start),
         })
     }
+}
+
+/// A put (`Some`) or delete (`None`) of the record `held` keeps under `name`: a delete
+/// removes it; a put replaces it once it decodes and `check` accepts it.
+fn put_named<R: Record>(
+    held: &mut BTreeMap<String, R>,
+    limits: RecordLimits,
+    name: &str,
+    value: Option<&[u8]>,
+    check: impl FnOnce(&R) -> Result<(), String>,
+) -> Result<(), String> {
+    let Some(value) = value else {
+        held.remove(name);
+        return Ok(());
+    };
+    let record: R = records::decode(value, limits).map_err(|e| e.to_string())?;
+    check(&record)?;
+    held.insert(name.to_owned(), record);
+    Ok(())
 }
 
 #[cfg(test)]
