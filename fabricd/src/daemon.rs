@@ -547,7 +547,16 @@ impl Daemon {
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
         let snap = self.map_snapshot();
-        let members = |names: &[String]| crate::ops::scope::partition_members(&snap, names);
+        // A client bound to a domain partition hears of its local members' changes too.
+        let domain_view = self.domain.as_ref().map(|d| d.view());
+        let members = |names: &[String]| {
+            let mut m = crate::ops::scope::partition_members(&snap, names);
+            if let Some(view) = &domain_view {
+                let bound = view.partitions().filter(|p| names.contains(&p.name));
+                m.extend(bound.flat_map(|p| p.devices.iter().map(ToString::to_string)));
+            }
+            m
+        };
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev, &members);

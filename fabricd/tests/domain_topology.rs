@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use common::domain::{node, sim, topology, until};
 use fabric_proto::wire::{
-    BoundedVec, Name, PartitionSpec, PartitionsRequest, Request, Response, TopologyRequest, TranslateQuery,
-    TranslateRequest, Translation,
+    AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, MemoryClass, Name, PartitionSpec, PartitionsRequest,
+    Request, Response, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
 };
 use serde_json::Value;
 
@@ -197,9 +197,24 @@ fn domain_partition_child() {
             other => format!("{other:?}"),
         })
         .collect();
+    // Memory: its partition's GPU on this node, and one outside it.
+    let alloc = |c: &mut fabric_proto::wire::Connection, var: &str| -> String {
+        let gpu = std::env::var(var).unwrap();
+        let req = Request::Alloc(AllocRequest {
+            target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
+            size: 1 << 20,
+            align: 0,
+        });
+        match c.call(req, &[]) {
+            Ok((Response::Alloc(_), _)) => "ok".to_owned(),
+            Err(CodecError::Refused { body, .. }) => format!("{:?}", body.code),
+            other => format!("{other:?}"),
+        }
+    };
+    let allocs = [alloc(&mut c, "FABRICD_TEST_MEMBER_GPU"), alloc(&mut c, "FABRICD_TEST_OTHER_GPU")];
     let out = serde_json::json!({
         "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names,
-        "translated": translated,
+        "translated": translated, "allocs": allocs,
     });
     println!("answer: {out}");
 }
@@ -254,6 +269,15 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
         };
         p.partitions.len() == 1
     });
+    // A GPU of tray1 outside the partition.
+    let other_gpu = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu" && d["node"] == "tray1")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .find(|id| !chosen.contains(id))
+        .unwrap();
     // A GFA of a device outside the partition, from the whole domain map.
     let Response::Map(m) = admin[1].call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
     let whole: Value = serde_json::from_str(&m.json).unwrap();
@@ -268,6 +292,8 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     // The bound client asks tray1.
     let out = Command::new(std::env::current_exe().unwrap())
         .env("FABRICD_TEST_OTHER_GFA", other.to_string())
+        .env("FABRICD_TEST_MEMBER_GPU", gpu_of("tray1"))
+        .env("FABRICD_TEST_OTHER_GPU", other_gpu)
         .args(["--exact", "domain_partition_child", "--nocapture", "--test-threads", "1"])
         .env(ENV_SOCKET, &setups[1].socket)
         .uid(UID_BOUND)
@@ -297,6 +323,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
         let on_tray0 = device == gpu_of("tray0");
         assert_eq!(place, if on_tray0 { "tray0" } else { "local" }, "tray0's GPU is remote to tray1: {seen}");
     }
+    assert_eq!(seen["allocs"], serde_json::json!(["ok", "PermissionDenied"]), "memory of members only: {seen}");
     // The admin still sees the whole domain.
     let all = topology(&mut admin[1]);
     assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);

@@ -114,26 +114,32 @@ fn authorized(d: &Daemon, cx: &Context<'_>, op: Operation) -> Result<Outcome, Er
 struct DaemonFacts<'a> {
     d: &'a Daemon,
     snap: Arc<Snapshot>,
+    /// The domain's partitions that bind the caller, as its scope was resolved.
+    domain_partitions: &'a [fabric_domain::PartitionRecord],
 }
 
 impl<'a> DaemonFacts<'a> {
-    fn new(d: &'a Daemon, caller: &Caller) -> Self {
-        Self { d, snap: caller.snapshot().clone() }
+    fn new(d: &'a Daemon, caller: &'a Caller) -> Self {
+        Self { d, snap: caller.snapshot().clone(), domain_partitions: &caller.domain_partitions }
     }
 }
 
 impl authz::Facts for DaemonFacts<'_> {
     fn partition_exists(&self, name: &str) -> bool {
         self.snap.state().partitions.iter().any(|p| p.name == name)
+            || self.domain_partitions.iter().any(|p| p.name == name)
     }
 
     fn members(&self, names: &[String]) -> HashSet<DeviceId> {
+        let domain = self.domain_partitions.iter().filter(|p| names.contains(&p.name)).flat_map(|p| p.devices.iter());
         self.snap
             .state()
             .partitions
             .iter()
             .filter(|p| names.contains(&p.name))
-            .flat_map(|p| p.devices.iter().cloned())
+            .flat_map(|p| p.devices.iter())
+            .chain(domain)
+            .cloned()
             .collect()
     }
 
