@@ -269,6 +269,27 @@ mod tests {
         assert_eq!(f.device(gpu).node.as_deref(), Some("tray0"));
     }
 
+    proptest::proptest! {
+        /// Any bytes under a topology or partition key are applied or refused, never
+        /// panic, and a refusal leaves the merged fabric as it was.
+        #[test]
+        fn hostile_values_never_poison_the_merge(
+            which in 0usize..3,
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+        ) {
+            let mut v = view(&[tray("tray0"), tray("tray1")], &[]);
+            let before = merge(&v);
+            let k = Keys::new("d");
+            let key = [k.topology("tray0"), k.topology("tray9"), k.partition("p")][which].clone();
+            if v.apply(key.as_bytes(), Some(&bytes), 9).is_err() {
+                let after = merge(&v);
+                proptest::prop_assert_eq!(after.devices, before.devices);
+                proptest::prop_assert_eq!(after.links, before.links);
+                proptest::prop_assert!(v.refused().contains_key(&key));
+            }
+        }
+    }
+
     #[test]
     fn records_enter_the_view_only_for_slot_holders_under_their_own_key() {
         let mut v = view(&[tray("tray0")], &[]);
