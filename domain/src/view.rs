@@ -11,9 +11,11 @@ use std::sync::Arc;
 
 use shards::Shards;
 
+use crate::partition::PartitionRecord;
 use crate::records::{
-    self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, RecordLimits, SlotClaim,
+    self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, Record, RecordLimits, SlotClaim,
 };
+use crate::topology::TopologyRecord;
 
 /// One node of the domain: its slot and, when it published them, its placements; `member`
 /// is its live member record (absent once its lease ended: the node is gone, its slot a
@@ -56,6 +58,10 @@ pub struct DomainView {
     slot_of: Shards<String, u32>,
     /// Placements consistent with the node's slot and the settings.
     placements: Shards<String, Arc<PlacementsRecord>>,
+    /// The domain's partitions, by name ([`DomainView::partitions`]).
+    partitions: Shards<String, Arc<PartitionRecord>>,
+    /// Topology records of nodes that hold a slot ([`DomainView::topology`]).
+    topology: Shards<String, Arc<TopologyRecord>>,
     /// Keys whose value was refused, with why (cleared when the key is rewritten well or
     /// deleted).
     refused: BTreeMap<String, String>,
@@ -100,7 +106,7 @@ impl DomainView {
             r if r == b"settings" => 0,
             r if r.starts_with(b"slots/") => 1,
             r if r.starts_with(b"members/") => 2,
-            r if r.starts_with(b"placements/") => 3,
+            r if r.starts_with(b"placements/") || r.starts_with(b"topology/") => 3,
             _ => 4,
         }
     }
@@ -125,6 +131,8 @@ impl DomainView {
             },
             (r, v) if r.starts_with("members/") => self.member(&r["members/".len()..], v),
             (r, v) if r.starts_with("placements/") => self.put_placements(&r["placements/".len()..], v),
+            (r, v) if r.starts_with("topology/") => self.put_topology(&r["topology/".len()..], v),
+            (r, v) if r.starts_with("partitions/") => self.put_partition(&r["partitions/".len()..], v),
             // slot-of/<node> repeats slots/<n> for the claim's transaction; the view reads
             // the slot keys, which say who holds a slot.
             _ => Ok(()),
@@ -153,6 +161,7 @@ impl DomainView {
             if let Some(node) = self.slots.remove(&slot) {
                 self.slot_of.remove(&node);
                 self.placements.remove(&node);
+                self.topology.remove(&node);
             }
             return Ok(());
         };
@@ -216,6 +225,33 @@ impl DomainView {
         Ok(())
     }
 
+    fn put_topology(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
+        let holds_slot = self.slot_of(name).is_some();
+        put_named(&mut self.topology, self.limits, name, value, |r: &TopologyRecord| {
+            if r.node != name {
+                return Err(format!("{:?} under the key of {name:?}", r.node));
+            }
+            if holds_slot { Ok(()) } else { Err(format!("{name} holds no slot")) }
+        })
+    }
+
+    fn put_partition(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
+        put_named(&mut self.partitions, self.limits, name, value, |r: &PartitionRecord| {
+            if r.name == name { Ok(()) } else { Err(format!("{:?} under the key of {name:?}", r.name)) }
+        })
+    }
+
+    /// The domain's partitions, by name.
+    pub fn partitions(&self) -> impl Iterator<Item = &PartitionRecord> {
+        self.partitions.sorted().into_iter().map(|(_, p)| &**p)
+    }
+
+    /// The topology record `node` published, when it holds a slot and the record was
+    /// accepted (`crate::domain_fabric` merges them).
+    pub fn topology(&self, node: &str) -> Option<&TopologyRecord> {
+        self.topology.get(node).map(|t| &**t)
+    }
+
     /// The domain settings, once read.
     pub fn settings(&self) -> Option<&DomainSettings> {
         self.settings.as_ref()
@@ -267,6 +303,25 @@ impl DomainView {
             offset: range.map_or(0, |r| gfa - r.start),
         })
     }
+}
+
+/// A put (`Some`) or delete (`None`) of the record `held` keeps under `name`: a delete
+/// removes it; a put replaces it once it decodes and `check` accepts it.
+fn put_named<R: Record + Clone>(
+    held: &mut Shards<String, Arc<R>>,
+    limits: RecordLimits,
+    name: &str,
+    value: Option<&[u8]>,
+    check: impl FnOnce(&R) -> Result<(), String>,
+) -> Result<(), String> {
+    let Some(value) = value else {
+        held.remove(name);
+        return Ok(());
+    };
+    let record: R = records::decode(value, limits).map_err(|e| e.to_string())?;
+    check(&record)?;
+    held.insert(name.to_owned(), Arc::new(record));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -396,6 +396,9 @@ impl Daemon {
         let domain = starting.map(|s| s.run(writer.map().reader()));
         let view = View::build(inv)?;
         let fabric = &view.fabric;
+        if let Some(d) = &domain {
+            d.fabric_changed(fabric);
+        }
         tracing::info!(
             devices = fabric.inventory().devices.len(),
             links = fabric.inventory().links.len(),
@@ -527,6 +530,9 @@ impl Daemon {
         }
         let view = Arc::new(view);
         self.view.store(view.clone());
+        if let Some(d) = &self.domain {
+            d.fabric_changed(&view.fabric);
+        }
         // The vanished set after the view: `status` reads both, and a device it lists as
         // missing then always comes with the rescan's whole view (its degraded links too).
         let missing = {
@@ -546,7 +552,16 @@ impl Daemon {
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
         let snap = self.map_snapshot();
-        let members = |names: &[String]| crate::ops::scope::partition_members(&snap, names);
+        // A client bound to a domain partition hears of its local members' changes too.
+        let domain_view = self.domain.as_ref().map(|d| d.view());
+        let members = |names: &[String]| {
+            let mut m = crate::ops::scope::partition_members(&snap, names);
+            if let Some(view) = &domain_view {
+                let bound = view.partitions().filter(|p| names.contains(&p.name));
+                m.extend(bound.flat_map(|p| p.devices.iter().map(ToString::to_string)));
+            }
+            m
+        };
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev, &members);

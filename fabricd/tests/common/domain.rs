@@ -1,9 +1,11 @@
-//! Helpers of the domain tests: a node's configuration (one tray of the sim supernode in
-//! domain `test`), the domain documents and maps a node answers, and polling.
+//! Helpers of the domain tests: a node's configuration (a node of a sim fabric, by default
+//! one tray of the sim supernode, in domain `test`), the documents and maps a node
+//! answers, and polling.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use fabric_domain::testing::EtcdServer;
 use fabric_proto::wire::{
     BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, TopologyRequest, TranslateQuery,
     TranslateRequest, Translation,
@@ -17,16 +19,41 @@ pub fn supernode() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
 }
 
+/// A sim fabric file under `configs/sim/`.
+pub fn sim(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim").join(name).canonicalize().unwrap()
+}
+
 /// A node's files: node `name` serving tray `tray` of the supernode in domain `test` at
 /// etcd `endpoint`, node span `span`, lease TTL `ttl` seconds.
 pub fn node(endpoint: &str, name: &str, tray: &str, span: u64, ttl: u64) -> Setup {
+    node_on(endpoint, &supernode(), name, tray, span, ttl)
+}
+
+/// A node's files: node `name` of sim fabric `fabric` (which serves its node of the same
+/// name) in domain `test` at `etcd`, node span `span`, lease TTL `ttl` seconds.
+pub fn node_of(etcd: &EtcdServer, fabric: &Path, name: &str, span: u64, ttl: u64) -> Setup {
+    node_on(etcd.endpoint(), fabric, name, name, span, ttl)
+}
+
+/// Node `name` serving node `sim_node` of sim fabric `fabric`.
+fn node_on(endpoint: &str, fabric: &Path, name: &str, sim_node: &str, span: u64, ttl: u64) -> Setup {
     let extra = format!(
         "[map]\nnode_span = {{ fixed = {span} }}\n[domain]\nname = \"test\"\nendpoints = [{endpoint:?}]\nnode = {name:?}\nlease_ttl_secs = {ttl}\n"
     );
-    let s = Setup::with_sim(&supernode(), &extra);
+    let s = Setup::with_sim(fabric, &extra);
     let text = std::fs::read_to_string(&s.config).unwrap();
-    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {tray:?}\n"))).unwrap();
+    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {sim_node:?}\n")))
+        .unwrap();
     s
+}
+
+/// The `fabric.topology/v1` document a node answers.
+pub fn topology(c: &mut Connection) -> Value {
+    let Response::Topology(d) = c.call(Request::Topology(TopologyRequest::default()), &[]).unwrap().0 else {
+        panic!("not a topology answer")
+    };
+    serde_json::from_str(&d.json).unwrap()
 }
 
 /// The `fabric.domain/v1` document `c`'s node answers to `action`.

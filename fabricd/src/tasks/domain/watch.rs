@@ -1,5 +1,6 @@
 //! The domain task: while joined, it reads the domain's prefix into a [`DomainView`],
-//! follows it with a watch, writes this node's placements after each map change and
+//! follows it with a watch, writes this node's placements after each map change (and its
+//! topology after each rescan) and
 //! probes etcd's round trip; each join campaigns for the domain's leader on its lease
 //! (an [`Election`] that lives as long as the join). When the lease is lost it stops every
 //! domain write and the campaign, says so, and rejoins (new lease, new incarnation, new
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_domain::etcd_client::{EventType, GetOptions};
-use fabric_domain::{DomainView, Election, EtcdError, LeaseState};
+use fabric_domain::{DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
 
 use super::join::{self, Joined};
 use super::{Domain, Standing, publish};
@@ -54,6 +55,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
             },
         };
         domain.client.store(Arc::new(Some(j.client.clone())));
+        domain.fence.store(Arc::new(Some(j.fence.clone())));
         domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
         // One campaign per join: a session that ends with a broken watch keeps it.
         let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
@@ -68,6 +70,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
                 domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
                 domain.client.store(Arc::new(None));
+                domain.fence.store(Arc::new(None));
                 domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
                 // The campaign ends with the lease: leadership is unknown until a rejoin
                 // campaigns again.
@@ -119,14 +122,14 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
         Ok(s) => s,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
-    let mut written: Option<fabric_domain::PlacementsRecord> = None;
-    // When a failed placements write is tried again: a deadline of the loop below, never a
-    // sleep inside it, so a lost lease is acted on at once meanwhile.
+    let mut published = Published::default();
+    // When a failed write is tried again: a deadline of the loop below, never a sleep
+    // inside it, so a lost lease is acted on at once meanwhile.
     let mut retry: Option<tokio::time::Instant> = None;
-    match placements(domain, j, reader, &mut written).await {
-        Written::Done => {}
-        Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
-        Written::Fenced(end) => return end,
+    match publish_records(domain, j, reader, &mut published).await {
+        Outcome::Done => {}
+        Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+        Outcome::Fenced(end) => return end,
     }
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,18 +144,18 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                 }
             }
             () = domain.map_changed.notified(), if retry.is_none() => {
-                match placements(domain, j, reader, &mut written).await {
-                    Written::Done => {}
-                    Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
-                    Written::Fenced(end) => return end,
+                match publish_records(domain, j, reader, &mut published).await {
+                    Outcome::Done => {}
+                    Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Outcome::Fenced(end) => return end,
                 }
             }
             () = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
                 retry = None;
-                match placements(domain, j, reader, &mut written).await {
-                    Written::Done => {}
-                    Written::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
-                    Written::Fenced(end) => return end,
+                match publish_records(domain, j, reader, &mut published).await {
+                    Outcome::Done => {}
+                    Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Outcome::Fenced(end) => return end,
                 }
             }
             message = stream.message() => {
@@ -195,40 +198,83 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     }
 }
 
-/// What a placements write came to.
-enum Written {
+/// What publishing this node's records came to.
+enum Outcome {
     /// Written, or nothing new to write.
     Done,
-    /// etcd did not take it: try again after a while (a change meanwhile is in the map,
-    /// which the retry reads).
+    /// etcd did not take a record: try again after a while (a change meanwhile is in the
+    /// map, which the retry reads).
     Retry,
     /// This membership no longer holds its member key: the session ends.
     Fenced(End),
 }
 
-/// Writes this node's placements when they differ from the last written.
-async fn placements(
+/// The records this session wrote last.
+#[derive(Default)]
+struct Published {
+    placements: Option<PlacementsRecord>,
+    topology: Option<TopologyRecord>,
+}
+
+/// Writes this node's placements and topology when they differ from the last written.
+async fn publish_records(
     domain: &Domain,
     j: &Joined,
     reader: &fabric_addrmap::Reader,
-    written: &mut Option<fabric_domain::PlacementsRecord>,
-) -> Written {
+    published: &mut Published,
+) -> Outcome {
     let snap = reader.snapshot();
-    let record = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
-    if written.as_ref() == Some(&record) {
-        return Written::Done;
-    }
-    match publish::write(&j.client, &j.fence, &record).await {
-        Ok(true) => {
-            tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
-            *written = Some(record);
-            Written::Done
+    let placements = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
+    if published.placements.as_ref() != Some(&placements) {
+        let key = j.client.keys().placements(&domain.config.node);
+        match write(domain, j, key, &placements).await {
+            Outcome::Done => {
+                tracing::info!(
+                    generation = placements.generation,
+                    ranges = placements.ranges.len(),
+                    "placements published"
+                );
+                published.placements = Some(placements);
+            }
+            other => return other,
         }
-        Ok(false) => Written::Fenced(End::LeaseLost("this membership no longer holds its member key".to_owned())),
+    }
+    let Some(made) = domain.topology.load_full() else { return Outcome::Done };
+    let topology = TopologyRecord { incarnation: j.incarnation, ..(*made).clone() };
+    if published.topology.as_ref() != Some(&topology) {
+        let encoded = fabric_domain::records::encode(&topology).len();
+        let bound = Domain::limits().max_bytes();
+        if encoded > bound {
+            // Every other node would refuse it: say so here, once per change.
+            tracing::warn!(
+                bytes = encoded,
+                bound,
+                "topology record too large to publish; the domain shows no topology of this node"
+            );
+            published.topology = Some(topology);
+            return Outcome::Done;
+        }
+        let key = j.client.keys().topology(&domain.config.node);
+        match write(domain, j, key, &topology).await {
+            Outcome::Done => {
+                tracing::info!(devices = topology.devices.len(), links = topology.links.len(), "topology published");
+                published.topology = Some(topology);
+            }
+            other => return other,
+        }
+    }
+    Outcome::Done
+}
+
+/// One fenced write of `record` at `key`.
+async fn write<R: fabric_domain::records::Record>(domain: &Domain, j: &Joined, key: String, record: &R) -> Outcome {
+    match publish::write(&j.client, &j.fence, key, record).await {
+        Ok(true) => Outcome::Done,
+        Ok(false) => Outcome::Fenced(End::LeaseLost("this membership no longer holds its member key".to_owned())),
         Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements; retrying");
+            tracing::warn!(error = %crate::error_chain(&e), "cannot publish this node's records; retrying");
             domain.etcd_failed();
-            Written::Retry
+            Outcome::Retry
         }
     }
 }
