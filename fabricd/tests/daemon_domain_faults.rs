@@ -161,8 +161,8 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
         nodes(&mut c1).iter().any(|n| n.0 == "tray0" && n.1 == "gone")
     });
     std::thread::sleep(Duration::from_millis(500));
-    // A map change waits in its socket: the first thing the node does on resuming is to
-    // commit it, which asks for a placements write.
+    // A domain change (a partition of the domain, a fenced etcd write) waits in its socket:
+    // the first thing the node does on resuming is to try it, as the zombie it is.
     let asker = std::thread::spawn(move || {
         let r = partition(&mut c0, "p0", &gpu);
         (c0, r)
@@ -170,8 +170,9 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
     std::thread::sleep(Duration::from_millis(200));
     signal(hung, "CONT");
     let (mut c0, asked) = asker.join().unwrap();
-    asked.expect("the hung node serves its local client once resumed");
-    eprintln!("tray0 resumed {:?} after SIGSTOP", stopped.elapsed());
+    let refused = asked.expect_err("a zombie's domain write is refused");
+    assert!(refused.contains("Unavailable") && refused.contains("fenced"), "{refused}");
+    eprintln!("tray0 resumed {:?} after SIGSTOP; its queued write: {refused}", stopped.elapsed());
     until(Duration::from_secs(15), "tray0 rejoined with a new incarnation", || {
         let (s, inc) = standing(&mut c0);
         s == "joined" && inc != old
@@ -180,16 +181,10 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
     until(Duration::from_secs(10), "tray1 sees the new incarnation", || incarnation_of(&mut c1, "tray0") == Some(new));
     until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c1, 2));
     assert_eq!(map(&mut c1)["ranges"], held["ranges"], "the same slot and GFAs");
-    let log = hung.log();
-    assert!(log.contains("lease lost"), "the node logs that it was expired");
-    // What the resumed node did (seen with --no-capture): it published the queued change
-    // only after it knew its lease lost, i.e. as its new incarnation.
-    for line in log.lines().filter(|l| l.contains("lease lost") || l.contains("placements")) {
-        eprintln!("tray0: {line}");
-    }
-    let lost = log.find("lease lost").unwrap();
-    assert!(!log[..lost].contains("placements published generation=2"), "published as a zombie:\n{log}");
-    assert!(log[lost..].contains("placements published generation=2"), "the change published after the rejoin:\n{log}");
+    assert!(hung.log().contains("lease lost"), "the node logs that it was expired");
+    // Asked again as its new incarnation, the same change is written.
+    let gpu = gpu_of(&mut c0, "tray0");
+    partition(&mut c0, "p0", &gpu).expect("the rejoined node writes the domain change");
     std::thread::sleep(Duration::from_millis(500));
     stop.send(()).unwrap();
     let seen = events.join().unwrap();
@@ -211,6 +206,11 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
         assert!(e.revision > rejoined, "a placements write before the rejoin: {e:?}");
     }
     assert!(seen.iter().all(|e| !(e.key == member && e.put && e.incarnation == Some(old))), "{seen:?}");
+    // The partition was written once, by the new incarnation: after its rejoin.
+    let partition_key = "/fabric/test/partitions/p0";
+    let written: Vec<&Seen> = seen.iter().filter(|e| e.key == partition_key).collect();
+    assert_eq!(written.len(), 1, "{seen:?}");
+    assert!(written[0].put && written[0].revision > rejoined, "{seen:?}");
 }
 
 #[test]
@@ -280,17 +280,18 @@ fn etcd_stopped_and_restarted_local_service_and_held_maps_go_on_domain_changes_w
         assert_eq!(map(c), held);
         let (alloc, _file) = common::alloc_hbm(c, &gpus[i], 1 << 20);
         assert!(alloc.size >= 1 << 20);
-        partition(c, &format!("p{i}"), &gpus[i]).unwrap();
         assert!(asked.elapsed() < Duration::from_secs(1), "local service waited for etcd: {:?}", asked.elapsed());
-        // A domain change: refused with a typed error naming etcd.
+        // Domain changes (a slot gc, a partition of the domain): refused with a typed error
+        // naming etcd.
         let other = Name::truncated(&format!("tray{}", 1 - i));
         let refused = c.call(Request::Domain(DomainRequest { action: DomainAction::Gc { node: other } }), &[]);
         let err = format!("{:?}", refused.unwrap_err());
         assert!(err.contains("Unavailable") && err.contains("etcd"), "{err}");
+        let err = partition(c, &format!("p{i}"), &gpus[i]).expect_err("a domain partition needs etcd");
+        assert!(err.contains("Unavailable") && err.contains("etcd"), "{err}");
     }
-    // Past the point where the nodes' leases are lost: they say so, and still serve.
-    // The partition changes above made each node try to publish and fail: the retry waits
-    // without delaying the fence, which comes before the TTL ends.
+    // Past the point where the nodes' leases are lost: they say so, and still serve; the
+    // fence comes before the TTL ends.
     until(Duration::from_secs(TTL + 2), "both fenced", || clients.iter_mut().all(|c| standing(c).0 == "fenced"));
     let fenced = t0.elapsed();
     assert!(fenced < Duration::from_secs(TTL), "fenced {fenced:?} after etcd stopped, not before the TTL ended");
