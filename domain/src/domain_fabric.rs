@@ -28,17 +28,32 @@ pub const DOMAIN_BACKEND: &str = "domain";
 ///   whole, with the reason in the `domain` backend report's notes: the first publisher
 ///   keeps it, the map of the others is never changed by it.
 pub fn merge(view: &DomainView) -> Inventory {
+    merge_with(view, None)
+}
+
+/// [`merge`], with `own` — this node's name and the record it made of its own fabric —
+/// in place of what the view holds for it: a node shows its own devices, live, from its
+/// start and after each rescan, before its record has gone round through etcd.
+pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> Inventory {
+    let mut records: Vec<(&str, &TopologyRecord, bool)> = view
+        .nodes()
+        .into_iter()
+        .filter(|n| own.is_none_or(|(name, _)| name != n.name))
+        .filter_map(|n| view.topology(n.name).map(|r| (n.name, r, n.member.is_some())))
+        .collect();
+    if let Some((name, record)) = own {
+        records.push((name, record, true));
+    }
+    records.sort_by(|a, b| a.0.cmp(b.0));
     let mut inv = Inventory::new();
     let mut report = BackendReport::present(DOMAIN_BACKEND);
     let mut fabric_links: HashSet<(DeviceIdx, DeviceIdx, &'static str)> = HashSet::new();
-    for node in view.nodes() {
-        let Some(record) = view.topology(node.name) else { continue };
+    for (name, record, live) in records {
         if let Err(why) = conflict(&inv, record) {
-            tracing::warn!(node = node.name, %why, "topology record not merged");
-            report.note_unknown(format!("topology/{}: {why}", node.name));
+            tracing::warn!(node = name, %why, "topology record not merged");
+            report.note_unknown(format!("topology/{name}: {why}"));
             continue;
         }
-        let live = node.member.is_some();
         let indexes = add_devices(&mut inv, record, live);
         for l in &record.links {
             let (Some(a), Some(b)) = (topology::end(&indexes, l.a), topology::end(&indexes, l.b)) else { continue };
@@ -239,6 +254,24 @@ mod tests {
         assert_eq!(class(&f, &g("tray0", 0), &g("tray0", 1)), HopClass::Nv(18), "the live trays keep their switches");
         let island_gpu = DeviceId::pci("host9", "0000:17:00.0".parse().unwrap());
         assert_eq!(class(&f, &island_gpu, &g("tray1", 1)), HopClass::None);
+    }
+
+    #[test]
+    fn a_node_shows_its_own_fabric_before_its_record_went_round() {
+        let v = view(&[tray("tray0")], &[]);
+        let g = |n: &str, i: u8| DeviceId::uuid(&format!("GPU-{n}-{i}"));
+        // tray1 has just started: its record is not in its view yet, its own devices are.
+        let own = tray("tray1");
+        let inv = merge_with(&v, Some(("tray1", &own)));
+        let gpu = inv.find(&g("tray1", 0)).expect("its own GPU");
+        assert_eq!(inv.device(gpu).attrs.get(DOMAIN_NODE_ATTR).map(String::as_str), Some(DOMAIN_NODE_LIVE));
+        assert!(inv.find(&g("tray0", 0)).is_some(), "and the others' from the view");
+        assert!(merge(&v).find(&g("tray1", 0)).is_none(), "the view alone has none of tray1's");
+        // Its own record stands in for the view's, which may be older.
+        let v = view(&[tray("tray0"), island("tray1")], &[]);
+        let inv = merge_with(&v, Some(("tray1", &own)));
+        assert!(inv.find(&g("tray1", 0)).is_some());
+        assert!(inv.find(&DeviceId::pci("tray1", "0000:17:00.0".parse().unwrap())).is_none(), "{:?}", inv.devices);
     }
 
     #[test]

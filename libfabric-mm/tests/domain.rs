@@ -46,7 +46,13 @@ fn each_node_translates_the_others_memory_to_that_node() {
     let (s0, s1) = (common::session(&tray0.socket), common::session(&tray1.socket));
 
     // A byte of tray 0's first GPU, as tray 0 itself places and names it.
-    let gpu = common::gpu(&s0);
+    let gpu = s0
+        .devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.node.as_deref() == Some("tray0") && d.memory.iter().any(|(c, _)| *c == MemoryClass::Hbm))
+        .expect("a node lists its own GPUs from its start")
+        .id;
     let byte = ResourceOffset { device: gpu.clone(), memory: MemoryClass::Hbm, ordinal: 0, offset: 4096 };
     let gfa = s0.reverse(std::slice::from_ref(&byte)).unwrap()[0].expect("tray 0 maps its GPU");
     let Location::Resource { device, memory, ordinal, offset, .. } = s0.translate(&[gfa]).unwrap().remove(0) else {
@@ -62,8 +68,14 @@ fn each_node_translates_the_others_memory_to_that_node() {
         }
     });
     assert_eq!(seen, ("tray0".to_owned(), RemotePlace::Resource { device, memory, ordinal, offset }));
-    // Tray 1's own GPU stays a local resource on tray 1.
-    let own = common::gpu(&s1);
+    // Tray 1's own GPU stays a local resource on tray 1 (its device list is the domain's).
+    let own = s1
+        .devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.node.as_deref() == Some("tray1") && d.memory.iter().any(|(c, _)| *c == MemoryClass::Hbm))
+        .expect("a node lists its own GPUs from its start")
+        .id;
     let own_byte = ResourceOffset { device: own.clone(), memory: MemoryClass::Hbm, ordinal: 0, offset: 0 };
     let own_gfa = s1.reverse(&[own_byte]).unwrap()[0].unwrap();
     assert!(matches!(&s1.translate(&[own_gfa]).unwrap()[0], Location::Resource { device, .. } if *device == own));

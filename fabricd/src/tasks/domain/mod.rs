@@ -183,10 +183,13 @@ impl Domain {
     }
 
     /// The domain's fabric, merged from every node's topology record as this node's view
-    /// holds them (`fabric_domain::domain_fabric::merge`): the same on every node that saw
-    /// the same records.
+    /// holds them, this node's own as it made it (`fabric_domain::domain_fabric::merge_with`):
+    /// the same on every node that saw the same records, and never without this node's
+    /// own devices (a client asking at start finds them before the record went round).
     pub fn inventory(&self) -> fabric_topology::Inventory {
-        fabric_domain::domain_fabric::merge(&self.view())
+        let own = self.topology.load_full();
+        let own = own.as_deref().map(|r| (self.config.node.as_str(), r));
+        fabric_domain::domain_fabric::merge_with(&self.view(), own)
     }
 
     /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
