@@ -353,13 +353,28 @@ pub struct Config {
     pub peer: PeerConfig,
 }
 
-/// `[peer]`: this node's address for the other nodes of its domain.
+/// `[peer]`: this node's address for the other nodes of its domain, and the credentials
+/// of its node link (`docs/domain.md`, "Node link").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PeerConfig {
-    /// `host:port` published in the member record. No peer service listens there yet
-    /// (docs/domain.md, "What is not there yet"); default `<domain.node>:7471`.
+    /// `host:port` published in the member record, where the node link listens when
+    /// credentials are set; default `<domain.node>:7471`.
     pub address: Option<String>,
+    /// The domain CA's certificate (PEM). With `cert` and `key`, or none of the three
+    /// (then the node has no link: it neither listens nor dials).
+    pub ca: Option<PathBuf>,
+    /// This node's certificate (PEM), naming `fabric://<domain.name>/node/<domain.node>`.
+    pub cert: Option<PathBuf>,
+    /// This node's private key (PKCS#8 PEM).
+    pub key: Option<PathBuf>,
+}
+
+impl PeerConfig {
+    /// The credentials' paths (CA, certificate, key) when all three are set.
+    pub fn credentials(&self) -> Option<(&Path, &Path, &Path)> {
+        Some((self.ca.as_deref()?, self.cert.as_deref()?, self.key.as_deref()?))
+    }
 }
 
 impl Config {
@@ -482,8 +497,9 @@ impl Config {
         }
         if let Some(domain) = &self.domain {
             self.validate_domain(domain).map_err(|(key, message)| bad(key, message))?;
-        } else if self.peer.address.is_some() {
-            return Err(bad("peer.address", "only a domain node has peers: add [domain]".to_owned()));
+        } else if self.peer != PeerConfig::default() {
+            let key = if self.peer.address.is_some() { "peer.address" } else { "peer" };
+            return Err(bad(key, "only a domain node has peers: add [domain]".to_owned()));
         }
         let mut seen = Vec::new();
         for b in &self.discovery.backends {
@@ -526,6 +542,11 @@ impl Config {
             && fabric_domain::records::check_peer_address(address).is_err()
         {
             return Err(("peer.address", format!("{address:?} is not host:port")));
+        }
+        let paths = [&self.peer.ca, &self.peer.cert, &self.peer.key];
+        let set = paths.iter().filter(|p| p.is_some()).count();
+        if set != 0 && set != paths.len() {
+            return Err(("peer", "ca, cert and key go together: set all three, or none for no node link".to_owned()));
         }
         Ok(())
     }
@@ -596,6 +617,10 @@ mod tests {
         refused(format!("{FIXED}{}", DOMAIN.replace("tray0", "Tray 0")), "domain: node");
         refused(format!("{FIXED}{DOMAIN}[peer]\naddress = \"nowhere\"\n"), "peer.address");
         refused("[peer]\naddress = \"h:1\"\n".to_owned(), "only a domain node has peers");
+        refused("[peer]\nca = \"ca.pem\"\n".to_owned(), "peer: only a domain node has peers");
+        refused(format!("{FIXED}{DOMAIN}[peer]\nca = \"ca.pem\"\ncert = \"n.pem\"\n"), "ca, cert and key go together");
+        let linked = parse(&format!("{FIXED}{DOMAIN}[peer]\nca = \"c\"\ncert = \"n\"\nkey = \"k\"\n")).unwrap();
+        assert_eq!(linked.peer.credentials(), Some((Path::new("c"), Path::new("n"), Path::new("k"))));
         refused(format!("[discovery]\nsim = [\"a.toml\"]\n{FIXED}{DOMAIN}"), "discovery.sim_node");
         refused(format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray1\"\n{FIXED}{DOMAIN}"), "\"tray0\"");
         refused("[discovery]\nsim_node = \"tray1\"\n".to_owned(), "needs exactly one discovery.sim file");

@@ -95,6 +95,9 @@ pub enum Refusal {
     /// The server holds as many links as it may.
     #[error("the server holds as many links as it may")]
     Busy,
+    /// The server does not serve peers now (it is fenced from its domain, or not joined).
+    #[error("this node does not serve peers now: {0}")]
+    Unavailable(String),
 }
 
 /// A cross-node operation carried by the request envelope (the next step gives each its

@@ -64,6 +64,12 @@ pub enum JoinError {
     /// The domain task stopped before it answered.
     #[error("the domain task stopped during the join")]
     Stopped,
+    /// The node link's credentials (`[peer]` ca, cert, key) cannot be used.
+    #[error("node link")]
+    Credentials(#[source] crate::peer::CredentialsError),
+    /// The node link cannot listen at `peer.address`.
+    #[error("node link")]
+    Listen(#[source] crate::peer::ListenError),
 }
 
 /// A join that holds: the client, the lease the member key lives on, the fence its
@@ -120,6 +126,12 @@ pub fn check_settings(config: &Config) -> Result<(), String> {
 pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Starting, JoinError> {
     let Some(dc) = config.domain.clone() else {
         return Err(JoinError::Stopped);
+    };
+    let link = match config.peer.credentials() {
+        Some((ca, cert, key)) => Some(crate::peer::NodeLink::new(
+            crate::peer::creds::load(ca, cert, key, &dc.name, &dc.node).map_err(JoinError::Credentials)?,
+        )),
+        None => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -178,8 +190,14 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         map_changed: Notify::new(),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
+        link,
         runtime: RuntimeGuard::new(runtime),
     });
+    if let Some(link) = &domain.link {
+        let incarnation = joined.as_ref().map_or(0, |j| j.incarnation);
+        link.listen(domain.runtime.get(), &domain.peer_address, Arc::downgrade(&domain), incarnation)
+            .map_err(JoinError::Listen)?;
+    }
     Ok(Starting { domain, joined })
 }
 

@@ -78,6 +78,8 @@ pub struct Domain {
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
+    /// The node link (`crate::peer`), when `[peer]` names its credentials.
+    link: Option<crate::peer::NodeLink>,
     runtime: RuntimeGuard,
 }
 
@@ -100,6 +102,16 @@ impl Domain {
     /// The domain settings.
     pub fn settings(&self) -> &DomainSettings {
         &self.settings
+    }
+
+    /// The node link, when this node has one.
+    pub fn link(&self) -> Option<&crate::peer::NodeLink> {
+        self.link.as_ref()
+    }
+
+    /// The domain's runtime, where link I/O runs.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        self.runtime.get()
     }
 
     /// This node's standing, etcd reachability and round trip.

@@ -58,6 +58,9 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
         // One campaign per join: a session that ends with a broken watch keeps it.
         let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
         domain.leadership.store(Arc::new(Some(e.watch())));
+        if let Some(link) = &domain.link {
+            link.set_incarnation(j.incarnation);
+        }
         domain.set_status(|s| {
             s.standing = Standing::Joined;
             s.incarnation = j.incarnation;

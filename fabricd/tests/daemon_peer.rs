@@ -1,0 +1,163 @@
+//! The node link of real fabricd nodes (`docs/domain.md`, "Node link"): two nodes of one
+//! domain, a private etcd and certificates from a test CA; each node listens at its peer
+//! address and admits a peer only as the domain's member records say — the current
+//! incarnation of a live member, read from the same records `domain status` shows — and
+//! refuses a stale incarnation and a node that is no member; a node whose certificate names
+//! another node is refused at start.
+//!
+//! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
+//! skipped (scripts/deps.sh installs Debian's etcd-server).
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fabric_domain::testing::EtcdServer;
+use fabric_nodelink::{
+    Credentials, DomainCa, Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Pem, Refusal,
+};
+use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Response};
+use serde_json::Value;
+
+use common::scrape::free_port;
+
+const TTL: u64 = 2;
+const SPAN: u64 = 1 << 40;
+const DOMAIN: &str = "test";
+
+fn supernode() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
+}
+
+/// The CA's and the nodes' PEM files in `dir`.
+struct Pki {
+    ca: DomainCa,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let pki = Self { ca: DomainCa::generate(DOMAIN).unwrap(), dir: tempfile::tempdir().unwrap() };
+        std::fs::write(pki.dir.path().join("ca.pem"), &pki.ca.pem().cert).unwrap();
+        pki
+    }
+
+    /// Issues `node`'s certificate; its files (certificate, key).
+    fn issue(&self, node: &str) -> (PathBuf, PathBuf) {
+        let pem = self.ca.issue(node, &[]).unwrap();
+        let (cert, key) = (self.dir.path().join(format!("{node}.pem")), self.dir.path().join(format!("{node}.key")));
+        std::fs::write(&cert, &pem.cert).unwrap();
+        std::fs::write(&key, &pem.key).unwrap();
+        (cert, key)
+    }
+
+    fn credentials(&self, node: &str) -> Credentials {
+        let (cert, key) = self.issue(node);
+        let pem = Pem { cert: std::fs::read_to_string(cert).unwrap(), key: std::fs::read_to_string(key).unwrap() };
+        Credentials::from_pem(&self.ca.pem().cert, &pem).unwrap()
+    }
+}
+
+/// Node `name` serving tray `name` of the supernode, its link at `port` with `cert_of`'s
+/// certificate.
+fn node(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16) -> common::Setup {
+    let (cert, key) = pki.issue(cert_of);
+    let extra = format!(
+        "[map]\nnode_span = {{ fixed = {SPAN} }}\n[domain]\nname = {DOMAIN:?}\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n\
+         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+        etcd.endpoint(),
+        pki.dir.path().join("ca.pem"),
+        cert,
+        key,
+    );
+    let s = common::Setup::with_sim(&supernode(), &extra);
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {name:?}\n"))).unwrap();
+    s
+}
+
+fn status(c: &mut Connection) -> Value {
+    match c.call(Request::Domain(DomainRequest { action: DomainAction::Status }), &[]).unwrap().0 {
+        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `name`'s incarnation as `c`'s node lists it, once live.
+fn incarnation_of(c: &mut Connection, name: &str) -> Option<u64> {
+    let doc = status(c);
+    doc["nodes"].as_array()?.iter().find(|n| n["name"] == name && n["state"] == "live")?["incarnation"].as_u64()
+}
+
+fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_node_admits_the_current_incarnation_of_a_live_member_only() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let ports = [free_port(), free_port()];
+    let setups: Vec<_> = ["tray0", "tray1"].iter().zip(ports).map(|(n, p)| node(&etcd, &pki, n, n, p)).collect();
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut c0 = common::client(&setups[0].socket);
+    let tray1 = until(Duration::from_secs(15), "tray0 lists tray1 live", || incarnation_of(&mut c0, "tray1"));
+    let tray0 = until(Duration::from_secs(15), "tray0 lists itself", || incarnation_of(&mut c0, "tray0"));
+    let at: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
+    let expected = NodeIdentity::new(DOMAIN, "tray0").unwrap();
+    let limits = LinkLimits::default();
+    let creds1 = pki.credentials("tray1");
+
+    // tray1's certificate at tray1's incarnation: admitted, tray0 welcomes with its own.
+    let mut link = rt.block_on(Link::connect(at, &creds1, &expected, tray1, limits)).unwrap();
+    assert_eq!(link.peer_incarnation(), tray0, "the Welcome states tray0's incarnation");
+    rt.block_on(link.ping()).unwrap();
+    let answer = rt.block_on(link.call(PeerRequest { op: PeerOp::Copy, body: vec![] }));
+    assert!(matches!(answer, Err(LinkError::Peer(PeerError::Unsupported(PeerOp::Copy)))), "{answer:?}");
+
+    // Another incarnation of a member: refused as stale.
+    let stale = rt.block_on(Link::connect(at, &creds1, &expected, tray1 - 1, limits)).unwrap_err();
+    assert!(
+        matches!(&stale, LinkError::Refused(Refusal::StaleIncarnation { node, offered }) if node == "tray1" && *offered == tray1 - 1),
+        "{stale:?}"
+    );
+    // A certificate of the domain's CA for a node that is no member: refused.
+    let stranger = rt.block_on(Link::connect(at, &pki.credentials("tray9"), &expected, 1, limits)).unwrap_err();
+    assert!(matches!(&stranger, LinkError::Refused(Refusal::NotMember(n)) if n == "tray9"), "{stranger:?}");
+    // The admitted link still answers.
+    rt.block_on(link.ping()).unwrap();
+}
+
+#[test]
+fn a_node_whose_certificate_names_another_is_refused_at_start() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let s = node(&etcd, &pki, "tray1", "tray0", free_port());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fabricd"))
+        .arg("--config")
+        .arg(&s.config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = common::wait_exit(&mut child, 30);
+    assert!(!code.success());
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(
+        log.contains("the certificate names fabric://test/node/tray0, but this is fabric://test/node/tray1"),
+        "{log}"
+    );
+}
