@@ -368,6 +368,17 @@ pub struct PeerConfig {
     pub cert: Option<PathBuf>,
     /// This node's private key (PKCS#8 PEM).
     pub key: Option<PathBuf>,
+    /// The sim fabric's shared memory: a directory every node of the domain on this host
+    /// sees at the same path. Set, this node keeps its region files under `DIR/<node>/`
+    /// (instead of `STATE/memory`), and imports another node's region by opening its file
+    /// there — the stand-in for a memory-semantic fabric (`docs/domain.md`, "Import across
+    /// nodes"). Unset, regions of other nodes are not importable for load/store.
+    pub shared_dir: Option<PathBuf>,
+    /// Whether uids and gids mean the same on every node of the domain (one directory
+    /// service): then an export's uid and gid rules admit importers of other nodes too.
+    /// Otherwise (default) only an export that names a partition is importable from
+    /// another node. Set it alike on every node; the owner's setting decides.
+    pub shared_identities: bool,
 }
 
 impl PeerConfig {
@@ -378,6 +389,15 @@ impl PeerConfig {
 }
 
 impl Config {
+    /// Where region files live: `STATE/memory`, or `peer.shared_dir/<node>` for a domain
+    /// node on a shared sim fabric.
+    pub fn memory_root(&self, state_dir: &Path) -> PathBuf {
+        match (&self.domain, &self.peer.shared_dir) {
+            (Some(d), Some(shared)) => shared.join(&d.node),
+            _ => state_dir.join("memory"),
+        }
+    }
+
     /// The peer address published in this node's member record (`peer.address`, else
     /// `<domain.node>:7471`); `None` outside a domain.
     pub fn peer_address(&self) -> Option<String> {

@@ -3,7 +3,11 @@
 //! address and admits a peer only as the domain's member records say — the current
 //! incarnation of a live member, read from the same records `domain status` shows — and
 //! refuses a stale incarnation and a node that is no member; a node whose certificate names
-//! another node is refused at start.
+//! another node is refused at start. Across nodes: a client of one node exports, a client
+//! of the other imports the handle through its own node and maps the same bytes (the
+//! shared sim fabric), writes are seen both ways; a free on the owner reaches the
+//! importer's client as a revocation within a second and truncates the file under its
+//! mapping; a node without the shared fabric is refused with a reason that suggests copy.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -11,6 +15,7 @@
 
 mod common;
 
+use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,7 +24,10 @@ use fabric_domain::testing::EtcdServer;
 use fabric_nodelink::{
     Credentials, DomainCa, Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Pem, Refusal,
 };
-use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Response};
+use fabric_proto::wire::{
+    AccessMode, CodecError, Connection, DomainAction, DomainRequest, ErrorBody, ErrorCode, Event, ExportHandle,
+    FreeRequest, ImportRequest, ImportResponse, Request, Response, RevocationReason, Secret, SubscribeRequest, Topics,
+};
 use serde_json::Value;
 
 use common::scrape::free_port;
@@ -64,10 +72,15 @@ impl Pki {
 /// Node `name` serving tray `name` of the supernode, its link at `port` with `cert_of`'s
 /// certificate.
 fn node(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16) -> common::Setup {
+    node_with(etcd, pki, name, cert_of, port, "")
+}
+
+/// [`node`] with more `[peer]` keys.
+fn node_with(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16, peer: &str) -> common::Setup {
     let (cert, key) = pki.issue(cert_of);
     let extra = format!(
         "[map]\nnode_span = {{ fixed = {SPAN} }}\n[domain]\nname = {DOMAIN:?}\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n\
-         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n{peer}",
         etcd.endpoint(),
         pki.dir.path().join("ca.pem"),
         cert,
@@ -160,4 +173,107 @@ fn a_node_whose_certificate_names_another_is_refused_at_start() {
         log.contains("the certificate names fabric://test/node/tray0, but this is fabric://test/node/tray1"),
         "{log}"
     );
+}
+
+/// The map's first HBM range of `node`: its device.
+fn hbm_of(c: &mut Connection, node: &str) -> String {
+    let Response::Map(d) = c.call(Request::Map(fabric_proto::wire::TopologyRequest::default()), &[]).unwrap().0 else {
+        panic!()
+    };
+    let v: Value = serde_json::from_str(&d.json).unwrap();
+    let r = v["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == node && r["owner"].as_str().is_some_and(|o| o.contains("#hbm")))
+        .unwrap_or_else(|| panic!("no HBM range of {node}: {v}"));
+    r["owner"].as_str().unwrap().split('#').next().unwrap().to_owned()
+}
+
+fn import(c: &mut Connection, handle: ExportHandle, access: AccessMode) -> Result<(ImportResponse, File), ErrorBody> {
+    match c.call(Request::Import(ImportRequest { handle, access }), &[]) {
+        Ok((Response::Import(i), fds)) => Ok((i, File::from(fds.into_iter().next().unwrap()))),
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn map(f: &File, offset: u64, len: u64) -> memmap2::MmapMut {
+    // SAFETY: a shared mapping of a region file; the test is its only user in this
+    // process, and it is dropped before the file is truncated below.
+    unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
+}
+
+#[test]
+fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let shared = tempfile::tempdir().unwrap();
+    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
+    let names = ["tray0", "tray1", "tray2"];
+    let setups: Vec<_> = names
+        .iter()
+        .enumerate()
+        // tray2 has no shared fabric: class NET to the others.
+        .map(|(i, n)| node_with(&etcd, &pki, n, n, free_port(), if i < 2 { &fabric } else { "" }))
+        .collect();
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut c0 = common::client(&setups[0].socket);
+    let mut c1 = common::client(&setups[1].socket);
+    let mut c2 = common::client(&setups[2].socket);
+    for c in [&mut c0, &mut c1, &mut c2] {
+        for n in names {
+            until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(c, n));
+        }
+    }
+    // A client of tray0 allocates on tray0's GPU and exports it.
+    let gpu = hbm_of(&mut c0, "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c0, &gpu, 1 << 20);
+    let len = a.size;
+    let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
+    // A client of tray1 imports it through tray1, which asks tray0 over the link.
+    let t = Instant::now();
+    let (i, file1) = import(&mut c1, handle, AccessMode::ReadWrite).unwrap();
+    eprintln!("remote import: {:?}", t.elapsed());
+    assert_eq!((i.region, i.size, i.gfa), (a.region, len, a.gfa), "the grant names tray0's region at its GFA");
+    assert_eq!(i.grant.map(|g| g.owner), handle.node, "the grant names the owner node");
+    // Bytes written through one node's mapping are read through the other's, both ways.
+    let mut m0 = map(&file0, a.offset, len);
+    let mut m1 = map(&file1, i.offset, len);
+    m1[..14].copy_from_slice(b"from tray1 ...");
+    assert_eq!(&m0[..14], b"from tray1 ...");
+    m0[len as usize - 5..].copy_from_slice(b"tray0");
+    assert_eq!(&m1[len as usize - 5..], b"tray0");
+
+    // tray2 shares no memory fabric: refused, with why and what to do instead.
+    let net = import(&mut c2, handle, AccessMode::ReadOnly).unwrap_err();
+    assert_eq!(net.code, ErrorCode::NotImplemented, "{net:?}");
+    assert!(net.message.contains("class NET") && net.message.contains("copy"), "{}", net.message);
+    // A handle with a wrong secret is refused by the owner, with the local code.
+    let forged = ExportHandle { secret: Secret([7; 16]), ..handle };
+    assert_eq!(import(&mut c1, forged, AccessMode::ReadOnly).unwrap_err().code, ErrorCode::InvalidHandle);
+
+    // tray0's client frees the region: tray1's client is told within a second, and the
+    // file under its mapping is truncated (a later load faults instead of reading reused
+    // memory).
+    let Response::Subscribe(_) =
+        c1.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    drop((m0, m1));
+    let freed = Instant::now();
+    let Response::Free = c0.call(Request::Free(FreeRequest { region: a.region }), &[]).unwrap().0 else { panic!() };
+    match c1.next_event().unwrap() {
+        Event::Revocation(r) => {
+            assert_eq!((r.region, r.import, r.reason), (a.region, i.import, RevocationReason::Freed));
+        }
+        other => panic!("{other:?}"),
+    }
+    let reach = freed.elapsed();
+    eprintln!("revocation reached the importer's client after {reach:?}");
+    assert!(reach < Duration::from_secs(1), "{reach:?}");
+    until(Duration::from_secs(1), "the region file truncated", || (file1.metadata().unwrap().len() == 0).then_some(()));
 }

@@ -161,6 +161,15 @@ pub enum PeerError {
     /// The operation was refused.
     #[error("refused: {0}")]
     Refused(String),
+    /// The operation was refused with the code a local client would get (an invalid
+    /// handle, a revoked export, a policy that does not admit the importer).
+    #[error("{code:?}: {message}")]
+    Denied {
+        /// The client protocol's code.
+        code: fabric_proto::wire::ErrorCode,
+        /// Why.
+        message: String,
+    },
 }
 
 /// A failed request's answer.

@@ -6,8 +6,11 @@
 
 pub mod creds;
 pub mod dial;
+pub mod importer;
+pub mod owner;
 pub mod policy;
 pub mod service;
+pub mod wire;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, OnceLock, Weak};
@@ -119,6 +122,11 @@ impl NodeLink {
     /// The links this node dials.
     pub fn peers(&self) -> &Peers {
         &self.peers
+    }
+
+    /// What peers' requests reach, and the imports of other nodes' regions held here.
+    pub fn service(&self) -> &service::Service {
+        &self.service
     }
 
     /// This node's credentials.

@@ -67,6 +67,7 @@ mod tests {
                     capabilities: vec![],
                     groups: vec![],
                     software: "test".to_owned(),
+                    node_id: None,
                 };
                 (keys.member(name).into_bytes(), encode(&m))
             })

@@ -441,6 +441,10 @@ async fn serve_session(
         return;
     }
     let r = daemon.memory.close_session(session);
+    // Its imports of other nodes' regions go back to their owners.
+    if let Some(link) = daemon.domain.as_ref().and_then(|d| d.link()) {
+        link.service().importer().close_session(daemon, session);
+    }
     if r != Reclaimed::default() {
         tracing::info!(
             uid = client.principal.uid(),

@@ -123,7 +123,12 @@ pub fn check_settings(config: &Config) -> Result<(), String> {
 /// Joins the domain `config.domain` names (the caller checked it is set), blocking until
 /// etcd answers or its timeouts pass. Refuses when etcd refuses; starts without a join
 /// (the task keeps trying) when etcd is unreachable and a slot is remembered.
-pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Starting, JoinError> {
+pub fn start(
+    config: &Config,
+    inv: &Inventory,
+    state_dir: &Path,
+    node_id: fabric_proto::wire::NodeId,
+) -> Result<Starting, JoinError> {
     let Some(dc) = config.domain.clone() else {
         return Err(JoinError::Stopped);
     };
@@ -147,7 +152,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
     {
         let (dc, local, peer, groups) = (dc.clone(), local.clone(), peer_address.clone(), groups.clone());
         runtime.spawn(async move {
-            let _ = tx.send(join(&dc, &local, &peer, &groups).await);
+            let _ = tx.send(join(&dc, &local, &peer, &groups, node_id).await);
         });
     }
     let err = |source| JoinError::Etcd { domain: dc.name.clone(), node: dc.node.clone(), source };
@@ -183,6 +188,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         slot,
         peer_address,
         groups,
+        node_id,
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
         client: ArcSwap::from_pointee(client),
@@ -207,6 +213,7 @@ pub(super) async fn join(
     local: &DomainSettings,
     peer_address: &str,
     groups: &[FabricGroup],
+    node_id: fabric_proto::wire::NodeId,
 ) -> Result<(u32, Joined), EtcdError> {
     let client = DomainClient::connect(config, Domain::limits()).await?;
     client.ensure_settings(local).await?;
@@ -221,6 +228,7 @@ pub(super) async fn join(
         capabilities: vec!["shared-file".to_owned()],
         groups: groups.to_vec(),
         software: env!("CARGO_PKG_VERSION").to_owned(),
+        node_id: Some(node_id.to_string()),
     };
     let fence = match client.join_fenced(&lease, &record).await {
         Ok(fence) => fence,

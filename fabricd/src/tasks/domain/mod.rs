@@ -67,6 +67,8 @@ pub struct Domain {
     slot: u32,
     peer_address: String,
     groups: Vec<fabric_domain::FabricGroup>,
+    /// This node's id, published in its member record.
+    node_id: fabric_proto::wire::NodeId,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
     /// The client of the current join, for admin requests (gc).

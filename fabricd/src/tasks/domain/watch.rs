@@ -89,7 +89,8 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
 }
 
 async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
-    let (slot, j) = join::join(&domain.config, &domain.settings, &domain.peer_address, &domain.groups).await?;
+    let (slot, j) =
+        join::join(&domain.config, &domain.settings, &domain.peer_address, &domain.groups, domain.node_id).await?;
     if slot != domain.slot {
         // A slot changes only through an admin's gc of this node while it was gone; its
         // memory lies in the old one. Serving on would hand out GFAs of another node.
