@@ -8,6 +8,9 @@
 //! shared sim fabric), writes are seen both ways; a free on the owner reaches the
 //! importer's client as a revocation within a second and truncates the file under its
 //! mapping; a node without the shared fabric is refused with a reason that suggests copy.
+//! An owner's revoke reaches the importer's client; a release goes back to the owner; an
+//! importer node killed has its imports released by the owner within the TTL; an owner
+//! node killed reaches the importers' clients as `OwnerExited` within the TTL.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -26,7 +29,8 @@ use fabric_nodelink::{
 };
 use fabric_proto::wire::{
     AccessMode, CodecError, Connection, DomainAction, DomainRequest, ErrorBody, ErrorCode, Event, ExportHandle,
-    FreeRequest, ImportRequest, ImportResponse, Request, Response, RevocationReason, Secret, SubscribeRequest, Topics,
+    FreeRequest, ImportRequest, ImportResponse, ReleaseRequest, Request, Response, RevocationReason, RevokeRequest,
+    Secret, StatusRequest, SubscribeRequest, Topics,
 };
 use serde_json::Value;
 
@@ -276,4 +280,89 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     eprintln!("revocation reached the importer's client after {reach:?}");
     assert!(reach < Duration::from_secs(1), "{reach:?}");
     until(Duration::from_secs(1), "the region file truncated", || (file1.metadata().unwrap().len() == 0).then_some(()));
+}
+
+fn subscribe(c: &mut Connection) {
+    let Response::Subscribe(_) =
+        c.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+}
+
+fn imports(c: &mut Connection) -> u64 {
+    match c.call(Request::Status(StatusRequest::default()), &[]).unwrap().0 {
+        Response::Status(s) => s.imports,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn revocation(c: &mut Connection) -> fabric_proto::wire::Revocation {
+    match c.next_event().unwrap() {
+        Event::Revocation(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn revoke_release_and_the_death_of_either_node_reach_the_other() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let shared = tempfile::tempdir().unwrap();
+    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
+    let names = ["tray0", "tray1", "tray2"];
+    let setups: Vec<_> = names.iter().map(|n| node_with(&etcd, &pki, n, n, free_port(), &fabric)).collect();
+    let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
+    let mut c: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for x in &mut c {
+        for n in names {
+            until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(x, n));
+        }
+    }
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    subscribe(&mut c[1]);
+
+    // A revoke reaches tray1's client as the same event a local importer gets.
+    let (i1, _f1) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 1);
+    let t = Instant::now();
+    let Response::Revoke = c[0].call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap().0 else { panic!() };
+    let r = revocation(&mut c[1]);
+    assert_eq!((r.region, r.import, r.reason), (a.region, i1.import, RevocationReason::Revoked));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err().code, ErrorCode::Revoked);
+    // Its release goes back to the owner.
+    let Response::Release = c[1].call(Request::Release(ReleaseRequest { import: i1.import }), &[]).unwrap().0 else {
+        panic!()
+    };
+    until(Duration::from_secs(2), "the owner released the import", || (imports(&mut c[0]) == 0).then_some(()));
+
+    // tray2 imports a new export, then dies: tray0 releases its import once its member
+    // key goes (TTL), not before.
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (_i2, _f2) = import(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
+    let (i1, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(imports(&mut c[0]), 2);
+    let mut dead = daemons[2].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    until(Duration::from_secs(TTL + 3), "tray2's import released", || (imports(&mut c[0]) == 1).then_some(()));
+    let seen = killed.elapsed();
+    eprintln!("a dead importer's import released after {seen:?}");
+    assert!(seen <= Duration::from_secs(TTL + 1), "{seen:?}");
+
+    // tray0 dies: tray1's client is told its import ended, within the TTL.
+    let mut dead = daemons[0].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    let r = revocation(&mut c[1]);
+    let seen = killed.elapsed();
+    eprintln!("a dead owner's importer told after {seen:?}");
+    assert_eq!((r.region, r.import, r.reason), (a.region, i1.import, RevocationReason::OwnerExited));
+    assert!(seen <= Duration::from_secs(TTL + 1), "{seen:?}");
 }

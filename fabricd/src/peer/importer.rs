@@ -38,6 +38,8 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(10);
 struct Held {
     session: u64,
     owner: String,
+    /// The owner's incarnation when it granted the import.
+    incarnation: u64,
     owner_import: u64,
     region: u64,
     generation: u64,
@@ -81,11 +83,11 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let id = node.to_string();
-    let owner = domain
+    let (owner, incarnation) = domain
         .view()
         .members()
         .find(|m| m.node_id.as_deref() == Some(id.as_str()))
-        .map(|m| m.name.clone())
+        .map(|m| (m.name.clone(), m.incarnation))
         .ok_or_else(|| refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")))?;
     let Some(shared) = d.config.peer.shared_dir.clone() else {
         return Err(refusal(
@@ -140,6 +142,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
     let local = link.service().importer().hold(Held {
         session: cx.session,
         owner: owner.clone(),
+        incarnation,
         owner_import: grant.import,
         region: grant.region,
         generation: grant.generation,
@@ -231,6 +234,31 @@ impl Importer {
         };
         for id in ids {
             let _ = self.release(d, session, id);
+        }
+    }
+
+    /// Ends the imports of owners that are no longer `live` at the incarnation that
+    /// granted them: their holders get `OwnerExited`, as when a local owner's process
+    /// exits.
+    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
+        let ended: Vec<(u64, Held)> = {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<u64> = held
+                .iter()
+                .filter(|(_, h)| live.get(h.owner.as_str()) != Some(&h.incarnation))
+                .map(|(k, _)| *k)
+                .collect();
+            ids.into_iter().filter_map(|k| held.remove(&k).map(|h| (k, h))).collect()
+        };
+        for (local, h) in ended {
+            tracing::info!(owner = %h.owner, region = h.region, import = local, "the owner node left or restarted; its import is revoked");
+            let ev = Revocation {
+                region: h.region,
+                generation: h.generation,
+                import: local,
+                reason: RevocationReason::OwnerExited,
+            };
+            d.events.send_to(h.session, Event::Revocation(ev));
         }
     }
 

@@ -7,6 +7,7 @@
 pub mod creds;
 pub mod dial;
 pub mod importer;
+pub mod members;
 pub mod owner;
 pub mod policy;
 pub mod service;
@@ -58,19 +59,38 @@ pub struct NodeLink {
     server: OnceLock<Server>,
     peers: Peers,
     service: Arc<service::Service>,
+    /// Told when the domain view changed: [`members::follow`] voids what members that
+    /// left or restarted held.
+    members: Arc<tokio::sync::Notify>,
 }
 
 impl NodeLink {
     /// A link with these credentials, not listening yet.
     pub fn new(creds: Credentials) -> Self {
         let service = Arc::new(service::Service::default());
-        Self { creds, limits: LinkLimits::default(), server: OnceLock::new(), peers: Peers::default(), service }
+        Self {
+            creds,
+            limits: LinkLimits::default(),
+            server: OnceLock::new(),
+            peers: Peers::default(),
+            service,
+            members: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// The domain view changed (never blocks).
+    pub fn members_changed(&self) {
+        self.members.notify_one();
     }
 
     /// Hands the daemon to the service that answers peers' requests (until then they are
     /// refused as unavailable).
     pub fn attach(&self, daemon: Weak<crate::daemon::Daemon>) {
-        self.service.attach(daemon);
+        let Some(d) = daemon.upgrade() else { return };
+        self.service.attach(daemon.clone());
+        if let Some(domain) = &d.domain {
+            domain.runtime().spawn(members::follow(daemon, self.members.clone()));
+        }
     }
 
     /// Listens at `address` (`host:port`) on `runtime`, admitting peers through

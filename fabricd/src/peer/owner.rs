@@ -36,7 +36,7 @@ pub struct Owner {
     /// The file of each remote import, open: truncated if its region is freed (the
     /// registry removes the file, which would leave the importer's mapping reading the
     /// old pages).
-    files: Mutex<HashMap<u64, File>>,
+    files: Mutex<HashMap<u64, (String, File)>>,
 }
 
 fn denied(e: &crate::memory::MemoryError) -> PeerError {
@@ -112,7 +112,8 @@ impl Owner {
         let file = shared_file(d, &path)?;
         let session = self.session(d, peer);
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, File::from(g.fd));
+        let held = (peer.identity.node.clone(), File::from(g.fd));
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, held);
         tracing::info!(peer = %peer.identity.node, region = g.region, import = g.import, ?ask.access, "node link: import granted");
         Ok(ImportGrant {
             import: g.import,
@@ -139,13 +140,33 @@ impl Owner {
         Ok(())
     }
 
+    /// Releases what importer nodes that are no longer `live` at the incarnation they
+    /// imported with held.
+    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
+        let departed: Vec<(String, Remote)> = {
+            let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+            let gone: Vec<String> = remotes
+                .iter()
+                .filter(|(node, r)| live.get(node.as_str()) != Some(&r.incarnation))
+                .map(|(node, _)| node.clone())
+                .collect();
+            gone.into_iter().filter_map(|n| remotes.remove(&n).map(|r| (n, r))).collect()
+        };
+        for (node, r) in departed {
+            d.events.subscribe(r.session, Topics::NONE, Reach::All);
+            let reclaimed = d.memory.close_session(r.session);
+            self.files.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, (n, _)| *n != node);
+            tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, "node link: an importer node left or restarted; its imports are released");
+        }
+    }
+
     /// An import of a remote session ended: a region that is gone has its file truncated.
     fn ended(&self, import: u64, reason: RevocationReason) {
         let gone = !matches!(reason, RevocationReason::Revoked);
         if !gone {
             return;
         }
-        if let Some(f) = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&import)
+        if let Some((_, f)) = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&import)
             && let Err(e) = f.set_len(0)
         {
             tracing::warn!(import, error = %e, "cannot truncate a freed region's file under a remote import");

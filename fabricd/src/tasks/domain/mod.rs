@@ -201,6 +201,15 @@ impl Domain {
         }
     }
 
+    /// Publishes a new view; the node link hears of it (members that left or restarted
+    /// void what was granted to or by them).
+    fn publish_view(&self, view: DomainView) {
+        self.view.store(Arc::new(view));
+        if let Some(link) = &self.link {
+            link.members_changed();
+        }
+    }
+
     fn set_status(&self, f: impl FnOnce(&mut DomainStatus)) {
         let mut s = (*self.status.load_full()).clone();
         f(&mut s);

@@ -120,7 +120,7 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     let revision = all.header().map_or(0, |h| h.revision());
     let entries = all.kvs().iter().map(|e| (e.key(), e.value()));
     let mut view = DomainView::load(j.client.keys().clone(), Domain::limits(), entries, revision);
-    domain.view.store(Arc::new(view.clone()));
+    domain.publish_view(view.clone());
     let mut watcher = j.client.raw();
     let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
     let mut stream = match j.client.call("domain watch", watcher.watch(prefix, Some(options))).await {
@@ -167,7 +167,7 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                         tracing::warn!(key = %String::from_utf8_lossy(kv.key()), %reason, "refused an etcd record");
                     }
                 }
-                domain.view.store(Arc::new(view.clone()));
+                domain.publish_view(view.clone());
             }
             _ = probe.tick() => {
                 let started = Instant::now();
