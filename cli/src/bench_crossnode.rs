@@ -14,7 +14,7 @@ use fabric_proto::wire::{DomainAction, DomainRequest, Request, Response};
 use serde::Serialize;
 
 use crate::bench_control::{self, ControlBenchError};
-use crate::bench_libcontrol::LibControlBenchError;
+use crate::bench_libcontrol::{LibControlBenchError, lib_err};
 
 /// Result of `bench crossnode`; latencies in microseconds.
 #[derive(Debug, Serialize)]
@@ -53,10 +53,6 @@ pub struct CrossNodeOptions {
     pub importer: PathBuf,
     /// Round trips per figure.
     pub iterations: usize,
-}
-
-fn lib_err(what: &'static str) -> impl FnOnce(fabric_mm::Error) -> LibControlBenchError {
-    move |source| LibControlBenchError::Library { what, source }
 }
 
 /// The owner node's slot and node span, from its `domain status`.

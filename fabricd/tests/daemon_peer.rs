@@ -209,29 +209,39 @@ fn map(f: &File, offset: u64, len: u64) -> memmap2::MmapMut {
     unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
 }
 
-#[test]
-fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
-    let pki = Pki::new();
-    let shared = tempfile::tempdir().unwrap();
-    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
+/// Three nodes tray0..tray2 on a shared sim fabric in `shared` (all but those `apart`
+/// says), started, each listing all three live: their files, daemons and clients.
+fn three_nodes(
+    etcd: &EtcdServer,
+    pki: &Pki,
+    shared: &Path,
+    apart: impl Fn(usize) -> bool,
+) -> (Vec<common::Setup>, Vec<Option<common::Daemon>>, Vec<Connection>) {
+    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.join("sim"));
     let names = ["tray0", "tray1", "tray2"];
     let setups: Vec<_> = names
         .iter()
         .enumerate()
-        // tray2 has no shared fabric: class NET to the others.
-        .map(|(i, n)| node_with(&etcd, &pki, n, n, free_port(), if i < 2 { &fabric } else { "" }))
+        .map(|(i, n)| node_with(etcd, pki, n, n, free_port(), if apart(i) { "" } else { &fabric }))
         .collect();
-    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
-    let mut c0 = common::client(&setups[0].socket);
-    let mut c1 = common::client(&setups[1].socket);
-    let mut c2 = common::client(&setups[2].socket);
-    for c in [&mut c0, &mut c1, &mut c2] {
+    let daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
         for n in names {
             until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(c, n));
         }
     }
+    (setups, daemons, clients)
+}
+
+#[test]
+fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // tray2 has no shared fabric: class NET to the others.
+    let (_setups, _daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
+    let [mut c0, mut c1, mut c2]: [Connection; 3] = clients.try_into().ok().unwrap();
     // A client of tray0 allocates on tray0's GPU and exports it.
     let gpu = hbm_of(&mut c0, "tray0");
     let (a, file0) = common::alloc_hbm(&mut c0, &gpu, 1 << 20);
@@ -308,18 +318,8 @@ fn revocation(c: &mut Connection) -> fabric_proto::wire::Revocation {
 fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
-    let pki = Pki::new();
-    let shared = tempfile::tempdir().unwrap();
-    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
-    let names = ["tray0", "tray1", "tray2"];
-    let setups: Vec<_> = names.iter().map(|n| node_with(&etcd, &pki, n, n, free_port(), &fabric)).collect();
-    let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
-    let mut c: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
-    for x in &mut c {
-        for n in names {
-            until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(x, n));
-        }
-    }
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (_setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
     let gpu = hbm_of(&mut c[0], "tray0");
     let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
     let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
