@@ -3,24 +3,55 @@
 //! fabric); a session on tray1 imports a handle a session on tray0 exported — nothing
 //! new to learn for a remote handle — maps it at its GFA in a window over tray0's slot,
 //! reads tray0's stores and stores back, which tray0 reads; when tray0's region is freed
-//! the importer's revocation callback runs with `Freed` and the import reports revoked.
+//! the importer's revocation callback runs with `Freed` and the import reports revoked,
+//! and another importer process's next load through its stale mapping dies of SIGBUS
+//! (the owner truncated the region's file): it never reads memory that may be reused.
+//!
+//! That importer process is this same test binary re-run with `--ignored --exact
+//! importer_process`.
 //!
 //! Without an `etcd` binary it says it is skipped (scripts/deps.sh installs it).
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use fabric_mm::{Error, Memory, MemoryClass, Policy, RevocationReason, Session, SessionConfig, Target, WindowConfig};
+use fabric_mm::{
+    Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Session, SessionConfig, Target, WindowConfig,
+};
 use fabric_nodelink::DomainCa;
 use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Response, SUPPORTED_VERSIONS};
 
 const SPAN: u64 = 1 << 40;
 const LEN: u64 = 2 << 20;
+const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
+
+/// The second importer: `socket slot handle` in [`ENV`]; imports, maps, says `MAPPED`,
+/// and on `LOAD` loads through its mapping (and should not live to say `LOADED`).
+#[test]
+#[ignore = "the importer process of the cross-node test, which runs it"]
+fn importer_process() {
+    let Ok(args) = std::env::var(ENV) else { return };
+    let mut a = args.split(' ');
+    let (socket, slot, handle) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
+    let s = session(Path::new(socket), slot.parse().unwrap());
+    let import = s.import(&handle.parse::<Handle>().unwrap(), false).unwrap();
+    let m = s.map(&import).unwrap();
+    println!("\nMAPPED");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    // SAFETY: a load through a mapping this process holds; the owner truncated the file
+    // under it, which is what this process exists to show (the load faults).
+    let seen = unsafe { std::ptr::read_volatile(m.as_ptr()) };
+    println!("LOADED {seen}");
+}
 
 struct Node {
     child: std::process::Child,
@@ -149,6 +180,21 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
         );
     }
 
+    // A second importer, in a process of its own, maps it too.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "importer_process", "--nocapture", "--test-threads=1"])
+        .env(ENV, format!("{} {slot0} {handle}", n1.socket.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "MAPPED" {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the importer process exited before mapping");
+    }
+
     // tray0 frees the region: tray1's callback runs with Freed, the import is revoked.
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
@@ -160,4 +206,11 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
     assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
     assert!(matches!(im.check(), Err(Error::Revoked { reason: RevocationReason::Freed, .. })));
+    // The owner truncated the file before it told the importer node: the other process's
+    // next load through its stale mapping faults.
+    writeln!(child.stdin.as_mut().unwrap(), "LOAD").unwrap();
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status}; it said: {rest}");
 }
