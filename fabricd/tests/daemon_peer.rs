@@ -8,7 +8,8 @@
 //! shared sim fabric), writes are seen both ways; a free on the owner reaches the
 //! importer's client as a revocation within a second and truncates the file under its
 //! mapping; a node without the shared fabric is refused with a reason that suggests copy.
-//! An owner's revoke reaches the importer's client; a release goes back to the owner; an
+//! An owner's revoke reaches the importer's client; a release, and a client's going, go
+//! back to the owner; an
 //! importer node killed has its imports released by the owner within the TTL; an owner
 //! node killed reaches the importers' clients as `OwnerExited` within the TTL.
 //!
@@ -319,7 +320,7 @@ fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
-    let (_setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let (setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
     let gpu = hbm_of(&mut c[0], "tray0");
     let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
     let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
@@ -346,6 +347,13 @@ fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     let (_i2, _f2) = import(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
     let (i1, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
     assert_eq!(imports(&mut c[0]), 2);
+    // A client that goes gives its imports of other nodes back (the session may be kept
+    // for resume; its imports end either way).
+    let mut gone = common::client(&setups[1].socket);
+    let (_i3, _f3) = import(&mut gone, handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 3);
+    drop(gone);
+    until(Duration::from_secs(2), "a gone client's import released", || (imports(&mut c[0]) == 2).then_some(()));
     let mut dead = daemons[2].take().unwrap();
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();

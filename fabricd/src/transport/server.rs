@@ -423,6 +423,11 @@ async fn serve_session(
         tracing::debug!("disconnected by shutdown; regions kept for resume");
         return;
     }
+    // Its imports of other nodes' regions go back to their owners, whether the session
+    // ends or is kept for resume (a kept session's imports end too).
+    if let Some(link) = daemon.domain.as_ref().and_then(|d| d.link()) {
+        link.service().importer().close_session(daemon, session);
+    }
     if let Some(detached) = detach(daemon, &client.principal, session) {
         // The connection's runtime ends with it: the grace timer runs on the daemon's.
         let (daemon, token, grace) = (main.daemon.clone(), detached, main.detach_grace);
@@ -441,10 +446,6 @@ async fn serve_session(
         return;
     }
     let r = daemon.memory.close_session(session);
-    // Its imports of other nodes' regions go back to their owners.
-    if let Some(link) = daemon.domain.as_ref().and_then(|d| d.link()) {
-        link.service().importer().close_session(daemon, session);
-    }
     if r != Reclaimed::default() {
         tracing::info!(
             uid = client.principal.uid(),
