@@ -11,7 +11,9 @@
 //! An owner's revoke reaches the importer's client; a release, and a client's going, go
 //! back to the owner; an
 //! importer node killed has its imports released by the owner within the TTL; an owner
-//! node killed reaches the importers' clients as `OwnerExited` within the TTL.
+//! node killed reaches the importers' clients as `OwnerExited` within the TTL. While etcd
+//! does not answer, established mappings keep working and new cross-node imports are
+//! refused with a typed error that names etcd; they work again once the nodes rejoin.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -373,4 +375,46 @@ fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     eprintln!("a dead owner's importer told after {seen:?}");
     assert_eq!((r.region, r.import, r.reason), (a.region, i1.import, RevocationReason::OwnerExited));
     assert!(seen <= Duration::from_secs(TTL + 1), "{seen:?}");
+}
+
+fn standing(c: &mut Connection) -> String {
+    status(c)["self"]["standing"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn an_etcd_outage_keeps_mappings_working_and_refuses_new_grants() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (_setups, _daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (i, file1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    let (mut m0, m1) = (map(&file0, a.offset, a.size), map(&file1, i.offset, i.size));
+
+    // etcd stops answering: every node fences itself before its TTL ends.
+    let pid = etcd.pid().unwrap().to_string();
+    let kill = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    kill("-STOP");
+    for x in &mut c {
+        until(Duration::from_secs(TTL + 1), "fenced", || standing(x).starts_with("fenced").then_some(()));
+    }
+    // The established mapping keeps working: no daemon, let alone etcd, is on the path.
+    m0[100..104].copy_from_slice(b"live");
+    assert_eq!(&m1[100..104], b"live");
+    // A new cross-node import is refused, saying why; a local one goes on.
+    let refused = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::Unavailable, "{refused:?}");
+    assert!(refused.message.contains("etcd") && refused.message.contains("fenced"), "{}", refused.message);
+    assert!(import(&mut c[0], handle, AccessMode::ReadOnly).is_ok(), "local imports do not need etcd");
+
+    // etcd answers again: the nodes rejoin (new incarnations) and cross-node imports work.
+    kill("-CONT");
+    for x in &mut c {
+        until(Duration::from_secs(15), "rejoined", || (standing(x) == "joined").then_some(()));
+    }
+    until(Duration::from_secs(15), "imports across nodes again", || {
+        import(&mut c[1], handle, AccessMode::ReadOnly).ok().map(drop)
+    });
 }

@@ -128,7 +128,7 @@ impl NodeLink {
     async fn ask(&self, domain: &Domain, node: &str, ask: Ask) -> Result<Answer, DialError> {
         let status = domain.status();
         if status.standing != Standing::Joined {
-            return Err(DialError::NotJoined(format!("{:?}", status.standing)));
+            return Err(DialError::NotJoined(status.standing.to_string()));
         }
         let (incarnation, address) = {
             let view = domain.view();

@@ -82,6 +82,15 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
+    let standing = domain.status().standing.clone();
+    if standing != crate::tasks::domain::Standing::Joined {
+        return Err(refusal(
+            ErrorCode::Unavailable,
+            format!(
+                "this node is {standing} from its domain's etcd: new imports from other nodes are refused until it rejoins (established mappings keep working)"
+            ),
+        ));
+    }
     let id = node.to_string();
     let (owner, incarnation) = domain
         .view()

@@ -45,6 +45,18 @@ impl Service {
         let op = request.op;
         match op {
             PeerOp::Import => {
+                // A node that is not joined grants nothing: its view may be stale and its
+                // membership (what its grants are recorded against) may be gone. Links
+                // admitted before the fence still reach this point.
+                if let Some(domain) = &d.domain
+                    && let standing = domain.status().standing.clone()
+                    && standing != crate::tasks::domain::Standing::Joined
+                {
+                    return Err(PeerError::Denied {
+                        code: fabric_proto::wire::ErrorCode::Unavailable,
+                        message: format!("it is {standing} from its domain's etcd: no new grants until it rejoins"),
+                    });
+                }
                 let grant = self.owner.import(d, peer, wire::decode(&request.body)?)?;
                 Ok(wire::response(op, &grant))
             }

@@ -46,6 +46,16 @@ pub enum Standing {
     Unreachable(String),
 }
 
+impl std::fmt::Display for Standing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Standing::Joined => f.write_str("joined"),
+            Standing::Fenced(why) => write!(f, "fenced ({why})"),
+            Standing::Unreachable(why) => write!(f, "not joined, etcd unreachable ({why})"),
+        }
+    }
+}
+
 /// What `fabricctl domain status` shows of this node; replaced as a whole.
 #[derive(Debug, Clone)]
 pub struct DomainStatus {
