@@ -60,8 +60,7 @@ impl Owner {
             (session, old)
         };
         if let Some(old) = old {
-            tracing::info!(peer = %node, incarnation = old.incarnation, "node link: an importer node's older incarnation: its imports are released");
-            d.memory.close_session(old.session);
+            self.end(d, node, old);
         }
         if let Some(rx) = d.events.subscribe(session, Topics::REVOCATION, Reach::All) {
             let (weak, node) = (Arc::downgrade(d), node.clone());
@@ -153,11 +152,17 @@ impl Owner {
             gone.into_iter().filter_map(|n| remotes.remove(&n).map(|r| (n, r))).collect()
         };
         for (node, r) in departed {
-            d.events.subscribe(r.session, Topics::NONE, Reach::All);
-            let reclaimed = d.memory.close_session(r.session);
-            self.files.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, (n, _)| *n != node);
-            tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, "node link: an importer node left or restarted; its imports are released");
+            self.end(d, &node, r);
         }
+    }
+
+    /// Ends an importer node incarnation's session: its imports released, its
+    /// revocations no longer forwarded, the files kept for them closed.
+    fn end(&self, d: &Daemon, node: &str, r: Remote) {
+        d.events.subscribe(r.session, Topics::NONE, Reach::All);
+        let reclaimed = d.memory.close_session(r.session);
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, (n, _)| n != node);
+        tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, "node link: an importer node left or restarted; its imports are released");
     }
 
     /// An import of a remote session ended: a region that is gone has its file truncated.
