@@ -167,6 +167,33 @@ mod tests {
         fits(PeerMessage::Request(request(PeerOp::Revoke, &notice)));
     }
 
+    proptest::proptest! {
+        /// Any bytes a peer sends: never a panic; whatever decodes and passes its checks
+        /// encodes back to a body that decodes to the same value, and a checked grant's
+        /// names are one plain path component each (never a way out of the shared dir).
+        #[test]
+        fn any_body_decodes_or_is_refused_and_checked_names_stay_in_their_directory(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            if let Ok(ask) = decode::<ImportAsk>(&body) {
+                proptest::prop_assert_eq!(decode::<ImportAsk>(&request(PeerOp::Import, &ask).body), Ok(ask.clone()));
+                let _ = ask.check();
+            }
+            if let Ok(grant) = decode::<ImportGrant>(&body) {
+                if grant.check().is_ok() {
+                    for name in [&grant.file.resource, &grant.file.file] {
+                        let mut parts = std::path::Path::new(name).components();
+                        proptest::prop_assert!(matches!(parts.next(), Some(std::path::Component::Normal(_))));
+                        proptest::prop_assert!(parts.next().is_none());
+                    }
+                }
+                proptest::prop_assert_eq!(decode::<ImportGrant>(&response(PeerOp::Import, &grant).body), Ok(grant));
+            }
+            let _ = decode::<ReleaseAsk>(&body);
+            let _ = decode::<RevokeNotice>(&body);
+        }
+    }
+
     #[test]
     fn names_that_leave_their_directory_and_trailing_bytes_are_refused() {
         for bad in ["", ".", "..", "a/b", "../x", "a\0", &"x".repeat(MAX_NAME + 1)] {
