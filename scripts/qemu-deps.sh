@@ -80,7 +80,7 @@ qemu_ok() {
 kernel_ok() { compgen -G "$cache/kernel/boot/vmlinuz-6.12*" >/dev/null; }
 tools_ok() {
   [ -x /bin/busybox ] && file_static /bin/busybox && command -v cxl >/dev/null && command -v daxctl >/dev/null && command -v depmod >/dev/null && command -v xz >/dev/null && command -v cpio >/dev/null \
-    && command -v mkfs.ext4 >/dev/null && command -v e2fsck >/dev/null
+    && command -v mkfs.ext4 >/dev/null && command -v e2fsck >/dev/null && command -v etcd >/dev/null
 }
 file_static() { ! ldd "$1" >/dev/null 2>&1; }
 
@@ -90,7 +90,7 @@ if qemu_ok && kernel_ok && tools_ok; then
   exit 0
 fi
 
-[ "$(id -u)" -eq 0 ] || die "missing packages; run as root on Debian (qemu-system-x86 10.x, busybox-static, ndctl, daxctl, kmod, xz-utils, e2fsprogs, the 6.12 kernel in $cache)"
+[ "$(id -u)" -eq 0 ] || die "missing packages; run as root on Debian (qemu-system-x86 10.x, busybox-static, ndctl, daxctl, kmod, xz-utils, e2fsprogs, etcd-server, the 6.12 kernel in $cache)"
 command -v apt-get >/dev/null || die "no apt-get: the QEMU tier needs a Debian machine"
 
 export DEBIAN_FRONTEND=noninteractive
@@ -107,8 +107,9 @@ if ! qemu_ok; then
   qemu_ok || die "qemu-system-x86_64 is not 10.x after the install"
 fi
 if ! tools_ok; then
-  log "installing busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs"
-  apt-get install -y -qq --no-install-recommends busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs >/dev/null || die "installing busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs failed"
+  # etcd-server: the two-host domain test runs etcd inside one of its guests.
+  log "installing busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs etcd-server"
+  apt-get install -y -qq --no-install-recommends busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs etcd-server >/dev/null || die "installing busybox-static ndctl daxctl kmod xz-utils cpio e2fsprogs etcd-server failed"
 fi
 
 if ! kernel_ok; then

@@ -30,7 +30,9 @@ mkdir -p "$out"
 # in access_stq) once the kernel uses that memory (docs/testing.md, "Tier 3").
 # virtio_blk and ext4 (with jbd2, mbcache, crc16 and the crc32c its metadata checksums
 # load, which modprobe lists as soft dependencies) serve the power-loss test's disks.
-modules=(cxl_acpi cxl_pci cxl_mem cxl_pmem dax_cxl device_dax vfio vfio_iommu_type1 vfio_pci virtio_blk ext4)
+# virtio_net (with failover and net_failover) links the two nodes of the domain test to the
+# host's loopback etcd (qemu-tests/tests/domain.rs).
+modules=(cxl_acpi cxl_pci cxl_mem cxl_pmem dax_cxl device_dax vfio vfio_iommu_type1 vfio_pci virtio_blk ext4 virtio_net)
 optional=(kmem)
 tools=(/usr/bin/cxl /usr/bin/daxctl)
 

@@ -325,3 +325,36 @@ fn backends_that_are_missing_are_explained() {
     assert!(t.contains("Discovery:\n\n  nvml: not present (libnvidia-ml.so.1 not found)"), "{t}");
     assert!(!out(&view(testkit::hgx()), render::matrix::render).contains("Discovery:"));
 }
+
+#[test]
+fn a_domain_node_that_is_down_is_named_in_the_labels_not_in_the_link_list() {
+    use fabric_topology::{DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DOMAIN_NODE_LIVE};
+    let mut inv = testkit::two_nodes();
+    for d in &mut inv.devices {
+        let state = match d.node.as_deref() {
+            Some("node0") => DOMAIN_NODE_LIVE,
+            Some(_) => DOMAIN_NODE_DOWN,
+            None => continue,
+        };
+        d.attrs.insert(DOMAIN_NODE_ATTR.into(), state.into());
+    }
+    let down: Vec<bool> = inv.devices.iter().map(|d| d.node.as_deref() == Some("node1")).collect();
+    for l in &mut inv.links {
+        if down[l.a.get()] || down[l.b.get()] {
+            l.state = LinkState::Down;
+        }
+    }
+    let t = out(&view(inv), render::matrix::render);
+    let g = grid(&t);
+    assert_eq!(cell(&g, "GPU0", "GPU8"), "-", "a node that is down is not reached");
+    assert_eq!(cell(&g, "GPU0", "GPU1"), "NV18");
+    let label = |l: &str| {
+        t.lines()
+            .find(|x| x.trim_start().starts_with(&format!("{l} ")) && x.contains("uuid:"))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(label("GPU8").contains("node1 (down)"), "{t}");
+    assert!(label("GPU0").contains("node0") && !label("GPU0").contains("down"), "{t}");
+    assert!(t.contains("Degraded links: none"), "{t}");
+}

@@ -9,7 +9,8 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue, PutOptions, TlsOptions,
+    WatchOptions, WatchStream,
 };
 use etcd_client::{Txn, TxnOp};
 use tracing::warn;
@@ -17,6 +18,9 @@ use tracing::warn;
 use crate::config::{CONNECT_TIMEOUT, ConfigError, DomainConfig};
 use crate::lease::Lease;
 use crate::records::{self, DomainSettings, Keys, MemberRecord, Record, RecordError, RecordLimits};
+
+/// Keys per page of [`DomainClient::read_domain`].
+pub const READ_PAGE: i64 = 256;
 
 /// Errors from the domain's etcd operations. Each names etcd when etcd is the cause, so a
 /// refused domain change says why.
@@ -226,6 +230,50 @@ impl DomainClient {
         self.client.clone()
     }
 
+    /// Every record under the domain's prefix at one revision, and that revision. Read in
+    /// pages of [`READ_PAGE`] keys, each at the first page's revision: the whole domain
+    /// in one response would pass gRPC's 4 MiB message limit at about 2,600 nodes (a node
+    /// is about 1.5 KiB of records), while a page stays under [`Self::message_limit`].
+    pub async fn read_domain(&self) -> Result<(Vec<KeyValue>, i64), EtcdError> {
+        let prefix = self.keys.prefix().as_bytes().to_vec();
+        let end = prefix_end(&prefix);
+        let mut kv = self.client.kv_client().max_decoding_message_size(self.message_limit());
+        let (mut from, mut revision, mut all) = (prefix, 0, Vec::new());
+        loop {
+            let options = GetOptions::new().with_range(end.clone()).with_limit(READ_PAGE).with_revision(revision);
+            let mut page = self.call("domain read", kv.get(from.clone(), Some(options))).await?;
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+            }
+            let more = page.more();
+            let kvs = page.take_kvs();
+            let Some(last) = kvs.last() else { break };
+            // The next page starts just after the last key read.
+            from = last.key().to_vec();
+            from.push(0);
+            all.extend(kvs);
+            if !more {
+                break;
+            }
+        }
+        Ok((all, revision))
+    }
+
+    /// A watch of every record under the domain's prefix from `revision` on, allowed
+    /// responses as large as [`Self::message_limit`]: etcd may send many revisions'
+    /// events in one response to a watcher catching up.
+    pub async fn watch_domain(&self, revision: i64) -> Result<WatchStream, EtcdError> {
+        let mut watch = self.client.watch_client().max_decoding_message_size(self.message_limit());
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision);
+        self.call("domain watch", watch.watch(self.keys.prefix(), Some(options))).await
+    }
+
+    /// The largest gRPC message [`Self::read_domain`] and [`Self::watch_domain`] accept:
+    /// a page of records at the decoder's bound, with room for keys and headers.
+    pub fn message_limit(&self) -> usize {
+        usize::try_from(READ_PAGE).unwrap_or(256) * (self.limits.max_bytes() + 1024) + (1 << 20)
+    }
+
     /// Grants this node a lease of the configured TTL and starts renewing it.
     pub async fn grant_lease(&self) -> Result<Lease, EtcdError> {
         let mut lease = self.client.clone();
@@ -362,6 +410,19 @@ impl DomainClient {
 pub fn fresh_incarnation() -> u64 {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
+}
+
+/// The end of the range of keys starting with `prefix` (its last byte that is not 0xff,
+/// plus one); `\0` — every key — when there is none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
 }
 
 fn read(path: &std::path::Path) -> Result<Vec<u8>, EtcdError> {

@@ -5,17 +5,21 @@
 //! etcd client ([`etcd`]) with the node's lease ([`lease`]), slot claims by compare-and-swap
 //! (`slots.rs`) and member join, writes fenced by the node's membership ([`fence`]), the
 //! domain's leader ([`election`]) and [`view`]: the domain as one node sees it, built from
-//! those records. [`testing`] starts a private etcd for tests, and network namespaces for
+//! those records, with [`topology`] records merged into one fabric by [`domain_fabric`].
+//! [`testing`] starts a private etcd for tests, and network namespaces for
 //! fault tests. fabricd joins through it (`fabricd/src/tasks/domain/`).
 
 pub mod config;
+pub mod domain_fabric;
 pub mod election;
 pub mod etcd;
 pub mod fence;
 pub mod lease;
+pub mod partition;
 pub mod records;
 mod slots;
 pub mod testing;
+pub mod topology;
 pub mod view;
 
 pub use config::{ConfigError, DomainConfig, EtcdTls};
@@ -26,9 +30,11 @@ pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
 pub use etcd_client;
 pub use fence::Fence;
 pub use lease::{Lease, LeaseState};
+pub use partition::PartitionRecord;
 pub use records::{
     DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord,
     RecordError, RecordLimits, SlotClaim,
 };
 pub use slots::MAX_CLAIM_ATTEMPTS;
+pub use topology::TopologyRecord;
 pub use view::{DomainLocation, DomainView, NodeEntry};

@@ -8,7 +8,9 @@
 //! | `members/<node>`       | [`MemberRecord`]   | yes   | the node, at join                |
 //! | `slots/<n>`            | [`SlotClaim`]      | no    | the node, at its first claim     |
 //! | `slot-of/<node>`       | [`SlotClaim`]      | no    | the same transaction             |
-//! | `placements/<node>`    | (next step)        | no    | the node, when its memory moves  |
+//! | `placements/<node>`    | [`PlacementsRecord`] | no  | the node, when its memory moves  |
+//! | `partitions/<name>`    | [`PartitionRecord`](crate::partition::PartitionRecord) | no | an admin, through any node |
+//! | `topology/<node>`      | [`TopologyRecord`](crate::topology::TopologyRecord) | no | the node, after discovery and each rescan |
 //!
 //! A record is JSON with a `version` field, at most [`RecordLimits::max_bytes`] long; the
 //! decoder refuses oversized, truncated, wrong-version, unknown-field and out-of-range input
@@ -146,9 +148,19 @@ impl Keys {
         format!("{}slot-of/{node}", self.prefix)
     }
 
-    /// A node's placements (written by the next step: map publication).
+    /// A node's placements.
     pub fn placements(&self, node: &str) -> String {
         format!("{}placements/{node}", self.prefix)
+    }
+
+    /// A partition of the domain (an admin's definition).
+    pub fn partition(&self, name: &str) -> String {
+        format!("{}partitions/{name}", self.prefix)
+    }
+
+    /// What a node publishes of its inventory (devices, links, fabric-level switches).
+    pub fn topology(&self, node: &str) -> String {
+        format!("{}topology/{node}", self.prefix)
     }
 
     /// The slot number a slot key names, if it is one (`slots/<n>` with `n` in decimal,
@@ -535,11 +547,11 @@ fn json_error(bytes: &[u8], error: &serde_json::Error) -> RecordError {
     if error.is_eof() { RecordError::Truncated { len: bytes.len() } } else { RecordError::Malformed(error.to_string()) }
 }
 
-fn invalid(field: &'static str, reason: String) -> RecordError {
+pub(crate) fn invalid(field: &'static str, reason: String) -> RecordError {
     RecordError::Invalid { field, reason }
 }
 
-fn check_node_name(field: &'static str, name: &str) -> Result<(), RecordError> {
+pub(crate) fn check_node_name(field: &'static str, name: &str) -> Result<(), RecordError> {
     if is_valid_name(name) {
         Ok(())
     } else {
@@ -551,7 +563,7 @@ fn is_owner_byte(b: u8) -> bool {
     is_token_byte(b) || matches!(b, b'/' | b'#' | b'@' | b'+')
 }
 
-fn is_token_byte(b: u8) -> bool {
+pub(crate) fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
 }
 
@@ -612,6 +624,7 @@ mod tests {
         assert_eq!(keys.slot(12), "/fabric/supernode/slots/12");
         assert_eq!(keys.slot_of("tray-1"), "/fabric/supernode/slot-of/tray-1");
         assert_eq!(keys.placements("tray-1"), "/fabric/supernode/placements/tray-1");
+        assert_eq!(keys.topology("tray-1"), "/fabric/supernode/topology/tray-1");
         assert_eq!(keys.parse_slot_key(b"/fabric/supernode/slots/12"), Some(12));
         for bad in ["slots/", "slots/012", "slots/-1", "slots/65536", "slots/1x", "slot-of/a"] {
             assert_eq!(keys.parse_slot_key(format!("/fabric/supernode/{bad}").as_bytes()), None, "{bad}");

@@ -204,7 +204,7 @@ impl Drop for EtcdServer {
 }
 
 /// `$FABRIC_ETCD`, else `etcd` on `PATH`.
-fn etcd_binary() -> Option<PathBuf> {
+pub fn etcd_binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("FABRIC_ETCD") {
         return Some(PathBuf::from(path)).filter(|p| p.is_file());
     }
@@ -223,6 +223,30 @@ fn free_port() -> std::io::Result<u16> {
 pub async fn etcd_or_skip() -> Option<EtcdServer> {
     match EtcdServer::start().await {
         Ok(server) => Some(server),
+        Err(TestingError::NotInstalled) => {
+            eprintln!("skipped: {}", TestingError::NotInstalled);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A private net of `nodes` node namespaces ([`netns::Net`]) with etcd started in its own,
+/// or `None` after printing `skipped: …` when the namespaces are unavailable (not root, no
+/// `ip` or `iptables`) or etcd is not installed; any other failure panics: this is for
+/// tests.
+#[allow(clippy::print_stderr)]
+pub async fn net_and_etcd_or_skip(nodes: u8) -> Option<(netns::Net, EtcdServer)> {
+    let net = match netns::Net::create(nodes) {
+        Ok(net) => net,
+        Err(NetError::Unavailable(why)) => {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    match EtcdServer::start_in(net.etcd()).await {
+        Ok(etcd) => Some((net, etcd)),
         Err(TestingError::NotInstalled) => {
             eprintln!("skipped: {}", TestingError::NotInstalled);
             None

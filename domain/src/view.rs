@@ -1,13 +1,21 @@
 //! The domain as one node sees it: a pure value built from the records under
 //! `/fabric/<domain>/` (an initial read, then the watch's events). A hostile or
 //! inconsistent record is refused with a reason and never enters the view; nothing here
-//! does I/O.
+//! does I/O. Its storage is shared in shards (`shards.rs`): a clone — published after
+//! every watch event — costs a reference count per shard, and a change copies one shard.
+
+mod shards;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use shards::Shards;
+
+use crate::partition::PartitionRecord;
 use crate::records::{
-    self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, RecordLimits, SlotClaim,
+    self, DomainSettings, Keys, MemberRecord, PlacedRange, PlacementsRecord, Record, RecordLimits, SlotClaim,
 };
+use crate::topology::TopologyRecord;
 
 /// One node of the domain: its slot and, when it published them, its placements; `member`
 /// is its live member record (absent once its lease ended: the node is gone, its slot a
@@ -43,11 +51,17 @@ pub struct DomainView {
     keys: Option<Keys>,
     limits: RecordLimits,
     settings: Option<DomainSettings>,
-    members: BTreeMap<String, MemberRecord>,
+    members: Shards<String, Arc<MemberRecord>>,
     /// `slots/<n>` → the claim, the authority on who holds a slot.
-    slots: BTreeMap<u32, String>,
-    /// Placements as decoded; [`DomainView::placements`] keeps only the consistent ones.
-    placements: BTreeMap<String, PlacementsRecord>,
+    slots: Shards<u32, String>,
+    /// The reverse of `slots`: the slot each node holds.
+    slot_of: Shards<String, u32>,
+    /// Placements consistent with the node's slot and the settings.
+    placements: Shards<String, Arc<PlacementsRecord>>,
+    /// The domain's partitions, by name ([`DomainView::partitions`]).
+    partitions: Shards<String, Arc<PartitionRecord>>,
+    /// Topology records of nodes that hold a slot ([`DomainView::topology`]).
+    topology: Shards<String, Arc<TopologyRecord>>,
     /// Keys whose value was refused, with why (cleared when the key is rewritten well or
     /// deleted).
     refused: BTreeMap<String, String>,
@@ -92,7 +106,7 @@ impl DomainView {
             r if r == b"settings" => 0,
             r if r.starts_with(b"slots/") => 1,
             r if r.starts_with(b"members/") => 2,
-            r if r.starts_with(b"placements/") => 3,
+            r if r.starts_with(b"placements/") || r.starts_with(b"topology/") => 3,
             _ => 4,
         }
     }
@@ -117,6 +131,8 @@ impl DomainView {
             },
             (r, v) if r.starts_with("members/") => self.member(&r["members/".len()..], v),
             (r, v) if r.starts_with("placements/") => self.put_placements(&r["placements/".len()..], v),
+            (r, v) if r.starts_with("topology/") => self.put_topology(&r["topology/".len()..], v),
+            (r, v) if r.starts_with("partitions/") => self.put_partition(&r["partitions/".len()..], v),
             // slot-of/<node> repeats slots/<n> for the claim's transaction; the view reads
             // the slot keys, which say who holds a slot.
             _ => Ok(()),
@@ -143,7 +159,9 @@ impl DomainView {
         let Some(value) = value else {
             // Freed by the admin's gc: the node's placements go with it.
             if let Some(node) = self.slots.remove(&slot) {
+                self.slot_of.remove(&node);
                 self.placements.remove(&node);
+                self.topology.remove(&node);
             }
             return Ok(());
         };
@@ -156,7 +174,9 @@ impl DomainView {
         {
             return Err(format!("slot {slot} is beyond the domain's {count} slots"));
         }
-        if let Some((other, _)) = self.slots.iter().find(|(s, n)| **s != slot && **n == claim.node) {
+        if let Some(other) = self.slot_of.get(&claim.node)
+            && *other != slot
+        {
             return Err(format!("{} already holds slot {other}: a node holds one slot", claim.node));
         }
         if let Some(holder) = self.slots.get(&slot)
@@ -164,6 +184,7 @@ impl DomainView {
         {
             return Err(format!("slot {slot} is held by {holder}: a claim never changes hands"));
         }
+        self.slot_of.insert(claim.node.clone(), slot);
         self.slots.insert(slot, claim.node);
         Ok(())
     }
@@ -177,7 +198,7 @@ impl DomainView {
         if record.name != name {
             return Err(format!("{:?} under the key of {name:?}", record.name));
         }
-        self.members.insert(name.to_owned(), record);
+        self.members.insert(name.to_owned(), Arc::new(record));
         Ok(())
     }
 
@@ -200,8 +221,35 @@ impl DomainView {
         {
             return Err(format!("span {:#x}, the domain's node span is {:#x}", record.span, settings.node_span));
         }
-        self.placements.insert(name.to_owned(), record);
+        self.placements.insert(name.to_owned(), Arc::new(record));
         Ok(())
+    }
+
+    fn put_topology(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
+        let holds_slot = self.slot_of(name).is_some();
+        put_named(&mut self.topology, self.limits, name, value, |r: &TopologyRecord| {
+            if r.node != name {
+                return Err(format!("{:?} under the key of {name:?}", r.node));
+            }
+            if holds_slot { Ok(()) } else { Err(format!("{name} holds no slot")) }
+        })
+    }
+
+    fn put_partition(&mut self, name: &str, value: Option<&[u8]>) -> Result<(), String> {
+        put_named(&mut self.partitions, self.limits, name, value, |r: &PartitionRecord| {
+            if r.name == name { Ok(()) } else { Err(format!("{:?} under the key of {name:?}", r.name)) }
+        })
+    }
+
+    /// The domain's partitions, by name.
+    pub fn partitions(&self) -> impl Iterator<Item = &PartitionRecord> {
+        self.partitions.sorted().into_iter().map(|(_, p)| &**p)
+    }
+
+    /// The topology record `node` published, when it holds a slot and the record was
+    /// accepted (`crate::domain_fabric` merges them).
+    pub fn topology(&self, node: &str) -> Option<&TopologyRecord> {
+        self.topology.get(node).map(|t| &**t)
     }
 
     /// The domain settings, once read.
@@ -211,18 +259,18 @@ impl DomainView {
 
     /// The slot `node` holds.
     pub fn slot_of(&self, node: &str) -> Option<u32> {
-        self.slots.iter().find(|(_, n)| *n == node).map(|(s, _)| *s)
+        self.slot_of.get(node).copied()
     }
 
     /// Live members, by name.
     pub fn members(&self) -> impl Iterator<Item = &MemberRecord> {
-        self.members.values()
+        self.members.sorted().into_iter().map(|(_, m)| &**m)
     }
 
     /// Every node the view knows of (holding a slot, or live without one), by name.
     pub fn nodes(&self) -> Vec<NodeEntry<'_>> {
         let mut names: Vec<&str> =
-            self.slots.values().map(String::as_str).chain(self.members.keys().map(String::as_str)).collect();
+            self.slots.iter().map(|(_, n)| n.as_str()).chain(self.members.iter().map(|(n, _)| n.as_str())).collect();
         names.sort_unstable();
         names.dedup();
         names
@@ -230,8 +278,8 @@ impl DomainView {
             .map(|name| NodeEntry {
                 name,
                 slot: self.slot_of(name),
-                member: self.members.get(name),
-                placements: self.placements.get(name),
+                member: self.members.get(name).map(|m| &**m),
+                placements: self.placements.get(name).map(|p| &**p),
             })
             .collect()
     }
@@ -247,14 +295,33 @@ impl DomainView {
         let span = self.settings.as_ref()?.node_span;
         let slot = u32::try_from(gfa / span).ok()?;
         let node = self.slots.get(&slot)?;
-        let range = self.placements.get(node).and_then(|p| p.range_at(gfa));
+        let range = self.placements.get(node.as_str()).and_then(|p| p.range_at(gfa));
         Some(DomainLocation {
             node,
-            live: self.members.contains_key(node),
+            live: self.members.contains_key(node.as_str()),
             range,
             offset: range.map_or(0, |r| gfa - r.start),
         })
     }
+}
+
+/// A put (`Some`) or delete (`None`) of the record `held` keeps under `name`: a delete
+/// removes it; a put replaces it once it decodes and `check` accepts it.
+fn put_named<R: Record + Clone>(
+    held: &mut Shards<String, Arc<R>>,
+    limits: RecordLimits,
+    name: &str,
+    value: Option<&[u8]>,
+    check: impl FnOnce(&R) -> Result<(), String>,
+) -> Result<(), String> {
+    let Some(value) = value else {
+        held.remove(name);
+        return Ok(());
+    };
+    let record: R = records::decode(value, limits).map_err(|e| e.to_string())?;
+    check(&record)?;
+    held.insert(name.to_owned(), Arc::new(record));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -264,3 +264,41 @@ async fn a_lease_is_known_lost_before_its_ttl_when_etcd_goes_away() {
 fn serde_json_bytes(record: &MemberRecord) -> Vec<u8> {
     fabric_domain::records::encode(record)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_larger_than_a_grpc_message_is_read_in_pages_at_one_revision_and_watched() {
+    let Some(etcd) = etcd().await else { return };
+    let c = client(&etcd, "reader", 6).await;
+    // 5,000 records of 1 KiB: 5 MiB, beyond gRPC's default 4 MiB message; one key outside
+    // the prefix that must not be read.
+    let mut raw = c.raw();
+    let value = vec![b'x'; 1024];
+    for chunk in (0..5_000).collect::<Vec<u32>>().chunks(100) {
+        let ops: Vec<_> = chunk
+            .iter()
+            .map(|i| fabric_domain::etcd_client::TxnOp::put(format!("/fabric/test/bulk/{i:05}"), value.clone(), None))
+            .collect();
+        raw.txn(fabric_domain::etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    }
+    raw.put("/fabric/test0", "outside", None).await.unwrap();
+    // One answer for all of it is beyond the client's default message limit: hence pages.
+    let whole = raw.get("/fabric/test/", Some(fabric_domain::etcd_client::GetOptions::new().with_prefix())).await;
+    let err = whole.unwrap_err().to_string();
+    assert!(err.contains("message length too large"), "{err}");
+    let (all, revision) = c.read_domain().await.unwrap();
+    assert_eq!(all.len(), 5_000);
+    let keys: BTreeSet<&[u8]> = all.iter().map(|kv| kv.key()).collect();
+    assert_eq!(keys.len(), 5_000, "no key read twice");
+    assert!(all.iter().all(|kv| kv.key().starts_with(b"/fabric/test/") && kv.value() == value.as_slice()));
+    // Every page at the first page's revision: a write after it is not seen...
+    raw.put("/fabric/test/bulk/late", "late", None).await.unwrap();
+    assert!(all.iter().all(|kv| kv.mod_revision() <= revision));
+    // ...and a watch from the next revision catches up with 5 MiB of changes in one go.
+    let mut stream = c.watch_domain(1).await.unwrap();
+    let mut events = 0;
+    while events < 5_001 {
+        let r = tokio::time::timeout(Duration::from_secs(20), stream.message()).await.unwrap().unwrap().unwrap();
+        events += r.events().len();
+    }
+    assert_eq!(events, 5_001);
+}

@@ -11,32 +11,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use fabric_domain::testing;
 use fabric_domain::testing::netns::{self, Net, NetError};
-use fabric_domain::testing::{self, EtcdServer, TestingError};
 use fabric_domain::{
     DataPathKind, DomainClient, DomainSettings, Election, EtcdError, Leadership, LeaseState, RecordLimits,
 };
 use tokio::sync::{Barrier, mpsc, oneshot};
-
-/// A private net of `nodes` node namespaces with etcd in its own, or why the test skips.
-async fn net_and_etcd(nodes: u8) -> Option<(Net, EtcdServer)> {
-    let net = match Net::create(nodes) {
-        Ok(net) => net,
-        Err(NetError::Unavailable(why)) => {
-            eprintln!("skipped: {why}");
-            return None;
-        }
-        Err(e) => panic!("{e}"),
-    };
-    match EtcdServer::start_in(net.etcd()).await {
-        Ok(etcd) => Some((net, etcd)),
-        Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 async fn connect(endpoint: &str, node: &str, ttl: u64) -> DomainClient {
     DomainClient::connect(&testing::config(endpoint, node, ttl), RecordLimits::default()).await.unwrap()
@@ -59,7 +39,7 @@ struct CutNode {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_etcd_fences_itself_before_its_ttl_and_rejoins_after_the_heal() {
-    let Some((net, etcd)) = net_and_etcd(2).await else { return };
+    let Some((net, etcd)) = testing::net_and_etcd_or_skip(2).await else { return };
     const TTL: u64 = 3;
     let endpoint = etcd.endpoint().to_owned();
     let (ready_tx, ready_rx) = oneshot::channel::<u64>();
@@ -220,7 +200,7 @@ async fn etcd_restarted_on_its_data_keeps_leases_members_and_fences() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_nodes_in_sixteen_namespaces_join_at_once_without_a_retry_storm() {
-    let Some((net, etcd)) = net_and_etcd(16).await else { return };
+    let Some((net, etcd)) = testing::net_and_etcd_or_skip(16).await else { return };
     // 2^44 bytes in 1 TiB slots: exactly 16 slots.
     let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
     let start = std::sync::Arc::new(Barrier::new(16));
@@ -279,7 +259,7 @@ async fn sixteen_nodes_in_sixteen_namespaces_join_at_once_without_a_retry_storm(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_etcd_steps_down_before_another_is_elected() {
-    let Some((net, etcd)) = net_and_etcd(3).await else { return };
+    let Some((net, etcd)) = testing::net_and_etcd_or_skip(3).await else { return };
     const TTL: u64 = 3;
     let mut views = Vec::new();
     let mut stops = Vec::new();

@@ -177,7 +177,12 @@ fn only_node(inv: Inventory, node: &str) -> Result<Inventory, StartError> {
 }
 
 fn discover_host(config: &Config) -> Inventory {
-    let root = SysfsRoot::with_hostname(&config.discovery.sysfs_root);
+    // A domain node's devices are the node's, under the name it joins with (the map places
+    // and publishes only its own node's memory); a lone daemon names them after the host.
+    let root = match &config.domain {
+        Some(d) => SysfsRoot::new(&config.discovery.sysfs_root, d.node.as_str()),
+        None => SysfsRoot::with_hostname(&config.discovery.sysfs_root),
+    };
     tracing::info!(root = %root.root().display(), node = root.node(), "discovering host");
     let all = fabric_drivers::host_backends(&root);
     let mut chosen: Vec<&dyn fabric_drivers::Backend> = Vec::new();
@@ -391,6 +396,9 @@ impl Daemon {
         let domain = starting.map(|s| s.run(writer.map().reader()));
         let view = View::build(inv)?;
         let fabric = &view.fabric;
+        if let Some(d) = &domain {
+            d.fabric_changed(fabric);
+        }
         tracing::info!(
             devices = fabric.inventory().devices.len(),
             links = fabric.inventory().links.len(),
@@ -522,6 +530,9 @@ impl Daemon {
         }
         let view = Arc::new(view);
         self.view.store(view.clone());
+        if let Some(d) = &self.domain {
+            d.fabric_changed(&view.fabric);
+        }
         // The vanished set after the view: `status` reads both, and a device it lists as
         // missing then always comes with the rescan's whole view (its degraded links too).
         let missing = {
@@ -541,7 +552,16 @@ impl Daemon {
         // after the device events, so that subscribers learn why.
         self.device_memory(&events);
         let snap = self.map_snapshot();
-        let members = |names: &[String]| crate::ops::scope::partition_members(&snap, names);
+        // A client bound to a domain partition hears of its local members' changes too.
+        let domain_view = self.domain.as_ref().map(|d| d.view());
+        let members = |names: &[String]| {
+            let mut m = crate::ops::scope::partition_members(&snap, names);
+            if let Some(view) = &domain_view {
+                let bound = view.partitions().filter(|p| names.contains(&p.name));
+                m.extend(bound.flat_map(|p| p.devices.iter().map(ToString::to_string)));
+            }
+            m
+        };
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev, &members);

@@ -19,12 +19,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fabric_domain::testing::EtcdServer;
-use fabric_proto::wire::{
-    BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, TopologyRequest, TranslateQuery,
-    TranslateRequest, Translation,
-};
+use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Translation};
 use serde_json::Value;
 
+use common::domain::{all_live_and_placed, domain, map, nodes, translate, until};
 use common::scrape::{free_port, promtool_check, scrape, value};
 
 const TTL: u64 = 2;
@@ -34,72 +32,9 @@ fn etcd(rt: &tokio::runtime::Runtime) -> Option<EtcdServer> {
     rt.block_on(fabric_domain::testing::etcd_or_skip())
 }
 
-fn supernode() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
-}
-
 /// A node's files: tray `tray` of the supernode in domain `test`, node span `span`.
 fn node(etcd: &EtcdServer, name: &str, tray: &str, span: u64) -> common::Setup {
-    let extra = format!(
-        "[map]\nnode_span = {{ fixed = {span} }}\n[domain]\nname = \"test\"\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n",
-        etcd.endpoint()
-    );
-    let s = common::Setup::with_sim(&supernode(), &extra);
-    let text = std::fs::read_to_string(&s.config).unwrap();
-    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {tray:?}\n"))).unwrap();
-    s
-}
-
-fn domain(c: &mut Connection, action: DomainAction) -> Value {
-    match c.call(Request::Domain(DomainRequest { action }), &[]).unwrap().0 {
-        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// The domain map a node shows, without the etcd revision it was read at.
-fn map(c: &mut Connection) -> Value {
-    let Response::Map(d) = c.call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
-    let mut v: Value = serde_json::from_str(&d.json).unwrap();
-    v.as_object_mut().unwrap().remove("generation");
-    v
-}
-
-fn translate(c: &mut Connection, gfa: u64) -> Translation {
-    let queries = BoundedVec::new(vec![TranslateQuery::Gfa(gfa)]).unwrap();
-    let Response::Translate(t) = c.call(Request::Translate(TranslateRequest { queries }), &[]).unwrap().0 else {
-        panic!()
-    };
-    t.results.into_vec().remove(0)
-}
-
-/// `(name, state, slot, ranges)` of every node `c` lists.
-fn nodes(c: &mut Connection) -> Vec<(String, String, u64, u64)> {
-    let doc = domain(c, DomainAction::Nodes);
-    doc["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            let s = |k: &str| n[k].as_str().unwrap_or_default().to_owned();
-            (s("name"), s("state"), n["slot"].as_u64().unwrap_or(u64::MAX), n["ranges"].as_u64().unwrap_or(0))
-        })
-        .collect()
-}
-
-/// Polls `f` every 50 ms for up to `within`; the time it took.
-fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    t0.elapsed()
-}
-
-fn all_live_and_placed(c: &mut Connection, n: usize) -> bool {
-    let list = nodes(c);
-    list.len() == n && list.iter().all(|(_, state, _, ranges)| state == "live" && *ranges > 0)
+    common::domain::node(etcd.endpoint(), name, tray, span, TTL)
 }
 
 #[test]
@@ -243,6 +178,7 @@ fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
     until(Duration::from_secs(TTL + 2), "tray0 gone", || nodes(&mut a).iter().any(|n| n.0 == "tray0" && n.1 == "gone"));
     let freed = domain(&mut a, DomainAction::Gc { node: fabric_proto::wire::Name::truncated("tray0") });
     assert_eq!((freed["gc"]["node"].as_str(), freed["gc"]["slot"].as_u64()), (Some("tray0"), Some(slot)), "{freed}");
+    assert_eq!(freed["nodes"], serde_json::json!([]), "a gc's answer lists no nodes: {freed}");
     until(Duration::from_secs(5), "tray0's slot gone from the view", || nodes(&mut a).iter().all(|n| n.0 != "tray0"));
     // Another node with another node span: both values named.
     let other = node(&etcd, "tray1", "tray1", 2 * SPAN);

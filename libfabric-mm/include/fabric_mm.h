@@ -134,6 +134,11 @@
 // `fmm_location_t.kind`: mapped, but outside the caller's partition.
 #define FMM_LOCATION_NOT_IN_PARTITION 3
 
+// `fmm_location_t.kind`: in another node's slot of the domain; `node` names it, `live`
+// says whether it is a live member, and `device` (empty for an interleave set's range or
+// a hole of its slot), `memory_class`, `ordinal`, `set` and `offset` say where in its memory.
+#define FMM_LOCATION_REMOTE 4
+
 // The most GFAs one `fmm_translate` call takes (and resource offsets one `fmm_reverse`).
 #define FMM_TRANSLATE_MAX 1024
 
@@ -264,8 +269,15 @@ typedef struct fmm_location_t {
   // `FMM_LOCATION_RESOURCE`: the byte offset in the resource; else 0.
   uint64_t offset;
   // `FMM_LOCATION_RESOURCE`: the interleave set the address went through, empty when
+  // none; `FMM_LOCATION_REMOTE`: the other node's set the range belongs to, empty when
   // none. NUL-terminated (at most 64 bytes).
   char set[65];
+  // `FMM_LOCATION_REMOTE`: the node whose slot holds the address; else empty.
+  // NUL-terminated (at most 64 bytes).
+  char node[65];
+  // `FMM_LOCATION_REMOTE`: 1 when that node is a live member now, 0 when it is gone (its
+  // slot kept as a hole); else 0.
+  int live;
 } fmm_location_t;
 
 // A byte of a device's memory resource (`fmm_reverse`).

@@ -48,6 +48,6 @@ pub use path::{FabricView, NearMemory, PathInfo};
 pub use regcache::{CacheLimits, CacheStats};
 pub use register::{Access, Registrable, Registration, RegistrationStats};
 pub use resume::Token;
-pub use session::{Location, Policy, ResourceOffset, Session, SessionConfig, Target, default_socket};
+pub use session::{Location, Policy, RemotePlace, ResourceOffset, Session, SessionConfig, Target, default_socket};
 pub use topology::DeviceInfo;
 pub use window::{Protection, Window, WindowConfig};

@@ -161,6 +161,69 @@ pub enum Location {
     Unmapped,
     /// Mapped, but outside the caller's partition.
     NotInPartition,
+    /// In another node's slot of the domain (`docs/domain.md`).
+    Remote {
+        /// The node whose slot holds the address.
+        node: String,
+        /// Whether that node is a live member now (a gone node's slot is kept as a hole).
+        live: bool,
+        /// Where in that node's memory.
+        place: RemotePlace,
+    },
+}
+
+/// Where a GFA in another node's slot lands ([`Location::Remote`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemotePlace {
+    /// In a memory resource of that node's device.
+    Resource {
+        /// The device.
+        device: String,
+        /// The class of memory.
+        memory: MemoryClass,
+        /// Which resource of that class.
+        ordinal: u16,
+        /// Byte offset in the resource.
+        offset: u64,
+    },
+    /// In an interleave set of that node; which member holds the byte is that node's to say.
+    Set {
+        /// The set.
+        set: String,
+        /// Byte offset in the set's range.
+        offset: u64,
+    },
+    /// In a hole of that node's slot.
+    Hole,
+}
+
+/// What a daemon's answer to a translate query says to a client.
+fn location(t: &Translation) -> Location {
+    match t {
+        Translation::Resource { resource, offset, set } => Location::Resource {
+            device: resource.device.to_string(),
+            memory: resource.memory,
+            ordinal: resource.ordinal,
+            offset: *offset,
+            set: set.as_ref().map(ToString::to_string),
+        },
+        Translation::Hole { owner } => Location::Hole { owner: owner.to_string() },
+        Translation::Remote { node, live, resource, set, offset } => {
+            let place = match (resource, set) {
+                (Some(r), _) => RemotePlace::Resource {
+                    device: r.device.to_string(),
+                    memory: r.memory,
+                    ordinal: r.ordinal,
+                    offset: *offset,
+                },
+                (None, Some(set)) => RemotePlace::Set { set: set.to_string(), offset: *offset },
+                (None, None) => RemotePlace::Hole,
+            };
+            Location::Remote { node: node.to_string(), live: *live, place }
+        }
+        Translation::NotInPartition => Location::NotInPartition,
+        Translation::Gfa(_) | Translation::Unmapped | Translation::UnknownResource => Location::Unmapped,
+    }
 }
 
 /// A byte of a device's memory resource, to find the GFA of ([`Session::reverse`]).
@@ -336,32 +399,7 @@ impl Session {
     /// Where each GFA lands (at most 1,024 per call).
     pub fn translate(&self, gfas: &[u64]) -> Result<Vec<Location>> {
         let queries = gfas.iter().map(|g| TranslateQuery::Gfa(*g)).collect();
-        Ok(self
-            .query(queries, "at most 1024 GFAs per translate")?
-            .iter()
-            .map(|a| match a {
-                Translation::Resource { resource, offset, set } => Location::Resource {
-                    device: resource.device.to_string(),
-                    memory: resource.memory,
-                    ordinal: resource.ordinal,
-                    offset: *offset,
-                    set: set.as_ref().map(ToString::to_string),
-                },
-                Translation::Hole { owner } => Location::Hole { owner: owner.to_string() },
-                // Another node's memory (1.6): the resource, without its node for now; a
-                // set's range or a hole of that node's slot as a hole named after it.
-                Translation::Remote { resource: Some(resource), offset, .. } => Location::Resource {
-                    device: resource.device.to_string(),
-                    memory: resource.memory,
-                    ordinal: resource.ordinal,
-                    offset: *offset,
-                    set: None,
-                },
-                Translation::Remote { node, .. } => Location::Hole { owner: format!("node:{node}") },
-                Translation::NotInPartition => Location::NotInPartition,
-                Translation::Gfa(_) | Translation::Unmapped | Translation::UnknownResource => Location::Unmapped,
-            })
-            .collect())
+        Ok(self.query(queries, "at most 1024 GFAs per translate")?.iter().map(location).collect())
     }
 
     /// The GFA of each resource offset — the reverse of [`Session::translate`], at most

@@ -32,7 +32,16 @@ fn open(socket: &Path) -> *mut FmmSession {
 }
 
 fn location() -> FmmLocation {
-    FmmLocation { kind: 99, device: [0; 257], memory_class: 0, ordinal: 0, offset: 0, set: [0; 65] }
+    FmmLocation {
+        kind: 99,
+        device: [0; 257],
+        memory_class: 0,
+        ordinal: 0,
+        offset: 0,
+        set: [0; 65],
+        node: [0; 65],
+        live: 0,
+    }
 }
 
 fn text(field: &[c_char]) -> String {

@@ -27,7 +27,8 @@ pub struct DomainDoc {
     /// while not known (not yet observed, no leader, or this node's lease lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<LeaderDoc>,
-    /// Every node holding a slot or live, by name.
+    /// Every node holding a slot or live, by name (`status`, `nodes`; empty in a `gc`
+    /// answer).
     pub nodes: Vec<NodeDoc>,
     /// What is missing and why (`status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -85,8 +85,10 @@ class NearMemory:
 @dataclass(frozen=True)
 class Location:
     """Where a GFA lands: ``kind`` is ``"resource"`` (then device, memory, ordinal, offset
-    and the interleave ``set``), ``"hole"`` (``owner``), ``"unmapped"`` or
-    ``"not_in_partition"``."""
+    and the interleave ``set``), ``"hole"`` (``owner``), ``"unmapped"``,
+    ``"not_in_partition"`` or ``"remote"``: in another node's slot of the domain (then
+    ``node``, ``live``, and device, memory, ordinal and offset for a resource of that node,
+    ``set`` and offset for one of its interleave sets, neither for a hole of its slot)."""
 
     kind: str
     device: Optional[str] = None
@@ -95,6 +97,8 @@ class Location:
     offset: Optional[int] = None
     set: Optional[str] = None
     owner: Optional[str] = None
+    node: Optional[str] = None
+    live: Optional[bool] = None
 
 
 @dataclass(frozen=True)

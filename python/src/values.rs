@@ -2,8 +2,8 @@
 //! them into dataclasses), and the text names Python callers use for enums.
 
 use fabric_mm::{
-    Access, CacheStats, DeviceInfo, Error, Location, MemoryClass, NearMemory, PathInfo, RegistrationStats, Revocation,
-    RevocationReason,
+    Access, CacheStats, DeviceInfo, Error, Location, MemoryClass, NearMemory, PathInfo, RegistrationStats, RemotePlace,
+    Revocation, RevocationReason,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -123,6 +123,24 @@ pub(crate) fn location<'py>(py: Python<'py>, l: &Location) -> PyResult<Bound<'py
         }
         Location::Unmapped => d.set_item("kind", "unmapped")?,
         Location::NotInPartition => d.set_item("kind", "not_in_partition")?,
+        Location::Remote { node, live, place } => {
+            d.set_item("kind", "remote")?;
+            d.set_item("node", node)?;
+            d.set_item("live", *live)?;
+            match place {
+                RemotePlace::Resource { device, memory, ordinal, offset } => {
+                    d.set_item("device", device)?;
+                    d.set_item("memory", class_name(*memory))?;
+                    d.set_item("ordinal", *ordinal)?;
+                    d.set_item("offset", *offset)?;
+                }
+                RemotePlace::Set { set, offset } => {
+                    d.set_item("set", set)?;
+                    d.set_item("offset", *offset)?;
+                }
+                RemotePlace::Hole => {}
+            }
+        }
     }
     Ok(d)
 }

@@ -17,4 +17,5 @@ pub mod pattern;
 pub mod power;
 pub mod qmp;
 pub mod scripts;
+pub mod twohost;
 pub mod vm;

@@ -18,3 +18,5 @@ pub const POWER: &str = include_str!("../guest/power.sh");
 pub const NUMA: &str = include_str!("../guest/numa.sh");
 /// The per-region DAX test.
 pub const DAXSPLIT: &str = include_str!("../guest/daxsplit.sh");
+/// The two-host domain test (one shared CXL device, etcd and fabricd on a private link).
+pub const DOMAIN: &str = include_str!("../guest/domain.sh");

@@ -310,6 +310,19 @@ pub struct Device {
 /// fabric health is unhealthy). Consumers treat the device's memory as lost.
 pub const FAILED_ATTR: &str = "failed";
 
+/// The attribute a domain's merged inventory sets on each node's devices: `live` while
+/// the node is a member of the domain, `down` once its member key is gone. Two devices of
+/// live members of one domain reach each other over the network the nodes talk on (their
+/// node link), whether or not the inventory describes that network, so they are at least
+/// `NET` apart ([`crate::Fabric::classify`]).
+pub const DOMAIN_NODE_ATTR: &str = "domain_node";
+
+/// [`DOMAIN_NODE_ATTR`]'s value for a device of a live member.
+pub const DOMAIN_NODE_LIVE: &str = "live";
+
+/// [`DOMAIN_NODE_ATTR`]'s value for a device of a node that is down.
+pub const DOMAIN_NODE_DOWN: &str = "down";
+
 impl Device {
     /// A device with only identity and kind filled.
     pub fn new(id: DeviceId, kind: DeviceKind, node: Option<&str>) -> Self {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::class::HopClass;
-use crate::device::{Device, DeviceKind};
+use crate::device::{DOMAIN_NODE_ATTR, DOMAIN_NODE_LIVE, Device, DeviceKind};
 use crate::inventory::{DeviceIdx, Inventory, InventoryError};
 use crate::link::{Link, LinkKind, LinkState};
 
@@ -194,12 +194,18 @@ impl Fabric {
         }
         let (na, nb) = (self.node_index(a), self.node_index(b));
         if na.is_some() && nb.is_some() && na != nb {
-            return if self.find_hops(a, b).is_some() { HopClass::Net } else { HopClass::None };
+            let members = self.live_domain_member(a) && self.live_domain_member(b);
+            return if members || self.find_hops(a, b).is_some() { HopClass::Net } else { HopClass::None };
         }
         if self.below_cxl(a) || self.below_cxl(b) {
             return HopClass::Cxl;
         }
         self.pci_class(a, b)
+    }
+
+    /// Whether the device belongs to a live member of a domain (see [`DOMAIN_NODE_ATTR`]).
+    fn live_domain_member(&self, idx: DeviceIdx) -> bool {
+        self.device(idx).attrs.get(DOMAIN_NODE_ATTR).is_some_and(|v| v == DOMAIN_NODE_LIVE)
     }
 
     fn below_cxl(&self, idx: DeviceIdx) -> bool {

@@ -19,7 +19,8 @@ pub mod rdma;
 pub use class::HopClass;
 pub use cpuset::CpuSet;
 pub use device::{
-    Device, DeviceKind, FAILED_ATTR, GpuInfo, GpuPartition, MemoryKind, MemoryResource, PciInfo, UalinkInfo,
+    DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DOMAIN_NODE_LIVE, Device, DeviceKind, FAILED_ATTR, GpuInfo, GpuPartition,
+    MemoryKind, MemoryResource, PciInfo, UalinkInfo,
 };
 pub use graph::Fabric;
 pub use hmem::{

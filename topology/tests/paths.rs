@@ -3,7 +3,8 @@
 
 use fabric_topology::link::{LinkKind, nvlink_mbps_per_link};
 use fabric_topology::{
-    Bandwidth, Device, DeviceId, DeviceIdx, DeviceKind, Fabric, HopClass, Inventory, Link, LinkState, PciAddress,
+    Bandwidth, DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DOMAIN_NODE_LIVE, Device, DeviceId, DeviceIdx, DeviceKind, Fabric,
+    HopClass, Inventory, Link, LinkState, PciAddress,
 };
 
 struct B {
@@ -191,6 +192,39 @@ fn cross_node_routes_go_through_nics_and_network_switches() {
     assert_eq!(f.classify(n0[2], n1[2]), HopClass::Net);
     let r = f.route(n0[0], n1[2]).unwrap();
     assert_eq!(r.hops.last(), Some(&n1[2]));
+}
+
+#[test]
+fn live_members_of_a_domain_are_net_apart_without_a_described_network() {
+    let mut b = B::new();
+    let n0 = two_socket_node(&mut b, "n0");
+    let n1 = two_socket_node(&mut b, "n1");
+    let n2 = two_socket_node(&mut b, "n2");
+    let mark = |b: &mut B, devs: &[DeviceIdx], state: &str| {
+        for &d in devs {
+            b.inv.device_mut(d).attrs.insert(DOMAIN_NODE_ATTR.into(), state.into());
+        }
+    };
+    // Every device of n0 and n1 is a live member's, n2's are a node that is down.
+    let all = |b: &B, node: &str| -> Vec<DeviceIdx> {
+        (0..b.inv.devices.len() as u32)
+            .map(DeviceIdx)
+            .filter(|&i| b.inv.device(i).node.as_deref() == Some(node))
+            .collect()
+    };
+    let (d0, d1, d2) = (all(&b, "n0"), all(&b, "n1"), all(&b, "n2"));
+    mark(&mut b, &d0, DOMAIN_NODE_LIVE);
+    mark(&mut b, &d1, DOMAIN_NODE_LIVE);
+    mark(&mut b, &d2, DOMAIN_NODE_DOWN);
+    let f = b.build();
+    assert_eq!(f.classify(n0[0], n1[0]), HopClass::Net, "members talk over the network");
+    assert_eq!(f.classify(n0[0], n2[0]), HopClass::None, "a node that is down is not reached");
+    assert_eq!(f.classify(n0[0], n0[1]), HopClass::Pix, "within a node nothing changes");
+    // Without the attribute, nodes with nothing between them have no path.
+    let mut b = B::new();
+    let n0 = two_socket_node(&mut b, "n0");
+    let n1 = two_socket_node(&mut b, "n1");
+    assert_eq!(b.build().classify(n0[0], n1[0]), HopClass::None);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use fabric_topology::{BackendState, DeviceIdx, DeviceKind, HopClass, LinkState};
+use fabric_topology::{BackendState, DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DeviceIdx, DeviceKind, HopClass, LinkState};
 
 use crate::render::{bandwidth, summary};
 use crate::view::View;
@@ -122,6 +122,11 @@ pub fn write_labels(view: &View, devs: &[(&str, DeviceIdx)], w: &mut dyn Write) 
     for &(l, i) in devs {
         let d = view.fabric.device(i);
         let mut extra = d.name.clone().unwrap_or_default();
+        // A domain's fabric: which node, and whether it is down.
+        if let (Some(node), Some(state)) = (&d.node, d.attrs.get(DOMAIN_NODE_ATTR)) {
+            let down = if state == DOMAIN_NODE_DOWN { " (down)" } else { "" };
+            extra = if extra.is_empty() { format!("{node}{down}") } else { format!("{node}{down}, {extra}") };
+        }
         if d.kind == DeviceKind::Nic
             && let Some(ib) = nic_port_name(d)
         {
@@ -156,12 +161,15 @@ pub fn degraded_lines(view: &View, devs: &[(&str, DeviceIdx)]) -> Vec<String> {
             }
         }
     }
+    // The links of a domain node that is down are all down: the labels say the node is.
+    let node_down = |i: DeviceIdx| f.device(i).attrs.get(DOMAIN_NODE_ATTR).is_some_and(|s| s == DOMAIN_NODE_DOWN);
     let mut bad: Vec<usize> = f
         .inventory()
         .links
         .iter()
         .enumerate()
         .filter(|(_, l)| l.state != LinkState::Up && (view.in_scope(l.a) || view.in_scope(l.b)))
+        .filter(|(_, l)| !node_down(l.a) && !node_down(l.b))
         .map(|(li, _)| li)
         .collect();
     bad.sort_by_key(|li| (first_pos.get(li).copied().unwrap_or(usize::MAX), *li));

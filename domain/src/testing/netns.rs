@@ -87,6 +87,30 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// Makes `cmd` run inside this namespace: the child `setns`es between fork and exec,
+    /// so the process spawned is the program itself (its pid can be signalled), with no
+    /// `ip netns exec` in between. The namespace must exist now; if entering it fails, the
+    /// spawn fails (the program never runs in the root namespace).
+    pub fn enter_on_spawn(&self, cmd: &mut Command) -> Result<(), NetError> {
+        use std::os::unix::process::CommandExt;
+        self.check()?;
+        let path = Path::new(NETNS_DIR).join(&self.name);
+        let file = std::fs::File::open(&path)
+            .map_err(|source| NetError::Io { what: format!("open {}", path.display()), source })?;
+        // SAFETY: the closure runs in the forked child before exec and makes one
+        // async-signal-safe system call on a descriptor opened before the fork (kept open
+        // by the closure, close-on-exec); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
     /// Drops every packet this namespace sends to `to`.
     pub fn cut(&self, to: Ipv4Addr) -> Result<(), NetError> {
         self.exec(["iptables", "-A", "OUTPUT", "-d", &to.to_string(), "-j", "DROP"])

@@ -22,6 +22,7 @@ use fabric_proto::wire::{
 };
 use fabric_topology::{BackendState, DeviceId, LinkState};
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -99,6 +100,24 @@ fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result
     Ok(Document { schema: Name::truncated(schema), json })
 }
 
+/// The fabric `caller` asks about: on a domain node the domain's (every node's topology
+/// record merged, the same on every node), otherwise the node's own; for a bound client,
+/// its partitions' part of it.
+pub fn fabric_view(d: &Daemon, caller: &Caller) -> Result<Arc<View>, ErrorBody> {
+    let Some(domain) = &d.domain else { return caller.view(d) };
+    let inv = domain.inventory();
+    let inv = match caller.members()? {
+        None => inv,
+        // A bound client: its partitions' part of the domain's fabric.
+        Some(m) => {
+            let fabric = fabric_topology::Fabric::build(inv)
+                .map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))?;
+            scope::scoped_inventory(&fabric, &m)
+        }
+    };
+    View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))
+}
+
 /// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`
 /// writes (without the final newline).
 pub fn topology(d: &Daemon, node: Option<&str>) -> Result<Document, ErrorBody> {
@@ -145,7 +164,13 @@ pub fn map_listing_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result
             Some(domain) => crate::tasks::domain::listing::listing(&domain.view()),
             None => snap.listing(),
         },
-        Some(m) => scope::scoped_listing(snap, &m),
+        // A bound client of a domain node: its partitions' part of the domain's map.
+        Some(m) => match &d.domain {
+            Some(domain) => scope::restrict_listing(crate::tasks::domain::listing::listing(&domain.view()), |r| {
+                r.owner.split('#').next().and_then(|id| id.parse().ok()).is_some_and(|id| m.contains(&id))
+            }),
+            None => scope::scoped_listing(snap, &m),
+        },
     };
     json_doc("fabric.map/v1", |w| serde_json::to_writer_pretty(w, &listing))
 }
@@ -162,6 +187,24 @@ pub fn translate_in(
     caller.require_scope()?;
     let snap = caller.snapshot();
     Ok(match &caller.scope {
+        // A bound client of a domain node: the domain's answers, kept where they name a
+        // device of its partitions.
+        scope::Scope::Bound(_) if d.domain.is_some() => {
+            let members: HashSet<String> =
+                caller.members()?.unwrap_or_default().iter().map(ToString::to_string).collect();
+            let mut r = translate(snap, queries);
+            let mut results = r.results.into_vec();
+            if let Some(domain) = &d.domain {
+                domain::translate(domain, queries, &mut results, version);
+            }
+            for (q, t) in queries.iter().zip(results.iter_mut()) {
+                if !scope::visible(q, t, &members) {
+                    *t = Translation::NotInPartition;
+                }
+            }
+            r.results = BoundedVec::new(results).unwrap_or_default();
+            r
+        }
         scope::Scope::Bound(names) => scope::translate_in(snap, names, queries),
         _ => {
             let mut r = translate(snap, queries);
@@ -181,7 +224,7 @@ pub fn inventory_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<D
     if node.is_some() {
         return Err(refusal(ErrorCode::BadRequest, "the inventory has no node filter (the client restricts it)"));
     }
-    let v = caller.view(d)?;
+    let v = fabric_view(d, caller)?;
     json_doc("fabric.inventory/v1", |w| serde_json::to_writer(w, v.fabric.inventory()))
 }
 

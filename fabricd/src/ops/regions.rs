@@ -1,8 +1,13 @@
 //! The partition operations: list (what the caller may see), set and remove (admins:
 //! the authorization table says so), with the uid/gid bindings kept in
-//! [`crate::partitions`].
+//! [`crate::partitions`]. On a domain node they are the domain's partitions instead:
+//! `partitions/<name>` records in etcd, naming devices of any nodes (see
+//! `docs/domain.md`).
 
 use fabric_proto::wire::{BoundedVec, DeviceName, ErrorBody, ErrorCode, Name, PartitionSpec, PartitionsResponse};
+
+use fabric_domain::PartitionRecord;
+use fabric_domain::records::Record;
 
 use crate::daemon::Daemon;
 use crate::ops::dispatch::errors::{internal, refusal};
@@ -13,6 +18,21 @@ use crate::partitions::Binding;
 /// The partitions `caller` may see: all of them for an admin, those that bind it for
 /// anyone else (none for an unbound client).
 pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
+    if let Some(domain) = &d.domain {
+        let specs = domain
+            .view()
+            .partitions()
+            .filter(|p| caller.in_partition(&p.name))
+            .map(|p| PartitionSpec {
+                name: Name::truncated(&p.name),
+                devices: BoundedVec::new(p.devices.iter().map(|id| DeviceName::truncated(id.as_str())).collect())
+                    .unwrap_or_default(),
+                uids: BoundedVec::new(p.uids.clone()).unwrap_or_default(),
+                gids: BoundedVec::new(p.gids.clone()).unwrap_or_default(),
+            })
+            .collect();
+        return PartitionsResponse { partitions: BoundedVec::new(specs).unwrap_or_default() };
+    }
     let view = d.map_view();
     let specs = view
         .map
@@ -40,6 +60,24 @@ pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
 /// old partition or the new one, never devices bound to a stale set of users. The caller
 /// is authorized (an admin).
 pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> Result<(), ErrorBody> {
+    if let Some(domain) = &d.domain {
+        let inv = domain.inventory();
+        if let Some(id) = change.devices.iter().find(|id| inv.find(id).is_none()) {
+            return Err(refusal(ErrorCode::NotFound, format!("no device {id} in the domain")));
+        }
+        let record = PartitionRecord::new(&change.name, change.devices.clone(), &change.uids, &change.gids);
+        record.validate().map_err(|e| refusal(ErrorCode::BadRequest, format!("partition {}: {e}", change.name)))?;
+        domain.set_partition(&change.name, Some(&record)).map_err(|e| domain_refusal(&change.name, &e))?;
+        tracing::info!(
+            uid = caller.uid(),
+            partition = %change.name,
+            devices = change.devices.len(),
+            uids = ?change.uids,
+            gids = ?change.gids,
+            "domain partition set"
+        );
+        return Ok(());
+    }
     let mut map = d.map_writer();
     let view = d.view();
     if let Some(id) = change.devices.iter().find(|id| view.fabric.inventory().find(id).is_none()) {
@@ -68,6 +106,14 @@ pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> R
 /// `Partitions` remove: the partition's devices and its binding go in one record (see
 /// [`set_partition`]).
 pub fn remove_partition(d: &Daemon, caller: &Caller, name: &str) -> Result<(), ErrorBody> {
+    if let Some(domain) = &d.domain {
+        if !domain.view().partitions().any(|p| p.name == name) {
+            return Err(refusal(ErrorCode::NotFound, format!("no partition {name:?} in the domain")));
+        }
+        domain.set_partition(name, None).map_err(|e| domain_refusal(name, &e))?;
+        tracing::info!(uid = caller.uid(), partition = %name, "domain partition removed");
+        return Ok(());
+    }
     let mut map = d.map_writer();
     // The writer's lock is held: the published view is the writer's state.
     if !d.map_view().has_partition(name) {
@@ -86,6 +132,11 @@ pub fn remove_partition(d: &Daemon, caller: &Caller, name: &str) -> Result<(), E
     .map_err(|e| internal("removing the partition", &e))?;
     tracing::info!(uid = caller.uid(), pid = caller.principal().pid(), partition = %name, "partition removed");
     Ok(())
+}
+
+/// A domain partition change etcd did not take (or this node could not ask).
+fn domain_refusal(name: &str, e: &crate::tasks::domain::GcError) -> ErrorBody {
+    refusal(ErrorCode::Unavailable, format!("domain partition {name}: {}", crate::error_chain(e)))
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use fabric_addrmap::{Listing, NodeUsage, RangeKind, Snapshot, TranslateError};
+use fabric_addrmap::{Listing, NodeUsage, RangeInfo, RangeKind, Snapshot, TranslateError};
+use fabric_domain::PartitionRecord;
 use fabric_proto::wire::{BoundedVec, ErrorBody, ErrorCode, TranslateQuery, TranslateResponse, Translation};
 use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, Inventory};
 
@@ -50,12 +51,42 @@ pub struct Caller {
     pub scope: Scope,
     /// The map and bindings the scope was resolved against.
     pub map: Arc<MapView>,
+    /// The domain's partitions that bind the caller (a domain node; see
+    /// [`Caller::bind_domain`]): their names are in `scope` too.
+    pub domain_partitions: Vec<PartitionRecord>,
 }
 
 impl Caller {
     /// `client` with the scope the current map view gives it.
     pub fn resolve(d: &Daemon, client: Arc<Client>) -> Self {
-        Self::resolve_in(d.map_view(), d.config.security.require_partition, client)
+        let mut caller = Self::resolve_in(d.map_view(), d.config.security.require_partition, client);
+        if let Some(domain) = &d.domain {
+            caller.bind_domain(domain.view().partitions());
+        }
+        caller
+    }
+
+    /// Adds the domain's partitions that bind a client who is no admin (`partitions/<name>`
+    /// records, defined in etcd for devices of any nodes): the client is bound to their
+    /// union with its node's own partitions.
+    pub fn bind_domain<'a>(&mut self, partitions: impl Iterator<Item = &'a PartitionRecord>) {
+        if self.client.admin {
+            return;
+        }
+        let p = &self.client.principal;
+        let groups = p.groups();
+        self.domain_partitions = partitions.filter(|r| r.binds(p.uid(), &groups)).cloned().collect();
+        if self.domain_partitions.is_empty() {
+            return;
+        }
+        let mut names: Vec<String> = match &self.scope {
+            Scope::Bound(b) => b.clone(),
+            _ => Vec::new(),
+        };
+        names.extend(self.domain_partitions.iter().map(|r| r.name.clone()));
+        names.sort_unstable();
+        names.dedup();
+        self.scope = Scope::Bound(names);
     }
 
     /// `client` with the scope `map`'s bindings give it (`require_partition`: whether a
@@ -74,7 +105,7 @@ impl Caller {
                 Scope::All
             }
         };
-        Self { client, scope, map }
+        Self { client, scope, map, domain_partitions: Vec::new() }
     }
 
     /// The address map this request sees.
@@ -136,6 +167,7 @@ impl Caller {
                 .iter()
                 .filter(|p| names.contains(&p.name))
                 .flat_map(|p| p.devices.iter().cloned())
+                .chain(self.domain_partitions.iter().flat_map(|p| p.devices.iter().cloned()))
                 .collect(),
         ))
     }
@@ -261,8 +293,13 @@ pub fn scoped_listing(snap: &Snapshot, members: &HashSet<DeviceId>) -> Listing {
             .filter(|s| s.members.iter().all(|m| members.contains(&m.device)))
             .map(|s| format!("set:{}", s.name)),
     );
-    let mut l = snap.listing();
-    l.ranges.retain(|r| owners.contains(&r.owner));
+    restrict_listing(snap.listing(), |r| owners.contains(&r.owner))
+}
+
+/// `l` with only the ranges `keep` accepts; totals and node usage are recomputed over
+/// what is left, and nodes with nothing left are dropped.
+pub fn restrict_listing(mut l: Listing, keep: impl Fn(&RangeInfo) -> bool) -> Listing {
+    l.ranges.retain(|r| keep(r));
     let mut nodes: Vec<NodeUsage> = Vec::new();
     for n in &l.nodes {
         let inside: Vec<_> = l.ranges.iter().filter(|r| r.start >= n.start && r.start - n.start < n.span).collect();
@@ -286,6 +323,23 @@ pub fn scoped_listing(snap: &Snapshot, members: &HashSet<DeviceId>) -> Listing {
     l.hole_bytes = l.ranges.iter().filter(|r| r.kind == RangeKind::Hole).map(|r| r.reserved).sum();
     l.high_water = l.ranges.iter().map(|r| r.start + r.reserved).max().unwrap_or(0);
     l
+}
+
+/// Whether a translation answer may be shown to a client whose partitions hold the
+/// devices `members` (identities as text): it names a member's resource (or the query
+/// named one), or says nothing is mapped there. Interleave sets and holes are not.
+pub fn visible(query: &TranslateQuery, t: &Translation, members: &HashSet<String>) -> bool {
+    let member = |device: &str| members.contains(device.split('#').next().unwrap_or(device));
+    match t {
+        Translation::Unmapped | Translation::NotInPartition | Translation::UnknownResource => true,
+        Translation::Resource { resource, set: None, .. } => member(resource.device.as_str()),
+        Translation::Remote { resource: Some(resource), set: None, .. } => member(resource.device.as_str()),
+        Translation::Gfa(_) => {
+            matches!(query, TranslateQuery::Resource { resource, .. } if member(resource.device.as_str()))
+        }
+        Translation::Hole { owner } => member(owner.as_str()),
+        Translation::Resource { .. } | Translation::Remote { .. } => false,
+    }
 }
 
 /// Answers translation queries through the views of `partitions` (their union): a GFA or

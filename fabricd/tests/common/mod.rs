@@ -2,6 +2,7 @@
 //! HGX sim fabric, and waits for its readiness datagram (`NOTIFY_SOCKET`).
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod domain;
 pub mod scrape;
 
 use std::os::unix::fs::PermissionsExt;

@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int};
 
 use super::{FMM_E_PROTOCOL, FmmSession, arg_err, class, class_code, fail, get, guard, req_str, set_error};
 use crate::ffi_path::fill;
-use crate::session::{Location, ResourceOffset};
+use crate::session::{Location, RemotePlace, ResourceOffset};
 
 /// `fmm_location_t.kind`: the GFA lands in a device's memory resource.
 pub const FMM_LOCATION_RESOURCE: c_int = 0;
@@ -18,6 +18,10 @@ pub const FMM_LOCATION_HOLE: c_int = 1;
 pub const FMM_LOCATION_UNMAPPED: c_int = 2;
 /// `fmm_location_t.kind`: mapped, but outside the caller's partition.
 pub const FMM_LOCATION_NOT_IN_PARTITION: c_int = 3;
+/// `fmm_location_t.kind`: in another node's slot of the domain; `node` names it, `live`
+/// says whether it is a live member, and `device` (empty for an interleave set's range or
+/// a hole of its slot), `memory_class`, `ordinal`, `set` and `offset` say where in its memory.
+pub const FMM_LOCATION_REMOTE: c_int = 4;
 /// The most GFAs one `fmm_translate` call takes (and resource offsets one `fmm_reverse`).
 pub const FMM_TRANSLATE_MAX: usize = 1024;
 /// `fmm_reverse`'s answer for a resource offset with no GFA the caller may see (never a
@@ -54,8 +58,15 @@ pub struct FmmLocation {
     /// `FMM_LOCATION_RESOURCE`: the byte offset in the resource; else 0.
     pub offset: u64,
     /// `FMM_LOCATION_RESOURCE`: the interleave set the address went through, empty when
+    /// none; `FMM_LOCATION_REMOTE`: the other node's set the range belongs to, empty when
     /// none. NUL-terminated (at most 64 bytes).
     pub set: [c_char; 65],
+    /// `FMM_LOCATION_REMOTE`: the node whose slot holds the address; else empty.
+    /// NUL-terminated (at most 64 bytes).
+    pub node: [c_char; 65],
+    /// `FMM_LOCATION_REMOTE`: 1 when that node is a live member now, 0 when it is gone (its
+    /// slot kept as a hole); else 0.
+    pub live: c_int,
 }
 
 fn c_location(l: &Location) -> Result<FmmLocation, c_int> {
@@ -66,6 +77,8 @@ fn c_location(l: &Location) -> Result<FmmLocation, c_int> {
         ordinal: 0,
         offset: 0,
         set: [0; 65],
+        node: [0; 65],
+        live: 0,
     };
     match l {
         Location::Resource { device, memory, ordinal, offset, set } => {
@@ -82,6 +95,24 @@ fn c_location(l: &Location) -> Result<FmmLocation, c_int> {
         }
         Location::Unmapped => {}
         Location::NotInPartition => c.kind = FMM_LOCATION_NOT_IN_PARTITION,
+        Location::Remote { node, live, place } => {
+            c.kind = FMM_LOCATION_REMOTE;
+            fill(&mut c.node, node)?;
+            c.live = c_int::from(*live);
+            match place {
+                RemotePlace::Resource { device, memory, ordinal, offset } => {
+                    fill(&mut c.device, device)?;
+                    c.memory_class = class_code(*memory);
+                    c.ordinal = *ordinal;
+                    c.offset = *offset;
+                }
+                RemotePlace::Set { set, offset } => {
+                    fill(&mut c.set, set)?;
+                    c.offset = *offset;
+                }
+                RemotePlace::Hole => {}
+            }
+        }
     }
     Ok(c)
 }
@@ -189,7 +220,16 @@ mod tests {
 
     #[test]
     fn translate_refuses_a_null_session_even_with_no_gfas() {
-        let mut out = [FmmLocation { kind: 9, device: [0; 257], memory_class: 0, ordinal: 0, offset: 0, set: [0; 65] }];
+        let mut out = [FmmLocation {
+            kind: 9,
+            device: [0; 257],
+            memory_class: 0,
+            ordinal: 0,
+            offset: 0,
+            set: [0; 65],
+            node: [0; 65],
+            live: 0,
+        }];
         // SAFETY: NULL session: refused before gfas or out are touched.
         assert_eq!(unsafe { fmm_translate(null(), [0u64].as_ptr(), 1, out.as_mut_ptr()) }, FMM_E_ARG);
         // SAFETY: as above.
@@ -224,6 +264,20 @@ mod tests {
         assert_eq!((hole.kind, text(&hole.device), hole.memory_class), (FMM_LOCATION_HOLE, "set:gone", -1));
         assert_eq!(c_location(&Location::Unmapped).unwrap().kind, FMM_LOCATION_UNMAPPED);
         assert_eq!(c_location(&Location::NotInPartition).unwrap().kind, FMM_LOCATION_NOT_IN_PARTITION);
+    }
+
+    #[test]
+    fn another_nodes_memory_names_the_node_and_where_in_it() {
+        let remote = |live, place| Location::Remote { node: "tray7".into(), live, place };
+        let hbm =
+            RemotePlace::Resource { device: "uuid:GPU-7".into(), memory: MemoryClass::Hbm, ordinal: 0, offset: 0x40 };
+        let c = c_location(&remote(true, hbm)).unwrap();
+        assert_eq!((c.kind, c.live, c.memory_class, c.offset), (FMM_LOCATION_REMOTE, 1, crate::ffi::FMM_MEM_HBM, 0x40));
+        assert_eq!((text(&c.node), text(&c.device), text(&c.set)), ("tray7", "uuid:GPU-7", ""));
+        let set = c_location(&remote(true, RemotePlace::Set { set: "cxl-region:7".into(), offset: 9 })).unwrap();
+        assert_eq!((text(&set.device), text(&set.set), set.offset, set.memory_class), ("", "cxl-region:7", 9, -1));
+        let gone = c_location(&remote(false, RemotePlace::Hole)).unwrap();
+        assert_eq!((gone.kind, gone.live, text(&gone.node), text(&gone.device)), (FMM_LOCATION_REMOTE, 0, "tray7", ""));
     }
 
     #[test]

@@ -48,13 +48,18 @@ pub fn daemon_with_config(extra: &str) -> Daemon {
 /// Starts fabricd on the sim fabric `sim` with `extra` appended to its config (e.g. a
 /// `[limits]` table) and `prepare` applied to its command (e.g. a `pre_exec`).
 pub fn daemon_with(sim: &Path, extra: &str, prepare: impl FnOnce(&mut Command)) -> Daemon {
+    daemon_on(sim, "", extra, prepare)
+}
+
+/// [`daemon_with`], with `discovery` added to its `[discovery]` table (e.g. `sim_node`).
+pub fn daemon_on(sim: &Path, discovery: &str, extra: &str, prepare: impl FnOnce(&mut Command)) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("fabricd.sock");
     let config = dir.path().join("fabricd.toml");
     std::fs::write(
         &config,
         format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n{extra}",
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n{discovery}\n[metrics]\nlisten = \"\"\n{extra}",
             socket.display().to_string(),
             dir.path().join("state").display().to_string(),
             sim.display().to_string()

@@ -114,26 +114,32 @@ fn authorized(d: &Daemon, cx: &Context<'_>, op: Operation) -> Result<Outcome, Er
 struct DaemonFacts<'a> {
     d: &'a Daemon,
     snap: Arc<Snapshot>,
+    /// The domain's partitions that bind the caller, as its scope was resolved.
+    domain_partitions: &'a [fabric_domain::PartitionRecord],
 }
 
 impl<'a> DaemonFacts<'a> {
-    fn new(d: &'a Daemon, caller: &Caller) -> Self {
-        Self { d, snap: caller.snapshot().clone() }
+    fn new(d: &'a Daemon, caller: &'a Caller) -> Self {
+        Self { d, snap: caller.snapshot().clone(), domain_partitions: &caller.domain_partitions }
     }
 }
 
 impl authz::Facts for DaemonFacts<'_> {
     fn partition_exists(&self, name: &str) -> bool {
         self.snap.state().partitions.iter().any(|p| p.name == name)
+            || self.domain_partitions.iter().any(|p| p.name == name)
     }
 
     fn members(&self, names: &[String]) -> HashSet<DeviceId> {
+        let domain = self.domain_partitions.iter().filter(|p| names.contains(&p.name)).flat_map(|p| p.devices.iter());
         self.snap
             .state()
             .partitions
             .iter()
             .filter(|p| names.contains(&p.name))
-            .flat_map(|p| p.devices.iter().cloned())
+            .flat_map(|p| p.devices.iter())
+            .chain(domain)
+            .cloned()
             .collect()
     }
 
@@ -172,12 +178,12 @@ fn run(
             let vanished = caller.vanished(d)?;
             Ok(Response::Status(ops::status_in(d, &v, &vanished)))
         })),
-        O::Topology { node } => {
-            answer(caller.view(d).and_then(|v| ops::topology_in(&v, node.as_deref())).map(Response::Topology))
-        }
-        O::Devices { node } => {
-            answer(caller.view(d).and_then(|v| ops::devices_in(&v, node.as_deref())).map(Response::Devices))
-        }
+        O::Topology { node } => answer(
+            ops::fabric_view(d, caller).and_then(|v| ops::topology_in(&v, node.as_deref())).map(Response::Topology),
+        ),
+        O::Devices { node } => answer(
+            ops::fabric_view(d, caller).and_then(|v| ops::devices_in(&v, node.as_deref())).map(Response::Devices),
+        ),
         O::Inventory { node } => answer(ops::inventory_in(d, caller, node.as_deref()).map(Response::Inventory)),
         O::Map { node } => answer(ops::map_listing_in(d, caller, node.as_deref()).map(Response::Map)),
         O::Translate { queries } => answer(ops::translate_in(d, caller, &queries, cx.version).map(Response::Translate)),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use fabric_domain::records::{RECORD_VERSION, Record};
 use fabric_domain::{
     DataPathKind, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
@@ -191,9 +191,11 @@ pub fn start(
         node_id,
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
+        fence: ArcSwap::from_pointee(joined.as_ref().map(|j| j.fence.clone())),
         client: ArcSwap::from_pointee(client),
         leadership: ArcSwap::from_pointee(None),
         map_changed: Notify::new(),
+        topology: ArcSwapOption::empty(),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
         link,

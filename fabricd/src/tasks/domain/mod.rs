@@ -1,5 +1,6 @@
 //! fabricd as a node of a domain (`docs/domain.md`): it joins at start ([`join`]), then a
-//! task on a small runtime of its own publishes this node's placements ([`publish`]),
+//! task on a small runtime of its own publishes this node's placements and topology
+//! ([`publish`]),
 //! watches the domain into a [`DomainView`] (`watch.rs`), campaigns for the domain's
 //! leader on each join's lease ([`Domain::leadership`]) and rejoins after a lost lease.
 //! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
@@ -14,20 +15,28 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use fabric_domain::{DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Leadership, RecordLimits};
+use arc_swap::{ArcSwap, ArcSwapOption};
+use fabric_domain::{
+    DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, Fence, Leadership, PartitionRecord,
+    RecordLimits, TopologyRecord,
+};
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
 pub use join::{JoinError, Starting};
 
-/// Why an admin's slot gc was not done.
+/// Why an admin's domain request (a slot gc, a partition change) was not done.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
-    /// This node holds no membership now (fenced, or etcd unreachable since start): it
-    /// has no client to ask etcd with.
-    #[error("this node is not joined to the domain; a gc needs a live membership")]
-    NotJoined,
+    /// This node holds no membership now: its lease was lost (etcd unreachable past a
+    /// renewal, or the lease expired), or etcd has not answered since start. It has no
+    /// client to ask etcd with, nor a fence to write under: a domain change waits until
+    /// the node rejoins.
+    #[error("etcd unavailable to this node ({standing}): domain changes wait until it rejoins")]
+    NotJoined {
+        /// The node's standing, with why (`fenced: lease lost: …`, `etcd unreachable: …`).
+        standing: String,
+    },
     /// etcd refused or did not answer.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
@@ -49,9 +58,9 @@ pub enum Standing {
 impl std::fmt::Display for Standing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Standing::Joined => f.write_str("joined"),
-            Standing::Fenced(why) => write!(f, "fenced ({why})"),
-            Standing::Unreachable(why) => write!(f, "not joined, etcd unreachable ({why})"),
+            Self::Joined => f.write_str("joined"),
+            Self::Fenced(why) => write!(f, "fenced: {why}"),
+            Self::Unreachable(why) => write!(f, "etcd unreachable: {why}"),
         }
     }
 }
@@ -81,12 +90,17 @@ pub struct Domain {
     node_id: fabric_proto::wire::NodeId,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
-    /// The client of the current join, for admin requests (gc).
+    /// The client of the current join, for admin requests (gc, partitions).
     client: ArcSwap<Option<DomainClient>>,
+    /// The fence of the current join, for admin writes (partitions); none while not joined.
+    fence: ArcSwap<Option<Fence>>,
     /// The current join's election (`fabric_domain::Election`); none while not joined.
     leadership: ArcSwap<Option<tokio::sync::watch::Receiver<Leadership>>>,
-    /// Told after each committed change of this node's map.
+    /// Told after each committed change of this node's map, and after each rescan.
     map_changed: Notify,
+    /// What this node publishes of its fabric (`topology/<node>`), made at start and at
+    /// each rescan; the task writes it with the join's incarnation.
+    topology: ArcSwapOption<TopologyRecord>,
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
@@ -175,17 +189,67 @@ impl Domain {
         self.map_changed.notify_one();
     }
 
+    /// Tells the domain task that this node's fabric is `fabric` now (at start, and after
+    /// a rescan that changed it); it writes the topology record. Never blocks.
+    pub fn fabric_changed(&self, fabric: &fabric_topology::Fabric) {
+        self.topology.store(Some(Arc::new(TopologyRecord::from_fabric(fabric, &self.config.node, 0))));
+        self.map_changed.notify_one();
+    }
+
+    /// The domain's fabric, merged from every node's topology record as this node's view
+    /// holds them (`fabric_domain::domain_fabric::merge`): the same on every node that saw
+    /// the same records.
+    pub fn inventory(&self) -> fabric_topology::Inventory {
+        fabric_domain::domain_fabric::merge(&self.view())
+    }
+
     /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
     /// Waits for etcd at most one request timeout.
     pub fn gc(&self, node: &str) -> Result<Option<u32>, GcError> {
-        let Some(client) = (*self.client.load_full()).clone() else { return Err(GcError::NotJoined) };
-        let (tx, rx) = std::sync::mpsc::channel();
+        let Some(client) = (*self.client.load_full()).clone() else { return Err(self.not_joined()) };
         let node = node.to_owned();
+        self.ask("slot gc", async move { client.gc_slot(&node).await })
+    }
+
+    /// Admin: writes the domain's partition `name` (`Some`) or deletes it (`None`) under
+    /// this node's fence, then waits (at most one request timeout) until this node's view
+    /// holds the change, so that the admin's next request sees it here.
+    pub fn set_partition(&self, name: &str, record: Option<&PartitionRecord>) -> Result<(), GcError> {
+        let (Some(client), Some(fence)) = ((*self.client.load_full()).clone(), (*self.fence.load_full()).clone())
+        else {
+            return Err(self.not_joined());
+        };
+        let key = client.keys().partition(name);
+        let value = record.map(fabric_domain::records::encode);
+        let revision = self.ask("partition write", async move {
+            match value {
+                Some(v) => client.put_fenced(&fence, key, v).await,
+                None => client.delete_fenced(&fence, key).await,
+            }
+        })?;
+        let deadline = std::time::Instant::now() + self.config.request_timeout();
+        while self.view().revision() < revision && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    fn not_joined(&self) -> GcError {
+        GcError::NotJoined { standing: self.status().standing.to_string() }
+    }
+
+    /// Runs `op` on the domain's runtime and waits for it at most two request timeouts.
+    fn ask<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        op: impl Future<Output = Result<T, EtcdError>> + Send + 'static,
+    ) -> Result<T, GcError> {
+        let (tx, rx) = std::sync::mpsc::channel();
         self.runtime.get().spawn(async move {
-            let _ = tx.send(client.gc_slot(&node).await);
+            let _ = tx.send(op.await);
         });
         let wait = self.config.request_timeout() * 2;
-        let r = rx.recv_timeout(wait).unwrap_or(Err(EtcdError::Timeout { op: "slot gc", after: wait }));
+        let r = rx.recv_timeout(wait).unwrap_or(Err(EtcdError::Timeout { op: what, after: wait }));
         if r.is_err() {
             self.etcd_errors.fetch_add(1, Ordering::Relaxed);
         }

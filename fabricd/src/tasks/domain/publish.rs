@@ -1,10 +1,11 @@
-//! This node's placements record (`placements/<node>`), made from a snapshot of its map,
-//! and its write, fenced by the node's membership (`fabric_domain::fence`): a node whose
-//! lease ended, or whose member key is another daemon's, writes nothing.
+//! This node's records: its placements (`placements/<node>`), made from a snapshot of its
+//! map, and its topology (`topology/<node>`, made by `Domain::fabric_changed`); their
+//! writes are fenced by the node's membership (`fabric_domain::fence`): a node whose lease
+//! ended, or whose member key is another daemon's, writes nothing.
 
 use fabric_addrmap::Snapshot;
 use fabric_addrmap::state::Presence;
-use fabric_domain::records::{self, RECORD_VERSION};
+use fabric_domain::records::{self, RECORD_VERSION, Record};
 use fabric_domain::{DomainClient, EtcdError, Fence, PlacedKind, PlacedRange, PlacementsRecord};
 
 /// The ranges of `node` in `snap`, by start.
@@ -54,14 +55,18 @@ pub fn record(snap: &Snapshot, node: &str, incarnation: u64, slot: u32, span: u6
     }
 }
 
-/// Writes `record` while `fence`'s membership holds. `Ok(false)`: it does not (the lease
-/// ended, or the member key is another membership's): nothing was written.
-pub async fn write(client: &DomainClient, fence: &Fence, record: &PlacementsRecord) -> Result<bool, EtcdError> {
-    let key = client.keys().placements(client.node());
-    match client.put_fenced(fence, key, records::encode(record)).await {
+/// Writes `record` at `key` while `fence`'s membership holds. `Ok(false)`: it does not
+/// (the lease ended, or the member key is another membership's): nothing was written.
+pub async fn write<R: Record>(
+    client: &DomainClient,
+    fence: &Fence,
+    key: String,
+    record: &R,
+) -> Result<bool, EtcdError> {
+    match client.put_fenced(fence, key.clone(), records::encode(record)).await {
         Ok(_) => Ok(true),
         Err(EtcdError::Fenced { reason, .. }) => {
-            tracing::warn!(%reason, "placements not written: this membership no longer holds");
+            tracing::warn!(%key, %reason, "record not written: this membership no longer holds");
             Ok(false)
         }
         Err(e) => Err(e),

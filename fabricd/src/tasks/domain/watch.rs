@@ -1,5 +1,6 @@
 //! The domain task: while joined, it reads the domain's prefix into a [`DomainView`],
-//! follows it with a watch, writes this node's placements after each map change and
+//! follows it with a watch, writes this node's placements after each map change (and its
+//! topology after each rescan) and
 //! probes etcd's round trip; each join campaigns for the domain's leader on its lease
 //! (an [`Election`] that lives as long as the join). When the lease is lost it stops every
 //! domain write and the campaign, says so, and rejoins (new lease, new incarnation, new
@@ -9,8 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fabric_domain::etcd_client::{EventType, GetOptions, WatchOptions};
-use fabric_domain::{DomainView, Election, EtcdError, LeaseState};
+use fabric_domain::etcd_client::{EventType, GetOptions};
+use fabric_domain::{DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
 
 use super::join::{self, Joined};
 use super::{Domain, Standing, publish};
@@ -54,6 +55,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
             },
         };
         domain.client.store(Arc::new(Some(j.client.clone())));
+        domain.fence.store(Arc::new(Some(j.fence.clone())));
         domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
         // One campaign per join: a session that ends with a broken watch keeps it.
         let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
@@ -71,6 +73,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
                 domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
                 domain.client.store(Arc::new(None));
+                domain.fence.store(Arc::new(None));
                 domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
                 // The campaign ends with the lease: leadership is unknown until a rejoin
                 // campaigns again.
@@ -111,25 +114,26 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     if let LeaseState::Lost(why) = j.lease.state() {
         return End::LeaseLost(why);
     }
-    let prefix = j.client.keys().prefix().to_owned();
-    let mut kv = j.client.raw();
-    let all = match j.client.call("domain read", kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await {
-        Ok(r) => r,
+    let (all, revision) = match j.client.read_domain().await {
+        Ok(read) => read,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
-    let revision = all.header().map_or(0, |h| h.revision());
-    let entries = all.kvs().iter().map(|e| (e.key(), e.value()));
+    let entries = all.iter().map(|e| (e.key(), e.value()));
     let mut view = DomainView::load(j.client.keys().clone(), Domain::limits(), entries, revision);
+    drop(all);
     domain.publish_view(view.clone());
-    let mut watcher = j.client.raw();
-    let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let mut stream = match j.client.call("domain watch", watcher.watch(prefix, Some(options))).await {
+    let mut stream = match j.client.watch_domain(revision + 1).await {
         Ok(s) => s,
         Err(e) => return End::Watch(crate::error_chain(&e)),
     };
-    let mut written: Option<fabric_domain::PlacementsRecord> = None;
-    if let Some(end) = placements(domain, j, reader, &mut written).await {
-        return end;
+    let mut published = Published::default();
+    // When a failed write is tried again: a deadline of the loop below, never a sleep
+    // inside it, so a lost lease is acted on at once meanwhile.
+    let mut retry: Option<tokio::time::Instant> = None;
+    match publish_records(domain, j, reader, &mut published).await {
+        Outcome::Done => {}
+        Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+        Outcome::Fenced(end) => return end,
     }
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -143,9 +147,19 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                     _ => {}
                 }
             }
-            () = domain.map_changed.notified() => {
-                if let Some(end) = placements(domain, j, reader, &mut written).await {
-                    return end;
+            () = domain.map_changed.notified(), if retry.is_none() => {
+                match publish_records(domain, j, reader, &mut published).await {
+                    Outcome::Done => {}
+                    Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Outcome::Fenced(end) => return end,
+                }
+            }
+            () = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
+                retry = None;
+                match publish_records(domain, j, reader, &mut published).await {
+                    Outcome::Done => {}
+                    Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
+                    Outcome::Fenced(end) => return end,
                 }
             }
             message = stream.message() => {
@@ -188,32 +202,83 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     }
 }
 
-/// Writes this node's placements when they differ from the last written.
-async fn placements(
+/// What publishing this node's records came to.
+enum Outcome {
+    /// Written, or nothing new to write.
+    Done,
+    /// etcd did not take a record: try again after a while (a change meanwhile is in the
+    /// map, which the retry reads).
+    Retry,
+    /// This membership no longer holds its member key: the session ends.
+    Fenced(End),
+}
+
+/// The records this session wrote last.
+#[derive(Default)]
+struct Published {
+    placements: Option<PlacementsRecord>,
+    topology: Option<TopologyRecord>,
+}
+
+/// Writes this node's placements and topology when they differ from the last written.
+async fn publish_records(
     domain: &Domain,
     j: &Joined,
     reader: &fabric_addrmap::Reader,
-    written: &mut Option<fabric_domain::PlacementsRecord>,
-) -> Option<End> {
+    published: &mut Published,
+) -> Outcome {
     let snap = reader.snapshot();
-    let record = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
-    if written.as_ref() == Some(&record) {
-        return None;
-    }
-    match publish::write(&j.client, &j.fence, &record).await {
-        Ok(true) => {
-            tracing::info!(generation = record.generation, ranges = record.ranges.len(), "placements published");
-            *written = Some(record);
-            None
+    let placements = publish::record(&snap, &domain.config.node, j.incarnation, domain.slot, domain.settings.node_span);
+    if published.placements.as_ref() != Some(&placements) {
+        let key = j.client.keys().placements(&domain.config.node);
+        match write(domain, j, key, &placements).await {
+            Outcome::Done => {
+                tracing::info!(
+                    generation = placements.generation,
+                    ranges = placements.ranges.len(),
+                    "placements published"
+                );
+                published.placements = Some(placements);
+            }
+            other => return other,
         }
-        Ok(false) => Some(End::LeaseLost("this membership no longer holds its member key".to_owned())),
+    }
+    let Some(made) = domain.topology.load_full() else { return Outcome::Done };
+    let topology = TopologyRecord { incarnation: j.incarnation, ..(*made).clone() };
+    if published.topology.as_ref() != Some(&topology) {
+        let encoded = fabric_domain::records::encode(&topology).len();
+        let bound = Domain::limits().max_bytes();
+        if encoded > bound {
+            // Every other node would refuse it: say so here, once per change.
+            tracing::warn!(
+                bytes = encoded,
+                bound,
+                "topology record too large to publish; the domain shows no topology of this node"
+            );
+            published.topology = Some(topology);
+            return Outcome::Done;
+        }
+        let key = j.client.keys().topology(&domain.config.node);
+        match write(domain, j, key, &topology).await {
+            Outcome::Done => {
+                tracing::info!(devices = topology.devices.len(), links = topology.links.len(), "topology published");
+                published.topology = Some(topology);
+            }
+            other => return other,
+        }
+    }
+    Outcome::Done
+}
+
+/// One fenced write of `record` at `key`.
+async fn write<R: fabric_domain::records::Record>(domain: &Domain, j: &Joined, key: String, record: &R) -> Outcome {
+    match publish::write(&j.client, &j.fence, key, record).await {
+        Ok(true) => Outcome::Done,
+        Ok(false) => Outcome::Fenced(End::LeaseLost("this membership no longer holds its member key".to_owned())),
         Err(e) => {
-            // Retried at the next map change or session; the watch session goes on.
-            tracing::warn!(error = %crate::error_chain(&e), "cannot publish placements");
+            tracing::warn!(error = %crate::error_chain(&e), "cannot publish this node's records; retrying");
             domain.etcd_failed();
-            domain.map_changed();
-            tokio::time::sleep(domain.config.keepalive_interval()).await;
-            None
+            Outcome::Retry
         }
     }
 }

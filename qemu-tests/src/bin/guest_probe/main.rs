@@ -85,11 +85,25 @@ fn main() -> ExitCode {
     let (Some(op), Some(path), Some(len), Some(seed)) =
         (args.get(1), args.get(2), args.get(3).and_then(|s| parse(s)), args.get(4).and_then(|s| parse(s)))
     else {
-        eprintln!("usage: fabric-guest-probe fill|check PATH LEN SEED");
+        eprintln!("usage: fabric-guest-probe fill|check PATH LEN SEED [ORIGIN]");
+        return ExitCode::from(2);
+    };
+    // ORIGIN: where in the file the patterned bytes start (a region's offset in a DAX
+    // device); the pattern's offsets count from there. 0 when absent.
+    let origin = match args.get(5).map(|s| parse(s)) {
+        None => 0,
+        Some(Some(o)) => o,
+        Some(None) => {
+            eprintln!("ORIGIN {:?} is not a number", args[5]);
+            return ExitCode::from(2);
+        }
+    };
+    let Some(end) = origin.checked_add(len) else {
+        eprintln!("ORIGIN + LEN overflows");
         return ExitCode::from(2);
     };
     // The mapping is libfabric-mm's: the library's device-memory path under test.
-    let map = match fabric_mm::device::DeviceMapping::open(std::path::Path::new(path), len as usize) {
+    let map = match fabric_mm::device::DeviceMapping::open(std::path::Path::new(path), end as usize) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
@@ -105,18 +119,18 @@ fn main() -> ExitCode {
                 for (i, w) in buf[..n].chunks_exact_mut(8).enumerate() {
                     w.copy_from_slice(&pattern::word(seed, at + i as u64 * 8).to_le_bytes());
                 }
-                if let Err(e) = map.write(at as usize, &buf[..n]) {
+                if let Err(e) = map.write((origin + at) as usize, &buf[..n]) {
                     eprintln!("{e}");
                     return ExitCode::from(2);
                 }
             }
-            println!("filled {len:#x} bytes of {path} with seed {seed:#x}");
+            println!("filled {len:#x} bytes of {path} at {origin:#x} with seed {seed:#x}");
             ExitCode::SUCCESS
         }
         "check" => {
             for at in (0..len).step_by(CHUNK as usize) {
                 let n = CHUNK.min(len - at) as usize;
-                if let Err(e) = map.read(at as usize, &mut buf[..n]) {
+                if let Err(e) = map.read((origin + at) as usize, &mut buf[..n]) {
                     eprintln!("{e}");
                     return ExitCode::from(2);
                 }
@@ -125,12 +139,12 @@ fn main() -> ExitCode {
                     let got = u64::from_le_bytes(w.try_into().unwrap_or_default());
                     let want = pattern::word(seed, off);
                     if got != want {
-                        eprintln!("{path}: offset {off:#x}: {got:#018x}, expected {want:#018x}");
+                        eprintln!("{path}: offset {:#x}: {got:#018x}, expected {want:#018x}", origin + off);
                         return ExitCode::from(1);
                     }
                 }
             }
-            println!("checked {len:#x} bytes of {path} with seed {seed:#x}");
+            println!("checked {len:#x} bytes of {path} at {origin:#x} with seed {seed:#x}");
             ExitCode::SUCCESS
         }
         _ => {

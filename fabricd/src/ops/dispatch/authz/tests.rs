@@ -104,7 +104,12 @@ fn caller(kind: Kind) -> Caller {
         Kind::Unbound => Scope::Unbound,
     };
     let map = fabric_addrmap::AddressMap::new(fabric_addrmap::MapConfig::default()).unwrap().snapshot();
-    Caller { client, scope, map: Arc::new(crate::store::MapView { map, bindings: Arc::new(Vec::new()) }) }
+    Caller {
+        client,
+        scope,
+        map: Arc::new(crate::store::MapView { map, bindings: Arc::new(Vec::new()) }),
+        domain_partitions: Vec::new(),
+    }
 }
 
 fn place(n: u8) -> Place {

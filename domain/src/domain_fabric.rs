@@ -1,0 +1,309 @@
+//! The domain's one topology: every node's `topology/<node>` record merged into one
+//! [`Inventory`], which the topology crate indexes and classifies exactly as it does one
+//! host's (NV18 between trays through the fabric switches, `NET` between live members
+//! with no memory fabric between them). A pure function of the [`DomainView`].
+
+use std::collections::HashSet;
+
+use fabric_topology::{
+    BackendReport, Bandwidth, DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DOMAIN_NODE_LIVE, Device, DeviceIdx, FAILED_ATTR,
+    Inventory, Link, LinkState, MemoryResource,
+};
+
+use crate::topology::{self, TopologyRecord};
+use crate::view::DomainView;
+
+/// The backend name the merged inventory reports itself under.
+pub const DOMAIN_BACKEND: &str = "domain";
+
+/// Merges the topology records of `view` into one inventory, node by node in name order.
+///
+/// - A node's devices carry [`DOMAIN_NODE_ATTR`]: `live` while its member key lives,
+///   `down` once it is gone; a node that is down also has [`FAILED_ATTR`] on its devices
+///   and its links marked down (its memory cannot be reached), but stays listed.
+/// - Fabric-level switches published by several nodes are one device; a link between two
+///   of them is kept once.
+/// - A record that names a device another node already published (or a node's device
+///   under a fabric switch's identity, or a shared switch of another kind) is refused
+///   whole, with the reason in the `domain` backend report's notes: the first publisher
+///   keeps it, the map of the others is never changed by it.
+pub fn merge(view: &DomainView) -> Inventory {
+    let mut inv = Inventory::new();
+    let mut report = BackendReport::present(DOMAIN_BACKEND);
+    let mut fabric_links: HashSet<(DeviceIdx, DeviceIdx, &'static str)> = HashSet::new();
+    for node in view.nodes() {
+        let Some(record) = view.topology(node.name) else { continue };
+        if let Err(why) = conflict(&inv, record) {
+            tracing::warn!(node = node.name, %why, "topology record not merged");
+            report.note_unknown(format!("topology/{}: {why}", node.name));
+            continue;
+        }
+        let live = node.member.is_some();
+        let indexes = add_devices(&mut inv, record, live);
+        for l in &record.links {
+            let (Some(a), Some(b)) = (topology::end(&indexes, l.a), topology::end(&indexes, l.b)) else { continue };
+            let shared = record.device(l.a).is_some_and(|d| d.fabric) && record.device(l.b).is_some_and(|d| d.fabric);
+            if shared && !fabric_links.insert((a.min(b), a.max(b), l.kind.name())) {
+                continue;
+            }
+            let bandwidth = Bandwidth { current_mbps: l.current_mbps, max_mbps: l.max_mbps };
+            let mut link = Link::new(a, b, l.kind, bandwidth, l.latency_ns);
+            link.state = if live || shared { l.state } else { LinkState::Down };
+            inv.add_link(link);
+        }
+        report.devices += record.devices.iter().filter(|d| !d.fabric).count();
+    }
+    inv.backends.push(report);
+    inv
+}
+
+/// Why `record` cannot join `inv`, if it cannot.
+fn conflict(inv: &Inventory, record: &TopologyRecord) -> Result<(), String> {
+    for d in &record.devices {
+        let Some(i) = inv.find(&d.id) else { continue };
+        let held = inv.device(i);
+        let same_switch = d.fabric && held.node.is_none() && held.kind == d.kind;
+        if !same_switch {
+            let by = held.node.as_deref().map_or_else(|| "the fabric".to_owned(), |n| format!("node {n}"));
+            return Err(format!("device {} is already published by {by}", d.id));
+        }
+    }
+    Ok(())
+}
+
+fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> Vec<DeviceIdx> {
+    let mut indexes = Vec::with_capacity(record.devices.len());
+    for d in &record.devices {
+        let mut device = Device::new(d.id.clone(), d.kind, (!d.fabric).then_some(record.node.as_str()));
+        device.name = d.name.clone();
+        device.sources.push(DOMAIN_BACKEND.to_owned());
+        device.memory = d
+            .memory
+            .iter()
+            .map(|m| MemoryResource { kind: m.kind, size: m.size, hpa: None, numa_node: None })
+            .collect();
+        if !d.fabric {
+            let state = if live { DOMAIN_NODE_LIVE } else { DOMAIN_NODE_DOWN };
+            device.attrs.insert(DOMAIN_NODE_ATTR.to_owned(), state.to_owned());
+            if !live {
+                device.attrs.insert(FAILED_ATTR.to_owned(), format!("node {} is down", record.node));
+            }
+        }
+        // `conflict` let through only new identities and shared switches, which resolve
+        // to the switch already there.
+        match inv.add_device(device) {
+            Ok(i) => indexes.push(i),
+            Err(_) => break,
+        }
+    }
+    indexes
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_topology::{DeviceId, DeviceKind, Fabric, HopClass, LinkKind, LinkState, MemoryKind, PciAddress};
+
+    use super::*;
+    use crate::records::{
+        DataPathKind, DomainSettings, Keys, MemberRecord, RECORD_VERSION, RecordLimits, SlotClaim, encode,
+    };
+    use crate::topology::{TopologyDevice, TopologyLink};
+
+    /// A tray of the supernode: two GPUs, each 18 NVLinks to the same two fabric switches
+    /// (9 to each), a NIC on the rail network (fabric-level leaf).
+    fn tray(node: &str) -> TopologyRecord {
+        let dev = |id: DeviceId, kind, fabric| TopologyDevice { id, kind, name: None, fabric, memory: vec![] };
+        let mut devices = vec![
+            dev(DeviceId::named(node, "numa0"), DeviceKind::Cpu, false),
+            dev(DeviceId::uuid(&format!("GPU-{node}-0")), DeviceKind::Gpu, false),
+            dev(DeviceId::uuid(&format!("GPU-{node}-1")), DeviceKind::Gpu, false),
+            dev(DeviceId::named("fabric", "nvsw0"), DeviceKind::NvSwitch, true),
+            dev(DeviceId::named("fabric", "nvsw1"), DeviceKind::NvSwitch, true),
+        ];
+        devices[1].memory.push(topology::TopologyMemory { kind: MemoryKind::Hbm, size: 1 << 30 });
+        let link = |a, b, kind| TopologyLink {
+            a,
+            b,
+            kind,
+            current_mbps: Some(450_000),
+            max_mbps: Some(450_000),
+            latency_ns: None,
+            state: LinkState::Up,
+        };
+        let nv = LinkKind::NvLink { generation: 5, count: 9 };
+        let links = vec![
+            link(0, 1, LinkKind::C2c),
+            link(0, 2, LinkKind::C2c),
+            link(1, 3, nv),
+            link(1, 4, nv),
+            link(2, 3, nv),
+            link(2, 4, nv),
+            link(3, 4, LinkKind::NvLink { generation: 5, count: 1 }),
+        ];
+        TopologyRecord { version: RECORD_VERSION, node: node.into(), incarnation: 1, devices, links }
+    }
+
+    /// A host with no memory fabric shared with anyone: a GPU under a host bridge.
+    fn island(node: &str) -> TopologyRecord {
+        let addr: PciAddress = "0000:17:00.0".parse().unwrap();
+        let devices = vec![
+            TopologyDevice {
+                id: DeviceId::named(node, "pci0000:00"),
+                kind: DeviceKind::HostBridge,
+                name: None,
+                fabric: false,
+                memory: vec![],
+            },
+            TopologyDevice {
+                id: DeviceId::pci(node, addr),
+                kind: DeviceKind::Gpu,
+                name: None,
+                fabric: false,
+                memory: vec![],
+            },
+        ];
+        let pcie =
+            LinkKind::Pcie { gen_current: Some(5), width_current: Some(16), gen_max: Some(5), width_max: Some(16) };
+        let links = vec![TopologyLink {
+            a: 0,
+            b: 1,
+            kind: pcie,
+            current_mbps: None,
+            max_mbps: None,
+            latency_ns: None,
+            state: LinkState::Up,
+        }];
+        TopologyRecord { version: RECORD_VERSION, node: node.into(), incarnation: 1, devices, links }
+    }
+
+    fn member(name: &str) -> Vec<u8> {
+        encode(&MemberRecord {
+            version: RECORD_VERSION,
+            name: name.into(),
+            incarnation: 1,
+            peer_address: "127.0.0.1:7400".into(),
+            capabilities: vec![],
+            groups: vec![],
+            software: "0.1.0".into(),
+            node_id: None,
+        })
+    }
+
+    /// A view of `records`; the nodes named in `down` have no member key.
+    fn view(records: &[TopologyRecord], down: &[&str]) -> DomainView {
+        let k = Keys::new("d");
+        let mut entries =
+            vec![(k.settings(), encode(&DomainSettings::new(57, 1 << 40, vec![DataPathKind::SharedFile])))];
+        for (slot, r) in records.iter().enumerate() {
+            entries.push((k.slot(slot as u32), encode(&SlotClaim::new(slot as u32, &r.node))));
+            entries.push((k.topology(&r.node), encode(r)));
+            if !down.contains(&r.node.as_str()) {
+                entries.push((k.member(&r.node), member(&r.node)));
+            }
+        }
+        DomainView::load(k, RecordLimits::default(), entries.iter().map(|(a, b)| (a.as_bytes(), b.as_slice())), 3)
+    }
+
+    fn class(f: &Fabric, a: &DeviceId, b: &DeviceId) -> HopClass {
+        f.classify(f.inventory().find(a).unwrap(), f.inventory().find(b).unwrap())
+    }
+
+    #[test]
+    fn trays_share_the_fabric_switches_and_an_island_is_net() {
+        let v = view(&[tray("tray0"), tray("tray1"), island("host9")], &[]);
+        assert!(v.refused().is_empty(), "{:?}", v.refused());
+        let inv = merge(&v);
+        assert_eq!(inv.count(DeviceKind::NvSwitch), 2, "one switch however many publish it");
+        let shared = |k: &str| inv.links.iter().filter(|l| l.kind.name() == k).count();
+        assert_eq!(shared("nvlink"), 4 + 4 + 1, "the switch-to-switch link once");
+        let f = Fabric::build(inv).unwrap();
+        let g = |n: &str, i: u8| DeviceId::uuid(&format!("GPU-{n}-{i}"));
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray1", 1)), HopClass::Nv(18), "through the fabric switches");
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray0", 1)), HopClass::Nv(18));
+        let island_gpu = DeviceId::pci("host9", "0000:17:00.0".parse().unwrap());
+        assert_eq!(class(&f, &g("tray0", 0), &island_gpu), HopClass::Net, "no memory fabric: the network");
+        let gpu = f.inventory().find(&g("tray1", 0)).unwrap();
+        assert_eq!(f.device(gpu).memory[0].size, 1 << 30);
+        assert_eq!(f.device(gpu).node.as_deref(), Some("tray1"));
+        assert_eq!(f.device(gpu).attrs.get(DOMAIN_NODE_ATTR).map(String::as_str), Some(DOMAIN_NODE_LIVE));
+    }
+
+    #[test]
+    fn a_node_that_is_down_is_listed_and_marked_but_not_reached() {
+        let v = view(&[tray("tray0"), tray("tray1"), island("host9")], &["tray1"]);
+        let f = Fabric::build(merge(&v)).unwrap();
+        let g = |n: &str, i: u8| DeviceId::uuid(&format!("GPU-{n}-{i}"));
+        let gone = f.inventory().find(&g("tray1", 0)).unwrap();
+        assert_eq!(f.device(gone).attrs.get(DOMAIN_NODE_ATTR).map(String::as_str), Some(DOMAIN_NODE_DOWN));
+        assert!(f.device(gone).attrs.contains_key(FAILED_ATTR));
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray1", 0)), HopClass::None);
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray0", 1)), HopClass::Nv(18), "the live trays keep their switches");
+        let island_gpu = DeviceId::pci("host9", "0000:17:00.0".parse().unwrap());
+        assert_eq!(class(&f, &island_gpu, &g("tray1", 1)), HopClass::None);
+    }
+
+    #[test]
+    fn a_record_that_claims_another_nodes_device_is_refused_whole() {
+        let mut thief = tray("tray2");
+        thief.devices[1].id = DeviceId::uuid("GPU-tray0-0");
+        let mut imposter = tray("tray9");
+        // A shared switch of another kind under a switch's identity.
+        imposter.devices[3].kind = DeviceKind::NetworkSwitch;
+        let v = view(&[tray("tray0"), thief, imposter], &[]);
+        let inv = merge(&v);
+        let report = inv.backends.iter().find(|b| b.backend == DOMAIN_BACKEND).unwrap();
+        assert_eq!(report.unknown.len(), 2, "{:?}", report.unknown);
+        assert!(
+            report.unknown[0].contains("tray2") && report.unknown[0].contains("node tray0"),
+            "{:?}",
+            report.unknown
+        );
+        assert!(
+            report.unknown[1].contains("tray9") && report.unknown[1].contains("the fabric"),
+            "{:?}",
+            report.unknown
+        );
+        assert_eq!(report.devices, 3, "tray0's devices only");
+        let f = Fabric::build(inv).unwrap();
+        assert_eq!(f.nodes(), ["tray0"]);
+        let gpu = f.inventory().find(&DeviceId::uuid("GPU-tray0-0")).unwrap();
+        assert_eq!(f.device(gpu).node.as_deref(), Some("tray0"));
+    }
+
+    proptest::proptest! {
+        /// Any bytes under a topology or partition key are applied or refused, never
+        /// panic, and a refusal leaves the merged fabric as it was.
+        #[test]
+        fn hostile_values_never_poison_the_merge(
+            which in 0usize..3,
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+        ) {
+            let mut v = view(&[tray("tray0"), tray("tray1")], &[]);
+            let before = merge(&v);
+            let k = Keys::new("d");
+            let key = [k.topology("tray0"), k.topology("tray9"), k.partition("p")][which].clone();
+            if v.apply(key.as_bytes(), Some(&bytes), 9).is_err() {
+                let after = merge(&v);
+                proptest::prop_assert_eq!(after.devices, before.devices);
+                proptest::prop_assert_eq!(after.links, before.links);
+                proptest::prop_assert!(v.refused().contains_key(&key));
+            }
+        }
+    }
+
+    #[test]
+    fn records_enter_the_view_only_for_slot_holders_under_their_own_key() {
+        let mut v = view(&[tray("tray0")], &[]);
+        let k = Keys::new("d");
+        let err = v.apply(k.topology("tray1").as_bytes(), Some(&encode(&tray("tray0"))), 4).unwrap_err();
+        assert!(err.contains("under the key"), "{err}");
+        let err = v.apply(k.topology("tray1").as_bytes(), Some(&encode(&tray("tray1"))), 4).unwrap_err();
+        assert!(err.contains("holds no slot"), "{err}");
+        let err = v.apply(k.topology("tray0").as_bytes(), Some(b"{\"version\":1"), 4).unwrap_err();
+        assert!(err.contains("truncated"), "{err}");
+        assert!(v.topology("tray0").is_some(), "a refused value leaves the record as it was");
+        v.apply(k.slot(0).as_bytes(), None, 5).unwrap();
+        assert!(v.topology("tray0").is_none(), "a freed slot takes the topology with it");
+        assert!(merge(&v).devices.is_empty());
+    }
+}

@@ -1,0 +1,349 @@
+//! `topology/<node>`: what a node publishes of its inventory for the domain's one
+//! topology — its devices (identity, kind, memory), the links among them and to the
+//! fabric-level switches it reaches — with its strict checks. [`crate::domain_fabric`]
+//! merges every node's record into one inventory, classified by the topology crate.
+
+use std::collections::HashSet;
+
+use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, LinkKind, LinkState, MemoryKind};
+use serde::{Deserialize, Serialize};
+
+use crate::records::{RECORD_VERSION, Record, RecordError, check_node_name, invalid};
+
+/// Most devices one node's topology record lists.
+pub const MAX_TOPOLOGY_DEVICES: usize = 1024;
+/// Most links one node's topology record lists.
+pub const MAX_TOPOLOGY_LINKS: usize = 4096;
+/// Most memory resources one device lists.
+pub const MAX_DEVICE_MEMORY: usize = 16;
+/// Longest device identity.
+pub const MAX_DEVICE_ID_LEN: usize = 256;
+/// Longest device name.
+pub const MAX_DEVICE_NAME_LEN: usize = 128;
+
+/// `topology/<node>`: the node's part of the domain's topology, written after discovery
+/// and after each rescan that changes it (a fenced write, no lease: like the placements, it
+/// outlives the daemon, so a node that is down is still shown, marked so).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyRecord {
+    /// Format version.
+    pub version: u32,
+    /// The node.
+    pub node: String,
+    /// Its incarnation when it wrote this record.
+    pub incarnation: u64,
+    /// Its devices, then the fabric-level switches they link to; identities unique.
+    pub devices: Vec<TopologyDevice>,
+    /// Links among them; ends index `devices`.
+    pub links: Vec<TopologyLink>,
+}
+
+/// One device of a node's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyDevice {
+    /// Stable identity.
+    pub id: DeviceId,
+    /// What it is.
+    pub kind: DeviceKind,
+    /// Display name (model), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A fabric-level switch, of no node: several nodes publish it, the domain holds one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fabric: bool,
+    /// The memory it exposes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<TopologyMemory>,
+}
+
+/// A memory resource of a device: its kind and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyMemory {
+    /// Kind of memory.
+    pub kind: MemoryKind,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// A link between two devices of the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyLink {
+    /// One end (upstream for hierarchical kinds): an index into the record's devices.
+    pub a: u32,
+    /// The other end.
+    pub b: u32,
+    /// Kind and kind-specific shape (NVLink generation and count, ...).
+    pub kind: LinkKind,
+    /// Per-direction bandwidth now, MB/s, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_mbps: Option<u64>,
+    /// Per-direction bandwidth the link is built for, MB/s, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mbps: Option<u64>,
+    /// One-way latency, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u32>,
+    /// Up, degraded or down.
+    pub state: LinkState,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The kinds a fabric-level device may be: switches shared by nodes.
+pub fn is_fabric_switch(kind: DeviceKind) -> bool {
+    matches!(kind, DeviceKind::NvSwitch | DeviceKind::UalinkSwitch | DeviceKind::CxlSwitch | DeviceKind::NetworkSwitch)
+}
+
+impl TopologyRecord {
+    /// The record of `node` in `fabric`: the node's devices (all but storage controllers and
+    /// other functions without memory, which no path passes through and no matrix shows),
+    /// the fabric-level switches (devices of no node), and the links among them.
+    pub fn from_fabric(fabric: &Fabric, node: &str, incarnation: u64) -> Self {
+        let mut index: Vec<Option<u32>> = vec![None; fabric.len()];
+        let mut devices = Vec::new();
+        for (i, d) in fabric.inventory().devices.iter().enumerate() {
+            let own = d.node.as_deref() == Some(node)
+                && (!matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty());
+            let shared = d.node.is_none() && is_fabric_switch(d.kind);
+            if !(own || shared) || devices.len() >= MAX_TOPOLOGY_DEVICES {
+                continue;
+            }
+            index[i] = u32::try_from(devices.len()).ok();
+            devices.push(TopologyDevice {
+                id: d.id.clone(),
+                kind: d.kind,
+                name: d
+                    .name
+                    .as_ref()
+                    .map(|n| n.chars().filter(|c| !c.is_control()).take(MAX_DEVICE_NAME_LEN).collect()),
+                fabric: shared,
+                memory: d
+                    .memory
+                    .iter()
+                    .take(MAX_DEVICE_MEMORY)
+                    .map(|m| TopologyMemory { kind: m.kind, size: m.size })
+                    .collect(),
+            });
+        }
+        let links = fabric
+            .inventory()
+            .links
+            .iter()
+            .filter_map(|l| {
+                let (a, b) = (index[l.a.get()]?, index[l.b.get()]?);
+                Some(TopologyLink {
+                    a,
+                    b,
+                    kind: l.kind,
+                    current_mbps: l.bandwidth.current_mbps,
+                    max_mbps: l.bandwidth.max_mbps,
+                    latency_ns: l.latency_ns,
+                    state: l.state,
+                })
+            })
+            .take(MAX_TOPOLOGY_LINKS)
+            .collect();
+        Self { version: RECORD_VERSION, node: node.to_owned(), incarnation, devices, links }
+    }
+
+    /// The device a link end names.
+    pub fn device(&self, end: u32) -> Option<&TopologyDevice> {
+        self.devices.get(usize::try_from(end).ok()?)
+    }
+
+    fn check(&self) -> Result<(), RecordError> {
+        check_node_name("node", &self.node)?;
+        if self.incarnation == 0 {
+            return Err(invalid("incarnation", "0 is not an incarnation".into()));
+        }
+        if self.devices.len() > MAX_TOPOLOGY_DEVICES {
+            return Err(invalid("devices", format!("more than {MAX_TOPOLOGY_DEVICES}")));
+        }
+        if self.links.len() > MAX_TOPOLOGY_LINKS {
+            return Err(invalid("links", format!("more than {MAX_TOPOLOGY_LINKS}")));
+        }
+        let mut ids = HashSet::with_capacity(self.devices.len());
+        for d in &self.devices {
+            if d.id.as_str().len() > MAX_DEVICE_ID_LEN {
+                return Err(invalid("devices.id", format!("longer than {MAX_DEVICE_ID_LEN} bytes")));
+            }
+            if d.name.as_ref().is_some_and(|n| n.len() > MAX_DEVICE_NAME_LEN || n.chars().any(char::is_control)) {
+                return Err(invalid(
+                    "devices.name",
+                    format!("{}: more than {MAX_DEVICE_NAME_LEN} bytes, or control characters", d.id),
+                ));
+            }
+            if !ids.insert(&d.id) {
+                return Err(invalid("devices.id", format!("{} is listed twice", d.id)));
+            }
+            if d.fabric && !is_fabric_switch(d.kind) {
+                return Err(invalid("devices.fabric", format!("{} is no switch; only switches are shared", d.id)));
+            }
+            if !d.fabric && d.id.as_str().starts_with("name:fabric/") {
+                return Err(invalid("devices.fabric", format!("{} names the fabric, not a node", d.id)));
+            }
+            if d.memory.len() > MAX_DEVICE_MEMORY {
+                return Err(invalid("devices.memory", format!("{} lists more than {MAX_DEVICE_MEMORY}", d.id)));
+            }
+            if d.memory.iter().try_fold(0u64, |sum, m| sum.checked_add(m.size)).is_none() {
+                return Err(invalid("devices.memory", format!("{}: sizes add up beyond 2^64", d.id)));
+            }
+        }
+        for l in &self.links {
+            let len = self.devices.len();
+            if self.device(l.a).is_none() || self.device(l.b).is_none() || l.a == l.b {
+                return Err(invalid("links", format!("{} - {} does not join two of the {len} devices", l.a, l.b)));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Record for TopologyRecord {
+    fn validate(&self) -> Result<(), RecordError> {
+        self.check()
+    }
+}
+
+/// A link end as an index of the merged inventory (`end` was checked in range).
+pub(crate) fn end(indexes: &[DeviceIdx], end: u32) -> Option<DeviceIdx> {
+    indexes.get(usize::try_from(end).ok()?).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_topology::{Bandwidth, Device, Inventory, Link, MemoryResource};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::records::{RecordLimits, decode, encode};
+
+    /// A tray: a CPU, a GPU with HBM on NVLink to a fabric switch, an NVMe drive.
+    pub(crate) fn tray(node: &str) -> Fabric {
+        let mut inv = Inventory::new();
+        let cpu = inv.add_device(Device::new(DeviceId::named(node, "numa0"), DeviceKind::Cpu, Some(node))).unwrap();
+        let mut gpu = Device::new(DeviceId::uuid(&format!("GPU-{node}")), DeviceKind::Gpu, Some(node));
+        gpu.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1 << 30, hpa: None, numa_node: None });
+        let gpu = inv.add_device(gpu).unwrap();
+        let nvme =
+            inv.add_device(Device::new(DeviceId::named(node, "nvme0"), DeviceKind::Storage, Some(node))).unwrap();
+        let sw = inv.add_device(Device::new(DeviceId::named("fabric", "nvsw0"), DeviceKind::NvSwitch, None)).unwrap();
+        inv.add_link(Link::new(cpu, gpu, LinkKind::C2c, Bandwidth::full(450_000), None));
+        inv.add_link(Link::new(cpu, nvme, LinkKind::HostAttach, Bandwidth::default(), None));
+        inv.add_link(Link::new(gpu, sw, LinkKind::NvLink { generation: 5, count: 18 }, Bandwidth::full(900_000), None));
+        Fabric::build(inv).unwrap()
+    }
+
+    #[test]
+    fn a_node_publishes_its_devices_and_the_fabric_switches() {
+        let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let ids: Vec<&str> = record.devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["name:tray0/numa0", "uuid:GPU-tray0", "name:fabric/nvsw0"]);
+        assert!(record.devices[2].fabric && !record.devices[1].fabric);
+        assert_eq!(record.devices[1].memory, [TopologyMemory { kind: MemoryKind::Hbm, size: 1 << 30 }]);
+        assert_eq!(record.links.len(), 2, "the drive's link goes with the drive");
+        let limits = RecordLimits::default();
+        assert_eq!(decode::<TopologyRecord>(&encode(&record), limits), Ok(record.clone()));
+        assert!(TopologyRecord::from_fabric(&tray("tray0"), "tray1", 3).devices.iter().all(|d| d.fabric));
+    }
+
+    #[test]
+    fn hostile_records_are_refused_with_the_field() {
+        let limits = RecordLimits::default();
+        let good = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let field = |r: &TopologyRecord| match decode::<TopologyRecord>(&encode(r), limits) {
+            Err(RecordError::Invalid { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        let mut r = good.clone();
+        r.devices[1].name = Some("GPU\n0".into());
+        assert_eq!(field(&r), "devices.name");
+        let mut r = good.clone();
+        r.incarnation = 0;
+        assert_eq!(field(&r), "incarnation");
+        let mut r = good.clone();
+        r.devices.push(r.devices[0].clone());
+        assert_eq!(field(&r), "devices.id");
+        let mut r = good.clone();
+        r.devices[1].fabric = true;
+        assert_eq!(field(&r), "devices.fabric");
+        let mut r = good.clone();
+        r.devices[2].fabric = false;
+        assert_eq!(field(&r), "devices.fabric", "a node's device under the fabric's name");
+        let mut r = good.clone();
+        r.devices[1].memory = vec![TopologyMemory { kind: MemoryKind::Hbm, size: u64::MAX }; 2];
+        assert_eq!(field(&r), "devices.memory");
+        let mut r = good.clone();
+        r.devices[1].memory = vec![TopologyMemory { kind: MemoryKind::Hbm, size: 1 }; 17];
+        assert_eq!(field(&r), "devices.memory");
+        let mut r = good.clone();
+        r.links[0].b = 3;
+        assert_eq!(field(&r), "links");
+        let mut r = good.clone();
+        r.links[0].b = r.links[0].a;
+        assert_eq!(field(&r), "links");
+        let mut r = good.clone();
+        r.node = "../x".into();
+        assert_eq!(field(&r), "node");
+        // Identities, kinds and link kinds are checked by their own decoders.
+        let text = String::from_utf8(encode(&good)).unwrap();
+        for (from, to) in [("uuid:GPU-tray0", "GPU-tray0"), ("\"gpu\"", "\"warp_drive\""), ("\"c2c\"", "\"telepathy\"")]
+        {
+            let bad = text.replacen(from, to, 1);
+            assert!(matches!(decode::<TopologyRecord>(bad.as_bytes(), limits), Err(RecordError::Malformed(_))), "{to}");
+        }
+        let extra = text.replacen("\"links\"", "\"extra\":1,\"links\"", 1);
+        assert!(matches!(decode::<TopologyRecord>(extra.as_bytes(), limits), Err(RecordError::Malformed(_))));
+        let v2 = text.replacen("\"version\":1", "\"version\":2", 1);
+        assert_eq!(decode::<TopologyRecord>(v2.as_bytes(), limits), Err(RecordError::WrongVersion { found: 2 }));
+        let cut = &text.as_bytes()[..text.len() / 2];
+        assert!(matches!(decode::<TopologyRecord>(cut, limits), Err(RecordError::Truncated { .. })));
+        let huge = TopologyRecord {
+            devices: (0..2000)
+                .map(|i| TopologyDevice {
+                    id: DeviceId::named("tray0", &format!("d{i}")),
+                    kind: DeviceKind::Gpu,
+                    name: None,
+                    fabric: false,
+                    memory: vec![],
+                })
+                .collect(),
+            ..good
+        };
+        assert!(matches!(decode::<TopologyRecord>(&encode(&huge), limits), Err(RecordError::Oversized { .. })));
+        // The count bound holds under the largest size bound too.
+        let wide = RecordLimits::new(crate::records::MAX_RECORD_BYTES);
+        assert!(matches!(
+            decode::<TopologyRecord>(&encode(&huge), wide),
+            Err(RecordError::Invalid { field: "devices", .. })
+        ));
+    }
+
+    /// The fuzz target's seeds of the new records decode (the first byte picks the type).
+    #[test]
+    fn fuzz_seeds_decode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/domain_records");
+        let seed = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let topology = seed("topology");
+        assert_eq!(topology[0] % 6, 4);
+        let record = decode::<TopologyRecord>(&topology[1..], RecordLimits::default()).unwrap();
+        assert_eq!(record.devices.len(), 3);
+        let partition = seed("partition");
+        assert_eq!(partition[0] % 6, 5);
+        let record = decode::<crate::partition::PartitionRecord>(&partition[1..], RecordLimits::default()).unwrap();
+        assert_eq!(record.name, "tenant-a");
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<TopologyRecord>(&bytes, RecordLimits::new(256));
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Helpers of the domain tests: a node's configuration (a node of a sim fabric, by default
+//! one tray of the sim supernode, in domain `test`), the documents and maps a node
+//! answers, and polling.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fabric_domain::testing::EtcdServer;
+use fabric_proto::wire::{
+    BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, TopologyRequest, TranslateQuery,
+    TranslateRequest, Translation,
+};
+use serde_json::Value;
+
+use super::Setup;
+
+/// The sim supernode: 16 trays of 4 GPUs.
+pub fn supernode() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
+}
+
+/// A sim fabric file under `configs/sim/`.
+pub fn sim(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim").join(name).canonicalize().unwrap()
+}
+
+/// A node's files: node `name` serving tray `tray` of the supernode in domain `test` at
+/// etcd `endpoint`, node span `span`, lease TTL `ttl` seconds.
+pub fn node(endpoint: &str, name: &str, tray: &str, span: u64, ttl: u64) -> Setup {
+    node_on(endpoint, &supernode(), name, tray, span, ttl)
+}
+
+/// A node's files: node `name` of sim fabric `fabric` (which serves its node of the same
+/// name) in domain `test` at `etcd`, node span `span`, lease TTL `ttl` seconds.
+pub fn node_of(etcd: &EtcdServer, fabric: &Path, name: &str, span: u64, ttl: u64) -> Setup {
+    node_on(etcd.endpoint(), fabric, name, name, span, ttl)
+}
+
+/// Node `name` serving node `sim_node` of sim fabric `fabric`.
+fn node_on(endpoint: &str, fabric: &Path, name: &str, sim_node: &str, span: u64, ttl: u64) -> Setup {
+    let extra = format!(
+        "[map]\nnode_span = {{ fixed = {span} }}\n[domain]\nname = \"test\"\nendpoints = [{endpoint:?}]\nnode = {name:?}\nlease_ttl_secs = {ttl}\n"
+    );
+    let s = Setup::with_sim(fabric, &extra);
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {sim_node:?}\n")))
+        .unwrap();
+    s
+}
+
+/// The `fabric.topology/v1` document a node answers.
+pub fn topology(c: &mut Connection) -> Value {
+    let Response::Topology(d) = c.call(Request::Topology(TopologyRequest::default()), &[]).unwrap().0 else {
+        panic!("not a topology answer")
+    };
+    serde_json::from_str(&d.json).unwrap()
+}
+
+/// The `fabric.domain/v1` document `c`'s node answers to `action`.
+pub fn domain(c: &mut Connection, action: DomainAction) -> Value {
+    match c.call(Request::Domain(DomainRequest { action }), &[]).unwrap().0 {
+        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The domain map a node shows, without the etcd revision it was read at.
+pub fn map(c: &mut Connection) -> Value {
+    let Response::Map(d) = c.call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
+    let mut v: Value = serde_json::from_str(&d.json).unwrap();
+    v.as_object_mut().unwrap().remove("generation");
+    v
+}
+
+/// What `c`'s node answers for `gfa`.
+pub fn translate(c: &mut Connection, gfa: u64) -> Translation {
+    let queries = BoundedVec::new(vec![TranslateQuery::Gfa(gfa)]).unwrap();
+    let Response::Translate(t) = c.call(Request::Translate(TranslateRequest { queries }), &[]).unwrap().0 else {
+        panic!()
+    };
+    t.results.into_vec().remove(0)
+}
+
+/// `(name, state, slot, ranges)` of every node `c` lists.
+pub fn nodes(c: &mut Connection) -> Vec<(String, String, u64, u64)> {
+    let doc = domain(c, DomainAction::Nodes);
+    doc["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let s = |k: &str| n[k].as_str().unwrap_or_default().to_owned();
+            (s("name"), s("state"), n["slot"].as_u64().unwrap_or(u64::MAX), n["ranges"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Polls `f` every 50 ms for up to `within`; the time it took.
+pub fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t0.elapsed()
+}
+
+/// Whether `c` lists `n` nodes, every one live with its placements published.
+pub fn all_live_and_placed(c: &mut Connection, n: usize) -> bool {
+    let list = nodes(c);
+    list.len() == n && list.iter().all(|(_, state, _, ranges)| state == "live" && *ranges > 0)
+}
+
+/// `(standing, incarnation)` of `c`'s node, from `domain status`.
+pub fn standing(c: &mut Connection) -> (String, u64) {
+    let s = domain(c, DomainAction::Status);
+    (s["self"]["standing"].as_str().unwrap_or_default().to_owned(), s["self"]["incarnation"].as_u64().unwrap_or(0))
+}

@@ -1,0 +1,330 @@
+//! One topology across the domain, with real fabricd processes and a private etcd: two
+//! trays of the sim supernode and an HGX host with no memory fabric shared with them each
+//! publish their topology record; every node answers the same merged topology, whose
+//! matrix says NV18 between GPUs of the two trays (through the fabric-level NVLink
+//! switches) and NET between a tray and the HGX host; a tray killed with SIGKILL is still
+//! listed, its devices marked down and no longer reached, within TTL + 1 s. A partition
+//! of the domain names a GPU of each tray; a client it binds, on the other tray, sees those
+//! two GPUs in the topology and their ranges in the map, and nothing else.
+//!
+//! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
+//! skipped (scripts/deps.sh installs Debian's etcd-server).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::domain::{node_of, sim, topology, until};
+use fabric_proto::wire::{
+    AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, MemoryClass, Name, PartitionSpec, PartitionsRequest,
+    Request, Response, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
+};
+use serde_json::Value;
+
+const TTL: u64 = 2;
+const SPAN: u64 = 1 << 40;
+
+/// The matrix of a topology document as `(node of row, node of column) → classes` of
+/// GPUs, and each GPU label's node.
+struct Matrix {
+    node_of: BTreeMap<String, String>,
+    classes: Vec<Vec<String>>,
+    labels: Vec<String>,
+}
+
+impl Matrix {
+    fn of(doc: &Value) -> Self {
+        let node_of = doc["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"] == "gpu")
+            .map(|d| (d["label"].as_str().unwrap().to_owned(), d["node"].as_str().unwrap().to_owned()))
+            .collect();
+        let m = &doc["matrix"];
+        let labels = m["labels"].as_array().unwrap().iter().map(|l| l.as_str().unwrap().to_owned()).collect();
+        let classes = m["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_owned()).collect())
+            .collect();
+        Self { node_of, classes, labels }
+    }
+
+    /// Every class between a GPU of `a` and a GPU of `b` (other than a GPU with itself).
+    fn between(&self, a: &str, b: &str) -> Vec<String> {
+        let gpus = |n: &str| -> Vec<usize> {
+            self.labels
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| self.node_of.get(*l).is_some_and(|x| x == n))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let mut out: Vec<String> = Vec::new();
+        for i in gpus(a) {
+            for j in gpus(b) {
+                if i != j {
+                    out.push(self.classes[i][j].clone());
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+#[test]
+fn the_domain_has_one_topology_and_shows_a_node_down() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let supernode = sim("supernode-64.toml");
+    let setups = [
+        node_of(&etcd, &supernode, "tray0", SPAN, TTL),
+        node_of(&etcd, &supernode, "tray1", SPAN, TTL),
+        node_of(&etcd, &sim("hgx-h100-8gpu.toml"), "node0", SPAN, TTL),
+    ];
+    let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    let nodes = |doc: &Value| doc["nodes"].clone();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "every node's topology merged", || {
+            nodes(&topology(c)) == serde_json::json!(["node0", "tray0", "tray1"])
+        });
+    }
+    let first = topology(&mut clients[0]);
+    for c in &mut clients[1..] {
+        let doc = topology(c);
+        assert_eq!(
+            (&doc["matrix"], &doc["labels"]),
+            (&first["matrix"], &first["labels"]),
+            "one topology on every node"
+        );
+    }
+    let m = Matrix::of(&first);
+    assert_eq!(m.node_of.len(), 4 + 4 + 8, "{:?}", m.node_of);
+    assert_eq!(m.between("tray0", "tray1"), ["NV18"], "trays reach each other through the fabric switches");
+    assert_eq!(m.between("tray0", "tray0"), ["NV18"]);
+    assert_eq!(m.between("node0", "node0"), ["NV18"], "the HGX board's own NVSwitches");
+    assert_eq!(m.between("tray0", "node0"), ["NET"], "no memory fabric between them");
+    assert_eq!(m.between("node0", "tray1"), ["NET"]);
+    let switches = first["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "nv_switch").count();
+    assert_eq!(switches, 18 + 4, "the supernode's 18 fabric switches once, and the HGX board's 4");
+
+    // kill -9 tray1: still listed, its devices marked down and no longer reached.
+    let mut dead = daemons[1].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    for i in [0, 2] {
+        until(Duration::from_secs(TTL + 3), "tray1 down in the topology", || {
+            Matrix::of(&topology(&mut clients[i])).between("tray0", "tray1") == ["-"]
+        });
+    }
+    let seen = killed.elapsed();
+    assert!(seen <= Duration::from_secs(TTL + 1), "down seen after {seen:?}, more than TTL + 1 s");
+    let doc = topology(&mut clients[2]);
+    assert_eq!(nodes(&doc), serde_json::json!(["node0", "tray0", "tray1"]), "a node down is still listed");
+    let m = Matrix::of(&doc);
+    assert_eq!(m.between("tray1", "node0"), ["-"]);
+    assert_eq!(m.between("tray0", "node0"), ["NET"]);
+    assert_eq!(m.between("tray0", "tray0"), ["NV18"], "the live tray keeps its switches");
+    for d in doc["devices"].as_array().unwrap().iter().filter(|d| d["node"] == "tray1") {
+        assert_eq!(d["attrs"]["domain_node"], "down", "{d}");
+        assert!(d["attrs"]["failed"].as_str().unwrap().contains("tray1"), "{d}");
+    }
+    for d in doc["devices"].as_array().unwrap().iter().filter(|d| d["node"] == "tray0") {
+        assert_eq!(d["attrs"]["domain_node"], "live", "{d}");
+    }
+    drop(daemons);
+}
+
+const ENV_SOCKET: &str = "FABRICD_DOMAIN_PARTITION_SOCKET";
+const SOCKET_GID: u32 = 61100;
+/// Bound to the domain's partition.
+const UID_BOUND: u32 = 61001;
+
+/// What a bound client sees, as one JSON line: the topology's nodes and GPUs, the map's
+/// range owners, the partitions listed. Run by the test below under `UID_BOUND`; does
+/// nothing otherwise.
+#[test]
+fn domain_partition_child() {
+    let Some(sock) = std::env::var_os(ENV_SOCKET) else { return };
+    let mut c = common::client(std::path::Path::new(&sock));
+    let doc = topology(&mut c);
+    let gpus: BTreeSet<String> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    let Response::Map(m) = c.call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
+    let map: Value = serde_json::from_str(&m.json).unwrap();
+    let owners: BTreeSet<String> = map["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["owner"].as_str().unwrap().split('#').next().unwrap().to_owned())
+        .collect();
+    let map_nodes: Vec<&str> = map["nodes"].as_array().unwrap().iter().map(|n| n["node"].as_str().unwrap()).collect();
+    let Response::Partitions(p) = c.call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0 else {
+        panic!()
+    };
+    let names: Vec<&str> = p.partitions.iter().map(|s| s.name.as_str()).collect();
+    // Each of its ranges translates to its device, on whichever node; another's does not.
+    let mut gfas: Vec<u64> =
+        map["ranges"].as_array().unwrap().iter().map(|r| r["start"].as_u64().unwrap() + 5).collect();
+    gfas.push(std::env::var("FABRICD_TEST_OTHER_GFA").unwrap().parse().unwrap());
+    let queries = BoundedVec::new(gfas.into_iter().map(TranslateQuery::Gfa).collect()).unwrap();
+    let Response::Translate(t) = c.call(Request::Translate(TranslateRequest { queries }), &[]).unwrap().0 else {
+        panic!()
+    };
+    let translated: Vec<String> = t
+        .results
+        .iter()
+        .map(|r| match r {
+            Translation::Resource { resource, offset: 5, set: None } => format!("local {}", resource.device.as_str()),
+            Translation::Remote { node, resource: Some(res), offset: 5, .. } => {
+                format!("{} {}", node.as_str(), res.device.as_str())
+            }
+            other => format!("{other:?}"),
+        })
+        .collect();
+    // Memory: its partition's GPU on this node, and one outside it.
+    let alloc = |c: &mut fabric_proto::wire::Connection, var: &str| -> String {
+        let gpu = std::env::var(var).unwrap();
+        let req = Request::Alloc(AllocRequest {
+            target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
+            size: 1 << 20,
+            align: 0,
+        });
+        match c.call(req, &[]) {
+            Ok((Response::Alloc(_), _)) => "ok".to_owned(),
+            Err(CodecError::Refused { body, .. }) => format!("{:?}", body.code),
+            other => format!("{other:?}"),
+        }
+    };
+    let allocs = [alloc(&mut c, "FABRICD_TEST_MEMBER_GPU"), alloc(&mut c, "FABRICD_TEST_OTHER_GPU")];
+    let out = serde_json::json!({
+        "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names,
+        "translated": translated, "allocs": allocs,
+    });
+    println!("answer: {out}");
+}
+
+#[test]
+fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client under uid {UID_BOUND}");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let supernode = sim("supernode-64.toml");
+    let setups = [node_of(&etcd, &supernode, "tray0", SPAN, TTL), node_of(&etcd, &supernode, "tray1", SPAN, TTL)];
+    for s in &setups {
+        let text = std::fs::read_to_string(&s.config).unwrap();
+        std::fs::write(&s.config, text.replacen("\n[state]\n", &format!("\ngroup = \"{SOCKET_GID}\"\n[state]\n"), 1))
+            .unwrap();
+    }
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut admin {
+        until(Duration::from_secs(15), "both topologies merged", || {
+            topology(c)["nodes"] == serde_json::json!(["tray0", "tray1"])
+        });
+    }
+    // One GPU of each tray, chosen from the domain's topology as the admin sees it.
+    let doc = topology(&mut admin[0]);
+    let gpu_of = |n: &str| -> String {
+        doc["devices"].as_array().unwrap().iter().find(|d| d["kind"] == "gpu" && d["node"] == n).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let chosen: BTreeSet<String> = [gpu_of("tray0"), gpu_of("tray1")].into();
+    let spec = PartitionSpec {
+        name: Name::truncated("tenant"),
+        devices: chosen.iter().map(|d| d.as_str().try_into().unwrap()).collect::<Vec<_>>().try_into().unwrap(),
+        uids: vec![UID_BOUND].try_into().unwrap(),
+        gids: Vec::new().try_into().unwrap(),
+    };
+    // Set on tray0: its definition is in etcd, so tray1 follows.
+    let Response::Partitions(p) = admin[0].call(Request::Partitions(PartitionsRequest::Set(spec)), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    assert_eq!(p.partitions.len(), 1, "the admin's next listing has it at once");
+    until(Duration::from_secs(5), "tray1 sees the partition", || {
+        let Response::Partitions(p) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0
+        else {
+            panic!()
+        };
+        p.partitions.len() == 1
+    });
+    // A GPU of tray1 outside the partition.
+    let other_gpu = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu" && d["node"] == "tray1")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .find(|id| !chosen.contains(id))
+        .unwrap();
+    // A GFA of a device outside the partition, from the whole domain map.
+    let Response::Map(m) = admin[1].call(Request::Map(TopologyRequest::default()), &[]).unwrap().0 else { panic!() };
+    let whole: Value = serde_json::from_str(&m.json).unwrap();
+    let other = whole["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "direct" && !chosen.contains(r["owner"].as_str().unwrap().split('#').next().unwrap()))
+        .unwrap()["start"]
+        .as_u64()
+        .unwrap();
+    // The bound client asks tray1.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("FABRICD_TEST_OTHER_GFA", other.to_string())
+        .env("FABRICD_TEST_MEMBER_GPU", gpu_of("tray1"))
+        .env("FABRICD_TEST_OTHER_GPU", other_gpu)
+        .args(["--exact", "domain_partition_child", "--nocapture", "--test-threads", "1"])
+        .env(ENV_SOCKET, &setups[1].socket)
+        .uid(UID_BOUND)
+        .gid(SOCKET_GID)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find_map(|l| l.split_once("answer: ").map(|(_, a)| a.to_owned())).expect(&text);
+    let seen: Value = serde_json::from_str(&line).unwrap();
+    let set = |k: &str| -> BTreeSet<String> {
+        seen[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(set("gpus"), chosen, "the topology shows the partition's GPUs, of both trays, and no other");
+    assert_eq!(seen["nodes"], serde_json::json!(["tray0", "tray1"]), "{seen}");
+    assert_eq!(set("owners"), chosen, "the map shows their ranges only: {seen}");
+    assert_eq!(set("map_nodes"), ["tray0".to_owned(), "tray1".to_owned()].into(), "{seen}");
+    assert_eq!(seen["partitions"], serde_json::json!(["tenant"]), "{seen}");
+    let translated: Vec<&str> =
+        seen["translated"].as_array().expect(&line).iter().map(|v| v.as_str().unwrap()).collect();
+    let (last, mine) = translated.split_last().unwrap();
+    assert_eq!(*last, "NotInPartition", "{seen}");
+    assert!(!mine.is_empty(), "{seen}");
+    for t in mine {
+        let (place, device) = t.split_once(' ').unwrap();
+        assert!(chosen.contains(device), "{seen}");
+        let on_tray0 = device == gpu_of("tray0");
+        assert_eq!(place, if on_tray0 { "tray0" } else { "local" }, "tray0's GPU is remote to tray1: {seen}");
+    }
+    assert_eq!(seen["allocs"], serde_json::json!(["ok", "PermissionDenied"]), "memory of members only: {seen}");
+    // The admin still sees the whole domain.
+    let all = topology(&mut admin[1]);
+    assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);
+}

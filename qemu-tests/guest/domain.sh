@@ -1,0 +1,92 @@
+#!/bin/sh
+# Two hosts of one domain sharing one CXL type-3 device (qemu-tests/src/twohost.rs): both
+# guests' devices are backed by the same host file. Each guest commits a 1-way region over
+# its device and hands the DAX device to fabricd, which joins the domain "shared-cxl"
+# through etcd on guest A over the private link. A's client allocates a region on the set
+# and stores a pattern; B finds A's GFA in its domain map (node a, the set, the offset),
+# loads A's bytes through its own DAX device at that offset and stores its own pattern
+# there; A then imports its region through its fabricd and loads B's bytes. The host checks
+# the shared file at the same offset (the DPA).
+. /fabric/common.sh
+. /fabric/node.env
+LEN=0x800000
+SEED_A=0x5eed00a1
+SEED_B=0x5eed00b2
+
+ip link set lo up
+ip addr add "$ME/24" dev eth0 && ip link set eth0 up && result link ok "$ME on eth0" || result link fail "$(ip addr 2>&1)"
+
+MEM=$(memdev_by_serial "$SERIAL"); DEC=$(endpoint_decoder "$MEM")
+if cxl_ram_region 256 $((256 << 20)) "$DEC"; then result cxl-region ok "$(cat /tmp/region) over $MEM"; else result cxl-region fail "see the console"; fi
+R=$(cat /tmp/region 2>/dev/null)
+sleep 1
+DAX=""
+for d in /sys/bus/cxl/devices/$R/dax_region*/dax[0-9]*; do [ -e "$d" ] && DAX=$(basename "$d"); done
+[ -n "$DAX" ] && [ ! -e /sys/bus/dax/devices/$DAX/driver ] && echo "$DAX" >/sys/bus/dax/drivers/device_dax/new_id
+if [ -n "$DAX" ] && [ -c "/dev/$DAX" ]; then result dax-device ok "/dev/$DAX"; else result dax-device fail "region $R has no DAX device"; fi
+
+# waitfor SECONDS COMMAND...: retries COMMAND every 0.5 s.
+waitfor() {
+  t=$(($1 * 2)); shift
+  while ! "$@" >/dev/null 2>&1; do t=$((t - 1)); [ $t -gt 0 ] || return 1; sleep 0.5; done
+}
+# (busybox's static wget crashes here: a plain HTTP/1.0 GET through nc instead.)
+health() { printf 'GET /health HTTP/1.0\r\n\r\n' | nc -w 3 "$ETCD" 2379 | grep -q '"health":"true"'; }
+if [ "$NODE" = a ]; then
+  chmod +x /fabric/etcd
+  /fabric/etcd --name a --data-dir /tmp/etcd \
+    --listen-client-urls "http://$ME:2379" --advertise-client-urls "http://$ME:2379" \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster a=http://127.0.0.1:2380 >/tmp/etcd.log 2>&1 &
+fi
+if waitfor 180 health; then result etcd ok "http://$ETCD:2379 healthy"; else result etcd fail "no healthy etcd at $ETCD"; tail -20 /tmp/etcd.log 2>/dev/null; fi
+
+FABRICD_EXTRA="[memory]
+dax = [\"$DAX\"]
+[map]
+node_span = { fixed = 1099511627776 }
+[domain]
+name = \"shared-cxl\"
+endpoints = [\"http://$ETCD:2379\"]
+node = \"$NODE\"
+lease_ttl_secs = 20
+[peer]
+address = \"$ME:7471\""
+start_fabricd
+both() { fabricctl domain nodes -o json >/tmp/nodes.json && [ "$(grep -c '"state": "live"' /tmp/nodes.json)" = 2 ] && ! grep -q '"ranges": 0' /tmp/nodes.json; }
+if waitfor 180 both; then result domain-joined ok "a and b live with placements"; else result domain-joined fail "$(cat /tmp/nodes.json)"; tail -30 /tmp/fabricd.log; fi
+blob domain-nodes /tmp/nodes.json
+fabricctl map --daemon -o json >/tmp/map.json 2>&1 && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.json)"
+blob fabric-map /tmp/map.json
+
+# libfabric-mm's window mirrors GFAs 0-16 TiB by default; this node's slot lies where the
+# domain put it (slot x node_span): the clients mirror the slot instead.
+SLOT=$(fabricctl domain status -o json | tr -d ' \n' | grep -o '"self":{[^}]*}' | grep -o '"slot":[0-9]*' | cut -d: -f2)
+export FABRIC_MM_WINDOW_GFA=$((SLOT << 40)) FABRIC_MM_WINDOW_SIZE=$((1 << 40))
+result slot ok "slot $SLOT: window at $FABRIC_MM_WINDOW_GFA"
+if [ "$NODE" = a ]; then
+  SET=$(grep -o '"set:cxl-region:[^"]*"' /tmp/map.json | head -1 | sed 's/^"set://; s/"$//')
+  fabric-guest-probe owner "set:$SET" $LEN $SEED_A /tmp/lib-region >/tmp/owner.log 2>&1 &
+  OWNER=$!
+  if waitfor 60 test -s /tmp/lib-region; then result lib-alloc-store ok "set $SET: $(cat /tmp/lib-region)"; else result lib-alloc-store fail "$(cat /tmp/owner.log)"; fi
+  blob lib-region /tmp/lib-region
+  # Hand the region's line to B over the link, then wait for B's stores.
+  nc -l -p 7000 </tmp/lib-region &
+  if nc -l -p 7001 >/tmp/b-done && grep -q stored /tmp/b-done; then result b-stored ok "$(cat /tmp/b-done)"; else result b-stored fail "B said: $(cat /tmp/b-done)"; fi
+  # B's stores, loaded through A's fabricd: a local import of A's region (this also ends the owner).
+  check a-loads-b "A imports its region and loads B's pattern" -- fabric-guest-probe importer /tmp/lib-region $LEN $SEED_B
+  if wait $OWNER; then result lib-owner ok "$(cat /tmp/owner.log)"; else result lib-owner fail "$(cat /tmp/owner.log)"; fi
+else
+  fetch() { nc "$PEER" 7000 >/tmp/lib-region && test -s /tmp/lib-region; }
+  if waitfor 240 fetch; then result region-line ok "$(cat /tmp/lib-region)"; else result region-line fail "nothing from $PEER:7000"; fi
+  GFA=$(cut -d' ' -f2 /tmp/lib-region)
+  fabricctl map translate "$GFA" --daemon -o json >/tmp/translate.json 2>&1 && result translate ok "$GFA" || result translate fail "$(cat /tmp/translate.json)"
+  blob translate /tmp/translate.json
+  OFF=$(grep -o '"offset": "[^"]*"' /tmp/translate.json | cut -d'"' -f4)
+  check b-loads-a "B loads A's pattern through its own /dev/$DAX at $OFF" -- fabric-guest-probe check "/dev/$DAX" $LEN $SEED_A "$OFF"
+  check b-stores "B stores its pattern there" -- fabric-guest-probe fill "/dev/$DAX" $LEN $SEED_B "$OFF"
+  echo "stored $LEN bytes at $OFF" | nc "$PEER" 7001
+  # Stay a member until A is done with the domain map.
+  sleep 2
+fi
+kill $FABRICD_PID 2>/dev/null

@@ -1,0 +1,109 @@
+//! Tier 3, two hosts: two guests whose CXL type-3 devices share one host file, each running
+//! fabricd as a node of one domain (etcd in guest A, reached over a private link between
+//! the guests). A stores into a region on its set; B finds the region's GFA in its domain
+//! map as node a's, loads A's bytes through its own DAX device at the offset the domain map
+//! gives, and stores its own; A loads them back through its fabricd; the host finds B's
+//! stores in the shared file at that offset (the DPA: a 1-way region from DPA 0).
+
+use std::time::Duration;
+
+use fabric_qemu_tests::twohost::{self, Host};
+use fabric_qemu_tests::{env, scripts, vm};
+
+/// Bytes and patterns of guest/domain.sh.
+const LEN: u64 = 0x80_0000;
+const SEED_B: u64 = 0x5eed_00b2;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+fn spec(host: Host, file: &std::path::Path, port: u16, etcd: &[u8]) -> vm::VmSpec {
+    let mut spec = vm::VmSpec::new(&format!("domain-{}", host.node()), scripts::DOMAIN);
+    spec.timeout = Duration::from_secs(600);
+    twohost::add(&mut spec, host, file, port).expect("the shared backing file");
+    if host == Host::A {
+        spec.files.push(("fabric/etcd".into(), etcd.to_vec()));
+    }
+    spec
+}
+
+#[test]
+fn two_hosts_share_cxl_memory_in_one_domain() {
+    let Some(pre) = env::prereqs_or_skip("two_hosts_share_cxl_memory_in_one_domain") else { return };
+    let Some(etcd_bin) = fabric_domain::testing::etcd_binary() else {
+        assert!(
+            std::env::var("FABRIC_QEMU_TESTS").as_deref() != Ok("1"),
+            "the QEMU tier is required but etcd is not installed (scripts/deps.sh installs etcd-server)"
+        );
+        eprintln!("two_hosts_share_cxl_memory_in_one_domain: not run: no etcd binary");
+        return;
+    };
+    let etcd = std::fs::read(&etcd_bin).expect("read the etcd binary");
+    let dir = pre.logs.join("domain-shared");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("the shared file's directory");
+    let file = dir.join("shared.raw");
+    let port = free_port();
+    // A listens on the link, so its QEMU starts first; both then run side by side.
+    let a = vm::Guest::start(&pre, &spec(Host::A, &file, port, &etcd)).expect("boot A");
+    let b = vm::Guest::start(&pre, &spec(Host::B, &file, port, &etcd)).expect("boot B");
+    let out_b = b.finish().expect("guest B's run");
+    let out_a = a.finish().expect("guest A's run");
+
+    for (out, checks) in [
+        (
+            &out_a,
+            &["link", "cxl-region", "dax-device", "etcd", "fabricd-start", "domain-joined", "lib-alloc-store"][..],
+        ),
+        (&out_b, &["link", "cxl-region", "dax-device", "etcd", "fabricd-start", "domain-joined", "region-line"][..]),
+    ] {
+        for c in checks {
+            out.expect_check(c);
+        }
+    }
+    // Both nodes list both, each with its slot.
+    for out in [&out_a, &out_b] {
+        let nodes: serde_json::Value =
+            serde_json::from_str(out.blob("domain-nodes")).unwrap_or_else(|e| out.fail(&format!("nodes JSON: {e}")));
+        let names: Vec<&str> =
+            nodes["nodes"].as_array().into_iter().flatten().filter_map(|n| n["name"].as_str()).collect();
+        if names != ["a", "b"] {
+            out.fail(&format!("domain nodes {names:?}"));
+        }
+    }
+    // A's line: handle, GFA, offset of the region in A's DAX device.
+    let line = out_a.blob("lib-region").trim().to_owned();
+    let field = |i: usize| {
+        line.split_whitespace()
+            .nth(i)
+            .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+            .unwrap_or_else(|| out_a.fail(&format!("lib-region line {line:?}")))
+    };
+    let (gfa, dax_offset) = (field(1), field(2));
+    // B's domain map names A as the GFA's node, A's set, and the region's offset in it.
+    out_b.expect_check("translate");
+    let t: serde_json::Value =
+        serde_json::from_str(out_b.blob("translate")).unwrap_or_else(|e| out_b.fail(&format!("translate JSON: {e}")));
+    let offset = t["offset"].as_str().and_then(|o| u64::from_str_radix(o.trim_start_matches("0x"), 16).ok());
+    if t["node"] != "a"
+        || t["live"] != true
+        || !t["answer"].as_str().unwrap_or("").starts_with("interleave set cxl-region:")
+    {
+        out_b.fail(&format!("B translates A's GFA {gfa:#x} as {t}"));
+    }
+    // A 1-way region from DPA 0: the set's offset is the DAX offset is the DPA.
+    if offset != Some(dax_offset) {
+        out_b.fail(&format!(
+            "B's translate gives offset {offset:?}, A's region is at {dax_offset:#x} of its DAX device"
+        ));
+    }
+    out_b.expect_check("b-loads-a");
+    out_b.expect_check("b-stores");
+    out_a.expect_check("b-stored");
+    out_a.expect_check("a-loads-b");
+    out_a.expect_check("lib-owner");
+    if let Err(e) = twohost::check_file(&file, dax_offset, LEN, SEED_B) {
+        out_b.fail(&format!("B's stores are not in the shared file at the DPA: {e}"));
+    }
+}
