@@ -17,7 +17,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -53,57 +53,23 @@ fn importer_process() {
     println!("LOADED {seen}");
 }
 
-struct Node {
-    child: std::process::Child,
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(etcd: &str, ca: &DomainCa, ca_file: &Path, shared: &Path, name: &str) -> Node {
-    let dir = tempfile::tempdir().unwrap();
+/// Node `name` of domain `lab`, tray `name` of the supernode, its link on a free port with
+/// a certificate `ca` issues (files beside `ca_file`), on the shared sim fabric `shared`.
+fn start(etcd: &str, ca: &DomainCa, ca_file: &Path, shared: &Path, name: &str) -> common::Daemon {
     let pem = ca.issue(name, &[]).unwrap();
-    let (cert, key) = (dir.path().join("node.pem"), dir.path().join("node.key"));
+    let pki = ca_file.parent().unwrap();
+    let (cert, key) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
     std::fs::write(&cert, &pem.cert).unwrap();
     std::fs::write(&key, &pem.key).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap();
-    let socket = dir.path().join("fabricd.sock");
-    let config = dir.path().join("fabricd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[socket]\npath = {socket:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{sim:?}]\nsim_node = {name:?}\n\
-             [metrics]\nlisten = \"\"\n[map]\nnode_span = {{ fixed = {SPAN} }}\n\
-             [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
-             [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
-             shared_dir = {shared:?}\nshared_identities = true\n",
-            dir.path().join("state"),
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.path().join("fabricd.log")).unwrap();
-    let child = Command::new(common::fabricd_bin())
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let node = Node { child, dir, socket };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(&node.socket).is_err() {
-        let log = std::fs::read_to_string(node.dir.path().join("fabricd.log")).unwrap_or_default();
-        assert!(Instant::now() < deadline, "fabricd {name} did not come up: {log}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    node
+    let extra = format!(
+        "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
+         [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
+         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
+         shared_dir = {shared:?}\nshared_identities = true\n"
+    );
+    common::daemon_on(&sim, &format!("sim_node = {name:?}"), &extra, |_| {})
 }
 
 /// The node's `domain status` document.
