@@ -9,8 +9,11 @@
 #
 # Everything lives in one run dir ($FABRIC_DOMAIN_RUN, default ${TMPDIR:-/tmp}/fabric-domain-UID):
 # etcd's data, each node's configuration, socket, state dir and log, and the pids. etcd listens
-# on free loopback ports. FABRICD (default target/debug/fabricd, else fabricd on PATH) and
-# FABRIC_ETCD (default etcd on PATH) pick the binaries.
+# on free loopback ports. FABRICD (default target/debug/fabricd, else fabricd on PATH),
+# FABRIC_CERTS (default target/debug/fabric-certs, else fabric-certs on PATH) and FABRIC_ETCD
+# (default etcd on PATH) pick the binaries. With fabric-certs, the run dir also holds a test
+# CA and each node's certificate (pki/), and the nodes link over mutual TLS and share the
+# sim's memory (shared/): a client of one node imports what a client of another exported.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +22,9 @@ SIM=$ROOT/configs/sim/supernode-64.toml
 ETCD=${FABRIC_ETCD:-etcd}
 if [ -z "${FABRICD:-}" ]; then
   if [ -x "$ROOT/target/debug/fabricd" ]; then FABRICD=$ROOT/target/debug/fabricd; else FABRICD=fabricd; fi
+fi
+if [ -z "${FABRIC_CERTS:-}" ]; then
+  if [ -x "$ROOT/target/debug/fabric-certs" ]; then FABRIC_CERTS=$ROOT/target/debug/fabric-certs; else FABRIC_CERTS=fabric-certs; fi
 fi
 DOMAIN=supernode
 TTL=${FABRIC_DOMAIN_TTL:-6}
@@ -81,6 +87,14 @@ up() {
   echo $! >"$RUN/etcd.pid"
   wait_etcd "$client" 20 || die "etcd on 127.0.0.1:$client is not healthy (see $RUN/etcd.log)"
   echo "etcd http://127.0.0.1:$client (data $RUN/etcd)"
+  local link=0
+  if command -v "$FABRIC_CERTS" >/dev/null || [ -x "$FABRIC_CERTS" ]; then
+    "$FABRIC_CERTS" ca "$RUN/pki" --domain "$DOMAIN" >/dev/null
+    link=1
+    echo "node link: CA $RUN/pki/ca.pem, shared sim memory $RUN/shared"
+  else
+    echo "node link: off (no fabric-certs: cargo build -p fabric-nodelink)"
+  fi
   local i dir
   for ((i = 0; i < n; i++)); do
     dir=$RUN/tray$i
@@ -105,6 +119,16 @@ lease_ttl_secs = $TTL
 [peer]
 address = "127.0.0.1:$((7471 + i))"
 EOF
+    if ((link)); then
+      "$FABRIC_CERTS" node "$RUN/pki" --domain "$DOMAIN" --node "tray$i" --san 127.0.0.1 >/dev/null
+      cat >>"$dir/fabricd.toml" <<EOF
+ca = "$RUN/pki/ca.pem"
+cert = "$RUN/pki/tray$i.pem"
+key = "$RUN/pki/tray$i.key"
+shared_dir = "$RUN/shared"
+shared_identities = true
+EOF
+    fi
     "$FABRICD" --config "$dir/fabricd.toml" </dev/null >/dev/null 2>"$dir/fabricd.log" &
     echo $! >"$dir/pid"
   done

@@ -368,6 +368,20 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 20_000)]
         iterations: usize,
     },
+    /// Cross-node import + map + unmap (through the node link) vs the same on the owner
+    /// node, remote stores vs local ones, and revocation reach, against two running nodes
+    /// of one domain with a node link and a shared sim fabric (`scripts/domain.sh up 2`).
+    Crossnode {
+        /// The owner node's socket (it allocates and exports).
+        #[arg(long, value_name = "SOCKET")]
+        owner: PathBuf,
+        /// The importer node's socket.
+        #[arg(long, value_name = "SOCKET")]
+        importer: PathBuf,
+        /// Round trips timed per figure.
+        #[arg(long, default_value_t = 2_000)]
+        iterations: usize,
+    },
     /// The bare echo server `control` compares against (internal).
     #[command(hide = true)]
     EchoServer {

@@ -29,7 +29,7 @@ pub enum LibControlBenchError {
     },
 }
 
-fn lib_err(what: &'static str) -> impl FnOnce(fabric_mm::Error) -> LibControlBenchError {
+pub(crate) fn lib_err(what: &'static str) -> impl FnOnce(fabric_mm::Error) -> LibControlBenchError {
     move |source| LibControlBenchError::Library { what, source }
 }
 

@@ -8,6 +8,7 @@ pub mod args;
 pub mod bench;
 pub mod bench_control;
 pub mod bench_copy;
+pub mod bench_crossnode;
 pub mod bench_dma;
 pub mod bench_isolation;
 pub mod bench_libcontrol;
@@ -194,6 +195,14 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 };
                 let r = bench_libcontrol::libcontrol(&opts)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Crossnode { owner, importer, iterations } => {
+                let opts = bench_crossnode::CrossNodeOptions {
+                    owner: owner.clone(),
+                    importer: importer.clone(),
+                    iterations: *iterations,
+                };
+                bench::print(&bench_crossnode::crossnode(&opts)?, b.json, out).map_err(RunError::Output)?;
             }
             BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,
             BenchCommand::Register { socket, sim, bytes, iterations, hits } => {

@@ -286,11 +286,21 @@ pub struct MemberRecord {
     pub groups: Vec<FabricGroup>,
     /// The daemon's software version.
     pub software: String,
+    /// The node id its handles and grants name (16 lowercase hex digits; fabricd's
+    /// `STATE/node-id`): how another node finds the owner of a handle. Absent in records
+    /// of daemons that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
 }
 
 impl MemberRecord {
     fn check(&self) -> Result<(), RecordError> {
         check_node_name("name", &self.name)?;
+        if let Some(id) = &self.node_id
+            && (id.len() != 16 || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        {
+            return Err(invalid("node_id", "must be 16 lowercase hex digits".into()));
+        }
         if self.incarnation == 0 {
             return Err(invalid("incarnation", "0 is not an incarnation".into()));
         }
@@ -598,6 +608,7 @@ mod tests {
                 FabricGroup::CxlPool { pool: "pool-a".into() },
             ],
             software: "0.1.0".into(),
+            node_id: Some("0123456789abcdef".into()),
         }
     }
 
@@ -679,6 +690,8 @@ mod tests {
             ("peer_address", MemberRecord { peer_address: "a b:1".into(), ..member() }),
             ("capabilities", MemberRecord { capabilities: vec!["x".into(); 33], ..member() }),
             ("software", MemberRecord { software: String::new(), ..member() }),
+            ("node_id", MemberRecord { node_id: Some("0123".into()), ..member() }),
+            ("node_id", MemberRecord { node_id: Some("0123456789ABCDEF".into()), ..member() }),
             ("groups.pool", MemberRecord { groups: vec![FabricGroup::CxlPool { pool: "a/b".into() }], ..member() }),
         ];
         for (field, record) in cases {

@@ -116,6 +116,12 @@ impl EtcdServer {
         Ok(server)
     }
 
+    /// Its process id while it runs (to stop it with SIGSTOP and resume it: an etcd that
+    /// stops answering without closing its connections).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops etcd (SIGKILL, as a crash would), keeping its data directory.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -270,5 +276,6 @@ pub fn member(node: &str) -> MemberRecord {
         capabilities: vec!["shared-file".into()],
         groups: vec![FabricGroup::CxlPool { pool: "pool-0".into() }],
         software: env!("CARGO_PKG_VERSION").into(),
+        node_id: None,
     }
 }

@@ -351,6 +351,7 @@ mod tests {
             capabilities: vec![],
             groups: vec![],
             software: "0.1.0".into(),
+            node_id: None,
         })
     }
 

@@ -42,6 +42,7 @@ fn member(node: &str) -> MemberRecord {
         capabilities: vec!["shared-file".into()],
         groups: vec![FabricGroup::CxlPool { pool: "pool-0".into() }],
         software: env!("CARGO_PKG_VERSION").into(),
+        node_id: None,
     }
 }
 

@@ -247,6 +247,7 @@ fn fake_member(i: u32) -> MemberRecord {
         capabilities: vec!["shared-file".to_owned()],
         groups: vec![],
         software: env!("CARGO_PKG_VERSION").to_owned(),
+        node_id: None,
     }
 }
 

@@ -353,16 +353,51 @@ pub struct Config {
     pub peer: PeerConfig,
 }
 
-/// `[peer]`: this node's address for the other nodes of its domain.
+/// `[peer]`: this node's address for the other nodes of its domain, and the credentials
+/// of its node link (`docs/domain.md`, "Node link").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PeerConfig {
-    /// `host:port` published in the member record. No peer service listens there yet
-    /// (docs/domain.md, "What is not there yet"); default `<domain.node>:7471`.
+    /// `host:port` published in the member record, where the node link listens when
+    /// credentials are set; default `<domain.node>:7471`.
     pub address: Option<String>,
+    /// The domain CA's certificate (PEM). With `cert` and `key`, or none of the three
+    /// (then the node has no link: it neither listens nor dials).
+    pub ca: Option<PathBuf>,
+    /// This node's certificate (PEM), naming `fabric://<domain.name>/node/<domain.node>`.
+    pub cert: Option<PathBuf>,
+    /// This node's private key (PKCS#8 PEM).
+    pub key: Option<PathBuf>,
+    /// The sim fabric's shared memory: a directory every node of the domain on this host
+    /// sees at the same path. Set, this node keeps its region files under `DIR/<node>/`
+    /// (instead of `STATE/memory`), and imports another node's region by opening its file
+    /// there — the stand-in for a memory-semantic fabric (`docs/domain.md`, "Import across
+    /// nodes"). Unset, regions of other nodes are not importable for load/store.
+    pub shared_dir: Option<PathBuf>,
+    /// Whether uids and gids mean the same on every node of the domain (one directory
+    /// service): then an export's uid and gid rules admit importers of other nodes too.
+    /// Otherwise (default) only an export that names a partition is importable from
+    /// another node. Set it alike on every node; the owner's setting decides.
+    pub shared_identities: bool,
+}
+
+impl PeerConfig {
+    /// The credentials' paths (CA, certificate, key) when all three are set.
+    pub fn credentials(&self) -> Option<(&Path, &Path, &Path)> {
+        Some((self.ca.as_deref()?, self.cert.as_deref()?, self.key.as_deref()?))
+    }
 }
 
 impl Config {
+    /// Where region files live: `STATE/memory`, or `peer.shared_dir/<node>` for a domain
+    /// node on a shared sim fabric.
+    pub fn memory_root(&self, state_dir: &Path) -> PathBuf {
+        match (&self.domain, &self.peer.shared_dir) {
+            (Some(d), Some(shared)) => shared.join(&d.node),
+            _ => state_dir.join("memory"),
+        }
+    }
+
     /// The peer address published in this node's member record (`peer.address`, else
     /// `<domain.node>:7471`); `None` outside a domain.
     pub fn peer_address(&self) -> Option<String> {
@@ -482,8 +517,9 @@ impl Config {
         }
         if let Some(domain) = &self.domain {
             self.validate_domain(domain).map_err(|(key, message)| bad(key, message))?;
-        } else if self.peer.address.is_some() {
-            return Err(bad("peer.address", "only a domain node has peers: add [domain]".to_owned()));
+        } else if self.peer != PeerConfig::default() {
+            let key = if self.peer.address.is_some() { "peer.address" } else { "peer" };
+            return Err(bad(key, "only a domain node has peers: add [domain]".to_owned()));
         }
         let mut seen = Vec::new();
         for b in &self.discovery.backends {
@@ -526,6 +562,11 @@ impl Config {
             && fabric_domain::records::check_peer_address(address).is_err()
         {
             return Err(("peer.address", format!("{address:?} is not host:port")));
+        }
+        let paths = [&self.peer.ca, &self.peer.cert, &self.peer.key];
+        let set = paths.iter().filter(|p| p.is_some()).count();
+        if set != 0 && set != paths.len() {
+            return Err(("peer", "ca, cert and key go together: set all three, or none for no node link".to_owned()));
         }
         Ok(())
     }
@@ -596,6 +637,10 @@ mod tests {
         refused(format!("{FIXED}{}", DOMAIN.replace("tray0", "Tray 0")), "domain: node");
         refused(format!("{FIXED}{DOMAIN}[peer]\naddress = \"nowhere\"\n"), "peer.address");
         refused("[peer]\naddress = \"h:1\"\n".to_owned(), "only a domain node has peers");
+        refused("[peer]\nca = \"ca.pem\"\n".to_owned(), "peer: only a domain node has peers");
+        refused(format!("{FIXED}{DOMAIN}[peer]\nca = \"ca.pem\"\ncert = \"n.pem\"\n"), "ca, cert and key go together");
+        let linked = parse(&format!("{FIXED}{DOMAIN}[peer]\nca = \"c\"\ncert = \"n\"\nkey = \"k\"\n")).unwrap();
+        assert_eq!(linked.peer.credentials(), Some((Path::new("c"), Path::new("n"), Path::new("k"))));
         refused(format!("[discovery]\nsim = [\"a.toml\"]\n{FIXED}{DOMAIN}"), "discovery.sim_node");
         refused(format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray1\"\n{FIXED}{DOMAIN}"), "\"tray0\"");
         refused("[discovery]\nsim_node = \"tray1\"\n".to_owned(), "needs exactly one discovery.sim file");

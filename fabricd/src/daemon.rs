@@ -376,7 +376,7 @@ impl Daemon {
         // remembered) before the map is opened, and pinned in the map's configuration.
         let starting = match &config.domain {
             Some(_) => {
-                let starting = crate::tasks::domain::join::start(&config, &inv, &state_dir)
+                let starting = crate::tasks::domain::join::start(&config, &inv, &state_dir, node)
                     .map_err(|e| StartError::Domain(Box::new(e)))?;
                 let d = starting.domain();
                 let span = d.settings().node_span;
@@ -417,9 +417,9 @@ impl Daemon {
             }
         }
         let durability = Durability { journal, replay, config: config.memory.clone(), backings };
-        let mut memory =
-            Memory::open_durable(&state_dir.join("memory"), fabric.inventory(), config.limits.clone(), durability)
-                .map_err(StartError::Memory)?;
+        let memory_root = config.memory_root(&state_dir);
+        let mut memory = Memory::open_durable(&memory_root, fabric.inventory(), config.limits.clone(), durability)
+            .map_err(StartError::Memory)?;
         // main raised the soft open-file limit first: this is the table the daemon has.
         let fd_budget = crate::sys::fdbudget::budget(config.limits.clients, crate::sys::open_file_limit());
         memory.set_fd_budget(fd_budget, crate::sys::effective_uid());
@@ -652,6 +652,11 @@ impl Daemon {
     /// Connected sessions.
     pub fn sessions(&self) -> u32 {
         self.sessions.load(Ordering::Relaxed)
+    }
+
+    /// A session id for a session that is no connection (another node's imports).
+    pub fn reserve_session(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Registers a new session; the guard unregisters it.

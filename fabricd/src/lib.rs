@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod nodeid;
 pub mod ops;
 pub mod partitions;
+pub mod peer;
 pub mod placement;
 pub mod store;
 pub mod sys;

@@ -69,7 +69,8 @@ pub fn load_or_create(state_dir: &Path) -> Result<NodeId, NodeIdFileError> {
 /// - before 1.5 a handle is node-less and means this node; one that names a node (bytes an
 ///   older client cannot have meant) is a bad request;
 /// - since 1.5 it must name a node: this one is served, another is refused with
-///   `WrongNode` naming it (cross-node imports come with the domain), and a node-less
+///   `WrongNode` naming it (a domain node with a node link asks the owner first:
+///   `crate::peer::importer`), and a node-less
 ///   (`fbh1`) handle is a bad request, so that no handle is ever taken for this node's by
 ///   default.
 pub fn check_handle(local: NodeId, req: &Request, version: Version) -> Result<(), ErrorBody> {
@@ -98,7 +99,7 @@ pub fn check_handle(local: NodeId, req: &Request, version: Version) -> Result<()
         Some(node) => refuse(
             ErrorCode::WrongNode,
             format!(
-                "the handle names node {node}; this is node {local}, and imports from another node are not served yet"
+                "the handle names node {node}; this is node {local}, which has no node link to ask it (a domain node with [peer] credentials imports across nodes)"
             ),
             Some(ErrorDetail::Node { node }),
         ),

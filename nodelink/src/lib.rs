@@ -1,6 +1,7 @@
 //! The node-to-node link of a domain: TCP between fabricd nodes, mutually authenticated
 //! TLS with certificates from the domain's CA that name their node, framed like the Unix
-//! socket. Not wired into fabricd yet (docs/domain.md, "Node link").
+//! socket. fabricd listens and dials with it (`fabricd/src/peer/`; docs/domain.md, "Node
+//! link").
 
 pub mod certs;
 pub mod identity;
@@ -21,4 +22,4 @@ pub mod framed;
 pub mod link;
 
 pub use error::{LinkError, Stage};
-pub use link::{Link, LinkLimits, LinkStats, Peer, PeerPolicy, Server};
+pub use link::{Link, LinkLimits, LinkStats, Peer, PeerPolicy, PeerService, Served, Server, Unserved};

@@ -5,7 +5,9 @@
 //! `Busy`); every wait has a deadline. A misbehaving peer loses its own connection and
 //! nothing else.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -61,6 +63,28 @@ pub trait PeerPolicy: Send + Sync + 'static {
     fn admit(&self, node: &NodeIdentity, incarnation: u64) -> Result<(), Refusal>;
 }
 
+/// The answer a [`PeerService`] gives, as a future that owns what it needs.
+pub type Served = Pin<Box<dyn Future<Output = Result<PeerResponse, PeerError>> + Send + 'static>>;
+
+/// What an admitted peer's requests reach: the daemon's cross-node operations. Each
+/// request is answered on the link's own task, one at a time per link, so a slow answer
+/// delays only the peer that asked.
+pub trait PeerService: Send + Sync + 'static {
+    /// The answer to `request` from `peer`.
+    fn serve(&self, peer: &Peer, request: PeerRequest) -> Served;
+}
+
+/// A service that serves nothing: every request is answered [`PeerError::Unsupported`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unserved;
+
+impl PeerService for Unserved {
+    fn serve(&self, _peer: &Peer, request: PeerRequest) -> Served {
+        let op = request.op;
+        Box::pin(async move { Err(PeerError::Unsupported(op)) })
+    }
+}
+
 /// An admitted peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
@@ -113,8 +137,9 @@ struct Shared {
     counters: Arc<Counters>,
     acceptor: TlsAcceptor,
     identity: NodeIdentity,
-    incarnation: u64,
+    incarnation: Arc<AtomicU64>,
     policy: Arc<dyn PeerPolicy>,
+    service: Arc<dyn PeerService>,
     limits: LinkLimits,
     handshakes: Arc<Semaphore>,
     links: Arc<Semaphore>,
@@ -125,11 +150,13 @@ struct Shared {
 pub struct Server {
     addr: SocketAddr,
     counters: Arc<Counters>,
+    incarnation: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
-    /// Listens on `addr` as the node `creds` names, at `incarnation`.
+    /// Listens on `addr` as the node `creds` names, at `incarnation`; serves no request
+    /// ([`Unserved`]).
     pub async fn bind(
         addr: SocketAddr,
         creds: &Credentials,
@@ -137,22 +164,44 @@ impl Server {
         policy: Arc<dyn PeerPolicy>,
         limits: LinkLimits,
     ) -> Result<Self, LinkError> {
+        Self::bind_serving(addr, creds, incarnation, policy, Arc::new(Unserved), limits).await
+    }
+
+    /// Listens on `addr` as the node `creds` names, at `incarnation`; admitted peers'
+    /// requests go to `service`.
+    pub async fn bind_serving(
+        addr: SocketAddr,
+        creds: &Credentials,
+        incarnation: u64,
+        policy: Arc<dyn PeerPolicy>,
+        service: Arc<dyn PeerService>,
+        limits: LinkLimits,
+    ) -> Result<Self, LinkError> {
         let acceptor = TlsAcceptor::from(creds.server_config()?);
         let listener = TcpListener::bind(addr).await.map_err(LinkError::Io)?;
         let addr = listener.local_addr().map_err(LinkError::Io)?;
         let counters = Arc::new(Counters::default());
+        let incarnation = Arc::new(AtomicU64::new(incarnation));
         let shared = Arc::new(Shared {
             counters: counters.clone(),
             acceptor,
             identity: creds.identity().clone(),
-            incarnation,
+            incarnation: incarnation.clone(),
             policy,
+            service,
             limits,
             handshakes: Arc::new(Semaphore::new(limits.max_handshakes)),
             links: Arc::new(Semaphore::new(limits.max_links)),
         });
         let task = tokio::spawn(accept_loop(listener, shared));
-        Ok(Self { addr, counters, task })
+        Ok(Self { addr, counters, incarnation, task })
+    }
+
+    /// The incarnation later Welcomes state: a node that rejoined its domain keeps its
+    /// listener. Links admitted before keep running; their peers see the new incarnation
+    /// in the member records.
+    pub fn set_incarnation(&self, incarnation: u64) {
+        self.incarnation.store(incarnation, Ordering::Relaxed);
     }
 
     /// Where it listens.
@@ -236,7 +285,7 @@ async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, handshake:
         }
     };
     tracing::info!(%addr, peer = %peer.identity, incarnation = peer.incarnation, "node link: peer admitted");
-    let end = serve_link(&mut framed, &peer, limits).await;
+    let end = serve_link(&mut framed, &peer, &*shared.service, limits).await;
     tracing::info!(%addr, peer = %peer.identity, error = %end, "node link: closed");
     framed.close().await;
 }
@@ -264,8 +313,11 @@ async fn admit(
     });
     match verdict {
         Ok(link) => {
-            let welcome =
-                Welcome { node: shared.identity.node.clone(), incarnation: shared.incarnation, version: PEER_PROTOCOL };
+            let welcome = Welcome {
+                node: shared.identity.node.clone(),
+                incarnation: shared.incarnation.load(Ordering::Relaxed),
+                version: PEER_PROTOCOL,
+            };
             framed.send(id, &PeerMessage::Welcome(welcome)).await?;
             Ok((framed, Peer { identity, incarnation: hello.incarnation, addr }, link))
         }
@@ -293,9 +345,14 @@ fn check_hello(shared: &Shared, certified: &NodeIdentity, hello: &Hello) -> Resu
     Ok(())
 }
 
-/// Answers an admitted peer until it leaves, stalls or misbehaves. No operation is served
-/// yet: every request is answered [`PeerError::Unsupported`].
-async fn serve_link(framed: &mut Framed<ServerStream>, peer: &Peer, limits: LinkLimits) -> LinkError {
+/// Answers an admitted peer until it leaves, stalls or misbehaves: pings here, requests by
+/// the service.
+async fn serve_link(
+    framed: &mut Framed<ServerStream>,
+    peer: &Peer,
+    service: &dyn PeerService,
+    limits: LinkLimits,
+) -> LinkError {
     loop {
         let (id, message) = match framed.recv(limits.idle_timeout).await {
             Ok(m) => m,
@@ -303,9 +360,16 @@ async fn serve_link(framed: &mut Framed<ServerStream>, peer: &Peer, limits: Link
         };
         let answer = match message {
             PeerMessage::Ping => PeerMessage::Pong,
-            PeerMessage::Request(PeerRequest { op, .. }) => {
-                tracing::debug!(peer = %peer.identity, ?op, "node link: request not served yet");
-                PeerMessage::Failure(PeerFailure { op, error: PeerError::Unsupported(op) })
+            PeerMessage::Request(request) => {
+                let op = request.op;
+                match service.serve(peer, request).await {
+                    Ok(response) if response.op == op => PeerMessage::Response(response),
+                    Ok(response) => {
+                        tracing::warn!(peer = %peer.identity, ?op, answered = ?response.op, "node link: service answered another operation");
+                        PeerMessage::Failure(PeerFailure { op, error: PeerError::Unsupported(op) })
+                    }
+                    Err(error) => PeerMessage::Failure(PeerFailure { op, error }),
+                }
             }
             other => return LinkError::unexpected("a ping or a request", &other),
         };

@@ -95,6 +95,9 @@ pub enum Refusal {
     /// The server holds as many links as it may.
     #[error("the server holds as many links as it may")]
     Busy,
+    /// The server does not serve peers now (it is fenced from its domain, or not joined).
+    #[error("this node does not serve peers now: {0}")]
+    Unavailable(String),
 }
 
 /// A cross-node operation carried by the request envelope (the next step gives each its
@@ -158,6 +161,15 @@ pub enum PeerError {
     /// The operation was refused.
     #[error("refused: {0}")]
     Refused(String),
+    /// The operation was refused with the code a local client would get (an invalid
+    /// handle, a revoked export, a policy that does not admit the importer).
+    #[error("{code:?}: {message}")]
+    Denied {
+        /// The client protocol's code.
+        code: fabric_proto::wire::ErrorCode,
+        /// Why.
+        message: String,
+    },
 }
 
 /// A failed request's answer.

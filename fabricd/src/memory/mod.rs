@@ -1101,6 +1101,16 @@ impl Memory {
         }
     }
 
+    /// The file of region `region` when the region is a file of its own (a sim device's
+    /// or host memory's): what the node link's shared sim fabric names to importers.
+    pub fn own_file(&self, region: u64) -> Option<PathBuf> {
+        let st = self.state();
+        match &st.regions.get(&region)?.backing {
+            Backing::SimFile(path) => Some(path.clone()),
+            _ => None,
+        }
+    }
+
     /// What a handle's export is about (for the partition checks before an import): its
     /// policy, its region's device and whether it was revoked. The handle is verified as
     /// for an import.

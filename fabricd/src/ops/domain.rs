@@ -224,6 +224,7 @@ mod tests {
             capabilities: vec![],
             groups: vec![],
             software: "0.1.0".into(),
+            node_id: None,
         };
         let range = |start, kind, owner: &str, memory: Option<&str>| PlacedRange {
             start,

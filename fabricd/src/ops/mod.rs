@@ -67,6 +67,10 @@ pub fn handle_session(
 pub fn request(d: &Daemon, cx: &Context<'_>, req: Request, fds: Vec<OwnedFd>) -> Result<Outcome, ErrorBody> {
     let name = req.opcode().name();
     let version = cx.version;
+    // Another node's memory (in a domain with a node link): asked of its owner.
+    if let Some(answer) = crate::peer::importer::route(d, cx, &req) {
+        return answer.map_err(|e| dispatch::refused_request(d, &cx.client.principal, name, e).for_version(version));
+    }
     if let Err(e) = crate::nodeid::check_handle(d.node, &req, version) {
         return Err(dispatch::refused_request(d, &cx.client.principal, name, e).for_version(version));
     }

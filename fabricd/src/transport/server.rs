@@ -46,6 +46,10 @@ pub enum ServeError {
 /// [`DRAIN_TIMEOUT`] for connections to finish their current request, and returns.
 pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: CancellationToken) -> Result<(), ServeError> {
     let tracker = TaskTracker::new();
+    // Peers' requests reach the daemon from now on.
+    if let Some(link) = daemon.domain.as_ref().and_then(|d| d.link()) {
+        link.attach(Arc::downgrade(&daemon));
+    }
     let configured = daemon.config.limits.clients;
     let clients = daemon.fd_budget.clients;
     if clients < configured {
@@ -418,6 +422,11 @@ async fn serve_session(
         // for the client to take back (docs/fabricd.md, "Durability").
         tracing::debug!("disconnected by shutdown; regions kept for resume");
         return;
+    }
+    // Its imports of other nodes' regions go back to their owners, whether the session
+    // ends or is kept for resume (a kept session's imports end too).
+    if let Some(link) = daemon.domain.as_ref().and_then(|d| d.link()) {
+        link.service().importer().close_session(daemon, session);
     }
     if let Some(detached) = detach(daemon, &client.principal, session) {
         // The connection's runtime ends with it: the grace timer runs on the daemon's.

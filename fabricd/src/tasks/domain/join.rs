@@ -64,6 +64,12 @@ pub enum JoinError {
     /// The domain task stopped before it answered.
     #[error("the domain task stopped during the join")]
     Stopped,
+    /// The node link's credentials (`[peer]` ca, cert, key) cannot be used.
+    #[error("node link")]
+    Credentials(#[source] crate::peer::CredentialsError),
+    /// The node link cannot listen at `peer.address`.
+    #[error("node link")]
+    Listen(#[source] crate::peer::ListenError),
 }
 
 /// A join that holds: the client, the lease the member key lives on, the fence its
@@ -117,9 +123,20 @@ pub fn check_settings(config: &Config) -> Result<(), String> {
 /// Joins the domain `config.domain` names (the caller checked it is set), blocking until
 /// etcd answers or its timeouts pass. Refuses when etcd refuses; starts without a join
 /// (the task keeps trying) when etcd is unreachable and a slot is remembered.
-pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Starting, JoinError> {
+pub fn start(
+    config: &Config,
+    inv: &Inventory,
+    state_dir: &Path,
+    node_id: fabric_proto::wire::NodeId,
+) -> Result<Starting, JoinError> {
     let Some(dc) = config.domain.clone() else {
         return Err(JoinError::Stopped);
+    };
+    let link = match config.peer.credentials() {
+        Some((ca, cert, key)) => Some(crate::peer::NodeLink::new(
+            crate::peer::creds::load(ca, cert, key, &dc.name, &dc.node).map_err(JoinError::Credentials)?,
+        )),
+        None => None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -135,7 +152,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
     {
         let (dc, local, peer, groups) = (dc.clone(), local.clone(), peer_address.clone(), groups.clone());
         runtime.spawn(async move {
-            let _ = tx.send(join(&dc, &local, &peer, &groups).await);
+            let _ = tx.send(join(&dc, &local, &peer, &groups, node_id).await);
         });
     }
     let err = |source| JoinError::Etcd { domain: dc.name.clone(), node: dc.node.clone(), source };
@@ -171,6 +188,7 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         slot,
         peer_address,
         groups,
+        node_id,
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
         fence: ArcSwap::from_pointee(joined.as_ref().map(|j| j.fence.clone())),
@@ -180,8 +198,14 @@ pub fn start(config: &Config, inv: &Inventory, state_dir: &Path) -> Result<Start
         topology: ArcSwapOption::empty(),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
+        link,
         runtime: RuntimeGuard::new(runtime),
     });
+    if let Some(link) = &domain.link {
+        let incarnation = joined.as_ref().map_or(0, |j| j.incarnation);
+        link.listen(domain.runtime.get(), &domain.peer_address, Arc::downgrade(&domain), incarnation)
+            .map_err(JoinError::Listen)?;
+    }
     Ok(Starting { domain, joined })
 }
 
@@ -191,6 +215,7 @@ pub(super) async fn join(
     local: &DomainSettings,
     peer_address: &str,
     groups: &[FabricGroup],
+    node_id: fabric_proto::wire::NodeId,
 ) -> Result<(u32, Joined), EtcdError> {
     let client = DomainClient::connect(config, Domain::limits()).await?;
     client.ensure_settings(local).await?;
@@ -205,6 +230,7 @@ pub(super) async fn join(
         capabilities: vec!["shared-file".to_owned()],
         groups: groups.to_vec(),
         software: env!("CARGO_PKG_VERSION").to_owned(),
+        node_id: Some(node_id.to_string()),
     };
     let fence = match client.join_fenced(&lease, &record).await {
         Ok(fence) => fence,

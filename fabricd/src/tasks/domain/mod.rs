@@ -86,6 +86,8 @@ pub struct Domain {
     slot: u32,
     peer_address: String,
     groups: Vec<fabric_domain::FabricGroup>,
+    /// This node's id, published in its member record.
+    node_id: fabric_proto::wire::NodeId,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
     /// The client of the current join, for admin requests (gc, partitions).
@@ -102,6 +104,8 @@ pub struct Domain {
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
+    /// The node link (`crate::peer`), when `[peer]` names its credentials.
+    link: Option<crate::peer::NodeLink>,
     runtime: RuntimeGuard,
 }
 
@@ -124,6 +128,16 @@ impl Domain {
     /// The domain settings.
     pub fn settings(&self) -> &DomainSettings {
         &self.settings
+    }
+
+    /// The node link, when this node has one.
+    pub fn link(&self) -> Option<&crate::peer::NodeLink> {
+        self.link.as_ref()
+    }
+
+    /// The domain's runtime, where link I/O runs.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        self.runtime.get()
     }
 
     /// This node's standing, etcd reachability and round trip.
@@ -261,6 +275,15 @@ impl Domain {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot leave the domain; it ends with the lease")
             }
             Err(_) => tracing::warn!("etcd did not answer the leave; the node goes with its lease"),
+        }
+    }
+
+    /// Publishes a new view; the node link hears of it (members that left or restarted
+    /// void what was granted to or by them).
+    fn publish_view(&self, view: DomainView) {
+        self.view.store(Arc::new(view));
+        if let Some(link) = &self.link {
+            link.members_changed();
         }
     }
 

@@ -60,6 +60,9 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
         // One campaign per join: a session that ends with a broken watch keeps it.
         let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
         domain.leadership.store(Arc::new(Some(e.watch())));
+        if let Some(link) = &domain.link {
+            link.set_incarnation(j.incarnation);
+        }
         domain.set_status(|s| {
             s.standing = Standing::Joined;
             s.incarnation = j.incarnation;
@@ -89,7 +92,8 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
 }
 
 async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
-    let (slot, j) = join::join(&domain.config, &domain.settings, &domain.peer_address, &domain.groups).await?;
+    let (slot, j) =
+        join::join(&domain.config, &domain.settings, &domain.peer_address, &domain.groups, domain.node_id).await?;
     if slot != domain.slot {
         // A slot changes only through an admin's gc of this node while it was gone; its
         // memory lies in the old one. Serving on would hand out GFAs of another node.
@@ -117,7 +121,7 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     let entries = all.iter().map(|e| (e.key(), e.value()));
     let mut view = DomainView::load(j.client.keys().clone(), Domain::limits(), entries, revision);
     drop(all);
-    domain.view.store(Arc::new(view.clone()));
+    domain.publish_view(view.clone());
     let mut stream = match j.client.watch_domain(revision + 1).await {
         Ok(s) => s,
         Err(e) => return End::Watch(crate::error_chain(&e)),
@@ -177,7 +181,7 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                         tracing::warn!(key = %String::from_utf8_lossy(kv.key()), %reason, "refused an etcd record");
                     }
                 }
-                domain.view.store(Arc::new(view.clone()));
+                domain.publish_view(view.clone());
             }
             _ = probe.tick() => {
                 let started = Instant::now();

@@ -1,0 +1,195 @@
+//! The links this node dials: at most one per peer node, made on first use from the
+//! peer's member record (its address and incarnation), made again when the record states
+//! another incarnation (the peer restarted: what the old link carried is void), when the
+//! link broke, or when it sat idle long enough that the peer may close it. One request at
+//! a time per link, so a request waits only for others to the same node.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fabric_nodelink::{Link, LinkError, NodeIdentity, PeerError, PeerRequest, PeerResponse};
+
+use super::NodeLink;
+use crate::tasks::domain::{Domain, Standing};
+
+/// Why a request to another node got no answer from it.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// This node has no node link (`[peer]` without credentials).
+    #[error("this node has no node link ([peer] ca, cert and key are not set)")]
+    NoLink,
+    /// This node is not joined: it has no incarnation to present.
+    #[error("this node is not joined to its domain ({0})")]
+    NotJoined(String),
+    /// The node is no live member of the domain now.
+    #[error("node {0} is not a live member of the domain")]
+    NotMember(String),
+    /// Its peer address does not resolve.
+    #[error("peer address {address:?} of node {node} does not resolve")]
+    Resolve {
+        /// The node.
+        node: String,
+        /// Its address.
+        address: String,
+        /// The resolver's answer, when it gave one.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The link could not be made, or broke (refused, timed out, closed).
+    #[error("node link to {node}")]
+    Link {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        source: LinkError,
+    },
+    /// The peer answered as another incarnation than its member record states (the view or
+    /// the peer is behind): nothing is asked of it until they agree.
+    #[error("node {node} answered as incarnation {welcomed}, its member record states {member}")]
+    Incarnation {
+        /// The node.
+        node: String,
+        /// The record's.
+        member: u64,
+        /// The Welcome's.
+        welcomed: u64,
+    },
+    /// The peer answered the request with a failure.
+    #[error("node {node} refused")]
+    Peer {
+        /// The node.
+        node: String,
+        /// Its answer.
+        #[source]
+        source: PeerError,
+    },
+}
+
+/// One dialled link and what it was made for.
+#[derive(Debug)]
+struct Held {
+    link: Link,
+    incarnation: u64,
+    used: Instant,
+}
+
+/// The links this node dialled, by peer node.
+#[derive(Debug, Default)]
+pub struct Peers {
+    /// A std mutex held only to find or add a node's slot; the slot's own async mutex is
+    /// held across that link's I/O.
+    links: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Held>>>>>,
+}
+
+impl Peers {
+    fn slot(&self, node: &str) -> Arc<tokio::sync::Mutex<Option<Held>>> {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.entry(node.to_owned()).or_default().clone()
+    }
+
+    /// How many peers have a link now.
+    pub fn linked(&self) -> usize {
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.values().filter(|s| s.try_lock().map_or(true, |h| h.is_some())).count()
+    }
+}
+
+/// What is asked of a peer.
+enum Ask {
+    Ping,
+    Request(PeerRequest),
+}
+
+/// What it answered.
+enum Answer {
+    Pong(Duration),
+    Response(PeerResponse),
+}
+
+impl NodeLink {
+    /// Sends `request` to `node` and waits for its answer (on the domain's runtime).
+    pub async fn call(&self, domain: &Domain, node: &str, request: PeerRequest) -> Result<PeerResponse, DialError> {
+        match self.ask(domain, node, Ask::Request(request)).await? {
+            Answer::Response(r) => Ok(r),
+            Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
+        }
+    }
+
+    /// Pings `node`; the round trip (a new link's handshake not counted).
+    pub async fn ping(&self, domain: &Domain, node: &str) -> Result<Duration, DialError> {
+        match self.ask(domain, node, Ask::Ping).await? {
+            Answer::Pong(rtt) => Ok(rtt),
+            Answer::Response(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
+        }
+    }
+
+    async fn ask(&self, domain: &Domain, node: &str, ask: Ask) -> Result<Answer, DialError> {
+        let status = domain.status();
+        if status.standing != Standing::Joined {
+            return Err(DialError::NotJoined(status.standing.to_string()));
+        }
+        let (incarnation, address) = {
+            let view = domain.view();
+            let m = view.members().find(|m| m.name == node).ok_or_else(|| DialError::NotMember(node.to_owned()))?;
+            (m.incarnation, m.peer_address.clone())
+        };
+        let slot = self.peers().slot(node);
+        let mut held = slot.lock().await;
+        // A link idle past half the peer's idle timeout may be closed under us: a request
+        // on it could be lost mid-way, so it is made anew rather than retried.
+        let fresh = |h: &Held| h.incarnation == incarnation && h.used.elapsed() < self.limits().idle_timeout / 2;
+        let mut h = match held.take() {
+            Some(h) if fresh(&h) => h,
+            _ => self.dial(domain, node, incarnation, &address, status.incarnation).await?,
+        };
+        let link_err = |source| DialError::Link { node: node.to_owned(), source };
+        let answer = match ask {
+            Ask::Ping => h.link.ping().await.map(Answer::Pong),
+            Ask::Request(r) => h.link.call(r).await.map(Answer::Response),
+        };
+        match answer {
+            Ok(a) => {
+                h.used = Instant::now();
+                *held = Some(h);
+                Ok(a)
+            }
+            // The link is sound; the peer said no.
+            Err(LinkError::Peer(source)) => {
+                h.used = Instant::now();
+                *held = Some(h);
+                Err(DialError::Peer { node: node.to_owned(), source })
+            }
+            Err(e) => Err(link_err(e)),
+        }
+    }
+
+    async fn dial(
+        &self,
+        domain: &Domain,
+        node: &str,
+        incarnation: u64,
+        address: &str,
+        ours: u64,
+    ) -> Result<Held, DialError> {
+        let resolve = |source| DialError::Resolve { node: node.to_owned(), address: address.to_owned(), source };
+        let addr = tokio::net::lookup_host(address)
+            .await
+            .map_err(|e| resolve(Some(e)))?
+            .next()
+            .ok_or_else(|| resolve(None))?;
+        let link_err = |source| DialError::Link { node: node.to_owned(), source };
+        let expected = NodeIdentity::new(domain.name(), node).map_err(|e| link_err(LinkError::Identity(e)))?;
+        let link = Link::connect(addr, self.credentials(), &expected, ours, self.limits()).await.map_err(link_err)?;
+        if link.peer_incarnation() != incarnation {
+            return Err(DialError::Incarnation {
+                node: node.to_owned(),
+                member: incarnation,
+                welcomed: link.peer_incarnation(),
+            });
+        }
+        tracing::info!(peer = node, %addr, incarnation, "node link: linked");
+        Ok(Held { link, incarnation, used: Instant::now() })
+    }
+}

@@ -1,0 +1,297 @@
+//! The importer's side of an import across nodes: a client's `Import` of a handle that
+//! names another node of the domain is asked of that node over the link; its grant names
+//! the region's file on the shared sim fabric, which is opened here under this node's own
+//! `peer.shared_dir` (the owner's name is the member this node dialled, the file's names
+//! are single path components) and handed to the client as a local import's descriptor.
+//! The client's `Release` of such an import goes back to the owner; the owner's
+//! revocations reach the client as the same `Revocation` events as local ones.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fabric_nodelink::{Peer, PeerError, PeerOp};
+use fabric_proto::wire::{
+    Access, ErrorBody, ErrorCode, Event, Grant, ImportRequest, ImportResponse, NODE_IDENTITIES, NodeId, Request,
+    Response, Revocation, RevocationReason,
+};
+
+use super::DialError;
+use super::wire::{self, ImportAsk, ImportGrant, ReleaseAsk, RevokeNotice};
+use crate::daemon::Daemon;
+use crate::events::Reach;
+use crate::ops::dispatch::errors::refusal;
+use crate::ops::dispatch::{Context, Outcome};
+
+/// The bit that marks an import id as one of another node's regions (the registry's own
+/// ids count up from 1 and never reach it).
+pub const REMOTE_IMPORT: u64 = 1 << 62;
+
+/// How long a client's import waits for the owner node.
+const ASK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One import of another node's region, held by a local session.
+#[derive(Debug, Clone)]
+struct Held {
+    session: u64,
+    owner: String,
+    /// The owner's incarnation when it granted the import.
+    incarnation: u64,
+    owner_import: u64,
+    region: u64,
+    generation: u64,
+}
+
+/// The imports this node's clients hold of other nodes' regions.
+#[derive(Debug, Default)]
+pub struct Importer {
+    next: AtomicU64,
+    held: Mutex<HashMap<u64, Held>>,
+}
+
+/// What the client gets when the owner node cannot be asked.
+fn unavailable(owner: &str, e: &DialError) -> ErrorBody {
+    refusal(ErrorCode::Unavailable, format!("node {owner} cannot be asked: {}", crate::error_chain(e)))
+}
+
+/// Answers a request that is about another node's memory: an `Import` of a handle naming
+/// another node, a `Release` of such an import. `None`: the request is this node's own.
+pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outcome, ErrorBody>> {
+    let domain = d.domain.as_ref()?;
+    let link = domain.link()?;
+    match req {
+        Request::Import(i) if cx.version >= NODE_IDENTITIES => match i.handle.node {
+            Some(node) if node != d.node => Some(import(d, cx, i, node)),
+            _ => None,
+        },
+        Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
+            Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
+                response: Response::Release,
+                fd: None,
+                events: None,
+            }))
+        }
+        _ => None,
+    }
+}
+
+fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Result<Outcome, ErrorBody> {
+    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
+    };
+    let standing = domain.status().standing.clone();
+    if standing != crate::tasks::domain::Standing::Joined {
+        return Err(refusal(
+            ErrorCode::Unavailable,
+            format!(
+                "this node is {standing} from its domain's etcd: new imports from other nodes are refused until it rejoins (established mappings keep working)"
+            ),
+        ));
+    }
+    let id = node.to_string();
+    let (owner, incarnation) = domain
+        .view()
+        .members()
+        .find(|m| m.node_id.as_deref() == Some(id.as_str()))
+        .map(|m| (m.name.clone(), m.incarnation))
+        .ok_or_else(|| refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")))?;
+    let Some(shared) = d.config.peer.shared_dir.clone() else {
+        return Err(refusal(
+            ErrorCode::NotImplemented,
+            format!(
+                "node {owner} shares no memory fabric with this node (class NET, no peer.shared_dir): import for load/store is not possible; copy the bytes instead"
+            ),
+        ));
+    };
+    let caller = crate::ops::scope::Caller::resolve(d, cx.client.clone());
+    caller.require_scope()?;
+    let partitions = match caller.event_reach() {
+        Reach::All => Vec::new(),
+        Reach::Partitions(names) => names.into_iter().take(wire::MAX_CLAIMS).collect(),
+    };
+    let crate::ops::principal::Principal::Local(process) = caller.principal();
+    let cred = process.cred;
+    let ask = ImportAsk {
+        region: i.handle.region,
+        generation: i.handle.generation,
+        secret: *i.handle.secret.expose(),
+        access: i.access,
+        uid: cred.uid,
+        gid: cred.gid,
+        partitions,
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (domain, owner) = (domain.clone(), owner.clone());
+        domain.clone().runtime().spawn(async move {
+            let Some(link) = domain.link() else { return };
+            let _ = tx.send(link.call(&domain, &owner, wire::request(PeerOp::Import, &ask)).await);
+        });
+    }
+    let answer = rx.recv_timeout(ASK_TIMEOUT).map_err(|_| {
+        refusal(ErrorCode::Unavailable, format!("node {owner} did not answer the import within {ASK_TIMEOUT:?}"))
+    })?;
+    let grant: ImportGrant = match answer {
+        Ok(r) => {
+            wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))?
+        }
+        Err(DialError::Peer { source: PeerError::Denied { code, message }, .. }) => {
+            return Err(refusal(code, format!("node {owner}: {message}")));
+        }
+        Err(e) => return Err(unavailable(&owner, &e)),
+    };
+    let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
+    let fd = open_shared(&shared, &owner, &grant, write).inspect_err(|_| {
+        // The owner recorded an import this node cannot use: give it back.
+        link.service().importer().give_back(domain, &owner, grant.import);
+    })?;
+    let local = link.service().importer().hold(Held {
+        session: cx.session,
+        owner: owner.clone(),
+        incarnation,
+        owner_import: grant.import,
+        region: grant.region,
+        generation: grant.generation,
+    });
+    tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's region");
+    let response = Response::Import(ImportResponse {
+        import: local,
+        region: grant.region,
+        generation: grant.generation,
+        size: grant.len,
+        gfa: grant.gfa,
+        offset: grant.offset,
+        access: i.access,
+        grant: Some(Grant { owner: node, access: Access::Fd }),
+    });
+    Ok(Outcome { response: response.for_version(cx.version), fd: Some(fd), events: None })
+}
+
+/// Opens `<shared>/<owner>/<resource>/<file>`: the resource directory checked as a
+/// private directory (no symlink, the daemon's euid, not writable by others), the file by
+/// name in it, and long enough for the grant.
+fn open_shared(shared: &std::path::Path, owner: &str, g: &ImportGrant, write: bool) -> Result<OwnedFd, ErrorBody> {
+    g.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))?;
+    let dir_path = shared.join(owner).join(&g.file.resource);
+    let bad = |what: String| refusal(ErrorCode::Unavailable, what);
+    let dir = crate::sys::privdir::PrivateDir::open(&dir_path)
+        .map_err(|e| bad(format!("{}: {}", dir_path.display(), crate::error_chain(&e))))?;
+    let file = crate::sys::privdir::open_in(
+        std::os::fd::AsFd::as_fd(&dir.into_fd()),
+        std::ffi::OsStr::new(&g.file.file),
+        write,
+    )
+    .map_err(|e| bad(format!("{}/{}: {e}", dir_path.display(), g.file.file)))?;
+    let size = file.metadata().map(|m| m.size()).unwrap_or(0);
+    if size < g.offset.saturating_add(g.len) {
+        return Err(refusal(
+            ErrorCode::Revoked,
+            format!("node {owner}'s region {} is gone (its file is short)", g.region),
+        ));
+    }
+    Ok(OwnedFd::from(file))
+}
+
+impl Importer {
+    fn hold(&self, h: Held) -> u64 {
+        let id = REMOTE_IMPORT | (self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, h);
+        id
+    }
+
+    /// Releases `import` of `session`: told to the owner node without waiting for it (its
+    /// import ends with this node's incarnation anyway).
+    fn release(&self, d: &Daemon, session: u64, import: u64) -> Result<(), ErrorBody> {
+        let h = {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            match held.get(&import) {
+                Some(h) if h.session == session => held.remove(&import),
+                Some(_) => {
+                    return Err(refusal(
+                        ErrorCode::PermissionDenied,
+                        format!("import {import} belongs to another session"),
+                    ));
+                }
+                None => return Err(refusal(ErrorCode::NotFound, format!("no import {import}"))),
+            }
+        };
+        if let (Some(h), Some(domain)) = (h, d.domain.as_ref()) {
+            self.give_back(domain, &h.owner, h.owner_import);
+        }
+        Ok(())
+    }
+
+    /// Tells `owner` that its import `import` is released (in the background).
+    fn give_back(&self, domain: &std::sync::Arc<crate::tasks::domain::Domain>, owner: &str, import: u64) {
+        let (domain, owner) = (domain.clone(), owner.to_owned());
+        domain.clone().runtime().spawn(async move {
+            let Some(link) = domain.link() else { return };
+            if let Err(e) = link.call(&domain, &owner, wire::request(PeerOp::Release, &ReleaseAsk { import })).await {
+                tracing::warn!(%owner, import, error = %crate::error_chain(&e), "cannot release an import at its owner");
+            }
+        });
+    }
+
+    /// Releases every import `session` held (its client left).
+    pub fn close_session(&self, d: &Daemon, session: u64) {
+        let ids: Vec<u64> = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.iter().filter(|(_, h)| h.session == session).map(|(k, _)| *k).collect()
+        };
+        for id in ids {
+            let _ = self.release(d, session, id);
+        }
+    }
+
+    /// Ends the imports of owners that are no longer `live` at the incarnation that
+    /// granted them: their holders get `OwnerExited`, as when a local owner's process
+    /// exits.
+    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
+        let ended: Vec<(u64, Held)> = {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<u64> = held
+                .iter()
+                .filter(|(_, h)| live.get(h.owner.as_str()) != Some(&h.incarnation))
+                .map(|(k, _)| *k)
+                .collect();
+            ids.into_iter().filter_map(|k| held.remove(&k).map(|h| (k, h))).collect()
+        };
+        for (local, h) in ended {
+            tracing::info!(owner = %h.owner, region = h.region, import = local, "the owner node left or restarted; its import is revoked");
+            let ev = Revocation {
+                region: h.region,
+                generation: h.generation,
+                import: local,
+                reason: RevocationReason::OwnerExited,
+            };
+            d.events.send_to(h.session, Event::Revocation(ev));
+        }
+    }
+
+    /// Serves an owner node's [`RevokeNotice`]: the session holding the import gets the
+    /// same `Revocation` event a local import's holder gets; a region that is gone ends
+    /// the import here too.
+    pub fn revoked(&self, d: &Daemon, peer: &Peer, notice: RevokeNotice) -> Result<(), PeerError> {
+        let r = notice.revocation;
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let found: Vec<(u64, Held)> = held
+            .iter()
+            .filter(|(_, h)| h.owner == peer.identity.node && h.owner_import == r.import)
+            .map(|(k, h)| (*k, h.clone()))
+            .collect();
+        if !matches!(r.reason, RevocationReason::Revoked) {
+            for (k, _) in &found {
+                held.remove(k);
+            }
+        }
+        drop(held);
+        for (local, h) in found {
+            let ev = Revocation { region: h.region, generation: h.generation, import: local, reason: r.reason };
+            d.events.send_to(h.session, Event::Revocation(ev));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! What this node answers over the node link: the owner's side of an import
+//! (`Import`, `Release`: [`Owner`]) and the importer's side of a revocation (`Revoke`:
+//! [`Importer`]). Until the daemon is attached (it is built after the domain joins), every
+//! request is refused as unavailable.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use fabric_nodelink::{Peer, PeerError, PeerOp, PeerRequest, PeerService, Served};
+
+use super::importer::Importer;
+use super::owner::Owner;
+use super::wire;
+use crate::daemon::Daemon;
+
+/// The daemon's peer service.
+#[derive(Debug, Default)]
+pub struct Service {
+    daemon: OnceLock<Weak<Daemon>>,
+    owner: Owner,
+    importer: Importer,
+}
+
+impl Service {
+    /// Hands it the daemon (once; later calls are ignored).
+    pub fn attach(&self, daemon: Weak<Daemon>) {
+        let _ = self.daemon.set(daemon);
+    }
+
+    /// The owner's side.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// The importer's side.
+    pub fn importer(&self) -> &Importer {
+        &self.importer
+    }
+
+    fn answer(
+        &self,
+        d: &Arc<Daemon>,
+        peer: &Peer,
+        request: &PeerRequest,
+    ) -> Result<fabric_nodelink::PeerResponse, PeerError> {
+        let op = request.op;
+        match op {
+            PeerOp::Import => {
+                // A node that is not joined grants nothing: its view may be stale and its
+                // membership (what its grants are recorded against) may be gone. Links
+                // admitted before the fence still reach this point.
+                if let Some(domain) = &d.domain
+                    && let standing = domain.status().standing.clone()
+                    && standing != crate::tasks::domain::Standing::Joined
+                {
+                    return Err(PeerError::Denied {
+                        code: fabric_proto::wire::ErrorCode::Unavailable,
+                        message: format!("it is {standing} from its domain's etcd: no new grants until it rejoins"),
+                    });
+                }
+                let grant = self.owner.import(d, peer, wire::decode(&request.body)?)?;
+                Ok(wire::response(op, &grant))
+            }
+            PeerOp::Release => {
+                self.owner.release(d, peer, wire::decode(&request.body)?)?;
+                Ok(wire::response(op, &()))
+            }
+            PeerOp::Revoke => {
+                self.importer.revoked(d, peer, wire::decode(&request.body)?)?;
+                Ok(wire::response(op, &()))
+            }
+            PeerOp::Copy => Err(PeerError::Unsupported(op)),
+        }
+    }
+}
+
+impl PeerService for Service {
+    fn serve(&self, peer: &Peer, request: PeerRequest) -> Served {
+        // The registry's work is short and takes no I/O under its lock; it runs here, on
+        // the link's task, and the answer is ready before the future is polled.
+        let answer = match self.daemon.get().and_then(Weak::upgrade) {
+            Some(d) => self.answer(&d, peer, &request),
+            None => Err(PeerError::Refused("the daemon is starting".into())),
+        };
+        if let Err(e) = &answer {
+            tracing::info!(peer = %peer.identity, op = ?request.op, error = %e, "node link: request refused");
+        }
+        Box::pin(async move { answer })
+    }
+}

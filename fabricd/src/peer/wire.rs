@@ -1,0 +1,207 @@
+//! The bodies of the cross-node operations carried by the node link's request envelope
+//! (postcard, read whole, every name checked): an importer's [`ImportAsk`] and the owner's
+//! [`ImportGrant`], [`ReleaseAsk`], and the owner's [`RevokeNotice`] to an importer node.
+//! Each fits its opcode's peer limit (256 bytes).
+
+use fabric_nodelink::{PeerError, PeerOp, PeerRequest, PeerResponse};
+use fabric_proto::wire::{AccessMode, Revocation};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The most partition names an [`ImportAsk`] claims.
+pub const MAX_CLAIMS: usize = 2;
+
+/// The longest name a body carries (a partition, a resource directory, a file).
+pub const MAX_NAME: usize = 64;
+
+/// An importer node asks the owner for a region by handle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportAsk {
+    /// The handle's region, generation and secret.
+    pub region: u64,
+    /// Its generation.
+    pub generation: u64,
+    /// Its secret (compared in constant time by the owner).
+    pub secret: [u8; 16],
+    /// The access asked for.
+    pub access: AccessMode,
+    /// The importing client's uid and gid on its node (used only where identities are
+    /// shared across the domain).
+    pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
+    /// The partitions the importing client is bound to on its node, as its node vouches.
+    pub partitions: Vec<String>,
+}
+
+/// Where the region's bytes are on the shared sim fabric: `<shared_dir>/<owner>/<resource>/<file>`,
+/// the owner's node name being the one the importer dialled, never the grant's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedFile {
+    /// The resource's directory name.
+    pub resource: String,
+    /// The region file's name.
+    pub file: String,
+}
+
+/// The owner's grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportGrant {
+    /// The owner's import id (what a release and a revocation name).
+    pub import: u64,
+    /// The region.
+    pub region: u64,
+    /// Its generation.
+    pub generation: u64,
+    /// Its bytes.
+    pub len: u64,
+    /// Its first byte's offset in the file.
+    pub offset: u64,
+    /// Its GFA in the domain.
+    pub gfa: Option<u64>,
+    /// Its file on the shared sim fabric.
+    pub file: SharedFile,
+}
+
+/// An importer node releases an import the owner granted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseAsk {
+    /// The owner's import id.
+    pub import: u64,
+}
+
+/// The owner tells an importer node that an import it granted ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeNotice {
+    /// The revocation, naming the owner's import id.
+    pub revocation: Revocation,
+}
+
+/// A name a body may carry: 1 to [`MAX_NAME`] of `[A-Za-z0-9._-]`, not `.` or `..` (so a
+/// resource or file name is one path component, never a way out of its directory).
+pub fn check_name(what: &str, name: &str) -> Result<(), PeerError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok { Ok(()) } else { Err(PeerError::Refused(format!("{what}: not a name"))) }
+}
+
+impl ImportAsk {
+    /// Checks the names it carries.
+    pub fn check(&self) -> Result<(), PeerError> {
+        if self.partitions.len() > MAX_CLAIMS {
+            return Err(PeerError::Refused(format!("more than {MAX_CLAIMS} partitions claimed")));
+        }
+        self.partitions.iter().try_for_each(|p| check_name("partition", p))
+    }
+}
+
+impl ImportGrant {
+    /// Checks the names it carries.
+    pub fn check(&self) -> Result<(), PeerError> {
+        check_name("resource", &self.file.resource)?;
+        check_name("file", &self.file.file)
+    }
+}
+
+/// The request envelope of `op` with `body`.
+pub fn request<T: Serialize>(op: PeerOp, body: &T) -> PeerRequest {
+    PeerRequest { op, body: postcard::to_stdvec(body).unwrap_or_default() }
+}
+
+/// The response envelope of `op` with `body`.
+pub fn response<T: Serialize>(op: PeerOp, body: &T) -> PeerResponse {
+    PeerResponse { op, body: postcard::to_stdvec(body).unwrap_or_default() }
+}
+
+/// The whole of `body` as one `T`, no byte left over.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, PeerError> {
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|e| PeerError::Refused(format!("body does not decode: {e}")))?;
+    if rest.is_empty() { Ok(value) } else { Err(PeerError::Refused(format!("{} bytes after the body", rest.len()))) }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_nodelink::{PEER_DECODER, PeerMessage};
+    use fabric_proto::wire::RevocationReason;
+
+    use super::*;
+
+    fn fits(message: PeerMessage) {
+        let mut out = Vec::new();
+        message.encode(1, &mut out).expect("fits its opcode's limit");
+        assert!(out.len() as u32 <= PEER_DECODER.max_body + 32);
+    }
+
+    #[test]
+    fn the_largest_bodies_fit_their_frames_and_round_trip() {
+        let long = "p".repeat(MAX_NAME);
+        let ask = ImportAsk {
+            region: u64::MAX,
+            generation: u64::MAX,
+            secret: [0xff; 16],
+            access: AccessMode::ReadWrite,
+            uid: u32::MAX,
+            gid: u32::MAX,
+            partitions: vec![long.clone(); MAX_CLAIMS],
+        };
+        assert_eq!(ask.check(), Ok(()));
+        fits(PeerMessage::Request(request(PeerOp::Import, &ask)));
+        assert_eq!(decode::<ImportAsk>(&request(PeerOp::Import, &ask).body), Ok(ask));
+        let grant = ImportGrant {
+            import: u64::MAX,
+            region: u64::MAX,
+            generation: u64::MAX,
+            len: u64::MAX,
+            offset: u64::MAX,
+            gfa: Some(u64::MAX),
+            file: SharedFile { resource: long.clone(), file: long },
+        };
+        fits(PeerMessage::Response(response(PeerOp::Import, &grant)));
+        let notice = RevokeNotice {
+            revocation: Revocation { region: 1, generation: 2, import: 3, reason: RevocationReason::Freed },
+        };
+        fits(PeerMessage::Request(request(PeerOp::Revoke, &notice)));
+    }
+
+    proptest::proptest! {
+        /// Any bytes a peer sends: never a panic; whatever decodes and passes its checks
+        /// encodes back to a body that decodes to the same value, and a checked grant's
+        /// names are one plain path component each (never a way out of the shared dir).
+        #[test]
+        fn any_body_decodes_or_is_refused_and_checked_names_stay_in_their_directory(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            if let Ok(ask) = decode::<ImportAsk>(&body) {
+                proptest::prop_assert_eq!(decode::<ImportAsk>(&request(PeerOp::Import, &ask).body), Ok(ask.clone()));
+                let _ = ask.check();
+            }
+            if let Ok(grant) = decode::<ImportGrant>(&body) {
+                if grant.check().is_ok() {
+                    for name in [&grant.file.resource, &grant.file.file] {
+                        let mut parts = std::path::Path::new(name).components();
+                        proptest::prop_assert!(matches!(parts.next(), Some(std::path::Component::Normal(_))));
+                        proptest::prop_assert!(parts.next().is_none());
+                    }
+                }
+                proptest::prop_assert_eq!(decode::<ImportGrant>(&response(PeerOp::Import, &grant).body), Ok(grant));
+            }
+            let _ = decode::<ReleaseAsk>(&body);
+            let _ = decode::<RevokeNotice>(&body);
+        }
+    }
+
+    #[test]
+    fn names_that_leave_their_directory_and_trailing_bytes_are_refused() {
+        for bad in ["", ".", "..", "a/b", "../x", "a\0", &"x".repeat(MAX_NAME + 1)] {
+            assert!(check_name("file", bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name("file", "r12").is_ok());
+        let mut body = postcard::to_stdvec(&ReleaseAsk { import: 5 }).unwrap();
+        body.push(0);
+        assert!(decode::<ReleaseAsk>(&body).is_err());
+    }
+}

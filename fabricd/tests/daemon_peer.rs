@@ -1,0 +1,420 @@
+//! The node link of real fabricd nodes (`docs/domain.md`, "Node link"): two nodes of one
+//! domain, a private etcd and certificates from a test CA; each node listens at its peer
+//! address and admits a peer only as the domain's member records say — the current
+//! incarnation of a live member, read from the same records `domain status` shows — and
+//! refuses a stale incarnation and a node that is no member; a node whose certificate names
+//! another node is refused at start. Across nodes: a client of one node exports, a client
+//! of the other imports the handle through its own node and maps the same bytes (the
+//! shared sim fabric), writes are seen both ways; a free on the owner reaches the
+//! importer's client as a revocation within a second and truncates the file under its
+//! mapping; a node without the shared fabric is refused with a reason that suggests copy.
+//! An owner's revoke reaches the importer's client; a release, and a client's going, go
+//! back to the owner; an
+//! importer node killed has its imports released by the owner within the TTL; an owner
+//! node killed reaches the importers' clients as `OwnerExited` within the TTL. While etcd
+//! does not answer, established mappings keep working and new cross-node imports are
+//! refused with a typed error that names etcd; they work again once the nodes rejoin.
+//!
+//! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
+//! skipped (scripts/deps.sh installs Debian's etcd-server).
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fabric_domain::testing::EtcdServer;
+use fabric_nodelink::{
+    Credentials, DomainCa, Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Pem, Refusal,
+};
+use fabric_proto::wire::{
+    AccessMode, CodecError, Connection, DomainAction, DomainRequest, ErrorBody, ErrorCode, Event, ExportHandle,
+    FreeRequest, ImportRequest, ImportResponse, ReleaseRequest, Request, Response, RevocationReason, RevokeRequest,
+    Secret, StatusRequest, SubscribeRequest, Topics,
+};
+use serde_json::Value;
+
+use common::scrape::free_port;
+
+const TTL: u64 = 2;
+const SPAN: u64 = 1 << 40;
+const DOMAIN: &str = "test";
+
+fn supernode() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
+}
+
+/// The CA's and the nodes' PEM files in `dir`.
+struct Pki {
+    ca: DomainCa,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let pki = Self { ca: DomainCa::generate(DOMAIN).unwrap(), dir: tempfile::tempdir().unwrap() };
+        std::fs::write(pki.dir.path().join("ca.pem"), &pki.ca.pem().cert).unwrap();
+        pki
+    }
+
+    /// Issues `node`'s certificate; its files (certificate, key).
+    fn issue(&self, node: &str) -> (PathBuf, PathBuf) {
+        let pem = self.ca.issue(node, &[]).unwrap();
+        let (cert, key) = (self.dir.path().join(format!("{node}.pem")), self.dir.path().join(format!("{node}.key")));
+        std::fs::write(&cert, &pem.cert).unwrap();
+        std::fs::write(&key, &pem.key).unwrap();
+        (cert, key)
+    }
+
+    fn credentials(&self, node: &str) -> Credentials {
+        let (cert, key) = self.issue(node);
+        let pem = Pem { cert: std::fs::read_to_string(cert).unwrap(), key: std::fs::read_to_string(key).unwrap() };
+        Credentials::from_pem(&self.ca.pem().cert, &pem).unwrap()
+    }
+}
+
+/// Node `name` serving tray `name` of the supernode, its link at `port` with `cert_of`'s
+/// certificate.
+fn node(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16) -> common::Setup {
+    node_with(etcd, pki, name, cert_of, port, "")
+}
+
+/// [`node`] with more `[peer]` keys.
+fn node_with(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16, peer: &str) -> common::Setup {
+    let (cert, key) = pki.issue(cert_of);
+    let extra = format!(
+        "[map]\nnode_span = {{ fixed = {SPAN} }}\n[domain]\nname = {DOMAIN:?}\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n\
+         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n{peer}",
+        etcd.endpoint(),
+        pki.dir.path().join("ca.pem"),
+        cert,
+        key,
+    );
+    let s = common::Setup::with_sim(&supernode(), &extra);
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {name:?}\n"))).unwrap();
+    s
+}
+
+fn status(c: &mut Connection) -> Value {
+    match c.call(Request::Domain(DomainRequest { action: DomainAction::Status }), &[]).unwrap().0 {
+        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `name`'s incarnation as `c`'s node lists it, once live.
+fn incarnation_of(c: &mut Connection, name: &str) -> Option<u64> {
+    let doc = status(c);
+    doc["nodes"].as_array()?.iter().find(|n| n["name"] == name && n["state"] == "live")?["incarnation"].as_u64()
+}
+
+fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_node_admits_the_current_incarnation_of_a_live_member_only() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let ports = [free_port(), free_port()];
+    let setups: Vec<_> = ["tray0", "tray1"].iter().zip(ports).map(|(n, p)| node(&etcd, &pki, n, n, p)).collect();
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut c0 = common::client(&setups[0].socket);
+    let tray1 = until(Duration::from_secs(15), "tray0 lists tray1 live", || incarnation_of(&mut c0, "tray1"));
+    let tray0 = until(Duration::from_secs(15), "tray0 lists itself", || incarnation_of(&mut c0, "tray0"));
+    let at: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().unwrap();
+    let expected = NodeIdentity::new(DOMAIN, "tray0").unwrap();
+    let limits = LinkLimits::default();
+    let creds1 = pki.credentials("tray1");
+
+    // tray1's certificate at tray1's incarnation: admitted, tray0 welcomes with its own.
+    let mut link = rt.block_on(Link::connect(at, &creds1, &expected, tray1, limits)).unwrap();
+    assert_eq!(link.peer_incarnation(), tray0, "the Welcome states tray0's incarnation");
+    rt.block_on(link.ping()).unwrap();
+    let answer = rt.block_on(link.call(PeerRequest { op: PeerOp::Copy, body: vec![] }));
+    assert!(matches!(answer, Err(LinkError::Peer(PeerError::Unsupported(PeerOp::Copy)))), "{answer:?}");
+
+    // Another incarnation of a member: refused as stale.
+    let stale = rt.block_on(Link::connect(at, &creds1, &expected, tray1 - 1, limits)).unwrap_err();
+    assert!(
+        matches!(&stale, LinkError::Refused(Refusal::StaleIncarnation { node, offered }) if node == "tray1" && *offered == tray1 - 1),
+        "{stale:?}"
+    );
+    // A certificate of the domain's CA for a node that is no member: refused.
+    let stranger = rt.block_on(Link::connect(at, &pki.credentials("tray9"), &expected, 1, limits)).unwrap_err();
+    assert!(matches!(&stranger, LinkError::Refused(Refusal::NotMember(n)) if n == "tray9"), "{stranger:?}");
+    // The admitted link still answers.
+    rt.block_on(link.ping()).unwrap();
+}
+
+#[test]
+fn a_node_whose_certificate_names_another_is_refused_at_start() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let s = node(&etcd, &pki, "tray1", "tray0", free_port());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fabricd"))
+        .arg("--config")
+        .arg(&s.config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = common::wait_exit(&mut child, 30);
+    assert!(!code.success());
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(
+        log.contains("the certificate names fabric://test/node/tray0, but this is fabric://test/node/tray1"),
+        "{log}"
+    );
+}
+
+/// The map's first HBM range of `node`: its device.
+fn hbm_of(c: &mut Connection, node: &str) -> String {
+    let Response::Map(d) = c.call(Request::Map(fabric_proto::wire::TopologyRequest::default()), &[]).unwrap().0 else {
+        panic!()
+    };
+    let v: Value = serde_json::from_str(&d.json).unwrap();
+    let r = v["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == node && r["owner"].as_str().is_some_and(|o| o.contains("#hbm")))
+        .unwrap_or_else(|| panic!("no HBM range of {node}: {v}"));
+    r["owner"].as_str().unwrap().split('#').next().unwrap().to_owned()
+}
+
+fn import(c: &mut Connection, handle: ExportHandle, access: AccessMode) -> Result<(ImportResponse, File), ErrorBody> {
+    match c.call(Request::Import(ImportRequest { handle, access }), &[]) {
+        Ok((Response::Import(i), fds)) => Ok((i, File::from(fds.into_iter().next().unwrap()))),
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn map(f: &File, offset: u64, len: u64) -> memmap2::MmapMut {
+    // SAFETY: a shared mapping of a region file; the test is its only user in this
+    // process, and it is dropped before the file is truncated below.
+    unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
+}
+
+/// Three nodes tray0..tray2 on a shared sim fabric in `shared` (all but those `apart`
+/// says), started, each listing all three live: their files, daemons and clients.
+fn three_nodes(
+    etcd: &EtcdServer,
+    pki: &Pki,
+    shared: &Path,
+    apart: impl Fn(usize) -> bool,
+) -> (Vec<common::Setup>, Vec<Option<common::Daemon>>, Vec<Connection>) {
+    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.join("sim"));
+    let names = ["tray0", "tray1", "tray2"];
+    let setups: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| node_with(etcd, pki, n, n, free_port(), if apart(i) { "" } else { &fabric }))
+        .collect();
+    let daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        for n in names {
+            until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(c, n));
+        }
+    }
+    (setups, daemons, clients)
+}
+
+#[test]
+fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // tray2 has no shared fabric: class NET to the others.
+    let (_setups, _daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
+    let [mut c0, mut c1, mut c2]: [Connection; 3] = clients.try_into().ok().unwrap();
+    // A client of tray0 allocates on tray0's GPU and exports it.
+    let gpu = hbm_of(&mut c0, "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c0, &gpu, 1 << 20);
+    let len = a.size;
+    let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
+    // A client of tray1 imports it through tray1, which asks tray0 over the link.
+    let t = Instant::now();
+    let (i, file1) = import(&mut c1, handle, AccessMode::ReadWrite).unwrap();
+    eprintln!("remote import: {:?}", t.elapsed());
+    assert_eq!((i.region, i.size, i.gfa), (a.region, len, a.gfa), "the grant names tray0's region at its GFA");
+    assert_eq!(i.grant.map(|g| g.owner), handle.node, "the grant names the owner node");
+    // Bytes written through one node's mapping are read through the other's, both ways.
+    let mut m0 = map(&file0, a.offset, len);
+    let mut m1 = map(&file1, i.offset, len);
+    m1[..14].copy_from_slice(b"from tray1 ...");
+    assert_eq!(&m0[..14], b"from tray1 ...");
+    m0[len as usize - 5..].copy_from_slice(b"tray0");
+    assert_eq!(&m1[len as usize - 5..], b"tray0");
+
+    // tray2 shares no memory fabric: refused, with why and what to do instead.
+    let net = import(&mut c2, handle, AccessMode::ReadOnly).unwrap_err();
+    assert_eq!(net.code, ErrorCode::NotImplemented, "{net:?}");
+    assert!(net.message.contains("class NET") && net.message.contains("copy"), "{}", net.message);
+    // A handle with a wrong secret is refused by the owner, with the local code.
+    let forged = ExportHandle { secret: Secret([7; 16]), ..handle };
+    assert_eq!(import(&mut c1, forged, AccessMode::ReadOnly).unwrap_err().code, ErrorCode::InvalidHandle);
+
+    // tray0's client frees the region: tray1's client is told within a second, and the
+    // file under its mapping is truncated (a later load faults instead of reading reused
+    // memory).
+    let Response::Subscribe(_) =
+        c1.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    drop((m0, m1));
+    let freed = Instant::now();
+    let Response::Free = c0.call(Request::Free(FreeRequest { region: a.region }), &[]).unwrap().0 else { panic!() };
+    match c1.next_event().unwrap() {
+        Event::Revocation(r) => {
+            assert_eq!((r.region, r.import, r.reason), (a.region, i.import, RevocationReason::Freed));
+        }
+        other => panic!("{other:?}"),
+    }
+    let reach = freed.elapsed();
+    eprintln!("revocation reached the importer's client after {reach:?}");
+    assert!(reach < Duration::from_secs(1), "{reach:?}");
+    until(Duration::from_secs(1), "the region file truncated", || (file1.metadata().unwrap().len() == 0).then_some(()));
+}
+
+fn subscribe(c: &mut Connection) {
+    let Response::Subscribe(_) =
+        c.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+}
+
+fn imports(c: &mut Connection) -> u64 {
+    match c.call(Request::Status(StatusRequest::default()), &[]).unwrap().0 {
+        Response::Status(s) => s.imports,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn revocation(c: &mut Connection) -> fabric_proto::wire::Revocation {
+    match c.next_event().unwrap() {
+        Event::Revocation(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn revoke_release_and_the_death_of_either_node_reach_the_other() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    subscribe(&mut c[1]);
+
+    // A revoke reaches tray1's client as the same event a local importer gets.
+    let (i1, _f1) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 1);
+    let t = Instant::now();
+    let Response::Revoke = c[0].call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap().0 else { panic!() };
+    let r = revocation(&mut c[1]);
+    assert_eq!((r.region, r.import, r.reason), (a.region, i1.import, RevocationReason::Revoked));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err().code, ErrorCode::Revoked);
+    // Its release goes back to the owner.
+    let Response::Release = c[1].call(Request::Release(ReleaseRequest { import: i1.import }), &[]).unwrap().0 else {
+        panic!()
+    };
+    until(Duration::from_secs(2), "the owner released the import", || (imports(&mut c[0]) == 0).then_some(()));
+
+    // tray2 imports a new export, then dies: tray0 releases its import once its member
+    // key goes (TTL), not before.
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (_i2, _f2) = import(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
+    let (i1, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(imports(&mut c[0]), 2);
+    // A client that goes gives its imports of other nodes back (the session may be kept
+    // for resume; its imports end either way).
+    let mut gone = common::client(&setups[1].socket);
+    let (_i3, _f3) = import(&mut gone, handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 3);
+    drop(gone);
+    until(Duration::from_secs(2), "a gone client's import released", || (imports(&mut c[0]) == 2).then_some(()));
+    let mut dead = daemons[2].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    until(Duration::from_secs(TTL + 3), "tray2's import released", || (imports(&mut c[0]) == 1).then_some(()));
+    let seen = killed.elapsed();
+    eprintln!("a dead importer's import released after {seen:?}");
+    assert!(seen <= Duration::from_secs(TTL + 1), "{seen:?}");
+
+    // tray0 dies: tray1's client is told its import ended, within the TTL.
+    let mut dead = daemons[0].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    let r = revocation(&mut c[1]);
+    let seen = killed.elapsed();
+    eprintln!("a dead owner's importer told after {seen:?}");
+    assert_eq!((r.region, r.import, r.reason), (a.region, i1.import, RevocationReason::OwnerExited));
+    assert!(seen <= Duration::from_secs(TTL + 1), "{seen:?}");
+}
+
+fn standing(c: &mut Connection) -> String {
+    status(c)["self"]["standing"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn an_etcd_outage_keeps_mappings_working_and_refuses_new_grants() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (_setups, _daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (i, file1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    let (mut m0, m1) = (map(&file0, a.offset, a.size), map(&file1, i.offset, i.size));
+
+    // etcd stops answering: every node fences itself before its TTL ends.
+    let pid = etcd.pid().unwrap().to_string();
+    let kill = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    kill("-STOP");
+    for x in &mut c {
+        until(Duration::from_secs(TTL + 1), "fenced", || standing(x).starts_with("fenced").then_some(()));
+    }
+    // The established mapping keeps working: no daemon, let alone etcd, is on the path.
+    m0[100..104].copy_from_slice(b"live");
+    assert_eq!(&m1[100..104], b"live");
+    // A new cross-node import is refused, saying why; a local one goes on.
+    let refused = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::Unavailable, "{refused:?}");
+    assert!(refused.message.contains("etcd") && refused.message.contains("fenced"), "{}", refused.message);
+    assert!(import(&mut c[0], handle, AccessMode::ReadOnly).is_ok(), "local imports do not need etcd");
+
+    // etcd answers again: the nodes rejoin (new incarnations) and cross-node imports work.
+    kill("-CONT");
+    for x in &mut c {
+        until(Duration::from_secs(15), "rejoined", || (standing(x) == "joined").then_some(()));
+    }
+    until(Duration::from_secs(15), "imports across nodes again", || {
+        import(&mut c[1], handle, AccessMode::ReadOnly).ok().map(drop)
+    });
+}

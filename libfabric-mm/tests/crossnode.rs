@@ -1,0 +1,182 @@
+//! Memory of one domain node mapped by a client of another, through the library alone:
+//! two real fabricd nodes (a private etcd, certificates from a test CA, the sim's shared
+//! fabric); a session on tray1 imports a handle a session on tray0 exported — nothing
+//! new to learn for a remote handle — maps it at its GFA in a window over tray0's slot,
+//! reads tray0's stores and stores back, which tray0 reads; when tray0's region is freed
+//! the importer's revocation callback runs with `Freed` and the import reports revoked,
+//! and another importer process's next load through its stale mapping dies of SIGBUS
+//! (the owner truncated the region's file): it never reads memory that may be reused.
+//!
+//! That importer process is this same test binary re-run with `--ignored --exact
+//! importer_process`.
+//!
+//! Without an `etcd` binary it says it is skipped (scripts/deps.sh installs it).
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fabric_mm::{
+    Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Session, SessionConfig, Target, WindowConfig,
+};
+use fabric_nodelink::DomainCa;
+use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Response, SUPPORTED_VERSIONS};
+
+const SPAN: u64 = 1 << 40;
+const LEN: u64 = 2 << 20;
+const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
+
+/// The second importer: `socket slot handle` in [`ENV`]; imports, maps, says `MAPPED`,
+/// and on `LOAD` loads through its mapping (and should not live to say `LOADED`).
+#[test]
+#[ignore = "the importer process of the cross-node test, which runs it"]
+fn importer_process() {
+    let Ok(args) = std::env::var(ENV) else { return };
+    let mut a = args.split(' ');
+    let (socket, slot, handle) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
+    let s = session(Path::new(socket), slot.parse().unwrap());
+    let import = s.import(&handle.parse::<Handle>().unwrap(), false).unwrap();
+    let m = s.map(&import).unwrap();
+    println!("\nMAPPED");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    // SAFETY: a load through a mapping this process holds; the owner truncated the file
+    // under it, which is what this process exists to show (the load faults).
+    let seen = unsafe { std::ptr::read_volatile(m.as_ptr()) };
+    println!("LOADED {seen}");
+}
+
+/// Node `name` of domain `lab`, tray `name` of the supernode, its link on a free port with
+/// a certificate `ca` issues (files beside `ca_file`), on the shared sim fabric `shared`.
+fn start(etcd: &str, ca: &DomainCa, ca_file: &Path, shared: &Path, name: &str) -> common::Daemon {
+    let pem = ca.issue(name, &[]).unwrap();
+    let pki = ca_file.parent().unwrap();
+    let (cert, key) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
+    std::fs::write(&cert, &pem.cert).unwrap();
+    std::fs::write(&key, &pem.key).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap();
+    let extra = format!(
+        "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
+         [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
+         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
+         shared_dir = {shared:?}\nshared_identities = true\n"
+    );
+    common::daemon_on(&sim, &format!("sim_node = {name:?}"), &extra, |_| {})
+}
+
+/// The node's `domain status` document.
+fn status(socket: &Path) -> serde_json::Value {
+    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    let mut c = Connection::new(s);
+    c.hello("crossnode-test", SUPPORTED_VERSIONS).unwrap();
+    match c.call(Request::Domain(DomainRequest { action: DomainAction::Status }), &[]).unwrap().0 {
+        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A session whose window covers slot `slot`.
+fn session(socket: &Path, slot: u64) -> Session {
+    Session::open_with(SessionConfig {
+        socket: Some(socket.to_owned()),
+        window: Some(WindowConfig { gfa: slot * SPAN, len: SPAN }),
+        client_name: Some("crossnode-test".into()),
+        ..SessionConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let ca = DomainCa::generate("lab").unwrap();
+    let pki = tempfile::tempdir().unwrap();
+    let ca_file = pki.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.pem().cert).unwrap();
+    let shared = pki.path().join("sim");
+    let n0 = start(etcd.endpoint(), &ca, &ca_file, &shared, "tray0");
+    let n1 = start(etcd.endpoint(), &ca, &ca_file, &shared, "tray1");
+    // Both nodes list both live.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let slot0 = loop {
+        let live = |s: &serde_json::Value| {
+            s["nodes"].as_array().is_some_and(|n| n.iter().filter(|x| x["state"] == "live").count() == 2)
+        };
+        let (s0, s1) = (status(&n0.socket), status(&n1.socket));
+        if live(&s0) && live(&s1) {
+            break s0["self"]["slot"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the nodes did not see each other: {s0} {s1}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+
+    // tray0: allocate on its GPU, map, store, export — as for any local sharing.
+    let owner = session(&n0.socket, slot0);
+    let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
+    let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap();
+    let om = owner.map(&region).unwrap();
+    // SAFETY: this test is the only writer of the region until it exports it.
+    unsafe { om.as_mut_slice().unwrap()[..8].copy_from_slice(b"on tray0") };
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+
+    // tray1: the same import call; the window over tray0's slot places it at its GFA.
+    let importer = session(&n1.socket, slot0);
+    let import = importer.import(&handle, true).unwrap();
+    assert_eq!(import.gfa(), om.gfa().into(), "one GFA on both nodes");
+    let im = importer.map(&import).unwrap();
+    assert_eq!(im.as_ptr() as usize - importer.window().base() as usize, (om.gfa() - slot0 * SPAN) as usize);
+    // SAFETY: tray0 stored before exporting and stores nothing more; the test reads its
+    // own store back through tray0's mapping only after it is made.
+    unsafe {
+        assert_eq!(&im.as_slice()[..8], b"on tray0", "tray0's stores are visible on tray1");
+        std::ptr::write_volatile(im.as_ptr().add(LEN as usize - 1), 0x5a);
+        assert_eq!(
+            std::ptr::read_volatile(om.as_ptr().add(LEN as usize - 1)),
+            0x5a,
+            "tray1's store is visible on tray0"
+        );
+    }
+
+    // A second importer, in a process of its own, maps it too.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "importer_process", "--nocapture", "--test-threads=1"])
+        .env(ENV, format!("{} {slot0} {handle}", n1.socket.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "MAPPED" {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the importer process exited before mapping");
+    }
+
+    // tray0 frees the region: tray1's callback runs with Freed, the import is revoked.
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    importer.on_revocation(move |r| {
+        let _ = tx.lock().unwrap().send(*r);
+    });
+    drop(om);
+    drop(region);
+    let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
+    assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
+    assert!(matches!(im.check(), Err(Error::Revoked { reason: RevocationReason::Freed, .. })));
+    // The owner truncated the file before it told the importer node: the other process's
+    // next load through its stale mapping faults.
+    writeln!(child.stdin.as_mut().unwrap(), "LOAD").unwrap();
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status}; it said: {rest}");
+}
