@@ -203,6 +203,19 @@ impl Drop for EtcdServer {
     }
 }
 
+/// Polls `f` every 50 ms until it answers `Some`, for up to `within`; panics naming `what`
+/// past that (domain tests wait for what a watch or a lease brings).
+pub fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `$FABRIC_ETCD`, else `etcd` on `PATH`.
 pub fn etcd_binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("FABRIC_ETCD") {

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fabric_domain::testing::EtcdServer;
+use fabric_domain::testing::{EtcdServer, until};
 use fabric_nodelink::{
     Credentials, DomainCa, Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Pem, Refusal,
 };
@@ -110,17 +110,6 @@ fn status(c: &mut Connection) -> Value {
 fn incarnation_of(c: &mut Connection, name: &str) -> Option<u64> {
     let doc = status(c);
     doc["nodes"].as_array()?.iter().find(|n| n["name"] == name && n["state"] == "live")?["incarnation"].as_u64()
-}
-
-fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

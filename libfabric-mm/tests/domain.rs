@@ -8,9 +8,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fabric_domain::testing::{EtcdServer, etcd_or_skip};
+use fabric_domain::testing::{EtcdServer, etcd_or_skip, until};
 use fabric_mm::{Location, MemoryClass, RemotePlace, ResourceOffset};
 
 const TTL: u64 = 2;
@@ -23,18 +23,6 @@ fn node(etcd: &EtcdServer, name: &str) -> common::Daemon {
         etcd.endpoint()
     );
     common::daemon_on(&sim, &format!("sim_node = {name:?}"), &extra, |_| {})
-}
-
-/// Polls `f` every 50 ms for up to `within`.
-fn until<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
