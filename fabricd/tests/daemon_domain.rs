@@ -6,7 +6,9 @@
 //! stopped node's name is free at once, an admin's gc frees only a gone node's slot; a
 //! node whose etcd stops answering fences itself (its leadership unknown), serves on and
 //! rejoins; three nodes agree on one leader, and on a new one with a larger term when the
-//! leader is killed; and `scripts/domain.sh` starts and stops a domain.
+//! leader is killed; hostile records written into etcd by hand are refused by running
+//! nodes with the reason logged and poison no map; and `scripts/domain.sh` starts and
+//! stops a domain.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -387,4 +389,65 @@ fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
     assert!(ok, "{text}");
     assert!(!run.path().join("d").exists(), "the run dir is removed");
     assert!(std::os::unix::net::UnixStream::connect(&sockets[0]).is_err(), "tray0 stopped");
+}
+
+/// Hostile records written into etcd by hand under two running nodes — a truncated
+/// placements record, another node's placements under a name that holds no slot, a member
+/// record of an unknown version, a slot claimed a second time for a live node, a value far
+/// past the record limit — are each refused with a logged reason naming the key; neither
+/// node crashes, and both keep serving the domain map they held.
+#[test]
+fn hostile_records_in_etcd_are_refused_and_poison_no_running_node() {
+    use fabric_domain::records::{Keys, SlotClaim, encode};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let setups: Vec<_> = (0..2).map(|i| node(&etcd, &format!("tray{i}"), &format!("tray{i}"), SPAN)).collect();
+    let daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "both nodes live with their placements", || all_live_and_placed(c, 2));
+    }
+    let held = map(&mut clients[0]);
+    assert_eq!(map(&mut clients[1]), held);
+
+    let keys = Keys::new("test");
+    let endpoint = etcd.endpoint().to_owned();
+    let hostile = rt.block_on(async {
+        let mut client = fabric_domain::etcd_client::Client::connect([endpoint], None).await.unwrap();
+        let real = client.get(keys.placements("tray1"), None).await.unwrap().kvs()[0].value().to_vec();
+        let hostile = vec![
+            (keys.placements("tray1"), real[..real.len() / 2].to_vec()),
+            (keys.placements("ghost"), real.clone()),
+            (keys.member("evil"), br#"{"version":99,"name":"evil"}"#.to_vec()),
+            (keys.slot(4000), encode(&SlotClaim::new(4000, "tray0"))),
+            (keys.topology("tray1"), vec![b'['; 1 << 20]),
+        ];
+        for (k, v) in &hostile {
+            client.put(k.clone(), v.clone(), None).await.unwrap();
+        }
+        hostile
+    });
+    for d in &daemons {
+        until(Duration::from_secs(10), "each hostile key refused in the node's log", || {
+            let log = d.log();
+            hostile
+                .iter()
+                .all(|(k, _)| log.lines().any(|l| l.contains("refused an etcd record") && l.contains(k.as_str())))
+        });
+    }
+    for line in daemons[0].log().lines().filter(|l| l.contains("refused an etcd record")) {
+        eprintln!("tray0: {line}");
+    }
+    // Both nodes serve on with the map they held: no ghost, no evil member, no second slot.
+    for c in &mut clients {
+        assert_eq!(map(c)["ranges"], held["ranges"]);
+        let names: Vec<String> = nodes(c).into_iter().map(|n| n.0).collect();
+        assert_eq!(names, ["tray0", "tray1"]);
+        assert!(all_live_and_placed(c, 2));
+        let r1 = held["ranges"].as_array().unwrap().iter().find(|r| r["node"] == "tray1").unwrap();
+        assert!(matches!(
+            translate(c, r1["start"].as_u64().unwrap()),
+            Translation::Remote { .. } | Translation::Resource { .. }
+        ));
+    }
 }
