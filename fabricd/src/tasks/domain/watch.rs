@@ -129,12 +129,10 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     let mut published = Published::default();
     // When a failed write is tried again: a deadline of the loop below, never a sleep
     // inside it, so a lost lease is acted on at once meanwhile.
-    let mut retry: Option<tokio::time::Instant> = None;
-    match publish_records(domain, j, reader, &mut published).await {
-        Outcome::Done => {}
-        Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
-        Outcome::Fenced(end) => return end,
-    }
+    let mut retry = match publish(domain, j, reader, &mut published).await {
+        Ok(at) => at,
+        Err(end) => return end,
+    };
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -148,19 +146,16 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                 }
             }
             () = domain.map_changed.notified(), if retry.is_none() => {
-                match publish_records(domain, j, reader, &mut published).await {
-                    Outcome::Done => {}
-                    Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
-                    Outcome::Fenced(end) => return end,
-                }
+                retry = match publish(domain, j, reader, &mut published).await {
+                    Ok(at) => at,
+                    Err(end) => return end,
+                };
             }
             () = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
-                retry = None;
-                match publish_records(domain, j, reader, &mut published).await {
-                    Outcome::Done => {}
-                    Outcome::Retry => retry = Some(tokio::time::Instant::now() + domain.config.keepalive_interval()),
-                    Outcome::Fenced(end) => return end,
-                }
+                retry = match publish(domain, j, reader, &mut published).await {
+                    Ok(at) => at,
+                    Err(end) => return end,
+                };
             }
             message = stream.message() => {
                 let response = match message {
@@ -211,6 +206,21 @@ enum Outcome {
     Retry,
     /// This membership no longer holds its member key: the session ends.
     Fenced(End),
+}
+
+/// Publishes this node's records ([`publish_records`]): `Ok(Some(when))` when a failed write
+/// is to be tried again then, `Err` when this membership no longer holds.
+async fn publish(
+    domain: &Domain,
+    j: &Joined,
+    reader: &fabric_addrmap::Reader,
+    published: &mut Published,
+) -> Result<Option<tokio::time::Instant>, End> {
+    match publish_records(domain, j, reader, published).await {
+        Outcome::Done => Ok(None),
+        Outcome::Retry => Ok(Some(tokio::time::Instant::now() + domain.config.keepalive_interval())),
+        Outcome::Fenced(end) => Err(end),
+    }
 }
 
 /// The records this session wrote last.
