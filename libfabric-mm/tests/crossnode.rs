@@ -20,15 +20,14 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::domain::{self, SPAN};
 use fabric_mm::{
     Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Session, SessionConfig, Target, WindowConfig,
 };
 use fabric_nodelink::DomainCa;
-use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Response, SUPPORTED_VERSIONS};
 
-const SPAN: u64 = 1 << 40;
 const LEN: u64 = 2 << 20;
 const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
 
@@ -53,36 +52,6 @@ fn importer_process() {
     println!("LOADED {seen}");
 }
 
-/// Node `name` of domain `lab`, tray `name` of the supernode, its link on a free port with
-/// a certificate `ca` issues (files beside `ca_file`), on the shared sim fabric `shared`.
-fn start(etcd: &str, ca: &DomainCa, ca_file: &Path, shared: &Path, name: &str) -> common::Daemon {
-    let pem = ca.issue(name, &[]).unwrap();
-    let pki = ca_file.parent().unwrap();
-    let (cert, key) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
-    std::fs::write(&cert, &pem.cert).unwrap();
-    std::fs::write(&key, &pem.key).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap();
-    let extra = format!(
-        "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
-         [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
-         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
-         shared_dir = {shared:?}\nshared_identities = true\n"
-    );
-    common::daemon_on(&sim, &format!("sim_node = {name:?}"), &extra, |_| {})
-}
-
-/// The node's `domain status` document.
-fn status(socket: &Path) -> serde_json::Value {
-    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    let mut c = Connection::new(s);
-    c.hello("crossnode-test", SUPPORTED_VERSIONS).unwrap();
-    match c.call(Request::Domain(DomainRequest { action: DomainAction::Status }), &[]).unwrap().0 {
-        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
-        other => panic!("{other:?}"),
-    }
-}
-
 /// A session whose window covers slot `slot`.
 fn session(socket: &Path, slot: u64) -> Session {
     Session::open_with(SessionConfig {
@@ -103,21 +72,10 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let ca_file = pki.path().join("ca.pem");
     std::fs::write(&ca_file, &ca.pem().cert).unwrap();
     let shared = pki.path().join("sim");
-    let n0 = start(etcd.endpoint(), &ca, &ca_file, &shared, "tray0");
-    let n1 = start(etcd.endpoint(), &ca, &ca_file, &shared, "tray1");
-    // Both nodes list both live.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let slot0 = loop {
-        let live = |s: &serde_json::Value| {
-            s["nodes"].as_array().is_some_and(|n| n.iter().filter(|x| x["state"] == "live").count() == 2)
-        };
-        let (s0, s1) = (status(&n0.socket), status(&n1.socket));
-        if live(&s0) && live(&s1) {
-            break s0["self"]["slot"].as_u64().unwrap();
-        }
-        assert!(Instant::now() < deadline, "the nodes did not see each other: {s0} {s1}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let supernode = domain::sim("supernode-64.toml");
+    let n0 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, Some(&shared), "tray0");
+    let n1 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, Some(&shared), "tray1");
+    let slot0 = domain::wait_live(&[&n0, &n1]);
 
     // tray0: allocate on its GPU, map, store, export — as for any local sharing.
     let owner = session(&n0.socket, slot0);

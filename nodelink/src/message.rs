@@ -106,6 +106,9 @@ pub enum Refusal {
 pub enum PeerOp {
     /// Import a region the server owns.
     Import,
+    /// Import a vendor memory object the server owns (a CUDA fabric handle), for a node of
+    /// the same NVLink domain.
+    ImportObject,
     /// Release an import.
     Release,
     /// Revoke an export (told to importers).
@@ -116,12 +119,13 @@ pub enum PeerOp {
 
 impl PeerOp {
     /// Every operation.
-    pub const ALL: [PeerOp; 4] = [PeerOp::Import, PeerOp::Release, PeerOp::Revoke, PeerOp::Copy];
+    pub const ALL: [PeerOp; 5] = [PeerOp::Import, PeerOp::ImportObject, PeerOp::Release, PeerOp::Revoke, PeerOp::Copy];
 
     /// The opcode of its frames.
     pub const fn opcode(self) -> Opcode {
         match self {
             PeerOp::Import => Opcode::Import,
+            PeerOp::ImportObject => Opcode::ImportObject,
             PeerOp::Release => Opcode::Release,
             PeerOp::Revoke => Opcode::Revoke,
             PeerOp::Copy => Opcode::Copy,

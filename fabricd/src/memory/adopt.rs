@@ -30,6 +30,11 @@ pub(super) struct Object {
 }
 
 impl Object {
+    /// What it is.
+    pub(super) fn kind(&self) -> ObjectKind {
+        self.kind
+    }
+
     /// Whether it keeps a descriptor open (counted in `held.rs`).
     pub(super) fn holds_fd(&self) -> bool {
         self.fd.is_some()

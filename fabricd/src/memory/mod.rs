@@ -63,8 +63,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
-    AccessMode, BoundedVec, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, PeerCred, RegionInfo,
-    RegionsResponse, ResourceName, Revocation, RevocationReason, Secret, SessionToken,
+    AccessMode, BoundedVec, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, ObjectKind, PeerCred,
+    RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret, SessionToken,
 };
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
@@ -426,6 +426,8 @@ pub struct ExportSubject {
     pub device: DeviceId,
     /// Revoked.
     pub revoked: bool,
+    /// The vendor object kind of an adopted region (`None`: fabric memory).
+    pub object: Option<ObjectKind>,
 }
 
 /// Counters for `status`.
@@ -1122,7 +1124,8 @@ impl Memory {
         };
         let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
         let device = st.resources[r.resource].device.clone();
-        Ok(ExportSubject { policy, device, revoked })
+        let object = r.object().map(adopt::Object::kind);
+        Ok(ExportSubject { policy, device, revoked, object })
     }
 
     /// Regions, exports (without their secrets) and imports by id; those of `uid` only

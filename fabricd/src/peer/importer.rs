@@ -3,6 +3,8 @@
 //! the region's file on the shared sim fabric, which is opened here under this node's own
 //! `peer.shared_dir` (the owner's name is the member this node dialled, the file's names
 //! are single path components) and handed to the client as a local import's descriptor.
+//! An `ImportObject` is asked the same way; its grant is a CUDA fabric handle the client's
+//! driver imports.
 //! The client's `Release` of such an import goes back to the owner; the owner's
 //! revocations reach the client as the same `Revocation` events as local ones.
 
@@ -15,12 +17,12 @@ use std::time::Duration;
 
 use fabric_nodelink::{Peer, PeerError, PeerOp};
 use fabric_proto::wire::{
-    Access, ErrorBody, ErrorCode, Event, Grant, ImportRequest, ImportResponse, NODE_IDENTITIES, NodeId, Request,
-    Response, Revocation, RevocationReason,
+    Access, DeviceName, ErrorBody, ErrorCode, Event, Grant, ImportObjectResponse, ImportRequest, ImportResponse,
+    NODE_IDENTITIES, NodeId, Request, Response, Revocation, RevocationReason,
 };
 
 use super::DialError;
-use super::wire::{self, ImportAsk, ImportGrant, ReleaseAsk, RevokeNotice};
+use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, RevokeNotice};
 use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::ops::dispatch::errors::refusal;
@@ -67,6 +69,10 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
             Some(node) if node != d.node => Some(import(d, cx, i, node)),
             _ => None,
         },
+        Request::ImportObject(i) if cx.version >= NODE_IDENTITIES => match i.handle.node {
+            Some(node) if node != d.node => Some(import_object(d, cx, i, node)),
+            _ => None,
+        },
         Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
             Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
                 response: Response::Release,
@@ -78,8 +84,9 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
     }
 }
 
-fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Result<Outcome, ErrorBody> {
-    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+/// The owner of a remote handle: its name and incarnation, when this node may ask it.
+fn owner_of(d: &Daemon, node: NodeId) -> Result<(String, u64), ErrorBody> {
+    let Some(domain) = d.domain.as_ref() else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let standing = domain.status().standing.clone();
@@ -92,19 +99,25 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         ));
     }
     let id = node.to_string();
-    let (owner, incarnation) = domain
+    domain
         .view()
         .members()
         .find(|m| m.node_id.as_deref() == Some(id.as_str()))
         .map(|m| (m.name.clone(), m.incarnation))
-        .ok_or_else(|| refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")))?;
-    let Some(shared) = d.config.peer.shared_dir.clone() else {
-        return Err(refusal(
-            ErrorCode::NotImplemented,
-            format!(
-                "node {owner} shares no memory fabric with this node (class NET, no peer.shared_dir): import for load/store is not possible; copy the bytes instead"
-            ),
-        ));
+        .ok_or_else(|| refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")))
+}
+
+/// Asks `owner` for the import `i` of this client (`op`: `Import` or `ImportObject`) and
+/// decodes its grant.
+fn ask<T: serde::de::DeserializeOwned>(
+    d: &Daemon,
+    cx: &Context<'_>,
+    i: &ImportRequest,
+    owner: &str,
+    op: PeerOp,
+) -> Result<T, ErrorBody> {
+    let Some(domain) = d.domain.as_ref() else {
+        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let caller = crate::ops::scope::Caller::resolve(d, cx.client.clone());
     caller.require_scope()?;
@@ -125,37 +138,44 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
     };
     let (tx, rx) = std::sync::mpsc::channel();
     {
-        let (domain, owner) = (domain.clone(), owner.clone());
+        let (domain, owner) = (domain.clone(), owner.to_owned());
         domain.clone().runtime().spawn(async move {
             let Some(link) = domain.link() else { return };
-            let _ = tx.send(link.call(&domain, &owner, wire::request(PeerOp::Import, &ask)).await);
+            let _ = tx.send(link.call(&domain, &owner, wire::request(op, &ask)).await);
         });
     }
     let answer = rx.recv_timeout(ASK_TIMEOUT).map_err(|_| {
         refusal(ErrorCode::Unavailable, format!("node {owner} did not answer the import within {ASK_TIMEOUT:?}"))
     })?;
-    let grant: ImportGrant = match answer {
-        Ok(r) => {
-            wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))?
-        }
+    match answer {
+        Ok(r) => wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}"))),
         Err(DialError::Peer { source: PeerError::Denied { code, message }, .. }) => {
-            return Err(refusal(code, format!("node {owner}: {message}")));
+            Err(refusal(code, format!("node {owner}: {message}")))
         }
-        Err(e) => return Err(unavailable(&owner, &e)),
+        Err(e) => Err(unavailable(owner, &e)),
+    }
+}
+
+fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Result<Outcome, ErrorBody> {
+    let (owner, incarnation) = owner_of(d, node)?;
+    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
+    let Some(shared) = d.config.peer.shared_dir.clone() else {
+        return Err(refusal(
+            ErrorCode::NotImplemented,
+            format!(
+                "node {owner} shares no memory fabric with this node (class NET, no peer.shared_dir): import for load/store is not possible; copy the bytes instead"
+            ),
+        ));
+    };
+    let grant: ImportGrant = ask(d, cx, i, &owner, PeerOp::Import)?;
     let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
     let fd = open_shared(&shared, &owner, &grant, write).inspect_err(|_| {
         // The owner recorded an import this node cannot use: give it back.
         link.service().importer().give_back(domain, &owner, grant.import);
     })?;
-    let local = link.service().importer().hold(Held {
-        session: cx.session,
-        owner: owner.clone(),
-        incarnation,
-        owner_import: grant.import,
-        region: grant.region,
-        generation: grant.generation,
-    });
+    let local = held(link, cx, &owner, incarnation, (grant.import, grant.region, grant.generation));
     tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's region");
     let response = Response::Import(ImportResponse {
         import: local,
@@ -168,6 +188,65 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         grant: Some(Grant { owner: node, access: Access::Fd }),
     });
     Ok(Outcome { response: response.for_version(cx.version), fd: Some(fd), events: None })
+}
+
+/// Records the owner's import `(owner import, region, generation)` for the client's session;
+/// the client's own import id.
+fn held(
+    link: &super::NodeLink,
+    cx: &Context<'_>,
+    owner: &str,
+    incarnation: u64,
+    (owner_import, region, generation): (u64, u64, u64),
+) -> u64 {
+    link.service().importer().hold(Held {
+        session: cx.session,
+        owner: owner.to_owned(),
+        incarnation,
+        owner_import,
+        region,
+        generation,
+    })
+}
+
+/// `ImportObject` of another node's vendor object: the owner hands over a CUDA fabric
+/// handle to a node of the same NVLink domain; the client's driver imports it (no
+/// descriptor travels, nothing to open here).
+fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Result<Outcome, ErrorBody> {
+    let (owner, incarnation) = owner_of(d, node)?;
+    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
+    };
+    let grant: ObjectGrant = ask(d, cx, i, &owner, PeerOp::ImportObject)?;
+    let usable = grant.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")));
+    let usable = usable.and_then(|()| {
+        if grant.object.since() > cx.version {
+            Err(refusal(
+                ErrorCode::NotImplemented,
+                format!("the region is a {}, which needs protocol {}", grant.object.name(), grant.object.since()),
+            ))
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = usable {
+        link.service().importer().give_back(domain, &owner, grant.import);
+        return Err(e);
+    }
+    let local = held(link, cx, &owner, incarnation, (grant.import, grant.region, grant.generation));
+    tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's vendor object");
+    let response = Response::ImportObject(ImportObjectResponse {
+        import: local,
+        region: grant.region,
+        generation: grant.generation,
+        size: grant.size,
+        gfa: grant.gfa,
+        access: i.access,
+        object: grant.object,
+        device: DeviceName::truncated(&grant.device),
+        grant: Some(Grant { owner: node, access: Access::Vendor }),
+    });
+    Ok(Outcome { response: response.for_version(cx.version), fd: None, events: None })
 }
 
 /// Opens `<shared>/<owner>/<resource>/<file>`: the resource directory checked as a

@@ -1,7 +1,8 @@
 //! The owner's side of an import across nodes: the handle checked by the registry (its
 //! secret in constant time) and the policy by domain-wide tenants, the import recorded
 //! against the importer node's incarnation (one registry session per importer node and
-//! incarnation), and a grant that names the region's file on the shared sim fabric.
+//! incarnation), and a grant that names the region's file on the shared sim fabric (or,
+//! for a CUDA fabric handle, the handle, to a node of the same NVLink domain).
 //! Revocations of those imports go back to the importer node over the link; a region
 //! freed under a remote import has its file truncated, so the importer's next load
 //! faults instead of reading memory that may be reused.
@@ -11,11 +12,12 @@ use std::fs::File;
 use std::sync::{Arc, Mutex, Weak};
 
 use fabric_nodelink::{Peer, PeerError, PeerOp};
-use fabric_proto::wire::{ErrorCode, Event, ExportHandle, PeerCred, RevocationReason, Secret, Topics};
+use fabric_proto::wire::{ErrorCode, Event, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
 
-use super::wire::{self, ImportAsk, ImportGrant, ReleaseAsk, RevokeNotice, SharedFile};
+use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, RevokeNotice, SharedFile};
 use crate::daemon::Daemon;
 use crate::events::Reach;
+use crate::memory::ExportSubject;
 
 /// The uid a remote importer is recorded under where identities are not shared: no local
 /// user's (the limits per uid count it apart).
@@ -71,8 +73,15 @@ impl Owner {
         session
     }
 
-    /// Serves an importer node's [`ImportAsk`].
-    pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ImportGrant, PeerError> {
+    /// The handle an [`ImportAsk`] names, checked by the registry (the secret in constant
+    /// time), its export's subject, and the identity the import is recorded under, once the
+    /// policy across hosts admits the asking node's client.
+    fn admit(
+        &self,
+        d: &Daemon,
+        peer: &Peer,
+        ask: &ImportAsk,
+    ) -> Result<(ExportHandle, ExportSubject, PeerCred), PeerError> {
         ask.check()?;
         let handle =
             ExportHandle { node: None, region: ask.region, generation: ask.generation, secret: Secret(ask.secret) };
@@ -104,6 +113,12 @@ impl Owner {
         } else {
             PeerCred { pid: 0, uid: REMOTE_UID, gid: REMOTE_UID }
         };
+        Ok((handle, subject, cred))
+    }
+
+    /// Serves an importer node's [`ImportAsk`].
+    pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ImportGrant, PeerError> {
+        let (handle, _, cred) = self.admit(d, peer, &ask)?;
         let path = d.memory.own_file(ask.region).ok_or_else(|| PeerError::Denied {
             code: ErrorCode::NotImplemented,
             message: format!("region {} is not in the shared sim fabric's memory; copy its bytes instead", ask.region),
@@ -122,6 +137,51 @@ impl Owner {
             offset: g.offset,
             gfa: crate::placement::region_gfa(d, g.region),
             file,
+        })
+    }
+
+    /// Serves an importer node's [`ImportAsk`] for a vendor object: a CUDA fabric handle
+    /// goes to a node of the same NVLink domain (the importer's driver, with its IMEX
+    /// channel, imports it); a POSIX descriptor is this host's only and is refused.
+    pub fn import_object(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ObjectGrant, PeerError> {
+        let (handle, subject, cred) = self.admit(d, peer, &ask)?;
+        match subject.object {
+            Some(ObjectKind::CudaFabric(_)) => {}
+            Some(kind) => {
+                return Err(PeerError::Denied {
+                    code: ErrorCode::NotImplemented,
+                    message: format!(
+                        "region {} is a {}, a descriptor of this host that cannot cross nodes: export the allocation as a CUDA fabric handle",
+                        ask.region,
+                        kind.name()
+                    ),
+                });
+            }
+            None => {
+                return Err(PeerError::Denied {
+                    code: ErrorCode::BadRequest,
+                    message: format!(
+                        "region {} is fabric memory, not a vendor object: import it with Import",
+                        ask.region
+                    ),
+                });
+            }
+        }
+        super::clique::check(d, &subject.device, &peer.identity.node)?;
+        let session = self.session(d, peer);
+        let o = d
+            .memory
+            .import_object(&cred, session, &handle, ask.access, fabric_proto::wire::PROTOCOL_VERSION)
+            .map_err(|e| denied(&e))?;
+        tracing::info!(peer = %peer.identity.node, region = o.region, import = o.import, "node link: vendor object granted");
+        Ok(ObjectGrant {
+            import: o.import,
+            region: o.region,
+            generation: o.generation,
+            size: o.size,
+            gfa: crate::placement::region_gfa(d, o.region),
+            object: o.kind,
+            device: o.device.to_string(),
         })
     }
 

@@ -1,5 +1,5 @@
 //! What this node answers over the node link: the owner's side of an import
-//! (`Import`, `Release`: [`Owner`]) and the importer's side of a revocation (`Revoke`:
+//! (`Import`, `ImportObject`, `Release`: [`Owner`]) and the importer's side of a revocation (`Revoke`:
 //! [`Importer`]). Until the daemon is attached (it is built after the domain joins), every
 //! request is refused as unavailable.
 
@@ -45,19 +45,13 @@ impl Service {
         let op = request.op;
         match op {
             PeerOp::Import => {
-                // A node that is not joined grants nothing: its view may be stale and its
-                // membership (what its grants are recorded against) may be gone. Links
-                // admitted before the fence still reach this point.
-                if let Some(domain) = &d.domain
-                    && let standing = domain.status().standing.clone()
-                    && standing != crate::tasks::domain::Standing::Joined
-                {
-                    return Err(PeerError::Denied {
-                        code: fabric_proto::wire::ErrorCode::Unavailable,
-                        message: format!("it is {standing} from its domain's etcd: no new grants until it rejoins"),
-                    });
-                }
+                granting(d)?;
                 let grant = self.owner.import(d, peer, wire::decode(&request.body)?)?;
+                Ok(wire::response(op, &grant))
+            }
+            PeerOp::ImportObject => {
+                granting(d)?;
+                let grant = self.owner.import_object(d, peer, wire::decode(&request.body)?)?;
                 Ok(wire::response(op, &grant))
             }
             PeerOp::Release => {
@@ -71,6 +65,22 @@ impl Service {
             PeerOp::Copy => Err(PeerError::Unsupported(op)),
         }
     }
+}
+
+/// A node that is not joined grants nothing: its view may be stale and its membership
+/// (what its grants are recorded against) may be gone. Links admitted before the fence
+/// still reach this point.
+fn granting(d: &Daemon) -> Result<(), PeerError> {
+    if let Some(domain) = &d.domain
+        && let standing = domain.status().standing.clone()
+        && standing != crate::tasks::domain::Standing::Joined
+    {
+        return Err(PeerError::Denied {
+            code: fabric_proto::wire::ErrorCode::Unavailable,
+            message: format!("it is {standing} from its domain's etcd: no new grants until it rejoins"),
+        });
+    }
+    Ok(())
 }
 
 impl PeerService for Service {

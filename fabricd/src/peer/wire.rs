@@ -1,10 +1,11 @@
 //! The bodies of the cross-node operations carried by the node link's request envelope
 //! (postcard, read whole, every name checked): an importer's [`ImportAsk`] and the owner's
-//! [`ImportGrant`], [`ReleaseAsk`], and the owner's [`RevokeNotice`] to an importer node.
-//! Each fits its opcode's peer limit (256 bytes).
+//! [`ImportGrant`] (for a vendor object, [`ObjectGrant`]), [`ReleaseAsk`], and the owner's
+//! [`RevokeNotice`] to an importer node. Each fits its opcode's peer limit (256 bytes; an
+//! object grant 1 KiB).
 
 use fabric_nodelink::{PeerError, PeerOp, PeerRequest, PeerResponse};
-use fabric_proto::wire::{AccessMode, Revocation};
+use fabric_proto::wire::{AccessMode, ObjectKind, Revocation};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +64,30 @@ pub struct ImportGrant {
     pub file: SharedFile,
 }
 
+/// The owner's grant of a vendor memory object to a node of the same NVLink domain: the
+/// object itself (a CUDA fabric handle: bytes the importer's driver imports, never a
+/// descriptor of the owner's host) and the GPU it lies on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectGrant {
+    /// The owner's import id (what a release and a revocation name).
+    pub import: u64,
+    /// The region.
+    pub region: u64,
+    /// Its generation.
+    pub generation: u64,
+    /// Bytes of the object.
+    pub size: u64,
+    /// Its GFA in the domain.
+    pub gfa: Option<u64>,
+    /// The object.
+    pub object: ObjectKind,
+    /// The GPU whose memory it is (its fabric identity, `uuid:GPU-…` on real hosts).
+    pub device: String,
+}
+
+/// The longest device name an [`ObjectGrant`] carries (the client protocol's bound).
+pub const MAX_DEVICE: usize = 256;
+
 /// An importer node releases an import the owner granted it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseAsk {
@@ -103,6 +128,20 @@ impl ImportGrant {
     pub fn check(&self) -> Result<(), PeerError> {
         check_name("resource", &self.file.resource)?;
         check_name("file", &self.file.file)
+    }
+}
+
+impl ObjectGrant {
+    /// Checks what it carries: an object that is bytes (a descriptor cannot cross hosts)
+    /// and a device name within bounds.
+    pub fn check(&self) -> Result<(), PeerError> {
+        if self.object.is_descriptor() {
+            return Err(PeerError::Refused(format!("a {} cannot cross nodes", self.object.name())));
+        }
+        if self.device.is_empty() || self.device.len() > MAX_DEVICE {
+            return Err(PeerError::Refused("device: not a device name".into()));
+        }
+        Ok(())
     }
 }
 
@@ -161,6 +200,18 @@ mod tests {
             file: SharedFile { resource: long.clone(), file: long },
         };
         fits(PeerMessage::Response(response(PeerOp::Import, &grant)));
+        let object = ObjectGrant {
+            import: u64::MAX,
+            region: u64::MAX,
+            generation: u64::MAX,
+            size: u64::MAX,
+            gfa: Some(u64::MAX),
+            object: ObjectKind::CudaFabric(fabric_proto::wire::FabricHandleBytes([0xff; 64])),
+            device: "d".repeat(MAX_DEVICE),
+        };
+        assert_eq!(object.check(), Ok(()));
+        fits(PeerMessage::Response(response(PeerOp::ImportObject, &object)));
+        assert_eq!(decode::<ObjectGrant>(&response(PeerOp::ImportObject, &object).body), Ok(object));
         let notice = RevokeNotice {
             revocation: Revocation { region: 1, generation: 2, import: 3, reason: RevocationReason::Freed },
         };
@@ -188,6 +239,12 @@ mod tests {
                     }
                 }
                 proptest::prop_assert_eq!(decode::<ImportGrant>(&response(PeerOp::Import, &grant).body), Ok(grant));
+            }
+            if let Ok(object) = decode::<ObjectGrant>(&body) {
+                if object.check().is_ok() {
+                    proptest::prop_assert!(!object.object.is_descriptor());
+                }
+                proptest::prop_assert_eq!(decode::<ObjectGrant>(&response(PeerOp::ImportObject, &object).body), Ok(object));
             }
             let _ = decode::<ReleaseAsk>(&body);
             let _ = decode::<RevokeNotice>(&body);

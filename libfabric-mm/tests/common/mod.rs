@@ -2,6 +2,8 @@
 //! socket and state dir serving the bundled HGX sim fabric, and opens sessions on it.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod domain;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

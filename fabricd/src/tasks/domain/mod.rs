@@ -115,6 +115,11 @@ impl Domain {
         &self.config.node
     }
 
+    /// The NVLink cliques (and CXL pools) this node's member record lists.
+    pub fn groups(&self) -> &[fabric_domain::FabricGroup] {
+        &self.groups
+    }
+
     /// The domain's name.
     pub fn name(&self) -> &str {
         &self.config.name

@@ -68,7 +68,7 @@ impl Facts for Fake {
             3 => (policy(Some("b")), dev(1), true),
             _ => return None,
         };
-        Some(ExportSubject { policy, device, revoked })
+        Some(ExportSubject { policy, device, revoked, object: None })
     }
 
     fn admin_group(&self) -> Option<&str> {
