@@ -8,6 +8,7 @@ pub mod copyops;
 pub mod dispatch;
 pub mod dmaops;
 pub mod domain;
+pub mod domain_pages;
 pub mod memops;
 pub mod principal;
 pub mod refusals;

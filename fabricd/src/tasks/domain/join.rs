@@ -191,6 +191,7 @@ pub fn start(
         node_id,
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
+        recent: std::sync::Mutex::default(),
         fence: ArcSwap::from_pointee(joined.as_ref().map(|j| j.fence.clone())),
         client: ArcSwap::from_pointee(client),
         leadership: ArcSwap::from_pointee(None),

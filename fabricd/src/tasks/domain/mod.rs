@@ -25,6 +25,10 @@ use tokio::sync::Notify;
 
 pub use join::{JoinError, Starting};
 
+/// Views kept after they were replaced, for paged listings: a view costs a reference
+/// per shard of the one after it, plus the shards that changed.
+const RECENT_VIEWS: usize = 16;
+
 /// Why an admin's domain request (a slot gc, a partition change) was not done.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
@@ -90,6 +94,9 @@ pub struct Domain {
     node_id: fabric_proto::wire::NodeId,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
+    /// The views published before the current one, newest last ([`RECENT_VIEWS`]), so
+    /// that the pages of one listing come from one revision while the domain changes.
+    recent: std::sync::Mutex<std::collections::VecDeque<Arc<DomainView>>>,
     /// The client of the current join, for admin requests (gc, partitions).
     client: ArcSwap<Option<DomainClient>>,
     /// The fence of the current join, for admin writes (partitions); none while not joined.
@@ -148,6 +155,18 @@ impl Domain {
     /// The domain as last seen through the watch.
     pub fn view(&self) -> Arc<DomainView> {
         self.view.load_full()
+    }
+
+    /// The view of etcd revision `revision`, while this node still holds it (the current
+    /// one or one of the [`RECENT_VIEWS`] before it).
+    pub fn view_at(&self, revision: u64) -> Option<Arc<DomainView>> {
+        let current = self.view();
+        let at = |v: &DomainView| u64::try_from(v.revision()).ok() == Some(revision);
+        if at(&current) {
+            return Some(current);
+        }
+        let recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.iter().rev().find(|v| at(v)).cloned()
     }
 
     /// Who leads the domain, as this node knows it: `Unknown` while not joined. The
@@ -281,7 +300,13 @@ impl Domain {
     /// Publishes a new view; the node link hears of it (members that left or restarted
     /// void what was granted to or by them).
     fn publish_view(&self, view: DomainView) {
-        self.view.store(Arc::new(view));
+        let old = self.view.swap(Arc::new(view));
+        // The oldest view is freed after the lock is let go.
+        let _dropped = {
+            let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            recent.push_back(old);
+            (recent.len() > RECENT_VIEWS).then(|| recent.pop_front())
+        };
         if let Some(link) = &self.link {
             link.members_changed();
         }
