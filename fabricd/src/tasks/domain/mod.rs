@@ -6,6 +6,7 @@
 //! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
 //! [`listing`]) and never wait for etcd.
 
+mod duties;
 pub mod join;
 pub mod listing;
 pub mod publish;
@@ -44,6 +45,15 @@ pub enum GcError {
     /// etcd refused or did not answer.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
+    /// The gc is queued for the leader, which did not carry it out in time (no leader
+    /// now, or it is slow); it stays queued and the leader will.
+    #[error("the gc is queued for the leader ({}), which has not carried it out within {after:?}; it stays queued", leader.as_deref().unwrap_or("none known now"))]
+    NotCarriedOut {
+        /// The leader as this node knows it.
+        leader: Option<String>,
+        /// How long this node waited.
+        after: Duration,
+    },
 }
 
 /// How this node stands in its domain.
@@ -225,12 +235,50 @@ impl Domain {
         fabric_domain::domain_fabric::merge_with(&self.view(), own)
     }
 
-    /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
-    /// Waits for etcd at most one request timeout.
+    /// Admin: frees the slot of `node`, which must not be live. The leader does it
+    /// (`DomainClient::gc_led`, fenced by its leader key), collecting the node's
+    /// placements, topology and partition memberships: on the leader at once, elsewhere
+    /// by queueing the request (`gc/<node>`) and waiting, at most one lease TTL, for the
+    /// leader to carry it out.
     pub fn gc(&self, node: &str) -> Result<Option<u32>, GcError> {
-        let Some(client) = (*self.client.load_full()).clone() else { return Err(self.not_joined()) };
-        let node = node.to_owned();
-        self.ask("slot gc", async move { client.gc_slot(&node).await })
+        let (Some(client), Some(fence)) = ((*self.client.load_full()).clone(), (*self.fence.load_full()).clone())
+        else {
+            return Err(self.not_joined());
+        };
+        let owned = node.to_owned();
+        if let Leadership::Leader { term, .. } = self.leadership() {
+            let leader = fabric_domain::LeaderFence::new(&client, self.lease.load(Ordering::Relaxed), term);
+            return self.ask("leader gc", async move { client.gc_led(&leader, &owned).await });
+        }
+        // A live node is refused by etcd's answer, before anything is queued.
+        let (c, n) = (client.clone(), owned.clone());
+        if self.ask("member read", async move { c.is_live(&n).await })? {
+            return Err(GcError::Etcd(EtcdError::GcLive { node: owned }));
+        }
+        let slot = self.view().nodes().iter().find(|n| n.name == node).and_then(|n| n.slot);
+        let (c, f) = (client.clone(), owned.clone());
+        self.ask("gc request", async move { c.request_gc(&fence, &f).await })?;
+        // Long enough for a leader's handover (one TTL).
+        let wait = Duration::from_secs(self.config.lease_ttl_secs).max(self.config.request_timeout() * 2);
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let (c, n) = (client.clone(), owned.clone());
+            if !self.ask("gc queue read", async move { c.gc_pending(&n).await })? {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                let leader = self.leadership().leader().map(str::to_owned);
+                return Err(GcError::NotCarriedOut { leader, after: wait });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The leader took the request: done, unless the node was live.
+        let (c, n) = (client.clone(), owned.clone());
+        let held = self.ask("slot read", async move { c.held_slot(&n).await })?;
+        match held {
+            None => Ok(slot),
+            Some(_) => Err(GcError::Etcd(EtcdError::GcLive { node: owned })),
+        }
     }
 
     /// Admin: writes the domain's partition `name` (`Some`) or deletes it (`None`) under
