@@ -126,11 +126,11 @@ impl DomainClient {
                 // Only the slot key that names this node (a slot claimed twice by hand
                 // stays its holder's).
                 let slot_key = keys.slot(claim.slot);
-                if let Some((v, r)) = self.get_raw(&slot_key).await? {
-                    if self.decode::<SlotClaim>(&slot_key, &v).is_ok_and(|c| c.node == node) {
-                        compares.push(Compare::mod_revision(slot_key.clone(), CompareOp::Equal, r));
-                        ops.push(TxnOp::delete(slot_key, None));
-                    }
+                if let Some((v, r)) = self.get_raw(&slot_key).await?
+                    && self.decode::<SlotClaim>(&slot_key, &v).is_ok_and(|c| c.node == node)
+                {
+                    compares.push(Compare::mod_revision(slot_key.clone(), CompareOp::Equal, r));
+                    ops.push(TxnOp::delete(slot_key, None));
                 }
                 Some(claim.slot)
             }

@@ -93,7 +93,7 @@ async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
         other => panic!("a deposed leader's gc: {other:?}"),
     }
     assert_eq!(h.held_slot("tray-h").await.unwrap(), Some(*h_slot), "the deposed leader freed nothing");
-    assert!(exists(&h, &h.keys().placements("tray-h")).await);
+    assert!(exists(h, &h.keys().placements("tray-h")).await);
     // The new leader's gc goes through.
     let leader = LeaderFence::new(&b, b_lease.id(), new_term);
     assert_eq!(b.gc_led(&leader, "tray-h").await.unwrap(), Some(*h_slot));

@@ -20,7 +20,7 @@ use fabric_proto::wire::{
 };
 use serde_json::Value;
 
-use common::domain::{all_live_and_placed, domain, nodes, topology, until};
+use common::domain::{all_live_and_placed, domain, gpu_of, nodes, topology, until};
 
 const TTL: u64 = 2;
 const SPAN: u64 = 1 << 40;
@@ -72,13 +72,7 @@ fn a_gc_asked_of_a_follower_is_carried_out_by_the_leader() {
     };
     // A partition across tray0 and tray2.
     let doc = topology(&mut clients[0]);
-    let gpu_of = |n: &str| -> String {
-        doc["devices"].as_array().unwrap().iter().find(|d| d["kind"] == "gpu" && d["node"] == n).unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let (keep, drop_gpu) = (gpu_of("tray0"), gpu_of("tray2"));
+    let (keep, drop_gpu) = (gpu_of(&doc, "tray0"), gpu_of(&doc, "tray2"));
     let spec = PartitionSpec {
         name: Name::truncated("tenant"),
         devices: vec![keep.as_str().try_into().unwrap(), drop_gpu.as_str().try_into().unwrap()].try_into().unwrap(),

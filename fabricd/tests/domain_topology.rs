@@ -18,7 +18,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::domain::{node_of, sim, topology, until};
+use common::domain::{gpu_of, node_of, sim, topology, until};
 use fabric_proto::wire::{
     AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, MemoryClass, Name, PartitionSpec, PartitionsRequest,
     Request, Response, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
@@ -243,13 +243,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     }
     // One GPU of each tray, chosen from the domain's topology as the admin sees it.
     let doc = topology(&mut admin[0]);
-    let gpu_of = |n: &str| -> String {
-        doc["devices"].as_array().unwrap().iter().find(|d| d["kind"] == "gpu" && d["node"] == n).unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let chosen: BTreeSet<String> = [gpu_of("tray0"), gpu_of("tray1")].into();
+    let chosen: BTreeSet<String> = [gpu_of(&doc, "tray0"), gpu_of(&doc, "tray1")].into();
     let spec = PartitionSpec {
         name: Name::truncated("tenant"),
         devices: chosen.iter().map(|d| d.as_str().try_into().unwrap()).collect::<Vec<_>>().try_into().unwrap(),
