@@ -286,7 +286,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     // The bound client asks tray1.
     let out = Command::new(std::env::current_exe().unwrap())
         .env("FABRICD_TEST_OTHER_GFA", other.to_string())
-        .env("FABRICD_TEST_MEMBER_GPU", gpu_of("tray1"))
+        .env("FABRICD_TEST_MEMBER_GPU", gpu_of(&doc, "tray1"))
         .env("FABRICD_TEST_OTHER_GPU", other_gpu)
         .args(["--exact", "domain_partition_child", "--nocapture", "--test-threads", "1"])
         .env(ENV_SOCKET, &setups[1].socket)
@@ -314,7 +314,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     for t in mine {
         let (place, device) = t.split_once(' ').unwrap();
         assert!(chosen.contains(device), "{seen}");
-        let on_tray0 = device == gpu_of("tray0");
+        let on_tray0 = device == gpu_of(&doc, "tray0");
         assert_eq!(place, if on_tray0 { "tray0" } else { "local" }, "tray0's GPU is remote to tray1: {seen}");
     }
     assert_eq!(seen["allocs"], serde_json::json!(["ok", "PermissionDenied"]), "memory of members only: {seen}");
