@@ -197,6 +197,7 @@ pub fn start(
         leadership: ArcSwap::from_pointee(None),
         map_changed: Notify::new(),
         topology: ArcSwapOption::empty(),
+        merged: ArcSwapOption::empty(),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
         link,

@@ -118,6 +118,9 @@ pub struct Domain {
     /// What this node publishes of its fabric (`topology/<node>`), made at start and at
     /// each rescan; the task writes it with the join's incarnation.
     topology: ArcSwapOption<TopologyRecord>,
+    /// The domain's fabric as last merged, for the view revision and own record it was
+    /// merged from ([`Domain::fabric`]).
+    merged: ArcSwapOption<Merged>,
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
@@ -233,6 +236,25 @@ impl Domain {
         let own = self.topology.load_full();
         let own = own.as_deref().map(|r| (self.config.node.as_str(), r));
         fabric_domain::domain_fabric::merge_with(&self.view(), own)
+    }
+
+    /// The domain's fabric ([`Domain::inventory`]) indexed as a [`crate::daemon::View`]:
+    /// merged once per view revision (and per record of this node's own), and shared by
+    /// every request until either changes — a request of a 12,500-node domain does not
+    /// merge its topology again.
+    pub fn fabric(&self) -> Result<Arc<crate::daemon::View>, crate::daemon::StartError> {
+        let view = self.view();
+        let own = self.topology.load_full();
+        if let Some(m) = &*self.merged.load()
+            && m.revision == view.revision()
+            && m.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
+        {
+            return Ok(m.fabric.clone());
+        }
+        let mine = own.as_deref().map(|r| (self.config.node.as_str(), r));
+        let fabric = Arc::new(crate::daemon::View::build(fabric_domain::domain_fabric::merge_with(&view, mine))?);
+        self.merged.store(Some(Arc::new(Merged { revision: view.revision(), own, fabric: fabric.clone() })));
+        Ok(fabric)
     }
 
     /// Admin: frees the slot of `node`, which must not be live. The leader does it
@@ -374,6 +396,14 @@ impl Domain {
     fn limits() -> RecordLimits {
         RecordLimits::default()
     }
+}
+
+/// The domain's fabric merged from one view revision and this node's own record.
+#[derive(Debug)]
+struct Merged {
+    revision: i64,
+    own: Option<Arc<TopologyRecord>>,
+    fabric: Arc<crate::daemon::View>,
 }
 
 /// The domain's runtime, shut down without waiting when the daemon goes (dropping a
