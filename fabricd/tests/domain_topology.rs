@@ -116,6 +116,15 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
     assert_eq!(m.between("node0", "tray1"), ["NET"]);
     let switches = first["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "nv_switch").count();
     assert_eq!(switches, 18 + 4, "the supernode's 18 fabric switches once, and the HGX board's 4");
+    // NUMA and CPU affinity travel in the topology records: every node's GPUs and CPUs
+    // carry them on every node (the matrix's affinity columns are no longer N/A).
+    for d in first["devices"].as_array().unwrap() {
+        match d["kind"].as_str() {
+            Some("gpu") => assert!(d["numa_node"].is_u64(), "{d}"),
+            Some("cpu") => assert!(d["local_cpus"].is_string() && d["numa_node"].is_u64(), "{d}"),
+            _ => {}
+        }
+    }
 
     // kill -9 tray1: still listed, its devices marked down and no longer reached.
     let mut dead = daemons[1].take().unwrap();
