@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use common::domain::{gpu_of, node_of, sim, topology, until};
 use fabric_proto::wire::{
-    AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, MemoryClass, Name, PartitionSpec, PartitionsRequest,
-    Request, Response, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, ExportPolicy, ExportRequest,
+    MemoryClass, Name, PartitionSpec, PartitionsRequest, RegisterRequest, RegisterSource, Request, Response,
+    TopologyRequest, TranslateQuery, TranslateRequest, Translation,
 };
 use serde_json::Value;
 
@@ -207,23 +208,47 @@ fn domain_partition_child() {
         })
         .collect();
     // Memory: its partition's GPU on this node, and one outside it.
-    let alloc = |c: &mut fabric_proto::wire::Connection, var: &str| -> String {
-        let gpu = std::env::var(var).unwrap();
-        let req = Request::Alloc(AllocRequest {
-            target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
-            size: 1 << 20,
-            align: 0,
-        });
-        match c.call(req, &[]) {
-            Ok((Response::Alloc(_), _)) => "ok".to_owned(),
-            Err(CodecError::Refused { body, .. }) => format!("{:?}", body.code),
-            other => format!("{other:?}"),
-        }
+    let outcome = |r: Result<(Response, Vec<std::os::fd::OwnedFd>), CodecError>| match r {
+        Ok(_) => "ok".to_owned(),
+        Err(CodecError::Refused { body, .. }) => format!("{:?}", body.code),
+        Err(other) => format!("{other:?}"),
     };
-    let allocs = [alloc(&mut c, "FABRICD_TEST_MEMBER_GPU"), alloc(&mut c, "FABRICD_TEST_OTHER_GPU")];
+    let gpu = |var: &str| DeviceName::truncated(&std::env::var(var).unwrap());
+    let alloc = |c: &mut fabric_proto::wire::Connection, var: &str| {
+        let target = AllocTarget::Device { device: gpu(var), memory: MemoryClass::Hbm };
+        c.call(Request::Alloc(AllocRequest { target, size: 1 << 20, align: 0 }), &[])
+    };
+    let member = alloc(&mut c, "FABRICD_TEST_MEMBER_GPU");
+    let region = match &member {
+        Ok((Response::Alloc(a), _)) => Some(a.region),
+        _ => None,
+    };
+    let allocs = [outcome(member), outcome(alloc(&mut c, "FABRICD_TEST_OTHER_GPU"))];
+    // Its member's memory: exported to its partition, registered for its member GPU but
+    // not for a GPU outside the partition.
+    let (mut exports, mut registers) = (Vec::new(), Vec::new());
+    if let Some(region) = region {
+        let policy = ExportPolicy {
+            uids: BoundedVec::new(vec![]).unwrap(),
+            gids: BoundedVec::new(vec![]).unwrap(),
+            partition: Some(Name::truncated("tenant")),
+            access: AccessMode::ReadWrite,
+        };
+        exports.push(outcome(c.call(Request::Export(ExportRequest { region, policy }), &[])));
+        for var in ["FABRICD_TEST_MEMBER_GPU", "FABRICD_TEST_OTHER_GPU"] {
+            let req = RegisterRequest {
+                device: gpu(var),
+                source: RegisterSource::Region(region),
+                offset: 0,
+                len: 1 << 20,
+                access: AccessMode::ReadWrite,
+            };
+            registers.push(outcome(c.call(Request::Register(req), &[])));
+        }
+    }
     let out = serde_json::json!({
         "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names,
-        "translated": translated, "allocs": allocs,
+        "translated": translated, "allocs": allocs, "exports": exports, "registers": registers,
     });
     println!("answer: {out}");
 }
@@ -327,6 +352,8 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
         assert_eq!(place, if on_tray0 { "tray0" } else { "local" }, "tray0's GPU is remote to tray1: {seen}");
     }
     assert_eq!(seen["allocs"], serde_json::json!(["ok", "PermissionDenied"]), "memory of members only: {seen}");
+    assert_eq!(seen["exports"], serde_json::json!(["ok"]), "its member's memory exported to its partition: {seen}");
+    assert_eq!(seen["registers"], serde_json::json!(["ok", "PermissionDenied"]), "registered for members only: {seen}");
     // The admin still sees the whole domain.
     let all = topology(&mut admin[1]);
     assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);
