@@ -171,6 +171,14 @@ impl DomainClient {
         Err(EtcdError::Contention { node: node.to_owned(), attempts: 1 })
     }
 
+    /// Drops a queued request by its key's last part (one that names no node), under
+    /// `leader`'s fence; whether it was dropped.
+    pub async fn drop_gc_request(&self, leader: &LeaderFence, name: &str) -> Result<bool, EtcdError> {
+        let txn = Txn::new().when([leader.compare()]).and_then([TxnOp::delete(self.keys().gc_request(name), None)]);
+        let mut kv = self.raw();
+        Ok(self.call("gc request drop", kv.txn(txn)).await?.succeeded())
+    }
+
     /// Whether `leader`'s key still has its term's create revision.
     async fn leads(&self, leader: &LeaderFence) -> Result<bool, EtcdError> {
         let mut kv = self.raw();

@@ -106,7 +106,9 @@ fn fabricctl() -> Option<PathBuf> {
 }
 
 fn cli_json(bin: &Path, socket: &Path, args: &[&str]) -> Value {
+    let t0 = std::time::Instant::now();
     let out = Command::new(bin).args(args).arg("--daemon").arg(socket).args(["-o", "json"]).output().unwrap();
+    eprintln!("fabricctl {args:?}: {:?}, {} bytes of JSON", t0.elapsed(), out.stdout.len());
     assert!(out.status.success(), "fabricctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -211,6 +213,7 @@ fn listings_of_twelve_thousand_five_hundred_nodes_come_in_pages() {
     // The map, page by page: one revision, every slot once, every node's eight ranges
     // (a gone node's as holes).
     let map_pages = pages(&mut c, DomainAction::MapPage, PageRequest::default());
+    eprintln!("{} pages of nodes, {} pages of the map", node_pages.len(), map_pages.len());
     let generation = map_pages[0].1["generation"].clone();
     assert!(map_pages.iter().all(|(r, p)| *r == map_pages[0].0 && p["generation"] == generation));
     let mut ranges: BTreeMap<String, Vec<Value>> = BTreeMap::new();

@@ -35,7 +35,8 @@ async fn round(client: &DomainClient, fence: &LeaderFence) {
     };
     for node in queue {
         if !fabric_domain::config::is_valid_name(&node) {
-            tracing::warn!(key = %node, "leader: a queued gc names no node; left alone");
+            let dropped = client.drop_gc_request(fence, &node).await;
+            tracing::warn!(key = %node, ?dropped, "leader: a queued gc names no node; dropped");
             continue;
         }
         match client.gc_led(fence, &node).await {
