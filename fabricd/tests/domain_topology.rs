@@ -358,3 +358,139 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     let all = topology(&mut admin[1]);
     assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);
 }
+
+const ENV_EVENTS_SOCKET: &str = "FABRICD_DOMAIN_EVENTS_SOCKET";
+
+/// The bound client of the events test: subscribes to device and link events, says so,
+/// and prints the events it gets (within 20 s the first, then until 2 s pass without one).
+#[test]
+fn domain_events_child() {
+    use fabric_proto::wire::{Event, SubscribeRequest, Topics};
+    let Some(sock) = std::env::var_os(ENV_EVENTS_SOCKET) else { return };
+    let stream = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // The same socket: its timeout shortens once the first link event came.
+    let timeout = stream.try_clone().unwrap();
+    let mut c = fabric_proto::wire::Connection::new(stream);
+    c.hello("events-child", fabric_proto::wire::SUPPORTED_VERSIONS).unwrap();
+    let topics = Topics::LINK.union(Topics::DEVICE);
+    let Response::Subscribe(_) = c.call(Request::Subscribe(SubscribeRequest { topics }), &[]).unwrap().0 else {
+        panic!()
+    };
+    println!("subscribed");
+    let mut seen = Vec::new();
+    while let Ok(ev) = c.next_event() {
+        let link = matches!(ev, Event::Link { .. });
+        seen.push(match ev {
+            Event::Link { a, b, .. } => format!("link {} {}", a.as_str(), b.as_str()),
+            Event::Device { device, .. } => format!("device {}", device.as_str()),
+            other => format!("{other:?}"),
+        });
+        // After the first link event, whatever else the rescan published (2 s more).
+        if link {
+            timeout.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        }
+    }
+    println!("answer: {}", serde_json::json!(seen));
+}
+
+#[test]
+fn a_domain_partitions_link_events_reach_its_bound_client_only_for_its_members() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client under uid {UID_BOUND}");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    // tray1 serves a copy of the supernode it rescans every second.
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = dir.path().join("supernode.toml");
+    let base = std::fs::read_to_string(sim("supernode-64.toml")).unwrap();
+    std::fs::write(&fabric, &base).unwrap();
+    let setups =
+        [node_of(&etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(&etcd, &fabric, "tray1", SPAN, TTL)];
+    for (i, s) in setups.iter().enumerate() {
+        let mut text = std::fs::read_to_string(&s.config).unwrap();
+        text = text.replacen("\n[state]\n", &format!("\ngroup = \"{SOCKET_GID}\"\n[state]\n"), 1);
+        if i == 1 {
+            text = text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1);
+        }
+        std::fs::write(&s.config, text).unwrap();
+    }
+    let daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut admin {
+        until(Duration::from_secs(15), "both topologies merged", || {
+            topology(c)["nodes"] == serde_json::json!(["tray0", "tray1"])
+        });
+    }
+    let doc = topology(&mut admin[0]);
+    let tray1_gpus: Vec<String> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu" && d["node"] == "tray1")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tray1_gpus.len(), 4);
+    let member = tray1_gpus[0].clone();
+    let spec = PartitionSpec {
+        name: Name::truncated("watchers"),
+        devices: vec![gpu_of(&doc, "tray0").as_str().try_into().unwrap(), member.as_str().try_into().unwrap()]
+            .try_into()
+            .unwrap(),
+        uids: vec![UID_BOUND].try_into().unwrap(),
+        gids: Vec::new().try_into().unwrap(),
+    };
+    let Response::Partitions(_) = admin[0].call(Request::Partitions(PartitionsRequest::Set(spec)), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    until(Duration::from_secs(5), "tray1 sees the partition", || {
+        let Response::Partitions(p) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0
+        else {
+            panic!()
+        };
+        p.partitions.len() == 1
+    });
+    // The bound client subscribes on tray1; then every tray1 GPU's NVLink to nvsw0 goes down.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "domain_events_child", "--nocapture", "--test-threads", "1"])
+        .env(ENV_EVENTS_SOCKET, &setups[1].socket)
+        .uid(UID_BOUND)
+        .gid(SOCKET_GID)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut out = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        out.push_str(&line);
+        out.push('\n');
+        if line.ends_with("subscribed") {
+            break;
+        }
+    }
+    assert!(out.contains("subscribed"), "{out}");
+    let down: String = (0..4)
+        .map(|i| {
+            format!("\n[[degraded]]\ndevice = \"tray1/gpu{i}\"\nlink = \"nvlink\"\nto = \"nvsw0\"\nlink_down = true\n")
+        })
+        .collect();
+    let tmp = fabric.with_extension("tmp");
+    std::fs::write(&tmp, format!("{base}{down}")).unwrap();
+    std::fs::rename(&tmp, &fabric).unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(child.wait().unwrap().success(), "{out}{rest:?}");
+    let answer = rest.iter().find_map(|l| l.strip_prefix("answer: ").map(str::to_owned)).expect(&out);
+    let seen: Vec<String> = serde_json::from_str(&answer).unwrap();
+    assert!(
+        seen.iter().any(|e| e.starts_with("link ") && e.contains(&member)),
+        "its member's link event: {seen:?}\n{}",
+        daemons[1].log().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n")
+    );
+    for other in &tray1_gpus[1..] {
+        assert!(seen.iter().all(|e| !e.contains(other.as_str())), "{other} is no member: {seen:?}");
+    }
+}
