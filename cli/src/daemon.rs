@@ -167,8 +167,13 @@ impl Client {
         Fabric::build(inv).map_err(|e| self.bad_doc("fabric.inventory/v1", e))
     }
 
-    /// The address map listing this caller may see.
+    /// The address map listing this caller may see: a domain node's in pages (1.7).
     pub fn listing(&mut self) -> Result<Listing, DaemonError> {
+        if self.version() >= fabric_proto::wire::PAGED
+            && let Some(l) = crate::pages::map(self)?
+        {
+            return Ok(l);
+        }
         let doc = match self.call(Request::Map(TopologyRequest::default()))? {
             Response::Map(d) => d,
             _ => return Err(DaemonError::Unexpected(self.path.clone())),

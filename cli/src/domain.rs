@@ -1,5 +1,6 @@
 //! `fabricctl domain status|nodes|gc NODE`: the domain the daemon's node belongs to, from
-//! its `fabric.domain/v1` document (protocol 1.6), as a table or JSON; and the GFA
+//! its `fabric.domain/v1` document (protocol 1.6; the nodes in pages from 1.7,
+//! [`crate::pages`]), as a table or JSON; and the GFA
 //! translation `fabricctl map translate --daemon` asks of a daemon.
 
 use std::io::{self, Write};
@@ -8,7 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc};
 use fabric_proto::wire::{
-    BoundedVec, DOMAIN, DomainAction, DomainRequest, Name, Request, Response, TranslateQuery, TranslateRequest,
+    BoundedVec, DOMAIN, DomainAction, DomainRequest, Name, PAGED, Request, Response, TranslateQuery, TranslateRequest,
     Translation,
 };
 use serde::Serialize;
@@ -65,15 +66,17 @@ pub fn run(args: &DomainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             node: Name::new(node.as_str()).map_err(|_| anyhow::anyhow!("node name {node:?} is too long"))?,
         },
     };
-    let doc = match client.call(Request::Domain(DomainRequest { action }))? {
-        Response::Domain(d) => d,
-        _ => return Err(DaemonError::Unexpected(client.path().to_owned()).into()),
+    let paged = client.version() >= PAGED;
+    let parsed = match action {
+        // 1.7: the nodes a page at a time; a status of many nodes only counts them.
+        DomainAction::Nodes if paged => crate::pages::nodes(&mut client)?,
+        DomainAction::Status if paged => {
+            let mut doc = ask(&mut client, DomainAction::Status)?;
+            doc.nodes = crate::pages::nodes(&mut client)?.nodes;
+            doc
+        }
+        action => ask(&mut client, action)?,
     };
-    let parsed: DomainDoc = serde_json::from_str(&doc.json).map_err(|e| DaemonError::Document {
-        path: client.path().to_owned(),
-        schema: DOMAIN_SCHEMA,
-        message: e.to_string(),
-    })?;
     if args.output == ListFormat::Json {
         serde_json::to_writer_pretty(&mut *out, &parsed)?;
         writeln!(out)?;
@@ -81,6 +84,19 @@ pub fn run(args: &DomainArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         render(&parsed, out)?;
     }
     Ok(())
+}
+
+/// One `Domain` answer.
+fn ask(client: &mut Client, action: DomainAction) -> anyhow::Result<DomainDoc> {
+    let doc = match client.call(Request::Domain(DomainRequest { action }))? {
+        Response::Domain(d) => d,
+        _ => return Err(DaemonError::Unexpected(client.path().to_owned()).into()),
+    };
+    Ok(serde_json::from_str(&doc.json).map_err(|e| DaemonError::Document {
+        path: client.path().to_owned(),
+        schema: DOMAIN_SCHEMA,
+        message: e.to_string(),
+    })?)
 }
 
 /// The table form.
@@ -256,6 +272,8 @@ mod tests {
             nodes: vec![node("tray0", true, 3), node("tray1", false, 5)],
             missing: Some(vec!["tray1: gone (its lease ended); slot 5 kept as a hole".into()]),
             gc: None,
+            summary: None,
+            page: None,
         };
         let mut out = Vec::new();
         render(&doc, &mut out).unwrap();

@@ -17,6 +17,7 @@ pub mod domain;
 pub mod gpu_compare;
 pub mod map;
 pub mod nvsmi;
+pub mod pages;
 pub mod remote;
 pub mod render;
 pub mod source;

@@ -91,6 +91,8 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> Vec<
     for d in &record.devices {
         let mut device = Device::new(d.id.clone(), d.kind, (!d.fabric).then_some(record.node.as_str()));
         device.name = d.name.clone();
+        device.numa_node = d.numa_node;
+        device.local_cpus = d.local_cpus.as_deref().and_then(|c| c.parse().ok());
         device.sources.push(DOMAIN_BACKEND.to_owned());
         device.memory = d
             .memory
@@ -127,7 +129,15 @@ mod tests {
     /// A tray of the supernode: two GPUs, each 18 NVLinks to the same two fabric switches
     /// (9 to each), a NIC on the rail network (fabric-level leaf).
     fn tray(node: &str) -> TopologyRecord {
-        let dev = |id: DeviceId, kind, fabric| TopologyDevice { id, kind, name: None, fabric, memory: vec![] };
+        let dev = |id: DeviceId, kind, fabric| TopologyDevice {
+            id,
+            kind,
+            name: None,
+            fabric,
+            memory: vec![],
+            numa_node: None,
+            local_cpus: None,
+        };
         let mut devices = vec![
             dev(DeviceId::named(node, "numa0"), DeviceKind::Cpu, false),
             dev(DeviceId::uuid(&format!("GPU-{node}-0")), DeviceKind::Gpu, false),
@@ -168,6 +178,8 @@ mod tests {
                 name: None,
                 fabric: false,
                 memory: vec![],
+                numa_node: None,
+                local_cpus: None,
             },
             TopologyDevice {
                 id: DeviceId::pci(node, addr),
@@ -175,6 +187,8 @@ mod tests {
                 name: None,
                 fabric: false,
                 memory: vec![],
+                numa_node: None,
+                local_cpus: None,
             },
         ];
         let pcie =
@@ -241,6 +255,21 @@ mod tests {
         assert_eq!(f.device(gpu).memory[0].size, 1 << 30);
         assert_eq!(f.device(gpu).node.as_deref(), Some("tray1"));
         assert_eq!(f.device(gpu).attrs.get(DOMAIN_NODE_ATTR).map(String::as_str), Some(DOMAIN_NODE_LIVE));
+    }
+
+    #[test]
+    fn numa_and_cpu_affinity_of_a_record_reach_the_merged_devices() {
+        let mut t = tray("tray0");
+        t.devices[0].numa_node = Some(0);
+        t.devices[0].local_cpus = Some("0-71".into());
+        t.devices[1].numa_node = Some(1);
+        let inv = merge(&view(&[t, tray("tray1")], &[]));
+        let cpu = inv.device(inv.find(&DeviceId::named("tray0", "numa0")).unwrap());
+        assert_eq!((cpu.numa_node, cpu.local_cpus.as_ref().map(ToString::to_string)), (Some(0), Some("0-71".into())));
+        let gpu = inv.device(inv.find(&DeviceId::uuid("GPU-tray0-0")).unwrap());
+        assert_eq!(gpu.numa_node, Some(1));
+        let other = inv.device(inv.find(&DeviceId::uuid("GPU-tray1-0")).unwrap());
+        assert_eq!((other.numa_node, other.local_cpus.as_ref()), (None, None), "a record without them: unknown");
     }
 
     #[test]

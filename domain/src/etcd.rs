@@ -133,6 +133,15 @@ pub enum EtcdError {
         /// Who `slots/<slot>` names (`nobody` when absent).
         holder: String,
     },
+    /// A leader's write was refused: its leader key no longer has its term's revision
+    /// (another node leads now, or its lease ended).
+    #[error("node {node} no longer leads the domain (term {term}): the leader's write is refused")]
+    NotLeader {
+        /// This node.
+        node: String,
+        /// The term it led in.
+        term: i64,
+    },
     /// An admin tried to free the slot of a node that is a live member.
     #[error("node {node} is a live member: its slot cannot be freed")]
     GcLive {

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod domain_fabric;
+pub mod duties;
 pub mod election;
 pub mod etcd;
 pub mod fence;
@@ -23,6 +24,7 @@ pub mod topology;
 pub mod view;
 
 pub use config::{ConfigError, DomainConfig, EtcdTls};
+pub use duties::{GcRequest, LeaderFence};
 pub use election::{Election, Leadership};
 pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};
 /// The etcd client crate, for callers that read or watch on [`DomainClient::raw`] under

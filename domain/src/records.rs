@@ -158,6 +158,21 @@ impl Keys {
         format!("{}partitions/{name}", self.prefix)
     }
 
+    /// The prefix of every partition key.
+    pub fn partitions(&self) -> String {
+        format!("{}partitions/", self.prefix)
+    }
+
+    /// An admin's gc of `node`, queued for the leader (`duties.rs`).
+    pub fn gc_request(&self, node: &str) -> String {
+        format!("{}gc/{node}", self.prefix)
+    }
+
+    /// The prefix of the gc queue.
+    pub fn gc_requests(&self) -> String {
+        format!("{}gc/", self.prefix)
+    }
+
     /// What a node publishes of its inventory (devices, links, fabric-level switches).
     pub fn topology(&self, node: &str) -> String {
         format!("{}topology/{node}", self.prefix)

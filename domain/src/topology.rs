@@ -21,6 +21,13 @@ pub const MAX_DEVICE_ID_LEN: usize = 256;
 /// Longest device name.
 pub const MAX_DEVICE_NAME_LEN: usize = 128;
 
+/// NUMA node numbers a record may state: below this (the kernel's largest
+/// `MAX_NUMNODES` is 1,024).
+pub const MAX_NUMA_NODE: u32 = 1 << 16;
+
+/// Longest cpulist a record may state.
+pub const MAX_CPULIST_LEN: usize = 256;
+
 /// `topology/<node>`: the node's part of the domain's topology, written after discovery
 /// and after each rescan that changes it (a fenced write, no lease: like the placements, it
 /// outlives the daemon, so a node that is down is still shown, marked so).
@@ -56,6 +63,14 @@ pub struct TopologyDevice {
     /// The memory it exposes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory: Vec<TopologyMemory>,
+    /// The NUMA node it is local to, when known (below [`MAX_NUMA_NODE`]). Optional, so a
+    /// record written before it existed still decodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// The CPUs local to it, as a kernel cpulist (`0-3,8-11`, at most
+    /// [`MAX_CPULIST_LEN`] bytes), when known. Optional like `numa_node`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_cpus: Option<String>,
 }
 
 /// A memory resource of a device: its kind and size.
@@ -129,6 +144,13 @@ impl TopologyRecord {
                     .take(MAX_DEVICE_MEMORY)
                     .map(|m| TopologyMemory { kind: m.kind, size: m.size })
                     .collect(),
+                numa_node: d.numa_node.filter(|n| *n < MAX_NUMA_NODE),
+                local_cpus: d
+                    .local_cpus
+                    .as_ref()
+                    .filter(|c| !c.is_empty())
+                    .map(ToString::to_string)
+                    .filter(|c| c.len() <= MAX_CPULIST_LEN),
             });
         }
         let links = fabric
@@ -191,6 +213,17 @@ impl TopologyRecord {
             if d.memory.len() > MAX_DEVICE_MEMORY {
                 return Err(invalid("devices.memory", format!("{} lists more than {MAX_DEVICE_MEMORY}", d.id)));
             }
+            if d.numa_node.is_some_and(|n| n >= MAX_NUMA_NODE) {
+                return Err(invalid("devices.numa_node", format!("{}: not below {MAX_NUMA_NODE}", d.id)));
+            }
+            if let Some(cpus) = &d.local_cpus
+                && (cpus.len() > MAX_CPULIST_LEN || cpus.parse::<fabric_topology::CpuSet>().is_err())
+            {
+                return Err(invalid(
+                    "devices.local_cpus",
+                    format!("{}: not a cpulist of at most {MAX_CPULIST_LEN} bytes", d.id),
+                ));
+            }
             if d.memory.iter().try_fold(0u64, |sum, m| sum.checked_add(m.size)).is_none() {
                 return Err(invalid("devices.memory", format!("{}: sizes add up beyond 2^64", d.id)));
             }
@@ -227,8 +260,12 @@ mod tests {
     /// A tray: a CPU, a GPU with HBM on NVLink to a fabric switch, an NVMe drive.
     pub(crate) fn tray(node: &str) -> Fabric {
         let mut inv = Inventory::new();
-        let cpu = inv.add_device(Device::new(DeviceId::named(node, "numa0"), DeviceKind::Cpu, Some(node))).unwrap();
+        let mut numa = Device::new(DeviceId::named(node, "numa0"), DeviceKind::Cpu, Some(node));
+        numa.numa_node = Some(0);
+        numa.local_cpus = Some("0-15,32-47".parse().unwrap());
+        let cpu = inv.add_device(numa).unwrap();
         let mut gpu = Device::new(DeviceId::uuid(&format!("GPU-{node}")), DeviceKind::Gpu, Some(node));
+        gpu.numa_node = Some(1);
         gpu.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1 << 30, hpa: None, numa_node: None });
         let gpu = inv.add_device(gpu).unwrap();
         let nvme =
@@ -248,6 +285,11 @@ mod tests {
         assert!(record.devices[2].fabric && !record.devices[1].fabric);
         assert_eq!(record.devices[1].memory, [TopologyMemory { kind: MemoryKind::Hbm, size: 1 << 30 }]);
         assert_eq!(record.links.len(), 2, "the drive's link goes with the drive");
+        assert_eq!(
+            (record.devices[0].numa_node, record.devices[0].local_cpus.as_deref()),
+            (Some(0), Some("0-15,32-47"))
+        );
+        assert_eq!((record.devices[1].numa_node, record.devices[1].local_cpus.as_deref()), (Some(1), None));
         let limits = RecordLimits::default();
         assert_eq!(decode::<TopologyRecord>(&encode(&record), limits), Ok(record.clone()));
         assert!(TopologyRecord::from_fabric(&tray("tray0"), "tray1", 3).devices.iter().all(|d| d.fabric));
@@ -283,6 +325,14 @@ mod tests {
         r.devices[1].memory = vec![TopologyMemory { kind: MemoryKind::Hbm, size: 1 }; 17];
         assert_eq!(field(&r), "devices.memory");
         let mut r = good.clone();
+        r.devices[1].numa_node = Some(MAX_NUMA_NODE);
+        assert_eq!(field(&r), "devices.numa_node");
+        for bad in ["0-", "x", "3-1", &"0,".repeat(200)] {
+            let mut r = good.clone();
+            r.devices[1].local_cpus = Some(bad.to_owned());
+            assert_eq!(field(&r), "devices.local_cpus", "{bad:?}");
+        }
+        let mut r = good.clone();
         r.links[0].b = 3;
         assert_eq!(field(&r), "links");
         let mut r = good.clone();
@@ -312,6 +362,8 @@ mod tests {
                     name: None,
                     fabric: false,
                     memory: vec![],
+                    numa_node: None,
+                    local_cpus: None,
                 })
                 .collect(),
             ..good
@@ -323,6 +375,20 @@ mod tests {
             decode::<TopologyRecord>(&encode(&huge), wide),
             Err(RecordError::Invalid { field: "devices", .. })
         ));
+    }
+
+    /// A record written before devices carried NUMA and CPU affinity decodes, without them.
+    #[test]
+    fn a_record_without_affinity_still_decodes() {
+        let good = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let text = String::from_utf8(encode(&good)).unwrap();
+        let old = text
+            .replace(",\"numa_node\":0", "")
+            .replace(",\"numa_node\":1", "")
+            .replace(",\"local_cpus\":\"0-15,32-47\"", "");
+        assert!(!old.contains("numa_node") && !old.contains("local_cpus"), "{old}");
+        let record = decode::<TopologyRecord>(old.as_bytes(), RecordLimits::default()).unwrap();
+        assert!(record.devices.iter().all(|d| d.numa_node.is_none() && d.local_cpus.is_none()));
     }
 
     /// The fuzz target's seeds of the new records decode (the first byte picks the type).

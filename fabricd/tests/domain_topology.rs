@@ -18,10 +18,11 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::domain::{node_of, sim, topology, until};
+use common::domain::{gpu_of, node_of, sim, topology, until};
 use fabric_proto::wire::{
-    AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, MemoryClass, Name, PartitionSpec, PartitionsRequest,
-    Request, Response, TopologyRequest, TranslateQuery, TranslateRequest, Translation,
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, ExportPolicy, ExportRequest,
+    MemoryClass, Name, PartitionSpec, PartitionsRequest, RegisterRequest, RegisterSource, Request, Response,
+    TopologyRequest, TranslateQuery, TranslateRequest, Translation,
 };
 use serde_json::Value;
 
@@ -116,6 +117,15 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
     assert_eq!(m.between("node0", "tray1"), ["NET"]);
     let switches = first["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "nv_switch").count();
     assert_eq!(switches, 18 + 4, "the supernode's 18 fabric switches once, and the HGX board's 4");
+    // NUMA and CPU affinity travel in the topology records: every node's GPUs and CPUs
+    // carry them on every node (the matrix's affinity columns are no longer N/A).
+    for d in first["devices"].as_array().unwrap() {
+        match d["kind"].as_str() {
+            Some("gpu") => assert!(d["numa_node"].is_u64(), "{d}"),
+            Some("cpu") => assert!(d["local_cpus"].is_string() && d["numa_node"].is_u64(), "{d}"),
+            _ => {}
+        }
+    }
 
     // kill -9 tray1: still listed, its devices marked down and no longer reached.
     let mut dead = daemons[1].take().unwrap();
@@ -198,23 +208,47 @@ fn domain_partition_child() {
         })
         .collect();
     // Memory: its partition's GPU on this node, and one outside it.
-    let alloc = |c: &mut fabric_proto::wire::Connection, var: &str| -> String {
-        let gpu = std::env::var(var).unwrap();
-        let req = Request::Alloc(AllocRequest {
-            target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
-            size: 1 << 20,
-            align: 0,
-        });
-        match c.call(req, &[]) {
-            Ok((Response::Alloc(_), _)) => "ok".to_owned(),
-            Err(CodecError::Refused { body, .. }) => format!("{:?}", body.code),
-            other => format!("{other:?}"),
-        }
+    let outcome = |r: Result<(Response, Vec<std::os::fd::OwnedFd>), CodecError>| match r {
+        Ok(_) => "ok".to_owned(),
+        Err(CodecError::Refused { body, .. }) => format!("{:?}", body.code),
+        Err(other) => format!("{other:?}"),
     };
-    let allocs = [alloc(&mut c, "FABRICD_TEST_MEMBER_GPU"), alloc(&mut c, "FABRICD_TEST_OTHER_GPU")];
+    let gpu = |var: &str| DeviceName::truncated(&std::env::var(var).unwrap());
+    let alloc = |c: &mut fabric_proto::wire::Connection, var: &str| {
+        let target = AllocTarget::Device { device: gpu(var), memory: MemoryClass::Hbm };
+        c.call(Request::Alloc(AllocRequest { target, size: 1 << 20, align: 0 }), &[])
+    };
+    let member = alloc(&mut c, "FABRICD_TEST_MEMBER_GPU");
+    let region = match &member {
+        Ok((Response::Alloc(a), _)) => Some(a.region),
+        _ => None,
+    };
+    let allocs = [outcome(member), outcome(alloc(&mut c, "FABRICD_TEST_OTHER_GPU"))];
+    // Its member's memory: exported to its partition, registered for its member GPU but
+    // not for a GPU outside the partition.
+    let (mut exports, mut registers) = (Vec::new(), Vec::new());
+    if let Some(region) = region {
+        let policy = ExportPolicy {
+            uids: BoundedVec::new(vec![]).unwrap(),
+            gids: BoundedVec::new(vec![]).unwrap(),
+            partition: Some(Name::truncated("tenant")),
+            access: AccessMode::ReadWrite,
+        };
+        exports.push(outcome(c.call(Request::Export(ExportRequest { region, policy }), &[])));
+        for var in ["FABRICD_TEST_MEMBER_GPU", "FABRICD_TEST_OTHER_GPU"] {
+            let req = RegisterRequest {
+                device: gpu(var),
+                source: RegisterSource::Region(region),
+                offset: 0,
+                len: 1 << 20,
+                access: AccessMode::ReadWrite,
+            };
+            registers.push(outcome(c.call(Request::Register(req), &[])));
+        }
+    }
     let out = serde_json::json!({
         "nodes": doc["nodes"], "gpus": gpus, "owners": owners, "map_nodes": map_nodes, "partitions": names,
-        "translated": translated, "allocs": allocs,
+        "translated": translated, "allocs": allocs, "exports": exports, "registers": registers,
     });
     println!("answer: {out}");
 }
@@ -243,13 +277,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     }
     // One GPU of each tray, chosen from the domain's topology as the admin sees it.
     let doc = topology(&mut admin[0]);
-    let gpu_of = |n: &str| -> String {
-        doc["devices"].as_array().unwrap().iter().find(|d| d["kind"] == "gpu" && d["node"] == n).unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let chosen: BTreeSet<String> = [gpu_of("tray0"), gpu_of("tray1")].into();
+    let chosen: BTreeSet<String> = [gpu_of(&doc, "tray0"), gpu_of(&doc, "tray1")].into();
     let spec = PartitionSpec {
         name: Name::truncated("tenant"),
         devices: chosen.iter().map(|d| d.as_str().try_into().unwrap()).collect::<Vec<_>>().try_into().unwrap(),
@@ -292,7 +320,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     // The bound client asks tray1.
     let out = Command::new(std::env::current_exe().unwrap())
         .env("FABRICD_TEST_OTHER_GFA", other.to_string())
-        .env("FABRICD_TEST_MEMBER_GPU", gpu_of("tray1"))
+        .env("FABRICD_TEST_MEMBER_GPU", gpu_of(&doc, "tray1"))
         .env("FABRICD_TEST_OTHER_GPU", other_gpu)
         .args(["--exact", "domain_partition_child", "--nocapture", "--test-threads", "1"])
         .env(ENV_SOCKET, &setups[1].socket)
@@ -320,11 +348,149 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     for t in mine {
         let (place, device) = t.split_once(' ').unwrap();
         assert!(chosen.contains(device), "{seen}");
-        let on_tray0 = device == gpu_of("tray0");
+        let on_tray0 = device == gpu_of(&doc, "tray0");
         assert_eq!(place, if on_tray0 { "tray0" } else { "local" }, "tray0's GPU is remote to tray1: {seen}");
     }
     assert_eq!(seen["allocs"], serde_json::json!(["ok", "PermissionDenied"]), "memory of members only: {seen}");
+    assert_eq!(seen["exports"], serde_json::json!(["ok"]), "its member's memory exported to its partition: {seen}");
+    assert_eq!(seen["registers"], serde_json::json!(["ok", "PermissionDenied"]), "registered for members only: {seen}");
     // The admin still sees the whole domain.
     let all = topology(&mut admin[1]);
     assert_eq!(all["devices"].as_array().unwrap().iter().filter(|d| d["kind"] == "gpu").count(), 8);
+}
+
+const ENV_EVENTS_SOCKET: &str = "FABRICD_DOMAIN_EVENTS_SOCKET";
+
+/// The bound client of the events test: subscribes to device and link events, says so,
+/// and prints the events it gets (within 20 s the first, then until 2 s pass without one).
+#[test]
+fn domain_events_child() {
+    use fabric_proto::wire::{Event, SubscribeRequest, Topics};
+    let Some(sock) = std::env::var_os(ENV_EVENTS_SOCKET) else { return };
+    let stream = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // The same socket: its timeout shortens once the first link event came.
+    let timeout = stream.try_clone().unwrap();
+    let mut c = fabric_proto::wire::Connection::new(stream);
+    c.hello("events-child", fabric_proto::wire::SUPPORTED_VERSIONS).unwrap();
+    let topics = Topics::LINK.union(Topics::DEVICE);
+    let Response::Subscribe(_) = c.call(Request::Subscribe(SubscribeRequest { topics }), &[]).unwrap().0 else {
+        panic!()
+    };
+    println!("subscribed");
+    let mut seen = Vec::new();
+    while let Ok(ev) = c.next_event() {
+        let link = matches!(ev, Event::Link { .. });
+        seen.push(match ev {
+            Event::Link { a, b, .. } => format!("link {} {}", a.as_str(), b.as_str()),
+            Event::Device { device, .. } => format!("device {}", device.as_str()),
+            other => format!("{other:?}"),
+        });
+        // After the first link event, whatever else the rescan published (2 s more).
+        if link {
+            timeout.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        }
+    }
+    println!("answer: {}", serde_json::json!(seen));
+}
+
+#[test]
+fn a_domain_partitions_link_events_reach_its_bound_client_only_for_its_members() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client under uid {UID_BOUND}");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    // tray1 serves a copy of the supernode it rescans every second.
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = dir.path().join("supernode.toml");
+    let base = std::fs::read_to_string(sim("supernode-64.toml")).unwrap();
+    std::fs::write(&fabric, &base).unwrap();
+    let setups =
+        [node_of(&etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(&etcd, &fabric, "tray1", SPAN, TTL)];
+    for (i, s) in setups.iter().enumerate() {
+        let mut text = std::fs::read_to_string(&s.config).unwrap();
+        text = text.replacen("\n[state]\n", &format!("\ngroup = \"{SOCKET_GID}\"\n[state]\n"), 1);
+        if i == 1 {
+            text = text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1);
+        }
+        std::fs::write(&s.config, text).unwrap();
+    }
+    let daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut admin {
+        until(Duration::from_secs(15), "both topologies merged", || {
+            topology(c)["nodes"] == serde_json::json!(["tray0", "tray1"])
+        });
+    }
+    let doc = topology(&mut admin[0]);
+    let tray1_gpus: Vec<String> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"] == "gpu" && d["node"] == "tray1")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tray1_gpus.len(), 4);
+    let member = tray1_gpus[0].clone();
+    let spec = PartitionSpec {
+        name: Name::truncated("watchers"),
+        devices: vec![gpu_of(&doc, "tray0").as_str().try_into().unwrap(), member.as_str().try_into().unwrap()]
+            .try_into()
+            .unwrap(),
+        uids: vec![UID_BOUND].try_into().unwrap(),
+        gids: Vec::new().try_into().unwrap(),
+    };
+    let Response::Partitions(_) = admin[0].call(Request::Partitions(PartitionsRequest::Set(spec)), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    until(Duration::from_secs(5), "tray1 sees the partition", || {
+        let Response::Partitions(p) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0
+        else {
+            panic!()
+        };
+        p.partitions.len() == 1
+    });
+    // The bound client subscribes on tray1; then every tray1 GPU's NVLink to nvsw0 goes down.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "domain_events_child", "--nocapture", "--test-threads", "1"])
+        .env(ENV_EVENTS_SOCKET, &setups[1].socket)
+        .uid(UID_BOUND)
+        .gid(SOCKET_GID)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut out = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        out.push_str(&line);
+        out.push('\n');
+        if line.ends_with("subscribed") {
+            break;
+        }
+    }
+    assert!(out.contains("subscribed"), "{out}");
+    let down: String = (0..4)
+        .map(|i| {
+            format!("\n[[degraded]]\ndevice = \"tray1/gpu{i}\"\nlink = \"nvlink\"\nto = \"nvsw0\"\nlink_down = true\n")
+        })
+        .collect();
+    let tmp = fabric.with_extension("tmp");
+    std::fs::write(&tmp, format!("{base}{down}")).unwrap();
+    std::fs::rename(&tmp, &fabric).unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(child.wait().unwrap().success(), "{out}{rest:?}");
+    let answer = rest.iter().find_map(|l| l.strip_prefix("answer: ").map(str::to_owned)).expect(&out);
+    let seen: Vec<String> = serde_json::from_str(&answer).unwrap();
+    assert!(
+        seen.iter().any(|e| e.starts_with("link ") && e.contains(&member)),
+        "its member's link event: {seen:?}\n{}",
+        daemons[1].log().lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n")
+    );
+    for other in &tray1_gpus[1..] {
+        assert!(seen.iter().all(|e| !e.contains(other.as_str())), "{other} is no member: {seen:?}");
+    }
 }

@@ -1,8 +1,8 @@
 //! `fabric.domain/v1`: the domain a daemon's node belongs to, as the `Domain` request
 //! answers it (protocol 1.6) and `fabricctl domain -o json` prints it. fabricd fills it
 //! from its domain view; fields a request did not ask for are absent. Fields added after
-//! the first release (`leader`, a node's `leader` mark) are optional, so older documents
-//! still decode.
+//! the first release (`leader`, a node's `leader` mark, `summary`, `page`) are optional,
+//! so older documents still decode.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,8 +27,8 @@ pub struct DomainDoc {
     /// while not known (not yet observed, no leader, or this node's lease lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<LeaderDoc>,
-    /// Every node holding a slot or live, by name (`status`, `nodes`; empty in a `gc`
-    /// answer).
+    /// Every node holding a slot or live, by name (`status` up to 1,024 of them, `nodes`;
+    /// a page of them in a `NodesPage` answer; empty in a `gc` answer).
     pub nodes: Vec<NodeDoc>,
     /// What is missing and why (`status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -36,6 +36,40 @@ pub struct DomainDoc {
     /// What an admin's gc freed (`gc`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcDoc>,
+    /// The nodes counted (`status`; a status of more than 1,024 nodes lists none: clients
+    /// page them with `NodesPage`, 1.7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<SummaryDoc>,
+    /// Which page `nodes` is (`NodesPage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<PageDoc>,
+}
+
+/// The domain's nodes counted, as a status answer states them without listing them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryDoc {
+    /// Nodes listed by `nodes` (live, or holding a slot).
+    pub nodes: u64,
+    /// Live members.
+    pub live: u64,
+    /// Nodes gone that keep their slot.
+    pub gone: u64,
+    /// Live members that published no placements yet.
+    pub unplaced: u64,
+    /// Records refused.
+    pub refused: u64,
+}
+
+/// One page of a paged listing (`NodesPage`, and the `page` field of a `MapPage`'s
+/// `fabric.map/v1` document).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageDoc {
+    /// The view revision the page was made from: pages of one listing share it.
+    pub revision: u64,
+    /// The node to ask the next page after; none on the last page.
+    pub next: Option<String>,
+    /// Nodes in the whole listing (at that revision).
+    pub total: u64,
 }
 
 /// One node of the domain.
@@ -156,6 +190,8 @@ mod tests {
             nodes: vec![node("tray0", false), node("tray1", true)],
             missing: None,
             gc: None,
+            summary: None,
+            page: None,
         };
         let json = serde_json::to_value(&doc).unwrap();
         assert_eq!(json["leader"], serde_json::json!({"node": "tray1", "term": 42, "this_node": false}));

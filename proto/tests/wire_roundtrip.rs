@@ -150,6 +150,10 @@ fn request() -> impl Strategy<Value = Request> {
             Just(DomainAction::Status),
             Just(DomainAction::Nodes),
             name().prop_map(|node| DomainAction::Gc { node }),
+            (any::<u64>(), proptest::option::of(name()))
+                .prop_map(|(revision, after)| DomainAction::NodesPage(PageRequest { revision, after })),
+            (any::<u64>(), proptest::option::of(name()))
+                .prop_map(|(revision, after)| DomainAction::MapPage(PageRequest { revision, after })),
         ]
         .prop_map(|action| Request::Domain(DomainRequest { action }))
         .boxed(),

@@ -1,15 +1,18 @@
 //! The domain's requests: the domain's map, translations that land in other nodes' slots,
 //! `domain status`, `domain nodes` (a `fabric.domain/v1` document, with the leader as this
-//! node knows it) and the admin's slot gc.
+//! node knows it; paged from 1.7, `domain_pages`) and the admin's slot gc.
 //! All but gc read what the domain task published, lock-free; gc waits for etcd, bounded.
 
 use fabric_domain::{DomainView, Leadership, PlacedKind};
-use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc, SettingsDoc};
+use fabric_proto::domain::{
+    DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc, SettingsDoc, SummaryDoc,
+};
 use fabric_proto::wire::{
     DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
 };
 
-use super::{json_doc, refusal};
+use super::scope::Caller;
+use super::{domain_pages, json_doc, refusal};
 use crate::daemon::Daemon;
 use crate::tasks::domain::{Domain, GcError, Standing, listing};
 
@@ -92,11 +95,23 @@ fn reverse(view: &DomainView, resource: &ResourceName, offset: u64) -> Option<u6
     })
 }
 
-/// Answers a `Domain` request.
-pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::Document, ErrorBody> {
+/// What a status answer lists of what is missing, at most; the rest is counted.
+const MAX_MISSING: usize = 256;
+
+/// A status lists the nodes while there are at most this many (an answer stays well under
+/// its 1 MiB); beyond, it only counts them (`summary`) and clients page them.
+pub const STATUS_NODES: usize = 1024;
+
+/// Answers a `Domain` request: `NodesPage` and `MapPage` (1.7) a page each.
+pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fabric_proto::wire::Document, ErrorBody> {
     let Some(domain) = &d.domain else {
         return Err(refusal(ErrorCode::NotFound, "this daemon is in no domain (no [domain] in its configuration)"));
     };
+    match action {
+        DomainAction::NodesPage(page) => return domain_pages::nodes_page(domain, page),
+        DomainAction::MapPage(page) => return domain_pages::map_page(domain, caller.members()?.as_ref(), page),
+        _ => {}
+    }
     let view = domain.view();
     let leadership = domain.leadership();
     let mut doc = DomainDoc {
@@ -109,13 +124,19 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
         // alone passes an answer's size limit, and the gc would seem to have failed.
         nodes: match action {
             DomainAction::Gc { .. } => Vec::new(),
+            DomainAction::Status => match nodes(&view, leadership.leader()) {
+                n if n.len() > STATUS_NODES => Vec::new(),
+                n => n,
+            },
             _ => nodes(&view, leadership.leader()),
         },
         missing: None,
         gc: None,
+        summary: None,
+        page: None,
     };
     match action {
-        DomainAction::Nodes => {}
+        DomainAction::Nodes | DomainAction::NodesPage(_) | DomainAction::MapPage(_) => {}
         DomainAction::Status => {
             let status = domain.status();
             let (standing, reason) = match &status.standing {
@@ -143,6 +164,7 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
                 data_paths: paths.filter_map(|v| v.as_str().map(str::to_owned)).collect(),
             });
             doc.missing = Some(missing(&view));
+            doc.summary = Some(summary(&view));
         }
         DomainAction::Gc { node } => {
             let node = node.as_str();
@@ -160,30 +182,60 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
     json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer_pretty(w, &doc))
 }
 
-fn leader(l: &Leadership) -> Option<LeaderDoc> {
+pub(super) fn leader(l: &Leadership) -> Option<LeaderDoc> {
     Some(LeaderDoc { node: l.leader()?.to_owned(), term: l.term()?, this_node: l.is_leader() })
 }
 
 /// The domain's nodes; `leader`'s is marked.
 fn nodes(view: &DomainView, leader: Option<&str>) -> Vec<NodeDoc> {
-    view.nodes()
-        .into_iter()
-        .map(|n| NodeDoc {
-            name: n.name.to_owned(),
-            state: if n.member.is_some() { "live" } else { "gone" }.to_owned(),
-            slot: n.slot,
-            incarnation: n.member.map(|m| m.incarnation),
-            peer_address: n.member.map(|m| m.peer_address.clone()),
-            ranges: n.placements.map_or(0, |p| p.ranges.len()),
-            mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
-            leader: leader == Some(n.name),
-        })
-        .collect()
+    view.nodes().iter().map(|n| node_doc(n, leader)).collect()
+}
+
+/// One node's entry; marked when it is `leader`.
+pub(super) fn node_doc(n: &fabric_domain::NodeEntry<'_>, leader: Option<&str>) -> NodeDoc {
+    NodeDoc {
+        name: n.name.to_owned(),
+        state: if n.member.is_some() { "live" } else { "gone" }.to_owned(),
+        slot: n.slot,
+        incarnation: n.member.map(|m| m.incarnation),
+        peer_address: n.member.map(|m| m.peer_address.clone()),
+        ranges: n.placements.map_or(0, |p| p.ranges.len()),
+        mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
+        leader: leader == Some(n.name),
+    }
+}
+
+/// The nodes counted.
+fn summary(view: &DomainView) -> SummaryDoc {
+    let mut s = SummaryDoc { refused: view.refused().len() as u64, ..SummaryDoc::default() };
+    for n in view.nodes() {
+        s.nodes += 1;
+        match (n.member.is_some(), n.slot.is_some(), n.placements.is_some()) {
+            (true, _, false) => {
+                s.live += 1;
+                s.unplaced += 1;
+            }
+            (true, _, true) => s.live += 1,
+            (false, true, _) => s.gone += 1,
+            (false, false, _) => {}
+        }
+    }
+    s
 }
 
 /// What is missing and why: gone nodes, live nodes without a slot or placements, refused
-/// records.
+/// records; at most [`MAX_MISSING`] lines, then how many more.
 fn missing(view: &DomainView) -> Vec<String> {
+    let mut out = all_missing(view);
+    if out.len() > MAX_MISSING {
+        let more = out.len() - MAX_MISSING;
+        out.truncate(MAX_MISSING);
+        out.push(format!("… and {more} more (`fabricctl domain nodes` lists every node)"));
+    }
+    out
+}
+
+fn all_missing(view: &DomainView) -> Vec<String> {
     let mut out = Vec::new();
     for n in view.nodes() {
         match (n.member.is_some(), n.slot, n.placements.is_some()) {

@@ -8,6 +8,7 @@ pub mod copyops;
 pub mod dispatch;
 pub mod dmaops;
 pub mod domain;
+pub mod domain_pages;
 pub mod memops;
 pub mod principal;
 pub mod refusals;
@@ -105,17 +106,13 @@ fn json_doc(schema: &str, write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result
 /// its partitions' part of it.
 pub fn fabric_view(d: &Daemon, caller: &Caller) -> Result<Arc<View>, ErrorBody> {
     let Some(domain) = &d.domain else { return caller.view(d) };
-    let inv = domain.inventory();
-    let inv = match caller.members()? {
-        None => inv,
+    let internal = |e: crate::daemon::StartError| refusal(ErrorCode::Internal, format!("domain fabric: {e}"));
+    let merged = domain.fabric().map_err(internal)?;
+    match caller.members()? {
+        None => Ok(merged),
         // A bound client: its partitions' part of the domain's fabric.
-        Some(m) => {
-            let fabric = fabric_topology::Fabric::build(inv)
-                .map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))?;
-            scope::scoped_inventory(&fabric, &m)
-        }
-    };
-    View::build(inv).map(Arc::new).map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))
+        Some(m) => View::build(scope::scoped_inventory(&merged.fabric, &m)).map(Arc::new).map_err(internal),
+    }
 }
 
 /// The `fabric.topology/v1` document, byte for byte what `fabricctl topology -o json`

@@ -61,7 +61,8 @@ pub fn partition_list(d: &Daemon, caller: &Caller) -> PartitionsResponse {
 /// is authorized (an admin).
 pub fn set_partition(d: &Daemon, caller: &Caller, change: &PartitionChange) -> Result<(), ErrorBody> {
     if let Some(domain) = &d.domain {
-        let inv = domain.inventory();
+        let merged = domain.fabric().map_err(|e| refusal(ErrorCode::Internal, format!("domain fabric: {e}")))?;
+        let inv = merged.fabric.inventory();
         if let Some(id) = change.devices.iter().find(|id| inv.find(id).is_none()) {
             return Err(refusal(ErrorCode::NotFound, format!("no device {id} in the domain")));
         }

@@ -21,8 +21,8 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
     if shares_clique(domain.groups(), &theirs) {
         return Ok(());
     }
-    match Fabric::build(domain.inventory()) {
-        Ok(fabric) if reaches_by_nvlink(&fabric, device, importer) => Ok(()),
+    match domain.fabric() {
+        Ok(view) if reaches_by_nvlink(&view.fabric, device, importer) => Ok(()),
         Ok(_) => Err(refused(format!(
             "node {importer} is not in the NVLink domain of {device} (no shared NVLink clique, no NVLink path in the domain's topology): a CUDA fabric handle is imported only within one NVLink domain; copy the bytes instead"
         ))),

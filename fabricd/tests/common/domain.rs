@@ -116,3 +116,11 @@ pub fn standing(c: &mut Connection) -> (String, u64) {
     let s = domain(c, DomainAction::Status);
     (s["self"]["standing"].as_str().unwrap_or_default().to_owned(), s["self"]["incarnation"].as_u64().unwrap_or(0))
 }
+
+/// The id of the first GPU of node `node` in a `fabric.topology/v1` document.
+pub fn gpu_of(doc: &Value, node: &str) -> String {
+    doc["devices"].as_array().unwrap().iter().find(|d| d["kind"] == "gpu" && d["node"] == node).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}

@@ -50,9 +50,9 @@ pub use opcode::Opcode;
 pub use request::{
     AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyBatchRequest, CopyEndpoint, CopyRequest, DomainAction,
     DomainRequest, ExportPolicy, ExportRequest, FabricHandleBytes, FreeRequest, HelloRequest, ImportRequest, MAX_BATCH,
-    MemoryClass, ObjectKind, PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest, RegisterSource,
-    ReleaseRequest, Request, ResourceName, RevokeRequest, StatusRequest, SubscribeRequest, TopologyRequest,
-    TranslateQuery, TranslateRequest, UnregisterRequest,
+    MemoryClass, ObjectKind, PageRequest, PartitionSpec, PartitionsRequest, RegionsRequest, RegisterRequest,
+    RegisterSource, ReleaseRequest, Request, ResourceName, RevokeRequest, StatusRequest, SubscribeRequest,
+    TopologyRequest, TranslateQuery, TranslateRequest, UnregisterRequest,
 };
 pub use response::{
     AllocResponse, CopyResponse, Document, ErrorBody, ErrorCode, ErrorDetail, ExportInfo, ExportResponse,
@@ -61,7 +61,9 @@ pub use response::{
     TranslateResponse, Translation,
 };
 pub use sys::{Received, SCM_MAX_FD, recv_with_fds, send_with_fds};
-pub use version::{DOMAIN, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate};
+pub use version::{
+    DOMAIN, PAGED, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate,
+};
 
 /// The four bytes every frame starts with.
 pub const MAGIC: [u8; 4] = *b"FBRC";

@@ -436,6 +436,22 @@ pub enum DomainAction {
         /// The node.
         node: Name,
     },
+    /// A page of the domain's nodes, by name (1.7): what `Nodes` answers whole.
+    NodesPage(PageRequest),
+    /// A page of the domain's map, by node name (1.7): what `Map` answers whole.
+    MapPage(PageRequest),
+}
+
+/// Which page of a domain listing (1.7). Pages follow the nodes in name order; the
+/// answer's `page` says the view revision it was made from and the node to ask `after`
+/// next. A page is answered from the view of `revision` while the daemon still holds it,
+/// else from its current view (another revision: the client starts again).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRequest {
+    /// The view revision of the pages before; 0 for the first page.
+    pub revision: u64,
+    /// The last node of the page before; none for the first page.
+    pub after: Option<Name>,
 }
 
 /// `Domain` (since 1.6): answered with a `fabric.domain/v1` document.

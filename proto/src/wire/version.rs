@@ -67,11 +67,16 @@ impl fmt::Display for VersionRange {
 /// `ObjectKind::CudaFabric` object (a CUDA fabric handle, bytes instead of a descriptor);
 /// 1.5 node identities: handles name their node and responses that hand memory over carry
 /// a typed grant (`docs/protocol.md`, "Node identities"); 1.6 the `Domain` opcode and the
-/// `Translation::Remote` answer (a GFA in another node's slot of the domain).
-pub const PROTOCOL_VERSION: Version = Version::new(1, 6);
+/// `Translation::Remote` answer (a GFA in another node's slot of the domain); 1.7 paged
+/// domain listings (`DomainAction::NodesPage`, `DomainAction::MapPage`).
+pub const PROTOCOL_VERSION: Version = Version::new(1, 7);
 
 /// The first version with the domain: the `Domain` opcode and `Translation::Remote`.
 pub const DOMAIN: Version = Version::new(1, 6);
+
+/// The first version with paged domain listings: `DomainAction::NodesPage` and
+/// `DomainAction::MapPage`.
+pub const PAGED: Version = Version::new(1, 7);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

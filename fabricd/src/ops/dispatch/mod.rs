@@ -187,7 +187,7 @@ fn run(
         O::Inventory { node } => answer(ops::inventory_in(d, caller, node.as_deref()).map(Response::Inventory)),
         O::Map { node } => answer(ops::map_listing_in(d, caller, node.as_deref()).map(Response::Map)),
         O::Translate { queries } => answer(ops::translate_in(d, caller, &queries, cx.version).map(Response::Translate)),
-        O::Domain { action } => answer(ops::domain::request(d, &action).map(Response::Domain)),
+        O::Domain { action } => answer(ops::domain::request(d, caller, &action).map(Response::Domain)),
         O::ListPartitions => Ok(Outcome::answer(Response::Partitions(regions::partition_list(d, caller)))),
         O::SetPartition(change) => {
             regions::set_partition(d, caller, &change)?;

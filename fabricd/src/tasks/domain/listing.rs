@@ -4,7 +4,7 @@
 //! ranges turn into holes; a slot without placements is listed empty.
 
 use fabric_addrmap::{Listing, NodeUsage, RangeInfo, RangeKind};
-use fabric_domain::{DomainView, PlacedKind};
+use fabric_domain::{DomainView, NodeEntry, PlacedKind};
 use fabric_topology::MemoryKind;
 
 /// The listing of the domain; `generation` is the etcd revision the view reflects.
@@ -13,41 +13,58 @@ pub fn listing(view: &DomainView) -> Listing {
     let mut nodes = Vec::new();
     let mut ranges = Vec::new();
     for n in view.nodes() {
-        let Some(slot) = n.slot else { continue };
-        let live = n.member.is_some();
-        let mut reserved = 0;
-        let mut mapped = 0;
-        for r in n.placements.map(|p| p.ranges.as_slice()).unwrap_or_default() {
-            let kind = match (live, r.kind) {
-                (false, _) | (_, PlacedKind::Hole) => RangeKind::Hole,
-                (true, PlacedKind::Direct) => RangeKind::Direct,
-                (true, PlacedKind::Interleave) => RangeKind::Interleave,
-            };
-            let size = if kind == RangeKind::Hole { 0 } else { r.size };
-            reserved += r.reserved;
-            mapped += size;
-            ranges.push(RangeInfo {
-                start: r.start,
-                size,
-                reserved: r.reserved,
-                node: n.name.to_owned(),
-                kind,
-                owner: owner(r),
-                memory: memory_kind(r.memory.as_deref()),
-                vanished_since: None,
-                interleave: None,
-            });
+        if let Some((usage, mut r)) = node_part(&n, span) {
+            nodes.push(usage);
+            ranges.append(&mut r);
         }
-        nodes.push(NodeUsage {
+    }
+    assemble(view, nodes, ranges)
+}
+
+/// One node's part of the listing: its slot's usage and its ranges (holes while it is
+/// gone); `None` for a node that holds no slot.
+pub fn node_part(n: &NodeEntry<'_>, span: u64) -> Option<(NodeUsage, Vec<RangeInfo>)> {
+    let slot = n.slot?;
+    let live = n.member.is_some();
+    let mut reserved = 0;
+    let mut mapped = 0;
+    let mut ranges = Vec::new();
+    for r in n.placements.map(|p| p.ranges.as_slice()).unwrap_or_default() {
+        let kind = match (live, r.kind) {
+            (false, _) | (_, PlacedKind::Hole) => RangeKind::Hole,
+            (true, PlacedKind::Direct) => RangeKind::Direct,
+            (true, PlacedKind::Interleave) => RangeKind::Interleave,
+        };
+        let size = if kind == RangeKind::Hole { 0 } else { r.size };
+        reserved += r.reserved;
+        mapped += size;
+        ranges.push(RangeInfo {
+            start: r.start,
+            size,
+            reserved: r.reserved,
             node: n.name.to_owned(),
-            start: u64::from(slot).saturating_mul(span),
-            span,
-            reserved,
-            mapped,
-            utilisation: if span == 0 { 0.0 } else { reserved as f64 / span as f64 },
-            state: Some(if live { "live" } else { "gone" }.to_owned()),
+            kind,
+            owner: owner(r),
+            memory: memory_kind(r.memory.as_deref()),
+            vanished_since: None,
+            interleave: None,
         });
     }
+    let usage = NodeUsage {
+        node: n.name.to_owned(),
+        start: u64::from(slot).saturating_mul(span),
+        span,
+        reserved,
+        mapped,
+        utilisation: if span == 0 { 0.0 } else { reserved as f64 / span as f64 },
+        state: Some(if live { "live" } else { "gone" }.to_owned()),
+    };
+    Some((usage, ranges))
+}
+
+/// The listing of these nodes' parts (all of the view's, or one page of them): sorted by
+/// start, the totals theirs.
+pub fn assemble(view: &DomainView, mut nodes: Vec<NodeUsage>, mut ranges: Vec<RangeInfo>) -> Listing {
     nodes.sort_by_key(|n| n.start);
     ranges.sort_by_key(|r| r.start);
     Listing {

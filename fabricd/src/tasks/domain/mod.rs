@@ -6,6 +6,7 @@
 //! Requests read the published state lock-free ([`Domain::status`], [`Domain::view`],
 //! [`listing`]) and never wait for etcd.
 
+mod duties;
 pub mod join;
 pub mod listing;
 pub mod publish;
@@ -25,6 +26,10 @@ use tokio::sync::Notify;
 
 pub use join::{JoinError, Starting};
 
+/// Views kept after they were replaced, for paged listings: a view costs a reference
+/// per shard of the one after it, plus the shards that changed.
+const RECENT_VIEWS: usize = 16;
+
 /// Why an admin's domain request (a slot gc, a partition change) was not done.
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
@@ -40,6 +45,15 @@ pub enum GcError {
     /// etcd refused or did not answer.
     #[error(transparent)]
     Etcd(#[from] EtcdError),
+    /// The gc is queued for the leader, which did not carry it out in time (no leader
+    /// now, or it is slow); it stays queued and the leader will.
+    #[error("the gc is queued for the leader ({}), which has not carried it out within {after:?}; it stays queued", leader.as_deref().unwrap_or("none known now"))]
+    NotCarriedOut {
+        /// The leader as this node knows it.
+        leader: Option<String>,
+        /// How long this node waited.
+        after: Duration,
+    },
 }
 
 /// How this node stands in its domain.
@@ -90,6 +104,9 @@ pub struct Domain {
     node_id: fabric_proto::wire::NodeId,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
+    /// The views published before the current one, newest last ([`RECENT_VIEWS`]), so
+    /// that the pages of one listing come from one revision while the domain changes.
+    recent: std::sync::Mutex<std::collections::VecDeque<Arc<DomainView>>>,
     /// The client of the current join, for admin requests (gc, partitions).
     client: ArcSwap<Option<DomainClient>>,
     /// The fence of the current join, for admin writes (partitions); none while not joined.
@@ -101,6 +118,9 @@ pub struct Domain {
     /// What this node publishes of its fabric (`topology/<node>`), made at start and at
     /// each rescan; the task writes it with the join's incarnation.
     topology: ArcSwapOption<TopologyRecord>,
+    /// The domain's fabric as last merged, for the view revision and own record it was
+    /// merged from ([`Domain::fabric`]).
+    merged: ArcSwapOption<Merged>,
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
@@ -153,6 +173,18 @@ impl Domain {
     /// The domain as last seen through the watch.
     pub fn view(&self) -> Arc<DomainView> {
         self.view.load_full()
+    }
+
+    /// The view of etcd revision `revision`, while this node still holds it (the current
+    /// one or one of the [`RECENT_VIEWS`] before it).
+    pub fn view_at(&self, revision: u64) -> Option<Arc<DomainView>> {
+        let current = self.view();
+        let at = |v: &DomainView| u64::try_from(v.revision()).ok() == Some(revision);
+        if at(&current) {
+            return Some(current);
+        }
+        let recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.iter().rev().find(|v| at(v)).cloned()
     }
 
     /// Who leads the domain, as this node knows it: `Unknown` while not joined. The
@@ -211,12 +243,69 @@ impl Domain {
         fabric_domain::domain_fabric::merge_with(&self.view(), own)
     }
 
-    /// Admin: frees the slot of `node`, which must not be live (`DomainClient::gc_slot`).
-    /// Waits for etcd at most one request timeout.
+    /// The domain's fabric ([`Domain::inventory`]) indexed as a [`crate::daemon::View`]:
+    /// merged once per view revision (and per record of this node's own), and shared by
+    /// every request until either changes — a request of a 12,500-node domain does not
+    /// merge its topology again.
+    pub fn fabric(&self) -> Result<Arc<crate::daemon::View>, crate::daemon::StartError> {
+        let view = self.view();
+        let own = self.topology.load_full();
+        if let Some(m) = &*self.merged.load()
+            && m.revision == view.revision()
+            && m.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
+        {
+            return Ok(m.fabric.clone());
+        }
+        let mine = own.as_deref().map(|r| (self.config.node.as_str(), r));
+        let fabric = Arc::new(crate::daemon::View::build(fabric_domain::domain_fabric::merge_with(&view, mine))?);
+        self.merged.store(Some(Arc::new(Merged { revision: view.revision(), own, fabric: fabric.clone() })));
+        Ok(fabric)
+    }
+
+    /// Admin: frees the slot of `node`, which must not be live. The leader does it
+    /// (`DomainClient::gc_led`, fenced by its leader key), collecting the node's
+    /// placements, topology and partition memberships: on the leader at once, elsewhere
+    /// by queueing the request (`gc/<node>`) and waiting, at most one lease TTL, for the
+    /// leader to carry it out.
     pub fn gc(&self, node: &str) -> Result<Option<u32>, GcError> {
-        let Some(client) = (*self.client.load_full()).clone() else { return Err(self.not_joined()) };
-        let node = node.to_owned();
-        self.ask("slot gc", async move { client.gc_slot(&node).await })
+        let (Some(client), Some(fence)) = ((*self.client.load_full()).clone(), (*self.fence.load_full()).clone())
+        else {
+            return Err(self.not_joined());
+        };
+        let owned = node.to_owned();
+        if let Leadership::Leader { term, .. } = self.leadership() {
+            let leader = fabric_domain::LeaderFence::new(&client, self.lease.load(Ordering::Relaxed), term);
+            return self.ask("leader gc", async move { client.gc_led(&leader, &owned).await });
+        }
+        // A live node is refused by etcd's answer, before anything is queued.
+        let (c, n) = (client.clone(), owned.clone());
+        if self.ask("member read", async move { c.is_live(&n).await })? {
+            return Err(GcError::Etcd(EtcdError::GcLive { node: owned }));
+        }
+        let slot = self.view().nodes().iter().find(|n| n.name == node).and_then(|n| n.slot);
+        let (c, f) = (client.clone(), owned.clone());
+        self.ask("gc request", async move { c.request_gc(&fence, &f).await })?;
+        // Long enough for a leader's handover (one TTL).
+        let wait = Duration::from_secs(self.config.lease_ttl_secs).max(self.config.request_timeout() * 2);
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let (c, n) = (client.clone(), owned.clone());
+            if !self.ask("gc queue read", async move { c.gc_pending(&n).await })? {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                let leader = self.leadership().leader().map(str::to_owned);
+                return Err(GcError::NotCarriedOut { leader, after: wait });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The leader took the request: done, unless the node was live.
+        let (c, n) = (client.clone(), owned.clone());
+        let held = self.ask("slot read", async move { c.held_slot(&n).await })?;
+        match held {
+            None => Ok(slot),
+            Some(_) => Err(GcError::Etcd(EtcdError::GcLive { node: owned })),
+        }
     }
 
     /// Admin: writes the domain's partition `name` (`Some`) or deletes it (`None`) under
@@ -286,7 +375,13 @@ impl Domain {
     /// Publishes a new view; the node link hears of it (members that left or restarted
     /// void what was granted to or by them).
     fn publish_view(&self, view: DomainView) {
-        self.view.store(Arc::new(view));
+        let old = self.view.swap(Arc::new(view));
+        // The oldest view is freed after the lock is let go.
+        let _dropped = {
+            let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            recent.push_back(old);
+            (recent.len() > RECENT_VIEWS).then(|| recent.pop_front())
+        };
         if let Some(link) = &self.link {
             link.members_changed();
         }
@@ -306,6 +401,14 @@ impl Domain {
     fn limits() -> RecordLimits {
         RecordLimits::default()
     }
+}
+
+/// The domain's fabric merged from one view revision and this node's own record.
+#[derive(Debug)]
+struct Merged {
+    revision: i64,
+    own: Option<Arc<TopologyRecord>>,
+    fabric: Arc<crate::daemon::View>,
 }
 
 /// The domain's runtime, shut down without waiting when the daemon goes (dropping a

@@ -14,7 +14,7 @@ use fabric_domain::etcd_client::{EventType, GetOptions};
 use fabric_domain::{DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
 
 use super::join::{self, Joined};
-use super::{Domain, Standing, publish};
+use super::{Domain, Standing, duties, publish};
 
 /// Why a joined session ended.
 enum End {
@@ -135,8 +135,28 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     };
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The leader's duties: on becoming leader, on a queued gc, at each probe.
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut leading = (**domain.leadership.load()).clone();
+    let gc_queue = j.client.keys().gc_requests().into_bytes();
+    let duties = |busy: &Arc<std::sync::atomic::AtomicBool>| {
+        duties::spawn(&j.client, j.lease.id(), &domain.leadership(), busy);
+    };
+    duties(&busy);
     loop {
         tokio::select! {
+            changed = async {
+                match leading.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            } => {
+                if changed {
+                    duties(&busy);
+                } else {
+                    leading = None;
+                }
+            }
             changed = lease.changed() => {
                 let state = lease.borrow().clone();
                 match (changed, state) {
@@ -166,19 +186,25 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
                 if response.canceled() {
                     return End::Watch(format!("watch canceled (compacted at {})", response.compact_revision()));
                 }
+                let mut queued = false;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let value = match event.event_type() {
                         EventType::Put => Some(kv.value()),
                         EventType::Delete => None,
                     };
+                    queued |= value.is_some() && kv.key().starts_with(&gc_queue);
                     if let Err(reason) = view.apply(kv.key(), value, kv.mod_revision()) {
                         tracing::warn!(key = %String::from_utf8_lossy(kv.key()), %reason, "refused an etcd record");
                     }
                 }
                 domain.publish_view(view.clone());
+                if queued {
+                    duties(&busy);
+                }
             }
             _ = probe.tick() => {
+                duties(&busy);
                 let started = Instant::now();
                 let mut kv = j.client.raw();
                 let count = GetOptions::new().with_count_only();

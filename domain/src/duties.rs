@@ -1,0 +1,221 @@
+//! Domain-wide duties the leader carries out. An admin's slot gc asked of any node is
+//! queued as `gc/<node>` (a [`GcRequest`], written under the asking node's fence); the
+//! leader carries it out in one transaction fenced by its leader key — the key's create
+//! revision must still be the leader's term ([`LeaderFence`]), so a deposed leader's gc
+//! is refused by etcd itself — which frees the slot and collects what the node left
+//! behind: its placements, its topology, its devices in the domain's partitions (a
+//! partition left with no device is removed), and the request. Never a live node's.
+
+use std::collections::HashSet;
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::election::election_name;
+use crate::etcd::{DomainClient, EtcdError};
+use crate::fence::Fence;
+use crate::partition::PartitionRecord;
+use crate::records::{self, RECORD_VERSION, Record, RecordError, SlotClaim, check_node_name, invalid};
+use crate::topology::TopologyRecord;
+
+/// An admin's gc of `node`, queued for the leader at `gc/<node>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    /// Format version.
+    pub version: u32,
+    /// The node whose slot is to be freed (the key's last part).
+    pub node: String,
+    /// The node that took the admin's request.
+    pub by: String,
+}
+
+impl GcRequest {
+    /// A request of the current version.
+    pub fn new(node: &str, by: &str) -> Self {
+        Self { version: RECORD_VERSION, node: node.to_owned(), by: by.to_owned() }
+    }
+}
+
+impl Record for GcRequest {
+    fn validate(&self) -> Result<(), RecordError> {
+        if self.version != RECORD_VERSION {
+            return Err(invalid("version", format!("must be {RECORD_VERSION}")));
+        }
+        check_node_name("node", &self.node)?;
+        check_node_name("by", &self.by)
+    }
+}
+
+/// What makes a write the leader's: its leader key (`leader/<lease id in hex>`, as etcd's
+/// election names it) still exists with the create revision of its term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderFence {
+    key: String,
+    term: i64,
+}
+
+impl LeaderFence {
+    /// The fence of the leader that campaigned on `lease` and won at `term`.
+    pub fn new(client: &DomainClient, lease: i64, term: i64) -> Self {
+        Self { key: format!("{}/{lease:x}", election_name(client.keys())), term }
+    }
+
+    /// The term it guards.
+    pub fn term(&self) -> i64 {
+        self.term
+    }
+
+    fn compare(&self) -> Compare {
+        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.term)
+    }
+}
+
+impl DomainClient {
+    /// The gc `fence`'s node queues for the leader (`gc/<node>`); its revision.
+    pub async fn request_gc(&self, fence: &Fence, node: &str) -> Result<i64, EtcdError> {
+        let record = GcRequest::new(node, self.node());
+        self.put_fenced(fence, self.keys().gc_request(node), records::encode(&record)).await
+    }
+
+    /// Whether `node` is a live member (its member key exists), as etcd answers now.
+    pub async fn is_live(&self, node: &str) -> Result<bool, EtcdError> {
+        Ok(self.get_raw(&self.keys().member(node)).await?.is_some())
+    }
+
+    /// Whether a gc of `node` is still queued.
+    pub async fn gc_pending(&self, node: &str) -> Result<bool, EtcdError> {
+        Ok(self.get_raw(&self.keys().gc_request(node)).await?.is_some())
+    }
+
+    /// The nodes whose gc is queued (keys only; a key that is no node name is listed as
+    /// is, and refused when carried out).
+    pub async fn gc_queue(&self) -> Result<Vec<String>, EtcdError> {
+        let prefix = self.keys().gc_requests();
+        let mut kv = self.raw();
+        let options = GetOptions::new().with_prefix().with_keys_only().with_limit(256);
+        let response = self.call("gc queue read", kv.get(prefix.as_str(), Some(options))).await?;
+        Ok(response
+            .kvs()
+            .iter()
+            .filter_map(|e| std::str::from_utf8(e.key()).ok()?.strip_prefix(prefix.as_str()).map(str::to_owned))
+            .collect())
+    }
+
+    /// The leader's gc of `node`, in one transaction fenced by `leader`: frees its slot
+    /// and collects its placements, topology, partition memberships and queued request,
+    /// only while `node` is no live member. Answers the slot freed (none when the node held
+    /// none). `NotLeader` when `leader` no longer leads, `GcLive` when the node is live
+    /// (its queued request is then dropped, under the same fence).
+    pub async fn gc_led(&self, leader: &LeaderFence, node: &str) -> Result<Option<u32>, EtcdError> {
+        let keys = self.keys().clone();
+        let member = keys.member(node);
+        let reverse = keys.slot_of(node);
+        let mut compares = vec![leader.compare(), Compare::create_revision(member.clone(), CompareOp::Equal, 0)];
+        let mut ops = vec![
+            TxnOp::delete(keys.placements(node), None),
+            TxnOp::delete(keys.topology(node), None),
+            TxnOp::delete(keys.gc_request(node), None),
+        ];
+        let slot = match self.get_raw(&reverse).await? {
+            Some((value, revision)) => {
+                let claim: SlotClaim = self.decode(&reverse, &value)?;
+                compares.push(Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision));
+                ops.push(TxnOp::delete(reverse.clone(), None));
+                // Only the slot key that names this node (a slot claimed twice by hand
+                // stays its holder's).
+                let slot_key = keys.slot(claim.slot);
+                if let Some((v, r)) = self.get_raw(&slot_key).await?
+                    && self.decode::<SlotClaim>(&slot_key, &v).is_ok_and(|c| c.node == node)
+                {
+                    compares.push(Compare::mod_revision(slot_key.clone(), CompareOp::Equal, r));
+                    ops.push(TxnOp::delete(slot_key, None));
+                }
+                Some(claim.slot)
+            }
+            None => {
+                compares.push(Compare::create_revision(reverse.clone(), CompareOp::Equal, 0));
+                None
+            }
+        };
+        // Its devices leave the domain's partitions.
+        let devices = self.node_devices(node).await?;
+        if !devices.is_empty() {
+            for (key, record, revision) in self.partitions_naming(&devices).await? {
+                compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, revision));
+                let kept: Vec<_> =
+                    record.devices.iter().filter(|d| !devices.contains(&d.to_string())).cloned().collect();
+                ops.push(if kept.is_empty() {
+                    TxnOp::delete(key, None)
+                } else {
+                    TxnOp::put(key, records::encode(&PartitionRecord { devices: kept, ..record }), None)
+                });
+            }
+        }
+        let txn = Txn::new().when(compares).and_then(ops);
+        let mut kv = self.raw();
+        if self.call("leader gc", kv.txn(txn)).await?.succeeded() {
+            info!(%node, ?slot, term = leader.term, "leader freed a slot and collected the node's records");
+            return Ok(slot);
+        }
+        if !self.leads(leader).await? {
+            return Err(EtcdError::NotLeader { node: self.node().to_owned(), term: leader.term });
+        }
+        if self.get_raw(&member).await?.is_some() {
+            let drop_request =
+                Txn::new().when([leader.compare()]).and_then([TxnOp::delete(keys.gc_request(node), None)]);
+            self.call("leader gc", kv.txn(drop_request)).await?;
+            return Err(EtcdError::GcLive { node: node.to_owned() });
+        }
+        Err(EtcdError::Contention { node: node.to_owned(), attempts: 1 })
+    }
+
+    /// Drops a queued request by its key's last part (one that names no node), under
+    /// `leader`'s fence; whether it was dropped.
+    pub async fn drop_gc_request(&self, leader: &LeaderFence, name: &str) -> Result<bool, EtcdError> {
+        let txn = Txn::new().when([leader.compare()]).and_then([TxnOp::delete(self.keys().gc_request(name), None)]);
+        let mut kv = self.raw();
+        Ok(self.call("gc request drop", kv.txn(txn)).await?.succeeded())
+    }
+
+    /// Whether `leader`'s key still has its term's create revision.
+    async fn leads(&self, leader: &LeaderFence) -> Result<bool, EtcdError> {
+        let mut kv = self.raw();
+        let response = self.call("leader read", kv.get(leader.key.as_str(), None)).await?;
+        Ok(response.kvs().first().is_some_and(|e| e.create_revision() == leader.term))
+    }
+
+    /// The devices `node`'s topology record names as its own (not the shared switches).
+    async fn node_devices(&self, node: &str) -> Result<HashSet<String>, EtcdError> {
+        let key = self.keys().topology(node);
+        let Some((value, _)) = self.get_raw(&key).await? else { return Ok(HashSet::new()) };
+        // A refused record names no devices the gc could take out.
+        let Ok(record) = records::decode::<TopologyRecord>(&value, self.limits()) else { return Ok(HashSet::new()) };
+        Ok(record.devices.iter().filter(|d| !d.fabric).map(|d| d.id.to_string()).collect())
+    }
+
+    /// The partitions that name any of `devices`, with their keys and mod revisions.
+    async fn partitions_naming(
+        &self,
+        devices: &HashSet<String>,
+    ) -> Result<Vec<(String, PartitionRecord, i64)>, EtcdError> {
+        let mut kv = self.raw();
+        let prefix = self.keys().partitions();
+        let response =
+            self.call("partitions read", kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
+        Ok(response
+            .kvs()
+            .iter()
+            .filter_map(|e| {
+                let record = records::decode::<PartitionRecord>(e.value(), self.limits()).ok()?;
+                let key = std::str::from_utf8(e.key()).ok()?.to_owned();
+                record.devices.iter().any(|d| devices.contains(&d.to_string())).then_some((
+                    key,
+                    record,
+                    e.mod_revision(),
+                ))
+            })
+            .collect())
+    }
+}

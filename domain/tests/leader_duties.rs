@@ -1,0 +1,102 @@
+//! The leader's gc against a real, private etcd: the leader frees a gone node's slot and
+//! collects its records (placements, topology, queued request) in one transaction fenced
+//! by its leader key; a live node's gc is refused and its request dropped; a deposed
+//! leader (its lease left to expire, as a node hung past its TTL) is refused by etcd
+//! (`NotLeader`) and leaves everything as it was, and the new leader's gc goes through.
+//!
+//! Without an `etcd` binary the test says it is skipped (scripts/deps.sh installs it).
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+use std::time::{Duration, Instant};
+
+use fabric_domain::testing::{self, EtcdServer};
+use fabric_domain::{
+    DataPathKind, DomainClient, DomainSettings, Election, EtcdError, LeaderFence, Leadership, RecordLimits,
+};
+
+async fn client(etcd: &EtcdServer, node: &str) -> DomainClient {
+    DomainClient::connect(&testing::config(etcd.endpoint(), node, 2), RecordLimits::default()).await.unwrap()
+}
+
+async fn exists(c: &DomainClient, key: &str) -> bool {
+    !c.raw().get(key, None).await.unwrap().kvs().is_empty()
+}
+
+/// Waits until `e` says its node leads; the term.
+async fn leads(e: &Election, within: Duration) -> i64 {
+    let t0 = Instant::now();
+    loop {
+        if let Leadership::Leader { term, .. } = e.current() {
+            return term;
+        }
+        assert!(t0.elapsed() < within, "not leading within {within:?}: {:?}", e.current());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
+    let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
+    // Two gone nodes: slots claimed, records left behind, no member key.
+    let mut gone = Vec::new();
+    for name in ["tray-g", "tray-h"] {
+        let c = client(&etcd, name).await;
+        c.ensure_settings(&settings).await.unwrap();
+        let slot = c.claim_slot(&settings).await.unwrap();
+        let mut kv = c.raw();
+        kv.put(c.keys().placements(name), "left behind", None).await.unwrap();
+        kv.put(c.keys().topology(name), "left behind", None).await.unwrap();
+        gone.push((c, slot));
+    }
+    // Two live members campaigning: a first, so it leads.
+    let a = client(&etcd, "tray-a").await;
+    let a_lease = a.grant_lease().await.unwrap();
+    let a_fence = a.join_fenced(&a_lease, &testing::member("tray-a")).await.unwrap();
+    let a_election = Election::start(&a, &a_lease);
+    let term = leads(&a_election, Duration::from_secs(5)).await;
+    let b = client(&etcd, "tray-b").await;
+    let b_lease = b.grant_lease().await.unwrap();
+    let b_fence = b.join_fenced(&b_lease, &testing::member("tray-b")).await.unwrap();
+    let b_election = Election::start(&b, &b_lease);
+
+    // A follower queues the gc; the leader carries it out and collects the records.
+    let (g, g_slot) = &gone[0];
+    b.request_gc(&b_fence, "tray-g").await.unwrap();
+    assert_eq!(a.gc_queue().await.unwrap(), ["tray-g"]);
+    let leader = LeaderFence::new(&a, a_lease.id(), term);
+    assert_eq!(a.gc_led(&leader, "tray-g").await.unwrap(), Some(*g_slot));
+    let k = g.keys();
+    for key in
+        [k.slot(*g_slot), k.slot_of("tray-g"), k.placements("tray-g"), k.topology("tray-g"), k.gc_request("tray-g")]
+    {
+        assert!(!exists(&a, &key).await, "{key} outlived the gc");
+    }
+    assert!(!b.gc_pending("tray-g").await.unwrap());
+
+    // A live node's gc is refused, and its request dropped.
+    b.request_gc(&b_fence, "tray-a").await.unwrap();
+    assert!(matches!(a.gc_led(&leader, "tray-a").await, Err(EtcdError::GcLive { .. })));
+    assert!(!a.gc_pending("tray-a").await.unwrap(), "the refused request is dropped");
+    assert_eq!(a.held_slot("tray-a").await.unwrap(), None, "a live member's records are left alone");
+    assert!(exists(&a, &a.keys().member("tray-a")).await);
+
+    // a hangs past its TTL: nothing renews its lease, its leader key goes with it and b
+    // leads. a still holds its old leader fence; etcd refuses it.
+    drop(a_election);
+    drop(a_lease);
+    let new_term = leads(&b_election, Duration::from_secs(6)).await;
+    assert!(new_term > term);
+    let (h, h_slot) = &gone[1];
+    match a.gc_led(&leader, "tray-h").await {
+        Err(EtcdError::NotLeader { node, term: t }) => assert_eq!((node.as_str(), t), ("tray-a", term)),
+        other => panic!("a deposed leader's gc: {other:?}"),
+    }
+    assert_eq!(h.held_slot("tray-h").await.unwrap(), Some(*h_slot), "the deposed leader freed nothing");
+    assert!(exists(h, &h.keys().placements("tray-h")).await);
+    // The new leader's gc goes through.
+    let leader = LeaderFence::new(&b, b_lease.id(), new_term);
+    assert_eq!(b.gc_led(&leader, "tray-h").await.unwrap(), Some(*h_slot));
+    assert!(!exists(&b, &b.keys().topology("tray-h")).await);
+    drop(a_fence);
+}
