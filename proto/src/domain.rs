@@ -36,6 +36,21 @@ pub struct DomainDoc {
     /// What an admin's gc freed (`gc`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcDoc>,
+    /// Freed memory of this node held out of reuse because another node may still map
+    /// it, by that node (`status`; absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<Vec<QuarantineDoc>>,
+}
+
+/// Freed memory one node may still map, held out of reuse on the answering node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineDoc {
+    /// The node that imported it and left (or has not acknowledged its end).
+    pub node: String,
+    /// Freed regions.
+    pub regions: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// One node of the domain.
@@ -120,6 +135,9 @@ pub struct GcDoc {
     pub node: String,
     /// The slot freed; none when the node held none.
     pub slot: Option<u32>,
+    /// Bytes of the answering node's memory the node held in quarantine, free again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifted_bytes: Option<u64>,
 }
 
 #[cfg(test)]
@@ -156,6 +174,7 @@ mod tests {
             nodes: vec![node("tray0", false), node("tray1", true)],
             missing: None,
             gc: None,
+            quarantine: None,
         };
         let json = serde_json::to_value(&doc).unwrap();
         assert_eq!(json["leader"], serde_json::json!({"node": "tray1", "term": 42, "this_node": false}));

@@ -4,7 +4,9 @@
 //! All but gc read what the domain task published, lock-free; gc waits for etcd, bounded.
 
 use fabric_domain::{DomainView, Leadership, PlacedKind};
-use fabric_proto::domain::{DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc, SettingsDoc};
+use fabric_proto::domain::{
+    DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, QuarantineDoc, SelfDoc, SettingsDoc,
+};
 use fabric_proto::wire::{
     DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
 };
@@ -113,6 +115,7 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
         },
         missing: None,
         gc: None,
+        quarantine: None,
     };
     match action {
         DomainAction::Nodes => {}
@@ -143,6 +146,11 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
                 data_paths: paths.filter_map(|v| v.as_str().map(str::to_owned)).collect(),
             });
             doc.missing = Some(missing(&view));
+            let q = d.memory.quarantine();
+            if !q.is_empty() {
+                let docs = q.into_iter().map(|q| QuarantineDoc { node: q.node, regions: q.regions, bytes: q.bytes });
+                doc.quarantine = Some(docs.collect());
+            }
         }
         DomainAction::Gc { node } => {
             let node = node.as_str();
@@ -153,8 +161,11 @@ pub fn request(d: &Daemon, action: &DomainAction) -> Result<fabric_proto::wire::
                 };
                 refusal(code, format!("domain gc {node}: {}", crate::error_chain(&e)))
             })?;
-            tracing::info!(%node, ?slot, "domain slot freed by an admin");
-            doc.gc = Some(GcDoc { node: node.to_owned(), slot });
+            // The node is collected: whatever of this node's memory it held in quarantine
+            // is free again (other nodes lift theirs when an admin collects it there).
+            let lifted = d.memory.lift_quarantine(node, None);
+            tracing::info!(%node, ?slot, lifted, "domain slot freed by an admin");
+            doc.gc = Some(GcDoc { node: node.to_owned(), slot, lifted_bytes: Some(lifted) });
         }
     }
     json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer_pretty(w, &doc))
