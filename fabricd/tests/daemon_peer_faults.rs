@@ -5,20 +5,24 @@
 //! the node — until the node returns as a new incarnation, or an admin collects it with
 //! `domain gc`; and more revocations at once than an event queue holds (300 imports of
 //! one region freed) all reach the importer node's clients, and the freed range is free
-//! again once the importer acknowledged them.
+//! again once the importer acknowledged them. Two nodes in network namespaces of their
+//! own, cut from each other by iptables while etcd sees both: the mapping made before
+//! keeps working, a new import is refused promptly as `Unavailable` naming the owner, and
+//! imports and revocations cross again after the heal.
 //!
-//! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
-//! skipped.
+//! Each test starts its own etcd (on 127.0.0.1, or in a namespace); without `etcd` (or,
+//! for the namespaces, root, `ip` and `iptables`) it says it is skipped.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use fabric_domain::testing::netns::Netns;
 use fabric_domain::testing::until;
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, CodecError, Connection, DeviceName, DomainAction, DomainRequest, ErrorBody,
-    ErrorCode, FreeRequest, MemoryClass, Name, Request, Response, RevocationReason,
+    ErrorCode, FreeRequest, MemoryClass, Name, Request, Response, RevocationReason, RevokeRequest,
 };
 use serde_json::Value;
 
@@ -173,4 +177,81 @@ fn more_revocations_at_once_than_a_queue_holds_all_reach_the_importer_nodes_clie
     let (again, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
     assert_eq!(at, gfa);
     free(&mut c[0], again);
+}
+
+/// Drops what each of `a` and `b` sends to the other (etcd still sees both).
+fn partition(a: &Netns, b: &Netns, cut: bool) {
+    let (ab, ba) = if cut { (a.cut(b.addr()), b.cut(a.addr())) } else { (a.heal(b.addr()), b.heal(a.addr())) };
+    ab.unwrap();
+    ba.unwrap();
+}
+
+#[test]
+fn a_partition_between_two_nodes_keeps_mappings_and_refuses_new_imports_naming_the_node_until_it_heals() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some((net, etcd)) = rt.block_on(fabric_domain::testing::net_and_etcd_or_skip(2)) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
+    let names = ["tray0", "tray1"];
+    let setups: Vec<_> = names
+        .iter()
+        .zip(net.nodes())
+        .map(|(n, ns)| node_at(&etcd, &pki, n, n, &format!("{}:7471", ns.addr()), &fabric))
+        .collect();
+    let _daemons: Vec<_> = setups
+        .iter()
+        .zip(net.nodes())
+        .map(|(s, ns)| common::start_with(&s.config, s.dir.path(), |cmd| ns.enter_on_spawn(cmd).unwrap()))
+        .collect();
+    let mut c: Vec<Connection> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for x in &mut c {
+        for n in names {
+            until(Duration::from_secs(15), "both nodes live", || incarnation_of(x, n));
+        }
+    }
+    // Across the namespaces' network: tray1's client maps tray0's region.
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c[0], &gpu, 2 * MIB);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (i, file1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    let (mut m0, m1) = (map_file(&file0, a.offset, a.size), map_file(&file1, i.offset, i.size));
+    m0[..4].copy_from_slice(b"ns-0");
+    assert_eq!(&m1[..4], b"ns-0");
+
+    // The two nodes cannot reach each other; etcd still sees both.
+    partition(&net.nodes()[0], &net.nodes()[1], true);
+    m0[8..12].copy_from_slice(b"kept");
+    assert_eq!(&m1[8..12], b"kept", "the established mapping keeps working");
+    let t = Instant::now();
+    let refused = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err();
+    let took = t.elapsed();
+    eprintln!("a new import across the partition refused after {took:?}: {}", refused.message);
+    assert_eq!(refused.code, ErrorCode::Unavailable, "{refused:?}");
+    assert!(refused.message.contains("tray0"), "{}", refused.message);
+    assert!(took < Duration::from_secs(7), "refused promptly, not after a long hang: {took:?}");
+    for x in &mut c {
+        assert_eq!(standing(x), "joined", "etcd sees both nodes");
+    }
+
+    // Healed: a new import works again, and a revoke reaches tray1's client.
+    partition(&net.nodes()[0], &net.nodes()[1], false);
+    let (i2, _f) = until(Duration::from_secs(15), "imports across the healed link", || {
+        import(&mut c[1], handle, AccessMode::ReadOnly).ok()
+    });
+    subscribe(&mut c[1]);
+    let Response::Revoke = c[0].call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap().0 else { panic!() };
+    let mut told = std::collections::BTreeSet::new();
+    while told.len() < 2 {
+        let r = revocation(&mut c[1]);
+        assert_eq!((r.region, r.reason), (a.region, RevocationReason::Revoked));
+        told.insert(r.import);
+    }
+    assert_eq!(told, [i.import, i2.import].into_iter().collect());
+    drop((m0, m1));
+}
+
+fn map_file(f: &std::fs::File, offset: u64, len: u64) -> memmap2::MmapMut {
+    // SAFETY: a shared mapping of a region file, used by this test only while the region
+    // lives.
+    unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
 }

@@ -64,10 +64,15 @@ pub fn node(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16) 
 
 /// [`node`] with more `[peer]` keys.
 pub fn node_with(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16, peer: &str) -> super::Setup {
+    node_at(etcd, pki, name, cert_of, &format!("127.0.0.1:{port}"), peer)
+}
+
+/// [`node_with`] with its link at `address`.
+pub fn node_at(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, address: &str, peer: &str) -> super::Setup {
     let (cert, key) = pki.issue(cert_of);
     let extra = format!(
         "[map]\nnode_span = {{ fixed = {SPAN} }}\n[domain]\nname = {DOMAIN:?}\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n\
-         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n{peer}",
+         [peer]\naddress = {address:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n{peer}",
         etcd.endpoint(),
         pki.dir.path().join("ca.pem"),
         cert,
