@@ -44,6 +44,17 @@ pub(crate) fn lines(base: *const u8, size: usize, offset: u64, len: u64) -> Resu
 
 /// Writes the lines back to memory and orders that before later stores.
 pub(crate) fn flush(first: usize, count: usize) {
+    each_line(first, count, false);
+}
+
+/// Writes back and drops the lines, so that later loads read memory.
+pub(crate) fn invalidate(first: usize, count: usize) {
+    each_line(first, count, true);
+}
+
+/// Writes back each line (`clwb` where it may stay cached, unless `drop`), then fences:
+/// `sfence` after a write-back, `mfence` after dropping (later loads come after it).
+fn each_line(first: usize, count: usize, drop: bool) {
     #[cfg(target_arch = "x86_64")]
     {
         let (opt, clwb) = features();
@@ -52,7 +63,7 @@ pub(crate) fn flush(first: usize, count: usize) {
             // SAFETY: `p` is inside a live mapping (checked by `lines`); the instructions
             // only write back (and may evict) its cache line.
             unsafe {
-                if clwb {
+                if clwb && !drop {
                     std::arch::asm!("clwb [{}]", in(reg) p, options(nostack, preserves_flags));
                 } else if opt {
                     std::arch::asm!("clflushopt [{}]", in(reg) p, options(nostack, preserves_flags));
@@ -61,38 +72,18 @@ pub(crate) fn flush(first: usize, count: usize) {
                 }
             }
         }
-        // SAFETY: a store fence has no preconditions.
-        unsafe { std::arch::x86_64::_mm_sfence() };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (first, count);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// Writes back and drops the lines, so that later loads read memory.
-pub(crate) fn invalidate(first: usize, count: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (opt, _) = features();
-        for i in 0..count {
-            let p = first + i * LINE;
-            // SAFETY: as in `flush`; the line is written back before it is dropped.
-            unsafe {
-                if opt {
-                    std::arch::asm!("clflushopt [{}]", in(reg) p, options(nostack, preserves_flags));
-                } else {
-                    std::arch::x86_64::_mm_clflush(p as *const u8);
-                }
+        // SAFETY: fences have no preconditions.
+        unsafe {
+            if drop {
+                std::arch::x86_64::_mm_mfence();
+            } else {
+                std::arch::x86_64::_mm_sfence();
             }
         }
-        // SAFETY: a full fence has no preconditions.
-        unsafe { std::arch::x86_64::_mm_mfence() };
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (first, count);
+        let _ = (first, count, drop);
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 }
@@ -110,7 +101,7 @@ mod tests {
             assert!(matches!(lines(base, 4096, offset, len), Err(Error::InvalidArgument(_))), "{offset}+{len}");
         }
         let (first, count) = lines(base, 4096, 0, 4096).unwrap();
-        assert!(first <= base as usize && count >= 4096 / LINE && count <= 4096 / LINE + 1);
+        assert!(first <= base as usize && (4096 / LINE..=4096 / LINE + 1).contains(&count));
         let (_, one) = lines(base, 4096, 63, 1).unwrap();
         assert_eq!(one, 1);
         let (_, two) = lines(base, 4096, 60, 8).unwrap();
