@@ -8,7 +8,7 @@
 //! until the importer acknowledged the end (or, for a node that left, until it returns as
 //! another incarnation or an admin collects it: `memory/quarantine.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
@@ -167,8 +167,9 @@ impl Owner {
     /// Releases what importer nodes that are no longer `live` at the incarnation they
     /// imported with held: a node that left has what it imported quarantined, one that
     /// restarted does not; a node that left and is back as another incarnation has its
-    /// quarantine lifted.
-    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
+    /// quarantine lifted, and so has one no longer `known` to the domain (an admin
+    /// collected it).
+    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>, known: &HashSet<&str>) {
         let departed: Vec<(String, Remote)> = {
             let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
             let gone: Vec<String> = remotes
@@ -191,6 +192,15 @@ impl Owner {
         };
         for (node, incarnation) in back {
             self.returned(d, &node, incarnation);
+        }
+        let collected: Vec<String> = {
+            let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+            let gone: Vec<String> = departed.keys().filter(|n| !known.contains(n.as_str())).cloned().collect();
+            gone.into_iter().filter(|n| departed.remove(n).is_some()).collect()
+        };
+        for node in collected {
+            let bytes = d.memory.lift_quarantine(&node, None);
+            tracing::info!(peer = %node, bytes, "node link: an importer node that left was collected; its quarantine is lifted");
         }
     }
 
