@@ -102,9 +102,13 @@ fn ask(client: &mut Client, action: DomainAction) -> anyhow::Result<DomainDoc> {
 /// The table form.
 pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
     if let Some(gc) = &doc.gc {
-        return match gc.slot {
-            Some(s) => writeln!(out, "domain {}: freed slot {s} of {}", doc.domain, gc.node),
-            None => writeln!(out, "domain {}: {} held no slot", doc.domain, gc.node),
+        match gc.slot {
+            Some(s) => write!(out, "domain {}: freed slot {s} of {}", doc.domain, gc.node)?,
+            None => write!(out, "domain {}: {} held no slot", doc.domain, gc.node)?,
+        }
+        return match gc.lifted_bytes.filter(|b| *b > 0) {
+            Some(b) => writeln!(out, "; {b} bytes it held in quarantine are free again"),
+            None => writeln!(out),
         };
     }
     if let Some(me) = &doc.this {
@@ -151,6 +155,12 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "\nmissing:")?;
         for m in missing {
             writeln!(out, "  {m}")?;
+        }
+    }
+    if let Some(q) = doc.quarantine.as_ref().filter(|q| !q.is_empty()) {
+        writeln!(out, "\nquarantined (freed here, not reused while the node may still map it):")?;
+        for n in q {
+            writeln!(out, "  {}: {} regions, {} bytes", n.node, n.regions, n.bytes)?;
         }
     }
     Ok(())
@@ -238,7 +248,7 @@ pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dy
 
 #[cfg(test)]
 mod tests {
-    use fabric_proto::domain::{EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc};
+    use fabric_proto::domain::{EtcdDoc, GcDoc, LeaderDoc, NodeDoc, QuarantineDoc, SelfDoc};
 
     use super::*;
 
@@ -274,6 +284,7 @@ mod tests {
             gc: None,
             summary: None,
             page: None,
+            quarantine: Some(vec![QuarantineDoc { node: "tray1".into(), regions: 2, bytes: 4 << 20 }]),
         };
         let mut out = Vec::new();
         render(&doc, &mut out).unwrap();
@@ -284,6 +295,7 @@ mod tests {
             "etcd unreachable  round trip 1.5 ms  errors 2\n",
             "tray1                gone      5                    - -",
             "missing:\n  tray1: gone",
+            "quarantined (freed here, not reused while the node may still map it):\n  tray1: 2 regions, 4194304 bytes\n",
         ] {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
@@ -298,7 +310,7 @@ mod tests {
         assert!(text.contains("\nleader tray2  term 17\n"), "{text}");
         assert!(text.contains("tray2:7471                    4  leader\n"), "{text}");
         assert!(text.contains("tray0:7471                    4  -\n"), "{text}");
-        let freed = DomainDoc { gc: Some(GcDoc { node: "tray1".into(), slot: Some(5) }), ..doc };
+        let freed = DomainDoc { gc: Some(GcDoc { node: "tray1".into(), slot: Some(5), lifted_bytes: None }), ..doc };
         let mut out = Vec::new();
         render(&freed, &mut out).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "domain supernode: freed slot 5 of tray1\n");

@@ -2,6 +2,8 @@
 //! a subscriber whose queue is full loses its subscription (and its connection is closed
 //! once the queued events are written), so a slow reader never blocks the daemon.
 //! A subscriber bound to partitions sees only the device and link events of their devices.
+//! A sink ([`EventBus::sink`]) is a subscriber inside the daemon that takes each event at
+//! once and never overflows (the node link's queue of revocations for an importer node).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
@@ -22,11 +24,29 @@ pub enum Reach {
     Partitions(Vec<String>),
 }
 
+/// Takes an event under the bus's lock: it must not block or do I/O.
+pub type Sink = std::sync::Arc<dyn Fn(Event) + Send + Sync>;
+
+/// Where a subscriber's events go.
+enum Tx {
+    Queue(mpsc::Sender<Event>),
+    Sink(Sink),
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tx::Queue(_) => "Queue",
+            Tx::Sink(_) => "Sink",
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Sub {
     topics: Topics,
     reach: Reach,
-    tx: mpsc::Sender<Event>,
+    tx: Tx,
 }
 
 /// Whether a subscriber whose partitions hold `members` may see `ev`: device events of a
@@ -61,8 +81,18 @@ impl EventBus {
             return None;
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        subs.insert(session, Sub { topics, reach, tx });
+        subs.insert(session, Sub { topics, reach, tx: Tx::Queue(tx) });
         Some(rx)
+    }
+
+    /// Subscribes `session` to `topics` with a sink (replacing any earlier subscription):
+    /// each event is handed to `sink` as it is published, never dropped.
+    pub fn sink(&self, session: u64, topics: Topics, reach: Reach, sink: Sink) {
+        if topics == Topics::NONE {
+            self.subs().remove(&session);
+            return;
+        }
+        self.subs().insert(session, Sub { topics, reach, tx: Tx::Sink(sink) });
     }
 
     /// Ends the subscription of `session`, if any.
@@ -112,7 +142,14 @@ impl EventBus {
 
 /// Queues `ev`; false when the subscriber must be dropped (queue full or gone).
 fn deliver(session: u64, s: &Sub, ev: Event) -> bool {
-    match s.tx.try_send(ev) {
+    let tx = match &s.tx {
+        Tx::Queue(tx) => tx,
+        Tx::Sink(sink) => {
+            sink(ev);
+            return true;
+        }
+    };
+    match tx.try_send(ev) {
         Ok(()) => true,
         Err(mpsc::error::TrySendError::Full(_)) => {
             tracing::warn!(session, queue = QUEUE, "subscriber does not keep up with its events; dropping it");
@@ -157,6 +194,22 @@ mod tests {
         assert!(bus.subscribed(2, Topics::DEVICE), "others are unaffected");
         assert!(bus.subscribe(2, Topics::NONE, Reach::All).is_none());
         assert!(!bus.subscribed(2, Topics::DEVICE));
+    }
+
+    #[test]
+    fn a_sink_takes_every_event_past_the_queue_bound() {
+        let bus = EventBus::default();
+        let got = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let into = got.clone();
+        bus.sink(1, Topics::MAP, Reach::All, std::sync::Arc::new(move |ev| into.lock().unwrap().push(ev)));
+        for g in 0..2 * QUEUE as u64 {
+            bus.publish(&map_ev(g), &none);
+        }
+        bus.send_to(1, map_ev(7));
+        assert!(bus.subscribed(1, Topics::MAP));
+        assert_eq!(got.lock().unwrap().len(), 2 * QUEUE + 1);
+        bus.sink(1, Topics::NONE, Reach::All, std::sync::Arc::new(|_| {}));
+        assert!(!bus.subscribed(1, Topics::MAP));
     }
 
     fn dev_ev(name: &str) -> Event {

@@ -410,7 +410,7 @@ impl Metrics {
 
 /// The memory registry's gauges.
 fn memory_series(p: &mut Page, m: &Counts) {
-    let gauges: [(&str, &str, u64); 7] = [
+    let gauges: [(&str, &str, u64); 8] = [
         ("fabricd_regions", "Live regions of sim device memory (lost ones included).", m.regions),
         ("fabricd_regions_lost", "Regions whose device vanished or failed.", m.lost_regions),
         ("fabricd_exports", "Unrevoked exports.", m.exports),
@@ -418,6 +418,11 @@ fn memory_series(p: &mut Page, m: &Counts) {
         ("fabricd_allocated_bytes", "Bytes of live regions.", m.allocated_bytes),
         ("fabricd_imported_bytes", "Bytes of regions mapped by importers, summed over live imports.", m.imported_bytes),
         ("fabricd_pinned_bytes", "Bytes pinned for DMA by registrations.", m.pinned_bytes),
+        (
+            "fabricd_quarantined_bytes",
+            "Bytes of freed regions held out of reuse while a node that imported them may still map them.",
+            m.quarantined_bytes,
+        ),
     ];
     for (name, help, v) in gauges {
         p.family(name, "gauge", help);

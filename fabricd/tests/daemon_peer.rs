@@ -23,94 +23,17 @@ mod common;
 
 use std::fs::File;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fabric_domain::testing::{EtcdServer, until};
-use fabric_nodelink::{
-    Credentials, DomainCa, Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Pem, Refusal,
-};
+use fabric_domain::testing::until;
+use fabric_nodelink::{Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Refusal};
 use fabric_proto::wire::{
-    AccessMode, CodecError, Connection, DomainAction, DomainRequest, ErrorBody, ErrorCode, Event, ExportHandle,
-    FreeRequest, ImportRequest, ImportResponse, ReleaseRequest, Request, Response, RevocationReason, RevokeRequest,
-    Secret, StatusRequest, SubscribeRequest, Topics,
+    AccessMode, Connection, ErrorCode, Event, ExportHandle, FreeRequest, ReleaseRequest, Request, Response,
+    RevocationReason, RevokeRequest, Secret, SubscribeRequest, Topics,
 };
-use serde_json::Value;
 
+use common::peer::*;
 use common::scrape::free_port;
-
-const TTL: u64 = 2;
-const SPAN: u64 = 1 << 40;
-const DOMAIN: &str = "test";
-
-fn supernode() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/supernode-64.toml").canonicalize().unwrap()
-}
-
-/// The CA's and the nodes' PEM files in `dir`.
-struct Pki {
-    ca: DomainCa,
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let pki = Self { ca: DomainCa::generate(DOMAIN).unwrap(), dir: tempfile::tempdir().unwrap() };
-        std::fs::write(pki.dir.path().join("ca.pem"), &pki.ca.pem().cert).unwrap();
-        pki
-    }
-
-    /// Issues `node`'s certificate; its files (certificate, key).
-    fn issue(&self, node: &str) -> (PathBuf, PathBuf) {
-        let pem = self.ca.issue(node, &[]).unwrap();
-        let (cert, key) = (self.dir.path().join(format!("{node}.pem")), self.dir.path().join(format!("{node}.key")));
-        std::fs::write(&cert, &pem.cert).unwrap();
-        std::fs::write(&key, &pem.key).unwrap();
-        (cert, key)
-    }
-
-    fn credentials(&self, node: &str) -> Credentials {
-        let (cert, key) = self.issue(node);
-        let pem = Pem { cert: std::fs::read_to_string(cert).unwrap(), key: std::fs::read_to_string(key).unwrap() };
-        Credentials::from_pem(&self.ca.pem().cert, &pem).unwrap()
-    }
-}
-
-/// Node `name` serving tray `name` of the supernode, its link at `port` with `cert_of`'s
-/// certificate.
-fn node(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16) -> common::Setup {
-    node_with(etcd, pki, name, cert_of, port, "")
-}
-
-/// [`node`] with more `[peer]` keys.
-fn node_with(etcd: &EtcdServer, pki: &Pki, name: &str, cert_of: &str, port: u16, peer: &str) -> common::Setup {
-    let (cert, key) = pki.issue(cert_of);
-    let extra = format!(
-        "[map]\nnode_span = {{ fixed = {SPAN} }}\n[domain]\nname = {DOMAIN:?}\nendpoints = [{:?}]\nnode = {name:?}\nlease_ttl_secs = {TTL}\n\
-         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {:?}\ncert = {:?}\nkey = {:?}\n{peer}",
-        etcd.endpoint(),
-        pki.dir.path().join("ca.pem"),
-        cert,
-        key,
-    );
-    let s = common::Setup::with_sim(&supernode(), &extra);
-    let text = std::fs::read_to_string(&s.config).unwrap();
-    std::fs::write(&s.config, text.replace("[discovery]\n", &format!("[discovery]\nsim_node = {name:?}\n"))).unwrap();
-    s
-}
-
-fn status(c: &mut Connection) -> Value {
-    match c.call(Request::Domain(DomainRequest { action: DomainAction::Status }), &[]).unwrap().0 {
-        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// `name`'s incarnation as `c`'s node lists it, once live.
-fn incarnation_of(c: &mut Connection, name: &str) -> Option<u64> {
-    let doc = status(c);
-    doc["nodes"].as_array()?.iter().find(|n| n["name"] == name && n["state"] == "live")?["incarnation"].as_u64()
-}
 
 #[test]
 fn a_node_admits_the_current_incarnation_of_a_live_member_only() {
@@ -171,59 +94,10 @@ fn a_node_whose_certificate_names_another_is_refused_at_start() {
     );
 }
 
-/// The map's first HBM range of `node`: its device.
-fn hbm_of(c: &mut Connection, node: &str) -> String {
-    let Response::Map(d) = c.call(Request::Map(fabric_proto::wire::TopologyRequest::default()), &[]).unwrap().0 else {
-        panic!()
-    };
-    let v: Value = serde_json::from_str(&d.json).unwrap();
-    let r = v["ranges"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["node"] == node && r["owner"].as_str().is_some_and(|o| o.contains("#hbm")))
-        .unwrap_or_else(|| panic!("no HBM range of {node}: {v}"));
-    r["owner"].as_str().unwrap().split('#').next().unwrap().to_owned()
-}
-
-fn import(c: &mut Connection, handle: ExportHandle, access: AccessMode) -> Result<(ImportResponse, File), ErrorBody> {
-    match c.call(Request::Import(ImportRequest { handle, access }), &[]) {
-        Ok((Response::Import(i), fds)) => Ok((i, File::from(fds.into_iter().next().unwrap()))),
-        Ok((other, _)) => panic!("{other:?}"),
-        Err(CodecError::Refused { body, .. }) => Err(body),
-        Err(e) => panic!("{e:?}"),
-    }
-}
-
 fn map(f: &File, offset: u64, len: u64) -> memmap2::MmapMut {
     // SAFETY: a shared mapping of a region file; the test is its only user in this
     // process, and it is dropped before the file is truncated below.
     unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
-}
-
-/// Three nodes tray0..tray2 on a shared sim fabric in `shared` (all but those `apart`
-/// says), started, each listing all three live: their files, daemons and clients.
-fn three_nodes(
-    etcd: &EtcdServer,
-    pki: &Pki,
-    shared: &Path,
-    apart: impl Fn(usize) -> bool,
-) -> (Vec<common::Setup>, Vec<Option<common::Daemon>>, Vec<Connection>) {
-    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.join("sim"));
-    let names = ["tray0", "tray1", "tray2"];
-    let setups: Vec<_> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| node_with(etcd, pki, n, n, free_port(), if apart(i) { "" } else { &fabric }))
-        .collect();
-    let daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
-    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
-    for c in &mut clients {
-        for n in names {
-            until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(c, n));
-        }
-    }
-    (setups, daemons, clients)
 }
 
 #[test]
@@ -284,28 +158,6 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     until(Duration::from_secs(1), "the region file truncated", || (file1.metadata().unwrap().len() == 0).then_some(()));
 }
 
-fn subscribe(c: &mut Connection) {
-    let Response::Subscribe(_) =
-        c.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
-    else {
-        panic!()
-    };
-}
-
-fn imports(c: &mut Connection) -> u64 {
-    match c.call(Request::Status(StatusRequest::default()), &[]).unwrap().0 {
-        Response::Status(s) => s.imports,
-        other => panic!("{other:?}"),
-    }
-}
-
-fn revocation(c: &mut Connection) -> fabric_proto::wire::Revocation {
-    match c.next_event().unwrap() {
-        Event::Revocation(r) => r,
-        other => panic!("{other:?}"),
-    }
-}
-
 #[test]
 fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -364,10 +216,6 @@ fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     eprintln!("a dead owner's importer told after {seen:?}");
     assert_eq!((r.region, r.import, r.reason), (a.region, i1.import, RevocationReason::OwnerExited));
     assert!(seen <= Duration::from_secs(TTL + 1), "{seen:?}");
-}
-
-fn standing(c: &mut Connection) -> String {
-    status(c)["self"]["standing"].as_str().unwrap_or_default().to_owned()
 }
 
 #[test]

@@ -12,6 +12,9 @@
 #include <stdint.h>
 #include <stddef.h>
 
+// Bytes of a cache line on x86-64.
+#define LINE 64
+
 // Success.
 #define FMM_OK 0
 
@@ -483,6 +486,23 @@ uint64_t fmm_mapping_len(const struct fmm_mapping_t *m);
 // # Safety
 // `m` is NULL or a live mapping.
 uint64_t fmm_mapping_gfa(const struct fmm_mapping_t *m);
+
+// Writes this host's stores to `len` bytes at `offset` of a mapping back to memory, for
+// a fabric without hardware coherence (CXL.mem shared across hosts); a no-op where the
+// mapping is coherent (this node's own memory). `FMM_E_ARG` for an empty range or one
+// not inside the mapping.
+//
+// # Safety
+// `m` is a live mapping.
+int fmm_mapping_flush(const struct fmm_mapping_t *m, uint64_t offset, uint64_t len);
+
+// Drops this host's cached copies of `len` bytes at `offset` of a mapping (written back
+// first), so that the next load reads memory; a no-op where the mapping is coherent.
+// Errors as for `fmm_mapping_flush`.
+//
+// # Safety
+// `m` is a live mapping.
+int fmm_mapping_invalidate(const struct fmm_mapping_t *m, uint64_t offset, uint64_t len);
 
 // Unmaps (restores the window reservation).
 //

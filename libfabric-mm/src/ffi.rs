@@ -503,6 +503,37 @@ pub unsafe extern "C" fn fmm_mapping_gfa(m: *const FmmMapping) -> u64 {
     unsafe { m.as_ref() }.map_or(0, |m| m.0.gfa())
 }
 
+/// Writes this host's stores to `len` bytes at `offset` of a mapping back to memory, for
+/// a fabric without hardware coherence (CXL.mem shared across hosts); a no-op where the
+/// mapping is coherent (this node's own memory). `FMM_E_ARG` for an empty range or one
+/// not inside the mapping.
+///
+/// # Safety
+/// `m` is a live mapping.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_mapping_flush(m: *const FmmMapping, offset: u64, len: u64) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let m = unsafe { get(m, "mapping")? };
+        m.0.flush(offset, len).map_err(|e| fail(&e))
+    })
+}
+
+/// Drops this host's cached copies of `len` bytes at `offset` of a mapping (written back
+/// first), so that the next load reads memory; a no-op where the mapping is coherent.
+/// Errors as for `fmm_mapping_flush`.
+///
+/// # Safety
+/// `m` is a live mapping.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_mapping_invalidate(m: *const FmmMapping, offset: u64, len: u64) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let m = unsafe { get(m, "mapping")? };
+        m.0.invalidate(offset, len).map_err(|e| fail(&e))
+    })
+}
+
 /// Unmaps (restores the window reservation).
 ///
 /// # Safety

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod coherence;
 pub mod copy;
 pub mod cuda;
 pub mod device;

@@ -13,6 +13,10 @@ use fabric_proto::wire::{ExportHandle, FreeRequest, NodeId, ReleaseRequest, Requ
 use crate::error::{Error, Result};
 use crate::session::Inner;
 
+/// The bit of an import id that marks another node's region (fabricd's
+/// `peer::importer::REMOTE_IMPORT`).
+const REMOTE_IMPORT: u64 = 1 << 62;
+
 /// Whose memory it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MemKind {
@@ -266,6 +270,44 @@ impl Mapping {
     /// mapped until the mapping is dropped (see docs/libfabric-mm.md, "Revocation").
     pub fn check(&self) -> Result<()> {
         self.mem.check_live()
+    }
+
+    /// Whether this host's caches are kept coherent with the memory by the hardware, so
+    /// that [`Mapping::flush`] and [`Mapping::invalidate`] are no-ops: this node's own
+    /// memory (a region it allocated, an import of a local export). An import of another
+    /// node's memory is treated as not coherent (CXL.mem shared across hosts is not,
+    /// without back-invalidate; the sim's shared files and NVLink are, but the grant does
+    /// not say which fabric carries it yet): flush and invalidate do the cache work.
+    pub fn coherent(&self) -> bool {
+        match self.mem.kind {
+            MemKind::Owned => true,
+            MemKind::Imported { import } => import & REMOTE_IMPORT == 0,
+        }
+    }
+
+    /// Writes this host's stores to `[offset, offset + len)` of the mapping back to memory
+    /// (`clwb`/`clflushopt` per cache line, then `sfence` on x86-64), so that another
+    /// host's next load sees them on a fabric without hardware coherence; a no-op where the
+    /// mapping is [`coherent`](Mapping::coherent). `Err(InvalidArgument)` for an empty
+    /// range or one not inside the mapping.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        let (first, count) = crate::coherence::lines(self.ptr, self.len(), offset, len)?;
+        if !self.coherent() {
+            crate::coherence::flush(first, count);
+        }
+        Ok(())
+    }
+
+    /// Drops this host's cached copies of `[offset, offset + len)` (written back first:
+    /// `clflushopt` per cache line, then `mfence` on x86-64), so that the next load reads
+    /// what another host stored; a no-op where the mapping is
+    /// [`coherent`](Mapping::coherent). Errors as for [`Mapping::flush`].
+    pub fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
+        let (first, count) = crate::coherence::lines(self.ptr, self.len(), offset, len)?;
+        if !self.coherent() {
+            crate::coherence::invalidate(first, count);
+        }
+        Ok(())
     }
 
     /// The bytes, for reading.

@@ -84,6 +84,10 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let om = owner.map(&region).unwrap();
     // SAFETY: this test is the only writer of the region until it exports it.
     unsafe { om.as_mut_slice().unwrap()[..8].copy_from_slice(b"on tray0") };
+    // This node's own memory is coherent: flush is a no-op, but the range is checked.
+    assert!(om.coherent());
+    om.flush(0, 8).unwrap();
+    assert!(matches!(om.flush(LEN, 1), Err(Error::InvalidArgument(_))));
     let handle = owner.export(&region, &Policy::default()).unwrap();
 
     // tray1: the same import call; the window over tray0's slot places it at its GFA.
@@ -92,11 +96,19 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     assert_eq!(import.gfa(), om.gfa().into(), "one GFA on both nodes");
     let im = importer.map(&import).unwrap();
     assert_eq!(im.as_ptr() as usize - importer.window().base() as usize, (om.gfa() - slot0 * SPAN) as usize);
+    // Another node's memory is treated as not coherent: invalidate before loading what
+    // tray0 stored and flush after storing run the cache-line work over the mapped range
+    // (needed on CXL shared across hosts; harmless on the sim's shared files).
+    assert!(!im.coherent());
+    im.invalidate(0, LEN).unwrap();
+    assert!(matches!(im.invalidate(LEN - 1, 2), Err(Error::InvalidArgument(_))));
+    assert!(matches!(im.flush(0, 0), Err(Error::InvalidArgument(_))));
     // SAFETY: tray0 stored before exporting and stores nothing more; the test reads its
     // own store back through tray0's mapping only after it is made.
     unsafe {
         assert_eq!(&im.as_slice()[..8], b"on tray0", "tray0's stores are visible on tray1");
         std::ptr::write_volatile(im.as_ptr().add(LEN as usize - 1), 0x5a);
+        im.flush(LEN - 1, 1).unwrap();
         assert_eq!(
             std::ptr::read_volatile(om.as_ptr().add(LEN as usize - 1)),
             0x5a,

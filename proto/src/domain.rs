@@ -36,6 +36,10 @@ pub struct DomainDoc {
     /// What an admin's gc freed (`gc`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcDoc>,
+    /// Freed memory of this node held out of reuse because another node may still map
+    /// it, by that node (`status`; absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<Vec<QuarantineDoc>>,
     /// The nodes counted (`status`; a status of more than 1,024 nodes lists none: clients
     /// page them with `NodesPage`, 1.7).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,6 +74,17 @@ pub struct PageDoc {
     pub next: Option<String>,
     /// Nodes in the whole listing (at that revision).
     pub total: u64,
+}
+
+/// Freed memory one node may still map, held out of reuse on the answering node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineDoc {
+    /// The node that imported it and left (or has not acknowledged its end).
+    pub node: String,
+    /// Freed regions.
+    pub regions: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// One node of the domain.
@@ -154,6 +169,9 @@ pub struct GcDoc {
     pub node: String,
     /// The slot freed; none when the node held none.
     pub slot: Option<u32>,
+    /// Bytes of the answering node's memory the node held in quarantine, free again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifted_bytes: Option<u64>,
 }
 
 #[cfg(test)]
@@ -192,6 +210,7 @@ mod tests {
             gc: None,
             summary: None,
             page: None,
+            quarantine: None,
         };
         let json = serde_json::to_value(&doc).unwrap();
         assert_eq!(json["leader"], serde_json::json!({"node": "tray1", "term": 42, "this_node": false}));

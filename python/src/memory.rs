@@ -225,6 +225,28 @@ impl Mapping {
         let m = self.get(py)?;
         m.check().map_err(|e| to_py(py, e))
     }
+    /// Whether the hardware keeps this host's caches coherent with the memory (this
+    /// node's own memory), making `flush` and `invalidate` no-ops.
+    #[getter]
+    fn coherent(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.get(py)?.coherent())
+    }
+    /// Writes this host's stores to `size` bytes at `offset` (default: to the end) back
+    /// to memory, for a fabric without hardware coherence (CXL.mem shared across hosts).
+    #[pyo3(signature = (offset=0, size=None))]
+    fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
+        let m = self.get(py)?;
+        let size = size.unwrap_or_else(|| (m.len() as u64).saturating_sub(offset));
+        m.flush(offset, size).map_err(|e| to_py(py, e))
+    }
+    /// Drops this host's cached copies of `size` bytes at `offset` (written back first),
+    /// so that the next load reads what another host stored.
+    #[pyo3(signature = (offset=0, size=None))]
+    fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
+        let m = self.get(py)?;
+        let size = size.unwrap_or_else(|| (m.len() as u64).saturating_sub(offset));
+        m.invalidate(offset, size).map_err(|e| to_py(py, e))
+    }
     /// Stops new views; the memory is unmapped when the last view made earlier goes.
     fn unmap(&self) {
         self.slot.close();

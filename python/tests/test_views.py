@@ -114,3 +114,18 @@ def test_read_only_views_refuse_stores(session: fabric_mm.Session, gpu: str) -> 
             m.__dlpack__()
         d = numpy.from_dlpack(m)
         assert not d.flags.writeable
+
+
+def test_flush_and_invalidate_check_their_range(session: fabric_mm.Session, gpu: str) -> None:
+    region = session.alloc(2 * MIB, device=gpu)
+    m = session.map(region)
+    assert m.coherent  # this node's own memory: both are no-ops past the range check
+    numpy.asarray(m)[:4] = [1, 2, 3, 4]
+    m.flush()
+    m.flush(0, 4)
+    m.invalidate(2 * MIB - 1, 1)
+    for offset, size in [(2 * MIB, 1), (0, 0), (2 * MIB - 1, 2)]:
+        with pytest.raises(fabric_mm.FabricError) as e:
+            m.flush(offset, size)
+        assert e.value.code == fabric_mm.errors.E_ARG
+    assert list(numpy.asarray(m)[:4]) == [1, 2, 3, 4]

@@ -33,10 +33,12 @@ pub mod nodefd;
 pub mod numa;
 pub mod numadir;
 mod persist;
+mod quarantine;
 mod sizes;
 pub mod zero;
 
 pub use persist::{Durability, Resumed, owner_of, pid_start_time};
+pub use quarantine::Quarantine;
 
 mod adopt;
 mod copyside;
@@ -373,6 +375,12 @@ struct State {
     /// Bytes of the resources together, `(device memory, host DRAM)` (what the default
     /// `allocated_bytes_per_uid` is derived from), counted again whenever resources change.
     fabric_bytes: (u64, u64),
+    /// Registry sessions of importer nodes (the node link's owner side), by session.
+    remote: HashMap<u64, String>,
+    /// Live regions that importer nodes which left had imported, by region.
+    mapped_by: HashMap<u64, std::collections::BTreeSet<String>>,
+    /// Freed regions' ranges held out of the allocators (`quarantine.rs`).
+    parked: Vec<quarantine::Parked>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -447,6 +455,8 @@ pub struct Counts {
     pub imported_bytes: u64,
     /// Live DMA registrations.
     pub registrations: u64,
+    /// Bytes of freed regions held out of reuse while another node may map them.
+    pub quarantined_bytes: u64,
     /// Bytes pinned by registrations (whole pages).
     pub pinned_bytes: u64,
 }
@@ -720,6 +730,7 @@ impl Memory {
             registrations: Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Region(id)),
             ..Reclaimed::default()
         };
+        let holders = st.holders(id);
         let Some(r) = st.regions.remove(&id) else { return out };
         st.ended = true;
         let held_fd = r.object().is_some_and(|o| o.holds_fd());
@@ -749,8 +760,14 @@ impl Memory {
             // is closed with the region.
             Backing::DeviceRange { .. } | Backing::Object(_) => Some(members),
         };
-        for i in free_now.unwrap_or_default() {
-            st.resources[i].ranges.free(r.offset);
+        match free_now {
+            Some(members) if !holders.is_empty() => st.park(id, holders, members, r.offset, r.len),
+            Some(members) => {
+                for i in members {
+                    st.resources[i].ranges.free(r.offset);
+                }
+            }
+            None => {}
         }
         let u = st.usage.entry(r.owner.uid).or_default();
         u.bytes = u.bytes.saturating_sub(r.len);
@@ -1199,6 +1216,7 @@ impl Memory {
             lost_regions: st.regions.values().filter(|r| r.lost).count() as u64,
             imported_bytes: st.imports.values().filter_map(|i| st.regions.get(&i.region)).map(|r| r.len).sum(),
             registrations: st.dma.count(),
+            quarantined_bytes: st.quarantined(),
             pinned_bytes: st.dma.pinned_bytes(),
         }
     }

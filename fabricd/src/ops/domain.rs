@@ -5,7 +5,7 @@
 
 use fabric_domain::{DomainView, Leadership, PlacedKind};
 use fabric_proto::domain::{
-    DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, SelfDoc, SettingsDoc, SummaryDoc,
+    DOMAIN_SCHEMA, DomainDoc, EtcdDoc, GcDoc, LeaderDoc, NodeDoc, QuarantineDoc, SelfDoc, SettingsDoc, SummaryDoc,
 };
 use fabric_proto::wire::{
     DOMAIN, DeviceName, DomainAction, ErrorBody, ErrorCode, Name, ResourceName, TranslateQuery, Translation, Version,
@@ -134,6 +134,7 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
         gc: None,
         summary: None,
         page: None,
+        quarantine: None,
     };
     match action {
         DomainAction::Nodes | DomainAction::NodesPage(_) | DomainAction::MapPage(_) => {}
@@ -165,6 +166,11 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
             });
             doc.missing = Some(missing(&view));
             doc.summary = Some(summary(&view));
+            let q = d.memory.quarantine();
+            if !q.is_empty() {
+                let docs = q.into_iter().map(|q| QuarantineDoc { node: q.node, regions: q.regions, bytes: q.bytes });
+                doc.quarantine = Some(docs.collect());
+            }
         }
         DomainAction::Gc { node } => {
             let node = node.as_str();
@@ -175,8 +181,11 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
                 };
                 refusal(code, format!("domain gc {node}: {}", crate::error_chain(&e)))
             })?;
-            tracing::info!(%node, ?slot, "domain slot freed by an admin");
-            doc.gc = Some(GcDoc { node: node.to_owned(), slot });
+            // The node is collected: whatever of this node's memory it held in quarantine
+            // is free again (other nodes lift theirs when an admin collects it there).
+            let lifted = d.memory.lift_quarantine(node, None);
+            tracing::info!(%node, ?slot, lifted, "domain slot freed by an admin");
+            doc.gc = Some(GcDoc { node: node.to_owned(), slot, lifted_bytes: Some(lifted) });
         }
     }
     json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer_pretty(w, &doc))

@@ -81,6 +81,7 @@ pub fn nodes_page(domain: &Domain, page: &PageRequest) -> Result<Document, Error
         missing: None,
         gc: None,
         summary: None,
+        quarantine: None,
     };
     json_doc(DOMAIN_SCHEMA, |w| serde_json::to_writer(w, &doc))
 }

@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 use fabric_nodelink::{Link, LinkError, NodeIdentity, PeerError, PeerRequest, PeerResponse};
 
 use super::NodeLink;
+
+/// How long a request waits for its answer on a link before the link is given up (a peer
+/// cut off by the network answers nothing; the next request dials anew, which takes at
+/// most the link's handshake timeout).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 use crate::tasks::domain::{Domain, Standing};
 
 /// Why a request to another node got no answer from it.
@@ -55,6 +60,15 @@ pub enum DialError {
         member: u64,
         /// The Welcome's.
         welcomed: u64,
+    },
+    /// The peer did not answer within [`REQUEST_TIMEOUT`] (cut off, or hung): the link is
+    /// dropped.
+    #[error("node {node} did not answer within {after:?}")]
+    Timeout {
+        /// The node.
+        node: String,
+        /// How long it was given.
+        after: Duration,
     },
     /// The peer answered the request with a failure.
     #[error("node {node} refused")]
@@ -145,9 +159,14 @@ impl NodeLink {
             _ => self.dial(domain, node, incarnation, &address, status.incarnation).await?,
         };
         let link_err = |source| DialError::Link { node: node.to_owned(), source };
-        let answer = match ask {
-            Ask::Ping => h.link.ping().await.map(Answer::Pong),
-            Ask::Request(r) => h.link.call(r).await.map(Answer::Response),
+        let asked = async {
+            match ask {
+                Ask::Ping => h.link.ping().await.map(Answer::Pong),
+                Ask::Request(r) => h.link.call(r).await.map(Answer::Response),
+            }
+        };
+        let Ok(answer) = tokio::time::timeout(REQUEST_TIMEOUT, asked).await else {
+            return Err(DialError::Timeout { node: node.to_owned(), after: REQUEST_TIMEOUT });
         };
         match answer {
             Ok(a) => {

@@ -3,9 +3,10 @@
 //! node granted it (released from the registry), and this node's clients holding imports
 //! of an owner that is gone or restarted get the `Revocation` event (`OwnerExited`) a local
 //! import's holder gets when its owner leaves. A node's death is seen when its member key
-//! goes, one lease TTL after its last renewal.
+//! goes, one lease TTL after its last renewal; a node that left is collected (its slot
+//! gone from the view after an admin's `domain gc` on any node) lifts its quarantine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use tokio::sync::Notify;
@@ -22,7 +23,8 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
         };
         let view = domain.view();
         let live: HashMap<&str, u64> = view.members().map(|m| (m.name.as_str(), m.incarnation)).collect();
-        link.service().owner().void_departed(&d, &live);
+        let known: HashSet<&str> = view.nodes().into_iter().map(|n| n.name).collect();
+        link.service().owner().void_departed(&d, &live, &known);
         link.service().importer().void_departed(&d, &live);
     }
 }

@@ -11,6 +11,7 @@ pub mod importer;
 pub mod members;
 pub mod owner;
 pub mod policy;
+pub mod revokes;
 pub mod service;
 pub mod wire;
 

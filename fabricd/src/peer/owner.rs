@@ -3,18 +3,21 @@
 //! against the importer node's incarnation (one registry session per importer node and
 //! incarnation), and a grant that names the region's file on the shared sim fabric (or,
 //! for a CUDA fabric handle, the handle, to a node of the same NVLink domain).
-//! Revocations of those imports go back to the importer node over the link; a region
-//! freed under a remote import has its file truncated, so the importer's next load
-//! faults instead of reading memory that may be reused.
+//! Revocations of those imports go back to the importer node over the link ([`revokes`]);
+//! a region freed under a remote import has its file truncated, so the importer's next
+//! load faults instead of reading memory that may be reused, and its range is quarantined
+//! until the importer acknowledged the end (or, for a node that left, until it returns as
+//! another incarnation or an admin collects it: `memory/quarantine.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
-use fabric_nodelink::{Peer, PeerError, PeerOp};
-use fabric_proto::wire::{ErrorCode, Event, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
+use fabric_nodelink::{Peer, PeerError};
+use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
 
-use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, RevokeNotice, SharedFile};
+use super::revokes::{self, Outbox};
+use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, SharedFile};
 use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::memory::ExportSubject;
@@ -28,6 +31,8 @@ const REMOTE_UID: u32 = 65534;
 struct Remote {
     incarnation: u64,
     session: u64,
+    /// Its revocations not yet told.
+    outbox: Arc<Outbox>,
 }
 
 /// What the owner keeps for imports granted to other nodes.
@@ -35,6 +40,9 @@ struct Remote {
 pub struct Owner {
     /// By importer node.
     remotes: Mutex<HashMap<String, Remote>>,
+    /// Importer nodes that left while holding imports, with the incarnation they held
+    /// them at: what they imported is quarantined until they return as another one.
+    departed: Mutex<HashMap<String, u64>>,
     /// The file of each remote import, open: truncated if its region is freed (the
     /// registry removes the file, which would leave the importer's mapping reading the
     /// old pages).
@@ -51,6 +59,7 @@ impl Owner {
     /// on first use; an older incarnation's session is closed (what it held is void).
     fn session(&self, d: &Arc<Daemon>, peer: &Peer) -> u64 {
         let node = &peer.identity.node;
+        let outbox = Arc::new(Outbox::default());
         let (session, old) = {
             let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
             match remotes.get(node) {
@@ -58,19 +67,35 @@ impl Owner {
                 _ => {}
             }
             let session = d.reserve_session();
-            let old = remotes.insert(node.clone(), Remote { incarnation: peer.incarnation, session });
-            (session, old)
+            let remote = Remote { incarnation: peer.incarnation, session, outbox: outbox.clone() };
+            (session, remotes.insert(node.clone(), remote))
         };
+        d.memory.remote_session(session, node);
         if let Some(old) = old {
-            self.end(d, node, old);
+            self.end(d, node, old, false);
         }
-        if let Some(rx) = d.events.subscribe(session, Topics::REVOCATION, Reach::All) {
-            let (weak, node) = (Arc::downgrade(d), node.clone());
-            if let Some(domain) = &d.domain {
-                domain.runtime().spawn(forward(weak, node, rx));
-            }
+        self.returned(d, node, peer.incarnation);
+        d.events.sink(session, Topics::REVOCATION, Reach::All, revokes::sink(outbox.clone()));
+        if let Some(domain) = &d.domain {
+            domain.runtime().spawn(revokes::forward(Arc::downgrade(d), node.clone(), outbox));
         }
         session
+    }
+
+    /// `node` is live at `incarnation`: if it left at another, it holds nothing of this
+    /// node's any more and its quarantine lifts.
+    fn returned(&self, d: &Daemon, node: &str, incarnation: u64) {
+        let back = {
+            let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+            match departed.get(node) {
+                Some(&left) if left != incarnation => departed.remove(node).is_some(),
+                _ => false,
+            }
+        };
+        if back {
+            let bytes = d.memory.lift_quarantine(node, None);
+            tracing::info!(peer = %node, incarnation, bytes, "node link: an importer node that left is back as a new incarnation; its quarantine is lifted");
+        }
     }
 
     /// The handle an [`ImportAsk`] names, checked by the registry (the secret in constant
@@ -200,8 +225,11 @@ impl Owner {
     }
 
     /// Releases what importer nodes that are no longer `live` at the incarnation they
-    /// imported with held.
-    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
+    /// imported with held: a node that left has what it imported quarantined, one that
+    /// restarted does not; a node that left and is back as another incarnation has its
+    /// quarantine lifted, and so has one no longer `known` to the domain (an admin
+    /// collected it).
+    pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>, known: &HashSet<&str>) {
         let departed: Vec<(String, Remote)> = {
             let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
             let gone: Vec<String> = remotes
@@ -212,21 +240,47 @@ impl Owner {
             gone.into_iter().filter_map(|n| remotes.remove(&n).map(|r| (n, r))).collect()
         };
         for (node, r) in departed {
-            self.end(d, &node, r);
+            let left = !live.contains_key(node.as_str());
+            if left {
+                self.departed.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), r.incarnation);
+            }
+            self.end(d, &node, r, left);
+        }
+        let back: Vec<(String, u64)> = {
+            let departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+            departed.keys().filter_map(|n| live.get(n.as_str()).map(|i| (n.clone(), *i))).collect()
+        };
+        for (node, incarnation) in back {
+            self.returned(d, &node, incarnation);
+        }
+        let collected: Vec<String> = {
+            let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+            let gone: Vec<String> = departed.keys().filter(|n| !known.contains(n.as_str())).cloned().collect();
+            gone.into_iter().filter(|n| departed.remove(n).is_some()).collect()
+        };
+        for node in collected {
+            let bytes = d.memory.lift_quarantine(&node, None);
+            tracing::info!(peer = %node, bytes, "node link: an importer node that left was collected; its quarantine is lifted");
         }
     }
 
     /// Ends an importer node incarnation's session: its imports released, its
-    /// revocations no longer forwarded, the files kept for them closed.
-    fn end(&self, d: &Daemon, node: &str, r: Remote) {
-        d.events.subscribe(r.session, Topics::NONE, Reach::All);
-        let reclaimed = d.memory.close_session(r.session);
+    /// revocations no longer forwarded, the files kept for them closed. A node that
+    /// `left` keeps what it imported quarantined; one that restarted holds nothing.
+    fn end(&self, d: &Daemon, node: &str, r: Remote, left: bool) {
+        r.outbox.close();
+        d.events.unsubscribe(r.session);
+        let untold = r.outbox.len();
+        let reclaimed = d.memory.end_remote_session(r.session, left);
+        if !left {
+            d.memory.lift_quarantine(node, None);
+        }
         self.files.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, (n, _)| n != node);
-        tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, "node link: an importer node left or restarted; its imports are released");
+        tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, untold, left, "node link: an importer node left or restarted; its imports are released");
     }
 
     /// An import of a remote session ended: a region that is gone has its file truncated.
-    fn ended(&self, import: u64, reason: RevocationReason) {
+    pub(super) fn ended(&self, import: u64, reason: RevocationReason) {
         let gone = !matches!(reason, RevocationReason::Revoked);
         if !gone {
             return;
@@ -257,23 +311,4 @@ fn shared_file(d: &Daemon, path: &std::path::Path) -> Result<SharedFile, PeerErr
     wire::check_name("resource", &f.resource)?;
     wire::check_name("file", &f.file)?;
     Ok(f)
-}
-
-/// Forwards the revocations of `node`'s session to that node.
-async fn forward(d: Weak<Daemon>, node: String, mut rx: tokio::sync::mpsc::Receiver<Event>) {
-    while let Some(ev) = rx.recv().await {
-        let Event::Revocation(r) = ev else { continue };
-        let Some(d) = d.upgrade() else { return };
-        let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else { return };
-        link.service().owner().ended(r.import, r.reason);
-        let notice = RevokeNotice { revocation: r };
-        match link.call(domain, &node, wire::request(PeerOp::Revoke, &notice)).await {
-            Ok(_) => {
-                tracing::info!(peer = %node, import = r.import, reason = ?r.reason, "node link: importer told of a revocation")
-            }
-            Err(e) => {
-                tracing::warn!(peer = %node, import = r.import, error = %crate::error_chain(&e), "node link: cannot tell the importer of a revocation")
-            }
-        }
-    }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod domain;
+pub mod peer;
 pub mod scrape;
 
 use std::os::unix::fs::PermissionsExt;

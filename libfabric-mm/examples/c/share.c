@@ -2,7 +2,10 @@
  * Two processes share fabric memory through libfabric-mm: the parent allocates a region on
  * the first GPU, maps it at its GFA in the unified window, stores a pattern and exports it;
  * the child (forked before either opens a session) imports the handle, maps it, checks the
- * pattern with plain loads and stores a byte back, which the parent then sees.
+ * pattern with plain loads and stores a byte back, which the parent then sees. Each side
+ * flushes what it stored and invalidates before it loads what the other stored: no-ops on
+ * coherent memory (this one), the cache work a fabric without coherence needs (CXL.mem
+ * shared across hosts).
  *
  * Usage: share SOCKET        (exit status 0 when every check passed)
  */
@@ -38,6 +41,7 @@ static int importer(const char *socket, int rfd) {
     if ((rc = fmm_import(s, handle, 1, &imp))) return die("fmm_import", rc);
     if ((rc = fmm_map_import(s, imp, &m))) return die("fmm_map_import", rc);
     volatile unsigned char *p = fmm_mapping_ptr(m);
+    if ((rc = fmm_mapping_invalidate(m, 0, LEN))) return die("fmm_mapping_invalidate", rc);
     if (fmm_mapping_len(m) != LEN) {
         fprintf(stderr, "import is %llu bytes\n", (unsigned long long)fmm_mapping_len(m));
         return 1;
@@ -49,6 +53,10 @@ static int importer(const char *socket, int rfd) {
         }
     }
     p[LEN / 2] = 0xAB;
+    if ((rc = fmm_mapping_flush(m, LEN / 2, 1))) return die("fmm_mapping_flush", rc);
+    /* A range outside the mapping is a typed error. */
+    if (fmm_mapping_flush(m, LEN, 1) != FMM_E_ARG) return die("out-of-range flush", -1);
+    if (fmm_mapping_invalidate(m, LEN - 1, 2) != FMM_E_ARG) return die("out-of-range invalidate", -1);
     printf("importer: pattern seen at GFA 0x%llx, stored 0xAB\n", (unsigned long long)fmm_mapping_gfa(m));
     fmm_unmap(m);
     fmm_import_release(imp);
@@ -84,6 +92,7 @@ int main(int argc, char **argv) {
     if ((rc = fmm_map_region(s, r, &m))) return die("fmm_map_region", rc);
     unsigned char *p = fmm_mapping_ptr(m);
     for (size_t i = 0; i < LEN; i++) p[i] = pattern(i);
+    if ((rc = fmm_mapping_flush(m, 0, LEN))) return die("fmm_mapping_flush", rc);
     /* A too-small buffer is a typed error, not an overflow. */
     if (fmm_export(s, r, (uint32_t)-1, 0, handle, 4) != FMM_E_BUFFER) return die("short-buffer export", -1);
     if ((rc = fmm_export(s, r, (uint32_t)-1, 0, handle, sizeof handle))) return die("fmm_export", rc);
@@ -96,6 +105,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "importer failed\n");
         return 1;
     }
+    if ((rc = fmm_mapping_invalidate(m, LEN / 2, 1))) return die("fmm_mapping_invalidate", rc);
     if (((volatile unsigned char *)p)[LEN / 2] != 0xAB) {
         fprintf(stderr, "owner does not see the importer's store\n");
         return 1;

@@ -1,0 +1,220 @@
+//! Quarantine of memory other nodes may still map (`docs/domain.md`, "Faults"): a region
+//! imported over the node link by a node that then left (its imports released after the
+//! lease TTL), or freed while another node's import of it was not yet acknowledged as
+//! ended, keeps its range out of the allocator when its owner frees it — the freeing
+//! client is answered and charged nothing, but the range is not handed out again, since
+//! the departed node's devices may still store to it. The range comes back when every
+//! node that held it acknowledged the revocation, rejoined with a new incarnation (it then
+//! holds nothing) or was collected by an admin. Not journaled: a restart of the owner
+//! frees what was quarantined (see `docs/domain.md`, "Not yet").
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Memory, Reclaimed, State};
+
+/// A freed region's range, held out of the allocator.
+#[derive(Debug)]
+pub(super) struct Parked {
+    region: u64,
+    /// The nodes that may still map it.
+    nodes: BTreeSet<String>,
+    /// The resources its range is taken in.
+    resources: Vec<usize>,
+    offset: u64,
+    len: u64,
+}
+
+/// What one node holds in quarantine on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The node that may still map the memory.
+    pub node: String,
+    /// Freed regions whose ranges it holds out of reuse.
+    pub regions: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+impl State {
+    /// Bytes held out of the allocators (each range once).
+    pub(super) fn quarantined(&self) -> u64 {
+        self.parked.iter().map(|p| p.len).sum()
+    }
+
+    /// The nodes that may map region `id` once it is freed: those that imported it and
+    /// left, and those whose import of it is live now (told of its end, they acknowledge).
+    pub(super) fn holders(&mut self, id: u64) -> BTreeSet<String> {
+        let mut nodes = self.mapped_by.remove(&id).unwrap_or_default();
+        let live = self.imports.values().filter(|i| i.region == id).filter_map(|i| self.remote.get(&i.session));
+        nodes.extend(live.cloned());
+        nodes
+    }
+
+    /// Parks the range of freed region `region` for `nodes` instead of freeing it.
+    pub(super) fn park(&mut self, region: u64, nodes: BTreeSet<String>, resources: Vec<usize>, offset: u64, len: u64) {
+        tracing::info!(region, len, nodes = ?nodes, "a freed region's range is quarantined: another node may still map it");
+        self.parked.push(Parked { region, nodes, resources, offset, len });
+    }
+
+    /// Takes `node` off what it held (`region` only, or all); ranges no node holds any
+    /// more go back to their allocator. Returns the bytes that did.
+    fn unpark(&mut self, node: &str, region: Option<u64>) -> u64 {
+        let mut back = 0;
+        let mut keep = Vec::with_capacity(self.parked.len());
+        for mut p in std::mem::take(&mut self.parked) {
+            if region.is_none_or(|r| r == p.region) {
+                p.nodes.remove(node);
+            }
+            if p.nodes.is_empty() {
+                for &i in &p.resources {
+                    if let Some(res) = self.resources.get_mut(i) {
+                        res.ranges.free(p.offset);
+                    }
+                }
+                back += p.len;
+                tracing::info!(region = p.region, len = p.len, node, "a quarantined range is free again");
+            } else {
+                keep.push(p);
+            }
+        }
+        self.parked = keep;
+        if region.is_none() {
+            self.mapped_by.retain(|_, nodes| {
+                nodes.remove(node);
+                !nodes.is_empty()
+            });
+        }
+        back
+    }
+}
+
+impl Memory {
+    /// Records `session` as the registry session of importer node `node` (the node link's
+    /// owner side): what it imports is quarantined when freed until `node` lets go.
+    pub fn remote_session(&self, session: u64, node: &str) {
+        self.state().remote.insert(session, node.to_owned());
+    }
+
+    /// Ends importer node `node`'s `session`: its imports released. When the node
+    /// `departed` (rather than restarted), the regions it imported stay marked as mapped
+    /// by it, and are quarantined when freed.
+    pub fn end_remote_session(&self, session: u64, departed: bool) -> Reclaimed {
+        let mut st = self.state();
+        if let Some(node) = st.remote.remove(&session)
+            && departed
+        {
+            let regions: Vec<u64> = st.imports.values().filter(|i| i.session == session).map(|i| i.region).collect();
+            for r in regions {
+                st.mapped_by.entry(r).or_default().insert(node.clone());
+            }
+        }
+        drop(st);
+        self.close_session(session)
+    }
+
+    /// Node `node` no longer maps `region` (it acknowledged its end), or nothing at all
+    /// (`None`: it rejoined with a new incarnation, or an admin collected it). Returns the
+    /// bytes given back to the allocators.
+    pub fn lift_quarantine(&self, node: &str, region: Option<u64>) -> u64 {
+        self.state().unpark(node, region)
+    }
+
+    /// What is quarantined, by node.
+    pub fn quarantine(&self) -> Vec<Quarantine> {
+        let st = self.state();
+        let mut by: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for p in &st.parked {
+            for n in &p.nodes {
+                let e = by.entry(n.as_str()).or_default();
+                e.0 += 1;
+                e.1 += p.len;
+            }
+        }
+        by.into_iter().map(|(node, (regions, bytes))| Quarantine { node: node.to_owned(), regions, bytes }).collect()
+    }
+
+    /// Bytes held out of the allocators (each range once).
+    pub fn quarantined_bytes(&self) -> u64 {
+        self.state().quarantined()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use fabric_proto::wire::{AccessMode, BoundedVec, ExportPolicy, PeerCred};
+    use fabric_topology::MemoryKind;
+
+    use super::super::{Memory, MemoryError, Place};
+    use crate::config::LimitsConfig;
+
+    const MIB: u64 = 1 << 20;
+
+    fn cred(uid: u32) -> PeerCred {
+        PeerCred { pid: 1, uid, gid: uid }
+    }
+
+    /// A registry over one 256 MiB resource; region of 256 MiB (all of it) of session 1,
+    /// exported, imported by session 2.
+    fn setup() -> (tempfile::TempDir, Memory, Place, u64, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = super::super::ledger_tests::inventory();
+        let limits = LimitsConfig { allocated_bytes_per_uid: Some(1 << 40), ..LimitsConfig::default() };
+        let memory = Memory::open(dir.path(), &inv, limits).unwrap();
+        let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+        let region = memory.alloc(&cred(0), 1, &place, 256 * MIB, 0).unwrap().region;
+        let policy = ExportPolicy {
+            uids: BoundedVec::default(),
+            gids: BoundedVec::default(),
+            partition: None,
+            access: AccessMode::ReadWrite,
+        };
+        let handle = memory.export(&cred(0), 1, region, policy).unwrap();
+        let import = memory.import(&cred(0), 2, &handle, AccessMode::ReadWrite).unwrap().import;
+        (dir, memory, place, region, import)
+    }
+
+    fn full(m: &Memory, place: &Place) -> bool {
+        matches!(m.alloc(&cred(0), 3, place, 256 * MIB, 0), Err(MemoryError::NoSpace(_)))
+    }
+
+    #[test]
+    fn a_region_a_departed_node_imported_is_not_reused_until_the_node_returns() {
+        let (_dir, m, place, region, _) = setup();
+        m.remote_session(2, "b");
+        m.end_remote_session(2, true);
+        m.free(1, region).unwrap();
+        assert!(full(&m, &place), "the range is quarantined");
+        assert_eq!(m.quarantined_bytes(), 256 * MIB);
+        assert_eq!(m.quarantine()[0].node, "b");
+        assert_eq!(m.lift_quarantine("c", None), 0, "another node's return lifts nothing");
+        assert_eq!(m.lift_quarantine("b", None), 256 * MIB);
+        assert!(!full(&m, &place), "the range is free again");
+        assert!(m.quarantine().is_empty());
+    }
+
+    #[test]
+    fn a_region_freed_under_a_live_remote_import_waits_for_its_acknowledgement() {
+        let (_dir, m, place, region, _) = setup();
+        m.remote_session(2, "b");
+        m.free(1, region).unwrap();
+        assert!(full(&m, &place));
+        assert_eq!(m.lift_quarantine("b", Some(region + 1)), 0);
+        assert_eq!(m.lift_quarantine("b", Some(region)), 256 * MIB);
+        assert!(!full(&m, &place));
+    }
+
+    #[test]
+    fn a_restarted_node_or_a_local_importer_quarantines_nothing() {
+        let (_dir, m, place, region, _) = setup();
+        m.remote_session(2, "b");
+        m.end_remote_session(2, false);
+        m.free(1, region).unwrap();
+        assert!(!full(&m, &place));
+        let (_dir, m, place, region, import) = setup();
+        m.release(2, import).unwrap();
+        m.free(1, region).unwrap();
+        assert!(!full(&m, &place), "a local import never quarantines");
+    }
+}

@@ -1,0 +1,158 @@
+//! The owner's revocations on their way to one importer node: the registry's revocations
+//! of that node's session are taken by a sink of the event bus (never dropped, unlike a
+//! client's bounded queue) into an outbox that keeps one per import (a region's end
+//! supersedes its export's revocation), so it never holds more than the node's imports.
+//! One task per importer node session tells them one at a time, and keeps a revocation it
+//! could not tell, retrying with backoff, until the node acknowledged it or its session
+//! ended (the node left or restarted: it then holds nothing of this node's). An
+//! acknowledged end of a region lifts that node's quarantine of the region's range.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use fabric_nodelink::PeerOp;
+use fabric_proto::wire::{Event, Revocation, RevocationReason};
+use tokio::sync::Notify;
+
+use super::wire::{self, RevokeNotice};
+use crate::daemon::Daemon;
+
+/// The first wait before a revocation that could not be told is tried again.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait between tries.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// One importer node session's revocations not yet told, by the owner's import id.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    pending: Mutex<BTreeMap<u64, Revocation>>,
+    wake: Notify,
+    closed: AtomicBool,
+}
+
+impl Outbox {
+    /// Queues `r` (called under the event bus's lock: no I/O). A revocation of an import
+    /// already queued replaces it unless the queued one ended the import and this one
+    /// only revoked its export.
+    pub fn push(&self, r: Revocation) {
+        self.queue(r);
+        self.wake.notify_one();
+    }
+
+    fn queue(&self, r: Revocation) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        match pending.get(&r.import) {
+            Some(q) if !matches!(q.reason, RevocationReason::Revoked) => {}
+            _ => {
+                pending.insert(r.import, r);
+            }
+        }
+    }
+
+    /// How many revocations wait.
+    pub fn len(&self) -> usize {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The session ended: the task stops, what was not told is dropped.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> Option<Revocation> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).pop_first().map(|(_, r)| r)
+    }
+
+    /// Puts back `r`, which could not be told (by the same rule as [`Outbox::push`]).
+    fn put_back(&self, r: Revocation) {
+        self.queue(r);
+    }
+}
+
+/// The sink that feeds `outbox` from the event bus.
+pub fn sink(outbox: Arc<Outbox>) -> crate::events::Sink {
+    Arc::new(move |ev| {
+        if let Event::Revocation(r) = ev {
+            outbox.push(r);
+        }
+    })
+}
+
+/// Tells `node` what `outbox` holds until the outbox is closed or the daemon goes.
+pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
+    let mut retry = RETRY_FIRST;
+    loop {
+        if outbox.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(r) = outbox.take() else {
+            outbox.wake.notified().await;
+            continue;
+        };
+        let Some(d) = d.upgrade() else { return };
+        let (Some(domain), Some(link)) = (d.domain.clone(), d.domain.as_ref().and_then(|x| x.link())) else { return };
+        link.service().owner().ended(r.import, r.reason);
+        let told = link.call(&domain, &node, wire::request(PeerOp::Revoke, &RevokeNotice { revocation: r })).await;
+        match told {
+            Ok(_) => {
+                retry = RETRY_FIRST;
+                tracing::info!(peer = %node, import = r.import, reason = ?r.reason, "node link: importer told of a revocation");
+                if !matches!(r.reason, RevocationReason::Revoked) {
+                    d.memory.lift_quarantine(&node, Some(r.region));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: cannot tell the importer of a revocation; kept to try again");
+                outbox.put_back(r);
+                drop(d);
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = wait_closed(&outbox) => return,
+                }
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Returns once `outbox` is closed.
+async fn wait_closed(outbox: &Outbox) {
+    while !outbox.closed.load(Ordering::Acquire) {
+        outbox.wake.notified().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(import: u64, reason: RevocationReason) -> Revocation {
+        Revocation { region: 1, generation: 1, import, reason }
+    }
+
+    #[test]
+    fn the_outbox_keeps_one_per_import_and_an_end_over_a_revocation() {
+        let o = Outbox::default();
+        for i in 0..1000 {
+            o.push(rev(i, RevocationReason::Revoked));
+        }
+        o.push(rev(5, RevocationReason::Freed));
+        o.push(rev(5, RevocationReason::Revoked));
+        assert_eq!(o.len(), 1000, "nothing is dropped past any bound");
+        let all: Vec<Revocation> = std::iter::from_fn(|| o.take()).collect();
+        assert_eq!(all.len(), 1000);
+        assert_eq!(all[5].reason, RevocationReason::Freed);
+        o.put_back(rev(7, RevocationReason::Revoked));
+        o.push(rev(7, RevocationReason::Freed));
+        o.put_back(rev(7, RevocationReason::Revoked));
+        assert_eq!(o.take().map(|r| r.reason), Some(RevocationReason::Freed));
+    }
+}

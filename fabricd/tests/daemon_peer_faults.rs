@@ -1,0 +1,263 @@
+//! Faults across nodes with real fabricd nodes, a private etcd and the node link
+//! (`docs/domain.md`, "Faults"): memory a node imported and that its owner freed after
+//! that node died (kill -9) is quarantined — the free succeeds, the range is not handed
+//! out again (an allocation of the whole resource is refused), and `domain status` names
+//! the node — until the node returns as a new incarnation, or an admin collects it with
+//! `domain gc`; and more revocations at once than an event queue holds (300 imports of
+//! one region freed) all reach the importer node's clients, and the freed range is free
+//! again once the importer acknowledged them. Two nodes in network namespaces of their
+//! own, cut from each other by iptables while etcd sees both: the mapping made before
+//! keeps working, a new import is refused promptly as `Unavailable` naming the owner, and
+//! imports and revocations cross again after the heal.
+//!
+//! Each test starts its own etcd (on 127.0.0.1, or in a namespace); without `etcd` (or,
+//! for the namespaces, root, `ip` and `iptables`) it says it is skipped.
+#![allow(clippy::unwrap_used, clippy::print_stderr)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use fabric_domain::testing::netns::Netns;
+use fabric_domain::testing::until;
+use fabric_proto::wire::{
+    AccessMode, AllocRequest, AllocTarget, CodecError, Connection, DeviceName, DomainAction, DomainRequest, ErrorBody,
+    ErrorCode, FreeRequest, MemoryClass, Name, Request, Response, RevocationReason, RevokeRequest,
+};
+use serde_json::Value;
+
+use common::peer::*;
+
+const MIB: u64 = 1 << 20;
+
+/// Allocates `size` bytes of `gpu`'s HBM: the region and its GFA, or the refusal.
+fn alloc(c: &mut Connection, gpu: &str, size: u64) -> Result<(u64, Option<u64>), ErrorBody> {
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(gpu), memory: MemoryClass::Hbm },
+        size,
+        align: 0,
+    });
+    match c.call(req, &[]) {
+        Ok((Response::Alloc(a), _)) => Ok((a.region, a.gfa)),
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn free(c: &mut Connection, region: u64) {
+    let Response::Free = c.call(Request::Free(FreeRequest { region }), &[]).unwrap().0 else { panic!() };
+}
+
+/// The usable size of `gpu`'s HBM resource, as a refusal of more than it holds states it (300
+/// GiB: more than a sim GPU's 186 GB, less than a uid may allocate on a tray of four).
+fn capacity(c: &mut Connection, gpu: &str) -> u64 {
+    let e = alloc(c, gpu, 300 << 30).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace, "{e:?}");
+    let m = e.message.to_string();
+    let after = m.split(" in ").last().unwrap();
+    let bytes: u64 = after.split(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("no capacity in {m:?}"));
+    // In whole 2 MiB granules, as the allocator places them.
+    bytes / (2 * MIB) * (2 * MIB)
+}
+
+/// The quarantine `c`'s node reports: (node, regions, bytes).
+fn quarantine(c: &mut Connection) -> Vec<(String, u64, u64)> {
+    let doc = status(c);
+    let Some(q) = doc["quarantine"].as_array() else { return Vec::new() };
+    q.iter()
+        .map(|n| (n["node"].as_str().unwrap().to_owned(), n["regions"].as_u64().unwrap(), n["bytes"].as_u64().unwrap()))
+        .collect()
+}
+
+fn gc(c: &mut Connection, node: &str) -> Value {
+    let req = Request::Domain(DomainRequest { action: DomainAction::Gc { node: Name::truncated(node) } });
+    match c.call(req, &[]).unwrap().0 {
+        Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Kills `d` with SIGKILL and reaps it.
+fn kill(d: &mut Option<common::Daemon>) {
+    let mut d = d.take().unwrap();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+}
+
+#[test]
+fn memory_a_dead_node_imported_is_quarantined_until_it_returns_or_an_admin_collects_it() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let whole = capacity(&mut c[0], &gpu);
+    let (region, gfa) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, AccessMode::ReadWrite);
+    let (_i, _f) = import(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(imports(&mut c[0]), 1);
+
+    // tray2 dies holding the import: tray0 releases it after the TTL, then its client
+    // frees the region. The free is answered, but the range stays out of reuse.
+    kill(&mut daemons[2]);
+    until(Duration::from_secs(TTL + 3), "tray2's import released", || (imports(&mut c[0]) == 0).then_some(()));
+    free(&mut c[0], region);
+    assert_eq!(quarantine(&mut c[0]), vec![("tray2".to_owned(), 1, 2 * MIB)]);
+    let refused = alloc(&mut c[0], &gpu, whole).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::NoSpace, "the whole resource is not free: {refused:?}");
+    let (probe, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    assert_ne!(at, gfa, "the quarantined range is not handed out again");
+    free(&mut c[0], probe);
+
+    // tray2 comes back (a new incarnation: it holds nothing): the quarantine lifts.
+    daemons[2] = Some(common::start(&setups[2].config, setups[2].dir.path()));
+    let t = Instant::now();
+    until(Duration::from_secs(15), "tray2's quarantine lifted", || quarantine(&mut c[0]).is_empty().then_some(()));
+    eprintln!("quarantine lifted {:?} after tray2 restarted", t.elapsed());
+    let (all, _) = alloc(&mut c[0], &gpu, whole).expect("the whole resource is free again");
+    free(&mut c[0], all);
+
+    // The admin path: tray1 imports, dies; the freed region is quarantined until an admin
+    // collects tray1 (`domain gc`, on any node), which frees its slot and lifts the
+    // quarantine.
+    let (region, gfa) = alloc(&mut c[0], &gpu, 4 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, AccessMode::ReadWrite);
+    let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    kill(&mut daemons[1]);
+    until(Duration::from_secs(TTL + 3), "tray1's import released", || (imports(&mut c[0]) == 0).then_some(()));
+    free(&mut c[0], region);
+    assert_eq!(quarantine(&mut c[0]), vec![("tray1".to_owned(), 1, 4 * MIB)]);
+    assert_eq!(alloc(&mut c[0], &gpu, whole).unwrap_err().code, ErrorCode::NoSpace);
+    // The admin asks tray2 (restarted above): the slot goes domain-wide, and tray0, seeing
+    // tray1 collected, lifts its quarantine too.
+    let mut c2 = common::client(&setups[2].socket);
+    let doc = gc(&mut c2, "tray1");
+    assert_eq!(doc["gc"]["lifted_bytes"], 0, "tray2 held nothing of tray1's: {doc}");
+    until(Duration::from_secs(5), "tray1's quarantine lifted on tray0", || {
+        quarantine(&mut c[0]).is_empty().then_some(())
+    });
+    let (again, at) = alloc(&mut c[0], &gpu, 4 * MIB).unwrap();
+    assert_eq!(at, gfa, "first fit hands the collected range out again");
+    free(&mut c[0], again);
+}
+
+#[test]
+fn more_revocations_at_once_than_a_queue_holds_all_reach_the_importer_nodes_clients() {
+    const CLIENTS: usize = 3;
+    const EACH: usize = 100;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (setups, _daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (region, gfa) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, AccessMode::ReadWrite);
+    // 300 imports of tray0's region by three clients of tray1: more than the 256 events a
+    // queue holds, all revoked by one free.
+    let mut clients: Vec<Connection> = (0..CLIENTS).map(|_| common::client(&setups[1].socket)).collect();
+    let mut held = Vec::new();
+    for cl in &mut clients {
+        subscribe(cl);
+        for _ in 0..EACH {
+            held.push(import(cl, handle, AccessMode::ReadOnly).unwrap());
+        }
+    }
+    assert_eq!(imports(&mut c[0]), (CLIENTS * EACH) as u64);
+    let t = Instant::now();
+    free(&mut c[0], region);
+    for (n, cl) in clients.iter_mut().enumerate() {
+        let mut got = std::collections::BTreeSet::new();
+        for _ in 0..EACH {
+            let r = revocation(cl);
+            assert_eq!((r.region, r.reason), (region, RevocationReason::Freed));
+            got.insert(r.import);
+        }
+        let want: std::collections::BTreeSet<u64> =
+            held[n * EACH..(n + 1) * EACH].iter().map(|(i, _)| i.import).collect();
+        assert_eq!(got, want, "client {n} is told of each of its imports");
+    }
+    eprintln!("{} revocations reached tray1's clients after {:?}", CLIENTS * EACH, t.elapsed());
+    // tray1 acknowledged every one: the range is free again.
+    until(Duration::from_secs(5), "the freed range back", || quarantine(&mut c[0]).is_empty().then_some(()));
+    let (again, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    assert_eq!(at, gfa);
+    free(&mut c[0], again);
+}
+
+/// Drops what each of `a` and `b` sends to the other (etcd still sees both).
+fn partition(a: &Netns, b: &Netns, cut: bool) {
+    let (ab, ba) = if cut { (a.cut(b.addr()), b.cut(a.addr())) } else { (a.heal(b.addr()), b.heal(a.addr())) };
+    ab.unwrap();
+    ba.unwrap();
+}
+
+#[test]
+fn a_partition_between_two_nodes_keeps_mappings_and_refuses_new_imports_naming_the_node_until_it_heals() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some((net, etcd)) = rt.block_on(fabric_domain::testing::net_and_etcd_or_skip(2)) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
+    let names = ["tray0", "tray1"];
+    let setups: Vec<_> = names
+        .iter()
+        .zip(net.nodes())
+        .map(|(n, ns)| node_at(&etcd, &pki, n, n, &format!("{}:7471", ns.addr()), &fabric))
+        .collect();
+    let _daemons: Vec<_> = setups
+        .iter()
+        .zip(net.nodes())
+        .map(|(s, ns)| common::start_with(&s.config, s.dir.path(), |cmd| ns.enter_on_spawn(cmd).unwrap()))
+        .collect();
+    let mut c: Vec<Connection> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for x in &mut c {
+        for n in names {
+            until(Duration::from_secs(15), "both nodes live", || incarnation_of(x, n));
+        }
+    }
+    // Across the namespaces' network: tray1's client maps tray0's region.
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c[0], &gpu, 2 * MIB);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (i, file1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    let (mut m0, m1) = (map_file(&file0, a.offset, a.size), map_file(&file1, i.offset, i.size));
+    m0[..4].copy_from_slice(b"ns-0");
+    assert_eq!(&m1[..4], b"ns-0");
+
+    // The two nodes cannot reach each other; etcd still sees both.
+    partition(&net.nodes()[0], &net.nodes()[1], true);
+    m0[8..12].copy_from_slice(b"kept");
+    assert_eq!(&m1[8..12], b"kept", "the established mapping keeps working");
+    let t = Instant::now();
+    let refused = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err();
+    let took = t.elapsed();
+    eprintln!("a new import across the partition refused after {took:?}: {}", refused.message);
+    assert_eq!(refused.code, ErrorCode::Unavailable, "{refused:?}");
+    assert!(refused.message.contains("tray0"), "{}", refused.message);
+    assert!(took < Duration::from_secs(7), "refused promptly, not after a long hang: {took:?}");
+    for x in &mut c {
+        assert_eq!(standing(x), "joined", "etcd sees both nodes");
+    }
+
+    // Healed: a new import works again, and a revoke reaches tray1's client.
+    partition(&net.nodes()[0], &net.nodes()[1], false);
+    let (i2, _f) = until(Duration::from_secs(15), "imports across the healed link", || {
+        import(&mut c[1], handle, AccessMode::ReadOnly).ok()
+    });
+    subscribe(&mut c[1]);
+    let Response::Revoke = c[0].call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap().0 else { panic!() };
+    let mut told = std::collections::BTreeSet::new();
+    while told.len() < 2 {
+        let r = revocation(&mut c[1]);
+        assert_eq!((r.region, r.reason), (a.region, RevocationReason::Revoked));
+        told.insert(r.import);
+    }
+    assert_eq!(told, [i.import, i2.import].into_iter().collect());
+    drop((m0, m1));
+}
+
+fn map_file(f: &std::fs::File, offset: u64, len: u64) -> memmap2::MmapMut {
+    // SAFETY: a shared mapping of a region file, used by this test only while the region
+    // lives.
+    unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
+}
