@@ -3,6 +3,9 @@
 //! the region's file on the shared sim fabric, which is opened here under this node's own
 //! `peer.shared_dir` (the owner's name is the member this node dialled, the file's names
 //! are single path components) and handed to the client as a local import's descriptor.
+//! Where the two nodes share no memory fabric (class NET: no `peer.shared_dir` here, or a
+//! region the owner does not keep on it) the client gets a copy-only grant instead: no
+//! descriptor, the region's GFA, reached with `Copy` over the link ([`super::copy`]).
 //! The client's `Release` of such an import goes back to the owner; the owner's
 //! revocations reach the client as the same `Revocation` events as local ones.
 
@@ -43,6 +46,25 @@ struct Held {
     owner_import: u64,
     region: u64,
     generation: u64,
+    /// The region's GFA and bytes, and the access granted (what a copy may do).
+    gfa: Option<u64>,
+    len: u64,
+    access: fabric_proto::wire::AccessMode,
+}
+
+/// A held import a copy reaches: where to send its chunks.
+#[derive(Debug, Clone)]
+pub(super) struct RemoteReach {
+    /// The owner node's name.
+    pub owner: String,
+    /// The owner's import id.
+    pub owner_import: u64,
+    /// The region's first GFA and bytes.
+    pub gfa: u64,
+    /// Its bytes.
+    pub len: u64,
+    /// Whether the import may be written.
+    pub writable: bool,
 }
 
 /// The imports this node's clients hold of other nodes' regions.
@@ -67,6 +89,7 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
             Some(node) if node != d.node => Some(import(d, cx, i, node)),
             _ => None,
         },
+        Request::Copy(c) => super::copy::route(d, cx, c),
         Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
             Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
                 response: Response::Release,
@@ -98,14 +121,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         .find(|m| m.node_id.as_deref() == Some(id.as_str()))
         .map(|m| (m.name.clone(), m.incarnation))
         .ok_or_else(|| refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")))?;
-    let Some(shared) = d.config.peer.shared_dir.clone() else {
-        return Err(refusal(
-            ErrorCode::NotImplemented,
-            format!(
-                "node {owner} shares no memory fabric with this node (class NET, no peer.shared_dir): import for load/store is not possible; copy the bytes instead"
-            ),
-        ));
-    };
+    let shared = d.config.peer.shared_dir.clone();
     let caller = crate::ops::scope::Caller::resolve(d, cx.client.clone());
     caller.require_scope()?;
     let partitions = match caller.event_reach() {
@@ -144,10 +160,25 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         Err(e) => return Err(unavailable(&owner, &e)),
     };
     let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
-    let fd = open_shared(&shared, &owner, &grant, write).inspect_err(|_| {
-        // The owner recorded an import this node cannot use: give it back.
-        link.service().importer().give_back(domain, &owner, grant.import);
-    })?;
+    // The owner recorded an import this node cannot use: give it back.
+    let give_back = || link.service().importer().give_back(domain, &owner, grant.import);
+    let fd = match (&shared, &grant.file) {
+        (Some(shared), Some(file)) => {
+            Some(open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?)
+        }
+        // Class NET: copy-only, which needs the region's GFA.
+        _ if grant.gfa.is_none() => {
+            give_back();
+            return Err(refusal(
+                ErrorCode::NotImplemented,
+                format!(
+                    "node {owner} shares no memory fabric with this node (class NET) and its region {} has no GFA: it can be neither mapped nor copied",
+                    grant.region
+                ),
+            ));
+        }
+        _ => None,
+    };
     let local = link.service().importer().hold(Held {
         session: cx.session,
         owner: owner.clone(),
@@ -155,36 +186,43 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         owner_import: grant.import,
         region: grant.region,
         generation: grant.generation,
+        gfa: grant.gfa,
+        len: grant.len,
+        access: i.access,
     });
-    tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's region");
+    let access = if fd.is_some() { Access::Fd } else { Access::CopyOnly };
+    tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
     let response = Response::Import(ImportResponse {
         import: local,
         region: grant.region,
         generation: grant.generation,
         size: grant.len,
         gfa: grant.gfa,
-        offset: grant.offset,
+        offset: if fd.is_some() { grant.offset } else { 0 },
         access: i.access,
-        grant: Some(Grant { owner: node, access: Access::Fd }),
+        grant: Some(Grant { owner: node, access }),
     });
-    Ok(Outcome { response: response.for_version(cx.version), fd: Some(fd), events: None })
+    Ok(Outcome { response: response.for_version(cx.version), fd, events: None })
 }
 
 /// Opens `<shared>/<owner>/<resource>/<file>`: the resource directory checked as a
 /// private directory (no symlink, the daemon's euid, not writable by others), the file by
 /// name in it, and long enough for the grant.
-fn open_shared(shared: &std::path::Path, owner: &str, g: &ImportGrant, write: bool) -> Result<OwnedFd, ErrorBody> {
+fn open_shared(
+    shared: &std::path::Path,
+    owner: &str,
+    g: &ImportGrant,
+    f: &super::wire::SharedFile,
+    write: bool,
+) -> Result<OwnedFd, ErrorBody> {
     g.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))?;
-    let dir_path = shared.join(owner).join(&g.file.resource);
+    let dir_path = shared.join(owner).join(&f.resource);
     let bad = |what: String| refusal(ErrorCode::Unavailable, what);
     let dir = crate::sys::privdir::PrivateDir::open(&dir_path)
         .map_err(|e| bad(format!("{}: {}", dir_path.display(), crate::error_chain(&e))))?;
-    let file = crate::sys::privdir::open_in(
-        std::os::fd::AsFd::as_fd(&dir.into_fd()),
-        std::ffi::OsStr::new(&g.file.file),
-        write,
-    )
-    .map_err(|e| bad(format!("{}/{}: {e}", dir_path.display(), g.file.file)))?;
+    let file =
+        crate::sys::privdir::open_in(std::os::fd::AsFd::as_fd(&dir.into_fd()), std::ffi::OsStr::new(&f.file), write)
+            .map_err(|e| bad(format!("{}/{}: {e}", dir_path.display(), f.file)))?;
     let size = file.metadata().map(|m| m.size()).unwrap_or(0);
     if size < g.offset.saturating_add(g.len) {
         return Err(refusal(
@@ -200,6 +238,32 @@ impl Importer {
         let id = REMOTE_IMPORT | (self.next.fetch_add(1, Ordering::Relaxed) + 1);
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, h);
         id
+    }
+
+    /// The held import of `session` whose region holds `gfa`, if any.
+    pub(super) fn reach(&self, session: u64, gfa: u64) -> Option<(u64, RemoteReach)> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter().find_map(|(id, h)| {
+            let start = h.gfa?;
+            (h.session == session && start <= gfa && gfa - start < h.len).then(|| {
+                let writable = h.access == fabric_proto::wire::AccessMode::ReadWrite;
+                (
+                    *id,
+                    RemoteReach {
+                        owner: h.owner.clone(),
+                        owner_import: h.owner_import,
+                        gfa: start,
+                        len: h.len,
+                        writable,
+                    },
+                )
+            })
+        })
+    }
+
+    /// Whether `import` is still held (not released, its owner not gone).
+    pub(super) fn holds(&self, import: u64) -> bool {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&import)
     }
 
     /// Releases `import` of `session`: told to the owner node without waiting for it (its

@@ -4,6 +4,7 @@
 //! use and made again when a peer's incarnation changes. All link I/O runs on the domain's
 //! runtime; nothing here holds a daemon lock across it.
 
+pub mod copy;
 pub mod creds;
 pub mod dial;
 pub mod importer;

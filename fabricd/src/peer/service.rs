@@ -1,6 +1,6 @@
 //! What this node answers over the node link: the owner's side of an import
-//! (`Import`, `Release`: [`Owner`]) and the importer's side of a revocation (`Revoke`:
-//! [`Importer`]). Until the daemon is attached (it is built after the domain joins), every
+//! (`Import`, `Release`: [`Owner`]; `Copy` chunks: [`super::copy::serve`]) and the
+//! importer's side of a revocation (`Revoke`: [`Importer`]). Until the daemon is attached (it is built after the domain joins), every
 //! request is refused as unavailable.
 
 use std::sync::{Arc, OnceLock, Weak};
@@ -18,6 +18,7 @@ pub struct Service {
     daemon: OnceLock<Weak<Daemon>>,
     owner: Owner,
     importer: Importer,
+    copies: super::copy::Copies,
 }
 
 impl Service {
@@ -34,6 +35,16 @@ impl Service {
     /// The importer's side.
     pub fn importer(&self) -> &Importer {
         &self.importer
+    }
+
+    /// This node's copies across nodes.
+    pub fn copies(&self) -> &super::copy::Copies {
+        &self.copies
+    }
+
+    /// The daemon, once attached.
+    pub fn daemon(&self) -> Option<Weak<Daemon>> {
+        self.daemon.get().cloned()
     }
 
     fn answer(
@@ -68,7 +79,7 @@ impl Service {
                 self.importer.revoked(d, peer, wire::decode(&request.body)?)?;
                 Ok(wire::response(op, &()))
             }
-            PeerOp::Copy => Err(PeerError::Unsupported(op)),
+            PeerOp::Copy => super::copy::serve(d, &self.owner, peer, &request.body),
         }
     }
 }
