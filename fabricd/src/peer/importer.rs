@@ -240,25 +240,20 @@ impl Importer {
         id
     }
 
-    /// The held import of `session` whose region holds `gfa`, if any.
+    /// The held import of `session` whose region holds `gfa`, if any: a writable one
+    /// first, when the session holds several of one region.
     pub(super) fn reach(&self, session: u64, gfa: u64) -> Option<(u64, RemoteReach)> {
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.iter().find_map(|(id, h)| {
-            let start = h.gfa?;
-            (h.session == session && start <= gfa && gfa - start < h.len).then(|| {
-                let writable = h.access == fabric_proto::wire::AccessMode::ReadWrite;
-                (
-                    *id,
-                    RemoteReach {
-                        owner: h.owner.clone(),
-                        owner_import: h.owner_import,
-                        gfa: start,
-                        len: h.len,
-                        writable,
-                    },
-                )
+        held.iter()
+            .filter_map(|(id, h)| {
+                let start = h.gfa?;
+                (h.session == session && start <= gfa && gfa - start < h.len).then(|| {
+                    let writable = h.access == fabric_proto::wire::AccessMode::ReadWrite;
+                    let (owner, owner_import, len) = (h.owner.clone(), h.owner_import, h.len);
+                    (*id, RemoteReach { owner, owner_import, gfa: start, len, writable })
+                })
             })
-        })
+            .max_by_key(|(id, r)| (r.writable, std::cmp::Reverse(*id)))
     }
 
     /// Whether `import` is still held (not released, its owner not gone).
