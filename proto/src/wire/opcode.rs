@@ -166,7 +166,9 @@ impl Opcode {
     }
 
     /// The largest body a frame of this opcode and kind may carry. Always at most
-    /// [`MAX_BODY`]; requests at most [`MAX_REQUEST_BODY`]; events only for `Subscribe`.
+    /// [`MAX_BODY`]; a client's requests at most [`MAX_REQUEST_BODY`] (a node link's
+    /// [`Opcode::PeerData`] frames, up to [`PEER_DATA_BODY`], are no client's); events only
+    /// for `Subscribe`.
     pub const fn max_body(self, kind: FrameKind) -> u32 {
         const SMALL: u32 = 256;
         match kind {
