@@ -245,7 +245,8 @@ mod tests {
             let _ = decode::<ReleaseAsk>(&body);
             let _ = decode::<RevokeNotice>(&body);
             if let Ok((ask, data)) = CopyAsk::decode(&body) {
-                proptest::prop_assert!(ask.len > 0 && data.len() == if ask.write { ask.len as usize } else { 0 });
+                let want = if ask.write { ask.len as usize } else { 0 };
+                proptest::prop_assert!(ask.len > 0 && data.len() == want);
             }
         }
     }
