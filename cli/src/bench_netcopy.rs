@@ -83,7 +83,7 @@ fn own_hbm(c: &mut Connection) -> Result<String, ControlBenchError> {
     };
     let v: serde_json::Value =
         serde_json::from_str(&doc.json).map_err(|_| ControlBenchError::Unexpected("domain status"))?;
-    let name = v["self"]["name"]
+    let name = v["self"]["node"]
         .as_str()
         .ok_or(ControlBenchError::Unexpected("domain status (not a domain node)"))?
         .to_owned();

@@ -489,7 +489,7 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     // tray2 has no shared fabric: class NET to the others.
-    let (setups, _daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
+    let (setups, mut daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
     let [mut c0, mut c1, mut c2]: [Connection; 3] = clients.try_into().ok().unwrap();
     let size = 64 * MIB;
     let gpu0 = hbm_of(&mut c0, "tray0");
@@ -596,4 +596,19 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
         CopyResult::Ok => panic!("a copy through a revoked import completed"),
     }
     eprintln!("a revoke stopped a copy across nodes after {} bytes", d.bytes);
+
+    // The owner node dies during a copy: the copy completes with an error, never hangs.
+    let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
+    import_copy_only(&mut c2, handle, AccessMode::ReadWrite).unwrap();
+    let id = start_copy(&mut c2, reg(r, 0), CopyEndpoint::Gfa(gfa), size).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut dead = daemons[0].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    let d = copy_done(&mut c2, id);
+    eprintln!("a copy whose owner died ended after {:?} with {} bytes: {:?}", killed.elapsed(), d.bytes, d.result);
+    assert!(matches!(d.result, CopyResult::Failed { .. }), "{d:?}");
+    assert!(d.bytes < size);
+    assert!(killed.elapsed() < Duration::from_secs(TTL + 5), "{:?}", killed.elapsed());
 }

@@ -50,6 +50,8 @@ struct Held {
     gfa: Option<u64>,
     len: u64,
     access: fabric_proto::wire::AccessMode,
+    /// The owner said its export was revoked (held until released, but no copy uses it).
+    revoked: bool,
 }
 
 /// A held import a copy reaches: where to send its chunks.
@@ -189,6 +191,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         gfa: grant.gfa,
         len: grant.len,
         access: i.access,
+        revoked: false,
     });
     let access = if fd.is_some() { Access::Fd } else { Access::CopyOnly };
     tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
@@ -240,8 +243,9 @@ impl Importer {
         id
     }
 
-    /// The held import of `session` whose region holds `gfa`, if any: a writable one
-    /// first, when the session holds several of one region.
+    /// The held import of `session` whose region holds `gfa`, if any: when the session
+    /// holds several of one region, one not revoked first, then a writable one, then the
+    /// newest.
     pub(super) fn reach(&self, session: u64, gfa: u64) -> Option<(u64, RemoteReach)> {
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.iter()
@@ -250,10 +254,11 @@ impl Importer {
                 (h.session == session && start <= gfa && gfa - start < h.len).then(|| {
                     let writable = h.access == fabric_proto::wire::AccessMode::ReadWrite;
                     let (owner, owner_import, len) = (h.owner.clone(), h.owner_import, h.len);
-                    (*id, RemoteReach { owner, owner_import, gfa: start, len, writable })
+                    (*id, RemoteReach { owner, owner_import, gfa: start, len, writable }, h.revoked)
                 })
             })
-            .max_by_key(|(id, r)| (r.writable, std::cmp::Reverse(*id)))
+            .max_by_key(|(id, r, revoked)| (!revoked, r.writable, *id))
+            .map(|(id, r, _)| (id, r))
     }
 
     /// Whether `import` is still held (not released, its owner not gone).
@@ -341,8 +346,12 @@ impl Importer {
             .filter(|(_, h)| h.owner == peer.identity.node && h.owner_import == r.import)
             .map(|(k, h)| (*k, h.clone()))
             .collect();
-        if !matches!(r.reason, RevocationReason::Revoked) {
-            for (k, _) in &found {
+        for (k, _) in &found {
+            if matches!(r.reason, RevocationReason::Revoked) {
+                if let Some(h) = held.get_mut(k) {
+                    h.revoked = true;
+                }
+            } else {
                 held.remove(k);
             }
         }
