@@ -591,7 +591,7 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     match d.result {
         CopyResult::Failed { code, message } => {
             assert_eq!(code, ErrorCode::Revoked, "{message}");
-            assert!(d.bytes < size && d.bytes % MIB == 0, "{}", d.bytes);
+            assert!(d.bytes < size && d.bytes.is_multiple_of(MIB), "{}", d.bytes);
         }
         CopyResult::Ok => panic!("a copy through a revoked import completed"),
     }

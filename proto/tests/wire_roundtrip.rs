@@ -793,6 +793,6 @@ fn a_node_links_data_frames_are_no_clients_requests() {
     assert_eq!(decode_body(&h, &[]), Err(BodyError::PeerOnly { opcode: Opcode::PeerData }));
     // Its limit is a chunk's, apart from the control operations' 256 bytes.
     assert_eq!(Opcode::PeerData.max_body(FrameKind::Request), fabric_proto::wire::PEER_DATA_BODY);
-    assert!(fabric_proto::wire::PEER_DATA_BODY > fabric_proto::wire::PEER_DATA_CHUNK);
+    const { assert!(fabric_proto::wire::PEER_DATA_BODY > fabric_proto::wire::PEER_DATA_CHUNK) };
     assert_eq!(Opcode::Copy.max_body(FrameKind::Request), 256);
 }
