@@ -13,7 +13,7 @@
 use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use fabric_nodelink::{Peer, PeerError, PeerOp, PeerResponse};
+use fabric_nodelink::{PeerError, PeerOp, PeerResponse};
 use fabric_proto::wire::{
     CopyDone, CopyEndpoint, CopyRequest, CopyResponse, CopyResult, ErrorBody, ErrorCode, ErrorText, PEER_DATA_CHUNK,
     Response,
@@ -21,7 +21,6 @@ use fabric_proto::wire::{
 
 use super::DialError;
 use super::importer::RemoteReach;
-use super::owner::Owner;
 use super::wire::CopyAsk;
 use crate::copy::{Sink, bytes};
 use crate::daemon::Daemon;
@@ -195,16 +194,25 @@ async fn drive(d: &Weak<Daemon>, job: &Job, done: &mut u64) -> Result<(), Stop> 
             e => (ErrorCode::Unavailable, format!("node {owner}: {}", crate::error_chain(&e))),
         };
         let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
+        // The registration's bytes move on a blocking thread, off the domain runtime's worker.
+        let (side, at) = (job.local.side.clone(), *done);
+        let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
         if job.push {
-            buf.resize(n as usize, 0);
-            bytes::read(&job.local.side, *done, &mut buf).map_err(local)?;
-            link.call_data(domain, owner, ask.request(&buf)).await.map_err(failed)?;
+            let mut chunk = std::mem::take(&mut buf);
+            chunk.resize(n as usize, 0);
+            let read = tokio::task::spawn_blocking(move || bytes::read(&side, at, &mut chunk).map(|()| chunk));
+            let chunk = read.await.map_err(joined)?.map_err(local)?;
+            link.call_data(domain, owner, ask.request(&chunk)).await.map_err(failed)?;
+            buf = chunk;
         } else {
             let r = link.call_data(domain, owner, ask.request(&[])).await.map_err(failed)?;
             if r.body.len() as u64 != n {
                 return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
             }
-            bytes::write(&job.local.side, *done, &r.body).map_err(local)?;
+            tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body))
+                .await
+                .map_err(joined)?
+                .map_err(local)?;
         }
         *done += n;
     }
@@ -212,13 +220,13 @@ async fn drive(d: &Weak<Daemon>, job: &Job, done: &mut u64) -> Result<(), Stop> 
 }
 
 /// Serves a peer's copy chunk: read from or written to a region of this node through the
-/// import it names, which the peer's current incarnation must hold.
-pub fn serve(d: &Daemon, owner: &Owner, peer: &Peer, body: &[u8]) -> Result<PeerResponse, PeerError> {
+/// import it names, which the peer's current incarnation must hold (`session`: its
+/// registry session, [`super::owner::Owner::session_of`]). Blocking: the bytes move here.
+pub fn serve(d: &Daemon, session: Option<u64>, body: &[u8]) -> Result<PeerResponse, PeerError> {
     let (ask, data) = CopyAsk::decode(body)?;
     let denied = |code, message: String| PeerError::Denied { code, message };
-    let session = owner
-        .session_of(peer)
-        .ok_or_else(|| denied(ErrorCode::NotFound, format!("no import {} of this incarnation", ask.import)))?;
+    let session =
+        session.ok_or_else(|| denied(ErrorCode::NotFound, format!("no import {} of this incarnation", ask.import)))?;
     let len = u64::from(ask.len);
     let snap = d.map_snapshot();
     let r = d.memory.copy_endpoint_through(session, &snap, ask.import, ask.gfa, len, ask.write).map_err(|e| {

@@ -79,13 +79,30 @@ impl Service {
                 self.importer.revoked(d, peer, wire::decode(&request.body)?)?;
                 Ok(wire::response(op, &()))
             }
-            PeerOp::Copy => super::copy::serve(d, &self.owner, peer, &request.body),
+            // Served by `PeerService::serve` off the link's task.
+            PeerOp::Copy => Err(PeerError::Unsupported(op)),
         }
     }
 }
 
 impl PeerService for Service {
     fn serve(&self, peer: &Peer, request: PeerRequest) -> Served {
+        // A copy chunk's bytes move on a blocking thread: the domain runtime's worker (its
+        // links' TLS, etcd's lease) never waits for a `pread`/`pwrite` of a megabyte.
+        if request.op == PeerOp::Copy
+            && let Some(d) = self.daemon.get().and_then(Weak::upgrade)
+        {
+            let (session, who) = (self.owner.session_of(peer), peer.identity.to_string());
+            return Box::pin(async move {
+                let answer = tokio::task::spawn_blocking(move || super::copy::serve(&d, session, &request.body))
+                    .await
+                    .unwrap_or_else(|e| Err(PeerError::Refused(format!("the copy chunk's task failed: {e}"))));
+                if let Err(e) = &answer {
+                    tracing::info!(peer = %who, op = ?PeerOp::Copy, error = %e, "node link: request refused");
+                }
+                answer
+            });
+        }
         // The registry's work is short and takes no I/O under its lock; it runs here, on
         // the link's task, and the answer is ready before the future is polled.
         let answer = match self.daemon.get().and_then(Weak::upgrade) {
