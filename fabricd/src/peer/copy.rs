@@ -1,8 +1,8 @@
 //! Copies across nodes (class NET; `docs/domain.md`, "Copy across nodes"): a client's
 //! `Copy` between a registration on this node and a GFA of another node's region it
 //! imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
-//! [`PEER_DATA_CHUNK`] bytes, one chunk in flight per copy: memory is bounded by a chunk),
-//! on the peer's data lane so that control requests never wait behind it. Push writes to
+//! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per copy: memory is bounded by
+//! them), on the peer's data lanes so that control requests never wait behind it. Push writes to
 //! the owner, pull reads from it; the completion is the usual `CopyDone`. The owner
 //! ([`serve`]) checks every chunk against the import it names: held by the asking node's
 //! current incarnation, not released nor revoked, the range inside the region, write
@@ -11,7 +11,7 @@
 //! deadlines).
 
 use std::sync::Weak;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use fabric_nodelink::{PeerError, PeerOp, PeerResponse};
 use fabric_proto::wire::{
@@ -165,56 +165,78 @@ async fn run(d: Weak<Daemon>, job: Job) {
     }
 }
 
-/// Moves the job's chunks one after the other, counting the bytes done.
+/// Chunks of one copy in flight at once, each on a data lane of its own: while the owner
+/// takes one, the next is read and encrypted here.
+pub const LANES: u64 = 2;
+
+/// Moves the job's chunks on [`LANES`] lanes, counting the bytes done (whole chunks, not a
+/// prefix); the first failure stops every lane at its next chunk.
 async fn drive(d: &Weak<Daemon>, job: &Job, done: &mut u64) -> Result<(), Stop> {
-    let gone = || (ErrorCode::Unavailable, "the daemon is stopping".to_owned());
+    let (moved, stop) = (AtomicU64::new(0), AtomicBool::new(false));
+    let (a, b) = tokio::join!(lane(d, job, 0, &moved, &stop), lane(d, job, 1, &moved, &stop));
+    *done = moved.load(Ordering::Acquire);
+    a.and(b)
+}
+
+/// Lane `lane`'s chunks: the `lane`-th of every [`LANES`], one after the other.
+async fn lane(d: &Weak<Daemon>, job: &Job, lane: u64, moved: &AtomicU64, stop: &AtomicBool) -> Result<(), Stop> {
+    let chunk = u64::from(PEER_DATA_CHUNK);
     let mut buf = Vec::new();
-    while *done < job.len {
-        let n = (job.len - *done).min(u64::from(PEER_DATA_CHUNK));
-        let d = d.upgrade().ok_or_else(gone)?;
-        let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
-            return Err(gone());
-        };
-        // What the copy depends on on this side: the session, the import, the registration.
-        if job.sink.is_closed() {
-            return Err((ErrorCode::NotFound, "the session ended".into()));
+    let mut at = lane * chunk;
+    while at < job.len && !stop.load(Ordering::Acquire) {
+        let n = (job.len - at).min(chunk);
+        if let Err(e) = move_chunk(d, job, lane, at, n, &mut buf).await {
+            stop.store(true, Ordering::Release);
+            return Err(e);
         }
-        if !link.service().importer().holds(job.import) {
-            return Err((ErrorCode::NotFound, format!("import {} ended", job.import)));
+        moved.fetch_add(n, Ordering::AcqRel);
+        at += LANES * chunk;
+    }
+    Ok(())
+}
+
+/// Moves `n` bytes at offset `at` of the copy on lane `lane`.
+async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf: &mut Vec<u8>) -> Result<(), Stop> {
+    let gone = || (ErrorCode::Unavailable, "the daemon is stopping".to_owned());
+    let d = d.upgrade().ok_or_else(gone)?;
+    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+        return Err(gone());
+    };
+    // What the copy depends on on this side: the session, the import, the registration.
+    if job.sink.is_closed() {
+        return Err((ErrorCode::NotFound, "the session ended".into()));
+    }
+    if !link.service().importer().holds(job.import) {
+        return Err((ErrorCode::NotFound, format!("import {} ended", job.import)));
+    }
+    if let Some(why) = d.memory.copy_dep_gone(&job.local.deps) {
+        return Err((ErrorCode::NotFound, why));
+    }
+    let ask = CopyAsk { import: job.reach.owner_import, gfa: job.gfa + at, len: n as u32, write: job.push };
+    let owner = job.reach.owner.as_str();
+    let failed = |e: DialError| match e {
+        DialError::Peer { source: PeerError::Denied { code, message }, .. } => {
+            (code, format!("node {owner}: {message}"))
         }
-        if let Some(why) = d.memory.copy_dep_gone(&job.local.deps) {
-            return Err((ErrorCode::NotFound, why));
+        e => (ErrorCode::Unavailable, format!("node {owner}: {}", crate::error_chain(&e))),
+    };
+    let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
+    // The registration's bytes move on a blocking thread, off the domain runtime's worker.
+    let side = job.local.side.clone();
+    let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
+    if job.push {
+        let mut chunk = std::mem::take(buf);
+        chunk.resize(n as usize, 0);
+        let read = tokio::task::spawn_blocking(move || bytes::read(&side, at, &mut chunk).map(|()| chunk));
+        let chunk = read.await.map_err(joined)?.map_err(local)?;
+        link.call_data(domain, owner, lane, ask.request(&chunk)).await.map_err(failed)?;
+        *buf = chunk;
+    } else {
+        let r = link.call_data(domain, owner, lane, ask.request(&[])).await.map_err(failed)?;
+        if r.body.len() as u64 != n {
+            return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
         }
-        let ask = CopyAsk { import: job.reach.owner_import, gfa: job.gfa + *done, len: n as u32, write: job.push };
-        let owner = job.reach.owner.as_str();
-        let failed = |e: DialError| match e {
-            DialError::Peer { source: PeerError::Denied { code, message }, .. } => {
-                (code, format!("node {owner}: {message}"))
-            }
-            e => (ErrorCode::Unavailable, format!("node {owner}: {}", crate::error_chain(&e))),
-        };
-        let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
-        // The registration's bytes move on a blocking thread, off the domain runtime's worker.
-        let (side, at) = (job.local.side.clone(), *done);
-        let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
-        if job.push {
-            let mut chunk = std::mem::take(&mut buf);
-            chunk.resize(n as usize, 0);
-            let read = tokio::task::spawn_blocking(move || bytes::read(&side, at, &mut chunk).map(|()| chunk));
-            let chunk = read.await.map_err(joined)?.map_err(local)?;
-            link.call_data(domain, owner, ask.request(&chunk)).await.map_err(failed)?;
-            buf = chunk;
-        } else {
-            let r = link.call_data(domain, owner, ask.request(&[])).await.map_err(failed)?;
-            if r.body.len() as u64 != n {
-                return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
-            }
-            tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body))
-                .await
-                .map_err(joined)?
-                .map_err(local)?;
-        }
-        *done += n;
+        tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body)).await.map_err(joined)?.map_err(local)?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! another incarnation (the peer restarted: what the old link carried is void), when the
 //! link broke, or when it sat idle long enough that the peer may close it. One request at
 //! a time per link, so a request waits only for others to the same node. Copy chunks go
-//! on a second link per peer (its data lane: [`NodeLink::call_data`]), so a long copy
+//! on other links to the peer (its data lanes: [`NodeLink::call_data`]), so a long copy
 //! never holds a ping, an import or a revocation back.
 
 use std::collections::HashMap;
@@ -94,7 +94,7 @@ impl Peers {
     /// How many peers have a link now.
     pub fn linked(&self) -> usize {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        // Data lanes (`node/data`) are not peers of their own.
+        // Data lanes (`node/dataN`) are not peers of their own.
         links.iter().filter(|(k, s)| !k.contains('/') && s.try_lock().map_or(true, |h| h.is_some())).count()
     }
 }
@@ -120,15 +120,16 @@ impl NodeLink {
         }
     }
 
-    /// [`NodeLink::call`] on `node`'s data lane: a link of its own, for copy chunks.
+    /// [`NodeLink::call`] on `node`'s data lane `lane`: a link of its own, for copy chunks.
     pub async fn call_data(
         &self,
         domain: &Domain,
         node: &str,
+        lane: u64,
         request: PeerRequest,
     ) -> Result<PeerResponse, DialError> {
         // `/` is in no node name: the lane's slot is no node's.
-        let lane = format!("{node}/data");
+        let lane = format!("{node}/data{lane}");
         match self.ask(domain, node, &lane, Ask::Request(request)).await? {
             Answer::Response(r) => Ok(r),
             Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
