@@ -126,7 +126,7 @@ impl Owner {
     }
 
     /// The registry session of `peer`'s current incarnation, if it imported anything.
-    pub(super) fn session_of(&self, peer: &Peer) -> Option<u64> {
+    pub fn session_of(&self, peer: &Peer) -> Option<u64> {
         let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
         remotes.get(&peer.identity.node).filter(|r| r.incarnation == peer.incarnation).map(|r| r.session)
     }
