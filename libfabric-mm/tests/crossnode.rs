@@ -93,6 +93,22 @@ fn status(socket: &Path) -> serde_json::Value {
     }
 }
 
+/// Waits until both nodes list both live: `n0`'s slot.
+fn both_live(n0: &common::Daemon, n1: &common::Daemon) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let live = |s: &serde_json::Value| {
+            s["nodes"].as_array().is_some_and(|n| n.iter().filter(|x| x["state"] == "live").count() == 2)
+        };
+        let (s0, s1) = (status(&n0.socket), status(&n1.socket));
+        if live(&s0) && live(&s1) {
+            return s0["self"]["slot"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the nodes did not see each other: {s0} {s1}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A session whose window covers slot `slot`.
 fn session(socket: &Path, slot: u64) -> Session {
     Session::open_with(SessionConfig {
@@ -116,18 +132,7 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let n0 = start(etcd.endpoint(), &ca, &ca_file, &shared, "tray0");
     let n1 = start(etcd.endpoint(), &ca, &ca_file, &shared, "tray1");
     // Both nodes list both live.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let slot0 = loop {
-        let live = |s: &serde_json::Value| {
-            s["nodes"].as_array().is_some_and(|n| n.iter().filter(|x| x["state"] == "live").count() == 2)
-        };
-        let (s0, s1) = (status(&n0.socket), status(&n1.socket));
-        if live(&s0) && live(&s1) {
-            break s0["self"]["slot"].as_u64().unwrap();
-        }
-        assert!(Instant::now() < deadline, "the nodes did not see each other: {s0} {s1}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let slot0 = both_live(&n0, &n1);
 
     // tray0: allocate on its GPU, map, store, export — as for any local sharing.
     let owner = session(&n0.socket, slot0);
@@ -202,18 +207,7 @@ fn a_session_on_a_node_without_the_shared_fabric_copies_to_and_from_memory_expor
     let shared = pki.path().join("sim");
     let n0 = start_on(etcd.endpoint(), &ca, &ca_file, Some(&shared), "tray0");
     let n1 = start_on(etcd.endpoint(), &ca, &ca_file, None, "tray1");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let slot0 = loop {
-        let live = |s: &serde_json::Value| {
-            s["nodes"].as_array().is_some_and(|n| n.iter().filter(|x| x["state"] == "live").count() == 2)
-        };
-        let (s0, s1) = (status(&n0.socket), status(&n1.socket));
-        if live(&s0) && live(&s1) {
-            break s0["self"]["slot"].as_u64().unwrap();
-        }
-        assert!(Instant::now() < deadline, "the nodes did not see each other: {s0} {s1}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let slot0 = both_live(&n0, &n1);
     let owner = session(&n0.socket, slot0);
     let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
     let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, 4 * LEN).unwrap();
