@@ -14,6 +14,8 @@
 # (default etcd on PATH) pick the binaries. With fabric-certs, the run dir also holds a test
 # CA and each node's certificate (pki/), and the nodes link over mutual TLS and share the
 # sim's memory (shared/): a client of one node imports what a client of another exported.
+# FABRIC_DOMAIN_NET=K leaves the last K nodes off the shared memory (class NET: their
+# clients get copy-only grants and copy over the node link; `fabricctl bench netcopy`).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -125,9 +127,12 @@ EOF
 ca = "$RUN/pki/ca.pem"
 cert = "$RUN/pki/tray$i.pem"
 key = "$RUN/pki/tray$i.key"
-shared_dir = "$RUN/shared"
 shared_identities = true
 EOF
+      # The last $FABRIC_DOMAIN_NET nodes share no memory fabric (class NET: copy only).
+      if ((i < n - ${FABRIC_DOMAIN_NET:-0})); then
+        echo "shared_dir = \"$RUN/shared\"" >>"$dir/fabricd.toml"
+      fi
     fi
     "$FABRICD" --config "$dir/fabricd.toml" </dev/null >/dev/null 2>"$dir/fabricd.log" &
     echo $! >"$dir/pid"

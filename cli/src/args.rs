@@ -382,6 +382,24 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 2_000)]
         iterations: usize,
     },
+    /// A copy across nodes that share no memory (class NET: push and pull over the node
+    /// link) vs a raw TCP and a raw TLS stream of the same bytes over loopback, against
+    /// two running nodes of one domain, the importer without the shared fabric
+    /// (`FABRIC_DOMAIN_NET=1 scripts/domain.sh up 2`).
+    Netcopy {
+        /// The owner node's socket (it allocates and exports).
+        #[arg(long, value_name = "SOCKET")]
+        owner: PathBuf,
+        /// The importer node's socket (copies through a copy-only import).
+        #[arg(long, value_name = "SOCKET")]
+        importer: PathBuf,
+        /// Bytes per copy and per stream.
+        #[arg(long, default_value_t = 64 << 20)]
+        bytes: u64,
+        /// Rounds per figure (the best counts).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// The bare echo server `control` compares against (internal).
     #[command(hide = true)]
     EchoServer {

@@ -12,6 +12,7 @@ pub mod bench_crossnode;
 pub mod bench_dma;
 pub mod bench_isolation;
 pub mod bench_libcontrol;
+pub mod bench_netcopy;
 pub mod daemon;
 pub mod domain;
 pub mod gpu_compare;
@@ -204,6 +205,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                     iterations: *iterations,
                 };
                 bench::print(&bench_crossnode::crossnode(&opts)?, b.json, out).map_err(RunError::Output)?;
+            }
+            BenchCommand::Netcopy { owner, importer, bytes, rounds } => {
+                let opts = bench_netcopy::NetCopyOptions {
+                    owner: owner.clone(),
+                    importer: importer.clone(),
+                    bytes: *bytes,
+                    rounds: *rounds,
+                };
+                bench::print(&bench_netcopy::netcopy(&opts)?, b.json, out).map_err(RunError::Output)?;
             }
             BenchCommand::EchoServer { socket } => bench_control::echo_server(socket)?,
             BenchCommand::Register { socket, sim, bytes, iterations, hits } => {

@@ -7,7 +7,11 @@
 //! of the other imports the handle through its own node and maps the same bytes (the
 //! shared sim fabric), writes are seen both ways; a free on the owner reaches the
 //! importer's client as a revocation within a second and truncates the file under its
-//! mapping; a node without the shared fabric is refused with a reason that suggests copy.
+//! mapping; a node without the shared fabric (class NET) gets a copy-only grant and
+//! copies to and from the region over the link: push and pull, chunk by chunk, an
+//! unaligned tail, a copy past the region's end and a push through a read-only import
+//! refused, a revoke stopping a large copy midway; a peer that sends a chunk through an
+//! import it does not hold is refused.
 //! An owner's revoke reaches the importer's client; a release, and a client's going, go
 //! back to the owner; an
 //! importer node killed has its imports released by the owner within the TTL; an owner
@@ -28,8 +32,9 @@ use std::time::{Duration, Instant};
 use fabric_domain::testing::until;
 use fabric_nodelink::{Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Refusal};
 use fabric_proto::wire::{
-    AccessMode, Connection, ErrorCode, Event, ExportHandle, FreeRequest, ReleaseRequest, Request, Response,
-    RevocationReason, RevokeRequest, Secret, SubscribeRequest, Topics,
+    Access, AccessMode, CodecError, Connection, CopyDone, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorBody,
+    ErrorCode, Event, ExportHandle, FreeRequest, ImportRequest, ImportResponse, RegisterRequest, RegisterSource,
+    ReleaseRequest, Request, Response, RevocationReason, RevokeRequest, Secret, SubscribeRequest, Topics,
 };
 
 use common::peer::*;
@@ -55,8 +60,10 @@ fn a_node_admits_the_current_incarnation_of_a_live_member_only() {
     let mut link = rt.block_on(Link::connect(at, &creds1, &expected, tray1, limits)).unwrap();
     assert_eq!(link.peer_incarnation(), tray0, "the Welcome states tray0's incarnation");
     rt.block_on(link.ping()).unwrap();
+    // A request the service refuses (a copy chunk with no header) leaves the link sound.
     let answer = rt.block_on(link.call(PeerRequest { op: PeerOp::Copy, body: vec![] }));
-    assert!(matches!(answer, Err(LinkError::Peer(PeerError::Unsupported(PeerOp::Copy)))), "{answer:?}");
+    assert!(matches!(answer, Err(LinkError::Peer(PeerError::Refused(_)))), "{answer:?}");
+    rt.block_on(link.ping()).unwrap();
 
     // Another incarnation of a member: refused as stale.
     let stale = rt.block_on(Link::connect(at, &creds1, &expected, tray1 - 1, limits)).unwrap_err();
@@ -127,10 +134,10 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     m0[len as usize - 5..].copy_from_slice(b"tray0");
     assert_eq!(&m1[len as usize - 5..], b"tray0");
 
-    // tray2 shares no memory fabric: refused, with why and what to do instead.
-    let net = import(&mut c2, handle, AccessMode::ReadOnly).unwrap_err();
-    assert_eq!(net.code, ErrorCode::NotImplemented, "{net:?}");
-    assert!(net.message.contains("class NET") && net.message.contains("copy"), "{}", net.message);
+    // tray2 shares no memory fabric: a copy-only grant, no descriptor.
+    let net = import_copy_only(&mut c2, handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(net.grant.map(|g| g.access), Some(Access::CopyOnly), "{net:?}");
+    assert_eq!((net.region, net.size, net.gfa, net.offset), (a.region, len, a.gfa, 0));
     // A handle with a wrong secret is refused by the owner, with the local code.
     let forged = ExportHandle { secret: Secret([7; 16]), ..handle };
     assert_eq!(import(&mut c1, forged, AccessMode::ReadOnly).unwrap_err().code, ErrorCode::InvalidHandle);
@@ -254,4 +261,202 @@ fn an_etcd_outage_keeps_mappings_working_and_refuses_new_grants() {
     until(Duration::from_secs(15), "imports across nodes again", || {
         import(&mut c[1], handle, AccessMode::ReadOnly).ok().map(drop)
     });
+}
+
+/// An import granted copy-only: no descriptor comes with it.
+fn import_copy_only(c: &mut Connection, handle: ExportHandle, access: AccessMode) -> Result<ImportResponse, ErrorBody> {
+    match c.call(Request::Import(ImportRequest { handle, access }), &[]) {
+        Ok((Response::Import(i), fds)) => {
+            assert!(fds.is_empty(), "a copy-only grant carries no descriptor");
+            Ok(i)
+        }
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+}
+
+/// A memfd of `len` bytes registered by `c` for DMA by `gpu`: the registration and the file.
+fn registered(c: &mut Connection, gpu: &str, len: u64) -> (u64, File) {
+    use std::os::fd::{AsFd, FromRawFd};
+    let name = std::ffi::CString::new("peer-copy").unwrap();
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: the descriptor was just created and is owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len).unwrap();
+    let req = Request::Register(RegisterRequest {
+        device: DeviceName::truncated(gpu),
+        source: RegisterSource::Fd,
+        offset: 0,
+        len,
+        access: AccessMode::ReadWrite,
+    });
+    let Response::Register(r) = c.call(req, &[file.as_fd()]).unwrap().0 else { panic!() };
+    (r.registration, file)
+}
+
+fn start_copy(c: &mut Connection, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<u64, ErrorBody> {
+    match c.call(Request::Copy(CopyRequest { dst, src, len }), &[]) {
+        Ok((Response::Copy(r), _)) => Ok(r.copy),
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+fn copy_done(c: &mut Connection, copy: u64) -> CopyDone {
+    loop {
+        match c.next_event().unwrap() {
+            Event::CopyDone(d) if d.copy == copy => return d,
+            _ => {}
+        }
+    }
+}
+
+fn reg(id: u64, offset: u64) -> CopyEndpoint {
+    CopyEndpoint::Registration { id, offset }
+}
+
+/// `setup`'s peer port.
+fn peer_port(setup: &common::Setup) -> u16 {
+    let text = std::fs::read_to_string(&setup.config).unwrap();
+    let at = text.find("address = \"127.0.0.1:").unwrap() + "address = \"127.0.0.1:".len();
+    text[at..].split('"').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over_the_link() {
+    const MIB: u64 = 1 << 20;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // tray2 has no shared fabric: class NET to the others.
+    let (setups, mut daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
+    let [mut c0, mut c1, mut c2]: [Connection; 3] = clients.try_into().ok().unwrap();
+    let size = 64 * MIB;
+    let gpu0 = hbm_of(&mut c0, "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c0, &gpu0, size);
+    let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
+    let i = import_copy_only(&mut c2, handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(i.grant, Some(fabric_proto::wire::Grant { owner: handle.node.unwrap(), access: Access::CopyOnly }));
+    assert_eq!((i.gfa, i.size), (a.gfa, size));
+    let gfa = a.gfa.unwrap();
+    // tray2's memory is placed a moment after it is live.
+    until(Duration::from_secs(15), "tray2's memory placed", || {
+        let Response::Map(d) = c2.call(Request::Map(fabric_proto::wire::TopologyRequest::default()), &[]).unwrap().0
+        else {
+            panic!()
+        };
+        d.json.contains("\"tray2\"").then_some(()).filter(|()| d.json.matches("\"node\": \"tray2\"").count() > 1)
+    });
+    let gpu2 = hbm_of(&mut c2, "tray2");
+    let (r, mem) = registered(&mut c2, &gpu2, size);
+    let m0 = map(&file0, a.offset, size);
+
+    // Push: several chunks and an unaligned tail, to an unaligned GFA.
+    use std::os::unix::fs::FileExt;
+    let len = 3 * MIB + 4097;
+    let data = pattern(1, len as usize);
+    mem.write_all_at(&data, 0).unwrap();
+    let t = Instant::now();
+    let id = start_copy(&mut c2, CopyEndpoint::Gfa(gfa + 123), reg(r, 0), len).unwrap();
+    let d = copy_done(&mut c2, id);
+    eprintln!("pushed {len} bytes across nodes in {:?}", t.elapsed());
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, len));
+    assert!(m0[123..123 + len as usize] == data[..], "tray0's client reads what tray2 pushed");
+    // Pull: tray0's bytes into the registration at an offset.
+    let back = 2 * MIB + 1;
+    let id = start_copy(&mut c2, reg(r, 8 * MIB), CopyEndpoint::Gfa(gfa + 100), back).unwrap();
+    let d = copy_done(&mut c2, id);
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, back));
+    let mut got = vec![0; back as usize];
+    mem.read_exact_at(&mut got, 8 * MIB).unwrap();
+    assert!(got[..] == m0[100..100 + back as usize], "tray2 pulled tray0's bytes");
+
+    // A copy past the region's end is refused at once.
+    let past = start_copy(&mut c2, CopyEndpoint::Gfa(gfa + size - 10), reg(r, 0), 11).unwrap_err();
+    assert_eq!(past.code, ErrorCode::BadRequest, "{past:?}");
+    // A read-only import is refused a push, not a pull (another client: one session's
+    // writable import would serve it).
+    let mut ro = common::client(&setups[2].socket);
+    let handle_ro = common::export(&mut c0, a.region, AccessMode::ReadOnly);
+    import_copy_only(&mut ro, handle_ro, AccessMode::ReadOnly).unwrap();
+    let (r_ro, _mem_ro) = registered(&mut ro, &gpu2, MIB);
+    let denied = start_copy(&mut ro, CopyEndpoint::Gfa(gfa), reg(r_ro, 0), 16).unwrap_err();
+    assert_eq!(denied.code, ErrorCode::PermissionDenied, "{denied:?}");
+    let id = start_copy(&mut ro, reg(r_ro, 0), CopyEndpoint::Gfa(gfa), MIB).unwrap();
+    assert_eq!(copy_done(&mut ro, id).result, CopyResult::Ok);
+
+    // A peer that sends a chunk through an import it does not hold is refused: tray2's
+    // own identity and incarnation reach its own imports only, never tray1's.
+    let (i1, _f1) = import(&mut c1, handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(i1.gfa, Some(gfa));
+    let incarnation = incarnation_of(&mut c0, "tray2").unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", peer_port(&setups[0])).parse().unwrap();
+    let tray0 = NodeIdentity::new(DOMAIN, "tray0").unwrap();
+    let tried = imports(&mut c0) + 4;
+    let (held, refused) = rt.block_on(async {
+        let creds = pki.credentials("tray2");
+        let mut link = Link::connect(addr, &creds, &tray0, incarnation, LinkLimits::default()).await.unwrap();
+        let (mut held, mut refused) = (Vec::new(), 0);
+        for import in 0..=tried {
+            let ask = fabricd::peer::wire::CopyAsk { import, gfa, len: 16, write: false };
+            match link.call(ask.request(&[])).await {
+                Ok(r) => {
+                    assert_eq!(r.body[..], m0[..16]);
+                    held.push(import);
+                }
+                Err(LinkError::Peer(PeerError::Denied { .. })) => refused += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        // Through its own import: past the region's end, and a write through the
+        // read-only one, refused too.
+        for &import in &held {
+            let past = fabricd::peer::wire::CopyAsk { import, gfa: gfa + size - 8, len: 16, write: false };
+            assert!(matches!(link.call(past.request(&[])).await, Err(LinkError::Peer(PeerError::Denied { .. }))));
+        }
+        (held, refused)
+    });
+    // tray2's two clients' imports (one session per importer node on the owner); tray1's
+    // and the ids no one holds are refused.
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(refused, tried + 1 - 2);
+
+    // tray0's client revokes the export during a large copy: the copy stops with the
+    // error and the bytes done.
+    let id = start_copy(&mut c2, CopyEndpoint::Gfa(gfa), reg(r, 0), size).unwrap();
+    // Let some chunks move first (the copy takes several times this).
+    std::thread::sleep(Duration::from_millis(100));
+    let Response::Revoke = c0.call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap().0 else { panic!() };
+    let d = copy_done(&mut c2, id);
+    match d.result {
+        CopyResult::Failed { code, message } => {
+            assert_eq!(code, ErrorCode::Revoked, "{message}");
+            assert!(d.bytes < size && d.bytes.is_multiple_of(MIB), "{}", d.bytes);
+        }
+        CopyResult::Ok => panic!("a copy through a revoked import completed"),
+    }
+    eprintln!("a revoke stopped a copy across nodes after {} bytes", d.bytes);
+
+    // The owner node dies during a copy: the copy completes with an error, never hangs.
+    let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
+    import_copy_only(&mut c2, handle, AccessMode::ReadWrite).unwrap();
+    let id = start_copy(&mut c2, reg(r, 0), CopyEndpoint::Gfa(gfa), size).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut dead = daemons[0].take().unwrap();
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    let d = copy_done(&mut c2, id);
+    eprintln!("a copy whose owner died ended after {:?} with {} bytes: {:?}", killed.elapsed(), d.bytes, d.result);
+    assert!(matches!(d.result, CopyResult::Failed { .. }), "{d:?}");
+    assert!(d.bytes < size);
+    assert!(killed.elapsed() < Duration::from_secs(TTL + 5), "{:?}", killed.elapsed());
 }

@@ -1,7 +1,8 @@
 //! Fuzzes the node link's message decoder: any bytes, pushed whole and in pieces whose
 //! lengths the input chooses, into the frame decoder under the peer limits, each frame read
 //! as a peer message: never a panic, the same messages and refusals whatever the split, and
-//! every message that decodes encodes again to a frame that decodes to the same message.
+//! every message that decodes encodes again to a frame that decodes to the same message;
+//! a copy chunk's body (`fabricd::peer::wire::CopyAsk`) is refused or checked.
 #![no_main]
 
 use std::os::fd::OwnedFd;
@@ -46,6 +47,13 @@ fuzz_target!(|input: &[u8]| {
     let whole = run(data, &[]);
     assert_eq!(whole, run(data, cuts), "the split changed what decoded");
     for (id, message) in whole.into_iter().flatten() {
+        // A copy chunk's header and bytes, as the owner reads them: refused or checked.
+        if let PeerMessage::Request(r) = &message
+            && r.op == fabric_nodelink::PeerOp::Copy
+            && let Ok((ask, bytes)) = fabricd::peer::wire::CopyAsk::decode(&r.body)
+        {
+            assert!(ask.len > 0 && bytes.len() == if ask.write { ask.len as usize } else { 0 });
+        }
         let mut bytes = Vec::new();
         message.encode(id, &mut bytes).expect("a decoded message encodes");
         let header = decode_header(&bytes).expect("its header decodes");

@@ -10,6 +10,10 @@
 //! That importer process is this same test binary re-run with `--ignored --exact
 //! importer_process`.
 //!
+//! A node without the shared fabric (class NET): the same import call gives copy-only
+//! memory (no mapping: `Error::CopyOnly`), and `Session::copy` between a registration
+//! and its GFA moves the bytes over the node link, both ways.
+//!
 //! Without an `etcd` binary it says it is skipped (scripts/deps.sh installs it).
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
@@ -149,4 +153,56 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     assert_eq!(status.signal(), Some(libc::SIGBUS), "{status}; it said: {rest}");
+}
+
+#[test]
+fn a_session_on_a_node_without_the_shared_fabric_copies_to_and_from_memory_exported_on_another() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let ca = DomainCa::generate("lab").unwrap();
+    let pki = tempfile::tempdir().unwrap();
+    let ca_file = pki.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.pem().cert).unwrap();
+    let shared = pki.path().join("sim");
+    let supernode = domain::sim("supernode-64.toml");
+    let n0 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, Some(&shared), "tray0");
+    let n1 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, None, "tray1");
+    let slot0 = domain::wait_live(&[&n0, &n1]);
+    let owner = session(&n0.socket, slot0);
+    let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
+    let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, 4 * LEN).unwrap();
+    let om = owner.map(&region).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+
+    // tray1: the same import call; copy-only, so no mapping.
+    let importer = session(&n1.socket, slot0);
+    let import = importer.import(&handle, true).unwrap();
+    assert!(import.copy_only());
+    assert!(matches!(importer.map(&import), Err(Error::CopyOnly(_))));
+    let gfa = Memory::gfa(&import).unwrap();
+    assert_eq!(gfa, om.gfa());
+
+    // A host buffer of tray1's, registered, pushed into tray0's region and pulled back.
+    let len = 3 * LEN + 5;
+    let buf = importer.alloc_host(4 * LEN).unwrap();
+    // SAFETY: the buffer is this test's and nothing else touches it meanwhile.
+    let host = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), len as usize) };
+    for (i, b) in host.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    // The domain's devices are listed; one of tray1's own takes the registration.
+    let reg = (importer.devices().unwrap().into_iter())
+        .filter(|d| d.memory.iter().any(|(c, _)| *c == MemoryClass::Hbm))
+        .find_map(|d| importer.register(&buf, &d.id, fabric_mm::Access::ReadWrite).ok())
+        .expect("a device of tray1 takes the registration");
+    let at = |offset| fabric_mm::CopyEndpoint::Registration { id: reg.id(), offset };
+    let pushed = importer.copy(fabric_mm::CopyEndpoint::Gfa(gfa + 7), at(0), len).unwrap().wait();
+    assert_eq!(pushed.unwrap(), len);
+    // SAFETY: the copy completed; tray0's mapping is read after it.
+    let seen = unsafe { &om.as_slice()[7..7 + len as usize] };
+    assert!(seen == &host[..], "tray0 reads what tray1 pushed");
+    host.fill(0);
+    let pulled = importer.copy(at(0), fabric_mm::CopyEndpoint::Gfa(gfa + 7), len).unwrap().wait();
+    assert_eq!(pulled.unwrap(), len);
+    assert!(seen == &host[..], "tray1 pulled tray0's bytes back");
 }

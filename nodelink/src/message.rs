@@ -10,10 +10,10 @@
 //! | [`Welcome`] | `Hello` | response |
 //! | [`Refusal`] | `Hello` | error |
 //! | `Ping` / `Pong` | `Ping` | request / response |
-//! | [`PeerRequest`] / [`PeerResponse`] / [`PeerFailure`] | the operation's ([`PeerOp`]) | request / response / error |
+//! | [`PeerRequest`] / [`PeerResponse`] / [`PeerFailure`] | the operation's ([`PeerOp`]; `Copy`: `PeerData`) | request / response / error |
 
 use fabric_proto::wire::{
-    DecoderConfig, ExtraFds, FrameError, FrameKind, Header, MAX_REQUEST_BODY, Opcode, encode_frame,
+    DecoderConfig, ExtraFds, FrameError, FrameKind, Header, Opcode, PEER_DATA_BODY, encode_frame,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -25,10 +25,12 @@ use crate::identity::{IdentityError, check_name};
 pub const PEER_PROTOCOL: u16 = 1;
 
 /// The limits of a node link's decoder: any kind (both ends send requests and answers),
-/// no descriptors (TCP carries none), bodies up to [`MAX_REQUEST_BODY`]. Each opcode's own
-/// limit is lower still (a `Hello` request, 256 bytes).
+/// no descriptors (TCP carries none), bodies up to [`PEER_DATA_BODY`] (a copy chunk, the
+/// one data frame: [`PeerOp::Copy`]). Each opcode's own limit is lower still (a `Hello`
+/// request, or any control operation's, 256 bytes), and a frame is buffered only as far
+/// as it goes.
 pub const PEER_DECODER: DecoderConfig =
-    DecoderConfig { max_body: MAX_REQUEST_BODY, expect: None, fds_per_read: 0, extra_fds: ExtraFds::Refuse };
+    DecoderConfig { max_body: PEER_DATA_BODY, expect: None, fds_per_read: 0, extra_fds: ExtraFds::Refuse };
 
 /// The first frame a connecting node sends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,7 +115,9 @@ pub enum PeerOp {
     Release,
     /// Revoke an export (told to importers).
     Revoke,
-    /// Move bytes over the link.
+    /// Move bytes over the link: one chunk of a copy, read from or written to a region the
+    /// server owns and the client node imported. Its frames are data frames
+    /// ([`Opcode::PeerData`], up to [`PEER_DATA_BODY`] bytes).
     Copy,
 }
 
@@ -128,7 +132,7 @@ impl PeerOp {
             PeerOp::ImportObject => Opcode::ImportObject,
             PeerOp::Release => Opcode::Release,
             PeerOp::Revoke => Opcode::Revoke,
-            PeerOp::Copy => Opcode::Copy,
+            PeerOp::Copy => Opcode::PeerData,
         }
     }
 

@@ -650,7 +650,8 @@ fn every_body_limit_is_enforced_at_the_boundary() {
         for kind in FrameKind::ALL {
             let max = op.max_body(kind);
             assert!(max <= MAX_BODY);
-            if kind == FrameKind::Request {
+            // A client's requests; a node link's data frames are apart (its decoder's limit).
+            if kind == FrameKind::Request && op != Opcode::PeerData {
                 assert!(max <= MAX_REQUEST_BODY, "{op}");
             }
             assert!(op.max_fds(kind) <= MAX_FDS);
@@ -785,4 +786,17 @@ fn adopt_object_encoding_is_pinned() {
     assert!(decode_request(Opcode::Adopt, short).is_err(), "63 bytes of handle");
     assert_eq!(format!("{:?}", FabricHandleBytes(bytes)), "FabricHandleBytes(..)");
     assert_eq!(ObjectKind::CudaFabric(FabricHandleBytes(bytes)).since(), Version::new(1, 4));
+}
+
+#[test]
+fn a_node_links_data_frames_are_no_clients_requests() {
+    // Decoded as a client's request or answer: refused, whatever the body.
+    let h = decode_header(&bytes(&raw(Opcode::PeerData.code(), 0, 0, 3))).unwrap();
+    assert_eq!(decode_body(&h, &[1, 2, 3]), Err(BodyError::PeerOnly { opcode: Opcode::PeerData }));
+    let h = decode_header(&bytes(&raw(Opcode::PeerData.code(), 0x1, 0, 0))).unwrap();
+    assert_eq!(decode_body(&h, &[]), Err(BodyError::PeerOnly { opcode: Opcode::PeerData }));
+    // Its limit is a chunk's, apart from the control operations' 256 bytes.
+    assert_eq!(Opcode::PeerData.max_body(FrameKind::Request), fabric_proto::wire::PEER_DATA_BODY);
+    const { assert!(fabric_proto::wire::PEER_DATA_BODY > fabric_proto::wire::PEER_DATA_CHUNK) };
+    assert_eq!(Opcode::Copy.max_body(FrameKind::Request), 256);
 }

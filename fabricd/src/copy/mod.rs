@@ -39,6 +39,7 @@
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
 
+pub(crate) mod bytes;
 mod fair;
 pub mod fault;
 mod regionmap;
@@ -504,7 +505,7 @@ fn finish(s: &Shared, job: &Arc<Job>) {
     let _ = job.sink.send((job.request_id, CopyDone { copy: job.id, result, bytes }));
 }
 
-mod chunk;
+pub(crate) mod chunk;
 
 #[cfg(test)]
 mod tests {

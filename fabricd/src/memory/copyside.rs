@@ -136,6 +136,33 @@ impl Memory {
         len: u64,
         write: bool,
     ) -> Result<Resolved, MemoryError> {
+        self.endpoint(session, snap, ep, len, write, None)
+    }
+
+    /// [`Memory::copy_endpoint`] for `len` bytes at `gfa` reached through `import` of
+    /// `session` only (another node's chunk names the import it holds: neither a region
+    /// of that session nor another import of the same region counts).
+    pub fn copy_endpoint_through(
+        &self,
+        session: u64,
+        snap: &Snapshot,
+        import: u64,
+        gfa: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<Resolved, MemoryError> {
+        self.endpoint(session, snap, CopyEndpoint::Gfa(gfa), len, write, Some(import))
+    }
+
+    fn endpoint(
+        &self,
+        session: u64,
+        snap: &Snapshot,
+        ep: CopyEndpoint,
+        len: u64,
+        write: bool,
+        through: Option<u64>,
+    ) -> Result<Resolved, MemoryError> {
         let mut st = self.state();
         let gfa = match ep {
             CopyEndpoint::Registration { id, offset } => {
@@ -143,7 +170,7 @@ impl Memory {
             }
             CopyEndpoint::Gfa(gfa) => gfa,
         };
-        let (region, generation, file) = match Self::gfa_side(&mut st, session, snap, gfa, len, write)? {
+        let (region, generation, file) = match Self::gfa_side(&mut st, session, snap, gfa, len, write, through)? {
             GfaSide::Resolved(r) => return Ok(r),
             GfaSide::Open { region, generation, file } => (region, generation, file),
         };
@@ -164,7 +191,7 @@ impl Memory {
             }
             st.copy_files.insert(region, (Arc::new(f), (kind, dev, ino)));
         }
-        match Self::gfa_side(&mut st, session, snap, gfa, len, write)? {
+        match Self::gfa_side(&mut st, session, snap, gfa, len, write, through)? {
             GfaSide::Resolved(r) => Ok(r),
             GfaSide::Open { region, .. } => {
                 Err(MemoryError::NotFound(format!("region {region}'s file could not be kept for copies")))
@@ -228,12 +255,18 @@ impl Memory {
         gfa: u64,
         len: u64,
         write: bool,
+        through: Option<u64>,
     ) -> Result<GfaSide, MemoryError> {
         let end = gfa.checked_add(len).ok_or_else(|| bad(format!("{len} bytes at GFA {gfa:#x} overflow")))?;
         // The regions this session reaches: its own, and those it imported (with the import).
-        let owned = st.regions.iter().filter(|(_, r)| r.session == session).map(|(id, _)| (*id, None));
-        let imported =
-            st.imports.iter().filter(|(_, i)| i.session == session).map(|(iid, i)| (i.region, Some((*iid, i.access))));
+        // Through one import: that import alone.
+        let owned =
+            st.regions.iter().filter(|(_, r)| through.is_none() && r.session == session).map(|(id, _)| (*id, None));
+        let imported = st
+            .imports
+            .iter()
+            .filter(|(iid, i)| i.session == session && through.is_none_or(|t| t == **iid))
+            .map(|(iid, i)| (i.region, Some((*iid, i.access))));
         let mut found = None;
         for (rid, via) in owned.chain(imported) {
             let Some(w) = Self::whereabouts_in(st, rid) else { continue };

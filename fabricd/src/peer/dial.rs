@@ -2,7 +2,9 @@
 //! peer's member record (its address and incarnation), made again when the record states
 //! another incarnation (the peer restarted: what the old link carried is void), when the
 //! link broke, or when it sat idle long enough that the peer may close it. One request at
-//! a time per link, so a request waits only for others to the same node.
+//! a time per link, so a request waits only for others to the same node. Copy chunks go
+//! on other links to the peer (its data lanes: [`NodeLink::call_data`]), so a long copy
+//! never holds a ping, an import or a revocation back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -106,7 +108,8 @@ impl Peers {
     /// How many peers have a link now.
     pub fn linked(&self) -> usize {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.values().filter(|s| s.try_lock().map_or(true, |h| h.is_some())).count()
+        // Data lanes (`node/dataN`) are not peers of their own.
+        links.iter().filter(|(k, s)| !k.contains('/') && s.try_lock().map_or(true, |h| h.is_some())).count()
     }
 }
 
@@ -125,7 +128,23 @@ enum Answer {
 impl NodeLink {
     /// Sends `request` to `node` and waits for its answer (on the domain's runtime).
     pub async fn call(&self, domain: &Domain, node: &str, request: PeerRequest) -> Result<PeerResponse, DialError> {
-        match self.ask(domain, node, Ask::Request(request)).await? {
+        match self.ask(domain, node, node, Ask::Request(request)).await? {
+            Answer::Response(r) => Ok(r),
+            Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
+        }
+    }
+
+    /// [`NodeLink::call`] on `node`'s data lane `lane`: a link of its own, for copy chunks.
+    pub async fn call_data(
+        &self,
+        domain: &Domain,
+        node: &str,
+        lane: u64,
+        request: PeerRequest,
+    ) -> Result<PeerResponse, DialError> {
+        // `/` is in no node name: the lane's slot is no node's.
+        let lane = format!("{node}/data{lane}");
+        match self.ask(domain, node, &lane, Ask::Request(request)).await? {
             Answer::Response(r) => Ok(r),
             Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
         }
@@ -133,13 +152,13 @@ impl NodeLink {
 
     /// Pings `node`; the round trip (a new link's handshake not counted).
     pub async fn ping(&self, domain: &Domain, node: &str) -> Result<Duration, DialError> {
-        match self.ask(domain, node, Ask::Ping).await? {
+        match self.ask(domain, node, node, Ask::Ping).await? {
             Answer::Pong(rtt) => Ok(rtt),
             Answer::Response(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
         }
     }
 
-    async fn ask(&self, domain: &Domain, node: &str, ask: Ask) -> Result<Answer, DialError> {
+    async fn ask(&self, domain: &Domain, node: &str, lane: &str, ask: Ask) -> Result<Answer, DialError> {
         let status = domain.status();
         if status.standing != Standing::Joined {
             return Err(DialError::NotJoined(status.standing.to_string()));
@@ -149,7 +168,7 @@ impl NodeLink {
             let m = view.members().find(|m| m.name == node).ok_or_else(|| DialError::NotMember(node.to_owned()))?;
             (m.incarnation, m.peer_address.clone())
         };
-        let slot = self.peers().slot(node);
+        let slot = self.peers().slot(lane);
         let mut held = slot.lock().await;
         // A link idle past half the peer's idle timeout may be closed under us: a request
         // on it could be lost mid-way, so it is made anew rather than retried.

@@ -3,6 +3,9 @@
 //! the region's file on the shared sim fabric, which is opened here under this node's own
 //! `peer.shared_dir` (the owner's name is the member this node dialled, the file's names
 //! are single path components) and handed to the client as a local import's descriptor.
+//! Where the two nodes share no memory fabric (class NET: no `peer.shared_dir` here, or a
+//! region the owner does not keep on it) the client gets a copy-only grant instead: no
+//! descriptor, the region's GFA, reached with `Copy` over the link ([`super::copy`]).
 //! An `ImportObject` is asked the same way; its grant is a CUDA fabric handle the client's
 //! driver imports.
 //! The client's `Release` of such an import goes back to the owner; the owner's
@@ -45,6 +48,27 @@ struct Held {
     owner_import: u64,
     region: u64,
     generation: u64,
+    /// The region's GFA and bytes, and the access granted (what a copy may do).
+    gfa: Option<u64>,
+    len: u64,
+    access: fabric_proto::wire::AccessMode,
+    /// The owner said its export was revoked (held until released, but no copy uses it).
+    revoked: bool,
+}
+
+/// A held import a copy reaches: where to send its chunks.
+#[derive(Debug, Clone)]
+pub(super) struct RemoteReach {
+    /// The owner node's name.
+    pub owner: String,
+    /// The owner's import id.
+    pub owner_import: u64,
+    /// The region's first GFA and bytes.
+    pub gfa: u64,
+    /// Its bytes.
+    pub len: u64,
+    /// Whether the import may be written.
+    pub writable: bool,
 }
 
 /// The imports this node's clients hold of other nodes' regions.
@@ -73,6 +97,7 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
             Some(node) if node != d.node => Some(import_object(d, cx, i, node)),
             _ => None,
         },
+        Request::Copy(c) => super::copy::route(d, cx, c),
         Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
             Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
                 response: Response::Release,
@@ -161,43 +186,62 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
-    let Some(shared) = d.config.peer.shared_dir.clone() else {
-        return Err(refusal(
-            ErrorCode::NotImplemented,
-            format!(
-                "node {owner} shares no memory fabric with this node (class NET, no peer.shared_dir): import for load/store is not possible; copy the bytes instead"
-            ),
-        ));
-    };
+    let shared = d.config.peer.shared_dir.clone();
     let grant: ImportGrant = ask(d, cx, i, &owner, PeerOp::Import)?;
     let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
-    let fd = open_shared(&shared, &owner, &grant, write).inspect_err(|_| {
-        // The owner recorded an import this node cannot use: give it back.
-        link.service().importer().give_back(domain, &owner, grant.import);
-    })?;
-    let local = held(link, cx, &owner, incarnation, (grant.import, grant.region, grant.generation));
-    tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's region");
+    // The owner recorded an import this node cannot use: give it back.
+    let give_back = || link.service().importer().give_back(domain, &owner, grant.import);
+    let fd = match (&shared, &grant.file) {
+        (Some(shared), Some(file)) => {
+            Some(open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?)
+        }
+        // Class NET: copy-only, which needs the region's GFA.
+        _ if grant.gfa.is_none() => {
+            give_back();
+            return Err(refusal(
+                ErrorCode::NotImplemented,
+                format!(
+                    "node {owner} shares no memory fabric with this node (class NET) and its region {} has no GFA: it can be neither mapped nor copied",
+                    grant.region
+                ),
+            ));
+        }
+        _ => None,
+    };
+    let local = held(
+        link,
+        cx,
+        &owner,
+        incarnation,
+        (grant.import, grant.region, grant.generation),
+        (grant.gfa, grant.len),
+        i.access,
+    );
+    let access = if fd.is_some() { Access::Fd } else { Access::CopyOnly };
+    tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
     let response = Response::Import(ImportResponse {
         import: local,
         region: grant.region,
         generation: grant.generation,
         size: grant.len,
         gfa: grant.gfa,
-        offset: grant.offset,
+        offset: if fd.is_some() { grant.offset } else { 0 },
         access: i.access,
-        grant: Some(Grant { owner: node, access: Access::Fd }),
+        grant: Some(Grant { owner: node, access }),
     });
-    Ok(Outcome { response: response.for_version(cx.version), fd: Some(fd), events: None })
+    Ok(Outcome { response: response.for_version(cx.version), fd, events: None })
 }
 
-/// Records the owner's import `(owner import, region, generation)` for the client's session;
-/// the client's own import id.
+/// Records the owner's import `(owner import, region, generation)` of `(gfa, len)` for the
+/// client's session, with the access it asked; the client's own import id.
 fn held(
     link: &super::NodeLink,
     cx: &Context<'_>,
     owner: &str,
     incarnation: u64,
     (owner_import, region, generation): (u64, u64, u64),
+    (gfa, len): (Option<u64>, u64),
+    access: fabric_proto::wire::AccessMode,
 ) -> u64 {
     link.service().importer().hold(Held {
         session: cx.session,
@@ -206,6 +250,10 @@ fn held(
         owner_import,
         region,
         generation,
+        gfa,
+        len,
+        access,
+        revoked: false,
     })
 }
 
@@ -233,7 +281,15 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         link.service().importer().give_back(domain, &owner, grant.import);
         return Err(e);
     }
-    let local = held(link, cx, &owner, incarnation, (grant.import, grant.region, grant.generation));
+    let local = held(
+        link,
+        cx,
+        &owner,
+        incarnation,
+        (grant.import, grant.region, grant.generation),
+        (grant.gfa, grant.size),
+        i.access,
+    );
     tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's vendor object");
     let response = Response::ImportObject(ImportObjectResponse {
         import: local,
@@ -252,18 +308,21 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
 /// Opens `<shared>/<owner>/<resource>/<file>`: the resource directory checked as a
 /// private directory (no symlink, the daemon's euid, not writable by others), the file by
 /// name in it, and long enough for the grant.
-fn open_shared(shared: &std::path::Path, owner: &str, g: &ImportGrant, write: bool) -> Result<OwnedFd, ErrorBody> {
+fn open_shared(
+    shared: &std::path::Path,
+    owner: &str,
+    g: &ImportGrant,
+    f: &super::wire::SharedFile,
+    write: bool,
+) -> Result<OwnedFd, ErrorBody> {
     g.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))?;
-    let dir_path = shared.join(owner).join(&g.file.resource);
+    let dir_path = shared.join(owner).join(&f.resource);
     let bad = |what: String| refusal(ErrorCode::Unavailable, what);
     let dir = crate::sys::privdir::PrivateDir::open(&dir_path)
         .map_err(|e| bad(format!("{}: {}", dir_path.display(), crate::error_chain(&e))))?;
-    let file = crate::sys::privdir::open_in(
-        std::os::fd::AsFd::as_fd(&dir.into_fd()),
-        std::ffi::OsStr::new(&g.file.file),
-        write,
-    )
-    .map_err(|e| bad(format!("{}/{}: {e}", dir_path.display(), g.file.file)))?;
+    let file =
+        crate::sys::privdir::open_in(std::os::fd::AsFd::as_fd(&dir.into_fd()), std::ffi::OsStr::new(&f.file), write)
+            .map_err(|e| bad(format!("{}/{}: {e}", dir_path.display(), f.file)))?;
     let size = file.metadata().map(|m| m.size()).unwrap_or(0);
     if size < g.offset.saturating_add(g.len) {
         return Err(refusal(
@@ -279,6 +338,29 @@ impl Importer {
         let id = REMOTE_IMPORT | (self.next.fetch_add(1, Ordering::Relaxed) + 1);
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, h);
         id
+    }
+
+    /// The held import of `session` whose region holds `gfa`, if any: when the session
+    /// holds several of one region, one not revoked first, then a writable one, then the
+    /// newest.
+    pub(super) fn reach(&self, session: u64, gfa: u64) -> Option<(u64, RemoteReach)> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter()
+            .filter_map(|(id, h)| {
+                let start = h.gfa?;
+                (h.session == session && start <= gfa && gfa - start < h.len).then(|| {
+                    let writable = h.access == fabric_proto::wire::AccessMode::ReadWrite;
+                    let (owner, owner_import, len) = (h.owner.clone(), h.owner_import, h.len);
+                    (*id, RemoteReach { owner, owner_import, gfa: start, len, writable }, h.revoked)
+                })
+            })
+            .max_by_key(|(id, r, revoked)| (!revoked, r.writable, *id))
+            .map(|(id, r, _)| (id, r))
+    }
+
+    /// Whether `import` is still held (not released, its owner not gone).
+    pub(super) fn holds(&self, import: u64) -> bool {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&import)
     }
 
     /// Releases `import` of `session`: told to the owner node without waiting for it (its
@@ -361,8 +443,12 @@ impl Importer {
             .filter(|(_, h)| h.owner == peer.identity.node && h.owner_import == r.import)
             .map(|(k, h)| (*k, h.clone()))
             .collect();
-        if !matches!(r.reason, RevocationReason::Revoked) {
-            for (k, _) in &found {
+        for (k, _) in &found {
+            if matches!(r.reason, RevocationReason::Revoked) {
+                if let Some(h) = held.get_mut(k) {
+                    h.revoked = true;
+                }
+            } else {
                 held.remove(k);
             }
         }

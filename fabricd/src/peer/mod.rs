@@ -5,6 +5,7 @@
 //! runtime; nothing here holds a daemon lock across it.
 
 pub mod clique;
+pub mod copy;
 pub mod creds;
 pub mod dial;
 pub mod importer;

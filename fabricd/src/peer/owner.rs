@@ -144,16 +144,16 @@ impl Owner {
     /// Serves an importer node's [`ImportAsk`].
     pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ImportGrant, PeerError> {
         let (handle, _, cred) = self.admit(d, peer, &ask)?;
-        let path = d.memory.own_file(ask.region).ok_or_else(|| PeerError::Denied {
-            code: ErrorCode::NotImplemented,
-            message: format!("region {} is not in the shared sim fabric's memory; copy its bytes instead", ask.region),
-        })?;
-        let file = shared_file(d, &path)?;
+        // A region on the shared sim fabric is granted by its file; any other is granted
+        // copy-only (its bytes reached by `Copy` chunks over the link: `super::copy`).
+        let file = d.memory.own_file(ask.region).and_then(|path| shared_file(d, &path).ok());
         let session = self.session(d, peer);
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
-        let held = (peer.identity.node.clone(), File::from(g.fd));
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, held);
-        tracing::info!(peer = %peer.identity.node, region = g.region, import = g.import, ?ask.access, "node link: import granted");
+        if file.is_some() {
+            let held = (peer.identity.node.clone(), File::from(g.fd));
+            self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, held);
+        }
+        tracing::info!(peer = %peer.identity.node, region = g.region, import = g.import, ?ask.access, copy_only = file.is_none(), "node link: import granted");
         Ok(ImportGrant {
             import: g.import,
             region: g.region,
@@ -210,15 +210,16 @@ impl Owner {
         })
     }
 
+    /// The registry session of `peer`'s current incarnation, if it imported anything.
+    pub fn session_of(&self, peer: &Peer) -> Option<u64> {
+        let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+        remotes.get(&peer.identity.node).filter(|r| r.incarnation == peer.incarnation).map(|r| r.session)
+    }
+
     /// Serves an importer node's [`ReleaseAsk`].
     pub fn release(&self, d: &Daemon, peer: &Peer, ask: ReleaseAsk) -> Result<(), PeerError> {
-        let session = {
-            let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
-            match remotes.get(&peer.identity.node) {
-                Some(r) if r.incarnation == peer.incarnation => r.session,
-                _ => return Err(PeerError::Refused("no import of this incarnation".into())),
-            }
-        };
+        let session =
+            self.session_of(peer).ok_or_else(|| PeerError::Refused("no import of this incarnation".into()))?;
         d.memory.release(session, ask.import).map_err(|e| denied(&e))?;
         self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&ask.import);
         Ok(())

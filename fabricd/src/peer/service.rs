@@ -1,6 +1,7 @@
 //! What this node answers over the node link: the owner's side of an import
-//! (`Import`, `ImportObject`, `Release`: [`Owner`]) and the importer's side of a revocation (`Revoke`:
-//! [`Importer`]). Until the daemon is attached (it is built after the domain joins), every
+//! (`Import`, `ImportObject`, `Release`: [`Owner`]; `Copy` chunks: [`super::copy::serve`])
+//! and the importer's side of a revocation (`Revoke`: [`Importer`]). Until the daemon is
+//! attached (it is built after the domain joins), every
 //! request is refused as unavailable.
 
 use std::sync::{Arc, OnceLock, Weak};
@@ -18,6 +19,7 @@ pub struct Service {
     daemon: OnceLock<Weak<Daemon>>,
     owner: Owner,
     importer: Importer,
+    copies: super::copy::Copies,
 }
 
 impl Service {
@@ -34,6 +36,16 @@ impl Service {
     /// The importer's side.
     pub fn importer(&self) -> &Importer {
         &self.importer
+    }
+
+    /// This node's copies across nodes.
+    pub fn copies(&self) -> &super::copy::Copies {
+        &self.copies
+    }
+
+    /// The daemon, once attached.
+    pub fn daemon(&self) -> Option<Weak<Daemon>> {
+        self.daemon.get().cloned()
     }
 
     fn answer(
@@ -62,6 +74,7 @@ impl Service {
                 self.importer.revoked(d, peer, wire::decode(&request.body)?)?;
                 Ok(wire::response(op, &()))
             }
+            // Served by `PeerService::serve` off the link's task.
             PeerOp::Copy => Err(PeerError::Unsupported(op)),
         }
     }
@@ -85,6 +98,22 @@ fn granting(d: &Daemon) -> Result<(), PeerError> {
 
 impl PeerService for Service {
     fn serve(&self, peer: &Peer, request: PeerRequest) -> Served {
+        // A copy chunk's bytes move on a blocking thread: the domain runtime's worker (its
+        // links' TLS, etcd's lease) never waits for a `pread`/`pwrite` of a megabyte.
+        if request.op == PeerOp::Copy
+            && let Some(d) = self.daemon.get().and_then(Weak::upgrade)
+        {
+            let (session, who) = (self.owner.session_of(peer), peer.identity.to_string());
+            return Box::pin(async move {
+                let answer = tokio::task::spawn_blocking(move || super::copy::serve(&d, session, &request.body))
+                    .await
+                    .unwrap_or_else(|e| Err(PeerError::Refused(format!("the copy chunk's task failed: {e}"))));
+                if let Err(e) = &answer {
+                    tracing::info!(peer = %who, op = ?PeerOp::Copy, error = %e, "node link: request refused");
+                }
+                answer
+            });
+        }
         // The registry's work is short and takes no I/O under its lock; it runs here, on
         // the link's task, and the answer is ready before the future is polled.
         let answer = match self.daemon.get().and_then(Weak::upgrade) {

@@ -2,7 +2,8 @@
 //! (postcard, read whole, every name checked): an importer's [`ImportAsk`] and the owner's
 //! [`ImportGrant`] (for a vendor object, [`ObjectGrant`]), [`ReleaseAsk`], and the owner's
 //! [`RevokeNotice`] to an importer node. Each fits its opcode's peer limit (256 bytes; an
-//! object grant 1 KiB).
+//! object grant 1 KiB). A copy chunk ([`CopyAsk`]) is a data frame: its small header, then
+//! the bytes it writes (the answer to a read is the bytes).
 
 use fabric_nodelink::{PeerError, PeerOp, PeerRequest, PeerResponse};
 use fabric_proto::wire::{AccessMode, ObjectKind, Revocation};
@@ -60,8 +61,25 @@ pub struct ImportGrant {
     pub offset: u64,
     /// Its GFA in the domain.
     pub gfa: Option<u64>,
-    /// Its file on the shared sim fabric.
-    pub file: SharedFile,
+    /// Its file on the shared sim fabric; `None`: the region is not on it (or the
+    /// importer shares no fabric with the owner): copy-only, reached by [`CopyAsk`].
+    pub file: Option<SharedFile>,
+}
+
+/// One chunk of a copy between nodes, read from or written to the owner's region at
+/// `gfa`, through `import` (the owner's import id, held by the asking node's incarnation).
+/// On the wire the header is followed by the `len` bytes of a write; a read is answered
+/// with the `len` bytes alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyAsk {
+    /// The owner's import id.
+    pub import: u64,
+    /// The chunk's first byte, inside the imported region.
+    pub gfa: u64,
+    /// Its bytes: 1 to [`fabric_proto::wire::PEER_DATA_CHUNK`].
+    pub len: u32,
+    /// Whether the chunk writes (its bytes follow) or reads.
+    pub write: bool,
 }
 
 /// The owner's grant of a vendor memory object to a node of the same NVLink domain: the
@@ -126,8 +144,34 @@ impl ImportAsk {
 impl ImportGrant {
     /// Checks the names it carries.
     pub fn check(&self) -> Result<(), PeerError> {
-        check_name("resource", &self.file.resource)?;
-        check_name("file", &self.file.file)
+        let Some(f) = &self.file else { return Ok(()) };
+        check_name("resource", &f.resource)?;
+        check_name("file", &f.file)
+    }
+}
+
+impl CopyAsk {
+    /// The request of this chunk with the bytes it writes (`data` empty for a read).
+    pub fn request(&self, data: &[u8]) -> PeerRequest {
+        let mut body = postcard::to_stdvec(self).unwrap_or_default();
+        body.extend_from_slice(data);
+        PeerRequest { op: PeerOp::Copy, body }
+    }
+
+    /// The chunk a body asks for and the bytes it writes, checked: a length of 1 to
+    /// [`fabric_proto::wire::PEER_DATA_CHUNK`], exactly that many bytes after a write's
+    /// header and none after a read's.
+    pub fn decode(body: &[u8]) -> Result<(Self, &[u8]), PeerError> {
+        let (ask, data) = postcard::take_from_bytes::<CopyAsk>(body)
+            .map_err(|e| PeerError::Refused(format!("copy header does not decode: {e}")))?;
+        if ask.len == 0 || ask.len > fabric_proto::wire::PEER_DATA_CHUNK {
+            return Err(PeerError::Refused(format!("a copy chunk of {} bytes", ask.len)));
+        }
+        let want = if ask.write { ask.len as usize } else { 0 };
+        if data.len() != want {
+            return Err(PeerError::Refused(format!("{} bytes after a copy header that wants {want}", data.len())));
+        }
+        Ok((ask, data))
     }
 }
 
@@ -197,7 +241,7 @@ mod tests {
             len: u64::MAX,
             offset: u64::MAX,
             gfa: Some(u64::MAX),
-            file: SharedFile { resource: long.clone(), file: long },
+            file: Some(SharedFile { resource: long.clone(), file: long }),
         };
         fits(PeerMessage::Response(response(PeerOp::Import, &grant)));
         let object = ObjectGrant {
@@ -212,6 +256,15 @@ mod tests {
         assert_eq!(object.check(), Ok(()));
         fits(PeerMessage::Response(response(PeerOp::ImportObject, &object)));
         assert_eq!(decode::<ObjectGrant>(&response(PeerOp::ImportObject, &object).body), Ok(object));
+        let chunk = fabric_proto::wire::PEER_DATA_CHUNK;
+        let ask = CopyAsk { import: u64::MAX, gfa: u64::MAX, len: chunk, write: true };
+        let data = vec![7u8; chunk as usize];
+        fits(PeerMessage::Request(ask.request(&data)));
+        assert_eq!(CopyAsk::decode(&ask.request(&data).body), Ok((ask, &data[..])));
+        // A full chunk is a data frame: as a control operation's body it is refused.
+        let mut out = Vec::new();
+        let control = PeerMessage::Request(PeerRequest { op: PeerOp::Release, body: data });
+        assert!(control.encode(1, &mut out).is_err());
         let notice = RevokeNotice {
             revocation: Revocation { region: 1, generation: 2, import: 3, reason: RevocationReason::Freed },
         };
@@ -231,8 +284,8 @@ mod tests {
                 let _ = ask.check();
             }
             if let Ok(grant) = decode::<ImportGrant>(&body) {
-                if grant.check().is_ok() {
-                    for name in [&grant.file.resource, &grant.file.file] {
+                if grant.check().is_ok() && let Some(f) = &grant.file {
+                    for name in [&f.resource, &f.file] {
                         let mut parts = std::path::Path::new(name).components();
                         proptest::prop_assert!(matches!(parts.next(), Some(std::path::Component::Normal(_))));
                         proptest::prop_assert!(parts.next().is_none());
@@ -248,6 +301,10 @@ mod tests {
             }
             let _ = decode::<ReleaseAsk>(&body);
             let _ = decode::<RevokeNotice>(&body);
+            if let Ok((ask, data)) = CopyAsk::decode(&body) {
+                let want = if ask.write { ask.len as usize } else { 0 };
+                proptest::prop_assert!(ask.len > 0 && data.len() == want);
+            }
         }
     }
 
@@ -260,5 +317,12 @@ mod tests {
         let mut body = postcard::to_stdvec(&ReleaseAsk { import: 5 }).unwrap();
         body.push(0);
         assert!(decode::<ReleaseAsk>(&body).is_err());
+        let read = CopyAsk { import: 1, gfa: 2, len: 3, write: false };
+        assert!(CopyAsk::decode(&read.request(&[0]).body).is_err(), "a read carries no bytes");
+        let write = CopyAsk { write: true, ..read };
+        assert!(CopyAsk::decode(&write.request(&[0, 0]).body).is_err(), "a write carries exactly len bytes");
+        let huge = CopyAsk { len: fabric_proto::wire::PEER_DATA_CHUNK + 1, ..read };
+        assert!(CopyAsk::decode(&huge.request(&[]).body).is_err());
+        assert!(CopyAsk::decode(&CopyAsk { len: 0, ..read }.request(&[]).body).is_err());
     }
 }

@@ -98,6 +98,12 @@ pub enum BodyError {
         /// Opcode.
         opcode: Opcode,
     },
+    /// A node-link-only opcode ([`Opcode::PeerData`]) in a client frame.
+    #[error("{opcode} frames travel only between nodes")]
+    PeerOnly {
+        /// Opcode.
+        opcode: Opcode,
+    },
     /// The header does not fit the message (kind or opcode).
     #[error("header says {opcode} {kind:?}, message is another")]
     HeaderMismatch {
@@ -233,6 +239,7 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
         Opcode::Partitions => Request::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Request::Subscribe(from_body(opcode, k, bytes)?),
         Opcode::Domain => Request::Domain(from_body(opcode, k, bytes)?),
+        Opcode::PeerData => return Err(BodyError::PeerOnly { opcode }),
     })
 }
 
@@ -266,6 +273,7 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
         Opcode::Partitions => Response::Partitions(from_body(opcode, k, bytes)?),
         Opcode::Subscribe => Response::Subscribe(from_body(opcode, k, bytes)?),
         Opcode::Domain => Response::Domain(from_body(opcode, k, bytes)?),
+        Opcode::PeerData => return Err(BodyError::PeerOnly { opcode }),
     })
 }
 

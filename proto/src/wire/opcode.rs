@@ -62,11 +62,22 @@ pub enum Opcode {
     /// The domain this daemon's node belongs to: status, nodes, and the admin's slot gc
     /// (since 1.6).
     Domain = 0x0060,
+    /// A chunk of a copy between two nodes: node link only, never valid on the Unix
+    /// socket (a client's frame is refused whatever its version). Its bodies may carry up
+    /// to [`PEER_DATA_BODY`] bytes, apart from the 256 bytes of the control operations.
+    PeerData = 0x0070,
 }
+
+/// The largest body of a [`Opcode::PeerData`] frame: one copy chunk of up to
+/// [`PEER_DATA_CHUNK`] bytes and its small header.
+pub const PEER_DATA_BODY: u32 = PEER_DATA_CHUNK + 64;
+
+/// The most bytes one node-link copy chunk moves.
+pub const PEER_DATA_CHUNK: u32 = 1 << 20;
 
 impl Opcode {
     /// Every opcode, in code order.
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::Hello,
         Opcode::Status,
         Opcode::Ping,
@@ -91,6 +102,7 @@ impl Opcode {
         Opcode::Partitions,
         Opcode::Subscribe,
         Opcode::Domain,
+        Opcode::PeerData,
     ];
 
     /// The opcode with this code, if any.
@@ -130,6 +142,7 @@ impl Opcode {
             Opcode::Partitions => "partitions",
             Opcode::Subscribe => "subscribe",
             Opcode::Domain => "domain",
+            Opcode::PeerData => "peer_data",
         }
     }
 
@@ -153,7 +166,9 @@ impl Opcode {
     }
 
     /// The largest body a frame of this opcode and kind may carry. Always at most
-    /// [`MAX_BODY`]; requests at most [`MAX_REQUEST_BODY`]; events only for `Subscribe`.
+    /// [`MAX_BODY`]; a client's requests at most [`MAX_REQUEST_BODY`] (a node link's
+    /// [`Opcode::PeerData`] frames, up to [`PEER_DATA_BODY`], are no client's); events only
+    /// for `Subscribe`.
     pub const fn max_body(self, kind: FrameKind) -> u32 {
         const SMALL: u32 = 256;
         match kind {
@@ -177,6 +192,7 @@ impl Opcode {
                 | Opcode::Copy
                 | Opcode::Regions => SMALL,
                 Opcode::Subscribe | Opcode::Ping | Opcode::Domain => SMALL,
+                Opcode::PeerData => PEER_DATA_BODY,
             },
             FrameKind::Response => match self {
                 Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory | Opcode::Regions => MAX_BODY,
@@ -197,6 +213,7 @@ impl Opcode {
                 | Opcode::CopyBatch
                 | Opcode::Subscribe
                 | Opcode::Ping => SMALL,
+                Opcode::PeerData => PEER_DATA_BODY,
             },
         }
     }

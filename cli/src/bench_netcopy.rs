@@ -1,0 +1,306 @@
+//! `fabricctl bench netcopy`: the bandwidth of a copy across nodes (class NET: a client of
+//! the importer node pushes a registration into a region another node exported, and pulls
+//! it back, over fabricd's node link) against, in the same run, a raw TCP stream and a raw
+//! TLS stream (the node link's ciphers, rustls) of the same bytes over loopback, the two
+//! nodes of `scripts/domain.sh` being on this host. The ratio over TCP is the target
+//! (`netcopy_ratio`, ≥ 0.8); the one over TLS says how much of the gap is encryption.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsFd, FromRawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fabric_proto::wire::{
+    AccessMode, AllocRequest, AllocTarget, BoundedVec, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName,
+    DomainAction, DomainRequest, Event, ExportPolicy, ExportRequest, ImportRequest, MemoryClass, RegisterRequest,
+    RegisterSource, Request, Response,
+};
+use serde::Serialize;
+
+use crate::bench_control::{self, ControlBenchError};
+
+/// Result of `bench netcopy`; bandwidths in GB/s (10^9 bytes per second), best of the
+/// rounds.
+#[derive(Debug, Serialize)]
+pub struct NetCopyBench {
+    /// Benchmark name.
+    pub bench: &'static str,
+    /// Bytes per copy and per stream.
+    pub bytes: u64,
+    /// Rounds timed per figure.
+    pub rounds: usize,
+    /// How the importer was granted the region (`copy_only` on a NET pair).
+    pub grant: String,
+    /// Push: the importer's registration into the owner's region.
+    pub push_gbps: f64,
+    /// Pull: the owner's region into the importer's registration.
+    pub pull_gbps: f64,
+    /// A raw TCP stream of the same bytes over loopback (baseline).
+    pub tcp_gbps: f64,
+    /// A raw TLS stream (rustls, the node link's configuration) over loopback.
+    pub tls_gbps: f64,
+    /// `push_gbps / tcp_gbps` (target ≥ 0.8).
+    pub netcopy_ratio: f64,
+    /// `push_gbps / tls_gbps`.
+    pub netcopy_tls_ratio: f64,
+    /// The 1-minute load average when it ran.
+    pub load_average: Option<f64>,
+}
+
+/// What to run against.
+#[derive(Debug, Clone)]
+pub struct NetCopyOptions {
+    /// The owner node's socket (it allocates and exports).
+    pub owner: PathBuf,
+    /// The importer node's socket (a NET node: no shared memory with the owner).
+    pub importer: PathBuf,
+    /// Bytes per copy.
+    pub bytes: u64,
+    /// Rounds per figure.
+    pub rounds: usize,
+}
+
+fn call(
+    c: &mut Connection,
+    what: &'static str,
+    req: Request,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<Response, ControlBenchError> {
+    c.call(req, fds).map(|(r, _)| r).map_err(|source| ControlBenchError::Call { what: what.into(), source })
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ControlBenchError {
+    move |source| ControlBenchError::Io { what: what.into(), source }
+}
+
+/// This node's name and one of its own HBM devices, from its `domain status` and map.
+fn own_hbm(c: &mut Connection) -> Result<String, ControlBenchError> {
+    let Response::Domain(doc) =
+        call(c, "domain status", Request::Domain(DomainRequest { action: DomainAction::Status }), &[])?
+    else {
+        return Err(ControlBenchError::Unexpected("domain status"));
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&doc.json).map_err(|_| ControlBenchError::Unexpected("domain status"))?;
+    let name = v["self"]["node"]
+        .as_str()
+        .ok_or(ControlBenchError::Unexpected("domain status (not a domain node)"))?
+        .to_owned();
+    let Response::Map(doc) = call(c, "map", Request::Map(Default::default()), &[])? else {
+        return Err(ControlBenchError::Unexpected("map"));
+    };
+    let v: serde_json::Value = serde_json::from_str(&doc.json).map_err(|_| ControlBenchError::Unexpected("map"))?;
+    v["ranges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["node"] == name.as_str() && r["memory"] == "hbm")
+        .and_then(|r| r["owner"].as_str()?.split('#').next().map(str::to_owned))
+        .ok_or(ControlBenchError::NoHbm)
+}
+
+/// One copy's time, from its request to its `CopyDone`.
+fn copy_time(
+    c: &mut Connection,
+    dst: CopyEndpoint,
+    src: CopyEndpoint,
+    len: u64,
+) -> Result<Duration, ControlBenchError> {
+    let start = Instant::now();
+    let Response::Copy(r) = call(c, "copy", Request::Copy(CopyRequest { dst, src, len }), &[])? else {
+        return Err(ControlBenchError::Unexpected("copy"));
+    };
+    loop {
+        match c.next_event().map_err(|source| ControlBenchError::Call { what: "copy completion".into(), source })? {
+            Event::CopyDone(d) if d.copy == r.copy => {
+                return match d.result {
+                    CopyResult::Ok => Ok(start.elapsed()),
+                    CopyResult::Failed { .. } => Err(ControlBenchError::Unexpected("copy (it failed)")),
+                };
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A raw TCP stream of `bytes` over loopback, in 1 MiB writes, acknowledged by the reader
+/// once all arrived.
+fn tcp_time(bytes: u64) -> Result<Duration, ControlBenchError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding a TCP listener"))?;
+    let addr = listener.local_addr().map_err(io("TCP listener address"))?;
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            left = left.saturating_sub(n as u64);
+        }
+        s.write_all(&[1])
+    });
+    let mut s = TcpStream::connect(addr).map_err(io("connecting over TCP"))?;
+    let _ = s.set_nodelay(true);
+    let chunk = vec![0x5au8; 1 << 20];
+    let start = Instant::now();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        s.write_all(&chunk[..n]).map_err(io("writing the TCP stream"))?;
+        left -= n as u64;
+    }
+    let mut ack = [0u8];
+    s.read_exact(&mut ack).map_err(io("reading the TCP ack"))?;
+    let t = start.elapsed();
+    reader.join().map_err(|_| ControlBenchError::Unexpected("the TCP reader"))?.map_err(io("the TCP reader"))?;
+    Ok(t)
+}
+
+/// The same over TLS: mutually authenticated with a throwaway CA, as the node link is.
+fn tls_time(bytes: u64) -> Result<Duration, ControlBenchError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let bad = |_| ControlBenchError::Unexpected("TLS credentials");
+    let ca = fabric_nodelink::DomainCa::generate("bench").map_err(bad)?;
+    let creds = |node: &str| -> Result<fabric_nodelink::Credentials, ControlBenchError> {
+        let pem = ca.issue(node, &[]).map_err(bad)?;
+        fabric_nodelink::Credentials::from_pem(&ca.pem().cert, &pem)
+            .map_err(|_| ControlBenchError::Unexpected("TLS credentials"))
+    };
+    let (server, client) = (creds("a")?, creds("b")?);
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io("a runtime"))?;
+    rt.block_on(async move {
+        let acceptor = tokio_rustls::TlsAcceptor::from(
+            server.server_config().map_err(|_| ControlBenchError::Unexpected("TLS server"))?,
+        );
+        let expected = server.identity().clone();
+        let connector = tokio_rustls::TlsConnector::from(
+            client.client_config(&expected).map_err(|_| ControlBenchError::Unexpected("TLS client"))?,
+        );
+        let name =
+            fabric_nodelink::tls::server_name(&expected).map_err(|_| ControlBenchError::Unexpected("TLS name"))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io("binding a TLS listener"))?;
+        let addr = listener.local_addr().map_err(io("TLS listener address"))?;
+        let reader = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await?;
+            let mut s = acceptor.accept(tcp).await?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut left = bytes;
+            while left > 0 {
+                let n = s.read(&mut buf).await?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                left = left.saturating_sub(n as u64);
+            }
+            s.write_all(&[1]).await?;
+            s.flush().await
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(io("connecting over TLS"))?;
+        let _ = tcp.set_nodelay(true);
+        let mut s = connector.connect(name, tcp).await.map_err(io("the TLS handshake"))?;
+        let chunk = vec![0x5au8; 1 << 20];
+        let start = Instant::now();
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            s.write_all(&chunk[..n]).await.map_err(io("writing the TLS stream"))?;
+            left -= n as u64;
+        }
+        s.flush().await.map_err(io("flushing the TLS stream"))?;
+        let mut ack = [0u8];
+        s.read_exact(&mut ack).await.map_err(io("reading the TLS ack"))?;
+        let t = start.elapsed();
+        reader.await.map_err(|_| ControlBenchError::Unexpected("the TLS reader"))?.map_err(io("the TLS reader"))?;
+        Ok(t)
+    })
+}
+
+fn gbps(bytes: u64, t: Duration) -> f64 {
+    bytes as f64 / t.as_secs_f64().max(f64::MIN_POSITIVE) / 1e9
+}
+
+/// Runs the network copy benchmark.
+pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError> {
+    let (bytes, rounds) = (opts.bytes.max(1), opts.rounds.max(1));
+    let mut owner = bench_control::connect(&opts.owner)?;
+    let mut imp = bench_control::connect(&opts.importer)?;
+    let gpu = own_hbm(&mut owner)?;
+    let alloc = AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
+        size: bytes,
+        align: 0,
+    };
+    let Response::Alloc(a) = call(&mut owner, "alloc", Request::Alloc(alloc), &[])? else {
+        return Err(ControlBenchError::Unexpected("alloc"));
+    };
+    let gfa = a.gfa.ok_or(ControlBenchError::Unexpected("alloc (the region has no GFA)"))?;
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
+    let req = Request::Export(ExportRequest { region: a.region, policy });
+    let Response::Export(e) = call(&mut owner, "export", req, &[])? else {
+        return Err(ControlBenchError::Unexpected("export"));
+    };
+    let req = Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadWrite });
+    let Response::Import(i) = call(&mut imp, "import", req, &[])? else {
+        return Err(ControlBenchError::Unexpected("import"));
+    };
+    let grant = i.grant.map_or_else(|| "none".to_owned(), |g| format!("{:?}", g.access));
+    // The importer's memory: a memfd registered for its own HBM device.
+    let name = std::ffi::CString::new("netcopy").map_err(|_| ControlBenchError::Unexpected("memfd name"))?;
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io("memfd_create")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptor was just created and is owned by nothing else.
+    let mem = unsafe { std::fs::File::from_raw_fd(fd) };
+    mem.set_len(bytes).map_err(io("sizing the memfd"))?;
+    let dev = own_hbm(&mut imp)?;
+    let req = Request::Register(RegisterRequest {
+        device: DeviceName::truncated(&dev),
+        source: RegisterSource::Fd,
+        offset: 0,
+        len: bytes,
+        access: AccessMode::ReadWrite,
+    });
+    let Response::Register(r) = call(&mut imp, "register", req, &[mem.as_fd()])? else {
+        return Err(ControlBenchError::Unexpected("register"));
+    };
+    let (reg, remote) = (CopyEndpoint::Registration { id: r.registration, offset: 0 }, CopyEndpoint::Gfa(gfa));
+    // Warm: links dialled, pages faulted in.
+    copy_time(&mut imp, remote, reg, bytes)?;
+    copy_time(&mut imp, reg, remote, bytes)?;
+    let (mut push, mut pull, mut tcp, mut tls) = (Duration::MAX, Duration::MAX, Duration::MAX, Duration::MAX);
+    // Interleaved, so that drift in the machine's load hits all alike.
+    for _ in 0..rounds {
+        push = push.min(copy_time(&mut imp, remote, reg, bytes)?);
+        pull = pull.min(copy_time(&mut imp, reg, remote, bytes)?);
+        tcp = tcp.min(tcp_time(bytes)?);
+        tls = tls.min(tls_time(bytes)?);
+    }
+    let (push_gbps, pull_gbps, tcp_gbps, tls_gbps) =
+        (gbps(bytes, push), gbps(bytes, pull), gbps(bytes, tcp), gbps(bytes, tls));
+    let load_average =
+        std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next()?.parse().ok());
+    Ok(NetCopyBench {
+        bench: "netcopy",
+        bytes,
+        rounds,
+        grant,
+        push_gbps,
+        pull_gbps,
+        tcp_gbps,
+        tls_gbps,
+        netcopy_ratio: push_gbps / tcp_gbps.max(f64::MIN_POSITIVE),
+        netcopy_tls_ratio: push_gbps / tls_gbps.max(f64::MIN_POSITIVE),
+        load_average,
+    })
+}

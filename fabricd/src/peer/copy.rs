@@ -1,0 +1,268 @@
+//! Copies across nodes (class NET; `docs/domain.md`, "Copy across nodes"): a client's
+//! `Copy` between a registration on this node and a GFA of another node's region it
+//! imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
+//! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per copy: memory is bounded by
+//! them), on the peer's data lanes so that control requests never wait behind it. Push writes to
+//! the owner, pull reads from it; the completion is the usual `CopyDone`. The owner
+//! ([`serve`]) checks every chunk against the import it names: held by the asking node's
+//! current incarnation, not released nor revoked, the range inside the region, write
+//! access for a push. A chunk refused, a link that drops or an owner that dies ends the
+//! copy with the error and the bytes done, never a hang (every wait has the link's
+//! deadlines).
+
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use fabric_nodelink::{PeerError, PeerOp, PeerResponse};
+use fabric_proto::wire::{
+    CopyDone, CopyEndpoint, CopyRequest, CopyResponse, CopyResult, ErrorBody, ErrorCode, ErrorText, PEER_DATA_CHUNK,
+    Response,
+};
+
+use super::DialError;
+use super::importer::RemoteReach;
+use super::wire::CopyAsk;
+use crate::copy::{Sink, bytes};
+use crate::daemon::Daemon;
+use crate::memory::{Dep, Resolved};
+use crate::ops::dispatch::errors::{memory as refused, refusal};
+use crate::ops::dispatch::{Context, Outcome};
+
+/// The bit that marks a copy id as a copy across nodes (the engine's ids count up from 1).
+pub const REMOTE_COPY: u64 = 1 << 62;
+
+/// Copies across nodes in flight at once on this node (each holds one chunk's buffer).
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// This node's copies to and from other nodes.
+#[derive(Debug, Default)]
+pub struct Copies {
+    next: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+/// One copy across nodes, running.
+struct Job {
+    id: u64,
+    request_id: u64,
+    sink: Sink,
+    /// The local import (this node's id) and where it reaches.
+    import: u64,
+    reach: RemoteReach,
+    /// The first GFA of the copy on the owner.
+    gfa: u64,
+    len: u64,
+    /// Push: local to remote.
+    push: bool,
+    local: Resolved,
+}
+
+/// Answers a client's `Copy` one of whose ends is a GFA of another node's region this
+/// session imported; `None`: the copy is this node's own.
+pub fn route(d: &Daemon, cx: &Context<'_>, c: &CopyRequest) -> Option<Result<Outcome, ErrorBody>> {
+    let link = d.domain.as_ref()?.link()?;
+    let importer = link.service().importer();
+    let remote = |ep| match ep {
+        CopyEndpoint::Gfa(g) => importer.reach(cx.session, g).map(|r| (g, r)),
+        CopyEndpoint::Registration { .. } => None,
+    };
+    let (push, (gfa, (import, reach)), local) = match (remote(c.dst), remote(c.src)) {
+        (None, None) => return None,
+        (Some(_), Some(_)) => {
+            return Some(Err(refusal(
+                ErrorCode::NotImplemented,
+                "both ends of the copy are other nodes' memory: copy through a registration on this node",
+            )));
+        }
+        (Some(r), None) => (true, r, c.src),
+        (None, Some(r)) => (false, r, c.dst),
+    };
+    Some(start(d, cx, c.len, push, gfa, import, reach, local))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start(
+    d: &Daemon,
+    cx: &Context<'_>,
+    len: u64,
+    push: bool,
+    gfa: u64,
+    import: u64,
+    reach: RemoteReach,
+    local: CopyEndpoint,
+) -> Result<Outcome, ErrorBody> {
+    if len == 0 {
+        return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
+    }
+    let end = reach.gfa + reach.len;
+    if gfa.checked_add(len).is_none_or(|e| e > end) {
+        return Err(refusal(
+            ErrorCode::BadRequest,
+            format!(
+                "{len} bytes at GFA {gfa:#x} run past node {}'s region ({:#x}+{})",
+                reach.owner, reach.gfa, reach.len
+            ),
+        ));
+    }
+    if push && !reach.writable {
+        return Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!("import {import} of node {}'s region is read-only: it cannot be a copy's destination", reach.owner),
+        ));
+    }
+    let CopyEndpoint::Registration { .. } = local else {
+        return Err(refusal(
+            ErrorCode::NotImplemented,
+            "a copy with another node's memory takes a registration on this node as its other end",
+        ));
+    };
+    let sink = cx.copies.ok_or_else(|| refusal(ErrorCode::BadRequest, "a copy needs a connection"))?.clone();
+    let local = d.memory.copy_endpoint(cx.session, &d.map_snapshot(), local, len, !push).map_err(|e| refused(&e))?;
+    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
+    };
+    let copies = link.service().copies();
+    if copies.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
+        copies.in_flight.fetch_sub(1, Ordering::AcqRel);
+        return Err(refusal(
+            ErrorCode::LimitExceeded,
+            format!("{MAX_IN_FLIGHT} copies across nodes are in flight on this node; wait for one to complete"),
+        ));
+    }
+    let id = REMOTE_COPY | (copies.next.fetch_add(1, Ordering::Relaxed) + 1);
+    let job = Job { id, request_id: cx.request_id, sink, import, reach, gfa, len, push, local };
+    tracing::debug!(copy = id, owner = %job.reach.owner, len, push, "copy across nodes started");
+    let Some(weak) = link.service().daemon() else {
+        copies.in_flight.fetch_sub(1, Ordering::AcqRel);
+        return Err(refusal(ErrorCode::Unavailable, "the node link is starting"));
+    };
+    domain.runtime().spawn(run(weak, job));
+    Ok(Outcome { response: Response::Copy(CopyResponse { copy: id }), fd: None, events: None })
+}
+
+/// Why a copy stopped: a code and words.
+type Stop = (ErrorCode, String);
+
+async fn run(d: Weak<Daemon>, job: Job) {
+    let mut done = 0;
+    let end = drive(&d, &job, &mut done).await;
+    let result = match &end {
+        Ok(()) => CopyResult::Ok,
+        Err((code, why)) => CopyResult::Failed { code: *code, message: ErrorText::truncated(why) },
+    };
+    match &end {
+        Ok(()) => tracing::debug!(copy = job.id, bytes = done, "copy across nodes done"),
+        Err((code, why)) => {
+            tracing::info!(copy = job.id, owner = %job.reach.owner, bytes = done, ?code, why, "copy across nodes stopped")
+        }
+    }
+    // A closed connection has no one to tell.
+    let _ = job.sink.send((job.request_id, CopyDone { copy: job.id, result, bytes: done }));
+    if let Some(d) = d.upgrade()
+        && let Some(link) = d.domain.as_ref().and_then(|x| x.link())
+    {
+        link.service().copies().in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Chunks of one copy in flight at once, each on a data lane of its own: while the owner
+/// takes one, the next is read and encrypted here.
+pub const LANES: u64 = 2;
+
+/// Moves the job's chunks on [`LANES`] lanes, counting the bytes done (whole chunks, not a
+/// prefix); the first failure stops every lane at its next chunk.
+async fn drive(d: &Weak<Daemon>, job: &Job, done: &mut u64) -> Result<(), Stop> {
+    let (moved, stop) = (AtomicU64::new(0), AtomicBool::new(false));
+    let (a, b) = tokio::join!(lane(d, job, 0, &moved, &stop), lane(d, job, 1, &moved, &stop));
+    *done = moved.load(Ordering::Acquire);
+    a.and(b)
+}
+
+/// Lane `lane`'s chunks: the `lane`-th of every [`LANES`], one after the other.
+async fn lane(d: &Weak<Daemon>, job: &Job, lane: u64, moved: &AtomicU64, stop: &AtomicBool) -> Result<(), Stop> {
+    let chunk = u64::from(PEER_DATA_CHUNK);
+    let mut buf = Vec::new();
+    let mut at = lane * chunk;
+    while at < job.len && !stop.load(Ordering::Acquire) {
+        let n = (job.len - at).min(chunk);
+        if let Err(e) = move_chunk(d, job, lane, at, n, &mut buf).await {
+            stop.store(true, Ordering::Release);
+            return Err(e);
+        }
+        moved.fetch_add(n, Ordering::AcqRel);
+        at += LANES * chunk;
+    }
+    Ok(())
+}
+
+/// Moves `n` bytes at offset `at` of the copy on lane `lane`.
+async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf: &mut Vec<u8>) -> Result<(), Stop> {
+    let gone = || (ErrorCode::Unavailable, "the daemon is stopping".to_owned());
+    let d = d.upgrade().ok_or_else(gone)?;
+    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
+        return Err(gone());
+    };
+    // What the copy depends on on this side: the session, the import, the registration.
+    if job.sink.is_closed() {
+        return Err((ErrorCode::NotFound, "the session ended".into()));
+    }
+    if !link.service().importer().holds(job.import) {
+        return Err((ErrorCode::NotFound, format!("import {} ended", job.import)));
+    }
+    if let Some(why) = d.memory.copy_dep_gone(&job.local.deps) {
+        return Err((ErrorCode::NotFound, why));
+    }
+    let ask = CopyAsk { import: job.reach.owner_import, gfa: job.gfa + at, len: n as u32, write: job.push };
+    let owner = job.reach.owner.as_str();
+    let failed = |e: DialError| match e {
+        DialError::Peer { source: PeerError::Denied { code, message }, .. } => {
+            (code, format!("node {owner}: {message}"))
+        }
+        e => (ErrorCode::Unavailable, format!("node {owner}: {}", crate::error_chain(&e))),
+    };
+    let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
+    // The registration's bytes move on a blocking thread, off the domain runtime's worker.
+    let side = job.local.side.clone();
+    let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
+    if job.push {
+        let mut chunk = std::mem::take(buf);
+        chunk.resize(n as usize, 0);
+        let read = tokio::task::spawn_blocking(move || bytes::read(&side, at, &mut chunk).map(|()| chunk));
+        let chunk = read.await.map_err(joined)?.map_err(local)?;
+        link.call_data(domain, owner, lane, ask.request(&chunk)).await.map_err(failed)?;
+        *buf = chunk;
+    } else {
+        let r = link.call_data(domain, owner, lane, ask.request(&[])).await.map_err(failed)?;
+        if r.body.len() as u64 != n {
+            return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
+        }
+        tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body)).await.map_err(joined)?.map_err(local)?;
+    }
+    Ok(())
+}
+
+/// Serves a peer's copy chunk: read from or written to a region of this node through the
+/// import it names, which the peer's current incarnation must hold (`session`: its
+/// registry session, [`super::owner::Owner::session_of`]). Blocking: the bytes move here.
+pub fn serve(d: &Daemon, session: Option<u64>, body: &[u8]) -> Result<PeerResponse, PeerError> {
+    let (ask, data) = CopyAsk::decode(body)?;
+    let denied = |code, message: String| PeerError::Denied { code, message };
+    let session =
+        session.ok_or_else(|| denied(ErrorCode::NotFound, format!("no import {} of this incarnation", ask.import)))?;
+    let len = u64::from(ask.len);
+    let snap = d.map_snapshot();
+    let r = d.memory.copy_endpoint_through(session, &snap, ask.import, ask.gfa, len, ask.write).map_err(|e| {
+        let body = refused(&e);
+        denied(body.code, body.message.to_string())
+    })?;
+    debug_assert!(r.deps.contains(&Dep::Import(ask.import)));
+    let io = |e: crate::copy::chunk::ChunkError| denied(e.code(), crate::error_chain(&e));
+    if ask.write {
+        bytes::write(&r.side, 0, data).map_err(io)?;
+        Ok(PeerResponse { op: PeerOp::Copy, body: Vec::new() })
+    } else {
+        let mut buf = vec![0; ask.len as usize];
+        bytes::read(&r.side, 0, &mut buf).map_err(io)?;
+        Ok(PeerResponse { op: PeerOp::Copy, body: buf })
+    }
+}
