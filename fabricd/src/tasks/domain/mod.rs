@@ -176,7 +176,7 @@ impl Domain {
     }
 
     /// The view of etcd revision `revision`, while this node still holds it (the current
-    /// one or one of the [`RECENT_VIEWS`] before it).
+    /// one or one of the few recent ones before it).
     pub fn view_at(&self, revision: u64) -> Option<Arc<DomainView>> {
         let current = self.view();
         let at = |v: &DomainView| u64::try_from(v.revision()).ok() == Some(revision);
