@@ -30,7 +30,6 @@ use common::domain::{self, SPAN};
 use fabric_mm::{
     Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Session, SessionConfig, Target, WindowConfig,
 };
-use fabric_nodelink::DomainCa;
 
 const LEN: u64 = 2 << 20;
 const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
@@ -69,16 +68,11 @@ fn session(socket: &Path, slot: u64) -> Session {
 
 #[test]
 fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
-    let ca = DomainCa::generate("lab").unwrap();
-    let pki = tempfile::tempdir().unwrap();
-    let ca_file = pki.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.pem().cert).unwrap();
-    let shared = pki.path().join("sim");
+    let Some(lab) = domain::Lab::start() else { return };
+    let shared = lab.dir.path().join("sim");
     let supernode = domain::sim("supernode-64.toml");
-    let n0 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, Some(&shared), "tray0");
-    let n1 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, Some(&shared), "tray1");
+    let n0 = lab.node(&supernode, Some(&shared), "tray0");
+    let n1 = lab.node(&supernode, Some(&shared), "tray1");
     let slot0 = domain::wait_live(&[&n0, &n1]);
 
     // tray0: allocate on its GPU, map, store, export — as for any local sharing.
@@ -157,16 +151,11 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
 
 #[test]
 fn a_session_on_a_node_without_the_shared_fabric_copies_to_and_from_memory_exported_on_another() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
-    let ca = DomainCa::generate("lab").unwrap();
-    let pki = tempfile::tempdir().unwrap();
-    let ca_file = pki.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.pem().cert).unwrap();
-    let shared = pki.path().join("sim");
+    let Some(lab) = domain::Lab::start() else { return };
+    let shared = lab.dir.path().join("sim");
     let supernode = domain::sim("supernode-64.toml");
-    let n0 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, Some(&shared), "tray0");
-    let n1 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, None, "tray1");
+    let n0 = lab.node(&supernode, Some(&shared), "tray0");
+    let n1 = lab.node(&supernode, None, "tray1");
     let slot0 = domain::wait_live(&[&n0, &n1]);
     let owner = session(&n0.socket, slot0);
     let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;

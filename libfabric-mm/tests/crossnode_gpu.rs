@@ -30,7 +30,6 @@ use std::time::Duration;
 use common::domain;
 use fabric_mm::cuda::{AllocOptions, CudaContext};
 use fabric_mm::{Error, MemoryClass, Policy, RevocationReason};
-use fabric_nodelink::DomainCa;
 
 /// Set in the child: the sockets of tray0, tray1 and node0.
 const CHILD: &str = "FABRIC_MM_CROSSNODE_GPU";
@@ -46,15 +45,11 @@ fn a_fabric_handle_reaches_a_node_of_the_same_nvlink_domain_and_no_other() {
         eprintln!("skipped: no C compiler for the stand-in driver");
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
-    let ca = DomainCa::generate("lab").unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, &ca.pem().cert).unwrap();
+    let Some(lab) = domain::Lab::start() else { return };
     let supernode = domain::sim("supernode-64.toml");
-    let n0 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, None, "tray0");
-    let n1 = domain::start(etcd.endpoint(), &ca, &ca_file, &supernode, None, "tray1");
-    let far = domain::start(etcd.endpoint(), &ca, &ca_file, &domain::sim("hgx-h100-8gpu.toml"), None, "node0");
+    let n0 = lab.node(&supernode, None, "tray0");
+    let n1 = lab.node(&supernode, None, "tray1");
+    let far = lab.node(&domain::sim("hgx-h100-8gpu.toml"), None, "node0");
     domain::wait_live(&[&n0, &n1, &far]);
 
     let sockets = [&n0, &n1, &far].map(|n| n.socket.display().to_string()).join(" ");

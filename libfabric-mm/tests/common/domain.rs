@@ -9,6 +9,33 @@ use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Respo
 
 use super::Daemon;
 
+/// A private etcd and a test CA the nodes of one test share (both gone when it drops).
+pub struct Lab {
+    pub etcd: fabric_domain::testing::EtcdServer,
+    pub ca: DomainCa,
+    pub ca_file: PathBuf,
+    pub dir: tempfile::TempDir,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Lab {
+    /// Starts etcd and makes the CA, or `None` (the test skips) where etcd is not installed.
+    pub fn start() -> Option<Lab> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let etcd = rt.block_on(fabric_domain::testing::etcd_or_skip())?;
+        let ca = DomainCa::generate("lab").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &ca.pem().cert).unwrap();
+        Some(Lab { etcd, ca, ca_file, dir, _rt: rt })
+    }
+
+    /// [`start`] of node `name` in this lab.
+    pub fn node(&self, fabric: &Path, shared: Option<&Path>, name: &str) -> Daemon {
+        start(self.etcd.endpoint(), &self.ca, &self.ca_file, fabric, shared, name)
+    }
+}
+
 /// Each node's span of the address map.
 pub const SPAN: u64 = 1 << 40;
 
