@@ -244,8 +244,9 @@ pub extern "C" fn fmm_last_error() -> *const c_char {
 }
 
 /// Opens a session. `socket` NULL: `$FABRIC_SOCKET` or the default path. `window_len` 0:
-/// the default window (or `FABRIC_MM_WINDOW_GFA`/`FABRIC_MM_WINDOW_SIZE`), else a window
-/// of that many bytes at GFA `window_gfa`.
+/// the window `FABRIC_MM_WINDOW_GFA`/`FABRIC_MM_WINDOW_SIZE` name, else on a domain node
+/// one aperture per node span in use, else the default window; otherwise a window of
+/// that many bytes at GFA `window_gfa`.
 ///
 /// # Safety
 /// `socket` is NULL or a NUL-terminated string; `out` is writable.

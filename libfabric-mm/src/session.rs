@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
-    Access, AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, Event, ExportPolicy, ExportRequest, Grant,
-    ImportRequest, MemoryClass, Name, Opcode, Request, ResourceName, Response, Revocation, RevokeRequest,
-    SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
+    Access, AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, DomainAction, DomainRequest, Event,
+    ExportPolicy, ExportRequest, Grant, ImportRequest, MemoryClass, Name, Opcode, Request, ResourceName, Response,
+    Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
 };
 
 use crate::client::{Client, Notice};
@@ -22,7 +22,9 @@ use crate::window::{Protection, Window, WindowConfig};
 pub struct SessionConfig {
     /// The daemon's socket; `None`: [`default_socket`].
     pub socket: Option<PathBuf>,
-    /// The unified window; `None`: [`WindowConfig::from_env`].
+    /// The unified window; `None`: `FABRIC_MM_WINDOW_GFA`/`_SIZE` when set
+    /// ([`WindowConfig::from_env`]), else on a node of a domain a window of node spans
+    /// ([`Window::for_domain`]), else [`WindowConfig::default`].
     pub window: Option<WindowConfig>,
     /// A name for the daemon's logs.
     pub client_name: Option<String>,
@@ -239,6 +241,19 @@ pub struct ResourceOffset {
     pub offset: u64,
 }
 
+/// This node's slot (its first GFA) and the node span, when the daemon is a node of a
+/// domain that answers this client its status; `None` for a daemon on its own (or one
+/// that refuses: the default window is the right one for its clients).
+fn domain_slot(client: &Client) -> Option<(u64, u64)> {
+    let req = Request::Domain(DomainRequest { action: DomainAction::Status });
+    let Ok((Response::Domain(d), _)) = client.call(req, &[]) else { return None };
+    let doc: fabric_proto::domain::DomainDoc = serde_json::from_str(&d.json).ok()?;
+    let span = doc.settings?.node_span;
+    let own = u64::from(doc.this?.slot).checked_mul(span)?;
+    tracing::debug!(own, span, "a domain node: the window mirrors node spans");
+    Some((own, span))
+}
+
 fn bounded<const N: usize>(v: &[u32], what: &str) -> Result<BoundedVec<u32, N>> {
     BoundedVec::new(v.to_vec()).map_err(|_| Error::InvalidArgument(format!("more than {N} {what}")))
 }
@@ -256,10 +271,6 @@ impl Session {
             Some(s) => s,
             None => default_socket()?,
         };
-        let window = Window::reserve(match config.window {
-            Some(w) => w,
-            None => WindowConfig::from_env()?,
-        })?;
         let revocations = Arc::new(Revocations::default());
         let copies = Arc::new(crate::copy::Copies::default());
         let sink = revocations.clone();
@@ -272,6 +283,16 @@ impl Session {
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");
         let client = Client::connect(&socket, name, config.resume.map(|t| t.0), on_event)?;
+        let window = match config.window {
+            Some(w) => Window::reserve(w)?,
+            None => match WindowConfig::env()? {
+                Some(w) => Window::reserve(w)?,
+                None => match domain_slot(&client) {
+                    Some((own, span)) => Window::for_domain(own, span)?,
+                    None => Window::reserve(WindowConfig::default())?,
+                },
+            },
+        };
         let inner = Arc::new(Inner { client, window, revocations, socket, registrations: Default::default(), copies });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {

@@ -39,14 +39,18 @@ impl WindowConfig {
     /// The default, overridden by `FABRIC_MM_WINDOW_GFA` and `FABRIC_MM_WINDOW_SIZE`
     /// (decimal or `0x` hex bytes) when set.
     pub fn from_env() -> Result<Self> {
-        let mut c = Self::default();
-        if let Some(v) = env_u64("FABRIC_MM_WINDOW_GFA")? {
-            c.gfa = v;
+        Ok(Self::env()?.unwrap_or_default())
+    }
+
+    /// The window `FABRIC_MM_WINDOW_GFA` and `FABRIC_MM_WINDOW_SIZE` name (the default's
+    /// for the one not set), or `None` when neither is set.
+    pub fn env() -> Result<Option<Self>> {
+        let (gfa, len) = (env_u64("FABRIC_MM_WINDOW_GFA")?, env_u64("FABRIC_MM_WINDOW_SIZE")?);
+        if gfa.is_none() && len.is_none() {
+            return Ok(None);
         }
-        if let Some(v) = env_u64("FABRIC_MM_WINDOW_SIZE")? {
-            c.len = v;
-        }
-        Ok(c)
+        let d = Self::default();
+        Ok(Some(Self { gfa: gfa.unwrap_or(d.gfa), len: len.unwrap_or(d.len) }))
     }
 }
 
@@ -72,51 +76,22 @@ pub(crate) fn page_size() -> u64 {
 /// hint above it, so 2^47 is what a reservation can count on).
 pub const USER_VA_LIMIT: u64 = 1 << 47;
 
-/// The reserved range.
-#[derive(Debug)]
-pub struct Window {
+/// One reserved range of addresses mirroring `len` bytes of GFA space from `gfa`.
+#[derive(Debug, Clone, Copy)]
+struct Aperture {
     base: usize,
-    config: WindowConfig,
-    /// Placed ranges: start GFA → length.
-    placed: Mutex<BTreeMap<u64, u64>>,
+    gfa: u64,
+    len: u64,
 }
 
-/// Protection for a placement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protection {
-    /// Loads only.
-    Read,
-    /// Loads and stores.
-    ReadWrite,
-}
-
-impl Window {
-    /// Reserves the window.
-    pub fn reserve(config: WindowConfig) -> Result<Self> {
-        let page = page_size();
-        if config.len == 0 || !config.len.is_multiple_of(page) || !config.gfa.is_multiple_of(page) {
-            return Err(Error::InvalidArgument(format!(
-                "window gfa {:#x} and len {:#x} must be non-zero multiples of the page size {page:#x}",
-                config.gfa, config.len
-            )));
-        }
-        if config.gfa.checked_add(config.len).is_none_or(|end| end > 1 << 57) {
-            return Err(Error::InvalidArgument(format!(
-                "window {:#x}+{:#x} exceeds the 57-bit GFA space",
-                config.gfa, config.len
-            )));
-        }
-        if config.len >= USER_VA_LIMIT {
-            return Err(Error::WindowReserve {
-                len: config.len,
-                why: format!("larger than the {USER_VA_LIMIT:#x}-byte (47-bit) user address space"),
-            });
-        }
+impl Aperture {
+    /// Reserves the aperture for `config` (checked by the caller).
+    fn reserve(config: WindowConfig) -> Result<Self> {
         let len = usize::try_from(config.len)
             .map_err(|_| Error::WindowReserve { len: config.len, why: "larger than a pointer".into() })?;
-        // Over-reserve so that the window's base can sit at the GFA's offset modulo
-        // WINDOW_ALIGN: device memory (a DAX device) maps only at addresses aligned like
-        // its GFA (2 MiB, or 1 GiB for a DAX device with that `align`).
+        // Over-reserve so that the base can sit at the GFA's offset modulo WINDOW_ALIGN:
+        // device memory (a DAX device) maps only at addresses aligned like its GFA (2 MiB,
+        // or 1 GiB for a DAX device with that `align`).
         let slack = 2 * WINDOW_ALIGN as usize;
         let total = len
             .checked_add(slack)
@@ -141,7 +116,7 @@ impl Window {
         let base = start.next_multiple_of(WINDOW_ALIGN as usize) + (config.gfa % WINDOW_ALIGN) as usize;
         let (head, tail) = (base - start, start + total - (base + len));
         // SAFETY: `start..base` and `base+len..start+total` lie inside the reservation just
-        // made, which nothing references yet; only the window's own range stays.
+        // made, which nothing references yet; only the aperture's own range stays.
         unsafe {
             if head > 0 {
                 libc::munmap(p, head);
@@ -150,62 +125,177 @@ impl Window {
                 libc::munmap((base + len) as *mut libc::c_void, tail);
             }
         }
-        tracing::debug!(base = ?(base as *const u8), gfa = config.gfa, len = config.len, "reserved the unified window");
-        Ok(Self { base, config, placed: Mutex::new(BTreeMap::new()) })
+        tracing::debug!(base = ?(base as *const u8), gfa = config.gfa, len = config.len, "reserved a window aperture");
+        Ok(Self { base, gfa: config.gfa, len: config.len })
     }
 
-    /// First byte of the window.
+    /// The offset of `gfa..gfa+len` in the aperture, when it lies inside.
+    fn offset(&self, gfa: u64, len: u64) -> Option<u64> {
+        let off = gfa.checked_sub(self.gfa)?;
+        (off.checked_add(len)? <= self.len && off < self.len).then_some(off)
+    }
+}
+
+/// The apertures and what is placed in them.
+#[derive(Debug, Default)]
+struct Placements {
+    /// Apertures beyond the first (a domain window's other node spans): first GFA → it.
+    more: BTreeMap<u64, Aperture>,
+    /// Placed ranges: start GFA → length.
+    placed: BTreeMap<u64, u64>,
+}
+
+/// The reserved range: one aperture of [`WindowConfig`], and in a domain one more aperture
+/// of a node span for each other node whose memory is placed (see [`Window::for_domain`]).
+#[derive(Debug)]
+pub struct Window {
+    first: Aperture,
+    /// A domain's node span: GFAs outside `first` get an aperture of their node's span.
+    span: Option<u64>,
+    state: Mutex<Placements>,
+}
+
+/// Protection for a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    /// Loads only.
+    Read,
+    /// Loads and stores.
+    ReadWrite,
+}
+
+fn checked(config: WindowConfig) -> Result<WindowConfig> {
+    let page = page_size();
+    if config.len == 0 || !config.len.is_multiple_of(page) || !config.gfa.is_multiple_of(page) {
+        return Err(Error::InvalidArgument(format!(
+            "window gfa {:#x} and len {:#x} must be non-zero multiples of the page size {page:#x}",
+            config.gfa, config.len
+        )));
+    }
+    if config.gfa.checked_add(config.len).is_none_or(|end| end > 1 << 57) {
+        return Err(Error::InvalidArgument(format!(
+            "window {:#x}+{:#x} exceeds the 57-bit GFA space",
+            config.gfa, config.len
+        )));
+    }
+    if config.len >= USER_VA_LIMIT {
+        return Err(Error::WindowReserve {
+            len: config.len,
+            why: format!("larger than the {USER_VA_LIMIT:#x}-byte (47-bit) user address space"),
+        });
+    }
+    Ok(config)
+}
+
+impl Window {
+    /// Reserves the window: one range mirroring `config`.
+    pub fn reserve(config: WindowConfig) -> Result<Self> {
+        let first = Aperture::reserve(checked(config)?)?;
+        Ok(Self { first, span: None, state: Mutex::new(Placements::default()) })
+    }
+
+    /// Reserves the window of a domain node's client: an aperture mirroring the node span
+    /// from `own` (this node's slot) now, and one more of the span's size, at its node's
+    /// slot, the first time memory of another node is placed. A domain's address space
+    /// (up to 2^57 bytes over thousands of slots) is larger than a process's, so the
+    /// window mirrors the node spans in use, not the whole map; pointer arithmetic is GFA
+    /// arithmetic within each node's span.
+    pub fn for_domain(own: u64, span: u64) -> Result<Self> {
+        if !span.is_power_of_two() || !own.is_multiple_of(span) {
+            return Err(Error::InvalidArgument(format!(
+                "a domain window needs a power-of-two node span ({span:#x}) and a slot at a multiple of it ({own:#x})"
+            )));
+        }
+        let first = Aperture::reserve(checked(WindowConfig { gfa: own, len: span })?)?;
+        Ok(Self { first, span: Some(span), state: Mutex::new(Placements::default()) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Placements> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// First byte of the window (of its first aperture, in a domain this node's span).
     pub fn base(&self) -> *mut u8 {
-        self.base as *mut u8
+        self.first.base as *mut u8
     }
 
-    /// Where the window sits in GFA space.
+    /// Where the window (its first aperture) sits in GFA space.
     pub fn config(&self) -> WindowConfig {
-        self.config
+        WindowConfig { gfa: self.first.gfa, len: self.first.len }
     }
 
-    /// The address of `gfa`, if the window mirrors it.
+    /// A domain window's node span; `None` for a window of one range.
+    pub fn node_span(&self) -> Option<u64> {
+        self.span
+    }
+
+    /// The aperture holding `gfa..gfa+len`, among those reserved.
+    fn aperture(&self, st: &Placements, gfa: u64, len: u64) -> Option<(Aperture, u64)> {
+        if let Some(off) = self.first.offset(gfa, len) {
+            return Some((self.first, off));
+        }
+        let (_, a) = st.more.range(..=gfa).next_back()?;
+        a.offset(gfa, len).map(|off| (*a, off))
+    }
+
+    /// The address of `gfa`, if the window mirrors it now.
     pub fn ptr_of(&self, gfa: u64) -> Option<*mut u8> {
-        let off = gfa.checked_sub(self.config.gfa).filter(|o| *o < self.config.len)?;
-        Some(self.base().wrapping_add(off as usize))
+        let st = self.lock();
+        let (a, off) = self.aperture(&st, gfa, 1)?;
+        Some((a.base as *mut u8).wrapping_add(off as usize))
     }
 
     /// The GFA an address inside the window mirrors.
     pub fn gfa_of(&self, ptr: *const u8) -> Option<u64> {
-        let off = (ptr as usize).checked_sub(self.base).filter(|o| (*o as u64) < self.config.len)?;
-        Some(self.config.gfa + off as u64)
+        let at = |a: &Aperture| {
+            let off = (ptr as usize).checked_sub(a.base).filter(|o| (*o as u64) < a.len)?;
+            Some(a.gfa + off as u64)
+        };
+        if let Some(g) = at(&self.first) {
+            return Some(g);
+        }
+        self.lock().more.values().find_map(at)
     }
 
-    fn check(&self, gfa: u64, len: u64) -> Result<u64> {
-        let outside = || Error::OutsideWindow { gfa, len, window_gfa: self.config.gfa, window_len: self.config.len };
-        let off = gfa.checked_sub(self.config.gfa).ok_or_else(outside)?;
-        if len == 0 || off.checked_add(len).is_none_or(|end| end > self.config.len) {
-            return Err(outside());
-        }
+    /// The aperture for `gfa..gfa+len` and its offset there, reserving its node span's
+    /// aperture in a domain window.
+    fn check(&self, st: &mut Placements, gfa: u64, len: u64) -> Result<(Aperture, u64)> {
         let page = page_size();
-        if !gfa.is_multiple_of(page) || !len.is_multiple_of(page) {
+        if len == 0 || !gfa.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!("GFA range {gfa:#x}+{len:#x} is not page-aligned")));
         }
-        Ok(off)
+        if let Some(found) = self.aperture(st, gfa, len) {
+            return Ok(found);
+        }
+        let outside = || Error::OutsideWindow { gfa, len, window_gfa: self.first.gfa, window_len: self.first.len };
+        let Some(span) = self.span else { return Err(outside()) };
+        let node = gfa - gfa % span;
+        if gfa.checked_add(len).is_none_or(|end| end > node.saturating_add(span)) {
+            // Memory never straddles two node spans; such a range is not one node's.
+            return Err(outside());
+        }
+        let a = Aperture::reserve(checked(WindowConfig { gfa: node, len: span })?)?;
+        st.more.insert(node, a);
+        Ok((a, gfa - node))
     }
 
     /// Maps `len` bytes of `fd` from `offset` at `gfa`'s place in the window.
     pub fn place(&self, gfa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64, prot: Protection) -> Result<*mut u8> {
-        let off = self.check(gfa, len)?;
-        let mut placed = self.placed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let overlaps = placed.range(..gfa + len).next_back().is_some_and(|(s, l)| s + l > gfa);
+        let mut st = self.lock();
+        let (a, off) = self.check(&mut st, gfa, len)?;
+        let overlaps = st.placed.range(..gfa + len).next_back().is_some_and(|(s, l)| s + l > gfa);
         if overlaps {
             return Err(Error::AlreadyMapped { gfa, len });
         }
-        let addr = self.base().wrapping_add(off as usize);
+        let addr = (a.base as *mut u8).wrapping_add(off as usize);
         let prot = match prot {
             Protection::Read => libc::PROT_READ,
             Protection::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
         };
         let file_off = libc::off_t::try_from(offset)
             .map_err(|_| Error::InvalidArgument(format!("offset {offset:#x} too large")))?;
-        // SAFETY: `addr..addr+len` lies inside our reservation (checked above) and no other
-        // placement covers it (checked under the lock), so MAP_FIXED replaces only
+        // SAFETY: `addr..addr+len` lies inside one of our apertures (checked above) and no
+        // other placement covers it (checked under the lock), so MAP_FIXED replaces only
         // reserved PROT_NONE pages that nothing references.
         let p = unsafe {
             libc::mmap(addr.cast(), len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), file_off)
@@ -213,19 +303,21 @@ impl Window {
         if p == libc::MAP_FAILED {
             return Err(Error::Os { what: "mapping memory into the window", source: std::io::Error::last_os_error() });
         }
-        placed.insert(gfa, len);
+        st.placed.insert(gfa, len);
         Ok(addr)
     }
 
     /// Puts the reservation back over a placement made by [`Window::place`].
     pub fn unplace(&self, gfa: u64) -> Result<()> {
-        let mut placed = self.placed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(len) = placed.get(&gfa).copied() else {
+        let mut st = self.lock();
+        let Some(len) = st.placed.get(&gfa).copied() else {
             return Err(Error::InvalidArgument(format!("nothing is placed at GFA {gfa:#x}")));
         };
-        let addr = self.ptr_of(gfa).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
-        // SAFETY: the range is one of our placements inside the reservation; replacing it
-        // with fresh PROT_NONE pages drops the mapping (the caller guarantees no live
+        let (a, off) =
+            self.aperture(&st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
+        let addr = (a.base as *mut u8).wrapping_add(off as usize);
+        // SAFETY: the range is one of our placements inside an aperture; replacing it with
+        // fresh PROT_NONE pages drops the mapping (the caller guarantees no live
         // references into it, see Mapping).
         let p = unsafe {
             libc::mmap(
@@ -243,23 +335,31 @@ impl Window {
                 source: std::io::Error::last_os_error(),
             });
         }
-        placed.remove(&gfa);
+        st.placed.remove(&gfa);
         Ok(())
     }
 
     /// Ranges placed now: (GFA, bytes).
     pub fn placements(&self) -> Vec<(u64, u64)> {
-        let placed = self.placed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        placed.iter().map(|(g, l)| (*g, *l)).collect()
+        self.lock().placed.iter().map(|(g, l)| (*g, *l)).collect()
+    }
+
+    /// The apertures reserved now: (first GFA, bytes), the first one first.
+    pub fn apertures(&self) -> Vec<(u64, u64)> {
+        let more = self.lock().more.values().map(|a| (a.gfa, a.len)).collect::<Vec<_>>();
+        std::iter::once((self.first.gfa, self.first.len)).chain(more).collect()
     }
 }
 
 impl Drop for Window {
     fn drop(&mut self) {
-        // SAFETY: the whole reservation (with any placements still in it) is ours; the
-        // Session that owns the window outlives every Mapping (they borrow it).
-        unsafe {
-            libc::munmap(self.base as *mut libc::c_void, self.config.len as usize);
+        let st = self.state.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for a in std::iter::once(&self.first).chain(st.more.values()) {
+            // SAFETY: each aperture (with any placements still in it) is ours; the Session
+            // that owns the window outlives every Mapping (they borrow it).
+            unsafe {
+                libc::munmap(a.base as *mut libc::c_void, a.len as usize);
+            }
         }
     }
 }
@@ -317,6 +417,43 @@ mod tests {
         assert_eq!(back[0], 9, "the store went to the file");
         // The range is placeable again.
         w.place(gfa, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+    }
+
+    #[test]
+    fn a_domain_window_mirrors_each_node_span_placed_in() {
+        let span = 1u64 << 30;
+        let own = 4 * span;
+        assert!(matches!(Window::for_domain(own, 3 << 29), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Window::for_domain(own + 4096, span), Err(Error::InvalidArgument(_))));
+        let w = Window::for_domain(own, span).unwrap();
+        assert_eq!(w.config(), WindowConfig { gfa: own, len: span });
+        assert_eq!(w.node_span(), Some(span));
+        assert_eq!(w.ptr_of(9 * span), None, "no aperture before memory of that node is placed");
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[5u8; 8192]).unwrap();
+        let mine = w.place(own + 8192, 4096, f.as_fd(), 0, Protection::ReadWrite).unwrap();
+        assert_eq!(mine as usize - w.base() as usize, 8192);
+        // Another node's memory: its span gets an aperture, and within it addresses keep
+        // the GFA arithmetic.
+        let far = 9 * span + (6 << 20);
+        let p = w.place(far, 8192, f.as_fd(), 0, Protection::ReadWrite).unwrap();
+        assert_eq!(w.apertures(), vec![(own, span), (9 * span, span)]);
+        assert_eq!(w.ptr_of(far + 4096), Some(p.wrapping_add(4096)));
+        assert_eq!(w.gfa_of(p.wrapping_add(4096)), Some(far + 4096));
+        assert_eq!(p as usize % (2 << 20), 0, "a 2 MiB-aligned GFA keeps its alignment");
+        // SAFETY: p..p+8192 was just mapped read-write from an 8 KiB file, and `mine` maps
+        // its first page.
+        unsafe {
+            *p = 1;
+            assert_eq!(*mine, 1, "both placements map the same file page");
+        }
+        // A range across two node spans is no node's memory.
+        let e = w.place(10 * span - 4096, 8192, f.as_fd(), 0, Protection::Read).unwrap_err();
+        assert!(matches!(e, Error::OutsideWindow { .. }), "{e}");
+        assert!(matches!(w.place(far, 4096, f.as_fd(), 0, Protection::Read), Err(Error::AlreadyMapped { .. })));
+        w.unplace(far).unwrap();
+        w.place(far, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+        assert_eq!(w.apertures().len(), 2, "the aperture is reused");
     }
 
     #[test]

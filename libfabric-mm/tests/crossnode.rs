@@ -42,7 +42,7 @@ fn importer_process() {
     let Ok(args) = std::env::var(ENV) else { return };
     let mut a = args.split(' ');
     let (socket, slot, handle) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
-    let s = session(Path::new(socket), slot.parse().unwrap());
+    let s = session(Path::new(socket), Some(slot.parse().unwrap()));
     let import = s.import(&handle.parse::<Handle>().unwrap(), false).unwrap();
     let m = s.map(&import).unwrap();
     println!("\nMAPPED");
@@ -55,11 +55,12 @@ fn importer_process() {
     println!("LOADED {seen}");
 }
 
-/// A session whose window covers slot `slot`.
-fn session(socket: &Path, slot: u64) -> Session {
+/// A session whose window covers slot `slot`, or with the window a domain node's client
+/// gets by default (one aperture per node span it places memory of) for `None`.
+fn session(socket: &Path, slot: Option<u64>) -> Session {
     Session::open_with(SessionConfig {
         socket: Some(socket.to_owned()),
-        window: Some(WindowConfig { gfa: slot * SPAN, len: SPAN }),
+        window: slot.map(|slot| WindowConfig { gfa: slot * SPAN, len: SPAN }),
         client_name: Some("crossnode-test".into()),
         ..SessionConfig::default()
     })
@@ -76,7 +77,8 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let slot0 = domain::wait_live(&[&n0, &n1]);
 
     // tray0: allocate on its GPU, map, store, export — as for any local sharing.
-    let owner = session(&n0.socket, slot0);
+    let owner = session(&n0.socket, None);
+    assert_eq!(owner.window().config(), WindowConfig { gfa: slot0 * SPAN, len: SPAN }, "tray0's own span");
     let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
     let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap();
     let om = owner.map(&region).unwrap();
@@ -88,12 +90,17 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     assert!(matches!(om.flush(LEN, 1), Err(Error::InvalidArgument(_))));
     let handle = owner.export(&region, &Policy::default()).unwrap();
 
-    // tray1: the same import call; the window over tray0's slot places it at its GFA.
-    let importer = session(&n1.socket, slot0);
+    // tray1: the same import call; its window, which mirrors tray1's own span, gains
+    // tray0's span and places the import at its GFA there.
+    let importer = session(&n1.socket, None);
+    let slot1 = domain::status(&n1.socket)["self"]["slot"].as_u64().unwrap();
+    assert_eq!(importer.window().apertures(), vec![(slot1 * SPAN, SPAN)]);
     let import = importer.import(&handle, true).unwrap();
     assert_eq!(import.gfa(), om.gfa().into(), "one GFA on both nodes");
     let im = importer.map(&import).unwrap();
-    assert_eq!(im.as_ptr() as usize - importer.window().base() as usize, (om.gfa() - slot0 * SPAN) as usize);
+    assert_eq!(importer.window().apertures(), vec![(slot1 * SPAN, SPAN), (slot0 * SPAN, SPAN)]);
+    assert_eq!(importer.window().gfa_of(im.as_ptr()), Some(om.gfa()), "at its GFA in tray1's window");
+    assert_eq!(im.as_ptr() as usize % (2 << 20), om.as_ptr() as usize % (2 << 20));
     // Another node's memory is treated as not coherent: invalidate before loading what
     // tray0 stored and flush after storing run the cache-line work over the mapped range
     // (needed on CXL shared across hosts; harmless on the sim's shared files).
@@ -157,17 +164,18 @@ fn a_session_on_a_node_without_the_shared_fabric_copies_to_and_from_memory_expor
     let n0 = lab.node(&supernode, Some(&shared), "tray0");
     let n1 = lab.node(&supernode, None, "tray1");
     let slot0 = domain::wait_live(&[&n0, &n1]);
-    let owner = session(&n0.socket, slot0);
+    let owner = session(&n0.socket, None);
     let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
     let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, 4 * LEN).unwrap();
     let om = owner.map(&region).unwrap();
     let handle = owner.export(&region, &Policy::default()).unwrap();
 
     // tray1: the same import call; copy-only, so no mapping.
-    let importer = session(&n1.socket, slot0);
+    let importer = session(&n1.socket, None);
     let import = importer.import(&handle, true).unwrap();
     assert!(import.copy_only());
     assert!(matches!(importer.map(&import), Err(Error::CopyOnly(_))));
+    assert_eq!(importer.window().ptr_of(slot0 * SPAN), None, "nothing of tray0's reserved in tray1's window");
     let gfa = Memory::gfa(&import).unwrap();
     assert_eq!(gfa, om.gfa());
 

@@ -59,11 +59,10 @@ blob domain-nodes /tmp/nodes.json
 fabricctl map --daemon -o json >/tmp/map.json 2>&1 && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.json)"
 blob fabric-map /tmp/map.json
 
-# libfabric-mm's window mirrors GFAs 0-16 TiB by default; this node's slot lies where the
-# domain put it (slot x node_span): the clients mirror the slot instead.
+# libfabric-mm's clients of a domain node mirror this node's span (slot x node_span) by
+# default, and another node's span once they map its memory: no window to set here.
 SLOT=$(fabricctl domain status -o json | tr -d ' \n' | grep -o '"self":{[^}]*}' | grep -o '"slot":[0-9]*' | cut -d: -f2)
-export FABRIC_MM_WINDOW_GFA=$((SLOT << 40)) FABRIC_MM_WINDOW_SIZE=$((1 << 40))
-result slot ok "slot $SLOT: window at $FABRIC_MM_WINDOW_GFA"
+result slot ok "slot $SLOT: the clients' window mirrors GFA $((SLOT << 40)) on"
 if [ "$NODE" = a ]; then
   SET=$(grep -o '"set:cxl-region:[^"]*"' /tmp/map.json | head -1 | sed 's/^"set://; s/"$//')
   fabric-guest-probe owner "set:$SET" $LEN $SEED_A /tmp/lib-region >/tmp/owner.log 2>&1 &
