@@ -1,12 +1,13 @@
 //! Fuzzes the bodies of the cross-node operations a peer sends over the node link
 //! (`fabricd::peer::wire`): any bytes decoded as each body, never a panic; whatever
 //! decodes encodes back to a body that decodes to the same value, a decoded ask or grant
-//! that passes its checks carries only names that are one plain path component, and a
-//! body with a byte after it is refused.
+//! that passes its checks carries only names that are one plain path component (and a
+//! shared CXL range of 1 to 16 members that does not wrap), and a body with a byte after
+//! it is refused.
 #![no_main]
 
 use fabric_nodelink::PeerOp;
-use fabricd::peer::wire::{self, ImportAsk, ImportGrant, ReleaseAsk, RevokeNotice};
+use fabricd::peer::wire::{self, ImportAsk, ImportGrant, ReleaseAsk, RevokeNotice, Shared};
 use libfuzzer_sys::fuzz_target;
 
 /// One component, no way out of its directory.
@@ -43,8 +44,17 @@ fuzz_target!(|data: &[u8]| {
     if let Some(grant) = body!(ImportGrant, data)
         && grant.check().is_ok()
     {
-        one_component(&grant.file.resource);
-        one_component(&grant.file.file);
+        match &grant.shared {
+            Some(Shared::File(f)) => {
+                one_component(&f.resource);
+                one_component(&f.file);
+            }
+            Some(Shared::Cxl(c)) => {
+                assert!((1..=wire::MAX_WAYS).contains(&c.members.len()));
+                assert!(c.set_offset.checked_add(grant.len).is_some());
+            }
+            None => {}
+        }
     }
     let _ = body!(ReleaseAsk, data);
     let _ = body!(RevokeNotice, data);

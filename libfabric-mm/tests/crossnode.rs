@@ -23,13 +23,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::domain::{self, SPAN};
-use fabric_mm::{
-    Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Session, SessionConfig, Target, WindowConfig,
-};
+use fabric_mm::{Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Target, WindowConfig};
 
 const LEN: u64 = 2 << 20;
 const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
@@ -42,7 +39,7 @@ fn importer_process() {
     let Ok(args) = std::env::var(ENV) else { return };
     let mut a = args.split(' ');
     let (socket, slot, handle) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
-    let s = session(Path::new(socket), Some(slot.parse().unwrap()));
+    let s = domain::session(Path::new(socket), Some(slot.parse().unwrap()));
     let import = s.import(&handle.parse::<Handle>().unwrap(), false).unwrap();
     let m = s.map(&import).unwrap();
     println!("\nMAPPED");
@@ -55,18 +52,6 @@ fn importer_process() {
     println!("LOADED {seen}");
 }
 
-/// A session whose window covers slot `slot`, or with the window a domain node's client
-/// gets by default (one aperture per node span it places memory of) for `None`.
-fn session(socket: &Path, slot: Option<u64>) -> Session {
-    Session::open_with(SessionConfig {
-        socket: Some(socket.to_owned()),
-        window: slot.map(|slot| WindowConfig { gfa: slot * SPAN, len: SPAN }),
-        client_name: Some("crossnode-test".into()),
-        ..SessionConfig::default()
-    })
-    .unwrap()
-}
-
 #[test]
 fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let Some(lab) = domain::Lab::start() else { return };
@@ -77,7 +62,7 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     let slot0 = domain::wait_live(&[&n0, &n1]);
 
     // tray0: allocate on its GPU, map, store, export — as for any local sharing.
-    let owner = session(&n0.socket, None);
+    let owner = domain::session(&n0.socket, None);
     assert_eq!(owner.window().config(), WindowConfig { gfa: slot0 * SPAN, len: SPAN }, "tray0's own span");
     let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
     let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap();
@@ -92,7 +77,7 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
 
     // tray1: the same import call; its window, which mirrors tray1's own span, gains
     // tray0's span and places the import at its GFA there.
-    let importer = session(&n1.socket, None);
+    let importer = domain::session(&n1.socket, None);
     let slot1 = domain::status(&n1.socket)["self"]["slot"].as_u64().unwrap();
     assert_eq!(importer.window().apertures(), vec![(slot1 * SPAN, SPAN)]);
     let import = importer.import(&handle, true).unwrap();
@@ -137,11 +122,7 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     }
 
     // tray0 frees the region: tray1's callback runs with Freed, the import is revoked.
-    let (tx, rx) = mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
-    importer.on_revocation(move |r| {
-        let _ = tx.lock().unwrap().send(*r);
-    });
+    let rx = domain::revocations(&importer);
     drop(om);
     drop(region);
     let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
@@ -164,14 +145,14 @@ fn a_session_on_a_node_without_the_shared_fabric_copies_to_and_from_memory_expor
     let n0 = lab.node(&supernode, Some(&shared), "tray0");
     let n1 = lab.node(&supernode, None, "tray1");
     let slot0 = domain::wait_live(&[&n0, &n1]);
-    let owner = session(&n0.socket, None);
+    let owner = domain::session(&n0.socket, None);
     let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
     let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, 4 * LEN).unwrap();
     let om = owner.map(&region).unwrap();
     let handle = owner.export(&region, &Policy::default()).unwrap();
 
     // tray1: the same import call; copy-only, so no mapping.
-    let importer = session(&n1.socket, None);
+    let importer = domain::session(&n1.socket, None);
     let import = importer.import(&handle, true).unwrap();
     assert!(import.copy_only());
     assert!(matches!(importer.map(&import), Err(Error::CopyOnly(_))));

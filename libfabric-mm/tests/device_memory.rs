@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{check, check_file, fill};
 use fabric_mm::{Error, Memory, MemoryClass, Policy, Target};
 
 /// The sim CXL pool's region0 (2 x 256 GiB at HPA 0x10_0000_0000) and its DAX device.
@@ -30,16 +31,8 @@ fn sim() -> PathBuf {
 
 /// The fixture tree: `dax0.0` bound to device_dax with `align`, and BAR 2 of `bdf`.
 fn fixture(root: &Path, align: u64, bdf: &str) {
-    let d = root.join("sys/bus/dax/devices/dax0.0");
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(d.join("size"), format!("{DAX_BYTES}\n")).unwrap();
-    std::fs::write(d.join("align"), format!("{align}\n")).unwrap();
-    let drv = root.join("sys/bus/dax/drivers/device_dax");
-    std::fs::create_dir_all(&drv).unwrap();
-    std::os::unix::fs::symlink(&drv, d.join("driver")).unwrap();
-    std::fs::create_dir_all(root.join("dev")).unwrap();
-    let dax = std::fs::File::create(root.join("dev/dax0.0")).unwrap();
-    dax.set_len(DAX_BYTES).unwrap();
+    common::dax_fixture(root, align, DAX_BYTES, None);
+    let dax = std::fs::OpenOptions::new().write(true).open(root.join("dev/dax0.0")).unwrap();
     // What a previous holder left at the start of each device: a new region must not show it.
     dax.write_all_at(&vec![STALE; 8 << 20], 0).unwrap();
     let p = root.join("sys/bus/pci/devices").join(bdf);
@@ -112,41 +105,6 @@ fn start(dir: &Path, root: &Path, memory: &str) -> Result<Daemon, String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(d)
-}
-
-fn word(seed: u64, off: u64) -> u64 {
-    (off ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// Stores the pattern in the first `len` bytes of a mapping.
-fn fill(m: &fabric_mm::Mapping, seed: u64, len: u64) {
-    assert!(len as usize <= m.len());
-    let p = m.as_ptr().cast::<u64>();
-    for i in 0..len as usize / 8 {
-        // SAFETY: `p + i` lies in the live read-write mapping; no reference to it exists.
-        unsafe { p.add(i).write_volatile(word(seed, i as u64 * 8)) };
-    }
-}
-
-/// Checks the pattern in the first `len` bytes of a mapping.
-fn check(m: &fabric_mm::Mapping, seed: u64, len: u64) {
-    assert!(len as usize <= m.len());
-    let p = m.as_ptr().cast::<u64>();
-    for i in 0..len as usize / 8 {
-        // SAFETY: as in `fill`, read-only.
-        let got = unsafe { p.add(i).read_volatile() };
-        assert_eq!(got, word(seed, i as u64 * 8), "word {i} through the importer's mapping");
-    }
-}
-
-/// Checks the pattern in a device file at `offset`.
-fn check_file(path: &Path, offset: u64, len: u64, seed: u64) {
-    let mut buf = vec![0u8; len as usize];
-    std::fs::File::open(path).unwrap().read_exact_at(&mut buf, offset).unwrap();
-    for (i, w) in buf.chunks_exact(8).enumerate() {
-        let got = u64::from_le_bytes(w.try_into().unwrap());
-        assert_eq!(got, word(seed, i as u64 * 8), "{} at {:#x}", path.display(), offset + i as u64 * 8);
-    }
 }
 
 /// The NIC of the CXL pool, and its PCI address (its id is `pci:NODE/ADDR`).

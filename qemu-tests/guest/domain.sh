@@ -2,11 +2,13 @@
 # Two hosts of one domain sharing one CXL type-3 device (qemu-tests/src/twohost.rs): both
 # guests' devices are backed by the same host file. Each guest commits a 1-way region over
 # its device and hands the DAX device to fabricd, which joins the domain "shared-cxl"
-# through etcd on guest A over the private link. A's client allocates a region on the set
-# and stores a pattern; B finds A's GFA in its domain map (node a, the set, the offset),
-# loads A's bytes through its own DAX device at that offset and stores its own pattern
-# there; A then imports its region through its fabricd and loads B's bytes. The host checks
-# the shared file at the same offset (the DPA).
+# through etcd on guest A over the private link, with a node-link certificate from the
+# host's test CA. A's client allocates a region on the set and stores a pattern; B finds
+# A's GFA in its domain map (node a, the set, the offset), and B's client imports A's
+# handle: B's fabricd asks A over the node link, A grants the region's place in the set
+# of the shared device, and B's fabricd hands its client B's own DAX device at that place;
+# the client loads A's bytes and stores its own. A then imports its region through its
+# fabricd and loads B's bytes. The host checks the shared file at the same offset (the DPA).
 . /fabric/common.sh
 . /fabric/node.env
 LEN=0x800000
@@ -51,7 +53,11 @@ endpoints = [\"http://$ETCD:2379\"]
 node = \"$NODE\"
 lease_ttl_secs = 20
 [peer]
-address = \"$ME:7471\""
+address = \"$ME:7471\"
+ca = \"/fabric/ca.pem\"
+cert = \"/fabric/node.pem\"
+key = \"/fabric/node.key\"
+shared_identities = true"
 start_fabricd
 both() { fabricctl domain nodes -o json >/tmp/nodes.json && [ "$(grep -c '"state": "live"' /tmp/nodes.json)" = 2 ] && ! grep -q '"ranges": 0' /tmp/nodes.json; }
 if waitfor 180 both; then result domain-joined ok "a and b live with placements"; else result domain-joined fail "$(cat /tmp/nodes.json)"; tail -30 /tmp/fabricd.log; fi
@@ -82,8 +88,10 @@ else
   fabricctl map translate "$GFA" --daemon -o json >/tmp/translate.json 2>&1 && result translate ok "$GFA" || result translate fail "$(cat /tmp/translate.json)"
   blob translate /tmp/translate.json
   OFF=$(grep -o '"offset": "[^"]*"' /tmp/translate.json | cut -d'"' -f4)
-  check b-loads-a "B loads A's pattern through its own /dev/$DAX at $OFF" -- fabric-guest-probe check "/dev/$DAX" $LEN $SEED_A "$OFF"
-  check b-stores "B stores its pattern there" -- fabric-guest-probe fill "/dev/$DAX" $LEN $SEED_B "$OFF"
+  # The same import call as for a local handle: through B's fabricd, A's grant, B's own DAX device.
+  check b-imports "B imports A's region, loads A's pattern and stores its own" -- fabric-guest-probe importer /tmp/lib-region $LEN $SEED_A $SEED_B
+  grep 'node link: import\|shared CXL\|imported another node' /tmp/fabricd.log | tail -3 >/tmp/b-import.log
+  blob b-import-log /tmp/b-import.log
   echo "stored $LEN bytes at $OFF" | nc "$PEER" 7001
   # Stay a member until A is done with the domain map.
   sleep 2

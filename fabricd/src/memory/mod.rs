@@ -1130,6 +1130,17 @@ impl Memory {
         }
     }
 
+    /// Whether region `region`'s bytes are device memory (a range of a DAX device or a
+    /// BAR, or a carved DAX device) rather than a file of its own.
+    pub fn on_device(&self, region: u64) -> bool {
+        self.state().regions.get(&region).is_some_and(|r| r.backing.is_device())
+    }
+
+    /// The DAX device that backs interleave set `set` here, if one does.
+    pub fn set_device(&self, set: &str) -> Option<backing::DeviceBacking> {
+        self.state().set_backings.get(set).cloned()
+    }
+
     /// What a handle's export is about (for the partition checks before an import): its
     /// policy, its region's device and whether it was revoked. The handle is verified as
     /// for an import.

@@ -25,7 +25,7 @@ use fabric_proto::wire::{
 };
 
 use super::DialError;
-use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, RevokeNotice};
+use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, RevokeNotice, Shared};
 use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::ops::dispatch::errors::refusal;
@@ -191,23 +191,28 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
     let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
     // The owner recorded an import this node cannot use: give it back.
     let give_back = || link.service().importer().give_back(domain, &owner, grant.import);
-    let fd = match (&shared, &grant.file) {
-        (Some(shared), Some(file)) => {
-            Some(open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?)
+    grant
+        .check()
+        .map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))
+        .inspect_err(|_| give_back())?;
+    let reach = match (&shared, &grant.shared) {
+        (Some(shared), Some(Shared::File(file))) => {
+            Some((open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?, grant.offset))
         }
-        // Class NET: copy-only, which needs the region's GFA.
-        _ if grant.gfa.is_none() => {
-            give_back();
-            return Err(refusal(
-                ErrorCode::NotImplemented,
-                format!(
-                    "node {owner} shares no memory fabric with this node (class NET) and its region {} has no GFA: it can be neither mapped nor copied",
-                    grant.region
-                ),
-            ));
-        }
+        (_, Some(Shared::Cxl(c))) => super::cxl::open(d, &owner, c, grant.len, write).inspect_err(|_| give_back())?,
         _ => None,
     };
+    // Class NET: copy-only, which needs the region's GFA.
+    if reach.is_none() && grant.gfa.is_none() {
+        give_back();
+        return Err(refusal(
+            ErrorCode::NotImplemented,
+            format!(
+                "node {owner} shares no memory fabric with this node (class NET) and its region {} has no GFA: it can be neither mapped nor copied",
+                grant.region
+            ),
+        ));
+    }
     let local = held(
         link,
         cx,
@@ -217,7 +222,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         (grant.gfa, grant.len),
         i.access,
     );
-    let access = if fd.is_some() { Access::Fd } else { Access::CopyOnly };
+    let access = if reach.is_some() { Access::Fd } else { Access::CopyOnly };
     tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
     let response = Response::Import(ImportResponse {
         import: local,
@@ -225,11 +230,11 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         generation: grant.generation,
         size: grant.len,
         gfa: grant.gfa,
-        offset: if fd.is_some() { grant.offset } else { 0 },
+        offset: reach.as_ref().map_or(0, |(_, offset)| *offset),
         access: i.access,
         grant: Some(Grant { owner: node, access }),
     });
-    Ok(Outcome { response: response.for_version(cx.version), fd, events: None })
+    Ok(Outcome { response: response.for_version(cx.version), fd: reach.map(|(fd, _)| fd), events: None })
 }
 
 /// Records the owner's import `(owner import, region, generation)` of `(gfa, len)` for the
@@ -315,7 +320,6 @@ fn open_shared(
     f: &super::wire::SharedFile,
     write: bool,
 ) -> Result<OwnedFd, ErrorBody> {
-    g.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))?;
     let dir_path = shared.join(owner).join(&f.resource);
     let bad = |what: String| refusal(ErrorCode::Unavailable, what);
     let dir = crate::sys::privdir::PrivateDir::open(&dir_path)

@@ -7,6 +7,7 @@
 pub mod clique;
 pub mod copy;
 pub mod creds;
+pub mod cxl;
 pub mod dial;
 pub mod importer;
 pub mod members;

@@ -1,8 +1,9 @@
 //! The owner's side of an import across nodes: the handle checked by the registry (its
 //! secret in constant time) and the policy by domain-wide tenants, the import recorded
 //! against the importer node's incarnation (one registry session per importer node and
-//! incarnation), and a grant that names the region's file on the shared sim fabric (or,
-//! for a CUDA fabric handle, the handle, to a node of the same NVLink domain).
+//! incarnation), and a grant that names the region's file on the shared sim fabric, or its
+//! place in a set of shared CXL devices (or, for a CUDA fabric handle, the handle, to a
+//! node of the same NVLink domain).
 //! Revocations of those imports go back to the importer node over the link ([`revokes`]);
 //! a region freed under a remote import has its file truncated, so the importer's next
 //! load faults instead of reading memory that may be reused, and its range is quarantined
@@ -17,7 +18,7 @@ use fabric_nodelink::{Peer, PeerError};
 use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
 
 use super::revokes::{self, Outbox};
-use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, SharedFile};
+use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, Shared, SharedFile};
 use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::memory::ExportSubject;
@@ -144,16 +145,26 @@ impl Owner {
     /// Serves an importer node's [`ImportAsk`].
     pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ImportGrant, PeerError> {
         let (handle, _, cred) = self.admit(d, peer, &ask)?;
-        // A region on the shared sim fabric is granted by its file; any other is granted
-        // copy-only (its bytes reached by `Copy` chunks over the link: `super::copy`).
-        let file = d.memory.own_file(ask.region).and_then(|path| shared_file(d, &path).ok());
+        // A region on the shared sim fabric is granted by its file, one on a DAX device
+        // over CXL devices with serials by its place in their set (`super::cxl`); any
+        // other, and any the importer does not reach, copy-only (its bytes reached by
+        // `Copy` chunks over the link: `super::copy`).
+        let shared = match d.memory.own_file(ask.region) {
+            Some(path) => shared_file(d, &path).ok().map(Shared::File),
+            None => super::cxl::grant(d, ask.region).map(Shared::Cxl),
+        };
         let session = self.session(d, peer);
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
-        if file.is_some() {
+        if matches!(shared, Some(Shared::File(_))) {
             let held = (peer.identity.node.clone(), File::from(g.fd));
             self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, held);
         }
-        tracing::info!(peer = %peer.identity.node, region = g.region, import = g.import, ?ask.access, copy_only = file.is_none(), "node link: import granted");
+        let reach = match &shared {
+            Some(Shared::File(_)) => "shared file",
+            Some(Shared::Cxl(_)) => "shared CXL",
+            None => "copy-only",
+        };
+        tracing::info!(peer = %peer.identity.node, region = g.region, import = g.import, ?ask.access, reach, "node link: import granted");
         Ok(ImportGrant {
             import: g.import,
             region: g.region,
@@ -161,7 +172,7 @@ impl Owner {
             len: g.len,
             offset: g.offset,
             gfa: crate::placement::region_gfa(d, g.region),
-            file,
+            shared,
         })
     }
 

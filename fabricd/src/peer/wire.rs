@@ -1,12 +1,13 @@
 //! The bodies of the cross-node operations carried by the node link's request envelope
 //! (postcard, read whole, every name checked): an importer's [`ImportAsk`] and the owner's
 //! [`ImportGrant`] (for a vendor object, [`ObjectGrant`]), [`ReleaseAsk`], and the owner's
-//! [`RevokeNotice`] to an importer node. Each fits its opcode's peer limit (256 bytes; an
-//! object grant 1 KiB). A copy chunk ([`CopyAsk`]) is a data frame: its small header, then
+//! [`RevokeNotice`] to an importer node. Each fits its opcode's peer limit (256 bytes; a
+//! grant 1 KiB). A copy chunk ([`CopyAsk`]) is a data frame: its small header, then
 //! the bytes it writes (the answer to a read is the bytes).
 
 use fabric_nodelink::{PeerError, PeerOp, PeerRequest, PeerResponse};
 use fabric_proto::wire::{AccessMode, ObjectKind, Revocation};
+use fabric_topology::MemoryKind;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +47,44 @@ pub struct SharedFile {
     pub file: String,
 }
 
+/// The most members a [`SharedCxl`] names (CXL's widest interleave).
+pub const MAX_WAYS: usize = 16;
+
+/// One member of a [`SharedCxl`] set: what names it on every host that reaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CxlMember {
+    /// The memory device's serial (its PCIe DSN): the same on every host.
+    pub serial: u64,
+    /// The kind of its capacity the set uses.
+    pub kind: MemoryKind,
+    /// Its ordinal among the device's resources of that kind.
+    pub ordinal: u16,
+}
+
+/// A range of an interleave set of CXL memory that other hosts reach too (a device shared
+/// by several hosts, or a multi-headed one), named by what is the same on every host: the
+/// members in position order, the set's granularity and the range's offset in the set —
+/// so the same DPAs of the same devices wherever it is mapped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedCxl {
+    /// The members, in position order.
+    pub members: Vec<CxlMember>,
+    /// The set's interleave granularity.
+    pub granularity: u64,
+    /// The region's offset in the set.
+    pub set_offset: u64,
+}
+
+/// Where an importer node reaches a granted region's bytes itself, with no copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Shared {
+    /// Its file on the shared sim fabric.
+    File(SharedFile),
+    /// A range of shared CXL memory, through the importer's own DAX device over the same
+    /// members.
+    Cxl(SharedCxl),
+}
+
 /// The owner's grant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportGrant {
@@ -57,13 +96,13 @@ pub struct ImportGrant {
     pub generation: u64,
     /// Its bytes.
     pub len: u64,
-    /// Its first byte's offset in the file.
+    /// Its first byte's offset in the owner's file.
     pub offset: u64,
     /// Its GFA in the domain.
     pub gfa: Option<u64>,
-    /// Its file on the shared sim fabric; `None`: the region is not on it (or the
-    /// importer shares no fabric with the owner): copy-only, reached by [`CopyAsk`].
-    pub file: Option<SharedFile>,
+    /// Where the importer reaches it itself; `None` (or a place the importer does not
+    /// reach: it shares no fabric with the owner): copy-only, reached by [`CopyAsk`].
+    pub shared: Option<Shared>,
 }
 
 /// One chunk of a copy between nodes, read from or written to the owner's region at
@@ -142,11 +181,34 @@ impl ImportAsk {
 }
 
 impl ImportGrant {
-    /// Checks the names it carries.
+    /// Checks what it carries: names that are one path component each; a CXL set of 1 to
+    /// [`MAX_WAYS`] CXL members, a legal granularity and a range that does not wrap.
     pub fn check(&self) -> Result<(), PeerError> {
-        let Some(f) = &self.file else { return Ok(()) };
-        check_name("resource", &f.resource)?;
-        check_name("file", &f.file)
+        match &self.shared {
+            None => Ok(()),
+            Some(Shared::File(f)) => {
+                check_name("resource", &f.resource)?;
+                check_name("file", &f.file)
+            }
+            Some(Shared::Cxl(c)) => {
+                let cxl = |k: MemoryKind| {
+                    matches!(k, MemoryKind::CxlVolatile | MemoryKind::CxlPersistent | MemoryKind::CxlDynamic)
+                };
+                if c.members.is_empty() || c.members.len() > MAX_WAYS || !c.members.iter().all(|m| cxl(m.kind)) {
+                    return Err(PeerError::Refused(format!(
+                        "a CXL set of {} members, not 1 to {MAX_WAYS} of CXL memory",
+                        c.members.len()
+                    )));
+                }
+                if !c.granularity.is_power_of_two() || !(256..=16384).contains(&c.granularity) {
+                    return Err(PeerError::Refused(format!("interleave granularity {}", c.granularity)));
+                }
+                if c.set_offset.checked_add(self.len).is_none() {
+                    return Err(PeerError::Refused("a CXL range past the end of the address space".into()));
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -241,9 +303,17 @@ mod tests {
             len: u64::MAX,
             offset: u64::MAX,
             gfa: Some(u64::MAX),
-            file: Some(SharedFile { resource: long.clone(), file: long }),
+            shared: Some(Shared::File(SharedFile { resource: long.clone(), file: long })),
         };
         fits(PeerMessage::Response(response(PeerOp::Import, &grant)));
+        let member = CxlMember { serial: u64::MAX, kind: MemoryKind::CxlPersistent, ordinal: u16::MAX };
+        let cxl = SharedCxl { members: vec![member; MAX_WAYS], granularity: 16384, set_offset: u64::MAX - (1 << 40) };
+        let grant = ImportGrant { shared: Some(Shared::Cxl(cxl)), ..grant };
+        assert_eq!(grant.check(), Err(PeerError::Refused("a CXL range past the end of the address space".into())));
+        let grant = ImportGrant { len: 1 << 40, ..grant };
+        assert_eq!(grant.check(), Ok(()));
+        fits(PeerMessage::Response(response(PeerOp::Import, &grant)));
+        assert_eq!(decode::<ImportGrant>(&response(PeerOp::Import, &grant).body), Ok(grant));
         let object = ObjectGrant {
             import: u64::MAX,
             region: u64::MAX,
@@ -284,7 +354,7 @@ mod tests {
                 let _ = ask.check();
             }
             if let Ok(grant) = decode::<ImportGrant>(&body) {
-                if grant.check().is_ok() && let Some(f) = &grant.file {
+                if grant.check().is_ok() && let Some(Shared::File(f)) = &grant.shared {
                     for name in [&f.resource, &f.file] {
                         let mut parts = std::path::Path::new(name).components();
                         proptest::prop_assert!(matches!(parts.next(), Some(std::path::Component::Normal(_))));

@@ -30,9 +30,31 @@ impl Lab {
         Some(Lab { etcd, ca, ca_file, dir, _rt: rt })
     }
 
-    /// [`start`] of node `name` in this lab.
+    /// Node `name` of this lab serving node `name` of sim fabric `fabric`, on the shared
+    /// sim fabric `shared` when given.
     pub fn node(&self, fabric: &Path, shared: Option<&Path>, name: &str) -> Daemon {
-        start(self.etcd.endpoint(), &self.ca, &self.ca_file, fabric, shared, name)
+        let shared = shared.map(|s| format!("shared_dir = {s:?}\n")).unwrap_or_default();
+        self.node_with(fabric, &format!("sim_node = {name:?}"), &shared, "", name)
+    }
+
+    /// Node `name` of this lab on sim fabric `fabric`, with lines `discovery` in its
+    /// `[discovery]` and `peer` in its `[peer]`, and sections `extra`; its link on a free
+    /// port with a certificate the lab's CA issues.
+    pub fn node_with(&self, fabric: &Path, discovery: &str, peer: &str, extra: &str, name: &str) -> Daemon {
+        let pem = self.ca.issue(name, &[]).unwrap();
+        let pki = self.dir.path();
+        let (cert, key) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
+        std::fs::write(&cert, &pem.cert).unwrap();
+        std::fs::write(&key, &pem.key).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (etcd, ca_file) = (self.etcd.endpoint(), &self.ca_file);
+        let config = format!(
+            "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
+             [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
+             [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
+             {peer}shared_identities = true\n{extra}"
+        );
+        super::daemon_on(fabric, discovery, &config, |_| {})
     }
 }
 
@@ -42,26 +64,6 @@ pub const SPAN: u64 = 1 << 40;
 /// A sim fabric of the repository's `configs/sim/`.
 pub fn sim(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim").join(name).canonicalize().unwrap()
-}
-
-/// Node `name` of domain `lab` serving node `name` of sim fabric `fabric`, its link on a
-/// free port with a certificate `ca` issues (files beside `ca_file`), on the shared sim
-/// fabric `shared` when given.
-pub fn start(etcd: &str, ca: &DomainCa, ca_file: &Path, fabric: &Path, shared: Option<&Path>, name: &str) -> Daemon {
-    let pem = ca.issue(name, &[]).unwrap();
-    let pki = ca_file.parent().unwrap();
-    let (cert, key) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
-    std::fs::write(&cert, &pem.cert).unwrap();
-    std::fs::write(&key, &pem.key).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let shared = shared.map(|s| format!("shared_dir = {s:?}\n")).unwrap_or_default();
-    let extra = format!(
-        "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
-         [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
-         [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
-         {shared}shared_identities = true\n"
-    );
-    super::daemon_on(fabric, &format!("sim_node = {name:?}"), &extra, |_| {})
 }
 
 /// The node's `domain status` document.
@@ -90,4 +92,27 @@ pub fn wait_live(nodes: &[&Daemon]) -> u64 {
         assert!(Instant::now() < deadline, "the nodes did not see each other: {docs:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A session on `socket` whose window covers slot `slot`, or with the window a domain
+/// node's client gets by default (one aperture per node span it places memory of) for
+/// `None`.
+pub fn session(socket: &Path, slot: Option<u64>) -> fabric_mm::Session {
+    fabric_mm::Session::open_with(fabric_mm::SessionConfig {
+        socket: Some(socket.to_owned()),
+        window: slot.map(|slot| fabric_mm::WindowConfig { gfa: slot * SPAN, len: SPAN }),
+        client_name: Some("crossnode-test".into()),
+        ..fabric_mm::SessionConfig::default()
+    })
+    .unwrap()
+}
+
+/// The revocations `session`'s callback sees, from now on.
+pub fn revocations(session: &fabric_mm::Session) -> std::sync::mpsc::Receiver<fabric_mm::Revocation> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    session.on_revocation(move |r| {
+        let _ = tx.lock().unwrap().send(*r);
+    });
+    rx
 }

@@ -104,3 +104,59 @@ pub fn session(socket: &Path) -> Session {
 pub fn gpu(s: &Session) -> String {
     s.first_device_with(MemoryClass::Hbm).unwrap().expect("the sim fabric has GPUs").id
 }
+
+/// A fixture sysfs tree under `root` with `dax0.0` (the sim CXL pool's region0 DAX device)
+/// bound to device_dax with `align`; its device file `dev/dax0.0` is a regular file of
+/// `bytes`, standing in for the device — or a hard link to `shared` when given (hosts that
+/// share one device's memory).
+pub fn dax_fixture(root: &Path, align: u64, bytes: u64, shared: Option<&Path>) {
+    let d = root.join("sys/bus/dax/devices/dax0.0");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("size"), format!("{bytes}\n")).unwrap();
+    std::fs::write(d.join("align"), format!("{align}\n")).unwrap();
+    let drv = root.join("sys/bus/dax/drivers/device_dax");
+    std::fs::create_dir_all(&drv).unwrap();
+    std::os::unix::fs::symlink(&drv, d.join("driver")).unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    let dev = root.join("dev/dax0.0");
+    match shared {
+        Some(file) => std::fs::hard_link(file, &dev).unwrap(),
+        None => std::fs::File::create(&dev).unwrap().set_len(bytes).unwrap(),
+    }
+}
+
+/// The pattern's word at byte `off` for `seed`.
+pub fn word(seed: u64, off: u64) -> u64 {
+    (off ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Stores the pattern in the first `len` bytes of a mapping.
+pub fn fill(m: &fabric_mm::Mapping, seed: u64, len: u64) {
+    assert!(len as usize <= m.len());
+    let p = m.as_ptr().cast::<u64>();
+    for i in 0..len as usize / 8 {
+        // SAFETY: `p + i` lies in the live read-write mapping; no reference to it exists.
+        unsafe { p.add(i).write_volatile(word(seed, i as u64 * 8)) };
+    }
+}
+
+/// Checks the pattern in the first `len` bytes of a mapping.
+pub fn check(m: &fabric_mm::Mapping, seed: u64, len: u64) {
+    assert!(len as usize <= m.len());
+    let p = m.as_ptr().cast::<u64>();
+    for i in 0..len as usize / 8 {
+        // SAFETY: as in `fill`, read-only.
+        let got = unsafe { p.add(i).read_volatile() };
+        assert_eq!(got, word(seed, i as u64 * 8), "word {i} through the importer's mapping");
+    }
+}
+
+/// Checks the pattern in a device file at `offset`.
+pub fn check_file(path: &Path, offset: u64, len: u64, seed: u64) {
+    let mut buf = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(path).unwrap(), &mut buf, offset).unwrap();
+    for (i, w) in buf.chunks_exact(8).enumerate() {
+        let got = u64::from_le_bytes(w.try_into().unwrap());
+        assert_eq!(got, word(seed, i as u64 * 8), "{} at {:#x}", path.display(), offset + i as u64 * 8);
+    }
+}

@@ -197,14 +197,14 @@ impl Opcode {
             FrameKind::Response => match self {
                 Opcode::Topology | Opcode::Devices | Opcode::Map | Opcode::Inventory | Opcode::Regions => MAX_BODY,
                 Opcode::Status | Opcode::Translate | Opcode::Partitions | Opcode::Domain => 1 << 20,
-                // The device name is up to 256 bytes.
-                Opcode::ImportObject => 1 << 10,
+                // The device name is up to 256 bytes; between nodes, an import's grant
+                // names up to 16 members of a shared CXL set.
+                Opcode::Import | Opcode::ImportObject => 1 << 10,
                 Opcode::Hello
                 | Opcode::Alloc
                 | Opcode::Free
                 | Opcode::Export
                 | Opcode::Revoke
-                | Opcode::Import
                 | Opcode::Adopt
                 | Opcode::Release
                 | Opcode::Register

@@ -4,7 +4,7 @@
 //! success, 1 on a mismatch (the first one is printed), 2 on a usage or mapping error.
 //! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
 //! `mm-edu BDF` does the same through libfabric-mm and fabricd's VFIO backend (`mmvfio.rs`).
-//! `owner TARGET LEN SEED OUT` and `importer OUT LEN SEED` share device memory through fabricd
+//! `owner TARGET LEN SEED OUT` and `importer OUT LEN SEED [STORE]` share device memory through fabricd
 //! and libfabric-mm's Session API (see `session.rs`).
 //! `power-workload OUT TOKEN|- SEED` and `power-observe MEMORY_DIR HANDLES OUT` are the
 //! guest's half of the power-loss test (see `power.rs`).
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         return done(split::split(set, std::path::Path::new(dir)));
     }
     if let (Some("importer"), Some(file), Some(len), Some(seed)) = (arg(1), arg(2), num(3), num(4)) {
-        return done(session::importer(std::path::Path::new(file), len, seed));
+        return done(session::importer(std::path::Path::new(file), len, seed, num(5)));
     }
     if let (Some("power-workload"), Some(out), Some(token), Some(seed)) = (arg(1), arg(2), arg(3), num(4)) {
         let resume = if token == "-" { None } else { power::parse_token(token) };

@@ -77,30 +77,45 @@ pub fn owner(spec: &str, len: u64, seed: u64, out: &Path) -> Result<String, Stri
     ))
 }
 
-/// Imports the handle in `file` (written by [`owner`]) read-only, maps it at its GFA and
-/// checks `len` bytes of the pattern for `seed`; then makes `file.done`.
-pub fn importer(file: &Path, len: u64, seed: u64) -> Result<String, String> {
+/// Imports the handle in `file` (written by [`owner`]), maps it at its GFA and checks
+/// `len` bytes of the pattern for `seed`; with `store`, imports read-write and then
+/// stores the pattern for `store` there (flushed: another host may load it). Then makes
+/// `file.done`.
+pub fn importer(file: &Path, len: u64, seed: u64, store: Option<u64>) -> Result<String, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let mut it = text.split_whitespace();
     let handle: fabric_mm::Handle = it.next().ok_or("no handle")?.parse().map_err(|e| format!("handle: {e}"))?;
     let gfa = it.next().and_then(|g| u64::from_str_radix(g.trim_start_matches("0x"), 16).ok());
     let s = Session::open().map_err(|e| format!("session: {e}"))?;
     let result = (|| {
-        let import = s.import(&handle, false).map_err(|e| format!("import: {e}"))?;
+        let import = s.import(&handle, store.is_some()).map_err(|e| format!("import: {e}"))?;
         if import.gfa() != gfa {
             return Err(format!("the import is at GFA {:?}, the owner's region at {gfa:?}", import.gfa()));
         }
         let m = s.map(&import).map_err(|e| format!("map: {e}"))?;
+        m.invalidate(0, len).map_err(|e| format!("invalidate: {e}"))?;
         let p = m.as_ptr().cast::<u64>();
         for i in 0..len / 8 {
-            // SAFETY: `p + i` lies in the live read-only mapping of the import.
+            // SAFETY: `p + i` lies in the live mapping of the import.
             let got = unsafe { p.add(i as usize).read_volatile() };
             let want = pattern::word(seed, i * 8);
             if got != want {
                 return Err(format!("offset {:#x}: {got:#018x}, expected {want:#018x}", i * 8));
             }
         }
-        Ok(format!("import of region {} at GFA {:#x}: {len:#x} bytes match", import.id(), m.gfa()))
+        let owner = handle.node().map_or_else(|| "this node".to_owned(), |n| format!("node {n}"));
+        let mut said =
+            format!("import of region {} of {owner} at GFA {:#x}: {len:#x} bytes match", import.id(), m.gfa());
+        if let Some(store) = store {
+            for i in 0..len / 8 {
+                // SAFETY: `p + i` lies in the live read-write mapping of the import; no
+                // Rust reference to that memory exists.
+                unsafe { p.add(i as usize).write_volatile(pattern::word(store, i * 8)) };
+            }
+            m.flush(0, len).map_err(|e| format!("flush: {e}"))?;
+            said.push_str(&format!("; stored {len:#x} bytes of seed {store:#x}"));
+        }
+        Ok(said)
     })();
     let _ = std::fs::write(file.with_extension("done"), "");
     result

@@ -1,0 +1,168 @@
+//! Shared CXL memory across hosts: a region on an interleave set of CXL devices that the
+//! importer's host reaches too (one device shared by several hosts, or a multi-headed one)
+//! is granted by what is the same on every host — the members' serials, kinds and
+//! ordinals, the set's granularity and the region's offset in the set ([`SharedCxl`]) —
+//! and the importer hands its client its own DAX device over the same members, at the
+//! same offset in the set: the same DPAs, no copy. A host with no such set (or none backed
+//! by a DAX device) gets a copy-only grant instead.
+
+use std::os::fd::OwnedFd;
+
+use fabric_addrmap::{InterleaveSet, Presence};
+use fabric_proto::wire::{ErrorBody, ErrorCode};
+use fabric_topology::DeviceId;
+
+use super::wire::{CxlMember, SharedCxl};
+use crate::daemon::Daemon;
+use crate::memory::Whereabouts;
+use crate::ops::dispatch::errors::refusal;
+
+/// The serial of a CXL memory device whose identity is its serial (`serial:cxl/0x…`); a
+/// device known only by its place on this host (a PCI function) names nothing another
+/// host could find.
+fn serial_of(id: &DeviceId) -> Option<u64> {
+    let hex = id.as_str().strip_prefix("serial:cxl/0x")?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The members of `set` as another host names them, when every one has a serial.
+fn members_of(set: &InterleaveSet) -> Option<Vec<CxlMember>> {
+    set.members
+        .iter()
+        .map(|k| Some(CxlMember { serial: serial_of(&k.device)?, kind: k.kind, ordinal: k.ordinal }))
+        .collect()
+}
+
+/// Whether `set` is over the members `c` names, striped alike (the granularity matters
+/// only with more than one way).
+fn same_set(set: &InterleaveSet, c: &SharedCxl) -> bool {
+    set.presence == Presence::Present
+        && members_of(set).is_some_and(|m| m == c.members)
+        && (c.members.len() == 1 || set.geometry.granularity() == c.granularity)
+        && c.set_offset < set.size()
+}
+
+/// The owner's side: region `region` as shared CXL memory, when it is a range of a DAX
+/// device over an interleave set whose members all have serials.
+pub fn grant(d: &Daemon, region: u64) -> Option<SharedCxl> {
+    let Whereabouts::Set { name, offset, .. } = d.memory.whereabouts(region)? else { return None };
+    if !d.memory.on_device(region) {
+        // A sim set region is a file of this host's: nobody else reaches it.
+        return None;
+    }
+    let snap = d.map_snapshot();
+    let set = snap.state().interleaves.iter().find(|s| s.name == name)?;
+    Some(SharedCxl { members: members_of(set)?, granularity: set.geometry.granularity(), set_offset: offset })
+}
+
+/// The importer's side: the DAX device of this node's set over the members `c` names,
+/// opened, and the offset in it of the granted `len` bytes; `None` when this node has no
+/// such set backed by a DAX device (the import is then copy-only).
+pub fn open(
+    d: &Daemon,
+    owner: &str,
+    c: &SharedCxl,
+    len: u64,
+    write: bool,
+) -> Result<Option<(OwnedFd, u64)>, ErrorBody> {
+    let snap = d.map_snapshot();
+    let found = snap
+        .state()
+        .interleaves
+        .iter()
+        .filter(|s| same_set(s, c))
+        .find_map(|s| d.memory.set_device(&s.name).map(|b| (s.name.clone(), b)));
+    let Some((set, b)) = found else {
+        tracing::info!(
+            owner,
+            members = c.members.len(),
+            "no set here over the owner's shared CXL members, or none with a DAX device: copy-only"
+        );
+        return Ok(None);
+    };
+    let refuse = |what: String| {
+        Err(refusal(ErrorCode::Unavailable, format!("node {owner}'s region on shared CXL memory: {what}")))
+    };
+    if b.carve.is_some() {
+        return Err(refusal(
+            ErrorCode::NotImplemented,
+            format!(
+                "set {set} here gives each region a DAX device of its own (dax_per_region): another node's region on it is not importable yet"
+            ),
+        ));
+    }
+    let Some(offset) = b.file_offset(c.set_offset, len) else {
+        return refuse(format!("{} here does not hold set offset {:#x} + {len:#x} of set {set}", b.name, c.set_offset));
+    };
+    if !offset.is_multiple_of(b.align) || !len.is_multiple_of(b.align) {
+        return refuse(format!(
+            "{} maps only multiples of {:#x}; the region is {len:#x} bytes at {offset:#x}",
+            b.name, b.align
+        ));
+    }
+    match b.open(write) {
+        Ok(f) => Ok(Some((OwnedFd::from(f), offset))),
+        Err(e) => refuse(format!("{}: {e}", b.path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fabric_addrmap::{Geometry, ResourceKey};
+    use fabric_topology::MemoryKind;
+
+    use super::*;
+
+    fn set(ids: &[&str], granularity: u64) -> InterleaveSet {
+        InterleaveSet {
+            name: "s".into(),
+            geometry: Geometry::new(ids.len() as u32, granularity).unwrap(),
+            members: ids
+                .iter()
+                .map(|i| ResourceKey {
+                    device: i.parse::<DeviceId>().unwrap(),
+                    kind: MemoryKind::CxlVolatile,
+                    ordinal: 0,
+                })
+                .collect(),
+            member_size: 1 << 30,
+            node: "n".into(),
+            start: 0,
+            reserved: 0,
+            presence: Presence::Present,
+        }
+    }
+
+    fn shared(serials: &[u64], granularity: u64, set_offset: u64) -> SharedCxl {
+        let members =
+            serials.iter().map(|&serial| CxlMember { serial, kind: MemoryKind::CxlVolatile, ordinal: 0 }).collect();
+        SharedCxl { members, granularity, set_offset }
+    }
+
+    #[test]
+    fn a_set_matches_only_the_same_members_in_the_same_order_striped_alike() {
+        let two = set(&["serial:cxl/0xa1", "serial:cxl/0xb2"], 4096);
+        assert!(same_set(&two, &shared(&[0xa1, 0xb2], 4096, 0)));
+        assert!(!same_set(&two, &shared(&[0xb2, 0xa1], 4096, 0)), "another position order is other DPAs");
+        assert!(!same_set(&two, &shared(&[0xa1, 0xb2], 256, 0)), "another granularity is other DPAs");
+        assert!(!same_set(&two, &shared(&[0xa1], 4096, 0)));
+        assert!(!same_set(&two, &shared(&[0xa1, 0xb2], 4096, 2 << 30)), "past the set");
+        let one = set(&["serial:cxl/0xa1"], 256);
+        assert!(same_set(&one, &shared(&[0xa1], 4096, 0)), "one way: the granularity does not matter");
+        let mut cold = shared(&[0xa1], 256, 0);
+        cold.members[0].kind = MemoryKind::CxlPersistent;
+        assert!(!same_set(&one, &cold));
+        let gone = InterleaveSet { presence: Presence::Vanished { since: 1 }, ..one };
+        assert!(!same_set(&gone, &shared(&[0xa1], 256, 0)));
+    }
+
+    #[test]
+    fn only_devices_named_by_their_serial_are_named_to_other_hosts() {
+        assert_eq!(serial_of(&"serial:cxl/0x5eed".parse::<DeviceId>().unwrap()), Some(0x5eed));
+        assert_eq!(serial_of(&"pci:n/0000:0d:00.0".parse::<DeviceId>().unwrap()), None);
+        assert_eq!(serial_of(&"serial:nvswitch/0x5eed".parse::<DeviceId>().unwrap()), None);
+        assert_eq!(serial_of(&"serial:cxl/0xzz".parse::<DeviceId>().unwrap()), None);
+        let mixed = set(&["serial:cxl/0xa1", "pci:n/0000:0d:00.0"], 4096);
+        assert_eq!(members_of(&mixed), None);
+    }
+}

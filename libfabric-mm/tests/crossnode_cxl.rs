@@ -1,0 +1,105 @@
+//! CXL memory shared by the hosts of a domain, through the library alone: three real
+//! fabricd nodes (a private etcd, certificates from a test CA), each serving a sim host
+//! attached to the same two CXL memory devices — the same serials, as hosts sharing one
+//! pool see them — with a 2-way region over them. Hosts a and b each hand fabricd the
+//! DAX device of that region, and their `dev/dax0.0` is one file (a stand-in for the
+//! pool's memory: what one host stores, the other loads).
+//! A session on a allocates on the set and stores; a session on b imports the handle —
+//! nothing new to learn for a remote handle — and b's fabricd hands it b's own DAX device
+//! at the region's place in the set: it loads a's bytes and stores its own, which a loads
+//! and which lie in the shared device at the region's offset. Host c has no DAX device
+//! over those members: its import is copy-only. When a frees the region, b's revocation
+//! callback runs.
+//!
+//! What this cannot prove is that real devices shared by two kernels behave so: the QEMU
+//! tier's two-host test (`qemu-tests/tests/domain.rs`) does that with one CXL device file
+//! behind two guests. Without an `etcd` binary it says it is skipped.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{check, check_file, domain, fill};
+use fabric_mm::{Memory, Policy, RevocationReason, Target};
+
+/// The hosts' 2-way region0 set and the bytes of its DAX device stand-in.
+const SET: &str = "cxl-region:hpa-0x1000000000";
+const DAX_BYTES: u64 = 128 << 30;
+const LEN: u64 = 4 << 20;
+
+/// Sim host `name`, attached to the two shared devices (their serials given, so the same
+/// on every host), with region0 striped over both at 4 KiB.
+fn host(name: &str) -> String {
+    let memdev = |i: u32| {
+        format!(
+            "[[templates.host.cxl_memdev]]\nname = \"mem{i}\"\nparent = \"pci0000:0c\"\nram = \"64GiB\"\nserial = {:#x}\n",
+            0x5eed_0000 + i
+        )
+    };
+    format!(
+        "[fabric]\nname = \"shared-cxl\"\ndescription = \"a host of a shared CXL pool\"\n\
+         [templates.host]\n[[templates.host.numa]]\nid = 0\ncpus = \"0-7\"\ndram = \"16GiB\"\n\
+         [[templates.host.host_bridge]]\nbus = \"0000:0c\"\nnuma = 0\ncxl = true\n\
+         window = {{ base = 0x10_0000_0000, size = \"1TiB\", capabilities = [\"ram\"] }}\n\
+         {}{}\
+         [[templates.host.cxl_region]]\nname = \"region0\"\nmode = \"ram\"\ntargets = [\"mem0\", \"mem1\"]\ngranularity = 4096\n\
+         [[node]]\nname = {name:?}\ntemplate = \"host\"\n",
+        memdev(0),
+        memdev(1)
+    )
+}
+
+#[test]
+fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax_device() {
+    let Some(lab) = domain::Lab::start() else { return };
+    let device = lab.dir.path().join("shared-cxl.raw");
+    std::fs::File::create(&device).unwrap().set_len(DAX_BYTES).unwrap();
+    let node = |name: &str, dax: bool| {
+        let root = lab.dir.path().join(format!("{name}-root"));
+        common::dax_fixture(&root, 2 << 20, DAX_BYTES, Some(&device));
+        let fabric = lab.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&fabric, host(name)).unwrap();
+        let memory = if dax { "[memory]\ndax = [\"dax0.0\"]\n" } else { "" };
+        let discovery = format!("sim_node = {name:?}\nsysfs_root = {:?}", root.display().to_string());
+        lab.node_with(&fabric, &discovery, "", memory, name)
+    };
+    let (a, b, c) = (node("host-a", true), node("host-b", true), node("host-c", false));
+    domain::wait_live(&[&a, &b, &c]);
+
+    // host-a: allocate on the set, store, export — as for any local sharing.
+    let owner = domain::session(&a.socket, None);
+    let region = owner.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    let om = owner.map(&region).unwrap();
+    fill(&om, 0xa, LEN);
+    om.flush(0, LEN).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+
+    // host-b: the same import call; its own DAX device, at the region's place in the set.
+    let importer = domain::session(&b.socket, None);
+    let import = importer.import(&handle, true).unwrap();
+    assert!(!import.copy_only(), "b reaches the shared device itself");
+    assert_eq!(import.gfa(), region.gfa(), "one GFA on both nodes");
+    assert_eq!(import.fd_offset(), region.fd_offset(), "the same place in the same device");
+    let im = importer.map(&import).unwrap();
+    im.invalidate(0, LEN).unwrap();
+    check(&im, 0xa, LEN);
+    fill(&im, 0xb, LEN);
+    im.flush(0, LEN).unwrap();
+    om.invalidate(0, LEN).unwrap();
+    check(&om, 0xb, LEN);
+    check_file(&device, region.fd_offset(), LEN, 0xb);
+
+    // host-c: no DAX device over those members, so nothing to map: copy-only.
+    let far = domain::session(&c.socket, None);
+    let copy = far.import(&handle, false).unwrap();
+    assert!(copy.copy_only());
+    assert_eq!(Memory::gfa(&copy), region.gfa());
+
+    // host-a frees the region: b's callback runs with Freed.
+    let rx = domain::revocations(&importer);
+    drop(om);
+    drop(region);
+    let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
+    assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
+}
