@@ -18,7 +18,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::domain::{gpu_of, node_of, sim, topology, until};
+use common::domain::{gpu_of, node_of, partitions, sim, socket_group, topology, until};
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, DeviceName, ExportPolicy, ExportRequest,
     MemoryClass, Name, PartitionSpec, PartitionsRequest, RegisterRequest, RegisterSource, Request, Response,
@@ -264,9 +264,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
     let supernode = sim("supernode-64.toml");
     let setups = [node_of(&etcd, &supernode, "tray0", SPAN, TTL), node_of(&etcd, &supernode, "tray1", SPAN, TTL)];
     for s in &setups {
-        let text = std::fs::read_to_string(&s.config).unwrap();
-        std::fs::write(&s.config, text.replacen("\n[state]\n", &format!("\ngroup = \"{SOCKET_GID}\"\n[state]\n"), 1))
-            .unwrap();
+        socket_group(&s.config, SOCKET_GID);
     }
     let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
     let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
@@ -290,13 +288,7 @@ fn a_partition_across_nodes_scopes_a_bound_client_on_any_node() {
         panic!()
     };
     assert_eq!(p.partitions.len(), 1, "the admin's next listing has it at once");
-    until(Duration::from_secs(5), "tray1 sees the partition", || {
-        let Response::Partitions(p) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0
-        else {
-            panic!()
-        };
-        p.partitions.len() == 1
-    });
+    until(Duration::from_secs(5), "tray1 sees the partition", || partitions(&mut admin[1]) == 1);
     // A GPU of tray1 outside the partition.
     let other_gpu = doc["devices"]
         .as_array()
@@ -409,14 +401,12 @@ fn a_domain_partitions_link_events_reach_its_bound_client_only_for_its_members()
     std::fs::write(&fabric, &base).unwrap();
     let setups =
         [node_of(&etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(&etcd, &fabric, "tray1", SPAN, TTL)];
-    for (i, s) in setups.iter().enumerate() {
-        let mut text = std::fs::read_to_string(&s.config).unwrap();
-        text = text.replacen("\n[state]\n", &format!("\ngroup = \"{SOCKET_GID}\"\n[state]\n"), 1);
-        if i == 1 {
-            text = text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1);
-        }
-        std::fs::write(&s.config, text).unwrap();
+    for s in &setups {
+        socket_group(&s.config, SOCKET_GID);
     }
+    let text = std::fs::read_to_string(&setups[1].config).unwrap();
+    let text = text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1);
+    std::fs::write(&setups[1].config, text).unwrap();
     let daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
     let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
     for c in &mut admin {
@@ -446,13 +436,7 @@ fn a_domain_partitions_link_events_reach_its_bound_client_only_for_its_members()
     else {
         panic!()
     };
-    until(Duration::from_secs(5), "tray1 sees the partition", || {
-        let Response::Partitions(p) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]).unwrap().0
-        else {
-            panic!()
-        };
-        p.partitions.len() == 1
-    });
+    until(Duration::from_secs(5), "tray1 sees the partition", || partitions(&mut admin[1]) == 1);
     // The bound client subscribes on tray1; then every tray1 GPU's NVLink to nvsw0 goes down.
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "domain_events_child", "--nocapture", "--test-threads", "1"])

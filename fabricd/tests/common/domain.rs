@@ -124,3 +124,18 @@ pub fn gpu_of(doc: &Value, node: &str) -> String {
         .unwrap()
         .to_owned()
 }
+
+/// How many partitions `c`'s node lists.
+pub fn partitions(c: &mut Connection) -> usize {
+    match c.call(Request::Partitions(fabric_proto::wire::PartitionsRequest::List), &[]).unwrap().0 {
+        Response::Partitions(p) => p.partitions.len(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Lets members of group `gid` connect to the socket of the node configured in `config`
+/// (`[socket] group`), so that clients under other uids can.
+pub fn socket_group(config: &Path, gid: u32) {
+    let text = std::fs::read_to_string(config).unwrap();
+    std::fs::write(config, text.replacen("\n[state]\n", &format!("\ngroup = \"{gid}\"\n[state]\n"), 1)).unwrap();
+}

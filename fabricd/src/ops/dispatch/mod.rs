@@ -125,9 +125,12 @@ impl<'a> DaemonFacts<'a> {
 }
 
 impl authz::Facts for DaemonFacts<'_> {
+    /// A partition of this node's map, or of the domain (one that binds the caller, or any
+    /// the node's view holds: an admin, bound to none, exports to a domain's tenant too).
     fn partition_exists(&self, name: &str) -> bool {
         self.snap.state().partitions.iter().any(|p| p.name == name)
             || self.domain_partitions.iter().any(|p| p.name == name)
+            || self.d.domain.as_ref().is_some_and(|dom| dom.view().partitions().any(|p| p.name == name))
     }
 
     fn members(&self, names: &[String]) -> HashSet<DeviceId> {
