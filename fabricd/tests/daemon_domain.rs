@@ -7,8 +7,9 @@
 //! node whose etcd stops answering fences itself (its leadership unknown), serves on and
 //! rejoins; three nodes agree on one leader, and on a new one with a larger term when the
 //! leader is killed; hostile records written into etcd by hand are refused by running
-//! nodes with the reason logged and poison no map; and `scripts/domain.sh` starts and
-//! stops a domain.
+//! nodes with the reason logged and poison no map; a node's map changed while etcd is
+//! away reaches the others once it is back, under the same membership; and
+//! `scripts/domain.sh` starts and stops a domain.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -450,4 +451,76 @@ fn hostile_records_in_etcd_are_refused_and_poison_no_running_node() {
             Translation::Remote { .. } | Translation::Resource { .. }
         ));
     }
+}
+
+/// The ranges of node `node` in `c`'s domain map, as `(owner, start, size)`.
+fn ranges_of(c: &mut Connection, node: &str) -> Vec<(String, u64, u64)> {
+    map(c)["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["node"] == node)
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (r["owner"].as_str().unwrap().to_owned(), n("start"), n("size"))
+        })
+        .collect()
+}
+
+#[test]
+fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
+    // A TTL long enough that a short etcd outage costs no lease: the node keeps its
+    // membership (and incarnation), and its new placements are written when etcd answers.
+    const LONG_TTL: u64 = 30;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(mut etcd) = etcd(&rt) else { return };
+    // tray1 serves a copy of the supernode it rescans every second.
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = dir.path().join("supernode.toml");
+    let base = std::fs::read_to_string(common::domain::supernode()).unwrap();
+    std::fs::write(&fabric, &base).unwrap();
+    let setups = [
+        common::domain::node_of(&etcd, &common::domain::supernode(), "tray0", SPAN, LONG_TTL),
+        common::domain::node_of(&etcd, &fabric, "tray1", SPAN, LONG_TTL),
+    ];
+    let text = std::fs::read_to_string(&setups[1].config).unwrap();
+    std::fs::write(&setups[1].config, text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1))
+        .unwrap();
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "both live with placements", || all_live_and_placed(c, 2));
+    }
+    let before = ranges_of(&mut clients[0], "tray1");
+    let hbm: Vec<_> = before.iter().filter(|(owner, _, _)| owner.ends_with("#hbm0")).cloned().collect();
+    assert_eq!(hbm.len(), 4, "tray1's four GPUs: {before:?}");
+    let incarnation = domain(&mut clients[1], DomainAction::Status)["self"]["incarnation"].as_u64().unwrap();
+
+    // etcd goes; then tray1's fourth GPU: its own map has a hole there at its next rescan.
+    etcd.stop();
+    let gpus = "count = 4\nparent = \"pci00{i/2}{i%2+8}:00\"";
+    assert!(base.contains(gpus));
+    let three = base.replace(gpus, &gpus.replace("count = 4", "count = 3")).replace("\ni = 4\n", "\ni = 3\n");
+    assert_eq!(three.matches("\ni = 3\n").count(), 2, "the GPUs' two link templates");
+    std::fs::write(&fabric, three).unwrap();
+    let mut gone = None;
+    until(Duration::from_secs(10), "tray1's own map lost a GPU", || {
+        gone = hbm.iter().find(|r| matches!(translate(&mut clients[1], r.1 + 5), Translation::Hole { .. })).cloned();
+        gone.is_some()
+    });
+    let gone = gone.unwrap();
+    assert_eq!(ranges_of(&mut clients[0], "tray1"), before, "tray0 cannot have heard of it");
+
+    // etcd back: tray1's new placements are written, and tray0 holds them.
+    rt.block_on(etcd.restart()).unwrap();
+    let t = until(Duration::from_secs(LONG_TTL / 3 + 5), "tray0 sees tray1's new placements", || {
+        let now = ranges_of(&mut clients[0], "tray1");
+        now != before && now == ranges_of(&mut clients[1], "tray1")
+    });
+    eprintln!("tray1's placements reached tray0 {t:?} after etcd restarted");
+    let seen = ranges_of(&mut clients[0], "tray1");
+    assert!(seen.iter().any(|r| r.0 == gone.0 && r.2 == 0), "the GPU's range is a hole now: {seen:?}");
+    let status = domain(&mut clients[1], DomainAction::Status);
+    assert_eq!(status["self"]["standing"], "joined", "{status}");
+    assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership, no rejoin");
 }
