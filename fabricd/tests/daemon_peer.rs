@@ -32,8 +32,7 @@ use std::time::{Duration, Instant};
 use fabric_domain::testing::until;
 use fabric_nodelink::{Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Refusal};
 use fabric_proto::wire::{
-    Access, AccessMode, CodecError, Connection, CopyDone, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorBody,
-    ErrorCode, Event, ExportHandle, FreeRequest, ImportRequest, ImportResponse, RegisterRequest, RegisterSource,
+    Access, AccessMode, Connection, CopyEndpoint, CopyResult, ErrorCode, Event, ExportHandle, FreeRequest,
     ReleaseRequest, Request, Response, RevocationReason, RevokeRequest, Secret, SubscribeRequest, Topics,
 };
 
@@ -264,65 +263,6 @@ fn an_etcd_outage_keeps_mappings_working_and_refuses_new_grants() {
 }
 
 /// An import granted copy-only: no descriptor comes with it.
-fn import_copy_only(c: &mut Connection, handle: ExportHandle, access: AccessMode) -> Result<ImportResponse, ErrorBody> {
-    match c.call(Request::Import(ImportRequest { handle, access }), &[]) {
-        Ok((Response::Import(i), fds)) => {
-            assert!(fds.is_empty(), "a copy-only grant carries no descriptor");
-            Ok(i)
-        }
-        Ok((other, _)) => panic!("{other:?}"),
-        Err(CodecError::Refused { body, .. }) => Err(body),
-        Err(e) => panic!("{e:?}"),
-    }
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
-}
-
-/// A memfd of `len` bytes registered by `c` for DMA by `gpu`: the registration and the file.
-fn registered(c: &mut Connection, gpu: &str, len: u64) -> (u64, File) {
-    use std::os::fd::{AsFd, FromRawFd};
-    let name = std::ffi::CString::new("peer-copy").unwrap();
-    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: the descriptor was just created and is owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(len).unwrap();
-    let req = Request::Register(RegisterRequest {
-        device: DeviceName::truncated(gpu),
-        source: RegisterSource::Fd,
-        offset: 0,
-        len,
-        access: AccessMode::ReadWrite,
-    });
-    let Response::Register(r) = c.call(req, &[file.as_fd()]).unwrap().0 else { panic!() };
-    (r.registration, file)
-}
-
-fn start_copy(c: &mut Connection, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<u64, ErrorBody> {
-    match c.call(Request::Copy(CopyRequest { dst, src, len }), &[]) {
-        Ok((Response::Copy(r), _)) => Ok(r.copy),
-        Ok((other, _)) => panic!("{other:?}"),
-        Err(CodecError::Refused { body, .. }) => Err(body),
-        Err(e) => panic!("{e:?}"),
-    }
-}
-
-fn copy_done(c: &mut Connection, copy: u64) -> CopyDone {
-    loop {
-        match c.next_event().unwrap() {
-            Event::CopyDone(d) if d.copy == copy => return d,
-            _ => {}
-        }
-    }
-}
-
-fn reg(id: u64, offset: u64) -> CopyEndpoint {
-    CopyEndpoint::Registration { id, offset }
-}
-
 /// `setup`'s peer port.
 fn peer_port(setup: &common::Setup) -> u16 {
     let text = std::fs::read_to_string(&setup.config).unwrap();

@@ -8,7 +8,9 @@
 //! again once the importer acknowledged them. Two nodes in network namespaces of their
 //! own, cut from each other by iptables while etcd sees both: the mapping made before
 //! keeps working, a new import is refused promptly as `Unavailable` naming the owner, and
-//! imports and revocations cross again after the heal.
+//! imports and revocations cross again after the heal. Two nodes in namespaces, one
+//! without the shared fabric (class NET): its client pushes to and pulls from the other's
+//! region over the link between the namespaces.
 //!
 //! Each test starts its own etcd (on 127.0.0.1, or in a namespace); without `etcd` (or,
 //! for the namespaces, root, `ip` and `iptables`) it says it is skipped.
@@ -21,8 +23,9 @@ use std::time::{Duration, Instant};
 use fabric_domain::testing::netns::Netns;
 use fabric_domain::testing::until;
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, CodecError, Connection, DeviceName, DomainAction, DomainRequest, ErrorBody,
-    ErrorCode, FreeRequest, MemoryClass, Name, Request, Response, RevocationReason, RevokeRequest,
+    AccessMode, AllocRequest, AllocTarget, CodecError, Connection, CopyEndpoint, CopyResult, DeviceName, DomainAction,
+    DomainRequest, ErrorBody, ErrorCode, FreeRequest, MemoryClass, Name, Request, Response, RevocationReason,
+    RevokeRequest,
 };
 use serde_json::Value;
 
@@ -185,6 +188,40 @@ fn more_revocations_at_once_than_a_queue_holds_all_reach_the_importer_nodes_clie
     free(&mut c[0], again);
 }
 
+/// tray0 and tray1, each in its namespace of `net` with its link at the namespace's
+/// address, on the shared sim fabric in `shared` where `on_fabric` says (identities shared
+/// across the domain), started and each listing both live: their files, daemons, clients.
+fn in_namespaces(
+    net: &fabric_domain::testing::netns::Net,
+    etcd: &fabric_domain::testing::EtcdServer,
+    pki: &Pki,
+    shared: &std::path::Path,
+    on_fabric: impl Fn(usize) -> bool,
+) -> (Vec<common::Setup>, Vec<common::Daemon>, Vec<Connection>) {
+    let names = ["tray0", "tray1"];
+    let setups: Vec<_> = names
+        .iter()
+        .zip(net.nodes())
+        .enumerate()
+        .map(|(i, (n, ns))| {
+            let fabric = if on_fabric(i) { format!("shared_dir = {:?}\n", shared.join("sim")) } else { String::new() };
+            node_at(etcd, pki, n, n, &format!("{}:7471", ns.addr()), &format!("{fabric}shared_identities = true\n"))
+        })
+        .collect();
+    let daemons: Vec<_> = setups
+        .iter()
+        .zip(net.nodes())
+        .map(|(s, ns)| common::start_with(&s.config, s.dir.path(), |cmd| ns.enter_on_spawn(cmd).unwrap()))
+        .collect();
+    let mut c: Vec<Connection> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for x in &mut c {
+        for n in names {
+            until(Duration::from_secs(15), "both nodes live", || incarnation_of(x, n));
+        }
+    }
+    (setups, daemons, c)
+}
+
 /// Drops what each of `a` and `b` sends to the other (etcd still sees both).
 fn partition(a: &Netns, b: &Netns, cut: bool) {
     let (ab, ba) = if cut { (a.cut(b.addr()), b.cut(a.addr())) } else { (a.heal(b.addr()), b.heal(a.addr())) };
@@ -197,24 +234,7 @@ fn a_partition_between_two_nodes_keeps_mappings_and_refuses_new_imports_naming_t
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some((net, etcd)) = rt.block_on(fabric_domain::testing::net_and_etcd_or_skip(2)) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
-    let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.path().join("sim"));
-    let names = ["tray0", "tray1"];
-    let setups: Vec<_> = names
-        .iter()
-        .zip(net.nodes())
-        .map(|(n, ns)| node_at(&etcd, &pki, n, n, &format!("{}:7471", ns.addr()), &fabric))
-        .collect();
-    let _daemons: Vec<_> = setups
-        .iter()
-        .zip(net.nodes())
-        .map(|(s, ns)| common::start_with(&s.config, s.dir.path(), |cmd| ns.enter_on_spawn(cmd).unwrap()))
-        .collect();
-    let mut c: Vec<Connection> = setups.iter().map(|s| common::client(&s.socket)).collect();
-    for x in &mut c {
-        for n in names {
-            until(Duration::from_secs(15), "both nodes live", || incarnation_of(x, n));
-        }
-    }
+    let (_setups, _daemons, mut c) = in_namespaces(&net, &etcd, &pki, shared.path(), |_| true);
     // Across the namespaces' network: tray1's client maps tray0's region.
     let gpu = hbm_of(&mut c[0], "tray0");
     let (a, file0) = common::alloc_hbm(&mut c[0], &gpu, 2 * MIB);
@@ -260,4 +280,43 @@ fn map_file(f: &std::fs::File, offset: u64, len: u64) -> memmap2::MmapMut {
     // SAFETY: a shared mapping of a region file, used by this test only while the region
     // lives.
     unsafe { memmap2::MmapOptions::new().offset(offset).len(len as usize).map_mut(f).unwrap() }
+}
+
+#[test]
+fn a_node_in_its_namespace_copies_to_and_from_a_region_of_a_node_in_another() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some((net, etcd)) = rt.block_on(fabric_domain::testing::net_and_etcd_or_skip(2)) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // tray1 has no shared fabric: class NET to tray0, its bytes cross the link only.
+    let (_setups, _daemons, mut c) = in_namespaces(&net, &etcd, &pki, shared.path(), |i| i == 0);
+    let size = 8 * MIB;
+    let gpu0 = hbm_of(&mut c[0], "tray0");
+    let (a, file0) = common::alloc_hbm(&mut c[0], &gpu0, size);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let i = import_copy_only(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    let gfa = i.gfa.unwrap();
+    assert_eq!((i.gfa, i.size), (a.gfa, size));
+    let gpu1 = until(Duration::from_secs(15), "tray1's memory placed", || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hbm_of(&mut c[1], "tray1"))).ok()
+    });
+    let (r, mem) = registered(&mut c[1], &gpu1, size);
+    let m0 = map_file(&file0, a.offset, size);
+
+    // Push across the namespaces: several chunks and an unaligned tail, to an unaligned GFA.
+    use std::os::unix::fs::FileExt;
+    let len = 3 * MIB + 4097;
+    let data = pattern(7, len as usize);
+    mem.write_all_at(&data, 0).unwrap();
+    let id = start_copy(&mut c[1], CopyEndpoint::Gfa(gfa + 123), reg(r, 0), len).unwrap();
+    let d = copy_done(&mut c[1], id);
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, len));
+    assert!(m0[123..123 + len as usize] == data[..], "tray0's client reads what tray1 pushed");
+    // Pull: tray0's bytes into the registration at an offset.
+    let back = 2 * MIB + 1;
+    let id = start_copy(&mut c[1], reg(r, 4 * MIB), CopyEndpoint::Gfa(gfa + 100), back).unwrap();
+    let d = copy_done(&mut c[1], id);
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, back));
+    let mut got = vec![0; back as usize];
+    mem.read_exact_at(&mut got, 4 * MIB).unwrap();
+    assert!(got[..] == m0[100..100 + back as usize], "tray1 pulled tray0's bytes");
 }

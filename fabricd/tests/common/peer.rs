@@ -10,8 +10,9 @@ use std::time::Duration;
 use fabric_domain::testing::{EtcdServer, until};
 use fabric_nodelink::{Credentials, DomainCa, Pem};
 use fabric_proto::wire::{
-    AccessMode, CodecError, Connection, DomainAction, DomainRequest, ErrorBody, Event, ExportHandle, ImportRequest,
-    ImportResponse, Request, Response, StatusRequest, SubscribeRequest, Topics,
+    AccessMode, CodecError, Connection, CopyDone, CopyEndpoint, CopyRequest, DeviceName, DomainAction, DomainRequest,
+    ErrorBody, Event, ExportHandle, ImportRequest, ImportResponse, RegisterRequest, RegisterSource, Request, Response,
+    StatusRequest, SubscribeRequest, Topics,
 };
 use serde_json::Value;
 
@@ -174,4 +175,72 @@ pub fn revocation(c: &mut Connection) -> fabric_proto::wire::Revocation {
 
 pub fn standing(c: &mut Connection) -> String {
     status(c)["self"]["standing"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A copy-only import of `handle` (no descriptor comes with it), or the refusal.
+pub fn import_copy_only(
+    c: &mut Connection,
+    handle: ExportHandle,
+    access: AccessMode,
+) -> Result<ImportResponse, ErrorBody> {
+    match c.call(Request::Import(ImportRequest { handle, access }), &[]) {
+        Ok((Response::Import(i), fds)) => {
+            assert!(fds.is_empty(), "a copy-only grant carries no descriptor");
+            Ok(i)
+        }
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// Bytes of a test pattern.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+}
+
+/// A memfd of `len` bytes registered by `c` for DMA by `gpu`: the registration and the file.
+pub fn registered(c: &mut Connection, gpu: &str, len: u64) -> (u64, File) {
+    use std::os::fd::{AsFd, FromRawFd};
+    let name = std::ffi::CString::new("peer-copy").unwrap();
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: the descriptor was just created and is owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len).unwrap();
+    let req = Request::Register(RegisterRequest {
+        device: DeviceName::truncated(gpu),
+        source: RegisterSource::Fd,
+        offset: 0,
+        len,
+        access: AccessMode::ReadWrite,
+    });
+    let Response::Register(r) = c.call(req, &[file.as_fd()]).unwrap().0 else { panic!() };
+    (r.registration, file)
+}
+
+/// Starts a copy on `c`: its id, or the refusal.
+pub fn start_copy(c: &mut Connection, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<u64, ErrorBody> {
+    match c.call(Request::Copy(CopyRequest { dst, src, len }), &[]) {
+        Ok((Response::Copy(r), _)) => Ok(r.copy),
+        Ok((other, _)) => panic!("{other:?}"),
+        Err(CodecError::Refused { body, .. }) => Err(body),
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// Waits for copy `copy`'s completion event on `c`.
+pub fn copy_done(c: &mut Connection, copy: u64) -> CopyDone {
+    loop {
+        match c.next_event().unwrap() {
+            Event::CopyDone(d) if d.copy == copy => return d,
+            _ => {}
+        }
+    }
+}
+
+/// Registration `id` at `offset`, as a copy's endpoint.
+pub fn reg(id: u64, offset: u64) -> CopyEndpoint {
+    CopyEndpoint::Registration { id, offset }
 }
