@@ -448,6 +448,22 @@ int fmm_import(const struct fmm_session_t *s,
 // `i` is a live import.
 int fmm_import_check(const struct fmm_import_t *i);
 
+// Writes an import's global fabric address into `gfa` — where `fmm_map_import` places
+// it, and what a copy to or from a copy-only import names (`FMM_COPY_GFA`);
+// `FMM_E_NO_GFA` when the region is not in the address map.
+//
+// # Safety
+// `i` is a live import; `gfa` points to a writable `uint64_t`.
+int fmm_import_gfa(const struct fmm_import_t *i, uint64_t *gfa);
+
+// 1 when the daemon granted the import copy-only (another node's memory with no memory
+// fabric between the nodes: `fmm_map_import` fails with `FMM_E_COPY_ONLY`; copy to and
+// from its GFA, `fmm_import_gfa`), 0 when it can be mapped, `FMM_E_ARG` for NULL.
+//
+// # Safety
+// `i` is NULL or a live import.
+int fmm_import_copy_only(const struct fmm_import_t *i);
+
 // Releases an import (when its mappings are gone too).
 //
 // # Safety

@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
 use crate::error::Error;
-use crate::memory::{Handle, Import, Mapping, Region};
+use crate::memory::{Handle, Import, Mapping, Memory, Region};
 use crate::session::{Policy, Session, SessionConfig, Target};
 use crate::window::WindowConfig;
 use fabric_proto::wire::MemoryClass;
@@ -432,6 +432,46 @@ pub unsafe extern "C" fn fmm_import_check(i: *const FmmImport) -> c_int {
         let i = unsafe { get(i, "import") }?;
         i.0.check().map_err(|e| fail(&e))
     })
+}
+
+/// Writes an import's global fabric address into `gfa` — where `fmm_map_import` places
+/// it, and what a copy to or from a copy-only import names (`FMM_COPY_GFA`);
+/// `FMM_E_NO_GFA` when the region is not in the address map.
+///
+/// # Safety
+/// `i` is a live import; `gfa` points to a writable `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_import_gfa(i: *const FmmImport, gfa: *mut u64) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let i = unsafe { get(i, "import") }?;
+        // SAFETY: forwarded caller contract (checked non-NULL by `as_mut`).
+        let out = unsafe { gfa.as_mut() }.ok_or_else(|| arg_err("gfa is NULL"))?;
+        let Some(g) = Memory::gfa(&i.0) else {
+            set_error("the imported region is not in the address map");
+            return Err(FMM_E_NO_GFA);
+        };
+        *out = g;
+        Ok(())
+    })
+}
+
+/// 1 when the daemon granted the import copy-only (another node's memory with no memory
+/// fabric between the nodes: `fmm_map_import` fails with `FMM_E_COPY_ONLY`; copy to and
+/// from its GFA, `fmm_import_gfa`), 0 when it can be mapped, `FMM_E_ARG` for NULL.
+///
+/// # Safety
+/// `i` is NULL or a live import.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_import_copy_only(i: *const FmmImport) -> c_int {
+    let mut copy_only = false;
+    let rc = guard(|| {
+        // SAFETY: forwarded caller contract.
+        let i = unsafe { get(i, "import") }?;
+        copy_only = Memory::copy_only(&i.0);
+        Ok(())
+    });
+    if rc == 0 { c_int::from(copy_only) } else { rc }
 }
 
 /// Releases an import (when its mappings are gone too).

@@ -388,3 +388,33 @@ fn gpu_share_example_without_a_driver_exits_3_with_the_reason() {
         assert!(String::from_utf8_lossy(&out.stdout).is_empty());
     }
 }
+
+/// `crossnode.c` across real domain nodes (a private etcd, node-link certificates from a
+/// test CA), plain and under ASan: from tray0 to tray1, which shares the sim's fabric (the
+/// import is mapped; stores are seen both ways), and to tray2, which does not (the import
+/// is copy-only; bytes are pushed and pulled over the node link).
+#[test]
+fn crossnode_example_maps_or_copies_another_nodes_memory_plain_and_under_address_sanitizer() {
+    let Some(lab) = common::domain::Lab::start() else { return };
+    let shared = lab.dir.path().join("sim");
+    let supernode = common::domain::sim("supernode-64.toml");
+    let n0 = lab.node(&supernode, Some(&shared), "tray0");
+    let n1 = lab.node(&supernode, Some(&shared), "tray1");
+    let n2 = lab.node(&supernode, None, "tray2");
+    common::domain::wait_live(&[&n0, &n1, &n2]);
+    let tmp = tempfile::tempdir().unwrap();
+    for bin in build_both("crossnode.c", tmp.path()) {
+        for (importer, path) in [(&n1, "mapped another node's region"), (&n2, "copy-only import")] {
+            let out = output_args(&bin, &n0.socket, &[importer.socket.to_str().unwrap()], None, &[]);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains(path),
+                "{} to {}: {}\n{stdout}\n{}",
+                bin.display(),
+                importer.socket.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
