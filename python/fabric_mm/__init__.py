@@ -196,9 +196,26 @@ class Mapping(_Bytes):
         """False once :meth:`unmap` was called (views made before may still hold it)."""
         return self._native.mapped
 
+    @property
+    def coherent(self) -> bool:
+        """Whether :meth:`flush` and :meth:`invalidate` are no-ops: this node's own memory
+        is; another node's is treated as not coherent across hosts."""
+        return self._native.coherent
+
     def check(self) -> None:
         """Raises :class:`RevokedError` once the memory was revoked."""
         self._native.check()
+
+    def flush(self, offset: int = 0, size: Optional[int] = None) -> None:
+        """Writes this host's stores in ``size`` bytes (to the end: ``None``) at ``offset``
+        back to memory, before another host loads them. A range not inside the mapping
+        raises :class:`FabricError` (``E_ARG``)."""
+        self._native.flush(offset, size)
+
+    def invalidate(self, offset: int = 0, size: Optional[int] = None) -> None:
+        """Drops this host's cached copies of the range (written back first), so that the
+        next load reads what another host stored. Range errors as :meth:`flush`."""
+        self._native.invalidate(offset, size)
 
     def unmap(self) -> None:
         """Stops new views; unmapped when the last view made before goes."""

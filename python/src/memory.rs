@@ -117,12 +117,14 @@ pub struct Import {
     size: u64,
     gfa: Option<u64>,
     writable: bool,
+    copy_only: bool,
 }
 
 impl Import {
     pub(crate) fn new(i: fabric_mm::Import) -> Self {
         let (import_id, id, size, gfa, writable) = (i.import_id(), i.id(), i.len(), i.gfa(), i.writable());
-        Self { slot: Slot::new(i), import_id, id, size, gfa, writable }
+        let copy_only = i.copy_only();
+        Self { slot: Slot::new(i), import_id, id, size, gfa, writable, copy_only }
     }
 
     pub(crate) fn get(&self, py: Python<'_>) -> PyResult<Arc<fabric_mm::Import>> {
@@ -156,6 +158,12 @@ impl Import {
     #[getter]
     fn writable(&self) -> bool {
         self.writable
+    }
+    /// Whether fabricd granted it copy-only (another node's memory with no memory fabric
+    /// between the nodes): `map` raises `CopyOnlyError`; copy to and from its `gfa`.
+    #[getter]
+    fn copy_only(&self) -> bool {
+        self.copy_only
     }
     /// Raises `RevokedError` once fabricd revoked it.
     fn check(&self, py: Python<'_>) -> PyResult<()> {

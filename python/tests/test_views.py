@@ -99,7 +99,9 @@ def test_read_only_views_refuse_stores(session: fabric_mm.Session, gpu: str) -> 
     region = session.alloc(GRANULE, device=gpu)
     handle = session.export(region, read_only=True)
     with fabric_mm.Session(session.socket) as other:
-        m = other.map(other.import_(handle, writable=False))
+        imported = other.import_(handle, writable=False)
+        assert not imported.copy_only, "a local export is mapped, never copy-only"
+        m = other.map(imported)
         assert not m.writable
         view = m.memoryview()
         assert view.readonly
