@@ -4,7 +4,9 @@
 //! pool see them — with a 2-way region over them. Hosts a and b each hand fabricd the
 //! DAX device of that region, and their `dev/dax0.0` is one file (a stand-in for the
 //! pool's memory: what one host stores, the other loads).
-//! A session on a allocates on the set and stores; a session on b imports the handle —
+//! Each host allocates from its own allocator, so host-b refuses to hand its client a
+//! region of a's on DPAs b's own region holds. A session on a allocates past them on the
+//! set and stores; a session on b imports the handle —
 //! nothing new to learn for a remote handle — and b's fabricd hands it b's own DAX device
 //! at the region's place in the set: it loads a's bytes and stores its own, which a loads
 //! and which lie in the shared device at the region's offset. Host c has no DAX device
@@ -21,7 +23,8 @@ mod common;
 use std::time::Duration;
 
 use common::{check, check_file, domain, fill};
-use fabric_mm::{Memory, Policy, RevocationReason, Target};
+use fabric_mm::{Error, Memory, Policy, RevocationReason, Target};
+use fabric_proto::wire::ErrorCode;
 
 /// The hosts' 2-way region0 set and the bytes of its DAX device stand-in.
 const SET: &str = "cxl-region:hpa-0x1000000000";
@@ -67,16 +70,31 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     let (a, b, c) = (node("host-a", true), node("host-b", true), node("host-c", false));
     domain::wait_live(&[&a, &b, &c]);
 
-    // host-a: allocate on the set, store, export — as for any local sharing.
+    // Each host allocates from its own allocator: host-b's own region takes the first
+    // DPAs of the shared devices, and so does host-a's first one. host-b never hands its
+    // clients DPAs it holds regions on.
+    let importer = domain::session(&b.socket, None);
+    let own = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
     let owner = domain::session(&a.socket, None);
+    let first = owner.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert_eq!(first.fd_offset(), own.fd_offset(), "the two allocators know nothing of each other");
+    let overlapping = owner.export(&first, &Policy::default()).unwrap();
+    match importer.import(&overlapping, true) {
+        Err(Error::Refused { code: ErrorCode::PermissionDenied, message, .. }) => {
+            assert!(message.contains("disjoint"), "{message}")
+        }
+        other => panic!("an import onto host-b's own DPAs: {other:?}"),
+    }
+
+    // host-a: a region past them; store, export — as for any local sharing.
     let region = owner.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert!(region.fd_offset() >= own.fd_offset() + LEN);
     let om = owner.map(&region).unwrap();
     fill(&om, 0xa, LEN);
     om.flush(0, LEN).unwrap();
     let handle = owner.export(&region, &Policy::default()).unwrap();
 
     // host-b: the same import call; its own DAX device, at the region's place in the set.
-    let importer = domain::session(&b.socket, None);
     let import = importer.import(&handle, true).unwrap();
     assert!(!import.copy_only(), "b reaches the shared device itself");
     assert_eq!(import.gfa(), region.gfa(), "one GFA on both nodes");

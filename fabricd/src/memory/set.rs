@@ -184,6 +184,24 @@ impl Memory {
         Ok((g, set_offset))
     }
 
+    /// Whether the set range `[offset, offset + len)` of `set` lies on DPAs no region of
+    /// this node holds on any member (the range must be whole granules of every member):
+    /// memory another host may hand this node's clients without exposing this node's own.
+    pub fn set_range_free(&self, set: &SetSpec, offset: u64, len: u64) -> bool {
+        let ways = set.members.len() as u64;
+        let unit = GRANULE * ways;
+        if ways == 0 || len == 0 || !offset.is_multiple_of(unit) || !len.is_multiple_of(unit) {
+            return false;
+        }
+        let st = self.state();
+        set.members.iter().all(|(device, kind, ordinal)| {
+            st.resources
+                .iter()
+                .find(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
+                .is_some_and(|r| r.ranges.is_free(offset / ways, len / ways))
+        })
+    }
+
     /// Where region `id` is: a range of one resource or of an interleave set.
     pub fn whereabouts(&self, id: u64) -> Option<Whereabouts> {
         Self::whereabouts_in(&self.state(), id)

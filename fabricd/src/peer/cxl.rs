@@ -3,8 +3,10 @@
 //! is granted by what is the same on every host — the members' serials, kinds and
 //! ordinals, the set's granularity and the region's offset in the set ([`SharedCxl`]) —
 //! and the importer hands its client its own DAX device over the same members, at the
-//! same offset in the set: the same DPAs, no copy. A host with no such set (or none backed
-//! by a DAX device) gets a copy-only grant instead.
+//! same offset in the set: the same DPAs, no copy — unless this node holds regions of its
+//! own on those DPAs (hosts sharing a device allocate from their own allocators), which it
+//! never hands out. A host with no such set (or none backed by a DAX device) gets a
+//! copy-only grant instead.
 
 use std::os::fd::OwnedFd;
 
@@ -83,6 +85,18 @@ pub fn open(
     let refuse = |what: String| {
         Err(refusal(ErrorCode::Unavailable, format!("node {owner}'s region on shared CXL memory: {what}")))
     };
+    // Hosts sharing a device each allocate from their own allocator: a range another node
+    // names may be DPAs this node handed its own clients. Never hand those out.
+    let spec = crate::placement::set_spec(d, &set)?;
+    if !d.memory.set_range_free(&spec, c.set_offset, len) {
+        return Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!(
+                "node {owner}'s region is at {:#x}+{len:#x} of set {set}, DPAs this node holds regions on (or not whole granules): hosts sharing a CXL device must allocate disjoint parts of it",
+                c.set_offset
+            ),
+        ));
+    }
     if b.carve.is_some() {
         return Err(refusal(
             ErrorCode::NotImplemented,
