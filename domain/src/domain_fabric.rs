@@ -251,6 +251,10 @@ mod tests {
         assert_eq!(class(&f, &g("tray0", 0), &g("tray0", 1)), HopClass::Nv(18));
         let island_gpu = DeviceId::pci("host9", "0000:17:00.0".parse().unwrap());
         assert_eq!(class(&f, &g("tray0", 0), &island_gpu), HopClass::Net, "no memory fabric: the network");
+        // A path query says the same: NET, the two ends, nothing known of the network.
+        let (a, b) = (f.inventory().find(&g("tray0", 0)).unwrap(), f.inventory().find(&island_gpu).unwrap());
+        let r = f.route(a, b).unwrap();
+        assert_eq!((r.class, r.hops, r.links.len(), r.bandwidth_mbps), (HopClass::Net, vec![a, b], 0, None));
         let gpu = f.inventory().find(&g("tray1", 0)).unwrap();
         assert_eq!(f.device(gpu).memory[0].size, 1 << 30);
         assert_eq!(f.device(gpu).node.as_deref(), Some("tray1"));
@@ -284,6 +288,8 @@ mod tests {
         assert_eq!(class(&f, &g("tray0", 0), &g("tray0", 1)), HopClass::Nv(18), "the live trays keep their switches");
         let island_gpu = DeviceId::pci("host9", "0000:17:00.0".parse().unwrap());
         assert_eq!(class(&f, &island_gpu, &g("tray1", 1)), HopClass::None);
+        let (a, b) = (f.inventory().find(&island_gpu).unwrap(), gone);
+        assert!(matches!(f.route(a, b), Err(fabric_topology::PathError::Unreachable(..))), "a node that is down");
     }
 
     #[test]

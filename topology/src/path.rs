@@ -5,6 +5,8 @@
 //! within a node (plus its scale-up domain) it is a widest-path Dijkstra over a few dozen
 //! devices; between nodes that share no scale-up domain the route is composed as
 //! device → best NIC, NIC → NIC over the network switches (bidirectional BFS), NIC → device.
+//! Live members of a domain whose network no record describes are still `NET` to each
+//! other: their route is the two ends, with no link, bandwidth or latency known.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -69,8 +71,16 @@ impl Fabric {
             }
         }
         let hops = if a == b { Some(vec![a]) } else { self.find_hops(a, b) };
-        let hops =
-            hops.ok_or_else(|| PathError::Unreachable(self.device(a).id.to_string(), self.device(b).id.to_string()))?;
+        let hops = match hops {
+            Some(hops) => hops,
+            // Live members of one domain reach each other over the network even where no
+            // record describes it (the matrix says NET): a route of the two ends, nothing
+            // known of its links.
+            None if self.classify(a, b) == HopClass::Net => vec![a, b],
+            None => {
+                return Err(PathError::Unreachable(self.device(a).id.to_string(), self.device(b).id.to_string()));
+            }
+        };
         Ok(self.describe(hops, a, b))
     }
 
