@@ -27,9 +27,10 @@ step "tiers 1-2: unit, fixture, golden and integration tests"
 # The binaries and the C library (cdylib + staticlib) the integration tests run and link.
 cargo build --workspace --bins --locked
 cargo build -p libfabric-mm --lib --locked
-# The QEMU guests (and the power-loss test) run in tier 3 below, with the tier required; not twice.
+# The QEMU guests (the power-loss and two-host domain tests too) run in tier 3 below, alone and
+# with the tier required: not twice, and never beside the other tests on two CPUs.
 cargo nextest run --workspace --locked --no-fail-fast --cargo-profile test \
-  -E 'not (package(fabric-qemu-tests) & (binary(guests) | binary(power)))'
+  -E 'not (package(fabric-qemu-tests) & (binary(guests) | binary(power) | binary(domain)))'
 
 step "tier 1: goldens of the 100,000-GPU cluster (ignored above: about 3 CPU-minutes)"
 cargo nextest run -p fabric-cli --test golden --locked --cargo-profile test --run-ignored only
