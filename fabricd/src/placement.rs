@@ -4,7 +4,7 @@
 //! its bytes are contiguous in GFA space: a region on one member of an interleave set is
 //! not (its bytes are every `ways`-th chunk of the set), so it has none.
 
-use fabric_addrmap::{Presence, Snapshot};
+use fabric_addrmap::{InterleaveSet, Presence, Snapshot};
 use fabric_proto::wire::{ErrorBody, ErrorCode};
 
 use crate::daemon::Daemon;
@@ -52,10 +52,15 @@ pub fn set_spec(d: &Daemon, name: &str) -> Result<SetSpec, ErrorBody> {
     if s.presence != Presence::Present {
         return Err(refusal(ErrorCode::Unavailable, format!("interleave set {name:?} lost a member; it is a hole")));
     }
-    Ok(SetSpec {
+    Ok(spec_of(s))
+}
+
+/// The registry's view of an interleave set of the map.
+pub fn spec_of(s: &InterleaveSet) -> SetSpec {
+    SetSpec {
         name: s.name.clone(),
         members: s.members.iter().map(|k| (k.device.clone(), k.kind, k.ordinal)).collect(),
         member_size: s.member_size,
         start: s.start,
-    })
+    }
 }

@@ -73,8 +73,8 @@ pub fn open(
         .interleaves
         .iter()
         .filter(|s| same_set(s, c))
-        .find_map(|s| d.memory.set_device(&s.name).map(|b| (s.name.clone(), b)));
-    let Some((set, b)) = found else {
+        .find_map(|s| d.memory.set_device(&s.name).map(|b| (crate::placement::spec_of(s), b)));
+    let Some((spec, b)) = found else {
         tracing::info!(
             owner,
             members = c.members.len(),
@@ -87,7 +87,7 @@ pub fn open(
     };
     // Hosts sharing a device each allocate from their own allocator: a range another node
     // names may be DPAs this node handed its own clients. Never hand those out.
-    let spec = crate::placement::set_spec(d, &set)?;
+    let set = &spec.name;
     if !d.memory.set_range_free(&spec, c.set_offset, len) {
         return Err(refusal(
             ErrorCode::PermissionDenied,
