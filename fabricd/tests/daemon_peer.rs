@@ -9,7 +9,7 @@
 //! importer's client as a revocation within a second and truncates the file under its
 //! mapping; a node without the shared fabric (class NET) gets a copy-only grant and
 //! copies to and from the region over the link: push and pull, chunk by chunk, an
-//! unaligned tail, a copy past the region's end and a push through a read-only import
+//! unaligned tail, a region of its own as the other end, a copy past the region's end and a push through a read-only import
 //! refused, a revoke stopping a large copy midway; a peer that sends a chunk through an
 //! import it does not hold is refused.
 //! An owner's revoke reaches the importer's client; a release, and a client's going, go
@@ -318,6 +318,18 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     let mut got = vec![0; back as usize];
     mem.read_exact_at(&mut got, 8 * MIB).unwrap();
     assert!(got[..] == m0[100..100 + back as usize], "tray2 pulled tray0's bytes");
+    // A GFA of tray2's own region as the other end: pull into it, push from it.
+    let (own, own_file) = common::alloc_hbm(&mut c2, &gpu2, 4 * MIB);
+    let (own_gfa, mut own_map) = (own.gfa.unwrap(), map(&own_file, own.offset, 4 * MIB));
+    let n = 2 * MIB + 5;
+    let id = start_copy(&mut c2, CopyEndpoint::Gfa(own_gfa + 7), CopyEndpoint::Gfa(gfa + 123), n).unwrap();
+    assert_eq!(copy_done(&mut c2, id).result, CopyResult::Ok);
+    assert!(own_map[7..7 + n as usize] == m0[123..123 + n as usize], "tray2's region holds what it pulled");
+    let fresh = pattern(3, n as usize);
+    own_map[..n as usize].copy_from_slice(&fresh);
+    let id = start_copy(&mut c2, CopyEndpoint::Gfa(gfa + 5 * MIB), CopyEndpoint::Gfa(own_gfa), n).unwrap();
+    assert_eq!(copy_done(&mut c2, id).result, CopyResult::Ok);
+    assert!(m0[5 * MIB as usize..(5 * MIB + n) as usize] == fresh[..], "tray0 reads what tray2's region pushed");
 
     // A copy past the region's end is refused at once.
     let past = start_copy(&mut c2, CopyEndpoint::Gfa(gfa + size - 10), reg(r, 0), 11).unwrap_err();

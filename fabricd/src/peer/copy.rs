@@ -1,6 +1,6 @@
 //! Copies across nodes (class NET; `docs/domain.md`, "Copy across nodes"): a client's
-//! `Copy` between a registration on this node and a GFA of another node's region it
-//! imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
+//! `Copy` between a registration or a GFA on this node (a region of its session or one it
+//! imported from this node) and a GFA of another node's region it imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
 //! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per copy: memory is bounded by
 //! them), on the peer's data lanes so that control requests never wait behind it. Push writes to
 //! the owner, pull reads from it; the completion is the usual `CopyDone`. The owner
@@ -110,12 +110,6 @@ fn start(
             format!("import {import} of node {}'s region is read-only: it cannot be a copy's destination", reach.owner),
         ));
     }
-    let CopyEndpoint::Registration { .. } = local else {
-        return Err(refusal(
-            ErrorCode::NotImplemented,
-            "a copy with another node's memory takes a registration on this node as its other end",
-        ));
-    };
     let sink = cx.copies.ok_or_else(|| refusal(ErrorCode::BadRequest, "a copy needs a connection"))?.clone();
     let local = d.memory.copy_endpoint(cx.session, &d.map_snapshot(), local, len, !push).map_err(|e| refused(&e))?;
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
@@ -202,7 +196,7 @@ async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
         return Err(gone());
     };
-    // What the copy depends on on this side: the session, the import, the registration.
+    // What the copy depends on on this side: the session, the import, the local end.
     if job.sink.is_closed() {
         return Err((ErrorCode::NotFound, "the session ended".into()));
     }
@@ -221,7 +215,7 @@ async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf
         e => (ErrorCode::Unavailable, format!("node {owner}: {}", crate::error_chain(&e))),
     };
     let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
-    // The registration's bytes move on a blocking thread, off the domain runtime's worker.
+    // The local end's bytes move on a blocking thread, off the domain runtime's worker.
     let side = job.local.side.clone();
     let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
     if job.push {
