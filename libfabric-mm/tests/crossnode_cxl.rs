@@ -10,8 +10,9 @@
 //! nothing new to learn for a remote handle — and b's fabricd hands it b's own DAX device
 //! at the region's place in the set: it loads a's bytes and stores its own, which a loads
 //! and which lie in the shared device at the region's offset. Host c has no DAX device
-//! over those members: its import is copy-only. When a frees the region, b's revocation
-//! callback runs.
+//! over those members: its import is copy-only, and it pulls and pushes the region's
+//! bytes over the node link (a's fabricd reaches them through its device's mapping).
+//! When a frees the region, b's revocation callback runs.
 //!
 //! What this cannot prove is that real devices shared by two kernels behave so: the QEMU
 //! tier's two-host test (`qemu-tests/tests/domain.rs`) does that with one CXL device file
@@ -23,7 +24,7 @@ mod common;
 use std::time::Duration;
 
 use common::{check, check_file, domain, fill};
-use fabric_mm::{Error, Memory, Policy, RevocationReason, Target};
+use fabric_mm::{Access, CopyEndpoint, Error, Memory, Policy, RevocationReason, Target};
 use fabric_proto::wire::ErrorCode;
 
 /// The hosts' 2-way region0 set and the bytes of its DAX device stand-in.
@@ -110,9 +111,28 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
 
     // host-c: no DAX device over those members, so nothing to map: copy-only.
     let far = domain::session(&c.socket, None);
-    let copy = far.import(&handle, false).unwrap();
+    let copy = far.import(&handle, true).unwrap();
     assert!(copy.copy_only());
     assert_eq!(Memory::gfa(&copy), region.gfa());
+    // It copies over the node link instead; host-a's fabricd reaches the region on the
+    // device through its mapping (a DAX device serves no read()/write()).
+    let gfa = region.gfa().unwrap();
+    let buf = far.alloc_host(LEN).unwrap();
+    let reg = (far.devices().unwrap().into_iter())
+        .find_map(|d| far.register(&buf, &d.id, Access::ReadWrite).ok())
+        .expect("a device of host-c takes the registration");
+    let at = CopyEndpoint::Registration { id: reg.id(), offset: 0 };
+    assert_eq!(far.copy(at, CopyEndpoint::Gfa(gfa), LEN).unwrap().wait().unwrap(), LEN);
+    // SAFETY: the copy completed; nothing else touches the buffer meanwhile.
+    let host = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr().cast::<u64>(), (LEN / 8) as usize) };
+    assert!(host.iter().enumerate().all(|(i, &w)| w == common::word(0xb, i as u64 * 8)), "host-c pulled b's bytes");
+    for (i, w) in host.iter_mut().enumerate() {
+        *w = common::word(0xc, i as u64 * 8);
+    }
+    assert_eq!(far.copy(CopyEndpoint::Gfa(gfa), at, LEN).unwrap().wait().unwrap(), LEN);
+    check_file(&device, region.fd_offset(), LEN, 0xc);
+    om.invalidate(0, LEN).unwrap();
+    check(&om, 0xc, LEN);
 
     // host-a frees the region: b's callback runs with Freed.
     let rx = domain::revocations(&importer);

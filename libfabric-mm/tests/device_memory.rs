@@ -3,7 +3,8 @@
 //! whose device files (`dev/dax0.0`, `resource2`) are regular files standing in for the
 //! devices. A session allocates on the CXL region's interleave set and on the NIC's BAR,
 //! maps at the GFA, stores; a second session imports and loads; and the bytes are read back
-//! from the device files at the offsets the daemon carved.
+//! from the device files at the offsets the daemon carved. The copy engine moves bytes
+//! between regions on the two devices by GFA.
 //!
 //! What this cannot prove is that the kernel's device-DAX and sysfs BAR mappings behave the
 //! same (alignment rules, MAP_SHARED only, no read()/write()): the QEMU tier
@@ -18,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{check, check_file, fill};
-use fabric_mm::{Error, Memory, MemoryClass, Policy, Target};
+use fabric_mm::{CopyEndpoint, Error, Memory, MemoryClass, Policy, Target};
 
 /// The sim CXL pool's region0 (2 x 256 GiB at HPA 0x10_0000_0000) and its DAX device.
 const SET: &str = "cxl-region:hpa-0x1000000000";
@@ -166,6 +167,18 @@ fn regions_on_a_dax_device_and_a_bar_are_ranges_of_the_device_files() {
     check_file(&bar, 2 << 20, 2 << 20, 0xe);
     // The BAR holds two 2 MiB regions and no more.
     assert!(matches!(owner.alloc(&target, 2 << 20), Err(Error::Refused { .. })));
+
+    // The copy engine reaches device memory by GFA through its mappings (the devices'
+    // files serve no read()/write()): the BAR's region into the DAX region `a`, and
+    // region `b` into `a` — two ranges of one device file — at unaligned offsets.
+    let (ge, mib) = (e.gfa().unwrap(), 1u64 << 20);
+    let copied = owner.copy(CopyEndpoint::Gfa(ga + 2 * mib), CopyEndpoint::Gfa(ge), 2 * mib).unwrap().wait();
+    assert_eq!(copied.unwrap(), 2 * mib);
+    let copied = owner.copy(CopyEndpoint::Gfa(ga + 4 * mib + 8), CopyEndpoint::Gfa(gb), mib).unwrap().wait();
+    assert_eq!(copied.unwrap(), mib);
+    check_file(&dax, 2 * mib, 2 * mib, 0xe);
+    check_file(&dax, 4 * mib + 8, mib, 0xb);
+    check_file(&dax, 1 << 30, 8 * mib, 0xb);
 
     // Freeing leaves the device file and its bytes; the range is handed out again, zeroed:
     // the next holder (here the same uid, as well it could be another) never sees them.

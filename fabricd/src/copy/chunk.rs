@@ -91,12 +91,14 @@ fn at<'a>(side: &'a Side, offset: u64, write: bool, maps: &RegionMaps) -> Result
         Side::Pinned { map, base } => At::Local { addr: map.as_ptr() as usize + (base + offset) as usize, _map: None },
         // A region: its kept mapping (made by the first chunk that reached it), writable
         // for a destination.
-        Side::File { file, offset: o, writable, region, region_len } => {
+        Side::File { file, offset: o, writable, region, base, region_len, .. } => {
             if write && !writable {
                 return Err(ChunkError::Map { what, source: std::io::Error::from_raw_os_error(libc::EBADF) });
             }
-            let m = maps.get(*region, file, *region_len, write).map_err(|source| ChunkError::Map { what, source })?;
-            At::Local { addr: m.addr() + (o + offset) as usize, _map: Some(m) }
+            let m = maps
+                .get(*region, file, *base, *region_len, write)
+                .map_err(|source| ChunkError::Map { what, source })?;
+            At::Local { addr: m.addr() + (o - base + offset) as usize, _map: Some(m) }
         }
         Side::Process { process, addr } => {
             if !process.running() {
@@ -107,9 +109,9 @@ fn at<'a>(side: &'a Side, offset: u64, write: bool, maps: &RegionMaps) -> Result
     })
 }
 
-/// Whether the CPU copy may reach a side: memory the daemon maps that is not device
-/// memory (a registration of a DAX or BAR region keeps the kernel path; GFAs of such
-/// regions are refused when resolved).
+/// Whether the CPU copy may reach a side: memory the daemon maps — a region by GFA,
+/// device memory included (through its kept mapping), or a registration of ordinary
+/// memory (a registration of a DAX or BAR region keeps the kernel path).
 fn cpu_reaches(side: &Side) -> bool {
     match side {
         Side::Pinned { map, .. } => map.ordinary(),
@@ -118,12 +120,13 @@ fn cpu_reaches(side: &Side) -> bool {
     }
 }
 
-/// The file behind a daemon-held side and the file offset of its byte 0.
+/// The file behind a daemon-held side and the file offset of its byte 0, when the kernel
+/// reads it (`pread`): not device memory, which serves `mmap` only.
 fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
     match side {
-        Side::Pinned { map, base } => Some((map.file(), map.offset() + base)),
-        Side::File { file, offset, .. } => Some((file, *offset)),
-        Side::Process { .. } => None,
+        Side::Pinned { map, base } if map.ordinary() => Some((map.file(), map.offset() + base)),
+        Side::File { file, offset, device: false, .. } => Some((file, *offset)),
+        Side::Pinned { .. } | Side::File { .. } | Side::Process { .. } => None,
     }
 }
 

@@ -15,8 +15,9 @@
 //! turns such a fault into the chunk's error:
 //! - between two daemon-held sides — registrations of region files, memory objects and
 //!   memfds (their pinned mappings), regions by GFA (mapped once per region and kept for
-//!   later chunks and copies: `regionmap.rs`) — the CPU, one `rep movsb` between the
-//!   mappings;
+//!   later chunks and copies: `regionmap.rs`; for a region on a DAX device or a BAR, its
+//!   range of the device file, which serves `mmap` only) — the CPU, one `rep movsb`
+//!   between the mappings;
 //! - a daemon-held side to or from a client's memory: `process_vm_writev`/`readv` from or
 //!   into the daemon's mapping (one copy: another process's memory cannot be mapped);
 //! - client to client: both, through a per-engine buffer (two copies).
@@ -45,6 +46,7 @@ pub mod fault;
 mod regionmap;
 mod sys;
 
+pub(crate) use regionmap::RegionMaps;
 pub(crate) use sys::Mapping;
 
 use std::collections::HashMap;
@@ -206,6 +208,11 @@ pub fn chunk_size(len: u64, engines: u32, max: u64) -> u64 {
 }
 
 impl CopyEngine {
+    /// The regions' kept mappings, shared with the copies across nodes (`bytes.rs`).
+    pub(crate) fn region_maps(&self) -> &RegionMaps {
+        &self.shared.maps
+    }
+
     /// Starts `config.engines` threads.
     pub fn start(config: CopyConfig, metrics: Arc<Metrics>) -> Result<Self, CopyError> {
         let shared = Arc::new(Shared {

@@ -29,10 +29,10 @@ pub struct RegionMaps {
 }
 
 impl RegionMaps {
-    /// A mapping of bytes `[0, len)` of `file`, region `region`'s memory, writable when
-    /// `writable` (then `file` must be open for writing), made on first use; a reader
-    /// gets the writable one when there is one.
-    pub fn get(&self, region: u64, file: &File, len: u64, writable: bool) -> io::Result<Arc<Mapping>> {
+    /// A mapping of bytes `[base, base + len)` of `file`, region `region`'s memory,
+    /// writable when `writable` (then `file` must be open for writing), made on first use;
+    /// a reader gets the writable one when there is one. [`Mapping::addr`] is byte `base`.
+    pub fn get(&self, region: u64, file: &File, base: u64, len: u64, writable: bool) -> io::Result<Arc<Mapping>> {
         {
             let maps = super::lock(&self.maps);
             if let Some(m) = maps.get(&(region, true)).or_else(|| maps.get(&(region, false)).filter(|_| !writable)) {
@@ -40,7 +40,7 @@ impl RegionMaps {
             }
         }
         // Mapped outside the lock; two engines racing both map, the first kept.
-        let made = Arc::new(Mapping::new(file, 0, len, writable, false)?);
+        let made = Arc::new(Mapping::new(file, base, len, writable, false)?);
         let key = (region, writable);
         let mut maps = super::lock(&self.maps);
         if maps.len() >= MAX_REGIONS && !maps.contains_key(&key) {
@@ -77,20 +77,20 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         f.set_len(1 << 20).unwrap();
         let maps = RegionMaps::default();
-        let a = maps.get(1, &f, 1 << 20, true).unwrap();
-        let b = maps.get(1, &f, 1 << 20, true).unwrap();
+        let a = maps.get(1, &f, 0, 1 << 20, true).unwrap();
+        let b = maps.get(1, &f, 0, 1 << 20, true).unwrap();
         assert!(Arc::ptr_eq(&a, &b), "the second chunk did not reuse the mapping");
         // A reader takes the writable mapping; a reader of another region gets its own,
         // and a writer of that region then another.
-        assert!(Arc::ptr_eq(&a, &maps.get(1, &f, 1 << 20, false).unwrap()));
-        let r = maps.get(2, &f, 1 << 20, false).unwrap();
-        assert!(Arc::ptr_eq(&r, &maps.get(2, &f, 1 << 20, false).unwrap()));
-        assert!(!Arc::ptr_eq(&r, &maps.get(2, &f, 1 << 20, true).unwrap()));
+        assert!(Arc::ptr_eq(&a, &maps.get(1, &f, 0, 1 << 20, false).unwrap()));
+        let r = maps.get(2, &f, 0, 1 << 20, false).unwrap();
+        assert!(Arc::ptr_eq(&r, &maps.get(2, &f, 0, 1 << 20, false).unwrap()));
+        assert!(!Arc::ptr_eq(&r, &maps.get(2, &f, 0, 1 << 20, true).unwrap()));
         assert_eq!(maps.len(), 3);
         assert_eq!(maps.retain(|id| id != 2), 2);
         assert_eq!(maps.len(), 1);
         for id in 10..10 + 2 * MAX_REGIONS as u64 {
-            maps.get(id, &f, 4096, id % 2 == 0).unwrap();
+            maps.get(id, &f, 0, 4096, id % 2 == 0).unwrap();
         }
         assert_eq!(maps.len(), MAX_REGIONS);
     }

@@ -38,8 +38,14 @@ pub enum Side {
         writable: bool,
         /// The region whose file it is (its kept mapping is found by this id).
         region: u64,
-        /// Bytes of the region, from byte 0 of the file.
+        /// Offset of the region's byte 0 in the file (a range of a DAX device or BAR; 0
+        /// for a file of its own).
+        base: u64,
+        /// Bytes of the region, from byte `base` of the file.
         region_len: u64,
+        /// The file is device memory (a DAX device, a BAR), which serves `mmap` only: its
+        /// bytes are reached through the region's mapping, never `pread`/`pwrite`.
+        device: bool,
     },
     /// A client's own memory (a process-backed registration).
     Process {
@@ -302,22 +308,15 @@ impl Memory {
             deps.push(Dep::Import(iid));
         }
         Self::refuse_object(st, rid, "copy its bytes")?;
-        if r.backing.is_device() {
-            // The engine moves bytes with pread/pwrite, which device-DAX and sysfs BAR files
-            // do not serve (they are mmap-only).
-            return Err(MemoryError::NotImplemented(format!(
-                "region {rid} is device memory ({}); the copy engine does not reach it yet: map it and copy with the CPU",
-                r.backing.path().unwrap_or(std::path::Path::new("")).display()
-            )));
-        }
-        let region_len = r.len;
+        let (region_len, base, device_memory) = (r.len, r.backing.offset(), r.backing.is_device());
         let device = st.resources.get(r.resource).map(|res| res.device.clone());
         let Some((file, ident)) = st.copy_files.get(&rid).cloned() else {
             return Ok(GfaSide::Open { region: rid, generation: r.generation, file: st.region_file(rid, r)? });
         };
-        let offset = gfa - start;
+        // Regions on one device share its file: the overlap key is the file offset.
+        let offset = base + (gfa - start);
         Ok(GfaSide::Resolved(Resolved {
-            side: Side::File { file, offset, writable: write, region: rid, region_len },
+            side: Side::File { file, offset, writable: write, region: rid, base, region_len, device: device_memory },
             deps,
             device,
             key: (ident.0, ident.1, ident.2, offset),

@@ -216,12 +216,14 @@ async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf
     };
     let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
     // The local end's bytes move on a blocking thread, off the domain runtime's worker.
-    let side = job.local.side.clone();
+    let (side, daemon) = (job.local.side.clone(), d.clone());
     let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
     if job.push {
         let mut chunk = std::mem::take(buf);
         chunk.resize(n as usize, 0);
-        let read = tokio::task::spawn_blocking(move || bytes::read(&side, at, &mut chunk).map(|()| chunk));
+        let read = tokio::task::spawn_blocking(move || {
+            bytes::read(&side, at, &mut chunk, daemon.copies.region_maps()).map(|()| chunk)
+        });
         let chunk = read.await.map_err(joined)?.map_err(local)?;
         link.call_data(domain, owner, lane, ask.request(&chunk)).await.map_err(failed)?;
         *buf = chunk;
@@ -230,7 +232,10 @@ async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf
         if r.body.len() as u64 != n {
             return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
         }
-        tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body)).await.map_err(joined)?.map_err(local)?;
+        tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body, daemon.copies.region_maps()))
+            .await
+            .map_err(joined)?
+            .map_err(local)?;
     }
     Ok(())
 }
@@ -252,11 +257,11 @@ pub fn serve(d: &Daemon, session: Option<u64>, body: &[u8]) -> Result<PeerRespon
     debug_assert!(r.deps.contains(&Dep::Import(ask.import)));
     let io = |e: crate::copy::chunk::ChunkError| denied(e.code(), crate::error_chain(&e));
     if ask.write {
-        bytes::write(&r.side, 0, data).map_err(io)?;
+        bytes::write(&r.side, 0, data, d.copies.region_maps()).map_err(io)?;
         Ok(PeerResponse { op: PeerOp::Copy, body: Vec::new() })
     } else {
         let mut buf = vec![0; ask.len as usize];
-        bytes::read(&r.side, 0, &mut buf).map_err(io)?;
+        bytes::read(&r.side, 0, &mut buf, d.copies.region_maps()).map_err(io)?;
         Ok(PeerResponse { op: PeerOp::Copy, body: buf })
     }
 }

@@ -1,13 +1,14 @@
 //! `owner` and `importer`: device memory through fabricd and libfabric-mm's Session API, as a
 //! runtime library would use it. The owner allocates on a CXL region's interleave set (its
 //! DAX device) or a PCI BAR, maps the region at its GFA in the unified window, stores the
-//! test pattern and exports it; the importer (another process) imports by handle, maps at
+//! test pattern, has fabricd's copy engine copy it by GFA into another region of the same
+//! device and loads that back, and exports it; the importer (another process) imports by handle, maps at
 //! the same GFA and loads. The host then finds the owner's bytes in the device's memory.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fabric_mm::{Memory, MemoryClass, Policy, Session, Target};
+use fabric_mm::{CopyEndpoint, Memory, MemoryClass, Policy, Session, Target};
 use fabric_qemu_tests::pattern;
 
 /// The allocation target: `set:NAME`, `numa:N` (the host_exported memory of NUMA node N's
@@ -46,7 +47,7 @@ pub fn owner(spec: &str, len: u64, seed: u64, out: &Path) -> Result<String, Stri
     let target = target(&s, spec)?;
     // A first, smallest region takes the start of the device, so that the one under test
     // sits at a non-zero offset in the device file (the mmap offset path is exercised).
-    let _spacer = s.alloc(&target, 1).map_err(|e| format!("alloc on {target:?}: {e}"))?;
+    let spacer = s.alloc(&target, 1).map_err(|e| format!("alloc on {target:?}: {e}"))?;
     let region = s.alloc(&target, len).map_err(|e| format!("alloc on {target:?}: {e}"))?;
     let m = s.map(&region).map_err(|e| format!("map at GFA {:?}: {e}", region.gfa()))?;
     if (m.len() as u64) < len {
@@ -58,6 +59,7 @@ pub fn owner(spec: &str, len: u64, seed: u64, out: &Path) -> Result<String, Stri
         // reference to that memory exists.
         unsafe { p.add(i as usize).write_volatile(pattern::word(seed, i * 8)) };
     }
+    let copied = engine_copy(&s, &spacer, &region, len, seed)?;
     let handle = s.export(&region, &Policy::default()).map_err(|e| format!("export: {e}"))?;
     let line = format!("{handle} {:#x} {:#x}\n", m.gfa(), region.fd_offset());
     std::fs::write(out, &line).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -70,11 +72,39 @@ pub fn owner(spec: &str, len: u64, seed: u64, out: &Path) -> Result<String, Stri
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(format!(
-        "region {} at GFA {:#x} (fd offset {:#x}): {len:#x} bytes stored",
+        "region {} at GFA {:#x} (fd offset {:#x}): {len:#x} bytes stored; {copied:#x} copied by the engine",
         region.id(),
         m.gfa(),
         region.fd_offset()
     ))
+}
+
+/// Has fabricd's copy engine copy the start of `region` into `into` by GFA — device memory
+/// on both sides, whose file serves mmap only — and loads the copy back through a mapping
+/// of `into`. Returns the bytes copied.
+fn engine_copy(
+    s: &Session,
+    into: &fabric_mm::Region,
+    region: &fabric_mm::Region,
+    len: u64,
+    seed: u64,
+) -> Result<u64, String> {
+    let (Some(dst), Some(src)) = (into.gfa(), region.gfa()) else {
+        return Err("the regions have no GFA".into());
+    };
+    let n = len.min(Memory::len(into));
+    let copy = s.copy(CopyEndpoint::Gfa(dst), CopyEndpoint::Gfa(src), n).map_err(|e| format!("copy: {e}"))?;
+    let done = copy.wait().map_err(|e| format!("the copy into region {}: {e}", into.id()))?;
+    let m = s.map(into).map_err(|e| format!("map region {}: {e}", into.id()))?;
+    let p = m.as_ptr().cast::<u64>();
+    for i in 0..n / 8 {
+        // SAFETY: `p + i` lies in the live mapping of `into`; the copy completed.
+        let got = unsafe { p.add(i as usize).read_volatile() };
+        if got != pattern::word(seed, i * 8) {
+            return Err(format!("the engine's copy differs at byte {:#x}: {got:#x}", i * 8));
+        }
+    }
+    Ok(done)
 }
 
 /// Imports the handle in `file` (written by [`owner`]), maps it at its GFA and checks
