@@ -237,6 +237,68 @@ mod tests {
         f.classify(f.inventory().find(a).unwrap(), f.inventory().find(b).unwrap())
     }
 
+    /// A compute tray of an NVL rack as NVML shows it: two GPUs of clique `clique` of one
+    /// cluster, each 18 NVLinks to the switch trays, which the node sees only as its
+    /// node-level stand-in (no PCI address).
+    fn nvl_tray(node: &str, clique: u32) -> TopologyRecord {
+        let mut inv = Inventory::new();
+        let sw = inv
+            .add_device(Device::new(DeviceId::named(node, "nvswitch-fabric"), DeviceKind::NvSwitch, Some(node)))
+            .unwrap();
+        for i in 0..2 {
+            let mut gpu = Device::new(DeviceId::uuid(&format!("GPU-{node}-{i}")), DeviceKind::Gpu, Some(node));
+            gpu.gpu = Some(fabric_topology::GpuInfo {
+                fabric_cluster: Some("c0ffee00-0000-4000-8000-000000000001".into()),
+                fabric_clique: Some(clique),
+                ..Default::default()
+            });
+            let gpu = inv.add_device(gpu).unwrap();
+            let nv = LinkKind::NvLink { generation: 5, count: 18 };
+            inv.add_link(Link::new(gpu, sw, nv, Bandwidth::full(900_000), None));
+        }
+        TopologyRecord::from_fabric(&Fabric::build(inv).unwrap(), node, 1)
+    }
+
+    #[test]
+    fn gpus_of_one_nvlink_clique_on_different_nodes_are_nvlink_peers() {
+        let (a, b, other) = (nvl_tray("tray0", 7), nvl_tray("tray1", 7), nvl_tray("tray2", 8));
+        let switch = crate::topology::clique_switch("c0ffee00-0000-4000-8000-000000000001", 7);
+        assert!(a.devices.iter().any(|d| d.fabric && d.id == switch), "{:?}", a.devices);
+        assert!(!a.devices.iter().any(|d| d.id.as_str().contains("nvswitch-fabric")));
+        let v = view(&[a, b, other], &[]);
+        assert!(v.refused().is_empty(), "{:?}", v.refused());
+        let f = Fabric::build(merge(&v)).unwrap();
+        assert_eq!(f.inventory().count(DeviceKind::NvSwitch), 2, "one switch per clique");
+        let g = |n: &str, i: u8| DeviceId::uuid(&format!("GPU-{n}-{i}"));
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray1", 1)), HopClass::Nv(18), "one clique: NVLink");
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray0", 1)), HopClass::Nv(18));
+        assert_eq!(class(&f, &g("tray0", 0), &g("tray2", 0)), HopClass::Net, "another clique: the network");
+    }
+
+    #[test]
+    fn a_stand_in_whose_gpus_name_no_single_clique_stays_the_nodes_own() {
+        let mut inv = Inventory::new();
+        let sw = inv
+            .add_device(Device::new(DeviceId::named("t", "nvswitch-fabric"), DeviceKind::NvSwitch, Some("t")))
+            .unwrap();
+        for (i, clique) in [Some(1), Some(2), None].into_iter().enumerate() {
+            let mut gpu = Device::new(DeviceId::uuid(&format!("GPU-{i}")), DeviceKind::Gpu, Some("t"));
+            gpu.gpu = Some(fabric_topology::GpuInfo {
+                fabric_cluster: Some("c0ffee".into()),
+                fabric_clique: clique,
+                ..Default::default()
+            });
+            let gpu = inv.add_device(gpu).unwrap();
+            let nv = LinkKind::NvLink { generation: 5, count: 18 };
+            inv.add_link(Link::new(gpu, sw, nv, Bandwidth::full(900_000), None));
+            let r = TopologyRecord::from_fabric(&Fabric::build(inv.clone()).unwrap(), "t", 1);
+            let published = r.devices.iter().find(|d| d.kind == DeviceKind::NvSwitch).unwrap();
+            // One GPU in clique 1: the clique's switch; a second clique, or a GPU of none:
+            // the node's own stand-in.
+            assert_eq!(published.fabric, i == 0, "{i}: {published:?}");
+        }
+    }
+
     #[test]
     fn trays_share_the_fabric_switches_and_an_island_is_net() {
         let v = view(&[tray("tray0"), tray("tray1"), island("host9")], &[]);

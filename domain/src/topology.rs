@@ -119,24 +119,38 @@ impl TopologyRecord {
     /// The record of `node` in `fabric`: the node's devices (all but storage controllers and
     /// other functions without memory, which no path passes through and no matrix shows),
     /// the fabric-level switches (devices of no node), and the links among them.
+    ///
+    /// The NVSwitches of an NVL rack sit in switch trays that a compute node does not see:
+    /// NVML names them by type only, and the node's inventory has one node-level stand-in
+    /// for them (no PCI address). When every GPU on NVLink to such a stand-in is in one
+    /// NVLink clique (NVML's cluster UUID and clique id), the record publishes it as the
+    /// clique's fabric-level switch, [`clique_switch`]: every node of the clique names the
+    /// same one, so the domain's topology joins their GPUs through it (NV18 across trays,
+    /// as through the sim's fabric switches).
     pub fn from_fabric(fabric: &Fabric, node: &str, incarnation: u64) -> Self {
         let mut index: Vec<Option<u32>> = vec![None; fabric.len()];
         let mut devices = Vec::new();
         for (i, d) in fabric.inventory().devices.iter().enumerate() {
             let own = d.node.as_deref() == Some(node)
                 && (!matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty());
-            let shared = d.node.is_none() && is_fabric_switch(d.kind);
+            let clique = (own && d.kind == DeviceKind::NvSwitch && d.pci_address().is_none())
+                .then(|| u32::try_from(i).ok().and_then(|i| clique_of(fabric, DeviceIdx(i))))
+                .flatten();
+            let shared = (d.node.is_none() && is_fabric_switch(d.kind)) || clique.is_some();
             if !(own || shared) || devices.len() >= MAX_TOPOLOGY_DEVICES {
                 continue;
             }
             index[i] = u32::try_from(devices.len()).ok();
+            let (id, name) = match &clique {
+                Some((cluster, id)) => {
+                    (clique_switch(cluster, *id), Some(format!("NVLink clique {id} of cluster {cluster}")))
+                }
+                None => (d.id.clone(), d.name.clone()),
+            };
             devices.push(TopologyDevice {
-                id: d.id.clone(),
+                id,
                 kind: d.kind,
-                name: d
-                    .name
-                    .as_ref()
-                    .map(|n| n.chars().filter(|c| !c.is_control()).take(MAX_DEVICE_NAME_LEN).collect()),
+                name: name.map(|n| n.chars().filter(|c| !c.is_control()).take(MAX_DEVICE_NAME_LEN).collect()),
                 fabric: shared,
                 memory: d
                     .memory
@@ -236,6 +250,43 @@ impl TopologyRecord {
         }
         Ok(())
     }
+}
+
+/// The fabric-level switch standing for NVLink clique `clique` of cluster `cluster`: the
+/// NVSwitches its GPUs reach, which no compute node sees (see
+/// [`TopologyRecord::from_fabric`]).
+pub fn clique_switch(cluster: &str, clique: u32) -> DeviceId {
+    DeviceId::serial("nvlink-clique", &format!("{cluster}.{clique}"))
+}
+
+/// The one NVLink clique of the GPUs on NVLink to `switch`, when they all have the same
+/// (and there is at least one).
+fn clique_of(fabric: &Fabric, switch: DeviceIdx) -> Option<(String, u32)> {
+    let inv = fabric.inventory();
+    let mut found: Option<(String, u32)> = None;
+    for l in inv.links.iter().filter(|l| matches!(l.kind, LinkKind::NvLink { .. })) {
+        let other = match (l.a == switch, l.b == switch) {
+            (true, _) => l.b,
+            (_, true) => l.a,
+            _ => continue,
+        };
+        let gpu = inv.device(other);
+        if gpu.kind != DeviceKind::Gpu {
+            continue;
+        }
+        let info = gpu.gpu.as_ref();
+        let this = (info?.fabric_cluster.clone().filter(|c| valid_cluster(c))?, info?.fabric_clique?);
+        match &found {
+            Some(f) if *f != this => return None,
+            _ => found = Some(this),
+        }
+    }
+    found
+}
+
+/// A cluster UUID as NVML formats it: hex digits and dashes, at most 64 bytes.
+fn valid_cluster(c: &str) -> bool {
+    !c.is_empty() && c.len() <= 64 && c.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
 }
 
 impl Record for TopologyRecord {
