@@ -2,8 +2,8 @@
 //! (`docs/domain.md`, "Faults"): memory a node imported and that its owner freed after
 //! that node died (kill -9) is quarantined — the free succeeds, the range is not handed
 //! out again (an allocation of the whole resource is refused), and `domain status` names
-//! the node — until the node returns as a new incarnation, or an admin collects it with
-//! `domain gc`; and more revocations at once than an event queue holds (300 imports of
+//! the node, also after the owner itself is killed and restarted — until the node returns
+//! as a new incarnation, or an admin collects it with `domain gc`; and more revocations at once than an event queue holds (300 imports of
 //! one region freed) all reach the importer node's clients, and the freed range is free
 //! again once the importer acknowledged them. Two nodes in network namespaces of their
 //! own, cut from each other by iptables while etcd sees both: the mapping made before
@@ -111,6 +111,20 @@ fn memory_a_dead_node_imported_is_quarantined_until_it_returns_or_an_admin_colle
     assert_eq!(refused.code, ErrorCode::NoSpace, "the whole resource is not free: {refused:?}");
     let (probe, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
     assert_ne!(at, gfa, "the quarantined range is not handed out again");
+    free(&mut c[0], probe);
+
+    // tray0 itself dies (kill -9) and restarts: the quarantine it saved comes back with it.
+    kill(&mut daemons[0]);
+    // Its name is taken again once its lease ended.
+    until(Duration::from_secs(TTL + 3), "tray0's member gone", || {
+        incarnation_of(&mut c[1], "tray0").is_none().then_some(())
+    });
+    daemons[0] = Some(common::start(&setups[0].config, setups[0].dir.path()));
+    c[0] = common::client(&setups[0].socket);
+    assert_eq!(quarantine(&mut c[0]), vec![("tray2".to_owned(), 1, 2 * MIB)], "the quarantine outlived the restart");
+    assert_eq!(alloc(&mut c[0], &gpu, whole).unwrap_err().code, ErrorCode::NoSpace);
+    let (probe, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    assert_ne!(at, gfa, "nor after the owner's restart");
     free(&mut c[0], probe);
 
     // tray2 comes back (a new incarnation: it holds nothing): the quarantine lifts.

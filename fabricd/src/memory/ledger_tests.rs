@@ -47,7 +47,7 @@ pub(super) fn inventory() -> (Inventory, DeviceId) {
 }
 
 /// A durable registry over `dir`, rebuilt from its journal.
-fn open(dir: &std::path::Path, inv: &Inventory) -> Memory {
+pub(super) fn open(dir: &std::path::Path, inv: &Inventory) -> Memory {
     open_with(dir, inv, Backings::default())
 }
 
@@ -69,7 +69,7 @@ fn held(m: &Memory) -> RegionsResponse {
 
 /// The owner of every region: this process, alive (a rebuilt registry keeps its regions
 /// for it).
-fn me() -> PeerCred {
+pub(super) fn me() -> PeerCred {
     PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 }
 }
 

@@ -28,6 +28,7 @@ mod backings;
 pub mod carve;
 mod carved;
 pub mod durable;
+pub mod holds;
 pub mod limits;
 pub mod nodefd;
 pub mod numa;
@@ -381,6 +382,11 @@ struct State {
     mapped_by: HashMap<u64, std::collections::BTreeSet<String>>,
     /// Freed regions' ranges held out of the allocators (`quarantine.rs`).
     parked: Vec<quarantine::Parked>,
+    /// The incarnation each importer node last had here (`holds.rs`).
+    incarnations: HashMap<String, u64>,
+    /// Importer nodes whose holds came back from `quarantine.record` at start, not yet
+    /// taken by the node link's owner side ([`Memory::take_restored_holders`]).
+    restored: Vec<(String, u64)>,
 }
 
 /// Where to allocate: the `ordinal`-th resource of `kind` of `device`, or the first of
@@ -497,6 +503,10 @@ pub struct Memory {
     held: held::HeldLimits,
     /// Who hears what an operation ended ([`Memory::on_end`]).
     ended_hook: std::sync::OnceLock<Hook>,
+    /// The holds last saved in `quarantine.record` (`None`: not since start, so the file
+    /// may say anything) and the record's generation; its lock orders the saves
+    /// (`holds.rs`).
+    holds_saved: Mutex<(u64, Option<Vec<holds::Hold>>)>,
 }
 
 /// The end hook, shown by name only.
@@ -605,6 +615,7 @@ impl Memory {
             root: root.to_owned(),
             held: held::HeldLimits::default(),
             ended_hook: std::sync::OnceLock::new(),
+            holds_saved: Mutex::new((0, None)),
         };
         let fabric = m.state().fabric_bytes;
         tracing::info!(

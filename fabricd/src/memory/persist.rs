@@ -121,7 +121,7 @@ impl State {
     }
 
     /// The resource a record names, when the fabric has it.
-    fn find_resource(&self, key: &ResourceKey) -> Option<usize> {
+    pub(super) fn find_resource(&self, key: &ResourceKey) -> Option<usize> {
         self.resources.iter().position(|x| {
             x.device.to_string() == key.device.as_str()
                 && fabric_proto::wire::MemoryClass::from(x.kind) == key.kind
@@ -399,6 +399,8 @@ impl Memory {
             st.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked: e.revoked });
             st.usage.entry(e.owner_uid).or_default().objects += 1;
         }
+        // What other nodes may map, before anything is allocated again.
+        st.restored = super::holds::restore(&mut st, &root.join(super::holds::FILE));
         let stray = remove_stray_files(&st);
         let snapshot = st.snapshot()?;
         journal.compact(&snapshot).map_err(MemoryError::Journal)?;

@@ -5,23 +5,23 @@
 //! client is answered and charged nothing, but the range is not handed out again, since
 //! the departed node's devices may still store to it. The range comes back when every
 //! node that held it acknowledged the revocation, rejoined with a new incarnation (it then
-//! holds nothing) or was collected by an admin. Not journaled: a restart of the owner
-//! frees what was quarantined (see `docs/domain.md`, "Not yet").
+//! holds nothing) or was collected by an admin. It outlives a restart of the owner:
+//! `holds.rs` saves who may map what before an import across nodes is granted.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Memory, Reclaimed, State};
+use super::{Memory, MemoryError, Reclaimed, State};
 
 /// A freed region's range, held out of the allocator.
 #[derive(Debug)]
 pub(super) struct Parked {
-    region: u64,
+    pub(super) region: u64,
     /// The nodes that may still map it.
-    nodes: BTreeSet<String>,
+    pub(super) nodes: BTreeSet<String>,
     /// The resources its range is taken in.
-    resources: Vec<usize>,
-    offset: u64,
-    len: u64,
+    pub(super) resources: Vec<usize>,
+    pub(super) offset: u64,
+    pub(super) len: u64,
 }
 
 /// What one node holds in quarantine on this node.
@@ -89,10 +89,45 @@ impl State {
 }
 
 impl Memory {
-    /// Records `session` as the registry session of importer node `node` (the node link's
-    /// owner side): what it imports is quarantined when freed until `node` lets go.
-    pub fn remote_session(&self, session: u64, node: &str) {
-        self.state().remote.insert(session, node.to_owned());
+    /// Records `session` as the registry session of importer node `node` at
+    /// `incarnation` (the node link's owner side): what it imports is quarantined when
+    /// freed until `node` lets go.
+    pub fn remote_session(&self, session: u64, node: &str, incarnation: u64) {
+        let mut st = self.state();
+        st.remote.insert(session, node.to_owned());
+        st.incarnations.insert(node.to_owned(), incarnation);
+    }
+
+    /// Saves who may map what (`quarantine.record`) when it changed since the last save:
+    /// before an import across nodes is granted (the import is then undone if this
+    /// fails), and after holds went. The state is read under the registry lock, written
+    /// outside it; saves are ordered by their own lock, so the file never goes back to an
+    /// older state.
+    pub fn save_holds(&self) -> Result<(), MemoryError> {
+        let mut saved = self.holds_saved.lock().unwrap_or_else(|p| p.into_inner());
+        let holds = self.state().holds();
+        if saved.1.as_ref() == Some(&holds) {
+            return Ok(());
+        }
+        let path = self.root.join(super::holds::FILE);
+        let bytes = super::holds::encode(saved.0 + 1, &holds);
+        fabric_addrmap::durable::write_whole(&path, &bytes)
+            .map_err(|e| MemoryError::Io { path: e.path, source: e.source })?;
+        *saved = (saved.0 + 1, Some(holds));
+        Ok(())
+    }
+
+    /// [`Memory::save_holds`] where a failure only delays dropping holds: logged.
+    fn save_holds_or_log(&self) {
+        if let Err(e) = self.save_holds() {
+            tracing::warn!(error = %crate::error_chain(&e), "the quarantine record was not updated; it keeps holds that went");
+        }
+    }
+
+    /// The importer nodes whose holds came back from `quarantine.record` at start, with the
+    /// incarnation they held them at; taken once.
+    pub fn take_restored_holders(&self) -> Vec<(String, u64)> {
+        std::mem::take(&mut self.state().restored)
     }
 
     /// Ends importer node `node`'s `session`: its imports released. When the node
@@ -109,14 +144,18 @@ impl Memory {
             }
         }
         drop(st);
-        self.close_session(session)
+        let reclaimed = self.close_session(session);
+        self.save_holds_or_log();
+        reclaimed
     }
 
     /// Node `node` no longer maps `region` (it acknowledged its end), or nothing at all
     /// (`None`: it rejoined with a new incarnation, or an admin collected it). Returns the
     /// bytes given back to the allocators.
     pub fn lift_quarantine(&self, node: &str, region: Option<u64>) -> u64 {
-        self.state().unpark(node, region)
+        let back = self.state().unpark(node, region);
+        self.save_holds_or_log();
+        back
     }
 
     /// What is quarantined, by node.
@@ -182,7 +221,7 @@ mod tests {
     #[test]
     fn a_region_a_departed_node_imported_is_not_reused_until_the_node_returns() {
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b");
+        m.remote_session(2, "b", 1);
         m.end_remote_session(2, true);
         m.free(1, region).unwrap();
         assert!(full(&m, &place), "the range is quarantined");
@@ -197,7 +236,7 @@ mod tests {
     #[test]
     fn a_region_freed_under_a_live_remote_import_waits_for_its_acknowledgement() {
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b");
+        m.remote_session(2, "b", 1);
         m.free(1, region).unwrap();
         assert!(full(&m, &place));
         assert_eq!(m.lift_quarantine("b", Some(region + 1)), 0);
@@ -206,9 +245,54 @@ mod tests {
     }
 
     #[test]
+    fn the_quarantine_outlives_a_restart_of_the_owner() {
+        use super::super::ledger_tests::{inventory, me, open};
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory();
+        let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+        let policy = ExportPolicy {
+            uids: BoundedVec::default(),
+            gids: BoundedVec::default(),
+            partition: None,
+            access: AccessMode::ReadWrite,
+        };
+        let (freed, kept) = {
+            let m = open(dir.path(), &inv);
+            let freed = m.alloc(&me(), 1, &place, 64 * MIB, 0).unwrap().region;
+            let kept = m.alloc(&me(), 1, &place, 64 * MIB, 0).unwrap().region;
+            m.remote_session(2, "b", 5);
+            for r in [freed, kept] {
+                let handle = m.export(&me(), 1, r, policy.clone()).unwrap();
+                m.import(&me(), 2, &handle, AccessMode::ReadWrite).unwrap();
+            }
+            m.save_holds().unwrap();
+            m.free(1, freed).unwrap();
+            assert_eq!(m.quarantined_bytes(), 64 * MIB);
+            (freed, kept)
+            // The daemon dies here: b's session never ends.
+        };
+        let m = open(dir.path(), &inv);
+        assert_eq!(m.quarantined_bytes(), 64 * MIB, "the freed region's range is still held for b");
+        assert_eq!(m.quarantine()[0].node, "b");
+        assert!(m.state().mapped_by.get(&kept).is_some_and(|n| n.contains("b")), "the live one is marked");
+        assert!(!m.state().mapped_by.contains_key(&freed));
+        assert_eq!(m.take_restored_holders(), [("b".to_owned(), 5)]);
+        assert!(m.take_restored_holders().is_empty(), "taken once");
+        assert!(!m.state().resources[0].ranges.is_free(0, 64 * MIB), "the range is out of the allocator");
+        // b reached the new incarnation: everything lifts, and the lift is saved.
+        assert_eq!(m.lift_quarantine("b", None), 64 * MIB);
+        drop(m);
+        let m = open(dir.path(), &inv);
+        assert_eq!(m.quarantined_bytes(), 0);
+        assert!(m.state().resources[0].ranges.is_free(0, 64 * MIB));
+        assert!(m.take_restored_holders().is_empty());
+        assert!(!m.state().mapped_by.contains_key(&kept));
+    }
+
+    #[test]
     fn a_restarted_node_or_a_local_importer_quarantines_nothing() {
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b");
+        m.remote_session(2, "b", 1);
         m.end_remote_session(2, false);
         m.free(1, region).unwrap();
         assert!(!full(&m, &place));

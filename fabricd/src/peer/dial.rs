@@ -228,6 +228,11 @@ impl NodeLink {
             });
         }
         tracing::info!(peer = node, %addr, incarnation, "node link: linked");
+        // Before anything is asked of this incarnation: what an earlier one granted is
+        // void here (its quarantine on the peer lifts once this node reaches it).
+        if let Some(d) = self.service().daemon().and_then(|w| w.upgrade()) {
+            self.service().importer().void_owner(&d, node, incarnation);
+        }
         Ok(Held { link, incarnation, used: Instant::now() })
     }
 }

@@ -415,13 +415,21 @@ impl Importer {
     /// granted them: their holders get `OwnerExited`, as when a local owner's process
     /// exits.
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
+        self.void(d, |h| live.get(h.owner.as_str()) != Some(&h.incarnation));
+    }
+
+    /// Ends the imports of `owner` granted by another incarnation than `incarnation`, which
+    /// this node is about to ask: an owner told anything by this node knows it holds
+    /// nothing of an earlier incarnation (its quarantine of what was imported then lifts,
+    /// `memory/holds.rs`).
+    pub fn void_owner(&self, d: &Daemon, owner: &str, incarnation: u64) {
+        self.void(d, |h| h.owner == owner && h.incarnation != incarnation);
+    }
+
+    fn void(&self, d: &Daemon, gone: impl Fn(&Held) -> bool) {
         let ended: Vec<(u64, Held)> = {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            let ids: Vec<u64> = held
-                .iter()
-                .filter(|(_, h)| live.get(h.owner.as_str()) != Some(&h.incarnation))
-                .map(|(k, _)| *k)
-                .collect();
+            let ids: Vec<u64> = held.iter().filter(|(_, h)| gone(h)).map(|(k, _)| *k).collect();
             ids.into_iter().filter_map(|k| held.remove(&k).map(|h| (k, h))).collect()
         };
         for (local, h) in ended {

@@ -44,6 +44,11 @@ pub struct Owner {
     /// Importer nodes that left while holding imports, with the incarnation they held
     /// them at: what they imported is quarantined until they return as another one.
     departed: Mutex<HashMap<String, u64>>,
+    /// Importer nodes whose holds an earlier incarnation of this daemon saved
+    /// (`memory/holds.rs`): quarantined until they reach this incarnation (having voided
+    /// what the last one granted: `Importer::void_owner`), return as another one, or are
+    /// collected. `None` until taken from the registry.
+    restored: Mutex<Option<HashSet<String>>>,
     /// The file of each remote import, open: truncated if its region is freed (the
     /// registry removes the file, which would leave the importer's mapping reading the
     /// old pages).
@@ -55,10 +60,24 @@ fn denied(e: &crate::memory::MemoryError) -> PeerError {
     PeerError::Denied { code: body.code, message: body.message.to_string() }
 }
 
+/// Saves the holds with `import` of `session` in them before it is granted; undoes it
+/// when they could not be saved (a restart would forget that the node may map it).
+fn saved(d: &Daemon, session: u64, import: u64) -> Result<(), PeerError> {
+    d.memory.save_holds().map_err(|e| {
+        let _ = d.memory.release(session, import);
+        tracing::error!(error = %crate::error_chain(&e), import, "an import across nodes was undone: the quarantine record could not be saved");
+        PeerError::Denied {
+            code: ErrorCode::Unavailable,
+            message: format!("this node could not save who may map its memory: {}", crate::error_chain(&e)),
+        }
+    })
+}
+
 impl Owner {
     /// The registry session of `peer`'s incarnation, made (with its revocations forwarded)
     /// on first use; an older incarnation's session is closed (what it held is void).
     fn session(&self, d: &Arc<Daemon>, peer: &Peer) -> u64 {
+        self.adopt_restored(d);
         let node = &peer.identity.node;
         let outbox = Arc::new(Outbox::default());
         let (session, old) = {
@@ -71,16 +90,44 @@ impl Owner {
             let remote = Remote { incarnation: peer.incarnation, session, outbox: outbox.clone() };
             (session, remotes.insert(node.clone(), remote))
         };
-        d.memory.remote_session(session, node);
+        d.memory.remote_session(session, node, peer.incarnation);
         if let Some(old) = old {
             self.end(d, node, old, false);
         }
         self.returned(d, node, peer.incarnation);
+        self.reached(d, node);
         d.events.sink(session, Topics::REVOCATION, Reach::All, revokes::sink(outbox.clone()));
         if let Some(domain) = &d.domain {
             domain.runtime().spawn(revokes::forward(Arc::downgrade(d), node.clone(), outbox));
         }
         session
+    }
+
+    /// Takes the importer nodes whose holds came back at start, once: they count as nodes
+    /// that left at the incarnation they held them at.
+    fn adopt_restored(&self, d: &Daemon) {
+        let mut restored = self.restored.lock().unwrap_or_else(|p| p.into_inner());
+        if restored.is_some() {
+            return;
+        }
+        let nodes = d.memory.take_restored_holders();
+        let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, incarnation) in &nodes {
+            departed.entry(node.clone()).or_insert(*incarnation);
+        }
+        *restored = Some(nodes.into_iter().map(|(n, _)| n).collect());
+    }
+
+    /// `node` reached this incarnation of the daemon: it voided what the last one granted
+    /// before asking anything (`Importer::void_owner`), so what it held then is no longer
+    /// mapped and the quarantine saved for it lifts.
+    fn reached(&self, d: &Daemon, node: &str) {
+        let was = self.restored.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|r| r.remove(node));
+        if was {
+            self.departed.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
+            let bytes = d.memory.lift_quarantine(node, None);
+            tracing::info!(peer = %node, bytes, "node link: an importer node reached this incarnation; the quarantine saved for it by the last one is lifted");
+        }
     }
 
     /// `node` is live at `incarnation`: if it left at another, it holds nothing of this
@@ -155,6 +202,7 @@ impl Owner {
         };
         let session = self.session(d, peer);
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
+        saved(d, session, g.import)?;
         if matches!(shared, Some(Shared::File(_))) {
             let held = (peer.identity.node.clone(), File::from(g.fd));
             self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, held);
@@ -209,6 +257,7 @@ impl Owner {
             .memory
             .import_object(&cred, session, &handle, ask.access, fabric_proto::wire::PROTOCOL_VERSION)
             .map_err(|e| denied(&e))?;
+        saved(d, session, o.import)?;
         tracing::info!(peer = %peer.identity.node, region = o.region, import = o.import, "node link: vendor object granted");
         Ok(ObjectGrant {
             import: o.import,
@@ -242,6 +291,7 @@ impl Owner {
     /// quarantine lifted, and so has one no longer `known` to the domain (an admin
     /// collected it).
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>, known: &HashSet<&str>) {
+        self.adopt_restored(d);
         let departed: Vec<(String, Remote)> = {
             let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
             let gone: Vec<String> = remotes
