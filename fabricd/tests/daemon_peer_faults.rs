@@ -3,7 +3,9 @@
 //! that node died (kill -9) is quarantined — the free succeeds, the range is not handed
 //! out again (an allocation of the whole resource is refused), and `domain status` names
 //! the node, also after the owner itself is killed and restarted — until the node returns
-//! as a new incarnation, or an admin collects it with `domain gc`; and more revocations at once than an event queue holds (300 imports of
+//! as a new incarnation, or an admin collects it with `domain gc`; what a live importer
+//! held when its owner was killed stays held until the importer reaches the restarted
+//! owner; and more revocations at once than an event queue holds (300 imports of
 //! one region freed) all reach the importer node's clients, and the freed range is free
 //! again once the importer acknowledged them. Two nodes in network namespaces of their
 //! own, cut from each other by iptables while etcd sees both: the mapping made before
@@ -157,6 +159,45 @@ fn memory_a_dead_node_imported_is_quarantined_until_it_returns_or_an_admin_colle
     let (again, at) = alloc(&mut c[0], &gpu, 4 * MIB).unwrap();
     assert_eq!(at, gfa, "first fit hands the collected range out again");
     free(&mut c[0], again);
+}
+
+/// The holds tray0 saved (its `quarantine.record`, in its directory of the shared fabric).
+fn saved_holds(shared: &std::path::Path) -> Vec<fabricd::memory::holds::Hold> {
+    let bytes = std::fs::read(shared.join("sim/tray0").join(fabricd::memory::holds::FILE)).unwrap();
+    fabricd::memory::holds::decode(&bytes).unwrap()
+}
+
+#[test]
+fn an_owner_restarted_lifts_what_it_saved_for_a_live_importer_once_that_node_reaches_it() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (region, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, AccessMode::ReadOnly);
+    let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    let holds = saved_holds(shared.path());
+    assert_eq!(holds.len(), 1, "saved before the grant: {holds:?}");
+    let tray1 = incarnation_of(&mut c[0], "tray1").unwrap();
+    assert_eq!((holds[0].node.as_str(), holds[0].incarnation, holds[0].region), ("tray1", tray1, region));
+
+    // tray0 dies with the import live and comes back: tray1 may still map the region, so
+    // the restored hold stays until tray1 reaches the new incarnation.
+    kill(&mut daemons[0]);
+    until(Duration::from_secs(TTL + 3), "tray0's member gone", || {
+        incarnation_of(&mut c[1], "tray0").is_none().then_some(())
+    });
+    daemons[0] = Some(common::start(&setups[0].config, setups[0].dir.path()));
+    c[0] = common::client(&setups[0].socket);
+    assert_eq!(saved_holds(shared.path()), holds, "kept across the restart");
+    // tray1 asks the new tray0 for something (having voided what the last one granted):
+    // the hold it had goes.
+    let (fresh, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], fresh, AccessMode::ReadOnly);
+    let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    let now: Vec<u64> = saved_holds(shared.path()).iter().map(|h| h.region).collect();
+    assert_eq!(now, [fresh], "only the new import is held: {now:?}");
 }
 
 #[test]
