@@ -74,7 +74,7 @@ impl Service {
                 self.importer.revoked(d, peer, wire::decode(&request.body)?)?;
                 Ok(wire::response(op, &()))
             }
-            // Served by `PeerService::serve` off the link's task.
+            // Served by `PeerService::serve` through `super::copy::serve`.
             PeerOp::Copy => Err(PeerError::Unsupported(op)),
         }
     }
@@ -98,31 +98,32 @@ fn granting(d: &Daemon) -> Result<(), PeerError> {
 
 impl PeerService for Service {
     fn serve(&self, peer: &Peer, request: PeerRequest) -> Served {
-        // A copy chunk's bytes move on a blocking thread: the domain runtime's worker (its
-        // links' TLS, etcd's lease) never waits for a `pread`/`pwrite` of a megabyte.
-        if request.op == PeerOp::Copy
-            && let Some(d) = self.daemon.get().and_then(Weak::upgrade)
-        {
-            let (session, who) = (self.owner.session_of(peer), peer.identity.to_string());
-            return Box::pin(async move {
-                let answer = tokio::task::spawn_blocking(move || super::copy::serve(&d, session, &request.body))
-                    .await
-                    .unwrap_or_else(|e| Err(PeerError::Refused(format!("the copy chunk's task failed: {e}"))));
-                if let Err(e) = &answer {
-                    tracing::info!(peer = %who, op = ?PeerOp::Copy, error = %e, "node link: request refused");
-                }
-                answer
-            });
-        }
-        // The registry's work is short and takes no I/O under its lock; it runs here, on
-        // the link's task, and the answer is ready before the future is polled.
-        let answer = match self.daemon.get().and_then(Weak::upgrade) {
-            Some(d) => self.answer(&d, peer, &request),
-            None => Err(PeerError::Refused("the daemon is starting".into())),
+        let Some(d) = self.daemon.get().and_then(Weak::upgrade) else {
+            let answer = Err(PeerError::Refused("the daemon is starting".into()));
+            return Box::pin(async move { answer });
         };
-        if let Err(e) = &answer {
-            tracing::info!(peer = %peer.identity, op = ?request.op, error = %e, "node link: request refused");
-        }
-        Box::pin(async move { answer })
+        // Every answer runs on a blocking thread, never on the domain runtime's workers
+        // (its links' TLS, etcd's lease): a copy chunk moves a megabyte with
+        // `pread`/`pwrite`, an import may open a file and saves the quarantine record
+        // (an fsync) before it is granted.
+        let peer = peer.clone();
+        Box::pin(async move {
+            let (op, who) = (request.op, peer.identity.to_string());
+            let answer = tokio::task::spawn_blocking(move || {
+                let Some(service) = d.domain.as_ref().and_then(|x| x.link()).map(|l| l.service()) else {
+                    return Err(PeerError::Refused("this node has no node link".into()));
+                };
+                match request.op {
+                    PeerOp::Copy => super::copy::serve(&d, service.owner.session_of(&peer), &request.body),
+                    _ => service.answer(&d, &peer, &request),
+                }
+            })
+            .await
+            .unwrap_or_else(|e| Err(PeerError::Refused(format!("the request's task failed: {e}"))));
+            if let Err(e) = &answer {
+                tracing::info!(peer = %who, ?op, error = %e, "node link: request refused");
+            }
+            answer
+        })
     }
 }
