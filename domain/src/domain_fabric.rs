@@ -93,6 +93,7 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> Vec<
         device.name = d.name.clone();
         device.numa_node = d.numa_node;
         device.local_cpus = d.local_cpus.as_deref().and_then(|c| c.parse().ok());
+        device.pci = d.pci.as_ref().map(topology::TopologyPci::info);
         device.sources.push(DOMAIN_BACKEND.to_owned());
         device.memory = d
             .memory
@@ -137,6 +138,7 @@ mod tests {
             memory: vec![],
             numa_node: None,
             local_cpus: None,
+            pci: None,
         };
         let mut devices = vec![
             dev(DeviceId::named(node, "numa0"), DeviceKind::Cpu, false),
@@ -180,6 +182,7 @@ mod tests {
                 memory: vec![],
                 numa_node: None,
                 local_cpus: None,
+                pci: None,
             },
             TopologyDevice {
                 id: DeviceId::pci(node, addr),
@@ -189,6 +192,7 @@ mod tests {
                 memory: vec![],
                 numa_node: None,
                 local_cpus: None,
+                pci: None,
             },
         ];
         let pcie =
@@ -324,16 +328,26 @@ mod tests {
     }
 
     #[test]
-    fn numa_and_cpu_affinity_of_a_record_reach_the_merged_devices() {
+    fn numa_cpu_affinity_and_pci_details_of_a_record_reach_the_merged_devices() {
         let mut t = tray("tray0");
         t.devices[0].numa_node = Some(0);
         t.devices[0].local_cpus = Some("0-71".into());
         t.devices[1].numa_node = Some(1);
+        let addr: PciAddress = "0000:17:00.0".parse().unwrap();
+        t.devices[1].pci = Some(topology::TopologyPci {
+            address: Some(addr),
+            class: Some(0x03_0200),
+            vendor_id: Some(0x10de),
+            device_id: None,
+            driver: Some("nvidia".into()),
+        });
         let inv = merge(&view(&[t, tray("tray1")], &[]));
         let cpu = inv.device(inv.find(&DeviceId::named("tray0", "numa0")).unwrap());
         assert_eq!((cpu.numa_node, cpu.local_cpus.as_ref().map(ToString::to_string)), (Some(0), Some("0-71".into())));
         let gpu = inv.device(inv.find(&DeviceId::uuid("GPU-tray0-0")).unwrap());
         assert_eq!(gpu.numa_node, Some(1));
+        let pci = gpu.pci.as_ref().unwrap();
+        assert_eq!((pci.address, pci.vendor_id, pci.driver.as_deref()), (Some(addr), Some(0x10de), Some("nvidia")));
         let other = inv.device(inv.find(&DeviceId::uuid("GPU-tray1-0")).unwrap());
         assert_eq!((other.numa_node, other.local_cpus.as_ref()), (None, None), "a record without them: unknown");
     }

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, LinkKind, LinkState, MemoryKind};
+use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric, LinkKind, LinkState, MemoryKind, PciAddress};
 use serde::{Deserialize, Serialize};
 
 use crate::records::{RECORD_VERSION, Record, RecordError, check_node_name, invalid};
@@ -71,6 +71,60 @@ pub struct TopologyDevice {
     /// [`MAX_CPULIST_LEN`] bytes), when known. Optional like `numa_node`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_cpus: Option<String>,
+    /// Its PCI function, when it is one. Optional like `numa_node`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<TopologyPci>,
+}
+
+/// What the domain shows of a device's PCI function: where it is, what it is, and its
+/// driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyPci {
+    /// Its address on its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<PciAddress>,
+    /// 24-bit class code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<u32>,
+    /// Vendor id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor_id: Option<u16>,
+    /// Device id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<u16>,
+    /// The bound kernel driver (at most [`MAX_DRIVER_LEN`] bytes, no control characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+}
+
+/// Longest driver name a record may state.
+pub const MAX_DRIVER_LEN: usize = 64;
+
+impl TopologyPci {
+    /// The part of `pci` a record carries (a driver name past [`MAX_DRIVER_LEN`] or with
+    /// control characters left out).
+    fn of(pci: &fabric_topology::PciInfo) -> Self {
+        Self {
+            address: pci.address,
+            class: pci.class.filter(|c| *c <= 0xff_ffff),
+            vendor_id: pci.vendor_id,
+            device_id: pci.device_id,
+            driver: pci.driver.clone().filter(|d| d.len() <= MAX_DRIVER_LEN && !d.chars().any(char::is_control)),
+        }
+    }
+
+    /// As the topology crate holds it.
+    pub fn info(&self) -> fabric_topology::PciInfo {
+        fabric_topology::PciInfo {
+            address: self.address,
+            class: self.class,
+            vendor_id: self.vendor_id,
+            device_id: self.device_id,
+            driver: self.driver.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 /// A memory resource of a device: its kind and size.
@@ -165,6 +219,7 @@ impl TopologyRecord {
                     .filter(|c| !c.is_empty())
                     .map(ToString::to_string)
                     .filter(|c| c.len() <= MAX_CPULIST_LEN),
+                pci: d.pci.as_ref().map(TopologyPci::of),
             });
         }
         let links = fabric
@@ -236,6 +291,18 @@ impl TopologyRecord {
                 return Err(invalid(
                     "devices.local_cpus",
                     format!("{}: not a cpulist of at most {MAX_CPULIST_LEN} bytes", d.id),
+                ));
+            }
+            if let Some(pci) = &d.pci
+                && (pci.class.is_some_and(|c| c > 0xff_ffff)
+                    || pci.driver.as_ref().is_some_and(|n| n.len() > MAX_DRIVER_LEN || n.chars().any(char::is_control)))
+            {
+                return Err(invalid(
+                    "devices.pci",
+                    format!(
+                        "{}: a class past 24 bits, or a driver of more than {MAX_DRIVER_LEN} bytes or with control characters",
+                        d.id
+                    ),
                 ));
             }
             if d.memory.iter().try_fold(0u64, |sum, m| sum.checked_add(m.size)).is_none() {
@@ -318,6 +385,15 @@ mod tests {
         let mut gpu = Device::new(DeviceId::uuid(&format!("GPU-{node}")), DeviceKind::Gpu, Some(node));
         gpu.numa_node = Some(1);
         gpu.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: 1 << 30, hpa: None, numa_node: None });
+        gpu.pci = Some(fabric_topology::PciInfo {
+            address: Some("0000:17:00.0".parse().unwrap()),
+            class: Some(0x03_0200),
+            vendor_id: Some(0x10de),
+            device_id: Some(0x2335),
+            driver: Some("nvidia".into()),
+            link_width: Some(16),
+            ..Default::default()
+        });
         let gpu = inv.add_device(gpu).unwrap();
         let nvme =
             inv.add_device(Device::new(DeviceId::named(node, "nvme0"), DeviceKind::Storage, Some(node))).unwrap();
@@ -341,6 +417,10 @@ mod tests {
             (Some(0), Some("0-15,32-47"))
         );
         assert_eq!((record.devices[1].numa_node, record.devices[1].local_cpus.as_deref()), (Some(1), None));
+        let pci = record.devices[1].pci.as_ref().unwrap();
+        assert_eq!((pci.address.map(|a| a.to_string()), pci.class), (Some("0000:17:00.0".into()), Some(0x03_0200)));
+        assert_eq!((pci.vendor_id, pci.device_id, pci.driver.as_deref()), (Some(0x10de), Some(0x2335), Some("nvidia")));
+        assert_eq!(pci.info().address, pci.address, "back as the topology crate holds it");
         let limits = RecordLimits::default();
         assert_eq!(decode::<TopologyRecord>(&encode(&record), limits), Ok(record.clone()));
         assert!(TopologyRecord::from_fabric(&tray("tray0"), "tray1", 3).devices.iter().all(|d| d.fabric));
@@ -378,6 +458,18 @@ mod tests {
         let mut r = good.clone();
         r.devices[1].numa_node = Some(MAX_NUMA_NODE);
         assert_eq!(field(&r), "devices.numa_node");
+        let pci = |class, driver: &str| TopologyPci {
+            address: None,
+            class: Some(class),
+            vendor_id: None,
+            device_id: None,
+            driver: Some(driver.to_owned()),
+        };
+        for bad in [pci(1 << 24, "nvidia"), pci(0x030200, "nv\nidia"), pci(0x030200, &"d".repeat(65))] {
+            let mut r = good.clone();
+            r.devices[1].pci = Some(bad);
+            assert_eq!(field(&r), "devices.pci");
+        }
         for bad in ["0-", "x", "3-1", &"0,".repeat(200)] {
             let mut r = good.clone();
             r.devices[1].local_cpus = Some(bad.to_owned());
@@ -415,6 +507,7 @@ mod tests {
                     memory: vec![],
                     numa_node: None,
                     local_cpus: None,
+                    pci: None,
                 })
                 .collect(),
             ..good
