@@ -18,13 +18,24 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
     loop {
         changed.notified().await;
         let Some(d) = daemon.upgrade() else { return };
-        let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
-            return;
-        };
+        let Some(domain) = d.domain.as_ref() else { return };
         let view = domain.view();
-        let live: HashMap<&str, u64> = view.members().map(|m| (m.name.as_str(), m.incarnation)).collect();
-        let known: HashSet<&str> = view.nodes().into_iter().map(|n| n.name).collect();
-        link.service().owner().void_departed(&d, &live, &known);
-        link.service().importer().void_departed(&d, &live);
+        let live: HashMap<String, u64> = view.members().map(|m| (m.name.clone(), m.incarnation)).collect();
+        let known: HashSet<String> = view.nodes().into_iter().map(|n| n.name.to_owned()).collect();
+        drop(view);
+        // Ending sessions and lifting quarantine take the registry's lock and save the
+        // quarantine record (an fsync): off the domain runtime's worker, one view at a time.
+        let voided = tokio::task::spawn_blocking(move || {
+            let Some(link) = d.domain.as_ref().and_then(|x| x.link()) else { return false };
+            let live: HashMap<&str, u64> = live.iter().map(|(n, i)| (n.as_str(), *i)).collect();
+            let known: HashSet<&str> = known.iter().map(String::as_str).collect();
+            link.service().owner().void_departed(&d, &live, &known);
+            link.service().importer().void_departed(&d, &live);
+            true
+        })
+        .await;
+        if !matches!(voided, Ok(true)) {
+            return;
+        }
     }
 }
