@@ -241,6 +241,8 @@ fn more_revocations_at_once_than_a_queue_holds_all_reach_the_importer_nodes_clie
     let (again, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
     assert_eq!(at, gfa);
     free(&mut c[0], again);
+    // The acknowledgements are saved (once the outbox drained): a restart holds nothing.
+    until(Duration::from_secs(5), "the record saved empty", || saved_holds(shared.path()).is_empty().then_some(()));
 }
 
 /// tray0 and tray1, each in its namespace of `net` with its link at the namespace's

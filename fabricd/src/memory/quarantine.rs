@@ -118,7 +118,7 @@ impl Memory {
     }
 
     /// [`Memory::save_holds`] where a failure only delays dropping holds: logged.
-    fn save_holds_or_log(&self) {
+    pub fn save_holds_or_log(&self) {
         if let Err(e) = self.save_holds() {
             tracing::warn!(error = %crate::error_chain(&e), "the quarantine record was not updated; it keeps holds that went");
         }
@@ -156,6 +156,12 @@ impl Memory {
         let back = self.state().unpark(node, region);
         self.save_holds_or_log();
         back
+    }
+
+    /// [`Memory::lift_quarantine`] of one region, without saving the quarantine record
+    /// (a burst of acknowledgements is saved once, by [`Memory::save_holds_or_log`]).
+    pub fn acknowledged(&self, node: &str, region: u64) -> u64 {
+        self.state().unpark(node, Some(region))
     }
 
     /// What is quarantined, by node.

@@ -89,11 +89,20 @@ pub fn sink(outbox: Arc<Outbox>) -> crate::events::Sink {
 /// Tells `node` what `outbox` holds until the outbox is closed or the daemon goes.
 pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
     let mut retry = RETRY_FIRST;
+    // Quarantine lifted since the record was last saved.
+    let mut lifted = false;
     loop {
         if outbox.closed.load(Ordering::Acquire) {
             return;
         }
         let Some(r) = outbox.take() else {
+            // The outbox is drained: what its acknowledgements lifted is saved once, off
+            // the runtime's worker.
+            if std::mem::take(&mut lifted)
+                && let Some(d) = d.upgrade()
+            {
+                let _ = tokio::task::spawn_blocking(move || d.memory.save_holds_or_log()).await;
+            }
             outbox.wake.notified().await;
             continue;
         };
@@ -106,7 +115,8 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
                 retry = RETRY_FIRST;
                 tracing::info!(peer = %node, import = r.import, reason = ?r.reason, "node link: importer told of a revocation");
                 if !matches!(r.reason, RevocationReason::Revoked) {
-                    d.memory.lift_quarantine(&node, Some(r.region));
+                    d.memory.acknowledged(&node, r.region);
+                    lifted = true;
                 }
             }
             Err(e) => {
