@@ -2,7 +2,7 @@
 //! saved in `quarantine.record` (the checksummed whole-file frame of
 //! [`fabric_addrmap::durable`], magic `FBRCHOLD`, JSON) before an import across nodes is
 //! granted, so that a restart of this daemon never hands out a range another node may
-//! still store to. At start ([`restore`]) a hold of a live region marks it mapped by that
+//! still store to. At start (`restore`) a hold of a live region marks it mapped by that
 //! node (quarantined when freed); a hold of a region that is gone (freed, or reclaimed at
 //! start) parks its range again, unless a live region took it — then the hold had been
 //! lifted and the record was behind. Removing a hold is saved lazily: a record behind
