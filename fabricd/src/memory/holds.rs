@@ -135,7 +135,7 @@ impl State {
 /// Reads the record at `path` (none: nothing held) and applies it to `st`, whose regions
 /// were restored; returns the nodes restored with their incarnations.
 pub(super) fn restore(st: &mut State, path: &Path) -> Vec<(String, u64)> {
-    let holds = match std::fs::read(path) {
+    let holds = match crate::sys::privdir::read_private(path) {
         Ok(bytes) => match decode(&bytes) {
             Ok(h) => h,
             Err(e) => {

@@ -51,7 +51,7 @@ impl FileStore {
             Err(e) => return Err(StoreError::LegacyMap(e)),
         };
         let path = self.dir.join(crate::partitions::FILE_NAME);
-        let bindings = match read_private(&path) {
+        let bindings = match crate::sys::privdir::read_private(&path) {
             Ok(bytes) => {
                 Some(crate::partitions::decode(&bytes).map_err(|source| StoreError::LegacyBindings { path, source })?)
             }
@@ -85,17 +85,9 @@ impl FileStore {
     }
 }
 
-/// A whole file of the daemon's: not through a symlink, and checked (`crate::sys::privdir`).
-fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = crate::sys::privdir::open_nofollow(path, false)?;
-    crate::sys::privdir::check_file(&f, path)?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
-}
-
 impl MapStore for FileStore {
     fn load(&self) -> Result<Option<Record>, StoreError> {
-        let record = match read_private(&self.path) {
+        let record = match crate::sys::privdir::read_private(&self.path) {
             Ok(bytes) => {
                 let r =
                     decode_record(&bytes).map_err(|source| StoreError::Corrupt { path: self.path.clone(), source })?;

@@ -227,6 +227,15 @@ pub fn open_nofollow(path: &Path, write: bool) -> io::Result<File> {
     OpenOptions::new().read(true).write(write).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
+/// A whole state file of the daemon's (the map record, the quarantine record): not
+/// through a symlink, and checked ([`check_file`]).
+pub fn read_private(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = open_nofollow(path, false)?;
+    check_file(&f, path)?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut f, &mut bytes).map(|_| bytes)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
