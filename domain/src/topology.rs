@@ -101,16 +101,27 @@ pub struct TopologyPci {
 /// Longest driver name a record may state.
 pub const MAX_DRIVER_LEN: usize = 64;
 
+/// A PCI class code: 24 bits.
+fn valid_class(class: u32) -> bool {
+    class <= 0xff_ffff
+}
+
+/// A driver name a record may state: at most [`MAX_DRIVER_LEN`] bytes, no control
+/// characters.
+fn valid_driver(driver: &str) -> bool {
+    driver.len() <= MAX_DRIVER_LEN && !driver.chars().any(char::is_control)
+}
+
 impl TopologyPci {
     /// The part of `pci` a record carries (a driver name past [`MAX_DRIVER_LEN`] or with
     /// control characters left out).
     fn of(pci: &fabric_topology::PciInfo) -> Self {
         Self {
             address: pci.address,
-            class: pci.class.filter(|c| *c <= 0xff_ffff),
+            class: pci.class.filter(|c| valid_class(*c)),
             vendor_id: pci.vendor_id,
             device_id: pci.device_id,
-            driver: pci.driver.clone().filter(|d| d.len() <= MAX_DRIVER_LEN && !d.chars().any(char::is_control)),
+            driver: pci.driver.clone().filter(|d| valid_driver(d)),
         }
     }
 
@@ -294,8 +305,8 @@ impl TopologyRecord {
                 ));
             }
             if let Some(pci) = &d.pci
-                && (pci.class.is_some_and(|c| c > 0xff_ffff)
-                    || pci.driver.as_ref().is_some_and(|n| n.len() > MAX_DRIVER_LEN || n.chars().any(char::is_control)))
+                && (pci.class.is_some_and(|c| !valid_class(c))
+                    || pci.driver.as_deref().is_some_and(|n| !valid_driver(n)))
             {
                 return Err(invalid(
                     "devices.pci",

@@ -54,10 +54,13 @@ impl VmError {
             VmError::QemuFailed { console, .. } | VmError::Timeout(_, console) => console,
             _ => return false,
         };
-        !console.contains("FABRIC-GUEST-BOOTED")
+        !console.contains(BOOTED)
             && ["Kernel panic - not syncing", "Oops: ", "BUG: "].iter().any(|m| console.contains(m))
     }
 }
+
+/// What the image's init prints on the console once the guest booted (`scripts/qemu-image.sh`).
+const BOOTED: &str = "FABRIC-GUEST-BOOTED";
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
     let what = what.into();
@@ -188,7 +191,7 @@ impl Guest {
             // A KVM guest boots in seconds; one that has not within a minute is stuck.
             guest.timeout = guest.timeout.min(Duration::from_secs(60));
         }
-        match guest.wait_console("FABRIC-GUEST-BOOTED") {
+        match guest.wait_console(BOOTED) {
             Ok(()) => {
                 guest.timeout = spec.timeout;
                 Ok(guest)
@@ -200,7 +203,7 @@ impl Guest {
                 drop(guest);
                 let _ = fs::rename(dir.join("qemu.log"), dir.join("qemu-kvm-failed.log"));
                 let mut guest = Self::spawn(pre, spec, dir, initrd, Accel::Tcg)?;
-                guest.wait_console("FABRIC-GUEST-BOOTED")?;
+                guest.wait_console(BOOTED)?;
                 Ok(guest)
             }
             Err(e) => Err(e),

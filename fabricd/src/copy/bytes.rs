@@ -8,8 +8,7 @@
 
 use std::os::unix::fs::FileExt;
 
-use super::chunk::ChunkError;
-use super::fault;
+use super::chunk::{self, ChunkError};
 use super::regionmap::RegionMaps;
 use super::sys;
 use crate::memory::Side;
@@ -31,7 +30,7 @@ pub fn read(side: &Side, offset: u64, buf: &mut [u8], maps: &RegionMaps) -> Resu
             .with(|pid| sys::vm_read(pid, local, addr + offset, len))
             .map_err(|_| ChunkError::ProcessGone(process.pid()))?
             .map_err(moved(offset, len)),
-        Side::File { device: true, .. } => on_device(side, offset, local, len, false, maps),
+        Side::File { device: true, .. } => chunk::with_buffer(side, offset, local, len, false, maps),
         Side::File { file, offset: o, .. } => file.read_exact_at(buf, o + offset).map_err(moved(offset, len)),
     }
 }
@@ -59,41 +58,7 @@ pub fn write(side: &Side, offset: u64, buf: &[u8], maps: &RegionMaps) -> Result<
         Side::File { writable: false, .. } => {
             Err(ChunkError::Move { at: offset, len, source: std::io::Error::from_raw_os_error(libc::EBADF) })
         }
-        Side::File { device: true, .. } => on_device(side, offset, local, len, true, maps),
+        Side::File { device: true, .. } => chunk::with_buffer(side, offset, local, len, true, maps),
         Side::File { file, offset: o, .. } => file.write_all_at(buf, o + offset).map_err(moved(offset, len)),
     }
-}
-
-/// Moves `len` bytes between the daemon buffer at `local` and bytes `[offset, offset +
-/// len)` of `side`, a region on device memory, through the region's kept mapping:
-/// `store` writes the region.
-fn on_device(
-    side: &Side,
-    offset: u64,
-    local: usize,
-    len: u64,
-    store: bool,
-    maps: &RegionMaps,
-) -> Result<(), ChunkError> {
-    let Side::File { file, offset: o, region, base, region_len, .. } = side else {
-        return Err(moved(offset, len)(std::io::Error::from_raw_os_error(libc::EINVAL)));
-    };
-    let what = if store { "destination" } else { "source" };
-    let m = maps.get(*region, file, *base, *region_len, store).map_err(|source| ChunkError::Map { what, source })?;
-    let at = m.addr() + (o - base + offset) as usize;
-    let (dst, src) = if store { (at, local) } else { (local, at) };
-    if fault::ready() {
-        let n =
-            usize::try_from(len).map_err(|_| moved(offset, len)(std::io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
-        // SAFETY: `at` lies in the region's mapping, held by `m` across the copy, `len`
-        // bytes inside it (the endpoint was checked against the region's length when
-        // resolved), mapped writable for a store; `local` is the caller's buffer of `len`
-        // bytes, which no other reference reaches during the call; device memory is no
-        // Rust object. A fault (the device went) is recovered into the error.
-        return unsafe { fault::copy_recovering(dst as *mut u8, src as *const u8, n) }
-            .map_err(|source| ChunkError::Fault { at: offset, len, source });
-    }
-    // Without the recovering copy the kernel moves the bytes (a DAX device's pages; a
-    // BAR's are refused with EFAULT).
-    sys::vm_read(sys::own_pid(), dst, src as u64, len).map_err(moved(offset, len))
 }

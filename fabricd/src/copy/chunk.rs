@@ -120,6 +120,28 @@ fn cpu_reaches(side: &Side) -> bool {
     }
 }
 
+/// Moves `len` bytes between the daemon buffer at `local` and bytes `[offset, offset +
+/// len)` of `side`, a side the daemon maps (a region on device memory, through its kept
+/// mapping): `store` writes the side. The recovering CPU copy, else the kernel (which
+/// reaches a DAX device's pages, not a BAR's).
+pub(super) fn with_buffer(
+    side: &Side,
+    offset: u64,
+    local: usize,
+    len: u64,
+    store: bool,
+    maps: &RegionMaps,
+) -> Result<(), ChunkError> {
+    let At::Local { addr, _map } = at(side, offset, store, maps)? else {
+        return Err(ChunkError::Move { at: offset, len, source: std::io::Error::from_raw_os_error(libc::EINVAL) });
+    };
+    let (d, s) = if store { (addr, local) } else { (local, addr) };
+    if fault::ready() {
+        return cpu_recovering(d, s, offset, len).map(|_| ());
+    }
+    sys::vm_read(sys::own_pid(), d, s as u64, len).map_err(|source| ChunkError::Move { at: offset, len, source })
+}
+
 /// The file behind a daemon-held side and the file offset of its byte 0, when the kernel
 /// reads it (`pread`): not device memory, which serves `mmap` only.
 fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
@@ -131,7 +153,8 @@ fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
 }
 
 /// The CPU copy of a chunk between two daemon addresses, `d` and `s`, that the caller
-/// resolved with [`at`] and holds (with their mappings) across the call.
+/// resolved with [`at`] and holds (with their mappings) across the call — or, one of
+/// them, a buffer of the caller's own of `len` bytes ([`with_buffer`]).
 fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, ChunkError> {
     let n = usize::try_from(len).map_err(|_| ChunkError::Move {
         at: offset,
@@ -139,9 +162,10 @@ fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, Chu
         source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
     })?;
     // SAFETY: both addresses lie in mappings the caller holds alive (its `At`s hold the
-    // kept region mappings, the job holds the registrations' pinned ones), `len` bytes
-    // inside each as the endpoints were checked against the registrations' and regions'
-    // lengths when resolved; the destination is mapped writable (a region's writable
+    // kept region mappings, the job holds the registrations' pinned ones) or in a buffer
+    // the caller owns and no other reference reaches during the call, `len` bytes inside
+    // each as the endpoints were checked against the registrations' and regions' lengths
+    // when resolved; the destination is mapped writable (a region's writable
     // mapping; a registration a copy writes is read-write); the memory is clients' shared
     // memory that no Rust reference covers; the request path refused overlapping ranges of
     // one object. What a client may still do — shrink a file under a mapping — is a

@@ -80,7 +80,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Hold>, HoldsError> {
     }
     for h in &holds {
         let ways = h.resources.len() as u64;
-        if h.node.is_empty() || h.node.len() > 253 || ways == 0 || ways > 64 || h.len == 0 || h.len % ways != 0 {
+        let name = fabric_domain::config::is_valid_name(&h.node);
+        if !name || ways == 0 || ways > 64 || h.len == 0 || h.len % ways != 0 {
             return Err(HoldsError::Invalid(format!("hold of region {} by {:?} is malformed", h.region, h.node)));
         }
         if h.offset.checked_add(h.len / ways).is_none() {

@@ -91,6 +91,7 @@ impl NodeLink {
     /// refused as unavailable).
     pub fn attach(&self, daemon: Weak<crate::daemon::Daemon>) {
         let Some(d) = daemon.upgrade() else { return };
+        self.service.owner().adopt_restored(&d);
         self.service.attach(daemon.clone());
         if let Some(domain) = &d.domain {
             domain.runtime().spawn(members::follow(daemon, self.members.clone()));

@@ -47,8 +47,8 @@ pub struct Owner {
     /// Importer nodes whose holds an earlier incarnation of this daemon saved
     /// (`memory/holds.rs`): quarantined until they reach this incarnation (having voided
     /// what the last one granted: `Importer::void_owner`), return as another one, or are
-    /// collected. `None` until taken from the registry.
-    restored: Mutex<Option<HashSet<String>>>,
+    /// collected. Taken from the registry when the daemon is attached.
+    restored: Mutex<HashSet<String>>,
     /// The file of each remote import, open: truncated if its region is freed (the
     /// registry removes the file, which would leave the importer's mapping reading the
     /// old pages).
@@ -77,7 +77,6 @@ impl Owner {
     /// The registry session of `peer`'s incarnation, made (with its revocations forwarded)
     /// on first use; an older incarnation's session is closed (what it held is void).
     fn session(&self, d: &Arc<Daemon>, peer: &Peer) -> u64 {
-        self.adopt_restored(d);
         let node = &peer.identity.node;
         let outbox = Arc::new(Outbox::default());
         let (session, old) = {
@@ -103,26 +102,23 @@ impl Owner {
         session
     }
 
-    /// Takes the importer nodes whose holds came back at start, once: they count as nodes
-    /// that left at the incarnation they held them at.
-    fn adopt_restored(&self, d: &Daemon) {
-        let mut restored = self.restored.lock().unwrap_or_else(|p| p.into_inner());
-        if restored.is_some() {
-            return;
-        }
+    /// Takes the importer nodes whose holds came back at start (once, when the daemon is
+    /// attached, before any peer is served): they count as nodes that left at the
+    /// incarnation they held them at.
+    pub(super) fn adopt_restored(&self, d: &Daemon) {
         let nodes = d.memory.take_restored_holders();
         let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
         for (node, incarnation) in &nodes {
             departed.entry(node.clone()).or_insert(*incarnation);
         }
-        *restored = Some(nodes.into_iter().map(|(n, _)| n).collect());
+        self.restored.lock().unwrap_or_else(|p| p.into_inner()).extend(nodes.into_iter().map(|(n, _)| n));
     }
 
     /// `node` reached this incarnation of the daemon: it voided what the last one granted
     /// before asking anything (`Importer::void_owner`), so what it held then is no longer
     /// mapped and the quarantine saved for it lifts.
     fn reached(&self, d: &Daemon, node: &str) {
-        let was = self.restored.lock().unwrap_or_else(|p| p.into_inner()).as_mut().is_some_and(|r| r.remove(node));
+        let was = self.restored.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
         if was {
             self.departed.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
             let bytes = d.memory.lift_quarantine(node, None);
@@ -291,7 +287,6 @@ impl Owner {
     /// quarantine lifted, and so has one no longer `known` to the domain (an admin
     /// collected it).
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>, known: &HashSet<&str>) {
-        self.adopt_restored(d);
         let departed: Vec<(String, Remote)> = {
             let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
             let gone: Vec<String> = remotes
