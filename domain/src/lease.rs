@@ -35,6 +35,7 @@ pub struct Lease {
     id: i64,
     ttl: Duration,
     state: watch::Receiver<LeaseState>,
+    renewed: watch::Receiver<Instant>,
     task: JoinHandle<()>,
 }
 
@@ -42,8 +43,9 @@ impl Lease {
     /// Starts renewing lease `id` every `ttl / 3`, each renewal bounded by `timeout`.
     pub(crate) fn start(client: Client, id: i64, ttl: Duration, timeout: Duration) -> Self {
         let (tx, state) = watch::channel(LeaseState::Alive);
-        let task = tokio::spawn(renew(client, id, ttl / 3, timeout, tx));
-        Self { id, ttl, state, task }
+        let (renewed_tx, renewed) = watch::channel(Instant::now());
+        let task = tokio::spawn(renew(client, id, ttl / 3, timeout, tx, renewed_tx));
+        Self { id, ttl, state, renewed, task }
     }
 
     /// The lease's etcd id.
@@ -59,6 +61,17 @@ impl Lease {
     /// What the renewal task knows now.
     pub fn state(&self) -> LeaseState {
         self.state.borrow().clone()
+    }
+
+    /// When the last renewal etcd acknowledged was sent (the grant, before the first):
+    /// the lease is given up two thirds of a TTL after it.
+    pub fn renewed(&self) -> Instant {
+        *self.renewed.borrow()
+    }
+
+    /// A receiver that sees every acknowledged renewal.
+    pub fn watch_renewals(&self) -> watch::Receiver<Instant> {
+        self.renewed.clone()
     }
 
     /// A receiver that sees every change of state (to fence on `Lost`).
@@ -83,7 +96,14 @@ impl Drop for Lease {
 
 /// The renewal loop: one keepalive request and its answer per tick; failures retried
 /// until two thirds of the TTL passed since the last acknowledged renewal.
-async fn renew(mut client: Client, id: i64, every: Duration, timeout: Duration, state: watch::Sender<LeaseState>) {
+async fn renew(
+    mut client: Client,
+    id: i64,
+    every: Duration,
+    timeout: Duration,
+    state: watch::Sender<LeaseState>,
+    renewed: watch::Sender<Instant>,
+) {
     let lost = |reason: String| {
         warn!(lease = id, %reason, "lease lost");
         state.send_replace(LeaseState::Lost(reason));
@@ -91,7 +111,7 @@ async fn renew(mut client: Client, id: i64, every: Duration, timeout: Duration, 
     // `every` is a third of the TTL. The lease was granted just before this task started.
     let budget = every * 2;
     let retry = every / 4;
-    let mut last_good = Instant::now();
+    let mut last_good = *renewed.borrow();
     let mut next = last_good + every;
     let mut keepalive: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
     loop {
@@ -120,6 +140,7 @@ async fn renew(mut client: Client, id: i64, every: Duration, timeout: Duration, 
         let failure = match tokio::time::timeout(timeout.min(left), renewal).await {
             Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                 last_good = sent;
+                renewed.send_replace(sent);
                 next = sent + every;
                 continue;
             }
