@@ -340,6 +340,15 @@ mod tests {
             vendor_id: Some(0x10de),
             device_id: None,
             driver: Some("nvidia".into()),
+            subsystem_vendor_id: None,
+            subsystem_device_id: None,
+            vendor_name: None,
+            device_name: None,
+            link_speed_mts: Some(16_000),
+            link_width: Some(8),
+            max_link_speed_mts: None,
+            max_link_width: None,
+            bars: Vec::new(),
         });
         let inv = merge(&view(&[t, tray("tray1")], &[]));
         let cpu = inv.device(inv.find(&DeviceId::named("tray0", "numa0")).unwrap());
@@ -348,6 +357,7 @@ mod tests {
         assert_eq!(gpu.numa_node, Some(1));
         let pci = gpu.pci.as_ref().unwrap();
         assert_eq!((pci.address, pci.vendor_id, pci.driver.as_deref()), (Some(addr), Some(0x10de), Some("nvidia")));
+        assert_eq!((pci.link_speed_gts, pci.link_width), (Some(16.0), Some(8)), "the link as the node trained it");
         let other = inv.device(inv.find(&DeviceId::uuid("GPU-tray1-0")).unwrap());
         assert_eq!((other.numa_node, other.local_cpus.as_ref()), (None, None), "a record without them: unknown");
     }

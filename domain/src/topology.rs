@@ -96,6 +96,77 @@ pub struct TopologyPci {
     /// The bound kernel driver (at most [`MAX_DRIVER_LEN`] bytes, no control characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
+    /// Subsystem vendor id (the board's maker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystem_vendor_id: Option<u16>,
+    /// Subsystem device id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystem_device_id: Option<u16>,
+    /// Vendor and device names from the node's PCI id database (display only; each at
+    /// most [`MAX_PCI_NAME_LEN`] bytes, no control characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor_name: Option<String>,
+    /// See `vendor_name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
+    /// The link as trained now and as built: speed in MT/s (2.5 GT/s is 2500; at most
+    /// [`MAX_LINK_SPEED_MTS`]) and width in lanes (1, 2, 4, 8, 12, 16 or 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_speed_mts: Option<u32>,
+    /// See `link_speed_mts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_width: Option<u8>,
+    /// See `link_speed_mts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_link_speed_mts: Option<u32>,
+    /// See `link_speed_mts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_link_width: Option<u8>,
+    /// Its assigned BARs (at most 7, by index: 0–5 and 6, the expansion ROM; each once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bars: Vec<TopologyBar>,
+}
+
+/// A BAR as the domain shows it: its size and kind, not where the node put it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyBar {
+    /// BAR index (6: the expansion ROM).
+    pub index: u8,
+    /// Bytes (not zero).
+    pub size: u64,
+    /// Memory (rather than I/O ports).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub memory: bool,
+    /// Prefetchable memory.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub prefetchable: bool,
+    /// A 64-bit memory BAR.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mem64: bool,
+}
+
+/// Longest vendor or device name a record may state.
+pub const MAX_PCI_NAME_LEN: usize = 128;
+/// Fastest link speed a record may state, MT/s (PCIe 7 is 128,000).
+pub const MAX_LINK_SPEED_MTS: u32 = 1_000_000;
+/// Most BARs of one function (six and the expansion ROM).
+pub const MAX_BARS: usize = 7;
+
+/// A link width a PCIe link may have.
+fn valid_width(width: u8) -> bool {
+    matches!(width, 1 | 2 | 4 | 8 | 12 | 16 | 32)
+}
+
+/// GT/s as the kernel reports it, in MT/s; `None` outside `(0, MAX_LINK_SPEED_MTS]`.
+fn speed_mts(gts: f64) -> Option<u32> {
+    let mts = (gts * 1000.0).round();
+    (mts.is_finite() && mts >= 1.0 && mts <= f64::from(MAX_LINK_SPEED_MTS)).then_some(mts as u32)
+}
+
+/// A display name a record may state.
+fn valid_pci_name(name: &str) -> bool {
+    name.len() <= MAX_PCI_NAME_LEN && !name.chars().any(char::is_control)
 }
 
 /// Longest driver name a record may state.
@@ -116,25 +187,100 @@ impl TopologyPci {
     /// The part of `pci` a record carries (a driver name past [`MAX_DRIVER_LEN`] or with
     /// control characters left out).
     fn of(pci: &fabric_topology::PciInfo) -> Self {
+        use fabric_topology::device::Bar;
+        let name = |n: &Option<String>| n.clone().filter(|n| valid_pci_name(n));
+        let mut bars: Vec<TopologyBar> = Vec::new();
+        for b in &pci.bars {
+            if b.size > 0 && usize::from(b.index) < MAX_BARS && !bars.iter().any(|o| o.index == b.index) {
+                bars.push(TopologyBar {
+                    index: b.index,
+                    size: b.size,
+                    memory: b.flags & Bar::FLAG_MEM != 0,
+                    prefetchable: b.flags & Bar::FLAG_PREFETCH != 0,
+                    mem64: b.flags & Bar::FLAG_MEM64 != 0,
+                });
+            }
+        }
+        bars.sort_by_key(|b| b.index);
         Self {
             address: pci.address,
             class: pci.class.filter(|c| valid_class(*c)),
             vendor_id: pci.vendor_id,
             device_id: pci.device_id,
             driver: pci.driver.clone().filter(|d| valid_driver(d)),
+            subsystem_vendor_id: pci.subsystem_vendor_id,
+            subsystem_device_id: pci.subsystem_device_id,
+            vendor_name: name(&pci.vendor_name),
+            device_name: name(&pci.device_name),
+            link_speed_mts: pci.link_speed_gts.and_then(speed_mts),
+            link_width: pci.link_width.filter(|w| valid_width(*w)),
+            max_link_speed_mts: pci.max_link_speed_gts.and_then(speed_mts),
+            max_link_width: pci.max_link_width.filter(|w| valid_width(*w)),
+            bars,
         }
     }
 
-    /// As the topology crate holds it.
+    /// As the topology crate holds it (a BAR's start, which stays on its node, is 0).
     pub fn info(&self) -> fabric_topology::PciInfo {
+        use fabric_topology::device::Bar;
+        let gts = |mts: Option<u32>| mts.map(|m| f64::from(m) / 1000.0);
+        let flag = |on: bool, f: u64| if on { f } else { 0 };
         fabric_topology::PciInfo {
             address: self.address,
             class: self.class,
             vendor_id: self.vendor_id,
             device_id: self.device_id,
             driver: self.driver.clone(),
+            subsystem_vendor_id: self.subsystem_vendor_id,
+            subsystem_device_id: self.subsystem_device_id,
+            vendor_name: self.vendor_name.clone(),
+            device_name: self.device_name.clone(),
+            link_speed_gts: gts(self.link_speed_mts),
+            link_width: self.link_width,
+            max_link_speed_gts: gts(self.max_link_speed_mts),
+            max_link_width: self.max_link_width,
+            bars: self
+                .bars
+                .iter()
+                .map(|b| Bar {
+                    index: b.index,
+                    start: 0,
+                    size: b.size,
+                    flags: flag(b.memory, Bar::FLAG_MEM)
+                        | flag(b.prefetchable, Bar::FLAG_PREFETCH)
+                        | flag(b.mem64, Bar::FLAG_MEM64),
+                })
+                .collect(),
             ..Default::default()
         }
+    }
+
+    /// Why the record cannot carry this, if it cannot.
+    fn refusal(&self) -> Option<String> {
+        if self.class.is_some_and(|c| !valid_class(c)) {
+            return Some("a class past 24 bits".into());
+        }
+        if self.driver.as_deref().is_some_and(|n| !valid_driver(n)) {
+            return Some(format!("a driver of more than {MAX_DRIVER_LEN} bytes or with control characters"));
+        }
+        if [&self.vendor_name, &self.device_name].into_iter().flatten().any(|n| !valid_pci_name(n)) {
+            return Some(format!("a name of more than {MAX_PCI_NAME_LEN} bytes or with control characters"));
+        }
+        let speed_ok = |s: Option<u32>| s.is_none_or(|s| s > 0 && s <= MAX_LINK_SPEED_MTS);
+        if !speed_ok(self.link_speed_mts) || !speed_ok(self.max_link_speed_mts) {
+            return Some(format!("a link speed of 0 or past {MAX_LINK_SPEED_MTS} MT/s"));
+        }
+        if [self.link_width, self.max_link_width].into_iter().flatten().any(|w| !valid_width(w)) {
+            return Some("a link width that is no PCIe width".into());
+        }
+        let sorted = self.bars.windows(2).all(|w| w[0].index < w[1].index);
+        if self.bars.len() > MAX_BARS
+            || !sorted
+            || self.bars.iter().any(|b| usize::from(b.index) >= MAX_BARS || b.size == 0)
+        {
+            return Some(format!("BARs not sorted by index, an index past {}, or a BAR of no size", MAX_BARS - 1));
+        }
+        None
     }
 }
 
@@ -304,17 +450,8 @@ impl TopologyRecord {
                     format!("{}: not a cpulist of at most {MAX_CPULIST_LEN} bytes", d.id),
                 ));
             }
-            if let Some(pci) = &d.pci
-                && (pci.class.is_some_and(|c| !valid_class(c))
-                    || pci.driver.as_deref().is_some_and(|n| !valid_driver(n)))
-            {
-                return Err(invalid(
-                    "devices.pci",
-                    format!(
-                        "{}: a class past 24 bits, or a driver of more than {MAX_DRIVER_LEN} bytes or with control characters",
-                        d.id
-                    ),
-                ));
+            if let Some(why) = d.pci.as_ref().and_then(TopologyPci::refusal) {
+                return Err(invalid("devices.pci", format!("{}: {why}", d.id)));
             }
             if d.memory.iter().try_fold(0u64, |sum, m| sum.checked_add(m.size)).is_none() {
                 return Err(invalid("devices.memory", format!("{}: sizes add up beyond 2^64", d.id)));
@@ -402,7 +539,19 @@ mod tests {
             vendor_id: Some(0x10de),
             device_id: Some(0x2335),
             driver: Some("nvidia".into()),
+            subsystem_vendor_id: Some(0x10de),
+            subsystem_device_id: Some(0x18be),
+            vendor_name: Some("NVIDIA Corporation".into()),
+            device_name: Some("GH100 [H200 SXM 141GB]".into()),
+            link_speed_gts: Some(32.0),
             link_width: Some(16),
+            max_link_speed_gts: Some(32.0),
+            max_link_width: Some(16),
+            bars: vec![
+                fabric_topology::device::Bar { index: 0, start: 0xa000_0000, size: 16 << 20, flags: 0x0004_0200 },
+                fabric_topology::device::Bar { index: 2, start: 0x38_0000_0000, size: 256 << 30, flags: 0x0014_220c },
+                fabric_topology::device::Bar { index: 4, start: 0x3a_0000_0000, size: 32 << 20, flags: 0x0014_220c },
+            ],
             ..Default::default()
         });
         let gpu = inv.add_device(gpu).unwrap();
@@ -432,6 +581,20 @@ mod tests {
         assert_eq!((pci.address.map(|a| a.to_string()), pci.class), (Some("0000:17:00.0".into()), Some(0x03_0200)));
         assert_eq!((pci.vendor_id, pci.device_id, pci.driver.as_deref()), (Some(0x10de), Some(0x2335), Some("nvidia")));
         assert_eq!(pci.info().address, pci.address, "back as the topology crate holds it");
+        assert_eq!((pci.subsystem_vendor_id, pci.subsystem_device_id), (Some(0x10de), Some(0x18be)));
+        assert_eq!(pci.device_name.as_deref(), Some("GH100 [H200 SXM 141GB]"));
+        assert_eq!(
+            (pci.link_speed_mts, pci.link_width, pci.max_link_speed_mts),
+            (Some(32_000), Some(16), Some(32_000))
+        );
+        let bars: Vec<(u8, u64, bool, bool)> =
+            pci.bars.iter().map(|b| (b.index, b.size, b.prefetchable, b.mem64)).collect();
+        assert_eq!(bars, [(0, 16 << 20, false, false), (2, 256 << 30, true, true), (4, 32 << 20, true, true)]);
+        let back = pci.info();
+        assert_eq!((back.link_speed_gts, back.max_link_width), (Some(32.0), Some(16)));
+        assert_eq!(back.bars[1].size, 256 << 30);
+        assert!(back.bars.iter().all(|b| b.start == 0), "where the node put a BAR stays on the node");
+        assert_eq!(TopologyPci::of(&back), *pci, "a record's PCI details survive a merge and a republish");
         let limits = RecordLimits::default();
         assert_eq!(decode::<TopologyRecord>(&encode(&record), limits), Ok(record.clone()));
         assert!(TopologyRecord::from_fabric(&tray("tray0"), "tray1", 3).devices.iter().all(|d| d.fabric));
@@ -470,16 +633,28 @@ mod tests {
         r.devices[1].numa_node = Some(MAX_NUMA_NODE);
         assert_eq!(field(&r), "devices.numa_node");
         let pci = |class, driver: &str| TopologyPci {
-            address: None,
             class: Some(class),
-            vendor_id: None,
-            device_id: None,
             driver: Some(driver.to_owned()),
+            ..TopologyPci::of(&fabric_topology::PciInfo::default())
         };
-        for bad in [pci(1 << 24, "nvidia"), pci(0x030200, "nv\nidia"), pci(0x030200, &"d".repeat(65))] {
+        let bar = |index, size| TopologyBar { index, size, memory: true, prefetchable: false, mem64: false };
+        for bad in [
+            pci(1 << 24, "nvidia"),
+            pci(0x030200, "nv\nidia"),
+            pci(0x030200, &"d".repeat(65)),
+            TopologyPci { vendor_name: Some("N".repeat(129)), ..pci(0x030200, "nvidia") },
+            TopologyPci { device_name: Some("H\u{7}200".into()), ..pci(0x030200, "nvidia") },
+            TopologyPci { link_speed_mts: Some(0), ..pci(0x030200, "nvidia") },
+            TopologyPci { max_link_speed_mts: Some(MAX_LINK_SPEED_MTS + 1), ..pci(0x030200, "nvidia") },
+            TopologyPci { link_width: Some(3), ..pci(0x030200, "nvidia") },
+            TopologyPci { bars: vec![bar(2, 1), bar(0, 1)], ..pci(0x030200, "nvidia") },
+            TopologyPci { bars: vec![bar(0, 1), bar(0, 2)], ..pci(0x030200, "nvidia") },
+            TopologyPci { bars: vec![bar(7, 1)], ..pci(0x030200, "nvidia") },
+            TopologyPci { bars: vec![bar(1, 0)], ..pci(0x030200, "nvidia") },
+        ] {
             let mut r = good.clone();
-            r.devices[1].pci = Some(bad);
-            assert_eq!(field(&r), "devices.pci");
+            r.devices[1].pci = Some(bad.clone());
+            assert_eq!(field(&r), "devices.pci", "{bad:?}");
         }
         for bad in ["0-", "x", "3-1", &"0,".repeat(200)] {
             let mut r = good.clone();
