@@ -121,6 +121,9 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
             Some(r) => writeln!(out, ": {r}")?,
             None => writeln!(out)?,
         }
+        for share in &me.shares {
+            writeln!(out, "share of {}: {:#x}+{:#x}", share.resource, share.offset, share.len)?;
+        }
     } else {
         writeln!(out, "domain {}", doc.domain)?;
     }
@@ -248,7 +251,7 @@ pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dy
 
 #[cfg(test)]
 mod tests {
-    use fabric_proto::domain::{EtcdDoc, GcDoc, LeaderDoc, NodeDoc, QuarantineDoc, SelfDoc};
+    use fabric_proto::domain::{EtcdDoc, GcDoc, LeaderDoc, NodeDoc, QuarantineDoc, SelfDoc, ShareDoc};
 
     use super::*;
 
@@ -275,6 +278,11 @@ mod tests {
                 standing: "fenced".into(),
                 reason: Some("lease lost: etcd keepalive: no answer".into()),
                 incarnation: 9,
+                shares: vec![ShareDoc {
+                    resource: "serial:cxl/0x3000/cxl_volatile0".into(),
+                    offset: 64 << 20,
+                    len: 64 << 20,
+                }],
             }),
             etcd: Some(EtcdDoc { reachable: false, round_trip_us: Some(1500), errors: 2 }),
             settings: None,
@@ -291,6 +299,7 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         for want in [
             "domain supernode  node tray0 (slot 3, incarnation 9)  fenced: lease lost: etcd keepalive: no answer\n",
+            "fenced: lease lost: etcd keepalive: no answer\nshare of serial:cxl/0x3000/cxl_volatile0: 0x4000000+0x4000000\n",
             "leader unknown\n",
             "etcd unreachable  round trip 1.5 ms  errors 2\n",
             "tray1                gone      5                    - -",

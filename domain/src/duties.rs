@@ -3,8 +3,9 @@
 //! leader carries it out in one transaction fenced by its leader key — the key's create
 //! revision must still be the leader's term ([`LeaderFence`]), so a deposed leader's gc
 //! is refused by etcd itself — which frees the slot and collects what the node left
-//! behind: its placements, its topology, its devices in the domain's partitions (a
-//! partition left with no device is removed), and the request. Never a live node's.
+//! behind: its placements, its topology, its shares of shared memory, its devices in the
+//! domain's partitions (a partition left with no device is removed), and the request.
+//! Never a live node's.
 
 use std::collections::HashSet;
 
@@ -139,6 +140,10 @@ impl DomainClient {
                 None
             }
         };
+        // Its shares of shared memory go back to the other hosts.
+        let (share_compares, share_ops) = crate::shares::release_ops(self.shares_without(node).await?);
+        compares.extend(share_compares);
+        ops.extend(share_ops);
         // Its devices leave the domain's partitions.
         let devices = self.node_devices(node).await?;
         if !devices.is_empty() {

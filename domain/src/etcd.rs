@@ -142,6 +142,27 @@ pub enum EtcdError {
         /// The term it led in.
         term: i64,
     },
+    /// A shared resource's table in etcd was made for another capacity (or names another
+    /// resource) than this node sees.
+    #[error("shared memory {resource}: the domain has {domain}, this node has {local}")]
+    ShareMismatch {
+        /// The resource.
+        resource: String,
+        /// What the table says.
+        domain: String,
+        /// What this node sees.
+        local: String,
+    },
+    /// No free range of a shared resource is large enough for this node's share.
+    #[error("shared memory {resource}: no free range of {len} bytes for this node's share ({free} bytes unclaimed)")]
+    ShareFull {
+        /// The resource.
+        resource: String,
+        /// Bytes asked for.
+        len: u64,
+        /// Bytes no node holds (perhaps in pieces).
+        free: u64,
+    },
     /// An admin tried to free the slot of a node that is a live member.
     #[error("node {node} is a live member: its slot cannot be freed")]
     GcLive {

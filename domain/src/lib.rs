@@ -3,7 +3,7 @@
 //! This crate is the first step (see `docs/domain.md`): the `[domain]` configuration
 //! ([`config`]), the etcd key layout and strict record encoding ([`records`]), and a thin
 //! etcd client ([`etcd`]) with the node's lease ([`lease`]), slot claims by compare-and-swap
-//! (`slots.rs`) and member join, writes fenced by the node's membership ([`fence`]), the
+//! (`slots.rs`), shares of memory several hosts reach ([`shares`]) and member join, writes fenced by the node's membership ([`fence`]), the
 //! domain's leader ([`election`]) and [`view`]: the domain as one node sees it, built from
 //! those records, with [`topology`] records merged into one fabric by [`domain_fabric`].
 //! [`testing`] starts a private etcd for tests, and network namespaces for
@@ -18,6 +18,7 @@ pub mod fence;
 pub mod lease;
 pub mod partition;
 pub mod records;
+pub mod shares;
 mod slots;
 pub mod testing;
 pub mod topology;
@@ -37,6 +38,7 @@ pub use records::{
     DataPathKind, DomainSettings, FabricGroup, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord,
     RecordError, RecordLimits, SlotClaim,
 };
+pub use shares::{Share, ShareTable, ShareWant};
 pub use slots::MAX_CLAIM_ATTEMPTS;
 pub use topology::TopologyRecord;
 pub use view::{DomainLocation, DomainView, NodeEntry};

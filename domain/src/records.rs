@@ -173,6 +173,16 @@ impl Keys {
         format!("{}gc/", self.prefix)
     }
 
+    /// The shares of a resource several hosts reach (`shares.rs`).
+    pub fn share(&self, resource: &str) -> String {
+        format!("{}shares/{resource}", self.prefix)
+    }
+
+    /// The prefix of every share table.
+    pub fn shares(&self) -> String {
+        format!("{}shares/", self.prefix)
+    }
+
     /// What a node publishes of its inventory (devices, links, fabric-level switches).
     pub fn topology(&self, node: &str) -> String {
         format!("{}topology/{node}", self.prefix)

@@ -71,7 +71,8 @@ impl DomainClient {
     }
 
     /// Admin: frees the slot of `node`, which must not be a live member. Its GFAs may then
-    /// be given to another node. Returns the slot freed, `None` when it held none.
+    /// be given to another node, and the shares of shared memory it held to other hosts.
+    /// Returns the slot freed, `None` when it held none.
     pub async fn gc_slot(&self, node: &str) -> Result<Option<u32>, EtcdError> {
         let reverse = self.keys().slot_of(node);
         let Some((value, revision)) = self.get_raw(&reverse).await? else {
@@ -81,17 +82,29 @@ impl DomainClient {
         self.check_claim(node, &claim).await?;
         let member = self.keys().member(node);
         let slot_key = self.keys().slot(claim.slot);
+        // Its shares of shared memory are released in the same transaction.
+        let (share_compares, share_ops) = crate::shares::release_ops(self.shares_without(node).await?);
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(member.clone(), CompareOp::Equal, 0),
-                Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision),
-            ])
-            .and_then([
-                TxnOp::delete(slot_key, None),
-                TxnOp::delete(reverse, None),
-                // Its placements lay in the slot: they go with it.
-                TxnOp::delete(self.keys().placements(node), None),
-            ]);
+            .when(
+                [
+                    Compare::create_revision(member.clone(), CompareOp::Equal, 0),
+                    Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision),
+                ]
+                .into_iter()
+                .chain(share_compares)
+                .collect::<Vec<_>>(),
+            )
+            .and_then(
+                [
+                    TxnOp::delete(slot_key, None),
+                    TxnOp::delete(reverse, None),
+                    // Its placements lay in the slot: they go with it.
+                    TxnOp::delete(self.keys().placements(node), None),
+                ]
+                .into_iter()
+                .chain(share_ops)
+                .collect::<Vec<_>>(),
+            );
         let mut kv = self.raw();
         if self.call("slot gc", kv.txn(txn)).await?.succeeded() {
             info!(%node, slot = claim.slot, "freed a slot");

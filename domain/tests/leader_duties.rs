@@ -1,5 +1,5 @@
 //! The leader's gc against a real, private etcd: the leader frees a gone node's slot and
-//! collects its records (placements, topology, queued request) in one transaction fenced
+//! collects its records (placements, topology, shares, queued request) in one transaction fenced
 //! by its leader key; a live node's gc is refused and its request dropped; a deposed
 //! leader (its lease left to expire, as a node hung past its TTL) is refused by etcd
 //! (`NotLeader`) and leaves everything as it was, and the new leader's gc goes through.
@@ -47,6 +47,8 @@ async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
         let mut kv = c.raw();
         kv.put(c.keys().placements(name), "left behind", None).await.unwrap();
         kv.put(c.keys().topology(name), "left behind", None).await.unwrap();
+        // A share of a device both gone nodes' hosts reach.
+        c.claim_share("serial:cxl/0x77/cxl_volatile0", 1 << 30, 256 << 20, 2 << 20).await.unwrap();
         gone.push((c, slot));
     }
     // Two live members campaigning: a first, so it leads.
@@ -73,6 +75,14 @@ async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
         assert!(!exists(&a, &key).await, "{key} outlived the gc");
     }
     assert!(!b.gc_pending("tray-g").await.unwrap());
+    // Its share went in the same transaction; tray-h's stays.
+    let (value, _) = {
+        let answer = a.raw().get(k.share("serial:cxl/0x77/cxl_volatile0"), None).await.unwrap();
+        let e = answer.kvs().first().unwrap();
+        (e.value().to_vec(), e.mod_revision())
+    };
+    let table: fabric_domain::ShareTable = fabric_domain::records::decode(&value, RecordLimits::default()).unwrap();
+    assert_eq!(table.shares.iter().map(|s| s.node.as_str()).collect::<Vec<_>>(), ["tray-h"], "{table:?}");
 
     // A live node's gc is refused, and its request dropped.
     b.request_gc(&b_fence, "tray-a").await.unwrap();

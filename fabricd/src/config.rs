@@ -175,6 +175,10 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Most `[[memory.shares]]` entries (claimed in one etcd transaction, which etcd bounds
+/// at 128 operations by default).
+pub const MAX_SHARES: usize = 32;
+
 /// `[memory]`: the durable memory registry (docs/fabricd.md, "Durability").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -216,6 +220,21 @@ pub struct MemoryConfig {
     /// Seconds between checks that region files keep their size (a client that shrank or
     /// grew its region's file gets it put back); 0: never.
     pub size_check_s: u64,
+    /// Devices whose memory other hosts of the domain reach too (a CXL device of a pool, a
+    /// multi-headed one), each with the bytes of each of its memory resources this node
+    /// claims in the domain (`[[memory.shares]]`; needs `[domain]`): new regions on such a
+    /// resource go only in this node's share (docs/domain.md, "Shares of shared memory").
+    pub shares: Vec<ShareConfig>,
+}
+
+/// `[[memory.shares]]`: this node's share of a device other hosts reach too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareConfig {
+    /// The device, by its fabric id (`serial:cxl/0x…`, the same on every host).
+    pub device: String,
+    /// Bytes of each of its memory resources (a multiple of 2 MiB; at most the resource).
+    pub bytes: u64,
 }
 
 impl Default for MemoryConfig {
@@ -231,6 +250,7 @@ impl Default for MemoryConfig {
             numa_plain: Vec::new(),
             numa_dir: String::new(),
             size_check_s: 5,
+            shares: Vec::new(),
         }
     }
 }
@@ -515,6 +535,7 @@ impl Config {
                 return Err(bad("discovery.sim_node", format!("{node:?} is not a node name")));
             }
         }
+        self.validate_shares().map_err(|(key, message)| bad(key, message))?;
         if let Some(domain) = &self.domain {
             self.validate_domain(domain).map_err(|(key, message)| bad(key, message))?;
         } else if self.peer != PeerConfig::default() {
@@ -527,6 +548,38 @@ impl Config {
                 return Err(bad("discovery.backends", format!("{b:?} is listed twice")));
             }
             seen.push(*b);
+        }
+        Ok(())
+    }
+
+    /// `[[memory.shares]]`: devices named once by fabric id, sizes in whole granules, only
+    /// in a domain.
+    fn validate_shares(&self) -> Result<(), (&'static str, String)> {
+        let shares = &self.memory.shares;
+        if shares.is_empty() {
+            return Ok(());
+        }
+        if self.domain.is_none() {
+            return Err(("memory.shares", "shares are claimed in a domain: add [domain]".to_owned()));
+        }
+        if shares.len() > MAX_SHARES {
+            return Err(("memory.shares", format!("{} entries, more than {MAX_SHARES}", shares.len())));
+        }
+        for (i, s) in shares.iter().enumerate() {
+            let id: fabric_topology::DeviceId =
+                s.device.parse().map_err(|_| ("memory.shares", format!("{:?} is not a device id", s.device)))?;
+            if fabric_domain::shares::check_resource(&id.to_string()).is_err() {
+                return Err(("memory.shares", format!("{id}: not a name a share can be claimed under")));
+            }
+            if shares[..i].iter().any(|o| o.device == s.device) {
+                return Err(("memory.shares", format!("{} is listed twice", s.device)));
+            }
+            if s.bytes == 0 || !s.bytes.is_multiple_of(crate::memory::alloc::GRANULE) {
+                return Err((
+                    "memory.shares",
+                    format!("{}: {} bytes is not a whole number of 2 MiB", s.device, s.bytes),
+                ));
+            }
         }
         Ok(())
     }
@@ -646,6 +699,25 @@ mod tests {
         refused("[discovery]\nsim_node = \"tray1\"\n".to_owned(), "needs exactly one discovery.sim file");
         let c = parse(&format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray0\"\n{FIXED}{DOMAIN}")).unwrap();
         assert_eq!(c.discovery.sim_node.as_deref(), Some("tray0"));
+    }
+
+    #[test]
+    fn shares_of_shared_memory_are_checked_at_load() {
+        let share = |device: &str, bytes: u64| format!("[[memory.shares]]\ndevice = {device:?}\nbytes = {bytes}\n");
+        let good = share("serial:cxl/0x5eed0000", 64 << 20);
+        let c = parse(&format!("{FIXED}{DOMAIN}{good}")).unwrap();
+        assert_eq!(c.memory.shares, vec![ShareConfig { device: "serial:cxl/0x5eed0000".into(), bytes: 64 << 20 }]);
+        let refused = |t: String, why: &str| {
+            let e = parse(&t).unwrap_err().to_string();
+            assert!(e.contains("memory.shares") && e.contains(why), "{why}: {e}");
+        };
+        refused(good.clone(), "add [domain]");
+        refused(format!("{FIXED}{DOMAIN}{}", share("no device", 64 << 20)), "is not a device id");
+        refused(format!("{FIXED}{DOMAIN}{good}{good}"), "listed twice");
+        refused(format!("{FIXED}{DOMAIN}{}", share("serial:cxl/0x1", (64 << 20) + 4096)), "whole number of 2 MiB");
+        refused(format!("{FIXED}{DOMAIN}{}", share("serial:cxl/0x1", 0)), "whole number of 2 MiB");
+        let many: String = (0..=MAX_SHARES).map(|i| share(&format!("serial:cxl/{i:#x}"), 2 << 20)).collect();
+        refused(format!("{FIXED}{DOMAIN}{many}"), "more than 32");
     }
 
     #[test]

@@ -393,6 +393,7 @@ impl Daemon {
         let record_path = store.path().to_owned();
         let (writer, published) = open_map(&store, &config, &inv)
             .map_err(|source| StartError::Record { path: record_path.clone(), source })?;
+        let shares = starting.as_ref().map(|s| s.shares().to_vec()).unwrap_or_default();
         let domain = starting.map(|s| s.run(writer.map().reader()));
         let view = View::build(inv)?;
         let fabric = &view.fabric;
@@ -406,6 +407,7 @@ impl Daemon {
             "fabric loaded"
         );
         let mut backings = backings(&config, fabric.inventory())?;
+        backings.shares = shares;
         if !backings.nodes.is_empty() {
             let base = env.fabric_runtime_dir();
             let dir = crate::memory::numadir::numa_root(&config.memory.numa_dir, base.as_deref(), &state_dir)

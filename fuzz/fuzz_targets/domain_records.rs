@@ -1,11 +1,13 @@
 //! Fuzzes the domain's etcd record decoders: the first byte picks the record type
-//! (settings, member, slot claim, placements, topology, partition), the rest is the value as read from etcd. Any bytes
+//! (settings, member, slot claim, placements, topology, partition, share table), the rest is the value as read from etcd. Any bytes
 //! decode to a record or a typed error, never a panic; what decodes re-encodes to bytes
 //! that decode to the same record.
 #![no_main]
 
 use fabric_domain::records::{self, Record, RecordLimits};
-use fabric_domain::{DomainSettings, MemberRecord, PartitionRecord, PlacementsRecord, SlotClaim, TopologyRecord};
+use fabric_domain::{
+    DomainSettings, MemberRecord, PartitionRecord, PlacementsRecord, ShareTable, SlotClaim, TopologyRecord,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn round_trip<R: Record + PartialEq + std::fmt::Debug>(value: &[u8], limits: RecordLimits) {
@@ -18,12 +20,13 @@ fuzz_target!(|data: &[u8]| {
     let Some((kind, value)) = data.split_first() else { return };
     // A small bound as well as the default, so that the size refusal is reached too.
     let limits = if kind & 0x80 != 0 { RecordLimits::new(64) } else { RecordLimits::default() };
-    match kind % 6 {
+    match kind % 7 {
         0 => round_trip::<DomainSettings>(value, limits),
         1 => round_trip::<MemberRecord>(value, limits),
         2 => round_trip::<SlotClaim>(value, limits),
         3 => round_trip::<PlacementsRecord>(value, limits),
         4 => round_trip::<TopologyRecord>(value, limits),
-        _ => round_trip::<PartitionRecord>(value, limits),
+        5 => round_trip::<PartitionRecord>(value, limits),
+        _ => round_trip::<ShareTable>(value, limits),
     }
 });

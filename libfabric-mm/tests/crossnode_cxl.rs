@@ -14,6 +14,11 @@
 //! bytes over the node link (a's fabricd reaches them through its device's mapping).
 //! When a frees the region, b's revocation callback runs.
 //!
+//! A second test gives hosts a and b shares of the two devices in the domain
+//! (`[[memory.shares]]`): their first allocations land apart, each in its own share, a's
+//! share fills while the devices have room, and b imports a's region, which it refused
+//! without shares.
+//!
 //! What this cannot prove is that real devices shared by two kernels behave so: the QEMU
 //! tier's two-host test (`qemu-tests/tests/domain.rs`) does that with one CXL device file
 //! behind two guests. Without an `etcd` binary it says it is skipped.
@@ -140,4 +145,76 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     drop(region);
     let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
     assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
+}
+
+#[test]
+fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other() {
+    let Some(lab) = domain::Lab::start() else { return };
+    let device = lab.dir.path().join("shared-cxl.raw");
+    std::fs::File::create(&device).unwrap().set_len(DAX_BYTES).unwrap();
+    // Each host claims 64 MiB of each shared device in the domain: 128 MiB of the 2-way set.
+    const SHARE: u64 = 64 << 20;
+    let node = |name: &str| {
+        let root = lab.dir.path().join(format!("{name}-root"));
+        common::dax_fixture(&root, 2 << 20, DAX_BYTES, Some(&device));
+        let fabric = lab.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&fabric, host(name)).unwrap();
+        let shares: String = (0..2)
+            .map(|i| format!("[[memory.shares]]\ndevice = \"serial:cxl/{:#x}\"\nbytes = {SHARE}\n", 0x5eed_0000 + i))
+            .collect();
+        let memory = format!("[memory]\ndax = [\"dax0.0\"]\n{shares}");
+        let discovery = format!("sim_node = {name:?}\nsysfs_root = {:?}", root.display().to_string());
+        lab.node_with(&fabric, &discovery, "", &memory, name)
+    };
+    // One after the other, so the shares' order is known: a's DPAs first, then b's.
+    let a = node("host-a");
+    let b = node("host-b");
+    domain::wait_live(&[&a, &b]);
+    // Each node's status lists its shares: one per device, at one offset on both.
+    for (node, offset) in [(&a, 0), (&b, SHARE)] {
+        let status = domain::status(&node.socket);
+        let shares = status["self"]["shares"].as_array().cloned().unwrap_or_default();
+        let resources: Vec<&str> = shares.iter().filter_map(|s| s["resource"].as_str()).collect();
+        assert_eq!(
+            resources,
+            ["serial:cxl/0x5eed0000/cxl_volatile0", "serial:cxl/0x5eed0001/cxl_volatile0"],
+            "{status}"
+        );
+        assert!(shares.iter().all(|s| s["offset"] == offset && s["len"] == SHARE), "{status}");
+    }
+
+    // Each allocator hands out only its own share: the same first request lands apart.
+    let importer = domain::session(&b.socket, None);
+    let own = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    let owner = domain::session(&a.socket, None);
+    let region = owner.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert_eq!(region.fd_offset(), 0, "a's share starts the devices");
+    assert_eq!(own.fd_offset(), 2 * SHARE, "b's share follows a's on each member (DPA 64 MiB, set offset 128 MiB)");
+    // a's share is full past 2 × 64 MiB of the set, though the devices have room.
+    match owner.alloc(&Target::Set(SET.into()), 2 * SHARE) {
+        Err(Error::Refused { code: ErrorCode::NoSpace, .. }) => {}
+        other => panic!("past a's share: {other:?}"),
+    }
+    let rest = owner.alloc(&Target::Set(SET.into()), 2 * SHARE - LEN).unwrap();
+    assert_eq!(rest.fd_offset(), LEN);
+
+    // So b may hand its client a's region: DPAs it holds none of.
+    let om = owner.map(&region).unwrap();
+    fill(&om, 0x1a, LEN);
+    om.flush(0, LEN).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+    let import = importer.import(&handle, true).unwrap();
+    assert!(!import.copy_only());
+    assert_eq!(import.fd_offset(), region.fd_offset());
+    let im = importer.map(&import).unwrap();
+    im.invalidate(0, LEN).unwrap();
+    check(&im, 0x1a, LEN);
+    fill(&im, 0x1b, LEN);
+    im.flush(0, LEN).unwrap();
+    check_file(&device, region.fd_offset(), LEN, 0x1b);
+    // And b's own region, on its share, was never touched by those stores: still zero.
+    let mut bytes = vec![0xffu8; LEN as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&device).unwrap(), &mut bytes, own.fd_offset())
+        .unwrap();
+    assert!(bytes.iter().all(|&b| b == 0), "b's region is b's alone");
 }

@@ -138,6 +138,21 @@ pub struct SelfDoc {
     pub reason: Option<String>,
     /// Incarnation of the current (or last) join; 0 before the first.
     pub incarnation: u64,
+    /// Its shares of memory other hosts reach too (`[[memory.shares]]`); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareDoc>,
+}
+
+/// A node's share of a memory resource several hosts reach: new regions on the resource go
+/// only in `[offset, offset + len)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareDoc {
+    /// `<device id>/<kind><ordinal>`.
+    pub resource: String,
+    /// First byte of the share in the resource.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
 }
 
 /// etcd as the answering node sees it.

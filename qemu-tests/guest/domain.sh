@@ -3,7 +3,8 @@
 # guests' devices are backed by the same host file. Each guest commits a 1-way region over
 # its device and hands the DAX device to fabricd, which joins the domain "shared-cxl"
 # through etcd on guest A over the private link, with a node-link certificate from the
-# host's test CA. A's client allocates a region on the set and stores a pattern; B finds
+# host's test CA; each claims its share of the shared device (`[[memory.shares]]`). A's
+# client allocates a region on the set (in A's share) and stores a pattern; B finds
 # A's GFA in its domain map (node a, the set, the offset), and B's client imports A's
 # handle: B's fabricd asks A over the node link, A grants the region's place in the set
 # of the shared device, and B's fabricd hands its client B's own DAX device at that place;
@@ -43,8 +44,12 @@ if [ "$NODE" = a ]; then
 fi
 if waitfor 180 health; then result etcd ok "http://$ETCD:2379 healthy"; else result etcd fail "no healthy etcd at $ETCD"; tail -20 /tmp/etcd.log 2>/dev/null; fi
 
+# Each host claims its share of the shared device in the domain: 64 MiB of its 256.
 FABRICD_EXTRA="[memory]
 dax = [\"$DAX\"]
+[[memory.shares]]
+device = \"serial:cxl/$SERIAL\"
+bytes = 67108864
 [map]
 node_span = { fixed = 1099511627776 }
 [domain]
@@ -62,6 +67,8 @@ start_fabricd
 both() { fabricctl domain nodes -o json >/tmp/nodes.json && [ "$(grep -c '"state": "live"' /tmp/nodes.json)" = 2 ] && ! grep -q '"ranges": 0' /tmp/nodes.json; }
 if waitfor 180 both; then result domain-joined ok "a and b live with placements"; else result domain-joined fail "$(cat /tmp/nodes.json)"; tail -30 /tmp/fabricd.log; fi
 blob domain-nodes /tmp/nodes.json
+fabricctl domain status -o json >/tmp/status.json 2>&1 && grep -q '"shares"' /tmp/status.json && result share ok "$(tr -d ' \n' </tmp/status.json | grep -o '"shares":\[[^]]*\]')" || result share fail "$(cat /tmp/status.json)"
+blob domain-status /tmp/status.json
 fabricctl map --daemon -o json >/tmp/map.json 2>&1 && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.json)"
 blob fabric-map /tmp/map.json
 

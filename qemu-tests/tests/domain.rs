@@ -1,7 +1,9 @@
 //! Tier 3, two hosts: two guests whose CXL type-3 devices share one host file, each running
 //! fabricd as a node of one domain (etcd in guest A, reached over a private link between
 //! the guests; the node link between the two fabricds over that link too, with
-//! certificates from a test CA made here). A stores into a region on its set; B finds the
+//! certificates from a test CA made here). Each claims a share of the shared device in
+//! the domain, and the two are disjoint. A stores into a region on its set (inside A's
+//! share); B finds the
 //! region's GFA in its domain map as node a's, and B's client imports A's handle: B's
 //! fabricd asks A over the node link and hands its client B's own DAX device at the
 //! region's place in the set; the client loads A's bytes and stores its own; A loads them
@@ -64,9 +66,13 @@ fn two_hosts_share_cxl_memory_in_one_domain() {
     for (out, checks) in [
         (
             &out_a,
-            &["link", "cxl-region", "dax-device", "etcd", "fabricd-start", "domain-joined", "lib-alloc-store"][..],
+            &["link", "cxl-region", "dax-device", "etcd", "fabricd-start", "domain-joined", "share", "lib-alloc-store"]
+                [..],
         ),
-        (&out_b, &["link", "cxl-region", "dax-device", "etcd", "fabricd-start", "domain-joined", "region-line"][..]),
+        (
+            &out_b,
+            &["link", "cxl-region", "dax-device", "etcd", "fabricd-start", "domain-joined", "share", "region-line"][..],
+        ),
     ] {
         for c in checks {
             out.expect_check(c);
@@ -91,6 +97,24 @@ fn two_hosts_share_cxl_memory_in_one_domain() {
             .unwrap_or_else(|| out_a.fail(&format!("lib-region line {line:?}")))
     };
     let (gfa, dax_offset) = (field(1), field(2));
+    // Each host's share of the shared device (64 MiB each, claimed in the domain), and A's
+    // region inside A's: a 1-way set from DPA 0, so the DAX offset is the DPA.
+    let share = |out: &vm::Outcome| {
+        let status: serde_json::Value =
+            serde_json::from_str(out.blob("domain-status")).unwrap_or_else(|e| out.fail(&format!("status JSON: {e}")));
+        let s = &status["self"]["shares"][0];
+        match (s["resource"].as_str(), s["offset"].as_u64(), s["len"].as_u64()) {
+            (Some(r), Some(o), Some(l)) if r.starts_with("serial:cxl/0x3000/") && l == 64 << 20 => (o, o + l),
+            _ => out.fail(&format!("shares in {status}")),
+        }
+    };
+    let (share_a, share_b) = (share(&out_a), share(&out_b));
+    if share_a.0 < share_b.1 && share_b.0 < share_a.1 {
+        out_a.fail(&format!("the hosts' shares overlap: a {share_a:x?}, b {share_b:x?}"));
+    }
+    if dax_offset < share_a.0 || dax_offset + LEN > share_a.1 {
+        out_a.fail(&format!("A's region at {dax_offset:#x} is outside A's share {share_a:x?}"));
+    }
     // B's domain map names A as the GFA's node, A's set, and the region's offset in it.
     out_b.expect_check("translate");
     let t: serde_json::Value =

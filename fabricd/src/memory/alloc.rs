@@ -1,5 +1,7 @@
 //! A deterministic first-fit range allocator over one memory resource: the lowest aligned
-//! offset where the (rounded) length fits wins.
+//! offset where the (rounded) length fits wins. New allocations may be confined to windows
+//! of the resource (this node's share of memory other hosts reach too); what is restored
+//! or reserved at a known offset is not.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +31,8 @@ pub enum AllocError {
 pub struct RangeAllocator {
     capacity: u64,
     used: BTreeMap<u64, u64>,
+    /// Where new allocations may go, sorted and disjoint; `None`: anywhere.
+    windows: Option<Vec<(u64, u64)>>,
 }
 
 /// Rounds `len` up to whole granules (`None` on overflow or zero).
@@ -42,7 +46,30 @@ pub fn round_len(len: u64) -> Option<u64> {
 impl RangeAllocator {
     /// An empty allocator over `capacity` bytes.
     pub fn new(capacity: u64) -> Self {
-        Self { capacity, used: BTreeMap::new() }
+        Self { capacity, used: BTreeMap::new(), windows: None }
+    }
+
+    /// Confines new allocations to `[offset, offset + len)` of the resource (clipped to
+    /// it). Ranges already taken stay where they are.
+    pub fn confine(&mut self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.capacity);
+        self.windows = Some(if offset < end { vec![(offset, end)] } else { Vec::new() });
+    }
+
+    /// Where new allocations may go, when confined.
+    pub fn windows(&self) -> Option<&[(u64, u64)]> {
+        self.windows.as_deref()
+    }
+
+    /// Whether `[offset, offset + len)` lies in a window (always, unconfined).
+    pub fn in_window(&self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else { return false };
+        self.windows.as_ref().is_none_or(|w| w.iter().any(|&(a, b)| a <= offset && end <= b))
+    }
+
+    /// Whether a new allocation may take `[offset, offset + len)`: free and in a window.
+    pub fn is_allocatable(&self, offset: u64, len: u64) -> bool {
+        self.in_window(offset, len) && self.is_free(offset, len)
     }
 
     /// The resource's size.
@@ -58,19 +85,20 @@ impl RangeAllocator {
         }
         let align = align.max(GRANULE);
         let no_space = AllocError::NoSpace { len, align, capacity: self.capacity };
-        let mut cursor = 0u64;
-        for (&off, &l) in &self.used {
-            let start = cursor.checked_next_multiple_of(align).ok_or(no_space)?;
-            if start.checked_add(len).is_some_and(|end| end <= off) {
-                self.used.insert(start, len);
-                return Ok(start);
+        let whole = [(0, self.capacity)];
+        let windows = self.windows.as_deref().unwrap_or(&whole);
+        // The free gaps between allocations, in order, each cut by the windows.
+        let ends = std::iter::once(0).chain(self.used.iter().map(|(&o, &l)| o + l));
+        let starts = self.used.keys().copied().chain(std::iter::once(self.capacity));
+        for (gap_start, gap_end) in ends.zip(starts) {
+            for &(w_start, w_end) in windows {
+                let (lo, hi) = (gap_start.max(w_start), gap_end.min(w_end));
+                let Some(start) = lo.checked_next_multiple_of(align) else { continue };
+                if start.checked_add(len).is_some_and(|end| end <= hi) {
+                    self.used.insert(start, len);
+                    return Ok(start);
+                }
             }
-            cursor = off + l;
-        }
-        let start = cursor.checked_next_multiple_of(align).ok_or(no_space)?;
-        if start.checked_add(len).is_some_and(|end| end <= self.capacity) {
-            self.used.insert(start, len);
-            return Ok(start);
         }
         Err(no_space)
     }
@@ -150,6 +178,28 @@ mod tests {
         assert_eq!(a.alloc(2 * GRANULE, 0), Ok(2 * GRANULE));
         assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
         assert!(a.free(4 * GRANULE));
+    }
+
+    #[test]
+    fn a_confined_allocator_places_new_ranges_only_in_its_window() {
+        let mut a = RangeAllocator::new(16 * GRANULE);
+        // Restored before the share was known: stays, though outside the window.
+        assert!(a.reserve(GRANULE, GRANULE));
+        a.confine(4 * GRANULE, 4 * GRANULE);
+        assert_eq!(a.windows(), Some(&[(4 * GRANULE, 8 * GRANULE)][..]));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(4 * GRANULE));
+        assert_eq!(a.alloc(2 * GRANULE, 2 * GRANULE), Ok(6 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
+        assert!(matches!(a.alloc(GRANULE, 0), Err(AllocError::NoSpace { .. })), "the window is full");
+        assert!(a.is_free(8 * GRANULE, GRANULE) && !a.is_allocatable(8 * GRANULE, GRANULE));
+        assert!(!a.in_window(3 * GRANULE, 2 * GRANULE) && a.in_window(5 * GRANULE, 0));
+        // Reservations at a known offset (a restore) are not confined.
+        assert!(a.reserve(10 * GRANULE, GRANULE));
+        assert!(a.free(5 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
+        a.confine(20 * GRANULE, GRANULE);
+        assert_eq!(a.windows(), Some(&[][..]), "a window past the resource is empty");
+        assert!(matches!(a.alloc(GRANULE, 0), Err(AllocError::NoSpace { .. })));
     }
 
     #[test]

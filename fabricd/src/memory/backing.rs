@@ -122,6 +122,24 @@ pub struct Backings {
     pub bars: Vec<BarBacking>,
     /// NUMA nodes (`[memory] numa`, `numa_plain`), their devices set by the daemon.
     pub nodes: Vec<super::numa::NodeBacking>,
+    /// This node's shares of memory other hosts reach too, as claimed in the domain.
+    pub shares: Vec<ResourceShare>,
+}
+
+/// This node's share of a memory resource other hosts reach too (`[[memory.shares]]`,
+/// claimed in the domain): new regions on it go only in `[offset, offset + len)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceShare {
+    /// The device.
+    pub device: DeviceId,
+    /// The resource's kind.
+    pub kind: MemoryKind,
+    /// Its ordinal among the device's resources of that kind.
+    pub ordinal: u16,
+    /// First byte of the share in the resource.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
 }
 
 fn is_dax_name(s: &str) -> bool {

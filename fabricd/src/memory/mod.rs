@@ -548,12 +548,8 @@ fn resources(root: &Path, inv: &Inventory) -> Result<Vec<Resource>, MemoryError>
 /// alone: a durable registry reconciles them, `Memory::open` removes them).
 fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resource>, MemoryError> {
     let mut out = Vec::new();
-    let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
-    for m in &dev.memory {
-        let ord = ordinals.entry(m.kind).or_default();
-        let ordinal = *ord;
-        *ord += 1;
-        let name = format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(m.kind));
+    for (kind, ordinal, size) in device_resources(dev) {
+        let name = format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(kind));
         // Private (region files are capabilities) and durable (a region file fsynced into a
         // directory a power loss forgets is lost too), both by `PrivateDir`.
         let private = crate::sys::privdir::PrivateDir::create(root)
@@ -562,16 +558,39 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
         let dir = private.path().to_owned();
         out.push(Resource {
             device: dev.id.clone(),
-            kind: m.kind,
+            kind,
             ordinal,
             dir,
             dir_fd: Arc::new(private.into_fd()),
-            ranges: RangeAllocator::new(m.size),
+            ranges: RangeAllocator::new(size),
             lost: false,
-            offer: Offer::of(m.kind, dev.sources.iter().any(|s| s == "sim")),
+            offer: Offer::of(kind, dev.sources.iter().any(|s| s == "sim")),
         });
     }
     Ok(out)
+}
+
+/// A device's memory resources as the registry names them: kind, ordinal among the
+/// device's resources of that kind (in inventory order), bytes.
+pub fn device_resources(dev: &fabric_topology::Device) -> Vec<(MemoryKind, u16, u64)> {
+    let mut ordinals: HashMap<MemoryKind, u16> = HashMap::new();
+    dev.memory
+        .iter()
+        .map(|m| {
+            let ord = ordinals.entry(m.kind).or_default();
+            let ordinal = *ord;
+            *ord += 1;
+            (m.kind, ordinal, m.size)
+        })
+        .collect()
+}
+
+/// The name a resource has across hosts: `<device id>/<kind><ordinal>`, the kind as the
+/// fabric's documents spell it (`serial:cxl/0x5eed0000/cxl_volatile0`; a share's key).
+pub fn resource_name(device: &fabric_topology::DeviceId, kind: MemoryKind, ordinal: u16) -> String {
+    let kind =
+        serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_else(|| kind_name(kind));
+    format!("{device}/{kind}{ordinal}")
 }
 
 impl Memory {
@@ -688,6 +707,21 @@ impl Memory {
                     r.offer = Offer::Node(n.clone());
                 }
                 None => tracing::warn!(node = n.node, "exported NUMA node has no resource in the fabric; not served"),
+            }
+        }
+        for share in &b.shares {
+            let found = st
+                .resources
+                .iter_mut()
+                .find(|r| r.device == share.device && r.kind == share.kind && r.ordinal == share.ordinal);
+            match found {
+                Some(r) => {
+                    tracing::info!(device = %r.device, kind = ?r.kind, ordinal = r.ordinal, offset = share.offset, len = share.len, "new regions on the resource go in this node's share");
+                    r.ranges.confine(share.offset, share.len);
+                }
+                None => {
+                    tracing::warn!(device = %share.device, "a share of memory this node has no resource of; ignored")
+                }
             }
         }
     }

@@ -125,8 +125,11 @@ impl Memory {
             })?;
             idx.push(i);
         }
-        let mut cands: Vec<u64> =
-            std::iter::once(0).chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends())).collect();
+        // Lowest candidates: the start, where regions end, where this node's shares begin.
+        let mut cands: Vec<u64> = std::iter::once(0)
+            .chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends()))
+            .chain(idx.iter().flat_map(|&i| st.resources[i].ranges.windows().unwrap_or_default().iter().map(|w| w.0)))
+            .collect();
         let device = st.set_backings.get(&set.name).cloned();
         if device.is_none()
             && let Some(why) = idx.iter().find_map(|&i| st.resources[i].unserved())
@@ -147,7 +150,7 @@ impl Memory {
         let fits = |d: u64| {
             d.checked_add(per).is_some_and(|e| e <= set.member_size)
                 && dev_ok(d)
-                && idx.iter().all(|&i| st.resources[i].ranges.is_free(d, per))
+                && idx.iter().all(|&i| st.resources[i].ranges.is_allocatable(d, per))
         };
         // Alignment is reached within align / (2 MiB * ways) granules of any candidate.
         let steps = (align.max(dev_align) / (GRANULE * ways)).max(1);

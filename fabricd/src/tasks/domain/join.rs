@@ -3,7 +3,8 @@
 //! the map is opened (the slot decides where the node's memory lies) and bounds the start
 //! by etcd's timeouts; after a lost lease the domain task runs it again with a new
 //! incarnation. The slot is remembered in the state dir, so a node that held one can start
-//! serving while etcd is unreachable and join once it answers.
+//! serving while etcd is unreachable and join once it answers; so are this node's shares
+//! of memory other hosts reach too (`[[memory.shares]]`), claimed at start after the slot.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use fabric_domain::records::{RECORD_VERSION, Record};
 use fabric_domain::{
     DataPathKind, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
-    MemberRecord, fresh_incarnation,
+    MemberRecord, ShareWant, fresh_incarnation,
 };
 use fabric_topology::Inventory;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ use tokio::sync::Notify;
 
 use super::{Domain, DomainStatus, RuntimeGuard, Standing};
 use crate::config::Config;
+use crate::memory::backing::ResourceShare;
 
 /// Why a node could not take its place in the domain at start.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,20 @@ pub enum JoinError {
         /// Why etcd was not reached.
         #[source]
         source: EtcdError,
+    },
+    /// etcd is unreachable and this node's share of shared memory (`[[memory.shares]]`) was
+    /// never claimed (or was for another capacity): it cannot know where its new regions may go.
+    #[error("etcd is unreachable and node {node} has no share of {resource} remembered in {path}")]
+    NoShare {
+        /// This node.
+        node: String,
+        /// The shared resource.
+        resource: String,
+        /// The share file looked for.
+        path: PathBuf,
+        /// Why etcd was not reached.
+        #[source]
+        source: Box<EtcdError>,
     },
     /// The remembered slot could not be saved or read.
     #[error("slot file {path}")]
@@ -88,12 +104,19 @@ pub(super) struct Joined {
 pub struct Starting {
     domain: Arc<Domain>,
     joined: Option<Joined>,
+    shares: Vec<ResourceShare>,
 }
 
 impl Starting {
     /// The domain.
     pub fn domain(&self) -> &Arc<Domain> {
         &self.domain
+    }
+
+    /// This node's shares of memory other hosts reach too (`[[memory.shares]]`), as claimed
+    /// (or remembered).
+    pub fn shares(&self) -> &[ResourceShare] {
+        &self.shares
     }
 
     /// Starts the domain task: it publishes the placements of the map `reader` follows,
@@ -148,28 +171,56 @@ pub fn start(
     let peer_address = config.peer_address().unwrap_or_default();
     let groups = groups(inv);
     let slot_file = state_dir.join("domain-slot.json");
+    let share_file = state_dir.join("domain-shares.json");
+    let wants = share_wants(config, inv);
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let (dc, local, peer, groups) = (dc.clone(), local.clone(), peer_address.clone(), groups.clone());
+        let wants = wants.clone();
         runtime.spawn(async move {
-            let _ = tx.send(join(&dc, &local, &peer, &groups, node_id).await);
+            let joined = async {
+                let (slot, joined) = join(&dc, &local, &peer, &groups, node_id).await?;
+                match claim_shares(&joined.client, &wants).await {
+                    Ok(shares) => Ok((slot, joined, shares)),
+                    Err(e) => {
+                        // Not a member without its shares: give the lease back.
+                        let _ = joined.client.leave(joined.lease).await;
+                        Err(e)
+                    }
+                }
+            };
+            let _ = tx.send(joined.await);
         });
     }
     let err = |source| JoinError::Etcd { domain: dc.name.clone(), node: dc.node.clone(), source };
-    let (slot, joined) = match rx.recv().map_err(|_| JoinError::Stopped)? {
-        Ok((slot, joined)) => {
+    let (slot, joined, claimed) = match rx.recv().map_err(|_| JoinError::Stopped)? {
+        Ok((slot, joined, claimed)) => {
             remember(&slot_file, &dc, slot, local.node_span)?;
-            (slot, Some(joined))
+            remember_shares(&share_file, &dc, &claimed)?;
+            (slot, Some(joined), claimed)
         }
         Err(e) if unreachable(&e) => match remembered(&slot_file, &dc, local.node_span)? {
             Some(slot) => {
+                let known = remembered_shares(&share_file, &dc);
+                if let Some(missing) = wants.iter().find(|w| !known.iter().any(|k| k.fits(w))) {
+                    let resource = missing.want.resource.clone();
+                    let source = Box::new(e);
+                    return Err(JoinError::NoShare { node: dc.node.clone(), resource, path: share_file, source });
+                }
                 tracing::warn!(error = %crate::error_chain(&e), slot, "etcd unreachable: serving with the remembered slot, joining when it answers");
-                (slot, None)
+                (slot, None, known)
             }
             None => return Err(JoinError::NoSlot { node: dc.node.clone(), path: slot_file, source: e }),
         },
         Err(e) => return Err(err(e)),
     };
+    let shares: Vec<ResourceShare> =
+        wants.iter().filter_map(|w| claimed.iter().find(|c| c.fits(w)).map(|c| w.share(c.offset, c.len))).collect();
+    let share_docs = wants
+        .iter()
+        .filter_map(|w| claimed.iter().find(|c| c.fits(w)))
+        .map(|c| fabric_proto::domain::ShareDoc { resource: c.resource.clone(), offset: c.offset, len: c.len })
+        .collect();
     let status = DomainStatus {
         standing: match &joined {
             Some(_) => Standing::Joined,
@@ -201,6 +252,7 @@ pub fn start(
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
         link,
+        shares: share_docs,
         runtime: RuntimeGuard::new(runtime),
     });
     if let Some(link) = &domain.link {
@@ -208,7 +260,7 @@ pub fn start(
         link.listen(domain.runtime.get(), &domain.peer_address, Arc::downgrade(&domain), incarnation)
             .map_err(JoinError::Listen)?;
     }
-    Ok(Starting { domain, joined })
+    Ok(Starting { domain, joined, shares })
 }
 
 /// One join: settings, slot, lease, member record with a fresh incarnation.
@@ -267,6 +319,118 @@ fn groups(inv: &Inventory) -> Vec<FabricGroup> {
     out
 }
 
+/// A share this node claims: one memory resource of a `[[memory.shares]]` device.
+#[derive(Debug, Clone)]
+struct ShareWanted {
+    /// Its resource (`<device id>/<kind><ordinal>`), capacity and length.
+    want: ShareWant,
+    device: fabric_topology::DeviceId,
+    kind: fabric_topology::MemoryKind,
+    ordinal: u16,
+}
+
+impl ShareWanted {
+    fn share(&self, offset: u64, len: u64) -> ResourceShare {
+        ResourceShare { device: self.device.clone(), kind: self.kind, ordinal: self.ordinal, offset, len }
+    }
+}
+
+/// The resources of the `[[memory.shares]]` devices this node has, each with the bytes it
+/// claims (at most the resource, whole granules). A device the inventory lacks has no
+/// memory here to share: logged and skipped.
+fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
+    let granule = crate::memory::alloc::GRANULE;
+    let mut out = Vec::new();
+    for s in &config.memory.shares {
+        let Some(dev) = inv.devices.iter().find(|d| d.id.to_string() == s.device) else {
+            tracing::warn!(device = %s.device, "memory.shares names a device this node does not see; no share claimed");
+            continue;
+        };
+        for (kind, ordinal, capacity) in crate::memory::device_resources(dev) {
+            let len = s.bytes.min(capacity / granule * granule);
+            if len == 0 {
+                continue;
+            }
+            let resource = crate::memory::resource_name(&dev.id, kind, ordinal);
+            out.push(ShareWanted {
+                want: ShareWant { resource, capacity, len },
+                device: dev.id.clone(),
+                kind,
+                ordinal,
+            });
+        }
+    }
+    out
+}
+
+/// Claims (or finds) this node's share of each wanted resource, all at one offset where
+/// that is free (the members of an interleave set stripe at one DPA on each).
+async fn claim_shares(client: &DomainClient, wanted: &[ShareWanted]) -> Result<Vec<KnownShare>, EtcdError> {
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let wants: Vec<ShareWant> = wanted.iter().map(|w| w.want.clone()).collect();
+    let shares = client.claim_shares(&wants, crate::memory::alloc::GRANULE).await?;
+    Ok(wants
+        .iter()
+        .zip(shares)
+        .map(|(w, s)| KnownShare { resource: w.resource.clone(), capacity: w.capacity, offset: s.offset, len: s.len })
+        .collect())
+}
+
+/// A claimed share as the share file remembers it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct KnownShare {
+    resource: String,
+    capacity: u64,
+    offset: u64,
+    len: u64,
+}
+
+impl KnownShare {
+    /// Whether this is the share of `wanted`'s resource, seen at the same capacity.
+    fn fits(&self, wanted: &ShareWanted) -> bool {
+        self.resource == wanted.want.resource && self.capacity == wanted.want.capacity
+    }
+}
+
+/// The share file: this node's shares in which domain.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct ShareMemory {
+    domain: String,
+    node: String,
+    shares: Vec<KnownShare>,
+}
+
+fn remember_shares(path: &Path, config: &DomainConfig, shares: &[KnownShare]) -> Result<(), JoinError> {
+    let memory = ShareMemory { domain: config.name.clone(), node: config.node.clone(), shares: shares.to_vec() };
+    write_json(path, &memory)
+}
+
+/// The remembered shares, when the file names this domain and node (none otherwise: a
+/// damaged or missing file is no share known).
+fn remembered_shares(path: &Path, config: &DomainConfig) -> Vec<KnownShare> {
+    let Ok(bytes) = std::fs::read(path) else { return Vec::new() };
+    match serde_json::from_slice::<ShareMemory>(&bytes) {
+        Ok(m) if m.domain == config.name && m.node == config.node => m.shares,
+        Ok(_) => Vec::new(),
+        Err(_) => {
+            tracing::warn!(file = %path.display(), "share file is damaged: ignored");
+            Vec::new()
+        }
+    }
+}
+
+/// Writes `value` to `path` through a temporary file and a rename.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), JoinError> {
+    let io = |source| JoinError::SlotFile { path: path.to_owned(), source };
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(value).unwrap_or_default()).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
 /// The slot file: which slot this node held in which domain.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -279,10 +443,7 @@ struct SlotMemory {
 
 fn remember(path: &Path, config: &DomainConfig, slot: u32, node_span: u64) -> Result<(), JoinError> {
     let memory = SlotMemory { domain: config.name.clone(), node: config.node.clone(), slot, node_span };
-    let io = |source| JoinError::SlotFile { path: path.to_owned(), source };
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&memory).unwrap_or_default()).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    write_json(path, &memory)
 }
 
 /// The remembered slot, when the file names this domain, node and span.

@@ -126,6 +126,8 @@ pub struct Domain {
     lease: AtomicI64,
     /// The node link (`crate::peer`), when `[peer]` names its credentials.
     link: Option<crate::peer::NodeLink>,
+    /// This node's shares of memory other hosts reach too, as claimed at start.
+    shares: Vec<fabric_proto::domain::ShareDoc>,
     runtime: RuntimeGuard,
 }
 
@@ -133,6 +135,11 @@ impl Domain {
     /// This node's name in the domain.
     pub fn node(&self) -> &str {
         &self.config.node
+    }
+
+    /// This node's shares of memory other hosts reach too (`[[memory.shares]]`).
+    pub fn shares(&self) -> &[fabric_proto::domain::ShareDoc] {
+        &self.shares
     }
 
     /// The NVLink cliques (and CXL pools) this node's member record lists.
