@@ -5,7 +5,8 @@
 //! is refused by etcd itself — which frees the slot and collects what the node left
 //! behind: its placements, its topology, its shares of shared memory, its devices in the
 //! domain's partitions (a partition left with no device is removed), and the request.
-//! Never a live node's.
+//! Never a live node's. The leader also sweeps the records of nodes that hold no slot
+//! ([`DomainClient::sweep_orphans`]: left by a gc of an older version, or put by hand).
 
 use std::collections::HashSet;
 
@@ -174,6 +175,65 @@ impl DomainClient {
             return Err(EtcdError::GcLive { node: node.to_owned() });
         }
         Err(EtcdError::Contention { node: node.to_owned(), attempts: 1 })
+    }
+
+    /// The leader's sweep of orphans: records (placements, topology, shares) of nodes that
+    /// hold no slot and are no live member — left by a gc before it collected them, or put
+    /// by hand. Each node's in one transaction fenced by `leader`, and only while it still
+    /// holds no slot and no member key (a node that claims a slot meanwhile keeps them).
+    /// At most `max` nodes per call; answers the nodes swept. `NotLeader` when `leader` no
+    /// longer leads.
+    pub async fn sweep_orphans(&self, leader: &LeaderFence, max: usize) -> Result<Vec<String>, EtcdError> {
+        let keys = self.keys().clone();
+        let slotted = self.node_names(&keys.slot_of("")).await?;
+        let live = self.node_names(&keys.members()).await?;
+        let mut candidates = self.node_names(&keys.placements("")).await?;
+        candidates.extend(self.node_names(&keys.topology("")).await?);
+        let mut kv = self.raw();
+        let response = self.call("shares read", kv.get(keys.shares(), Some(GetOptions::new().with_prefix()))).await?;
+        for e in response.kvs() {
+            if let Ok(table) = records::decode::<crate::shares::ShareTable>(e.value(), self.limits()) {
+                candidates.extend(table.shares.into_iter().map(|s| s.node));
+            }
+        }
+        let mut swept = Vec::new();
+        for node in candidates.difference(&slotted).filter(|n| !live.contains(*n)).take(max) {
+            let (share_compares, share_ops) = crate::shares::release_ops(self.shares_without(node).await?);
+            let compares = [
+                leader.compare(),
+                Compare::create_revision(keys.slot_of(node), CompareOp::Equal, 0),
+                Compare::create_revision(keys.member(node), CompareOp::Equal, 0),
+            ]
+            .into_iter()
+            .chain(share_compares)
+            .collect::<Vec<_>>();
+            let ops = [TxnOp::delete(keys.placements(node), None), TxnOp::delete(keys.topology(node), None)]
+                .into_iter()
+                .chain(share_ops)
+                .collect::<Vec<_>>();
+            if self.call("leader sweep", kv.txn(Txn::new().when(compares).and_then(ops))).await?.succeeded() {
+                info!(%node, term = leader.term, "leader swept the records of a node that holds no slot");
+                swept.push(node.clone());
+            } else if !self.leads(leader).await? {
+                return Err(EtcdError::NotLeader { node: self.node().to_owned(), term: leader.term });
+            }
+            // Otherwise the node claimed a slot or joined meanwhile, or its shares changed:
+            // left for the next sweep to look at again.
+        }
+        Ok(swept)
+    }
+
+    /// The valid node names under `prefix` (the last part of each key, keys only).
+    async fn node_names(&self, prefix: &str) -> Result<std::collections::BTreeSet<String>, EtcdError> {
+        let mut kv = self.raw();
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let response = self.call("names read", kv.get(prefix, Some(options))).await?;
+        Ok(response
+            .kvs()
+            .iter()
+            .filter_map(|e| std::str::from_utf8(e.key()).ok()?.strip_prefix(prefix).map(str::to_owned))
+            .filter(|n| crate::config::is_valid_name(n))
+            .collect())
     }
 
     /// Drops a queued request by its key's last part (one that names no node), under

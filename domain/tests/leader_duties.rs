@@ -3,6 +3,7 @@
 //! by its leader key; a live node's gc is refused and its request dropped; a deposed
 //! leader (its lease left to expire, as a node hung past its TTL) is refused by etcd
 //! (`NotLeader`) and leaves everything as it was, and the new leader's gc goes through.
+//! The leader's sweep collects the records of nodes that hold no slot, and only those.
 //!
 //! Without an `etcd` binary the test says it is skipped (scripts/deps.sh installs it).
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
@@ -84,6 +85,30 @@ async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
     let table: fabric_domain::ShareTable = fabric_domain::records::decode(&value, RecordLimits::default()).unwrap();
     assert_eq!(table.shares.iter().map(|s| s.node.as_str()).collect::<Vec<_>>(), ["tray-h"], "{table:?}");
 
+    // Records of nodes that hold no slot (left by an older gc, or put by hand) are swept:
+    // tray-o's placements and topology, tray-s's share; tray-h (a slot) and the live
+    // members keep theirs.
+    let mut kv = a.raw();
+    kv.put(k.placements("tray-o"), "left behind", None).await.unwrap();
+    kv.put(k.topology("tray-o"), "left behind", None).await.unwrap();
+    kv.put(k.placements("tray-a"), "a live member's", None).await.unwrap();
+    client(&etcd, "tray-s")
+        .await
+        .claim_share("serial:cxl/0x77/cxl_volatile0", 1 << 30, 2 << 20, 2 << 20)
+        .await
+        .unwrap();
+    assert_eq!(a.sweep_orphans(&leader, 64).await.unwrap(), ["tray-o", "tray-s"]);
+    for key in [k.placements("tray-o"), k.topology("tray-o")] {
+        assert!(!exists(&a, &key).await, "{key} outlived the sweep");
+    }
+    assert!(exists(&a, &k.placements("tray-h")).await && exists(&a, &k.placements("tray-a")).await);
+    let answer = a.raw().get(k.share("serial:cxl/0x77/cxl_volatile0"), None).await.unwrap();
+    let table: fabric_domain::ShareTable =
+        fabric_domain::records::decode(answer.kvs()[0].value(), RecordLimits::default()).unwrap();
+    assert_eq!(table.shares.iter().map(|s| s.node.as_str()).collect::<Vec<_>>(), ["tray-h"], "{table:?}");
+    assert!(a.sweep_orphans(&leader, 64).await.unwrap().is_empty(), "nothing left to sweep");
+    kv.put(k.topology("tray-p"), "left behind", None).await.unwrap();
+
     // A live node's gc is refused, and its request dropped.
     b.request_gc(&b_fence, "tray-a").await.unwrap();
     assert!(matches!(a.gc_led(&leader, "tray-a").await, Err(EtcdError::GcLive { .. })));
@@ -104,9 +129,13 @@ async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
     }
     assert_eq!(h.held_slot("tray-h").await.unwrap(), Some(*h_slot), "the deposed leader freed nothing");
     assert!(exists(h, &h.keys().placements("tray-h")).await);
-    // The new leader's gc goes through.
+    assert!(matches!(a.sweep_orphans(&leader, 64).await, Err(EtcdError::NotLeader { .. })));
+    assert!(exists(h, &h.keys().topology("tray-p")).await, "the deposed leader swept nothing");
+    // The new leader's gc goes through, and so does its sweep.
     let leader = LeaderFence::new(&b, b_lease.id(), new_term);
     assert_eq!(b.gc_led(&leader, "tray-h").await.unwrap(), Some(*h_slot));
     assert!(!exists(&b, &b.keys().topology("tray-h")).await);
+    // tray-a's lease ran out and it never claimed a slot: its placements go too.
+    assert_eq!(b.sweep_orphans(&leader, 64).await.unwrap(), ["tray-a", "tray-p"]);
     drop(a_fence);
 }

@@ -136,10 +136,10 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader) -
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The leader's duties: on becoming leader, on a queued gc, at each probe.
-    let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = Arc::new(duties::Duties::default());
     let mut leading = (**domain.leadership.load()).clone();
     let gc_queue = j.client.keys().gc_requests().into_bytes();
-    let duties = |busy: &Arc<std::sync::atomic::AtomicBool>| {
+    let duties = |busy: &Arc<duties::Duties>| {
         duties::spawn(&j.client, j.lease.id(), &domain.leadership(), busy);
     };
     duties(&busy);
