@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use fabric_domain::testing::until;
 use fabric_nodelink::{Link, LinkError, LinkLimits, NodeIdentity, PeerError, PeerOp, PeerRequest, Refusal};
 use fabric_proto::wire::{
-    Access, AccessMode, Connection, CopyEndpoint, CopyResult, ErrorCode, Event, ExportHandle, FreeRequest,
-    ReleaseRequest, Request, Response, RevocationReason, RevokeRequest, Secret, SubscribeRequest, Topics,
+    Access, AccessMode, CodecError, Connection, CopyEndpoint, CopyRequest, CopyResult, ErrorCode, Event, ExportHandle,
+    FreeRequest, ReleaseRequest, Request, Response, RevocationReason, RevokeRequest, Secret, SubscribeRequest, Topics,
 };
 
 use common::peer::*;
@@ -330,6 +330,50 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     let id = start_copy(&mut c2, CopyEndpoint::Gfa(gfa + 5 * MIB), CopyEndpoint::Gfa(own_gfa), n).unwrap();
     assert_eq!(copy_done(&mut c2, id).result, CopyResult::Ok);
     assert!(m0[5 * MIB as usize..(5 * MIB + n) as usize] == fresh[..], "tray0 reads what tray2's region pushed");
+
+    // A batch of copies across nodes: a push and a pull, one completion for both.
+    let batch = |copies: Vec<CopyRequest>| {
+        Request::CopyBatch(fabric_proto::wire::CopyBatchRequest {
+            copies: fabric_proto::wire::BoundedVec::new(copies).unwrap(),
+        })
+    };
+    let pushed = pattern(4, MIB as usize + 3);
+    mem.write_all_at(&pushed, 16 * MIB).unwrap();
+    let copies = vec![
+        CopyRequest { dst: CopyEndpoint::Gfa(gfa + 10 * MIB), src: reg(r, 16 * MIB), len: MIB + 3 },
+        CopyRequest { dst: reg(r, 20 * MIB), src: CopyEndpoint::Gfa(gfa + 100), len: MIB },
+    ];
+    let Ok((Response::CopyBatch(b), _)) = c2.call(batch(copies), &[]) else { panic!("a batch across nodes") };
+    let d = copy_done(&mut c2, b.copy);
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, 2 * MIB + 3), "one completion counts both copies");
+    assert!(m0[10 * MIB as usize..(11 * MIB + 3) as usize] == pushed[..], "the batch's push landed");
+    let mut got = vec![0; MIB as usize];
+    mem.read_exact_at(&mut got, 20 * MIB).unwrap();
+    assert!(got[..] == m0[100..100 + MIB as usize], "the batch's pull landed");
+    // A batch that mixes a copy on this node with one across nodes is refused whole, saying so.
+    let mixed = vec![
+        CopyRequest { dst: CopyEndpoint::Gfa(gfa), src: reg(r, 0), len: 16 },
+        CopyRequest { dst: reg(r, 0), src: CopyEndpoint::Gfa(own_gfa), len: 16 },
+    ];
+    match c2.call(batch(mixed), &[]) {
+        Err(CodecError::Refused { body, .. }) => {
+            assert_eq!(body.code, ErrorCode::NotImplemented, "{body:?}");
+            assert!(body.message.as_str().contains("copy 1 of the batch is on this node"), "{body:?}");
+        }
+        other => panic!("a mixed batch: {other:?}"),
+    }
+    // A part past the region's end refuses the batch, naming the part.
+    let past = vec![
+        CopyRequest { dst: reg(r, 0), src: CopyEndpoint::Gfa(gfa), len: 16 },
+        CopyRequest { dst: CopyEndpoint::Gfa(gfa + size - 10), src: reg(r, 0), len: 11 },
+    ];
+    match c2.call(batch(past), &[]) {
+        Err(CodecError::Refused { body, .. }) => {
+            assert_eq!(body.code, ErrorCode::BadRequest, "{body:?}");
+            assert!(body.message.as_str().starts_with("copy 1 of the batch"), "{body:?}");
+        }
+        other => panic!("a batch with a part past the region: {other:?}"),
+    }
 
     // A copy past the region's end is refused at once.
     let past = start_copy(&mut c2, CopyEndpoint::Gfa(gfa + size - 10), reg(r, 0), 11).unwrap_err();

@@ -1,5 +1,5 @@
 //! Copies across nodes (class NET; `docs/domain.md`, "Copy across nodes"): a client's
-//! `Copy` between a registration or a GFA on this node (a region of its session or one it
+//! `Copy` (or a `CopyBatch` of such copies, moved one after the other with one completion) between a registration or a GFA on this node (a region of its session or one it
 //! imported from this node) and a GFA of another node's region it imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
 //! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per copy: memory is bounded by
 //! them), on the peer's data lanes so that control requests never wait behind it. Push writes to
@@ -41,11 +41,17 @@ pub struct Copies {
     in_flight: AtomicUsize,
 }
 
-/// One copy across nodes, running.
+/// One copy across nodes (or a batch of them), running: its parts one after the other,
+/// one completion.
 struct Job {
     id: u64,
     request_id: u64,
     sink: Sink,
+    parts: Vec<Part>,
+}
+
+/// One copy of a job: between a local end and a GFA of another node's region.
+struct Part {
     /// The local import (this node's id) and where it reaches.
     import: u64,
     reach: RemoteReach,
@@ -57,40 +63,81 @@ struct Job {
     local: Resolved,
 }
 
-/// Answers a client's `Copy` one of whose ends is a GFA of another node's region this
-/// session imported; `None`: the copy is this node's own.
-pub fn route(d: &Daemon, cx: &Context<'_>, c: &CopyRequest) -> Option<Result<Outcome, ErrorBody>> {
-    let link = d.domain.as_ref()?.link()?;
-    let importer = link.service().importer();
-    let remote = |ep| match ep {
-        CopyEndpoint::Gfa(g) => importer.reach(cx.session, g).map(|r| (g, r)),
-        CopyEndpoint::Registration { .. } => None,
-    };
-    let (push, (gfa, (import, reach)), local) = match (remote(c.dst), remote(c.src)) {
-        (None, None) => return None,
-        (Some(_), Some(_)) => {
-            return Some(Err(refusal(
-                ErrorCode::NotImplemented,
-                "both ends of the copy are other nodes' memory: copy through a registration on this node",
-            )));
-        }
-        (Some(r), None) => (true, r, c.src),
-        (None, Some(r)) => (false, r, c.dst),
-    };
-    Some(start(d, cx, c.len, push, gfa, import, reach, local))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn start(
-    d: &Daemon,
-    cx: &Context<'_>,
-    len: u64,
+/// A part as the client asked it, before its local end is resolved.
+struct Asked {
     push: bool,
     gfa: u64,
     import: u64,
     reach: RemoteReach,
     local: CopyEndpoint,
-) -> Result<Outcome, ErrorBody> {
+    len: u64,
+}
+
+/// Which end of `c` is another node's memory this session imported: `None` when neither.
+fn remote_end(importer: &super::importer::Importer, session: u64, c: &CopyRequest) -> Result<Option<Asked>, ErrorBody> {
+    let remote = |ep| match ep {
+        CopyEndpoint::Gfa(g) => importer.reach(session, g).map(|r| (g, r)),
+        CopyEndpoint::Registration { .. } => None,
+    };
+    let (push, (gfa, (import, reach)), local) = match (remote(c.dst), remote(c.src)) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(refusal(
+                ErrorCode::NotImplemented,
+                "both ends of the copy are other nodes' memory: copy through a registration on this node",
+            ));
+        }
+        (Some(r), None) => (true, r, c.src),
+        (None, Some(r)) => (false, r, c.dst),
+    };
+    Ok(Some(Asked { push, gfa, import, reach, local, len: c.len }))
+}
+
+/// Answers a client's `Copy` one of whose ends is a GFA of another node's region this
+/// session imported; `None`: the copy is this node's own.
+pub fn route(d: &Daemon, cx: &Context<'_>, c: &CopyRequest) -> Option<Result<Outcome, ErrorBody>> {
+    let link = d.domain.as_ref()?.link()?;
+    let asked = match remote_end(link.service().importer(), cx.session, c) {
+        Ok(a) => a?,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(start(d, cx, vec![asked], false))
+}
+
+/// Answers a client's `CopyBatch` whose copies each have one end in another node's
+/// region this session imported: one job, its copies one after the other, one completion
+/// (`None`: every copy is this node's own). A batch that mixes such copies with copies
+/// on this node is refused: the engine and the node link complete apart.
+pub fn route_batch(d: &Daemon, cx: &Context<'_>, copies: &[CopyRequest]) -> Option<Result<Outcome, ErrorBody>> {
+    let link = d.domain.as_ref()?.link()?;
+    let importer = link.service().importer();
+    let mut parts = Vec::with_capacity(copies.len());
+    let mut local = None;
+    for (i, c) in copies.iter().enumerate() {
+        match remote_end(importer, cx.session, c) {
+            Ok(Some(a)) => parts.push(a),
+            Ok(None) => local = local.or(Some(i)),
+            Err(mut e) => {
+                e.message = ErrorText::truncated(&format!("copy {i} of the batch: {}", e.message));
+                return Some(Err(e));
+            }
+        }
+    }
+    match (parts.is_empty(), local) {
+        (true, _) => None,
+        (false, None) => Some(start(d, cx, parts, true)),
+        (false, Some(i)) => Some(Err(refusal(
+            ErrorCode::NotImplemented,
+            format!(
+                "copy {i} of the batch is on this node, others reach other nodes' memory: submit the copies across nodes as a batch of their own"
+            ),
+        ))),
+    }
+}
+
+/// Checks one part as far as this node knows it and resolves its local end.
+fn part(d: &Daemon, session: u64, a: Asked) -> Result<Part, ErrorBody> {
+    let Asked { push, gfa, import, reach, local, len } = a;
     if len == 0 {
         return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
     }
@@ -110,8 +157,22 @@ fn start(
             format!("import {import} of node {}'s region is read-only: it cannot be a copy's destination", reach.owner),
         ));
     }
+    let local = d.memory.copy_endpoint(session, &d.map_snapshot(), local, len, !push).map_err(|e| refused(&e))?;
+    Ok(Part { import, reach, gfa, len, push, local })
+}
+
+fn start(d: &Daemon, cx: &Context<'_>, asked: Vec<Asked>, batch: bool) -> Result<Outcome, ErrorBody> {
     let sink = cx.copies.ok_or_else(|| refusal(ErrorCode::BadRequest, "a copy needs a connection"))?.clone();
-    let local = d.memory.copy_endpoint(cx.session, &d.map_snapshot(), local, len, !push).map_err(|e| refused(&e))?;
+    let many = asked.len() > 1;
+    let mut parts = Vec::with_capacity(asked.len());
+    for (i, a) in asked.into_iter().enumerate() {
+        parts.push(part(d, cx.session, a).map_err(|mut e| {
+            if many {
+                e.message = ErrorText::truncated(&format!("copy {i} of the batch: {}", e.message));
+            }
+            e
+        })?);
+    }
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
@@ -124,14 +185,16 @@ fn start(
         ));
     }
     let id = REMOTE_COPY | (copies.next.fetch_add(1, Ordering::Relaxed) + 1);
-    let job = Job { id, request_id: cx.request_id, sink, import, reach, gfa, len, push, local };
-    tracing::debug!(copy = id, owner = %job.reach.owner, len, push, "copy across nodes started");
+    let job = Job { id, request_id: cx.request_id, sink, parts };
+    tracing::debug!(copy = id, parts = job.parts.len(), "copy across nodes started");
     let Some(weak) = link.service().daemon() else {
         copies.in_flight.fetch_sub(1, Ordering::AcqRel);
         return Err(refusal(ErrorCode::Unavailable, "the node link is starting"));
     };
     domain.runtime().spawn(run(weak, job));
-    Ok(Outcome { response: Response::Copy(CopyResponse { copy: id }), fd: None, events: None })
+    let response = CopyResponse { copy: id };
+    let response = if batch { Response::CopyBatch(response) } else { Response::Copy(response) };
+    Ok(Outcome { response, fd: None, events: None })
 }
 
 /// Why a copy stopped: a code and words.
@@ -139,16 +202,25 @@ type Stop = (ErrorCode, String);
 
 async fn run(d: Weak<Daemon>, job: Job) {
     let mut done = 0;
-    let end = drive(&d, &job, &mut done).await;
+    let mut end = Ok(());
+    for (i, part) in job.parts.iter().enumerate() {
+        let mut moved = 0;
+        end = drive(&d, &job, part, &mut moved).await;
+        done += moved;
+        if let Err((_, why)) = &mut end {
+            if job.parts.len() > 1 {
+                *why = format!("copy {i} of the batch: {why}");
+            }
+            break;
+        }
+    }
     let result = match &end {
         Ok(()) => CopyResult::Ok,
         Err((code, why)) => CopyResult::Failed { code: *code, message: ErrorText::truncated(why) },
     };
     match &end {
         Ok(()) => tracing::debug!(copy = job.id, bytes = done, "copy across nodes done"),
-        Err((code, why)) => {
-            tracing::info!(copy = job.id, owner = %job.reach.owner, bytes = done, ?code, why, "copy across nodes stopped")
-        }
+        Err((code, why)) => tracing::info!(copy = job.id, bytes = done, ?code, why, "copy across nodes stopped"),
     }
     // A closed connection has no one to tell.
     let _ = job.sink.send((job.request_id, CopyDone { copy: job.id, result, bytes: done }));
@@ -163,23 +235,30 @@ async fn run(d: Weak<Daemon>, job: Job) {
 /// takes one, the next is read and encrypted here.
 pub const LANES: u64 = 2;
 
-/// Moves the job's chunks on [`LANES`] lanes, counting the bytes done (whole chunks, not a
-/// prefix); the first failure stops every lane at its next chunk.
-async fn drive(d: &Weak<Daemon>, job: &Job, done: &mut u64) -> Result<(), Stop> {
+/// Moves one part's chunks on [`LANES`] lanes, counting the bytes done (whole chunks, not
+/// a prefix); the first failure stops every lane at its next chunk.
+async fn drive(d: &Weak<Daemon>, job: &Job, part: &Part, done: &mut u64) -> Result<(), Stop> {
     let (moved, stop) = (AtomicU64::new(0), AtomicBool::new(false));
-    let (a, b) = tokio::join!(lane(d, job, 0, &moved, &stop), lane(d, job, 1, &moved, &stop));
+    let (a, b) = tokio::join!(lane(d, job, part, 0, &moved, &stop), lane(d, job, part, 1, &moved, &stop));
     *done = moved.load(Ordering::Acquire);
     a.and(b)
 }
 
-/// Lane `lane`'s chunks: the `lane`-th of every [`LANES`], one after the other.
-async fn lane(d: &Weak<Daemon>, job: &Job, lane: u64, moved: &AtomicU64, stop: &AtomicBool) -> Result<(), Stop> {
+/// Lane `lane`'s chunks of a part: the `lane`-th of every [`LANES`], one after the other.
+async fn lane(
+    d: &Weak<Daemon>,
+    job: &Job,
+    part: &Part,
+    lane: u64,
+    moved: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<(), Stop> {
     let chunk = u64::from(PEER_DATA_CHUNK);
     let mut buf = Vec::new();
     let mut at = lane * chunk;
-    while at < job.len && !stop.load(Ordering::Acquire) {
-        let n = (job.len - at).min(chunk);
-        if let Err(e) = move_chunk(d, job, lane, at, n, &mut buf).await {
+    while at < part.len && !stop.load(Ordering::Acquire) {
+        let n = (part.len - at).min(chunk);
+        if let Err(e) = move_chunk(d, job, part, lane, at, n, &mut buf).await {
             stop.store(true, Ordering::Release);
             return Err(e);
         }
@@ -190,7 +269,15 @@ async fn lane(d: &Weak<Daemon>, job: &Job, lane: u64, moved: &AtomicU64, stop: &
 }
 
 /// Moves `n` bytes at offset `at` of the copy on lane `lane`.
-async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf: &mut Vec<u8>) -> Result<(), Stop> {
+async fn move_chunk(
+    d: &Weak<Daemon>,
+    job: &Job,
+    part: &Part,
+    lane: u64,
+    at: u64,
+    n: u64,
+    buf: &mut Vec<u8>,
+) -> Result<(), Stop> {
     let gone = || (ErrorCode::Unavailable, "the daemon is stopping".to_owned());
     let d = d.upgrade().ok_or_else(gone)?;
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
@@ -200,14 +287,14 @@ async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf
     if job.sink.is_closed() {
         return Err((ErrorCode::NotFound, "the session ended".into()));
     }
-    if !link.service().importer().holds(job.import) {
-        return Err((ErrorCode::NotFound, format!("import {} ended", job.import)));
+    if !link.service().importer().holds(part.import) {
+        return Err((ErrorCode::NotFound, format!("import {} ended", part.import)));
     }
-    if let Some(why) = d.memory.copy_dep_gone(&job.local.deps) {
+    if let Some(why) = d.memory.copy_dep_gone(&part.local.deps) {
         return Err((ErrorCode::NotFound, why));
     }
-    let ask = CopyAsk { import: job.reach.owner_import, gfa: job.gfa + at, len: n as u32, write: job.push };
-    let owner = job.reach.owner.as_str();
+    let ask = CopyAsk { import: part.reach.owner_import, gfa: part.gfa + at, len: n as u32, write: part.push };
+    let owner = part.reach.owner.as_str();
     let failed = |e: DialError| match e {
         DialError::Peer { source: PeerError::Denied { code, message }, .. } => {
             (code, format!("node {owner}: {message}"))
@@ -216,9 +303,9 @@ async fn move_chunk(d: &Weak<Daemon>, job: &Job, lane: u64, at: u64, n: u64, buf
     };
     let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
     // The local end's bytes move on a blocking thread, off the domain runtime's worker.
-    let (side, daemon) = (job.local.side.clone(), d.clone());
+    let (side, daemon) = (part.local.side.clone(), d.clone());
     let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
-    if job.push {
+    if part.push {
         let mut chunk = std::mem::take(buf);
         chunk.resize(n as usize, 0);
         let read = tokio::task::spawn_blocking(move || {

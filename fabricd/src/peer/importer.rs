@@ -84,7 +84,7 @@ fn unavailable(owner: &str, e: &DialError) -> ErrorBody {
 }
 
 /// Answers a request that is about another node's memory: an `Import` of a handle naming
-/// another node, a `Release` of such an import. `None`: the request is this node's own.
+/// another node, a `Release` of such an import, a `Copy` or `CopyBatch` to or from it. `None`: the request is this node's own.
 pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outcome, ErrorBody>> {
     let domain = d.domain.as_ref()?;
     let link = domain.link()?;
@@ -98,6 +98,7 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
             _ => None,
         },
         Request::Copy(c) => super::copy::route(d, cx, c),
+        Request::CopyBatch(b) => super::copy::route_batch(d, cx, &b.copies),
         Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
             Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
                 response: Response::Release,
