@@ -2,6 +2,12 @@
 //! topology — its devices (identity, kind, memory), the links among them and to the
 //! fabric-level switches it reaches — with its strict checks. [`crate::domain_fabric`]
 //! merges every node's record into one inventory, classified by the topology crate.
+//!
+//! Unlike the other records, a topology record is read **tolerantly**: fields this build
+//! does not know (added by a newer node: more details of a device, its PCI function, a
+//! link) are ignored rather than refused, so nodes of different versions still show each
+//! other's topology, each with the details it knows. Every field it does know is checked
+//! as strictly as ever, and the record's size bound holds.
 
 use std::collections::HashSet;
 
@@ -32,7 +38,6 @@ pub const MAX_CPULIST_LEN: usize = 256;
 /// and after each rescan that changes it (a fenced write, no lease: like the placements, it
 /// outlives the daemon, so a node that is down is still shown, marked so).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopologyRecord {
     /// Format version.
     pub version: u32,
@@ -48,7 +53,6 @@ pub struct TopologyRecord {
 
 /// One device of a node's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopologyDevice {
     /// Stable identity.
     pub id: DeviceId,
@@ -79,7 +83,6 @@ pub struct TopologyDevice {
 /// What the domain shows of a device's PCI function: where it is, what it is, and its
 /// driver.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopologyPci {
     /// Its address on its node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +132,6 @@ pub struct TopologyPci {
 
 /// A BAR as the domain shows it: its size and kind, not where the node put it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopologyBar {
     /// BAR index (6: the expansion ROM).
     pub index: u8,
@@ -286,7 +288,6 @@ impl TopologyPci {
 
 /// A memory resource of a device: its kind and size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopologyMemory {
     /// Kind of memory.
     pub kind: MemoryKind,
@@ -296,7 +297,6 @@ pub struct TopologyMemory {
 
 /// A link between two devices of the record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TopologyLink {
     /// One end (upstream for hierarchical kinds): an index into the record's devices.
     pub a: u32,
@@ -565,6 +565,31 @@ mod tests {
     }
 
     #[test]
+    fn fields_of_a_newer_node_are_ignored_and_known_ones_still_checked() {
+        let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let mut value: serde_json::Value = serde_json::from_slice(&encode(&record)).unwrap();
+        value["cables"] = serde_json::json!([{ "a": 0, "b": 1 }]);
+        value["devices"][1]["firmware"] = serde_json::json!("96.00.5e.00.01");
+        value["devices"][1]["pci"]["aer_errors"] = serde_json::json!(0);
+        value["devices"][1]["pci"]["bars"][0]["resizable"] = serde_json::json!(true);
+        value["devices"][1]["memory"][0]["ecc"] = serde_json::json!("on");
+        value["links"][0]["cable"] = serde_json::json!({ "length_m": 2 });
+        let newer = serde_json::to_vec(&value).unwrap();
+        assert_eq!(decode::<TopologyRecord>(&newer, RecordLimits::default()), Ok(record));
+        // What this build knows is still checked, and the size bound still holds.
+        value["devices"][1]["pci"]["link_width"] = serde_json::json!(3);
+        let bad = serde_json::to_vec(&value).unwrap();
+        assert!(matches!(
+            decode::<TopologyRecord>(&bad, RecordLimits::default()),
+            Err(RecordError::Invalid { field: "devices.pci", .. })
+        ));
+        value["devices"][1]["pci"]["link_width"] = serde_json::json!(16);
+        value["padding"] = serde_json::json!("x".repeat(70_000));
+        let big = serde_json::to_vec(&value).unwrap();
+        assert!(matches!(decode::<TopologyRecord>(&big, RecordLimits::default()), Err(RecordError::Oversized { .. })));
+    }
+
+    #[test]
     fn a_node_publishes_its_devices_and_the_fabric_switches() {
         let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
         let ids: Vec<&str> = record.devices.iter().map(|d| d.id.as_str()).collect();
@@ -677,8 +702,12 @@ mod tests {
             let bad = text.replacen(from, to, 1);
             assert!(matches!(decode::<TopologyRecord>(bad.as_bytes(), limits), Err(RecordError::Malformed(_))), "{to}");
         }
+        // A field this build does not know is a newer node's, ignored (see the test above);
+        // a known field of the wrong type is not.
         let extra = text.replacen("\"links\"", "\"extra\":1,\"links\"", 1);
-        assert!(matches!(decode::<TopologyRecord>(extra.as_bytes(), limits), Err(RecordError::Malformed(_))));
+        assert_eq!(decode::<TopologyRecord>(extra.as_bytes(), limits), Ok(good.clone()));
+        let mistyped = text.replacen("\"incarnation\":", "\"incarnation\":\"x\",\"was\":", 1);
+        assert!(matches!(decode::<TopologyRecord>(mistyped.as_bytes(), limits), Err(RecordError::Malformed(_))));
         let v2 = text.replacen("\"version\":1", "\"version\":2", 1);
         assert_eq!(decode::<TopologyRecord>(v2.as_bytes(), limits), Err(RecordError::WrongVersion { found: 2 }));
         let cut = &text.as_bytes()[..text.len() / 2];
