@@ -214,6 +214,7 @@ impl Worker {
     fn run(mut self) {
         let mut seen = *self.shared.epoch.lock().unwrap();
         let mut c = self.connect().expect("the daemon is up at start");
+        self.shared.out.line(&format!("S {}", self.t));
         loop {
             if self.step(&mut c) {
                 continue;
@@ -443,6 +444,8 @@ struct Model {
     /// Region files of such allocations found so far.
     leaked: BTreeSet<u64>,
     down: usize,
+    /// Worker threads connected at start.
+    started: usize,
     resumed: usize,
     acks: usize,
 }
@@ -479,6 +482,7 @@ impl Model {
             }
             Some("U") => self.uncertain_allocs += 1,
             Some("D") => self.down += 1,
+            Some("S") => self.started += 1,
             Some("R") => self.resumed += 1,
             // The test harness's own lines.
             _ => {}
@@ -615,6 +619,18 @@ fn acknowledged_registry_changes_survive_kill_9() {
             }
         }
     };
+    // Every worker thread is connected before the first crash: under load the workload's
+    // process can take longer to start than the first delay, and a thread that finds no
+    // daemon at start fails.
+    let connected_by = Instant::now() + Duration::from_secs(60);
+    while m.started < THREADS {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(line) => m.record(&line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the workload died: {:?}", child.try_wait()),
+        }
+        assert!(Instant::now() < connected_by, "the workload's threads did not all connect");
+    }
     let (mut rounds, mut imported, mut refused, mut max_live) = (0, 0, 0, 0);
     while rounds < MAX_ROUNDS && (rounds < MIN_ROUNDS || started.elapsed() < BUDGET) {
         let delay = Duration::from_millis(30 + rng.below(400));
