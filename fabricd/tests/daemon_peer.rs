@@ -428,8 +428,9 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     // tray0's client revokes the export during a large copy: the copy stops with the
     // error and the bytes done.
     let id = start_copy(&mut c2, CopyEndpoint::Gfa(gfa), reg(r, 0), size).unwrap();
-    // Let some chunks move first (the copy takes several times this).
-    std::thread::sleep(Duration::from_millis(100));
+    // Let some chunks move first. The whole copy takes about 100 ms here once the pages
+    // are faulted in (they are, by the copies above): the revoke must come well before.
+    std::thread::sleep(Duration::from_millis(10));
     let Response::Revoke = c0.call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap().0 else { panic!() };
     let d = copy_done(&mut c2, id);
     match d.result {
@@ -445,7 +446,7 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
     import_copy_only(&mut c2, handle, AccessMode::ReadWrite).unwrap();
     let id = start_copy(&mut c2, reg(r, 0), CopyEndpoint::Gfa(gfa), size).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(Duration::from_millis(10));
     let mut dead = daemons[0].take().unwrap();
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
