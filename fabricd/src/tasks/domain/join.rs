@@ -214,12 +214,12 @@ pub fn start(
         },
         Err(e) => return Err(err(e)),
     };
-    let shares: Vec<ResourceShare> =
-        wants.iter().filter_map(|w| claimed.iter().find(|c| c.fits(w)).map(|c| w.share(c.offset, c.len))).collect();
-    let share_docs = wants
+    let matched: Vec<(&ShareWanted, &KnownShare)> =
+        wants.iter().filter_map(|w| claimed.iter().find(|c| c.fits(w)).map(|c| (w, c))).collect();
+    let shares: Vec<ResourceShare> = matched.iter().map(|(w, c)| w.share(c.offset, c.len)).collect();
+    let share_docs = matched
         .iter()
-        .filter_map(|w| claimed.iter().find(|c| c.fits(w)))
-        .map(|c| fabric_proto::domain::ShareDoc { resource: c.resource.clone(), offset: c.offset, len: c.len })
+        .map(|(_, c)| fabric_proto::domain::ShareDoc { resource: c.resource.clone(), offset: c.offset, len: c.len })
         .collect();
     let status = DomainStatus {
         standing: match &joined {
