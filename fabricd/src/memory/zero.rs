@@ -42,8 +42,14 @@ pub enum ZeroError {
 }
 
 /// Writes zeros over `[offset, offset + len)` of `file` (a device file opened
-/// read-write), a mapping at a time.
+/// read-write), a mapping at a time, on a bulk-work thread at a lower CPU priority
+/// ([`crate::sys::bulk`]): other clients' requests take a core from it when they need one.
 pub fn zero_range(file: &File, offset: u64, len: u64) -> Result<(), ZeroError> {
+    crate::sys::bulk::run("zeroing device memory", || zero_here(file, offset, len))
+}
+
+/// [`zero_range`] on the calling thread.
+fn zero_here(file: &File, offset: u64, len: u64) -> Result<(), ZeroError> {
     let recovering = fault::ready();
     let mut done = 0;
     while done < len {

@@ -1,9 +1,10 @@
 //! The system layer: the daemon's private files and directories ([`privdir`]), the shares
-//! of its open-file table ([`fdbudget`]), `sd_notify` ([`notify`]), and the few system calls
+//! of its open-file table ([`fdbudget`]), bulk work at a lower CPU priority ([`bulk`]), `sd_notify` ([`notify`]), and the few system calls
 //! it makes directly (here); descriptors are passed by
 //! `fabric_proto::wire::{send_with_fds, recv_with_fds}`, everything else goes through std,
 //! nix or tokio.
 
+pub mod bulk;
 pub mod fdbudget;
 pub mod notify;
 pub mod privdir;
