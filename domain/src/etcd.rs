@@ -163,6 +163,22 @@ pub enum EtcdError {
         /// Bytes no node holds (perhaps in pieces).
         free: u64,
     },
+    /// This node's share of a shared resource was collected while it was away and the
+    /// range is not free now (or it holds the share elsewhere): its regions lie there, so
+    /// it may not take another.
+    #[error(
+        "shared memory {resource}: this node's share [{offset:#x}, +{len:#x}) was collected and is held by {holder} now"
+    )]
+    ShareLost {
+        /// The resource.
+        resource: String,
+        /// Where the node's share was.
+        offset: u64,
+        /// Its bytes.
+        len: u64,
+        /// Who holds (part of) the range now.
+        holder: String,
+    },
     /// An admin tried to free the slot of a node that is a live member.
     #[error("node {node} is a live member: its slot cannot be freed")]
     GcLive {

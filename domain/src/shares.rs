@@ -43,6 +43,10 @@ pub struct ShareWant {
     pub capacity: u64,
     /// The share's bytes.
     pub len: u64,
+    /// Where this node held the share before (remembered across its restarts and
+    /// rejoins): the share is claimed back there or refused ([`EtcdError::ShareLost`]),
+    /// never moved, since the node's regions lie in it. `None`: anywhere free.
+    pub at: Option<u64>,
 }
 
 /// The lowest offset aligned to `align` where each table has room for its length.
@@ -84,6 +88,22 @@ impl ShareTable {
     pub fn fits_at(&self, offset: u64, len: u64) -> bool {
         offset.checked_add(len).is_some_and(|end| len > 0 && end <= self.capacity)
             && self.shares.iter().all(|s| s.offset + s.len <= offset || offset + len <= s.offset)
+    }
+
+    /// Who holds (part of) `[offset, offset + len)`: the nodes, or why nobody does.
+    pub fn holders(&self, offset: u64, len: u64) -> String {
+        let end = offset.saturating_add(len);
+        let nodes: Vec<&str> = self
+            .shares
+            .iter()
+            .filter(|s| s.offset < end && offset < s.offset.saturating_add(s.len))
+            .map(|s| s.node.as_str())
+            .collect();
+        if nodes.is_empty() {
+            format!("nobody (the range is not within the resource's {:#x} bytes)", self.capacity)
+        } else {
+            nodes.join(", ")
+        }
     }
 
     /// Where shares end: with 0, the candidates for the lowest offset that fits.
@@ -159,16 +179,18 @@ impl DomainClient {
     /// The share of `resource` (of `capacity` bytes) this node holds, claiming the first
     /// free range of `len` bytes aligned to `align` (a power of two) when it holds none.
     pub async fn claim_share(&self, resource: &str, capacity: u64, len: u64, align: u64) -> Result<Share, EtcdError> {
-        let wants = [ShareWant { resource: resource.to_owned(), capacity, len }];
+        let wants = [ShareWant { resource: resource.to_owned(), capacity, len, at: None }];
         let mut shares = self.claim_shares(&wants, align).await?;
         shares.pop().ok_or_else(|| EtcdError::Contention { node: self.node().to_owned(), attempts: 0 })
     }
 
     /// This node's shares of several resources (the members of an interleave set stripe
     /// at one DPA on each, so their shares must start alike): the ones it holds are kept;
-    /// the others are claimed together, in one transaction, at the lowest offset aligned
-    /// to `align` that is free in each of their tables (a held share's offset first).
-    /// Answers in the order of `wants`.
+    /// the others are claimed together, in one transaction: each one with an
+    /// [`at`](ShareWant::at) there, the rest at the lowest offset aligned to `align` that
+    /// is free in each of their tables (a held share's offset first). A share held or
+    /// wanted back elsewhere than its `at`, or whose range another node took meanwhile, is
+    /// [`EtcdError::ShareLost`]. Answers in the order of `wants`.
     pub async fn claim_shares(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
         for (i, w) in wants.iter().enumerate() {
             let refused = |source| EtcdError::Record { key: w.resource.clone(), source };
@@ -200,30 +222,42 @@ impl DomainClient {
                         local: format!("{} bytes", w.capacity),
                     });
                 }
-                if let Some(held) = table.of(&node)
-                    && held.len != w.len
+                if let Some(held) = table.of(&node) {
+                    if let Some(at) = w.at.filter(|&at| at != held.offset) {
+                        return Err(lost(w, at, format!("this node's share at {:#x}", held.offset)));
+                    }
+                    if held.len != w.len {
+                        warn!(%node, resource = %w.resource, held = held.len, asked = w.len, "keeping the share held; a new size needs a gc of the node");
+                    }
+                } else if let Some(at) = w.at
+                    && !table.fits_at(at, w.len)
                 {
-                    warn!(%node, resource = %w.resource, held = held.len, asked = w.len, "keeping the share held; a new size needs a gc of the node");
+                    return Err(lost(w, at, table.holders(at, w.len)));
                 }
                 tables.push((key, table, compare));
             }
             let held: Vec<u64> = tables.iter().filter_map(|(_, t, _)| t.of(&node).map(|s| s.offset)).collect();
-            let open: Vec<(&ShareTable, u64)> = tables
-                .iter()
-                .zip(wants)
-                .filter(|((_, t, _), _)| t.of(&node).is_none())
-                .map(|((_, t, _), w)| (t, w.len))
-                .collect();
-            if !open.is_empty() {
-                let offset = held
-                    .iter()
-                    .copied()
-                    .find(|&o| o.is_multiple_of(align) && open.iter().all(|(t, len)| t.fits_at(o, *len)))
-                    .or_else(|| lowest_common_fit(&open, align));
-                let Some(offset) = offset else {
-                    let (t, len) = open.iter().find(|(t, len)| t.first_fit(*len, align).is_none()).unwrap_or(&open[0]);
-                    let free = t.capacity - t.shares.iter().map(|s| s.len).sum::<u64>();
-                    return Err(EtcdError::ShareFull { resource: t.resource.clone(), len: *len, free });
+            let unclaimed =
+                |(t, w): &(&(String, ShareTable, Compare), &ShareWant)| t.1.of(&node).is_none() && w.at.is_none();
+            let open: Vec<(&ShareTable, u64)> =
+                tables.iter().zip(wants).filter(unclaimed).map(|((_, t, _), w)| (t, w.len)).collect();
+            let claiming = tables.iter().zip(wants).any(|((_, t, _), _)| t.of(&node).is_none());
+            if claiming {
+                let offset = if open.is_empty() {
+                    0
+                } else {
+                    let found = held
+                        .iter()
+                        .copied()
+                        .find(|&o| o.is_multiple_of(align) && open.iter().all(|(t, len)| t.fits_at(o, *len)))
+                        .or_else(|| lowest_common_fit(&open, align));
+                    let Some(found) = found else {
+                        let (t, len) =
+                            open.iter().find(|(t, len)| t.first_fit(*len, align).is_none()).unwrap_or(&open[0]);
+                        let free = t.capacity - t.shares.iter().map(|s| s.len).sum::<u64>();
+                        return Err(EtcdError::ShareFull { resource: t.resource.clone(), len: *len, free });
+                    };
+                    found
                 };
                 let mut compares = Vec::new();
                 let mut puts = Vec::new();
@@ -231,7 +265,7 @@ impl DomainClient {
                     if table.of(&node).is_some() {
                         continue;
                     }
-                    table.insert(&node, offset, w.len);
+                    table.insert(&node, w.at.unwrap_or(offset), w.len);
                     if table.validate().is_err() {
                         // Too many shares: the table would not decode on any node.
                         return Err(EtcdError::ShareFull { resource: w.resource.clone(), len: w.len, free: 0 });
@@ -243,7 +277,7 @@ impl DomainClient {
                 if !self.call("share claim", kv.txn(Txn::new().when(compares).and_then(puts))).await?.succeeded() {
                     continue;
                 }
-                info!(%node, resources = wants.len(), offset, attempts = attempt + 1, "claimed shares");
+                info!(%node, resources = wants.len(), offset, back = wants.iter().any(|w| w.at.is_some()), attempts = attempt + 1, "claimed shares");
             }
             return Ok(tables.iter().filter_map(|(_, t, _)| t.of(&node).cloned()).collect());
         }
@@ -269,6 +303,11 @@ impl DomainClient {
             })
             .collect())
     }
+}
+
+/// [`EtcdError::ShareLost`] for `want`, wanted back at `at`, where `holder` is now.
+fn lost(want: &ShareWant, at: u64, holder: String) -> EtcdError {
+    EtcdError::ShareLost { resource: want.resource.clone(), offset: at, len: want.len, holder }
 }
 
 /// The compares and puts that take a node's shares out of `tables` ([`DomainClient::shares_without`]),

@@ -1,12 +1,13 @@
 //! Shares of memory several hosts reach, against a real, private etcd: concurrent claims
 //! get disjoint ranges, a node keeps its share across restarts, a full or mismatched table
-//! is refused by name, a hostile table is refused, and only a gc of a node that is not live
-//! releases its share.
+//! is refused by name, a hostile table is refused, only a gc of a node that is not live
+//! releases its share, and a node whose share was collected while it was away gets it back
+//! where it was or is refused, never moved.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 use fabric_domain::records::{RECORD_VERSION, RecordError, RecordLimits};
 use fabric_domain::testing::EtcdServer;
-use fabric_domain::{DataPathKind, DomainClient, DomainConfig, DomainSettings, EtcdError, ShareTable};
+use fabric_domain::{DataPathKind, DomainClient, DomainConfig, DomainSettings, EtcdError, ShareTable, ShareWant};
 
 const GIB: u64 = 1 << 30;
 const RESOURCE: &str = "serial:cxl/0x5a17/cxl_volatile0";
@@ -83,6 +84,73 @@ async fn hosts_sharing_a_device_get_disjoint_shares_they_keep_until_a_gc() {
     let expected: Vec<&str> =
         shares.iter().map(|s| if s.node == "host-1" { "host-4" } else { s.node.as_str() }).collect();
     assert_eq!(nodes, expected, "{table:?}");
+}
+
+/// `len` bytes of the test resource (8 GiB), back at `at` when given.
+fn want(len: u64, at: Option<u64>) -> [ShareWant; 1] {
+    [ShareWant { resource: RESOURCE.into(), capacity: 8 * GIB, len, at }]
+}
+
+#[tokio::test]
+async fn a_collected_share_is_claimed_back_where_it_was_or_refused_never_moved() {
+    let Some(etcd) = fabric_domain::testing::etcd_or_skip().await else { return };
+    let mut hosts = Vec::new();
+    for n in ["host-a", "host-b", "host-c", "host-d"] {
+        let x = client(&etcd, n).await;
+        x.claim_slot(&settings()).await.unwrap();
+        hosts.push(x);
+    }
+    let [a, b, c, d] = &hosts[..] else { unreachable!() };
+    assert_eq!(c.claim_shares(&want(2 * GIB, None), 2 << 20).await.unwrap()[0].offset, 0);
+    assert_eq!(a.claim_shares(&want(2 * GIB, None), 2 << 20).await.unwrap()[0].offset, 2 * GIB);
+    let held = b.claim_shares(&want(2 * GIB, None), 2 << 20).await.unwrap();
+    assert_eq!(held[0].offset, 4 * GIB);
+
+    // host-b asks for its share back where it has it: found, nothing written.
+    let (_, before) = raw_get(b, &b.keys().share(RESOURCE)).await.unwrap();
+    assert_eq!(b.claim_shares(&want(2 * GIB, Some(4 * GIB)), 2 << 20).await.unwrap(), held);
+    // Remembered elsewhere than it is held: refused, naming where it is held.
+    match b.claim_shares(&want(2 * GIB, Some(6 * GIB)), 2 << 20).await {
+        Err(EtcdError::ShareLost { offset, holder, .. }) => {
+            assert_eq!(offset, 6 * GIB);
+            assert!(holder.contains("0x100000000"), "{holder}");
+        }
+        other => panic!("a share held elsewhere: {other:?}"),
+    }
+    let (_, after) = raw_get(b, &b.keys().share(RESOURCE)).await.unwrap();
+    assert_eq!(before, after, "neither answer wrote the table");
+
+    // host-c and host-a are collected while away. host-a gets its range back, not the
+    // lower one host-c freed, which a claim without `at` would take.
+    c.gc_slot("host-c").await.unwrap().unwrap();
+    a.gc_slot("host-a").await.unwrap().unwrap();
+    a.claim_slot(&settings()).await.unwrap();
+    let back = a.claim_shares(&want(2 * GIB, Some(2 * GIB)), 2 << 20).await.unwrap();
+    assert_eq!((back[0].offset, back[0].len), (2 * GIB, 2 * GIB));
+
+    // Collected again, and host-d takes the range meanwhile: host-a is refused, naming
+    // host-d, and the table keeps host-d's share.
+    a.gc_slot("host-a").await.unwrap().unwrap();
+    assert_eq!(d.claim_shares(&want(4 * GIB, None), 2 << 20).await.unwrap()[0].offset, 0);
+    a.claim_slot(&settings()).await.unwrap();
+    match a.claim_shares(&want(2 * GIB, Some(2 * GIB)), 2 << 20).await {
+        Err(err @ EtcdError::ShareLost { .. }) => {
+            let text = err.to_string();
+            assert!(text.contains("host-d") && text.contains(RESOURCE), "{text}");
+        }
+        other => panic!("a share another node took: {other:?}"),
+    }
+    // Past the resource's end: refused too, saying why nobody holds it.
+    match a.claim_shares(&want(2 * GIB, Some(7 * GIB)), 2 << 20).await {
+        Err(EtcdError::ShareLost { holder, .. }) => assert!(holder.starts_with("nobody"), "{holder}"),
+        other => panic!("a range past the end: {other:?}"),
+    }
+    let (value, _) = raw_get(a, &a.keys().share(RESOURCE)).await.unwrap();
+    let table: ShareTable = fabric_domain::records::decode(&value, RecordLimits::default()).unwrap();
+    let nodes: Vec<(&str, u64)> = table.shares.iter().map(|s| (s.node.as_str(), s.offset)).collect();
+    assert_eq!(nodes, [("host-d", 0), ("host-b", 4 * GIB)]);
+    // Without `at` host-a may take any free range (what a node that never held one does).
+    assert_eq!(a.claim_shares(&want(2 * GIB, None), 2 << 20).await.unwrap()[0].offset, 6 * GIB);
 }
 
 #[tokio::test]

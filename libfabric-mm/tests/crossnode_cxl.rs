@@ -19,6 +19,10 @@
 //! share fills while the devices have room, and b imports a's region, which it refused
 //! without shares.
 //!
+//! A third test collects host a's share while a is away (stopped past its lease, then
+//! killed) and lets host c take the range: a neither rejoins on it (it stays fenced,
+//! naming c) nor starts on it (the start is refused), since its regions lie there.
+//!
 //! What this cannot prove is that real devices shared by two kernels behave so: the QEMU
 //! tier's two-host test (`qemu-tests/tests/domain.rs`) does that with one CXL device file
 //! behind two guests. Without an `etcd` binary it says it is skipped.
@@ -31,6 +35,9 @@ use std::time::Duration;
 use common::{check, check_file, domain, fill};
 use fabric_mm::{Access, CopyEndpoint, Error, Memory, Policy, RevocationReason, Target};
 use fabric_proto::wire::ErrorCode;
+
+/// Each host's share of each shared device, in the tests with `[[memory.shares]]`.
+const SHARE: u64 = 64 << 20;
 
 /// The hosts' 2-way region0 set and the bytes of its DAX device stand-in.
 const SET: &str = "cxl-region:hpa-0x1000000000";
@@ -153,19 +160,7 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     let device = lab.dir.path().join("shared-cxl.raw");
     std::fs::File::create(&device).unwrap().set_len(DAX_BYTES).unwrap();
     // Each host claims 64 MiB of each shared device in the domain: 128 MiB of the 2-way set.
-    const SHARE: u64 = 64 << 20;
-    let node = |name: &str| {
-        let root = lab.dir.path().join(format!("{name}-root"));
-        common::dax_fixture(&root, 2 << 20, DAX_BYTES, Some(&device));
-        let fabric = lab.dir.path().join(format!("{name}.toml"));
-        std::fs::write(&fabric, host(name)).unwrap();
-        let shares: String = (0..2)
-            .map(|i| format!("[[memory.shares]]\ndevice = \"serial:cxl/{:#x}\"\nbytes = {SHARE}\n", 0x5eed_0000 + i))
-            .collect();
-        let memory = format!("[memory]\ndax = [\"dax0.0\"]\n{shares}");
-        let discovery = format!("sim_node = {name:?}\nsysfs_root = {:?}", root.display().to_string());
-        lab.node_with(&fabric, &discovery, "", &memory, name)
-    };
+    let node = |name: &str| sharing_host(&lab, &device, name);
     // One after the other, so the shares' order is known: a's DPAs first, then b's.
     let a = node("host-a");
     let b = node("host-b");
@@ -217,4 +212,113 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&device).unwrap(), &mut bytes, own.fd_offset())
         .unwrap();
     assert!(bytes.iter().all(|&b| b == 0), "b's region is b's alone");
+}
+
+/// Host `name` of `lab` on the shared devices (the DAX stand-in `device`), claiming
+/// [`SHARE`] of each.
+fn sharing_host(lab: &domain::Lab, device: &std::path::Path, name: &str) -> common::Daemon {
+    let root = lab.dir.path().join(format!("{name}-root"));
+    common::dax_fixture(&root, 2 << 20, DAX_BYTES, Some(device));
+    let fabric = lab.dir.path().join(format!("{name}.toml"));
+    std::fs::write(&fabric, host(name)).unwrap();
+    let shares: String = (0..2)
+        .map(|i| format!("[[memory.shares]]\ndevice = \"serial:cxl/{:#x}\"\nbytes = {SHARE}\n", 0x5eed_0000 + i))
+        .collect();
+    let memory = format!("[memory]\ndax = [\"dax0.0\"]\n{shares}");
+    let discovery = format!("sim_node = {name:?}\nsysfs_root = {:?}", root.display().to_string());
+    lab.node_with(&fabric, &discovery, "", &memory, name)
+}
+
+/// Polls `done` every 50 ms until it holds, failing with `what` after `within`.
+fn until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `node`'s state (`live`, `gone`, ...) as `socket`'s daemon lists it.
+fn state_of(socket: &std::path::Path, node: &str) -> String {
+    let status = domain::status(socket);
+    let nodes = status["nodes"].as_array().cloned().unwrap_or_default();
+    nodes
+        .iter()
+        .find(|n| n["name"] == node)
+        .map(|n| n["state"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_host_whose_share_was_collected_and_taken_neither_rejoins_nor_starts_on_it() {
+    let Some(lab) = domain::Lab::start() else { return };
+    let device = lab.dir.path().join("shared-cxl.raw");
+    std::fs::File::create(&device).unwrap().set_len(DAX_BYTES).unwrap();
+    let mut a = sharing_host(&lab, &device, "host-a");
+    let b = sharing_host(&lab, &device, "host-b");
+    domain::wait_live(&[&a, &b]);
+    // a's region lies in its share (DPA 0 of each member).
+    let region = domain::session(&a.socket, None).alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert_eq!(region.fd_offset(), 0);
+
+    // a hangs past its lease; an admin collects it through b; c starts and takes the
+    // lowest free range: a's.
+    let signal = |pid: u32, sig: libc::c_int| {
+        // SAFETY: kill(2) on our own child's pid, which it keeps until we reap it.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    };
+    let pid = a.child.id();
+    signal(pid, libc::SIGSTOP);
+    until(Duration::from_secs(10), "b sees a gone", || state_of(&b.socket, "host-a") == "gone");
+    let s = std::os::unix::net::UnixStream::connect(&b.socket).unwrap();
+    let mut admin = fabric_proto::wire::Connection::new(s);
+    admin.hello("crossnode-test", fabric_proto::wire::SUPPORTED_VERSIONS).unwrap();
+    let gc = fabric_proto::wire::DomainAction::Gc { node: fabric_proto::wire::Name::truncated("host-a") };
+    admin.call(fabric_proto::wire::Request::Domain(fabric_proto::wire::DomainRequest { action: gc }), &[]).unwrap();
+    let c = sharing_host(&lab, &device, "host-c");
+    let status = domain::status(&c.socket);
+    let offsets: Vec<u64> =
+        status["self"]["shares"].as_array().unwrap().iter().map(|s| s["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, [0, 0], "c took a's collected range: {status}");
+
+    // a resumes: its lease is gone, and its share with it. It does not rejoin on c's
+    // memory: it stays fenced, saying who holds the range.
+    signal(pid, libc::SIGCONT);
+    until(Duration::from_secs(15), "a fenced, naming c", || {
+        let s = domain::status(&a.socket);
+        s["self"]["standing"] == "fenced" && s["self"]["reason"].as_str().is_some_and(|r| r.contains("held by host-c"))
+    });
+    assert_ne!(state_of(&c.socket, "host-a"), "live", "a is not a member on c's range");
+
+    // a is killed and started again on its state: refused, naming c, instead of serving
+    // its region on c's DPAs.
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let log = a.dir.path().join("again.log");
+    /// Kills the process when the test ends, whichever way.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut again = Reaped(
+        std::process::Command::new(common::fabricd_bin())
+            .arg("--config")
+            .arg(a.dir.path().join("fabricd.toml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut exit = None;
+    until(Duration::from_secs(30), "a's second start ends", || {
+        exit = again.0.try_wait().unwrap();
+        exit.is_some()
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!exit.unwrap().success(), "{text}");
+    assert!(text.contains("was collected and is held by host-c"), "{text}");
+    drop(b);
 }

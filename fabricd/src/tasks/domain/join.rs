@@ -173,14 +173,15 @@ pub fn start(
     let slot_file = state_dir.join("domain-slot.json");
     let share_file = state_dir.join("domain-shares.json");
     let wants = share_wants(config, inv);
+    let known = remembered_shares(&share_file, &dc);
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let (dc, local, peer, groups) = (dc.clone(), local.clone(), peer_address.clone(), groups.clone());
-        let wants = wants.clone();
+        let claims = share_claims(&wants, &known);
         runtime.spawn(async move {
             let joined = async {
                 let (slot, joined) = join(&dc, &local, &peer, &groups, node_id).await?;
-                match claim_shares(&joined.client, &wants).await {
+                match claim_shares(&joined.client, &claims).await {
                     Ok(shares) => Ok((slot, joined, shares)),
                     Err(e) => {
                         // Not a member without its shares: give the lease back.
@@ -201,7 +202,6 @@ pub fn start(
         }
         Err(e) if unreachable(&e) => match remembered(&slot_file, &dc, local.node_span)? {
             Some(slot) => {
-                let known = remembered_shares(&share_file, &dc);
                 if let Some(missing) = wants.iter().find(|w| !known.iter().any(|k| k.fits(w))) {
                     let resource = missing.want.resource.clone();
                     let source = Box::new(e);
@@ -217,6 +217,8 @@ pub fn start(
     let matched: Vec<(&ShareWanted, &KnownShare)> =
         wants.iter().filter_map(|w| claimed.iter().find(|c| c.fits(w)).map(|c| (w, c))).collect();
     let shares: Vec<ResourceShare> = matched.iter().map(|(w, c)| w.share(c.offset, c.len)).collect();
+    // What a rejoin claims back: each share where it is served now.
+    let held_claims = matched.iter().map(|(_, c)| c.want()).collect();
     let share_docs = matched
         .iter()
         .map(|(_, c)| fabric_proto::domain::ShareDoc { resource: c.resource.clone(), offset: c.offset, len: c.len })
@@ -253,6 +255,7 @@ pub fn start(
         lease: AtomicI64::new(0),
         link,
         shares: share_docs,
+        share_claims: held_claims,
         runtime: RuntimeGuard::new(runtime),
     });
     if let Some(link) = &domain.link {
@@ -353,7 +356,7 @@ fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
             }
             let resource = crate::memory::resource_name(&dev.id, kind, ordinal);
             out.push(ShareWanted {
-                want: ShareWant { resource, capacity, len },
+                want: ShareWant { resource, capacity, len, at: None },
                 device: dev.id.clone(),
                 kind,
                 ordinal,
@@ -363,19 +366,42 @@ fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
     out
 }
 
-/// Claims (or finds) this node's share of each wanted resource, all at one offset where
-/// that is free (the members of an interleave set stripe at one DPA on each).
-async fn claim_shares(client: &DomainClient, wanted: &[ShareWanted]) -> Result<Vec<KnownShare>, EtcdError> {
-    if wanted.is_empty() {
+/// What to claim of each wanted resource: where the share file remembers this node's
+/// share of it (of the remembered size: its regions may lie anywhere in it), or anywhere.
+fn share_claims(wanted: &[ShareWanted], known: &[KnownShare]) -> Vec<ShareWant> {
+    wanted
+        .iter()
+        .map(|w| match known.iter().find(|k| k.fits(w)) {
+            Some(k) => {
+                if k.len != w.want.len {
+                    tracing::warn!(resource = %k.resource, held = k.len, asked = w.want.len, "keeping the remembered share's size; a new size needs a gc of the node");
+                }
+                k.want()
+            }
+            None => w.want.clone(),
+        })
+        .collect()
+}
+
+/// Claims (or finds) this node's share of each resource of `wants`: back where it was
+/// ([`ShareWant::at`]), the others at one offset where that is free (the members of an
+/// interleave set stripe at one DPA on each).
+async fn claim_shares(client: &DomainClient, wants: &[ShareWant]) -> Result<Vec<KnownShare>, EtcdError> {
+    if wants.is_empty() {
         return Ok(Vec::new());
     }
-    let wants: Vec<ShareWant> = wanted.iter().map(|w| w.want.clone()).collect();
-    let shares = client.claim_shares(&wants, crate::memory::alloc::GRANULE).await?;
+    let shares = client.claim_shares(wants, crate::memory::alloc::GRANULE).await?;
     Ok(wants
         .iter()
         .zip(shares)
         .map(|(w, s)| KnownShare { resource: w.resource.clone(), capacity: w.capacity, offset: s.offset, len: s.len })
         .collect())
+}
+
+/// Claims this node's shares back where it serves them (a rejoin: a gc while the node was
+/// away freed them); [`EtcdError::ShareLost`] when another node holds a range now.
+pub(super) async fn claim_back(client: &DomainClient, held: &[ShareWant]) -> Result<(), EtcdError> {
+    claim_shares(client, held).await.map(drop)
 }
 
 /// A claimed share as the share file remembers it.
@@ -392,6 +418,11 @@ impl KnownShare {
     /// Whether this is the share of `wanted`'s resource, seen at the same capacity.
     fn fits(&self, wanted: &ShareWanted) -> bool {
         self.resource == wanted.want.resource && self.capacity == wanted.want.capacity
+    }
+
+    /// This share, to be claimed back where it is.
+    fn want(&self) -> ShareWant {
+        ShareWant { resource: self.resource.clone(), capacity: self.capacity, len: self.len, at: Some(self.offset) }
     }
 }
 

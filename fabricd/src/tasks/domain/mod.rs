@@ -128,6 +128,8 @@ pub struct Domain {
     link: Option<crate::peer::NodeLink>,
     /// This node's shares of memory other hosts reach too, as claimed at start.
     shares: Vec<fabric_proto::domain::ShareDoc>,
+    /// The same shares, as a rejoin claims them back where they are.
+    share_claims: Vec<fabric_domain::shares::ShareWant>,
     runtime: RuntimeGuard,
 }
 
