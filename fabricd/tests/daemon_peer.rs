@@ -350,6 +350,26 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     let mut got = vec![0; MIB as usize];
     mem.read_exact_at(&mut got, 20 * MIB).unwrap();
     assert!(got[..] == m0[100..100 + MIB as usize], "the batch's pull landed");
+    // Sixteen pushes smaller than a chunk, of sixteen lengths, in one batch: the lanes take
+    // them as they come; each lands where it was sent, and the completion counts them all.
+    let small: Vec<(u64, Vec<u8>)> = (0..16u64).map(|i| (i, pattern(10 + i as u8, 4096 + 97 * i as usize))).collect();
+    let mut copies = Vec::new();
+    for (i, bytes) in &small {
+        mem.write_all_at(bytes, 24 * MIB + i * 64 * 1024).unwrap();
+        copies.push(CopyRequest {
+            dst: CopyEndpoint::Gfa(gfa + 12 * MIB + i * 8192 + i),
+            src: reg(r, 24 * MIB + i * 64 * 1024),
+            len: bytes.len() as u64,
+        });
+    }
+    let Ok((Response::CopyBatch(b), _)) = c2.call(batch(copies), &[]) else { panic!("a batch of small copies") };
+    let d = copy_done(&mut c2, b.copy);
+    let total: u64 = small.iter().map(|(_, b)| b.len() as u64).sum();
+    assert_eq!((d.result, d.bytes), (CopyResult::Ok, total));
+    for (i, bytes) in &small {
+        let at = (12 * MIB + i * 8192 + i) as usize;
+        assert!(m0[at..at + bytes.len()] == bytes[..], "small copy {i} of the batch landed");
+    }
     // A batch that mixes a copy on this node with one across nodes is refused whole, saying so.
     let mixed = vec![
         CopyRequest { dst: CopyEndpoint::Gfa(gfa), src: reg(r, 0), len: 16 },

@@ -1,7 +1,7 @@
 //! Copies across nodes (class NET; `docs/domain.md`, "Copy across nodes"): a client's
-//! `Copy` (or a `CopyBatch` of such copies, moved one after the other with one completion) between a registration or a GFA on this node (a region of its session or one it
+//! `Copy` (or a `CopyBatch` of such copies, moved in parallel with one completion) between a registration or a GFA on this node (a region of its session or one it
 //! imported from this node) and a GFA of another node's region it imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
-//! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per copy: memory is bounded by
+//! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per job: memory is bounded by
 //! them), on the peer's data lanes so that control requests never wait behind it. Push writes to
 //! the owner, pull reads from it; the completion is the usual `CopyDone`. The owner
 //! ([`serve`]) checks every chunk against the import it names: held by the asking node's
@@ -10,8 +10,8 @@
 //! copy with the error and the bytes done, never a hang (every wait has the link's
 //! deadlines).
 
-use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError, Weak};
 
 use fabric_nodelink::{PeerError, PeerOp, PeerResponse};
 use fabric_proto::wire::{
@@ -41,8 +41,8 @@ pub struct Copies {
     in_flight: AtomicUsize,
 }
 
-/// One copy across nodes (or a batch of them), running: its parts one after the other,
-/// one completion.
+/// One copy across nodes (or a batch of them), running: its parts' chunks on [`LANES`]
+/// lanes, one completion.
 struct Job {
     id: u64,
     request_id: u64,
@@ -105,7 +105,7 @@ pub fn route(d: &Daemon, cx: &Context<'_>, c: &CopyRequest) -> Option<Result<Out
 }
 
 /// Answers a client's `CopyBatch` whose copies each have one end in another node's
-/// region this session imported: one job, its copies one after the other, one completion
+/// region this session imported: one job, its copies in parallel on its lanes, one completion
 /// (`None`: every copy is this node's own). A batch that mixes such copies with copies
 /// on this node is refused: the engine and the node link complete apart.
 pub fn route_batch(d: &Daemon, cx: &Context<'_>, copies: &[CopyRequest]) -> Option<Result<Outcome, ErrorBody>> {
@@ -201,19 +201,12 @@ fn start(d: &Daemon, cx: &Context<'_>, asked: Vec<Asked>, batch: bool) -> Result
 type Stop = (ErrorCode, String);
 
 async fn run(d: Weak<Daemon>, job: Job) {
-    let mut done = 0;
-    let mut end = Ok(());
-    for (i, part) in job.parts.iter().enumerate() {
-        let mut moved = 0;
-        end = drive(&d, &job, part, &mut moved).await;
-        done += moved;
-        if let Err((_, why)) = &mut end {
-            if job.parts.len() > 1 {
-                *why = format!("copy {i} of the batch: {why}");
-            }
-            break;
-        }
-    }
+    let (moved, stop, cursor) = (AtomicU64::new(0), AtomicBool::new(false), Mutex::new(Cursor::default()));
+    let (a, b) = tokio::join!(lane(&d, &job, 0, &cursor, &moved, &stop), lane(&d, &job, 1, &cursor, &moved, &stop));
+    // A failure ends the job: the other lane stops at its next chunk (when both failed,
+    // lane 0's is told).
+    let end = a.and(b);
+    let done = moved.load(Ordering::Acquire);
     let result = match &end {
         Ok(()) => CopyResult::Ok,
         Err((code, why)) => CopyResult::Failed { code: *code, message: ErrorText::truncated(why) },
@@ -231,39 +224,59 @@ async fn run(d: Weak<Daemon>, job: Job) {
     }
 }
 
-/// Chunks of one copy in flight at once, each on a data lane of its own: while the owner
-/// takes one, the next is read and encrypted here.
+/// Chunks of one job in flight at once, each on a data lane of its own: while the owner
+/// takes one, the next is read and encrypted here (a job drives this many).
 pub const LANES: u64 = 2;
 
-/// Moves one part's chunks on [`LANES`] lanes, counting the bytes done (whole chunks, not
-/// a prefix); the first failure stops every lane at its next chunk.
-async fn drive(d: &Weak<Daemon>, job: &Job, part: &Part, done: &mut u64) -> Result<(), Stop> {
-    let (moved, stop) = (AtomicU64::new(0), AtomicBool::new(false));
-    let (a, b) = tokio::join!(lane(d, job, part, 0, &moved, &stop), lane(d, job, part, 1, &moved, &stop));
-    *done = moved.load(Ordering::Acquire);
-    a.and(b)
+/// The next chunk of a job to move: its parts' chunks in order, whichever lane asks.
+#[derive(Debug, Default)]
+struct Cursor {
+    part: usize,
+    at: u64,
 }
 
-/// Lane `lane`'s chunks of a part: the `lane`-th of every [`LANES`], one after the other.
+impl Cursor {
+    /// The next chunk, `(part, offset in it, bytes)`, or `None` when every one was taken.
+    fn take(&mut self, parts: &[Part]) -> Option<(usize, u64, u64)> {
+        let chunk = u64::from(PEER_DATA_CHUNK);
+        while let Some(p) = parts.get(self.part) {
+            if self.at < p.len {
+                let n = (p.len - self.at).min(chunk);
+                let next = (self.part, self.at, n);
+                self.at += n;
+                return Some(next);
+            }
+            self.part += 1;
+            self.at = 0;
+        }
+        None
+    }
+}
+
+/// Lane `lane` of a job: takes the job's next chunk, of whichever part, until none is left
+/// — so a batch of copies smaller than a chunk keeps every lane busy, and its copies move
+/// in parallel — counting the bytes moved (whole chunks, not a prefix); the first failure
+/// stops every lane at its next chunk.
 async fn lane(
     d: &Weak<Daemon>,
     job: &Job,
-    part: &Part,
     lane: u64,
+    cursor: &Mutex<Cursor>,
     moved: &AtomicU64,
     stop: &AtomicBool,
 ) -> Result<(), Stop> {
-    let chunk = u64::from(PEER_DATA_CHUNK);
     let mut buf = Vec::new();
-    let mut at = lane * chunk;
-    while at < part.len && !stop.load(Ordering::Acquire) {
-        let n = (part.len - at).min(chunk);
-        if let Err(e) = move_chunk(d, job, part, lane, at, n, &mut buf).await {
+    while !stop.load(Ordering::Acquire) {
+        let next = cursor.lock().unwrap_or_else(PoisonError::into_inner).take(&job.parts);
+        let Some((i, at, n)) = next else { break };
+        if let Err((code, mut why)) = move_chunk(d, job, &job.parts[i], lane, at, n, &mut buf).await {
             stop.store(true, Ordering::Release);
-            return Err(e);
+            if job.parts.len() > 1 {
+                why = format!("copy {i} of the batch: {why}");
+            }
+            return Err((code, why));
         }
         moved.fetch_add(n, Ordering::AcqRel);
-        at += LANES * chunk;
     }
     Ok(())
 }
