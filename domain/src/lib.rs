@@ -5,7 +5,8 @@
 //! etcd client ([`etcd`]) with the node's lease ([`lease`]), slot claims by compare-and-swap
 //! (`slots.rs`), shares of memory several hosts reach ([`shares`]) and member join, writes fenced by the node's membership ([`fence`]), the
 //! domain's leader ([`election`]) and [`view`]: the domain as one node sees it, built from
-//! those records, with [`topology`] records merged into one fabric by [`domain_fabric`].
+//! those records, with [`topology`] records merged into one fabric by [`domain_fabric`];
+//! records a newer node wrote are read by [`tolerant`]'s rules.
 //! [`testing`] starts a private etcd for tests, and network namespaces for
 //! fault tests. fabricd joins through it (`fabricd/src/tasks/domain/`).
 
@@ -21,6 +22,7 @@ pub mod records;
 pub mod shares;
 mod slots;
 pub mod testing;
+pub mod tolerant;
 pub mod topology;
 pub mod view;
 

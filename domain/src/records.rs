@@ -13,9 +13,12 @@
 //! | `topology/<node>`      | [`TopologyRecord`](crate::topology::TopologyRecord) | no | the node, after discovery and each rescan |
 //!
 //! A record is JSON with a `version` field, at most [`RecordLimits::max_bytes`] long; the
-//! decoder refuses oversized, truncated, wrong-version, unknown-field and out-of-range input
+//! decoder refuses oversized, truncated, wrong-version, malformed and out-of-range input
 //! with a typed [`RecordError`] and never panics: etcd is shared, so any of its values may
-//! have been written by a broken or hostile hand.
+//! have been written by a broken or hostile hand. The records only their own node writes
+//! (members, placements, topology) are read tolerantly of what a newer node may add —
+//! fields and kinds this build does not know ([`crate::tolerant`]); the others (settings,
+//! slots, shares, partitions) refuse unknown fields too.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -275,9 +278,10 @@ impl DomainSettings {
     }
 }
 
-/// A group of nodes that can load and store each other's memory.
+/// A group of nodes that can load and store each other's memory (read tolerantly, like
+/// the member record that lists it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(rename_all = "snake_case")]
 pub enum FabricGroup {
     /// An NVLink domain: NVML's `clusterUuid` and `cliqueId`.
     NvlinkClique {
@@ -293,9 +297,10 @@ pub enum FabricGroup {
     },
 }
 
-/// A live node's record, on its lease: gone one TTL after the node stops renewing.
+/// A live node's record, on its lease: gone one TTL after the node stops renewing. Read
+/// tolerantly ([`crate::tolerant`]): fields and fabric-group kinds a newer node added are
+/// left out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct MemberRecord {
     /// Format version ([`RECORD_VERSION`]).
     pub version: u32,
@@ -308,6 +313,7 @@ pub struct MemberRecord {
     /// What the node offers (short names, each like a node name).
     pub capabilities: Vec<String>,
     /// The NVLink cliques and CXL pools the node belongs to.
+    #[serde(deserialize_with = "crate::tolerant::known")]
     pub groups: Vec<FabricGroup>,
     /// The daemon's software version.
     pub software: String,
@@ -402,9 +408,8 @@ pub enum PlacedKind {
     Hole,
 }
 
-/// One range of a node's slot.
+/// One range of a node's slot (read tolerantly, like its record).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PlacedRange {
     /// First GFA.
     pub start: u64,
@@ -426,9 +431,10 @@ pub struct PlacedRange {
 
 /// `placements/<node>`: where one node placed its memory, all inside its slot. Written by
 /// the node after each committed change of its map; read by every other node to hold the
-/// domain's map.
+/// domain's map. Read tolerantly ([`crate::tolerant`]): fields a newer node added are
+/// ignored, and ranges of a kind this build does not know are left out (nothing of this
+/// node translates there).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PlacementsRecord {
     /// Format version.
     pub version: u32,
@@ -443,6 +449,7 @@ pub struct PlacementsRecord {
     /// The domain's node span (the slot's size).
     pub span: u64,
     /// The ranges, by start, without overlaps.
+    #[serde(deserialize_with = "crate::tolerant::known")]
     pub ranges: Vec<PlacedRange>,
 }
 
@@ -729,6 +736,42 @@ mod tests {
             let record = MemberRecord { peer_address: good.into(), ..member() };
             assert!(decode::<MemberRecord>(&encode(&record), limits).is_ok(), "{good}");
         }
+    }
+
+    #[test]
+    fn a_newer_nodes_member_and_placements_are_read_with_what_this_build_knows() {
+        let limits = RecordLimits::default();
+        // A member record with a field and a fabric group of a kind this build does not
+        // know: read without them; the node stays a member.
+        let text = String::from_utf8(encode(&member())).unwrap();
+        let newer = text.replacen("\"groups\":[", "\"groups\":[{\"ualink_pod\":{\"pod\":3}},", 1).replacen(
+            "\"software\"",
+            "\"rack\":\"r12\",\"software\"",
+            1,
+        );
+        assert_eq!(decode::<MemberRecord>(newer.as_bytes(), limits), Ok(member()));
+        // A known group of the wrong shape, a known field of the wrong type: refused.
+        let bad = text.replacen("\"clique_id\":7", "\"clique_id\":\"seven\"", 1);
+        assert!(matches!(decode::<MemberRecord>(bad.as_bytes(), limits), Err(RecordError::Malformed(_))));
+        let bad = text.replacen("\"incarnation\":42", "\"incarnation\":\"42\"", 1);
+        assert!(matches!(decode::<MemberRecord>(bad.as_bytes(), limits), Err(RecordError::Malformed(_))));
+
+        // Placements with a range of a kind this build does not know, and a new field: the
+        // range is left out (nothing of it translates here), the others stay.
+        let base = 3 * 64 * GIB;
+        let mut good = placements(3);
+        good.ranges = vec![range(base, GIB), range(base + GIB, GIB), range(base + 2 * GIB, GIB)];
+        let text = String::from_utf8(encode(&good)).unwrap();
+        let second = format!("\"start\":{}", base + GIB);
+        let at = text.find(&second).unwrap();
+        let (head, tail) = text.split_at(at);
+        let tail = tail.replacen("\"kind\":\"direct\"", "\"kind\":\"remote_window\",\"window\":9", 1);
+        let newer = format!("{head}{tail}").replacen("\"ranges\"", "\"epoch\":5,\"ranges\"", 1);
+        let read = decode::<PlacementsRecord>(newer.as_bytes(), limits).unwrap();
+        assert_eq!(read.ranges, [range(base, GIB), range(base + 2 * GIB, GIB)]);
+        // The settings, slots and shares stay strict: what nodes write back is never dropped.
+        let extra = br#"{"version":1,"slot":1,"node":"a","extra":0}"#;
+        assert!(matches!(decode::<SlotClaim>(extra, limits), Err(RecordError::Malformed(_))));
     }
 
     fn name() -> impl Strategy<Value = String> {

@@ -3,11 +3,13 @@
 //! fabric-level switches it reaches — with its strict checks. [`crate::domain_fabric`]
 //! merges every node's record into one inventory, classified by the topology crate.
 //!
-//! Unlike the other records, a topology record is read **tolerantly**: fields this build
-//! does not know (added by a newer node: more details of a device, its PCI function, a
-//! link) are ignored rather than refused, so nodes of different versions still show each
-//! other's topology, each with the details it knows. Every field it does know is checked
-//! as strictly as ever, and the record's size bound holds.
+//! Like the other records only their node writes, a topology record is read
+//! **tolerantly** ([`crate::tolerant`]): fields this build does not know (added by a newer
+//! node: more details of a device, its PCI function, a link) are ignored rather than
+//! refused, a device of a kind it does not know is shown as `other`, and a link or memory
+//! resource of a kind it does not know is left out, so nodes of different versions still
+//! show each other's topology, each with the details it knows. Every field it does know is
+//! checked as strictly as ever, and the record's size bound holds.
 
 use std::collections::HashSet;
 
@@ -48,6 +50,7 @@ pub struct TopologyRecord {
     /// Its devices, then the fabric-level switches they link to; identities unique.
     pub devices: Vec<TopologyDevice>,
     /// Links among them; ends index `devices`.
+    #[serde(deserialize_with = "crate::tolerant::known")]
     pub links: Vec<TopologyLink>,
 }
 
@@ -57,6 +60,7 @@ pub struct TopologyDevice {
     /// Stable identity.
     pub id: DeviceId,
     /// What it is.
+    #[serde(deserialize_with = "crate::tolerant::device_kind")]
     pub kind: DeviceKind,
     /// Display name (model), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,7 +69,7 @@ pub struct TopologyDevice {
     #[serde(default, skip_serializing_if = "is_false")]
     pub fabric: bool,
     /// The memory it exposes.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "crate::tolerant::known")]
     pub memory: Vec<TopologyMemory>,
     /// The NUMA node it is local to, when known (below [`MAX_NUMA_NODE`]). Optional, so a
     /// record written before it existed still decodes.
@@ -695,13 +699,23 @@ mod tests {
         let mut r = good.clone();
         r.node = "../x".into();
         assert_eq!(field(&r), "node");
-        // Identities, kinds and link kinds are checked by their own decoders.
+        // Identities are checked by their own decoder.
         let text = String::from_utf8(encode(&good)).unwrap();
-        for (from, to) in [("uuid:GPU-tray0", "GPU-tray0"), ("\"gpu\"", "\"warp_drive\""), ("\"c2c\"", "\"telepathy\"")]
-        {
-            let bad = text.replacen(from, to, 1);
-            assert!(matches!(decode::<TopologyRecord>(bad.as_bytes(), limits), Err(RecordError::Malformed(_))), "{to}");
-        }
+        let bad = text.replacen("uuid:GPU-tray0", "GPU-tray0", 1);
+        assert!(matches!(decode::<TopologyRecord>(bad.as_bytes(), limits), Err(RecordError::Malformed(_))));
+        // A device kind this build does not know is a newer node's: shown as other. A link
+        // or memory of a kind it does not know is left out; the rest stays.
+        let newer = text.replacen("\"gpu\"", "\"warp_drive\"", 1);
+        let r = decode::<TopologyRecord>(newer.as_bytes(), limits).unwrap();
+        assert_eq!(r.devices[1].kind, DeviceKind::Other);
+        assert_eq!(r.devices[1].memory, good.devices[1].memory);
+        let newer = text.replacen("\"c2c\"", "\"telepathy\"", 1);
+        let r = decode::<TopologyRecord>(newer.as_bytes(), limits).unwrap();
+        assert_eq!(r.links.len(), good.links.len() - 1);
+        assert!(r.links.iter().all(|l| l.kind != LinkKind::C2c));
+        let newer = text.replacen("\"hbm\"", "\"holographic\"", 1);
+        let r = decode::<TopologyRecord>(newer.as_bytes(), limits).unwrap();
+        assert!(r.devices[1].memory.is_empty() && r.devices.len() == good.devices.len());
         // A field this build does not know is a newer node's, ignored (see the test above);
         // a known field of the wrong type is not.
         let extra = text.replacen("\"links\"", "\"extra\":1,\"links\"", 1);

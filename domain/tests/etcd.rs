@@ -226,16 +226,23 @@ async fn hostile_records_under_the_prefix_are_refused_with_typed_errors() {
     }
 
     // A huge member record (under etcd's 1.5 MiB limit, over the record bound), a member
-    // under another node's key, and a valid one: only the valid one is listed.
+    // under another node's key, a newer node's (a field and a fabric-group kind this build
+    // does not know) and a valid one: the valid and the newer one are listed, the newer
+    // one with what this build knows of it.
     raw.put(keys.member("huge"), vec![b' '; 1024 * 1024], None).await.unwrap();
     let mut impostor = member("tray-5");
     impostor.name = "tray-6".into();
     raw.put(keys.member("tray-5"), serde_json_bytes(&impostor), None).await.unwrap();
+    let tray7 = member("tray-7");
+    let newer = String::from_utf8(serde_json_bytes(&tray7)).unwrap();
+    let newer = newer.replacen("\"groups\":[", "\"groups\":[{\"ualink_pod\":{\"pod\":1}},", 1);
+    let newer = newer.replacen("\"software\"", "\"rack\":\"r1\",\"software\"", 1);
+    raw.put(keys.member("tray-7"), newer, None).await.unwrap();
     let lease = c.grant_lease().await.unwrap();
     let record = member("tray-0");
     c.join(&lease, &record).await.unwrap();
     let listed = c.members().await.unwrap();
-    assert_eq!(listed.members, vec![record]);
+    assert_eq!(listed.members, vec![record, tray7]);
     let refused: Vec<(&str, &RecordError)> = listed.refused.iter().map(|(k, e)| (k.as_str(), e)).collect();
     assert_eq!(refused.len(), 2, "{refused:?}");
     assert!(matches!(refused[0], (k, RecordError::Oversized { len: 1_048_576, .. }) if k.ends_with("members/huge")));
