@@ -243,8 +243,9 @@ impl DomainClient {
                 tables.iter().zip(wants).filter(unclaimed).map(|((_, t, _), w)| (t, w.len)).collect();
             let claiming = tables.iter().zip(wants).any(|((_, t, _), _)| t.of(&node).is_none());
             if claiming {
-                let offset = if open.is_empty() {
-                    0
+                // Where the shares without an `at` go (none: every share claimed is claimed back).
+                let common = if open.is_empty() {
+                    None
                 } else {
                     let found = held
                         .iter()
@@ -257,7 +258,7 @@ impl DomainClient {
                         let free = t.capacity - t.shares.iter().map(|s| s.len).sum::<u64>();
                         return Err(EtcdError::ShareFull { resource: t.resource.clone(), len: *len, free });
                     };
-                    found
+                    Some(found)
                 };
                 let mut compares = Vec::new();
                 let mut puts = Vec::new();
@@ -265,7 +266,9 @@ impl DomainClient {
                     if table.of(&node).is_some() {
                         continue;
                     }
-                    table.insert(&node, w.at.unwrap_or(offset), w.len);
+                    // Not held: claimed back at its `at`, or one of `open`, which has `common`.
+                    let Some(at) = w.at.or(common) else { continue };
+                    table.insert(&node, at, w.len);
                     if table.validate().is_err() {
                         // Too many shares: the table would not decode on any node.
                         return Err(EtcdError::ShareFull { resource: w.resource.clone(), len: w.len, free: 0 });
@@ -277,7 +280,7 @@ impl DomainClient {
                 if !self.call("share claim", kv.txn(Txn::new().when(compares).and_then(puts))).await?.succeeded() {
                     continue;
                 }
-                info!(%node, resources = wants.len(), offset, back = wants.iter().any(|w| w.at.is_some()), attempts = attempt + 1, "claimed shares");
+                info!(%node, resources = wants.len(), offset = ?common, back = wants.iter().any(|w| w.at.is_some()), attempts = attempt + 1, "claimed shares");
             }
             return Ok(tables.iter().filter_map(|(_, t, _)| t.of(&node).cloned()).collect());
         }
