@@ -59,6 +59,23 @@ fn lowest_common_fit(tables: &[(&ShareTable, u64)], align: u64) -> Option<u64> {
     candidates.into_iter().find(|&o| tables.iter().all(|(t, len)| t.fits_at(o, *len)))
 }
 
+/// Where the shares of `open` (each table with the bytes wanted of it) start together: a
+/// held share's offset (`held`) where it fits each, else the lowest common fit; `None`
+/// when `open` is empty; [`EtcdError::ShareFull`] when no offset fits.
+fn common_offset(open: &[(&ShareTable, u64)], held: &[u64], align: u64) -> Result<Option<u64>, EtcdError> {
+    let Some(&(first, first_len)) = open.first() else { return Ok(None) };
+    let fits = |o: u64| open.iter().all(|(t, len)| t.fits_at(o, *len));
+    if let Some(o) =
+        held.iter().copied().find(|&o| o.is_multiple_of(align) && fits(o)).or_else(|| lowest_common_fit(open, align))
+    {
+        return Ok(Some(o));
+    }
+    let (t, len) =
+        open.iter().copied().find(|(t, len)| t.first_fit(*len, align).is_none()).unwrap_or((first, first_len));
+    let free = t.capacity - t.shares.iter().map(|s| s.len).sum::<u64>();
+    Err(EtcdError::ShareFull { resource: t.resource.clone(), len, free })
+}
+
 /// The shares of one resource, at `shares/<resource>`, sorted by offset and disjoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -236,53 +253,43 @@ impl DomainClient {
                 }
                 tables.push((key, table, compare));
             }
+            let mine = |tables: &[(String, ShareTable, Compare)]| -> Vec<Share> {
+                tables.iter().filter_map(|(_, t, _)| t.of(&node).cloned()).collect()
+            };
+            if tables.iter().all(|(_, t, _)| t.of(&node).is_some()) {
+                return Ok(mine(&tables));
+            }
             let held: Vec<u64> = tables.iter().filter_map(|(_, t, _)| t.of(&node).map(|s| s.offset)).collect();
-            let unclaimed =
-                |(t, w): &(&(String, ShareTable, Compare), &ShareWant)| t.1.of(&node).is_none() && w.at.is_none();
-            let open: Vec<(&ShareTable, u64)> =
-                tables.iter().zip(wants).filter(unclaimed).map(|((_, t, _), w)| (t, w.len)).collect();
-            let claiming = tables.iter().zip(wants).any(|((_, t, _), _)| t.of(&node).is_none());
-            if claiming {
-                // Where the shares without an `at` go (none: every share claimed is claimed back).
-                let common = if open.is_empty() {
-                    None
-                } else {
-                    let found = held
-                        .iter()
-                        .copied()
-                        .find(|&o| o.is_multiple_of(align) && open.iter().all(|(t, len)| t.fits_at(o, *len)))
-                        .or_else(|| lowest_common_fit(&open, align));
-                    let Some(found) = found else {
-                        let (t, len) =
-                            open.iter().find(|(t, len)| t.first_fit(*len, align).is_none()).unwrap_or(&open[0]);
-                        let free = t.capacity - t.shares.iter().map(|s| s.len).sum::<u64>();
-                        return Err(EtcdError::ShareFull { resource: t.resource.clone(), len: *len, free });
-                    };
-                    Some(found)
-                };
-                let mut compares = Vec::new();
-                let mut puts = Vec::new();
-                for ((key, table, compare), w) in tables.iter_mut().zip(wants) {
-                    if table.of(&node).is_some() {
-                        continue;
-                    }
-                    // Not held: claimed back at its `at`, or one of `open`, which has `common`.
-                    let Some(at) = w.at.or(common) else { continue };
-                    table.insert(&node, at, w.len);
-                    if table.validate().is_err() {
-                        // Too many shares: the table would not decode on any node.
-                        return Err(EtcdError::ShareFull { resource: w.resource.clone(), len: w.len, free: 0 });
-                    }
-                    compares.push(compare.clone());
-                    puts.push(TxnOp::put(key.clone(), records::encode(table), None));
-                }
-                let mut kv = self.raw();
-                if !self.call("share claim", kv.txn(Txn::new().when(compares).and_then(puts))).await?.succeeded() {
+            let open: Vec<(&ShareTable, u64)> = tables
+                .iter()
+                .zip(wants)
+                .filter(|((_, t, _), w)| t.of(&node).is_none() && w.at.is_none())
+                .map(|((_, t, _), w)| (t, w.len))
+                .collect();
+            // Where the shares without an `at` go (none: every share claimed is claimed back).
+            let common = common_offset(&open, &held, align)?;
+            let mut compares = Vec::new();
+            let mut puts = Vec::new();
+            for ((key, table, compare), w) in tables.iter_mut().zip(wants) {
+                if table.of(&node).is_some() {
                     continue;
                 }
-                info!(%node, resources = wants.len(), offset = ?common, back = wants.iter().any(|w| w.at.is_some()), attempts = attempt + 1, "claimed shares");
+                // Not held: claimed back at its `at`, or one of `open`, which has `common`.
+                let Some(at) = w.at.or(common) else { continue };
+                table.insert(&node, at, w.len);
+                if table.validate().is_err() {
+                    // Too many shares: the table would not decode on any node.
+                    return Err(EtcdError::ShareFull { resource: w.resource.clone(), len: w.len, free: 0 });
+                }
+                compares.push(compare.clone());
+                puts.push(TxnOp::put(key.clone(), records::encode(table), None));
             }
-            return Ok(tables.iter().filter_map(|(_, t, _)| t.of(&node).cloned()).collect());
+            let mut kv = self.raw();
+            if !self.call("share claim", kv.txn(Txn::new().when(compares).and_then(puts))).await?.succeeded() {
+                continue;
+            }
+            info!(%node, resources = wants.len(), offset = ?common, back = wants.iter().any(|w| w.at.is_some()), attempts = attempt + 1, "claimed shares");
+            return Ok(mine(&tables));
         }
         Err(EtcdError::Contention { node, attempts: MAX_CLAIM_ATTEMPTS })
     }

@@ -151,7 +151,7 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
                 standing: standing.to_owned(),
                 reason,
                 incarnation: status.incarnation,
-                shares: domain.shares().to_vec(),
+                shares: domain.shares(),
             });
             doc.etcd = Some(EtcdDoc {
                 reachable: status.etcd_reachable,

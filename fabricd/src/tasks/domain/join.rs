@@ -217,12 +217,7 @@ pub fn start(
     let matched: Vec<(&ShareWanted, &KnownShare)> =
         wants.iter().filter_map(|w| claimed.iter().find(|c| c.fits(w)).map(|c| (w, c))).collect();
     let shares: Vec<ResourceShare> = matched.iter().map(|(w, c)| w.share(c.offset, c.len)).collect();
-    // What a rejoin claims back: each share where it is served now.
-    let held_claims = matched.iter().map(|(_, c)| c.want()).collect();
-    let share_docs = matched
-        .iter()
-        .map(|(_, c)| fabric_proto::domain::ShareDoc { resource: c.resource.clone(), offset: c.offset, len: c.len })
-        .collect();
+    let held = matched.into_iter().map(|(_, c)| c.clone()).collect();
     let status = DomainStatus {
         standing: match &joined {
             Some(_) => Standing::Joined,
@@ -254,8 +249,7 @@ pub fn start(
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
         link,
-        shares: share_docs,
-        share_claims: held_claims,
+        shares: held,
         runtime: RuntimeGuard::new(runtime),
     });
     if let Some(link) = &domain.link {
@@ -400,14 +394,15 @@ async fn claim_shares(client: &DomainClient, wants: &[ShareWant]) -> Result<Vec<
 
 /// Claims this node's shares back where it serves them (a rejoin: a gc while the node was
 /// away freed them); [`EtcdError::ShareLost`] when another node holds a range now.
-pub(super) async fn claim_back(client: &DomainClient, held: &[ShareWant]) -> Result<(), EtcdError> {
-    claim_shares(client, held).await.map(drop)
+pub(super) async fn claim_back(client: &DomainClient, held: &[KnownShare]) -> Result<(), EtcdError> {
+    let wants: Vec<ShareWant> = held.iter().map(KnownShare::want).collect();
+    claim_shares(client, &wants).await.map(drop)
 }
 
-/// A claimed share as the share file remembers it.
+/// A claimed share as the share file remembers it, and as the node serves it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-struct KnownShare {
+pub(super) struct KnownShare {
     resource: String,
     capacity: u64,
     offset: u64,
@@ -423,6 +418,11 @@ impl KnownShare {
     /// This share, to be claimed back where it is.
     fn want(&self) -> ShareWant {
         ShareWant { resource: self.resource.clone(), capacity: self.capacity, len: self.len, at: Some(self.offset) }
+    }
+
+    /// This share as `domain status` shows it.
+    pub(super) fn doc(&self) -> fabric_proto::domain::ShareDoc {
+        fabric_proto::domain::ShareDoc { resource: self.resource.clone(), offset: self.offset, len: self.len }
     }
 }
 

@@ -126,10 +126,9 @@ pub struct Domain {
     lease: AtomicI64,
     /// The node link (`crate::peer`), when `[peer]` names its credentials.
     link: Option<crate::peer::NodeLink>,
-    /// This node's shares of memory other hosts reach too, as claimed at start.
-    shares: Vec<fabric_proto::domain::ShareDoc>,
-    /// The same shares, as a rejoin claims them back where they are.
-    share_claims: Vec<fabric_domain::shares::ShareWant>,
+    /// This node's shares of memory other hosts reach too, as claimed at start (and
+    /// claimed back where they are at each rejoin).
+    shares: Vec<join::KnownShare>,
     runtime: RuntimeGuard,
 }
 
@@ -140,8 +139,8 @@ impl Domain {
     }
 
     /// This node's shares of memory other hosts reach too (`[[memory.shares]]`).
-    pub fn shares(&self) -> &[fabric_proto::domain::ShareDoc] {
-        &self.shares
+    pub fn shares(&self) -> Vec<fabric_proto::domain::ShareDoc> {
+        self.shares.iter().map(join::KnownShare::doc).collect()
     }
 
     /// The NVLink cliques (and CXL pools) this node's member record lists.

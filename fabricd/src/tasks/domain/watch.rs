@@ -106,7 +106,7 @@ async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
     }
     // The shares too: a gc while the node was away freed them, and another node may hold
     // their ranges now; serving on would hand out its memory.
-    if let Err(e) = join::claim_back(&j.client, &domain.share_claims).await {
+    if let Err(e) = join::claim_back(&j.client, &domain.shares).await {
         let _ = j.client.leave(j.lease).await;
         return Err(e);
     }
