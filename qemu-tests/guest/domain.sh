@@ -10,11 +10,18 @@
 # of the shared device, and B's fabricd hands its client B's own DAX device at that place;
 # the client loads A's bytes and stores its own. A then imports its region through its
 # fabricd and loads B's bytes. The host checks the shared file at the same offset (the DPA).
+#
+# With /fabric/per-region (the per-region variant) both fabricds give each region a DAX
+# device of its own ([memory] dax_per_region): B's fabricd carves one at A's region for the
+# import. B then holds a second import mapped while A frees the region: B's fabricd deletes
+# that device, and the holder's next load faults (SIGBUS); no device is left behind.
 . /fabric/common.sh
 . /fabric/node.env
 LEN=0x800000
 SEED_A=0x5eed00a1
 SEED_B=0x5eed00b2
+PER_REGION=""
+[ -e /fabric/per-region ] && PER_REGION="dax_per_region = true"
 
 ip link set lo up
 ip addr add "$ME/24" dev eth0 && ip link set eth0 up && result link ok "$ME on eth0" || result link fail "$(ip addr 2>&1)"
@@ -47,6 +54,7 @@ if waitfor 180 health; then result etcd ok "http://$ETCD:2379 healthy"; else res
 # Each host claims its share of the shared device in the domain: 64 MiB of its 256.
 FABRICD_EXTRA="[memory]
 dax = [\"$DAX\"]
+$PER_REGION
 [[memory.shares]]
 device = \"serial:cxl/$SERIAL\"
 bytes = 67108864
@@ -88,6 +96,9 @@ if [ "$NODE" = a ]; then
   # B's stores, loaded through A's fabricd: a local import of A's region (this also ends the owner).
   check a-loads-b "A imports its region and loads B's pattern" -- fabric-guest-probe importer /tmp/lib-region $LEN $SEED_B
   if wait $OWNER; then result lib-owner ok "$(cat /tmp/owner.log)"; else result lib-owner fail "$(cat /tmp/owner.log)"; fi
+  # The region is freed; B is told over the node link. Etcd and this node stay up until B
+  # has seen its holder end.
+  [ -n "$PER_REGION" ] && nc -l -p 7002 >/tmp/b-final
 else
   fetch() { nc "$PEER" 7000 >/tmp/lib-region && test -s /tmp/lib-region; }
   if waitfor 240 fetch; then result region-line ok "$(cat /tmp/lib-region)"; else result region-line fail "nothing from $PEER:7000"; fi
@@ -99,7 +110,25 @@ else
   check b-imports "B imports A's region, loads A's pattern and stores its own" -- fabric-guest-probe importer /tmp/lib-region $LEN $SEED_A $SEED_B
   grep 'node link: import\|shared CXL\|imported another node' /tmp/fabricd.log | tail -3 >/tmp/b-import.log
   blob b-import-log /tmp/b-import.log
+  if [ -n "$PER_REGION" ]; then
+    # A second import, held mapped while A frees the region (A does when told we stored).
+    fabric-guest-probe hold /tmp/lib-region $LEN $SEED_B /tmp/held 60 >/tmp/hold.log 2>&1 &
+    HOLD=$!
+    if waitfor 30 test -s /tmp/held; then result b-holds ok "an import of A's region mapped on B"; else result b-holds fail "$(cat /tmp/hold.log)"; fi
+  fi
   echo "stored $LEN bytes at $OFF" | nc "$PEER" 7001
+  if [ -n "$PER_REGION" ]; then
+    # 135 = 128 + SIGBUS: the load after B's fabricd deleted the import's DAX device.
+    wait $HOLD; rc=$?
+    if [ "$rc" = 135 ]; then result b-revoked ok "the holder's load faulted (SIGBUS) after A freed the region"; else result b-revoked fail "holder exit $rc: $(cat /tmp/hold.log)"; fi
+    carved() { ls -d /sys/bus/cxl/devices/$R/dax_region*/dax[0-9]*.[0-9]* 2>/dev/null | grep -v '\.0$'; }
+    no_carved() { ! carved >/dev/null; }
+    if waitfor 10 no_carved; then result b-device-gone ok "no DAX device of an import left on B"; else result b-device-gone fail "left: $(carved | tr '\n' ' ')"; fi
+    grep 'DAX device\|revoked\|revocation' /tmp/fabricd.log | tail -8 >/tmp/b-devices.log
+    blob b-devices-log /tmp/b-devices.log
+    tell_done() { echo done | nc "$PEER" 7002; }
+    waitfor 30 tell_done
+  fi
   # Stay a member until A is done with the domain map.
   sleep 2
 fi

@@ -9,6 +9,11 @@
 //! region's place in the set; the client loads A's bytes and stores its own; A loads them
 //! back through its fabricd; the host finds B's stores in the shared file at that offset
 //! (the DPA: a 1-way region from DPA 0).
+//!
+//! The per-region variant runs the same with `[memory] dax_per_region` on both hosts: A's
+//! region has a DAX device of its own, B's fabricd carves one at the region's range for the
+//! import, and A's free of the region ends a mapping B still holds (its load faults) and
+//! leaves no device behind on B.
 
 use std::time::Duration;
 
@@ -24,8 +29,12 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-fn spec(host: Host, file: &std::path::Path, port: u16, etcd: &[u8], ca: &DomainCa) -> vm::VmSpec {
-    let mut spec = vm::VmSpec::new(&format!("domain-{}", host.node()), scripts::DOMAIN);
+fn spec(host: Host, run: &Run, port: u16, etcd: &[u8], ca: &DomainCa) -> vm::VmSpec {
+    let file = run.file.as_path();
+    let mut spec = vm::VmSpec::new(&format!("{}-{}", run.name, host.node()), scripts::DOMAIN);
+    if run.per_region {
+        spec.files.push(("fabric/per-region".into(), Vec::new()));
+    }
     spec.timeout = Duration::from_secs(600);
     twohost::add(&mut spec, host, file, port).expect("the shared backing file");
     // The node link's credentials: the domain CA and this node's certificate.
@@ -39,27 +48,46 @@ fn spec(host: Host, file: &std::path::Path, port: u16, etcd: &[u8], ca: &DomainC
     spec
 }
 
+/// One run of the two guests: its name (guests and logs), the shared file, and whether
+/// both hosts carve a DAX device per region.
+struct Run {
+    name: &'static str,
+    file: std::path::PathBuf,
+    per_region: bool,
+}
+
 #[test]
 fn two_hosts_share_cxl_memory_in_one_domain() {
-    let Some(pre) = env::prereqs_or_skip("two_hosts_share_cxl_memory_in_one_domain") else { return };
+    two_hosts("two_hosts_share_cxl_memory_in_one_domain", "domain", false);
+}
+
+#[test]
+fn two_hosts_share_cxl_memory_with_a_dax_device_per_region() {
+    two_hosts("two_hosts_share_cxl_memory_with_a_dax_device_per_region", "domain-per-region", true);
+}
+
+#[allow(clippy::print_stderr)] // A test's word on why it did not run.
+fn two_hosts(test: &str, name: &'static str, per_region: bool) {
+    let Some(pre) = env::prereqs_or_skip(test) else { return };
     let Some(etcd_bin) = fabric_domain::testing::etcd_binary() else {
         assert!(
             std::env::var("FABRIC_QEMU_TESTS").as_deref() != Ok("1"),
             "the QEMU tier is required but etcd is not installed (scripts/deps.sh installs etcd-server)"
         );
-        eprintln!("two_hosts_share_cxl_memory_in_one_domain: not run: no etcd binary");
+        eprintln!("{test}: not run: no etcd binary");
         return;
     };
     let etcd = std::fs::read(&etcd_bin).expect("read the etcd binary");
-    let dir = pre.logs.join("domain-shared");
+    let dir = pre.logs.join(format!("{name}-shared"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("the shared file's directory");
-    let file = dir.join("shared.raw");
+    let run = Run { name, file: dir.join("shared.raw"), per_region };
+    let file = run.file.clone();
     let port = free_port();
     // A listens on the link, so its QEMU starts first; both then run side by side.
     let ca = DomainCa::generate("shared-cxl").expect("a test CA");
-    let a = vm::Guest::start(&pre, &spec(Host::A, &file, port, &etcd, &ca)).expect("boot A");
-    let b = vm::Guest::start(&pre, &spec(Host::B, &file, port, &etcd, &ca)).expect("boot B");
+    let a = vm::Guest::start(&pre, &spec(Host::A, &run, port, &etcd, &ca)).expect("boot A");
+    let b = vm::Guest::start(&pre, &spec(Host::B, &run, port, &etcd, &ca)).expect("boot B");
     let out_b = b.finish().expect("guest B's run");
     let out_a = a.finish().expect("guest A's run");
 
@@ -88,7 +116,8 @@ fn two_hosts_share_cxl_memory_in_one_domain() {
             out.fail(&format!("domain nodes {names:?}"));
         }
     }
-    // A's line: handle, GFA, offset of the region in A's DAX device.
+    // A's line: handle, GFA, offset of the region in A's DAX device (0 in a device of
+    // its own).
     let line = out_a.blob("lib-region").trim().to_owned();
     let field = |i: usize| {
         line.split_whitespace()
@@ -112,8 +141,8 @@ fn two_hosts_share_cxl_memory_in_one_domain() {
     if share_a.0 < share_b.1 && share_b.0 < share_a.1 {
         out_a.fail(&format!("the hosts' shares overlap: a {share_a:x?}, b {share_b:x?}"));
     }
-    if dax_offset < share_a.0 || dax_offset + LEN > share_a.1 {
-        out_a.fail(&format!("A's region at {dax_offset:#x} is outside A's share {share_a:x?}"));
+    if per_region && dax_offset != 0 {
+        out_a.fail(&format!("A's region is at {dax_offset:#x} of a DAX device of its own, not at 0"));
     }
     // B's domain map names A as the GFA's node, A's set, and the region's offset in it.
     out_b.expect_check("translate");
@@ -126,17 +155,25 @@ fn two_hosts_share_cxl_memory_in_one_domain() {
     {
         out_b.fail(&format!("B translates A's GFA {gfa:#x} as {t}"));
     }
-    // A 1-way region from DPA 0: the set's offset is the DAX offset is the DPA.
-    if offset != Some(dax_offset) {
-        out_b.fail(&format!(
-            "B's translate gives offset {offset:?}, A's region is at {dax_offset:#x} of its DAX device"
-        ));
+    // A 1-way region from DPA 0: the set's offset is the DPA, and the offset in A's DAX
+    // device over the whole region (per region, A's device starts there).
+    let Some(dpa) = offset else { out_b.fail(&format!("B's translate gives no offset: {t}")) };
+    if !per_region && dpa != dax_offset {
+        out_b.fail(&format!("B's translate gives offset {dpa:#x}, A's region is at {dax_offset:#x} of its DAX device"));
+    }
+    if dpa < share_a.0 || dpa + LEN > share_a.1 {
+        out_a.fail(&format!("A's region at {dpa:#x} is outside A's share {share_a:x?}"));
     }
     out_b.expect_check("b-imports");
     out_a.expect_check("b-stored");
     out_a.expect_check("a-loads-b");
     out_a.expect_check("lib-owner");
-    if let Err(e) = twohost::check_file(&file, dax_offset, LEN, SEED_B) {
+    if per_region {
+        for c in ["b-holds", "b-revoked", "b-device-gone"] {
+            out_b.expect_check(c);
+        }
+    }
+    if let Err(e) = twohost::check_file(&file, dpa, LEN, SEED_B) {
         out_b.fail(&format!("B's stores are not in the shared file at the DPA: {e}"));
     }
 }

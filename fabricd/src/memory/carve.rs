@@ -162,6 +162,9 @@ pub fn plan(devices: &[DaxDevice], wanted: &[Wanted]) -> Plan {
     out
 }
 
+/// Held from a carve's `create` until its device has its range (see [`DaxRegion::carve`]).
+static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A DAX region fabricd carves: the one the configured `daxN.0` belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaxRegion {
@@ -284,16 +287,30 @@ impl DaxRegion {
                 why: format!("range {start:#x}+{len:#x} is not {}-aligned inside the region", self.align),
             });
         }
-        let create = self.dir.join("dax_region/create");
-        write(&create, "1")?;
-        let name = read_attr(&create)?;
-        if !dax_ids(&name).is_some_and(|(n, m)| n == self.id && m > 0) {
-            return Err(CarveError::Kernel {
-                device: self.seed.clone(),
-                why: format!("dax_region/create named {:?}, not a new device of region {}", truncated(&name), self.id),
-            });
-        }
-        match self.place(&name, start, len) {
+        // Reading `create` back names the region's youngest device, so a second carve
+        // between the write and the read would hand both carvers one device: the steps up
+        // to the device's range run one carve at a time (the bind's wait for its node does
+        // not; a few sysfs writes, never under the registry's lock).
+        let placed = {
+            let _one = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+            let create = self.dir.join("dax_region/create");
+            write(&create, "1")?;
+            let name = read_attr(&create)?;
+            if !dax_ids(&name).is_some_and(|(n, m)| n == self.id && m > 0) {
+                return Err(CarveError::Kernel {
+                    device: self.seed.clone(),
+                    why: format!(
+                        "dax_region/create named {:?}, not a new device of region {}",
+                        truncated(&name),
+                        self.id
+                    ),
+                });
+            }
+            let placed = self.place(&name, start, len);
+            (name, placed)
+        };
+        let (name, placed) = placed;
+        match placed.and_then(|d| self.bind(&d)) {
             Ok(path) => {
                 tracing::info!(device = %name, start, len, "DAX device carved");
                 Ok(Carved { name, path })
@@ -307,8 +324,8 @@ impl DaxRegion {
         }
     }
 
-    /// Gives new device `name` its range, checks the kernel placed it there, and binds it.
-    fn place(&self, name: &str, start: u64, len: u64) -> Result<PathBuf, CarveError> {
+    /// Gives new device `name` its range and checks the kernel placed it there.
+    fn place(&self, name: &str, start: u64, len: u64) -> Result<DaxDevice, CarveError> {
         let d = self.device(name)?;
         if d.size != 0 || d.driver.is_some() {
             return Err(CarveError::Kernel { device: name.to_owned(), why: "the new device is not empty".into() });
@@ -321,7 +338,7 @@ impl DaxRegion {
                 why: format!("asked for {start:#x}+{len:#x}, the kernel gave {:x?}", d.ranges),
             });
         }
-        self.bind(&d)
+        Ok(d)
     }
 
     /// Binds a carved device to `device_dax` (if it is not already) and waits for its node.

@@ -7,8 +7,17 @@
 //! own on those DPAs (hosts sharing a device allocate from their own allocators), which it
 //! never hands out. A host with no such set (or none backed by a DAX device) gets a
 //! copy-only grant instead.
+//!
+//! Where this host's set gives each region a DAX device of its own (`dax_per_region`), an
+//! import gets one too: carved here at the region's range when it is first imported,
+//! shared by this node's imports of that region, and deleted when the last of them ends
+//! or the owner revokes it ([`ImportDevices`]) — deleting a device zaps its mappings, so
+//! the client's next access faults instead of reading memory the owner took back.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Mutex;
 
 use fabric_addrmap::{InterleaveSet, Presence};
 use fabric_proto::wire::{ErrorBody, ErrorCode};
@@ -17,6 +26,7 @@ use fabric_topology::DeviceId;
 use super::wire::{CxlMember, SharedCxl};
 use crate::daemon::Daemon;
 use crate::memory::Whereabouts;
+use crate::memory::carve::DaxRegion;
 use crate::ops::dispatch::errors::refusal;
 
 /// The serial of a CXL memory device whose identity is its serial (`serial:cxl/0x…`); a
@@ -57,16 +67,32 @@ pub fn grant(d: &Daemon, region: u64) -> Option<SharedCxl> {
     Some(SharedCxl { members: members_of(set)?, granularity: set.geometry.granularity(), set_offset: offset })
 }
 
+/// What the importer's client maps: a DAX device of this host at the region's DPAs.
+#[derive(Debug)]
+pub struct Reach {
+    /// The device, opened for the access granted.
+    pub fd: OwnedFd,
+    /// The region's offset in it.
+    pub offset: u64,
+    /// The device this node carved for the region (per-region DAX), to give back with
+    /// [`ImportDevices::put`] when the import ends.
+    pub device: Option<DeviceKey>,
+}
+
 /// The importer's side: the DAX device of this node's set over the members `c` names,
-/// opened, and the offset in it of the granted `len` bytes; `None` when this node has no
-/// such set backed by a DAX device (the import is then copy-only).
+/// opened, and the offset in it of the granted `len` bytes of the owner's region
+/// `(region, generation)` — on a per-region DAX set a device carved for it by `devices`;
+/// `None` when this node has no such set backed by a DAX device (the import is then
+/// copy-only).
 pub fn open(
     d: &Daemon,
+    devices: &ImportDevices,
     owner: &str,
+    (region, generation): (u64, u64),
     c: &SharedCxl,
     len: u64,
     write: bool,
-) -> Result<Option<(OwnedFd, u64)>, ErrorBody> {
+) -> Result<Option<Reach>, ErrorBody> {
     let snap = d.map_snapshot();
     let found = snap
         .state()
@@ -97,17 +123,16 @@ pub fn open(
             ),
         ));
     }
-    if b.carve.is_some() {
-        return Err(refusal(
-            ErrorCode::NotImplemented,
-            format!(
-                "set {set} here gives each region a DAX device of its own (dax_per_region): another node's region on it is not importable yet"
-            ),
-        ));
-    }
     let Some(offset) = b.file_offset(c.set_offset, len) else {
         return refuse(format!("{} here does not hold set offset {:#x} + {len:#x} of set {set}", b.name, c.set_offset));
     };
+    if let Some(dax) = &b.carve {
+        let key = DeviceKey { owner: owner.to_owned(), region, generation };
+        return match devices.take(&key, dax, dax.start + offset, len, write) {
+            Ok(fd) => Ok(Some(Reach { fd, offset: 0, device: Some(key) })),
+            Err(why) => refuse(format!("a DAX device of set {set} for it: {why}")),
+        };
+    }
     if !offset.is_multiple_of(b.align) || !len.is_multiple_of(b.align) {
         return refuse(format!(
             "{} maps only multiples of {:#x}; the region is {len:#x} bytes at {offset:#x}",
@@ -115,8 +140,100 @@ pub fn open(
         ));
     }
     match b.open(write) {
-        Ok(f) => Ok(Some((OwnedFd::from(f), offset))),
+        Ok(f) => Ok(Some(Reach { fd: OwnedFd::from(f), offset, device: None })),
         Err(e) => refuse(format!("{}: {e}", b.path.display())),
+    }
+}
+
+/// Which owner's region a device carved for imports holds: regions of one owner are
+/// disjoint, so one device serves every import of a region here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeviceKey {
+    /// The owner node.
+    owner: String,
+    /// Its region and the region's generation.
+    region: u64,
+    generation: u64,
+}
+
+/// A device carved for imports of one region, and how many imports use it.
+#[derive(Debug)]
+struct ImportDevice {
+    from: DaxRegion,
+    name: String,
+    path: PathBuf,
+    users: usize,
+}
+
+/// The DAX devices this node carved for its clients' imports of other nodes' regions
+/// (per-region DAX sets). One lock for the table, held across the carve or delete of a
+/// device so that a region's device is never carved twice nor deleted under a new user:
+/// a few sysfs writes, for imports of this kind only (never the registry's lock). Devices
+/// left by a daemon that died are deleted at its next start, with every device no
+/// region of its own names (`memory/carved.rs`).
+#[derive(Debug, Default)]
+pub struct ImportDevices {
+    carved: Mutex<HashMap<DeviceKey, ImportDevice>>,
+}
+
+impl ImportDevices {
+    /// Opens the device of `key`'s region, carving it from `from` at `[start, start + len)`
+    /// (HPAs) on its first import, and counts one more user.
+    fn take(&self, key: &DeviceKey, from: &DaxRegion, start: u64, len: u64, write: bool) -> Result<OwnedFd, String> {
+        let open = |path: &PathBuf| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .open(path)
+                .map(OwnedFd::from)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let mut carved = self.carved.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dev) = carved.get_mut(key) {
+            let fd = open(&dev.path)?;
+            dev.users += 1;
+            return Ok(fd);
+        }
+        let made = from.carve(start, len).map_err(|e| crate::error_chain(&e))?;
+        match open(&made.path) {
+            Ok(fd) => {
+                tracing::info!(owner = %key.owner, region = key.region, device = %made.name, "DAX device carved for an import");
+                let dev = ImportDevice { from: from.clone(), name: made.name, path: made.path, users: 1 };
+                carved.insert(key.clone(), dev);
+                Ok(fd)
+            }
+            Err(e) => {
+                if let Err(undo) = from.destroy(&made.name) {
+                    tracing::warn!(device = %made.name, error = %undo, "cannot delete a DAX device no import got");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// One user of `key`'s device less; the last one deletes it, which zaps every mapping
+    /// of it.
+    pub fn put(&self, key: &DeviceKey) {
+        let mut carved = self.carved.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(dev) = carved.get_mut(key) else { return };
+        dev.users = dev.users.saturating_sub(1);
+        if dev.users > 0 {
+            return;
+        }
+        if let Some(dev) = carved.remove(key) {
+            match dev.from.destroy(&dev.name) {
+                Ok(()) => {
+                    tracing::info!(owner = %key.owner, region = key.region, device = %dev.name, "DAX device of an import deleted")
+                }
+                Err(e) => tracing::warn!(
+                    owner = %key.owner,
+                    region = key.region,
+                    device = %dev.name,
+                    error = %crate::error_chain(&e),
+                    "cannot delete the DAX device of an ended import; it goes at the next start"
+                ),
+            }
+        }
     }
 }
 

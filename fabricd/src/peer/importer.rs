@@ -54,6 +54,9 @@ struct Held {
     access: fabric_proto::wire::AccessMode,
     /// The owner said its export was revoked (held until released, but no copy uses it).
     revoked: bool,
+    /// The DAX device this node carved for the import (per-region DAX), given back when
+    /// the import ends or is revoked.
+    device: Option<super::cxl::DeviceKey>,
 }
 
 /// A held import a copy reaches: where to send its chunks.
@@ -76,6 +79,7 @@ pub(super) struct RemoteReach {
 pub struct Importer {
     next: AtomicU64,
     held: Mutex<HashMap<u64, Held>>,
+    devices: super::cxl::ImportDevices,
 }
 
 /// What the client gets when the owner node cannot be asked.
@@ -198,10 +202,20 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         .inspect_err(|_| give_back())?;
     let reach = match (&shared, &grant.shared) {
         (Some(shared), Some(Shared::File(file))) => {
-            Some((open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?, grant.offset))
+            Some((open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?, grant.offset, None))
         }
-        (_, Some(Shared::Cxl(c))) => super::cxl::open(d, &owner, c, grant.len, write).inspect_err(|_| give_back())?,
+        (_, Some(Shared::Cxl(c))) => {
+            let devices = &link.service().importer().devices;
+            let region = (grant.region, grant.generation);
+            super::cxl::open(d, devices, &owner, region, c, grant.len, write)
+                .inspect_err(|_| give_back())?
+                .map(|r| (r.fd, r.offset, r.device))
+        }
         _ => None,
+    };
+    let (reach, device) = match reach {
+        Some((fd, offset, device)) => (Some((fd, offset)), device),
+        None => (None, None),
     };
     // Class NET: copy-only, which needs the region's GFA.
     if reach.is_none() && grant.gfa.is_none() {
@@ -221,7 +235,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         incarnation,
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.len),
-        i.access,
+        (i.access, device),
     );
     let access = if reach.is_some() { Access::Fd } else { Access::CopyOnly };
     tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
@@ -239,7 +253,8 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
 }
 
 /// Records the owner's import `(owner import, region, generation)` of `(gfa, len)` for the
-/// client's session, with the access it asked; the client's own import id.
+/// client's session, with the access it asked and the device carved for it; the client's
+/// own import id.
 fn held(
     link: &super::NodeLink,
     cx: &Context<'_>,
@@ -247,7 +262,7 @@ fn held(
     incarnation: u64,
     (owner_import, region, generation): (u64, u64, u64),
     (gfa, len): (Option<u64>, u64),
-    access: fabric_proto::wire::AccessMode,
+    (access, device): (fabric_proto::wire::AccessMode, Option<super::cxl::DeviceKey>),
 ) -> u64 {
     link.service().importer().hold(Held {
         session: cx.session,
@@ -260,6 +275,7 @@ fn held(
         len,
         access,
         revoked: false,
+        device,
     })
 }
 
@@ -294,7 +310,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         incarnation,
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.size),
-        i.access,
+        (i.access, None),
     );
     tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's vendor object");
     let response = Response::ImportObject(ImportObjectResponse {
@@ -384,6 +400,9 @@ impl Importer {
                 None => return Err(refusal(ErrorCode::NotFound, format!("no import {import}"))),
             }
         };
+        if let Some(key) = h.as_ref().and_then(|h| h.device.as_ref()) {
+            self.devices.put(key);
+        }
         if let (Some(h), Some(domain)) = (h, d.domain.as_ref()) {
             self.give_back(domain, &h.owner, h.owner_import);
         }
@@ -434,6 +453,9 @@ impl Importer {
             ids.into_iter().filter_map(|k| held.remove(&k).map(|h| (k, h))).collect()
         };
         for (local, h) in ended {
+            if let Some(key) = &h.device {
+                self.devices.put(key);
+            }
             tracing::info!(owner = %h.owner, region = h.region, import = local, "the owner node left or restarted; its import is revoked");
             let ev = Revocation {
                 region: h.region,
@@ -456,16 +478,23 @@ impl Importer {
             .filter(|(_, h)| h.owner == peer.identity.node && h.owner_import == r.import)
             .map(|(k, h)| (*k, h.clone()))
             .collect();
+        // Revoked or gone, the import's device goes (its mappings with it): only what the
+        // owner still grants stays reachable.
+        let mut devices = Vec::new();
         for (k, _) in &found {
             if matches!(r.reason, RevocationReason::Revoked) {
                 if let Some(h) = held.get_mut(k) {
                     h.revoked = true;
+                    devices.extend(h.device.take());
                 }
             } else {
-                held.remove(k);
+                devices.extend(held.remove(k).and_then(|h| h.device));
             }
         }
         drop(held);
+        for key in &devices {
+            self.devices.put(key);
+        }
         for (local, h) in found {
             let ev = Revocation { region: h.region, generation: h.generation, import: local, reason: r.reason };
             d.events.send_to(h.session, Event::Revocation(ev));

@@ -5,7 +5,9 @@
 //! `edu-dma BDF GROUP` drives QEMU's edu device through VFIO (see `vfio.rs`).
 //! `mm-edu BDF` does the same through libfabric-mm and fabricd's VFIO backend (`mmvfio.rs`).
 //! `owner TARGET LEN SEED OUT` and `importer OUT LEN SEED [STORE]` share device memory through fabricd
-//! and libfabric-mm's Session API (see `session.rs`).
+//! and libfabric-mm's Session API (see `session.rs`); `hold OUT LEN SEED READY [SECONDS]`
+//! maps an import and loads it until a fault ends it (the revocation of a per-region DAX
+//! import across hosts).
 //! `power-workload OUT TOKEN|- SEED` and `power-observe MEMORY_DIR HANDLES OUT` are the
 //! guest's half of the power-loss test (see `power.rs`).
 //! `split SET DIR` is the client of the per-region DAX test (see `split.rs`).
@@ -70,6 +72,10 @@ fn main() -> ExitCode {
     }
     if let (Some("importer"), Some(file), Some(len), Some(seed)) = (arg(1), arg(2), num(3), num(4)) {
         return done(session::importer(std::path::Path::new(file), len, seed, num(5)));
+    }
+    if let (Some("hold"), Some(file), Some(len), Some(seed), Some(ready)) = (arg(1), arg(2), num(3), num(4), arg(5)) {
+        use std::path::Path;
+        return done(session::hold(Path::new(file), len, seed, Path::new(ready), num(6).unwrap_or(60)));
     }
     if let (Some("power-workload"), Some(out), Some(token), Some(seed)) = (arg(1), arg(2), arg(3), num(4)) {
         let resume = if token == "-" { None } else { power::parse_token(token) };

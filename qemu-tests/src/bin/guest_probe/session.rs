@@ -150,3 +150,38 @@ pub fn importer(file: &Path, len: u64, seed: u64, store: Option<u64>) -> Result<
     let _ = std::fs::write(file.with_extension("done"), "");
     result
 }
+
+/// Imports the handle in `file` (read-only), maps it, checks its first word, writes
+/// `ready`, then loads the whole region every 10 ms: the owner's free (or revoke) must end
+/// the access — fabricd deletes the import's DAX device, the kernel zaps the mapping and
+/// the next load raises `SIGBUS`, which kills this process (the guest script checks the
+/// signal). Still loading after `wait_s` is the error.
+pub fn hold(file: &Path, len: u64, seed: u64, ready: &Path, wait_s: u64) -> Result<String, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let handle: fabric_mm::Handle =
+        text.split_whitespace().next().ok_or("no handle")?.parse().map_err(|e| format!("handle: {e}"))?;
+    let s = Session::open().map_err(|e| format!("session: {e}"))?;
+    let import = s.import(&handle, false).map_err(|e| format!("import: {e}"))?;
+    let m = s.map(&import).map_err(|e| format!("map: {e}"))?;
+    let p = m.as_ptr().cast::<u64>();
+    // SAFETY: the first word lies in the live mapping of the import.
+    let first = unsafe { p.read_volatile() };
+    if first != pattern::word(seed, 0) {
+        return Err(format!("offset 0: {first:#018x}, expected {:#018x}", pattern::word(seed, 0)));
+    }
+    std::fs::write(ready, "mapped\n").map_err(|e| format!("{}: {e}", ready.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(wait_s);
+    let mut sum = 0u64;
+    while Instant::now() < deadline {
+        for i in 0..len / 8 {
+            // SAFETY: `p + i` lies in the mapping, which stays in this process's address
+            // space; a load of memory the kernel took away faults (the point of the test).
+            sum = sum.wrapping_add(unsafe { p.add(i as usize).read_volatile() });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!(
+        "import {} still loads {wait_s} s after it was mapped (sum {sum:#x}): the owner's free did not end it",
+        import.id()
+    ))
+}
