@@ -157,6 +157,25 @@ impl EtcdServer {
         Err(TestingError::NotHealthy { after: START_TIMEOUT, log: self.log_tail("still running") })
     }
 
+    /// Raises (`true`) or disarms etcd's NOSPACE alarm, as a full backend would: while it
+    /// is raised etcd refuses every write (puts, transactions that put, lease grants) and
+    /// still serves reads, watches and lease keepalives. Loopback servers only.
+    pub async fn space_alarm(&self, raised: bool) -> Result<(), TestingError> {
+        use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+        if self.netns.is_some() {
+            return Err(TestingError::Io(std::io::Error::other("the alarm is raised on loopback servers only")));
+        }
+        let failed = |e: etcd_client::Error| TestingError::Io(std::io::Error::other(e));
+        let mut client = Client::connect([self.endpoint.as_str()], None).await.map_err(failed)?;
+        let status = client.status().await.map_err(failed)?;
+        let member = status.header().map_or(0, |h| h.member_id());
+        let mut options = AlarmOptions::new();
+        options.with_member(member);
+        let action = if raised { AlarmAction::Activate } else { AlarmAction::Deactivate };
+        client.alarm(action, AlarmType::Nospace, Some(options)).await.map_err(failed)?;
+        Ok(())
+    }
+
     /// The client URL (`http://127.0.0.1:PORT`).
     pub fn endpoint(&self) -> &str {
         &self.endpoint

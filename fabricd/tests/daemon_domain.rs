@@ -467,6 +467,59 @@ fn ranges_of(c: &mut Connection, node: &str) -> Vec<(String, u64, u64)> {
         .collect()
 }
 
+/// tray0 and tray1 of [`tray1_rescanning`], running (the daemons go before their
+/// directories).
+struct Trays {
+    clients: Vec<Connection>,
+    _daemons: Vec<common::Daemon>,
+    _setups: [common::Setup; 2],
+    /// tray1's copy of the supernode.
+    fabric: PathBuf,
+    /// tray1's ranges as tray0 first held them.
+    before: Vec<(String, u64, u64)>,
+}
+
+/// tray0 and tray1 of the supernode, tray1 serving a copy of it (in `dir`) that it
+/// rescans every second; both live with placements, four of tray1's ranges its GPUs' HBM.
+fn tray1_rescanning(etcd: &EtcdServer, dir: &Path, ttl: u64) -> Trays {
+    let fabric = dir.join("supernode.toml");
+    std::fs::write(&fabric, std::fs::read_to_string(common::domain::supernode()).unwrap()).unwrap();
+    let setups = [
+        common::domain::node_of(etcd, &common::domain::supernode(), "tray0", SPAN, ttl),
+        common::domain::node_of(etcd, &fabric, "tray1", SPAN, ttl),
+    ];
+    let text = std::fs::read_to_string(&setups[1].config).unwrap();
+    std::fs::write(&setups[1].config, text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1))
+        .unwrap();
+    let daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
+    for c in &mut clients {
+        until(Duration::from_secs(15), "both live with placements", || all_live_and_placed(c, 2));
+    }
+    let before = ranges_of(&mut clients[0], "tray1");
+    let hbm = before.iter().filter(|(owner, _, _)| owner.ends_with("#hbm0")).count();
+    assert_eq!(hbm, 4, "tray1's four GPUs: {before:?}");
+    Trays { clients, _daemons: daemons, _setups: setups, fabric, before }
+}
+
+/// Takes tray1's fourth GPU out of its copy of the supernode and waits until tray1's own
+/// map has a hole where it was; returns that range.
+fn drop_fourth_gpu(fabric: &Path, before: &[(String, u64, u64)], tray1: &mut Connection) -> (String, u64, u64) {
+    let base = std::fs::read_to_string(fabric).unwrap();
+    let gpus = "count = 4\nparent = \"pci00{i/2}{i%2+8}:00\"";
+    assert!(base.contains(gpus));
+    let three = base.replace(gpus, &gpus.replace("count = 4", "count = 3")).replace("\ni = 4\n", "\ni = 3\n");
+    assert_eq!(three.matches("\ni = 3\n").count(), 2, "the GPUs' two link templates");
+    std::fs::write(fabric, three).unwrap();
+    let hbm: Vec<_> = before.iter().filter(|(owner, _, _)| owner.ends_with("#hbm0")).cloned().collect();
+    let mut gone = None;
+    until(Duration::from_secs(10), "tray1's own map lost a GPU", || {
+        gone = hbm.iter().find(|r| matches!(translate(tray1, r.1 + 5), Translation::Hole { .. })).cloned();
+        gone.is_some()
+    });
+    gone.unwrap()
+}
+
 #[test]
 fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
     // A TTL long enough that a short etcd outage costs no lease: the node keeps its
@@ -474,41 +527,15 @@ fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
     const LONG_TTL: u64 = 30;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(mut etcd) = etcd(&rt) else { return };
-    // tray1 serves a copy of the supernode it rescans every second.
     let dir = tempfile::tempdir().unwrap();
-    let fabric = dir.path().join("supernode.toml");
-    let base = std::fs::read_to_string(common::domain::supernode()).unwrap();
-    std::fs::write(&fabric, &base).unwrap();
-    let setups = [
-        common::domain::node_of(&etcd, &common::domain::supernode(), "tray0", SPAN, LONG_TTL),
-        common::domain::node_of(&etcd, &fabric, "tray1", SPAN, LONG_TTL),
-    ];
-    let text = std::fs::read_to_string(&setups[1].config).unwrap();
-    std::fs::write(&setups[1].config, text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1))
-        .unwrap();
-    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
-    let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
-    for c in &mut clients {
-        until(Duration::from_secs(15), "both live with placements", || all_live_and_placed(c, 2));
-    }
-    let before = ranges_of(&mut clients[0], "tray1");
-    let hbm: Vec<_> = before.iter().filter(|(owner, _, _)| owner.ends_with("#hbm0")).cloned().collect();
-    assert_eq!(hbm.len(), 4, "tray1's four GPUs: {before:?}");
+    // Bound whole: the daemons and their directories live as long as the test.
+    let mut trays = tray1_rescanning(&etcd, dir.path(), LONG_TTL);
+    let (fabric, before, clients) = (trays.fabric.clone(), trays.before.clone(), &mut trays.clients);
     let incarnation = domain(&mut clients[1], DomainAction::Status)["self"]["incarnation"].as_u64().unwrap();
 
     // etcd goes; then tray1's fourth GPU: its own map has a hole there at its next rescan.
     etcd.stop();
-    let gpus = "count = 4\nparent = \"pci00{i/2}{i%2+8}:00\"";
-    assert!(base.contains(gpus));
-    let three = base.replace(gpus, &gpus.replace("count = 4", "count = 3")).replace("\ni = 4\n", "\ni = 3\n");
-    assert_eq!(three.matches("\ni = 3\n").count(), 2, "the GPUs' two link templates");
-    std::fs::write(&fabric, three).unwrap();
-    let mut gone = None;
-    until(Duration::from_secs(10), "tray1's own map lost a GPU", || {
-        gone = hbm.iter().find(|r| matches!(translate(&mut clients[1], r.1 + 5), Translation::Hole { .. })).cloned();
-        gone.is_some()
-    });
-    let gone = gone.unwrap();
+    let gone = drop_fourth_gpu(&fabric, &before, &mut clients[1]);
     assert_eq!(ranges_of(&mut clients[0], "tray1"), before, "tray0 cannot have heard of it");
 
     // etcd back: tray1's new placements are written, and tray0 holds them.
@@ -523,4 +550,44 @@ fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
     let status = domain(&mut clients[1], DomainAction::Status);
     assert_eq!(status["self"]["standing"], "joined", "{status}");
     assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership, no rejoin");
+}
+
+#[test]
+fn placements_etcd_refuses_to_store_are_written_when_it_takes_writes_again() {
+    // etcd stays up, its watch and the node's lease alive, but refuses every write (its
+    // NOSPACE alarm): the node's session goes on, and the refused write is tried again at
+    // its deadline, not by a rejoin.
+    const TTL: u64 = 10;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Bound whole: the daemons and their directories live as long as the test.
+    let mut trays = tray1_rescanning(&etcd, dir.path(), TTL);
+    let (fabric, before, clients) = (trays.fabric.clone(), trays.before.clone(), &mut trays.clients);
+    let incarnation = domain(&mut clients[1], DomainAction::Status)["self"]["incarnation"].as_u64().unwrap();
+    let errors = |c: &mut Connection| domain(c, DomainAction::Status)["etcd"]["errors"].as_u64().unwrap_or(0);
+    let errors_before = errors(&mut clients[1]);
+
+    rt.block_on(etcd.space_alarm(true)).unwrap();
+    let gone = drop_fourth_gpu(&fabric, &before, &mut clients[1]);
+    until(Duration::from_secs(10), "tray1 counts its refused writes", || errors(&mut clients[1]) > errors_before);
+    // Longer than a TTL: the refusals cost tray1 neither its lease nor its session.
+    std::thread::sleep(Duration::from_secs(TTL + 2));
+    assert_eq!(ranges_of(&mut clients[0], "tray1"), before, "etcd stored none of tray1's writes");
+    let status = domain(&mut clients[1], DomainAction::Status);
+    assert_eq!(status["self"]["standing"], "joined", "{status}");
+    assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "{status}");
+    let live = nodes(&mut clients[0]);
+    assert!(live.iter().any(|n| n.0 == "tray1" && n.1 == "live"), "tray0 still sees tray1 live: {live:?}");
+
+    rt.block_on(etcd.space_alarm(false)).unwrap();
+    let t = until(Duration::from_secs(TTL), "tray0 sees tray1's new placements", || {
+        let now = ranges_of(&mut clients[0], "tray1");
+        now != before && now == ranges_of(&mut clients[1], "tray1")
+    });
+    eprintln!("tray1's placements reached tray0 {t:?} after the alarm was disarmed");
+    let seen = ranges_of(&mut clients[0], "tray1");
+    assert!(seen.iter().any(|r| r.0 == gone.0 && r.2 == 0), "the GPU's range is a hole now: {seen:?}");
+    let status = domain(&mut clients[1], DomainAction::Status);
+    assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership, no rejoin: {status}");
 }
