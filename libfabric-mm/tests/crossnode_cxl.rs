@@ -12,7 +12,9 @@
 //! and which lie in the shared device at the region's offset. Host c has no DAX device
 //! over those members: its import is copy-only, and it pulls and pushes the region's
 //! bytes over the node link (a's fabricd reaches them through its device's mapping).
-//! When a frees the region, b's revocation callback runs.
+//! While b's client holds the import, b's own next region lands past a's (first fit
+//! would have put it there). When a frees the region, b's revocation callback runs, and
+//! b may allocate on those DPAs again.
 //!
 //! A second test gives hosts a and b shares of the two devices in the domain
 //! (`[[memory.shares]]`): their first allocations land apart, each in its own share, a's
@@ -120,6 +122,14 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     om.invalidate(0, LEN).unwrap();
     check(&om, 0xb, LEN);
     check_file(&device, region.fd_offset(), LEN, 0xb);
+    // While b's client maps a's region, b's own allocator keeps off its DPAs: first fit
+    // would have put b's next region exactly there (right after b's own).
+    assert_eq!(region.fd_offset(), own.fd_offset() + LEN);
+    let beside = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert!(beside.fd_offset() >= region.fd_offset() + LEN, "b's region {:#x} on a's", beside.fd_offset());
+    // A second import of the region on b shares the hold.
+    let again = importer.import(&handle, false).unwrap();
+    drop(again);
 
     // host-c: no DAX device over those members, so nothing to map: copy-only.
     let far = domain::session(&c.socket, None);
@@ -148,10 +158,14 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
 
     // host-a frees the region: b's callback runs with Freed.
     let rx = domain::revocations(&importer);
+    let region_offset = region.fd_offset();
     drop(om);
     drop(region);
     let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
     assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
+    // The import ended with the region: its DPAs are b's to allocate again.
+    let after = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert_eq!(after.fd_offset(), region_offset, "b allocates where a's freed region was");
 }
 
 #[test]

@@ -57,7 +57,7 @@ mod set;
 pub use adopt::{Adopted, ObjectGrant};
 pub use copyside::{Dep, Resolved, Side};
 pub use register::{Abandon, Registered, Source};
-pub use set::{SetSpec, Whereabouts};
+pub use set::{ForeignRange, SetSpec, Whereabouts};
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -382,6 +382,9 @@ struct State {
     mapped_by: HashMap<u64, std::collections::BTreeSet<String>>,
     /// Freed regions' ranges held out of the allocators (`quarantine.rs`).
     parked: Vec<quarantine::Parked>,
+    /// Set ranges clients map as other hosts' memory, with how many imports hold each
+    /// (`set.rs`, [`Memory::hold_foreign`]).
+    foreign: HashMap<set::ForeignRange, usize>,
     /// The incarnation each importer node last had here (`holds.rs`).
     incarnations: HashMap<String, u64>,
     /// Importer nodes whose holds came back from `quarantine.record` at start, not yet

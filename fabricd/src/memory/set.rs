@@ -29,6 +29,17 @@ pub struct SetSpec {
     pub start: u64,
 }
 
+/// A range of a set's members that this node's clients map as another host's memory,
+/// held out of the members' allocators ([`Memory::hold_foreign`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ForeignRange {
+    /// The members' resources.
+    resources: Vec<usize>,
+    /// The DPA and bytes on each.
+    offset: u64,
+    len: u64,
+}
+
 /// A set region's extra state: where in the set it is and the members' reservations.
 #[derive(Debug, Clone)]
 pub(super) struct SetRegion {
@@ -187,22 +198,56 @@ impl Memory {
         Ok((g, set_offset))
     }
 
-    /// Whether the set range `[offset, offset + len)` of `set` lies on DPAs no region of
-    /// this node holds on any member (the range must be whole granules of every member):
-    /// memory another host may hand this node's clients without exposing this node's own.
-    pub fn set_range_free(&self, set: &SetSpec, offset: u64, len: u64) -> bool {
+    /// Holds the set range `[offset, offset + len)` of `set` out of this node's allocators
+    /// for a client's import of another host's region there (shared CXL memory), when it
+    /// lies on DPAs no region of this node holds on any member (the range must be whole
+    /// granules of every member): this node neither exposes its own memory through
+    /// another host's grant nor, while the import lives, places a region of its own on
+    /// memory a client maps as another host's. Imports of the same range share one hold;
+    /// `None` when the range is not free (or not granules). Given back with
+    /// [`Memory::release_foreign`].
+    pub fn hold_foreign(&self, set: &SetSpec, offset: u64, len: u64) -> Option<ForeignRange> {
         let ways = set.members.len() as u64;
         let unit = GRANULE * ways;
         if ways == 0 || len == 0 || !offset.is_multiple_of(unit) || !len.is_multiple_of(unit) {
-            return false;
+            return None;
         }
-        let st = self.state();
-        set.members.iter().all(|(device, kind, ordinal)| {
-            st.resources
-                .iter()
-                .find(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
-                .is_some_and(|r| r.ranges.is_free(offset / ways, len / ways))
-        })
+        let mut st = self.state();
+        let resources = set
+            .members
+            .iter()
+            .map(|(device, kind, ordinal)| {
+                st.resources.iter().position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
+            })
+            .collect::<Option<Vec<usize>>>()?;
+        let key = ForeignRange { resources, offset: offset / ways, len: len / ways };
+        if let Some(users) = st.foreign.get_mut(&key) {
+            *users += 1;
+            return Some(key);
+        }
+        if !key.resources.iter().all(|&i| st.resources[i].ranges.is_free(key.offset, key.len)) {
+            return None;
+        }
+        for &i in &key.resources {
+            // Checked free just above, under the same lock.
+            st.resources[i].ranges.reserve(key.offset, key.len);
+        }
+        st.foreign.insert(key.clone(), 1);
+        Some(key)
+    }
+
+    /// One import of `range` less; the last gives the range back to the allocators.
+    pub fn release_foreign(&self, range: &ForeignRange) {
+        let mut st = self.state();
+        let Some(users) = st.foreign.get_mut(range) else { return };
+        *users = users.saturating_sub(1);
+        if *users > 0 {
+            return;
+        }
+        st.foreign.remove(range);
+        for &i in &range.resources {
+            st.resources[i].ranges.free(range.offset);
+        }
     }
 
     /// Where region `id` is: a range of one resource or of an interleave set.

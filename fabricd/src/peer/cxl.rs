@@ -74,9 +74,34 @@ pub struct Reach {
     pub fd: OwnedFd,
     /// The region's offset in it.
     pub offset: u64,
-    /// The device this node carved for the region (per-region DAX), to give back with
-    /// [`ImportDevices::put`] when the import ends.
-    pub device: Option<DeviceKey>,
+    /// What the import holds here until it ends.
+    pub hold: Hold,
+}
+
+/// What an import of shared CXL memory holds on the importer: the region's DPAs, out of
+/// this node's allocators, and the device carved for it (per-region DAX). Not `Clone`:
+/// each is given back once.
+#[derive(Debug)]
+pub struct Hold {
+    range: crate::memory::ForeignRange,
+    device: Option<DeviceKey>,
+}
+
+impl Hold {
+    /// The carved device, to give back when the owner revokes the import (its mapping
+    /// ends with the device; the DPAs stay held until the import ends).
+    pub fn take_device(&mut self) -> Option<DeviceKey> {
+        self.device.take()
+    }
+
+    /// Gives everything back as the import ends: the device first (its mappings end),
+    /// then the DPAs.
+    pub fn end(mut self, d: &Daemon, devices: &ImportDevices) {
+        if let Some(key) = self.device.take() {
+            devices.put(&key);
+        }
+        d.memory.release_foreign(&self.range);
+    }
 }
 
 /// The importer's side: the DAX device of this node's set over the members `c` names,
@@ -112,9 +137,10 @@ pub fn open(
         Err(refusal(ErrorCode::Unavailable, format!("node {owner}'s region on shared CXL memory: {what}")))
     };
     // Hosts sharing a device each allocate from their own allocator: a range another node
-    // names may be DPAs this node handed its own clients. Never hand those out.
+    // names may be DPAs this node handed its own clients. Never hand those out, and keep
+    // this node's regions off them while the import lives.
     let set = &spec.name;
-    if !d.memory.set_range_free(&spec, c.set_offset, len) {
+    let Some(range) = d.memory.hold_foreign(&spec, c.set_offset, len) else {
         return Err(refusal(
             ErrorCode::PermissionDenied,
             format!(
@@ -122,26 +148,36 @@ pub fn open(
                 c.set_offset
             ),
         ));
-    }
-    let Some(offset) = b.file_offset(c.set_offset, len) else {
-        return refuse(format!("{} here does not hold set offset {:#x} + {len:#x} of set {set}", b.name, c.set_offset));
     };
-    if let Some(dax) = &b.carve {
-        let key = DeviceKey { owner: owner.to_owned(), region, generation };
-        return match devices.take(&key, dax, dax.start + offset, len, write) {
-            Ok(fd) => Ok(Some(Reach { fd, offset: 0, device: Some(key) })),
-            Err(why) => refuse(format!("a DAX device of set {set} for it: {why}")),
+    let reached = (|| {
+        let Some(offset) = b.file_offset(c.set_offset, len) else {
+            return Err(format!(
+                "{} here does not hold set offset {:#x} + {len:#x} of set {set}",
+                b.name, c.set_offset
+            ));
         };
-    }
-    if !offset.is_multiple_of(b.align) || !len.is_multiple_of(b.align) {
-        return refuse(format!(
-            "{} maps only multiples of {:#x}; the region is {len:#x} bytes at {offset:#x}",
-            b.name, b.align
-        ));
-    }
-    match b.open(write) {
-        Ok(f) => Ok(Some(Reach { fd: OwnedFd::from(f), offset, device: None })),
-        Err(e) => refuse(format!("{}: {e}", b.path.display())),
+        if let Some(dax) = &b.carve {
+            let key = DeviceKey { owner: owner.to_owned(), region, generation };
+            let fd = devices
+                .take(&key, dax, dax.start + offset, len, write)
+                .map_err(|why| format!("a DAX device of set {set} for it: {why}"))?;
+            return Ok((fd, 0, Some(key)));
+        }
+        if !offset.is_multiple_of(b.align) || !len.is_multiple_of(b.align) {
+            return Err(format!(
+                "{} maps only multiples of {:#x}; the region is {len:#x} bytes at {offset:#x}",
+                b.name, b.align
+            ));
+        }
+        let f = b.open(write).map_err(|e| format!("{}: {e}", b.path.display()))?;
+        Ok((OwnedFd::from(f), offset, None))
+    })();
+    match reached {
+        Ok((fd, offset, device)) => Ok(Some(Reach { fd, offset, hold: Hold { range, device } })),
+        Err(why) => {
+            d.memory.release_foreign(&range);
+            refuse(why)
+        }
     }
 }
 

@@ -39,7 +39,7 @@ pub const REMOTE_IMPORT: u64 = 1 << 62;
 const ASK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One import of another node's region, held by a local session.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Held {
     session: u64,
     owner: String,
@@ -54,9 +54,9 @@ struct Held {
     access: fabric_proto::wire::AccessMode,
     /// The owner said its export was revoked (held until released, but no copy uses it).
     revoked: bool,
-    /// The DAX device this node carved for the import (per-region DAX), given back when
-    /// the import ends or is revoked.
-    device: Option<super::cxl::DeviceKey>,
+    /// What an import of shared CXL memory holds here (its DPAs, a carved device), given
+    /// back when the import ends (the device already when it is revoked).
+    cxl: Option<super::cxl::Hold>,
 }
 
 /// A held import a copy reaches: where to send its chunks.
@@ -209,12 +209,12 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
             let region = (grant.region, grant.generation);
             super::cxl::open(d, devices, &owner, region, c, grant.len, write)
                 .inspect_err(|_| give_back())?
-                .map(|r| (r.fd, r.offset, r.device))
+                .map(|r| (r.fd, r.offset, Some(r.hold)))
         }
         _ => None,
     };
-    let (reach, device) = match reach {
-        Some((fd, offset, device)) => (Some((fd, offset)), device),
+    let (reach, cxl) = match reach {
+        Some((fd, offset, hold)) => (Some((fd, offset)), hold),
         None => (None, None),
     };
     // Class NET: copy-only, which needs the region's GFA.
@@ -235,7 +235,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         incarnation,
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.len),
-        (i.access, device),
+        (i.access, cxl),
     );
     let access = if reach.is_some() { Access::Fd } else { Access::CopyOnly };
     tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
@@ -253,8 +253,8 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
 }
 
 /// Records the owner's import `(owner import, region, generation)` of `(gfa, len)` for the
-/// client's session, with the access it asked and the device carved for it; the client's
-/// own import id.
+/// client's session, with the access it asked and what it holds here; the client's own
+/// import id.
 fn held(
     link: &super::NodeLink,
     cx: &Context<'_>,
@@ -262,7 +262,7 @@ fn held(
     incarnation: u64,
     (owner_import, region, generation): (u64, u64, u64),
     (gfa, len): (Option<u64>, u64),
-    (access, device): (fabric_proto::wire::AccessMode, Option<super::cxl::DeviceKey>),
+    (access, cxl): (fabric_proto::wire::AccessMode, Option<super::cxl::Hold>),
 ) -> u64 {
     link.service().importer().hold(Held {
         session: cx.session,
@@ -275,7 +275,7 @@ fn held(
         len,
         access,
         revoked: false,
-        device,
+        cxl,
     })
 }
 
@@ -400,10 +400,11 @@ impl Importer {
                 None => return Err(refusal(ErrorCode::NotFound, format!("no import {import}"))),
             }
         };
-        if let Some(key) = h.as_ref().and_then(|h| h.device.as_ref()) {
-            self.devices.put(key);
+        let Some(mut h) = h else { return Ok(()) };
+        if let Some(hold) = h.cxl.take() {
+            hold.end(d, &self.devices);
         }
-        if let (Some(h), Some(domain)) = (h, d.domain.as_ref()) {
+        if let Some(domain) = d.domain.as_ref() {
             self.give_back(domain, &h.owner, h.owner_import);
         }
         Ok(())
@@ -453,8 +454,8 @@ impl Importer {
             ids.into_iter().filter_map(|k| held.remove(&k).map(|h| (k, h))).collect()
         };
         for (local, h) in ended {
-            if let Some(key) = &h.device {
-                self.devices.put(key);
+            if let Some(hold) = h.cxl {
+                hold.end(d, &self.devices);
             }
             tracing::info!(owner = %h.owner, region = h.region, import = local, "the owner node left or restarted; its import is revoked");
             let ev = Revocation {
@@ -473,31 +474,36 @@ impl Importer {
     pub fn revoked(&self, d: &Daemon, peer: &Peer, notice: RevokeNotice) -> Result<(), PeerError> {
         let r = notice.revocation;
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let found: Vec<(u64, Held)> = held
+        // (local import, session, region, generation) of each import the notice is about.
+        let found: Vec<(u64, u64, u64, u64)> = held
             .iter()
             .filter(|(_, h)| h.owner == peer.identity.node && h.owner_import == r.import)
-            .map(|(k, h)| (*k, h.clone()))
+            .map(|(k, h)| (*k, h.session, h.region, h.generation))
             .collect();
         // Revoked or gone, the import's device goes (its mappings with it): only what the
-        // owner still grants stays reachable.
-        let mut devices = Vec::new();
-        for (k, _) in &found {
+        // owner still grants stays reachable. A revoked import keeps its DPAs held until
+        // it is released; a gone one gives them back.
+        let (mut devices, mut ended) = (Vec::new(), Vec::new());
+        for (k, ..) in &found {
             if matches!(r.reason, RevocationReason::Revoked) {
                 if let Some(h) = held.get_mut(k) {
                     h.revoked = true;
-                    devices.extend(h.device.take());
+                    devices.extend(h.cxl.as_mut().and_then(super::cxl::Hold::take_device));
                 }
             } else {
-                devices.extend(held.remove(k).and_then(|h| h.device));
+                ended.extend(held.remove(k).and_then(|h| h.cxl));
             }
         }
         drop(held);
         for key in &devices {
             self.devices.put(key);
         }
-        for (local, h) in found {
-            let ev = Revocation { region: h.region, generation: h.generation, import: local, reason: r.reason };
-            d.events.send_to(h.session, Event::Revocation(ev));
+        for hold in ended {
+            hold.end(d, &self.devices);
+        }
+        for (local, session, region, generation) in found {
+            let ev = Revocation { region, generation, import: local, reason: r.reason };
+            d.events.send_to(session, Event::Revocation(ev));
         }
         Ok(())
     }
