@@ -127,9 +127,11 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     assert_eq!(region.fd_offset(), own.fd_offset() + LEN);
     let beside = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
     assert!(beside.fd_offset() >= region.fd_offset() + LEN, "b's region {:#x} on a's", beside.fd_offset());
-    // A second import of the region on b shares the hold.
+    // A second import of the region on b shares the hold: its release leaves the first's.
     let again = importer.import(&handle, false).unwrap();
     drop(again);
+    let next = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert!(next.fd_offset() >= region.fd_offset() + LEN, "b's region {:#x} on a's", next.fd_offset());
 
     // host-c: no DAX device over those members, so nothing to map: copy-only.
     let far = domain::session(&c.socket, None);
@@ -163,7 +165,12 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     drop(region);
     let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
     assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
-    // The import ended with the region: its DPAs are b's to allocate again.
+    // a ended the import, but b's client still maps b's DAX device there: the DPAs stay
+    // held until the client releases the import; then they are b's to allocate.
+    let still = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    assert!(still.fd_offset() >= region_offset + LEN, "b's region {:#x} on a's mapped DPAs", still.fd_offset());
+    drop(im);
+    drop(import);
     let after = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
     assert_eq!(after.fd_offset(), region_offset, "b allocates where a's freed region was");
 }

@@ -278,7 +278,9 @@ impl DaxRegion {
     }
 
     /// Carves a device of exactly `[start, start + len)` (HPAs, `align`-aligned, inside the
-    /// region) and binds it to `device_dax`. Nothing is left behind on failure.
+    /// region) and binds it to `device_dax`. Nothing is left behind on failure, but for
+    /// a device the kernel made without naming it back (`create` unreadable), which the
+    /// next start deletes with every device no region names.
     pub fn carve(&self, start: u64, len: u64) -> Result<Carved, CarveError> {
         let end = start.checked_add(len).filter(|&e| len > 0 && e <= self.start.saturating_add(self.size));
         if start < self.start || end.is_none() || !start.is_multiple_of(self.align) || !len.is_multiple_of(self.align) {

@@ -236,6 +236,15 @@ impl Memory {
         Some(key)
     }
 
+    /// Keeps `range` out of the allocators until the daemon restarts, whatever its imports
+    /// do: memory a client may still map as another host's (a device the kernel would not
+    /// delete).
+    pub fn keep_foreign(&self, range: &ForeignRange) {
+        if let Some(users) = self.state().foreign.get_mut(range) {
+            *users = users.saturating_add(1);
+        }
+    }
+
     /// One import of `range` less; the last gives the range back to the allocators.
     pub fn release_foreign(&self, range: &ForeignRange) {
         let mut st = self.state();

@@ -88,17 +88,17 @@ pub struct Hold {
 }
 
 impl Hold {
-    /// The carved device, to give back when the owner revokes the import (its mapping
-    /// ends with the device; the DPAs stay held until the import ends).
+    /// The carved device, to delete as soon as the owner ends or revokes the import (its
+    /// mappings end with it); the DPAs stay held until the client releases the import.
     pub fn take_device(&mut self) -> Option<DeviceKey> {
         self.device.take()
     }
 
-    /// Gives everything back as the import ends: the device first (its mappings end),
-    /// then the DPAs.
+    /// Gives everything back as the client releases the import: the device first (its
+    /// mappings end), then the DPAs.
     pub fn end(mut self, d: &Daemon, devices: &ImportDevices) {
         if let Some(key) = self.device.take() {
-            devices.put(&key);
+            devices.put(d, &key);
         }
         d.memory.release_foreign(&self.range);
     }
@@ -159,7 +159,7 @@ pub fn open(
         if let Some(dax) = &b.carve {
             let key = DeviceKey { owner: owner.to_owned(), region, generation };
             let fd = devices
-                .take(&key, dax, dax.start + offset, len, write)
+                .take(&key, dax, (dax.start + offset, len), &range, write)
                 .map_err(|why| format!("a DAX device of set {set} for it: {why}"))?;
             return Ok((fd, 0, Some(key)));
         }
@@ -198,15 +198,21 @@ struct ImportDevice {
     from: DaxRegion,
     name: String,
     path: PathBuf,
+    /// Its HPAs.
+    start: u64,
+    len: u64,
+    /// The region's DPAs, which the imports hold out of this node's allocators.
+    range: crate::memory::ForeignRange,
     users: usize,
 }
 
 /// The DAX devices this node carved for its clients' imports of other nodes' regions
 /// (per-region DAX sets). One lock for the table, held across the carve or delete of a
 /// device so that a region's device is never carved twice nor deleted under a new user:
-/// a few sysfs writes, for imports of this kind only (never the registry's lock). Devices
-/// left by a daemon that died are deleted at its next start, with every device no
-/// region of its own names (`memory/carved.rs`).
+/// a few sysfs writes and at most the bind's wait for the device node, for imports of
+/// this kind only (never the registry's lock), and never on the domain runtime's workers.
+/// Devices left by a daemon that died are deleted at its next start, with every device
+/// no region of its own names (`memory/carved.rs`).
 #[derive(Debug, Default)]
 pub struct ImportDevices {
     carved: Mutex<HashMap<DeviceKey, ImportDevice>>,
@@ -214,8 +220,16 @@ pub struct ImportDevices {
 
 impl ImportDevices {
     /// Opens the device of `key`'s region, carving it from `from` at `[start, start + len)`
-    /// (HPAs) on its first import, and counts one more user.
-    fn take(&self, key: &DeviceKey, from: &DaxRegion, start: u64, len: u64, write: bool) -> Result<OwnedFd, String> {
+    /// (HPAs, the DPAs `range` holds) on its first import, and counts one more user. A
+    /// device of the key at other HPAs (an owner that reused a region id) is refused.
+    fn take(
+        &self,
+        key: &DeviceKey,
+        from: &DaxRegion,
+        (start, len): (u64, u64),
+        range: &crate::memory::ForeignRange,
+        write: bool,
+    ) -> Result<OwnedFd, String> {
         let open = |path: &PathBuf| {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -226,6 +240,12 @@ impl ImportDevices {
         };
         let mut carved = self.carved.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(dev) = carved.get_mut(key) {
+            if (dev.start, dev.len) != (start, len) {
+                return Err(format!(
+                    "{} holds region {} of node {} at {:#x}+{:#x}, not {start:#x}+{len:#x}: release the earlier import first",
+                    dev.name, key.region, key.owner, dev.start, dev.len
+                ));
+            }
             let fd = open(&dev.path)?;
             dev.users += 1;
             return Ok(fd);
@@ -234,7 +254,8 @@ impl ImportDevices {
         match open(&made.path) {
             Ok(fd) => {
                 tracing::info!(owner = %key.owner, region = key.region, device = %made.name, "DAX device carved for an import");
-                let dev = ImportDevice { from: from.clone(), name: made.name, path: made.path, users: 1 };
+                let (name, path, range) = (made.name, made.path, range.clone());
+                let dev = ImportDevice { from: from.clone(), name, path, start, len, range, users: 1 };
                 carved.insert(key.clone(), dev);
                 Ok(fd)
             }
@@ -248,8 +269,9 @@ impl ImportDevices {
     }
 
     /// One user of `key`'s device less; the last one deletes it, which zaps every mapping
-    /// of it.
-    pub fn put(&self, key: &DeviceKey) {
+    /// of it. A device the kernel does not delete may still be mapped: its DPAs then stay
+    /// out of this node's allocators until the daemon restarts (whose start deletes it).
+    pub fn put(&self, d: &Daemon, key: &DeviceKey) {
         let mut carved = self.carved.lock().unwrap_or_else(|p| p.into_inner());
         let Some(dev) = carved.get_mut(key) else { return };
         dev.users = dev.users.saturating_sub(1);
@@ -261,13 +283,16 @@ impl ImportDevices {
                 Ok(()) => {
                     tracing::info!(owner = %key.owner, region = key.region, device = %dev.name, "DAX device of an import deleted")
                 }
-                Err(e) => tracing::warn!(
-                    owner = %key.owner,
-                    region = key.region,
-                    device = %dev.name,
-                    error = %crate::error_chain(&e),
-                    "cannot delete the DAX device of an ended import; it goes at the next start"
-                ),
+                Err(e) => {
+                    d.memory.keep_foreign(&dev.range);
+                    tracing::warn!(
+                        owner = %key.owner,
+                        region = key.region,
+                        device = %dev.name,
+                        error = %crate::error_chain(&e),
+                        "cannot delete the DAX device of an ended import; it goes at the next start, its DPAs stay out of the allocators until then"
+                    )
+                }
             }
         }
     }

@@ -229,9 +229,18 @@ impl NodeLink {
         }
         tracing::info!(peer = node, %addr, incarnation, "node link: linked");
         // Before anything is asked of this incarnation: what an earlier one granted is
-        // void here (its quarantine on the peer lifts once this node reaches it).
+        // void here (its quarantine on the peer lifts once this node reaches it). Off the
+        // runtime's worker: voiding deletes the DAX devices carved for those imports.
         if let Some(d) = self.service().daemon().and_then(|w| w.upgrade()) {
-            self.service().importer().void_owner(&d, node, incarnation);
+            let owner = node.to_owned();
+            let voided = tokio::task::spawn_blocking(move || {
+                if let Some(link) = d.domain.as_ref().and_then(|x| x.link()) {
+                    link.service().importer().void_owner(&d, &owner, incarnation);
+                }
+            });
+            if let Err(e) = voided.await {
+                tracing::warn!(peer = node, error = %e, "voiding an earlier incarnation's imports failed");
+            }
         }
         Ok(Held { link, incarnation, used: Instant::now() })
     }

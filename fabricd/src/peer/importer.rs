@@ -79,6 +79,11 @@ pub(super) struct RemoteReach {
 pub struct Importer {
     next: AtomicU64,
     held: Mutex<HashMap<u64, Held>>,
+    /// Shared CXL imports the owner ended (freed, left) that the client has not released:
+    /// by import id, with the session. Its whole-DAX mapping outlives the import, so the
+    /// DPAs stay held until the client's `Release` or the end of its session. Locked after
+    /// `held` when both are.
+    ended: Mutex<HashMap<u64, (u64, super::cxl::Hold)>>,
     devices: super::cxl::ImportDevices,
 }
 
@@ -397,7 +402,7 @@ impl Importer {
                         format!("import {import} belongs to another session"),
                     ));
                 }
-                None => return Err(refusal(ErrorCode::NotFound, format!("no import {import}"))),
+                None => return self.release_ended(d, session, import),
             }
         };
         let Some(mut h) = h else { return Ok(()) };
@@ -408,6 +413,37 @@ impl Importer {
             self.give_back(domain, &h.owner, h.owner_import);
         }
         Ok(())
+    }
+
+    /// Releases `import` of `session` that its owner already ended: gives back what it
+    /// held here (the owner knows it ended).
+    fn release_ended(&self, d: &Daemon, session: u64, import: u64) -> Result<(), ErrorBody> {
+        let hold = {
+            let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+            match ended.get(&import) {
+                Some((s, _)) if *s == session => ended.remove(&import).map(|(_, h)| h),
+                Some(_) => {
+                    return Err(refusal(
+                        ErrorCode::PermissionDenied,
+                        format!("import {import} belongs to another session"),
+                    ));
+                }
+                None => return Err(refusal(ErrorCode::NotFound, format!("no import {import}"))),
+            }
+        };
+        if let Some(hold) = hold {
+            hold.end(d, &self.devices);
+        }
+        Ok(())
+    }
+
+    /// Keeps the hold of an import its owner ended until the client releases it; its
+    /// carved device, if any, is returned to delete now (outside the locks).
+    fn linger(&self, import: u64, h: Held) -> Option<super::cxl::DeviceKey> {
+        let mut hold = h.cxl?;
+        let device = hold.take_device();
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).insert(import, (h.session, hold));
+        device
     }
 
     /// Tells `owner` that its import `import` is released (in the background).
@@ -430,6 +466,14 @@ impl Importer {
         for id in ids {
             let _ = self.release(d, session, id);
         }
+        let ended: Vec<super::cxl::Hold> = {
+            let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<u64> = ended.iter().filter(|(_, (s, _))| *s == session).map(|(k, _)| *k).collect();
+            ids.into_iter().filter_map(|k| ended.remove(&k)).map(|(_, h)| h).collect()
+        };
+        for hold in ended {
+            hold.end(d, &self.devices);
+        }
     }
 
     /// Ends the imports of owners that are no longer `live` at the incarnation that
@@ -447,24 +491,27 @@ impl Importer {
         self.void(d, |h| h.owner == owner && h.incarnation != incarnation);
     }
 
+    /// Blocking (a carved device is deleted): never on the domain runtime's workers.
     fn void(&self, d: &Daemon, gone: impl Fn(&Held) -> bool) {
-        let ended: Vec<(u64, Held)> = {
+        let mut devices = Vec::new();
+        let ended: Vec<(u64, u64, u64, u64, String)> = {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             let ids: Vec<u64> = held.iter().filter(|(_, h)| gone(h)).map(|(k, _)| *k).collect();
-            ids.into_iter().filter_map(|k| held.remove(&k).map(|h| (k, h))).collect()
-        };
-        for (local, h) in ended {
-            if let Some(hold) = h.cxl {
-                hold.end(d, &self.devices);
+            let mut out = Vec::new();
+            for k in ids {
+                let Some(h) = held.remove(&k) else { continue };
+                out.push((k, h.session, h.region, h.generation, h.owner.clone()));
+                devices.extend(self.linger(k, h));
             }
-            tracing::info!(owner = %h.owner, region = h.region, import = local, "the owner node left or restarted; its import is revoked");
-            let ev = Revocation {
-                region: h.region,
-                generation: h.generation,
-                import: local,
-                reason: RevocationReason::OwnerExited,
-            };
-            d.events.send_to(h.session, Event::Revocation(ev));
+            out
+        };
+        for key in &devices {
+            self.devices.put(d, key);
+        }
+        for (local, session, region, generation, owner) in ended {
+            tracing::info!(owner = %owner, region, import = local, "the owner node left or restarted; its import is revoked");
+            let ev = Revocation { region, generation, import: local, reason: RevocationReason::OwnerExited };
+            d.events.send_to(session, Event::Revocation(ev));
         }
     }
 
@@ -481,25 +528,22 @@ impl Importer {
             .map(|(k, h)| (*k, h.session, h.region, h.generation))
             .collect();
         // Revoked or gone, the import's device goes (its mappings with it): only what the
-        // owner still grants stays reachable. A revoked import keeps its DPAs held until
-        // it is released; a gone one gives them back.
-        let (mut devices, mut ended) = (Vec::new(), Vec::new());
+        // owner still grants stays reachable. Its DPAs stay held until the client
+        // releases it (a whole DAX device's mapping outlives the import).
+        let mut devices = Vec::new();
         for (k, ..) in &found {
             if matches!(r.reason, RevocationReason::Revoked) {
                 if let Some(h) = held.get_mut(k) {
                     h.revoked = true;
                     devices.extend(h.cxl.as_mut().and_then(super::cxl::Hold::take_device));
                 }
-            } else {
-                ended.extend(held.remove(k).and_then(|h| h.cxl));
+            } else if let Some(h) = held.remove(k) {
+                devices.extend(self.linger(*k, h));
             }
         }
         drop(held);
         for key in &devices {
-            self.devices.put(key);
-        }
-        for hold in ended {
-            hold.end(d, &self.devices);
+            self.devices.put(d, key);
         }
         for (local, session, region, generation) in found {
             let ev = Revocation { region, generation, import: local, reason: r.reason };
