@@ -283,7 +283,65 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+    use crate::memory::ledger_tests::{inventory, me, open};
+    use crate::memory::{Place, Whereabouts};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Where region `id` lies in its resource.
+    fn offset_of(m: &Memory, id: u64) -> u64 {
+        match m.whereabouts(id) {
+            Some(Whereabouts::Resource { offset, .. }) => offset,
+            other => panic!("region {id}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_held_foreign_range_keeps_allocations_off_until_its_last_import_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory();
+        let m = open(dir.path(), &inv);
+        // A one-way "set" over the GPU's HBM: the range another host's grant names.
+        let set = SetSpec {
+            name: "s".into(),
+            members: vec![(gpu.clone(), MemoryKind::Hbm, 0)],
+            member_size: 256 * MIB,
+            start: 0,
+        };
+        let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+        let alloc = |m: &Memory| {
+            let g = m.alloc(&me(), 1, &place, 4 * MIB, 0).unwrap();
+            let at = offset_of(m, g.region);
+            m.free(1, g.region).unwrap();
+            at
+        };
+        assert_eq!(alloc(&m), 0, "first fit starts at 0");
+        // Not whole granules, or past the resource: no hold.
+        assert!(m.hold_foreign(&set, MIB, 4 * MIB).is_none());
+        assert!(m.hold_foreign(&set, 254 * MIB, 4 * MIB).is_none());
+        let first = m.hold_foreign(&set, 0, 4 * MIB).unwrap();
+        let second = m.hold_foreign(&set, 0, 4 * MIB).unwrap();
+        assert_eq!(first, second, "imports of one range share its hold");
+        // An overlapping range of another grant is not free.
+        assert!(m.hold_foreign(&set, 2 * MIB, 4 * MIB).is_none());
+        assert_eq!(alloc(&m), 4 * MIB, "held DPAs are not allocated");
+        m.release_foreign(&first);
+        assert_eq!(alloc(&m), 4 * MIB, "still held by the second import");
+        m.release_foreign(&second);
+        assert_eq!(alloc(&m), 0, "free again after the last");
+        // A range whose device would not go stays held past its imports.
+        let kept = m.hold_foreign(&set, 0, 4 * MIB).unwrap();
+        m.keep_foreign(&kept);
+        m.release_foreign(&kept);
+        assert_eq!(alloc(&m), 4 * MIB, "kept until a restart");
+        // A range some region of this node holds cannot be held.
+        let g = m.alloc(&me(), 1, &place, 4 * MIB, 0).unwrap();
+        let at = offset_of(&m, g.region);
+        assert!(m.hold_foreign(&set, at, 4 * MIB).is_none(), "this node's own region at {at:#x}");
+    }
 
     #[test]
     fn set_region_units_cover_ways_granules_and_the_dax_align() {
