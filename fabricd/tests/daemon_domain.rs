@@ -520,6 +520,24 @@ fn drop_fourth_gpu(fabric: &Path, before: &[(String, u64, u64)], tray1: &mut Con
     gone.unwrap()
 }
 
+/// Waits (up to `within`) until tray0 holds tray1's placements as tray1 does, changed
+/// from `before`, with `gone` a hole; says how long that took after `what`.
+fn tray0_sees_the_hole(
+    clients: &mut [Connection],
+    before: &[(String, u64, u64)],
+    gone: &(String, u64, u64),
+    within: Duration,
+    what: &str,
+) {
+    let t = until(within, "tray0 sees tray1's new placements", || {
+        let now = ranges_of(&mut clients[0], "tray1");
+        now != before && now == ranges_of(&mut clients[1], "tray1")
+    });
+    eprintln!("tray1's placements reached tray0 {t:?} after {what}");
+    let seen = ranges_of(&mut clients[0], "tray1");
+    assert!(seen.iter().any(|r| r.0 == gone.0 && r.2 == 0), "the GPU's range is a hole now: {seen:?}");
+}
+
 #[test]
 fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
     // A TTL long enough that a short etcd outage costs no lease: the node keeps its
@@ -540,13 +558,7 @@ fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
 
     // etcd back: tray1's new placements are written, and tray0 holds them.
     rt.block_on(etcd.restart()).unwrap();
-    let t = until(Duration::from_secs(LONG_TTL / 3 + 5), "tray0 sees tray1's new placements", || {
-        let now = ranges_of(&mut clients[0], "tray1");
-        now != before && now == ranges_of(&mut clients[1], "tray1")
-    });
-    eprintln!("tray1's placements reached tray0 {t:?} after etcd restarted");
-    let seen = ranges_of(&mut clients[0], "tray1");
-    assert!(seen.iter().any(|r| r.0 == gone.0 && r.2 == 0), "the GPU's range is a hole now: {seen:?}");
+    tray0_sees_the_hole(clients, &before, &gone, Duration::from_secs(LONG_TTL / 3 + 5), "etcd restarted");
     let status = domain(&mut clients[1], DomainAction::Status);
     assert_eq!(status["self"]["standing"], "joined", "{status}");
     assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership, no rejoin");
@@ -581,13 +593,7 @@ fn placements_etcd_refuses_to_store_are_written_when_it_takes_writes_again() {
     assert!(live.iter().any(|n| n.0 == "tray1" && n.1 == "live"), "tray0 still sees tray1 live: {live:?}");
 
     rt.block_on(etcd.space_alarm(false)).unwrap();
-    let t = until(Duration::from_secs(TTL), "tray0 sees tray1's new placements", || {
-        let now = ranges_of(&mut clients[0], "tray1");
-        now != before && now == ranges_of(&mut clients[1], "tray1")
-    });
-    eprintln!("tray1's placements reached tray0 {t:?} after the alarm was disarmed");
-    let seen = ranges_of(&mut clients[0], "tray1");
-    assert!(seen.iter().any(|r| r.0 == gone.0 && r.2 == 0), "the GPU's range is a hole now: {seen:?}");
+    tray0_sees_the_hole(clients, &before, &gone, Duration::from_secs(TTL), "the alarm was disarmed");
     let status = domain(&mut clients[1], DomainAction::Status);
     assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership, no rejoin: {status}");
 }

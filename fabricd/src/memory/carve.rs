@@ -293,7 +293,7 @@ impl DaxRegion {
         // between the write and the read would hand both carvers one device: the steps up
         // to the device's range run one carve at a time (the bind's wait for its node does
         // not; a few sysfs writes, never under the registry's lock).
-        let placed = {
+        let (name, placed) = {
             let _one = CREATING.lock().unwrap_or_else(|p| p.into_inner());
             let create = self.dir.join("dax_region/create");
             write(&create, "1")?;
@@ -311,7 +311,6 @@ impl DaxRegion {
             let placed = self.place(&name, start, len);
             (name, placed)
         };
-        let (name, placed) = placed;
         match placed.and_then(|d| self.bind(&d)) {
             Ok(path) => {
                 tracing::info!(device = %name, start, len, "DAX device carved");

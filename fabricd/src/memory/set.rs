@@ -40,6 +40,13 @@ pub struct ForeignRange {
     len: u64,
 }
 
+impl super::State {
+    /// The resource of a set's member `(device, kind, ordinal)`.
+    fn member(&self, (device, kind, ordinal): &(DeviceId, MemoryKind, u16)) -> Option<usize> {
+        self.resources.iter().position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
+    }
+}
+
 /// A set region's extra state: where in the set it is and the members' reservations.
 #[derive(Debug, Clone)]
 pub(super) struct SetRegion {
@@ -126,13 +133,9 @@ impl Memory {
         let per = len / ways;
         self.check(&st, owner.uid, len, 1)?;
         let mut idx = Vec::with_capacity(set.members.len());
-        for (device, kind, ordinal) in &set.members {
-            let i = st
-                .resources
-                .iter()
-                .position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
-                .ok_or_else(|| {
-                MemoryError::NotFound(format!("member {device} of set {} has no such memory", set.name))
+        for member in &set.members {
+            let i = st.member(member).ok_or_else(|| {
+                MemoryError::NotFound(format!("member {} of set {} has no such memory", member.0, set.name))
             })?;
             idx.push(i);
         }
@@ -213,13 +216,7 @@ impl Memory {
             return None;
         }
         let mut st = self.state();
-        let resources = set
-            .members
-            .iter()
-            .map(|(device, kind, ordinal)| {
-                st.resources.iter().position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
-            })
-            .collect::<Option<Vec<usize>>>()?;
+        let resources = set.members.iter().map(|m| st.member(m)).collect::<Option<Vec<usize>>>()?;
         let key = ForeignRange { resources, offset: offset / ways, len: len / ways };
         if let Some(users) = st.foreign.get_mut(&key) {
             *users += 1;

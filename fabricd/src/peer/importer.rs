@@ -205,22 +205,21 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         .check()
         .map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))
         .inspect_err(|_| give_back())?;
-    let reach = match (&shared, &grant.shared) {
+    // What the client maps (a descriptor and the offset in it), and what that holds here.
+    let (reach, cxl) = match (&shared, &grant.shared) {
         (Some(shared), Some(Shared::File(file))) => {
-            Some((open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?, grant.offset, None))
+            let fd = open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?;
+            (Some((fd, grant.offset)), None)
         }
         (_, Some(Shared::Cxl(c))) => {
             let devices = &link.service().importer().devices;
             let region = (grant.region, grant.generation);
-            super::cxl::open(d, devices, &owner, region, c, grant.len, write)
-                .inspect_err(|_| give_back())?
-                .map(|r| (r.fd, r.offset, Some(r.hold)))
+            match super::cxl::open(d, devices, &owner, region, c, grant.len, write).inspect_err(|_| give_back())? {
+                Some(r) => (Some((r.fd, r.offset)), Some(r.hold)),
+                None => (None, None),
+            }
         }
-        _ => None,
-    };
-    let (reach, cxl) = match reach {
-        Some((fd, offset, hold)) => (Some((fd, offset)), hold),
-        None => (None, None),
+        _ => (None, None),
     };
     // Class NET: copy-only, which needs the region's GFA.
     if reach.is_none() && grant.gfa.is_none() {
@@ -359,6 +358,22 @@ fn open_shared(
     Ok(OwnedFd::from(file))
 }
 
+/// Takes `import` out of `map` when `session` holds it; `Ok(None)` when it is not there,
+/// refused when another session holds it.
+fn take_own<T>(
+    map: &mut HashMap<u64, T>,
+    import: u64,
+    session: u64,
+    session_of: impl Fn(&T) -> u64,
+) -> Result<Option<T>, ErrorBody> {
+    match map.get(&import) {
+        Some(t) if session_of(t) != session => {
+            Err(refusal(ErrorCode::PermissionDenied, format!("import {import} belongs to another session")))
+        }
+        _ => Ok(map.remove(&import)),
+    }
+}
+
 impl Importer {
     fn hold(&self, h: Held) -> u64 {
         let id = REMOTE_IMPORT | (self.next.fetch_add(1, Ordering::Relaxed) + 1);
@@ -392,20 +407,8 @@ impl Importer {
     /// Releases `import` of `session`: told to the owner node without waiting for it (its
     /// import ends with this node's incarnation anyway).
     fn release(&self, d: &Daemon, session: u64, import: u64) -> Result<(), ErrorBody> {
-        let h = {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            match held.get(&import) {
-                Some(h) if h.session == session => held.remove(&import),
-                Some(_) => {
-                    return Err(refusal(
-                        ErrorCode::PermissionDenied,
-                        format!("import {import} belongs to another session"),
-                    ));
-                }
-                None => return self.release_ended(d, session, import),
-            }
-        };
-        let Some(mut h) = h else { return Ok(()) };
+        let taken = take_own(&mut self.held.lock().unwrap_or_else(|p| p.into_inner()), import, session, |h| h.session);
+        let Some(mut h) = taken? else { return self.release_ended(d, session, import) };
         if let Some(hold) = h.cxl.take() {
             hold.end(d, &self.devices);
         }
@@ -418,22 +421,11 @@ impl Importer {
     /// Releases `import` of `session` that its owner already ended: gives back what it
     /// held here (the owner knows it ended).
     fn release_ended(&self, d: &Daemon, session: u64, import: u64) -> Result<(), ErrorBody> {
-        let hold = {
-            let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-            match ended.get(&import) {
-                Some((s, _)) if *s == session => ended.remove(&import).map(|(_, h)| h),
-                Some(_) => {
-                    return Err(refusal(
-                        ErrorCode::PermissionDenied,
-                        format!("import {import} belongs to another session"),
-                    ));
-                }
-                None => return Err(refusal(ErrorCode::NotFound, format!("no import {import}"))),
-            }
+        let taken = take_own(&mut self.ended.lock().unwrap_or_else(|p| p.into_inner()), import, session, |e| e.0);
+        let Some((_, hold)) = taken? else {
+            return Err(refusal(ErrorCode::NotFound, format!("no import {import}")));
         };
-        if let Some(hold) = hold {
-            hold.end(d, &self.devices);
-        }
+        hold.end(d, &self.devices);
         Ok(())
     }
 
