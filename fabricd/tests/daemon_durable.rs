@@ -235,6 +235,29 @@ fn an_owner_that_does_not_come_back_is_reclaimed_after_the_grace_period() {
     assert_eq!(connect(&setup.socket, Some(token)).unwrap_err().code, ErrorCode::NotFound);
 }
 
+#[test]
+fn owners_that_do_not_come_back_are_reclaimed_together() {
+    // Two orphaned sessions end in one reclaim, each end journaled: the registry waits
+    // for both ends without its lock (it once kept it across the second wait and hung).
+    let setup = common::Setup::new("[memory]\nresume_grace_s = 1\n");
+    let d = common::start(&setup.config, setup.dir.path());
+    let (mut a, _) = connect(&setup.socket, None).unwrap();
+    let (mut b, _) = connect(&setup.socket, None).unwrap();
+    alloc(&mut a, &gpu(), 2 * MIB);
+    alloc(&mut b, &gpu(), 2 * MIB);
+    stop(d, true);
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (mut c, _) = connect(&setup.socket, None).unwrap();
+    assert_eq!(status(&mut c).regions, 2, "both sessions' regions are back, waiting for their owners");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&mut c).regions != 0 || !region_files(&setup.state).is_empty() {
+        assert!(Instant::now() < deadline, "both orphaned sessions are reclaimed after the grace period");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    alloc(&mut c, &gpu(), 2 * MIB);
+    assert_eq!(status(&mut c).regions, 1, "the registry serves after the reclaim");
+}
+
 const ENV_OWNER: &str = "FABRICD_DURABLE_OWNER_SOCKET";
 
 /// The child of [`an_owner_that_is_gone_is_reclaimed_at_start`]: allocates, says so, and

@@ -524,15 +524,17 @@ impl Memory {
             }
         }
         drop(st);
-        let mut st = None;
-        for t in tickets {
-            let (guard, done) = self.commit(Some(t));
-            if let Err(e) = done {
-                tracing::error!(error = %crate::error_chain(&e), "cannot journal the end of an orphaned session");
+        // Every end waited for with the lock released, then settled under it once: a
+        // guard kept across the next wait would hold the registry through a journal write
+        // and deadlock on the next relock.
+        let waited: Vec<_> = tickets.into_iter().map(Ticket::wait).collect();
+        let mut st = self.state();
+        for w in &waited {
+            st.settle(w);
+            if let Err(e) = w {
+                tracing::error!(error = %crate::error_chain(e), "cannot journal the end of an orphaned session");
             }
-            st = Some(guard);
         }
-        let mut st = st.unwrap_or_else(|| self.state());
         let mut out = Reclaimed::default();
         for o in &orphans {
             let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
