@@ -344,8 +344,9 @@ fn alloc_export(
         access: AccessMode::ReadWrite,
     };
     let start = Instant::now();
-    let (resp, _) =
-        owner.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).map_err(call_err("export"))?;
+    let (resp, _) = owner
+        .call(Request::Export(ExportRequest { region: a.region, policy, node: None }), &[])
+        .map_err(call_err("export"))?;
     t.export.push(start.elapsed());
     let Response::Export(e) = resp else { return Err(ControlBenchError::Unexpected("export")) };
     Ok((a.region, e.handle))
@@ -394,7 +395,7 @@ fn time_memory(socket: &Path, device: &str, size: u64, n: usize) -> Result<Memor
             import_release(&mut importer, *handle, &mut t.import)?;
         }
         for (region, _) in live {
-            owner.call(Request::Free(FreeRequest { region }), &[]).map_err(call_err("free"))?;
+            owner.call(Request::Free(FreeRequest { region, node: None }), &[]).map_err(call_err("free"))?;
         }
         done += k;
     }

@@ -228,7 +228,7 @@ fn alloc_free(c: &mut Connection, on: &On, size: u64) -> bool {
 fn free_after(c: &mut Connection, req: Request) -> bool {
     let Ok((Response::Alloc(a), fds)) = c.call(req, &[]) else { return false };
     drop(fds);
-    c.call(Request::Free(FreeRequest { region: a.region }), &[]).is_ok()
+    c.call(Request::Free(FreeRequest { region: a.region, node: None }), &[]).is_ok()
 }
 
 /// Allocations per second from `clients` clients for `duration`, and their errors.

@@ -244,7 +244,7 @@ pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError>
         partition: None,
         access: AccessMode::ReadWrite,
     };
-    let req = Request::Export(ExportRequest { region: a.region, policy });
+    let req = Request::Export(ExportRequest { region: a.region, policy, node: None });
     let Response::Export(e) = call(&mut owner, "export", req, &[])? else {
         return Err(ControlBenchError::Unexpected("export"));
     };
@@ -270,6 +270,7 @@ pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError>
         offset: 0,
         len: bytes,
         access: AccessMode::ReadWrite,
+        node: None,
     });
     let Response::Register(r) = call(&mut imp, "register", req, &[mem.as_fd()])? else {
         return Err(ControlBenchError::Unexpected("register"));

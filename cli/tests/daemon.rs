@@ -284,7 +284,7 @@ fn partitions_and_regions_come_from_the_daemon() {
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    c.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap();
+    c.call(Request::Export(ExportRequest { region: a.region, policy, node: None }), &[]).unwrap();
 
     let o = fabricctl(&["regions", "-o", "json", "--daemon", sock]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));

@@ -144,7 +144,8 @@ fn a_rescan_that_finds_a_pci_function_failed_shows_it_with_why_and_loses_its_mem
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap().0
+    let Response::Export(e) =
+        owner.call(Request::Export(ExportRequest { region: a.region, policy, node: None }), &[]).unwrap().0
     else {
         panic!()
     };
@@ -197,6 +198,7 @@ fn a_rescan_that_finds_a_pci_function_failed_shows_it_with_why_and_loses_its_mem
                 partition: None,
                 access: AccessMode::ReadOnly,
             },
+            node: None,
         }),
         &[],
     );

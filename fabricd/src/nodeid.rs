@@ -1,12 +1,15 @@
 //! This daemon's node id — drawn at random on first start and kept in the state directory
 //! (`node-id`), so that it and every handle it made survive restarts — and the check that
-//! a handle a request carries names this node, or why not (`docs/protocol.md`, "Node
-//! identities").
+//! the handle or region a request names is this node's, or why not (`docs/protocol.md`,
+//! "Node identities").
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use fabric_proto::wire::{ErrorBody, ErrorCode, ErrorDetail, ErrorText, NODE_IDENTITIES, NodeId, Request, Version};
+use fabric_proto::wire::{
+    ErrorBody, ErrorCode, ErrorDetail, ErrorText, ExportHandle, NODE_IDENTITIES, NodeId, QUALIFIED_REGIONS,
+    RegisterSource, Request, Version,
+};
 
 /// The file in the state directory: the id's 16 hex digits and a newline.
 pub const FILE_NAME: &str = "node-id";
@@ -64,23 +67,40 @@ pub fn load_or_create(state_dir: &Path) -> Result<NodeId, NodeIdFileError> {
     }
 }
 
-/// Checks the handle `req` carries (`Import`, `ImportObject`, `Revoke`) against this node,
-/// `local`, for a connection that negotiated `version`:
-/// - before 1.5 a handle is node-less and means this node; one that names a node (bytes an
+/// Checks the node that `req` names, if any, against this node, `local`, for a
+/// connection that negotiated `version`: the handle of `Import`, `ImportObject` and
+/// `Revoke` (`check_handle`) and the region of `Free`, `Export` and `Register`
+/// (`check_region`).
+pub fn check_node(local: NodeId, req: &Request, version: Version) -> Result<(), ErrorBody> {
+    match req {
+        Request::Import(i) | Request::ImportObject(i) => check_handle(local, &i.handle, version),
+        Request::Revoke(r) => check_handle(local, &r.handle, version),
+        Request::Free(f) => check_region(local, f.region, f.node, version),
+        Request::Export(e) => check_region(local, e.region, e.node, version),
+        Request::Register(r) => match r.source {
+            RegisterSource::Region(id) => check_region(local, id, r.node, version),
+            _ if r.node.is_some() => {
+                refuse(ErrorCode::BadRequest, "a registration names a node only for a region source".to_owned(), None)
+            }
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+fn refuse(code: ErrorCode, message: String, detail: Option<ErrorDetail>) -> Result<(), ErrorBody> {
+    Err(ErrorBody { code, message: ErrorText::truncated(&message), detail })
+}
+
+/// A handle:
+/// - before 1.5 it is node-less and means this node; one that names a node (bytes an
 ///   older client cannot have meant) is a bad request;
 /// - since 1.5 it must name a node: this one is served, another is refused with
 ///   `WrongNode` naming it (a domain node with a node link asks the owner first:
 ///   `crate::peer::importer`), and a node-less
 ///   (`fbh1`) handle is a bad request, so that no handle is ever taken for this node's by
 ///   default.
-pub fn check_handle(local: NodeId, req: &Request, version: Version) -> Result<(), ErrorBody> {
-    let handle = match req {
-        Request::Import(i) | Request::ImportObject(i) => &i.handle,
-        Request::Revoke(r) => &r.handle,
-        _ => return Ok(()),
-    };
-    let refuse =
-        |code, message: String, detail| Err(ErrorBody { code, message: ErrorText::truncated(&message), detail });
+fn check_handle(local: NodeId, handle: &ExportHandle, version: Version) -> Result<(), ErrorBody> {
     match handle.node {
         None if version < NODE_IDENTITIES => Ok(()),
         Some(_) if version < NODE_IDENTITIES => refuse(
@@ -100,6 +120,34 @@ pub fn check_handle(local: NodeId, req: &Request, version: Version) -> Result<()
             ErrorCode::WrongNode,
             format!(
                 "the handle names node {node}; this is node {local}, which has no node link to ask it (a domain node with [peer] credentials imports across nodes)"
+            ),
+            Some(ErrorDetail::Node { node }),
+        ),
+    }
+}
+
+/// The region `id` of a request about a session's own region, with the node it names:
+/// - a bare id (every version) is this node's: a session's regions live on the daemon
+///   it is connected to, and every client older than 1.8 sends them so;
+/// - since 1.8 it may name its node: this one is served, another is refused with
+///   `WrongNode` naming it, before anything is looked up — so that an id a client got
+///   from another daemon never acts on this one's region of the same number;
+/// - before 1.8 a node is bytes the client cannot have meant: a bad request.
+fn check_region(local: NodeId, id: u64, node: Option<NodeId>, version: Version) -> Result<(), ErrorBody> {
+    match node {
+        None => Ok(()),
+        Some(_) if version < QUALIFIED_REGIONS => refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "a region that names its node needs protocol {QUALIFIED_REGIONS}; this connection speaks {version}"
+            ),
+            None,
+        ),
+        Some(node) if node == local => Ok(()),
+        Some(node) => refuse(
+            ErrorCode::WrongNode,
+            format!(
+                "region {id} is node {node}'s; this is node {local} (a region is freed, exported and registered through the daemon that owns it)"
             ),
             Some(ErrorDetail::Node { node }),
         ),
@@ -128,20 +176,52 @@ mod tests {
     fn every_pair_of_version_and_handle_node_has_one_answer() {
         let old = Version::new(1, 4);
         let new = NODE_IDENTITIES;
-        assert_eq!(code(check_handle(HERE, &import(None), old)), None, "1.4: node-less is local");
-        assert_eq!(code(check_handle(HERE, &import(Some(HERE)), old)), Some(ErrorCode::BadRequest));
-        assert_eq!(code(check_handle(HERE, &import(Some(THERE)), old)), Some(ErrorCode::BadRequest));
-        assert_eq!(code(check_handle(HERE, &import(Some(HERE)), new)), None);
-        assert_eq!(code(check_handle(HERE, &import(None), new)), Some(ErrorCode::BadRequest));
-        let wrong = check_handle(HERE, &import(Some(THERE)), new).unwrap_err();
+        assert_eq!(code(check_node(HERE, &import(None), old)), None, "1.4: node-less is local");
+        assert_eq!(code(check_node(HERE, &import(Some(HERE)), old)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &import(Some(THERE)), old)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &import(Some(HERE)), new)), None);
+        assert_eq!(code(check_node(HERE, &import(None), new)), Some(ErrorCode::BadRequest));
+        let wrong = check_node(HERE, &import(Some(THERE)), new).unwrap_err();
         assert_eq!(wrong.code, ErrorCode::WrongNode);
         assert_eq!(wrong.detail, Some(ErrorDetail::Node { node: THERE }));
         assert!(wrong.message.contains(&THERE.to_string()), "{}", wrong.message);
         let revoke = Request::Revoke(RevokeRequest {
             handle: ExportHandle { node: Some(THERE), region: 1, generation: 1, secret: Secret([0; 16]) },
         });
-        assert_eq!(code(check_handle(HERE, &revoke, new)), Some(ErrorCode::WrongNode));
-        assert_eq!(code(check_handle(HERE, &Request::Ping, new)), None);
+        assert_eq!(code(check_node(HERE, &revoke, new)), Some(ErrorCode::WrongNode));
+        assert_eq!(code(check_node(HERE, &Request::Ping, new)), None);
+    }
+
+    #[test]
+    fn a_region_request_is_this_nodes_when_bare_or_named_so() {
+        use fabric_proto::wire::{DeviceName, FreeRequest, RegisterRequest};
+        let free = |node| Request::Free(FreeRequest { region: 7, node });
+        let register = |source, node| {
+            Request::Register(RegisterRequest {
+                device: DeviceName::truncated("gpu0"),
+                source,
+                offset: 0,
+                len: 1,
+                access: AccessMode::ReadOnly,
+                node,
+            })
+        };
+        let (old, new) = (Version::new(1, 7), QUALIFIED_REGIONS);
+        for v in [Version::new(1, 0), old, new] {
+            assert_eq!(code(check_node(HERE, &free(None), v)), None, "{v}: a bare id is this node's");
+        }
+        assert_eq!(code(check_node(HERE, &free(Some(HERE)), old)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &free(Some(HERE)), new)), None);
+        let wrong = check_node(HERE, &free(Some(THERE)), new).unwrap_err();
+        assert_eq!(wrong.code, ErrorCode::WrongNode);
+        assert_eq!(wrong.detail, Some(ErrorDetail::Node { node: THERE }));
+        assert!(wrong.message.contains(&THERE.to_string()) && wrong.message.contains("region 7"), "{}", wrong.message);
+        let region = register(RegisterSource::Region(7), Some(THERE));
+        assert_eq!(code(check_node(HERE, &region, new)), Some(ErrorCode::WrongNode));
+        assert_eq!(code(check_node(HERE, &register(RegisterSource::Region(7), Some(HERE)), new)), None);
+        let import = register(RegisterSource::Import(7), Some(HERE));
+        assert_eq!(code(check_node(HERE, &import, new)), Some(ErrorCode::BadRequest), "only a region has a node");
+        assert_eq!(code(check_node(HERE, &register(RegisterSource::Fd, None), new)), None);
     }
 
     #[test]

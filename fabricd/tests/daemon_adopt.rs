@@ -77,7 +77,8 @@ fn export(c: &mut Connection, region: u64) -> ExportHandle {
         partition: None,
         access: AccessMode::ReadWrite,
     };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
+    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
+    else {
         panic!()
     };
     e.handle
@@ -130,7 +131,7 @@ fn an_adopted_object_is_a_region_imported_by_handle() {
     assert!(d.log().contains("vendor object adopted"), "{}", d.log());
 
     // Free gives the range back.
-    a.call(Request::Free(FreeRequest { region: r.region }), &[]).unwrap();
+    a.call(Request::Free(FreeRequest { region: r.region, node: None }), &[]).unwrap();
     assert_eq!(allocated(&mut a), before);
 }
 
@@ -151,7 +152,7 @@ fn wrong_ops_and_wrong_objects_are_typed_refusals() {
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let e = refused(&mut a, Request::Export(ExportRequest { region: r.region, policy: ro }), &[]);
+    let e = refused(&mut a, Request::Export(ExportRequest { region: r.region, policy: ro, node: None }), &[]);
     assert_eq!(e.code, ErrorCode::BadRequest);
     assert!(e.message.contains("read-only"), "{}", e.message);
     // A vendor object is not mmap-able memory: plain Import refuses it.
@@ -191,6 +192,7 @@ fn wrong_ops_and_wrong_objects_are_typed_refusals() {
         offset: 0,
         len: 4096,
         access: AccessMode::ReadWrite,
+        node: None,
     });
     assert_eq!(refused(&mut a, reg, &[]).code, ErrorCode::NotImplemented);
 }
@@ -317,6 +319,7 @@ fn register_fd(c: &mut Connection, gpu: &str, fd: std::os::fd::BorrowedFd<'_>) -
         offset: 0,
         len: 4096,
         access: AccessMode::ReadOnly,
+        node: None,
     });
     c.call(req, &[fd]).map(|(r, _)| r)
 }

@@ -60,7 +60,14 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 fn register(c: &mut Connection, gpu: &str, source: RegisterSource, offset: u64, len: u64, access: AccessMode) -> u64 {
-    let req = Request::Register(RegisterRequest { device: DeviceName::truncated(gpu), source, offset, len, access });
+    let req = Request::Register(RegisterRequest {
+        device: DeviceName::truncated(gpu),
+        source,
+        offset,
+        len,
+        access,
+        node: None,
+    });
     let Response::Register(r) = c.call(req, &[]).unwrap().0 else { panic!() };
     r.registration
 }
@@ -154,7 +161,8 @@ fn regions_copy_by_gfa_and_by_registration_over_partial_ranges() {
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region: a.info.region, policy }), &[]).unwrap().0
+    let Response::Export(e) =
+        c.call(Request::Export(ExportRequest { region: a.info.region, policy, node: None }), &[]).unwrap().0
     else {
         panic!()
     };
@@ -345,7 +353,7 @@ fn freeing_the_source_during_a_copy_stops_it() {
             let b = alloc(c, &env.gpus[1], 64 * MIB);
             let region = a.info.region;
             let then = move |c: &mut Connection| {
-                let (r, _) = c.call(Request::Free(FreeRequest { region }), &[]).unwrap();
+                let (r, _) = c.call(Request::Free(FreeRequest { region, node: None }), &[]).unwrap();
                 assert_eq!(r, Response::Free);
             };
             (CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), Box::new(then))
@@ -369,7 +377,7 @@ fn revoking_the_export_stops_an_importer_copy() {
             access: AccessMode::ReadOnly,
         };
         let Response::Export(e) =
-            owner.call(Request::Export(ExportRequest { region: a.info.region, policy }), &[]).unwrap().0
+            owner.call(Request::Export(ExportRequest { region: a.info.region, policy, node: None }), &[]).unwrap().0
         else {
             panic!()
         };
@@ -488,6 +496,7 @@ fn memory_shrunk_under_a_registration_fails_the_copy_and_never_the_daemon() {
             offset: 0,
             len: 2 * MIB,
             access: AccessMode::ReadWrite,
+            node: None,
         });
         let Response::Register(r) = c.call(req, &[fd.as_fd()]).unwrap().0 else { panic!() };
         r.registration

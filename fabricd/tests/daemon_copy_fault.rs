@@ -39,7 +39,7 @@ fn alloc(c: &mut Connection, gpu: &str, size: u64) -> Region {
 }
 
 fn free(c: &mut Connection, r: &Region) {
-    assert_eq!(c.call(Request::Free(FreeRequest { region: r.id }), &[]).unwrap().0, Response::Free);
+    assert_eq!(c.call(Request::Free(FreeRequest { region: r.id, node: None }), &[]).unwrap().0, Response::Free);
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -159,6 +159,7 @@ fn a_region_file_truncated_during_a_copy_fails_that_copy_and_the_daemon_serves_o
         offset: 0,
         len: LEN,
         access: AccessMode::ReadOnly,
+        node: None,
     });
     let Response::Register(r) = c.call(req, &[]).unwrap().0 else { panic!() };
     let from_reg = CopyEndpoint::Registration { id: r.registration, offset: 0 };

@@ -64,6 +64,7 @@ fn register(c: &mut Connection, gpu: &str, fd: &OwnedFd, len: u64) -> u64 {
         offset: 0,
         len,
         access: AccessMode::ReadWrite,
+        node: None,
     });
     let Response::Register(r) = c.call(req, &[fd.as_fd()]).unwrap().0 else { panic!() };
     r.registration

@@ -187,7 +187,7 @@ impl Worker {
             check_mapping(r.id, &r.map);
         }
         for id in std::mem::take(&mut self.pending_free) {
-            match call(c, Request::Free(FreeRequest { region: id })) {
+            match call(c, Request::Free(FreeRequest { region: id, node: None })) {
                 Outcome::Ok(_) | Outcome::Refused(ErrorCode::NotFound) => self.shared.out.line(&format!("F {id}")),
                 Outcome::Refused(code) => panic!("thread {}: free {id} after restart: {code:?}", self.t),
                 Outcome::Down => {
@@ -288,7 +288,7 @@ impl Worker {
                 partition: None,
                 access: AccessMode::ReadOnly,
             };
-            match call(c, Request::Export(ExportRequest { region, policy })) {
+            match call(c, Request::Export(ExportRequest { region, policy, node: None })) {
                 Outcome::Ok((Response::Export(e), _)) => {
                     self.shared.out.line(&format!("E {t} {region} {}", e.handle));
                     self.regions[i].exports.push(e.handle);
@@ -348,7 +348,7 @@ impl Worker {
         } else {
             let i = self.rng.below(self.regions.len() as u64) as usize;
             let r = self.regions.swap_remove(i);
-            match call(c, Request::Free(FreeRequest { region: r.id })) {
+            match call(c, Request::Free(FreeRequest { region: r.id, node: None })) {
                 Outcome::Ok(_) => self.shared.out.line(&format!("F {}", r.id)),
                 Outcome::Refused(code) => panic!("thread {t}: free refused: {code:?}"),
                 Outcome::Down => {

@@ -82,7 +82,14 @@ fn alloc(c: &mut Connection, device: &str, size: u64) -> u64 {
 }
 
 fn reg_req(device: &str, source: RegisterSource, offset: u64, len: u64, access: AccessMode) -> Request {
-    Request::Register(RegisterRequest { device: DeviceName::truncated(device), source, offset, len, access })
+    Request::Register(RegisterRequest {
+        device: DeviceName::truncated(device),
+        source,
+        offset,
+        len,
+        access,
+        node: None,
+    })
 }
 
 fn register(
@@ -158,7 +165,8 @@ fn every_source_registers_below_the_mask_at_distinct_iovas_and_unregister_frees(
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let Response::Export(e) = other.call(Request::Export(ExportRequest { region: shared, policy }), &[]).unwrap().0
+    let Response::Export(e) =
+        other.call(Request::Export(ExportRequest { region: shared, policy, node: None }), &[]).unwrap().0
     else {
         panic!()
     };
@@ -253,7 +261,8 @@ fn registrations_end_with_their_region_import_and_session() {
         partition: None,
         access: AccessMode::ReadWrite,
     };
-    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
+    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
+    else {
         panic!()
     };
     let Response::Import(imp) =
@@ -263,7 +272,7 @@ fn registrations_end_with_their_region_import_and_session() {
     };
     let via_import = register(&mut c, &gpu, RegisterSource::Import(imp.import), 0, MIB, &[]);
     assert_eq!(status(&mut c).registrations, 2);
-    owner.call(Request::Free(FreeRequest { region }), &[]).unwrap();
+    owner.call(Request::Free(FreeRequest { region, node: None }), &[]).unwrap();
     let s = status(&mut c);
     assert_eq!((s.registrations, s.pinned_bytes), (0, 0));
     for (conn, id) in [(&mut owner, own.registration), (&mut c, via_import.registration)] {
@@ -279,7 +288,8 @@ fn registrations_end_with_their_region_import_and_session() {
         partition: None,
         access: AccessMode::ReadWrite,
     };
-    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
+    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
+    else {
         panic!()
     };
     let mut imports = Vec::new();

@@ -62,7 +62,8 @@ fn export(c: &mut Connection, region: u64) -> ExportHandle {
         partition: None,
         access: AccessMode::ReadWrite,
     };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
+    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
+    else {
         panic!()
     };
     e.handle
@@ -142,7 +143,7 @@ fn restart_and_resume(kill: bool) {
     }
     let handle = export(&mut a, r.region);
     let (r2, _) = alloc(&mut a, &gpu, 2 * MIB);
-    a.call(Request::Free(FreeRequest { region: r2.region }), &[]).unwrap();
+    a.call(Request::Free(FreeRequest { region: r2.region, node: None }), &[]).unwrap();
 
     stop(d, kill);
     let d = common::start(&setup.config, setup.dir.path());
@@ -178,7 +179,7 @@ fn restart_and_resume(kill: bool) {
     let (mut a3, _) = connect(&setup.socket, Some(token)).unwrap();
     let (mut c, _) = connect(&setup.socket, None).unwrap();
     import(&mut c, handle).unwrap();
-    a3.call(Request::Free(FreeRequest { region: r.region }), &[]).unwrap();
+    a3.call(Request::Free(FreeRequest { region: r.region, node: None }), &[]).unwrap();
     assert_eq!(import(&mut c, handle).unwrap_err().code, ErrorCode::InvalidHandle);
     assert!(region_files(&setup.state).is_empty());
     drop((a2, a3));
@@ -373,7 +374,7 @@ fn set_region_restart(kill: bool) {
     assert_eq!(region_offset(&mut a, direct.region), 4 * MIB);
     // A freed set region leaves no record behind.
     let (gone, _) = alloc_on(&mut a, on_set(&set), 4 * MIB);
-    a.call(Request::Free(FreeRequest { region: gone.region }), &[]).unwrap();
+    a.call(Request::Free(FreeRequest { region: gone.region, node: None }), &[]).unwrap();
     assert_eq!(region_files(&setup.state).len(), 2);
 
     stop(d, kill);
@@ -411,7 +412,7 @@ fn set_region_restart(kill: bool) {
     let (i2, _) = import_at(&mut c, h2).unwrap();
     assert_eq!(i2.gfa, Some(gfa));
     let (mut a3, _) = connect(&setup.socket, Some(token)).unwrap();
-    a3.call(Request::Free(FreeRequest { region: r.region }), &[]).unwrap();
+    a3.call(Request::Free(FreeRequest { region: r.region, node: None }), &[]).unwrap();
     assert_eq!(import(&mut c, handle).unwrap_err().code, ErrorCode::InvalidHandle);
     let (again, _) = alloc_on(&mut a3, on_set(&set), 8 * MIB);
     assert_eq!(again.gfa, Some(gfa), "the freed set range is free in both members");
@@ -467,7 +468,7 @@ fn a_dax_backed_set_region_survives_kill_9_and_is_dropped_when_the_dax_device_is
     assert_eq!(r.offset, 4 * MIB, "the second region is the DAX device's next 4 MiB");
     let bytes: Vec<u8> = (0..4 * MIB as usize).map(|i| pattern(r.region, i)).collect();
     f.write_all_at(&bytes, r.offset).unwrap();
-    a.call(Request::Free(FreeRequest { region: first.region }), &[]).unwrap();
+    a.call(Request::Free(FreeRequest { region: first.region, node: None }), &[]).unwrap();
     let handle = export(&mut a, r.region);
     stop(d, true);
 

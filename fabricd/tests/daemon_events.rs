@@ -54,7 +54,7 @@ fn export(c: &mut Connection, region: u64) -> ExportHandle {
         partition: None,
         access: AccessMode::ReadWrite,
     };
-    let Response::Export(e) = call(c, Request::Export(ExportRequest { region, policy })) else { panic!() };
+    let Response::Export(e) = call(c, Request::Export(ExportRequest { region, policy, node: None })) else { panic!() };
     e.handle
 }
 
@@ -100,7 +100,7 @@ fn importers_that_subscribed_are_told_of_revoke_free_and_owner_exit() {
     // Free.
     let r2 = alloc(&mut a, &gpu);
     let (i2, g2, _f2) = import(&mut b, export(&mut a, r2));
-    call(&mut a, Request::Free(FreeRequest { region: r2 }));
+    call(&mut a, Request::Free(FreeRequest { region: r2, node: None }));
     let got = revocation(&mut b);
     assert_eq!(got, Revocation { region: r2, generation: g2, import: i2, reason: RevocationReason::Freed });
 

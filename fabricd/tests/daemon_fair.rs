@@ -58,6 +58,7 @@ fn register_req(gpu: &str, len: u64) -> Request {
         offset: 0,
         len,
         access: AccessMode::ReadWrite,
+        node: None,
     })
 }
 

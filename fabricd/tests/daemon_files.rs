@@ -96,7 +96,7 @@ fn under_umask_022_the_state_is_private_and_another_uid_reads_nothing() {
     let mut c = common::client(&s.socket);
     let (a, _file) = common::alloc_hbm(&mut c, &gpu(), 1 << 20);
     let policy = owner_only();
-    let (r, _) = c.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap();
+    let (r, _) = c.call(Request::Export(ExportRequest { region: a.region, policy, node: None }), &[]).unwrap();
     assert!(matches!(r, Response::Export(_)), "{r:?}");
     if is_root() {
         let spec = PartitionSpec {
@@ -233,7 +233,8 @@ fn symlinks_planted_at_a_region_file_or_a_state_files_temporary_are_not_followed
     let d = common::start(&s.config, s.dir.path());
     let mut c = common::client(&s.socket);
     let (a, _file) = common::alloc_hbm(&mut c, &gpu(), 1 << 20);
-    let (r, _) = c.call(Request::Export(ExportRequest { region: a.region, policy: owner_only() }), &[]).unwrap();
+    let (r, _) =
+        c.call(Request::Export(ExportRequest { region: a.region, policy: owner_only(), node: None }), &[]).unwrap();
     let Response::Export(e) = r else { panic!("{r:?}") };
     // A file only the daemon's uid may read, and a link to it where the region file was
     // (as whoever could write a misconfigured state dir could plant).
@@ -281,7 +282,8 @@ fn region_files_are_opened_in_the_directory_held_since_start_not_by_path() {
     let (a, file) = common::alloc_hbm(&mut c, &gpu(), 1 << 20);
     let mut file = file;
     file.write_all(b"the region's own bytes").unwrap();
-    let (r, _) = c.call(Request::Export(ExportRequest { region: a.region, policy: owner_only() }), &[]).unwrap();
+    let (r, _) =
+        c.call(Request::Export(ExportRequest { region: a.region, policy: owner_only(), node: None }), &[]).unwrap();
     let Response::Export(e) = r else { panic!("{r:?}") };
     let mut all = Vec::new();
     files_under(&s.state, &mut all);

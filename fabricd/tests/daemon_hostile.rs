@@ -1006,6 +1006,7 @@ fn frames_with_hundreds_of_descriptors_are_refused_and_leave_none_behind() {
             offset: 0,
             len: 4096,
             access: fabric_proto::wire::AccessMode::ReadOnly,
+            node: None,
         });
         let h = Header { fd_count: 1, ..Header::new(Opcode::Register, FrameKind::Request, 0) };
         move |id: u64| {

@@ -60,7 +60,7 @@ fn others_are_answered_while_an_allocation_zeroes_device_memory() {
                 let req = Request::Alloc(AllocRequest { target, size: 2 << 20, align: 0 });
                 let (r, _fds) = other.call(req, &[]).unwrap();
                 if let Response::Alloc(a) = &r {
-                    call(&mut other, Request::Free(FreeRequest { region: a.region }));
+                    call(&mut other, Request::Free(FreeRequest { region: a.region, node: None }));
                     other_alloc = true;
                 }
                 r

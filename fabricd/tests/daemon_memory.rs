@@ -51,7 +51,8 @@ fn refused(c: &mut Connection, req: Request) -> ErrorBody {
 
 fn export(c: &mut Connection, region: u64, access: AccessMode) -> ExportHandle {
     let policy = ExportPolicy { uids: BoundedVec::default(), gids: BoundedVec::default(), partition: None, access };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap().0 else {
+    let Response::Export(e) = c.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
+    else {
         panic!()
     };
     e.handle
@@ -110,7 +111,10 @@ fn two_clients_share_a_region_through_passed_descriptors() {
     assert_eq!((s.regions, s.exports, s.imports, s.allocated_bytes), (1, 1, 1, 4 * MIB));
 
     // B cannot free or export A's region; A frees after B releases.
-    assert_eq!(refused(&mut b, Request::Free(FreeRequest { region: region.region })).code, ErrorCode::PermissionDenied);
+    assert_eq!(
+        refused(&mut b, Request::Free(FreeRequest { region: region.region, node: None })).code,
+        ErrorCode::PermissionDenied
+    );
     let e = refused(
         &mut b,
         Request::Export(ExportRequest {
@@ -121,12 +125,13 @@ fn two_clients_share_a_region_through_passed_descriptors() {
                 partition: None,
                 access: AccessMode::ReadOnly,
             },
+            node: None,
         }),
     );
     assert_eq!(e.code, ErrorCode::PermissionDenied);
     b.call(Request::Release(ReleaseRequest { import: imp.import }), &[]).unwrap();
     assert_eq!(refused(&mut b, Request::Release(ReleaseRequest { import: imp.import })).code, ErrorCode::NotFound);
-    a.call(Request::Free(FreeRequest { region: region.region }), &[]).unwrap();
+    a.call(Request::Free(FreeRequest { region: region.region, node: None }), &[]).unwrap();
     let s = status(&mut a);
     assert_eq!((s.regions, s.exports, s.imports, s.allocated_bytes), (0, 0, 0, 0));
     // A freed region's handle names nothing.
@@ -242,7 +247,7 @@ fn per_uid_limits_are_typed_refusals() {
         matches!(e.detail, Some(ErrorDetail::Limit { ref what, used: 3, max: 3, .. }) if what.as_str() == "objects")
     );
     // Freeing gives the objects back; unknown devices and zero sizes are typed too.
-    a.call(Request::Free(FreeRequest { region: region.region }), &[]).unwrap();
+    a.call(Request::Free(FreeRequest { region: region.region, node: None }), &[]).unwrap();
     assert_eq!(refused(&mut a, alloc_req("name:nowhere/gpu9", MIB)).code, ErrorCode::NotFound);
     assert_eq!(refused(&mut a, alloc_req(&gpu, 0)).code, ErrorCode::BadRequest);
 }

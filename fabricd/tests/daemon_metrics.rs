@@ -170,7 +170,8 @@ fn memory_gauges_follow_allocations_and_fabric_gauges_follow_rescans() {
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap().0
+    let Response::Export(e) =
+        c.call(Request::Export(ExportRequest { region: a.region, policy, node: None }), &[]).unwrap().0
     else {
         panic!()
     };

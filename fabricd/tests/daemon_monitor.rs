@@ -63,7 +63,7 @@ fn policy() -> ExportPolicy {
 }
 
 fn export(c: &mut Connection, region: u64) -> Result<ExportHandle, ErrorCode> {
-    call(c, Request::Export(ExportRequest { region, policy: policy() })).map(|r| match r {
+    call(c, Request::Export(ExportRequest { region, policy: policy(), node: None })).map(|r| match r {
         Response::Export(e) => e.handle,
         other => panic!("{other:?}"),
     })
@@ -196,7 +196,7 @@ fn a_vanished_device_revokes_its_regions_exports_and_tells_importers_and_owner()
     assert!(!ev.iter().any(|e| matches!(e, Event::Device { change: DeviceChange::Added, .. })), "{ev:?}");
     assert!(alloc(&mut owner, &gpu7).is_ok());
     assert_eq!(export(&mut owner, lost), Err(ErrorCode::Unavailable));
-    assert!(call(&mut owner, Request::Free(FreeRequest { region: lost })).is_ok());
+    assert!(call(&mut owner, Request::Free(FreeRequest { region: lost, node: None })).is_ok());
     let st = status(&mut late);
     assert!(!st.problems.iter().any(|p| p.subject.as_str() == gpu7), "{st:?}");
 }

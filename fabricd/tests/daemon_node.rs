@@ -1,7 +1,8 @@
 //! Node identities on the real daemon (protocol 1.5): its handles and grants name the node
 //! kept in its state dir; a client at 1.4 gets node-less handles and no grants, which the
 //! daemon resolves as its own; a handle naming another node is refused with `WrongNode`
-//! naming that node; the mixes a version cannot mean are bad requests.
+//! naming that node; the mixes a version cannot mean are bad requests. Since 1.8 the same
+//! holds for the region a `Free`, `Export` or `Register` names.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -10,8 +11,9 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use fabric_proto::wire::{
-    Access, AccessMode, CodecError, Connection, ErrorBody, ErrorCode, ErrorDetail, ExportHandle, Grant, ImportRequest,
-    NodeId, Request, Response, RevokeRequest, Version, VersionRange,
+    Access, AccessMode, BoundedVec, CodecError, Connection, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
+    ExportHandle, ExportPolicy, ExportRequest, FreeRequest, Grant, ImportRequest, NodeId, RegisterRequest,
+    RegisterSource, Request, Response, RevokeRequest, StatusRequest, Version, VersionRange,
 };
 use fabric_topology::{Fabric, MemoryKind};
 
@@ -21,14 +23,20 @@ fn gpu() -> String {
     d.id.to_string()
 }
 
-/// A client that offers only 1.0 to 1.4: what a client built before node identities speaks.
-fn old_client(socket: &std::path::Path) -> Connection {
+/// A client that offers only 1.0 to 1.`minor`: what a client built before a version speaks.
+fn client_up_to(socket: &std::path::Path, minor: u8) -> Connection {
     let s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut c = Connection::new(s);
-    let hello = c.hello("fabricd-test-1.4", VersionRange::new(Version::new(1, 0), Version::new(1, 4))).unwrap();
-    assert_eq!(hello.version, Version::new(1, 4));
+    let max = Version::new(1, minor);
+    let hello = c.hello(&format!("fabricd-test-1.{minor}"), VersionRange::new(Version::new(1, 0), max)).unwrap();
+    assert_eq!(hello.version, max);
     c
+}
+
+/// What a client built before node identities (1.5) speaks.
+fn old_client(socket: &std::path::Path) -> Connection {
+    client_up_to(socket, 4)
 }
 
 fn export(c: &mut Connection, region: u64) -> ExportHandle {
@@ -112,4 +120,74 @@ fn a_handle_naming_another_node_or_none_is_refused_with_a_typed_error() {
     }
     // The export is untouched by all of it.
     assert_eq!(import(&mut new, handle).map(|(g, fds)| (g.map(|g| g.access), fds)), Ok((Some(Access::Fd), 1)));
+}
+
+#[test]
+fn a_region_named_with_another_node_is_refused_before_it_is_looked_up() {
+    let setup = common::Setup::new("");
+    let _d = common::start(&setup.config, setup.dir.path());
+    let mut new = common::client(&setup.socket);
+    let gpu = gpu();
+    let (a, _file) = common::alloc_hbm(&mut new, &gpu, 1 << 20);
+    let here = a.grant.unwrap().owner;
+    let there = NodeId(here.0.map(|b| b ^ 0x5a));
+    let status = |c: &mut Connection| match c.call(Request::Status(StatusRequest {}), &[]).unwrap().0 {
+        Response::Status(s) => (s.regions, s.exports, s.registrations),
+        other => panic!("{other:?}"),
+    };
+
+    // Region a's id, said to be another node's: refused naming that node, whatever the
+    // request, and region a is untouched (a region of the same number elsewhere is not
+    // this daemon's to free).
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadOnly,
+    };
+    let register = |node| {
+        Request::Register(RegisterRequest {
+            device: DeviceName::truncated(&gpu),
+            source: RegisterSource::Region(a.region),
+            offset: 0,
+            len: 4096,
+            access: AccessMode::ReadOnly,
+            node,
+        })
+    };
+    for req in [
+        Request::Free(FreeRequest { region: a.region, node: Some(there) }),
+        Request::Export(ExportRequest { region: a.region, policy: policy.clone(), node: Some(there) }),
+        register(Some(there)),
+    ] {
+        let e = refused(&mut new, req);
+        assert_eq!((e.code, e.detail), (ErrorCode::WrongNode, Some(ErrorDetail::Node { node: there })));
+        assert!(e.message.contains(&there.to_string()) && e.message.contains(&here.to_string()), "{}", e.message);
+    }
+    assert_eq!(status(&mut new), (1, 0, 0));
+
+    // Named as this node's, or bare (what every older client sends): served.
+    let Response::Export(e) =
+        new.call(Request::Export(ExportRequest { region: a.region, policy, node: Some(here) }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    assert_eq!(e.handle.node, Some(here));
+    let Response::Register(_) = new.call(register(Some(here)), &[]).unwrap().0 else { panic!() };
+    assert_eq!(status(&mut new), (1, 1, 1));
+    let (b, _file) = common::alloc_hbm(&mut new, &gpu, 1 << 20);
+    assert_eq!(new.call(Request::Free(FreeRequest { region: b.region, node: None }), &[]).unwrap().0, Response::Free);
+
+    // A 1.7 client cannot mean a node for a region: one is a bad request, even this node's.
+    let mut old = client_up_to(&setup.socket, 7);
+    let (c, _file) = common::alloc_hbm(&mut old, &gpu, 1 << 20);
+    let e = refused(&mut old, Request::Free(FreeRequest { region: c.region, node: Some(here) }));
+    assert_eq!((e.code, e.detail), (ErrorCode::BadRequest, None), "{}", e.message);
+    assert_eq!(old.call(Request::Free(FreeRequest { region: c.region, node: None }), &[]).unwrap().0, Response::Free);
+
+    assert_eq!(
+        new.call(Request::Free(FreeRequest { region: a.region, node: Some(here) }), &[]).unwrap().0,
+        Response::Free
+    );
+    assert_eq!(status(&mut new), (0, 0, 0));
 }

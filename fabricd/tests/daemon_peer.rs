@@ -151,7 +151,9 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     };
     drop((m0, m1));
     let freed = Instant::now();
-    let Response::Free = c0.call(Request::Free(FreeRequest { region: a.region }), &[]).unwrap().0 else { panic!() };
+    let Response::Free = c0.call(Request::Free(FreeRequest { region: a.region, node: None }), &[]).unwrap().0 else {
+        panic!()
+    };
     match c1.next_event().unwrap() {
         Event::Revocation(r) => {
             assert_eq!((r.region, r.import, r.reason), (a.region, i.import, RevocationReason::Freed));

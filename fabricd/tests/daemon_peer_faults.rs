@@ -51,7 +51,7 @@ fn alloc(c: &mut Connection, gpu: &str, size: u64) -> Result<(u64, Option<u64>),
 }
 
 fn free(c: &mut Connection, region: u64) {
-    let Response::Free = c.call(Request::Free(FreeRequest { region }), &[]).unwrap().0 else { panic!() };
+    let Response::Free = c.call(Request::Free(FreeRequest { region, node: None }), &[]).unwrap().0 else { panic!() };
 }
 
 /// The usable size of `gpu`'s HBM resource, as a refusal of more than it holds states it (300

@@ -129,7 +129,7 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
         access: AccessMode::ReadWrite,
     };
     let Response::Export(e) =
-        admin[0].call(Request::Export(ExportRequest { region: a.region, policy }), &[]).unwrap().0
+        admin[0].call(Request::Export(ExportRequest { region: a.region, policy, node: None }), &[]).unwrap().0
     else {
         panic!()
     };

@@ -130,6 +130,7 @@ fn register(c: &mut Connection, source: RegisterSource, fds: &[std::os::fd::Borr
         offset: 0,
         len: 4096,
         access: AccessMode::ReadWrite,
+        node: None,
     };
     match c.call(Request::Register(req), fds) {
         Ok((Response::Register(r), _)) => Ok(r.registration),

@@ -78,7 +78,7 @@ fn region_gfas_translate_back_and_sets_stripe_over_their_members() {
     assert_eq!(b.gfa, Some(g + 12 * MIB));
     assert_eq!(translate(&mut c, g + 12 * MIB), at(&m0, MemoryClass::CxlVolatile, 6 * MIB, Some(&set.name)));
     // Freeing the first set region gives its DPA range back in both members.
-    c.call(Request::Free(FreeRequest { region: a.region }), &[]).unwrap();
+    c.call(Request::Free(FreeRequest { region: a.region, node: None }), &[]).unwrap();
     let again = alloc(&mut c, AllocTarget::Set(Name::truncated(&set.name)), 8 * MIB);
     assert_eq!(again.gfa, Some(g));
 
@@ -128,7 +128,8 @@ fn a_gpu_region_gfa_is_its_hbm_gfa_plus_its_offset() {
         partition: None,
         access: AccessMode::ReadOnly,
     };
-    let Response::Export(e) = c.call(Request::Export(ExportRequest { region: b.region, policy }), &[]).unwrap().0
+    let Response::Export(e) =
+        c.call(Request::Export(ExportRequest { region: b.region, policy, node: None }), &[]).unwrap().0
     else {
         panic!()
     };

@@ -53,6 +53,7 @@ fn register(device: &str) -> Request {
         offset: 0,
         len: 4096,
         access: AccessMode::ReadWrite,
+        node: None,
     })
 }
 

@@ -578,7 +578,7 @@ fn child_command(conn: &mut Connection, files: &mut HashMap<u64, std::fs::File>,
             return if same { format!("ok byte={:02x}", page[0]) } else { "mixed".to_owned() };
         }
         ["free", region] => {
-            call(Request::Free(FreeRequest { region: region.parse().unwrap() })).map(|_| "ok".to_owned())
+            call(Request::Free(FreeRequest { region: region.parse().unwrap(), node: None })).map(|_| "ok".to_owned())
         }
         ["release", import] => {
             call(Request::Release(ReleaseRequest { import: import.parse().unwrap() })).map(|_| "ok".to_owned())
@@ -592,6 +592,7 @@ fn child_command(conn: &mut Connection, files: &mut HashMap<u64, std::fs::File>,
                 offset: 0,
                 len: PAGE as u64,
                 access: AccessMode::ReadWrite,
+                node: None,
             };
             call(Request::Register(req)).map(|r| {
                 let Response::Register(g) = r else { panic!("{r:?}") };
@@ -622,7 +623,7 @@ fn child_command(conn: &mut Connection, files: &mut HashMap<u64, std::fs::File>,
                 partition: (*partition != "-").then(|| Name::truncated(partition)),
                 access: AccessMode::ReadWrite,
             };
-            call(Request::Export(ExportRequest { region: region.parse().unwrap(), policy })).map(|r| {
+            call(Request::Export(ExportRequest { region: region.parse().unwrap(), policy, node: None })).map(|r| {
                 let Response::Export(e) = r else { panic!("{r:?}") };
                 format!("ok handle={}", e.handle)
             })

@@ -234,7 +234,7 @@ fn domain_partition_child() {
             partition: Some(Name::truncated("tenant")),
             access: AccessMode::ReadWrite,
         };
-        exports.push(outcome(c.call(Request::Export(ExportRequest { region, policy }), &[])));
+        exports.push(outcome(c.call(Request::Export(ExportRequest { region, policy, node: None }), &[])));
         for var in ["FABRICD_TEST_MEMBER_GPU", "FABRICD_TEST_OTHER_GPU"] {
             let req = RegisterRequest {
                 device: gpu(var),
@@ -242,6 +242,7 @@ fn domain_partition_child() {
                 offset: 0,
                 len: 1 << 20,
                 access: AccessMode::ReadWrite,
+                node: None,
             };
             registers.push(outcome(c.call(Request::Register(req), &[])));
         }

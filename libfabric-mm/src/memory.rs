@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use fabric_proto::wire::{ExportHandle, FreeRequest, NodeId, ReleaseRequest, Request};
+use fabric_proto::wire::{ExportHandle, FreeRequest, NodeId, RegisterSource, ReleaseRequest, Request};
 
 use crate::error::{Error, Result};
 use crate::session::Inner;
@@ -62,6 +62,15 @@ impl fmt::Debug for Mem {
 }
 
 impl Mem {
+    /// What a `Register` of this memory names: its region, with the region's node
+    /// (protocol 1.8), or its import.
+    pub(crate) fn register_source(&self) -> (RegisterSource, Option<NodeId>) {
+        match self.kind {
+            MemKind::Owned => (RegisterSource::Region(self.region), self.session.region_node(self.owner)),
+            MemKind::Imported { import } => (RegisterSource::Import(import), None),
+        }
+    }
+
     /// `Err(Revoked)` once the daemon revoked this import.
     pub(crate) fn check_live(&self) -> Result<()> {
         if let MemKind::Imported { import } = self.kind
@@ -81,7 +90,9 @@ impl Drop for Mem {
             .registrations
             .invalidate(crate::regcache::Owner::Fabric { region: self.region, generation: self.generation });
         let req = match self.kind {
-            MemKind::Owned => Request::Free(FreeRequest { region: self.region }),
+            MemKind::Owned => {
+                Request::Free(FreeRequest { region: self.region, node: self.session.region_node(self.owner) })
+            }
             MemKind::Imported { import } => {
                 self.session.revocations.forget(import);
                 Request::Release(ReleaseRequest { import })

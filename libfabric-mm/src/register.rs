@@ -25,7 +25,7 @@ use fabric_proto::wire::{
 
 use crate::error::{Error, Result};
 use crate::hostmem::{HostBuffer, HostMem, PageLock};
-use crate::memory::{Import, Mapping, Mem, MemKind, Region};
+use crate::memory::{Import, Mapping, Mem, Region};
 use crate::regcache::{CacheLimits, CacheStats, FxHashMap, Owner, RegCache, RegKey};
 use crate::session::{Inner, Session};
 
@@ -325,12 +325,9 @@ impl Session {
             }
             key
         };
-        let (source, fd): (RegisterSource, Option<BorrowedFd<'_>>) = match (memory.source(), &keep) {
-            (Src::Fabric(m), _) => match m.kind {
-                MemKind::Owned => (RegisterSource::Region(m.region), None),
-                MemKind::Imported { import } => (RegisterSource::Import(import), None),
-            },
-            (Src::Host(h), _) => (RegisterSource::Fd, Some(h.fd.as_fd())),
+        let (source, fd) = match (memory.source(), &keep) {
+            (Src::Fabric(m), _) => (m.register_source(), None),
+            (Src::Host(h), _) => ((RegisterSource::Fd, None), Some(h.fd.as_fd())),
         };
         let reg = Arc::new(self.register_raw(source, offset, len, device, access, fd, None)?);
         let out = regs.lock().cache.insert(key, reg.clone());
@@ -363,8 +360,15 @@ impl Session {
         }
         let addr = ptr as u64;
         let lock = PageLock::new(addr, len as u64)?;
-        let reg =
-            self.register_raw(RegisterSource::Process { addr }, 0, len as u64, device, access, None, Some(lock))?;
+        let reg = self.register_raw(
+            (RegisterSource::Process { addr }, None),
+            0,
+            len as u64,
+            device,
+            access,
+            None,
+            Some(lock),
+        )?;
         Ok(Registration::whole(Arc::new(reg), Keep::Pointer(self.inner.clone()), false))
     }
 
@@ -374,13 +378,9 @@ impl Session {
         let (source, len, fd, keep) = match memory.source() {
             Src::Fabric(m) => {
                 m.check_live()?;
-                let s = match m.kind {
-                    MemKind::Owned => RegisterSource::Region(m.region),
-                    MemKind::Imported { import } => RegisterSource::Import(import),
-                };
-                (s, m.size, None, Keep::Fabric(m.clone()))
+                (m.register_source(), m.size, None, Keep::Fabric(m.clone()))
             }
-            Src::Host(h) => (RegisterSource::Fd, h.len, Some(h.fd.as_fd()), Keep::Host(h.clone())),
+            Src::Host(h) => ((RegisterSource::Fd, None), h.len, Some(h.fd.as_fd()), Keep::Host(h.clone())),
         };
         let reg = self.register_raw(source, 0, len, device, access, fd, None)?;
         Ok(Registration::whole(Arc::new(reg), keep, false))
@@ -389,7 +389,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     fn register_raw(
         &self,
-        source: RegisterSource,
+        (source, node): (RegisterSource, Option<fabric_proto::wire::NodeId>),
         offset: u64,
         len: u64,
         device: &str,
@@ -403,6 +403,7 @@ impl Session {
             offset,
             len,
             access: access.wire(),
+            node,
         });
         let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
         let (resp, _) = match self.inner.client.call(req.clone(), &fds).map_err(refusal) {

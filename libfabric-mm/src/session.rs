@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     Access, AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, DomainAction, DomainRequest, Event,
-    ExportPolicy, ExportRequest, Grant, ImportRequest, MemoryClass, Name, Opcode, Request, ResourceName, Response,
-    Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
+    ExportPolicy, ExportRequest, Grant, ImportRequest, MemoryClass, Name, NodeId, Opcode, Request, ResourceName,
+    Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
 };
 
 use crate::client::{Client, Notice};
@@ -91,6 +91,16 @@ pub(crate) struct Inner {
     pub(crate) registrations: crate::register::Registrations,
     /// Copies in flight (`crate::copy`).
     pub(crate) copies: Arc<crate::copy::Copies>,
+}
+
+impl Inner {
+    /// The node to name with a request about this session's region owned by `owner`:
+    /// `owner` once the daemon speaks 1.8, so that a region id never acts on another
+    /// daemon's region of the same number; nothing with an older one, which reads a bare
+    /// id as its own.
+    pub(crate) fn region_node(&self, owner: Option<NodeId>) -> Option<NodeId> {
+        owner.filter(|_| self.client.version() >= fabric_proto::wire::QUALIFIED_REGIONS)
+    }
 }
 
 /// A session with fabricd. Cheap to clone (all clones are one session); the connection
@@ -360,18 +370,18 @@ impl Session {
 
     /// Exports a region: a handle another process can import, under `policy`.
     pub fn export(&self, region: &Region, policy: &Policy) -> Result<Handle> {
-        self.export_region(region.id(), policy)
+        self.export_region(region.id(), region.owner(), policy)
     }
 
-    /// Exports region `id` of this session under `policy`.
-    pub(crate) fn export_region(&self, id: u64, policy: &Policy) -> Result<Handle> {
+    /// Exports region `id` of this session, owned by node `owner`, under `policy`.
+    pub(crate) fn export_region(&self, id: u64, owner: Option<NodeId>, policy: &Policy) -> Result<Handle> {
         let policy = ExportPolicy {
             uids: bounded(&policy.uids, "uids")?,
             gids: bounded(&policy.gids, "gids")?,
             partition: policy.partition.as_deref().map(Name::truncated),
             access: if policy.read_only { AccessMode::ReadOnly } else { AccessMode::ReadWrite },
         };
-        match self.call(Request::Export(ExportRequest { region: id, policy }))? {
+        match self.call(Request::Export(ExportRequest { region: id, policy, node: self.inner.region_node(owner) }))? {
             Response::Export(e) => Ok(Handle(e.handle)),
             _ => Err(Error::Unexpected(Opcode::Export)),
         }
@@ -467,8 +477,6 @@ fn granted_fd(op: Opcode, grant: Option<Grant>, fds: Vec<OwnedFd>) -> Result<Opt
 
 #[cfg(test)]
 mod tests {
-    use fabric_proto::wire::NodeId;
-
     use super::*;
 
     fn fds(n: usize) -> Vec<OwnedFd> {

@@ -133,14 +133,18 @@ fn request() -> impl Strategy<Value = Request> {
         (handle(), access())
             .prop_map(|(handle, access)| Request::ImportObject(ImportRequest { handle, access }))
             .boxed(),
-        any::<u64>().prop_map(|region| Request::Free(FreeRequest { region })).boxed(),
-        (any::<u64>(), policy).prop_map(|(region, policy)| Request::Export(ExportRequest { region, policy })).boxed(),
+        (any::<u64>(), proptest::option::of(node()))
+            .prop_map(|(region, node)| Request::Free(FreeRequest { region, node }))
+            .boxed(),
+        (any::<u64>(), policy, proptest::option::of(node()))
+            .prop_map(|(region, policy, node)| Request::Export(ExportRequest { region, policy, node }))
+            .boxed(),
         handle().prop_map(|handle| Request::Revoke(RevokeRequest { handle })).boxed(),
         (handle(), access()).prop_map(|(handle, access)| Request::Import(ImportRequest { handle, access })).boxed(),
         any::<u64>().prop_map(|import| Request::Release(ReleaseRequest { import })).boxed(),
-        (device(), source, any::<u64>(), any::<u64>(), access())
-            .prop_map(|(device, source, offset, len, access)| {
-                Request::Register(RegisterRequest { device, source, offset, len, access })
+        (device(), source, any::<u64>(), any::<u64>(), access(), proptest::option::of(node()))
+            .prop_map(|(device, source, offset, len, access, node)| {
+                Request::Register(RegisterRequest { device, source, offset, len, access, node })
             })
             .boxed(),
         any::<u64>().prop_map(|registration| Request::Unregister(UnregisterRequest { registration })).boxed(),
@@ -422,6 +426,9 @@ fn trailer_len(msg: &Message) -> Option<usize> {
         Message::Response(Response::Hello(h)) => h.token.map(|_| 16),
         Message::Request(Request::Import(i) | Request::ImportObject(i)) => node(&i.handle),
         Message::Request(Request::Revoke(r)) => node(&r.handle),
+        Message::Request(Request::Free(f)) => f.node.map(|_| NodeId::LEN),
+        Message::Request(Request::Export(e)) => e.node.map(|_| NodeId::LEN),
+        Message::Request(Request::Register(r)) => r.node.map(|_| NodeId::LEN),
         Message::Response(Response::Export(e)) => node(&e.handle),
         Message::Response(Response::Alloc(a) | Response::Adopt(a)) => grant(&a.grant),
         Message::Response(Response::Import(i)) => grant(&i.grant),
@@ -458,7 +465,8 @@ proptest! {
         }
         // The body alone: no proper prefix decodes as the same opcode and kind either,
         // except the frozen form of a body that carries a trailer (the 1.1 token of a
-        // hello, the 1.5 node of a handle or grant of a response).
+        // hello, the 1.5 node of a handle or grant of a response, the 1.8 node of a
+        // region).
         let body = &bytes[HEADER_LEN..];
         let frozen = trailer_len(&msg).map(|t| body.len() - t);
         for cut in (0..body.len()).step_by(if cfg!(miri) { 31 } else { 1 }).filter(|c| Some(*c) != frozen) {
@@ -571,7 +579,7 @@ fn hello_body_encoding_is_pinned() {
     long.push(0);
     assert!(matches!(decode_request(Opcode::Hello, &long), Err(BodyError::TrailingBytes { extra: 17, .. })));
     let mut body = Vec::new();
-    encode_body(&Message::Request(Request::Free(FreeRequest { region: 300 })), &mut body).unwrap();
+    encode_body(&Message::Request(Request::Free(FreeRequest { region: 300, node: None })), &mut body).unwrap();
     assert_eq!(body, [0xac, 0x02], "u64 fields are varints");
 }
 
@@ -710,7 +718,7 @@ fn over_long_fields_are_refused_on_both_sides() {
 
 #[test]
 fn encode_message_checks_header_against_message() {
-    let msg = Message::Request(Request::Free(FreeRequest { region: 1 }));
+    let msg = Message::Request(Request::Free(FreeRequest { region: 1, node: None }));
     let mut out = vec![1, 2, 3];
     let wrong_op = Header::new(Opcode::Alloc, FrameKind::Request, 1);
     assert!(matches!(encode_message(&wrong_op, &msg, &mut out), Err(BodyError::HeaderMismatch { .. })));
@@ -758,6 +766,46 @@ fn node_trailers_are_pinned() {
         *b = 3;
     }
     assert!(matches!(decode_response(Opcode::Alloc, &bad), Err(BodyError::Decode { .. })), "no access 3");
+}
+
+#[test]
+fn region_node_trailers_are_pinned() {
+    // 1.8: the node of the region a `Free`, `Export` or `Register` names trails the
+    // frozen body as 8 raw bytes; without it the body is the 1.7 one, byte for byte.
+    let node = NodeId([8, 7, 6, 5, 4, 3, 2, 1]);
+    let free = |node| {
+        let mut body = Vec::new();
+        encode_body(&Message::Request(Request::Free(FreeRequest { region: 300, node })), &mut body).unwrap();
+        body
+    };
+    let (old, new) = (free(None), free(Some(node)));
+    assert_eq!(old, [0xac, 0x02], "300 as a varint");
+    assert_eq!(&new[..2], &old[..]);
+    assert_eq!(&new[2..], &node.0);
+    assert_eq!(
+        decode_request(Opcode::Free, &new).unwrap(),
+        Request::Free(FreeRequest { region: 300, node: Some(node) })
+    );
+    assert_eq!(decode_request(Opcode::Free, &old).unwrap(), Request::Free(FreeRequest { region: 300, node: None }));
+    assert!(matches!(decode_request(Opcode::Free, &new[..9]), Err(BodyError::TrailingBytes { extra: 7, .. })));
+    let register = |node| {
+        let req = RegisterRequest {
+            device: DeviceName::new("g").unwrap(),
+            source: RegisterSource::Region(1),
+            offset: 0,
+            len: 1,
+            access: AccessMode::ReadWrite,
+            node,
+        };
+        let mut body = Vec::new();
+        encode_body(&Message::Request(Request::Register(req)), &mut body).unwrap();
+        body
+    };
+    let (old, new) = (register(None), register(Some(node)));
+    assert_eq!(&new[..old.len()], &old[..]);
+    assert_eq!(&new[old.len()..], &node.0);
+    let Request::Register(r) = decode_request(Opcode::Register, &new).unwrap() else { unreachable!() };
+    assert_eq!(r.node, Some(node));
 }
 
 #[test]

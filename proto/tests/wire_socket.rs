@@ -166,6 +166,7 @@ fn missing_and_mismatched_descriptors_are_refused() {
         offset: 0,
         len: 1,
         access: AccessMode::ReadWrite,
+        node: None,
     }));
     send_message(&a, &Header::new(Opcode::Register, FrameKind::Request, 5), &reg, &[mem.as_fd()]).unwrap();
     assert!(matches!(recv_message(&b), Err(CodecError::FdsMismatch { required: 0, received: 1, .. })));
@@ -180,7 +181,7 @@ fn missing_and_mismatched_descriptors_are_refused() {
 
 #[test]
 fn truncated_and_closed_streams_are_told_apart() {
-    let msg = Message::Request(Request::Free(FreeRequest { region: u64::MAX }));
+    let msg = Message::Request(Request::Free(FreeRequest { region: u64::MAX, node: None }));
     let bytes = frame_bytes(&Header::new(Opcode::Free, FrameKind::Request, 1), &msg);
     for cut in 0..=bytes.len() {
         let (a, b) = UnixStream::pair().unwrap();
@@ -199,7 +200,7 @@ fn truncated_and_closed_streams_are_told_apart() {
 fn a_stalled_peer_times_out() {
     let (a, b) = UnixStream::pair().unwrap();
     b.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let msg = Message::Request(Request::Free(FreeRequest { region: 1 }));
+    let msg = Message::Request(Request::Free(FreeRequest { region: 1, node: None }));
     let bytes = frame_bytes(&Header::new(Opcode::Free, FrameKind::Request, 1), &msg);
     (&a).write_all(&bytes[..HEADER_LEN + 1 - 2]).unwrap();
     match recv_frame(&b) {

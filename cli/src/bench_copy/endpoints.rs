@@ -28,6 +28,7 @@ fn register(c: &mut Connection, device: &str, source: RegisterSource, len: u64, 
         offset: 0,
         len,
         access: AccessMode::ReadWrite,
+        node: None,
     });
     let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
     match c.call(req, &fds) {

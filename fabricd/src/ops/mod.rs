@@ -60,7 +60,8 @@ pub fn handle_session(
 }
 
 /// One request of `cx`'s client, with the descriptors that came with it (as many as
-/// [`Request::fds_required`] says; the transport checked that): its handle checked
+/// [`Request::fds_required`] says; the transport checked that): the node its handle or
+/// region names checked
 /// against this node, made an operation and applied by the one dispatch, and its answer
 /// put in the form the connection's version reads (1.4 and older get node-less handles
 /// and no grants: `fabric_proto::wire::Response::for_version`). Every refusal is logged
@@ -72,7 +73,7 @@ pub fn request(d: &Daemon, cx: &Context<'_>, req: Request, fds: Vec<OwnedFd>) ->
     if let Some(answer) = crate::peer::importer::route(d, cx, &req) {
         return answer.map_err(|e| dispatch::refused_request(d, &cx.client.principal, name, e).for_version(version));
     }
-    if let Err(e) = crate::nodeid::check_handle(d.node, &req, version) {
+    if let Err(e) = crate::nodeid::check_node(d.node, &req, version) {
         return Err(dispatch::refused_request(d, &cx.client.principal, name, e).for_version(version));
     }
     let op = Operation::from_request(req, fds, version)

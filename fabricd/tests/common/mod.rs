@@ -207,7 +207,7 @@ pub fn export(
 ) -> fabric_proto::wire::ExportHandle {
     use fabric_proto::wire::{BoundedVec, ExportPolicy, ExportRequest, Request, Response};
     let policy = ExportPolicy { uids: BoundedVec::default(), gids: BoundedVec::default(), partition: None, access };
-    let (r, _) = c.call(Request::Export(ExportRequest { region, policy }), &[]).unwrap();
+    let (r, _) = c.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap();
     let Response::Export(e) = r else { panic!("{r:?}") };
     e.handle
 }

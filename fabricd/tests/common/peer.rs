@@ -215,6 +215,7 @@ pub fn registered(c: &mut Connection, gpu: &str, len: u64) -> (u64, File) {
         offset: 0,
         len,
         access: AccessMode::ReadWrite,
+        node: None,
     });
     let Response::Register(r) = c.call(req, &[file.as_fd()]).unwrap().0 else { panic!() };
     (r.registration, file)

@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use fabric_proto::wire::{
     AccessMode, AdoptRequest, AllocTarget, DeviceName, FabricHandleBytes, FreeRequest, ImportRequest, MemoryClass,
-    ObjectKind, Opcode, ReleaseRequest, Request, Response,
+    NodeId, ObjectKind, Opcode, ReleaseRequest, Request, Response,
 };
 
 use super::{CudaContext, FabricHandle, GpuMemory};
@@ -31,6 +31,8 @@ pub struct GpuRegion {
     size: u64,
     gfa: Option<u64>,
     device: String,
+    /// The node that owns the region (protocol 1.5).
+    owner: Option<NodeId>,
 }
 
 impl GpuRegion {
@@ -61,13 +63,16 @@ impl GpuRegion {
 
     /// Exports it: a handle another process imports with [`Session::import_gpu`].
     pub fn export(&self, policy: &Policy) -> Result<Handle> {
-        self.session.export_region(self.region, policy)
+        self.session.export_region(self.region, self.owner, policy)
     }
 }
 
 impl Drop for GpuRegion {
     fn drop(&mut self) {
-        let r = self.session.inner.client.call(Request::Free(FreeRequest { region: self.region }), &[]);
+        let r = self.session.inner.client.call(
+            Request::Free(FreeRequest { region: self.region, node: self.session.inner.region_node(self.owner) }),
+            &[],
+        );
         if let Err(e) = r {
             tracing::debug!(region = self.region, error = %e, "freeing an adopted region");
         }
@@ -198,6 +203,7 @@ impl Session {
             size: a.size,
             gfa: a.gfa,
             device,
+            owner: a.grant.map(|g| g.owner),
         })
     }
 

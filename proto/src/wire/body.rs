@@ -7,11 +7,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::event::Event;
-use super::handle::{ExportHandle, SessionToken};
+use super::handle::SessionToken;
 use super::header::{FrameError, FrameKind, HEADER_LEN, Header, encode_frame};
 use super::node::{Grant, NodeId};
 use super::opcode::Opcode;
-use super::request::{HelloRequest, ImportRequest, Request, RevokeRequest};
+use super::request::{
+    ExportRequest, FreeRequest, HelloRequest, ImportRequest, RegisterRequest, Request, RevokeRequest,
+};
 use super::response::{
     AllocResponse, ErrorBody, ExportResponse, HelloResponse, ImportObjectResponse, ImportResponse, Response,
 };
@@ -130,7 +132,8 @@ fn from_body<T: DeserializeOwned>(opcode: Opcode, kind: FrameKind, bytes: &[u8])
 }
 
 /// A fixed-length value that a later minor version appends to a frozen body: the session
-/// token of `Hello` (1.1), the node of a handle and the grant of a response (1.5).
+/// token of `Hello` (1.1), the node of a handle and the grant of a response (1.5), the node
+/// of a region a request names (1.8).
 trait Trailer: DeserializeOwned {
     /// Its encoded length.
     const LEN: usize;
@@ -180,15 +183,16 @@ fn hello_response(bytes: &[u8]) -> Result<HelloResponse, BodyError> {
     Ok(resp)
 }
 
-/// A body that carries a handle, and the handle's node after it (1.5).
+/// A body whose frozen form may be followed by a node (the handle's since 1.5, the
+/// region's since 1.8), put where `node` says.
 fn with_node<T: DeserializeOwned>(
     opcode: Opcode,
     kind: FrameKind,
     bytes: &[u8],
-    handle: impl FnOnce(&mut T) -> &mut ExportHandle,
+    node: impl FnOnce(&mut T) -> &mut Option<NodeId>,
 ) -> Result<T, BodyError> {
-    let (mut value, node) = with_trailer::<T, NodeId>(opcode, kind, bytes)?;
-    handle(&mut value).node = node;
+    let (mut value, n) = with_trailer::<T, NodeId>(opcode, kind, bytes)?;
+    *node(&mut value) = n;
     Ok(value)
 }
 
@@ -204,7 +208,7 @@ fn with_grant<T: DeserializeOwned>(
 }
 
 fn import_request(opcode: Opcode, bytes: &[u8]) -> Result<ImportRequest, BodyError> {
-    with_node(opcode, FrameKind::Request, bytes, |r: &mut ImportRequest| &mut r.handle)
+    with_node(opcode, FrameKind::Request, bytes, |r: &mut ImportRequest| &mut r.handle.node)
 }
 
 fn alloc_response(opcode: Opcode, bytes: &[u8]) -> Result<AllocResponse, BodyError> {
@@ -227,12 +231,12 @@ pub fn decode_request(opcode: Opcode, bytes: &[u8]) -> Result<Request, BodyError
         Opcode::Adopt => Request::Adopt(from_body(opcode, k, bytes)?),
         Opcode::ImportObject => Request::ImportObject(import_request(opcode, bytes)?),
         Opcode::Alloc => Request::Alloc(from_body(opcode, k, bytes)?),
-        Opcode::Free => Request::Free(from_body(opcode, k, bytes)?),
-        Opcode::Export => Request::Export(from_body(opcode, k, bytes)?),
-        Opcode::Revoke => Request::Revoke(with_node(opcode, k, bytes, |r: &mut RevokeRequest| &mut r.handle)?),
+        Opcode::Free => Request::Free(with_node(opcode, k, bytes, |r: &mut FreeRequest| &mut r.node)?),
+        Opcode::Export => Request::Export(with_node(opcode, k, bytes, |r: &mut ExportRequest| &mut r.node)?),
+        Opcode::Revoke => Request::Revoke(with_node(opcode, k, bytes, |r: &mut RevokeRequest| &mut r.handle.node)?),
         Opcode::Import => Request::Import(import_request(opcode, bytes)?),
         Opcode::Release => Request::Release(from_body(opcode, k, bytes)?),
-        Opcode::Register => Request::Register(from_body(opcode, k, bytes)?),
+        Opcode::Register => Request::Register(with_node(opcode, k, bytes, |r: &mut RegisterRequest| &mut r.node)?),
         Opcode::Unregister => Request::Unregister(from_body(opcode, k, bytes)?),
         Opcode::Copy => Request::Copy(from_body(opcode, k, bytes)?),
         Opcode::CopyBatch => Request::CopyBatch(from_body(opcode, k, bytes)?),
@@ -262,7 +266,7 @@ pub fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<Response, BodyErr
         }
         Opcode::Alloc => Response::Alloc(alloc_response(opcode, bytes)?),
         Opcode::Free => from_body::<()>(opcode, k, bytes).map(|()| Response::Free)?,
-        Opcode::Export => Response::Export(with_node(opcode, k, bytes, |r: &mut ExportResponse| &mut r.handle)?),
+        Opcode::Export => Response::Export(with_node(opcode, k, bytes, |r: &mut ExportResponse| &mut r.handle.node)?),
         Opcode::Revoke => from_body::<()>(opcode, k, bytes).map(|()| Response::Revoke)?,
         Opcode::Import => Response::Import(with_grant(opcode, bytes, |r: &mut ImportResponse| &mut r.grant)?),
         Opcode::Release => from_body::<()>(opcode, k, bytes).map(|()| Response::Release)?,
@@ -323,15 +327,15 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Request::Regions(b) => append(b, out),
             Request::Translate(b) => append(b, out),
             Request::Alloc(b) => append(b, out),
-            Request::Free(b) => append(b, out),
-            Request::Export(b) => append(b, out),
+            Request::Free(b) => append(b, out).and_then(|()| trail(b.node.as_ref(), out)),
+            Request::Export(b) => append(b, out).and_then(|()| trail(b.node.as_ref(), out)),
             Request::Revoke(b) => append(b, out).and_then(|()| trail(b.handle.node.as_ref(), out)),
             Request::Import(b) | Request::ImportObject(b) => {
                 append(b, out).and_then(|()| trail(b.handle.node.as_ref(), out))
             }
             Request::Adopt(b) => append(b, out),
             Request::Release(b) => append(b, out),
-            Request::Register(b) => append(b, out),
+            Request::Register(b) => append(b, out).and_then(|()| trail(b.node.as_ref(), out)),
             Request::Unregister(b) => append(b, out),
             Request::Copy(b) => append(b, out),
             Request::CopyBatch(b) => append(b, out),

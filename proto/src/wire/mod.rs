@@ -62,7 +62,8 @@ pub use response::{
 };
 pub use sys::{Received, SCM_MAX_FD, recv_with_fds, send_with_fds};
 pub use version::{
-    DOMAIN, PAGED, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Version, VersionError, VersionRange, negotiate,
+    DOMAIN, PAGED, PROTOCOL_VERSION, QUALIFIED_REGIONS, SUPPORTED_VERSIONS, Version, VersionError, VersionRange,
+    negotiate,
 };
 
 /// The four bytes every frame starts with.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::bounded::{BoundedVec, DeviceName, Name};
 use super::event::Topics;
 use super::handle::{ExportHandle, SessionToken};
+use super::node::NodeId;
 use super::opcode::Opcode;
 use super::version::{Version, VersionRange};
 
@@ -146,6 +147,10 @@ pub struct AllocRequest {
 pub struct FreeRequest {
     /// Region id.
     pub region: u64,
+    /// The node that owns the region (1.8): a trailing extension of the frozen body,
+    /// present only when `Some` (`docs/protocol.md`, "Node identities").
+    #[serde(skip)]
+    pub node: Option<NodeId>,
 }
 
 /// Read-only or read-write.
@@ -177,6 +182,9 @@ pub struct ExportRequest {
     pub region: u64,
     /// Who may import.
     pub policy: ExportPolicy,
+    /// The node that owns the region (1.8; trailing, as for [`FreeRequest::node`]).
+    #[serde(skip)]
+    pub node: Option<NodeId>,
 }
 
 /// `Revoke`: end an export; its importers are told.
@@ -234,6 +242,10 @@ pub struct RegisterRequest {
     pub len: u64,
     /// Direction the device may access.
     pub access: AccessMode,
+    /// The node that owns the region a [`RegisterSource::Region`] names (1.8; trailing, as
+    /// for [`FreeRequest::node`]; never with another source).
+    #[serde(skip)]
+    pub node: Option<NodeId>,
 }
 
 /// What kind of vendor memory object an `Adopt` hands over (since 1.3), and for a kind

@@ -68,8 +68,9 @@ impl fmt::Display for VersionRange {
 /// 1.5 node identities: handles name their node and responses that hand memory over carry
 /// a typed grant (`docs/protocol.md`, "Node identities"); 1.6 the `Domain` opcode and the
 /// `Translation::Remote` answer (a GFA in another node's slot of the domain); 1.7 paged
-/// domain listings (`DomainAction::NodesPage`, `DomainAction::MapPage`).
-pub const PROTOCOL_VERSION: Version = Version::new(1, 7);
+/// domain listings (`DomainAction::NodesPage`, `DomainAction::MapPage`); 1.8 the node of
+/// the region a `Free`, `Export` or `Register` request names.
+pub const PROTOCOL_VERSION: Version = Version::new(1, 8);
 
 /// The first version with the domain: the `Domain` opcode and `Translation::Remote`.
 pub const DOMAIN: Version = Version::new(1, 6);
@@ -77,6 +78,10 @@ pub const DOMAIN: Version = Version::new(1, 6);
 /// The first version with paged domain listings: `DomainAction::NodesPage` and
 /// `DomainAction::MapPage`.
 pub const PAGED: Version = Version::new(1, 7);
+
+/// The first version whose requests about a region (`Free`, `Export`, `Register` of a
+/// `Region`) may name the node that owns it, as handles have since 1.5.
+pub const QUALIFIED_REGIONS: Version = Version::new(1, 8);
 
 /// Every version this crate understands.
 pub const SUPPORTED_VERSIONS: VersionRange = VersionRange::new(Version::new(1, 0), PROTOCOL_VERSION);

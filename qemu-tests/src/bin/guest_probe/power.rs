@@ -188,7 +188,7 @@ pub fn workload(out: &Path, resume: Option<SessionToken>, seed: u64) -> Result<S
                 partition: None,
                 access: AccessMode::ReadOnly,
             };
-            match call(&mut c, Request::Export(ExportRequest { region: id, policy }))? {
+            match call(&mut c, Request::Export(ExportRequest { region: id, policy, node: None }))? {
                 (Response::Export(e), _) => {
                     say(format!("E {id} {} {}", e.handle.generation, e.handle))?;
                     handles.push(e.handle);
@@ -206,7 +206,7 @@ pub fn workload(out: &Path, resume: Option<SessionToken>, seed: u64) -> Result<S
         } else {
             let (id, _) = live.swap_remove(rng.below(live.len() as u64) as usize);
             say(format!("T F {id}"))?;
-            call(&mut c, Request::Free(FreeRequest { region: id }))?;
+            call(&mut c, Request::Free(FreeRequest { region: id, node: None }))?;
             say(format!("F {id}"))?;
             handles.retain(|h| h.region != id);
         }
