@@ -109,7 +109,7 @@ impl State {
             });
         };
         for p in &self.parked {
-            for n in &p.nodes {
+            for n in p.nodes.keys() {
                 add(self, n, p.region, &p.resources, p.offset, p.len);
             }
         }
@@ -175,7 +175,10 @@ pub(super) fn restore(st: &mut State, path: &Path) -> Vec<(String, u64)> {
             st.resources[m].ranges.reserve(h.offset, per);
         }
         tracing::info!(region, len = h.len, nodes = ?holders, "a freed region's range stays quarantined across the restart");
-        st.parked.push(Parked { region, nodes: holders, resources: members, offset: h.offset, len: h.len });
+        // Each node lets go of a range kept across the restart as a whole: it rejoins
+        // (or, at the latest, first asks this incarnation anything) holding nothing of it.
+        let nodes = holders.into_iter().map(|n| (n, 1)).collect();
+        st.parked.push(Parked { region, nodes, resources: members, offset: h.offset, len: h.len });
     }
     for (node, incarnation) in &nodes {
         st.incarnations.insert(node.clone(), *incarnation);

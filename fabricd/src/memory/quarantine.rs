@@ -8,7 +8,7 @@
 //! holds nothing) or was collected by an admin. It outlives a restart of the owner:
 //! `holds.rs` saves who may map what before an import across nodes is granted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::{Memory, MemoryError, Reclaimed, State};
 
@@ -16,8 +16,12 @@ use super::{Memory, MemoryError, Reclaimed, State};
 #[derive(Debug)]
 pub(super) struct Parked {
     pub(super) region: u64,
-    /// The nodes that may still map it.
-    pub(super) nodes: BTreeSet<String>,
+    /// The nodes that may still map it, each with the acknowledgements still awaited from
+    /// it: one per import of the region it held when the region was freed (each is told
+    /// apart, and a node's imports may share one mapping device, so the first
+    /// acknowledgement says nothing of the others), plus one that never comes for a node
+    /// that had left (it lets go by rejoining or being collected).
+    pub(super) nodes: BTreeMap<String, u32>,
     /// The resources its range is taken in.
     pub(super) resources: Vec<usize>,
     pub(super) offset: u64,
@@ -41,29 +45,52 @@ impl State {
         self.parked.iter().map(|p| p.len).sum()
     }
 
-    /// The nodes that may map region `id` once it is freed: those that imported it and
-    /// left, and those whose import of it is live now (told of its end, they acknowledge).
-    pub(super) fn holders(&mut self, id: u64) -> BTreeSet<String> {
-        let mut nodes = self.mapped_by.remove(&id).unwrap_or_default();
+    /// The nodes that may map region `id` once it is freed, with the acknowledgements
+    /// awaited from each ([`Parked::nodes`]): those that imported it and left, and those
+    /// whose imports of it are live now (told of each import's end, they acknowledge it).
+    pub(super) fn holders(&mut self, id: u64) -> BTreeMap<String, u32> {
+        let mut nodes: BTreeMap<String, u32> =
+            self.mapped_by.remove(&id).unwrap_or_default().into_iter().map(|n| (n, 1)).collect();
         let live = self.imports.values().filter(|i| i.region == id).filter_map(|i| self.remote.get(&i.session));
-        nodes.extend(live.cloned());
+        for n in live {
+            *nodes.entry(n.clone()).or_default() += 1;
+        }
         nodes
     }
 
     /// Parks the range of freed region `region` for `nodes` instead of freeing it.
-    pub(super) fn park(&mut self, region: u64, nodes: BTreeSet<String>, resources: Vec<usize>, offset: u64, len: u64) {
+    pub(super) fn park(
+        &mut self,
+        region: u64,
+        nodes: BTreeMap<String, u32>,
+        resources: Vec<usize>,
+        offset: u64,
+        len: u64,
+    ) {
         tracing::info!(region, len, nodes = ?nodes, "a freed region's range is quarantined: another node may still map it");
         self.parked.push(Parked { region, nodes, resources, offset, len });
     }
 
-    /// Takes `node` off what it held (`region` only, or all); ranges no node holds any
-    /// more go back to their allocator. Returns the bytes that did.
+    /// Takes `node` off what it held: one acknowledgement of `region`'s end, or all of
+    /// it (`None`); ranges no node holds any more go back to their allocator. Returns the
+    /// bytes that did.
     fn unpark(&mut self, node: &str, region: Option<u64>) -> u64 {
         let mut back = 0;
         let mut keep = Vec::with_capacity(self.parked.len());
         for mut p in std::mem::take(&mut self.parked) {
-            if region.is_none_or(|r| r == p.region) {
-                p.nodes.remove(node);
+            match region {
+                None => {
+                    p.nodes.remove(node);
+                }
+                Some(r) if r == p.region => {
+                    if let Some(awaited) = p.nodes.get_mut(node) {
+                        *awaited = awaited.saturating_sub(1);
+                        if *awaited == 0 {
+                            p.nodes.remove(node);
+                        }
+                    }
+                }
+                Some(_) => {}
             }
             if p.nodes.is_empty() {
                 for &i in &p.resources {
@@ -149,9 +176,10 @@ impl Memory {
         reclaimed
     }
 
-    /// Node `node` no longer maps `region` (it acknowledged its end), or nothing at all
-    /// (`None`: it rejoined with a new incarnation, or an admin collected it). Returns the
-    /// bytes given back to the allocators.
+    /// Node `node` acknowledged the end of one of its imports of `region`, or maps nothing
+    /// at all (`None`: it rejoined with a new incarnation, or an admin collected it); a
+    /// range comes back once every node let go of it. Returns the bytes given back to the
+    /// allocators.
     pub fn lift_quarantine(&self, node: &str, region: Option<u64>) -> u64 {
         let back = self.state().unpark(node, region);
         self.save_holds_or_log();
@@ -169,7 +197,7 @@ impl Memory {
         let st = self.state();
         let mut by: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
         for p in &st.parked {
-            for n in &p.nodes {
+            for n in p.nodes.keys() {
                 let e = by.entry(n.as_str()).or_default();
                 e.0 += 1;
                 e.1 += p.len;
@@ -247,6 +275,33 @@ mod tests {
         assert!(full(&m, &place));
         assert_eq!(m.lift_quarantine("b", Some(region + 1)), 0);
         assert_eq!(m.lift_quarantine("b", Some(region)), 256 * MIB);
+        assert!(!full(&m, &place));
+    }
+
+    #[test]
+    fn a_region_two_remote_imports_held_waits_for_both_acknowledgements() {
+        // Two clients of node b imported the region (b maps it through one device for
+        // both): the first acknowledged end says nothing of the second.
+        let (_dir, m, place, region, _) = setup();
+        m.remote_session(2, "b", 1);
+        let handle = m
+            .export(
+                &cred(0),
+                1,
+                region,
+                ExportPolicy {
+                    uids: BoundedVec::default(),
+                    gids: BoundedVec::default(),
+                    partition: None,
+                    access: AccessMode::ReadOnly,
+                },
+            )
+            .unwrap();
+        m.import(&cred(0), 2, &handle, AccessMode::ReadOnly).unwrap();
+        m.free(1, region).unwrap();
+        assert_eq!(m.acknowledged("b", region), 0, "one of b's two imports is still to be acknowledged");
+        assert!(full(&m, &place));
+        assert_eq!(m.acknowledged("b", region), 256 * MIB);
         assert!(!full(&m, &place));
     }
 

@@ -89,9 +89,13 @@ pub struct Hold {
 
 impl Hold {
     /// The carved device, to delete as soon as the owner ends or revokes the import (its
-    /// mappings end with it); the DPAs stay held until the client releases the import.
-    pub fn take_device(&mut self) -> Option<DeviceKey> {
-        self.device.take()
+    /// mappings end with it); the DPAs stay held until the client releases the import,
+    /// and, should the client release it first, until the device is gone
+    /// ([`Deleting::finish`]).
+    pub fn take_device(&mut self, d: &Daemon) -> Option<Deleting> {
+        let key = self.device.take()?;
+        d.memory.keep_foreign(&self.range);
+        Some(Deleting { key, range: self.range.clone() })
     }
 
     /// Gives everything back as the client releases the import: the device first (its
@@ -100,6 +104,24 @@ impl Hold {
         if let Some(key) = self.device.take() {
             devices.put(d, &key);
         }
+        d.memory.release_foreign(&self.range);
+    }
+}
+
+/// A carved device taken from its import, to delete outside the importer's locks: its
+/// DPAs stay out of this node's allocators until it is gone, whatever the import does
+/// meanwhile.
+#[derive(Debug)]
+#[must_use = "the device is deleted and its DPAs let go by finish"]
+pub struct Deleting {
+    key: DeviceKey,
+    range: crate::memory::ForeignRange,
+}
+
+impl Deleting {
+    /// One user of the device less (the last deletes it), then the DPAs' extra hold.
+    pub fn finish(self, d: &Daemon, devices: &ImportDevices) {
+        devices.put(d, &self.key);
         d.memory.release_foreign(&self.range);
     }
 }
@@ -159,7 +181,7 @@ pub fn open(
         if let Some(dax) = &b.carve {
             let key = DeviceKey { owner: owner.to_owned(), region, generation };
             let fd = devices
-                .take(&key, dax, (dax.start + offset, len), &range, write)
+                .take(d, &key, dax, (dax.start + offset, len), &range, write)
                 .map_err(|why| format!("a DAX device of set {set} for it: {why}"))?;
             return Ok((fd, 0, Some(key)));
         }
@@ -224,6 +246,7 @@ impl ImportDevices {
     /// device of the key at other HPAs (an owner that reused a region id) is refused.
     fn take(
         &self,
+        d: &Daemon,
         key: &DeviceKey,
         from: &DaxRegion,
         (start, len): (u64, u64),
@@ -261,7 +284,10 @@ impl ImportDevices {
             }
             Err(e) => {
                 if let Err(undo) = from.destroy(&made.name) {
-                    tracing::warn!(device = %made.name, error = %undo, "cannot delete a DAX device no import got");
+                    // It may be opened yet: its DPAs stay out of the allocators until the
+                    // next start deletes it, as for a device `put` cannot delete.
+                    d.memory.keep_foreign(range);
+                    tracing::warn!(device = %made.name, error = %undo, "cannot delete a DAX device no import got; its DPAs stay out of the allocators until the next start");
                 }
                 Err(e)
             }

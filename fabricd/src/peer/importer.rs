@@ -85,6 +85,34 @@ pub struct Importer {
     /// `held` when both are.
     ended: Mutex<HashMap<u64, (u64, super::cxl::Hold)>>,
     devices: super::cxl::ImportDevices,
+    /// Imports being asked of each owner and not in `held` yet: a revocation from that
+    /// owner that finds nothing held may be about one of them, and is refused so that the
+    /// owner tells it again (an acknowledged end lifts the owner's quarantine of the
+    /// memory). Locked after `held`.
+    asking: Mutex<HashMap<String, usize>>,
+    /// The incarnation of each owner last dialled (its earlier incarnations' imports are
+    /// void): an import an earlier one granted is not recorded after that. Locked after
+    /// `held`.
+    current: Mutex<HashMap<String, u64>>,
+}
+
+/// An import being asked of `owner` ([`Importer::asking`]); counted until dropped, after
+/// the import is recorded or refused.
+struct Asking<'a> {
+    importer: &'a Importer,
+    owner: String,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        let mut asking = self.importer.asking.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = asking.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                asking.remove(&self.owner);
+            }
+        }
+    }
 }
 
 /// What the client gets when the owner node cannot be asked.
@@ -197,6 +225,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let shared = d.config.peer.shared_dir.clone();
+    let _asking = link.service().importer().asking(&owner);
     let grant: ImportGrant = ask(d, cx, i, &owner, PeerOp::Import)?;
     let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
     // The owner recorded an import this node cannot use: give it back.
@@ -233,6 +262,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         ));
     }
     let local = held(
+        d,
         link,
         cx,
         &owner,
@@ -240,7 +270,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.len),
         (i.access, cxl),
-    );
+    )?;
     let access = if reach.is_some() { Access::Fd } else { Access::CopyOnly };
     tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
     let response = Response::Import(ImportResponse {
@@ -258,8 +288,11 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
 
 /// Records the owner's import `(owner import, region, generation)` of `(gfa, len)` for the
 /// client's session, with the access it asked and what it holds here; the client's own
-/// import id.
+/// import id. Refused, with what it held here given back, when the owner restarted or
+/// left since it granted the import (that incarnation's imports are void).
+#[allow(clippy::too_many_arguments)]
 fn held(
+    d: &Daemon,
     link: &super::NodeLink,
     cx: &Context<'_>,
     owner: &str,
@@ -267,20 +300,36 @@ fn held(
     (owner_import, region, generation): (u64, u64, u64),
     (gfa, len): (Option<u64>, u64),
     (access, cxl): (fabric_proto::wire::AccessMode, Option<super::cxl::Hold>),
-) -> u64 {
-    link.service().importer().hold(Held {
-        session: cx.session,
-        owner: owner.to_owned(),
-        incarnation,
-        owner_import,
-        region,
-        generation,
-        gfa,
-        len,
-        access,
-        revoked: false,
-        cxl,
-    })
+) -> Result<u64, ErrorBody> {
+    let importer = link.service().importer();
+    importer
+        .hold(
+            d,
+            Held {
+                session: cx.session,
+                owner: owner.to_owned(),
+                incarnation,
+                owner_import,
+                region,
+                generation,
+                gfa,
+                len,
+                access,
+                revoked: false,
+                cxl,
+            },
+        )
+        .map_err(|stale| {
+            if let Some(hold) = stale.cxl {
+                hold.end(d, &importer.devices);
+            }
+            refusal(
+                ErrorCode::Unavailable,
+                format!(
+                    "node {owner} restarted or left while it granted the import (incarnation {incarnation}); ask again"
+                ),
+            )
+        })
 }
 
 /// `ImportObject` of another node's vendor object: the owner hands over a CUDA fabric
@@ -291,6 +340,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
+    let _asking = link.service().importer().asking(&owner);
     let grant: ObjectGrant = ask(d, cx, i, &owner, PeerOp::ImportObject)?;
     let usable = grant.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")));
     let usable = usable.and_then(|()| {
@@ -308,6 +358,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         return Err(e);
     }
     let local = held(
+        d,
         link,
         cx,
         &owner,
@@ -315,7 +366,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.size),
         (i.access, None),
-    );
+    )?;
     tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's vendor object");
     let response = Response::ImportObject(ImportObjectResponse {
         import: local,
@@ -375,10 +426,29 @@ fn take_own<T>(
 }
 
 impl Importer {
-    fn hold(&self, h: Held) -> u64 {
+    /// Counts an import being asked of `owner` until the guard drops.
+    fn asking(&self, owner: &str) -> Asking<'_> {
+        *self.asking.lock().unwrap_or_else(|p| p.into_inner()).entry(owner.to_owned()).or_default() += 1;
+        Asking { importer: self, owner: owner.to_owned() }
+    }
+
+    /// Records `h`, unless its owner's incarnation that granted it was voided meanwhile
+    /// (this node dialled a newer one, or the owner is no live member at it any more):
+    /// then `h` comes back, to give up. Checked under the `held` lock, which voiding
+    /// takes too, so that an import is either voided or never recorded.
+    fn hold(&self, d: &Daemon, h: Held) -> Result<u64, Box<Held>> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let dialled = self.current.lock().unwrap_or_else(|p| p.into_inner()).get(&h.owner).copied();
+        let live = d
+            .domain
+            .as_ref()
+            .is_some_and(|domain| domain.view().members().any(|m| m.name == h.owner && m.incarnation == h.incarnation));
+        if dialled.is_some_and(|c| c != h.incarnation) || !live {
+            return Err(Box::new(h));
+        }
         let id = REMOTE_IMPORT | (self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, h);
-        id
+        held.insert(id, h);
+        Ok(id)
     }
 
     /// The held import of `session` whose region holds `gfa`, if any: when the session
@@ -431,9 +501,9 @@ impl Importer {
 
     /// Keeps the hold of an import its owner ended until the client releases it; its
     /// carved device, if any, is returned to delete now (outside the locks).
-    fn linger(&self, import: u64, h: Held) -> Option<super::cxl::DeviceKey> {
+    fn linger(&self, d: &Daemon, import: u64, h: Held) -> Option<super::cxl::Deleting> {
         let mut hold = h.cxl?;
-        let device = hold.take_device();
+        let device = hold.take_device(d);
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).insert(import, (h.session, hold));
         device
     }
@@ -472,7 +542,7 @@ impl Importer {
     /// granted them: their holders get `OwnerExited`, as when a local owner's process
     /// exits.
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
-        self.void(d, |h| live.get(h.owner.as_str()) != Some(&h.incarnation));
+        self.void(d, |h| live.get(h.owner.as_str()) != Some(&h.incarnation), || {});
     }
 
     /// Ends the imports of `owner` granted by another incarnation than `incarnation`, which
@@ -480,25 +550,34 @@ impl Importer {
     /// nothing of an earlier incarnation (its quarantine of what was imported then lifts,
     /// `memory/holds.rs`).
     pub fn void_owner(&self, d: &Daemon, owner: &str, incarnation: u64) {
-        self.void(d, |h| h.owner == owner && h.incarnation != incarnation);
+        self.void(
+            d,
+            |h| h.owner == owner && h.incarnation != incarnation,
+            || {
+                self.current.lock().unwrap_or_else(|p| p.into_inner()).insert(owner.to_owned(), incarnation);
+            },
+        );
     }
 
-    /// Blocking (a carved device is deleted): never on the domain runtime's workers.
-    fn void(&self, d: &Daemon, gone: impl Fn(&Held) -> bool) {
+    /// Ends the held imports `gone` picks; `under_lock` runs first under the `held` lock
+    /// (so that no import it makes void is recorded after). Blocking (a carved device is
+    /// deleted): never on the domain runtime's workers.
+    fn void(&self, d: &Daemon, gone: impl Fn(&Held) -> bool, under_lock: impl FnOnce()) {
         let mut devices = Vec::new();
         let ended: Vec<(u64, u64, u64, u64, String)> = {
             let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            under_lock();
             let ids: Vec<u64> = held.iter().filter(|(_, h)| gone(h)).map(|(k, _)| *k).collect();
             let mut out = Vec::new();
             for k in ids {
                 let Some(h) = held.remove(&k) else { continue };
                 out.push((k, h.session, h.region, h.generation, h.owner.clone()));
-                devices.extend(self.linger(k, h));
+                devices.extend(self.linger(d, k, h));
             }
             out
         };
-        for key in &devices {
-            self.devices.put(d, key);
+        for deleting in devices {
+            deleting.finish(d, &self.devices);
         }
         for (local, session, region, generation, owner) in ended {
             tracing::info!(owner = %owner, region, import = local, "the owner node left or restarted; its import is revoked");
@@ -522,25 +601,106 @@ impl Importer {
         // Revoked or gone, the import's device goes (its mappings with it): only what the
         // owner still grants stays reachable. Its DPAs stay held until the client
         // releases it (a whole DAX device's mapping outlives the import).
+        if found.is_empty() && self.asking.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&peer.identity.node) {
+            // Perhaps about an import of this owner not recorded yet: acknowledged now,
+            // the owner would reuse memory the client is about to map. Told again later,
+            // it finds the import.
+            return Err(PeerError::Refused(format!(
+                "an import from node {} is being recorded here: tell import {} again",
+                peer.identity.node, r.import
+            )));
+        }
         let mut devices = Vec::new();
         for (k, ..) in &found {
             if matches!(r.reason, RevocationReason::Revoked) {
                 if let Some(h) = held.get_mut(k) {
                     h.revoked = true;
-                    devices.extend(h.cxl.as_mut().and_then(super::cxl::Hold::take_device));
+                    devices.extend(h.cxl.as_mut().and_then(|c| c.take_device(d)));
                 }
             } else if let Some(h) = held.remove(k) {
-                devices.extend(self.linger(*k, h));
+                devices.extend(self.linger(d, *k, h));
             }
         }
         drop(held);
-        for key in &devices {
-            self.devices.put(d, key);
+        for deleting in devices {
+            deleting.finish(d, &self.devices);
         }
         for (local, session, region, generation) in found {
             let ev = Revocation { region, generation, import: local, reason: r.reason };
             d.events.send_to(session, Event::Revocation(ev));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+
+    use fabric_nodelink::NodeIdentity;
+
+    use super::*;
+
+    /// A standalone daemon on the bundled sim fabric, its files under `dir`.
+    fn daemon(dir: &Path) -> Daemon {
+        let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        let text = format!(
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            dir.join("fabricd.sock").display().to_string(),
+            dir.join("state").display().to_string(),
+            sim.display().to_string(),
+        );
+        Daemon::start(crate::config::Config::parse(&text, &dir.join("fabricd.toml"), dir).unwrap()).unwrap()
+    }
+
+    fn freed(import: u64) -> RevokeNotice {
+        RevokeNotice { revocation: Revocation { region: 1, generation: 1, import, reason: RevocationReason::Freed } }
+    }
+
+    #[test]
+    fn an_end_that_finds_nothing_while_an_import_of_its_owner_is_asked_is_told_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path());
+        let importer = Importer::default();
+        let peer = Peer {
+            identity: NodeIdentity::new("dom", "a").unwrap(),
+            incarnation: 1,
+            addr: "127.0.0.1:9".parse().unwrap(),
+        };
+        assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "nothing asked, nothing held: acknowledged");
+        let asked = importer.asking("a");
+        let other = importer.asking("b");
+        // The import of a's region may be the one a ended: acknowledged now, a would
+        // reuse memory this node's client is about to be handed.
+        assert!(matches!(importer.revoked(&d, &peer, freed(7)), Err(PeerError::Refused(_))));
+        drop(asked);
+        assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "another owner's import says nothing of a's");
+        drop(other);
+        assert!(importer.asking.lock().unwrap().is_empty(), "every guard counted down");
+    }
+
+    #[test]
+    fn an_import_whose_owner_is_not_live_at_its_incarnation_is_given_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path());
+        let importer = Importer::default();
+        let h = Held {
+            session: 1,
+            owner: "a".to_owned(),
+            incarnation: 1,
+            owner_import: 7,
+            region: 1,
+            generation: 1,
+            gfa: None,
+            len: 4096,
+            access: fabric_proto::wire::AccessMode::ReadOnly,
+            revoked: false,
+            cxl: None,
+        };
+        let back = importer.hold(&d, h).unwrap_err();
+        assert_eq!((back.owner.as_str(), back.owner_import), ("a", 7));
+        assert!(importer.held.lock().unwrap().is_empty());
     }
 }
