@@ -1,6 +1,6 @@
 //! What a registry change leaves to do outside the registry lock: the slow steps
 //! (removing a region file, deleting a carved DAX device, unmapping and unpinning a
-//! registration) that a change decides on under the lock and that run after it, and the
+//! registration, closing an ended region's descriptors) that a change decides on under the lock and that run after it, and the
 //! commit that waits for the journal.
 //!
 //! Every operation ends with [`Memory::finish`]: the effects it queued run, with the
@@ -42,6 +42,10 @@ pub(super) enum Effect {
         /// The registration.
         registration: Box<crate::dma::Registration>,
     },
+    /// Something whose drop may be slow, let go of outside the lock: an ended region's
+    /// vendor object (closing the last descriptor of a CUDA export, or of a large memfd,
+    /// frees its memory in `close`) or a cached copy file.
+    Release(Box<dyn std::fmt::Debug + Send>),
 }
 
 impl Memory {
@@ -111,6 +115,7 @@ impl Memory {
                     }
                 },
                 Effect::Unregister { id, registration } => self.undo_registration(id, *registration),
+                Effect::Release(what) => drop(what),
             }
         }
     }

@@ -12,8 +12,8 @@
 //! Resources and interleave sets the operator exports as real device memory (a DAX device,
 //! a PCI BAR: [`backing`]) hold no files: their regions are ranges of the device file, and
 //! the client gets the device's descriptor with the region's offset in it. A NUMA node the
-//! operator exports ([`numa`]) holds no files either: each region is a sealed memfd whose
-//! pages the daemon bound to the node, kept open by the daemon for the region's life.
+//! operator exports ([`numa`]) gives each region a tmpfs file of its own under the node's
+//! directory ([`numadir`]), its pages bound to the node ([`nodefd`]).
 //!
 //! The registry is durable (`memory/persist.rs`, records in [`durable`]): every change to regions
 //! and exports is journaled before it is acknowledged, and at start the registry is
@@ -782,7 +782,9 @@ impl Memory {
         let Some(r) = st.regions.remove(&id) else { return out };
         st.ended = true;
         let held_fd = r.object().is_some_and(|o| o.holds_fd());
-        st.copy_files.remove(&id);
+        if let Some(file) = st.copy_files.remove(&id) {
+            st.effects.push(effects::Effect::Release(Box::new(file)));
+        }
         let mut members = vec![r.resource];
         members.extend(st.set_regions.remove(&id).map(|s| s.others).unwrap_or_default());
         let free_now = match &r.backing {
@@ -848,6 +850,10 @@ impl Memory {
             out.imports += 1;
         }
         tracing::info!(region = id, uid = r.owner.uid, exports = out.exports, imports = out.imports, "region freed");
+        if let Backing::Object(_) = r.backing {
+            // Its descriptor is closed outside the lock.
+            st.effects.push(effects::Effect::Release(Box::new(r.backing)));
+        }
         out
     }
 
