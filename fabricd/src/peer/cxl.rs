@@ -14,10 +14,8 @@
 //! or the owner revokes it ([`ImportDevices`]) — deleting a device zaps its mappings, so
 //! the client's next access faults instead of reading memory the owner took back.
 
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use fabric_addrmap::{InterleaveSet, Presence};
 use fabric_proto::wire::{ErrorBody, ErrorCode};
@@ -229,15 +227,16 @@ struct ImportDevice {
 }
 
 /// The DAX devices this node carved for its clients' imports of other nodes' regions
-/// (per-region DAX sets). One lock for the table, held across the carve or delete of a
-/// device so that a region's device is never carved twice nor deleted under a new user:
-/// a few sysfs writes and at most the bind's wait for the device node, for imports of
-/// this kind only (never the registry's lock), and never on the domain runtime's workers.
-/// Devices left by a daemon that died are deleted at its next start, with every device
-/// no region of its own names (`memory/carved.rs`).
+/// (per-region DAX sets), by the region they hold. A device is carved and deleted outside
+/// the table's lock (`peer/carving.rs`): an import of a region whose device is being
+/// carved or deleted waits for that region alone, so that one region's device is never
+/// carved twice nor deleted under a new user, and imports of other regions never wait
+/// behind the bind's wait for a device node. Never on the domain runtime's workers.
+/// Devices left by a daemon that died are deleted at its next start, with every device no
+/// region of its own names (`memory/carved.rs`).
 #[derive(Debug, Default)]
 pub struct ImportDevices {
-    carved: Mutex<HashMap<DeviceKey, ImportDevice>>,
+    carved: super::carving::Table<DeviceKey, ImportDevice>,
 }
 
 impl ImportDevices {
@@ -261,25 +260,29 @@ impl ImportDevices {
                 .map(OwnedFd::from)
                 .map_err(|e| format!("{}: {e}", path.display()))
         };
-        let mut carved = self.carved.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(dev) = carved.get_mut(key) {
+        let found = self.carved.begin(key, |dev| {
             if (dev.start, dev.len) != (start, len) {
                 return Err(format!(
                     "{} holds region {} of node {} at {:#x}+{:#x}, not {start:#x}+{len:#x}: release the earlier import first",
                     dev.name, key.region, key.owner, dev.start, dev.len
                 ));
             }
-            let fd = open(&dev.path)?;
             dev.users += 1;
-            return Ok(fd);
-        }
+            Ok(dev.path.clone())
+        });
+        let making = match found {
+            super::carving::Begin::Found(path) => {
+                // Counted first, so that the device stays while it is opened.
+                return open(&path?).inspect_err(|_| self.put(d, key));
+            }
+            super::carving::Begin::Make(making) => making,
+        };
         let made = from.carve(start, len).map_err(|e| crate::error_chain(&e))?;
         match open(&made.path) {
             Ok(fd) => {
                 tracing::info!(owner = %key.owner, region = key.region, device = %made.name, "DAX device carved for an import");
                 let (name, path, range) = (made.name, made.path, range.clone());
-                let dev = ImportDevice { from: from.clone(), name, path, start, len, range, users: 1 };
-                carved.insert(key.clone(), dev);
+                making.fill(ImportDevice { from: from.clone(), name, path, start, len, range, users: 1 });
                 Ok(fd)
             }
             Err(e) => {
@@ -298,27 +301,24 @@ impl ImportDevices {
     /// of it. A device the kernel does not delete may still be mapped: its DPAs then stay
     /// out of this node's allocators until the daemon restarts (whose start deletes it).
     pub fn put(&self, d: &Daemon, key: &DeviceKey) {
-        let mut carved = self.carved.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(dev) = carved.get_mut(key) else { return };
-        dev.users = dev.users.saturating_sub(1);
-        if dev.users > 0 {
-            return;
-        }
-        if let Some(dev) = carved.remove(key) {
-            match dev.from.destroy(&dev.name) {
-                Ok(()) => {
-                    tracing::info!(owner = %key.owner, region = key.region, device = %dev.name, "DAX device of an import deleted")
-                }
-                Err(e) => {
-                    d.memory.keep_foreign(&dev.range);
-                    tracing::warn!(
-                        owner = %key.owner,
-                        region = key.region,
-                        device = %dev.name,
-                        error = %crate::error_chain(&e),
-                        "cannot delete the DAX device of an ended import; it goes at the next start, its DPAs stay out of the allocators until then"
-                    )
-                }
+        let last = |dev: &mut ImportDevice| {
+            dev.users = dev.users.saturating_sub(1);
+            dev.users == 0
+        };
+        let Some((dev, _deleting)) = self.carved.end(key, last) else { return };
+        match dev.from.destroy(&dev.name) {
+            Ok(()) => {
+                tracing::info!(owner = %key.owner, region = key.region, device = %dev.name, "DAX device of an import deleted")
+            }
+            Err(e) => {
+                d.memory.keep_foreign(&dev.range);
+                tracing::warn!(
+                    owner = %key.owner,
+                    region = key.region,
+                    device = %dev.name,
+                    error = %crate::error_chain(&e),
+                    "cannot delete the DAX device of an ended import; it goes at the next start, its DPAs stay out of the allocators until then"
+                )
             }
         }
     }

@@ -4,6 +4,7 @@
 //! use and made again when a peer's incarnation changes. All link I/O runs on the domain's
 //! runtime; nothing here holds a daemon lock across it.
 
+mod carving;
 pub mod clique;
 pub mod copy;
 pub mod creds;
