@@ -164,6 +164,23 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     eprintln!("revocation reached the importer's client after {reach:?}");
     assert!(reach < Duration::from_secs(1), "{reach:?}");
     until(Duration::from_secs(1), "the region file truncated", || (file1.metadata().unwrap().len() == 0).then_some(()));
+
+    // The same for a region imported only read-only (the owner keeps the file open for
+    // writing, not as granted, to truncate it).
+    let (b, _file0) = common::alloc_hbm(&mut c0, &gpu, 1 << 20);
+    let handle = common::export(&mut c0, b.region, AccessMode::ReadOnly);
+    let (ro, file_ro) = import(&mut c1, handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(file_ro.metadata().unwrap().len(), b.offset + b.size);
+    let Response::Free = c0.call(Request::Free(FreeRequest { region: b.region, node: None }), &[]).unwrap().0 else {
+        panic!()
+    };
+    match c1.next_event().unwrap() {
+        Event::Revocation(r) => assert_eq!((r.region, r.import), (b.region, ro.import)),
+        other => panic!("{other:?}"),
+    }
+    until(Duration::from_secs(1), "the read-only import's file truncated", || {
+        (file_ro.metadata().unwrap().len() == 0).then_some(())
+    });
 }
 
 #[test]

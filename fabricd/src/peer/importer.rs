@@ -433,16 +433,17 @@ impl Importer {
     }
 
     /// Records `h`, unless its owner's incarnation that granted it was voided meanwhile
-    /// (this node dialled a newer one, or the owner is no live member at it any more):
-    /// then `h` comes back, to give up. Checked under the `held` lock, which voiding
-    /// takes too, so that an import is either voided or never recorded.
+    /// (this node dialled a newer one, or the owner is no live member at it any more), or
+    /// this node's own incarnation ended (its lease lost: every import is voided): then `h`
+    /// comes back, to give up. Checked under the `held` lock, which voiding takes too, so
+    /// that an import is either voided or never recorded.
     fn hold(&self, d: &Daemon, h: Held) -> Result<u64, Box<Held>> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let dialled = self.current.lock().unwrap_or_else(|p| p.into_inner()).get(&h.owner).copied();
-        let live = d
-            .domain
-            .as_ref()
-            .is_some_and(|domain| domain.view().members().any(|m| m.name == h.owner && m.incarnation == h.incarnation));
+        let live = d.domain.as_ref().is_some_and(|domain| {
+            domain.status().standing == crate::tasks::domain::Standing::Joined
+                && domain.view().members().any(|m| m.name == h.owner && m.incarnation == h.incarnation)
+        });
         if dialled.is_some_and(|c| c != h.incarnation) || !live {
             return Err(Box::new(h));
         }
@@ -543,6 +544,19 @@ impl Importer {
     /// exits.
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
         self.void(d, |h| live.get(h.owner.as_str()) != Some(&h.incarnation), || {});
+    }
+
+    /// Ends every import this node holds: its own incarnation is over (a lost lease), and
+    /// owners release what it imported.
+    pub fn void_all(&self, d: &Daemon) {
+        let n = self.held.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if n > 0 {
+            tracing::warn!(
+                imports = n,
+                "this node's incarnation is over: its clients' imports of other nodes' memory end"
+            );
+        }
+        self.void(d, |_| true, || {});
     }
 
     /// Ends the imports of `owner` granted by another incarnation than `incarnation`, which

@@ -53,6 +53,9 @@ pub struct Owner {
     /// registry removes the file, which would leave the importer's mapping reading the
     /// old pages).
     files: Mutex<HashMap<u64, (String, File)>>,
+    /// Held while an importer node incarnation's session is set up, which is published in
+    /// `remotes` only once complete.
+    setup: Mutex<()>,
 }
 
 fn denied(e: &crate::memory::MemoryError) -> PeerError {
@@ -75,31 +78,64 @@ fn saved(d: &Daemon, session: u64, import: u64) -> Result<(), PeerError> {
 
 impl Owner {
     /// The registry session of `peer`'s incarnation, made (with its revocations forwarded)
-    /// on first use; an older incarnation's session is closed (what it held is void).
-    fn session(&self, d: &Arc<Daemon>, peer: &Peer) -> u64 {
+    /// on first use; an older incarnation's session is closed first (what it held is void,
+    /// and the lift of its quarantine never reaches what this one imports). Refused for an
+    /// incarnation the domain view does not list as live: an earlier one's link that is
+    /// still up gets nothing new.
+    fn session(&self, d: &Arc<Daemon>, peer: &Peer) -> Result<u64, PeerError> {
         let node = &peer.identity.node;
-        let outbox = Arc::new(Outbox::default());
-        let (session, old) = {
-            let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
-            match remotes.get(node) {
-                Some(r) if r.incarnation == peer.incarnation => return r.session,
-                _ => {}
-            }
-            let session = d.reserve_session();
-            let remote = Remote { incarnation: peer.incarnation, session, outbox: outbox.clone() };
-            (session, remotes.insert(node.clone(), remote))
+        let current = || {
+            let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+            remotes.get(node).filter(|r| r.incarnation == peer.incarnation).map(|r| r.session)
         };
-        d.memory.remote_session(session, node, peer.incarnation);
+        if let Some(session) = current() {
+            return Ok(session);
+        }
+        let _setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(session) = current() {
+            return Ok(session);
+        }
+        let live = d.domain.as_ref().and_then(|x| x.view().members().find(|m| &m.name == node).map(|m| m.incarnation));
+        if live != Some(peer.incarnation) {
+            return Err(PeerError::Denied {
+                code: ErrorCode::Unavailable,
+                message: format!(
+                    "node {node} is not a live member of the domain at incarnation {} (the view says {live:?})",
+                    peer.incarnation
+                ),
+            });
+        }
+        let old = self.remotes.lock().unwrap_or_else(|p| p.into_inner()).remove(node);
         if let Some(old) = old {
             self.end(d, node, old, false);
         }
+        let session = d.reserve_session();
+        let outbox = Arc::new(Outbox::default());
+        d.memory.remote_session(session, node, peer.incarnation);
         self.returned(d, node, peer.incarnation);
         self.reached(d, node);
         d.events.sink(session, Topics::REVOCATION, Reach::All, revokes::sink(outbox.clone()));
         if let Some(domain) = &d.domain {
-            domain.runtime().spawn(revokes::forward(Arc::downgrade(d), node.clone(), outbox));
+            domain.runtime().spawn(revokes::forward(Arc::downgrade(d), node.clone(), outbox.clone()));
         }
-        session
+        let remote = Remote { incarnation: peer.incarnation, session, outbox };
+        self.remotes.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), remote);
+        Ok(session)
+    }
+
+    /// Whether `session` is still `node`'s current one: an import recorded in a session
+    /// that ended meanwhile (the node left or restarted) would be nobody's.
+    fn still(&self, node: &str, session: u64) -> bool {
+        self.remotes.lock().unwrap_or_else(|p| p.into_inner()).get(node).is_some_and(|r| r.session == session)
+    }
+
+    /// Undoes import `import` of `session`, recorded after the session ended.
+    fn too_late(d: &Daemon, node: &str, session: u64, import: u64) -> PeerError {
+        let _ = d.memory.release(session, import);
+        PeerError::Denied {
+            code: ErrorCode::Unavailable,
+            message: format!("node {node}'s incarnation ended while its import was recorded: ask again"),
+        }
     }
 
     /// Takes the importer nodes whose holds came back at start (once, when the daemon is
@@ -192,16 +228,37 @@ impl Owner {
         // over CXL devices with serials by its place in their set (`super::cxl`); any
         // other, and any the importer does not reach, copy-only (its bytes reached by
         // `Copy` chunks over the link: `super::copy`).
-        let shared = match d.memory.own_file(ask.region) {
-            Some(path) => shared_file(d, &path).ok().map(Shared::File),
+        let own = d.memory.own_file(ask.region);
+        let shared = match &own {
+            Some(path) => shared_file(d, path).ok().map(Shared::File),
             None => super::cxl::grant(d, ask.region).map(Shared::Cxl),
         };
-        let session = self.session(d, peer);
+        let node = &peer.identity.node;
+        let session = self.session(d, peer)?;
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
         saved(d, session, g.import)?;
-        if matches!(shared, Some(Shared::File(_))) {
-            let held = (peer.identity.node.clone(), File::from(g.fd));
-            self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, held);
+        // The file is kept to truncate when the region goes: opened for writing here (the
+        // grant's descriptor is read-only for a read-only import).
+        let kept = match (&shared, &own) {
+            (Some(Shared::File(_)), Some(path)) => Some(
+                std::fs::OpenOptions::new().write(true).open(path).unwrap_or_else(|e| {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot open a region file for writing; kept as granted");
+                    File::from(g.fd)
+                }),
+            ),
+            _ => None,
+        };
+        {
+            // Checked and kept under one lock: an end of the session either came before
+            // (the import is undone) or comes after and closes the file with the others.
+            let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+            if remotes.get(node).is_none_or(|r| r.session != session) {
+                drop(remotes);
+                return Err(Self::too_late(d, node, session, g.import));
+            }
+            if let Some(file) = kept {
+                self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, (node.clone(), file));
+            }
         }
         let reach = match &shared {
             Some(Shared::File(_)) => "shared file",
@@ -248,12 +305,16 @@ impl Owner {
             }
         }
         super::clique::check(d, &subject.device, &peer.identity.node)?;
-        let session = self.session(d, peer);
+        let node = &peer.identity.node;
+        let session = self.session(d, peer)?;
         let o = d
             .memory
             .import_object(&cred, session, &handle, ask.access, fabric_proto::wire::PROTOCOL_VERSION)
             .map_err(|e| denied(&e))?;
         saved(d, session, o.import)?;
+        if !self.still(node, session) {
+            return Err(Self::too_late(d, node, session, o.import));
+        }
         tracing::info!(peer = %peer.identity.node, region = o.region, import = o.import, "node link: vendor object granted");
         Ok(ObjectGrant {
             import: o.import,

@@ -108,14 +108,27 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
         };
         let Some(d) = d.upgrade() else { return };
         let (Some(domain), Some(link)) = (d.domain.clone(), d.domain.as_ref().and_then(|x| x.link())) else { return };
-        link.service().owner().ended(r.import, r.reason);
+        // Truncating a freed region's file (and closing it, which may free its blocks)
+        // and the registry's lock are for the blocking pool, not this runtime's worker.
+        let truncated = {
+            let (d, import, reason) = (d.clone(), r.import, r.reason);
+            tokio::task::spawn_blocking(move || {
+                if let Some(link) = d.domain.as_ref().and_then(|x| x.link()) {
+                    link.service().owner().ended(import, reason);
+                }
+            })
+        };
+        if let Err(e) = truncated.await {
+            tracing::warn!(peer = %node, import = r.import, error = %e, "node link: truncating a freed region's file failed");
+        }
         let told = link.call(&domain, &node, wire::request(PeerOp::Revoke, &RevokeNotice { revocation: r })).await;
         match told {
             Ok(_) => {
                 retry = RETRY_FIRST;
                 tracing::info!(peer = %node, import = r.import, reason = ?r.reason, "node link: importer told of a revocation");
                 if !matches!(r.reason, RevocationReason::Revoked) {
-                    d.memory.acknowledged(&node, r.region);
+                    let (d, node, region) = (d.clone(), node.clone(), r.region);
+                    let _ = tokio::task::spawn_blocking(move || d.memory.acknowledged(&node, region)).await;
                     lifted = true;
                 }
             }

@@ -80,6 +80,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 domain.leadership.store(Arc::new(None));
                 election = None;
                 drop(j);
+                void_imports(&domain).await;
             }
             End::Watch(reason) => {
                 tracing::warn!(%reason, "domain watch lost; reading the domain again");
@@ -88,6 +89,23 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 joined = Some(j);
             }
         }
+    }
+}
+
+/// This node's incarnation is over (its lease is lost): the owners of what its clients
+/// imported release those imports once they see it gone, and reuse the memory once it is
+/// back as another incarnation. Its clients' imports end here first, before it rejoins, so
+/// that no device of this node still maps memory an owner may hand to someone else.
+async fn void_imports(domain: &Domain) {
+    let Some(d) = domain.link.as_ref().and_then(|l| l.service().daemon()).and_then(|w| w.upgrade()) else { return };
+    // Deleting carved devices blocks: off the runtime's worker.
+    let voided = tokio::task::spawn_blocking(move || {
+        if let Some(link) = d.domain.as_ref().and_then(|x| x.link()) {
+            link.service().importer().void_all(&d);
+        }
+    });
+    if let Err(e) = voided.await {
+        tracing::warn!(error = %e, "ending the imports of a lost incarnation failed");
     }
 }
 
