@@ -221,9 +221,13 @@ impl DomainClient {
     /// Validates `config`, connects to its endpoints and checks that etcd answers.
     pub async fn connect(config: &DomainConfig, limits: RecordLimits) -> Result<Self, EtcdError> {
         config.validate()?;
+        // Requires a leader: a watch served by an etcd member cut off from the cluster is
+        // cancelled (and read again elsewhere) instead of going silent while renewals reach
+        // a healthy member.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_keep_alive(config.keepalive_interval(), config.request_timeout());
+            .with_keep_alive(config.keepalive_interval(), config.request_timeout())
+            .with_require_leader(true);
         if let Some(tls) = &config.tls {
             let mut tls_options = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca)?));
             if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
@@ -324,8 +328,9 @@ impl DomainClient {
     pub async fn grant_lease(&self) -> Result<Lease, EtcdError> {
         let mut lease = self.client.clone();
         let ttl = i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+        let asked = tokio::time::Instant::now();
         let granted = self.call("lease grant", lease.lease_grant(ttl, None)).await?;
-        Ok(Lease::start(self.client.clone(), granted.id(), self.lease_ttl, self.request_timeout))
+        Ok(Lease::start(self.client.clone(), granted.id(), self.lease_ttl, self.request_timeout, asked))
     }
 
     /// Makes the domain's settings `local` if none are written yet; otherwise reads them and
@@ -354,6 +359,19 @@ impl DomainClient {
     /// Joins the domain: writes `record` (this node's) on `lease`, unless another live daemon
     /// holds the name.
     pub async fn join(&self, lease: &Lease, record: &MemberRecord) -> Result<(), EtcdError> {
+        self.join_checked(lease, record, None).await
+    }
+
+    /// [`DomainClient::join`], in the same transaction as a check that this node still holds
+    /// `slot` (its `slot-of` key, which only an admin's gc deletes, with the slot): a gc
+    /// that commits between the node's reading its slot and its join refuses the join
+    /// (`Inconsistent`) instead of leaving a member that serves a slot it no longer holds;
+    /// one that comes after finds the member key and is refused.
+    pub async fn join_in_slot(&self, lease: &Lease, record: &MemberRecord, slot: u32) -> Result<(), EtcdError> {
+        self.join_checked(lease, record, Some(slot)).await
+    }
+
+    async fn join_checked(&self, lease: &Lease, record: &MemberRecord, slot: Option<u32>) -> Result<(), EtcdError> {
         let key = self.keys.member(&self.node);
         record.validate().map_err(|source| EtcdError::Record { key: key.clone(), source })?;
         if record.name != self.node {
@@ -361,7 +379,12 @@ impl DomainClient {
             return Err(EtcdError::Record { key, source: RecordError::Invalid { field: "name", reason } });
         }
         lease.check()?;
-        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+        let reverse = self.keys.slot_of(&self.node);
+        let mut compares = vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)];
+        if slot.is_some() {
+            compares.push(Compare::create_revision(reverse.clone(), CompareOp::NotEqual, 0));
+        }
+        let txn = Txn::new().when(compares).and_then([TxnOp::put(
             key.clone(),
             records::encode(record),
             Some(PutOptions::new().with_lease(lease.id())),
@@ -369,6 +392,15 @@ impl DomainClient {
         let mut kv = self.client.clone();
         if self.call("member join", kv.txn(txn)).await?.succeeded() {
             return Ok(());
+        }
+        if let Some(slot) = slot
+            && self.get_raw(&reverse).await?.is_none()
+        {
+            return Err(EtcdError::Inconsistent {
+                node: self.node.clone(),
+                slot,
+                holder: "nobody: an admin collected this node's slot while it joined".to_owned(),
+            });
         }
         let incarnation = match self.get_record::<MemberRecord>(&key).await {
             Ok(Some(holder)) => holder.incarnation.to_string(),

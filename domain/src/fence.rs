@@ -77,6 +77,17 @@ impl DomainClient {
         self.fence(lease, record).await
     }
 
+    /// [`DomainClient::join_in_slot`], and the fence of this membership.
+    pub async fn join_fenced_in_slot(
+        &self,
+        lease: &Lease,
+        record: &MemberRecord,
+        slot: u32,
+    ) -> Result<Fence, EtcdError> {
+        self.join_in_slot(lease, record, slot).await?;
+        self.fence(lease, record).await
+    }
+
     /// The fence of this node's current membership: its member key must hold `record`'s
     /// incarnation on `lease` (else `Fenced`).
     pub async fn fence(&self, lease: &Lease, record: &MemberRecord) -> Result<Fence, EtcdError> {

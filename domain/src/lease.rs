@@ -40,10 +40,12 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Starts renewing lease `id` every `ttl / 3`, each renewal bounded by `timeout`.
-    pub(crate) fn start(client: Client, id: i64, ttl: Duration, timeout: Duration) -> Self {
+    /// Starts renewing lease `id` every `ttl / 3`, each renewal bounded by `timeout`. `asked`
+    /// is when the grant was sent: etcd may start the TTL as soon as it gets it, so the
+    /// lease counts as renewed then, not when the answer came.
+    pub(crate) fn start(client: Client, id: i64, ttl: Duration, timeout: Duration, asked: Instant) -> Self {
         let (tx, state) = watch::channel(LeaseState::Alive);
-        let (renewed_tx, renewed) = watch::channel(Instant::now());
+        let (renewed_tx, renewed) = watch::channel(asked);
         let task = tokio::spawn(renew(client, id, ttl / 3, timeout, tx, renewed_tx));
         Self { id, ttl, state, renewed, task }
     }

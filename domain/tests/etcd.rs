@@ -117,6 +117,29 @@ async fn a_slot_is_freed_only_by_gc_of_a_node_that_is_not_live() {
     assert!(raw.kvs().is_empty(), "slots/{slot} is gone with the gc");
 }
 
+#[tokio::test]
+async fn a_join_in_a_slot_an_admin_collected_meanwhile_is_refused() {
+    // The node read its slot; an admin's gc commits before its member key is written:
+    // the join says so instead of leaving a member that serves a slot it no longer holds.
+    let Some(etcd) = etcd().await else { return };
+    let settings = sixteen_slots();
+    let a = client(&etcd, "tray-a", 6).await;
+    let slot = a.claim_slot(&settings).await.unwrap();
+    let lease = a.grant_lease().await.unwrap();
+    assert_eq!(a.gc_slot("tray-a").await.unwrap(), Some(slot));
+    match a.join_in_slot(&lease, &member("tray-a"), slot).await {
+        Err(EtcdError::Inconsistent { node, slot: s, holder }) => {
+            assert_eq!((node.as_str(), s), ("tray-a", slot));
+            assert!(holder.contains("collected"), "{holder}");
+        }
+        other => panic!("a join in a collected slot: {other:?}"),
+    }
+    // Held again, the join goes through, and a gc of the now live node is refused.
+    let slot = a.claim_slot(&settings).await.unwrap();
+    a.join_in_slot(&lease, &member("tray-a"), slot).await.unwrap();
+    assert!(matches!(a.gc_slot("tray-a").await, Err(EtcdError::GcLive { .. })));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_daemon_with_the_same_name_is_refused_while_the_first_lease_lives() {
     let Some(etcd) = etcd().await else { return };

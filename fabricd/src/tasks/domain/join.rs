@@ -180,7 +180,7 @@ pub fn start(
         let claims = share_claims(&wants, &known);
         runtime.spawn(async move {
             let joined = async {
-                let (slot, joined) = join(&dc, &local, &peer, &groups, node_id).await?;
+                let (slot, joined) = join(&dc, &local, &peer, &groups, node_id, None).await?;
                 match claim_shares(&joined.client, &claims).await {
                     Ok(shares) => Ok((slot, joined, shares)),
                     Err(e) => {
@@ -260,17 +260,35 @@ pub fn start(
     Ok(Starting { domain, joined, shares })
 }
 
-/// One join: settings, slot, lease, member record with a fresh incarnation.
+/// One join: settings, slot, lease, member record with a fresh incarnation. `serving`: the
+/// slot a rejoining node serves, which it must still hold (never claimed anew: another slot
+/// would be other GFAs); `None` at start, where a slot is claimed if none is held.
 pub(super) async fn join(
     config: &DomainConfig,
     local: &DomainSettings,
     peer_address: &str,
     groups: &[FabricGroup],
     node_id: fabric_proto::wire::NodeId,
+    serving: Option<u32>,
 ) -> Result<(u32, Joined), EtcdError> {
     let client = DomainClient::connect(config, Domain::limits()).await?;
     client.ensure_settings(local).await?;
-    let slot = client.claim_slot(local).await?;
+    let slot = match serving {
+        None => client.claim_slot(local).await?,
+        Some(serving) => match client.held_slot(&config.node).await? {
+            Some(held) if held == serving => held,
+            held => {
+                return Err(EtcdError::Inconsistent {
+                    node: config.node.clone(),
+                    slot: serving,
+                    holder: match held {
+                        Some(other) => format!("this node's slot-of record, which names slot {other}"),
+                        None => "nobody: an admin collected this node's slot".to_owned(),
+                    },
+                });
+            }
+        },
+    };
     let lease = client.grant_lease().await?;
     let incarnation = fresh_incarnation();
     let record = MemberRecord {
@@ -283,7 +301,7 @@ pub(super) async fn join(
         software: env!("CARGO_PKG_VERSION").to_owned(),
         node_id: Some(node_id.to_string()),
     };
-    let fence = match client.join_fenced(&lease, &record).await {
+    let fence = match client.join_fenced_in_slot(&lease, &record, slot).await {
         Ok(fence) => fence,
         Err(e) => {
             // Give the lease back (with the member key, if the join got that far) rather

@@ -79,7 +79,13 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 // campaigns again.
                 domain.leadership.store(Arc::new(None));
                 election = None;
-                drop(j);
+                // Best effort: a lease lost only here (a renewal stream that stalled) would
+                // keep the old member key, and a leader key, until its TTL ran out, and the
+                // rejoin would meet `NameTaken` meanwhile.
+                let revoked = tokio::time::timeout(domain.config.request_timeout(), j.client.leave(j.lease)).await;
+                if let Ok(Err(e)) = revoked {
+                    tracing::debug!(error = %crate::error_chain(&e), "the lost lease could not be revoked");
+                }
                 void_imports(&domain).await;
             }
             End::Watch(reason) => {
@@ -110,18 +116,18 @@ async fn void_imports(domain: &Domain) {
 }
 
 async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
-    let (slot, j) =
-        join::join(&domain.config, &domain.settings, &domain.peer_address, &domain.groups, domain.node_id).await?;
-    if slot != domain.slot {
-        // A slot changes only through an admin's gc of this node while it was gone; its
-        // memory lies in the old one. Serving on would hand out GFAs of another node.
-        let _ = j.client.leave(j.lease).await;
-        return Err(EtcdError::Inconsistent {
-            node: domain.config.node.clone(),
-            slot,
-            holder: format!("this daemon, which serves slot {} (restart it to move)", domain.slot),
-        });
-    }
+    // Only in the slot this daemon serves: a slot changes only through an admin's gc of
+    // this node while it was gone, and its memory lies in the old one; serving on would hand
+    // out GFAs of another node. The join says so (`Inconsistent`) and claims no other.
+    let (_, j) = join::join(
+        &domain.config,
+        &domain.settings,
+        &domain.peer_address,
+        &domain.groups,
+        domain.node_id,
+        Some(domain.slot),
+    )
+    .await?;
     // The shares too: a gc while the node was away freed them, and another node may hold
     // their ranges now; serving on would hand out its memory.
     if let Err(e) = join::claim_back(&j.client, &domain.shares).await {
