@@ -350,9 +350,15 @@ impl Owner {
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>, known: &HashSet<&str>) {
         let departed: Vec<(String, Remote)> = {
             let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+            // `live` may be older than a session set up since (`session` checks the
+            // current view): a session the current view lists as live stays.
+            let now = d.domain.as_ref().map(|x| x.view());
+            let listed = |node: &str, incarnation: u64| {
+                now.as_ref().is_some_and(|v| v.members().any(|m| m.name == node && m.incarnation == incarnation))
+            };
             let gone: Vec<String> = remotes
                 .iter()
-                .filter(|(node, r)| live.get(node.as_str()) != Some(&r.incarnation))
+                .filter(|(node, r)| live.get(node.as_str()) != Some(&r.incarnation) && !listed(node, r.incarnation))
                 .map(|(node, _)| node.clone())
                 .collect();
             gone.into_iter().filter_map(|n| remotes.remove(&n).map(|r| (n, r))).collect()

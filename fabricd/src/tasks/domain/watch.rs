@@ -68,6 +68,7 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
             s.incarnation = j.incarnation;
             s.etcd_reachable = true;
         });
+        let began = tokio::time::Instant::now();
         match session(&domain, &j, &reader).await {
             End::LeaseLost(reason) => {
                 tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
@@ -91,7 +92,13 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
             End::Watch(reason) => {
                 tracing::warn!(%reason, "domain watch lost; reading the domain again");
                 domain.etcd_failed();
+                // Each re-read reads the whole domain: a watch that keeps breaking is read
+                // again less and less often (one that lasted a while starts over).
+                if began.elapsed() > domain.config.lease_ttl() {
+                    backoff = Duration::from_millis(200);
+                }
                 tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(domain.config.request_timeout());
                 joined = Some(j);
             }
         }
