@@ -123,6 +123,17 @@ pub enum EtcdError {
         /// How many attempts.
         attempts: u32,
     },
+    /// The node's slot was freed by an admin's gc while the node was away (or joining): its
+    /// memory lies in that slot, so it does not serve another.
+    #[error("node {node}'s slot {slot} was collected by an admin's gc ({now}): restart the node to claim another")]
+    SlotCollected {
+        /// The node.
+        node: String,
+        /// The slot it served.
+        slot: u32,
+        /// What became of the slot.
+        now: String,
+    },
     /// The two keys of a slot claim disagree.
     #[error("slot-of/{node} names slot {slot}, but slots/{slot} is held by {holder}")]
     Inconsistent {
@@ -396,10 +407,10 @@ impl DomainClient {
         if let Some(slot) = slot
             && self.get_raw(&reverse).await?.is_none()
         {
-            return Err(EtcdError::Inconsistent {
+            return Err(EtcdError::SlotCollected {
                 node: self.node.clone(),
                 slot,
-                holder: "nobody: an admin collected this node's slot while it joined".to_owned(),
+                now: "while the node joined".to_owned(),
             });
         }
         let incarnation = match self.get_record::<MemberRecord>(&key).await {

@@ -59,6 +59,39 @@ impl DomainClient {
         Err(EtcdError::Contention { node, attempts: MAX_CLAIM_ATTEMPTS })
     }
 
+    /// Claims exactly `slot` for this node, which served it (a rejoin: its memory lies
+    /// there): the slot it holds if that is the one; else `slot` again if an admin's gc
+    /// freed it and nobody took it since; else [`EtcdError::SlotCollected`] saying who
+    /// holds it now.
+    pub async fn claim_slot_at(&self, slot: u32) -> Result<u32, EtcdError> {
+        let node = self.node().to_owned();
+        let collected = |now: String| EtcdError::SlotCollected { node: node.clone(), slot, now };
+        if let Some(held) = self.held_slot(&node).await? {
+            return if held == slot { Ok(slot) } else { Err(collected(format!("this node holds slot {held} now"))) };
+        }
+        let key = self.keys().slot(slot);
+        let reverse = self.keys().slot_of(&node);
+        let claim = records::encode(&SlotClaim::new(slot, &node));
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(reverse.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(key.clone(), claim.clone(), None), TxnOp::put(reverse, claim, None)]);
+        let mut kv = self.raw();
+        if self.call("slot claim", kv.txn(txn)).await?.succeeded() {
+            info!(%node, slot, "claimed the slot it served back after a gc");
+            return Ok(slot);
+        }
+        let holder = match self.get_raw(&key).await? {
+            Some((value, _)) => {
+                self.decode::<SlotClaim>(&key, &value).map_or_else(|_| "an unreadable claim".to_owned(), |c| c.node)
+            }
+            None => "nobody, after a race".to_owned(),
+        };
+        Err(collected(format!("now held by {holder}")))
+    }
+
     /// The slot `node` holds, checked against the slot's own key; `None` when it holds none.
     pub async fn held_slot(&self, node: &str) -> Result<Option<u32>, EtcdError> {
         let reverse = self.keys().slot_of(node);

@@ -128,16 +128,27 @@ async fn a_join_in_a_slot_an_admin_collected_meanwhile_is_refused() {
     let lease = a.grant_lease().await.unwrap();
     assert_eq!(a.gc_slot("tray-a").await.unwrap(), Some(slot));
     match a.join_in_slot(&lease, &member("tray-a"), slot).await {
-        Err(EtcdError::Inconsistent { node, slot: s, holder }) => {
-            assert_eq!((node.as_str(), s), ("tray-a", slot));
-            assert!(holder.contains("collected"), "{holder}");
-        }
+        Err(EtcdError::SlotCollected { node, slot: s, .. }) => assert_eq!((node.as_str(), s), ("tray-a", slot)),
         other => panic!("a join in a collected slot: {other:?}"),
     }
-    // Held again, the join goes through, and a gc of the now live node is refused.
-    let slot = a.claim_slot(&settings).await.unwrap();
+    // A rejoin claims that slot back while nobody took it; the join goes through, and a
+    // gc of the now live node is refused.
+    assert_eq!(a.claim_slot_at(slot).await.unwrap(), slot);
+    assert_eq!(a.claim_slot_at(slot).await.unwrap(), slot, "held: the same");
     a.join_in_slot(&lease, &member("tray-a"), slot).await.unwrap();
     assert!(matches!(a.gc_slot("tray-a").await, Err(EtcdError::GcLive { .. })));
+    // Taken by another node meanwhile: never another slot, the holder named.
+    let b = client(&etcd, "tray-b", 6).await;
+    let other = b.claim_slot(&settings).await.unwrap();
+    match b.claim_slot_at(slot).await {
+        Err(EtcdError::SlotCollected { now, .. }) => assert!(now.contains(&format!("slot {other}")), "{now}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(b.gc_slot("tray-b").await.unwrap(), Some(other));
+    match b.claim_slot_at(slot).await {
+        Err(EtcdError::SlotCollected { now, .. }) => assert!(now.contains("tray-a"), "{now}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

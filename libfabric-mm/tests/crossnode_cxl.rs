@@ -302,13 +302,12 @@ fn a_host_whose_share_was_collected_and_taken_neither_rejoins_nor_starts_on_it()
         status["self"]["shares"].as_array().unwrap().iter().map(|s| s["offset"].as_u64().unwrap()).collect();
     assert_eq!(offsets, [0, 0], "c took a's collected range: {status}");
 
-    // a resumes: its lease is gone, and its slot and share with it. It does not rejoin on
-    // c's memory, nor claim another slot: it stays fenced, saying its slot was collected.
+    // a resumes: its lease is gone, and its share with it. It does not rejoin on c's
+    // memory: it stays fenced, saying who holds the range.
     signal(pid, libc::SIGCONT);
-    until(Duration::from_secs(15), "a fenced, its slot collected", || {
+    until(Duration::from_secs(15), "a fenced, naming c", || {
         let s = domain::status(&a.socket);
-        s["self"]["standing"] == "fenced"
-            && s["self"]["reason"].as_str().is_some_and(|r| r.contains("an admin collected this node's slot"))
+        s["self"]["standing"] == "fenced" && s["self"]["reason"].as_str().is_some_and(|r| r.contains("held by host-c"))
     });
     assert_ne!(state_of(&c.socket, "host-a"), "live", "a is not a member on c's range");
 

@@ -93,7 +93,7 @@ impl Hold {
     pub fn take_device(&mut self, d: &Daemon) -> Option<Deleting> {
         let key = self.device.take()?;
         d.memory.keep_foreign(&self.range);
-        Some(Deleting { key, range: self.range.clone() })
+        Some(Deleting { key, range: self.range.clone(), done: false })
     }
 
     /// Gives everything back as the client releases the import: the device first (its
@@ -114,13 +114,24 @@ impl Hold {
 pub struct Deleting {
     key: DeviceKey,
     range: crate::memory::ForeignRange,
+    done: bool,
 }
 
 impl Deleting {
     /// One user of the device less (the last deletes it), then the DPAs' extra hold.
-    pub fn finish(self, d: &Daemon, devices: &ImportDevices) {
+    pub fn finish(mut self, d: &Daemon, devices: &ImportDevices) {
         devices.put(d, &self.key);
         d.memory.release_foreign(&self.range);
+        self.done = true;
+    }
+}
+
+impl Drop for Deleting {
+    fn drop(&mut self) {
+        if !self.done {
+            // A bug (or a panic on the way): the safe side, but said.
+            tracing::error!(owner = %self.key.owner, region = self.key.region, "a carved import device was let go without being deleted; its DPAs stay out of the allocators until the next start");
+        }
     }
 }
 

@@ -87,7 +87,9 @@ pub enum DialError {
 #[derive(Debug)]
 struct Held {
     link: Link,
+    /// The peer's incarnation, and this node's, when the link was made.
     incarnation: u64,
+    ours: u64,
     used: Instant,
 }
 
@@ -172,7 +174,13 @@ impl NodeLink {
         let mut held = slot.lock().await;
         // A link idle past half the peer's idle timeout may be closed under us: a request
         // on it could be lost mid-way, so it is made anew rather than retried.
-        let fresh = |h: &Held| h.incarnation == incarnation && h.used.elapsed() < self.limits().idle_timeout / 2;
+        // A link made by an earlier incarnation of this node is not used again either: its
+        // peer would serve it as that incarnation.
+        let fresh = |h: &Held| {
+            h.incarnation == incarnation
+                && h.ours == status.incarnation
+                && h.used.elapsed() < self.limits().idle_timeout / 2
+        };
         let mut h = match held.take() {
             Some(h) if fresh(&h) => h,
             _ => self.dial(domain, node, incarnation, &address, status.incarnation).await?,
@@ -242,6 +250,6 @@ impl NodeLink {
                 tracing::warn!(peer = node, error = %e, "voiding an earlier incarnation's imports failed");
             }
         }
-        Ok(Held { link, incarnation, used: Instant::now() })
+        Ok(Held { link, incarnation, ours, used: Instant::now() })
     }
 }

@@ -85,31 +85,34 @@ pub struct Importer {
     /// `held` when both are.
     ended: Mutex<HashMap<u64, (u64, super::cxl::Hold)>>,
     devices: super::cxl::ImportDevices,
-    /// Imports being asked of each owner and not in `held` yet: a revocation from that
-    /// owner that finds nothing held may be about one of them, and is refused so that the
-    /// owner tells it again (an acknowledged end lifts the owner's quarantine of the
-    /// memory). Locked after `held`.
-    asking: Mutex<HashMap<String, usize>>,
+    /// Imports being asked and not in `held` yet, by (owner, region, generation): a
+    /// revocation of that region that finds nothing held may be about one of them, and is
+    /// refused so that the owner tells it again (an acknowledged end lifts the owner's
+    /// quarantine of the memory). Locked after `held`.
+    asking: Mutex<HashMap<AskKey, usize>>,
     /// The incarnation of each owner last dialled (its earlier incarnations' imports are
     /// void): an import an earlier one granted is not recorded after that. Locked after
     /// `held`.
     current: Mutex<HashMap<String, u64>>,
 }
 
-/// An import being asked of `owner` ([`Importer::asking`]); counted until dropped, after
-/// the import is recorded or refused.
+/// Which region an import being asked is of: (owner, region, generation).
+type AskKey = (String, u64, u64);
+
+/// An import being asked ([`Importer::asking`]); counted until dropped, after the import
+/// is recorded or refused.
 struct Asking<'a> {
     importer: &'a Importer,
-    owner: String,
+    key: AskKey,
 }
 
 impl Drop for Asking<'_> {
     fn drop(&mut self) {
         let mut asking = self.importer.asking.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = asking.get_mut(&self.owner) {
+        if let Some(n) = asking.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                asking.remove(&self.owner);
+                asking.remove(&self.key);
             }
         }
     }
@@ -147,6 +150,11 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
     }
 }
 
+/// This node's incarnation now (0 outside a domain).
+fn own_incarnation(d: &Daemon) -> u64 {
+    d.domain.as_ref().map_or(0, |x| x.status().incarnation)
+}
+
 /// The owner of a remote handle: its name and incarnation, when this node may ask it.
 fn owner_of(d: &Daemon, node: NodeId) -> Result<(String, u64), ErrorBody> {
     let Some(domain) = d.domain.as_ref() else {
@@ -157,7 +165,7 @@ fn owner_of(d: &Daemon, node: NodeId) -> Result<(String, u64), ErrorBody> {
         return Err(refusal(
             ErrorCode::Unavailable,
             format!(
-                "this node is {standing} from its domain's etcd: new imports from other nodes are refused until it rejoins (established mappings keep working)"
+                "this node is {standing} from its domain's etcd: new imports from other nodes are refused until it rejoins (established mappings keep working until its lease is lost)"
             ),
         ));
     }
@@ -225,7 +233,8 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let shared = d.config.peer.shared_dir.clone();
-    let _asking = link.service().importer().asking(&owner);
+    let mine = own_incarnation(d);
+    let _asking = link.service().importer().asking(&owner, i.handle.region, i.handle.generation);
     let grant: ImportGrant = ask(d, cx, i, &owner, PeerOp::Import)?;
     let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
     // The owner recorded an import this node cannot use: give it back.
@@ -266,7 +275,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         link,
         cx,
         &owner,
-        incarnation,
+        (incarnation, mine),
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.len),
         (i.access, cxl),
@@ -296,7 +305,7 @@ fn held(
     link: &super::NodeLink,
     cx: &Context<'_>,
     owner: &str,
-    incarnation: u64,
+    (incarnation, mine): (u64, u64),
     (owner_import, region, generation): (u64, u64, u64),
     (gfa, len): (Option<u64>, u64),
     (access, cxl): (fabric_proto::wire::AccessMode, Option<super::cxl::Hold>),
@@ -305,6 +314,7 @@ fn held(
     importer
         .hold(
             d,
+            mine,
             Held {
                 session: cx.session,
                 owner: owner.to_owned(),
@@ -323,10 +333,15 @@ fn held(
             if let Some(hold) = stale.cxl {
                 hold.end(d, &importer.devices);
             }
+            // Whichever incarnation granted it holds nothing for this one (or ends this
+            // node's old session soon): telling it costs nothing when it is gone.
+            if let Some(domain) = d.domain.as_ref() {
+                importer.give_back(domain, owner, owner_import);
+            }
             refusal(
                 ErrorCode::Unavailable,
                 format!(
-                    "node {owner} restarted or left while it granted the import (incarnation {incarnation}); ask again"
+                    "node {owner} (incarnation {incarnation}) or this node (incarnation {mine}) restarted, rejoined or left while the import was granted; ask again"
                 ),
             )
         })
@@ -340,7 +355,8 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
     let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
-    let _asking = link.service().importer().asking(&owner);
+    let mine = own_incarnation(d);
+    let _asking = link.service().importer().asking(&owner, i.handle.region, i.handle.generation);
     let grant: ObjectGrant = ask(d, cx, i, &owner, PeerOp::ImportObject)?;
     let usable = grant.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")));
     let usable = usable.and_then(|()| {
@@ -362,7 +378,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         link,
         cx,
         &owner,
-        incarnation,
+        (incarnation, mine),
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.size),
         (i.access, None),
@@ -426,22 +442,27 @@ fn take_own<T>(
 }
 
 impl Importer {
-    /// Counts an import being asked of `owner` until the guard drops.
-    fn asking(&self, owner: &str) -> Asking<'_> {
-        *self.asking.lock().unwrap_or_else(|p| p.into_inner()).entry(owner.to_owned()).or_default() += 1;
-        Asking { importer: self, owner: owner.to_owned() }
+    /// Counts an import of `owner`'s `(region, generation)` being asked until the guard
+    /// drops.
+    fn asking(&self, owner: &str, region: u64, generation: u64) -> Asking<'_> {
+        let key = (owner.to_owned(), region, generation);
+        *self.asking.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default() += 1;
+        Asking { importer: self, key }
     }
 
-    /// Records `h`, unless its owner's incarnation that granted it was voided meanwhile
-    /// (this node dialled a newer one, or the owner is no live member at it any more), or
-    /// this node's own incarnation ended (its lease lost: every import is voided): then `h`
+    /// Records `h`, asked while this node was incarnation `mine`, unless its owner's
+    /// incarnation that granted it was voided meanwhile (this node dialled a newer one, or
+    /// the owner is no live member at it any more), or this node's own incarnation `mine`
+    /// ended (its lease lost: every import is voided, and a rejoin is another one): then `h`
     /// comes back, to give up. Checked under the `held` lock, which voiding takes too, so
     /// that an import is either voided or never recorded.
-    fn hold(&self, d: &Daemon, h: Held) -> Result<u64, Box<Held>> {
+    fn hold(&self, d: &Daemon, mine: u64, h: Held) -> Result<u64, Box<Held>> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let dialled = self.current.lock().unwrap_or_else(|p| p.into_inner()).get(&h.owner).copied();
         let live = d.domain.as_ref().is_some_and(|domain| {
-            domain.status().standing == crate::tasks::domain::Standing::Joined
+            let me = domain.status();
+            me.standing == crate::tasks::domain::Standing::Joined
+                && me.incarnation == mine
                 && domain.view().members().any(|m| m.name == h.owner && m.incarnation == h.incarnation)
         });
         if dialled.is_some_and(|c| c != h.incarnation) || !live {
@@ -615,7 +636,8 @@ impl Importer {
         // Revoked or gone, the import's device goes (its mappings with it): only what the
         // owner still grants stays reachable. Its DPAs stay held until the client
         // releases it (a whole DAX device's mapping outlives the import).
-        if found.is_empty() && self.asking.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&peer.identity.node) {
+        let key = (peer.identity.node.clone(), r.region, r.generation);
+        if found.is_empty() && self.asking.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key) {
             // Perhaps about an import of this owner not recorded yet: acknowledged now,
             // the owner would reuse memory the client is about to map. Told again later,
             // it finds the import.
@@ -684,14 +706,18 @@ mod tests {
             addr: "127.0.0.1:9".parse().unwrap(),
         };
         assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "nothing asked, nothing held: acknowledged");
-        let asked = importer.asking("a");
-        let other = importer.asking("b");
+        let asked = importer.asking("a", 1, 1);
+        let other = importer.asking("b", 1, 1);
+        let elsewhere = importer.asking("a", 2, 1);
         // The import of a's region may be the one a ended: acknowledged now, a would
         // reuse memory this node's client is about to be handed.
         assert!(matches!(importer.revoked(&d, &peer, freed(7)), Err(PeerError::Refused(_))));
         drop(asked);
-        assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "another owner's import says nothing of a's");
-        drop(other);
+        assert!(
+            importer.revoked(&d, &peer, freed(7)).is_ok(),
+            "another owner's import, or one of another region of a, says nothing of this one"
+        );
+        drop((other, elsewhere));
         assert!(importer.asking.lock().unwrap().is_empty(), "every guard counted down");
     }
 
@@ -713,7 +739,7 @@ mod tests {
             revoked: false,
             cxl: None,
         };
-        let back = importer.hold(&d, h).unwrap_err();
+        let back = importer.hold(&d, 0, h).unwrap_err();
         assert_eq!((back.owner.as_str(), back.owner_import), ("a", 7));
         assert!(importer.held.lock().unwrap().is_empty());
     }

@@ -261,8 +261,9 @@ pub fn start(
 }
 
 /// One join: settings, slot, lease, member record with a fresh incarnation. `serving`: the
-/// slot a rejoining node serves, which it must still hold (never claimed anew: another slot
-/// would be other GFAs); `None` at start, where a slot is claimed if none is held.
+/// slot a rejoining node serves, the only one it may hold (claimed back if a gc freed it and
+/// nobody took it; another slot would be other GFAs); `None` at start, where a slot is
+/// claimed if none is held.
 pub(super) async fn join(
     config: &DomainConfig,
     local: &DomainSettings,
@@ -275,19 +276,7 @@ pub(super) async fn join(
     client.ensure_settings(local).await?;
     let slot = match serving {
         None => client.claim_slot(local).await?,
-        Some(serving) => match client.held_slot(&config.node).await? {
-            Some(held) if held == serving => held,
-            held => {
-                return Err(EtcdError::Inconsistent {
-                    node: config.node.clone(),
-                    slot: serving,
-                    holder: match held {
-                        Some(other) => format!("this node's slot-of record, which names slot {other}"),
-                        None => "nobody: an admin collected this node's slot".to_owned(),
-                    },
-                });
-            }
-        },
+        Some(serving) => client.claim_slot_at(serving).await?,
     };
     let lease = client.grant_lease().await?;
     let incarnation = fresh_incarnation();

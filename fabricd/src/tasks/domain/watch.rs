@@ -80,6 +80,9 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 // campaigns again.
                 domain.leadership.store(Arc::new(None));
                 election = None;
+                // This node's imports end first (local, and before a revoke makes the
+                // departure visible at once).
+                void_imports(&domain).await;
                 // Best effort: a lease lost only here (a renewal stream that stalled) would
                 // keep the old member key, and a leader key, until its TTL ran out, and the
                 // rejoin would meet `NameTaken` meanwhile.
@@ -87,7 +90,6 @@ pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader:
                 if let Ok(Err(e)) = revoked {
                     tracing::debug!(error = %crate::error_chain(&e), "the lost lease could not be revoked");
                 }
-                void_imports(&domain).await;
             }
             End::Watch(reason) => {
                 tracing::warn!(%reason, "domain watch lost; reading the domain again");
@@ -125,7 +127,8 @@ async fn void_imports(domain: &Domain) {
 async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
     // Only in the slot this daemon serves: a slot changes only through an admin's gc of
     // this node while it was gone, and its memory lies in the old one; serving on would hand
-    // out GFAs of another node. The join says so (`Inconsistent`) and claims no other.
+    // out GFAs of another node. The join claims it back if nobody took it, else says so
+    // (`SlotCollected`) and claims no other.
     let (_, j) = join::join(
         &domain.config,
         &domain.settings,
