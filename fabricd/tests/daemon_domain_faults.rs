@@ -301,9 +301,16 @@ fn etcd_stopped_and_restarted_local_service_and_held_maps_go_on_domain_changes_w
     eprintln!("etcd down for {:?}, both nodes fenced after {fenced:?}", t0.elapsed());
     rt.block_on(etcd.restart()).unwrap();
     let t1 = Instant::now();
+    // A restarted etcd refreshes every lease, so a node's old member key may show it live
+    // until that lease runs out, and only then does its rejoin go through: each view is
+    // waited for until it holds both nodes' new incarnations' placements.
     for c in &mut clients {
         until(Duration::from_secs(15), "joined again", || standing(c).0 == "joined");
-        until(Duration::from_secs(10), "both live with placements", || all_live_and_placed(c, 2));
+    }
+    for c in &mut clients {
+        until(Duration::from_secs(10), "both live with placements, the held map again", || {
+            all_live_and_placed(c, 2) && map(c)["ranges"] == held["ranges"]
+        });
     }
     eprintln!("etcd back: both nodes joined and placed after {:?}", t1.elapsed());
     for c in &mut clients {
