@@ -14,6 +14,13 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Every tier builds under target/: about 35 GiB from a clean clone (debug test binaries, Miri,
+# fuzz, QEMU images). Incremental artifacts would add about 16 GiB that a one-shot run never
+# reuses, so they are off; and the free space is printed first, since a full disk otherwise
+# shows up late, as a QEMU image that cannot be written.
+export CARGO_INCREMENTAL=0
+step "disk: $(df -Ph . | awk 'NR == 2 { print $4 " free on " $6 }')"
+
 step "dependencies"
 scripts/deps.sh
 export FABRIC_INSTALL_DEPS=1
