@@ -39,6 +39,11 @@
 //! — [`CopyEngine::sweep`] write-locks the gate, which waits for the chunk in flight, and
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
+//!
+//! A chunk of a copy across nodes moves outside the jobs (`crate::peer::copy`: the owner
+//! serves a peer's chunk, the importer moves its local end's bytes). It holds the engine's
+//! [`CopyEngine::loose_chunk`] gate while it resolves or rechecks what it touches and moves
+//! the bytes, and every sweep waits for the chunks under it: the same promise, for them too.
 
 pub(crate) mod bytes;
 mod fair;
@@ -148,6 +153,16 @@ struct Shared {
     metrics: Arc<Metrics>,
     /// Regions' kept destination mappings.
     maps: regionmap::RegionMaps,
+    /// Read-held by each chunk moving outside the jobs ([`CopyEngine::loose_chunk`]);
+    /// a sweep write-locks it once, which waits for those in flight.
+    loose: RwLock<()>,
+}
+
+/// A chunk moving outside the engine's jobs, in flight: a sweep waits for it to drop.
+#[derive(Debug)]
+#[must_use = "the chunk is in flight while this is held"]
+pub struct LooseChunk<'a> {
+    _in_flight: std::sync::RwLockReadGuard<'a, ()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -213,6 +228,14 @@ impl CopyEngine {
         &self.shared.maps
     }
 
+    /// Holds a chunk that moves outside the jobs (a copy across nodes) in flight: take it
+    /// before resolving or rechecking what the chunk touches, keep it until its bytes
+    /// have moved. A sweep after an operation that ended what the chunk touches waits for
+    /// it, and a chunk that starts after that operation finds it ended.
+    pub fn loose_chunk(&self) -> LooseChunk<'_> {
+        LooseChunk { _in_flight: self.shared.loose.read().unwrap_or_else(|p| p.into_inner()) }
+    }
+
     /// Starts `config.engines` threads.
     pub fn start(config: CopyConfig, metrics: Arc<Metrics>) -> Result<Self, CopyError> {
         let shared = Arc::new(Shared {
@@ -224,6 +247,7 @@ impl CopyEngine {
             next_id: AtomicU64::new(1),
             metrics,
             maps: regionmap::RegionMaps::default(),
+            loose: RwLock::new(()),
         });
         let mut threads = Vec::new();
         for i in 0..config.engines {
@@ -389,6 +413,7 @@ impl Sweeper {
         // A gone region's kept mapping goes too (a chunk still using it holds it).
         shared.maps.retain(|id| memory.copy_dep_gone(&[Dep::Region(id)]).is_none());
         let jobs: Vec<Arc<Job>> = lock(&shared.jobs).values().cloned().collect();
+        wait_for_loose_chunks(shared);
         let mut stopped = 0;
         for job in jobs {
             if let Some(why) = memory.copy_dep_gone(&job.deps) {
@@ -397,6 +422,12 @@ impl Sweeper {
         }
         stopped
     }
+}
+
+/// Waits for the loose chunks in flight (copies across nodes): they resolved or checked
+/// what they touch before the operation that sweeps ended it.
+fn wait_for_loose_chunks(shared: &Shared) {
+    drop(shared.loose.write().unwrap_or_else(|p| p.into_inner()));
 }
 
 /// Marks `job` stopped once its chunk in flight (if any) is over; false if it already was.
@@ -525,5 +556,28 @@ mod tests {
         assert_eq!(chunk_size(64 << 20, 4, 4 << 20), 4 << 20);
         assert_eq!(chunk_size(64 << 20, 1, 64 << 10), MIN_CHUNK);
         assert_eq!(chunk_size((1 << 20) + 1, 1, 8 << 20) % 4096, 0);
+    }
+
+    #[test]
+    fn a_sweep_waits_for_the_loose_chunks_in_flight_and_not_for_later_ones() {
+        let fabric = fabric_topology::Fabric::build(fabric_topology::Inventory::default()).unwrap();
+        let engine = CopyEngine::start(CopyConfig::default(), Arc::new(Metrics::new(&fabric))).unwrap();
+        let moved = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let (taken, wait) = std::sync::mpsc::channel();
+            let (engine, moved) = (&engine, &moved);
+            s.spawn(move || {
+                let _in_flight = engine.loose_chunk();
+                taken.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                moved.store(true, Ordering::Release);
+            });
+            wait.recv().unwrap();
+            wait_for_loose_chunks(&engine.shared);
+            assert!(moved.load(Ordering::Acquire), "the sweep returned with a chunk still moving");
+        });
+        // Nothing in flight: no wait, and a chunk taken afterwards is not blocked.
+        wait_for_loose_chunks(&engine.shared);
+        drop(engine.loose_chunk());
     }
 }

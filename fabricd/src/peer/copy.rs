@@ -303,9 +303,7 @@ async fn move_chunk(
     if !link.service().importer().holds(part.import) {
         return Err((ErrorCode::NotFound, format!("import {} ended", part.import)));
     }
-    if let Some(why) = d.memory.copy_dep_gone(&part.local.deps) {
-        return Err((ErrorCode::NotFound, why));
-    }
+    local_end_gone(&d, &part.local.deps)?;
     let ask = CopyAsk { import: part.reach.owner_import, gfa: part.gfa + at, len: n as u32, write: part.push };
     let owner = part.reach.owner.as_str();
     let failed = |e: DialError| match e {
@@ -316,15 +314,19 @@ async fn move_chunk(
     };
     let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
     // The local end's bytes move on a blocking thread, off the domain runtime's worker.
-    let (side, daemon) = (part.local.side.clone(), d.clone());
+    // The local end is checked again with the chunk in flight (the sweep of an operation
+    // that ends it waits for that), so no byte lands in memory freed meanwhile.
+    let (side, daemon, deps) = (part.local.side.clone(), d.clone(), part.local.deps.clone());
     let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
     if part.push {
         let mut chunk = std::mem::take(buf);
         chunk.resize(n as usize, 0);
         let read = tokio::task::spawn_blocking(move || {
-            bytes::read(&side, at, &mut chunk, daemon.copies.region_maps()).map(|()| chunk)
+            let _in_flight = daemon.copies.loose_chunk();
+            local_end_gone(&daemon, &deps)?;
+            bytes::read(&side, at, &mut chunk, daemon.copies.region_maps()).map_err(local).map(|()| chunk)
         });
-        let chunk = read.await.map_err(joined)?.map_err(local)?;
+        let chunk = read.await.map_err(joined)??;
         link.call_data(domain, owner, lane, ask.request(&chunk)).await.map_err(failed)?;
         *buf = chunk;
     } else {
@@ -332,12 +334,23 @@ async fn move_chunk(
         if r.body.len() as u64 != n {
             return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
         }
-        tokio::task::spawn_blocking(move || bytes::write(&side, at, &r.body, daemon.copies.region_maps()))
-            .await
-            .map_err(joined)?
-            .map_err(local)?;
+        tokio::task::spawn_blocking(move || {
+            let _in_flight = daemon.copies.loose_chunk();
+            local_end_gone(&daemon, &deps)?;
+            bytes::write(&side, at, &r.body, daemon.copies.region_maps()).map_err(local)
+        })
+        .await
+        .map_err(joined)??;
     }
     Ok(())
+}
+
+/// Refuses a chunk whose local end went (unregistered, freed, released, revoked).
+fn local_end_gone(d: &Daemon, deps: &[Dep]) -> Result<(), Stop> {
+    match d.memory.copy_dep_gone(deps) {
+        Some(why) => Err((ErrorCode::NotFound, why)),
+        None => Ok(()),
+    }
 }
 
 /// Serves a peer's copy chunk: read from or written to a region of this node through the
@@ -350,6 +363,9 @@ pub fn serve(d: &Daemon, session: Option<u64>, body: &[u8]) -> Result<PeerRespon
         session.ok_or_else(|| denied(ErrorCode::NotFound, format!("no import {} of this incarnation", ask.import)))?;
     let len = u64::from(ask.len);
     let snap = d.map_snapshot();
+    // In flight from before the import is resolved until the bytes have moved: a free or
+    // revocation of what it reaches waits for it before it is answered and the range reused.
+    let _in_flight = d.copies.loose_chunk();
     let r = d.memory.copy_endpoint_through(session, &snap, ask.import, ask.gfa, len, ask.write).map_err(|e| {
         let body = refused(&e);
         denied(body.code, body.message.to_string())
