@@ -189,14 +189,13 @@ impl DomainClient {
         let live = self.node_names(&keys.members()).await?;
         let mut candidates = self.node_names(&keys.placements("")).await?;
         candidates.extend(self.node_names(&keys.topology("")).await?);
-        let mut kv = self.raw();
-        let response = self.call("shares read", kv.get(keys.shares(), Some(GetOptions::new().with_prefix()))).await?;
-        for e in response.kvs() {
+        let (shares, _) = self.read_prefix("shares read", &keys.shares()).await?;
+        for e in &shares {
             if let Ok(table) = records::decode::<crate::shares::ShareTable>(e.value(), self.limits()) {
                 candidates.extend(table.shares.into_iter().map(|s| s.node));
             }
         }
-        let mut swept = Vec::new();
+        let (mut kv, mut swept) = (self.raw(), Vec::new());
         for node in candidates.difference(&slotted).filter(|n| !live.contains(*n)).take(max) {
             let (share_compares, share_ops) = crate::shares::release_ops(self.shares_without(node).await?);
             let compares = [
@@ -265,12 +264,8 @@ impl DomainClient {
         &self,
         devices: &HashSet<String>,
     ) -> Result<Vec<(String, PartitionRecord, i64)>, EtcdError> {
-        let mut kv = self.raw();
-        let prefix = self.keys().partitions();
-        let response =
-            self.call("partitions read", kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix()))).await?;
-        Ok(response
-            .kvs()
+        let (entries, _) = self.read_prefix("partitions read", &self.keys().partitions()).await?;
+        Ok(entries
             .iter()
             .filter_map(|e| {
                 let record = records::decode::<PartitionRecord>(e.value(), self.limits()).ok()?;

@@ -291,18 +291,56 @@ impl DomainClient {
         self.client.clone()
     }
 
-    /// Every record under the domain's prefix at one revision, and that revision. Read in
-    /// pages of [`READ_PAGE`] keys, each at the first page's revision: the whole domain
-    /// in one response would pass gRPC's 4 MiB message limit at about 2,600 nodes (a node
-    /// is about 1.5 KiB of records), while a page stays under [`Self::message_limit`].
+    /// Every record under the domain's prefix at one revision, and that revision: the
+    /// domain read in pages ([`Self::read_prefix`]).
     pub async fn read_domain(&self) -> Result<(Vec<KeyValue>, i64), EtcdError> {
-        let prefix = self.keys.prefix().as_bytes().to_vec();
+        self.read_prefix("domain read", self.keys.prefix()).await
+    }
+
+    /// Every record under `prefix` at one revision, and that revision. Read in pages of
+    /// [`READ_PAGE`] keys, each at the first page's revision: the whole domain in one
+    /// response would pass gRPC's 4 MiB message limit at about 2,600 nodes (a node is about
+    /// 1.5 KiB of records), while a page stays under [`Self::message_limit`].
+    ///
+    /// Records are untrusted: values past the record bound (up to etcd's own request
+    /// limit, 1.5 MiB by default) can make a page larger than the limit. Such a page is
+    /// asked again with half as many keys, down to one; a single key whose value alone is
+    /// past the limit is left out, with a warning that names it. So junk under a prefix
+    /// costs more pages, never the whole read.
+    pub async fn read_prefix(&self, op: &'static str, prefix: &str) -> Result<(Vec<KeyValue>, i64), EtcdError> {
+        let prefix = prefix.as_bytes().to_vec();
         let end = prefix_end(&prefix);
         let mut kv = self.client.kv_client().max_decoding_message_size(self.message_limit());
         let (mut from, mut revision, mut all) = (prefix, 0, Vec::new());
+        let mut limit = READ_PAGE;
         loop {
-            let options = GetOptions::new().with_range(end.clone()).with_limit(READ_PAGE).with_revision(revision);
-            let mut page = self.call("domain read", kv.get(from.clone(), Some(options))).await?;
+            let options = GetOptions::new().with_range(end.clone()).with_limit(limit).with_revision(revision);
+            let mut page = match self.call(op, kv.get(from.clone(), Some(options))).await {
+                Err(e) if past_message_limit(&e) && limit > 1 => {
+                    limit /= 2;
+                    continue;
+                }
+                Err(e) if past_message_limit(&e) => {
+                    // One key whose value alone is past the limit: its name, to skip it.
+                    let options = GetOptions::new()
+                        .with_range(end.clone())
+                        .with_keys_only()
+                        .with_limit(1)
+                        .with_revision(revision);
+                    let named = self.call(op, kv.get(from.clone(), Some(options))).await?;
+                    if revision == 0 {
+                        revision = named.header().map_or(0, |h| h.revision());
+                    }
+                    let Some(key) = named.kvs().first().map(|k| k.key().to_vec()) else { return Err(e) };
+                    warn!(key = %String::from_utf8_lossy(&key), limit = self.message_limit(),
+                        "a record is past the message limit; left out");
+                    from = key;
+                    from.push(0);
+                    limit = READ_PAGE;
+                    continue;
+                }
+                other => other?,
+            };
             if revision == 0 {
                 revision = page.header().map_or(0, |h| h.revision());
             }
@@ -316,6 +354,7 @@ impl DomainClient {
             if !more {
                 break;
             }
+            limit = READ_PAGE;
         }
         Ok((all, revision))
     }
@@ -432,10 +471,9 @@ impl DomainClient {
     /// their key's) are refused, logged and listed apart.
     pub async fn members(&self) -> Result<MemberList, EtcdError> {
         let prefix = self.keys.members();
-        let mut kv = self.client.clone();
-        let response = self.call("members read", kv.get(prefix.clone(), Some(GetOptions::new().with_prefix()))).await?;
+        let (entries, _) = self.read_prefix("members read", &prefix).await?;
         let mut list = MemberList::default();
-        for entry in response.kvs() {
+        for entry in &entries {
             let key = String::from_utf8_lossy(entry.key()).into_owned();
             let name = key.strip_prefix(&prefix).unwrap_or_default();
             let decoded = records::decode::<MemberRecord>(entry.value(), self.limits).and_then(|record| {
@@ -492,6 +530,12 @@ impl DomainClient {
             Err(_) => Err(EtcdError::Timeout { op, after: self.request_timeout }),
         }
     }
+}
+
+/// Whether `e` is a response refused for being past the client's message limit.
+fn past_message_limit(e: &EtcdError) -> bool {
+    matches!(e, EtcdError::Request { source: etcd_client::Error::GRpcStatus(s), .. }
+        if s.code() == tonic::Code::OutOfRange && s.message().contains("message length too large"))
 }
 
 /// A fresh incarnation for this start of the daemon: nanoseconds since the Unix epoch, so

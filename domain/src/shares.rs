@@ -9,7 +9,7 @@
 //! back whatever it asks now; a table whose capacity differs from the node's is refused
 //! with both values.
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -298,11 +298,8 @@ impl DomainClient {
     /// mod revisions: what a gc of the node puts back, in its own transaction (tables
     /// refused by the decoder are logged and left alone).
     pub(crate) async fn shares_without(&self, node: &str) -> Result<Vec<(String, ShareTable, i64)>, EtcdError> {
-        let mut kv = self.raw();
-        let options = GetOptions::new().with_prefix();
-        let response = self.call("shares read", kv.get(self.keys().shares(), Some(options))).await?;
-        Ok(response
-            .kvs()
+        let (entries, _) = self.read_prefix("shares read", &self.keys().shares()).await?;
+        Ok(entries
             .iter()
             .filter_map(|e| {
                 let key = std::str::from_utf8(e.key()).ok()?.to_owned();

@@ -343,3 +343,42 @@ async fn a_domain_larger_than_a_grpc_message_is_read_in_pages_at_one_revision_an
     }
     assert_eq!(events, 5_001);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_records_past_the_message_limit_cost_pages_never_the_read() {
+    let Some(etcd) = etcd().await else { return };
+    let c = client(&etcd, "reader", 6).await;
+    let keys = c.keys().clone();
+    let mut raw = c.raw();
+    // 40 junk values of 1 MiB (each under etcd's 1.5 MiB request limit) amid valid members:
+    // one page of 256 keys would be 40 MiB, past the reader's 17 MiB limit.
+    let lease = c.grant_lease().await.unwrap();
+    c.join(&lease, &member("reader")).await.unwrap();
+    for i in 0..40 {
+        raw.put(keys.member(&format!("junk-{i:02}")), vec![b'j'; 1 << 20], None).await.unwrap();
+    }
+    raw.put(keys.member("zz-after"), serde_json_bytes(&member("zz-after")), None).await.unwrap();
+    assert!(c.message_limit() < 40 << 20, "{}", c.message_limit());
+    let (all, revision) = c.read_domain().await.unwrap();
+    let names: BTreeSet<String> = all.iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect();
+    assert_eq!(names.len(), 42, "every key once: {names:?}");
+    assert!(names.contains(&keys.member("reader")) && names.contains(&keys.member("zz-after")));
+    assert!(revision > 0);
+    // The members listed are the valid ones; the junk is refused, each with its reason.
+    let listed = c.members().await.unwrap();
+    let valid: Vec<&str> = listed.members.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(valid, ["reader", "zz-after"]);
+    assert_eq!(listed.refused.len(), 40);
+    assert!(listed.refused.iter().all(|(_, e)| matches!(e, RecordError::Oversized { .. })));
+
+    // A reader with a small record bound has a limit (1.3 MiB) below one value of 1.4 MiB:
+    // that key alone is past it and left out; the rest is read.
+    let small = DomainClient::connect(&config(&etcd, "small", 6), RecordLimits::new(64)).await.unwrap();
+    raw.put(keys.member("junk-15"), vec![b'k'; 1400 << 10], None).await.unwrap();
+    assert!(small.message_limit() < 1400 << 10, "{}", small.message_limit());
+    let (all, _) = small.read_domain().await.unwrap();
+    let names: BTreeSet<String> = all.iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect();
+    assert_eq!(names.len(), 41, "all but the one past the limit: {names:?}");
+    assert!(!names.contains(&keys.member("junk-15")));
+    assert!(names.contains(&keys.member("junk-14")) && names.contains(&keys.member("junk-16")));
+}
