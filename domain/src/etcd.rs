@@ -91,6 +91,13 @@ pub enum EtcdError {
         /// This node's value.
         local: String,
     },
+    /// The domain's settings key is gone while slots are claimed: settings are not
+    /// written again by a joining node, whose own may contradict the GFAs already placed.
+    #[error("the domain's settings ({key}) are gone while slots are claimed; an admin must restore them")]
+    SettingsGone {
+        /// The settings key.
+        key: String,
+    },
     /// The lease this operation needs has been lost.
     #[error("lease {id:#x} is lost: {reason}")]
     LeaseLost {
@@ -385,21 +392,23 @@ impl DomainClient {
 
     /// Makes the domain's settings `local` if none are written yet; otherwise reads them and
     /// refuses, naming both values, when they differ from `local`.
+    ///
+    /// Settings are written only into a domain where no slot is claimed (one transaction):
+    /// once a slot holds GFAs placed under them, a deleted settings key is not written again
+    /// by whoever joins next, whose settings may contradict those GFAs (`SettingsGone`; an
+    /// admin restores the key, from any node's `fabricctl domain status -o json`).
     pub async fn ensure_settings(&self, local: &DomainSettings) -> Result<DomainSettings, EtcdError> {
         let key = self.keys.settings();
-        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
-            key.clone(),
-            records::encode(local),
-            None,
-        )]);
+        let unclaimed = Compare::create_revision(self.keys.slots(), CompareOp::Equal, 0).with_prefix();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0), unclaimed])
+            .and_then([TxnOp::put(key.clone(), records::encode(local), None)]);
         let mut kv = self.client.clone();
         if self.call("settings write", kv.txn(txn)).await?.succeeded() {
             return Ok(local.clone());
         }
-        let domain: DomainSettings = self
-            .get_record(&key)
-            .await?
-            .ok_or_else(|| EtcdError::Record { key: key.clone(), source: RecordError::Truncated { len: 0 } })?;
+        let domain: DomainSettings =
+            self.get_record(&key).await?.ok_or_else(|| EtcdError::SettingsGone { key: key.clone() })?;
         match domain.difference(local) {
             Some((field, domain, local)) => Err(EtcdError::SettingsMismatch { field, domain, local }),
             None => Ok(domain),

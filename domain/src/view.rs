@@ -121,6 +121,11 @@ impl DomainView {
         let Some(rest) = text.strip_prefix(keys.prefix()) else { return Ok(()) };
         let result = match (rest, value) {
             ("settings", Some(v)) => self.put_settings(v),
+            // Settings are written once: with slots claimed under them, a deleted key keeps
+            // them here (the GFAs placed under them stand), so that no other can replace them.
+            ("settings", None) if self.settings.is_some() && self.slots.iter().next().is_some() => {
+                Err("deleted while slots are claimed; the settings read before are kept".to_owned())
+            }
             ("settings", None) => {
                 self.settings = None;
                 Ok(())
@@ -467,6 +472,16 @@ mod tests {
         assert!(err.contains("address_bits"), "{err}");
         assert_eq!(view.settings().unwrap().address_bits, 57);
         assert_eq!(view.revision(), 9);
+        // A deleted settings key, with slot 3 still claimed, keeps them: no other replaces them.
+        let err = view.apply(keys().settings().as_bytes(), None, 10).unwrap_err();
+        assert!(err.contains("deleted while slots are claimed"), "{err}");
+        assert_eq!(view.settings().unwrap().address_bits, 57);
+        assert!(put(&mut view, keys().settings(), &other).is_err());
+        assert_eq!(view.settings().unwrap().address_bits, 57);
+        // With no slot claimed, the domain is empty again: the key goes.
+        view.apply(keys().slot(3).as_bytes(), None, 11).unwrap();
+        view.apply(keys().settings().as_bytes(), None, 12).unwrap();
+        assert_eq!(view.settings(), None);
     }
 
     #[test]

@@ -224,6 +224,22 @@ async fn settings_are_written_once_and_a_mismatch_names_both_values() {
     ));
     // The first write stays.
     assert_eq!(first.ensure_settings(&domain).await.unwrap(), domain);
+
+    // A slot placed under them, then the key deleted by hand: nobody writes settings again
+    // (the narrow ones would contradict slot 0's GFAs), the same ones included.
+    first.claim_slot(&domain).await.unwrap();
+    let mut raw = first.raw();
+    raw.delete(first.keys().settings(), None).await.unwrap();
+    for settings in [&narrow, &domain] {
+        match second.ensure_settings(settings).await {
+            Err(EtcdError::SettingsGone { key }) => assert_eq!(key, first.keys().settings()),
+            other => panic!("settings written again over a claimed slot: {other:?}"),
+        }
+    }
+    assert_eq!(raw.get(first.keys().settings(), None).await.unwrap().count(), 0);
+    // An admin puts them back: joins go on.
+    raw.put(first.keys().settings(), fabric_domain::records::encode(&domain), None).await.unwrap();
+    assert_eq!(second.ensure_settings(&domain).await.unwrap(), domain);
 }
 
 #[tokio::test]
