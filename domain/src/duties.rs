@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
@@ -95,14 +95,8 @@ impl DomainClient {
     /// is, and refused when carried out).
     pub async fn gc_queue(&self) -> Result<Vec<String>, EtcdError> {
         let prefix = self.keys().gc_requests();
-        let mut kv = self.raw();
-        let options = GetOptions::new().with_prefix().with_keys_only().with_limit(256);
-        let response = self.call("gc queue read", kv.get(prefix.as_str(), Some(options))).await?;
-        Ok(response
-            .kvs()
-            .iter()
-            .filter_map(|e| std::str::from_utf8(e.key()).ok()?.strip_prefix(prefix.as_str()).map(str::to_owned))
-            .collect())
+        let keys = self.list_keys("gc queue read", &prefix).await?;
+        Ok(keys.iter().filter_map(|k| k.strip_prefix(prefix.as_str()).map(str::to_owned)).collect())
     }
 
     /// The leader's gc of `node`, in one transaction fenced by `leader`: frees its slot
@@ -224,13 +218,10 @@ impl DomainClient {
 
     /// The valid node names under `prefix` (the last part of each key, keys only).
     async fn node_names(&self, prefix: &str) -> Result<std::collections::BTreeSet<String>, EtcdError> {
-        let mut kv = self.raw();
-        let options = GetOptions::new().with_prefix().with_keys_only();
-        let response = self.call("names read", kv.get(prefix, Some(options))).await?;
-        Ok(response
-            .kvs()
+        let keys = self.list_keys("names read", prefix).await?;
+        Ok(keys
             .iter()
-            .filter_map(|e| std::str::from_utf8(e.key()).ok()?.strip_prefix(prefix).map(str::to_owned))
+            .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
             .filter(|n| crate::config::is_valid_name(n))
             .collect())
     }

@@ -21,6 +21,8 @@ use crate::records::{self, DomainSettings, Keys, MemberRecord, Record, RecordErr
 
 /// Keys per page of [`DomainClient::read_domain`].
 pub const READ_PAGE: i64 = 256;
+/// Keys per page of [`DomainClient::list_keys`] (keys without values: names, slot numbers).
+pub const KEYS_PAGE: i64 = 4096;
 
 /// Errors from the domain's etcd operations. Each names etcd when etcd is the cause, so a
 /// refused domain change says why.
@@ -315,13 +317,34 @@ impl DomainClient {
     /// past the limit is left out, with a warning that names it. So junk under a prefix
     /// costs more pages, never the whole read.
     pub async fn read_prefix(&self, op: &'static str, prefix: &str) -> Result<(Vec<KeyValue>, i64), EtcdError> {
+        self.read_pages(op, prefix, false).await
+    }
+
+    /// The keys under `prefix` at one revision, without their values, in pages as
+    /// [`Self::read_prefix`] reads them: however many there are. A key that is not UTF-8
+    /// (no name of this domain is) is left out.
+    pub async fn list_keys(&self, op: &'static str, prefix: &str) -> Result<Vec<String>, EtcdError> {
+        let (kvs, _) = self.read_pages(op, prefix, true).await?;
+        Ok(kvs.into_iter().filter_map(|kv| String::from_utf8(kv.key().to_vec()).ok()).collect())
+    }
+
+    async fn read_pages(
+        &self,
+        op: &'static str,
+        prefix: &str,
+        keys_only: bool,
+    ) -> Result<(Vec<KeyValue>, i64), EtcdError> {
         let prefix = prefix.as_bytes().to_vec();
         let end = prefix_end(&prefix);
         let mut kv = self.client.kv_client().max_decoding_message_size(self.message_limit());
         let (mut from, mut revision, mut all) = (prefix, 0, Vec::new());
-        let mut limit = READ_PAGE;
+        let page_keys = if keys_only { KEYS_PAGE } else { READ_PAGE };
+        let mut limit = page_keys;
         loop {
-            let options = GetOptions::new().with_range(end.clone()).with_limit(limit).with_revision(revision);
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(limit).with_revision(revision);
+            if keys_only {
+                options = options.with_keys_only();
+            }
             let mut page = match self.call(op, kv.get(from.clone(), Some(options))).await {
                 Err(e) if past_message_limit(&e) && limit > 1 => {
                     limit /= 2;
@@ -343,7 +366,7 @@ impl DomainClient {
                         "a record is past the message limit; left out");
                     from = key;
                     from.push(0);
-                    limit = READ_PAGE;
+                    limit = page_keys;
                     continue;
                 }
                 other => other?,
@@ -361,7 +384,7 @@ impl DomainClient {
             if !more {
                 break;
             }
-            limit = READ_PAGE;
+            limit = page_keys;
         }
         Ok((all, revision))
     }

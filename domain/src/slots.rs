@@ -7,7 +7,7 @@
 //! nodes starting together mostly try different slots; a lost race means another node
 //! took a slot, so the retries are bounded by the number of claimers, not a storm.
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tracing::info;
 
 use crate::etcd::{DomainClient, EtcdError};
@@ -170,10 +170,8 @@ impl DomainClient {
     /// Every claimed slot number, sorted (keys that are not slot keys are ignored: the
     /// claim transaction compares the real key anyway).
     async fn taken_slots(&self) -> Result<Vec<u32>, EtcdError> {
-        let mut kv = self.raw();
-        let options = GetOptions::new().with_prefix().with_keys_only();
-        let response = self.call("slots read", kv.get(self.keys().slots(), Some(options))).await?;
-        let mut taken: Vec<u32> = response.kvs().iter().filter_map(|e| self.keys().parse_slot_key(e.key())).collect();
+        let keys = self.list_keys("slots read", &self.keys().slots()).await?;
+        let mut taken: Vec<u32> = keys.iter().filter_map(|k| self.keys().parse_slot_key(k.as_bytes())).collect();
         taken.sort_unstable();
         Ok(taken)
     }

@@ -139,3 +139,25 @@ async fn the_leader_collects_a_gone_node_and_a_deposed_one_cannot() {
     assert_eq!(b.sweep_orphans(&leader, 64).await.unwrap(), ["tray-a", "tray-p"]);
     drop(a_fence);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gc_queue_lists_every_request_past_a_page() {
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
+    let c = client(&etcd, "tray-a").await;
+    let mut kv = c.raw();
+    // 5,000 requests (stuck ones a leader cannot carry out would otherwise hide the rest
+    // behind one page), then one more; and a key just past the prefix, not listed.
+    for chunk in (0..5_000).collect::<Vec<u32>>().chunks(100) {
+        let ops: Vec<_> = chunk
+            .iter()
+            .map(|i| fabric_domain::etcd_client::TxnOp::put(c.keys().gc_request(&format!("node-{i:05}")), "{}", None))
+            .collect();
+        kv.txn(fabric_domain::etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    }
+    kv.put(c.keys().gc_request("zz-last"), "{}", None).await.unwrap();
+    kv.put(format!("{}0", c.keys().gc_requests().trim_end_matches('/')), "outside", None).await.unwrap();
+    let queue = c.gc_queue().await.unwrap();
+    assert_eq!(queue.len(), 5_001);
+    assert_eq!(queue.first().map(String::as_str), Some("node-00000"));
+    assert_eq!(queue.last().map(String::as_str), Some("zz-last"));
+}
