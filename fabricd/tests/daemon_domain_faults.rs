@@ -323,6 +323,42 @@ fn etcd_stopped_and_restarted_local_service_and_held_maps_go_on_domain_changes_w
     }
 }
 
+#[test]
+fn a_watch_broken_by_a_short_etcd_restart_goes_on_from_the_views_revision() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some((net, mut etcd)) = rt.block_on(testing::net_and_etcd_or_skip(2)) else { return };
+    // A TTL long enough for the leases to outlive the restart: the joins stay, only the
+    // watches break.
+    const TTL: u64 = 12;
+    let (_setups, daemons, mut clients) = up(&net, &etcd, 2, TTL);
+    let incarnations: Vec<_> = clients.iter_mut().map(|c| incarnation_of(c, "tray0")).collect();
+    rt.block_on(etcd.restart()).unwrap();
+    for d in &daemons {
+        until(Duration::from_secs(15), "the watch set up again", || d.log().contains("watching again"));
+    }
+    // A record put after the restart reaches both views through the resumed watch (each
+    // refuses it, and says so in its log).
+    let endpoint = etcd.endpoint().to_owned();
+    netns::in_netns(net.etcd(), move || async move {
+        let mut raw = Client::connect([endpoint.as_str()], None).await.unwrap();
+        raw.put("/fabric/test/members/late-junk", "not a record", None).await.unwrap();
+    })
+    .unwrap()
+    .join()
+    .unwrap();
+    for d in &daemons {
+        until(Duration::from_secs(10), "the late record seen", || d.log().contains("members/late-junk"));
+    }
+    for (c, d) in clients.iter_mut().zip(&daemons) {
+        assert_eq!(standing(c).0, "joined");
+        let log = d.log();
+        assert!(!log.contains("reading the domain again"), "the domain was read again:\n{log}");
+        assert!(!log.contains("lease lost"), "a lease was lost:\n{log}");
+    }
+    let after: Vec<_> = clients.iter_mut().map(|c| incarnation_of(c, "tray0")).collect();
+    assert_eq!(after, incarnations, "the same incarnations: no rejoin");
+}
+
 /// etcd's gRPC requests so far, by method (`grpc_server_handled_total`), read from inside
 /// etcd's namespace.
 fn etcd_requests(net: &Net) -> BTreeMap<String, u64> {
