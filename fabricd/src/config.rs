@@ -153,6 +153,11 @@ pub struct LimitsConfig {
     pub pinned_bytes_per_uid: Option<u64>,
     /// Regions, exports, imports and registrations one uid may hold.
     pub objects_per_uid: u32,
+    /// Imports one other node of the domain may hold of this node's memory at once, its
+    /// clients' together (where the domain does not share identities they count against
+    /// nothing else, so no node can use up another's; each may keep a descriptor here,
+    /// counted in the open-file table's shares too).
+    pub imports_per_node: u32,
     /// Connected clients, all users together.
     pub clients: u32,
     /// Connected clients of one uid (root and the daemon's own uid excepted), so that one
@@ -168,6 +173,7 @@ impl Default for LimitsConfig {
             allocated_bytes_per_uid: None,
             pinned_bytes_per_uid: None,
             objects_per_uid: 4096,
+            imports_per_node: 4096,
             clients: 1024,
             clients_per_uid: 64,
             max_request_bytes: 1 << 20,
@@ -500,6 +506,9 @@ impl Config {
         if self.limits.clients == 0 {
             return Err(bad("limits.clients", "must be at least 1".to_owned()));
         }
+        if self.limits.imports_per_node == 0 {
+            return Err(bad("limits.imports_per_node", "must be at least 1".to_owned()));
+        }
         if self.limits.clients_per_uid == 0 {
             return Err(bad("limits.clients_per_uid", "must be at least 1".to_owned()));
         }
@@ -738,6 +747,8 @@ mod tests {
         assert_eq!(c.dma, DmaConfig { vfio: vec!["0000:00:04.0".into()], vfio_verify_unmap: true });
         let e = parse("[limits]\nclients_per_uid = 0\n").unwrap_err().to_string();
         assert!(e.contains("limits.clients_per_uid") && e.contains("at least 1"), "{e}");
+        let e = parse("[limits]\nimports_per_node = 0\n").unwrap_err().to_string();
+        assert!(e.contains("limits.imports_per_node") && e.contains("at least 1"), "{e}");
     }
 
     #[test]

@@ -230,7 +230,7 @@ impl Memory {
             None => None,
         };
         let device = Self::region_device(&st, handle.region)?;
-        self.check(&st, peer.uid, 0, 1)?;
+        self.check_import(&st, peer.uid, session)?;
         let (import, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
         Ok(ObjectGrant { import, region: handle.region, generation, size, fd, kind, device })
     }

@@ -1,9 +1,12 @@
 //! Descriptors that objects keep open while they live — an adopted CUDA export's, a DMA
-//! registration's pinned file or pidfd — counted against the open-file table's shares
-//! ([`crate::sys::fdbudget`]): per uid, per connection (its session), for all uids other than
-//! root and the daemon's own together, and for everyone. A request that would pass one is
-//! refused with `LimitExceeded` naming it, before anything is opened or kept.
+//! registration's pinned file or pidfd, the region file an import by another node keeps
+//! here — counted against the open-file table's shares ([`crate::sys::fdbudget`]): per uid,
+//! per connection (its session; an importer node's session is its connection), for all
+//! uids other than root and the daemon's own together (another node's imports always
+//! among them), and for everyone. A request that would pass one is refused with
+//! `LimitExceeded` naming it, before anything is opened or kept.
 
+use super::limits::Holder;
 use super::{Memory, MemoryError, State};
 use crate::sys::fdbudget::Budget;
 
@@ -30,34 +33,47 @@ impl Memory {
         self.held = HeldLimits { budget, own_uid };
     }
 
-    /// Refuses one more kept descriptor for `uid` in `session` when a share is full.
+    /// Refuses one more kept descriptor for `uid` in `session` when a share is full. An
+    /// importer node's session is never privileged (its uid is not one of this host's
+    /// users) and its share is its session's.
     pub(super) fn check_held(&self, st: &State, uid: u32, session: u64) -> Result<(), MemoryError> {
         let HeldLimits { budget: b, own_uid } = self.held;
-        let privileged = uid == 0 || uid == own_uid;
+        let remote = st.remote.get(&session);
+        let privileged = remote.is_none() && (uid == 0 || uid == own_uid);
+        let who = remote.map_or(Holder::Uid(uid), |r| Holder::Node(r.node.clone()));
         let limit = |what, used: u64, max| {
             if used.saturating_add(1) > max {
-                Err(MemoryError::Limit { uid, what, used, requested: 1, max })
+                Err(MemoryError::Limit { who: who.clone(), what, used, requested: 1, max })
             } else {
                 Ok(())
             }
         };
-        let sum =
-            |all: bool| st.usage.iter().filter(|(u, _)| all || (**u != 0 && **u != own_uid)).map(|(_, x)| x.fds).sum();
+        // What other nodes' imports keep, unprivileged whatever their uids.
+        let nodes: u64 = st.remote.values().map(|r| r.imports).sum();
+        let sum = |all: bool| -> u64 {
+            let uids: u64 =
+                st.usage.iter().filter(|(u, _)| all || (**u != 0 && **u != own_uid)).map(|(_, x)| x.fds).sum();
+            uids.saturating_add(nodes)
+        };
         if !privileged {
-            limit("descriptors_per_uid", st.usage.get(&uid).map_or(0, |u| u.fds), b.held_per_uid)?;
+            if remote.is_none() {
+                limit("descriptors_per_uid", st.usage.get(&uid).map_or(0, |u| u.fds), b.held_per_uid)?;
+            }
             limit("descriptors_unprivileged", sum(false), b.held_unprivileged)?;
         }
         limit("descriptors", sum(true), b.held)?;
         limit("descriptors_per_connection", Self::held_by_session(st, session), b.held_per_connection)
     }
 
-    /// Descriptors `session`'s objects keep: its registrations and its adopted objects'.
+    /// Descriptors `session`'s objects keep: its registrations and its adopted objects',
+    /// and for an importer node's session its imports.
     fn held_by_session(st: &State, session: u64) -> u64 {
         let registrations = st.dma.ids_where(|g| g.session == session).len() as u64;
         let objects =
             st.regions.values().filter(|r| r.session == session && r.object().is_some_and(|o| o.holds_fd())).count()
                 as u64;
-        registrations + objects
+        let imports = st.remote.get(&session).map_or(0, |r| r.imports);
+        registrations + objects + imports
     }
 }
 

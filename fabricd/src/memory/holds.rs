@@ -113,10 +113,9 @@ impl State {
                 add(self, n, p.region, &p.resources, p.offset, p.len);
             }
         }
-        let live =
-            self.mapped_by.iter().flat_map(|(r, nodes)| nodes.iter().map(move |n| (n.as_str(), *r))).chain(
-                self.imports.values().filter_map(|i| self.remote.get(&i.session).map(|n| (n.as_str(), i.region))),
-            );
+        let live = self.mapped_by.iter().flat_map(|(r, nodes)| nodes.iter().map(move |n| (n.as_str(), *r))).chain(
+            self.imports.values().filter_map(|i| self.remote.get(&i.session).map(|r| (r.node.as_str(), i.region))),
+        );
         for (node, region) in live {
             if let Some(r) = self.regions.get(&region) {
                 add(self, node, region, &self.members(region, r.resource), r.offset, r.len);

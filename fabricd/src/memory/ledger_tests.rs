@@ -180,7 +180,7 @@ fn an_import_whose_region_is_freed_or_export_revoked_while_its_file_opens_is_ref
     let rw = AccessMode::ReadWrite;
     // Plan, open outside the lock, let `meanwhile` change the registry, then grant.
     let import = |h: &ExportHandle, meanwhile: &dyn Fn()| {
-        let pending = m.plan_import(&me, h, rw).unwrap();
+        let pending = m.plan_import(&me, 2, h, rw).unwrap();
         let fd = std::os::fd::OwnedFd::from(pending.file.open(true).unwrap());
         meanwhile();
         m.grant_import(&me, 2, h, rw, pending, fd)

@@ -1,7 +1,8 @@
 //! The per-uid limits that the configuration leaves unset, derived from what the daemon
 //! serves: a uid may allocate half of the fabric's device memory and pin a quarter of the
 //! machine's memory, so that by default no single uid can leave `NoSpace` to everyone else
-//! or lock most of the host's memory. Explicit `[limits]` values always win.
+//! or lock most of the host's memory. Explicit `[limits]` values always win. Also whose
+//! allowance a limit counts ([`Holder`]): a local uid's, or an importer node's.
 
 use super::alloc::GRANULE;
 use crate::dma::iova::PAGE;
@@ -28,6 +29,26 @@ pub fn default_allocated(device_bytes: u64, dram_bytes: u64) -> u64 {
 /// limit bounds what it pins for all uids together (a pin past it is refused by `mlock`).
 pub fn default_pinned(mem_total: u64) -> u64 {
     (mem_total / MACHINE_SHARE / PAGE * PAGE).max(PAGE)
+}
+
+/// Whose allowance a limit counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// A uid of this host (a local client, or a client of another node where the domain
+    /// shares identities).
+    Uid(u32),
+    /// An importer node of the domain, for what it imports over the node link
+    /// (`limits.imports_per_node`, and the descriptors its imports keep here).
+    Node(String),
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Uid(uid) => write!(f, "uid {uid}"),
+            Self::Node(node) => write!(f, "node {node}"),
+        }
+    }
 }
 
 /// The machine's memory (`sysinfo`'s total RAM), or `None` when unknown.

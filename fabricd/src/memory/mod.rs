@@ -91,12 +91,12 @@ pub enum MemoryError {
     /// The export was revoked.
     #[error("the export was revoked")]
     Revoked,
-    /// A per-uid limit would be exceeded.
-    #[error("uid {uid}: {what} limit: {used} in use + {requested} asked > {max}")]
+    /// A limit of a uid, or of an importer node, would be exceeded.
+    #[error("{who}: {what} limit: {used} in use + {requested} asked > {max}")]
     Limit {
-        /// The uid.
-        uid: u32,
-        /// `allocated_bytes` or `objects`.
+        /// Whose allowance.
+        who: limits::Holder,
+        /// `allocated_bytes`, `objects`, `imports_per_node`, a descriptor share...
         what: &'static str,
         /// In use.
         used: u64,
@@ -330,6 +330,11 @@ struct Import {
     session: u64,
     /// Access granted (bounds what a registration of the import may allow).
     access: AccessMode,
+    /// Counted in its uid's usage (false for an importer node's import where the domain
+    /// does not share identities: `limits::Holder`).
+    per_uid: bool,
+    /// Counted in its importer node's session (`quarantine::RemoteSession::imports`).
+    remote: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -377,7 +382,7 @@ struct State {
     /// `allocated_bytes_per_uid` is derived from), counted again whenever resources change.
     fabric_bytes: (u64, u64),
     /// Registry sessions of importer nodes (the node link's owner side), by session.
-    remote: HashMap<u64, String>,
+    remote: HashMap<u64, quarantine::RemoteSession>,
     /// Live regions that importer nodes which left had imported, by region.
     mapped_by: HashMap<u64, std::collections::BTreeSet<String>>,
     /// Freed regions' ranges held out of the allocators (`quarantine.rs`).
@@ -738,7 +743,7 @@ impl Memory {
         let max_b = self.allocated_max(st.fabric_bytes);
         if u.bytes.saturating_add(bytes) > max_b {
             return Err(MemoryError::Limit {
-                uid,
+                who: limits::Holder::Uid(uid),
                 what: "allocated_bytes",
                 used: u.bytes,
                 requested: bytes,
@@ -747,7 +752,38 @@ impl Memory {
         }
         let max_o = u64::from(self.limits.objects_per_uid);
         if u.objects.saturating_add(objects) > max_o {
-            return Err(MemoryError::Limit { uid, what: "objects", used: u.objects, requested: objects, max: max_o });
+            return Err(MemoryError::Limit {
+                who: limits::Holder::Uid(uid),
+                what: "objects",
+                used: u.objects,
+                requested: objects,
+                max: max_o,
+            });
+        }
+        Ok(())
+    }
+
+    /// The limits one more import by `uid` in `session` must fit: a local client's, its
+    /// uid's objects; an importer node's (the node link's owner side), its node's
+    /// `limits.imports_per_node` and the descriptor shares (such an import may keep one
+    /// here: the region file truncated when the region goes), and its uid's objects only
+    /// where the domain shares identities — not one placeholder uid's shared by every node,
+    /// which one busy node would fill for all the others.
+    fn check_import(&self, st: &State, uid: u32, session: u64) -> Result<(), MemoryError> {
+        let Some(r) = st.remote.get(&session) else { return self.check(st, uid, 0, 1) };
+        let max = u64::from(self.limits.imports_per_node);
+        if r.imports.saturating_add(1) > max {
+            return Err(MemoryError::Limit {
+                who: limits::Holder::Node(r.node.clone()),
+                what: "imports_per_node",
+                used: r.imports,
+                requested: 1,
+                max,
+            });
+        }
+        self.check_held(st, uid, session)?;
+        if r.per_uid {
+            self.check(st, uid, 0, 1)?;
         }
         Ok(())
     }
@@ -874,8 +910,13 @@ impl Memory {
         Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
         if let Some(i) = st.imports.remove(&id) {
             st.ended = true;
-            let u = st.usage.entry(i.uid).or_default();
-            u.objects = u.objects.saturating_sub(1);
+            if i.per_uid {
+                let u = st.usage.entry(i.uid).or_default();
+                u.objects = u.objects.saturating_sub(1);
+            }
+            if let Some(r) = st.remote.get_mut(&i.session).filter(|_| i.remote) {
+                r.imports = r.imports.saturating_sub(1);
+            }
         }
     }
 
@@ -994,7 +1035,7 @@ impl Memory {
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<Granted, MemoryError> {
-        let pending = self.plan_import(peer, handle, access)?;
+        let pending = self.plan_import(peer, session, handle, access)?;
         // By name in its directory held open, not through a symlink: one planted in a
         // misconfigured directory would hand the importer whatever it points at.
         let file = &pending.file;
@@ -1007,6 +1048,7 @@ impl Memory {
     fn plan_import(
         &self,
         peer: &PeerCred,
+        session: u64,
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<PendingImport, MemoryError> {
@@ -1021,7 +1063,7 @@ impl Memory {
         }
         let file = st.region_file(handle.region, r)?;
         let pending = PendingImport { file, generation: r.generation, len: r.len, offset: r.backing.offset() };
-        self.check(&st, peer.uid, 0, 1)?;
+        self.check_import(&st, peer.uid, session)?;
         Ok(pending)
     }
 
@@ -1043,7 +1085,7 @@ impl Memory {
         if !same {
             return Err(MemoryError::InvalidHandle);
         }
-        self.check(&st, peer.uid, 0, 1)?;
+        self.check_import(&st, peer.uid, session)?;
         let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
         let PendingImport { len, offset, .. } = pending;
         Ok(Granted { region: handle.region, generation, len, fd, offset, import: id })
@@ -1092,8 +1134,20 @@ impl Memory {
         let generation = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?.generation;
         let id = st.next_id;
         st.next_id += 1;
-        st.imports.insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session, access });
-        st.usage.entry(peer.uid).or_default().objects += 1;
+        let (per_uid, remote) = match st.remote.get_mut(&session) {
+            Some(r) => {
+                r.imports += 1;
+                (r.per_uid, true)
+            }
+            None => (true, false),
+        };
+        st.imports.insert(
+            id,
+            Import { region: handle.region, generation, via, uid: peer.uid, session, access, per_uid, remote },
+        );
+        if per_uid {
+            st.usage.entry(peer.uid).or_default().objects += 1;
+        }
         tracing::info!(
             uid = peer.uid,
             pid = peer.pid,

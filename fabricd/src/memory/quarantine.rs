@@ -28,6 +28,18 @@ pub(super) struct Parked {
     pub(super) len: u64,
 }
 
+/// An importer node's registry session (the node link's owner side).
+#[derive(Debug)]
+pub(super) struct RemoteSession {
+    pub(super) node: String,
+    /// Whether its imports count against their uid's limits too (the domain shares
+    /// identities; otherwise its clients' uids mean nothing here).
+    pub(super) per_uid: bool,
+    /// Its live imports: bounded by `limits.imports_per_node`, and counted as descriptors
+    /// kept (`held.rs`).
+    pub(super) imports: u64,
+}
+
 /// What one node holds in quarantine on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantine {
@@ -51,7 +63,11 @@ impl State {
     pub(super) fn holders(&mut self, id: u64) -> BTreeMap<String, u32> {
         let mut nodes: BTreeMap<String, u32> =
             self.mapped_by.remove(&id).unwrap_or_default().into_iter().map(|n| (n, 1)).collect();
-        let live = self.imports.values().filter(|i| i.region == id).filter_map(|i| self.remote.get(&i.session));
+        let live = self
+            .imports
+            .values()
+            .filter(|i| i.region == id)
+            .filter_map(|i| self.remote.get(&i.session).map(|r| &r.node));
         for n in live {
             *nodes.entry(n.clone()).or_default() += 1;
         }
@@ -118,10 +134,12 @@ impl State {
 impl Memory {
     /// Records `session` as the registry session of importer node `node` at
     /// `incarnation` (the node link's owner side): what it imports is quarantined when
-    /// freed until `node` lets go.
-    pub fn remote_session(&self, session: u64, node: &str, incarnation: u64) {
+    /// freed until `node` lets go, and counts against the node's own allowance
+    /// (`limits.imports_per_node`), against its clients' uids too only when `per_uid` (the
+    /// domain shares identities).
+    pub fn remote_session(&self, session: u64, node: &str, incarnation: u64, per_uid: bool) {
         let mut st = self.state();
-        st.remote.insert(session, node.to_owned());
+        st.remote.insert(session, RemoteSession { node: node.to_owned(), per_uid, imports: 0 });
         st.incarnations.insert(node.to_owned(), incarnation);
     }
 
@@ -162,7 +180,7 @@ impl Memory {
     /// by it, and are quarantined when freed.
     pub fn end_remote_session(&self, session: u64, departed: bool) -> Reclaimed {
         let mut st = self.state();
-        if let Some(node) = st.remote.remove(&session)
+        if let Some(RemoteSession { node, .. }) = st.remote.remove(&session)
             && departed
         {
             let regions: Vec<u64> = st.imports.values().filter(|i| i.session == session).map(|i| i.region).collect();
@@ -248,6 +266,66 @@ mod tests {
         (dir, memory, place, region, import)
     }
 
+    #[test]
+    fn each_importer_node_has_its_own_allowance_and_none_fills_a_shared_one() {
+        use crate::memory::limits::Holder;
+        use crate::sys::fdbudget::Budget;
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = super::super::ledger_tests::inventory();
+        // Two imports per node, and (for this test) two objects per uid: every node's
+        // clients have the same placeholder uid where identities are not shared.
+        let limits = LimitsConfig { imports_per_node: 2, objects_per_uid: 2, ..LimitsConfig::default() };
+        let mut m = Memory::open(dir.path(), &inv, limits).unwrap();
+        // Four descriptors kept in all, three per connection.
+        let budget = Budget { clients: 4, held: 4, held_unprivileged: 4, held_per_uid: 3, held_per_connection: 3 };
+        m.set_fd_budget(budget, 999);
+        let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+        let region = m.alloc(&cred(0), 1, &place, 2 * MIB, 0).unwrap().region;
+        let policy = ExportPolicy {
+            uids: BoundedVec::default(),
+            gids: BoundedVec::default(),
+            partition: Some(fabric_proto::wire::Name::truncated("p")),
+            access: AccessMode::ReadWrite,
+        };
+        let handle = m.export(&cred(0), 1, region, policy).unwrap();
+        let nobody = cred(65534);
+        let import = |m: &Memory, session| m.import(&nobody, session, &handle, AccessMode::ReadWrite).map(|g| g.import);
+        let refused = |r: Result<u64, MemoryError>| match r {
+            Err(MemoryError::Limit { who, what, used, max, .. }) => (who, what, used, max),
+            other => panic!("expected a limit, got {other:?}"),
+        };
+        m.remote_session(2, "b", 1, false);
+        m.remote_session(3, "c", 1, false);
+        let first = import(&m, 2).unwrap();
+        import(&m, 2).unwrap();
+        assert_eq!(refused(import(&m, 2)), (Holder::Node("b".into()), "imports_per_node", 2, 2));
+        // c is not held back by b's imports, though the uid is the same (objects_per_uid
+        // is 2): a shared placeholder's allowance would refuse it.
+        import(&m, 3).unwrap();
+        import(&m, 3).unwrap();
+        m.release(2, first).unwrap();
+        import(&m, 2).unwrap();
+        // A new incarnation of b starts with its own count (the old session's imports go).
+        m.end_remote_session(2, false);
+        m.remote_session(4, "b", 2, false);
+        import(&m, 4).unwrap();
+        // Other nodes' imports count as kept descriptors, never privileged ones: c's two
+        // and b's one, then d's first fill the four.
+        m.remote_session(5, "d", 1, false);
+        import(&m, 5).unwrap();
+        assert_eq!(refused(import(&m, 5)), (Holder::Node("d".into()), "descriptors_unprivileged", 4, 4));
+        // Where identities are shared, the uid's allowance counts too.
+        m.end_remote_session(3, false);
+        m.end_remote_session(5, false);
+        m.remote_session(6, "e", 1, true);
+        let alice = cred(1000);
+        m.import(&alice, 6, &handle, AccessMode::ReadWrite).unwrap();
+        m.import(&alice, 6, &handle, AccessMode::ReadWrite).unwrap();
+        m.remote_session(7, "f", 1, true);
+        let r = m.import(&alice, 7, &handle, AccessMode::ReadWrite).map(|g| g.import);
+        assert_eq!(refused(r), (Holder::Uid(1000), "objects", 2, 2));
+    }
+
     fn full(m: &Memory, place: &Place) -> bool {
         matches!(m.alloc(&cred(0), 3, place, 256 * MIB, 0), Err(MemoryError::NoSpace(_)))
     }
@@ -255,7 +333,7 @@ mod tests {
     #[test]
     fn a_region_a_departed_node_imported_is_not_reused_until_the_node_returns() {
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b", 1);
+        m.remote_session(2, "b", 1, true);
         m.end_remote_session(2, true);
         m.free(1, region).unwrap();
         assert!(full(&m, &place), "the range is quarantined");
@@ -270,7 +348,7 @@ mod tests {
     #[test]
     fn a_region_freed_under_a_live_remote_import_waits_for_its_acknowledgement() {
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b", 1);
+        m.remote_session(2, "b", 1, true);
         m.free(1, region).unwrap();
         assert!(full(&m, &place));
         assert_eq!(m.lift_quarantine("b", Some(region + 1)), 0);
@@ -283,7 +361,7 @@ mod tests {
         // Two clients of node b imported the region (b maps it through one device for
         // both): the first acknowledged end says nothing of the second.
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b", 1);
+        m.remote_session(2, "b", 1, true);
         let handle = m
             .export(
                 &cred(0),
@@ -321,7 +399,7 @@ mod tests {
             let m = open(dir.path(), &inv);
             let freed = m.alloc(&me(), 1, &place, 64 * MIB, 0).unwrap().region;
             let kept = m.alloc(&me(), 1, &place, 64 * MIB, 0).unwrap().region;
-            m.remote_session(2, "b", 5);
+            m.remote_session(2, "b", 5, true);
             for r in [freed, kept] {
                 let handle = m.export(&me(), 1, r, policy.clone()).unwrap();
                 m.import(&me(), 2, &handle, AccessMode::ReadWrite).unwrap();
@@ -353,7 +431,7 @@ mod tests {
     #[test]
     fn a_restarted_node_or_a_local_importer_quarantines_nothing() {
         let (_dir, m, place, region, _) = setup();
-        m.remote_session(2, "b", 1);
+        m.remote_session(2, "b", 1, true);
         m.end_remote_session(2, false);
         m.free(1, region).unwrap();
         assert!(!full(&m, &place));

@@ -156,7 +156,13 @@ impl Memory {
         let used = st.usage.get(&uid).map_or(0, |u| u.pinned);
         let max = self.pinned_max;
         if used.saturating_add(span) > max {
-            return Err(MemoryError::Limit { uid, what: "pinned_bytes", used, requested: span, max });
+            return Err(MemoryError::Limit {
+                who: super::limits::Holder::Uid(uid),
+                what: "pinned_bytes",
+                used,
+                requested: span,
+                max,
+            });
         }
         Ok(())
     }

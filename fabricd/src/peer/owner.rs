@@ -111,7 +111,7 @@ impl Owner {
         }
         let session = d.reserve_session();
         let outbox = Arc::new(Outbox::default());
-        d.memory.remote_session(session, node, peer.incarnation);
+        d.memory.remote_session(session, node, peer.incarnation, d.config.peer.shared_identities);
         self.returned(d, node, peer.incarnation);
         self.reached(d, node);
         d.events.sink(session, Topics::REVOCATION, Reach::All, revokes::sink(outbox.clone()));
