@@ -1,15 +1,16 @@
 //! The node link over TCP: a [`Server`] that admits peers whose certificate, Hello and
 //! incarnation agree, and a client [`Link`]. Bounded: at most
 //! [`LinkLimits::max_handshakes`] connections are being admitted and at most
-//! [`LinkLimits::max_links`] links are held at once (more are closed at once, or refused
-//! `Busy`); every wait has a deadline. A misbehaving peer loses its own connection and
-//! nothing else.
+//! [`LinkLimits::max_links`] links are held at once, [`LinkLimits::max_links_per_node`]
+//! of them by one node (more are closed at once, or refused `Busy` or `NodeBusy`); every
+//! wait has a deadline. A misbehaving peer loses its own connection and nothing else.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -33,6 +34,10 @@ pub struct LinkLimits {
     pub max_handshakes: usize,
     /// Admitted links at once; more are refused [`Refusal::Busy`].
     pub max_links: usize,
+    /// Admitted links of one node at once (fabricd holds one to each peer, plus its data
+    /// lanes); more are refused [`Refusal::NodeBusy`], so that one node, misbehaving or
+    /// compromised, cannot take the links every other node needs.
+    pub max_links_per_node: usize,
     /// From TCP accept (or connect) to Welcome.
     pub handshake_timeout: Duration,
     /// A begun frame must end, and a write finish, within this.
@@ -47,6 +52,7 @@ impl Default for LinkLimits {
         Self {
             max_handshakes: 32,
             max_links: 256,
+            max_links_per_node: 16,
             handshake_timeout: Duration::from_secs(5),
             frame_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
@@ -143,6 +149,50 @@ struct Shared {
     limits: LinkLimits,
     handshakes: Arc<Semaphore>,
     links: Arc<Semaphore>,
+    by_node: Arc<NodeLinks>,
+}
+
+/// Links held by each node.
+#[derive(Debug, Default)]
+struct NodeLinks(Mutex<HashMap<String, usize>>);
+
+impl NodeLinks {
+    /// One more link of `node`, unless it holds `max`.
+    fn take(self: &Arc<Self>, node: &str, max: usize) -> Result<NodeLink, Refusal> {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = held.entry(node.to_owned()).or_default();
+        if *n >= max {
+            return Err(Refusal::NodeBusy { node: node.to_owned(), max: u32::try_from(max).unwrap_or(u32::MAX) });
+        }
+        *n += 1;
+        Ok(NodeLink { links: self.clone(), node: node.to_owned() })
+    }
+}
+
+/// A node's hold of one of its links, given back when dropped.
+#[derive(Debug)]
+struct NodeLink {
+    links: Arc<NodeLinks>,
+    node: String,
+}
+
+impl Drop for NodeLink {
+    fn drop(&mut self) {
+        let mut held = self.links.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.node);
+            }
+        }
+    }
+}
+
+/// An admitted link's place: among all links and among its node's.
+#[derive(Debug)]
+struct Admitted {
+    _all: OwnedSemaphorePermit,
+    _node: NodeLink,
 }
 
 /// A listening node-link server. Dropping it stops it and closes every link it holds.
@@ -192,6 +242,7 @@ impl Server {
             limits,
             handshakes: Arc::new(Semaphore::new(limits.max_handshakes)),
             links: Arc::new(Semaphore::new(limits.max_links)),
+            by_node: Arc::default(),
         });
         let task = tokio::spawn(accept_loop(listener, shared));
         Ok(Self { addr, counters, incarnation, task })
@@ -293,12 +344,12 @@ async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, handshake:
 type ServerStream = tokio_rustls::server::TlsStream<TcpStream>;
 
 /// TLS, then the Hello: the identity is the certificate's, and the Hello must agree with
-/// it; then the policy and the link limit.
+/// it; then the policy and the link limits (the node's, then all links').
 async fn admit(
     tcp: TcpStream,
     addr: SocketAddr,
     shared: &Shared,
-) -> Result<(Framed<ServerStream>, Peer, OwnedSemaphorePermit), LinkError> {
+) -> Result<(Framed<ServerStream>, Peer, Admitted), LinkError> {
     let _ = tcp.set_nodelay(true);
     let tls = shared.acceptor.accept(tcp).await.map_err(LinkError::Io)?;
     let identity = peer_identity(tls.get_ref().1.peer_certificates())?;
@@ -309,7 +360,10 @@ async fn admit(
     };
     let verdict = check_hello(shared, &identity, &hello).and_then(|()| {
         shared.policy.admit(&identity, hello.incarnation)?;
-        shared.links.clone().try_acquire_owned().map_err(|_| Refusal::Busy)
+        // The node's share first: a node at its share never takes a link of all.
+        let node = shared.by_node.take(&identity.node, shared.limits.max_links_per_node)?;
+        let all = shared.links.clone().try_acquire_owned().map_err(|_| Refusal::Busy)?;
+        Ok(Admitted { _all: all, _node: node })
     });
     match verdict {
         Ok(link) => {

@@ -100,6 +100,17 @@ pub enum Refusal {
     /// The server does not serve peers now (it is fenced from its domain, or not joined).
     #[error("this node does not serve peers now: {0}")]
     Unavailable(String),
+    /// The server holds as many links of this node as one node may have
+    /// ([`crate::LinkLimits::max_links_per_node`]), so that no node takes every link.
+    /// Last of the variants: an older peer reads it as a message it does not know, which
+    /// ends the link all the same.
+    #[error("the server holds {max} links of node {node:?}, as many as one node may have")]
+    NodeBusy {
+        /// The node.
+        node: String,
+        /// Links one node may have.
+        max: u32,
+    },
 }
 
 /// A cross-node operation carried by the request envelope (the next step gives each its
@@ -332,6 +343,7 @@ mod tests {
             }),
             PeerMessage::Welcome(Welcome { node: "n2".into(), incarnation: 9, version: PEER_PROTOCOL }),
             PeerMessage::Refused(Refusal::StaleIncarnation { node: "n1".into(), offered: 3 }),
+            PeerMessage::Refused(Refusal::NodeBusy { node: "n1".into(), max: 16 }),
             PeerMessage::Ping,
             PeerMessage::Pong,
             PeerMessage::Request(PeerRequest { op: PeerOp::Import, body: vec![1, 2, 3] }),

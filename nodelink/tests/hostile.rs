@@ -226,6 +226,25 @@ async fn links_beyond_the_limit_are_refused_busy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_of_one_node_beyond_its_share_are_refused_and_others_still_link() {
+    let d = TestDomain::start(LinkLimits { max_links: 5, max_links_per_node: 2, ..limits() }).await;
+    let mut good = d.good_peer().await;
+    let first = d.link("n2").await.expect("n2's first link");
+    let _second = d.link("n2").await.expect("n2's second link");
+    let r = d.link("n2").await;
+    assert!(matches!(&r, Err(LinkError::Refused(Refusal::NodeBusy { node, max: 2 })) if node == "n2"), "{r:?}");
+    // Another node is not held back by n2's links, and its refusal took no link of all.
+    let _third = d.link("n3").await.expect("n3 links");
+    let _fourth = d.link("n3").await.expect("n3's second link");
+    d.wait_stats(LinkStats { admitted: 5, refused: 1, ..LinkStats::default() }).await;
+    // n2's share comes back once the server sees one of its links closed.
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    d.link("n2").await.expect("n2's share came back");
+    assert_pong(&mut good).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalls_are_cut_off() {
     let d = TestDomain::start(limits()).await;
     let mut good = d.good_peer().await;

@@ -46,6 +46,7 @@ pub fn limits() -> LinkLimits {
     LinkLimits {
         max_handshakes: 4,
         max_links: 8,
+        max_links_per_node: 8,
         handshake_timeout: Duration::from_millis(1500),
         frame_timeout: Duration::from_millis(1000),
         idle_timeout: Duration::from_secs(5),
