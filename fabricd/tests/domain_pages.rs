@@ -199,7 +199,7 @@ fn listings_of_twelve_thousand_five_hundred_nodes_come_in_pages() {
             .find(|n| n["name"] == name(changed).as_str())
             .map(|n| n["incarnation"].clone())
     };
-    until(Duration::from_secs(10), "the change seen", || {
+    until(Duration::from_secs(30), "the change seen", || {
         incarnation_of(&pages(&mut c, DomainAction::NodesPage, PageRequest::default())) == Some(serde_json::json!(2))
     });
     let rest = pages(

@@ -90,9 +90,23 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Kills the daemon; when a test fails, its log's last lines go to the test's output
+    /// (what CI shows of a failure).
+    #[allow(clippy::print_stderr)]
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().filter(|l| !l.contains(" DEBUG ") && !l.contains(" TRACE ")).collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "--- the daemon's last {} lines above debug, {}:\n{}",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
     }
 }
 

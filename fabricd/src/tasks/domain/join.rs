@@ -161,8 +161,11 @@ pub fn start(
         )),
         None => None,
     };
+    // Two workers: the lease's renewals and etcd's connection are served while the other
+    // is in a long step (a big watch response applied, a copy chunk's TLS); with one, a
+    // 12,500-node domain under load lost its lease to its own work and rejoined in a loop.
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .thread_name("fabricd-domain")
         .enable_all()
         .build()
