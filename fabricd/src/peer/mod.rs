@@ -96,6 +96,9 @@ impl NodeLink {
         self.service.attach(daemon.clone());
         if let Some(domain) = &d.domain {
             domain.runtime().spawn(members::follow(daemon, self.members.clone()));
+            // The view published before the daemon was attached (the one read at start)
+            // is followed too.
+            self.members.notify_one();
         }
     }
 

@@ -104,6 +104,8 @@ pub(super) struct Joined {
 pub struct Starting {
     domain: Arc<Domain>,
     joined: Option<Joined>,
+    /// The domain as the join read it, published before the node serves anyone.
+    first: Option<DomainView>,
     shares: Vec<ResourceShare>,
 }
 
@@ -123,7 +125,7 @@ impl Starting {
     /// watches the domain, and rejoins when needed.
     pub fn run(self, reader: fabric_addrmap::Reader) -> Arc<Domain> {
         let domain = self.domain.clone();
-        domain.runtime.get().spawn(super::watch::run(self.domain, self.joined, reader));
+        domain.runtime.get().spawn(super::watch::run(self.domain, self.joined, self.first, reader));
         domain
     }
 }
@@ -185,7 +187,16 @@ pub fn start(
             let joined = async {
                 let (slot, joined) = join(&dc, &local, &peer, &groups, node_id, None).await?;
                 match claim_shares(&joined.client, &claims).await {
-                    Ok(shares) => Ok((slot, joined, shares)),
+                    Ok(shares) => {
+                        // The domain read before the node is ready: its first answers (a
+                        // map, a peer's link) see the whole domain, not an empty view.
+                        // A failed read is the domain task's to do again.
+                        let first = super::watch::read_view(&joined.client)
+                            .await
+                            .inspect_err(|reason| tracing::warn!(%reason, "the domain could not be read at start; the domain task reads it"))
+                            .ok();
+                        Ok((slot, joined, shares, first))
+                    }
                     Err(e) => {
                         // Not a member without its shares: give the lease back.
                         let _ = joined.client.leave(joined.lease).await;
@@ -197,11 +208,11 @@ pub fn start(
         });
     }
     let err = |source| JoinError::Etcd { domain: dc.name.clone(), node: dc.node.clone(), source };
-    let (slot, joined, claimed) = match rx.recv().map_err(|_| JoinError::Stopped)? {
-        Ok((slot, joined, claimed)) => {
+    let (slot, joined, claimed, first) = match rx.recv().map_err(|_| JoinError::Stopped)? {
+        Ok((slot, joined, claimed, first)) => {
             remember(&slot_file, &dc, slot, local.node_span)?;
             remember_shares(&share_file, &dc, &claimed)?;
-            (slot, Some(joined), claimed)
+            (slot, Some(joined), claimed, first)
         }
         Err(e) if unreachable(&e) => match remembered(&slot_file, &dc, local.node_span)? {
             Some(slot) => {
@@ -211,7 +222,7 @@ pub fn start(
                     return Err(JoinError::NoShare { node: dc.node.clone(), resource, path: share_file, source });
                 }
                 tracing::warn!(error = %crate::error_chain(&e), slot, "etcd unreachable: serving with the remembered slot, joining when it answers");
-                (slot, None, known)
+                (slot, None, known, None)
             }
             None => return Err(JoinError::NoSlot { node: dc.node.clone(), path: slot_file, source: e }),
         },
@@ -230,7 +241,7 @@ pub fn start(
         etcd_reachable: joined.is_some(),
         round_trip: None,
     };
-    let view = DomainView::new(fabric_domain::Keys::new(&dc.name), Domain::limits());
+    let view = first.clone().unwrap_or_else(|| DomainView::new(fabric_domain::Keys::new(&dc.name), Domain::limits()));
     let client = joined.as_ref().map(|j| j.client.clone());
     tracing::info!(domain = %dc.name, node = %dc.node, slot, "domain slot");
     let domain = Arc::new(Domain {
@@ -260,7 +271,7 @@ pub fn start(
         link.listen(domain.runtime.get(), &domain.peer_address, Arc::downgrade(&domain), incarnation)
             .map_err(JoinError::Listen)?;
     }
-    Ok(Starting { domain, joined, shares })
+    Ok(Starting { domain, joined, first, shares })
 }
 
 /// One join: settings, slot, lease, member record with a fresh incarnation. `serving`: the

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_domain::etcd_client::{EventType, GetOptions};
-use fabric_domain::{DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
+use fabric_domain::{DomainClient, DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
 
 use super::join::{self, Joined};
 use super::{Domain, Standing, duties, publish};
@@ -26,11 +26,17 @@ enum End {
     Watch { reason: String, resume: Option<Box<DomainView>> },
 }
 
-/// Runs until the daemon drops the domain's runtime.
-pub(super) async fn run(domain: Arc<Domain>, mut joined: Option<Joined>, reader: fabric_addrmap::Reader) {
+/// Runs until the daemon drops the domain's runtime. `first`: the view the join at start
+/// read (published already), which the first session watches on from.
+pub(super) async fn run(
+    domain: Arc<Domain>,
+    mut joined: Option<Joined>,
+    first: Option<DomainView>,
+    reader: fabric_addrmap::Reader,
+) {
     let mut backoff = Duration::from_millis(200);
     let mut election: Option<Election> = None;
-    let mut resume: Option<Box<DomainView>> = None;
+    let mut resume: Option<Box<DomainView>> = first.map(Box::new);
     loop {
         let j = match joined.take() {
             Some(j) => j,
@@ -171,26 +177,13 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
     let again = |view: DomainView, progressed: bool| (!resumed || progressed).then(|| Box::new(view));
     let mut view = match resume {
         Some(view) => *view,
-        None => {
-            let (all, revision) = match j.client.read_domain().await {
-                Ok(read) => read,
-                Err(e) => return End::Watch { reason: crate::error_chain(&e), resume: None },
-            };
-            // Seconds of CPU at 12,500 nodes: off the runtime's workers, which renew the
-            // lease meanwhile.
-            let keys = j.client.keys().clone();
-            let loaded = tokio::task::spawn_blocking(move || {
-                let entries = all.iter().map(|e| (e.key(), e.value()));
-                DomainView::load(keys, Domain::limits(), entries, revision)
-            })
-            .await;
-            let view = match loaded {
-                Ok(view) => view,
-                Err(e) => return End::Watch { reason: format!("loading the domain's records: {e}"), resume: None },
-            };
-            domain.publish_view(view.clone());
-            view
-        }
+        None => match read_view(&j.client).await {
+            Ok(view) => {
+                domain.publish_view(view.clone());
+                view
+            }
+            Err(reason) => return End::Watch { reason, resume: None },
+        },
     };
     let mut stream = match j.client.watch_domain(view.revision() + 1).await {
         Ok(s) => s,
@@ -299,6 +292,20 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
             }
         }
     }
+}
+
+/// The domain read whole (paged) and loaded into a view. The load is seconds of CPU at
+/// 12,500 nodes in a debug build: it runs on the blocking pool, so that the runtime's
+/// workers renew the lease meanwhile.
+pub(super) async fn read_view(client: &DomainClient) -> Result<DomainView, String> {
+    let (all, revision) = client.read_domain().await.map_err(|e| crate::error_chain(&e))?;
+    let keys = client.keys().clone();
+    tokio::task::spawn_blocking(move || {
+        let entries = all.iter().map(|e| (e.key(), e.value()));
+        DomainView::load(keys, Domain::limits(), entries, revision)
+    })
+    .await
+    .map_err(|e| format!("loading the domain's records: {e}"))
 }
 
 /// What publishing this node's records came to.
