@@ -333,8 +333,6 @@ struct Import {
     /// Counted in its uid's usage (false for an importer node's import where the domain
     /// does not share identities: `limits::Holder`).
     per_uid: bool,
-    /// Counted in its importer node's session (`quarantine::RemoteSession::imports`).
-    remote: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -914,7 +912,7 @@ impl Memory {
                 let u = st.usage.entry(i.uid).or_default();
                 u.objects = u.objects.saturating_sub(1);
             }
-            if let Some(r) = st.remote.get_mut(&i.session).filter(|_| i.remote) {
+            if let Some(r) = st.remote.get_mut(&i.session) {
                 r.imports = r.imports.saturating_sub(1);
             }
         }
@@ -1134,17 +1132,15 @@ impl Memory {
         let generation = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?.generation;
         let id = st.next_id;
         st.next_id += 1;
-        let (per_uid, remote) = match st.remote.get_mut(&session) {
+        let per_uid = match st.remote.get_mut(&session) {
             Some(r) => {
                 r.imports += 1;
-                (r.per_uid, true)
+                r.per_uid
             }
-            None => (true, false),
+            None => true,
         };
-        st.imports.insert(
-            id,
-            Import { region: handle.region, generation, via, uid: peer.uid, session, access, per_uid, remote },
-        );
+        st.imports
+            .insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session, access, per_uid });
         if per_uid {
             st.usage.entry(peer.uid).or_default().objects += 1;
         }
