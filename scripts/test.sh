@@ -6,13 +6,15 @@
 #   tier 1  unit, property, fixture and golden tests   (cargo nextest, all crates)
 #   tier 2  integration tests with the real binaries    (part of the nextest run)
 #   tier 3  QEMU guests (Debian 6.12 kernel; CXL, hot-unplug, ...) scripts/qemu-tests.sh
-#   tier 4  Miri on the pure parts                      scripts/miri.sh
-#   tier 5  fuzz targets, briefly                       (scripts/fuzz.sh --smoke)
+#   tier 4  Miri on the pure parts                      scripts/miri.sh     } side by side:
+#   tier 5  fuzz targets, briefly                       (scripts/fuzz.sh --smoke) } one core each
 #   python  the fabric_mm package: built from source, mypy, pytest   scripts/python-tests.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+t0=$(date +%s)
+# Each step says how far into the run it starts, so a log shows where the time went.
+step() { printf '\n==> [%d s] %s\n' "$(($(date +%s) - t0))" "$*"; }
 
 # Every tier builds under target/: about 35 GiB from a clean clone (debug test binaries, Miri,
 # fuzz, QEMU images). Incremental artifacts would add about 16 GiB that a one-shot run never
@@ -51,10 +53,23 @@ scripts/python-tests.sh
 step "tier 3: QEMU guests"
 scripts/qemu-tests.sh
 
-step "tier 4: Miri on the pure parts"
-scripts/miri.sh
-
-step "tier 5: fuzz smoke run"
-scripts/fuzz.sh --smoke
+# Miri interprets one test thread on one core, and libFuzzer runs one target at a time on
+# one core: on two CPUs the two tiers run side by side (only their builds compete), which
+# takes about the longer of the two instead of their sum. Miri's output goes to a log,
+# printed whole once both have ended; either failing fails the run.
+step "tiers 4-5: Miri on the pure parts, beside the fuzz smoke run (Miri's log: target/miri.log)"
+mkdir -p target
+scripts/miri.sh >target/miri.log 2>&1 &
+miri_pid=$!
+fuzz_status=0
+scripts/fuzz.sh --smoke || fuzz_status=$?
+miri_status=0
+wait "$miri_pid" || miri_status=$?
+step "tier 4: Miri's log"
+sed 's/^/miri| /' target/miri.log
+if [ "$miri_status" -ne 0 ] || [ "$fuzz_status" -ne 0 ]; then
+  step "FAILED: Miri exited $miri_status, the fuzz smoke run $fuzz_status"
+  exit 1
+fi
 
 step "all tiers passed"
