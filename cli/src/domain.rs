@@ -144,7 +144,7 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}  ROLE",
+        "{:<20} {:<6} {:>5} {:>20} {:<24} {:>6}  ROLE",
         "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES"
     )?;
     for n in &doc.nodes {
@@ -152,7 +152,9 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
         let inc = n.incarnation.map_or_else(|| "-".to_owned(), |i| i.to_string());
         let peer = n.peer_address.as_deref().unwrap_or("-");
         let role = if n.leader { "leader" } else { "-" };
-        writeln!(out, "{:<20} {:<5} {:>5} {:>20} {:<24} {:>6}  {role}", n.name, n.state, slot, inc, peer, n.ranges)?;
+        // Unconfirmed (the answering node is not joined): what its last view said, marked.
+        let state = n.last_seen.as_ref().map_or_else(|| n.state.clone(), |seen| format!("{seen}?"));
+        writeln!(out, "{:<20} {:<6} {:>5} {:>20} {:<24} {:>6}  {role}", n.name, state, slot, inc, peer, n.ranges)?;
     }
     if let Some(missing) = doc.missing.as_ref().filter(|m| !m.is_empty()) {
         writeln!(out, "\nmissing:")?;
@@ -259,6 +261,7 @@ mod tests {
         NodeDoc {
             name: name.into(),
             state: if live { "live" } else { "gone" }.into(),
+            last_seen: None,
             slot: Some(slot),
             incarnation: live.then_some(7),
             peer_address: live.then(|| format!("{name}:7471")),
@@ -287,7 +290,11 @@ mod tests {
             etcd: Some(EtcdDoc { reachable: false, round_trip_us: Some(1500), errors: 2 }),
             settings: None,
             leader: None,
-            nodes: vec![node("tray0", true, 3), node("tray1", false, 5)],
+            // Fenced, this node states itself so and the others unconfirmed.
+            nodes: vec![
+                NodeDoc { state: "fenced".into(), ..node("tray0", true, 3) },
+                NodeDoc { state: "unknown".into(), last_seen: Some("gone".into()), ..node("tray1", false, 5) },
+            ],
             missing: Some(vec!["tray1: gone (its lease ended); slot 5 kept as a hole".into()]),
             gc: None,
             summary: None,
@@ -302,7 +309,8 @@ mod tests {
             "fenced: lease lost: etcd keepalive: no answer\nshare of serial:cxl/0x3000/cxl_volatile0: 0x4000000+0x4000000\n",
             "leader unknown\n",
             "etcd unreachable  round trip 1.5 ms  errors 2\n",
-            "tray1                gone      5                    - -",
+            "tray0                fenced     3                    7 tray0:7471",
+            "tray1                gone?      5                    - -",
             "missing:\n  tray1: gone",
             "quarantined (freed here, not reused while the node may still map it):\n  tray1: 2 regions, 4194304 bytes\n",
         ] {

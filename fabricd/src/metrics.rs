@@ -220,6 +220,9 @@ pub struct DomainGauges {
     pub live: u64,
     /// Nodes that hold a slot but whose lease ended.
     pub gone: u64,
+    /// Nodes whose state this node cannot confirm while it is not joined (itself
+    /// included): counted in neither of the above.
+    pub unknown: u64,
     /// 1 while this node is joined (not fenced, etcd reachable at the last join).
     pub joined: bool,
     /// The last etcd round trip, in seconds.
@@ -432,9 +435,14 @@ fn memory_series(p: &mut Page, m: &Counts) {
 
 /// The `fabricd_domain_*` series.
 fn domain_series(p: &mut Page, d: &DomainGauges) {
-    p.family("fabricd_domain_members", "gauge", "Nodes of the domain, by state: live (lease alive) or gone.");
+    p.family(
+        "fabricd_domain_members",
+        "gauge",
+        "Nodes of the domain, by state: live (lease alive), gone, or unknown (this node is not joined: its last view, unconfirmed).",
+    );
     p.sample("fabricd_domain_members", &[("state", "live")], d.live);
     p.sample("fabricd_domain_members", &[("state", "gone")], d.gone);
+    p.sample("fabricd_domain_members", &[("state", "unknown")], d.unknown);
     p.family("fabricd_domain_joined", "gauge", "1 while this node is joined to its domain (0: fenced or unreachable).");
     p.sample("fabricd_domain_joined", &[], u8::from(d.joined));
     if let Some(rtt) = d.round_trip_s {
@@ -642,6 +650,7 @@ mod tests {
         let domain = DomainGauges {
             live: 2,
             gone: 1,
+            unknown: 0,
             joined: true,
             round_trip_s: Some(0.0005),
             etcd_errors: 4,
@@ -663,6 +672,7 @@ mod tests {
             "fabricd_map_generation 7\n",
             "fabricd_domain_members{state=\"live\"} 2\n",
             "fabricd_domain_members{state=\"gone\"} 1\n",
+            "fabricd_domain_members{state=\"unknown\"} 0\n",
             "fabricd_domain_joined 1\n",
             "fabricd_domain_etcd_round_trip_seconds 0.0005\n",
             "fabricd_domain_etcd_errors_total 4\n",

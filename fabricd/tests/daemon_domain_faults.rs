@@ -232,6 +232,18 @@ fn a_node_cut_off_from_etcd_by_iptables_fences_itself_serves_on_and_rejoins_on_t
     let fenced = t0.elapsed();
     let status = domain(&mut c0, DomainAction::Status);
     assert!(status["self"]["reason"].as_str().unwrap().contains("lease lost"), "{status}");
+    // Fenced, it no longer follows the domain: it states itself fenced, and tray1 as its
+    // last view saw it, unconfirmed; nothing is counted live.
+    let listed = domain(&mut c0, DomainAction::Nodes);
+    let states: Vec<_> =
+        listed["nodes"].as_array().unwrap().iter().map(|n| (n["state"].clone(), n.get("last_seen"))).collect();
+    assert_eq!(states, [("fenced".into(), None), ("unknown".into(), Some(&"live".into()))], "{listed}");
+    assert_eq!(
+        (status["summary"]["live"].as_u64(), status["summary"]["unknown"].as_u64()),
+        (Some(0), Some(2)),
+        "{status}"
+    );
+    assert!(status["missing"][0].as_str().unwrap().starts_with("this node is fenced"), "{status}");
     // Local service goes on: allocations, the held map, translations of other nodes' GFAs.
     let (alloc, _file) = common::alloc_hbm(&mut c0, &gpu, 1 << 20);
     assert!(alloc.size >= 1 << 20);
@@ -258,6 +270,7 @@ fn a_node_cut_off_from_etcd_by_iptables_fences_itself_serves_on_and_rejoins_on_t
     });
     eprintln!("healed: rejoined after {:?}", t1.elapsed());
     until(Duration::from_secs(10), "tray1 sees tray0 back", || all_live_and_placed(&mut c1, 2));
+    until(Duration::from_secs(10), "tray0 states both live again", || all_live_and_placed(&mut c0, 2));
     assert_eq!(map(&mut c1)["ranges"], held["ranges"]);
     assert_eq!(map(&mut c0)["ranges"], held["ranges"]);
 }

@@ -58,6 +58,10 @@ pub struct SummaryDoc {
     pub live: u64,
     /// Nodes gone that keep their slot.
     pub gone: u64,
+    /// Nodes whose state the answering node cannot confirm while it is not joined (itself
+    /// included); counted in neither `live` nor `gone`.
+    #[serde(default)]
+    pub unknown: u64,
     /// Live members that published no placements yet.
     pub unplaced: u64,
     /// Records refused.
@@ -92,8 +96,14 @@ pub struct QuarantineDoc {
 pub struct NodeDoc {
     /// Its name.
     pub name: String,
-    /// `live` (its lease lives) or `gone` (its slot kept as a hole).
+    /// `live` (its lease lives) or `gone` (its slot kept as a hole); while the answering
+    /// node is not joined (fenced, or etcd unreachable) it cannot confirm either: it says
+    /// `fenced` of itself and `unknown` of the others, with `last_seen`.
     pub state: String,
+    /// What the answering node's last view said (`live` or `gone`) of a node whose state
+    /// is `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<String>,
     /// Its slot.
     pub slot: Option<u32>,
     /// Its incarnation, while live.
@@ -207,6 +217,7 @@ mod tests {
         let node = |name: &str, leader| NodeDoc {
             name: name.into(),
             state: "live".into(),
+            last_seen: None,
             slot: Some(0),
             incarnation: Some(1),
             peer_address: None,

@@ -14,7 +14,7 @@ use fabric_proto::wire::{
 use super::scope::Caller;
 use super::{domain_pages, json_doc, refusal};
 use crate::daemon::Daemon;
-use crate::tasks::domain::{Domain, GcError, Standing, listing};
+use crate::tasks::domain::{Domain, DomainStatus, GcError, Membership, Standing, listing};
 
 /// Answers what translation of this node's map left `Unmapped` (or `UnknownResource`)
 /// from the domain's view: a GFA in another node's slot, or a resource of another node.
@@ -114,6 +114,8 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
     }
     let view = domain.view();
     let leadership = domain.leadership();
+    let status = domain.status();
+    let seen = Seen::by(domain, &status);
     let mut doc = DomainDoc {
         domain: domain.name().to_owned(),
         this: None,
@@ -124,11 +126,11 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
         // alone passes an answer's size limit, and the gc would seem to have failed.
         nodes: match action {
             DomainAction::Gc { .. } => Vec::new(),
-            DomainAction::Status => match nodes(&view, leadership.leader()) {
+            DomainAction::Status => match nodes(&view, leadership.leader(), seen) {
                 n if n.len() > STATUS_NODES => Vec::new(),
                 n => n,
             },
-            _ => nodes(&view, leadership.leader()),
+            _ => nodes(&view, leadership.leader(), seen),
         },
         missing: None,
         gc: None,
@@ -139,7 +141,6 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
     match action {
         DomainAction::Nodes | DomainAction::NodesPage(_) | DomainAction::MapPage(_) => {}
         DomainAction::Status => {
-            let status = domain.status();
             let (standing, reason) = match &status.standing {
                 Standing::Joined => ("joined", None),
                 Standing::Fenced(why) => ("fenced", Some(why.clone())),
@@ -165,8 +166,8 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
                 node_span: s.node_span,
                 data_paths: paths.filter_map(|v| v.as_str().map(str::to_owned)).collect(),
             });
-            doc.missing = Some(missing(&view));
-            doc.summary = Some(summary(&view));
+            doc.missing = Some(missing(&view, &status.standing));
+            doc.summary = Some(summary(&view, seen));
             let q = d.memory.quarantine();
             if !q.is_empty() {
                 let docs = q.into_iter().map(|q| QuarantineDoc { node: q.node, regions: q.regions, bytes: q.bytes });
@@ -196,16 +197,37 @@ pub(super) fn leader(l: &Leadership) -> Option<LeaderDoc> {
     Some(LeaderDoc { node: l.leader()?.to_owned(), term: l.term()?, this_node: l.is_leader() })
 }
 
+/// Who states the nodes' membership ([`Membership::of`]): this node, and whether it is
+/// joined.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Seen<'a> {
+    pub(super) me: &'a str,
+    pub(super) joined: bool,
+}
+
+impl<'a> Seen<'a> {
+    /// As `domain` states it, standing as `status` says.
+    pub(super) fn by(domain: &'a Domain, status: &DomainStatus) -> Self {
+        Seen { me: domain.node(), joined: status.standing == Standing::Joined }
+    }
+
+    fn of(self, n: &fabric_domain::NodeEntry<'_>) -> Membership {
+        Membership::of(n, self.me, self.joined)
+    }
+}
+
 /// The domain's nodes; `leader`'s is marked.
-fn nodes(view: &DomainView, leader: Option<&str>) -> Vec<NodeDoc> {
-    view.nodes().iter().map(|n| node_doc(n, leader)).collect()
+fn nodes(view: &DomainView, leader: Option<&str>, seen: Seen<'_>) -> Vec<NodeDoc> {
+    view.nodes().iter().map(|n| node_doc(n, leader, seen)).collect()
 }
 
 /// One node's entry; marked when it is `leader`.
-pub(super) fn node_doc(n: &fabric_domain::NodeEntry<'_>, leader: Option<&str>) -> NodeDoc {
+pub(super) fn node_doc(n: &fabric_domain::NodeEntry<'_>, leader: Option<&str>, seen: Seen<'_>) -> NodeDoc {
+    let membership = seen.of(n);
     NodeDoc {
         name: n.name.to_owned(),
-        state: if n.member.is_some() { "live" } else { "gone" }.to_owned(),
+        state: membership.as_str().to_owned(),
+        last_seen: membership.last_seen().map(str::to_owned),
         slot: n.slot,
         incarnation: n.member.map(|m| m.incarnation),
         peer_address: n.member.map(|m| m.peer_address.clone()),
@@ -216,27 +238,35 @@ pub(super) fn node_doc(n: &fabric_domain::NodeEntry<'_>, leader: Option<&str>) -
 }
 
 /// The nodes counted.
-fn summary(view: &DomainView) -> SummaryDoc {
+fn summary(view: &DomainView, seen: Seen<'_>) -> SummaryDoc {
     let mut s = SummaryDoc { refused: view.refused().len() as u64, ..SummaryDoc::default() };
     for n in view.nodes() {
         s.nodes += 1;
-        match (n.member.is_some(), n.slot.is_some(), n.placements.is_some()) {
-            (true, _, false) => {
-                s.live += 1;
-                s.unplaced += 1;
-            }
-            (true, _, true) => s.live += 1,
-            (false, true, _) => s.gone += 1,
-            (false, false, _) => {}
+        match seen.of(&n) {
+            Membership::Live => s.live += 1,
+            Membership::Gone if n.slot.is_some() => s.gone += 1,
+            Membership::Gone => {}
+            Membership::Fenced | Membership::Unknown { .. } => s.unknown += 1,
+        }
+        if n.member.is_some() && n.placements.is_none() {
+            s.unplaced += 1;
         }
     }
     s
 }
 
-/// What is missing and why: gone nodes, live nodes without a slot or placements, refused
-/// records; at most [`MAX_MISSING`] lines, then how many more.
-fn missing(view: &DomainView) -> Vec<String> {
-    let mut out = all_missing(view);
+/// What is missing and why: first, while this node is not joined, that the states are its
+/// last view's; then gone nodes, live nodes without a slot or placements, refused records;
+/// at most [`MAX_MISSING`] lines, then how many more.
+fn missing(view: &DomainView, standing: &Standing) -> Vec<String> {
+    let mut out = Vec::new();
+    if *standing != Standing::Joined {
+        out.push(format!(
+            "this node is {standing}: the nodes' states are unknown, the last view's (etcd revision {}) is shown as last_seen",
+            view.revision()
+        ));
+    }
+    out.append(&mut all_missing(view));
     if out.len() > MAX_MISSING {
         let more = out.len() - MAX_MISSING;
         out.truncate(MAX_MISSING);
@@ -351,7 +381,10 @@ mod tests {
         let resource =
             ResourceName { device: DeviceName::truncated("uuid:GPU-1"), memory: MemoryClass::Hbm, ordinal: 0 };
         assert_eq!(reverse(&v, &resource, 5), None, "a gone node's memory has no GFA to reach");
-        assert_eq!(missing(&v)[1], "tray1: gone (its lease ended); slot 2 kept as a hole, its GFAs reserved");
+        assert_eq!(
+            missing(&v, &Standing::Joined)[1],
+            "tray1: gone (its lease ended); slot 2 kept as a hole, its GFAs reserved"
+        );
         let listing = listing::listing(&v);
         assert_eq!(listing.nodes.iter().map(|n| n.state.as_deref()).collect::<Vec<_>>(), [Some("gone"), Some("gone")]);
         assert!(listing.ranges.iter().all(|r| r.kind == fabric_addrmap::RangeKind::Hole && r.size == 0));
@@ -362,7 +395,7 @@ mod tests {
         let v = view(true);
         let follower = Leadership::Follower { leader: "tray1".into(), term: 9 };
         assert_eq!(leader(&follower), Some(LeaderDoc { node: "tray1".into(), term: 9, this_node: false }));
-        let marked = nodes(&v, follower.leader());
+        let marked = nodes(&v, follower.leader(), Seen { me: "tray0", joined: true });
         assert_eq!(
             marked.iter().map(|n| (n.name.as_str(), n.leader)).collect::<Vec<_>>(),
             [("tray0", false), ("tray1", true)]
@@ -370,6 +403,36 @@ mod tests {
         let me = Leadership::Leader { node: "tray0".into(), term: 11 };
         assert_eq!(leader(&me).map(|l| l.this_node), Some(true));
         assert_eq!(leader(&Leadership::Unknown), None);
-        assert!(nodes(&v, None).iter().all(|n| !n.leader));
+        assert!(nodes(&v, None, Seen { me: "tray0", joined: true }).iter().all(|n| !n.leader));
+    }
+
+    #[test]
+    fn a_node_that_is_not_joined_states_itself_fenced_and_the_others_unknown() {
+        let state = |v: &DomainView, joined| {
+            let docs = nodes(v, None, Seen { me: "tray0", joined });
+            docs.into_iter().map(|n| (n.name, n.state, n.last_seen)).collect::<Vec<_>>()
+        };
+        let s = |a: &str| a.to_owned();
+        let live = view(true);
+        assert_eq!(state(&live, true), [(s("tray0"), s("gone"), None), (s("tray1"), s("live"), None)]);
+        assert_eq!(
+            state(&live, false),
+            [(s("tray0"), s("fenced"), None), (s("tray1"), s("unknown"), Some(s("live")))],
+            "its last view said tray1 was live: nothing confirms it now"
+        );
+        assert_eq!(state(&view(false), false)[1], (s("tray1"), s("unknown"), Some(s("gone"))));
+
+        let counted = summary(&live, Seen { me: "tray0", joined: false });
+        assert_eq!((counted.nodes, counted.live, counted.gone, counted.unknown), (2, 0, 0, 2));
+        let counted = summary(&live, Seen { me: "tray0", joined: true });
+        assert_eq!((counted.nodes, counted.live, counted.gone, counted.unknown), (2, 1, 1, 0));
+
+        let fenced = Standing::Fenced("lease lost: etcd keepalive: no answer".into());
+        let lines = missing(&live, &fenced);
+        assert_eq!(
+            lines[0],
+            "this node is fenced: lease lost: etcd keepalive: no answer: the nodes' states are unknown, the last view's (etcd revision 1) is shown as last_seen"
+        );
+        assert!(!missing(&live, &Standing::Joined)[0].starts_with("this node"), "joined: no such line");
     }
 }

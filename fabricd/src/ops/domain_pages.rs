@@ -68,7 +68,8 @@ pub fn nodes_page(domain: &Domain, page: &PageRequest) -> Result<Document, Error
     let all = view.nodes();
     let rest = after(&all, page);
     let mut docs = Vec::new();
-    fill(rest.iter().map(|n| super::domain::node_doc(n, leadership.leader())), PAGE_BYTES, json_len, &mut docs);
+    let seen = super::domain::Seen::by(domain, &domain.status());
+    fill(rest.iter().map(|n| super::domain::node_doc(n, leadership.leader(), seen)), PAGE_BYTES, json_len, &mut docs);
     let more = docs.len() < rest.len();
     let doc = DomainDoc {
         domain: domain.name().to_owned(),

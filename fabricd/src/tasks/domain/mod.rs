@@ -79,6 +79,56 @@ impl std::fmt::Display for Standing {
     }
 }
 
+/// A node's membership as this node can state it. Only a joined node follows the domain:
+/// while it is fenced or cannot reach etcd, its view is the last one it read, and the
+/// others' leases may have ended (or nodes come back) since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    /// Its lease lives.
+    Live,
+    /// Its lease ended; its slot is kept as a hole.
+    Gone,
+    /// This node, while it is not joined.
+    Fenced,
+    /// Another node, while this one is not joined: its last view said `live` or `gone`,
+    /// which nothing confirms now.
+    Unknown {
+        /// What the last view said.
+        was_live: bool,
+    },
+}
+
+impl Membership {
+    /// Of `n`, as node `me` states it, joined or not.
+    pub fn of(n: &fabric_domain::NodeEntry<'_>, me: &str, joined: bool) -> Self {
+        let live = n.member.is_some();
+        match (joined, n.name == me, live) {
+            (true, _, true) => Self::Live,
+            (true, _, false) => Self::Gone,
+            (false, true, _) => Self::Fenced,
+            (false, false, was_live) => Self::Unknown { was_live },
+        }
+    }
+
+    /// Its name in `fabric.domain/v1` and the metrics: `live`, `gone`, `fenced`, `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Gone => "gone",
+            Self::Fenced => "fenced",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+
+    /// What the last view said of a node whose state is unknown.
+    pub fn last_seen(self) -> Option<&'static str> {
+        match self {
+            Self::Unknown { was_live } => Some(if was_live { "live" } else { "gone" }),
+            _ => None,
+        }
+    }
+}
+
 /// What `fabricctl domain status` shows of this node; replaced as a whole.
 #[derive(Debug, Clone)]
 pub struct DomainStatus {
@@ -209,13 +259,22 @@ impl Domain {
     pub fn gauges(&self) -> crate::metrics::DomainGauges {
         let view = self.view();
         let status = self.status();
-        let nodes = view.nodes();
         let leadership = self.leadership();
-        let live = nodes.iter().filter(|n| n.member.is_some()).count() as u64;
+        let joined = status.standing == Standing::Joined;
+        let (mut live, mut gone, mut unknown) = (0, 0, 0);
+        for n in view.nodes() {
+            match Membership::of(&n, self.node(), joined) {
+                Membership::Live => live += 1,
+                Membership::Gone if n.slot.is_some() => gone += 1,
+                Membership::Gone => {}
+                Membership::Fenced | Membership::Unknown { .. } => unknown += 1,
+            }
+        }
         crate::metrics::DomainGauges {
             live,
-            gone: nodes.iter().filter(|n| n.member.is_none() && n.slot.is_some()).count() as u64,
-            joined: status.standing == Standing::Joined,
+            gone,
+            unknown,
+            joined,
             round_trip_s: status.round_trip.map(|t| t.as_secs_f64()),
             etcd_errors: self.etcd_errors(),
             leader: leadership.is_leader(),
