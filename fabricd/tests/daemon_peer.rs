@@ -184,6 +184,43 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
 }
 
 #[test]
+fn an_importer_node_at_its_allowance_is_refused_while_another_node_still_imports() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // tray0, the owner, admits two live imports per importer node.
+    let limits = |i: usize| if i == 0 { "[limits]\nimports_per_node = 2\n".to_owned() } else { String::new() };
+    let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, limits);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+
+    // Two imports through tray1 fill tray1's allowance; a third is refused, naming the node.
+    let first = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    let _second = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    let refused = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::LimitExceeded, "{refused:?}");
+    assert!(
+        refused.message.contains("node tray1") && refused.message.contains("imports_per_node"),
+        "{}",
+        refused.message
+    );
+    // tray2's allowance is its own: tray1 being full costs it nothing.
+    let _on_tray2 = (0..2).map(|_| import(&mut c[2], handle, AccessMode::ReadOnly).unwrap()).collect::<Vec<_>>();
+    assert_eq!(imports(&mut c[0]), 4, "two imports of each importer node");
+    // A local client of the owner is not an importer node: no such allowance.
+    let _local = (0..3).map(|_| import(&mut c[0], handle, AccessMode::ReadOnly).unwrap()).collect::<Vec<_>>();
+
+    // A release gives tray1 its allowance back.
+    let Response::Release = c[1].call(Request::Release(ReleaseRequest { import: first.0.import }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    until(Duration::from_secs(2), "the owner released the import", || (imports(&mut c[0]) == 6).then_some(()));
+    let _again = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+}
+
+#[test]
 fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };

@@ -134,12 +134,27 @@ pub fn three_nodes(
     shared: &Path,
     apart: impl Fn(usize) -> bool,
 ) -> (Vec<super::Setup>, Vec<Option<super::Daemon>>, Vec<Connection>) {
+    three_nodes_with(etcd, pki, shared, apart, |_| String::new())
+}
+
+/// [`three_nodes`], node `i`'s configuration ending with `extra(i)` (after `[peer]`: a
+/// table of its own, such as `[limits]`).
+pub fn three_nodes_with(
+    etcd: &EtcdServer,
+    pki: &Pki,
+    shared: &Path,
+    apart: impl Fn(usize) -> bool,
+    extra: impl Fn(usize) -> String,
+) -> (Vec<super::Setup>, Vec<Option<super::Daemon>>, Vec<Connection>) {
     let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.join("sim"));
     let names = ["tray0", "tray1", "tray2"];
     let setups: Vec<_> = names
         .iter()
         .enumerate()
-        .map(|(i, n)| node_with(etcd, pki, n, n, free_port(), if apart(i) { "" } else { &fabric }))
+        .map(|(i, n)| {
+            let peer = format!("{}{}", if apart(i) { "" } else { &fabric }, extra(i));
+            node_with(etcd, pki, n, n, free_port(), &peer)
+        })
         .collect();
     let daemons: Vec<_> = setups.iter().map(|s| Some(super::start(&s.config, s.dir.path()))).collect();
     let mut clients: Vec<_> = setups.iter().map(|s| super::client(&s.socket)).collect();
