@@ -13,6 +13,7 @@ declare -A WANT=(
   [etcd-server]=etcd           # domain tests: each test starts its own private etcd
   [etcd-client]=etcdctl        # domain: inspect a private etcd by hand
   [iptables]=/usr/sbin/iptables  # domain fault tests: cut a node's namespace off from etcd
+  [iproute2]=/usr/sbin/ip        # domain fault tests: the network namespaces and their links
   [protobuf-compiler]=protoc   # builds etcd's protos for the etcd-client crate (fabric-domain)
   [libprotobuf-dev]=/usr/include/google/protobuf/descriptor.proto  # the protos etcd's import
 )

@@ -249,14 +249,32 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
-/// A private etcd on loopback, or `None` after printing `skipped: …` when etcd is not
-/// installed (any other failure panics: this is for tests).
+/// Whether a test may not skip for want of etcd, `ip` or `iptables`: the test command
+/// (`scripts/test.sh`, as root, which sets `FABRIC_INSTALL_DEPS=1`) installed them, so a
+/// skip there would hide a broken setup behind a passing test.
+pub fn skips_refused() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    std::env::var("FABRIC_INSTALL_DEPS").as_deref() == Ok("1") && unsafe { libc::geteuid() } == 0
+}
+
+/// Prints `skipped: why`, or panics where [`skips_refused`].
 #[allow(clippy::print_stderr)]
+pub fn skip(why: &dyn std::fmt::Display) {
+    assert!(
+        !skips_refused(),
+        "{why}; the test command installs it (root with FABRIC_INSTALL_DEPS=1), so this test may not skip"
+    );
+    eprintln!("skipped: {why}");
+}
+
+/// A private etcd on loopback, or `None` after printing `skipped: …` when etcd is not
+/// installed (where [`skips_refused`], that panics too; any other failure panics: this is
+/// for tests).
 pub async fn etcd_or_skip() -> Option<EtcdServer> {
     match EtcdServer::start().await {
         Ok(server) => Some(server),
         Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
+            skip(&TestingError::NotInstalled);
             None
         }
         Err(e) => panic!("{e}"),
@@ -265,14 +283,13 @@ pub async fn etcd_or_skip() -> Option<EtcdServer> {
 
 /// A private net of `nodes` node namespaces ([`netns::Net`]) with etcd started in its own,
 /// or `None` after printing `skipped: …` when the namespaces are unavailable (not root, no
-/// `ip` or `iptables`) or etcd is not installed; any other failure panics: this is for
-/// tests.
-#[allow(clippy::print_stderr)]
+/// `ip` or `iptables`) or etcd is not installed (where [`skips_refused`], that panics
+/// too); any other failure panics: this is for tests.
 pub async fn net_and_etcd_or_skip(nodes: u8) -> Option<(netns::Net, EtcdServer)> {
     let net = match netns::Net::create(nodes) {
         Ok(net) => net,
         Err(NetError::Unavailable(why)) => {
-            eprintln!("skipped: {why}");
+            skip(&why);
             return None;
         }
         Err(e) => panic!("{e}"),
@@ -280,7 +297,7 @@ pub async fn net_and_etcd_or_skip(nodes: u8) -> Option<(netns::Net, EtcdServer)>
     match EtcdServer::start_in(net.etcd()).await {
         Ok(etcd) => Some((net, etcd)),
         Err(TestingError::NotInstalled) => {
-            eprintln!("skipped: {}", TestingError::NotInstalled);
+            skip(&TestingError::NotInstalled);
             None
         }
         Err(e) => panic!("{e}"),

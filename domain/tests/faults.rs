@@ -332,7 +332,7 @@ fn a_net_lives_only_in_its_namespaces_and_is_removed_on_drop() {
     let net = match Net::create(2) {
         Ok(net) => net,
         Err(NetError::Unavailable(why)) => {
-            eprintln!("skipped: {why}");
+            fabric_domain::testing::skip(&why);
             return;
         }
         Err(e) => panic!("{e}"),
