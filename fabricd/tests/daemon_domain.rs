@@ -22,7 +22,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fabric_domain::testing::EtcdServer;
-use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Translation};
+use fabric_proto::wire::{
+    AccessMode, Connection, DomainAction, DomainRequest, ImportRequest, RegionsRequest, Request, Response,
+    SUPPORTED_VERSIONS, SessionToken, Translation,
+};
 use serde_json::Value;
 
 use common::domain::{all_live_and_placed, domain, map, nodes, translate, until};
@@ -83,6 +86,13 @@ fn three_nodes_hold_one_map_and_see_a_death() {
     let r0 = ranges.iter().find(|r| r["node"] == "tray0" && r["kind"] == "direct").unwrap();
     assert!(matches!(translate(&mut clients[0], r0["start"].as_u64().unwrap()), Translation::Resource { .. }));
 
+    // A client of tray1 holds a region there, written through its mapping.
+    let (mut owner, token) = resumable(&setups[1].socket, None).unwrap();
+    let (region, file) = common::alloc_hbm(&mut owner, device, 1 << 20);
+    let written = pattern(region.region, region.size as usize);
+    std::os::unix::fs::FileExt::write_all_at(&file, &written, region.offset).unwrap();
+    drop((owner, file));
+
     // kill -9 tray1: the others see it gone within TTL + 1 s, its slot kept as a hole.
     let before: Vec<Value> = ranges.iter().filter(|r| r["node"] == "tray1").cloned().collect();
     let mut dead = daemons[1].take().unwrap();
@@ -127,6 +137,45 @@ fn three_nodes_hold_one_map_and_see_a_death() {
     for c in &mut clients[1..] {
         assert_eq!(map(c), again);
     }
+    // And its regions: the client takes its session back by token and finds its region,
+    // its bytes, at the same GFA, which tray0 translates to tray1's device again.
+    let (mut owner, resumed) = resumable(&setups[1].socket, Some(token)).expect("the session is taken back");
+    assert_eq!(resumed, token);
+    let Response::Regions(list) = owner.call(Request::Regions(RegionsRequest { all: false }), &[]).unwrap().0 else {
+        panic!()
+    };
+    let back = list.regions.iter().find(|r| r.region == region.region).expect("the region is back");
+    assert_eq!((back.size, back.offset, back.resource.device.as_str()), (region.size, region.offset, device));
+    let gfa = region.gfa.expect("a region of a GPU's HBM has a GFA");
+    match translate(&mut clients[0], gfa + 7) {
+        Translation::Remote { node, live: true, resource: Some(res), offset, set: None } => {
+            assert_eq!((node.as_str(), res.device.as_str(), offset), ("tray1", device, region.offset + 7));
+        }
+        other => panic!("{other:?}"),
+    }
+    let handle = common::export(&mut owner, region.region, AccessMode::ReadOnly);
+    let (Response::Import(i), fds) =
+        owner.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }), &[]).unwrap()
+    else {
+        panic!()
+    };
+    let file = std::fs::File::from(fds.into_iter().next().unwrap());
+    let mut read = vec![0; region.size as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut read, i.offset).unwrap();
+    assert!(read == written, "the region's bytes survived the kill");
+}
+
+/// A connection to `socket` that takes session `resume` back (or starts one), with its token.
+fn resumable(socket: &Path, resume: Option<SessionToken>) -> Result<(Connection, SessionToken), String> {
+    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut c = Connection::new(s);
+    let hello = c.hello_with("domain-test", SUPPORTED_VERSIONS, resume).map_err(|e| format!("{e:?}"))?;
+    Ok((c, hello.token.expect("a hello carries a token")))
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8 ^ (i >> 12) as u8).collect()
 }
 
 /// Runs fabricd on `config` and expects it to refuse to start; its log.
@@ -413,11 +462,20 @@ fn hostile_records_in_etcd_are_refused_and_poison_no_running_node() {
 
     let keys = Keys::new("test");
     let endpoint = etcd.endpoint().to_owned();
+    // The first GFA of tray1's slot, which a forged record of tray0's claims below.
+    let theirs =
+        held["ranges"].as_array().unwrap().iter().find(|r| r["node"] == "tray1").unwrap()["start"].as_u64().unwrap();
     let hostile = rt.block_on(async {
         let mut client = fabric_domain::etcd_client::Client::connect([endpoint], None).await.unwrap();
         let real = client.get(keys.placements("tray1"), None).await.unwrap().kvs()[0].value().to_vec();
+        let own = client.get(keys.placements("tray0"), None).await.unwrap().kvs()[0].value().to_vec();
+        let mut outside: fabric_domain::PlacementsRecord =
+            fabric_domain::records::decode(&own, fabric_domain::RecordLimits::default()).unwrap();
+        outside.ranges[0].start = theirs;
         let hostile = vec![
             (keys.placements("tray1"), real[..real.len() / 2].to_vec()),
+            // Well formed, but a range outside tray0's own slot: in tray1's.
+            (keys.placements("tray0"), encode(&outside)),
             (keys.placements("ghost"), real.clone()),
             (keys.member("evil"), br#"{"version":99,"name":"evil"}"#.to_vec()),
             (keys.slot(4000), encode(&SlotClaim::new(4000, "tray0"))),
@@ -439,7 +497,13 @@ fn hostile_records_in_etcd_are_refused_and_poison_no_running_node() {
     for line in daemons[0].log().lines().filter(|l| l.contains("refused an etcd record")) {
         eprintln!("tray0: {line}");
     }
-    // Both nodes serve on with the map they held: no ghost, no evil member, no second slot.
+    for d in &daemons {
+        let log = d.log();
+        let forged = log.lines().find(|l| l.contains("refused an etcd record") && l.contains("placements/tray0"));
+        assert!(forged.is_some_and(|l| l.contains("is not inside slot")), "{forged:?}");
+    }
+    // Both nodes serve on with the map they held: no ghost, no evil member, no second slot,
+    // no range of tray0's inside tray1's slot.
     for c in &mut clients {
         assert_eq!(map(c)["ranges"], held["ranges"]);
         let names: Vec<String> = nodes(c).into_iter().map(|n| n.0).collect();
