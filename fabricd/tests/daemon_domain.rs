@@ -307,6 +307,11 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     until(Duration::from_secs(TTL + 2), "leads again", || leader(&mut c).is_some_and(|(_, _, this)| this));
 }
 
+/// `fabricd_domain_members` by state on a metrics page: live, gone, unknown.
+fn members(page: &str) -> [Option<f64>; 3] {
+    ["live", "gone", "unknown"].map(|s| value(page, &format!("fabricd_domain_members{{state=\"{s}\"}}")))
+}
+
 /// `(node, term, this node leads)` of the leader `c`'s node knows, from `domain status`.
 fn leader(c: &mut Connection) -> Option<(String, i64, bool)> {
     let doc = domain(c, DomainAction::Status);
@@ -355,11 +360,17 @@ fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
     let marked: Vec<_> =
         listed["nodes"].as_array().unwrap().iter().filter(|n| n["leader"] == true).map(|n| n["name"].clone()).collect();
     assert_eq!(marked, [Value::from(old.clone())], "{listed}");
-    // Each node's metrics say whether it leads, and the term.
+    // Each node's metrics say whether it leads, and the term; the members by state, that
+    // it is joined, and etcd's round trip and errors.
     for (i, port) in ports.iter().enumerate() {
         let page = scrape(*port);
         assert_eq!(value(&page, "fabricd_domain_leader"), Some(if i == l { 1.0 } else { 0.0 }), "{page}");
         assert_eq!(value(&page, "fabricd_domain_leader_term"), Some(old_term as f64), "{page}");
+        assert_eq!(members(&page), [Some(3.0), Some(0.0), Some(0.0)], "{page}");
+        assert_eq!(value(&page, "fabricd_domain_joined"), Some(1.0), "{page}");
+        let rtt = value(&page, "fabricd_domain_etcd_round_trip_seconds");
+        assert!(rtt.is_some_and(|s| s > 0.0 && s < 5.0), "{page}");
+        assert!(value(&page, "fabricd_domain_etcd_errors_total").is_some(), "{page}");
         promtool_check(&page);
     }
 
@@ -382,6 +393,12 @@ fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
     let (new, new_term) = next.unwrap();
     eprintln!("{old} (term {old_term}) killed; {new} leads (term {new_term}) after {took:?}");
     assert!(new_term > old_term, "term {new_term} after {old_term}");
+    // The two others count it gone.
+    for i in [a, b] {
+        until(Duration::from_secs(TTL + 2), "the killed node counted gone", || {
+            members(&scrape(ports[i])) == [Some(2.0), Some(1.0), Some(0.0)]
+        });
+    }
 
     // The killed node restarted follows the new leader.
     drop(dead);
