@@ -46,6 +46,20 @@ pub enum TestingError {
     Net(#[from] NetError),
 }
 
+/// What a private etcd serves its clients with over mutual TLS ([`EtcdServer::start_tls`]):
+/// PEM files.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The CA whose certificates etcd trusts from clients (and which signed `cert`).
+    pub ca: PathBuf,
+    /// etcd's certificate, naming 127.0.0.1.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+    /// A client certificate and key of the same CA, for the start's readiness probe.
+    pub probe: (PathBuf, PathBuf),
+}
+
 /// A private etcd process.
 #[derive(Debug)]
 pub struct EtcdServer {
@@ -56,6 +70,8 @@ pub struct EtcdServer {
     command: Vec<String>,
     /// The namespace it runs in, when not on loopback.
     netns: Option<Netns>,
+    /// Its clients' TLS, when it requires it.
+    tls: Option<ServerTls>,
 }
 
 impl EtcdServer {
@@ -68,6 +84,30 @@ impl EtcdServer {
             let peer_url = format!("http://127.0.0.1:{}", free_port()?);
             let command = vec![binary.display().to_string()];
             match Self::start_once(command, client_url, peer_url, None).await {
+                Ok(server) => return Ok(server),
+                Err(e @ TestingError::NotHealthy { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or(TestingError::NotInstalled))
+    }
+
+    /// Starts etcd on 127.0.0.1 serving its clients over TLS only (`https://`), and
+    /// requiring a client certificate signed by `tls.ca`; waits until it answers.
+    pub async fn start_tls(tls: &ServerTls) -> Result<Self, TestingError> {
+        let binary = etcd_binary().ok_or(TestingError::NotInstalled)?;
+        let mut last = None;
+        for _ in 0..START_ATTEMPTS {
+            let client_url = format!("https://127.0.0.1:{}", free_port()?);
+            let peer_url = format!("http://127.0.0.1:{}", free_port()?);
+            let command = vec![
+                binary.display().to_string(),
+                format!("--cert-file={}", tls.cert.display()),
+                format!("--key-file={}", tls.key.display()),
+                format!("--trusted-ca-file={}", tls.ca.display()),
+                "--client-cert-auth".to_owned(),
+            ];
+            match Self::start_with(command, client_url, peer_url, None, Some(tls.clone())).await {
                 Ok(server) => return Ok(server),
                 Err(e @ TestingError::NotHealthy { .. }) => last = Some(e),
                 Err(e) => return Err(e),
@@ -94,10 +134,20 @@ impl EtcdServer {
     }
 
     async fn start_once(
+        command: Vec<String>,
+        client_url: String,
+        peer_url: String,
+        netns: Option<Netns>,
+    ) -> Result<Self, TestingError> {
+        Self::start_with(command, client_url, peer_url, netns, None).await
+    }
+
+    async fn start_with(
         mut command: Vec<String>,
         client_url: String,
         peer_url: String,
         netns: Option<Netns>,
+        tls: Option<ServerTls>,
     ) -> Result<Self, TestingError> {
         let dir = tempfile::tempdir()?;
         command.extend([
@@ -111,7 +161,7 @@ impl EtcdServer {
             "--logger=zap".to_owned(),
             "--log-outputs=stderr".to_owned(),
         ]);
-        let mut server = Self { child: None, endpoint: client_url, dir, command, netns };
+        let mut server = Self { child: None, endpoint: client_url, dir, command, netns, tls };
         server.spawn_and_wait().await?;
         Ok(server)
     }
@@ -176,7 +226,7 @@ impl EtcdServer {
         Ok(())
     }
 
-    /// The client URL (`http://127.0.0.1:PORT`).
+    /// The client URL (`http://127.0.0.1:PORT`; `https://` from [`EtcdServer::start_tls`]).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
@@ -188,9 +238,16 @@ impl EtcdServer {
 
     async fn answers(&self) -> bool {
         let endpoint = self.endpoint.clone();
+        let options = match &self.tls {
+            None => None,
+            Some(tls) => match probe_tls(tls) {
+                Ok(o) => Some(etcd_client::ConnectOptions::new().with_tls(o)),
+                Err(_) => return false,
+            },
+        };
         let probe = || async move {
             let probe = async {
-                let mut client = Client::connect([endpoint.as_str()], None).await?;
+                let mut client = Client::connect([endpoint.as_str()], options).await?;
                 client.get("/", None).await
             };
             matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Ok(_)))
@@ -213,6 +270,14 @@ impl EtcdServer {
         let tail = lines.get(lines.len().saturating_sub(20)..).unwrap_or_default().join("\n");
         format!("({status})\n{tail}")
     }
+}
+
+/// The readiness probe's TLS: `tls.ca` trusted, `tls.probe` as its identity.
+fn probe_tls(tls: &ServerTls) -> std::io::Result<etcd_client::TlsOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let ca = Certificate::from_pem(std::fs::read(&tls.ca)?);
+    let identity = Identity::from_pem(std::fs::read(&tls.probe.0)?, std::fs::read(&tls.probe.1)?);
+    Ok(TlsOptions::new().ca_certificate(ca).identity(identity))
 }
 
 impl Drop for EtcdServer {

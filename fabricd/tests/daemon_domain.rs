@@ -307,6 +307,65 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     until(Duration::from_secs(TTL + 2), "leads again", || leader(&mut c).is_some_and(|(_, _, this)| this));
 }
 
+#[test]
+fn a_node_joins_through_an_etcd_that_requires_mutual_tls_and_a_certificate_of_another_ca_is_refused() {
+    use fabric_domain::testing::{ServerTls, TestingError, skip};
+    use fabric_nodelink::certs::{San, create_ca, create_node};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The domain's CA (fabric-certs, as an operator makes it) signs etcd's certificate,
+    // naming its address, and the nodes'.
+    let pki = tempfile::tempdir().unwrap();
+    let ca = create_ca(pki.path(), "test").unwrap();
+    let server = create_node(pki.path(), "test", "etcd", &["127.0.0.1".parse::<San>().unwrap()]).unwrap();
+    let tray0 = create_node(pki.path(), "test", "tray0", &[]).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let other_ca = create_ca(other.path(), "test").unwrap();
+    let stranger = create_node(other.path(), "test", "tray1", &[]).unwrap();
+    let tls = ServerTls {
+        ca: ca.cert.clone(),
+        cert: server.cert,
+        key: server.key,
+        probe: (tray0.cert.clone(), tray0.key.clone()),
+    };
+    let etcd = match rt.block_on(EtcdServer::start_tls(&tls)) {
+        Ok(etcd) => etcd,
+        Err(TestingError::NotInstalled) => return skip(&TestingError::NotInstalled),
+        Err(e) => panic!("{e}"),
+    };
+    assert!(etcd.endpoint().starts_with("https://127.0.0.1:"), "{}", etcd.endpoint());
+    let with_tls = |s: &common::Setup, ca: &Path, cert: &Path, key: &Path| {
+        let text = std::fs::read_to_string(&s.config).unwrap();
+        let tls = format!("[domain.tls]\nca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n");
+        std::fs::write(&s.config, format!("{text}{tls}")).unwrap();
+    };
+
+    // tray0, with the domain's CA and its own certificate: joined, placed, etcd answering.
+    let s0 = common::domain::node(etcd.endpoint(), "tray0", "tray0", SPAN, TTL);
+    with_tls(&s0, &ca.cert, &tray0.cert, &tray0.key);
+    let _d0 = common::start(&s0.config, s0.dir.path());
+    let mut c0 = common::client(&s0.socket);
+    until(Duration::from_secs(15), "joined with placements over TLS", || all_live_and_placed(&mut c0, 1));
+    let status = domain(&mut c0, DomainAction::Status);
+    assert_eq!(
+        (status["self"]["standing"].as_str(), status["etcd"]["reachable"].as_bool()),
+        (Some("joined"), Some(true))
+    );
+
+    // A certificate another CA signed: etcd refuses it, and the node, never joined, does not start.
+    let s1 = common::domain::node(etcd.endpoint(), "tray1", "tray1", SPAN, TTL);
+    with_tls(&s1, &ca.cert, &stranger.cert, &stranger.key);
+    let log = refused(&s1.config);
+    assert!(log.contains("cannot start") && log.contains("node tray1") && log.contains("etcd connect"), "{log}");
+    // Trusting another CA than etcd's: the node refuses etcd's certificate.
+    let s2 = common::domain::node(etcd.endpoint(), "tray2", "tray2", SPAN, TTL);
+    with_tls(&s2, &other_ca.cert, &tray0.cert, &tray0.key);
+    let log = refused(&s2.config);
+    assert!(log.contains("node tray2") && log.contains("invalid peer certificate"), "{log}");
+    // Neither got in.
+    let names: Vec<String> = nodes(&mut c0).into_iter().map(|n| n.0).collect();
+    assert_eq!(names, ["tray0"]);
+}
+
 /// `fabricd_domain_members` by state on a metrics page: live, gone, unknown.
 fn members(page: &str) -> [Option<f64>; 3] {
     ["live", "gone", "unknown"].map(|s| value(page, &format!("fabricd_domain_members{{state=\"{s}\"}}")))
