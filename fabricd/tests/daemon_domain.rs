@@ -22,10 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fabric_domain::testing::EtcdServer;
-use fabric_proto::wire::{
-    AccessMode, Connection, DomainAction, DomainRequest, ImportRequest, RegionsRequest, Request, Response,
-    SUPPORTED_VERSIONS, SessionToken, Translation,
-};
+use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Translation};
 use serde_json::Value;
 
 use common::domain::{all_live_and_placed, domain, map, nodes, translate, until};
@@ -87,11 +84,7 @@ fn three_nodes_hold_one_map_and_see_a_death() {
     assert!(matches!(translate(&mut clients[0], r0["start"].as_u64().unwrap()), Translation::Resource { .. }));
 
     // A client of tray1 holds a region there, written through its mapping.
-    let (mut owner, token) = resumable(&setups[1].socket, None).unwrap();
-    let (region, file) = common::alloc_hbm(&mut owner, device, 1 << 20);
-    let written = pattern(region.region, region.size as usize);
-    std::os::unix::fs::FileExt::write_all_at(&file, &written, region.offset).unwrap();
-    drop((owner, file));
+    let kept = common::domain::hold_region(&setups[1].socket, device);
 
     // kill -9 tray1: the others see it gone within TTL + 1 s, its slot kept as a hole.
     let before: Vec<Value> = ranges.iter().filter(|r| r["node"] == "tray1").cloned().collect();
@@ -139,43 +132,7 @@ fn three_nodes_hold_one_map_and_see_a_death() {
     }
     // And its regions: the client takes its session back by token and finds its region,
     // its bytes, at the same GFA, which tray0 translates to tray1's device again.
-    let (mut owner, resumed) = resumable(&setups[1].socket, Some(token)).expect("the session is taken back");
-    assert_eq!(resumed, token);
-    let Response::Regions(list) = owner.call(Request::Regions(RegionsRequest { all: false }), &[]).unwrap().0 else {
-        panic!()
-    };
-    let back = list.regions.iter().find(|r| r.region == region.region).expect("the region is back");
-    assert_eq!((back.size, back.offset, back.resource.device.as_str()), (region.size, region.offset, device));
-    let gfa = region.gfa.expect("a region of a GPU's HBM has a GFA");
-    match translate(&mut clients[0], gfa + 7) {
-        Translation::Remote { node, live: true, resource: Some(res), offset, set: None } => {
-            assert_eq!((node.as_str(), res.device.as_str(), offset), ("tray1", device, region.offset + 7));
-        }
-        other => panic!("{other:?}"),
-    }
-    let handle = common::export(&mut owner, region.region, AccessMode::ReadOnly);
-    let (Response::Import(i), fds) =
-        owner.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }), &[]).unwrap()
-    else {
-        panic!()
-    };
-    let file = std::fs::File::from(fds.into_iter().next().unwrap());
-    let mut read = vec![0; region.size as usize];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut read, i.offset).unwrap();
-    assert!(read == written, "the region's bytes survived the kill");
-}
-
-/// A connection to `socket` that takes session `resume` back (or starts one), with its token.
-fn resumable(socket: &Path, resume: Option<SessionToken>) -> Result<(Connection, SessionToken), String> {
-    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut c = Connection::new(s);
-    let hello = c.hello_with("domain-test", SUPPORTED_VERSIONS, resume).map_err(|e| format!("{e:?}"))?;
-    Ok((c, hello.token.expect("a hello carries a token")))
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8 ^ (i >> 12) as u8).collect()
+    kept.check_back(&setups[1].socket, &mut clients[0], "tray1", device);
 }
 
 /// Runs fabricd on `config` and expects it to refuse to start; its log.

@@ -1,5 +1,7 @@
 //! Faults of a domain with real fabricd processes, each in a network namespace of its own,
 //! and a real etcd in another (the harness of `fabric_domain::testing::netns`): a node
+//! killed (`kill -9`) is seen gone by the other within TTL + 1 s, its slot a hole, and
+//! restarted in its namespace has its slot, its GFAs and its regions back; a node
 //! hung (SIGSTOP) past its TTL notices on resuming that it was expired and rejoins with a
 //! new incarnation, and no domain write of its old incarnation lands after its expiry; a
 //! node cut off from etcd by iptables fences itself before its TTL ends, serves its local
@@ -9,7 +11,7 @@
 //! with a bounded number of etcd requests.
 //!
 //! Root, `ip`, `iptables` and `etcd` are needed; without them a test prints `skipped: …`
-//! and passes. Each test removes its namespaces, its etcd and its daemons when it ends.
+//! and passes (under `scripts/test.sh`, which installs them, it fails instead). Each test removes its namespaces, its etcd and its daemons when it ends.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 mod common;
@@ -211,6 +213,42 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
     let written: Vec<&Seen> = seen.iter().filter(|e| e.key == partition_key).collect();
     assert_eq!(written.len(), 1, "{seen:?}");
     assert!(written[0].put && written[0].revision > rejoined, "{seen:?}");
+}
+
+#[test]
+fn a_node_killed_in_its_namespace_is_seen_gone_within_the_ttl_and_comes_back_with_its_slot_and_regions() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some((net, etcd)) = rt.block_on(testing::net_and_etcd_or_skip(2)) else { return };
+    const TTL: u64 = 2;
+    let (setups, mut daemons, mut clients) = up(&net, &etcd, 2, TTL);
+    let held = map(&mut clients[0]);
+    let gpu = gpu_of(&mut clients[1], "tray1");
+    let kept = common::domain::hold_region(&setups[1].socket, &gpu);
+
+    let mut dead = daemons.remove(1);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    until(Duration::from_secs(TTL + 3), "tray0 sees tray1 gone", || {
+        nodes(&mut clients[0]).iter().any(|n| n.0 == "tray1" && n.1 == "gone")
+    });
+    let seen = killed.elapsed();
+    eprintln!("kill -9: seen gone after {seen:?}");
+    assert!(seen <= Duration::from_secs(TTL + 1), "gone seen after {seen:?}, more than TTL + 1 s");
+    let gfa = kept.region.gfa.unwrap();
+    assert!(matches!(translate(&mut clients[0], gfa), Translation::Remote { live: false, .. }), "a hole, still named");
+    let status = domain(&mut clients[0], DomainAction::Status);
+    assert!(status["missing"].to_string().contains("tray1: gone"), "{status}");
+
+    // Restarted in its namespace: the same slot and GFAs, its regions back.
+    drop(dead);
+    let _back = start_in(&net.nodes()[1], &setups[1]);
+    clients[1] = common::client(&setups[1].socket);
+    for c in &mut clients {
+        until(Duration::from_secs(15), "tray1 back", || all_live_and_placed(c, 2));
+    }
+    assert_eq!(map(&mut clients[0])["ranges"], held["ranges"]);
+    kept.check_back(&setups[1].socket, &mut clients[0], "tray1", &gpu);
 }
 
 #[test]

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use fabric_domain::testing::EtcdServer;
 use fabric_proto::wire::{
-    BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, TopologyRequest, TranslateQuery,
-    TranslateRequest, Translation,
+    AccessMode, AllocResponse, BoundedVec, Connection, DomainAction, DomainRequest, ImportRequest, RegionsRequest,
+    Request, Response, SUPPORTED_VERSIONS, SessionToken, TopologyRequest, TranslateQuery, TranslateRequest,
+    Translation,
 };
 use serde_json::Value;
 
@@ -138,4 +139,66 @@ pub fn partitions(c: &mut Connection) -> usize {
 pub fn socket_group(config: &Path, gid: u32) {
     let text = std::fs::read_to_string(config).unwrap();
     std::fs::write(config, text.replacen("\n[state]\n", &format!("\ngroup = \"{gid}\"\n[state]\n"), 1)).unwrap();
+}
+
+/// A region a client allocated on a node and wrote, its session left to be taken back by
+/// token ([`hold_region`]).
+pub struct HeldRegion {
+    /// The session's token.
+    pub token: SessionToken,
+    /// The allocation.
+    pub region: AllocResponse,
+    /// What was written over the whole region.
+    pub bytes: Vec<u8>,
+}
+
+/// Allocates 1 MiB of `device`'s HBM through `socket`'s node and writes it whole; the
+/// connection closes, the session waits to be taken back.
+pub fn hold_region(socket: &Path, device: &str) -> HeldRegion {
+    let (mut c, token) = resumable(socket, None).unwrap();
+    let (region, file) = super::alloc_hbm(&mut c, device, 1 << 20);
+    let bytes: Vec<u8> =
+        (0..region.size).map(|i| (i.wrapping_mul(31).wrapping_add(region.region) as u8) ^ (i >> 12) as u8).collect();
+    std::os::unix::fs::FileExt::write_all_at(&file, &bytes, region.offset).unwrap();
+    HeldRegion { token, region, bytes }
+}
+
+impl HeldRegion {
+    /// After its node (`node`, at `socket`) restarted: the session is taken back by token
+    /// and holds the region, with its bytes, where it was; `other` (another node's client)
+    /// translates its GFA to `node`'s `device` again.
+    pub fn check_back(&self, socket: &Path, other: &mut Connection, node: &str, device: &str) {
+        let (mut c, token) = resumable(socket, Some(self.token)).expect("the session is taken back");
+        assert_eq!(token, self.token);
+        let Response::Regions(list) = c.call(Request::Regions(RegionsRequest { all: false }), &[]).unwrap().0 else {
+            panic!()
+        };
+        let r = &self.region;
+        let back = list.regions.iter().find(|b| b.region == r.region).expect("the region is back");
+        assert_eq!((back.size, back.offset, back.resource.device.as_str()), (r.size, r.offset, device));
+        let gfa = r.gfa.expect("a region of a GPU's HBM has a GFA");
+        match translate(other, gfa + 7) {
+            Translation::Remote { node: n, live: true, resource: Some(res), offset, set: None } => {
+                assert_eq!((n.as_str(), res.device.as_str(), offset), (node, device, r.offset + 7));
+            }
+            t => panic!("{t:?}"),
+        }
+        let handle = super::export(&mut c, r.region, AccessMode::ReadOnly);
+        let asked = Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly });
+        let (Response::Import(i), fds) = c.call(asked, &[]).unwrap() else { panic!() };
+        let file = std::fs::File::from(fds.into_iter().next().unwrap());
+        let mut read = vec![0; self.bytes.len()];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut read, i.offset).unwrap();
+        assert!(read == self.bytes, "the region's bytes survived");
+    }
+}
+
+/// A connection to `socket` that takes session `resume` back (or starts one), with its
+/// token.
+pub fn resumable(socket: &Path, resume: Option<SessionToken>) -> Result<(Connection, SessionToken), String> {
+    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut c = Connection::new(s);
+    let hello = c.hello_with("domain-test", SUPPORTED_VERSIONS, resume).map_err(|e| format!("{e:?}"))?;
+    Ok((c, hello.token.expect("a hello carries a token")))
 }
