@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::records::DataPathKind;
+
 /// Longest domain or node name: one DNS label.
 pub const MAX_NAME_LEN: usize = 63;
 /// Most etcd endpoints a configuration may list.
@@ -70,6 +72,9 @@ pub enum ConfigError {
     /// The lease TTL is outside the accepted range.
     #[error("lease_ttl_secs {0} is outside {MIN_LEASE_TTL_SECS}..={MAX_LEASE_TTL_SECS}")]
     LeaseTtl(u64),
+    /// `data_paths` lists none.
+    #[error("data_paths lists none: name at least one of shared_file, nvlink, cxl, rdma (or leave it out)")]
+    NoDataPaths,
 }
 
 /// TLS options for the connection to etcd (paths to PEM files).
@@ -107,7 +112,17 @@ pub struct DomainConfig {
     /// after its last renewal.
     #[serde(default = "default_lease_ttl")]
     pub lease_ttl_secs: u64,
+    /// The data paths the domain's nodes may reach each other's memory by, a domain-wide
+    /// setting ([`crate::DomainSettings::data_paths`]); `None`: [`DEFAULT_DATA_PATHS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_paths: Option<Vec<DataPathKind>>,
 }
+
+/// The data paths a domain allows when its first node's configuration names none: those
+/// fabricd serves between nodes (a shared sim file, CUDA fabric handles within an NVLink
+/// clique, shared CXL memory). The copy over the node link needs no setting: it is always
+/// there.
+pub const DEFAULT_DATA_PATHS: [DataPathKind; 3] = [DataPathKind::SharedFile, DataPathKind::Nvlink, DataPathKind::Cxl];
 
 fn default_lease_ttl() -> u64 {
     DEFAULT_LEASE_TTL_SECS
@@ -145,7 +160,19 @@ impl DomainConfig {
         if !(MIN_LEASE_TTL_SECS..=MAX_LEASE_TTL_SECS).contains(&self.lease_ttl_secs) {
             return Err(ConfigError::LeaseTtl(self.lease_ttl_secs));
         }
+        if self.data_paths.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConfigError::NoDataPaths);
+        }
         Ok(())
+    }
+
+    /// The data paths this node brings to the domain's settings: configured, or
+    /// [`DEFAULT_DATA_PATHS`]; sorted, each once (as the settings record keeps them).
+    pub fn data_paths(&self) -> Vec<DataPathKind> {
+        let mut paths = self.data_paths.clone().unwrap_or_else(|| DEFAULT_DATA_PATHS.to_vec());
+        paths.sort();
+        paths.dedup();
+        paths
     }
 
     /// The lease TTL.
@@ -240,6 +267,7 @@ mod tests {
             tls: None,
             node: "tray-0".into(),
             lease_ttl_secs: 6,
+            data_paths: None,
         }
     }
 
@@ -251,6 +279,21 @@ mod tests {
         assert_eq!(parsed, config());
         parsed.validate().unwrap();
         assert_eq!(parsed.keepalive_interval(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn data_paths_default_to_what_fabricd_serves_and_are_kept_sorted_once() {
+        assert_eq!(config().data_paths(), [DataPathKind::SharedFile, DataPathKind::Nvlink, DataPathKind::Cxl]);
+        let parsed: DomainConfig = toml::from_str(
+            "name = \"d\"\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"n\"\ndata_paths = [\"cxl\", \"shared_file\", \"cxl\"]\n",
+        )
+        .unwrap();
+        parsed.validate().unwrap();
+        assert_eq!(parsed.data_paths(), [DataPathKind::SharedFile, DataPathKind::Cxl]);
+        let none = DomainConfig { data_paths: Some(vec![]), ..config() };
+        assert_eq!(none.validate(), Err(ConfigError::NoDataPaths));
+        let unknown = "name = \"d\"\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"n\"\ndata_paths = [\"ib\"]\n";
+        assert!(toml::from_str::<DomainConfig>(unknown).is_err());
     }
 
     #[test]

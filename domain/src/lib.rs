@@ -26,7 +26,7 @@ pub mod tolerant;
 pub mod topology;
 pub mod view;
 
-pub use config::{ConfigError, DomainConfig, EtcdTls};
+pub use config::{ConfigError, DEFAULT_DATA_PATHS, DomainConfig, EtcdTls};
 pub use duties::{GcRequest, LeaderFence};
 pub use election::{Election, Leadership};
 pub use etcd::{DomainClient, EtcdError, MemberList, fresh_incarnation};

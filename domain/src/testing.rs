@@ -377,6 +377,7 @@ pub fn config(endpoint: &str, node: &str, lease_ttl_secs: u64) -> DomainConfig {
         tls: None,
         node: node.into(),
         lease_ttl_secs,
+        data_paths: None,
     }
 }
 

@@ -26,6 +26,7 @@ fn config(etcd: &EtcdServer, node: &str, ttl: u64) -> DomainConfig {
         tls: None,
         node: node.into(),
         lease_ttl_secs: ttl,
+        data_paths: None,
     }
 }
 

@@ -19,6 +19,7 @@ async fn client(etcd: &EtcdServer, node: &str) -> DomainClient {
         tls: None,
         node: node.into(),
         lease_ttl_secs: 6,
+        data_paths: None,
     };
     DomainClient::connect(&config, RecordLimits::default()).await.unwrap()
 }

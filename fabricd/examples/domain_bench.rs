@@ -28,9 +28,7 @@ use std::time::{Duration, Instant};
 use fabric_domain::etcd_client::{Client, PutOptions, Txn, TxnOp};
 use fabric_domain::records::{self, RECORD_VERSION};
 use fabric_domain::testing::EtcdServer;
-use fabric_domain::{
-    DataPathKind, DomainSettings, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord, SlotClaim,
-};
+use fabric_domain::{DomainSettings, Keys, MemberRecord, PlacedKind, PlacedRange, PlacementsRecord, SlotClaim};
 use fabric_proto::wire::{
     BoundedVec, Connection, DomainAction, DomainRequest, Request, Response, SUPPORTED_VERSIONS, TranslateQuery,
     TranslateRequest, Translation,
@@ -268,7 +266,7 @@ fn records(n: u32, changes: u64, burst: u32) -> Value {
     let endpoint = etcd.endpoint().to_owned();
     let keys = Keys::new("bench");
     let mut client = rt.block_on(Client::connect([endpoint.as_str()], None)).unwrap();
-    let settings = DomainSettings::new(57, SPAN, vec![DataPathKind::SharedFile]);
+    let settings = DomainSettings::new(57, SPAN, fabric_domain::DEFAULT_DATA_PATHS.to_vec());
     let t_write = Instant::now();
     let mut written = 0usize;
     rt.block_on(async {

@@ -202,6 +202,12 @@ fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
     std::fs::write(&auto.config, text.replace(&format!("node_span = {{ fixed = {SPAN} }}"), "")).unwrap();
     let log = refused(&auto.config);
     assert!(log.contains("map.node_span: a domain node needs a fixed node span"), "{log}");
+    // Other data paths than the domain's (which the first node wrote: fabricd's default).
+    let narrow = node(&etcd, "tray3", "tray3", SPAN);
+    let text = std::fs::read_to_string(&narrow.config).unwrap();
+    std::fs::write(&narrow.config, text.replace("[domain]\n", "[domain]\ndata_paths = [\"cxl\"]\n")).unwrap();
+    let log = refused(&narrow.config);
+    assert!(log.contains("data_paths") && log.contains("[SharedFile, Nvlink, Cxl]") && log.contains("[Cxl]"), "{log}");
 }
 
 /// The pid of the etcd `server` runs (the one whose command line names its data dir).

@@ -189,7 +189,8 @@ fn an_importer_node_at_its_allowance_is_refused_while_another_node_still_imports
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     // tray0, the owner, admits two live imports per importer node.
-    let limits = |i: usize| if i == 0 { "[limits]\nimports_per_node = 2\n".to_owned() } else { String::new() };
+    let limits =
+        |i: usize, text: &str| if i == 0 { format!("{text}[limits]\nimports_per_node = 2\n") } else { text.to_owned() };
     let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, limits);
     let gpu = hbm_of(&mut c[0], "tray0");
     let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
@@ -218,6 +219,34 @@ fn an_importer_node_at_its_allowance_is_refused_while_another_node_still_imports
     };
     until(Duration::from_secs(2), "the owner released the import", || (imports(&mut c[0]) == 6).then_some(()));
     let _again = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+}
+
+#[test]
+fn a_data_path_the_domains_settings_leave_out_is_not_granted_and_the_copy_stays() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // Three nodes on the shared sim fabric, in a domain that allows CXL sharing only.
+    let cxl_only = |_, text: &str| text.replace("[domain]\n", "[domain]\ndata_paths = [\"cxl\"]\n");
+    let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, cxl_only);
+    assert_eq!(status(&mut c[0])["settings"]["data_paths"], serde_json::json!(["cxl"]));
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    // tray1 reaches tray0's file, but the domain leaves shared_file out: a copy-only grant.
+    let grant = import_copy_only(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
+    // Its bytes still move, by the copy over the node link.
+    let gpu1 = hbm_of(&mut c[1], "tray1");
+    let (r, file) = registered(&mut c[1], &gpu1, 1 << 20);
+    let bytes = pattern(3, 1 << 20);
+    std::os::unix::fs::FileExt::write_all_at(&file, &bytes, 0).unwrap();
+    let copy = start_copy(&mut c[1], CopyEndpoint::Gfa(grant.gfa.unwrap()), reg(r, 0), 1 << 20).unwrap();
+    let done = copy_done(&mut c[1], copy);
+    assert_eq!((done.result, done.bytes), (CopyResult::Ok, 1 << 20), "the push completes");
+    let mut back = vec![0; 1 << 20];
+    std::os::unix::fs::FileExt::read_exact_at(&f0, &mut back, a.offset).unwrap();
+    assert!(back == bytes, "tray0's region holds what tray1 pushed");
 }
 
 #[test]

@@ -160,11 +160,10 @@ pub fn request(d: &Daemon, caller: &Caller, action: &DomainAction) -> Result<fab
                 errors: domain.etcd_errors(),
             });
             let s = domain.settings();
-            let paths = s.data_paths.iter().filter_map(|p| serde_json::to_value(p).ok());
             doc.settings = Some(SettingsDoc {
                 address_bits: s.address_bits,
                 node_span: s.node_span,
-                data_paths: paths.filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+                data_paths: domain.data_paths(),
             });
             doc.missing = Some(missing(&view, &status.standing));
             doc.summary = Some(summary(&view, seen));

@@ -4,7 +4,7 @@
 //! hosts), and the domain's merged topology, where a GPU of the importer node reaches the
 //! GPU by NVLink (through the fabric-level switches, as on the sim supernode).
 
-use fabric_domain::FabricGroup;
+use fabric_domain::{DataPathKind, FabricGroup};
 use fabric_nodelink::PeerError;
 use fabric_proto::wire::ErrorCode;
 use fabric_topology::{DeviceId, DeviceKind, Fabric};
@@ -16,6 +16,12 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
     let Some(domain) = &d.domain else {
         return Err(refused(format!("this node is in no domain, so node {importer} shares no NVLink domain with it")));
     };
+    if !domain.allows(DataPathKind::Nvlink) {
+        return Err(refused(format!(
+            "the domain's data paths ({}) leave out nvlink: a CUDA fabric handle is not handed to another node; copy the bytes instead",
+            domain.data_paths().join(", ")
+        )));
+    }
     let theirs: Vec<FabricGroup> =
         domain.view().members().find(|m| m.name == importer).map(|m| m.groups.clone()).unwrap_or_default();
     if shares_clique(domain.groups(), &theirs) {

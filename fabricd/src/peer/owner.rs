@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
+use fabric_domain::DataPathKind;
 use fabric_nodelink::{Peer, PeerError};
 use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
 
@@ -228,10 +229,13 @@ impl Owner {
         // over CXL devices with serials by its place in their set (`super::cxl`); any
         // other, and any the importer does not reach, copy-only (its bytes reached by
         // `Copy` chunks over the link: `super::copy`).
+        // A data path the domain's settings leave out is not granted: the copy stays.
         let own = d.memory.own_file(ask.region);
+        let allows = |kind| d.domain.as_ref().is_none_or(|domain| domain.allows(kind));
         let shared = match &own {
-            Some(path) => shared_file(d, path).ok().map(Shared::File),
-            None => super::cxl::grant(d, ask.region).map(Shared::Cxl),
+            Some(path) if allows(DataPathKind::SharedFile) => shared_file(d, path).ok().map(Shared::File),
+            None if allows(DataPathKind::Cxl) => super::cxl::grant(d, ask.region).map(Shared::Cxl),
+            _ => None,
         };
         let node = &peer.identity.node;
         let session = self.session(d, peer)?;

@@ -141,8 +141,9 @@ pub fn socket_group(config: &Path, gid: u32) {
     std::fs::write(config, text.replacen("\n[state]\n", &format!("\ngroup = \"{gid}\"\n[state]\n"), 1)).unwrap();
 }
 
-/// A region a client allocated on a node and wrote, its session left to be taken back by
-/// token ([`hold_region`]).
+/// A region a client allocated on a node and wrote, its session's connection kept open
+/// until the node dies, so the session is the journal's to resume (a connection closed on a
+/// live node would end the session and free the region) ([`hold_region`]).
 pub struct HeldRegion {
     /// The session's token.
     pub token: SessionToken,
@@ -150,17 +151,18 @@ pub struct HeldRegion {
     pub region: AllocResponse,
     /// What was written over the whole region.
     pub bytes: Vec<u8>,
+    /// The session's connection.
+    _connection: Connection,
 }
 
-/// Allocates 1 MiB of `device`'s HBM through `socket`'s node and writes it whole; the
-/// connection closes, the session waits to be taken back.
+/// Allocates 1 MiB of `device`'s HBM through `socket`'s node and writes it whole.
 pub fn hold_region(socket: &Path, device: &str) -> HeldRegion {
     let (mut c, token) = resumable(socket, None).unwrap();
     let (region, file) = super::alloc_hbm(&mut c, device, 1 << 20);
     let bytes: Vec<u8> =
         (0..region.size).map(|i| (i.wrapping_mul(31).wrapping_add(region.region) as u8) ^ (i >> 12) as u8).collect();
     std::os::unix::fs::FileExt::write_all_at(&file, &bytes, region.offset).unwrap();
-    HeldRegion { token, region, bytes }
+    HeldRegion { token, region, bytes, _connection: c }
 }
 
 impl HeldRegion {

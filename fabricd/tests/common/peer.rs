@@ -134,17 +134,16 @@ pub fn three_nodes(
     shared: &Path,
     apart: impl Fn(usize) -> bool,
 ) -> (Vec<super::Setup>, Vec<Option<super::Daemon>>, Vec<Connection>) {
-    three_nodes_with(etcd, pki, shared, apart, |_| String::new())
+    three_nodes_with(etcd, pki, shared, apart, |_, text| text.to_owned())
 }
 
-/// [`three_nodes`], node `i`'s configuration ending with `extra(i)` (after `[peer]`: a
-/// table of its own, such as `[limits]`).
+/// [`three_nodes`], node `i`'s configuration text made `edit(i, text)` before it starts.
 pub fn three_nodes_with(
     etcd: &EtcdServer,
     pki: &Pki,
     shared: &Path,
     apart: impl Fn(usize) -> bool,
-    extra: impl Fn(usize) -> String,
+    edit: impl Fn(usize, &str) -> String,
 ) -> (Vec<super::Setup>, Vec<Option<super::Daemon>>, Vec<Connection>) {
     let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.join("sim"));
     let names = ["tray0", "tray1", "tray2"];
@@ -152,8 +151,10 @@ pub fn three_nodes_with(
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let peer = format!("{}{}", if apart(i) { "" } else { &fabric }, extra(i));
-            node_with(etcd, pki, n, n, free_port(), &peer)
+            let s = node_with(etcd, pki, n, n, free_port(), if apart(i) { "" } else { &fabric });
+            let text = std::fs::read_to_string(&s.config).unwrap();
+            std::fs::write(&s.config, edit(i, &text)).unwrap();
+            s
         })
         .collect();
     let daemons: Vec<_> = setups.iter().map(|s| Some(super::start(&s.config, s.dir.path()))).collect();

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use fabric_domain::records::{RECORD_VERSION, Record};
 use fabric_domain::{
-    DataPathKind, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
+    DEFAULT_DATA_PATHS, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
     MemberRecord, ShareWant, fresh_incarnation,
 };
 use fabric_topology::Inventory;
@@ -131,13 +131,14 @@ impl Starting {
 }
 
 /// The settings this node brings: the map's address bits and node span (validated fixed),
-/// and the data paths fabricd has between nodes today (files on a shared file system).
+/// and the data paths `[domain] data_paths` allows (by default every one fabricd serves).
 pub fn local_settings(config: &Config) -> DomainSettings {
     let span = match config.map.node_span {
         fabric_addrmap::NodeSpan::Fixed(span) => span,
         fabric_addrmap::NodeSpan::Auto { min } => min,
     };
-    DomainSettings::new(config.map.address_bits, span, vec![DataPathKind::SharedFile])
+    let paths = config.domain.as_ref().map_or_else(|| DEFAULT_DATA_PATHS.to_vec(), DomainConfig::data_paths);
+    DomainSettings::new(config.map.address_bits, span, paths)
 }
 
 /// Checks the settings a configuration brings against the domain's record rules (at load).

@@ -213,6 +213,18 @@ impl Domain {
         &self.settings
     }
 
+    /// Whether the domain's settings allow nodes to reach each other's memory by `kind`
+    /// (its `data_paths`; this node joined only with the domain's own).
+    pub fn allows(&self, kind: fabric_domain::DataPathKind) -> bool {
+        self.settings.data_paths.contains(&kind)
+    }
+
+    /// The domain's data paths by name (`shared_file`, `cxl`, ...).
+    pub fn data_paths(&self) -> Vec<String> {
+        let names = self.settings.data_paths.iter().filter_map(|p| serde_json::to_value(p).ok());
+        names.filter_map(|v| v.as_str().map(str::to_owned)).collect()
+    }
+
     /// The node link, when this node has one.
     pub fn link(&self) -> Option<&crate::peer::NodeLink> {
         self.link.as_ref()
