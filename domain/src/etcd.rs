@@ -421,6 +421,17 @@ impl DomainClient {
     /// by whoever joins next, whose settings may contradict those GFAs (`SettingsGone`; an
     /// admin restores the key, from any node's `fabricctl domain status -o json`).
     pub async fn ensure_settings(&self, local: &DomainSettings) -> Result<DomainSettings, EtcdError> {
+        self.ensure_settings_with(local, true).await
+    }
+
+    /// [`DomainClient::ensure_settings`]; where `own_data_paths` is false (the node's
+    /// configuration names none, and `local` carries the defaults), the domain's data paths
+    /// are taken as they are written: only the other settings must agree.
+    pub async fn ensure_settings_with(
+        &self,
+        local: &DomainSettings,
+        own_data_paths: bool,
+    ) -> Result<DomainSettings, EtcdError> {
         let key = self.keys.settings();
         let unclaimed = Compare::create_revision(self.keys.slots(), CompareOp::Equal, 0).with_prefix();
         let txn = Txn::new()
@@ -432,6 +443,13 @@ impl DomainClient {
         }
         let domain: DomainSettings =
             self.get_record(&key).await?.ok_or_else(|| EtcdError::SettingsGone { key: key.clone() })?;
+        let adopted;
+        let local = if own_data_paths {
+            local
+        } else {
+            adopted = DomainSettings { data_paths: domain.data_paths.clone(), ..local.clone() };
+            &adopted
+        };
         match domain.difference(local) {
             Some((field, domain, local)) => Err(EtcdError::SettingsMismatch { field, domain, local }),
             None => Ok(domain),

@@ -223,6 +223,12 @@ async fn settings_are_written_once_and_a_mismatch_names_both_values() {
         second.ensure_settings(&rdma).await,
         Err(EtcdError::SettingsMismatch { field: "data_paths", .. })
     ));
+    // A node that names no data paths of its own takes the domain's; the rest must agree.
+    assert_eq!(second.ensure_settings_with(&rdma, false).await.unwrap(), domain);
+    assert!(matches!(
+        second.ensure_settings_with(&DomainSettings::new(52, 1 << 40, vec![DataPathKind::Rdma]), false).await,
+        Err(EtcdError::SettingsMismatch { field: "address_bits", .. })
+    ));
     // The first write stays.
     assert_eq!(first.ensure_settings(&domain).await.unwrap(), domain);
 

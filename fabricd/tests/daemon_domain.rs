@@ -210,6 +210,33 @@ fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
     assert!(log.contains("data_paths") && log.contains("[SharedFile, Nvlink, Cxl]") && log.contains("[Cxl]"), "{log}");
 }
 
+#[test]
+fn a_node_that_names_no_data_paths_joins_a_domain_an_earlier_build_made_with_its_data_paths() {
+    use fabric_domain::records::{Keys, encode};
+    use fabric_domain::{DataPathKind, DomainSettings};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = etcd(&rt) else { return };
+    // The settings as a build before `[domain] data_paths` wrote them.
+    let endpoint = etcd.endpoint().to_owned();
+    rt.block_on(async {
+        let mut client = fabric_domain::etcd_client::Client::connect([endpoint], None).await.unwrap();
+        let earlier = DomainSettings::new(57, SPAN, vec![DataPathKind::SharedFile]);
+        client.put(Keys::new("test").settings(), encode(&earlier), None).await.unwrap();
+    });
+    let s = node(&etcd, "tray0", "tray0", SPAN);
+    let _d = common::start(&s.config, s.dir.path());
+    let mut c = common::client(&s.socket);
+    until(Duration::from_secs(15), "joined with placements", || all_live_and_placed(&mut c, 1));
+    let status = domain(&mut c, DomainAction::Status);
+    assert_eq!(status["settings"]["data_paths"], serde_json::json!(["shared_file"]), "{status}");
+    // One that names others is refused, naming both.
+    let narrow = node(&etcd, "tray1", "tray1", SPAN);
+    let text = std::fs::read_to_string(&narrow.config).unwrap();
+    std::fs::write(&narrow.config, text.replace("[domain]\n", "[domain]\ndata_paths = [\"cxl\"]\n")).unwrap();
+    let log = refused(&narrow.config);
+    assert!(log.contains("data_paths") && log.contains("[SharedFile]") && log.contains("[Cxl]"), "{log}");
+}
+
 /// The pid of the etcd `server` runs (the one whose command line names its data dir).
 fn etcd_pid(server: &EtcdServer) -> String {
     let dir = server.dir().display().to_string();

@@ -288,7 +288,9 @@ pub(super) async fn join(
     serving: Option<u32>,
 ) -> Result<(u32, Joined), EtcdError> {
     let client = DomainClient::connect(config, Domain::limits()).await?;
-    client.ensure_settings(local).await?;
+    // A node whose configuration names no data paths takes the domain's (an earlier build's
+    // domain has `[shared_file]`); one that names them must match.
+    client.ensure_settings_with(local, config.data_paths.is_some()).await?;
     let slot = match serving {
         None => client.claim_slot(local).await?,
         Some(serving) => client.claim_slot_at(serving).await?,

@@ -208,21 +208,31 @@ impl Domain {
         self.slot
     }
 
-    /// The domain settings.
+    /// The settings this node brought: address bits and node span are the domain's (the
+    /// join checks them); for the data paths, see [`Domain::allows`].
     pub fn settings(&self) -> &DomainSettings {
         &self.settings
     }
 
-    /// Whether the domain's settings allow nodes to reach each other's memory by `kind`
-    /// (its `data_paths`; this node joined only with the domain's own).
+    /// Whether the domain's settings allow nodes to reach each other's memory by `kind`:
+    /// its `data_paths` as the view last read them (a node that configures none takes the
+    /// domain's), else as this node brought them.
     pub fn allows(&self, kind: fabric_domain::DataPathKind) -> bool {
-        self.settings.data_paths.contains(&kind)
+        self.with_data_paths(|paths| paths.contains(&kind))
     }
 
-    /// The domain's data paths by name (`shared_file`, `cxl`, ...).
+    /// The domain's data paths by name (`shared_file`, `cxl`, ...), as [`Domain::allows`]
+    /// reads them.
     pub fn data_paths(&self) -> Vec<String> {
-        let names = self.settings.data_paths.iter().filter_map(|p| serde_json::to_value(p).ok());
-        names.filter_map(|v| v.as_str().map(str::to_owned)).collect()
+        self.with_data_paths(|paths| {
+            let names = paths.iter().filter_map(|p| serde_json::to_value(p).ok());
+            names.filter_map(|v| v.as_str().map(str::to_owned)).collect()
+        })
+    }
+
+    fn with_data_paths<T>(&self, f: impl FnOnce(&[fabric_domain::DataPathKind]) -> T) -> T {
+        let view = self.view();
+        f(view.settings().map_or(&self.settings.data_paths, |s| &s.data_paths))
     }
 
     /// The node link, when this node has one.
