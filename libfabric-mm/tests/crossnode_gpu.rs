@@ -7,6 +7,7 @@
 //! into its own CUDA context and reads tray0's bytes, and stores back; `node0` is refused
 //! (not in the NVLink domain), as is a POSIX-descriptor allocation (a descriptor of tray0's
 //! host cannot cross nodes); tray0 frees the region and tray1's callback runs with `Freed`.
+//! In a domain whose data paths leave out `nvlink`, tray1 is refused the handle, told why.
 //!
 //! The stand-in's "fabric handle" is a pid and a descriptor read through `/proc` (same host,
 //! same uid), so what this shows is fabricd's part — authorization, the NVLink-domain check,
@@ -52,25 +53,79 @@ fn a_fabric_handle_reaches_a_node_of_the_same_nvlink_domain_and_no_other() {
     let far = lab.node(&domain::sim("hgx-h100-8gpu.toml"), None, "node0");
     domain::wait_live(&[&n0, &n1, &far]);
 
-    let sockets = [&n0, &n1, &far].map(|n| n.socket.display().to_string()).join(" ");
+    let test = "a_fabric_handle_reaches_a_node_of_the_same_nvlink_domain_and_no_other";
+    in_child(test, CHILD, &[&n0, &n1, &far], &lib);
+    assert!(n0.log().contains("node link: vendor object granted"), "{}", n0.log());
+    assert!(n1.log().contains("imported another node's vendor object"), "{}", n1.log());
+}
+
+/// Set in the child of the data-path test: the sockets of tray0 and tray1.
+const CHILD_NO_NVLINK: &str = "FABRIC_MM_CROSSNODE_GPU_NO_NVLINK";
+
+#[test]
+fn a_domain_whose_data_paths_leave_out_nvlink_hands_no_fabric_handle_to_another_node() {
+    if let Ok(sockets) = std::env::var(CHILD_NO_NVLINK) {
+        return child_no_nvlink(&sockets);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(lib) = fake_libcuda::build(dir.path()) else {
+        eprintln!("skipped: no C compiler for the stand-in driver");
+        return;
+    };
+    let Some(mut lab) = domain::Lab::start() else { return };
+    lab.domain_lines = "data_paths = [\"shared_file\", \"cxl\"]\n".to_owned();
+    let supernode = domain::sim("supernode-64.toml");
+    let n0 = lab.node(&supernode, None, "tray0");
+    let n1 = lab.node(&supernode, None, "tray1");
+    domain::wait_live(&[&n0, &n1]);
+    let test = "a_domain_whose_data_paths_leave_out_nvlink_hands_no_fabric_handle_to_another_node";
+    in_child(test, CHILD_NO_NVLINK, &[&n0, &n1], &lib);
+}
+
+/// Runs `test` again in a child process with the stand-in driver first on its library path
+/// and `var` naming the nodes' sockets; fails with the child's output and the nodes' logs.
+fn in_child(test: &str, var: &str, nodes: &[&common::Daemon], lib: &Path) {
+    let sockets = nodes.iter().map(|n| n.socket.display().to_string()).collect::<Vec<_>>().join(" ");
     let o = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_fabric_handle_reaches_a_node_of_the_same_nvlink_domain_and_no_other"])
-        .args(["--nocapture", "--test-threads=1"])
-        .env(CHILD, sockets)
-        .env("LD_LIBRARY_PATH", &lib)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, sockets)
+        .env("LD_LIBRARY_PATH", lib)
         .env("FAKE_CUDA_FABRIC", "1")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
+    let logs: String = nodes.iter().enumerate().map(|(i, n)| format!("\n--- node {i}\n{}", n.log())).collect();
     assert!(
         o.status.success() && stdout.contains("1 passed"),
-        "{stdout}\n{}\n--- tray0\n{}\n--- tray1\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        n0.log(),
-        n1.log()
+        "{stdout}\n{}{logs}",
+        String::from_utf8_lossy(&o.stderr)
     );
-    assert!(n0.log().contains("node link: vendor object granted"), "{}", n0.log());
-    assert!(n1.log().contains("imported another node's vendor object"), "{}", n1.log());
+}
+
+/// The first GPU with HBM of `node`, as `session` lists the domain's devices.
+fn gpu_of(session: &fabric_mm::Session, node: &str) -> String {
+    session
+        .devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.node.as_deref() == Some(node) && d.memory.iter().any(|(c, _)| *c == MemoryClass::Hbm))
+        .unwrap_or_else(|| panic!("{node} has a GPU"))
+        .id
+}
+
+/// tray0 exports a fabric-handle allocation; tray1, of the same NVLink domain, is refused
+/// because the domain's data paths leave out nvlink.
+fn child_no_nvlink(sockets: &str) {
+    let s: Vec<&str> = sockets.split(' ').collect();
+    let gpu = CudaContext::new(0).unwrap();
+    let owner = common::session(Path::new(s[0]));
+    let device = gpu_of(&owner, "tray0");
+    let mem = gpu.allocate(LEN, AllocOptions { fabric: true, ..AllocOptions::default() }).unwrap();
+    let region = owner.adopt_gpu_fabric(&mem, Some(&device)).unwrap();
+    let handle = region.export(&Policy::default()).unwrap();
+    let importer = common::session(Path::new(s[1]));
+    let e = importer.import_gpu(&handle, &gpu).unwrap_err().to_string();
+    assert!(e.contains("data paths (shared_file, cxl) leave out nvlink"), "{e}");
 }
 
 /// The CUDA side, on the stand-in: `sockets` are tray0's, tray1's and node0's.
@@ -79,13 +134,7 @@ fn child(sockets: &str) {
     let gpu = CudaContext::new(0).unwrap();
     let owner = common::session(Path::new(s[0]));
     // tray0's own GPU (the session lists the domain's devices).
-    let device = owner
-        .devices()
-        .unwrap()
-        .into_iter()
-        .find(|d| d.node.as_deref() == Some("tray0") && d.memory.iter().any(|(c, _)| *c == MemoryClass::Hbm))
-        .expect("tray0 has a GPU")
-        .id;
+    let device = gpu_of(&owner, "tray0");
 
     // tray0: a fabric-handle allocation with a pattern, adopted and exported.
     let mem = gpu.allocate(LEN, AllocOptions { fabric: true, ..AllocOptions::default() }).unwrap();

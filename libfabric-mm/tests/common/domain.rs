@@ -15,6 +15,8 @@ pub struct Lab {
     pub ca: DomainCa,
     pub ca_file: PathBuf,
     pub dir: tempfile::TempDir,
+    /// More lines of every node's `[domain]` (e.g. `data_paths = [...]`).
+    pub domain_lines: String,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -27,7 +29,7 @@ impl Lab {
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.pem");
         std::fs::write(&ca_file, &ca.pem().cert).unwrap();
-        Some(Lab { etcd, ca, ca_file, dir, _rt: rt })
+        Some(Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), _rt: rt })
     }
 
     /// Node `name` of this lab serving node `name` of sim fabric `fabric`, on the shared
@@ -47,10 +49,10 @@ impl Lab {
         std::fs::write(&cert, &pem.cert).unwrap();
         std::fs::write(&key, &pem.key).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let (etcd, ca_file) = (self.etcd.endpoint(), &self.ca_file);
+        let (etcd, ca_file, lines) = (self.etcd.endpoint(), &self.ca_file, &self.domain_lines);
         let config = format!(
             "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
-             [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n\
+             [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n{lines}\
              [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
              {peer}shared_identities = true\n{extra}"
         );
