@@ -14,7 +14,7 @@ use fabric_proto::wire::{
 use super::scope::Caller;
 use super::{domain_pages, json_doc, refusal};
 use crate::daemon::Daemon;
-use crate::tasks::domain::{Domain, DomainStatus, GcError, Membership, Standing, listing};
+use crate::tasks::domain::{Domain, DomainStatus, GcError, MemberCounts, Membership, Standing, listing};
 
 /// Answers what translation of this node's map left `Unmapped` (or `UnknownResource`)
 /// from the domain's view: a GFA in another node's slot, or a resource of another node.
@@ -238,20 +238,8 @@ pub(super) fn node_doc(n: &fabric_domain::NodeEntry<'_>, leader: Option<&str>, s
 
 /// The nodes counted.
 fn summary(view: &DomainView, seen: Seen<'_>) -> SummaryDoc {
-    let mut s = SummaryDoc { refused: view.refused().len() as u64, ..SummaryDoc::default() };
-    for n in view.nodes() {
-        s.nodes += 1;
-        match seen.of(&n) {
-            Membership::Live => s.live += 1,
-            Membership::Gone if n.slot.is_some() => s.gone += 1,
-            Membership::Gone => {}
-            Membership::Fenced | Membership::Unknown { .. } => s.unknown += 1,
-        }
-        if n.member.is_some() && n.placements.is_none() {
-            s.unplaced += 1;
-        }
-    }
-    s
+    let MemberCounts { nodes, live, gone, unknown, unplaced } = MemberCounts::of(view, seen.me, seen.joined);
+    SummaryDoc { nodes, live, gone, unknown, unplaced, refused: view.refused().len() as u64 }
 }
 
 /// What is missing and why: first, while this node is not joined, that the states are its

@@ -129,6 +129,42 @@ impl Membership {
     }
 }
 
+/// A view's nodes counted by [`Membership`], as node `me` states them: what `domain
+/// status` sums up and the metrics show.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MemberCounts {
+    /// Nodes the view lists.
+    pub nodes: u64,
+    /// Live.
+    pub live: u64,
+    /// Gone, keeping their slot.
+    pub gone: u64,
+    /// Fenced (this node) or unknown: neither live nor gone while this node is not joined.
+    pub unknown: u64,
+    /// Members that published no placements yet.
+    pub unplaced: u64,
+}
+
+impl MemberCounts {
+    /// Of `view`, as node `me` states them, joined or not.
+    pub fn of(view: &DomainView, me: &str, joined: bool) -> Self {
+        let mut c = Self::default();
+        for n in view.nodes() {
+            c.nodes += 1;
+            match Membership::of(&n, me, joined) {
+                Membership::Live => c.live += 1,
+                Membership::Gone if n.slot.is_some() => c.gone += 1,
+                Membership::Gone => {}
+                Membership::Fenced | Membership::Unknown { .. } => c.unknown += 1,
+            }
+            if n.member.is_some() && n.placements.is_none() {
+                c.unplaced += 1;
+            }
+        }
+        c
+    }
+}
+
 /// What `fabricctl domain status` shows of this node; replaced as a whole.
 #[derive(Debug, Clone)]
 pub struct DomainStatus {
@@ -283,19 +319,11 @@ impl Domain {
         let status = self.status();
         let leadership = self.leadership();
         let joined = status.standing == Standing::Joined;
-        let (mut live, mut gone, mut unknown) = (0, 0, 0);
-        for n in view.nodes() {
-            match Membership::of(&n, self.node(), joined) {
-                Membership::Live => live += 1,
-                Membership::Gone if n.slot.is_some() => gone += 1,
-                Membership::Gone => {}
-                Membership::Fenced | Membership::Unknown { .. } => unknown += 1,
-            }
-        }
+        let counts = MemberCounts::of(&view, self.node(), joined);
         crate::metrics::DomainGauges {
-            live,
-            gone,
-            unknown,
+            live: counts.live,
+            gone: counts.gone,
+            unknown: counts.unknown,
             joined,
             round_trip_s: status.round_trip.map(|t| t.as_secs_f64()),
             etcd_errors: self.etcd_errors(),
