@@ -144,8 +144,8 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<20} {:<6} {:>5} {:>20} {:<24} {:>6}  ROLE",
-        "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES"
+        "{:<20} {:<6} {:>5} {:>20} {:<24} {:>6}  {:<6}  GROUPS",
+        "NODE", "STATE", "SLOT", "INCARNATION", "PEER", "RANGES", "ROLE"
     )?;
     for n in &doc.nodes {
         let slot = n.slot.map_or_else(|| "-".to_owned(), |s| s.to_string());
@@ -154,7 +154,12 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
         let role = if n.leader { "leader" } else { "-" };
         // Unconfirmed (the answering node is not joined): what its last view said, marked.
         let state = n.last_seen.as_ref().map_or_else(|| n.state.clone(), |seen| format!("{seen}?"));
-        writeln!(out, "{:<20} {:<6} {:>5} {:>20} {:<24} {:>6}  {role}", n.name, state, slot, inc, peer, n.ranges)?;
+        let groups = if n.groups.is_empty() { "-".to_owned() } else { n.groups.join(",") };
+        writeln!(
+            out,
+            "{:<20} {:<6} {:>5} {:>20} {:<24} {:>6}  {role:<6}  {groups}",
+            n.name, state, slot, inc, peer, n.ranges
+        )?;
     }
     if let Some(missing) = doc.missing.as_ref().filter(|m| !m.is_empty()) {
         writeln!(out, "\nmissing:")?;
@@ -268,6 +273,7 @@ mod tests {
             ranges: 4,
             mapped_bytes: 1 << 30,
             leader: false,
+            groups: vec![],
         }
     }
 
@@ -318,15 +324,25 @@ mod tests {
         }
         let led = DomainDoc {
             leader: Some(LeaderDoc { node: "tray2".into(), term: 17, this_node: false }),
-            nodes: vec![node("tray0", true, 3), NodeDoc { leader: true, ..node("tray2", true, 4) }],
+            nodes: vec![
+                node("tray0", true, 3),
+                NodeDoc {
+                    leader: true,
+                    groups: vec!["nvlink-clique:c0ffee.7".into(), "cxl-pool:rack4".into()],
+                    ..node("tray2", true, 4)
+                },
+            ],
             ..doc.clone()
         };
         let mut out = Vec::new();
         render(&led, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("\nleader tray2  term 17\n"), "{text}");
-        assert!(text.contains("tray2:7471                    4  leader\n"), "{text}");
-        assert!(text.contains("tray0:7471                    4  -\n"), "{text}");
+        assert!(
+            text.contains("tray2:7471                    4  leader  nvlink-clique:c0ffee.7,cxl-pool:rack4\n"),
+            "{text}"
+        );
+        assert!(text.contains("tray0:7471                    4  -       -\n"), "{text}");
         let freed = DomainDoc { gc: Some(GcDoc { node: "tray1".into(), slot: Some(5), lifted_bytes: None }), ..doc };
         let mut out = Vec::new();
         render(&freed, &mut out).unwrap();

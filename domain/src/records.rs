@@ -297,6 +297,23 @@ pub enum FabricGroup {
     },
 }
 
+impl std::fmt::Display for FabricGroup {
+    /// `nvlink-clique:<cluster uuid>.<clique id>` or `cxl-pool:<name>`, as `domain nodes`
+    /// lists a member's groups.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NvlinkClique { cluster_uuid, clique_id } => write!(f, "nvlink-clique:{cluster_uuid}.{clique_id}"),
+            Self::CxlPool { pool } => write!(f, "cxl-pool:{pool}"),
+        }
+    }
+}
+
+/// Whether `name` can name a fabric group (a CXL pool, an NVLink cluster): 1 to
+/// [`MAX_VERSION_LEN`] of `[A-Za-z0-9._:-]`, what a member record accepts.
+pub fn is_group_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_VERSION_LEN && name.bytes().all(is_token_byte)
+}
+
 /// A live node's record, on its lease: gone one TTL after the node stops renewing. Read
 /// tolerantly ([`crate::tolerant`]): fields and fabric-group kinds a newer node added are
 /// left out.
@@ -350,7 +367,7 @@ impl MemberRecord {
                 FabricGroup::NvlinkClique { cluster_uuid, .. } => ("groups.cluster_uuid", cluster_uuid),
                 FabricGroup::CxlPool { pool } => ("groups.pool", pool),
             };
-            if text.is_empty() || text.len() > MAX_VERSION_LEN || !text.bytes().all(is_token_byte) {
+            if !is_group_name(text) {
                 return Err(invalid(field, "must be 1 to 64 of [A-Za-z0-9._:-]".into()));
             }
         }
@@ -735,6 +752,19 @@ mod tests {
         for good in ["node-1.example:7400", "[::1]:7400", "127.0.0.1:1"] {
             let record = MemberRecord { peer_address: good.into(), ..member() };
             assert!(decode::<MemberRecord>(&encode(&record), limits).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn groups_print_as_domain_nodes_lists_them() {
+        let clique = FabricGroup::NvlinkClique { cluster_uuid: "c0ffee".into(), clique_id: 7 };
+        assert_eq!(clique.to_string(), "nvlink-clique:c0ffee.7");
+        assert_eq!(FabricGroup::CxlPool { pool: "serial:cxl_0x5eed".into() }.to_string(), "cxl-pool:serial:cxl_0x5eed");
+        for good in ["p", "serial:cxl_0x5eed0000", &"x".repeat(MAX_VERSION_LEN)] {
+            assert!(is_group_name(good), "{good}");
+        }
+        for bad in ["", "a/b", "a b", "pool\n", &"x".repeat(MAX_VERSION_LEN + 1)] {
+            assert!(!is_group_name(bad), "{bad:?}");
         }
     }
 

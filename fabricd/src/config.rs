@@ -241,6 +241,19 @@ pub struct ShareConfig {
     pub device: String,
     /// Bytes of each of its memory resources (a multiple of 2 MiB; at most the resource).
     pub bytes: u64,
+    /// The CXL pool the device belongs to, as the node's member record names it (1 to 64
+    /// of `[A-Za-z0-9._:-]`, the same on every host of the pool); default: the device id
+    /// with `/` written `_` ([`ShareConfig::pool`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+}
+
+impl ShareConfig {
+    /// The name of the CXL pool the device belongs to: `pool`, else the device id with
+    /// each `/` written `_` (`serial:cxl/0x5eed` is in pool `serial:cxl_0x5eed`).
+    pub fn pool(&self) -> String {
+        self.pool.clone().unwrap_or_else(|| self.device.replace('/', "_"))
+    }
 }
 
 impl Default for MemoryConfig {
@@ -580,6 +593,13 @@ impl Config {
             if fabric_domain::shares::check_resource(&id.to_string()).is_err() {
                 return Err(("memory.shares", format!("{id}: not a name a share can be claimed under")));
             }
+            if !fabric_domain::records::is_group_name(&s.pool()) {
+                let hint = if s.pool.is_some() { "" } else { " (from the device id): name it with pool = \"...\"" };
+                return Err((
+                    "memory.shares",
+                    format!("{}: pool {:?} is not 1 to 64 of [A-Za-z0-9._:-]{hint}", s.device, s.pool()),
+                ));
+            }
             if shares[..i].iter().any(|o| o.device == s.device) {
                 return Err(("memory.shares", format!("{} is listed twice", s.device)));
             }
@@ -715,7 +735,13 @@ mod tests {
         let share = |device: &str, bytes: u64| format!("[[memory.shares]]\ndevice = {device:?}\nbytes = {bytes}\n");
         let good = share("serial:cxl/0x5eed0000", 64 << 20);
         let c = parse(&format!("{FIXED}{DOMAIN}{good}")).unwrap();
-        assert_eq!(c.memory.shares, vec![ShareConfig { device: "serial:cxl/0x5eed0000".into(), bytes: 64 << 20 }]);
+        assert_eq!(
+            c.memory.shares,
+            vec![ShareConfig { device: "serial:cxl/0x5eed0000".into(), bytes: 64 << 20, pool: None }]
+        );
+        assert_eq!(c.memory.shares[0].pool(), "serial:cxl_0x5eed0000");
+        let named = parse(&format!("{FIXED}{DOMAIN}{good}pool = \"rack4-pool\"\n")).unwrap();
+        assert_eq!(named.memory.shares[0].pool(), "rack4-pool");
         let refused = |t: String, why: &str| {
             let e = parse(&t).unwrap_err().to_string();
             assert!(e.contains("memory.shares") && e.contains(why), "{why}: {e}");
@@ -727,6 +753,10 @@ mod tests {
         refused(format!("{FIXED}{DOMAIN}{}", share("serial:cxl/0x1", 0)), "whole number of 2 MiB");
         let many: String = (0..=MAX_SHARES).map(|i| share(&format!("serial:cxl/{i:#x}"), 2 << 20)).collect();
         refused(format!("{FIXED}{DOMAIN}{many}"), "more than 32");
+        refused(format!("{FIXED}{DOMAIN}{good}pool = \"a/b\"\n"), "pool \"a/b\" is not");
+        refused(format!("{FIXED}{DOMAIN}{good}pool = \"\"\n"), "pool \"\" is not");
+        let long = format!("serial:cxl/0x{}", "5".repeat(60));
+        refused(format!("{FIXED}{DOMAIN}{}", share(&long, 2 << 20)), "name it with pool =");
     }
 
     #[test]

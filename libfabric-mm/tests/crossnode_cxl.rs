@@ -17,9 +17,9 @@
 //! b may allocate on those DPAs again.
 //!
 //! A second test gives hosts a and b shares of the two devices in the domain
-//! (`[[memory.shares]]`): their first allocations land apart, each in its own share, a's
-//! share fills while the devices have room, and b imports a's region, which it refused
-//! without shares.
+//! (`[[memory.shares]]`): their member records name the devices' CXL pools, their first
+//! allocations land apart, each in its own share, a's share fills while the devices have
+//! room, and b imports a's region, which it refused without shares.
 //!
 //! A third test collects host a's share while a is away (stopped past its lease, then
 //! killed) and lets host c take the range: a neither rejoins on it (it stays fenced,
@@ -197,6 +197,17 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
             "{status}"
         );
         assert!(shares.iter().all(|s| s["offset"] == offset && s["len"] == SHARE), "{status}");
+        // Both member records name the CXL pools of the shared devices: the first device's
+        // named after it, the second's as the configuration names it.
+        let nodes = status["nodes"].as_array().cloned().unwrap_or_default();
+        for name in ["host-a", "host-b"] {
+            let entry = nodes.iter().find(|n| n["name"] == name).unwrap_or_else(|| panic!("{name} in {status}"));
+            assert_eq!(
+                entry["groups"],
+                serde_json::json!(["cxl-pool:serial:cxl_0x5eed0000", "cxl-pool:rack4-pool"]),
+                "{status}"
+            );
+        }
     }
 
     // Each allocator hands out only its own share: the same first request lands apart.
@@ -242,9 +253,11 @@ fn sharing_host(lab: &domain::Lab, device: &std::path::Path, name: &str) -> comm
     common::dax_fixture(&root, 2 << 20, DAX_BYTES, Some(device));
     let fabric = lab.dir.path().join(format!("{name}.toml"));
     std::fs::write(&fabric, host(name)).unwrap();
-    let shares: String = (0..2)
-        .map(|i| format!("[[memory.shares]]\ndevice = \"serial:cxl/{:#x}\"\nbytes = {SHARE}\n", 0x5eed_0000 + i))
-        .collect();
+    // The first device's pool is named after it; the second's is named here.
+    let shares = format!(
+        "[[memory.shares]]\ndevice = \"serial:cxl/0x5eed0000\"\nbytes = {SHARE}\n\
+         [[memory.shares]]\ndevice = \"serial:cxl/0x5eed0001\"\nbytes = {SHARE}\npool = \"rack4-pool\"\n"
+    );
     let memory = format!("[memory]\ndax = [\"dax0.0\"]\n{shares}");
     let discovery = format!("sim_node = {name:?}\nsysfs_root = {:?}", root.display().to_string());
     lab.node_with(&fabric, &discovery, "", &memory, name)

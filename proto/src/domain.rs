@@ -117,6 +117,10 @@ pub struct NodeDoc {
     /// Whether it leads the domain, as the answering node knows it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub leader: bool,
+    /// The fabric groups its member record lists, while live:
+    /// `nvlink-clique:<cluster uuid>.<clique id>`, `cxl-pool:<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -224,6 +228,7 @@ mod tests {
             ranges: 0,
             mapped_bytes: 0,
             leader,
+            groups: if leader { vec!["cxl-pool:p0".into()] } else { vec![] },
         };
         let doc = DomainDoc {
             domain: "d".into(),
@@ -242,6 +247,8 @@ mod tests {
         assert_eq!(json["leader"], serde_json::json!({"node": "tray1", "term": 42, "this_node": false}));
         assert_eq!(json["nodes"][0].get("leader"), None, "a follower carries no mark");
         assert_eq!(json["nodes"][1]["leader"], true);
+        assert_eq!(json["nodes"][0].get("groups"), None, "no groups, no field");
+        assert_eq!(json["nodes"][1]["groups"], serde_json::json!(["cxl-pool:p0"]));
         assert_eq!(serde_json::from_value::<DomainDoc>(json).unwrap(), doc);
     }
 }

@@ -233,6 +233,7 @@ pub(super) fn node_doc(n: &fabric_domain::NodeEntry<'_>, leader: Option<&str>, s
         ranges: n.placements.map_or(0, |p| p.ranges.len()),
         mapped_bytes: n.placements.map_or(0, |p| p.ranges.iter().map(|r| r.size).sum()),
         leader: leader == Some(n.name),
+        groups: n.member.map(|m| m.groups.iter().map(ToString::to_string).collect()).unwrap_or_default(),
     }
 }
 

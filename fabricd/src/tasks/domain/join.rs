@@ -175,7 +175,7 @@ pub fn start(
         .map_err(JoinError::Runtime)?;
     let local = local_settings(config);
     let peer_address = config.peer_address().unwrap_or_default();
-    let groups = groups(inv);
+    let groups = groups(config, inv);
     let slot_file = state_dir.join("domain-slot.json");
     let share_file = state_dir.join("domain-shares.json");
     let wants = share_wants(config, inv);
@@ -325,16 +325,24 @@ pub(super) fn unreachable(e: &EtcdError) -> bool {
     matches!(e, EtcdError::Connect { .. } | EtcdError::Timeout { .. } | EtcdError::Request { .. })
 }
 
-/// The NVLink cliques of the node's GPUs (NVML's cluster UUID and clique id), at most as
-/// many as a member record lists.
-fn groups(inv: &Inventory) -> Vec<FabricGroup> {
+/// The fabric groups the node's member record lists: the NVLink cliques of its GPUs
+/// (NVML's cluster UUID and clique id), then the CXL pools of the `[[memory.shares]]`
+/// devices it sees; each once, at most as many as a member record lists.
+fn groups(config: &Config, inv: &Inventory) -> Vec<FabricGroup> {
+    let cliques = inv.devices.iter().filter_map(|d| d.gpu.as_ref()).filter_map(|gpu| {
+        let (cluster, clique) = (gpu.fabric_cluster.as_ref()?, gpu.fabric_clique?);
+        Some(FabricGroup::NvlinkClique { cluster_uuid: cluster.clone(), clique_id: clique })
+    });
+    let pools = config
+        .memory
+        .shares
+        .iter()
+        .filter(|s| inv.devices.iter().any(|d| d.id.to_string() == s.device))
+        .map(|s| FabricGroup::CxlPool { pool: s.pool() });
     let mut out: Vec<FabricGroup> = Vec::new();
-    for gpu in inv.devices.iter().filter_map(|d| d.gpu.as_ref()) {
-        if let (Some(cluster), Some(clique)) = (&gpu.fabric_cluster, gpu.fabric_clique) {
-            let group = FabricGroup::NvlinkClique { cluster_uuid: cluster.clone(), clique_id: clique };
-            if !out.contains(&group) && out.len() < fabric_domain::records::MAX_LIST_LEN {
-                out.push(group);
-            }
+    for group in cliques.chain(pools) {
+        if !out.contains(&group) && out.len() < fabric_domain::records::MAX_LIST_LEN {
+            out.push(group);
         }
     }
     out
