@@ -6,7 +6,8 @@
 //! table's revision (the first free aligned range that fits), without a lease: like a slot,
 //! a share outlives restarts and deaths (the regions in it keep their DPAs) and is released
 //! only with the node's slot by an admin's gc. A node that already holds a share gets it
-//! back whatever it asks now; a table whose capacity differs from the node's is refused
+//! back whatever it asks now, grown in place where it asks more and the room after it is
+//! free (never moved or shrunk); a table whose capacity differs from the node's is refused
 //! with both values.
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
@@ -47,6 +48,11 @@ pub struct ShareWant {
     /// rejoins): the share is claimed back there or refused ([`EtcdError::ShareLost`]),
     /// never moved, since the node's regions lie in it. `None`: anywhere free.
     pub at: Option<u64>,
+    /// Bytes the node would rather hold than `len` (its configuration now asks more than
+    /// the share it holds): the share grows in place to them where the range right after
+    /// it is free, else it keeps `len` bytes (logged with who holds the room). Never moves
+    /// or shrinks a share. `None`: `len`.
+    pub grow_to: Option<u64>,
 }
 
 /// The lowest offset aligned to `align` where each table has room for its length.
@@ -134,6 +140,25 @@ impl ShareTable {
         lowest_common_fit(&[(self, len)], align)
     }
 
+    /// Whether `node`'s share could be `len` bytes at `offset`: in the resource and
+    /// overlapping no other node's share.
+    pub fn fits_for(&self, node: &str, offset: u64, len: u64) -> bool {
+        offset.checked_add(len).is_some_and(|end| len > 0 && end <= self.capacity)
+            && self
+                .shares
+                .iter()
+                .filter(|s| s.node != node)
+                .all(|s| s.offset + s.len <= offset || offset + len <= s.offset)
+    }
+
+    /// Makes `node`'s share `len` bytes long, where it starts (checked with
+    /// [`ShareTable::fits_for`]).
+    fn resize(&mut self, node: &str, len: u64) {
+        if let Some(s) = self.shares.iter_mut().find(|s| s.node == node) {
+            s.len = len;
+        }
+    }
+
     /// Adds `node`'s share at `offset` (found by [`ShareTable::first_fit`]), keeping the order.
     pub fn insert(&mut self, node: &str, offset: u64, len: u64) {
         let at = self.shares.partition_point(|s| s.offset < offset);
@@ -196,7 +221,7 @@ impl DomainClient {
     /// The share of `resource` (of `capacity` bytes) this node holds, claiming the first
     /// free range of `len` bytes aligned to `align` (a power of two) when it holds none.
     pub async fn claim_share(&self, resource: &str, capacity: u64, len: u64, align: u64) -> Result<Share, EtcdError> {
-        let wants = [ShareWant { resource: resource.to_owned(), capacity, len, at: None }];
+        let wants = [ShareWant { resource: resource.to_owned(), capacity, len, at: None, grow_to: None }];
         let mut shares = self.claim_shares(&wants, align).await?;
         shares.pop().ok_or_else(|| EtcdError::Contention { node: self.node().to_owned(), attempts: 0 })
     }
@@ -205,9 +230,11 @@ impl DomainClient {
     /// at one DPA on each, so their shares must start alike): the ones it holds are kept;
     /// the others are claimed together, in one transaction: each one with an
     /// [`at`](ShareWant::at) there, the rest at the lowest offset aligned to `align` that
-    /// is free in each of their tables (a held share's offset first). A share held or
-    /// wanted back elsewhere than its `at`, or whose range another node took meanwhile, is
-    /// [`EtcdError::ShareLost`]. Answers in the order of `wants`.
+    /// is free in each of their tables (a held share's offset first). A held share, or
+    /// one claimed back, grows in place to its [`grow_to`](ShareWant::grow_to) where the
+    /// room after it is free. A share held or wanted back elsewhere than its `at`, or
+    /// whose range another node took meanwhile, is [`EtcdError::ShareLost`]. Answers in
+    /// the order of `wants`.
     pub async fn claim_shares(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
         for (i, w) in wants.iter().enumerate() {
             let refused = |source| EtcdError::Record { key: w.resource.clone(), source };
@@ -220,6 +247,8 @@ impl DomainClient {
         let align = align.max(1).next_power_of_two();
         for attempt in 0..MAX_CLAIM_ATTEMPTS {
             let mut tables = Vec::with_capacity(wants.len());
+            // Per want: the length a held share grows to, or a share claimed back takes.
+            let mut lens: Vec<Option<u64>> = Vec::with_capacity(wants.len());
             for w in wants {
                 let key = self.keys().share(&w.resource);
                 let (table, compare) = match self.get_raw(&key).await? {
@@ -239,24 +268,30 @@ impl DomainClient {
                         local: format!("{} bytes", w.capacity),
                     });
                 }
-                if let Some(held) = table.of(&node) {
-                    if let Some(at) = w.at.filter(|&at| at != held.offset) {
-                        return Err(lost(w, at, format!("this node's share at {:#x}", held.offset)));
+                let len = match table.of(&node) {
+                    Some(held) => {
+                        if let Some(at) = w.at.filter(|&at| at != held.offset) {
+                            return Err(lost(w, at, format!("this node's share at {:#x}", held.offset)));
+                        }
+                        grown(&table, &node, held, w)
                     }
-                    if held.len != w.len {
-                        warn!(%node, resource = %w.resource, held = held.len, asked = w.len, "keeping the share held; a new size needs a gc of the node");
-                    }
-                } else if let Some(at) = w.at
-                    && !table.fits_at(at, w.len)
-                {
-                    return Err(lost(w, at, table.holders(at, w.len)));
-                }
+                    None => match w.at {
+                        Some(at) => match w.grow_to.filter(|&g| g > w.len && table.fits_at(at, g)) {
+                            Some(g) => Some(g),
+                            None if table.fits_at(at, w.len) => Some(w.len),
+                            None => return Err(lost(w, at, table.holders(at, w.len))),
+                        },
+                        None => None,
+                    },
+                };
+                lens.push(len);
                 tables.push((key, table, compare));
             }
             let mine = |tables: &[(String, ShareTable, Compare)]| -> Vec<Share> {
                 tables.iter().filter_map(|(_, t, _)| t.of(&node).cloned()).collect()
             };
-            if tables.iter().all(|(_, t, _)| t.of(&node).is_some()) {
+            let grows = tables.iter().zip(&lens).any(|((_, t, _), len)| t.of(&node).is_some() && len.is_some());
+            if !grows && tables.iter().all(|(_, t, _)| t.of(&node).is_some()) {
                 return Ok(mine(&tables));
             }
             let held: Vec<u64> = tables.iter().filter_map(|(_, t, _)| t.of(&node).map(|s| s.offset)).collect();
@@ -270,13 +305,16 @@ impl DomainClient {
             let common = common_offset(&open, &held, align)?;
             let mut compares = Vec::new();
             let mut puts = Vec::new();
-            for ((key, table, compare), w) in tables.iter_mut().zip(wants) {
+            for (((key, table, compare), w), len) in tables.iter_mut().zip(wants).zip(&lens) {
                 if table.of(&node).is_some() {
-                    continue;
+                    // Held: written only when it grows.
+                    let Some(len) = *len else { continue };
+                    table.resize(&node, len);
+                } else {
+                    // Not held: claimed back at its `at`, or one of `open`, which has `common`.
+                    let Some(at) = w.at.or(common) else { continue };
+                    table.insert(&node, at, len.unwrap_or(w.len));
                 }
-                // Not held: claimed back at its `at`, or one of `open`, which has `common`.
-                let Some(at) = w.at.or(common) else { continue };
-                table.insert(&node, at, w.len);
                 if table.validate().is_err() {
                     // Too many shares: the table would not decode on any node.
                     return Err(EtcdError::ShareFull { resource: w.resource.clone(), len: w.len, free: 0 });
@@ -288,7 +326,7 @@ impl DomainClient {
             if !self.call("share claim", kv.txn(Txn::new().when(compares).and_then(puts))).await?.succeeded() {
                 continue;
             }
-            info!(%node, resources = wants.len(), offset = ?common, back = wants.iter().any(|w| w.at.is_some()), attempts = attempt + 1, "claimed shares");
+            info!(%node, resources = wants.len(), offset = ?common, back = wants.iter().any(|w| w.at.is_some()), grown = grows, attempts = attempt + 1, "claimed shares");
             return Ok(mine(&tables));
         }
         Err(EtcdError::Contention { node, attempts: MAX_CLAIM_ATTEMPTS })
@@ -309,6 +347,27 @@ impl DomainClient {
                 (table.shares.len() < before).then_some((key, table, e.mod_revision()))
             })
             .collect())
+    }
+}
+
+/// The length `held` grows to for `want` (its [`grow_to`](ShareWant::grow_to), where the
+/// room after it is free in `table`), or `None`: it stays as it is (logged when it was
+/// asked to grow, or asked another size than it has).
+fn grown(table: &ShareTable, node: &str, held: &Share, want: &ShareWant) -> Option<u64> {
+    let resource = &want.resource;
+    match want.grow_to.filter(|&g| g > held.len) {
+        Some(to) if table.fits_for(node, held.offset, to) => Some(to),
+        Some(to) => {
+            let room = table.holders(held.offset + held.len, to - held.len);
+            warn!(%node, %resource, held = held.len, asked = to, holder = %room, "the share cannot grow in place: keeping its size");
+            None
+        }
+        None => {
+            if held.len != want.len {
+                warn!(%node, %resource, held = held.len, asked = want.len, "keeping the share held; a smaller size needs a gc of the node");
+            }
+            None
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! Shares of memory several hosts reach, against a real, private etcd: concurrent claims
 //! get disjoint ranges, a node keeps its share across restarts, a full or mismatched table
 //! is refused by name, a hostile table is refused, only a gc of a node that is not live
-//! releases its share, and a node whose share was collected while it was away gets it back
-//! where it was or is refused, never moved.
+//! releases its share, a node whose share was collected while it was away gets it back
+//! where it was or is refused, never moved, and a share grows in place only into free room.
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
 
 use fabric_domain::records::{RECORD_VERSION, RecordError, RecordLimits};
@@ -89,7 +89,7 @@ async fn hosts_sharing_a_device_get_disjoint_shares_they_keep_until_a_gc() {
 
 /// `len` bytes of the test resource (8 GiB), back at `at` when given.
 fn want(len: u64, at: Option<u64>) -> [ShareWant; 1] {
-    [ShareWant { resource: RESOURCE.into(), capacity: 8 * GIB, len, at }]
+    [ShareWant { resource: RESOURCE.into(), capacity: 8 * GIB, len, at, grow_to: None }]
 }
 
 #[tokio::test]
@@ -152,6 +152,75 @@ async fn a_collected_share_is_claimed_back_where_it_was_or_refused_never_moved()
     assert_eq!(nodes, [("host-d", 0), ("host-b", 4 * GIB)]);
     // Without `at` host-a may take any free range (what a node that never held one does).
     assert_eq!(a.claim_shares(&want(2 * GIB, None), 2 << 20).await.unwrap()[0].offset, 6 * GIB);
+}
+
+/// `len` bytes of the test resource held (or claimed back) at `at`, grown to `to`.
+fn grow(len: u64, at: u64, to: u64) -> [ShareWant; 1] {
+    [ShareWant { resource: RESOURCE.into(), capacity: 8 * GIB, len, at: Some(at), grow_to: Some(to) }]
+}
+
+/// The test resource's table as etcd holds it: (node, offset, len) of each share.
+async fn table(c: &DomainClient) -> Vec<(String, u64, u64)> {
+    let (value, _) = raw_get(c, &c.keys().share(RESOURCE)).await.unwrap();
+    let table: ShareTable = fabric_domain::records::decode(&value, RecordLimits::default()).unwrap();
+    table.shares.into_iter().map(|s| (s.node, s.offset, s.len)).collect()
+}
+
+#[tokio::test]
+async fn a_share_grows_in_place_where_the_room_after_it_is_free_and_never_moves_or_shrinks() {
+    let Some(etcd) = fabric_domain::testing::etcd_or_skip().await else { return };
+    let mut hosts = Vec::new();
+    for n in ["host-a", "host-b", "host-c"] {
+        let x = client(&etcd, n).await;
+        x.claim_slot(&settings()).await.unwrap();
+        hosts.push(x);
+    }
+    let [a, b, c] = &hosts[..] else { unreachable!() };
+    assert_eq!(a.claim_shares(&want(GIB, None), 2 << 20).await.unwrap()[0].offset, 0);
+    assert_eq!(b.claim_shares(&want(GIB, None), 2 << 20).await.unwrap()[0].offset, GIB);
+
+    // a asks for 2 GiB where it holds 1: b holds the room after it, so a keeps 1 GiB and
+    // nothing is written.
+    let (_, before) = raw_get(a, &a.keys().share(RESOURCE)).await.unwrap();
+    let kept = a.claim_shares(&grow(GIB, 0, 2 * GIB), 2 << 20).await.unwrap();
+    assert_eq!((kept[0].offset, kept[0].len), (0, GIB));
+    assert_eq!(raw_get(a, &a.keys().share(RESOURCE)).await.unwrap().1, before, "nothing written");
+    // b, last, grows to 3 GiB where it is.
+    let grown = b.claim_shares(&grow(GIB, GIB, 3 * GIB), 2 << 20).await.unwrap();
+    assert_eq!((grown[0].offset, grown[0].len), (GIB, 3 * GIB));
+    // Asked for less than it holds, b keeps all of it (its regions may lie anywhere in it).
+    let still = b.claim_shares(&grow(GIB, GIB, 2 * GIB), 2 << 20).await.unwrap();
+    assert_eq!(still[0].len, 3 * GIB);
+    assert_eq!(table(a).await, [("host-a".into(), 0, GIB), ("host-b".into(), GIB, 3 * GIB)]);
+    // Past the resource's end: kept.
+    assert_eq!(b.claim_shares(&grow(3 * GIB, GIB, 8 * GIB), 2 << 20).await.unwrap()[0].len, 3 * GIB);
+
+    // c takes the next range; b is collected; a now grows into b's old range.
+    assert_eq!(c.claim_shares(&want(GIB, None), 2 << 20).await.unwrap()[0].offset, 4 * GIB);
+    b.gc_slot("host-b").await.unwrap().unwrap();
+    let grown = a.claim_shares(&grow(GIB, 0, 2 * GIB), 2 << 20).await.unwrap();
+    assert_eq!((grown[0].offset, grown[0].len), (0, 2 * GIB));
+
+    // b comes back for its range at 1 GiB: a's grown share holds part of it, so it is
+    // refused, naming a, rather than moved.
+    match b.claim_shares(&grow(GIB, GIB, 3 * GIB), 2 << 20).await {
+        Err(EtcdError::ShareLost { holder, .. }) => assert!(holder.contains("host-a"), "{holder}"),
+        other => panic!("b's range is a's now: {other:?}"),
+    }
+    // c is collected and claimed back at its offset, grown where the room allows (to the
+    // end of the resource), and at its old size where it does not.
+    c.gc_slot("host-c").await.unwrap().unwrap();
+    let back = c.claim_shares(&grow(GIB, 4 * GIB, 4 * GIB), 2 << 20).await.unwrap();
+    assert_eq!((back[0].offset, back[0].len), (4 * GIB, 4 * GIB));
+    c.claim_slot(&settings()).await.unwrap();
+    c.gc_slot("host-c").await.unwrap().unwrap();
+    assert_eq!(b.claim_shares(&want(GIB, None), 2 << 20).await.unwrap()[0].offset, 2 * GIB);
+    let back = c.claim_shares(&grow(GIB, 4 * GIB, 5 * GIB), 2 << 20).await.unwrap();
+    assert_eq!((back[0].offset, back[0].len), (4 * GIB, GIB));
+    assert_eq!(
+        table(a).await,
+        [("host-a".into(), 0, 2 * GIB), ("host-b".into(), 2 * GIB, GIB), ("host-c".into(), 4 * GIB, GIB)]
+    );
 }
 
 #[tokio::test]

@@ -19,7 +19,8 @@
 //! A second test gives hosts a and b shares of the two devices in the domain
 //! (`[[memory.shares]]`): their member records name the devices' CXL pools, their first
 //! allocations land apart, each in its own share, a's share fills while the devices have
-//! room, and b imports a's region, which it refused without shares.
+//! room, and b imports a's region, which it refused without shares. b, restarted with
+//! twice the bytes, grows its shares in place and allocates what did not fit before.
 //!
 //! A third test collects host a's share while a is away (stopped past its lease, then
 //! killed) and lets host c take the range: a neither rejoins on it (it stays fenced,
@@ -184,7 +185,7 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     let node = |name: &str| sharing_host(&lab, &device, name);
     // One after the other, so the shares' order is known: a's DPAs first, then b's.
     let a = node("host-a");
-    let b = node("host-b");
+    let mut b = node("host-b");
     domain::wait_live(&[&a, &b]);
     // Each node's status lists its shares: one per device, at one offset on both.
     for (node, offset) in [(&a, 0), (&b, SHARE)] {
@@ -244,6 +245,29 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&device).unwrap(), &mut bytes, own.fd_offset())
         .unwrap();
     assert!(bytes.iter().all(|&b| b == 0), "b's region is b's alone");
+
+    // b's share is full past 2 × 64 MiB of the set. Restarted with twice the bytes in its
+    // configuration, its shares grow in place (the room after them is free) and it
+    // allocates what did not fit before; a's share stays as it was.
+    match importer.alloc(&Target::Set(SET.into()), 2 * SHARE) {
+        Err(Error::Refused { code: ErrorCode::NoSpace, .. }) => {}
+        other => panic!("past b's share: {other:?}"),
+    }
+    drop((im, import, importer));
+    let config = b.dir.path().join("fabricd.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace(&format!("bytes = {SHARE}\n"), &format!("bytes = {}\n", 2 * SHARE))).unwrap();
+    b.restart();
+    domain::wait_live(&[&a, &b]);
+    let status = domain::status(&b.socket);
+    let shares = status["self"]["shares"].as_array().cloned().unwrap_or_default();
+    assert_eq!(shares.len(), 2, "{status}");
+    assert!(shares.iter().all(|s| s["offset"] == SHARE && s["len"] == 2 * SHARE), "grown in place: {status}");
+    let status = domain::status(&a.socket);
+    let shares = status["self"]["shares"].as_array().cloned().unwrap_or_default();
+    assert!(shares.iter().all(|s| s["offset"] == 0 && s["len"] == SHARE), "a's as it was: {status}");
+    let more = domain::session(&b.socket, None).alloc(&Target::Set(SET.into()), 2 * SHARE).unwrap();
+    assert!(more.fd_offset() >= 2 * SHARE, "in b's share: {:#x}", more.fd_offset());
 }
 
 /// Host `name` of `lab` on the shared devices (the DAX stand-in `device`), claiming

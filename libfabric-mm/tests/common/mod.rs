@@ -74,15 +74,42 @@ pub fn daemon_on(sim: &Path, discovery: &str, extra: &str, prepare: impl FnOnce(
     prepare(&mut cmd);
     let child = cmd.spawn().unwrap();
     let d = Daemon { child, dir, socket };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
-        assert!(Instant::now() < deadline, "fabricd did not come up: {}", d.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.wait_up();
     d
 }
 
 impl Daemon {
+    /// Waits until its socket answers.
+    fn wait_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(Instant::now() < deadline, "fabricd did not come up: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops it (SIGTERM: a domain node gives its lease back, so its name is free at
+    /// once) and starts it again on its configuration (`fabricd.toml`, which the test may
+    /// have edited) and state; its log goes on in the same file.
+    pub fn restart(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, which it keeps until we reap it.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "fabricd did not stop on SIGTERM: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::OpenOptions::new().append(true).open(self.dir.path().join("fabricd.log")).unwrap();
+        self.child = Command::new(fabricd_bin())
+            .arg("--config")
+            .arg(self.dir.path().join("fabricd.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.wait_up();
+    }
+
     /// Its log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("fabricd.log")).unwrap_or_default()

@@ -382,7 +382,7 @@ fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
             }
             let resource = crate::memory::resource_name(&dev.id, kind, ordinal);
             out.push(ShareWanted {
-                want: ShareWant { resource, capacity, len, at: None },
+                want: ShareWant { resource, capacity, len, at: None, grow_to: None },
                 device: dev.id.clone(),
                 kind,
                 ordinal,
@@ -393,16 +393,17 @@ fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
 }
 
 /// What to claim of each wanted resource: where the share file remembers this node's
-/// share of it (of the remembered size: its regions may lie anywhere in it), or anywhere.
+/// share of it (at least the remembered size: its regions may lie anywhere in it; grown in
+/// place to the configured size where that is more and the room is free), or anywhere.
 fn share_claims(wanted: &[ShareWanted], known: &[KnownShare]) -> Vec<ShareWant> {
     wanted
         .iter()
         .map(|w| match known.iter().find(|k| k.fits(w)) {
             Some(k) => {
-                if k.len != w.want.len {
-                    tracing::warn!(resource = %k.resource, held = k.len, asked = w.want.len, "keeping the remembered share's size; a new size needs a gc of the node");
+                if k.len > w.want.len {
+                    tracing::warn!(resource = %k.resource, held = k.len, asked = w.want.len, "keeping the remembered share's size; a smaller one needs a gc of the node");
                 }
-                k.want()
+                ShareWant { grow_to: (w.want.len > k.len).then_some(w.want.len), ..k.want() }
             }
             None => w.want.clone(),
         })
@@ -449,7 +450,13 @@ impl KnownShare {
 
     /// This share, to be claimed back where it is.
     fn want(&self) -> ShareWant {
-        ShareWant { resource: self.resource.clone(), capacity: self.capacity, len: self.len, at: Some(self.offset) }
+        ShareWant {
+            resource: self.resource.clone(),
+            capacity: self.capacity,
+            len: self.len,
+            at: Some(self.offset),
+            grow_to: None,
+        }
     }
 
     /// This share as `domain status` shows it.
