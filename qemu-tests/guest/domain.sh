@@ -13,8 +13,10 @@
 #
 # With /fabric/per-region (the per-region variant) both fabricds give each region a DAX
 # device of its own ([memory] dax_per_region): B's fabricd carves one at A's region for the
-# import. B then holds a second import mapped while A frees the region: B's fabricd deletes
-# that device, and the holder's next load faults (SIGBUS); no device is left behind.
+# import. B then holds a second import mapped while A frees the region, B's fabricd
+# stopped (SIGSTOP) meanwhile: A keeps the region's DPAs quarantined for B (B's device over
+# them still maps them) until B, resumed, deletes that device and acknowledges; the
+# holder's next load faults (SIGBUS); no device is left behind.
 . /fabric/common.sh
 . /fabric/node.env
 LEN=0x800000
@@ -100,7 +102,16 @@ if [ "$NODE" = a ]; then
   # has seen its holder end.
   # (at most 120 s: a B that failed before telling must not hold A to the guest's timeout)
   if [ -n "$PER_REGION" ]; then
+    # B's fabricd is stopped: its device over the region's DPAs may still map them, so
+    # they stay out of reuse until B acknowledges.
+    quarantine() { fabricctl domain status -o json | tr -d ' \n' | grep -o '"quarantine":\[[^]]*\]'; }
+    held_for_b() { quarantine >/tmp/quarantine && grep -q '"node":"b"' /tmp/quarantine; }
+    if waitfor 15 held_for_b; then result a-quarantine ok "$(cat /tmp/quarantine)"; else result a-quarantine fail "$(fabricctl domain status -o json 2>&1 | tail -20)"; fi
+    tell_resume() { echo resume | nc "$PEER" 7003; }
+    waitfor 30 tell_resume
     if command -v timeout >/dev/null; then timeout 120 nc -l -p 7002 >/tmp/b-final; else nc -l -p 7002 >/tmp/b-final; fi
+    lifted() { ! quarantine | grep -q '"node":"b"'; }
+    if waitfor 30 lifted; then result a-quarantine-lifted ok "B acknowledged: the range is free again"; else result a-quarantine-lifted fail "$(quarantine)"; fi
   fi
 else
   fetch() { nc "$PEER" 7000 >/tmp/lib-region && test -s /tmp/lib-region; }
@@ -119,8 +130,13 @@ else
     HOLD=$!
     if waitfor 30 test -s /tmp/held; then result b-holds ok "an import of A's region mapped on B"; else result b-holds fail "$(cat /tmp/hold.log)"; fi
   fi
+  # Per region: B's fabricd does not answer while A frees the region (A must not reuse
+  # its DPAs meanwhile); resumed once A has seen so.
+  [ -n "$PER_REGION" ] && kill -STOP $FABRICD_PID
   echo "stored $LEN bytes at $OFF" | nc "$PEER" 7001
   if [ -n "$PER_REGION" ]; then
+    if command -v timeout >/dev/null; then timeout 60 nc -l -p 7003 >/tmp/resume; else nc -l -p 7003 >/tmp/resume; fi
+    kill -CONT $FABRICD_PID
     # 135 = 128 + SIGBUS: the load after B's fabricd deleted the import's DAX device.
     wait $HOLD; rc=$?
     if [ "$rc" = 135 ]; then result b-revoked ok "the holder's load faulted (SIGBUS) after A freed the region"; else result b-revoked fail "holder exit $rc: $(cat /tmp/hold.log)"; fi

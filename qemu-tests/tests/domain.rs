@@ -13,7 +13,9 @@
 //! The per-region variant runs the same with `[memory] dax_per_region` on both hosts: A's
 //! region has a DAX device of its own, B's fabricd carves one at the region's range for the
 //! import, and A's free of the region ends a mapping B still holds (its load faults) and
-//! leaves no device behind on B.
+//! leaves no device behind on B. B's fabricd is stopped while A frees the region: A keeps
+//! the region's DPAs quarantined for B until B, resumed, deletes its device and
+//! acknowledges.
 
 use std::time::Duration;
 
@@ -171,6 +173,11 @@ fn two_hosts(test: &str, name: &'static str, per_region: bool) {
     if per_region {
         for c in ["b-holds", "b-revoked", "b-device-gone"] {
             out_b.expect_check(c);
+        }
+        // While B's fabricd was stopped, A kept the freed region's DPAs for B; B's
+        // acknowledgement gave them back.
+        for c in ["a-quarantine", "a-quarantine-lifted"] {
+            out_a.expect_check(c);
         }
     }
     if let Err(e) = twohost::check_file(&file, dpa, LEN, SEED_B) {

@@ -21,10 +21,17 @@ pub(super) enum Effect {
     /// A freed region's sim file (or NUMA file).
     RemoveFile(PathBuf),
     /// A freed region's carved DAX device: deleted, then its ranges (`offset` in each of
-    /// `resources`) are free again; if the kernel refuses, they stay taken until a restart.
+    /// `resources`) are free again — or quarantined while other nodes may still map them
+    /// (`holders`: their own devices over the same DPAs); if the kernel refuses, they stay
+    /// taken until a restart.
     Uncarve {
         /// The region.
         region: u64,
+        /// Its bytes.
+        len: u64,
+        /// The nodes that may still map it, with the acknowledgements awaited from each
+        /// ([`super::quarantine::Parked::nodes`]); empty: none.
+        holders: std::collections::BTreeMap<String, u32>,
         /// The DAX region the device was carved from.
         carve: DaxRegion,
         /// The device.
@@ -96,24 +103,21 @@ impl Memory {
                         tracing::warn!(path = %path.display(), error = %e, "cannot remove a region file");
                     }
                 }
-                Effect::Uncarve { region, carve, device, resources, offset } => match carve.destroy(&device) {
-                    Ok(()) => {
-                        let mut st = self.state();
-                        for i in resources {
-                            if let Some(r) = st.resources.get_mut(i) {
-                                r.ranges.free(offset);
+                Effect::Uncarve { region, len, holders, carve, device, resources, offset } => {
+                    match carve.destroy(&device) {
+                        // Parked before the importers are told (after the effects): an
+                        // acknowledgement always finds the range parked.
+                        Ok(()) => self.state().uncarved(region, holders, resources, offset, len),
+                        Err(e) => {
+                            tracing::warn!(region, device = %device, error = %e, "cannot delete a freed region's DAX device; its range stays taken until a restart");
+                            let mut st = self.state();
+                            if st.problems.len() < 256 {
+                                st.problems
+                                    .push(format!("region {region}'s DAX device {device} could not be deleted: {e}"));
                             }
                         }
                     }
-                    Err(e) => {
-                        tracing::warn!(region, device = %device, error = %e, "cannot delete a freed region's DAX device; its range stays taken until a restart");
-                        let mut st = self.state();
-                        if st.problems.len() < 256 {
-                            st.problems
-                                .push(format!("region {region}'s DAX device {device} could not be deleted: {e}"));
-                        }
-                    }
-                },
+                }
                 Effect::Unregister { id, registration } => self.undo_registration(id, *registration),
                 Effect::Release(what) => drop(what),
             }

@@ -828,6 +828,8 @@ impl Memory {
                 let (carve, device) = (from.clone(), name.clone());
                 st.effects.push(effects::Effect::Uncarve {
                     region: id,
+                    len: r.len,
+                    holders: holders.clone(),
                     carve,
                     device,
                     resources: members,

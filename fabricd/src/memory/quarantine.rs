@@ -87,6 +87,28 @@ impl State {
         self.parked.push(Parked { region, nodes, resources, offset, len });
     }
 
+    /// A freed region's carved DAX device is deleted: its range (`offset` in each of
+    /// `resources`) is free again, or parked while `holders` may still map it through
+    /// devices of their own over the same DPAs.
+    pub(super) fn uncarved(
+        &mut self,
+        region: u64,
+        holders: BTreeMap<String, u32>,
+        resources: Vec<usize>,
+        offset: u64,
+        len: u64,
+    ) {
+        if holders.is_empty() {
+            for i in resources {
+                if let Some(r) = self.resources.get_mut(i) {
+                    r.ranges.free(offset);
+                }
+            }
+        } else {
+            self.park(region, holders, resources, offset, len);
+        }
+    }
+
     /// Takes `node` off what it held: one acknowledgement of `region`'s end, or all of
     /// it (`None`); ranges no node holds any more go back to their allocator. Returns the
     /// bytes that did.
@@ -353,6 +375,32 @@ mod tests {
         assert!(full(&m, &place));
         assert_eq!(m.lift_quarantine("b", Some(region + 1)), 0);
         assert_eq!(m.lift_quarantine("b", Some(region)), 256 * MIB);
+        assert!(!full(&m, &place));
+    }
+
+    #[test]
+    fn a_carved_regions_range_is_parked_once_its_device_is_gone_while_another_node_may_map_it() {
+        let (_dir, m, place, region, _) = setup();
+        let (resource, offset, len) = {
+            let st = m.state();
+            let r = &st.regions[&region];
+            (r.resource, r.offset, r.len)
+        };
+        m.free(1, region).unwrap();
+        // What a carved region's free leaves: its range taken by its device until the
+        // device is deleted (the effect), then free, or parked while b may map it.
+        use std::collections::BTreeMap;
+        let carved = |holders: BTreeMap<String, u32>| {
+            let mut st = m.state();
+            st.resources[resource].ranges.reserve(offset, len);
+            st.uncarved(region, holders, vec![resource], offset, len);
+        };
+        carved(BTreeMap::new());
+        assert!(!full(&m, &place), "no other node: free once the device is gone");
+        carved(BTreeMap::from([("b".to_owned(), 1)]));
+        assert!(full(&m, &place), "b's device over the same DPAs may still map it");
+        assert_eq!(m.quarantine()[0].node, "b");
+        assert_eq!(m.acknowledged("b", region), 256 * MIB);
         assert!(!full(&m, &place));
     }
 
