@@ -370,7 +370,9 @@ pub enum BenchCommand {
     },
     /// Cross-node import + map + unmap (through the node link) vs the same on the owner
     /// node, remote stores vs local ones, and revocation reach, against two running nodes
-    /// of one domain with a node link and a shared sim fabric (`scripts/domain.sh up 2`).
+    /// of one domain with a node link and a shared sim fabric (`scripts/domain.sh up 2`);
+    /// with `--net-importer`, `bench netcopy` against a third node too, in the same JSON
+    /// (`FABRIC_DOMAIN_NET=1 scripts/domain.sh up 3`).
     Crossnode {
         /// The owner node's socket (it allocates and exports).
         #[arg(long, value_name = "SOCKET")]
@@ -381,6 +383,13 @@ pub enum BenchCommand {
         /// Round trips timed per figure.
         #[arg(long, default_value_t = 2_000)]
         iterations: usize,
+        /// A node sharing no memory fabric with the owner: the network copy runs
+        /// against it (`netcopy_ratio`, and the `netcopy` document).
+        #[arg(long, value_name = "SOCKET")]
+        net_importer: Option<PathBuf>,
+        /// Bytes per copy and per stream of the network copy.
+        #[arg(long, default_value_t = 64 << 20)]
+        net_bytes: u64,
     },
     /// A copy across nodes that share no memory (class NET: push and pull over the node
     /// link) vs a raw TCP and a raw TLS stream of the same bytes over loopback, against

@@ -3,7 +3,10 @@
 //! against the same from a session on the owner node, in the same run; stores into the
 //! remote mapping against stores into a local buffer; and how long an owner's revoke
 //! takes to reach the remote importer's callback. Runs against two running nodes of one
-//! domain with a node link and the sim's shared fabric (`scripts/domain.sh up 2`).
+//! domain with a node link and the sim's shared fabric (`scripts/domain.sh up 2`); with
+//! `--net-importer`, a third node off the shared fabric, against which `bench netcopy`
+//! runs too, so that one JSON carries every figure (`netcopy_ratio` and the `netcopy`
+//! document; `FABRIC_DOMAIN_NET=1 scripts/domain.sh up 3`).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -15,6 +18,7 @@ use serde::Serialize;
 
 use crate::bench_control::{self, ControlBenchError};
 use crate::bench_libcontrol::{LibControlBenchError, lib_err};
+use crate::bench_netcopy::{self, NetCopyBench, NetCopyOptions};
 
 /// Result of `bench crossnode`; latencies in microseconds.
 #[derive(Debug, Serialize)]
@@ -42,6 +46,12 @@ pub struct CrossNodeBench {
     pub revoke_p50_us: f64,
     /// The same, worst.
     pub revoke_max_us: f64,
+    /// `bench netcopy`'s push over a raw TCP stream (target ≥ 0.8), with `--net-importer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netcopy_ratio: Option<f64>,
+    /// `bench netcopy`'s whole document, with `--net-importer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netcopy: Option<NetCopyBench>,
 }
 
 /// What to run against.
@@ -53,6 +63,11 @@ pub struct CrossNodeOptions {
     pub importer: PathBuf,
     /// Round trips per figure.
     pub iterations: usize,
+    /// A node that shares no memory fabric with the owner (class NET): `bench netcopy`
+    /// runs against it too.
+    pub net_importer: Option<PathBuf>,
+    /// Bytes per copy of that run.
+    pub net_bytes: u64,
 }
 
 /// The owner node's slot and node span, from its `domain status`.
@@ -157,6 +172,15 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
         drop(import);
     }
     drop(region);
+    let netcopy = match &opts.net_importer {
+        Some(net) => Some(bench_netcopy::netcopy(&NetCopyOptions {
+            owner: opts.owner.clone(),
+            importer: net.clone(),
+            bytes: opts.net_bytes,
+            rounds: 3,
+        })?),
+        None => None,
+    };
     let (remote_import_p50_us, remote_import_p99_us) = bench_control::p50_p99(remote_t);
     let (local_import_p50_us, local_import_p99_us) = bench_control::p50_p99(local_t);
     let revoke_max_us = reach.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
@@ -173,5 +197,7 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
         remote_loadstore_ratio: remote_rate / local_rate.max(f64::MIN_POSITIVE),
         revoke_p50_us,
         revoke_max_us,
+        netcopy_ratio: netcopy.as_ref().map(|n| n.netcopy_ratio),
+        netcopy,
     })
 }

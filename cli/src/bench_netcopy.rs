@@ -30,7 +30,7 @@ pub struct NetCopyBench {
     pub bytes: u64,
     /// Rounds timed per figure.
     pub rounds: usize,
-    /// How the importer was granted the region (`copy_only` on a NET pair).
+    /// How the importer was granted the region (`CopyOnly` on a NET pair).
     pub grant: String,
     /// Push: the importer's registration into the owner's region.
     pub push_gbps: f64,

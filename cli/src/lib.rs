@@ -198,11 +198,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 let r = bench_libcontrol::libcontrol(&opts)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
-            BenchCommand::Crossnode { owner, importer, iterations } => {
+            BenchCommand::Crossnode { owner, importer, iterations, net_importer, net_bytes } => {
                 let opts = bench_crossnode::CrossNodeOptions {
                     owner: owner.clone(),
                     importer: importer.clone(),
                     iterations: *iterations,
+                    net_importer: net_importer.clone(),
+                    net_bytes: *net_bytes,
                 };
                 bench::print(&bench_crossnode::crossnode(&opts)?, b.json, out).map_err(RunError::Output)?;
             }
