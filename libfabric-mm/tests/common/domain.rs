@@ -17,6 +17,9 @@ pub struct Lab {
     pub dir: tempfile::TempDir,
     /// More lines of every node's `[domain]` (e.g. `data_paths = [...]`).
     pub domain_lines: String,
+    /// The network namespaces the nodes run in ([`Lab::start_in_namespaces`]), etcd in one
+    /// of its own; `None`: every node on loopback.
+    pub net: Option<fabric_domain::testing::netns::Net>,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -29,7 +32,31 @@ impl Lab {
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.pem");
         std::fs::write(&ca_file, &ca.pem().cert).unwrap();
-        Some(Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), _rt: rt })
+        Some(Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), net: None, _rt: rt })
+    }
+
+    /// A lab whose nodes run in `nodes` network namespaces ([`Lab::node_in`]), etcd in one
+    /// of its own, all on a bridge the lab made; `None` (the test skips) where namespaces
+    /// or etcd are not available.
+    pub fn start_in_namespaces(nodes: u8) -> Option<Lab> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (net, etcd) = rt.block_on(fabric_domain::testing::net_and_etcd_or_skip(nodes))?;
+        let ca = DomainCa::generate("lab").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &ca.pem().cert).unwrap();
+        Some(Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), net: Some(net), _rt: rt })
+    }
+
+    /// Node `name` in namespace `i` of this lab (made by [`Lab::start_in_namespaces`]),
+    /// its link at the namespace's address, as [`Lab::node`] otherwise.
+    pub fn node_in(&self, i: usize, fabric: &Path, shared: Option<&Path>, name: &str) -> Daemon {
+        let ns = &self.net.as_ref().expect("a lab in namespaces").nodes()[i];
+        let shared = shared.map(|s| format!("shared_dir = {s:?}\n")).unwrap_or_default();
+        let address = format!("{}:7471", ns.addr());
+        self.node_at(fabric, &format!("sim_node = {name:?}"), &shared, "", name, &address, |cmd| {
+            ns.enter_on_spawn(cmd).unwrap();
+        })
     }
 
     /// Node `name` of this lab serving node `name` of sim fabric `fabric`, on the shared
@@ -43,20 +70,35 @@ impl Lab {
     /// `[discovery]` and `peer` in its `[peer]`, and sections `extra`; its link on a free
     /// port with a certificate the lab's CA issues.
     pub fn node_with(&self, fabric: &Path, discovery: &str, peer: &str, extra: &str, name: &str) -> Daemon {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        self.node_at(fabric, discovery, peer, extra, name, &format!("127.0.0.1:{port}"), |_| {})
+    }
+
+    /// [`Lab::node_with`], its link at `address`, `prepare` applied to its command.
+    #[allow(clippy::too_many_arguments)]
+    fn node_at(
+        &self,
+        fabric: &Path,
+        discovery: &str,
+        peer: &str,
+        extra: &str,
+        name: &str,
+        address: &str,
+        prepare: impl FnOnce(&mut std::process::Command),
+    ) -> Daemon {
         let pem = self.ca.issue(name, &[]).unwrap();
         let pki = self.dir.path();
         let (cert, key) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
         std::fs::write(&cert, &pem.cert).unwrap();
         std::fs::write(&key, &pem.key).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let (etcd, ca_file, lines) = (self.etcd.endpoint(), &self.ca_file, &self.domain_lines);
         let config = format!(
             "[map]\nnode_span = {{ fixed = {SPAN} }}\n\
              [domain]\nname = \"lab\"\nendpoints = [{etcd:?}]\nnode = {name:?}\nlease_ttl_secs = 2\n{lines}\
-             [peer]\naddress = \"127.0.0.1:{port}\"\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
+             [peer]\naddress = {address:?}\nca = {ca_file:?}\ncert = {cert:?}\nkey = {key:?}\n\
              {peer}shared_identities = true\n{extra}"
         );
-        super::daemon_on(fabric, discovery, &config, |_| {})
+        super::daemon_on(fabric, discovery, &config, prepare)
     }
 }
 
