@@ -68,9 +68,14 @@ struct Shared {
     state: Mutex<State>,
     /// Callers wait on this for their answers or for the read side.
     changed: Condvar,
-    /// The background thread waits on this (with a timeout) while callers read: callers do
-    /// not notify it, so a busy session does not wake it once per call.
+    /// The background thread waits on this (with a timeout) while callers read: callers
+    /// notify it only where [`Shared::prompt`] is set, so a busy session that awaits no
+    /// event does not wake it once per call.
     idle: Condvar,
+    /// Events are awaited ([`Client::events_promptly`]: a revocation callback, a copy's
+    /// completion): the last caller done reading wakes the background thread, which reads
+    /// the next event at once instead of at its next look ([`IDLE_CHECK`]).
+    prompt: std::sync::atomic::AtomicBool,
     stream: UnixStream,
     on_event: OnEvent,
 }
@@ -220,6 +225,9 @@ impl Pending {
             st = shared.wait(st);
         };
         st.waiting -= 1;
+        if st.waiting == 0 && st.reader == Reader::Nobody && shared.prompt.load(std::sync::atomic::Ordering::Relaxed) {
+            shared.idle.notify_one();
+        }
         reply
     }
 }
@@ -239,13 +247,15 @@ impl Drop for Pending {
     }
 }
 
-/// How often the background thread looks whether callers stopped reading.
+/// How often the background thread looks whether callers stopped reading (unless woken:
+/// [`Shared::prompt`]).
 const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// While no caller waits: watch the socket and read what comes (events, answers to
 /// requests no one waits for yet); stop when the connection is over. While callers read,
 /// it looks every [`IDLE_CHECK`] whether they stopped, so events wait at most that long
-/// longer than they would for a dedicated reader.
+/// longer than they would for a dedicated reader — none longer where the session awaits
+/// events ([`Client::events_promptly`]): the last caller done wakes it.
 fn background(shared: &Shared) {
     loop {
         {
@@ -300,6 +310,7 @@ impl Client {
             state: Mutex::new(State { pending: HashMap::new(), reader: Reader::Nobody, waiting: 0, closed: false }),
             changed: Condvar::new(),
             idle: Condvar::new(),
+            prompt: std::sync::atomic::AtomicBool::new(false),
             stream: read_half,
             on_event,
         });
@@ -322,6 +333,12 @@ impl Client {
     /// The negotiated protocol version.
     pub(crate) fn version(&self) -> Version {
         self.version
+    }
+
+    /// From now on events are read as soon as no caller reads, not at the background
+    /// thread's next look: the session awaits them (a revocation callback, copies).
+    pub(crate) fn events_promptly(&self) {
+        self.shared.prompt.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the connection is gone.

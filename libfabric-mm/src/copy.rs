@@ -286,6 +286,9 @@ impl Session {
     /// module documentation).
     pub fn copy(&self, dst: CopyEndpoint, src: CopyEndpoint, len: u64) -> Result<Copy> {
         self.needs(Opcode::Copy)?;
+        // Its completion is read as it comes (set before the call: the call's own end wakes
+        // the reader).
+        self.inner.client.events_promptly();
         let req = Request::Copy(CopyRequest { dst: dst.into(), src: src.into(), len });
         let Response::Copy(r) = self.call(req)? else { return Err(Error::Unexpected(Opcode::Copy)) };
         Ok(self.track_copy(r.copy))
@@ -299,6 +302,7 @@ impl Session {
     /// source. Needs protocol 1.3.
     pub fn copy_batch(&self, copies: &[CopyPart]) -> Result<Copy> {
         self.needs(Opcode::CopyBatch)?;
+        self.inner.client.events_promptly();
         let list: Vec<CopyRequest> =
             copies.iter().map(|c| CopyRequest { dst: c.dst.into(), src: c.src.into(), len: c.len }).collect();
         let copies = BoundedVec::new(list)

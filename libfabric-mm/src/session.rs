@@ -341,6 +341,8 @@ impl Session {
     /// `f` must not block or call the session: answers to this session's calls wait behind it.
     pub fn on_revocation(&self, f: impl Fn(&Revocation) + Send + Sync + 'static) {
         *Revocations::lock(&self.inner.revocations.callback) = Some(Box::new(f));
+        // Revocations reach `f` as they come, not at the reader's next look.
+        self.inner.client.events_promptly();
     }
 
     /// Allocates `size` bytes (rounded up by the daemon to its granule).
