@@ -109,8 +109,7 @@ impl ShareTable {
 
     /// Whether `[offset, offset + len)` lies in the resource and overlaps no share.
     pub fn fits_at(&self, offset: u64, len: u64) -> bool {
-        offset.checked_add(len).is_some_and(|end| len > 0 && end <= self.capacity)
-            && self.shares.iter().all(|s| s.offset + s.len <= offset || offset + len <= s.offset)
+        self.fits_besides(None, offset, len)
     }
 
     /// Who holds (part of) `[offset, offset + len)`: the nodes, or why nobody does.
@@ -143,11 +142,17 @@ impl ShareTable {
     /// Whether `node`'s share could be `len` bytes at `offset`: in the resource and
     /// overlapping no other node's share.
     pub fn fits_for(&self, node: &str, offset: u64, len: u64) -> bool {
+        self.fits_besides(Some(node), offset, len)
+    }
+
+    /// Whether `[offset, offset + len)` lies in the resource and overlaps no share but
+    /// `except`'s.
+    fn fits_besides(&self, except: Option<&str>, offset: u64, len: u64) -> bool {
         offset.checked_add(len).is_some_and(|end| len > 0 && end <= self.capacity)
             && self
                 .shares
                 .iter()
-                .filter(|s| s.node != node)
+                .filter(|s| Some(s.node.as_str()) != except)
                 .all(|s| s.offset + s.len <= offset || offset + len <= s.offset)
     }
 

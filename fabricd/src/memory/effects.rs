@@ -107,7 +107,7 @@ impl Memory {
                     match carve.destroy(&device) {
                         // Parked before the importers are told (after the effects): an
                         // acknowledgement always finds the range parked.
-                        Ok(()) => self.state().uncarved(region, holders, resources, offset, len),
+                        Ok(()) => self.state().release_range(region, holders, resources, offset, len),
                         Err(e) => {
                             tracing::warn!(region, device = %device, error = %e, "cannot delete a freed region's DAX device; its range stays taken until a restart");
                             let mut st = self.state();

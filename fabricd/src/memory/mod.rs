@@ -846,14 +846,8 @@ impl Memory {
             // is closed with the region.
             Backing::DeviceRange { .. } | Backing::Object(_) => Some(members),
         };
-        match free_now {
-            Some(members) if !holders.is_empty() => st.park(id, holders, members, r.offset, r.len),
-            Some(members) => {
-                for i in members {
-                    st.resources[i].ranges.free(r.offset);
-                }
-            }
-            None => {}
+        if let Some(members) = free_now {
+            st.release_range(id, holders, members, r.offset, r.len);
         }
         let u = st.usage.entry(r.owner.uid).or_default();
         u.bytes = u.bytes.saturating_sub(r.len);

@@ -87,10 +87,10 @@ impl State {
         self.parked.push(Parked { region, nodes, resources, offset, len });
     }
 
-    /// A freed region's carved DAX device is deleted: its range (`offset` in each of
-    /// `resources`) is free again, or parked while `holders` may still map it through
-    /// devices of their own over the same DPAs.
-    pub(super) fn uncarved(
+    /// A freed region's range (`offset` in each of `resources`; a carved DAX device's
+    /// once the device is deleted) is free again, or parked while `holders` (other nodes,
+    /// [`State::holders`]) may still map it.
+    pub(super) fn release_range(
         &mut self,
         region: u64,
         holders: BTreeMap<String, u32>,
@@ -393,7 +393,7 @@ mod tests {
         let carved = |holders: BTreeMap<String, u32>| {
             let mut st = m.state();
             st.resources[resource].ranges.reserve(offset, len);
-            st.uncarved(region, holders, vec![resource], offset, len);
+            st.release_range(region, holders, vec![resource], offset, len);
         };
         carved(BTreeMap::new());
         assert!(!full(&m, &place), "no other node: free once the device is gone");

@@ -28,11 +28,7 @@ impl Lab {
     pub fn start() -> Option<Lab> {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let etcd = rt.block_on(fabric_domain::testing::etcd_or_skip())?;
-        let ca = DomainCa::generate("lab").unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let ca_file = dir.path().join("ca.pem");
-        std::fs::write(&ca_file, &ca.pem().cert).unwrap();
-        Some(Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), net: None, _rt: rt })
+        Some(Self::around(rt, etcd, None))
     }
 
     /// A lab whose nodes run in `nodes` network namespaces ([`Lab::node_in`]), etcd in one
@@ -41,11 +37,20 @@ impl Lab {
     pub fn start_in_namespaces(nodes: u8) -> Option<Lab> {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let (net, etcd) = rt.block_on(fabric_domain::testing::net_and_etcd_or_skip(nodes))?;
+        Some(Self::around(rt, etcd, Some(net)))
+    }
+
+    /// A lab on `etcd` (and `net`): its CA made, in a directory of its own.
+    fn around(
+        rt: tokio::runtime::Runtime,
+        etcd: fabric_domain::testing::EtcdServer,
+        net: Option<fabric_domain::testing::netns::Net>,
+    ) -> Lab {
         let ca = DomainCa::generate("lab").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.pem");
         std::fs::write(&ca_file, &ca.pem().cert).unwrap();
-        Some(Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), net: Some(net), _rt: rt })
+        Lab { etcd, ca, ca_file, dir, domain_lines: String::new(), net, _rt: rt }
     }
 
     /// Node `name` in namespace `i` of this lab (made by [`Lab::start_in_namespaces`]),
