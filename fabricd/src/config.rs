@@ -246,6 +246,11 @@ pub struct ShareConfig {
     /// with `/` written `_` ([`ShareConfig::pool`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Whether the device keeps every host's caches coherent with what the others store
+    /// (CXL back-invalidate, HDM-DB): mappings of it then need no flush or invalidate.
+    /// Default `false`: CXL.mem shared by hosts is not, and regions on it say so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coherent: bool,
 }
 
 impl ShareConfig {
@@ -737,9 +742,15 @@ mod tests {
         let c = parse(&format!("{FIXED}{DOMAIN}{good}")).unwrap();
         assert_eq!(
             c.memory.shares,
-            vec![ShareConfig { device: "serial:cxl/0x5eed0000".into(), bytes: 64 << 20, pool: None }]
+            vec![ShareConfig { device: "serial:cxl/0x5eed0000".into(), bytes: 64 << 20, pool: None, coherent: false }]
         );
         assert_eq!(c.memory.shares[0].pool(), "serial:cxl_0x5eed0000");
+        let coherent = parse(&format!(
+            "{FIXED}{DOMAIN}{good}coherent = true
+"
+        ))
+        .unwrap();
+        assert!(coherent.memory.shares[0].coherent);
         let named = parse(&format!("{FIXED}{DOMAIN}{good}pool = \"rack4-pool\"\n")).unwrap();
         assert_eq!(named.memory.shares[0].pool(), "rack4-pool");
         let refused = |t: String, why: &str| {

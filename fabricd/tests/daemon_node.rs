@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use fabric_proto::wire::{
-    Access, AccessMode, BoundedVec, CodecError, Connection, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
+    Access, AccessMode, BoundedVec, CodecError, Coherence, Connection, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
     ExportHandle, ExportPolicy, ExportRequest, FreeRequest, Grant, ImportRequest, NodeId, RegisterRequest,
     RegisterSource, Request, Response, RevokeRequest, StatusRequest, Version, VersionRange,
 };
@@ -66,14 +66,23 @@ fn handles_and_grants_name_this_node_and_an_older_client_gets_what_it_understood
         std::fs::read_to_string(setup.state.join("node-id")).unwrap().trim_end().parse().expect("a node id file");
     let gpu = gpu();
 
-    // 1.5: the grant names this node and says the memory is a descriptor; so does the handle.
+    // 1.5: the grant names this node and says the memory is a descriptor; so does the
+    // handle. 1.9: the grant also says this host's caches are coherent with it (this
+    // node's own memory).
     let mut new = common::client(&setup.socket);
     let (a, _file) = common::alloc_hbm(&mut new, &gpu, 1 << 20);
-    assert_eq!(a.grant, Some(Grant { owner: node, access: Access::Fd }));
+    let coherent = Grant::new(node, Access::Fd).with_coherence(Coherence::Hardware);
+    assert_eq!(a.grant, Some(coherent));
     let handle = export(&mut new, a.region);
     assert_eq!(handle.node, Some(node));
     assert!(handle.to_string().starts_with(&format!("fbh2-{node}-")));
-    assert_eq!(import(&mut new, handle), Ok((Some(Grant { owner: node, access: Access::Fd }), 1)));
+    assert_eq!(import(&mut new, handle), Ok((Some(coherent), 1)));
+
+    // 1.8: the 1.5 grant, without the coherence it cannot read.
+    let mut before = client_up_to(&setup.socket, 8);
+    let (c, _file) = common::alloc_hbm(&mut before, &gpu, 1 << 20);
+    assert_eq!(c.grant, Some(Grant::new(node, Access::Fd)));
+    assert_eq!(import(&mut before, handle), Ok((Some(Grant::new(node, Access::Fd)), 1)));
 
     // 1.4: no grant, a node-less handle (fbh1), and the same memory as ever.
     let mut old = old_client(&setup.socket);

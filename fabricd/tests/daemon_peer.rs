@@ -369,7 +369,13 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     let (a, file0) = common::alloc_hbm(&mut c0, &gpu0, size);
     let handle = common::export(&mut c0, a.region, AccessMode::ReadWrite);
     let i = import_copy_only(&mut c2, handle, AccessMode::ReadWrite).unwrap();
-    assert_eq!(i.grant, Some(fabric_proto::wire::Grant { owner: handle.node.unwrap(), access: Access::CopyOnly }));
+    assert_eq!(
+        i.grant,
+        Some(
+            fabric_proto::wire::Grant::new(handle.node.unwrap(), Access::CopyOnly)
+                .with_coherence(fabric_proto::wire::Coherence::Hardware)
+        )
+    );
     assert_eq!((i.gfa, i.size), (a.gfa, size));
     let gfa = a.gfa.unwrap();
     // tray2's memory is placed a moment after it is live.

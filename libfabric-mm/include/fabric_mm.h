@@ -504,9 +504,18 @@ uint64_t fmm_mapping_len(const struct fmm_mapping_t *m);
 // `m` is NULL or a live mapping.
 uint64_t fmm_mapping_gfa(const struct fmm_mapping_t *m);
 
+// 1 when the hardware keeps this host's caches coherent with a mapping's memory, so that
+// `fmm_mapping_flush` and `fmm_mapping_invalidate` are no-ops; 0 when it does not (CXL.mem
+// shared by several hosts); a negative `FMM_E_*` for a NULL mapping. See
+// docs/libfabric-mm.md, "Coherence".
+//
+// # Safety
+// `m` is NULL or a live mapping.
+int fmm_mapping_coherent(const struct fmm_mapping_t *m);
+
 // Writes this host's stores to `len` bytes at `offset` of a mapping back to memory, for
 // a fabric without hardware coherence (CXL.mem shared across hosts); a no-op where the
-// mapping is coherent (this node's own memory). `FMM_E_ARG` for an empty range or one
+// mapping is coherent (`fmm_mapping_coherent`). `FMM_E_ARG` for an empty range or one
 // not inside the mapping.
 //
 // # Safety

@@ -544,9 +544,28 @@ pub unsafe extern "C" fn fmm_mapping_gfa(m: *const FmmMapping) -> u64 {
     unsafe { m.as_ref() }.map_or(0, |m| m.0.gfa())
 }
 
+/// 1 when the hardware keeps this host's caches coherent with a mapping's memory, so that
+/// `fmm_mapping_flush` and `fmm_mapping_invalidate` are no-ops; 0 when it does not (CXL.mem
+/// shared by several hosts); a negative `FMM_E_*` for a NULL mapping. See
+/// docs/libfabric-mm.md, "Coherence".
+///
+/// # Safety
+/// `m` is NULL or a live mapping.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fmm_mapping_coherent(m: *const FmmMapping) -> c_int {
+    let mut coherent = false;
+    let rc = guard(|| {
+        // SAFETY: the caller's contract.
+        let m = unsafe { get(m, "mapping")? };
+        coherent = m.0.coherent();
+        Ok(())
+    });
+    if rc == 0 { c_int::from(coherent) } else { rc }
+}
+
 /// Writes this host's stores to `len` bytes at `offset` of a mapping back to memory, for
 /// a fabric without hardware coherence (CXL.mem shared across hosts); a no-op where the
-/// mapping is coherent (this node's own memory). `FMM_E_ARG` for an empty range or one
+/// mapping is coherent (`fmm_mapping_coherent`). `FMM_E_ARG` for an empty range or one
 /// not inside the mapping.
 ///
 /// # Safety

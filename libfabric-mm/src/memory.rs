@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use fabric_proto::wire::{ExportHandle, FreeRequest, NodeId, RegisterSource, ReleaseRequest, Request};
+use fabric_proto::wire::{Coherence, ExportHandle, FreeRequest, NodeId, RegisterSource, ReleaseRequest, Request};
 
 use crate::error::{Error, Result};
 use crate::session::Inner;
@@ -42,6 +42,9 @@ pub struct Mem {
     pub(crate) writable: bool,
     /// The node that owns the region, when the daemon said (protocol 1.5).
     pub(crate) owner: Option<NodeId>,
+    /// Whether the hardware keeps this host's caches coherent with it, when the daemon
+    /// said (protocol 1.9).
+    pub(crate) coherence: Option<Coherence>,
     /// The memory object; `None` when the grant is copy-only.
     pub(crate) fd: Option<OwnedFd>,
 }
@@ -56,6 +59,7 @@ impl fmt::Debug for Mem {
             .field("gfa", &self.gfa)
             .field("writable", &self.writable)
             .field("owner", &self.owner)
+            .field("coherence", &self.coherence)
             .field("copy_only", &self.fd.is_none())
             .finish()
     }
@@ -284,15 +288,18 @@ impl Mapping {
     }
 
     /// Whether this host's caches are kept coherent with the memory by the hardware, so
-    /// that [`Mapping::flush`] and [`Mapping::invalidate`] are no-ops: this node's own
-    /// memory (a region it allocated, an import of a local export). An import of another
-    /// node's memory is treated as not coherent (CXL.mem shared across hosts is not,
-    /// without back-invalidate; the sim's shared files and NVLink are, but the grant does
-    /// not say which fabric carries it yet): flush and invalidate do the cache work.
+    /// that [`Mapping::flush`] and [`Mapping::invalidate`] are no-ops, as the daemon's
+    /// grant says (protocol 1.9; docs/libfabric-mm.md has the table per fabric): not for
+    /// CXL.mem shared by several hosts (another node's region on it, or this node's own
+    /// region on a device its `[[memory.shares]]` lists, unless declared `coherent`); yes
+    /// for memory only this host reaches, the sim's shared files and NVLink. From an older
+    /// daemon, whose grant does not say: this node's own memory is, another node's is
+    /// treated as not.
     pub fn coherent(&self) -> bool {
-        match self.mem.kind {
-            MemKind::Owned => true,
-            MemKind::Imported { import } => import & REMOTE_IMPORT == 0,
+        match (self.mem.coherence, &self.mem.kind) {
+            (Some(c), _) => c == Coherence::Hardware,
+            (None, MemKind::Owned) => true,
+            (None, MemKind::Imported { import }) => import & REMOTE_IMPORT == 0,
         }
     }
 

@@ -366,6 +366,7 @@ impl Session {
             offset: a.offset,
             writable: true,
             owner: a.grant.map(|g| g.owner),
+            coherence: a.grant.and_then(|g| g.coherence),
             fd,
         }))
     }
@@ -413,6 +414,7 @@ impl Session {
             offset: i.offset,
             writable: i.access == AccessMode::ReadWrite,
             owner: i.grant.map(|g| g.owner),
+            coherence: i.grant.and_then(|g| g.coherence),
             fd,
         }))
     }
@@ -486,7 +488,7 @@ mod tests {
     }
 
     fn grant(access: Access) -> Option<Grant> {
-        Some(Grant { owner: NodeId([7; 8]), access })
+        Some(Grant::new(NodeId([7; 8]), access))
     }
 
     #[test]

@@ -86,10 +86,10 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     assert_eq!(importer.window().apertures(), vec![(slot1 * SPAN, SPAN), (slot0 * SPAN, SPAN)]);
     assert_eq!(importer.window().gfa_of(im.as_ptr()), Some(om.gfa()), "at its GFA in tray1's window");
     assert_eq!(im.as_ptr() as usize % (2 << 20), om.as_ptr() as usize % (2 << 20));
-    // Another node's memory is treated as not coherent: invalidate before loading what
-    // tray0 stored and flush after storing run the cache-line work over the mapped range
-    // (needed on CXL shared across hosts; harmless on the sim's shared files).
-    assert!(!im.coherent());
+    // The sim's shared files are one host's memory: the grant says its caches are coherent
+    // with them, so invalidate before loading what tray0 stored and flush after storing
+    // are no-ops (CXL shared across hosts is not: crossnode_cxl.rs), the range checked.
+    assert!(im.coherent());
     im.invalidate(0, LEN).unwrap();
     assert!(matches!(im.invalidate(LEN - 1, 2), Err(Error::InvalidArgument(_))));
     assert!(matches!(im.flush(0, 0), Err(Error::InvalidArgument(_))));

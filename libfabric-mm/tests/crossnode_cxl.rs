@@ -106,6 +106,8 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     let region = owner.alloc(&Target::Set(SET.into()), LEN).unwrap();
     assert!(region.fd_offset() >= own.fd_offset() + LEN);
     let om = owner.map(&region).unwrap();
+    // No `[[memory.shares]]` here: as far as a knows, the device is its own memory.
+    assert!(om.coherent());
     fill(&om, 0xa, LEN);
     om.flush(0, LEN).unwrap();
     let handle = owner.export(&region, &Policy::default()).unwrap();
@@ -116,6 +118,7 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     assert_eq!(import.gfa(), region.gfa(), "one GFA on both nodes");
     assert_eq!(import.fd_offset(), region.fd_offset(), "the same place in the same device");
     let im = importer.map(&import).unwrap();
+    assert!(!im.coherent(), "another host's region on shared CXL memory: flush and invalidate are needed");
     im.invalidate(0, LEN).unwrap();
     check(&im, 0xa, LEN);
     fill(&im, 0xb, LEN);
@@ -228,6 +231,7 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
 
     // So b may hand its client a's region: DPAs it holds none of.
     let om = owner.map(&region).unwrap();
+    assert!(!om.coherent(), "a region on a share of a device other hosts reach is not coherent for its owner either");
     fill(&om, 0x1a, LEN);
     om.flush(0, LEN).unwrap();
     let handle = owner.export(&region, &Policy::default()).unwrap();
@@ -235,6 +239,7 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     assert!(!import.copy_only());
     assert_eq!(import.fd_offset(), region.fd_offset());
     let im = importer.map(&import).unwrap();
+    assert!(!im.coherent());
     im.invalidate(0, LEN).unwrap();
     check(&im, 0x1a, LEN);
     fill(&im, 0x1b, LEN);
@@ -248,7 +253,8 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
 
     // b's share is full past 2 × 64 MiB of the set. Restarted with twice the bytes in its
     // configuration, its shares grow in place (the room after them is free) and it
-    // allocates what did not fit before; a's share stays as it was.
+    // allocates what did not fit before; a's share stays as it was. The devices are now
+    // declared coherent (as CXL with back-invalidate would be): b's mappings say so.
     match importer.alloc(&Target::Set(SET.into()), 2 * SHARE) {
         Err(Error::Refused { code: ErrorCode::NoSpace, .. }) => {}
         other => panic!("past b's share: {other:?}"),
@@ -256,7 +262,8 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     drop((im, import, importer));
     let config = b.dir.path().join("fabricd.toml");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace(&format!("bytes = {SHARE}\n"), &format!("bytes = {}\n", 2 * SHARE))).unwrap();
+    let grown = text.replace(&format!("bytes = {SHARE}\n"), &format!("bytes = {}\ncoherent = true\n", 2 * SHARE));
+    std::fs::write(&config, grown).unwrap();
     b.restart();
     domain::wait_live(&[&a, &b]);
     let status = domain::status(&b.socket);
@@ -266,8 +273,12 @@ fn hosts_with_shares_of_the_shared_devices_allocate_apart_and_import_each_other(
     let status = domain::status(&a.socket);
     let shares = status["self"]["shares"].as_array().cloned().unwrap_or_default();
     assert!(shares.iter().all(|s| s["offset"] == 0 && s["len"] == SHARE), "a's as it was: {status}");
-    let more = domain::session(&b.socket, None).alloc(&Target::Set(SET.into()), 2 * SHARE).unwrap();
+    let grown = domain::session(&b.socket, None);
+    let more = grown.alloc(&Target::Set(SET.into()), 2 * SHARE).unwrap();
     assert!(more.fd_offset() >= 2 * SHARE, "in b's share: {:#x}", more.fd_offset());
+    assert!(grown.map(&more).unwrap().coherent(), "a share declared coherent");
+    let import = grown.import(&handle, true).unwrap();
+    assert!(grown.map(&import).unwrap().coherent(), "b declares both members coherent");
 }
 
 /// Host `name` of `lab` on the shared devices (the DAX stand-in `device`), claiming

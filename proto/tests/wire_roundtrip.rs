@@ -60,10 +60,15 @@ fn handle() -> impl Strategy<Value = ExportHandle> {
         .prop_map(|(node, (region, generation, s))| ExportHandle { node, region, generation, secret: Secret(s) })
 }
 
-/// A grant (1.5) or none (an older connection's response).
+/// A grant (1.5; with its coherence since 1.9) or none (an older connection's response).
 fn grant() -> impl Strategy<Value = Option<Grant>> {
     let access = prop_oneof![Just(Access::Fd), Just(Access::Vendor), Just(Access::CopyOnly)];
-    proptest::option::of((node(), access).prop_map(|(owner, access)| Grant { owner, access }))
+    let coherence = proptest::option::of(prop_oneof![Just(Coherence::Hardware), Just(Coherence::Software)]);
+    proptest::option::of((node(), access, coherence).prop_map(|(owner, access, coherence)| Grant {
+        owner,
+        access,
+        coherence,
+    }))
 }
 
 fn access() -> impl Strategy<Value = AccessMode> {
@@ -418,9 +423,26 @@ fn framed() -> impl Strategy<Value = (Header, Message)> {
 }
 
 /// The length of the trailing extension `msg` carries, if any.
+/// How many bytes at the end of `msg`'s body each of its older forms leaves out: none, or
+/// its trailer — and for a grant with its coherence (1.9), also just that byte (the 1.5
+/// grant).
+fn older_forms(msg: &Message) -> Vec<usize> {
+    let grant = |g: &Option<Grant>| match g {
+        Some(Grant { coherence: Some(_), .. }) => vec![Grant::LEN_COHERENCE, 1],
+        Some(_) => vec![Grant::LEN],
+        None => Vec::new(),
+    };
+    match msg {
+        Message::Response(Response::Alloc(a) | Response::Adopt(a)) => grant(&a.grant),
+        Message::Response(Response::Import(i)) => grant(&i.grant),
+        Message::Response(Response::ImportObject(i)) => grant(&i.grant),
+        _ => trailer_len(msg).into_iter().collect(),
+    }
+}
+
+/// The length of `msg`'s trailer other than a grant, when it has one.
 fn trailer_len(msg: &Message) -> Option<usize> {
     let node = |h: &ExportHandle| h.node.map(|_| NodeId::LEN);
-    let grant = |g: &Option<Grant>| g.map(|_| Grant::LEN);
     match msg {
         Message::Request(Request::Hello(h)) => h.resume.map(|_| 16),
         Message::Response(Response::Hello(h)) => h.token.map(|_| 16),
@@ -430,9 +452,6 @@ fn trailer_len(msg: &Message) -> Option<usize> {
         Message::Request(Request::Export(e)) => e.node.map(|_| NodeId::LEN),
         Message::Request(Request::Register(r)) => r.node.map(|_| NodeId::LEN),
         Message::Response(Response::Export(e)) => node(&e.handle),
-        Message::Response(Response::Alloc(a) | Response::Adopt(a)) => grant(&a.grant),
-        Message::Response(Response::Import(i)) => grant(&i.grant),
-        Message::Response(Response::ImportObject(i)) => grant(&i.grant),
         _ => None,
     }
 }
@@ -464,12 +483,12 @@ proptest! {
             prop_assert!(result.is_err(), "prefix of {cut} bytes decoded");
         }
         // The body alone: no proper prefix decodes as the same opcode and kind either,
-        // except the frozen form of a body that carries a trailer (the 1.1 token of a
+        // except the older forms of a body that carries a trailer (the 1.1 token of a
         // hello, the 1.5 node of a handle or grant of a response, the 1.8 node of a
-        // region).
+        // region, the 1.9 coherence of a grant).
         let body = &bytes[HEADER_LEN..];
-        let frozen = trailer_len(&msg).map(|t| body.len() - t);
-        for cut in (0..body.len()).step_by(if cfg!(miri) { 31 } else { 1 }).filter(|c| Some(*c) != frozen) {
+        let older: Vec<usize> = older_forms(&msg).into_iter().map(|t| body.len() - t).collect();
+        for cut in (0..body.len()).step_by(if cfg!(miri) { 31 } else { 1 }).filter(|c| !older.contains(c)) {
             let short = Header { body_len: cut as u32, ..decode_header(&bytes).unwrap() };
             prop_assert!(decode_body(&short, &body[..cut]).is_err(), "body prefix of {cut} bytes decoded");
         }
@@ -477,6 +496,14 @@ proptest! {
 
     #[test]
     fn trailing_bytes_are_refused((header, msg) in framed(), extra in vec(any::<u8>(), 1..8)) {
+        // One byte after a 1.5 grant is a 1.9 grant's coherence, not trailing.
+        let grant = match &msg {
+            Message::Response(Response::Alloc(a) | Response::Adopt(a)) => a.grant,
+            Message::Response(Response::Import(i)) => i.grant,
+            Message::Response(Response::ImportObject(i)) => i.grant,
+            _ => None,
+        };
+        prop_assume!(!(extra.len() == 1 && grant.is_some_and(|g| g.coherence.is_none())));
         let mut body = Vec::new();
         encode_body(&msg, &mut body).unwrap();
         body.extend_from_slice(&extra);
@@ -755,17 +782,38 @@ fn node_trailers_are_pinned() {
         encode_body(&Message::Response(Response::Alloc(a)), &mut body).unwrap();
         body
     };
-    let (old, new) = (alloc(None), alloc(Some(Grant { owner: node, access: Access::CopyOnly })));
+    let (old, new) = (alloc(None), alloc(Some(Grant::new(node, Access::CopyOnly))));
     assert_eq!(&new[..old.len()], &old[..]);
     assert_eq!(&new[old.len()..], &[1, 2, 3, 4, 5, 6, 7, 8, 2]);
     let Response::Alloc(a) = decode_response(Opcode::Alloc, &new).unwrap() else { unreachable!() };
-    assert_eq!(a.grant, Some(Grant { owner: node, access: Access::CopyOnly }));
+    assert_eq!(a.grant, Some(Grant::new(node, Access::CopyOnly)));
     assert_eq!(Response::Alloc(a.clone()).fds_required(), 0, "a copy-only grant carries no descriptor");
     let mut bad = new.clone();
     if let Some(b) = bad.last_mut() {
         *b = 3;
     }
     assert!(matches!(decode_response(Opcode::Alloc, &bad), Err(BodyError::Decode { .. })), "no access 3");
+    // 1.9: the coherence's code is one byte after the 1.5 grant.
+    let software = Grant::new(node, Access::Fd).with_coherence(Coherence::Software);
+    let coherent = alloc(Some(software));
+    assert_eq!(&coherent[old.len()..], &[1, 2, 3, 4, 5, 6, 7, 8, 0, 1]);
+    let Response::Alloc(a) = decode_response(Opcode::Alloc, &coherent).unwrap() else { unreachable!() };
+    assert_eq!(a.grant, Some(software));
+    let hardware = alloc(Some(Grant::new(node, Access::Fd).with_coherence(Coherence::Hardware)));
+    assert_eq!(hardware.last(), Some(&0));
+    let mut bad = coherent.clone();
+    if let Some(b) = bad.last_mut() {
+        *b = 2;
+    }
+    assert!(matches!(decode_response(Opcode::Alloc, &bad), Err(BodyError::Decode { .. })), "no coherence 2");
+    let mut long = coherent.clone();
+    long.push(0);
+    assert!(matches!(decode_response(Opcode::Alloc, &long), Err(BodyError::TrailingBytes { extra: 11, .. })));
+    // An older connection gets the 1.5 grant, and one before 1.5 none.
+    let Response::Alloc(a) = Response::Alloc(a).for_version(Version::new(1, 8)) else { unreachable!() };
+    assert_eq!(a.grant, Some(Grant::new(node, Access::Fd)));
+    let Response::Alloc(a) = Response::Alloc(a).for_version(Version::new(1, 4)) else { unreachable!() };
+    assert_eq!(a.grant, None);
 }
 
 #[test]

@@ -187,7 +187,7 @@ fn an_older_connection_gets_what_it_understood() {
     let node = NodeId([1; 8]);
     let handle = ExportHandle { node: Some(node), region: 1, generation: 2, secret: Secret([3; 16]) };
     let export = Response::Export(ExportResponse { handle });
-    let grant = Some(Grant { owner: node, access: Access::Fd });
+    let grant = Some(Grant::new(node, Access::Fd));
     let alloc = Response::Alloc(AllocResponse { region: 1, generation: 1, size: 2, gfa: None, offset: 0, grant });
     for old in [Version::new(1, 0), Version::new(1, 4)] {
         let Response::Export(e) = export.clone().for_version(old) else { unreachable!() };

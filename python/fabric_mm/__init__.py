@@ -198,8 +198,9 @@ class Mapping(_Bytes):
 
     @property
     def coherent(self) -> bool:
-        """Whether :meth:`flush` and :meth:`invalidate` are no-ops: this node's own memory
-        is; another node's is treated as not coherent across hosts."""
+        """Whether :meth:`flush` and :meth:`invalidate` are no-ops, as the daemon's grant
+        says: not for CXL memory shared by several hosts, yes for memory only this host
+        reaches, the sim's shared files and NVLink (docs/libfabric-mm.md, "Coherence")."""
         return self._native.coherent
 
     def check(self) -> None:

@@ -233,8 +233,8 @@ impl Mapping {
         let m = self.get(py)?;
         m.check().map_err(|e| to_py(py, e))
     }
-    /// Whether the hardware keeps this host's caches coherent with the memory (this
-    /// node's own memory), making `flush` and `invalidate` no-ops.
+    /// Whether the hardware keeps this host's caches coherent with the memory, making
+    /// `flush` and `invalidate` no-ops (the grant's coherence: `Mapping::coherent`).
     #[getter]
     fn coherent(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(self.get(py)?.coherent())

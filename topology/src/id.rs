@@ -108,6 +108,12 @@ impl DeviceId {
         Self(format!("serial:{kind}/{serial}"))
     }
 
+    /// A CXL memory device by its serial (its PCIe DSN): `serial:cxl/0x…`, the same on every
+    /// host that sees the device.
+    pub fn cxl(serial: u64) -> Self {
+        Self::serial("cxl", &format!("{serial:#x}"))
+    }
+
     /// A PCI function on a node.
     pub fn pci(node: &str, addr: PciAddress) -> Self {
         Self(format!("pci:{node}/{addr}"))
@@ -204,6 +210,7 @@ mod tests {
     fn device_id_parses_canonical_forms() {
         let a: PciAddress = "0000:17:00.0".parse().unwrap();
         assert_eq!(DeviceId::pci("node0", a).to_string(), "pci:node0/0000:17:00.0");
+        assert_eq!(DeviceId::cxl(0x5eed0000).to_string(), "serial:cxl/0x5eed0000");
         for s in ["uuid:GPU-1", "serial:cxl/0x10", "name:node0/numa0", "pci:n/0000:00:00.0"] {
             assert_eq!(s.parse::<DeviceId>().unwrap().as_str(), s);
         }

@@ -97,7 +97,7 @@ impl Builder<'_> {
         for m in &self.scan.memdevs {
             let pci = self.memdev_pci(m);
             let id = match (m.serial.filter(|s| *s != 0 && serial_count[s] == 1), pci) {
-                (Some(s), _) => DeviceId::serial("cxl", &format!("{s:#x}")),
+                (Some(s), _) => DeviceId::cxl(s),
                 (None, Some(a)) => {
                     let why = match m.serial {
                         Some(0) => "serial is 0",

@@ -104,7 +104,7 @@ pub(crate) fn build(file: &SimFile) -> Result<Inventory, Located> {
                 Ident::GpuUuid => DeviceId::uuid(&r#gen::gpu_uuid(fabric_name, node, &proto.local)),
                 Ident::CxlSerial(s) => {
                     let serial = s.unwrap_or_else(|| r#gen::serial(fabric_name, node, &proto.local));
-                    DeviceId::serial("cxl", &format!("{serial:#x}"))
+                    DeviceId::cxl(serial)
                 }
             };
             if let Ident::CxlSerial(_) = proto.ident

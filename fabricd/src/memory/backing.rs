@@ -140,6 +140,9 @@ pub struct ResourceShare {
     pub offset: u64,
     /// Bytes.
     pub len: u64,
+    /// Whether the device keeps every host's caches coherent with it (`coherent` in
+    /// `[[memory.shares]]`): `Software` unless declared.
+    pub coherence: fabric_proto::wire::Coherence,
 }
 
 fn is_dax_name(s: &str) -> bool {

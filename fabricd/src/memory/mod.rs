@@ -66,8 +66,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
-    AccessMode, BoundedVec, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, ObjectKind, PeerCred,
-    RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret, SessionToken,
+    AccessMode, BoundedVec, Coherence, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, ObjectKind,
+    PeerCred, RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret, SessionToken,
 };
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
@@ -176,6 +176,10 @@ struct Resource {
     lost: bool,
     /// What backs its regions.
     offer: Offer,
+    /// Whether this host's caches are kept coherent with what other hosts store to it:
+    /// `Software` where this node's share of a device other hosts reach too
+    /// (`[[memory.shares]]`) is not declared coherent, else `Hardware` (its own memory).
+    coherence: Coherence,
 }
 
 /// Where a region's file is, to open it: by name in its resource's directory, held open
@@ -239,6 +243,17 @@ impl State {
             .filter(|res| backing.own_file().is_some() && path.parent() == Some(res.dir.as_path()))
             .map(|res| res.dir_fd.clone());
         Some(RegionFile { dir, path: path.to_owned(), device_file: backing.is_device() })
+    }
+
+    /// Whether this host's caches are kept coherent with region `id`'s memory: `Software`
+    /// when any resource it lies on (every member of a set) is, else `Hardware`.
+    fn coherence(&self, id: u64) -> Coherence {
+        let Some(r) = self.regions.get(&id) else { return Coherence::Hardware };
+        let others = self.set_regions.get(&id).map(|s| s.others.as_slice()).unwrap_or_default();
+        let software = std::iter::once(&r.resource)
+            .chain(others)
+            .any(|&i| self.resources.get(i).is_some_and(|res| res.coherence == Coherence::Software));
+        if software { Coherence::Software } else { Coherence::Hardware }
     }
 
     /// Counts the bytes of all resources again (after resources were added or resized).
@@ -422,6 +437,10 @@ pub struct Granted {
     pub offset: u64,
     /// Import id (imports only).
     pub import: u64,
+    /// Whether the hardware keeps this host's caches coherent with the region's memory:
+    /// `Software` when a resource it lies on is this node's share of a device other hosts
+    /// reach too, not declared coherent (`[[memory.shares]]`).
+    pub coherence: Coherence,
 }
 
 /// An admitted import whose file is being opened outside the lock ([`Memory::import`]).
@@ -571,6 +590,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
             ranges: RangeAllocator::new(size),
             lost: false,
             offer: Offer::of(kind, dev.sources.iter().any(|s| s == "sim")),
+            coherence: Coherence::Hardware,
         });
     }
     Ok(out)
@@ -724,6 +744,7 @@ impl Memory {
                 Some(r) => {
                     tracing::info!(device = %r.device, kind = ?r.kind, ordinal = r.ordinal, offset = share.offset, len = share.len, "new regions on the resource go in this node's share");
                     r.ranges.confine(share.offset, share.len);
+                    r.coherence = share.coherence;
                 }
                 None => {
                     tracing::warn!(device = %share.device, "a share of memory this node has no resource of; ignored")
@@ -1082,7 +1103,8 @@ impl Memory {
         self.check_import(&st, peer.uid, session)?;
         let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
         let PendingImport { len, offset, .. } = pending;
-        Ok(Granted { region: handle.region, generation, len, fd, offset, import: id })
+        let coherence = st.coherence(handle.region);
+        Ok(Granted { region: handle.region, generation, len, fd, offset, import: id, coherence })
     }
 
     /// The checks of an import by handle: the secret and generation name a live export,

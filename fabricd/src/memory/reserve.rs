@@ -257,8 +257,9 @@ impl Memory {
         if let Some(part) = set {
             st.set_regions.insert(id, part);
         }
+        let coherence = st.coherence(id);
         self.finish(st);
-        Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0 })
+        Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0, coherence })
     }
 
     /// The memory behind a new region of `len` bytes: a range at `offset` of the device

@@ -5,12 +5,12 @@
 use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{
-    Access, AccessMode, AllocResponse, DeviceName, ErrorBody, ExportHandle, ExportPolicy, ExportResponse, Grant,
-    ImportObjectResponse, ImportResponse, ObjectKind, PeerCred, Response, Version,
+    Access, AccessMode, AllocResponse, Coherence, DeviceName, ErrorBody, ExportHandle, ExportPolicy, ExportResponse,
+    Grant, ImportObjectResponse, ImportResponse, ObjectKind, PeerCred, Response, Version,
 };
 
 use crate::daemon::Daemon;
-use crate::memory::Place;
+use crate::memory::{Granted, Place};
 use crate::ops::dispatch::errors::memory as refused;
 use crate::ops::dispatch::operation::Target;
 use crate::placement;
@@ -42,19 +42,21 @@ pub fn alloc(
         size: g.len,
         gfa,
         offset: g.offset,
-        grant: fd_grant(d),
+        grant: fd_grant(d, &g),
     };
     Ok((Response::Alloc(resp), g.fd))
 }
 
-/// The grant of memory this node hands over as a descriptor (every `Alloc` and `Import`).
-fn fd_grant(d: &Daemon) -> Option<Grant> {
-    Some(Grant { owner: d.node, access: Access::Fd })
+/// The grant of memory this node hands over as a descriptor (every `Alloc` and `Import`),
+/// with the coherence of the memory it is on.
+fn fd_grant(d: &Daemon, g: &Granted) -> Option<Grant> {
+    Some(Grant::new(d.node, Access::Fd).with_coherence(g.coherence))
 }
 
-/// The grant of a vendor object of this node (`Adopt`, `ImportObject`).
+/// The grant of a vendor object of this node (`Adopt`, `ImportObject`): its own driver
+/// maps it, nothing for the library to flush.
 fn vendor_grant(d: &Daemon) -> Option<Grant> {
-    Some(Grant { owner: d.node, access: Access::Vendor })
+    Some(Grant::new(d.node, Access::Vendor).with_coherence(Coherence::Hardware))
 }
 
 /// `Adopt`: the vendor object sent with the request (`fd`, when it is a descriptor)
@@ -148,7 +150,7 @@ pub fn import(
         gfa: placement::region_gfa(d, g.region),
         offset: g.offset,
         access,
-        grant: fd_grant(d),
+        grant: fd_grant(d, &g),
     };
     Ok((Response::Import(resp), g.fd))
 }

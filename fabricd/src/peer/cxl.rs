@@ -18,7 +18,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use fabric_addrmap::{InterleaveSet, Presence};
-use fabric_proto::wire::{ErrorBody, ErrorCode};
+use fabric_proto::wire::{Coherence, ErrorBody, ErrorCode};
 use fabric_topology::DeviceId;
 
 use super::wire::{CxlMember, SharedCxl};
@@ -74,6 +74,20 @@ pub struct Reach {
     pub offset: u64,
     /// What the import holds here until it ends.
     pub hold: Hold,
+    /// Whether this host's caches are kept coherent with it ([`coherence`]).
+    pub coherence: Coherence,
+}
+
+/// Whether the hardware keeps this host's caches coherent with what other hosts store to a
+/// range of `c`: `Hardware` only where this node's `[[memory.shares]]` declares every
+/// member device `coherent`; CXL.mem shared by hosts is not, by default.
+pub fn coherence(d: &Daemon, c: &SharedCxl) -> Coherence {
+    let shares = &d.config.memory.shares;
+    let declared = |m: &CxlMember| {
+        let id = DeviceId::cxl(m.serial).to_string();
+        shares.iter().any(|s| s.coherent && s.device == id)
+    };
+    if !c.members.is_empty() && c.members.iter().all(declared) { Coherence::Hardware } else { Coherence::Software }
 }
 
 /// What an import of shared CXL memory holds on the importer: the region's DPAs, out of
@@ -204,7 +218,9 @@ pub fn open(
         Ok((OwnedFd::from(f), offset, None))
     })();
     match reached {
-        Ok((fd, offset, device)) => Ok(Some(Reach { fd, offset, hold: Hold { range, device } })),
+        Ok((fd, offset, device)) => {
+            Ok(Some(Reach { fd, offset, hold: Hold { range, device }, coherence: coherence(d, c) }))
+        }
         Err(why) => {
             d.memory.release_foreign(&range);
             refuse(why)

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use fabric_nodelink::{Peer, PeerError, PeerOp};
 use fabric_proto::wire::{
-    Access, DeviceName, ErrorBody, ErrorCode, Event, Grant, ImportObjectResponse, ImportRequest, ImportResponse,
-    NODE_IDENTITIES, NodeId, Request, Response, Revocation, RevocationReason,
+    Access, Coherence, DeviceName, ErrorBody, ErrorCode, Event, Grant, ImportObjectResponse, ImportRequest,
+    ImportResponse, NODE_IDENTITIES, NodeId, Request, Response, Revocation, RevocationReason,
 };
 
 use super::DialError;
@@ -244,20 +244,21 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         .map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))
         .inspect_err(|_| give_back())?;
     // What the client maps (a descriptor and the offset in it), and what that holds here.
-    let (reach, cxl) = match (&shared, &grant.shared) {
+    // The sim's shared files are one host's memory, kept coherent by its caches.
+    let (reach, cxl, coherence) = match (&shared, &grant.shared) {
         (Some(shared), Some(Shared::File(file))) => {
             let fd = open_shared(shared, &owner, &grant, file, write).inspect_err(|_| give_back())?;
-            (Some((fd, grant.offset)), None)
+            (Some((fd, grant.offset)), None, Coherence::Hardware)
         }
         (_, Some(Shared::Cxl(c))) => {
             let devices = &link.service().importer().devices;
             let region = (grant.region, grant.generation);
             match super::cxl::open(d, devices, &owner, region, c, grant.len, write).inspect_err(|_| give_back())? {
-                Some(r) => (Some((r.fd, r.offset)), Some(r.hold)),
-                None => (None, None),
+                Some(r) => (Some((r.fd, r.offset)), Some(r.hold), r.coherence),
+                None => (None, None, Coherence::Hardware),
             }
         }
-        _ => (None, None),
+        _ => (None, None, Coherence::Hardware),
     };
     // Class NET: copy-only, which needs the region's GFA.
     if reach.is_none() && grant.gfa.is_none() {
@@ -290,7 +291,7 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         gfa: grant.gfa,
         offset: reach.as_ref().map_or(0, |(_, offset)| *offset),
         access: i.access,
-        grant: Some(Grant { owner: node, access }),
+        grant: Some(Grant::new(node, access).with_coherence(coherence)),
     });
     Ok(Outcome { response: response.for_version(cx.version), fd: reach.map(|(fd, _)| fd), events: None })
 }
@@ -393,7 +394,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         access: i.access,
         object: grant.object,
         device: DeviceName::truncated(&grant.device),
-        grant: Some(Grant { owner: node, access: Access::Vendor }),
+        grant: Some(Grant::new(node, Access::Vendor).with_coherence(Coherence::Hardware)),
     });
     Ok(Outcome { response: response.for_version(cx.version), fd: None, events: None })
 }

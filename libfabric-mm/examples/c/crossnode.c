@@ -96,7 +96,11 @@ int main(int argc, char **argv) {
     if (!copy_only) {
         if (rc) return die("fmm_map_import", rc);
         if (fmm_mapping_gfa(im) != gfa) return die("the mapping's GFA", 1);
-        /* Another node's memory: invalidate before loading, flush after storing. */
+        /* Another node's memory: invalidate before loading, flush after storing (no-ops
+         * where the grant says the hardware keeps this host's caches coherent). */
+        int coherent = fmm_mapping_coherent(im);
+        if (coherent < 0) return die("fmm_mapping_coherent", coherent);
+        if ((rc = fmm_mapping_coherent(NULL)) != FMM_E_ARG) return die("fmm_mapping_coherent(NULL) check", rc);
         if ((rc = fmm_mapping_invalidate(im, 0, LEN))) return die("fmm_mapping_invalidate", rc);
         unsigned char *pi = fmm_mapping_ptr(im);
         if (check(pi, LEN, 1, "importer")) return 1;
@@ -104,8 +108,8 @@ int main(int argc, char **argv) {
         if ((rc = fmm_mapping_flush(im, 0, LEN))) return die("fmm_mapping_flush (importer)", rc);
         if ((rc = fmm_mapping_invalidate(om, 0, LEN))) return die("fmm_mapping_invalidate (owner)", rc);
         if (check(po, LEN, 2, "owner")) return 1;
-        printf("crossnode: mapped another node's region at GFA 0x%llx; stores seen both ways\n",
-               (unsigned long long)gfa);
+        printf("crossnode: mapped another node's region at GFA 0x%llx (%s); stores seen both ways\n",
+               (unsigned long long)gfa, coherent ? "coherent" : "flush and invalidate needed");
         fmm_unmap(im);
     } else {
         if (rc != FMM_E_COPY_ONLY || im != NULL) return die("fmm_map_import of a copy-only import", rc);

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use super::event::Event;
 use super::handle::SessionToken;
 use super::header::{FrameError, FrameKind, HEADER_LEN, Header, encode_frame};
-use super::node::{Grant, NodeId};
+use super::node::{Coherence, Grant, NodeId};
 use super::opcode::Opcode;
 use super::request::{
     ExportRequest, FreeRequest, HelloRequest, ImportRequest, RegisterRequest, Request, RevokeRequest,
@@ -132,8 +132,8 @@ fn from_body<T: DeserializeOwned>(opcode: Opcode, kind: FrameKind, bytes: &[u8])
 }
 
 /// A fixed-length value that a later minor version appends to a frozen body: the session
-/// token of `Hello` (1.1), the node of a handle and the grant of a response (1.5), the node
-/// of a region a request names (1.8).
+/// token of `Hello` (1.1), the node of a handle (1.5), the node of a region a request names
+/// (1.8). A response's grant (1.5, grown by a byte in 1.9) has [`with_grant`] of its own.
 trait Trailer: DeserializeOwned {
     /// Its encoded length.
     const LEN: usize;
@@ -147,10 +147,6 @@ impl Trailer for NodeId {
     const LEN: usize = NodeId::LEN;
 }
 
-impl Trailer for Grant {
-    const LEN: usize = Grant::LEN;
-}
-
 /// A body whose frozen form may be followed by one trailer `X`: the frozen prefix, then
 /// nothing or exactly the trailer's bytes.
 fn with_trailer<T: DeserializeOwned, X: Trailer>(
@@ -158,8 +154,7 @@ fn with_trailer<T: DeserializeOwned, X: Trailer>(
     kind: FrameKind,
     bytes: &[u8],
 ) -> Result<(T, Option<X>), BodyError> {
-    let (value, rest) =
-        postcard::take_from_bytes::<T>(bytes).map_err(|source| BodyError::Decode { opcode, kind, source })?;
+    let (value, rest) = frozen::<T>(opcode, kind, bytes)?;
     if rest.is_empty() {
         return Ok((value, None));
     }
@@ -196,13 +191,29 @@ fn with_node<T: DeserializeOwned>(
     Ok(value)
 }
 
-/// A response that hands memory over, and its grant after it (1.5).
+/// The frozen body of a message, and the bytes after it.
+fn frozen<T: DeserializeOwned>(opcode: Opcode, kind: FrameKind, bytes: &[u8]) -> Result<(T, &[u8]), BodyError> {
+    postcard::take_from_bytes::<T>(bytes).map_err(|source| BodyError::Decode { opcode, kind, source })
+}
+
+/// A response that hands memory over, and its grant after it (1.5): nothing, the 1.5
+/// grant, or the 1.5 grant and its coherence's code (1.9).
 fn with_grant<T: DeserializeOwned>(
     opcode: Opcode,
     bytes: &[u8],
     grant: impl FnOnce(&mut T) -> &mut Option<Grant>,
 ) -> Result<T, BodyError> {
-    let (mut value, g) = with_trailer::<T, Grant>(opcode, FrameKind::Response, bytes)?;
+    let kind = FrameKind::Response;
+    let (mut value, rest) = frozen::<T>(opcode, kind, bytes)?;
+    let g = match rest.len() {
+        0 => None,
+        Grant::LEN => Some(from_body::<Grant>(opcode, kind, rest)?),
+        Grant::LEN_COHERENCE => {
+            let (g, c) = rest.split_at(Grant::LEN);
+            Some(from_body::<Grant>(opcode, kind, g)?.with_coherence(from_body::<Coherence>(opcode, kind, c)?))
+        }
+        extra => return Err(BodyError::TrailingBytes { opcode, kind, extra }),
+    };
     *grant(&mut value) = g;
     Ok(value)
 }
@@ -317,6 +328,13 @@ fn trail<X: Serialize>(trailer: Option<&X>, out: &mut Vec<u8>) -> Result<(), Bod
     trailer.map_or(Ok(()), |t| append(t, out))
 }
 
+/// Appends a grant, when there is one: the 1.5 trailer, then its coherence's code (1.9)
+/// when it has one.
+fn trail_grant(grant: Option<&Grant>, out: &mut Vec<u8>) -> Result<(), BodyError> {
+    trail(grant, out)?;
+    trail(grant.and_then(|g| g.coherence.as_ref()), out)
+}
+
 /// Appends the body of `msg` (no header) to `out`.
 pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
     match msg {
@@ -350,10 +368,10 @@ pub fn encode_body(msg: &Message, out: &mut Vec<u8>) -> Result<(), BodyError> {
             Response::Topology(b) | Response::Devices(b) | Response::Map(b) | Response::Inventory(b) => append(b, out),
             Response::Regions(b) => append(b, out),
             Response::Translate(b) => append(b, out),
-            Response::Alloc(b) | Response::Adopt(b) => append(b, out).and_then(|()| trail(b.grant.as_ref(), out)),
-            Response::ImportObject(b) => append(b, out).and_then(|()| trail(b.grant.as_ref(), out)),
+            Response::Alloc(b) | Response::Adopt(b) => append(b, out).and_then(|()| trail_grant(b.grant.as_ref(), out)),
+            Response::ImportObject(b) => append(b, out).and_then(|()| trail_grant(b.grant.as_ref(), out)),
             Response::Export(b) => append(b, out).and_then(|()| trail(b.handle.node.as_ref(), out)),
-            Response::Import(b) => append(b, out).and_then(|()| trail(b.grant.as_ref(), out)),
+            Response::Import(b) => append(b, out).and_then(|()| trail_grant(b.grant.as_ref(), out)),
             Response::Register(b) => append(b, out),
             Response::Copy(b) | Response::CopyBatch(b) => append(b, out),
             Response::Partitions(b) => append(b, out),

@@ -45,7 +45,7 @@ pub use event::{
 };
 pub use handle::{ExportHandle, HandleError, Secret, SessionToken, ct_eq};
 pub use header::{FrameError, FrameKind, HEADER_LEN, Header, RawHeader, decode_header, encode_frame};
-pub use node::{Access, Grant, NODE_IDENTITIES, NodeId, NodeIdError};
+pub use node::{Access, COHERENCE, Coherence, Grant, NODE_IDENTITIES, NodeId, NodeIdError};
 pub use opcode::{Opcode, PEER_DATA_BODY, PEER_DATA_CHUNK};
 pub use request::{
     AccessMode, AdoptRequest, AllocRequest, AllocTarget, CopyBatchRequest, CopyEndpoint, CopyRequest, DomainAction,

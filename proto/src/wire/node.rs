@@ -1,7 +1,8 @@
 //! Node identities on the wire (protocol 1.5): the [`NodeId`] that export handles and
 //! grants name as the owner of a region, and the [`Grant`] that says how the memory a
 //! response hands over is reached ([`Access`]). Both travel as fixed-length trailing
-//! extensions of the frozen 1.0 bodies (`docs/protocol.md`, "Node identities").
+//! extensions of the frozen 1.0 bodies (`docs/protocol.md`, "Node identities"); since 1.9
+//! a grant also says whether the memory is [`Coherence`]-kept by the hardware.
 
 use std::fmt;
 use std::str::FromStr;
@@ -73,6 +74,25 @@ pub enum Access {
     CopyOnly,
 }
 
+/// The first protocol version whose grants say the memory's [`Coherence`].
+pub const COHERENCE: Version = Version::new(1, 9);
+
+/// Whether the hardware keeps the caches of the host that maps the memory coherent with
+/// what other hosts store to it (since 1.9, in a [`Grant`]). Variant order is the wire code
+/// and is frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Coherence {
+    /// Kept coherent by the hardware: memory only this host reaches (its own DRAM, HBM or
+    /// CXL device), the sim's shared files (the nodes are processes of one host), NVLink,
+    /// a CXL device whose hosts are kept coherent (back-invalidate). Flush and invalidate
+    /// are no-ops; a grant that maps nothing (vendor, copy-only) says this too.
+    Hardware,
+    /// Not kept coherent across hosts (CXL.mem shared by several hosts without
+    /// back-invalidate): a store must be written back before another host loads it, and
+    /// cached lines dropped before loading what another host stored.
+    Software,
+}
+
 /// What a response that hands memory over (`Alloc`, `Adopt`, `Import`, `ImportObject`)
 /// says about it since 1.5: the node that owns the region, and how it is reached. Sent
 /// only to a connection that negotiated 1.5 or later; an older one gets the 1.4 body, whose
@@ -83,9 +103,26 @@ pub struct Grant {
     pub owner: NodeId,
     /// How to reach it.
     pub access: Access,
+    /// Since 1.9: whether this host's caches are kept coherent with the memory; `None`
+    /// from a daemon older than 1.9. Not part of the 1.5 trailer's serde form: it travels
+    /// as one more byte after it ([`Grant::LEN_COHERENCE`]).
+    #[serde(skip)]
+    pub coherence: Option<Coherence>,
 }
 
 impl Grant {
-    /// Bytes on the wire: the node id and one byte of [`Access`].
+    /// Bytes on the wire of the 1.5 trailer: the node id and one byte of [`Access`].
     pub const LEN: usize = NodeId::LEN + 1;
+    /// Bytes on the wire from 1.9 when [`Grant::coherence`] is set: one more, its code.
+    pub const LEN_COHERENCE: usize = Self::LEN + 1;
+
+    /// A grant of memory without a coherence (as a daemon older than 1.9 sends it).
+    pub fn new(owner: NodeId, access: Access) -> Self {
+        Self { owner, access, coherence: None }
+    }
+
+    /// The grant with its coherence.
+    pub fn with_coherence(self, coherence: Coherence) -> Self {
+        Self { coherence: Some(coherence), ..self }
+    }
 }

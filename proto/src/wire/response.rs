@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::bounded::{BoundedVec, DeviceName, ErrorText, Name};
 use super::event::Topics;
 use super::handle::{ExportHandle, SessionToken};
-use super::node::{Access, Grant, NODE_IDENTITIES, NodeId};
+use super::node::{Access, COHERENCE, Grant, NODE_IDENTITIES, NodeId};
 use super::opcode::Opcode;
 use super::request::{AccessMode, ExportPolicy, ObjectKind, PartitionSpec, ResourceName};
 use super::version::{Version, VersionRange};
@@ -431,11 +431,23 @@ impl Response {
         }
     }
 
-    /// The response as a connection that negotiated `version` understands it: before 1.5,
-    /// without the node of handles and without grants. A server answers an older
+    /// The response as a connection that negotiated `version` understands it: before 1.9,
+    /// grants without their coherence; before 1.5, without the node of handles and
+    /// without grants. A server answers an older
     /// connection only with grants it could express (a descriptor for `Alloc` and
     /// `Import`, a vendor object for `Adopt` and `ImportObject`).
     pub fn for_version(mut self, version: Version) -> Response {
+        if version < COHERENCE {
+            let grant = match &mut self {
+                Response::Alloc(a) | Response::Adopt(a) => a.grant.as_mut(),
+                Response::Import(i) => i.grant.as_mut(),
+                Response::ImportObject(i) => i.grant.as_mut(),
+                _ => None,
+            };
+            if let Some(g) = grant {
+                g.coherence = None;
+            }
+        }
         if version < NODE_IDENTITIES {
             match &mut self {
                 Response::Alloc(a) | Response::Adopt(a) => a.grant = None,

@@ -69,8 +69,9 @@ impl fmt::Display for VersionRange {
 /// a typed grant (`docs/protocol.md`, "Node identities"); 1.6 the `Domain` opcode and the
 /// `Translation::Remote` answer (a GFA in another node's slot of the domain); 1.7 paged
 /// domain listings (`DomainAction::NodesPage`, `DomainAction::MapPage`); 1.8 the node of
-/// the region a `Free`, `Export` or `Register` request names.
-pub const PROTOCOL_VERSION: Version = Version::new(1, 8);
+/// the region a `Free`, `Export` or `Register` request names; 1.9 the coherence of a grant
+/// (`Coherence`: whether flush and invalidate of a mapping are needed).
+pub const PROTOCOL_VERSION: Version = Version::new(1, 9);
 
 /// The first version with the domain: the `Domain` opcode and `Translation::Remote`.
 pub const DOMAIN: Version = Version::new(1, 6);

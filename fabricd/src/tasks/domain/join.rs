@@ -16,6 +16,7 @@ use fabric_domain::{
     DEFAULT_DATA_PATHS, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
     MemberRecord, ShareWant, fresh_incarnation,
 };
+use fabric_proto::wire::Coherence;
 use fabric_topology::Inventory;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -356,11 +357,13 @@ struct ShareWanted {
     device: fabric_topology::DeviceId,
     kind: fabric_topology::MemoryKind,
     ordinal: u16,
+    coherence: Coherence,
 }
 
 impl ShareWanted {
     fn share(&self, offset: u64, len: u64) -> ResourceShare {
-        ResourceShare { device: self.device.clone(), kind: self.kind, ordinal: self.ordinal, offset, len }
+        let (device, kind, ordinal, coherence) = (self.device.clone(), self.kind, self.ordinal, self.coherence);
+        ResourceShare { device, kind, ordinal, offset, len, coherence }
     }
 }
 
@@ -386,6 +389,7 @@ fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
                 device: dev.id.clone(),
                 kind,
                 ordinal,
+                coherence: if s.coherent { Coherence::Hardware } else { Coherence::Software },
             });
         }
     }
