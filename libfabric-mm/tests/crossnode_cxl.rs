@@ -79,11 +79,11 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
         common::dax_fixture(&root, 2 << 20, DAX_BYTES, Some(&device));
         let fabric = lab.dir.path().join(format!("{name}.toml"));
         std::fs::write(&fabric, host(name)).unwrap();
-        let memory = if dax { "[memory]\ndax = [\"dax0.0\"]\n" } else { "" };
+        let memory = if dax { "[memory]\ndax = [\"dax0.0\"]\nresume_grace_s = 6\n" } else { "" };
         let discovery = format!("sim_node = {name:?}\nsysfs_root = {:?}", root.display().to_string());
         lab.node_with(&fabric, &discovery, "", memory, name)
     };
-    let (a, b, c) = (node("host-a", true), node("host-b", true), node("host-c", false));
+    let (a, mut b, c) = (node("host-a", true), node("host-b", true), node("host-c", false));
     domain::wait_live(&[&a, &b, &c]);
 
     // Each host allocates from its own allocator: host-b's own region takes the first
@@ -177,6 +177,38 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     drop(import);
     let after = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
     assert_eq!(after.fd_offset(), region_offset, "b allocates where a's freed region was");
+
+    // A client of b keeps mapping a's region while b's fabricd restarts: the restarted
+    // daemon holds those DPAs out of its allocator for the resume grace period (6 s here),
+    // as it keeps its own regions for their clients, then gives them back.
+    drop((own, beside, next, still, after));
+    let kept = owner.alloc(&Target::Set(SET.into()), LEN).unwrap();
+    let at = kept.fd_offset();
+    let handle = owner.export(&kept, &Policy::default()).unwrap();
+    let client = domain::session(&b.socket, None);
+    let held = client.import(&handle, true).unwrap();
+    let mapped = client.map(&held).unwrap();
+    assert!(at > 0, "below the held range is room for b's first region again");
+    b.restart();
+    domain::wait_live(&[&a, &b, &c]);
+    let fresh = domain::session(&b.socket, None);
+    let mut mine = Vec::new();
+    loop {
+        let r = fresh.alloc(&Target::Set(SET.into()), LEN).unwrap();
+        assert_ne!(r.fd_offset(), at, "b's restarted daemon allocated DPAs its client still maps");
+        let past = r.fd_offset() > at;
+        mine.push(r);
+        if past {
+            break;
+        }
+    }
+    until(Duration::from_secs(20), "the held range back in b's allocator after the grace period", || {
+        let r = fresh.alloc(&Target::Set(SET.into()), LEN).unwrap();
+        let back = r.fd_offset() == at;
+        mine.push(r);
+        back
+    });
+    drop((mapped, held, client));
 }
 
 #[test]

@@ -64,17 +64,32 @@ pub enum HoldsError {
     Invalid(String),
 }
 
+/// The bytes of a record of `values`: a version 1 frame with `magic`, JSON inside (also
+/// `foreign.rs`'s).
+pub(super) fn encode_json<T: Serialize>(magic: &[u8; 8], generation: u64, values: &[T]) -> Vec<u8> {
+    // Serializing plain data into a Vec cannot fail.
+    let payload = serde_json::to_vec(values).unwrap_or_default();
+    durable::encode_frame(magic, VERSION, ENCODING_JSON, generation, &payload)
+}
+
+/// The values of a record [`encode_json`] made with `magic`, unchecked.
+pub(super) fn decode_json<T: serde::de::DeserializeOwned>(
+    magic: &[u8; 8],
+    max_payload: u64,
+    bytes: &[u8],
+) -> Result<Vec<T>, HoldsError> {
+    let (_, payload) = durable::decode_frame(magic, VERSION, ENCODING_JSON, max_payload, bytes)?;
+    Ok(serde_json::from_slice(payload)?)
+}
+
 /// The record's bytes.
 pub fn encode(generation: u64, holds: &[Hold]) -> Vec<u8> {
-    // Serializing plain data into a Vec cannot fail.
-    let payload = serde_json::to_vec(holds).unwrap_or_default();
-    durable::encode_frame(&MAGIC, VERSION, ENCODING_JSON, generation, &payload)
+    encode_json(&MAGIC, generation, holds)
 }
 
 /// The holds in `bytes`, checked.
 pub fn decode(bytes: &[u8]) -> Result<Vec<Hold>, HoldsError> {
-    let (_, payload) = durable::decode_frame(&MAGIC, VERSION, ENCODING_JSON, MAX_PAYLOAD, bytes)?;
-    let holds: Vec<Hold> = serde_json::from_slice(payload)?;
+    let holds: Vec<Hold> = decode_json(&MAGIC, MAX_PAYLOAD, bytes)?;
     if holds.len() > MAX_HOLDS {
         return Err(HoldsError::Invalid(format!("{} holds, more than {MAX_HOLDS}", holds.len())));
     }
@@ -132,21 +147,28 @@ impl State {
     }
 }
 
+/// The bytes of the record `what` at `path`; `None` when there is none, or (logged) when
+/// it cannot be read.
+pub(super) fn read_record(path: &Path, what: &str) -> Option<Vec<u8>> {
+    match crate::sys::privdir::read_private(path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "{what} cannot be read");
+            None
+        }
+    }
+}
+
 /// Reads the record at `path` (none: nothing held) and applies it to `st`, whose regions
 /// were restored; returns the nodes restored with their incarnations.
 pub(super) fn restore(st: &mut State, path: &Path) -> Vec<(String, u64)> {
-    let holds = match crate::sys::privdir::read_private(path) {
-        Ok(bytes) => match decode(&bytes) {
-            Ok(h) => h,
-            Err(e) => {
-                // Nothing better to do than say so: the ranges are unknown.
-                tracing::error!(path = %path.display(), error = %crate::error_chain(&e), "the quarantine record is unreadable; what other nodes may map is not known");
-                return Vec::new();
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+    let Some(bytes) = read_record(path, "the quarantine record") else { return Vec::new() };
+    let holds = match decode(&bytes) {
+        Ok(h) => h,
         Err(e) => {
-            tracing::error!(path = %path.display(), error = %e, "the quarantine record cannot be read");
+            // Nothing better to do than say so: the ranges are unknown.
+            tracing::error!(path = %path.display(), error = %crate::error_chain(&e), "the quarantine record is unreadable; what other nodes may map is not known");
             return Vec::new();
         }
     };

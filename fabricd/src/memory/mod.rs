@@ -28,6 +28,7 @@ mod backings;
 pub mod carve;
 mod carved;
 pub mod durable;
+pub mod foreign;
 pub mod holds;
 pub mod limits;
 pub mod nodefd;
@@ -403,6 +404,9 @@ struct State {
     /// Set ranges clients map as other hosts' memory, with how many imports hold each
     /// (`set.rs`, [`Memory::hold_foreign`]).
     foreign: HashMap<set::ForeignRange, usize>,
+    /// Those of them held again at start for clients that may still map them, each with
+    /// one user until the resume grace period ends (`foreign.rs`).
+    foreign_restored: Vec<set::ForeignRange>,
     /// The incarnation each importer node last had here (`holds.rs`).
     incarnations: HashMap<String, u64>,
     /// Importer nodes whose holds came back from `quarantine.record` at start, not yet
@@ -532,6 +536,8 @@ pub struct Memory {
     /// may say anything) and the record's generation; its lock orders the saves
     /// (`holds.rs`).
     holds_saved: Mutex<(u64, Option<Vec<holds::Hold>>)>,
+    /// The same for the ranges of other hosts' memory in `foreign.record` (`foreign.rs`).
+    foreign_saved: Mutex<(u64, Option<Vec<foreign::SavedRange>>)>,
 }
 
 /// The end hook, shown by name only.
@@ -661,6 +667,7 @@ impl Memory {
             held: held::HeldLimits::default(),
             ended_hook: std::sync::OnceLock::new(),
             holds_saved: Mutex::new((0, None)),
+            foreign_saved: Mutex::new((0, None)),
         };
         let fabric = m.state().fabric_bytes;
         tracing::info!(

@@ -401,6 +401,8 @@ impl Memory {
         }
         // What other nodes may map, before anything is allocated again.
         st.restored = super::holds::restore(&mut st, &root.join(super::holds::FILE));
+        // What this node's clients may still map of other hosts' memory, likewise.
+        st.foreign_restored = super::foreign::restore(&mut st, &root.join(super::foreign::FILE));
         let stray = remove_stray_files(&st);
         let snapshot = st.snapshot()?;
         journal.compact(&snapshot).map_err(MemoryError::Journal)?;

@@ -34,10 +34,10 @@ pub struct SetSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ForeignRange {
     /// The members' resources.
-    resources: Vec<usize>,
+    pub(super) resources: Vec<usize>,
     /// The DPA and bytes on each.
-    offset: u64,
-    len: u64,
+    pub(super) offset: u64,
+    pub(super) len: u64,
 }
 
 impl super::State {
@@ -254,6 +254,8 @@ impl Memory {
         for &i in &range.resources {
             st.resources[i].ranges.free(range.offset);
         }
+        drop(st);
+        self.save_foreign_or_log();
     }
 
     /// Where region `id` is: a range of one resource or of an interleave set.
@@ -296,12 +298,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_held_foreign_range_keeps_allocations_off_until_its_last_import_lets_go() {
-        let dir = tempfile::tempdir().unwrap();
-        let (inv, gpu) = inventory();
-        let m = open(dir.path(), &inv);
-        // A one-way "set" over the GPU's HBM: the range another host's grant names.
+    /// A one-way "set" over the GPU's HBM (the ranges another host's grants name), the
+    /// place of this node's own regions there, and where the next of them would go.
+    fn one_way_set(gpu: DeviceId) -> (SetSpec, Place, impl Fn(&Memory) -> u64) {
         let set = SetSpec {
             name: "s".into(),
             members: vec![(gpu.clone(), MemoryKind::Hbm, 0)],
@@ -309,12 +308,22 @@ mod tests {
             start: 0,
         };
         let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
-        let alloc = |m: &Memory| {
-            let g = m.alloc(&me(), 1, &place, 4 * MIB, 0).unwrap();
+        let next = place.clone();
+        let alloc = move |m: &Memory| {
+            let g = m.alloc(&me(), 1, &next, 4 * MIB, 0).unwrap();
             let at = offset_of(m, g.region);
             m.free(1, g.region).unwrap();
             at
         };
+        (set, place, alloc)
+    }
+
+    #[test]
+    fn a_held_foreign_range_keeps_allocations_off_until_its_last_import_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory();
+        let m = open(dir.path(), &inv);
+        let (set, place, alloc) = one_way_set(gpu);
         assert_eq!(alloc(&m), 0, "first fit starts at 0");
         // Not whole granules, or past the resource: no hold.
         assert!(m.hold_foreign(&set, MIB, 4 * MIB).is_none());
@@ -338,6 +347,39 @@ mod tests {
         let g = m.alloc(&me(), 1, &place, 4 * MIB, 0).unwrap();
         let at = offset_of(&m, g.region);
         assert!(m.hold_foreign(&set, at, 4 * MIB).is_none(), "this node's own region at {at:#x}");
+    }
+
+    #[test]
+    fn a_held_foreign_range_stays_held_across_a_restart_until_the_grace_period_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory();
+        let (set, _, alloc) = one_way_set(gpu);
+        {
+            let m = open(dir.path(), &inv);
+            let _held = m.hold_foreign(&set, 0, 4 * MIB).unwrap();
+            m.save_foreign().unwrap();
+            assert!(!m.has_restored_foreign());
+            // A range released before the restart is saved as gone (lazily, at once here).
+            let gone = m.hold_foreign(&set, 8 * MIB, 4 * MIB).unwrap();
+            m.save_foreign().unwrap();
+            m.release_foreign(&gone);
+            // The daemon dies here; its client keeps mapping the first range.
+        }
+        let m = open(dir.path(), &inv);
+        assert!(m.has_restored_foreign());
+        assert_eq!(alloc(&m), 4 * MIB, "the range a client may still map is not allocated");
+        assert_eq!(m.hold_foreign(&set, 8 * MIB, 4 * MIB).map(|r| m.release_foreign(&r)), Some(()), "free again");
+        // An import of the same range during the grace period shares the restart's hold.
+        let again = m.hold_foreign(&set, 0, 4 * MIB).unwrap();
+        assert_eq!(m.lift_restored_foreign(), 1);
+        assert!(!m.has_restored_foreign());
+        assert_eq!(alloc(&m), 4 * MIB, "still held by the import made since");
+        m.release_foreign(&again);
+        assert_eq!(alloc(&m), 0, "back to the allocator");
+        drop(m);
+        let m = open(dir.path(), &inv);
+        assert!(!m.has_restored_foreign(), "the lift was saved");
+        assert_eq!(alloc(&m), 0);
     }
 
     #[test]

@@ -195,6 +195,9 @@ pub fn open(
         ));
     };
     let reached = (|| {
+        // Saved before the client is handed the range: a restart of this daemon keeps it
+        // out of the allocators while the client may still map it (`memory/foreign.rs`).
+        d.memory.save_foreign().map_err(|e| format!("the range could not be saved: {}", crate::error_chain(&e)))?;
         let Some(offset) = b.file_offset(c.set_offset, len) else {
             return Err(format!(
                 "{} here does not hold set offset {:#x} + {len:#x} of set {set}",
