@@ -167,6 +167,7 @@ fn two_hosts(test: &str, name: &'static str, per_region: bool) {
         out_a.fail(&format!("A's region at {dpa:#x} is outside A's share {share_a:x?}"));
     }
     out_b.expect_check("b-imports");
+    out_b.expect_check("b-not-coherent");
     out_a.expect_check("b-stored");
     out_a.expect_check("a-loads-b");
     out_a.expect_check("lib-owner");

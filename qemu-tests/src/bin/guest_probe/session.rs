@@ -134,8 +134,12 @@ pub fn importer(file: &Path, len: u64, seed: u64, store: Option<u64>) -> Result<
             }
         }
         let owner = handle.node().map_or_else(|| "this node".to_owned(), |n| format!("node {n}"));
-        let mut said =
-            format!("import of region {} of {owner} at GFA {:#x}: {len:#x} bytes match", import.id(), m.gfa());
+        let coherence = if m.coherent() { "coherent" } else { "not coherent: flush and invalidate do the cache work" };
+        let mut said = format!(
+            "import of region {} of {owner} at GFA {:#x}: {len:#x} bytes match; {coherence}",
+            import.id(),
+            m.gfa()
+        );
         if let Some(store) = store {
             for i in 0..len / 8 {
                 // SAFETY: `p + i` lies in the live read-write mapping of the import; no
