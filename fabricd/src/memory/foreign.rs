@@ -102,7 +102,7 @@ pub(super) fn restore(st: &mut State, path: &Path) -> Vec<ForeignRange> {
         if st.foreign.contains_key(&range) {
             continue;
         }
-        if !range.resources.iter().all(|&i| st.resources[i].ranges.is_free(range.offset, range.len)) {
+        if !st.take_foreign(&range) {
             tracing::info!(
                 offset = r.offset,
                 len = r.len,
@@ -110,16 +110,12 @@ pub(super) fn restore(st: &mut State, path: &Path) -> Vec<ForeignRange> {
             );
             continue;
         }
-        for &i in &range.resources {
-            st.resources[i].ranges.reserve(range.offset, range.len);
-        }
         tracing::info!(
             offset = r.offset,
             len = r.len,
             ways = range.resources.len(),
             "a range of another host's memory a client here may still map stays held across the restart"
         );
-        st.foreign.insert(range.clone(), 1);
         out.push(range);
     }
     out
@@ -158,14 +154,19 @@ impl Memory {
 
     /// Gives back the ranges held across the restart (the resume grace period is over:
     /// the clients that mapped them had that long to come back and release them); a range
-    /// an import made since still holds stays held. Returns how many went back.
+    /// an import made since still holds stays held. Returns how many ranges the restart
+    /// held.
     pub fn lift_restored_foreign(&self) -> usize {
-        let restored = std::mem::take(&mut self.state().foreign_restored);
-        let n = restored.len();
-        for r in &restored {
-            self.release_foreign(r);
+        let (held, freed) = {
+            let mut st = self.state();
+            let restored = std::mem::take(&mut st.foreign_restored);
+            (restored.len(), restored.iter().filter(|r| st.drop_foreign(r)).count())
+        };
+        // Saved once for the whole lift.
+        if freed > 0 {
+            self.save_foreign_or_log();
         }
-        n
+        held
     }
 }
 

@@ -45,6 +45,34 @@ impl super::State {
     fn member(&self, (device, kind, ordinal): &(DeviceId, MemoryKind, u16)) -> Option<usize> {
         self.resources.iter().position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
     }
+
+    /// Takes `range`, not held yet, out of its members' allocators with one user; `false`
+    /// (nothing taken) when it is not free on every member.
+    pub(super) fn take_foreign(&mut self, range: &ForeignRange) -> bool {
+        if !range.resources.iter().all(|&i| self.resources[i].ranges.is_free(range.offset, range.len)) {
+            return false;
+        }
+        for &i in &range.resources {
+            // Checked free just above, under the same borrow.
+            self.resources[i].ranges.reserve(range.offset, range.len);
+        }
+        self.foreign.insert(range.clone(), 1);
+        true
+    }
+
+    /// One user of `range` less; the last gives it back to the allocators (`true`).
+    pub(super) fn drop_foreign(&mut self, range: &ForeignRange) -> bool {
+        let Some(users) = self.foreign.get_mut(range) else { return false };
+        *users = users.saturating_sub(1);
+        if *users > 0 {
+            return false;
+        }
+        self.foreign.remove(range);
+        for &i in &range.resources {
+            self.resources[i].ranges.free(range.offset);
+        }
+        true
+    }
 }
 
 /// A set region's extra state: where in the set it is and the members' reservations.
@@ -222,15 +250,7 @@ impl Memory {
             *users += 1;
             return Some(key);
         }
-        if !key.resources.iter().all(|&i| st.resources[i].ranges.is_free(key.offset, key.len)) {
-            return None;
-        }
-        for &i in &key.resources {
-            // Checked free just above, under the same lock.
-            st.resources[i].ranges.reserve(key.offset, key.len);
-        }
-        st.foreign.insert(key.clone(), 1);
-        Some(key)
+        st.take_foreign(&key).then_some(key)
     }
 
     /// Keeps `range` out of the allocators until the daemon restarts, whatever its imports
@@ -244,18 +264,10 @@ impl Memory {
 
     /// One import of `range` less; the last gives the range back to the allocators.
     pub fn release_foreign(&self, range: &ForeignRange) {
-        let mut st = self.state();
-        let Some(users) = st.foreign.get_mut(range) else { return };
-        *users = users.saturating_sub(1);
-        if *users > 0 {
-            return;
+        let freed = self.state().drop_foreign(range);
+        if freed {
+            self.save_foreign_or_log();
         }
-        st.foreign.remove(range);
-        for &i in &range.resources {
-            st.resources[i].ranges.free(range.offset);
-        }
-        drop(st);
-        self.save_foreign_or_log();
     }
 
     /// Where region `id` is: a range of one resource or of an interleave set.
