@@ -7,7 +7,8 @@
 //! of the other imports the handle through its own node and maps the same bytes (the
 //! shared sim fabric), writes are seen both ways; a free on the owner reaches the
 //! importer's client as a revocation within a second and truncates the file under its
-//! mapping; a node without the shared fabric (class NET) gets a copy-only grant and
+//! mapping; a node without the shared fabric (class NET), or with it but outside the
+//! region's NVLink domain (its GPUs' links down), gets a copy-only grant and
 //! copies to and from the region over the link: push and pull, chunk by chunk, an
 //! unaligned tail, a region of its own as the other end, a copy past the region's end and a push through a read-only import
 //! refused, a revoke stopping a large copy midway; a peer that sends a chunk through an
@@ -247,6 +248,43 @@ fn a_data_path_the_domains_settings_leave_out_is_not_granted_and_the_copy_stays(
     let mut back = vec![0; 1 << 20];
     std::os::unix::fs::FileExt::read_exact_at(&f0, &mut back, a.offset).unwrap();
     assert!(back == bytes, "tray0's region holds what tray1 pushed");
+}
+
+#[test]
+fn a_node_outside_the_regions_nvlink_domain_gets_a_copy_only_grant_though_it_reaches_the_files() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // The supernode with every NVLink of tray2's four GPUs down: tray2 reaches the shared
+    // files, but no scale-up fabric joins it to the others.
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = dir.path().join("supernode-tray2-cut.toml");
+    let mut text = std::fs::read_to_string(supernode()).unwrap();
+    for (gpu, switch) in (0..4).flat_map(|g| (0..18).map(move |s| (g, s))) {
+        text.push_str(&format!(
+            "\n[[degraded]]\ndevice = \"tray2/gpu{gpu}\"\nlink = \"nvlink\"\nto = \"fabric/nvsw{switch}\"\nlink_down = true\n"
+        ));
+    }
+    std::fs::write(&fabric, text).unwrap();
+    let sim = supernode().display().to_string();
+    let cut = |_, text: &str| text.replace(&sim, &fabric.display().to_string());
+    let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, cut);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    // tray1's GPUs reach tray0's by NVLink through the fabric's switches: the file.
+    let (i, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
+    // tray2's do not: copy-only, though its shared_dir holds the same files.
+    let grant = import_copy_only(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
+    assert_eq!((grant.region, grant.gfa), (a.region, a.gfa));
+    // And the other way: tray2's own region, asked by tray0, is copy-only too.
+    let gpu2 = hbm_of(&mut c[2], "tray2");
+    let (b, _f2) = common::alloc_hbm(&mut c[2], &gpu2, 1 << 20);
+    let handle = common::export(&mut c[2], b.region, AccessMode::ReadOnly);
+    let back = import_copy_only(&mut c[0], handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(back.grant.map(|g| g.access), Some(Access::CopyOnly), "{back:?}");
 }
 
 #[test]

@@ -3,11 +3,14 @@
 //! cliques the member records carry (NVML's cluster UUID and clique id, on real NVL
 //! hosts), and the domain's merged topology, where a GPU of the importer node reaches the
 //! GPU by NVLink (through the fabric-level switches, as on the sim supernode).
+//! The same two sources say whether an importer node may load and store a region on the
+//! sim's shared fabric: one of its devices must share a scale-up domain (NVLink, xGMI,
+//! UALink) with the region's device, as the sim's shared files stand in for that fabric.
 
 use fabric_domain::{DataPathKind, FabricGroup};
 use fabric_nodelink::PeerError;
 use fabric_proto::wire::ErrorCode;
-use fabric_topology::{DeviceId, DeviceKind, Fabric};
+use fabric_topology::{DeviceId, DeviceKind, Fabric, HopClass};
 
 use crate::daemon::Daemon;
 
@@ -38,6 +41,31 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
     }
 }
 
+/// `Ok` when a device of node `importer` reaches `device` (this node's) by a scale-up
+/// fabric with memory semantics (NVLink, xGMI, UALink), or shares an NVLink clique with
+/// this node; otherwise why not, for the log (the importer gets a copy-only grant).
+pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), String> {
+    let Some(domain) = &d.domain else { return Err("this node is in no domain".into()) };
+    let theirs: Vec<FabricGroup> =
+        domain.view().members().find(|m| m.name == importer).map(|m| m.groups.clone()).unwrap_or_default();
+    if shares_clique(domain.groups(), &theirs) {
+        return Ok(());
+    }
+    match domain.fabric() {
+        Ok(view)
+            if reaches(&view.fabric, device, importer, |c| {
+                matches!(c, HopClass::Nv(_) | HopClass::Xgmi(_) | HopClass::Ual(_))
+            }) =>
+        {
+            Ok(())
+        }
+        Ok(_) => {
+            Err(format!("no device of node {importer} shares a scale-up domain with {device} in the domain's topology"))
+        }
+        Err(e) => Err(format!("the domain's topology does not build ({e})")),
+    }
+}
+
 fn refused(message: String) -> PeerError {
     PeerError::Denied { code: ErrorCode::NotImplemented, message }
 }
@@ -47,13 +75,20 @@ fn shares_clique(ours: &[FabricGroup], theirs: &[FabricGroup]) -> bool {
     ours.iter().any(|g| matches!(g, FabricGroup::NvlinkClique { .. }) && theirs.contains(g))
 }
 
-/// Whether a GPU of node `importer` reaches `device` by a scale-up link in `fabric`.
+/// Whether a GPU of node `importer` reaches `device` by NVLink in `fabric`.
 fn reaches_by_nvlink(fabric: &Fabric, device: &DeviceId, importer: &str) -> bool {
+    reaches(fabric, device, importer, |c| matches!(c, HopClass::Nv(_)))
+}
+
+/// Whether a GPU or accelerator of node `importer` reaches `device` in `fabric` by a
+/// class that `by` accepts.
+fn reaches(fabric: &Fabric, device: &DeviceId, importer: &str, by: impl Fn(HopClass) -> bool) -> bool {
     let Some(a) = fabric.inventory().find(device) else { return false };
     fabric
         .devices_of(DeviceKind::Gpu)
+        .chain(fabric.devices_of(DeviceKind::Accelerator))
         .filter(|b| fabric.device(*b).node.as_deref() == Some(importer))
-        .any(|b| matches!(fabric.classify(a, b), fabric_topology::HopClass::Nv(_)))
+        .any(|b| by(fabric.classify(a, b)))
 }
 
 #[cfg(test)]

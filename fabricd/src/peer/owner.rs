@@ -224,8 +224,10 @@ impl Owner {
 
     /// Serves an importer node's [`ImportAsk`].
     pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ImportGrant, PeerError> {
-        let (handle, _, cred) = self.admit(d, peer, &ask)?;
-        // A region on the shared sim fabric is granted by its file, one on a DAX device
+        let (handle, subject, cred) = self.admit(d, peer, &ask)?;
+        let node = &peer.identity.node;
+        // A region on the shared sim fabric is granted by its file to a node in the
+        // scale-up domain of its device (`super::clique::scale_up`), one on a DAX device
         // over CXL devices with serials by its place in their set (`super::cxl`); any
         // other, and any the importer does not reach, copy-only (its bytes reached by
         // `Copy` chunks over the link: `super::copy`).
@@ -233,11 +235,16 @@ impl Owner {
         let own = d.memory.own_file(ask.region);
         let allows = |kind| d.domain.as_ref().is_none_or(|domain| domain.allows(kind));
         let shared = match &own {
-            Some(path) if allows(DataPathKind::SharedFile) => shared_file(d, path).ok().map(Shared::File),
+            Some(path) if allows(DataPathKind::SharedFile) => match super::clique::scale_up(d, &subject.device, node) {
+                Ok(()) => shared_file(d, path).ok().map(Shared::File),
+                Err(why) => {
+                    tracing::info!(peer = %node, region = ask.region, why, "node link: the importer is not in the region's scale-up domain; copy-only");
+                    None
+                }
+            },
             None if allows(DataPathKind::Cxl) => super::cxl::grant(d, ask.region).map(Shared::Cxl),
             _ => None,
         };
-        let node = &peer.identity.node;
         let session = self.session(d, peer)?;
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
         saved(d, session, g.import)?;
