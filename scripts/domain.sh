@@ -16,6 +16,12 @@
 # sim's memory (shared/): a client of one node imports what a client of another exported.
 # FABRIC_DOMAIN_NET=K leaves the last K nodes off the shared memory (class NET: their
 # clients get copy-only grants and copy over the node link; `fabricctl bench netcopy`).
+# FABRIC_DOMAIN_NETNS=1 (root, `ip` from iproute2) runs etcd and each node in a network
+# namespace of its own, joined by veth pairs to a bridge in a "switch" namespace, at
+# addresses in 10.79.0.0/24 that exist only there (etcd .1, tray i .(10+i)); the node link
+# then crosses a veth, not loopback. Sockets and files stay where they are; `down` deletes
+# the namespaces `up` created (their names are in the run dir's `netns`;
+# FABRIC_DOMAIN_NETNS_PREFIX, default fabric-domain, starts them).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,6 +35,13 @@ if [ -z "${FABRIC_CERTS:-}" ]; then
   if [ -x "$ROOT/target/debug/fabric-certs" ]; then FABRIC_CERTS=$ROOT/target/debug/fabric-certs; else FABRIC_CERTS=fabric-certs; fi
 fi
 DOMAIN=supernode
+NETNS=${FABRIC_DOMAIN_NETNS:-0}
+[[ $NETNS =~ ^[01]$ ]] || { echo "domain.sh: FABRIC_DOMAIN_NETNS is 0 or 1" >&2; exit 1; }
+# Namespace names: PREFIX-sw, PREFIX-etcd, PREFIX-tray0... (FABRIC_DOMAIN_NETNS_PREFIX
+# keeps two runs apart: each has its own switch, so their addresses never meet).
+PREFIX=${FABRIC_DOMAIN_NETNS_PREFIX:-fabric-domain}
+[[ $PREFIX =~ ^[A-Za-z0-9-]{1,24}$ ]] || { echo "domain.sh: FABRIC_DOMAIN_NETNS_PREFIX is 1-24 of [A-Za-z0-9-]" >&2; exit 1; }
+NET=10.79.0
 TTL=${FABRIC_DOMAIN_TTL:-6}
 SPAN=1099511627776 # 1 TiB: every node's slot, the same on all of them
 
@@ -38,19 +51,63 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# Waits up to $2 seconds for TCP port $1 on 127.0.0.1 to accept a connection.
-# Waits up to $2 seconds for the etcd on 127.0.0.1:$1 to answer its /health with
+# Waits up to $3 seconds for the etcd at $1:$2 to answer its /health with
 # "health":"true" (an open port is not enough: a fresh member elects itself first, and a
-# node that cannot join a domain whose slot it never held refuses to start).
+# node that cannot join a domain whose slot it never held refuses to start). With
+# namespaces, asked from inside etcd's.
 wait_etcd() {
-  local port=$1 i reply
-  for ((i = 0; i < $2 * 10; i++)); do
-    reply=$( (exec 3<>"/dev/tcp/127.0.0.1/$port" &&
-      printf 'GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 && timeout 2 cat <&3) 2>/dev/null || true)
+  local host=$1 port=$2 i reply
+  for ((i = 0; i < $3 * 10; i++)); do
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    reply=$(in_ns etcd bash -c '(exec 3<>"/dev/tcp/$0/$1" &&
+      printf "GET /health HTTP/1.0\r\nHost: $0\r\n\r\n" >&3 && timeout 2 cat <&3) 2>/dev/null || true' "$host" "$port")
     [[ $reply == *'"health":"true"'* ]] && return 0
     sleep 0.1
   done
   return 1
+}
+
+# Execs "$@" in namespace $1 of this run (etcd, trayN) when namespaces are on, else here.
+# It replaces the shell it runs in: call it in a subshell (`&`, `$(...)`), so that `$!`
+# is the program's own pid.
+in_ns() {
+  local ns=$1
+  shift
+  if ((NETNS)); then
+    [ -e "/run/netns/$PREFIX-$ns" ] || die "namespace $PREFIX-$ns does not exist"
+    exec ip netns exec "$PREFIX-$ns" "$@"
+  fi
+  exec "$@"
+}
+
+# Creates namespace $PREFIX-$1 at address $2, joined to the switch's bridge by veth port
+# $3 (made inside the switch namespace, so the host's own namespace never sees either
+# end), and records it for `down`.
+add_ns() {
+  local ns=$PREFIX-$1 addr=$2 port=$3
+  ip netns add "$ns"
+  echo "$ns" >>"$RUN/netns"
+  ip netns exec "$PREFIX-sw" ip link add "$port" type veth peer name eth0 netns "$ns"
+  ip netns exec "$PREFIX-sw" ip link set "$port" master br0 up
+  ip netns exec "$ns" ip addr add "$addr/24" dev eth0
+  ip netns exec "$ns" ip link set eth0 up
+  ip netns exec "$ns" ip link set lo up
+}
+
+# The switch namespace with its bridge, etcd's namespace and one per node ($1 nodes).
+make_net() {
+  local n=$1 i
+  [ "$(id -u)" = 0 ] || die "FABRIC_DOMAIN_NETNS=1 needs root (it creates network namespaces)"
+  command -v ip >/dev/null || die "FABRIC_DOMAIN_NETNS=1 needs ip (iproute2)"
+  for ns in sw etcd $(seq -f 'tray%g' 0 $((n - 1))); do
+    [ -e "/run/netns/$PREFIX-$ns" ] && die "namespace $PREFIX-$ns exists already (another run? scripts/domain.sh down)"
+  done
+  ip netns add "$PREFIX-sw"
+  echo "$PREFIX-sw" >>"$RUN/netns"
+  ip netns exec "$PREFIX-sw" ip link add br0 type bridge
+  ip netns exec "$PREFIX-sw" ip link set br0 up
+  add_ns etcd "$NET.1" p0
+  for ((i = 0; i < n; i++)); do add_ns "tray$i" "$NET.$((10 + i))" "p$((i + 1))"; done
 }
 
 # Whether pid $1 still runs the command whose arguments include $2 (never a reused pid).
@@ -79,16 +136,23 @@ up() {
   command -v "$FABRICD" >/dev/null || [ -x "$FABRICD" ] || die "no fabricd at $FABRICD (cargo build -p fabricd)"
   mkdir -p "$RUN"
   chmod 700 "$RUN"
-  local client peer
-  client=$(free_port)
-  peer=$(free_port)
-  "$ETCD" --name fabric-domain --data-dir "$RUN/etcd" \
-    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
-    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-    --initial-cluster "fabric-domain=http://127.0.0.1:$peer" </dev/null >"$RUN/etcd.log" 2>&1 &
+  local client peer host=127.0.0.1
+  if ((NETNS)); then
+    make_net "$n"
+    # Each namespace has its own ports: etcd's defaults are free in its own.
+    host=$NET.1 client=2379 peer=2380
+    echo "namespaces: $(tr '\n' ' ' <"$RUN/netns")(10.79.0.0/24)"
+  else
+    client=$(free_port)
+    peer=$(free_port)
+  fi
+  in_ns etcd "$ETCD" --name fabric-domain --data-dir "$RUN/etcd" \
+    --listen-client-urls "http://$host:$client" --advertise-client-urls "http://$host:$client" \
+    --listen-peer-urls "http://$host:$peer" --initial-advertise-peer-urls "http://$host:$peer" \
+    --initial-cluster "fabric-domain=http://$host:$peer" </dev/null >"$RUN/etcd.log" 2>&1 &
   echo $! >"$RUN/etcd.pid"
-  wait_etcd "$client" 20 || die "etcd on 127.0.0.1:$client is not healthy (see $RUN/etcd.log)"
-  echo "etcd http://127.0.0.1:$client (data $RUN/etcd)"
+  wait_etcd "$host" "$client" 20 || die "etcd on $host:$client is not healthy (see $RUN/etcd.log)"
+  echo "etcd http://$host:$client (data $RUN/etcd)"
   local link=0
   if command -v "$FABRIC_CERTS" >/dev/null || [ -x "$FABRIC_CERTS" ]; then
     "$FABRIC_CERTS" ca "$RUN/pki" --domain "$DOMAIN" >/dev/null
@@ -97,9 +161,10 @@ up() {
   else
     echo "node link: off (no fabric-certs: cargo build -p fabric-nodelink)"
   fi
-  local i dir
+  local i dir addr
   for ((i = 0; i < n; i++)); do
     dir=$RUN/tray$i
+    if ((NETNS)); then addr=$NET.$((10 + i)):7471; else addr=127.0.0.1:$((7471 + i)); fi
     mkdir -p "$dir"
     cat >"$dir/fabricd.toml" <<EOF
 [socket]
@@ -115,14 +180,14 @@ listen = ""
 node_span = { fixed = $SPAN }
 [domain]
 name = "$DOMAIN"
-endpoints = ["http://127.0.0.1:$client"]
+endpoints = ["http://$host:$client"]
 node = "tray$i"
 lease_ttl_secs = $TTL
 [peer]
-address = "127.0.0.1:$((7471 + i))"
+address = "$addr"
 EOF
     if ((link)); then
-      "$FABRIC_CERTS" node "$RUN/pki" --domain "$DOMAIN" --node "tray$i" --san 127.0.0.1 >/dev/null
+      "$FABRIC_CERTS" node "$RUN/pki" --domain "$DOMAIN" --node "tray$i" --san "${addr%:*}" >/dev/null
       cat >>"$dir/fabricd.toml" <<EOF
 ca = "$RUN/pki/ca.pem"
 cert = "$RUN/pki/tray$i.pem"
@@ -134,7 +199,7 @@ EOF
         echo "shared_dir = \"$RUN/shared\"" >>"$dir/fabricd.toml"
       fi
     fi
-    "$FABRICD" --config "$dir/fabricd.toml" </dev/null >/dev/null 2>"$dir/fabricd.log" &
+    in_ns "tray$i" "$FABRICD" --config "$dir/fabricd.toml" </dev/null >/dev/null 2>"$dir/fabricd.log" &
     echo $! >"$dir/pid"
   done
   for ((i = 0; i < n; i++)); do
@@ -169,6 +234,12 @@ down() {
     [ -d "$dir" ] && stop "$dir/pid" "$dir/fabricd.toml"
   done
   stop "$RUN/etcd.pid" "$RUN/etcd"
+  if [ -f "$RUN/netns" ]; then
+    local ns
+    while read -r ns; do
+      [[ $ns == "$PREFIX"-* ]] && ip netns del "$ns" 2>/dev/null || true
+    done <"$RUN/netns"
+  fi
   rm -rf "$RUN"
   echo "domain down"
 }

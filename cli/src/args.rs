@@ -392,8 +392,9 @@ pub enum BenchCommand {
         net_bytes: u64,
     },
     /// A copy across nodes that share no memory (class NET: push and pull over the node
-    /// link) vs a raw TCP and a raw TLS stream of the same bytes over loopback, against
-    /// two running nodes of one domain, the importer without the shared fabric
+    /// link) vs a raw TCP and a raw TLS stream of the same bytes between the two nodes
+    /// (loopback, or their network namespaces), against two running nodes of one
+    /// domain, the importer without the shared fabric
     /// (`FABRIC_DOMAIN_NET=1 scripts/domain.sh up 2`).
     Netcopy {
         /// The owner node's socket (it allocates and exports).
@@ -408,6 +409,13 @@ pub enum BenchCommand {
         /// Rounds per figure (the best counts).
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// The owner node's network namespace (`ip netns` name): the raw streams go to
+        /// its link address there (root; `FABRIC_DOMAIN_NETNS=1 scripts/domain.sh`).
+        #[arg(long, value_name = "NAME", requires = "importer_netns")]
+        owner_netns: Option<String>,
+        /// The importer node's network namespace: the raw streams are sent from there.
+        #[arg(long, value_name = "NAME", requires = "owner_netns")]
+        importer_netns: Option<String>,
     },
     /// The bare echo server `control` compares against (internal).
     #[command(hide = true)]

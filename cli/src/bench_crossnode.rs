@@ -178,6 +178,7 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
             importer: net.clone(),
             bytes: opts.net_bytes,
             rounds: 3,
+            netns: None,
         })?),
         None => None,
     };

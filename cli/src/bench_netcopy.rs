@@ -1,9 +1,12 @@
 //! `fabricctl bench netcopy`: the bandwidth of a copy across nodes (class NET: a client of
 //! the importer node pushes a registration into a region another node exported, and pulls
 //! it back, over fabricd's node link) against, in the same run, a raw TCP stream and a raw
-//! TLS stream (the node link's ciphers, rustls) of the same bytes over loopback, the two
-//! nodes of `scripts/domain.sh` being on this host. The ratio over TCP is the target
-//! (`netcopy_ratio`, ≥ 0.8); the one over TLS says how much of the gap is encryption.
+//! TLS stream (the node link's ciphers, rustls) of the same bytes between the two nodes:
+//! over loopback, where the nodes of `scripts/domain.sh` share this host's network, or,
+//! with `--owner-netns`/`--importer-netns`, from the importer's network namespace to the
+//! owner's link address in its own (`FABRIC_DOMAIN_NETNS=1`), the path the node link takes.
+//! The ratio over TCP is the target (`netcopy_ratio`, ≥ 0.8); the one over TLS says how
+//! much of the gap is encryption.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -36,9 +39,11 @@ pub struct NetCopyBench {
     pub push_gbps: f64,
     /// Pull: the owner's region into the importer's registration.
     pub pull_gbps: f64,
-    /// A raw TCP stream of the same bytes over loopback (baseline).
+    /// Where the raw streams ran: `loopback`, or `netns IMPORTER -> OWNER (ADDRESS)`.
+    pub path: String,
+    /// A raw TCP stream of the same bytes over that path (baseline).
     pub tcp_gbps: f64,
-    /// A raw TLS stream (rustls, the node link's configuration) over loopback.
+    /// A raw TLS stream (rustls, the node link's configuration) over that path.
     pub tls_gbps: f64,
     /// `push_gbps / tcp_gbps` (target ≥ 0.8).
     pub netcopy_ratio: f64,
@@ -59,6 +64,79 @@ pub struct NetCopyOptions {
     pub bytes: u64,
     /// Rounds per figure.
     pub rounds: usize,
+    /// The network namespaces of the owner and the importer (their names under
+    /// `/run/netns`), for the raw streams to take the nodes' path; `None`: loopback.
+    pub netns: Option<(String, String)>,
+}
+
+/// Where the raw streams run: the listener's namespace and address, the sender's namespace.
+#[derive(Debug, Clone)]
+struct StreamPath {
+    listen_ns: Option<PathBuf>,
+    listen: std::net::IpAddr,
+    send_ns: Option<PathBuf>,
+}
+
+impl StreamPath {
+    fn loopback() -> Self {
+        Self { listen_ns: None, listen: std::net::Ipv4Addr::LOCALHOST.into(), send_ns: None }
+    }
+
+    /// From namespace `importer` to `owner`'s address `listen` in namespace `owner`; both
+    /// must exist now (nothing is sent from the root namespace in their stead).
+    fn between(owner: &str, importer: &str, listen: std::net::IpAddr) -> Result<Self, ControlBenchError> {
+        let path = |name: &str| -> Result<PathBuf, ControlBenchError> {
+            let bad = name.is_empty() || name.contains('/') || name == "." || name == "..";
+            let p = std::path::Path::new("/run/netns").join(name);
+            if bad || !p.exists() {
+                return Err(ControlBenchError::Io {
+                    what: format!("network namespace {name:?}"),
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
+            }
+            Ok(p)
+        };
+        Ok(Self { listen_ns: Some(path(owner)?), listen, send_ns: Some(path(importer)?) })
+    }
+
+    fn describe(&self) -> String {
+        match (&self.listen_ns, &self.send_ns) {
+            (Some(l), Some(s)) => format!("netns {} -> {} ({})", name_of(s), name_of(l), self.listen),
+            _ => "loopback".into(),
+        }
+    }
+
+    /// A listener at this path's address (port chosen by the kernel), made in the
+    /// owner's namespace.
+    fn listen(&self) -> std::io::Result<TcpListener> {
+        let addr = std::net::SocketAddr::new(self.listen, 0);
+        in_netns(self.listen_ns.as_deref(), move || TcpListener::bind(addr))
+    }
+
+    /// A connection to `addr`, made in the importer's namespace.
+    fn connect(&self, addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+        in_netns(self.send_ns.as_deref(), move || TcpStream::connect(addr))
+    }
+}
+
+fn name_of(p: &std::path::Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Runs `f` on a thread of its own that first enters network namespace `ns` (when given):
+/// a socket keeps the namespace it was made in, whichever thread uses it afterwards.
+fn in_netns<T: Send + 'static>(
+    ns: Option<&std::path::Path>,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let Some(ns) = ns else { return f() };
+    let file = std::fs::File::open(ns)?;
+    std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        f()
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the thread entering the namespace panicked"))?
 }
 
 fn call(
@@ -74,8 +152,9 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ControlBenchError {
     move |source| ControlBenchError::Io { what: what.into(), source }
 }
 
-/// This node's name and one of its own HBM devices, from its `domain status` and map.
-fn own_hbm(c: &mut Connection) -> Result<String, ControlBenchError> {
+/// One of this node's own HBM devices, from its `domain status` and map, and its node
+/// link's address (`host:port`) as its member record says.
+fn own_hbm(c: &mut Connection) -> Result<(String, Option<String>), ControlBenchError> {
     let Response::Domain(doc) =
         call(c, "domain status", Request::Domain(DomainRequest { action: DomainAction::Status }), &[])?
     else {
@@ -87,6 +166,13 @@ fn own_hbm(c: &mut Connection) -> Result<String, ControlBenchError> {
         .as_str()
         .ok_or(ControlBenchError::Unexpected("domain status (not a domain node)"))?
         .to_owned();
+    let address = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["name"] == name.as_str())
+        .and_then(|n| n["peer_address"].as_str())
+        .map(str::to_owned);
     let Response::Map(doc) = call(c, "map", Request::Map(Default::default()), &[])? else {
         return Err(ControlBenchError::Unexpected("map"));
     };
@@ -97,6 +183,7 @@ fn own_hbm(c: &mut Connection) -> Result<String, ControlBenchError> {
         .flatten()
         .find(|r| r["node"] == name.as_str() && r["memory"] == "hbm")
         .and_then(|r| r["owner"].as_str()?.split('#').next().map(str::to_owned))
+        .map(|hbm| (hbm, address))
         .ok_or(ControlBenchError::NoHbm)
 }
 
@@ -124,10 +211,10 @@ fn copy_time(
     }
 }
 
-/// A raw TCP stream of `bytes` over loopback, in 1 MiB writes, acknowledged by the reader
+/// A raw TCP stream of `bytes` over `path`, in 1 MiB writes, acknowledged by the reader
 /// once all arrived.
-fn tcp_time(bytes: u64) -> Result<Duration, ControlBenchError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding a TCP listener"))?;
+fn tcp_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError> {
+    let listener = path.listen().map_err(io("binding a TCP listener"))?;
     let addr = listener.local_addr().map_err(io("TCP listener address"))?;
     let reader = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = listener.accept()?;
@@ -142,7 +229,7 @@ fn tcp_time(bytes: u64) -> Result<Duration, ControlBenchError> {
         }
         s.write_all(&[1])
     });
-    let mut s = TcpStream::connect(addr).map_err(io("connecting over TCP"))?;
+    let mut s = path.connect(addr).map_err(io("connecting over TCP"))?;
     let _ = s.set_nodelay(true);
     let chunk = vec![0x5au8; 1 << 20];
     let start = Instant::now();
@@ -160,7 +247,7 @@ fn tcp_time(bytes: u64) -> Result<Duration, ControlBenchError> {
 }
 
 /// The same over TLS: mutually authenticated with a throwaway CA, as the node link is.
-fn tls_time(bytes: u64) -> Result<Duration, ControlBenchError> {
+fn tls_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let bad = |_| ControlBenchError::Unexpected("TLS credentials");
     let ca = fabric_nodelink::DomainCa::generate("bench").map_err(bad)?;
@@ -182,7 +269,9 @@ fn tls_time(bytes: u64) -> Result<Duration, ControlBenchError> {
         );
         let name =
             fabric_nodelink::tls::server_name(&expected).map_err(|_| ControlBenchError::Unexpected("TLS name"))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io("binding a TLS listener"))?;
+        let listener = path.listen().map_err(io("binding a TLS listener"))?;
+        listener.set_nonblocking(true).map_err(io("binding a TLS listener"))?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(io("binding a TLS listener"))?;
         let addr = listener.local_addr().map_err(io("TLS listener address"))?;
         let reader = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await?;
@@ -199,7 +288,9 @@ fn tls_time(bytes: u64) -> Result<Duration, ControlBenchError> {
             s.write_all(&[1]).await?;
             s.flush().await
         });
-        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(io("connecting over TLS"))?;
+        let tcp = path.connect(addr).map_err(io("connecting over TLS"))?;
+        tcp.set_nonblocking(true).map_err(io("connecting over TLS"))?;
+        let tcp = tokio::net::TcpStream::from_std(tcp).map_err(io("connecting over TLS"))?;
         let _ = tcp.set_nodelay(true);
         let mut s = connector.connect(name, tcp).await.map_err(io("the TLS handshake"))?;
         let chunk = vec![0x5au8; 1 << 20];
@@ -228,7 +319,18 @@ pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError>
     let (bytes, rounds) = (opts.bytes.max(1), opts.rounds.max(1));
     let mut owner = bench_control::connect(&opts.owner)?;
     let mut imp = bench_control::connect(&opts.importer)?;
-    let gpu = own_hbm(&mut owner)?;
+    let (gpu, address) = own_hbm(&mut owner)?;
+    let path = match &opts.netns {
+        None => StreamPath::loopback(),
+        Some((owner_ns, importer_ns)) => {
+            let ip = address
+                .as_deref()
+                .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+                .map(|a| a.ip())
+                .ok_or(ControlBenchError::Unexpected("domain status (the owner's link address is no IP:port)"))?;
+            StreamPath::between(owner_ns, importer_ns, ip)?
+        }
+    };
     let alloc = AllocRequest {
         target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
         size: bytes,
@@ -263,7 +365,7 @@ pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError>
     // SAFETY: the descriptor was just created and is owned by nothing else.
     let mem = unsafe { std::fs::File::from_raw_fd(fd) };
     mem.set_len(bytes).map_err(io("sizing the memfd"))?;
-    let dev = own_hbm(&mut imp)?;
+    let (dev, _) = own_hbm(&mut imp)?;
     let req = Request::Register(RegisterRequest {
         device: DeviceName::truncated(&dev),
         source: RegisterSource::Fd,
@@ -284,8 +386,8 @@ pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError>
     for _ in 0..rounds {
         push = push.min(copy_time(&mut imp, remote, reg, bytes)?);
         pull = pull.min(copy_time(&mut imp, reg, remote, bytes)?);
-        tcp = tcp.min(tcp_time(bytes)?);
-        tls = tls.min(tls_time(bytes)?);
+        tcp = tcp.min(tcp_time(&path, bytes)?);
+        tls = tls.min(tls_time(&path, bytes)?);
     }
     let (push_gbps, pull_gbps, tcp_gbps, tls_gbps) =
         (gbps(bytes, push), gbps(bytes, pull), gbps(bytes, tcp), gbps(bytes, tls));
@@ -296,6 +398,7 @@ pub fn netcopy(opts: &NetCopyOptions) -> Result<NetCopyBench, ControlBenchError>
         bytes,
         rounds,
         grant,
+        path: path.describe(),
         push_gbps,
         pull_gbps,
         tcp_gbps,

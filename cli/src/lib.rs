@@ -208,12 +208,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 };
                 bench::print(&bench_crossnode::crossnode(&opts)?, b.json, out).map_err(RunError::Output)?;
             }
-            BenchCommand::Netcopy { owner, importer, bytes, rounds } => {
+            BenchCommand::Netcopy { owner, importer, bytes, rounds, owner_netns, importer_netns } => {
                 let opts = bench_netcopy::NetCopyOptions {
                     owner: owner.clone(),
                     importer: importer.clone(),
                     bytes: *bytes,
                     rounds: *rounds,
+                    netns: owner_netns.clone().zip(importer_netns.clone()),
                 };
                 bench::print(&bench_netcopy::netcopy(&opts)?, b.json, out).map_err(RunError::Output)?;
             }

@@ -9,7 +9,8 @@
 //! leader is killed; hostile records written into etcd by hand are refused by running
 //! nodes with the reason logged and poison no map; a node's map changed while etcd is
 //! away reaches the others once it is back, under the same membership; and
-//! `scripts/domain.sh` starts and stops a domain.
+//! `scripts/domain.sh` starts and stops a domain, on loopback or with each node in a
+//! network namespace of its own.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -460,25 +461,32 @@ fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
     assert_eq!(all, Some((new, new_term)));
 }
 
+/// Runs `scripts/domain.sh ARGS` with its run dir under `run`, this build's fabricd, a 2 s
+/// TTL and `env`: whether it succeeded, and what it printed.
+fn domain_sh<'a>(run: &'a Path, env: &'a [(&'a str, &'a str)]) -> impl Fn(&[&str]) -> (bool, String) + 'a {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/domain.sh");
+    move |args: &[&str]| {
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .env("FABRIC_DOMAIN_RUN", run.join("d"))
+            .env("FABRICD", env!("CARGO_BIN_EXE_fabricd"))
+            .env("FABRIC_DOMAIN_TTL", "2")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+}
+
 #[test]
 fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The script starts its own etcd; this only checks that one is installed.
     let Some(_etcd) = etcd(&rt) else { return };
     let run = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/domain.sh");
-    let sh = |args: &[&str]| {
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(args)
-            .env("FABRIC_DOMAIN_RUN", run.path().join("d"))
-            .env("FABRICD", env!("CARGO_BIN_EXE_fabricd"))
-            .env("FABRIC_DOMAIN_TTL", "2")
-            .output()
-            .unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
-    };
+    let sh = domain_sh(run.path(), &[]);
     let (ok, text) = sh(&["up", "2"]);
     if !ok {
         // The nodes' logs say why one did not start (the run dir goes with the test).
@@ -505,6 +513,76 @@ fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
     assert!(ok, "{text}");
     assert!(!run.path().join("d").exists(), "the run dir is removed");
     assert!(std::os::unix::net::UnixStream::connect(&sockets[0]).is_err(), "tray0 stopped");
+}
+
+/// `FABRIC_DOMAIN_NETNS=1`: etcd and each node in a network namespace of its own, the
+/// node link between the namespaces' addresses; `bench netcopy --owner-netns
+/// --importer-netns` streams its baselines along the same path; `down` deletes the
+/// namespaces. Root with `ip` only (skipped otherwise).
+#[test]
+fn domain_sh_puts_each_node_in_a_namespace_of_its_own_and_removes_them() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(_etcd) = etcd(&rt) else { return };
+    if let Err(e) = fabric_domain::testing::netns::available() {
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let fabricctl = Path::new(env!("CARGO_BIN_EXE_fabricd")).with_file_name("fabricctl");
+    let certs = fabricctl.with_file_name("fabric-certs");
+    assert!(fabricctl.exists() && certs.exists(), "build the workspace's binaries: cargo build --workspace --bins");
+    let run = tempfile::tempdir().unwrap();
+    let prefix = format!("fdt{}", std::process::id());
+    let certs_env = certs.display().to_string();
+    let env = [
+        ("FABRIC_CERTS", certs_env.as_str()),
+        ("FABRIC_DOMAIN_NETNS", "1"),
+        ("FABRIC_DOMAIN_NETNS_PREFIX", &prefix),
+        ("FABRIC_DOMAIN_NET", "1"),
+    ];
+    let sh = domain_sh(run.path(), &env);
+    let names = ["sw", "etcd", "tray0", "tray1"].map(|n| format!("{prefix}-{n}"));
+    let exists = |n: &str| Path::new("/run/netns").join(n).exists();
+    let (ok, text) = sh(&["up", "2"]);
+    // Taken down whatever the checks below find.
+    struct Down<F: Fn(&[&str]) -> (bool, String)>(F);
+    impl<F: Fn(&[&str]) -> (bool, String)> Drop for Down<F> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["down"]);
+        }
+    }
+    let down = Down(sh);
+    assert!(ok, "{text}");
+    assert!(names.iter().all(|n| exists(n)), "{text}");
+    let socket = |i: usize| run.path().join(format!("d/tray{i}/fabricd.sock"));
+    let mut c = common::client(&socket(0));
+    until(Duration::from_secs(15), "both trays live", || all_live_and_placed(&mut c, 2));
+    // Each node's link is at its namespace's address, which the host's namespace lacks.
+    let doc = domain(&mut c, DomainAction::Status);
+    let mut addresses: Vec<&str> =
+        doc["nodes"].as_array().unwrap().iter().map(|n| n["peer_address"].as_str().unwrap()).collect();
+    addresses.sort_unstable();
+    assert_eq!(addresses, ["10.79.0.10:7471", "10.79.0.11:7471"], "{doc}");
+    // The network copy's baselines cross the same namespaces (a listener at tray0's
+    // address can only be made inside tray0's namespace).
+    let out = Command::new(&fabricctl)
+        .args(["bench", "netcopy", "--bytes", "1048576", "--rounds", "1", "--json", "--owner"])
+        .arg(socket(0))
+        .arg("--importer")
+        .arg(socket(1))
+        .args(["--owner-netns", &names[2], "--importer-netns", &names[3]])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["grant"], "CopyOnly", "{v}");
+    assert_eq!(v["path"], format!("netns {} -> {} (10.79.0.10)", names[3], names[2]), "{v}");
+    for key in ["push_gbps", "pull_gbps", "tcp_gbps", "tls_gbps", "netcopy_ratio"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "{key}: {v}");
+    }
+    drop(down);
+    assert!(names.iter().all(|n| !exists(n)), "the namespaces are deleted");
+    assert!(!run.path().join("d").exists(), "the run dir is removed");
 }
 
 /// Hostile records written into etcd by hand under two running nodes — a truncated
