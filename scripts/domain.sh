@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A domain on this machine, as the current user (no root): a private etcd and N fabricd
+# A domain on this machine, as the current user (root only for FABRIC_DOMAIN_NETNS=1): a private etcd and N fabricd
 # nodes, node i serving tray i of configs/sim/supernode-64.toml (docs/domain.md).
 #
 #   scripts/domain.sh up N     start etcd and nodes tray0..tray(N-1) (1 <= N <= 16); prints
@@ -20,8 +20,9 @@
 # namespace of its own, joined by veth pairs to a bridge in a "switch" namespace, at
 # addresses in 10.79.0.0/24 that exist only there (etcd .1, tray i .(10+i)); the node link
 # then crosses a veth, not loopback. Sockets and files stay where they are; `down` deletes
-# the namespaces `up` created (their names are in the run dir's `netns`;
-# FABRIC_DOMAIN_NETNS_PREFIX, default fabric-domain, starts them).
+# the namespaces `up` created, whatever prefix they had (their names are in the run dir's
+# `netns`; FABRIC_DOMAIN_NETNS_PREFIX, default fabric-domain, starts them). An `up` that
+# fails takes down what it started.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +66,13 @@ wait_etcd() {
     sleep 0.1
   done
   return 1
+}
+
+# The run dir must be this user's own directory, not a symlink: under /tmp another user
+# could have made it first (and root writes logs and pids there).
+own_run() {
+  [ -d "$RUN" ] && [ ! -L "$RUN" ] && [ -O "$RUN" ] ||
+    die "$RUN is not a directory of this user's own (a symlink, or someone else's): set FABRIC_DOMAIN_RUN"
 }
 
 # Execs "$@" in namespace $1 of this run (etcd, trayN) when namespaces are on, else here.
@@ -135,7 +143,11 @@ up() {
   command -v "$ETCD" >/dev/null || die "no etcd (scripts/deps.sh installs Debian's etcd-server)"
   command -v "$FABRICD" >/dev/null || [ -x "$FABRICD" ] || die "no fabricd at $FABRICD (cargo build -p fabricd)"
   mkdir -p "$RUN"
+  own_run
   chmod 700 "$RUN"
+  # From here on a failure (or ^C) takes down what this `up` started.
+  trap 'echo "domain.sh: up failed; taking down what it started" >&2; down >/dev/null' EXIT
+  trap 'exit 130' INT TERM
   local client peer host=127.0.0.1
   if ((NETNS)); then
     make_net "$n"
@@ -213,6 +225,7 @@ EOF
     [ -S "$dir/fabricd.sock" ] || die "tray$i: no socket after 30 s (see $dir/fabricd.log)"
     echo "tray$i $dir/fabricd.sock"
   done
+  trap - EXIT INT TERM
   echo "try: FABRIC_SOCKET=$RUN/tray0/fabricd.sock fabricctl domain status -o json"
 }
 
@@ -229,16 +242,22 @@ status() {
 
 down() {
   [ -d "$RUN" ] || { echo "no domain up in $RUN"; return 0; }
+  own_run
   local dir
   for dir in "$RUN"/tray*; do
     [ -d "$dir" ] && stop "$dir/pid" "$dir/fabricd.toml"
   done
   stop "$RUN/etcd.pid" "$RUN/etcd"
+  # The namespaces `up` recorded, whatever prefix it had; only names of the shape it
+  # makes, and the record kept (with the run dir) while any of them is left.
   if [ -f "$RUN/netns" ]; then
-    local ns
+    local ns left=0
     while read -r ns; do
-      [[ $ns == "$PREFIX"-* ]] && ip netns del "$ns" 2>/dev/null || true
+      [[ $ns =~ ^[A-Za-z0-9-]{1,24}-(sw|etcd|tray[0-9]{1,2})$ ]] || { echo "domain.sh: skipping $ns in $RUN/netns" >&2; continue; }
+      [ -e "/run/netns/$ns" ] || continue
+      ip netns del "$ns" || left=1
     done <"$RUN/netns"
+    ((left == 0)) || die "some namespaces of $RUN/netns are left (root is needed to delete them)"
   fi
   rm -rf "$RUN"
   echo "domain down"

@@ -410,7 +410,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// The owner node's network namespace (`ip netns` name): the raw streams go to
-        /// its link address there (root; `FABRIC_DOMAIN_NETNS=1 scripts/domain.sh`).
+        /// its link address there, which must be an IP:port (root;
+        /// `FABRIC_DOMAIN_NETNS=1 scripts/domain.sh`).
         #[arg(long, value_name = "NAME", requires = "importer_netns")]
         owner_netns: Option<String>,
         /// The importer node's network namespace: the raw streams are sent from there.

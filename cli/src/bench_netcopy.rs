@@ -113,9 +113,9 @@ impl StreamPath {
         in_netns(self.listen_ns.as_deref(), move || TcpListener::bind(addr))
     }
 
-    /// A connection to `addr`, made in the importer's namespace.
+    /// A connection to `addr`, made in the importer's namespace (given up after 10 s).
     fn connect(&self, addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
-        in_netns(self.send_ns.as_deref(), move || TcpStream::connect(addr))
+        in_netns(self.send_ns.as_deref(), move || TcpStream::connect_timeout(&addr, Duration::from_secs(10)))
     }
 }
 
@@ -130,13 +130,15 @@ fn in_netns<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
     let Some(ns) = ns else { return f() };
-    let file = std::fs::File::open(ns)?;
-    std::thread::spawn(move || {
+    let entering = |e: std::io::Error| std::io::Error::new(e.kind(), format!("entering {}: {e}", ns.display()));
+    let file = std::fs::File::open(ns).map_err(entering)?;
+    let entered = std::thread::spawn(move || {
         nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
-        f()
+        Ok(f())
     })
     .join()
-    .map_err(|_| std::io::Error::other("the thread entering the namespace panicked"))?
+    .map_err(|_| std::io::Error::other("the thread entering the namespace panicked"))?;
+    entered.map_err(entering)?
 }
 
 fn call(

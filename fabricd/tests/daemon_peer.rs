@@ -8,7 +8,7 @@
 //! shared sim fabric), writes are seen both ways; a free on the owner reaches the
 //! importer's client as a revocation within a second and truncates the file under its
 //! mapping; a node without the shared fabric (class NET), or with it but outside the
-//! region's NVLink domain (its GPUs' links down), gets a copy-only grant and
+//! region's scale-up domain (its GPUs' NVLinks down), gets a copy-only grant and
 //! copies to and from the region over the link: push and pull, chunk by chunk, an
 //! unaligned tail, a region of its own as the other end, a copy past the region's end and a push through a read-only import
 //! refused, a revoke stopping a large copy midway; a peer that sends a chunk through an
@@ -251,7 +251,7 @@ fn a_data_path_the_domains_settings_leave_out_is_not_granted_and_the_copy_stays(
 }
 
 #[test]
-fn a_node_outside_the_regions_nvlink_domain_gets_a_copy_only_grant_though_it_reaches_the_files() {
+fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_reaches_the_files() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
@@ -285,6 +285,15 @@ fn a_node_outside_the_regions_nvlink_domain_gets_a_copy_only_grant_though_it_rea
     let handle = common::export(&mut c[2], b.region, AccessMode::ReadOnly);
     let back = import_copy_only(&mut c[0], handle, AccessMode::ReadOnly).unwrap();
     assert_eq!(back.grant.map(|g| g.access), Some(Access::CopyOnly), "{back:?}");
+    // A Grace's memory is in the scale-up domain too (NVLink-C2C to its GPUs, NVLink on
+    // from them): tray0's host DRAM maps on tray1.
+    use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass};
+    let dram = AllocTarget::Device { device: DeviceName::truncated("name:tray0/numa0"), memory: MemoryClass::Dram };
+    let (r, _) = c[0].call(Request::Alloc(AllocRequest { target: dram, size: 1 << 20, align: 0 }), &[]).unwrap();
+    let Response::Alloc(d) = r else { panic!("{r:?}") };
+    let handle = common::export(&mut c[0], d.region, AccessMode::ReadWrite);
+    let (i, _f) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
 }
 
 #[test]

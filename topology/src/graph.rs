@@ -179,6 +179,13 @@ impl Fabric {
         (s != NONE).then_some(s)
     }
 
+    /// Whether `a` and `b` are in one scale-up domain: joined by NVLink, xGMI, UALink or
+    /// NVLink-C2C links that are not down, directly or through switches and other devices
+    /// (a Grace CPU's memory and every GPU that reaches its C2C-attached GPUs by NVLink).
+    pub fn same_scale_up_domain(&self, a: DeviceIdx, b: DeviceIdx) -> bool {
+        self.scale_up_domain(a).is_some_and(|s| self.scale_up_domain(b) == Some(s))
+    }
+
     /// Devices of a kind, in inventory order.
     pub fn devices_of(&self, kind: DeviceKind) -> impl Iterator<Item = DeviceIdx> + '_ {
         self.inv.devices.iter().enumerate().filter(move |(_, d)| d.kind == kind).map(|(i, _)| DeviceIdx(i as u32))

@@ -152,6 +152,36 @@ fn direct_xgmi_and_c2c_and_down_links() {
 }
 
 #[test]
+fn scale_up_domains_join_c2c_memory_to_the_gpus_across_switches_and_leave_out_down_links() {
+    // Two trays on one fabric-level NVSwitch: each a Grace with one GPU on C2C. A third
+    // tray's GPU has its NVLink down, a fourth tray's Grace has no GPU.
+    let mut b = B::new();
+    let sw = b.dev("fabric", "nvsw0", DeviceKind::NvSwitch);
+    let nv = LinkKind::NvLink { generation: 5, count: 18 };
+    let mut trays = Vec::new();
+    for t in 0..3 {
+        let node = format!("tray{t}");
+        let cpu = b.dev(&node, "grace", DeviceKind::Cpu);
+        let gpu = b.dev(&node, "gpu0", DeviceKind::Gpu);
+        b.link(cpu, gpu, LinkKind::C2c, 450_000);
+        trays.push((cpu, gpu));
+    }
+    b.link(trays[0].1, sw, nv, 900_000);
+    b.link(trays[1].1, sw, nv, 900_000);
+    b.inv.add_link(Link { state: LinkState::Down, ..Link::new(trays[2].1, sw, nv, Bandwidth::full(1), None) });
+    let lone = b.dev("tray3", "grace", DeviceKind::Cpu);
+    let f = b.build();
+    let [(cpu0, gpu0), (cpu1, gpu1), (cpu2, gpu2)] = trays[..] else { unreachable!() };
+    assert!(f.same_scale_up_domain(cpu0, gpu1), "tray0's memory, tray1's GPU: C2C, NVLink, the switch");
+    assert!(f.same_scale_up_domain(cpu1, cpu0));
+    assert!(f.same_scale_up_domain(gpu0, gpu1));
+    assert!(!f.same_scale_up_domain(gpu0, gpu2), "its only NVLink is down");
+    assert!(f.same_scale_up_domain(cpu2, gpu2), "C2C alone is a scale-up domain of its own");
+    assert!(!f.same_scale_up_domain(lone, lone), "no scale-up link at all: no domain");
+    assert!(!f.same_scale_up_domain(cpu0, lone));
+}
+
+#[test]
 fn xgmi_peers_without_a_link_count_are_still_xgmi() {
     // Partitioned AMD GPUs: the kernel lists the xGMI peer but not how many links.
     let mut b = B::new();

@@ -3,14 +3,16 @@
 //! cliques the member records carry (NVML's cluster UUID and clique id, on real NVL
 //! hosts), and the domain's merged topology, where a GPU of the importer node reaches the
 //! GPU by NVLink (through the fabric-level switches, as on the sim supernode).
-//! The same two sources say whether an importer node may load and store a region on the
-//! sim's shared fabric: one of its devices must share a scale-up domain (NVLink, xGMI,
-//! UALink) with the region's device, as the sim's shared files stand in for that fabric.
+//! The merged topology also says whether an importer node may load and store a region on
+//! the sim's shared fabric, which stands in for a scale-up fabric: one of its devices must
+//! be in the scale-up domain of the region's device.
+
+use std::time::{Duration, Instant};
 
 use fabric_domain::{DataPathKind, FabricGroup};
 use fabric_nodelink::PeerError;
 use fabric_proto::wire::ErrorCode;
-use fabric_topology::{DeviceId, DeviceKind, Fabric, HopClass};
+use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric};
 
 use crate::daemon::Daemon;
 
@@ -41,29 +43,56 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
     }
 }
 
-/// `Ok` when a device of node `importer` reaches `device` (this node's) by a scale-up
-/// fabric with memory semantics (NVLink, xGMI, UALink), or shares an NVLink clique with
-/// this node; otherwise why not, for the log (the importer gets a copy-only grant).
-pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), String> {
-    let Some(domain) = &d.domain else { return Err("this node is in no domain".into()) };
-    let theirs: Vec<FabricGroup> =
-        domain.view().members().find(|m| m.name == importer).map(|m| m.groups.clone()).unwrap_or_default();
-    if shares_clique(domain.groups(), &theirs) {
+/// Why an importer node gets no sim shared file for a region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoReach {
+    /// The domain's topology puts it outside the region's scale-up domain: copy-only.
+    Outside(String),
+    /// Not known yet — the importer's topology record not seen, the domain's topology
+    /// not built: refused for now (`Unavailable`), never answered copy-only for good.
+    Unknown(String),
+}
+
+/// How long [`scale_up`] waits for this node's view of the domain to learn what it does
+/// not know yet: a node publishes its topology record right after it joins, so an import
+/// it asks at once may arrive first.
+const TOPOLOGY_WAIT: Duration = Duration::from_secs(2);
+
+/// `Ok` when a device of node `importer` is in the scale-up domain of `device` (this
+/// node's) in the domain's merged topology: joined by NVLink, xGMI, UALink or NVLink-C2C
+/// links that are up ([`Fabric::same_scale_up_domain`]), so a Grace's memory counts for
+/// the GPUs of other trays on the same NVSwitches, and a tray whose NVLinks are all down
+/// is outside. What is not known is asked again for up to `TOPOLOGY_WAIT` (this runs
+/// on a blocking thread, never on the domain runtime's workers).
+pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), NoReach> {
+    let Some(domain) = &d.domain else { return Err(NoReach::Outside("this node is in no domain".into())) };
+    let deadline = Instant::now() + TOPOLOGY_WAIT;
+    loop {
+        let answer = match domain.fabric() {
+            Ok(view) => scale_up_in(&view.fabric, device, importer),
+            Err(e) => Err(NoReach::Unknown(format!("the domain's topology does not build ({e})"))),
+        };
+        match answer {
+            Err(NoReach::Unknown(_)) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            answer => return answer,
+        }
+    }
+}
+
+/// [`scale_up`] in `fabric`.
+fn scale_up_in(fabric: &Fabric, device: &DeviceId, importer: &str) -> Result<(), NoReach> {
+    let Some(a) = fabric.inventory().find(device) else {
+        return Err(NoReach::Unknown(format!("{device} is not in the domain's topology")));
+    };
+    if !fabric.nodes().iter().any(|n| n == importer) {
+        return Err(NoReach::Unknown(format!("node {importer}'s topology is not known here yet")));
+    }
+    let mut theirs =
+        (0..fabric.len()).map(|i| DeviceIdx(i as u32)).filter(|&b| fabric.device(b).node.as_deref() == Some(importer));
+    if theirs.any(|b| fabric.same_scale_up_domain(a, b)) {
         return Ok(());
     }
-    match domain.fabric() {
-        Ok(view)
-            if reaches(&view.fabric, device, importer, |c| {
-                matches!(c, HopClass::Nv(_) | HopClass::Xgmi(_) | HopClass::Ual(_))
-            }) =>
-        {
-            Ok(())
-        }
-        Ok(_) => {
-            Err(format!("no device of node {importer} shares a scale-up domain with {device} in the domain's topology"))
-        }
-        Err(e) => Err(format!("the domain's topology does not build ({e})")),
-    }
+    Err(NoReach::Outside(format!("no device of node {importer} is in the scale-up domain of {device}")))
 }
 
 fn refused(message: String) -> PeerError {
@@ -75,20 +104,13 @@ fn shares_clique(ours: &[FabricGroup], theirs: &[FabricGroup]) -> bool {
     ours.iter().any(|g| matches!(g, FabricGroup::NvlinkClique { .. }) && theirs.contains(g))
 }
 
-/// Whether a GPU of node `importer` reaches `device` by NVLink in `fabric`.
+/// Whether a GPU of node `importer` reaches `device` by a scale-up link in `fabric`.
 fn reaches_by_nvlink(fabric: &Fabric, device: &DeviceId, importer: &str) -> bool {
-    reaches(fabric, device, importer, |c| matches!(c, HopClass::Nv(_)))
-}
-
-/// Whether a GPU or accelerator of node `importer` reaches `device` in `fabric` by a
-/// class that `by` accepts.
-fn reaches(fabric: &Fabric, device: &DeviceId, importer: &str, by: impl Fn(HopClass) -> bool) -> bool {
     let Some(a) = fabric.inventory().find(device) else { return false };
     fabric
         .devices_of(DeviceKind::Gpu)
-        .chain(fabric.devices_of(DeviceKind::Accelerator))
         .filter(|b| fabric.device(*b).node.as_deref() == Some(importer))
-        .any(|b| by(fabric.classify(a, b)))
+        .any(|b| matches!(fabric.classify(a, b), fabric_topology::HopClass::Nv(_)))
 }
 
 #[cfg(test)]
@@ -108,5 +130,43 @@ mod tests {
         let pools = [pool.clone()];
         assert!(!shares_clique(&pools, &pools));
         assert!(!shares_clique(&[], &[]));
+    }
+
+    /// tray0: a Grace with a GPU on C2C, its GPU on the fabric's NVSwitch; tray1 the
+    /// same; tray2's GPU with its NVLink down; tray3 a host with no scale-up link.
+    fn trays() -> Fabric {
+        use fabric_topology::link::LinkKind;
+        use fabric_topology::{Bandwidth, Device, Inventory, Link, LinkState};
+        let mut inv = Inventory::new();
+        let mut dev = |node: Option<&str>, name: &str, kind| {
+            let id = DeviceId::named(node.unwrap_or("fabric"), name);
+            inv.add_device(Device::new(id, kind, node)).unwrap()
+        };
+        let sw = dev(None, "nvsw0", DeviceKind::NvSwitch);
+        let mut pairs = Vec::new();
+        for t in ["tray0", "tray1", "tray2"] {
+            pairs.push((dev(Some(t), "numa0", DeviceKind::Cpu), dev(Some(t), "gpu0", DeviceKind::Gpu)));
+        }
+        dev(Some("tray3"), "numa0", DeviceKind::Cpu);
+        let nv = LinkKind::NvLink { generation: 5, count: 18 };
+        for (i, &(cpu, gpu)) in pairs.iter().enumerate() {
+            inv.add_link(Link::new(cpu, gpu, LinkKind::C2c, Bandwidth::full(450_000), None));
+            let state = if i == 2 { LinkState::Down } else { LinkState::Up };
+            inv.add_link(Link { state, ..Link::new(gpu, sw, nv, Bandwidth::full(900_000), None) });
+        }
+        Fabric::build(inv).unwrap()
+    }
+
+    #[test]
+    fn an_importer_in_the_devices_scale_up_domain_reaches_it_and_one_unknown_is_not_refused_for_good() {
+        let f = trays();
+        let (gpu, dram) = (DeviceId::named("tray0", "gpu0"), DeviceId::named("tray0", "numa0"));
+        assert_eq!(scale_up_in(&f, &gpu, "tray1"), Ok(()));
+        assert_eq!(scale_up_in(&f, &dram, "tray1"), Ok(()), "a Grace's memory: C2C, then NVLink");
+        assert!(matches!(scale_up_in(&f, &gpu, "tray2"), Err(NoReach::Outside(_))), "its NVLink is down");
+        assert!(matches!(scale_up_in(&f, &dram, "tray3"), Err(NoReach::Outside(_))));
+        let unknown = |r| matches!(r, Err(NoReach::Unknown(_)));
+        assert!(unknown(scale_up_in(&f, &gpu, "tray9")), "no topology of tray9 yet");
+        assert!(unknown(scale_up_in(&f, &DeviceId::named("tray0", "gpu7"), "tray1")));
     }
 }

@@ -18,6 +18,7 @@ use fabric_domain::DataPathKind;
 use fabric_nodelink::{Peer, PeerError};
 use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
 
+use super::clique::NoReach;
 use super::revokes::{self, Outbox};
 use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, Shared, SharedFile};
 use crate::daemon::Daemon;
@@ -237,9 +238,19 @@ impl Owner {
         let shared = match &own {
             Some(path) if allows(DataPathKind::SharedFile) => match super::clique::scale_up(d, &subject.device, node) {
                 Ok(()) => shared_file(d, path).ok().map(Shared::File),
-                Err(why) => {
+                Err(NoReach::Outside(why)) => {
                     tracing::info!(peer = %node, region = ask.region, why, "node link: the importer is not in the region's scale-up domain; copy-only");
                     None
+                }
+                Err(NoReach::Unknown(why)) => {
+                    tracing::warn!(peer = %node, region = ask.region, why, "node link: an import refused for now: whether the importer reaches the region is not known");
+                    return Err(PeerError::Denied {
+                        code: ErrorCode::Unavailable,
+                        message: format!(
+                            "whether node {node} reaches region {} is not known yet ({why}): ask again",
+                            ask.region
+                        ),
+                    });
                 }
             },
             None if allows(DataPathKind::Cxl) => super::cxl::grant(d, ask.region).map(Shared::Cxl),
