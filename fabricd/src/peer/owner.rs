@@ -236,23 +236,7 @@ impl Owner {
         let own = d.memory.own_file(ask.region);
         let allows = |kind| d.domain.as_ref().is_none_or(|domain| domain.allows(kind));
         let shared = match &own {
-            Some(path) if allows(DataPathKind::SharedFile) => match super::clique::scale_up(d, &subject.device, node) {
-                Ok(()) => shared_file(d, path).ok().map(Shared::File),
-                Err(NoReach::Outside(why)) => {
-                    tracing::info!(peer = %node, region = ask.region, why, "node link: the importer is not in the region's scale-up domain; copy-only");
-                    None
-                }
-                Err(NoReach::Unknown(why)) => {
-                    tracing::warn!(peer = %node, region = ask.region, why, "node link: an import refused for now: whether the importer reaches the region is not known");
-                    return Err(PeerError::Denied {
-                        code: ErrorCode::Unavailable,
-                        message: format!(
-                            "whether node {node} reaches region {} is not known yet ({why}): ask again",
-                            ask.region
-                        ),
-                    });
-                }
-            },
+            Some(path) if allows(DataPathKind::SharedFile) => shared_file_for(d, path, &subject, node, ask.region)?,
             None if allows(DataPathKind::Cxl) => super::cxl::grant(d, ask.region).map(Shared::Cxl),
             _ => None,
         };
@@ -435,6 +419,32 @@ impl Owner {
             && let Err(e) = f.set_len(0)
         {
             tracing::warn!(import, error = %e, "cannot truncate a freed region's file under a remote import");
+        }
+    }
+}
+
+/// The grant of region `region`'s file at `path` on the shared sim fabric to node `node`:
+/// the file when `node` is in the scale-up domain of the region's device, `None`
+/// (copy-only) when it is outside, refused `Unavailable` while that is not known.
+fn shared_file_for(
+    d: &Daemon,
+    path: &std::path::Path,
+    subject: &ExportSubject,
+    node: &str,
+    region: u64,
+) -> Result<Option<Shared>, PeerError> {
+    match super::clique::scale_up(d, &subject.device, node) {
+        Ok(()) => Ok(shared_file(d, path).ok().map(Shared::File)),
+        Err(NoReach::Outside(why)) => {
+            tracing::info!(peer = %node, region, why, "node link: the importer is not in the region's scale-up domain; copy-only");
+            Ok(None)
+        }
+        Err(NoReach::Unknown(why)) => {
+            tracing::warn!(peer = %node, region, why, "node link: an import refused for now: whether the importer reaches the region is not known");
+            Err(PeerError::Denied {
+                code: ErrorCode::Unavailable,
+                message: format!("whether node {node} reaches region {region} is not known yet ({why}): ask again"),
+            })
         }
     }
 }
