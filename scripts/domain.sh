@@ -146,7 +146,8 @@ up() {
   own_run
   chmod 700 "$RUN"
   # From here on a failure (or ^C) takes down what this `up` started.
-  trap 'echo "domain.sh: up failed; taking down what it started" >&2; down >/dev/null' EXIT
+  # The logs' last lines say why; they go with the run dir.
+  trap 'echo "domain.sh: up failed; taking down what it started" >&2; tail -n 20 "$RUN"/etcd.log "$RUN"/tray*/fabricd.log >&2 2>/dev/null; down >/dev/null' EXIT
   trap 'exit 130' INT TERM
   local client peer host=127.0.0.1
   if ((NETNS)); then

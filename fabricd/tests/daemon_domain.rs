@@ -461,6 +461,17 @@ fn three_nodes_agree_on_a_leader_and_replace_a_killed_one() {
     assert_eq!(all, Some((new, new_term)));
 }
 
+/// The logs of the two nodes `domain_sh` started under `run` (they say why one did not
+/// start or answer; the run dir goes with the test).
+fn node_logs(run: &Path) -> String {
+    (0..2)
+        .map(|i| {
+            let log = run.join(format!("d/tray{i}/fabricd.log"));
+            format!("--- tray{i}:\n{}\n", std::fs::read_to_string(&log).unwrap_or_default())
+        })
+        .collect()
+}
+
 /// Runs `scripts/domain.sh ARGS` with its run dir under `run`, this build's fabricd, a 2 s
 /// TTL and `env`: whether it succeeded, and what it printed.
 fn domain_sh<'a>(run: &'a Path, env: &'a [(&'a str, &'a str)]) -> impl Fn(&[&str]) -> (bool, String) + 'a {
@@ -489,14 +500,7 @@ fn domain_sh_starts_a_domain_and_stops_only_what_it_started() {
     let sh = domain_sh(run.path(), &[]);
     let (ok, text) = sh(&["up", "2"]);
     if !ok {
-        // The nodes' logs say why one did not start (the run dir goes with the test).
-        let logs: String = (0..2)
-            .map(|i| {
-                let log = run.path().join(format!("d/tray{i}/fabricd.log"));
-                format!("--- tray{i}:\n{}\n", std::fs::read_to_string(&log).unwrap_or_default())
-            })
-            .collect();
-        panic!("{text}\n{logs}");
+        panic!("{text}\n{}", node_logs(run.path()));
     }
     let sockets: Vec<PathBuf> = text
         .lines()
@@ -582,7 +586,7 @@ fn domain_sh_puts_each_node_in_a_namespace_of_its_own_and_removes_them() {
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{text}");
+    assert!(out.status.success(), "{text}\n{}", node_logs(run.path()));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["grant"], "CopyOnly", "{v}");
     assert_eq!(v["path"], format!("netns {} -> {} (10.79.0.10)", names[3], names[2]), "{v}");
