@@ -6,11 +6,11 @@
 use std::collections::HashSet;
 
 use fabric_topology::{
-    BackendReport, Bandwidth, DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DOMAIN_NODE_LIVE, Device, DeviceIdx, FAILED_ATTR,
-    Inventory, Link, LinkState, MemoryResource,
+    BackendReport, Bandwidth, DOMAIN_NODE_ATTR, DOMAIN_NODE_DOWN, DOMAIN_NODE_LIVE, Device, DeviceIdx, DeviceKind,
+    FAILED_ATTR, Inventory, Link, LinkState, MemoryResource,
 };
 
-use crate::topology::{self, TopologyRecord};
+use crate::topology::{self, TopologyDevice, TopologyRecord};
 use crate::view::DomainView;
 
 /// The backend name the merged inventory reports itself under.
@@ -23,6 +23,9 @@ pub const DOMAIN_BACKEND: &str = "domain";
 ///   and its links marked down (its memory cannot be reached), but stays listed.
 /// - Fabric-level switches published by several nodes are one device; a link between two
 ///   of them is kept once.
+/// - A CXL memory device named by its serial ([`pooled`]) that several nodes publish is
+///   one device of a pool those hosts share: merged once, as a device of no node (the
+///   first record's description and memory), with each host's links to it.
 /// - A record that names a device another node already published (or a node's device
 ///   under a fabric switch's identity, or a shared switch of another kind) is refused
 ///   whole, with the reason in the `domain` backend report's notes: the first publisher
@@ -54,7 +57,7 @@ pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> In
             report.note_unknown(format!("topology/{name}: {why}"));
             continue;
         }
-        let indexes = add_devices(&mut inv, record, live);
+        let (indexes, added) = add_devices(&mut inv, record, live);
         for l in &record.links {
             let (Some(a), Some(b)) = (topology::end(&indexes, l.a), topology::end(&indexes, l.b)) else { continue };
             let shared = record.device(l.a).is_some_and(|d| d.fabric) && record.device(l.b).is_some_and(|d| d.fabric);
@@ -66,10 +69,17 @@ pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> In
             link.state = if live || shared { l.state } else { LinkState::Down };
             inv.add_link(link);
         }
-        report.devices += record.devices.iter().filter(|d| !d.fabric).count();
+        report.devices += added;
     }
     inv.backends.push(report);
     inv
+}
+
+/// Whether `d` is a CXL memory device named by its serial (`serial:cxl/…`, the PCIe
+/// DSN): every host attached to a pool — a multi-headed device, or one behind a switch
+/// several hosts reach — sees it under that same identity.
+pub fn pooled(d: &TopologyDevice) -> bool {
+    d.kind == DeviceKind::CxlMemdev && d.id.as_str().starts_with("serial:cxl/")
 }
 
 /// Why `record` cannot join `inv`, if it cannot.
@@ -78,7 +88,8 @@ fn conflict(inv: &Inventory, record: &TopologyRecord) -> Result<(), String> {
         let Some(i) = inv.find(&d.id) else { continue };
         let held = inv.device(i);
         let same_switch = d.fabric && held.node.is_none() && held.kind == d.kind;
-        if !same_switch {
+        let same_pool = pooled(d) && held.kind == d.kind;
+        if !(same_switch || same_pool) {
             let by = held.node.as_deref().map_or_else(|| "the fabric".to_owned(), |n| format!("node {n}"));
             return Err(format!("device {} is already published by {by}", d.id));
         }
@@ -86,9 +97,24 @@ fn conflict(inv: &Inventory, record: &TopologyRecord) -> Result<(), String> {
     Ok(())
 }
 
-fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> Vec<DeviceIdx> {
+/// Adds `record`'s devices: their indexes, and how many of the node's own were new.
+fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> (Vec<DeviceIdx>, usize) {
     let mut indexes = Vec::with_capacity(record.devices.len());
+    let mut added = 0;
     for d in &record.devices {
+        if let Some(i) = inv.find(&d.id) {
+            // `conflict` let through only shared switches and pooled devices: the switch
+            // already there; a pooled device another host published is the pool's, not
+            // that host's.
+            if pooled(d) {
+                let held = inv.device_mut(i);
+                held.node = None;
+                held.attrs.remove(DOMAIN_NODE_ATTR);
+                held.attrs.remove(FAILED_ATTR);
+            }
+            indexes.push(i);
+            continue;
+        }
         let mut device = Device::new(d.id.clone(), d.kind, (!d.fabric).then_some(record.node.as_str()));
         device.name = d.name.clone();
         device.numa_node = d.numa_node;
@@ -107,14 +133,13 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> Vec<
                 device.attrs.insert(FAILED_ATTR.to_owned(), format!("node {} is down", record.node));
             }
         }
-        // `conflict` let through only new identities and shared switches, which resolve
-        // to the switch already there.
         match inv.add_device(device) {
             Ok(i) => indexes.push(i),
             Err(_) => break,
         }
+        added += usize::from(!d.fabric);
     }
-    indexes
+    (indexes, added)
 }
 
 #[cfg(test)]
@@ -127,19 +152,14 @@ mod tests {
     };
     use crate::topology::{TopologyDevice, TopologyLink};
 
+    /// A device of a record: nothing known but its identity and kind.
+    fn dev(id: DeviceId, kind: DeviceKind, fabric: bool) -> TopologyDevice {
+        TopologyDevice { id, kind, name: None, fabric, memory: vec![], numa_node: None, local_cpus: None, pci: None }
+    }
+
     /// A tray of the supernode: two GPUs, each 18 NVLinks to the same two fabric switches
     /// (9 to each), a NIC on the rail network (fabric-level leaf).
     fn tray(node: &str) -> TopologyRecord {
-        let dev = |id: DeviceId, kind, fabric| TopologyDevice {
-            id,
-            kind,
-            name: None,
-            fabric,
-            memory: vec![],
-            numa_node: None,
-            local_cpus: None,
-            pci: None,
-        };
         let mut devices = vec![
             dev(DeviceId::named(node, "numa0"), DeviceKind::Cpu, false),
             dev(DeviceId::uuid(&format!("GPU-{node}-0")), DeviceKind::Gpu, false),
@@ -174,26 +194,8 @@ mod tests {
     fn island(node: &str) -> TopologyRecord {
         let addr: PciAddress = "0000:17:00.0".parse().unwrap();
         let devices = vec![
-            TopologyDevice {
-                id: DeviceId::named(node, "pci0000:00"),
-                kind: DeviceKind::HostBridge,
-                name: None,
-                fabric: false,
-                memory: vec![],
-                numa_node: None,
-                local_cpus: None,
-                pci: None,
-            },
-            TopologyDevice {
-                id: DeviceId::pci(node, addr),
-                kind: DeviceKind::Gpu,
-                name: None,
-                fabric: false,
-                memory: vec![],
-                numa_node: None,
-                local_cpus: None,
-                pci: None,
-            },
+            dev(DeviceId::named(node, "pci0000:00"), DeviceKind::HostBridge, false),
+            dev(DeviceId::pci(node, addr), DeviceKind::Gpu, false),
         ];
         let pcie =
             LinkKind::Pcie { gen_current: Some(5), width_current: Some(16), gen_max: Some(5), width_max: Some(16) };
@@ -301,6 +303,66 @@ mod tests {
             // the node's own stand-in.
             assert_eq!(published.fabric, i == 0, "{i}: {published:?}");
         }
+    }
+
+    /// A host attached to a shared CXL pool: its CXL host bridge and, below it, the pool's
+    /// memory device under its serial, as every host attached sees it.
+    fn cxl_host(node: &str, gib: u64) -> TopologyRecord {
+        let mut devices = vec![
+            dev(DeviceId::named(node, "pci0000:0c"), DeviceKind::HostBridge, false),
+            dev(DeviceId::cxl(0x5eed_0000), DeviceKind::CxlMemdev, false),
+        ];
+        devices[1].memory.push(topology::TopologyMemory { kind: MemoryKind::CxlVolatile, size: gib << 30 });
+        let links = vec![TopologyLink {
+            a: 0,
+            b: 1,
+            kind: LinkKind::Cxl { width: Some(8) },
+            current_mbps: None,
+            max_mbps: None,
+            latency_ns: None,
+            state: LinkState::Up,
+        }];
+        TopologyRecord { version: RECORD_VERSION, node: node.into(), incarnation: 1, devices, links }
+    }
+
+    #[test]
+    fn a_cxl_device_several_hosts_publish_is_one_device_of_their_pool_reached_from_each() {
+        let v = view(&[cxl_host("host-a", 64), cxl_host("host-b", 32), cxl_host("host-c", 64)], &["host-c"]);
+        assert!(v.refused().is_empty(), "{:?}", v.refused());
+        let inv = merge(&v);
+        let report = inv.backends.iter().find(|b| b.backend == DOMAIN_BACKEND).unwrap();
+        assert!(report.unknown.is_empty(), "no record refused: {:?}", report.unknown);
+        assert_eq!(report.devices, 4, "three host bridges, the pooled device once");
+        assert_eq!(inv.count(DeviceKind::CxlMemdev), 1);
+        let pool = inv.find(&DeviceId::cxl(0x5eed_0000)).unwrap();
+        let d = inv.device(pool);
+        assert_eq!(d.node, None, "the pool's, not a host's");
+        assert!(!d.attrs.contains_key(FAILED_ATTR) && !d.attrs.contains_key(DOMAIN_NODE_ATTR), "{:?}", d.attrs);
+        assert_eq!(d.memory[0].size, 64 << 30, "the first record's description");
+        let links: Vec<_> =
+            inv.links.iter().filter(|l| l.b == pool).map(|l| (inv.device(l.a).node.clone(), l.state)).collect();
+        assert_eq!(
+            links,
+            [
+                (Some("host-a".to_owned()), LinkState::Up),
+                (Some("host-b".to_owned()), LinkState::Up),
+                (Some("host-c".to_owned()), LinkState::Down),
+            ],
+            "each host's link to it; a host that is down, its link down"
+        );
+        let f = Fabric::build(inv).unwrap();
+        assert_eq!(f.nodes(), ["host-a", "host-b", "host-c"]);
+        let bridge = |n: &str| DeviceId::named(n, "pci0000:0c");
+        assert_eq!(class(&f, &bridge("host-b"), &DeviceId::cxl(0x5eed_0000)), HopClass::Cxl);
+        assert_eq!(class(&f, &bridge("host-a"), &bridge("host-b")), HopClass::Net, "a memory device joins no hosts");
+        // A device of one host only stays that host's.
+        let one = merge(&view(&[cxl_host("host-a", 64), island("host9")], &[]));
+        assert_eq!(one.device(one.find(&DeviceId::cxl(0x5eed_0000)).unwrap()).node.as_deref(), Some("host-a"));
+        // Another kind under a pooled device's identity is still refused.
+        let mut liar = island("host-z");
+        liar.devices[1].id = DeviceId::cxl(0x5eed_0000);
+        let inv = merge(&view(&[cxl_host("host-a", 64), liar], &[]));
+        assert_eq!(inv.backends[0].unknown.len(), 1, "{:?}", inv.backends[0].unknown);
     }
 
     #[test]
@@ -442,6 +504,45 @@ mod tests {
                 proptest::prop_assert_eq!(after.links, before.links);
                 proptest::prop_assert!(v.refused().contains_key(&key));
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// What a cache of the merge keys on: writes that leave `fabric_revision` where it
+        /// was — placements, partitions, a live member's rewrite, a refused record — leave
+        /// the merged fabric as it was too, and a member's going moves it.
+        #[test]
+        fn the_merge_moves_only_with_the_fabric_revision(
+            writes in proptest::collection::vec((0usize..4, 0usize..2, 0u64..4), 1..12),
+        ) {
+            let mut v = view(&[tray("tray0"), tray("tray1")], &[]);
+            let (before, at) = (serde_json::to_string(&merge(&v)).unwrap(), v.fabric_revision());
+            let k = Keys::new("d");
+            for (rev, (what, n, generation)) in (10..).zip(writes) {
+                let node = ["tray0", "tray1"][n];
+                let (key, value) = match what {
+                    0 => (k.placements(node), encode(&crate::records::PlacementsRecord {
+                        version: RECORD_VERSION,
+                        node: node.into(),
+                        incarnation: 1,
+                        generation,
+                        slot: n as u32,
+                        span: 1 << 40,
+                        ranges: vec![],
+                    })),
+                    1 => (k.partition("p"), encode(&crate::partition::PartitionRecord::new("p", vec![DeviceId::uuid(&format!("GPU-{node}-0"))], &[generation as u32], &[]))),
+                    2 => (k.member(node), member(node)),
+                    _ => (k.topology(node), b"{\"version\":1".to_vec()),
+                };
+                let applied = v.apply(key.as_bytes(), Some(&value), rev);
+                proptest::prop_assert_eq!(applied.is_ok(), what < 3, "{:?}", applied);
+            }
+            proptest::prop_assert_eq!(v.fabric_revision(), at);
+            proptest::prop_assert_eq!(serde_json::to_string(&merge(&v)).unwrap(), before.clone());
+            let gone = v.revision() + 1;
+            v.apply(k.member("tray1").as_bytes(), None, gone).unwrap();
+            proptest::prop_assert_eq!(v.fabric_revision(), gone);
+            proptest::prop_assert_ne!(serde_json::to_string(&merge(&v)).unwrap(), before);
         }
     }
 

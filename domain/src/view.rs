@@ -66,6 +66,9 @@ pub struct DomainView {
     /// deleted).
     refused: BTreeMap<String, String>,
     revision: i64,
+    /// The revision of the last change to what the domain's merged fabric is made of
+    /// ([`DomainView::fabric_revision`]).
+    fabric_revision: i64,
 }
 
 impl DomainView {
@@ -100,6 +103,15 @@ impl DomainView {
         self.revision
     }
 
+    /// The revision of the last accepted change to what `crate::domain_fabric` merges:
+    /// a slot, a topology record, or a member's coming or going (not a member record's
+    /// rewrite, a placements write or a partition). Two views of one domain with the same
+    /// value merge to the same fabric, so a cache of the merge keys on it and a region's
+    /// allocation does not make the next request merge again.
+    pub fn fabric_revision(&self) -> i64 {
+        self.fabric_revision
+    }
+
     fn rank(&self, key: &[u8]) -> u8 {
         let Some(rest) = self.keys.as_ref().and_then(|k| key.strip_prefix(k.prefix().as_bytes())) else { return 9 };
         match rest {
@@ -119,6 +131,8 @@ impl DomainView {
         let Some(keys) = self.keys.clone() else { return Err("the view has no domain".to_owned()) };
         let text = String::from_utf8_lossy(key).into_owned();
         let Some(rest) = text.strip_prefix(keys.prefix()) else { return Ok(()) };
+        let member = rest.strip_prefix("members/");
+        let was_live = member.map(|name| self.members.contains_key(name));
         let result = match (rest, value) {
             ("settings", Some(v)) => self.put_settings(v),
             // Settings are written once: with slots claimed under them, a deleted key keeps
@@ -142,6 +156,12 @@ impl DomainView {
             // the slot keys, which say who holds a slot.
             _ => Ok(()),
         };
+        let fabric = rest.starts_with("slots/")
+            || rest.starts_with("topology/")
+            || member.zip(was_live).is_some_and(|(name, was)| was != self.members.contains_key(name));
+        if result.is_ok() && fabric {
+            self.fabric_revision = self.fabric_revision.max(revision);
+        }
         match &result {
             Ok(()) => self.refused.remove(&text),
             Err(why) => self.refused.insert(text, why.clone()),
@@ -494,6 +514,33 @@ mod tests {
         assert!(view.locate(3 * SPAN).unwrap().live);
         let err = put(&mut view, keys().member("b"), &member("a")).unwrap_err();
         assert!(err.contains("under the key"), "{err}");
+    }
+
+    #[test]
+    fn the_fabric_revision_moves_with_slots_topology_and_liveness_only() {
+        let mut view = two_nodes();
+        assert_eq!(view.fabric_revision(), 7, "a load is one change at its revision");
+        put(&mut view, keys().placements("a"), &encode(&placements("a", 3))).unwrap();
+        view.apply(keys().member("a").as_bytes(), Some(&member("a")), 8).unwrap();
+        view.apply(keys().placements("b").as_bytes(), None, 9).unwrap();
+        assert_eq!((view.revision(), view.fabric_revision()), (9, 7), "placements and a member's rewrite");
+        view.apply(keys().member("a").as_bytes(), None, 10).unwrap();
+        assert_eq!(view.fabric_revision(), 10, "a member gone");
+        view.apply(keys().member("a").as_bytes(), Some(&member("a")), 11).unwrap();
+        assert_eq!(view.fabric_revision(), 11, "a member back");
+        let topology = crate::topology::TopologyRecord {
+            version: RECORD_VERSION,
+            node: "a".into(),
+            incarnation: 5,
+            devices: vec![],
+            links: vec![],
+        };
+        view.apply(keys().topology("a").as_bytes(), Some(&encode(&topology)), 12).unwrap();
+        assert_eq!(view.fabric_revision(), 12, "a topology record");
+        assert!(view.apply(keys().topology("a").as_bytes(), Some(b"junk"), 13).is_err());
+        assert_eq!(view.fabric_revision(), 12, "a refused record changes nothing");
+        view.apply(keys().slot(1).as_bytes(), None, 14).unwrap();
+        assert_eq!(view.fabric_revision(), 14, "a slot freed");
     }
 
     proptest! {

@@ -8,7 +8,8 @@
 //! shared sim fabric), writes are seen both ways; a free on the owner reaches the
 //! importer's client as a revocation within a second and truncates the file under its
 //! mapping; a node without the shared fabric (class NET), or with it but outside the
-//! region's scale-up domain (its GPUs' NVLinks down), gets a copy-only grant and
+//! region's scale-up domain (its GPUs' NVLinks, or on a UALink pod its accelerators'
+//! UALink ports, down), gets a copy-only grant and
 //! copies to and from the region over the link: push and pull, chunk by chunk, an
 //! unaligned tail, a region of its own as the other end, a copy past the region's end and a push through a read-only import
 //! refused, a revoke stopping a large copy midway; a peer that sends a chunk through an
@@ -250,6 +251,15 @@ fn a_data_path_the_domains_settings_leave_out_is_not_granted_and_the_copy_stays(
     assert!(back == bytes, "tray0's region holds what tray1 pushed");
 }
 
+/// `configs/sim/<fabric>` with `degraded` (its `[[degraded]]` entries) appended, written
+/// in `dir`, and the edit of a node's configuration that makes it serve that fabric.
+fn cut_fabric(dir: &std::path::Path, fabric: &str, degraded: String) -> impl Fn(usize, &str) -> String {
+    let cut = dir.join(format!("cut-{fabric}"));
+    std::fs::write(&cut, std::fs::read_to_string(supernode().with_file_name(fabric)).unwrap() + &degraded).unwrap();
+    let sim = supernode().display().to_string();
+    move |_, text: &str| text.replace(&sim, &cut.display().to_string())
+}
+
 #[test]
 fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_reaches_the_files() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -258,16 +268,10 @@ fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_r
     // The supernode with every NVLink of tray2's four GPUs down: tray2 reaches the shared
     // files, but no scale-up fabric joins it to the others.
     let dir = tempfile::tempdir().unwrap();
-    let fabric = dir.path().join("supernode-tray2-cut.toml");
-    let mut text = std::fs::read_to_string(supernode()).unwrap();
-    for (gpu, switch) in (0..4).flat_map(|g| (0..18).map(move |s| (g, s))) {
-        text.push_str(&format!(
-            "\n[[degraded]]\ndevice = \"tray2/gpu{gpu}\"\nlink = \"nvlink\"\nto = \"fabric/nvsw{switch}\"\nlink_down = true\n"
-        ));
-    }
-    std::fs::write(&fabric, text).unwrap();
-    let sim = supernode().display().to_string();
-    let cut = |_, text: &str| text.replace(&sim, &fabric.display().to_string());
+    let degraded = (0..4).flat_map(|g| (0..18).map(move |s| (g, s))).map(|(gpu, switch)| {
+        format!("\n[[degraded]]\ndevice = \"tray2/gpu{gpu}\"\nlink = \"nvlink\"\nto = \"fabric/nvsw{switch}\"\nlink_down = true\n")
+    });
+    let cut = cut_fabric(dir.path(), "supernode-64.toml", degraded.collect());
     let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, cut);
     let gpu = hbm_of(&mut c[0], "tray0");
     let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
@@ -294,6 +298,42 @@ fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_r
     let handle = common::export(&mut c[0], d.region, AccessMode::ReadWrite);
     let (i, _f) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
     assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
+}
+
+/// The same on a UALink pod (`ualink-pod-1024`, its hosts host0..host2 as nodes):
+/// accelerators of two hosts reach each other through the pod's switch
+/// planes, so HBM maps across them; host2 with every UALink port down gets copy-only; host
+/// DRAM, which no UALink reaches, is not shared with host1 either.
+#[test]
+fn on_a_ualink_pod_hbm_maps_between_hosts_the_switch_planes_join_and_nothing_else_does() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let degraded = (0..4).flat_map(|a| (0..4).map(move |p| (a, p))).map(|(acc, plane)| {
+        format!("\n[[degraded]]\ndevice = \"host2/acc{acc}\"\nlink = \"ualink\"\nto = \"fabric/ualsw{plane}\"\nlink_down = true\n")
+    });
+    let cut = cut_fabric(dir.path(), "ualink-pod-1024.toml", degraded.collect());
+    let hosts = ["host0", "host1", "host2"];
+    let (_setups, _daemons, mut c) = three_nodes_named(&etcd, &pki, shared.path(), hosts, |_| false, cut);
+    let acc = hbm_of(&mut c[0], "host0");
+    assert!(acc.starts_with("pci:host0/"), "{acc}");
+    let (a, _f0) = common::alloc_hbm(&mut c[0], &acc, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (i, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
+    let grant = import_copy_only(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
+    // Host DRAM is on PCIe only: NET even for host1, whose accelerators are joined; the
+    // pod's map gives it no GFA, so it is refused rather than copied.
+    use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass};
+    let dram = AllocTarget::Device { device: DeviceName::truncated("name:host0/numa0"), memory: MemoryClass::Dram };
+    let (r, _) = c[0].call(Request::Alloc(AllocRequest { target: dram, size: 1 << 20, align: 0 }), &[]).unwrap();
+    let Response::Alloc(d) = r else { panic!("{r:?}") };
+    let handle = common::export(&mut c[0], d.region, AccessMode::ReadWrite);
+    let err = import_copy_only(&mut c[1], handle, AccessMode::ReadWrite).unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotImplemented, "{err:?}");
+    assert!(err.message.contains("class NET") && err.message.contains("no GFA"), "{err:?}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! CXL memory shared by the hosts of a domain, through the library alone: three real
 //! fabricd nodes (a private etcd, certificates from a test CA), each serving a sim host
 //! attached to the same two CXL memory devices — the same serials, as hosts sharing one
-//! pool see them — with a 2-way region over them. Hosts a and b each hand fabricd the
+//! pool see them — with a 2-way region over them; the domain's topology has every host and
+//! those devices once, as the pool's. Hosts a and b each hand fabricd the
 //! DAX device of that region, and their `dev/dax0.0` is one file (a stand-in for the
 //! pool's memory: what one host stores, the other loads).
 //! Each host allocates from its own allocator, so host-b refuses to hand its client a
@@ -85,6 +86,20 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     };
     let (a, mut b, c) = (node("host-a", true), node("host-b", true), node("host-c", false));
     domain::wait_live(&[&a, &b, &c]);
+    // The domain's topology has every host, and the devices they share once, as the pool's.
+    let doc = domain::topology(&b.socket);
+    let pooled: Vec<_> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["id"].as_str().is_some_and(|id| id.starts_with("serial:cxl/0x5eed")))
+        .map(|d| (d["id"].as_str().unwrap(), d["node"].clone()))
+        .collect();
+    assert_eq!(
+        pooled,
+        [("serial:cxl/0x5eed0000", serde_json::Value::Null), ("serial:cxl/0x5eed0001", serde_json::Value::Null)],
+        "{doc}"
+    );
 
     // Each host allocates from its own allocator: host-b's own region takes the first
     // DPAs of the shared devices, and so does host-a's first one. host-b never hands its

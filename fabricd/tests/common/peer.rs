@@ -145,8 +145,20 @@ pub fn three_nodes_with(
     apart: impl Fn(usize) -> bool,
     edit: impl Fn(usize, &str) -> String,
 ) -> (Vec<super::Setup>, Vec<Option<super::Daemon>>, Vec<Connection>) {
+    three_nodes_named(etcd, pki, shared, ["tray0", "tray1", "tray2"], apart, edit)
+}
+
+/// [`three_nodes_with`], the nodes named `names` (each the sim's node of that name: an
+/// `edit` points them at a fabric that has them).
+pub fn three_nodes_named(
+    etcd: &EtcdServer,
+    pki: &Pki,
+    shared: &Path,
+    names: [&str; 3],
+    apart: impl Fn(usize) -> bool,
+    edit: impl Fn(usize, &str) -> String,
+) -> (Vec<super::Setup>, Vec<Option<super::Daemon>>, Vec<Connection>) {
     let fabric = format!("shared_dir = {:?}\nshared_identities = true\n", shared.join("sim"));
-    let names = ["tray0", "tray1", "tray2"];
     let setups: Vec<_> = names
         .iter()
         .enumerate()
@@ -159,10 +171,17 @@ pub fn three_nodes_with(
         .collect();
     let daemons: Vec<_> = setups.iter().map(|s| Some(super::start(&s.config, s.dir.path()))).collect();
     let mut clients: Vec<_> = setups.iter().map(|s| super::client(&s.socket)).collect();
+    let mut sorted = names.to_vec();
+    sorted.sort_unstable();
     for c in &mut clients {
         for n in names {
             until(Duration::from_secs(15), "every node lists every other live", || incarnation_of(c, n));
         }
+        // An owner waits only so long for an importer's topology record (it decides what
+        // the importer may map): every node has every node's before a test imports.
+        until(Duration::from_secs(15), "every node's topology merged", || {
+            (super::domain::topology(c)["nodes"] == serde_json::json!(sorted)).then_some(())
+        });
     }
     (setups, daemons, clients)
 }

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fabric_nodelink::DomainCa;
-use fabric_proto::wire::{Connection, DomainAction, DomainRequest, Request, Response, SUPPORTED_VERSIONS};
+use fabric_proto::wire::{
+    Connection, DomainAction, DomainRequest, Request, Response, SUPPORTED_VERSIONS, TopologyRequest,
+};
 
 use super::Daemon;
 
@@ -115,19 +117,31 @@ pub fn sim(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim").join(name).canonicalize().unwrap()
 }
 
-/// The node's `domain status` document.
-pub fn status(socket: &Path) -> serde_json::Value {
+/// The node's answer to `request`, a JSON document.
+fn document(socket: &Path, request: Request) -> serde_json::Value {
     let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
     let mut c = Connection::new(s);
     c.hello("crossnode-test", SUPPORTED_VERSIONS).unwrap();
-    match c.call(Request::Domain(DomainRequest { action: DomainAction::Status }), &[]).unwrap().0 {
+    match c.call(request, &[]).unwrap().0 {
         Response::Domain(d) => serde_json::from_str(&d.json).unwrap(),
+        Response::Topology(d) => serde_json::from_str(&d.json).unwrap(),
         other => panic!("{other:?}"),
     }
 }
 
-/// Waits until every node lists all of them live and placed, and answers the slot of the
-/// first.
+/// The node's `fabric.topology/v1` document (the domain's topology, merged).
+pub fn topology(socket: &Path) -> serde_json::Value {
+    document(socket, Request::Topology(TopologyRequest::default()))
+}
+
+/// The node's `domain status` document.
+pub fn status(socket: &Path) -> serde_json::Value {
+    document(socket, Request::Domain(DomainRequest { action: DomainAction::Status }))
+}
+
+/// Waits until every node lists all of them live and placed, with every node's topology
+/// merged (an owner waits only so long for an importer's record before it refuses a
+/// grant), and answers the slot of the first.
 pub fn wait_live(nodes: &[&Daemon]) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -135,10 +149,18 @@ pub fn wait_live(nodes: &[&Daemon]) -> u64 {
         let live = |s: &serde_json::Value| {
             s["nodes"].as_array().is_some_and(|x| x.iter().filter(|n| n["state"] == "live").count() == nodes.len())
         };
-        if docs.iter().all(live) {
+        let merged = |n: &&Daemon| topology(&n.socket)["nodes"].as_array().is_some_and(|x| x.len() == nodes.len());
+        if docs.iter().all(live) && nodes.iter().all(merged) {
             return docs[0]["self"]["slot"].as_u64().unwrap();
         }
-        assert!(Instant::now() < deadline, "the nodes did not see each other: {docs:?}");
+        let merged: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                let t = topology(&n.socket);
+                (t["nodes"].clone(), t["backends"].clone())
+            })
+            .collect();
+        assert!(Instant::now() < deadline, "the nodes did not see each other: {docs:?}; topology nodes {merged:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }

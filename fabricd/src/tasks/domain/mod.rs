@@ -361,21 +361,22 @@ impl Domain {
     }
 
     /// The domain's fabric ([`Domain::inventory`]) indexed as a [`crate::daemon::View`]:
-    /// merged once per view revision (and per record of this node's own), and shared by
-    /// every request until either changes — a request of a 12,500-node domain does not
-    /// merge its topology again.
+    /// merged once per change of what it is made of (`DomainView::fabric_revision`: slots,
+    /// topology records, members coming and going) and per record of this node's own, and
+    /// shared by every request until either changes — a request of a 12,500-node domain
+    /// does not merge its topology again, nor after another node's allocation.
     pub fn fabric(&self) -> Result<Arc<crate::daemon::View>, crate::daemon::StartError> {
         let view = self.view();
         let own = self.topology.load_full();
         if let Some(m) = &*self.merged.load()
-            && m.revision == view.revision()
+            && m.revision == view.fabric_revision()
             && m.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
         {
             return Ok(m.fabric.clone());
         }
         let mine = own.as_deref().map(|r| (self.config.node.as_str(), r));
         let fabric = Arc::new(crate::daemon::View::build(fabric_domain::domain_fabric::merge_with(&view, mine))?);
-        self.merged.store(Some(Arc::new(Merged { revision: view.revision(), own, fabric: fabric.clone() })));
+        self.merged.store(Some(Arc::new(Merged { revision: view.fabric_revision(), own, fabric: fabric.clone() })));
         Ok(fabric)
     }
 
@@ -520,9 +521,10 @@ impl Domain {
     }
 }
 
-/// The domain's fabric merged from one view revision and this node's own record.
+/// The domain's fabric merged from one view's fabric revision and this node's own record.
 #[derive(Debug)]
 struct Merged {
+    /// `DomainView::fabric_revision` of the view merged.
     revision: i64,
     own: Option<Arc<TopologyRecord>>,
     fabric: Arc<crate::daemon::View>,
