@@ -569,6 +569,11 @@ fn domain_sh_puts_each_node_in_a_namespace_of_its_own_and_removes_them() {
     let socket = |i: usize| run.path().join(format!("d/tray{i}/fabricd.sock"));
     let mut c = common::client(&socket(0));
     until(Duration::from_secs(15), "both trays live", || all_live_and_placed(&mut c, 2));
+    // The owner answers an import once it has the importer's topology (it waits 2 s at
+    // most): it has, before the bench imports.
+    until(Duration::from_secs(15), "tray1's topology merged on tray0", || {
+        common::domain::topology(&mut c)["nodes"] == serde_json::json!(["tray0", "tray1"])
+    });
     // Each node's link is at its namespace's address, which the host's namespace lacks.
     let doc = domain(&mut c, DomainAction::Status);
     let mut addresses: Vec<&str> =

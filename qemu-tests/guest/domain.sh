@@ -10,6 +10,7 @@
 # of the shared device, and B's fabricd hands its client B's own DAX device at that place;
 # the client loads A's bytes and stores its own. A then imports its region through its
 # fabricd and loads B's bytes. The host checks the shared file at the same offset (the DPA).
+# Each host's domain topology has both hosts and the shared device once, of no node.
 #
 # With /fabric/per-region (the per-region variant) both fabricds give each region a DAX
 # device of its own ([memory] dax_per_region): B's fabricd carves one at A's region for the
@@ -81,6 +82,10 @@ fabricctl domain status -o json >/tmp/status.json 2>&1 && grep -q '"shares"' /tm
 blob domain-status /tmp/status.json
 fabricctl map --daemon -o json >/tmp/map.json 2>&1 && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.json)"
 blob fabric-map /tmp/map.json
+# The domain's topology: both hosts, the device they share once (the pool's, no node's).
+topo() { fabricctl topology --daemon -o json >/tmp/topology.json 2>&1 && tr -d ' \n' </tmp/topology.json | grep -q '"nodes":\["a","b"\]'; }
+if waitfor 60 topo; then result domain-topology ok "a and b merged"; else result domain-topology fail "$(head -c 3000 /tmp/topology.json)"; fi
+blob domain-topology /tmp/topology.json
 
 # libfabric-mm's clients of a domain node mirror this node's span (slot x node_span) by
 # default, and another node's span once they map its memory: no window to set here.

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use fabric_nodelink::DomainCa;
-use fabric_qemu_tests::twohost::{self, Host};
+use fabric_qemu_tests::twohost::{self, Host, SERIAL};
 use fabric_qemu_tests::{env, scripts, vm};
 
 /// Bytes and patterns of guest/domain.sh.
@@ -116,6 +116,22 @@ fn two_hosts(test: &str, name: &'static str, per_region: bool) {
             nodes["nodes"].as_array().into_iter().flatten().filter_map(|n| n["name"].as_str()).collect();
         if names != ["a", "b"] {
             out.fail(&format!("domain nodes {names:?}"));
+        }
+    }
+    // Both merge the domain's topology whole: the device both kernels see under one serial
+    // is the pool's, once, reached from each host by CXL.
+    for out in [&out_a, &out_b] {
+        out.expect_check("domain-topology");
+        let doc: serde_json::Value = serde_json::from_str(out.blob("domain-topology"))
+            .unwrap_or_else(|e| out.fail(&format!("topology JSON: {e}")));
+        let shared: Vec<&serde_json::Value> = doc["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["id"].as_str() == Some(&format!("serial:cxl/{SERIAL:#x}")))
+            .collect();
+        if shared.len() != 1 || !shared[0]["node"].is_null() {
+            out.fail(&format!("the shared device in the domain's topology: {shared:?}"));
         }
     }
     // A's line: handle, GFA, offset of the region in A's DAX device (0 in a device of
