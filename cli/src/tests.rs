@@ -358,3 +358,34 @@ fn a_domain_node_that_is_down_is_named_in_the_labels_not_in_the_link_list() {
     assert!(label("GPU0").contains("node0") && !label("GPU0").contains("down"), "{t}");
     assert!(t.contains("Degraded links: none"), "{t}");
 }
+
+/// A CXL device two hosts of a domain share (one device of no node, a CXL link to it from
+/// each host's bridge, as the domain's merge makes it): each host's tree names it, the
+/// fabric-level devices show it whole, and no one host lends it CPU or NUMA affinity.
+#[test]
+fn a_pooled_cxl_device_is_named_under_every_host_and_shown_once_as_the_fabrics() {
+    use fabric_topology::{Bandwidth, Device, DeviceId, DeviceKind, Link, LinkKind, MemoryKind, MemoryResource};
+    let mut inv = Inventory::new();
+    let mut pool = Device::new(DeviceId::cxl(0x5eed), DeviceKind::CxlMemdev, None);
+    pool.memory.push(MemoryResource { kind: MemoryKind::CxlVolatile, size: 64 << 30, hpa: None, numa_node: None });
+    let pool = inv.add_device(pool).expect("pool");
+    for node in ["h0", "h1"] {
+        let mut cpu = Device::new(DeviceId::named(node, "numa0"), DeviceKind::Cpu, Some(node));
+        cpu.numa_node = Some(0);
+        cpu.local_cpus = Some("0-7".parse().expect("cpulist"));
+        let cpu = inv.add_device(cpu).expect("cpu");
+        let hb = inv.add_device(Device::new(DeviceId::named(node, "pci0000:0c"), DeviceKind::HostBridge, Some(node)));
+        let hb = hb.expect("bridge");
+        inv.add_link(Link::new(cpu, hb, LinkKind::HostAttach, Bandwidth::default(), None));
+        inv.add_link(Link::new(hb, pool, LinkKind::Cxl { width: Some(8) }, Bandwidth::default(), None));
+    }
+    let v = view(inv);
+    let t = out(&v, render::tree::render);
+    let named = "      CXL0 serial:cxl/0x5eed (shared: with the fabric-level devices)";
+    assert_eq!(t.lines().filter(|l| *l == named).count(), 2, "under each host's bridge:\n{t}");
+    let whole = t.split("fabric-level devices (1):").nth(1).unwrap_or_else(|| panic!("{t}"));
+    assert!(whole.contains("CXL0 serial:cxl/0x5eed [cxl x8] CXL ram 64 GiB"), "{t}");
+    let m = out(&v, render::matrix::render);
+    let row = m.lines().find(|l| l.starts_with("CXL0 ")).unwrap_or_else(|| panic!("{m}"));
+    assert!(row.trim_end().ends_with("N/A           N/A"), "{row}");
+}

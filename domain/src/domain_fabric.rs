@@ -25,7 +25,8 @@ pub const DOMAIN_BACKEND: &str = "domain";
 ///   of them is kept once.
 /// - A CXL memory device named by its serial ([`pooled`]) that several nodes publish is
 ///   one device of a pool those hosts share: merged once, as a device of no node (the
-///   first record's description and memory), with each host's links to it.
+///   first record's name and memory; no NUMA node, CPUs or PCI function, which are each
+///   host's own), with each host's links to it.
 /// - A record that names a device another node already published (or a node's device
 ///   under a fabric switch's identity, or a shared switch of another kind) is refused
 ///   whole, with the reason in the `domain` backend report's notes: the first publisher
@@ -107,8 +108,13 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> (Vec
             // already there; a pooled device another host published is the pool's, not
             // that host's.
             if pooled(d) {
+                // What was the first host's alone goes: its node, NUMA node, CPUs and PCI
+                // function (each host reaches the device at an address of its own).
                 let held = inv.device_mut(i);
                 held.node = None;
+                held.numa_node = None;
+                held.local_cpus = None;
+                held.pci = None;
                 held.attrs.remove(DOMAIN_NODE_ATTR);
                 held.attrs.remove(FAILED_ATTR);
             }
@@ -313,6 +319,7 @@ mod tests {
             dev(DeviceId::cxl(0x5eed_0000), DeviceKind::CxlMemdev, false),
         ];
         devices[1].memory.push(topology::TopologyMemory { kind: MemoryKind::CxlVolatile, size: gib << 30 });
+        devices[1].numa_node = Some(0);
         let links = vec![TopologyLink {
             a: 0,
             b: 1,
@@ -339,6 +346,7 @@ mod tests {
         assert_eq!(d.node, None, "the pool's, not a host's");
         assert!(!d.attrs.contains_key(FAILED_ATTR) && !d.attrs.contains_key(DOMAIN_NODE_ATTR), "{:?}", d.attrs);
         assert_eq!(d.memory[0].size, 64 << 30, "the first record's description");
+        assert_eq!((d.numa_node, d.pci.is_none()), (None, true), "no one host's NUMA node or PCI function");
         let links: Vec<_> =
             inv.links.iter().filter(|l| l.b == pool).map(|l| (inv.device(l.a).node.clone(), l.state)).collect();
         assert_eq!(

@@ -58,9 +58,12 @@ pub fn write_backend_notes(view: &View, w: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// The CPUs local to a device: its own, else those of the CPU it hangs off.
+/// The CPUs local to a device: its own, else those of the CPU it hangs off; none for a
+/// device of no node (a fabric-level one, such as a CXL device hosts share: its hierarchy
+/// parent is one host's of several).
 pub fn cpu_affinity(view: &View, idx: DeviceIdx) -> Option<String> {
     let d = view.fabric.device(idx);
+    d.node.as_ref()?;
     d.local_cpus
         .as_ref()
         .filter(|c| !c.is_empty())
@@ -68,9 +71,12 @@ pub fn cpu_affinity(view: &View, idx: DeviceIdx) -> Option<String> {
         .map(ToString::to_string)
 }
 
-/// The NUMA node of a device: its own, else that of the CPU it hangs off.
+/// The NUMA node of a device: its own, else that of the CPU it hangs off; none for a
+/// device of no node (as [`cpu_affinity`]).
 pub fn numa_affinity(view: &View, idx: DeviceIdx) -> Option<u32> {
-    view.fabric.device(idx).numa_node.or_else(|| view.fabric.cpu_of(idx).and_then(|c| view.fabric.device(c).numa_node))
+    let d = view.fabric.device(idx);
+    d.node.as_ref()?;
+    d.numa_node.or_else(|| view.fabric.cpu_of(idx).and_then(|c| view.fabric.device(c).numa_node))
 }
 
 /// The class grid with affinity columns.

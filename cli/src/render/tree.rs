@@ -109,10 +109,31 @@ impl<'a> Tree<'a> {
         }
         self.seen[idx.get()] = true;
         writeln!(w, "{:indent$}{}", "", self.line(idx), indent = depth * 2)?;
-        let mut kids: Vec<DeviceIdx> = self.view.fabric.children(idx).collect();
+        let f = &self.view.fabric;
+        let own = f.device(idx).node.is_some();
+        // Below a node's port, a device of no node (a CXL device of a pool several hosts
+        // share) is the fabric's: its hierarchy has one parent, but every host's port
+        // names it, and it is shown whole with the fabric-level devices.
+        let shared = f.neighbors(idx).filter(|&(n, li)| {
+            let l = f.link(li);
+            own && l.a == idx && l.kind.is_hierarchical() && f.device(n).node.is_none()
+        });
+        let mut kids: Vec<DeviceIdx> = f.children(idx).chain(shared.map(|(n, _)| n)).collect();
         kids.sort_by_key(|k| self.pos[k.get()]);
         kids.dedup();
         for k in kids {
+            if own && f.device(k).node.is_none() {
+                let d = f.device(k);
+                let tag = self.view.labels.label(k).unwrap_or_else(|| d.kind.label());
+                writeln!(
+                    w,
+                    "{:indent$}{tag} {} (shared: with the fabric-level devices)",
+                    "",
+                    d.id,
+                    indent = (depth + 1) * 2
+                )?;
+                continue;
+            }
             self.subtree(k, depth + 1, w)?;
         }
         Ok(())
