@@ -379,7 +379,7 @@ fn a_pooled_cxl_device_is_named_under_every_host_and_shown_once_as_the_fabrics()
         inv.add_link(Link::new(cpu, hb, LinkKind::HostAttach, Bandwidth::default(), None));
         inv.add_link(Link::new(hb, pool, LinkKind::Cxl { width: Some(8) }, Bandwidth::default(), None));
     }
-    let v = view(inv);
+    let v = view(inv.clone());
     let t = out(&v, render::tree::render);
     let named = "      CXL0 serial:cxl/0x5eed (shared: with the fabric-level devices)";
     assert_eq!(t.lines().filter(|l| *l == named).count(), 2, "under each host's bridge:\n{t}");
@@ -388,4 +388,10 @@ fn a_pooled_cxl_device_is_named_under_every_host_and_shown_once_as_the_fabrics()
     let m = out(&v, render::matrix::render);
     let row = m.lines().find(|l| l.starts_with("CXL0 ")).unwrap_or_else(|| panic!("{m}"));
     assert!(row.trim_end().ends_with("N/A           N/A"), "{row}");
+    // One node shown (`--node h1`): no fabric-level list, so the device is shown whole
+    // under that node's port.
+    let one = View::new(testkit::fabric(inv), Some("h1".into())).expect("view");
+    let t = out(&one, render::tree::render);
+    assert!(t.contains("      CXL0 serial:cxl/0x5eed [cxl x8] CXL ram 64 GiB"), "{t}");
+    assert!(!t.contains("fabric-level") && !t.contains("h0"), "{t}");
 }

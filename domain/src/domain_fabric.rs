@@ -25,8 +25,9 @@ pub const DOMAIN_BACKEND: &str = "domain";
 ///   of them is kept once.
 /// - A CXL memory device named by its serial ([`pooled`]) that several nodes publish is
 ///   one device of a pool those hosts share: merged once, as a device of no node (the
-///   first record's name and memory; no NUMA node, CPUs or PCI function, which are each
-///   host's own), with each host's links to it.
+///   name and memory of the first live host's record; no NUMA node, CPUs or PCI function,
+///   which are each host's own; failed only while every host publishing it is down), with
+///   each host's links to it.
 /// - A record that names a device another node already published (or a node's device
 ///   under a fabric switch's identity, or a shared switch of another kind) is refused
 ///   whole, with the reason in the `domain` backend report's notes: the first publisher
@@ -61,7 +62,10 @@ pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> In
         let (indexes, added) = add_devices(&mut inv, record, live);
         for l in &record.links {
             let (Some(a), Some(b)) = (topology::end(&indexes, l.a), topology::end(&indexes, l.b)) else { continue };
-            let shared = record.device(l.a).is_some_and(|d| d.fabric) && record.device(l.b).is_some_and(|d| d.fabric);
+            // A link between devices that are no one node's (fabric switches, pooled
+            // devices) is published alike by every node that reaches it: kept once.
+            let common = |end| record.device(end).is_some_and(|d| d.fabric || pooled(d));
+            let shared = common(l.a) && common(l.b);
             if shared && !fabric_links.insert((a.min(b), a.max(b), l.kind.name())) {
                 continue;
             }
@@ -81,6 +85,11 @@ pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> In
 /// several hosts reach — sees it under that same identity.
 pub fn pooled(d: &TopologyDevice) -> bool {
     d.kind == DeviceKind::CxlMemdev && d.id.as_str().starts_with("serial:cxl/")
+}
+
+/// A record device's memory, as the inventory holds it.
+fn memory(d: &TopologyDevice) -> Vec<MemoryResource> {
+    d.memory.iter().map(|m| MemoryResource { kind: m.kind, size: m.size, hpa: None, numa_node: None }).collect()
 }
 
 /// Why `record` cannot join `inv`, if it cannot.
@@ -109,14 +118,19 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> (Vec
             // that host's.
             if pooled(d) {
                 // What was the first host's alone goes: its node, NUMA node, CPUs and PCI
-                // function (each host reaches the device at an address of its own).
+                // function (each host reaches the device at an address of its own). A live
+                // host's record describes it in place of those of hosts that are down, and
+                // it has failed only while every host that publishes it is down.
                 let held = inv.device_mut(i);
+                if live && held.attrs.remove(FAILED_ATTR).is_some() {
+                    held.name = d.name.clone();
+                    held.memory = memory(d);
+                }
                 held.node = None;
                 held.numa_node = None;
                 held.local_cpus = None;
                 held.pci = None;
                 held.attrs.remove(DOMAIN_NODE_ATTR);
-                held.attrs.remove(FAILED_ATTR);
             }
             indexes.push(i);
             continue;
@@ -127,11 +141,7 @@ fn add_devices(inv: &mut Inventory, record: &TopologyRecord, live: bool) -> (Vec
         device.local_cpus = d.local_cpus.as_deref().and_then(|c| c.parse().ok());
         device.pci = d.pci.as_ref().map(topology::TopologyPci::info);
         device.sources.push(DOMAIN_BACKEND.to_owned());
-        device.memory = d
-            .memory
-            .iter()
-            .map(|m| MemoryResource { kind: m.kind, size: m.size, hpa: None, numa_node: None })
-            .collect();
+        device.memory = memory(d);
         if !d.fabric {
             let state = if live { DOMAIN_NODE_LIVE } else { DOMAIN_NODE_DOWN };
             device.attrs.insert(DOMAIN_NODE_ATTR.to_owned(), state.to_owned());
@@ -363,6 +373,31 @@ mod tests {
         let bridge = |n: &str| DeviceId::named(n, "pci0000:0c");
         assert_eq!(class(&f, &bridge("host-b"), &DeviceId::cxl(0x5eed_0000)), HopClass::Cxl);
         assert_eq!(class(&f, &bridge("host-a"), &bridge("host-b")), HopClass::Net, "a memory device joins no hosts");
+        // The first host down: the first live one describes the pool, which has not failed;
+        // every publisher down: it has.
+        let v = view(&[cxl_host("host-a", 16), cxl_host("host-b", 32)], &["host-a"]);
+        let inv = merge(&v);
+        let d = inv.device(inv.find(&DeviceId::cxl(0x5eed_0000)).unwrap());
+        assert_eq!((d.memory[0].size, d.attrs.contains_key(FAILED_ATTR)), (32 << 30, false), "{:?}", d.attrs);
+        let inv = merge(&view(&[cxl_host("host-a", 16), cxl_host("host-b", 32)], &["host-a", "host-b"]));
+        let d = inv.device(inv.find(&DeviceId::cxl(0x5eed_0000)).unwrap());
+        assert_eq!((d.node.as_deref(), d.attrs.contains_key(FAILED_ATTR)), (None, true), "{:?}", d.attrs);
+        // Behind a fabric-level CXL switch every host reaches, the switch's link to the
+        // pooled device is one link, however many hosts publish it.
+        let behind_switch = |node: &str| {
+            let mut r = cxl_host(node, 64);
+            r.devices.push(dev(DeviceId::named("fabric", "cxlsw0"), DeviceKind::CxlSwitch, true));
+            r.links[0].b = 2;
+            let mut down = r.links[0].clone();
+            (down.a, down.b) = (2, 1);
+            r.links.push(down);
+            r
+        };
+        let inv = merge(&view(&[behind_switch("host-a"), behind_switch("host-b")], &[]));
+        let sw = inv.find(&DeviceId::named("fabric", "cxlsw0")).unwrap();
+        let pool = inv.find(&DeviceId::cxl(0x5eed_0000)).unwrap();
+        assert_eq!(inv.links.iter().filter(|l| (l.a, l.b) == (sw, pool)).count(), 1);
+        assert_eq!(inv.links.iter().filter(|l| l.b == sw).count(), 2, "each host's link to the switch");
         // A device of one host only stays that host's.
         let one = merge(&view(&[cxl_host("host-a", 64), island("host9")], &[]));
         assert_eq!(one.device(one.find(&DeviceId::cxl(0x5eed_0000)).unwrap()).node.as_deref(), Some("host-a"));

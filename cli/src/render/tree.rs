@@ -113,7 +113,9 @@ impl<'a> Tree<'a> {
         let own = f.device(idx).node.is_some();
         // Below a node's port, a device of no node (a CXL device of a pool several hosts
         // share) is the fabric's: its hierarchy has one parent, but every host's port
-        // names it, and it is shown whole with the fabric-level devices.
+        // names it, and it is shown whole with the fabric-level devices — or here, the
+        // first time, when one node is shown (`--node`: no fabric-level list).
+        let whole_here = self.view.node.is_some();
         let shared = f.neighbors(idx).filter(|&(n, li)| {
             let l = f.link(li);
             own && l.a == idx && l.kind.is_hierarchical() && f.device(n).node.is_none()
@@ -122,7 +124,7 @@ impl<'a> Tree<'a> {
         kids.sort_by_key(|k| self.pos[k.get()]);
         kids.dedup();
         for k in kids {
-            if own && f.device(k).node.is_none() {
+            if own && f.device(k).node.is_none() && !whole_here {
                 let d = f.device(k);
                 let tag = self.view.labels.label(k).unwrap_or_else(|| d.kind.label());
                 writeln!(
