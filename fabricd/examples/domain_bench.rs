@@ -5,6 +5,7 @@
 //! cargo build --release -p fabricd --example domain_bench
 //! target/release/examples/domain_bench trays [--ttl S] [--kills K] [--json]
 //! target/release/examples/domain_bench records [--nodes N] [--changes C] [--burst B] [--json]
+//! target/release/examples/domain_bench merge [--sim FILE] [--rounds R] [--json]
 //! ```
 //!
 //! - `trays`: `scripts/domain.sh up 16` (a private etcd and sixteen nodes, one per tray of
@@ -16,6 +17,11 @@
 //!   watch them all, its memory, the bytes in etcd; then C changes of one node's
 //!   placements one at a time (each until the node's translation shows it), and a burst of
 //!   B changes to B nodes (until the last shows).
+//! - `merge`: the topology records every node of a sim fabric (default
+//!   `configs/sim/supernode-64.toml`) would publish, in one view; R rounds of what a node
+//!   does when the domain's fabric changed — merge them (`domain_fabric::merge_with`) and
+//!   index the result (`fabricd::daemon::View::build`) — and the median and spread. No etcd
+//!   and no daemon: the cost a request pays once per `DomainView::fabric_revision`.
 //!
 //! `FABRICD` names the daemon (default: `fabricd` next to this example's directory).
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::unwrap_used)]
@@ -49,9 +55,13 @@ fn main() {
         Some("records") => {
             records(flag("--nodes", 12_500) as u32, flag("--changes", 50), flag("--burst", 1_000) as u32)
         }
+        Some("merge") => {
+            let sim = args.iter().position(|a| a == "--sim").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+            merge(&sim.unwrap_or_else(|| root().join("configs/sim/supernode-64.toml")), flag("--rounds", 20))
+        }
         _ => {
             eprintln!(
-                "usage: domain_bench trays [--ttl S] [--kills K] [--json] | records [--nodes N] [--changes C] [--burst B] [--json]"
+                "usage: domain_bench trays [--ttl S] [--kills K] [--json] | records [--nodes N] [--changes C] [--burst B] [--json] | merge [--sim FILE] [--rounds R] [--json]"
             );
             std::process::exit(2);
         }
@@ -212,6 +222,52 @@ fn trays(ttl: u64, kills: usize) -> Value {
 }
 
 /// The placements of fake node `i` in slot `i`: eight HBM ranges of 80 GiB, as an HGX node.
+/// The `merge` mode (module docs).
+fn merge(sim: &Path, rounds: u64) -> Value {
+    let t = Instant::now();
+    let fabric = fabric_topology::Fabric::build(fabric_drivers::sim::load(sim).unwrap()).unwrap();
+    let names: Vec<String> = fabric.nodes().iter().map(ToString::to_string).collect();
+    let keys = Keys::new("bench");
+    let settings = DomainSettings::new(57, SPAN, fabric_domain::DEFAULT_DATA_PATHS.to_vec());
+    let mut entries = vec![(keys.settings(), records::encode(&settings))];
+    for (i, name) in names.iter().enumerate() {
+        let slot = u32::try_from(i).unwrap();
+        let mut member = fake_member(slot);
+        member.name.clone_from(name);
+        entries.push((keys.slot(slot), records::encode(&SlotClaim::new(slot, name))));
+        entries.push((keys.member(name), records::encode(&member)));
+        let record = fabric_domain::TopologyRecord::from_fabric(&fabric, name, 1);
+        entries.push((keys.topology(name), records::encode(&record)));
+    }
+    let limits = fabric_domain::RecordLimits::default();
+    let view =
+        fabric_domain::DomainView::load(keys, limits, entries.iter().map(|(k, v)| (k.as_bytes(), v.as_slice())), 1);
+    if let Some((key, why)) = view.refused().iter().next() {
+        eprintln!("domain_bench: {} records refused, among them {key}: {why}", view.refused().len());
+        std::process::exit(1);
+    }
+    let prepared = t.elapsed();
+    let (mut merge_ms, mut index_ms, mut devices, mut links) = (vec![], vec![], 0, 0);
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let inv = fabric_domain::domain_fabric::merge_with(&view, None);
+        merge_ms.push(ms(t.elapsed()));
+        (devices, links) = (inv.devices.len(), inv.links.len());
+        let t = Instant::now();
+        std::hint::black_box(fabricd::daemon::View::build(inv).unwrap());
+        index_ms.push(ms(t.elapsed()));
+    }
+    json!({
+        "sim": sim.display().to_string(),
+        "nodes": names.len(),
+        "devices": devices,
+        "links": links,
+        "prepare_ms": ms(prepared),
+        "merge_ms": spread(merge_ms),
+        "index_ms": spread(index_ms),
+    })
+}
+
 fn fake_placements(i: u32, ordinal: u16) -> PlacementsRecord {
     let name = format!("node{i:05}");
     let base = u64::from(i) * SPAN;
