@@ -106,8 +106,8 @@ impl DomainView {
     /// The revision of the last accepted change to what `crate::domain_fabric` merges:
     /// a slot, a topology record, or a member's coming or going (not a member record's
     /// rewrite, a placements write or a partition). Two views of one domain with the same
-    /// value merge to the same fabric, so a cache of the merge keys on it and a region's
-    /// allocation does not make the next request merge again.
+    /// value merge to the same fabric, so a cache of the merge keys on it: a partition,
+    /// share, gc request or election key written does not make the next request merge again.
     pub fn fabric_revision(&self) -> i64 {
         self.fabric_revision
     }

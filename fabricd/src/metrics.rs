@@ -229,6 +229,9 @@ pub struct DomainGauges {
     pub round_trip_s: Option<f64>,
     /// etcd requests that failed since start.
     pub etcd_errors: u64,
+    /// Merges of the domain's topology since start (one per change of what it is made of,
+    /// at the first request that needs it).
+    pub topology_merges: u64,
     /// Whether this node leads the domain.
     pub leader: bool,
     /// The term of the leader this node knows of; none while not known.
@@ -451,6 +454,12 @@ fn domain_series(p: &mut Page, d: &DomainGauges) {
     }
     p.family("fabricd_domain_etcd_errors_total", "counter", "etcd requests that failed.");
     p.sample("fabricd_domain_etcd_errors_total", &[], d.etcd_errors);
+    p.family(
+        "fabricd_domain_topology_merges_total",
+        "counter",
+        "Merges of the domain's topology records (after a node joined, left or rescanned, at the next request that reads it).",
+    );
+    p.sample("fabricd_domain_topology_merges_total", &[], d.topology_merges);
     p.family("fabricd_domain_leader", "gauge", "1 while this node leads its domain, else 0.");
     p.sample("fabricd_domain_leader", &[], u8::from(d.leader));
     if let Some(term) = d.leader_term {
@@ -654,6 +663,7 @@ mod tests {
             joined: true,
             round_trip_s: Some(0.0005),
             etcd_errors: 4,
+            topology_merges: 3,
             leader: true,
             leader_term: Some(12),
         };
@@ -676,6 +686,7 @@ mod tests {
             "fabricd_domain_joined 1\n",
             "fabricd_domain_etcd_round_trip_seconds 0.0005\n",
             "fabricd_domain_etcd_errors_total 4\n",
+            "fabricd_domain_topology_merges_total 3\n",
             "fabricd_domain_leader 1\n",
             "fabricd_domain_leader_term 12\n",
             "fabricd_map_mapped_bytes 1073741824\n",

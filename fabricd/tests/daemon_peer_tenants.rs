@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::domain::{gpu_of, partitions, socket_group, topology, until};
 use common::peer::*;
-use common::scrape::free_port;
+use common::scrape::{free_port, scrape, value};
 use fabric_proto::wire::{
     AccessMode, BoundedVec, CodecError, ExportHandle, ExportPolicy, ExportRequest, ImportRequest, Name, PartitionSpec,
     PartitionsRequest, Request, Response,
@@ -93,6 +93,12 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
     for s in &setups {
         socket_group(&s.config, SOCKET_GID);
     }
+    // tray0's metrics page, for how often it merges the domain's topology.
+    let metrics = free_port();
+    let text = std::fs::read_to_string(&setups[0].config).unwrap();
+    std::fs::write(&setups[0].config, text.replace("listen = \"\"", &format!("listen = \"127.0.0.1:{metrics}\"")))
+        .unwrap();
+    let merges = || value(&scrape(metrics), "fabricd_domain_topology_merges_total").unwrap();
     let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
     let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
     for c in &mut admin {
@@ -105,6 +111,8 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
     }
     // The domain's tenants: a GPU of each tray for `tenant`, another GPU of tray1 for `other`.
     let doc = topology(&mut admin[0]);
+    let merged = merges();
+    assert!(merged >= 1.0, "{merged}");
     let (gpu0, gpu1) = (gpu_of(&doc, "tray0"), gpu_of(&doc, "tray1"));
     let gpu1b = doc["devices"]
         .as_array()
@@ -119,6 +127,11 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
         assert!(matches!(set, Response::Partitions(_)), "{set:?}");
     }
     until(Duration::from_secs(5), "tray1 sees both partitions", || partitions(&mut admin[1]) == 2);
+    // Partition records are no part of the topology: tray0 answers from the fabric it merged
+    // before they were written.
+    until(Duration::from_secs(5), "tray0 sees both partitions", || partitions(&mut admin[0]) == 2);
+    assert_eq!(topology(&mut admin[0])["nodes"], serde_json::json!(["tray0", "tray1"]));
+    assert_eq!(merges(), merged, "no merge for the partitions' records");
 
     // tray0 exports a region of its tenant GPU to `tenant`, and one with the default policy.
     let (a, _file) = common::alloc_hbm(&mut admin[0], &gpu0, 1 << 20);

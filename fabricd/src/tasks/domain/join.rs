@@ -262,6 +262,7 @@ pub fn start(
         map_changed: Notify::new(),
         topology: ArcSwapOption::empty(),
         merged: ArcSwapOption::empty(),
+        merges: AtomicU64::new(0),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
         link,

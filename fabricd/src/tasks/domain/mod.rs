@@ -207,6 +207,8 @@ pub struct Domain {
     /// The domain's fabric as last merged, for the view revision and own record it was
     /// merged from ([`Domain::fabric`]).
     merged: ArcSwapOption<Merged>,
+    /// Merges of the domain's fabric made since start ([`Domain::fabric`]).
+    merges: AtomicU64,
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
@@ -327,6 +329,7 @@ impl Domain {
             joined,
             round_trip_s: status.round_trip.map(|t| t.as_secs_f64()),
             etcd_errors: self.etcd_errors(),
+            topology_merges: self.merges.load(Ordering::Relaxed),
             leader: leadership.is_leader(),
             leader_term: leadership.term(),
         }
@@ -364,7 +367,8 @@ impl Domain {
     /// merged once per change of what it is made of (`DomainView::fabric_revision`: slots,
     /// topology records, members coming and going) and per record of this node's own, and
     /// shared by every request until either changes — a request of a 12,500-node domain
-    /// does not merge its topology again, nor after another node's allocation.
+    /// does not merge its topology again, nor after a partition, share or election record
+    /// is written (`fabricd_domain_topology_merges_total` counts the merges).
     pub fn fabric(&self) -> Result<Arc<crate::daemon::View>, crate::daemon::StartError> {
         let view = self.view();
         let own = self.topology.load_full();
@@ -376,6 +380,7 @@ impl Domain {
         }
         let mine = own.as_deref().map(|r| (self.config.node.as_str(), r));
         let fabric = Arc::new(crate::daemon::View::build(fabric_domain::domain_fabric::merge_with(&view, mine))?);
+        self.merges.fetch_add(1, Ordering::Relaxed);
         self.merged.store(Some(Arc::new(Merged { revision: view.fabric_revision(), own, fabric: fabric.clone() })));
         Ok(fabric)
     }
