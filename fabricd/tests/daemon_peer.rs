@@ -251,13 +251,34 @@ fn a_data_path_the_domains_settings_leave_out_is_not_granted_and_the_copy_stays(
     assert!(back == bytes, "tray0's region holds what tray1 pushed");
 }
 
-/// `configs/sim/<fabric>` with `degraded` (its `[[degraded]]` entries) appended, written
-/// in `dir`, and the edit of a node's configuration that makes it serve that fabric.
-fn cut_fabric(dir: &std::path::Path, fabric: &str, degraded: String) -> impl Fn(usize, &str) -> String {
+/// `configs/sim/<fabric>` with every `link` link between each `(device, fabric switch)` of
+/// `down` down, written in `dir`, and the edit of a node's configuration that makes it
+/// serve that fabric.
+fn cut_fabric(
+    dir: &std::path::Path,
+    fabric: &str,
+    link: &str,
+    down: impl Iterator<Item = (String, String)>,
+) -> impl Fn(usize, &str) -> String {
+    let mut text = std::fs::read_to_string(supernode().with_file_name(fabric)).unwrap();
+    for (device, switch) in down {
+        text.push_str(&format!(
+            "\n[[degraded]]\ndevice = \"{device}\"\nlink = \"{link}\"\nto = \"fabric/{switch}\"\nlink_down = true\n"
+        ));
+    }
     let cut = dir.join(format!("cut-{fabric}"));
-    std::fs::write(&cut, std::fs::read_to_string(supernode().with_file_name(fabric)).unwrap() + &degraded).unwrap();
+    std::fs::write(&cut, text).unwrap();
     let sim = supernode().display().to_string();
     move |_, text: &str| text.replace(&sim, &cut.display().to_string())
+}
+
+/// A region of `device`'s host DRAM that `c` allocates and exports read-write: its handle.
+fn dram_export(c: &mut Connection, device: &str) -> ExportHandle {
+    use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass};
+    let dram = AllocTarget::Device { device: DeviceName::truncated(device), memory: MemoryClass::Dram };
+    let (r, _) = c.call(Request::Alloc(AllocRequest { target: dram, size: 1 << 20, align: 0 }), &[]).unwrap();
+    let Response::Alloc(d) = r else { panic!("{r:?}") };
+    common::export(c, d.region, AccessMode::ReadWrite)
 }
 
 #[test]
@@ -268,10 +289,8 @@ fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_r
     // The supernode with every NVLink of tray2's four GPUs down: tray2 reaches the shared
     // files, but no scale-up fabric joins it to the others.
     let dir = tempfile::tempdir().unwrap();
-    let degraded = (0..4).flat_map(|g| (0..18).map(move |s| (g, s))).map(|(gpu, switch)| {
-        format!("\n[[degraded]]\ndevice = \"tray2/gpu{gpu}\"\nlink = \"nvlink\"\nto = \"fabric/nvsw{switch}\"\nlink_down = true\n")
-    });
-    let cut = cut_fabric(dir.path(), "supernode-64.toml", degraded.collect());
+    let down = (0..4).flat_map(|g| (0..18).map(move |s| (format!("tray2/gpu{g}"), format!("nvsw{s}"))));
+    let cut = cut_fabric(dir.path(), "supernode-64.toml", "nvlink", down);
     let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, cut);
     let gpu = hbm_of(&mut c[0], "tray0");
     let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
@@ -291,11 +310,7 @@ fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_r
     assert_eq!(back.grant.map(|g| g.access), Some(Access::CopyOnly), "{back:?}");
     // A Grace's memory is in the scale-up domain too (NVLink-C2C to its GPUs, NVLink on
     // from them): tray0's host DRAM maps on tray1.
-    use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass};
-    let dram = AllocTarget::Device { device: DeviceName::truncated("name:tray0/numa0"), memory: MemoryClass::Dram };
-    let (r, _) = c[0].call(Request::Alloc(AllocRequest { target: dram, size: 1 << 20, align: 0 }), &[]).unwrap();
-    let Response::Alloc(d) = r else { panic!("{r:?}") };
-    let handle = common::export(&mut c[0], d.region, AccessMode::ReadWrite);
+    let handle = dram_export(&mut c[0], "name:tray0/numa0");
     let (i, _f) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
     assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
 }
@@ -310,10 +325,8 @@ fn on_a_ualink_pod_hbm_maps_between_hosts_the_switch_planes_join_and_nothing_els
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let degraded = (0..4).flat_map(|a| (0..4).map(move |p| (a, p))).map(|(acc, plane)| {
-        format!("\n[[degraded]]\ndevice = \"host2/acc{acc}\"\nlink = \"ualink\"\nto = \"fabric/ualsw{plane}\"\nlink_down = true\n")
-    });
-    let cut = cut_fabric(dir.path(), "ualink-pod-1024.toml", degraded.collect());
+    let down = (0..4).flat_map(|a| (0..4).map(move |p| (format!("host2/acc{a}"), format!("ualsw{p}"))));
+    let cut = cut_fabric(dir.path(), "ualink-pod-1024.toml", "ualink", down);
     let hosts = ["host0", "host1", "host2"];
     let (_setups, _daemons, mut c) = three_nodes_named(&etcd, &pki, shared.path(), hosts, |_| false, cut);
     let acc = hbm_of(&mut c[0], "host0");
@@ -326,11 +339,7 @@ fn on_a_ualink_pod_hbm_maps_between_hosts_the_switch_planes_join_and_nothing_els
     assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
     // Host DRAM is on PCIe only: NET even for host1, whose accelerators are joined; the
     // pod's map gives it no GFA, so it is refused rather than copied.
-    use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass};
-    let dram = AllocTarget::Device { device: DeviceName::truncated("name:host0/numa0"), memory: MemoryClass::Dram };
-    let (r, _) = c[0].call(Request::Alloc(AllocRequest { target: dram, size: 1 << 20, align: 0 }), &[]).unwrap();
-    let Response::Alloc(d) = r else { panic!("{r:?}") };
-    let handle = common::export(&mut c[0], d.region, AccessMode::ReadWrite);
+    let handle = dram_export(&mut c[0], "name:host0/numa0");
     let err = import_copy_only(&mut c[1], handle, AccessMode::ReadWrite).unwrap_err();
     assert_eq!(err.code, ErrorCode::NotImplemented, "{err:?}");
     assert!(err.message.contains("class NET") && err.message.contains("no GFA"), "{err:?}");
