@@ -278,7 +278,7 @@ mod tests {
             let nv = LinkKind::NvLink { generation: 5, count: 18 };
             inv.add_link(Link::new(gpu, sw, nv, Bandwidth::full(900_000), None));
         }
-        TopologyRecord::from_fabric(&Fabric::build(inv).unwrap(), node, 1)
+        TopologyRecord::from_fabric(&Fabric::build(inv).unwrap(), node, 1, crate::records::DEFAULT_MAX_RECORD_BYTES)
     }
 
     #[test]
@@ -313,7 +313,12 @@ mod tests {
             let gpu = inv.add_device(gpu).unwrap();
             let nv = LinkKind::NvLink { generation: 5, count: 18 };
             inv.add_link(Link::new(gpu, sw, nv, Bandwidth::full(900_000), None));
-            let r = TopologyRecord::from_fabric(&Fabric::build(inv.clone()).unwrap(), "t", 1);
+            let r = TopologyRecord::from_fabric(
+                &Fabric::build(inv.clone()).unwrap(),
+                "t",
+                1,
+                crate::records::DEFAULT_MAX_RECORD_BYTES,
+            );
             let published = r.devices.iter().find(|d| d.kind == DeviceKind::NvSwitch).unwrap();
             // One GPU in clique 1: the clique's switch; a second clique, or a GPU of none:
             // the node's own stand-in.

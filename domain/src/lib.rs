@@ -17,6 +17,7 @@ pub mod election;
 pub mod etcd;
 pub mod fence;
 pub mod lease;
+mod nearby;
 pub mod partition;
 pub mod records;
 pub mod shares;

@@ -333,7 +333,11 @@ pub fn is_fabric_switch(kind: DeviceKind) -> bool {
 impl TopologyRecord {
     /// The record of `node` in `fabric`: the node's devices (all but storage controllers and
     /// other functions without memory, which no path passes through and no matrix shows),
-    /// the fabric-level switches (devices of no node), and the links among them.
+    /// then the fabric-level switches (devices of no node) around them, ring by ring of
+    /// hops, as many whole rings as keep the record within [`MAX_TOPOLOGY_DEVICES`],
+    /// [`MAX_TOPOLOGY_LINKS`] and `max_bytes` encoded (`nearby.rs`: every switch of a
+    /// small fabric, the leaves and spines above the node in a large network), and the links
+    /// among them.
     ///
     /// The NVSwitches of an NVL rack sit in switch trays that a compute node does not see:
     /// NVML names them by type only, and the node's inventory has one node-level stand-in
@@ -342,56 +346,105 @@ impl TopologyRecord {
     /// clique's fabric-level switch, [`clique_switch`]: every node of the clique names the
     /// same one, so the domain's topology joins their GPUs through it (NV18 across trays,
     /// as through the sim's fabric switches).
-    pub fn from_fabric(fabric: &Fabric, node: &str, incarnation: u64) -> Self {
-        let mut index: Vec<Option<u32>> = vec![None; fabric.len()];
-        let mut devices = Vec::new();
-        for (i, d) in fabric.inventory().devices.iter().enumerate() {
-            let own = d.node.as_deref() == Some(node)
-                && (!matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty());
-            let clique = (own && d.kind == DeviceKind::NvSwitch && d.pci_address().is_none())
-                .then(|| u32::try_from(i).ok().and_then(|i| clique_of(fabric, DeviceIdx(i))))
-                .flatten();
-            let shared = (d.node.is_none() && is_fabric_switch(d.kind)) || clique.is_some();
-            if !(own || shared) || devices.len() >= MAX_TOPOLOGY_DEVICES {
-                continue;
+    pub fn from_fabric(fabric: &Fabric, node: &str, incarnation: u64, max_bytes: usize) -> Self {
+        let own = devices(fabric).filter(|&i| fabric.device(i).node.as_deref() == Some(node));
+        Self::around(fabric, node, own.collect(), incarnation, max_bytes)
+    }
+
+    /// The records of every node of `fabric`, as [`TopologyRecord::from_fabric`] makes each,
+    /// in one pass over its devices (a sim of a whole cluster: 12,500 nodes).
+    pub fn of_every_node(fabric: &Fabric, incarnation: u64, max_bytes: usize) -> Vec<Self> {
+        let at: std::collections::HashMap<&str, usize> =
+            fabric.nodes().iter().enumerate().map(|(k, n)| (n.as_str(), k)).collect();
+        let mut by_node: Vec<Vec<DeviceIdx>> = vec![Vec::new(); fabric.nodes().len()];
+        for i in devices(fabric) {
+            if let Some(k) = fabric.device(i).node.as_deref().and_then(|n| at.get(n)) {
+                by_node[*k].push(i);
             }
-            index[i] = u32::try_from(devices.len()).ok();
-            let (id, name) = match &clique {
-                Some((cluster, id)) => {
-                    (clique_switch(cluster, *id), Some(format!("NVLink clique {id} of cluster {cluster}")))
-                }
-                None => (d.id.clone(), d.name.clone()),
-            };
-            devices.push(TopologyDevice {
-                id,
-                kind: d.kind,
-                name: name.map(|n| n.chars().filter(|c| !c.is_control()).take(MAX_DEVICE_NAME_LEN).collect()),
-                fabric: shared,
-                memory: d
-                    .memory
-                    .iter()
-                    .take(MAX_DEVICE_MEMORY)
-                    .map(|m| TopologyMemory { kind: m.kind, size: m.size })
-                    .collect(),
-                numa_node: d.numa_node.filter(|n| *n < MAX_NUMA_NODE),
-                local_cpus: d
-                    .local_cpus
-                    .as_ref()
-                    .filter(|c| !c.is_empty())
-                    .map(ToString::to_string)
-                    .filter(|c| c.len() <= MAX_CPULIST_LEN),
-                pci: d.pci.as_ref().map(TopologyPci::of),
-            });
         }
-        let links = fabric
-            .inventory()
-            .links
+        fabric
+            .nodes()
             .iter()
-            .filter_map(|l| {
-                let (a, b) = (index[l.a.get()]?, index[l.b.get()]?);
+            .zip(by_node)
+            .map(|(n, own)| Self::around(fabric, n, own, incarnation, max_bytes))
+            .collect()
+    }
+
+    /// The record of `node` whose own devices are `own` (module docs of `nearby.rs`).
+    fn around(fabric: &Fabric, node: &str, own: Vec<DeviceIdx>, incarnation: u64, max_bytes: usize) -> Self {
+        let published = |&i: &DeviceIdx| {
+            let d = fabric.device(i);
+            !matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty()
+        };
+        let own: Vec<DeviceIdx> = own.into_iter().filter(published).take(MAX_TOPOLOGY_DEVICES).collect();
+        let rings = crate::nearby::Rings::around(fabric, own, MAX_TOPOLOGY_DEVICES);
+        // The widest whole rings that fit; ring 0 (the node's own devices) always, and the
+        // publisher refuses it if even that is over the bound.
+        let mut record = None;
+        for &count in rings.ends.iter().rev() {
+            let r = Self::of_devices(fabric, node, incarnation, &rings.devices[..count]);
+            // The incarnation is written again when the record is published: leave room
+            // for its longest form.
+            let fits = r.links.len() <= MAX_TOPOLOGY_LINKS
+                && crate::records::encode(&r).len() + u64::MAX.to_string().len() <= max_bytes;
+            if fits || count == rings.ends[0] {
+                record = Some(r);
+                break;
+            }
+        }
+        record.unwrap_or_else(|| Self::of_devices(fabric, node, incarnation, &[]))
+    }
+
+    /// The record listing `devices` (the node's own, then fabric-level switches) and the
+    /// links among them.
+    fn of_devices(fabric: &Fabric, node: &str, incarnation: u64, chosen: &[DeviceIdx]) -> Self {
+        let mut index: Vec<Option<u32>> = vec![None; fabric.len()];
+        for (k, &i) in chosen.iter().enumerate() {
+            index[i.get()] = u32::try_from(k).ok();
+        }
+        let devices = chosen
+            .iter()
+            .map(|&i| {
+                let d = fabric.device(i);
+                let own = d.node.as_deref() == Some(node);
+                let clique =
+                    (own && d.kind == DeviceKind::NvSwitch && d.pci_address().is_none()).then(|| clique_of(fabric, i));
+                let clique = clique.flatten();
+                let (id, name) = match &clique {
+                    Some((cluster, id)) => {
+                        (clique_switch(cluster, *id), Some(format!("NVLink clique {id} of cluster {cluster}")))
+                    }
+                    None => (d.id.clone(), d.name.clone()),
+                };
+                TopologyDevice {
+                    id,
+                    kind: d.kind,
+                    name: name.map(|n| n.chars().filter(|c| !c.is_control()).take(MAX_DEVICE_NAME_LEN).collect()),
+                    fabric: !own || clique.is_some(),
+                    memory: d
+                        .memory
+                        .iter()
+                        .take(MAX_DEVICE_MEMORY)
+                        .map(|m| TopologyMemory { kind: m.kind, size: m.size })
+                        .collect(),
+                    numa_node: d.numa_node.filter(|n| *n < MAX_NUMA_NODE),
+                    local_cpus: d
+                        .local_cpus
+                        .as_ref()
+                        .filter(|c| !c.is_empty())
+                        .map(ToString::to_string)
+                        .filter(|c| c.len() <= MAX_CPULIST_LEN),
+                    pci: d.pci.as_ref().map(TopologyPci::of),
+                }
+            })
+            .collect();
+        let links = crate::nearby::Rings::links_among(fabric, chosen, &index)
+            .into_iter()
+            .filter_map(|li| {
+                let l = fabric.link(li);
                 Some(TopologyLink {
-                    a,
-                    b,
+                    a: index[l.a.get()]?,
+                    b: index[l.b.get()]?,
                     kind: l.kind,
                     current_mbps: l.bandwidth.current_mbps,
                     max_mbps: l.bandwidth.max_mbps,
@@ -471,6 +524,11 @@ impl TopologyRecord {
     }
 }
 
+/// Every device of `fabric`.
+fn devices(fabric: &Fabric) -> impl Iterator<Item = DeviceIdx> {
+    (0..u32::try_from(fabric.len()).unwrap_or(u32::MAX)).map(DeviceIdx)
+}
+
 /// The fabric-level switch standing for NVLink clique `clique` of cluster `cluster`: the
 /// NVSwitches its GPUs reach, which no compute node sees (see
 /// [`TopologyRecord::from_fabric`]).
@@ -525,7 +583,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::records::{RecordLimits, decode, encode};
+    use crate::records::{DEFAULT_MAX_RECORD_BYTES, RecordLimits, decode, encode};
 
     /// A tray: a CPU, a GPU with HBM on NVLink to a fabric switch, an NVMe drive.
     pub(crate) fn tray(node: &str) -> Fabric {
@@ -570,7 +628,7 @@ mod tests {
 
     #[test]
     fn fields_of_a_newer_node_are_ignored_and_known_ones_still_checked() {
-        let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3, DEFAULT_MAX_RECORD_BYTES);
         let mut value: serde_json::Value = serde_json::from_slice(&encode(&record)).unwrap();
         value["cables"] = serde_json::json!([{ "a": 0, "b": 1 }]);
         value["devices"][1]["firmware"] = serde_json::json!("96.00.5e.00.01");
@@ -595,7 +653,7 @@ mod tests {
 
     #[test]
     fn a_node_publishes_its_devices_and_the_fabric_switches() {
-        let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let record = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3, DEFAULT_MAX_RECORD_BYTES);
         let ids: Vec<&str> = record.devices.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["name:tray0/numa0", "uuid:GPU-tray0", "name:fabric/nvsw0"]);
         assert!(record.devices[2].fabric && !record.devices[1].fabric);
@@ -626,13 +684,16 @@ mod tests {
         assert_eq!(TopologyPci::of(&back), *pci, "a record's PCI details survive a merge and a republish");
         let limits = RecordLimits::default();
         assert_eq!(decode::<TopologyRecord>(&encode(&record), limits), Ok(record.clone()));
-        assert!(TopologyRecord::from_fabric(&tray("tray0"), "tray1", 3).devices.iter().all(|d| d.fabric));
+        assert!(
+            TopologyRecord::from_fabric(&tray("tray0"), "tray1", 3, DEFAULT_MAX_RECORD_BYTES).devices.is_empty(),
+            "no devices of its own, no switches around them"
+        );
     }
 
     #[test]
     fn hostile_records_are_refused_with_the_field() {
         let limits = RecordLimits::default();
-        let good = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let good = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3, DEFAULT_MAX_RECORD_BYTES);
         let field = |r: &TopologyRecord| match decode::<TopologyRecord>(&encode(r), limits) {
             Err(RecordError::Invalid { field, .. }) => field,
             other => panic!("{other:?}"),
@@ -753,7 +814,7 @@ mod tests {
     /// A record written before devices carried NUMA and CPU affinity decodes, without them.
     #[test]
     fn a_record_without_affinity_still_decodes() {
-        let good = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3);
+        let good = TopologyRecord::from_fabric(&tray("tray0"), "tray0", 3, DEFAULT_MAX_RECORD_BYTES);
         let text = String::from_utf8(encode(&good)).unwrap();
         let old = text
             .replace(",\"numa_node\":0", "")

@@ -230,16 +230,19 @@ fn merge(sim: &Path, rounds: u64) -> Value {
     let keys = Keys::new("bench");
     let settings = DomainSettings::new(57, SPAN, fabric_domain::DEFAULT_DATA_PATHS.to_vec());
     let mut entries = vec![(keys.settings(), records::encode(&settings))];
-    for (i, name) in names.iter().enumerate() {
+    let limits = fabric_domain::RecordLimits::default();
+    let published = fabric_domain::TopologyRecord::of_every_node(&fabric, 1, limits.max_bytes());
+    let mut record_bytes = Vec::with_capacity(published.len());
+    for ((i, name), record) in names.iter().enumerate().zip(&published) {
         let slot = u32::try_from(i).unwrap();
         let mut member = fake_member(slot);
         member.name.clone_from(name);
         entries.push((keys.slot(slot), records::encode(&SlotClaim::new(slot, name))));
         entries.push((keys.member(name), records::encode(&member)));
-        let record = fabric_domain::TopologyRecord::from_fabric(&fabric, name, 1);
-        entries.push((keys.topology(name), records::encode(&record)));
+        let bytes = records::encode(record);
+        record_bytes.push(bytes.len());
+        entries.push((keys.topology(name), bytes));
     }
-    let limits = fabric_domain::RecordLimits::default();
     let view =
         fabric_domain::DomainView::load(keys, limits, entries.iter().map(|(k, v)| (k.as_bytes(), v.as_slice())), 1);
     if let Some((key, why)) = view.refused().iter().next() {
@@ -262,6 +265,9 @@ fn merge(sim: &Path, rounds: u64) -> Value {
         "nodes": names.len(),
         "devices": devices,
         "links": links,
+        "fabric_devices": fabric.len(),
+        "fabric_links": fabric.inventory().links.len(),
+        "record_bytes_max": record_bytes.iter().max(),
         "prepare_ms": ms(prepared),
         "merge_ms": spread(merge_ms),
         "index_ms": spread(index_ms),

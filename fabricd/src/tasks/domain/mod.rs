@@ -349,7 +349,12 @@ impl Domain {
     /// Tells the domain task that this node's fabric is `fabric` now (at start, and after
     /// a rescan that changed it); it writes the topology record. Never blocks.
     pub fn fabric_changed(&self, fabric: &fabric_topology::Fabric) {
-        self.topology.store(Some(Arc::new(TopologyRecord::from_fabric(fabric, &self.config.node, 0))));
+        self.topology.store(Some(Arc::new(TopologyRecord::from_fabric(
+            fabric,
+            &self.config.node,
+            0,
+            Self::limits().max_bytes(),
+        ))));
         self.map_changed.notify_one();
     }
 
