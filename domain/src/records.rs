@@ -341,7 +341,16 @@ pub struct MemberRecord {
     pub node_id: Option<String>,
 }
 
+/// The capability of a node that maps the sim's shared files (`peer.shared_dir`): an owner
+/// grants such files only to a node that lists it.
+pub const SHARED_FILE: &str = "shared-file";
+
 impl MemberRecord {
+    /// Whether the node lists `capability`.
+    pub fn offers(&self, capability: &str) -> bool {
+        self.capabilities.iter().any(|c| c == capability)
+    }
+
     fn check(&self) -> Result<(), RecordError> {
         check_node_name("name", &self.name)?;
         if let Some(id) = &self.node_id

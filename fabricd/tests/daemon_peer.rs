@@ -315,6 +315,47 @@ fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_r
     assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
 }
 
+/// An importer that maps no shared files (no `peer.shared_dir`: its member record does not
+/// offer them) is answered copy-only at once: the owner does not ask the domain's topology
+/// about it. Here that topology is gone from etcd, which keeps the owner of an importer
+/// that does map files waiting, then refusing `Unavailable` (the check before this test
+/// was written ran for every importer).
+#[test]
+fn an_importer_that_maps_no_shared_files_is_answered_copy_only_without_its_topology() {
+    use fabric_domain::records::{RecordLimits, SHARED_FILE, decode};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (_setups, _daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
+    let keys = fabric_domain::Keys::new(DOMAIN);
+    let offers = rt.block_on(async {
+        let mut client = fabric_domain::etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap();
+        client.delete(keys.topology("tray2"), None).await.unwrap();
+        let mut offers = vec![];
+        for n in ["tray1", "tray2"] {
+            let value = client.get(keys.member(n), None).await.unwrap().kvs()[0].value().to_vec();
+            let member: fabric_domain::MemberRecord = decode(&value, RecordLimits::default()).unwrap();
+            offers.push(member.offers(SHARED_FILE));
+        }
+        offers
+    });
+    assert_eq!(offers, [true, false], "only the node with a shared_dir offers its files");
+    until(Duration::from_secs(15), "tray0 knows no topology of tray2", || {
+        let nodes = common::domain::topology(&mut c[0])["nodes"].clone();
+        (!nodes.as_array().unwrap().contains(&serde_json::json!("tray2"))).then_some(())
+    });
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
+    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let t = Instant::now();
+    let grant = import_copy_only(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
+    eprintln!("copy-only grant in {:?}", t.elapsed());
+    // tray1 maps files: its topology is known, it is in tray0's scale-up domain, the file.
+    let (i, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
+    assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
+}
+
 /// The same on a UALink pod (`ualink-pod-1024`, its hosts host0..host2 as nodes):
 /// accelerators of two hosts reach each other through the pod's switch
 /// planes, so HBM maps across them; host2 with every UALink port down gets copy-only; host

@@ -15,6 +15,7 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 
 use fabric_domain::DataPathKind;
+use fabric_domain::records::SHARED_FILE;
 use fabric_nodelink::{Peer, PeerError};
 use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
 
@@ -425,7 +426,9 @@ impl Owner {
 
 /// The grant of region `region`'s file at `path` on the shared sim fabric to node `node`:
 /// the file when `node` is in the scale-up domain of the region's device, `None`
-/// (copy-only) when it is outside, refused `Unavailable` while that is not known.
+/// (copy-only) when it is outside, refused `Unavailable` while that is not known. `None` at
+/// once, without asking the domain's topology, when this node shares no files or `node`
+/// maps none (its member record does not offer [`SHARED_FILE`]: no `peer.shared_dir`).
 fn shared_file_for(
     d: &Daemon,
     path: &std::path::Path,
@@ -433,8 +436,17 @@ fn shared_file_for(
     node: &str,
     region: u64,
 ) -> Result<Option<Shared>, PeerError> {
+    let Ok(file) = shared_file(d, path) else { return Ok(None) };
+    let maps_files = d
+        .domain
+        .as_ref()
+        .is_some_and(|domain| domain.view().members().find(|m| m.name == node).is_some_and(|m| m.offers(SHARED_FILE)));
+    if !maps_files {
+        tracing::debug!(peer = %node, region, "node link: the importer maps no shared files; copy-only");
+        return Ok(None);
+    }
     match super::clique::scale_up(d, &subject.device, node) {
-        Ok(()) => Ok(shared_file(d, path).ok().map(Shared::File)),
+        Ok(()) => Ok(Some(Shared::File(file))),
         Err(NoReach::Outside(why)) => {
             tracing::info!(peer = %node, region, why, "node link: the importer is not in the region's scale-up domain; copy-only");
             Ok(None)

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use fabric_domain::records::{RECORD_VERSION, Record};
+use fabric_domain::records::{RECORD_VERSION, Record, SHARED_FILE};
 use fabric_domain::{
     DEFAULT_DATA_PATHS, DomainClient, DomainConfig, DomainSettings, DomainView, EtcdError, FabricGroup, Fence, Lease,
     MemberRecord, ShareWant, fresh_incarnation,
@@ -175,19 +175,18 @@ pub fn start(
         .build()
         .map_err(JoinError::Runtime)?;
     let local = local_settings(config);
-    let peer_address = config.peer_address().unwrap_or_default();
-    let groups = groups(config, inv);
+    let member = member(config, &dc, inv, node_id);
     let slot_file = state_dir.join("domain-slot.json");
     let share_file = state_dir.join("domain-shares.json");
     let wants = share_wants(config, inv);
     let known = remembered_shares(&share_file, &dc);
     let (tx, rx) = std::sync::mpsc::channel();
     {
-        let (dc, local, peer, groups) = (dc.clone(), local.clone(), peer_address.clone(), groups.clone());
+        let (dc, local, member) = (dc.clone(), local.clone(), member.clone());
         let claims = share_claims(&wants, &known);
         runtime.spawn(async move {
             let joined = async {
-                let (slot, joined) = join(&dc, &local, &peer, &groups, node_id, None).await?;
+                let (slot, joined) = join(&dc, &local, &member, None).await?;
                 match claim_shares(&joined.client, &claims).await {
                     Ok(shares) => {
                         // The domain read before the node is ready: its first answers (a
@@ -250,9 +249,7 @@ pub fn start(
         config: dc,
         settings: local,
         slot,
-        peer_address,
-        groups,
-        node_id,
+        member,
         status: ArcSwap::from_pointee(status),
         view: ArcSwap::from_pointee(view),
         recent: std::sync::Mutex::default(),
@@ -271,22 +268,20 @@ pub fn start(
     });
     if let Some(link) = &domain.link {
         let incarnation = joined.as_ref().map_or(0, |j| j.incarnation);
-        link.listen(domain.runtime.get(), &domain.peer_address, Arc::downgrade(&domain), incarnation)
+        link.listen(domain.runtime.get(), &domain.member.peer_address, Arc::downgrade(&domain), incarnation)
             .map_err(JoinError::Listen)?;
     }
     Ok(Starting { domain, joined, first, shares })
 }
 
-/// One join: settings, slot, lease, member record with a fresh incarnation. `serving`: the
+/// One join: settings, slot, lease, `member` with a fresh incarnation. `serving`: the
 /// slot a rejoining node serves, the only one it may hold (claimed back if a gc freed it and
 /// nobody took it; another slot would be other GFAs); `None` at start, where a slot is
 /// claimed if none is held.
 pub(super) async fn join(
     config: &DomainConfig,
     local: &DomainSettings,
-    peer_address: &str,
-    groups: &[FabricGroup],
-    node_id: fabric_proto::wire::NodeId,
+    member: &MemberRecord,
     serving: Option<u32>,
 ) -> Result<(u32, Joined), EtcdError> {
     let client = DomainClient::connect(config, Domain::limits()).await?;
@@ -299,16 +294,7 @@ pub(super) async fn join(
     };
     let lease = client.grant_lease().await?;
     let incarnation = fresh_incarnation();
-    let record = MemberRecord {
-        version: RECORD_VERSION,
-        name: config.node.clone(),
-        incarnation,
-        peer_address: peer_address.to_owned(),
-        capabilities: vec!["shared-file".to_owned()],
-        groups: groups.to_vec(),
-        software: env!("CARGO_PKG_VERSION").to_owned(),
-        node_id: Some(node_id.to_string()),
-    };
+    let record = MemberRecord { incarnation, ..member.clone() };
     let fence = match client.join_fenced_in_slot(&lease, &record, slot).await {
         Ok(fence) => fence,
         Err(e) => {
@@ -325,6 +311,22 @@ pub(super) async fn join(
 /// Whether `e` says etcd did not answer (rather than refused).
 pub(super) fn unreachable(e: &EtcdError) -> bool {
     matches!(e, EtcdError::Connect { .. } | EtcdError::Timeout { .. } | EtcdError::Request { .. })
+}
+
+/// The member record this node joins with, but its incarnation (fresh for each join). It
+/// offers [`SHARED_FILE`] only with a `peer.shared_dir`: an owner grants that node the sim's
+/// shared files, and asks the domain's topology whether it may, only then.
+fn member(config: &Config, dc: &DomainConfig, inv: &Inventory, node_id: fabric_proto::wire::NodeId) -> MemberRecord {
+    MemberRecord {
+        version: RECORD_VERSION,
+        name: dc.node.clone(),
+        incarnation: 0,
+        peer_address: config.peer_address().unwrap_or_default(),
+        capabilities: config.peer.shared_dir.iter().map(|_| SHARED_FILE.to_owned()).collect(),
+        groups: groups(config, inv),
+        software: env!("CARGO_PKG_VERSION").to_owned(),
+        node_id: Some(node_id.to_string()),
+    }
 }
 
 /// The fabric groups the node's member record lists: the NVLink cliques of its GPUs

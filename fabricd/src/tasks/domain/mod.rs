@@ -184,10 +184,9 @@ pub struct Domain {
     config: DomainConfig,
     settings: DomainSettings,
     slot: u32,
-    peer_address: String,
-    groups: Vec<fabric_domain::FabricGroup>,
-    /// This node's id, published in its member record.
-    node_id: fabric_proto::wire::NodeId,
+    /// The member record this node joins with (its incarnation is fresh for each join):
+    /// its peer address, capabilities, groups and node id.
+    member: fabric_domain::MemberRecord,
     status: ArcSwap<DomainStatus>,
     view: ArcSwap<DomainView>,
     /// The views published before the current one, newest last ([`RECENT_VIEWS`]), so
@@ -233,7 +232,7 @@ impl Domain {
 
     /// The NVLink cliques (and CXL pools) this node's member record lists.
     pub fn groups(&self) -> &[fabric_domain::FabricGroup] {
-        &self.groups
+        &self.member.groups
     }
 
     /// The domain's name.

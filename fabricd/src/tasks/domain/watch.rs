@@ -142,15 +142,7 @@ async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
     // this node while it was gone, and its memory lies in the old one; serving on would hand
     // out GFAs of another node. The join claims it back if nobody took it, else says so
     // (`SlotCollected`) and claims no other.
-    let (_, j) = join::join(
-        &domain.config,
-        &domain.settings,
-        &domain.peer_address,
-        &domain.groups,
-        domain.node_id,
-        Some(domain.slot),
-    )
-    .await?;
+    let (_, j) = join::join(&domain.config, &domain.settings, &domain.member, Some(domain.slot)).await?;
     // The shares too: a gc while the node was away freed them, and another node may hold
     // their ranges now; serving on would hand out its memory.
     if let Err(e) = join::claim_back(&j.client, &domain.shares).await {
