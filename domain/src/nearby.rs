@@ -60,15 +60,11 @@ impl Rings {
         }
     }
 
-    /// The links among `devices`, as indexes of the inventory's links, in its order; `at[d]`
-    /// says where device `d` is among them (`None`: not there).
-    pub fn links_among(fabric: &Fabric, devices: &[DeviceIdx], at: &[Option<u32>]) -> Vec<usize> {
-        let mut links: Vec<usize> = devices
-            .iter()
-            .flat_map(|&d| fabric.neighbors(d))
-            .filter(|&(n, _)| at[n.get()].is_some())
-            .map(|(_, l)| l)
-            .collect();
+    /// The links among `devices` (`among(d)`: whether `d` is one of them), as indexes of the
+    /// inventory's links, in its order.
+    pub fn links_among(fabric: &Fabric, devices: &[DeviceIdx], among: impl Fn(DeviceIdx) -> bool) -> Vec<usize> {
+        let mut links: Vec<usize> =
+            devices.iter().flat_map(|&d| fabric.neighbors(d)).filter(|&(n, _)| among(n)).map(|(_, l)| l).collect();
         links.sort_unstable();
         links.dedup();
         links
@@ -116,11 +112,7 @@ mod tests {
         assert!(!all.devices.iter().any(|&d| f.device(d).node.as_deref() == Some("n1")), "another node's NIC");
         let bounded = Rings::around(&f, vec![nic0], 5);
         assert_eq!(bounded.ends, [1, 2, 4], "the third ring would pass the bound: left out whole");
-        let mut at = vec![None; f.len()];
-        for (i, d) in bounded.devices.iter().enumerate() {
-            at[d.get()] = Some(u32::try_from(i).unwrap());
-        }
-        let links = Rings::links_among(&f, &bounded.devices, &at);
+        let links = Rings::links_among(&f, &bounded.devices, |d| bounded.devices.contains(&d));
         assert_eq!(links, [0, 2, 3], "nic0-leaf0 and leaf0's two uplinks, not leaf1's");
         assert_eq!(Rings::around(&f, vec![], 100).ends, [0], "no devices of its own, no switches");
     }

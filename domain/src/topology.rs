@@ -378,16 +378,20 @@ impl TopologyRecord {
         };
         let own: Vec<DeviceIdx> = own.into_iter().filter(published).take(MAX_TOPOLOGY_DEVICES).collect();
         let rings = crate::nearby::Rings::around(fabric, own, MAX_TOPOLOGY_DEVICES);
-        // The widest whole rings that fit; ring 0 (the node's own devices) always, and the
-        // publisher refuses it if even that is over the bound.
+        // The widest whole rings that fit; at least the node's own devices and the switches
+        // they link to (without those the node would look cut off from every fabric), and
+        // the publisher refuses that if it is over the bound: the domain then shows no
+        // topology of the node rather than a wrong one.
+        let least = rings.ends[..rings.ends.len().min(2)].last().copied().unwrap_or_default();
         let mut record = None;
         for &count in rings.ends.iter().rev() {
-            let r = Self::of_devices(fabric, node, incarnation, &rings.devices[..count]);
+            let mut r = Self::of_devices(fabric, node, incarnation, &rings.devices[..count]);
             // The incarnation is written again when the record is published: leave room
             // for its longest form.
             let fits = r.links.len() <= MAX_TOPOLOGY_LINKS
                 && crate::records::encode(&r).len() + u64::MAX.to_string().len() <= max_bytes;
-            if fits || count == rings.ends[0] {
+            if fits || count <= least {
+                r.links.truncate(MAX_TOPOLOGY_LINKS);
                 record = Some(r);
                 break;
             }
@@ -398,10 +402,8 @@ impl TopologyRecord {
     /// The record listing `devices` (the node's own, then fabric-level switches) and the
     /// links among them.
     fn of_devices(fabric: &Fabric, node: &str, incarnation: u64, chosen: &[DeviceIdx]) -> Self {
-        let mut index: Vec<Option<u32>> = vec![None; fabric.len()];
-        for (k, &i) in chosen.iter().enumerate() {
-            index[i.get()] = u32::try_from(k).ok();
-        }
+        let index: std::collections::HashMap<DeviceIdx, u32> =
+            chosen.iter().zip(0u32..).map(|(&i, k)| (i, k)).collect();
         let devices = chosen
             .iter()
             .map(|&i| {
@@ -438,22 +440,28 @@ impl TopologyRecord {
                 }
             })
             .collect();
-        let links = crate::nearby::Rings::links_among(fabric, chosen, &index)
-            .into_iter()
-            .filter_map(|li| {
-                let l = fabric.link(li);
-                Some(TopologyLink {
-                    a: index[l.a.get()]?,
-                    b: index[l.b.get()]?,
-                    kind: l.kind,
-                    current_mbps: l.bandwidth.current_mbps,
-                    max_mbps: l.bandwidth.max_mbps,
-                    latency_ns: l.latency_ns,
-                    state: l.state,
+        // Membership as a bit per device of the fabric: the spines of a large network have
+        // thousands of neighbours each, every one of them asked about.
+        let mut among = vec![0u64; fabric.len().div_ceil(64)];
+        for &i in chosen {
+            among[i.get() / 64] |= 1 << (i.get() % 64);
+        }
+        let links =
+            crate::nearby::Rings::links_among(fabric, chosen, |d| among[d.get() / 64] & (1 << (d.get() % 64)) != 0)
+                .into_iter()
+                .filter_map(|li| {
+                    let l = fabric.link(li);
+                    Some(TopologyLink {
+                        a: *index.get(&l.a)?,
+                        b: *index.get(&l.b)?,
+                        kind: l.kind,
+                        current_mbps: l.bandwidth.current_mbps,
+                        max_mbps: l.bandwidth.max_mbps,
+                        latency_ns: l.latency_ns,
+                        state: l.state,
+                    })
                 })
-            })
-            .take(MAX_TOPOLOGY_LINKS)
-            .collect();
+                .collect();
         Self { version: RECORD_VERSION, node: node.to_owned(), incarnation, devices, links }
     }
 
@@ -649,6 +657,46 @@ mod tests {
         value["padding"] = serde_json::json!("x".repeat(70_000));
         let big = serde_json::to_vec(&value).unwrap();
         assert!(matches!(decode::<TopologyRecord>(&big, RecordLimits::default()), Err(RecordError::Oversized { .. })));
+    }
+
+    /// A NIC under a leaf with 100 spines above it, each cabled to each of 100 cores (the
+    /// NIC's cable added last, so it is the last link of the inventory).
+    fn tall(cores: usize) -> Fabric {
+        let mut inv = Inventory::new();
+        let nic = inv.add_device(Device::new(DeviceId::named("n0", "nic0"), DeviceKind::Nic, Some("n0"))).unwrap();
+        let switch = |inv: &mut Inventory, name: String| {
+            inv.add_device(Device::new(DeviceId::named("fabric", &name), DeviceKind::NetworkSwitch, None)).unwrap()
+        };
+        let leaf = switch(&mut inv, "leaf".into());
+        let spines: Vec<DeviceIdx> = (0..100).map(|k| switch(&mut inv, format!("spine{k}"))).collect();
+        let cores: Vec<DeviceIdx> = (0..cores).map(|k| switch(&mut inv, format!("core{k}"))).collect();
+        let cable = |a, b| Link::new(a, b, LinkKind::Network { gbps: 400 }, Bandwidth::full(400_000), None);
+        for &s in &spines {
+            inv.add_link(cable(leaf, s));
+            for &c in &cores {
+                inv.add_link(cable(s, c));
+            }
+        }
+        inv.add_link(cable(nic, leaf));
+        Fabric::build(inv).unwrap()
+    }
+
+    #[test]
+    fn a_record_keeps_the_widest_rings_whose_links_fit_and_never_fewer_than_the_first() {
+        use crate::records::MAX_RECORD_BYTES;
+        // The cores' 10,000 links are over the bound: the rings stop at the spines, and
+        // every link among what is listed is there, the NIC's cable included.
+        let r = TopologyRecord::from_fabric(&tall(100), "n0", 1, MAX_RECORD_BYTES);
+        assert_eq!((r.devices.len(), r.links.len()), (102, 101), "the NIC, the leaf, 100 spines");
+        assert!(r.links.iter().any(|l| (l.a, l.b) == (0, 1)), "the NIC's own cable");
+        assert_eq!(decode::<TopologyRecord>(&encode(&r), RecordLimits::new(MAX_RECORD_BYTES)), Ok(r.clone()));
+        // With 30 cores (3,101 links) the cores fit too.
+        assert_eq!(TopologyRecord::from_fabric(&tall(30), "n0", 1, MAX_RECORD_BYTES).devices.len(), 132);
+        // A bound nothing fits: still the NIC and its leaf (the publisher refuses it, the
+        // domain shows no topology of the node), never the NIC cut off from its network.
+        let r = TopologyRecord::from_fabric(&tall(1), "n0", 1, 64);
+        assert_eq!((r.devices.len(), r.links.len()), (2, 1));
+        assert!(encode(&r).len() > 64);
     }
 
     #[test]

@@ -231,7 +231,9 @@ fn merge(sim: &Path, rounds: u64) -> Value {
     let settings = DomainSettings::new(57, SPAN, fabric_domain::DEFAULT_DATA_PATHS.to_vec());
     let mut entries = vec![(keys.settings(), records::encode(&settings))];
     let limits = fabric_domain::RecordLimits::default();
+    let built = t.elapsed();
     let published = fabric_domain::TopologyRecord::of_every_node(&fabric, 1, limits.max_bytes());
+    let made = t.elapsed() - built;
     let mut record_bytes = Vec::with_capacity(published.len());
     for ((i, name), record) in names.iter().enumerate().zip(&published) {
         let slot = u32::try_from(i).unwrap();
@@ -269,6 +271,7 @@ fn merge(sim: &Path, rounds: u64) -> Value {
         "fabric_links": fabric.inventory().links.len(),
         "record_bytes_max": record_bytes.iter().max(),
         "prepare_ms": ms(prepared),
+        "records_ms": ms(made),
         "merge_ms": spread(merge_ms),
         "index_ms": spread(index_ms),
     })
