@@ -91,6 +91,12 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
         node_of(&etcd, &supernode, "tray1", SPAN, TTL),
         node_of(&etcd, &sim("hgx-h100-8gpu.toml"), "node0", SPAN, TTL),
     ];
+    // node0's metrics page, for how often it merges the domain's topology.
+    let metrics = common::scrape::free_port();
+    let text = std::fs::read_to_string(&setups[2].config).unwrap();
+    std::fs::write(&setups[2].config, text.replace("listen = \"\"", &format!("listen = \"127.0.0.1:{metrics}\"")))
+        .unwrap();
+    let merges = || common::scrape::value(&common::scrape::scrape(metrics), "fabricd_domain_topology_merges_total");
     let mut daemons: Vec<_> = setups.iter().map(|s| Some(common::start(&s.config, s.dir.path()))).collect();
     let mut clients: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
     let nodes = |doc: &Value| doc["nodes"].clone();
@@ -132,6 +138,25 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
     let killed = Instant::now();
+    // Eight clients of node0 ask for the topology at once after tray1 went: one merge
+    // serves them all (before, each request that found the merge out of date made its own).
+    until(Duration::from_secs(TTL + 3), "node0 sees tray1 gone", || {
+        let status = common::domain::domain(&mut clients[2], fabric_proto::wire::DomainAction::Status);
+        status["nodes"].as_array().unwrap().iter().any(|n| n["name"] == "tray1" && n["state"] != "live")
+    });
+    let before = merges().unwrap();
+    let start = std::sync::Barrier::new(8);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let mut c = common::client(&setups[2].socket);
+            let start = &start;
+            scope.spawn(move || {
+                start.wait();
+                assert_eq!(Matrix::of(&topology(&mut c)).between("tray0", "tray1"), ["-"]);
+            });
+        }
+    });
+    assert_eq!(merges().unwrap(), before + 1.0, "one merge for the eight requests");
     for i in [0, 2] {
         until(Duration::from_secs(TTL + 3), "tray1 down in the topology", || {
             Matrix::of(&topology(&mut clients[i])).between("tray0", "tray1") == ["-"]

@@ -259,6 +259,7 @@ pub fn start(
         map_changed: Notify::new(),
         topology: ArcSwapOption::empty(),
         merged: ArcSwapOption::empty(),
+        merging: std::sync::Mutex::default(),
         merges: AtomicU64::new(0),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),

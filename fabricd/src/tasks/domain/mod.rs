@@ -206,6 +206,10 @@ pub struct Domain {
     /// The domain's fabric as last merged, for the view revision and own record it was
     /// merged from ([`Domain::fabric`]).
     merged: ArcSwapOption<Merged>,
+    /// Held by the one request that merges the domain's fabric: the others that find it
+    /// out of date wait for that merge rather than each make their own (a 12,500-node
+    /// domain's merge and index take seconds and gigabytes).
+    merging: std::sync::Mutex<()>,
     /// Merges of the domain's fabric made since start ([`Domain::fabric`]).
     merges: AtomicU64,
     etcd_errors: AtomicU64,
@@ -368,30 +372,33 @@ impl Domain {
         self.map_changed.notify_one();
     }
 
-    /// The domain's fabric, merged from every node's topology record as this node's view
-    /// holds them, this node's own as it made it (`fabric_domain::domain_fabric::merge_with`):
-    /// the same on every node that saw the same records, and never without this node's
-    /// own devices (a client asking at start finds them before the record went round).
-    pub fn inventory(&self) -> fabric_topology::Inventory {
-        let own = self.topology.load_full();
-        let own = own.as_deref().map(|r| (self.config.node.as_str(), r));
-        fabric_domain::domain_fabric::merge_with(&self.view(), own)
-    }
-
-    /// The domain's fabric ([`Domain::inventory`]) indexed as a [`crate::daemon::View`]:
-    /// merged once per change of what it is made of (`DomainView::fabric_revision`: slots,
-    /// topology records, members coming and going) and per record of this node's own, and
-    /// shared by every request until either changes — a request of a 12,500-node domain
-    /// does not merge its topology again, nor after a partition, share or election record
-    /// is written (`fabricd_domain_topology_merges_total` counts the merges).
+    /// The domain's fabric — every node's topology record as this node's view holds them,
+    /// this node's own as it made it, merged (`fabric_domain::domain_fabric::merge_with`: the
+    /// same on every node that saw the same records, and never without this node's own
+    /// devices, so a client asking at start finds them before the record went round) and
+    /// indexed as a [`crate::daemon::View`]. Merged once per change of what it is made of
+    /// (`DomainView::fabric_revision`: slots, topology records, members coming and going)
+    /// and per record of this node's own, by one request at a time, and shared by every
+    /// request until either changes — a request of a 12,500-node domain does not merge its
+    /// topology again, nor after a partition, share or election record is written, nor
+    /// while another request merges it (`fabricd_domain_topology_merges_total` counts the
+    /// merges).
     pub fn fabric(&self) -> Result<Arc<crate::daemon::View>, crate::daemon::StartError> {
-        let view = self.view();
-        let own = self.topology.load_full();
-        if let Some(m) = &*self.merged.load()
-            && m.revision == view.fabric_revision()
-            && m.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
-        {
-            return Ok(m.fabric.clone());
+        let current = |view: &DomainView, own: &Option<Arc<TopologyRecord>>| {
+            let merged = self.merged.load_full()?;
+            (merged.revision == view.fabric_revision()
+                && merged.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr))
+            .then(|| merged.fabric.clone())
+        };
+        if let Some(fabric) = current(&self.view(), &self.topology.load_full()) {
+            return Ok(fabric);
+        }
+        let _merging = self.merging.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Read again under the lock: the request that held it may have merged what this
+        // one would.
+        let (view, own) = (self.view(), self.topology.load_full());
+        if let Some(fabric) = current(&view, &own) {
+            return Ok(fabric);
         }
         let mine = own.as_deref().map(|r| (self.config.node.as_str(), r));
         let fabric = Arc::new(crate::daemon::View::build(fabric_domain::domain_fabric::merge_with(&view, mine))?);
