@@ -547,15 +547,12 @@ pub fn clique_switch(cluster: &str, clique: u32) -> DeviceId {
 /// The one NVLink clique of the GPUs on NVLink to `switch`, when they all have the same
 /// (and there is at least one).
 fn clique_of(fabric: &Fabric, switch: DeviceIdx) -> Option<(String, u32)> {
-    let inv = fabric.inventory();
     let mut found: Option<(String, u32)> = None;
-    for l in inv.links.iter().filter(|l| matches!(l.kind, LinkKind::NvLink { .. })) {
-        let other = match (l.a == switch, l.b == switch) {
-            (true, _) => l.b,
-            (_, true) => l.a,
-            _ => continue,
-        };
-        let gpu = inv.device(other);
+    for (other, li) in fabric.neighbors(switch) {
+        if !matches!(fabric.link(li).kind, LinkKind::NvLink { .. }) {
+            continue;
+        }
+        let gpu = fabric.device(other);
         if gpu.kind != DeviceKind::Gpu {
             continue;
         }
