@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 use fabric_topology::{DeviceIdx, Fabric};
 
-use crate::topology::is_fabric_switch;
+use crate::topology::is_shared_switch;
 
 /// The devices a record may carry around `own`, in order, and where each ring ends.
 #[derive(Debug)]
@@ -41,8 +41,7 @@ impl Rings {
             // network's spines would otherwise list every other leaf for nothing.
             'walk: for &d in &devices[ring_start..] {
                 for (n, _) in fabric.neighbors(d) {
-                    let dev = fabric.device(n);
-                    if dev.node.is_none() && is_fabric_switch(dev.kind) && seen.insert(n) {
+                    if is_shared_switch(fabric.device(n)) && seen.insert(n) {
                         ring.push(n);
                         if ring.len() > room {
                             break 'walk;

@@ -330,6 +330,18 @@ pub fn is_fabric_switch(kind: DeviceKind) -> bool {
     matches!(kind, DeviceKind::NvSwitch | DeviceKind::UalinkSwitch | DeviceKind::CxlSwitch | DeviceKind::NetworkSwitch)
 }
 
+/// Whether `d` is a fabric-level switch: of no node, of a switch kind (what the rings of a
+/// node's record are made of).
+pub fn is_shared_switch(d: &fabric_topology::Device) -> bool {
+    d.node.is_none() && is_fabric_switch(d.kind)
+}
+
+/// Whether a record lists `d` among its node's devices: all but storage controllers and
+/// other functions without memory, which no path passes through and no matrix shows.
+pub fn is_published(d: &fabric_topology::Device) -> bool {
+    !matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty()
+}
+
 impl TopologyRecord {
     /// The record of `node` in `fabric`: the node's devices (all but storage controllers and
     /// other functions without memory, which no path passes through and no matrix shows),
@@ -372,11 +384,8 @@ impl TopologyRecord {
 
     /// The record of `node` whose own devices are `own` (module docs of `nearby.rs`).
     fn around(fabric: &Fabric, node: &str, own: Vec<DeviceIdx>, incarnation: u64, max_bytes: usize) -> Self {
-        let published = |&i: &DeviceIdx| {
-            let d = fabric.device(i);
-            !matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty()
-        };
-        let own: Vec<DeviceIdx> = own.into_iter().filter(published).take(MAX_TOPOLOGY_DEVICES).collect();
+        let own: Vec<DeviceIdx> =
+            own.into_iter().filter(|&i| is_published(fabric.device(i))).take(MAX_TOPOLOGY_DEVICES).collect();
         let rings = crate::nearby::Rings::around(fabric, own, MAX_TOPOLOGY_DEVICES);
         // The widest whole rings that fit; at least the node's own devices and the switches
         // they link to (without those the node would look cut off from every fabric), and

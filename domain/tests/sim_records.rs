@@ -10,7 +10,7 @@ use std::path::Path;
 
 use fabric_domain::records::{self, DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES};
 use fabric_domain::{DomainSettings, DomainView, Keys, RecordLimits, SlotClaim, TopologyRecord};
-use fabric_topology::{DeviceIdx, DeviceKind, Fabric, Inventory};
+use fabric_topology::{DeviceIdx, Fabric, Inventory};
 
 /// `cluster-100k.toml` at 96 nodes, 12 leaves per rail and 8 spines: 104 switches (its
 /// 200G NIC cable on node47).
@@ -60,10 +60,7 @@ fn view(records: &[TopologyRecord], limits: RecordLimits) -> DomainView {
 type Shape = (BTreeSet<String>, Vec<(String, String, &'static str, String)>);
 
 fn shape(inv: &Inventory) -> Shape {
-    let published = |i: DeviceIdx| {
-        let d = inv.device(i);
-        !matches!(d.kind, DeviceKind::Storage | DeviceKind::Other) || !d.memory.is_empty()
-    };
+    let published = |i: DeviceIdx| fabric_domain::topology::is_published(inv.device(i));
     let id = |i: DeviceIdx| inv.device(i).id.to_string();
     let devices = (0..inv.devices.len())
         .map(|i| DeviceIdx(u32::try_from(i).unwrap()))

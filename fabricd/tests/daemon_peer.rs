@@ -194,9 +194,7 @@ fn an_importer_node_at_its_allowance_is_refused_while_another_node_still_imports
     let limits =
         |i: usize, text: &str| if i == 0 { format!("{text}[limits]\nimports_per_node = 2\n") } else { text.to_owned() };
     let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, limits);
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
-    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (_, _f0, handle) = tray0_hbm_export(&mut c[0]);
 
     // Two imports through tray1 fill tray1's allowance; a third is refused, naming the node.
     let first = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
@@ -232,9 +230,7 @@ fn a_data_path_the_domains_settings_leave_out_is_not_granted_and_the_copy_stays(
     let cxl_only = |_, text: &str| text.replace("[domain]\n", "[domain]\ndata_paths = [\"cxl\"]\n");
     let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, cxl_only);
     assert_eq!(status(&mut c[0])["settings"]["data_paths"], serde_json::json!(["cxl"]));
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (a, f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
-    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (a, f0, handle) = tray0_hbm_export(&mut c[0]);
     // tray1 reaches tray0's file, but the domain leaves shared_file out: a copy-only grant.
     let grant = import_copy_only(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
     assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
@@ -272,6 +268,15 @@ fn cut_fabric(
     move |_, text: &str| text.replace(&sim, &cut.display().to_string())
 }
 
+/// 1 MiB of tray0's HBM that `c`, a client of tray0, allocates and exports read-write: the
+/// allocation, its file and the handle.
+fn tray0_hbm_export(c: &mut Connection) -> (fabric_proto::wire::AllocResponse, File, ExportHandle) {
+    let gpu = hbm_of(c, "tray0");
+    let (a, file) = common::alloc_hbm(c, &gpu, 1 << 20);
+    let handle = common::export(c, a.region, AccessMode::ReadWrite);
+    (a, file, handle)
+}
+
 /// A region of `device`'s host DRAM that `c` allocates and exports read-write: its handle.
 fn dram_export(c: &mut Connection, device: &str) -> ExportHandle {
     use fabric_proto::wire::{AllocRequest, AllocTarget, DeviceName, MemoryClass};
@@ -292,9 +297,7 @@ fn a_node_outside_the_regions_scale_up_domain_gets_a_copy_only_grant_though_it_r
     let down = (0..4).flat_map(|g| (0..18).map(move |s| (format!("tray2/gpu{g}"), format!("nvsw{s}"))));
     let cut = cut_fabric(dir.path(), "supernode-64.toml", "nvlink", down);
     let (_setups, _daemons, mut c) = three_nodes_with(&etcd, &pki, shared.path(), |_| false, cut);
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
-    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (a, _f0, handle) = tray0_hbm_export(&mut c[0]);
     // tray1's GPUs reach tray0's by NVLink through the fabric's switches: the file.
     let (i, _f1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
     assert_eq!(i.grant.map(|g| g.access), Some(Access::Fd), "{i:?}");
@@ -344,9 +347,7 @@ fn an_importer_that_maps_no_shared_files_is_answered_copy_only_without_its_topol
         let nodes = common::domain::topology(&mut c[0])["nodes"].clone();
         (!nodes.as_array().unwrap().contains(&serde_json::json!("tray2"))).then_some(())
     });
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
-    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (_, _f0, handle) = tray0_hbm_export(&mut c[0]);
     let t = Instant::now();
     let grant = import_copy_only(&mut c[2], handle, AccessMode::ReadWrite).unwrap();
     assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
@@ -392,9 +393,7 @@ fn revoke_release_and_the_death_of_either_node_reach_the_other() {
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     let (setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (a, _f0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
-    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (a, _f0, handle) = tray0_hbm_export(&mut c[0]);
     subscribe(&mut c[1]);
 
     // A revoke reaches tray1's client as the same event a local importer gets.
@@ -452,9 +451,7 @@ fn an_etcd_outage_keeps_mappings_working_and_refuses_new_grants() {
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     let (_setups, _daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (a, file0) = common::alloc_hbm(&mut c[0], &gpu, 1 << 20);
-    let handle = common::export(&mut c[0], a.region, AccessMode::ReadWrite);
+    let (a, file0, handle) = tray0_hbm_export(&mut c[0]);
     let (i, file1) = import(&mut c[1], handle, AccessMode::ReadWrite).unwrap();
     let (mut m0, m1) = (map(&file0, a.offset, a.size), map(&file1, i.offset, i.size));
 

@@ -355,9 +355,8 @@ impl Domain {
         let record = TopologyRecord::from_fabric(fabric, &self.config.node, 0, Self::limits().max_bytes());
         let listed: std::collections::HashSet<&fabric_topology::DeviceId> =
             record.devices.iter().map(|d| &d.id).collect();
-        let shared =
-            |d: &&fabric_topology::Device| d.node.is_none() && fabric_domain::topology::is_fabric_switch(d.kind);
-        let switches: Vec<_> = fabric.inventory().devices.iter().filter(shared).collect();
+        let switches: Vec<_> =
+            fabric.inventory().devices.iter().filter(|d| fabric_domain::topology::is_shared_switch(d)).collect();
         let left_out = switches.iter().filter(|d| !listed.contains(&d.id)).count();
         if left_out > 0 {
             // The rings of switches around this node that fit the record (docs/domain.md,
