@@ -15,7 +15,7 @@ use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, round_len};
 use super::backings::Backing;
-use super::{Memory, MemoryError, Place, Region, State, kind_name};
+use super::{Memory, MemoryError, Place, Region, State, Usage, kind_name};
 
 /// A vendor memory object behind a region.
 #[derive(Debug)]
@@ -165,10 +165,9 @@ impl Memory {
         let Some((resource, offset)) = placed else {
             return Err(last.unwrap_or(MemoryError::NoSpace(AllocError::NoSpace { len, align: 0, capacity: 0 })));
         };
-        let id = st.next_id;
-        st.next_id += 1;
+        let id = st.ledger.take_id();
         let holds = u64::from(fd.is_some());
-        st.regions.insert(
+        st.ledger.publish_region(
             id,
             Region {
                 generation: id,
@@ -184,10 +183,7 @@ impl Memory {
                 lost: false,
             },
         );
-        let u = st.usage.entry(owner.uid).or_default();
-        u.bytes += len;
-        u.objects += 1;
-        u.fds += holds;
+        st.ledger.charge(owner.uid, Usage::region(len, holds));
         tracing::info!(uid = owner.uid, pid = owner.pid, session, region = id, %device, offset, size, kind = kind.name(), object = %link, "vendor object adopted");
         Ok(Adopted { region: id, generation: id, size })
     }
@@ -205,8 +201,8 @@ impl Memory {
         version: Version,
     ) -> Result<ObjectGrant, MemoryError> {
         let mut st = self.state();
-        let via = Self::admit(&mut st, peer, handle, access)?;
-        let Some(obj) = st.regions.get(&handle.region).and_then(|r| r.object()) else {
+        let via = st.ledger.admit(peer, handle, access)?;
+        let Some(obj) = st.ledger.regions.get(&handle.region).and_then(|r| r.object()) else {
             return Err(bad(format!(
                 "region {} is fabric memory, not a vendor object: import it with Import and map it",
                 handle.region
@@ -236,14 +232,14 @@ impl Memory {
     }
 
     fn region_device(st: &State, region: u64) -> Result<DeviceId, MemoryError> {
-        let r = st.regions.get(&region).ok_or(MemoryError::InvalidHandle)?;
+        let r = st.ledger.regions.get(&region).ok_or(MemoryError::InvalidHandle)?;
         Ok(st.resources[r.resource].device.clone())
     }
 
     /// Refuses what the daemon cannot do with an adopted region's bytes (it never maps
     /// them): DMA registration and the copy engine.
     pub(super) fn refuse_object(st: &State, region: u64, what: &str) -> Result<(), MemoryError> {
-        match st.regions.get(&region).and_then(|r| r.object()) {
+        match st.ledger.regions.get(&region).and_then(|r| r.object()) {
             Some(o) => Err(MemoryError::NotImplemented(format!(
                 "region {region} is a vendor object ({}): fabricd does not map it, so it cannot {what}; \
                  use the vendor's API in a process that imported it (docs/gpu.md)",

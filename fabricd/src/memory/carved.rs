@@ -57,7 +57,7 @@ impl State {
             let mut ids: Vec<u64> = self.set_regions.iter().filter(|(_, s)| s.name == set).map(|(id, _)| *id).collect();
             ids.sort_unstable();
             for id in ids {
-                let (Some(r), Some(s)) = (self.regions.get(&id), self.set_regions.get(&id)) else { continue };
+                let (Some(r), Some(s)) = (self.ledger.regions.get(&id), self.set_regions.get(&id)) else { continue };
                 match b.file_offset(s.set_offset, r.len) {
                     Some(at) => wanted.push(Wanted { region: id, start: c.start + at, len: r.len }),
                     None => self.unrestore(id, &format!("its range is not inside {}'s DAX region", b.name)),
@@ -130,7 +130,7 @@ impl State {
     }
 
     fn attach_carved(&mut self, id: u64, name: &str, path: PathBuf, from: &DaxRegion) {
-        if let Some(r) = self.regions.get_mut(&id) {
+        if let Some(r) = self.ledger.regions.get_mut(&id) {
             r.backing = Backing::CarvedDax { path, name: name.to_owned(), from: from.clone() };
         }
     }
@@ -138,14 +138,11 @@ impl State {
     /// Takes region `id`, restored a moment ago, back out: its ranges and usage are given
     /// back and it is reported dropped.
     fn unrestore(&mut self, id: u64, why: &str) {
-        if let Some(r) = self.regions.remove(&id) {
+        if let Some(r) = self.ledger.unpublish_region(id) {
             self.resources[r.resource].ranges.free(r.offset);
             for i in self.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
                 self.resources[i].ranges.free(r.offset);
             }
-            let u = self.usage.entry(r.owner.uid).or_default();
-            u.bytes = u.bytes.saturating_sub(r.len);
-            u.objects = u.objects.saturating_sub(1);
         }
         self.lost(id, why);
     }

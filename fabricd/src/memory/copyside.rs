@@ -128,7 +128,7 @@ fn file_key(f: &File, offset: u64) -> (u8, u64, u64, u64) {
 /// Whether the export an import came through was revoked (the import stays until its
 /// holder releases it, but no data moves through it).
 pub(super) fn import_revoked(st: &State, i: &super::Import) -> bool {
-    st.exports.iter().any(|e| e.revoked && i.via.verify(&e.handle))
+    st.ledger.exports.iter().any(|e| e.revoked && i.via.verify(&e.handle))
 }
 
 impl Memory {
@@ -188,7 +188,9 @@ impl Memory {
         let f = file.open(true).map_err(io_err(file.path()))?;
         let (kind, dev, ino, _) = file_key(&f, 0);
         let mut st = self.state();
-        if st.regions.get(&region).is_some_and(|r| r.generation == generation) && !st.copy_files.contains_key(&region) {
+        if st.ledger.regions.get(&region).is_some_and(|r| r.generation == generation)
+            && !st.copy_files.contains_key(&region)
+        {
             if st.copy_files.len() >= MAX_COPY_FILES
                 && let Some(victim) = st.copy_files.keys().next().copied()
             {
@@ -266,9 +268,14 @@ impl Memory {
         let end = gfa.checked_add(len).ok_or_else(|| bad(format!("{len} bytes at GFA {gfa:#x} overflow")))?;
         // The regions this session reaches: its own, and those it imported (with the import).
         // Through one import: that import alone.
-        let owned =
-            st.regions.iter().filter(|(_, r)| through.is_none() && r.session == session).map(|(id, _)| (*id, None));
+        let owned = st
+            .ledger
+            .regions
+            .iter()
+            .filter(|(_, r)| through.is_none() && r.session == session)
+            .map(|(id, _)| (*id, None));
         let imported = st
+            .ledger
             .imports
             .iter()
             .filter(|(iid, i)| i.session == session && through.is_none_or(|t| t == **iid))
@@ -277,7 +284,7 @@ impl Memory {
         for (rid, via) in owned.chain(imported) {
             let Some(w) = Self::whereabouts_in(st, rid) else { continue };
             let Some(start) = gfa_in(snap, &w) else { continue };
-            let Some(r) = st.regions.get(&rid) else { continue };
+            let Some(r) = st.ledger.regions.get(&rid) else { continue };
             if start <= gfa && gfa < start + r.len {
                 // An owned region wins over an import of it (it grants more).
                 if found.is_none() || via.is_none() {
@@ -288,7 +295,7 @@ impl Memory {
         let Some((rid, via, start)) = found else {
             return Err(MemoryError::NotFound(format!("GFA {gfa:#x} is in no region this session owns or imported")));
         };
-        let r = st.regions.get(&rid).ok_or_else(|| MemoryError::NotFound(format!("no region {rid}")))?;
+        let r = st.ledger.regions.get(&rid).ok_or_else(|| MemoryError::NotFound(format!("no region {rid}")))?;
         if end > start + r.len {
             return Err(bad(format!("{len} bytes at GFA {gfa:#x} run past region {rid} ({start:#x}+{})", r.len)));
         }
@@ -297,7 +304,7 @@ impl Memory {
         }
         let mut deps = vec![Dep::Region(rid)];
         if let Some((iid, access)) = via {
-            if st.imports.get(&iid).is_some_and(|i| import_revoked(st, i)) {
+            if st.ledger.imports.get(&iid).is_some_and(|i| import_revoked(st, i)) {
                 return Err(MemoryError::Revoked);
             }
             if write && access != AccessMode::ReadWrite {
@@ -329,12 +336,12 @@ impl Memory {
         let st = self.state();
         deps.iter().find_map(|d| match *d {
             Dep::Registration(id) if st.dma.get(id).is_none() => Some(format!("registration {id} was unregistered")),
-            Dep::Region(id) => match st.regions.get(&id) {
+            Dep::Region(id) => match st.ledger.regions.get(&id) {
                 None => Some(format!("region {id} was freed")),
                 Some(r) if r.lost => Some(format!("region {id} lies on a device that was lost")),
                 Some(_) => None,
             },
-            Dep::Import(id) => match st.imports.get(&id) {
+            Dep::Import(id) => match st.ledger.imports.get(&id) {
                 None => Some(format!("import {id} ended")),
                 Some(i) if import_revoked(&st, i) => Some(format!("the export behind import {id} was revoked")),
                 Some(_) => None,

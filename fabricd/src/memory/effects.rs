@@ -76,8 +76,9 @@ impl Memory {
     pub(super) fn finish(&self, mut st: MutexGuard<'_, State>) {
         let compaction = st.maybe_compact();
         let effects = std::mem::take(&mut st.effects);
-        let hook = self.ended_hook.get().filter(|_| std::mem::take(&mut st.ended) || !st.revocations.is_empty());
-        let revocations = hook.map(|_| std::mem::take(&mut st.revocations)).unwrap_or_default();
+        let hook =
+            self.ended_hook.get().filter(|_| std::mem::take(&mut st.ledger.ended) || !st.ledger.revocations.is_empty());
+        let revocations = hook.map(|_| std::mem::take(&mut st.ledger.revocations)).unwrap_or_default();
         drop(st);
         self.run(effects);
         if let Some(tell) = hook {

@@ -52,12 +52,12 @@ impl Memory {
         let nodes: u64 = st.remote.values().map(|r| r.imports).sum();
         let sum = |all: bool| -> u64 {
             let uids: u64 =
-                st.usage.iter().filter(|(u, _)| all || (**u != 0 && **u != own_uid)).map(|(_, x)| x.fds).sum();
+                st.ledger.usage.iter().filter(|(u, _)| all || (**u != 0 && **u != own_uid)).map(|(_, x)| x.fds).sum();
             uids.saturating_add(nodes)
         };
         if !privileged {
             if remote.is_none() {
-                limit("descriptors_per_uid", st.usage.get(&uid).map_or(0, |u| u.fds), b.held_per_uid)?;
+                limit("descriptors_per_uid", st.ledger.usage_of(uid).fds, b.held_per_uid)?;
             }
             limit("descriptors_unprivileged", sum(false), b.held_unprivileged)?;
         }
@@ -69,9 +69,12 @@ impl Memory {
     /// and for an importer node's session its imports.
     fn held_by_session(st: &State, session: u64) -> u64 {
         let registrations = st.dma.ids_where(|g| g.session == session).len() as u64;
-        let objects =
-            st.regions.values().filter(|r| r.session == session && r.object().is_some_and(|o| o.holds_fd())).count()
-                as u64;
+        let objects = st
+            .ledger
+            .regions
+            .values()
+            .filter(|r| r.session == session && r.object().is_some_and(|o| o.holds_fd()))
+            .count() as u64;
         let imports = st.remote.get(&session).map_or(0, |r| r.imports);
         registrations + objects + imports
     }

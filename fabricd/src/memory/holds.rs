@@ -129,10 +129,13 @@ impl State {
             }
         }
         let live = self.mapped_by.iter().flat_map(|(r, nodes)| nodes.iter().map(move |n| (n.as_str(), *r))).chain(
-            self.imports.values().filter_map(|i| self.remote.get(&i.session).map(|r| (r.node.as_str(), i.region))),
+            self.ledger
+                .imports
+                .values()
+                .filter_map(|i| self.remote.get(&i.session).map(|r| (r.node.as_str(), i.region))),
         );
         for (node, region) in live {
-            if let Some(r) = self.regions.get(&region) {
+            if let Some(r) = self.ledger.regions.get(&region) {
                 add(self, node, region, &self.members(region, r.resource), r.offset, r.len);
             }
         }
@@ -179,7 +182,7 @@ pub(super) fn restore(st: &mut State, path: &Path) -> Vec<(String, u64)> {
         by_region.entry(h.region).or_insert_with(|| (BTreeSet::new(), h)).0.insert(h.node.clone());
     }
     for (region, (holders, h)) in by_region {
-        if st.regions.contains_key(&region) {
+        if st.ledger.regions.contains_key(&region) {
             st.mapped_by.entry(region).or_default().extend(holders);
             continue;
         }

@@ -47,6 +47,9 @@ mod copyside;
 mod effects;
 pub mod fdkind;
 mod held;
+mod ledger;
+#[cfg(test)]
+mod ledger_model_tests;
 #[cfg(test)]
 mod ledger_tests;
 mod register;
@@ -68,14 +71,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     AccessMode, BoundedVec, Coherence, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, ObjectKind,
-    PeerCred, RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret, SessionToken,
+    PeerCred, RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret,
 };
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
 use crate::config::LimitsConfig;
 use alloc::{AllocError, RangeAllocator};
 use backings::{Backing, Offer};
-use durable::{Change, DurableError, Owner};
+use durable::{Change, DurableError};
+use ledger::{Export, Import, Ledger, Region, Usage};
 
 /// Why a memory operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -249,7 +253,7 @@ impl State {
     /// Whether this host's caches are kept coherent with region `id`'s memory: `Software`
     /// when any resource it lies on (every member of a set) is, else `Hardware`.
     fn coherence(&self, id: u64) -> Coherence {
-        let Some(r) = self.regions.get(&id) else { return Coherence::Hardware };
+        let Some(r) = self.ledger.regions.get(&id) else { return Coherence::Hardware };
         let others = self.set_regions.get(&id).map(|s| s.others.as_slice()).unwrap_or_default();
         let software = std::iter::once(&r.resource)
             .chain(others)
@@ -299,78 +303,11 @@ impl Resource {
     }
 }
 
-#[derive(Debug)]
-struct Region {
-    generation: u64,
-    owner: PeerCred,
-    /// The owner process's start time (see [`pid_start_time`]).
-    pid_start: Option<u64>,
-    /// The owning session's token, journaled with the region.
-    token: SessionToken,
-    session: u64,
-    resource: usize,
-    offset: u64,
-    len: u64,
-    /// What holds its bytes.
-    backing: Backing,
-    /// Its device vanished or failed: exports revoked, no new ones.
-    lost: bool,
-}
-
-impl Region {
-    fn durable_owner(&self) -> Owner {
-        Owner { uid: self.owner.uid, gid: self.owner.gid, pid: self.owner.pid, pid_start: self.pid_start }
-    }
-
-    /// The vendor object it is, for an adopted region (not journaled).
-    fn object(&self) -> Option<&adopt::Object> {
-        self.backing.object()
-    }
-}
-
-#[derive(Debug)]
-struct Export {
-    handle: ExportHandle,
-    owner_uid: u32,
-    policy: ExportPolicy,
-    revoked: bool,
-}
-
-#[derive(Debug)]
-struct Import {
-    region: u64,
-    generation: u64,
-    /// The export it came through.
-    via: ExportHandle,
-    uid: u32,
-    session: u64,
-    /// Access granted (bounds what a registration of the import may allow).
-    access: AccessMode,
-    /// Counted in its uid's usage (false for an importer node's import where the domain
-    /// does not share identities: `limits::Holder`).
-    per_uid: bool,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Usage {
-    bytes: u64,
-    objects: u64,
-    /// Bytes pinned by registrations.
-    pinned: u64,
-    /// Descriptors its objects keep open (`held.rs`).
-    fds: u64,
-}
-
 #[derive(Debug, Default)]
 struct State {
     resources: Vec<Resource>,
-    regions: HashMap<u64, Region>,
-    exports: Vec<Export>,
-    imports: HashMap<u64, Import>,
-    usage: HashMap<u32, Usage>,
-    next_id: u64,
-    /// Revocations to tell importers: (importing session, what ended).
-    revocations: Vec<(u64, Revocation)>,
+    /// Who holds what: regions, exports, imports, usage (`ledger.rs`).
+    ledger: Ledger,
     /// The journal (`None`: an in-memory registry).
     log: Option<persist::Log>,
     /// Tokens and owners of live sessions, made at first use.
@@ -390,8 +327,6 @@ struct State {
     copy_files: HashMap<u64, copyside::CopyFile>,
     /// Slow steps changes left to do once the lock is released (`effects.rs`).
     effects: Vec<effects::Effect>,
-    /// Something a copy may depend on ended since the last [`Memory::finish`].
-    ended: bool,
     /// Bytes of the resources together, `(device memory, host DRAM)` (what the default
     /// `allocated_bytes_per_uid` is derived from), counted again whenever resources change.
     fabric_bytes: (u64, u64),
@@ -644,7 +579,11 @@ impl Memory {
             }
         }
         tracing::info!(resources = resources.len(), dir = %root.display(), "sim device memory ready");
-        Ok(Self::with_state(State { resources, next_id: 1, ..State::default() }, limits, root))
+        Ok(Self::with_state(
+            State { resources, ledger: Ledger { next_id: 1, ..Ledger::default() }, ..State::default() },
+            limits,
+            root,
+        ))
     }
 
     /// The registry over `st`, its per-uid limits resolved (the unset ones derived from the
@@ -765,7 +704,7 @@ impl Memory {
     }
 
     fn check(&self, st: &State, uid: u32, bytes: u64, objects: u64) -> Result<(), MemoryError> {
-        let u = st.usage.get(&uid).copied().unwrap_or_default();
+        let u = st.ledger.usage_of(uid);
         let max_b = self.allocated_max(st.fabric_bytes);
         if u.bytes.saturating_add(bytes) > max_b {
             return Err(MemoryError::Limit {
@@ -814,18 +753,10 @@ impl Memory {
         Ok(())
     }
 
-    fn owned(st: &State, region: u64, session: u64) -> Result<&Region, MemoryError> {
-        let r = st.regions.get(&region).ok_or_else(|| MemoryError::NotFound(format!("no region {region}")))?;
-        if r.session != session {
-            return Err(MemoryError::PermissionDenied(format!("region {region} belongs to another session")));
-        }
-        Ok(r)
-    }
-
     /// Frees a region the session owns: its exports end and its imports are dropped.
     pub fn free(&self, session: u64, region: u64) -> Result<Reclaimed, MemoryError> {
         let mut st = self.state();
-        Self::owned(&st, region, session)?;
+        st.ledger.owned(region, session)?;
         let ticket = st.journal(&Change::RegionFreed { id: region })?;
         drop(st);
         let (mut st, done) = self.commit(ticket);
@@ -840,10 +771,10 @@ impl Memory {
             registrations: Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Region(id)),
             ..Reclaimed::default()
         };
+        // Read before the region goes: who imported it from other nodes.
         let holders = st.holders(id);
-        let Some(r) = st.regions.remove(&id) else { return out };
-        st.ended = true;
-        let held_fd = r.object().is_some_and(|o| o.holds_fd());
+        let Some(removed) = st.ledger.remove_region(id, reason) else { return out };
+        let r = removed.region;
         if let Some(file) = st.copy_files.remove(&id) {
             st.effects.push(effects::Effect::Release(Box::new(file)));
         }
@@ -877,36 +808,12 @@ impl Memory {
         if let Some(members) = free_now {
             st.release_range(id, holders, members, r.offset, r.len);
         }
-        let u = st.usage.entry(r.owner.uid).or_default();
-        u.bytes = u.bytes.saturating_sub(r.len);
-        u.objects = u.objects.saturating_sub(1);
-        u.fds = u.fds.saturating_sub(u64::from(held_fd));
+        for (k, i) in &removed.imports {
+            Self::forget_import(st, *k, i);
+        }
         out.regions = 1;
-        let mut released = Vec::new();
-        st.exports.retain(|e| {
-            if e.handle.region == id {
-                if !e.revoked {
-                    out.exports += 1;
-                }
-                released.push(e.owner_uid);
-                false
-            } else {
-                true
-            }
-        });
-        for uid in released {
-            let u = st.usage.entry(uid).or_default();
-            u.objects = u.objects.saturating_sub(1);
-        }
-        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.region == id).map(|(k, _)| *k).collect();
-        for k in imports {
-            if let Some(i) = st.imports.get(&k) {
-                let r = Revocation { region: id, generation: i.generation, import: k, reason };
-                st.revocations.push((i.session, r));
-            }
-            Self::drop_import(st, k);
-            out.imports += 1;
-        }
+        out.exports = removed.exports;
+        out.imports = removed.imports.len() as u64;
         tracing::info!(region = id, uid = r.owner.uid, exports = out.exports, imports = out.imports, "region freed");
         if let Backing::Object(_) = r.backing {
             // Its descriptor is closed outside the lock.
@@ -920,7 +827,8 @@ impl Memory {
     fn drop_connection(st: &mut State, session: u64) -> Reclaimed {
         let mut out =
             Reclaimed { registrations: Self::drop_registrations(st, |g| g.session == session), ..Reclaimed::default() };
-        let imports: Vec<u64> = st.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
+        let imports: Vec<u64> =
+            st.ledger.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
         for id in imports {
             Self::drop_import(st, id);
             out.imports += 1;
@@ -929,16 +837,17 @@ impl Memory {
     }
 
     fn drop_import(st: &mut State, id: u64) {
+        if let Some(i) = st.ledger.remove_import(id) {
+            Self::forget_import(st, id, &i);
+        }
+    }
+
+    /// What the shell holds for import `id`, which the ledger took out: the registrations
+    /// through it, and its count in its importer node's session.
+    fn forget_import(st: &mut State, id: u64, i: &Import) {
         Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
-        if let Some(i) = st.imports.remove(&id) {
-            st.ended = true;
-            if i.per_uid {
-                let u = st.usage.entry(i.uid).or_default();
-                u.objects = u.objects.saturating_sub(1);
-            }
-            if let Some(r) = st.remote.get_mut(&i.session) {
-                r.imports = r.imports.saturating_sub(1);
-            }
+        if let Some(r) = st.remote.get_mut(&i.session) {
+            r.imports = r.imports.saturating_sub(1);
         }
     }
 
@@ -953,58 +862,28 @@ impl Memory {
         // Read before the lock: the secret is the handle's, whatever happens next.
         let secret = random_secret().map_err(io_err(Path::new("/dev/urandom")))?;
         let mut st = self.state();
-        let r = Self::owned(&st, region, session)?;
-        if r.lost {
-            return Err(MemoryError::DeviceLost(format!("region {region}'s device vanished or failed")));
-        }
-        let generation = r.generation;
-        if policy.access == AccessMode::ReadOnly && r.object().is_some() {
-            // The importer's driver maps a vendor object read-write whatever it asked.
-            return Err(MemoryError::BadRequest(format!(
-                "region {region} is a vendor object: its importers' drivers map it read-write, so it cannot be exported read-only"
-            )));
-        }
+        let export = st.ledger.plan_export(owner, session, region, policy, secret)?;
         self.check(&st, owner.uid, 0, 1)?;
-        let handle = ExportHandle { node: None, region, generation, secret };
-        let export = Export { handle, owner_uid: owner.uid, policy, revoked: false };
-        let ticket = st.journal(&Change::ExportCreated(State::export_record(&export)))?;
+        let ticket = st.journal(&Change::ExportCreated(export.record()))?;
         // Reserved while the record is written: concurrent exports count it.
-        st.usage.entry(owner.uid).or_default().objects += 1;
+        st.ledger.charge(owner.uid, Usage::OBJECT);
         drop(st);
         let (mut st, done) = self.commit(ticket);
-        let gone = st.regions.get(&region).is_none_or(|r| r.generation != generation);
-        if done.is_err() || gone {
-            let u = st.usage.entry(owner.uid).or_default();
-            u.objects = u.objects.saturating_sub(1);
-            done?;
-            return Err(MemoryError::NotFound(format!("region {region} was freed meanwhile")));
+        if let Err(e) = done {
+            st.ledger.discharge(owner.uid, Usage::OBJECT);
+            return Err(e);
         }
-        st.exports.push(export);
+        let handle = export.handle;
+        st.ledger.publish_export(export)?;
         self.finish(st);
-        tracing::info!(uid = owner.uid, pid = owner.pid, region, generation, "region exported");
+        tracing::info!(uid = owner.uid, pid = owner.pid, region, generation = handle.generation, "region exported");
         Ok(handle)
-    }
-
-    fn find_export<'s>(st: &'s mut State, handle: &ExportHandle) -> Option<&'s mut Export> {
-        // Every export is checked, each in constant time, with no early exit.
-        let mut found = None;
-        for (i, e) in st.exports.iter().enumerate() {
-            if e.handle.verify(handle) {
-                found = Some(i);
-            }
-        }
-        found.map(|i| &mut st.exports[i])
     }
 
     /// Revokes an export of a region the session owns; later imports are refused.
     pub fn revoke(&self, session: u64, handle: &ExportHandle) -> Result<(), MemoryError> {
         let mut st = self.state();
-        let owner_session = st.regions.get(&handle.region).map(|r| r.session);
-        let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
-        if owner_session != Some(session) {
-            return Err(MemoryError::PermissionDenied("only the region's owner may revoke its exports".into()));
-        }
-        let via = e.handle;
+        let via = st.ledger.revocable(session, handle)?;
         let ticket = st.journal(&Change::ExportRevoked {
             region: via.region,
             generation: via.generation,
@@ -1013,30 +892,10 @@ impl Memory {
         drop(st);
         let (mut st, done) = self.commit(ticket);
         done?;
-        if let Some(e) = Self::find_export(&mut st, &via) {
-            e.revoked = true;
-        }
-        st.ended = true;
-        let told: Vec<(u64, Revocation)> = st
-            .imports
-            .iter()
-            .filter(|(_, i)| i.via.verify(&via))
-            .map(|(k, i)| {
-                let r = Revocation {
-                    region: i.region,
-                    generation: i.generation,
-                    import: *k,
-                    reason: RevocationReason::Revoked,
-                };
-                (i.session, r)
-            })
-            .collect();
         // The imports stay (their holders release them); DMA through them ends now.
-        for (_, r) in &told {
-            let import = r.import;
+        for import in st.ledger.revoke(&via) {
             Self::drop_registrations(&mut st, |g| g.covers == crate::dma::Covers::Import(import));
         }
-        st.revocations.extend(told);
         self.finish(st);
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
         Ok(())
@@ -1075,8 +934,8 @@ impl Memory {
         access: AccessMode,
     ) -> Result<PendingImport, MemoryError> {
         let mut st = self.state();
-        Self::admit(&mut st, peer, handle, access)?;
-        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
+        st.ledger.admit(peer, handle, access)?;
+        let r = st.ledger.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
         if r.object().is_some() {
             return Err(MemoryError::BadRequest(format!(
                 "region {} is a vendor object: import it with ImportObject (protocol 1.3)",
@@ -1102,8 +961,8 @@ impl Memory {
         fd: OwnedFd,
     ) -> Result<Granted, MemoryError> {
         let mut st = self.state();
-        let via = Self::admit(&mut st, peer, handle, access)?;
-        let same = st.regions.get(&handle.region).is_some_and(|r| r.generation == pending.generation);
+        let via = st.ledger.admit(peer, handle, access)?;
+        let same = st.ledger.regions.get(&handle.region).is_some_and(|r| r.generation == pending.generation);
         if !same {
             return Err(MemoryError::InvalidHandle);
         }
@@ -1112,37 +971,6 @@ impl Memory {
         let PendingImport { len, offset, .. } = pending;
         let coherence = st.coherence(handle.region);
         Ok(Granted { region: handle.region, generation, len, fd, offset, import: id, coherence })
-    }
-
-    /// The checks of an import by handle: the secret and generation name a live export,
-    /// it is not revoked, its policy admits the peer and the access. Returns the export.
-    fn admit(
-        st: &mut State,
-        peer: &PeerCred,
-        handle: &ExportHandle,
-        access: AccessMode,
-    ) -> Result<ExportHandle, MemoryError> {
-        let (owner_uid, policy, revoked, via) = {
-            let e = Self::find_export(st, handle).ok_or(MemoryError::InvalidHandle)?;
-            (e.owner_uid, e.policy.clone(), e.revoked, e.handle)
-        };
-        if revoked {
-            return Err(MemoryError::Revoked);
-        }
-        // A policy naming a partition and no uids or gids admits the partition's clients:
-        // the caller (`scope::check_import`) has checked that the importer is bound to it.
-        let admitted = if policy.uids.is_empty() && policy.gids.is_empty() {
-            peer.uid == owner_uid || policy.partition.is_some()
-        } else {
-            policy.uids.contains(&peer.uid) || policy.gids.contains(&peer.gid)
-        };
-        if !admitted {
-            return Err(MemoryError::PermissionDenied(format!("the export's policy does not admit uid {}", peer.uid)));
-        }
-        if access == AccessMode::ReadWrite && policy.access == AccessMode::ReadOnly {
-            return Err(MemoryError::PermissionDenied("the export is read-only".into()));
-        }
-        Ok(via)
     }
 
     /// Records an admitted import of `handle`'s region: its id and the region's generation.
@@ -1154,20 +982,12 @@ impl Memory {
         via: ExportHandle,
         access: AccessMode,
     ) -> Result<(u64, u64), MemoryError> {
-        let generation = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?.generation;
-        let id = st.next_id;
-        st.next_id += 1;
-        let per_uid = match st.remote.get_mut(&session) {
-            Some(r) => {
-                r.imports += 1;
-                r.per_uid
-            }
-            None => true,
-        };
-        st.imports
-            .insert(id, Import { region: handle.region, generation, via, uid: peer.uid, session, access, per_uid });
-        if per_uid {
-            st.usage.entry(peer.uid).or_default().objects += 1;
+        // An importer node's import counts against its node, and its uid only where the
+        // domain shares identities.
+        let per_uid = st.remote.get(&session).is_none_or(|r| r.per_uid);
+        let (id, generation) = st.ledger.record_import(peer, session, (handle, via), access, per_uid)?;
+        if let Some(r) = st.remote.get_mut(&session) {
+            r.imports += 1;
         }
         tracing::info!(
             uid = peer.uid,
@@ -1184,24 +1004,17 @@ impl Memory {
     /// Releases an import the session holds.
     pub fn release(&self, session: u64, import: u64) -> Result<(), MemoryError> {
         let mut st = self.state();
-        match st.imports.get(&import) {
-            None => Err(MemoryError::NotFound(format!("no import {import}"))),
-            Some(i) if i.session != session => {
-                Err(MemoryError::PermissionDenied(format!("import {import} belongs to another session")))
-            }
-            Some(_) => {
-                Self::drop_import(&mut st, import);
-                self.finish(st);
-                Ok(())
-            }
-        }
+        st.ledger.releasable(session, import)?;
+        Self::drop_import(&mut st, import);
+        self.finish(st);
+        Ok(())
     }
 
     /// Everything a session held: its regions freed (their exports revoked, their imports
     /// dropped) and its imports released.
     pub fn close_session(&self, session: u64) -> Reclaimed {
         let mut st = self.state();
-        let regions: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect();
+        let regions = st.ledger.regions_of(session);
         let ended = st.sessions.remove(&session);
         let mut ticket = None;
         if let (Some(s), false) = (ended, regions.is_empty()) {
@@ -1237,7 +1050,7 @@ impl Memory {
     /// The revocations that happened since the last call, each with the session that held
     /// the import (in the order they happened), when no [`Memory::on_end`] hook takes them.
     pub fn take_revocations(&self) -> Vec<(u64, Revocation)> {
-        std::mem::take(&mut self.state().revocations)
+        std::mem::take(&mut self.state().ledger.revocations)
     }
 
     /// Sets who hears, at the end of each operation that ended something (a region, an
@@ -1253,7 +1066,7 @@ impl Memory {
     /// or host memory's): what the node link's shared sim fabric names to importers.
     pub fn own_file(&self, region: u64) -> Option<PathBuf> {
         let st = self.state();
-        match &st.regions.get(&region)?.backing {
+        match &st.ledger.regions.get(&region)?.backing {
             Backing::SimFile(path) => Some(path.clone()),
             _ => None,
         }
@@ -1262,7 +1075,7 @@ impl Memory {
     /// Whether region `region`'s bytes are device memory (a range of a DAX device or a
     /// BAR, or a carved DAX device) rather than a file of its own.
     pub fn on_device(&self, region: u64) -> bool {
-        self.state().regions.get(&region).is_some_and(|r| r.backing.is_device())
+        self.state().ledger.regions.get(&region).is_some_and(|r| r.backing.is_device())
     }
 
     /// The DAX device that backs interleave set `set` here, if one does.
@@ -1276,10 +1089,10 @@ impl Memory {
     pub fn export_subject(&self, handle: &ExportHandle) -> Result<ExportSubject, MemoryError> {
         let mut st = self.state();
         let (policy, revoked) = {
-            let e = Self::find_export(&mut st, handle).ok_or(MemoryError::InvalidHandle)?;
+            let e = st.ledger.find_export(handle).ok_or(MemoryError::InvalidHandle)?;
             (e.policy.clone(), e.revoked)
         };
-        let r = st.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
+        let r = st.ledger.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
         let device = st.resources[r.resource].device.clone();
         let object = r.object().map(adopt::Object::kind);
         Ok(ExportSubject { policy, device, revoked, object })
@@ -1291,6 +1104,7 @@ impl Memory {
         let st = self.state();
         let mine = |u: u32| uid.is_none_or(|x| x == u);
         let mut regions: Vec<_> = st
+            .ledger
             .regions
             .iter()
             .filter(|(_, r)| mine(r.owner.uid))
@@ -1313,6 +1127,7 @@ impl Memory {
             .collect();
         regions.sort_by_key(|r| r.region);
         let mut exports: Vec<_> = st
+            .ledger
             .exports
             .iter()
             .filter(|e| mine(e.owner_uid))
@@ -1326,6 +1141,7 @@ impl Memory {
             .collect();
         exports.sort_by_key(|e| (e.region, e.generation));
         let mut imports: Vec<_> = st
+            .ledger
             .imports
             .iter()
             .filter(|(_, i)| mine(i.uid))
@@ -1349,12 +1165,18 @@ impl Memory {
     pub fn counts(&self) -> Counts {
         let st = self.state();
         Counts {
-            regions: st.regions.len() as u64,
-            exports: st.exports.iter().filter(|e| !e.revoked).count() as u64,
-            imports: st.imports.len() as u64,
-            allocated_bytes: st.regions.values().map(|r| r.len).sum(),
-            lost_regions: st.regions.values().filter(|r| r.lost).count() as u64,
-            imported_bytes: st.imports.values().filter_map(|i| st.regions.get(&i.region)).map(|r| r.len).sum(),
+            regions: st.ledger.regions.len() as u64,
+            exports: st.ledger.exports.iter().filter(|e| !e.revoked).count() as u64,
+            imports: st.ledger.imports.len() as u64,
+            allocated_bytes: st.ledger.regions.values().map(|r| r.len).sum(),
+            lost_regions: st.ledger.regions.values().filter(|r| r.lost).count() as u64,
+            imported_bytes: st
+                .ledger
+                .imports
+                .values()
+                .filter_map(|i| st.ledger.regions.get(&i.region))
+                .map(|r| r.len)
+                .sum(),
             registrations: st.dma.count(),
             quarantined_bytes: st.quarantined(),
             pinned_bytes: st.dma.pinned_bytes(),
@@ -1370,7 +1192,6 @@ impl Memory {
     pub fn device_lost(&self, id: &DeviceId) -> Reclaimed {
         let mut guard = self.state();
         let st = &mut *guard;
-        let mut out = Reclaimed::default();
         let mut on: Vec<usize> = Vec::new();
         for (i, r) in st.resources.iter_mut().enumerate() {
             if r.device == *id {
@@ -1383,40 +1204,14 @@ impl Memory {
         let on_it = |id: &u64, r: &Region| {
             on.contains(&r.resource) || sets.get(id).is_some_and(|s| s.others.iter().any(|i| on.contains(i)))
         };
-        let mut lost: Vec<(u64, u64, u64)> = st
-            .regions
-            .iter_mut()
-            .filter(|(k, r)| !r.lost && on_it(k, r))
-            .map(|(k, r)| {
-                r.lost = true;
-                (*k, r.generation, r.session)
-            })
-            .collect();
-        lost.sort_unstable();
-        for (region, generation, owner) in lost {
-            out.regions += 1;
-            for e in st.exports.iter_mut().filter(|e| e.handle.region == region && !e.revoked) {
-                e.revoked = true;
-                out.exports += 1;
-            }
-            let mut told: Vec<(u64, Revocation)> = st
-                .imports
-                .iter()
-                .filter(|(_, i)| i.region == region)
-                .map(|(k, i)| {
-                    (i.session, Revocation { region, generation, import: *k, reason: RevocationReason::DeviceLost })
-                })
-                .collect();
-            told.sort_unstable_by_key(|(_, r)| r.import);
-            out.imports += told.len() as u64;
-            st.revocations.extend(told);
-            let own = Revocation { region, generation, import: 0, reason: RevocationReason::DeviceLost };
-            st.revocations.push((owner, own));
+        let lost: Vec<u64> =
+            st.ledger.regions.iter().filter(|(k, r)| !r.lost && on_it(k, r)).map(|(k, _)| *k).collect();
+        // Told by the caller's `deliver_ended`, after it published why (the device events).
+        let out = st.ledger.lose(lost);
+        for (region, generation) in &out.1 {
             tracing::warn!(%id, region, generation, "region lost with its device; exports revoked");
         }
-        // Told by the caller's `deliver_ended`, after it published why (the device events).
-        st.ended |= out.regions > 0;
-        out
+        out.0
     }
 
     /// Delivers to the end hook ([`Memory::on_end`]) what an operation ended and held

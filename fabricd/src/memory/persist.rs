@@ -13,10 +13,8 @@ use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, Revoc
 use fabric_topology::Inventory;
 
 use super::backings::{Backing, Offer};
-use super::durable::{
-    Change, ExportRecord, Owner, RegionRecord, Replayed, ResourceKey, SetPlacement, SetRegionRecord, Snapshot,
-};
-use super::{Export, Memory, MemoryError, Reclaimed, Region, State, io_err};
+use super::durable::{Change, Owner, RegionRecord, Replayed, ResourceKey, SetPlacement, SetRegionRecord, Snapshot};
+use super::{Export, Ledger, Memory, MemoryError, Reclaimed, Region, State, Usage, io_err};
 use crate::config::{LimitsConfig, MemoryConfig};
 use crate::journal::{Committer, Journal, JournalOptions, Replay, Ticket};
 
@@ -156,25 +154,11 @@ impl State {
         }
     }
 
-    pub(super) fn export_record(e: &Export) -> ExportRecord {
-        ExportRecord {
-            region: e.handle.region,
-            generation: e.handle.generation,
-            secret: *e.handle.secret.expose(),
-            owner_uid: e.owner_uid,
-            uids: e.policy.uids.clone(),
-            gids: e.policy.gids.clone(),
-            partition: e.policy.partition.clone(),
-            access: e.policy.access,
-            revoked: e.revoked,
-        }
-    }
-
     /// The registry as a snapshot record.
     fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
         // Adopted vendor objects live as long as their session only.
         let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
-        for (id, r) in self.regions.iter().filter(|(_, r)| r.object().is_none()) {
+        for (id, r) in self.ledger.regions.iter().filter(|(_, r)| r.object().is_none()) {
             match self.set_regions.get(id) {
                 Some(s) => set_regions.push(self.set_region_record(*id, r, s)),
                 None => regions.push(self.region_record(*id, r)),
@@ -183,12 +167,13 @@ impl State {
         regions.sort_by_key(|r| r.id);
         set_regions.sort_by_key(|r| r.region.id);
         let exports = self
+            .ledger
             .exports
             .iter()
-            .filter(|e| self.regions.get(&e.handle.region).is_none_or(|r| r.object().is_none()))
-            .map(Self::export_record)
+            .filter(|e| self.ledger.regions.get(&e.handle.region).is_none_or(|r| r.object().is_none()))
+            .map(Export::record)
             .collect();
-        Snapshot { next_id: self.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
+        Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
     }
 
     /// Queues `change` in the journal, in state order: the caller waits for the ticket
@@ -204,7 +189,7 @@ impl State {
             Change::ExportRevoked { region, .. } => Some(*region),
             _ => None,
         };
-        if region.and_then(|id| self.regions.get(&id)).is_some_and(|r| r.object().is_some()) {
+        if region.and_then(|id| self.ledger.regions.get(&id)).is_some_and(|r| r.object().is_some()) {
             return Ok(None);
         }
         let Some(mut log) = self.log.take() else { return Ok(None) };
@@ -320,7 +305,8 @@ impl Memory {
             }
         }
         let resources = super::resources(root, inv)?;
-        let mut st = State { resources, next_id: model.next_id, ..State::default() };
+        let mut st =
+            State { resources, ledger: Ledger { next_id: model.next_id, ..Ledger::default() }, ..State::default() };
         Self::apply_backings(&mut st, &backings);
         let mut orphans: BTreeMap<[u8; 16], u64> = BTreeMap::new();
         let mut gone_owners = 0usize;
@@ -361,10 +347,8 @@ impl Memory {
                 st.orphans.push(Orphan { token: SessionToken(r.token), session: next, owner: r.owner });
                 next
             });
-            let u = st.usage.entry(r.owner.uid).or_default();
-            u.bytes += r.len;
-            u.objects += 1;
-            st.regions.insert(
+            st.ledger.charge(r.owner.uid, Usage::region(r.len, 0));
+            st.ledger.publish_region(
                 r.id,
                 Region {
                     generation: r.generation,
@@ -385,7 +369,7 @@ impl Memory {
         }
         st.reconcile_carved();
         for e in &model.exports {
-            if !st.regions.contains_key(&e.region) {
+            if !st.ledger.regions.contains_key(&e.region) {
                 continue;
             }
             let policy = ExportPolicy {
@@ -396,8 +380,8 @@ impl Memory {
             };
             let handle =
                 ExportHandle { node: None, region: e.region, generation: e.generation, secret: Secret(e.secret) };
-            st.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked: e.revoked });
-            st.usage.entry(e.owner_uid).or_default().objects += 1;
+            st.ledger.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked: e.revoked });
+            st.ledger.charge(e.owner_uid, Usage::OBJECT);
         }
         // What other nodes may map, before anything is allocated again.
         st.restored = super::holds::restore(&mut st, &root.join(super::holds::FILE));
@@ -407,8 +391,8 @@ impl Memory {
         let snapshot = st.snapshot()?;
         journal.compact(&snapshot).map_err(MemoryError::Journal)?;
         tracing::info!(
-            regions = st.regions.len(),
-            exports = st.exports.len(),
+            regions = st.ledger.regions.len(),
+            exports = st.ledger.exports.len(),
             sessions = st.orphans.len(),
             reclaimed_owner_gone = gone_owners,
             dropped = st.problems.len(),
@@ -470,7 +454,7 @@ impl Memory {
                 st.orphans[i].owner.uid, peer.uid
             )));
         }
-        if st.regions.values().any(|r| r.session == session) {
+        if st.ledger.regions.values().any(|r| r.session == session) {
             return Err(MemoryError::BadRequest("resume a session before allocating on this connection".into()));
         }
         let ticket = st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
@@ -485,14 +469,14 @@ impl Memory {
         st.sessions.insert(session, Session { token: o.token, owner });
         let mut out = Resumed::default();
         let mut ids = Vec::new();
-        for (id, r) in st.regions.iter_mut().filter(|(_, r)| r.session == o.session) {
+        for (id, r) in st.ledger.regions.iter_mut().filter(|(_, r)| r.session == o.session) {
             r.session = session;
             r.owner = *peer;
             r.pid_start = owner.pid_start;
             out.regions += 1;
             ids.push(*id);
         }
-        out.exports = st.exports.iter().filter(|e| ids.contains(&e.handle.region)).count() as u64;
+        out.exports = st.ledger.exports.iter().filter(|e| ids.contains(&e.handle.region)).count() as u64;
         self.finish(st);
         tracing::info!(
             uid = peer.uid,
@@ -539,7 +523,8 @@ impl Memory {
         }
         let mut out = Reclaimed::default();
         for o in &orphans {
-            let ids: Vec<u64> = st.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
+            let ids: Vec<u64> =
+                st.ledger.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
             for id in ids {
                 out.add(Self::drop_region(&mut st, id, RevocationReason::OwnerExited));
             }
@@ -561,7 +546,7 @@ impl Memory {
     /// [`Memory::close_session`] does.
     pub fn detach_session(&self, session: u64) -> (Option<SessionToken>, Reclaimed) {
         let mut st = self.state();
-        let holds = st.regions.values().any(|r| r.session == session);
+        let holds = st.ledger.regions.values().any(|r| r.session == session);
         let Some(s) = st.sessions.get(&session).copied().filter(|_| holds) else {
             drop(st);
             return (None, self.close_session(session));
@@ -722,7 +707,7 @@ impl State {
 /// Removes region files with no live region: allocations never acknowledged, or freed
 /// with the file still there when the daemon died.
 fn remove_stray_files(st: &State) -> usize {
-    let live: HashMap<&Path, ()> = st.regions.values().filter_map(|r| Some((r.backing.path()?, ()))).collect();
+    let live: HashMap<&Path, ()> = st.ledger.regions.values().filter_map(|r| Some((r.backing.path()?, ()))).collect();
     let mut removed = 0;
     for res in &st.resources {
         let Ok(entries) = std::fs::read_dir(&res.dir) else { continue };

@@ -64,6 +64,7 @@ impl State {
         let mut nodes: BTreeMap<String, u32> =
             self.mapped_by.remove(&id).unwrap_or_default().into_iter().map(|n| (n, 1)).collect();
         let live = self
+            .ledger
             .imports
             .values()
             .filter(|i| i.region == id)
@@ -205,7 +206,8 @@ impl Memory {
         if let Some(RemoteSession { node, .. }) = st.remote.remove(&session)
             && departed
         {
-            let regions: Vec<u64> = st.imports.values().filter(|i| i.session == session).map(|i| i.region).collect();
+            let regions: Vec<u64> =
+                st.ledger.imports.values().filter(|i| i.session == session).map(|i| i.region).collect();
             for r in regions {
                 st.mapped_by.entry(r).or_default().insert(node.clone());
             }
@@ -383,7 +385,7 @@ mod tests {
         let (_dir, m, place, region, _) = setup();
         let (resource, offset, len) = {
             let st = m.state();
-            let r = &st.regions[&region];
+            let r = &st.ledger.regions[&region];
             (r.resource, r.offset, r.len)
         };
         m.free(1, region).unwrap();

@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use fabric_proto::wire::{AccessMode, PeerCred};
 
 use super::effects::Effect;
-use super::{Memory, MemoryError, State, io_err};
+use super::{Memory, MemoryError, State, Usage, io_err};
 use crate::dma::iova::PAGE;
 use crate::dma::sys::{self, Pinned};
 use crate::dma::{Backing, Covers, DmaError, Reach, Registration, Target, span_of};
@@ -135,10 +135,7 @@ impl Drop for Reservation<'_> {
 impl State {
     /// Gives back the usage of a registration of `span` bytes of `uid`.
     fn unpin_usage(&mut self, uid: u32, span: u64) {
-        let u = self.usage.entry(uid).or_default();
-        u.pinned = u.pinned.saturating_sub(span);
-        u.objects = u.objects.saturating_sub(1);
-        u.fds = u.fds.saturating_sub(1);
+        self.ledger.discharge(uid, Usage::registration(span));
     }
 }
 
@@ -153,7 +150,7 @@ pub type Abandon<'a> = &'a dyn Fn() -> Option<&'static str>;
 
 impl Memory {
     fn check_pinned(&self, st: &State, uid: u32, span: u64) -> Result<(), MemoryError> {
-        let used = st.usage.get(&uid).map_or(0, |u| u.pinned);
+        let used = st.ledger.usage_of(uid).pinned;
         let max = self.pinned_max;
         if used.saturating_add(span) > max {
             return Err(MemoryError::Limit {
@@ -188,13 +185,13 @@ impl Memory {
         };
         let (region, r) = match covers {
             Covers::Region(id) => {
-                let r = Self::owned(st, id, session)?;
+                let r = st.ledger.owned(id, session)?;
                 in_bounds(r.len, &format!("region {id}"))?;
                 Self::refuse_object(st, id, "pin it for DMA")?;
                 (id, r)
             }
             Covers::Import(id) => {
-                let i = st.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
+                let i = st.ledger.imports.get(&id).ok_or_else(|| MemoryError::NotFound(format!("no import {id}")))?;
                 if i.session != session {
                     return Err(MemoryError::PermissionDenied(format!("import {id} belongs to another session")));
                 }
@@ -207,6 +204,7 @@ impl Memory {
                     return Err(MemoryError::Revoked);
                 }
                 let r = st
+                    .ledger
                     .regions
                     .get(&i.region)
                     .ok_or_else(|| MemoryError::NotFound(format!("no region {}", i.region)))?;
@@ -316,10 +314,7 @@ impl Memory {
             self.check_held(&st, peer.uid, session)?;
             let found = Self::covered(&st, covers, session, at, len, access)?;
             let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
-            let u = st.usage.entry(peer.uid).or_default();
-            u.pinned += span;
-            u.objects += 1;
-            u.fds += 1;
+            st.ledger.charge(peer.uid, Usage::registration(span));
             (found, iova)
         };
         // Declared first, so that on failure it drops last: after the lock taken again
@@ -336,8 +331,7 @@ impl Memory {
         Self::covered(&st, covers, session, at, len, access)?;
         // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
         let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
-        let id = st.next_id;
-        st.next_id += 1;
+        let id = st.ledger.take_id();
         st.dma.insert(
             id,
             Registration {
@@ -396,7 +390,7 @@ impl Memory {
     pub(super) fn drop_registration(st: &mut State, id: u64) -> bool {
         let Some(r) = st.dma.detach(id) else { return false };
         // A copy through it ends too (`Memory::finish`).
-        st.ended = true;
+        st.ledger.ended = true;
         st.effects.push(Effect::Unregister { id, registration: Box::new(r) });
         true
     }

@@ -16,7 +16,7 @@ use super::alloc::{AllocError, GRANULE, round_len};
 use super::backings::{Backing, Offer};
 use super::durable::Change;
 use super::set::SetRegion;
-use super::{Granted, Memory, MemoryError, Place, Region, State, backing, io_err, kind_name, numa, zero};
+use super::{Granted, Memory, MemoryError, Place, Region, State, Usage, backing, io_err, kind_name, numa, zero};
 
 /// What an allocation holds while its backing is made: nothing else can take its id, its
 /// range or its share of the owner's limits.
@@ -65,9 +65,7 @@ impl State {
                 r.ranges.free(res.offset);
             }
         }
-        let u = self.usage.entry(res.owner.uid).or_default();
-        u.bytes = u.bytes.saturating_sub(res.len);
-        u.objects = u.objects.saturating_sub(1);
+        self.ledger.discharge(res.owner.uid, Usage::region(res.len, 0));
     }
 
     /// Takes the id and counts the region in its owner's usage (its ranges are taken by
@@ -89,11 +87,8 @@ impl State {
                 return Err(e);
             }
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        let u = self.usage.entry(owner.uid).or_default();
-        u.bytes += len;
-        u.objects += 1;
+        let id = self.ledger.take_id();
+        self.ledger.charge(owner.uid, Usage::region(len, 0));
         Ok(Reservation {
             id,
             owner: *owner,
@@ -253,7 +248,7 @@ impl Memory {
             return Err(e);
         }
         let (id, len) = (res.id, res.len);
-        st.regions.insert(id, region);
+        st.ledger.publish_region(id, region);
         if let Some(part) = set {
             st.set_regions.insert(id, part);
         }

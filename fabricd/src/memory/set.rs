@@ -277,7 +277,7 @@ impl Memory {
 
     /// [`Memory::whereabouts`] under the registry lock.
     pub(super) fn whereabouts_in(st: &super::State, id: u64) -> Option<Whereabouts> {
-        let r = st.regions.get(&id)?;
+        let r = st.ledger.regions.get(&id)?;
         if let Some(s) = st.set_regions.get(&id) {
             return Some(Whereabouts::Set { name: s.name.clone(), offset: s.set_offset, len: r.len });
         }

@@ -16,7 +16,8 @@ impl Memory {
         // ids are never reused, so a region freed meanwhile only makes its open fail.
         let files: Vec<(u64, RegionFile, u64)> = {
             let st = self.state();
-            st.regions
+            st.ledger
+                .regions
                 .iter()
                 .filter(|(id, r)| r.backing.own_file().is_some() && !st.set_regions.contains_key(id))
                 .filter_map(|(id, r)| Some((*id, st.region_file(*id, r).ok()?, r.len)))
