@@ -39,6 +39,12 @@ impl Object {
     pub(super) fn holds_fd(&self) -> bool {
         self.fd.is_some()
     }
+
+    /// A CUDA descriptor object of `size` bytes holding `fd` (the ledger's tests).
+    #[cfg(test)]
+    pub(super) fn cuda_fd(fd: OwnedFd, size: u64) -> Self {
+        Object { fd: Some(fd), kind: ObjectKind::CudaPosixFd, size }
+    }
 }
 
 /// An adopted region as its owner gets it back.
