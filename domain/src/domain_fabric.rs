@@ -40,12 +40,37 @@ pub fn merge(view: &DomainView) -> Inventory {
 /// in place of what the view holds for it: a node shows its own devices, live, from its
 /// start and after each rescan, before its record has gone round through etcd.
 pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> Inventory {
-    let mut records: Vec<(&str, &TopologyRecord, bool)> = view
+    let records: Vec<(&str, &TopologyRecord, bool)> = view
         .nodes()
         .into_iter()
         .filter(|n| own.is_none_or(|(name, _)| name != n.name))
         .filter_map(|n| view.topology(n.name).map(|r| (n.name, r, n.member.is_some())))
         .collect();
+    merge_records(records, own)
+}
+
+/// [`merge_with`] of the records of `nodes` alone (this node's own as `own` gives it, when
+/// `nodes` names it): what a question about a few nodes needs — whether one reaches a
+/// device of another by a scale-up fabric, which runs through their devices and the
+/// fabric-level switches their records carry — without merging a 12,500-node domain.
+/// A node with no record is left out; conflicts are settled among these records only.
+pub fn merge_nodes(view: &DomainView, own: Option<(&str, &TopologyRecord)>, nodes: &[&str]) -> Inventory {
+    let mut names: Vec<&str> = nodes.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    let records: Vec<(&str, &TopologyRecord, bool)> = names
+        .into_iter()
+        .filter(|n| own.is_none_or(|(name, _)| name != *n))
+        .filter_map(|n| view.topology(n).map(|r| (n, r, view.live_member(n).is_some())))
+        .collect();
+    merge_records(records, own.filter(|(name, _)| nodes.contains(name)))
+}
+
+/// Merges `records` (node, record, live) and `own` (live), node by node in name order.
+fn merge_records<'a>(
+    mut records: Vec<(&'a str, &'a TopologyRecord, bool)>,
+    own: Option<(&'a str, &'a TopologyRecord)>,
+) -> Inventory {
     if let Some((name, record)) = own {
         records.push((name, record, true));
     }
@@ -504,6 +529,35 @@ mod tests {
         let inv = merge_with(&v, Some(("tray1", &own)));
         assert!(inv.find(&g("tray1", 0)).is_some());
         assert!(inv.find(&DeviceId::pci("tray1", "0000:17:00.0".parse().unwrap())).is_none(), "{:?}", inv.devices);
+    }
+
+    /// Two nodes' records merged alone answer what the whole domain answers about the two
+    /// (the path between their GPUs through the fabric switches, a node that is down), and
+    /// hold nothing of a third node; this node's own record stands in for the view's.
+    #[test]
+    fn the_records_of_two_nodes_merge_alone_as_the_domain_shows_them() {
+        let g = |n: &str, i: u8| DeviceId::uuid(&format!("GPU-{n}-{i}"));
+        let v = view(&[tray("tray0"), tray("tray1"), tray("tray2"), island("host9")], &["tray2"]);
+        let whole = Fabric::build(merge(&v)).unwrap();
+        for (other, want) in [("tray1", HopClass::Nv(18)), ("tray2", HopClass::None), ("host9", HopClass::Net)] {
+            let pair = Fabric::build(merge_nodes(&v, None, &["tray0", other, "tray0"])).unwrap();
+            let other_gpu =
+                if other == "host9" { DeviceId::pci("host9", "0000:17:00.0".parse().unwrap()) } else { g(other, 1) };
+            assert_eq!(class(&pair, &g("tray0", 0), &other_gpu), want, "{other}");
+            assert_eq!(class(&whole, &g("tray0", 0), &other_gpu), want, "{other}");
+            let nodes: std::collections::BTreeSet<_> =
+                pair.inventory().devices.iter().filter_map(|d| d.node.clone()).collect();
+            assert_eq!(nodes, ["tray0", other].map(String::from).into(), "nothing of the others");
+            assert_eq!(pair.inventory().count(DeviceKind::NvSwitch), 2, "tray0's switches");
+        }
+        // A node with no record is left out; this node's own record is used when named.
+        let own = island("tray0");
+        let pair = merge_nodes(&v, Some(("tray0", &own)), &["tray0", "tray7"]);
+        assert!(pair.find(&g("tray0", 0)).is_none(), "its own record, not the view's");
+        assert!(pair.find(&DeviceId::pci("tray0", "0000:17:00.0".parse().unwrap())).is_some());
+        let without = merge_nodes(&v, Some(("tray0", &own)), &["tray1"]);
+        assert!(without.find(&DeviceId::pci("tray0", "0000:17:00.0".parse().unwrap())).is_none(), "not named");
+        assert!(without.find(&g("tray1", 0)).is_some());
     }
 
     #[test]

@@ -282,6 +282,11 @@ impl DomainView {
         self.settings.as_ref()
     }
 
+    /// The live member record of `node`, if it is live.
+    pub fn live_member(&self, node: &str) -> Option<&MemberRecord> {
+        self.members.get(node).map(|m| &**m)
+    }
+
     /// The slot `node` holds.
     pub fn slot_of(&self, node: &str) -> Option<u32> {
         self.slot_of.get(node).copied()

@@ -132,6 +132,17 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
     until(Duration::from_secs(5), "tray0 sees both partitions", || partitions(&mut admin[0]) == 2);
     assert_eq!(topology(&mut admin[0])["nodes"], serde_json::json!(["tray0", "tray1"]));
     assert_eq!(merges(), merged, "no merge for the partitions' records");
+    // tray1's topology record written again (as a rescan or a rejoin writes it): the
+    // domain's topology is out of date on tray0, yet the imports below, whose scale-up
+    // check reads tray1's topology, merge only the two nodes' records, never the domain.
+    rt.block_on(async {
+        let key = fabric_domain::Keys::new(DOMAIN).topology("tray1");
+        let mut client = fabric_domain::etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap();
+        let value = client.get(key.clone(), None).await.unwrap().kvs()[0].value().to_vec();
+        client.put(key, value, None).await.unwrap();
+    });
+    // Long enough for tray0's watch to see the write (loopback: milliseconds).
+    std::thread::sleep(Duration::from_secs(1));
 
     // tray0 exports a region of its tenant GPU to `tenant`, and one with the default policy.
     let (a, _file) = common::alloc_hbm(&mut admin[0], &gpu0, 1 << 20);
@@ -162,4 +173,5 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
     }
     let root = outcome(&mut admin[1], by_uid);
     assert!(root.starts_with("PermissionDenied") && root.contains("identities are not shared"), "{root}");
+    assert_eq!(merges(), merged, "imports checked against the two nodes' records, not a merge of the domain");
 }

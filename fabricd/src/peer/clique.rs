@@ -1,11 +1,18 @@
 //! Whether an importer node is in the NVLink domain of one of this node's GPUs — what a
 //! CUDA fabric handle needs to be imported there. Two sources, either enough: the NVLink
 //! cliques the member records carry (NVML's cluster UUID and clique id, on real NVL
-//! hosts), and the domain's merged topology, where a GPU of the importer node reaches the
+//! hosts), and the topology of the two nodes, where a GPU of the importer node reaches the
 //! GPU by NVLink (through the fabric-level switches, as on the sim supernode).
-//! The merged topology also says whether an importer node may load and store a region on
+//! That topology also says whether an importer node may load and store a region on
 //! the sim's shared fabric, which stands in for a scale-up fabric: one of its devices must
 //! be in the scale-up domain of the region's device.
+//!
+//! Both questions are asked of the two nodes' topology records merged alone
+//! ([`crate::tasks::domain::Domain::pair_fabric`]), not of the whole domain's: a scale-up
+//! path runs through the two nodes' devices and the fabric-level switches around them,
+//! which each record carries, never through a third node's devices; and an import after
+//! a node of a 12,500-node domain joined or left does not wait for the whole domain to be
+//! merged again.
 
 use std::time::{Duration, Instant};
 
@@ -32,8 +39,8 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
     if shares_clique(domain.groups(), &theirs) {
         return Ok(());
     }
-    match domain.fabric() {
-        Ok(view) if reaches_by_nvlink(&view.fabric, device, importer) => Ok(()),
+    match domain.pair_fabric(importer) {
+        Ok(fabric) if reaches_by_nvlink(&fabric, device, importer) => Ok(()),
         Ok(_) => Err(refused(format!(
             "node {importer} is not in the NVLink domain of {device} (no shared NVLink clique, no NVLink path in the domain's topology): a CUDA fabric handle is imported only within one NVLink domain; copy the bytes instead"
         ))),
@@ -59,7 +66,7 @@ pub enum NoReach {
 const TOPOLOGY_WAIT: Duration = Duration::from_secs(2);
 
 /// `Ok` when a device of node `importer` is in the scale-up domain of `device` (this
-/// node's) in the domain's merged topology: joined by NVLink, xGMI, UALink or NVLink-C2C
+/// node's) in the two nodes' merged topology: joined by NVLink, xGMI, UALink or NVLink-C2C
 /// links that are up ([`Fabric::same_scale_up_domain`]), so a Grace's memory counts for
 /// the GPUs of other trays on the same NVSwitches, and a tray whose NVLinks are all down
 /// is outside. What is not known is asked again for up to `TOPOLOGY_WAIT` (this runs
@@ -68,8 +75,8 @@ pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), NoR
     let Some(domain) = &d.domain else { return Err(NoReach::Outside("this node is in no domain".into())) };
     let deadline = Instant::now() + TOPOLOGY_WAIT;
     loop {
-        let answer = match domain.fabric() {
-            Ok(view) => scale_up_in(&view.fabric, device, importer),
+        let answer = match domain.pair_fabric(importer) {
+            Ok(fabric) => scale_up_in(&fabric, device, importer),
             Err(e) => Err(NoReach::Unknown(format!("the domain's topology does not build ({e})"))),
         };
         match answer {

@@ -260,6 +260,7 @@ pub fn start(
         topology: ArcSwapOption::empty(),
         merged: ArcSwapOption::empty(),
         merging: std::sync::Mutex::default(),
+        pairs: std::sync::Mutex::default(),
         merges: AtomicU64::new(0),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),

@@ -210,6 +210,8 @@ pub struct Domain {
     /// out of date wait for that merge rather than each make their own (a 12,500-node
     /// domain's merge and index take seconds and gigabytes).
     merging: std::sync::Mutex<()>,
+    /// Fabrics of this node and one other ([`Domain::pair_fabric`]), by the other's name.
+    pairs: std::sync::Mutex<Pairs>,
     /// Merges of the domain's fabric made since start ([`Domain::fabric`]).
     merges: AtomicU64,
     etcd_errors: AtomicU64,
@@ -406,6 +408,38 @@ impl Domain {
         Ok(fabric)
     }
 
+    /// The fabric of this node and node `other` alone — their two topology records merged
+    /// (`fabric_domain::domain_fabric::merge_nodes`; this node's own as it made it) and
+    /// indexed — for a question about the two (whether `other` reaches a device of this
+    /// node by a scale-up fabric), without merging the whole domain: two records of at most
+    /// the record bound each, where the domain's may be 12,500. Kept for the next question
+    /// until the view's topology or this node's record changes (a pair of supernode trays
+    /// takes ~40 µs to merge and index, more than a request's own work); not counted as a
+    /// merge of the domain.
+    pub fn pair_fabric(
+        &self,
+        other: &str,
+    ) -> Result<Arc<fabric_topology::Fabric>, fabric_topology::inventory::InventoryError> {
+        let (view, own) = (self.view(), self.topology.load_full());
+        let revision = view.fabric_revision();
+        {
+            let pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(f) = pairs.by_node.get(other).filter(|_| pairs.current(revision, &own)) {
+                return Ok(f.clone());
+            }
+        }
+        let me = self.config.node.as_str();
+        let mine = own.as_deref().map(|r| (me, r));
+        let inv = fabric_domain::domain_fabric::merge_nodes(&view, mine, &[me, other]);
+        let fabric = Arc::new(fabric_topology::Fabric::build(inv)?);
+        let mut pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !pairs.current(revision, &own) || pairs.by_node.len() >= Pairs::MAX {
+            *pairs = Pairs { revision, own, by_node: std::collections::HashMap::new() };
+        }
+        pairs.by_node.insert(other.to_owned(), fabric.clone());
+        Ok(fabric)
+    }
+
     /// Admin: frees the slot of `node`, which must not be live. The leader does it
     /// (`DomainClient::gc_led`, fenced by its leader key), collecting the node's
     /// placements, topology and partition memberships: on the leader at once, elsewhere
@@ -554,6 +588,26 @@ struct Merged {
     revision: i64,
     own: Option<Arc<TopologyRecord>>,
     fabric: Arc<crate::daemon::View>,
+}
+
+/// The fabrics of this node and one other, each merged from the two records the view held
+/// at `revision` (and this node's own record `own`): all dropped together when either
+/// changes, and at most [`Pairs::MAX`] of them.
+#[derive(Debug, Default)]
+pub(super) struct Pairs {
+    revision: i64,
+    own: Option<Arc<TopologyRecord>>,
+    by_node: std::collections::HashMap<String, Arc<fabric_topology::Fabric>>,
+}
+
+impl Pairs {
+    /// How many pairs are kept (each a few dozen devices to a few thousand).
+    const MAX: usize = 256;
+
+    /// Whether these pairs were made from `revision` and `own`.
+    fn current(&self, revision: i64, own: &Option<Arc<TopologyRecord>>) -> bool {
+        self.revision == revision && self.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
+    }
 }
 
 /// The domain's runtime, shut down without waiting when the daemon goes (dropping a
