@@ -215,7 +215,7 @@ impl Memory {
         len: u64,
         write: bool,
     ) -> Result<Resolved, MemoryError> {
-        let r = st.dma.get(id).ok_or_else(|| MemoryError::NotFound(format!("no registration {id}")))?;
+        let r = st.ledger.dma.get(id).ok_or_else(|| MemoryError::NotFound(format!("no registration {id}")))?;
         if r.session != session {
             return Err(MemoryError::PermissionDenied(format!("registration {id} belongs to another session")));
         }
@@ -335,7 +335,9 @@ impl Memory {
     pub fn copy_dep_gone(&self, deps: &[Dep]) -> Option<String> {
         let st = self.state();
         deps.iter().find_map(|d| match *d {
-            Dep::Registration(id) if st.dma.get(id).is_none() => Some(format!("registration {id} was unregistered")),
+            Dep::Registration(id) if st.ledger.dma.get(id).is_none() => {
+                Some(format!("registration {id} was unregistered"))
+            }
             Dep::Region(id) => match st.ledger.regions.get(&id) {
                 None => Some(format!("region {id} was freed")),
                 Some(r) if r.lost => Some(format!("region {id} lies on a device that was lost")),

@@ -68,7 +68,7 @@ impl Memory {
     /// Descriptors `session`'s objects keep: its registrations and its adopted objects',
     /// and for an importer node's session its imports.
     fn held_by_session(st: &State, session: u64) -> u64 {
-        let registrations = st.dma.ids_where(|g| g.session == session).len() as u64;
+        let registrations = st.ledger.dma.ids_where(|g| g.session == session).len() as u64;
         let objects = st
             .ledger
             .regions

@@ -1,5 +1,5 @@
-//! The ledger: who holds what in the registry — regions, exports, imports and each uid's
-//! usage — as a plain value. Its operations decide and account; they do no I/O, take no
+//! The ledger: who holds what in the registry — regions, exports, imports, DMA
+//! registrations and each uid's usage — as a plain value. Its operations decide and account; they do no I/O, take no
 //! lock and return what their caller carries out (the journal record to queue, the imports
 //! and revocations a change ended), so that the registry's shell (`mod.rs`: the lock, the
 //! journal, backings, DMA) stays the one place where anything happens, and the ledger's
@@ -28,6 +28,9 @@ pub(super) struct Ledger {
     pub(super) usage: HashMap<u32, Usage>,
     /// The next id of a region, import or registration (ids are never reused).
     pub(super) next_id: u64,
+    /// DMA registrations and the IOVA space of each domain (their pins are handles: an
+    /// ended registration is detached here and unpinned as an effect, outside the lock).
+    pub(super) dma: crate::dma::Registry,
     /// Revocations to tell importers: (importing session, what ended).
     pub(super) revocations: Vec<(u64, Revocation)>,
     /// Something a copy may depend on ended since the last [`super::Memory::finish`].

@@ -316,8 +316,6 @@ struct State {
     orphans: Vec<persist::Orphan>,
     /// What start-up had to drop.
     problems: Vec<String>,
-    /// DMA registrations and the IOVA space of each domain.
-    dma: crate::dma::Registry,
     /// Regions striped over an interleave set, by region id.
     set_regions: HashMap<u64, set::SetRegion>,
     /// DAX devices backing interleave sets, by set name.
@@ -1177,9 +1175,9 @@ impl Memory {
                 .filter_map(|i| st.ledger.regions.get(&i.region))
                 .map(|r| r.len)
                 .sum(),
-            registrations: st.dma.count(),
+            registrations: st.ledger.dma.count(),
             quarantined_bytes: st.quarantined(),
-            pinned_bytes: st.dma.pinned_bytes(),
+            pinned_bytes: st.ledger.dma.pinned_bytes(),
         }
     }
 

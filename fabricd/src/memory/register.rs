@@ -126,7 +126,7 @@ impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.held {
             let mut st = self.memory.state();
-            st.dma.free_iova(self.domain, self.iova);
+            st.ledger.dma.free_iova(self.domain, self.iova);
             st.unpin_usage(self.uid, self.span);
         }
     }
@@ -313,7 +313,7 @@ impl Memory {
             // Every registration keeps a descriptor: its pinned file, or the caller's pidfd.
             self.check_held(&st, peer.uid, session)?;
             let found = Self::covered(&st, covers, session, at, len, access)?;
-            let iova = st.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
+            let iova = st.ledger.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
             st.ledger.charge(peer.uid, Usage::registration(span));
             (found, iova)
         };
@@ -332,7 +332,7 @@ impl Memory {
         // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
         let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
         let id = st.ledger.take_id();
-        st.dma.insert(
+        st.ledger.dma.insert(
             id,
             Registration {
                 device: target.device.clone(),
@@ -371,7 +371,7 @@ impl Memory {
     /// Undoes a registration the session made.
     pub fn unregister(&self, session: u64, registration: u64) -> Result<(), MemoryError> {
         let mut st = self.state();
-        match st.dma.get(registration) {
+        match st.ledger.dma.get(registration) {
             None => Err(MemoryError::NotFound(format!("no registration {registration}"))),
             Some(r) if r.session != session => {
                 Err(MemoryError::PermissionDenied(format!("registration {registration} belongs to another session")))
@@ -388,7 +388,7 @@ impl Memory {
     /// IOVA range and accounting are left to [`Effect::Unregister`], which the operation's
     /// [`Memory::finish`] runs after the lock and before it answers.
     pub(super) fn drop_registration(st: &mut State, id: u64) -> bool {
-        let Some(r) = st.dma.detach(id) else { return false };
+        let Some(r) = st.ledger.dma.detach(id) else { return false };
         // A copy through it ends too (`Memory::finish`).
         st.ledger.ended = true;
         st.effects.push(Effect::Unregister { id, registration: Box::new(r) });
@@ -403,7 +403,7 @@ impl Memory {
         // The mapping is declared before the backing: unmapped first, then unpinned.
         drop(r);
         let mut st = self.state();
-        st.dma.free_iova(&domain, iova);
+        st.ledger.dma.free_iova(&domain, iova);
         st.unpin_usage(uid, span);
         drop(st);
         tracing::info!(registration = id, uid, device = %device, iova, span, "unregistered");
@@ -411,7 +411,7 @@ impl Memory {
 
     /// Removes every registration that matches; returns how many.
     pub(super) fn drop_registrations(st: &mut State, pred: impl Fn(&Registration) -> bool) -> u64 {
-        let ids = st.dma.ids_where(pred);
+        let ids = st.ledger.dma.ids_where(pred);
         ids.iter().filter(|&&id| Self::drop_registration(st, id)).count() as u64
     }
 
@@ -419,7 +419,7 @@ impl Memory {
     /// the lock, to be read or written without it.
     fn dma_reach(&self, target: &Target, iova: u64, len: usize) -> Result<(u64, Reach, u64), DmaError> {
         let st = self.state();
-        let (id, r, at) = st.dma.resolve(&target.domain, iova, len as u64)?;
+        let (id, r, at) = st.ledger.dma.resolve(&target.domain, iova, len as u64)?;
         Ok((id, r.reach(), at))
     }
 
