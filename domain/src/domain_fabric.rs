@@ -49,21 +49,25 @@ pub fn merge_with(view: &DomainView, own: Option<(&str, &TopologyRecord)>) -> In
     merge_records(records, own)
 }
 
-/// [`merge_with`] of the records of `nodes` alone (this node's own as `own` gives it, when
-/// `nodes` names it): what a question about a few nodes needs — whether one reaches a
-/// device of another by a scale-up fabric, which runs through their devices and the
-/// fabric-level switches their records carry — without merging a 12,500-node domain.
-/// A node with no record is left out; conflicts are settled among these records only.
+/// [`merge_with`] of the records of `nodes` alone: what a question about a few nodes
+/// needs — whether one reaches a device of another by a scale-up fabric, through their
+/// devices and the fabric-level switches their records carry — without merging a
+/// 12,500-node domain. A node with no record is left out; conflicts are settled among
+/// these records only, and this node's own record (`own`, when `nodes` names it) is merged
+/// first, so another node's record cannot claim its devices here whatever the names' order.
 pub fn merge_nodes(view: &DomainView, own: Option<(&str, &TopologyRecord)>, nodes: &[&str]) -> Inventory {
     let mut names: Vec<&str> = nodes.to_vec();
     names.sort_unstable();
     names.dedup();
-    let records: Vec<(&str, &TopologyRecord, bool)> = names
-        .into_iter()
-        .filter(|n| own.is_none_or(|(name, _)| name != *n))
-        .filter_map(|n| view.topology(n).map(|r| (n, r, view.live_member(n).is_some())))
-        .collect();
-    merge_records(records, own.filter(|(name, _)| nodes.contains(name)))
+    let own = own.filter(|(name, _)| nodes.contains(name));
+    let mut records: Vec<(&str, &TopologyRecord, bool)> = own.map(|(n, r)| (n, r, true)).into_iter().collect();
+    records.extend(
+        names
+            .into_iter()
+            .filter(|n| own.is_none_or(|(name, _)| name != *n))
+            .filter_map(|n| view.topology(n).map(|r| (n, r, view.live_member(n).is_some()))),
+    );
+    merge_ordered(records)
 }
 
 /// Merges `records` (node, record, live) and `own` (live), node by node in name order.
@@ -75,6 +79,12 @@ fn merge_records<'a>(
         records.push((name, record, true));
     }
     records.sort_by(|a, b| a.0.cmp(b.0));
+    merge_ordered(records)
+}
+
+/// Merges `records` (node, record, live) in the order given: a record that names a device
+/// an earlier one published is refused whole.
+fn merge_ordered(records: Vec<(&str, &TopologyRecord, bool)>) -> Inventory {
     let mut inv = Inventory::new();
     let mut report = BackendReport::present(DOMAIN_BACKEND);
     let mut fabric_links: HashSet<(DeviceIdx, DeviceIdx, &'static str)> = HashSet::new();
@@ -558,6 +568,16 @@ mod tests {
         let without = merge_nodes(&v, Some(("tray0", &own)), &["tray1"]);
         assert!(without.find(&DeviceId::pci("tray0", "0000:17:00.0".parse().unwrap())).is_none(), "not named");
         assert!(without.find(&g("tray1", 0)).is_some());
+        // An importer whose name sorts first and whose record claims this node's GPU is
+        // refused whole: this node's own record is merged first.
+        let mut hostile = tray("tray0");
+        hostile.devices[1].id = g("tray1", 0);
+        let v = view(&[hostile, tray("tray1")], &[]);
+        let own = tray("tray1");
+        let pair = Fabric::build(merge_nodes(&v, Some(("tray1", &own)), &["tray0", "tray1"])).unwrap();
+        let gpu = pair.inventory().find(&g("tray1", 0)).unwrap();
+        assert_eq!(pair.device(gpu).node.as_deref(), Some("tray1"));
+        assert!(pair.inventory().find(&g("tray0", 1)).is_none(), "the claiming record is not merged");
     }
 
     #[test]

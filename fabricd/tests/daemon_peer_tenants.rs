@@ -46,7 +46,8 @@ fn tenant_import_child() {
 
 fn outcome(c: &mut fabric_proto::wire::Connection, handle: ExportHandle) -> String {
     match c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }), &[]) {
-        Ok((Response::Import(_), _)) => "ok".to_owned(),
+        // What the grant hands over: `Fd` for a file of the shared fabric.
+        Ok((Response::Import(i), _)) => format!("ok {:?}", i.grant.map(|g| g.access)),
         Ok((other, _)) => format!("{other:?}"),
         Err(CodecError::Refused { body, .. }) => format!("{:?}: {}", body.code, body.message),
         Err(e) => format!("{e:?}"),
@@ -162,7 +163,10 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
     let by_uid = common::export(&mut admin[0], b.region, AccessMode::ReadWrite);
 
     let on_tray1 = &setups[1].socket;
-    assert_eq!(import_as(UID_TENANT, on_tray1, to_tenant), "ok", "a client of tray1 bound to the export's partition");
+    // A client of tray1 bound to the export's partition maps the shared file: tray0 found
+    // tray1 in its GPU's scale-up domain.
+    let tenant = import_as(UID_TENANT, on_tray1, to_tenant);
+    assert_eq!(tenant, "ok Some(Fd)", "a client of tray1 bound to the export's partition");
     let other = import_as(UID_OTHER, on_tray1, to_tenant);
     assert!(other.starts_with("PermissionDenied: node tray0:") && other.contains("\"tenant\""), "{other}");
     let unbound = outcome(&mut admin[1], to_tenant);

@@ -42,10 +42,10 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
     match domain.pair_fabric(importer) {
         Ok(fabric) if reaches_by_nvlink(&fabric, device, importer) => Ok(()),
         Ok(_) => Err(refused(format!(
-            "node {importer} is not in the NVLink domain of {device} (no shared NVLink clique, no NVLink path in the domain's topology): a CUDA fabric handle is imported only within one NVLink domain; copy the bytes instead"
+            "node {importer} is not in the NVLink domain of {device} (no shared NVLink clique, no NVLink path in the two nodes' topology records): a CUDA fabric handle is imported only within one NVLink domain; copy the bytes instead"
         ))),
         Err(e) => Err(refused(format!(
-            "the domain's topology does not build ({e}), so the NVLink domain of {device} is unknown"
+            "the two nodes' topology records do not merge ({e}), so the NVLink domain of {device} is unknown"
         ))),
     }
 }
@@ -53,10 +53,10 @@ pub fn check(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), PeerEr
 /// Why an importer node gets no sim shared file for a region.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NoReach {
-    /// The domain's topology puts it outside the region's scale-up domain: copy-only.
+    /// The two nodes' topology records put it outside the region's scale-up domain: copy-only.
     Outside(String),
-    /// Not known yet — the importer's topology record not seen, the domain's topology
-    /// not built: refused for now (`Unavailable`), never answered copy-only for good.
+    /// Not known yet — the importer's topology record not seen, the two records not
+    /// merged: refused for now (`Unavailable`), never answered copy-only for good.
     Unknown(String),
 }
 
@@ -77,7 +77,7 @@ pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), NoR
     loop {
         let answer = match domain.pair_fabric(importer) {
             Ok(fabric) => scale_up_in(&fabric, device, importer),
-            Err(e) => Err(NoReach::Unknown(format!("the domain's topology does not build ({e})"))),
+            Err(e) => Err(NoReach::Unknown(format!("the two nodes' topology records do not merge ({e})"))),
         };
         match answer {
             Err(NoReach::Unknown(_)) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
@@ -89,7 +89,7 @@ pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), NoR
 /// [`scale_up`] in `fabric`.
 fn scale_up_in(fabric: &Fabric, device: &DeviceId, importer: &str) -> Result<(), NoReach> {
     let Some(a) = fabric.inventory().find(device) else {
-        return Err(NoReach::Unknown(format!("{device} is not in the domain's topology")));
+        return Err(NoReach::Unknown(format!("{device} is not in this node's topology record")));
     };
     if !fabric.nodes().iter().any(|n| n == importer) {
         return Err(NoReach::Unknown(format!("node {importer}'s topology is not known here yet")));

@@ -413,7 +413,8 @@ impl Domain {
     /// indexed — for a question about the two (whether `other` reaches a device of this
     /// node by a scale-up fabric), without merging the whole domain: two records of at most
     /// the record bound each, where the domain's may be 12,500. Kept for the next question
-    /// until the view's topology or this node's record changes (a pair of supernode trays
+    /// until the view's topology changes anywhere (a slot, a record, a member's liveness)
+    /// or this node's record does (a pair of supernode trays
     /// takes ~40 µs to merge and index, more than a request's own work); not counted as a
     /// merge of the domain.
     pub fn pair_fabric(
@@ -433,10 +434,12 @@ impl Domain {
         let inv = fabric_domain::domain_fabric::merge_nodes(&view, mine, &[me, other]);
         let fabric = Arc::new(fabric_topology::Fabric::build(inv)?);
         let mut pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !pairs.current(revision, &own) || pairs.by_node.len() >= Pairs::MAX {
-            *pairs = Pairs { revision, own, by_node: std::collections::HashMap::new() };
-        }
+        let stale = (!pairs.current(revision, &own) || pairs.by_node.len() >= Pairs::MAX)
+            .then(|| std::mem::replace(&mut *pairs, Pairs { revision, own, by_node: Default::default() }));
         pairs.by_node.insert(other.to_owned(), fabric.clone());
+        drop(pairs);
+        // Up to `Pairs::MAX` fabrics freed after the lock.
+        drop(stale);
         Ok(fabric)
     }
 
