@@ -437,3 +437,23 @@ fn an_export_whose_region_went_while_its_record_was_written_is_refused_and_uncou
     assert_eq!(l.usage_of(owner.uid).objects, 0);
     assert!(l.exports.is_empty());
 }
+
+/// A device lost tells the importers of each region in import order, then its owner
+/// (import 0): the order subscribers hear them in.
+#[test]
+fn a_lost_regions_importers_are_told_in_import_order_and_its_owner_last() {
+    let mut shell = Shell::new();
+    shell.apply(&Op::Alloc { session: 1, mib: 1, object: false });
+    shell.apply(&Op::Export { pick: 0, read_only: false, policy: 2 });
+    for session in [4, 5, 6, 4, 5, 6, 4, 5] {
+        shell.apply(&Op::Import { pick: 0, session, write: true, per_uid: true });
+    }
+    let want = shell.apply(&Op::Lose { pick: 0 });
+    let told: Vec<(u64, u64)> = want.told.iter().map(|(s, r)| (r.import, *s)).collect();
+    assert_eq!(told.len(), 9);
+    let queued: Vec<(u64, u64)> = shell.ledger.revocations.iter().map(|(s, r)| (r.import, *s)).collect();
+    assert_eq!(queued, told);
+    assert_eq!(queued.last(), Some(&(0, 1)), "the owner last");
+    assert!(queued[..8].windows(2).all(|w| w[0].0 < w[1].0), "{queued:?}");
+    shell.check(want);
+}
