@@ -1,9 +1,11 @@
 //! The ledger: who holds what in the registry — regions, exports, imports, DMA
-//! registrations and each uid's usage — as a plain value. Its operations decide and account; they do no I/O, take no
-//! lock and return what their caller carries out (the journal record to queue, the imports
-//! and revocations a change ended), so that the registry's shell (`mod.rs`: the lock, the
-//! journal, backings, DMA) stays the one place where anything happens, and the ledger's
-//! rules are tested alone (`ledger_model_tests.rs`, against the journal's replay model).
+//! registrations and each uid's usage — as a plain value. Its operations decide
+//! (ownership, an export's policy, admission) and account (usage charged and given back,
+//! revocations queued); they do no I/O, take no lock, and return what their caller carries
+//! out (the region, exports and imports a removal ended, the imports a revocation told).
+//! The registry's shell (`mod.rs`: the lock, the journal, resources and backings, effects)
+//! stays the one place where anything happens, and the ledger's rules are tested alone
+//! (`ledger_model_tests.rs`, against the journal's replay model).
 
 use std::collections::HashMap;
 
@@ -37,6 +39,7 @@ pub(super) struct Ledger {
     pub(super) ended: bool,
 }
 
+/// A region: who owns it, where it lies, what backs it.
 #[derive(Debug)]
 pub(super) struct Region {
     pub(super) generation: u64,
@@ -66,6 +69,7 @@ impl Region {
     }
 }
 
+/// An export: a capability to a region (its handle's secret) and who it admits.
 #[derive(Debug)]
 pub(super) struct Export {
     pub(super) handle: ExportHandle,
@@ -91,6 +95,8 @@ impl Export {
     }
 }
 
+/// An import of a region through an export, by a session of this node or of an
+/// importer node.
 #[derive(Debug)]
 pub(super) struct Import {
     pub(super) region: u64,
@@ -106,6 +112,7 @@ pub(super) struct Import {
     pub(super) per_uid: bool,
 }
 
+/// What a uid holds, against its limits (also the share one object adds).
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Usage {
     pub(super) bytes: u64,
