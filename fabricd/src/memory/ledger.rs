@@ -208,6 +208,11 @@ impl Ledger {
         self.regions.iter().filter(|(_, r)| r.session == session).map(|(k, _)| *k).collect()
     }
 
+    /// The imports `session` holds.
+    pub(super) fn imports_of(&self, session: u64) -> Vec<u64> {
+        self.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect()
+    }
+
     /// The export `handle` names, its secret compared in constant time with every
     /// export's, with no early exit.
     pub(super) fn find_export(&mut self, handle: &ExportHandle) -> Option<&mut Export> {

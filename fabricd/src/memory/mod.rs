@@ -825,9 +825,7 @@ impl Memory {
     fn drop_connection(st: &mut State, session: u64) -> Reclaimed {
         let mut out =
             Reclaimed { registrations: Self::drop_registrations(st, |g| g.session == session), ..Reclaimed::default() };
-        let imports: Vec<u64> =
-            st.ledger.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
-        for id in imports {
+        for id in st.ledger.imports_of(session) {
             Self::drop_import(st, id);
             out.imports += 1;
         }

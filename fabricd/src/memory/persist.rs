@@ -523,9 +523,7 @@ impl Memory {
         }
         let mut out = Reclaimed::default();
         for o in &orphans {
-            let ids: Vec<u64> =
-                st.ledger.regions.iter().filter(|(_, r)| r.session == o.session).map(|(k, _)| *k).collect();
-            for id in ids {
+            for id in st.ledger.regions_of(o.session) {
                 out.add(Self::drop_region(&mut st, id, RevocationReason::OwnerExited));
             }
             tracing::info!(

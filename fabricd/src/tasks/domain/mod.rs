@@ -387,9 +387,7 @@ impl Domain {
     pub fn fabric(&self) -> Result<Arc<crate::daemon::View>, crate::daemon::StartError> {
         let current = |view: &DomainView, own: &Option<Arc<TopologyRecord>>| {
             let merged = self.merged.load_full()?;
-            (merged.revision == view.fabric_revision()
-                && merged.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr))
-            .then(|| merged.fabric.clone())
+            merged.from.is(view.fabric_revision(), own).then(|| merged.fabric.clone())
         };
         if let Some(fabric) = current(&self.view(), &self.topology.load_full()) {
             return Ok(fabric);
@@ -404,7 +402,8 @@ impl Domain {
         let mine = own.as_deref().map(|r| (self.config.node.as_str(), r));
         let fabric = Arc::new(crate::daemon::View::build(fabric_domain::domain_fabric::merge_with(&view, mine))?);
         self.merges.fetch_add(1, Ordering::Relaxed);
-        self.merged.store(Some(Arc::new(Merged { revision: view.fabric_revision(), own, fabric: fabric.clone() })));
+        let from = Source { revision: view.fabric_revision(), own };
+        self.merged.store(Some(Arc::new(Merged { from, fabric: fabric.clone() })));
         Ok(fabric)
     }
 
@@ -425,7 +424,7 @@ impl Domain {
         let revision = view.fabric_revision();
         {
             let pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(f) = pairs.by_node.get(other).filter(|_| pairs.current(revision, &own)) {
+            if let Some(f) = pairs.by_node.get(other).filter(|_| pairs.from.is(revision, &own)) {
                 return Ok(f.clone());
             }
         }
@@ -434,8 +433,9 @@ impl Domain {
         let inv = fabric_domain::domain_fabric::merge_nodes(&view, mine, &[me, other]);
         let fabric = Arc::new(fabric_topology::Fabric::build(inv)?);
         let mut pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let stale = (!pairs.current(revision, &own) || pairs.by_node.len() >= Pairs::MAX)
-            .then(|| std::mem::replace(&mut *pairs, Pairs { revision, own, by_node: Default::default() }));
+        let stale = (!pairs.from.is(revision, &own) || pairs.by_node.len() >= Pairs::MAX).then(|| {
+            std::mem::replace(&mut *pairs, Pairs { from: Source { revision, own }, by_node: Default::default() })
+        });
         pairs.by_node.insert(other.to_owned(), fabric.clone());
         drop(pairs);
         // Up to `Pairs::MAX` fabrics freed after the lock.
@@ -584,33 +584,40 @@ impl Domain {
     }
 }
 
-/// The domain's fabric merged from one view's fabric revision and this node's own record.
-#[derive(Debug)]
-struct Merged {
+/// What a merged fabric was made from: a view's fabric revision and this node's own
+/// record (by identity).
+#[derive(Debug, Default)]
+struct Source {
     /// `DomainView::fabric_revision` of the view merged.
     revision: i64,
     own: Option<Arc<TopologyRecord>>,
+}
+
+impl Source {
+    /// Whether it is `revision` and `own`: a fabric made from it is still current.
+    fn is(&self, revision: i64, own: &Option<Arc<TopologyRecord>>) -> bool {
+        self.revision == revision && self.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
+    }
+}
+
+/// The domain's fabric merged from one view's fabric revision and this node's own record.
+#[derive(Debug)]
+struct Merged {
+    from: Source,
     fabric: Arc<crate::daemon::View>,
 }
 
-/// The fabrics of this node and one other, each merged from the two records the view held
-/// at `revision` (and this node's own record `own`): all dropped together when either
-/// changes, and at most [`Pairs::MAX`] of them.
+/// The fabrics of this node and one other, each merged from the two records of one
+/// [`Source`]: all dropped together when it changes, and at most [`Pairs::MAX`] of them.
 #[derive(Debug, Default)]
 pub(super) struct Pairs {
-    revision: i64,
-    own: Option<Arc<TopologyRecord>>,
+    from: Source,
     by_node: std::collections::HashMap<String, Arc<fabric_topology::Fabric>>,
 }
 
 impl Pairs {
     /// How many pairs are kept (each a few dozen devices to a few thousand).
     const MAX: usize = 256;
-
-    /// Whether these pairs were made from `revision` and `own`.
-    fn current(&self, revision: i64, own: &Option<Arc<TopologyRecord>>) -> bool {
-        self.revision == revision && self.own.as_ref().map(Arc::as_ptr) == own.as_ref().map(Arc::as_ptr)
-    }
 }
 
 /// The domain's runtime, shut down without waiting when the daemon goes (dropping a
