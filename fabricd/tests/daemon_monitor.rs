@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use fabric_proto::wire::{
     AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, DeviceChange, DeviceName, ErrorCode,
     Event, ExportHandle, ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, ProblemKind, Request,
-    Response, Revocation, RevocationReason, StatusRequest, StatusResponse, SubscribeRequest, Topics,
+    Response, Revocation, RevocationReason, SUPPORTED_VERSIONS, SessionToken, StatusRequest, StatusResponse,
+    SubscribeRequest, Topics,
 };
 use fabric_topology::{DeviceKind, Inventory};
 
@@ -199,6 +200,57 @@ fn a_vanished_device_revokes_its_regions_exports_and_tells_importers_and_owner()
     assert!(call(&mut owner, Request::Free(FreeRequest { region: lost, node: None })).is_ok());
     let st = status(&mut late);
     assert!(!st.problems.iter().any(|p| p.subject.as_str() == gpu7), "{st:?}");
+}
+
+/// A client that can take its session back after a restart: the connection and its token.
+fn resumable(socket: &Path, resume: Option<SessionToken>) -> (Connection, SessionToken) {
+    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut c = Connection::new(s);
+    let h = c.hello_with("monitor-test", SUPPORTED_VERSIONS, resume).unwrap();
+    (c, h.token.expect("a 1.1 hello carries a token"))
+}
+
+/// A region lost with its device is journaled as lost: a restart with the device back
+/// (after `kill -9`, replaying the record; then again, from the snapshot the start wrote)
+/// keeps its exports revoked and the region lost until its owner frees it.
+#[test]
+fn a_lost_region_stays_lost_after_restarts_with_its_device_back() {
+    let (setup, sim, base) = editable("rescan_interval_s = 1");
+    let d = common::start(&setup.config, setup.dir.path());
+    let seven = seven_gpus(&base);
+    let left = gpus(&inventory_of(&seven));
+    let all = gpus(&inventory(&sim));
+    let gpu7 = all.iter().find(|g| !left.contains(g)).unwrap().clone();
+    let gpu0 = left[0].clone();
+
+    let (mut owner, token) = resumable(&setup.socket, None);
+    subscribe(&mut owner, Topics::REVOCATION);
+    let (lost, _) = alloc(&mut owner, &gpu7).unwrap();
+    let (kept, _) = alloc(&mut owner, &gpu0).unwrap();
+    let handle = export(&mut owner, lost).unwrap();
+    let kept_handle = export(&mut owner, kept).unwrap();
+    replace(&sim, &seven);
+    // The owner is told after the loss is durable.
+    events_until(&mut owner, |e| matches!(e, Event::Revocation(r) if r.region == lost && r.import == 0));
+
+    // The daemon dies; the device is back before it starts again.
+    drop(d);
+    replace(&sim, &base);
+    for start in ["replaying the journal", "from the snapshot"] {
+        let _d = common::start(&setup.config, setup.dir.path());
+        let mut late = common::client(&setup.socket);
+        assert_eq!(import(&mut late, handle), Err(ErrorCode::Revoked), "{start}");
+        assert!(import(&mut late, kept_handle).is_ok(), "{start}");
+        let st = status(&mut late);
+        assert_eq!((st.regions, st.exports), (2, 1), "both regions wait for their owner, one export live: {start}");
+    }
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (mut owner, _) = resumable(&setup.socket, Some(token));
+    assert_eq!(export(&mut owner, lost), Err(ErrorCode::Unavailable), "still lost");
+    assert!(export(&mut owner, kept).is_ok());
+    assert!(call(&mut owner, Request::Free(FreeRequest { region: lost, node: None })).is_ok());
+    assert!(alloc(&mut owner, &gpu7).is_ok(), "the device takes regions again");
 }
 
 fn inventory_of(text: &str) -> Inventory {

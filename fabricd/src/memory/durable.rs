@@ -30,6 +30,9 @@ pub const KIND_SESSION_RESUMED: u16 = 0x0106;
 /// A region striped over an interleave set was allocated (freed by [`KIND_REGION_FREED`]
 /// and [`KIND_SESSION_ENDED`] like any region).
 pub const KIND_SET_REGION_ALLOCATED: u16 = 0x0107;
+/// A region was lost with its device (it stays until freed; its exports are revoked),
+/// so that a restart with the device back keeps it lost.
+pub const KIND_REGION_LOST: u16 = 0x0108;
 
 /// The format byte every payload starts with.
 pub const RECORD_VERSION: u8 = 1;
@@ -37,6 +40,9 @@ pub const RECORD_VERSION: u8 = 1;
 /// one more list, `set_regions`); a snapshot without any is written as version 1, so a
 /// registry that never striped a region keeps the format older builds read.
 pub const SNAPSHOT_SETS_VERSION: u8 = 2;
+/// The format byte of a snapshot that holds lost regions (version 2's lists, then `lost`);
+/// written only while a region is lost.
+pub const SNAPSHOT_LOST_VERSION: u8 = 3;
 
 /// Why a journal payload does not decode into a registry record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -207,6 +213,11 @@ pub enum Change {
     },
     /// See [`KIND_SET_REGION_ALLOCATED`].
     SetRegionAllocated(SetRegionRecord),
+    /// See [`KIND_REGION_LOST`].
+    RegionLost {
+        /// Region id.
+        id: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -241,8 +252,28 @@ pub struct Snapshot {
     pub regions: Vec<RegionRecord>,
     /// Exports of live regions (of both lists).
     pub exports: Vec<ExportRecord>,
-    /// Live regions striped over interleave sets, by id (format version 2 only).
+    /// Live regions striped over interleave sets, by id (format version 2 and 3).
     pub set_regions: Vec<SetRegionRecord>,
+    /// Live regions (of both lists) lost with their device, by id (format version 3 only).
+    pub lost: Vec<u64>,
+}
+
+/// A version 2 snapshot: one without lost regions.
+#[derive(Deserialize)]
+struct SnapshotV2 {
+    next_id: u64,
+    regions: Vec<RegionRecord>,
+    exports: Vec<ExportRecord>,
+    set_regions: Vec<SetRegionRecord>,
+}
+
+/// [`SnapshotV2`] as it is written (the same encoding, borrowed).
+#[derive(Serialize)]
+struct SnapshotV2Ref<'a> {
+    next_id: u64,
+    regions: &'a [RegionRecord],
+    exports: &'a [ExportRecord],
+    set_regions: &'a [SetRegionRecord],
 }
 
 /// A version 1 snapshot: one without set regions.
@@ -302,6 +333,7 @@ impl Change {
                 (KIND_SESSION_RESUMED, payload(&Resumed { token: *token, owner: *owner })?)
             }
             Change::SetRegionAllocated(r) => (KIND_SET_REGION_ALLOCATED, payload(r)?),
+            Change::RegionLost { id } => (KIND_REGION_LOST, payload(&Freed { id: *id })?),
         })
     }
 
@@ -321,31 +353,42 @@ impl Change {
                 Change::SessionResumed { token: r.token, owner: r.owner }
             }
             KIND_SET_REGION_ALLOCATED => Change::SetRegionAllocated(parse(kind, bytes)?),
+            KIND_REGION_LOST => Change::RegionLost { id: parse::<Freed>(kind, bytes)?.id },
             other => return Err(DurableError::UnknownKind(other)),
         })
     }
 }
 
 impl Snapshot {
-    /// The snapshot record's payload: version 1 when it holds no set region, else
-    /// version 2.
+    /// The snapshot record's payload in the oldest format that holds it: version 1 when
+    /// it holds no set region and no lost one, version 2 with set regions, version 3 with
+    /// lost regions.
     pub fn encode(&self) -> Result<Vec<u8>, DurableError> {
-        if self.set_regions.is_empty() {
-            return payload(&SnapshotV1Ref { next_id: self.next_id, regions: &self.regions, exports: &self.exports });
+        let (next_id, regions, exports, set_regions) = (self.next_id, &self.regions, &self.exports, &self.set_regions);
+        if !self.lost.is_empty() {
+            payload_as(SNAPSHOT_LOST_VERSION, self)
+        } else if !set_regions.is_empty() {
+            payload_as(SNAPSHOT_SETS_VERSION, &SnapshotV2Ref { next_id, regions, exports, set_regions })
+        } else {
+            payload(&SnapshotV1Ref { next_id, regions, exports })
         }
-        payload_as(SNAPSHOT_SETS_VERSION, self)
     }
 
-    /// A snapshot record's payload (version 1 or 2), decoded.
+    /// A snapshot record's payload (version 1, 2 or 3), decoded.
     pub fn decode(bytes: &[u8]) -> Result<Self, DurableError> {
         let kind = KIND_SNAPSHOT;
         let (&version, body) = bytes.split_first().ok_or(DurableError::Empty(kind))?;
         match version {
             RECORD_VERSION => {
                 let v1: SnapshotV1 = parse_body(kind, body)?;
-                Ok(Self { next_id: v1.next_id, regions: v1.regions, exports: v1.exports, set_regions: Vec::new() })
+                Ok(Self { next_id: v1.next_id, regions: v1.regions, exports: v1.exports, ..Self::default() })
             }
-            SNAPSHOT_SETS_VERSION => parse_body(kind, body),
+            SNAPSHOT_SETS_VERSION => {
+                let v2: SnapshotV2 = parse_body(kind, body)?;
+                let SnapshotV2 { next_id, regions, exports, set_regions } = v2;
+                Ok(Self { next_id, regions, exports, set_regions, lost: Vec::new() })
+            }
+            SNAPSHOT_LOST_VERSION => parse_body(kind, body),
             version => Err(DurableError::Version { kind, version }),
         }
     }
@@ -377,6 +420,8 @@ pub struct Replayed {
     pub sets: BTreeMap<u64, SetPlacement>,
     /// Exports of live regions.
     pub exports: Vec<ExportRecord>,
+    /// Live regions lost with their device (their exports are revoked).
+    pub lost: std::collections::BTreeSet<u64>,
 }
 
 impl Replayed {
@@ -394,6 +439,7 @@ impl Replayed {
             out.regions.insert(r.id, r);
         }
         out.exports = s.exports.into_iter().filter(|e| out.regions.contains_key(&e.region)).collect();
+        out.lost = s.lost.into_iter().filter(|id| out.regions.contains_key(id)).collect();
         out
     }
 
@@ -406,7 +452,8 @@ impl Replayed {
                 None => regions.push(r.clone()),
             }
         }
-        Snapshot { next_id: self.next_id, regions, exports: self.exports.clone(), set_regions }
+        let lost = self.lost.iter().copied().collect();
+        Snapshot { next_id: self.next_id, regions, exports: self.exports.clone(), set_regions, lost }
     }
 
     /// Applies one change; an inconsistent one changes nothing.
@@ -433,6 +480,7 @@ impl Replayed {
                     return Err(Inconsistency::NoRegion(id));
                 }
                 self.sets.remove(&id);
+                self.lost.remove(&id);
                 self.exports.retain(|e| e.region != id);
             }
             Change::ExportCreated(e) => {
@@ -454,12 +502,22 @@ impl Replayed {
                 for id in &gone {
                     self.regions.remove(id);
                     self.sets.remove(id);
+                    self.lost.remove(id);
                 }
                 self.exports.retain(|e| !gone.contains(&e.region));
             }
             Change::SessionResumed { token, owner } => {
                 for r in self.regions.values_mut().filter(|r| r.token == token) {
                     r.owner = owner;
+                }
+            }
+            Change::RegionLost { id } => {
+                if !self.regions.contains_key(&id) {
+                    return Err(Inconsistency::NoRegion(id));
+                }
+                self.lost.insert(id);
+                for e in self.exports.iter_mut().filter(|e| e.region == id) {
+                    e.revoked = true;
                 }
             }
         }
@@ -582,6 +640,7 @@ mod tests {
             ("export_revoked", Change::ExportRevoked { region: 7, generation: 7, secret: [9; 16] }),
             ("session_ended", Change::SessionEnded { token }),
             ("session_resumed", Change::SessionResumed { token, owner: Owner { pid: 77, pid_start: None, ..owner() } }),
+            ("region_lost", Change::RegionLost { id: 7 }),
         ];
         for (name, change) in want {
             let (kind, payload) = seed(name);
@@ -602,10 +661,15 @@ mod tests {
             next_id: 8,
             regions: vec![region],
             exports: vec![ExportRecord { revoked: true, ..export }],
-            set_regions: Vec::new(),
+            ..Snapshot::default()
         };
         assert_eq!(Snapshot::decode(&payload).unwrap(), snap);
         assert_eq!(snap.encode().unwrap(), payload, "a snapshot without set regions is written as version 1");
+        let (kind, payload) = seed("snapshot_lost");
+        assert_eq!(kind, KIND_SNAPSHOT);
+        let lost = Snapshot { lost: vec![7], ..snap };
+        assert_eq!(Snapshot::decode(&payload).unwrap(), lost);
+        assert_eq!(lost.encode().unwrap(), payload, "a snapshot with a lost region is written as version 3");
         let (kind, payload) = seed("snapshot_sets");
         assert_eq!(kind, KIND_SNAPSHOT);
         let snap = Snapshot { next_id: 8, set_regions: vec![set], ..Snapshot::default() };
@@ -662,15 +726,50 @@ mod tests {
         };
         assert_eq!(payload(&old).unwrap(), bytes);
         assert_eq!(Replayed::from_snapshot(Snapshot::decode(&bytes).unwrap()), m);
-        let mut v3 = bytes.clone();
-        v3[0] = 3;
-        assert_eq!(Snapshot::decode(&v3), Err(DurableError::Version { kind: KIND_SNAPSHOT, version: 3 }));
+        let mut v4 = bytes.clone();
+        v4[0] = 4;
+        assert_eq!(Snapshot::decode(&v4), Err(DurableError::Version { kind: KIND_SNAPSHOT, version: 4 }));
         // A version 2 body behind a version 1 byte (or the reverse) does not decode.
         let mut with_sets = m.snapshot();
         with_sets.set_regions.push(set_region(9, 1, None));
         let mut v2 = with_sets.encode().unwrap();
         assert_eq!(Snapshot::decode(&v2).unwrap(), with_sets);
         v2[0] = RECORD_VERSION;
+        assert!(Snapshot::decode(&v2).is_err());
+    }
+
+    /// A region lost with its device stays lost, its exports revoked, through replay and a
+    /// snapshot (version 3 while one is lost, the older formats again once it is freed).
+    #[test]
+    fn a_lost_region_stays_lost_through_replay_and_snapshot() {
+        let mut m = Replayed::default();
+        for c in all() {
+            m.apply(c).unwrap();
+        }
+        m.apply(Change::ExportCreated(export(3, 5))).unwrap();
+        m.apply(Change::RegionLost { id: 3 }).unwrap();
+        assert_eq!(m.lost.iter().copied().collect::<Vec<_>>(), vec![3]);
+        assert!(m.exports.iter().filter(|e| e.region == 3).all(|e| e.revoked));
+        assert!(m.exports.iter().filter(|e| e.region == 4).all(|e| !e.revoked), "another region's exports live on");
+        assert_eq!(m.apply(Change::RegionLost { id: 2 }), Err(Inconsistency::NoRegion(2)));
+        let bytes = m.snapshot().encode().unwrap();
+        assert_eq!(bytes[0], SNAPSHOT_LOST_VERSION);
+        let back = Replayed::from_snapshot(Snapshot::decode(&bytes).unwrap());
+        assert_eq!(back, m);
+        // A lost region that is not live in the snapshot is not carried.
+        let stray = Snapshot { lost: vec![3, 99], ..m.snapshot() };
+        assert_eq!(Replayed::from_snapshot(stray), m);
+        // Freed (or its session ended): no longer lost, and the snapshot drops back to the
+        // format older builds read.
+        m.apply(Change::RegionFreed { id: 3 }).unwrap();
+        assert!(m.lost.is_empty());
+        assert_eq!(m.snapshot().encode().unwrap()[0], SNAPSHOT_SETS_VERSION);
+        m.apply(Change::RegionLost { id: 4 }).unwrap();
+        m.apply(Change::SessionEnded { token: [2; 16] }).unwrap();
+        assert!(m.lost.is_empty() && m.regions.is_empty());
+        // A version 3 body behind a version 2 byte does not decode.
+        let mut v2 = bytes;
+        v2[0] = SNAPSHOT_SETS_VERSION;
         assert!(Snapshot::decode(&v2).is_err());
     }
 }

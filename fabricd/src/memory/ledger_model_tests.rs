@@ -2,8 +2,8 @@
 //! frees, exports, revocations, imports, releases, sessions ending and devices lost are
 //! applied to a [`Ledger`] the way the registry's shell applies them (no files, no
 //! journal, no lock); after every step the ledger must agree with
-//! - [`Replayed`] fed the journal records the steps produced (the regions and exports a
-//!   restart would rebuild; a device lost is not journaled),
+//! - [`Replayed`] fed the journal records the steps produced (the regions, exports and
+//!   losses a restart would rebuild),
 //! - its own usage counted again from what it holds,
 //! - the revocations it queued, which must be exactly those the step ended (session,
 //!   region, generation, import, reason), and its `ended` flag, set by exactly the steps
@@ -314,8 +314,12 @@ impl Shell {
                     want.ended = true;
                     want.ordered = true;
                 }
-                let (lost, _) = l.lose(vec![id]);
+                let (lost, now) = l.lose(vec![id]);
                 assert_eq!(lost, counts);
+                // The shell journals each region lost now (a vendor object's changes never).
+                if !now.is_empty() && Self::journaled(l, id) {
+                    self.journal.push(Change::RegionLost { id });
+                }
             }
         }
         want
@@ -375,15 +379,13 @@ impl Shell {
         let rebuilt: BTreeMap<u64, (u64, [u8; 16], u32)> =
             model.regions.iter().map(|(id, r)| (*id, (r.generation, r.token, r.owner.uid))).collect();
         assert_eq!(held, rebuilt);
-        // A device lost is not journaled (the next start finds what is there): its
-        // regions' exports are revoked here only.
-        let lost = |region: u64| l.regions.get(&region).is_some_and(|r| r.lost);
+        // Lost regions (their exports revoked by the loss) are lost after a restart too.
+        let lost: std::collections::BTreeSet<u64> =
+            l.regions.iter().filter(|(id, r)| r.lost && journaled(id)).map(|(id, _)| *id).collect();
+        assert_eq!(lost, model.lost);
         let mut held: Vec<_> =
             l.exports.iter().filter(|e| journaled(&e.handle.region)).map(super::ledger::Export::record).collect();
         let mut rebuilt = model.exports.clone();
-        for e in held.iter_mut().chain(rebuilt.iter_mut()).filter(|e| lost(e.region)) {
-            e.revoked = true;
-        }
         held.sort_by_key(|e| (e.region, e.secret));
         rebuilt.sort_by_key(|e| (e.region, e.secret));
         assert_eq!(held, rebuilt);

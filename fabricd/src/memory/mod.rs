@@ -1183,8 +1183,10 @@ impl Memory {
     /// region on them is lost — each of its exports revoked (a later import is `Revoked`),
     /// each importer told (reason `DeviceLost`) and its owner told too (a revocation with
     /// import 0). Regions and imports stay until freed or released (a mapping cannot be
-    /// taken back). Returns the regions lost now, the exports revoked now and the imports
-    /// told; the importers and owners are told at the caller's [`Memory::deliver_ended`].
+    /// taken back). Each loss is journaled (`RegionLost`, waited for without the lock),
+    /// so a restart keeps the regions lost even with the device back. Returns the regions
+    /// lost now, the exports revoked now and the imports told; the importers and owners
+    /// are told at the caller's [`Memory::deliver_ended`].
     pub fn device_lost(&self, id: &DeviceId) -> Reclaimed {
         let mut guard = self.state();
         let st = &mut *guard;
@@ -1202,12 +1204,32 @@ impl Memory {
         };
         let lost: Vec<u64> =
             st.ledger.regions.iter().filter(|(k, r)| !r.lost && on_it(k, r)).map(|(k, _)| *k).collect();
-        // Told by the caller's `deliver_ended`, after it published why (the device events).
-        let out = st.ledger.lose(lost);
-        for (region, generation) in &out.1 {
+        // Refused at once (the device is gone whether or not the loss is saved); told by
+        // the caller's `deliver_ended` once it published why (the device events).
+        let (out, lost) = st.ledger.lose(lost);
+        // Saved, so that a restart with the device back keeps the regions lost and their
+        // exports revoked; the records share one fsync.
+        let mut tickets = Vec::with_capacity(lost.len());
+        for (region, generation) in &lost {
             tracing::warn!(%id, region, generation, "region lost with its device; exports revoked");
+            match st.journal(&Change::RegionLost { id: *region }) {
+                Ok(t) => tickets.extend(t.map(|t| (*region, t))),
+                Err(e) => Self::loss_unsaved(*region, &e),
+            }
         }
-        out.0
+        drop(guard);
+        for (region, t) in tickets {
+            let waited = t.wait();
+            self.state().settle(&waited);
+            if let Err(e) = waited {
+                Self::loss_unsaved(region, &MemoryError::Journal(e));
+            }
+        }
+        out
+    }
+
+    fn loss_unsaved(region: u64, e: &MemoryError) {
+        tracing::warn!(region, error = %crate::error_chain(e), "the loss of a region is not journaled; a restart with its device back would restore it");
     }
 
     /// Delivers to the end hook ([`Memory::on_end`]) what an operation ended and held

@@ -173,7 +173,11 @@ impl State {
             .filter(|e| self.ledger.regions.get(&e.handle.region).is_none_or(|r| r.object().is_none()))
             .map(Export::record)
             .collect();
-        Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions }.encode().map_err(MemoryError::Record)
+        let lost =
+            self.ledger.regions.iter().filter(|(_, r)| r.lost && r.object().is_none()).map(|(id, _)| *id).collect();
+        Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions, lost }
+            .encode()
+            .map_err(MemoryError::Record)
     }
 
     /// Queues `change` in the journal, in state order: the caller waits for the ticket
@@ -187,6 +191,7 @@ impl State {
             Change::RegionFreed { id } => Some(*id),
             Change::ExportCreated(e) => Some(e.region),
             Change::ExportRevoked { region, .. } => Some(*region),
+            Change::RegionLost { id } => Some(*id),
             _ => None,
         };
         if region.and_then(|id| self.ledger.regions.get(&id)).is_some_and(|r| r.object().is_some()) {
@@ -360,7 +365,9 @@ impl Memory {
                     offset: r.offset,
                     len: r.len,
                     backing: found.backing,
-                    lost: false,
+                    // Lost with its device before the restart: lost still, even with the
+                    // device back (what it held is not trusted once the device went).
+                    lost: model.lost.contains(&r.id),
                 },
             );
             if let Some(set) = found.set {
