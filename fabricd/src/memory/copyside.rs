@@ -125,12 +125,6 @@ fn file_key(f: &File, offset: u64) -> (u8, u64, u64, u64) {
     }
 }
 
-/// Whether the export an import came through was revoked (the import stays until its
-/// holder releases it, but no data moves through it).
-pub(super) fn import_revoked(st: &State, i: &super::Import) -> bool {
-    st.ledger.exports.iter().any(|e| e.revoked && i.via.verify(&e.handle))
-}
-
 impl Memory {
     /// Resolves `ep` for `len` bytes of a copy by `session`, for writing when `write`.
     /// `snap` is the address map GFAs are looked up in.
@@ -304,7 +298,7 @@ impl Memory {
         }
         let mut deps = vec![Dep::Region(rid)];
         if let Some((iid, access)) = via {
-            if st.ledger.imports.get(&iid).is_some_and(|i| import_revoked(st, i)) {
+            if st.ledger.imports.get(&iid).is_some_and(|i| st.ledger.import_revoked(i)) {
                 return Err(MemoryError::Revoked);
             }
             if write && access != AccessMode::ReadWrite {
@@ -345,7 +339,7 @@ impl Memory {
             },
             Dep::Import(id) => match st.ledger.imports.get(&id) {
                 None => Some(format!("import {id} ended")),
-                Some(i) if import_revoked(&st, i) => Some(format!("the export behind import {id} was revoked")),
+                Some(i) if st.ledger.import_revoked(i) => Some(format!("the export behind import {id} was revoked")),
                 Some(_) => None,
             },
             _ => None,

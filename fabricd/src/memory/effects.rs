@@ -75,7 +75,12 @@ impl Memory {
     /// effects the operation left and waits for the compaction.
     pub(super) fn finish(&self, mut st: MutexGuard<'_, State>) {
         let compaction = st.maybe_compact();
-        let effects = std::mem::take(&mut st.effects);
+        // Registrations the operation detached first: unmapped before a backing they
+        // reach is removed or its DAX device deleted.
+        let unregistered = std::mem::take(&mut st.ledger.unregistered).into_iter();
+        let mut effects: Vec<Effect> =
+            unregistered.map(|(id, r)| Effect::Unregister { id, registration: Box::new(r) }).collect();
+        effects.append(&mut st.effects);
         let hook =
             self.ended_hook.get().filter(|_| std::mem::take(&mut st.ledger.ended) || !st.ledger.revocations.is_empty());
         let revocations = hook.map(|_| std::mem::take(&mut st.ledger.revocations)).unwrap_or_default();

@@ -2,7 +2,8 @@
 //! registrations and each uid's usage — as a plain value. Its operations decide
 //! (ownership, an export's policy, admission) and account (usage charged and given back,
 //! revocations queued); they do no I/O, take no lock, and return what their caller carries
-//! out (the region, exports and imports a removal ended, the imports a revocation told).
+//! out (the region, exports and imports a removal ended; the registrations an ending
+//! detached, queued like revocations for the shell to unpin).
 //! The registry's shell (`mod.rs`: the lock, the journal, resources and backings, effects)
 //! stays the one place where anything happens, and the ledger's rules are tested alone
 //! (`ledger_model_tests.rs`, against the journal's replay model).
@@ -16,6 +17,7 @@ use fabric_proto::wire::{
 use super::backings::Backing;
 use super::durable::{ExportRecord, Owner};
 use super::{MemoryError, Reclaimed};
+use crate::dma::{Covers, Registration};
 
 /// Who holds what (see the module doc).
 #[derive(Debug, Default)]
@@ -35,6 +37,10 @@ pub(super) struct Ledger {
     pub(super) dma: crate::dma::Registry,
     /// Revocations to tell importers: (importing session, what ended).
     pub(super) revocations: Vec<(u64, Revocation)>,
+    /// Registrations detached since the last [`super::Memory::finish`], by id: no copy
+    /// resolves them; the shell unmaps and unpins them outside the lock and gives their
+    /// usage back then.
+    pub(super) unregistered: Vec<(u64, Registration)>,
     /// Something a copy may depend on ended since the last [`super::Memory::finish`].
     pub(super) ended: bool,
 }
@@ -147,6 +153,8 @@ pub(super) struct Removed {
     pub(super) exports: u64,
     /// Its imports, each told with a revocation.
     pub(super) imports: Vec<(u64, Import)>,
+    /// Registrations detached with it: of the region and of its imports.
+    pub(super) registrations: u64,
 }
 
 impl Ledger {
@@ -273,8 +281,9 @@ impl Ledger {
     }
 
     /// Marks export `via` revoked and tells every import made through it (the imports
-    /// stay: their holders release them): the ids of those imports.
-    pub(super) fn revoke(&mut self, via: &ExportHandle) -> Vec<u64> {
+    /// stay: their holders release them, but DMA through them ends now: their
+    /// registrations are detached). Returns how many registrations were.
+    pub(super) fn revoke(&mut self, via: &ExportHandle) -> u64 {
         if let Some(e) = self.find_export(via) {
             e.revoked = true;
         }
@@ -293,9 +302,24 @@ impl Ledger {
                 (i.session, r)
             })
             .collect();
-        let ids = told.iter().map(|(_, r)| r.import).collect();
+        let ids: Vec<u64> = told.iter().map(|(_, r)| r.import).collect();
         self.revocations.extend(told);
-        ids
+        ids.into_iter().map(|k| self.detach_registrations(|g| g.covers == Covers::Import(k))).sum()
+    }
+
+    /// Detaches every registration that matches (see `unregistered`). Returns how many.
+    pub(super) fn detach_registrations(&mut self, pred: impl Fn(&Registration) -> bool) -> u64 {
+        let ids = self.dma.ids_where(pred);
+        ids.into_iter().filter(|&id| self.detach_registration(id)).count() as u64
+    }
+
+    /// Detaches registration `id` (see `unregistered`): whether it was there.
+    pub(super) fn detach_registration(&mut self, id: u64) -> bool {
+        let Some(r) = self.dma.detach(id) else { return false };
+        // A copy through it ends too.
+        self.ended = true;
+        self.unregistered.push((id, r));
+        true
     }
 
     /// The checks of an import by handle: the secret and generation name a live export,
@@ -347,6 +371,12 @@ impl Ledger {
         Ok((id, generation))
     }
 
+    /// Whether the export import `i` came through was revoked (the import stays until its
+    /// holder releases it, but no data moves through it).
+    pub(super) fn import_revoked(&self, i: &Import) -> bool {
+        self.exports.iter().any(|e| e.revoked && i.via.verify(&e.handle))
+    }
+
     /// An import `session` holds, checked before it is released.
     pub(super) fn releasable(&self, session: u64, import: u64) -> Result<(), MemoryError> {
         match self.imports.get(&import) {
@@ -358,10 +388,11 @@ impl Ledger {
         }
     }
 
-    /// Takes import `id` out, its object given back.
+    /// Takes import `id` out, its object given back and its registrations detached.
     pub(super) fn remove_import(&mut self, id: u64) -> Option<Import> {
         let i = self.imports.remove(&id)?;
         self.ended = true;
+        self.detach_registrations(|g| g.covers == Covers::Import(id));
         if i.per_uid {
             self.discharge(i.uid, Usage::OBJECT);
         }
@@ -369,10 +400,12 @@ impl Ledger {
     }
 
     /// Takes region `id` out with its exports and imports, their usage given back, each
-    /// import told with a revocation for `reason`.
+    /// import told with a revocation for `reason`, the registrations of the region and of
+    /// its imports detached.
     pub(super) fn remove_region(&mut self, id: u64, reason: RevocationReason) -> Option<Removed> {
         let region = self.regions.remove(&id)?;
         self.ended = true;
+        let mut registrations = self.detach_registrations(|g| g.covers == Covers::Region(id));
         let fds = u64::from(region.object().is_some_and(|o| o.holds_fd()));
         self.discharge(region.owner.uid, Usage::region(region.len, fds));
         let mut exports = 0;
@@ -391,20 +424,23 @@ impl Ledger {
         let ids: Vec<u64> = self.imports.iter().filter(|(_, i)| i.region == id).map(|(k, _)| *k).collect();
         let mut imports = Vec::with_capacity(ids.len());
         for k in ids {
+            let before = self.unregistered.len();
             if let Some(i) = self.remove_import(k) {
+                registrations += (self.unregistered.len() - before) as u64;
                 let r = Revocation { region: id, generation: i.generation, import: k, reason };
                 self.revocations.push((i.session, r));
                 imports.push((k, i));
             }
         }
-        Some(Removed { region, exports, imports })
+        Some(Removed { region, exports, imports, registrations })
     }
 
     /// Regions `ids` are lost with their device: each marked lost, its live exports
-    /// revoked, each importer told and its owner too (a revocation with import 0); the
-    /// regions and imports stay until freed or released (a mapping cannot be taken back).
-    /// What was lost now (regions, exports revoked, imports told), and each region with
-    /// its generation.
+    /// revoked, each importer told and its owner too (a revocation with import 0), DMA
+    /// through it or its imports ended (their registrations detached); the regions and
+    /// imports stay until freed or released (a mapping cannot be taken back). What was
+    /// lost now (regions, exports revoked, imports told, registrations detached), and each
+    /// region with its generation.
     pub(super) fn lose(&mut self, mut ids: Vec<u64>) -> (Reclaimed, Vec<(u64, u64)>) {
         ids.sort_unstable();
         let mut out = Reclaimed::default();
@@ -428,6 +464,12 @@ impl Ledger {
                 .collect();
             told.sort_unstable_by_key(|(_, r)| r.import);
             out.imports += told.len() as u64;
+            let imports: Vec<u64> = told.iter().map(|(_, r)| r.import).collect();
+            out.registrations += self.detach_registrations(|g| match g.covers {
+                Covers::Region(k) => k == region,
+                Covers::Import(k) => imports.contains(&k),
+                Covers::Fd | Covers::Process => false,
+            });
             self.revocations.extend(told);
             let own = Revocation { region, generation, import: 0, reason: RevocationReason::DeviceLost };
             self.revocations.push((owner, own));

@@ -4,7 +4,10 @@
 //! journal, no lock); after every step the ledger must agree with
 //! - [`Replayed`] fed the journal records the steps produced (the regions, exports and
 //!   losses a restart would rebuild),
-//! - its own usage counted again from what it holds,
+//! - its own usage counted again from what it holds (DMA registrations' pins included,
+//!   given back when the shell undoes what an operation detached),
+//! - every live registration's cover: its region live and not lost, its import live and
+//!   not revoked,
 //! - the revocations it queued, which must be exactly those the step ended (session,
 //!   region, generation, import, reason), and its `ended` flag, set by exactly the steps
 //!   that ended something.
@@ -29,19 +32,53 @@ use super::backings::Backing;
 use super::durable::{Change, RegionRecord, Replayed, ResourceKey};
 use super::ledger::{Ledger, Region, Usage};
 use super::{MemoryError, Reclaimed};
+use crate::dma::{Covers, Registration};
 
 const MIB: u64 = 1 << 20;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { session: u64, mib: u64, object: bool },
-    Free { pick: usize },
-    Export { pick: usize, read_only: bool, policy: u8 },
-    Revoke { pick: usize },
-    Import { pick: usize, session: u64, write: bool, per_uid: bool },
-    Release { pick: usize },
-    CloseSession { session: u64 },
-    Lose { pick: usize },
+    Alloc {
+        session: u64,
+        mib: u64,
+        object: bool,
+    },
+    Free {
+        pick: usize,
+    },
+    Export {
+        pick: usize,
+        read_only: bool,
+        policy: u8,
+    },
+    Revoke {
+        pick: usize,
+    },
+    Import {
+        pick: usize,
+        session: u64,
+        write: bool,
+        per_uid: bool,
+    },
+    Release {
+        pick: usize,
+    },
+    CloseSession {
+        session: u64,
+    },
+    Lose {
+        pick: usize,
+    },
+    /// A DMA registration of a region (its owner's), an import (its holder's) or a
+    /// session's own memory.
+    Register {
+        pick: usize,
+        cover: u8,
+        pages: u64,
+    },
+    Unregister {
+        pick: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,6 +92,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         1 => (1u64..7).prop_map(|session| Op::CloseSession { session }),
         1 => any::<usize>().prop_map(|pick| Op::Lose { pick }),
+        3 => (any::<usize>(), 0u8..3, 1u64..5).prop_map(|(pick, cover, pages)| Op::Register { pick, cover, pages }),
+        1 => any::<usize>().prop_map(|pick| Op::Unregister { pick }),
     ]
 }
 
@@ -85,6 +124,9 @@ struct Shell {
     journal: Vec<Change>,
     handles: Vec<(u64, ExportHandle)>,
     next_secret: u8,
+    /// This process, standing for every session's (registrations of a session's own
+    /// memory follow it).
+    process: crate::transport::peer::Process,
 }
 
 impl Shell {
@@ -94,7 +136,22 @@ impl Shell {
             journal: Vec::new(),
             handles: Vec::new(),
             next_secret: 0,
+            process: crate::transport::peer::Process::this().unwrap(),
         }
+    }
+
+    /// How many live registrations `pred` matches.
+    fn registrations(l: &Ledger, pred: impl Fn(&Registration) -> bool) -> u64 {
+        l.dma.ids_where(pred).len() as u64
+    }
+
+    /// The registrations through region `id` and its imports.
+    fn through_region(l: &Ledger, id: u64) -> u64 {
+        Self::registrations(l, |g| match g.covers {
+            Covers::Region(k) => k == id,
+            Covers::Import(k) => l.imports.get(&k).is_some_and(|i| i.region == id),
+            Covers::Fd | Covers::Process => false,
+        })
     }
 
     /// Whether region `id` is journaled (a vendor object is not).
@@ -162,7 +219,8 @@ impl Shell {
                 if Self::journaled(l, id) {
                     self.journal.push(Change::RegionFreed { id });
                 }
-                l.remove_region(id, RevocationReason::Freed).unwrap();
+                let through = Self::through_region(l, id);
+                assert_eq!(l.remove_region(id, RevocationReason::Freed).unwrap().registrations, through);
             }
             Op::Export { pick, read_only, policy } => {
                 let ids = ids_of(&l.regions);
@@ -232,11 +290,9 @@ impl Shell {
                         secret: *via.secret.expose(),
                     });
                 }
-                let mut ids = l.revoke(&via);
-                ids.sort_unstable();
-                let mut told: Vec<u64> = want.told.iter().map(|(_, r)| r.import).collect();
-                told.sort_unstable();
-                assert_eq!(ids, told);
+                let told: Vec<u64> = want.told.iter().map(|(_, r)| r.import).collect();
+                let through = Self::registrations(l, |g| matches!(g.covers, Covers::Import(k) if told.contains(&k)));
+                assert_eq!(l.revoke(&via), through, "DMA through the revoked imports ends");
             }
             Op::Import { pick, session, write, per_uid } => {
                 let Some(&(_, h)) = self.handles.get(pick % self.handles.len().max(1)) else { return want };
@@ -284,9 +340,10 @@ impl Shell {
                     self.journal.push(Change::SessionEnded { token: *token(session).expose() });
                 }
                 // What the session's connection held goes first, untold (its holder is gone).
+                let registered = l.detach_registrations(|g| g.session == session);
                 let imports: Vec<u64> =
                     l.imports.iter().filter(|(_, i)| i.session == session).map(|(k, _)| *k).collect();
-                want.ended = !imports.is_empty() || !regions.is_empty();
+                want.ended = registered > 0 || !imports.is_empty() || !regions.is_empty();
                 for id in imports {
                     l.remove_import(id).unwrap();
                 }
@@ -307,6 +364,7 @@ impl Shell {
                     counts.regions = 1;
                     counts.exports = l.exports.iter().filter(|e| e.handle.region == id && !e.revoked).count() as u64;
                     counts.imports = told.len() as u64;
+                    counts.registrations = Self::through_region(l, id);
                     // The owner is told last, as import 0.
                     let reason = RevocationReason::DeviceLost;
                     told.push((owner, Revocation { region: id, generation, import: 0, reason }));
@@ -320,6 +378,60 @@ impl Shell {
                 if !now.is_empty() && Self::journaled(l, id) {
                     self.journal.push(Change::RegionLost { id });
                 }
+            }
+            Op::Register { pick, cover, pages } => {
+                // What the shell's `covered` admits: a region its owner's session holds, not
+                // lost and not a vendor object; an import its holder's, not revoked.
+                let (covers, session, uid) = match cover {
+                    0 => {
+                        let ids = ids_of(&l.regions);
+                        let Some(&id) = ids.get(pick % ids.len().max(1)) else { return want };
+                        let r = &l.regions[&id];
+                        if r.lost || r.object().is_some() {
+                            return want;
+                        }
+                        (Covers::Region(id), r.session, r.owner.uid)
+                    }
+                    1 => {
+                        let ids = ids_of(&l.imports);
+                        let Some(&id) = ids.get(pick % ids.len().max(1)) else { return want };
+                        let i = &l.imports[&id];
+                        if l.import_revoked(i) {
+                            return want;
+                        }
+                        (Covers::Import(id), i.session, i.uid)
+                    }
+                    _ => {
+                        let session = 1 + (pick % 6) as u64;
+                        (Covers::Process, session, peer(session).uid)
+                    }
+                };
+                let (id, span) = (l.take_id(), pages * 4096);
+                l.charge(uid, Usage::registration(span));
+                let backing = crate::dma::Backing::Process { process: self.process.clone(), addr: 0 };
+                let registration = Registration {
+                    device: "uuid:GPU-0".parse().unwrap(),
+                    domain: "iommu0".into(),
+                    iova: id << 30,
+                    span,
+                    lead: 0,
+                    len: span,
+                    access: AccessMode::ReadWrite,
+                    uid,
+                    session,
+                    covers,
+                    vfio: None,
+                    backing,
+                };
+                l.dma.insert(id, registration);
+            }
+            Op::Unregister { pick } => {
+                let mut ids = l.dma.ids_where(|_| true);
+                ids.sort_unstable();
+                let Some(&id) = ids.get(pick % ids.len().max(1)) else { return want };
+                assert!(l.detach_registration(id));
+                assert!(!l.detach_registration(id), "detached once");
+                want.ended = true;
             }
         }
         want
@@ -338,8 +450,25 @@ impl Shell {
         }
         assert_eq!(queued, told);
         assert_eq!(std::mem::take(&mut l.ended), want.ended);
+        // The shell undoes what the step detached (after the lock): its usage given back.
+        for (id, g) in std::mem::take(&mut l.unregistered) {
+            assert!(l.dma.get(id).is_none(), "registration {id} detached and live");
+            l.discharge(g.uid, Usage::registration(g.span));
+        }
+        // Every live registration's cover is live, and may still be reached by DMA.
+        for id in l.dma.ids_where(|_| true) {
+            let g = l.dma.get(id).unwrap();
+            match g.covers {
+                Covers::Region(k) => assert!(l.regions.get(&k).is_some_and(|r| !r.lost), "registration {id}: {k}"),
+                Covers::Import(k) => {
+                    let i = l.imports.get(&k);
+                    assert!(i.is_some_and(|i| !l.import_revoked(i)), "registration {id}: {k}");
+                }
+                Covers::Fd | Covers::Process => {}
+            }
+        }
         // Usage is what the ledger holds.
-        let mut recount: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+        let mut recount: BTreeMap<u32, (u64, u64, u64, u64)> = BTreeMap::new();
         for r in l.regions.values() {
             let u = recount.entry(r.owner.uid).or_default();
             u.0 += r.len;
@@ -352,10 +481,15 @@ impl Shell {
         for i in l.imports.values().filter(|i| i.per_uid) {
             recount.entry(i.uid).or_default().1 += 1;
         }
+        for id in l.dma.ids_where(|_| true) {
+            let g = l.dma.get(id).unwrap();
+            let u = recount.entry(g.uid).or_default();
+            (u.1, u.2, u.3) = (u.1 + 1, u.2 + 1, u.3 + g.span);
+        }
         for uid in [1000, 1001] {
             let u = l.usage_of(uid);
             let want = recount.get(&uid).copied().unwrap_or_default();
-            assert_eq!((u.bytes, u.objects, u.fds, u.pinned), (want.0, want.1, want.2, 0), "uid {uid}");
+            assert_eq!((u.bytes, u.objects, u.fds, u.pinned), want, "uid {uid}");
         }
         // Nothing names a region that is gone.
         for e in &l.exports {

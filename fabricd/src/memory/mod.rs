@@ -765,10 +765,7 @@ impl Memory {
     }
 
     fn drop_region(st: &mut State, id: u64, reason: RevocationReason) -> Reclaimed {
-        let mut out = Reclaimed {
-            registrations: Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Region(id)),
-            ..Reclaimed::default()
-        };
+        let mut out = Reclaimed::default();
         // Read before the region goes: who imported it from other nodes.
         let holders = st.holders(id);
         let Some(removed) = st.ledger.remove_region(id, reason) else { return out };
@@ -806,12 +803,13 @@ impl Memory {
         if let Some(members) = free_now {
             st.release_range(id, holders, members, r.offset, r.len);
         }
-        for (k, i) in &removed.imports {
-            Self::forget_import(st, *k, i);
+        for (_, i) in &removed.imports {
+            Self::forget_import(st, i);
         }
         out.regions = 1;
         out.exports = removed.exports;
         out.imports = removed.imports.len() as u64;
+        out.registrations = removed.registrations;
         tracing::info!(region = id, uid = r.owner.uid, exports = out.exports, imports = out.imports, "region freed");
         if let Backing::Object(_) = r.backing {
             // Its descriptor is closed outside the lock.
@@ -823,8 +821,10 @@ impl Memory {
     /// Drops what a session's connection held, which no client can take back: its
     /// registrations and its imports.
     fn drop_connection(st: &mut State, session: u64) -> Reclaimed {
-        let mut out =
-            Reclaimed { registrations: Self::drop_registrations(st, |g| g.session == session), ..Reclaimed::default() };
+        let mut out = Reclaimed {
+            registrations: st.ledger.detach_registrations(|g| g.session == session),
+            ..Reclaimed::default()
+        };
         for id in st.ledger.imports_of(session) {
             Self::drop_import(st, id);
             out.imports += 1;
@@ -834,14 +834,13 @@ impl Memory {
 
     fn drop_import(st: &mut State, id: u64) {
         if let Some(i) = st.ledger.remove_import(id) {
-            Self::forget_import(st, id, &i);
+            Self::forget_import(st, &i);
         }
     }
 
-    /// What the shell holds for import `id`, which the ledger took out: the registrations
-    /// through it, and its count in its importer node's session.
-    fn forget_import(st: &mut State, id: u64, i: &Import) {
-        Self::drop_registrations(st, |g| g.covers == crate::dma::Covers::Import(id));
+    /// What the shell holds for import `id`, which the ledger took out: its count in its
+    /// importer node's session.
+    fn forget_import(st: &mut State, i: &Import) {
         if let Some(r) = st.remote.get_mut(&i.session) {
             r.imports = r.imports.saturating_sub(1);
         }
@@ -889,9 +888,7 @@ impl Memory {
         let (mut st, done) = self.commit(ticket);
         done?;
         // The imports stay (their holders release them); DMA through them ends now.
-        for import in st.ledger.revoke(&via) {
-            Self::drop_registrations(&mut st, |g| g.covers == crate::dma::Covers::Import(import));
-        }
+        st.ledger.revoke(&via);
         self.finish(st);
         tracing::info!(region = handle.region, generation = handle.generation, "export revoked");
         Ok(())

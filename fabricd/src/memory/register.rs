@@ -1,7 +1,7 @@
 //! Registration on the memory registry: [`Memory::register`] pins a region, an import, a
 //! memory object or the caller's own memory for a device's DMA and gives it an IOVA;
 //! [`Memory::unregister`] undoes it (the unmap and unpin run as an effect, after the lock,
-//! and the IOVA range is freed only then: [`Effect::Unregister`]); the copy path resolves
+//! and the IOVA range is freed only then: [`super::effects::Effect::Unregister`]); the copy path resolves
 //! `(device, iova)` back to the memory ([`Memory::dma_read`], [`Memory::dma_write`]),
 //! reading and writing it without the lock. The registry itself is
 //! [`crate::dma`]; it lives in the memory state so that the objects a registration covers
@@ -12,7 +12,6 @@ use std::os::fd::OwnedFd;
 
 use fabric_proto::wire::{AccessMode, PeerCred};
 
-use super::effects::Effect;
 use super::{Memory, MemoryError, State, Usage, io_err};
 use crate::dma::iova::PAGE;
 use crate::dma::sys::{self, Pinned};
@@ -186,6 +185,9 @@ impl Memory {
         let (region, r) = match covers {
             Covers::Region(id) => {
                 let r = st.ledger.owned(id, session)?;
+                if r.lost {
+                    return Err(MemoryError::DeviceLost(format!("region {id} lies on a device that was lost")));
+                }
                 in_bounds(r.len, &format!("region {id}"))?;
                 Self::refuse_object(st, id, "pin it for DMA")?;
                 (id, r)
@@ -200,7 +202,7 @@ impl Memory {
                         "import {id} is read-only; the device may only read it"
                     )));
                 }
-                if super::copyside::import_revoked(st, i) {
+                if st.ledger.import_revoked(i) {
                     return Err(MemoryError::Revoked);
                 }
                 let r = st
@@ -377,22 +379,11 @@ impl Memory {
                 Err(MemoryError::PermissionDenied(format!("registration {registration} belongs to another session")))
             }
             Some(_) => {
-                Self::drop_registration(&mut st, registration);
+                st.ledger.detach_registration(registration);
                 self.finish(st);
                 Ok(())
             }
         }
-    }
-
-    /// Detaches one registration: no copy resolves it any more, and its unmap, unpin,
-    /// IOVA range and accounting are left to [`Effect::Unregister`], which the operation's
-    /// [`Memory::finish`] runs after the lock and before it answers.
-    pub(super) fn drop_registration(st: &mut State, id: u64) -> bool {
-        let Some(r) = st.ledger.dma.detach(id) else { return false };
-        // A copy through it ends too (`Memory::finish`).
-        st.ledger.ended = true;
-        st.effects.push(Effect::Unregister { id, registration: Box::new(r) });
-        true
     }
 
     /// Undoes a detached registration, without the lock: unmaps it (VFIO) and unpins it,
@@ -407,12 +398,6 @@ impl Memory {
         st.unpin_usage(uid, span);
         drop(st);
         tracing::info!(registration = id, uid, device = %device, iova, span, "unregistered");
-    }
-
-    /// Removes every registration that matches; returns how many.
-    pub(super) fn drop_registrations(st: &mut State, pred: impl Fn(&Registration) -> bool) -> u64 {
-        let ids = st.ledger.dma.ids_where(pred);
-        ids.iter().filter(|&&id| Self::drop_registration(st, id)).count() as u64
     }
 
     /// The registration of `target`'s domain holding `[iova, iova + len)`, resolved under

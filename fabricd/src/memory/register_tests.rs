@@ -232,3 +232,24 @@ fn a_failed_map_gives_back_its_iova_and_its_pinned_bytes() {
     assert_eq!(ok.iova, PAGE, "the failed registration's range is free again");
     assert_eq!(t.memory.counts().pinned_bytes, PAGE);
 }
+
+/// A device lost ends DMA into its regions: the registration is unmapped from the IOMMU,
+/// its pin and IOVA given back, no read resolves it, and no new one is made there.
+#[test]
+fn a_lost_device_ends_the_registrations_of_its_regions() {
+    let t = Setup::new(LimitsConfig::default());
+    let r1 = t.region(1);
+    let reg = t.register(1, r1).unwrap();
+    let mut buf = [0u8; 8];
+    t.memory.dma_read(&t.target, reg.iova, &mut buf).unwrap();
+    assert_eq!(t.mapped(), vec![reg.iova]);
+
+    let lost = t.memory.device_lost(&t.gpu);
+    t.memory.deliver_ended();
+    assert_eq!((lost.regions, lost.registrations), (1, 1));
+    let counts = t.memory.counts();
+    assert_eq!((counts.regions, counts.registrations, counts.pinned_bytes), (1, 0, 0), "the region stays, lost");
+    assert!(t.mapped().is_empty(), "unmapped from the IOMMU");
+    assert!(t.memory.dma_read(&t.target, reg.iova, &mut buf).is_err());
+    assert!(matches!(t.register(1, r1), Err(MemoryError::DeviceLost(_))));
+}
