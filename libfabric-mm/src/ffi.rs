@@ -275,8 +275,14 @@ pub(crate) unsafe fn open(
     // SAFETY: forwarded caller contract.
     let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
     let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
-    let s = Session::open_with(SessionConfig { socket, window, client_name: Some("libfabric-mm (C)".into()), resume })
-        .map_err(|e| fail(&e))?;
+    let s = Session::open_with(SessionConfig {
+        socket,
+        window,
+        client_name: Some("libfabric-mm (C)".into()),
+        resume,
+        keep_revoked_mappings: false,
+    })
+    .map_err(|e| fail(&e))?;
     put(out, FmmSession(s))
 }
 

@@ -75,6 +75,18 @@ impl Mem {
         }
     }
 
+    /// The import whose mappings [`crate::window::Window::fence`] takes back when it is
+    /// revoked: an import of another node's memory, whose owner's revocation tears the
+    /// mapping down as a fabric's would. An import of this node's memory keeps its pages
+    /// until it is unmapped, as a local IPC mapping keeps its memory (docs/libfabric-mm.md,
+    /// "Revocation").
+    pub(crate) fn fenced_import(&self) -> Option<u64> {
+        match self.kind {
+            MemKind::Imported { import } if import & REMOTE_IMPORT != 0 => Some(import),
+            MemKind::Imported { .. } | MemKind::Owned => None,
+        }
+    }
+
     /// `Err(Revoked)` once the daemon revoked this import.
     pub(crate) fn check_live(&self) -> Result<()> {
         if let MemKind::Imported { import } = self.kind

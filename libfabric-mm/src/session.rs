@@ -31,6 +31,12 @@ pub struct SessionConfig {
     /// Take back the session this token names (its regions and exports), after a daemon
     /// restart or a dropped connection, within the daemon's grace period (`resume.rs`).
     pub resume: Option<crate::resume::Token>,
+    /// Keep the pages of a revoked import of another node's memory mapped until the
+    /// mapping is dropped, as a local import's are, instead of fencing them when the
+    /// revocation is told (loads and stores through a fenced mapping fault with
+    /// `SIGSEGV`). For callers that cannot survive a fault in code that reads a mapping:
+    /// the Python binding sets it (docs/libfabric-mm.md, "Revocation").
+    pub keep_revoked_mappings: bool,
 }
 
 /// The socket fabricd listens on by default: `$FABRIC_SOCKET`, else
@@ -57,6 +63,8 @@ pub(crate) struct Revocations {
     /// Revoked imports by import id.
     by_import: Mutex<HashMap<u64, Revocation>>,
     callback: Mutex<Option<RevocationCallback>>,
+    /// The session's window, once reserved: a revoked import's mappings in it are fenced.
+    window: std::sync::OnceLock<Arc<Window>>,
 }
 
 impl Revocations {
@@ -66,7 +74,20 @@ impl Revocations {
 
     fn record(&self, r: Revocation) {
         tracing::info!(region = r.region, import = r.import, reason = ?r.reason, "import revoked");
+        // Marked first: a `map` racing with this either is fenced below or sees the mark
+        // after it placed (`Session::map`).
         Self::lock(&self.by_import).insert(r.import, r);
+        // Fenced before anyone is told (an import of another node's memory: see
+        // `Mem::fenced_import`): from now on a load or store through its mappings faults
+        // instead of reaching memory its owner took back.
+        if r.import != 0
+            && let Some(w) = self.window.get()
+        {
+            let fenced = w.fence(r.import);
+            if fenced > 0 {
+                tracing::info!(import = r.import, mappings = fenced, "revoked import's mappings fenced");
+            }
+        }
         if let Some(cb) = Self::lock(&self.callback).as_ref() {
             cb(&r);
         }
@@ -84,13 +105,15 @@ impl Revocations {
 /// The shared part of a session: memory objects and mappings hold it.
 pub(crate) struct Inner {
     pub(crate) client: Client,
-    pub(crate) window: Window,
+    pub(crate) window: Arc<Window>,
     pub(crate) revocations: Arc<Revocations>,
     pub(crate) socket: PathBuf,
     /// The registration cache and counters (crate::register).
     pub(crate) registrations: crate::register::Registrations,
     /// Copies in flight (`crate::copy`).
     pub(crate) copies: Arc<crate::copy::Copies>,
+    /// [`SessionConfig::keep_revoked_mappings`].
+    pub(crate) keep_revoked_mappings: bool,
 }
 
 impl Inner {
@@ -303,7 +326,13 @@ impl Session {
                 },
             },
         };
-        let inner = Arc::new(Inner { client, window, revocations, socket, registrations: Default::default(), copies });
+        let window = Arc::new(window);
+        // Set once, before any memory is placed in it.
+        let _ = revocations.window.set(window.clone());
+        let keep_revoked_mappings = config.keep_revoked_mappings;
+        let registrations = Default::default();
+        let inner =
+            Arc::new(Inner { client, window, revocations, socket, registrations, copies, keep_revoked_mappings });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {
             Response::Subscribe(_) => Ok(s),
@@ -427,8 +456,12 @@ impl Session {
         let fd = mem.fd.as_ref().ok_or(Error::CopyOnly(mem.region))?;
         let gfa = mem.gfa.ok_or(Error::NoGfa(mem.region))?;
         let prot = if mem.writable { Protection::ReadWrite } else { Protection::Read };
-        let ptr = self.inner.window.place(gfa, mem.size, fd.as_fd(), mem.offset, prot)?;
-        Ok(Mapping::new(mem, ptr, gfa))
+        let fenced = mem.fenced_import().filter(|_| !self.inner.keep_revoked_mappings);
+        let ptr = self.inner.window.place_as(gfa, mem.size, fd.as_fd(), mem.offset, prot, fenced)?;
+        let mapping = Mapping::new(mem, ptr, gfa);
+        // Revoked while it was placed: refused (dropping it unplaces it).
+        mapping.mem_arc().check_live()?;
+        Ok(mapping)
     }
 
     /// Where each GFA lands (at most 1,024 per call).

@@ -3,7 +3,9 @@
 //! fabric address space, so that `ptr = base + (gfa - window.gfa)` and pointer arithmetic
 //! is GFA arithmetic. Memory is placed at its GFA with `MAP_FIXED` over the reservation,
 //! and unplacing puts the reservation back (never `munmap`, which would open a hole another
-//! allocation could take).
+//! allocation could take). A revoked import's placements are *fenced*: the reservation is
+//! put back over them at once, while they stay placed until their mapping is dropped, so a
+//! load or store through them faults.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -141,8 +143,19 @@ impl Aperture {
 struct Placements {
     /// Apertures beyond the first (a domain window's other node spans): first GFA → it.
     more: BTreeMap<u64, Aperture>,
-    /// Placed ranges: start GFA → length.
-    placed: BTreeMap<u64, u64>,
+    /// Placed ranges by start GFA.
+    placed: BTreeMap<u64, Placed>,
+}
+
+/// One placed range.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    len: u64,
+    /// The import it maps, when a revocation of that import fences it
+    /// ([`Window::fence`]).
+    import: Option<u64>,
+    /// Fenced: the reservation is back over it.
+    fenced: bool,
 }
 
 /// The reserved range: one aperture of [`WindowConfig`], and in a domain one more aperture
@@ -281,9 +294,23 @@ impl Window {
 
     /// Maps `len` bytes of `fd` from `offset` at `gfa`'s place in the window.
     pub fn place(&self, gfa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64, prot: Protection) -> Result<*mut u8> {
+        self.place_as(gfa, len, fd, offset, prot, None)
+    }
+
+    /// [`Window::place`], tagged with `import` when a revocation of that import is to
+    /// fence it ([`Window::fence`]).
+    pub(crate) fn place_as(
+        &self,
+        gfa: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        prot: Protection,
+        import: Option<u64>,
+    ) -> Result<*mut u8> {
         let mut st = self.lock();
         let (a, off) = self.check(&mut st, gfa, len)?;
-        let overlaps = st.placed.range(..gfa + len).next_back().is_some_and(|(s, l)| s + l > gfa);
+        let overlaps = st.placed.range(..gfa + len).next_back().is_some_and(|(s, p)| s + p.len > gfa);
         if overlaps {
             return Err(Error::AlreadyMapped { gfa, len });
         }
@@ -303,22 +330,52 @@ impl Window {
         if p == libc::MAP_FAILED {
             return Err(Error::Os { what: "mapping memory into the window", source: std::io::Error::last_os_error() });
         }
-        st.placed.insert(gfa, len);
+        st.placed.insert(gfa, Placed { len, import, fenced: false });
         Ok(addr)
+    }
+
+    /// Puts the reservation back over every placement of `import` now, keeping them placed
+    /// (nothing else is placed there until their mappings are dropped): from now on a load
+    /// or store through them faults (`SIGSEGV`). Returns how many were fenced.
+    pub(crate) fn fence(&self, import: u64) -> usize {
+        let mut st = self.lock();
+        let mut fenced = 0;
+        let at: Vec<u64> =
+            st.placed.iter().filter(|(_, p)| p.import == Some(import) && !p.fenced).map(|(g, _)| *g).collect();
+        for gfa in at {
+            let Some(p) = st.placed.get(&gfa).copied() else { continue };
+            match self.reserve_again(&st, gfa, p.len) {
+                Ok(()) => {
+                    fenced += 1;
+                    if let Some(p) = st.placed.get_mut(&gfa) {
+                        p.fenced = true;
+                    }
+                }
+                Err(e) => tracing::warn!(gfa, import, error = %e, "cannot fence a revoked import's mapping"),
+            }
+        }
+        fenced
     }
 
     /// Puts the reservation back over a placement made by [`Window::place`].
     pub fn unplace(&self, gfa: u64) -> Result<()> {
         let mut st = self.lock();
-        let Some(len) = st.placed.get(&gfa).copied() else {
+        let Some(p) = st.placed.get(&gfa).copied() else {
             return Err(Error::InvalidArgument(format!("nothing is placed at GFA {gfa:#x}")));
         };
+        self.reserve_again(&st, gfa, p.len)?;
+        st.placed.remove(&gfa);
+        Ok(())
+    }
+
+    /// Fresh reservation pages over the placement at `gfa` (the caller holds the lock).
+    fn reserve_again(&self, st: &Placements, gfa: u64, len: u64) -> Result<()> {
         let (a, off) =
-            self.aperture(&st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
+            self.aperture(st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
         let addr = (a.base as *mut u8).wrapping_add(off as usize);
         // SAFETY: the range is one of our placements inside an aperture; replacing it with
-        // fresh PROT_NONE pages drops the mapping (the caller guarantees no live
-        // references into it, see Mapping).
+        // fresh PROT_NONE pages drops the mapping. What still points into it (a Mapping
+        // not yet dropped, when fencing) faults on access instead of reaching the memory.
         let p = unsafe {
             libc::mmap(
                 addr.cast(),
@@ -335,13 +392,12 @@ impl Window {
                 source: std::io::Error::last_os_error(),
             });
         }
-        st.placed.remove(&gfa);
         Ok(())
     }
 
     /// Ranges placed now: (GFA, bytes).
     pub fn placements(&self) -> Vec<(u64, u64)> {
-        self.lock().placed.iter().map(|(g, l)| (*g, *l)).collect()
+        self.lock().placed.iter().map(|(g, p)| (*g, p.len)).collect()
     }
 
     /// The apertures reserved now: (first GFA, bytes), the first one first.
@@ -417,6 +473,46 @@ mod tests {
         assert_eq!(back[0], 9, "the store went to the file");
         // The range is placeable again.
         w.place(gfa, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+    }
+
+    /// The permissions `/proc/self/maps` gives the page at `p` (`rw-s`, `---p`, …).
+    fn perms(p: *const u8) -> String {
+        let at = p as usize;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+            let (lo, hi) = range.split_once('-').unwrap();
+            let (lo, hi) = (usize::from_str_radix(lo, 16).unwrap(), usize::from_str_radix(hi, 16).unwrap());
+            if (lo..hi).contains(&at) {
+                return perms.to_owned();
+            }
+        }
+        panic!("{at:#x} is not mapped");
+    }
+
+    #[test]
+    fn fencing_an_import_takes_its_placements_back_and_keeps_them_placed() {
+        let w = Window::reserve(small()).unwrap();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 8192]).unwrap();
+        let (a, b, c) = ((1 << 30) + (1 << 20), (1 << 30) + (2 << 20), (1 << 30) + (3 << 20));
+        let pa = w.place_as(a, 4096, f.as_fd(), 0, Protection::ReadWrite, Some(5)).unwrap();
+        let pb = w.place_as(b, 4096, f.as_fd(), 4096, Protection::Read, Some(6)).unwrap();
+        let pc = w.place(c, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+        assert_eq!((perms(pa), perms(pb), perms(pc)), ("rw-s".into(), "r--s".into(), "r--s".into()));
+        assert_eq!(w.fence(5), 1);
+        assert_eq!(perms(pa), "---p", "the file is no longer mapped there");
+        assert_eq!((perms(pb), perms(pc)), ("r--s".into(), "r--s".into()), "other placements untouched");
+        assert_eq!(w.fence(5), 0, "fenced once");
+        assert_eq!(w.fence(9), 0);
+        // Still placed: nothing else lands there until it is unplaced.
+        assert_eq!(w.placements().len(), 3);
+        assert!(matches!(w.place(a, 4096, f.as_fd(), 0, Protection::Read), Err(Error::AlreadyMapped { .. })));
+        w.unplace(a).unwrap();
+        w.place(a, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+        // SAFETY: a..a+4096 was just mapped read-only from the file.
+        assert_eq!(unsafe { *pa }, 7);
     }
 
     #[test]

@@ -4,8 +4,12 @@
 //! new to learn for a remote handle — maps it at its GFA in a window over tray0's slot,
 //! reads tray0's stores and stores back, which tray0 reads; when tray0's region is freed
 //! the importer's revocation callback runs with `Freed` and the import reports revoked,
-//! and another importer process's next load through its stale mapping dies of SIGBUS
-//! (the owner truncated the region's file): it never reads memory that may be reused.
+//! and another importer process's next load through a stale mapping of its own (an `mmap`
+//! of the import's descriptor the library does not know) dies of SIGBUS (the owner
+//! truncated the region's file): it never reads memory that may be reused. When the owner
+//! only revokes its export (the region lives on), the library fences an importer
+//! process's mapping as its callback is told: its next load dies of SIGSEGV, while the
+//! owner goes on using the region.
 //!
 //! That importer process is this same test binary re-run with `--ignored --exact
 //! importer_process`.
@@ -31,41 +35,121 @@ use fabric_mm::{Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Ta
 const LEN: u64 = 2 << 20;
 const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
 
-/// The second importer: `socket slot handle` in [`ENV`]; imports, maps, says `MAPPED`,
-/// and on `LOAD` loads through its mapping (and should not live to say `LOADED`).
+/// The second importer: `socket slot handle through` in [`ENV`]; imports and maps (in
+/// the library's window; `through` = `raw`: also an `mmap` of its own of the import's
+/// descriptor, loaded through instead), says `MAPPED`, says `REVOKED <reason>` when its
+/// revocation callback runs, and at each `LOAD` line loads the first byte and says
+/// `LOADED <byte>` (once the memory is taken back it should not live to say it).
 #[test]
 #[ignore = "the importer process of the cross-node test, which runs it"]
 fn importer_process() {
     let Ok(args) = std::env::var(ENV) else { return };
     let mut a = args.split(' ');
     let (socket, slot, handle) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
+    let raw = a.next() == Some("raw");
     let s = domain::session(Path::new(socket), Some(slot.parse().unwrap()));
+    s.on_revocation(|r| {
+        println!("REVOKED {:?}", r.reason);
+        std::io::stdout().flush().unwrap();
+    });
     let import = s.import(&handle.parse::<Handle>().unwrap(), false).unwrap();
     let m = s.map(&import).unwrap();
+    let at = if raw {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&import.fd().unwrap());
+        let off = libc::off_t::try_from(import.fd_offset()).unwrap();
+        // SAFETY: a new shared read-only mapping of a descriptor this process holds.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN as usize, libc::PROT_READ, libc::MAP_SHARED, fd, off) };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast::<u8>().cast_const()
+    } else {
+        m.as_ptr().cast_const()
+    };
     println!("\nMAPPED");
     std::io::stdout().flush().unwrap();
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    // SAFETY: a load through a mapping this process holds; the owner truncated the file
-    // under it, which is what this process exists to show (the load faults).
-    let seen = unsafe { std::ptr::read_volatile(m.as_ptr()) };
-    println!("LOADED {seen}");
+    for line in std::io::stdin().lines() {
+        if line.unwrap() == "LOAD" {
+            // SAFETY: a load through a mapping this process holds; once the owner took
+            // the memory back it faults, which is what this process exists to show.
+            let seen = unsafe { std::ptr::read_volatile(at) };
+            println!("LOADED {seen}");
+            std::io::stdout().flush().unwrap();
+        }
+    }
 }
 
-#[test]
-fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
-    let Some(lab) = domain::Lab::start() else { return };
+/// Starts [`importer_process`] for `handle` on `socket` (`through`: see there) and waits
+/// until it mapped the memory.
+fn importer_child(
+    socket: &Path,
+    slot: u64,
+    handle: &Handle,
+    through: &str,
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "importer_process", "--nocapture", "--test-threads=1"])
+        .env(ENV, format!("{} {slot} {handle} {through}", socket.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    until(&mut out, "MAPPED");
+    (child, out)
+}
+
+/// Reads the child's lines until one is `want`; panics if it exits first.
+fn until(out: &mut BufReader<std::process::ChildStdout>, want: &str) {
+    let mut line = String::new();
+    while line.trim() != want {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the importer process exited before saying {want}");
+    }
+}
+
+/// Asks the child to load; returns its exit when it died of it, else what it said.
+fn load(
+    child: &mut std::process::Child,
+    out: &mut BufReader<std::process::ChildStdout>,
+) -> std::result::Result<String, std::process::ExitStatus> {
+    writeln!(child.stdin.as_mut().unwrap(), "LOAD").unwrap();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            return Err(child.wait().unwrap());
+        }
+        if line.starts_with("LOADED") {
+            return Ok(line.trim().to_owned());
+        }
+    }
+}
+
+/// Two trays of the sim supernode sharing its fabric, both live: tray0, tray1 and tray0's
+/// slot.
+fn two_trays(lab: &domain::Lab) -> (common::Daemon, common::Daemon, u64) {
     let shared = lab.dir.path().join("sim");
     let supernode = domain::sim("supernode-64.toml");
     let n0 = lab.node(&supernode, Some(&shared), "tray0");
     let n1 = lab.node(&supernode, Some(&shared), "tray1");
     let slot0 = domain::wait_live(&[&n0, &n1]);
+    (n0, n1, slot0)
+}
+
+/// A region of [`LEN`] bytes on the first HBM of `owner`'s node.
+fn hbm_region(owner: &fabric_mm::Session) -> fabric_mm::Region {
+    let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
+    owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap()
+}
+
+#[test]
+fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
+    let Some(lab) = domain::Lab::start() else { return };
+    let (n0, n1, slot0) = two_trays(&lab);
 
     // tray0: allocate on its GPU, map, store, export — as for any local sharing.
     let owner = domain::session(&n0.socket, None);
     assert_eq!(owner.window().config(), WindowConfig { gfa: slot0 * SPAN, len: SPAN }, "tray0's own span");
-    let gpu = owner.first_device_with(MemoryClass::Hbm).unwrap().unwrap().id;
-    let region = owner.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap();
+    let region = hbm_region(&owner);
     let om = owner.map(&region).unwrap();
     // SAFETY: this test is the only writer of the region until it exports it.
     unsafe { om.as_mut_slice().unwrap()[..8].copy_from_slice(b"on tray0") };
@@ -106,20 +190,9 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
         );
     }
 
-    // A second importer, in a process of its own, maps it too.
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "importer_process", "--nocapture", "--test-threads=1"])
-        .env(ENV, format!("{} {slot0} {handle}", n1.socket.display()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while line.trim() != "MAPPED" {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the importer process exited before mapping");
-    }
+    // A second importer, in a process of its own, maps it too (with an mmap of its own).
+    let (mut child, mut out) = importer_child(&n1.socket, slot0, &handle, "raw");
+    assert_eq!(load(&mut child, &mut out).unwrap(), format!("LOADED {}", b'o'));
 
     // tray0 frees the region: tray1's callback runs with Freed, the import is revoked.
     let rx = domain::revocations(&importer);
@@ -129,12 +202,67 @@ fn a_session_on_one_node_maps_and_stores_into_memory_exported_on_another() {
     assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
     assert!(matches!(im.check(), Err(Error::Revoked { reason: RevocationReason::Freed, .. })));
     // The owner truncated the file before it told the importer node: the other process's
-    // next load through its stale mapping faults.
-    writeln!(child.stdin.as_mut().unwrap(), "LOAD").unwrap();
-    let status = child.wait().unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status}; it said: {rest}");
+    // next load through a mapping the library does not know (so never fenced) faults.
+    let status = load(&mut child, &mut out).unwrap_err();
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status}");
+}
+
+#[test]
+fn an_export_revoked_on_one_node_fences_its_mappings_on_another() {
+    let Some(lab) = domain::Lab::start() else { return };
+    let (n0, n1, slot0) = two_trays(&lab);
+
+    let owner = domain::session(&n0.socket, None);
+    let region = hbm_region(&owner);
+    let om = owner.map(&region).unwrap();
+    // SAFETY: this test is the only writer of the region until it exports it.
+    unsafe { om.as_mut_slice().unwrap()[0] = 42 };
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+
+    // An importer on tray1 in this process, and one in a process of its own.
+    let importer = domain::session(&n1.socket, None);
+    let rx = domain::revocations(&importer);
+    let import = importer.import(&handle, true).unwrap();
+    let im = importer.map(&import).unwrap();
+    // One that keeps a revoked import's pages (as the Python binding does).
+    let keeper = fabric_mm::Session::open_with(fabric_mm::SessionConfig {
+        socket: Some(n1.socket.clone()),
+        keep_revoked_mappings: true,
+        ..fabric_mm::SessionConfig::default()
+    })
+    .unwrap();
+    let kept_rx = domain::revocations(&keeper);
+    let kept = keeper.import(&handle, false).unwrap();
+    let km = keeper.map(&kept).unwrap();
+    let (mut child, mut out) = importer_child(&n1.socket, slot0, &handle, "window");
+    assert_eq!(load(&mut child, &mut out).unwrap(), "LOADED 42");
+
+    // tray0 revokes the export; the region lives on.
+    owner.revoke(&handle).unwrap();
+    let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the revoke");
+    assert_eq!((r.reason, r.import), (RevocationReason::Revoked, import.import_id()));
+    assert!(matches!(im.check(), Err(Error::Revoked { reason: RevocationReason::Revoked, .. })));
+    // Fenced, still placed: nothing else lands there until the mapping is dropped, and the
+    // import cannot be mapped again.
+    assert_eq!(importer.window().placements(), vec![(im.gfa(), LEN)]);
+    assert!(matches!(importer.map(&import), Err(Error::Revoked { .. })));
+    drop(im);
+    assert!(importer.window().placements().is_empty());
+    // The keeper was told too, and its pages still read the live region.
+    kept_rx.recv_timeout(Duration::from_secs(1)).expect("the keeper's revocation");
+    assert!(matches!(km.check(), Err(Error::Revoked { .. })));
+    // SAFETY: the keeper's mapping is not fenced; the region lives on its owner.
+    assert_eq!(unsafe { std::ptr::read_volatile(km.as_ptr()) }, 42);
+    // The other process's callback ran after its mapping was fenced: its next load faults.
+    until(&mut out, "REVOKED Revoked");
+    let status = load(&mut child, &mut out).unwrap_err();
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status}");
+    // The owner's own mapping is its region's, revoked export or not.
+    // SAFETY: the only mapping left that stores to the region is this one.
+    unsafe {
+        om.as_mut_slice().unwrap()[1] = 7;
+        assert_eq!(&om.as_slice()[..2], &[42, 7]);
+    }
 }
 
 #[test]

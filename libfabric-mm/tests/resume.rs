@@ -16,6 +16,7 @@ fn open(socket: &std::path::Path, resume: Option<fabric_mm::Token>) -> fabric_mm
         window: Some(WindowConfig::default()),
         client_name: Some("resume-test".into()),
         resume,
+        ..SessionConfig::default()
     })
 }
 

@@ -63,6 +63,9 @@ impl Session {
             window,
             client_name: Some(client_name.unwrap_or_else(|| "fabric_mm-python".into())),
             resume,
+            // A fenced page would crash the interpreter in whatever view reads it: a
+            // revoked import keeps its pages, as a local one does (docs/python.md).
+            keep_revoked_mappings: true,
         };
         let s = blocking(py, move || fabric_mm::Session::open_with(config))?;
         Ok(Self { slot: Slot::new(s) })

@@ -158,7 +158,8 @@ pub fn importer(file: &Path, len: u64, seed: u64, store: Option<u64>) -> Result<
 /// Imports the handle in `file` (read-only), maps it, checks its first word, writes
 /// `ready`, then loads the whole region every 10 ms: the owner's free (or revoke) must end
 /// the access — fabricd deletes the import's DAX device, the kernel zaps the mapping and
-/// the next load raises `SIGBUS`, which kills this process (the guest script checks the
+/// the next load raises `SIGBUS`, or the library fences the mapping as it is told and the
+/// next load raises `SIGSEGV`; either kills this process (the guest script checks the
 /// signal). Still loading after `wait_s` is the error.
 pub fn hold(file: &Path, len: u64, seed: u64, ready: &Path, wait_s: u64) -> Result<String, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
