@@ -250,6 +250,8 @@ pub struct Mapping {
     mem: Arc<Mem>,
     ptr: *mut u8,
     gfa: u64,
+    /// Whether the window fenced it (a revoked import of another node's memory).
+    access: Arc<crate::window::Access>,
 }
 
 // SAFETY: the mapping is process-wide memory; the pointer is only an address, and the
@@ -260,8 +262,23 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    pub(crate) fn new(mem: Arc<Mem>, ptr: *mut u8, gfa: u64) -> Self {
-        Self { mem, ptr, gfa }
+    pub(crate) fn new(mem: Arc<Mem>, (ptr, access): (*mut u8, Arc<crate::window::Access>), gfa: u64) -> Self {
+        Self { mem, ptr, gfa, access }
+    }
+
+    /// Runs `f` on the lines of `[offset, offset + len)` unless the mapping is coherent, with
+    /// a fence held off meanwhile; `Err(Revoked)` once the mapping is fenced.
+    fn each_line(&self, offset: u64, len: u64, f: fn(usize, usize)) -> Result<()> {
+        let (first, count) = crate::coherence::lines(self.ptr, self.len(), offset, len)?;
+        if self.coherent() {
+            return Ok(());
+        }
+        let Some(_live) = self.access.enter() else {
+            self.mem.check_live()?;
+            return Err(Error::InvalidArgument("the mapping was fenced".into()));
+        };
+        f(first, count);
+        Ok(())
     }
 
     pub(crate) fn mem_arc(&self) -> &Arc<Mem> {
@@ -319,13 +336,10 @@ impl Mapping {
     /// (`clwb`/`clflushopt` per cache line, then `sfence` on x86-64), so that another
     /// host's next load sees them on a fabric without hardware coherence; a no-op where the
     /// mapping is [`coherent`](Mapping::coherent). `Err(InvalidArgument)` for an empty
-    /// range or one not inside the mapping.
+    /// range or one not inside the mapping; `Err(Revoked)` once the mapping is fenced (a
+    /// revoked import of another node's memory: docs/libfabric-mm.md, "Revocation").
     pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
-        let (first, count) = crate::coherence::lines(self.ptr, self.len(), offset, len)?;
-        if !self.coherent() {
-            crate::coherence::flush(first, count);
-        }
-        Ok(())
+        self.each_line(offset, len, crate::coherence::flush)
     }
 
     /// Drops this host's cached copies of `[offset, offset + len)` (written back first:
@@ -333,18 +347,18 @@ impl Mapping {
     /// what another host stored; a no-op where the mapping is
     /// [`coherent`](Mapping::coherent). Errors as for [`Mapping::flush`].
     pub fn invalidate(&self, offset: u64, len: u64) -> Result<()> {
-        let (first, count) = crate::coherence::lines(self.ptr, self.len(), offset, len)?;
-        if !self.coherent() {
-            crate::coherence::invalidate(first, count);
-        }
-        Ok(())
+        self.each_line(offset, len, crate::coherence::invalidate)
     }
 
     /// The bytes, for reading.
     ///
     /// # Safety
     /// Other processes may store to shared memory at any time: the caller must not rely
-    /// on the contents staying unchanged while the slice lives.
+    /// on the contents staying unchanged while the slice lives. A mapping of an import of
+    /// another node's memory is fenced when the import is revoked (the revocation
+    /// callback runs after it): from then on a load or store through the slice faults
+    /// (`SIGSEGV`), so the caller stops using it by then, unless the session keeps revoked
+    /// mappings ([`crate::SessionConfig::keep_revoked_mappings`]).
     pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr..ptr+len is mapped readable for as long as self lives.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }

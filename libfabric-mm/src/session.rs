@@ -457,8 +457,8 @@ impl Session {
         let gfa = mem.gfa.ok_or(Error::NoGfa(mem.region))?;
         let prot = if mem.writable { Protection::ReadWrite } else { Protection::Read };
         let fenced = mem.fenced_import().filter(|_| !self.inner.keep_revoked_mappings);
-        let ptr = self.inner.window.place_as(gfa, mem.size, fd.as_fd(), mem.offset, prot, fenced)?;
-        let mapping = Mapping::new(mem, ptr, gfa);
+        let placed = self.inner.window.place_as(gfa, mem.size, fd.as_fd(), mem.offset, prot, fenced)?;
+        let mapping = Mapping::new(mem, placed, gfa);
         // Revoked while it was placed: refused (dropping it unplaces it).
         mapping.mem_arc().check_live()?;
         Ok(mapping)

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use crate::error::{Error, Result};
 
@@ -148,14 +148,28 @@ struct Placements {
 }
 
 /// One placed range.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Placed {
     len: u64,
     /// The import it maps, when a revocation of that import fences it
     /// ([`Window::fence`]).
     import: Option<u64>,
-    /// Fenced: the reservation is back over it.
-    fenced: bool,
+    /// Whether it is fenced, and what keeps a fence out while the library touches it.
+    access: Arc<Access>,
+}
+
+/// Whether a placement is fenced (the reservation back over it), behind a lock that the
+/// library's own accesses to its pages (`Mapping::flush`, `Mapping::invalidate`) hold
+/// shared, so that a fence, which takes it exclusive, never lands under them.
+#[derive(Debug, Default)]
+pub(crate) struct Access(RwLock<bool>);
+
+impl Access {
+    /// The pages may be touched while the guard lives; `None` once fenced.
+    pub(crate) fn enter(&self) -> Option<RwLockReadGuard<'_, bool>> {
+        let g = self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (!*g).then_some(g)
+    }
 }
 
 /// The reserved range: one aperture of [`WindowConfig`], and in a domain one more aperture
@@ -294,11 +308,11 @@ impl Window {
 
     /// Maps `len` bytes of `fd` from `offset` at `gfa`'s place in the window.
     pub fn place(&self, gfa: u64, len: u64, fd: BorrowedFd<'_>, offset: u64, prot: Protection) -> Result<*mut u8> {
-        self.place_as(gfa, len, fd, offset, prot, None)
+        self.place_as(gfa, len, fd, offset, prot, None).map(|(p, _)| p)
     }
 
     /// [`Window::place`], tagged with `import` when a revocation of that import is to
-    /// fence it ([`Window::fence`]).
+    /// fence it ([`Window::fence`]); with the placement's [`Access`].
     pub(crate) fn place_as(
         &self,
         gfa: u64,
@@ -307,7 +321,7 @@ impl Window {
         offset: u64,
         prot: Protection,
         import: Option<u64>,
-    ) -> Result<*mut u8> {
+    ) -> Result<(*mut u8, Arc<Access>)> {
         let mut st = self.lock();
         let (a, off) = self.check(&mut st, gfa, len)?;
         let overlaps = st.placed.range(..gfa + len).next_back().is_some_and(|(s, p)| s + p.len > gfa);
@@ -330,26 +344,27 @@ impl Window {
         if p == libc::MAP_FAILED {
             return Err(Error::Os { what: "mapping memory into the window", source: std::io::Error::last_os_error() });
         }
-        st.placed.insert(gfa, Placed { len, import, fenced: false });
-        Ok(addr)
+        let access = Arc::new(Access::default());
+        st.placed.insert(gfa, Placed { len, import, access: access.clone() });
+        Ok((addr, access))
     }
 
     /// Puts the reservation back over every placement of `import` now, keeping them placed
     /// (nothing else is placed there until their mappings are dropped): from now on a load
     /// or store through them faults (`SIGSEGV`). Returns how many were fenced.
     pub(crate) fn fence(&self, import: u64) -> usize {
-        let mut st = self.lock();
+        let st = self.lock();
         let mut fenced = 0;
-        let at: Vec<u64> =
-            st.placed.iter().filter(|(_, p)| p.import == Some(import) && !p.fenced).map(|(g, _)| *g).collect();
-        for gfa in at {
-            let Some(p) = st.placed.get(&gfa).copied() else { continue };
-            match self.reserve_again(&st, gfa, p.len) {
+        for (gfa, p) in st.placed.iter().filter(|(_, p)| p.import == Some(import)) {
+            // Waits for the library's own accesses to the pages (a flush) to end.
+            let mut done = p.access.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *done {
+                continue;
+            }
+            match self.reserve_again(&st, *gfa, p.len) {
                 Ok(()) => {
+                    *done = true;
                     fenced += 1;
-                    if let Some(p) = st.placed.get_mut(&gfa) {
-                        p.fenced = true;
-                    }
                 }
                 Err(e) => tracing::warn!(gfa, import, error = %e, "cannot fence a revoked import's mapping"),
             }
@@ -360,10 +375,10 @@ impl Window {
     /// Puts the reservation back over a placement made by [`Window::place`].
     pub fn unplace(&self, gfa: u64) -> Result<()> {
         let mut st = self.lock();
-        let Some(p) = st.placed.get(&gfa).copied() else {
+        let Some(len) = st.placed.get(&gfa).map(|p| p.len) else {
             return Err(Error::InvalidArgument(format!("nothing is placed at GFA {gfa:#x}")));
         };
-        self.reserve_again(&st, gfa, p.len)?;
+        self.reserve_again(&st, gfa, len)?;
         st.placed.remove(&gfa);
         Ok(())
     }
@@ -497,11 +512,24 @@ mod tests {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&[7u8; 8192]).unwrap();
         let (a, b, c) = ((1 << 30) + (1 << 20), (1 << 30) + (2 << 20), (1 << 30) + (3 << 20));
-        let pa = w.place_as(a, 4096, f.as_fd(), 0, Protection::ReadWrite, Some(5)).unwrap();
-        let pb = w.place_as(b, 4096, f.as_fd(), 4096, Protection::Read, Some(6)).unwrap();
+        let (pa, access) = w.place_as(a, 4096, f.as_fd(), 0, Protection::ReadWrite, Some(5)).unwrap();
+        let (pb, _) = w.place_as(b, 4096, f.as_fd(), 4096, Protection::Read, Some(6)).unwrap();
         let pc = w.place(c, 4096, f.as_fd(), 0, Protection::Read).unwrap();
         assert_eq!((perms(pa), perms(pb), perms(pc)), ("rw-s".into(), "r--s".into(), "r--s".into()));
-        assert_eq!(w.fence(5), 1);
+        // A fence waits for the library's own access to the pages to end.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let inside = access.enter().expect("not fenced yet");
+            s.spawn(|| {
+                let _ = tx.send(w.fence(5));
+            });
+            assert!(rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(), "fenced under an access");
+            // SAFETY: a..a+4096 is mapped read-write from the file, and held unfenced.
+            assert_eq!(unsafe { *pa }, 7);
+            drop(inside);
+            assert_eq!(rx.recv().unwrap(), 1);
+        });
+        assert!(access.enter().is_none());
         assert_eq!(perms(pa), "---p", "the file is no longer mapped there");
         assert_eq!((perms(pb), perms(pc)), ("r--s".into(), "r--s".into()), "other placements untouched");
         assert_eq!(w.fence(5), 0, "fenced once");

@@ -184,6 +184,11 @@ fn a_region_on_shared_cxl_memory_is_imported_on_another_node_through_its_own_dax
     drop(region);
     let r = rx.recv_timeout(Duration::from_secs(1)).expect("the revocation within a second of the free");
     assert_eq!((r.reason, r.import), (RevocationReason::Freed, import.import_id()));
+    // The library fenced b's mapping before telling: a flush (no coherence here) touches
+    // no page of it and answers Revoked.
+    assert!(!im.coherent());
+    assert!(matches!(im.flush(0, 64), Err(Error::Revoked { reason: RevocationReason::Freed, .. })));
+    assert!(matches!(im.invalidate(0, 64), Err(Error::Revoked { .. })));
     // a ended the import, but b's client still maps b's DAX device there: the DPAs stay
     // held until the client releases the import; then they are b's to allocate.
     let still = importer.alloc(&Target::Set(SET.into()), LEN).unwrap();
