@@ -516,7 +516,8 @@ int fmm_mapping_coherent(const struct fmm_mapping_t *m);
 // Writes this host's stores to `len` bytes at `offset` of a mapping back to memory, for
 // a fabric without hardware coherence (CXL.mem shared across hosts); a no-op where the
 // mapping is coherent (`fmm_mapping_coherent`). `FMM_E_ARG` for an empty range or one
-// not inside the mapping.
+// not inside the mapping; `FMM_E_REVOKED` once the mapping is fenced (a revoked import of
+// another node's memory: see `fmm_on_revocation`).
 //
 // # Safety
 // `m` is a live mapping.
@@ -954,6 +955,12 @@ int fmm_reverse(const struct fmm_session_t *s,
 // `fmm_*` call of this session that waits for fabricd's answer. It may run until the
 // session's last object is freed (`fmm_session_close` alone does not stop it): remove it
 // with `cb` NULL first when `user` goes away earlier. `user` is passed as given.
+//
+// **Fenced first.** A mapping of an import of another node's memory is fenced before `cb`
+// runs: the window's reservation is put back over it, so a load or store through it
+// faults (`SIGSEGV`) from then on; stop using its pointer before the revocation can come
+// (docs/libfabric-mm.md, "Revocation"). Imports of this node's memory keep their pages
+// until unmapped.
 //
 // **What `cb` may not do.** Block or run long (answers to this session's calls wait
 // behind it); call any `fmm_*` function that talks to fabricd on this session, nor

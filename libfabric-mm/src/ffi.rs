@@ -572,7 +572,8 @@ pub unsafe extern "C" fn fmm_mapping_coherent(m: *const FmmMapping) -> c_int {
 /// Writes this host's stores to `len` bytes at `offset` of a mapping back to memory, for
 /// a fabric without hardware coherence (CXL.mem shared across hosts); a no-op where the
 /// mapping is coherent (`fmm_mapping_coherent`). `FMM_E_ARG` for an empty range or one
-/// not inside the mapping.
+/// not inside the mapping; `FMM_E_REVOKED` once the mapping is fenced (a revoked import of
+/// another node's memory: see `fmm_on_revocation`).
 ///
 /// # Safety
 /// `m` is a live mapping.

@@ -267,17 +267,16 @@ impl Mapping {
     }
 
     /// Runs `f` on the lines of `[offset, offset + len)` unless the mapping is coherent, with
-    /// a fence held off meanwhile; `Err(Revoked)` once the mapping is fenced.
+    /// a fence held off meanwhile; `Err(Revoked)` once the mapping is fenced, coherent or not.
     fn each_line(&self, offset: u64, len: u64, f: fn(usize, usize)) -> Result<()> {
         let (first, count) = crate::coherence::lines(self.ptr, self.len(), offset, len)?;
-        if self.coherent() {
-            return Ok(());
-        }
         let Some(_live) = self.access.enter() else {
             self.mem.check_live()?;
             return Err(Error::InvalidArgument("the mapping was fenced".into()));
         };
-        f(first, count);
+        if !self.coherent() {
+            f(first, count);
+        }
         Ok(())
     }
 
@@ -311,7 +310,9 @@ impl Mapping {
     }
 
     /// `Err(Revoked)` once the memory behind the mapping was revoked. The pages stay
-    /// mapped until the mapping is dropped (see docs/libfabric-mm.md, "Revocation").
+    /// mapped until the mapping is dropped, except for an import of another node's memory,
+    /// whose pages the revocation fences unless the session keeps revoked mappings (see
+    /// docs/libfabric-mm.md, "Revocation").
     pub fn check(&self) -> Result<()> {
         self.mem.check_live()
     }
@@ -360,7 +361,8 @@ impl Mapping {
     /// (`SIGSEGV`), so the caller stops using it by then, unless the session keeps revoked
     /// mappings ([`crate::SessionConfig::keep_revoked_mappings`]).
     pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr..ptr+len is mapped readable for as long as self lives.
+        // SAFETY: ptr..ptr+len stays reserved for this mapping for as long as self lives,
+        // mapped readable until a fence (the caller's contract above covers that).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }
     }
 
@@ -374,8 +376,8 @@ impl Mapping {
         if !self.mem.writable {
             return Err(Error::InvalidArgument("the mapping is read-only".into()));
         }
-        // SAFETY: ptr..ptr+len is mapped read-write for as long as self lives; aliasing is
-        // the caller's contract.
+        // SAFETY: ptr..ptr+len is mapped read-write for as long as self lives (until a
+        // fence: the caller's contract); aliasing is the caller's contract.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len()) })
     }
 }

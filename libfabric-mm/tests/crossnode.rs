@@ -35,11 +35,26 @@ use fabric_mm::{Error, Handle, Memory, MemoryClass, Policy, RevocationReason, Ta
 const LEN: u64 = 2 << 20;
 const ENV: &str = "FABRIC_MM_CROSSNODE_IMPORTER";
 
+/// The permissions `/proc/self/maps` gives the page at `p` (`rw-s`; `---p` once fenced).
+fn perms(p: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+        let (lo, hi) = range.split_once('-').unwrap();
+        if (usize::from_str_radix(lo, 16).unwrap()..usize::from_str_radix(hi, 16).unwrap()).contains(&p) {
+            return perms.to_owned();
+        }
+    }
+    "unmapped".into()
+}
+
 /// The second importer: `socket slot handle through` in [`ENV`]; imports and maps (in
 /// the library's window; `through` = `raw`: also an `mmap` of its own of the import's
-/// descriptor, loaded through instead), says `MAPPED`, says `REVOKED <reason>` when its
-/// revocation callback runs, and at each `LOAD` line loads the first byte and says
-/// `LOADED <byte>` (once the memory is taken back it should not live to say it).
+/// descriptor, loaded through instead), says `MAPPED`, says `REVOKED <reason> <perms>`
+/// when its revocation callback runs (with what its mapping's page is then), and at each
+/// `LOAD` line loads the first byte and says `LOADED <byte>` (once the memory is taken
+/// back it should not live to say it).
 #[test]
 #[ignore = "the importer process of the cross-node test, which runs it"]
 fn importer_process() {
@@ -48,10 +63,6 @@ fn importer_process() {
     let (socket, slot, handle) = (a.next().unwrap(), a.next().unwrap(), a.next().unwrap());
     let raw = a.next() == Some("raw");
     let s = domain::session(Path::new(socket), Some(slot.parse().unwrap()));
-    s.on_revocation(|r| {
-        println!("REVOKED {:?}", r.reason);
-        std::io::stdout().flush().unwrap();
-    });
     let import = s.import(&handle.parse::<Handle>().unwrap(), false).unwrap();
     let m = s.map(&import).unwrap();
     let at = if raw {
@@ -64,6 +75,11 @@ fn importer_process() {
     } else {
         m.as_ptr().cast_const()
     };
+    let page = at as usize;
+    s.on_revocation(move |r| {
+        println!("REVOKED {:?} {}", r.reason, perms(page));
+        std::io::stdout().flush().unwrap();
+    });
     println!("\nMAPPED");
     std::io::stdout().flush().unwrap();
     for line in std::io::stdin().lines() {
@@ -244,6 +260,7 @@ fn an_export_revoked_on_one_node_fences_its_mappings_on_another() {
     assert!(matches!(im.check(), Err(Error::Revoked { reason: RevocationReason::Revoked, .. })));
     // Fenced, still placed: nothing else lands there until the mapping is dropped, and the
     // import cannot be mapped again.
+    assert_eq!(perms(im.as_ptr() as usize), "---p", "fenced: the region's file is no longer mapped there");
     assert_eq!(importer.window().placements(), vec![(im.gfa(), LEN)]);
     assert!(matches!(importer.map(&import), Err(Error::Revoked { .. })));
     drop(im);
@@ -253,8 +270,9 @@ fn an_export_revoked_on_one_node_fences_its_mappings_on_another() {
     assert!(matches!(km.check(), Err(Error::Revoked { .. })));
     // SAFETY: the keeper's mapping is not fenced; the region lives on its owner.
     assert_eq!(unsafe { std::ptr::read_volatile(km.as_ptr()) }, 42);
+    assert_eq!(perms(km.as_ptr() as usize), "r--s");
     // The other process's callback ran after its mapping was fenced: its next load faults.
-    until(&mut out, "REVOKED Revoked");
+    until(&mut out, "REVOKED Revoked ---p");
     let status = load(&mut child, &mut out).unwrap_err();
     assert_eq!(status.signal(), Some(libc::SIGSEGV), "{status}");
     // The owner's own mapping is its region's, revoked export or not.

@@ -440,6 +440,10 @@ impl Replayed {
         }
         out.exports = s.exports.into_iter().filter(|e| out.regions.contains_key(&e.region)).collect();
         out.lost = s.lost.into_iter().filter(|id| out.regions.contains_key(id)).collect();
+        // A lost region's exports are revoked, whatever a damaged snapshot says.
+        for e in out.exports.iter_mut().filter(|e| out.lost.contains(&e.region)) {
+            e.revoked = true;
+        }
         out
     }
 
@@ -512,8 +516,9 @@ impl Replayed {
                 }
             }
             Change::RegionLost { id } => {
+                // A region freed while its device went: its free was journaled first.
                 if !self.regions.contains_key(&id) {
-                    return Err(Inconsistency::NoRegion(id));
+                    return Ok(());
                 }
                 self.lost.insert(id);
                 for e in self.exports.iter_mut().filter(|e| e.region == id) {
@@ -751,14 +756,21 @@ mod tests {
         assert_eq!(m.lost.iter().copied().collect::<Vec<_>>(), vec![3]);
         assert!(m.exports.iter().filter(|e| e.region == 3).all(|e| e.revoked));
         assert!(m.exports.iter().filter(|e| e.region == 4).all(|e| !e.revoked), "another region's exports live on");
-        assert_eq!(m.apply(Change::RegionLost { id: 2 }), Err(Inconsistency::NoRegion(2)));
+        // A loss recorded after the region's free (both at once) changes nothing.
+        let before = m.clone();
+        assert_eq!(m.apply(Change::RegionLost { id: 2 }), Ok(()));
+        assert_eq!(m, before);
         let bytes = m.snapshot().encode().unwrap();
         assert_eq!(bytes[0], SNAPSHOT_LOST_VERSION);
         let back = Replayed::from_snapshot(Snapshot::decode(&bytes).unwrap());
         assert_eq!(back, m);
-        // A lost region that is not live in the snapshot is not carried.
-        let stray = Snapshot { lost: vec![3, 99], ..m.snapshot() };
-        assert_eq!(Replayed::from_snapshot(stray), m);
+        // A lost region that is not live in the snapshot is not carried, and a lost
+        // region's export is revoked even where the snapshot says otherwise.
+        let mut stray = Snapshot { lost: vec![3, 99], ..m.snapshot() };
+        stray.exports.iter_mut().for_each(|e| e.revoked = false);
+        let back = Replayed::from_snapshot(stray);
+        assert!(back.exports.iter().all(|e| e.revoked == (e.region == 3)), "{:?}", back.exports);
+        assert_eq!(back.lost, m.lost);
         // Freed (or its session ended): no longer lost, and the snapshot drops back to the
         // format older builds read.
         m.apply(Change::RegionFreed { id: 3 }).unwrap();

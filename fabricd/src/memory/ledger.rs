@@ -259,13 +259,16 @@ impl Ledger {
 
     /// Publishes an export planned by [`Ledger::plan_export`] whose object the caller
     /// charged while its record was written; refused (and the object given back) when
-    /// the region was freed meanwhile.
-    pub(super) fn publish_export(&mut self, export: Export) -> Result<(), MemoryError> {
+    /// the region was freed meanwhile, published revoked when it was lost meanwhile.
+    pub(super) fn publish_export(&mut self, mut export: Export) -> Result<(), MemoryError> {
         let region = export.handle.region;
-        if self.regions.get(&region).is_none_or(|r| r.generation != export.handle.generation) {
+        let Some(r) = self.regions.get(&region).filter(|r| r.generation == export.handle.generation) else {
             self.discharge(export.owner_uid, Usage::OBJECT);
             return Err(MemoryError::NotFound(format!("region {region} was freed meanwhile")));
-        }
+        };
+        // Lost while its record was written (after it, in the journal): revoked, as the
+        // journal's replay makes it.
+        export.revoked |= r.lost;
         self.exports.push(export);
         Ok(())
     }

@@ -574,6 +574,33 @@ fn an_export_whose_region_went_while_its_record_was_written_is_refused_and_uncou
     assert!(l.exports.is_empty());
 }
 
+/// An export whose region was lost while its record was written is published revoked:
+/// what the journal's replay makes of `ExportCreated` then `RegionLost`.
+#[test]
+fn an_export_whose_region_was_lost_while_its_record_was_written_is_published_revoked() {
+    let mut shell = Shell::new();
+    shell.apply(&Op::Alloc { session: 1, mib: 1, object: false });
+    let owner = peer(1);
+    let policy = ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    };
+    let l = &mut shell.ledger;
+    let export = l.plan_export(&owner, 1, 1, policy, Secret([7; 16])).unwrap();
+    l.charge(owner.uid, Usage::OBJECT);
+    shell.journal.push(Change::ExportCreated(export.record()));
+    let handle = export.handle;
+    let (lost, _) = l.lose(vec![1]);
+    shell.journal.push(Change::RegionLost { id: 1 });
+    assert_eq!(lost.exports, 0, "not published yet");
+    l.publish_export(export).unwrap();
+    assert!(matches!(l.admit(&owner, &handle, AccessMode::ReadOnly), Err(MemoryError::Revoked)));
+    let want = Expect { told: shell.ledger.revocations.clone(), ordered: true, ended: true };
+    shell.check(want);
+}
+
 /// A device lost tells the importers of each region in import order, then its owner
 /// (import 0): the order subscribers hear them in.
 #[test]

@@ -56,6 +56,12 @@ fn reason_code(r: RevocationReason) -> c_int {
 /// session's last object is freed (`fmm_session_close` alone does not stop it): remove it
 /// with `cb` NULL first when `user` goes away earlier. `user` is passed as given.
 ///
+/// **Fenced first.** A mapping of an import of another node's memory is fenced before `cb`
+/// runs: the window's reservation is put back over it, so a load or store through it
+/// faults (`SIGSEGV`) from then on; stop using its pointer before the revocation can come
+/// (docs/libfabric-mm.md, "Revocation"). Imports of this node's memory keep their pages
+/// until unmapped.
+///
 /// **What `cb` may not do.** Block or run long (answers to this session's calls wait
 /// behind it); call any `fmm_*` function that talks to fabricd on this session, nor
 /// `fmm_on_revocation` (both wait for the callback: deadlock); unwind or `longjmp` out of

@@ -158,14 +158,16 @@ pub fn importer(file: &Path, len: u64, seed: u64, store: Option<u64>) -> Result<
 /// Imports the handle in `file` (read-only), maps it, checks its first word, writes
 /// `ready`, then loads the whole region every 10 ms: the owner's free (or revoke) must end
 /// the access — fabricd deletes the import's DAX device, the kernel zaps the mapping and
-/// the next load raises `SIGBUS`, or the library fences the mapping as it is told and the
-/// next load raises `SIGSEGV`; either kills this process (the guest script checks the
-/// signal). Still loading after `wait_s` is the error.
+/// the next load raises `SIGBUS`, which kills this process (the guest script checks the
+/// signal). The session keeps revoked mappings (no library fence, which would fault with
+/// `SIGSEGV` first), so the signal shows the device's deletion. Still loading after
+/// `wait_s` is the error.
 pub fn hold(file: &Path, len: u64, seed: u64, ready: &Path, wait_s: u64) -> Result<String, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let handle: fabric_mm::Handle =
         text.split_whitespace().next().ok_or("no handle")?.parse().map_err(|e| format!("handle: {e}"))?;
-    let s = Session::open().map_err(|e| format!("session: {e}"))?;
+    let config = fabric_mm::SessionConfig { keep_revoked_mappings: true, ..fabric_mm::SessionConfig::default() };
+    let s = Session::open_with(config).map_err(|e| format!("session: {e}"))?;
     let import = s.import(&handle, false).map_err(|e| format!("import: {e}"))?;
     let m = s.map(&import).map_err(|e| format!("map: {e}"))?;
     let p = m.as_ptr().cast::<u64>();
