@@ -551,6 +551,16 @@ proptest! {
     }
 }
 
+/// A read-write policy for the owner's uid alone.
+fn owner_only() -> ExportPolicy {
+    ExportPolicy {
+        uids: BoundedVec::default(),
+        gids: BoundedVec::default(),
+        partition: None,
+        access: AccessMode::ReadWrite,
+    }
+}
+
 /// A region freed while one of its exports is being written: the export is refused and
 /// its object given back (the shell's commit wait, played in one thread).
 #[test]
@@ -559,12 +569,7 @@ fn an_export_whose_region_went_while_its_record_was_written_is_refused_and_uncou
     shell.apply(&Op::Alloc { session: 1, mib: 1, object: false });
     let l = &mut shell.ledger;
     let owner = peer(1);
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
+    let policy = owner_only();
     let export = l.plan_export(&owner, 1, 1, policy, Secret([7; 16])).unwrap();
     l.charge(owner.uid, Usage::OBJECT);
     assert_eq!(l.usage_of(owner.uid).objects, 2);
@@ -581,12 +586,7 @@ fn an_export_whose_region_was_lost_while_its_record_was_written_is_published_rev
     let mut shell = Shell::new();
     shell.apply(&Op::Alloc { session: 1, mib: 1, object: false });
     let owner = peer(1);
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
+    let policy = owner_only();
     let l = &mut shell.ledger;
     let export = l.plan_export(&owner, 1, 1, policy, Secret([7; 16])).unwrap();
     l.charge(owner.uid, Usage::OBJECT);
