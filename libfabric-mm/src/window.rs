@@ -353,15 +353,26 @@ impl Window {
     /// (nothing else is placed there until their mappings are dropped): from now on a load
     /// or store through them faults (`SIGSEGV`). Returns how many were fenced.
     pub(crate) fn fence(&self, import: u64) -> usize {
-        let st = self.lock();
+        // Found under the window lock, fenced one by one without holding it across the
+        // wait below: a flush in progress holds up this fence only, never another
+        // placement. (Lock order: a placement's access, then the window.)
+        let found: Vec<(u64, u64, Arc<Access>)> = (self.lock().placed.iter())
+            .filter(|(_, p)| p.import == Some(import))
+            .map(|(g, p)| (*g, p.len, p.access.clone()))
+            .collect();
         let mut fenced = 0;
-        for (gfa, p) in st.placed.iter().filter(|(_, p)| p.import == Some(import)) {
+        for (gfa, len, access) in found {
             // Waits for the library's own accesses to the pages (a flush) to end.
-            let mut done = p.access.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut done = access.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
             if *done {
                 continue;
             }
-            match self.reserve_again(&st, *gfa, p.len) {
+            let st = self.lock();
+            // Unplaced meanwhile (and perhaps placed again, for another mapping): skipped.
+            if !st.placed.get(&gfa).is_some_and(|p| Arc::ptr_eq(&p.access, &access)) {
+                continue;
+            }
+            match self.reserve_again(&st, gfa, len) {
                 Ok(()) => {
                     *done = true;
                     fenced += 1;
@@ -524,6 +535,11 @@ mod tests {
                 let _ = tx.send(w.fence(5));
             });
             assert!(rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(), "fenced under an access");
+            // Meanwhile the window places and unplaces other memory: the waiting fence
+            // does not hold its lock.
+            let d = (1 << 30) + (4 << 20);
+            w.place(d, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+            w.unplace(d).unwrap();
             // SAFETY: a..a+4096 is mapped read-write from the file, and held unfenced.
             assert_eq!(unsafe { *pa }, 7);
             drop(inside);
