@@ -588,7 +588,8 @@ impl Daemon {
                             regions = r.regions,
                             exports = r.exports,
                             imports = r.imports,
-                            "device lost with its regions; exports revoked, importers told"
+                            registrations = r.registrations,
+                            "device lost with its regions; exports revoked, importers told, DMA into them ended"
                         );
                     }
                 }
