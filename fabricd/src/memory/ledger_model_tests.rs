@@ -31,6 +31,7 @@ use super::adopt::Object;
 use super::backings::Backing;
 use super::durable::{Change, RegionRecord, Replayed, ResourceKey};
 use super::ledger::{Ledger, Region, Usage};
+use super::ledger_tests::owner_only;
 use super::{MemoryError, Reclaimed};
 use crate::dma::{Covers, Registration};
 
@@ -548,16 +549,6 @@ proptest! {
             let want = shell.apply(op);
             shell.check(want);
         }
-    }
-}
-
-/// A read-write policy for the owner's uid alone.
-fn owner_only() -> ExportPolicy {
-    ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
     }
 }
 

@@ -74,7 +74,7 @@ pub(super) fn me() -> PeerCred {
 }
 
 /// An export policy that admits the owner's uid, read-write.
-fn owner_only() -> ExportPolicy {
+pub(super) fn owner_only() -> ExportPolicy {
     ExportPolicy {
         uids: BoundedVec::default(),
         gids: BoundedVec::default(),

@@ -838,8 +838,8 @@ impl Memory {
         }
     }
 
-    /// What the shell holds for import `id`, which the ledger took out: its count in its
-    /// importer node's session.
+    /// What the shell holds for an import the ledger took out: its count in its importer
+    /// node's session.
     fn forget_import(st: &mut State, i: &Import) {
         if let Some(r) = st.remote.get_mut(&i.session) {
             r.imports = r.imports.saturating_sub(1);
