@@ -429,17 +429,21 @@ fn read_dec(path: &Path) -> Result<u64, CarveError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    const M: u64 = 1 << 20;
-    const BASE: u64 = 0x1_1000_0000;
+    pub(in crate::memory) const M: u64 = 1 << 20;
+    pub(in crate::memory) const BASE: u64 = 0x1_1000_0000;
 
     /// A sysfs tree as 6.12 shows a CXL RAM region's DAX region (`region0/dax_region0`, 512 MiB
     /// at `BASE`, align 2 MiB) with its first device `dax0.0` (`size`, `resource`, bound to
     /// `device_dax` when `size` is non-zero) and `devices` carved ones, each (id, start, len).
-    fn tree(seed_size: u64, create: bool, devices: &[(u32, u64, u64)]) -> (tempfile::TempDir, SysfsRoot) {
+    pub(in crate::memory) fn tree(
+        seed_size: u64,
+        create: bool,
+        devices: &[(u32, u64, u64)],
+    ) -> (tempfile::TempDir, SysfsRoot) {
         let t = tempfile::tempdir().unwrap();
         let dr = t.path().join("sys/devices/platform/ACPI0017:00/root0/decoder0.0/region0/dax_region0");
         let attrs = dr.join("dax_region");
@@ -480,7 +484,11 @@ mod tests {
         (t, root)
     }
 
-    fn open(t: &tempfile::TempDir, root: &SysfsRoot, seed: &str) -> Result<DaxRegion, CarveError> {
+    pub(in crate::memory) fn open(
+        t: &tempfile::TempDir,
+        root: &SysfsRoot,
+        seed: &str,
+    ) -> Result<DaxRegion, CarveError> {
         DaxRegion::open(root, &t.path().join("dev"), seed)
     }
 

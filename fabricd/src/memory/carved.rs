@@ -66,8 +66,9 @@ impl State {
             let devices = match c.devices() {
                 Ok(d) => d,
                 Err(e) => {
+                    // What is carved where is unknown: each range may still be a device's.
                     for w in &wanted {
-                        self.unrestore(
+                        self.unrestore_held(
                             w.region,
                             &format!("the devices of {}'s DAX region are unreadable: {e}", b.name),
                         );
@@ -88,7 +89,7 @@ impl State {
                     tracing::warn!(device = %o, driver = %drv, "DAX device no region names is bound to another driver; left alone");
                     if self.problems.len() < 256 {
                         self.problems.push(format!(
-                            "DAX device {o} (no region names it) is bound to {drv}: left alone, its range is not served"
+                            "DAX device {o} (no region names it) is bound to {drv}: left alone; an allocation placed on its range fails to carve until it is unbound"
                         ));
                     }
                     continue;
@@ -111,7 +112,9 @@ impl State {
                         tracing::info!(region = id, device = %name, "region's DAX device found");
                         self.attach_carved(*id, name, path, c);
                     }
-                    Some(Err(e)) => self.unrestore(*id, &format!("its DAX device {name}: {e}")),
+                    // The device is there and holds the range (and the region's bytes,
+                    // left for whoever bound it elsewhere or for the operator): not deleted.
+                    Some(Err(e)) => self.unrestore_held(*id, &format!("its DAX device {name}: {e}")),
                     None => self.unrestore(*id, &format!("its DAX device {name} vanished")),
                 }
             }
@@ -145,5 +148,143 @@ impl State {
             }
         }
         self.lost(id, why);
+    }
+
+    /// [`State::unrestore`] of a region whose range a DAX device may still hold in the
+    /// kernel: its usage is given back, but its ranges stay taken, so that no new region is
+    /// placed where the kernel would refuse to carve (or, were the device deleted later,
+    /// hand out its bytes). They stay taken until the daemon stops: the next start tries
+    /// the region again while the journal holds its record, and deletes a device no region
+    /// names (unless bound to another driver).
+    fn unrestore_held(&mut self, id: u64, why: &str) {
+        if self.ledger.unpublish_region(id).is_some() {
+            self.set_regions.remove(&id);
+        }
+        self.lost(id, &format!("{why}; its range stays out of the allocators until this node restarts"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+
+    use fabric_proto::wire::{Coherence, PeerCred, SessionToken};
+    use fabric_topology::{DeviceId, MemoryKind};
+
+    use super::super::alloc::RangeAllocator;
+    use super::super::backing::{BackingKind, DeviceBacking};
+    use super::super::backings::{Backing, Offer};
+    use super::super::carve::tests::{BASE, M, open, tree};
+    use super::super::ledger::Region;
+    use super::super::set::SetRegion;
+    use super::super::{Resource, State};
+
+    const SET: &str = "cxl-region:test";
+
+    /// A registry restored with regions 1 (at set offset 0) and 2 (at 4 MiB), 4 MiB each,
+    /// on one carved set over the fake DAX region of `t` (devices `dax0.1` and `dax0.2`
+    /// hold their ranges).
+    fn restored(t: &tempfile::TempDir, root: &fabric_drivers::sysfs::SysfsRoot) -> State {
+        let region = open(t, root, "dax0.0").unwrap();
+        let backing = DeviceBacking {
+            kind: BackingKind::Dax,
+            name: "dax0.0".into(),
+            path: t.path().join("dev/dax0.0"),
+            start: 0,
+            len: 512 * M,
+            align: 2 * M,
+            carve: Some(region),
+        };
+        let dir = t.path().join("res");
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir_fd = Arc::new(OwnedFd::from(std::fs::File::open(&dir).unwrap()));
+        let mut st = State::default();
+        st.resources.push(Resource {
+            device: DeviceId::serial("cxl", "0x5eed"),
+            kind: MemoryKind::CxlVolatile,
+            ordinal: 0,
+            dir,
+            dir_fd,
+            ranges: RangeAllocator::new(512 * M),
+            lost: false,
+            offer: Offer::Device(backing.clone()),
+            coherence: Coherence::Hardware,
+        });
+        st.set_backings.insert(SET.into(), backing);
+        for (id, offset) in [(1u64, 0u64), (2, 4 * M)] {
+            assert!(st.resources[0].ranges.reserve(offset, 4 * M));
+            let owner = PeerCred { pid: 1, uid: 1000, gid: 1000 };
+            st.ledger.charge(owner.uid, super::super::Usage::region(4 * M, 0));
+            let backing = Backing::SimFile(t.path().join(format!("r{id}")));
+            let r = Region {
+                generation: id,
+                owner,
+                pid_start: None,
+                token: SessionToken([0; 16]),
+                session: 1,
+                resource: 0,
+                offset,
+                len: 4 * M,
+                backing,
+                lost: false,
+            };
+            st.ledger.publish_region(id, r);
+            let part = SetRegion { name: SET.into(), set_offset: offset, others: vec![], dax: Some("dax0.0".into()) };
+            st.set_regions.insert(id, part);
+        }
+        st
+    }
+
+    /// Rebinds fake device `name` of `t` to driver `driver` (`None`: to none).
+    fn rebind(t: &tempfile::TempDir, name: &str, driver: Option<&str>) {
+        let link = t.path().join("sys/bus/dax/devices").join(name).join("driver");
+        std::fs::remove_file(&link).unwrap();
+        if let Some(drv) = driver {
+            let dir = t.path().join("sys/bus/dax/drivers").join(drv);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::os::unix::fs::symlink(&dir, &link).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_region_whose_device_will_not_bind_is_dropped_with_its_range_kept_out() {
+        let (t, root) = tree(0, true, &[(1, BASE, 4 * M), (2, BASE + 4 * M, 4 * M)]);
+        // dax0.1 was onlined as System RAM while the daemon was down; dax0.2 lost its
+        // driver, and binding it again does not take (the fake kernel ignores the write).
+        rebind(&t, "dax0.1", Some("kmem"));
+        rebind(&t, "dax0.2", None);
+        let mut st = restored(&t, &root);
+        st.reconcile_carved();
+        assert!(st.ledger.regions.is_empty(), "both dropped");
+        assert!(st.set_regions.is_empty());
+        assert_eq!(st.problems.len(), 2, "{:?}", st.problems);
+        assert!(st.problems[0].contains("bound to kmem") && st.problems[0].contains("stays out"), "{:?}", st.problems);
+        // Both ranges are still the devices' in the kernel: nothing new lands there.
+        for offset in [0, 4 * M] {
+            assert!(!st.resources[0].ranges.is_free(offset, 4 * M), "range at {offset:#x} handed back");
+        }
+        assert_eq!(st.resources[0].ranges.alloc(4 * M, 0).unwrap(), 8 * M);
+        // Neither device was deleted: the kmem one is System RAM, the other holds the
+        // region's bytes.
+        let dr = t.path().join("sys/bus/dax/devices");
+        assert_eq!(std::fs::read_to_string(dr.join("dax0.1/size")).unwrap().trim(), (4 * M).to_string());
+        assert_eq!(std::fs::read_to_string(dr.join("dax0.2/size")).unwrap().trim(), (4 * M).to_string());
+        assert!(std::fs::read_to_string(dr.join("dax0.0/../dax_region/delete")).unwrap().is_empty());
+        // Their usage went back with them.
+        assert_eq!(st.ledger.usage.get(&1000).map_or(0, |u| u.bytes), 0);
+    }
+
+    #[test]
+    fn a_region_whose_device_was_deleted_and_cannot_be_carved_gives_its_range_back() {
+        // No device at all (someone deleted it) and a `create` that makes nothing: the
+        // kernel holds nothing there, so the range is free again.
+        let (t, root) = tree(0, true, &[(2, BASE + 4 * M, 4 * M)]);
+        let mut st = restored(&t, &root);
+        st.reconcile_carved();
+        assert_eq!(st.ledger.regions.keys().copied().collect::<Vec<_>>(), vec![2]);
+        assert!(st.resources[0].ranges.is_free(0, 4 * M));
+        assert!(!st.resources[0].ranges.is_free(4 * M, 4 * M));
     }
 }
