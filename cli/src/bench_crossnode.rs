@@ -39,6 +39,12 @@ pub struct CrossNodeBench {
     pub local_import_p99_us: f64,
     /// `remote_import_p50_us / local_import_p50_us` (target ≤ 2).
     pub import_ratio: f64,
+    /// A round trip of a 512-byte message over a raw TLS stream on loopback with the node
+    /// link's configuration, median: what any request over the link adds at the least.
+    pub tls_round_trip_p50_us: f64,
+    /// `(local_import_p50_us + tls_round_trip_p50_us) / local_import_p50_us`: the ratio a
+    /// remote import that cost a local one plus one bare TLS round trip would reach.
+    pub import_floor_ratio: f64,
     /// Bandwidth of copying into the remote mapping over copying into a local buffer
     /// (target ≥ 0.95).
     pub remote_loadstore_ratio: f64,
@@ -133,10 +139,15 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
         round(&remote, &mut Vec::new())?;
     }
     let (mut local_t, mut remote_t) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    // Interleaved, so that drift in the machine's load hits both alike.
-    for _ in 0..n {
-        round(&local, &mut local_t)?;
-        round(&remote, &mut remote_t)?;
+    let mut tls_t = Vec::with_capacity(n);
+    // Interleaved, so that drift in the machine's load hits all alike: chunks of 100
+    // imports each, then as many TLS round trips.
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        for _ in chunk {
+            round(&local, &mut local_t)?;
+            round(&remote, &mut remote_t)?;
+        }
+        tls_t.extend(bench_netcopy::tls_round_trips(chunk.len(), 512)?);
     }
 
     // Stores: into the remote mapping vs into a local buffer, the same bytes.
@@ -184,6 +195,8 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
     };
     let (remote_import_p50_us, remote_import_p99_us) = bench_control::p50_p99(remote_t);
     let (local_import_p50_us, local_import_p99_us) = bench_control::p50_p99(local_t);
+    let (tls_round_trip_p50_us, _) = bench_control::p50_p99(tls_t);
+    let local_p50 = local_import_p50_us.max(f64::MIN_POSITIVE);
     let revoke_max_us = reach.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e6);
     let (revoke_p50_us, _) = bench_control::p50_p99(reach);
     Ok(CrossNodeBench {
@@ -194,7 +207,9 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
         remote_import_p99_us,
         local_import_p50_us,
         local_import_p99_us,
-        import_ratio: remote_import_p50_us / local_import_p50_us.max(f64::MIN_POSITIVE),
+        import_ratio: remote_import_p50_us / local_p50,
+        tls_round_trip_p50_us,
+        import_floor_ratio: (local_import_p50_us + tls_round_trip_p50_us) / local_p50,
         remote_loadstore_ratio: remote_rate / local_rate.max(f64::MIN_POSITIVE),
         revoke_p50_us,
         revoke_max_us,

@@ -248,9 +248,9 @@ fn tcp_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError
     Ok(t)
 }
 
-/// The same over TLS: mutually authenticated with a throwaway CA, as the node link is.
-fn tls_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A raw TLS stream's two ends over `path`, mutually authenticated with a throwaway CA
+/// and the node link's rustls configuration: (the listener's, the dialler's).
+async fn tls_pair(path: &StreamPath) -> Result<(ServerTls, ClientTls), ControlBenchError> {
     let bad = |_| ControlBenchError::Unexpected("TLS credentials");
     let ca = fabric_nodelink::DomainCa::generate("bench").map_err(bad)?;
     let creds = |node: &str| -> Result<fabric_nodelink::Credentials, ControlBenchError> {
@@ -259,42 +259,58 @@ fn tls_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError
             .map_err(|_| ControlBenchError::Unexpected("TLS credentials"))
     };
     let (server, client) = (creds("a")?, creds("b")?);
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io("a runtime"))?;
-    rt.block_on(async move {
-        let acceptor = tokio_rustls::TlsAcceptor::from(
-            server.server_config().map_err(|_| ControlBenchError::Unexpected("TLS server"))?,
-        );
-        let expected = server.identity().clone();
-        let connector = tokio_rustls::TlsConnector::from(
-            client.client_config(&expected).map_err(|_| ControlBenchError::Unexpected("TLS client"))?,
-        );
-        let name =
-            fabric_nodelink::tls::server_name(&expected).map_err(|_| ControlBenchError::Unexpected("TLS name"))?;
-        let listener = path.listen().map_err(io("binding a TLS listener"))?;
-        listener.set_nonblocking(true).map_err(io("binding a TLS listener"))?;
-        let listener = tokio::net::TcpListener::from_std(listener).map_err(io("binding a TLS listener"))?;
-        let addr = listener.local_addr().map_err(io("TLS listener address"))?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(
+        server.server_config().map_err(|_| ControlBenchError::Unexpected("TLS server"))?,
+    );
+    let expected = server.identity().clone();
+    let connector = tokio_rustls::TlsConnector::from(
+        client.client_config(&expected).map_err(|_| ControlBenchError::Unexpected("TLS client"))?,
+    );
+    let name = fabric_nodelink::tls::server_name(&expected).map_err(|_| ControlBenchError::Unexpected("TLS name"))?;
+    let listener = path.listen().map_err(io("binding a TLS listener"))?;
+    listener.set_nonblocking(true).map_err(io("binding a TLS listener"))?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(io("binding a TLS listener"))?;
+    let addr = listener.local_addr().map_err(io("TLS listener address"))?;
+    let accepted = async move {
+        let (tcp, _) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        acceptor.accept(tcp).await
+    };
+    let tcp = path.connect(addr).map_err(io("connecting over TLS"))?;
+    tcp.set_nonblocking(true).map_err(io("connecting over TLS"))?;
+    let tcp = tokio::net::TcpStream::from_std(tcp).map_err(io("connecting over TLS"))?;
+    let _ = tcp.set_nodelay(true);
+    let (server, client) = tokio::join!(accepted, connector.connect(name, tcp));
+    Ok((server.map_err(io("the TLS accept"))?, client.map_err(io("the TLS handshake"))?))
+}
+
+type ServerTls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+type ClientTls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// The runtime the raw TLS baselines run on: two workers, as the domain runtime has.
+fn tls_runtime() -> Result<tokio::runtime::Runtime, ControlBenchError> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(io("a runtime"))
+}
+
+/// The time of a raw TLS stream of `bytes` over `path` (see [`tls_pair`]), to the reader's
+/// one-byte acknowledgement.
+fn tls_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tls_runtime()?.block_on(async move {
+        let (mut server, mut s) = tls_pair(path).await?;
         let reader = tokio::spawn(async move {
-            let (tcp, _) = listener.accept().await?;
-            let mut s = acceptor.accept(tcp).await?;
             let mut buf = vec![0u8; 1 << 20];
             let mut left = bytes;
             while left > 0 {
-                let n = s.read(&mut buf).await?;
+                let n = server.read(&mut buf).await?;
                 if n == 0 {
                     return Err(std::io::ErrorKind::UnexpectedEof.into());
                 }
                 left = left.saturating_sub(n as u64);
             }
-            s.write_all(&[1]).await?;
-            s.flush().await
+            server.write_all(&[1]).await?;
+            server.flush().await
         });
-        let tcp = path.connect(addr).map_err(io("connecting over TLS"))?;
-        tcp.set_nonblocking(true).map_err(io("connecting over TLS"))?;
-        let tcp = tokio::net::TcpStream::from_std(tcp).map_err(io("connecting over TLS"))?;
-        let _ = tcp.set_nodelay(true);
-        let mut s = connector.connect(name, tcp).await.map_err(io("the TLS handshake"))?;
         let chunk = vec![0x5au8; 1 << 20];
         let start = Instant::now();
         let mut left = bytes;
@@ -309,6 +325,42 @@ fn tls_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError
         let t = start.elapsed();
         reader.await.map_err(|_| ControlBenchError::Unexpected("the TLS reader"))?.map_err(io("the TLS reader"))?;
         Ok(t)
+    })
+}
+
+/// `rounds` round trips of a `len`-byte message and its echo over a raw TLS stream on
+/// loopback (see [`tls_pair`]; the echo on a runtime worker, the asker on the calling
+/// thread): the least any request over the node link can take on this machine, each timed.
+pub(crate) fn tls_round_trips(rounds: usize, len: usize) -> Result<Vec<Duration>, ControlBenchError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = StreamPath::loopback();
+    tls_runtime()?.block_on(async move {
+        let (mut server, mut s) = tls_pair(&path).await?;
+        let echo = tokio::spawn(async move {
+            let mut buf = vec![0u8; len];
+            loop {
+                match server.read_exact(&mut buf).await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                server.write_all(&buf).await?;
+                server.flush().await?;
+            }
+        });
+        let (ask, mut answer) = (vec![0x5au8; len], vec![0u8; len]);
+        let mut times = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let start = Instant::now();
+            s.write_all(&ask).await.map_err(io("writing a TLS message"))?;
+            s.flush().await.map_err(io("flushing a TLS message"))?;
+            s.read_exact(&mut answer).await.map_err(io("reading a TLS echo"))?;
+            times.push(start.elapsed());
+        }
+        s.shutdown().await.map_err(io("closing the TLS stream"))?;
+        drop(s);
+        echo.await.map_err(|_| ControlBenchError::Unexpected("the TLS echo"))?.map_err(io("the TLS echo"))?;
+        Ok(times)
     })
 }
 

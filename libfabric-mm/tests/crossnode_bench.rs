@@ -52,6 +52,12 @@ fn the_crossnode_bench_reports_every_figure_against_a_shared_and_a_net_importer(
     let (remote, local) = (figure(&v, "remote_import_p50_us"), figure(&v, "local_import_p50_us"));
     let ratio = figure(&v, "import_ratio");
     assert!((ratio - remote / local).abs() <= 1e-9 * ratio, "import_ratio {ratio} is not {remote} / {local}");
+    // The bare TLS round trip in the same run, and the ratio it alone would give.
+    let (tls, floor) = (figure(&v, "tls_round_trip_p50_us"), figure(&v, "import_floor_ratio"));
+    assert!(
+        (floor - (local + tls) / local).abs() <= 1e-9 * floor,
+        "import_floor_ratio {floor} is not ({local} + {tls}) / {local}"
+    );
     figure(&v, "remote_loadstore_ratio");
     let (p50, max) = (figure(&v, "revoke_p50_us"), figure(&v, "revoke_max_us"));
     assert!(p50 <= max, "revoke p50 {p50} above its max {max}");
