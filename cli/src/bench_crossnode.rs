@@ -140,6 +140,8 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
     }
     let (mut local_t, mut remote_t) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let mut tls_t = Vec::with_capacity(n);
+    let mut tls = bench_netcopy::TlsEcho::start(512)?;
+    tls.round_trips(warm)?;
     // Interleaved, so that drift in the machine's load hits all alike: chunks of 100
     // imports each, then as many TLS round trips.
     for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
@@ -147,8 +149,9 @@ pub fn crossnode(opts: &CrossNodeOptions) -> Result<CrossNodeBench, LibControlBe
             round(&local, &mut local_t)?;
             round(&remote, &mut remote_t)?;
         }
-        tls_t.extend(bench_netcopy::tls_round_trips(chunk.len(), 512)?);
+        tls_t.extend(tls.round_trips(chunk.len())?);
     }
+    drop(tls);
 
     // Stores: into the remote mapping vs into a local buffer, the same bytes.
     let import = remote.import(&handle, true).map_err(lib_err("import"))?;

@@ -328,40 +328,51 @@ fn tls_time(path: &StreamPath, bytes: u64) -> Result<Duration, ControlBenchError
     })
 }
 
-/// `rounds` round trips of a `len`-byte message and its echo over a raw TLS stream on
-/// loopback (see [`tls_pair`]; the echo on a runtime worker, the asker on the calling
-/// thread): the least any request over the node link can take on this machine, each timed.
-pub(crate) fn tls_round_trips(rounds: usize, len: usize) -> Result<Vec<Duration>, ControlBenchError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let path = StreamPath::loopback();
-    tls_runtime()?.block_on(async move {
-        let (mut server, mut s) = tls_pair(&path).await?;
-        let echo = tokio::spawn(async move {
+/// A raw TLS stream on loopback (see [`tls_pair`]) whose listener echoes `len`-byte
+/// messages (on a runtime worker; the asker is the calling thread): the least any request
+/// over the node link can take on this machine.
+pub(crate) struct TlsEcho {
+    // Dropped before the runtime it is registered with.
+    stream: ClientTls,
+    rt: tokio::runtime::Runtime,
+    len: usize,
+}
+
+impl TlsEcho {
+    /// Connects, and starts the echo.
+    pub(crate) fn start(len: usize) -> Result<Self, ControlBenchError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tls_runtime()?;
+        let (mut server, stream) = rt.block_on(tls_pair(&StreamPath::loopback()))?;
+        // Ends with the stream (end of file) or the runtime.
+        rt.spawn(async move {
             let mut buf = vec![0u8; len];
-            loop {
-                match server.read_exact(&mut buf).await {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                    Err(e) => return Err(e),
+            while server.read_exact(&mut buf).await.is_ok() {
+                if server.write_all(&buf).await.is_err() || server.flush().await.is_err() {
+                    break;
                 }
-                server.write_all(&buf).await?;
-                server.flush().await?;
             }
         });
-        let (ask, mut answer) = (vec![0x5au8; len], vec![0u8; len]);
-        let mut times = Vec::with_capacity(rounds);
-        for _ in 0..rounds {
-            let start = Instant::now();
-            s.write_all(&ask).await.map_err(io("writing a TLS message"))?;
-            s.flush().await.map_err(io("flushing a TLS message"))?;
-            s.read_exact(&mut answer).await.map_err(io("reading a TLS echo"))?;
-            times.push(start.elapsed());
-        }
-        s.shutdown().await.map_err(io("closing the TLS stream"))?;
-        drop(s);
-        echo.await.map_err(|_| ControlBenchError::Unexpected("the TLS echo"))?.map_err(io("the TLS echo"))?;
-        Ok(times)
-    })
+        Ok(Self { stream, rt, len })
+    }
+
+    /// `rounds` round trips, each timed.
+    pub(crate) fn round_trips(&mut self, rounds: usize) -> Result<Vec<Duration>, ControlBenchError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (stream, len) = (&mut self.stream, self.len);
+        self.rt.block_on(async move {
+            let (ask, mut answer) = (vec![0x5au8; len], vec![0u8; len]);
+            let mut times = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let start = Instant::now();
+                stream.write_all(&ask).await.map_err(io("writing a TLS message"))?;
+                stream.flush().await.map_err(io("flushing a TLS message"))?;
+                stream.read_exact(&mut answer).await.map_err(io("reading a TLS echo"))?;
+                times.push(start.elapsed());
+            }
+            Ok(times)
+        })
+    }
 }
 
 fn gbps(bytes: u64, t: Duration) -> f64 {

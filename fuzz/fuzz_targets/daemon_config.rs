@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     match Config::parse(text, origin, base) {
         Ok(c) => {
             let again = Config::parse(text, origin, base).expect("accepted once, accepted again");
-            assert_eq!(format!("{c:?}"), format!("{again:?}"), "the same text, the same configuration");
+            assert_eq!(c, again, "the same text, the same configuration");
             // Relative sim paths were resolved against the base directory.
             assert!(c.discovery.sim.iter().all(|p| p.is_absolute()), "{:?}", c.discovery.sim);
         }

@@ -399,7 +399,8 @@ impl DaxRegion {
         Ok(())
     }
 
-    /// Destroys carved device `name`: unbind, size 0, delete.
+    /// Destroys carved device `name`: unbind, size 0, delete. Refused for one bound to a
+    /// driver other than `device_dax`.
     pub fn destroy(&self, name: &str) -> Result<(), CarveError> {
         if !dax_ids(name).is_some_and(|(n, m)| n == self.id && m > 0) {
             return Err(CarveError::Kernel {
@@ -408,6 +409,11 @@ impl DaxRegion {
             });
         }
         let d = self.device(name)?;
+        // One bound to another driver is someone's (kmem: System RAM, which unbinding would
+        // hot-remove): never taken from them.
+        if let Some(other) = d.driver.as_deref().filter(|drv| *drv != "device_dax") {
+            return Err(CarveError::Kernel { device: name.to_owned(), why: format!("bound to {other}: left alone") });
+        }
         self.release(&d)?;
         write(&self.dir.join("dax_region/delete"), name)?;
         if self.dir.join(name).exists() {

@@ -68,8 +68,9 @@ impl State {
                 Err(e) => {
                     // What is carved where is unknown: each range may still be a device's.
                     for w in &wanted {
-                        self.unrestore_held(
+                        self.lose_restored(
                             w.region,
+                            None,
                             &format!("the devices of {}'s DAX region are unreadable: {e}", b.name),
                         );
                     }
@@ -112,9 +113,9 @@ impl State {
                         tracing::info!(region = id, device = %name, "region's DAX device found");
                         self.attach_carved(*id, name, path, c);
                     }
-                    // The device is there and holds the range (and the region's bytes,
-                    // left for whoever bound it elsewhere or for the operator): not deleted.
-                    Some(Err(e)) => self.unrestore_held(*id, &format!("its DAX device {name}: {e}")),
+                    // The device is there and holds the range (and the region's bytes):
+                    // the region stays, lost, until its owner frees it.
+                    Some(Err(e)) => self.lose_restored(*id, Some((name, c)), &format!("its DAX device {name}: {e}")),
                     None => self.unrestore(*id, &format!("its DAX device {name} vanished")),
                 }
             }
@@ -124,9 +125,13 @@ impl State {
                         tracing::info!(region = w.region, device = %d.name, "region's DAX device was gone; carved again at its range");
                         self.attach_carved(w.region, &d.name, d.path, c);
                     }
-                    Err(e) => {
-                        self.unrestore(w.region, &format!("its DAX device is gone and cannot be carved again: {e}"))
-                    }
+                    // Whatever stands in the way (another driver's device over the range, a
+                    // kernel refusing), the range keeps the region's bytes: kept, lost.
+                    Err(e) => self.lose_restored(
+                        w.region,
+                        None,
+                        &format!("its DAX device is gone and cannot be carved again: {e}"),
+                    ),
                 }
             }
         }
@@ -150,17 +155,25 @@ impl State {
         self.lost(id, why);
     }
 
-    /// [`State::unrestore`] of a region whose range a DAX device may still hold in the
-    /// kernel: its usage is given back, but its ranges stay taken, so that no new region is
-    /// placed where the kernel would refuse to carve (or, were the device deleted later,
-    /// hand out its bytes). They stay taken until the daemon stops: the next start tries
-    /// the region again while the journal holds its record, and deletes a device no region
-    /// names (unless bound to another driver).
-    fn unrestore_held(&mut self, id: u64, why: &str) {
-        if self.ledger.unpublish_region(id).is_some() {
-            self.set_regions.remove(&id);
+    /// Keeps region `id`, restored a moment ago, but lost: a DAX device may hold its range
+    /// (and its bytes) in the kernel but cannot serve it — bound to another driver, a bind
+    /// that does not take — or what the DAX region holds cannot be read. As for a region
+    /// lost with its device (`Ledger::lose`): its range stays taken, its exports come back
+    /// revoked, and the snapshot written at start records it lost, so it stays lost across
+    /// restarts (quarantine holds on it stay too). Its owner may free it: that deletes its
+    /// device (`device`, where known; one bound to another driver is refused, and its range
+    /// then stays taken until the next start) or, where unknown, gives the range back.
+    fn lose_restored(&mut self, id: u64, device: Option<(&str, &DaxRegion)>, why: &str) {
+        let Some(r) = self.ledger.regions.get_mut(&id) else { return };
+        r.lost = true;
+        if let Some((name, from)) = device {
+            let path = from.dev.join(name);
+            r.backing = Backing::CarvedDax { path, name: name.to_owned(), from: from.clone() };
         }
-        self.lost(id, &format!("{why}; its range stays out of the allocators until this node restarts"));
+        tracing::warn!(region = id, "region lost at start: {why}");
+        if self.problems.len() < 256 {
+            self.problems.push(format!("region {id} lost at start: {why}; its range stays taken until it is freed"));
+        }
     }
 }
 
@@ -249,7 +262,7 @@ mod tests {
     }
 
     #[test]
-    fn a_region_whose_device_will_not_bind_is_dropped_with_its_range_kept_out() {
+    fn a_region_whose_device_will_not_bind_stays_lost_with_its_range_taken() {
         let (t, root) = tree(0, true, &[(1, BASE, 4 * M), (2, BASE + 4 * M, 4 * M)]);
         // dax0.1 was onlined as System RAM while the daemon was down; dax0.2 lost its
         // driver, and binding it again does not take (the fake kernel ignores the write).
@@ -257,10 +270,20 @@ mod tests {
         rebind(&t, "dax0.2", None);
         let mut st = restored(&t, &root);
         st.reconcile_carved();
-        assert!(st.ledger.regions.is_empty(), "both dropped");
-        assert!(st.set_regions.is_empty());
         assert_eq!(st.problems.len(), 2, "{:?}", st.problems);
-        assert!(st.problems[0].contains("bound to kmem") && st.problems[0].contains("stays out"), "{:?}", st.problems);
+        assert!(st.problems[0].contains("bound to kmem") && st.problems[0].contains("lost"), "{:?}", st.problems);
+        // Both stay, lost, on their devices: the snapshot written at start keeps them (and
+        // what other nodes may map of them), and freeing one deletes its device.
+        for (id, name) in [(1u64, "dax0.1"), (2, "dax0.2")] {
+            let r = &st.ledger.regions[&id];
+            assert!(r.lost, "region {id}");
+            assert!(matches!(&r.backing, Backing::CarvedDax { name: n, .. } if n == name), "{:?}", r.backing);
+        }
+        assert_eq!(st.set_regions.len(), 2);
+        // What start compacts the journal to names both, lost: the next start keeps them
+        // lost rather than finding their devices orphaned.
+        let snap = super::super::durable::Snapshot::decode(&st.snapshot().unwrap()).unwrap();
+        assert_eq!((snap.set_regions.len(), snap.lost), (2, vec![1, 2]));
         // Both ranges are still the devices' in the kernel: nothing new lands there.
         for offset in [0, 4 * M] {
             assert!(!st.resources[0].ranges.is_free(offset, 4 * M), "range at {offset:#x} handed back");
@@ -272,19 +295,38 @@ mod tests {
         assert_eq!(std::fs::read_to_string(dr.join("dax0.1/size")).unwrap().trim(), (4 * M).to_string());
         assert_eq!(std::fs::read_to_string(dr.join("dax0.2/size")).unwrap().trim(), (4 * M).to_string());
         assert!(std::fs::read_to_string(dr.join("dax0.0/../dax_region/delete")).unwrap().is_empty());
-        // Their usage went back with them.
-        assert_eq!(st.ledger.usage.get(&1000).map_or(0, |u| u.bytes), 0);
+        // Freeing the kmem one later is refused by the device, not done to System RAM.
+        let Backing::CarvedDax { from, .. } = &st.ledger.regions[&1].backing else { unreachable!() };
+        let e = from.destroy("dax0.1").unwrap_err();
+        assert!(e.to_string().contains("bound to kmem"), "{e}");
+        assert!(!t.path().join("sys/bus/dax/drivers/kmem/unbind").exists(), "unbound from kmem");
     }
 
     #[test]
-    fn a_region_whose_device_was_deleted_and_cannot_be_carved_gives_its_range_back() {
-        // No device at all (someone deleted it) and a `create` that makes nothing: the
-        // kernel holds nothing there, so the range is free again.
+    fn regions_whose_dax_region_cannot_be_read_stay_lost() {
+        let (t, root) = tree(0, true, &[(1, BASE, 4 * M), (2, BASE + 4 * M, 4 * M)]);
+        let mut st = restored(&t, &root);
+        // A device whose size its mappings do not add up to: the kernel's inconsistency.
+        std::fs::write(t.path().join("sys/bus/dax/devices/dax0.2/size"), "4096\n").unwrap();
+        st.reconcile_carved();
+        assert!(st.ledger.regions.values().all(|r| r.lost), "both lost");
+        assert!(st.problems.iter().all(|p| p.contains("unreadable")), "{:?}", st.problems);
+        for offset in [0, 4 * M] {
+            assert!(!st.resources[0].ranges.is_free(offset, 4 * M), "range at {offset:#x} handed back");
+        }
+    }
+
+    #[test]
+    fn a_region_whose_device_was_deleted_and_cannot_be_carved_again_stays_lost() {
+        // No device for region 1 (someone deleted it) and a `create` that makes nothing;
+        // region 2's device is there and bound.
         let (t, root) = tree(0, true, &[(2, BASE + 4 * M, 4 * M)]);
         let mut st = restored(&t, &root);
         st.reconcile_carved();
-        assert_eq!(st.ledger.regions.keys().copied().collect::<Vec<_>>(), vec![2]);
-        assert!(st.resources[0].ranges.is_free(0, 4 * M));
-        assert!(!st.resources[0].ranges.is_free(4 * M, 4 * M));
+        assert!(st.ledger.regions[&1].lost, "region 1 kept, lost");
+        assert!(st.problems[0].contains("cannot be carved again"), "{:?}", st.problems);
+        let r2 = &st.ledger.regions[&2];
+        assert!(!r2.lost && matches!(&r2.backing, Backing::CarvedDax { name, .. } if name == "dax0.2"));
+        assert!(!st.resources[0].ranges.is_free(0, 4 * M) && !st.resources[0].ranges.is_free(4 * M, 4 * M));
     }
 }

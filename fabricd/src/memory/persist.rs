@@ -155,7 +155,7 @@ impl State {
     }
 
     /// The registry as a snapshot record.
-    fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
+    pub(super) fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
         // Adopted vendor objects live as long as their session only.
         let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
         for (id, r) in self.ledger.regions.iter().filter(|(_, r)| r.object().is_none()) {
@@ -173,8 +173,9 @@ impl State {
             .filter(|e| self.ledger.regions.get(&e.handle.region).is_none_or(|r| r.object().is_none()))
             .map(Export::record)
             .collect();
-        let lost =
+        let mut lost: Vec<u64> =
             self.ledger.regions.iter().filter(|(_, r)| r.lost && r.object().is_none()).map(|(id, _)| *id).collect();
+        lost.sort_unstable();
         Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions, lost }
             .encode()
             .map_err(MemoryError::Record)
@@ -387,7 +388,10 @@ impl Memory {
             };
             let handle =
                 ExportHandle { node: None, region: e.region, generation: e.generation, secret: Secret(e.secret) };
-            st.ledger.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked: e.revoked });
+            // A region lost at start (`State::reconcile_carved`) has its exports revoked, as
+            // one lost with its device before the restart has.
+            let revoked = e.revoked || st.ledger.regions.get(&e.region).is_some_and(|r| r.lost);
+            st.ledger.exports.push(Export { handle, owner_uid: e.owner_uid, policy, revoked });
             st.ledger.charge(e.owner_uid, Usage::OBJECT);
         }
         // What other nodes may map, before anything is allocated again.
