@@ -307,7 +307,17 @@ impl Ledger {
             .collect();
         let ids: Vec<u64> = told.iter().map(|(_, r)| r.import).collect();
         self.revocations.extend(told);
-        ids.into_iter().map(|k| self.detach_registrations(|g| g.covers == Covers::Import(k))).sum()
+        self.detach_registrations(|g| matches!(g.covers, Covers::Import(k) if ids.contains(&k)))
+    }
+
+    /// Detaches the registrations of region `region` and of `imports` (see `unregistered`).
+    /// Returns how many.
+    fn detach_covering(&mut self, region: u64, imports: &[u64]) -> u64 {
+        self.detach_registrations(|g| match g.covers {
+            Covers::Region(k) => k == region,
+            Covers::Import(k) => imports.contains(&k),
+            Covers::Fd | Covers::Process => false,
+        })
     }
 
     /// Detaches every registration that matches (see `unregistered`). Returns how many.
@@ -408,7 +418,6 @@ impl Ledger {
     pub(super) fn remove_region(&mut self, id: u64, reason: RevocationReason) -> Option<Removed> {
         let region = self.regions.remove(&id)?;
         self.ended = true;
-        let mut registrations = self.detach_registrations(|g| g.covers == Covers::Region(id));
         let fds = u64::from(region.object().is_some_and(|o| o.holds_fd()));
         self.discharge(region.owner.uid, Usage::region(region.len, fds));
         let mut exports = 0;
@@ -425,11 +434,10 @@ impl Ledger {
             self.discharge(uid, Usage::OBJECT);
         }
         let ids: Vec<u64> = self.imports.iter().filter(|(_, i)| i.region == id).map(|(k, _)| *k).collect();
+        let registrations = self.detach_covering(id, &ids);
         let mut imports = Vec::with_capacity(ids.len());
         for k in ids {
-            let before = self.unregistered.len();
             if let Some(i) = self.remove_import(k) {
-                registrations += (self.unregistered.len() - before) as u64;
                 let r = Revocation { region: id, generation: i.generation, import: k, reason };
                 self.revocations.push((i.session, r));
                 imports.push((k, i));
@@ -468,11 +476,7 @@ impl Ledger {
             told.sort_unstable_by_key(|(_, r)| r.import);
             out.imports += told.len() as u64;
             let imports: Vec<u64> = told.iter().map(|(_, r)| r.import).collect();
-            out.registrations += self.detach_registrations(|g| match g.covers {
-                Covers::Region(k) => k == region,
-                Covers::Import(k) => imports.contains(&k),
-                Covers::Fd | Covers::Process => false,
-            });
+            out.registrations += self.detach_covering(region, &imports);
             self.revocations.extend(told);
             let own = Revocation { region, generation, import: 0, reason: RevocationReason::DeviceLost };
             self.revocations.push((owner, own));
