@@ -185,6 +185,13 @@ impl Memory {
         Ok(())
     }
 
+    /// Whether the quarantine record holds what this state needs saved now
+    /// ([`Memory::save_holds`] would write nothing).
+    pub fn holds_are_saved(&self) -> bool {
+        let saved = self.holds_saved.lock().unwrap_or_else(|p| p.into_inner());
+        saved.1.as_ref() == Some(&self.state().holds())
+    }
+
     /// [`Memory::save_holds`] where a failure only delays dropping holds: logged.
     pub fn save_holds_or_log(&self) {
         if let Err(e) = self.save_holds() {
@@ -454,7 +461,13 @@ mod tests {
                 let handle = m.export(&me(), 1, r, policy.clone()).unwrap();
                 m.import(&me(), 2, &handle, AccessMode::ReadWrite).unwrap();
             }
+            assert!(!m.holds_are_saved(), "two holds for b that no record has");
             m.save_holds().unwrap();
+            assert!(m.holds_are_saved());
+            // b imports a region it holds already: nothing to write.
+            let handle = m.export(&me(), 1, kept, policy.clone()).unwrap();
+            m.import(&me(), 2, &handle, AccessMode::ReadWrite).unwrap();
+            assert!(m.holds_are_saved(), "the record needs no write for a hold it has");
             m.free(1, freed).unwrap();
             assert_eq!(m.quarantined_bytes(), 64 * MIB);
             (freed, kept)

@@ -207,15 +207,12 @@ fn ask<T: serde::de::DeserializeOwned>(
         gid: cred.gid,
         partitions,
     };
-    let (tx, rx) = std::sync::mpsc::channel();
-    {
-        let (domain, owner) = (domain.clone(), owner.to_owned());
-        domain.clone().runtime().spawn(async move {
-            let Some(link) = domain.link() else { return };
-            let _ = tx.send(link.call(&domain, &owner, wire::request(op, &ask)).await);
-        });
-    }
-    let answer = rx.recv_timeout(ASK_TIMEOUT).map_err(|_| {
+    let Some(link) = domain.link() else {
+        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
+    };
+    // Driven here, on the request's thread: no hand-off to the runtime and back.
+    let call = link.call(domain, owner, wire::request(op, &ask));
+    let answer = super::drive::on_this_thread(domain.runtime(), ASK_TIMEOUT, call).ok_or_else(|| {
         refusal(ErrorCode::Unavailable, format!("node {owner} did not answer the import within {ASK_TIMEOUT:?}"))
     })?;
     match answer {

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod creds;
 pub mod cxl;
 pub mod dial;
+pub mod drive;
 pub mod importer;
 pub mod members;
 pub mod owner;

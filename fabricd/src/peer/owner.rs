@@ -66,10 +66,35 @@ fn denied(e: &crate::memory::MemoryError) -> PeerError {
     PeerError::Denied { code: body.code, message: body.message.to_string() }
 }
 
+/// Where an answer runs, for the steps in it that block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    /// On a worker of the domain's runtime (the link's own task): a step that blocks (an
+    /// `fsync`) leaves the worker first (`block_in_place`), so that the runtime's other
+    /// tasks (links' TLS, etcd's lease) go on meanwhile.
+    Worker,
+    /// On a thread that may block (the blocking pool).
+    Blocking,
+}
+
+impl On {
+    fn blocking<T>(self, f: impl FnOnce() -> T) -> T {
+        match self {
+            On::Worker => tokio::task::block_in_place(f),
+            On::Blocking => f(),
+        }
+    }
+}
+
 /// Saves the holds with `import` of `session` in them before it is granted; undoes it
-/// when they could not be saved (a restart would forget that the node may map it).
-fn saved(d: &Daemon, session: u64, import: u64) -> Result<(), PeerError> {
-    d.memory.save_holds().map_err(|e| {
+/// when they could not be saved (a restart would forget that the node may map it). Only
+/// a record that changed is written (a node importing a region it holds already changes
+/// nothing): the write, off the worker when `on` one.
+fn saved(d: &Daemon, session: u64, import: u64, on: On) -> Result<(), PeerError> {
+    if d.memory.holds_are_saved() {
+        return Ok(());
+    }
+    on.blocking(|| d.memory.save_holds()).map_err(|e| {
         let _ = d.memory.release(session, import);
         tracing::error!(error = %crate::error_chain(&e), import, "an import across nodes was undone: the quarantine record could not be saved");
         PeerError::Denied {
@@ -85,15 +110,23 @@ impl Owner {
     /// and the lift of its quarantine never reaches what this one imports). Refused for an
     /// incarnation the domain view does not list as live: an earlier one's link that is
     /// still up gets nothing new.
-    fn session(&self, d: &Arc<Daemon>, peer: &Peer) -> Result<u64, PeerError> {
-        let node = &peer.identity.node;
+    ///
+    /// The first ask of an incarnation may block (ending the last one's session saves the
+    /// quarantine record): that, off the worker when `on` one.
+    fn session(&self, d: &Arc<Daemon>, peer: &Peer, on: On) -> Result<u64, PeerError> {
         let current = || {
             let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
-            remotes.get(node).filter(|r| r.incarnation == peer.incarnation).map(|r| r.session)
+            remotes.get(&peer.identity.node).filter(|r| r.incarnation == peer.incarnation).map(|r| r.session)
         };
-        if let Some(session) = current() {
-            return Ok(session);
+        match current() {
+            Some(session) => Ok(session),
+            None => on.blocking(|| self.new_session(d, peer, current)),
         }
+    }
+
+    /// [`Owner::session`] when `current` has none yet: made, once.
+    fn new_session(&self, d: &Arc<Daemon>, peer: &Peer, current: impl Fn() -> Option<u64>) -> Result<u64, PeerError> {
+        let node = &peer.identity.node;
         let _setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(session) = current() {
             return Ok(session);
@@ -225,7 +258,10 @@ impl Owner {
     }
 
     /// Serves an importer node's [`ImportAsk`].
-    pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ImportGrant, PeerError> {
+    /// Nothing in it blocks but what [`On`] takes off a worker: the registry's import opens
+    /// the region's file (as the file kept for truncation below is opened), a metadata
+    /// lookup, never a wait for a device.
+    pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk, on: On) -> Result<ImportGrant, PeerError> {
         let (handle, subject, cred) = self.admit(d, peer, &ask)?;
         let node = &peer.identity.node;
         // A region on the shared sim fabric is granted by its file to a node in the
@@ -241,9 +277,9 @@ impl Owner {
             None if allows(DataPathKind::Cxl) => super::cxl::grant(d, ask.region).map(Shared::Cxl),
             _ => None,
         };
-        let session = self.session(d, peer)?;
+        let session = self.session(d, peer, on)?;
         let g = d.memory.import(&cred, session, &handle, ask.access).map_err(|e| denied(&e))?;
-        saved(d, session, g.import)?;
+        saved(d, session, g.import, on)?;
         // The file is kept to truncate when the region goes: opened for writing here (the
         // grant's descriptor is read-only for a read-only import).
         let kept = match (&shared, &own) {
@@ -313,12 +349,12 @@ impl Owner {
         }
         super::clique::check(d, &subject.device, &peer.identity.node)?;
         let node = &peer.identity.node;
-        let session = self.session(d, peer)?;
+        let session = self.session(d, peer, On::Blocking)?;
         let o = d
             .memory
             .import_object(&cred, session, &handle, ask.access, fabric_proto::wire::PROTOCOL_VERSION)
             .map_err(|e| denied(&e))?;
-        saved(d, session, o.import)?;
+        saved(d, session, o.import, On::Blocking)?;
         if !self.still(node, session) {
             return Err(Self::too_late(d, node, session, o.import));
         }

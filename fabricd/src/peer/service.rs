@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use fabric_nodelink::{Peer, PeerError, PeerOp, PeerRequest, PeerService, Served};
 
 use super::importer::Importer;
-use super::owner::Owner;
+use super::owner::{On, Owner};
 use super::wire;
 use crate::daemon::Daemon;
 
@@ -53,12 +53,13 @@ impl Service {
         d: &Arc<Daemon>,
         peer: &Peer,
         request: &PeerRequest,
+        on: On,
     ) -> Result<fabric_nodelink::PeerResponse, PeerError> {
         let op = request.op;
         match op {
             PeerOp::Import => {
                 granting(d)?;
-                let grant = self.owner.import(d, peer, wire::decode(&request.body)?)?;
+                let grant = self.owner.import(d, peer, wire::decode(&request.body)?, on)?;
                 Ok(wire::response(op, &grant))
             }
             PeerOp::ImportObject => {
@@ -102,24 +103,31 @@ impl PeerService for Service {
             let answer = Err(PeerError::Refused("the daemon is starting".into()));
             return Box::pin(async move { answer });
         };
-        // Every answer runs on a blocking thread, never on the domain runtime's workers
-        // (its links' TLS, etcd's lease): a copy chunk moves a megabyte with
-        // `pread`/`pwrite`, an import may open a file and saves the quarantine record
-        // (an fsync) before it is granted.
+        // An import is answered here, on the link's task: it is a lookup in memory but for
+        // the steps that block (a changed quarantine record's `fsync`, the first ask of an
+        // incarnation), which `On::Worker` takes off the worker; so the common import costs
+        // no hand-off to another thread and back. Every other answer runs on a blocking
+        // thread, never on the domain runtime's workers (its links' TLS, etcd's lease): a
+        // copy chunk moves a megabyte with `pread`/`pwrite`, a release may end a region
+        // (its backing removed), a revocation deletes the DAX devices carved for it.
         let peer = peer.clone();
         Box::pin(async move {
             let (op, who) = (request.op, peer.identity.to_string());
-            let answer = tokio::task::spawn_blocking(move || {
+            let run = move |on: On| {
                 let Some(service) = d.domain.as_ref().and_then(|x| x.link()).map(|l| l.service()) else {
                     return Err(PeerError::Refused("this node has no node link".into()));
                 };
                 match request.op {
                     PeerOp::Copy => super::copy::serve(&d, service.owner.session_of(&peer), &request.body),
-                    _ => service.answer(&d, &peer, &request),
+                    _ => service.answer(&d, &peer, &request, on),
                 }
-            })
-            .await
-            .unwrap_or_else(|e| Err(PeerError::Refused(format!("the request's task failed: {e}"))));
+            };
+            let answer = match op {
+                PeerOp::Import => run(On::Worker),
+                _ => tokio::task::spawn_blocking(move || run(On::Blocking))
+                    .await
+                    .unwrap_or_else(|e| Err(PeerError::Refused(format!("the request's task failed: {e}")))),
+            };
             if let Err(e) = &answer {
                 tracing::info!(peer = %who, ?op, error = %e, "node link: request refused");
             }
