@@ -119,6 +119,31 @@ impl RangeAllocator {
         true
     }
 
+    /// Takes every free part of `[offset, offset + len)` that lies in the resource, each
+    /// part a range of its own (never freed by a region's end); the bytes taken.
+    pub fn reserve_free(&mut self, offset: u64, len: u64) -> u64 {
+        let end = offset.saturating_add(len).min(self.capacity);
+        if offset >= end {
+            return 0;
+        }
+        // What a range starting before `offset` covers of it.
+        let mut at = self.used.range(..offset).next_back().map_or(offset, |(&o, &l)| offset.max(o + l));
+        let mut gaps = Vec::new();
+        for (&o, &l) in self.used.range(offset..end) {
+            if o > at {
+                gaps.push((at, o - at));
+            }
+            at = at.max(o + l);
+        }
+        if at < end {
+            gaps.push((at, end - at));
+        }
+        for &(o, l) in &gaps {
+            self.used.insert(o, l);
+        }
+        gaps.iter().map(|g| g.1).sum()
+    }
+
     /// Where allocations end, in order: the candidates for the lowest common free offset.
     pub fn ends(&self) -> impl Iterator<Item = u64> + '_ {
         self.used.iter().map(|(o, l)| o + l)
@@ -178,6 +203,25 @@ mod tests {
         assert_eq!(a.alloc(2 * GRANULE, 0), Ok(2 * GRANULE));
         assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
         assert!(a.free(4 * GRANULE));
+    }
+
+    #[test]
+    fn reserve_free_takes_the_gaps_around_what_is_taken_and_nothing_past_the_end() {
+        let mut a = RangeAllocator::new(10 * GRANULE);
+        assert!(a.reserve(0, 2 * GRANULE));
+        assert!(a.reserve(4 * GRANULE, GRANULE));
+        // [1, 9) over [0, 2) and [4, 5): [2, 4) and [5, 9) taken.
+        assert_eq!(a.reserve_free(GRANULE, 8 * GRANULE), 6 * GRANULE);
+        assert!(!a.is_free(2 * GRANULE, GRANULE) && !a.is_free(8 * GRANULE, GRANULE));
+        assert!(a.is_free(9 * GRANULE, GRANULE));
+        assert_eq!(a.reserve_free(GRANULE, 8 * GRANULE), 0, "nothing left there");
+        // Clipped to the capacity.
+        assert_eq!(a.reserve_free(9 * GRANULE, 4 * GRANULE), GRANULE);
+        assert_eq!(a.reserve_free(20 * GRANULE, GRANULE), 0);
+        assert!(matches!(a.alloc(GRANULE, 0), Err(AllocError::NoSpace { .. })));
+        // A region's end frees its own range only.
+        assert!(a.free(4 * GRANULE));
+        assert_eq!(a.alloc(GRANULE, 0), Ok(4 * GRANULE));
     }
 
     #[test]

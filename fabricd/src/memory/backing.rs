@@ -96,6 +96,9 @@ pub struct SetBacking {
     pub set: String,
     /// The device file.
     pub backing: DeviceBacking,
+    /// The set's members in position order, from the inventory (empty where its geometry
+    /// is unknown): where a range of the device lies on each.
+    pub members: Vec<(DeviceId, MemoryKind, u16)>,
 }
 
 /// A BAR bound to a device's memory resource (added to the inventory by
@@ -160,10 +163,19 @@ pub fn parse_bar(spec: &str) -> Result<(PciAddress, u8), BackingError> {
     Ok((address, index))
 }
 
-/// The address map's name of the interleave set of the CXL region holding DAX device `name`.
-fn set_of(inv: &Inventory, name: &str) -> Option<(String, Option<u64>)> {
+/// The address map's name of the interleave set of the CXL region holding DAX device
+/// `name`, the region's HPA start, and the set's members.
+type SetOf = (String, Option<u64>, Vec<(DeviceId, MemoryKind, u16)>);
+
+fn set_of(inv: &Inventory, name: &str) -> Option<SetOf> {
     let r = inv.cxl.regions.iter().find(|r| r.dax.iter().any(|d| d.name == name))?;
-    Some((fabric_addrmap::sync::set_name(r)?, r.resource))
+    let set = fabric_addrmap::sync::set_name(r)?;
+    let members = fabric_addrmap::sync::region_sets(inv)
+        .into_iter()
+        .find(|s| s.name == set)
+        .map(|s| s.members.into_iter().map(|k| (k.device, k.kind, k.ordinal)).collect())
+        .unwrap_or_default();
+    Some((set, r.resource, members))
 }
 
 /// Resolves DAX device `name`: `sys/bus/dax/devices/NAME` under `sysfs`, its device node
@@ -196,7 +208,7 @@ pub fn dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) -> Result
     if !path.exists() {
         return Err(missing(format!("{} does not exist", path.display())));
     }
-    let (set, region_start) =
+    let (set, region_start, members) =
         set_of(inv, name).ok_or_else(|| unusable("no CXL region in the fabric lists it".into()))?;
     let start = match (read_attr(&dir.join("resource")).ok().and_then(|s| parse_hex_u64(&s)), region_start) {
         (Some(d), Some(r)) => d.checked_sub(r).ok_or_else(|| unusable("it starts before its region".into()))?,
@@ -207,7 +219,7 @@ pub fn dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) -> Result
     }
     let backing =
         DeviceBacking { kind: BackingKind::Dax, name: name.to_owned(), path, start, len: size, align, carve: None };
-    Ok(SetBacking { set, backing })
+    Ok(SetBacking { set, backing, members })
 }
 
 /// Resolves `name` (`daxN.0`) for per-region DAX: its DAX region, taken over
@@ -220,7 +232,7 @@ pub fn carved_dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) ->
     }
     let unusable = |why: String| BackingError::Unusable { what: name.to_owned(), why };
     // Before touching the device: it must be one of the fabric's CXL regions'.
-    let (set, region_start) =
+    let (set, region_start, members) =
         set_of(inv, name).ok_or_else(|| unusable("no CXL region in the fabric lists it".into()))?;
     let region_start = region_start.ok_or_else(|| unusable("its CXL region's HPA start is unknown".into()))?;
     let region = super::carve::DaxRegion::open(sysfs, dev, name)?;
@@ -237,7 +249,7 @@ pub fn carved_dax(sysfs: &SysfsRoot, dev: &Path, inv: &Inventory, name: &str) ->
         align: region.align,
         carve: Some(region),
     };
-    Ok(SetBacking { set, backing })
+    Ok(SetBacking { set, backing, members })
 }
 
 /// Why a line of a PCI function's sysfs `resource` table is not a memory BAR.

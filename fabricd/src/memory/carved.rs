@@ -6,10 +6,10 @@ use std::fs::OpenOptions;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-use super::alloc::AllocError;
+use super::alloc::{AllocError, GRANULE};
 use super::backing::DeviceBacking;
 use super::backings::Backing;
-use super::carve::{DaxRegion, Wanted, plan};
+use super::carve::{DaxDevice, DaxRegion, Wanted, plan};
 use super::reserve::Made;
 use super::{Memory, MemoryError, State, io_err};
 
@@ -80,18 +80,27 @@ impl State {
             let p = plan(&devices, &wanted);
             for o in &p.orphans {
                 // A device bound to another driver (kmem: System RAM; anything else: someone's
-                // device) is reported, never deleted.
-                let foreign = devices
-                    .iter()
-                    .find(|d| &d.name == o)
-                    .and_then(|d| d.driver.clone())
-                    .filter(|drv| drv != "device_dax");
-                if let Some(drv) = foreign {
-                    tracing::warn!(device = %o, driver = %drv, "DAX device no region names is bound to another driver; left alone");
+                // device) is reported, never deleted, and its range is nobody's to allocate.
+                let foreign = devices.iter().find(|d| &d.name == o).and_then(|d| {
+                    d.driver.as_deref().filter(|drv| *drv != "device_dax").map(|drv| (d, drv.to_owned()))
+                });
+                if let Some((dev, drv)) = foreign {
+                    let problem = match self.keep_out(&set, &b, c, dev) {
+                        Ok(kept) => {
+                            tracing::warn!(device = %o, driver = %drv, kept, "DAX device no region names is bound to another driver; left alone, its range kept out of allocations");
+                            format!(
+                                "DAX device {o} (no region names it) is bound to {drv}: left alone, its range ({kept} bytes of the set's members) kept out of allocations until it is unbound and fabricd restarts"
+                            )
+                        }
+                        Err(why) => {
+                            tracing::warn!(device = %o, driver = %drv, why, "DAX device no region names is bound to another driver; left alone");
+                            format!(
+                                "DAX device {o} (no region names it) is bound to {drv}: left alone; its range could not be kept out of allocations ({why}), and an allocation placed on it fails to carve until it is unbound"
+                            )
+                        }
+                    };
                     if self.problems.len() < 256 {
-                        self.problems.push(format!(
-                            "DAX device {o} (no region names it) is bound to {drv}: left alone; an allocation placed on its range fails to carve until it is unbound"
-                        ));
+                        self.problems.push(problem);
                     }
                     continue;
                 }
@@ -135,6 +144,33 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Keeps the ranges of `dev`, a device of the DAX region `c` that backs the set `set`
+    /// through `b`, out of the set's members' allocators for this run (whole 2 MiB
+    /// granules of each member, what regions hold already left as it is); the bytes kept
+    /// out, over all members, or why it cannot be.
+    fn keep_out(&mut self, set: &str, b: &DeviceBacking, c: &DaxRegion, dev: &DaxDevice) -> Result<u64, &'static str> {
+        let members = self.set_members.get(set).map(Vec::as_slice).unwrap_or_default();
+        let idx: Vec<usize> = members.iter().map(|m| self.member(m)).collect::<Option<_>>().unwrap_or_default();
+        if idx.is_empty() {
+            return Err("its set's members are not known here");
+        }
+        let ways = idx.len() as u64;
+        let unit = GRANULE * ways;
+        let mut kept = 0;
+        for &(hpa, len) in &dev.ranges {
+            // HPA → offset in the DAX region's file → offset in the set, widened to whole
+            // granules of every member.
+            let at = hpa.checked_sub(c.start).and_then(|o| o.checked_add(b.start)).ok_or("it lies outside its set")?;
+            let lo = at / unit * unit;
+            let hi =
+                at.checked_add(len).and_then(|e| e.checked_next_multiple_of(unit)).ok_or("it lies outside its set")?;
+            for &i in &idx {
+                kept += self.resources[i].ranges.reserve_free(lo / ways, (hi - lo) / ways);
+            }
+        }
+        Ok(kept)
     }
 
     fn attach_carved(&mut self, id: u64, name: &str, path: PathBuf, from: &DaxRegion) {
@@ -226,6 +262,7 @@ mod tests {
             coherence: Coherence::Hardware,
         });
         st.set_backings.insert(SET.into(), backing);
+        st.set_members.insert(SET.into(), vec![(DeviceId::serial("cxl", "0x5eed"), MemoryKind::CxlVolatile, 0)]);
         for (id, offset) in [(1u64, 0u64), (2, 4 * M)] {
             assert!(st.resources[0].ranges.reserve(offset, 4 * M));
             let owner = PeerCred { pid: 1, uid: 1000, gid: 1000 };
@@ -300,6 +337,35 @@ mod tests {
         let e = from.destroy("dax0.1").unwrap_err();
         assert!(e.to_string().contains("bound to kmem"), "{e}");
         assert!(!t.path().join("sys/bus/dax/drivers/kmem/unbind").exists(), "unbound from kmem");
+    }
+
+    #[test]
+    fn a_device_no_region_names_bound_to_another_driver_keeps_its_range_out_of_allocations() {
+        // Regions 1 and 2 on their devices; dax0.3, no region's, onlined as System RAM at
+        // 10 MiB of the set while the daemon was down.
+        let devices = [(1, BASE, 4 * M), (2, BASE + 4 * M, 4 * M), (3, BASE + 10 * M, 4 * M)];
+        let (t, root) = tree(0, true, &devices);
+        rebind(&t, "dax0.3", Some("kmem"));
+        let mut st = restored(&t, &root);
+        st.reconcile_carved();
+        assert_eq!(st.problems.len(), 1, "{:?}", st.problems);
+        assert!(st.problems[0].contains("bound to kmem") && st.problems[0].contains("kept out"), "{:?}", st.problems);
+        assert!(!st.resources[0].ranges.is_free(10 * M, 4 * M), "System RAM is nobody's to allocate");
+        // The hole before it is too small for 4 MiB: the next region goes after it.
+        assert_eq!(st.resources[0].ranges.alloc(4 * M, 0).unwrap(), 14 * M);
+        assert_eq!(st.resources[0].ranges.alloc(2 * M, 0).unwrap(), 8 * M);
+        assert!(st.ledger.regions.values().all(|r| !r.lost), "the regions are served");
+        let dr = t.path().join("sys/bus/dax/devices");
+        assert_eq!(std::fs::read_to_string(dr.join("dax0.3/size")).unwrap().trim(), (4 * M).to_string(), "left alone");
+
+        // Where the set's members are not known, the range cannot be kept out: said so.
+        let (t, root) = tree(0, true, &devices);
+        rebind(&t, "dax0.3", Some("kmem"));
+        let mut st = restored(&t, &root);
+        st.set_members.clear();
+        st.reconcile_carved();
+        assert!(st.problems[0].contains("could not be kept out"), "{:?}", st.problems);
+        assert!(st.resources[0].ranges.is_free(10 * M, 4 * M));
     }
 
     #[test]

@@ -320,6 +320,8 @@ struct State {
     set_regions: HashMap<u64, set::SetRegion>,
     /// DAX devices backing interleave sets, by set name.
     set_backings: HashMap<String, backing::DeviceBacking>,
+    /// Their sets' members in position order, by set name (where a device's range lies).
+    set_members: HashMap<String, Vec<(DeviceId, MemoryKind, u16)>>,
     /// Region files the copy engine reaches by GFA, opened read-write on a region's first
     /// copy and closed when the region ends, with their identity (`copyside.rs`).
     copy_files: HashMap<u64, copyside::CopyFile>,
@@ -634,6 +636,7 @@ impl Memory {
         for s in &b.sets {
             tracing::info!(set = %s.set, dax = %s.backing.name, len = s.backing.len, "DAX device backs the set");
             st.set_backings.insert(s.set.clone(), s.backing.clone());
+            st.set_members.insert(s.set.clone(), s.members.clone());
         }
         for bar in &b.bars {
             let found = bar.resource.as_ref().and_then(|(dev, ord)| {

@@ -42,7 +42,7 @@ pub struct ForeignRange {
 
 impl super::State {
     /// The resource of a set's member `(device, kind, ordinal)`.
-    fn member(&self, (device, kind, ordinal): &(DeviceId, MemoryKind, u16)) -> Option<usize> {
+    pub(super) fn member(&self, (device, kind, ordinal): &(DeviceId, MemoryKind, u16)) -> Option<usize> {
         self.resources.iter().position(|r| r.device == *device && r.kind == *kind && r.ordinal == *ordinal)
     }
 
