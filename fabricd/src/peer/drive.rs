@@ -36,8 +36,11 @@ impl Wake for Unpark {
 /// `runtime`'s workers, which would wait for itself.
 pub fn on_this_thread<F: Future>(runtime: &tokio::runtime::Handle, deadline: Duration, call: F) -> Option<F::Output> {
     let _in = runtime.enter();
-    // Made inside the runtime's context: the deadline is its timer's.
-    let mut call = pin!(tokio::time::timeout(deadline, call));
+    // Made inside the runtime's context: the deadline is its timer's. Unconstrained: a
+    // thread that runs a task of its own (a connection's, answering request after request
+    // in one poll) may have spent that task's coop budget, and a call held to it would be
+    // told to yield, woken at once, and polled again, forever.
+    let mut call = pin!(tokio::task::unconstrained(tokio::time::timeout(deadline, call)));
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);
     loop {
@@ -102,18 +105,41 @@ mod tests {
         rx.try_recv().expect("what the call held went with it");
     }
 
-    #[test]
-    fn it_runs_from_a_thread_that_runs_a_runtime_of_its_own() {
-        // A connection's thread: a current-thread runtime, a synchronous handler in it.
+    /// Runs `handler` as a connection's thread does: inside a current-thread runtime's
+    /// task, with the domain runtime's handle.
+    fn in_a_connections_task<T>(handler: impl FnOnce(&tokio::runtime::Handle) -> T) -> T {
         let rt = runtime();
         let handle = rt.handle().clone();
         let local = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let got = local.block_on(async move {
-            on_this_thread(&handle, Duration::from_secs(5), async {
+        local.block_on(async move { handler(&handle) })
+    }
+
+    #[test]
+    fn it_runs_from_a_thread_that_runs_a_runtime_of_its_own() {
+        let got = in_a_connections_task(|rt| {
+            on_this_thread(rt, Duration::from_secs(5), async {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 7
             })
         });
         assert_eq!(got, Some(7));
+    }
+
+    #[test]
+    fn a_call_is_not_held_to_the_budget_of_the_task_the_thread_runs() {
+        // A connection's task answering one request after another in one poll spends the
+        // coop budget tokio gives each poll; a call driven there must still end.
+        let got = in_a_connections_task(|rt| {
+            (0..3)
+                .map(|_| {
+                    on_this_thread(rt, Duration::from_secs(2), async {
+                        for _ in 0..200 {
+                            tokio::task::consume_budget().await;
+                        }
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(got, vec![Some(()); 3]);
     }
 }
