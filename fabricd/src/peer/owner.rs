@@ -94,14 +94,15 @@ fn saved(d: &Daemon, session: u64, import: u64, on: On) -> Result<(), PeerError>
     if d.memory.holds_are_saved() {
         return Ok(());
     }
-    on.blocking(|| d.memory.save_holds()).map_err(|e| {
+    // The undo too: a release runs the registry's queued effects (a backing's removal).
+    on.blocking(|| d.memory.save_holds().map_err(|e| {
         let _ = d.memory.release(session, import);
         tracing::error!(error = %crate::error_chain(&e), import, "an import across nodes was undone: the quarantine record could not be saved");
         PeerError::Denied {
             code: ErrorCode::Unavailable,
             message: format!("this node could not save who may map its memory: {}", crate::error_chain(&e)),
         }
-    })
+    }))
 }
 
 impl Owner {
@@ -260,7 +261,8 @@ impl Owner {
     /// Serves an importer node's [`ImportAsk`].
     /// Nothing in it blocks but what [`On`] takes off a worker: the registry's import opens
     /// the region's file (as the file kept for truncation below is opened), a metadata
-    /// lookup, never a wait for a device.
+    /// lookup, never a wait for a device; an import undone (a release, which runs the
+    /// registry's queued effects) goes through `on` too.
     pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk, on: On) -> Result<ImportGrant, PeerError> {
         let (handle, subject, cred) = self.admit(d, peer, &ask)?;
         let node = &peer.identity.node;
@@ -297,7 +299,7 @@ impl Owner {
             let remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
             if remotes.get(node).is_none_or(|r| r.session != session) {
                 drop(remotes);
-                return Err(Self::too_late(d, node, session, g.import));
+                return Err(on.blocking(|| Self::too_late(d, node, session, g.import)));
             }
             if let Some(file) = kept {
                 self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, (node.clone(), file));
