@@ -153,24 +153,15 @@ impl Memory {
         if candidates.is_empty() {
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory", kind_name(*memory))));
         }
-        let mut last = None;
-        let mut placed = None;
-        for i in candidates {
-            if st.resources[i].lost {
-                last = Some(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
-                continue;
-            }
-            match st.resources[i].ranges.alloc(len, 0) {
-                Ok(off) => {
-                    placed = Some((i, off));
-                    break;
-                }
-                Err(e) => last = Some(MemoryError::NoSpace(e)),
-            }
+        let live: Vec<(usize, u64)> =
+            candidates.into_iter().filter(|&i| !st.resources[i].lost).map(|i| (i, 0)).collect();
+        if live.is_empty() {
+            return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
         }
-        let Some((resource, offset)) = placed else {
-            return Err(last.unwrap_or(MemoryError::NoSpace(AllocError::NoSpace { len, align: 0, capacity: 0 })));
-        };
+        let (resource, offset) =
+            st.ledger.space.place(live, len).map_err(|last| {
+                MemoryError::NoSpace(last.unwrap_or(AllocError::NoSpace { len, align: 0, capacity: 0 }))
+            })?;
         let id = st.ledger.take_id();
         let holds = u64::from(fd.is_some());
         st.ledger.publish_region(

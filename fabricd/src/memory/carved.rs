@@ -167,7 +167,7 @@ impl State {
             let hi =
                 at.checked_add(len).and_then(|e| e.checked_next_multiple_of(unit)).ok_or("it lies outside its set")?;
             for &i in &idx {
-                kept += self.resources[i].ranges.reserve_free(lo / ways, (hi - lo) / ways);
+                kept += self.ledger.space.take_free_parts(i, lo / ways, (hi - lo) / ways);
             }
         }
         Ok(kept)
@@ -183,10 +183,9 @@ impl State {
     /// back and it is reported dropped.
     fn unrestore(&mut self, id: u64, why: &str) {
         if let Some(r) = self.ledger.unpublish_region(id) {
-            self.resources[r.resource].ranges.free(r.offset);
-            for i in self.set_regions.remove(&id).map(|s| s.others).unwrap_or_default() {
-                self.resources[i].ranges.free(r.offset);
-            }
+            let mut members = vec![r.resource];
+            members.extend(self.set_regions.remove(&id).map(|s| s.others).unwrap_or_default());
+            self.ledger.space.give_back(&members, r.offset);
         }
         self.lost(id, why);
     }
@@ -222,7 +221,6 @@ mod tests {
     use fabric_proto::wire::{Coherence, PeerCred, SessionToken};
     use fabric_topology::{DeviceId, MemoryKind};
 
-    use super::super::alloc::RangeAllocator;
     use super::super::backing::{BackingKind, DeviceBacking};
     use super::super::backings::{Backing, Offer};
     use super::super::carve::tests::{BASE, M, open, tree};
@@ -249,22 +247,21 @@ mod tests {
         let dir = t.path().join("res");
         std::fs::create_dir_all(&dir).unwrap();
         let dir_fd = Arc::new(OwnedFd::from(std::fs::File::open(&dir).unwrap()));
-        let mut st = State::default();
-        st.resources.push(Resource {
+        let resource = Resource {
             device: DeviceId::serial("cxl", "0x5eed"),
             kind: MemoryKind::CxlVolatile,
             ordinal: 0,
             dir,
             dir_fd,
-            ranges: RangeAllocator::new(512 * M),
             lost: false,
             offer: Offer::Device(backing.clone()),
             coherence: Coherence::Hardware,
-        });
+        };
+        let mut st = State::new(vec![(resource, 512 * M)], 1);
         st.set_backings.insert(SET.into(), backing);
         st.set_members.insert(SET.into(), vec![(DeviceId::serial("cxl", "0x5eed"), MemoryKind::CxlVolatile, 0)]);
         for (id, offset) in [(1u64, 0u64), (2, 4 * M)] {
-            assert!(st.resources[0].ranges.reserve(offset, 4 * M));
+            assert!(st.ledger.space.take(&[0], offset, 4 * M));
             let owner = PeerCred { pid: 1, uid: 1000, gid: 1000 };
             st.ledger.charge(owner.uid, super::super::Usage::region(4 * M, 0));
             let backing = Backing::SimFile(t.path().join(format!("r{id}")));
@@ -323,9 +320,9 @@ mod tests {
         assert_eq!((snap.set_regions.len(), snap.lost), (2, vec![1, 2]));
         // Both ranges are still the devices' in the kernel: nothing new lands there.
         for offset in [0, 4 * M] {
-            assert!(!st.resources[0].ranges.is_free(offset, 4 * M), "range at {offset:#x} handed back");
+            assert!(!st.ledger.space.is_free(&[0], offset, 4 * M), "range at {offset:#x} handed back");
         }
-        assert_eq!(st.resources[0].ranges.alloc(4 * M, 0).unwrap(), 8 * M);
+        assert_eq!(st.ledger.space.place([(0, 0)], 4 * M).map(|p| p.1).unwrap(), 8 * M);
         // Neither device was deleted: the kmem one is System RAM, the other holds the
         // region's bytes.
         let dr = t.path().join("sys/bus/dax/devices");
@@ -350,10 +347,10 @@ mod tests {
         st.reconcile_carved();
         assert_eq!(st.problems.len(), 1, "{:?}", st.problems);
         assert!(st.problems[0].contains("bound to kmem") && st.problems[0].contains("kept out"), "{:?}", st.problems);
-        assert!(!st.resources[0].ranges.is_free(10 * M, 4 * M), "System RAM is nobody's to allocate");
+        assert!(!st.ledger.space.is_free(&[0], 10 * M, 4 * M), "System RAM is nobody's to allocate");
         // The hole before it is too small for 4 MiB: the next region goes after it.
-        assert_eq!(st.resources[0].ranges.alloc(4 * M, 0).unwrap(), 14 * M);
-        assert_eq!(st.resources[0].ranges.alloc(2 * M, 0).unwrap(), 8 * M);
+        assert_eq!(st.ledger.space.place([(0, 0)], 4 * M).map(|p| p.1).unwrap(), 14 * M);
+        assert_eq!(st.ledger.space.place([(0, 0)], 2 * M).map(|p| p.1).unwrap(), 8 * M);
         assert!(st.ledger.regions.values().all(|r| !r.lost), "the regions are served");
         let dr = t.path().join("sys/bus/dax/devices");
         assert_eq!(std::fs::read_to_string(dr.join("dax0.3/size")).unwrap().trim(), (4 * M).to_string(), "left alone");
@@ -365,7 +362,7 @@ mod tests {
         st.set_members.clear();
         st.reconcile_carved();
         assert!(st.problems[0].contains("could not be kept out"), "{:?}", st.problems);
-        assert!(st.resources[0].ranges.is_free(10 * M, 4 * M));
+        assert!(st.ledger.space.is_free(&[0], 10 * M, 4 * M));
     }
 
     #[test]
@@ -378,7 +375,7 @@ mod tests {
         assert!(st.ledger.regions.values().all(|r| r.lost), "both lost");
         assert!(st.problems.iter().all(|p| p.contains("unreadable")), "{:?}", st.problems);
         for offset in [0, 4 * M] {
-            assert!(!st.resources[0].ranges.is_free(offset, 4 * M), "range at {offset:#x} handed back");
+            assert!(!st.ledger.space.is_free(&[0], offset, 4 * M), "range at {offset:#x} handed back");
         }
     }
 
@@ -393,6 +390,6 @@ mod tests {
         assert!(st.problems[0].contains("cannot be carved again"), "{:?}", st.problems);
         let r2 = &st.ledger.regions[&2];
         assert!(!r2.lost && matches!(&r2.backing, Backing::CarvedDax { name, .. } if name == "dax0.2"));
-        assert!(!st.resources[0].ranges.is_free(0, 4 * M) && !st.resources[0].ranges.is_free(4 * M, 4 * M));
+        assert!(!st.ledger.space.is_free(&[0], 0, 4 * M) && !st.ledger.space.is_free(&[0], 4 * M, 4 * M));
     }
 }

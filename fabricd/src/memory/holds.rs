@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::State;
 use super::durable::ResourceKey;
-use super::quarantine::Parked;
+use super::space::Parked;
 
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"FBRCHOLD";
@@ -123,7 +123,7 @@ impl State {
                 len,
             });
         };
-        for p in &self.parked {
+        for p in self.ledger.space.parked() {
             for n in p.nodes.keys() {
                 add(self, n, p.region, &p.resources, p.offset, p.len);
             }
@@ -190,19 +190,14 @@ pub(super) fn restore(st: &mut State, path: &Path) -> Vec<(String, u64)> {
             tracing::warn!(region, "a quarantined range lies on a resource that is gone; dropped");
             continue;
         };
-        let per = h.len / members.len() as u64;
-        if !members.iter().all(|&m| st.resources[m].ranges.is_free(h.offset, per)) {
+        // Each node lets go of a range kept across the restart as a whole: it rejoins
+        // (or, at the latest, first asks this incarnation anything) holding nothing of it.
+        let nodes = holders.iter().map(|n| (n.clone(), 1)).collect();
+        if !st.ledger.space.park_restored(Parked { region, nodes, resources: members, offset: h.offset, len: h.len }) {
             tracing::info!(region, "a quarantined range is another region's now (its quarantine had been lifted)");
             continue;
         }
-        for &m in &members {
-            st.resources[m].ranges.reserve(h.offset, per);
-        }
         tracing::info!(region, len = h.len, nodes = ?holders, "a freed region's range stays quarantined across the restart");
-        // Each node lets go of a range kept across the restart as a whole: it rejoins
-        // (or, at the latest, first asks this incarnation anything) holding nothing of it.
-        let nodes = holders.into_iter().map(|n| (n, 1)).collect();
-        st.parked.push(Parked { region, nodes, resources: members, offset: h.offset, len: h.len });
     }
     for (node, incarnation) in &nodes {
         st.incarnations.insert(node.clone(), *incarnation);

@@ -1,10 +1,10 @@
-//! The ledger: who holds what in the registry — regions, exports, imports, DMA
-//! registrations and each uid's usage — as a plain value. Its operations decide
+//! The ledger: who holds what in the registry — regions and where they lie (`space.rs`),
+//! exports, imports, DMA registrations and each uid's usage — as a plain value. Its operations decide
 //! (ownership, an export's policy, admission) and account (usage charged and given back,
 //! revocations queued); they do no I/O, take no lock, and return what their caller carries
 //! out (the region, exports and imports a removal ended; the registrations an ending
 //! detached, queued like revocations for the shell to unpin).
-//! The registry's shell (`mod.rs`: the lock, the journal, resources and backings, effects)
+//! The registry's shell (`mod.rs`: the lock, the journal, resources' files and backings, effects)
 //! stays the one place where anything happens, and the ledger's rules are tested alone
 //! (`ledger_model_tests.rs`, against the journal's replay model).
 
@@ -24,6 +24,8 @@ use crate::dma::{Covers, Registration};
 pub(super) struct Ledger {
     /// Live regions (and reserved ones once published), by id.
     pub(super) regions: HashMap<u64, Region>,
+    /// Where they lie: each resource's taken ranges, and freed ones parked (`space.rs`).
+    pub(super) space: super::space::Space,
     /// Exports of live regions, revoked ones included.
     pub(super) exports: Vec<Export>,
     /// Live imports, by id.

@@ -10,7 +10,10 @@
 //!   not revoked,
 //! - the revocations it queued, which must be exactly those the step ended (session,
 //!   region, generation, import, reason), and its `ended` flag, set by exactly the steps
-//!   that ended something.
+//!   that ended something,
+//! - where regions lie (`space.rs`): a small resource, so that it fills; every live
+//!   region's range and every parked one taken, none overlapping another, the rest free
+//!   (a region freed while another node may map it stays parked until that node lets go).
 //!
 //! Some regions are vendor objects holding a descriptor (counted in usage, never
 //! journaled); importers include the owners' own sessions; policies list uids and gids,
@@ -32,10 +35,14 @@ use super::backings::Backing;
 use super::durable::{Change, RegionRecord, Replayed, ResourceKey};
 use super::ledger::{Ledger, Region, Usage};
 use super::ledger_tests::owner_only;
+use super::space::Space;
 use super::{MemoryError, Reclaimed};
 use crate::dma::{Covers, Registration};
 
 const MIB: u64 = 1 << 20;
+
+/// The resource's bytes: a few regions fill it.
+const CAPACITY: u64 = 48 * MIB;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -45,6 +52,12 @@ enum Op {
         object: bool,
     },
     Free {
+        pick: usize,
+        /// Another node may still map it: its range is parked.
+        held: bool,
+    },
+    /// A node that held parked ranges lets go of one.
+    LetGo {
         pick: usize,
     },
     Export {
@@ -85,7 +98,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (1u64..4, 1u64..9, prop::bool::weighted(0.2)).prop_map(|(session, mib, object)| Op::Alloc { session, mib, object }),
-        2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        2 => (any::<usize>(), prop::bool::weighted(0.3)).prop_map(|(pick, held)| Op::Free { pick, held }),
+        1 => any::<usize>().prop_map(|pick| Op::LetGo { pick }),
         3 => (any::<usize>(), any::<bool>(), 0u8..4).prop_map(|(pick, read_only, policy)| Op::Export { pick, read_only, policy }),
         1 => any::<usize>().prop_map(|pick| Op::Revoke { pick }),
         4 => (any::<usize>(), 1u64..7, any::<bool>(), any::<bool>())
@@ -133,7 +147,7 @@ struct Shell {
 impl Shell {
     fn new() -> Self {
         Shell {
-            ledger: Ledger { next_id: 1, ..Ledger::default() },
+            ledger: Ledger { next_id: 1, space: Space::new([CAPACITY]), ..Ledger::default() },
             journal: Vec::new(),
             handles: Vec::new(),
             next_secret: 0,
@@ -175,7 +189,15 @@ impl Shell {
         match *op {
             Op::Alloc { session, mib, object } => {
                 let owner = peer(session);
-                let (id, len) = (l.take_id(), mib * 2 * MIB);
+                let len = mib * 2 * MIB;
+                // Placed first: a full resource takes no id.
+                let Ok((resource, offset)) = l.space.place([(0, 0)], len) else {
+                    let free_somewhere =
+                        (0..CAPACITY / (2 * MIB)).map(|g| g * 2 * MIB).any(|o| l.space.is_free(&[0], o, len));
+                    assert!(!free_somewhere, "{len} bytes refused with room for them");
+                    return want;
+                };
+                let id = l.take_id();
                 let backing = if object {
                     let fd = std::fs::File::open("/dev/null").unwrap();
                     Backing::Object(Object::cuda_fd(fd.into(), len))
@@ -189,8 +211,8 @@ impl Shell {
                     pid_start: None,
                     token: token(session),
                     session,
-                    resource: 0,
-                    offset: id * 64 * MIB,
+                    resource,
+                    offset,
                     len,
                     backing,
                     lost: false,
@@ -208,7 +230,7 @@ impl Shell {
                 }
                 l.publish_region(id, region);
             }
-            Op::Free { pick } => {
+            Op::Free { pick, held } => {
                 let ids = ids_of(&l.regions);
                 let Some(&id) = ids.get(pick % ids.len().max(1)) else { return want };
                 let session = l.regions[&id].session;
@@ -221,7 +243,17 @@ impl Shell {
                     self.journal.push(Change::RegionFreed { id });
                 }
                 let through = Self::through_region(l, id);
-                assert_eq!(l.remove_region(id, RevocationReason::Freed).unwrap().registrations, through);
+                let removed = l.remove_region(id, RevocationReason::Freed).unwrap();
+                assert_eq!(removed.registrations, through);
+                let (r, holders) = (removed.region, if held { [("b".to_owned(), 1)].into() } else { BTreeMap::new() });
+                l.space.release(id, holders, vec![r.resource], r.offset, r.len);
+            }
+            Op::LetGo { pick } => {
+                let parked: Vec<u64> = l.space.parked().iter().map(|p| p.region).collect();
+                let Some(&region) = parked.get(pick % parked.len().max(1)) else { return want };
+                let back = l.space.unpark("b", Some(region));
+                assert_eq!(back.iter().map(|p| p.region).collect::<Vec<_>>(), vec![region]);
+                assert!(l.space.is_free(&[0], back[0].offset, back[0].len), "a range let go of is free");
             }
             Op::Export { pick, read_only, policy } => {
                 let ids = ids_of(&l.regions);
@@ -350,7 +382,8 @@ impl Shell {
                 }
                 for id in regions {
                     want.told.extend(ended_by_region(l, id, RevocationReason::OwnerExited));
-                    l.remove_region(id, RevocationReason::OwnerExited).unwrap();
+                    let r = l.remove_region(id, RevocationReason::OwnerExited).unwrap().region;
+                    l.space.release(id, BTreeMap::new(), vec![r.resource], r.offset, r.len);
                 }
             }
             Op::Lose { pick } => {
@@ -525,6 +558,18 @@ impl Shell {
         rebuilt.sort_by_key(|e| (e.region, e.secret));
         assert_eq!(held, rebuilt);
         assert!(model.next_id <= l.next_id);
+        // Where regions lie: live and parked ranges taken, apart, the rest free.
+        let mut taken: Vec<(u64, u64)> = l.regions.values().map(|r| (r.offset, r.len)).collect();
+        taken.extend(l.space.parked().iter().map(|p| (p.offset, p.len)));
+        taken.sort_unstable();
+        for w in taken.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "ranges {:x?} and {:x?} overlap", w[0], w[1]);
+        }
+        for g in (0..CAPACITY).step_by(2 * MIB as usize) {
+            let held = taken.iter().any(|&(o, n)| o <= g && g < o + n);
+            assert_eq!(l.space.is_free(&[0], g, 2 * MIB), !held, "granule at {g:#x}");
+        }
+        assert_eq!(l.space.parked_bytes(), l.space.parked().iter().map(|p| p.len).sum::<u64>());
     }
 }
 

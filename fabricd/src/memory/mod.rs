@@ -5,9 +5,9 @@
 //! Each region is backed by its own sparse file under
 //! `<state dir>/memory/<sanitised device id>.<kind><ordinal>/r<region id>` (sized with
 //! `set_len`, never written by the daemon), so that a descriptor handed to a client
-//! reaches exactly that region and nothing else of the device. The per-resource
-//! [`alloc::RangeAllocator`] places regions in the resource's range (first fit, 2 MiB
-//! granule), which bounds what a resource holds.
+//! reaches exactly that region and nothing else of the device. Each resource's
+//! [`alloc::RangeAllocator`], held in the ledger's space (`space.rs`), places regions in
+//! the resource's range (first fit, 2 MiB granule), which bounds what a resource holds.
 //!
 //! Resources and interleave sets the operator exports as real device memory (a DAX device,
 //! a PCI BAR: [`backing`]) hold no files: their regions are ranges of the device file, and
@@ -57,6 +57,7 @@ mod register;
 mod register_tests;
 mod reserve;
 mod set;
+mod space;
 
 pub use adopt::{Adopted, ObjectGrant};
 pub use copyside::{Dep, Resolved, Side};
@@ -176,7 +177,6 @@ struct Resource {
     dir: PathBuf,
     /// `dir`, held open since it was checked: region files are opened relative to it.
     dir_fd: Arc<OwnedFd>,
-    ranges: RangeAllocator,
     /// The device vanished or failed: nothing is allocated here until it is back.
     lost: bool,
     /// What backs its regions.
@@ -232,6 +232,23 @@ impl RegionFile {
 }
 
 impl State {
+    /// A registry's state over `resources` (each with its bytes), ids counted from
+    /// `next_id`.
+    fn new(resources: Vec<(Resource, u64)>, next_id: u64) -> Self {
+        let mut st = State { ledger: Ledger { next_id, ..Ledger::default() }, ..State::default() };
+        for (r, size) in resources {
+            st.add_resource(r, size);
+        }
+        st
+    }
+
+    /// Adds `resource` of `size` bytes, its allocator with it (a resource's index is its
+    /// allocator's).
+    fn add_resource(&mut self, resource: Resource, size: u64) {
+        self.resources.push(resource);
+        self.ledger.space.add(size);
+    }
+
     /// How to open the file of region `id` (see [`RegionFile`]); a vendor object has none.
     pub(crate) fn region_file(&self, id: u64, r: &Region) -> Result<RegionFile, MemoryError> {
         self.file_in(r.resource, &r.backing).ok_or_else(|| {
@@ -264,8 +281,9 @@ impl State {
     /// Counts the bytes of all resources again (after resources were added or resized).
     fn recount_fabric(&mut self) {
         let sum = |dram: bool| {
-            let of_kind = self.resources.iter().filter(|r| (r.kind == MemoryKind::Dram) == dram);
-            of_kind.map(|r| r.ranges.capacity()).fold(0, u64::saturating_add)
+            self.ledger
+                .space
+                .capacity_where(|i| self.resources.get(i).is_some_and(|r| (r.kind == MemoryKind::Dram) == dram))
         };
         self.fabric_bytes = (sum(false), sum(true));
     }
@@ -334,8 +352,6 @@ struct State {
     remote: HashMap<u64, quarantine::RemoteSession>,
     /// Live regions that importer nodes which left had imported, by region.
     mapped_by: HashMap<u64, std::collections::BTreeSet<String>>,
-    /// Freed regions' ranges held out of the allocators (`quarantine.rs`).
-    parked: Vec<quarantine::Parked>,
     /// Set ranges clients map as other hosts' memory, with how many imports hold each
     /// (`set.rs`, [`Memory::hold_foreign`]).
     foreign: HashMap<set::ForeignRange, usize>,
@@ -501,8 +517,9 @@ fn random_secret() -> std::io::Result<Secret> {
     crate::sys::random_bytes().map(Secret)
 }
 
-/// One resource per memory resource of each device, its directory under `root` created.
-fn resources(root: &Path, inv: &Inventory) -> Result<Vec<Resource>, MemoryError> {
+/// One resource per memory resource of each device, its directory under `root` created,
+/// with its bytes.
+fn resources(root: &Path, inv: &Inventory) -> Result<Vec<(Resource, u64)>, MemoryError> {
     let mut resources = Vec::new();
     for dev in &inv.devices {
         resources.extend(resources_of(root, dev)?);
@@ -512,7 +529,7 @@ fn resources(root: &Path, inv: &Inventory) -> Result<Vec<Resource>, MemoryError>
 
 /// The resources of one device, their directories created (region files in them are left
 /// alone: a durable registry reconciles them, `Memory::open` removes them).
-fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resource>, MemoryError> {
+fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<(Resource, u64)>, MemoryError> {
     let mut out = Vec::new();
     for (kind, ordinal, size) in device_resources(dev) {
         let name = format!("{}.{}{ordinal}", sanitise(&dev.id.to_string()), kind_name(kind));
@@ -522,17 +539,17 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<Resour
             .and_then(|r| r.subdir(&name))
             .map_err(MemoryError::Private)?;
         let dir = private.path().to_owned();
-        out.push(Resource {
+        let resource = Resource {
             device: dev.id.clone(),
             kind,
             ordinal,
             dir,
             dir_fd: Arc::new(private.into_fd()),
-            ranges: RangeAllocator::new(size),
             lost: false,
             offer: Offer::of(kind, dev.sources.iter().any(|s| s == "sim")),
             coherence: Coherence::Hardware,
-        });
+        };
+        out.push((resource, size));
     }
     Ok(out)
 }
@@ -565,7 +582,7 @@ impl Memory {
     /// `root` created and emptied of region files left by an earlier run.
     pub fn open(root: &Path, inv: &Inventory, limits: LimitsConfig) -> Result<Self, MemoryError> {
         let resources = resources(root, inv)?;
-        for r in &resources {
+        for (r, _) in &resources {
             let dir = &r.dir;
             let mut stale = 0usize;
             for e in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
@@ -579,11 +596,7 @@ impl Memory {
             }
         }
         tracing::info!(resources = resources.len(), dir = %root.display(), "sim device memory ready");
-        Ok(Self::with_state(
-            State { resources, ledger: Ledger { next_id: 1, ..Ledger::default() }, ..State::default() },
-            limits,
-            root,
-        ))
+        Ok(Self::with_state(State::new(resources, 1), limits, root))
     }
 
     /// The registry over `st`, its per-uid limits resolved (the unset ones derived from the
@@ -641,14 +654,17 @@ impl Memory {
         for bar in &b.bars {
             let found = bar.resource.as_ref().and_then(|(dev, ord)| {
                 st.resources
-                    .iter_mut()
-                    .find(|r| r.device == *dev && r.kind == MemoryKind::HostExported && r.ordinal == *ord)
+                    .iter()
+                    .position(|r| r.device == *dev && r.kind == MemoryKind::HostExported && r.ordinal == *ord)
             });
             match found {
-                Some(r) => {
+                Some(i) => {
+                    let r = &mut st.resources[i];
                     tracing::info!(device = %r.device, bar = %bar.backing.name, len = bar.backing.len, "BAR backs the resource");
-                    r.ranges = RangeAllocator::new(bar.backing.len);
                     r.offer = Offer::Device(bar.backing.clone());
+                    if let Some(a) = st.ledger.space.of_mut(i) {
+                        *a = RangeAllocator::new(bar.backing.len);
+                    }
                 }
                 None => {
                     tracing::warn!(bar = %bar.backing.name, "exported BAR has no resource in the fabric; not served")
@@ -685,13 +701,16 @@ impl Memory {
         for share in &b.shares {
             let found = st
                 .resources
-                .iter_mut()
-                .find(|r| r.device == share.device && r.kind == share.kind && r.ordinal == share.ordinal);
+                .iter()
+                .position(|r| r.device == share.device && r.kind == share.kind && r.ordinal == share.ordinal);
             match found {
-                Some(r) => {
+                Some(i) => {
+                    let r = &mut st.resources[i];
                     tracing::info!(device = %r.device, kind = ?r.kind, ordinal = r.ordinal, offset = share.offset, len = share.len, "new regions on the resource go in this node's share");
-                    r.ranges.confine(share.offset, share.len);
                     r.coherence = share.coherence;
+                    if let Some(a) = st.ledger.space.of_mut(i) {
+                        a.confine(share.offset, share.len);
+                    }
                 }
                 None => {
                     tracing::warn!(device = %share.device, "a share of memory this node has no resource of; ignored")
@@ -1268,12 +1287,14 @@ impl Memory {
         let mut st = self.state();
         let mut added = 0;
         for resources in made {
-            let Some(device) = resources.first().map(|r| r.device.clone()) else { continue };
+            let Some(device) = resources.first().map(|(r, _)| r.device.clone()) else { continue };
             if st.resources.iter().any(|r| r.device == device) {
                 continue;
             }
             added += resources.len();
-            st.resources.extend(resources);
+            for (r, size) in resources {
+                st.add_resource(r, size);
+            }
         }
         st.recount_fabric();
         Ok(added)

@@ -14,7 +14,7 @@ use fabric_topology::Inventory;
 
 use super::backings::{Backing, Offer};
 use super::durable::{Change, Owner, RegionRecord, Replayed, ResourceKey, SetPlacement, SetRegionRecord, Snapshot};
-use super::{Export, Ledger, Memory, MemoryError, Reclaimed, Region, State, Usage, io_err};
+use super::{Export, Memory, MemoryError, Reclaimed, Region, State, Usage, io_err};
 use crate::config::{LimitsConfig, MemoryConfig};
 use crate::journal::{Committer, Journal, JournalOptions, Replay, Ticket};
 
@@ -311,8 +311,7 @@ impl Memory {
             }
         }
         let resources = super::resources(root, inv)?;
-        let mut st =
-            State { resources, ledger: Ledger { next_id: model.next_id, ..Ledger::default() }, ..State::default() };
+        let mut st = State::new(resources, model.next_id);
         Self::apply_backings(&mut st, &backings);
         let mut orphans: BTreeMap<[u8; 16], u64> = BTreeMap::new();
         let mut gone_owners = 0usize;
@@ -334,17 +333,7 @@ impl Memory {
                 );
                 continue;
             }
-            let mut reserved = Vec::with_capacity(found.members.len());
-            for &m in &found.members {
-                if !st.resources[m].ranges.reserve(r.offset, found.per) {
-                    break;
-                }
-                reserved.push(m);
-            }
-            if reserved.len() < found.members.len() {
-                for m in reserved {
-                    st.resources[m].ranges.free(r.offset);
-                }
+            if !st.ledger.space.take(&found.members, r.offset, found.per) {
                 st.lost(r.id, &format!("its range {:#x}+{:#x} overlaps another region", r.offset, found.per));
                 continue;
             }

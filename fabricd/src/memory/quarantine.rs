@@ -12,22 +12,6 @@ use std::collections::BTreeMap;
 
 use super::{Memory, MemoryError, Reclaimed, State};
 
-/// A freed region's range, held out of the allocator.
-#[derive(Debug)]
-pub(super) struct Parked {
-    pub(super) region: u64,
-    /// The nodes that may still map it, each with the acknowledgements still awaited from
-    /// it: one per import of the region it held when the region was freed (each is told
-    /// apart, and a node's imports may share one mapping device, so the first
-    /// acknowledgement says nothing of the others), plus one that never comes for a node
-    /// that had left (it lets go by rejoining or being collected).
-    pub(super) nodes: BTreeMap<String, u32>,
-    /// The resources its range is taken in.
-    pub(super) resources: Vec<usize>,
-    pub(super) offset: u64,
-    pub(super) len: u64,
-}
-
 /// An importer node's registry session (the node link's owner side).
 #[derive(Debug)]
 pub(super) struct RemoteSession {
@@ -54,7 +38,7 @@ pub struct Quarantine {
 impl State {
     /// Bytes held out of the allocators (each range once).
     pub(super) fn quarantined(&self) -> u64 {
-        self.parked.iter().map(|p| p.len).sum()
+        self.ledger.space.parked_bytes()
     }
 
     /// The nodes that may map region `id` once it is freed, with the acknowledgements
@@ -75,19 +59,6 @@ impl State {
         nodes
     }
 
-    /// Parks the range of freed region `region` for `nodes` instead of freeing it.
-    pub(super) fn park(
-        &mut self,
-        region: u64,
-        nodes: BTreeMap<String, u32>,
-        resources: Vec<usize>,
-        offset: u64,
-        len: u64,
-    ) {
-        tracing::info!(region, len, nodes = ?nodes, "a freed region's range is quarantined: another node may still map it");
-        self.parked.push(Parked { region, nodes, resources, offset, len });
-    }
-
     /// A freed region's range (`offset` in each of `resources`; a carved DAX device's
     /// once the device is deleted) is free again, or parked while `holders` (other nodes,
     /// [`State::holders`]) may still map it.
@@ -99,15 +70,10 @@ impl State {
         offset: u64,
         len: u64,
     ) {
-        if holders.is_empty() {
-            for i in resources {
-                if let Some(r) = self.resources.get_mut(i) {
-                    r.ranges.free(offset);
-                }
-            }
-        } else {
-            self.park(region, holders, resources, offset, len);
+        if !holders.is_empty() {
+            tracing::info!(region, len, nodes = ?holders, "a freed region's range is quarantined: another node may still map it");
         }
+        self.ledger.space.release(region, holders, resources, offset, len);
     }
 
     /// Takes `node` off what it held: one acknowledgement of `region`'s end, or all of
@@ -115,35 +81,10 @@ impl State {
     /// bytes that did.
     fn unpark(&mut self, node: &str, region: Option<u64>) -> u64 {
         let mut back = 0;
-        let mut keep = Vec::with_capacity(self.parked.len());
-        for mut p in std::mem::take(&mut self.parked) {
-            match region {
-                None => {
-                    p.nodes.remove(node);
-                }
-                Some(r) if r == p.region => {
-                    if let Some(awaited) = p.nodes.get_mut(node) {
-                        *awaited = awaited.saturating_sub(1);
-                        if *awaited == 0 {
-                            p.nodes.remove(node);
-                        }
-                    }
-                }
-                Some(_) => {}
-            }
-            if p.nodes.is_empty() {
-                for &i in &p.resources {
-                    if let Some(res) = self.resources.get_mut(i) {
-                        res.ranges.free(p.offset);
-                    }
-                }
-                back += p.len;
-                tracing::info!(region = p.region, len = p.len, node, "a quarantined range is free again");
-            } else {
-                keep.push(p);
-            }
+        for p in self.ledger.space.unpark(node, region) {
+            back += p.len;
+            tracing::info!(region = p.region, len = p.len, node, "a quarantined range is free again");
         }
-        self.parked = keep;
         if region.is_none() {
             self.mapped_by.retain(|_, nodes| {
                 nodes.remove(node);
@@ -245,7 +186,7 @@ impl Memory {
     pub fn quarantine(&self) -> Vec<Quarantine> {
         let st = self.state();
         let mut by: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-        for p in &st.parked {
+        for p in st.ledger.space.parked() {
             for n in p.nodes.keys() {
                 let e = by.entry(n.as_str()).or_default();
                 e.0 += 1;
@@ -401,11 +342,14 @@ mod tests {
         use std::collections::BTreeMap;
         let carved = |holders: BTreeMap<String, u32>| {
             let mut st = m.state();
-            st.resources[resource].ranges.reserve(offset, len);
+            assert!(st.ledger.space.take(&[resource], offset, len));
             st.release_range(region, holders, vec![resource], offset, len);
         };
         carved(BTreeMap::new());
-        assert!(!full(&m, &place), "no other node: free once the device is gone");
+        assert!(
+            m.state().ledger.space.is_free(&[resource], offset, len),
+            "no other node: free once the device is gone"
+        );
         carved(BTreeMap::from([("b".to_owned(), 1)]));
         assert!(full(&m, &place), "b's device over the same DPAs may still map it");
         assert_eq!(m.quarantine()[0].node, "b");
@@ -480,13 +424,13 @@ mod tests {
         assert!(!m.state().mapped_by.contains_key(&freed));
         assert_eq!(m.take_restored_holders(), [("b".to_owned(), 5)]);
         assert!(m.take_restored_holders().is_empty(), "taken once");
-        assert!(!m.state().resources[0].ranges.is_free(0, 64 * MIB), "the range is out of the allocator");
+        assert!(!m.state().ledger.space.is_free(&[0], 0, 64 * MIB), "the range is out of the allocator");
         // b reached the new incarnation: everything lifts, and the lift is saved.
         assert_eq!(m.lift_quarantine("b", None), 64 * MIB);
         drop(m);
         let m = open(dir.path(), &inv);
         assert_eq!(m.quarantined_bytes(), 0);
-        assert!(m.state().resources[0].ranges.is_free(0, 64 * MIB));
+        assert!(m.state().ledger.space.is_free(&[0], 0, 64 * MIB));
         assert!(m.take_restored_holders().is_empty());
         assert!(!m.state().mapped_by.contains_key(&kept));
     }

@@ -60,11 +60,7 @@ impl Make {
 impl State {
     /// Gives back what `res` held.
     pub(super) fn unreserve(&mut self, res: &Reservation) {
-        for &i in &res.resources {
-            if let Some(r) = self.resources.get_mut(i) {
-                r.ranges.free(res.offset);
-            }
-        }
+        self.ledger.space.give_back(&res.resources, res.offset);
         self.ledger.discharge(res.owner.uid, Usage::region(res.len, 0));
     }
 
@@ -81,9 +77,7 @@ impl State {
         let sess = match self.session(session) {
             Ok(s) => s,
             Err(e) => {
-                for &i in &resources {
-                    self.resources[i].ranges.free(offset);
-                }
+                self.ledger.space.give_back(&resources, offset);
                 return Err(e);
             }
         };
@@ -172,31 +166,19 @@ impl Memory {
         }
         let candidates: Vec<usize> =
             candidates.into_iter().filter(|&i| !st.resources[i].lost && st.resources[i].unserved().is_none()).collect();
-        let mut last = None;
-        let mut placed = None;
-        for i in candidates {
-            // Device memory maps only at its own alignment (a DAX device's `align`).
-            let align = match st.resources[i].offer.device() {
-                Some(b) if align == 0 || align.is_power_of_two() => align.max(b.align),
-                _ => align,
-            };
-            match st.resources[i].ranges.alloc(len, align) {
-                Ok(off) => {
-                    placed = Some((i, off));
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let Some((resource, offset)) = placed else {
-            return Err(match last {
-                Some(AllocError::BadAlign(a)) => {
-                    MemoryError::BadRequest(format!("alignment {a} is not a power of two"))
-                }
-                Some(e) => MemoryError::NoSpace(e),
-                None => MemoryError::NotFound(format!("device {device}")),
-            });
-        };
+        // Device memory maps only at its own alignment (a DAX device's `align`).
+        let aligned: Vec<(usize, u64)> = candidates
+            .into_iter()
+            .map(|i| match st.resources[i].offer.device() {
+                Some(b) if align == 0 || align.is_power_of_two() => (i, align.max(b.align)),
+                _ => (i, align),
+            })
+            .collect();
+        let (resource, offset) = st.ledger.space.place(aligned, len).map_err(|last| match last {
+            Some(AllocError::BadAlign(a)) => MemoryError::BadRequest(format!("alignment {a} is not a power of two")),
+            Some(e) => MemoryError::NoSpace(e),
+            None => MemoryError::NotFound(format!("device {device}")),
+        })?;
         let res = st.reserve(owner, session, vec![resource], offset, len)?;
         let r = &st.resources[resource];
         let path = r.dir.join(format!("r{}", res.id));

@@ -49,12 +49,8 @@ impl super::State {
     /// Takes `range`, not held yet, out of its members' allocators with one user; `false`
     /// (nothing taken) when it is not free on every member.
     pub(super) fn take_foreign(&mut self, range: &ForeignRange) -> bool {
-        if !range.resources.iter().all(|&i| self.resources[i].ranges.is_free(range.offset, range.len)) {
+        if !self.ledger.space.take(&range.resources, range.offset, range.len) {
             return false;
-        }
-        for &i in &range.resources {
-            // Checked free just above, under the same borrow.
-            self.resources[i].ranges.reserve(range.offset, range.len);
         }
         self.foreign.insert(range.clone(), 1);
         true
@@ -68,9 +64,7 @@ impl super::State {
             return false;
         }
         self.foreign.remove(range);
-        for &i in &range.resources {
-            self.resources[i].ranges.free(range.offset);
-        }
+        self.ledger.space.give_back(&range.resources, range.offset);
         true
     }
 }
@@ -169,8 +163,12 @@ impl Memory {
         }
         // Lowest candidates: the start, where regions end, where this node's shares begin.
         let mut cands: Vec<u64> = std::iter::once(0)
-            .chain(idx.iter().flat_map(|&i| st.resources[i].ranges.ends()))
-            .chain(idx.iter().flat_map(|&i| st.resources[i].ranges.windows().unwrap_or_default().iter().map(|w| w.0)))
+            .chain(idx.iter().filter_map(|&i| st.ledger.space.of(i)).flat_map(|a| a.ends()))
+            .chain(
+                idx.iter()
+                    .filter_map(|&i| st.ledger.space.of(i))
+                    .flat_map(|a| a.windows().unwrap_or_default().iter().map(|w| w.0)),
+            )
             .collect();
         let device = st.set_backings.get(&set.name).cloned();
         if device.is_none()
@@ -192,7 +190,7 @@ impl Memory {
         let fits = |d: u64| {
             d.checked_add(per).is_some_and(|e| e <= set.member_size)
                 && dev_ok(d)
-                && idx.iter().all(|&i| st.resources[i].ranges.is_allocatable(d, per))
+                && st.ledger.space.is_allocatable(&idx, d, per)
         };
         // Alignment is reached within align / (2 MiB * ways) granules of any candidate.
         let steps = (align.max(dev_align) / (GRANULE * ways)).max(1);
@@ -207,9 +205,10 @@ impl Memory {
                 capacity: set.member_size * ways,
             }));
         };
-        for &i in &idx {
-            // Checked free just above, under the same lock.
-            st.resources[i].ranges.reserve(dpa, per);
+        if !st.ledger.space.take(&idx, dpa, per) {
+            // Checked allocatable just above, under the same lock.
+            let align = align.max(GRANULE * ways);
+            return Err(MemoryError::NoSpace(AllocError::NoSpace { len, align, capacity: set.member_size * ways }));
         }
         let res = st.reserve(owner, session, idx.clone(), dpa, len)?;
         let path = st.resources[idx[0]].dir.join(format!("r{}", res.id));
