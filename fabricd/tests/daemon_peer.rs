@@ -114,7 +114,7 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     // tray2 has no shared fabric: class NET to the others.
-    let (_setups, _daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
+    let (_setups, daemons, clients) = three_nodes(&etcd, &pki, shared.path(), |i| i == 2);
     let [mut c0, mut c1, mut c2]: [Connection; 3] = clients.try_into().ok().unwrap();
     // A client of tray0 allocates on tray0's GPU and exports it.
     let gpu = hbm_of(&mut c0, "tray0");
@@ -183,6 +183,10 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     until(Duration::from_secs(1), "the read-only import's file truncated", || {
         (file_ro.metadata().unwrap().len() == 0).then_some(())
     });
+    // tray1's request threads asked tray0 three times on one blocking link, kept between
+    // the asks (a refusal leaves it sound).
+    let log = daemons[1].as_ref().map(common::Daemon::log).unwrap_or_default();
+    assert_eq!(log.matches("node link: linked (direct)").count(), 1, "{log}");
 }
 
 #[test]

@@ -17,9 +17,11 @@ pub use message::{
 pub mod tls;
 
 pub use tls::{Credentials, TlsError};
+pub mod blocking;
 pub mod error;
 pub mod framed;
 pub mod link;
 
+pub use blocking::BlockingLink;
 pub use error::{LinkError, Stage};
 pub use link::{Link, LinkLimits, LinkStats, Peer, PeerPolicy, PeerService, Served, Server, Unserved};

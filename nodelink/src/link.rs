@@ -22,7 +22,7 @@ use crate::error::{LinkError, Stage};
 use crate::framed::Framed;
 use crate::identity::NodeIdentity;
 use crate::message::{
-    Hello, PEER_PROTOCOL, PeerError, PeerFailure, PeerMessage, PeerRequest, PeerResponse, Refusal, Welcome,
+    Hello, PEER_PROTOCOL, PeerError, PeerFailure, PeerMessage, PeerOp, PeerRequest, PeerResponse, Refusal, Welcome,
 };
 use crate::tls::{Credentials, peer_identity, server_name};
 
@@ -454,9 +454,7 @@ impl Link {
         incarnation: u64,
         limits: LinkLimits,
     ) -> Result<Self, LinkError> {
-        let me = creds.identity();
-        let hello = Hello { domain: me.domain.clone(), node: me.node.clone(), incarnation, version: PEER_PROTOCOL };
-        Self::connect_with(addr, creds, expected, hello, limits).await
+        Self::connect_with(addr, creds, expected, hello_of(creds, incarnation), limits).await
     }
 
     /// [`Link::connect`] with the Hello given (tests: a Hello that lies).
@@ -475,13 +473,8 @@ impl Link {
             let tls = connector.connect(name, tcp).await.map_err(LinkError::Io)?;
             let mut framed = Framed::new(tls, limits.frame_timeout);
             framed.send(0, &PeerMessage::Hello(hello)).await?;
-            match framed.recv(limits.handshake_timeout).await? {
-                (0, PeerMessage::Welcome(w)) if w.node == expected.node && w.version == PEER_PROTOCOL => {
-                    Ok((framed, w))
-                }
-                (_, PeerMessage::Refused(r)) => Err(LinkError::Refused(r)),
-                (_, other) => Err(LinkError::unexpected("a welcome from the expected node", &other)),
-            }
+            let welcome = welcomed(expected, framed.recv(limits.handshake_timeout).await?)?;
+            Ok::<_, LinkError>((framed, welcome))
         };
         let (framed, welcome) = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
             Err(_) => return Err(LinkError::Timeout(Stage::Handshake)),
@@ -512,11 +505,7 @@ impl Link {
     /// Sends a request and waits for its answer.
     pub async fn call(&mut self, request: PeerRequest) -> Result<PeerResponse, LinkError> {
         let op = request.op;
-        match self.exchange(PeerMessage::Request(request)).await? {
-            PeerMessage::Response(r) if r.op == op => Ok(r),
-            PeerMessage::Failure(f) if f.op == op => Err(LinkError::Peer(f.error)),
-            other => Err(LinkError::unexpected("the answer to the request", &other)),
-        }
+        answer_to(op, self.exchange(PeerMessage::Request(request)).await?)
     }
 
     async fn exchange(&mut self, message: PeerMessage) -> Result<PeerMessage, LinkError> {
@@ -527,5 +516,30 @@ impl Link {
             (got, answer) if got == id => Ok(answer),
             (_, other) => Err(LinkError::unexpected("an answer with the request's id", &other)),
         }
+    }
+}
+
+/// The Hello of the node `creds` names, at `incarnation`.
+pub(crate) fn hello_of(creds: &Credentials, incarnation: u64) -> Hello {
+    let me = creds.identity();
+    Hello { domain: me.domain.clone(), node: me.node.clone(), incarnation, version: PEER_PROTOCOL }
+}
+
+/// The server's Welcome, when the first message it sent is one from `expected` at this
+/// protocol.
+pub(crate) fn welcomed(expected: &NodeIdentity, (id, message): (u64, PeerMessage)) -> Result<Welcome, LinkError> {
+    match (id, message) {
+        (0, PeerMessage::Welcome(w)) if w.node == expected.node && w.version == PEER_PROTOCOL => Ok(w),
+        (_, PeerMessage::Refused(r)) => Err(LinkError::Refused(r)),
+        (_, other) => Err(LinkError::unexpected("a welcome from the expected node", &other)),
+    }
+}
+
+/// What the peer's answer to a request for `op` says.
+pub(crate) fn answer_to(op: PeerOp, answer: PeerMessage) -> Result<PeerResponse, LinkError> {
+    match answer {
+        PeerMessage::Response(r) if r.op == op => Ok(r),
+        PeerMessage::Failure(f) if f.op == op => Err(LinkError::Peer(f.error)),
+        other => Err(LinkError::unexpected("the answer to the request", &other)),
     }
 }

@@ -87,10 +87,44 @@ pub enum DialError {
 #[derive(Debug)]
 struct Held {
     link: Link,
+    made: Freshness,
+}
+
+/// What a link was made for, and when it was last used.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Freshness {
     /// The peer's incarnation, and this node's, when the link was made.
-    incarnation: u64,
-    ours: u64,
-    used: Instant,
+    pub(super) incarnation: u64,
+    pub(super) ours: u64,
+    pub(super) used: Instant,
+}
+
+/// What a link to `node` must be made for now (its member record's incarnation and this
+/// node's), and where it listens; refused while this node is not joined or `node` is no
+/// live member.
+pub(super) fn target(domain: &Domain, node: &str) -> Result<(Freshness, String), DialError> {
+    let status = domain.status();
+    if status.standing != Standing::Joined {
+        return Err(DialError::NotJoined(status.standing.to_string()));
+    }
+    let view = domain.view();
+    let m = view.members().find(|m| m.name == node).ok_or_else(|| DialError::NotMember(node.to_owned()))?;
+    Ok((
+        Freshness { incarnation: m.incarnation, ours: status.incarnation, used: Instant::now() },
+        m.peer_address.clone(),
+    ))
+}
+
+impl Freshness {
+    /// Whether a link made as `self` may carry a request now, when the peer's record and
+    /// this node state `now`: a link idle past half the peer's idle timeout (`idle`) may
+    /// be closed under us, so a request on it could be lost mid-way (it is made anew
+    /// rather than retried); a link made by an earlier incarnation of this node, or to an
+    /// earlier one of the peer, is not used again either (the peer would serve it as that
+    /// incarnation).
+    pub(super) fn serves(&self, now: &Freshness, idle: Duration) -> bool {
+        self.incarnation == now.incarnation && self.ours == now.ours && self.used.elapsed() < idle / 2
+    }
 }
 
 /// The links this node dialled, by peer node.
@@ -161,29 +195,12 @@ impl NodeLink {
     }
 
     async fn ask(&self, domain: &Domain, node: &str, lane: &str, ask: Ask) -> Result<Answer, DialError> {
-        let status = domain.status();
-        if status.standing != Standing::Joined {
-            return Err(DialError::NotJoined(status.standing.to_string()));
-        }
-        let (incarnation, address) = {
-            let view = domain.view();
-            let m = view.members().find(|m| m.name == node).ok_or_else(|| DialError::NotMember(node.to_owned()))?;
-            (m.incarnation, m.peer_address.clone())
-        };
+        let (wanted, address) = target(domain, node)?;
         let slot = self.peers().slot(lane);
         let mut held = slot.lock().await;
-        // A link idle past half the peer's idle timeout may be closed under us: a request
-        // on it could be lost mid-way, so it is made anew rather than retried.
-        // A link made by an earlier incarnation of this node is not used again either: its
-        // peer would serve it as that incarnation.
-        let fresh = |h: &Held| {
-            h.incarnation == incarnation
-                && h.ours == status.incarnation
-                && h.used.elapsed() < self.limits().idle_timeout / 2
-        };
         let mut h = match held.take() {
-            Some(h) if fresh(&h) => h,
-            _ => self.dial(domain, node, incarnation, &address, status.incarnation).await?,
+            Some(h) if h.made.serves(&wanted, self.limits().idle_timeout) => h,
+            _ => self.dial(domain, node, &address, wanted).await?,
         };
         let link_err = |source| DialError::Link { node: node.to_owned(), source };
         let asked = async {
@@ -197,13 +214,13 @@ impl NodeLink {
         };
         match answer {
             Ok(a) => {
-                h.used = Instant::now();
+                h.made.used = Instant::now();
                 *held = Some(h);
                 Ok(a)
             }
             // The link is sound; the peer said no.
             Err(LinkError::Peer(source)) => {
-                h.used = Instant::now();
+                h.made.used = Instant::now();
                 *held = Some(h);
                 Err(DialError::Peer { node: node.to_owned(), source })
             }
@@ -211,14 +228,8 @@ impl NodeLink {
         }
     }
 
-    async fn dial(
-        &self,
-        domain: &Domain,
-        node: &str,
-        incarnation: u64,
-        address: &str,
-        ours: u64,
-    ) -> Result<Held, DialError> {
+    async fn dial(&self, domain: &Domain, node: &str, address: &str, made: Freshness) -> Result<Held, DialError> {
+        let Freshness { incarnation, ours, .. } = made;
         let resolve = |source| DialError::Resolve { node: node.to_owned(), address: address.to_owned(), source };
         let addr = tokio::net::lookup_host(address)
             .await
@@ -250,6 +261,26 @@ impl NodeLink {
                 tracing::warn!(peer = node, error = %e, "voiding an earlier incarnation's imports failed");
             }
         }
-        Ok(Held { link, incarnation, ours, used: Instant::now() })
+        Ok(Held { link, made })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_serves_only_the_incarnations_it_was_made_for_and_only_while_fresh() {
+        let idle = Duration::from_secs(60);
+        let made = Freshness { incarnation: 7, ours: 3, used: Instant::now() };
+        let now = Freshness { incarnation: 7, ours: 3, used: Instant::now() };
+        assert!(made.serves(&now, idle));
+        // The peer restarted, or this node did.
+        assert!(!made.serves(&Freshness { incarnation: 8, ..now }, idle));
+        assert!(!made.serves(&Freshness { ours: 4, ..now }, idle));
+        // Idle for half the peer's idle timeout: it may be closed under a request.
+        let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(31)) else { return };
+        assert!(!Freshness { used: long_ago, ..made }.serves(&now, idle));
+        assert!(Freshness { used: long_ago, ..made }.serves(&now, Duration::from_secs(90)));
     }
 }

@@ -210,12 +210,9 @@ fn ask<T: serde::de::DeserializeOwned>(
     let Some(link) = domain.link() else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
-    // Driven here, on the request's thread: no hand-off to the runtime and back.
-    let call = link.call(domain, owner, wire::request(op, &ask));
-    let answer = super::drive::on_this_thread(domain.runtime(), ASK_TIMEOUT, call).ok_or_else(|| {
-        refusal(ErrorCode::Unavailable, format!("node {owner} did not answer the import within {ASK_TIMEOUT:?}"))
-    })?;
-    match answer {
+    // Asked here, on the request's thread, over a blocking link: no runtime worker
+    // between the owner's answer and this thread.
+    match link.call_here(domain, owner, wire::request(op, &ask), ASK_TIMEOUT) {
         Ok(r) => wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}"))),
         Err(DialError::Peer { source: PeerError::Denied { code, message }, .. }) => {
             Err(refusal(code, format!("node {owner}: {message}")))

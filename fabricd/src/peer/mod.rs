@@ -1,8 +1,9 @@
 //! The node link in fabricd (`docs/domain.md`, "Node link"): the listener at this node's
 //! peer address, which admits the domain's live members at their current incarnation
 //! ([`policy`]), and the links this node dials to ask other nodes ([`dial`]), made on first
-//! use and made again when a peer's incarnation changes. All link I/O runs on the domain's
-//! runtime; nothing here holds a daemon lock across it.
+//! use and made again when a peer's incarnation changes. Link I/O runs on the domain's
+//! runtime, except an import's ask, which a request's thread makes itself on a blocking
+//! link ([`direct`]); nothing here holds a daemon lock across it.
 
 mod carving;
 pub mod clique;
@@ -10,7 +11,7 @@ pub mod copy;
 pub mod creds;
 pub mod cxl;
 pub mod dial;
-pub mod drive;
+pub mod direct;
 pub mod importer;
 pub mod members;
 pub mod owner;
@@ -64,6 +65,8 @@ pub struct NodeLink {
     limits: LinkLimits,
     server: OnceLock<Server>,
     peers: Peers,
+    /// The blocking links that requests' threads call on.
+    direct: direct::Direct,
     service: Arc<service::Service>,
     /// Told when the domain view changed: [`members::follow`] voids what members that
     /// left or restarted held.
@@ -79,6 +82,7 @@ impl NodeLink {
             limits: LinkLimits::default(),
             server: OnceLock::new(),
             peers: Peers::default(),
+            direct: direct::Direct::default(),
             service,
             members: Arc::new(tokio::sync::Notify::new()),
         }
@@ -152,6 +156,11 @@ impl NodeLink {
     /// The links this node dials.
     pub fn peers(&self) -> &Peers {
         &self.peers
+    }
+
+    /// The blocking links requests' threads call on ([`NodeLink::call_here`]).
+    pub fn direct(&self) -> &direct::Direct {
+        &self.direct
     }
 
     /// What peers' requests reach, and the imports of other nodes' regions held here.

@@ -1,0 +1,128 @@
+//! The blocking client link against the real server on 127.0.0.1: it links, is answered
+//! and refused as the async link is, and every wait ends at its deadline — a server that
+//! never finishes the handshake, one slow to answer, one that closes mid-way.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{DOMAIN, SERVER_INCARNATION, TestDomain, limits};
+use fabric_nodelink::{
+    BlockingLink, LinkError, NodeIdentity, Peer, PeerError, PeerOp, PeerRequest, PeerResponse, PeerService, Refusal,
+    Served, Server, Stage,
+};
+
+/// Echoes a request's body; holds a request whose body is one zero for two seconds first.
+struct Echo;
+
+impl PeerService for Echo {
+    fn serve(&self, _peer: &Peer, request: PeerRequest) -> Served {
+        Box::pin(async move {
+            if request.body == [0] {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Ok(PeerResponse { op: request.op, body: request.body })
+        })
+    }
+}
+
+/// Links from a thread of its own (the blocking link is for threads that are no
+/// runtime's workers).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("the blocking side panicked")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_links_and_is_answered_and_refused_as_on_the_async_link() {
+    let d = TestDomain::start(limits()).await;
+    let (addr, creds, server) = (d.addr(), d.creds("n2"), d.server_id.clone());
+    blocking(move || {
+        let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+        assert_eq!(link.peer(), &server);
+        assert_eq!(link.peer_incarnation(), SERVER_INCARNATION);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for _ in 0..3 {
+            let answer = link.call(PeerRequest { op: PeerOp::Import, body: vec![1, 2, 3] }, deadline);
+            // The server's answer, and the link still sound after it.
+            assert!(matches!(answer, Err(LinkError::Peer(PeerError::Unsupported(PeerOp::Import)))), "{answer:?}");
+        }
+    })
+    .await;
+    // A pinging peer is not held up by it, and the link counts as one admitted.
+    let mut good = d.good_peer().await;
+    common::assert_pong(&mut good).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_the_expected_node_a_stale_incarnation_and_a_non_member_are_refused() {
+    let d = TestDomain::start(limits()).await;
+    d.members.set("n3", 2);
+    let (addr, ca_creds) = (d.addr(), [d.creds("n2"), d.creds("n3"), d.creds("n9")]);
+    let server = d.server_id.clone();
+    blocking(move || {
+        let [n2, n3, n9] = ca_creds;
+        let wrong = NodeIdentity::new(DOMAIN, "n3").expect("id");
+        let r = BlockingLink::connect(addr, &n2, &wrong, 1, limits());
+        assert!(matches!(r, Err(LinkError::Io(_))), "{r:?}");
+        let r = BlockingLink::connect(addr, &n3, &server, 1, limits());
+        assert!(matches!(r, Err(LinkError::Refused(Refusal::StaleIncarnation { offered: 1, .. }))), "{r:?}");
+        let r = BlockingLink::connect(addr, &n9, &server, 1, limits());
+        assert!(matches!(r, Err(LinkError::Refused(Refusal::NotMember(_)))), "{r:?}");
+        BlockingLink::connect(addr, &n3, &server, 2, limits()).expect("the current incarnation links");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_come_back_whole_and_a_slow_one_ends_at_the_callers_deadline() {
+    let d = TestDomain::start(limits()).await;
+    let server_creds = common::creds(&d.ca, "n1");
+    let any = "127.0.0.1:0".parse().expect("addr");
+    let echo =
+        Server::bind_serving(any, &server_creds, 7, d.members.clone(), Arc::new(Echo), limits()).await.expect("server");
+    let (addr, creds, server) = (echo.local_addr(), d.creds("n2"), d.server_id.clone());
+    blocking(move || {
+        let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+        // A body of several TLS records and reads (a copy chunk's size).
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let r = link.call(PeerRequest { op: PeerOp::Copy, body: body.clone() }, deadline).expect("answer");
+        assert_eq!((r.op, r.body.len()), (PeerOp::Copy, body.len()));
+        assert!(r.body == body);
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(300);
+        let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![0] }, deadline);
+        assert!(matches!(r, Err(LinkError::Timeout(Stage::Idle))), "{r:?}");
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(290) && waited < Duration::from_millis(1500), "{waited:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_finishes_the_handshake_or_closes_is_given_up_in_time() {
+    let d = TestDomain::start(limits()).await;
+    let creds = d.creds("n2");
+    let server = d.server_id.clone();
+    blocking(move || {
+        // Accepts and says nothing.
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = mute.local_addr().expect("addr");
+        let start = Instant::now();
+        let r = BlockingLink::connect(addr, &creds, &server, 1, limits());
+        assert!(matches!(r, Err(LinkError::Timeout(Stage::Handshake))), "{r:?}");
+        let waited = start.elapsed();
+        let handshake = limits().handshake_timeout;
+        assert!(waited >= handshake && waited < handshake + Duration::from_secs(1), "{waited:?}");
+        // Accepts and closes at once.
+        let closing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = closing.local_addr().expect("addr");
+        let closer = std::thread::spawn(move || drop(closing.accept()));
+        let r = BlockingLink::connect(addr, &creds, &server, 1, limits());
+        assert!(matches!(r, Err(LinkError::Io(_) | LinkError::Closed)), "{r:?}");
+        closer.join().expect("closer");
+        drop(mute);
+    })
+    .await;
+}
