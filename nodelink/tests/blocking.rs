@@ -1,6 +1,8 @@
 //! The blocking client link against the real server on 127.0.0.1: it links, is answered
 //! and refused as the async link is, and every wait ends at its deadline — a server that
-//! never finishes the handshake, one slow to answer, one that closes mid-way.
+//! never finishes the handshake, one slow to answer, one that closes mid-way. A server
+//! that answers garbage (a hostile or broken peer, with a valid certificate) gets a typed
+//! error, never a panic or a wait past the deadline.
 
 mod common;
 
@@ -8,10 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{DOMAIN, SERVER_INCARNATION, TestDomain, limits};
+use fabric_nodelink::framed::Framed;
 use fabric_nodelink::{
-    BlockingLink, LinkError, NodeIdentity, Peer, PeerError, PeerOp, PeerRequest, PeerResponse, PeerService, Refusal,
-    Served, Server, Stage,
+    BlockingLink, LinkError, NodeIdentity, PEER_PROTOCOL, Peer, PeerError, PeerMessage, PeerOp, PeerRequest,
+    PeerResponse, PeerService, Refusal, Served, Server, Stage, Welcome,
 };
+use fabric_proto::wire::{FrameKind, Header, Opcode};
+use tokio::io::AsyncWriteExt;
 
 /// Echoes a request's body; holds a request whose body is one zero for two seconds first.
 struct Echo;
@@ -125,4 +130,81 @@ async fn a_server_that_never_finishes_the_handshake_or_closes_is_given_up_in_tim
         drop(mute);
     })
     .await;
+}
+
+/// What a hostile server answers the first request with, after a proper Welcome.
+#[derive(Debug, Clone, Copy)]
+enum Garbage {
+    BadMagic,
+    Oversized,
+    OtherId,
+    Truncated,
+}
+
+/// Serves one link as node `n1` of `d`'s domain: welcomes, reads one request, answers
+/// `garbage`, then holds the connection open for a while.
+async fn hostile_server(d: &TestDomain, garbage: Garbage) -> std::net::SocketAddr {
+    let acceptor = tokio_rustls::TlsAcceptor::from(common::creds(&d.ca, "n1").server_config().expect("config"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let tls = acceptor.accept(tcp).await.expect("tls");
+        let mut framed = Framed::new(tls, Duration::from_secs(2));
+        let (_, hello) = framed.recv(Duration::from_secs(2)).await.expect("hello");
+        assert!(matches!(hello, PeerMessage::Hello(_)), "{hello:?}");
+        let welcome = Welcome { node: "n1".into(), incarnation: SERVER_INCARNATION, version: PEER_PROTOCOL };
+        framed.send(0, &PeerMessage::Welcome(welcome)).await.expect("welcome");
+        let (id, _) = framed.recv(Duration::from_secs(2)).await.expect("request");
+        let header = |body_len| {
+            let h = Header { body_len, ..Header::new(Opcode::Import, FrameKind::Response, id) };
+            zerocopy::IntoBytes::as_bytes(&h.to_raw()).to_vec()
+        };
+        match garbage {
+            Garbage::OtherId => framed.send(id + 7, &PeerMessage::Pong).await.expect("answer"),
+            other => {
+                let bytes = match other {
+                    Garbage::BadMagic => {
+                        let mut h = header(0);
+                        h[..4].copy_from_slice(b"EVIL");
+                        h
+                    }
+                    Garbage::Oversized => header(64 << 20),
+                    // A header that promises a body, then half of one.
+                    _ => [header(64), vec![0; 32]].concat(),
+                };
+                let mut tls = framed.into_inner();
+                tls.write_all(&bytes).await.expect("garbage");
+                tls.flush().await.expect("flush");
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_answers_garbage_is_refused_with_a_typed_error_in_time() {
+    let d = TestDomain::start(limits()).await;
+    for garbage in [Garbage::BadMagic, Garbage::Oversized, Garbage::OtherId, Garbage::Truncated] {
+        let addr = hostile_server(&d, garbage).await;
+        let (creds, server) = (d.creds("n2"), d.server_id.clone());
+        let (r, waited) = blocking(move || {
+            let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+            let start = Instant::now();
+            let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![1] }, start + Duration::from_secs(5));
+            (r, start.elapsed())
+        })
+        .await;
+        let typed = match garbage {
+            Garbage::BadMagic | Garbage::Oversized => matches!(r, Err(LinkError::Frame(_))),
+            Garbage::OtherId => matches!(r, Err(LinkError::Unexpected { .. })),
+            // The frame time (1 s in these limits) runs out inside the frame.
+            Garbage::Truncated => matches!(r, Err(LinkError::Timeout(Stage::Frame))),
+        };
+        assert!(typed, "{garbage:?}: {r:?}");
+        assert!(waited < Duration::from_secs(2), "{garbage:?}: {waited:?}");
+    }
 }
