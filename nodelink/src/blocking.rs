@@ -3,7 +3,10 @@
 //! socket's own read and the kernel wakes it when the answer arrives, with no runtime's
 //! I/O driver in between to wake it in turn. The same TLS, Hello, frames, deadlines and
 //! checks as the async [`crate::Link`] (the handshake's and the answer's checks are
-//! shared with it); the server cannot tell the two apart.
+//! shared with it); the server cannot tell the two apart. Every system call on the socket
+//! — TLS's own reads and writes inside one record or the handshake included — is bounded
+//! by the deadline of the step it serves (`Timed`), so a peer that trickles bytes
+//! cannot stretch a step past it.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -20,23 +23,49 @@ use crate::link::{LinkLimits, answer_to, hello_of, welcomed};
 use crate::message::{PEER_DECODER, PeerMessage, PeerRequest, PeerResponse};
 use crate::tls::{Credentials, server_name};
 
+/// A socket whose every read and write ends by `deadline` (`TimedOut` once it passed).
+#[derive(Debug)]
+struct Timed {
+    tcp: TcpStream,
+    deadline: Instant,
+}
+
+impl Timed {
+    /// The time left, as a socket timeout (never zero: that would mean "no timeout").
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() { Err(ErrorKind::TimedOut.into()) } else { Ok(left) }
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.left()?))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.left()?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
 /// A link to another node, as its client, on a blocking socket (see the module doc).
 #[derive(Debug)]
 pub struct BlockingLink {
-    stream: StreamOwned<ClientConnection, TcpStream>,
+    stream: StreamOwned<ClientConnection, Timed>,
     decoder: FrameDecoder<OwnedFd>,
     out: Vec<u8>,
     peer: NodeIdentity,
     peer_incarnation: u64,
     next_id: u64,
     limits: LinkLimits,
-}
-
-/// The time left until `deadline` as a socket timeout, or the timeout of `stage` when
-/// none is left (a zero timeout would mean "never" to the socket).
-fn left(deadline: Instant, stage: Stage) -> Result<Duration, LinkError> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() { Err(LinkError::Timeout(stage)) } else { Ok(left) }
 }
 
 /// A socket error, a timeout where the socket's deadline passed.
@@ -65,7 +94,7 @@ impl BlockingLink {
         let _ = tcp.set_nodelay(true);
         let tls = ClientConnection::new(config, name).map_err(|e| LinkError::Tls(e.into()))?;
         let mut link = Self {
-            stream: StreamOwned::new(tls, tcp),
+            stream: StreamOwned::new(tls, Timed { tcp, deadline }),
             decoder: FrameDecoder::new(PEER_DECODER),
             out: Vec::new(),
             peer: expected.clone(),
@@ -110,10 +139,8 @@ impl BlockingLink {
     fn send(&mut self, id: u64, message: &PeerMessage, deadline: Instant, stage: Stage) -> Result<(), LinkError> {
         self.out.clear();
         message.encode(id, &mut self.out)?;
-        let tcp = self.stream.get_ref();
-        tcp.set_write_timeout(Some(left(deadline, stage)?)).map_err(LinkError::Io)?;
-        // A handshake's write reads the server's flight too.
-        tcp.set_read_timeout(Some(left(deadline, stage)?)).map_err(LinkError::Io)?;
+        // A handshake's write reads the server's flight too: both bounded alike.
+        self.stream.sock.deadline = deadline;
         self.stream.write_all(&self.out).map_err(|e| io_error(e, stage))?;
         self.stream.flush().map_err(|e| io_error(e, stage))
     }
@@ -135,7 +162,7 @@ impl BlockingLink {
                 Some(d) => (d, if stage == Stage::Handshake { stage } else { Stage::Frame }),
                 None => (idle_by, stage),
             };
-            self.stream.get_ref().set_read_timeout(Some(left(by, stage)?)).map_err(LinkError::Io)?;
+            self.stream.sock.deadline = by;
             let n = match self.stream.read(self.decoder.read_buf(true)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -153,8 +180,8 @@ impl Drop for BlockingLink {
     /// Ends the link politely (TLS close_notify), without waiting: the peer may be gone.
     fn drop(&mut self) {
         self.stream.conn.send_close_notify();
-        let tcp = self.stream.get_ref();
-        if tcp.set_nonblocking(true).is_ok() {
+        self.stream.sock.deadline = Instant::now() + Duration::from_millis(100);
+        if self.stream.sock.tcp.set_nonblocking(true).is_ok() {
             let _ = self.stream.conn.complete_io(&mut self.stream.sock);
         }
     }

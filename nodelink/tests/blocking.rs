@@ -128,6 +128,27 @@ async fn a_server_that_never_finishes_the_handshake_or_closes_is_given_up_in_tim
         assert!(matches!(r, Err(LinkError::Io(_) | LinkError::Closed)), "{r:?}");
         closer.join().expect("closer");
         drop(mute);
+        // Trickles a TLS record: a header that promises 16,000 bytes, then one byte every
+        // 100 ms. Each read returns before its timeout; the handshake's deadline still holds.
+        let trickle = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = trickle.local_addr().expect("addr");
+        let trickler = std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut s, _) = trickle.accept().expect("accept");
+            let _ = s.write_all(&[0x16, 0x03, 0x03, 0x3e, 0x80]);
+            for _ in 0..60 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(&[0]).is_err() {
+                    return;
+                }
+            }
+        });
+        let start = Instant::now();
+        let r = BlockingLink::connect(addr, &creds, &server, 1, limits());
+        assert!(matches!(r, Err(LinkError::Timeout(Stage::Handshake))), "{r:?}");
+        let waited = start.elapsed();
+        assert!(waited >= handshake && waited < handshake + Duration::from_secs(1), "{waited:?}");
+        trickler.join().expect("trickler");
     })
     .await;
 }

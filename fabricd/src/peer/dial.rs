@@ -1,5 +1,7 @@
-//! The links this node dials: at most one per peer node, made on first use from the
-//! peer's member record (its address and incarnation), made again when the record states
+//! The links this node dials on the domain's runtime (an import's ask goes on a blocking
+//! link of the request's own thread instead: [`super::direct`]): at most one per peer node
+//! and one per data lane, made on first use from the peer's member record (its address
+//! and incarnation), made again when the record states
 //! another incarnation (the peer restarted: what the old link carried is void), when the
 //! link broke, or when it sat idle long enough that the peer may close it. One request at
 //! a time per link, so a request waits only for others to the same node. Copy chunks go

@@ -1,86 +1,150 @@
 //! Calls made on the caller's own thread over a blocking link (nodelink's
 //! [`BlockingLink`]): a request thread that asks another node for an import sleeps in the
 //! socket's read, and the kernel wakes it with the answer — no runtime worker between the
-//! answer and the thread that waits for it. Up to [`KEPT_PER_NODE`] such links per peer
-//! node are kept; a call takes one out (a call that finds none dials one of its own, kept
-//! afterwards while there is room), so no lock is held across a link's I/O and concurrent
-//! imports from one node do not wait for each other. A link is made anew as
+//! answer and the thread that waits for it. At most [`LINKS_PER_NODE`] such links to one
+//! peer node are open at once (with the async link and its data lanes they stay within
+//! what the peer admits of one node, `LinkLimits::max_links_per_node`): a call takes an
+//! idle one out, or dials one while fewer are open, or waits for one to come back until
+//! its deadline — so no lock is held across a link's I/O, and concurrent imports from one
+//! node share the links instead of queueing on one. A link is made anew as
 //! [`super::dial`]'s are: when the peer's or this node's incarnation changed, when it
 //! broke, or when it sat idle long enough that the peer may close it.
 
 use std::collections::HashMap;
-use std::net::ToSocketAddrs;
-use std::sync::Mutex;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fabric_nodelink::{BlockingLink, LinkError, NodeIdentity, PeerRequest, PeerResponse};
+use fabric_nodelink::{BlockingLink, LinkError, NodeIdentity, PeerRequest, PeerResponse, Stage};
 
 use super::NodeLink;
 use super::dial::{DialError, Freshness, REQUEST_TIMEOUT, target};
 use crate::tasks::domain::Domain;
 
-/// A kept link and what it was made for.
+/// A link and what it was made for.
 #[derive(Debug)]
 struct Kept {
     link: BlockingLink,
     made: Freshness,
 }
 
-/// How many idle blocking links to one peer node are kept (each counts among the links
-/// the peer admits from this node, `LinkLimits::max_links_per_node`).
-pub const KEPT_PER_NODE: usize = 4;
+/// Blocking links open to one peer node at most.
+pub const LINKS_PER_NODE: usize = 4;
 
-/// The blocking links kept, by peer node.
+/// One peer node's blocking links.
+#[derive(Debug, Default)]
+struct Pool {
+    /// Open and not in a call, the most recently used last.
+    idle: Vec<Kept>,
+    /// Open (idle, in a call, or being dialled).
+    open: usize,
+}
+
+/// What a call gets from the pool.
+enum Got {
+    /// An idle link that serves the call.
+    Link(Box<Kept>),
+    /// Room to dial one (counted open already: give it back with [`Direct::closed`] if
+    /// the dial fails).
+    Dial,
+}
+
+/// The blocking links, by peer node.
 #[derive(Debug, Default)]
 pub struct Direct {
-    /// Held only to take a link out or put one back.
-    links: Mutex<HashMap<String, Vec<Kept>>>,
+    /// Held only to take a link out, count one, or put one back; never across I/O.
+    pools: Mutex<HashMap<String, Pool>>,
+    /// Told when a link came back or closed.
+    freed: Condvar,
 }
 
 impl Direct {
-    /// A kept link to `node` that serves `now`; those that no longer do are closed (after
-    /// the lock).
-    fn take(&self, node: &str, now: &Freshness, idle: Duration) -> Option<Kept> {
+    fn pools(&self) -> MutexGuard<'_, HashMap<String, Pool>> {
+        self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle link to `node` that serves `now`, or room to dial one, waiting for either
+    /// until `deadline` (`None`: it passed). Idle links that no longer serve are closed
+    /// (after the lock).
+    fn get(&self, node: &str, now: &Freshness, idle_limit: Duration, deadline: Instant) -> Option<Got> {
         let mut stale = Vec::new();
-        let found = {
-            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            let kept = links.get_mut(node)?;
-            let mut found = None;
-            while let Some(k) = kept.pop() {
-                if k.made.serves(now, idle) {
-                    found = Some(k);
-                    break;
-                }
-                stale.push(k);
+        let mut pools = self.pools();
+        let got = loop {
+            let pool = pools.entry(node.to_owned()).or_default();
+            let (serving, old): (Vec<Kept>, Vec<Kept>) =
+                std::mem::take(&mut pool.idle).into_iter().partition(|k| k.made.serves(now, idle_limit));
+            pool.open = pool.open.saturating_sub(old.len());
+            stale.extend(old);
+            pool.idle = serving;
+            if let Some(k) = pool.idle.pop() {
+                break Some(Got::Link(Box::new(k)));
             }
-            found
+            if pool.open < LINKS_PER_NODE {
+                pool.open += 1;
+                break Some(Got::Dial);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break None;
+            }
+            pools = self.freed.wait_timeout(pools, left).unwrap_or_else(|p| p.into_inner()).0;
         };
+        drop(pools);
         drop(stale);
-        found
+        got
     }
 
-    /// Keeps `kept` for a later call while there is room.
+    /// Puts `kept` back for a later call.
     fn put_back(&self, node: &str, kept: Kept) {
-        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let to_node = links.entry(node.to_owned()).or_default();
-        if to_node.len() < KEPT_PER_NODE {
-            to_node.push(kept);
-            return;
-        }
-        drop(links);
-        drop(kept);
+        self.pools().entry(node.to_owned()).or_default().idle.push(kept);
+        self.freed.notify_one();
     }
 
-    /// How many links are kept to `node`.
-    pub fn kept(&self, node: &str) -> usize {
-        self.links.lock().unwrap_or_else(|p| p.into_inner()).get(node).map_or(0, Vec::len)
+    /// A link to `node` counted open is gone (its dial failed, or it broke and was
+    /// dropped).
+    fn closed(&self, node: &str) {
+        if let Some(pool) = self.pools().get_mut(node) {
+            pool.open = pool.open.saturating_sub(1);
+        }
+        self.freed.notify_one();
+    }
+
+    /// How many links are open to `node` (idle, in a call, or being dialled).
+    pub fn open(&self, node: &str) -> usize {
+        self.pools().get(node).map_or(0, |p| p.open)
+    }
+}
+
+/// `address` (`host:port`) resolved by `deadline`: an address as is, a name on a thread
+/// of its own (the resolver has no timeout), given up when the deadline passes.
+fn resolve(address: &str, deadline: Instant) -> Result<SocketAddr, Option<std::io::Error>> {
+    if let Ok(addr) = address.parse() {
+        return Ok(addr);
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Some(std::io::ErrorKind::TimedOut.into()));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = address.to_owned();
+    std::thread::Builder::new()
+        .name("fabricd-resolve".into())
+        .spawn(move || {
+            let _ = tx.send(name.to_socket_addrs().map(|mut a| a.next()));
+        })
+        .map_err(Some)?;
+    match rx.recv_timeout(left) {
+        Ok(Ok(Some(addr))) => Ok(addr),
+        Ok(Ok(None)) => Err(None),
+        Ok(Err(e)) => Err(Some(e)),
+        Err(_) => Err(Some(std::io::ErrorKind::TimedOut.into())),
     }
 }
 
 impl NodeLink {
     /// Sends `request` to `node` and waits for its answer on this thread, at most `within`
-    /// (the handshake of a new link included). Blocks: for a request's thread, never one
-    /// of the domain runtime's workers.
+    /// (a wait for a free link and the handshake of a new one included). Blocks: for a
+    /// request's thread, never one of the domain runtime's workers.
     pub fn call_here(
         &self,
         domain: &Domain,
@@ -88,17 +152,20 @@ impl NodeLink {
         request: PeerRequest,
         within: Duration,
     ) -> Result<PeerResponse, DialError> {
-        let deadline = Instant::now() + within;
+        let asked = Instant::now();
+        let deadline = asked + within;
         let (wanted, address) = target(domain, node)?;
-        let idle = self.limits().idle_timeout;
-        let mut kept = match self.direct().take(node, &wanted, idle) {
-            Some(k) => k,
-            None => self.dial_here(domain, node, &address, wanted, deadline)?,
+        let timeout = |by: Instant| DialError::Timeout { node: node.to_owned(), after: by.duration_since(asked) };
+        let mut kept = match self.direct().get(node, &wanted, self.limits().idle_timeout, deadline) {
+            Some(Got::Link(k)) => *k,
+            Some(Got::Dial) => {
+                self.dial_here(domain, node, &address, wanted, deadline).inspect_err(|_| self.direct().closed(node))?
+            }
+            None => return Err(timeout(deadline)),
         };
         // As on the async links: a peer cut off by the network is given up after
         // `REQUEST_TIMEOUT` of waiting for the answer (and the link with it).
         let answer_by = deadline.min(Instant::now() + REQUEST_TIMEOUT);
-        let after = REQUEST_TIMEOUT.min(within);
         match kept.link.call(request, answer_by) {
             Ok(answer) => {
                 kept.made.used = Instant::now();
@@ -111,16 +178,21 @@ impl NodeLink {
                 self.direct().put_back(node, kept);
                 Err(DialError::Peer { node: node.to_owned(), source })
             }
-            // Given up mid-way: the link is dropped (closed), the next call dials anew.
-            Err(LinkError::Timeout(_)) if Instant::now() >= answer_by => {
-                Err(DialError::Timeout { node: node.to_owned(), after })
+            // Given up or broken mid-way: the link is dropped (closed); a later call dials.
+            Err(e) => {
+                drop(kept);
+                self.direct().closed(node);
+                match e {
+                    LinkError::Timeout(_) if Instant::now() >= answer_by => Err(timeout(answer_by)),
+                    source => Err(DialError::Link { node: node.to_owned(), source }),
+                }
             }
-            Err(source) => Err(DialError::Link { node: node.to_owned(), source }),
         }
     }
 
     /// A new blocking link to `node` at `address`, checked against the incarnation its
-    /// member record states; what an earlier incarnation of it granted is void here first.
+    /// member record states, by `deadline`; what an earlier incarnation of it granted is
+    /// void here first.
     fn dial_here(
         &self,
         domain: &Domain,
@@ -129,15 +201,18 @@ impl NodeLink {
         made: Freshness,
         deadline: Instant,
     ) -> Result<Kept, DialError> {
-        let resolve = |source| DialError::Resolve { node: node.to_owned(), address: address.to_owned(), source };
-        let addr = address.to_socket_addrs().map_err(|e| resolve(Some(e)))?.next().ok_or_else(|| resolve(None))?;
+        let addr = resolve(address, deadline).map_err(|source| DialError::Resolve {
+            node: node.to_owned(),
+            address: address.to_owned(),
+            source,
+        })?;
         let link_err = |source| DialError::Link { node: node.to_owned(), source };
         let expected = NodeIdentity::new(domain.name(), node).map_err(|e| link_err(LinkError::Identity(e)))?;
         // The handshake ends by the call's deadline too.
         let mut limits = self.limits();
         limits.handshake_timeout = limits.handshake_timeout.min(deadline.saturating_duration_since(Instant::now()));
         if limits.handshake_timeout.is_zero() {
-            return Err(link_err(LinkError::Timeout(fabric_nodelink::Stage::Handshake)));
+            return Err(link_err(LinkError::Timeout(Stage::Handshake)));
         }
         let link = BlockingLink::connect(addr, self.credentials(), &expected, made.ours, limits).map_err(link_err)?;
         if link.peer_incarnation() != made.incarnation {
@@ -153,5 +228,51 @@ impl NodeLink {
             self.service().importer().void_owner(&d, node, made.incarnation);
         }
         Ok(Kept { link, made })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_resolves_at_once_and_a_name_by_the_deadline() {
+        let soon = Instant::now() + Duration::from_secs(5);
+        assert_eq!(resolve("10.77.0.11:7470", soon).unwrap(), "10.77.0.11:7470".parse().unwrap());
+        assert_eq!(resolve("[fd00::1]:7470", soon).unwrap(), "[fd00::1]:7470".parse().unwrap());
+        assert!(resolve("localhost:7470", soon).unwrap().ip().is_loopback());
+        assert!(resolve("no port here", soon).is_err());
+        // A deadline that passed: a name is not waited for.
+        let past = Instant::now();
+        let Err(Some(e)) = resolve("localhost:7470", past) else { panic!("resolved past its deadline") };
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn the_pool_dials_up_to_its_bound_then_waits_for_a_link_until_the_deadline() {
+        let direct = Direct::default();
+        let now = Freshness { incarnation: 1, ours: 1, used: Instant::now() };
+        let idle = Duration::from_secs(60);
+        let soon = || Instant::now() + Duration::from_millis(200);
+        for _ in 0..LINKS_PER_NODE {
+            assert!(matches!(direct.get("n1", &now, idle, soon()), Some(Got::Dial)));
+        }
+        assert_eq!(direct.open("n1"), LINKS_PER_NODE);
+        // Full: waits, then gives up at the deadline.
+        let start = Instant::now();
+        assert!(direct.get("n1", &now, idle, soon()).is_none());
+        assert!(start.elapsed() >= Duration::from_millis(190), "{:?}", start.elapsed());
+        // Another node has its own bound.
+        assert!(matches!(direct.get("n2", &now, idle, soon()), Some(Got::Dial)));
+        // A link that closes lets a waiting call dial.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| direct.get("n1", &now, idle, Instant::now() + Duration::from_secs(5)));
+            std::thread::sleep(Duration::from_millis(50));
+            direct.closed("n1");
+            assert!(matches!(waiter.join().unwrap(), Some(Got::Dial)));
+        });
+        assert_eq!(direct.open("n1"), LINKS_PER_NODE);
+        direct.closed("n3");
+        assert_eq!(direct.open("n3"), 0, "an unknown node's count stays at zero");
     }
 }
