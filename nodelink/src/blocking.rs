@@ -66,6 +66,9 @@ pub struct BlockingLink {
     peer_incarnation: u64,
     next_id: u64,
     limits: LinkLimits,
+    /// A call failed mid-way (other than by the peer's refusal): the stream may stand
+    /// inside a frame or a TLS record, so no later call may read from it.
+    broken: bool,
 }
 
 /// A socket error, a timeout where the socket's deadline passed.
@@ -101,6 +104,7 @@ impl BlockingLink {
             peer_incarnation: 0,
             next_id: 1,
             limits,
+            broken: false,
         };
         // The TLS handshake runs within the first write and the read after it.
         link.send(0, &PeerMessage::Hello(hello_of(creds, incarnation)), deadline, Stage::Handshake)?;
@@ -120,9 +124,25 @@ impl BlockingLink {
     }
 
     /// Sends a request and waits for its answer, at most until `deadline` (and the
-    /// limits' idle time); a link whose call failed other than by the peer's refusal
-    /// ([`LinkError::Peer`]) is not to be used again.
+    /// limits' idle time). After a call that failed other than by the peer's refusal
+    /// ([`LinkError::Peer`]) the link is broken: every later call answers
+    /// [`LinkError::Closed`] at once, and the link is to be dropped.
     pub fn call(&mut self, request: PeerRequest, deadline: Instant) -> Result<PeerResponse, LinkError> {
+        if self.broken {
+            return Err(LinkError::Closed);
+        }
+        let answer = self.ask(request, deadline);
+        self.broken = matches!(&answer, Err(e) if !matches!(e, LinkError::Peer(_)));
+        answer
+    }
+
+    /// Whether a call failed mid-way (see [`Self::call`]).
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// One request and its answer.
+    fn ask(&mut self, request: PeerRequest, deadline: Instant) -> Result<PeerResponse, LinkError> {
         let op = request.op;
         let id = self.next_id;
         self.next_id += 1;
@@ -166,6 +186,8 @@ impl BlockingLink {
             let n = match self.stream.read(self.decoder.read_buf(true)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // The TCP stream ended without TLS's close_notify: an end all the same.
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof => 0,
                 Err(e) => return Err(io_error(e, stage)),
             };
             if n == 0 {

@@ -2,7 +2,7 @@
 //! and refused as the async link is, and every wait ends at its deadline — a server that
 //! never finishes the handshake, one slow to answer, one that closes mid-way. A server
 //! that answers garbage (a hostile or broken peer, with a valid certificate) gets a typed
-//! error, never a panic or a wait past the deadline.
+//! error, never a panic or a wait past the deadline, and the link refuses any later call.
 
 mod common;
 
@@ -160,6 +160,8 @@ enum Garbage {
     Oversized,
     OtherId,
     Truncated,
+    /// Half a frame, then the TCP connection closed (no TLS close_notify).
+    CutMidFrame,
 }
 
 /// Serves one link as node `n1` of `d`'s domain: welcomes, reads one request, answers
@@ -197,6 +199,9 @@ async fn hostile_server(d: &TestDomain, garbage: Garbage) -> std::net::SocketAdd
                 let mut tls = framed.into_inner();
                 tls.write_all(&bytes).await.expect("garbage");
                 tls.flush().await.expect("flush");
+                if matches!(other, Garbage::CutMidFrame) {
+                    return;
+                }
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 return;
             }
@@ -209,14 +214,20 @@ async fn hostile_server(d: &TestDomain, garbage: Garbage) -> std::net::SocketAdd
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_answers_garbage_is_refused_with_a_typed_error_in_time() {
     let d = TestDomain::start(limits()).await;
-    for garbage in [Garbage::BadMagic, Garbage::Oversized, Garbage::OtherId, Garbage::Truncated] {
+    let all = [Garbage::BadMagic, Garbage::Oversized, Garbage::OtherId, Garbage::Truncated, Garbage::CutMidFrame];
+    for garbage in all {
         let addr = hostile_server(&d, garbage).await;
         let (creds, server) = (d.creds("n2"), d.server_id.clone());
         let (r, waited) = blocking(move || {
             let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
             let start = Instant::now();
             let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![1] }, start + Duration::from_secs(5));
-            (r, start.elapsed())
+            let waited = start.elapsed();
+            // The stream may stand inside a frame: the link refuses to read on.
+            assert!(link.is_broken(), "{garbage:?}");
+            let again = link.call(PeerRequest { op: PeerOp::Import, body: vec![1] }, start + Duration::from_secs(5));
+            assert!(matches!(again, Err(LinkError::Closed)), "{garbage:?}: {again:?}");
+            (r, waited)
         })
         .await;
         let typed = match garbage {
@@ -224,6 +235,7 @@ async fn a_server_that_answers_garbage_is_refused_with_a_typed_error_in_time() {
             Garbage::OtherId => matches!(r, Err(LinkError::Unexpected { .. })),
             // The frame time (1 s in these limits) runs out inside the frame.
             Garbage::Truncated => matches!(r, Err(LinkError::Timeout(Stage::Frame))),
+            Garbage::CutMidFrame => matches!(r, Err(LinkError::Truncated)),
         };
         assert!(typed, "{garbage:?}: {r:?}");
         assert!(waited < Duration::from_secs(2), "{garbage:?}: {waited:?}");

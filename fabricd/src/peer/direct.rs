@@ -44,8 +44,7 @@ struct Pool {
 enum Got {
     /// An idle link that serves the call.
     Link(Box<Kept>),
-    /// Room to dial one (counted open already: give it back with [`Direct::closed`] if
-    /// the dial fails).
+    /// Room to dial one.
     Dial,
 }
 
@@ -54,8 +53,35 @@ enum Got {
 pub struct Direct {
     /// Held only to take a link out, count one, or put one back; never across I/O.
     pools: Mutex<HashMap<String, Pool>>,
-    /// Told when a link came back or closed.
+    /// Told when a link came back or closed, to any node: every waiter looks again at
+    /// its own node's pool.
     freed: Condvar,
+}
+
+/// One link counted open to a node, held by one call (being dialled or in use). Dropped,
+/// it gives its count back and wakes the waiters — on every path out of a call, an error
+/// or a panic included; [`Claim::put_back`] keeps the link for a later call instead.
+struct Claim<'a> {
+    direct: &'a Direct,
+    node: &'a str,
+    kept: bool,
+}
+
+impl Claim<'_> {
+    /// Puts `link` back for a later call, this claim's count with it.
+    fn put_back(mut self, link: Kept) {
+        self.kept = true;
+        self.direct.pools().entry(self.node.to_owned()).or_default().idle.push(link);
+        self.direct.freed.notify_all();
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.direct.closed(self.node, 1);
+        }
+    }
 }
 
 impl Direct {
@@ -66,7 +92,13 @@ impl Direct {
     /// An idle link to `node` that serves `now`, or room to dial one, waiting for either
     /// until `deadline` (`None`: it passed). Idle links that no longer serve are closed
     /// (after the lock).
-    fn get(&self, node: &str, now: &Freshness, idle_limit: Duration, deadline: Instant) -> Option<Got> {
+    fn get<'a>(
+        &'a self,
+        node: &'a str,
+        now: &Freshness,
+        idle_limit: Duration,
+        deadline: Instant,
+    ) -> Option<(Claim<'a>, Got)> {
         let mut stale = Vec::new();
         let mut pools = self.pools();
         let got = loop {
@@ -90,23 +122,38 @@ impl Direct {
             pools = self.freed.wait_timeout(pools, left).unwrap_or_else(|p| p.into_inner()).0;
         };
         drop(pools);
-        drop(stale);
-        got
-    }
-
-    /// Puts `kept` back for a later call.
-    fn put_back(&self, node: &str, kept: Kept) {
-        self.pools().entry(node.to_owned()).or_default().idle.push(kept);
-        self.freed.notify_one();
-    }
-
-    /// A link to `node` counted open is gone (its dial failed, or it broke and was
-    /// dropped).
-    fn closed(&self, node: &str) {
-        if let Some(pool) = self.pools().get_mut(node) {
-            pool.open = pool.open.saturating_sub(1);
+        if stale.len() > usize::from(matches!(got, Some(Got::Dial))) {
+            // Room freed beyond what this call took: others may dial.
+            self.freed.notify_all();
         }
-        self.freed.notify_one();
+        drop(stale);
+        got.map(|g| (Claim { direct: self, node, kept: false }, g))
+    }
+
+    /// `count` links to `node` counted open are gone.
+    fn closed(&self, node: &str, count: usize) {
+        if let Some(pool) = self.pools().get_mut(node) {
+            pool.open = pool.open.saturating_sub(count);
+        }
+        self.freed.notify_all();
+    }
+
+    /// Closes the idle links to nodes not in `live` (they left the domain): nothing would
+    /// take them out again, and the peer closed its end long ago. Links in a call end
+    /// with it.
+    pub fn forget_departed(&self, live: &dyn Fn(&str) -> bool) {
+        let mut gone = Vec::new();
+        let mut pools = self.pools();
+        pools.retain(|node, pool| {
+            if live(node) {
+                return true;
+            }
+            pool.open = pool.open.saturating_sub(pool.idle.len());
+            gone.append(&mut pool.idle);
+            pool.open > 0
+        });
+        drop(pools);
+        drop(gone);
     }
 
     /// How many links are open to `node` (idle, in a call, or being dialled).
@@ -155,38 +202,43 @@ impl NodeLink {
         let asked = Instant::now();
         let deadline = asked + within;
         let (wanted, address) = target(domain, node)?;
-        let timeout = |by: Instant| DialError::Timeout { node: node.to_owned(), after: by.duration_since(asked) };
-        let mut kept = match self.direct().get(node, &wanted, self.limits().idle_timeout, deadline) {
-            Some(Got::Link(k)) => *k,
-            Some(Got::Dial) => {
-                self.dial_here(domain, node, &address, wanted, deadline).inspect_err(|_| self.direct().closed(node))?
-            }
-            None => return Err(timeout(deadline)),
+        // The time since the ask began, to the millisecond (what an operator reads).
+        let timeout = |by: Instant| {
+            let after = Duration::from_millis(u64::try_from(by.duration_since(asked).as_millis()).unwrap_or(u64::MAX));
+            DialError::Timeout { node: node.to_owned(), after }
         };
+        let Some((claim, got)) = self.direct().get(node, &wanted, self.limits().idle_timeout, deadline) else {
+            return Err(timeout(deadline));
+        };
+        let mut kept = match got {
+            Got::Link(k) => *k,
+            Got::Dial => self.dial_here(domain, node, &address, wanted, deadline)?,
+        };
+        // The wait for a link, or the dial, may have used all the time: the link is
+        // kept for a later call rather than broken by a call with none left.
+        if Instant::now() >= deadline {
+            claim.put_back(kept);
+            return Err(timeout(deadline));
+        }
         // As on the async links: a peer cut off by the network is given up after
         // `REQUEST_TIMEOUT` of waiting for the answer (and the link with it).
         let answer_by = deadline.min(Instant::now() + REQUEST_TIMEOUT);
         match kept.link.call(request, answer_by) {
             Ok(answer) => {
                 kept.made.used = Instant::now();
-                self.direct().put_back(node, kept);
+                claim.put_back(kept);
                 Ok(answer)
             }
             // The link is sound; the peer said no.
             Err(LinkError::Peer(source)) => {
                 kept.made.used = Instant::now();
-                self.direct().put_back(node, kept);
+                claim.put_back(kept);
                 Err(DialError::Peer { node: node.to_owned(), source })
             }
-            // Given up or broken mid-way: the link is dropped (closed); a later call dials.
-            Err(e) => {
-                drop(kept);
-                self.direct().closed(node);
-                match e {
-                    LinkError::Timeout(_) if Instant::now() >= answer_by => Err(timeout(answer_by)),
-                    source => Err(DialError::Link { node: node.to_owned(), source }),
-                }
-            }
+            // Given up or broken mid-way: the link is dropped (closed) with its claim; a
+            // later call dials.
+            Err(LinkError::Timeout(_)) if Instant::now() >= answer_by => Err(timeout(answer_by)),
+            Err(source) => Err(DialError::Link { node: node.to_owned(), source }),
         }
     }
 
@@ -248,31 +300,95 @@ mod tests {
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
     }
 
+    /// Takes a claim on `node` by `within` and forgets it without giving its count back
+    /// (as a call in progress holds it), answering what the pool gave.
+    fn hold(direct: &Direct, node: &str, now: &Freshness, within: Duration) -> Option<bool> {
+        let (claim, got) = direct.get(node, now, Duration::from_secs(60), Instant::now() + within)?;
+        std::mem::forget(claim);
+        Some(matches!(got, Got::Dial))
+    }
+
     #[test]
     fn the_pool_dials_up_to_its_bound_then_waits_for_a_link_until_the_deadline() {
         let direct = Direct::default();
         let now = Freshness { incarnation: 1, ours: 1, used: Instant::now() };
-        let idle = Duration::from_secs(60);
-        let soon = || Instant::now() + Duration::from_millis(200);
+        let soon = Duration::from_millis(200);
         for _ in 0..LINKS_PER_NODE {
-            assert!(matches!(direct.get("n1", &now, idle, soon()), Some(Got::Dial)));
+            assert_eq!(hold(&direct, "n1", &now, soon), Some(true));
         }
         assert_eq!(direct.open("n1"), LINKS_PER_NODE);
         // Full: waits, then gives up at the deadline.
         let start = Instant::now();
-        assert!(direct.get("n1", &now, idle, soon()).is_none());
+        assert!(hold(&direct, "n1", &now, soon).is_none());
         assert!(start.elapsed() >= Duration::from_millis(190), "{:?}", start.elapsed());
         // Another node has its own bound.
-        assert!(matches!(direct.get("n2", &now, idle, soon()), Some(Got::Dial)));
+        assert_eq!(hold(&direct, "n2", &now, soon), Some(true));
         // A link that closes lets a waiting call dial.
         std::thread::scope(|s| {
-            let waiter = s.spawn(|| direct.get("n1", &now, idle, Instant::now() + Duration::from_secs(5)));
+            let waiter = s.spawn(|| hold(&direct, "n1", &now, Duration::from_secs(5)));
             std::thread::sleep(Duration::from_millis(50));
-            direct.closed("n1");
-            assert!(matches!(waiter.join().unwrap(), Some(Got::Dial)));
+            direct.closed("n1", 1);
+            assert_eq!(waiter.join().unwrap(), Some(true));
         });
         assert_eq!(direct.open("n1"), LINKS_PER_NODE);
-        direct.closed("n3");
+        direct.closed("n3", 1);
         assert_eq!(direct.open("n3"), 0, "an unknown node's count stays at zero");
+    }
+
+    #[test]
+    fn a_link_freed_to_one_node_wakes_its_waiter_though_another_nodes_wait_too() {
+        let direct = Direct::default();
+        let now = Freshness { incarnation: 1, ours: 1, used: Instant::now() };
+        for node in ["n1", "n2"] {
+            for _ in 0..LINKS_PER_NODE {
+                assert_eq!(hold(&direct, node, &now, Duration::from_millis(100)), Some(true));
+            }
+        }
+        std::thread::scope(|s| {
+            // Waiters on both nodes; the one freed link is n1's. With one wake-up for
+            // one waiter, n2's could take it and n1's sleep to its deadline.
+            let others: Vec<_> =
+                (0..3).map(|_| s.spawn(|| hold(&direct, "n2", &now, Duration::from_millis(1500)))).collect();
+            let waiter = s.spawn(|| {
+                let start = Instant::now();
+                (hold(&direct, "n1", &now, Duration::from_secs(5)), start.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            direct.closed("n1", 1);
+            let (got, waited) = waiter.join().unwrap();
+            assert_eq!(got, Some(true));
+            assert!(waited < Duration::from_secs(1), "n1's waiter slept {waited:?}");
+            for o in others {
+                assert!(o.join().unwrap().is_none(), "n2 had no room");
+            }
+        });
+    }
+
+    #[test]
+    fn a_call_that_panics_gives_its_link_back() {
+        let direct = Direct::default();
+        let now = Freshness { incarnation: 1, ours: 1, used: Instant::now() };
+        let soon = Instant::now() + Duration::from_millis(100);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _claim = direct.get("n1", &now, Duration::from_secs(60), soon);
+            assert_eq!(direct.open("n1"), 1);
+            panic!("a dial that panics");
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(direct.open("n1"), 0);
+    }
+
+    #[test]
+    fn idle_links_to_departed_nodes_are_forgotten_but_not_those_in_a_call() {
+        let direct = Direct::default();
+        let now = Freshness { incarnation: 1, ours: 1, used: Instant::now() };
+        assert_eq!(hold(&direct, "gone", &now, Duration::from_millis(100)), Some(true));
+        assert_eq!(hold(&direct, "here", &now, Duration::from_millis(100)), Some(true));
+        direct.forget_departed(&|n| n == "here");
+        assert_eq!(direct.open("gone"), 1, "the link in a call still counts");
+        assert_eq!(direct.open("here"), 1);
+        direct.closed("gone", 1);
+        direct.forget_departed(&|n| n == "here");
+        assert!(!direct.pools().contains_key("gone"));
     }
 }

@@ -31,6 +31,7 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
             let known: HashSet<&str> = known.iter().map(String::as_str).collect();
             link.service().owner().void_departed(&d, &live, &known);
             link.service().importer().void_departed(&d, &live);
+            link.direct().forget_departed(&|node| live.contains_key(node));
             true
         })
         .await;
