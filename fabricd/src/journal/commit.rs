@@ -52,6 +52,29 @@ struct Item {
     slot: Arc<OnceLock<Outcome>>,
 }
 
+impl Drop for Item {
+    /// An item dropped unsettled (its leader's write panicked) fails its ticket rather
+    /// than leave it waiting for a write that will never come.
+    fn drop(&mut self) {
+        let _ = self.slot.set(Err(Arc::new(JournalError::Poisoned)));
+    }
+}
+
+/// A leader's turn, ended however its write ends: the queue told there is no leader, the
+/// waiters woken. A write that panicked poisons the journal (it may have left a torn
+/// record, after which nothing appended would replay) until the owner reopens it.
+struct Leading<'a>(&'a Committer);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            *lock(&self.0.journal) = None;
+        }
+        lock(&self.0.queue).leading = false;
+        self.0.written.notify_all();
+    }
+}
+
 #[derive(Debug, Default)]
 struct Queue {
     pending: Vec<Item>,
@@ -142,10 +165,10 @@ impl Committer {
             q.leading = true;
             let batch = std::mem::take(&mut q.pending);
             drop(q);
+            let turn = Leading(self);
             self.write(batch);
+            drop(turn);
             q = lock(&self.queue);
-            q.leading = false;
-            self.written.notify_all();
         }
     }
 
@@ -225,6 +248,36 @@ mod tests {
     fn replayed(dir: &Path) -> (Option<Vec<u8>>, Vec<Vec<u8>>) {
         let (_, replay) = Journal::open(dir, JournalOptions::default()).expect("reopen");
         (replay.snapshot.map(|s| s.payload), replay.records.into_iter().map(|r| r.payload).collect())
+    }
+
+    #[test]
+    fn a_leader_whose_write_panics_fails_its_batch_and_poisons_the_journal_instead_of_hanging() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open(dir.path());
+        c.enqueue(1, b"before".to_vec()).wait().expect("durable");
+        // A batch taken by a leader whose write then panics.
+        let waiting = c.enqueue(1, b"lost".to_vec());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let batch = {
+                let mut q = lock(&c.queue);
+                q.leading = true;
+                std::mem::take(&mut q.pending)
+            };
+            let _turn = Leading(&c);
+            let _batch = batch;
+            panic!("a write that panics");
+        }));
+        assert!(panicked.is_err());
+        // The waiter is told, not left waiting; later commits fail until a reopen.
+        assert!(matches!(waiting.wait(), Err(JournalError::Batch(e)) if matches!(*e, JournalError::Poisoned)));
+        assert!(!lock(&c.queue).leading);
+        assert!(c.enqueue(1, b"after".to_vec()).wait().is_err());
+        c.reopen(b"snap").expect("reopen");
+        c.enqueue(1, b"again".to_vec()).wait().expect("durable after the reopen");
+        drop(c);
+        let (snapshot, records) = replayed(dir.path());
+        assert_eq!(snapshot.as_deref(), Some(&b"snap"[..]));
+        assert_eq!(records, vec![b"again".to_vec()]);
     }
 
     #[test]

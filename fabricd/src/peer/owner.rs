@@ -56,9 +56,9 @@ pub struct Owner {
     /// registry removes the file, which would leave the importer's mapping reading the
     /// old pages).
     files: Mutex<HashMap<u64, (String, File)>>,
-    /// Held while an importer node incarnation's session is set up, which is published in
-    /// `remotes` only once complete.
-    setup: Mutex<()>,
+    /// By importer node, held while that node's incarnation's session is set up, which is
+    /// published in `remotes` only once complete.
+    setup: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 fn denied(e: &crate::memory::MemoryError) -> PeerError {
@@ -128,7 +128,9 @@ impl Owner {
     /// [`Owner::session`] when `current` has none yet: made, once.
     fn new_session(&self, d: &Arc<Daemon>, peer: &Peer, current: impl Fn() -> Option<u64>) -> Result<u64, PeerError> {
         let node = &peer.identity.node;
-        let _setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        // One node's session is made once; other nodes' are not held up by it.
+        let gate = self.setup.lock().unwrap_or_else(|p| p.into_inner()).entry(node.clone()).or_default().clone();
+        let _setup = gate.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(session) = current() {
             return Ok(session);
         }
@@ -444,7 +446,13 @@ impl Owner {
         if !left {
             d.memory.lift_quarantine(node, None);
         }
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, (n, _)| n != node);
+        // The files are closed after the lock.
+        let closed: Vec<_> = {
+            let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+            let gone: Vec<u64> = files.iter().filter(|(_, (n, _))| n == node).map(|(i, _)| *i).collect();
+            gone.into_iter().filter_map(|i| files.remove(&i)).collect()
+        };
+        drop(closed);
         tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, untold, left, "node link: an importer node left or restarted; its imports are released");
     }
 
@@ -454,7 +462,9 @@ impl Owner {
         if !gone {
             return;
         }
-        if let Some((_, f)) = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&import)
+        // Taken out first: the truncation is I/O, never under the lock.
+        let file = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&import);
+        if let Some((_, f)) = file
             && let Err(e) = f.set_len(0)
         {
             tracing::warn!(import, error = %e, "cannot truncate a freed region's file under a remote import");

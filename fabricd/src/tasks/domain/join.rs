@@ -502,12 +502,16 @@ fn remembered_shares(path: &Path, config: &DomainConfig) -> Vec<KnownShare> {
     }
 }
 
-/// Writes `value` to `path` through a temporary file and a rename.
+/// Writes `value` to `path` whole ([`fabric_addrmap::durable::write_whole`]: a temporary
+/// file, fsync, rename, fsync of the directory).
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), JoinError> {
-    let io = |source| JoinError::SlotFile { path: path.to_owned(), source };
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(value).unwrap_or_default()).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    let bytes = serde_json::to_vec(value)
+        .map_err(|e| JoinError::SlotFile { path: path.to_owned(), source: std::io::Error::other(e) })?;
+    // All or nothing, and on disk before the join goes on: a crash leaves the old slot or
+    // the new one, never an empty file.
+    fabric_addrmap::durable::write_whole(path, &bytes)
+        .map(drop)
+        .map_err(|e| JoinError::SlotFile { path: e.path, source: e.source })
 }
 
 /// The slot file: which slot this node held in which domain.

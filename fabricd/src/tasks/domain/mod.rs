@@ -54,6 +54,17 @@ pub enum GcError {
         /// How long this node waited.
         after: Duration,
     },
+    /// A partition change was written to etcd, but this node's view had not caught up with
+    /// it within the wait: it is not yet in force here (it will be once the view holds it).
+    #[error(
+        "written to etcd (revision {revision}) but not yet in this node's view after {after:?}: not in force here yet"
+    )]
+    NotInForce {
+        /// The write's revision.
+        revision: i64,
+        /// How long this node waited.
+        after: Duration,
+    },
 }
 
 /// How this node stands in its domain.
@@ -491,7 +502,8 @@ impl Domain {
 
     /// Admin: writes the domain's partition `name` (`Some`) or deletes it (`None`) under
     /// this node's fence, then waits (at most one request timeout) until this node's view
-    /// holds the change, so that the admin's next request sees it here.
+    /// holds the change, so that the admin's next request sees it here; a view that did
+    /// not catch up by then is [`GcError::NotInForce`] (the change was written all the same).
     pub fn set_partition(&self, name: &str, record: Option<&PartitionRecord>) -> Result<(), GcError> {
         let (Some(client), Some(fence)) = ((*self.client.load_full()).clone(), (*self.fence.load_full()).clone())
         else {
@@ -505,8 +517,12 @@ impl Domain {
                 None => client.delete_fenced(&fence, key).await,
             }
         })?;
-        let deadline = std::time::Instant::now() + self.config.request_timeout();
-        while self.view().revision() < revision && std::time::Instant::now() < deadline {
+        let wait = self.config.request_timeout();
+        let deadline = std::time::Instant::now() + wait;
+        while self.view().revision() < revision {
+            if std::time::Instant::now() >= deadline {
+                return Err(GcError::NotInForce { revision, after: wait });
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         Ok(())
