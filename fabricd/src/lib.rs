@@ -15,8 +15,12 @@
 //! - [`daemon`]: start-up and the state every connection shares; [`store`]: the map
 //!   record (address map and partition bindings saved as one before either is published);
 //!   [`partitions`], [`placement`], [`nodeid`], [`events`], [`metrics`], [`config`].
-//! - [`tasks`]: background work — rescans on timers and uevents, the resume grace period,
-//!   region-file size checks.
+//! - [`peer`]: the node link's two sides in a domain — asking another node for an import or
+//!   a copy of its memory (`peer::importer`, `peer::copy`, on blocking links from the
+//!   request's thread: `peer::direct`), and answering such asks for this node's memory
+//!   (`peer::owner`), with what a departed or restarted node held voided.
+//! - [`tasks`]: background work — the domain's membership and etcd (`tasks::domain`),
+//!   rescans on timers and uevents, the resume grace period, region-file size checks.
 //! - [`sys`]: private files and directories, open-file budget, `sd_notify`, raw syscalls.
 
 pub mod config;

@@ -33,6 +33,23 @@ pub struct Copies<'a> {
     pub request_id: u64,
 }
 
+impl Copies<'_> {
+    /// The one check the table leaves to the copy, for each end on this node (a copy
+    /// across nodes' local end included): a GFA's device is known only once resolved.
+    pub fn reaches(&self, end: &Resolved) -> Result<(), ErrorBody> {
+        match (&self.members, &end.device) {
+            (Some(m), Some(dev)) if !m.contains(dev) => Err(refusal(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "the memory lies on {dev}, outside the caller's partitions ({})",
+                    self.caller.partition_names()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What resolving a copy's endpoints needs: the map snapshot when a side is a GFA.
 struct Resolver<'a> {
     d: &'a Daemon,
@@ -53,21 +70,10 @@ impl<'a> Resolver<'a> {
             return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
         }
         let snap = self.snap.clone().unwrap_or_else(|| self.d.map_snapshot());
-        let side = |ep, write| {
+        let side = |ep, write| -> Result<Resolved, ErrorBody> {
             let r =
                 self.d.memory.copy_endpoint(self.copies.session, &snap, ep, req.len, write).map_err(|e| refused(&e))?;
-            // The one check the table leaves to the copy: a GFA's device is known only now.
-            if let (Some(m), Some(dev)) = (&self.copies.members, &r.device)
-                && !m.contains(dev)
-            {
-                return Err(refusal(
-                    ErrorCode::PermissionDenied,
-                    format!(
-                        "the memory lies on {dev}, outside the caller's partitions ({})",
-                        self.copies.caller.partition_names()
-                    ),
-                ));
-            }
+            self.copies.reaches(&r)?;
             Ok(r)
         };
         let dst = side(req.dst, true)?;

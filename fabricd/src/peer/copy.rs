@@ -3,7 +3,10 @@
 //! imported from this node) and a GFA of another node's region it imported is moved over the node link, chunk by chunk ([`CopyAsk`], at most
 //! [`PEER_DATA_CHUNK`] bytes, [`LANES`] chunks in flight per job: memory is bounded by
 //! them), on the peer's data lanes so that control requests never wait behind it. Push writes to
-//! the owner, pull reads from it; the completion is the usual `CopyDone`. The owner
+//! the owner, pull reads from it; the completion is the usual `CopyDone`. Such a copy is
+//! authorized by the one dispatch as a copy on this node is (`ops::dispatch`, [`route`]
+//! called from its `Copy` arm): scope required, its local end within the caller's
+//! partitions. The owner
 //! ([`serve`]) checks every chunk against the import it names: held by the asking node's
 //! current incarnation, not released nor revoked, the range inside the region, write
 //! access for a push. A chunk refused, a link that drops or an owner that dies ends the
@@ -25,6 +28,7 @@ use super::wire::CopyAsk;
 use crate::copy::{Sink, bytes};
 use crate::daemon::Daemon;
 use crate::memory::{Dep, Resolved};
+use crate::ops::copyops;
 use crate::ops::dispatch::errors::{memory as refused, refusal};
 use crate::ops::dispatch::{Context, Outcome};
 
@@ -93,39 +97,37 @@ fn remote_end(importer: &super::importer::Importer, session: u64, c: &CopyReques
     Ok(Some(Asked { push, gfa, import, reach, local, len: c.len }))
 }
 
-/// Answers a client's `Copy` one of whose ends is a GFA of another node's region this
-/// session imported; `None`: the copy is this node's own.
-pub fn route(d: &Daemon, cx: &Context<'_>, c: &CopyRequest) -> Option<Result<Outcome, ErrorBody>> {
-    let link = d.domain.as_ref()?.link()?;
-    let asked = match remote_end(link.service().importer(), cx.session, c) {
-        Ok(a) => a?,
-        Err(e) => return Some(Err(e)),
-    };
-    Some(start(d, cx, vec![asked], false))
-}
-
-/// Answers a client's `CopyBatch` whose copies each have one end in another node's
-/// region this session imported: one job, its copies in parallel on its lanes, one completion
-/// (`None`: every copy is this node's own). A batch that mixes such copies with copies
-/// on this node is refused: the engine and the node link complete apart.
-pub fn route_batch(d: &Daemon, cx: &Context<'_>, copies: &[CopyRequest]) -> Option<Result<Outcome, ErrorBody>> {
+/// Answers a client's `Copy`, or `CopyBatch`, authorized by the one dispatch (`issuer`),
+/// whose copies each have one end in another node's region this session imported: one
+/// job, its copies in parallel on its lanes, one completion. `None`: every copy is this
+/// node's own. A batch that mixes such copies with copies on this node is refused: the
+/// engine and the node link complete apart.
+pub fn route(
+    d: &Daemon,
+    cx: &Context<'_>,
+    issuer: &copyops::Copies<'_>,
+    copies: &[CopyRequest],
+    batch: bool,
+) -> Option<Result<Outcome, ErrorBody>> {
     let link = d.domain.as_ref()?.link()?;
     let importer = link.service().importer();
     let mut parts = Vec::with_capacity(copies.len());
     let mut local = None;
     for (i, c) in copies.iter().enumerate() {
-        match remote_end(importer, cx.session, c) {
+        match remote_end(importer, issuer.session, c) {
             Ok(Some(a)) => parts.push(a),
             Ok(None) => local = local.or(Some(i)),
             Err(mut e) => {
-                e.message = ErrorText::truncated(&format!("copy {i} of the batch: {}", e.message));
+                if batch {
+                    e.message = ErrorText::truncated(&format!("copy {i} of the batch: {}", e.message));
+                }
                 return Some(Err(e));
             }
         }
     }
     match (parts.is_empty(), local) {
         (true, _) => None,
-        (false, None) => Some(start(d, cx, parts, true)),
+        (false, None) => Some(start(d, cx, issuer, parts, batch)),
         (false, Some(i)) => Some(Err(refusal(
             ErrorCode::NotImplemented,
             format!(
@@ -135,8 +137,9 @@ pub fn route_batch(d: &Daemon, cx: &Context<'_>, copies: &[CopyRequest]) -> Opti
     }
 }
 
-/// Checks one part as far as this node knows it and resolves its local end.
-fn part(d: &Daemon, session: u64, a: Asked) -> Result<Part, ErrorBody> {
+/// Checks one part as far as this node knows it and resolves its local end, which the
+/// issuer's partitions must reach as for a copy on this node.
+fn part(d: &Daemon, issuer: &copyops::Copies<'_>, a: Asked) -> Result<Part, ErrorBody> {
     let Asked { push, gfa, import, reach, local, len } = a;
     if len == 0 {
         return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
@@ -157,16 +160,24 @@ fn part(d: &Daemon, session: u64, a: Asked) -> Result<Part, ErrorBody> {
             format!("import {import} of node {}'s region is read-only: it cannot be a copy's destination", reach.owner),
         ));
     }
-    let local = d.memory.copy_endpoint(session, &d.map_snapshot(), local, len, !push).map_err(|e| refused(&e))?;
+    let local =
+        d.memory.copy_endpoint(issuer.session, &d.map_snapshot(), local, len, !push).map_err(|e| refused(&e))?;
+    issuer.reaches(&local)?;
     Ok(Part { import, reach, gfa, len, push, local })
 }
 
-fn start(d: &Daemon, cx: &Context<'_>, asked: Vec<Asked>, batch: bool) -> Result<Outcome, ErrorBody> {
+fn start(
+    d: &Daemon,
+    cx: &Context<'_>,
+    issuer: &copyops::Copies<'_>,
+    asked: Vec<Asked>,
+    batch: bool,
+) -> Result<Outcome, ErrorBody> {
     let sink = cx.copies.ok_or_else(|| refusal(ErrorCode::BadRequest, "a copy needs a connection"))?.clone();
     let many = asked.len() > 1;
     let mut parts = Vec::with_capacity(asked.len());
     for (i, a) in asked.into_iter().enumerate() {
-        parts.push(part(d, cx.session, a).map_err(|mut e| {
+        parts.push(part(d, issuer, a).map_err(|mut e| {
             if many {
                 e.message = ErrorText::truncated(&format!("copy {i} of the batch: {}", e.message));
             }

@@ -137,8 +137,6 @@ pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outco
             Some(node) if node != d.node => Some(import_object(d, cx, i, node)),
             _ => None,
         },
-        Request::Copy(c) => super::copy::route(d, cx, c),
-        Request::CopyBatch(b) => super::copy::route_batch(d, cx, &b.copies),
         Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
             Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
                 response: Response::Release,

@@ -227,6 +227,10 @@ fn run(
         O::Copy { copies, batch } => {
             let sink = cx.copies.ok_or_else(|| needs_connection("copy"))?;
             let r = copyops::Copies { caller, members: grant.members, session, request_id: cx.request_id };
+            // One end in another node's memory this session imported: over the node link.
+            if let Some(across) = crate::peer::copy::route(d, cx, &r, &copies, batch) {
+                return across;
+            }
             answer(copyops::submit(d, &r, &copies, batch, sink.clone()))
         }
         O::Subscribe { topics } => {
