@@ -221,16 +221,18 @@ pub(crate) fn start_daemon(dir: &Path, sim: &Path) -> Result<(Reaped, PathBuf), 
 
 /// [`start_daemon`] with `extra` TOML (whole tables) appended to the configuration.
 pub(crate) fn start_daemon_with(dir: &Path, sim: &Path, extra: &str) -> Result<(Reaped, PathBuf), ControlBenchError> {
-    start_daemon_on(dir, &[sim], "", extra)
+    start_daemon_on(dir, &[sim], "", extra, None)
 }
 
 /// [`start_daemon_with`] serving every sim fabric of `sims`, with `discovery` (keys of the
-/// `[discovery]` table, one a line) added to that table.
+/// `[discovery]` table, one a line) added to that table, and its metrics endpoint on
+/// `127.0.0.1:metrics` when given (off otherwise).
 pub(crate) fn start_daemon_on(
     dir: &Path,
     sims: &[&Path],
     discovery: &str,
     extra: &str,
+    metrics: Option<u16>,
 ) -> Result<(Reaped, PathBuf), ControlBenchError> {
     let socket = dir.join("fabricd.sock");
     let mut names = Vec::with_capacity(sims.len());
@@ -240,10 +242,11 @@ pub(crate) fn start_daemon_on(
     }
     let config = dir.join("fabricd.toml");
     let text = format!(
-        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{}]\n{discovery}[metrics]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n{extra}",
+        "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{}]\n{discovery}[metrics]\nlisten = {:?}\n[log]\nlevel = \"warn\"\n{extra}",
         socket.display().to_string(),
         dir.join("state").display().to_string(),
         names.join(", "),
+        metrics.map(|port| format!("127.0.0.1:{port}")).unwrap_or_default(),
     );
     std::fs::write(&config, text).map_err(io_err("writing the daemon's configuration"))?;
     let log = dir.join("fabricd.log");

@@ -12,12 +12,14 @@
 //!   address map). p50, p99 and max of each. A `Ping` takes no shared lock at all, so the
 //!   same is timed for `Status`, which reads the memory registry: what a request that
 //!   touches shared state waits.
+//!   Then, as root, while the kernel sends the private daemon a `node` uevent every
+//!   quarter of a second (written into a sysfs `uevent` file, as udev's `trigger` does),
+//!   each of which makes it rescan: the rescans counted from its metrics.
 //! - **Group commit.** Allocations (each freed at once) per second from one client, then
 //!   from 16 clients at once; with group commit the 16 share fsyncs and get more through.
 //!
-//! What this does not load yet: rescans triggered from outside; with `--daemon` (a running
-//! daemon) the 1 GiB regions are HBM, not zeroed device memory. docs/BENCHMARKS.md says
-//! what each figure covers.
+//! With `--daemon` (a running daemon) the 1 GiB regions are HBM, not zeroed device memory,
+//! and no rescans are triggered. docs/BENCHMARKS.md says what each figure covers.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,6 +70,17 @@ pub struct IsolationBench {
     pub partitions_max_us: f64,
     /// Partition changes made meanwhile.
     pub partition_changes: u64,
+    /// While uevents make the daemon rescan: p50 (0 when skipped).
+    pub rescans_p50_us: f64,
+    /// Same, p99.
+    pub rescans_p99_us: f64,
+    /// Same, max.
+    pub rescans_max_us: f64,
+    /// Rescans the daemon ran meanwhile (its `fabricd_rescans_total{trigger="uevent"}`).
+    pub rescans: u64,
+    /// Why the rescan phase did not run, if it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rescans_skipped: Option<String>,
     /// `Status` (reads the registry) idle: p99.
     pub status_idle_p99_us: f64,
     /// `Status` while other clients allocate: p99.
@@ -133,7 +146,8 @@ struct ZeroedSet {
 }
 
 /// Starts the private daemon: on the CXL pool (`cxl-pool.toml` next to `sim`, when there:
-/// fabricd serves one sim fabric) with its 2-way set on the DAX stand-in, else on `sim`.
+/// fabricd serves one sim fabric) with its 2-way set on the DAX stand-in, else on `sim`;
+/// rescanning on uevents only, its metrics on `127.0.0.1:metrics`.
 ///
 /// The stand-in lives in `shm` (a tmpfs, as device memory is memory: zeroing it writes no
 /// disk, which would slow the journal's `fdatasync`s of later phases), the state in `dir`.
@@ -141,6 +155,7 @@ fn start_private(
     dir: &Path,
     shm: &Path,
     sim: &Path,
+    metrics: u16,
 ) -> Result<(crate::bench_control::Reaped, std::path::PathBuf, Option<ZeroedSet>), ControlBenchError> {
     let pool = sim.with_file_name("cxl-pool.toml");
     let set = fabric_drivers::sim::load(&pool).ok().and_then(|inv| {
@@ -148,15 +163,91 @@ fn start_private(
         let member = s.members.last()?.device.to_string();
         Some(ZeroedSet { set: s.name.clone(), member })
     });
+    // Rescans only when a uevent asks (the rescan phase's), none on a timer.
+    let rescans = "rescan_interval_s = 0\nuevents = \"on\"\n";
     let Some(set) = set else {
-        let (child, socket) = start_daemon_on(dir, &[sim], "", "")?;
+        let (child, socket) = start_daemon_on(dir, &[sim], rescans, "", Some(metrics))?;
         return Ok((child, socket, None));
     };
     let root = shm.join("root");
     dax_stand_in(&root).map_err(|source| ControlBenchError::Io { what: "making the DAX stand-in".into(), source })?;
-    let discovery = format!("sysfs_root = {:?}\n", root.display().to_string());
-    let (child, socket) = start_daemon_on(dir, &[&pool], &discovery, "[memory]\ndax = [\"dax0.0\"]\n")?;
+    let discovery = format!("sysfs_root = {:?}\n{rescans}", root.display().to_string());
+    let (child, socket) = start_daemon_on(dir, &[&pool], &discovery, "[memory]\ndax = [\"dax0.0\"]\n", Some(metrics))?;
     Ok((child, socket, Some(set)))
+}
+
+/// A port on 127.0.0.1 free now (for the private daemon's metrics).
+fn free_port() -> Result<u16, ControlBenchError> {
+    let io = |source| ControlBenchError::Io { what: "finding a free port for the metrics".into(), source };
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).map_err(io)
+}
+
+/// The rescans uevents started, from the daemon's metrics page on `port`.
+fn uevent_rescans(port: u16) -> Result<u64, ControlBenchError> {
+    use std::io::{Read, Write};
+    let io = |source| ControlBenchError::Io { what: "reading the daemon's metrics".into(), source };
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").map_err(io)?;
+    let mut page = String::new();
+    s.read_to_string(&mut page).map_err(io)?;
+    Ok(page
+        .lines()
+        .filter(|l| l.starts_with("fabricd_rescans_total{trigger=\"uevent\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum())
+}
+
+/// A sysfs file a write of `change` into makes the kernel send a uevent of the `node`
+/// subsystem (one fabricd rescans for).
+const NODE_UEVENT: &str = "/sys/devices/system/node/node0/uevent";
+/// Between two uevents: more than the daemon's quiet after one (200 ms), so each is a
+/// rescan of its own.
+const UEVENT_EVERY: Duration = Duration::from_millis(250);
+/// How long the pings are timed while the daemon rescans.
+const RESCAN_PHASE: Duration = Duration::from_secs(3);
+
+/// Pings timed on `probe` for [`RESCAN_PHASE`] while uevents make the daemon (metrics on
+/// `port`) rescan: the times and the rescans it ran meanwhile; `Err(why)` when no uevent
+/// can be sent here (not root, or no such sysfs file).
+fn during_rescans(
+    probe: &mut Connection,
+    n: usize,
+    port: u16,
+) -> Result<Result<(Vec<Duration>, u64), String>, ControlBenchError> {
+    if let Err(e) = std::fs::write(NODE_UEVENT, "change") {
+        return Ok(Err(format!("cannot write {NODE_UEVENT} (root is needed): {e}")));
+    }
+    // The first uevent's rescan done before the count starts.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = uevent_rescans(port)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = std::fs::write(NODE_UEVENT, "change");
+                std::thread::sleep(UEVENT_EVERY);
+            }
+        })
+    };
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while start.elapsed() < RESCAN_PHASE {
+        match time_pings(probe, n.min(1000)) {
+            Ok(t) => times.extend(t),
+            Err(e) => {
+                stop.store(true, Ordering::Relaxed);
+                let _ = sender.join();
+                return Err(e);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = sender.join();
+    // The last uevent's rescan, after its quiet.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(Ok((times, uevent_rescans(port)?.saturating_sub(before))))
 }
 
 /// Clients that each loop over `work` (one step per call) until stopped; the count of
@@ -249,11 +340,12 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let shm = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).map_err(|source| {
         ControlBenchError::Io { what: "creating a temporary directory for the DAX stand-in".into(), source }
     })?;
-    let (_daemon, socket, zeroed_set) = match &opts.daemon {
-        Some(s) => (None, s.clone(), None),
+    let (_daemon, socket, zeroed_set, metrics) = match &opts.daemon {
+        Some(s) => (None, s.clone(), None, None),
         None => {
-            let (child, socket, set) = start_private(dir.path(), shm.path(), &opts.sim)?;
-            (Some(child), socket, set)
+            let port = free_port()?;
+            let (child, socket, set) = start_private(dir.path(), shm.path(), &opts.sim, port)?;
+            (Some(child), socket, set, Some(port))
         }
     };
     let n = opts.iterations.max(10);
@@ -306,12 +398,22 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let partitions = time_pings(&mut probe, n)?;
     let (partition_changes, partition_errors) = load.stop();
 
+    // The kernel asks the daemon to rescan, again and again.
+    let (rescan_times, rescans, rescans_skipped) = match metrics {
+        None => (Vec::new(), 0, Some("a running daemon (--daemon) is not made to rescan".to_owned())),
+        Some(port) => match during_rescans(&mut probe, n, port)? {
+            Ok((times, count)) => (times, count, None),
+            Err(why) => (Vec::new(), 0, Some(why)),
+        },
+    };
+
     let (allocs_per_s_1, e1) = allocs_per_s(&socket, &on, 1, opts.duration)?;
     let (allocs_per_s_16, e16) = allocs_per_s(&socket, &on, COMMIT_CLIENTS, opts.duration)?;
 
     let (idle_p50_us, idle_p99_us, idle_max_us) = stats(idle);
     let (loaded_p50_us, loaded_p99_us, loaded_max_us) = stats(loaded);
     let (partitions_p50_us, partitions_p99_us, partitions_max_us) = stats(partitions);
+    let (rescans_p50_us, rescans_p99_us, rescans_max_us) = stats(rescan_times);
     let (_, status_idle_p99_us, _) = stats(status_idle);
     let (_, status_loaded_p99_us, status_loaded_max_us) = stats(status_loaded);
     Ok(IsolationBench {
@@ -329,6 +431,11 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
         partitions_p99_us,
         partitions_max_us,
         partition_changes,
+        rescans_p50_us,
+        rescans_p99_us,
+        rescans_max_us,
+        rescans,
+        rescans_skipped,
         status_idle_p99_us,
         status_loaded_p99_us,
         status_loaded_max_us,
