@@ -7,7 +7,7 @@
 //! mappings recover from faults ([`super::fault`]) or are the kernel's, so a region file
 //! shrunk under its mapping is an error, never `SIGBUS`.
 //!
-//! A mapping holds its region's memory until dropped: [`RegionMaps::retain`] drops those of
+//! A mapping holds its region's memory until dropped: [`RegionMaps::forget`] drops those of
 //! regions that are gone (called on every registry sweep), and the table is bounded.
 
 use std::collections::HashMap;
@@ -43,21 +43,42 @@ impl RegionMaps {
         let made = Arc::new(Mapping::new(file, base, len, writable, false)?);
         let key = (region, writable);
         let mut maps = super::lock(&self.maps);
+        // What leaves the table is unmapped after the lock.
+        let mut evicted = None;
         if maps.len() >= MAX_REGIONS && !maps.contains_key(&key) {
             let victim = maps.keys().next().copied();
-            if let Some(v) = victim {
-                maps.remove(&v);
-            }
+            evicted = victim.and_then(|v| maps.remove(&v));
         }
-        Ok(maps.entry(key).or_insert(made).clone())
+        let (kept, unused) = match maps.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => (e.get().clone(), Some(made)),
+            std::collections::hash_map::Entry::Vacant(e) => (e.insert(made).clone(), None),
+        };
+        drop(maps);
+        drop((evicted, unused));
+        Ok(kept)
     }
 
-    /// Keeps only the mappings of regions for which `keep` holds; returns how many went.
-    pub fn retain(&self, keep: impl Fn(u64) -> bool) -> usize {
-        let mut maps = super::lock(&self.maps);
-        let before = maps.len();
-        maps.retain(|(id, _), _| keep(*id));
-        before - maps.len()
+    /// The regions mapped now.
+    pub fn regions(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = super::lock(&self.maps).keys().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Drops the mappings of regions `gone` (unmapped after the lock, unless a chunk still
+    /// holds one); returns how many went.
+    pub fn forget(&self, gone: impl IntoIterator<Item = u64>) -> usize {
+        let gone: std::collections::HashSet<u64> = gone.into_iter().collect();
+        if gone.is_empty() {
+            return 0;
+        }
+        let taken: Vec<Arc<Mapping>> = {
+            let mut maps = super::lock(&self.maps);
+            let keys: Vec<(u64, bool)> = maps.keys().filter(|(id, _)| gone.contains(id)).copied().collect();
+            keys.iter().filter_map(|k| maps.remove(k)).collect()
+        };
+        taken.len()
     }
 
     /// Regions mapped now.
@@ -87,7 +108,9 @@ mod tests {
         assert!(Arc::ptr_eq(&r, &maps.get(2, &f, 0, 1 << 20, false).unwrap()));
         assert!(!Arc::ptr_eq(&r, &maps.get(2, &f, 0, 1 << 20, true).unwrap()));
         assert_eq!(maps.len(), 3);
-        assert_eq!(maps.retain(|id| id != 2), 2);
+        assert_eq!(maps.regions().len(), 2);
+        assert_eq!(maps.forget([2, 7]), 2);
+        assert_eq!(maps.regions(), vec![1]);
         assert_eq!(maps.len(), 1);
         for id in 10..10 + 2 * MAX_REGIONS as u64 {
             maps.get(id, &f, 0, 4096, id % 2 == 0).unwrap();

@@ -327,22 +327,30 @@ impl Memory {
 
     /// Why a copy that depends on `deps` must stop, when one of them is gone.
     pub fn copy_dep_gone(&self, deps: &[Dep]) -> Option<String> {
-        let st = self.state();
-        deps.iter().find_map(|d| match *d {
-            Dep::Registration(id) if st.ledger.dma.get(id).is_none() => {
-                Some(format!("registration {id} was unregistered"))
-            }
-            Dep::Region(id) => match st.ledger.regions.get(&id) {
-                None => Some(format!("region {id} was freed")),
-                Some(r) if r.lost => Some(format!("region {id} lies on a device that was lost")),
-                Some(_) => None,
-            },
-            Dep::Import(id) => match st.ledger.imports.get(&id) {
-                None => Some(format!("import {id} ended")),
-                Some(i) if st.ledger.import_revoked(i) => Some(format!("the export behind import {id} was revoked")),
-                Some(_) => None,
-            },
-            _ => None,
-        })
+        dep_gone(&self.state(), deps)
     }
+
+    /// [`Self::copy_dep_gone`] for each of `sets`, under one hold of the registry's lock.
+    pub fn copy_deps_gone(&self, sets: &[&[Dep]]) -> Vec<Option<String>> {
+        let st = self.state();
+        sets.iter().map(|deps| dep_gone(&st, deps)).collect()
+    }
+}
+
+/// Why a copy that depends on `deps` must stop, as `st` stands.
+fn dep_gone(st: &State, deps: &[Dep]) -> Option<String> {
+    deps.iter().find_map(|d| match *d {
+        Dep::Registration(id) if st.ledger.dma.get(id).is_none() => Some(format!("registration {id} was unregistered")),
+        Dep::Region(id) => match st.ledger.regions.get(&id) {
+            None => Some(format!("region {id} was freed")),
+            Some(r) if r.lost => Some(format!("region {id} lies on a device that was lost")),
+            Some(_) => None,
+        },
+        Dep::Import(id) => match st.ledger.imports.get(&id) {
+            None => Some(format!("import {id} ended")),
+            Some(i) if st.ledger.import_revoked(i) => Some(format!("the export behind import {id} was revoked")),
+            Some(_) => None,
+        },
+        _ => None,
+    })
 }
