@@ -6,6 +6,8 @@
 //! `tenant` and one with the default policy (the exporter's uid). On tray1, a client bound
 //! to `tenant` imports the first; a client bound to `other` and the unbound admin are
 //! refused it; nobody on tray1 gets the second, since a uid means nothing on another host.
+//! A copy from the import into the tenant client's own region on tray1 is authorized as a
+//! copy on the node: refused once the admin takes that region's GPU out of `tenant`.
 //!
 //! Needs root (clients run under other uids); without an `etcd` binary it says it is
 //! skipped.
@@ -21,8 +23,8 @@ use common::domain::{gpu_of, partitions, socket_group, topology, until};
 use common::peer::*;
 use common::scrape::{free_port, scrape, value};
 use fabric_proto::wire::{
-    AccessMode, BoundedVec, CodecError, ExportHandle, ExportPolicy, ExportRequest, ImportRequest, Name, PartitionSpec,
-    PartitionsRequest, Request, Response,
+    AccessMode, BoundedVec, CodecError, CopyEndpoint, ExportHandle, ExportPolicy, ExportRequest, ImportRequest, Name,
+    PartitionSpec, PartitionsRequest, Request, Response,
 };
 
 /// Bound to partition `tenant`, and to `other`.
@@ -42,6 +44,37 @@ fn tenant_import_child() {
     let handle: ExportHandle = std::env::var(ENV_HANDLE).unwrap().parse().unwrap();
     let mut c = common::client(std::path::Path::new(&sock));
     println!("answer: {}", outcome(&mut c, handle));
+}
+
+const ENV_COPY_GPU: &str = "FABRICD_TENANT_COPY_GPU";
+
+/// Imports the handle in [`ENV_HANDLE`] (read-write) on the socket in [`ENV_SOCKET`],
+/// allocates 1 MiB on the GPU in [`ENV_COPY_GPU`], and copies from the import into it:
+/// prints `first: ` and the outcome, then `ready`, waits for a line on stdin (the
+/// partitions changed meanwhile), copies again and prints `answer: ` and the outcome. Run
+/// by the test below under another uid; does nothing otherwise.
+#[test]
+fn tenant_copy_child() {
+    let Some(gpu) = std::env::var_os(ENV_COPY_GPU) else { return };
+    let sock = std::env::var_os(ENV_SOCKET).unwrap();
+    let handle: ExportHandle = std::env::var(ENV_HANDLE).unwrap().parse().unwrap();
+    let mut c = common::client(std::path::Path::new(&sock));
+    let Ok((Response::Import(i), _)) =
+        c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[])
+    else {
+        panic!("the import")
+    };
+    let (own, _file) = common::alloc_hbm(&mut c, gpu.to_str().unwrap(), 1 << 20);
+    let (from, into) = (CopyEndpoint::Gfa(i.gfa.unwrap()), CopyEndpoint::Gfa(own.gfa.unwrap()));
+    let copy = |c: &mut fabric_proto::wire::Connection| match start_copy(c, into, from, 4096) {
+        Ok(id) => format!("{:?}", copy_done(c, id).result),
+        Err(body) => format!("{:?}: {}", body.code, body.message),
+    };
+    println!("first: {}", copy(&mut c));
+    println!("ready");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    println!("answer: {}", copy(&mut c));
 }
 
 fn outcome(c: &mut fabric_proto::wire::Connection, handle: ExportHandle) -> String {
@@ -178,4 +211,48 @@ fn only_a_client_bound_to_the_exports_partition_imports_it_from_another_node() {
     let root = outcome(&mut admin[1], by_uid);
     assert!(root.starts_with("PermissionDenied") && root.contains("identities are not shared"), "{root}");
     assert_eq!(merges(), merged, "imports checked against the two nodes' records, not a merge of the domain");
+
+    // A copy across nodes is authorized as a copy on the node is: a tenant client copies
+    // from its import into its own region on gpu1; once the admin takes gpu1 out of
+    // `tenant`, that region lies outside the client's partitions and the copy is refused.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tenant_copy_child", "--nocapture", "--test-threads", "1"])
+        .env(ENV_SOCKET, on_tray1)
+        .env(ENV_HANDLE, to_tenant.to_string())
+        .env(ENV_COPY_GPU, &gpu1)
+        .uid(UID_TENANT)
+        .gid(SOCKET_GID)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut said = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line == "ready" {
+            break;
+        }
+    }
+    assert!(said.contains("first: Ok"), "the copy while gpu1 is the tenant's: {said}");
+    let set =
+        admin[0].call(Request::Partitions(PartitionsRequest::Set(partition("tenant", &[&gpu0], UID_TENANT))), &[]);
+    assert!(matches!(set, Ok((Response::Partitions(_), _))), "{set:?}");
+    until(Duration::from_secs(5), "tray1 sees gpu1 out of `tenant`", || {
+        let Ok((Response::Partitions(p), _)) = admin[1].call(Request::Partitions(PartitionsRequest::List), &[]) else {
+            return false;
+        };
+        p.partitions.iter().any(|x| x.name.as_str() == "tenant" && x.devices.len() == 1)
+    });
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    // Read to the end: the child's harness still writes after the answer.
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(child.wait().unwrap().success(), "{said}{rest:?}");
+    let answer = rest.iter().find_map(|l| l.strip_prefix("answer: ")).unwrap();
+    assert!(
+        answer.starts_with("PermissionDenied") && answer.contains("outside the caller's partitions"),
+        "a copy across nodes into a region outside the caller's partitions: {answer}"
+    );
 }
