@@ -12,9 +12,11 @@
 //!   address map). p50, p99 and max of each. A `Ping` takes no shared lock at all, so the
 //!   same is timed for `Status`, which reads the memory registry: what a request that
 //!   touches shared state waits.
-//!   Then, as root, while the kernel sends the private daemon a `node` uevent every
-//!   quarter of a second (written into a sysfs `uevent` file, as udev's `trigger` does),
-//!   each of which makes it rescan: the rescans counted from its metrics.
+//!   Then, as root, 3 s of pings with nothing else going on (the baseline of what follows:
+//!   a long run of pings behaves unlike the short phases above on this kind of VM), then
+//!   3 s while the kernel sends the private daemon a `node` uevent every quarter of a
+//!   second (written into a sysfs `uevent` file, as udev's `trigger` does), each of which
+//!   makes it rescan: the rescans counted from its metrics.
 //! - **Group commit.** Allocations (each freed at once) per second from one client, then
 //!   from 16 clients at once; with group commit the 16 share fsyncs and get more through.
 //!
@@ -70,6 +72,13 @@ pub struct IsolationBench {
     pub partitions_max_us: f64,
     /// Partition changes made meanwhile.
     pub partition_changes: u64,
+    /// The rescan phase's baseline: pings for as long, nothing else going on: p50 (0 when
+    /// skipped).
+    pub steady_p50_us: f64,
+    /// Same, p99.
+    pub steady_p99_us: f64,
+    /// Same, max.
+    pub steady_max_us: f64,
     /// While uevents make the daemon rescan: p50 (0 when skipped).
     pub rescans_p50_us: f64,
     /// Same, p99.
@@ -207,22 +216,17 @@ const UEVENT_EVERY: Duration = Duration::from_millis(250);
 /// How long the pings are timed while the daemon rescans.
 const RESCAN_PHASE: Duration = Duration::from_secs(3);
 
-/// Pings timed on `probe` for [`RESCAN_PHASE`] while uevents make the daemon (metrics on
-/// `port`) rescan: the times and the rescans it ran meanwhile; `Err(why)` when no uevent
-/// can be sent here (not root, or no such sysfs file).
-fn during_rescans(
+/// Pings timed on `probe` for [`RESCAN_PHASE`], with `uevents` while uevents make the
+/// daemon (metrics on `port`) rescan: the times and the rescans it ran meanwhile.
+fn long_pings(
     probe: &mut Connection,
     n: usize,
     port: u16,
-) -> Result<Result<(Vec<Duration>, u64), String>, ControlBenchError> {
-    if let Err(e) = std::fs::write(NODE_UEVENT, "change") {
-        return Ok(Err(format!("cannot write {NODE_UEVENT} (root is needed): {e}")));
-    }
-    // The first uevent's rescan done before the count starts.
-    std::thread::sleep(Duration::from_millis(500));
+    uevents: bool,
+) -> Result<(Vec<Duration>, u64), ControlBenchError> {
     let before = uevent_rescans(port)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let sender = {
+    let sender = uevents.then(|| {
         let stop = stop.clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
@@ -230,24 +234,50 @@ fn during_rescans(
                 std::thread::sleep(UEVENT_EVERY);
             }
         })
-    };
+    });
     let start = Instant::now();
     let mut times = Vec::new();
+    let mut failed = None;
     while start.elapsed() < RESCAN_PHASE {
         match time_pings(probe, n.min(1000)) {
             Ok(t) => times.extend(t),
             Err(e) => {
-                stop.store(true, Ordering::Relaxed);
-                let _ = sender.join();
-                return Err(e);
+                failed = Some(e);
+                break;
             }
         }
     }
     stop.store(true, Ordering::Relaxed);
-    let _ = sender.join();
-    // The last uevent's rescan, after its quiet.
+    if let Some(s) = sender {
+        let _ = s.join();
+        // The last uevent's rescan, after its quiet.
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((times, uevent_rescans(port)?.saturating_sub(before))),
+    }
+}
+
+/// The rescan phase and its baseline: pings for [`RESCAN_PHASE`] with nothing else going
+/// on (a long run of pings is slower on this kind of VM than the short phases: the
+/// baseline is as long), then as long while uevents make the daemon rescan. `Err(why)`
+/// when no uevent can be sent here (not root, or no such sysfs file).
+struct Rescans {
+    steady: Vec<Duration>,
+    during: Vec<Duration>,
+    count: u64,
+}
+
+fn rescan_phase(probe: &mut Connection, n: usize, port: u16) -> Result<Result<Rescans, String>, ControlBenchError> {
+    if let Err(e) = std::fs::write(NODE_UEVENT, "change") {
+        return Ok(Err(format!("cannot write {NODE_UEVENT} (root is needed): {e}")));
+    }
+    // That uevent's rescan done before anything is timed.
     std::thread::sleep(Duration::from_millis(500));
-    Ok(Ok((times, uevent_rescans(port)?.saturating_sub(before))))
+    let (steady, _) = long_pings(probe, n, port, false)?;
+    let (during, count) = long_pings(probe, n, port, true)?;
+    Ok(Ok(Rescans { steady, during, count }))
 }
 
 /// Clients that each loop over `work` (one step per call) until stopped; the count of
@@ -399,13 +429,15 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let (partition_changes, partition_errors) = load.stop();
 
     // The kernel asks the daemon to rescan, again and again.
-    let (rescan_times, rescans, rescans_skipped) = match metrics {
-        None => (Vec::new(), 0, Some("a running daemon (--daemon) is not made to rescan".to_owned())),
-        Some(port) => match during_rescans(&mut probe, n, port)? {
-            Ok((times, count)) => (times, count, None),
-            Err(why) => (Vec::new(), 0, Some(why)),
+    let (rescan_phase, rescans_skipped) = match metrics {
+        None => (None, Some("a running daemon (--daemon) is not made to rescan".to_owned())),
+        Some(port) => match rescan_phase(&mut probe, n, port)? {
+            Ok(r) => (Some(r), None),
+            Err(why) => (None, Some(why)),
         },
     };
+    let Rescans { steady, during, count: rescans } =
+        rescan_phase.unwrap_or(Rescans { steady: Vec::new(), during: Vec::new(), count: 0 });
 
     let (allocs_per_s_1, e1) = allocs_per_s(&socket, &on, 1, opts.duration)?;
     let (allocs_per_s_16, e16) = allocs_per_s(&socket, &on, COMMIT_CLIENTS, opts.duration)?;
@@ -413,7 +445,8 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let (idle_p50_us, idle_p99_us, idle_max_us) = stats(idle);
     let (loaded_p50_us, loaded_p99_us, loaded_max_us) = stats(loaded);
     let (partitions_p50_us, partitions_p99_us, partitions_max_us) = stats(partitions);
-    let (rescans_p50_us, rescans_p99_us, rescans_max_us) = stats(rescan_times);
+    let (steady_p50_us, steady_p99_us, steady_max_us) = stats(steady);
+    let (rescans_p50_us, rescans_p99_us, rescans_max_us) = stats(during);
     let (_, status_idle_p99_us, _) = stats(status_idle);
     let (_, status_loaded_p99_us, status_loaded_max_us) = stats(status_loaded);
     Ok(IsolationBench {
@@ -431,6 +464,9 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
         partitions_p99_us,
         partitions_max_us,
         partition_changes,
+        steady_p50_us,
+        steady_p99_us,
+        steady_max_us,
         rescans_p50_us,
         rescans_p99_us,
         rescans_max_us,
