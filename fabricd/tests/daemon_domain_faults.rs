@@ -182,6 +182,8 @@ fn a_node_hung_past_its_ttl_rejoins_with_a_new_incarnation_and_writes_nothing_as
     let (_, new) = standing(&mut c0);
     until(Duration::from_secs(10), "tray1 sees the new incarnation", || incarnation_of(&mut c1, "tray0") == Some(new));
     until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c1, 2));
+    // The rejoined node's own view holds its placements once its watch brings them back.
+    until(Duration::from_secs(10), "tray0 sees placements again", || all_live_and_placed(&mut c0, 2));
     assert_eq!(map(&mut c1)["ranges"], held["ranges"], "the same slot and GFAs");
     assert!(hung.log().contains("lease lost"), "the node logs that it was expired");
     // Asked again as its new incarnation, the same change is written.

@@ -56,22 +56,9 @@ impl Drop for Item {
     /// An item dropped unsettled (its leader's write panicked) fails its ticket rather
     /// than leave it waiting for a write that will never come.
     fn drop(&mut self) {
-        let _ = self.slot.set(Err(Arc::new(JournalError::Poisoned)));
-    }
-}
-
-/// A leader's turn, ended however its write ends: the queue told there is no leader, the
-/// waiters woken. A write that panicked poisons the journal (it may have left a torn
-/// record, after which nothing appended would replay) until the owner reopens it.
-struct Leading<'a>(&'a Committer);
-
-impl Drop for Leading<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            *lock(&self.0.journal) = None;
+        if self.slot.get().is_none() {
+            let _ = self.slot.set(Err(Arc::new(JournalError::Poisoned)));
         }
-        lock(&self.0.queue).leading = false;
-        self.0.written.notify_all();
     }
 }
 
@@ -92,6 +79,9 @@ pub struct Committer {
     dir: PathBuf,
     options: JournalOptions,
     syncs: AtomicU64,
+    /// Tests: the next write panics.
+    #[cfg(test)]
+    panic_next: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -108,6 +98,8 @@ impl Committer {
             journal: Mutex::new(Some(journal)),
             options,
             syncs: AtomicU64::new(0),
+            #[cfg(test)]
+            panic_next: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -165,16 +157,28 @@ impl Committer {
             q.leading = true;
             let batch = std::mem::take(&mut q.pending);
             drop(q);
-            let turn = Leading(self);
-            self.write(batch);
-            drop(turn);
+            // A write that panics fails its batch (each item's drop) and poisons the
+            // journal (it may have left a torn record, after which nothing appended would
+            // replay) until the owner reopens it; the leader goes on to read its own
+            // outcome, so that its caller settles the change as any failed one.
+            let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.write(batch)));
+            if wrote.is_err() {
+                tracing::error!(dir = %self.dir.display(), "journal write panicked; its batch is refused and the journal poisoned until reopened");
+                *lock(&self.journal) = None;
+            }
             q = lock(&self.queue);
+            q.leading = false;
+            self.written.notify_all();
         }
     }
 
     /// Writes `batch` in order: runs of records with one `append_batch` each (one
     /// `fdatasync`), a snapshot with `compact`. After a failure the rest fail with it.
     fn write(&self, batch: Vec<Item>) {
+        #[cfg(test)]
+        if self.panic_next.swap(false, Ordering::Relaxed) {
+            panic!("a journal write that panics (test)");
+        }
         let mut guard = lock(&self.journal);
         let mut failed: Option<Arc<JournalError>> = match guard.as_ref() {
             Some(_) => None,
@@ -255,22 +259,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let c = open(dir.path());
         c.enqueue(1, b"before".to_vec()).wait().expect("durable");
-        // A batch taken by a leader whose write then panics.
-        let waiting = c.enqueue(1, b"lost".to_vec());
-        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let batch = {
-                let mut q = lock(&c.queue);
-                q.leading = true;
-                std::mem::take(&mut q.pending)
-            };
-            let _turn = Leading(&c);
-            let _batch = batch;
-            panic!("a write that panics");
-        }));
-        assert!(panicked.is_err());
-        // The waiter is told, not left waiting; later commits fail until a reopen.
-        assert!(matches!(waiting.wait(), Err(JournalError::Batch(e)) if matches!(*e, JournalError::Poisoned)));
+        // The leader's write panics: its own ticket and the batch fail, nobody hangs.
+        c.panic_next.store(true, Ordering::Relaxed);
+        let lost = c.enqueue(1, b"lost".to_vec());
+        assert!(matches!(lost.wait(), Err(JournalError::Batch(e)) if matches!(*e, JournalError::Poisoned)));
         assert!(!lock(&c.queue).leading);
+        // Later commits fail until a reopen, then go on.
         assert!(c.enqueue(1, b"after".to_vec()).wait().is_err());
         c.reopen(b"snap").expect("reopen");
         c.enqueue(1, b"again".to_vec()).wait().expect("durable after the reopen");

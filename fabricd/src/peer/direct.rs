@@ -122,12 +122,14 @@ impl Direct {
             pools = self.freed.wait_timeout(pools, left).unwrap_or_else(|p| p.into_inner()).0;
         };
         drop(pools);
-        if stale.len() > usize::from(matches!(got, Some(Got::Dial))) {
+        // Claimed before the stale links close (a drop that panicked would lose the count).
+        let claimed = got.map(|g| (Claim { direct: self, node, kept: false }, g));
+        if stale.len() > usize::from(matches!(claimed, Some((_, Got::Dial)))) {
             // Room freed beyond what this call took: others may dial.
             self.freed.notify_all();
         }
         drop(stale);
-        got.map(|g| (Claim { direct: self, node, kept: false }, g))
+        claimed
     }
 
     /// `count` links to `node` counted open are gone.

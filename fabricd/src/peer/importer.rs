@@ -123,8 +123,10 @@ fn unavailable(owner: &str, e: &DialError) -> ErrorBody {
     refusal(ErrorCode::Unavailable, format!("node {owner} cannot be asked: {}", crate::error_chain(e)))
 }
 
-/// Answers a request that is about another node's memory: an `Import` of a handle naming
-/// another node, a `Release` of such an import, a `Copy` or `CopyBatch` to or from it. `None`: the request is this node's own.
+/// Answers a request that is about another node's memory, before the dispatch: an `Import`
+/// or `ImportObject` of a handle naming another node, a `Release` of such an import (a
+/// `Copy` to or from it goes through the dispatch: [`super::copy::route`]). `None`: the
+/// request is this node's own.
 pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outcome, ErrorBody>> {
     let domain = d.domain.as_ref()?;
     let link = domain.link()?;

@@ -385,7 +385,9 @@ impl Owner {
         let session =
             self.session_of(peer).ok_or_else(|| PeerError::Refused("no import of this incarnation".into()))?;
         d.memory.release(session, ask.import).map_err(|e| denied(&e))?;
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&ask.import);
+        // Closed after the lock.
+        let file = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&ask.import);
+        drop(file);
         Ok(())
     }
 
