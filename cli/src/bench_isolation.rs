@@ -263,6 +263,7 @@ fn long_pings(
 /// on (a long run of pings is slower on this kind of VM than the short phases: the
 /// baseline is as long), then as long while uevents make the daemon rescan. `Err(why)`
 /// when no uevent can be sent here (not root, or no such sysfs file).
+#[derive(Default)]
 struct Rescans {
     steady: Vec<Duration>,
     during: Vec<Duration>,
@@ -436,8 +437,7 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
             Err(why) => (None, Some(why)),
         },
     };
-    let Rescans { steady, during, count: rescans } =
-        rescan_phase.unwrap_or(Rescans { steady: Vec::new(), during: Vec::new(), count: 0 });
+    let Rescans { steady, during, count: rescans } = rescan_phase.unwrap_or_default();
 
     let (allocs_per_s_1, e1) = allocs_per_s(&socket, &on, 1, opts.duration)?;
     let (allocs_per_s_16, e16) = allocs_per_s(&socket, &on, COMMIT_CLIENTS, opts.duration)?;

@@ -410,21 +410,18 @@ impl Sweeper {
     /// [`CopyEngine::sweep`].
     pub fn sweep(&self, memory: &Memory) -> usize {
         let shared = &self.0;
-        let mapped: Vec<[Dep; 1]> = shared.maps.regions().into_iter().map(|id| [Dep::Region(id)]).collect();
+        let regions = shared.maps.regions();
+        let region_deps: Vec<[Dep; 1]> = regions.iter().map(|&id| [Dep::Region(id)]).collect();
         let jobs: Vec<Arc<Job>> = lock(&shared.jobs).values().cloned().collect();
         wait_for_loose_chunks(shared);
         // What is gone, for the kept mappings and every job, under one hold of the
-        // registry's lock (and none of the engine's).
+        // registry's lock (and none of the engine's): one answer per set, in order.
         let sets: Vec<&[Dep]> =
-            mapped.iter().map(|d| d.as_slice()).chain(jobs.iter().map(|j| j.deps.as_slice())).collect();
+            region_deps.iter().map(|d| d.as_slice()).chain(jobs.iter().map(|j| j.deps.as_slice())).collect();
         let gone = memory.copy_deps_gone(&sets);
-        let (maps_gone, jobs_gone) = gone.split_at(mapped.len().min(gone.len()));
+        let (maps_gone, jobs_gone) = gone.split_at(regions.len());
         // A gone region's kept mapping goes too (a chunk still using it holds it).
-        let regions = mapped.iter().zip(maps_gone).filter(|(_, why)| why.is_some());
-        shared.maps.forget(regions.filter_map(|(d, _)| match d {
-            [Dep::Region(id)] => Some(*id),
-            _ => None,
-        }));
+        shared.maps.forget(regions.iter().zip(maps_gone).filter(|(_, why)| why.is_some()).map(|(id, _)| *id));
         let mut stopped = 0;
         for (job, why) in jobs.iter().zip(jobs_gone) {
             if let Some(why) = why {

@@ -73,11 +73,8 @@ impl RegionMaps {
         if gone.is_empty() {
             return 0;
         }
-        let taken: Vec<Arc<Mapping>> = {
-            let mut maps = super::lock(&self.maps);
-            let keys: Vec<(u64, bool)> = maps.keys().filter(|(id, _)| gone.contains(id)).copied().collect();
-            keys.iter().filter_map(|k| maps.remove(k)).collect()
-        };
+        let taken: Vec<Arc<Mapping>> =
+            super::lock(&self.maps).extract_if(|(id, _), _| gone.contains(id)).map(|(_, m)| m).collect();
         taken.len()
     }
 

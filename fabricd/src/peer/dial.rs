@@ -127,6 +127,16 @@ impl Freshness {
     pub(super) fn serves(&self, now: &Freshness, idle: Duration) -> bool {
         self.incarnation == now.incarnation && self.ours == now.ours && self.used.elapsed() < idle / 2
     }
+
+    /// A new link to `node`, made for `self`, whose Welcome stated `welcomed`: refused when
+    /// that is not the incarnation the member record states (the peer restarted between
+    /// the record and the dial).
+    pub(super) fn welcomed_by(&self, node: &str, welcomed: u64) -> Result<(), DialError> {
+        if welcomed == self.incarnation {
+            return Ok(());
+        }
+        Err(DialError::Incarnation { node: node.to_owned(), member: self.incarnation, welcomed })
+    }
 }
 
 /// The links this node dialled, by peer node.
@@ -241,13 +251,7 @@ impl NodeLink {
         let link_err = |source| DialError::Link { node: node.to_owned(), source };
         let expected = NodeIdentity::new(domain.name(), node).map_err(|e| link_err(LinkError::Identity(e)))?;
         let link = Link::connect(addr, self.credentials(), &expected, ours, self.limits()).await.map_err(link_err)?;
-        if link.peer_incarnation() != incarnation {
-            return Err(DialError::Incarnation {
-                node: node.to_owned(),
-                member: incarnation,
-                welcomed: link.peer_incarnation(),
-            });
-        }
+        made.welcomed_by(node, link.peer_incarnation())?;
         tracing::info!(peer = node, %addr, incarnation, "node link: linked");
         // Before anything is asked of this incarnation: what an earlier one granted is
         // void here (its quarantine on the peer lifts once this node reaches it). Off the

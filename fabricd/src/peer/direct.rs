@@ -269,13 +269,7 @@ impl NodeLink {
             return Err(link_err(LinkError::Timeout(Stage::Handshake)));
         }
         let link = BlockingLink::connect(addr, self.credentials(), &expected, made.ours, limits).map_err(link_err)?;
-        if link.peer_incarnation() != made.incarnation {
-            return Err(DialError::Incarnation {
-                node: node.to_owned(),
-                member: made.incarnation,
-                welcomed: link.peer_incarnation(),
-            });
-        }
+        made.welcomed_by(node, link.peer_incarnation())?;
         tracing::info!(peer = node, %addr, incarnation = made.incarnation, "node link: linked (direct)");
         // As for every new link (`dial.rs`): before anything is asked of this incarnation.
         if let Some(d) = self.service().daemon().and_then(|w| w.upgrade()) {

@@ -449,11 +449,8 @@ impl Owner {
             d.memory.lift_quarantine(node, None);
         }
         // The files are closed after the lock.
-        let closed: Vec<_> = {
-            let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
-            let gone: Vec<u64> = files.iter().filter(|(_, (n, _))| n == node).map(|(i, _)| *i).collect();
-            gone.into_iter().filter_map(|i| files.remove(&i)).collect()
-        };
+        let closed: Vec<_> =
+            self.files.lock().unwrap_or_else(|p| p.into_inner()).extract_if(|_, (n, _)| n == node).collect();
         drop(closed);
         tracing::info!(peer = %node, incarnation = r.incarnation, imports = reclaimed.imports, untold, left, "node link: an importer node left or restarted; its imports are released");
     }
