@@ -45,13 +45,4 @@ pub use daemon::{Daemon, StartError};
 pub use transport::server::{ServeError, run};
 
 /// An error with its sources, `: `-separated, for one-line log messages.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
-}
+pub use fabric_topology::error_chain;

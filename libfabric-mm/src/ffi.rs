@@ -114,14 +114,7 @@ pub(crate) fn set_error(msg: &str) {
 /// The error's text with its sources, as `fmm_last_error()` and callbacks give it (and the
 /// Python binding's exceptions).
 pub fn error_text(e: &Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
+    fabric_topology::error_chain(e)
 }
 
 pub(crate) fn fail(e: &Error) -> c_int {

@@ -15,6 +15,7 @@ pub mod inventory;
 pub mod link;
 pub mod path;
 pub mod rdma;
+pub mod report;
 
 pub use class::HopClass;
 pub use cpuset::CpuSet;
@@ -31,3 +32,4 @@ pub use inventory::{BackendReport, BackendState, DeviceIdx, Inventory};
 pub use link::{Bandwidth, Link, LinkKind, LinkState};
 pub use path::{PathError, Route};
 pub use rdma::{GidType, LinkLayer, PhysState, PortState, RdmaDevice, RdmaGid, RdmaPort};
+pub use report::error_chain;

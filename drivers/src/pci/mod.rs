@@ -16,7 +16,7 @@ pub mod tree;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use fabric_topology::{BackendReport, BackendState, Device, DeviceIdx, Inventory, PciAddress};
+use fabric_topology::{BackendReport, BackendState, Device, DeviceIdx, Inventory, PciAddress, error_chain};
 
 pub use attrs::{
     AttrParseError, FunctionAttrs, parse_class, parse_cpulist, parse_cpumask, parse_distance, parse_id16,
@@ -153,18 +153,6 @@ pub(crate) fn add(inv: &mut Inventory, dev: Device, added: &mut usize) -> Option
         d.sources.push("pci".to_owned());
     }
     Some(idx)
-}
-
-/// An error with its sources, on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 impl Backend for PciBackend {
