@@ -425,10 +425,12 @@ impl Daemon {
         // main raised the soft open-file limit first: this is the table the daemon has.
         let fd_budget = crate::sys::fdbudget::budget(config.limits.clients, crate::sys::open_file_limit());
         memory.set_fd_budget(fd_budget, crate::sys::effective_uid());
+        // Delivered once the end hook is set, below.
+        let mut lost_at_start = crate::memory::Aftermath::default();
         for dev in &fabric.inventory().devices {
             if let Some(why) = crate::tasks::monitor::failure(dev) {
                 tracing::warn!(device = %dev.id, reason = why, "device reports a failure; its memory is not served");
-                memory.device_lost(&dev.id);
+                lost_at_start.append(memory.device_lost(&dev.id).1);
             }
         }
         let metrics = Arc::new(Metrics::new(fabric));
@@ -444,6 +446,7 @@ impl Daemon {
             }
             sweeper.sweep(memory);
         }));
+        memory.deliver(lost_at_start);
         Ok(Self {
             config,
             socket_path,
@@ -552,7 +555,7 @@ impl Daemon {
         self.metrics.set_fabric(&view.fabric, missing);
         // Memory first, so that a client acting on an event finds it done; revocations
         // after the device events, so that subscribers learn why.
-        self.device_memory(&events);
+        let lost = self.device_memory(&events);
         let snap = self.map_snapshot();
         // A client bound to a domain partition hears of its local members' changes too.
         let domain_view = self.domain.as_ref().map(|d| d.view());
@@ -568,20 +571,23 @@ impl Daemon {
             tracing::info!(event = ?ev, "fabric changed");
             self.events.publish(ev, &members);
         }
-        self.memory.deliver_ended();
+        // The loss's revocations after the events that say why.
+        self.memory.deliver(lost);
         Ok(events)
     }
 
     /// The memory side of device events: a removed or failed device's regions are lost
     /// (exports revoked, importers and owners to be told, reason `DeviceLost`); a
-    /// recovered one takes new regions again.
-    fn device_memory(&self, events: &[Event]) {
+    /// recovered one takes new regions again. Returns what the losses left to deliver.
+    fn device_memory(&self, events: &[Event]) -> crate::memory::Aftermath {
+        let mut after = crate::memory::Aftermath::default();
         for ev in events {
             let Event::Device { device, change } = ev else { continue };
             let Ok(id) = device.as_str().parse::<fabric_topology::DeviceId>() else { continue };
             match change {
                 DeviceChange::Removed | DeviceChange::Failed => {
-                    let r = self.memory.device_lost(&id);
+                    let (r, lost) = self.memory.device_lost(&id);
+                    after.append(lost);
                     if r.regions > 0 {
                         tracing::warn!(
                             device = %id,
@@ -599,6 +605,7 @@ impl Daemon {
                 DeviceChange::Added => {}
             }
         }
+        after
     }
 
     /// The address map's writer, for the changes (rescans, partitions), serialised by its

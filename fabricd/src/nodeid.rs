@@ -70,10 +70,15 @@ pub fn load_or_create(state_dir: &Path) -> Result<NodeId, NodeIdFileError> {
 /// Checks the node that `req` names, if any, against this node, `local`, for a
 /// connection that negotiated `version`: the handle of `Import`, `ImportObject` and
 /// `Revoke` (`check_handle`) and the region of `Free`, `Export` and `Register`
-/// (`check_region`).
-pub fn check_node(local: NodeId, req: &Request, version: Version) -> Result<(), ErrorBody> {
+/// (`check_region`). Where this node `asks_owners` (a domain node with a node link), an
+/// import of another node's handle passes: the dispatch asks that node
+/// (`crate::peer::importer`); a revocation is only ever its owner's.
+pub fn check_node(local: NodeId, req: &Request, version: Version, asks_owners: bool) -> Result<(), ErrorBody> {
     match req {
-        Request::Import(i) | Request::ImportObject(i) => check_handle(local, &i.handle, version),
+        Request::Import(i) | Request::ImportObject(i) => match i.handle.node {
+            Some(node) if asks_owners && node != local && version >= NODE_IDENTITIES => Ok(()),
+            _ => check_handle(local, &i.handle, version),
+        },
         Request::Revoke(r) => check_handle(local, &r.handle, version),
         Request::Free(f) => check_region(local, f.region, f.node, version),
         Request::Export(e) => check_region(local, e.region, e.node, version),
@@ -96,8 +101,8 @@ fn refuse(code: ErrorCode, message: String, detail: Option<ErrorDetail>) -> Resu
 /// - before 1.5 it is node-less and means this node; one that names a node (bytes an
 ///   older client cannot have meant) is a bad request;
 /// - since 1.5 it must name a node: this one is served, another is refused with
-///   `WrongNode` naming it (a domain node with a node link asks the owner first:
-///   `crate::peer::importer`), and a node-less
+///   `WrongNode` naming it (unless [`check_node`] was told this node asks owners), and a
+///   node-less
 ///   (`fbh1`) handle is a bad request, so that no handle is ever taken for this node's by
 ///   default.
 fn check_handle(local: NodeId, handle: &ExportHandle, version: Version) -> Result<(), ErrorBody> {
@@ -176,20 +181,26 @@ mod tests {
     fn every_pair_of_version_and_handle_node_has_one_answer() {
         let old = Version::new(1, 4);
         let new = NODE_IDENTITIES;
-        assert_eq!(code(check_node(HERE, &import(None), old)), None, "1.4: node-less is local");
-        assert_eq!(code(check_node(HERE, &import(Some(HERE)), old)), Some(ErrorCode::BadRequest));
-        assert_eq!(code(check_node(HERE, &import(Some(THERE)), old)), Some(ErrorCode::BadRequest));
-        assert_eq!(code(check_node(HERE, &import(Some(HERE)), new)), None);
-        assert_eq!(code(check_node(HERE, &import(None), new)), Some(ErrorCode::BadRequest));
-        let wrong = check_node(HERE, &import(Some(THERE)), new).unwrap_err();
+        assert_eq!(code(check_node(HERE, &import(None), old, false)), None, "1.4: node-less is local");
+        assert_eq!(code(check_node(HERE, &import(Some(HERE)), old, false)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &import(Some(THERE)), old, false)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &import(Some(HERE)), new, false)), None);
+        assert_eq!(code(check_node(HERE, &import(None), new, false)), Some(ErrorCode::BadRequest));
+        let wrong = check_node(HERE, &import(Some(THERE)), new, false).unwrap_err();
         assert_eq!(wrong.code, ErrorCode::WrongNode);
         assert_eq!(wrong.detail, Some(ErrorDetail::Node { node: THERE }));
         assert!(wrong.message.contains(&THERE.to_string()), "{}", wrong.message);
         let revoke = Request::Revoke(RevokeRequest {
             handle: ExportHandle { node: Some(THERE), region: 1, generation: 1, secret: Secret([0; 16]) },
         });
-        assert_eq!(code(check_node(HERE, &revoke, new)), Some(ErrorCode::WrongNode));
-        assert_eq!(code(check_node(HERE, &Request::Ping, new)), None);
+        assert_eq!(code(check_node(HERE, &revoke, new, false)), Some(ErrorCode::WrongNode));
+        assert_eq!(code(check_node(HERE, &Request::Ping, new, false)), None);
+        // A node that asks owners passes another node's import on, never its revocation,
+        // and never a handle an older connection could not have meant.
+        assert_eq!(code(check_node(HERE, &import(Some(THERE)), new, true)), None);
+        assert_eq!(code(check_node(HERE, &import(Some(THERE)), old, true)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &import(None), new, true)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &revoke, new, true)), Some(ErrorCode::WrongNode));
     }
 
     #[test]
@@ -208,20 +219,24 @@ mod tests {
         };
         let (old, new) = (Version::new(1, 7), QUALIFIED_REGIONS);
         for v in [Version::new(1, 0), old, new] {
-            assert_eq!(code(check_node(HERE, &free(None), v)), None, "{v}: a bare id is this node's");
+            assert_eq!(code(check_node(HERE, &free(None), v, false)), None, "{v}: a bare id is this node's");
         }
-        assert_eq!(code(check_node(HERE, &free(Some(HERE)), old)), Some(ErrorCode::BadRequest));
-        assert_eq!(code(check_node(HERE, &free(Some(HERE)), new)), None);
-        let wrong = check_node(HERE, &free(Some(THERE)), new).unwrap_err();
+        assert_eq!(code(check_node(HERE, &free(Some(HERE)), old, false)), Some(ErrorCode::BadRequest));
+        assert_eq!(code(check_node(HERE, &free(Some(HERE)), new, false)), None);
+        let wrong = check_node(HERE, &free(Some(THERE)), new, false).unwrap_err();
         assert_eq!(wrong.code, ErrorCode::WrongNode);
         assert_eq!(wrong.detail, Some(ErrorDetail::Node { node: THERE }));
         assert!(wrong.message.contains(&THERE.to_string()) && wrong.message.contains("region 7"), "{}", wrong.message);
         let region = register(RegisterSource::Region(7), Some(THERE));
-        assert_eq!(code(check_node(HERE, &region, new)), Some(ErrorCode::WrongNode));
-        assert_eq!(code(check_node(HERE, &register(RegisterSource::Region(7), Some(HERE)), new)), None);
+        assert_eq!(code(check_node(HERE, &region, new, false)), Some(ErrorCode::WrongNode));
+        assert_eq!(code(check_node(HERE, &register(RegisterSource::Region(7), Some(HERE)), new, false)), None);
         let import = register(RegisterSource::Import(7), Some(HERE));
-        assert_eq!(code(check_node(HERE, &import, new)), Some(ErrorCode::BadRequest), "only a region has a node");
-        assert_eq!(code(check_node(HERE, &register(RegisterSource::Fd, None), new)), None);
+        assert_eq!(
+            code(check_node(HERE, &import, new, false)),
+            Some(ErrorCode::BadRequest),
+            "only a region has a node"
+        );
+        assert_eq!(code(check_node(HERE, &register(RegisterSource::Fd, None), new, false)), None);
     }
 
     #[test]

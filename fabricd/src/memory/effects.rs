@@ -3,10 +3,13 @@
 //! registration, closing an ended region's descriptors) that a change decides on under the lock and that run after it, and the
 //! commit that waits for the journal.
 //!
-//! Every operation ends with [`Memory::finish`]: the effects it queued run, with the
-//! lock released, what it ended is told to the daemon's hook (revocations to importers,
-//! copies that depended on it stopped: [`Memory::on_end`]), and a compaction it became due
-//! for is waited on.
+//! Every operation ends with [`Memory::finish`]: what it queued is taken out under its own
+//! lock as one [`Aftermath`], which runs with the lock released: its effects, then what it
+//! ended told to the daemon's hook (revocations to importers, copies that depended on it
+//! stopped: [`Memory::on_end`]); a compaction it became due for is waited on. An operation
+//! that must publish something first (a device lost, whose events say why) takes its
+//! aftermath under the lock too and delivers it itself: nothing one operation queued is
+//! ever left for another to deliver.
 
 use std::path::PathBuf;
 use std::sync::MutexGuard;
@@ -55,6 +58,64 @@ pub(super) enum Effect {
     Release(Box<dyn std::fmt::Debug + Send>),
 }
 
+/// What one operation left to do once the registry lock is released: its slow steps, the
+/// registrations it detached, the revocations it caused (each with the session to tell)
+/// and whether it ended anything a copy may depend on. Taken out of the registry under the
+/// operation's own lock (`State::aftermath`) and carried by that operation to
+/// [`Memory::deliver`]: what one operation ended is never delivered by another.
+#[derive(Debug, Default)]
+#[must_use = "an operation's aftermath is delivered with `Memory::deliver`"]
+pub struct Aftermath {
+    effects: Vec<Effect>,
+    unregistered: Vec<(u64, crate::dma::Registration)>,
+    revocations: Vec<(u64, fabric_proto::wire::Revocation)>,
+    ended: bool,
+}
+
+impl Aftermath {
+    /// Whether it holds nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.effects.is_empty() && self.unregistered.is_empty() && self.revocations.is_empty() && !self.ended
+    }
+
+    /// The revocations it will deliver, each with the session to tell.
+    pub fn revocations(&self) -> &[(u64, fabric_proto::wire::Revocation)] {
+        &self.revocations
+    }
+
+    /// Adds `other`'s, after its own (one delivery for several operations that a caller
+    /// holds back together, as a rescan does for every device it lost).
+    pub fn append(&mut self, other: Aftermath) {
+        self.effects.extend(other.effects);
+        self.unregistered.extend(other.unregistered);
+        self.revocations.extend(other.revocations);
+        self.ended |= other.ended;
+    }
+}
+
+impl State {
+    /// Takes what the operation holding the lock queued (its effects, and the ledger's
+    /// detached registrations, revocations and end mark), leaving the queues empty for the
+    /// next one.
+    pub(super) fn aftermath(&mut self) -> Aftermath {
+        Aftermath {
+            effects: std::mem::take(&mut self.effects),
+            unregistered: std::mem::take(&mut self.ledger.unregistered),
+            revocations: std::mem::take(&mut self.ledger.revocations),
+            ended: std::mem::take(&mut self.ledger.ended),
+        }
+    }
+
+    /// Whether nothing is queued: true whenever no operation holds the lock.
+    #[cfg(test)]
+    pub(super) fn nothing_queued(&self) -> bool {
+        self.effects.is_empty()
+            && self.ledger.unregistered.is_empty()
+            && self.ledger.revocations.is_empty()
+            && !self.ledger.ended
+    }
+}
+
 impl Memory {
     /// Waits (outside the lock) for `ticket`'s record to be durable, then takes the lock
     /// again, with the outcome: the caller publishes its change, or undoes its reservation.
@@ -71,31 +132,39 @@ impl Memory {
         (st, done)
     }
 
-    /// Ends an operation: queues a compaction if one is due, releases the lock, runs the
-    /// effects the operation left and waits for the compaction.
+    /// Ends an operation: takes what it left to do ([`State::aftermath`]) and queues a
+    /// compaction if one is due under the operation's own lock, releases the lock, delivers
+    /// the aftermath and waits for the compaction.
     pub(super) fn finish(&self, mut st: MutexGuard<'_, State>) {
         let compaction = st.maybe_compact();
-        // Registrations the operation detached first: unmapped before a backing they
-        // reach is removed or its DAX device deleted.
-        let unregistered = std::mem::take(&mut st.ledger.unregistered).into_iter();
-        let mut effects: Vec<Effect> =
-            unregistered.map(|(id, r)| Effect::Unregister { id, registration: Box::new(r) }).collect();
-        effects.append(&mut st.effects);
-        let hook =
-            self.ended_hook.get().filter(|_| std::mem::take(&mut st.ledger.ended) || !st.ledger.revocations.is_empty());
-        let revocations = hook.map(|_| std::mem::take(&mut st.ledger.revocations)).unwrap_or_default();
+        let after = st.aftermath();
         drop(st);
-        self.run(effects);
-        if let Some(tell) = hook {
-            // Importers told and copies stopped before the operation answers.
-            (tell.0)(self, revocations);
-        }
+        self.deliver(after);
         if let Some(t) = compaction {
             let waited = t.wait();
             if let Err(e) = &waited {
                 tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
             }
             self.state().settle(&waited);
+        }
+    }
+
+    /// Carries out, without the lock, what one operation left to do: its effects run
+    /// (registrations it detached unmapped first, before a backing they reach is removed
+    /// or its DAX device deleted), then, if it ended anything, the end hook
+    /// ([`Memory::on_end`]) tells its revocations' importers and stops the copies that
+    /// depended on it. Without a hook, its revocations have no one to tell.
+    pub fn deliver(&self, after: Aftermath) {
+        let Aftermath { effects, unregistered, revocations, ended } = after;
+        let mut steps: Vec<Effect> =
+            unregistered.into_iter().map(|(id, r)| Effect::Unregister { id, registration: Box::new(r) }).collect();
+        steps.extend(effects);
+        self.run(steps);
+        if (ended || !revocations.is_empty())
+            && let Some(tell) = self.ended_hook.get()
+        {
+            // Importers told and copies stopped before the operation answers.
+            (tell.0)(self, revocations);
         }
     }
 

@@ -301,3 +301,47 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
     // The freed range is free again, and allocated first.
     assert_eq!(m.alloc(&me, 9, &place, 2 * MIB, 0).unwrap().offset, 0);
 }
+
+/// What an operation ended is delivered by that operation: a device lost holds its
+/// revocations back (its caller publishes why first), and an unrelated operation that
+/// ends something meanwhile delivers only its own.
+#[test]
+fn a_lost_devices_revocations_wait_for_its_own_delivery_not_another_operations() {
+    use std::sync::{Arc, Mutex};
+
+    use fabric_proto::wire::RevocationReason;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let told: Arc<Mutex<Vec<(u64, RevocationReason)>>> = Arc::default();
+    let hook = told.clone();
+    m.on_end(Box::new(move |_, revocations| {
+        hook.lock().unwrap().extend(revocations.into_iter().map(|(session, r)| (session, r.reason)));
+    }));
+    let me = me();
+    let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+    let shared = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let h = m.export(&me, 1, shared.region, owner_only()).unwrap();
+    m.import(&me, 2, &h, AccessMode::ReadWrite).unwrap();
+    let other = m.alloc(&me, 3, &place, 2 * MIB, 0).unwrap();
+    let h3 = m.export(&me, 3, other.region, owner_only()).unwrap();
+    m.import(&me, 4, &h3, AccessMode::ReadOnly).unwrap();
+
+    let (lost, after) = m.device_lost(&gpu);
+    assert_eq!((lost.regions, lost.imports), (2, 2));
+    assert_eq!(after.revocations().len(), 4, "each importer and each owner");
+    assert!(told.lock().unwrap().is_empty(), "nothing told before the caller delivers");
+
+    // Another operation ends something (a lost region freed: its importer is told it is
+    // gone) before the loss is delivered: it tells its own revocation, not the loss's.
+    m.free(3, other.region).unwrap();
+    assert_eq!(*told.lock().unwrap(), vec![(4, RevocationReason::Freed)]);
+
+    m.deliver(after);
+    let told = told.lock().unwrap();
+    let lost: Vec<u64> =
+        told.iter().filter(|(_, r)| *r == RevocationReason::DeviceLost).map(|(session, _)| *session).collect();
+    assert_eq!(lost.len(), 4, "{told:?}");
+    assert!([1, 2, 3, 4].iter().all(|s| lost.contains(s)), "{told:?}");
+}

@@ -61,6 +61,7 @@ mod space;
 
 pub use adopt::{Adopted, ObjectGrant};
 pub use copyside::{Dep, Resolved, Side};
+pub use effects::Aftermath;
 pub use register::{Abandon, Registered, Source};
 pub use set::{ForeignRange, SetSpec, Whereabouts};
 
@@ -720,7 +721,11 @@ impl Memory {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Every operation takes what it queued before it lets the lock go (`effects.rs`).
+        #[cfg(test)]
+        assert!(st.nothing_queued(), "an operation let the registry lock go with its aftermath queued");
+        st
     }
 
     fn check(&self, st: &State, uid: u32, bytes: u64, objects: u64) -> Result<(), MemoryError> {
@@ -1062,12 +1067,6 @@ impl Memory {
         out
     }
 
-    /// The revocations that happened since the last call, each with the session that held
-    /// the import (in the order they happened), when no [`Memory::on_end`] hook takes them.
-    pub fn take_revocations(&self) -> Vec<(u64, Revocation)> {
-        std::mem::take(&mut self.state().ledger.revocations)
-    }
-
     /// Sets who hears, at the end of each operation that ended something (a region, an
     /// import, a registration, an export, a device's memory), the revocations it caused:
     /// the daemon tells the importers and stops the copies that depended on it. Set once.
@@ -1204,9 +1203,11 @@ impl Memory {
     /// import 0). Regions and imports stay until freed or released (a mapping cannot be
     /// taken back). Each loss is journaled (`RegionLost`, waited for without the lock),
     /// so a restart keeps the regions lost even with the device back. Returns the regions
-    /// lost now, the exports revoked now and the imports told; the importers and owners
-    /// are told at the caller's [`Memory::deliver_ended`].
-    pub fn device_lost(&self, id: &DeviceId) -> Reclaimed {
+    /// lost now, the exports revoked now and the imports told, and the loss's
+    /// [`Aftermath`]: the importers and owners are told, and DMA into the regions is undone,
+    /// when the caller delivers it ([`Memory::deliver`]) — a rescan, once it has published
+    /// why (the device events).
+    pub fn device_lost(&self, id: &DeviceId) -> (Reclaimed, Aftermath) {
         let mut guard = self.state();
         let st = &mut *guard;
         let mut on: Vec<usize> = Vec::new();
@@ -1223,9 +1224,10 @@ impl Memory {
         };
         let lost: Vec<u64> =
             st.ledger.regions.iter().filter(|(k, r)| !r.lost && on_it(k, r)).map(|(k, _)| *k).collect();
-        // Refused at once (the device is gone whether or not the loss is saved); told by
-        // the caller's `deliver_ended` once it published why (the device events).
+        // Refused at once (the device is gone whether or not the loss is saved); told when
+        // the caller delivers the aftermath, once it published why (the device events).
         let (out, lost) = st.ledger.lose(lost);
+        let after = st.aftermath();
         // Saved, so that a restart with the device back keeps the regions lost and their
         // exports revoked; the records share one fsync.
         let mut tickets = Vec::with_capacity(lost.len());
@@ -1244,17 +1246,11 @@ impl Memory {
                 Self::loss_unsaved(region, &MemoryError::Journal(e));
             }
         }
-        out
+        (out, after)
     }
 
     fn loss_unsaved(region: u64, e: &MemoryError) {
         tracing::warn!(region, error = %crate::error_chain(e), "the loss of a region is not journaled; a restart with its device back would restore it");
-    }
-
-    /// Delivers to the end hook ([`Memory::on_end`]) what an operation ended and held
-    /// back ([`Memory::device_lost`] does, so that a rescan tells subscribers why first).
-    pub fn deliver_ended(&self) {
-        self.finish(self.state());
     }
 
     /// The device `id` is back (or healthy again): its resources take new regions again.

@@ -244,8 +244,8 @@ fn a_lost_device_ends_the_registrations_of_its_regions() {
     t.memory.dma_read(&t.target, reg.iova, &mut buf).unwrap();
     assert_eq!(t.mapped(), vec![reg.iova]);
 
-    let lost = t.memory.device_lost(&t.gpu);
-    t.memory.deliver_ended();
+    let (lost, after) = t.memory.device_lost(&t.gpu);
+    t.memory.deliver(after);
     assert_eq!((lost.regions, lost.registrations), (1, 1));
     let counts = t.memory.counts();
     assert_eq!((counts.regions, counts.registrations, counts.pinned_bytes), (1, 0, 0), "the region stays, lost");

@@ -89,6 +89,23 @@ impl Caller {
         self.scope = Scope::Bound(names);
     }
 
+    /// Another node asking for its client (`client`'s principal is a
+    /// [`Principal::Peer`]): bound by name to the domain's partitions the node vouches its
+    /// client is bound to, or, claiming none, to no partition in particular (the peer table,
+    /// [`crate::ops::dispatch::authz`], decides by the claims, not by this scope).
+    pub fn of_node(d: &Daemon, client: Arc<Client>) -> Self {
+        let scope = match &client.principal {
+            Principal::Peer(n) if !n.claims.is_empty() => {
+                let mut names = n.claims.clone();
+                names.sort_unstable();
+                names.dedup();
+                Scope::Bound(names)
+            }
+            _ => Scope::All,
+        };
+        Self { client, scope, map: d.map_view(), domain_partitions: Vec::new() }
+    }
+
     /// `client` with the scope `map`'s bindings give it (`require_partition`: whether a
     /// client bound to nothing is refused, `security.require_partition`).
     pub fn resolve_in(map: Arc<MapView>, require_partition: bool, client: Arc<Client>) -> Self {

@@ -1,5 +1,6 @@
 //! The importer's side of an import across nodes: a client's `Import` of a handle that
-//! names another node of the domain is asked of that node over the link; its grant names
+//! names another node of the domain, once the dispatch authorized it
+//! ([`route_import`]), is asked of that node over the link; its grant names
 //! the region's file on the shared sim fabric, which is opened here under this node's own
 //! `peer.shared_dir` (the owner's name is the member this node dialled, the file's names
 //! are single path components) and handed to the client as a local import's descriptor.
@@ -20,8 +21,8 @@ use std::time::Duration;
 
 use fabric_nodelink::{Peer, PeerError, PeerOp};
 use fabric_proto::wire::{
-    Access, Coherence, DeviceName, ErrorBody, ErrorCode, Event, Grant, ImportObjectResponse, ImportRequest,
-    ImportResponse, NODE_IDENTITIES, NodeId, Request, Response, Revocation, RevocationReason,
+    Access, AccessMode, Coherence, DeviceName, ErrorBody, ErrorCode, Event, ExportHandle, Grant, ImportObjectResponse,
+    ImportResponse, NODE_IDENTITIES, NodeId, Response, Revocation, RevocationReason,
 };
 
 use super::DialError;
@@ -30,6 +31,7 @@ use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::ops::dispatch::errors::refusal;
 use crate::ops::dispatch::{Context, Outcome};
+use crate::ops::scope::Caller;
 
 /// The bit that marks an import id as one of another node's regions (the registry's own
 /// ids count up from 1 and never reach it).
@@ -123,31 +125,64 @@ fn unavailable(owner: &str, e: &DialError) -> ErrorBody {
     refusal(ErrorCode::Unavailable, format!("node {owner} cannot be asked: {}", crate::error_chain(e)))
 }
 
-/// Answers a request that is about another node's memory, before the dispatch: an `Import`
-/// or `ImportObject` of a handle naming another node, a `Release` of such an import (a
-/// `Copy` to or from it goes through the dispatch: [`super::copy::route`]). `None`: the
-/// request is this node's own.
-pub fn route(d: &Daemon, cx: &Context<'_>, req: &Request) -> Option<Result<Outcome, ErrorBody>> {
-    let domain = d.domain.as_ref()?;
-    let link = domain.link()?;
-    match req {
-        Request::Import(i) if cx.version >= NODE_IDENTITIES => match i.handle.node {
-            Some(node) if node != d.node => Some(import(d, cx, i, node)),
-            _ => None,
-        },
-        Request::ImportObject(i) if cx.version >= NODE_IDENTITIES => match i.handle.node {
-            Some(node) if node != d.node => Some(import_object(d, cx, i, node)),
-            _ => None,
-        },
-        Request::Release(r) if r.import & REMOTE_IMPORT != 0 => {
-            Some(link.service().importer().release(d, cx.session, r.import).map(|()| Outcome {
-                response: Response::Release,
-                fd: None,
-                events: None,
-            }))
-        }
+/// The node link and the owner node a client's handle names, when it names another node
+/// of a domain this node has a link in; `None`: the handle is this node's.
+fn other_node<'a>(d: &'a Daemon, cx: &Context<'_>, handle: &ExportHandle) -> Option<(&'a super::NodeLink, NodeId)> {
+    let link = d.domain.as_ref()?.link()?;
+    match handle.node {
+        Some(node) if node != d.node && cx.version >= NODE_IDENTITIES => Some((link, node)),
         _ => None,
     }
+}
+
+/// What a client imports: a region to map (`Import`) or a vendor object (`ImportObject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imported {
+    /// A region, as a descriptor to map (or copy-only).
+    Region,
+    /// A vendor object (a CUDA fabric handle).
+    Object,
+}
+
+/// The dispatch's `Import` or `ImportObject` of another node's handle, authorized (a
+/// scope): asked of its owner. `None`: the handle is this node's.
+pub fn route_import(
+    d: &Daemon,
+    cx: &Context<'_>,
+    caller: &Caller,
+    (handle, access): (&ExportHandle, AccessMode),
+    what: Imported,
+) -> Option<Result<Outcome, ErrorBody>> {
+    let (link, node) = other_node(d, cx, handle)?;
+    let domain = d.domain.as_ref()?;
+    let to =
+        owner_of(d, node).map(|(owner, incarnation)| Asked { link, domain, handle, access, node, owner, incarnation });
+    Some(to.and_then(|to| match what {
+        Imported::Region => import(d, cx, caller, to),
+        Imported::Object => import_object(d, cx, caller, to),
+    }))
+}
+
+/// A client's import of another node's handle, on its way to the owner.
+struct Asked<'a> {
+    link: &'a super::NodeLink,
+    domain: &'a std::sync::Arc<crate::tasks::domain::Domain>,
+    handle: &'a ExportHandle,
+    access: AccessMode,
+    /// The owner's node id, its name and its incarnation as the domain's view lists it.
+    node: NodeId,
+    owner: String,
+    incarnation: u64,
+}
+
+/// The dispatch's `Release` of `import`, when it is one of another node's regions (its
+/// id carries [`REMOTE_IMPORT`]): given back to the owner. `None`: a local import.
+pub fn route_release(d: &Daemon, session: u64, import: u64) -> Option<Result<(), ErrorBody>> {
+    if import & REMOTE_IMPORT == 0 {
+        return None;
+    }
+    let link = d.domain.as_ref()?.link()?;
+    Some(link.service().importer().release(d, session, import))
 }
 
 /// This node's incarnation now (0 outside a domain).
@@ -182,27 +217,27 @@ fn owner_of(d: &Daemon, node: NodeId) -> Result<(String, u64), ErrorBody> {
 /// decodes its grant.
 fn ask<T: serde::de::DeserializeOwned>(
     d: &Daemon,
-    cx: &Context<'_>,
-    i: &ImportRequest,
+    caller: &Caller,
+    (handle, access): (&ExportHandle, AccessMode),
     owner: &str,
     op: PeerOp,
 ) -> Result<T, ErrorBody> {
     let Some(domain) = d.domain.as_ref() else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
-    let caller = crate::ops::scope::Caller::resolve(d, cx.client.clone());
-    caller.require_scope()?;
     let partitions = match caller.event_reach() {
         Reach::All => Vec::new(),
         Reach::Partitions(names) => names.into_iter().take(wire::MAX_CLAIMS).collect(),
     };
-    let crate::ops::principal::Principal::Local(process) = caller.principal();
+    let crate::ops::principal::Principal::Local(process) = caller.principal() else {
+        return Err(refusal(ErrorCode::BadRequest, "a node imports for its own clients only"));
+    };
     let cred = process.cred;
     let ask = ImportAsk {
-        region: i.handle.region,
-        generation: i.handle.generation,
-        secret: *i.handle.secret.expose(),
-        access: i.access,
+        region: handle.region,
+        generation: handle.generation,
+        secret: *handle.secret.expose(),
+        access,
         uid: cred.uid,
         gid: cred.gid,
         partitions,
@@ -221,16 +256,13 @@ fn ask<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Result<Outcome, ErrorBody> {
-    let (owner, incarnation) = owner_of(d, node)?;
-    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
-        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
-    };
+fn import(d: &Daemon, cx: &Context<'_>, caller: &Caller, to: Asked<'_>) -> Result<Outcome, ErrorBody> {
+    let Asked { link, domain, handle, access, node, owner, incarnation } = to;
     let shared = d.config.peer.shared_dir.clone();
     let mine = own_incarnation(d);
-    let _asking = link.service().importer().asking(&owner, i.handle.region, i.handle.generation);
-    let grant: ImportGrant = ask(d, cx, i, &owner, PeerOp::Import)?;
-    let write = i.access == fabric_proto::wire::AccessMode::ReadWrite;
+    let _asking = link.service().importer().asking(&owner, handle.region, handle.generation);
+    let grant: ImportGrant = ask(d, caller, (handle, access), &owner, PeerOp::Import)?;
+    let write = access == AccessMode::ReadWrite;
     // The owner recorded an import this node cannot use: give it back.
     let give_back = || link.service().importer().give_back(domain, &owner, grant.import);
     grant
@@ -273,10 +305,10 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         (incarnation, mine),
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.len),
-        (i.access, cxl),
+        (access, cxl),
     )?;
-    let access = if reach.is_some() { Access::Fd } else { Access::CopyOnly };
-    tracing::info!(owner = %owner, region = grant.region, import = local, ?access, "imported another node's region");
+    let given = if reach.is_some() { Access::Fd } else { Access::CopyOnly };
+    tracing::info!(owner = %owner, region = grant.region, import = local, access = ?given, "imported another node's region");
     let response = Response::Import(ImportResponse {
         import: local,
         region: grant.region,
@@ -284,8 +316,8 @@ fn import(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Resu
         size: grant.len,
         gfa: grant.gfa,
         offset: reach.as_ref().map_or(0, |(_, offset)| *offset),
-        access: i.access,
-        grant: Some(Grant::new(node, access).with_coherence(coherence)),
+        access,
+        grant: Some(Grant::new(node, given).with_coherence(coherence)),
     });
     Ok(Outcome { response: response.for_version(cx.version), fd: reach.map(|(fd, _)| fd), events: None })
 }
@@ -345,14 +377,11 @@ fn held(
 /// `ImportObject` of another node's vendor object: the owner hands over a CUDA fabric
 /// handle to a node of the same NVLink domain; the client's driver imports it (no
 /// descriptor travels, nothing to open here).
-fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) -> Result<Outcome, ErrorBody> {
-    let (owner, incarnation) = owner_of(d, node)?;
-    let (Some(domain), Some(link)) = (d.domain.as_ref(), d.domain.as_ref().and_then(|x| x.link())) else {
-        return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
-    };
+fn import_object(d: &Daemon, cx: &Context<'_>, caller: &Caller, to: Asked<'_>) -> Result<Outcome, ErrorBody> {
+    let Asked { link, domain, handle, access, node, owner, incarnation } = to;
     let mine = own_incarnation(d);
-    let _asking = link.service().importer().asking(&owner, i.handle.region, i.handle.generation);
-    let grant: ObjectGrant = ask(d, cx, i, &owner, PeerOp::ImportObject)?;
+    let _asking = link.service().importer().asking(&owner, handle.region, handle.generation);
+    let grant: ObjectGrant = ask(d, caller, (handle, access), &owner, PeerOp::ImportObject)?;
     let usable = grant.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")));
     let usable = usable.and_then(|()| {
         if grant.object.since() > cx.version {
@@ -376,7 +405,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         (incarnation, mine),
         (grant.import, grant.region, grant.generation),
         (grant.gfa, grant.size),
-        (i.access, None),
+        (access, None),
     )?;
     tracing::info!(owner = %owner, region = grant.region, import = local, "imported another node's vendor object");
     let response = Response::ImportObject(ImportObjectResponse {
@@ -385,7 +414,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, i: &ImportRequest, node: NodeId) 
         generation: grant.generation,
         size: grant.size,
         gfa: grant.gfa,
-        access: i.access,
+        access,
         object: grant.object,
         device: DeviceName::truncated(&grant.device),
         grant: Some(Grant::new(node, Access::Vendor).with_coherence(Coherence::Hardware)),

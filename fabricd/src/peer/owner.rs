@@ -1,5 +1,6 @@
 //! The owner's side of an import across nodes: the handle checked by the registry (its
-//! secret in constant time) and the policy by domain-wide tenants, the import recorded
+//! secret in constant time) and the policy by domain-wide tenants (the dispatch's
+//! authorization table, for the asking node as a `Principal::Peer`), the import recorded
 //! against the importer node's incarnation (one registry session per importer node and
 //! incarnation), and a grant that names the region's file on the shared sim fabric, or its
 //! place in a set of shared CXL devices (or, for a CUDA fabric handle, the handle, to a
@@ -25,10 +26,9 @@ use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, Shared,
 use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::memory::ExportSubject;
-
-/// The uid a remote importer is recorded under where identities are not shared: no local
-/// user's (the limits per uid count it apart).
-const REMOTE_UID: u32 = 65534;
+use crate::ops::dispatch::Operation;
+use crate::ops::principal::{Client, PeerNode};
+use crate::ops::scope::Caller;
 
 /// One importer node's incarnation: its registry session.
 #[derive(Debug)]
@@ -59,6 +59,19 @@ pub struct Owner {
     /// By importer node, held while that node's incarnation's session is set up, which is
     /// published in `remotes` only once complete.
     setup: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+/// The principal of `peer`'s client as its ask states it: the node, its incarnation, the
+/// partitions it vouches for, and the uid and gid that count where identities are shared.
+fn principal(d: &Daemon, peer: &Peer, ask: &ImportAsk) -> PeerNode {
+    PeerNode {
+        node: peer.identity.node.clone(),
+        incarnation: peer.incarnation,
+        claims: ask.partitions.clone(),
+        uid: ask.uid,
+        gid: ask.gid,
+        shared_identities: d.config.peer.shared_identities,
+    }
 }
 
 fn denied(e: &crate::memory::MemoryError) -> PeerError {
@@ -219,12 +232,15 @@ impl Owner {
 
     /// The handle an [`ImportAsk`] names, checked by the registry (the secret in constant
     /// time), its export's subject, and the identity the import is recorded under, once the
-    /// policy across hosts admits the asking node's client.
+    /// authorization table admits the asking node's client: a [`Principal::Peer`] with the
+    /// partitions it claims (`object`: an `ImportObject`). A refusal is logged and counted
+    /// as the dispatch's are.
     fn admit(
         &self,
         d: &Daemon,
         peer: &Peer,
         ask: &ImportAsk,
+        object: bool,
     ) -> Result<(ExportHandle, ExportSubject, PeerCred), PeerError> {
         ask.check()?;
         let handle =
@@ -233,31 +249,17 @@ impl Owner {
         if subject.revoked {
             return Err(PeerError::Denied { code: ErrorCode::Revoked, message: "the export was revoked".into() });
         }
-        let policy = &subject.policy;
-        let shared_ids = d.config.peer.shared_identities;
-        if let Some(p) = &policy.partition
-            && !ask.partitions.iter().any(|c| c.as_str() == p.as_str())
-        {
-            return Err(PeerError::Denied {
-                code: ErrorCode::PermissionDenied,
-                message: format!(
-                    "the export is for partition {p:?}; the importer on node {} is not bound to it",
-                    peer.identity.node
-                ),
-            });
-        }
-        if policy.partition.is_none() && !shared_ids {
-            return Err(PeerError::Denied {
-                code: ErrorCode::PermissionDenied,
-                message: "the export names no partition and identities are not shared across this domain: an importer on another node needs an export for its partition".into(),
-            });
-        }
-        let cred = if shared_ids {
-            PeerCred { pid: 0, uid: ask.uid, gid: ask.gid }
+        let caller = Caller::of_node(d, Arc::new(Client::node(principal(d, peer, ask))));
+        let op = if object {
+            Operation::ImportObject { handle, access: ask.access }
         } else {
-            PeerCred { pid: 0, uid: REMOTE_UID, gid: REMOTE_UID }
+            Operation::Import { handle, access: ask.access }
         };
-        Ok((handle, subject, cred))
+        crate::ops::dispatch::authorize(d, &caller, &op).map_err(|e| {
+            d.refused(caller.principal(), op.name(), &e);
+            PeerError::Denied { code: e.code, message: e.message.to_string() }
+        })?;
+        Ok((handle, subject, caller.principal().owner()))
     }
 
     /// Serves an importer node's [`ImportAsk`].
@@ -266,7 +268,7 @@ impl Owner {
     /// lookup, never a wait for a device; an import undone (a release, which runs the
     /// registry's queued effects) goes through `on` too.
     pub fn import(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk, on: On) -> Result<ImportGrant, PeerError> {
-        let (handle, subject, cred) = self.admit(d, peer, &ask)?;
+        let (handle, subject, cred) = self.admit(d, peer, &ask, false)?;
         let node = &peer.identity.node;
         // A region on the shared sim fabric is granted by its file to a node in the
         // scale-up domain of its device (`super::clique::scale_up`), one on a DAX device
@@ -328,7 +330,7 @@ impl Owner {
     /// goes to a node of the same NVLink domain (the importer's driver, with its IMEX
     /// channel, imports it); a POSIX descriptor is this host's only and is refused.
     pub fn import_object(&self, d: &Arc<Daemon>, peer: &Peer, ask: ImportAsk) -> Result<ObjectGrant, PeerError> {
-        let (handle, subject, cred) = self.admit(d, peer, &ask)?;
+        let (handle, subject, cred) = self.admit(d, peer, &ask, true)?;
         match subject.object {
             Some(ObjectKind::CudaFabric(_)) => {}
             Some(kind) => {

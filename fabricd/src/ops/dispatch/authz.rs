@@ -9,8 +9,12 @@
 //! | partitions set / remove, regions of all uids | an admin (`AdminRequired`) |
 //! | alloc, adopt, register | the device (every member device of a set) in the caller's partitions |
 //! | export | a policy partition exists (`NotFound`) and binds the caller |
-//! | import, import-object | an export for a partition binds the caller; otherwise its region's device is in the caller's partitions |
+//! | import, import-object | an export for a partition binds the caller; otherwise its region's device is in the caller's partitions; another node's export: a scope (its owner node checks the policy against the partitions the ask carries: `crate::peer::owner`) |
 //! | free, revoke, release, unregister, regions of one's own | anyone; the registry checks that the session owns the object, in the critical section that acts on it |
+//!
+//! Another node of the domain (a [`Principal::Peer`]) has its own short table (`peer` below):
+//! an import of this node's export by the partitions its client is bound to there, the
+//! release of one, nothing else.
 //!
 //! Admins are bound to every partition. The export's own policy (uids, gids, access) is
 //! the registry's to check, under the lock that creates the import.
@@ -23,6 +27,7 @@ use fabric_topology::DeviceId;
 use super::errors::refusal;
 use super::operation::{Operation, Target};
 use crate::memory::ExportSubject;
+use crate::ops::principal::{PeerNode, Principal};
 use crate::ops::scope::{Caller, Scope};
 
 /// What the table reads of the policy state: one view of the partitions, the map's sets
@@ -38,6 +43,8 @@ pub trait Facts {
     fn export_subject(&self, handle: &ExportHandle) -> Option<ExportSubject>;
     /// The configured admin group, for messages.
     fn admin_group(&self) -> Option<&str>;
+    /// Whether `node` is this one (a handle naming another node is that node's to judge).
+    fn is_this_node(&self, node: fabric_proto::wire::NodeId) -> bool;
 }
 
 /// What an authorized operation may reach beyond what the table checked: the devices of a
@@ -51,6 +58,9 @@ pub struct Grant {
 /// Decides whether `caller` may run `op`.
 pub fn authorize(op: &Operation, caller: &Caller, facts: &dyn Facts) -> Result<Grant, ErrorBody> {
     use Operation as O;
+    if let Principal::Peer(node) = caller.principal() {
+        return peer(op, node, facts);
+    }
     match op {
         O::Status | O::ListPartitions | O::Subscribe { .. } => Ok(Grant::default()),
         O::Free { .. } | O::Revoke { .. } | O::Release { .. } | O::Unregister { .. } => Ok(Grant::default()),
@@ -140,10 +150,14 @@ fn export(caller: &Caller, facts: &dyn Facts, partition: Option<&str>) -> Result
 
 /// `Import`: an export whose policy names a partition admits only clients bound to it
 /// (admins too); otherwise a bound client imports only regions on its partitions'
-/// devices. A handle that names no live export passes here and is refused by the
+/// devices. Another node's export is its owner's to judge, against the partitions the
+/// caller's ask carries. A handle that names no live export passes here and is refused by the
 /// registry (`InvalidHandle`, `Revoked`), which checks it again under its lock.
 fn import(caller: &Caller, facts: &dyn Facts, handle: &ExportHandle) -> Result<Grant, ErrorBody> {
     caller.require_scope()?;
+    if handle.node.is_some_and(|n| !facts.is_this_node(n)) {
+        return Ok(Grant::default());
+    }
     let Some(subject) = facts.export_subject(handle) else { return Ok(Grant::default()) };
     if subject.revoked {
         return Ok(Grant::default());
@@ -167,6 +181,41 @@ fn import(caller: &Caller, facts: &dyn Facts, handle: &ExportHandle) -> Result<G
             ),
         )),
         _ => Ok(Grant::default()),
+    }
+}
+
+/// What another node may ask for its client (over the node link: `crate::peer::owner`):
+/// an import of this node's export, judged by the export's policy against the domain's
+/// partitions its client is bound to there (the node's claims) — an export for no
+/// partition only where the domain shares identities (the registry then checks the
+/// export's uids and gids) — and the release of one of its imports (the registry checks
+/// that its session holds it). Nothing else. A revoked or unknown export passes here and
+/// is refused by the registry, as for a local client.
+fn peer(op: &Operation, node: &PeerNode, facts: &dyn Facts) -> Result<Grant, ErrorBody> {
+    use Operation as O;
+    match op {
+        O::Release { .. } => Ok(Grant::default()),
+        O::Import { handle, .. } | O::ImportObject { handle, .. } => {
+            let Some(subject) = facts.export_subject(handle).filter(|s| !s.revoked) else {
+                return Ok(Grant::default());
+            };
+            match &subject.policy.partition {
+                Some(p) if node.claims(p) => Ok(Grant::default()),
+                Some(p) => Err(refusal(
+                    ErrorCode::PermissionDenied,
+                    format!("the export is for partition {p:?}; the importer on node {} is not bound to it", node.node),
+                )),
+                None if node.shared_identities => Ok(Grant::default()),
+                None => Err(refusal(
+                    ErrorCode::PermissionDenied,
+                    "the export names no partition and identities are not shared across this domain: an importer on another node needs an export for its partition",
+                )),
+            }
+        }
+        other => Err(refusal(
+            ErrorCode::PermissionDenied,
+            format!("node {} asked for {}, which no node asks of another", node.node, other.name()),
+        )),
     }
 }
 

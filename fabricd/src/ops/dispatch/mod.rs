@@ -1,6 +1,8 @@
-//! The one dispatch: every operation, from any front end (the Unix socket's connections
-//! today, a node-to-node link tomorrow), is applied by [`apply`], which authorizes it at
-//! one point ([`authz::authorize`]), runs it, and logs its refusal. Wire frames and Unix
+//! The one dispatch: every operation a connection asks is applied by [`apply`], which
+//! authorizes it at one point ([`authz::authorize`]), runs it, and logs its refusal.
+//! What another node asks over the node link (an import of this node's export, the
+//! release of one) is authorized by the same table ([`authorize`], for a
+//! [`Principal::Peer`]) before `crate::peer::owner` grants it. Wire frames and Unix
 //! credentials stay in the transport ([`crate::transport::server`], [`crate::ops`]); below this
 //! module code sees a [`Principal`] and an [`Operation`].
 //!
@@ -103,10 +105,17 @@ pub fn refused_request(d: &Daemon, who: &Principal, op: &'static str, e: ErrorBo
 
 fn authorized(d: &Daemon, cx: &Context<'_>, op: Operation) -> Result<Outcome, ErrorBody> {
     // Taken before the scope is read, held until the effects are in place.
-    let _pass = op.acts_under_policy().then(|| d.policy.enter());
+    let _pass = op.acts_under_policy(d.node).then(|| d.policy.enter());
     let caller = Caller::resolve(d, cx.client.clone());
-    let grant = authz::authorize(&op, &caller, &DaemonFacts::new(d, &caller))?;
+    let grant = authorize(d, &caller, &op)?;
     run(d, cx, &caller, grant, op)
+}
+
+/// Whether `caller` may run `op`, against the daemon's policy state now: the one check
+/// every operation passes, whether a connection asks ([`apply`]) or another node
+/// (`crate::peer::owner`, for a [`Principal::Peer`]).
+pub fn authorize(d: &Daemon, caller: &Caller, op: &Operation) -> Result<authz::Grant, ErrorBody> {
+    authz::authorize(op, caller, &DaemonFacts::new(d, caller))
 }
 
 /// The policy state as the daemon holds it: the map the caller's scope was resolved
@@ -158,6 +167,10 @@ impl authz::Facts for DaemonFacts<'_> {
     fn admin_group(&self) -> Option<&str> {
         self.d.config.socket.admin_group.as_deref()
     }
+
+    fn is_this_node(&self, node: fabric_proto::wire::NodeId) -> bool {
+        node == self.d.node
+    }
 }
 
 fn needs_connection(what: &str) -> ErrorBody {
@@ -172,6 +185,7 @@ fn run(
     grant: authz::Grant,
     op: Operation,
 ) -> Result<Outcome, ErrorBody> {
+    use crate::peer::importer::{Imported, route_import};
     use Operation as O;
     let owner = caller.principal().owner();
     let session = cx.session;
@@ -213,12 +227,20 @@ fn run(
         O::Free { region } => answer(memops::free(d, session, region)),
         O::Export { region, policy } => answer(memops::export(d, &owner, session, region, policy)),
         O::Revoke { handle } => answer(memops::revoke(d, session, &handle)),
-        O::Import { handle, access } => {
-            memops::import(d, &owner, session, &handle, access).map(|(r, fd)| Outcome::with_fd(r, Some(fd)))
-        }
-        O::ImportObject { handle, access } => memops::import_object(d, &owner, session, &handle, access, cx.version)
-            .map(|(r, fd)| Outcome::with_fd(r, fd)),
-        O::Release { import } => answer(memops::release(d, session, import)),
+        // Another node's handle, or an import of one: asked of its owner over the node link.
+        O::Import { handle, access } => match route_import(d, cx, caller, (&handle, access), Imported::Region) {
+            Some(across) => across,
+            None => memops::import(d, &owner, session, &handle, access).map(|(r, fd)| Outcome::with_fd(r, Some(fd))),
+        },
+        O::ImportObject { handle, access } => match route_import(d, cx, caller, (&handle, access), Imported::Object) {
+            Some(across) => across,
+            None => memops::import_object(d, &owner, session, &handle, access, cx.version)
+                .map(|(r, fd)| Outcome::with_fd(r, fd)),
+        },
+        O::Release { import } => match crate::peer::importer::route_release(d, session, import) {
+            Some(across) => across.map(|()| Outcome::answer(Response::Release)),
+            None => answer(memops::release(d, session, import)),
+        },
         O::Register { device, from, offset, len, access } => {
             let req = dmaops::Registration { device, from, offset, len, access };
             answer(dmaops::register(d, caller.principal(), session, req, cx.abandon))

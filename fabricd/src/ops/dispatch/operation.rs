@@ -252,17 +252,19 @@ impl Operation {
 
     /// Whether what it creates depends on the partition state it was authorized against
     /// (so it runs under a [`super::gate::Pass`]: a partition change is acknowledged only
-    /// after it has finished).
-    pub fn acts_under_policy(&self) -> bool {
-        matches!(
-            self,
+    /// after it has finished). An import of another node's handle (`here` is this node)
+    /// does not: its owner judges it against the partitions the ask carries, and a pass
+    /// held across a network round trip would let a stalled node hold up this node's
+    /// partition changes.
+    pub fn acts_under_policy(&self, here: fabric_proto::wire::NodeId) -> bool {
+        match self {
+            Self::Import { handle, .. } | Self::ImportObject { handle, .. } => handle.node.is_none_or(|n| n == here),
             Self::Alloc { .. }
-                | Self::Adopt { .. }
-                | Self::Export { .. }
-                | Self::Import { .. }
-                | Self::ImportObject { .. }
-                | Self::Register { .. }
-                | Self::Copy { .. }
-        )
+            | Self::Adopt { .. }
+            | Self::Export { .. }
+            | Self::Register { .. }
+            | Self::Copy { .. } => true,
+            _ => false,
+        }
     }
 }

@@ -74,6 +74,17 @@ impl Facts for Fake {
     fn admin_group(&self) -> Option<&str> {
         None
     }
+
+    fn is_this_node(&self, node: fabric_proto::wire::NodeId) -> bool {
+        node == HERE
+    }
+}
+
+const HERE: fabric_proto::wire::NodeId = fabric_proto::wire::NodeId([1; 8]);
+
+/// Export `region`'s handle as another node's: that node's to judge.
+fn elsewhere(region: u64) -> ExportHandle {
+    ExportHandle { node: Some(fabric_proto::wire::NodeId([2; 8])), ..handle(region) }
 }
 
 /// The kinds of caller: their scope is what the bindings resolve to.
@@ -187,6 +198,14 @@ fn rows() -> Vec<(Operation, [Option<ErrorCode>; 5])> {
         // Revoked or unknown: the registry refuses it (Revoked, InvalidHandle).
         (O::Import { handle: handle(3), access: AccessMode::ReadOnly }, scoped),
         (O::Import { handle: handle(9), access: AccessMode::ReadOnly }, scoped),
+        // Another node's export (whatever an export of this node with its number says): a
+        // scope here, the rest is its owner's (it gets the caller's partitions).
+        (O::Import { handle: elsewhere(1), access: AccessMode::ReadOnly }, scoped),
+        (O::ImportObject { handle: elsewhere(1), access: AccessMode::ReadOnly }, scoped),
+        (
+            O::Import { handle: ExportHandle { node: Some(HERE), ..handle(1) }, access: AccessMode::ReadOnly },
+            [OK, OK, DENIED, DENIED, DENIED],
+        ),
     ]
 }
 
@@ -250,4 +269,46 @@ fn refusals_name_the_uid_and_the_partitions() {
     assert!(e.message.contains("GPU-1") && e.message.contains("(a)"), "{}", e.message);
     let e = authorize(&Operation::Regions { all: true }, &caller(Kind::Open), &Fake).unwrap_err();
     assert!(e.message.contains("uid 1000"), "{}", e.message);
+}
+
+/// Another node asking for its client, bound there to `claims`, in a domain that does or
+/// does not share identities.
+fn node(claims: &[&str], shared_identities: bool) -> Caller {
+    let node = crate::ops::principal::PeerNode {
+        node: "tray1".into(),
+        incarnation: 2,
+        claims: claims.iter().map(|c| (*c).to_owned()).collect(),
+        uid: 0,
+        gid: 0,
+        shared_identities,
+    };
+    Caller { client: Arc::new(Client::node(node)), scope: Scope::All, ..caller(Kind::Open) }
+}
+
+#[test]
+fn another_node_imports_by_its_claims_and_asks_nothing_else() {
+    use Operation as O;
+    let import = |region| O::Import { handle: handle(region), access: AccessMode::ReadOnly };
+    let code = |op: &Operation, c: &Caller| authorize(op, c, &Fake).err().map(|e| e.code);
+    let (in_a, in_b, none) = (node(&["a"], false), node(&["b"], false), node(&[], false));
+    // Export 1 is for partition a: a node whose client is bound to a there.
+    assert_eq!(code(&import(1), &in_a), OK);
+    assert_eq!(code(&O::ImportObject { handle: handle(1), access: AccessMode::ReadOnly }, &in_a), OK);
+    assert_eq!(code(&import(1), &in_b), DENIED);
+    assert_eq!(code(&import(1), &none), DENIED);
+    // Export 2 names no partition: only where identities are shared (then its uids).
+    assert_eq!(code(&import(2), &in_a), DENIED);
+    assert_eq!(code(&import(2), &node(&[], true)), OK);
+    // Revoked or unknown: the registry's to refuse.
+    assert_eq!(code(&import(3), &in_b), OK);
+    assert_eq!(code(&import(9), &none), OK);
+    assert_eq!(code(&O::Release { import: 1 }, &none), OK);
+    // Nothing else, not even with uid 0 claimed where identities are shared.
+    let root_elsewhere = node(&["a"], true);
+    for op in rows().into_iter().map(|(op, _)| op) {
+        if matches!(op, O::Import { .. } | O::ImportObject { .. } | O::Release { .. }) {
+            continue;
+        }
+        assert_eq!(code(&op, &root_elsewhere), DENIED, "{}", op.name());
+    }
 }
