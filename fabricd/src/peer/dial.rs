@@ -153,6 +153,23 @@ impl Peers {
         links.entry(node.to_owned()).or_default().clone()
     }
 
+    /// Closes the links (data lanes included) to nodes not in `live` (they left the
+    /// domain) that no call holds: nothing would take them out again. A slot a call holds
+    /// stays; its link ends with the call's error, and the next view drops the slot.
+    pub fn forget_departed(&self, live: &dyn Fn(&str) -> bool) -> usize {
+        let gone: Vec<_> = {
+            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            links
+                .extract_if(|lane, slot| {
+                    let node = lane.split('/').next().unwrap_or(lane);
+                    !live(node) && Arc::strong_count(slot) == 1
+                })
+                .collect()
+        };
+        // Closed after the lock.
+        gone.len()
+    }
+
     /// How many peers have a link now.
     pub fn linked(&self) -> usize {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
@@ -274,6 +291,25 @@ impl NodeLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn departed_nodes_slots_go_with_their_lanes_unless_a_call_holds_them() {
+        let peers = Peers::default();
+        for lane in ["tray1", "tray1/data0", "tray2", "tray2/data1", "tray3"] {
+            let _ = peers.slot(lane);
+        }
+        // A call on tray3's slot holds it.
+        let busy = peers.slot("tray3");
+        assert_eq!(peers.forget_departed(&|node| node == "tray1"), 2, "tray2 and its lane");
+        let left: Vec<String> = {
+            let mut l: Vec<String> = peers.links.lock().unwrap().keys().cloned().collect();
+            l.sort();
+            l
+        };
+        assert_eq!(left, ["tray1", "tray1/data0", "tray3"]);
+        drop(busy);
+        assert_eq!(peers.forget_departed(&|node| node == "tray1"), 1, "tray3 once its call ended");
+    }
 
     #[test]
     fn a_link_serves_only_the_incarnations_it_was_made_for_and_only_while_fresh() {

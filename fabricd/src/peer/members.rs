@@ -32,6 +32,7 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
             link.service().owner().void_departed(&d, &live, &known);
             link.service().importer().void_departed(&d, &live);
             link.direct().forget_departed(&|node| live.contains_key(node));
+            link.peers().forget_departed(&|node| live.contains_key(node));
             true
         })
         .await;

@@ -437,6 +437,12 @@ impl Owner {
             let bytes = d.memory.lift_quarantine(&node, None);
             tracing::info!(peer = %node, bytes, "node link: an importer node that left was collected; its quarantine is lifted");
         }
+        // A node that is not live sets nothing up (its ask is refused), unless one that
+        // began before this view still holds its gate.
+        self.setup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|node, gate| live.contains_key(node.as_str()) || Arc::strong_count(gate) > 1);
     }
 
     /// Ends an importer node incarnation's session: its imports released, its
