@@ -82,6 +82,9 @@ pub struct Committer {
     /// Tests: the next write panics.
     #[cfg(test)]
     panic_next: std::sync::atomic::AtomicBool,
+    /// Tests: a write with a snapshot in it waits while this is held for writing.
+    #[cfg(test)]
+    pub(crate) snapshot_gate: std::sync::RwLock<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,6 +103,8 @@ impl Committer {
             syncs: AtomicU64::new(0),
             #[cfg(test)]
             panic_next: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            snapshot_gate: std::sync::RwLock::new(()),
         })
     }
 
@@ -179,6 +184,8 @@ impl Committer {
         if self.panic_next.swap(false, Ordering::Relaxed) {
             panic!("a journal write that panics (test)");
         }
+        #[cfg(test)]
+        let _gate = batch.iter().any(|i| matches!(i.entry, Entry::Snapshot(_))).then(|| self.snapshot_gate.read());
         let mut guard = lock(&self.journal);
         let mut failed: Option<Arc<JournalError>> = match guard.as_ref() {
             Some(_) => None,

@@ -6,7 +6,8 @@
 //! Every operation ends with [`Memory::finish`]: what it queued is taken out under its own
 //! lock as one [`Aftermath`], which runs with the lock released: its effects, then what it
 //! ended told to the daemon's hook (revocations to importers, copies that depended on it
-//! stopped: [`Memory::on_end`]); a compaction it became due for is waited on. An operation
+//! stopped: [`Memory::on_end`]); a compaction it became due for is handed to the
+//! compaction thread. An operation
 //! that must publish something first (a device lost, whose events say why) takes its
 //! aftermath under the lock too and delivers it itself: nothing one operation queued is
 //! ever left for another to deliver.
@@ -134,19 +135,36 @@ impl Memory {
 
     /// Ends an operation: takes what it left to do ([`State::aftermath`]) and queues a
     /// compaction if one is due under the operation's own lock, releases the lock, delivers
-    /// the aftermath and waits for the compaction.
+    /// the aftermath and hands the compaction to the compaction thread (`compactor.rs`);
+    /// waits for it only where that thread could not be started.
     pub(super) fn finish(&self, mut st: MutexGuard<'_, State>) {
         let compaction = st.maybe_compact();
         let after = st.aftermath();
         drop(st);
         self.deliver(after);
         if let Some(t) = compaction {
-            let waited = t.wait();
-            if let Err(e) = &waited {
-                tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
-            }
-            self.state().settle(&waited);
+            self.compact(t);
         }
+    }
+
+    fn compact(&self, ticket: Ticket) {
+        let compactor = self.compactor.get_or_init(|| {
+            super::compactor::Compactor::start(std::sync::Arc::downgrade(&self.state))
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "no journal compaction thread; requests wait for compactions"),
+                )
+                .ok()
+        });
+        let handed = match compactor {
+            Some(c) => c.hand(ticket),
+            None => Err(ticket),
+        };
+        let Err(ticket) = handed else { return };
+        let waited = ticket.wait();
+        if let Err(e) = &waited {
+            tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
+        }
+        self.state().settle(&waited);
     }
 
     /// Carries out, without the lock, what one operation left to do: its effects run

@@ -345,3 +345,41 @@ fn a_lost_devices_revocations_wait_for_its_own_delivery_not_another_operations()
     assert_eq!(lost.len(), 4, "{told:?}");
     assert!([1, 2, 3, 4].iter().all(|s| lost.contains(s)), "{told:?}");
 }
+
+/// The operation whose record crosses `memory.compact_records` answers while the snapshot
+/// it queued is still being written (by the compaction thread), and the compaction is
+/// settled once written: the journal rebuilds the same registry.
+#[test]
+fn an_operation_that_queues_a_compaction_answers_before_the_snapshot_is_written() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let me = me();
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    let committer = m.state().log.as_ref().unwrap().committer().clone();
+    // Three records of the four `open` compacts after.
+    for _ in 0..3 {
+        m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    }
+    let stalled = committer.snapshot_gate.write().unwrap();
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (m, me, place) = (&m, &me, &place);
+        s.spawn(move || tx.send(m.alloc(me, 1, place, 2 * MIB, 0).map(|g| g.region)).unwrap());
+        let answered = rx.recv_timeout(Duration::from_secs(5));
+        let in_flight = m.state().log.as_ref().unwrap().in_flight();
+        drop(stalled);
+        assert!(matches!(answered, Ok(Ok(_))), "the fourth allocation waited for the snapshot: {answered:?}");
+        assert_eq!(in_flight, 1, "the snapshot, in flight while its write is held");
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m.state().log.as_ref().unwrap().in_flight() > 0 {
+        assert!(Instant::now() < deadline, "the compaction was never settled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = held(&m);
+    drop((m, committer));
+    assert_eq!(held(&open(dir.path(), &inv)), before);
+}

@@ -43,6 +43,7 @@ pub use persist::{Durability, Resumed, owner_of, pid_start_time};
 pub use quarantine::Quarantine;
 
 mod adopt;
+mod compactor;
 mod copyside;
 mod effects;
 pub mod fdkind;
@@ -474,7 +475,10 @@ impl Reclaimed {
 /// The memory broker's state.
 #[derive(Debug)]
 pub struct Memory {
-    state: Mutex<State>,
+    /// Declared first: dropped (its thread joined, its last snapshot settled) while the
+    /// state is still there.
+    compactor: std::sync::OnceLock<Option<compactor::Compactor>>,
+    state: Arc<Mutex<State>>,
     limits: LimitsConfig,
     /// `limits.pinned_bytes_per_uid`, or the default derived from the machine's memory.
     pinned_max: u64,
@@ -613,7 +617,8 @@ impl Memory {
             }
         });
         let m = Self {
-            state: Mutex::new(st),
+            compactor: std::sync::OnceLock::new(),
+            state: Arc::new(Mutex::new(st)),
             limits,
             pinned_max,
             root: root.to_owned(),

@@ -37,6 +37,19 @@ pub(super) struct Log {
     compact_records: u32,
 }
 
+#[cfg(test)]
+impl Log {
+    /// Its committer.
+    pub(super) fn committer(&self) -> &Arc<Committer> {
+        &self.committer
+    }
+
+    /// Records and snapshots queued and not settled yet.
+    pub(super) fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+}
+
 /// A session found in the journal at start that no client has taken back yet.
 #[derive(Debug)]
 pub(super) struct Orphan {
@@ -237,7 +250,7 @@ impl State {
     }
 
     /// Queues a snapshot when enough records have accumulated since the last one and none
-    /// is in flight; the caller waits for it outside the lock ([`Memory::finish`]).
+    /// is in flight; [`Memory::finish`] hands it to the compaction thread, which settles it.
     pub(super) fn maybe_compact(&mut self) -> Option<Ticket> {
         let log = self.log.as_ref()?;
         if log.since_snapshot < log.compact_records || log.broken || log.in_flight > 0 {
