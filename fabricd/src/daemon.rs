@@ -489,7 +489,12 @@ impl Daemon {
 
     /// [`Daemon::refused`] with a log line other than the message the client gets.
     pub fn refused_line(&self, who: &Principal, op: &'static str, code: fabric_proto::wire::ErrorCode, line: &str) {
-        self.refusals.refused(crate::ops::refusals::Group { uid: who.uid(), op, code }, who.pid(), line);
+        let group = crate::ops::refusals::Group { uid: who.uid(), op, code };
+        match who {
+            Principal::Local(_) => self.refusals.refused(group, who.pid(), line),
+            // Another node: its name leads the line (its uid is a stand-in, its pid none).
+            Principal::Peer(n) => self.refusals.refused(group, who.pid(), &format!("node {}: {line}", n.node)),
+        }
     }
 
     /// The current fabric view.

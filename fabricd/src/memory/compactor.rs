@@ -26,7 +26,10 @@ impl Compactor {
             for ticket in rx {
                 // A waiter with no write in progress leads the group commit: this thread
                 // writes the snapshot, with any records queued beside it.
-                let waited = ticket.wait();
+                // Settled whatever happens in the wait: an unsettled snapshot would keep
+                // every later compaction (and a reopen after a failure) waiting for it.
+                let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ticket.wait()))
+                    .unwrap_or(Err(crate::journal::JournalError::Poisoned));
                 if let Err(e) = &waited {
                     tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
                 }

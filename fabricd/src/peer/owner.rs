@@ -27,7 +27,7 @@ use crate::daemon::Daemon;
 use crate::events::Reach;
 use crate::memory::ExportSubject;
 use crate::ops::dispatch::Operation;
-use crate::ops::principal::{Client, PeerNode};
+use crate::ops::principal::{Client, NOBODY_UID, PeerNode, Principal};
 use crate::ops::scope::Caller;
 
 /// One importer node's incarnation: its registry session.
@@ -63,15 +63,40 @@ pub struct Owner {
 
 /// The principal of `peer`'s client as its ask states it: the node, its incarnation, the
 /// partitions it vouches for, and the uid and gid that count where identities are shared.
-fn principal(d: &Daemon, peer: &Peer, ask: &ImportAsk) -> PeerNode {
-    PeerNode {
-        node: peer.identity.node.clone(),
-        incarnation: peer.incarnation,
-        claims: ask.partitions.clone(),
-        uid: ask.uid,
-        gid: ask.gid,
-        shared_identities: d.config.peer.shared_identities,
-    }
+/// Without an ask (a release): the node alone.
+pub(super) fn principal(d: &Daemon, peer: &Peer, ask: Option<&ImportAsk>) -> Principal {
+    let node = peer.identity.node.clone();
+    let incarnation = peer.incarnation;
+    Principal::Peer(match ask {
+        Some(ask) => PeerNode {
+            node,
+            incarnation,
+            claims: ask.partitions.clone(),
+            uid: ask.uid,
+            gid: ask.gid,
+            shared_identities: d.config.peer.shared_identities,
+        },
+        None => PeerNode {
+            node,
+            incarnation,
+            claims: Vec::new(),
+            uid: NOBODY_UID,
+            gid: NOBODY_UID,
+            shared_identities: false,
+        },
+    })
+}
+
+/// `who`'s caller for the authorization table.
+fn caller(d: &Daemon, who: Principal) -> Caller {
+    Caller::of_node(d, Arc::new(Client { principal: who, admin: false }))
+}
+
+/// Authorizes `op` for `caller` (a refusal as the node link carries it).
+fn authorize(d: &Daemon, caller: &Caller, op: &Operation) -> Result<(), PeerError> {
+    crate::ops::dispatch::authorize(d, caller, op)
+        .map(|_| ())
+        .map_err(|e| PeerError::Denied { code: e.code, message: e.message.to_string() })
 }
 
 fn denied(e: &crate::memory::MemoryError) -> PeerError {
@@ -233,8 +258,8 @@ impl Owner {
     /// The handle an [`ImportAsk`] names, checked by the registry (the secret in constant
     /// time), its export's subject, and the identity the import is recorded under, once the
     /// authorization table admits the asking node's client: a [`Principal::Peer`] with the
-    /// partitions it claims (`object`: an `ImportObject`). A refusal is logged and counted
-    /// as the dispatch's are.
+    /// partitions it claims (`object`: an `ImportObject`). Its refusals, like every refusal
+    /// of this side, are logged and counted by `super::service` as the dispatch's are.
     fn admit(
         &self,
         d: &Daemon,
@@ -249,16 +274,13 @@ impl Owner {
         if subject.revoked {
             return Err(PeerError::Denied { code: ErrorCode::Revoked, message: "the export was revoked".into() });
         }
-        let caller = Caller::of_node(d, Arc::new(Client::node(principal(d, peer, ask))));
+        let caller = caller(d, principal(d, peer, Some(ask)));
         let op = if object {
             Operation::ImportObject { handle, access: ask.access }
         } else {
             Operation::Import { handle, access: ask.access }
         };
-        crate::ops::dispatch::authorize(d, &caller, &op).map_err(|e| {
-            d.refused(caller.principal(), op.name(), &e);
-            PeerError::Denied { code: e.code, message: e.message.to_string() }
-        })?;
+        authorize(d, &caller, &op)?;
         Ok((handle, subject, caller.principal().owner()))
     }
 
@@ -384,6 +406,7 @@ impl Owner {
 
     /// Serves an importer node's [`ReleaseAsk`].
     pub fn release(&self, d: &Daemon, peer: &Peer, ask: ReleaseAsk) -> Result<(), PeerError> {
+        authorize(d, &caller(d, principal(d, peer, None)), &Operation::Release { import: ask.import })?;
         let session =
             self.session_of(peer).ok_or_else(|| PeerError::Refused("no import of this incarnation".into()))?;
         d.memory.release(session, ask.import).map_err(|e| denied(&e))?;

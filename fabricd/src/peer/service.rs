@@ -58,17 +58,21 @@ impl Service {
         let op = request.op;
         match op {
             PeerOp::Import => {
-                granting(d)?;
-                let grant = self.owner.import(d, peer, wire::decode(&request.body)?, on)?;
-                Ok(wire::response(op, &grant))
+                let ask: wire::ImportAsk = wire::decode(&request.body)?;
+                let who = super::owner::principal(d, peer, Some(&ask));
+                let grant = granting(d).and_then(|()| self.owner.import(d, peer, ask, on));
+                Ok(wire::response(op, &judged(d, &who, "import", grant)?))
             }
             PeerOp::ImportObject => {
-                granting(d)?;
-                let grant = self.owner.import_object(d, peer, wire::decode(&request.body)?)?;
-                Ok(wire::response(op, &grant))
+                let ask: wire::ImportAsk = wire::decode(&request.body)?;
+                let who = super::owner::principal(d, peer, Some(&ask));
+                let grant = granting(d).and_then(|()| self.owner.import_object(d, peer, ask));
+                Ok(wire::response(op, &judged(d, &who, "import_object", grant)?))
             }
             PeerOp::Release => {
-                self.owner.release(d, peer, wire::decode(&request.body)?)?;
+                let who = super::owner::principal(d, peer, None);
+                let released = self.owner.release(d, peer, wire::decode(&request.body)?);
+                judged(d, &who, "release", released)?;
                 Ok(wire::response(op, &()))
             }
             PeerOp::Revoke => {
@@ -79,6 +83,24 @@ impl Service {
             PeerOp::Copy => Err(PeerError::Unsupported(op)),
         }
     }
+}
+
+/// `r`, its refusal (if any) logged and counted with the daemon's other refusals, under
+/// the asking node's principal and the operation's name, as the dispatch's are.
+fn judged<T>(
+    d: &Daemon,
+    who: &crate::ops::principal::Principal,
+    op: &'static str,
+    r: Result<T, PeerError>,
+) -> Result<T, PeerError> {
+    if let Err(e) = &r {
+        let code = match e {
+            PeerError::Denied { code, .. } => *code,
+            _ => fabric_proto::wire::ErrorCode::BadRequest,
+        };
+        d.refused_line(who, op, code, &e.to_string());
+    }
+    r
 }
 
 /// A node that is not joined grants nothing: its view may be stale and its membership

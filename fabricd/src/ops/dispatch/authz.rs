@@ -208,7 +208,10 @@ fn peer(op: &Operation, node: &PeerNode, facts: &dyn Facts) -> Result<Grant, Err
                 None if node.shared_identities => Ok(Grant::default()),
                 None => Err(refusal(
                     ErrorCode::PermissionDenied,
-                    "the export names no partition and identities are not shared across this domain: an importer on another node needs an export for its partition",
+                    format!(
+                        "the export names no partition and identities are not shared across this domain: the importer on node {} needs an export for its partition",
+                        node.node
+                    ),
                 )),
             }
         }
