@@ -489,11 +489,15 @@ impl Daemon {
 
     /// [`Daemon::refused`] with a log line other than the message the client gets.
     pub fn refused_line(&self, who: &Principal, op: &'static str, code: fabric_proto::wire::ErrorCode, line: &str) {
-        let group = crate::ops::refusals::Group { uid: who.uid(), op, code };
+        use crate::ops::refusals::{Group, node_key};
         match who {
-            Principal::Local(_) => self.refusals.refused(group, who.pid(), line),
-            // Another node: its name leads the line (its uid is a stand-in, its pid none).
-            Principal::Peer(n) => self.refusals.refused(group, who.pid(), &format!("node {}: {line}", n.node)),
+            Principal::Local(_) => self.refusals.refused(Group { uid: who.uid(), node: 0, op, code }, who.pid(), line),
+            // Another node: a group of its own, its name leading the line (its uid is a
+            // stand-in, its pid none).
+            Principal::Peer(n) => {
+                let group = Group { uid: who.uid(), node: node_key(&n.node), op, code };
+                self.refusals.refused(group, who.pid(), &format!("node {}: {line}", n.node));
+            }
         }
     }
 

@@ -2,7 +2,8 @@
 //! `warn` line of their own, so that a client sending refusals as fast as it can (110–206k
 //! a second were measured) cannot flood the log or spend the daemon's time writing it.
 //!
-//! Refusals are grouped by who and what (uid, operation, error code). The first refusal
+//! Refusals are grouped by who and what (uid — and node, for another node of the domain —,
+//! operation, error code). The first refusal
 //! of a group is logged at once; further ones within [`GROUP_INTERVAL`] are counted, and
 //! the next line of that group (or the periodic summary, [`RefusalLog::summarise`]) says
 //! how many were not logged. Across all groups at most [`LINES_PER_SECOND`] lines are
@@ -29,10 +30,22 @@ const MAX_KEPT_MESSAGE: usize = 256;
 pub struct Group {
     /// The caller's uid.
     pub uid: u32,
+    /// 0 for a process of this host; for another node of the domain, a key of its name
+    /// ([`node_key`]): its uid is a stand-in (or, where identities are shared, a local
+    /// user's), so neither another node's nor that user's lines are suppressed by its.
+    pub node: u64,
     /// The operation refused (`"hello"`, an opcode's name, `"connect"`).
     pub op: &'static str,
     /// The error code.
     pub code: fabric_proto::wire::ErrorCode,
+}
+
+/// The [`Group::node`] of the domain's node `name` (never 0).
+pub fn node_key(name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish().max(1)
 }
 
 /// Whether to write a refusal's line.
@@ -257,7 +270,22 @@ mod tests {
     use super::*;
 
     fn group(uid: u32, op: &'static str) -> Group {
-        Group { uid, op, code: fabric_proto::wire::ErrorCode::BadRequest }
+        Group { uid, node: 0, op, code: fabric_proto::wire::ErrorCode::BadRequest }
+    }
+
+    #[test]
+    fn another_nodes_refusals_are_a_group_of_their_own() {
+        let mut s = RefusalState::new();
+        let t0 = Instant::now();
+        let local = group(65534, "import");
+        let (n1, n2) = (node_key("tray1"), node_key("tray2"));
+        assert!(n1 != 0 && n1 != n2 && n1 == node_key("tray1"));
+        assert_eq!(s.decide(t0, Group { node: n1, ..local }, "a"), Decision::Log { suppressed: 0 });
+        // Same uid and operation: another node's first refusal, and the local user's, still
+        // get their lines.
+        assert_eq!(s.decide(t0, Group { node: n2, ..local }, "b"), Decision::Log { suppressed: 0 });
+        assert_eq!(s.decide(t0, local, "c"), Decision::Log { suppressed: 0 });
+        assert_eq!(s.decide(t0, Group { node: n1, ..local }, "d"), Decision::Suppress);
     }
 
     #[test]
