@@ -9,11 +9,11 @@ use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
-use fabric_proto::wire::{AccessMode, PeerCred};
+use fabric_proto::wire::AccessMode;
 use fabric_topology::{DeviceKind, MemoryKind};
 use fabricd::config::LimitsConfig;
 use fabricd::dma::{DmaError, target_of};
-use fabricd::memory::{Memory, Place, Source};
+use fabricd::memory::{Identity, Memory, Place, Source};
 use fabricd::transport::peer::Process;
 
 fn memfd(len: u64) -> File {
@@ -27,10 +27,10 @@ fn memfd(len: u64) -> File {
     f
 }
 
-fn me() -> PeerCred {
+fn me() -> Identity {
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    PeerCred { pid: std::process::id() as i32, uid, gid }
+    Identity { pid: std::process::id() as i32, uid, gid }
 }
 
 #[test]

@@ -10,7 +10,8 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, PeerCred, Version};
+use crate::memory::Identity;
+use fabric_proto::wire::{AccessMode, ExportHandle, ObjectKind, Version};
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, round_len};
@@ -124,7 +125,7 @@ impl Memory {
     /// granule), its bytes count against the owner's `allocated_bytes`.
     pub fn adopt(
         &self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         place: &Place,
         size: u64,
@@ -191,14 +192,14 @@ impl Memory {
     /// refused before anything is recorded.
     pub fn import_object(
         &self,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         handle: &ExportHandle,
         access: AccessMode,
         version: Version,
     ) -> Result<ObjectGrant, MemoryError> {
         let mut st = self.state();
-        let via = st.ledger.admit(peer, handle, access)?;
+        let via = st.ledger.admit(who, handle, access)?;
         let Some(obj) = st.ledger.regions.get(&handle.region).and_then(|r| r.object()) else {
             return Err(bad(format!(
                 "region {} is fabric memory, not a vendor object: import it with Import and map it",
@@ -223,8 +224,8 @@ impl Memory {
             None => None,
         };
         let device = Self::region_device(&st, handle.region)?;
-        self.check_import(&st, peer.uid, session)?;
-        let (import, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
+        self.check_import(&st, who.uid, session)?;
+        let (import, generation) = Self::record_import(&mut st, who, session, handle, via, access)?;
         Ok(ObjectGrant { import, region: handle.region, generation, size, fd, kind, device })
     }
 
@@ -279,7 +280,7 @@ mod tests {
         unsafe { OwnedFd::from_raw_fd(fd) }
     }
 
-    const ME: PeerCred = PeerCred { pid: 1, uid: 1000, gid: 1000 };
+    const ME: Identity = Identity { pid: 1, uid: 1000, gid: 1000 };
 
     #[test]
     fn a_real_gpus_hbm_is_adopted_not_allocated() {

@@ -218,7 +218,8 @@ mod tests {
     use std::os::fd::OwnedFd;
     use std::sync::Arc;
 
-    use fabric_proto::wire::{Coherence, PeerCred, SessionToken};
+    use crate::memory::Identity;
+    use fabric_proto::wire::{Coherence, SessionToken};
     use fabric_topology::{DeviceId, MemoryKind};
 
     use super::super::backing::{BackingKind, DeviceBacking};
@@ -262,7 +263,7 @@ mod tests {
         st.set_members.insert(SET.into(), vec![(DeviceId::serial("cxl", "0x5eed"), MemoryKind::CxlVolatile, 0)]);
         for (id, offset) in [(1u64, 0u64), (2, 4 * M)] {
             assert!(st.ledger.space.take(&[0], offset, 4 * M));
-            let owner = PeerCred { pid: 1, uid: 1000, gid: 1000 };
+            let owner = Identity { pid: 1, uid: 1000, gid: 1000 };
             st.ledger.charge(owner.uid, super::super::Usage::region(4 * M, 0));
             let backing = Backing::SimFile(t.path().join(format!("r{id}")));
             let r = Region {

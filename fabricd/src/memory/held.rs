@@ -86,7 +86,8 @@ mod tests {
 
     use std::os::fd::{FromRawFd, OwnedFd};
 
-    use fabric_proto::wire::{ObjectKind, PeerCred};
+    use crate::memory::Identity;
+    use fabric_proto::wire::ObjectKind;
     use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
 
     use super::*;
@@ -101,8 +102,8 @@ mod tests {
         unsafe { OwnedFd::from_raw_fd(fd) }
     }
 
-    fn who(uid: u32) -> PeerCred {
-        PeerCred { pid: 1, uid, gid: uid }
+    fn who(uid: u32) -> Identity {
+        Identity { pid: 1, uid, gid: uid }
     }
 
     #[test]

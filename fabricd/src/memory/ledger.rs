@@ -10,9 +10,8 @@
 
 use std::collections::HashMap;
 
-use fabric_proto::wire::{
-    AccessMode, ExportHandle, ExportPolicy, PeerCred, Revocation, RevocationReason, Secret, SessionToken,
-};
+use crate::memory::Identity;
+use fabric_proto::wire::{AccessMode, ExportHandle, ExportPolicy, Revocation, RevocationReason, Secret, SessionToken};
 
 use super::backings::Backing;
 use super::durable::{ExportRecord, Owner};
@@ -51,7 +50,7 @@ pub(super) struct Ledger {
 #[derive(Debug)]
 pub(super) struct Region {
     pub(super) generation: u64,
-    pub(super) owner: PeerCred,
+    pub(super) owner: Identity,
     /// The owner process's start time (see [`super::pid_start_time`]).
     pub(super) pid_start: Option<u64>,
     /// The owning session's token, journaled with the region.
@@ -240,7 +239,7 @@ impl Ledger {
     /// read-write).
     pub(super) fn plan_export(
         &self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         region: u64,
         policy: ExportPolicy,
@@ -341,7 +340,7 @@ impl Ledger {
     /// it is not revoked, its policy admits the peer and the access. Returns the export.
     pub(super) fn admit(
         &mut self,
-        peer: &PeerCred,
+        who: &Identity,
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<ExportHandle, MemoryError> {
@@ -353,12 +352,12 @@ impl Ledger {
         // A policy naming a partition and no uids or gids admits the partition's clients:
         // the caller (`scope::check_import`) has checked that the importer is bound to it.
         let admitted = if policy.uids.is_empty() && policy.gids.is_empty() {
-            peer.uid == e.owner_uid || policy.partition.is_some()
+            who.uid == e.owner_uid || policy.partition.is_some()
         } else {
-            policy.uids.contains(&peer.uid) || policy.gids.contains(&peer.gid)
+            policy.uids.contains(&who.uid) || policy.gids.contains(&who.gid)
         };
         if !admitted {
-            return Err(MemoryError::PermissionDenied(format!("the export's policy does not admit uid {}", peer.uid)));
+            return Err(MemoryError::PermissionDenied(format!("the export's policy does not admit uid {}", who.uid)));
         }
         if access == AccessMode::ReadWrite && policy.access == AccessMode::ReadOnly {
             return Err(MemoryError::PermissionDenied("the export is read-only".into()));
@@ -370,7 +369,7 @@ impl Ledger {
     /// the importer's uid's usage when `per_uid`: its id and the region's generation.
     pub(super) fn record_import(
         &mut self,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         (handle, via): (&ExportHandle, ExportHandle),
         access: AccessMode,
@@ -378,10 +377,10 @@ impl Ledger {
     ) -> Result<(u64, u64), MemoryError> {
         let generation = self.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?.generation;
         let id = self.take_id();
-        let import = Import { region: handle.region, generation, via, uid: peer.uid, session, access, per_uid };
+        let import = Import { region: handle.region, generation, via, uid: who.uid, session, access, per_uid };
         self.imports.insert(id, import);
         if per_uid {
-            self.charge(peer.uid, Usage::OBJECT);
+            self.charge(who.uid, Usage::OBJECT);
         }
         Ok((id, generation))
     }

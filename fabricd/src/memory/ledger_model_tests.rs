@@ -24,9 +24,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::memory::Identity;
 use fabric_proto::wire::{
-    AccessMode, BoundedVec, DeviceName, ExportHandle, ExportPolicy, MemoryClass, Name, PeerCred, Revocation,
-    RevocationReason, Secret, SessionToken,
+    AccessMode, BoundedVec, DeviceName, ExportHandle, ExportPolicy, MemoryClass, Name, Revocation, RevocationReason,
+    Secret, SessionToken,
 };
 use proptest::prelude::*;
 
@@ -114,8 +115,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Session `s`'s process: sessions 1 and 3 are uid 1001, the others uid 1000 + s % 2 too
 /// (so a uid holds objects of several sessions).
-fn peer(session: u64) -> PeerCred {
-    PeerCred { pid: 100 + i32::try_from(session).unwrap(), uid: 1000 + u32::try_from(session % 2).unwrap(), gid: 50 }
+fn peer(session: u64) -> Identity {
+    Identity { pid: 100 + i32::try_from(session).unwrap(), uid: 1000 + u32::try_from(session % 2).unwrap(), gid: 50 }
 }
 
 fn token(session: u64) -> SessionToken {

@@ -5,7 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fabric_proto::wire::{AccessMode, BoundedVec, ExportHandle, ExportPolicy, PeerCred, RegionsResponse};
+use crate::memory::Identity;
+use fabric_proto::wire::{AccessMode, BoundedVec, ExportHandle, ExportPolicy, RegionsResponse};
 use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
 use proptest::prelude::*;
 
@@ -69,8 +70,8 @@ fn held(m: &Memory) -> RegionsResponse {
 
 /// The owner of every region: this process, alive (a rebuilt registry keeps its regions
 /// for it).
-pub(super) fn me() -> PeerCred {
-    PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 }
+pub(super) fn me() -> Identity {
+    Identity { pid: i32::try_from(std::process::id()).unwrap(), uid: 1000, gid: 1000 }
 }
 
 /// An export policy that admits the owner's uid, read-write.

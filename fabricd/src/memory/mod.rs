@@ -74,7 +74,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     AccessMode, BoundedVec, Coherence, DeviceName, ExportHandle, ExportInfo, ExportPolicy, ImportInfo, ObjectKind,
-    PeerCred, RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret,
+    RegionInfo, RegionsResponse, ResourceName, Revocation, RevocationReason, Secret,
 };
 use fabric_topology::{DeviceId, Inventory, MemoryKind};
 
@@ -83,6 +83,21 @@ use alloc::{AllocError, RangeAllocator};
 use backings::{Backing, Offer};
 use durable::{Change, DurableError};
 use ledger::{Export, Import, Ledger, Region, Usage};
+
+/// Who the registry acts for, and records as the owner of what it creates: the uid and
+/// gid it charges, lists and judges by, and the process a resume checks (pid 0: no process
+/// on this host, as for another node's client). The operations layer makes it from the
+/// request's principal ([`crate::ops::principal::Principal::owner`]); the transport's
+/// credentials never reach the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// The process, on this host; 0 for none.
+    pub pid: i32,
+    /// The uid charged and listed.
+    pub uid: u32,
+    /// The primary gid.
+    pub gid: u32,
+}
 
 /// Why a memory operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -881,7 +896,7 @@ impl Memory {
     /// Exports a region the session owns under `policy`: a handle with a fresh secret.
     pub fn export(
         &self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         region: u64,
         policy: ExportPolicy,
@@ -936,30 +951,30 @@ impl Memory {
     /// never reused).
     pub fn import(
         &self,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<Granted, MemoryError> {
-        let pending = self.plan_import(peer, session, handle, access)?;
+        let pending = self.plan_import(who, session, handle, access)?;
         // By name in its directory held open, not through a symlink: one planted in a
         // misconfigured directory would hand the importer whatever it points at.
         let file = &pending.file;
         let f = file.open(access == AccessMode::ReadWrite).map_err(io_err(file.path()))?;
-        self.grant_import(peer, session, handle, access, pending, OwnedFd::from(f))
+        self.grant_import(who, session, handle, access, pending, OwnedFd::from(f))
     }
 
     /// The first step of [`Memory::import`], under the lock: the import is admitted and the
     /// region's file found.
     fn plan_import(
         &self,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         handle: &ExportHandle,
         access: AccessMode,
     ) -> Result<PendingImport, MemoryError> {
         let mut st = self.state();
-        st.ledger.admit(peer, handle, access)?;
+        st.ledger.admit(who, handle, access)?;
         let r = st.ledger.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
         if r.object().is_some() {
             return Err(MemoryError::BadRequest(format!(
@@ -969,7 +984,7 @@ impl Memory {
         }
         let file = st.region_file(handle.region, r)?;
         let pending = PendingImport { file, generation: r.generation, len: r.len, offset: r.backing.offset() };
-        self.check_import(&st, peer.uid, session)?;
+        self.check_import(&st, who.uid, session)?;
         Ok(pending)
     }
 
@@ -978,7 +993,7 @@ impl Memory {
     /// the region freed, the limits reached meanwhile), then the import recorded.
     fn grant_import(
         &self,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         handle: &ExportHandle,
         access: AccessMode,
@@ -986,13 +1001,13 @@ impl Memory {
         fd: OwnedFd,
     ) -> Result<Granted, MemoryError> {
         let mut st = self.state();
-        let via = st.ledger.admit(peer, handle, access)?;
+        let via = st.ledger.admit(who, handle, access)?;
         let same = st.ledger.regions.get(&handle.region).is_some_and(|r| r.generation == pending.generation);
         if !same {
             return Err(MemoryError::InvalidHandle);
         }
-        self.check_import(&st, peer.uid, session)?;
-        let (id, generation) = Self::record_import(&mut st, peer, session, handle, via, access)?;
+        self.check_import(&st, who.uid, session)?;
+        let (id, generation) = Self::record_import(&mut st, who, session, handle, via, access)?;
         let PendingImport { len, offset, .. } = pending;
         let coherence = st.coherence(handle.region);
         Ok(Granted { region: handle.region, generation, len, fd, offset, import: id, coherence })
@@ -1001,7 +1016,7 @@ impl Memory {
     /// Records an admitted import of `handle`'s region: its id and the region's generation.
     fn record_import(
         st: &mut State,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         handle: &ExportHandle,
         via: ExportHandle,
@@ -1010,19 +1025,11 @@ impl Memory {
         // An importer node's import counts against its node, and its uid only where the
         // domain shares identities.
         let per_uid = st.remote.get(&session).is_none_or(|r| r.per_uid);
-        let (id, generation) = st.ledger.record_import(peer, session, (handle, via), access, per_uid)?;
+        let (id, generation) = st.ledger.record_import(who, session, (handle, via), access, per_uid)?;
         if let Some(r) = st.remote.get_mut(&session) {
             r.imports += 1;
         }
-        tracing::info!(
-            uid = peer.uid,
-            pid = peer.pid,
-            session,
-            region = handle.region,
-            import = id,
-            ?access,
-            "imported"
-        );
+        tracing::info!(uid = who.uid, pid = who.pid, session, region = handle.region, import = id, ?access, "imported");
         Ok((id, generation))
     }
 

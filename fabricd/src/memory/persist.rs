@@ -9,7 +9,8 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, MutexGuard};
 
-use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, PeerCred, RevocationReason, Secret, SessionToken};
+use crate::memory::Identity;
+use fabric_proto::wire::{DeviceName, ExportHandle, ExportPolicy, RevocationReason, Secret, SessionToken};
 use fabric_topology::Inventory;
 
 use super::backings::{Backing, Offer};
@@ -112,12 +113,12 @@ fn random_token() -> std::io::Result<SessionToken> {
 }
 
 /// The owner of a connecting peer: its credentials and its process's start time.
-pub fn owner_of(peer: &PeerCred) -> Owner {
-    Owner { uid: peer.uid, gid: peer.gid, pid: peer.pid, pid_start: pid_start_time(peer.pid) }
+pub fn owner_of(who: &Identity) -> Owner {
+    Owner { uid: who.uid, gid: who.gid, pid: who.pid, pid_start: pid_start_time(who.pid) }
 }
 
-fn cred(o: &Owner) -> PeerCred {
-    PeerCred { pid: o.pid, uid: o.uid, gid: o.gid }
+fn identity(o: &Owner) -> Identity {
+    Identity { pid: o.pid, uid: o.uid, gid: o.gid }
 }
 
 impl State {
@@ -283,9 +284,9 @@ impl State {
 impl Session {
     /// A new session's token (from `/dev/urandom`) and owner (its process's start time
     /// from `/proc`): I/O, so made outside the registry lock.
-    fn make(peer: &PeerCred) -> Result<Self, MemoryError> {
+    fn make(who: &Identity) -> Result<Self, MemoryError> {
         let token = random_token().map_err(io_err(Path::new("/dev/urandom")))?;
-        Ok(Self { token, owner: owner_of(peer) })
+        Ok(Self { token, owner: owner_of(who) })
     }
 }
 
@@ -360,7 +361,7 @@ impl Memory {
                 r.id,
                 Region {
                     generation: r.generation,
-                    owner: cred(&r.owner),
+                    owner: identity(&r.owner),
                     pid_start: r.owner.pid_start,
                     token: SessionToken(r.token),
                     session,
@@ -428,26 +429,26 @@ impl Memory {
     /// Makes `session`'s token and owner at its first use, without the registry lock (they
     /// are read from `/dev/urandom` and `/proc`); a concurrent first use keeps the one made
     /// first. Operations that need the session call this before they take the lock.
-    pub(super) fn ensure_session(&self, session: u64, peer: &PeerCred) -> Result<(), MemoryError> {
+    pub(super) fn ensure_session(&self, session: u64, who: &Identity) -> Result<(), MemoryError> {
         if self.state().sessions.contains_key(&session) {
             return Ok(());
         }
-        let made = Session::make(peer)?;
+        let made = Session::make(who)?;
         self.state().sessions.entry(session).or_insert(made);
         Ok(())
     }
 
     /// The session's resume token (made at first use), for its `Hello` response.
-    pub fn session_token(&self, session: u64, peer: &PeerCred) -> Result<SessionToken, MemoryError> {
-        self.ensure_session(session, peer)?;
+    pub fn session_token(&self, session: u64, who: &Identity) -> Result<SessionToken, MemoryError> {
+        self.ensure_session(session, who)?;
         Ok(self.state().session(session)?.token)
     }
 
     /// Gives the regions and exports of the orphaned session `token` names to `session`,
     /// which must not hold regions yet; the caller's uid must be the owner's.
-    pub fn resume(&self, session: u64, peer: &PeerCred, token: &SessionToken) -> Result<Resumed, MemoryError> {
+    pub fn resume(&self, session: u64, who: &Identity, token: &SessionToken) -> Result<Resumed, MemoryError> {
         // Read before the lock: the process's start time is in `/proc`.
-        let owner = owner_of(peer);
+        let owner = owner_of(who);
         let mut st = self.state();
         // Every orphan is compared, each in constant time.
         let mut found = None;
@@ -461,10 +462,10 @@ impl Memory {
                 "no session to resume with this token (its regions were reclaimed, or it never held any)".into(),
             ));
         };
-        if st.orphans[i].owner.uid != peer.uid {
+        if st.orphans[i].owner.uid != who.uid {
             return Err(MemoryError::PermissionDenied(format!(
                 "the session belongs to uid {}, not {}",
-                st.orphans[i].owner.uid, peer.uid
+                st.orphans[i].owner.uid, who.uid
             )));
         }
         if st.ledger.regions.values().any(|r| r.session == session) {
@@ -484,7 +485,7 @@ impl Memory {
         let mut ids = Vec::new();
         for (id, r) in st.ledger.regions.iter_mut().filter(|(_, r)| r.session == o.session) {
             r.session = session;
-            r.owner = *peer;
+            r.owner = *who;
             r.pid_start = owner.pid_start;
             out.regions += 1;
             ids.push(*id);
@@ -492,8 +493,8 @@ impl Memory {
         out.exports = st.ledger.exports.iter().filter(|e| ids.contains(&e.handle.region)).count() as u64;
         self.finish(st);
         tracing::info!(
-            uid = peer.uid,
-            pid = peer.pid,
+            uid = who.uid,
+            pid = who.pid,
             session,
             regions = out.regions,
             exports = out.exports,

@@ -206,7 +206,8 @@ impl Memory {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use fabric_proto::wire::{AccessMode, BoundedVec, ExportPolicy, PeerCred};
+    use crate::memory::Identity;
+    use fabric_proto::wire::{AccessMode, BoundedVec, ExportPolicy};
     use fabric_topology::MemoryKind;
 
     use super::super::{Memory, MemoryError, Place};
@@ -214,8 +215,8 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn cred(uid: u32) -> PeerCred {
-        PeerCred { pid: 1, uid, gid: uid }
+    fn cred(uid: u32) -> Identity {
+        Identity { pid: 1, uid, gid: uid }
     }
 
     /// A registry over one 256 MiB resource; region of 256 MiB (all of it) of session 1,

@@ -10,7 +10,8 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 
-use fabric_proto::wire::{AccessMode, PeerCred};
+use crate::memory::Identity;
+use fabric_proto::wire::AccessMode;
 
 use super::{Memory, MemoryError, State, Usage, io_err};
 use crate::dma::iova::PAGE;
@@ -278,7 +279,7 @@ impl Memory {
     #[allow(clippy::too_many_arguments)]
     pub fn register(
         &self,
-        peer: &PeerCred,
+        who: &Identity,
         session: u64,
         target: &Target,
         source: Source,
@@ -310,18 +311,18 @@ impl Memory {
         }
         let (found, iova) = {
             let mut st = self.state();
-            self.check(&st, peer.uid, 0, 1)?;
-            self.check_pinned(&st, peer.uid, span)?;
+            self.check(&st, who.uid, 0, 1)?;
+            self.check_pinned(&st, who.uid, span)?;
             // Every registration keeps a descriptor: its pinned file, or the caller's pidfd.
-            self.check_held(&st, peer.uid, session)?;
+            self.check_held(&st, who.uid, session)?;
             let found = Self::covered(&st, covers, session, at, len, access)?;
             let iova = st.ledger.dma.alloc_iova(target, span).map_err(MemoryError::Iova)?;
-            st.ledger.charge(peer.uid, Usage::registration(span));
+            st.ledger.charge(who.uid, Usage::registration(span));
             (found, iova)
         };
         // Declared first, so that on failure it drops last: after the lock taken again
         // below, the mapping (unmapped) and the backing (unpinned).
-        let reservation = Reservation { memory: self, uid: peer.uid, span, domain: &target.domain, iova, held: true };
+        let reservation = Reservation { memory: self, uid: who.uid, span, domain: &target.domain, iova, held: true };
         let backing = Self::back(target, source, found, (at, len, first, span), access, abandon)?;
         let vfio = match (&target.vfio, &backing) {
             (Some(dev), Backing::Mapped(p)) => {
@@ -344,7 +345,7 @@ impl Memory {
                 lead,
                 len,
                 access,
-                uid: peer.uid,
+                uid: who.uid,
                 session,
                 covers,
                 vfio,
@@ -353,8 +354,8 @@ impl Memory {
         );
         reservation.commit();
         tracing::info!(
-            uid = peer.uid,
-            pid = peer.pid,
+            uid = who.uid,
+            pid = who.pid,
             session,
             registration = id,
             device = %target.device,

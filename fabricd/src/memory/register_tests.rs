@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
 
-use fabric_proto::wire::{AccessMode, PeerCred};
+use crate::memory::Identity;
+use fabric_proto::wire::AccessMode;
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::register::{Registered, Source};
@@ -108,8 +109,8 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
-fn peer(uid: u32) -> PeerCred {
-    PeerCred { pid: i32::try_from(std::process::id()).unwrap(), uid, gid: uid }
+fn peer(uid: u32) -> Identity {
+    Identity { pid: i32::try_from(std::process::id()).unwrap(), uid, gid: uid }
 }
 
 impl Setup {

@@ -10,7 +10,8 @@
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use fabric_proto::wire::{PeerCred, SessionToken};
+use crate::memory::Identity;
+use fabric_proto::wire::SessionToken;
 
 use super::alloc::{AllocError, GRANULE, round_len};
 use super::backings::{Backing, Offer};
@@ -23,7 +24,7 @@ use super::{Granted, Memory, MemoryError, Place, Region, State, Usage, backing, 
 #[derive(Debug)]
 pub(super) struct Reservation {
     pub(super) id: u64,
-    pub(super) owner: PeerCred,
+    pub(super) owner: Identity,
     pub(super) session: u64,
     pub(super) pid_start: Option<u64>,
     pub(super) token: SessionToken,
@@ -68,7 +69,7 @@ impl State {
     /// the caller): the rest of a [`Reservation`].
     pub(super) fn reserve(
         &mut self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         resources: Vec<usize>,
         offset: u64,
@@ -100,7 +101,7 @@ impl Memory {
     /// Allocates `size` bytes (rounded up to 2 MiB) on the resource `place` names.
     pub fn alloc(
         &self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         place: &Place,
         size: u64,
@@ -136,7 +137,7 @@ impl Memory {
     /// (first fit over the resources `place` names), the id and the usage.
     pub(super) fn reserve_on(
         &self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         place: &Place,
         size: u64,

@@ -9,7 +9,7 @@
 //! `L` are multiples of `ways * 2 MiB`) and, in the sim, is backed by one file of `L`
 //! bytes whose byte `i` is the set's byte `S + i`.
 
-use fabric_proto::wire::PeerCred;
+use crate::memory::Identity;
 use fabric_topology::{DeviceId, MemoryKind};
 
 use super::alloc::{AllocError, GRANULE};
@@ -129,7 +129,7 @@ impl Memory {
     /// two, 0 for none). Returns the region and its offset in the set.
     pub fn alloc_set(
         &self,
-        owner: &PeerCred,
+        owner: &Identity,
         session: u64,
         set: &SetSpec,
         size: u64,

@@ -49,7 +49,7 @@ impl Memory {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use fabric_proto::wire::PeerCred;
+    use crate::memory::Identity;
     use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
 
     use super::*;
@@ -68,7 +68,7 @@ mod tests {
         let mut inv = Inventory::default();
         inv.add_device(d).unwrap();
         let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
-        let me = PeerCred { pid: 1, uid: 1000, gid: 1000 };
+        let me = Identity { pid: 1, uid: 1000, gid: 1000 };
         let place = Place { device: id, kind: MemoryKind::Hbm, ordinal: None };
         let a = m.alloc(&me, 1, &place, 4 * MIB, 0).unwrap();
         let b = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();

@@ -4,9 +4,10 @@
 
 use std::os::fd::OwnedFd;
 
+use crate::memory::Identity;
 use fabric_proto::wire::{
     Access, AccessMode, AllocResponse, Coherence, DeviceName, ErrorBody, ExportHandle, ExportPolicy, ExportResponse,
-    Grant, ImportObjectResponse, ImportResponse, ObjectKind, PeerCred, Response, Version,
+    Grant, ImportObjectResponse, ImportResponse, ObjectKind, Response, Version,
 };
 
 use crate::daemon::Daemon;
@@ -18,7 +19,7 @@ use crate::placement;
 /// `Alloc`: a region and its backing file, read-write.
 pub fn alloc(
     d: &Daemon,
-    owner: &PeerCred,
+    owner: &Identity,
     session: u64,
     target: &Target,
     size: u64,
@@ -63,7 +64,7 @@ fn vendor_grant(d: &Daemon) -> Option<Grant> {
 /// becomes a region of this session.
 pub fn adopt(
     d: &Daemon,
-    owner: &PeerCred,
+    owner: &Identity,
     session: u64,
     place: &Place,
     size: u64,
@@ -86,7 +87,7 @@ pub fn adopt(
 /// `ImportObject`: an adopted region by handle, with a duplicate of its vendor descriptor.
 pub fn import_object(
     d: &Daemon,
-    owner: &PeerCred,
+    owner: &Identity,
     session: u64,
     handle: &ExportHandle,
     access: AccessMode,
@@ -116,7 +117,7 @@ pub fn free(d: &Daemon, session: u64, region: u64) -> Result<Response, ErrorBody
 /// `Export`: a handle for a region of this session.
 pub fn export(
     d: &Daemon,
-    owner: &PeerCred,
+    owner: &Identity,
     session: u64,
     region: u64,
     policy: ExportPolicy,
@@ -136,7 +137,7 @@ pub fn revoke(d: &Daemon, session: u64, handle: &ExportHandle) -> Result<Respons
 /// `Import`: the region a handle names, opened read-only or read-write as granted.
 pub fn import(
     d: &Daemon,
-    owner: &PeerCred,
+    owner: &Identity,
     session: u64,
     handle: &ExportHandle,
     access: AccessMode,

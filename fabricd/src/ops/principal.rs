@@ -15,6 +15,7 @@
 
 use fabric_proto::wire::PeerCred;
 
+use crate::memory::Identity;
 use crate::transport::peer::{Peer, Process, ProcessGone};
 
 /// A process on this host, as the kernel recorded it when it connected.
@@ -95,11 +96,11 @@ impl Principal {
     }
 
     /// The owner record the memory registry keeps for what this principal creates.
-    pub fn owner(&self) -> PeerCred {
+    pub fn owner(&self) -> Identity {
         match self {
-            Self::Local(p) => p.cred,
-            Self::Peer(n) if n.shared_identities => PeerCred { pid: 0, uid: n.uid, gid: n.gid },
-            Self::Peer(_) => PeerCred { pid: 0, uid: NOBODY_UID, gid: NOBODY_UID },
+            Self::Local(p) => Identity { pid: p.cred.pid, uid: p.cred.uid, gid: p.cred.gid },
+            Self::Peer(n) if n.shared_identities => Identity { pid: 0, uid: n.uid, gid: n.gid },
+            Self::Peer(_) => Identity { pid: 0, uid: NOBODY_UID, gid: NOBODY_UID },
         }
     }
 
@@ -181,7 +182,7 @@ mod tests {
         let apart = Client::node(node(false));
         assert!(!apart.admin && !apart.principal.is_admin(Some(0)), "uid 0 elsewhere is no admin here");
         assert_eq!(apart.principal.uid(), NOBODY_UID);
-        assert_eq!(apart.principal.owner(), PeerCred { pid: 0, uid: NOBODY_UID, gid: NOBODY_UID });
+        assert_eq!(apart.principal.owner(), Identity { pid: 0, uid: NOBODY_UID, gid: NOBODY_UID });
         assert!(apart.principal.groups().is_empty());
         assert!(apart.principal.process().is_err(), "no process of this host");
         let shared = Client::node(node(true));

@@ -15,10 +15,11 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
+use crate::memory::Identity;
 use fabric_domain::DataPathKind;
 use fabric_domain::records::SHARED_FILE;
 use fabric_nodelink::{Peer, PeerError};
-use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, PeerCred, RevocationReason, Secret, Topics};
+use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, RevocationReason, Secret, Topics};
 
 use super::clique::NoReach;
 use super::revokes::{self, Outbox};
@@ -266,7 +267,7 @@ impl Owner {
         peer: &Peer,
         ask: &ImportAsk,
         object: bool,
-    ) -> Result<(ExportHandle, ExportSubject, PeerCred), PeerError> {
+    ) -> Result<(ExportHandle, ExportSubject, Identity), PeerError> {
         ask.check()?;
         let handle =
             ExportHandle { node: None, region: ask.region, generation: ask.generation, secret: Secret(ask.secret) };
