@@ -2,24 +2,24 @@
 //! the kernel recorded when the client connected (`SO_PEERCRED`, `SO_PEERGROUPS`; see
 //! [`crate::transport::peer`]), never from `/proc`, whose pid may since name another process.
 
-use fabric_proto::wire::PeerCred;
+use crate::memory::Identity;
 
-/// Whether `cred` may run admin operations: uid 0, or `admin_gid` as the primary group or
+/// Whether `who` may run admin operations: uid 0, or `admin_gid` as the primary group or
 /// among the supplementary `groups` (those of the connection, fixed at connect).
-pub fn is_admin(cred: &PeerCred, admin_gid: Option<u32>, groups: &[u32]) -> bool {
-    if cred.uid == 0 {
+pub fn is_admin(who: &Identity, admin_gid: Option<u32>, groups: &[u32]) -> bool {
+    if who.uid == 0 {
         return true;
     }
     let Some(gid) = admin_gid else { return false };
-    cred.gid == gid || groups.contains(&gid)
+    who.gid == gid || groups.contains(&gid)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn cred(uid: u32, gid: u32) -> PeerCred {
-        PeerCred { pid: 1, uid, gid }
+    fn cred(uid: u32, gid: u32) -> Identity {
+        Identity { pid: 1, uid, gid }
     }
 
     #[test]

@@ -13,8 +13,6 @@
 //! the bindings current when each request is authorized. Admin standing is fixed at
 //! connect, like the groups it derives from.
 
-use fabric_proto::wire::PeerCred;
-
 use crate::memory::Identity;
 use crate::transport::peer::{Peer, Process, ProcessGone};
 
@@ -22,7 +20,7 @@ use crate::transport::peer::{Peer, Process, ProcessGone};
 #[derive(Debug, Clone)]
 pub struct LocalProcess {
     /// Uid, primary gid and pid at connect (`SO_PEERCRED`).
-    pub cred: PeerCred,
+    pub id: Identity,
     /// Supplementary groups at connect (`SO_PEERGROUPS`).
     pub groups: Vec<u32>,
     /// The process that connected, followed by its pidfd; `None` when it had exited by
@@ -72,7 +70,7 @@ impl Principal {
     /// The principal at the other end of an accepted connection.
     pub fn of_peer(peer: &Peer) -> Self {
         Self::Local(LocalProcess {
-            cred: peer.cred,
+            id: Identity { pid: peer.cred.pid, uid: peer.cred.uid, gid: peer.cred.gid },
             groups: peer.groups().to_vec(),
             process: peer.process().ok().cloned(),
         })
@@ -81,7 +79,7 @@ impl Principal {
     /// The uid the registry charges and lists its objects under.
     pub fn uid(&self) -> u32 {
         match self {
-            Self::Local(p) => p.cred.uid,
+            Self::Local(p) => p.id.uid,
             Self::Peer(n) if n.shared_identities => n.uid,
             Self::Peer(_) => NOBODY_UID,
         }
@@ -90,7 +88,7 @@ impl Principal {
     /// The pid, for log lines only (a pid alone names nothing: [`Process::with`]).
     pub fn pid(&self) -> i32 {
         match self {
-            Self::Local(p) => p.cred.pid,
+            Self::Local(p) => p.id.pid,
             Self::Peer(_) => 0,
         }
     }
@@ -98,7 +96,7 @@ impl Principal {
     /// The owner record the memory registry keeps for what this principal creates.
     pub fn owner(&self) -> Identity {
         match self {
-            Self::Local(p) => Identity { pid: p.cred.pid, uid: p.cred.uid, gid: p.cred.gid },
+            Self::Local(p) => p.id,
             Self::Peer(n) if n.shared_identities => Identity { pid: 0, uid: n.uid, gid: n.gid },
             Self::Peer(_) => Identity { pid: 0, uid: NOBODY_UID, gid: NOBODY_UID },
         }
@@ -107,7 +105,7 @@ impl Principal {
     /// Every group a binding may name it by: the primary gid, then the supplementary ones.
     pub fn groups(&self) -> Vec<u32> {
         match self {
-            Self::Local(p) => std::iter::once(p.cred.gid).chain(p.groups.iter().copied()).collect(),
+            Self::Local(p) => std::iter::once(p.id.gid).chain(p.groups.iter().copied()).collect(),
             Self::Peer(n) if n.shared_identities => vec![n.gid],
             Self::Peer(_) => Vec::new(),
         }
@@ -125,7 +123,7 @@ impl Principal {
     /// or among its supplementary groups (those of the connection, fixed at connect).
     pub fn is_admin(&self, admin_gid: Option<u32>) -> bool {
         match self {
-            Self::Local(p) => crate::ops::auth::is_admin(&p.cred, admin_gid, &p.groups),
+            Self::Local(p) => crate::ops::auth::is_admin(&p.id, admin_gid, &p.groups),
             Self::Peer(_) => false,
         }
     }
@@ -160,7 +158,7 @@ mod tests {
 
     #[test]
     fn a_local_principal_keeps_the_credentials_and_groups_of_its_connection() {
-        let peer = Peer::new(PeerCred { pid: 7, uid: 1000, gid: 100 }, vec![27, 4242], None);
+        let peer = Peer::new(fabric_proto::wire::PeerCred { pid: 7, uid: 1000, gid: 100 }, vec![27, 4242], None);
         let c = Client::accept(&peer, Some(4242));
         assert!(c.admin, "admin by a supplementary group");
         assert_eq!(c.principal.uid(), 1000);

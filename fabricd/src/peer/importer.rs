@@ -232,7 +232,7 @@ fn ask<T: serde::de::DeserializeOwned>(
     let crate::ops::principal::Principal::Local(process) = caller.principal() else {
         return Err(refusal(ErrorCode::BadRequest, "a node imports for its own clients only"));
     };
-    let cred = process.cred;
+    let cred = process.id;
     let ask = ImportAsk {
         region: handle.region,
         generation: handle.generation,
