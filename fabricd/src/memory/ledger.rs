@@ -337,7 +337,7 @@ impl Ledger {
     }
 
     /// The checks of an import by handle: the secret and generation name a live export,
-    /// it is not revoked, its policy admits the peer and the access. Returns the export.
+    /// it is not revoked, its policy admits `who` and the access. Returns the export.
     pub(super) fn admit(
         &mut self,
         who: &Identity,

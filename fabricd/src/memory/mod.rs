@@ -946,7 +946,7 @@ impl Memory {
     ///
     /// The file is opened without the registry lock, between two checks under it: the
     /// first finds the region's file, the second grants the import only if the export is
-    /// still live and admits the peer, and the region is still the one the handle names
+    /// still live and admits `who`, and the region is still the one the handle names
     /// (a region freed meanwhile is refused as if it had been freed first; region ids are
     /// never reused).
     pub fn import(

@@ -112,7 +112,7 @@ fn random_token() -> std::io::Result<SessionToken> {
     crate::sys::random_bytes().map(SessionToken)
 }
 
-/// The owner of a connecting peer: its credentials and its process's start time.
+/// The durable owner record of `who`: its identity and its process's start time.
 pub fn owner_of(who: &Identity) -> Owner {
     Owner { uid: who.uid, gid: who.gid, pid: who.pid, pid_start: pid_start_time(who.pid) }
 }
