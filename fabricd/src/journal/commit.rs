@@ -8,8 +8,10 @@
 //! wakes the others. Records queued while the leader syncs form the next batch. A record
 //! is durable, and may be acknowledged, only once its ticket's `wait` returns `Ok`.
 //!
-//! A snapshot ([`Committer::enqueue_snapshot`]) takes its place in the same order: the
-//! records queued before it are written first, then the journal is compacted to it.
+//! A snapshot ([`Committer::enqueue_snapshot_with`]) takes its place in the same order: the
+//! records queued before it are written first, then the journal is compacted to it. Its
+//! bytes are made by the writer when its turn comes ([`SnapshotEncoder`]), so the caller's
+//! lock is held only for what the snapshot must capture, not for its encoding.
 //!
 //! After a failed write the journal is poisoned and every later record fails too, until
 //! the owner [`reopen`](Committer::reopen)s it with a snapshot of what was acknowledged.
@@ -40,10 +42,23 @@ impl Ticket {
     }
 }
 
-#[derive(Debug)]
+/// Makes a snapshot's bytes: called once, by the writer, outside the caller's lock; an
+/// `Err` (what went wrong) writes nothing and leaves the journal whole.
+pub type SnapshotEncoder = Box<dyn FnOnce() -> Result<Vec<u8>, String> + Send>;
+
 enum Entry {
     Record(u16, Vec<u8>),
-    Snapshot(Vec<u8>),
+    /// Taken (`None`) by the writer that encodes it.
+    Snapshot(Option<SnapshotEncoder>),
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Record(kind, payload) => write!(f, "Record({kind:#06x}, {} bytes)", payload.len()),
+            Self::Snapshot(_) => f.write_str("Snapshot"),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -126,7 +141,14 @@ impl Committer {
     /// Queues a compaction to `snapshot`, the caller's whole state as of every record
     /// queued so far and of nothing queued later. No I/O.
     pub fn enqueue_snapshot(self: &Arc<Self>, snapshot: Vec<u8>) -> Ticket {
-        self.push(Entry::Snapshot(snapshot))
+        self.enqueue_snapshot_with(Box::new(move || Ok(snapshot)))
+    }
+
+    /// Queues a compaction to the snapshot `encode` makes, the caller's whole state as of
+    /// every record queued so far and of nothing queued later: what it captures is taken
+    /// now, its bytes are made by the writer. No I/O.
+    pub fn enqueue_snapshot_with(self: &Arc<Self>, encode: SnapshotEncoder) -> Ticket {
+        self.push(Entry::Snapshot(Some(encode)))
     }
 
     fn push(self: &Arc<Self>, entry: Entry) -> Ticket {
@@ -194,13 +216,13 @@ impl Committer {
         let mut run: Vec<Item> = Vec::new();
         let mut run_bytes = 0usize;
         let mut items = batch.into_iter().peekable();
-        while let Some(item) = items.next() {
+        while let Some(mut item) = items.next() {
             if let Some(e) = &failed {
                 let _ = item.slot.set(Err(e.clone()));
                 continue;
             }
             let Some(j) = guard.as_mut() else { continue };
-            match &item.entry {
+            match &mut item.entry {
                 Entry::Record(_, payload) => {
                     run_bytes = run_bytes.saturating_add(format::record_len(payload.len()));
                     run.push(item);
@@ -215,10 +237,18 @@ impl Committer {
                         run_bytes = 0;
                     }
                 }
-                Entry::Snapshot(bytes) => {
-                    let done = j.compact(bytes).map(|_| ()).map_err(Arc::new);
-                    self.syncs.fetch_add(1, Ordering::Relaxed);
-                    failed = done.as_ref().err().cloned();
+                Entry::Snapshot(encode) => {
+                    let encoded = encode.take().map_or_else(|| Err("already written".to_owned()), |e| e());
+                    let done = match encoded {
+                        Ok(bytes) => {
+                            let done = j.compact(&bytes).map(|_| ()).map_err(Arc::new);
+                            self.syncs.fetch_add(1, Ordering::Relaxed);
+                            failed = done.as_ref().err().cloned();
+                            done
+                        }
+                        // Nothing written: what follows goes on.
+                        Err(why) => Err(Arc::new(JournalError::Encode(why))),
+                    };
                     let _ = item.slot.set(done);
                 }
             }
@@ -346,6 +376,50 @@ mod tests {
         let (snapshot, records) = replayed(dir.path());
         assert_eq!(snapshot.as_deref(), Some(&b"state"[..]));
         assert_eq!(records, vec![b"after".to_vec()]);
+    }
+
+    #[test]
+    fn a_snapshot_is_encoded_by_its_writer_after_the_callers_lock_is_released() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open(dir.path());
+        let caller = Arc::new(Mutex::new(()));
+        let encoded = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (lock_seen, flag) = (caller.clone(), encoded.clone());
+        let held = lock(&caller);
+        let s = c.enqueue_snapshot_with(Box::new(move || {
+            flag.store(true, Ordering::SeqCst);
+            // Run under the caller's lock, this would find it held.
+            let free = lock_seen.try_lock().is_ok();
+            if free { Ok(b"state".to_vec()) } else { Err("encoded under the caller's lock".into()) }
+        }));
+        let after = c.enqueue(1, b"after".to_vec());
+        assert!(!encoded.load(Ordering::SeqCst), "nothing is encoded at enqueue");
+        drop(held);
+        after.wait().expect("after");
+        s.wait().expect("snapshot written");
+        assert!(encoded.load(Ordering::SeqCst));
+        drop(c);
+        let (snapshot, records) = replayed(dir.path());
+        assert_eq!(snapshot.as_deref(), Some(&b"state"[..]));
+        assert_eq!(records, vec![b"after".to_vec()]);
+    }
+
+    #[test]
+    fn a_snapshot_that_does_not_encode_writes_nothing_and_the_journal_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open(dir.path());
+        let a = c.enqueue(1, b"a".to_vec());
+        let s = c.enqueue_snapshot_with(Box::new(|| Err("no".into())));
+        let b = c.enqueue(1, b"b".to_vec());
+        b.wait().expect("a record after it is written");
+        a.wait().expect("a record before it is written");
+        let e = s.wait().expect_err("the snapshot failed");
+        assert!(e.wrote_nothing(), "{e}");
+        c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
+        drop(c);
+        let (snapshot, records) = replayed(dir.path());
+        assert_eq!(snapshot, None);
+        assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
     }
 
     #[test]

@@ -240,7 +240,23 @@ pub enum JournalError {
     /// written until the journal is opened again (which recovers what is durable).
     #[error("journal stopped after an earlier write or sync failure; reopen it")]
     Poisoned,
+    /// A snapshot queued to be encoded when its turn came did not encode: nothing was
+    /// written, the journal is as it was.
+    #[error("the snapshot does not encode: {0}")]
+    Encode(String),
     /// The batch a record was group-committed in failed (`commit.rs`).
     #[error("the group commit's write failed")]
     Batch(#[source] std::sync::Arc<JournalError>),
+}
+
+impl JournalError {
+    /// Whether nothing was written: a snapshot that did not encode, which leaves the
+    /// journal whole (no reopen needed).
+    pub fn wrote_nothing(&self) -> bool {
+        match self {
+            Self::Encode(_) => true,
+            Self::Batch(inner) => inner.wrote_nothing(),
+            _ => false,
+        }
+    }
 }

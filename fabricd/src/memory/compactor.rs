@@ -30,7 +30,9 @@ impl Compactor {
                 // every later compaction (and a reopen after a failure) waiting for it.
                 let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ticket.wait()))
                     .unwrap_or(Err(crate::journal::JournalError::Poisoned));
-                if let Err(e) = &waited {
+                if let Err(e) = &waited
+                    && !e.wrote_nothing()
+                {
                     tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
                 }
                 if let Some(state) = state.upgrade() {

@@ -161,7 +161,9 @@ impl Memory {
         };
         let Err(ticket) = handed else { return };
         let waited = ticket.wait();
-        if let Err(e) = &waited {
+        if let Err(e) = &waited
+            && !e.wrote_nothing()
+        {
             tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
         }
         self.state().settle(&waited);

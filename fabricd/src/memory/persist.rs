@@ -170,6 +170,13 @@ impl State {
 
     /// The registry as a snapshot record.
     pub(super) fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
+        encode(self.snapshot_records()).map_err(MemoryError::Record)
+    }
+
+    /// What a snapshot holds, taken from the registry as it is (in no order: [`encode`]
+    /// sorts it). Linear in the registry's size, and done under its lock; the encoding,
+    /// about as long again, is left to whoever writes it.
+    fn snapshot_records(&self) -> Snapshot {
         // Adopted vendor objects live as long as their session only.
         let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
         for (id, r) in self.ledger.regions.iter().filter(|(_, r)| r.object().is_none()) {
@@ -178,8 +185,6 @@ impl State {
                 None => regions.push(self.region_record(*id, r)),
             }
         }
-        regions.sort_by_key(|r| r.id);
-        set_regions.sort_by_key(|r| r.region.id);
         let exports = self
             .ledger
             .exports
@@ -187,12 +192,9 @@ impl State {
             .filter(|e| self.ledger.regions.get(&e.handle.region).is_none_or(|r| r.object().is_none()))
             .map(Export::record)
             .collect();
-        let mut lost: Vec<u64> =
+        let lost =
             self.ledger.regions.iter().filter(|(_, r)| r.lost && r.object().is_none()).map(|(id, _)| *id).collect();
-        lost.sort_unstable();
         Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions, lost }
-            .encode()
-            .map_err(MemoryError::Record)
     }
 
     /// Queues `change` in the journal, in state order: the caller waits for the ticket
@@ -244,9 +246,16 @@ impl State {
     pub(super) fn settle(&mut self, waited: &Result<(), crate::journal::JournalError>) {
         let Some(log) = self.log.as_mut() else { return };
         log.in_flight = log.in_flight.saturating_sub(1);
-        if let Err(e) = waited {
-            tracing::error!(error = %crate::error_chain(e), "journal write failed; the change is refused");
-            log.broken = true;
+        match waited {
+            Ok(()) => {}
+            // A snapshot that did not encode wrote nothing: the journal goes on as it was.
+            Err(e) if e.wrote_nothing() => {
+                tracing::warn!(error = %crate::error_chain(e), "registry snapshot does not encode; not compacting");
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::error_chain(e), "journal write failed; the change is refused");
+                log.broken = true;
+            }
         }
     }
 
@@ -257,18 +266,20 @@ impl State {
         if log.since_snapshot < log.compact_records || log.broken || log.in_flight > 0 {
             return None;
         }
-        let snapshot = match self.snapshot() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %crate::error_chain(&e), "registry snapshot does not encode; not compacting");
-                return None;
-            }
-        };
+        let snapshot = self.snapshot_records();
         let log = self.log.as_mut()?;
-        tracing::debug!(bytes = snapshot.len(), records = log.since_snapshot, "journal compaction queued");
+        tracing::debug!(
+            regions = snapshot.regions.len() + snapshot.set_regions.len(),
+            records = log.since_snapshot,
+            "journal compaction queued"
+        );
         log.since_snapshot = 0;
         log.in_flight += 1;
-        Some(log.committer.enqueue_snapshot(snapshot))
+        Some(
+            log.committer.enqueue_snapshot_with(Box::new(move || {
+                encode(snapshot).map_err(|e| crate::error_chain(&e).to_string())
+            })),
+        )
     }
 
     /// The token and owner of `session`, which [`Memory::ensure_session`] made before the
@@ -279,6 +290,14 @@ impl State {
             .copied()
             .ok_or_else(|| MemoryError::NotFound(format!("session {session} has ended")))
     }
+}
+
+/// A snapshot's record payload, its lists in id order.
+fn encode(mut s: Snapshot) -> Result<Vec<u8>, super::durable::DurableError> {
+    s.regions.sort_by_key(|r| r.id);
+    s.set_regions.sort_by_key(|r| r.region.id);
+    s.lost.sort_unstable();
+    s.encode()
 }
 
 impl Session {
