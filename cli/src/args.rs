@@ -293,6 +293,13 @@ pub enum BenchCommand {
         /// and 16 clients (group commit).
         #[arg(long, value_enum, default_value_t = ControlMode::Latency)]
         mode: ControlMode,
+        /// `isolation` on a running daemon (`--socket`): the interleave set the load
+        /// allocates on, e.g. a CXL region's set on a DAX device the daemon zeroes.
+        #[arg(long, value_name = "NAME", requires = "socket")]
+        set: Option<String>,
+        /// `isolation`: bytes of one allocation in eight of the load.
+        #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+        zeroed_bytes: u64,
     },
     /// libfabric-mm registration: a cache hit (ns) and a miss per MiB vs `mlock` of the same
     /// bytes.

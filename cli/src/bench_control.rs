@@ -134,6 +134,11 @@ pub struct ControlOptions {
     pub clients: usize,
     /// Length of each throughput run.
     pub duration: Duration,
+    /// Isolation mode on a running daemon: the interleave set the load allocates on (its
+    /// big allocations on device memory the daemon zeroes), instead of a GPU's HBM.
+    pub set: Option<String>,
+    /// Isolation mode: the size of one allocation in eight of the load (1 GiB by default).
+    pub zeroed_bytes: u64,
 }
 
 /// A child process killed on drop.
@@ -303,16 +308,20 @@ pub(crate) fn time_pings(c: &mut Connection, n: usize) -> Result<Vec<Duration>, 
 }
 
 pub(crate) fn hbm_device(c: &mut Connection) -> Result<String, ControlBenchError> {
+    device_with_memory(c, Some("hbm"))?.ok_or(ControlBenchError::NoHbm)
+}
+
+/// The first device the daemon lists with memory of `kind` (any kind: `None`).
+pub(crate) fn device_with_memory(c: &mut Connection, kind: Option<&str>) -> Result<Option<String>, ControlBenchError> {
     let (resp, _) = c.call(Request::Devices(TopologyRequest { node: None }), &[]).map_err(call_err("devices"))?;
     let Response::Devices(doc) = resp else { return Err(ControlBenchError::Unexpected("devices")) };
     let v: serde_json::Value = serde_json::from_str(&doc.json).map_err(|_| ControlBenchError::Unexpected("devices"))?;
-    v["devices"]
+    Ok(v["devices"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|d| d["memory"].as_array().is_some_and(|m| m.iter().any(|r| r["kind"] == "hbm")))
-        .and_then(|d| d["id"].as_str().map(str::to_owned))
-        .ok_or(ControlBenchError::NoHbm)
+        .find(|d| d["memory"].as_array().is_some_and(|m| m.iter().any(|r| kind.is_none_or(|k| r["kind"] == k))))
+        .and_then(|d| d["id"].as_str().map(str::to_owned)))
 }
 
 struct MemoryTimes {

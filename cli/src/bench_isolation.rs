@@ -34,7 +34,9 @@ use fabric_proto::wire::{
 };
 use serde::Serialize;
 
-use crate::bench_control::{ControlBenchError, ControlOptions, connect, hbm_device, start_daemon_on, time_pings};
+use crate::bench_control::{
+    ControlBenchError, ControlOptions, connect, device_with_memory, hbm_device, start_daemon_on, time_pings,
+};
 
 /// Clients that allocate while the no-ops are timed.
 const ALLOCATING_CLIENTS: usize = 4;
@@ -115,19 +117,27 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     (at(50.0).map_or(0.0, us), at(99.0).map_or(0.0, us), v.last().copied().map_or(0.0, us))
 }
 
-/// Where the 2 MiB regions of the load go: a device and its kind of memory.
+/// Where the 2 MiB regions of the load go: a device and its kind of memory, or an
+/// interleave set (`--set`).
 #[derive(Debug, Clone)]
-struct On {
-    device: String,
-    memory: MemoryClass,
+enum On {
+    Device { device: String, memory: MemoryClass },
+    Set(String),
+}
+
+impl On {
+    fn target(&self) -> AllocTarget {
+        match self {
+            Self::Device { device, memory } => {
+                AllocTarget::Device { device: DeviceName::truncated(device), memory: *memory }
+            }
+            Self::Set(name) => AllocTarget::Set(Name::truncated(name)),
+        }
+    }
 }
 
 fn alloc_req(on: &On, size: u64) -> Request {
-    Request::Alloc(AllocRequest {
-        target: AllocTarget::Device { device: DeviceName::truncated(&on.device), memory: on.memory },
-        size,
-        align: 0,
-    })
+    Request::Alloc(AllocRequest { target: on.target(), size, align: 0 })
 }
 
 /// Size of the DAX stand-in's sparse file: more than the pool's set holds.
@@ -381,26 +391,31 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     };
     let n = opts.iterations.max(10);
     let mut probe = connect(&socket)?;
-    // On the CXL pool, the member the set does not start on; else a GPU's HBM.
-    let on = match &zeroed_set {
-        Some(z) => On { device: z.member.clone(), memory: MemoryClass::CxlVolatile },
-        None => On { device: hbm_device(&mut probe)?, memory: MemoryClass::Hbm },
+    // On the CXL pool, the member the set does not start on; on a running daemon's set
+    // (`--set`), that set; else a GPU's HBM.
+    let zeroed_set =
+        zeroed_set.or_else(|| opts.set.as_ref().map(|set| ZeroedSet { set: set.clone(), member: String::new() }));
+    let on = match (&zeroed_set, &opts.set) {
+        (Some(z), None) => On::Device { device: z.member.clone(), memory: MemoryClass::CxlVolatile },
+        (_, Some(set)) => On::Set(set.clone()),
+        (None, None) => On::Device { device: hbm_device(&mut probe)?, memory: MemoryClass::Hbm },
     };
+    let big = opts.zeroed_bytes;
     time_pings(&mut probe, (n / 10).max(10))?;
     let idle = time_pings(&mut probe, n)?;
     let status_idle = time_status(&mut probe, n)?;
 
-    // Other clients allocate and free, one allocation in eight of 1 GiB (on the zeroed
-    // device memory when it is served).
+    // Other clients allocate and free, one allocation in eight of `--zeroed-bytes` (1 GiB;
+    // on the zeroed device memory when it is served).
     let dev = on.clone();
     let loaded_zeroed = zeroed_set.is_some();
     let set = zeroed_set.as_ref().map(|z| z.set.clone());
     let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| match (&set, i % 8 == 7) {
         (Some(set), true) => {
-            let req = AllocRequest { target: AllocTarget::Set(Name::truncated(set)), size: 1 << 30, align: 0 };
+            let req = AllocRequest { target: AllocTarget::Set(Name::truncated(set)), size: big, align: 0 };
             free_after(c, Request::Alloc(req))
         }
-        (None, true) => alloc_free(c, &dev, 1 << 30),
+        (None, true) => alloc_free(c, &dev, big),
         (_, false) => alloc_free(c, &dev, 2 << 20),
     })?;
     std::thread::sleep(Duration::from_millis(50));
@@ -409,7 +424,11 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let (loaded_allocs, alloc_errors) = load.stop();
 
     // An admin (this user runs the private daemon) changes a partition in a loop.
-    let dev = on.device.clone();
+    // The partition names the load's device; with a set, a device of the daemon's with memory.
+    let dev = match &on {
+        On::Device { device, .. } => device.clone(),
+        On::Set(_) => device_with_memory(&mut probe, None)?.ok_or(ControlBenchError::Unexpected("devices"))?,
+    };
     let load = Load::start(&socket, 1, move |c, i| {
         let req = if i % 2 == 0 {
             let devices = BoundedVec::new(vec![DeviceName::truncated(&dev)]).unwrap_or_default();

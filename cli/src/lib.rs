@@ -157,13 +157,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
                 let r = bench::scale(sim, *queries)?;
                 bench::print(&r, b.json, out).map_err(RunError::Output)?;
             }
-            BenchCommand::Control { socket, sim, iterations, clients, seconds, mode } => {
+            BenchCommand::Control { socket, sim, iterations, clients, seconds, mode, set, zeroed_bytes } => {
                 let opts = bench_control::ControlOptions {
                     daemon: socket.clone(),
                     sim: sim.clone(),
                     iterations: *iterations,
                     clients: (*clients).max(1),
                     duration: Duration::from_secs_f64(seconds.clamp(0.1, 600.0)),
+                    set: set.clone(),
+                    zeroed_bytes: (*zeroed_bytes).max(2 << 20),
                 };
                 match mode {
                     args::ControlMode::Latency => {

@@ -51,10 +51,24 @@ blob fabric-topology /tmp/topo.json
 fabricctl map --daemon -o json >/tmp/map.json 2>/tmp/map.err && result fabric-map ok || result fabric-map fail "$(cat /tmp/map.err)"
 blob fabric-map /tmp/map.json
 
+SET=$(grep -o '"set:cxl-region:[^"]*"' /tmp/map.json | head -1 | sed 's/^"set://; s/"$//')
+# Latency isolation on the DAX device (issue 17's bench on real device memory): Ping while
+# four clients allocate and free 2 MiB regions on the set, one in eight of 4 MiB, which
+# fabricd zeroes on the device (QEMU emulates CXL memory one access at a time,
+# so it zeroes at a few MB/s), then group commit; the JSON goes back to the host. Before
+# the library's stores below, which the host reads back after the guest (the bench's
+# zeroing would clear them).
+if fabricctl bench control --mode isolation --socket /run/fabric/fabricd.sock --set "$SET" \
+  --zeroed-bytes $((4 << 20)) --iterations 300 --seconds 1 --json >/tmp/isolation.json 2>/tmp/isolation.err; then
+  result bench-isolation ok "set $SET"
+else
+  result bench-isolation fail "$(cat /tmp/isolation.err)"
+fi
+blob bench-isolation /tmp/isolation.json
+
 # Through the library: one process allocates on the set, maps it at its GFA and stores the
 # pattern, exports; a second imports by handle, maps at the same GFA and loads it. The host
 # then finds the owner's stores in the memdevs' backing files (the second path).
-SET=$(grep -o '"set:cxl-region:[^"]*"' /tmp/map.json | head -1 | sed 's/^"set://; s/"$//')
 fabric-guest-probe owner "set:$SET" 0x800000 0x5eed0002 /tmp/lib-region >/tmp/owner.log 2>&1 &
 OWNER=$!
 i=0

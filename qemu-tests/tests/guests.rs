@@ -98,6 +98,23 @@ fn cxl_region_discovery_and_load_store() {
     if let Err(e) = cxl::check_backends(&mem, DAX_BYTES, 0x5eed_0002, [base[0], base[1]]) {
         out.fail(&format!("the library's stores through fabricd's DAX region are not in the devices' memory: {e}"));
     }
+    // Issue 17's isolation bench on real device memory: its load allocated and freed on the
+    // set (regions fabricd zeroes on the DAX device) while `Ping`s were timed, and partitions
+    // changed; its figures are in docs/BENCHMARKS.md, not judged here. QEMU emulates CXL
+    // memory one access at a time, so it zeroes at a few MB/s and sixteen clients'
+    // allocations at once can outlast the bench's 5 s timeout: its `errors` are reported,
+    // not required to be 0.
+    out.expect_check("bench-isolation");
+    let iso = json(&out, "bench-isolation");
+    let positive = |k: &str| iso[k].as_f64().is_some_and(|v| v > 0.0);
+    if iso["loaded_zeroed"] != true
+        || !["loaded_allocs", "loaded_p99_us", "idle_p99_us", "partition_changes", "allocs_per_s_1"]
+            .iter()
+            .all(|k| positive(k))
+    {
+        out.fail(&format!("the isolation bench in the guest: {iso}"));
+    }
+    eprintln!("isolation bench in the CXL guest: {iso}");
 }
 
 /// Per-region DAX (guest/daxsplit.sh): fabricd carves a DAX device per region out of the
