@@ -393,13 +393,13 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     let mut probe = connect(&socket)?;
     // On the CXL pool, the member the set does not start on; on a running daemon's set
     // (`--set`), that set; else a GPU's HBM.
-    let zeroed_set =
-        zeroed_set.or_else(|| opts.set.as_ref().map(|set| ZeroedSet { set: set.clone(), member: String::new() }));
-    let on = match (&zeroed_set, &opts.set) {
-        (Some(z), None) => On::Device { device: z.member.clone(), memory: MemoryClass::CxlVolatile },
-        (_, Some(set)) => On::Set(set.clone()),
+    let on = match (&opts.set, &zeroed_set) {
+        (Some(set), _) => On::Set(set.clone()),
+        (None, Some(z)) => On::Device { device: z.member.clone(), memory: MemoryClass::CxlVolatile },
         (None, None) => On::Device { device: hbm_device(&mut probe)?, memory: MemoryClass::Hbm },
     };
+    // The set the load's big allocations go to, on device memory the daemon zeroes.
+    let set = opts.set.clone().or_else(|| zeroed_set.map(|z| z.set));
     let big = opts.zeroed_bytes;
     time_pings(&mut probe, (n / 10).max(10))?;
     let idle = time_pings(&mut probe, n)?;
@@ -408,8 +408,7 @@ pub fn isolation(opts: &ControlOptions) -> Result<IsolationBench, ControlBenchEr
     // Other clients allocate and free, one allocation in eight of `--zeroed-bytes` (1 GiB;
     // on the zeroed device memory when it is served).
     let dev = on.clone();
-    let loaded_zeroed = zeroed_set.is_some();
-    let set = zeroed_set.as_ref().map(|z| z.set.clone());
+    let loaded_zeroed = set.is_some();
     let load = Load::start(&socket, ALLOCATING_CLIENTS, move |c, i| match (&set, i % 8 == 7) {
         (Some(set), true) => {
             let req = AllocRequest { target: AllocTarget::Set(Name::truncated(set)), size: big, align: 0 };

@@ -8,7 +8,20 @@ use std::sync::{Mutex, Weak};
 use std::thread::JoinHandle;
 
 use super::State;
-use crate::journal::Ticket;
+use crate::journal::{JournalError, Ticket};
+
+/// Says what became of a compaction (before it is settled, outside the registry lock).
+pub(super) fn log_outcome(waited: &Result<(), JournalError>) {
+    match waited {
+        Ok(()) => {}
+        Err(e) if e.wrote_nothing() => {
+            tracing::warn!(error = %crate::error_chain(e), "registry snapshot does not encode; not compacting");
+        }
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
+        }
+    }
+}
 
 /// The thread that waits for queued snapshots; stopped (after the ones handed to it) when
 /// dropped.
@@ -29,12 +42,8 @@ impl Compactor {
                 // Settled whatever happens in the wait: an unsettled snapshot would keep
                 // every later compaction (and a reopen after a failure) waiting for it.
                 let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ticket.wait()))
-                    .unwrap_or(Err(crate::journal::JournalError::Poisoned));
-                if let Err(e) = &waited
-                    && !e.wrote_nothing()
-                {
-                    tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
-                }
+                    .unwrap_or(Err(JournalError::Poisoned));
+                log_outcome(&waited);
                 if let Some(state) = state.upgrade() {
                     state.lock().unwrap_or_else(|p| p.into_inner()).settle(&waited);
                 }

@@ -161,11 +161,7 @@ impl Memory {
         };
         let Err(ticket) = handed else { return };
         let waited = ticket.wait();
-        if let Err(e) = &waited
-            && !e.wrote_nothing()
-        {
-            tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
-        }
+        super::compactor::log_outcome(&waited);
         self.state().settle(&waited);
     }
 

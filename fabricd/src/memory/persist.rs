@@ -249,9 +249,7 @@ impl State {
         match waited {
             Ok(()) => {}
             // A snapshot that did not encode wrote nothing: the journal goes on as it was.
-            Err(e) if e.wrote_nothing() => {
-                tracing::warn!(error = %crate::error_chain(e), "registry snapshot does not encode; not compacting");
-            }
+            Err(e) if e.wrote_nothing() => {}
             Err(e) => {
                 tracing::error!(error = %crate::error_chain(e), "journal write failed; the change is refused");
                 log.broken = true;
