@@ -8,10 +8,11 @@
 //! wakes the others. Records queued while the leader syncs form the next batch. A record
 //! is durable, and may be acknowledged, only once its ticket's `wait` returns `Ok`.
 //!
-//! A snapshot ([`Committer::enqueue_snapshot_with`]) takes its place in the same order: the
-//! records queued before it are written first, then the journal is compacted to it. Its
-//! bytes are made by the writer when its turn comes ([`SnapshotEncoder`]), so the caller's
-//! lock is held only for what the snapshot must capture, not for its encoding.
+//! A compaction ([`Committer::enqueue_compaction`]) takes its place in the same order: the
+//! records queued before it are written first, then the journal is compacted to its
+//! [`Image`] — the state the writer folds from every record it writes, which is what a
+//! replay of the journal would rebuild. So the caller captures nothing for a snapshot:
+//! queuing one is as cheap under its lock as queuing a record.
 //!
 //! After a failed write the journal is poisoned and every later record fails too, until
 //! the owner [`reopen`](Committer::reopen)s it with a snapshot of what was acknowledged.
@@ -42,23 +43,24 @@ impl Ticket {
     }
 }
 
-/// Makes a snapshot's bytes: called once, by the writer, outside the caller's lock; an
-/// `Err` (what went wrong) writes nothing and leaves the journal whole.
-pub type SnapshotEncoder = Box<dyn FnOnce() -> Result<Vec<u8>, String> + Send>;
-
-enum Entry {
-    Record(u16, Vec<u8>),
-    /// Taken (`None`) by the writer that encodes it.
-    Snapshot(Option<SnapshotEncoder>),
+/// What the journal holds, as its owner's state: folded by the writer from each record
+/// once it is durable, and encoded by it as the snapshot a compaction writes. It must
+/// rebuild what a replay of the records would (recovery's rules, skips included), so that
+/// compacting never changes what a restart finds.
+pub trait Image: Send + std::fmt::Debug {
+    /// Folds in a record just written.
+    fn apply(&mut self, kind: u16, payload: &[u8]);
+    /// The snapshot of everything folded in; an `Err` (what went wrong) writes nothing.
+    fn encode(&self) -> Result<Vec<u8>, String>;
+    /// Starts again from `snapshot`, which the journal was just compacted to.
+    fn reset(&mut self, snapshot: &[u8]);
 }
 
-impl std::fmt::Debug for Entry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Record(kind, payload) => write!(f, "Record({kind:#06x}, {} bytes)", payload.len()),
-            Self::Snapshot(_) => f.write_str("Snapshot"),
-        }
-    }
+#[derive(Debug)]
+enum Entry {
+    Record(u16, Vec<u8>),
+    /// Compact to the image as of the records before it.
+    Compact,
 }
 
 #[derive(Debug)]
@@ -91,6 +93,8 @@ pub struct Committer {
     written: Condvar,
     /// Held by the leader while it writes, and by `reopen`.
     journal: Mutex<Option<Journal>>,
+    /// Taken after `journal`, by whoever holds that: the journal's contents as a state.
+    image: Mutex<Option<Box<dyn Image>>>,
     dir: PathBuf,
     options: JournalOptions,
     syncs: AtomicU64,
@@ -107,13 +111,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Committer {
-    /// A committer over `journal`, opened with `options`.
+    /// A committer over `journal`, opened with `options`, that cannot compact (it keeps no
+    /// [`Image`]).
     pub fn new(journal: Journal, options: JournalOptions) -> Arc<Self> {
+        Self::build(journal, options, None)
+    }
+
+    /// A committer over `journal`, opened with `options` and just compacted to the snapshot
+    /// `image` holds, which folds in every record written from now on.
+    pub fn with_image(journal: Journal, options: JournalOptions, image: Box<dyn Image>) -> Arc<Self> {
+        Self::build(journal, options, Some(image))
+    }
+
+    fn build(journal: Journal, options: JournalOptions, image: Option<Box<dyn Image>>) -> Arc<Self> {
         Arc::new(Self {
             queue: Mutex::new(Queue::default()),
             written: Condvar::new(),
             dir: journal.dir().to_owned(),
             journal: Mutex::new(Some(journal)),
+            image: Mutex::new(image),
             options,
             syncs: AtomicU64::new(0),
             #[cfg(test)]
@@ -138,17 +154,12 @@ impl Committer {
         self.push(Entry::Record(kind, payload))
     }
 
-    /// Queues a compaction to `snapshot`, the caller's whole state as of every record
-    /// queued so far and of nothing queued later. No I/O.
-    pub fn enqueue_snapshot(self: &Arc<Self>, snapshot: Vec<u8>) -> Ticket {
-        self.enqueue_snapshot_with(Box::new(move || Ok(snapshot)))
-    }
-
-    /// Queues a compaction to the snapshot `encode` makes, the caller's whole state as of
-    /// every record queued so far and of nothing queued later: what it captures is taken
-    /// now, its bytes are made by the writer. No I/O.
-    pub fn enqueue_snapshot_with(self: &Arc<Self>, encode: SnapshotEncoder) -> Ticket {
-        self.push(Entry::Snapshot(Some(encode)))
+    /// Queues a compaction to the [`Image`] as of every record queued so far and of
+    /// nothing queued later; the writer encodes it when its turn comes. No I/O, nothing
+    /// copied. Fails without writing anything where there is no image, or it does not
+    /// encode.
+    pub fn enqueue_compaction(self: &Arc<Self>) -> Ticket {
+        self.push(Entry::Compact)
     }
 
     fn push(self: &Arc<Self>, entry: Entry) -> Ticket {
@@ -167,6 +178,9 @@ impl Committer {
         let (mut fresh, _) = Journal::open(&self.dir, self.options)?;
         fresh.compact(snapshot)?;
         *j = Some(fresh);
+        if let Some(image) = lock(&self.image).as_mut() {
+            image.reset(snapshot);
+        }
         tracing::warn!(dir = %self.dir.display(), "journal reopened after a failed write; snapshot written");
         Ok(())
     }
@@ -200,15 +214,16 @@ impl Committer {
     }
 
     /// Writes `batch` in order: runs of records with one `append_batch` each (one
-    /// `fdatasync`), a snapshot with `compact`. After a failure the rest fail with it.
+    /// `fdatasync`), a compaction with `compact`. After a failure the rest fail with it.
     fn write(&self, batch: Vec<Item>) {
         #[cfg(test)]
         if self.panic_next.swap(false, Ordering::Relaxed) {
             panic!("a journal write that panics (test)");
         }
         #[cfg(test)]
-        let _gate = batch.iter().any(|i| matches!(i.entry, Entry::Snapshot(_))).then(|| self.snapshot_gate.read());
+        let _gate = batch.iter().any(|i| matches!(i.entry, Entry::Compact)).then(|| self.snapshot_gate.read());
         let mut guard = lock(&self.journal);
+        let mut image = lock(&self.image);
         let mut failed: Option<Arc<JournalError>> = match guard.as_ref() {
             Some(_) => None,
             None => Some(Arc::new(JournalError::Poisoned)),
@@ -216,13 +231,13 @@ impl Committer {
         let mut run: Vec<Item> = Vec::new();
         let mut run_bytes = 0usize;
         let mut items = batch.into_iter().peekable();
-        while let Some(mut item) = items.next() {
+        while let Some(item) = items.next() {
             if let Some(e) = &failed {
                 let _ = item.slot.set(Err(e.clone()));
                 continue;
             }
             let Some(j) = guard.as_mut() else { continue };
-            match &mut item.entry {
+            match &item.entry {
                 Entry::Record(_, payload) => {
                     run_bytes = run_bytes.saturating_add(format::record_len(payload.len()));
                     run.push(item);
@@ -233,12 +248,13 @@ impl Committer {
                         _ => false,
                     };
                     if !next_fits {
-                        failed = self.flush(j, std::mem::take(&mut run));
+                        failed = self.flush(j, &mut image, std::mem::take(&mut run));
                         run_bytes = 0;
                     }
                 }
-                Entry::Snapshot(encode) => {
-                    let encoded = encode.take().map_or_else(|| Err("already written".to_owned()), |e| e());
+                Entry::Compact => {
+                    let encoded =
+                        image.as_ref().map_or_else(|| Err("this journal keeps no image".to_owned()), |i| i.encode());
                     let done = match encoded {
                         Ok(bytes) => {
                             let done = j.compact(&bytes).map(|_| ()).map_err(Arc::new);
@@ -255,19 +271,28 @@ impl Committer {
         }
     }
 
-    /// Appends `run` with one write and one `fdatasync` and settles its tickets.
-    fn flush(&self, j: &mut Journal, run: Vec<Item>) -> Option<Arc<JournalError>> {
+    /// Appends `run` with one write and one `fdatasync`, folds it into `image` once it is
+    /// durable, and settles its tickets.
+    fn flush(&self, j: &mut Journal, image: &mut Option<Box<dyn Image>>, run: Vec<Item>) -> Option<Arc<JournalError>> {
         let records: Vec<(u16, &[u8])> = run
             .iter()
             .filter_map(|i| match &i.entry {
                 Entry::Record(kind, payload) => Some((*kind, payload.as_slice())),
-                Entry::Snapshot(_) => None,
+                Entry::Compact => None,
             })
             .collect();
         let done = j.append_batch(&records).map(|_| ()).map_err(Arc::new);
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &done {
-            tracing::error!(error = %crate::error_chain(e), records = run.len(), "journal write failed; the batch is refused");
+        match (&done, image.as_mut()) {
+            (Err(e), _) => {
+                tracing::error!(error = %crate::error_chain(e), records = run.len(), "journal write failed; the batch is refused");
+            }
+            (Ok(()), Some(image)) => {
+                for (kind, payload) in &records {
+                    image.apply(*kind, payload);
+                }
+            }
+            (Ok(()), None) => {}
         }
         for item in &run {
             let _ = item.slot.set(done.clone());
@@ -362,64 +387,116 @@ mod tests {
         assert_eq!(replayed(dir.path()).1, (0u8..8).map(|i| vec![i]).collect::<Vec<_>>());
     }
 
+    /// A test image: the payloads folded in so far, encoded joined by `|`.
+    #[derive(Debug, Default)]
+    struct Lines {
+        lines: Vec<Vec<u8>>,
+        /// `encode` fails.
+        broken: bool,
+        /// Tests: a lock the caller holds while it queues; encoding finds it free.
+        caller: Option<Arc<Mutex<()>>>,
+    }
+
+    impl Image for Lines {
+        fn apply(&mut self, _kind: u16, payload: &[u8]) {
+            self.lines.push(payload.to_vec());
+        }
+        fn encode(&self) -> Result<Vec<u8>, String> {
+            if self.broken {
+                return Err("no".into());
+            }
+            if self.caller.as_ref().is_some_and(|c| c.try_lock().is_err()) {
+                return Err("encoded under the caller's lock".into());
+            }
+            Ok(self.lines.join(&b'|'))
+        }
+        fn reset(&mut self, snapshot: &[u8]) {
+            self.lines = snapshot.split(|&b| b == b'|').map(<[u8]>::to_vec).collect();
+        }
+    }
+
+    fn open_with(dir: &Path, image: Lines) -> Arc<Committer> {
+        let (j, _) = Journal::open(dir, JournalOptions::default()).expect("open");
+        Committer::with_image(j, JournalOptions::default(), Box::new(image))
+    }
+
     #[test]
-    fn a_snapshot_keeps_its_place_in_the_order() {
+    fn a_compaction_keeps_its_place_in_the_order() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let c = open(dir.path());
-        let a = c.enqueue(1, b"before".to_vec());
-        let s = c.enqueue_snapshot(b"state".to_vec());
-        let b = c.enqueue(1, b"after".to_vec());
-        b.wait().expect("after");
-        a.wait().expect("before");
-        s.wait().expect("snapshot");
+        let c = open_with(dir.path(), Lines::default());
+        let a = c.enqueue(1, b"a".to_vec());
+        let b = c.enqueue(1, b"b".to_vec());
+        let s = c.enqueue_compaction();
+        let after = c.enqueue(1, b"after".to_vec());
+        after.wait().expect("after");
+        a.wait().expect("a");
+        b.wait().expect("b");
+        s.wait().expect("compaction");
         drop(c);
+        // The image as of the records queued before it, none after.
         let (snapshot, records) = replayed(dir.path());
-        assert_eq!(snapshot.as_deref(), Some(&b"state"[..]));
+        assert_eq!(snapshot.as_deref(), Some(&b"a|b"[..]));
         assert_eq!(records, vec![b"after".to_vec()]);
     }
 
     #[test]
-    fn a_snapshot_is_encoded_by_its_writer_after_the_callers_lock_is_released() {
+    fn a_compaction_captures_nothing_from_the_caller_and_is_encoded_outside_its_lock() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let c = open(dir.path());
         let caller = Arc::new(Mutex::new(()));
-        let encoded = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (lock_seen, flag) = (caller.clone(), encoded.clone());
+        let c = open_with(dir.path(), Lines { caller: Some(caller.clone()), ..Lines::default() });
+        c.enqueue(1, b"before".to_vec()).wait().expect("before");
         let held = lock(&caller);
-        let s = c.enqueue_snapshot_with(Box::new(move || {
-            flag.store(true, Ordering::SeqCst);
-            // Run under the caller's lock, this would find it held.
-            let free = lock_seen.try_lock().is_ok();
-            if free { Ok(b"state".to_vec()) } else { Err("encoded under the caller's lock".into()) }
-        }));
+        let s = c.enqueue_compaction();
         let after = c.enqueue(1, b"after".to_vec());
-        assert!(!encoded.load(Ordering::SeqCst), "nothing is encoded at enqueue");
         drop(held);
         after.wait().expect("after");
-        s.wait().expect("snapshot written");
-        assert!(encoded.load(Ordering::SeqCst));
+        s.wait().expect("compaction written");
         drop(c);
         let (snapshot, records) = replayed(dir.path());
-        assert_eq!(snapshot.as_deref(), Some(&b"state"[..]));
+        assert_eq!(snapshot.as_deref(), Some(&b"before"[..]));
         assert_eq!(records, vec![b"after".to_vec()]);
     }
 
     #[test]
-    fn a_snapshot_that_does_not_encode_writes_nothing_and_the_journal_goes_on() {
+    fn a_compaction_that_does_not_encode_writes_nothing_and_the_journal_goes_on() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let c = open(dir.path());
-        let a = c.enqueue(1, b"a".to_vec());
-        let s = c.enqueue_snapshot_with(Box::new(|| Err("no".into())));
-        let b = c.enqueue(1, b"b".to_vec());
-        b.wait().expect("a record after it is written");
-        a.wait().expect("a record before it is written");
-        let e = s.wait().expect_err("the snapshot failed");
-        assert!(e.wrote_nothing(), "{e}");
-        c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
-        drop(c);
+        // An image that does not encode, and no image at all.
+        for with_image in [true, false] {
+            let c = if with_image {
+                open_with(dir.path(), Lines { broken: true, ..Lines::default() })
+            } else {
+                open(dir.path())
+            };
+            let a = c.enqueue(1, b"a".to_vec());
+            let s = c.enqueue_compaction();
+            let b = c.enqueue(1, b"b".to_vec());
+            b.wait().expect("a record after it is written");
+            a.wait().expect("a record before it is written");
+            let e = s.wait().expect_err("the compaction failed");
+            assert!(e.wrote_nothing(), "{e}");
+            c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
+        }
         let (snapshot, records) = replayed(dir.path());
         assert_eq!(snapshot, None);
-        assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        let once = [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
+        assert_eq!(records, [once.clone(), once].concat());
+    }
+
+    #[test]
+    fn a_reopen_restarts_the_image_from_its_snapshot_and_a_failed_batch_is_not_folded_in() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open_with(dir.path(), Lines::default());
+        c.enqueue(1, b"kept".to_vec()).wait().expect("durable");
+        let bad = c.enqueue(super::super::RESERVED_KINDS, b"x".to_vec());
+        let with_it = c.enqueue(1, b"lost".to_vec());
+        assert!(bad.wait().is_err() && with_it.wait().is_err());
+        c.reopen(b"acked|state").expect("reopen");
+        c.enqueue(1, b"later".to_vec()).wait().expect("durable after reopen");
+        c.enqueue_compaction().wait().expect("compaction");
+        drop(c);
+        let (snapshot, records) = replayed(dir.path());
+        assert_eq!(snapshot.as_deref(), Some(&b"acked|state|later"[..]));
+        assert!(records.is_empty());
     }
 
     #[test]

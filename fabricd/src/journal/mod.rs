@@ -26,7 +26,7 @@ use std::io;
 
 use std::path::PathBuf;
 
-pub use commit::{Committer, Ticket};
+pub use commit::{Committer, Image, Ticket};
 pub use format::{
     DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, RecordFault, decode_segment,
 };

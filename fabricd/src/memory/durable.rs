@@ -418,8 +418,8 @@ pub struct Replayed {
     pub regions: BTreeMap<u64, RegionRecord>,
     /// Where each live region striped over an interleave set lies, by region id.
     pub sets: BTreeMap<u64, SetPlacement>,
-    /// Exports of live regions.
-    pub exports: Vec<ExportRecord>,
+    /// Exports of live regions, by region id, each region's in the order they were made.
+    pub exports: BTreeMap<u64, Vec<ExportRecord>>,
     /// Live regions lost with their device (their exports are revoked).
     pub lost: std::collections::BTreeSet<u64>,
 }
@@ -438,11 +438,11 @@ impl Replayed {
             out.sets.insert(r.id, placement);
             out.regions.insert(r.id, r);
         }
-        out.exports = s.exports.into_iter().filter(|e| out.regions.contains_key(&e.region)).collect();
         out.lost = s.lost.into_iter().filter(|id| out.regions.contains_key(id)).collect();
-        // A lost region's exports are revoked, whatever a damaged snapshot says.
-        for e in out.exports.iter_mut().filter(|e| out.lost.contains(&e.region)) {
-            e.revoked = true;
+        for mut e in s.exports.into_iter().filter(|e| out.regions.contains_key(&e.region)) {
+            // A lost region's exports are revoked, whatever a damaged snapshot says.
+            e.revoked |= out.lost.contains(&e.region);
+            out.exports.entry(e.region).or_default().push(e);
         }
         out
     }
@@ -457,7 +457,12 @@ impl Replayed {
             }
         }
         let lost = self.lost.iter().copied().collect();
-        Snapshot { next_id: self.next_id, regions, exports: self.exports.clone(), set_regions, lost }
+        Snapshot { next_id: self.next_id, regions, exports: self.exports().cloned().collect(), set_regions, lost }
+    }
+
+    /// Every export, by region id.
+    pub fn exports(&self) -> impl Iterator<Item = &ExportRecord> {
+        self.exports.values().flatten()
     }
 
     /// Applies one change; an inconsistent one changes nothing.
@@ -485,18 +490,20 @@ impl Replayed {
                 }
                 self.sets.remove(&id);
                 self.lost.remove(&id);
-                self.exports.retain(|e| e.region != id);
+                self.exports.remove(&id);
             }
             Change::ExportCreated(e) => {
                 if self.regions.get(&e.region).is_none_or(|r| r.generation != e.generation) {
                     return Err(Inconsistency::NoRegion(e.region));
                 }
-                self.exports.push(e);
+                self.exports.entry(e.region).or_default().push(e);
             }
             Change::ExportRevoked { region, generation, secret } => {
                 let e = self
                     .exports
-                    .iter_mut()
+                    .get_mut(&region)
+                    .into_iter()
+                    .flatten()
                     .find(|e| e.region == region && e.generation == generation && ct_eq(&e.secret, &secret))
                     .ok_or(Inconsistency::NoExport(region))?;
                 e.revoked = true;
@@ -507,8 +514,8 @@ impl Replayed {
                     self.regions.remove(id);
                     self.sets.remove(id);
                     self.lost.remove(id);
+                    self.exports.remove(id);
                 }
-                self.exports.retain(|e| !gone.contains(&e.region));
             }
             Change::SessionResumed { token, owner } => {
                 for r in self.regions.values_mut().filter(|r| r.token == token) {
@@ -521,12 +528,62 @@ impl Replayed {
                     return Ok(());
                 }
                 self.lost.insert(id);
-                for e in self.exports.iter_mut().filter(|e| e.region == id) {
+                for e in self.exports.get_mut(&id).into_iter().flatten() {
                     e.revoked = true;
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// [`Replayed`] kept by the journal's writer (`journal::Image`): each record it writes
+/// folded in by recovery's rules, so that a compaction writes what a replay of the
+/// records would rebuild and the registry captures nothing for it under its lock.
+#[derive(Debug)]
+pub struct RegistryImage {
+    model: Replayed,
+    /// A record that does not decode (never one this daemon wrote) or a snapshot that does
+    /// not: no compaction until the journal is reopened.
+    spoiled: Option<String>,
+}
+
+impl RegistryImage {
+    /// The image of a journal just compacted to `snapshot`.
+    pub fn of(snapshot: &[u8]) -> Self {
+        let mut image = Self { model: Replayed::default(), spoiled: None };
+        crate::journal::Image::reset(&mut image, snapshot);
+        image
+    }
+}
+
+impl crate::journal::Image for RegistryImage {
+    fn apply(&mut self, kind: u16, payload: &[u8]) {
+        match Change::decode(kind, payload) {
+            // As at replay: another subsystem's record and a change that does not fit are
+            // skipped.
+            Ok(change) => {
+                if let Err(e) = self.model.apply(change) {
+                    tracing::warn!(kind, "journal record does not fit the registry's image; skipped: {e}");
+                }
+            }
+            Err(DurableError::UnknownKind(_)) => {}
+            Err(e) => self.spoiled = Some(format!("a record of kind {kind:#06x} does not decode: {e}")),
+        }
+    }
+
+    fn encode(&self) -> Result<Vec<u8>, String> {
+        if let Some(why) = &self.spoiled {
+            return Err(why.clone());
+        }
+        self.model.snapshot().encode().map_err(|e| e.to_string())
+    }
+
+    fn reset(&mut self, snapshot: &[u8]) {
+        match Snapshot::decode(snapshot) {
+            Ok(s) => (self.model, self.spoiled) = (Replayed::from_snapshot(s), None),
+            Err(e) => self.spoiled = Some(format!("the snapshot does not decode: {e}")),
+        }
     }
 }
 
@@ -682,6 +739,33 @@ mod tests {
         assert_eq!(snap.encode().unwrap(), payload);
     }
 
+    /// The writer's image is what a replay of the same records rebuilds: a compaction
+    /// written from it changes nothing a restart finds.
+    #[test]
+    fn the_journals_image_is_what_a_replay_of_its_records_rebuilds() {
+        use crate::journal::Image as _;
+        let start = Snapshot { next_id: 3, regions: vec![region(1, 1), region(2, 2)], ..Snapshot::default() };
+        let mut replay = Replayed::from_snapshot(Snapshot::decode(&start.encode().unwrap()).unwrap());
+        let mut image = RegistryImage::of(&start.encode().unwrap());
+        for c in all() {
+            let (kind, payload) = c.encode().unwrap();
+            image.apply(kind, &payload);
+            let _ = replay.apply(c);
+            let written = Snapshot::decode(&image.encode().unwrap()).unwrap();
+            assert_eq!(Replayed::from_snapshot(written), replay);
+        }
+        // Another subsystem's record is skipped, as at replay.
+        image.apply(0x0200, &[1]);
+        assert_eq!(Replayed::from_snapshot(Snapshot::decode(&image.encode().unwrap()).unwrap()), replay);
+        // A record that does not decode: no compaction from this image until a reset.
+        image.apply(KIND_REGION_FREED, &[1]);
+        assert!(image.encode().is_err());
+        image.reset(&start.encode().unwrap());
+        assert_eq!(Snapshot::decode(&image.encode().unwrap()).unwrap(), start);
+        image.reset(b"garbage");
+        assert!(image.encode().is_err());
+    }
+
     #[test]
     fn replay_rebuilds_the_state_and_a_snapshot_stands_for_it() {
         let mut m = Replayed::default();
@@ -695,7 +779,7 @@ mod tests {
         assert_eq!(m.sets[&4], set_region(4, 2, None).placement);
         assert_eq!(m.regions[&3].owner.pid, 7);
         assert_eq!(m.regions[&4].owner.pid, 7);
-        assert_eq!(m.exports, vec![export(3, 8), export(4, 7)]);
+        assert_eq!(m.exports().cloned().collect::<Vec<_>>(), vec![export(3, 8), export(4, 7)]);
         assert_eq!(m.next_id, 7);
         let snap = m.snapshot();
         assert_eq!(snap.regions.len(), 1);
@@ -727,7 +811,7 @@ mod tests {
         let old = SnapshotV1Ref {
             next_id: m.next_id,
             regions: &m.regions.values().cloned().collect::<Vec<_>>(),
-            exports: &m.exports,
+            exports: &m.exports().cloned().collect::<Vec<_>>(),
         };
         assert_eq!(payload(&old).unwrap(), bytes);
         assert_eq!(Replayed::from_snapshot(Snapshot::decode(&bytes).unwrap()), m);
@@ -754,8 +838,8 @@ mod tests {
         m.apply(Change::ExportCreated(export(3, 5))).unwrap();
         m.apply(Change::RegionLost { id: 3 }).unwrap();
         assert_eq!(m.lost.iter().copied().collect::<Vec<_>>(), vec![3]);
-        assert!(m.exports.iter().filter(|e| e.region == 3).all(|e| e.revoked));
-        assert!(m.exports.iter().filter(|e| e.region == 4).all(|e| !e.revoked), "another region's exports live on");
+        assert!(m.exports[&3].iter().all(|e| e.revoked));
+        assert!(m.exports[&4].iter().all(|e| !e.revoked), "another region's exports live on");
         // A loss recorded after the region's free (both at once) changes nothing.
         let before = m.clone();
         assert_eq!(m.apply(Change::RegionLost { id: 2 }), Ok(()));
@@ -769,7 +853,7 @@ mod tests {
         let mut stray = Snapshot { lost: vec![3, 99], ..m.snapshot() };
         stray.exports.iter_mut().for_each(|e| e.revoked = false);
         let back = Replayed::from_snapshot(stray);
-        assert!(back.exports.iter().all(|e| e.revoked == (e.region == 3)), "{:?}", back.exports);
+        assert!(back.exports().all(|e| e.revoked == (e.region == 3)), "{:?}", back.exports);
         assert_eq!(back.lost, m.lost);
         // Freed (or its session ended): no longer lost, and the snapshot drops back to the
         // format older builds read.

@@ -554,7 +554,7 @@ impl Shell {
         assert_eq!(lost, model.lost);
         let mut held: Vec<_> =
             l.exports.iter().filter(|e| journaled(&e.handle.region)).map(super::ledger::Export::record).collect();
-        let mut rebuilt = model.exports.clone();
+        let mut rebuilt: Vec<_> = model.exports().cloned().collect();
         held.sort_by_key(|e| (e.region, e.secret));
         rebuilt.sort_by_key(|e| (e.region, e.secret));
         assert_eq!(held, rebuilt);

@@ -174,8 +174,8 @@ impl State {
     }
 
     /// What a snapshot holds, taken from the registry as it is (in no order: [`encode`]
-    /// sorts it). Linear in the registry's size, and done under its lock; the encoding,
-    /// about as long again, is left to whoever writes it.
+    /// sorts it). Linear in the registry's size: taken at start and when a failed journal
+    /// is reopened only (compaction writes the journal's own image instead).
     fn snapshot_records(&self) -> Snapshot {
         // Adopted vendor objects live as long as their session only.
         let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
@@ -257,27 +257,19 @@ impl State {
         }
     }
 
-    /// Queues a snapshot when enough records have accumulated since the last one and none
-    /// is in flight; [`Memory::finish`] hands it to the compaction thread, which settles it.
+    /// Queues a compaction when enough records have accumulated since the last one and
+    /// none is in flight; [`Memory::finish`] hands it to the compaction thread, which
+    /// settles it. Nothing is captured here: the journal's writer keeps the snapshot's
+    /// state itself ([`super::durable::RegistryImage`]), as of every record queued before it.
     pub(super) fn maybe_compact(&mut self) -> Option<Ticket> {
-        let log = self.log.as_ref()?;
+        let log = self.log.as_mut()?;
         if log.since_snapshot < log.compact_records || log.broken || log.in_flight > 0 {
             return None;
         }
-        let snapshot = self.snapshot_records();
-        let log = self.log.as_mut()?;
-        tracing::debug!(
-            regions = snapshot.regions.len() + snapshot.set_regions.len(),
-            records = log.since_snapshot,
-            "journal compaction queued"
-        );
+        tracing::debug!(records = log.since_snapshot, "journal compaction queued");
         log.since_snapshot = 0;
         log.in_flight += 1;
-        Some(
-            log.committer.enqueue_snapshot_with(Box::new(move || {
-                encode(snapshot).map_err(|e| crate::error_chain(&e).to_string())
-            })),
-        )
+        Some(log.committer.enqueue_compaction())
     }
 
     /// The token and owner of `session`, which [`Memory::ensure_session`] made before the
@@ -396,7 +388,7 @@ impl Memory {
             }
         }
         st.reconcile_carved();
-        for e in &model.exports {
+        for e in model.exports() {
             if !st.ledger.regions.contains_key(&e.region) {
                 continue;
             }
@@ -434,7 +426,11 @@ impl Memory {
             "memory registry restored from the journal"
         );
         st.log = Some(Log {
-            committer: Committer::new(journal, JournalOptions::default()),
+            committer: Committer::with_image(
+                journal,
+                JournalOptions::default(),
+                Box::new(super::durable::RegistryImage::of(&snapshot)),
+            ),
             in_flight: 0,
             broken: false,
             since_snapshot: 0,
