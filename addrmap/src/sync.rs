@@ -94,7 +94,8 @@ pub fn open_synced(inv: &Inventory, path: &Path, config: Option<&MapConfig>) -> 
     let change = map.update(inv)?;
     let mut skipped = Vec::new();
     for set in region_sets(inv) {
-        if map.state().interleaves.iter().any(|s| s.name == set.name) {
+        if let Some(taken) = mapped_as(&map, inv, &set) {
+            skipped.extend(taken);
             continue;
         }
         if let Err(e) = map.add_interleave(&set.name, set.ways, set.granularity, &set.members, Some(set.member_size)) {
@@ -159,6 +160,23 @@ fn same(set: &InterleaveSet, want: &RegionSet) -> bool {
         && set.member_size == want.member_size
 }
 
+/// Whether a set named like `want` is mapped already: `Some(None)` when it is `want`'s own
+/// (or the same memory seen from another node: a shared device), `Some(Some(why))` when
+/// it is another node's region of the same name — a region without a UUID is named by its
+/// host address, which another host of a domain may use too — so `want` cannot be mapped
+/// under it; `None` when no set has the name.
+fn mapped_as(map: &AddressMap, inv: &Inventory, want: &RegionSet) -> Option<Option<String>> {
+    let s = map.state().interleaves.iter().find(|s| s.name == want.name)?;
+    let node = set_node(inv, want);
+    if s.node == node || same(s, want) {
+        return Some(None);
+    }
+    Some(Some(format!(
+        "{}: node {node}'s CXL region is not mapped: node {}'s set has that name (a region without a UUID is named by its host address, which another host of a domain may use too)",
+        want.name, s.node
+    )))
+}
+
 fn update(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<Change, MapError> {
     match scope {
         SyncScope::Domain => map.update(inv),
@@ -202,7 +220,8 @@ pub fn sync_sets(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) ->
         out.changes.push(update(map, inv, scope)?);
     }
     for set in want {
-        if map.state().interleaves.iter().any(|s| s.name == set.name) {
+        if let Some(taken) = mapped_as(map, inv, &set) {
+            out.skipped.extend(taken);
             continue;
         }
         match map.add_interleave(&set.name, set.ways, set.granularity, &set.members, Some(set.member_size)) {

@@ -104,7 +104,13 @@ fn a_nodes_sync_leaves_every_other_nodes_placement_byte_identical() {
     assert_eq!(nodes.iter().map(String::as_str).collect::<Vec<_>>(), ["cxl-host", "host-b"]);
     let mut map = AddressMap::new(MapConfig::default()).unwrap();
     let s = sync_inventory(&mut map, &full, DOMAIN).unwrap();
-    assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
+    // Both hosts have a RAM region at the same host address: host B's is named like host
+    // A's set, so it is not mapped, and the sync says why.
+    let [why] = s.sets.skipped.as_slice() else { panic!("{:?}", s.sets.skipped) };
+    assert!(
+        why.starts_with("cxl-region:hpa-0x1000000000: node host-b's CXL region is not mapped: node cxl-host's set"),
+        "{why}"
+    );
     let sets_a = map.state().interleaves.iter().filter(|s| s.node == "cxl-host").count();
     assert!(sets_a > 0, "node A has interleave sets: {:?}", set_names(&map));
     let a_before = node_part(&map, "cxl-host");
@@ -137,4 +143,40 @@ fn a_nodes_sync_leaves_every_other_nodes_placement_byte_identical() {
     let s = sync_inventory(&mut map, &node_only(&full, "host-b"), SyncScope::Node("host-b")).unwrap();
     assert_eq!(s.sets.added.len(), 1, "{s:?}");
     assert_eq!(node_part(&map, "cxl-host"), a_before);
+}
+
+/// A CXL region named by its host address on two nodes: where it is the same memory (the
+/// same members, geometry and size: a device both hosts share) the other node's set
+/// stands for it, silently; where it is other memory, it is not mapped and the node's
+/// sync says why, and a sync never touches the other node's set.
+#[test]
+fn a_region_named_like_another_nodes_set_is_reported_unless_it_is_the_same_memory() {
+    let text = format!("{}\n[[node]]\nname = \"host-b\"\ntemplate = \"cxl-host\"\n", pool());
+    let full = sim(&text);
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    let a = node_only(&full, "cxl-host");
+    let s = sync_inventory(&mut map, &a, SyncScope::Node("cxl-host")).unwrap();
+    assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
+    let a_before = node_part(&map, "cxl-host");
+    let hpa = |m: &AddressMap| m.state().interleaves.iter().filter(|s| s.name.contains(":hpa-")).count();
+    assert_eq!(hpa(&map), 1);
+
+    // Host B's own devices behind a region at the same address: reported, not mapped.
+    let b = node_only(&full, "host-b");
+    let s = sync_inventory(&mut map, &b, SyncScope::Node("host-b")).unwrap();
+    assert_eq!(s.sets.skipped.len(), 1, "{:?}", s.sets.skipped);
+    assert!(s.sets.skipped[0].contains("node host-b's CXL region is not mapped: node cxl-host's set"));
+    assert_eq!(hpa(&map), 1);
+    assert_eq!(node_part(&map, "cxl-host"), a_before, "node A's set is untouched");
+
+    // Host B sees host A's very devices (one shared pool): the same set, nothing to say.
+    let mut shared = a.clone();
+    for d in &mut shared.devices {
+        d.node = Some("host-b".to_owned());
+    }
+    shared.reindex();
+    let mut map2 = AddressMap::from_state(map.state().clone()).unwrap();
+    let s = sync_inventory(&mut map2, &shared, SyncScope::Node("host-b")).unwrap();
+    assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
+    assert_eq!(node_part(&map2, "cxl-host"), a_before);
 }

@@ -528,6 +528,9 @@ impl Daemon {
             let InventorySync { change, sets } = self
                 .commit_map(&mut map, |m, _| Ok(fabric_addrmap::sync_inventory(m, inv, scope)?))
                 .map_err(map_err)?;
+            for s in &sets.skipped {
+                tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
+            }
             if !change.is_empty() || !sets.changes.is_empty() {
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
                 let all = || std::iter::once(&change).chain(&sets.changes);
