@@ -247,10 +247,15 @@ fn open_map(store: &dyn MapStore, config: &Config, inv: &Inventory) -> Result<(M
         m.set_config(config.map.clone())?;
         Ok(fabric_addrmap::sync_inventory(m, inv, sync_scope(config))?.sets.skipped)
     })?;
+    warn_unmapped(&skipped);
+    Ok((writer, published))
+}
+
+/// Says which CXL regions a map sync could not make interleave sets, and why.
+fn warn_unmapped(skipped: &[String]) {
     for s in skipped {
         tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
     }
-    Ok((writer, published))
 }
 
 /// What a map sync covers: the whole inventory when the daemon runs alone; only its own
@@ -528,9 +533,7 @@ impl Daemon {
             let InventorySync { change, sets } = self
                 .commit_map(&mut map, |m, _| Ok(fabric_addrmap::sync_inventory(m, inv, scope)?))
                 .map_err(map_err)?;
-            for s in &sets.skipped {
-                tracing::warn!(set = %s, "CXL region not mapped as an interleave set");
-            }
+            warn_unmapped(&sets.skipped);
             if !change.is_empty() || !sets.changes.is_empty() {
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
                 let all = || std::iter::once(&change).chain(&sets.changes);

@@ -504,7 +504,7 @@ impl Replayed {
                     .get_mut(&region)
                     .into_iter()
                     .flatten()
-                    .find(|e| e.region == region && e.generation == generation && ct_eq(&e.secret, &secret))
+                    .find(|e| e.generation == generation && ct_eq(&e.secret, &secret))
                     .ok_or(Inconsistency::NoExport(region))?;
                 e.revoked = true;
             }

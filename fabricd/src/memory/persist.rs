@@ -168,15 +168,9 @@ impl State {
         }
     }
 
-    /// The registry as a snapshot record.
+    /// The registry as a snapshot record (at start, and when a failed journal is reopened;
+    /// compaction writes the journal's own image instead). Linear in the registry's size.
     pub(super) fn snapshot(&self) -> Result<Vec<u8>, MemoryError> {
-        encode(self.snapshot_records()).map_err(MemoryError::Record)
-    }
-
-    /// What a snapshot holds, taken from the registry as it is (in no order: [`encode`]
-    /// sorts it). Linear in the registry's size: taken at start and when a failed journal
-    /// is reopened only (compaction writes the journal's own image instead).
-    fn snapshot_records(&self) -> Snapshot {
         // Adopted vendor objects live as long as their session only.
         let (mut regions, mut set_regions) = (Vec::new(), Vec::new());
         for (id, r) in self.ledger.regions.iter().filter(|(_, r)| r.object().is_none()) {
@@ -194,7 +188,8 @@ impl State {
             .collect();
         let lost =
             self.ledger.regions.iter().filter(|(_, r)| r.lost && r.object().is_none()).map(|(id, _)| *id).collect();
-        Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions, lost }
+        encode(Snapshot { next_id: self.ledger.next_id, regions, exports, set_regions, lost })
+            .map_err(MemoryError::Record)
     }
 
     /// Queues `change` in the journal, in state order: the caller waits for the ticket
@@ -426,7 +421,7 @@ impl Memory {
             "memory registry restored from the journal"
         );
         st.log = Some(Log {
-            committer: Committer::with_image(
+            committer: Committer::new(
                 journal,
                 JournalOptions::default(),
                 Box::new(super::durable::RegistryImage::of(&snapshot)),
