@@ -8,7 +8,8 @@
 //! member device remains (the region was torn down) is removed and its members are mapped
 //! directly again; a set whose region changed geometry is rebuilt; a set whose members
 //! vanished stays, a hole that translates again when they come back. Sets with other names
-//! (made by an operator) are never touched.
+//! (made by an operator) are never touched. A region without a UUID whose name another
+//! node's set over other memory holds is mapped under its node's name (`resolve`).
 
 use std::path::Path;
 
@@ -24,7 +25,8 @@ use crate::state::{FABRIC_NODE, InterleaveSet, ResourceKey};
 /// An interleave set a CXL region calls for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionSet {
-    /// `cxl-region:UUID` or `cxl-region:hpa-0x…`.
+    /// `cxl-region:UUID` or `cxl-region:hpa-0x…` (a sync may map it as
+    /// `cxl-region:hpa-0x…@NODE`: see the module doc).
     pub name: String,
     /// Interleave ways.
     pub ways: u32,
@@ -92,10 +94,9 @@ pub fn open_synced(inv: &Inventory, path: &Path, config: Option<&MapConfig>) -> 
         map.set_config(c.clone())?;
     }
     let change = map.update(inv)?;
-    let mut skipped = Vec::new();
-    for set in region_sets(inv) {
-        if let Some(taken) = mapped_as(&map, inv, &set) {
-            skipped.extend(taken);
+    let (want, mut skipped) = resolve(&map, inv, region_sets(inv));
+    for set in want {
+        if is_mapped(&map, &set.name) {
             continue;
         }
         if let Err(e) = map.add_interleave(&set.name, set.ways, set.granularity, &set.members, Some(set.member_size)) {
@@ -160,21 +161,61 @@ fn same(set: &InterleaveSet, want: &RegionSet) -> bool {
         && set.member_size == want.member_size
 }
 
-/// Whether a set named like `want` is mapped already: `Some(None)` when it is `want`'s own
-/// (or the same memory seen from another node: a shared device), `Some(Some(why))` when
-/// it is another node's region of the same name — a region without a UUID is named by its
-/// host address, which another host of a domain may use too — so `want` cannot be mapped
-/// under it; `None` when no set has the name.
-fn mapped_as(map: &AddressMap, inv: &Inventory, want: &RegionSet) -> Option<Option<String>> {
-    let s = map.state().interleaves.iter().find(|s| s.name == want.name)?;
-    let node = set_node(inv, want);
-    if s.node == node || same(s, want) {
-        return Some(None);
+/// The prefix of the names of sets made from regions without a UUID (named by host
+/// address, which other hosts of a domain may use too).
+const HPA_PREFIX: &str = "cxl-region:hpa-";
+
+/// Whether two region sets are over the same memory, striped alike.
+fn same_memory(a: &RegionSet, b: &RegionSet) -> bool {
+    a.ways == b.ways && a.granularity == b.granularity && a.members == b.members && a.member_size == b.member_size
+}
+
+fn is_mapped(map: &AddressMap, name: &str) -> bool {
+    map.state().interleaves.iter().any(|s| s.name == name)
+}
+
+/// Who holds the set name `name` against `want`: the node of the map's set of that name,
+/// else of a set claimed earlier in this sync, and whether it is over `want`'s memory.
+fn holder(map: &AddressMap, claimed: &[(String, RegionSet)], name: &str, want: &RegionSet) -> Option<(String, bool)> {
+    if let Some(s) = map.state().interleaves.iter().find(|s| s.name == name) {
+        return Some((s.node.clone(), same(s, want)));
     }
-    Some(Some(format!(
-        "{}: node {node}'s CXL region is not mapped: node {}'s set has that name (a region without a UUID is named by its host address, which another host of a domain may use too)",
-        want.name, s.node
-    )))
+    claimed.iter().find(|(_, c)| c.name == name).map(|(node, c)| (node.clone(), same_memory(c, want)))
+}
+
+/// The names `want`'s sets are (or are to be) mapped under, in order, and the regions
+/// that cannot be mapped, as `name: reason`. A set keeps its region's name unless another
+/// node's set over other memory holds it (a region without a UUID is named by its host
+/// address, which another host of a domain may use too): then it is named for its node,
+/// `cxl-region:hpa-0x…@NODE`, and keeps that name while it lives (names never move a set).
+/// The same memory seen from two nodes (a device both share) is one set, under the name
+/// the first gave it. Regions named by UUID are never renamed: two regions of one UUID over
+/// different memory are reported.
+fn resolve(map: &AddressMap, inv: &Inventory, want: Vec<RegionSet>) -> (Vec<RegionSet>, Vec<String>) {
+    let mut claimed: Vec<(String, RegionSet)> = Vec::new();
+    let mut skipped = Vec::new();
+    for w in want {
+        let node = set_node(inv, &w);
+        let qualified = (w.name.starts_with(HPA_PREFIX) && node != FABRIC_NODE).then(|| format!("{}@{node}", w.name));
+        let name = match &qualified {
+            Some(q) if holder(map, &claimed, q, &w).is_some() => q.clone(),
+            _ => match holder(map, &claimed, &w.name, &w) {
+                Some((other, false)) if other != node => match qualified {
+                    Some(q) => q,
+                    None => {
+                        skipped.push(format!(
+                            "{}: node {node}'s CXL region is not mapped: node {other}'s set has that name over other memory (two regions of one UUID)",
+                            w.name
+                        ));
+                        continue;
+                    }
+                },
+                _ => w.name.clone(),
+            },
+        };
+        claimed.push((node, RegionSet { name, ..w }));
+    }
+    (claimed.into_iter().map(|(_, w)| w).collect(), skipped)
 }
 
 fn update(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<Change, MapError> {
@@ -197,8 +238,9 @@ fn set_node(inv: &Inventory, set: &RegionSet) -> String {
 /// Brings the map's `cxl-region:` sets in `scope` in line with `inv` (already applied to
 /// the map, as [`sync_inventory`] does first).
 pub fn sync_sets(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<SetSync, MapError> {
-    let want: Vec<RegionSet> = region_sets(inv).into_iter().filter(|s| scope.covers(&set_node(inv, s))).collect();
-    let mut out = SetSync::default();
+    let in_scope = region_sets(inv).into_iter().filter(|s| scope.covers(&set_node(inv, s))).collect();
+    let (want, skipped) = resolve(map, inv, in_scope);
+    let mut out = SetSync { skipped, ..SetSync::default() };
     let stale: Vec<String> = map
         .state()
         .interleaves
@@ -220,8 +262,7 @@ pub fn sync_sets(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) ->
         out.changes.push(update(map, inv, scope)?);
     }
     for set in want {
-        if let Some(taken) = mapped_as(map, inv, &set) {
-            out.skipped.extend(taken);
+        if is_mapped(map, &set.name) {
             continue;
         }
         match map.add_interleave(&set.name, set.ways, set.granularity, &set.members, Some(set.member_size)) {

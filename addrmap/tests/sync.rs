@@ -104,13 +104,12 @@ fn a_nodes_sync_leaves_every_other_nodes_placement_byte_identical() {
     assert_eq!(nodes.iter().map(String::as_str).collect::<Vec<_>>(), ["cxl-host", "host-b"]);
     let mut map = AddressMap::new(MapConfig::default()).unwrap();
     let s = sync_inventory(&mut map, &full, DOMAIN).unwrap();
-    // Both hosts have a RAM region at the same host address: host B's is named like host
-    // A's set, so it is not mapped, and the sync says why.
-    let [why] = s.sets.skipped.as_slice() else { panic!("{:?}", s.sets.skipped) };
-    assert!(
-        why.starts_with("cxl-region:hpa-0x1000000000: node host-b's CXL region is not mapped: node cxl-host's set"),
-        "{why}"
-    );
+    // Both hosts have a RAM region at the same host address over their own memory: host
+    // B's set is named for its node, since host A's has the region's name.
+    assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
+    let names = set_names(&map);
+    assert!(names.iter().any(|n| n == "cxl-region:hpa-0x1000000000"), "{names:?}");
+    assert!(names.iter().any(|n| n == "cxl-region:hpa-0x1000000000@host-b"), "{names:?}");
     let sets_a = map.state().interleaves.iter().filter(|s| s.node == "cxl-host").count();
     assert!(sets_a > 0, "node A has interleave sets: {:?}", set_names(&map));
     let a_before = node_part(&map, "cxl-host");
@@ -147,10 +146,13 @@ fn a_nodes_sync_leaves_every_other_nodes_placement_byte_identical() {
 
 /// A CXL region named by its host address on two nodes: where it is the same memory (the
 /// same members, geometry and size: a device both hosts share) the other node's set
-/// stands for it, silently; where it is other memory, it is not mapped and the node's
-/// sync says why, and a sync never touches the other node's set.
+/// stands for it, silently; where it is other memory, it is mapped under a name of its
+/// node's, which it keeps (its range never moves) whoever holds the plain name later, and
+/// a sync never touches the other node's set.
 #[test]
-fn a_region_named_like_another_nodes_set_is_reported_unless_it_is_the_same_memory() {
+fn a_region_named_like_another_nodes_set_is_mapped_under_its_nodes_name_unless_it_is_the_same_memory() {
+    const PLAIN: &str = "cxl-region:hpa-0x1000000000";
+    const QUALIFIED: &str = "cxl-region:hpa-0x1000000000@host-b";
     let text = format!("{}\n[[node]]\nname = \"host-b\"\ntemplate = \"cxl-host\"\n", pool());
     let full = sim(&text);
     let mut map = AddressMap::new(MapConfig::default()).unwrap();
@@ -158,25 +160,87 @@ fn a_region_named_like_another_nodes_set_is_reported_unless_it_is_the_same_memor
     let s = sync_inventory(&mut map, &a, SyncScope::Node("cxl-host")).unwrap();
     assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
     let a_before = node_part(&map, "cxl-host");
+    let set = |m: &AddressMap, name: &str| m.state().interleaves.iter().find(|s| s.name == name).cloned();
     let hpa = |m: &AddressMap| m.state().interleaves.iter().filter(|s| s.name.contains(":hpa-")).count();
     assert_eq!(hpa(&map), 1);
+    assert_eq!(set(&map, PLAIN).unwrap().node, "cxl-host");
 
-    // Host B's own devices behind a region at the same address: reported, not mapped.
+    // Host B's own devices behind a region at the same address: mapped, named for host B,
+    // in host B's part of the map.
     let b = node_only(&full, "host-b");
     let s = sync_inventory(&mut map, &b, SyncScope::Node("host-b")).unwrap();
-    assert_eq!(s.sets.skipped.len(), 1, "{:?}", s.sets.skipped);
-    assert!(s.sets.skipped[0].contains("node host-b's CXL region is not mapped: node cxl-host's set"));
-    assert_eq!(hpa(&map), 1);
+    assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
+    assert_eq!(s.sets.added.iter().filter(|n| n.as_str() == QUALIFIED).count(), 1, "{:?}", s.sets.added);
+    let b_set = set(&map, QUALIFIED).unwrap();
+    assert_eq!(b_set.node, "host-b");
+    assert_ne!(b_set.members, set(&map, PLAIN).unwrap().members, "other memory");
+    assert_eq!(hpa(&map), 2);
     assert_eq!(node_part(&map, "cxl-host"), a_before, "node A's set is untouched");
+    // A translation of the set's first byte goes through host B's set to host B's device.
+    let snap = map.snapshot();
+    let t = snap.translate(b_set.start).unwrap();
+    assert_eq!(snap.set(t.set.unwrap()).name, QUALIFIED);
+    assert_eq!(snap.resource(t.resource), &b_set.members[0]);
 
-    // Host B sees host A's very devices (one shared pool): the same set, nothing to say.
+    // A rescan of host B changes nothing.
+    let b_part = node_part(&map, "host-b");
+    let s = sync_inventory(&mut map, &b, SyncScope::Node("host-b")).unwrap();
+    assert!(s.sets.added.is_empty() && s.sets.removed.is_empty() && s.sets.skipped.is_empty(), "{s:?}");
+    assert_eq!(node_part(&map, "host-b"), b_part);
+
+    // Host A's region is torn down, so the plain name is free: host B's set keeps its name
+    // and range; host A's region, made again, takes the plain name again.
+    let mut a_torn = a.clone();
+    a_torn.cxl.regions.retain(|r| r.uuid.is_some());
+    a_torn.reindex();
+    let s = sync_inventory(&mut map, &a_torn, SyncScope::Node("cxl-host")).unwrap();
+    assert_eq!(s.sets.removed, [PLAIN]);
+    let s = sync_inventory(&mut map, &b, SyncScope::Node("host-b")).unwrap();
+    assert!(s.sets.added.is_empty() && s.sets.removed.is_empty(), "{s:?}");
+    assert_eq!(set(&map, QUALIFIED).unwrap().start, b_set.start, "host B's set never moves");
+    let s = sync_inventory(&mut map, &a, SyncScope::Node("cxl-host")).unwrap();
+    assert_eq!(s.sets.added, [PLAIN]);
+    assert_eq!(set(&map, PLAIN).unwrap().node, "cxl-host");
+    assert_eq!(set(&map, QUALIFIED).unwrap().start, b_set.start);
+
+    // Host B sees host A's very devices (one shared pool): the same set, nothing to say,
+    // nothing added.
     let mut shared = a.clone();
     for d in &mut shared.devices {
         d.node = Some("host-b".to_owned());
     }
     shared.reindex();
-    let mut map2 = AddressMap::from_state(map.state().clone()).unwrap();
-    let s = sync_inventory(&mut map2, &shared, SyncScope::Node("host-b")).unwrap();
+    let mut lone = AddressMap::new(MapConfig::default()).unwrap();
+    sync_inventory(&mut lone, &a, SyncScope::Node("cxl-host")).unwrap();
+    let lone_a = node_part(&lone, "cxl-host");
+    let s = sync_inventory(&mut lone, &shared, SyncScope::Node("host-b")).unwrap();
     assert!(s.sets.skipped.is_empty(), "{:?}", s.sets.skipped);
-    assert_eq!(node_part(&map2, "cxl-host"), a_before);
+    assert!(set(&lone, QUALIFIED).is_none());
+    assert_eq!(hpa(&lone), 1);
+    assert_eq!(node_part(&lone, "cxl-host"), lone_a);
+}
+
+/// Two regions of one UUID over different memory (two hosts' sets cannot both have the
+/// name, and a UUID names one region): the second is reported, never renamed.
+#[test]
+fn a_uuid_named_like_another_nodes_set_over_other_memory_is_reported() {
+    let text = format!("{}\n[[node]]\nname = \"host-b\"\ntemplate = \"cxl-host\"\n", pool());
+    let full = sim(&text);
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    let a = node_only(&full, "cxl-host");
+    sync_inventory(&mut map, &a, SyncScope::Node("cxl-host")).unwrap();
+    let a_before = node_part(&map, "cxl-host");
+    let b = node_only(&full, "host-b");
+    let uuid = |inv: &Inventory| inv.cxl.regions.iter().find_map(|r| r.uuid.clone()).unwrap();
+    let mut clash = b.clone();
+    let a_uuid = uuid(&a);
+    for r in clash.cxl.regions.iter_mut().filter(|r| r.uuid.is_some()) {
+        r.uuid = Some(a_uuid.clone());
+    }
+    clash.reindex();
+    let s = sync_inventory(&mut map, &clash, SyncScope::Node("host-b")).unwrap();
+    let [why] = s.sets.skipped.as_slice() else { panic!("{:?}", s.sets.skipped) };
+    assert!(why.contains("node host-b's CXL region is not mapped: node cxl-host's set has that name"), "{why}");
+    assert!(!set_names(&map).iter().any(|n| n.contains('@') && !n.contains(":hpa-")), "{:?}", set_names(&map));
+    assert_eq!(node_part(&map, "cxl-host"), a_before);
 }
