@@ -16,6 +16,7 @@
 # sim's memory (shared/): a client of one node imports what a client of another exported.
 # FABRIC_DOMAIN_NET=K leaves the last K nodes off the shared memory (class NET: their
 # clients get copy-only grants and copy over the node link; `fabricctl bench netcopy`).
+# FABRIC_DOMAIN_ANSWER_POLL_US sets the nodes' peer.answer_poll_us (default: fabricd's).
 # FABRIC_DOMAIN_NETNS=1 (root, `ip` from iproute2) runs etcd and each node in a network
 # namespace of its own, joined by veth pairs to a bridge in a "switch" namespace, at
 # addresses in 10.79.0.0/24 that exist only there (etcd .1, tray i .(10+i)); the node link
@@ -207,6 +208,9 @@ cert = "$RUN/pki/tray$i.pem"
 key = "$RUN/pki/tray$i.key"
 shared_identities = true
 EOF
+      if [ -n "${FABRIC_DOMAIN_ANSWER_POLL_US:-}" ]; then
+        echo "answer_poll_us = $FABRIC_DOMAIN_ANSWER_POLL_US" >>"$dir/fabricd.toml"
+      fi
       # The last $FABRIC_DOMAIN_NET nodes share no memory fabric (class NET: copy only).
       if ((i < n - ${FABRIC_DOMAIN_NET:-0})); then
         echo "shared_dir = \"$RUN/shared\"" >>"$dir/fabricd.toml"

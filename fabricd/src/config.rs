@@ -6,6 +6,7 @@
 //! how the sim default runs unprivileged.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use fabric_addrmap::MapConfig;
 use fabric_domain::DomainConfig;
@@ -399,7 +400,7 @@ pub struct Config {
 
 /// `[peer]`: this node's address for the other nodes of its domain, and the credentials
 /// of its node link (`docs/domain.md`, "Node link").
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PeerConfig {
     /// `host:port` published in the member record, where the node link listens when
@@ -423,9 +424,39 @@ pub struct PeerConfig {
     /// Otherwise (default) only an export that names a partition is importable from
     /// another node. Set it alike on every node; the owner's setting decides.
     pub shared_identities: bool,
+    /// Microseconds a request's thread that asked another node (an import) polls the
+    /// link's socket for the answer before it sleeps in the read: where waking a sleeping
+    /// thread costs more than the answer takes (a VM whose idle vCPUs halt), the poll
+    /// saves that wake-up for at most this much CPU time per ask; `0` sleeps at once.
+    /// At most [`PeerConfig::MAX_ANSWER_POLL_US`].
+    pub answer_poll_us: u32,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        Self {
+            address: None,
+            ca: None,
+            cert: None,
+            key: None,
+            shared_dir: None,
+            shared_identities: false,
+            answer_poll_us: Self::DEFAULT_ANSWER_POLL_US,
+        }
+    }
 }
 
 impl PeerConfig {
+    /// `answer_poll_us`'s default: about what an answer takes on a loopback or LAN link.
+    pub const DEFAULT_ANSWER_POLL_US: u32 = 250;
+    /// The longest answer poll: beyond it the thread is busy, not faster.
+    pub const MAX_ANSWER_POLL_US: u32 = 10_000;
+
+    /// How long a request's thread polls for another node's answer.
+    pub fn answer_poll(&self) -> Duration {
+        Duration::from_micros(u64::from(self.answer_poll_us))
+    }
+
     /// The credentials' paths (CA, certificate, key) when all three are set.
     pub fn credentials(&self) -> Option<(&Path, &Path, &Path)> {
         Some((self.ca.as_deref()?, self.cert.as_deref()?, self.key.as_deref()?))
@@ -650,6 +681,16 @@ impl Config {
         {
             return Err(("peer.address", format!("{address:?} is not host:port")));
         }
+        if self.peer.answer_poll_us > PeerConfig::MAX_ANSWER_POLL_US {
+            return Err((
+                "peer.answer_poll_us",
+                format!(
+                    "{} is more than {}: a longer poll keeps a thread busy without a faster answer",
+                    self.peer.answer_poll_us,
+                    PeerConfig::MAX_ANSWER_POLL_US
+                ),
+            ));
+        }
         let paths = [&self.peer.ca, &self.peer.cert, &self.peer.key];
         let set = paths.iter().filter(|p| p.is_some()).count();
         if set != 0 && set != paths.len() {
@@ -728,6 +769,12 @@ mod tests {
         refused(format!("{FIXED}{DOMAIN}[peer]\nca = \"ca.pem\"\ncert = \"n.pem\"\n"), "ca, cert and key go together");
         let linked = parse(&format!("{FIXED}{DOMAIN}[peer]\nca = \"c\"\ncert = \"n\"\nkey = \"k\"\n")).unwrap();
         assert_eq!(linked.peer.credentials(), Some((Path::new("c"), Path::new("n"), Path::new("k"))));
+        assert_eq!(linked.peer.answer_poll(), Duration::from_micros(250));
+        let polled = |us: u32| format!("{FIXED}{DOMAIN}[peer]\nanswer_poll_us = {us}\n");
+        assert_eq!(parse(&polled(0)).unwrap().peer.answer_poll(), Duration::ZERO);
+        assert_eq!(parse(&polled(10_000)).unwrap().peer.answer_poll(), Duration::from_millis(10));
+        refused(polled(10_001), "peer.answer_poll_us: 10001 is more than 10000");
+        refused("[peer]\nanswer_poll_us = 5\n".to_owned(), "only a domain node has peers");
         refused(format!("[discovery]\nsim = [\"a.toml\"]\n{FIXED}{DOMAIN}"), "discovery.sim_node");
         refused(format!("[discovery]\nsim = [\"a.toml\"]\nsim_node = \"tray1\"\n{FIXED}{DOMAIN}"), "\"tray0\"");
         refused("[discovery]\nsim_node = \"tray1\"\n".to_owned(), "needs exactly one discovery.sim file");

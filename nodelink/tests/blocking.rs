@@ -3,6 +3,7 @@
 //! never finishes the handshake, one slow to answer, one that closes mid-way. A server
 //! that answers garbage (a hostile or broken peer, with a valid certificate) gets a typed
 //! error, never a panic or a wait past the deadline, and the link refuses any later call.
+//! A call that polls its socket for the answer first behaves the same.
 
 mod common;
 
@@ -30,6 +31,13 @@ impl PeerService for Echo {
             Ok(PeerResponse { op: request.op, body: request.body })
         })
     }
+}
+
+/// An [`Echo`] server as node `n1` of `d`'s domain.
+async fn echo_server(d: &TestDomain) -> Server {
+    let server_creds = common::creds(&d.ca, "n1");
+    let any = "127.0.0.1:0".parse().expect("addr");
+    Server::bind_serving(any, &server_creds, 7, d.members.clone(), Arc::new(Echo), limits()).await.expect("server")
 }
 
 /// Links from a thread of its own (the blocking link is for threads that are no
@@ -82,10 +90,7 @@ async fn a_server_that_is_not_the_expected_node_a_stale_incarnation_and_a_non_me
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_come_back_whole_and_a_slow_one_ends_at_the_callers_deadline() {
     let d = TestDomain::start(limits()).await;
-    let server_creds = common::creds(&d.ca, "n1");
-    let any = "127.0.0.1:0".parse().expect("addr");
-    let echo =
-        Server::bind_serving(any, &server_creds, 7, d.members.clone(), Arc::new(Echo), limits()).await.expect("server");
+    let echo = echo_server(&d).await;
     let (addr, creds, server) = (echo.local_addr(), d.creds("n2"), d.server_id.clone());
     blocking(move || {
         let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
@@ -98,6 +103,44 @@ async fn answers_come_back_whole_and_a_slow_one_ends_at_the_callers_deadline() {
         let start = Instant::now();
         let deadline = start + Duration::from_millis(300);
         let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![0] }, deadline);
+        assert!(matches!(r, Err(LinkError::Timeout(Stage::Idle))), "{r:?}");
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(290) && waited < Duration::from_millis(1500), "{waited:?}");
+    })
+    .await;
+}
+
+/// A call that polls for its answer gets the same answers; one that comes after the poll
+/// is spent is still read (the socket sleeps again, blocking), and the deadline holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_polled_for_is_the_same_and_one_after_the_poll_is_read_asleep() {
+    let d = TestDomain::start(limits()).await;
+    let echo = echo_server(&d).await;
+    let (addr, creds, server) = (echo.local_addr(), d.creds("n2"), d.server_id.clone());
+    blocking(move || {
+        let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+        // Longer than a loopback answer takes: these are found by the poll.
+        link.set_answer_poll(Duration::from_millis(50));
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        for n in [1usize, 100, body.len()] {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let r = link.call(PeerRequest { op: PeerOp::Copy, body: body[..n].to_vec() }, deadline).expect("answer");
+            assert_eq!((r.op, &r.body[..]), (PeerOp::Copy, &body[..n]));
+        }
+        // The echo holds this one two seconds: the 1 ms poll is long spent, and the
+        // thread reads the answer asleep, well within the call's deadline.
+        link.set_answer_poll(Duration::from_millis(1));
+        let start = Instant::now();
+        let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![0] }, start + Duration::from_secs(5));
+        assert_eq!(r.expect("the late answer").body, [0]);
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(4), "{waited:?}");
+        // The link is sound after it, and a deadline shorter than the hold still ends the
+        // call in time, the poll or not.
+        let r = link.call(PeerRequest { op: PeerOp::Copy, body: vec![7] }, Instant::now() + Duration::from_secs(5));
+        assert_eq!(r.expect("answer").body, [7]);
+        let start = Instant::now();
+        let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![0] }, start + Duration::from_millis(300));
         assert!(matches!(r, Err(LinkError::Timeout(Stage::Idle))), "{r:?}");
         let waited = start.elapsed();
         assert!(waited >= Duration::from_millis(290) && waited < Duration::from_millis(1500), "{waited:?}");
@@ -215,11 +258,14 @@ async fn hostile_server(d: &TestDomain, garbage: Garbage) -> std::net::SocketAdd
 async fn a_server_that_answers_garbage_is_refused_with_a_typed_error_in_time() {
     let d = TestDomain::start(limits()).await;
     let all = [Garbage::BadMagic, Garbage::Oversized, Garbage::OtherId, Garbage::Truncated, Garbage::CutMidFrame];
-    for garbage in all {
+    // Each with the answer read at once and with it polled for first (a garbage answer
+    // ends the poll as any bytes do; the read then says what is wrong with them).
+    for (garbage, poll) in all.into_iter().flat_map(|g| [(g, Duration::ZERO), (g, Duration::from_millis(5))]) {
         let addr = hostile_server(&d, garbage).await;
         let (creds, server) = (d.creds("n2"), d.server_id.clone());
         let (r, waited) = blocking(move || {
             let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+            link.set_answer_poll(poll);
             let start = Instant::now();
             let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![1] }, start + Duration::from_secs(5));
             let waited = start.elapsed();

@@ -268,7 +268,9 @@ impl NodeLink {
         if limits.handshake_timeout.is_zero() {
             return Err(link_err(LinkError::Timeout(Stage::Handshake)));
         }
-        let link = BlockingLink::connect(addr, self.credentials(), &expected, made.ours, limits).map_err(link_err)?;
+        let mut link =
+            BlockingLink::connect(addr, self.credentials(), &expected, made.ours, limits).map_err(link_err)?;
+        link.set_answer_poll(self.answer_poll);
         made.welcomed_by(node, link.peer_incarnation())?;
         tracing::info!(peer = node, %addr, incarnation = made.incarnation, "node link: linked (direct)");
         // As for every new link (`dial.rs`): before anything is asked of this incarnation.

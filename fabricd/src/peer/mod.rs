@@ -22,6 +22,7 @@ pub mod wire;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use fabric_nodelink::{Credentials, LinkError, LinkLimits, LinkStats, Server};
 
@@ -63,6 +64,8 @@ pub enum ListenError {
 pub struct NodeLink {
     creds: Credentials,
     limits: LinkLimits,
+    /// How long a request's thread polls a blocking link for its answer (`peer.answer_poll_us`).
+    answer_poll: Duration,
     server: OnceLock<Server>,
     peers: Peers,
     /// The blocking links that requests' threads call on.
@@ -74,12 +77,14 @@ pub struct NodeLink {
 }
 
 impl NodeLink {
-    /// A link with these credentials, not listening yet.
-    pub fn new(creds: Credentials) -> Self {
+    /// A link with these credentials, not listening yet, whose blocking links poll for an
+    /// answer for `answer_poll` before they sleep.
+    pub fn new(creds: Credentials, answer_poll: Duration) -> Self {
         let service = Arc::new(service::Service::default());
         Self {
             creds,
             limits: LinkLimits::default(),
+            answer_poll,
             server: OnceLock::new(),
             peers: Peers::default(),
             direct: direct::Direct::default(),

@@ -162,6 +162,7 @@ pub fn start(
     let link = match config.peer.credentials() {
         Some((ca, cert, key)) => Some(crate::peer::NodeLink::new(
             crate::peer::creds::load(ca, cert, key, &dc.name, &dc.node).map_err(JoinError::Credentials)?,
+            config.peer.answer_poll(),
         )),
         None => None,
     };
