@@ -15,7 +15,10 @@
 //! queuing one is as cheap under its lock as queuing a record.
 //!
 //! After a failed write the journal is poisoned and every later record fails too, until
-//! the owner [`reopen`](Committer::reopen)s it with a snapshot of what was acknowledged.
+//! the owner queues a reopen ([`Committer::enqueue_reopen`]) with a snapshot of what was
+//! acknowledged: the writer closes the journal, opens it again and compacts it to that
+//! snapshot in the queue's order, so the records queued after it follow the snapshot and
+//! the owner does none of that I/O under its lock either.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +64,9 @@ enum Entry {
     Record(u16, Vec<u8>),
     /// Compact to the image as of the records before it.
     Compact,
+    /// Close and open the journal again, compact it to this snapshot, and start the image
+    /// again from it.
+    Reopen(Vec<u8>),
 }
 
 #[derive(Debug)]
@@ -91,7 +97,7 @@ struct Queue {
 pub struct Committer {
     queue: Mutex<Queue>,
     written: Condvar,
-    /// Held by the leader while it writes, and by `reopen`.
+    /// Held by the leader while it writes; `None` once poisoned, until a reopen.
     journal: Mutex<Option<Journal>>,
     /// Taken after `journal`, by whoever holds that: the journal's contents as a state.
     image: Mutex<Box<dyn Image>>,
@@ -100,8 +106,9 @@ pub struct Committer {
     syncs: AtomicU64,
     /// Tests: the next write panics.
     #[cfg(test)]
-    panic_next: std::sync::atomic::AtomicBool,
-    /// Tests: a write with a snapshot in it waits while this is held for writing.
+    pub(crate) panic_next: std::sync::atomic::AtomicBool,
+    /// Tests: a write with a snapshot in it (a compaction or a reopen) waits while this is
+    /// held for writing.
     #[cfg(test)]
     pub(crate) snapshot_gate: std::sync::RwLock<()>,
 }
@@ -157,17 +164,24 @@ impl Committer {
         Ticket { committer: self.clone(), slot }
     }
 
-    /// Closes the journal and opens it again, then compacts it to `snapshot`, so that it
-    /// holds exactly what was acknowledged whatever a failed write left behind. The caller
-    /// makes sure no record is queued or waited for meanwhile.
-    pub fn reopen(&self, snapshot: &[u8]) -> Result<(), JournalError> {
-        let mut j = lock(&self.journal);
-        // The old one holds the directory's lock: it goes first.
-        *j = None;
-        let (mut fresh, _) = Journal::open(&self.dir, self.options)?;
-        fresh.compact(snapshot)?;
-        *j = Some(fresh);
-        lock(&self.image).reset(snapshot);
+    /// Queues a reopen: the writer closes the journal and opens it again, then compacts it
+    /// to `snapshot`, so that it holds exactly what was acknowledged whatever a failed
+    /// write left behind; the image starts again from `snapshot`. It is written whatever
+    /// failed before it (that is what it mends); the records queued after it follow it,
+    /// and fail with it if it fails. The caller makes sure no record it still counts on is
+    /// queued before it. No I/O.
+    pub fn enqueue_reopen(self: &Arc<Self>, snapshot: Vec<u8>) -> Ticket {
+        self.push(Entry::Reopen(snapshot))
+    }
+
+    /// The reopen itself: the old journal (it holds the directory's lock) closed first.
+    fn reopen(&self, journal: &mut Option<Journal>, image: &mut dyn Image, snapshot: &[u8]) -> Outcome {
+        *journal = None;
+        let (mut fresh, _) = Journal::open(&self.dir, self.options).map_err(Arc::new)?;
+        fresh.compact(snapshot).map_err(Arc::new)?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        *journal = Some(fresh);
+        image.reset(snapshot);
         tracing::warn!(dir = %self.dir.display(), "journal reopened after a failed write; snapshot written");
         Ok(())
     }
@@ -208,7 +222,10 @@ impl Committer {
             panic!("a journal write that panics (test)");
         }
         #[cfg(test)]
-        let _gate = batch.iter().any(|i| matches!(i.entry, Entry::Compact)).then(|| self.snapshot_gate.read());
+        let _gate = batch
+            .iter()
+            .any(|i| matches!(i.entry, Entry::Compact | Entry::Reopen(_)))
+            .then(|| self.snapshot_gate.read());
         let mut guard = lock(&self.journal);
         let mut image = lock(&self.image);
         let mut failed: Option<Arc<JournalError>> = match guard.as_ref() {
@@ -219,6 +236,16 @@ impl Committer {
         let mut run_bytes = 0usize;
         let mut items = batch.into_iter().peekable();
         while let Some(item) = items.next() {
+            if let Entry::Reopen(snapshot) = &item.entry {
+                // What failed before it is what it mends.
+                let done = self.reopen(&mut guard, image.as_mut(), snapshot);
+                if let Err(e) = &done {
+                    tracing::error!(error = %crate::error_chain(e), "journal cannot be reopened; changes are refused");
+                }
+                failed = done.as_ref().err().cloned();
+                let _ = item.slot.set(done);
+                continue;
+            }
             if let Some(e) = &failed {
                 let _ = item.slot.set(Err(e.clone()));
                 continue;
@@ -252,6 +279,7 @@ impl Committer {
                     };
                     let _ = item.slot.set(done);
                 }
+                Entry::Reopen(_) => {}
             }
         }
     }
@@ -263,7 +291,7 @@ impl Committer {
             .iter()
             .filter_map(|i| match &i.entry {
                 Entry::Record(kind, payload) => Some((*kind, payload.as_slice())),
-                Entry::Compact => None,
+                Entry::Compact | Entry::Reopen(_) => None,
             })
             .collect();
         let done = j.append_batch(&records).map(|_| ()).map_err(Arc::new);
@@ -311,7 +339,7 @@ mod tests {
         assert!(!lock(&c.queue).leading);
         // Later commits fail until a reopen, then go on.
         assert!(c.enqueue(1, b"after".to_vec()).wait().is_err());
-        c.reopen(b"snap").expect("reopen");
+        c.enqueue_reopen(b"snap".to_vec()).wait().expect("reopen");
         c.enqueue(1, b"again".to_vec()).wait().expect("durable after the reopen");
         drop(c);
         let (snapshot, records) = replayed(dir.path());
@@ -466,13 +494,49 @@ mod tests {
         let bad = c.enqueue(super::super::RESERVED_KINDS, b"x".to_vec());
         let with_it = c.enqueue(1, b"lost".to_vec());
         assert!(bad.wait().is_err() && with_it.wait().is_err());
-        c.reopen(b"acked|state").expect("reopen");
+        c.enqueue_reopen(b"acked|state".to_vec()).wait().expect("reopen");
         c.enqueue(1, b"later".to_vec()).wait().expect("durable after reopen");
         c.enqueue_compaction().wait().expect("compaction");
         drop(c);
         let (snapshot, records) = replayed(dir.path());
         assert_eq!(snapshot.as_deref(), Some(&b"acked|state|later"[..]));
         assert!(records.is_empty());
+    }
+
+    /// A reopen is written in the queue's order, whatever failed before it: the records
+    /// queued behind it follow its snapshot; one that cannot be written fails them too,
+    /// and a later one mends the journal.
+    #[test]
+    fn a_reopen_mends_what_failed_before_it_and_what_follows_fails_with_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal");
+        let c = open(&path);
+        c.enqueue(1, b"kept".to_vec()).wait().expect("durable");
+        assert!(c.enqueue(super::super::RESERVED_KINDS, b"x".to_vec()).wait().is_err());
+        // The journal's directory is gone and a file stands in its place: the reopen cannot
+        // open it, and the record behind it fails with it.
+        let aside = dir.path().join("aside");
+        std::fs::rename(&path, &aside).expect("rename");
+        std::fs::write(&path, b"not a directory").expect("file");
+        let reopen = c.enqueue_reopen(b"acked".to_vec());
+        let behind = c.enqueue(1, b"behind".to_vec());
+        assert!(behind.wait().is_err(), "a record behind a failed reopen fails");
+        assert!(reopen.wait().is_err());
+        assert!(c.enqueue(1, b"still".to_vec()).wait().is_err(), "still poisoned");
+        // Back in place: the next reopen and the records queued behind it, in one batch.
+        std::fs::remove_file(&path).expect("remove");
+        std::fs::rename(&aside, &path).expect("rename back");
+        let syncs = c.syncs();
+        drop(c.enqueue_reopen(b"acked".to_vec()));
+        let tickets: Vec<_> = [&b"one"[..], b"two"].iter().map(|p| c.enqueue(1, p.to_vec())).collect();
+        for t in tickets {
+            t.wait().expect("durable after the reopen");
+        }
+        assert_eq!(c.syncs() - syncs, 2, "the reopen's snapshot, then both records in one sync");
+        drop(c);
+        let (snapshot, records) = replayed(&path);
+        assert_eq!(snapshot.as_deref(), Some(&b"acked"[..]));
+        assert_eq!(records, vec![b"one".to_vec(), b"two".to_vec()]);
     }
 
     #[test]
@@ -486,7 +550,7 @@ mod tests {
         let with_it = c.enqueue(1, b"same batch".to_vec());
         assert!(bad.wait().is_err());
         assert!(with_it.wait().is_err(), "the rest of a failed batch fails with it");
-        c.reopen(b"acknowledged").expect("reopen");
+        c.enqueue_reopen(b"acknowledged".to_vec()).wait().expect("reopen");
         c.enqueue(1, b"later".to_vec()).wait().expect("durable after reopen");
         drop(c);
         let (snapshot, records) = replayed(dir.path());

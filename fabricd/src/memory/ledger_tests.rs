@@ -13,7 +13,8 @@ use proptest::prelude::*;
 use super::backing::Backings;
 use super::{Durability, Memory, Place};
 use crate::config::{LimitsConfig, MemoryConfig};
-use crate::journal::{Journal, JournalOptions};
+use crate::journal::{Committer, Journal, JournalOptions};
+use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
 
@@ -308,7 +309,7 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
 /// ends something meanwhile delivers only its own.
 #[test]
 fn a_lost_devices_revocations_wait_for_its_own_delivery_not_another_operations() {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     use fabric_proto::wire::RevocationReason;
 
@@ -347,6 +348,30 @@ fn a_lost_devices_revocations_wait_for_its_own_delivery_not_another_operations()
     assert!([1, 2, 3, 4].iter().all(|s| lost.contains(s)), "{told:?}");
 }
 
+/// A durable registry over [`inventory`], a client and a place on its GPU, and the
+/// registry's committer.
+struct Journaled {
+    inv: Inventory,
+    m: Memory,
+    me: Identity,
+    place: Place,
+    committer: Arc<Committer>,
+}
+
+fn journaled(dir: &std::path::Path) -> Journaled {
+    let (inv, gpu) = inventory();
+    let m = open(dir, &inv);
+    let committer = m.state().log.as_ref().unwrap().committer().clone();
+    Journaled { inv, m, me: me(), place: Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None }, committer }
+}
+
+/// The registry `m` holds is what its journal in `dir` rebuilds.
+fn rebuilds_the_same(dir: &std::path::Path, inv: &Inventory, m: Memory, committer: Arc<Committer>) {
+    let before = held(&m);
+    drop((m, committer));
+    assert_eq!(held(&open(dir, inv)), before);
+}
+
 /// The operation whose record crosses `memory.compact_records` answers while the snapshot
 /// it queued is still being written (by the compaction thread), and the compaction is
 /// settled once written: the journal rebuilds the same registry.
@@ -355,11 +380,7 @@ fn an_operation_that_queues_a_compaction_answers_before_the_snapshot_is_written(
     use std::time::{Duration, Instant};
 
     let dir = tempfile::tempdir().unwrap();
-    let (inv, gpu) = inventory();
-    let m = open(dir.path(), &inv);
-    let me = me();
-    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
-    let committer = m.state().log.as_ref().unwrap().committer().clone();
+    let Journaled { inv, m, me, place, committer } = journaled(dir.path());
     // Three records of the four `open` compacts after.
     for _ in 0..3 {
         m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
@@ -380,7 +401,38 @@ fn an_operation_that_queues_a_compaction_answers_before_the_snapshot_is_written(
         assert!(Instant::now() < deadline, "the compaction was never settled");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let before = held(&m);
-    drop((m, committer));
-    assert_eq!(held(&open(dir.path(), &inv)), before);
+    rebuilds_the_same(dir.path(), &inv, m, committer);
+}
+
+/// After a failed journal write, the next change reopens the journal: the registry's
+/// snapshot is taken under its lock, but written by the journal's writer outside it, so
+/// other requests read the registry while that write is held; the change is durable after
+/// it, and the journal rebuilds the same registry.
+#[test]
+fn a_failed_journal_is_reopened_outside_the_registry_lock() {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let Journaled { inv, m, me, place, committer } = journaled(dir.path());
+    m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    // The next write fails (its leader panics): that allocation is refused and undone.
+    committer.panic_next.store(true, Ordering::Relaxed);
+    assert!(m.alloc(&me, 1, &place, 2 * MIB, 0).is_err());
+    assert_eq!(held(&m).regions.len(), 1);
+    let stalled = committer.snapshot_gate.write().unwrap();
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (m, me, place) = (&m, &me, &place);
+        s.spawn(move || tx.send(m.alloc(me, 1, place, 2 * MIB, 0).map(|g| g.region)).unwrap());
+        // The change waits for the reopen's write (held), not under the registry lock.
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "answered before the reopen was written");
+        let read = held(m);
+        drop(stalled);
+        assert_eq!(read.regions.len(), 1, "the registry was read while the reopen's write was held");
+        let answered = rx.recv_timeout(Duration::from_secs(10));
+        assert!(matches!(answered, Ok(Ok(_))), "{answered:?}");
+    });
+    assert_eq!(held(&m).regions.len(), 2);
+    rebuilds_the_same(dir.path(), &inv, m, committer);
 }

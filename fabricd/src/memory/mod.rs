@@ -152,7 +152,8 @@ pub enum MemoryError {
     /// A journal record does not encode or decode.
     #[error("journal record")]
     Record(#[source] DurableError),
-    /// The journal failed earlier and could not be reopened; changes are refused.
+    /// The journal failed and is not reopened yet: changes queued before the failure are
+    /// still in flight (the reopen waits for them); changes are refused meanwhile.
     #[error("the journal is unavailable after a write failure; changes are refused")]
     JournalUnavailable,
     /// The device's DMA domain has no IOVA range left below its mask.

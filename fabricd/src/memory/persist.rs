@@ -221,13 +221,12 @@ impl State {
             if log.in_flight > 0 {
                 return Err(MemoryError::JournalUnavailable);
             }
-            // The one write under the registry lock, on the error path only: the journal is
-            // brought back in line with what was acknowledged before anything new.
+            // Nothing is in flight, so the registry is what was acknowledged: the journal is
+            // brought back in line with it before anything new. Captured here (no I/O), the
+            // snapshot is written by the journal's writer ahead of this change's record,
+            // which fails with it if it cannot be (and the next change tries again).
             let snapshot = self.snapshot()?;
-            log.committer.reopen(&snapshot).map_err(|e| {
-                tracing::error!(error = %crate::error_chain(&e), "journal cannot be reopened; changes are refused");
-                MemoryError::Journal(e)
-            })?;
+            drop(log.committer.enqueue_reopen(snapshot));
             log.broken = false;
             log.since_snapshot = 0;
         }
