@@ -165,6 +165,10 @@ fn same(set: &InterleaveSet, want: &RegionSet) -> bool {
 /// address, which other hosts of a domain may use too).
 const HPA_PREFIX: &str = "cxl-region:hpa-";
 
+/// The longest name a set made from a region gets: what the wire and the journal carry of
+/// a set's name (`fabric_proto::wire::Name`); a longer one could not be asked for.
+pub const MAX_REGION_SET_NAME: usize = 64;
+
 /// Whether two region sets are over the same memory, striped alike.
 fn same_memory(a: &RegionSet, b: &RegionSet) -> bool {
     a.ways == b.ways && a.granularity == b.granularity && a.members == b.members && a.member_size == b.member_size
@@ -201,7 +205,14 @@ fn resolve(map: &AddressMap, inv: &Inventory, want: Vec<RegionSet>) -> (Vec<Regi
             Some(q) if holder(map, &claimed, q, &w).is_some() => q.clone(),
             _ => match holder(map, &claimed, &w.name, &w) {
                 Some((other, false)) if other != node => match qualified {
-                    Some(q) => q,
+                    Some(q) if q.len() <= MAX_REGION_SET_NAME => q,
+                    Some(q) => {
+                        skipped.push(format!(
+                            "{}: node {node}'s CXL region is not mapped: node {other}'s set has that name over other memory, and {q:?} is longer than {MAX_REGION_SET_NAME} bytes",
+                            w.name
+                        ));
+                        continue;
+                    }
                     None => {
                         skipped.push(format!(
                             "{}: node {node}'s CXL region is not mapped: node {other}'s set has that name over other memory (two regions of one UUID)",

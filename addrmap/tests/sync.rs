@@ -220,6 +220,25 @@ fn a_region_named_like_another_nodes_set_is_mapped_under_its_nodes_name_unless_i
     assert_eq!(node_part(&lone, "cxl-host"), lone_a);
 }
 
+/// A node-qualified name must fit what the wire and the journal carry of a set's name: a
+/// node whose name makes it longer is reported, not mapped under a cut name.
+#[test]
+fn a_node_qualified_name_too_long_for_the_wire_is_reported() {
+    let long = "h".repeat(40);
+    let text = format!("{}\n[[node]]\nname = \"{long}\"\ntemplate = \"cxl-host\"\n", pool());
+    let full = sim(&text);
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    sync_inventory(&mut map, &node_only(&full, "cxl-host"), SyncScope::Node("cxl-host")).unwrap();
+    let s = sync_inventory(&mut map, &node_only(&full, &long), SyncScope::Node(&long)).unwrap();
+    let [why] = s.sets.skipped.as_slice() else { panic!("{:?}", s.sets.skipped) };
+    assert!(why.contains("is longer than 64 bytes"), "{why}");
+    assert!(
+        set_names(&map).iter().all(|n| n.len() <= fabric_addrmap::sync::MAX_REGION_SET_NAME),
+        "{:?}",
+        set_names(&map)
+    );
+}
+
 /// Two regions of one UUID over different memory (two hosts' sets cannot both have the
 /// name, and a UUID names one region): the second is reported, never renamed.
 #[test]

@@ -11,6 +11,9 @@ use crate::daemon::Daemon;
 use crate::memory::{SetSpec, Whereabouts};
 use crate::ops::refusal;
 
+// A set made from a CXL region has a name the wire and the journal carry whole.
+const _: () = assert!(fabric_addrmap::sync::MAX_REGION_SET_NAME == fabric_proto::wire::Name::MAX);
+
 /// The GFA of the first byte of `w`, when the map places it contiguously.
 pub fn gfa_in(snap: &Snapshot, w: &Whereabouts) -> Option<u64> {
     let st = snap.state();
