@@ -174,11 +174,18 @@ impl Committer {
         self.push(Entry::Reopen(snapshot))
     }
 
-    /// The reopen itself: the old journal (it holds the directory's lock) closed first.
+    /// The reopen itself: the old journal (it holds the directory's lock) closed first;
+    /// left poisoned (`None`) when the new one cannot be opened or written.
     fn reopen(&self, journal: &mut Option<Journal>, image: &mut dyn Image, snapshot: &[u8]) -> Outcome {
         *journal = None;
-        let (mut fresh, _) = Journal::open(&self.dir, self.options).map_err(Arc::new)?;
-        fresh.compact(snapshot).map_err(Arc::new)?;
+        let opened = Journal::open(&self.dir, self.options).and_then(|(mut fresh, _)| {
+            fresh.compact(snapshot)?;
+            Ok(fresh)
+        });
+        let fresh = opened.map_err(|e| {
+            tracing::error!(error = %crate::error_chain(&e), "journal cannot be reopened; changes are refused");
+            Arc::new(e)
+        })?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         *journal = Some(fresh);
         image.reset(snapshot);
@@ -215,7 +222,8 @@ impl Committer {
     }
 
     /// Writes `batch` in order: runs of records with one `append_batch` each (one
-    /// `fdatasync`), a compaction with `compact`. After a failure the rest fail with it.
+    /// `fdatasync`), a compaction with `compact`, a reopen with [`Self::reopen`]. After a
+    /// failure the rest fail with it, up to a reopen.
     fn write(&self, batch: Vec<Item>) {
         #[cfg(test)]
         if self.panic_next.swap(false, Ordering::Relaxed) {
@@ -239,9 +247,6 @@ impl Committer {
             if let Entry::Reopen(snapshot) = &item.entry {
                 // What failed before it is what it mends.
                 let done = self.reopen(&mut guard, image.as_mut(), snapshot);
-                if let Err(e) = &done {
-                    tracing::error!(error = %crate::error_chain(e), "journal cannot be reopened; changes are refused");
-                }
                 failed = done.as_ref().err().cloned();
                 let _ = item.slot.set(done);
                 continue;
@@ -279,6 +284,7 @@ impl Committer {
                     };
                     let _ = item.slot.set(done);
                 }
+                // Written above, whatever failed before it.
                 Entry::Reopen(_) => {}
             }
         }
