@@ -81,7 +81,15 @@ pub enum DurableError {
     /// A record could not be encoded.
     #[error("record does not encode")]
     Encode(#[source] postcard::Error),
+    /// A snapshot whose ids reach past what this registry hands out ([`MAX_ID`]).
+    #[error("snapshot names id {0}, past the registry's ids")]
+    IdOutOfRange(u64),
 }
+
+/// Ids a registry hands out stay below this (the ids of other nodes' imports and copies
+/// across nodes are marked by bit 62): a journal that names one at or above it was not
+/// written by a registry, and taking ids on from there could wrap and reuse one.
+pub const MAX_ID: u64 = 1 << 62;
 
 /// Who owns a session's regions: the credentials of the connecting process, and the
 /// start time of that process (field 22 of `/proc/<pid>/stat`, clock ticks since boot),
@@ -391,6 +399,13 @@ impl Snapshot {
             SNAPSHOT_LOST_VERSION => parse_body(kind, body),
             version => Err(DurableError::Version { kind, version }),
         }
+        .and_then(|s: Self| {
+            let ids = s.regions.iter().chain(s.set_regions.iter().map(|r| &r.region)).map(|r| r.id);
+            match std::iter::once(s.next_id).chain(ids).find(|&id| id >= MAX_ID) {
+                Some(id) => Err(DurableError::IdOutOfRange(id)),
+                None => Ok(s),
+            }
+        })
     }
 }
 
@@ -401,6 +416,9 @@ pub enum Inconsistency {
     /// An allocation of an id that is live.
     #[error("region {0} allocated twice")]
     DuplicateRegion(u64),
+    /// An id no registry hands out ([`MAX_ID`]).
+    #[error("region id {0} is past the registry's ids")]
+    IdOutOfRange(u64),
     /// A change to a region that is not live.
     #[error("region {0} is not live")]
     NoRegion(u64),
@@ -467,6 +485,15 @@ impl Replayed {
 
     /// Applies one change; an inconsistent one changes nothing.
     pub fn apply(&mut self, change: Change) -> Result<(), Inconsistency> {
+        let id = match &change {
+            Change::RegionAllocated(r) => Some(r.id),
+            Change::SetRegionAllocated(s) => Some(s.region.id),
+            Change::RegionFreed { id } => Some(*id),
+            _ => None,
+        };
+        if let Some(id) = id.filter(|&id| id >= MAX_ID) {
+            return Err(Inconsistency::IdOutOfRange(id));
+        }
         match change {
             Change::RegionAllocated(r) => {
                 self.next_id = self.next_id.max(r.id.saturating_add(1));
@@ -593,6 +620,22 @@ mod tests {
 
     fn owner() -> Owner {
         Owner { uid: 1000, gid: 100, pid: 4242, pid_start: Some(123_456) }
+    }
+
+    /// Ids at or past `MAX_ID` are no registry's: a snapshot naming one is refused, a
+    /// change skipped, so that the ids handed out on from it never wrap.
+    #[test]
+    fn ids_past_the_registrys_are_refused_not_taken_on_from() {
+        let far = Snapshot { next_id: u64::MAX, ..Snapshot::default() };
+        assert!(matches!(Snapshot::decode(&far.encode().unwrap()), Err(DurableError::IdOutOfRange(u64::MAX))));
+        let far = Snapshot { next_id: 1, regions: vec![region(MAX_ID, 1)], ..Snapshot::default() };
+        assert!(matches!(Snapshot::decode(&far.encode().unwrap()), Err(DurableError::IdOutOfRange(MAX_ID))));
+        let mut r = Replayed::default();
+        assert_eq!(r.apply(Change::RegionAllocated(region(u64::MAX, 1))), Err(Inconsistency::IdOutOfRange(u64::MAX)));
+        assert_eq!(r.apply(Change::RegionFreed { id: MAX_ID }), Err(Inconsistency::IdOutOfRange(MAX_ID)));
+        assert_eq!(r.next_id, 0, "nothing taken on from them");
+        r.apply(Change::RegionAllocated(region(MAX_ID - 1, 1))).unwrap();
+        assert_eq!(r.next_id, MAX_ID);
     }
 
     fn region(id: u64, token: u8) -> RegionRecord {

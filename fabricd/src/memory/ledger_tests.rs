@@ -436,3 +436,49 @@ fn a_failed_journal_is_reopened_outside_the_registry_lock() {
     assert_eq!(held(&m).regions.len(), 2);
     rebuilds_the_same(dir.path(), &inv, m, committer);
 }
+
+/// A detached session's grace timer reclaims that detachment only: the session that
+/// resumed it keeps the token, and its own later detachment runs its own grace; the
+/// start's grace period reclaims only the sessions found at start.
+#[test]
+fn a_grace_timer_reclaims_its_own_detachment_not_a_later_one_of_the_same_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    m.alloc(&me(), 1, &place, 4 * MIB, 0).unwrap();
+    let (token, _) = m.detach_session(1);
+    let token = token.unwrap();
+    m.resume(2, &me(), &token).unwrap();
+    let (again, _) = m.detach_session(2);
+    assert!(again.is_some_and(|t| t == token), "the resumed session keeps its token");
+    assert_eq!(m.reclaim_orphan(&token, 1).regions, 0, "the first detachment's timer: resumed since");
+    assert_eq!(m.reclaim_orphans().regions, 0, "the start's grace period: not a session found at start");
+    assert_eq!(m.orphans(), 1);
+    assert_eq!(m.reclaim_orphan(&token, 2).regions, 1, "the second detachment's own timer");
+    assert_eq!(m.orphans(), 0);
+}
+
+/// A device lost while a new region's backing is made (a device range is zeroed for
+/// seconds, outside the lock) is not published as a healthy region: refused, its range
+/// given back.
+#[test]
+fn a_region_whose_device_went_while_its_backing_was_made_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
+    m.ensure_session(1, &me()).unwrap();
+    let (res, make) = m.reserve_on(&me(), 1, &place, 4 * MIB, 0).unwrap();
+    let _ = m.device_lost(&gpu);
+    let made = m.make_and_commit(res, &make, None);
+    assert!(matches!(made, Err(crate::memory::MemoryError::DeviceLost(_))), "{made:?}");
+    assert!(m.list(None).regions.is_empty(), "nothing published");
+    assert!(m.device_back(&gpu));
+    let g = m.alloc(&me(), 1, &place, 4 * MIB, 0).unwrap();
+    let at = match m.whereabouts(g.region) {
+        Some(crate::memory::Whereabouts::Resource { offset, .. }) => offset,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(at, 0, "the range was given back");
+}

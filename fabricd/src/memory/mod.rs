@@ -1262,7 +1262,7 @@ impl Memory {
         (out, after)
     }
 
-    fn loss_unsaved(region: u64, e: &MemoryError) {
+    pub(super) fn loss_unsaved(region: u64, e: &MemoryError) {
         tracing::warn!(region, error = %crate::error_chain(e), "the loss of a region is not journaled; a restart with its device back would restore it");
     }
 

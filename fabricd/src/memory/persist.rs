@@ -51,12 +51,16 @@ impl Log {
     }
 }
 
-/// A session found in the journal at start that no client has taken back yet.
+/// A session no client has taken back yet: found in the journal at start, or detached
+/// when its connection closed.
 #[derive(Debug)]
 pub(super) struct Orphan {
     token: SessionToken,
     session: u64,
     owner: Owner,
+    /// Found at start: the start's grace period (`memory.resume_grace_s`) ends it; a
+    /// detached one has a timer of its own.
+    at_start: bool,
 }
 
 /// A live session's token and owner.
@@ -356,7 +360,7 @@ impl Memory {
             }
             let next = ORPHAN_SESSIONS + orphans.len() as u64;
             let session = *orphans.entry(r.token).or_insert_with(|| {
-                st.orphans.push(Orphan { token: SessionToken(r.token), session: next, owner: r.owner });
+                st.orphans.push(Orphan { token: SessionToken(r.token), session: next, owner: r.owner, at_start: true });
                 next
             });
             st.ledger.charge(r.owner.uid, Usage::region(r.len, 0));
@@ -510,11 +514,13 @@ impl Memory {
         Ok(out)
     }
 
-    /// Reclaims every orphaned session (the grace period is over): their regions are
-    /// freed and their exports revoked, importers told.
+    /// Reclaims every session found orphaned at start (the start's grace period is
+    /// over): their regions are freed and their exports revoked, importers told. Sessions
+    /// detached since are left to their own timers ([`Memory::reclaim_orphan`]).
     pub fn reclaim_orphans(&self) -> Reclaimed {
         let mut st = self.state();
-        let orphans = std::mem::take(&mut st.orphans);
+        let (orphans, detached) = std::mem::take(&mut st.orphans).into_iter().partition(|o| o.at_start);
+        st.orphans = detached;
         self.reclaim(st, orphans)
     }
 
@@ -572,17 +578,20 @@ impl Memory {
         };
         let out = Self::drop_connection(&mut st, session);
         st.sessions.remove(&session);
-        st.orphans.push(Orphan { token: s.token, session, owner: s.owner });
+        st.orphans.push(Orphan { token: s.token, session, owner: s.owner, at_start: false });
         self.finish(st);
         (Some(s.token), out)
     }
 
-    /// Reclaims the orphaned session `token` names, if no client took it back (the
-    /// grace period of a detached session is over): as [`Memory::reclaim_orphans`] for
-    /// that one session.
-    pub fn reclaim_orphan(&self, token: &SessionToken) -> Reclaimed {
+    /// Reclaims the detached session `session` with `token`, if no client took it back
+    /// (its grace period is over): as [`Memory::reclaim_orphans`] for that one session.
+    /// A session resumed keeps its token, so the session id tells this detachment from a
+    /// later one of the session that resumed it, whose grace runs from its own detach.
+    pub fn reclaim_orphan(&self, token: &SessionToken, session: u64) -> Reclaimed {
         let mut st = self.state();
-        let Some(i) = st.orphans.iter().position(|o| o.token == *token) else { return Reclaimed::default() };
+        let Some(i) = st.orphans.iter().position(|o| o.token == *token && o.session == session) else {
+            return Reclaimed::default();
+        };
         let o = st.orphans.remove(i);
         self.reclaim(st, vec![o])
     }

@@ -65,7 +65,9 @@ fn check_process_range(process: &Process, start: u64, span: u64, access: AccessM
         }
         Err(gone) => return Err(MemoryError::PermissionDenied(gone.to_string())),
     };
-    let end = start + span;
+    let Some(end) = start.checked_add(span) else {
+        return Err(MemoryError::BadRequest(format!("{span} bytes at {start:#x} run past the address space")));
+    };
     let range = format!("{start:#x}..{end:#x}");
     let mut at = start;
     for v in vmas.iter().filter(|v| v.end > start && v.start < end) {

@@ -59,6 +59,16 @@ impl Make {
 }
 
 impl State {
+    /// Why a region over `resources` cannot be trusted: one of them is lost (its device
+    /// vanished or failed).
+    pub(super) fn lost_among(&self, resources: &[usize]) -> Option<String> {
+        resources
+            .iter()
+            .filter_map(|&i| self.resources.get(i))
+            .find(|r| r.lost)
+            .map(|r| format!("device {} vanished or failed", r.device))
+    }
+
     /// Gives back what `res` held.
     pub(super) fn unreserve(&mut self, res: &Reservation) {
         self.ledger.space.give_back(&res.resources, res.offset);
@@ -212,6 +222,15 @@ impl Memory {
             lost: false,
         };
         let mut st = self.state();
+        // Its device went while the backing was made (a device range is zeroed for
+        // seconds): nothing of it is trusted, and no record names it yet.
+        if let Some(why) = st.lost_among(&res.resources) {
+            st.unreserve(&res);
+            drop(st);
+            drop(fd);
+            region.backing.undo();
+            return Err(MemoryError::DeviceLost(why));
+        }
         let record = match &set {
             Some(part) => Change::SetRegionAllocated(st.set_region_record(res.id, &region, part)),
             None => Change::RegionAllocated(st.region_record(res.id, &region)),
@@ -231,12 +250,31 @@ impl Memory {
             return Err(e);
         }
         let (id, len) = (res.id, res.len);
+        // Its device went while the record was written: published lost, as a loss
+        // marks the regions it finds (`Memory::device_lost`), and its loss saved too.
+        let mut region = region;
+        let lost = st.lost_among(&res.resources).map(|why| {
+            tracing::warn!(region = id, why, "a new region's device went while it was committed; the region is lost");
+            region.lost = true;
+            st.journal(&Change::RegionLost { id })
+        });
         st.ledger.publish_region(id, region);
         if let Some(part) = set {
             st.set_regions.insert(id, part);
         }
         let coherence = st.coherence(id);
         self.finish(st);
+        match lost {
+            Some(Ok(Some(ticket))) => {
+                let waited = ticket.wait();
+                self.state().settle(&waited);
+                if let Err(e) = waited {
+                    Self::loss_unsaved(id, &MemoryError::Journal(e));
+                }
+            }
+            Some(Err(e)) => Self::loss_unsaved(id, &e),
+            Some(Ok(None)) | None => {}
+        }
         Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0, coherence })
     }
 

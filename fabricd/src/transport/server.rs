@@ -433,7 +433,7 @@ async fn serve_session(
         let (daemon, token, grace) = (main.daemon.clone(), detached, main.detach_grace);
         main.handle.spawn(async move {
             tokio::time::sleep(grace).await;
-            let r = daemon.memory.reclaim_orphan(&token);
+            let r = daemon.memory.reclaim_orphan(&token, session);
             if r.regions > 0 {
                 tracing::info!(
                     regions = r.regions,
