@@ -38,6 +38,17 @@ pub enum LayoutError {
         /// Slot span.
         span: u64,
     },
+    /// A node's pinned base is not where its memory lies (a node slot never moves: its
+    /// ranges' GFAs would, under the clients that map them).
+    #[error("node {node}: pinned base {base:#x}, but its memory lies at {at:#x} in this map")]
+    PinnedMoved {
+        /// Node.
+        node: String,
+        /// Pinned base.
+        base: u64,
+        /// Where the node's first slot starts.
+        at: u64,
+    },
     /// An interleave set of this name exists.
     #[error("interleave set {0:?} exists")]
     SetExists(String),

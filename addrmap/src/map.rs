@@ -294,6 +294,15 @@ impl AddressMap {
         if config == self.state.config {
             return Ok(Change { generation: self.generation(), ..Change::default() });
         }
+        // A pin moves no node that has memory: its first slot stays where it is.
+        for (node, pin) in &config.nodes {
+            let first = self.state.nodes.iter().filter(|n| n.node == *node).map(|n| n.start).min();
+            if let (Some(base), Some(at)) = (pin.base, first)
+                && base != at
+            {
+                return Err(LayoutError::PinnedMoved { node: node.clone(), base, at }.into());
+            }
+        }
         let mut st = (*self.state).clone();
         st.config = config;
         st.generation += 1;

@@ -440,3 +440,29 @@ fn pinned_node_base_and_dram_not_mapped() {
     assert_eq!(c.added.len(), 1);
     assert_eq!(c.added[0].start, 64 * fabric_addrmap::TIB);
 }
+
+/// A node's memory never moves: a configuration pinning its base elsewhere (a domain
+/// node that restarted into another slot) is refused, the map left as it was; the pin
+/// where it lies, and pins of nodes without memory, are taken.
+#[test]
+fn a_pin_that_would_move_a_placed_node_is_refused() {
+    let tib = fabric_addrmap::TIB;
+    let pin = |base| fabric_addrmap::NodeOverride { base: Some(base), span: None };
+    let mut cfg = MapConfig::default();
+    cfg.nodes.insert("n9".into(), pin(64 * tib));
+    let mut map = AddressMap::new(cfg.clone()).unwrap();
+    let g = device(Some("n9"), "GPU-9", &[(MemoryKind::Hbm, GIB)]);
+    map.update(&inventory([g])).unwrap();
+    let mut moved = cfg.clone();
+    moved.nodes.insert("n9".into(), pin(128 * tib));
+    let e = map.set_config(moved).unwrap_err();
+    assert!(
+        matches!(&e, fabric_addrmap::MapError::Layout(fabric_addrmap::LayoutError::PinnedMoved { at, .. }) if *at == 64 * tib),
+        "{e:?}"
+    );
+    let snap = map.snapshot();
+    assert_eq!(snap.state().nodes[0].start, 64 * tib, "the node stays");
+    let mut other = cfg;
+    other.nodes.insert("n7".into(), pin(256 * tib));
+    map.set_config(other).unwrap();
+}

@@ -134,7 +134,9 @@ pub enum EtcdError {
     },
     /// The node's slot was freed by an admin's gc while the node was away (or joining): its
     /// memory lies in that slot, so it does not serve another.
-    #[error("node {node}'s slot {slot} was collected by an admin's gc ({now}): restart the node to claim another")]
+    #[error(
+        "node {node}'s slot {slot} was collected by an admin's gc ({now}): its memory map lies in that slot; to serve in another, stop the node and remove domain-slot.json and map.record from its state directory (the map is laid out again in the new slot; partition bindings with it)"
+    )]
     SlotCollected {
         /// The node.
         node: String,

@@ -3,7 +3,8 @@
 //! translates to that node; a node killed with SIGKILL is seen gone within TTL + 1 s with
 //! its slot kept as a hole, and comes back with the same slot and GFAs; a second daemon
 //! with a live node's name and one with other domain settings are refused, a cleanly
-//! stopped node's name is free at once, an admin's gc frees only a gone node's slot; a
+//! stopped node's name is free at once, an admin's gc frees only a gone node's slot (and
+//! a node whose collected slot another took refuses to restart from its old state); a
 //! node whose etcd stops answering fences itself (its leadership unknown), serves on and
 //! rejoins; three nodes agree on one leader, and on a new one with a larger term when the
 //! leader is killed; hostile records written into etcd by hand are refused by running
@@ -190,6 +191,20 @@ fn a_taken_name_and_other_settings_are_refused_and_gc_frees_a_gone_slot() {
     assert_eq!((freed["gc"]["node"].as_str(), freed["gc"]["slot"].as_u64()), (Some("tray0"), Some(slot)), "{freed}");
     assert_eq!(freed["nodes"], serde_json::json!([]), "a gc's answer lists no nodes: {freed}");
     until(Duration::from_secs(5), "tray0's slot gone from the view", || nodes(&mut a).iter().all(|n| n.0 != "tray0"));
+    // Taken by another node, the slot is not tray0's to serve again: its saved map lies
+    // there. A restart from its state directory refuses, naming the holder, rather than
+    // serve that map from another slot.
+    // (Claimed by hand for tray5, as its join would: both keys of the claim.)
+    let endpoint = etcd.endpoint().to_owned();
+    rt.block_on(async {
+        use fabric_domain::records::{Keys, SlotClaim, encode};
+        let mut client = fabric_domain::etcd_client::Client::connect([endpoint], None).await.unwrap();
+        let (keys, claim) = (Keys::new("test"), encode(&SlotClaim::new(u32::try_from(slot).unwrap(), "tray5")));
+        client.put(keys.slot(u32::try_from(slot).unwrap()), claim.clone(), None).await.unwrap();
+        client.put(keys.slot_of("tray5"), claim, None).await.unwrap();
+    });
+    let log = refused(&twin.config);
+    assert!(log.contains("was collected by an admin's gc (now held by tray5)"), "{log}");
     // Another node with another node span: both values named.
     let other = node(&etcd, "tray1", "tray1", 2 * SPAN);
     let log = refused(&other.config);

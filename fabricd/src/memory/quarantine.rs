@@ -127,9 +127,15 @@ impl Memory {
     }
 
     /// Whether the quarantine record holds what this state needs saved now
-    /// ([`Memory::save_holds`] would write nothing).
+    /// ([`Memory::save_holds`] would write nothing). Never waits for a save in progress
+    /// (its lock is held across the write and its fsyncs): `false` then, and the caller's
+    /// save, off the domain runtime's workers, waits for it.
     pub fn holds_are_saved(&self) -> bool {
-        let saved = self.holds_saved.lock().unwrap_or_else(|p| p.into_inner());
+        let saved = match self.holds_saved.try_lock() {
+            Ok(saved) => saved,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         saved.1.as_ref() == Some(&self.state().holds())
     }
 
@@ -413,6 +419,12 @@ mod tests {
             let handle = m.export(&me(), 1, kept, policy.clone()).unwrap();
             m.import(&me(), 2, &handle, AccessMode::ReadWrite).unwrap();
             assert!(m.holds_are_saved(), "the record needs no write for a hold it has");
+            {
+                // A save in progress (its lock held across the write and its fsyncs) is
+                // not waited for: the domain runtime's worker asking goes on at once.
+                let _saving = m.holds_saved.lock().unwrap();
+                assert!(!m.holds_are_saved(), "answered without waiting for the save");
+            }
             m.free(1, freed).unwrap();
             assert_eq!(m.quarantined_bytes(), 64 * MIB);
             (freed, kept)

@@ -14,6 +14,7 @@
 //! a node of a 12,500-node domain joined or left does not wait for the whole domain to be
 //! merged again.
 
+use super::owner::On;
 use std::time::{Duration, Instant};
 
 use fabric_domain::{DataPathKind, FabricGroup};
@@ -69,21 +70,31 @@ const TOPOLOGY_WAIT: Duration = Duration::from_secs(2);
 /// node's) in the two nodes' merged topology: joined by NVLink, xGMI, UALink or NVLink-C2C
 /// links that are up ([`Fabric::same_scale_up_domain`]), so a Grace's memory counts for
 /// the GPUs of other trays on the same NVSwitches, and a tray whose NVLinks are all down
-/// is outside. What is not known is asked again for up to `TOPOLOGY_WAIT` (this runs
-/// on a blocking thread, never on the domain runtime's workers).
-pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str) -> Result<(), NoReach> {
+/// is outside. A pair's merged topology kept from before answers where this runs; a
+/// merge, and the wait for what is not known yet (asked again for up to
+/// `TOPOLOGY_WAIT`), go through `on`: never on the domain runtime's workers, whose links'
+/// TLS and etcd lease a peer's import must not hold up.
+pub fn scale_up(d: &Daemon, device: &DeviceId, importer: &str, on: On) -> Result<(), NoReach> {
     let Some(domain) = &d.domain else { return Err(NoReach::Outside("this node is in no domain".into())) };
-    let deadline = Instant::now() + TOPOLOGY_WAIT;
-    loop {
-        let answer = match domain.pair_fabric(importer) {
-            Ok(fabric) => scale_up_in(&fabric, device, importer),
-            Err(e) => Err(NoReach::Unknown(format!("the two nodes' topology records do not merge ({e})"))),
-        };
-        match answer {
-            Err(NoReach::Unknown(_)) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            answer => return answer,
+    if let Some(fabric) = domain.pair_fabric_cached(importer) {
+        match scale_up_in(&fabric, device, importer) {
+            Err(NoReach::Unknown(_)) => {}
+            known => return known,
         }
     }
+    on.blocking(|| {
+        let deadline = Instant::now() + TOPOLOGY_WAIT;
+        loop {
+            let answer = match domain.pair_fabric(importer) {
+                Ok(fabric) => scale_up_in(&fabric, device, importer),
+                Err(e) => Err(NoReach::Unknown(format!("the two nodes' topology records do not merge ({e})"))),
+            };
+            match answer {
+                Err(NoReach::Unknown(_)) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                answer => return answer,
+            }
+        }
+    })
 }
 
 /// [`scale_up`] in `fabric`.

@@ -144,7 +144,7 @@ fn part(d: &Daemon, issuer: &copyops::Copies<'_>, a: Asked) -> Result<Part, Erro
     if len == 0 {
         return Err(refusal(ErrorCode::BadRequest, "a copy needs at least one byte"));
     }
-    let end = reach.gfa + reach.len;
+    let end = reach.gfa.saturating_add(reach.len);
     if gfa.checked_add(len).is_none_or(|e| e > end) {
         return Err(refusal(
             ErrorCode::BadRequest,

@@ -205,12 +205,29 @@ fn owner_of(d: &Daemon, node: NodeId) -> Result<(String, u64), ErrorBody> {
         ));
     }
     let id = node.to_string();
-    domain
-        .view()
-        .members()
-        .find(|m| m.node_id.as_deref() == Some(id.as_str()))
-        .map(|m| (m.name.clone(), m.incarnation))
-        .ok_or_else(|| refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")))
+    owner_named(&domain.view(), &id)
+}
+
+/// The live member whose record carries node id `id`, and its incarnation. A member
+/// writes its own record, node id included, so two may claim one id: then neither is
+/// asked (the handle's secret would go to whichever sorts first), and the import is
+/// refused until one of them leaves.
+fn owner_named(view: &fabric_domain::DomainView, id: &str) -> Result<(String, u64), ErrorBody> {
+    let mut claiming = view.members().filter(|m| m.node_id.as_deref() == Some(id));
+    let Some(first) = claiming.next() else {
+        return Err(refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")));
+    };
+    if let Some(second) = claiming.next() {
+        tracing::warn!(node_id = id, first = %first.name, second = %second.name, "two members of the domain claim one node id; imports of its handles refused");
+        return Err(refusal(
+            ErrorCode::Unavailable,
+            format!(
+                "members {} and {} both claim node id {id}: the owner of the handle is not known, and its secret goes to neither",
+                first.name, second.name
+            ),
+        ));
+    }
+    Ok((first.name.clone(), first.incarnation))
 }
 
 /// Asks `owner` for the import `i` of this client (`op`: `Import` or `ImportObject`) and
@@ -338,6 +355,16 @@ fn held(
     (access, cxl): (fabric_proto::wire::AccessMode, Option<super::cxl::Hold>),
 ) -> Result<u64, ErrorBody> {
     let importer = link.service().importer();
+    let view = d.domain.as_ref().map(|domain| domain.view());
+    if let Err(why) = gfa_of(view.as_deref(), owner, gfa, len) {
+        if let Some(hold) = cxl {
+            hold.end(d, &importer.devices);
+        }
+        if let Some(domain) = d.domain.as_ref() {
+            importer.give_back(domain, owner, owner_import);
+        }
+        return Err(refusal(ErrorCode::Internal, format!("node {owner}'s grant: {why}")));
+    }
     importer
         .hold(
             d,
@@ -372,6 +399,27 @@ fn held(
                 ),
             )
         })
+}
+
+/// Checks the GFA range `(gfa, len)` an owner's grant states: inside the domain's
+/// address space of that owner (the slot the view gives it), both ends. A copy finds the
+/// import by GFA (`Importer::reach`), so a range the owner does not hold would route a
+/// client's copies of its own or a third node's memory to that owner.
+fn gfa_of(view: Option<&fabric_domain::DomainView>, owner: &str, gfa: Option<u64>, len: u64) -> Result<(), String> {
+    let Some(start) = gfa else { return Ok(()) };
+    let last = len
+        .checked_sub(1)
+        .and_then(|l| start.checked_add(l))
+        .ok_or_else(|| format!("a region of {len} bytes at GFA {start:#x} is empty or runs past the address space"))?;
+    let view = view.ok_or("this node is in no domain")?;
+    for at in [start, last] {
+        match view.locate(at) {
+            Some(l) if l.node == owner => {}
+            Some(l) => return Err(format!("GFA {at:#x} lies in node {}'s slot, not {owner}'s", l.node)),
+            None => return Err(format!("GFA {at:#x} lies in no node's slot of the domain")),
+        }
+    }
+    Ok(())
 }
 
 /// `ImportObject` of another node's vendor object: the owner hands over a CUDA fabric
@@ -702,6 +750,81 @@ mod tests {
     use fabric_nodelink::NodeIdentity;
 
     use super::*;
+
+    /// A view of live members, each `(name, node id)`.
+    fn members(of: &[(&str, &str)]) -> fabric_domain::DomainView {
+        use fabric_domain::records::{Keys, MemberRecord, RECORD_VERSION, RecordLimits, encode};
+        let keys = Keys::new("d");
+        let entries: Vec<(String, Vec<u8>)> = of
+            .iter()
+            .map(|(name, id)| {
+                let record = MemberRecord {
+                    version: RECORD_VERSION,
+                    name: (*name).to_owned(),
+                    incarnation: 7,
+                    peer_address: "127.0.0.1:7471".into(),
+                    capabilities: Vec::new(),
+                    groups: Vec::new(),
+                    software: "test".into(),
+                    node_id: Some((*id).to_owned()),
+                };
+                (keys.member(name), encode(&record))
+            })
+            .collect();
+        let entries = entries.iter().map(|(k, v)| (k.as_bytes(), v.as_slice()));
+        fabric_domain::DomainView::load(keys.clone(), RecordLimits::default(), entries, 1)
+    }
+
+    /// A grant's GFA range must lie in its owner's slot, both ends: a copy finds its
+    /// import by GFA, so a range elsewhere would route copies of other memory to it.
+    #[test]
+    fn a_grant_whose_gfas_lie_outside_its_owners_slot_is_refused() {
+        use fabric_domain::records::{Keys, RecordLimits, SlotClaim, encode};
+        use fabric_domain::{DataPathKind, DomainSettings};
+        const SPAN: u64 = 1 << 40;
+        let keys = Keys::new("d");
+        let entries = [
+            (keys.settings(), encode(&DomainSettings::new(57, SPAN, vec![DataPathKind::SharedFile]))),
+            (keys.slot(1), encode(&SlotClaim::new(1, "tray0"))),
+            (keys.slot(2), encode(&SlotClaim::new(2, "tray1"))),
+        ];
+        let view = fabric_domain::DomainView::load(
+            keys.clone(),
+            RecordLimits::default(),
+            entries.iter().map(|(k, v)| (k.as_bytes(), v.as_slice())),
+            1,
+        );
+        let view = Some(&view);
+        assert_eq!(gfa_of(view, "tray0", None, 1 << 21), Ok(()), "copy-only grants of no GFA have nothing to check");
+        assert_eq!(gfa_of(view, "tray0", Some(SPAN + (1 << 21)), 1 << 21), Ok(()));
+        assert_eq!(gfa_of(view, "tray0", Some(2 * SPAN - (1 << 21)), 1 << 21), Ok(()), "up to the slot's last byte");
+        let cases = [
+            (Some(2 * SPAN), 1 << 21, "in node tray1's slot"),
+            (Some(2 * SPAN - (1 << 21)), 1 << 22, "in node tray1's slot"),
+            (Some(5 * SPAN), 1 << 21, "in no node's slot"),
+            (Some(u64::MAX - 7), 1 << 21, "runs past the address space"),
+            (Some(SPAN), 0, "is empty"),
+        ];
+        for (gfa, len, why) in cases {
+            let e = gfa_of(view, "tray0", gfa, len).unwrap_err();
+            assert!(e.contains(why), "{gfa:?}+{len}: {e}");
+        }
+        assert!(gfa_of(None, "tray0", Some(SPAN), 1 << 21).is_err(), "no domain, no owner's slot");
+    }
+
+    /// A handle's owner is the one member that carries its node id: another member
+    /// writing the same id into its own record makes the owner unknown, and neither is
+    /// asked (the handle's secret would go to whichever sorts first).
+    #[test]
+    fn a_node_id_two_members_claim_names_no_owner() {
+        let (a, b) = ("00000000000000aa", "00000000000000bb");
+        assert_eq!(owner_named(&members(&[("tray0", a), ("tray1", b)]), a).unwrap(), ("tray0".to_owned(), 7));
+        let twice = owner_named(&members(&[("a-evil", a), ("tray0", a), ("tray1", b)]), a).unwrap_err();
+        assert_eq!(twice.code, ErrorCode::Unavailable);
+        assert!(twice.message.contains("a-evil") && twice.message.contains("tray0"), "{}", twice.message);
+        let none = owner_named(&members(&[("tray1", b)]), a).unwrap_err();
+        assert_eq!(none.code, ErrorCode::WrongNode);
+    }
 
     /// A standalone daemon on the bundled sim fabric, its files under `dir`.
     fn daemon(dir: &Path) -> Daemon {

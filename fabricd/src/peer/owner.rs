@@ -117,7 +117,8 @@ pub enum On {
 }
 
 impl On {
-    fn blocking<T>(self, f: impl FnOnce() -> T) -> T {
+    /// Runs `f`, which may block, off the worker when on one.
+    pub(super) fn blocking<T>(self, f: impl FnOnce() -> T) -> T {
         match self {
             On::Worker => tokio::task::block_in_place(f),
             On::Blocking => f(),
@@ -302,7 +303,7 @@ impl Owner {
         let own = d.memory.own_file(ask.region);
         let allows = |kind| d.domain.as_ref().is_none_or(|domain| domain.allows(kind));
         let shared = match &own {
-            Some(path) if allows(DataPathKind::SharedFile) => shared_file_for(d, path, &subject, node, ask.region)?,
+            Some(path) if allows(DataPathKind::SharedFile) => shared_file_for(d, path, &subject, node, ask.region, on)?,
             None if allows(DataPathKind::Cxl) => super::cxl::grant(d, ask.region).map(Shared::Cxl),
             _ => None,
         };
@@ -514,6 +515,7 @@ fn shared_file_for(
     subject: &ExportSubject,
     node: &str,
     region: u64,
+    on: On,
 ) -> Result<Option<Shared>, PeerError> {
     let Ok(file) = shared_file(d, path) else { return Ok(None) };
     let maps_files = d
@@ -524,7 +526,7 @@ fn shared_file_for(
         tracing::debug!(peer = %node, region, "node link: the importer maps no shared files; copy-only");
         return Ok(None);
     }
-    match super::clique::scale_up(d, &subject.device, node) {
+    match super::clique::scale_up(d, &subject.device, node, on) {
         Ok(()) => Ok(Some(Shared::File(file))),
         Err(NoReach::Outside(why)) => {
             tracing::info!(peer = %node, region, why, "node link: the importer is not in the region's scale-up domain; copy-only");

@@ -181,13 +181,17 @@ pub fn start(
     let share_file = state_dir.join("domain-shares.json");
     let wants = share_wants(config, inv);
     let known = remembered_shares(&share_file, &dc);
+    // The slot this node served before, if it did: its map (and so its memory's GFAs) lies
+    // there, so a start claims that slot back or refuses (`SlotCollected`: an admin's gc
+    // gave it to another node), as a rejoin does; never another one under the same map.
+    let served = remembered(&slot_file, &dc, local.node_span)?;
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let (dc, local, member) = (dc.clone(), local.clone(), member.clone());
         let claims = share_claims(&wants, &known);
         runtime.spawn(async move {
             let joined = async {
-                let (slot, joined) = join(&dc, &local, &member, None).await?;
+                let (slot, joined) = join(&dc, &local, &member, served).await?;
                 match claim_shares(&joined.client, &claims).await {
                     Ok(shares) => {
                         // The domain read before the node is ready: its first answers (a
@@ -216,7 +220,7 @@ pub fn start(
             remember_shares(&share_file, &dc, &claimed)?;
             (slot, Some(joined), claimed, first)
         }
-        Err(e) if unreachable(&e) => match remembered(&slot_file, &dc, local.node_span)? {
+        Err(e) if unreachable(&e) => match served {
             Some(slot) => {
                 if let Some(missing) = wants.iter().find(|w| !known.iter().any(|k| k.fits(w))) {
                     let resource = missing.want.resource.clone();

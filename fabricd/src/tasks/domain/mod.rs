@@ -418,6 +418,23 @@ impl Domain {
         Ok(fabric)
     }
 
+    /// [`Self::pair_fabric`] when it is kept for the view and topology of now: `None`
+    /// when it would have to be merged (CPU work that grows with the two nodes).
+    pub fn pair_fabric_cached(&self, other: &str) -> Option<Arc<fabric_topology::Fabric>> {
+        let (view, own) = (self.view(), self.topology.load_full());
+        self.cached_pair(other, view.fabric_revision(), &own)
+    }
+
+    fn cached_pair(
+        &self,
+        other: &str,
+        revision: i64,
+        own: &Option<Arc<TopologyRecord>>,
+    ) -> Option<Arc<fabric_topology::Fabric>> {
+        let pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pairs.by_node.get(other).filter(|_| pairs.from.is(revision, own)).cloned()
+    }
+
     /// The fabric of this node and node `other` alone — their two topology records merged
     /// (`fabric_domain::domain_fabric::merge_nodes`; this node's own as it made it) and
     /// indexed — for a question about the two (whether `other` reaches a device of this
@@ -433,11 +450,8 @@ impl Domain {
     ) -> Result<Arc<fabric_topology::Fabric>, fabric_topology::inventory::InventoryError> {
         let (view, own) = (self.view(), self.topology.load_full());
         let revision = view.fabric_revision();
-        {
-            let pairs = self.pairs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(f) = pairs.by_node.get(other).filter(|_| pairs.from.is(revision, &own)) {
-                return Ok(f.clone());
-            }
+        if let Some(f) = self.cached_pair(other, revision, &own) {
+            return Ok(f);
         }
         let me = self.config.node.as_str();
         let mine = own.as_deref().map(|r| (me, r));
