@@ -276,7 +276,8 @@ impl Committer {
                         Ok(bytes) => {
                             let done = j.compact(&bytes).map(|_| ()).map_err(Arc::new);
                             self.syncs.fetch_add(1, Ordering::Relaxed);
-                            failed = done.as_ref().err().cloned();
+                            // One too large to write wrote nothing: what follows goes on.
+                            failed = done.as_ref().err().filter(|e| !e.wrote_nothing()).cloned();
                             done
                         }
                         // Nothing written: what follows goes on.
@@ -410,6 +411,8 @@ mod tests {
         lines: Vec<Vec<u8>>,
         /// `encode` fails.
         broken: bool,
+        /// `encode` makes a snapshot larger than a record may be.
+        oversized: bool,
         /// Tests: a lock the caller holds while it queues; encoding finds it free.
         caller: Option<Arc<Mutex<()>>>,
     }
@@ -421,6 +424,9 @@ mod tests {
         fn encode(&self) -> Result<Vec<u8>, String> {
             if self.broken {
                 return Err("no".into());
+            }
+            if self.oversized {
+                return Ok(vec![0; super::super::MAX_PAYLOAD + 1]);
             }
             if self.caller.as_ref().is_some_and(|c| c.try_lock().is_err()) {
                 return Err("encoded under the caller's lock".into());
@@ -485,6 +491,31 @@ mod tests {
         a.wait().expect("a record before it is written");
         let e = s.wait().expect_err("the compaction failed");
         assert!(e.wrote_nothing(), "{e}");
+        c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
+        drop(c);
+        let (snapshot, records) = replayed(dir.path());
+        assert_eq!(snapshot, None);
+        assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+    }
+
+    /// A registry grown past what one record holds: its snapshot is refused before any
+    /// byte is written, and the journal goes on without it (it was poisoned, and every
+    /// later change refused, until the registry shrank).
+    #[test]
+    fn a_snapshot_too_large_for_a_record_writes_nothing_and_the_journal_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open_with(dir.path(), Lines { oversized: true, ..Lines::default() });
+        let a = c.enqueue(1, b"a".to_vec());
+        let s = c.enqueue_compaction();
+        let b = c.enqueue(1, b"b".to_vec());
+        b.wait().expect("a record after it is written");
+        a.wait().expect("a record before it is written");
+        let e = s.wait().expect_err("the compaction failed");
+        let too_large = |e: &JournalError| match e {
+            JournalError::Batch(inner) => matches!(**inner, JournalError::PayloadTooLarge { .. }),
+            e => matches!(e, JournalError::PayloadTooLarge { .. }),
+        };
+        assert!(too_large(&e) && e.wrote_nothing(), "{e:?}");
         c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
         drop(c);
         let (snapshot, records) = replayed(dir.path());

@@ -250,11 +250,12 @@ pub enum JournalError {
 }
 
 impl JournalError {
-    /// Whether nothing was written: a snapshot that did not encode, which leaves the
-    /// journal whole (no reopen needed).
+    /// Whether nothing was written: a snapshot that did not encode, or a payload refused
+    /// for its size before any byte went out (a registry grown past what one snapshot
+    /// holds); either leaves the journal whole (no reopen needed).
     pub fn wrote_nothing(&self) -> bool {
         match self {
-            Self::Encode(_) => true,
+            Self::Encode(_) | Self::PayloadTooLarge { .. } => true,
             Self::Batch(inner) => inner.wrote_nothing(),
             _ => false,
         }

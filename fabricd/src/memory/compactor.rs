@@ -15,7 +15,7 @@ pub(super) fn log_outcome(waited: &Result<(), JournalError>) {
     match waited {
         Ok(()) => {}
         Err(e) if e.wrote_nothing() => {
-            tracing::warn!(error = %crate::error_chain(e), "registry snapshot does not encode; not compacting");
+            tracing::warn!(error = %crate::error_chain(e), "registry snapshot not written (it does not encode, or is larger than a record); not compacting: the journal keeps every record until the registry shrinks");
         }
         Err(e) => {
             tracing::warn!(error = %crate::error_chain(e), "journal compaction failed; reopened before the next change");
