@@ -66,8 +66,59 @@ pub enum LinkError {
 }
 
 impl LinkError {
-    /// An out-of-turn message.
+    /// An out-of-turn message: the first 80 characters of what it is. Only those are
+    /// formatted (a peer's message may carry a megabyte, which `{:?}` would make five).
     pub(crate) fn unexpected(expected: &'static str, got: &impl std::fmt::Debug) -> Self {
-        LinkError::Unexpected { expected, got: format!("{got:?}").chars().take(80).collect() }
+        let mut capped = Capped { out: String::new(), left: 80 };
+        // Stopped with an error once full: what was written is what is kept.
+        let _ = std::fmt::write(&mut capped, format_args!("{got:?}"));
+        LinkError::Unexpected { expected, got: capped.out }
+    }
+}
+
+/// A `fmt::Write` that takes `left` characters more, then refuses (which ends a `Debug`
+/// formatting at once).
+struct Capped {
+    out: String,
+    left: usize,
+}
+
+impl std::fmt::Write for Capped {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        for c in s.chars() {
+            if self.left == 0 {
+                return Err(std::fmt::Error);
+            }
+            self.out.push(c);
+            self.left -= 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LinkError;
+
+    /// A message of a megabyte is described by its first 80 characters, and only those
+    /// are formatted: a `Debug` that counts what it is asked for stops early.
+    #[test]
+    fn an_unexpected_message_is_described_in_80_characters_without_formatting_the_rest() {
+        struct Counting(std::cell::Cell<usize>);
+        impl std::fmt::Debug for Counting {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                for _ in 0..1 << 20 {
+                    self.0.set(self.0.get() + 1);
+                    f.write_str("00")?;
+                }
+                Ok(())
+            }
+        }
+        let got = Counting(std::cell::Cell::new(0));
+        let LinkError::Unexpected { got: said, .. } = LinkError::unexpected("a hello", &got) else { unreachable!() };
+        assert_eq!(said, "0".repeat(80));
+        assert!(got.0.get() <= 41, "{} pieces formatted", got.0.get());
+        let LinkError::Unexpected { got: short, .. } = LinkError::unexpected("a hello", &"hi") else { unreachable!() };
+        assert_eq!(short, "\"hi\"");
     }
 }

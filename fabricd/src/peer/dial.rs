@@ -260,8 +260,12 @@ impl NodeLink {
     async fn dial(&self, domain: &Domain, node: &str, address: &str, made: Freshness) -> Result<Held, DialError> {
         let Freshness { incarnation, ours, .. } = made;
         let resolve = |source| DialError::Resolve { node: node.to_owned(), address: address.to_owned(), source };
-        let addr = tokio::net::lookup_host(address)
-            .await
+        // Bounded: the address is the peer's own record's, and a name that resolves slowly
+        // would hold this node's slot (every call to it waits there) for the resolver's
+        // whole timeout.
+        let looked = tokio::time::timeout(self.limits().handshake_timeout, tokio::net::lookup_host(address)).await;
+        let addr = looked
+            .map_err(|_| resolve(Some(std::io::ErrorKind::TimedOut.into())))?
             .map_err(|e| resolve(Some(e)))?
             .next()
             .ok_or_else(|| resolve(None))?;

@@ -213,23 +213,20 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                 }
             }
             changed = lease.changed() => {
-                let state = lease.borrow().clone();
-                match (changed, state) {
-                    (_, LeaseState::Lost(why)) => return End::LeaseLost(why),
-                    (Err(_), _) => return End::LeaseLost("the lease's renewal stopped".to_owned()),
-                    _ => {}
+                if let Some(end) = lost(changed, &lease) {
+                    return end;
                 }
             }
             () = domain.map_changed.notified(), if retry.is_none() => {
-                retry = match publish(domain, j, reader, &mut published).await {
-                    Ok(at) => at,
-                    Err(end) => return end,
+                retry = match unless_lost(&mut lease, publish(domain, j, reader, &mut published)).await {
+                    Ok(Ok(at)) => at,
+                    Ok(Err(end)) | Err(end) => return end,
                 };
             }
             () = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
-                retry = match publish(domain, j, reader, &mut published).await {
-                    Ok(at) => at,
-                    Err(end) => return end,
+                retry = match unless_lost(&mut lease, publish(domain, j, reader, &mut published)).await {
+                    Ok(Ok(at)) => at,
+                    Ok(Err(end)) | Err(end) => return end,
                 };
             }
             message = stream.message() => {
@@ -271,17 +268,53 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                 let started = Instant::now();
                 let mut kv = j.client.raw();
                 let count = GetOptions::new().with_count_only();
-                match j.client.call("probe", kv.get(j.client.keys().settings(), Some(count))).await {
-                    Ok(_) => domain.set_status(|s| {
+                let probed = unless_lost(&mut lease, j.client.call("probe", kv.get(j.client.keys().settings(), Some(count))));
+                match probed.await {
+                    Err(end) => return end,
+                    Ok(Ok(_)) => domain.set_status(|s| {
                         s.etcd_reachable = true;
                         s.round_trip = Some(started.elapsed());
                     }),
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         tracing::debug!(error = %crate::error_chain(&e), "etcd probe failed");
                         domain.etcd_failed();
                     }
                 }
             }
+        }
+    }
+}
+
+/// How the lease's change `changed` (of `lease`) ends the session: lost, or its
+/// renewal stopped; `None` while it holds.
+fn lost(
+    changed: Result<(), tokio::sync::watch::error::RecvError>,
+    lease: &tokio::sync::watch::Receiver<LeaseState>,
+) -> Option<End> {
+    match (changed, lease.borrow().clone()) {
+        (_, LeaseState::Lost(why)) => Some(End::LeaseLost(why)),
+        (Err(_), _) => Some(End::LeaseLost("the lease's renewal stopped".to_owned())),
+        _ => None,
+    }
+}
+
+/// `work` (an arm's wait on etcd, up to a third of the TTL), unless the lease is lost
+/// first: while an arm waits, the session's loop does not look at the lease, and a node
+/// cut off from etcd would act as a member (admit peers, grant imports) past the loss.
+async fn unless_lost<T>(
+    lease: &mut tokio::sync::watch::Receiver<LeaseState>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, End> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            changed = lease.changed() => {
+                if let Some(end) = lost(changed, lease) {
+                    return Err(end);
+                }
+            }
+            out = &mut work => return Ok(out),
         }
     }
 }
