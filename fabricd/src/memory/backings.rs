@@ -129,18 +129,22 @@ impl Backing {
     }
 
     /// Undoes a backing nobody got (its allocation was refused after it was made): its
-    /// own file removed, its carved DAX device deleted.
-    pub(super) fn undo(&self) {
+    /// own file removed, its carved DAX device deleted. `false` when the device could not
+    /// be deleted (it still holds its range).
+    pub(super) fn undo(&self) -> bool {
         match self {
             Backing::SimFile(path) | Backing::NodeFile { path, .. } => {
                 let _ = std::fs::remove_file(path);
+                true
             }
-            Backing::CarvedDax { name, from, .. } => {
-                if let Err(e) = from.destroy(name) {
-                    tracing::warn!(device = %name, error = %e, "cannot delete the DAX device of a refused region");
+            Backing::CarvedDax { name, from, .. } => match from.destroy(name) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(device = %name, error = %e, "cannot delete the DAX device of a refused region; its range stays taken");
+                    false
                 }
-            }
-            Backing::DeviceRange { .. } | Backing::Object(_) => {}
+            },
+            Backing::DeviceRange { .. } | Backing::Object(_) => true,
         }
     }
 }

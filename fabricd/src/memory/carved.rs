@@ -296,6 +296,24 @@ mod tests {
         }
     }
 
+    /// A refused region's carved device that cannot be deleted is not undone: its range
+    /// stays taken (`Memory::undo_reservation`), where before it went back to the
+    /// allocator while the device still held it.
+    #[test]
+    fn a_carved_backing_whose_device_cannot_be_deleted_is_not_undone() {
+        let (t, root) = tree(0, true, &[(1, BASE, 4 * M), (2, BASE + 4 * M, 4 * M)]);
+        rebind(&t, "dax0.1", Some("kmem"));
+        let region = open(&t, &root, "dax0.0").unwrap();
+        let carved = |name: &str| Backing::CarvedDax {
+            path: t.path().join("dev").join(name),
+            name: name.into(),
+            from: region.clone(),
+        };
+        assert!(!carved("dax0.1").undo(), "System RAM now: not deleted");
+        assert!(!carved("dax0.2").undo(), "still there after its delete (the fake kernel keeps it)");
+        assert!(Backing::SimFile(t.path().join("gone")).undo(), "a file is removed, or was never there");
+    }
+
     #[test]
     fn a_region_whose_device_will_not_bind_stays_lost_with_its_range_taken() {
         let (t, root) = tree(0, true, &[(1, BASE, 4 * M), (2, BASE + 4 * M, 4 * M)]);

@@ -225,10 +225,9 @@ impl Memory {
         // Its device went while the backing was made (a device range is zeroed for
         // seconds): nothing of it is trusted, and no record names it yet.
         if let Some(why) = st.lost_among(&res.resources) {
-            st.unreserve(&res);
             drop(st);
             drop(fd);
-            region.backing.undo();
+            self.undo_reservation(&res, &region.backing);
             return Err(MemoryError::DeviceLost(why));
         }
         let record = match &set {
@@ -243,10 +242,9 @@ impl Memory {
         };
         let (mut st, done) = done;
         if let Err(e) = done {
-            st.unreserve(&res);
             drop(st);
             drop(fd);
-            region.backing.undo();
+            self.undo_reservation(&res, &region.backing);
             return Err(e);
         }
         let (id, len) = (res.id, res.len);
@@ -276,6 +274,20 @@ impl Memory {
             Some(Ok(None)) | None => {}
         }
         Ok(Granted { region: id, generation: id, len, fd, offset: fd_offset, import: 0, coherence })
+    }
+
+    /// Undoes `backing`, made for `res` and refused (outside the lock), then gives back
+    /// what `res` held: its range only once the backing is gone, so that no allocation
+    /// takes the range while a carved DAX device still holds it (one that cannot be
+    /// deleted keeps its range until a restart clears the device).
+    fn undo_reservation(&self, res: &Reservation, backing: &Backing) {
+        let gone = backing.undo();
+        let mut st = self.state();
+        if gone {
+            st.unreserve(res);
+        } else {
+            st.ledger.discharge(res.owner.uid, Usage::region(res.len, 0));
+        }
     }
 
     /// The memory behind a new region of `len` bytes: a range at `offset` of the device
