@@ -20,7 +20,7 @@ use rustls::{ClientConnection, StreamOwned};
 use crate::error::{LinkError, Stage};
 use crate::identity::NodeIdentity;
 use crate::link::{LinkLimits, answer_to, hello_of, welcomed};
-use crate::message::{PEER_DECODER, PeerMessage, PeerRequest, PeerResponse};
+use crate::message::{PEER_DECODER, PeerMessage, PeerOp, PeerRequest, PeerResponse};
 use crate::tls::{Credentials, server_name};
 
 /// A socket whose every read and write ends by `deadline` (`TimedOut` once it passed).
@@ -72,6 +72,9 @@ pub struct BlockingLink {
     /// How long a call polls the socket for its answer before it sleeps in the read
     /// ([`Self::set_answer_poll`]).
     answer_poll: Duration,
+    /// The request sent whole whose answer was not read (its call gave up waiting):
+    /// its id and op, for [`Self::late_answer`].
+    pending: Option<(u64, PeerOp)>,
 }
 
 /// A socket error, a timeout where the socket's deadline passed.
@@ -109,6 +112,7 @@ impl BlockingLink {
             limits,
             broken: false,
             answer_poll: Duration::ZERO,
+            pending: None,
         };
         // The TLS handshake runs within the first write and the read after it.
         link.send(0, &PeerMessage::Hello(hello_of(creds, incarnation)), deadline, Stage::Handshake)?;
@@ -135,6 +139,7 @@ impl BlockingLink {
         if self.broken {
             return Err(LinkError::Closed);
         }
+        self.pending = None;
         let answer = self.ask(request, deadline);
         self.broken = matches!(&answer, Err(e) if !matches!(e, LinkError::Peer(_)));
         answer
@@ -157,6 +162,25 @@ impl BlockingLink {
         self.broken
     }
 
+    /// Whether the last call gave up waiting for an answer to a request it had sent
+    /// whole: the peer may still answer it ([`Self::late_answer`]).
+    pub fn answer_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Reads the answer the last call gave up waiting for, until `deadline`: what a
+    /// caller that gave up does with a link whose peer may have acted on the request (an
+    /// import granted, recorded by the owner, that the asker must then give back). The
+    /// link stays broken for calls either way. [`LinkError::Closed`] when no answer is
+    /// pending.
+    pub fn late_answer(&mut self, deadline: Instant) -> Result<PeerResponse, LinkError> {
+        let Some((id, op)) = self.pending.take() else { return Err(LinkError::Closed) };
+        match self.recv(deadline, deadline, Stage::Idle)? {
+            (got, answer) if got == id => answer_to(op, answer),
+            (_, other) => Err(LinkError::unexpected("an answer with the request's id", &other)),
+        }
+    }
+
     /// One request and its answer.
     fn ask(&mut self, request: PeerRequest, deadline: Instant) -> Result<PeerResponse, LinkError> {
         let op = request.op;
@@ -166,9 +190,16 @@ impl BlockingLink {
         self.send(id, &PeerMessage::Request(request), write_by, Stage::Write)?;
         let idle_by = deadline.min(Instant::now() + self.limits.idle_timeout);
         self.poll_for_answer(idle_by);
-        match self.recv(idle_by, deadline, Stage::Idle)? {
-            (got, answer) if got == id => answer_to(op, answer),
-            (_, other) => Err(LinkError::unexpected("an answer with the request's id", &other)),
+        match self.recv(idle_by, deadline, Stage::Idle) {
+            Ok((got, answer)) if got == id => answer_to(op, answer),
+            Ok((_, other)) => Err(LinkError::unexpected("an answer with the request's id", &other)),
+            Err(e) => {
+                // Given up waiting, the request sent: the peer may answer still.
+                if matches!(e, LinkError::Timeout(_)) {
+                    self.pending = Some((id, op));
+                }
+                Err(e)
+            }
         }
     }
 

@@ -110,6 +110,42 @@ async fn answers_come_back_whole_and_a_slow_one_ends_at_the_callers_deadline() {
     .await;
 }
 
+/// A call that gave up waiting leaves its answer pending: read late, it is the answer
+/// (what an importer that gave up needs, to give back what the owner granted meanwhile);
+/// the link stays broken for calls, and nothing is pending after a call that was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_given_up_on_is_read_late() {
+    let d = TestDomain::start(limits()).await;
+    let echo = echo_server(&d).await;
+    let (addr, creds, server) = (echo.local_addr(), d.creds("n2"), d.server_id.clone());
+    blocking(move || {
+        let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+        let r = link.call(PeerRequest { op: PeerOp::Copy, body: vec![7] }, Instant::now() + Duration::from_secs(5));
+        assert_eq!(r.expect("answer").body, [7]);
+        assert!(!link.answer_pending());
+        assert!(matches!(link.late_answer(Instant::now() + Duration::from_secs(1)), Err(LinkError::Closed)));
+        // The echo holds this one two seconds; the call gives up after 300 ms.
+        let start = Instant::now();
+        let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![0] }, start + Duration::from_millis(300));
+        assert!(matches!(r, Err(LinkError::Timeout(Stage::Idle))), "{r:?}");
+        assert!(link.answer_pending() && link.is_broken());
+        let late = link.late_answer(start + Duration::from_secs(5)).expect("the late answer");
+        assert_eq!((late.op, late.body), (PeerOp::Import, vec![0]));
+        assert!(!link.answer_pending(), "read once");
+        let r = link.call(PeerRequest { op: PeerOp::Copy, body: vec![7] }, Instant::now() + Duration::from_secs(5));
+        assert!(matches!(r, Err(LinkError::Closed)), "still broken for calls: {r:?}");
+        // A late answer has its own deadline.
+        let mut link = BlockingLink::connect(addr, &creds, &server, 1, limits()).expect("link");
+        let start = Instant::now();
+        let r = link.call(PeerRequest { op: PeerOp::Import, body: vec![0] }, start + Duration::from_millis(100));
+        assert!(r.is_err() && link.answer_pending());
+        let late = link.late_answer(Instant::now() + Duration::from_millis(200));
+        assert!(matches!(late, Err(LinkError::Timeout(_))), "{late:?}");
+        assert!(start.elapsed() < Duration::from_millis(1500));
+    })
+    .await;
+}
+
 /// A call that polls for its answer gets the same answers; one that comes after the poll
 /// is spent is still read (the socket sleeps again, blocking), and the deadline holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,7 +56,29 @@ pub struct Direct {
     /// Told when a link came back or closed, to any node: every waiter looks again at
     /// its own node's pool.
     freed: Condvar,
+    /// Links whose call gave up waiting, read for their late answer ([`Late`]).
+    late: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// One of [`MAX_LATE`], given back when dropped.
+struct LateSlot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for LateSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// What a caller does with an answer that came after it gave up (an import the owner
+/// granted meanwhile, given back): run on a thread of its own.
+pub type Late = Box<dyn FnOnce(PeerResponse) + Send>;
+
+/// How long a late answer is waited for after its call gave up.
+const LATE_WAIT: Duration = Duration::from_secs(10);
+
+/// Links read for a late answer at once (each a thread and a socket); past that, one
+/// more is dropped as before.
+const MAX_LATE: usize = 16;
 
 /// One link counted open to a node, held by one call (being dialled or in use). Dropped,
 /// it gives its count back and wakes the waiters — on every path out of a call, an error
@@ -87,6 +109,29 @@ impl Drop for Claim<'_> {
 impl Direct {
     fn pools(&self) -> MutexGuard<'_, HashMap<String, Pool>> {
         self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads `link`'s late answer on a thread of its own and hands it to `late`; the
+    /// link is closed after. Past [`MAX_LATE`] such reads, the link is closed at once.
+    fn read_late(&self, node: &str, mut link: BlockingLink, late: Late) {
+        use std::sync::atomic::Ordering;
+        if self.late.fetch_add(1, Ordering::AcqRel) >= MAX_LATE {
+            self.late.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(peer = node, "node link: too many late answers awaited; one is not");
+            return;
+        }
+        let (slot, node) = (LateSlot(self.late.clone()), node.to_owned());
+        let spawned = std::thread::Builder::new().name("fabricd-late".into()).spawn(move || {
+            let _slot = slot;
+            match link.late_answer(Instant::now() + LATE_WAIT) {
+                Ok(answer) => late(answer),
+                Err(e) => tracing::debug!(peer = %node, error = %e, "node link: no late answer"),
+            }
+        });
+        // Not spawned: the closure, its slot and the link with it, are dropped.
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "node link: cannot wait for a late answer");
+        }
     }
 
     /// An idle link to `node` that serves `now`, or room to dial one, waiting for either
@@ -194,12 +239,17 @@ impl NodeLink {
     /// Sends `request` to `node` and waits for its answer on this thread, at most `within`
     /// (a wait for a free link and the handshake of a new one included). Blocks: for a
     /// request's thread, never one of the domain runtime's workers.
+    ///
+    /// When the call gives up waiting for the answer to a request it sent, `late` (if
+    /// any) gets that answer should it come within [`LATE_WAIT`]: the peer may have acted
+    /// on it (an owner records an import before it answers).
     pub fn call_here(
         &self,
         domain: &Domain,
         node: &str,
         request: PeerRequest,
         within: Duration,
+        late: Option<Late>,
     ) -> Result<PeerResponse, DialError> {
         let asked = Instant::now();
         let deadline = asked + within;
@@ -238,8 +288,13 @@ impl NodeLink {
                 Err(DialError::Peer { node: node.to_owned(), source })
             }
             // Given up or broken mid-way: the link is dropped (closed) with its claim; a
-            // later call dials.
-            Err(LinkError::Timeout(_)) if Instant::now() >= answer_by => Err(timeout(answer_by)),
+            // later call dials. One whose answer may still come is read for it first.
+            Err(LinkError::Timeout(_)) if Instant::now() >= answer_by => {
+                if let Some(late) = late.filter(|_| kept.link.answer_pending()) {
+                    self.direct().read_late(node, kept.link, late);
+                }
+                Err(timeout(answer_by))
+            }
             Err(source) => Err(DialError::Link { node: node.to_owned(), source }),
         }
     }

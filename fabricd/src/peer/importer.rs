@@ -262,9 +262,22 @@ fn ask<T: serde::de::DeserializeOwned>(
     let Some(link) = domain.link() else {
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
+    // An answer that comes after this call gave up is a grant the owner recorded and
+    // no client got: given back, or the owner would keep it (and count it against this
+    // node's imports) until this node restarts.
+    let late: super::direct::Late = {
+        let (domain, owner) = (domain.clone(), owner.to_owned());
+        Box::new(move |answer| {
+            let Some(import) = wire::granted_import(&answer.body) else { return };
+            tracing::info!(%owner, import, "a grant came after its import gave up; given back");
+            if let Some(link) = domain.link() {
+                link.service().importer().give_back(&domain, &owner, import);
+            }
+        })
+    };
     // Asked here, on the request's thread, over a blocking link: no runtime worker
     // between the owner's answer and this thread.
-    match link.call_here(domain, owner, wire::request(op, &ask), ASK_TIMEOUT) {
+    match link.call_here(domain, owner, wire::request(op, &ask), ASK_TIMEOUT, Some(late)) {
         Ok(r) => wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}"))),
         Err(DialError::Peer { source: PeerError::Denied { code, message }, .. }) => {
             Err(refusal(code, format!("node {owner}: {message}")))

@@ -261,6 +261,12 @@ pub fn response<T: Serialize>(op: PeerOp, body: &T) -> PeerResponse {
     PeerResponse { op, body: postcard::to_stdvec(body).unwrap_or_default() }
 }
 
+/// The owner's import id an [`ImportGrant`] or [`ObjectGrant`] body carries (the first
+/// field of both), for giving back a grant that came too late to be used.
+pub fn granted_import(body: &[u8]) -> Option<u64> {
+    postcard::take_from_bytes::<u64>(body).ok().map(|(import, _)| import)
+}
+
 /// The whole of `body` as one `T`, no byte left over.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, PeerError> {
     let (value, rest) =
@@ -279,6 +285,32 @@ mod tests {
         let mut out = Vec::new();
         message.encode(1, &mut out).expect("fits its opcode's limit");
         assert!(out.len() as u32 <= PEER_DECODER.max_body + 32);
+    }
+
+    /// Both grants carry the owner's import id first, where a late answer finds it.
+    #[test]
+    fn a_grants_import_id_is_read_from_either_kind_of_grant() {
+        let import = ImportGrant {
+            import: 300,
+            region: 5,
+            generation: 5,
+            len: 1 << 21,
+            offset: 0,
+            gfa: Some(1 << 40),
+            shared: None,
+        };
+        assert_eq!(granted_import(&response(PeerOp::Import, &import).body), Some(300));
+        let object = ObjectGrant {
+            import: 1 << 40,
+            region: 5,
+            generation: 5,
+            size: 1 << 21,
+            gfa: None,
+            object: ObjectKind::CudaFabric(fabric_proto::wire::FabricHandleBytes([1; 64])),
+            device: "uuid:GPU-1".into(),
+        };
+        assert_eq!(granted_import(&response(PeerOp::ImportObject, &object).body), Some(1 << 40));
+        assert_eq!(granted_import(&[]), None);
     }
 
     #[test]
