@@ -63,8 +63,9 @@ pub struct DomainView {
     /// Topology records of nodes that hold a slot ([`DomainView::topology`]).
     topology: Shards<String, Arc<TopologyRecord>>,
     /// Keys whose value was refused, with why (cleared when the key is rewritten well or
-    /// deleted).
-    refused: BTreeMap<String, String>,
+    /// deleted). Sharded like the records: a node writing many bad keys makes each watch
+    /// event's published view copy one shard of them, not all.
+    refused: Shards<String, String>,
     revision: i64,
     /// The revision of the last change to what the domain's merged fabric is made of
     /// ([`DomainView::fabric_revision`]).
@@ -297,6 +298,15 @@ impl DomainView {
         self.members.sorted().into_iter().map(|(_, m)| &**m)
     }
 
+    /// Live members whose record carries node id `id`, by name: one scan, no sort of the
+    /// whole membership (an import asks this of a domain of thousands).
+    pub fn members_with_node_id(&self, id: &str) -> Vec<&MemberRecord> {
+        let mut found: Vec<&MemberRecord> =
+            self.members.iter().map(|(_, m)| &**m).filter(|m| m.node_id.as_deref() == Some(id)).collect();
+        found.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        found
+    }
+
     /// Every node the view knows of (holding a slot, or live without one), by name.
     pub fn nodes(&self) -> Vec<NodeEntry<'_>> {
         let mut names: Vec<&str> =
@@ -314,9 +324,9 @@ impl DomainView {
             .collect()
     }
 
-    /// Keys whose last value was refused, with why.
-    pub fn refused(&self) -> &BTreeMap<String, String> {
-        &self.refused
+    /// Keys whose last value was refused, with why, by key.
+    pub fn refused(&self) -> BTreeMap<&str, &str> {
+        self.refused.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
     }
 
     /// Where `gfa` lands: the node whose slot holds it and the range there, if any; `None`
@@ -563,7 +573,7 @@ mod tests {
                 prop_assert_eq!(view.settings().map(|s| s.node_span), Some(SPAN));
                 prop_assert!(view.members().any(|m| m.name == "a"));
                 prop_assert_eq!(view.locate(3 * SPAN).and_then(|l| l.range).map(|r| r.owner.as_str()), Some("name:a/gpu0"));
-                prop_assert!(view.refused().contains_key(&key));
+                prop_assert!(view.refused().contains_key(key.as_str()));
             }
         }
     }

@@ -213,7 +213,8 @@ fn owner_of(d: &Daemon, node: NodeId) -> Result<(String, u64), ErrorBody> {
 /// asked (the handle's secret would go to whichever sorts first), and the import is
 /// refused until one of them leaves.
 fn owner_named(view: &fabric_domain::DomainView, id: &str) -> Result<(String, u64), ErrorBody> {
-    let mut claiming = view.members().filter(|m| m.node_id.as_deref() == Some(id));
+    let claiming = view.members_with_node_id(id);
+    let mut claiming = claiming.iter();
     let Some(first) = claiming.next() else {
         return Err(refusal(ErrorCode::WrongNode, format!("node {id} is no live member of the domain")));
     };
