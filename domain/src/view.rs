@@ -87,7 +87,22 @@ impl DomainView {
         entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         revision: i64,
     ) -> Self {
+        Self::load_over(keys, limits, None, entries, revision)
+    }
+
+    /// [`DomainView::load`] for a domain whose settings are known (`settings`: a view read
+    /// before, when the domain is read again after its watch was lost): settings are
+    /// written once, so a settings record that differs is refused and one missing keeps
+    /// them, as on the watch, rather than a re-read taking what the key holds now.
+    pub fn load_over<'a>(
+        keys: Keys,
+        limits: RecordLimits,
+        settings: Option<DomainSettings>,
+        entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        revision: i64,
+    ) -> Self {
         let mut view = Self::new(keys, limits);
+        view.settings = settings;
         let mut sorted: Vec<(&[u8], &[u8])> = entries.into_iter().collect();
         sorted.sort_by_key(|(key, _)| view.rank(key));
         for (key, value) in sorted {
@@ -493,6 +508,30 @@ mod tests {
         assert_eq!(view.slot_of("a"), Some(3));
         assert_eq!(view.slot_of("c"), None);
         assert_eq!(view.locate(5 * SPAN), None);
+    }
+
+    /// A re-read keeps the settings a view had: a settings record rewritten or deleted
+    /// behind the watch is refused (named in `refused`), not taken.
+    #[test]
+    fn a_reread_keeps_the_settings_the_domain_was_joined_with() {
+        let k = keys();
+        let known = DomainSettings::new(57, SPAN, vec![DataPathKind::SharedFile]);
+        let other = encode(&DomainSettings::new(57, 2 * SPAN, vec![DataPathKind::SharedFile]));
+        let claim = encode(&SlotClaim::new(3, "a"));
+        let entries = [(k.settings(), other.clone()), (k.slot(3), claim.clone())];
+        let entries = entries.iter().map(|(key, v)| (key.as_bytes(), v.as_slice()));
+        let view = DomainView::load_over(k.clone(), RecordLimits::default(), Some(known.clone()), entries, 9);
+        assert_eq!(view.settings(), Some(&known), "a rewritten record is refused");
+        assert!(view.refused().contains_key(k.settings().as_str()), "{:?}", view.refused());
+        assert_eq!(view.locate(3 * SPAN).map(|l| l.node), Some("a"), "the known span places the slot");
+        let entries = [(k.slot(3), claim)];
+        let entries = entries.iter().map(|(key, v)| (key.as_bytes(), v.as_slice()));
+        let view = DomainView::load_over(k.clone(), RecordLimits::default(), Some(known.clone()), entries, 10);
+        assert_eq!(view.settings(), Some(&known), "a deleted record keeps them");
+        // A first read takes what the key holds.
+        let entries = [(k.settings(), other)];
+        let view = DomainView::load(k, RecordLimits::default(), entries.iter().map(|(key, v)| (key.as_bytes(), v.as_slice())), 1);
+        assert_eq!(view.settings().map(|s| s.node_span), Some(2 * SPAN));
     }
 
     #[test]

@@ -241,7 +241,7 @@ impl NodeLink {
     /// request's thread, never one of the domain runtime's workers.
     ///
     /// When the call gives up waiting for the answer to a request it sent, `late` (if
-    /// any) gets that answer should it come within [`LATE_WAIT`]: the peer may have acted
+    /// any) gets that answer should it come within `LATE_WAIT` (10 s): the peer may have acted
     /// on it (an owner records an import before it answers).
     pub fn call_here(
         &self,

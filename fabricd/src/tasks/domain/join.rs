@@ -197,7 +197,7 @@ pub fn start(
                         // The domain read before the node is ready: its first answers (a
                         // map, a peer's link) see the whole domain, not an empty view.
                         // A failed read is the domain task's to do again.
-                        let first = super::watch::read_view(&joined.client)
+                        let first = super::watch::read_view(&joined.client, None)
                             .await
                             .inspect_err(|reason| tracing::warn!(%reason, "the domain could not be read at start; the domain task reads it"))
                             .ok();

@@ -169,7 +169,8 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
     let again = |view: DomainView, progressed: bool| (!resumed || progressed).then(|| Box::new(view));
     let mut view = match resume {
         Some(view) => *view,
-        None => match read_view(&j.client).await {
+        // The settings the node holds stay: they are written once.
+        None => match read_view(&j.client, domain.view().settings().cloned()).await {
             Ok(view) => {
                 domain.publish_view(view.clone());
                 view
@@ -319,15 +320,19 @@ async fn unless_lost<T>(
     }
 }
 
-/// The domain read whole (paged) and loaded into a view. The load is seconds of CPU at
-/// 12,500 nodes in a debug build: it runs on the blocking pool, so that the runtime's
-/// workers renew the lease meanwhile.
-pub(super) async fn read_view(client: &DomainClient) -> Result<DomainView, String> {
+/// The domain read whole (paged) and loaded into a view, over the `settings` a view read
+/// before holds (`DomainView::load_over`). The load is seconds of CPU at 12,500 nodes in
+/// a debug build: it runs on the blocking pool, so that the runtime's workers renew the
+/// lease meanwhile.
+pub(super) async fn read_view(
+    client: &DomainClient,
+    settings: Option<fabric_domain::DomainSettings>,
+) -> Result<DomainView, String> {
     let (all, revision) = client.read_domain().await.map_err(|e| crate::error_chain(&e))?;
     let keys = client.keys().clone();
     tokio::task::spawn_blocking(move || {
         let entries = all.iter().map(|e| (e.key(), e.value()));
-        DomainView::load(keys, Domain::limits(), entries, revision)
+        DomainView::load_over(keys, Domain::limits(), settings, entries, revision)
     })
     .await
     .map_err(|e| format!("loading the domain's records: {e}"))
