@@ -530,7 +530,12 @@ mod tests {
         assert_eq!(view.settings(), Some(&known), "a deleted record keeps them");
         // A first read takes what the key holds.
         let entries = [(k.settings(), other)];
-        let view = DomainView::load(k, RecordLimits::default(), entries.iter().map(|(key, v)| (key.as_bytes(), v.as_slice())), 1);
+        let view = DomainView::load(
+            k,
+            RecordLimits::default(),
+            entries.iter().map(|(key, v)| (key.as_bytes(), v.as_slice())),
+            1,
+        );
         assert_eq!(view.settings().map(|s| s.node_span), Some(2 * SPAN));
     }
 
