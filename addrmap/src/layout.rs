@@ -40,7 +40,9 @@ pub enum LayoutError {
     },
     /// A node's pinned base is not where its memory lies (a node slot never moves: its
     /// ranges' GFAs would, under the clients that map them).
-    #[error("node {node}: pinned base {base:#x}, but its memory lies at {at:#x} in this map")]
+    #[error(
+        "node {node}: pinned base {base:#x}, but its memory lies at {at:#x} in this map (a node's ranges never move: lay the map out anew, without its saved record, to serve at the new base)"
+    )]
     PinnedMoved {
         /// Node.
         node: String,
