@@ -14,7 +14,6 @@
 //! a node of a 12,500-node domain joined or left does not wait for the whole domain to be
 //! merged again.
 
-use super::owner::On;
 use std::time::{Duration, Instant};
 
 use fabric_domain::{DataPathKind, FabricGroup};
@@ -22,6 +21,7 @@ use fabric_nodelink::PeerError;
 use fabric_proto::wire::ErrorCode;
 use fabric_topology::{DeviceId, DeviceIdx, DeviceKind, Fabric};
 
+use super::owner::On;
 use crate::daemon::Daemon;
 
 /// `Ok` when `importer` is in the NVLink domain of `device` (a GPU of this node).
