@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::etcd::DomainClient;
-use crate::lease::{Lease, LeaseState};
+use crate::lease::{Lease, LeaseState, unless_lost};
 use crate::records::Keys;
 
 /// Who leads the domain, as this node knows it.
@@ -181,24 +181,6 @@ async fn next_observed(stream: &mut Option<ObserveStream>) -> Option<Result<Opti
     }
 }
 
-/// `work` (a read of etcd, up to a third of the TTL), or `None` once the lease is lost
-/// or dropped first: a leader whose lease went must say so at once, not after etcd
-/// answers.
-async fn unless_lost<T>(lease: &mut watch::Receiver<LeaseState>, work: impl Future<Output = T>) -> Option<T> {
-    tokio::pin!(work);
-    loop {
-        tokio::select! {
-            biased;
-            changed = lease.changed() => {
-                if changed.is_err() || matches!(&*lease.borrow(), LeaseState::Lost(_)) {
-                    return None;
-                }
-            }
-            out = &mut work => return Some(out),
-        }
-    }
-}
-
 /// The election task: campaign, observe, check once per TTL; `Unknown` and stop once the
 /// lease is lost.
 async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl: std::time::Duration) {
@@ -244,12 +226,10 @@ async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl
             },
             _ = tick.tick() => {
                 let mut election = client.election_client();
+                // A loss while etcd is asked: the loop's top (or the lease arm, for a
+                // renewal that stopped) ends the task.
                 let read = unless_lost(&mut lease, tokio::time::timeout(ttl / 3, election.leader(me.name.clone())));
-                let Some(read) = read.await else {
-                    warn!(node = %me.node, "lease lost: no longer campaigning");
-                    me.unknown();
-                    return;
-                };
+                let Some(read) = read.await else { continue };
                 match read {
                     Ok(Ok(mut response)) => match response.take_kv() {
                         Some(kv) => won &= me.observed(&kv, won),
@@ -267,11 +247,7 @@ async fn run(client: Client, me: Me, mut lease: watch::Receiver<LeaseState>, ttl
                 }
                 if observer.is_none() {
                     let opened = unless_lost(&mut lease, tokio::time::timeout(ttl / 3, election.observe(me.name.clone())));
-                    let Some(opened) = opened.await else {
-                        warn!(node = %me.node, "lease lost: no longer campaigning");
-                        me.unknown();
-                        return;
-                    };
+                    let Some(opened) = opened.await else { continue };
                     match opened {
                         Ok(Ok(stream)) => observer = Some(stream),
                         Ok(Err(error)) => warn!(node = %me.node, %error, "etcd observe failed"),

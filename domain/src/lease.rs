@@ -10,6 +10,7 @@
 //! again: the node rejoins with a new lease (and a new incarnation). Dropping the [`Lease`] stops the task;
 //! the lease then runs out in etcd after its TTL (use `DomainClient::leave` to end it now).
 
+use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
@@ -157,5 +158,25 @@ async fn renew(
         }
         debug!(lease = id, %failure, "lease renewal failed; retrying");
         next = (Instant::now() + retry).min(deadline);
+    }
+}
+
+/// `work` (a wait on etcd: a probe, a write, a leader read), or `None` once the lease
+/// `lease` reports is lost, or its renewal stopped (the sender gone), before `work` ends:
+/// a loop that awaits such a wait inside one of its arms does not look at the lease
+/// meanwhile, and a node cut off from etcd must act on the loss at once, not when etcd
+/// answers or the wait times out.
+pub async fn unless_lost<T>(lease: &mut watch::Receiver<LeaseState>, work: impl Future<Output = T>) -> Option<T> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            changed = lease.changed() => {
+                if changed.is_err() || matches!(&*lease.borrow(), LeaseState::Lost(_)) {
+                    return None;
+                }
+            }
+            out = &mut work => return Some(out),
+        }
     }
 }

@@ -482,20 +482,28 @@ mod tests {
 
     #[test]
     fn a_compaction_that_does_not_encode_writes_nothing_and_the_journal_goes_on() {
+        let e = a_compaction_that_fails(Lines { broken: true, ..Lines::default() });
+        assert!(e.wrote_nothing(), "{e}");
+    }
+
+    /// A compaction of `image` between records `a` and `b`, which fails: its error, once
+    /// the records around it and one after (`c`) are written and are all the journal
+    /// holds (no snapshot).
+    fn a_compaction_that_fails(image: Lines) -> JournalError {
         let dir = tempfile::tempdir().expect("tempdir");
-        let c = open_with(dir.path(), Lines { broken: true, ..Lines::default() });
+        let c = open_with(dir.path(), image);
         let a = c.enqueue(1, b"a".to_vec());
         let s = c.enqueue_compaction();
         let b = c.enqueue(1, b"b".to_vec());
         b.wait().expect("a record after it is written");
         a.wait().expect("a record before it is written");
         let e = s.wait().expect_err("the compaction failed");
-        assert!(e.wrote_nothing(), "{e}");
         c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
         drop(c);
         let (snapshot, records) = replayed(dir.path());
         assert_eq!(snapshot, None);
         assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        e
     }
 
     /// A registry grown past what one record holds: its snapshot is refused before any
@@ -503,24 +511,12 @@ mod tests {
     /// later change refused, until the registry shrank).
     #[test]
     fn a_snapshot_too_large_for_a_record_writes_nothing_and_the_journal_goes_on() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let c = open_with(dir.path(), Lines { oversized: true, ..Lines::default() });
-        let a = c.enqueue(1, b"a".to_vec());
-        let s = c.enqueue_compaction();
-        let b = c.enqueue(1, b"b".to_vec());
-        b.wait().expect("a record after it is written");
-        a.wait().expect("a record before it is written");
-        let e = s.wait().expect_err("the compaction failed");
+        let e = a_compaction_that_fails(Lines { oversized: true, ..Lines::default() });
         let too_large = |e: &JournalError| match e {
             JournalError::Batch(inner) => matches!(**inner, JournalError::PayloadTooLarge { .. }),
             e => matches!(e, JournalError::PayloadTooLarge { .. }),
         };
         assert!(too_large(&e) && e.wrote_nothing(), "{e:?}");
-        c.enqueue(1, b"c".to_vec()).wait().expect("not poisoned");
-        drop(c);
-        let (snapshot, records) = replayed(dir.path());
-        assert_eq!(snapshot, None);
-        assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
     }
 
     #[test]

@@ -292,32 +292,25 @@ fn lost(
     changed: Result<(), tokio::sync::watch::error::RecvError>,
     lease: &tokio::sync::watch::Receiver<LeaseState>,
 ) -> Option<End> {
-    match (changed, lease.borrow().clone()) {
-        (_, LeaseState::Lost(why)) => Some(End::LeaseLost(why)),
-        (Err(_), _) => Some(End::LeaseLost("the lease's renewal stopped".to_owned())),
-        _ => None,
+    (changed.is_err() || matches!(&*lease.borrow(), LeaseState::Lost(_))).then(|| ended(lease))
+}
+
+/// The session's end for a lease found lost or no longer renewed.
+fn ended(lease: &tokio::sync::watch::Receiver<LeaseState>) -> End {
+    match &*lease.borrow() {
+        LeaseState::Lost(why) => End::LeaseLost(why.clone()),
+        _ => End::LeaseLost("the lease's renewal stopped".to_owned()),
     }
 }
 
 /// `work` (an arm's wait on etcd, up to a third of the TTL), unless the lease is lost
-/// first: while an arm waits, the session's loop does not look at the lease, and a node
-/// cut off from etcd would act as a member (admit peers, grant imports) past the loss.
+/// first (`fabric_domain::lease::unless_lost`): a node cut off from etcd would otherwise
+/// act as a member (admit peers, grant imports) past the loss.
 async fn unless_lost<T>(
     lease: &mut tokio::sync::watch::Receiver<LeaseState>,
     work: impl std::future::Future<Output = T>,
 ) -> Result<T, End> {
-    tokio::pin!(work);
-    loop {
-        tokio::select! {
-            biased;
-            changed = lease.changed() => {
-                if let Some(end) = lost(changed, lease) {
-                    return Err(end);
-                }
-            }
-            out = &mut work => return Ok(out),
-        }
-    }
+    fabric_domain::lease::unless_lost(lease, work).await.ok_or_else(|| ended(lease))
 }
 
 /// The domain read whole (paged) and loaded into a view, over the `settings` a view read
