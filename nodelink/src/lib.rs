@@ -3,6 +3,7 @@
 //! socket. fabricd listens and dials with it (`fabricd/src/peer/`; docs/domain.md, "Node
 //! link").
 
+mod admitting;
 pub mod certs;
 pub mod identity;
 

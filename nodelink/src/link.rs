@@ -2,8 +2,10 @@
 //! incarnation agree, and a client [`Link`]. Bounded: at most
 //! [`LinkLimits::max_handshakes`] connections are being admitted and at most
 //! [`LinkLimits::max_links`] links are held at once, [`LinkLimits::max_links_per_node`]
-//! of them by one node (more are closed at once, or refused `Busy` or `NodeBusy`); every
-//! wait has a deadline. A misbehaving peer loses its own connection and nothing else.
+//! of them by one node (more are closed at once, or refused `Busy` or `NodeBusy`; when
+//! every handshake slot is taken, an address holding fewer takes the oldest of the address
+//! holding the most, `admitting.rs`); every wait has a deadline. A misbehaving peer
+//! loses its own connection and nothing else.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,6 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use crate::admitting::{Admitting, Slot, Taken};
 use crate::error::{LinkError, Stage};
 use crate::framed::Framed;
 use crate::identity::NodeIdentity;
@@ -30,7 +33,8 @@ use crate::tls::{Credentials, peer_identity, server_name};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkLimits {
     /// Connections being admitted (TLS handshake and Hello) at once; more are closed on
-    /// accept.
+    /// accept, unless they come from an address holding fewer of these slots than another
+    /// (that address's oldest handshake is ended for them).
     pub max_handshakes: usize,
     /// Admitted links at once; more are refused [`Refusal::Busy`].
     pub max_links: usize,
@@ -105,8 +109,11 @@ pub struct Peer {
 /// What a server did with the connections it accepted, since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkStats {
-    /// Closed at accept: too many were being admitted.
+    /// Closed at accept: too many were being admitted, none of them from an address
+    /// holding more handshake slots than this one's.
     pub closed_at_accept: u64,
+    /// Handshakes ended to give their slot to a connection from an address holding fewer.
+    pub ended_for_another: u64,
     /// Admitted (Welcome sent).
     pub admitted: u64,
     /// Refused with a [`Refusal`] (a Hello that disagrees, the policy, `Busy`).
@@ -119,6 +126,7 @@ pub struct LinkStats {
 #[derive(Debug, Default)]
 struct Counters {
     closed_at_accept: AtomicU64,
+    ended_for_another: AtomicU64,
     admitted: AtomicU64,
     refused: AtomicU64,
     failed: AtomicU64,
@@ -132,6 +140,7 @@ impl Counters {
     fn snapshot(&self) -> LinkStats {
         LinkStats {
             closed_at_accept: self.closed_at_accept.load(Ordering::Relaxed),
+            ended_for_another: self.ended_for_another.load(Ordering::Relaxed),
             admitted: self.admitted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
@@ -147,7 +156,7 @@ struct Shared {
     policy: Arc<dyn PeerPolicy>,
     service: Arc<dyn PeerService>,
     limits: LinkLimits,
-    handshakes: Arc<Semaphore>,
+    handshakes: Arc<Admitting>,
     links: Arc<Semaphore>,
     by_node: Arc<NodeLinks>,
 }
@@ -240,7 +249,7 @@ impl Server {
             policy,
             service,
             limits,
-            handshakes: Arc::new(Semaphore::new(limits.max_handshakes)),
+            handshakes: Admitting::new(limits.max_handshakes),
             links: Arc::new(Semaphore::new(limits.max_links)),
             by_node: Arc::default(),
         });
@@ -292,28 +301,43 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                         continue;
                     }
                 };
-                let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
-                    drop(tcp);
-                    Counters::bump(&shared.counters.closed_at_accept);
-                    dropped += 1;
-                    if reported.elapsed() >= DROPPED_REPORT {
-                        tracing::warn!(%addr, dropped, "node link: too many connections being admitted; closed at accept");
-                        (dropped, reported) = (0, Instant::now());
+                let slot = match shared.handshakes.take(addr.ip()) {
+                    Taken::Free(slot) => slot,
+                    Taken::FromAnother(slot, from) => {
+                        Counters::bump(&shared.counters.ended_for_another);
+                        tracing::debug!(%addr, %from, "node link: a handshake slot taken from an address holding more");
+                        slot
                     }
-                    continue;
+                    Taken::Full => {
+                        drop(tcp);
+                        Counters::bump(&shared.counters.closed_at_accept);
+                        dropped += 1;
+                        if reported.elapsed() >= DROPPED_REPORT {
+                            tracing::warn!(%addr, dropped, "node link: too many connections being admitted; closed at accept");
+                            (dropped, reported) = (0, Instant::now());
+                        }
+                        continue;
+                    }
                 };
-                conns.spawn(serve(tcp, addr, shared.clone(), permit));
+                conns.spawn(serve(tcp, addr, shared.clone(), slot));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
 }
 
-async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, handshake: OwnedSemaphorePermit) {
+async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, mut handshake: Slot) {
     let limits = shared.limits;
-    let admitted = match tokio::time::timeout(limits.handshake_timeout, admit(tcp, addr, &shared)).await {
-        Err(_) => Err(LinkError::Timeout(Stage::Handshake)),
-        Ok(r) => r,
+    let admitted = tokio::select! {
+        r = tokio::time::timeout(limits.handshake_timeout, admit(tcp, addr, &shared)) => match r {
+            Err(_) => Err(LinkError::Timeout(Stage::Handshake)),
+            Ok(r) => r,
+        },
+        _ = &mut handshake.ended => {
+            // Counted when its slot was taken.
+            tracing::debug!(%addr, "node link: handshake ended for a connection from an address holding fewer");
+            return;
+        }
     };
     drop(handshake);
     let counters = &shared.counters;

@@ -194,10 +194,55 @@ async fn a_flood_of_connections_beyond_the_limit() {
         closed_by_server(tcp, limits().handshake_timeout + SLACK).await;
     }
     assert!(start.elapsed() + Duration::from_millis(200) >= limits().handshake_timeout);
-    d.wait_stats(LinkStats { admitted: 1, closed_at_accept: excess as u64, failed: max as u64, refused: 0 }).await;
+    d.wait_stats(LinkStats {
+        admitted: 1,
+        closed_at_accept: excess as u64,
+        failed: max as u64,
+        ..LinkStats::default()
+    })
+    .await;
     assert_pong(&mut good).await;
     let mut late = d.link("n2").await.expect("the server admits after the flood");
     assert_pong(&mut late).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_one_address_does_not_keep_another_addresss_peer_out() {
+    let d = TestDomain::start(limits()).await;
+    let max = limits().max_handshakes;
+    // Every slot held by silent connections from 127.0.0.2, then more from there.
+    let mut flood = Vec::new();
+    for _ in 0..max + 3 {
+        flood.push(connect_from([127, 0, 0, 2], &d).await);
+    }
+    d.wait_stats(LinkStats { closed_at_accept: 3, ..LinkStats::default() }).await;
+    // A peer on 127.0.0.1 links during the flood, well before the flood's handshakes time
+    // out: it took the flood's oldest slot.
+    let start = Instant::now();
+    let mut peer = d.link("n2").await.expect("a peer from another address gets in during the flood");
+    assert_pong(&mut peer).await;
+    assert!(start.elapsed() < limits().handshake_timeout / 2, "{:?}", start.elapsed());
+    closed_by_server(&mut flood[0], SLACK).await;
+    assert!(!closed_now(&mut flood[1]).await, "the others keep their slots until their timeout");
+    // The peer's slot is free again; the flood's address takes it, and gets no more.
+    let mut refill = connect_from([127, 0, 0, 2], &d).await;
+    let mut more = connect_from([127, 0, 0, 2], &d).await;
+    closed_by_server(&mut more, SLACK).await;
+    d.wait_stats(LinkStats { admitted: 1, closed_at_accept: 4, ended_for_another: 1, ..LinkStats::default() }).await;
+    for tcp in flood[1..max].iter_mut().chain([&mut refill]) {
+        closed_by_server(tcp, limits().handshake_timeout + SLACK).await;
+    }
+    assert_pong(&mut peer).await;
+    d.wait_stats(LinkStats { admitted: 1, closed_at_accept: 4, ended_for_another: 1, failed: max as u64, refused: 0 })
+        .await;
+}
+
+/// A TCP connection to the server from `source` (another loopback address: all of
+/// 127.0.0.0/8 is this host's).
+async fn connect_from(source: [u8; 4], d: &TestDomain) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(std::net::SocketAddr::from((source, 0))).expect("bind to a loopback address");
+    socket.connect(d.addr()).await.expect("connect")
 }
 
 /// Whether the server has closed `tcp` (read within 10 ms gives end of stream or an error).

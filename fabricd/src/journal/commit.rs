@@ -111,6 +111,10 @@ pub struct Committer {
     /// held for writing.
     #[cfg(test)]
     pub(crate) snapshot_gate: std::sync::RwLock<()>,
+    /// Tests: every write waits while this is held for writing (before it panics, when
+    /// `panic_next` says so).
+    #[cfg(test)]
+    pub(crate) write_gate: std::sync::RwLock<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -133,6 +137,8 @@ impl Committer {
             panic_next: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             snapshot_gate: std::sync::RwLock::new(()),
+            #[cfg(test)]
+            write_gate: std::sync::RwLock::new(()),
         })
     }
 
@@ -226,14 +232,17 @@ impl Committer {
     /// failure the rest fail with it, up to a reopen.
     fn write(&self, batch: Vec<Item>) {
         #[cfg(test)]
+        let _gates = (
+            self.write_gate.read(),
+            batch
+                .iter()
+                .any(|i| matches!(i.entry, Entry::Compact | Entry::Reopen(_)))
+                .then(|| self.snapshot_gate.read()),
+        );
+        #[cfg(test)]
         if self.panic_next.swap(false, Ordering::Relaxed) {
             panic!("a journal write that panics (test)");
         }
-        #[cfg(test)]
-        let _gate = batch
-            .iter()
-            .any(|i| matches!(i.entry, Entry::Compact | Entry::Reopen(_)))
-            .then(|| self.snapshot_gate.read());
         let mut guard = lock(&self.journal);
         let mut image = lock(&self.image);
         let mut failed: Option<Arc<JournalError>> = match guard.as_ref() {

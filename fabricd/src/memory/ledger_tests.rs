@@ -459,6 +459,42 @@ fn a_grace_timer_reclaims_its_own_detachment_not_a_later_one_of_the_same_token()
     assert_eq!(m.orphans(), 0);
 }
 
+/// A detached session whose grace period ends while a client's resume of it is being
+/// journaled is not reclaimed then (the resume may succeed), nor forgotten when that write
+/// fails: it is reclaimed at the failure.
+#[test]
+fn a_resume_that_fails_after_the_grace_period_ended_reclaims_the_session() {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let Journaled { m, me, place, committer, .. } = journaled(dir.path());
+    m.alloc(&me, 1, &place, 4 * MIB, 0).unwrap();
+    let (token, _) = m.detach_session(1);
+    let token = token.unwrap();
+    let stalled = committer.write_gate.write().unwrap();
+    std::thread::scope(|s| {
+        let (m, me) = (&m, &me);
+        let resume = s.spawn(move || m.resume(2, me, &token));
+        // The resume's record is queued (under the registry lock, with the orphan marked).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while m.state().log.as_ref().unwrap().in_flight() == 0 {
+            assert!(Instant::now() < deadline, "the resume never queued its record");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(m.reclaim_orphan(&token, 1).regions, 0, "the timer fires while the resume is written");
+        assert!(
+            matches!(m.resume(3, me, &token), Err(super::MemoryError::BadRequest(_))),
+            "a second resume of it meanwhile"
+        );
+        committer.panic_next.store(true, Ordering::Relaxed);
+        drop(stalled);
+        assert!(resume.join().unwrap().is_err(), "the resume's write failed");
+    });
+    assert_eq!(m.orphans(), 0, "reclaimed at the failure, not left for the next start");
+    assert!(held(&m).regions.is_empty());
+}
+
 /// A device lost while a new region's backing is made (a device range is zeroed for
 /// seconds, outside the lock) is not published as a healthy region: refused, its range
 /// given back.

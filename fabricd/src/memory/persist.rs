@@ -61,6 +61,16 @@ pub(super) struct Orphan {
     /// Found at start: the start's grace period (`memory.resume_grace_s`) ends it; a
     /// detached one has a timer of its own.
     at_start: bool,
+    /// A client's resume of it is being journaled: no reclaim takes it meanwhile.
+    resuming: bool,
+    /// Its grace period ended while it was being resumed: reclaimed if that resume fails.
+    expired: bool,
+}
+
+impl Orphan {
+    fn new(token: SessionToken, session: u64, owner: Owner, at_start: bool) -> Self {
+        Self { token, session, owner, at_start, resuming: false, expired: false }
+    }
 }
 
 /// A live session's token and owner.
@@ -360,7 +370,7 @@ impl Memory {
             }
             let next = ORPHAN_SESSIONS + orphans.len() as u64;
             let session = *orphans.entry(r.token).or_insert_with(|| {
-                st.orphans.push(Orphan { token: SessionToken(r.token), session: next, owner: r.owner, at_start: true });
+                st.orphans.push(Orphan::new(SessionToken(r.token), next, r.owner, true));
                 next
             });
             st.ledger.charge(r.owner.uid, Usage::region(r.len, 0));
@@ -486,22 +496,39 @@ impl Memory {
                 st.orphans[i].owner.uid, who.uid
             )));
         }
+        if st.orphans[i].resuming {
+            return Err(MemoryError::BadRequest("another connection is resuming this session".into()));
+        }
         if st.ledger.regions.values().any(|r| r.session == session) {
             return Err(MemoryError::BadRequest("resume a session before allocating on this connection".into()));
         }
         let ticket = st.journal(&Change::SessionResumed { token: *token.expose(), owner })?;
-        // Taken while the record is written, so that no reclaim takes it meanwhile.
-        let o = st.orphans.remove(i);
+        // Marked while the record is written, so that no reclaim takes it meanwhile; a
+        // grace period that ends meanwhile is noted, and acted on if the write fails.
+        let orphaned = st.orphans[i].session;
+        st.orphans[i].resuming = true;
         drop(st);
         let (mut st, done) = self.commit(ticket);
+        // Still listed: no reclaim or other resume takes a resuming orphan.
+        let at = st.orphans.iter().position(|o| o.session == orphaned && o.token == *token);
         if let Err(e) = done {
-            st.orphans.push(o);
+            let Some(i) = at else { return Err(e) };
+            st.orphans[i].resuming = false;
+            if st.orphans[i].expired {
+                let o = st.orphans.remove(i);
+                let uid = o.owner.uid;
+                let r = self.reclaim(st, vec![o]);
+                tracing::info!(uid, regions = r.regions, "a session's resume failed after its grace period; reclaimed");
+            }
             return Err(e);
         }
-        st.sessions.insert(session, Session { token: o.token, owner });
+        if let Some(i) = at {
+            st.orphans.remove(i);
+        }
+        st.sessions.insert(session, Session { token: *token, owner });
         let mut out = Resumed::default();
         let mut ids = Vec::new();
-        for (id, r) in st.ledger.regions.iter_mut().filter(|(_, r)| r.session == o.session) {
+        for (id, r) in st.ledger.regions.iter_mut().filter(|(_, r)| r.session == orphaned) {
             r.session = session;
             r.owner = *who;
             r.pid_start = owner.pid_start;
@@ -526,8 +553,12 @@ impl Memory {
     /// detached since are left to their own timers ([`Memory::reclaim_orphan`]).
     pub fn reclaim_orphans(&self) -> Reclaimed {
         let mut st = self.state();
-        let (orphans, detached) = std::mem::take(&mut st.orphans).into_iter().partition(|o| o.at_start);
-        st.orphans = detached;
+        let (orphans, kept) =
+            std::mem::take(&mut st.orphans).into_iter().partition(|o: &Orphan| o.at_start && !o.resuming);
+        st.orphans = kept;
+        for o in st.orphans.iter_mut().filter(|o| o.at_start) {
+            o.expired = true;
+        }
         self.reclaim(st, orphans)
     }
 
@@ -585,7 +616,7 @@ impl Memory {
         };
         let out = Self::drop_connection(&mut st, session);
         st.sessions.remove(&session);
-        st.orphans.push(Orphan { token: s.token, session, owner: s.owner, at_start: false });
+        st.orphans.push(Orphan::new(s.token, session, s.owner, false));
         self.finish(st);
         (Some(s.token), out)
     }
@@ -599,6 +630,10 @@ impl Memory {
         let Some(i) = st.orphans.iter().position(|o| o.token == *token && o.session == session) else {
             return Reclaimed::default();
         };
+        if st.orphans[i].resuming {
+            st.orphans[i].expired = true;
+            return Reclaimed::default();
+        }
         let o = st.orphans.remove(i);
         self.reclaim(st, vec![o])
     }

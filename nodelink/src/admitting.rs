@@ -1,0 +1,178 @@
+//! The server's handshake slots, shared among the addresses connections come from: when
+//! every slot is taken, a connection from an address that holds fewer slots than the
+//! address holding the most takes that address's oldest, so one address's flood of silent
+//! connections cannot keep every other address's peers out.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::oneshot;
+
+/// Connections being admitted (TLS handshake and Hello), by source address.
+#[derive(Debug)]
+pub(crate) struct Admitting {
+    max: usize,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    /// Taken in this order; a slot's number tells the oldest of an address apart.
+    next: u64,
+    taken: usize,
+    /// Each address's slots, oldest first, with the sender that ends one's handshake.
+    by_addr: HashMap<IpAddr, VecDeque<(u64, oneshot::Sender<()>)>>,
+}
+
+/// What [`Admitting::take`] gave.
+#[derive(Debug)]
+pub(crate) enum Taken {
+    /// A free slot.
+    Free(Slot),
+    /// Another address's oldest slot: that connection's handshake is ended.
+    FromAnother(Slot, IpAddr),
+    /// None: every slot is taken, none by an address holding more than this one.
+    Full,
+}
+
+/// A connection's handshake slot, given back when dropped. `ended` resolves when another
+/// address's connection took it.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    admitting: Arc<Admitting>,
+    addr: IpAddr,
+    number: u64,
+    pub(crate) ended: oneshot::Receiver<()>,
+}
+
+impl Admitting {
+    pub(crate) fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self { max, held: Mutex::default() })
+    }
+
+    /// A slot for a connection from `addr`: a free one, or the oldest of the address that
+    /// holds the most slots when that is more than `addr` holds (the oldest among such
+    /// addresses' oldest when several hold as many).
+    pub(crate) fn take(self: &Arc<Self>, addr: IpAddr) -> Taken {
+        let addr = addr.to_canonical();
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut from = None;
+        if held.taken >= self.max {
+            let own = held.by_addr.get(&addr).map_or(0, VecDeque::len);
+            let most = held
+                .by_addr
+                .iter()
+                .filter_map(|(a, slots)| Some((slots.len(), std::cmp::Reverse(slots.front()?.0), *a)))
+                .max();
+            match most {
+                Some((n, _, victim)) if n > own => {
+                    let slots = held.by_addr.get_mut(&victim).expect("the address just found");
+                    // Dropping the sender ends that connection's handshake.
+                    drop(slots.pop_front());
+                    if slots.is_empty() {
+                        held.by_addr.remove(&victim);
+                    }
+                    held.taken -= 1;
+                    from = Some(victim);
+                }
+                _ => return Taken::Full,
+            }
+        }
+        let (tx, ended) = oneshot::channel();
+        let number = held.next;
+        held.next += 1;
+        held.taken += 1;
+        held.by_addr.entry(addr).or_default().push_back((number, tx));
+        drop(held);
+        let slot = Slot { admitting: self.clone(), addr, number, ended };
+        match from {
+            Some(victim) => Taken::FromAnother(slot, victim),
+            None => Taken::Free(slot),
+        }
+    }
+
+    #[cfg(test)]
+    fn taken(&self) -> usize {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).taken
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.admitting.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slots) = held.by_addr.get_mut(&self.addr) else { return };
+        // Gone already when another address took it.
+        let Some(at) = slots.iter().position(|(n, _)| *n == self.number) else { return };
+        slots.remove(at);
+        if slots.is_empty() {
+            held.by_addr.remove(&self.addr);
+        }
+        held.taken -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    fn slot(t: Taken) -> Slot {
+        match t {
+            Taken::Free(s) | Taken::FromAnother(s, _) => s,
+            Taken::Full => panic!("no slot"),
+        }
+    }
+
+    #[test]
+    fn one_address_holding_every_slot_gives_its_oldest_to_another() {
+        let a = Admitting::new(3);
+        let mut flood: Vec<Slot> = (0..3).map(|_| slot(a.take(ip(2)))).collect();
+        assert!(matches!(a.take(ip(2)), Taken::Full), "the flooding address gets no more");
+        let Taken::FromAnother(mut peer, victim) = a.take(ip(1)) else { panic!("the peer gets a slot") };
+        assert_eq!(victim, ip(2));
+        assert_eq!(a.taken(), 3);
+        // The oldest of the flood was ended, the others not.
+        assert!(flood[0].ended.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Closed));
+        assert!(flood[1].ended.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Empty));
+        assert!(peer.ended.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Empty));
+        // Dropping the ended slot gives nothing back twice.
+        drop(flood.remove(0));
+        assert_eq!(a.taken(), 3);
+        let third = a.take(ip(3));
+        assert!(matches!(third, Taken::FromAnother(_, v) if v == ip(2)), "2 holds two, 3 none");
+        drop(peer);
+        assert_eq!(a.taken(), 2);
+        assert!(matches!(a.take(ip(1)), Taken::Free(_)));
+    }
+
+    #[test]
+    fn equal_holders_keep_their_slots_and_the_oldest_goes_first() {
+        let a = Admitting::new(4);
+        let held: Vec<Slot> = [2, 3, 3, 2].into_iter().map(|l| slot(a.take(ip(l)))).collect();
+        assert!(matches!(a.take(ip(2)), Taken::Full), "2 holds as many as any other");
+        let four = a.take(ip(4));
+        assert!(matches!(four, Taken::FromAnother(_, v) if v == ip(2)), "2's oldest is the oldest");
+        let five = a.take(ip(5));
+        assert!(matches!(five, Taken::FromAnother(_, v) if v == ip(3)));
+        // Everyone holds one: a new address still takes the oldest, one that holds one does not.
+        let six = a.take(ip(6));
+        assert!(matches!(six, Taken::FromAnother(_, v) if v == ip(3)));
+        assert!(matches!(a.take(ip(4)), Taken::Full));
+        drop(held);
+        assert_eq!(a.taken(), 3, "4's, 5's and 6's");
+        drop((four, five, six));
+        assert_eq!(a.taken(), 0);
+    }
+
+    #[test]
+    fn mapped_ipv6_is_its_ipv4_address() {
+        let a = Admitting::new(1);
+        let _held = slot(a.take(ip(2)));
+        let mapped = IpAddr::from(std::net::Ipv4Addr::new(127, 0, 0, 2).to_ipv6_mapped());
+        assert!(matches!(a.take(mapped), Taken::Full));
+    }
+}
