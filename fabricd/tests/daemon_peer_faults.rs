@@ -12,7 +12,8 @@
 //! keeps working, a new import is refused promptly as `Unavailable` naming the owner, and
 //! imports and revocations cross again after the heal. Two nodes in namespaces, one
 //! without the shared fabric (class NET): its client pushes to and pulls from the other's
-//! region over the link between the namespaces.
+//! region over the link between the namespaces. An owner stopped past the importer's
+//! ask grants late; the importer gives that grant back.
 //!
 //! Each test starts its own etcd (on 127.0.0.1, or in a namespace); without `etcd` (or,
 //! for the namespaces, root, `ip` and `iptables`) it says it is skipped.
@@ -243,6 +244,58 @@ fn more_revocations_at_once_than_a_queue_holds_all_reach_the_importer_nodes_clie
     free(&mut c[0], again);
     // The acknowledgements are saved (once the outbox drained): a restart holds nothing.
     until(Duration::from_secs(5), "the record saved empty", || saved_holds(shared.path()).is_empty().then_some(()));
+}
+
+/// An owner slower than the importer's ask (stopped, SIGSTOP, past the 3 s an answer is
+/// waited for) still grants and records the import when it resumes; the importer, whose
+/// client was refused meanwhile, reads that late answer on a thread of its own and gives
+/// the grant back, so the owner does not hold it (and count it against tray1) until tray1
+/// restarts.
+#[test]
+fn a_grant_that_comes_after_the_importer_gave_up_is_given_back() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    // Leases long enough that the stop does not expire tray0.
+    let (setups, daemons, mut c) = three_nodes_with(
+        &etcd,
+        &pki,
+        shared.path(),
+        |_| false,
+        |_, text| text.replace(&format!("lease_ttl_secs = {TTL}"), "lease_ttl_secs = 15"),
+    );
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (region, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, AccessMode::ReadWrite);
+    // A first import opens tray1's blocking link to tray0 (kept for later asks); its client
+    // leaves, and the import goes back.
+    let mut first = common::client(&setups[1].socket);
+    drop(import(&mut first, handle, AccessMode::ReadOnly).unwrap());
+    drop(first);
+    until(Duration::from_secs(5), "the first import given back", || (imports(&mut c[0]) == 0).then_some(()));
+
+    let owner = daemons[0].as_ref().unwrap().child.id().to_string();
+    let signal =
+        |sig: &str| assert!(std::process::Command::new("kill").arg(sig).arg(&owner).status().unwrap().success());
+    signal("-STOP");
+    let asked = Instant::now();
+    let refused = import(&mut c[1], handle, AccessMode::ReadOnly).map(|_| ()).unwrap_err();
+    let waited = asked.elapsed();
+    signal("-CONT");
+    assert_eq!(refused.code, ErrorCode::Unavailable, "{refused:?}");
+    assert!(waited >= Duration::from_secs(3), "refused after {waited:?}, before the answer's wait ended");
+    let importer = daemons[1].as_ref().unwrap();
+    until(Duration::from_secs(10), "the late grant given back", || {
+        let given = importer.log().contains("a grant came after its import gave up; given back");
+        (given && imports(&mut c[0]) == 0).then_some(())
+    });
+    eprintln!(
+        "refused after {waited:?}; the late grant given back {:?} after the owner resumed",
+        asked.elapsed() - waited
+    );
+    // The link still serves: the same import now succeeds and is held once.
+    let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 1);
 }
 
 /// tray0 and tray1, each in its namespace of `net` with its link at the namespace's
