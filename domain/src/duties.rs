@@ -4,7 +4,8 @@
 //! revision must still be the leader's term ([`LeaderFence`]), so a deposed leader's gc
 //! is refused by etcd itself — which frees the slot and collects what the node left
 //! behind: its placements, its topology, its shares of shared memory, its devices in the
-//! domain's partitions (a partition left with no device is removed), and the request.
+//! domain's partitions (a partition left with no device is removed), and the request
+//! (partitions too many for one transaction first, in batches under the same fence).
 //! Never a live node's. The leader also sweeps the records of nodes that hold no slot
 //! ([`DomainClient::sweep_orphans`]: left by a gc of an older version, or put by hand).
 
@@ -74,6 +75,66 @@ impl LeaderFence {
     }
 }
 
+/// Operations a gc puts in one transaction, compares and writes alike: below etcd's
+/// default `--max-txn-ops` (128) with room for the compares every one of them carries.
+pub const GC_TXN_OPS: usize = 100;
+
+/// Bytes of keys and values a gc puts in one transaction: below etcd's default
+/// `--max-request-bytes` (1.5 MiB) with room for the rest of the request. A record is at
+/// most [`records::MAX_RECORD_BYTES`] (1 MiB), so one always fits alone.
+pub const GC_TXN_BYTES: usize = 1 << 20;
+
+/// One write of a gc: the compare that the record it writes is as read (none for a
+/// delete that needs none), the write, and its size (keys and values) in a request.
+struct Edit {
+    compare: Option<Compare>,
+    op: TxnOp,
+    bytes: usize,
+}
+
+/// Writes of a gc, in order.
+#[derive(Default)]
+struct Edits(Vec<Edit>);
+
+impl Edits {
+    fn push(&mut self, compare: Option<Compare>, op: TxnOp, bytes: usize) {
+        self.0.push(Edit { compare, op, bytes });
+    }
+
+    fn ops(&self) -> usize {
+        self.0.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.0.iter().map(|e| e.bytes).sum()
+    }
+
+    /// The transaction of these writes, while `standing` and each write's compare hold.
+    fn txn(self, standing: &[Compare]) -> Txn {
+        let (compares, ops): (Vec<_>, Vec<_>) = self.0.into_iter().map(|e| (e.compare, e.op)).unzip();
+        Txn::new()
+            .when(standing.iter().cloned().chain(compares.into_iter().flatten()).collect::<Vec<_>>())
+            .and_then(ops)
+    }
+
+    /// These writes in batches of at most `ops` writes and `bytes` bytes (a write larger
+    /// than `bytes` alone in its own), in order.
+    fn split(self, ops: usize, bytes: usize) -> Vec<Edits> {
+        let mut batches = Vec::new();
+        let mut current = Edits::default();
+        for edit in self.0 {
+            if current.ops() > 0 && (current.ops() + 1 > ops || current.bytes() + edit.bytes > bytes) {
+                batches.push(std::mem::take(&mut current));
+            }
+            current.0.push(edit);
+        }
+        if current.ops() > 0 {
+            batches.push(current);
+        }
+        batches
+    }
+}
+
 impl DomainClient {
     /// The gc `fence`'s node queues for the leader (`gc/<node>`); its revision.
     pub async fn request_gc(&self, fence: &Fence, node: &str) -> Result<i64, EtcdError> {
@@ -99,76 +160,131 @@ impl DomainClient {
         Ok(keys.iter().filter_map(|k| k.strip_prefix(prefix.as_str()).map(str::to_owned)).collect())
     }
 
-    /// The leader's gc of `node`, in one transaction fenced by `leader`: frees its slot
-    /// and collects its placements, topology, partition memberships and queued request,
-    /// only while `node` is no live member. Answers the slot freed (none when the node held
-    /// none). `NotLeader` when `leader` no longer leads, `GcLive` when the node is live
-    /// (its queued request is then dropped, under the same fence).
+    /// The leader's gc of `node`, fenced by `leader`: frees its slot and collects its
+    /// placements, topology, shares, partition memberships and queued request, only while
+    /// `node` is no live member. One transaction when that fits etcd's limits on one
+    /// ([`GC_TXN_OPS`], [`GC_TXN_BYTES`]); otherwise the partitions naming its devices are
+    /// rewritten first, in transactions that fit, each only while the node is still no
+    /// live member and holds the slot as read, then the rest in a last one (which fails,
+    /// as before, when the node's shares alone are too many for one). Answers the
+    /// slot freed (none when the node held none). `NotLeader` when `leader` no longer
+    /// leads, `GcLive` when the node is live (its queued request is then dropped, under
+    /// the same fence).
     pub async fn gc_led(&self, leader: &LeaderFence, node: &str) -> Result<Option<u32>, EtcdError> {
         let keys = self.keys().clone();
         let member = keys.member(node);
         let reverse = keys.slot_of(node);
-        let mut compares = vec![leader.compare(), Compare::create_revision(member.clone(), CompareOp::Equal, 0)];
-        let mut ops = vec![
-            TxnOp::delete(keys.placements(node), None),
-            TxnOp::delete(keys.topology(node), None),
-            TxnOp::delete(keys.gc_request(node), None),
-        ];
+        // The node as read: no live member, and its slot claim unchanged.
+        let mut standing = vec![leader.compare(), Compare::create_revision(member.clone(), CompareOp::Equal, 0)];
+        let mut last = Edits::default();
+        for key in [keys.placements(node), keys.topology(node), keys.gc_request(node)] {
+            last.push(None, TxnOp::delete(key.clone(), None), key.len());
+        }
         let slot = match self.get_raw(&reverse).await? {
             Some((value, revision)) => {
                 let claim: SlotClaim = self.decode(&reverse, &value)?;
-                compares.push(Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision));
-                ops.push(TxnOp::delete(reverse.clone(), None));
+                standing.push(Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision));
+                last.push(None, TxnOp::delete(reverse.clone(), None), reverse.len());
                 // Only the slot key that names this node (a slot claimed twice by hand
                 // stays its holder's).
                 let slot_key = keys.slot(claim.slot);
                 if let Some((v, r)) = self.get_raw(&slot_key).await?
                     && self.decode::<SlotClaim>(&slot_key, &v).is_ok_and(|c| c.node == node)
                 {
-                    compares.push(Compare::mod_revision(slot_key.clone(), CompareOp::Equal, r));
-                    ops.push(TxnOp::delete(slot_key, None));
+                    let compare = Compare::mod_revision(slot_key.clone(), CompareOp::Equal, r);
+                    last.push(Some(compare), TxnOp::delete(slot_key.clone(), None), slot_key.len() * 2);
                 }
                 Some(claim.slot)
             }
             None => {
-                compares.push(Compare::create_revision(reverse.clone(), CompareOp::Equal, 0));
+                standing.push(Compare::create_revision(reverse.clone(), CompareOp::Equal, 0));
                 None
             }
         };
-        // Its shares of shared memory go back to the other hosts.
-        let (share_compares, share_ops) = crate::shares::release_ops(self.shares_without(node).await?);
-        compares.extend(share_compares);
-        ops.extend(share_ops);
-        // Its devices leave the domain's partitions.
-        let devices = self.node_devices(node).await?;
-        if !devices.is_empty() {
-            for (key, record, revision) in self.partitions_naming(&devices).await? {
-                compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, revision));
-                let kept: Vec<_> =
-                    record.devices.iter().filter(|d| !devices.contains(&d.to_string())).cloned().collect();
-                ops.push(if kept.is_empty() {
-                    TxnOp::delete(key, None)
-                } else {
-                    TxnOp::put(key, records::encode(&PartitionRecord { devices: kept, ..record }), None)
-                });
+        // Its shares go in the last transaction, with the slot: a share given back while
+        // the node may still come back to its slot would let another host take memory it
+        // serves.
+        last.0.extend(self.gc_shares(node).await?.0);
+        let partitions = self.gc_partitions(node).await?;
+        let mut kv = self.raw();
+        if last.ops() + partitions.ops() <= GC_TXN_OPS && last.bytes() + partitions.bytes() <= GC_TXN_BYTES {
+            last.0.extend(partitions.0);
+        } else {
+            // Leaving a partition narrows who may use the node's devices: done first, in
+            // batches, a node that comes back meanwhile is in fewer partitions.
+            let batches = partitions.split(GC_TXN_OPS, GC_TXN_BYTES);
+            info!(%node, batches = batches.len(), term = leader.term, "leader gc: more records than one transaction takes; rewriting them in batches first");
+            for batch in batches {
+                if !self.call("leader gc", kv.txn(batch.txn(&standing))).await?.succeeded() {
+                    return Err(self.gc_refused(leader, node).await);
+                }
             }
         }
-        let txn = Txn::new().when(compares).and_then(ops);
-        let mut kv = self.raw();
-        if self.call("leader gc", kv.txn(txn)).await?.succeeded() {
+        if self.call("leader gc", kv.txn(last.txn(&standing))).await?.succeeded() {
             info!(%node, ?slot, term = leader.term, "leader freed a slot and collected the node's records");
             return Ok(slot);
         }
-        if !self.leads(leader).await? {
-            return Err(EtcdError::NotLeader { node: self.node().to_owned(), term: leader.term });
+        Err(self.gc_refused(leader, node).await)
+    }
+
+    /// Why a transaction of the leader's gc of `node` did not go through: `NotLeader`,
+    /// `GcLive` (the queued request dropped under the leader's fence), or `Contention` (a
+    /// record changed since it was read; the next probe tries again).
+    async fn gc_refused(&self, leader: &LeaderFence, node: &str) -> EtcdError {
+        let keys = self.keys();
+        match self.leads(leader).await {
+            Err(e) => return e,
+            Ok(false) => return EtcdError::NotLeader { node: self.node().to_owned(), term: leader.term },
+            Ok(true) => {}
         }
-        if self.get_raw(&member).await?.is_some() {
-            let drop_request =
-                Txn::new().when([leader.compare()]).and_then([TxnOp::delete(keys.gc_request(node), None)]);
-            self.call("leader gc", kv.txn(drop_request)).await?;
-            return Err(EtcdError::GcLive { node: node.to_owned() });
+        match self.get_raw(&keys.member(node)).await {
+            Err(e) => e,
+            Ok(Some(_)) => {
+                let drop_request =
+                    Txn::new().when([leader.compare()]).and_then([TxnOp::delete(keys.gc_request(node), None)]);
+                match self.call("leader gc", self.raw().txn(drop_request)).await {
+                    Err(e) => e,
+                    Ok(_) => EtcdError::GcLive { node: node.to_owned() },
+                }
+            }
+            Ok(None) => EtcdError::Contention { node: node.to_owned(), attempts: 1 },
         }
-        Err(EtcdError::Contention { node: node.to_owned(), attempts: 1 })
+    }
+
+    /// The share tables `node` holds shares in, rewritten without them (they go back to
+    /// the other hosts), each only while it is as read.
+    async fn gc_shares(&self, node: &str) -> Result<Edits, EtcdError> {
+        let mut edits = Edits::default();
+        for (key, table, revision) in self.shares_without(node).await? {
+            let value = records::encode(&table);
+            let bytes = key.len() * 2 + value.len();
+            let compare = Compare::mod_revision(key.clone(), CompareOp::Equal, revision);
+            edits.push(Some(compare), TxnOp::put(key, value, None), bytes);
+        }
+        Ok(edits)
+    }
+
+    /// The partitions naming `node`'s devices, rewritten without them (a partition left
+    /// with no device is removed), each only while it is as read.
+    async fn gc_partitions(&self, node: &str) -> Result<Edits, EtcdError> {
+        let mut edits = Edits::default();
+        let devices = self.node_devices(node).await?;
+        if devices.is_empty() {
+            return Ok(edits);
+        }
+        for (key, record, revision) in self.partitions_naming(&devices).await? {
+            let compare = Compare::mod_revision(key.clone(), CompareOp::Equal, revision);
+            let kept: Vec<_> = record.devices.iter().filter(|d| !devices.contains(&d.to_string())).cloned().collect();
+            let (op, value_len) = if kept.is_empty() {
+                (TxnOp::delete(key.clone(), None), 0)
+            } else {
+                let value = records::encode(&PartitionRecord { devices: kept, ..record });
+                let len = value.len();
+                (TxnOp::put(key.clone(), value, None), len)
+            };
+            edits.push(Some(compare), op, key.len() * 2 + value_len);
+        }
+        Ok(edits)
     }
 
     /// The leader's sweep of orphans: records (placements, topology, shares) of nodes that

@@ -3,7 +3,8 @@
 //! by its leader key; a live node's gc is refused and its request dropped; a deposed
 //! leader (its lease left to expire, as a node hung past its TTL) is refused by etcd
 //! (`NotLeader`) and leaves everything as it was, and the new leader's gc goes through.
-//! The leader's sweep collects the records of nodes that hold no slot, and only those.
+//! The leader's sweep collects the records of nodes that hold no slot, and only those. A
+//! node in more partitions than one transaction takes is collected in batches.
 //!
 //! Without an `etcd` binary the test says it is skipped (scripts/deps.sh installs it).
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
@@ -160,4 +161,98 @@ async fn the_gc_queue_lists_every_request_past_a_page() {
     assert_eq!(queue.len(), 5_001);
     assert_eq!(queue.first().map(String::as_str), Some("node-00000"));
     assert_eq!(queue.last().map(String::as_str), Some("zz-last"));
+}
+
+/// A gone node named in more partitions than one etcd transaction takes (180 partitions:
+/// more writes than `--max-txn-ops`' 128, and 30 of them together larger than
+/// `--max-request-bytes`' 1.5 MiB) is still collected: its devices leave every partition
+/// in batches, then its slot and records go. While it is live again, no batch lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
+    use fabric_domain::PartitionRecord;
+    use fabric_domain::topology::TopologyDevice;
+    use fabric_topology::{DeviceId, DeviceKind};
+
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
+    let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
+    let gone = client(&etcd, "tray-p").await;
+    gone.ensure_settings(&settings).await.unwrap();
+    let slot = gone.claim_slot(&settings).await.unwrap();
+    let k = gone.keys().clone();
+    let gpu = DeviceId::uuid("GPU-tray-p-0");
+    let device = TopologyDevice {
+        id: gpu.clone(),
+        kind: DeviceKind::Gpu,
+        name: None,
+        fabric: false,
+        memory: Vec::new(),
+        numa_node: None,
+        local_cpus: None,
+        pci: None,
+    };
+    let record = fabric_domain::TopologyRecord {
+        version: fabric_domain::records::RECORD_VERSION,
+        node: "tray-p".into(),
+        incarnation: 1,
+        devices: vec![device],
+        links: Vec::new(),
+    };
+    let mut kv = gone.raw();
+    kv.put(k.topology("tray-p"), fabric_domain::records::encode(&record), None).await.unwrap();
+    let others = |n: usize, from: usize| (from..from + n).map(|i| DeviceId::uuid(&format!("GPU-other-{i:06}")));
+    // 40 naming only tray-p's GPU (removed), 110 naming another device too (rewritten),
+    // 30 large ones (1,000 other devices each, ~50 KiB), and one that does not name it.
+    let mut partitions = Vec::new();
+    for i in 0..180 {
+        let devices: Vec<DeviceId> = match i {
+            0..40 => vec![gpu.clone()],
+            40..150 => std::iter::once(gpu.clone()).chain(others(1, i)).collect(),
+            _ => std::iter::once(gpu.clone()).chain(others(1_000, i * 1_000)).collect(),
+        };
+        partitions.push(PartitionRecord::new(&format!("p{i:03}"), devices, &[1000], &[]));
+    }
+    partitions.push(PartitionRecord::new("untouched", others(2, 0).collect(), &[1000], &[]));
+    for p in &partitions {
+        let value = fabric_domain::records::encode(p);
+        assert!(value.len() < 64 * 1024, "{} bytes", value.len());
+        kv.put(k.partition(&p.name), value, None).await.unwrap();
+    }
+    let untouched_at = kv.get(k.partition("untouched"), None).await.unwrap().kvs()[0].mod_revision();
+
+    let a = client(&etcd, "tray-a").await;
+    let a_lease = a.grant_lease().await.unwrap();
+    let _a_fence = a.join_fenced(&a_lease, &testing::member("tray-a")).await.unwrap();
+    let a_election = Election::start(&a, &a_lease);
+    let leader = LeaderFence::new(&a, a_lease.id(), leads(&a_election, Duration::from_secs(5)).await);
+
+    // tray-p live again (its member key, put by hand): refused, and no partition changed.
+    kv.put(k.member("tray-p"), "back", None).await.unwrap();
+    assert!(matches!(a.gc_led(&leader, "tray-p").await, Err(EtcdError::GcLive { .. })));
+    let entries = a.raw().get(k.partitions(), Some(etcd_prefix())).await.unwrap();
+    assert_eq!(entries.kvs().len(), partitions.len(), "no partition was removed while the node was live");
+    kv.delete(k.member("tray-p"), None).await.unwrap();
+
+    assert_eq!(a.gc_led(&leader, "tray-p").await.unwrap(), Some(slot));
+    for key in [k.slot(slot), k.slot_of("tray-p"), k.topology("tray-p")] {
+        assert!(!exists(&a, &key).await, "{key} outlived the gc");
+    }
+    let answer = a.raw().get(k.partitions(), Some(etcd_prefix())).await.unwrap();
+    assert_eq!(answer.kvs().len(), 141, "the 40 naming only its GPU are removed");
+    for e in answer.kvs() {
+        let p: PartitionRecord = fabric_domain::records::decode(e.value(), RecordLimits::default()).unwrap();
+        assert!(!p.devices.contains(&gpu), "{} still names the GPU", p.name);
+        let want = match p.name.as_str() {
+            "untouched" => {
+                assert_eq!(e.mod_revision(), untouched_at, "a partition without its devices is not rewritten");
+                2
+            }
+            name if name < "p150" => 1,
+            _ => 1_000,
+        };
+        assert_eq!(p.devices.len(), want, "{}", p.name);
+    }
+}
+
+fn etcd_prefix() -> fabric_domain::etcd_client::GetOptions {
+    fabric_domain::etcd_client::GetOptions::new().with_prefix()
 }
