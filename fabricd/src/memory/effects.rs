@@ -6,7 +6,8 @@
 //! Every operation ends with [`Memory::finish`]: what it queued is taken out under its own
 //! lock as one [`Aftermath`], which runs with the lock released: its effects, then what it
 //! ended told to the daemon's hook (revocations to importers, copies that depended on it
-//! stopped: [`Memory::on_end`]); a compaction it became due for is handed to the
+//! stopped: [`Memory::on_end`]), then the freed device ranges given back (no copy reaches
+//! them any more); a compaction it became due for is handed to the
 //! compaction thread. An operation
 //! that must publish something first (a device lost, whose events say why) takes its
 //! aftermath under the lock too and delivers it itself: nothing one operation queued is
@@ -52,6 +53,23 @@ pub(super) enum Effect {
         id: u64,
         /// The registration.
         registration: Box<crate::dma::Registration>,
+    },
+    /// A freed region's range of a device file (a DAX device's or a BAR's), given back —
+    /// or quarantined while other nodes may still map it (`holders`) — only once the end
+    /// hook stopped the copies through it: the kernel does not take a kept mapping of
+    /// such a file away, so a copy still running would write into (or read) whatever the
+    /// range is handed out for next.
+    ReleaseRange {
+        /// The region.
+        region: u64,
+        /// Its bytes.
+        len: u64,
+        /// As [`Effect::Uncarve`]'s.
+        holders: std::collections::BTreeMap<String, u32>,
+        /// The resources whose range at `offset` the region held.
+        resources: Vec<usize>,
+        /// The range's offset in each of them.
+        offset: u64,
     },
     /// Something whose drop may be slow, let go of outside the lock: an ended region's
     /// vendor object (closing the last descriptor of a CUDA export, or of a large memfd,
@@ -174,7 +192,9 @@ impl Memory {
         let Aftermath { effects, unregistered, revocations, ended } = after;
         let mut steps: Vec<Effect> =
             unregistered.into_iter().map(|(id, r)| Effect::Unregister { id, registration: Box::new(r) }).collect();
-        steps.extend(effects);
+        let (after_copies, now): (Vec<_>, Vec<_>) =
+            effects.into_iter().partition(|e| matches!(e, Effect::ReleaseRange { .. }));
+        steps.extend(now);
         self.run(steps);
         if (ended || !revocations.is_empty())
             && let Some(tell) = self.ended_hook.get()
@@ -182,6 +202,8 @@ impl Memory {
             // Importers told and copies stopped before the operation answers.
             (tell.0)(self, revocations);
         }
+        // No copy reaches the freed device ranges any more: they may be handed out.
+        self.run(after_copies);
     }
 
     /// Runs `effects`, in order, without the lock (taking it briefly to give back what a
@@ -208,6 +230,9 @@ impl Memory {
                             }
                         }
                     }
+                }
+                Effect::ReleaseRange { region, len, holders, resources, offset } => {
+                    self.state().release_range(region, holders, resources, offset, len);
                 }
                 Effect::Unregister { id, registration } => self.undo_registration(id, *registration),
                 Effect::Release(what) => drop(what),

@@ -288,7 +288,22 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
         assert_eq!((freed.offset, kept.offset), (0, 2 * MIB));
         // Each region's range was zeroed; the rest of the device keeps its bytes.
         assert_eq!((byte(0), byte(2 * MIB), byte(4 * MIB - 1), byte(4 * MIB)), (0, 0, 0, 0xaa));
+        // While the end hook stops the copies through the freed region (the kernel does
+        // not take their mapping of the device file away), its range is not handed out.
+        let during_hook = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = during_hook.clone();
+        let (who, at) = (me, place.clone());
+        m.on_end(Box::new(move |m, _| {
+            let mut seen = seen.lock().unwrap();
+            if seen.is_none() {
+                *seen = Some(m.alloc(&who, 1, &at, 2 * MIB, 0).unwrap().region);
+            }
+        }));
         m.free(1, freed.region).unwrap();
+        let probe = during_hook.lock().unwrap().expect("the hook ran");
+        let offsets: Vec<_> = m.list(None).regions.iter().map(|r| (r.region, r.offset)).collect();
+        assert!(offsets.contains(&(probe, 4 * MIB)), "allocated past the freed range: {offsets:?}");
+        m.free(1, probe).unwrap();
         assert!(bar.exists(), "device memory is never removed");
         let handle = m.export(&me, 1, kept.region, policy).unwrap();
         (kept.region, handle)

@@ -844,9 +844,20 @@ impl Memory {
                 st.effects.push(effects::Effect::RemoveFile(path.clone()));
                 Some(members)
             }
-            // Device memory keeps its contents: its range is simply free again; an object
-            // is closed with the region.
-            Backing::DeviceRange { .. } | Backing::Object(_) => Some(members),
+            // Device memory keeps its contents: its range is free again once the copies
+            // through it are stopped (an effect, after the end hook).
+            Backing::DeviceRange { .. } => {
+                st.effects.push(effects::Effect::ReleaseRange {
+                    region: id,
+                    len: r.len,
+                    holders: holders.clone(),
+                    resources: members,
+                    offset: r.offset,
+                });
+                None
+            }
+            // An object is closed with the region.
+            Backing::Object(_) => Some(members),
         };
         if let Some(members) = free_now {
             st.release_range(id, holders, members, r.offset, r.len);

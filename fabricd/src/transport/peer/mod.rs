@@ -9,7 +9,11 @@
 //! the client's process — reading its mappings, reaching its memory, asking whether it
 //! is still there — goes through [`Process::with`], which checks through the pidfd that
 //! the process has not exited before and after the pid is used: a process that has not
-//! exited has not been reaped, so the pid named it all along.
+//! exited has not been reaped, so the pid named it all along. It also checks that the
+//! process still runs with the credentials it connected with: a client that `exec`s a
+//! set-user-ID or file-capability program keeps its pid and pidfd, and the daemon (root,
+//! with `CAP_SYS_PTRACE`) would otherwise go on reading and writing that program's memory
+//! for it.
 
 pub(crate) mod sys;
 
@@ -27,10 +31,10 @@ pub enum PeerError {
     Groups(#[source] io::Error),
 }
 
-/// The process that connected has exited (or was never known to the daemon): its memory
-/// is out of reach.
+/// The process that connected has exited (or was never known to the daemon), or no
+/// longer runs with the credentials it connected with: its memory is out of reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the connecting process has exited")]
+#[error("the connecting process has exited or runs with other credentials than it connected with")]
 pub struct ProcessGone;
 
 /// Why the process found at the connecting pid is not the one that connected (the
@@ -56,6 +60,9 @@ pub struct Process {
     pidfd: Arc<OwnedFd>,
     /// Start time (clock ticks since boot), when it could be read.
     start: Option<u64>,
+    /// The owner of its `/proc/<pid>` when it was found ([`proc_owner`]); `None`: it
+    /// could not be read, and its memory is not reached.
+    owner: Option<(u32, u32)>,
 }
 
 impl Process {
@@ -63,7 +70,7 @@ impl Process {
     pub fn this() -> io::Result<Self> {
         let pid = i32::try_from(std::process::id()).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
         let pidfd = sys::pidfd_open(pid)?;
-        Ok(Self { pid, start: proc_start(pid), pidfd: Arc::new(pidfd) })
+        Ok(Self::found(pid, proc_start(pid), pidfd))
     }
 
     /// The process at the other end of `sock` whose credentials are `cred`, accepted at
@@ -72,7 +79,7 @@ impl Process {
     fn of_socket(sock: BorrowedFd<'_>, cred: &PeerCred, accepted: Option<u64>) -> Option<Self> {
         let p = match sys::peer_pidfd(sock) {
             // The kernel's own record of who connected: no pid lookup at all.
-            Ok(pidfd) => Self { pid: cred.pid, start: proc_start(cred.pid), pidfd: Arc::new(pidfd) },
+            Ok(pidfd) => Self::found(cred.pid, proc_start(cred.pid), pidfd),
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => return Self::by_pid(cred, accepted),
             Err(e) => {
                 tracing::debug!(pid = cred.pid, error = %e, "no pidfd for the peer (it has exited)");
@@ -94,7 +101,7 @@ impl Process {
         let pidfd = sys::pidfd_open(cred.pid).ok()?;
         let status = std::fs::read_to_string(format!("/proc/{}/status", cred.pid)).unwrap_or_default();
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", cred.pid)).unwrap_or_default();
-        let p = Self { pid: cred.pid, start: start_time_in(&stat), pidfd: Arc::new(pidfd) };
+        let p = Self::found(cred.pid, start_time_in(&stat), pidfd);
         if !p.running() {
             return None;
         }
@@ -105,6 +112,13 @@ impl Process {
                 None
             }
         }
+    }
+
+    /// The process `pidfd` follows, at `pid`, with its start time; its credentials as
+    /// its `/proc/<pid>` shows them now (read after the pidfd was taken: its caller checks
+    /// that it still runs, so they are its own).
+    fn found(pid: i32, start: Option<u64>, pidfd: OwnedFd) -> Self {
+        Self { pid, start, owner: proc_owner(pid), pidfd: Arc::new(pidfd) }
     }
 
     /// The pid (for log lines; a pid alone names nothing, see [`Process::with`]).
@@ -124,17 +138,26 @@ impl Process {
 
     /// Runs `f` with the process's pid, which names this process throughout: the process
     /// has not exited before the call nor after it (so it was not reaped in between, and
-    /// its pid went to no one else). What `f` read is discarded when the second check
-    /// fails.
+    /// its pid went to no one else), and runs with the credentials it was found with
+    /// before and after (its `/proc/<pid>` has the same owner: the kernel shows a
+    /// process's effective uid and gid there, or root's once it is not dumpable, as after
+    /// the `exec` of a set-user-ID, set-group-ID or file-capability program). What `f`
+    /// read is discarded when the second check fails.
     pub fn with<T>(&self, f: impl FnOnce(i32) -> T) -> Result<T, ProcessGone> {
-        if !self.running() {
+        if !self.unchanged() {
             return Err(ProcessGone);
         }
         let r = f(self.pid);
-        if !self.running() {
+        if !self.unchanged() {
             return Err(ProcessGone);
         }
         Ok(r)
+    }
+
+    /// Running, with the credentials it was found with.
+    fn unchanged(&self) -> bool {
+        // Read by pid, then the pidfd asked: the `/proc` entry read was this process's.
+        self.owner.is_some() && proc_owner(self.pid) == self.owner && self.running()
     }
 }
 
@@ -165,6 +188,14 @@ pub fn start_time_in(stat: &str) -> Option<u64> {
     // the last ')' start at field 3.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// The owner (uid, gid) of `/proc/<pid>`: the process's effective uid and gid while it is
+/// dumpable, root's when it is not.
+fn proc_owner(pid: i32) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(format!("/proc/{pid}")).ok()?;
+    Some((m.uid(), m.gid()))
 }
 
 fn proc_start(pid: i32) -> Option<u64> {
@@ -268,9 +299,40 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = i32::try_from(child.id()).unwrap();
         let pidfd = sys::pidfd_open(pid).unwrap();
-        let p = Process { pid, start: None, pidfd: Arc::new(pidfd) };
+        let p = Process::found(pid, None, pidfd);
         child.wait().unwrap();
         assert!(!p.running());
         assert_eq!(p.with(|_| ()), Err(ProcessGone));
+    }
+
+    /// A process that takes other credentials after it was found (as the `exec` of a
+    /// set-user-ID program does) is out of reach from then on, though it runs on.
+    #[test]
+    #[allow(clippy::print_stderr)]
+    fn a_process_that_changes_its_credentials_is_out_of_reach() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to start a process that changes its uid");
+            return;
+        }
+        // Waits for a line on stdin, then runs as nobody.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read _; exec setpriv --reuid=65534 --regid=65534 --clear-groups sleep 30"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let p = Process::found(pid, None, sys::pidfd_open(pid).unwrap());
+        assert_eq!(p.with(|pid| pid), Ok(pid), "as found");
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while proc_owner(pid) != Some((65534, 65534)) {
+            assert!(std::time::Instant::now() < deadline, "the child never became nobody");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(p.running());
+        assert_eq!(p.with(|pid| pid), Err(ProcessGone), "it runs, with other credentials");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
