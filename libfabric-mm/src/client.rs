@@ -39,6 +39,34 @@ pub(crate) enum Notice {
 /// end: the reader thread, or a caller's thread inside a call or a disconnect).
 type OnEvent = Box<dyn Fn(Notice) + Send + Sync>;
 
+thread_local! {
+    /// The session ([`Shared`], by address) whose frames this thread is reading while it
+    /// runs that session's event callback: a call of that session made from the callback
+    /// would wait for an answer only this thread can read.
+    static READING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as reading `shared`'s frames while it lives (restoring what it
+/// marked before: a callback of one session may run another's).
+struct Reading(usize);
+
+impl Reading {
+    fn enter(shared: &Shared) -> Self {
+        Self(READING.replace(std::ptr::from_ref(shared) as usize))
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.set(self.0);
+    }
+}
+
+/// Whether this thread is running one of `shared`'s callbacks.
+fn in_callback(shared: &Shared) -> bool {
+    READING.get() == std::ptr::from_ref(shared) as usize
+}
+
 /// A request in flight.
 struct Entry {
     op: Opcode,
@@ -94,6 +122,7 @@ impl Shared {
     fn read_one(&self) -> bool {
         match recv_message(&self.stream) {
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
+                let _reading = Reading::enter(self);
                 (self.on_event)(Notice::Event(ev));
                 true
             }
@@ -194,7 +223,14 @@ pub(crate) struct Pending {
 
 impl Pending {
     /// Blocks until the answer arrives, reading the socket itself when no one else does.
+    /// Refused in one of the session's own callbacks, whose thread is the one that reads
+    /// the answer (the request stays sent; its answer is discarded).
     pub(crate) fn wait(mut self) -> Reply {
+        if in_callback(&self.shared) {
+            return Err(Error::InvalidArgument(
+                "a call that waits for the daemon, made in one of this session's callbacks: make it after the callback returns".into(),
+            ));
+        }
         self.done = true;
         let shared = &*self.shared;
         let mut st = shared.state();
@@ -400,12 +436,26 @@ impl Client {
     pub(crate) fn call(&self, req: Request, fds: &[BorrowedFd<'_>]) -> Reply {
         self.start(req, fds)?.wait()
     }
+
+    /// Sends an undo whose answer nobody needs (a free, release or unregister on drop)
+    /// and waits for it — but in one of the session's own callbacks (one that drops a
+    /// library object), where waiting would wait for this thread: there it is sent, and
+    /// its answer discarded.
+    pub(crate) fn undo(&self, req: Request) -> Result<()> {
+        let pending = self.start(req, &[])?;
+        if in_callback(&self.shared) {
+            return Ok(());
+        }
+        pending.wait().map(drop)
+    }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
         self.disconnect();
-        if let Some(r) = self.background.take() {
+        // Not joined from itself: a callback may drop the session's last object (then the
+        // thread ends on its own once the callback returns, the connection closed).
+        if let Some(r) = self.background.take().filter(|r| r.thread().id() != std::thread::current().id()) {
             let _ = r.join();
         }
     }

@@ -350,9 +350,11 @@ impl Session {
 impl crate::Registration {
     /// This registration as a copy endpoint, from byte `offset` of the registered bytes
     /// (for a registration the cache answered from a larger one, the daemon registration
-    /// `id` names at [`crate::Registration::id_offset`] + `offset`).
+    /// `id` names at [`crate::Registration::id_offset`] + `offset`). An `offset` so large
+    /// that the sum overflows names the last byte's end (the copy is refused), never
+    /// bytes before the registration's.
     pub fn at(&self, offset: u64) -> CopyEndpoint {
-        CopyEndpoint::Registration { id: self.id(), offset: self.id_offset() + offset }
+        CopyEndpoint::Registration { id: self.id(), offset: self.id_offset().saturating_add(offset) }
     }
 }
 
@@ -365,13 +367,13 @@ impl From<&crate::Registration> for CopyEndpoint {
 
 impl Drop for Copy {
     fn drop(&mut self) {
-        // Forget the copy so that its completion does not linger, unless a callback
-        // still waits for it.
+        // A callback still waits for it: kept. Otherwise a completion that came is let
+        // go; one still to come finds the copy waiting (it is recorded there until
+        // then), is taken from there and dropped, rather than kept as an early one
+        // for a copy no one will record.
         if self.state.slot().callback.is_some() {
             return;
         }
-        let mut c = self.session.copies.lock();
-        c.waiting.remove(&self.id);
-        c.early.remove(&self.id);
+        self.session.copies.lock().early.remove(&self.id);
     }
 }

@@ -87,6 +87,13 @@ impl Mem {
         }
     }
 
+    /// What the registration cache knows it by: its owner node, region and generation
+    /// (a region of another node may have the id and generation of one of this node's).
+    pub(crate) fn cache_owner(&self) -> crate::regcache::Owner {
+        let node = self.owner.map_or(0, |n| u64::from_be_bytes(n.0));
+        crate::regcache::Owner::Fabric { node, region: self.region, generation: self.generation }
+    }
+
     /// `Err(Revoked)` once the daemon revoked this import.
     pub(crate) fn check_live(&self) -> Result<()> {
         if let MemKind::Imported { import } = self.kind
@@ -102,9 +109,7 @@ impl Drop for Mem {
     fn drop(&mut self) {
         // Registrations the cache still holds go first (the daemon would drop them with
         // the region anyway; this keeps the cache from answering with a dead one).
-        self.session
-            .registrations
-            .invalidate(crate::regcache::Owner::Fabric { region: self.region, generation: self.generation });
+        self.session.registrations.invalidate(self.cache_owner());
         let req = match self.kind {
             MemKind::Owned => {
                 Request::Free(FreeRequest { region: self.region, node: self.session.region_node(self.owner) })
@@ -116,7 +121,7 @@ impl Drop for Mem {
         };
         // Best effort: a daemon that is gone reclaimed everything already, and a revoked
         // import is already released on its side.
-        if let Err(e) = self.session.client.call(req, &[]) {
+        if let Err(e) = self.session.client.undo(req) {
             tracing::debug!(region = self.region, error = %e, "undoing on drop");
         }
     }

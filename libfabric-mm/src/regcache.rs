@@ -2,7 +2,8 @@
 //! it can be tested exhaustively — and run under Miri where a nightly toolchain exists.
 //!
 //! Entries are keyed by *what was allocated*, never by a bare address: an [`Owner`] (a
-//! fabric region's id and generation, or a library host buffer's never-reused id), plus
+//! fabric region's owner node, id and generation, or a library host buffer's never-reused
+//! id), plus
 //! device, access and byte range. A region freed and another allocated at the same GFA or
 //! the same virtual address has another id or generation, so it can never hit the old
 //! entry; the library also drops an owner's entries ([`RegCache::invalidate`]) when the
@@ -69,8 +70,12 @@ pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// The allocation a registration covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Owner {
-    /// A fabric region (allocated or imported): the daemon's region id and generation.
+    /// A fabric region (allocated or imported): the node that owns it, and its region id
+    /// and generation there (each node counts its own ids).
     Fabric {
+        /// The owner node's id (its 8 bytes, big-endian); 0 when the daemon did not say
+        /// (before protocol 1.5: no domain, one node).
+        node: u64,
         /// Region id.
         region: u64,
         /// Region generation: a new allocation never reuses an id and generation pair.
@@ -386,7 +391,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn key(region: u64, generation: u64, offset: u64, len: u64) -> RegKey {
-        RegKey { owner: Owner::Fabric { region, generation }, device: 0, writable: true, offset, len }
+        RegKey { owner: Owner::Fabric { node: 0, region, generation }, device: 0, writable: true, offset, len }
     }
 
     #[test]
@@ -426,7 +431,7 @@ mod tests {
         // An exact entry beats a containing one.
         assert_eq!(c.get(&key(1, 1, 0, 8192)), Some(("whole", 0)));
         // Freed: no entry of the owner answers any range any more.
-        let mut gone = c.invalidate(Owner::Fabric { region: 1, generation: 1 });
+        let mut gone = c.invalidate(Owner::Fabric { node: 0, region: 1, generation: 1 });
         gone.sort_unstable();
         assert_eq!(gone, vec!["late", "whole"]);
         assert_eq!(c.get(&key(1, 1, 4100, 10)), None);
@@ -439,7 +444,7 @@ mod tests {
         c.insert(key(1, 1, 0, 10), 1);
         c.insert(key(1, 1, 10, 10), 2);
         c.insert(key(2, 1, 0, 10), 3);
-        let mut gone = c.invalidate(Owner::Fabric { region: 1, generation: 1 });
+        let mut gone = c.invalidate(Owner::Fabric { node: 0, region: 1, generation: 1 });
         gone.sort();
         assert_eq!(gone, vec![1, 2]);
         assert_eq!(c.stats().invalidations, 2);
@@ -568,7 +573,7 @@ mod tests {
                         }
                     }
                     Op::Invalidate(r, g) => {
-                        let owner = Owner::Fabric { region: u64::from(r), generation: u64::from(g) };
+                        let owner = Owner::Fabric { node: 0, region: u64::from(r), generation: u64::from(g) };
                         let mut out = c.invalidate(owner);
                         out_count += out.len() as u64;
                         out.sort_unstable();

@@ -80,10 +80,11 @@ impl Drop for DaemonReg {
         s.registrations.live.fetch_sub(1, Ordering::Relaxed);
         s.registrations.bytes.fetch_sub(self.len, Ordering::Relaxed);
         let req = Request::Unregister(UnregisterRequest { registration: self.id });
-        if let Err(e) = s.client.call(req, &[]) {
+        if let Err(e) = s.client.undo(req) {
             tracing::debug!(registration = self.id, error = %e, "unregistering on drop");
         }
-        // `_lock` drops after this body: the pages are unlocked once the daemon let go.
+        // `_lock` drops after this body: the pages are unlocked once the daemon let go
+        // (dropped in a callback: once the unregister is sent).
     }
 }
 
@@ -299,10 +300,10 @@ impl Session {
         let (owner, size, keep) = match memory.source() {
             Src::Fabric(m) => {
                 if let Err(e) = m.check_live() {
-                    self.inner.registrations.invalidate(Owner::Fabric { region: m.region, generation: m.generation });
+                    self.inner.registrations.invalidate(m.cache_owner());
                     return Err(e);
                 }
-                (Owner::Fabric { region: m.region, generation: m.generation }, m.size, Keep::Fabric(m.clone()))
+                (m.cache_owner(), m.size, Keep::Fabric(m.clone()))
             }
             Src::Host(h) => (Owner::Host { buffer: h.id }, h.len, Keep::Host(h.clone())),
         };

@@ -148,7 +148,12 @@ fn mapping_respects_the_window_and_dropping_undoes() {
         ..fabric_mm::SessionConfig::default()
     })
     .unwrap();
+    // Another session's memory is mapped by that session only (its window, its
+    // revocations).
     let e = narrow.map(&region).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("another session")), "{e}");
+    let imported = narrow.import(&s.export(&region, &Policy::default()).unwrap(), true).unwrap();
+    let e = narrow.map(&imported).unwrap_err();
     assert!(matches!(e, Error::OutsideWindow { .. }), "{e}");
     // Translating the region's GFA names its device.
     let loc = s.translate(&[gfa]).unwrap();
@@ -156,4 +161,33 @@ fn mapping_respects_the_window_and_dropping_undoes() {
         matches!(&loc[0], fabric_mm::Location::Resource { device, offset, .. } if *device == gpu && *offset % 4096 == 0),
         "{loc:?}"
     );
+}
+
+/// A revocation callback may drop the import and its mapping (the undo is sent, not
+/// waited for: the callback's thread is the one that would read the answer); a call that
+/// waits for the daemon, made there, is refused rather than hang; the session goes on.
+#[test]
+fn a_revocation_callback_that_drops_the_import_does_not_hang_the_session() {
+    let d = common::daemon();
+    let owner = common::session(&d.socket);
+    let region = owner.alloc(&Target::Device { device: common::gpu(&owner), memory: MemoryClass::Hbm }, LEN).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+    let s = common::session(&d.socket);
+    let import = s.import(&handle, false).unwrap();
+    let held = std::sync::Mutex::new(Some((s.map(&import).unwrap(), import)));
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let again = s.clone();
+    s.on_revocation(move |_| {
+        drop(held.lock().unwrap().take());
+        let call = again.translate(&[0]).map(drop);
+        let _ = tx.lock().unwrap().send(call);
+    });
+    owner.revoke(&handle).unwrap();
+    let call = rx.recv_timeout(Duration::from_secs(5)).expect("the callback returned");
+    assert!(matches!(&call, Err(Error::InvalidArgument(m)) if m.contains("callbacks")), "{call:?}");
+    // The session answers after the callback, its own calls and others'.
+    let gpu = common::gpu(&s);
+    drop(s.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap());
+    assert!(s.import(&handle, false).is_err(), "the revoked handle imports no more");
 }

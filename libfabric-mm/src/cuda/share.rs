@@ -69,10 +69,11 @@ impl GpuRegion {
 
 impl Drop for GpuRegion {
     fn drop(&mut self) {
-        let r = self.session.inner.client.call(
-            Request::Free(FreeRequest { region: self.region, node: self.session.inner.region_node(self.owner) }),
-            &[],
-        );
+        let r = self
+            .session
+            .inner
+            .client
+            .undo(Request::Free(FreeRequest { region: self.region, node: self.session.inner.region_node(self.owner) }));
         if let Err(e) = r {
             tracing::debug!(region = self.region, error = %e, "freeing an adopted region");
         }
@@ -108,7 +109,7 @@ struct ImportGuard {
 
 impl Drop for ImportGuard {
     fn drop(&mut self) {
-        let r = self.session.inner.client.call(Request::Release(ReleaseRequest { import: self.id }), &[]);
+        let r = self.session.inner.client.undo(Request::Release(ReleaseRequest { import: self.id }));
         if let Err(e) = r {
             tracing::debug!(import = self.id, error = %e, "releasing a GPU import");
         }

@@ -140,7 +140,7 @@ proptest! {
         let mut generation = 3u64;
         let mut held: Vec<Rc<Reg>> = Vec::new();
         let mut next_id = 0u64;
-        let owner = |slot: usize, g: u64| Owner::Fabric { region: slot as u64, generation: g };
+        let owner = |slot: usize, g: u64| Owner::Fabric { node: 0, region: slot as u64, generation: g };
 
         for op in ops {
             match op {
@@ -172,7 +172,7 @@ proptest! {
                         continue;
                     }
                     let reg = held.remove(i % held.len());
-                    let Owner::Fabric { region, generation: g } = reg.key.owner else { unreachable!() };
+                    let Owner::Fabric { region, generation: g, .. } = reg.key.owner else { unreachable!() };
                     drop(reg);
                     let slot = region as usize;
                     // The last registration of a freed allocation lets it go: invalidate.
