@@ -43,9 +43,10 @@ pub fn region_gfa(d: &Daemon, region: u64) -> Option<u64> {
     gfa_in(&snap, &w)
 }
 
-/// The interleave set `name` of the map, for striping a region over it.
-pub fn set_spec(d: &Daemon, name: &str) -> Result<SetSpec, ErrorBody> {
-    let snap = d.map_snapshot();
+/// The interleave set `name` of the map `snap` (the one the request was authorized
+/// against: a rescan that publishes the set anew meanwhile does not change which devices
+/// the allocation lands on), for striping a region over it.
+pub fn set_spec(snap: &Snapshot, name: &str) -> Result<SetSpec, ErrorBody> {
     let sets = &snap.state().interleaves;
     let Some(s) = sets.iter().find(|s| s.name == name) else {
         let known: Vec<&str> = sets.iter().map(|s| s.name.as_str()).collect();

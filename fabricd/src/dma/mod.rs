@@ -178,6 +178,15 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Undoes it: unmapped from the IOMMU (a VFIO device's), then unpinned. Whether its
+    /// IOVA range may be handed out again: false when the unmap failed, and the device
+    /// may still reach the pages there.
+    pub fn undo(mut self) -> bool {
+        let unmapped = self.vfio.take().is_none_or(vfio::DmaMapping::unmap);
+        drop(self);
+        unmapped
+    }
+
     /// What a copy through it needs, taken under the registry lock and used without it:
     /// its memory stays reachable (mapped, or its process followed) as long as the result.
     pub fn reach(&self) -> Reach {

@@ -391,12 +391,24 @@ impl Memory {
 
     /// Undoes a detached registration, without the lock: unmaps it (VFIO) and unpins it,
     /// then, under the lock, frees its IOVA range and gives back its accounting — in that
-    /// order, so that no registration is mapped at the range before its unmap is done.
+    /// order, so that no registration is mapped at the range before its unmap is done. A
+    /// range whose unmap failed stays taken (the device may still reach its pages; the
+    /// kernel refuses another mapping over it), and its bytes stay counted, until a
+    /// restart; `status` names it.
     pub(super) fn undo_registration(&self, id: u64, r: crate::dma::Registration) {
         let (uid, device, domain, iova, span) = (r.uid, r.device.clone(), r.domain.clone(), r.iova, r.span);
-        // The mapping is declared before the backing: unmapped first, then unpinned.
-        drop(r);
+        let unmapped = r.undo();
         let mut st = self.state();
+        if !unmapped {
+            if st.problems.len() < 256 {
+                st.problems.push(format!(
+                    "registration {id}'s IOVA range {iova:#x} (+{span:#x}) of {device} could not be unmapped; kept out of use until a restart"
+                ));
+            }
+            drop(st);
+            tracing::error!(registration = id, uid, device = %device, iova, span, "unregistered, but its IOMMU mapping stays: its IOVA range is kept out of use");
+            return;
+        }
         st.ledger.dma.free_iova(&domain, iova);
         st.unpin_usage(uid, span);
         drop(st);

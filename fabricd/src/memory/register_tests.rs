@@ -72,6 +72,7 @@ struct FakeIommu {
     hold_map: Hold,
     hold_unmap: Hold,
     fail_next_map: AtomicBool,
+    fail_next_unmap: AtomicBool,
 }
 
 fn refused(call: &'static str, errno: i32) -> IoctlError {
@@ -94,6 +95,9 @@ impl Iommu for FakeIommu {
 
     fn unmap(&self, iova: u64, len: u64) -> Result<(), IoctlError> {
         self.hold_unmap.pass();
+        if self.fail_next_unmap.swap(false, Ordering::SeqCst) {
+            return Err(refused("VFIO_IOMMU_UNMAP_DMA", libc::EIO));
+        }
         match self.mapped.lock().unwrap().remove(&iova) {
             Some(l) if l == len => Ok(()),
             _ => Err(refused("VFIO_IOMMU_UNMAP_DMA", libc::EINVAL)),
@@ -232,6 +236,27 @@ fn a_failed_map_gives_back_its_iova_and_its_pinned_bytes() {
     let ok = t.register(1, r1).unwrap();
     assert_eq!(ok.iova, PAGE, "the failed registration's range is free again");
     assert_eq!(t.memory.counts().pinned_bytes, PAGE);
+}
+
+/// An unmap that fails leaves the IOMMU mapping in place: its IOVA range is not handed
+/// out again (the device may still reach those pages, and a map over it would fail), its
+/// pinned bytes stay counted, and `status` names it.
+#[test]
+fn an_iova_whose_unmap_failed_is_kept_out_of_use() {
+    // Two pages may be pinned: the kept one and one more.
+    let t = Setup::new(LimitsConfig { pinned_bytes_per_uid: Some(2 * PAGE), ..LimitsConfig::default() });
+    let r1 = t.region(1);
+    let first = t.register(1, r1).unwrap();
+    assert_eq!(first.iova, PAGE);
+    t.iommu.fail_next_unmap.store(true, Ordering::SeqCst);
+    t.memory.unregister(1, first.registration).unwrap();
+    assert_eq!(t.mapped(), vec![PAGE], "still mapped in the IOMMU");
+    assert_eq!(t.memory.counts().registrations, 0);
+    let next = t.register(1, r1).expect("the next registration goes elsewhere, not onto the mapped range");
+    assert_eq!(next.iova, 2 * PAGE);
+    let third = t.register(1, r1);
+    assert!(matches!(third, Err(MemoryError::Limit { .. })), "the kept page still counts: {third:?}");
+    assert!(t.memory.problems().iter().any(|p| p.contains("could not be unmapped")), "{:?}", t.memory.problems());
 }
 
 /// A device lost ends DMA into its regions: the registration is unmapped from the IOMMU,

@@ -16,9 +16,11 @@ use crate::ops::dispatch::errors::memory as refused;
 use crate::ops::dispatch::operation::Target;
 use crate::placement;
 
-/// `Alloc`: a region and its backing file, read-write.
+/// `Alloc`: a region and its backing file, read-write. An interleave set is the one of
+/// `snap`, the map the request was authorized against.
 pub fn alloc(
     d: &Daemon,
+    snap: &fabric_addrmap::Snapshot,
     owner: &Identity,
     session: u64,
     target: &Target,
@@ -27,7 +29,7 @@ pub fn alloc(
 ) -> Result<(Response, OwnedFd), ErrorBody> {
     let (g, gfa) = match target {
         Target::Set(name) => {
-            let set = placement::set_spec(d, name)?;
+            let set = placement::set_spec(snap, name)?;
             let (g, offset) = d.memory.alloc_set(owner, session, &set, size, align).map_err(|e| refused(&e))?;
             (g, set.start.checked_add(offset))
         }

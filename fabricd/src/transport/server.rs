@@ -290,6 +290,9 @@ fn read_of(r: Result<FrameView<'_>, DecodeError>) -> Read {
     }
 }
 
+/// The largest answer buffer a connection keeps for its next answer.
+const OUT_KEPT: usize = 64 * 1024;
+
 struct Conn<'a> {
     stream: UnixStream,
     /// Who is at the other end, fixed at accept.
@@ -624,9 +627,21 @@ impl Conn<'_> {
         Some(true)
     }
 
+    /// Writes `self.out` from byte `sent` on ([`Conn::write_out`]), then lets go of an
+    /// allocation larger than [`OUT_KEPT`]: an idle connection does not keep its largest
+    /// answer's buffer (a topology answer may be 16 MiB, and idle connections never time
+    /// out).
+    async fn flush(&mut self, sent: usize) -> bool {
+        let written = self.write_out(sent).await;
+        if self.out.capacity() > OUT_KEPT {
+            self.out = Vec::with_capacity(256);
+        }
+        written
+    }
+
     /// Writes `self.out` from byte `sent` on: straight away when the socket takes it (the
     /// usual case, no timer), else within [`WRITE_TIMEOUT`]. False when unusable.
-    async fn flush(&mut self, mut sent: usize) -> bool {
+    async fn write_out(&mut self, mut sent: usize) -> bool {
         if sent < self.out.len() {
             match self.stream.try_write(&self.out[sent..]) {
                 Ok(n) => sent += n,

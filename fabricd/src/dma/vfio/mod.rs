@@ -249,7 +249,7 @@ impl VfioDevice {
             e.mapped(id, iova, pinned.len());
         }
         tracing::info!(bdf = self.bdf, iova = %Hex(iova), len = pinned.len(), write, "VFIO DMA mapped");
-        Ok(DmaMapping { device: self.clone(), id, iova, pinned })
+        Ok(DmaMapping { device: self.clone(), id, iova, pinned, released: false })
     }
 }
 
@@ -259,6 +259,8 @@ pub struct DmaMapping {
     id: u64,
     iova: u64,
     pinned: Arc<Pinned>,
+    /// Unmapped (or tried) already, by [`DmaMapping::unmap`].
+    released: bool,
 }
 
 impl std::fmt::Debug for DmaMapping {
@@ -284,8 +286,26 @@ impl DmaMapping {
     }
 }
 
+impl DmaMapping {
+    /// Removes the mapping from the IOMMU: whether it is gone. When it is not, its IOVA
+    /// range is still the device's way into the pages (the container keeps its own pin
+    /// of them) and must not be handed out again.
+    pub fn unmap(mut self) -> bool {
+        self.release()
+    }
+}
+
 impl Drop for DmaMapping {
     fn drop(&mut self) {
+        if !self.released {
+            self.release();
+        }
+    }
+}
+
+impl DmaMapping {
+    fn release(&mut self) -> bool {
+        self.released = true;
         let (d, iova, len) = (&self.device, self.iova, self.pinned.len());
         // Held across the unmap: a device transfer through this mapping in flight ends
         // first, and none starts after (engine.rs).
@@ -296,7 +316,7 @@ impl Drop for DmaMapping {
         if let Err(e) = d.container.unmap(iova, len) {
             // The container keeps its own pin of the pages: nothing is freed under the device.
             tracing::error!(bdf = d.bdf, iova = %Hex(iova), len, error = %crate::error_chain(&e), "VFIO DMA unmap failed");
-            return;
+            return false;
         }
         tracing::info!(bdf = d.bdf, iova = %Hex(iova), len, "VFIO DMA unmapped");
         // The test hook runs here, before the registry frees the IOVA (it does once this
@@ -314,6 +334,7 @@ impl Drop for DmaMapping {
                 }
             }
         }
+        true
     }
 }
 

@@ -220,9 +220,8 @@ fn run(
         O::Regions { all } => {
             Ok(Outcome::answer(Response::Regions(d.memory.list(if all { None } else { Some(caller.uid()) }))))
         }
-        O::Alloc { target, size, align } => {
-            memops::alloc(d, &owner, session, &target, size, align).map(|(r, fd)| Outcome::with_fd(r, Some(fd)))
-        }
+        O::Alloc { target, size, align } => memops::alloc(d, caller.snapshot(), &owner, session, &target, size, align)
+            .map(|(r, fd)| Outcome::with_fd(r, Some(fd))),
         O::Adopt { place, size, object, fd } => answer(memops::adopt(d, &owner, session, &place, size, object, fd)),
         O::Free { region } => answer(memops::free(d, session, region)),
         O::Export { region, policy } => answer(memops::export(d, &owner, session, region, policy)),
