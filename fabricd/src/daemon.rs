@@ -582,9 +582,14 @@ impl Daemon {
             }
             m
         };
+        // A client's reach under the bindings current now (an admin may have bound or
+        // unbound it since it subscribed).
+        let reach_of = |client: &Arc<crate::ops::principal::Client>| {
+            crate::ops::scope::Caller::resolve(self, client.clone()).event_reach()
+        };
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");
-            self.events.publish(ev, &members);
+            self.events.publish(ev, &reach_of, &members);
         }
         // The loss's revocations after the events that say why.
         self.memory.deliver(lost);

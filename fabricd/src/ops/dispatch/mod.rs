@@ -258,7 +258,9 @@ fn run(
             if cx.copies.is_none() {
                 return Err(needs_connection("subscribe"));
             }
-            let events = d.events.subscribe(session, topics, caller.event_reach());
+            // Its reach follows its bindings: looked up for each event, not fixed now.
+            let viewer = crate::events::Viewer::Client(caller.client.clone());
+            let events = d.events.subscribe(session, topics, viewer);
             tracing::debug!(?topics, "subscribed");
             Ok(Outcome { response: Response::Subscribe(SubscribeResponse { topics }), fd: None, events })
         }
