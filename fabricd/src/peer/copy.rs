@@ -13,7 +13,7 @@
 //! copy with the error and the bytes done, never a hang (every wait has the link's
 //! deadlines).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, Weak};
 
 use fabric_nodelink::{PeerError, PeerOp, PeerResponse};
@@ -38,17 +38,72 @@ pub const REMOTE_COPY: u64 = 1 << 62;
 /// Copies across nodes in flight at once on this node (each holds one chunk's buffer).
 pub const MAX_IN_FLIGHT: usize = 64;
 
+/// Copies across nodes one session may have in flight at once: a quarter of the node's,
+/// so that one client's long copies cannot refuse every other client's.
+pub const MAX_IN_FLIGHT_PER_SESSION: usize = MAX_IN_FLIGHT / 4;
+
 /// This node's copies to and from other nodes.
 #[derive(Debug, Default)]
 pub struct Copies {
     next: AtomicU64,
-    in_flight: AtomicUsize,
+    in_flight: Mutex<InFlight>,
+}
+
+/// Copies across nodes in flight: on the node, and by session.
+#[derive(Debug, Default)]
+struct InFlight {
+    all: usize,
+    by_session: std::collections::HashMap<u64, usize>,
+}
+
+impl Copies {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, InFlight> {
+        self.in_flight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One more copy of `session` in flight, unless the node or the session is at its
+    /// bound ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_PER_SESSION`]).
+    fn take(&self, session: u64) -> Result<(), ErrorBody> {
+        let mut f = self.in_flight();
+        if f.all >= MAX_IN_FLIGHT {
+            return Err(refusal(
+                ErrorCode::LimitExceeded,
+                format!("{MAX_IN_FLIGHT} copies across nodes are in flight on this node; wait for one to complete"),
+            ));
+        }
+        let mine = f.by_session.entry(session).or_default();
+        if *mine >= MAX_IN_FLIGHT_PER_SESSION {
+            return Err(refusal(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "this session has {MAX_IN_FLIGHT_PER_SESSION} copies across nodes in flight; wait for one to complete"
+                ),
+            ));
+        }
+        *mine += 1;
+        f.all += 1;
+        Ok(())
+    }
+
+    /// A copy of `session` ended.
+    fn give_back(&self, session: u64) {
+        let mut f = self.in_flight();
+        f.all = f.all.saturating_sub(1);
+        if let Some(n) = f.by_session.get_mut(&session) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                f.by_session.remove(&session);
+            }
+        }
+    }
 }
 
 /// One copy across nodes (or a batch of them), running: its parts' chunks on [`LANES`]
 /// lanes, one completion.
 struct Job {
     id: u64,
+    /// The session that asked (its copies in flight are counted).
+    session: u64,
     request_id: u64,
     sink: Sink,
     parts: Vec<Part>,
@@ -188,18 +243,12 @@ fn start(
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let copies = link.service().copies();
-    if copies.in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_IN_FLIGHT {
-        copies.in_flight.fetch_sub(1, Ordering::AcqRel);
-        return Err(refusal(
-            ErrorCode::LimitExceeded,
-            format!("{MAX_IN_FLIGHT} copies across nodes are in flight on this node; wait for one to complete"),
-        ));
-    }
+    copies.take(cx.session)?;
     let id = REMOTE_COPY | (copies.next.fetch_add(1, Ordering::Relaxed) + 1);
-    let job = Job { id, request_id: cx.request_id, sink, parts };
+    let job = Job { id, session: cx.session, request_id: cx.request_id, sink, parts };
     tracing::debug!(copy = id, parts = job.parts.len(), "copy across nodes started");
     let Some(weak) = link.service().daemon() else {
-        copies.in_flight.fetch_sub(1, Ordering::AcqRel);
+        copies.give_back(cx.session);
         return Err(refusal(ErrorCode::Unavailable, "the node link is starting"));
     };
     domain.runtime().spawn(run(weak, job));
@@ -231,7 +280,7 @@ async fn run(d: Weak<Daemon>, job: Job) {
     if let Some(d) = d.upgrade()
         && let Some(link) = d.domain.as_ref().and_then(|x| x.link())
     {
-        link.service().copies().in_flight.fetch_sub(1, Ordering::AcqRel);
+        link.service().copies().give_back(job.session);
     }
 }
 
@@ -390,5 +439,32 @@ pub fn serve(d: &Daemon, session: Option<u64>, body: &[u8]) -> Result<PeerRespon
         let mut buf = vec![0; ask.len as usize];
         bytes::read(&r.side, 0, &mut buf, d.copies.region_maps()).map_err(io)?;
         Ok(PeerResponse { op: PeerOp::Copy, body: buf })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_session_takes_at_most_its_share_of_the_nodes_copies() {
+        let c = Copies::default();
+        for _ in 0..MAX_IN_FLIGHT_PER_SESSION {
+            c.take(1).unwrap();
+        }
+        let refused = c.take(1).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::LimitExceeded);
+        assert!(refused.message.to_string().contains("this session"), "{refused:?}");
+        // Others still get theirs, up to the node's bound.
+        for s in 2..5 {
+            for _ in 0..MAX_IN_FLIGHT_PER_SESSION {
+                c.take(s).unwrap();
+            }
+        }
+        let full = c.take(9).unwrap_err();
+        assert!(full.message.to_string().contains("on this node"), "{full:?}");
+        c.give_back(1);
+        c.take(1).unwrap();
+        assert_eq!(c.in_flight().by_session.len(), 4);
     }
 }
