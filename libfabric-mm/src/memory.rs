@@ -364,7 +364,10 @@ impl Mapping {
     /// another node's memory is fenced when the import is revoked (the revocation
     /// callback runs after it): from then on a load or store through the slice faults
     /// (`SIGSEGV`), so the caller stops using it by then, unless the session keeps revoked
-    /// mappings ([`crate::SessionConfig::keep_revoked_mappings`]).
+    /// mappings ([`crate::SessionConfig::keep_revoked_mappings`]). A region's owner can
+    /// shrink a file-backed region (sim, NUMA host memory) under every mapping of it: a
+    /// load past the new end raises `SIGBUS` until the daemon restores the size
+    /// (docs/libfabric-mm.md, "A mapping can fault with SIGBUS").
     pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr..ptr+len stays reserved for this mapping for as long as self lives,
         // mapped readable until a fence (the caller's contract above covers that).
