@@ -114,15 +114,17 @@ impl Drop for Mem {
             MemKind::Owned => {
                 Request::Free(FreeRequest { region: self.region, node: self.session.region_node(self.owner) })
             }
-            MemKind::Imported { import } => {
-                self.session.revocations.forget(import);
-                Request::Release(ReleaseRequest { import })
-            }
+            MemKind::Imported { import } => Request::Release(ReleaseRequest { import }),
         };
         // Best effort: a daemon that is gone reclaimed everything already, and a revoked
         // import is already released on its side.
         if let Err(e) = self.session.client.undo(req) {
             tracing::debug!(region = self.region, error = %e, "undoing on drop");
+        }
+        // Forgotten once released: a revocation the daemon sent before the release was
+        // read before its answer, and is forgotten with it.
+        if let MemKind::Imported { import } = self.kind {
+            self.session.revocations.forget(import);
         }
     }
 }

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     Access, AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, DomainAction, DomainRequest, Event,
-    ExportPolicy, ExportRequest, Grant, ImportRequest, MemoryClass, Name, NodeId, Opcode, Request, ResourceName,
-    Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
+    ExportPolicy, ExportRequest, FreeRequest, Grant, ImportRequest, MemoryClass, Name, NodeId, Opcode, ReleaseRequest,
+    Request, ResourceName, Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery,
+    TranslateRequest, Translation,
 };
 
 use crate::client::{Client, Notice};
@@ -384,7 +385,12 @@ impl Session {
         };
         let (resp, fds) = self.inner.client.call(Request::Alloc(AllocRequest { target, size, align: 0 }), &[])?;
         let Response::Alloc(a) = resp else { return Err(Error::Unexpected(Opcode::Alloc)) };
-        let fd = granted_fd(Opcode::Alloc, a.grant, fds)?;
+        // A grant the library cannot use: the region is freed again, not left to the
+        // session's end.
+        let fd = granted_fd(Opcode::Alloc, a.grant, fds).inspect_err(|_| {
+            let node = self.inner.region_node(a.grant.map(|g| g.owner));
+            let _ = self.inner.client.undo(Request::Free(FreeRequest { region: a.region, node }));
+        })?;
         Ok(Region::new(Mem {
             session: self.inner.clone(),
             kind: MemKind::Owned,
@@ -432,7 +438,9 @@ impl Session {
         let access = if writable { AccessMode::ReadWrite } else { AccessMode::ReadOnly };
         let (resp, fds) = self.inner.client.call(Request::Import(ImportRequest { handle: handle.0, access }), &[])?;
         let Response::Import(i) = resp else { return Err(Error::Unexpected(Opcode::Import)) };
-        let fd = granted_fd(Opcode::Import, i.grant, fds)?;
+        let fd = granted_fd(Opcode::Import, i.grant, fds).inspect_err(|_| {
+            let _ = self.inner.client.undo(Request::Release(ReleaseRequest { import: i.import }));
+        })?;
         Ok(Import::new(Mem {
             session: self.inner.clone(),
             kind: MemKind::Imported { import: i.import },
