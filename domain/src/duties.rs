@@ -5,7 +5,8 @@
 //! is refused by etcd itself — which frees the slot and collects what the node left
 //! behind: its placements, its topology, its shares of shared memory, its devices in the
 //! domain's partitions (a partition left with no device is removed), and the request
-//! (partitions too many for one transaction first, in batches under the same fence).
+//! (more than one transaction takes: in batches under the same fence, partitions that
+//! keep other devices rewritten before the slot is freed, emptied ones deleted after).
 //! Never a live node's. The leader also sweeps the records of nodes that hold no slot
 //! ([`DomainClient::sweep_orphans`]: left by a gc of an older version, or put by hand).
 
@@ -163,10 +164,13 @@ impl DomainClient {
     /// The leader's gc of `node`, fenced by `leader`: frees its slot and collects its
     /// placements, topology, shares, partition memberships and queued request, only while
     /// `node` is no live member. One transaction when that fits etcd's limits on one
-    /// ([`GC_TXN_OPS`], [`GC_TXN_BYTES`]); otherwise the partitions naming its devices are
-    /// rewritten first, in transactions that fit, each only while the node is still no
-    /// live member and holds the slot as read, then the rest in a last one (which fails,
-    /// as before, when the node's shares alone are too many for one). Answers the
+    /// ([`GC_TXN_OPS`], [`GC_TXN_BYTES`]); otherwise, in transactions that fit: the
+    /// partitions that keep other devices rewritten without its devices, while the node
+    /// is still no live member and holds the slot as read; then its slot, placements and
+    /// shares (one transaction, which fails as before when its shares alone are too many);
+    /// then, while it is still no member and claims no slot, the partitions left with no
+    /// device deleted, and last its topology and the request (so that a leader taking up
+    /// an interrupted gc again still finds its devices). Answers the
     /// slot freed (none when the node held none). `NotLeader` when `leader` no longer
     /// leads, `GcLive` when the node is live (its queued request is then dropped, under
     /// the same fence).
@@ -174,17 +178,19 @@ impl DomainClient {
         let keys = self.keys().clone();
         let member = keys.member(node);
         let reverse = keys.slot_of(node);
+        let no_member = Compare::create_revision(member.clone(), CompareOp::Equal, 0);
         // The node as read: no live member, and its slot claim unchanged.
-        let mut standing = vec![leader.compare(), Compare::create_revision(member.clone(), CompareOp::Equal, 0)];
-        let mut last = Edits::default();
-        for key in [keys.placements(node), keys.topology(node), keys.gc_request(node)] {
-            last.push(None, TxnOp::delete(key.clone(), None), key.len());
-        }
+        let mut standing = vec![leader.compare(), no_member.clone()];
+        // Once its slot is freed: still no member, and no slot claimed again.
+        let gone = [leader.compare(), no_member, Compare::create_revision(reverse.clone(), CompareOp::Equal, 0)];
+        let mut core = Edits::default();
+        let placements = keys.placements(node);
+        core.push(None, TxnOp::delete(placements.clone(), None), placements.len());
         let slot = match self.get_raw(&reverse).await? {
             Some((value, revision)) => {
                 let claim: SlotClaim = self.decode(&reverse, &value)?;
                 standing.push(Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision));
-                last.push(None, TxnOp::delete(reverse.clone(), None), reverse.len());
+                core.push(None, TxnOp::delete(reverse.clone(), None), reverse.len());
                 // Only the slot key that names this node (a slot claimed twice by hand
                 // stays its holder's).
                 let slot_key = keys.slot(claim.slot);
@@ -192,7 +198,7 @@ impl DomainClient {
                     && self.decode::<SlotClaim>(&slot_key, &v).is_ok_and(|c| c.node == node)
                 {
                     let compare = Compare::mod_revision(slot_key.clone(), CompareOp::Equal, r);
-                    last.push(Some(compare), TxnOp::delete(slot_key.clone(), None), slot_key.len() * 2);
+                    core.push(Some(compare), TxnOp::delete(slot_key.clone(), None), slot_key.len() * 2);
                 }
                 Some(claim.slot)
             }
@@ -201,30 +207,48 @@ impl DomainClient {
                 None
             }
         };
-        // Its shares go in the last transaction, with the slot: a share given back while
-        // the node may still come back to its slot would let another host take memory it
-        // serves.
-        last.0.extend(self.gc_shares(node).await?.0);
-        let partitions = self.gc_partitions(node).await?;
+        // Its shares go with the slot: a share given back while the node may still come
+        // back to its slot would let another host take memory it serves.
+        core.0.extend(self.gc_shares(node).await?.0);
+        // Its topology (which names its devices, for the partitions) and the request go last.
+        let mut tail = Edits::default();
+        for key in [keys.topology(node), keys.gc_request(node)] {
+            tail.push(None, TxnOp::delete(key.clone(), None), key.len());
+        }
+        let (rewrites, deletes) = self.gc_partitions(node).await?;
+        let all = [&core, &tail, &rewrites, &deletes];
         let mut kv = self.raw();
-        if last.ops() + partitions.ops() <= GC_TXN_OPS && last.bytes() + partitions.bytes() <= GC_TXN_BYTES {
-            last.0.extend(partitions.0);
-        } else {
-            // Leaving a partition narrows who may use the node's devices: done first, in
-            // batches, a node that comes back meanwhile is in fewer partitions.
-            let batches = partitions.split(GC_TXN_OPS, GC_TXN_BYTES);
-            info!(%node, batches = batches.len(), term = leader.term, "leader gc: more records than one transaction takes; rewriting them in batches first");
-            for batch in batches {
-                if !self.call("leader gc", kv.txn(batch.txn(&standing))).await?.succeeded() {
-                    return Err(self.gc_refused(leader, node).await);
-                }
+        if all.iter().map(|e| e.ops()).sum::<usize>() <= GC_TXN_OPS
+            && all.iter().map(|e| e.bytes()).sum::<usize>() <= GC_TXN_BYTES
+        {
+            let mut one = core;
+            one.0.extend(rewrites.0.into_iter().chain(deletes.0).chain(tail.0));
+            if self.call("leader gc", kv.txn(one.txn(&standing))).await?.succeeded() {
+                info!(%node, ?slot, term = leader.term, "leader freed a slot and collected the node's records");
+                return Ok(slot);
+            }
+            return Err(self.gc_refused(leader, node).await);
+        }
+        // More than one transaction takes. A partition that keeps other devices only
+        // narrows who may use the node's: rewritten first, while the node is as read (one
+        // that comes back meanwhile is in fewer partitions). One left with no device is
+        // deleted only once the slot is freed: a client bound to nothing else would
+        // otherwise be bound to nothing, which may reach more.
+        info!(%node, rewrites = rewrites.ops(), deletes = deletes.ops(), term = leader.term, "leader gc: more records than one transaction takes; in batches");
+        let steps = rewrites
+            .split(GC_TXN_OPS, GC_TXN_BYTES)
+            .into_iter()
+            .map(|b| (b, standing.as_slice()))
+            .chain(std::iter::once((core, standing.as_slice())))
+            .chain(deletes.split(GC_TXN_OPS, GC_TXN_BYTES).into_iter().map(|b| (b, gone.as_slice())))
+            .chain(std::iter::once((tail, gone.as_slice())));
+        for (batch, guard) in steps {
+            if !self.call("leader gc", kv.txn(batch.txn(guard))).await?.succeeded() {
+                return Err(self.gc_refused(leader, node).await);
             }
         }
-        if self.call("leader gc", kv.txn(last.txn(&standing))).await?.succeeded() {
-            info!(%node, ?slot, term = leader.term, "leader freed a slot and collected the node's records");
-            return Ok(slot);
-        }
-        Err(self.gc_refused(leader, node).await)
+        info!(%node, ?slot, term = leader.term, "leader freed a slot and collected the node's records");
+        Ok(slot)
     }
 
     /// Why a transaction of the leader's gc of `node` did not go through: `NotLeader`,
@@ -264,27 +288,26 @@ impl DomainClient {
         Ok(edits)
     }
 
-    /// The partitions naming `node`'s devices, rewritten without them (a partition left
-    /// with no device is removed), each only while it is as read.
-    async fn gc_partitions(&self, node: &str) -> Result<Edits, EtcdError> {
-        let mut edits = Edits::default();
+    /// The partitions naming `node`'s devices, each only while it is as read: those that
+    /// keep other devices rewritten without them, then those left with none removed.
+    async fn gc_partitions(&self, node: &str) -> Result<(Edits, Edits), EtcdError> {
+        let (mut edits, mut deletes) = (Edits::default(), Edits::default());
         let devices = self.node_devices(node).await?;
         if devices.is_empty() {
-            return Ok(edits);
+            return Ok((edits, deletes));
         }
         for (key, record, revision) in self.partitions_naming(&devices).await? {
             let compare = Compare::mod_revision(key.clone(), CompareOp::Equal, revision);
             let kept: Vec<_> = record.devices.iter().filter(|d| !devices.contains(&d.to_string())).cloned().collect();
-            let (op, value_len) = if kept.is_empty() {
-                (TxnOp::delete(key.clone(), None), 0)
+            if kept.is_empty() {
+                deletes.push(Some(compare), TxnOp::delete(key.clone(), None), key.len() * 2);
             } else {
                 let value = records::encode(&PartitionRecord { devices: kept, ..record });
-                let len = value.len();
-                (TxnOp::put(key.clone(), value, None), len)
-            };
-            edits.push(Some(compare), op, key.len() * 2 + value_len);
+                let bytes = key.len() * 2 + value.len();
+                edits.push(Some(compare), TxnOp::put(key.clone(), value, None), bytes);
+            }
         }
-        Ok(edits)
+        Ok((edits, deletes))
     }
 
     /// The leader's sweep of orphans: records (placements, topology, shares) of nodes that

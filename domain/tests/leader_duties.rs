@@ -166,7 +166,8 @@ async fn the_gc_queue_lists_every_request_past_a_page() {
 /// A gone node named in more partitions than one etcd transaction takes (180 partitions:
 /// more writes than `--max-txn-ops`' 128, and 30 of them together larger than
 /// `--max-request-bytes`' 1.5 MiB) is still collected: its devices leave every partition
-/// in batches, then its slot and records go. While it is live again, no batch lands.
+/// in batches (the partitions it leaves empty deleted only after its slot is freed), then
+/// its records go. While it is live again, no batch lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
     use fabric_domain::PartitionRecord;
@@ -230,6 +231,15 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
     assert!(matches!(a.gc_led(&leader, "tray-p").await, Err(EtcdError::GcLive { .. })));
     let entries = a.raw().get(k.partitions(), Some(etcd_prefix())).await.unwrap();
     assert_eq!(entries.kvs().len(), partitions.len(), "no partition was removed while the node was live");
+    let naming = entries
+        .kvs()
+        .iter()
+        .filter(|e| {
+            let p: PartitionRecord = fabric_domain::records::decode(e.value(), RecordLimits::default()).unwrap();
+            p.devices.contains(&gpu)
+        })
+        .count();
+    assert_eq!(naming, 180, "nor rewritten");
     kv.delete(k.member("tray-p"), None).await.unwrap();
 
     assert_eq!(a.gc_led(&leader, "tray-p").await.unwrap(), Some(slot));

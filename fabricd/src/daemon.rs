@@ -445,12 +445,16 @@ impl Daemon {
         // Revocations are effects of the operation that caused them: it tells the
         // importers and stops the copies that depended on what it ended, before it answers.
         let (bus, sweeper) = (events.clone(), copies.sweeper());
-        memory.on_end(Box::new(move |memory, revocations| {
-            for (session, r) in revocations {
-                bus.send_to(session, Event::Revocation(r));
-            }
-            sweeper.sweep(memory);
-        }));
+        memory.on_end(crate::memory::EndHook {
+            stop_copies: Box::new(move |memory| {
+                sweeper.sweep(memory);
+            }),
+            tell: Box::new(move |revocations| {
+                for (session, r) in revocations {
+                    bus.send_to(session, Event::Revocation(r));
+                }
+            }),
+        });
         memory.deliver(lost_at_start);
         Ok(Self {
             config,

@@ -1,7 +1,10 @@
 //! The server's handshake slots, shared among the addresses connections come from: when
-//! every slot is taken, a connection from an address that holds fewer slots than the
-//! address holding the most takes that address's oldest, so one address's flood of silent
-//! connections cannot keep every other address's peers out.
+//! every slot is taken, a connection from an address that holds at least two fewer slots
+//! than the address holding the most takes that address's oldest, so one address's flood
+//! of silent connections cannot keep every other address's peers out, while addresses
+//! holding one slot each (many peers reconnecting at once, or a flood from as many
+//! addresses) keep their handshakes and the newcomer is closed, as before. An IPv6
+//! address counts as its /64 (what one host is given).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -52,10 +55,10 @@ impl Admitting {
     }
 
     /// A slot for a connection from `addr`: a free one, or the oldest of the address that
-    /// holds the most slots when that is more than `addr` holds (the oldest among such
-    /// addresses' oldest when several hold as many).
+    /// holds the most slots when that is at least two more than `addr` holds (the oldest
+    /// among such addresses' oldest when several hold as many).
     pub(crate) fn take(self: &Arc<Self>, addr: IpAddr) -> Taken {
-        let addr = addr.to_canonical();
+        let addr = source(addr);
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let mut from = None;
         if held.taken >= self.max {
@@ -66,7 +69,7 @@ impl Admitting {
                 .filter_map(|(a, slots)| Some((slots.len(), std::cmp::Reverse(slots.front()?.0), *a)))
                 .max();
             match most {
-                Some((n, _, victim)) if n > own => {
+                Some((n, _, victim)) if n > own + 1 => {
                     let slots = held.by_addr.get_mut(&victim).expect("the address just found");
                     // Dropping the sender ends that connection's handshake.
                     drop(slots.pop_front());
@@ -95,6 +98,15 @@ impl Admitting {
     #[cfg(test)]
     fn taken(&self) -> usize {
         self.held.lock().unwrap_or_else(PoisonError::into_inner).taken
+    }
+}
+
+/// What slots are counted by: an IPv4 address (an IPv4-mapped IPv6 one as such), or an
+/// IPv6 address's /64.
+fn source(addr: IpAddr) -> IpAddr {
+    match addr.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(v6.to_bits() & !((1u128 << 64) - 1))),
+        v4 => v4,
     }
 }
 
@@ -158,14 +170,23 @@ mod tests {
         assert!(matches!(four, Taken::FromAnother(_, v) if v == ip(2)), "2's oldest is the oldest");
         let five = a.take(ip(5));
         assert!(matches!(five, Taken::FromAnother(_, v) if v == ip(3)));
-        // Everyone holds one: a new address still takes the oldest, one that holds one does not.
-        let six = a.take(ip(6));
-        assert!(matches!(six, Taken::FromAnother(_, v) if v == ip(3)));
+        // Everyone holds one: a handshake in progress is not ended for a newcomer.
+        assert!(matches!(a.take(ip(6)), Taken::Full));
         assert!(matches!(a.take(ip(4)), Taken::Full));
         drop(held);
-        assert_eq!(a.taken(), 3, "4's, 5's and 6's");
-        drop((four, five, six));
+        assert_eq!(a.taken(), 2, "4's and 5's");
+        drop((four, five));
         assert_eq!(a.taken(), 0);
+    }
+
+    #[test]
+    fn an_ipv6_address_counts_as_its_64() {
+        let a = Admitting::new(2);
+        let host = |last: u16| IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, last));
+        let _held = (slot(a.take(host(1))), slot(a.take(host(2))));
+        assert!(matches!(a.take(host(3)), Taken::Full), "one /64 holds both");
+        let other = IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 2, 0, 0, 0, 1));
+        assert!(matches!(a.take(other), Taken::FromAnother(..)));
     }
 
     #[test]

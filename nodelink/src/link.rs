@@ -3,8 +3,8 @@
 //! [`LinkLimits::max_handshakes`] connections are being admitted and at most
 //! [`LinkLimits::max_links`] links are held at once, [`LinkLimits::max_links_per_node`]
 //! of them by one node (more are closed at once, or refused `Busy` or `NodeBusy`; when
-//! every handshake slot is taken, an address holding fewer takes the oldest of the address
-//! holding the most, `admitting.rs`); every wait has a deadline. A misbehaving peer
+//! every handshake slot is taken, an address holding two fewer takes the oldest of the
+//! address holding the most, `admitting.rs`); every wait has a deadline. A misbehaving peer
 //! loses its own connection and nothing else.
 
 use std::collections::HashMap;
@@ -33,8 +33,8 @@ use crate::tls::{Credentials, peer_identity, server_name};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkLimits {
     /// Connections being admitted (TLS handshake and Hello) at once; more are closed on
-    /// accept, unless they come from an address holding fewer of these slots than another
-    /// (that address's oldest handshake is ended for them).
+    /// accept, unless they come from an address holding at least two fewer of these slots
+    /// than another (that address's oldest handshake is ended for them).
     pub max_handshakes: usize,
     /// Admitted links at once; more are refused [`Refusal::Busy`].
     pub max_links: usize,

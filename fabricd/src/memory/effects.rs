@@ -5,9 +5,9 @@
 //!
 //! Every operation ends with [`Memory::finish`]: what it queued is taken out under its own
 //! lock as one [`Aftermath`], which runs with the lock released: its effects, then what it
-//! ended told to the daemon's hook (revocations to importers, copies that depended on it
-//! stopped: [`Memory::on_end`]), then the freed device ranges given back (no copy reaches
-//! them any more); a compaction it became due for is handed to the
+//! ended handed to the daemon's hook ([`Memory::on_end`]): the copies that depended on it
+//! stopped, then the freed device ranges given back or parked (no copy reaches them any
+//! more), then its revocations told; a compaction it became due for is handed to the
 //! compaction thread. An operation
 //! that must publish something first (a device lost, whose events say why) takes its
 //! aftermath under the lock too and delivers it itself: nothing one operation queued is
@@ -196,14 +196,18 @@ impl Memory {
             effects.into_iter().partition(|e| matches!(e, Effect::ReleaseRange { .. }));
         steps.extend(now);
         self.run(steps);
-        if (ended || !revocations.is_empty())
-            && let Some(tell) = self.ended_hook.get()
-        {
-            // Importers told and copies stopped before the operation answers.
-            (tell.0)(self, revocations);
+        let hook = self.ended_hook.get().filter(|_| ended || !revocations.is_empty());
+        // Copies stopped and importers told before the operation answers.
+        if let Some(h) = hook {
+            (h.0.stop_copies)(self);
         }
-        // No copy reaches the freed device ranges any more: they may be handed out.
+        // No copy reaches the freed device ranges any more: they may be handed out, or
+        // parked for the importer nodes before those are told (their acknowledgement
+        // must find them parked).
         self.run(after_copies);
+        if let Some(h) = hook {
+            (h.0.tell)(revocations);
+        }
     }
 
     /// Runs `effects`, in order, without the lock (taking it briefly to give back what a

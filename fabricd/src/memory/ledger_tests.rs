@@ -293,12 +293,15 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
         let during_hook = std::sync::Arc::new(std::sync::Mutex::new(None));
         let seen = during_hook.clone();
         let (who, at) = (me, place.clone());
-        m.on_end(Box::new(move |m, _| {
-            let mut seen = seen.lock().unwrap();
-            if seen.is_none() {
-                *seen = Some(m.alloc(&who, 1, &at, 2 * MIB, 0).unwrap().region);
-            }
-        }));
+        m.on_end(super::EndHook {
+            stop_copies: Box::new(move |m| {
+                let mut seen = seen.lock().unwrap();
+                if seen.is_none() {
+                    *seen = Some(m.alloc(&who, 1, &at, 2 * MIB, 0).unwrap().region);
+                }
+            }),
+            tell: Box::new(|_| {}),
+        });
         m.free(1, freed.region).unwrap();
         let probe = during_hook.lock().unwrap().expect("the hook ran");
         let offsets: Vec<_> = m.list(None).regions.iter().map(|r| (r.region, r.offset)).collect();
@@ -333,9 +336,12 @@ fn a_lost_devices_revocations_wait_for_its_own_delivery_not_another_operations()
     let m = open(dir.path(), &inv);
     let told: Arc<Mutex<Vec<(u64, RevocationReason)>>> = Arc::default();
     let hook = told.clone();
-    m.on_end(Box::new(move |_, revocations| {
-        hook.lock().unwrap().extend(revocations.into_iter().map(|(session, r)| (session, r.reason)));
-    }));
+    m.on_end(super::EndHook {
+        stop_copies: Box::new(|_| {}),
+        tell: Box::new(move |revocations| {
+            hook.lock().unwrap().extend(revocations.into_iter().map(|(session, r)| (session, r.reason)));
+        }),
+    });
     let me = me();
     let place = Place { device: gpu.clone(), kind: MemoryKind::Hbm, ordinal: None };
     let shared = m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();

@@ -513,17 +513,30 @@ pub struct Memory {
 }
 
 /// The end hook, shown by name only.
+#[derive(Debug)]
 struct Hook(EndHook);
 
-impl std::fmt::Debug for Hook {
+impl std::fmt::Debug for EndHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("EndHook")
     }
 }
 
-/// Called, without the registry lock, at the end of an operation that ended something,
-/// with the revocations it caused (each with the session to tell).
-pub type EndHook = Box<dyn Fn(&Memory, Vec<(u64, Revocation)>) + Send + Sync>;
+/// What the daemon does, without the registry lock, at the end of an operation that
+/// ended something ([`Memory::deliver`]): first `stop_copies` (the copies that depended on
+/// it), then — once the freed device ranges are given back or parked for the importer
+/// nodes, so that their acknowledgements find them parked — `tell` the revocations it
+/// caused (each with the session to tell).
+pub struct EndHook {
+    /// Stops the copies that depend on what ended.
+    pub stop_copies: Box<dyn Fn(&Memory) + Send + Sync>,
+    /// Tells the revocations.
+    pub tell: Tell,
+}
+
+/// [`EndHook::tell`]: takes the revocations an operation caused, each with the session to
+/// tell.
+pub type Tell = Box<dyn Fn(Vec<(u64, Revocation)>) + Send + Sync>;
 
 /// A device id as a file name: characters other than `[A-Za-z0-9._-]` become `_`.
 pub fn sanitise(id: &str) -> String {

@@ -38,9 +38,9 @@ pub const REMOTE_COPY: u64 = 1 << 62;
 /// Copies across nodes in flight at once on this node (each holds one chunk's buffer).
 pub const MAX_IN_FLIGHT: usize = 64;
 
-/// Copies across nodes one session may have in flight at once: a quarter of the node's,
-/// so that one client's long copies cannot refuse every other client's.
-pub const MAX_IN_FLIGHT_PER_SESSION: usize = MAX_IN_FLIGHT / 4;
+/// Copies across nodes one uid may have in flight at once (over all its connections): a
+/// quarter of the node's, so that one user's long copies cannot refuse every other's.
+pub const MAX_IN_FLIGHT_PER_UID: usize = MAX_IN_FLIGHT / 4;
 
 /// This node's copies to and from other nodes.
 #[derive(Debug, Default)]
@@ -49,11 +49,11 @@ pub struct Copies {
     in_flight: Mutex<InFlight>,
 }
 
-/// Copies across nodes in flight: on the node, and by session.
+/// Copies across nodes in flight: on the node, and by uid.
 #[derive(Debug, Default)]
 struct InFlight {
     all: usize,
-    by_session: std::collections::HashMap<u64, usize>,
+    by_uid: std::collections::HashMap<u32, usize>,
 }
 
 impl Copies {
@@ -61,9 +61,9 @@ impl Copies {
         self.in_flight.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One more copy of `session` in flight, unless the node or the session is at its
-    /// bound ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_PER_SESSION`]).
-    fn take(&self, session: u64) -> Result<(), ErrorBody> {
+    /// One more copy of `uid` in flight, unless the node or the uid is at its bound
+    /// ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_PER_UID`]).
+    fn take(&self, uid: u32) -> Result<(), ErrorBody> {
         let mut f = self.in_flight();
         if f.all >= MAX_IN_FLIGHT {
             return Err(refusal(
@@ -71,12 +71,12 @@ impl Copies {
                 format!("{MAX_IN_FLIGHT} copies across nodes are in flight on this node; wait for one to complete"),
             ));
         }
-        let mine = f.by_session.entry(session).or_default();
-        if *mine >= MAX_IN_FLIGHT_PER_SESSION {
+        let mine = f.by_uid.entry(uid).or_default();
+        if *mine >= MAX_IN_FLIGHT_PER_UID {
             return Err(refusal(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "this session has {MAX_IN_FLIGHT_PER_SESSION} copies across nodes in flight; wait for one to complete"
+                    "uid {uid} has {MAX_IN_FLIGHT_PER_UID} copies across nodes in flight; wait for one to complete"
                 ),
             ));
         }
@@ -85,14 +85,14 @@ impl Copies {
         Ok(())
     }
 
-    /// A copy of `session` ended.
-    fn give_back(&self, session: u64) {
+    /// A copy of `uid` ended.
+    fn give_back(&self, uid: u32) {
         let mut f = self.in_flight();
         f.all = f.all.saturating_sub(1);
-        if let Some(n) = f.by_session.get_mut(&session) {
+        if let Some(n) = f.by_uid.get_mut(&uid) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                f.by_session.remove(&session);
+                f.by_uid.remove(&uid);
             }
         }
     }
@@ -102,8 +102,8 @@ impl Copies {
 /// lanes, one completion.
 struct Job {
     id: u64,
-    /// The session that asked (its copies in flight are counted).
-    session: u64,
+    /// The uid that asked (its copies in flight are counted).
+    uid: u32,
     request_id: u64,
     sink: Sink,
     parts: Vec<Part>,
@@ -243,12 +243,13 @@ fn start(
         return Err(refusal(ErrorCode::WrongNode, "this node has no node link"));
     };
     let copies = link.service().copies();
-    copies.take(cx.session)?;
+    let uid = cx.client.principal.uid();
+    copies.take(uid)?;
     let id = REMOTE_COPY | (copies.next.fetch_add(1, Ordering::Relaxed) + 1);
-    let job = Job { id, session: cx.session, request_id: cx.request_id, sink, parts };
+    let job = Job { id, uid, request_id: cx.request_id, sink, parts };
     tracing::debug!(copy = id, parts = job.parts.len(), "copy across nodes started");
     let Some(weak) = link.service().daemon() else {
-        copies.give_back(cx.session);
+        copies.give_back(uid);
         return Err(refusal(ErrorCode::Unavailable, "the node link is starting"));
     };
     domain.runtime().spawn(run(weak, job));
@@ -280,7 +281,7 @@ async fn run(d: Weak<Daemon>, job: Job) {
     if let Some(d) = d.upgrade()
         && let Some(link) = d.domain.as_ref().and_then(|x| x.link())
     {
-        link.service().copies().give_back(job.session);
+        link.service().copies().give_back(job.uid);
     }
 }
 
@@ -447,24 +448,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_session_takes_at_most_its_share_of_the_nodes_copies() {
+    fn one_uid_takes_at_most_its_share_of_the_nodes_copies() {
         let c = Copies::default();
-        for _ in 0..MAX_IN_FLIGHT_PER_SESSION {
-            c.take(1).unwrap();
+        for _ in 0..MAX_IN_FLIGHT_PER_UID {
+            c.take(1000).unwrap();
         }
-        let refused = c.take(1).unwrap_err();
+        let refused = c.take(1000).unwrap_err();
         assert_eq!(refused.code, ErrorCode::LimitExceeded);
-        assert!(refused.message.to_string().contains("this session"), "{refused:?}");
+        assert!(refused.message.to_string().contains("uid 1000"), "{refused:?}");
         // Others still get theirs, up to the node's bound.
-        for s in 2..5 {
-            for _ in 0..MAX_IN_FLIGHT_PER_SESSION {
-                c.take(s).unwrap();
+        for uid in 1001..1004 {
+            for _ in 0..MAX_IN_FLIGHT_PER_UID {
+                c.take(uid).unwrap();
             }
         }
-        let full = c.take(9).unwrap_err();
+        let full = c.take(1009).unwrap_err();
         assert!(full.message.to_string().contains("on this node"), "{full:?}");
-        c.give_back(1);
-        c.take(1).unwrap();
-        assert_eq!(c.in_flight().by_session.len(), 4);
+        c.give_back(1000);
+        c.take(1000).unwrap();
+        assert_eq!(c.in_flight().by_uid.len(), 4);
     }
 }

@@ -10,10 +10,10 @@
 //! is still there — goes through [`Process::with`], which checks through the pidfd that
 //! the process has not exited before and after the pid is used: a process that has not
 //! exited has not been reaped, so the pid named it all along. It also checks that the
-//! process still runs with the credentials it connected with: a client that `exec`s a
-//! set-user-ID or file-capability program keeps its pid and pidfd, and the daemon (root,
-//! with `CAP_SYS_PTRACE`) would otherwise go on reading and writing that program's memory
-//! for it.
+//! process runs with the credentials it connected with (`SO_PEERCRED`'s) and is dumpable:
+//! a client that `exec`s a set-user-ID or file-capability program keeps its pid and
+//! pidfd, and the daemon (root, with `CAP_SYS_PTRACE`) would otherwise go on reading and
+//! writing that program's memory for it.
 
 pub(crate) mod sys;
 
@@ -60,9 +60,9 @@ pub struct Process {
     pidfd: Arc<OwnedFd>,
     /// Start time (clock ticks since boot), when it could be read.
     start: Option<u64>,
-    /// The owner of its `/proc/<pid>` when it was found ([`proc_owner`]); `None`: it
-    /// could not be read, and its memory is not reached.
-    owner: Option<(u32, u32)>,
+    /// The effective uid and gid it connected with (`SO_PEERCRED`): what the owner of its
+    /// `/proc/<pid>` must be whenever its memory is reached ([`proc_owner`]).
+    owner: (u32, u32),
 }
 
 impl Process {
@@ -70,7 +70,9 @@ impl Process {
     pub fn this() -> io::Result<Self> {
         let pid = i32::try_from(std::process::id()).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
         let pidfd = sys::pidfd_open(pid)?;
-        Ok(Self::found(pid, proc_start(pid), pidfd))
+        // SAFETY: geteuid/getegid have no preconditions.
+        let owner = unsafe { (libc::geteuid(), libc::getegid()) };
+        Ok(Self::found(pid, proc_start(pid), pidfd, owner))
     }
 
     /// The process at the other end of `sock` whose credentials are `cred`, accepted at
@@ -79,7 +81,7 @@ impl Process {
     fn of_socket(sock: BorrowedFd<'_>, cred: &PeerCred, accepted: Option<u64>) -> Option<Self> {
         let p = match sys::peer_pidfd(sock) {
             // The kernel's own record of who connected: no pid lookup at all.
-            Ok(pidfd) => Self::found(cred.pid, proc_start(cred.pid), pidfd),
+            Ok(pidfd) => Self::found(cred.pid, proc_start(cred.pid), pidfd, (cred.uid, cred.gid)),
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => return Self::by_pid(cred, accepted),
             Err(e) => {
                 tracing::debug!(pid = cred.pid, error = %e, "no pidfd for the peer (it has exited)");
@@ -101,7 +103,7 @@ impl Process {
         let pidfd = sys::pidfd_open(cred.pid).ok()?;
         let status = std::fs::read_to_string(format!("/proc/{}/status", cred.pid)).unwrap_or_default();
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", cred.pid)).unwrap_or_default();
-        let p = Self::found(cred.pid, start_time_in(&stat), pidfd);
+        let p = Self::found(cred.pid, start_time_in(&stat), pidfd, (cred.uid, cred.gid));
         if !p.running() {
             return None;
         }
@@ -114,11 +116,10 @@ impl Process {
         }
     }
 
-    /// The process `pidfd` follows, at `pid`, with its start time; its credentials as
-    /// its `/proc/<pid>` shows them now (read after the pidfd was taken: its caller checks
-    /// that it still runs, so they are its own).
-    fn found(pid: i32, start: Option<u64>, pidfd: OwnedFd) -> Self {
-        Self { pid, start, owner: proc_owner(pid), pidfd: Arc::new(pidfd) }
+    /// The process `pidfd` follows, at `pid`, with its start time and the effective uid
+    /// and gid it connected with.
+    fn found(pid: i32, start: Option<u64>, pidfd: OwnedFd, owner: (u32, u32)) -> Self {
+        Self { pid, start, owner, pidfd: Arc::new(pidfd) }
     }
 
     /// The pid (for log lines; a pid alone names nothing, see [`Process::with`]).
@@ -138,11 +139,13 @@ impl Process {
 
     /// Runs `f` with the process's pid, which names this process throughout: the process
     /// has not exited before the call nor after it (so it was not reaped in between, and
-    /// its pid went to no one else), and runs with the credentials it was found with
-    /// before and after (its `/proc/<pid>` has the same owner: the kernel shows a
-    /// process's effective uid and gid there, or root's once it is not dumpable, as after
-    /// the `exec` of a set-user-ID, set-group-ID or file-capability program). What `f`
-    /// read is discarded when the second check fails.
+    /// its pid went to no one else), and runs with the credentials it connected with,
+    /// before and after (its `/proc/<pid>` is owned by them: the kernel shows a process's
+    /// effective uid and gid there, or root's once it is not dumpable, as after the `exec`
+    /// of a set-user-ID, set-group-ID or file-capability program — and a client that made
+    /// itself not dumpable is not reached). What `f` read is discarded when the second
+    /// check fails; what it wrote in between, if the process ran such a program at that
+    /// moment, is not undone (a window of one system call).
     pub fn with<T>(&self, f: impl FnOnce(i32) -> T) -> Result<T, ProcessGone> {
         if !self.unchanged() {
             return Err(ProcessGone);
@@ -154,10 +157,10 @@ impl Process {
         Ok(r)
     }
 
-    /// Running, with the credentials it was found with.
+    /// Running, with the credentials it connected with, dumpable.
     fn unchanged(&self) -> bool {
         // Read by pid, then the pidfd asked: the `/proc` entry read was this process's.
-        self.owner.is_some() && proc_owner(self.pid) == self.owner && self.running()
+        proc_owner(self.pid) == Some(self.owner) && self.running()
     }
 }
 
@@ -299,7 +302,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = i32::try_from(child.id()).unwrap();
         let pidfd = sys::pidfd_open(pid).unwrap();
-        let p = Process::found(pid, None, pidfd);
+        let p = Process::found(pid, None, pidfd, (0, 0));
         child.wait().unwrap();
         assert!(!p.running());
         assert_eq!(p.with(|_| ()), Err(ProcessGone));
@@ -322,8 +325,11 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = i32::try_from(child.id()).unwrap();
-        let p = Process::found(pid, None, sys::pidfd_open(pid).unwrap());
-        assert_eq!(p.with(|pid| pid), Ok(pid), "as found");
+        let p = Process::found(pid, None, sys::pidfd_open(pid).unwrap(), (0, 0));
+        assert_eq!(p.with(|pid| pid), Ok(pid), "as it connected: root");
+        // One that connected as another uid than it runs as now is not reached.
+        let other = Process::found(pid, None, sys::pidfd_open(pid).unwrap(), (65534, 65534));
+        assert_eq!(other.with(|pid| pid), Err(ProcessGone));
         std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while proc_owner(pid) != Some((65534, 65534)) {
