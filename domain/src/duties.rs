@@ -279,11 +279,8 @@ impl DomainClient {
     /// the other hosts), each only while it is as read.
     async fn gc_shares(&self, node: &str) -> Result<Edits, EtcdError> {
         let mut edits = Edits::default();
-        for (key, table, revision) in self.shares_without(node).await? {
-            let value = records::encode(&table);
-            let bytes = key.len() * 2 + value.len();
-            let compare = Compare::mod_revision(key.clone(), CompareOp::Equal, revision);
-            edits.push(Some(compare), TxnOp::put(key, value, None), bytes);
+        for (compare, put, bytes) in self.shares_without(node).await?.into_iter().map(crate::shares::release_edit) {
+            edits.push(Some(compare), put, bytes);
         }
         Ok(edits)
     }

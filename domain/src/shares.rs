@@ -384,15 +384,15 @@ fn lost(want: &ShareWant, at: u64, holder: String) -> EtcdError {
 /// The compares and puts that take a node's shares out of `tables` ([`DomainClient::shares_without`]),
 /// for a gc's transaction.
 pub(crate) fn release_ops(tables: Vec<(String, ShareTable, i64)>) -> (Vec<Compare>, Vec<TxnOp>) {
-    tables
-        .into_iter()
-        .map(|(key, table, revision)| {
-            (
-                Compare::mod_revision(key.clone(), CompareOp::Equal, revision),
-                TxnOp::put(key, records::encode(&table), None),
-            )
-        })
-        .unzip()
+    tables.into_iter().map(release_edit).map(|(compare, put, _)| (compare, put)).unzip()
+}
+
+/// One table of [`release_ops`]: that it is as read, its put, and the bytes of its key
+/// and value in a request.
+pub(crate) fn release_edit((key, table, revision): (String, ShareTable, i64)) -> (Compare, TxnOp, usize) {
+    let value = records::encode(&table);
+    let bytes = key.len() * 2 + value.len();
+    (Compare::mod_revision(key.clone(), CompareOp::Equal, revision), TxnOp::put(key, value, None), bytes)
 }
 
 #[cfg(test)]

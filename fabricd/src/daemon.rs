@@ -587,9 +587,14 @@ impl Daemon {
             m
         };
         // A client's reach under the bindings current now (an admin may have bound or
-        // unbound it since it subscribed).
+        // unbound it since it subscribed), resolved once for all these events.
+        let reached = std::cell::RefCell::new(std::collections::HashMap::new());
         let reach_of = |client: &Arc<crate::ops::principal::Client>| {
-            crate::ops::scope::Caller::resolve(self, client.clone()).event_reach()
+            reached
+                .borrow_mut()
+                .entry(Arc::as_ptr(client))
+                .or_insert_with(|| crate::ops::scope::Caller::resolve(self, client.clone()).event_reach())
+                .clone()
         };
         for ev in &events {
             tracing::info!(event = ?ev, "fabric changed");

@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fabric_proto::wire::{
     Access, AccessMode, AllocRequest, AllocTarget, BoundedVec, DeviceName, DomainAction, DomainRequest, Event,
-    ExportPolicy, ExportRequest, FreeRequest, Grant, ImportRequest, MemoryClass, Name, NodeId, Opcode, ReleaseRequest,
-    Request, ResourceName, Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery,
-    TranslateRequest, Translation,
+    ExportPolicy, ExportRequest, Grant, ImportRequest, MemoryClass, Name, NodeId, Opcode, Request, ResourceName,
+    Response, Revocation, RevokeRequest, SubscribeRequest, Topics, TranslateQuery, TranslateRequest, Translation,
 };
 
 use crate::client::{Client, Notice};
@@ -385,13 +384,9 @@ impl Session {
         };
         let (resp, fds) = self.inner.client.call(Request::Alloc(AllocRequest { target, size, align: 0 }), &[])?;
         let Response::Alloc(a) = resp else { return Err(Error::Unexpected(Opcode::Alloc)) };
-        // A grant the library cannot use: the region is freed again, not left to the
-        // session's end.
-        let fd = granted_fd(Opcode::Alloc, a.grant, fds).inspect_err(|_| {
-            let node = self.inner.region_node(a.grant.map(|g| g.owner));
-            let _ = self.inner.client.undo(Request::Free(FreeRequest { region: a.region, node }));
-        })?;
-        Ok(Region::new(Mem {
+        // Held before its grant is checked: one the library cannot use frees the region
+        // again (the drop of `Mem`), rather than leave it to the session's end.
+        let mut mem = Mem {
             session: self.inner.clone(),
             kind: MemKind::Owned,
             region: a.region,
@@ -402,8 +397,10 @@ impl Session {
             writable: true,
             owner: a.grant.map(|g| g.owner),
             coherence: a.grant.and_then(|g| g.coherence),
-            fd,
-        }))
+            fd: None,
+        };
+        mem.fd = granted_fd(Opcode::Alloc, a.grant, fds)?;
+        Ok(Region::new(mem))
     }
 
     /// Exports a region: a handle another process can import, under `policy`.
@@ -438,10 +435,8 @@ impl Session {
         let access = if writable { AccessMode::ReadWrite } else { AccessMode::ReadOnly };
         let (resp, fds) = self.inner.client.call(Request::Import(ImportRequest { handle: handle.0, access }), &[])?;
         let Response::Import(i) = resp else { return Err(Error::Unexpected(Opcode::Import)) };
-        let fd = granted_fd(Opcode::Import, i.grant, fds).inspect_err(|_| {
-            let _ = self.inner.client.undo(Request::Release(ReleaseRequest { import: i.import }));
-        })?;
-        Ok(Import::new(Mem {
+        // Held before its grant is checked, as in `alloc`: an unusable one is released.
+        let mut mem = Mem {
             session: self.inner.clone(),
             kind: MemKind::Imported { import: i.import },
             region: i.region,
@@ -452,8 +447,10 @@ impl Session {
             writable: i.access == AccessMode::ReadWrite,
             owner: i.grant.map(|g| g.owner),
             coherence: i.grant.and_then(|g| g.coherence),
-            fd,
-        }))
+            fd: None,
+        };
+        mem.fd = granted_fd(Opcode::Import, i.grant, fds)?;
+        Ok(Import::new(mem))
     }
 
     /// Maps memory at its GFA in the unified window: read-write when the memory is

@@ -421,9 +421,9 @@ impl Sweeper {
         let gone = memory.copy_deps_gone(&sets);
         let (maps_gone, jobs_gone) = gone.split_at(regions.len());
         // A gone region's kept mapping goes too (a chunk still using it holds it).
-        shared.maps.forget(regions.iter().zip(maps_gone).filter(|(_, why)| why.is_some()).map(|(id, _)| *id));
+        let mut unmap: Vec<u64> =
+            regions.iter().zip(maps_gone).filter(|(_, why)| why.is_some()).map(|(id, _)| *id).collect();
         let mut stopped = 0;
-        let mut unmap = Vec::new();
         for (job, why) in jobs.iter().zip(jobs_gone) {
             if let Some(why) = why {
                 stopped += usize::from(stop(job, why.clone()));
@@ -433,10 +433,11 @@ impl Sweeper {
                 }));
             }
         }
-        // A stopped job's chunk that ran after the kept mappings were listed above may
-        // have mapped its region again: with the job stopped (no chunk of it runs), that
-        // mapping goes too, rather than hold a freed region's pages until evicted. (A
-        // live region among them is mapped again when next copied.)
+        // With the stopped jobs' regions: a chunk of one that ran after the kept mappings
+        // were listed above may have mapped its region again; with the job stopped (no
+        // chunk of it runs), that mapping goes too, rather than hold a freed region's
+        // pages until evicted. (A live region among them is mapped again when next
+        // copied.)
         shared.maps.forget(unmap);
         stopped
     }

@@ -43,22 +43,22 @@ struct Open {
 struct Slot {
     open: Arc<std::sync::Mutex<Open>>,
     id: u64,
+    /// What closes it for a newer one.
+    cancel: CancellationToken,
 }
 
 impl Slot {
     /// The connection's head has come: it can no longer be closed for a newer one while
-    /// it is answered. Its closing token, for [`Slot::answered`].
-    fn head_read(&self) -> Option<CancellationToken> {
-        let mut o = lock(&self.open);
-        let at = o.waiting.iter().position(|(id, _)| *id == self.id)?;
-        o.waiting.remove(at).map(|(_, cancel)| cancel)
+    /// it is answered.
+    fn head_read(&self) {
+        lock(&self.open).waiting.retain(|(id, _)| *id != self.id);
     }
 
     /// The answer is written; only the drain of what the client still sends is left: the
     /// connection may be closed for a newer one again, before any still waiting for its
     /// head (clients that keep answered connections open cannot keep scrapes out).
-    fn answered(&self, cancel: CancellationToken) {
-        lock(&self.open).waiting.push_front((self.id, cancel));
+    fn answered(&self) {
+        lock(&self.open).waiting.push_front((self.id, self.cancel.clone()));
     }
 }
 
@@ -87,7 +87,7 @@ fn admit(open: &Arc<std::sync::Mutex<Open>>) -> Option<(Slot, CancellationToken)
     o.next_id += 1;
     let (id, cancel) = (o.next_id, CancellationToken::new());
     o.waiting.push_back((id, cancel.clone()));
-    Some((Slot { open: open.clone(), id }, cancel))
+    Some((Slot { open: open.clone(), id, cancel: cancel.clone() }, cancel))
 }
 
 /// Why the endpoint could not be started.
@@ -209,7 +209,7 @@ async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
 
 async fn answer(mut stream: TcpStream, daemon: &Daemon, slot: &Slot) {
     let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await.ok().flatten();
-    let closing = slot.head_read();
+    slot.head_read();
     let (status, ctype, body, head_only) = match head.as_deref().map_or(Route::Bad, route) {
         Route::Metrics { head_only } => {
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", daemon.metrics_page(), head_only)
@@ -232,9 +232,7 @@ async fn answer(mut stream: TcpStream, daemon: &Daemon, slot: &Slot) {
         stream.shutdown().await
     })
     .await;
-    if let Some(cancel) = closing {
-        slot.answered(cancel);
-    }
+    slot.answered();
     // Closing with unread input would reset the connection, and the client could lose the
     // answer; read what is left (bounded) until the client closes.
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
@@ -268,11 +266,13 @@ mod tests {
         drop(held.remove(1));
         assert_eq!(lock(&open).count, MAX_CONNECTIONS);
         // All past their heads: a new one is closed instead.
-        let mut closing: Vec<_> = held.iter().map(|(s, _)| s.head_read()).collect();
-        assert!(new.head_read().is_some());
+        for (s, _) in &held {
+            s.head_read();
+        }
+        new.head_read();
         assert!(admit(&open).is_none());
         // One answered (only draining): closed first for the next one.
-        held[3].0.answered(closing.remove(3).unwrap());
+        held[3].0.answered();
         let (newer, _) = admit(&open).unwrap();
         assert!(held[3].1.is_cancelled(), "the answered one is closed for a new one");
         drop(held.remove(3));

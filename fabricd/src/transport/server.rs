@@ -290,6 +290,9 @@ fn read_of(r: Result<FrameView<'_>, DecodeError>) -> Read {
     }
 }
 
+/// The answer buffer a connection starts with.
+const OUT_FRESH: usize = 256;
+
 /// The largest answer buffer a connection keeps for its next answer.
 const OUT_KEPT: usize = 64 * 1024;
 
@@ -346,7 +349,7 @@ async fn serve_session(
         events: None,
         decoder: inbox::decoder(),
         shutdown: shutdown.clone(),
-        out: Vec::with_capacity(256),
+        out: Vec::with_capacity(OUT_FRESH),
         copies: mpsc::unbounded_channel(),
     };
     loop {
@@ -634,7 +637,7 @@ impl Conn<'_> {
     async fn flush(&mut self, sent: usize) -> bool {
         let written = self.write_out(sent).await;
         if self.out.capacity() > OUT_KEPT {
-            self.out = Vec::with_capacity(256);
+            self.out = Vec::with_capacity(OUT_FRESH);
         }
         written
     }

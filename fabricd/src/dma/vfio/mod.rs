@@ -284,26 +284,14 @@ impl DmaMapping {
     pub fn id(&self) -> u64 {
         self.id
     }
-}
 
-impl DmaMapping {
     /// Removes the mapping from the IOMMU: whether it is gone. When it is not, its IOVA
     /// range is still the device's way into the pages (the container keeps its own pin
     /// of them) and must not be handed out again.
     pub fn unmap(mut self) -> bool {
         self.release()
     }
-}
 
-impl Drop for DmaMapping {
-    fn drop(&mut self) {
-        if !self.released {
-            self.release();
-        }
-    }
-}
-
-impl DmaMapping {
     fn release(&mut self) -> bool {
         self.released = true;
         let (d, iova, len) = (&self.device, self.iova, self.pinned.len());
@@ -335,6 +323,14 @@ impl DmaMapping {
             }
         }
         true
+    }
+}
+
+impl Drop for DmaMapping {
+    fn drop(&mut self) {
+        if !self.released {
+            self.release();
+        }
     }
 }
 
