@@ -144,9 +144,13 @@ struct Shared {
     queue: Mutex<fair::FairQueue<Chunk>>,
     ready: Condvar,
     stop: AtomicBool,
-    /// Jobs by id. Held while a copy is resolved and queued, so that a sweep after a
-    /// registry change sees every job resolved before it.
+    /// Jobs by id.
     jobs: Mutex<HashMap<u64, Arc<Job>>>,
+    /// Sweeps begun. A copy resolves outside every lock of the engine; a sweep that
+    /// begins while it does is seen by the submitter, which rechecks the copy's
+    /// dependencies once its job is in the table. Counted before a sweep lists the jobs,
+    /// and read under the table's lock, so no copy falls between the two.
+    sweeps: AtomicU64,
     /// Jobs in flight per session.
     per_session: Mutex<HashMap<u64, u32>>,
     next_id: AtomicU64,
@@ -243,6 +247,7 @@ impl CopyEngine {
             ready: Condvar::new(),
             stop: AtomicBool::new(false),
             jobs: Mutex::new(HashMap::new()),
+            sweeps: AtomicU64::new(0),
             per_session: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
@@ -270,18 +275,20 @@ impl CopyEngine {
         Ok(Self { shared, config, threads })
     }
 
-    /// Resolves and queues a copy of `session` (of `uid`) in one step: `resolve` runs
-    /// under the job table's lock (see `Shared::jobs`) and gives the copy or a refusal.
-    /// Returns the copy id.
+    /// Resolves and queues a copy of `session` (of `uid`): `resolve` gives the copy or a
+    /// refusal, and runs under no lock of the engine (it opens files and takes the
+    /// registry's lock). `memory` rechecks what the copy depends on when a sweep ran
+    /// while it resolved (see `Shared::sweeps`). Returns the copy id.
     pub fn submit<E>(
         &self,
         uid: u32,
         session: u64,
         request_id: u64,
         sink: Sink,
+        memory: &Memory,
         resolve: impl FnOnce() -> Result<NewCopy, E>,
     ) -> Result<Result<u64, E>, CopyError> {
-        self.submit_batch(uid, session, request_id, sink, || resolve().map(|c| NewBatch { copies: vec![c] }))
+        self.submit_batch(uid, session, request_id, sink, memory, || resolve().map(|c| NewBatch { copies: vec![c] }))
     }
 
     /// [`CopyEngine::submit`] for a batch: one job, its copies' chunks queued together,
@@ -292,13 +299,13 @@ impl CopyEngine {
         session: u64,
         request_id: u64,
         sink: Sink,
+        memory: &Memory,
         resolve: impl FnOnce() -> Result<NewBatch, E>,
     ) -> Result<Result<u64, E>, CopyError> {
-        let mut jobs = lock(&self.shared.jobs);
-        let in_flight = lock(&self.shared.per_session).get(&session).copied().unwrap_or(0);
-        if in_flight >= self.config.max_in_flight_per_session {
-            return Err(CopyError::TooMany { in_flight, max: self.config.max_in_flight_per_session });
-        }
+        // The session's place is taken before resolving, so that two of its requests at
+        // once cannot both pass the limit; a refusal gives it back.
+        let place = SessionPlace::take(&self.shared, session, self.config.max_in_flight_per_session)?;
+        let sweeps = self.shared.sweeps.load(Ordering::SeqCst);
         let batch = match resolve() {
             Ok(b) => b,
             Err(e) => return Ok(Err(e)),
@@ -337,9 +344,18 @@ impl CopyEngine {
             failed: Mutex::new(None),
             sink,
         });
-        jobs.insert(id, job.clone());
-        *lock(&self.shared.per_session).entry(session).or_default() += 1;
-        drop(jobs);
+        let swept = {
+            let mut jobs = lock(&self.shared.jobs);
+            jobs.insert(id, job.clone());
+            self.shared.sweeps.load(Ordering::SeqCst) != sweeps
+        };
+        place.keep();
+        // A sweep that began while the copy resolved may have listed the jobs before this
+        // one was in: what it swept for is rechecked here, before any chunk is queued. A
+        // sweep that begins later finds the job in the table.
+        if swept && let Some(why) = memory.copy_deps_gone(&[job.deps.as_slice()]).pop().flatten() {
+            stop(&job, why);
+        }
         let queued = {
             let mut q = lock(&self.shared.queue);
             q.extend(uid, session, chunks.into_iter().map(|(part, at, len)| Chunk { job: job.clone(), part, at, len }));
@@ -410,6 +426,7 @@ impl Sweeper {
     /// [`CopyEngine::sweep`].
     pub fn sweep(&self, memory: &Memory) -> usize {
         let shared = &self.0;
+        shared.sweeps.fetch_add(1, Ordering::SeqCst);
         let regions = shared.maps.regions();
         let region_deps: Vec<[Dep; 1]> = regions.iter().map(|&id| [Dep::Region(id)]).collect();
         let jobs: Vec<Arc<Job>> = lock(&shared.jobs).values().cloned().collect();
@@ -521,17 +538,55 @@ fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
     drop(gate);
 }
 
-fn finish(s: &Shared, job: &Arc<Job>) {
-    lock(&s.jobs).remove(&job.id);
-    {
-        let mut per = lock(&s.per_session);
-        if let Some(n) = per.get_mut(&job.session) {
-            *n -= 1;
-            if *n == 0 {
-                per.remove(&job.session);
+/// A session's place among its copies in flight, taken before its copy resolves: given
+/// back when dropped, unless kept by a queued job (whose end gives it back).
+struct SessionPlace<'a> {
+    shared: &'a Shared,
+    session: u64,
+    kept: bool,
+}
+
+impl<'a> SessionPlace<'a> {
+    fn take(shared: &'a Shared, session: u64, max: u32) -> Result<Self, CopyError> {
+        let mut per = lock(&shared.per_session);
+        let n = per.entry(session).or_default();
+        if *n >= max {
+            let in_flight = *n;
+            if in_flight == 0 {
+                per.remove(&session);
             }
+            return Err(CopyError::TooMany { in_flight, max });
+        }
+        *n += 1;
+        Ok(Self { shared, session, kept: false })
+    }
+
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for SessionPlace<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            give_back_place(self.shared, self.session);
         }
     }
+}
+
+fn give_back_place(s: &Shared, session: u64) {
+    let mut per = lock(&s.per_session);
+    if let Some(n) = per.get_mut(&session) {
+        *n -= 1;
+        if *n == 0 {
+            per.remove(&session);
+        }
+    }
+}
+
+fn finish(s: &Shared, job: &Arc<Job>) {
+    lock(&s.jobs).remove(&job.id);
+    give_back_place(s, job.session);
     let bytes = job.done.load(Ordering::Relaxed);
     let stopped = job.gate.read().unwrap_or_else(|p| p.into_inner()).clone();
     let failed = lock(&job.failed).take();
@@ -598,5 +653,96 @@ mod tests {
         // Nothing in flight: no wait, and a chunk taken afterwards is not blocked.
         wait_for_loose_chunks(&engine.shared);
         drop(engine.loose_chunk());
+    }
+
+    fn engine_and_memory(dir: &std::path::Path) -> (CopyEngine, Memory) {
+        let inv = fabric_topology::Inventory::default();
+        let fabric = fabric_topology::Fabric::build(inv.clone()).unwrap();
+        let config = CopyConfig { max_in_flight_per_session: 1, ..CopyConfig::default() };
+        let engine = CopyEngine::start(config, Arc::new(Metrics::new(&fabric))).unwrap();
+        (engine, Memory::open(dir, &inv, crate::config::LimitsConfig::default()).unwrap())
+    }
+
+    /// A copy of 4 KiB between two halves of a temporary file, depending on `deps`.
+    fn file_copy(deps: Vec<Dep>) -> NewCopy {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        file.set_len(8192).unwrap();
+        let side = |offset, writable| Side::File {
+            file: file.clone(),
+            offset,
+            writable,
+            region: 0,
+            base: 0,
+            region_len: 8192,
+            device: false,
+        };
+        NewCopy { dst: side(0, true), src: side(4096, false), len: 4096, deps, device: None }
+    }
+
+    #[test]
+    fn a_copy_resolving_holds_up_no_sweep_and_a_refused_one_gives_its_place_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, memory) = engine_and_memory(dir.path());
+        let (sink, _done) = tokio::sync::mpsc::unbounded_channel();
+        let timeout = std::time::Duration::from_secs(5);
+        std::thread::scope(|s| {
+            let (engine, memory) = (&engine, &memory);
+            let (resolving, wait) = std::sync::mpsc::channel();
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let sink2 = sink.clone();
+            let copy = s.spawn(move || {
+                engine.submit(1, 1, 1, sink2, memory, || {
+                    resolving.send(()).unwrap();
+                    released.recv().unwrap();
+                    Err::<NewCopy, &str>("refused")
+                })
+            });
+            wait.recv().unwrap();
+            let (swept, sweep_done) = std::sync::mpsc::channel();
+            s.spawn(move || swept.send(engine.sweep(memory)).unwrap());
+            assert_eq!(sweep_done.recv_timeout(timeout), Ok(0), "the sweep waited for a copy resolving");
+            // The session's one place is taken while its copy resolves.
+            let second = engine.submit(1, 1, 2, sink.clone(), memory, || -> Result<NewCopy, &str> { unreachable!() });
+            assert!(matches!(second, Err(CopyError::TooMany { in_flight: 1, max: 1 })), "{second:?}");
+            release.send(()).unwrap();
+            assert!(matches!(copy.join().unwrap(), Ok(Err("refused"))));
+        });
+        // The refusal gave the place back.
+        let third = engine.submit(1, 1, 3, sink, &memory, || Err::<NewCopy, &str>("refused again"));
+        assert!(matches!(third, Ok(Err("refused again"))), "{third:?}");
+    }
+
+    #[test]
+    fn a_sweep_while_a_copy_resolves_stops_it_if_what_it_needs_went() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, memory) = engine_and_memory(dir.path());
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let id = std::thread::scope(|s| {
+            let (engine, memory) = (&engine, &memory);
+            let (resolving, wait) = std::sync::mpsc::channel();
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let copy = s.spawn(move || {
+                engine.submit(1, 1, 7, sink, memory, || {
+                    resolving.send(()).unwrap();
+                    released.recv().unwrap();
+                    // Resolved before the unregistration the sweep below follows.
+                    Ok::<_, ()>(file_copy(vec![Dep::Registration(5)]))
+                })
+            });
+            wait.recv().unwrap();
+            // Registration 5 is not in the registry: the sweep of its end, while the copy
+            // resolves, lists no job.
+            assert_eq!(engine.sweep(memory), 0);
+            release.send(()).unwrap();
+            copy.join().unwrap().unwrap().unwrap()
+        });
+        let (request, copy_done) = done.blocking_recv().unwrap();
+        assert_eq!((request, copy_done.copy, copy_done.bytes), (7, id, 0));
+        match copy_done.result {
+            CopyResult::Failed { code: ErrorCode::NotFound, message } => {
+                assert!(message.as_str().contains("registration 5 was unregistered"), "{message:?}");
+            }
+            other => panic!("the copy ran after what it needs went: {other:?}"),
+        }
     }
 }

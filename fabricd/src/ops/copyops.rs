@@ -126,7 +126,7 @@ pub fn submit(
         Ok(NewBatch { copies })
     };
     let (uid, session, request_id) = (copies.caller.uid(), copies.session, copies.request_id);
-    match d.copies.submit_batch(uid, session, request_id, sink, resolve) {
+    match d.copies.submit_batch(uid, session, request_id, sink, &d.memory, resolve) {
         Ok(Ok(copy)) if batch => Ok(Response::CopyBatch(CopyResponse { copy })),
         Ok(Ok(copy)) => Ok(Response::Copy(CopyResponse { copy })),
         Ok(Err(e)) => Err(e),
