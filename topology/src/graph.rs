@@ -274,9 +274,11 @@ impl Fabric {
 
     /// PIX/PXB/PHB/NODE/SYS from the PCI hierarchy.
     fn pci_class(&self, a: DeviceIdx, b: DeviceIdx) -> HopClass {
-        let up_a: Vec<DeviceIdx> = self.ancestors(a).skip(1).collect();
-        let up_b: Vec<DeviceIdx> = self.ancestors(b).skip(1).collect();
-        let Some(lca) = up_a.iter().copied().find(|x| *x == b || up_b.contains(x)) else {
+        // Each chain starts at the device itself, so that one device being the other's
+        // ancestor gives the same answer both ways round.
+        let chain_a: Vec<DeviceIdx> = self.ancestors(a).collect();
+        let chain_b: Vec<DeviceIdx> = self.ancestors(b).collect();
+        let Some(lca) = chain_a.iter().copied().find(|x| chain_b.contains(x)) else {
             return HopClass::Sys;
         };
         match self.device(lca).kind {
@@ -286,8 +288,12 @@ impl Fabric {
                 // Bridges on the path, with a switch's downstream ports folded into its
                 // upstream port: one PCIe switch counts as one bridge, as nvidia-smi does.
                 let mut units: Vec<DeviceIdx> = Vec::new();
-                let side = |chain: &[DeviceIdx]| chain.iter().copied().take_while(|&x| x != lca).collect::<Vec<_>>();
-                for br in side(&up_a).into_iter().chain(side(&up_b)).chain([lca]) {
+                // The bridges strictly between a device and the common ancestor.
+                let side = |chain: &[DeviceIdx]| {
+                    let to_lca = chain.iter().position(|&x| x == lca).unwrap_or(chain.len());
+                    chain.get(1..to_lca).unwrap_or_default().to_vec()
+                };
+                for br in side(&chain_a).into_iter().chain(side(&chain_b)).chain([lca]) {
                     let u = self.switch_unit(br);
                     if !units.contains(&u) {
                         units.push(u);

@@ -17,7 +17,7 @@ use crate::class::HopClass;
 use crate::device::DeviceKind;
 use crate::graph::Fabric;
 use crate::inventory::DeviceIdx;
-use crate::link::{LinkKind, LinkState};
+use crate::link::{Link, LinkKind, LinkState};
 
 /// Errors from path queries.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,8 +59,9 @@ impl Route {
     }
 }
 
-/// Ranking of partial routes: higher bottleneck first, then fewer hops.
-type Rank = (u64, Reverse<u32>);
+/// Ranking of routes: fewer links of unknown bandwidth first, then the higher bottleneck
+/// of the known ones.
+type Rank = (Reverse<u32>, u64);
 
 impl Fabric {
     /// The best route from `a` to `b`.
@@ -181,21 +182,52 @@ impl Fabric {
         None
     }
 
-    /// Widest-path Dijkstra from `src` over allowed devices, stopping at the first device
-    /// that satisfies `goal`. Only transit devices are passed through.
+    /// The best route from `src` over allowed devices to the first device that satisfies
+    /// `goal`: the fewest links of unknown bandwidth, then the widest bottleneck among the
+    /// known ones, then the fewest hops. Only transit devices are passed through. In two
+    /// searches, each exact: the best (unknown links, bottleneck) any route reaches, then
+    /// the fewest (unknown links, hops) over the links at least that wide — one search
+    /// ranked by all three would keep a wide, long prefix over a short, narrow one that
+    /// the rest of the route makes as good.
     fn widest(
         &self,
         src: DeviceIdx,
         allow: &dyn Fn(DeviceIdx) -> bool,
         goal: impl Fn(DeviceIdx) -> bool,
     ) -> Option<(Rank, Vec<DeviceIdx>)> {
-        let mut best: HashMap<DeviceIdx, (Rank, DeviceIdx)> = HashMap::new();
+        let widest = |r: Rank, l: &Link| {
+            Some(match l.bandwidth.current_mbps {
+                Some(bw) => (r.0, r.1.min(bw)),
+                None => (Reverse(r.0.0 + 1), r.1),
+            })
+        };
+        let (rank, _) = self.best_first(src, allow, &goal, (Reverse(0), u64::MAX), widest)?;
+        let shortest = |r: Reverse<(u32, u32)>, l: &Link| match l.bandwidth.current_mbps {
+            Some(bw) if bw < rank.1 => None,
+            Some(_) => Some(Reverse((r.0.0, r.0.1 + 1))),
+            None => Some(Reverse((r.0.0 + 1, r.0.1 + 1))),
+        };
+        let (_, path) = self.best_first(src, allow, &goal, Reverse((0, 0)), shortest)?;
+        Some((rank, path))
+    }
+
+    /// Best-first search from `src` (Dijkstra, highest key first): `step` extends a key
+    /// over a link (never to a better one), or refuses the link. The first device popped
+    /// that satisfies `goal`, with its key and path.
+    fn best_first<K: Ord + Copy>(
+        &self,
+        src: DeviceIdx,
+        allow: &dyn Fn(DeviceIdx) -> bool,
+        goal: &dyn Fn(DeviceIdx) -> bool,
+        start: K,
+        step: impl Fn(K, &Link) -> Option<K>,
+    ) -> Option<(K, Vec<DeviceIdx>)> {
+        let mut best: HashMap<DeviceIdx, (K, DeviceIdx)> = HashMap::new();
         let mut heap = BinaryHeap::new();
-        let start: Rank = (u64::MAX, Reverse(0));
         best.insert(src, (start, src));
         heap.push((start, src));
-        while let Some((rank, x)) = heap.pop() {
-            if best.get(&x).is_some_and(|(r, _)| *r > rank) {
+        while let Some((key, x)) = heap.pop() {
+            if best.get(&x).is_some_and(|(k, _)| *k > key) {
                 continue;
             }
             if x != src && goal(x) {
@@ -206,7 +238,7 @@ impl Fabric {
                     path.push(c);
                 }
                 path.reverse();
-                return Some((rank, path));
+                return Some((key, path));
             }
             if x != src && !self.device(x).kind.is_transit() {
                 continue;
@@ -216,9 +248,8 @@ impl Fabric {
                 if l.state == LinkState::Down || !(allow(n) || goal(n)) {
                     continue;
                 }
-                let bw = l.bandwidth.current_mbps.unwrap_or(u64::MAX);
-                let cand: Rank = (rank.0.min(bw), Reverse(rank.1.0 + 1));
-                if best.get(&n).is_none_or(|(r, _)| cand > *r) {
+                let Some(cand) = step(key, l) else { continue };
+                if best.get(&n).is_none_or(|(k, _)| cand > *k) {
                     best.insert(n, (cand, x));
                     heap.push((cand, n));
                 }
@@ -234,7 +265,8 @@ impl Fabric {
             let li = self
                 .neighbors(w[0])
                 .filter(|&(n, li)| n == w[1] && self.link(li).state != LinkState::Down)
-                .max_by_key(|&(_, li)| self.link(li).bandwidth.current_mbps.unwrap_or(u64::MAX))
+                // A link of known bandwidth before one of unknown.
+                .max_by_key(|&(_, li)| self.link(li).bandwidth.current_mbps.map(|bw| (1, bw)).unwrap_or((0, 0)))
                 .map(|(_, li)| li);
             links.extend(li);
         }

@@ -85,6 +85,26 @@ fn pci_classes_follow_nvidia_smi_semantics() {
 }
 
 #[test]
+fn pci_classes_are_the_same_both_ways_round_between_any_two_devices() {
+    let mut b = B::new();
+    two_socket_node(&mut b, "n0");
+    let f = b.build();
+    let all: Vec<DeviceIdx> = (0..f.len()).map(|i| DeviceIdx(u32::try_from(i).unwrap())).collect();
+    for &x in &all {
+        for &y in &all {
+            let (xy, yx) = (f.classify(x, y), f.classify(y, x));
+            assert_eq!(xy, yx, "{} / {}", f.device(x).id, f.device(y).id);
+        }
+    }
+    let id = |name: &str| all.iter().copied().find(|&i| f.device(i).id.to_string().ends_with(name)).unwrap();
+    // A device and one of its ancestors: the socket, the host bridge, its own switch.
+    let g0 = id("0000:03:00.0");
+    assert_eq!(f.classify(id("numa0"), g0), HopClass::Node);
+    assert_eq!(f.classify(id("pci0000:00"), g0), HopClass::Phb);
+    assert_eq!(f.classify(id("0000:02:00.0"), g0), HopClass::Pix, "its own downstream port");
+}
+
+#[test]
 fn routes_report_bottleneck_and_degradation() {
     let mut b = B::new();
     let d = two_socket_node(&mut b, "n0");
@@ -267,4 +287,41 @@ fn endpoints_are_not_transit() {
     let f = b.build();
     assert!(f.route(g[0], g[2]).is_err());
     assert!(f.route(g[0], g[1]).is_ok());
+}
+
+#[test]
+fn a_route_over_links_of_known_bandwidth_beats_one_over_unknown_links() {
+    // Two GPUs under one PCIe switch whose links report no speed, and a direct NVLink.
+    let mut b = B::new();
+    let sw = b.dev("n0", "sw", DeviceKind::PciBridge);
+    let g0 = b.dev("n0", "gpu0", DeviceKind::Gpu);
+    let g1 = b.dev("n0", "gpu1", DeviceKind::Gpu);
+    for g in [g0, g1] {
+        b.inv.add_link(Link::pcie(sw, g, (None, None), (None, None)));
+    }
+    let nv = nvlink_mbps_per_link(4).unwrap() * 18;
+    b.link(g0, g1, LinkKind::NvLink { count: 18, generation: 4 }, nv);
+    let f = b.build();
+    let r = f.route(g0, g1).unwrap();
+    assert_eq!(r.hops, vec![g0, g1], "took the links of unknown speed");
+    assert_eq!(r.bandwidth_mbps, Some(nv));
+}
+
+#[test]
+fn of_two_routes_as_wide_the_one_of_fewer_hops_is_taken() {
+    // gpu0 - a - b - x (wide), gpu0 - x (narrower), x - gpu1 (narrowest): both routes are
+    // as wide as x - gpu1, and the direct one has two hops fewer.
+    let mut b = B::new();
+    let s = b.dev("n0", "gpu0", DeviceKind::Gpu);
+    let [a, m, x] = ["a", "b", "x"].map(|n| b.dev("n0", n, DeviceKind::PciBridge));
+    let t = b.dev("n0", "gpu1", DeviceKind::Gpu);
+    for (p, q) in [(s, a), (a, m), (m, x)] {
+        b.link(p, q, LinkKind::Smp, 100);
+    }
+    b.link(s, x, LinkKind::Smp, 50);
+    b.link(x, t, LinkKind::Smp, 10);
+    let f = b.build();
+    let r = f.route(s, t).unwrap();
+    assert_eq!(r.hops, vec![s, x, t]);
+    assert_eq!(r.bandwidth_mbps, Some(10));
 }
