@@ -31,6 +31,13 @@ pub enum AttrError {
         #[source]
         source: std::io::Error,
     },
+    /// The file holds more than [`MAX_ATTR_BYTES`]: no attribute does, and a value cut
+    /// there would read as another.
+    #[error("{path}: longer than {MAX_ATTR_BYTES} bytes")]
+    TooLong {
+        /// The attribute path.
+        path: PathBuf,
+    },
     /// The contents did not parse.
     #[error("{path}: invalid value {value:?}")]
     Invalid {
@@ -98,15 +105,29 @@ impl SysfsRoot {
     }
 }
 
+/// Reads an attribute of at most [`MAX_ATTR_BYTES`], which must be a regular file: a FIFO
+/// or device node where an attribute should be (a hostile or broken tree) is refused
+/// rather than waited on or opened as a terminal.
 fn read_bounded(path: &Path) -> Result<String, AttrError> {
-    let file = fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => AttrError::Missing { path: path.to_owned() },
-        _ => AttrError::Unreadable { path: path.to_owned(), source: e },
-    })?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |source| AttrError::Unreadable { path: path.to_owned(), source };
+    let file =
+        fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path).map_err(|e| {
+            match e.kind() {
+                std::io::ErrorKind::NotFound => AttrError::Missing { path: path.to_owned() },
+                _ => unreadable(e),
+            }
+        })?;
+    if !file.metadata().map_err(unreadable)?.is_file() {
+        return Err(unreadable(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+    }
     let mut buf = Vec::new();
-    file.take(MAX_ATTR_BYTES)
+    file.take(MAX_ATTR_BYTES + 1)
         .read_to_end(&mut buf)
         .map_err(|e| AttrError::Unreadable { path: path.to_owned(), source: e })?;
+    if buf.len() as u64 > MAX_ATTR_BYTES {
+        return Err(AttrError::TooLong { path: path.to_owned() });
+    }
     String::from_utf8(buf).map_err(|e| AttrError::Invalid {
         path: path.to_owned(),
         value: String::from_utf8_lossy(&e.into_bytes()[..]).chars().take(64).collect(),
@@ -198,12 +219,31 @@ mod tests {
     fn attributes_are_bounded_and_typed() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("big");
-        fs::write(&p, vec![b'a'; (MAX_ATTR_BYTES as usize) * 2]).unwrap();
+        fs::write(&p, vec![b'a'; MAX_ATTR_BYTES as usize]).unwrap();
         assert_eq!(read_attr(&p).unwrap().len(), MAX_ATTR_BYTES as usize);
+        // One byte more is an error, not a value cut short (`size 5153` of `size 51539…`).
+        let mut long = vec![b' '; MAX_ATTR_BYTES as usize - 6];
+        long.extend_from_slice(b"x 123456789\n");
+        fs::write(&p, long).unwrap();
+        assert!(matches!(read_attr(&p), Err(AttrError::TooLong { .. })));
         assert!(read_attr(&dir.path().join("nope")).unwrap_err().is_missing());
         fs::write(dir.path().join("bin"), [0xff, 0xfe]).unwrap();
         assert!(matches!(read_attr(&dir.path().join("bin")), Err(AttrError::Invalid { .. })));
         assert!(list_dir(&dir.path().join("absent")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_attribute_that_is_no_regular_file_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("serial");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = fifo.clone();
+        std::thread::spawn(move || tx.send(read_attr(&at).map_err(|e| e.to_string())).unwrap());
+        let read = rx.recv_timeout(std::time::Duration::from_secs(5)).expect("reading a FIFO waited for a writer");
+        assert!(read.unwrap_err().contains("unreadable"));
+        assert!(matches!(read_attr(dir.path()), Err(AttrError::Unreadable { .. })), "a directory");
     }
 
     #[test]

@@ -263,6 +263,8 @@ fn eperm_nodes_are_hidden_and_their_partition_reported_missing() {
     let gi = g[0].gpu.as_ref().unwrap();
     assert_eq!(gi.partitions.iter().map(|p| p.index).collect::<Vec<_>>(), [0, 1, 3], "not invented");
     assert!(g[0].memory.is_empty(), "a sum without partition 2 would be wrong");
+    assert_eq!(gi.compute_units, None, "nor is a count of compute units without it");
+    assert!(gi.partitions.iter().all(|p| p.compute_units.is_some()), "each partition keeps its own");
 }
 
 #[test]

@@ -251,6 +251,23 @@ fn soft_roce_without_pci_function_is_its_own_nic() {
 }
 
 #[test]
+fn a_soft_roce_device_named_like_another_device_does_not_take_it_over() {
+    // `rdma link add numa0 type rxe netdev veth0`: the user names the RDMA device.
+    let s = host();
+    let mut f = vec![("node_type", "1: CA")];
+    f.extend(port_files("4: ACTIVE", "5: LinkUp", "10 Gb/sec (1X QDR)", "Ethernet"));
+    rdma_device(&s, "virtual", "numa0", &f);
+    let (inv, _) = discover(&s.sysfs());
+    let numa = inv.find(&DeviceId::named("syn", "numa0")).expect("the NUMA node");
+    assert_eq!(inv.device(numa).kind, DeviceKind::Cpu);
+    assert!(inv.device(numa).rdma.is_empty() && !inv.device(numa).attrs.contains_key("ib_device"));
+    assert!(net_links(&inv, numa).is_empty());
+    let (i, d) = rdma(&inv, &DeviceId::named("syn", "rdma/numa0"));
+    assert_eq!((inv.device(i).kind, d.name.as_str()), (DeviceKind::Nic, "numa0"));
+    assert_eq!(net_links(&inv, i).len(), 1);
+}
+
+#[test]
 fn hostile_contents_are_reported_not_trusted() {
     let s = host();
     // A class link that leaves the root, a dangling one, garbage in every port attribute.

@@ -180,3 +180,34 @@ fn missing_file_is_a_read_error() {
     assert!(matches!(e, SimError::Read { .. }));
     assert!(e.to_string().contains("/nonexistent/fabric.toml"));
 }
+
+#[test]
+fn a_cxl_region_whose_size_overflows_is_an_error_not_a_panic() {
+    // Four memdevs of 5e18 bytes each: a 4-way region of their whole capacity is more
+    // than 2^64 bytes.
+    // BASE's template, with a CXL host bridge, its memdevs and a region (TOML takes the
+    // tables after BASE's [[node]]).
+    let text = format!(
+        r#"{BASE}
+[[templates.box.host_bridge]]
+bus = "0000:0c"
+numa = 0
+cxl = true
+window = {{ base = 0, size = 9000000000000000000, capabilities = ["ram"] }}
+
+[[templates.box.cxl_memdev]]
+name = "mem{{i}}"
+count = 4
+parent = "pci0000:0c"
+ram = 5000000000000000000
+
+[[templates.box.cxl_region]]
+name = "region0"
+mode = "ram"
+targets = ["mem0", "mem1", "mem2", "mem3"]
+granularity = 4096
+"#
+    );
+    let e = err(&text);
+    assert!(e.to_string().contains("larger than the address space"), "{e}");
+}

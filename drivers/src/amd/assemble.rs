@@ -207,8 +207,8 @@ pub fn connect(gpus: &[PhysicalGpu]) -> Connections {
         }
     }
     // A pair with direct links is not also an indirect route.
-    let direct: Vec<(usize, usize)> = c.xgmi.keys().copied().collect();
-    c.routes.retain(|&(a, b), _| !direct.contains(&(a.min(b), a.max(b))));
+    let xgmi = &c.xgmi;
+    c.routes.retain(|&(a, b), _| !xgmi.contains_key(&(a.min(b), a.max(b))));
     c
 }
 

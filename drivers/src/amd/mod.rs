@@ -216,6 +216,11 @@ fn fill(d: &mut Device, g: &PhysicalGpu, a: &AmdgpuAttrs, notes: &mut Vec<String
             d.id,
             missing.join(", ")
         ));
+        // The shown partitions' sum is not the GPU's (as for VRAM below); each partition
+        // keeps its own count.
+        if let Some(gpu) = d.gpu.as_mut() {
+            gpu.compute_units = None;
+        }
     }
     if let Some(u) = g.unique_id.or(a.unique_id) {
         d.attrs.insert("amdgpu.unique_id".into(), format!("0x{u:016x}"));

@@ -110,7 +110,9 @@ pub fn parse_uuid(s: &str) -> Option<Option<String>> {
     let ok = t.len() == 36
         && groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
         && groups.iter().all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()));
-    ok.then(|| Some(t.to_ascii_lowercase()))
+    // The null UUID is a PMEM region's before one is set: no identity.
+    let null = t.bytes().all(|b| b == b'0' || b == b'-');
+    ok.then(|| (!null).then(|| t.to_ascii_lowercase()))
 }
 
 /// Splits a `decoderX.Y` name into the port id `X` and the decoder instance `Y`.
@@ -246,7 +248,8 @@ pub fn parse_region(attrs: &RawAttrs) -> RegionAttrs {
         }};
     }
     let mode = field!("mode", parse_mode);
-    let resource = field!("resource", parse_hex_addr);
+    // `-1ULL`: no address range assigned yet (a region not yet sized).
+    let resource = field!("resource", parse_hex_addr).filter(|&v| v != u64::MAX);
     let size = field!("size", parse_hex_addr);
     let ways = field!("interleave_ways", parse_ways);
     let granularity = field!("interleave_granularity", parse_granularity);
@@ -381,6 +384,18 @@ mod tests {
         assert_eq!(r.targets[&1], "decoder4.0");
         assert_eq!(r.uuid, None);
         assert_eq!(r.invalid, vec!["target".to_owned()]);
+    }
+
+    #[test]
+    fn a_region_not_yet_sized_has_no_address_and_a_null_uuid_no_identity() {
+        let r = parse_region(&attrs(&[
+            ("resource", "0xffffffffffffffff"),
+            ("size", "0x0"),
+            ("uuid", "00000000-0000-0000-0000-000000000000\n"),
+        ]));
+        assert_eq!((r.resource, r.size, r.uuid), (None, Some(0), None));
+        assert!(r.invalid.is_empty(), "{:?}", r.invalid);
+        assert_eq!(parse_region(&attrs(&[("resource", "0x2090000000")])).resource, Some(0x20_9000_0000));
     }
 
     #[test]

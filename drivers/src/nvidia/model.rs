@@ -63,7 +63,7 @@ pub fn apply(snap: &NvmlSnapshot, node: &str, inv: &mut Inventory, report: &mut 
     }
     report.devices += switches.len();
     for e in &snap.p2p {
-        let (Some(a), Some(peer)) = (placed[e.from], snap.gpus.get(e.to)) else { continue };
+        let (Some(a), Some(peer)) = (placed.get(e.from).copied().flatten(), snap.gpus.get(e.to)) else { continue };
         let peer_name = peer.uuid.clone().or_else(|| peer.bus_id.clone()).unwrap_or_else(|| peer.index.to_string());
         inv.device_mut(a).attrs.insert(format!("nvml.p2p.{}.{peer_name}", e.cap.as_str()), e.status.to_string());
     }

@@ -42,12 +42,19 @@ fn clip(s: &str) -> String {
     s.chars().take(64).collect()
 }
 
+/// `IORESOURCE_UNSET` (include/linux/ioport.h): no address assigned.
+const IORESOURCE_UNSET: u64 = 0x2000_0000;
+/// `IORESOURCE_DISABLED`.
+const IORESOURCE_DISABLED: u64 = 0x1000_0000;
+
 /// The most lines a `resource` file may have (the kernel writes 13 to 17).
 pub const MAX_RESOURCE_LINES: usize = 64;
 
 /// Parses a `resource` file: one line per resource, `start end flags` in hexadecimal. The
 /// line number is the index (0-5 BARs, 6 the expansion ROM, 7 and up SR-IOV BARs or bridge
-/// windows). Unassigned entries (all zero, or start and end zero) are skipped.
+/// windows). Unassigned entries (all zero, or start and end zero) are skipped, and so are
+/// BARs the kernel left unassigned or disabled: it prints one as `0x0 <size - 1>` with
+/// `IORESOURCE_UNSET` (or `IORESOURCE_DISABLED`) in the flags — no address to use.
 pub fn parse_resource(text: &str) -> Result<Vec<Bar>, AttrParseError> {
     let lines: Vec<&str> = text.lines().collect();
     if lines.len() > MAX_RESOURCE_LINES {
@@ -64,7 +71,7 @@ pub fn parse_resource(text: &str) -> Result<Vec<Bar>, AttrParseError> {
         let start = sysfs::parse_hex_u64(start).ok_or_else(bad)?;
         let end = sysfs::parse_hex_u64(end).ok_or_else(bad)?;
         let flags = sysfs::parse_hex_u64(flags).ok_or_else(bad)?;
-        if start == 0 && end == 0 {
+        if (start == 0 && end == 0) || flags & (IORESOURCE_UNSET | IORESOURCE_DISABLED) != 0 {
             continue;
         }
         if end < start {
@@ -382,6 +389,9 @@ mod tests {
         assert!(parse_resource("zz 0x2 0x3").is_err());
         assert!(parse_resource("0x0 0xffffffffffffffff 0x200").is_err(), "size overflows");
         assert_eq!(parse_resource("").unwrap(), vec![]);
+        // A 256 GiB BAR the kernel could not assign: `0x0 <size - 1>` with IORESOURCE_UNSET.
+        assert_eq!(parse_resource("0x0 0x3fffffffff 0x2014220c\n").unwrap(), vec![]);
+        assert_eq!(parse_resource("0x0 0xfff 0x10000200\n").unwrap(), vec![], "disabled");
     }
 
     #[test]

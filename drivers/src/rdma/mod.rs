@@ -153,9 +153,19 @@ fn place(
         d.attrs.entry("ib_device".to_owned()).or_insert_with(|| name.to_owned());
         return Some(i);
     }
-    let id = DeviceId::named(node, name);
+    // Named after the RDMA device, which the user names (`rdma link add numa0 type rxe
+    // ...`): a device of that name that is not this RDMA device's NIC (a NUMA node, a host
+    // bridge) is not taken over; the NIC is named in a namespace of its own instead.
+    let mut id = DeviceId::named(node, name);
     if let Some(i) = inv.find(&id) {
-        return Some(i);
+        let d = inv.device(i);
+        if d.kind == DeviceKind::Nic && d.attrs.get("ib_device").is_some_and(|n| n == name) {
+            return Some(i);
+        }
+        id = DeviceId::named(node, &format!("rdma/{name}"));
+        if let Some(i) = inv.find(&id) {
+            return Some(i);
+        }
     }
     let mut d = Device::new(id, DeviceKind::Nic, Some(node));
     d.name = Some(match function {

@@ -48,6 +48,7 @@ impl SourceKind for AttrError {
         match self {
             AttrError::Unreadable { source, .. } => source.kind().to_string(),
             AttrError::Invalid { .. } => "not text".to_owned(),
+            AttrError::TooLong { .. } => "too long".to_owned(),
             AttrError::Missing { .. } => "missing".to_owned(),
         }
     }

@@ -194,7 +194,9 @@ pub(crate) fn compile_regions(c: &Compiler<'_>, specs: &[RegionSpec]) -> Result<
         if per_way == 0 {
             return Err(Located::at(&spec.name, format!("members have no free {} capacity", mode_name(mode))));
         }
-        let size = per_way * ways;
+        let Some(size) = per_way.checked_mul(ways) else {
+            return Err(Located::at(&spec.name, "region is larger than the address space"));
+        };
         let base = win.next;
         if base.checked_add(size).is_none_or(|end| end > win.base.saturating_add(win.size)) {
             return Err(Located::at(&spec.name, "region does not fit in the host bridge's window"));
@@ -256,7 +258,10 @@ pub(crate) fn compile_regions(c: &Compiler<'_>, specs: &[RegionSpec]) -> Result<
             } else {
                 0
             };
-            let dpa = ram_before + *cursor;
+            let dpa = ram_before.checked_add(*cursor).filter(|d| d.checked_add(per_way).is_some());
+            let Some(dpa) = dpa else {
+                return Err(Located::at(&spec.name, "region's device addresses overflow the device's capacity"));
+            };
             *cursor += per_way;
             decoders.push(decoder(t, CxlDecoderLevel::Endpoint, Vec::new(), ways, Some(dpa)));
         }
