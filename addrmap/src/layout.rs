@@ -129,6 +129,21 @@ pub struct Change {
     pub sets: Vec<String>,
     /// Partitions set or removed (by name).
     pub partitions: Vec<String>,
+    /// Resources that fit nowhere (a pinned slot full, the address space full, a size past
+    /// it): left out of the map, each with what it needed. Not a change of the map.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unplaced: Vec<Unplaced>,
+}
+
+/// A resource an inventory update could not place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unplaced {
+    /// The resource.
+    pub key: ResourceKey,
+    /// The node it belongs to.
+    pub node: String,
+    /// Its size.
+    pub size: u64,
 }
 
 impl Change {
@@ -187,34 +202,36 @@ impl Planner {
         }
     }
 
-    /// Places `(reserved, align)` items in `node`, in order; returns their starts.
+    /// Places `(reserved, align)` items in `node`, in order; returns their starts, `None`
+    /// for an item that fits nowhere. A node whose base is pinned (a domain's slot) has that
+    /// one slot, of its configured span: what does not fit in it stays unplaced, rather than
+    /// take a slot (or a span) the domain gave another node. `PinnedConflict` when the
+    /// pinned slot itself is taken or out of the address space.
     fn place(
         &mut self,
         st: &mut State,
         change: &mut Change,
         node: &str,
         items: &[(u64, u64)],
-    ) -> Result<Vec<u64>, LayoutError> {
+    ) -> Result<Vec<Option<u64>>, LayoutError> {
         let mut out: Vec<Option<u64>> = vec![None; items.len()];
         let slots = self.node_slots.get(node).cloned().unwrap_or_default();
         for (i, &(size, align)) in items.iter().enumerate() {
             out[i] = slots.iter().find_map(|&(lo, hi)| self.ranges.alloc(size, align, lo, hi));
         }
+        let pin = st.config.nodes.get(node).and_then(|o| o.base);
+        // Items no slot could be found for: left out of the next tries.
+        let mut given_up = vec![false; items.len()];
         loop {
-            let rest: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
-            if rest.is_empty() {
+            let rest: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none() && !given_up[i]).collect();
+            let first = !self.node_slots.contains_key(node);
+            if rest.is_empty() || (pin.is_some() && !first) {
                 break;
             }
             let need = rest.iter().map(|&i| items[i].0).fold(0u64, u64::saturating_add);
-            let largest = rest.iter().map(|&i| items[i].0).max().unwrap_or(0);
-            let full = || LayoutError::AddressSpaceFull { node: node.to_owned(), need };
+            let largest = rest.iter().copied().max_by_key(|&i| items[i].0).unwrap_or(0);
             let mut span = st.config.span_for(node, need);
-            if span < largest {
-                span = largest.checked_next_power_of_two().ok_or_else(full)?;
-            }
-            let first = !self.node_slots.contains_key(node);
-            let pinned = st.config.nodes.get(node).and_then(|o| o.base).filter(|_| first);
-            let start = match pinned {
+            let start = match pin {
                 Some(base) => {
                     let end = base.checked_add(span).filter(|&e| e <= st.config.limit());
                     match end {
@@ -225,17 +242,38 @@ impl Planner {
                         _ => return Err(LayoutError::PinnedConflict { node: node.to_owned(), base, span }),
                     }
                 }
-                None => self.slots.alloc(span, span, st.config.base, st.config.limit()).ok_or_else(full)?,
+                None => {
+                    // At least the largest item's size.
+                    let wide =
+                        if span < items[largest].0 { items[largest].0.checked_next_power_of_two() } else { Some(span) };
+                    match wide.and_then(|w| {
+                        span = w;
+                        self.slots.alloc(w, w, st.config.base, st.config.limit())
+                    }) {
+                        Some(start) => start,
+                        // No slot for all of them: the largest is left out, the others
+                        // tried again (each round places one or gives one up).
+                        None => {
+                            given_up[largest] = true;
+                            continue;
+                        }
+                    }
+                }
             };
             let slot = NodeSlot { node: node.to_owned(), start, span };
             self.node_slots.entry(node.to_owned()).or_default().push((start, start + span));
             st.nodes.push(slot.clone());
             change.nodes_added.push(slot);
-            for i in rest {
+            let mut placed = false;
+            for &i in &rest {
                 out[i] = self.ranges.alloc(items[i].0, items[i].1, start, start + span);
+                placed |= out[i].is_some();
+            }
+            if !placed {
+                given_up[largest] = true;
             }
         }
-        Ok(out.into_iter().flatten().collect())
+        Ok(out)
     }
 }
 
@@ -313,7 +351,8 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
         }
     }
 
-    let mut pending: Vec<(ResourceKey, String, u64, Option<u64>)> = Vec::new();
+    // (key, node, size, its placement before, when it outgrew that).
+    let mut pending: Vec<(ResourceKey, String, u64, Option<Placement>)> = Vec::new();
     let old = std::mem::take(&mut st.placements);
     for mut p in old {
         // Another node's range stays as it is, unless this node's inventory now has its
@@ -332,7 +371,7 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
                 }
                 if size != p.size {
                     if size > p.reserved {
-                        pending.push((p.key, node, size, Some(p.start)));
+                        pending.push((p.key.clone(), node, size, Some(p)));
                         continue;
                     }
                     p.size = size;
@@ -351,25 +390,34 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
     }
     pending.extend(wanted.into_iter().map(|(k, (node, size))| (k, node, size, None)));
 
-    let mut by_node: BTreeMap<String, Vec<(ResourceKey, u64, Option<u64>)>> = BTreeMap::new();
+    let mut by_node: BTreeMap<String, Vec<(ResourceKey, u64, Option<Placement>)>> = BTreeMap::new();
     for (key, node, size, previous) in pending {
         by_node.entry(node).or_default().push((key, size, previous));
     }
     let mut planner = Planner::new(&st);
     for (node, mut items) in by_node {
         items.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut shapes = Vec::with_capacity(items.len());
-        for (key, size, _) in &items {
-            let align = st.config.align_of(&key.device);
-            let reserved = align_up(*size, align)
-                .ok_or_else(|| LayoutError::AddressSpaceFull { node: node.clone(), need: *size })?;
-            shapes.push((reserved, align));
-        }
+        // A size no alignment can round up (untrusted, from sysfs) fits nowhere: an
+        // unplaceable shape, so that it stays unplaced like one that does not fit.
+        let shapes: Vec<(u64, u64)> = items
+            .iter()
+            .map(|(key, size, _)| {
+                let align = st.config.align_of(&key.device);
+                (align_up(*size, align).unwrap_or(u64::MAX), align)
+            })
+            .collect();
         let starts = planner.place(&mut st, &mut change, &node, &shapes)?;
         for (((key, size, previous), start), (reserved, _)) in items.into_iter().zip(starts).zip(shapes) {
+            let Some(start) = start else {
+                // One resource that fits nowhere costs only itself: the rest of the
+                // inventory is still laid out, and one that outgrew its range keeps it.
+                change.unplaced.push(Unplaced { key, node: node.clone(), size });
+                st.placements.extend(previous);
+                continue;
+            };
             let p = Placement { key, node: node.clone(), start, reserved, size, presence: Presence::Present };
             match previous {
-                Some(_) => change.moved.push(RangeChange { previous, ..range(&p) }),
+                Some(old) => change.moved.push(RangeChange { previous: Some(old.start), ..range(&p) }),
                 None => change.added.push(range(&p)),
             }
             st.placements.push(p);
@@ -457,11 +505,13 @@ pub fn add_interleave(
         _ => FABRIC_NODE.to_owned(),
     };
     let align = members.iter().map(|m| st.config.align_of(&m.device)).max().unwrap_or(st.config.device_align);
-    let total = size * u64::from(ways);
-    let reserved = align_up(total, align).ok_or(LayoutError::AddressSpaceFull { node: node.clone(), need: total })?;
+    let total = size.saturating_mul(u64::from(ways));
+    let full = || LayoutError::AddressSpaceFull { node: node.clone(), need: total };
+    let reserved = align_up(total, align).ok_or_else(full)?;
     change.absorbed = taken.iter().map(range).collect();
     let mut planner = Planner::new(&st);
-    let start = planner.place(&mut st, &mut change, &node, &[(reserved, align)])?[0];
+    let start = planner.place(&mut st, &mut change, &node, &[(reserved, align)])?.first().copied().flatten();
+    let start = start.ok_or_else(full)?;
     st.interleaves.push(InterleaveSet {
         name: name.to_owned(),
         geometry,

@@ -28,13 +28,15 @@ mod sys;
 
 pub use config::{DeviceOverride, GIB, MapConfig, NodeOverride, NodeSpan, TIB};
 pub use interleave::{Geometry, InterleaveError};
-pub use layout::{Change, GcFilter, LayoutError, RangeChange};
+pub use layout::{Change, GcFilter, LayoutError, RangeChange, Unplaced};
 pub use listing::{Listing, NodeUsage, RangeInfo, RangeKind};
 pub use map::{AddressMap, CachedReader, MapError, Reader, RebuildFrom, Rebuilt};
 pub use partition::PartitionView;
 pub use persist::{DecodeError, PersistError, decode_state, encode_state};
 pub use snapshot::{HoleOwner, Location, ResourceRef, SetRef, Snapshot, TranslateError};
-pub use state::{FABRIC_NODE, InterleaveSet, NodeSlot, Partition, Placement, Presence, ResourceKey, State};
+pub use state::{
+    FABRIC_NODE, InterleaveSet, MAX_GENERATION, NodeSlot, Partition, Placement, Presence, ResourceKey, State,
+};
 pub use sync::{
     InventorySync, REGION_SET_PREFIX, RegionSet, SetSync, SyncScope, Synced, open_synced, region_sets, sync_inventory,
     sync_sets,

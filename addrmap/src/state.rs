@@ -172,6 +172,9 @@ pub enum StateError {
     Invariant(String),
 }
 
+/// The highest generation a valid state has (see [`State::validate`]).
+pub const MAX_GENERATION: u64 = 1 << 63;
+
 impl State {
     /// An empty state at generation 0.
     pub fn new(config: MapConfig) -> Self {
@@ -197,6 +200,12 @@ impl State {
     pub fn validate(&self) -> Result<(), StateError> {
         self.config.validate()?;
         let bad = |s: String| Err(StateError::Invariant(s));
+        // Generations only grow, one per change: one past 2^63 no map reached by changes (a
+        // corrupt or hostile record), and near 2^64 it would wrap, a newer map reading as
+        // older than every other.
+        if self.generation > MAX_GENERATION {
+            return bad(format!("generation {} is past {MAX_GENERATION}", self.generation));
+        }
         let limit = self.config.limit();
         let mut prev_end = 0u64;
         for (i, n) in self.nodes.iter().enumerate() {

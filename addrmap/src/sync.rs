@@ -298,5 +298,8 @@ pub fn sync_sets(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) ->
 pub fn sync_inventory(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<InventorySync, MapError> {
     let change = update(map, inv, scope)?;
     let sets = sync_sets(map, inv, scope)?;
+    for u in std::iter::once(&change).chain(&sets.changes).flat_map(|c| &c.unplaced) {
+        tracing::warn!(resource = %u.key, node = %u.node, size = u.size, "memory resource fits nowhere in the map; not mapped");
+    }
     Ok(InventorySync { change, sets })
 }

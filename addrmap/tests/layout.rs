@@ -466,3 +466,62 @@ fn a_pin_that_would_move_a_placed_node_is_refused() {
     other.nodes.insert("n7".into(), pin(256 * tib));
     map.set_config(other).unwrap();
 }
+
+/// A domain node's memory stays in the slot the domain pinned it to: what does not fit is
+/// left unplaced (and said), never placed in another node's slot or past its own span.
+#[test]
+fn a_pinned_node_that_outgrows_its_slot_leaves_the_rest_unplaced() {
+    let tib = fabric_addrmap::TIB;
+    let mut cfg = MapConfig { node_span: NodeSpan::Fixed(tib), ..MapConfig::default() };
+    cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(4 * tib), span: Some(tib) });
+    let mut map = AddressMap::new(cfg).unwrap();
+    // Nine GPUs of 128 GiB: eight fill the 1 TiB slot, the ninth does not fit; and one
+    // larger than the whole slot.
+    let mut gpus: Vec<Device> =
+        (0..9).map(|i| device(Some("n1"), &format!("GPU-{i}"), &[(MemoryKind::Hbm, 128 * GIB)])).collect();
+    gpus.push(device(Some("n1"), "GPU-huge", &[(MemoryKind::Hbm, 2 * tib)]));
+    let c = map.update(&inventory(gpus)).unwrap();
+    assert_eq!(c.added.len(), 8);
+    assert!(c.added.iter().all(|r| r.start >= 4 * tib && r.start + r.size <= 5 * tib), "{:?}", c.added);
+    let unplaced: BTreeSet<String> = c.unplaced.iter().map(|u| u.key.device.to_string()).collect();
+    assert_eq!(unplaced.len(), 2, "{unplaced:?}");
+    assert!(unplaced.iter().any(|d| d.ends_with("GPU-huge")) && unplaced.iter().any(|d| d.ends_with("GPU-8")));
+    let snap = map.snapshot();
+    assert_eq!(snap.state().nodes.len(), 1, "one slot: {:?}", snap.state().nodes);
+    assert_eq!((snap.state().nodes[0].start, snap.state().nodes[0].span), (4 * tib, tib));
+}
+
+/// A resource whose size no slot can hold (a broken sysfs value) costs only itself: the
+/// rest of the inventory is laid out, and a placed resource that grows past what fits
+/// keeps its range.
+#[test]
+fn a_resource_that_fits_nowhere_leaves_the_others_placed() {
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    let ok = device(Some("n0"), "GPU-0", &[(MemoryKind::Hbm, GIB)]);
+    let bad = device(Some("n0"), "CXL-bad", &[(MemoryKind::CxlVolatile, u64::MAX)]);
+    let c = map.update(&inventory([ok.clone(), bad.clone()])).unwrap();
+    assert_eq!(c.added.len(), 1);
+    assert_eq!(c.unplaced.len(), 1);
+    assert_eq!(c.unplaced[0].size, u64::MAX);
+    let before = map.generation();
+    // The placed GPU "grows" past anything the map holds: it keeps its range.
+    let grown = device(Some("n0"), "GPU-0", &[(MemoryKind::Hbm, u64::MAX - 1)]);
+    let c = map.update(&inventory([grown, bad])).unwrap();
+    assert_eq!(c.unplaced.len(), 2, "{c:?}");
+    assert!(c.moved.is_empty() && c.added.is_empty());
+    assert_eq!(map.generation(), before, "nothing changed");
+    let snap = map.snapshot();
+    let p = &snap.state().placements[0];
+    assert_eq!((p.size, p.presence), (GIB, Presence::Present));
+}
+
+#[test]
+fn a_state_whose_generation_could_wrap_is_refused() {
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    map.update(&inventory([device(Some("n0"), "GPU-0", &[(MemoryKind::Hbm, GIB)])])).unwrap();
+    let mut st = map.snapshot().state().clone();
+    st.generation = u64::MAX;
+    assert!(fabric_addrmap::decode_state(&encode_state(&st)).is_err());
+    st.generation = fabric_addrmap::MAX_GENERATION;
+    assert!(fabric_addrmap::decode_state(&encode_state(&st)).is_ok());
+}
