@@ -55,14 +55,25 @@ pub fn default_socket() -> Result<PathBuf> {
         .ok_or_else(|| Error::InvalidArgument("no daemon socket: set FABRIC_SOCKET or XDG_RUNTIME_DIR".into()))
 }
 
-type RevocationCallback = Box<dyn Fn(&Revocation) + Send + Sync>;
+type RevocationCallback = Arc<dyn Fn(&Revocation) + Send + Sync>;
+
+/// The revocation callback and the threads running it.
+#[derive(Default)]
+struct Calls {
+    callback: Option<RevocationCallback>,
+    /// Threads inside a call of a callback (the reader, or a caller's thread reading an
+    /// answer): a replacement waits until none but its own is.
+    running: Vec<std::thread::ThreadId>,
+}
 
 /// What the reader thread records for the session.
 #[derive(Default)]
 pub(crate) struct Revocations {
     /// Revoked imports by import id.
     by_import: Mutex<HashMap<u64, Revocation>>,
-    callback: Mutex<Option<RevocationCallback>>,
+    calls: Mutex<Calls>,
+    /// Signalled when a call of the callback ends.
+    call_ended: std::sync::Condvar,
     /// The session's window, once reserved: a revoked import's mappings in it are fenced.
     window: std::sync::OnceLock<Arc<Window>>,
 }
@@ -88,9 +99,36 @@ impl Revocations {
                 tracing::info!(import = r.import, mappings = fenced, "revoked import's mappings fenced");
             }
         }
-        if let Some(cb) = Self::lock(&self.callback).as_ref() {
-            cb(&r);
+        // Called outside the lock, so that the callback may replace itself.
+        let me = std::thread::current().id();
+        let cb = {
+            let mut calls = Self::lock(&self.calls);
+            let Some(cb) = calls.callback.clone() else { return };
+            calls.running.push(me);
+            cb
+        };
+        cb(&r);
+        let mut calls = Self::lock(&self.calls);
+        if let Some(i) = calls.running.iter().position(|t| *t == me) {
+            calls.running.swap_remove(i);
         }
+        drop(calls);
+        self.call_ended.notify_all();
+    }
+
+    /// Sets (or, with `None`, removes) the callback. Once this returns the one it replaced
+    /// runs on no other thread, and is never called again; from inside a call of the
+    /// callback (which replaces itself) it returns at once, that call going on.
+    fn set_callback(&self, cb: Option<RevocationCallback>) {
+        let me = std::thread::current().id();
+        let mut calls = Self::lock(&self.calls);
+        let old = std::mem::replace(&mut calls.callback, cb);
+        while calls.running.iter().any(|t| *t != me) {
+            calls = self.call_ended.wait(calls).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        drop(calls);
+        // Dropped outside the lock: what it holds may take locks of its own.
+        drop(old);
     }
 
     pub(crate) fn of_import(&self, import: u64) -> Option<Revocation> {
@@ -366,10 +404,13 @@ impl Session {
 
     /// Runs `f` (on the thread that reads the event: the library's reader thread, or a
     /// thread of this session waiting for an answer) for every revocation of one of this
-    /// session's imports, after the import is marked revoked. Replaces an earlier callback.
-    /// `f` must not block or call the session: answers to this session's calls wait behind it.
+    /// session's imports, after the import is marked revoked. Replaces an earlier callback:
+    /// once this returns, that one is running on no other thread and is never called
+    /// again. `f` must not block or call the session (answers to this session's calls wait
+    /// behind it), except to replace or remove itself with `on_revocation`, which from
+    /// inside `f` returns at once.
     pub fn on_revocation(&self, f: impl Fn(&Revocation) + Send + Sync + 'static) {
-        *Revocations::lock(&self.inner.revocations.callback) = Some(Box::new(f));
+        self.inner.revocations.set_callback(Some(Arc::new(f)));
         // Revocations reach `f` as they come, not at the reader's next look.
         self.inner.client.events_promptly();
     }

@@ -191,3 +191,56 @@ fn a_revocation_callback_that_drops_the_import_does_not_hang_the_session() {
     drop(s.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap());
     assert!(s.import(&handle, false).is_err(), "the revoked handle imports no more");
 }
+
+/// A revocation callback may remove itself (a one-shot): the call returns at once, the
+/// callback is not called again, and the session goes on. Replaced from another thread
+/// while it runs, the replacement returns only once it has returned.
+#[test]
+fn a_revocation_callback_may_remove_itself_and_a_replacement_waits_for_it() {
+    let d = common::daemon();
+    let owner = common::session(&d.socket);
+    let gpu = common::gpu(&owner);
+    let target = Target::Device { device: gpu, memory: MemoryClass::Hbm };
+    let regions: Vec<_> = (0..2).map(|_| owner.alloc(&target, LEN).unwrap()).collect();
+    let handles: Vec<_> = regions.iter().map(|r| owner.export(r, &Policy::default()).unwrap()).collect();
+    let s = common::session(&d.socket);
+    let imports: Vec<_> = handles.iter().map(|h| s.import(h, false).unwrap()).collect();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let (me, counted) = (s.clone(), calls.clone());
+    s.on_revocation(move |_| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        me.on_revocation(|_| {});
+        let _ = tx.lock().unwrap().send(());
+    });
+    owner.revoke(&handles[0]).unwrap();
+    rx.recv_timeout(Duration::from_secs(5)).expect("the callback returned after removing itself");
+    owner.revoke(&handles[1]).unwrap();
+    // The second revocation reaches the session (its import fails) but no callback.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while imports[1].check().is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the second revocation never came");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    s.ping().unwrap();
+
+    // A callback that runs for a while, replaced from this thread meanwhile.
+    let region = owner.alloc(&target, LEN).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+    let _import = s.import(&handle, false).unwrap();
+    let (started, wait) = mpsc::channel();
+    let started = std::sync::Mutex::new(started);
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let end = ended.clone();
+    s.on_revocation(move |_| {
+        let _ = started.lock().unwrap().send(());
+        std::thread::sleep(Duration::from_millis(300));
+        end.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    owner.revoke(&handle).unwrap();
+    wait.recv_timeout(Duration::from_secs(5)).expect("the callback ran");
+    s.on_revocation(|_| {});
+    assert!(ended.load(std::sync::atomic::Ordering::SeqCst), "the replacement returned while the callback ran");
+}

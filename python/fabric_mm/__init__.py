@@ -377,7 +377,9 @@ class Session:
 
     def on_revocation(self, callback: Optional[Callable[[Revocation], None]]) -> None:
         """Calls ``callback(Revocation)`` for each revocation of this session's imports, on
-        the library's thread (it must not block or call the session); ``None`` stops it."""
+        the thread that reads fabricd's event: the library's, or one of yours inside a call
+        of this session. It must not block or call the session, except to remove or replace
+        itself (``on_revocation`` inside it returns at once); ``None`` stops it."""
         if callback is None:
             self._native.on_revocation(None)
             return

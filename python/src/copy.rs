@@ -9,7 +9,7 @@ use fabric_mm::{CopyEndpoint, CopyOutcome};
 use pyo3::prelude::*;
 
 use crate::error::{closed, invalid, to_py};
-use crate::gil::Slot;
+use crate::gil::{Detached, Slot};
 use crate::memory::Pin;
 
 /// A page-aligned host buffer for registration (memfd-backed, not inherited by `fork`).
@@ -173,12 +173,12 @@ pub(crate) fn endpoint(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CopyE
 #[pyclass(module = "fabric_mm._native", frozen)]
 #[derive(Debug)]
 pub struct Copy {
-    copy: Arc<fabric_mm::Copy>,
+    copy: Detached<Arc<fabric_mm::Copy>>,
 }
 
 impl Copy {
     pub(crate) fn new(c: fabric_mm::Copy) -> Self {
-        Self { copy: Arc::new(c) }
+        Self { copy: Detached::new(Arc::new(c)) }
     }
 }
 
@@ -209,7 +209,7 @@ impl Copy {
         };
         loop {
             let step = deadline.map_or(SIGNAL_TICK, |d| d.saturating_duration_since(Instant::now()).min(SIGNAL_TICK));
-            let c = self.copy.clone();
+            let c = Arc::clone(&self.copy);
             if let Some(r) = py.detach(move || c.wait_timeout(step)) {
                 return r.map(Some).map_err(|e| to_py(py, e));
             }
@@ -224,7 +224,7 @@ impl Copy {
     /// `(None, FabricError)` — on the library's reader thread, with the GIL (or here at
     /// once when it is done already). After this, `poll` and `wait` report nothing.
     fn on_complete(&self, py: Python<'_>, callback: Py<PyAny>) {
-        let c = self.copy.clone();
+        let c = Arc::clone(&self.copy);
         py.detach(move || c.on_complete(move |r: CopyOutcome| deliver(&callback, r)));
     }
 

@@ -26,6 +26,37 @@ pub(crate) fn drop_detached<T: Send>(v: T) {
     }
 }
 
+/// A library object a Python object holds for its whole life, dropped with the GIL
+/// released ([`drop_detached`]) when the Python object goes: its last drop may end the
+/// session, which waits for the library's reader thread — and that thread may be
+/// waiting for the GIL, to run a callback.
+pub(crate) struct Detached<T: Send>(Option<T>);
+
+impl<T: Send> Detached<T> {
+    pub(crate) fn new(v: T) -> Self {
+        Self(Some(v))
+    }
+}
+
+impl<T: Send> std::ops::Deref for Detached<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0.as_ref().unwrap_or_else(|| unreachable!("taken only when dropped"))
+    }
+}
+
+impl<T: Send + std::fmt::Debug> std::fmt::Debug for Detached<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: Send> Drop for Detached<T> {
+    fn drop(&mut self) {
+        drop_detached(self.0.take());
+    }
+}
+
 /// A library object a Python object owns until it is closed: `get` clones a handle out in
 /// a short critical section (never held across a call to fabricd or Python, so no lock
 /// order with the GIL exists), `take` closes it.

@@ -131,12 +131,11 @@ impl Session {
     }
 
     /// Calls `callback(dict)` for every revocation of one of this session's imports (on
-    /// the library's reader thread, with the GIL); `None` stops the calls.
+    /// the thread that reads the event, with the GIL); `None` stops the calls.
     fn on_revocation(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         let s = self.get(py)?;
-        // Without the GIL: the library holds its callback lock while a callback runs, and a
-        // running callback waits for the GIL; taking that lock with the GIL held would
-        // deadlock against it.
+        // Without the GIL: a replacement waits for a callback running on another thread,
+        // which may be waiting for the GIL. (From inside the callback it does not wait.)
         py.detach(move || match callback {
             None => s.on_revocation(|_| {}),
             Some(cb) => s.on_revocation(move |r| {

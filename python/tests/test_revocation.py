@@ -103,9 +103,9 @@ def test_a_failing_callback_does_not_break_the_session(session: fabric_mm.Sessio
 
 
 def test_replacing_the_callback_while_it_runs(session: fabric_mm.Session, gpu: str) -> None:
-    # The library holds its callback lock while a callback runs, and the callback needs the
-    # GIL: on_revocation must wait for that lock without the GIL, or the two deadlock (this
-    # test then hangs instead of passing).
+    # A replacement waits for the callback running on the library's thread, and that
+    # callback needs the GIL: on_revocation must wait without the GIL, or the two deadlock
+    # (this test then hangs instead of passing).
     started, finished = threading.Event(), threading.Event()
 
     def slow(_: fabric_mm.Revocation) -> None:
@@ -123,3 +123,32 @@ def test_replacing_the_callback_while_it_runs(session: fabric_mm.Session, gpu: s
         importer.on_revocation(None)
         assert finished.is_set()
         imp.release()
+
+
+def test_a_callback_that_removes_itself(session: fabric_mm.Session, gpu: str) -> None:
+    # A one-shot: the callback stops its own calls. This deadlocked the session while the
+    # library held its callback lock across the call.
+    calls: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    with fabric_mm.Session(session.socket) as importer:
+
+        def once(r: fabric_mm.Revocation) -> None:
+            importer.on_revocation(None)
+            calls.put(r)
+
+        importer.on_revocation(once)
+        regions = [session.alloc(MIB, device=gpu) for _ in range(2)]
+        handles = [session.export(r) for r in regions]
+        imports = [importer.import_(h) for h in handles]
+        session.revoke(handles[0])
+        assert calls.get(timeout=5).import_id == imports[0].import_id
+        session.revoke(handles[1])
+        for _ in range(100):
+            importer.ping()  # answered: the session did not hang
+            try:
+                imports[1].check()
+            except fabric_mm.RevokedError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the second revocation never arrived")
+        assert calls.empty(), "called again after it removed itself"

@@ -48,7 +48,9 @@ fn reason_code(r: RevocationReason) -> c_int {
 /// Sets the function called for every revocation of one of this session's imports, after
 /// the import is marked revoked (its next use fails with `FMM_E_REVOKED`); replaces an
 /// earlier one. `cb` NULL removes it. Once this returns, the earlier callback is not
-/// running and never runs again, so its `user` may be freed.
+/// running and never runs again, so its `user` may be freed. Called from inside the
+/// callback (a callback that removes or replaces itself), it returns at once: the call
+/// it is made from goes on, and is the last.
 ///
 /// **Thread.** `cb` runs on the thread that reads the daemon's event: the library's reader
 /// thread (`fabric-mm-reader`), or one of the caller's threads while it is inside an
@@ -63,8 +65,8 @@ fn reason_code(r: RevocationReason) -> c_int {
 /// until unmapped.
 ///
 /// **What `cb` may not do.** Block or run long (answers to this session's calls wait
-/// behind it); call any `fmm_*` function that talks to fabricd on this session, nor
-/// `fmm_on_revocation` (both wait for the callback: deadlock); unwind or `longjmp` out of
+/// behind it); call any `fmm_*` function that talks to fabricd on this session (it waits
+/// for the callback: deadlock); unwind or `longjmp` out of
 /// the call. Recording the revocation (a flag, a queue) for another thread to act on is
 /// the intended use; `fmm_import_check` and `fmm_unmap`/`fmm_import_release` belong on that
 /// thread.
