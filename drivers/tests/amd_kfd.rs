@@ -124,6 +124,36 @@ fn mi308x_cpx_partitions_group_under_eight_gpus_in_one_hive() {
     assert_eq!(f.classify(gs[0], gs[7]).to_string(), "XGMI");
 }
 
+/// A device plugin that hands a pod partition 0 of two GPUs: every other GPU node of the
+/// MI308X capture refused (EPERM). The two are still partitioned GPUs with a direct xGMI
+/// link (weight 41 is only ever a partition's), and the one partition's memory and compute
+/// units are not given as the GPU's.
+#[test]
+fn partition_0_alone_of_two_gpus_is_still_a_partitioned_gpu_on_xgmi() {
+    let x = extract_kfd("mi308x-cpx-intel");
+    let nodes = x.root.join("sys/class/kfd/kfd/topology/nodes");
+    let hidden: Vec<_> = (3..=33).filter(|n| *n != 6).map(|n| nodes.join(format!("{n}/properties"))).collect();
+    let read = |p: &Path| -> Result<String, AttrError> {
+        if hidden.iter().any(|h| h == p) {
+            return Err(AttrError::Unreadable { path: p.to_owned(), source: io::Error::from_raw_os_error(1) });
+        }
+        read_attr(p)
+    };
+    let mut inv = Inventory::new();
+    let report = amd::discover_with(&x.sysfs(), &mut inv, &read);
+    let g = gpus(&inv);
+    assert_eq!(g.len(), 2, "{:?}", report.unknown);
+    let links = xgmi_links(&inv);
+    assert_eq!(links.len(), 1, "a direct xGMI link, not a route: {links:?}");
+    for d in &g {
+        let gi = d.gpu.as_ref().unwrap();
+        assert_eq!(gi.partitions.iter().map(|p| p.index).collect::<Vec<_>>(), [0]);
+        assert_eq!(gi.compute_units, None, "20 CUs are partition 0's, not the GPU's");
+        assert!(d.memory.is_empty(), "48 GiB is partition 0's, not the GPU's HBM");
+    }
+    assert_eq!(report.unknown.iter().filter(|l| l.contains("not shown by KFD")).count(), 2, "{:?}", report.unknown);
+}
+
 #[test]
 fn vega10_and_its_hand_made_twin_are_two_gpus_by_unique_id() {
     let x = extract_kfd("vega10-single");

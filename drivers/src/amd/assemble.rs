@@ -89,7 +89,14 @@ pub fn group(nodes: Vec<KfdNode>, notes: &mut Vec<String>) -> Vec<PhysicalGpu> {
     let mut gpus = Vec::new();
     for ((domain, bus, device, uid), mut members) in groups {
         members.sort_by_key(|(a, n)| (a.function, n.id));
-        let partitioned = members.len() > 1 || members.iter().any(|(a, _)| a.function != 0);
+        // Partitioned: several partitions shown, one other than 0, or only partition 0
+        // shown (the others hidden, e.g. by a device cgroup) but with the xGMI weight only
+        // partitions' links have.
+        let partitioned = members.len() > 1
+            || members.iter().any(|(a, n)| {
+                a.function != 0
+                    || n.io_links.iter().any(|l| l.link_type == IOLINK_XGMI && l.weight == PARTITIONED_XGMI_WEIGHT)
+            });
         // Two nodes with one address and id are two copies of one partition: keep the
         // first, say so.
         let mut nodes: Vec<(u32, KfdNode)> = Vec::new();

@@ -208,7 +208,8 @@ fn fill(d: &mut Device, g: &PhysicalGpu, a: &AmdgpuAttrs, notes: &mut Vec<String
         .compute_partition
         .as_deref()
         .and_then(amdgpu::partitions_of_mode)
-        .unwrap_or_else(|| if g.partitioned { shown.iter().max().map_or(0, |m| m + 1) } else { 1 });
+        // Without the mode, the numbering: a partitioned GPU has at least two partitions.
+        .unwrap_or_else(|| if g.partitioned { shown.iter().max().map_or(0, |m| m + 1).max(2) } else { 1 });
     let missing: Vec<String> = (0..expected).filter(|i| !shown.contains(i)).map(|i| i.to_string()).collect();
     if !missing.is_empty() {
         notes.push(format!(
