@@ -220,10 +220,17 @@ impl Planner {
             out[i] = slots.iter().find_map(|&(lo, hi)| self.ranges.alloc(size, align, lo, hi));
         }
         let pin = st.config.nodes.get(node).and_then(|o| o.base);
-        // Items no slot could be found for: left out of the next tries.
+        // Items no slot could be found for, alone: left out. Deferred: the largest of
+        // several for which no slot held them all, tried again once the others are placed.
         let mut given_up = vec![false; items.len()];
+        let mut deferred = vec![false; items.len()];
         loop {
-            let rest: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none() && !given_up[i]).collect();
+            let open = |i: usize, deferred: &[bool]| out[i].is_none() && !given_up[i] && !deferred[i];
+            let mut rest: Vec<usize> = (0..items.len()).filter(|&i| open(i, &deferred)).collect();
+            if rest.is_empty() {
+                deferred.fill(false);
+                rest = (0..items.len()).filter(|&i| open(i, &deferred)).collect();
+            }
             let first = !self.node_slots.contains_key(node);
             if rest.is_empty() || (pin.is_some() && !first) {
                 break;
@@ -251,8 +258,13 @@ impl Planner {
                         self.slots.alloc(w, w, st.config.base, st.config.limit())
                     }) {
                         Some(start) => start,
-                        // No slot for all of them: the largest is left out, the others
-                        // tried again (each round places one or gives one up).
+                        // No slot for all of them: the largest waits until the others
+                        // are placed, then is tried alone; alone, it fits nowhere. (Each
+                        // round places, defers or gives up one: it ends.)
+                        None if rest.len() > 1 => {
+                            deferred[largest] = true;
+                            continue;
+                        }
                         None => {
                             given_up[largest] = true;
                             continue;
@@ -363,6 +375,8 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
         }
         match wanted.remove(&p.key) {
             Some((node, size)) => {
+                // As it was: what it goes back to if it outgrew its range and fits nowhere.
+                let before = p.clone();
                 if p.presence != Presence::Present {
                     p.presence = Presence::Present;
                     if size <= p.reserved {
@@ -371,7 +385,7 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
                 }
                 if size != p.size {
                     if size > p.reserved {
-                        pending.push((p.key.clone(), node, size, Some(p)));
+                        pending.push((p.key.clone(), node, size, Some(before)));
                         continue;
                     }
                     p.size = size;
@@ -395,6 +409,13 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
         by_node.entry(node).or_default().push((key, size, previous));
     }
     let mut planner = Planner::new(&st);
+    // An outgrown resource's range stays taken in this pass: nothing else is placed where
+    // a stale GFA of it points, and it is there to go back to if it fits nowhere else.
+    for (_, _, previous) in by_node.values().flatten() {
+        if let Some(old) = previous {
+            planner.ranges.take(old.start, old.start.saturating_add(old.reserved));
+        }
+    }
     for (node, mut items) in by_node {
         items.sort_by(|a, b| a.0.cmp(&b.0));
         // A size no alignment can round up (untrusted, from sysfs) fits nowhere: an

@@ -525,3 +525,59 @@ fn a_state_whose_generation_could_wrap_is_refused() {
     st.generation = fabric_addrmap::MAX_GENERATION;
     assert!(fabric_addrmap::decode_state(&encode_state(&st)).is_ok());
 }
+
+/// An outgrown resource's old range stays taken in the pass that moves it: nothing new
+/// lands where it was, and when it fits nowhere it keeps that range, overlapping nothing.
+/// A vanished one that comes back too large to place stays a hole.
+#[test]
+fn an_outgrown_resource_that_fits_nowhere_keeps_its_range_and_nothing_lands_in_it() {
+    let tib = fabric_addrmap::TIB;
+    let mut cfg = MapConfig { node_span: NodeSpan::Fixed(tib), ..MapConfig::default() };
+    cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(4 * tib), span: Some(tib) });
+    let mut map = AddressMap::new(cfg).unwrap();
+    let gpu = |i: usize, size: u64| device(Some("n1"), &format!("GPU-{i}"), &[(MemoryKind::Hbm, size)]);
+    map.update(&inventory((0..8).map(|i| gpu(i, 128 * GIB)))).unwrap();
+    let before = map.snapshot().state().placements.clone();
+    // GPU-0 grows past its range, GPU-7 is gone, and a new 64 GiB expander comes.
+    let cxl = device(Some("n1"), "CXL-0", &[(MemoryKind::CxlVolatile, 64 * GIB)]);
+    let c = map
+        .update(&inventory((0..7).map(|i| gpu(i, if i == 0 { 256 * GIB } else { 128 * GIB })).chain([cxl.clone()])))
+        .unwrap();
+    let st = map.snapshot().state().clone();
+    st.validate().unwrap();
+    assert_no_overlaps(&st);
+    let unplaced: BTreeSet<String> = c.unplaced.iter().map(|u| u.key.device.to_string()).collect();
+    assert!(unplaced.iter().any(|d| d.ends_with("GPU-0")), "{unplaced:?}");
+    assert_eq!(at(&st.placements, "GPU-0"), at(&before, "GPU-0"), "GPU-0 keeps its range and size");
+    // Nor does the expander: GPU-0's old range is taken and GPU-7's is a hole, not free.
+    assert!(at(&st.placements, "CXL-0").is_none() && unplaced.iter().any(|d| d.ends_with("CXL-0")), "{unplaced:?}");
+    // GPU-7 comes back at twice its size, beside a change elsewhere: it stays a hole.
+    let c = map.update(&inventory((0..7).map(|i| gpu(i, 128 * GIB)).chain([gpu(7, 256 * GIB)]))).unwrap();
+    assert!(c.unplaced.iter().any(|u| u.key.device.to_string().ends_with("GPU-7")), "{c:?}");
+    let st = map.snapshot().state().clone();
+    st.validate().unwrap();
+    let g7 = at(&st.placements, "GPU-7").unwrap();
+    assert!(matches!(g7.presence, Presence::Vanished { .. }), "{g7:?}");
+    assert!(c.returned.is_empty(), "{c:?}");
+}
+
+/// The placement of the device whose id ends with `name`.
+fn at(placements: &[fabric_addrmap::Placement], name: &str) -> Option<fabric_addrmap::Placement> {
+    placements.iter().find(|p| p.key.device.to_string().ends_with(name)).cloned()
+}
+
+/// When no slot holds all of a node's new resources, the largest waits and is tried alone
+/// once the others are placed, rather than being left out.
+#[test]
+fn the_largest_of_resources_no_slot_holds_together_is_tried_alone() {
+    let cfg = MapConfig { address_bits: 40, node_span: NodeSpan::Auto { min: 64 * GIB }, ..MapConfig::default() };
+    let mut map = AddressMap::new(cfg).unwrap();
+    let mem = |node: &str, id: &str| device(Some(node), id, &[(MemoryKind::Hbm, 256 * GIB)]);
+    // Node a takes [0, 256 GiB); node b's three need 1 TiB together, which is not free.
+    let c = map.update(&inventory([mem("a", "A-0"), mem("b", "B-0"), mem("b", "B-1"), mem("b", "B-2")])).unwrap();
+    assert!(c.unplaced.is_empty(), "{:?}", c.unplaced);
+    assert_eq!(c.added.len(), 4);
+    let st = map.snapshot().state().clone();
+    st.validate().unwrap();
+    assert_no_overlaps(&st);
+}

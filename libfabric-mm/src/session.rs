@@ -107,13 +107,10 @@ impl Revocations {
             calls.running.push(me);
             cb
         };
+        // Leaves the running list when the call ends, a panicking call included: a
+        // replacement waiting for it would otherwise wait for good.
+        let _ended = CallEnded { revocations: self, thread: me };
         cb(&r);
-        let mut calls = Self::lock(&self.calls);
-        if let Some(i) = calls.running.iter().position(|t| *t == me) {
-            calls.running.swap_remove(i);
-        }
-        drop(calls);
-        self.call_ended.notify_all();
     }
 
     /// Sets (or, with `None`, removes) the callback. Once this returns the one it replaced
@@ -137,6 +134,24 @@ impl Revocations {
 
     pub(crate) fn forget(&self, import: u64) {
         Self::lock(&self.by_import).remove(&import);
+    }
+}
+
+/// A call of the revocation callback in progress on `thread`: when dropped, the thread
+/// leaves the running list and waiting replacements are woken.
+struct CallEnded<'a> {
+    revocations: &'a Revocations,
+    thread: std::thread::ThreadId,
+}
+
+impl Drop for CallEnded<'_> {
+    fn drop(&mut self) {
+        let mut calls = Revocations::lock(&self.revocations.calls);
+        if let Some(i) = calls.running.iter().position(|t| *t == self.thread) {
+            calls.running.swap_remove(i);
+        }
+        drop(calls);
+        self.revocations.call_ended.notify_all();
     }
 }
 
