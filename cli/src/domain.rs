@@ -176,7 +176,8 @@ pub fn render(doc: &DomainDoc, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// `fabric.map.translate/v1` of a daemon's answer.
+/// `fabric.map.translate.daemon/v1`: a daemon's answer (in a domain, the node whose slot
+/// holds the GFA), which is not the local `fabric.map.translate/v1`.
 #[derive(Debug, Serialize)]
 struct RemoteTranslateDoc {
     schema: &'static str,
@@ -203,7 +204,7 @@ pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dy
     };
     let Some(answer) = answer else { return Err(DaemonError::Unexpected(client.path().to_owned()).into()) };
     let mut doc = RemoteTranslateDoc {
-        schema: "fabric.map.translate/v1",
+        schema: "fabric.map.translate.daemon/v1",
         gfa: format!("{gfa:#x}"),
         node: None,
         live: None,
@@ -234,10 +235,13 @@ pub fn translate(client: &mut Client, gfa: u64, format: ListFormat, out: &mut dy
                 doc.offset = Some(format!("{offset:#x}"));
             }
         }
-        Translation::Hole { owner } => doc.answer = format!("hole of {owner}"),
-        Translation::NotInPartition => doc.answer = "not in your partitions".to_owned(),
+        // Not a translation: an error and exit 1, as the local translate's.
+        Translation::Hole { owner } => {
+            anyhow::bail!("GFA {gfa:#x} is in a hole reserved for a vanished owner ({owner})")
+        }
+        Translation::NotInPartition => anyhow::bail!("GFA {gfa:#x} is not in your partitions"),
         Translation::Unmapped | Translation::Gfa(_) | Translation::UnknownResource => {
-            doc.answer = "unmapped".to_owned()
+            anyhow::bail!("GFA {gfa:#x} is not mapped")
         }
     }
     if format == ListFormat::Json {

@@ -163,7 +163,11 @@ pub fn compare(view: &View, log: &SmiLog, matrix: &SmiMatrix) -> GpuCompare {
             (Some(_), None) => row.problems.push("PCI address not discovered".into()),
             _ => {}
         }
-        let hbm: u64 = dev.memory.iter().filter(|m| m.kind == fabric_topology::MemoryKind::Hbm).map(|m| m.size).sum();
+        let hbm = dev
+            .memory
+            .iter()
+            .filter(|m| m.kind == fabric_topology::MemoryKind::Hbm)
+            .fold(0u64, |a, m| a.saturating_add(m.size));
         row.memory_mib = (hbm > 0).then(|| mib(hbm));
         match (g.fb_total_mib, row.memory_mib) {
             (Some(s), Some(f)) => {

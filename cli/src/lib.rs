@@ -270,9 +270,44 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
     })
 }
 
-/// True when the error is only a closed output pipe (`fabricctl ... | head`).
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe))
+/// fabricctl's standard output: remembers whether the reader closed it (`fabricctl ... |
+/// head`), which ends the command without an error — a broken pipe of fabricd's socket
+/// in the error chain must not read as one.
+#[derive(Debug)]
+pub struct Output<W: Write> {
+    inner: W,
+    closed: bool,
+}
+
+impl<W: Write> Output<W> {
+    /// Wraps `inner`.
+    pub fn new(inner: W) -> Self {
+        Self { inner, closed: false }
+    }
+
+    /// Whether a write or flush failed because the reader closed the output.
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+
+    fn note<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
+        if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::BrokenPipe) {
+            self.closed = true;
+        }
+        r
+    }
+}
+
+impl<W: Write> Write for Output<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let r = self.inner.write(buf);
+        self.note(r)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let r = self.inner.flush();
+        self.note(r)
+    }
 }
 
 #[cfg(test)]

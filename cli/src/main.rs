@@ -25,10 +25,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let stdout = io::stdout();
-    let mut out = BufWriter::new(stdout.lock());
+    let mut out = fabric_cli::Output::new(BufWriter::new(stdout.lock()));
     match fabric_cli::run(&cli, &mut out) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if fabric_cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        // Our own output closed (`fabricctl ... | head`): not an error. A broken pipe
+        // anywhere else (the daemon's socket) is one.
+        Err(_) if out.closed() => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();
             let mut err = io::stderr().lock();

@@ -336,7 +336,13 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let path = state_path(args.state.as_deref(), &source)?;
     let config = args.config.as_deref().map(load_config).transpose()?;
     let config = config.as_ref();
-    let view = View::new(source.load()?, args.source.node.clone())?;
+    // `map gc --node NAME` names the node whose holes go (clap gives the global --node
+    // the same value): the fabric is read whole, since that node may be gone from it.
+    let narrow = match &args.command {
+        Some(MapCommand::Gc { .. }) => None,
+        _ => args.source.node.clone(),
+    };
+    let view = View::new(source.load()?, narrow)?;
     let inv = view.fabric.inventory();
     let format = args.output;
     match &args.command {

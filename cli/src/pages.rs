@@ -38,7 +38,9 @@ fn pages<T>(
             out.push(item);
             let Some(next) = page.next else { break true };
             // Pages move forward by name: a daemon that answers otherwise is not followed.
-            if req.after.as_deref().is_some_and(|a| next.as_str() <= a) || out.len() as u64 > page.total + 1 {
+            if req.after.as_deref().is_some_and(|a| next.as_str() <= a)
+                || out.len() as u64 > page.total.saturating_add(1)
+            {
                 return Err(bad(client, format!("page after {next:?} does not move the listing on")));
             }
             let after = Name::new(next.as_str()).map_err(|_| bad(client, format!("node name {next:?} is too long")))?;

@@ -116,6 +116,55 @@ fn status_topology_and_devices_come_from_the_running_daemon() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+
+    // translate through the daemon: a mapped GFA answers, an unmapped one exits 1.
+    let listing = fabricctl(&["map", "-o", "json", "--daemon", sock]);
+    assert_eq!(listing.status.code(), Some(0), "{}", text(&listing.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    let start = v["ranges"][0]["start"].as_u64().unwrap();
+    let o = fabricctl(&["map", "translate", &format!("{start:#x}"), "--daemon", sock, "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((t["schema"].as_str(), t["offset"].as_str()), (Some("fabric.map.translate.daemon/v1"), Some("0x0")));
+    let o = fabricctl(&["map", "translate", "0x7fffffffffffff", "--daemon", sock]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(text(&o.stderr).contains("not mapped"), "{}", text(&o.stderr));
+}
+
+/// A daemon that answers Hello and then goes away: the next request's broken pipe is the
+/// daemon's, not a closed output, so fabricctl says so and exits 1 (it exited 0 in silence).
+#[test]
+fn a_daemon_that_hangs_up_is_an_error_not_a_closed_output() {
+    use fabric_proto::wire::{
+        FrameKind, Header, HelloResponse, Message, Name, Opcode, Response, recv_frame, send_message,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("hangup.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let (stream, _) = listener.accept().unwrap();
+            let Ok(frame) = recv_frame(&stream) else { continue };
+            assert_eq!(frame.header.opcode, Opcode::Hello);
+            let reply = Header::new(Opcode::Hello, FrameKind::Response, frame.header.request_id);
+            let hello = Message::Response(Response::Hello(HelloResponse {
+                version: fabric_proto::wire::PROTOCOL_VERSION,
+                server: Name::truncated("hangs up"),
+                session: 1,
+                max_request_body: fabric_proto::wire::MAX_REQUEST_BODY,
+                max_fds: fabric_proto::wire::MAX_FDS,
+                token: None,
+            }));
+            send_message(&stream, &reply, &hello, &[]).unwrap();
+            drop(stream);
+        }
+    });
+    for args in [["status", "--daemon"], ["devices", "--daemon"]] {
+        let o = fabricctl(&[args[0], args[1], sock.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}{}", text(&o.stdout), text(&o.stderr));
+        assert!(text(&o.stderr).starts_with("error:"), "{}", text(&o.stderr));
+    }
+    server.join().unwrap();
 }
 
 /// Runs `args` through the daemon and locally on the sim; both must succeed with the

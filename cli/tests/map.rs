@@ -101,6 +101,10 @@ fn placement_is_stable_vanished_devices_leave_holes_and_come_back() {
     assert_eq!(ranges(&env.listing()), r1, "returning GPUs get their old ranges back");
 
     env.set_gpus(6);
+    // One node's holes, for a node this fabric no longer has: nothing to collect, and no
+    // refusal (the gc's --node is not the global one that narrows the fabric read).
+    let gc = env.json(&["map", "gc", "--node", "node-gone"]);
+    assert!(gc["collected"].as_array().is_none_or(Vec::is_empty), "{gc}");
     let gc = env.json(&["map", "gc"]);
     assert_eq!(gc["collected"].as_array().unwrap().len(), 2);
     let after = ranges(&env.listing());

@@ -19,7 +19,7 @@ pub fn gbs(mbps: u64) -> String {
 
 /// MB/s as a GB/s number with one decimal, rounded (`63.0`).
 pub fn gb(mbps: u64) -> String {
-    let tenths = (mbps + 50) / 100;
+    let tenths = mbps.saturating_add(50) / 100;
     format!("{}.{}", tenths / 10, tenths % 10)
 }
 
@@ -38,7 +38,8 @@ pub fn percent(c: u64, m: u64) -> u64 {
     if m == 0 {
         return 0;
     }
-    let p = (c.saturating_mul(100) + m / 2) / m;
+    // In u128: exact for any pair of u64 figures.
+    let p = u64::try_from((u128::from(c) * 100 + u128::from(m) / 2) / u128::from(m)).unwrap_or(u64::MAX);
     if c < m { p.min(99) } else { p }
 }
 
@@ -104,5 +105,12 @@ mod tests {
         assert_eq!(percent(999, 1000), 99);
         let bw = Bandwidth { current_mbps: Some(31_507), max_mbps: Some(63_015) };
         assert_eq!(bandwidth(&bw), "31.5 of 63.0 GB/s (50%)");
+    }
+
+    #[test]
+    fn figures_at_the_edge_of_u64_do_not_overflow() {
+        assert_eq!(gb(u64::MAX), "18446744073709551.6");
+        assert_eq!(percent(u64::MAX / 50, u64::MAX), 2, "exact, not wrapped or a panic");
+        assert_eq!(percent(u64::MAX, u64::MAX), 100);
     }
 }

@@ -73,7 +73,8 @@ impl<'a> Tree<'a> {
         }
         let mut mem: BTreeMap<MemoryKind, u64> = BTreeMap::new();
         for m in &d.memory {
-            *mem.entry(m.kind).or_insert(0) += m.size;
+            let e = mem.entry(m.kind).or_insert(0);
+            *e = e.saturating_add(m.size);
         }
         for (k, v) in mem {
             s.push_str(&format!(" {} {}", memory_name(k), bytes(v)));
