@@ -10,6 +10,7 @@ __all__ = ['__version__', 'default_socket', 'Session', 'Region', 'Import', 'Mapp
            'HostBuffer', 'Registration', 'Endpoint', 'Copy']
 
 def default_socket() -> str: ...
+def _interpreter_exiting() -> None: ...
 
 @final
 class Region:

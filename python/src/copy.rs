@@ -234,8 +234,7 @@ impl Copy {
 }
 
 fn deliver(callback: &Py<PyAny>, r: CopyOutcome) {
-    // No GIL during interpreter shutdown: nobody is left to tell.
-    let _ = Python::try_attach(|py| {
+    crate::gil::callback(|py| {
         let args = match r {
             Ok(n) => (Some(n), None),
             Err(e) => (None, Some(to_py(py, e).into_value(py))),

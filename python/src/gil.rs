@@ -5,6 +5,7 @@
 //! and those callbacks take the GIL — a thread that held the GIL while it waited for
 //! fabricd's answer could wait forever behind one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
@@ -14,6 +15,34 @@ use crate::error::to_py;
 /// Runs `f` with the GIL released; a library error becomes its Python exception.
 pub(crate) fn blocking<T: Send>(py: Python<'_>, f: impl FnOnce() -> fabric_mm::Result<T> + Send) -> PyResult<T> {
     py.detach(f).map_err(|e| to_py(py, e))
+}
+
+/// Set by an `atexit` hook (registered when the module loads) once the interpreter begins
+/// to exit: from then on no callback attaches to it. A thread that attaches while the
+/// interpreter finalizes is ended inside the library's frames (CPython before 3.14) or
+/// blocks forever (3.14), and the module's abi3 build leaves that check to us.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+#[pyfunction]
+fn _interpreter_exiting() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
+/// Registers [`EXITING`]'s hook with `atexit`.
+pub(crate) fn register_exit_hook(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let hook = wrap_pyfunction!(_interpreter_exiting, m)?;
+    m.py().import("atexit")?.call_method1("register", (hook,))?;
+    Ok(())
+}
+
+/// Runs a callback's `f` with the GIL on the library's thread (or a caller's, inside a
+/// call that reads fabricd's event), unless the interpreter is exiting: then there is no
+/// one left to tell, and attaching could end the thread.
+pub(crate) fn callback(f: impl FnOnce(Python<'_>)) {
+    if EXITING.load(Ordering::SeqCst) {
+        return;
+    }
+    let _ = Python::try_attach(f);
 }
 
 /// Drops `v` with the GIL released. During interpreter shutdown (no GIL to release) it is

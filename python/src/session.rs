@@ -139,8 +139,7 @@ impl Session {
         py.detach(move || match callback {
             None => s.on_revocation(|_| {}),
             Some(cb) => s.on_revocation(move |r| {
-                // No GIL during interpreter shutdown: nobody is left to tell.
-                let _ = Python::try_attach(|py| {
+                crate::gil::callback(|py| {
                     let call = values::revocation(py, r).and_then(|d| cb.call1(py, (d,)));
                     if let Err(e) = call {
                         e.write_unraisable(py, Some(cb.bind(py)));

@@ -4,6 +4,9 @@ poll, a callback and asyncio."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import List, Optional, Tuple
 
@@ -108,3 +111,25 @@ def test_copy_refusals_and_failures(session: fabric_mm.Session, gpu: str) -> Non
 
     with pytest.raises(fabric_mm.RefusedError):
         asyncio.run(refused())
+
+
+def test_an_interpreter_exits_cleanly_with_completions_on_their_way(session: fabric_mm.Session) -> None:
+    # Copies whose completions reach the library's thread while the interpreter exits:
+    # the callback must not attach to a finalizing interpreter (which ends the thread
+    # inside the library's frames, or blocks it for good).
+    child = textwrap.dedent(
+        """
+        import sys, fabric_mm
+        s = fabric_mm.Session(sys.argv[1])
+        gpu = next(d.id for d in s.devices() if d.kind == "gpu")
+        size = 32 << 20
+        src, dst = s.map(s.alloc(size, device=gpu)), s.map(s.alloc(size, device=gpu))
+        for _ in range(8):
+            s.copy(dst.gfa, src.gfa, size).on_complete(lambda n, err: print("done", n))
+        """
+    )
+    for _ in range(10):
+        run = subprocess.run([sys.executable, "-c", child, session.socket], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert "Fatal" not in run.stderr and "panicked" not in run.stderr, run.stderr
