@@ -180,6 +180,12 @@ impl Copy {
     pub(crate) fn new(c: fabric_mm::Copy) -> Self {
         Self { copy: Detached::new(Arc::new(c)) }
     }
+
+    /// The copy, unless this is a child forked after it was made: its completion comes
+    /// to the parent's reader thread, which the child does not have.
+    fn live(&self, py: Python<'_>) -> PyResult<&Arc<fabric_mm::Copy>> {
+        self.copy.here().ok_or_else(|| closed(py, "copy"))
+    }
 }
 
 /// How long a wait sleeps with the GIL released before it looks for a signal (Ctrl-C).
@@ -189,13 +195,13 @@ const SIGNAL_TICK: Duration = Duration::from_millis(100);
 impl Copy {
     /// The daemon's copy id.
     #[getter]
-    fn id(&self) -> u64 {
-        self.copy.id()
+    fn id(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.live(py)?.id())
     }
 
     /// Bytes copied once it is done, `None` while it runs; raises why it stopped.
     fn poll(&self, py: Python<'_>) -> PyResult<Option<u64>> {
-        self.copy.poll().transpose().map_err(|e| to_py(py, e))
+        self.live(py)?.poll().transpose().map_err(|e| to_py(py, e))
     }
 
     /// Waits (GIL released) until it is done and returns the bytes copied, or until
@@ -207,9 +213,10 @@ impl Copy {
             Some(t) if t.is_finite() && t >= 0.0 => Some(Instant::now() + Duration::from_secs_f64(t.min(1e9))),
             Some(_) => return Err(invalid(py, "timeout must be a finite number of seconds, ≥ 0")),
         };
+        let copy = Arc::clone(self.live(py)?);
         loop {
             let step = deadline.map_or(SIGNAL_TICK, |d| d.saturating_duration_since(Instant::now()).min(SIGNAL_TICK));
-            let c = Arc::clone(&self.copy);
+            let c = Arc::clone(&copy);
             if let Some(r) = py.detach(move || c.wait_timeout(step)) {
                 return r.map(Some).map_err(|e| to_py(py, e));
             }
@@ -223,13 +230,14 @@ impl Copy {
     /// Calls `callback(bytes, error)` once when it is done — `(n, None)` or
     /// `(None, FabricError)` — on the library's reader thread, with the GIL (or here at
     /// once when it is done already). After this, `poll` and `wait` report nothing.
-    fn on_complete(&self, py: Python<'_>, callback: Py<PyAny>) {
-        let c = Arc::clone(&self.copy);
+    fn on_complete(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        let c = Arc::clone(self.live(py)?);
         py.detach(move || c.on_complete(move |r: CopyOutcome| deliver(&callback, r)));
+        Ok(())
     }
 
     fn __repr__(&self) -> String {
-        format!("Copy(id={})", self.copy.id())
+        self.copy.here().map_or_else(|| "Copy(of the parent process)".to_owned(), |c| format!("Copy(id={})", c.id()))
     }
 }
 

@@ -22,7 +22,11 @@ pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
 
 /// The exception for an object of this binding used after it was closed or released.
 pub(crate) fn closed(py: Python<'_>, what: &str) -> PyErr {
-    let message = format!("the {what} is closed");
+    let message = if crate::gil::forked() {
+        format!("the {what} is closed, or was made before this process was forked (it is the parent's)")
+    } else {
+        format!("the {what} is closed")
+    };
     build(py, fabric_mm::ffi::FMM_E_ARG, CLOSED, &message, |_| Ok(())).unwrap_or_else(|fallback| fallback)
 }
 

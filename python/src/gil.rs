@@ -5,7 +5,7 @@
 //! and those callbacks take the GIL — a thread that held the GIL while it waited for
 //! fabricd's answer could wait forever behind one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
@@ -28,10 +28,49 @@ fn _interpreter_exiting() {
     EXITING.store(true, Ordering::SeqCst);
 }
 
-/// Registers [`EXITING`]'s hook with `atexit`.
-pub(crate) fn register_exit_hook(m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// Forks since the module loaded in this process's line: each child after `fork()` (an
+/// `os.register_at_fork` hook) counts one more. The child has the parent's sessions'
+/// descriptors and state but not their reader threads, and not the window's mappings
+/// (`MADV_DONTFORK`). An object made before the fork ([`Born`]) is neither used nor dropped
+/// there: a use is an error, and a drop forgets the library object rather than end the
+/// parent's session (a Free, a Release or a shutdown of the shared socket, a join of a
+/// thread that does not exist, an unmap of whatever the child mapped there since).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+#[pyfunction]
+fn _after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Whether this process is a child forked after the module loaded.
+pub(crate) fn forked() -> bool {
+    FORKS.load(Ordering::SeqCst) > 0
+}
+
+/// The process an object was made in (see [`FORKS`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Born(u64);
+
+impl Born {
+    pub(crate) fn now() -> Self {
+        Self(FORKS.load(Ordering::SeqCst))
+    }
+
+    /// Whether this is still the process it was made in.
+    pub(crate) fn here(self) -> bool {
+        self.0 == FORKS.load(Ordering::SeqCst)
+    }
+}
+
+/// Registers [`EXITING`]'s hook with `atexit` and [`FORKS`]'s with `os.register_at_fork`.
+pub(crate) fn register_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
     let hook = wrap_pyfunction!(_interpreter_exiting, m)?;
-    m.py().import("atexit")?.call_method1("register", (hook,))?;
+    py.import("atexit")?.call_method1("register", (hook,))?;
+    let child = wrap_pyfunction!(_after_fork_in_child, m)?;
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("after_in_child", child)?;
+    py.import("os")?.call_method("register_at_fork", (), Some(&kwargs))?;
     Ok(())
 }
 
@@ -45,9 +84,14 @@ pub(crate) fn callback(f: impl FnOnce(Python<'_>)) {
     let _ = Python::try_attach(f);
 }
 
-/// Drops `v` with the GIL released. During interpreter shutdown (no GIL to release) it is
-/// dropped as it is: nothing can call back into Python then.
-pub(crate) fn drop_detached<T: Send>(v: T) {
+/// Drops `v`, made in process `born`, with the GIL released. During interpreter shutdown
+/// (no GIL to release) it is dropped as it is: nothing can call back into Python then. In
+/// a child forked since, it is forgotten: it is the parent's (see [`FORKS`]).
+pub(crate) fn drop_detached<T: Send>(v: T, born: Born) {
+    if !born.here() {
+        std::mem::forget(v);
+        return;
+    }
     let mut v = Some(v);
     let detached = Python::try_attach(|py| py.detach(|| drop(v.take())));
     if detached.is_none() {
@@ -59,18 +103,16 @@ pub(crate) fn drop_detached<T: Send>(v: T) {
 /// released ([`drop_detached`]) when the Python object goes: its last drop may end the
 /// session, which waits for the library's reader thread — and that thread may be
 /// waiting for the GIL, to run a callback.
-pub(crate) struct Detached<T: Send>(Option<T>);
+pub(crate) struct Detached<T: Send>(Option<T>, Born);
 
 impl<T: Send> Detached<T> {
     pub(crate) fn new(v: T) -> Self {
-        Self(Some(v))
+        Self(Some(v), Born::now())
     }
-}
 
-impl<T: Send> std::ops::Deref for Detached<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        self.0.as_ref().unwrap_or_else(|| unreachable!("taken only when dropped"))
+    /// The value, unless this is a child forked since it was made (see [`FORKS`]).
+    pub(crate) fn here(&self) -> Option<&T> {
+        self.1.here().then_some(self.0.as_ref()).flatten()
     }
 }
 
@@ -82,25 +124,30 @@ impl<T: Send + std::fmt::Debug> std::fmt::Debug for Detached<T> {
 
 impl<T: Send> Drop for Detached<T> {
     fn drop(&mut self) {
-        drop_detached(self.0.take());
+        drop_detached(self.0.take(), self.1);
     }
 }
 
 /// A library object a Python object owns until it is closed: `get` clones a handle out in
 /// a short critical section (never held across a call to fabricd or Python, so no lock
 /// order with the GIL exists), `take` closes it.
-pub(crate) struct Slot<T: Send + Sync>(Mutex<Option<Arc<T>>>);
+pub(crate) struct Slot<T: Send + Sync>(Mutex<Option<Arc<T>>>, Born);
 
 impl<T: Send + Sync> Slot<T> {
     pub(crate) fn new(v: T) -> Self {
-        Self(Mutex::new(Some(Arc::new(v))))
+        Self(Mutex::new(Some(Arc::new(v))), Born::now())
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Arc<T>>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The object, unless closed (or made before this process was forked from its
+    /// parent: see [`FORKS`]).
     pub(crate) fn get(&self) -> Option<Arc<T>> {
+        if !self.1.here() {
+            return None;
+        }
         self.lock().clone()
     }
 
@@ -108,7 +155,7 @@ impl<T: Send + Sync> Slot<T> {
     /// when its last holder — a view, a pin — lets go).
     pub(crate) fn close(&self) {
         let v = self.lock().take();
-        drop_detached(v);
+        drop_detached(v, self.1);
     }
 
     pub(crate) fn is_open(&self) -> bool {
@@ -125,6 +172,6 @@ impl<T: Send + Sync + std::fmt::Debug> std::fmt::Debug for Slot<T> {
 impl<T: Send + Sync> Drop for Slot<T> {
     fn drop(&mut self) {
         let v = self.0.get_mut().unwrap_or_else(PoisonError::into_inner).take();
-        drop_detached(v);
+        drop_detached(v, self.1);
     }
 }

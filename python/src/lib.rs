@@ -29,6 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<copy::Registration>()?;
     m.add_class::<copy::Endpoint>()?;
     m.add_class::<copy::Copy>()?;
-    gil::register_exit_hook(m)?;
+    gil::register_hooks(m)?;
     Ok(())
 }

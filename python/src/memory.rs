@@ -262,7 +262,13 @@ impl Mapping {
     /// A holder of the mapping for one view (see the module's note).
     fn pin(&self, py: Python<'_>) -> PyResult<Pin> {
         let m = self.get(py)?;
-        Ok(Pin { held: Some(Held::Mapping(m)), address: self.address, size: self.size, writable: self.writable })
+        Ok(Pin {
+            held: Some(Held::Mapping(m)),
+            born: crate::gil::Born::now(),
+            address: self.address,
+            size: self.size,
+            writable: self.writable,
+        })
     }
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
@@ -303,6 +309,7 @@ pub(crate) enum Held {
 #[derive(Debug)]
 pub struct Pin {
     held: Option<Held>,
+    born: crate::gil::Born,
     address: usize,
     size: usize,
     writable: bool,
@@ -311,7 +318,7 @@ pub struct Pin {
 impl Pin {
     pub(crate) fn host(h: Arc<fabric_mm::HostBuffer>) -> Self {
         let (address, size) = (h.as_ptr() as usize, h.len() as usize);
-        Self { held: Some(Held::Host(h)), address, size, writable: true }
+        Self { held: Some(Held::Host(h)), born: crate::gil::Born::now(), address, size, writable: true }
     }
 
     pub(crate) fn parts(&self) -> (usize, usize, bool) {
@@ -322,7 +329,7 @@ impl Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         // The last holder of a mapping may free or release memory in fabricd: a round trip.
-        crate::gil::drop_detached(self.held.take());
+        crate::gil::drop_detached(self.held.take(), self.born);
     }
 }
 

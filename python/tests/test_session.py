@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import os
 import re
@@ -10,7 +11,7 @@ import time
 import pytest
 
 import fabric_mm
-from conftest import ROOT, Daemon
+from conftest import MIB, ROOT, Daemon
 
 
 def test_version_is_the_workspace_version() -> None:
@@ -88,3 +89,35 @@ def test_resume_by_token(tmp_path_factory: pytest.TempPathFactory) -> None:
             fabric_mm.Session(d.socket, resume="not a token")
     finally:
         d.stop()
+
+
+def test_a_forked_child_leaves_its_parents_session_alone(session: fabric_mm.Session, gpu: str) -> None:
+    # The child drops and uses objects made before the fork: refused there, and the
+    # parent's session, region and import carry on (the child's drops once freed the
+    # region in fabricd and shut the parent's socket down).
+    regions = [session.alloc(MIB, device=gpu)]
+    imports = [session.import_(session.export(regions[0]))]
+    socket = session.socket
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                session.ping()
+            except fabric_mm.ClosedError as e:
+                code = 0 if "forked" in str(e) else 3
+            regions.clear()
+            imports.clear()
+            gc.collect()
+            # A new session works in the child.
+            with fabric_mm.Session(socket) as child:
+                child.ping()
+        except BaseException:
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    session.ping()
+    imports[0].check()
+    assert session.map(regions[0]).size >= MIB
