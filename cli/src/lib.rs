@@ -270,19 +270,62 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
     })
 }
 
+/// `text` with every control character but newline and tab as `?` (see [`Output`]), for
+/// what fabricctl writes to standard error (errors quote the daemon's words).
+pub fn inert(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { '?' } else { c }).collect()
+}
+
 /// fabricctl's standard output: remembers whether the reader closed it (`fabricctl ... |
 /// head`), which ends the command without an error — a broken pipe of fabricd's socket
-/// in the error chain must not read as one.
+/// in the error chain must not read as one. And it never passes a terminal control
+/// character on: names and notes come from sim files, sysfs dumps and the daemon, and an
+/// escape sequence in one (`ESC ] 52 ;` writes the clipboard) would reach the operator's
+/// terminal. No output has control characters of its own but newlines and tabs (JSON
+/// escapes them inside strings), so each other C0 or C1 control (and DEL) becomes `?`.
 #[derive(Debug)]
 pub struct Output<W: Write> {
     inner: W,
     closed: bool,
+    /// A `0xC2` held back: the first byte of a C1 control's two in UTF-8, or of another
+    /// character's.
+    c2: bool,
 }
 
 impl<W: Write> Output<W> {
     /// Wraps `inner`.
     pub fn new(inner: W) -> Self {
-        Self { inner, closed: false }
+        Self { inner, closed: false, c2: false }
+    }
+
+    /// `buf` with every control character but newline and tab replaced by `?`.
+    fn inert(&mut self, buf: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(buf.len() + 1);
+        for &b in buf {
+            if std::mem::take(&mut self.c2) {
+                if (0x80..=0x9f).contains(&b) {
+                    // U+0080..U+009F, a C1 control.
+                    out.push(b'?');
+                    continue;
+                }
+                out.push(0xc2);
+            }
+            match b {
+                b'\n' | b'\t' => out.push(b),
+                0..=0x1f | 0x7f => out.push(b'?'),
+                0xc2 => self.c2 = true,
+                _ => out.push(b),
+            }
+        }
+        out
+    }
+
+    /// The writer, what was held back flushed to it first (flushed when it accepts it).
+    pub fn into_inner(mut self) -> W {
+        if std::mem::take(&mut self.c2) {
+            let _ = self.inner.write_all(&[0xc2]);
+        }
+        self.inner
     }
 
     /// Whether a write or flush failed because the reader closed the output.
@@ -300,12 +343,14 @@ impl<W: Write> Output<W> {
 
 impl<W: Write> Write for Output<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let r = self.inner.write(buf);
+        let inert = self.inert(buf);
+        let r = self.inner.write_all(&inert).map(|()| buf.len());
         self.note(r)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let r = self.inner.flush();
+        let held = if std::mem::take(&mut self.c2) { self.inner.write_all(&[0xc2]) } else { Ok(()) };
+        let r = held.and_then(|()| self.inner.flush());
         self.note(r)
     }
 }

@@ -27,16 +27,19 @@ fn main() -> ExitCode {
     let stdout = io::stdout();
     let mut out = fabric_cli::Output::new(BufWriter::new(stdout.lock()));
     match fabric_cli::run(&cli, &mut out) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            let _ = out.flush();
+            ExitCode::SUCCESS
+        }
         // Our own output closed (`fabricctl ... | head`): not an error. A broken pipe
         // anywhere else (the daemon's socket) is one.
         Err(_) if out.closed() => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();
             let mut err = io::stderr().lock();
-            let _ = writeln!(err, "error: {e}");
+            let _ = writeln!(err, "error: {}", fabric_cli::inert(&e.to_string()));
             for cause in e.chain().skip(1) {
-                let _ = writeln!(err, "  caused by: {cause}");
+                let _ = writeln!(err, "  caused by: {}", fabric_cli::inert(&cause.to_string()));
             }
             if let Some(h) = fabric_cli::hint(&e) {
                 let _ = writeln!(err, "hint: {h}");

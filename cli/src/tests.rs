@@ -395,3 +395,19 @@ fn a_pooled_cxl_device_is_named_under_every_host_and_shown_once_as_the_fabrics()
     assert!(t.contains("      CXL0 serial:cxl/0x5eed [cxl x8] CXL ram 64 GiB"), "{t}");
     assert!(!t.contains("fabric-level") && !t.contains("h0"), "{t}");
 }
+
+#[test]
+fn no_terminal_control_reaches_the_output_but_newlines_and_tabs() {
+    use std::io::Write as _;
+    let mut o = crate::Output::new(Vec::new());
+    // OSC 52 (writes the clipboard), CSI as a C1 control (U+009B), DEL; a C1 split across
+    // writes; ordinary UTF-8 with a 0xC2 lead byte (U+00B0) kept whole.
+    write!(o, "gpu\u{1b}]52;c;aGk=\u{7}\tname\n\u{9b}2J \u{7f} 20\u{b0}C").unwrap();
+    o.write_all(&[0xc2]).unwrap();
+    o.write_all(&[0x9b, b'x']).unwrap();
+    o.flush().unwrap();
+    assert!(!o.closed());
+    let text = String::from_utf8(o.into_inner()).unwrap();
+    assert_eq!(text, "gpu?]52;c;aGk=?\tname\n?2J ? 20\u{b0}C?x");
+    assert_eq!(crate::inert("refused: \u{1b}[31mred\n"), "refused: ?[31mred\n");
+}
