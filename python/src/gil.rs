@@ -4,6 +4,10 @@
 //! library runs revocation and copy callbacks on whichever thread reads fabricd's socket,
 //! and those callbacks take the GIL — a thread that held the GIL while it waited for
 //! fabricd's answer could wait forever behind one.
+//!
+//! And the process's life around those objects: no callback attaches to an interpreter
+//! that is exiting ([`EXITING`]), and a child forked after an object was made neither uses
+//! nor drops it ([`Born`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
