@@ -253,11 +253,12 @@ impl Planner {
                     // At least the largest item's size.
                     let wide =
                         if span < items[largest].0 { items[largest].0.checked_next_power_of_two() } else { Some(span) };
-                    match wide.and_then(|w| {
-                        span = w;
-                        self.slots.alloc(w, w, st.config.base, st.config.limit())
-                    }) {
-                        Some(start) => start,
+                    let slot = wide.and_then(|w| Some((self.slots.alloc(w, w, st.config.base, st.config.limit())?, w)));
+                    match slot {
+                        Some((start, w)) => {
+                            span = w;
+                            start
+                        }
                         // No slot for all of them: the largest waits until the others
                         // are placed, then is tried alone; alone, it fits nowhere. (Each
                         // round places, defers or gives up one: it ends.)
@@ -411,10 +412,8 @@ fn apply_scoped(prev: &State, inv: &Inventory, scope: Option<&str>) -> Result<(S
     let mut planner = Planner::new(&st);
     // An outgrown resource's range stays taken in this pass: nothing else is placed where
     // a stale GFA of it points, and it is there to go back to if it fits nowhere else.
-    for (_, _, previous) in by_node.values().flatten() {
-        if let Some(old) = previous {
-            planner.ranges.take(old.start, old.start.saturating_add(old.reserved));
-        }
+    for old in by_node.values().flatten().filter_map(|(_, _, previous)| previous.as_ref()) {
+        planner.ranges.take(old.start, old.start.saturating_add(old.reserved));
     }
     for (node, mut items) in by_node {
         items.sort_by(|a, b| a.0.cmp(&b.0));

@@ -467,14 +467,20 @@ fn a_pin_that_would_move_a_placed_node_is_refused() {
     map.set_config(other).unwrap();
 }
 
+/// A map of 1 TiB node slots with node n1 pinned at 4 TiB, as a domain pins its slot.
+fn pinned_n1() -> AddressMap {
+    let tib = fabric_addrmap::TIB;
+    let mut cfg = MapConfig { node_span: NodeSpan::Fixed(tib), ..MapConfig::default() };
+    cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(4 * tib), span: Some(tib) });
+    AddressMap::new(cfg).unwrap()
+}
+
 /// A domain node's memory stays in the slot the domain pinned it to: what does not fit is
 /// left unplaced (and said), never placed in another node's slot or past its own span.
 #[test]
 fn a_pinned_node_that_outgrows_its_slot_leaves_the_rest_unplaced() {
     let tib = fabric_addrmap::TIB;
-    let mut cfg = MapConfig { node_span: NodeSpan::Fixed(tib), ..MapConfig::default() };
-    cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(4 * tib), span: Some(tib) });
-    let mut map = AddressMap::new(cfg).unwrap();
+    let mut map = pinned_n1();
     // Nine GPUs of 128 GiB: eight fill the 1 TiB slot, the ninth does not fit; and one
     // larger than the whole slot.
     let mut gpus: Vec<Device> =
@@ -531,10 +537,7 @@ fn a_state_whose_generation_could_wrap_is_refused() {
 /// A vanished one that comes back too large to place stays a hole.
 #[test]
 fn an_outgrown_resource_that_fits_nowhere_keeps_its_range_and_nothing_lands_in_it() {
-    let tib = fabric_addrmap::TIB;
-    let mut cfg = MapConfig { node_span: NodeSpan::Fixed(tib), ..MapConfig::default() };
-    cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(4 * tib), span: Some(tib) });
-    let mut map = AddressMap::new(cfg).unwrap();
+    let mut map = pinned_n1();
     let gpu = |i: usize, size: u64| device(Some("n1"), &format!("GPU-{i}"), &[(MemoryKind::Hbm, size)]);
     map.update(&inventory((0..8).map(|i| gpu(i, 128 * GIB)))).unwrap();
     let before = map.snapshot().state().placements.clone();

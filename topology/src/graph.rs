@@ -288,12 +288,7 @@ impl Fabric {
                 // Bridges on the path, with a switch's downstream ports folded into its
                 // upstream port: one PCIe switch counts as one bridge, as nvidia-smi does.
                 let mut units: Vec<DeviceIdx> = Vec::new();
-                // The bridges strictly between a device and the common ancestor.
-                let side = |chain: &[DeviceIdx]| {
-                    let to_lca = chain.iter().position(|&x| x == lca).unwrap_or(chain.len());
-                    chain.get(1..to_lca).unwrap_or_default().to_vec()
-                };
-                for br in side(&chain_a).into_iter().chain(side(&chain_b)).chain([lca]) {
+                for &br in below(&chain_a, lca).iter().chain(below(&chain_b, lca)).chain([&lca]) {
                     let u = self.switch_unit(br);
                     if !units.contains(&u) {
                         units.push(u);
@@ -366,4 +361,11 @@ impl UnionFind {
             self.parent[ra.max(rb) as usize] = ra.min(rb);
         }
     }
+}
+
+/// The bridges strictly between a device and `lca` on its `chain` of ancestors (the chain
+/// starts at the device itself).
+fn below(chain: &[DeviceIdx], lca: DeviceIdx) -> &[DeviceIdx] {
+    let to_lca = chain.iter().position(|&x| x == lca).unwrap_or(chain.len());
+    chain.get(1..to_lca).unwrap_or_default()
 }

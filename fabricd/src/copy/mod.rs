@@ -549,15 +549,11 @@ struct SessionPlace<'a> {
 impl<'a> SessionPlace<'a> {
     fn take(shared: &'a Shared, session: u64, max: u32) -> Result<Self, CopyError> {
         let mut per = lock(&shared.per_session);
-        let n = per.entry(session).or_default();
-        if *n >= max {
-            let in_flight = *n;
-            if in_flight == 0 {
-                per.remove(&session);
-            }
+        let in_flight = per.get(&session).copied().unwrap_or(0);
+        if in_flight >= max {
             return Err(CopyError::TooMany { in_flight, max });
         }
-        *n += 1;
+        per.insert(session, in_flight + 1);
         Ok(Self { shared, session, kept: false })
     }
 
