@@ -11,6 +11,10 @@ pub struct Cli {
     /// More logging on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
     #[arg(short, long, action = ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Seconds to wait for fabricd: for it to take the connection, then for each whole
+    /// answer. A daemon that does not answer in time is an error (exit 1), not a hang.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400), global = true)]
+    pub timeout: u64,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

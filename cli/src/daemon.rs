@@ -2,14 +2,14 @@
 //! `fabricctl status`.
 
 use std::io::{self, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fabric_addrmap::Listing;
 use fabric_proto::wire::{
     CodecError, Connection, PartitionsRequest, PartitionsResponse, ProblemKind, RegionsRequest, RegionsResponse,
-    Request, Response, SUPPORTED_VERSIONS, StatusRequest, StatusResponse, TopologyRequest, Version,
+    Request, Response, SUPPORTED_VERSIONS, StatusRequest, StatusResponse, TopologyRequest, Version, connect_unix,
 };
 use fabric_topology::{Fabric, Inventory};
 use serde::Serialize;
@@ -30,6 +30,14 @@ pub enum DaemonError {
         /// Why the connection failed.
         #[source]
         source: io::Error,
+    },
+    /// The daemon did not take the connection in time: its accept queue is full.
+    #[error("fabricd at {path} took no connection within {after:?}")]
+    Busy {
+        /// The socket tried.
+        path: PathBuf,
+        /// The time waited.
+        after: Duration,
     },
     /// The exchange failed or the daemon refused.
     #[error("fabricd at {path}")]
@@ -77,6 +85,10 @@ impl DaemonError {
                  or pass the socket it serves with --daemon SOCKET",
             ),
             DaemonError::NoSocket => Some("pass --daemon SOCKET"),
+            DaemonError::Busy { .. } | DaemonError::Call { source: CodecError::TimedOut { .. }, .. } => Some(
+                "fabricd is wedged or overloaded: read its log (`journalctl -u fabricd`), \
+                 or wait longer with --timeout SECS",
+            ),
             DaemonError::TooOld { .. } => Some("upgrade fabricd, or drop --daemon to discover locally"),
             _ => None,
         }
@@ -99,6 +111,19 @@ pub fn socket_path(explicit: Option<&Path>) -> Result<PathBuf, DaemonError> {
     var("XDG_RUNTIME_DIR").map(|d| d.join("fabric/fabricd.sock")).ok_or(DaemonError::NoSocket)
 }
 
+/// Seconds a connection waits for the daemon (`--timeout`).
+static TIMEOUT_S: AtomicU64 = AtomicU64::new(60);
+
+/// How long each connection made from now on waits for fabricd to take it, and then for
+/// each whole answer (`--timeout`; at least a second).
+pub fn set_timeout(secs: u64) {
+    TIMEOUT_S.store(secs.max(1), Ordering::Relaxed);
+}
+
+fn timeout() -> Duration {
+    Duration::from_secs(TIMEOUT_S.load(Ordering::Relaxed))
+}
+
 /// A negotiated connection to the daemon.
 #[derive(Debug)]
 pub struct Client {
@@ -107,13 +132,17 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects and says hello.
+    /// Connects and says hello, each bounded by the timeout ([`set_timeout`]): a wedged
+    /// daemon (a full accept queue, an answer that never ends) is an error, not a hang.
     pub fn connect(explicit: Option<&Path>) -> Result<Self, DaemonError> {
         let path = socket_path(explicit)?;
-        let stream =
-            UnixStream::connect(&path).map_err(|source| DaemonError::NotRunning { path: path.clone(), source })?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+        let after = timeout();
+        let stream = connect_unix(&path, Some(after)).map_err(|source| match source.kind() {
+            io::ErrorKind::TimedOut => DaemonError::Busy { path: path.clone(), after },
+            _ => DaemonError::NotRunning { path: path.clone(), source },
+        })?;
         let mut conn = Connection::new(stream);
+        conn.set_call_timeout(Some(after));
         conn.hello("fabricctl", SUPPORTED_VERSIONS)
             .map_err(|source| DaemonError::Call { path: path.clone(), source })?;
         tracing::debug!(socket = %path.display(), version = %conn.version(), "connected to fabricd");

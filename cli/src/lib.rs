@@ -117,6 +117,7 @@ pub fn write_path(view: &View, a: &str, b: &str, format: ListFormat, out: &mut d
 
 /// Runs a parsed command line, writing its output to `out`.
 pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    daemon::set_timeout(cli.timeout);
     match &cli.command {
         Command::Partitions(p) => remote::partitions(p, out)?,
         Command::Regions(r) => remote::regions(r, out)?,

@@ -167,6 +167,114 @@ fn a_daemon_that_hangs_up_is_an_error_not_a_closed_output() {
     server.join().unwrap();
 }
 
+/// Runs fabricctl with `args`, killing it after `limit` (a hang fails the test, not CI).
+fn fabricctl_within(args: &[&str], limit: Duration) -> (Output, Duration) {
+    use std::process::Stdio;
+    let start = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fabricctl"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("fabricctl {args:?} still waiting after {limit:?}: {}", text(&o.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = start.elapsed();
+    (child.wait_with_output().unwrap(), elapsed)
+}
+
+/// A wedged daemon whose accept queue is full: fabricctl gives up after `--timeout` with
+/// a typed error and a hint (a blocking `connect` used to wait for ever).
+#[test]
+fn a_daemon_that_takes_no_connection_times_out() {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, connect, listen, socket};
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("wedged.sock");
+    let listener = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    let addr = UnixAddr::new(&sock).unwrap();
+    bind(listener.as_raw_fd(), &addr).unwrap();
+    listen(&listener, Backlog::new(0).unwrap()).unwrap();
+    // Fill the queue: connects that are never accepted, until the kernel says it is full.
+    let mut queued = Vec::new();
+    loop {
+        let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)
+            .unwrap();
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => queued.push(fd),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("filling the accept queue: {e}"),
+        }
+        assert!(queued.len() < 64, "the accept queue never filled");
+    }
+    let (o, elapsed) =
+        fabricctl_within(&["--timeout", "1", "status", "--daemon", sock.to_str().unwrap()], Duration::from_secs(30));
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("took no connection within 1s"), "{err}");
+    assert!(err.contains("hint: fabricd is wedged or overloaded"), "{err}");
+    assert!(elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(20), "{elapsed:?}");
+    drop(queued);
+}
+
+/// A daemon that answers hello, then trickles its answer a byte every 100 ms: each read
+/// gets a byte well within any read timeout, so only a bound on the whole call ends it.
+#[test]
+fn a_daemon_that_trickles_its_answer_times_out() {
+    use fabric_proto::wire::{
+        FrameKind, Header, HelloResponse, Message, Name, Opcode, Response, recv_frame, send_message,
+    };
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("trickle.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let frame = recv_frame(&stream).unwrap();
+        let reply = Header::new(Opcode::Hello, FrameKind::Response, frame.header.request_id);
+        let hello = Message::Response(Response::Hello(HelloResponse {
+            version: fabric_proto::wire::PROTOCOL_VERSION,
+            server: Name::truncated("trickles"),
+            session: 1,
+            max_request_body: fabric_proto::wire::MAX_REQUEST_BODY,
+            max_fds: fabric_proto::wire::MAX_FDS,
+            token: None,
+        }));
+        send_message(&stream, &reply, &hello, &[]).unwrap();
+        let request = recv_frame(&stream).unwrap();
+        assert_eq!(request.header.opcode, Opcode::Status);
+        // A header that announces a 1,000-byte body, then the body a byte at a time.
+        let mut frame = Vec::new();
+        let status = Header::new(Opcode::Status, FrameKind::Response, request.header.request_id);
+        fabric_proto::wire::encode_frame(&status, &[0; 1000], &mut frame).unwrap();
+        if stream.write_all(&frame[..fabric_proto::wire::HEADER_LEN]).is_err() {
+            return;
+        }
+        for _ in 0..600 {
+            std::thread::sleep(Duration::from_millis(100));
+            if stream.write_all(&[0]).is_err() {
+                return;
+            }
+        }
+        panic!("fabricctl still reading after a minute");
+    });
+    let (o, elapsed) =
+        fabricctl_within(&["--timeout", "2", "status", "--daemon", sock.to_str().unwrap()], Duration::from_secs(30));
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no answer within 2s"), "{err}");
+    assert!(err.contains("hint: fabricd is wedged or overloaded"), "{err}");
+    assert!(elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(20), "{elapsed:?}");
+    server.join().unwrap();
+}
+
 /// Runs `args` through the daemon and locally on the sim; both must succeed with the
 /// same output.
 fn same_output(sock: &str, args: &[&str]) -> String {

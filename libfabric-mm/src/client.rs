@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 
 use fabric_proto::wire::{
     CodecError, Connection, Event, FrameKind, Header, Message, Opcode, Request, Response, SUPPORTED_VERSIONS,
-    SessionToken, Version, recv_message, send_message,
+    SessionToken, Version, connect_unix, recv_message, send_message,
 };
 
 use crate::error::{Error, Result};
@@ -285,6 +285,10 @@ impl Drop for Pending {
 
 /// How often the background thread looks whether callers stopped reading (unless woken:
 /// [`Shared::prompt`]).
+/// How long [`Client::connect`] waits for fabricd to take the connection and answer the
+/// hello.
+pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// While no caller waits: watch the socket and read what comes (events, answers to
@@ -334,13 +338,25 @@ impl Client {
     /// Connects to `socket`, negotiates a version (taking back the session `resume`
     /// names, when given), and starts the background reader, which passes events to
     /// `on_event` while no caller waits (callers that read pass them on too).
+    /// A wedged daemon (its accept queue full, or no answer to the hello) is
+    /// [`Error::Connect`] after [`CONNECT_TIMEOUT`], not a hang.
     pub(crate) fn connect(socket: &Path, name: &str, resume: Option<SessionToken>, on_event: OnEvent) -> Result<Self> {
-        let stream =
-            UnixStream::connect(socket).map_err(|source| Error::Connect { path: socket.to_owned(), source })?;
+        let unreachable = |source| Error::Connect { path: socket.to_owned(), source };
+        let stream = connect_unix(socket, Some(CONNECT_TIMEOUT)).map_err(unreachable)?;
         let mut conn = Connection::new(stream);
-        let hello =
-            conn.hello_with(name, SUPPORTED_VERSIONS, resume).map_err(|e| Error::from_codec(Opcode::Hello, e))?;
+        conn.set_call_timeout(Some(CONNECT_TIMEOUT));
+        let hello = conn.hello_with(name, SUPPORTED_VERSIONS, resume).map_err(|e| match e {
+            CodecError::TimedOut { after } => unreachable(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer to the hello within {after:?}"),
+            )),
+            e => Error::from_codec(Opcode::Hello, e),
+        })?;
+        // Requests and the reader wait as long as the daemon takes from here on (each
+        // has its own rules); the hello's bound must not stay on the socket.
         let stream = conn.stream().try_clone().map_err(Error::os("cloning the daemon socket"))?;
+        stream.set_read_timeout(None).map_err(Error::os("clearing the socket's timeouts"))?;
+        stream.set_write_timeout(None).map_err(Error::os("clearing the socket's timeouts"))?;
         let read_half = stream.try_clone().map_err(Error::os("cloning the daemon socket"))?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State { pending: HashMap::new(), reader: Reader::Nobody, waiting: 0, closed: false }),

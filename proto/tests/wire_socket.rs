@@ -209,6 +209,77 @@ fn a_stalled_peer_times_out() {
     }
 }
 
+/// A call given a time bound fails with `TimedOut` when the answer trickles in a byte at
+/// a time, though every single read gets its byte well within the bound.
+#[test]
+fn a_call_that_trickles_times_out_as_a_whole() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let server = thread::spawn(move || {
+        let request = recv_frame(&b).unwrap();
+        let header = Header::new(Opcode::Alloc, FrameKind::Response, request.header.request_id);
+        let bytes = frame_bytes(&header, &alloc_response());
+        for byte in &bytes[..bytes.len() - 1] {
+            thread::sleep(Duration::from_millis(20));
+            if (&b).write_all(std::slice::from_ref(byte)).is_err() {
+                return;
+            }
+        }
+    });
+    let mut conn = Connection::new(a);
+    conn.set_call_timeout(Some(Duration::from_millis(300)));
+    let start = std::time::Instant::now();
+    let r = conn.call(Request::Free(FreeRequest { region: 1, node: None }), &[]);
+    let elapsed = start.elapsed();
+    assert!(matches!(r, Err(CodecError::TimedOut { after }) if after == Duration::from_millis(300)), "{r:?}");
+    assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+    drop(conn);
+    server.join().unwrap();
+}
+
+/// `connect_unix` to a listener whose accept queue is full gives up with `TimedOut`
+/// after the time given (a blocking connect waits there for ever); once the queue has
+/// room, it connects.
+#[test]
+fn a_connect_to_a_full_accept_queue_times_out() {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockType, bind, connect, listen, socket};
+    let dir = std::env::temp_dir().join(format!("fabric-proto-connect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("full.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    let addr = UnixAddr::new(&path).unwrap();
+    bind(listener.as_raw_fd(), &addr).unwrap();
+    listen(&listener, Backlog::new(0).unwrap()).unwrap();
+    let mut queued = Vec::new();
+    loop {
+        let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)
+            .unwrap();
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => queued.push(fd),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("filling the accept queue: {e}"),
+        }
+        assert!(queued.len() < 64, "the accept queue never filled");
+    }
+    let start = std::time::Instant::now();
+    let r = connect_unix(&path, Some(Duration::from_millis(200)));
+    let elapsed = start.elapsed();
+    assert_eq!(r.as_ref().map(|_| ()).unwrap_err().kind(), ErrorKind::TimedOut, "{r:?}");
+    assert!(elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+    // Room again: the queued connections accepted and closed.
+    let listener = std::os::unix::net::UnixListener::from(listener);
+    for _ in 0..queued.len() {
+        drop(listener.accept().unwrap());
+    }
+    let stream = connect_unix(&path, Some(Duration::from_secs(5))).unwrap();
+    assert!(stream.read_timeout().unwrap().is_none(), "the stream comes back blocking, without timeouts");
+    assert_eq!(
+        connect_unix(&dir.join("none.sock"), Some(Duration::from_secs(5))).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn peer_credentials_name_this_process() {
     let (a, b) = UnixStream::pair().unwrap();

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use super::body::{BodyError, Message, decode_body, encode_message};
 use super::bounded::Name;
@@ -91,6 +92,49 @@ pub enum CodecError {
         /// Offered.
         offered: VersionRange,
     },
+    /// The call was not over within the time it was given
+    /// ([`Connection::set_call_timeout`]): the request could not be written or its whole
+    /// answer did not arrive.
+    #[error("no answer within {after:?}")]
+    TimedOut {
+        /// The time the call was given.
+        after: Duration,
+    },
+}
+
+/// When a call must be over, and the time it was given (for the error).
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    after: Duration,
+}
+
+impl Deadline {
+    fn after(after: Duration) -> Self {
+        Self { at: Instant::now() + after, after }
+    }
+
+    /// Bounds the stream's next blocking reads and writes by the time left; `TimedOut`
+    /// once none is left.
+    fn arm(&self, stream: &UnixStream) -> Result<(), CodecError> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(CodecError::TimedOut { after: self.after });
+        }
+        stream.set_read_timeout(Some(left))?;
+        stream.set_write_timeout(Some(left))?;
+        Ok(())
+    }
+
+    /// `e`, as `TimedOut` when it is the socket's timeout.
+    fn name(&self, e: CodecError) -> CodecError {
+        match e {
+            CodecError::Io(io) if matches!(io.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                CodecError::TimedOut { after: self.after }
+            }
+            e => e,
+        }
+    }
 }
 
 /// A frame as read: checked header, body bytes, descriptors (exactly as many as the
@@ -129,14 +173,28 @@ pub fn send_frame(stream: &UnixStream, header: &Header, body: &[u8], fds: &[Borr
     let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
     let mut buf = Vec::new();
     encode_frame(&Header { fd_count, ..*header }, body, &mut buf)?;
-    send_bytes(stream, &buf, fds)
+    send_bytes(stream, &buf, fds, None)
 }
 
-fn send_bytes(stream: &UnixStream, buf: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), CodecError> {
-    let mut sent = sys::send_with_fds(stream.as_fd(), &[IoSlice::new(buf)], fds)?;
+fn send_bytes(
+    stream: &UnixStream,
+    buf: &[u8],
+    fds: &[BorrowedFd<'_>],
+    deadline: Option<&Deadline>,
+) -> Result<(), CodecError> {
+    let send = |bytes: &[u8], fds: &[BorrowedFd<'_>]| -> Result<usize, CodecError> {
+        if let Some(d) = deadline {
+            d.arm(stream)?;
+        }
+        sys::send_with_fds(stream.as_fd(), &[IoSlice::new(bytes)], fds).map_err(|e| match deadline {
+            Some(d) => d.name(e.into()),
+            None => e.into(),
+        })
+    };
+    let mut sent = send(buf, fds)?;
     while sent < buf.len() {
         // The descriptors went with the first byte; the rest is plain data.
-        let n = sys::send_with_fds(stream.as_fd(), &[IoSlice::new(&buf[sent..])], &[])?;
+        let n = send(&buf[sent..], &[])?;
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::WriteZero).into());
         }
@@ -150,6 +208,11 @@ fn send_bytes(stream: &UnixStream, buf: &[u8], fds: &[BorrowedFd<'_>]) -> Result
 /// the body is never larger than its opcode allows; descriptors beyond what the header
 /// announces, and any that arrive after the frame's first bytes, are closed.
 pub fn recv_frame(stream: &UnixStream) -> Result<Frame, CodecError> {
+    recv_frame_by(stream, None)
+}
+
+/// [`recv_frame`], each read bounded by the time left until `deadline`.
+fn recv_frame_by(stream: &UnixStream, deadline: Option<&Deadline>) -> Result<Frame, CodecError> {
     let mut decoder = FrameDecoder::new(DecoderConfig::CLIENT);
     let room = usize::from(decoder.config().fds_per_read);
     loop {
@@ -157,7 +220,14 @@ pub fn recv_frame(stream: &UnixStream) -> Result<Frame, CodecError> {
             return r.map(FrameView::into_frame).map_err(CodecError::from);
         }
         let progress = decoder.progress();
-        let got = sys::recv_with_fds(stream.as_fd(), decoder.read_buf(false), room, false)?;
+        if let Some(d) = deadline {
+            d.arm(stream)?;
+        }
+        let got =
+            sys::recv_with_fds(stream.as_fd(), decoder.read_buf(false), room, false).map_err(|e| match deadline {
+                Some(d) => d.name(e.into()),
+                None => e.into(),
+            })?;
         if got.bytes == 0 {
             return Err(match progress {
                 None => CodecError::Closed,
@@ -190,7 +260,15 @@ impl From<DecodeError> for CodecError {
 /// Reads one frame and decodes its body, checking that the descriptors are the ones the
 /// message needs.
 pub fn recv_message(stream: &UnixStream) -> Result<(Header, Message, Vec<OwnedFd>), CodecError> {
-    let frame = recv_frame(stream)?;
+    recv_message_by(stream, None)
+}
+
+/// [`recv_message`], each read bounded by the time left until `deadline`.
+fn recv_message_by(
+    stream: &UnixStream,
+    deadline: Option<&Deadline>,
+) -> Result<(Header, Message, Vec<OwnedFd>), CodecError> {
+    let frame = recv_frame_by(stream, deadline)?;
     let msg = decode_body(&frame.header, &frame.body)?;
     let required = msg.fds_required();
     if usize::from(required) != frame.fds.len() {
@@ -210,7 +288,7 @@ pub fn send_message(
     let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
     let mut buf = Vec::new();
     encode_message(&Header { fd_count, ..*header }, msg, &mut buf)?;
-    send_bytes(stream, &buf, fds)
+    send_bytes(stream, &buf, fds, None)
 }
 
 /// A blocking client connection: negotiates a version, numbers requests, matches
@@ -221,12 +299,24 @@ pub struct Connection {
     version: Version,
     next_id: u64,
     events: VecDeque<Event>,
+    call_timeout: Option<Duration>,
 }
 
 impl Connection {
     /// Wraps a connected stream; call [`Connection::hello`] first.
     pub fn new(stream: UnixStream) -> Self {
-        Self { stream, version: SUPPORTED_VERSIONS.max, next_id: 1, events: VecDeque::new() }
+        Self { stream, version: SUPPORTED_VERSIONS.max, next_id: 1, events: VecDeque::new(), call_timeout: None }
+    }
+
+    /// Bounds each call from now on (the hello included): writing the request and
+    /// reading its whole answer must be over within `timeout`, or the call fails with
+    /// [`CodecError::TimedOut`] (a server that trickles its answer a byte at a time is
+    /// bounded too, which a read timeout alone does not do). The connection should then
+    /// be dropped: the answer may still come. `None` (the default): calls wait as the
+    /// stream's own timeouts say. Waiting for an event ([`Connection::next_event`]) is
+    /// never bounded by it.
+    pub fn set_call_timeout(&mut self, timeout: Option<Duration>) {
+        self.call_timeout = timeout;
     }
 
     /// The stream (to set timeouts).
@@ -279,12 +369,17 @@ impl Connection {
         self.next_id += 1;
         let opcode = req.opcode();
         let header = Header { version: self.version, ..Header::new(opcode, FrameKind::Request, id) };
-        if let Err(e) = send_message(&self.stream, &header, &Message::Request(req), fds) {
+        let deadline = self.call_timeout.map(Deadline::after);
+        let deadline = deadline.as_ref();
+        let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
+        let mut buf = Vec::new();
+        encode_message(&Header { fd_count, ..header }, &Message::Request(req), &mut buf)?;
+        if let Err(e) = send_bytes(&self.stream, &buf, fds, deadline) {
             // A server that refused the connection (request id 0, below) may have closed it
             // before this request went: its error frame is still there to read.
             let closed = matches!(&e, CodecError::Io(io) if matches!(io.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset));
             if closed
-                && let Ok((h, Message::Error(body), _)) = recv_message(&self.stream)
+                && let Ok((h, Message::Error(body), _)) = recv_message_by(&self.stream, deadline)
                 && h.request_id == 0
             {
                 return Err(CodecError::Refused { opcode, body });
@@ -292,7 +387,7 @@ impl Connection {
             return Err(e);
         }
         loop {
-            let (h, msg, fds) = recv_message(&self.stream)?;
+            let (h, msg, fds) = recv_message_by(&self.stream, deadline)?;
             match msg {
                 Message::Event(ev) => self.events.push_back(ev),
                 Message::Response(r) if h.request_id == id && h.opcode == opcode => return Ok((r, fds)),

@@ -60,7 +60,7 @@ pub use response::{
     ProblemKind, RegionInfo, RegionsResponse, RegisterResponse, Response, StatusResponse, SubscribeResponse,
     TranslateResponse, Translation,
 };
-pub use sys::{Received, SCM_MAX_FD, recv_with_fds, send_with_fds};
+pub use sys::{Received, SCM_MAX_FD, connect_unix, recv_with_fds, send_with_fds};
 pub use version::{
     DOMAIN, PAGED, PROTOCOL_VERSION, QUALIFIED_REGIONS, SUPPORTED_VERSIONS, Version, VersionError, VersionRange,
     negotiate,

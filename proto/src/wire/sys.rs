@@ -4,9 +4,15 @@
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, getsockopt, sendmsg, sockopt};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr, connect, getsockopt, sendmsg, socket,
+    sockopt,
+};
 
 /// Linux's cap on descriptors in one `SCM_RIGHTS` message (`SCM_MAX_FD`).
 pub const SCM_MAX_FD: usize = 253;
@@ -26,6 +32,42 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bufs: &[IoSlice<'_>], fds: &[Borrowed
             r => return r.map_err(io::Error::from),
         }
     }
+}
+
+/// Connects a Unix stream socket to `path`, waiting at most `timeout` for the listener to
+/// take it (`None`: as long as it takes). A listener whose accept queue is full (a wedged
+/// server) makes a blocking `connect` wait for ever; here the socket is non-blocking, so
+/// Linux answers `EAGAIN` at once and the connect is retried, backing off to 50 ms, until
+/// it goes through or the time is up (`TimedOut`). Any other failure (nothing listening,
+/// no such file, no permission) is returned at once. The stream comes back blocking.
+pub fn connect_unix(path: &Path, timeout: Option<Duration>) -> io::Result<UnixStream> {
+    let Some(timeout) = timeout else { return UnixStream::connect(path) };
+    let deadline = Instant::now() + timeout;
+    let addr = UnixAddr::new(path).map_err(io::Error::from)?;
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
+        .map_err(io::Error::from)?;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => break,
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the listener took no connection within {timeout:?} (its accept queue is full)"),
+                    ));
+                }
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// What one `recvmsg` gave.
