@@ -247,6 +247,31 @@ fn devices_table_lists_every_device() {
     assert_eq!(doc.devices.len(), v.fabric.len());
 }
 
+/// Names wider or narrower than their bytes (CJK, accents) keep the table's columns in
+/// line on a terminal: widths were counted in bytes, so such a row's later columns sat
+/// to the left of the header's.
+#[test]
+fn devices_table_columns_line_up_with_wide_and_accented_names() {
+    let mut inv = testkit::hgx();
+    let names = ["数据中心加速器", "Ünïcödé H100"];
+    for (d, name) in inv.devices.iter_mut().filter(|d| d.id.as_str().starts_with("uuid:GPU")).zip(names) {
+        d.name = Some(name.to_owned());
+    }
+    let v = view(inv);
+    let t = out(&v, render::devices::render);
+    let header = t.lines().next().expect("header");
+    let numa_at = render::columns(&header[..header.find("NUMA").expect("NUMA column")]);
+    for name in names {
+        let line = t.lines().find(|l| l.contains(name)).expect(name);
+        let end = line.find(name).expect(name) + name.len();
+        let cell_end = end + line[end..].len() - line[end..].trim_start().len();
+        assert_eq!(render::columns(&line[..cell_end]), numa_at, "{line}\n{header}");
+    }
+    assert_eq!(render::columns("数据"), 4);
+    assert_eq!(render::pad("数据", 6), "数据  ");
+    assert_eq!(render::pad("wider than", 3), "wider than");
+}
+
 #[test]
 fn tree_nests_the_pci_hierarchy() {
     let v = view(testkit::hgx());

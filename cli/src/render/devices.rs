@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use fabric_proto::topology::kind_name;
 
-use crate::render::bytes;
+use crate::render::{bytes, columns, pad};
 use crate::view::View;
 
 const HEADER: [&str; 9] = ["LABEL", "ID", "KIND", "NODE", "NAME", "NUMA", "PCI", "LINKS", "MEMORY"];
@@ -44,10 +44,10 @@ pub fn render(view: &View, w: &mut dyn Write) -> io::Result<()> {
             ]
         })
         .collect();
-    let mut widths = HEADER.map(str::len);
+    let mut widths = HEADER.map(columns);
     for r in &rows {
         for (k, c) in r.iter().enumerate() {
-            widths[k] = widths[k].max(c.len());
+            widths[k] = widths[k].max(columns(c));
         }
     }
     let line = |cells: &[&str]| {
@@ -56,7 +56,8 @@ pub fn render(view: &View, w: &mut dyn Write) -> io::Result<()> {
             if k + 1 == cells.len() {
                 s.push_str(c);
             } else {
-                s.push_str(&format!("{c:w$}  ", w = widths[k]));
+                s.push_str(&pad(c, widths[k]));
+                s.push_str("  ");
             }
         }
         s

@@ -11,6 +11,18 @@ pub mod summary;
 pub mod tree;
 
 use fabric_topology::{Bandwidth, Link, LinkKind};
+use unicode_width::UnicodeWidthStr;
+
+/// Terminal columns `s` takes (a CJK character two, a combining mark none), which is
+/// neither its bytes nor its characters.
+pub fn columns(s: &str) -> usize {
+    s.width()
+}
+
+/// `s` followed by spaces up to `width` terminal columns (as is when it is wider).
+pub fn pad(s: &str, width: usize) -> String {
+    format!("{s}{:1$}", "", width.saturating_sub(columns(s)))
+}
 
 /// Bandwidth in MB/s as GB/s with one decimal (`63.0 GB/s`).
 pub fn gbs(mbps: u64) -> String {
