@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 /// device with many BARs stays far below this).
 pub const MAX_ATTR_BYTES: u64 = 64 * 1024;
 
+/// Most symlinks [`SysfsRoot::resolve`] follows on one path (Linux's own bound, `ELOOP`).
+pub const MAX_LINKS: usize = 40;
+
 /// Why an attribute could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum AttrError {
@@ -99,7 +102,73 @@ impl SysfsRoot {
         self.root.join(rel.strip_prefix("/").unwrap_or(rel))
     }
 
-    /// Re-roots an absolute path (e.g. a symlink target resolved inside the tree).
+    /// Resolves `rel` under the root as a process chrooted there would: every symlink on
+    /// the way is followed (the last component's too), an absolute target from the root
+    /// (a dump made with absolute links must not lead into the live `/sys`), `..` never
+    /// above the root; `None` past [`MAX_LINKS`] links (a loop: `ELOOP`). From the first
+    /// component that does not exist the rest is appended as is (reading there then says
+    /// `Missing`). For the live root (`/`) this is the kernel's own resolution.
+    pub fn resolve(&self, rel: impl AsRef<Path>) -> Option<PathBuf> {
+        use std::ffi::OsString;
+        use std::path::Component;
+        // Components still to walk, the next one last.
+        fn push(todo: &mut Vec<OsString>, p: &Path) {
+            for c in p.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push(n.to_owned()),
+                    Component::ParentDir => todo.push("..".into()),
+                    Component::RootDir | Component::Prefix(_) | Component::CurDir => {}
+                }
+            }
+        }
+        let mut todo = Vec::new();
+        push(&mut todo, rel.as_ref());
+        let (mut at, mut depth, mut links) = (self.root.clone(), 0usize, 0usize);
+        while let Some(name) = todo.pop() {
+            if name == ".." {
+                if depth > 0 {
+                    at.pop();
+                    depth -= 1;
+                }
+                continue;
+            }
+            let next = at.join(&name);
+            let target = match fs::symlink_metadata(&next) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    if links == MAX_LINKS {
+                        return None;
+                    }
+                    fs::read_link(&next).ok()
+                }
+                Ok(_) => None,
+                Err(_) => {
+                    // Missing: the rest cannot resolve either.
+                    at = next;
+                    while let Some(rest) = todo.pop() {
+                        at.push(rest);
+                    }
+                    break;
+                }
+            };
+            match target {
+                Some(target) => {
+                    links += 1;
+                    if target.is_absolute() {
+                        at = self.root.clone();
+                        depth = 0;
+                    }
+                    push(&mut todo, &target);
+                }
+                None => {
+                    at = next;
+                    depth += 1;
+                }
+            }
+        }
+        Some(at)
+    }
+
+    /// Whether `p` lies under the root (e.g. a symlink target resolved inside the tree).
     pub fn contains(&self, p: &Path) -> bool {
         p.starts_with(&self.root)
     }
@@ -213,6 +282,30 @@ mod tests {
         assert_eq!(parse_numa_node("-1"), Some(None));
         assert_eq!(parse_numa_node("1"), Some(Some(1)));
         assert_eq!(parse_numa_node("x"), None);
+    }
+
+    #[test]
+    fn resolve_follows_links_inside_the_root_only() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let root = SysfsRoot::new(dir.path(), "n");
+        let real = dir.path().join("sys/devices/pci0000:00/0000:00:01.0");
+        fs::create_dir_all(&real).unwrap();
+        fs::create_dir_all(dir.path().join("sys/bus/pci/devices")).unwrap();
+        fs::create_dir_all(dir.path().join("sys/class")).unwrap();
+        // Absolute: re-rooted. Relative with `..`: from the link's directory.
+        symlink("/sys/devices/pci0000:00/0000:00:01.0", dir.path().join("sys/bus/pci/devices/a")).unwrap();
+        symlink("../../../devices/pci0000:00/0000:00:01.0", dir.path().join("sys/bus/pci/devices/r")).unwrap();
+        // `..` past the root stays at the root.
+        symlink("../../../../../../sys/devices", dir.path().join("sys/class/up")).unwrap();
+        symlink("loop", dir.path().join("sys/class/loop")).unwrap();
+        assert_eq!(root.resolve("sys/bus/pci/devices/a").unwrap(), real);
+        assert_eq!(root.resolve("/sys/bus/pci/devices/a/vendor").unwrap(), real.join("vendor"));
+        assert_eq!(root.resolve("sys/bus/pci/devices/r").unwrap(), real);
+        assert_eq!(root.resolve("sys/class/up/pci0000:00").unwrap(), dir.path().join("sys/devices/pci0000:00"));
+        assert_eq!(root.resolve("sys/class/loop/x"), None);
+        assert_eq!(root.resolve("sys/none/a/b").unwrap(), dir.path().join("sys/none/a/b"));
+        assert_eq!(root.resolve("sys/./devices/../devices").unwrap(), dir.path().join("sys/devices"));
     }
 
     #[test]

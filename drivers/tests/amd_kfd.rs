@@ -263,6 +263,29 @@ fn synthetic_mi250x_hive_has_rccls_bundles_and_indirect_routes() {
     assert_eq!(first.name.as_deref().map(|n| n.is_empty()), Some(false), "named from the PCI id database");
 }
 
+/// A dump whose symlinks are absolute (copied with their `/sys/...` targets, as some
+/// capture tools leave them): `sys/class/kfd/kfd` and a GPU's `sys/bus/pci/devices/ADDR`
+/// are followed inside the dump, never into the live host's `/sys` (where this host has
+/// no KFD, so the backend said "not present" before).
+#[test]
+fn absolute_symlinks_of_a_dump_resolve_inside_it() {
+    use std::os::unix::fs::symlink;
+    let s = mi250x_hive();
+    let virt = s.path().join("sys/devices/virtual/kfd");
+    std::fs::create_dir_all(&virt).unwrap();
+    std::fs::rename(s.path().join("sys/class/kfd/kfd"), virt.join("kfd")).unwrap();
+    symlink("/sys/devices/virtual/kfd/kfd", s.path().join("sys/class/kfd/kfd")).unwrap();
+    s.write("sys/devices/pci0000:00/0000:00:01.0/0000:29:00.0/xgmi_physical_id", "5\n");
+    symlink("/sys/devices/pci0000:00/0000:00:01.0/0000:29:00.0", s.path().join("sys/bus/pci/devices/0000:29:00.0"))
+        .unwrap();
+    let mut inv = Inventory::new();
+    let report = AmdBackend::new(s.sysfs()).discover(&mut inv);
+    assert_eq!(report.state, BackendState::Present, "{report:?}");
+    assert_eq!(gpus(&inv).len(), 8, "{:?}", report.unknown);
+    let first = inv.devices.iter().find(|d| d.pci_address().is_some_and(|a| a.bus == 0x29)).unwrap();
+    assert_eq!(first.attrs.get("amdgpu.xgmi_physical_id").map(String::as_str), Some("5"), "{:?}", first.attrs);
+}
+
 #[test]
 fn eperm_nodes_are_hidden_and_their_partition_reported_missing() {
     let s = Synth::new();

@@ -56,10 +56,11 @@ impl Backend for AmdBackend {
 /// The backend with an injectable attribute reader (tests use it to make the kernel's
 /// EPERM, which a root-run test cannot get from file modes).
 pub fn discover_with(root: &SysfsRoot, inv: &mut Inventory, read: kfd::ReadFn<'_>) -> BackendReport {
-    let nodes_dir = root.path(kfd::KFD_NODES);
-    if !nodes_dir.is_dir() {
+    // `sys/class/kfd/kfd` and each `sys/bus/pci/devices/ADDR` are symlinks: resolved
+    // inside the root, so that a dump's absolute links never lead to the live `/sys`.
+    let Some(nodes_dir) = root.resolve(kfd::KFD_NODES).filter(|d| d.is_dir()) else {
         return BackendReport::not_present(NAME, format!("no {} (amdgpu's KFD not loaded)", kfd::KFD_NODES));
-    }
+    };
     let mut report = BackendReport::present(NAME);
     let tree = kfd::read_tree(&nodes_dir, read);
     let mut notes = Vec::new();
@@ -78,7 +79,16 @@ pub fn discover_with(root: &SysfsRoot, inv: &mut Inventory, read: kfd::ReadFn<'_
     }
     let attrs: Vec<AmdgpuAttrs> = gpus
         .iter()
-        .map(|g| amdgpu::read(&root.path(format!("sys/bus/pci/devices/{}", g.address)), read, &mut notes))
+        .map(|g| {
+            let function = format!("sys/bus/pci/devices/{}", g.address);
+            match root.resolve(&function) {
+                Some(dir) => amdgpu::read(&dir, read, &mut notes),
+                None => {
+                    notes.push(format!("{function}: too many levels of symbolic links; its attributes not read"));
+                    AmdgpuAttrs::default()
+                }
+            }
+        })
         .collect();
     let ids = identities(root.node(), &gpus, &attrs, &mut notes);
     let mut idx: Vec<DeviceIdx> = Vec::with_capacity(gpus.len());
