@@ -166,9 +166,9 @@ impl DomainClient {
     /// `node` is no live member. One transaction when that fits etcd's limits on one
     /// ([`GC_TXN_OPS`], [`GC_TXN_BYTES`]); otherwise, in transactions that fit: the
     /// partitions that keep other devices rewritten without its devices, while the node
-    /// is still no live member and holds the slot as read; then its slot, placements and
-    /// shares (one transaction, which fails as before when its shares alone are too many);
-    /// then, while it is still no member and claims no slot, the partitions left with no
+    /// is still no live member and holds the slot as read; then, under the same guard, its
+    /// shares given back (in batches) and last its slot and placements; then, while it is
+    /// still no member and claims no slot, the partitions left with no
     /// device deleted, and last its topology and the request (so that a leader taking up
     /// an interrupted gc again still finds its devices). Answers the
     /// slot freed (none when the node held none). `NotLeader` when `leader` no longer
@@ -207,22 +207,25 @@ impl DomainClient {
                 None
             }
         };
-        // Its shares go with the slot: a share given back while the node may still come
-        // back to its slot would let another host take memory it serves.
-        core.0.extend(self.gc_shares(node).await?.0);
+        // Its shares go while it holds its slot as read and is no member, with the slot
+        // when one transaction takes them all. A node that comes back between batches
+        // (its member key put: the later batches fail) claims the shares it remembers
+        // back where they were, or is refused (`ShareLost`) where another host took the
+        // range meanwhile: it never serves memory another host was given.
+        let shares = self.gc_shares(node).await?;
         // Its topology (which names its devices, for the partitions) and the request go last.
         let mut tail = Edits::default();
         for key in [keys.topology(node), keys.gc_request(node)] {
             tail.push(None, TxnOp::delete(key.clone(), None), key.len());
         }
         let (rewrites, deletes) = self.gc_partitions(node).await?;
-        let all = [&core, &tail, &rewrites, &deletes];
+        let all = [&core, &shares, &tail, &rewrites, &deletes];
         let mut kv = self.raw();
         if all.iter().map(|e| e.ops()).sum::<usize>() <= GC_TXN_OPS
             && all.iter().map(|e| e.bytes()).sum::<usize>() <= GC_TXN_BYTES
         {
             let mut one = core;
-            one.0.extend(rewrites.0.into_iter().chain(deletes.0).chain(tail.0));
+            one.0.extend(shares.0.into_iter().chain(rewrites.0).chain(deletes.0).chain(tail.0));
             if self.call("leader gc", kv.txn(one.txn(&standing))).await?.succeeded() {
                 info!(%node, ?slot, term = leader.term, "leader freed a slot and collected the node's records");
                 return Ok(slot);
@@ -234,10 +237,11 @@ impl DomainClient {
         // that comes back meanwhile is in fewer partitions). One left with no device is
         // deleted only once the slot is freed: a client bound to nothing else would
         // otherwise be bound to nothing, which may reach more.
-        info!(%node, rewrites = rewrites.ops(), deletes = deletes.ops(), term = leader.term, "leader gc: more records than one transaction takes; in batches");
+        info!(%node, shares = shares.ops(), rewrites = rewrites.ops(), deletes = deletes.ops(), term = leader.term, "leader gc: more records than one transaction takes; in batches");
         let steps = rewrites
             .split(GC_TXN_OPS, GC_TXN_BYTES)
             .into_iter()
+            .chain(shares.split(GC_TXN_OPS, GC_TXN_BYTES))
             .map(|b| (b, standing.as_slice()))
             .chain(std::iter::once((core, standing.as_slice())))
             .chain(deletes.split(GC_TXN_OPS, GC_TXN_BYTES).into_iter().map(|b| (b, gone.as_slice())))

@@ -4,7 +4,8 @@
 //! leader (its lease left to expire, as a node hung past its TTL) is refused by etcd
 //! (`NotLeader`) and leaves everything as it was, and the new leader's gc goes through.
 //! The leader's sweep collects the records of nodes that hold no slot, and only those. A
-//! node in more partitions than one transaction takes is collected in batches.
+//! node in more partitions, or with shares of more resources, than one transaction takes
+//! is collected in batches.
 //!
 //! Without an `etcd` binary the test says it is skipped (scripts/deps.sh installs it).
 #![allow(clippy::unwrap_used, clippy::print_stderr)]
@@ -261,6 +262,69 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
         };
         assert_eq!(p.devices.len(), want, "{}", p.name);
     }
+}
+
+/// A gone node holding shares of 140 resources (one transaction of the gc would hold 140
+/// table rewrites with their compares and the slot's keys: more than `--max-txn-ops`' 128)
+/// is collected: its shares given back in batches, then its slot. While it is live, no
+/// batch lands; the other host's shares are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
+    use fabric_domain::{ShareTable, ShareWant};
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
+    let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
+    let resources: Vec<String> = (0..140).map(|i| format!("serial:cxl/0x{i:x}/cxl_volatile0")).collect();
+    let wants = |len: u64| -> Vec<ShareWant> {
+        resources
+            .iter()
+            .map(|r| ShareWant { resource: r.clone(), capacity: 1 << 30, len, at: None, grow_to: None })
+            .collect()
+    };
+    let gone = client(&etcd, "tray-q").await;
+    gone.ensure_settings(&settings).await.unwrap();
+    let slot = gone.claim_slot(&settings).await.unwrap();
+    // The first 70 in one claim and the rest in another (each within etcd's limits).
+    let all = wants(256 << 20);
+    gone.claim_shares(&all[..70], 2 << 20).await.unwrap();
+    gone.claim_shares(&all[70..], 2 << 20).await.unwrap();
+    // Another host's shares of the same resources stay.
+    let other = client(&etcd, "tray-r").await;
+    let other_all = wants(128 << 20);
+    other.claim_shares(&other_all[..70], 2 << 20).await.unwrap();
+    other.claim_shares(&other_all[70..], 2 << 20).await.unwrap();
+    let k = gone.keys().clone();
+
+    let a = client(&etcd, "tray-a").await;
+    let a_lease = a.grant_lease().await.unwrap();
+    let _a_fence = a.join_fenced(&a_lease, &testing::member("tray-a")).await.unwrap();
+    let a_election = Election::start(&a, &a_lease);
+    let leader = LeaderFence::new(&a, a_lease.id(), leads(&a_election, Duration::from_secs(5)).await);
+    let holders = |a: DomainClient| {
+        let resources = resources.clone();
+        async move {
+            let mut out = Vec::new();
+            for r in &resources {
+                let answer = a.raw().get(a.keys().share(r), None).await.unwrap();
+                let t: ShareTable =
+                    fabric_domain::records::decode(answer.kvs()[0].value(), RecordLimits::default()).unwrap();
+                out.push(t.shares.iter().map(|s| s.node.clone()).collect::<Vec<_>>().join(","));
+            }
+            out
+        }
+    };
+
+    // Live (its member key, put by hand): refused, and no share given back.
+    let mut kv = a.raw();
+    kv.put(k.member("tray-q"), "back", None).await.unwrap();
+    assert!(matches!(a.gc_led(&leader, "tray-q").await, Err(EtcdError::GcLive { .. })));
+    assert!(holders(a.clone()).await.iter().all(|h| h.contains("tray-q")), "a share went while the node was live");
+    kv.delete(k.member("tray-q"), None).await.unwrap();
+
+    assert_eq!(a.gc_led(&leader, "tray-q").await.unwrap(), Some(slot));
+    for key in [k.slot(slot), k.slot_of("tray-q")] {
+        assert!(!exists(&a, &key).await, "{key} outlived the gc");
+    }
+    assert!(holders(a.clone()).await.iter().all(|h| h == "tray-r"), "tray-q's shares all given back, tray-r's kept");
 }
 
 fn etcd_prefix() -> fabric_domain::etcd_client::GetOptions {
