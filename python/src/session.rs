@@ -4,10 +4,12 @@
 //! a method.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fabric_mm::{Policy, ResourceOffset, SessionConfig, Target, Token, WindowConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::copy::{Copy, HostBuffer, Registration, endpoint};
 use crate::error::{closed, invalid, to_py};
@@ -28,6 +30,26 @@ pub(crate) fn default_socket(py: Python<'_>) -> PyResult<String> {
 #[derive(Debug)]
 pub struct Session {
     slot: Slot<fabric_mm::Session>,
+    revocation: Callback,
+}
+
+/// The revocation callback, held by the Python object as well as read by the library's
+/// closure, so that the collector sees it (`__traverse__`) and can break a cycle through
+/// it (`__clear__`): a callback that refers to its own session. Taken only with the GIL
+/// held, and never across a call into Python.
+type Callback = Arc<Mutex<Option<Py<PyAny>>>>;
+
+impl Drop for Session {
+    /// The callback goes with the Python object (it may hold objects that hold the
+    /// library's session, which holds the closure: a cycle through Rust no collector sees).
+    fn drop(&mut self) {
+        let cb = held(&self.revocation).take();
+        drop(cb);
+    }
+}
+
+fn held(c: &Callback) -> MutexGuard<'_, Option<Py<PyAny>>> {
+    c.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Session {
@@ -68,7 +90,23 @@ impl Session {
             keep_revoked_mappings: true,
         };
         let s = blocking(py, move || fabric_mm::Session::open_with(config))?;
-        Ok(Self { slot: Slot::new(s) })
+        Ok(Self { slot: Slot::new(s), revocation: Callback::default() })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // The collector holds the GIL, and every holder of this lock holds it too and
+        // calls nothing while it does: the lock is free here.
+        if let Ok(cb) = self.revocation.try_lock()
+            && let Some(cb) = &*cb
+        {
+            visit.call(cb)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        let cb = held(&self.revocation).take();
+        drop(cb);
     }
 
     /// Closes this handle on the session. Objects made from it (regions, imports,
@@ -134,18 +172,24 @@ impl Session {
     /// the thread that reads the event, with the GIL); `None` stops the calls.
     fn on_revocation(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         let s = self.get(py)?;
-        // Without the GIL: a replacement waits for a callback running on another thread,
-        // which may be waiting for the GIL. (From inside the callback it does not wait.)
-        py.detach(move || match callback {
-            None => s.on_revocation(|_| {}),
-            Some(cb) => s.on_revocation(move |r| {
+        // The old callable goes here, with the GIL held.
+        let old = std::mem::replace(&mut *held(&self.revocation), callback);
+        drop(old);
+        // The library's closure calls whatever the cell holds then (nothing once `None`
+        // was set): installed again each time for the library's rule that a replacement
+        // waits for a call running on another thread — without the GIL, since that call
+        // may be waiting for it. (From inside the callback it does not wait.)
+        let cell = self.revocation.clone();
+        py.detach(move || {
+            s.on_revocation(move |r| {
                 crate::gil::callback(|py| {
+                    let Some(cb) = held(&cell).as_ref().map(|cb| cb.clone_ref(py)) else { return };
                     let call = values::revocation(py, r).and_then(|d| cb.call1(py, (d,)));
                     if let Err(e) = call {
                         e.write_unraisable(py, Some(cb.bind(py)));
                     }
                 });
-            }),
+            });
         });
         Ok(())
     }

@@ -3,12 +3,15 @@ thread) and as RevokedError from every later use of the import or its mapping.""
 
 from __future__ import annotations
 
+import gc
 import queue
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import weakref
+from typing import Any, Tuple
 
 import pytest
 
@@ -152,3 +155,62 @@ def test_a_callback_that_removes_itself(session: fabric_mm.Session, gpu: str) ->
         else:
             pytest.fail("the second revocation never arrived")
         assert calls.empty(), "called again after it removed itself"
+
+
+def _a_session_its_callback_refers_to(importer: fabric_mm.Session,
+                                      gpu: str) -> "Tuple[weakref.ref[fabric_mm.Session], Any]":
+    """A session whose revocation callback refers to it (and holds its region), left as
+    garbage: a weak reference to it, and `importer`'s import of its region."""
+    s = fabric_mm.Session(importer.socket)
+    region = s.alloc(MIB, device=gpu)
+    imp = importer.import_(s.export(region))
+
+    def uses_its_session(r: fabric_mm.Revocation, region: fabric_mm.Region = region) -> None:
+        s.ping()
+
+    s.on_revocation(uses_its_session)
+    return weakref.ref(s), imp
+
+
+def test_a_session_whose_callback_refers_to_it_is_collected(session: fabric_mm.Session,
+                                                            gpu: str) -> None:
+    # The callback refers to its own session: a cycle through the library's closure that
+    # the collector did not see, so the session stayed open until exit.
+    seen: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    session.on_revocation(seen.put)
+    ref, imp = _a_session_its_callback_refers_to(session, gpu)
+    gc.collect()
+    assert ref() is None, "the session was not collected"
+    # Its region went with it: the importer is told.
+    assert seen.get(timeout=5).import_id == imp.import_id
+    session.on_revocation(None)
+
+
+def test_a_cycle_collected_on_the_library_thread(session: fabric_mm.Session, gpu: str) -> None:
+    # The collector may run on the thread that reads fabricd's socket, inside a callback:
+    # a session collected there is dropped there (its region freed, its connection shut).
+    seen: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    session.on_revocation(seen.put)
+    gc.disable()
+    try:
+        ref, imp = _a_session_its_callback_refers_to(session, gpu)
+        collected: "queue.Queue[str]" = queue.Queue()
+
+        def collect(r: fabric_mm.Revocation) -> None:
+            gc.collect()
+            collected.put(r.reason)
+
+        with fabric_mm.Session(session.socket) as collector:
+            collector.on_revocation(collect)
+            mine = session.alloc(MIB, device=gpu)
+            handle = session.export(mine)
+            kept = collector.import_(handle)
+            session.revoke(handle)
+            assert collected.get(timeout=5) == "revoked"
+            assert ref() is None, "the session was not collected"
+            assert seen.get(timeout=5).import_id == imp.import_id
+            collector.ping()
+            del kept
+    finally:
+        gc.enable()
+        session.on_revocation(None)
