@@ -3,10 +3,14 @@
 //! than the address holding the most takes that address's oldest, so one address's flood
 //! of silent connections cannot keep every other address's peers out, while addresses
 //! holding one slot each (many peers reconnecting at once, or a flood from as many
-//! addresses) keep their handshakes and the newcomer is closed, as before. An IPv6
-//! address counts as its /64 (what one host is given).
+//! addresses) keep their handshakes and the newcomer is closed, as before. The addresses
+//! the domain's members advertise ([`Admitting::set_members`]) come first: a member's
+//! connection takes the oldest slot of the unknown address holding the most, whatever it
+//! holds, and an unknown address never takes a member's, so a flood spread over many
+//! addresses cannot keep a member out either. An IPv6 address counts as its /64 (what one
+//! host is given).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -26,6 +30,26 @@ struct Held {
     taken: usize,
     /// Each address's slots, oldest first, with the sender that ends one's handshake.
     by_addr: HashMap<IpAddr, VecDeque<(u64, oneshot::Sender<()>)>>,
+    /// The sources the domain's members advertise.
+    members: HashSet<IpAddr>,
+}
+
+impl Held {
+    /// Whose oldest slot a newcomer from `addr` takes when every slot is taken: for a
+    /// member, the unknown address holding the most (any number); for anyone else, the
+    /// unknown address holding the most when that is at least two more than `addr` holds.
+    /// Among equals, the one whose oldest slot is the oldest.
+    fn victim(&self, addr: IpAddr) -> Option<IpAddr> {
+        let member = self.members.contains(&addr);
+        let own = self.by_addr.get(&addr).map_or(0, VecDeque::len);
+        let (n, _, victim) = self
+            .by_addr
+            .iter()
+            .filter(|(a, _)| !self.members.contains(a))
+            .filter_map(|(a, slots)| Some((slots.len(), std::cmp::Reverse(slots.front()?.0), *a)))
+            .max()?;
+        (member || n > own + 1).then_some(victim)
+    }
 }
 
 /// What [`Admitting::take`] gave.
@@ -54,33 +78,22 @@ impl Admitting {
         Arc::new(Self { max, held: Mutex::default() })
     }
 
-    /// A slot for a connection from `addr`: a free one, or the oldest of the address that
-    /// holds the most slots when that is at least two more than `addr` holds (the oldest
-    /// among such addresses' oldest when several hold as many).
+    /// A slot for a connection from `addr`: a free one, or another address's oldest
+    /// ([`Held::victim`] says whose).
     pub(crate) fn take(self: &Arc<Self>, addr: IpAddr) -> Taken {
         let addr = source(addr);
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let mut from = None;
         if held.taken >= self.max {
-            let own = held.by_addr.get(&addr).map_or(0, VecDeque::len);
-            let most = held
-                .by_addr
-                .iter()
-                .filter_map(|(a, slots)| Some((slots.len(), std::cmp::Reverse(slots.front()?.0), *a)))
-                .max();
-            match most {
-                Some((n, _, victim)) if n > own + 1 => {
-                    let slots = held.by_addr.get_mut(&victim).expect("the address just found");
-                    // Dropping the sender ends that connection's handshake.
-                    drop(slots.pop_front());
-                    if slots.is_empty() {
-                        held.by_addr.remove(&victim);
-                    }
-                    held.taken -= 1;
-                    from = Some(victim);
-                }
-                _ => return Taken::Full,
+            let Some(victim) = held.victim(addr) else { return Taken::Full };
+            let slots = held.by_addr.get_mut(&victim).expect("the address just found");
+            // Dropping the sender ends that connection's handshake.
+            drop(slots.pop_front());
+            if slots.is_empty() {
+                held.by_addr.remove(&victim);
             }
+            held.taken -= 1;
+            from = Some(victim);
         }
         let (tx, ended) = oneshot::channel();
         let number = held.next;
@@ -93,6 +106,12 @@ impl Admitting {
             Some(victim) => Taken::FromAnother(slot, victim),
             None => Taken::Free(slot),
         }
+    }
+
+    /// The addresses the domain's members advertise now (each replaces the last).
+    pub(crate) fn set_members(&self, addrs: impl IntoIterator<Item = IpAddr>) {
+        let members = addrs.into_iter().map(source).collect();
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).members = members;
     }
 
     #[cfg(test)]
@@ -177,6 +196,27 @@ mod tests {
         assert_eq!(a.taken(), 2, "4's and 5's");
         drop((four, five));
         assert_eq!(a.taken(), 0);
+    }
+
+    #[test]
+    fn a_member_takes_an_unknown_addresss_slot_and_never_loses_its_own() {
+        let a = Admitting::new(4);
+        a.set_members([ip(1), ip(9)]);
+        // A flood from as many addresses as there are slots: one each.
+        let flood: Vec<Slot> = (2..6).map(|l| slot(a.take(ip(l)))).collect();
+        assert!(matches!(a.take(ip(6)), Taken::Full), "one each: an unknown newcomer waits");
+        let member = a.take(ip(1));
+        assert!(matches!(member, Taken::FromAnother(_, v) if v == ip(2)), "the oldest unknown slot");
+        let second = a.take(ip(9));
+        assert!(matches!(second, Taken::FromAnother(_, v) if v == ip(3)));
+        // Unknown addresses never take a member's slot, however many it holds.
+        let more: Vec<Slot> = (0..2).map(|_| slot(a.take(ip(1)))).collect();
+        assert_eq!(a.taken(), 4);
+        assert!(matches!(a.take(ip(7)), Taken::Full), "members hold every slot");
+        // The members set is replaced, not added to.
+        a.set_members([ip(9)]);
+        assert!(matches!(a.take(ip(7)), Taken::FromAnother(_, v) if v == ip(1)), "1 is no member now");
+        drop((flood, member, second, more));
     }
 
     #[test]

@@ -210,6 +210,7 @@ pub struct Server {
     addr: SocketAddr,
     counters: Arc<Counters>,
     incarnation: Arc<AtomicU64>,
+    handshakes: Arc<Admitting>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -241,6 +242,7 @@ impl Server {
         let addr = listener.local_addr().map_err(LinkError::Io)?;
         let counters = Arc::new(Counters::default());
         let incarnation = Arc::new(AtomicU64::new(incarnation));
+        let handshakes = Admitting::new(limits.max_handshakes);
         let shared = Arc::new(Shared {
             counters: counters.clone(),
             acceptor,
@@ -249,12 +251,19 @@ impl Server {
             policy,
             service,
             limits,
-            handshakes: Admitting::new(limits.max_handshakes),
+            handshakes: handshakes.clone(),
             links: Arc::new(Semaphore::new(limits.max_links)),
             by_node: Arc::default(),
         });
         let task = tokio::spawn(accept_loop(listener, shared));
-        Ok(Self { addr, counters, incarnation, task })
+        Ok(Self { addr, counters, incarnation, handshakes, task })
+    }
+
+    /// The addresses the domain's members advertise (each call replaces the last): their
+    /// connections come first for a handshake slot, so a flood of silent connections from
+    /// any number of other addresses cannot keep a member out (`admitting.rs`).
+    pub fn set_member_addresses(&self, addrs: impl IntoIterator<Item = std::net::IpAddr>) {
+        self.handshakes.set_members(addrs);
     }
 
     /// The incarnation later Welcomes state: a node that rejoined its domain keeps its

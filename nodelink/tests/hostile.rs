@@ -237,6 +237,28 @@ async fn a_flood_from_one_address_does_not_keep_another_addresss_peer_out() {
         .await;
 }
 
+/// A flood spread over more addresses than there are handshake slots (one each, so the
+/// per-address rule ends none) does not keep out a peer from an address a member of the
+/// domain advertises: it takes the oldest unknown slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_many_addresses_does_not_keep_a_members_address_out() {
+    let d = TestDomain::start(limits()).await;
+    d.server.set_member_addresses([std::net::IpAddr::from([127, 0, 0, 1])]);
+    let max = limits().max_handshakes;
+    let mut flood = Vec::new();
+    for i in 0..max + 2 {
+        flood.push(connect_from([127, 0, 0, 2 + i as u8], &d).await);
+    }
+    d.wait_stats(LinkStats { closed_at_accept: 2, ..LinkStats::default() }).await;
+    let start = Instant::now();
+    let mut peer = d.link("n2").await.expect("a member's address gets in during the flood");
+    assert_pong(&mut peer).await;
+    assert!(start.elapsed() < limits().handshake_timeout / 2, "{:?}", start.elapsed());
+    closed_by_server(&mut flood[0], SLACK).await;
+    assert!(!closed_now(&mut flood[1]).await, "the others keep their slots until their timeout");
+    d.wait_stats(LinkStats { admitted: 1, closed_at_accept: 2, ended_for_another: 1, ..LinkStats::default() }).await;
+}
+
 /// A TCP connection to the server from `source` (another loopback address: all of
 /// 127.0.0.0/8 is this host's).
 async fn connect_from(source: [u8; 4], d: &TestDomain) -> TcpStream {

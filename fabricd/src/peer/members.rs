@@ -4,9 +4,12 @@
 //! of an owner that is gone or restarted get the `Revocation` event (`OwnerExited`) a local
 //! import's holder gets when its owner leaves. A node's death is seen when its member key
 //! goes, one lease TTL after its last renewal; a node that left is collected (its slot
-//! gone from the view after an admin's `domain gc` on any node) lifts its quarantine.
+//! gone from the view after an admin's `domain gc` on any node) lifts its quarantine. The
+//! members' advertised addresses are handed to the node link's listener, which admits
+//! their connections first.
 
 use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 
 use tokio::sync::Notify;
@@ -22,7 +25,14 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
         let view = domain.view();
         let live: HashMap<String, u64> = view.members().map(|m| (m.name.clone(), m.incarnation)).collect();
         let known: HashSet<String> = view.nodes().into_iter().map(|n| n.name.to_owned()).collect();
+        // Members' own addresses come first for the listener's handshake slots (a name
+        // rather than an address is not looked up: no resolver call on this runtime).
+        let addresses: Vec<IpAddr> =
+            view.members().filter_map(|m| m.peer_address.parse::<SocketAddr>().ok()).map(|a| a.ip()).collect();
         drop(view);
+        if let Some(link) = domain.link() {
+            link.set_member_addresses(addresses);
+        }
         // Ending sessions and lifting quarantine take the registry's lock and save the
         // quarantine record (an fsync): off the domain runtime's worker, one view at a time.
         let voided = tokio::task::spawn_blocking(move || {

@@ -148,6 +148,14 @@ impl NodeLink {
         }
     }
 
+    /// The addresses the domain's members advertise: the listener admits their
+    /// connections before any other address's (a no-op until it listens).
+    pub fn set_member_addresses(&self, addrs: Vec<std::net::IpAddr>) {
+        if let Some(s) = self.server.get() {
+            s.set_member_addresses(addrs);
+        }
+    }
+
     /// Where the listener is bound, once it is.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.server.get().map(Server::local_addr)
