@@ -120,6 +120,10 @@ pub fn set_timeout(secs: u64) {
     TIMEOUT_S.store(secs.max(1), Ordering::Relaxed);
 }
 
+/// The most a command waits for the daemon at the default socket before it discovers
+/// locally instead ([`select`]).
+const PROBE: Duration = Duration::from_secs(2);
+
 fn timeout() -> Duration {
     Duration::from_secs(TIMEOUT_S.load(Ordering::Relaxed))
 }
@@ -135,8 +139,12 @@ impl Client {
     /// Connects and says hello, each bounded by the timeout ([`set_timeout`]): a wedged
     /// daemon (a full accept queue, an answer that never ends) is an error, not a hang.
     pub fn connect(explicit: Option<&Path>) -> Result<Self, DaemonError> {
+        Self::connect_within(explicit, timeout())
+    }
+
+    /// [`Client::connect`], waiting at most `after` for each step (and each call after).
+    fn connect_within(explicit: Option<&Path>, after: Duration) -> Result<Self, DaemonError> {
         let path = socket_path(explicit)?;
-        let after = timeout();
         let stream = connect_unix(&path, Some(after)).map_err(|source| match source.kind() {
             io::ErrorKind::TimedOut => DaemonError::Busy { path: path.clone(), after },
             _ => DaemonError::NotRunning { path: path.clone(), source },
@@ -242,8 +250,13 @@ pub fn select(source: &SourceArgs) -> Result<Option<Client>, DaemonError> {
     if !path.exists() {
         return Ok(None);
     }
-    match Client::connect(Some(&path)) {
+    // A probe: a daemon that does not answer soon is not waited for (`--daemon` waits).
+    match Client::connect_within(Some(&path), timeout().min(PROBE)) {
         Ok(c) => Ok(Some(c)),
+        Err(e @ (DaemonError::Busy { .. } | DaemonError::Call { source: CodecError::TimedOut { .. }, .. })) => {
+            tracing::warn!(socket = %path.display(), error = %e, "fabricd at the default socket does not answer; discovering locally (--daemon waits for it)");
+            Ok(None)
+        }
         Err(e) => {
             tracing::info!(socket = %path.display(), error = %e, "no usable fabricd at the default socket; discovering locally");
             Ok(None)

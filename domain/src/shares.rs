@@ -23,6 +23,10 @@ use crate::slots::MAX_CLAIM_ATTEMPTS;
 /// Most shares one resource's table lists (heads of a multi-headed device, hosts of a pool).
 pub const MAX_SHARES: usize = 256;
 
+/// Most shares claimed in one transaction when each names its offset: a compare and a
+/// write each, well below etcd's default `--max-txn-ops` (128).
+pub const CLAIM_BATCH: usize = 60;
+
 /// One node's share of a resource: `[offset, offset + len)` of its DPAs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -239,8 +243,23 @@ impl DomainClient {
     /// one claimed back, grows in place to its [`grow_to`](ShareWant::grow_to) where the
     /// room after it is free. A share held or wanted back elsewhere than its `at`, or
     /// whose range another node took meanwhile, is [`EtcdError::ShareLost`]. Answers in
-    /// the order of `wants`.
+    /// the order of `wants`. Wants that each name their offset (a node claiming back what
+    /// it held) need no common one: more than [`CLAIM_BATCH`] of them are claimed in
+    /// batches of that many, within etcd's limits on one transaction (an earlier batch
+    /// stays claimed when a later one is refused).
     pub async fn claim_shares(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
+        if wants.len() <= CLAIM_BATCH || wants.iter().any(|w| w.at.is_none()) {
+            return self.claim_shares_at_once(wants, align).await;
+        }
+        let mut shares = Vec::with_capacity(wants.len());
+        for batch in wants.chunks(CLAIM_BATCH) {
+            shares.extend(self.claim_shares_at_once(batch, align).await?);
+        }
+        Ok(shares)
+    }
+
+    /// [`DomainClient::claim_shares`] in one transaction.
+    async fn claim_shares_at_once(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
         for (i, w) in wants.iter().enumerate() {
             let refused = |source| EtcdError::Record { key: w.resource.clone(), source };
             check_resource(&w.resource).map_err(refused)?;

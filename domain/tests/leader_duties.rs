@@ -285,8 +285,10 @@ async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
     let slot = gone.claim_slot(&settings).await.unwrap();
     // The first 70 in one claim and the rest in another (each within etcd's limits).
     let all = wants(256 << 20);
-    gone.claim_shares(&all[..70], 2 << 20).await.unwrap();
-    gone.claim_shares(&all[70..], 2 << 20).await.unwrap();
+    let mut mine = gone.claim_shares(&all[..70], 2 << 20).await.unwrap();
+    mine.extend(gone.claim_shares(&all[70..], 2 << 20).await.unwrap());
+    let held: std::collections::HashMap<String, u64> =
+        resources.iter().cloned().zip(mine.iter().map(|s| s.offset)).collect();
     // Another host's shares of the same resources stay.
     let other = client(&etcd, "tray-r").await;
     let other_all = wants(128 << 20);
@@ -325,6 +327,16 @@ async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
         assert!(!exists(&a, &key).await, "{key} outlived the gc");
     }
     assert!(holders(a.clone()).await.iter().all(|h| h == "tray-r"), "tray-q's shares all given back, tray-r's kept");
+
+    // tray-q comes back and claims its 140 shares back where they were: in batches (one
+    // transaction would pass etcd's limits), each at its old offset.
+    let back: Vec<ShareWant> = resources
+        .iter()
+        .map(|r| ShareWant { resource: r.clone(), capacity: 1 << 30, len: 256 << 20, at: Some(held[r]), grow_to: None })
+        .collect();
+    let claimed = gone.claim_shares(&back, 2 << 20).await.unwrap();
+    assert!(claimed.iter().zip(&back).all(|(s, w)| Some(s.offset) == w.at && s.len == w.len), "{claimed:?}");
+    assert!(holders(a.clone()).await.iter().all(|h| h.contains("tray-q") && h.contains("tray-r")));
 }
 
 fn etcd_prefix() -> fabric_domain::etcd_client::GetOptions {

@@ -105,7 +105,8 @@ impl SysfsRoot {
     /// Resolves `rel` under the root as a process chrooted there would: every symlink on
     /// the way is followed (the last component's too), an absolute target from the root
     /// (a dump made with absolute links must not lead into the live `/sys`), `..` never
-    /// above the root; `None` past [`MAX_LINKS`] links (a loop: `ELOOP`). From the first
+    /// above the root; `None` past [`MAX_LINKS`] links (a loop: `ELOOP`) or at a link that
+    /// cannot be read (it is never left for the host to follow). From the first
     /// component that does not exist the rest is appended as is (reading there then says
     /// `Missing`). For the live root (`/`) this is the kernel's own resolution.
     pub fn resolve(&self, rel: impl AsRef<Path>) -> Option<PathBuf> {
@@ -138,7 +139,8 @@ impl SysfsRoot {
                     if links == MAX_LINKS {
                         return None;
                     }
-                    fs::read_link(&next).ok()
+                    // A link that cannot be read is not handed to the host to follow.
+                    Some(fs::read_link(&next).ok()?)
                 }
                 Ok(_) => None,
                 Err(_) => {

@@ -286,6 +286,18 @@ fn absolute_symlinks_of_a_dump_resolve_inside_it() {
     assert_eq!(first.attrs.get("amdgpu.xgmi_physical_id").map(String::as_str), Some("5"), "{:?}", first.attrs);
 }
 
+/// A symlink loop where `sys/class/kfd/kfd` should be is a failed backend saying so, not
+/// "KFD not loaded".
+#[test]
+fn a_symlink_loop_in_a_dump_is_a_failure_not_an_absent_kfd() {
+    let s = Synth::new();
+    std::fs::create_dir_all(s.path().join("sys/class/kfd")).unwrap();
+    std::os::unix::fs::symlink("/sys/class/kfd/kfd", s.path().join("sys/class/kfd/kfd")).unwrap();
+    let mut inv = Inventory::new();
+    let report = AmdBackend::new(s.sysfs()).discover(&mut inv);
+    assert!(matches!(&report.state, BackendState::Failed(why) if why.contains("symlink loop")), "{report:?}");
+}
+
 #[test]
 fn eperm_nodes_are_hidden_and_their_partition_reported_missing() {
     let s = Synth::new();

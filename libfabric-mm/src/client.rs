@@ -283,12 +283,12 @@ impl Drop for Pending {
     }
 }
 
-/// How often the background thread looks whether callers stopped reading (unless woken:
-/// [`Shared::prompt`]).
 /// How long [`Client::connect`] waits for fabricd to take the connection and answer the
 /// hello.
 pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How often the background thread looks whether callers stopped reading (unless woken:
+/// [`Shared::prompt`]).
 const IDLE_CHECK: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// While no caller waits: watch the socket and read what comes (events, answers to
@@ -353,10 +353,8 @@ impl Client {
             e => Error::from_codec(Opcode::Hello, e),
         })?;
         // Requests and the reader wait as long as the daemon takes from here on (each
-        // has its own rules); the hello's bound must not stay on the socket.
+        // has its own rules): the hello's bound did not stay on the socket.
         let stream = conn.stream().try_clone().map_err(Error::os("cloning the daemon socket"))?;
-        stream.set_read_timeout(None).map_err(Error::os("clearing the socket's timeouts"))?;
-        stream.set_write_timeout(None).map_err(Error::os("clearing the socket's timeouts"))?;
         let read_half = stream.try_clone().map_err(Error::os("cloning the daemon socket"))?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State { pending: HashMap::new(), reader: Reader::Nobody, waiting: 0, closed: false }),

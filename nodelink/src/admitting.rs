@@ -6,9 +6,10 @@
 //! addresses) keep their handshakes and the newcomer is closed, as before. The addresses
 //! the domain's members advertise ([`Admitting::set_members`]) come first: a member's
 //! connection takes the oldest slot of the unknown address holding the most, whatever it
-//! holds, and an unknown address never takes a member's, so a flood spread over many
-//! addresses cannot keep a member out either. An IPv6 address counts as its /64 (what one
-//! host is given).
+//! holds, and an unknown address never takes one of a member address's first
+//! [`MEMBER_SHARE`] slots, so a flood spread over many addresses cannot keep a member out
+//! either — nor a flood from a member's own host everyone else. An IPv6 address counts as
+//! its /64 (what one host is given).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
@@ -34,21 +35,40 @@ struct Held {
     members: HashSet<IpAddr>,
 }
 
+/// Slots of one member address that no unknown address takes (a member's own dials: a
+/// few links' handshakes at once); beyond them a member address is held to the rule every
+/// address is, so that a member's host cannot keep everyone else out.
+pub(crate) const MEMBER_SHARE: usize = 4;
+
 impl Held {
-    /// Whose oldest slot a newcomer from `addr` takes when every slot is taken: for a
-    /// member, the unknown address holding the most (any number); for anyone else, the
-    /// unknown address holding the most when that is at least two more than `addr` holds.
-    /// Among equals, the one whose oldest slot is the oldest.
+    /// Whose oldest slot a newcomer from `addr` takes when every slot is taken. A member
+    /// takes from the unknown address holding the most (any number) or, when members hold
+    /// every slot, from the member holding at least two more than it. Anyone else takes
+    /// from the address holding at least two more than it, a member's first
+    /// [`MEMBER_SHARE`] slots not counted. Among equals, the one whose oldest slot is the
+    /// oldest.
     fn victim(&self, addr: IpAddr) -> Option<IpAddr> {
-        let member = self.members.contains(&addr);
         let own = self.by_addr.get(&addr).map_or(0, VecDeque::len);
-        let (n, _, victim) = self
-            .by_addr
+        let is_member = |a: &IpAddr| self.members.contains(a);
+        if is_member(&addr) {
+            return self
+                .most(|a, n| (!is_member(a)).then_some(n))
+                .or_else(|| self.most(|_, n| Some(n)).filter(|&(n, _)| n > own + 1))
+                .map(|(_, a)| a);
+        }
+        self.most(|a, n| Some(if is_member(a) { n.saturating_sub(MEMBER_SHARE) } else { n }))
+            .filter(|&(n, _)| n > own + 1)
+            .map(|(_, a)| a)
+    }
+
+    /// The address of the most slots as `count` weighs them (`None`: not a candidate),
+    /// the one with the oldest slot among equals; with its weight.
+    fn most(&self, count: impl Fn(&IpAddr, usize) -> Option<usize>) -> Option<(usize, IpAddr)> {
+        self.by_addr
             .iter()
-            .filter(|(a, _)| !self.members.contains(a))
-            .filter_map(|(a, slots)| Some((slots.len(), std::cmp::Reverse(slots.front()?.0), *a)))
-            .max()?;
-        (member || n > own + 1).then_some(victim)
+            .filter_map(|(a, slots)| Some((count(a, slots.len())?, std::cmp::Reverse(slots.front()?.0), *a)))
+            .max()
+            .map(|(n, _, a)| (n, a))
     }
 }
 
@@ -199,24 +219,39 @@ mod tests {
     }
 
     #[test]
-    fn a_member_takes_an_unknown_addresss_slot_and_never_loses_its_own() {
-        let a = Admitting::new(4);
+    fn a_member_takes_an_unknown_addresss_slot_and_keeps_its_share() {
+        let a = Admitting::new(6);
         a.set_members([ip(1), ip(9)]);
         // A flood from as many addresses as there are slots: one each.
-        let flood: Vec<Slot> = (2..6).map(|l| slot(a.take(ip(l)))).collect();
-        assert!(matches!(a.take(ip(6)), Taken::Full), "one each: an unknown newcomer waits");
+        let flood: Vec<Slot> = (2..8).map(|l| slot(a.take(ip(l)))).collect();
+        assert!(matches!(a.take(ip(20)), Taken::Full), "one each: an unknown newcomer waits");
         let member = a.take(ip(1));
         assert!(matches!(member, Taken::FromAnother(_, v) if v == ip(2)), "the oldest unknown slot");
         let second = a.take(ip(9));
         assert!(matches!(second, Taken::FromAnother(_, v) if v == ip(3)));
-        // Unknown addresses never take a member's slot, however many it holds.
-        let more: Vec<Slot> = (0..2).map(|_| slot(a.take(ip(1)))).collect();
-        assert_eq!(a.taken(), 4);
-        assert!(matches!(a.take(ip(7)), Taken::Full), "members hold every slot");
-        // The members set is replaced, not added to.
+        // Within its share, a member's slots are taken by no unknown address.
+        let more: Vec<Slot> = (0..3).map(|_| slot(a.take(ip(1)))).collect();
+        assert_eq!(a.taken(), 6, "1 holds 4, 9 one, 7 one");
+        assert!(matches!(a.take(ip(7)), Taken::Full), "7 holds one; 1 holds no more than its share");
+        // The members set is replaced, not added to: 1 is one address among others now.
         a.set_members([ip(9)]);
-        assert!(matches!(a.take(ip(7)), Taken::FromAnother(_, v) if v == ip(1)), "1 is no member now");
+        assert!(matches!(a.take(ip(20)), Taken::FromAnother(_, v) if v == ip(1)), "1 holds four");
         drop((flood, member, second, more));
+    }
+
+    #[test]
+    fn a_member_address_holding_every_slot_does_not_keep_everyone_out() {
+        let a = Admitting::new(MEMBER_SHARE + 3);
+        a.set_members([ip(1), ip(9)]);
+        let flood: Vec<Slot> = (0..MEMBER_SHARE + 3).map(|_| slot(a.take(ip(1)))).collect();
+        // A stranger takes a slot beyond the member's share; another member takes the
+        // stranger's first, then the member's, which holds two more than it.
+        let stranger = a.take(ip(2));
+        assert!(matches!(stranger, Taken::FromAnother(_, v) if v == ip(1)));
+        let member = a.take(ip(9));
+        assert!(matches!(member, Taken::FromAnother(_, v) if v == ip(2)));
+        assert!(matches!(a.take(ip(9)), Taken::FromAnother(_, v) if v == ip(1)));
+        drop((flood, member));
     }
 
     #[test]

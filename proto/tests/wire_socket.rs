@@ -225,6 +225,7 @@ fn a_call_that_trickles_times_out_as_a_whole() {
             }
         }
     });
+    a.set_read_timeout(Some(Duration::from_secs(7))).unwrap();
     let mut conn = Connection::new(a);
     conn.set_call_timeout(Some(Duration::from_millis(300)));
     let start = std::time::Instant::now();
@@ -232,6 +233,9 @@ fn a_call_that_trickles_times_out_as_a_whole() {
     let elapsed = start.elapsed();
     assert!(matches!(r, Err(CodecError::TimedOut { after }) if after == Duration::from_millis(300)), "{r:?}");
     assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+    // The socket's own timeouts are back as they were before the call.
+    assert_eq!(conn.stream().read_timeout().unwrap(), Some(Duration::from_secs(7)));
+    assert_eq!(conn.stream().write_timeout().unwrap(), None);
     drop(conn);
     server.join().unwrap();
 }
@@ -273,6 +277,9 @@ fn a_connect_to_a_full_accept_queue_times_out() {
     }
     let stream = connect_unix(&path, Some(Duration::from_secs(5))).unwrap();
     assert!(stream.read_timeout().unwrap().is_none(), "the stream comes back blocking, without timeouts");
+    drop(listener.accept().unwrap());
+    // A timeout past what an `Instant` holds is no bound, not a panic.
+    drop(connect_unix(&path, Some(Duration::MAX)).unwrap());
     assert_eq!(
         connect_unix(&dir.join("none.sock"), Some(Duration::from_secs(5))).unwrap_err().kind(),
         ErrorKind::NotFound

@@ -58,8 +58,15 @@ impl Backend for AmdBackend {
 pub fn discover_with(root: &SysfsRoot, inv: &mut Inventory, read: kfd::ReadFn<'_>) -> BackendReport {
     // `sys/class/kfd/kfd` and each `sys/bus/pci/devices/ADDR` are symlinks: resolved
     // inside the root, so that a dump's absolute links never lead to the live `/sys`.
-    let Some(nodes_dir) = root.resolve(kfd::KFD_NODES).filter(|d| d.is_dir()) else {
-        return BackendReport::not_present(NAME, format!("no {} (amdgpu's KFD not loaded)", kfd::KFD_NODES));
+    let nodes_dir = match root.resolve(kfd::KFD_NODES) {
+        Some(dir) if dir.is_dir() => dir,
+        Some(_) => {
+            return BackendReport::not_present(NAME, format!("no {} (amdgpu's KFD not loaded)", kfd::KFD_NODES));
+        }
+        None => {
+            let why = format!("{}: a symlink loop or an unreadable link on the way", kfd::KFD_NODES);
+            return BackendReport::failed(NAME, why);
+        }
     };
     let mut report = BackendReport::present(NAME);
     let tree = kfd::read_tree(&nodes_dir, read);
@@ -84,7 +91,7 @@ pub fn discover_with(root: &SysfsRoot, inv: &mut Inventory, read: kfd::ReadFn<'_
             match root.resolve(&function) {
                 Some(dir) => amdgpu::read(&dir, read, &mut notes),
                 None => {
-                    notes.push(format!("{function}: too many levels of symbolic links; its attributes not read"));
+                    notes.push(format!("{function}: a symlink loop or an unreadable link; its attributes not read"));
                     AmdgpuAttrs::default()
                 }
             }

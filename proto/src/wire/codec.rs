@@ -110,8 +110,9 @@ struct Deadline {
 }
 
 impl Deadline {
-    fn after(after: Duration) -> Self {
-        Self { at: Instant::now() + after, after }
+    /// `after` from now; none when that is past what an `Instant` holds (no bound).
+    fn after(after: Duration) -> Option<Self> {
+        Some(Self { at: Instant::now().checked_add(after)?, after })
     }
 
     /// Bounds the stream's next blocking reads and writes by the time left; `TimedOut`
@@ -291,6 +292,28 @@ pub fn send_message(
     send_bytes(stream, &buf, fds, None)
 }
 
+/// A socket's read and write timeouts as they were, put back when dropped (a bounded
+/// call changes them as it goes).
+struct Timeouts<'a> {
+    stream: &'a UnixStream,
+    read: Option<Duration>,
+    write: Option<Duration>,
+}
+
+impl<'a> Timeouts<'a> {
+    fn save(stream: &'a UnixStream) -> io::Result<Self> {
+        Ok(Self { stream, read: stream.read_timeout()?, write: stream.write_timeout()? })
+    }
+}
+
+impl Drop for Timeouts<'_> {
+    fn drop(&mut self) {
+        // Values the socket held a moment ago: setting them back cannot be refused.
+        let _ = self.stream.set_read_timeout(self.read);
+        let _ = self.stream.set_write_timeout(self.write);
+    }
+}
+
 /// A blocking client connection: negotiates a version, numbers requests, matches
 /// answers to them, and queues events that arrive in between.
 #[derive(Debug)]
@@ -312,9 +335,11 @@ impl Connection {
     /// reading its whole answer must be over within `timeout`, or the call fails with
     /// [`CodecError::TimedOut`] (a server that trickles its answer a byte at a time is
     /// bounded too, which a read timeout alone does not do). The connection should then
-    /// be dropped: the answer may still come. `None` (the default): calls wait as the
-    /// stream's own timeouts say. Waiting for an event ([`Connection::next_event`]) is
-    /// never bounded by it.
+    /// be dropped: the answer may still come. The stream's own read and write timeouts
+    /// are changed during a bounded call and set back after it. `None` (the default):
+    /// calls wait as those timeouts say. Waiting for an event
+    /// ([`Connection::next_event`]) is never bounded by it; a timeout past what an
+    /// `Instant` holds bounds nothing.
     pub fn set_call_timeout(&mut self, timeout: Option<Duration>) {
         self.call_timeout = timeout;
     }
@@ -369,7 +394,12 @@ impl Connection {
         self.next_id += 1;
         let opcode = req.opcode();
         let header = Header { version: self.version, ..Header::new(opcode, FrameKind::Request, id) };
-        let deadline = self.call_timeout.map(Deadline::after);
+        let deadline = self.call_timeout.and_then(Deadline::after);
+        // The socket's own timeouts come back when the call ends, however it ends.
+        let _restore = match deadline {
+            Some(_) => Some(Timeouts::save(&self.stream)?),
+            None => None,
+        };
         let deadline = deadline.as_ref();
         let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
         let mut buf = Vec::new();

@@ -38,11 +38,13 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, bufs: &[IoSlice<'_>], fds: &[Borrowed
 /// take it (`None`: as long as it takes). A listener whose accept queue is full (a wedged
 /// server) makes a blocking `connect` wait for ever; here the socket is non-blocking, so
 /// Linux answers `EAGAIN` at once and the connect is retried, backing off to 50 ms, until
-/// it goes through or the time is up (`TimedOut`). Any other failure (nothing listening,
-/// no such file, no permission) is returned at once. The stream comes back blocking.
+/// it goes through or the time is up (`TimedOut`; a timeout past what an `Instant` holds
+/// is none). Any other failure (nothing listening, no such file, no permission) is
+/// returned at once. The stream comes back blocking.
 pub fn connect_unix(path: &Path, timeout: Option<Duration>) -> io::Result<UnixStream> {
-    let Some(timeout) = timeout else { return UnixStream::connect(path) };
-    let deadline = Instant::now() + timeout;
+    let Some((timeout, deadline)) = timeout.and_then(|t| Some((t, Instant::now().checked_add(t)?))) else {
+        return UnixStream::connect(path);
+    };
     let addr = UnixAddr::new(path).map_err(io::Error::from)?;
     let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
         .map_err(io::Error::from)?;
