@@ -7,23 +7,26 @@ use std::time::{Duration, Instant};
 
 use fabric_mm::{CopyEndpoint, CopyOutcome};
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::error::{closed, invalid, to_py};
 use crate::gil::{Detached, Slot};
 use crate::memory::Pin;
+use crate::session::Owner;
 
 /// A page-aligned host buffer for registration (memfd-backed, not inherited by `fork`).
 #[pyclass(module = "fabric_mm._native", frozen)]
 #[derive(Debug)]
 pub struct HostBuffer {
     slot: Slot<fabric_mm::HostBuffer>,
+    owner: Owner,
     size: u64,
 }
 
 impl HostBuffer {
-    pub(crate) fn new(h: fabric_mm::HostBuffer) -> Self {
+    pub(crate) fn new(h: fabric_mm::HostBuffer, owner: Owner) -> Self {
         let size = h.len();
-        Self { slot: Slot::new(h), size }
+        Self { slot: Slot::new(h), owner, size }
     }
 
     pub(crate) fn get(&self, py: Python<'_>) -> PyResult<Arc<fabric_mm::HostBuffer>> {
@@ -33,6 +36,12 @@ impl HostBuffer {
 
 #[pymethods]
 impl HostBuffer {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self.owner.clear();
+    }
     /// Bytes.
     #[getter]
     fn size(&self) -> u64 {
@@ -40,7 +49,7 @@ impl HostBuffer {
     }
     /// A holder of the buffer for one view.
     fn pin(&self, py: Python<'_>) -> PyResult<Pin> {
-        Ok(Pin::host(self.get(py)?))
+        Ok(Pin::host(self.get(py)?, self.owner.share(py)))
     }
     /// Lets go of the buffer (freed when its registrations and views are gone too).
     fn free(&self) {
@@ -53,6 +62,7 @@ impl HostBuffer {
 #[derive(Debug)]
 pub struct Registration {
     slot: Slot<fabric_mm::Registration>,
+    owner: Owner,
     id: u64,
     id_offset: u64,
     iova: u64,
@@ -63,8 +73,9 @@ pub struct Registration {
 }
 
 impl Registration {
-    pub(crate) fn new(r: fabric_mm::Registration) -> Self {
+    pub(crate) fn new(r: fabric_mm::Registration, owner: Owner) -> Self {
         Self {
+            owner,
             id: r.id(),
             id_offset: r.id_offset(),
             iova: r.iova(),
@@ -79,6 +90,12 @@ impl Registration {
 
 #[pymethods]
 impl Registration {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self.owner.clear();
+    }
     /// The daemon's registration id.
     #[getter]
     fn id(&self) -> u64 {
@@ -174,11 +191,12 @@ pub(crate) fn endpoint(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CopyE
 #[derive(Debug)]
 pub struct Copy {
     copy: Detached<Arc<fabric_mm::Copy>>,
+    owner: Owner,
 }
 
 impl Copy {
-    pub(crate) fn new(c: fabric_mm::Copy) -> Self {
-        Self { copy: Detached::new(Arc::new(c)) }
+    pub(crate) fn new(c: fabric_mm::Copy, owner: Owner) -> Self {
+        Self { copy: Detached::new(Arc::new(c)), owner }
     }
 
     /// The copy, unless this is a child forked after it was made: its completion comes
@@ -193,6 +211,12 @@ const SIGNAL_TICK: Duration = Duration::from_millis(100);
 
 #[pymethods]
 impl Copy {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self.owner.clear();
+    }
     /// The daemon's copy id.
     #[getter]
     fn id(&self, py: Python<'_>) -> PyResult<u64> {

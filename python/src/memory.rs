@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use fabric_mm::Memory;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::copy::HostBuffer;
 use crate::error::{closed, invalid, to_py};
 use crate::gil::Slot;
+use crate::session::Owner;
 
 /// Memory a call accepts, out of its Python object.
 pub(crate) enum Source {
@@ -59,6 +61,7 @@ impl Source {
 #[derive(Debug)]
 pub struct Region {
     slot: Slot<fabric_mm::Region>,
+    owner: Owner,
     id: u64,
     generation: u64,
     size: u64,
@@ -66,9 +69,9 @@ pub struct Region {
 }
 
 impl Region {
-    pub(crate) fn new(r: fabric_mm::Region) -> Self {
+    pub(crate) fn new(r: fabric_mm::Region, owner: Owner) -> Self {
         let (id, generation, size, gfa) = (r.id(), r.generation(), r.len(), r.gfa());
-        Self { slot: Slot::new(r), id, generation, size, gfa }
+        Self { slot: Slot::new(r), owner, id, generation, size, gfa }
     }
 
     pub(crate) fn get(&self, py: Python<'_>) -> PyResult<Arc<fabric_mm::Region>> {
@@ -78,6 +81,12 @@ impl Region {
 
 #[pymethods]
 impl Region {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self.owner.clear();
+    }
     /// The daemon's region id.
     #[getter]
     fn id(&self) -> u64 {
@@ -112,6 +121,7 @@ impl Region {
 #[derive(Debug)]
 pub struct Import {
     slot: Slot<fabric_mm::Import>,
+    owner: Owner,
     import_id: u64,
     id: u64,
     size: u64,
@@ -121,10 +131,10 @@ pub struct Import {
 }
 
 impl Import {
-    pub(crate) fn new(i: fabric_mm::Import) -> Self {
+    pub(crate) fn new(i: fabric_mm::Import, owner: Owner) -> Self {
         let (import_id, id, size, gfa, writable) = (i.import_id(), i.id(), i.len(), i.gfa(), i.writable());
         let copy_only = i.copy_only();
-        Self { slot: Slot::new(i), import_id, id, size, gfa, writable, copy_only }
+        Self { slot: Slot::new(i), owner, import_id, id, size, gfa, writable, copy_only }
     }
 
     pub(crate) fn get(&self, py: Python<'_>) -> PyResult<Arc<fabric_mm::Import>> {
@@ -134,6 +144,12 @@ impl Import {
 
 #[pymethods]
 impl Import {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self.owner.clear();
+    }
     /// The daemon's import id.
     #[getter]
     fn import_id(&self) -> u64 {
@@ -183,6 +199,7 @@ impl Import {
 #[derive(Debug)]
 pub struct Mapping {
     slot: Slot<fabric_mm::Mapping>,
+    owner: Owner,
     address: usize,
     size: usize,
     gfa: u64,
@@ -190,9 +207,9 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    pub(crate) fn new(m: fabric_mm::Mapping) -> Self {
+    pub(crate) fn new(m: fabric_mm::Mapping, owner: Owner) -> Self {
         let (address, size, gfa, writable) = (m.as_ptr() as usize, m.len(), m.gfa(), m.writable());
-        Self { slot: Slot::new(m), address, size, gfa, writable }
+        Self { slot: Slot::new(m), owner, address, size, gfa, writable }
     }
 
     pub(crate) fn get(&self, py: Python<'_>) -> PyResult<Arc<fabric_mm::Mapping>> {
@@ -202,6 +219,12 @@ impl Mapping {
 
 #[pymethods]
 impl Mapping {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self.owner.clear();
+    }
     /// Address of the first byte in this process.
     #[getter]
     fn address(&self) -> usize {
@@ -264,6 +287,7 @@ impl Mapping {
         let m = self.get(py)?;
         Ok(Pin {
             held: Some(Held::Mapping(m)),
+            _owner: self.owner.share(py),
             born: crate::gil::Born::now(),
             address: self.address,
             size: self.size,
@@ -309,6 +333,8 @@ pub(crate) enum Held {
 #[derive(Debug)]
 pub struct Pin {
     held: Option<Held>,
+    /// The session it was made from (a view may outlive every other object).
+    _owner: Owner,
     born: crate::gil::Born,
     address: usize,
     size: usize,
@@ -316,9 +342,9 @@ pub struct Pin {
 }
 
 impl Pin {
-    pub(crate) fn host(h: Arc<fabric_mm::HostBuffer>) -> Self {
+    pub(crate) fn host(h: Arc<fabric_mm::HostBuffer>, owner: Owner) -> Self {
         let (address, size) = (h.as_ptr() as usize, h.len() as usize);
-        Self { held: Some(Held::Host(h)), born: crate::gil::Born::now(), address, size, writable: true }
+        Self { held: Some(Held::Host(h)), _owner: owner, born: crate::gil::Born::now(), address, size, writable: true }
     }
 
     pub(crate) fn parts(&self) -> (usize, usize, bool) {

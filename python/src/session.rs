@@ -48,6 +48,45 @@ impl Drop for Session {
     }
 }
 
+/// The Python session an object was made from, held by that object: the session — and
+/// its revocation callback — lives as long as anything made from it (the library's
+/// session does too), and the collector sees the reference (`traverse`, `clear`), so a
+/// cycle through the callback (a callback holding a region of its session) is collected.
+#[derive(Debug)]
+pub(crate) struct Owner(Mutex<Option<Py<Session>>>);
+
+impl Owner {
+    pub(crate) fn of(session: &Bound<'_, Session>) -> Self {
+        Self(Mutex::new(Some(session.clone().unbind())))
+    }
+
+    /// Another holder of the same session.
+    pub(crate) fn share(&self, py: Python<'_>) -> Self {
+        Self(Mutex::new(self.lock().as_ref().map(|s| s.clone_ref(py))))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Py<Session>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// For the holder's `__traverse__` (the collector holds the GIL; so does every other
+    /// taker of this lock, which calls nothing while it holds it: the lock is free here).
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(s) = self.0.try_lock()
+            && let Some(s) = &*s
+        {
+            visit.call(s)?;
+        }
+        Ok(())
+    }
+
+    /// For the holder's `__clear__`.
+    pub(crate) fn clear(&self) {
+        let s = self.lock().take();
+        drop(s);
+    }
+}
+
 fn held(c: &Callback) -> MutexGuard<'_, Option<Py<PyAny>>> {
     c.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -196,7 +235,7 @@ impl Session {
 
     #[pyo3(signature = (size, *, device=None, memory="hbm", set=None))]
     fn alloc(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         size: u64,
         device: Option<String>,
@@ -210,13 +249,13 @@ impl Session {
             (None, Some(set)) => Target::Set(set),
             _ => return Err(invalid(py, "alloc takes exactly one of device= and set=")),
         };
-        let s = self.get(py)?;
-        blocking(py, move || s.alloc(&target, size)).map(Region::new)
+        let s = slf.get().get(py)?;
+        blocking(py, move || s.alloc(&target, size)).map(|r| Region::new(r, Owner::of(slf)))
     }
 
-    fn alloc_nearest(&self, py: Python<'_>, device: String, size: u64) -> PyResult<Region> {
-        let s = self.get(py)?;
-        blocking(py, move || s.alloc_nearest(&device, size)).map(Region::new)
+    fn alloc_nearest(slf: &Bound<'_, Self>, py: Python<'_>, device: String, size: u64) -> PyResult<Region> {
+        let s = slf.get().get(py)?;
+        blocking(py, move || s.alloc_nearest(&device, size)).map(|r| Region::new(r, Owner::of(slf)))
     }
 
     #[pyo3(signature = (region, *, uids=Vec::new(), gids=Vec::new(), partition=None, read_only=false))]
@@ -242,20 +281,20 @@ impl Session {
     }
 
     #[pyo3(signature = (handle, writable=true))]
-    fn import_handle(&self, py: Python<'_>, handle: &str, writable: bool) -> PyResult<Import> {
-        let s = self.get(py)?;
+    fn import_handle(slf: &Bound<'_, Self>, py: Python<'_>, handle: &str, writable: bool) -> PyResult<Import> {
+        let s = slf.get().get(py)?;
         let h = handle.parse().map_err(|e| to_py(py, e))?;
-        blocking(py, move || s.import(&h, writable)).map(Import::new)
+        blocking(py, move || s.import(&h, writable)).map(|i| Import::new(i, Owner::of(slf)))
     }
 
-    fn map(&self, py: Python<'_>, memory: &Bound<'_, PyAny>) -> PyResult<Mapping> {
-        let s = self.get(py)?;
+    fn map(slf: &Bound<'_, Self>, py: Python<'_>, memory: &Bound<'_, PyAny>) -> PyResult<Mapping> {
+        let s = slf.get().get(py)?;
         let mapped = match Source::of(py, memory)? {
             Source::Region(r) => blocking(py, move || s.map(&*r)),
             Source::Import(i) => blocking(py, move || s.map(&*i)),
             _ => return Err(invalid(py, "map takes a Region or an Import")),
         }?;
-        Ok(Mapping::new(mapped))
+        Ok(Mapping::new(mapped, Owner::of(slf)))
     }
 
     fn translate<'py>(&self, py: Python<'py>, gfas: Vec<u64>) -> PyResult<Bound<'py, PyList>> {
@@ -318,7 +357,7 @@ impl Session {
     /// `offset`, all of it by default) for DMA by `device`, through the session's cache.
     #[pyo3(signature = (memory, device, access="rw", *, offset=0, length=None))]
     fn register(
-        &self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         memory: &Bound<'_, PyAny>,
         device: String,
@@ -327,7 +366,7 @@ impl Session {
         length: Option<u64>,
     ) -> PyResult<Registration> {
         let access = values::access_of(access).map_err(|e| to_py(py, e))?;
-        let s = self.get(py)?;
+        let s = slf.get().get(py)?;
         let src = Source::of(py, memory)?;
         let length = match length {
             Some(l) => l,
@@ -339,13 +378,13 @@ impl Session {
             Source::Mapping(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
             Source::Host(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
         }?;
-        Ok(Registration::new(reg))
+        Ok(Registration::new(reg, Owner::of(slf)))
     }
 
     /// A page-aligned host buffer of at least `size` bytes, for registration.
-    fn alloc_host(&self, py: Python<'_>, size: u64) -> PyResult<HostBuffer> {
-        let s = self.get(py)?;
-        blocking(py, move || s.alloc_host(size)).map(HostBuffer::new)
+    fn alloc_host(slf: &Bound<'_, Self>, py: Python<'_>, size: u64) -> PyResult<HostBuffer> {
+        let s = slf.get().get(py)?;
+        blocking(py, move || s.alloc_host(size)).map(|h| HostBuffer::new(h, Owner::of(slf)))
     }
 
     fn registration_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -360,9 +399,15 @@ impl Session {
 
     /// Starts a copy of `length` bytes by fabricd's copy engine; endpoints are GFAs (int),
     /// Registrations (their first byte) or `Registration.at(offset)`.
-    fn copy(&self, py: Python<'_>, dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>, length: u64) -> PyResult<Copy> {
+    fn copy(
+        slf: &Bound<'_, Self>,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        src: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<Copy> {
         let (dst, src) = (endpoint(py, dst)?, endpoint(py, src)?);
-        let s = self.get(py)?;
-        blocking(py, move || s.copy(dst, src, length)).map(Copy::new)
+        let s = slf.get().get(py)?;
+        blocking(py, move || s.copy(dst, src, length)).map(|c| Copy::new(c, Owner::of(slf)))
     }
 }

@@ -214,3 +214,21 @@ def test_a_cycle_collected_on_the_library_thread(session: fabric_mm.Session, gpu
     finally:
         gc.enable()
         session.on_revocation(None)
+
+
+def test_the_callback_lives_as_long_as_an_object_made_from_the_session(
+        session: fabric_mm.Session, gpu: str) -> None:
+    # The session object goes, its import stays: revocations still reach its callback
+    # (the import holds the session, and with it the callback).
+    seen: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    importer = fabric_mm.Session(session.socket)
+    importer.on_revocation(seen.put)
+    region = session.alloc(MIB, device=gpu)
+    handle = session.export(region)
+    imp = importer.import_(handle)
+    del importer
+    gc.collect()
+    session.revoke(handle)
+    assert seen.get(timeout=5).import_id == imp.import_id
+    with pytest.raises(fabric_mm.RevokedError):
+        imp.check()
