@@ -122,7 +122,7 @@ pub fn set_timeout(secs: u64) {
 
 /// The most a command waits for the daemon at the default socket before it discovers
 /// locally instead ([`select`]).
-const PROBE: Duration = Duration::from_secs(2);
+const PROBE: Duration = Duration::from_secs(5);
 
 fn timeout() -> Duration {
     Duration::from_secs(TIMEOUT_S.load(Ordering::Relaxed))
