@@ -188,7 +188,8 @@ fn echo_connection(stream: &UnixStream) {
 }
 
 pub(crate) fn connect(socket: &Path) -> Result<Connection, ControlBenchError> {
-    let s = UnixStream::connect(socket).map_err(io_err(format!("connecting to {}", socket.display())))?;
+    let s = fabric_proto::wire::connect_unix(socket, Some(Duration::from_secs(30)))
+        .map_err(io_err(format!("connecting to {}", socket.display())))?;
     s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err("setting a read timeout"))?;
     let mut c = Connection::new(s);
     c.hello("fabricctl-bench", SUPPORTED_VERSIONS).map_err(call_err("hello"))?;

@@ -25,7 +25,6 @@
 mod endpoints;
 
 use std::io;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -246,7 +245,8 @@ pub struct CopyBench {
 }
 
 fn connect(socket: &Path) -> Result<Connection, CopyBenchError> {
-    let s = UnixStream::connect(socket).map_err(io_err(format!("connecting to {}", socket.display())))?;
+    let s = fabric_proto::wire::connect_unix(socket, Some(Duration::from_secs(60)))
+        .map_err(io_err(format!("connecting to {}", socket.display())))?;
     s.set_read_timeout(Some(Duration::from_secs(60))).map_err(io_err("setting a read timeout"))?;
     let mut c = Connection::new(s);
     c.hello("fabricctl-bench-copy", SUPPORTED_VERSIONS).map_err(call_err("hello"))?;
