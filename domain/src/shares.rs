@@ -248,6 +248,15 @@ impl DomainClient {
     /// batches of that many, within etcd's limits on one transaction (an earlier batch
     /// stays claimed when a later one is refused).
     pub async fn claim_shares(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
+        // Checked whole, before any batch: a resource asked for twice is refused even
+        // when its two asks would fall in different batches.
+        for (i, w) in wants.iter().enumerate() {
+            let refused = |source| EtcdError::Record { key: w.resource.clone(), source };
+            check_resource(&w.resource).map_err(refused)?;
+            if wants[..i].iter().any(|o| o.resource == w.resource) {
+                return Err(refused(invalid("resource", "asked for twice".into())));
+            }
+        }
         if wants.len() <= CLAIM_BATCH || wants.iter().any(|w| w.at.is_none()) {
             return self.claim_shares_at_once(wants, align).await;
         }
@@ -258,15 +267,8 @@ impl DomainClient {
         Ok(shares)
     }
 
-    /// [`DomainClient::claim_shares`] in one transaction.
+    /// [`DomainClient::claim_shares`] in one transaction (`wants` checked).
     async fn claim_shares_at_once(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
-        for (i, w) in wants.iter().enumerate() {
-            let refused = |source| EtcdError::Record { key: w.resource.clone(), source };
-            check_resource(&w.resource).map_err(refused)?;
-            if wants[..i].iter().any(|o| o.resource == w.resource) {
-                return Err(refused(invalid("resource", "asked for twice".into())));
-            }
-        }
         let node = self.node().to_owned();
         let align = align.max(1).next_power_of_two();
         for attempt in 0..MAX_CLAIM_ATTEMPTS {

@@ -334,6 +334,12 @@ async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
         .iter()
         .map(|r| ShareWant { resource: r.clone(), capacity: 1 << 30, len: 256 << 20, at: Some(held[r]), grow_to: None })
         .collect();
+    // A resource asked for twice is refused, even when the two asks fall in different
+    // batches (and nothing is claimed).
+    let mut twice = back.clone();
+    twice.push(back[0].clone());
+    assert!(matches!(gone.claim_shares(&twice, 2 << 20).await, Err(EtcdError::Record { .. })));
+    assert!(holders(a.clone()).await.iter().all(|h| h == "tray-r"));
     let claimed = gone.claim_shares(&back, 2 << 20).await.unwrap();
     assert!(claimed.iter().zip(&back).all(|(s, w)| Some(s.offset) == w.at && s.len == w.len), "{claimed:?}");
     assert!(holders(a.clone()).await.iter().all(|h| h.contains("tray-q") && h.contains("tray-r")));
