@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::error::to_py;
 
@@ -177,5 +178,58 @@ impl<T: Send + Sync> Drop for Slot<T> {
     fn drop(&mut self) {
         let v = self.0.get_mut().unwrap_or_else(PoisonError::into_inner).take();
         drop_detached(v, self.1);
+    }
+}
+
+/// A Python object a native object holds and shows to the collector: the holder's
+/// `__traverse__` visits it and its `__clear__` lets go, so a cycle through it is
+/// collected. Taken only with the GIL held and never across a call into Python, so the
+/// collector (which holds the GIL) always finds the lock free.
+pub(crate) struct Visible<T>(Mutex<Option<Py<T>>>);
+
+impl<T> std::fmt::Debug for Visible<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Visible").field(&self.0.try_lock().map(|v| v.is_some()).ok()).finish()
+    }
+}
+
+impl<T> Default for Visible<T> {
+    fn default() -> Self {
+        Self(Mutex::new(None))
+    }
+}
+
+impl<T> Visible<T> {
+    pub(crate) fn new(v: Option<Py<T>>) -> Self {
+        Self(Mutex::new(v))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Py<T>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Another reference to the object held, if any.
+    pub(crate) fn get(&self, py: Python<'_>) -> Option<Py<T>> {
+        self.lock().as_ref().map(|v| v.clone_ref(py))
+    }
+
+    /// Holds `v` instead; the one held before, to drop with the GIL held.
+    pub(crate) fn replace(&self, v: Option<Py<T>>) -> Option<Py<T>> {
+        std::mem::replace(&mut *self.lock(), v)
+    }
+
+    /// For the holder's `__traverse__`.
+    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(v) = self.0.try_lock()
+            && let Some(v) = &*v
+        {
+            visit.call(v)?;
+        }
+        Ok(())
+    }
+
+    /// For the holder's `__clear__`: lets go of the object (outside the lock).
+    pub(crate) fn clear(&self) {
+        drop(self.replace(None));
     }
 }

@@ -4,7 +4,7 @@
 //! a method.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use fabric_mm::{Policy, ResourceOffset, SessionConfig, Target, Token, WindowConfig};
 use pyo3::prelude::*;
@@ -13,7 +13,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::copy::{Copy, HostBuffer, Registration, endpoint};
 use crate::error::{closed, invalid, to_py};
-use crate::gil::{Slot, blocking};
+use crate::gil::{Slot, Visible, blocking};
 use crate::memory::{Import, Mapping, Region, Source};
 use crate::values;
 
@@ -33,62 +33,34 @@ pub struct Session {
     revocation: Callback,
 }
 
-/// The revocation callback, held by the Python object as well as read by the library's
-/// closure, so that the collector sees it (`__traverse__`) and can break a cycle through
-/// it (`__clear__`): a callback that refers to its own session. Taken only with the GIL
-/// held, and never across a call into Python.
-type Callback = Arc<Mutex<Option<Py<PyAny>>>>;
+/// The revocation callback, held by the Python object (and shown to the collector) as
+/// well as read by the library's closure: a callback that refers to its own session is a
+/// cycle the collector breaks.
+type Callback = Arc<Visible<PyAny>>;
 
 impl Drop for Session {
     /// The callback goes with the Python object (it may hold objects that hold the
     /// library's session, which holds the closure: a cycle through Rust no collector sees).
     fn drop(&mut self) {
-        let cb = held(&self.revocation).take();
-        drop(cb);
+        self.revocation.clear();
     }
 }
 
 /// The Python session an object was made from, held by that object: the session — and
 /// its revocation callback — lives as long as anything made from it (the library's
-/// session does too), and the collector sees the reference (`traverse`, `clear`), so a
-/// cycle through the callback (a callback holding a region of its session) is collected.
-#[derive(Debug)]
-pub(crate) struct Owner(Mutex<Option<Py<Session>>>);
+/// session does too), and the collector sees the reference, so a cycle through the
+/// callback (a callback holding a region of its session) is collected.
+pub(crate) type Owner = Visible<Session>;
 
 impl Owner {
     pub(crate) fn of(session: &Bound<'_, Session>) -> Self {
-        Self(Mutex::new(Some(session.clone().unbind())))
+        Self::new(Some(session.clone().unbind()))
     }
 
     /// Another holder of the same session.
     pub(crate) fn share(&self, py: Python<'_>) -> Self {
-        Self(Mutex::new(self.lock().as_ref().map(|s| s.clone_ref(py))))
+        Self::new(self.get(py))
     }
-
-    fn lock(&self) -> MutexGuard<'_, Option<Py<Session>>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// For the holder's `__traverse__` (the collector holds the GIL; so does every other
-    /// taker of this lock, which calls nothing while it holds it: the lock is free here).
-    pub(crate) fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Ok(s) = self.0.try_lock()
-            && let Some(s) = &*s
-        {
-            visit.call(s)?;
-        }
-        Ok(())
-    }
-
-    /// For the holder's `__clear__`.
-    pub(crate) fn clear(&self) {
-        let s = self.lock().take();
-        drop(s);
-    }
-}
-
-fn held(c: &Callback) -> MutexGuard<'_, Option<Py<PyAny>>> {
-    c.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Session {
@@ -133,19 +105,11 @@ impl Session {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        // The collector holds the GIL, and every holder of this lock holds it too and
-        // calls nothing while it does: the lock is free here.
-        if let Ok(cb) = self.revocation.try_lock()
-            && let Some(cb) = &*cb
-        {
-            visit.call(cb)?;
-        }
-        Ok(())
+        self.revocation.traverse(&visit)
     }
 
     fn __clear__(&self) {
-        let cb = held(&self.revocation).take();
-        drop(cb);
+        self.revocation.clear();
     }
 
     /// Closes this handle on the session. Objects made from it (regions, imports,
@@ -212,8 +176,7 @@ impl Session {
     fn on_revocation(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
         let s = self.get(py)?;
         // The old callable goes here, with the GIL held.
-        let old = std::mem::replace(&mut *held(&self.revocation), callback);
-        drop(old);
+        drop(self.revocation.replace(callback));
         // The library's closure calls whatever the cell holds then (nothing once `None`
         // was set): installed again each time for the library's rule that a replacement
         // waits for a call running on another thread — without the GIL, since that call
@@ -222,7 +185,7 @@ impl Session {
         py.detach(move || {
             s.on_revocation(move |r| {
                 crate::gil::callback(|py| {
-                    let Some(cb) = held(&cell).as_ref().map(|cb| cb.clone_ref(py)) else { return };
+                    let Some(cb) = cell.get(py) else { return };
                     let call = values::revocation(py, r).and_then(|d| cb.call1(py, (d,)));
                     if let Err(e) = call {
                         e.write_unraisable(py, Some(cb.bind(py)));

@@ -126,16 +126,21 @@ impl Deadline {
         stream.set_write_timeout(Some(left))?;
         Ok(())
     }
+}
 
-    /// `e`, as `TimedOut` when it is the socket's timeout.
-    fn name(&self, e: CodecError) -> CodecError {
-        match e {
-            CodecError::Io(io) if matches!(io.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                CodecError::TimedOut { after: self.after }
-            }
-            e => e,
-        }
-    }
+/// One blocking socket call `op` on `stream`, bounded by the time left until `deadline`
+/// (when there is one): its timeout is `TimedOut`.
+fn bounded<T>(
+    stream: &UnixStream,
+    deadline: Option<&Deadline>,
+    op: impl FnOnce() -> io::Result<T>,
+) -> Result<T, CodecError> {
+    let Some(d) = deadline else { return Ok(op()?) };
+    d.arm(stream)?;
+    op().map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => CodecError::TimedOut { after: d.after },
+        _ => e.into(),
+    })
 }
 
 /// A frame as read: checked header, body bytes, descriptors (exactly as many as the
@@ -183,14 +188,8 @@ fn send_bytes(
     fds: &[BorrowedFd<'_>],
     deadline: Option<&Deadline>,
 ) -> Result<(), CodecError> {
-    let send = |bytes: &[u8], fds: &[BorrowedFd<'_>]| -> Result<usize, CodecError> {
-        if let Some(d) = deadline {
-            d.arm(stream)?;
-        }
-        sys::send_with_fds(stream.as_fd(), &[IoSlice::new(bytes)], fds).map_err(|e| match deadline {
-            Some(d) => d.name(e.into()),
-            None => e.into(),
-        })
+    let send = |bytes: &[u8], fds: &[BorrowedFd<'_>]| {
+        bounded(stream, deadline, || sys::send_with_fds(stream.as_fd(), &[IoSlice::new(bytes)], fds))
     };
     let mut sent = send(buf, fds)?;
     while sent < buf.len() {
@@ -221,14 +220,8 @@ fn recv_frame_by(stream: &UnixStream, deadline: Option<&Deadline>) -> Result<Fra
             return r.map(FrameView::into_frame).map_err(CodecError::from);
         }
         let progress = decoder.progress();
-        if let Some(d) = deadline {
-            d.arm(stream)?;
-        }
         let got =
-            sys::recv_with_fds(stream.as_fd(), decoder.read_buf(false), room, false).map_err(|e| match deadline {
-                Some(d) => d.name(e.into()),
-                None => e.into(),
-            })?;
+            bounded(stream, deadline, || sys::recv_with_fds(stream.as_fd(), decoder.read_buf(false), room, false))?;
         if got.bytes == 0 {
             return Err(match progress {
                 None => CodecError::Closed,
@@ -286,10 +279,21 @@ pub fn send_message(
     msg: &Message,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), CodecError> {
+    send_message_by(stream, header, msg, fds, None)
+}
+
+/// [`send_message`], each write bounded by the time left until `deadline`.
+fn send_message_by(
+    stream: &UnixStream,
+    header: &Header,
+    msg: &Message,
+    fds: &[BorrowedFd<'_>],
+    deadline: Option<&Deadline>,
+) -> Result<(), CodecError> {
     let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
     let mut buf = Vec::new();
     encode_message(&Header { fd_count, ..*header }, msg, &mut buf)?;
-    send_bytes(stream, &buf, fds, None)
+    send_bytes(stream, &buf, fds, deadline)
 }
 
 /// A socket's read and write timeouts as they were, put back when dropped (a bounded
@@ -401,10 +405,7 @@ impl Connection {
             None => None,
         };
         let deadline = deadline.as_ref();
-        let fd_count = u8::try_from(fds.len()).unwrap_or(u8::MAX);
-        let mut buf = Vec::new();
-        encode_message(&Header { fd_count, ..header }, &Message::Request(req), &mut buf)?;
-        if let Err(e) = send_bytes(&self.stream, &buf, fds, deadline) {
+        if let Err(e) = send_message_by(&self.stream, &header, &Message::Request(req), fds, deadline) {
             // A server that refused the connection (request id 0, below) may have closed it
             // before this request went: its error frame is still there to read.
             let closed = matches!(&e, CodecError::Io(io) if matches!(io.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset));
