@@ -236,6 +236,17 @@ pub struct DomainGauges {
     pub leader: bool,
     /// The term of the leader this node knows of; none while not known.
     pub leader_term: Option<i64>,
+    /// The node link's listener, while it listens.
+    pub link: Option<LinkGauges>,
+}
+
+/// What the metrics page shows of the node link's listener.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkGauges {
+    /// What it did with the connections it accepted.
+    pub stats: fabric_nodelink::LinkStats,
+    /// The members' sources it admits first.
+    pub member_sources: u64,
 }
 
 impl Metrics {
@@ -466,6 +477,34 @@ fn domain_series(p: &mut Page, d: &DomainGauges) {
         p.family("fabricd_domain_leader_term", "gauge", "Term of the domain's leader as this node knows it.");
         p.sample("fabricd_domain_leader_term", &[], term);
     }
+    if let Some(link) = &d.link {
+        link_series(p, link);
+    }
+}
+
+/// The `fabricd_peer_*` series: the node link's listener.
+fn link_series(p: &mut Page, l: &LinkGauges) {
+    p.family(
+        "fabricd_peer_connections_total",
+        "counter",
+        "Connections the node link's listener accepted, by what became of them: admitted, refused (a Hello that disagrees, the policy, busy), failed (no or a bad certificate, garbage, silence), closed at accept or ended for another (every handshake slot taken).",
+    );
+    let s = l.stats;
+    for (outcome, n) in [
+        ("admitted", s.admitted),
+        ("refused", s.refused),
+        ("failed", s.failed),
+        ("closed_at_accept", s.closed_at_accept),
+        ("ended_for_another", s.ended_for_another),
+    ] {
+        p.sample("fabricd_peer_connections_total", &[("outcome", outcome)], n);
+    }
+    p.family(
+        "fabricd_peer_member_sources",
+        "gauge",
+        "Sources (IP addresses, an IPv6 /64 once) of the domain's members whose connections the node link's listener admits first.",
+    );
+    p.sample("fabricd_peer_member_sources", &[], l.member_sources);
 }
 
 /// `fabricd_devices`, `fabricd_device_states`, `fabricd_links` and
@@ -666,6 +705,10 @@ mod tests {
             topology_merges: 3,
             leader: true,
             leader_term: Some(12),
+            link: Some(LinkGauges {
+                stats: fabric_nodelink::LinkStats { admitted: 3, ended_for_another: 1, ..Default::default() },
+                member_sources: 2,
+            }),
         };
         let page = m.render(Live { sessions: 2, sessions_total: 5, memory, domain: Some(domain) });
         for want in [
@@ -689,6 +732,10 @@ mod tests {
             "fabricd_domain_topology_merges_total 3\n",
             "fabricd_domain_leader 1\n",
             "fabricd_domain_leader_term 12\n",
+            "fabricd_peer_connections_total{outcome=\"admitted\"} 3\n",
+            "fabricd_peer_connections_total{outcome=\"closed_at_accept\"} 0\n",
+            "fabricd_peer_connections_total{outcome=\"ended_for_another\"} 1\n",
+            "fabricd_peer_member_sources 2\n",
             "fabricd_map_mapped_bytes 1073741824\n",
             "fabricd_devices{kind=\"gpu\"} 8\n",
             "fabricd_regions 3\n",

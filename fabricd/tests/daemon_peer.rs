@@ -19,7 +19,9 @@
 //! importer node killed has its imports released by the owner within the TTL; an owner
 //! node killed reaches the importers' clients as `OwnerExited` within the TTL. While etcd
 //! does not answer, established mappings keep working and new cross-node imports are
-//! refused with a typed error that names etcd; they work again once the nodes rejoin.
+//! refused with a typed error that names etcd; they work again once the nodes rejoin. A
+//! member advertised by host name is looked up and admitted first while a flood of
+//! silent connections holds every handshake slot.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -705,4 +707,71 @@ fn a_node_without_the_shared_fabric_copies_to_and_from_another_nodes_region_over
     assert!(matches!(d.result, CopyResult::Failed { .. }), "{d:?}");
     assert!(d.bytes < size);
     assert!(killed.elapsed() < Duration::from_secs(TTL + 5), "{:?}", killed.elapsed());
+}
+
+/// A member whose `peer_address` is a host name links to a node while silent connections
+/// from 34 other addresses hold every handshake slot: the node looked the name up
+/// (`peer/addresses.rs`) and admits that member's connection first, ending the oldest of
+/// the flood's; its metrics page shows both.
+#[test]
+fn a_member_advertised_by_name_links_through_a_flood_from_other_addresses() {
+    use common::scrape::{scrape, value};
+    // The name is one the hosts file maps: nothing goes to the host's DNS.
+    let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let mapped = hosts.lines().any(|l| {
+        let mut words = l.split('#').next().unwrap_or("").split_whitespace();
+        words.next() == Some("127.0.0.1") && words.any(|w| w == "localhost")
+    });
+    if !mapped {
+        eprintln!("skipped: /etc/hosts does not map localhost to 127.0.0.1");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let pki = Pki::new();
+    let (p0, p1, metrics) = (free_port(), free_port(), free_port());
+    // tray0 listens at 127.0.0.3; tray1's connections to it come from 127.0.0.1, which only
+    // tray1's name resolves to.
+    let at: SocketAddr = format!("127.0.0.3:{p0}").parse().unwrap();
+    let s0 = node_at(&etcd, &pki, "tray0", "tray0", &at.to_string(), "shared_identities = true\n");
+    let text = std::fs::read_to_string(&s0.config).unwrap();
+    std::fs::write(&s0.config, text.replace("listen = \"\"", &format!("listen = \"127.0.0.1:{metrics}\""))).unwrap();
+    let s1 = node_at(&etcd, &pki, "tray1", "tray1", &format!("localhost:{p1}"), "shared_identities = true\n");
+    let _daemons = [common::start(&s0.config, s0.dir.path()), common::start(&s1.config, s1.dir.path())];
+    let (mut c0, mut c1) = (common::client(&s0.socket), common::client(&s1.socket));
+    until(Duration::from_secs(15), "tray0 lists tray1 live", || incarnation_of(&mut c0, "tray1"));
+    until(Duration::from_secs(15), "tray1 lists tray0 live", || incarnation_of(&mut c1, "tray0"));
+    until(Duration::from_secs(15), "tray0 merged tray1's topology", || {
+        (common::domain::topology(&mut c0)["nodes"] == serde_json::json!(["tray0", "tray1"])).then_some(())
+    });
+    let outcome = |page: &str, o: &str| {
+        value(page, &format!("fabricd_peer_connections_total{{outcome=\"{o}\"}}")).unwrap_or_else(|| panic!("{page}"))
+    };
+    until(Duration::from_secs(15), "tray0 admits both members' sources first", || {
+        (value(&scrape(metrics), "fabricd_peer_member_sources") == Some(2.0)).then_some(())
+    });
+    let (_, _f, handle) = tray0_hbm_export(&mut c0);
+
+    let start = Instant::now();
+    let flood: Vec<_> = (0..34u8)
+        .map(|i| {
+            rt.block_on(async {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind(SocketAddr::from(([127, 0, 0, 10 + i], 0))).unwrap();
+                socket.connect(at).await.unwrap()
+            })
+        })
+        .collect();
+    until(Duration::from_secs(3), "the flood holds every slot", || {
+        (outcome(&scrape(metrics), "closed_at_accept") >= 2.0).then_some(())
+    });
+    let grant = import_copy_only(&mut c1, handle, AccessMode::ReadWrite).expect("tray1 imports during the flood");
+    assert_eq!(grant.grant.map(|g| g.access), Some(Access::CopyOnly), "{grant:?}");
+    let took = start.elapsed();
+    assert!(took < LinkLimits::default().handshake_timeout, "{took:?}: the flood's slots had expired");
+    let page = scrape(metrics);
+    assert!(outcome(&page, "ended_for_another") >= 1.0, "tray1's connection took a flood's slot: {page}");
+    assert!(outcome(&page, "admitted") >= 1.0, "{page}");
+    common::scrape::promtool_check(&page);
+    drop(flood);
 }

@@ -134,6 +134,11 @@ impl Admitting {
         self.held.lock().unwrap_or_else(PoisonError::into_inner).members = members;
     }
 
+    /// How many member sources are known (an IPv6 /64 counts once).
+    pub(crate) fn members(&self) -> usize {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).members.len()
+    }
+
     #[cfg(test)]
     fn taken(&self) -> usize {
         self.held.lock().unwrap_or_else(PoisonError::into_inner).taken

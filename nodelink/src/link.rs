@@ -266,6 +266,12 @@ impl Server {
         self.handshakes.set_members(addrs);
     }
 
+    /// How many member sources the listener knows (the last [`Server::set_member_addresses`],
+    /// an IPv6 /64 counted once).
+    pub fn member_sources(&self) -> usize {
+        self.handshakes.members()
+    }
+
     /// The incarnation later Welcomes state: a node that rejoined its domain keeps its
     /// listener. Links admitted before keep running; their peers see the new incarnation
     /// in the member records.

@@ -5,19 +5,18 @@
 //! import's holder gets when its owner leaves. A node's death is seen when its member key
 //! goes, one lease TTL after its last renewal; a node that left is collected (its slot
 //! gone from the view after an admin's `domain gc` on any node) lifts its quarantine. The
-//! members' advertised addresses are handed to the node link's listener, which admits
-//! their connections first.
+//! members' advertised addresses go to [`super::addresses::follow`], which hands their IPs
+//! to the node link's listener, which admits their connections first.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::daemon::Daemon;
 
 /// Follows the domain view until the daemon goes.
-pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
+pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>, advertised: watch::Sender<Vec<String>>) {
     loop {
         changed.notified().await;
         let Some(d) = daemon.upgrade() else { return };
@@ -25,14 +24,19 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>) {
         let view = domain.view();
         let live: HashMap<String, u64> = view.members().map(|m| (m.name.clone(), m.incarnation)).collect();
         let known: HashSet<String> = view.nodes().into_iter().map(|n| n.name.to_owned()).collect();
-        // Members' own addresses come first for the listener's handshake slots (a name
-        // rather than an address is not looked up: no resolver call on this runtime).
-        let addresses: Vec<IpAddr> =
-            view.members().filter_map(|m| m.peer_address.parse::<SocketAddr>().ok()).map(|a| a.ip()).collect();
+        // Members' own addresses come first for the listener's handshake slots; names are
+        // looked up by `addresses::follow`, told only when the set changed.
+        let mut addresses: Vec<String> = view.members().map(|m| m.peer_address.clone()).collect();
         drop(view);
-        if let Some(link) = domain.link() {
-            link.set_member_addresses(addresses);
-        }
+        addresses.sort();
+        addresses.dedup();
+        advertised.send_if_modified(|was| {
+            let changed = *was != addresses;
+            if changed {
+                *was = addresses;
+            }
+            changed
+        });
         // Ending sessions and lifting quarantine take the registry's lock and save the
         // quarantine record (an fsync): off the domain runtime's worker, one view at a time.
         let voided = tokio::task::spawn_blocking(move || {

@@ -5,6 +5,7 @@
 //! runtime, except an import's ask, which a request's thread makes itself on a blocking
 //! link ([`direct`]); nothing here holds a daemon lock across it.
 
+pub mod addresses;
 mod carving;
 pub mod clique;
 pub mod copy;
@@ -105,7 +106,10 @@ impl NodeLink {
         self.service.owner().adopt_restored(&d);
         self.service.attach(daemon.clone());
         if let Some(domain) = &d.domain {
-            domain.runtime().spawn(members::follow(daemon, self.members.clone()));
+            let (advertised, followed) = tokio::sync::watch::channel(Vec::new());
+            let resolver = addresses::Resolver::new(addresses::system_lookup());
+            domain.runtime().spawn(addresses::follow(daemon.clone(), followed, resolver));
+            domain.runtime().spawn(members::follow(daemon, self.members.clone(), advertised));
             // The view published before the daemon was attached (the one read at start)
             // is followed too.
             self.members.notify_one();
@@ -154,6 +158,11 @@ impl NodeLink {
         if let Some(s) = self.server.get() {
             s.set_member_addresses(addrs);
         }
+    }
+
+    /// How many member sources the listener admits first (0 until it listens).
+    pub fn member_sources(&self) -> usize {
+        self.server.get().map_or(0, Server::member_sources)
     }
 
     /// Where the listener is bound, once it is.

@@ -348,6 +348,10 @@ impl Domain {
             topology_merges: self.merges.load(Ordering::Relaxed),
             leader: leadership.is_leader(),
             leader_term: leadership.term(),
+            link: self
+                .link()
+                .filter(|l| l.local_addr().is_some())
+                .map(|l| crate::metrics::LinkGauges { stats: l.stats(), member_sources: l.member_sources() as u64 }),
         }
     }
 
