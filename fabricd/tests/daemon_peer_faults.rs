@@ -94,7 +94,7 @@ fn kill(d: &mut Option<common::Daemon>) {
 #[test]
 fn memory_a_dead_node_imported_is_quarantined_until_it_returns_or_an_admin_collects_it() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let Some(mut etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
     let (setups, mut daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
     let gpu = hbm_of(&mut c[0], "tray0");
@@ -129,6 +129,24 @@ fn memory_a_dead_node_imported_is_quarantined_until_it_returns_or_an_admin_colle
     let (probe, at) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
     assert_ne!(at, gfa, "nor after the owner's restart");
     free(&mut c[0], probe);
+
+    // tray0 dies again and restarts while etcd does not answer: it serves with its
+    // remembered slot and a view it could not read, which says nothing of who left — the
+    // quarantine stays (that empty view lifted it once).
+    kill(&mut daemons[0]);
+    etcd.stop();
+    daemons[0] = Some(common::start(&setups[0].config, setups[0].dir.path()));
+    c[0] = common::client(&setups[0].socket);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(quarantine(&mut c[0]), vec![("tray2".to_owned(), 1, 2 * MIB)], "kept through a start without etcd");
+    assert_eq!(alloc(&mut c[0], &gpu, whole).unwrap_err().code, ErrorCode::NoSpace);
+    rt.block_on(etcd.restart()).unwrap();
+    for i in [0, 1] {
+        until(Duration::from_secs(3 * TTL + 10), "tray0 and tray1 joined again", || {
+            (standing(&mut c[i]) == "joined").then_some(())
+        });
+    }
+    assert_eq!(quarantine(&mut c[0]), vec![("tray2".to_owned(), 1, 2 * MIB)], "and once it read the domain");
 
     // tray2 comes back (a new incarnation: it holds nothing): the quarantine lifts.
     daemons[2] = Some(common::start(&setups[2].config, setups[2].dir.path()));

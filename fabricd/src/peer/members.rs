@@ -22,6 +22,12 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>, advertised: watc
         let Some(d) = daemon.upgrade() else { return };
         let Some(domain) = d.domain.as_ref() else { return };
         let view = domain.view();
+        // A view never read from etcd (a start while etcd does not answer) says nothing of
+        // who left: on it every importer node would look collected and its quarantine
+        // lift while that node may still map the memory. The first view read is followed.
+        if view.revision() == 0 {
+            continue;
+        }
         let live: HashMap<String, u64> = view.members().map(|m| (m.name.clone(), m.incarnation)).collect();
         let known: HashSet<String> = view.nodes().into_iter().map(|n| n.name.to_owned()).collect();
         // Members' own addresses come first for the listener's handshake slots; names are
