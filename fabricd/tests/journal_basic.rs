@@ -176,3 +176,25 @@ fn segments_built_from_the_documented_layout_decode() {
     let empty = read("empty.seg");
     assert_eq!(fabricd::journal::decode_segment(&empty).expect("empty").last_seq(), 16);
 }
+
+#[test]
+fn a_journal_at_the_last_sequence_number_is_refused_as_exhausted_not_wrapped() {
+    use fabricd::journal::format::{SegmentHeader, encode_record};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("journal");
+    fs::create_dir_all(&dir).expect("mkdir");
+    // A valid segment (checksums right) whose snapshot took the last number but one.
+    let header = SegmentHeader { segment: 1, generation: 1, first_seq: u64::MAX - 1, snapshot: true };
+    let mut bytes = header.encode().to_vec();
+    encode_record(&mut bytes, u64::MAX - 1, KIND_SNAPSHOT, b"state");
+    fs::write(dir.join(segment_name(1)), bytes).expect("write");
+    let (mut j, replay) = open(&dir, 1 << 20);
+    assert_eq!(replay.last_seq(), Some(u64::MAX - 1));
+    assert!(matches!(j.append(1, b"one"), Err(JournalError::Exhausted)), "no number after the last");
+    assert!(matches!(j.append_batch(&[(1, &b"a"[..]), (1, &b"b"[..])]), Err(JournalError::Exhausted)));
+    drop(j);
+    // Nothing was written: the journal opens as it was, and refuses the same.
+    let (mut j, replay) = open(&dir, 1 << 20);
+    assert_eq!(replay.last_seq(), Some(u64::MAX - 1));
+    assert!(matches!(j.append(1, b"one"), Err(JournalError::Exhausted)));
+}

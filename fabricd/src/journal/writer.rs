@@ -90,6 +90,9 @@ impl Journal {
             return Ok(Vec::new());
         }
         let last = self.next_seq.checked_add(records.len() as u64 - 1).ok_or(JournalError::Exhausted)?;
+        // The sequence after the batch must exist too: a crafted segment may start at the
+        // last number there is.
+        let next = last.checked_add(1).ok_or(JournalError::Exhausted)?;
         if self.records_in_segment > 0 && self.len + total as u64 > self.options.segment_bytes {
             self.rotate()?;
         }
@@ -105,7 +108,7 @@ impl Journal {
         }
         written?;
         let seqs = (self.next_seq..=last).collect();
-        self.next_seq = last + 1;
+        self.next_seq = next;
         self.records_in_segment += records.len() as u64;
         Ok(seqs)
     }
