@@ -5,7 +5,8 @@
 //! switches) and NET between a tray and the HGX host; a tray killed with SIGKILL is still
 //! listed, its devices marked down and no longer reached, within TTL + 1 s. A partition
 //! of the domain names a GPU of each tray; a client it binds, on the other tray, sees those
-//! two GPUs in the topology and their ranges in the map, and nothing else.
+//! two GPUs in the topology and their ranges in the map, and nothing else. A node whose
+//! rescan outgrows the record bound takes its earlier record away.
 //!
 //! Each test starts its own etcd on 127.0.0.1; without an `etcd` binary it says it is
 //! skipped (scripts/deps.sh installs Debian's etcd-server).
@@ -503,4 +504,37 @@ fn a_domain_partitions_link_events_reach_its_bound_client_only_for_its_members()
     for other in &tray1_gpus[1..] {
         assert!(seen.iter().all(|e| !e.contains(other.as_str())), "{other} is no member: {seen:?}");
     }
+}
+
+/// A node whose rescan makes its topology record larger than the bound takes the record it
+/// published before away: the others stop deciding from a fabric it no longer has.
+#[test]
+fn a_topology_that_outgrows_the_record_bound_is_taken_away_not_left_stale() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = dir.path().join("supernode.toml");
+    let base = std::fs::read_to_string(sim("supernode-64.toml")).unwrap();
+    std::fs::write(&fabric, &base).unwrap();
+    let setups =
+        [node_of(&etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(&etcd, &fabric, "tray1", SPAN, TTL)];
+    let text = std::fs::read_to_string(&setups[1].config).unwrap();
+    std::fs::write(&setups[1].config, text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1))
+        .unwrap();
+    let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
+    let mut c0 = common::client(&setups[0].socket);
+    until(Duration::from_secs(15), "both topologies merged", || {
+        topology(&mut c0)["nodes"] == serde_json::json!(["tray0", "tray1"])
+    });
+    // 400 NVLink switches, every GPU linked to each: tray1's record must name them all,
+    // far past the 64 KiB bound.
+    let huge = base
+        .replacen("count = 18\n", "count = 400\n", 1)
+        .replacen("nvlinks = 18\n", "nvlinks = 400\n", 1)
+        .replacen("j = 18\n", "j = 400\n", 1);
+    assert_ne!(huge, base);
+    std::fs::write(&fabric, huge).unwrap();
+    until(Duration::from_secs(15), "tray1's topology gone from the domain", || {
+        topology(&mut c0)["nodes"] == serde_json::json!(["tray0"])
+    });
 }

@@ -63,7 +63,17 @@ pub async fn write<R: Record>(
     key: String,
     record: &R,
 ) -> Result<bool, EtcdError> {
-    match client.put_fenced(fence, key.clone(), records::encode(record)).await {
+    fenced(client.put_fenced(fence, key.clone(), records::encode(record)).await, &key)
+}
+
+/// Deletes this node's record at `key` under `fence`, as [`write`] writes one.
+pub async fn remove(client: &DomainClient, fence: &Fence, key: String) -> Result<bool, EtcdError> {
+    fenced(client.delete_fenced(fence, key.clone()).await, &key)
+}
+
+/// A fenced write's result: `Ok(false)` when the membership no longer holds.
+fn fenced(result: Result<i64, EtcdError>, key: &str) -> Result<bool, EtcdError> {
+    match result {
         Ok(_) => Ok(true),
         Err(EtcdError::Fenced { reason, .. }) => {
             tracing::warn!(%key, %reason, "record not written: this membership no longer holds");

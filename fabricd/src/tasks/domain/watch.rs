@@ -392,17 +392,24 @@ async fn publish_records(
     if published.topology.as_ref() != Some(&topology) {
         let encoded = fabric_domain::records::encode(&topology).len();
         let bound = Domain::limits().max_bytes();
+        let key = j.client.keys().topology(&domain.config.node);
         if encoded > bound {
-            // Every other node would refuse it: say so here, once per change.
+            // Every other node would refuse it: say so here, once per change, and take the
+            // last one published away, or the others would go on deciding data paths from
+            // a fabric this node no longer has.
             tracing::warn!(
                 bytes = encoded,
                 bound,
                 "topology record too large to publish; the domain shows no topology of this node"
             );
-            published.topology = Some(topology);
-            return Outcome::Done;
+            return match settle(domain, publish::remove(&j.client, &j.fence, key).await) {
+                Outcome::Done => {
+                    published.topology = Some(topology);
+                    Outcome::Done
+                }
+                other => other,
+            };
         }
-        let key = j.client.keys().topology(&domain.config.node);
         match write(domain, j, key, &topology).await {
             Outcome::Done => {
                 tracing::info!(devices = topology.devices.len(), links = topology.links.len(), "topology published");
@@ -416,7 +423,12 @@ async fn publish_records(
 
 /// One fenced write of `record` at `key`.
 async fn write<R: fabric_domain::records::Record>(domain: &Domain, j: &Joined, key: String, record: &R) -> Outcome {
-    match publish::write(&j.client, &j.fence, key, record).await {
+    settle(domain, publish::write(&j.client, &j.fence, key, record).await)
+}
+
+/// What a fenced write's result comes to.
+fn settle(domain: &Domain, written: Result<bool, EtcdError>) -> Outcome {
+    match written {
         Ok(true) => Outcome::Done,
         Ok(false) => Outcome::Fenced(End::LeaseLost("this membership no longer holds its member key".to_owned())),
         Err(e) => {
