@@ -493,7 +493,8 @@ impl Model {
 fn region_files(state: &Path) -> BTreeMap<u64, (std::path::PathBuf, u64)> {
     let mut out = BTreeMap::new();
     let Ok(dirs) = std::fs::read_dir(state.join("memory")) else { return out };
-    for d in dirs.flatten() {
+    // The resources' directories (the memory root also holds records: `offers.record`).
+    for d in dirs.flatten().filter(|d| d.file_type().is_ok_and(|t| t.is_dir())) {
         for f in std::fs::read_dir(d.path()).unwrap().flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
             if let Some(id) = name.strip_prefix('r').and_then(|s| s.parse().ok()) {

@@ -107,7 +107,8 @@ fn pattern(seed: u64, i: usize) -> u8 {
 fn region_files(state: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let Ok(dirs) = std::fs::read_dir(state.join("memory")) else { return out };
-    for d in dirs.flatten() {
+    // The resources' directories (the memory root also holds records: `offers.record`).
+    for d in dirs.flatten().filter(|d| d.file_type().is_ok_and(|t| t.is_dir())) {
         for f in std::fs::read_dir(d.path()).unwrap().flatten() {
             if f.file_name().to_string_lossy().starts_with('r') {
                 out.push(f.path());

@@ -322,6 +322,68 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
     assert_eq!(m.alloc(&me, 9, &place, 2 * MIB, 0).unwrap().offset, 0);
 }
 
+/// A BAR dropped from the configuration moves the next one of its function into its
+/// ordinal: a region journaled on the dropped BAR is not restored onto the other (whose
+/// bytes another region's owner wrote), and the next start, whose offers match, restores
+/// what was allocated since.
+#[test]
+fn a_region_whose_resource_is_backed_by_other_memory_after_a_restart_is_dropped() {
+    use std::os::unix::fs::FileExt;
+
+    use super::backing::{BackingKind, BarBacking, DeviceBacking};
+
+    let dir = tempfile::tempdir().unwrap();
+    let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
+    let inv_of = |bars: usize| {
+        let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+        for _ in 0..bars {
+            d.memory.push(MemoryResource { kind: MemoryKind::HostExported, size: 8 * MIB, hpa: None, numa_node: None });
+        }
+        let mut inv = Inventory::default();
+        inv.add_device(d).unwrap();
+        inv
+    };
+    let bar = |index: u8, ordinal: u16, fill: u8| {
+        let path = dir.path().join(format!("resource{index}"));
+        if !path.exists() {
+            let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+            f.write_all_at(&vec![fill; (8 * MIB) as usize], 0).unwrap();
+        }
+        let backing = DeviceBacking {
+            kind: BackingKind::Bar,
+            name: format!("0000:00:05.0/{index}"),
+            path,
+            start: 0,
+            len: 8 * MIB,
+            align: 4096,
+            carve: None,
+        };
+        BarBacking { address: "0000:00:05.0".parse().unwrap(), resource: Some((id.clone(), ordinal)), index, backing }
+    };
+    let me = me();
+    let place = |ordinal| Place { device: id.clone(), kind: MemoryKind::HostExported, ordinal: Some(ordinal) };
+    {
+        let both = Backings { bars: vec![bar(2, 0, 0xaa), bar(4, 1, 0xbb)], ..Backings::default() };
+        let m = open_with(dir.path(), &inv_of(2), both);
+        assert_eq!(m.alloc(&me, 1, &place(0), 2 * MIB, 0).unwrap().offset, 0);
+        assert_eq!(m.alloc(&me, 1, &place(1), 2 * MIB, 0).unwrap().offset, 0);
+    }
+    // `memory.bars` loses BAR 2: BAR 4 is the function's first (ordinal 0) now.
+    let only_four = || Backings { bars: vec![bar(4, 0, 0xbb)], ..Backings::default() };
+    {
+        let m = open_with(dir.path(), &inv_of(1), only_four());
+        assert!(m.list(None).regions.is_empty(), "neither region is restored: {:?}", m.list(None).regions);
+        let problems = m.problems();
+        assert!(problems.iter().any(|p| p.contains("memory changed since it was allocated")), "{problems:?}");
+        assert_eq!(m.alloc(&me, 1, &place(0), 2 * MIB, 0).unwrap().offset, 0, "BAR 4's range is free");
+    }
+    // The record was saved for the new layout: what was allocated on it comes back.
+    let m = open_with(dir.path(), &inv_of(1), only_four());
+    let listed = m.list(None);
+    assert_eq!(listed.regions.len(), 1);
+    assert_eq!(listed.regions[0].offset, 0);
+}
+
 /// What an operation ended is delivered by that operation: a device lost holds its
 /// revocations back (its caller publishes why first), and an unrelated operation that
 /// ends something meanwhile delivers only its own.

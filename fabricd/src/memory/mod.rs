@@ -34,6 +34,7 @@ pub mod limits;
 pub mod nodefd;
 pub mod numa;
 pub mod numadir;
+pub mod offers;
 mod persist;
 mod quarantine;
 mod sizes;

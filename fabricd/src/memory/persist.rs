@@ -346,7 +346,20 @@ impl Memory {
         Self::apply_backings(&mut st, &backings);
         let mut orphans: BTreeMap<[u8; 16], u64> = BTreeMap::new();
         let mut gone_owners = 0usize;
+        let offers_path = root.join(super::offers::FILE);
+        let saved_offers = super::offers::read(&offers_path);
+        let mut moved = 0usize;
         for r in model.regions.values() {
+            // A set region names its DAX device, which `locate` checks.
+            let changed = match (&saved_offers, model.sets.contains_key(&r.id)) {
+                (Some(saved), false) => st.offer_changed(saved, &r.resource),
+                _ => None,
+            };
+            if let Some(why) = changed {
+                moved += 1;
+                st.lost(r.id, &why);
+                continue;
+            }
             let found = match st.locate(r, model.sets.get(&r.id)) {
                 Ok(f) => f,
                 Err(why) => {
@@ -420,13 +433,26 @@ impl Memory {
         st.foreign_restored = super::foreign::restore(&mut st, &root.join(super::foreign::FILE));
         let stray = remove_stray_files(&st);
         let snapshot = st.snapshot()?;
-        match journal.compact(&snapshot) {
-            Ok(_) => {}
+        let compacted = match journal.compact(&snapshot) {
+            Ok(_) => true,
             // A registry larger than one record: its records replay as they are.
             Err(e) if e.wrote_nothing() => {
                 tracing::warn!(error = %crate::error_chain(&e), "registry snapshot not written at start; the journal keeps every record until the registry shrinks");
+                false
             }
             Err(e) => return Err(MemoryError::Journal(e)),
+        };
+        // What backs each resource now, for the next start to check its regions against:
+        // saved only once the regions dropped for a change are out of the journal, or the
+        // next start would restore them onto the new memory.
+        if moved == 0 || compacted {
+            fabric_addrmap::durable::write_whole(&offers_path, &super::offers::encode(&st.offers()))
+                .map_err(|e| MemoryError::Io { path: e.path, source: e.source })?;
+        } else {
+            tracing::warn!(
+                regions = moved,
+                "the offers record keeps the last start's: regions dropped for a changed resource are still in the journal"
+            );
         }
         tracing::info!(
             regions = st.ledger.regions.len(),

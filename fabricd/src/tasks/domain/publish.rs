@@ -66,7 +66,7 @@ pub async fn write<R: Record>(
     fenced(client.put_fenced(fence, key.clone(), records::encode(record)).await, &key)
 }
 
-/// Deletes this node's record at `key` under `fence`, as [`write`] writes one.
+/// Deletes this node's record at `key` under `fence`, as [`write()`] writes one.
 pub async fn remove(client: &DomainClient, fence: &Fence, key: String) -> Result<bool, EtcdError> {
     fenced(client.delete_fenced(fence, key.clone()).await, &key)
 }
