@@ -311,6 +311,16 @@ fn a_node_cut_off_from_etcd_fences_itself_serves_on_and_rejoins() {
     until(Duration::from_secs(10), "placements again", || all_live_and_placed(&mut c, 1));
     assert_eq!(map(&mut c)["ranges"], held["ranges"]);
     until(Duration::from_secs(TTL + 2), "leads again", || leader(&mut c).is_some_and(|(_, _, this)| this));
+
+    // etcd killed (a crash, not a stall): the watch breaks at once and is set up again and
+    // again, each try refused; the lease is lost meanwhile, and the node fences itself
+    // before the TTL ends, whichever wait it was in.
+    signal(&pid, "KILL");
+    let fenced = until(Duration::from_secs(TTL + 1), "fenced", || {
+        domain(&mut c, DomainAction::Status)["self"]["standing"] == "fenced"
+    });
+    assert!(fenced < Duration::from_secs(TTL), "fenced after {fenced:?}, not before the TTL ended");
+    assert_eq!(map(&mut c)["ranges"], held["ranges"], "local service goes on");
 }
 
 #[test]

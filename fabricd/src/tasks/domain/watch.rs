@@ -78,28 +78,8 @@ pub(super) async fn run(
             s.etcd_reachable = true;
         });
         let began = tokio::time::Instant::now();
-        match session(&domain, &j, &reader, resume.take()).await {
-            End::LeaseLost(reason) => {
-                tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
-                domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
-                domain.client.store(Arc::new(None));
-                domain.fence.store(Arc::new(None));
-                domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
-                // The campaign ends with the lease: leadership is unknown until a rejoin
-                // campaigns again.
-                domain.leadership.store(Arc::new(None));
-                election = None;
-                // This node's imports end first (local, and before a revoke makes the
-                // departure visible at once).
-                void_imports(&domain).await;
-                // Best effort: a lease lost only here (a renewal stream that stalled) would
-                // keep the old member key, and a leader key, until its TTL ran out, and the
-                // rejoin would meet `NameTaken` meanwhile.
-                let revoked = tokio::time::timeout(domain.config.request_timeout(), j.client.leave(j.lease)).await;
-                if let Ok(Err(e)) = revoked {
-                    tracing::debug!(error = %crate::error_chain(&e), "the lost lease could not be revoked");
-                }
-            }
+        let reason = match session(&domain, &j, &reader, resume.take()).await {
+            End::LeaseLost(reason) => reason,
             End::Watch { reason, resume: view } => {
                 match &view {
                     Some(v) => tracing::warn!(%reason, from = v.revision() + 1, "domain watch lost; watching again"),
@@ -112,10 +92,41 @@ pub(super) async fn run(
                 if began.elapsed() > domain.config.lease_ttl() {
                     backoff = Duration::from_millis(200);
                 }
-                tokio::time::sleep(backoff).await;
+                // The wait ends early when the lease is lost meanwhile: the node fences
+                // itself then, not after the wait.
+                let mut lease = j.lease.watch();
+                let waited = match j.lease.state() {
+                    LeaseState::Lost(why) => Err(End::LeaseLost(why)),
+                    _ => unless_lost(&mut lease, tokio::time::sleep(backoff)).await,
+                };
                 backoff = (backoff * 2).min(domain.config.request_timeout());
-                joined = Some(j);
+                match waited {
+                    Ok(()) => {
+                        joined = Some(j);
+                        continue;
+                    }
+                    Err(End::LeaseLost(reason) | End::Watch { reason, .. }) => reason,
+                }
             }
+        };
+        tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
+        domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
+        domain.client.store(Arc::new(None));
+        domain.fence.store(Arc::new(None));
+        domain.lease.store(0, std::sync::atomic::Ordering::Relaxed);
+        // The campaign ends with the lease: leadership is unknown until a rejoin
+        // campaigns again.
+        domain.leadership.store(Arc::new(None));
+        election = None;
+        // This node's imports end first (local, and before a revoke makes the
+        // departure visible at once).
+        void_imports(&domain).await;
+        // Best effort: a lease lost only here (a renewal stream that stalled) would
+        // keep the old member key, and a leader key, until its TTL ran out, and the
+        // rejoin would meet `NameTaken` meanwhile.
+        let revoked = tokio::time::timeout(domain.config.request_timeout(), j.client.leave(j.lease)).await;
+        if let Ok(Err(e)) = revoked {
+            tracing::debug!(error = %crate::error_chain(&e), "the lost lease could not be revoked");
         }
     }
 }
@@ -170,24 +181,27 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
     let mut view = match resume {
         Some(view) => *view,
         // The settings the node holds stay: they are written once.
-        None => match read_view(&j.client, domain.view().settings().cloned()).await {
-            Ok(view) => {
+        // Every wait on etcd before the loop below, too, ends when the lease is lost.
+        None => match unless_lost(&mut lease, read_view(&j.client, domain.view().settings().cloned())).await {
+            Ok(Ok(view)) => {
                 domain.publish_view(view.clone());
                 view
             }
-            Err(reason) => return End::Watch { reason, resume: None },
+            Ok(Err(reason)) => return End::Watch { reason, resume: None },
+            Err(end) => return end,
         },
     };
-    let mut stream = match j.client.watch_domain(view.revision() + 1).await {
-        Ok(s) => s,
-        Err(e) => return End::Watch { reason: crate::error_chain(&e), resume: Some(Box::new(view)) },
+    let mut stream = match unless_lost(&mut lease, j.client.watch_domain(view.revision() + 1)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return End::Watch { reason: crate::error_chain(&e), resume: Some(Box::new(view)) },
+        Err(end) => return end,
     };
     let mut published = Published::default();
     // When a failed write is tried again: a deadline of the loop below, never a sleep
     // inside it, so a lost lease is acted on at once meanwhile.
-    let mut retry = match publish(domain, j, reader, &mut published).await {
-        Ok(at) => at,
-        Err(end) => return end,
+    let mut retry = match unless_lost(&mut lease, publish(domain, j, reader, &mut published)).await {
+        Ok(Ok(at)) => at,
+        Ok(Err(end)) | Err(end) => return end,
     };
     let mut probe = tokio::time::interval(domain.config.keepalive_interval());
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
