@@ -102,6 +102,9 @@ pub struct Committer {
     /// Taken after `journal`, by whoever holds that: the journal's contents as a state.
     image: Mutex<Box<dyn Image>>,
     dir: PathBuf,
+    /// The directory's lock, held for as long as the committer lives: a journal poisoned
+    /// or not reopened leaves it locked.
+    dir_lock: Arc<std::fs::File>,
     options: JournalOptions,
     syncs: AtomicU64,
     /// Tests: the next write panics.
@@ -129,6 +132,7 @@ impl Committer {
             queue: Mutex::new(Queue::default()),
             written: Condvar::new(),
             dir: journal.dir().to_owned(),
+            dir_lock: journal.lock(),
             journal: Mutex::new(Some(journal)),
             image: Mutex::new(image),
             options,
@@ -184,7 +188,7 @@ impl Committer {
     /// left poisoned (`None`) when the new one cannot be opened or written.
     fn reopen(&self, journal: &mut Option<Journal>, image: &mut dyn Image, snapshot: &[u8]) -> Outcome {
         *journal = None;
-        let opened = Journal::open(&self.dir, self.options).and_then(|(mut fresh, _)| {
+        let opened = Journal::reopen(&self.dir, self.options, self.dir_lock.clone()).and_then(|(mut fresh, _)| {
             fresh.compact(snapshot)?;
             Ok(fresh)
         });
@@ -355,12 +359,28 @@ mod tests {
         assert!(!lock(&c.queue).leading);
         // Later commits fail until a reopen, then go on.
         assert!(c.enqueue(1, b"after".to_vec()).wait().is_err());
+        // The poisoned journal is closed, but the directory stays locked: no other daemon
+        // starts on it meanwhile.
+        assert!(matches!(Journal::open(dir.path(), JournalOptions::default()), Err(JournalError::Locked { .. })));
         c.enqueue_reopen(b"snap".to_vec()).wait().expect("reopen");
         c.enqueue(1, b"again".to_vec()).wait().expect("durable after the reopen");
         drop(c);
         let (snapshot, records) = replayed(dir.path());
         assert_eq!(snapshot.as_deref(), Some(&b"snap"[..]));
         assert_eq!(records, vec![b"again".to_vec()]);
+    }
+
+    #[test]
+    fn a_reopen_that_fails_keeps_the_directory_locked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open(dir.path());
+        c.enqueue(1, b"before".to_vec()).wait().expect("durable");
+        // A snapshot past the payload bound: the journal is closed, and not opened again.
+        let failed = c.enqueue_reopen(vec![0; crate::journal::MAX_PAYLOAD + 1]).wait();
+        assert!(failed.is_err(), "{failed:?}");
+        assert!(matches!(Journal::open(dir.path(), JournalOptions::default()), Err(JournalError::Locked { .. })));
+        drop(c);
+        assert!(Journal::open(dir.path(), JournalOptions::default()).is_ok(), "free once the committer went");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::format::{self, HEADER_LEN, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, SegmentHeader};
 use super::recover::{self, Recovered};
@@ -18,7 +19,9 @@ use super::{JournalError, JournalOptions, MAX_BATCH_BYTES, MAX_SEGMENT_BYTES, Re
 pub struct Journal {
     dir: PathBuf,
     options: JournalOptions,
-    _lock: File,
+    /// The directory's lock, shared with whoever reopens the journal in its place
+    /// ([`Journal::reopen`]): the directory stays locked while no journal is open.
+    lock: Arc<File>,
     file: File,
     segment: u64,
     first_segment: u64,
@@ -41,13 +44,32 @@ impl Journal {
             return Err(JournalError::Options { segment_bytes: options.segment_bytes });
         }
         recover::ensure_dir(dir)?;
-        let lock = sys::lock(dir)?;
+        let lock = Arc::new(sys::lock(dir)?);
+        Self::open_locked(dir, options, lock)
+    }
+
+    /// Opens the journal in `dir` again, under `lock` (of a journal of the same directory,
+    /// [`Journal::lock`]), which this process holds whether a journal is open or not: no
+    /// other daemon starts on the directory while a failed journal is being reopened.
+    pub fn reopen(dir: &Path, options: JournalOptions, lock: Arc<File>) -> Result<(Self, Replay), JournalError> {
+        if options.segment_bytes == 0 || options.segment_bytes > MAX_SEGMENT_BYTES {
+            return Err(JournalError::Options { segment_bytes: options.segment_bytes });
+        }
+        Self::open_locked(dir, options, lock)
+    }
+
+    /// The directory's lock (`journal.lock`), to keep it past this journal.
+    pub fn lock(&self) -> Arc<File> {
+        self.lock.clone()
+    }
+
+    fn open_locked(dir: &Path, options: JournalOptions, lock: Arc<File>) -> Result<(Self, Replay), JournalError> {
         let Recovered { replay, file, segment, first_segment, generation, len, records_in_segment, next_seq } =
             recover::recover(dir)?;
         let journal = Self {
             dir: dir.to_owned(),
             options,
-            _lock: lock,
+            lock,
             file,
             segment,
             first_segment,
