@@ -60,6 +60,27 @@ pub enum CarveError {
         /// What it did instead.
         why: String,
     },
+    /// A device carved for an allocation that then failed could not be deleted: it holds
+    /// its range in the kernel (and maybe a previous holder's bytes) until the next start
+    /// deletes it, so the range must not be handed out meanwhile.
+    #[error("{device} could not be deleted after {failed}")]
+    Stranded {
+        /// The DAX device.
+        device: String,
+        /// What failed first, and why the delete failed.
+        failed: String,
+    },
+}
+
+impl CarveError {
+    /// The error of a carve step that failed, once the device `name` made for it could
+    /// not be deleted (`undo`): [`CarveError::Stranded`] then.
+    pub fn stranding(name: &str, failed: String, undo: Result<(), CarveError>) -> Result<(), CarveError> {
+        undo.map_err(|e| {
+            tracing::warn!(device = %name, error = %e, "cannot delete a DAX device nobody got; its range stays out of use until the next start");
+            CarveError::Stranded { device: name.to_owned(), failed: format!("{failed} ({e})") }
+        })
+    }
 }
 
 /// A DAX device as sysfs shows it.
@@ -317,9 +338,7 @@ impl DaxRegion {
                 Ok(Carved { name, path })
             }
             Err(e) => {
-                if let Err(undo) = self.destroy(&name) {
-                    tracing::warn!(device = %name, error = %undo, "cannot delete a half-carved DAX device");
-                }
+                CarveError::stranding(&name, e.to_string(), self.destroy(&name))?;
                 Err(e)
             }
         }

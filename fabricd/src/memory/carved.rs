@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::alloc::{AllocError, GRANULE};
 use super::backing::DeviceBacking;
 use super::backings::Backing;
-use super::carve::{DaxDevice, DaxRegion, Wanted, plan};
+use super::carve::{CarveError, DaxDevice, DaxRegion, Wanted, plan};
 use super::reserve::Made;
 use super::{Memory, MemoryError, State, io_err};
 
@@ -33,9 +33,8 @@ impl Memory {
                 Ok((OwnedFd::from(f), backing))
             }
             Err(e) => {
-                if let Err(undo) = c.destroy(&carved.name) {
-                    tracing::warn!(device = %carved.name, error = %undo, "cannot delete a DAX device nobody got");
-                }
+                let failed = crate::error_chain(&e);
+                CarveError::stranding(&carved.name, failed, c.destroy(&carved.name)).map_err(MemoryError::Carve)?;
                 Err(e)
             }
         }

@@ -384,6 +384,43 @@ fn a_region_whose_resource_is_backed_by_other_memory_after_a_restart_is_dropped(
     assert_eq!(listed.regions[0].offset, 0);
 }
 
+/// An allocation whose backing failed gives its usage back, and its range too, unless
+/// what was made of the backing stays (a carved DAX device the kernel would not delete,
+/// which holds the range until the next start deletes it): that range is not handed out.
+#[test]
+fn a_failed_allocation_whose_device_stays_keeps_its_range_out_of_use() {
+    use super::MemoryError;
+    use super::carve::CarveError;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (inv, gpu) = inventory();
+    let m = open(dir.path(), &inv);
+    let me = me();
+    let place = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+    m.ensure_session(1, &me).unwrap();
+    let (held, _) = m.reserve_on(&me, 1, &place, 2 * MIB, 0).unwrap();
+    let stranded = MemoryError::Carve(CarveError::Stranded { device: "dax0.1".into(), failed: "zeroing".into() });
+    assert!(stranded.strands_range());
+    m.state().abandon(&held, stranded.strands_range());
+    let (freed, _) = m.reserve_on(&me, 1, &place, 2 * MIB, 0).unwrap();
+    assert_ne!(freed.offset, held.offset, "the stranded range is not handed out");
+    let other = MemoryError::Carve(CarveError::Kernel { device: "dax0.2".into(), why: "refused".into() });
+    assert!(!other.strands_range());
+    m.state().abandon(&freed, other.strands_range());
+    let (again, _) = m.reserve_on(&me, 1, &place, 2 * MIB, 0).unwrap();
+    assert_eq!(again.offset, freed.offset, "a range nothing holds is given back");
+    // Usage: only the reservation still pending counts.
+    assert_eq!(m.state().ledger.usage_of(me.uid).bytes, 2 * MIB);
+    // What a carve step reports once its device could not be deleted.
+    let e = CarveError::stranding(
+        "dax0.3",
+        "bind".into(),
+        Err(CarveError::Kernel { device: "dax0.3".into(), why: "x".into() }),
+    );
+    assert!(matches!(e, Err(CarveError::Stranded { device, .. }) if device == "dax0.3"));
+    assert!(CarveError::stranding("dax0.3", "bind".into(), Ok(())).is_ok());
+}
+
 /// What an operation ended is delivered by that operation: a device lost holds its
 /// revocations back (its caller publishes why first), and an unrelated operation that
 /// ends something meanwhile delivers only its own.

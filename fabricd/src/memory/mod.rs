@@ -183,6 +183,14 @@ pub enum MemoryError {
     },
 }
 
+impl MemoryError {
+    /// Whether what failed left its range held (a carved device that could not be
+    /// deleted): the range is then not handed out again before the next start.
+    pub(crate) fn strands_range(&self) -> bool {
+        matches!(self, MemoryError::Carve(carve::CarveError::Stranded { .. }))
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MemoryError + '_ {
     move |source| MemoryError::Io { path: path.to_owned(), source }
 }

@@ -69,9 +69,13 @@ impl State {
             .map(|r| format!("device {} vanished or failed", r.device))
     }
 
-    /// Gives back what `res` held.
-    pub(super) fn unreserve(&mut self, res: &Reservation) {
-        self.ledger.space.give_back(&res.resources, res.offset);
+    /// Gives back a reservation whose region was not made: its usage, and its range unless
+    /// `held` (what was made of its backing could not be taken away — a carved DAX device
+    /// the kernel would not delete — and holds the range until the next start).
+    pub(super) fn abandon(&mut self, res: &Reservation, held: bool) {
+        if !held {
+            self.ledger.space.give_back(&res.resources, res.offset);
+        }
         self.ledger.discharge(res.owner.uid, Usage::region(res.len, 0));
     }
 
@@ -136,7 +140,7 @@ impl Memory {
         let made = match make.run(res.len) {
             Ok(m) => m,
             Err(e) => {
-                self.state().unreserve(&res);
+                self.state().abandon(&res, e.strands_range());
                 return Err(e);
             }
         };
@@ -282,12 +286,7 @@ impl Memory {
     /// deleted keeps its range until a restart clears the device).
     fn undo_reservation(&self, res: &Reservation, backing: &Backing) {
         let gone = backing.undo();
-        let mut st = self.state();
-        if gone {
-            st.unreserve(res);
-        } else {
-            st.ledger.discharge(res.owner.uid, Usage::region(res.len, 0));
-        }
+        self.state().abandon(res, !gone);
     }
 
     /// The memory behind a new region of `len` bytes: a range at `offset` of the device
