@@ -313,8 +313,10 @@ impl DomainClient {
 
     /// The leader's sweep of orphans: records (placements, topology, shares) of nodes that
     /// hold no slot and are no live member — left by a gc before it collected them, or put
-    /// by hand. Each node's in one transaction fenced by `leader`, and only while it still
-    /// holds no slot and no member key (a node that claims a slot meanwhile keeps them).
+    /// by hand. Each node's in one transaction fenced by `leader` (in batches that fit
+    /// etcd's limits when its shares are many: them first, its placements and topology
+    /// last), and only while it still holds no slot and no member key (a node that claims
+    /// a slot meanwhile keeps them).
     /// At most `max` nodes per call; answers the nodes swept. `NotLeader` when `leader` no
     /// longer leads.
     pub async fn sweep_orphans(&self, leader: &LeaderFence, max: usize) -> Result<Vec<String>, EtcdError> {
@@ -331,20 +333,35 @@ impl DomainClient {
         }
         let (mut kv, mut swept) = (self.raw(), Vec::new());
         for node in candidates.difference(&slotted).filter(|n| !live.contains(*n)).take(max) {
-            let (share_compares, share_ops) = crate::shares::release_ops(self.shares_without(node).await?);
-            let compares = [
+            let guard = [
                 leader.compare(),
                 Compare::create_revision(keys.slot_of(node), CompareOp::Equal, 0),
                 Compare::create_revision(keys.member(node), CompareOp::Equal, 0),
-            ]
-            .into_iter()
-            .chain(share_compares)
-            .collect::<Vec<_>>();
-            let ops = [TxnOp::delete(keys.placements(node), None), TxnOp::delete(keys.topology(node), None)]
-                .into_iter()
-                .chain(share_ops)
-                .collect::<Vec<_>>();
-            if self.call("leader sweep", kv.txn(Txn::new().when(compares).and_then(ops))).await?.succeeded() {
+            ];
+            // Its shares go back first, in batches that fit a transaction; its placements
+            // and topology last, so that a sweep cut short finds the node again.
+            let shares = self.gc_shares(node).await?;
+            let mut tail = Edits::default();
+            for key in [keys.placements(node), keys.topology(node)] {
+                tail.push(None, TxnOp::delete(key.clone(), None), key.len());
+            }
+            let batches = if shares.ops() + tail.ops() <= GC_TXN_OPS && shares.bytes() + tail.bytes() <= GC_TXN_BYTES {
+                let mut one = shares;
+                one.0.extend(tail.0);
+                vec![one]
+            } else {
+                let mut b = shares.split(GC_TXN_OPS, GC_TXN_BYTES);
+                b.push(tail);
+                b
+            };
+            let mut done = true;
+            for batch in batches {
+                if !self.call("leader sweep", kv.txn(batch.txn(&guard))).await?.succeeded() {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
                 info!(%node, term = leader.term, "leader swept the records of a node that holds no slot");
                 swept.push(node.clone());
             } else if !self.leads(leader).await? {

@@ -267,7 +267,8 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
 /// A gone node holding shares of 140 resources (one transaction of the gc would hold 140
 /// table rewrites with their compares and the slot's keys: more than `--max-txn-ops`' 128)
 /// is collected: its shares given back in batches, then its slot. While it is live, no
-/// batch lands; the other host's shares are kept.
+/// batch lands; the other host's shares are kept. Shares of nodes with no slot are swept
+/// in batches too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
     use fabric_domain::{ShareTable, ShareWant};
@@ -343,6 +344,12 @@ async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
     let claimed = gone.claim_shares(&back, 2 << 20).await.unwrap();
     assert!(claimed.iter().zip(&back).all(|(s, w)| Some(s.offset) == w.at && s.len == w.len), "{claimed:?}");
     assert!(holders(a.clone()).await.iter().all(|h| h.contains("tray-q") && h.contains("tray-r")));
+
+    // Neither holds a slot or a member key: the leader's sweep gives their shares back, 140
+    // tables each, in batches (one transaction per node was refused by etcd).
+    assert_eq!(a.sweep_orphans(&leader, 64).await.unwrap(), ["tray-q", "tray-r"]);
+    assert!(holders(a.clone()).await.iter().all(String::is_empty), "every share given back");
+    assert!(a.sweep_orphans(&leader, 64).await.unwrap().is_empty(), "nothing left to sweep");
 }
 
 fn etcd_prefix() -> fabric_domain::etcd_client::GetOptions {
