@@ -25,7 +25,8 @@
 //!
 //! A third test collects host a's share while a is away (stopped past its lease, then
 //! killed) and lets host c take the range: a neither rejoins on it (it stays fenced,
-//! naming c) nor starts on it (the start is refused), since its regions lie there.
+//! naming c), nor places new regions on it while fenced, nor starts on it (the start is
+//! refused), since its regions lie there.
 //!
 //! What this cannot prove is that real devices shared by two kernels behave so: the QEMU
 //! tier's two-host test (`qemu-tests/tests/domain.rs`) does that with one CXL device file
@@ -410,6 +411,9 @@ fn a_host_whose_share_was_collected_and_taken_neither_rejoins_nor_starts_on_it()
         s["self"]["standing"] == "fenced" && s["self"]["reason"].as_str().is_some_and(|r| r.contains("held by host-c"))
     });
     assert_ne!(state_of(&c.socket, "host-a"), "live", "a is not a member on c's range");
+    // Nor does it place new regions there, fenced as it is: its share is c's now.
+    let refused = domain::session(&a.socket, None).alloc(&Target::Set(SET.into()), LEN).unwrap_err();
+    assert!(refused.to_string().contains("held by host-c"), "{refused}");
 
     // a is killed and started again on its state: refused, naming c, instead of serving
     // its region on c's DPAs.

@@ -254,6 +254,7 @@ mod tests {
             dir,
             dir_fd,
             lost: false,
+            withdrawn: None,
             offer: Offer::Device(backing.clone()),
             coherence: Coherence::Hardware,
         };

@@ -208,6 +208,9 @@ struct Resource {
     lost: bool,
     /// What backs its regions.
     offer: Offer,
+    /// This node's share of it was collected while the node was away and another host
+    /// holds the range now (why): no new region goes here until the share is claimed back.
+    withdrawn: Option<String>,
     /// Whether this host's caches are kept coherent with what other hosts store to it:
     /// `Software` where this node's share of a device other hosts reach too
     /// (`[[memory.shares]]`) is not declared coherent, else `Hardware` (its own memory).
@@ -333,6 +336,14 @@ impl Resource {
     /// device (HBM, CXL) that no configured device file backs. A file per region would
     /// only pretend to be that memory; host memory (DRAM, exported host memory) is real
     /// either way.
+    /// Why no new region may go here now: its device went, or its share was taken.
+    fn refusal(&self) -> Option<String> {
+        if self.lost {
+            return Some(format!("device {} vanished or failed", self.device));
+        }
+        self.withdrawn.clone()
+    }
+
     fn unserved(&self) -> Option<String> {
         matches!(self.offer, Offer::Driver).then(|| match self.kind {
             MemoryKind::Hbm => format!(
@@ -590,6 +601,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<(Resou
             dir_fd: Arc::new(private.into_fd()),
             lost: false,
             offer: Offer::of(kind, dev.sources.iter().any(|s| s == "sim")),
+            withdrawn: None,
             coherence: Coherence::Hardware,
         };
         out.push((resource, size));
@@ -761,6 +773,20 @@ impl Memory {
                 }
             }
         }
+    }
+
+    /// This node's shares of memory other hosts reach too were collected while it was away
+    /// and another host holds one now (`why`; `None`: they are this node's again, claimed
+    /// back where they were): every resource the node holds a share of refuses new regions
+    /// meanwhile, since its window may be another host's memory. Answers the resources.
+    pub fn withdraw_shares(&self, why: Option<&str>) -> usize {
+        let mut st = self.state();
+        let shared: Vec<usize> =
+            (0..st.resources.len()).filter(|&i| st.ledger.space.of(i).is_some_and(|a| a.windows().is_some())).collect();
+        for &i in &shared {
+            st.resources[i].withdrawn = why.map(str::to_owned);
+        }
+        shared.len()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

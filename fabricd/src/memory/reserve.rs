@@ -60,13 +60,9 @@ impl Make {
 
 impl State {
     /// Why a region over `resources` cannot be trusted: one of them is lost (its device
-    /// vanished or failed).
+    /// vanished or failed) or withdrawn (its share is another host's now).
     pub(super) fn lost_among(&self, resources: &[usize]) -> Option<String> {
-        resources
-            .iter()
-            .filter_map(|&i| self.resources.get(i))
-            .find(|r| r.lost)
-            .map(|r| format!("device {} vanished or failed", r.device))
+        resources.iter().filter_map(|&i| self.resources.get(i)).find_map(super::Resource::refusal)
     }
 
     /// Gives back a reservation whose region was not made: its usage, and its range unless
@@ -173,14 +169,16 @@ impl Memory {
             let which = ordinal.map(|o| format!(" #{o}")).unwrap_or_default();
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory{which}", kind_name(kind))));
         }
-        if candidates.iter().all(|&i| st.resources[i].lost) {
-            return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
+        if let Some(why) = candidates.iter().map(|&i| st.resources[i].refusal()).collect::<Option<Vec<_>>>() {
+            return Err(MemoryError::DeviceLost(why.into_iter().next().unwrap_or_default()));
         }
         if let Some(why) = candidates.iter().map(|&i| st.resources[i].unserved()).collect::<Option<Vec<_>>>() {
             return Err(MemoryError::NotImplemented(why.into_iter().next().unwrap_or_default()));
         }
-        let candidates: Vec<usize> =
-            candidates.into_iter().filter(|&i| !st.resources[i].lost && st.resources[i].unserved().is_none()).collect();
+        let candidates: Vec<usize> = candidates
+            .into_iter()
+            .filter(|&i| st.resources[i].refusal().is_none() && st.resources[i].unserved().is_none())
+            .collect();
         // Device memory maps only at its own alignment (a DAX device's `align`).
         let aligned: Vec<(usize, u64)> = candidates
             .into_iter()

@@ -46,9 +46,12 @@ pub enum ServeError {
 /// [`DRAIN_TIMEOUT`] for connections to finish their current request, and returns.
 pub async fn run(listener: UnixListener, daemon: Arc<Daemon>, shutdown: CancellationToken) -> Result<(), ServeError> {
     let tracker = TaskTracker::new();
-    // Peers' requests reach the daemon from now on.
-    if let Some(link) = daemon.domain.as_ref().and_then(|d| d.link()) {
-        link.attach(Arc::downgrade(&daemon));
+    // Peers' requests reach the daemon from now on, and the domain task's news of shares.
+    if let Some(domain) = daemon.domain.as_ref() {
+        domain.attach(Arc::downgrade(&daemon));
+        if let Some(link) = domain.link() {
+            link.attach(Arc::downgrade(&daemon));
+        }
     }
     let configured = daemon.config.limits.clients;
     let clients = daemon.fd_budget.clients;

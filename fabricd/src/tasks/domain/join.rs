@@ -271,6 +271,7 @@ pub fn start(
         lease: AtomicI64::new(0),
         link,
         shares: held,
+        daemon: std::sync::OnceLock::new(),
         runtime: RuntimeGuard::new(runtime),
     });
     if let Some(link) = &domain.link {

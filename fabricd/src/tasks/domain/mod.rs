@@ -233,6 +233,8 @@ pub struct Domain {
     /// This node's shares of memory other hosts reach too, as claimed at start (and
     /// claimed back where they are at each rejoin).
     shares: Vec<join::KnownShare>,
+    /// The daemon, once it serves ([`Domain::attach`]): what the task tells of a share lost.
+    daemon: std::sync::OnceLock<std::sync::Weak<crate::daemon::Daemon>>,
     runtime: RuntimeGuard,
 }
 
@@ -287,6 +289,27 @@ impl Domain {
     fn with_data_paths<T>(&self, f: impl FnOnce(&[fabric_domain::DataPathKind]) -> T) -> T {
         let view = self.view();
         f(view.settings().map_or(&self.settings.data_paths, |s| &s.data_paths))
+    }
+
+    /// The daemon serves from now on: the domain task tells it when this node's shares were
+    /// taken by another host while it was away, and when they are its own again.
+    pub fn attach(&self, daemon: std::sync::Weak<crate::daemon::Daemon>) {
+        let _ = self.daemon.set(daemon);
+    }
+
+    /// Tells the daemon's memory registry that this node's shares are another host's
+    /// (`why`) or its own again (`None`); whether it was told (a daemon not serving yet
+    /// holds no region to refuse).
+    pub(super) fn shares_withdrawn(&self, why: Option<&str>) -> bool {
+        let Some(d) = self.daemon.get().and_then(std::sync::Weak::upgrade) else { return false };
+        let resources = d.memory.withdraw_shares(why);
+        match why {
+            Some(why) => {
+                tracing::error!(resources, %why, "this node's shares were collected and another host holds one: new regions on them are refused")
+            }
+            None => tracing::info!(resources, "this node's shares are its own again: new regions on them are served"),
+        }
+        true
     }
 
     /// The node link, when this node has one.

@@ -37,16 +37,25 @@ pub(super) async fn run(
     let mut backoff = Duration::from_millis(200);
     let mut election: Option<Election> = None;
     let mut resume: Option<Box<DomainView>> = first.map(Box::new);
+    // Whether the registry refuses new regions on this node's shares: a rejoin found one
+    // taken by another host.
+    let mut withdrawn = false;
     loop {
         let j = match joined.take() {
             Some(j) => j,
             None => match rejoin(&domain).await {
                 Ok(j) => {
                     backoff = Duration::from_millis(200);
+                    if withdrawn && domain.shares_withdrawn(None) {
+                        withdrawn = false;
+                    }
                     j
                 }
                 Err(e) => {
                     let why = crate::error_chain(&e);
+                    if !withdrawn && matches!(e, EtcdError::ShareLost { .. }) {
+                        withdrawn = domain.shares_withdrawn(Some(&why));
+                    }
                     tracing::warn!(error = %why, "cannot join the domain; retrying");
                     domain.etcd_failed();
                     // A fenced node stays fenced until it rejoins; one that never joined
