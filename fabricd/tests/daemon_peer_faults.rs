@@ -147,6 +147,11 @@ fn memory_a_dead_node_imported_is_quarantined_until_it_returns_or_an_admin_colle
         });
     }
     assert_eq!(quarantine(&mut c[0]), vec![("tray2".to_owned(), 1, 2 * MIB)], "and once it read the domain");
+    // tray1 knows tray0's new incarnation before it asks tray0 anything again.
+    let now = status(&mut c[0])["self"]["incarnation"].as_u64();
+    until(Duration::from_secs(15), "tray1 sees tray0's incarnation", || {
+        (incarnation_of(&mut c[1], "tray0") == now).then_some(())
+    });
 
     // tray2 comes back (a new incarnation: it holds nothing): the quarantine lifts.
     daemons[2] = Some(common::start(&setups[2].config, setups[2].dir.path()));

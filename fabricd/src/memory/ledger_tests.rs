@@ -384,6 +384,51 @@ fn a_region_whose_resource_is_backed_by_other_memory_after_a_restart_is_dropped(
     assert_eq!(listed.regions[0].offset, 0);
 }
 
+/// A resource the offers record does not list came after that start (a device a rescan
+/// added): its regions were files each. A BAR put behind it at the next start does not
+/// take them over.
+#[test]
+fn a_region_of_a_resource_added_after_the_last_start_is_not_restored_onto_a_bar() {
+    use std::os::unix::fs::FileExt;
+
+    use super::backing::{BackingKind, BarBacking, DeviceBacking};
+
+    let dir = tempfile::tempdir().unwrap();
+    let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
+    let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
+    d.memory.push(MemoryResource { kind: MemoryKind::HostExported, size: 8 * MIB, hpa: None, numa_node: None });
+    let mut inv = Inventory::default();
+    inv.add_device(d).unwrap();
+    let me = me();
+    let place = Place { device: id.clone(), kind: MemoryKind::HostExported, ordinal: Some(0) };
+    {
+        let m = open(dir.path(), &inv);
+        m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    }
+    // What a record saved before the device came looks like: it lists nothing.
+    let record = dir.path().join("memory").join(super::offers::FILE);
+    fabric_addrmap::durable::write_whole(&record, &super::offers::encode(&[])).unwrap();
+    let bar = dir.path().join("resource2");
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&bar).unwrap();
+    f.write_all_at(&vec![0xbb; (8 * MIB) as usize], 0).unwrap();
+    let backing = DeviceBacking {
+        kind: BackingKind::Bar,
+        name: "0000:00:05.0/2".into(),
+        path: bar,
+        start: 0,
+        len: 8 * MIB,
+        align: 4096,
+        carve: None,
+    };
+    let bars = Backings {
+        bars: vec![BarBacking { address: "0000:00:05.0".parse().unwrap(), resource: Some((id, 0)), index: 2, backing }],
+        ..Backings::default()
+    };
+    let m = open_with(dir.path(), &inv, bars);
+    assert!(m.list(None).regions.is_empty(), "{:?}", m.list(None).regions);
+    assert!(m.problems().iter().any(|p| p.contains("came after the last start")), "{:?}", m.problems());
+}
+
 /// An allocation whose backing failed gives its usage back, and its range too, unless
 /// what was made of the backing stays (a carved DAX device the kernel would not delete,
 /// which holds the range until the next start deletes it): that range is not handed out.

@@ -106,11 +106,17 @@ impl State {
     }
 
     /// Why a region on `key` cannot come back, when its resource's memory is not what
-    /// `saved` says it was.
+    /// `saved` says it was. A resource the record does not list came after that start (a
+    /// device added by a rescan), served as every resource is before the configuration
+    /// puts a device file or a NUMA node behind it: a file each, or only its driver.
     pub(super) fn offer_changed(&self, saved: &[SavedOffer], key: &ResourceKey) -> Option<String> {
-        let was = &saved.iter().find(|s| s.resource == *key)?.memory;
         let now = Memory::of(&self.resources[self.find_resource(key)?].offer);
-        (*was != now).then(|| format!("its resource's memory changed since it was allocated (was {was:?}, is {now:?})"))
+        let changed = match saved.iter().find(|s| s.resource == *key) {
+            Some(s) => (s.memory != now).then(|| format!("was {:?}, is {now:?}", s.memory)),
+            None => matches!(now, Memory::Device { .. } | Memory::Node { .. })
+                .then(|| format!("it came after the last start, is {now:?}")),
+        };
+        changed.map(|how| format!("its resource's memory changed since it was allocated ({how})"))
     }
 }
 

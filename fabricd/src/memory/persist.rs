@@ -348,7 +348,8 @@ impl Memory {
         let mut gone_owners = 0usize;
         let offers_path = root.join(super::offers::FILE);
         let saved_offers = super::offers::read(&offers_path);
-        let mut moved = 0usize;
+        // The resources of regions dropped for a changed memory.
+        let mut moved: Vec<usize> = Vec::new();
         for r in model.regions.values() {
             // A set region names its DAX device, which `locate` checks.
             let changed = match (&saved_offers, model.sets.contains_key(&r.id)) {
@@ -356,7 +357,7 @@ impl Memory {
                 _ => None,
             };
             if let Some(why) = changed {
-                moved += 1;
+                moved.extend(st.find_resource(&r.resource));
                 st.lost(r.id, &why);
                 continue;
             }
@@ -445,14 +446,18 @@ impl Memory {
         // What backs each resource now, for the next start to check its regions against:
         // saved only once the regions dropped for a change are out of the journal, or the
         // next start would restore them onto the new memory.
-        if moved == 0 || compacted {
+        if moved.is_empty() || compacted {
             fabric_addrmap::durable::write_whole(&offers_path, &super::offers::encode(&st.offers()))
                 .map_err(|e| MemoryError::Io { path: e.path, source: e.source })?;
         } else {
-            tracing::warn!(
-                regions = moved,
-                "the offers record keeps the last start's: regions dropped for a changed resource are still in the journal"
-            );
+            // The record stays the last start's, against which a region placed on those
+            // resources now would be dropped at the next start: none is placed there until
+            // a start compacts the journal.
+            let why = "regions dropped at start for this resource's changed memory are still in the journal (the registry is too large to compact); new regions here wait for a start that compacts it";
+            tracing::warn!(regions = moved.len(), "{why}");
+            for &i in &moved {
+                st.resources[i].withdrawn = Some(why.to_owned());
+            }
         }
         tracing::info!(
             regions = st.ledger.regions.len(),

@@ -5,7 +5,8 @@
 //! the resolver answers, however long that takes), and remembered for [`REMEMBERED`], a
 //! failed lookup too, so that a name that does not resolve is not asked at every view.
 //! One task follows the advertised addresses and hands the listener what it knows as soon
-//! as it knows it: a slow resolver delays only the names, never the view's other work.
+//! as it knows it: a slow resolver delays only the names it is asked, never a new set's
+//! literal addresses nor the view's other work.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -37,23 +38,34 @@ struct Looked {
     at: Instant,
 }
 
-/// The names looked up so far, by `host:port` as advertised.
+/// The names looked up so far, by `host:port` as advertised, and the lookups in flight.
 pub struct Resolver {
     lookup: Lookup,
     looked: HashMap<String, Looked>,
+    in_flight: HashSet<String>,
     permits: Arc<Semaphore>,
+    lookups: JoinSet<(String, std::io::Result<Vec<IpAddr>>)>,
 }
 
 impl std::fmt::Debug for Resolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resolver").field("looked", &self.looked).finish_non_exhaustive()
+        f.debug_struct("Resolver")
+            .field("looked", &self.looked)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
     }
 }
 
 impl Resolver {
     /// A resolver that asks `lookup`, nothing remembered yet.
     pub fn new(lookup: Lookup) -> Self {
-        Self { lookup, looked: HashMap::new(), permits: Arc::new(Semaphore::new(LOOKUPS)) }
+        Self {
+            lookup,
+            looked: HashMap::new(),
+            in_flight: HashSet::new(),
+            permits: Arc::new(Semaphore::new(LOOKUPS)),
+            lookups: JoinSet::new(),
+        }
     }
 
     /// The IPs of `advertised` known now, without a lookup: the literal ones, and those of
@@ -72,13 +84,15 @@ impl Resolver {
     }
 
     /// The names of `advertised` to look up at `now`: never looked up, or looked up longer
-    /// than [`REMEMBERED`] ago. Forgets the names no longer advertised.
+    /// than [`REMEMBERED`] ago, and not being looked up. Forgets the names no longer
+    /// advertised (a lookup of one in flight is recorded when it ends, then forgotten).
     pub fn due(&mut self, advertised: &[String], now: Instant) -> Vec<String> {
         let names: HashSet<&str> =
             advertised.iter().map(String::as_str).filter(|a| a.parse::<SocketAddr>().is_err()).collect();
         self.looked.retain(|name, _| names.contains(name.as_str()));
         let mut due: Vec<String> = names
             .into_iter()
+            .filter(|n| !self.in_flight.contains(*n))
             .filter(|n| self.looked.get(*n).is_none_or(|l| now.saturating_duration_since(l.at) >= REMEMBERED))
             .map(str::to_owned)
             .collect();
@@ -86,48 +100,83 @@ impl Resolver {
         due
     }
 
-    /// Looks `names` up, at most [`LOOKUPS`] at a time, and remembers what each gave (no
-    /// address when its lookup failed). The names that did not resolve.
-    pub async fn look_up(&mut self, names: Vec<String>) -> Vec<String> {
-        let mut lookups = JoinSet::new();
+    /// Starts looking `names` up, without waiting: each lookup waits for one of
+    /// [`LOOKUPS`] places, then runs on the blocking pool, and keeps its place until the
+    /// resolver answers.
+    pub fn start(&mut self, names: Vec<String>) {
         for name in names {
-            // The permit goes with the blocking call: a lookup the resolver holds keeps its
-            // place, and no more than LOOKUPS threads ever wait on it.
-            let Ok(permit) = self.permits.clone().acquire_owned().await else { break };
-            let lookup = self.lookup.clone();
-            lookups.spawn_blocking(move || {
-                let _permit = permit;
-                let ips = lookup(&name);
-                (name, ips)
+            if !self.in_flight.insert(name.clone()) {
+                continue;
+            }
+            let (permits, lookup) = (self.permits.clone(), self.lookup.clone());
+            self.lookups.spawn(async move {
+                let Ok(permit) = permits.acquire_owned().await else {
+                    return (name, Err(std::io::Error::other("the resolver's places are closed")));
+                };
+                let asked = name.clone();
+                let looked = tokio::task::spawn_blocking(move || {
+                    let _permit = permit;
+                    lookup(&asked)
+                })
+                .await;
+                (name, looked.unwrap_or_else(|e| Err(std::io::Error::other(e))))
             });
         }
-        let mut failed = Vec::new();
-        while let Some(done) = lookups.join_next().await {
+    }
+
+    /// Whether a lookup is in flight.
+    pub fn busy(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// The next lookup to end, recorded (no address when it failed): its name and whether
+    /// it resolved. `None` when none is in flight. Cancel-safe.
+    pub async fn next(&mut self) -> Option<(String, bool)> {
+        loop {
+            let Some(done) = self.lookups.join_next().await else {
+                // Nothing left to join: nothing is in flight (a lookup task cannot panic,
+                // but a name must not stay "in flight" forever if one did).
+                self.in_flight.clear();
+                return None;
+            };
             let Ok((name, ips)) = done else { continue };
+            self.in_flight.remove(&name);
             let ips = match ips {
-                Ok(ips) if !ips.is_empty() => ips,
-                Ok(_) => {
-                    tracing::debug!(address = %name, "a member's peer address resolves to no address");
-                    failed.push(name.clone());
-                    Vec::new()
-                }
+                Ok(ips) => ips,
                 Err(e) => {
                     tracing::debug!(address = %name, error = %e, "a member's peer address does not resolve");
-                    failed.push(name.clone());
                     Vec::new()
                 }
             };
-            self.looked.insert(name, Looked { ips, at: Instant::now() });
+            let resolved = !ips.is_empty();
+            self.looked.insert(name.clone(), Looked { ips, at: Instant::now() });
+            return Some((name, resolved));
+        }
+    }
+
+    /// Looks `names` up and waits for every lookup in flight: the names that did not
+    /// resolve.
+    pub async fn look_up(&mut self, names: Vec<String>) -> Vec<String> {
+        self.start(names);
+        let mut failed = Vec::new();
+        while let Some((name, resolved)) = self.next().await {
+            if !resolved {
+                failed.push(name);
+            }
         }
         failed.sort();
         failed
     }
 }
 
+/// How often the listener is handed what lookups found while more are in flight.
+pub const HAND_OVER_EVERY: Duration = Duration::from_secs(1);
+
 /// Follows the members' advertised addresses (`advertised`, sorted, each once) until the
-/// daemon or the sender goes, and hands the listener their IPs: what is known at once, then
-/// again once the names due were looked up; the names are looked up again every
-/// [`REMEMBERED`].
+/// daemon or the sender goes, and hands the listener their IPs: what is known, at once for
+/// each new set; what lookups find, as they end (at most every [`HAND_OVER_EVERY`] while
+/// more are in flight). Names are looked up again every [`REMEMBERED`]. A lookup never
+/// holds up a new set's hand-over.
 pub async fn follow(daemon: Weak<Daemon>, mut advertised: watch::Receiver<Vec<String>>, mut resolver: Resolver) {
     let hand_over = |ips: Vec<IpAddr>| {
         let Some(d) = daemon.upgrade() else { return false };
@@ -136,28 +185,46 @@ pub async fn follow(daemon: Weak<Daemon>, mut advertised: watch::Receiver<Vec<St
         }
         true
     };
+    let mut failed: Vec<String> = Vec::new();
     loop {
         let now: Vec<String> = advertised.borrow_and_update().clone();
         let due = resolver.due(&now, Instant::now());
+        resolver.start(due);
         if !hand_over(resolver.known(&now)) {
             return;
         }
-        if !due.is_empty() {
-            let failed = resolver.look_up(due).await;
-            if let Some(first) = failed.first() {
-                tracing::warn!(
-                    unresolved = failed.len(),
-                    first = %first,
-                    "members' peer addresses that do not resolve: their connections are admitted as any other address's"
-                );
+        let (refresh, mut handed) = (tokio::time::Instant::now() + REMEMBERED, tokio::time::Instant::now());
+        loop {
+            tokio::select! {
+                changed = advertised.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                done = resolver.next(), if resolver.busy() => {
+                    if let Some((name, false)) = done {
+                        failed.push(name);
+                    }
+                    if resolver.busy() && handed.elapsed() < HAND_OVER_EVERY {
+                        continue;
+                    }
+                    if !hand_over(resolver.known(&now)) {
+                        return;
+                    }
+                    handed = tokio::time::Instant::now();
+                    if !resolver.busy() && !failed.is_empty() {
+                        failed.sort();
+                        tracing::warn!(
+                            unresolved = failed.len(),
+                            first = %failed[0],
+                            "members' peer addresses that do not resolve: their connections are admitted as any other address's"
+                        );
+                        failed.clear();
+                    }
+                }
+                () = tokio::time::sleep_until(refresh) => break,
             }
-            if !hand_over(resolver.known(&now)) {
-                return;
-            }
-        }
-        tokio::select! {
-            changed = advertised.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(REMEMBERED) => {}
         }
     }
 }
@@ -241,6 +308,33 @@ mod tests {
         let most = most.load(Ordering::SeqCst);
         assert!(most > 1 && most <= LOOKUPS, "{most} lookups at once");
         assert!(r.due(&names, Instant::now()).is_empty(), "every name remembered");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lookup_the_resolver_holds_up_holds_up_nothing_else() {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(Mutex::new(held));
+        let lookup: Lookup = Arc::new(move |name: &str| {
+            if name == "slow:1" {
+                let _ = held.lock().unwrap().recv();
+            }
+            Ok(vec![ip("10.0.0.7")])
+        });
+        let mut r = Resolver::new(lookup);
+        let first = strings(&["slow:1"]);
+        let due = r.due(&first, Instant::now());
+        r.start(due);
+        assert!(r.busy());
+        // A new set while the lookup hangs: its literal address is known at once, and the
+        // name in flight is not asked twice.
+        let second = strings(&["10.0.0.9:7471", "slow:1"]);
+        assert_eq!(r.known(&second), [ip("10.0.0.9")]);
+        assert!(r.due(&second, Instant::now()).is_empty());
+        release.send(()).unwrap();
+        assert_eq!(r.next().await, Some(("slow:1".to_owned(), true)));
+        assert!(!r.busy());
+        assert_eq!(r.known(&second), [ip("10.0.0.9"), ip("10.0.0.7")]);
+        assert_eq!(r.next().await, None);
     }
 
     #[tokio::test]

@@ -307,7 +307,13 @@ impl ImportDevices {
             }
             super::carving::Begin::Make(making) => making,
         };
-        let made = from.carve(start, len).map_err(|e| crate::error_chain(&e))?;
+        let made = from.carve(start, len).map_err(|e| {
+            // A device the carve made and could not delete keeps its DPAs, as below.
+            if matches!(e, crate::memory::carve::CarveError::Stranded { .. }) {
+                d.memory.keep_foreign(range);
+            }
+            crate::error_chain(&e)
+        })?;
         match open(&made.path) {
             Ok(fd) => {
                 tracing::info!(owner = %key.owner, region = key.region, device = %made.name, "DAX device carved for an import");

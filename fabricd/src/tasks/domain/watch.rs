@@ -53,7 +53,9 @@ pub(super) async fn run(
                 }
                 Err(e) => {
                     let why = crate::error_chain(&e);
-                    if !withdrawn && matches!(e, EtcdError::ShareLost { .. }) {
+                    // A slot collected went with the node's shares (the gc frees both):
+                    // another host may hold their ranges as well.
+                    if !withdrawn && matches!(e, EtcdError::ShareLost { .. } | EtcdError::SlotCollected { .. }) {
                         withdrawn = domain.shares_withdrawn(Some(&why));
                     }
                     tracing::warn!(error = %why, "cannot join the domain; retrying");
