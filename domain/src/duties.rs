@@ -345,17 +345,11 @@ impl DomainClient {
             for key in [keys.placements(node), keys.topology(node)] {
                 tail.push(None, TxnOp::delete(key.clone(), None), key.len());
             }
-            let batches = if shares.ops() + tail.ops() <= GC_TXN_OPS && shares.bytes() + tail.bytes() <= GC_TXN_BYTES {
-                let mut one = shares;
-                one.0.extend(tail.0);
-                vec![one]
-            } else {
-                let mut b = shares.split(GC_TXN_OPS, GC_TXN_BYTES);
-                b.push(tail);
-                b
-            };
+            // One transaction when they all fit (`split` packs them in order).
+            let mut all = shares;
+            all.0.extend(tail.0);
             let mut done = true;
-            for batch in batches {
+            for batch in all.split(GC_TXN_OPS, GC_TXN_BYTES) {
                 if !self.call("leader sweep", kv.txn(batch.txn(&guard))).await?.succeeded() {
                     done = false;
                     break;

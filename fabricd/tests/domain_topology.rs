@@ -423,17 +423,10 @@ fn a_domain_partitions_link_events_reach_its_bound_client_only_for_its_members()
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     // tray1 serves a copy of the supernode it rescans every second.
     let dir = tempfile::tempdir().unwrap();
-    let fabric = dir.path().join("supernode.toml");
-    let base = std::fs::read_to_string(sim("supernode-64.toml")).unwrap();
-    std::fs::write(&fabric, &base).unwrap();
-    let setups =
-        [node_of(&etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(&etcd, &fabric, "tray1", SPAN, TTL)];
+    let (setups, fabric, base) = tray1_rescanning(&etcd, dir.path());
     for s in &setups {
         socket_group(&s.config, SOCKET_GID);
     }
-    let text = std::fs::read_to_string(&setups[1].config).unwrap();
-    let text = text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1);
-    std::fs::write(&setups[1].config, text).unwrap();
     let daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
     let mut admin: Vec<_> = setups.iter().map(|s| common::client(&s.socket)).collect();
     for c in &mut admin {
@@ -513,14 +506,7 @@ fn a_topology_that_outgrows_the_record_bound_is_taken_away_not_left_stale() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let dir = tempfile::tempdir().unwrap();
-    let fabric = dir.path().join("supernode.toml");
-    let base = std::fs::read_to_string(sim("supernode-64.toml")).unwrap();
-    std::fs::write(&fabric, &base).unwrap();
-    let setups =
-        [node_of(&etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(&etcd, &fabric, "tray1", SPAN, TTL)];
-    let text = std::fs::read_to_string(&setups[1].config).unwrap();
-    std::fs::write(&setups[1].config, text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1))
-        .unwrap();
+    let (setups, fabric, base) = tray1_rescanning(&etcd, dir.path());
     let _daemons: Vec<_> = setups.iter().map(|s| common::start(&s.config, s.dir.path())).collect();
     let mut c0 = common::client(&setups[0].socket);
     until(Duration::from_secs(15), "both topologies merged", || {
@@ -537,4 +523,21 @@ fn a_topology_that_outgrows_the_record_bound_is_taken_away_not_left_stale() {
     until(Duration::from_secs(15), "tray1's topology gone from the domain", || {
         topology(&mut c0)["nodes"] == serde_json::json!(["tray0"])
     });
+}
+
+/// tray0 on the supernode, and tray1 on a copy of it under `dir` that it rescans every
+/// second: the two setups, the copy's path and the supernode's text.
+fn tray1_rescanning(
+    etcd: &fabric_domain::testing::EtcdServer,
+    dir: &std::path::Path,
+) -> ([common::Setup; 2], std::path::PathBuf, String) {
+    let fabric = dir.join("supernode.toml");
+    let base = std::fs::read_to_string(sim("supernode-64.toml")).unwrap();
+    std::fs::write(&fabric, &base).unwrap();
+    let setups =
+        [node_of(etcd, &sim("supernode-64.toml"), "tray0", SPAN, TTL), node_of(etcd, &fabric, "tray1", SPAN, TTL)];
+    let text = std::fs::read_to_string(&setups[1].config).unwrap();
+    std::fs::write(&setups[1].config, text.replacen("[discovery]\n", "[discovery]\nrescan_interval_s = 1\n", 1))
+        .unwrap();
+    (setups, fabric, base)
 }

@@ -11,6 +11,14 @@ use super::recover::{self, Recovered};
 use super::sys;
 use super::{JournalError, JournalOptions, MAX_BATCH_BYTES, MAX_SEGMENT_BYTES, Replay, Seq};
 
+/// Refuses a segment size of 0 or past [`MAX_SEGMENT_BYTES`].
+fn check_options(options: JournalOptions) -> Result<(), JournalError> {
+    if options.segment_bytes == 0 || options.segment_bytes > MAX_SEGMENT_BYTES {
+        return Err(JournalError::Options { segment_bytes: options.segment_bytes });
+    }
+    Ok(())
+}
+
 /// An open journal: the only writer of its directory (it holds `journal.lock`).
 ///
 /// Not shared between threads by itself: the daemon wraps it in a mutex and batches
@@ -40,9 +48,7 @@ impl Journal {
     /// segment is cut off (and reported in [`Replay::truncated`]); any other damage is an
     /// error and the files are left as they are.
     pub fn open(dir: &Path, options: JournalOptions) -> Result<(Self, Replay), JournalError> {
-        if options.segment_bytes == 0 || options.segment_bytes > MAX_SEGMENT_BYTES {
-            return Err(JournalError::Options { segment_bytes: options.segment_bytes });
-        }
+        check_options(options)?;
         recover::ensure_dir(dir)?;
         let lock = Arc::new(sys::lock(dir)?);
         Self::open_locked(dir, options, lock)
@@ -52,9 +58,7 @@ impl Journal {
     /// [`Journal::lock`]), which this process holds whether a journal is open or not: no
     /// other daemon starts on the directory while a failed journal is being reopened.
     pub fn reopen(dir: &Path, options: JournalOptions, lock: Arc<File>) -> Result<(Self, Replay), JournalError> {
-        if options.segment_bytes == 0 || options.segment_bytes > MAX_SEGMENT_BYTES {
-            return Err(JournalError::Options { segment_bytes: options.segment_bytes });
-        }
+        check_options(options)?;
         Self::open_locked(dir, options, lock)
     }
 

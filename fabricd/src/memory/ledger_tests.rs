@@ -322,16 +322,36 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
     assert_eq!(m.alloc(&me, 9, &place, 2 * MIB, 0).unwrap().offset, 0);
 }
 
+/// BAR `index` of function 0000:00:05.0 as the resource of `id` at `ordinal`: a file
+/// `resource<index>` under `dir` standing in for it (8 MiB of `fill`, made once).
+fn bar_backing(dir: &std::path::Path, id: &DeviceId, index: u8, ordinal: u16, fill: u8) -> super::backing::BarBacking {
+    use std::os::unix::fs::FileExt;
+
+    use super::backing::{BackingKind, BarBacking, DeviceBacking};
+
+    let path = dir.join(format!("resource{index}"));
+    if !path.exists() {
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        f.write_all_at(&vec![fill; (8 * MIB) as usize], 0).unwrap();
+    }
+    let backing = DeviceBacking {
+        kind: BackingKind::Bar,
+        name: format!("0000:00:05.0/{index}"),
+        path,
+        start: 0,
+        len: 8 * MIB,
+        align: 4096,
+        carve: None,
+    };
+    BarBacking { address: "0000:00:05.0".parse().unwrap(), resource: Some((id.clone(), ordinal)), index, backing }
+}
+
 /// A BAR dropped from the configuration moves the next one of its function into its
 /// ordinal: a region journaled on the dropped BAR is not restored onto the other (whose
 /// bytes another region's owner wrote), and the next start, whose offers match, restores
 /// what was allocated since.
 #[test]
 fn a_region_whose_resource_is_backed_by_other_memory_after_a_restart_is_dropped() {
-    use std::os::unix::fs::FileExt;
-
-    use super::backing::{BackingKind, BarBacking, DeviceBacking};
-
     let dir = tempfile::tempdir().unwrap();
     let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
     let inv_of = |bars: usize| {
@@ -343,23 +363,7 @@ fn a_region_whose_resource_is_backed_by_other_memory_after_a_restart_is_dropped(
         inv.add_device(d).unwrap();
         inv
     };
-    let bar = |index: u8, ordinal: u16, fill: u8| {
-        let path = dir.path().join(format!("resource{index}"));
-        if !path.exists() {
-            let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
-            f.write_all_at(&vec![fill; (8 * MIB) as usize], 0).unwrap();
-        }
-        let backing = DeviceBacking {
-            kind: BackingKind::Bar,
-            name: format!("0000:00:05.0/{index}"),
-            path,
-            start: 0,
-            len: 8 * MIB,
-            align: 4096,
-            carve: None,
-        };
-        BarBacking { address: "0000:00:05.0".parse().unwrap(), resource: Some((id.clone(), ordinal)), index, backing }
-    };
+    let bar = |index, ordinal, fill| bar_backing(dir.path(), &id, index, ordinal, fill);
     let me = me();
     let place = |ordinal| Place { device: id.clone(), kind: MemoryKind::HostExported, ordinal: Some(ordinal) };
     {
@@ -389,10 +393,6 @@ fn a_region_whose_resource_is_backed_by_other_memory_after_a_restart_is_dropped(
 /// take them over.
 #[test]
 fn a_region_of_a_resource_added_after_the_last_start_is_not_restored_onto_a_bar() {
-    use std::os::unix::fs::FileExt;
-
-    use super::backing::{BackingKind, BarBacking, DeviceBacking};
-
     let dir = tempfile::tempdir().unwrap();
     let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
     let mut d = Device::new(id.clone(), DeviceKind::Gpu, Some("n0"));
@@ -408,22 +408,7 @@ fn a_region_of_a_resource_added_after_the_last_start_is_not_restored_onto_a_bar(
     // What a record saved before the device came looks like: it lists nothing.
     let record = dir.path().join("memory").join(super::offers::FILE);
     fabric_addrmap::durable::write_whole(&record, &super::offers::encode(&[])).unwrap();
-    let bar = dir.path().join("resource2");
-    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&bar).unwrap();
-    f.write_all_at(&vec![0xbb; (8 * MIB) as usize], 0).unwrap();
-    let backing = DeviceBacking {
-        kind: BackingKind::Bar,
-        name: "0000:00:05.0/2".into(),
-        path: bar,
-        start: 0,
-        len: 8 * MIB,
-        align: 4096,
-        carve: None,
-    };
-    let bars = Backings {
-        bars: vec![BarBacking { address: "0000:00:05.0".parse().unwrap(), resource: Some((id, 0)), index: 2, backing }],
-        ..Backings::default()
-    };
+    let bars = Backings { bars: vec![bar_backing(dir.path(), &id, 2, 0, 0xbb)], ..Backings::default() };
     let m = open_with(dir.path(), &inv, bars);
     assert!(m.list(None).regions.is_empty(), "{:?}", m.list(None).regions);
     assert!(m.problems().iter().any(|p| p.contains("came after the last start")), "{:?}", m.problems());

@@ -156,7 +156,8 @@ impl Resolver {
 
     /// Looks `names` up and waits for every lookup in flight: the names that did not
     /// resolve.
-    pub async fn look_up(&mut self, names: Vec<String>) -> Vec<String> {
+    #[cfg(test)]
+    async fn look_up(&mut self, names: Vec<String>) -> Vec<String> {
         self.start(names);
         let mut failed = Vec::new();
         while let Some((name, resolved)) = self.next().await {
