@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use fabricd::journal::{
-    Journal, JournalError, JournalOptions, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, segment_name,
+    Journal, JournalError, JournalOptions, KIND_SNAPSHOT, MAX_PAYLOAD, MAX_SNAPSHOT, RESERVED_KINDS, segment_name,
 };
 
 fn open(dir: &Path, segment_bytes: u64) -> (Journal, fabricd::journal::Replay) {
@@ -99,6 +99,37 @@ fn compaction_replaces_history_with_the_snapshot() {
     assert!(replay.records.is_empty());
 }
 
+/// A snapshot over one record's bound is written as several records, each at most the
+/// bound, under one header that counts them; replay joins them, and a segment missing one
+/// is refused, never replayed as a shorter snapshot.
+#[test]
+fn a_snapshot_over_one_record_is_split_and_replays_whole() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (mut j, _) = open(tmp.path(), 1 << 20);
+    j.append(1, b"before").expect("append");
+    let snapshot: Vec<u8> = (0..2 * MAX_PAYLOAD + 5).map(|i| (i % 251) as u8).collect();
+    assert_eq!(j.compact(&snapshot).expect("compact"), 4, "three records: 2, 3 and 4");
+    assert_eq!(j.append(1, b"after").expect("append"), 5);
+    drop(j);
+    let (_, replay) = open(tmp.path(), 1 << 20);
+    let s = replay.snapshot.as_ref().expect("snapshot");
+    assert_eq!((s.seq, s.kind, s.payload.len()), (4, KIND_SNAPSHOT, snapshot.len()));
+    assert!(s.payload == snapshot, "the parts joined in order");
+    assert_eq!(replay.records.iter().map(|r| (r.seq, r.payload.as_slice())).collect::<Vec<_>>(), [(5, &b"after"[..])]);
+    let names = segments(tmp.path());
+    let first = tmp.path().join(&names[0]);
+    let bytes = fs::read(&first).expect("read");
+    let d = fabricd::journal::decode_segment(&bytes).expect("decodes");
+    assert_eq!(d.header.snapshot_parts, 3);
+    assert!(d.records.iter().all(|r| r.payload.len() <= MAX_PAYLOAD));
+    // The last part cut short: the journal does not open on two thirds of a snapshot.
+    fs::write(&first, &bytes[..bytes.len() - 3]).expect("cut");
+    match Journal::open(tmp.path(), JournalOptions { segment_bytes: 1 << 20 }) {
+        Err(JournalError::Corrupt { source: fabricd::journal::FormatError::MissingSnapshot, .. }) => {}
+        other => panic!("expected a missing snapshot, got {:?}", other.map(|(_, r)| r.last_seq())),
+    }
+}
+
 #[test]
 fn a_second_writer_is_refused_until_the_first_closes() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -119,7 +150,9 @@ fn bad_requests_are_refused_and_leave_the_journal_usable() {
     assert!(matches!(j.append(KIND_SNAPSHOT, b"x"), Err(JournalError::ReservedKind { .. })));
     let big = vec![0; MAX_PAYLOAD + 1];
     assert!(matches!(j.append(1, &big), Err(JournalError::PayloadTooLarge { .. })));
-    assert!(matches!(j.compact(&big), Err(JournalError::PayloadTooLarge { .. })));
+    // Allocated, never touched: refused for its size before it is read.
+    let huge = vec![0; MAX_SNAPSHOT + 1];
+    assert!(matches!(j.compact(&huge), Err(JournalError::SnapshotTooLarge { .. })));
     let max = vec![1; MAX_PAYLOAD];
     let batch: Vec<(u16, &[u8])> = (0..4).map(|_| (1, max.as_slice())).collect();
     assert!(matches!(j.append_batch(&batch), Err(JournalError::BatchTooLarge { .. })));
@@ -173,6 +206,13 @@ fn segments_built_from_the_documented_layout_decode() {
     assert!(d.header.snapshot);
     assert_eq!((d.header.segment, d.header.generation, d.header.first_seq), (5, 2, 40));
     assert_eq!((d.records[0].kind, d.records[0].payload), (KIND_SNAPSHOT, &b"snapshot state"[..]));
+    // A snapshot of three records ("split ", "snapshot ", "state"), then one record.
+    let split = read("split_snapshot.seg");
+    let d = fabricd::journal::decode_segment(&split).expect("split snapshot");
+    assert_eq!((d.header.first_seq, d.header.snapshot_parts, d.header.snapshot_records()), (70, 3, 3));
+    let parts: Vec<&[u8]> = d.records[..3].iter().map(|r| r.payload).collect();
+    assert_eq!(parts.concat(), b"split snapshot state");
+    assert_eq!((d.records[3].seq, d.records[3].kind, d.records[3].payload), (73, 1, &b"after"[..]));
     let empty = read("empty.seg");
     assert_eq!(fabricd::journal::decode_segment(&empty).expect("empty").last_seq(), 16);
 }
@@ -184,7 +224,8 @@ fn a_journal_at_the_last_sequence_number_is_refused_as_exhausted_not_wrapped() {
     let dir = tmp.path().join("journal");
     fs::create_dir_all(&dir).expect("mkdir");
     // A valid segment (checksums right) whose snapshot took the last number but one.
-    let header = SegmentHeader { segment: 1, generation: 1, first_seq: u64::MAX - 1, snapshot: true };
+    let header =
+        SegmentHeader { segment: 1, generation: 1, first_seq: u64::MAX - 1, snapshot: true, snapshot_parts: 0 };
     let mut bytes = header.encode().to_vec();
     encode_record(&mut bytes, u64::MAX - 1, KIND_SNAPSHOT, b"state");
     fs::write(dir.join(segment_name(1)), bytes).expect("write");

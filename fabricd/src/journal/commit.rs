@@ -375,8 +375,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let c = open(dir.path());
         c.enqueue(1, b"before".to_vec()).wait().expect("durable");
-        // A snapshot past the payload bound: the journal is closed, and not opened again.
-        let failed = c.enqueue_reopen(vec![0; crate::journal::MAX_PAYLOAD + 1]).wait();
+        // A snapshot past the snapshot bound (allocated, never touched): the journal is
+        // closed, and not opened again.
+        let failed = c.enqueue_reopen(vec![0; crate::journal::MAX_SNAPSHOT + 1]).wait();
         assert!(failed.is_err(), "{failed:?}");
         assert!(matches!(Journal::open(dir.path(), JournalOptions::default()), Err(JournalError::Locked { .. })));
         drop(c);
@@ -440,7 +441,7 @@ mod tests {
         lines: Vec<Vec<u8>>,
         /// `encode` fails.
         broken: bool,
-        /// `encode` makes a snapshot larger than a record may be.
+        /// `encode` makes a snapshot larger than a snapshot may be.
         oversized: bool,
         /// Tests: a lock the caller holds while it queues; encoding finds it free.
         caller: Option<Arc<Mutex<()>>>,
@@ -455,7 +456,7 @@ mod tests {
                 return Err("no".into());
             }
             if self.oversized {
-                return Ok(vec![0; super::super::MAX_PAYLOAD + 1]);
+                return Ok(vec![0; super::super::MAX_SNAPSHOT + 1]);
             }
             if self.caller.as_ref().is_some_and(|c| c.try_lock().is_err()) {
                 return Err("encoded under the caller's lock".into());
@@ -535,17 +536,48 @@ mod tests {
         e
     }
 
-    /// A registry grown past what one record holds: its snapshot is refused before any
+    /// A registry grown past what a snapshot holds: its snapshot is refused before any
     /// byte is written, and the journal goes on without it (it was poisoned, and every
     /// later change refused, until the registry shrank).
     #[test]
-    fn a_snapshot_too_large_for_a_record_writes_nothing_and_the_journal_goes_on() {
+    fn a_snapshot_too_large_writes_nothing_and_the_journal_goes_on() {
         let e = a_compaction_that_fails(Lines { oversized: true, ..Lines::default() });
         let too_large = |e: &JournalError| match e {
-            JournalError::Batch(inner) => matches!(**inner, JournalError::PayloadTooLarge { .. }),
-            e => matches!(e, JournalError::PayloadTooLarge { .. }),
+            JournalError::Batch(inner) => matches!(**inner, JournalError::SnapshotTooLarge { .. }),
+            e => matches!(e, JournalError::SnapshotTooLarge { .. }),
         };
         assert!(too_large(&e) && e.wrote_nothing(), "{e:?}");
+    }
+
+    /// A registry larger than one record compacts, and a failed write reopens onto it:
+    /// the snapshot goes in several records (before, the reopen was refused for the
+    /// snapshot's size, and every later change with it until a restart).
+    #[test]
+    fn a_snapshot_larger_than_a_record_compacts_and_reopens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = open_with(dir.path(), Lines::default());
+        let big = |b: u8| vec![b; super::super::MAX_PAYLOAD / 2 + 1];
+        for b in [b'a', b'b'] {
+            c.enqueue(1, big(b)).wait().expect("durable");
+        }
+        c.enqueue_compaction().wait().expect("a compaction over one record's size");
+        // The journal is the committer's (locked): its one segment is read as bytes.
+        let (numbers, _) = super::super::recover::list(dir.path()).expect("list");
+        assert_eq!(numbers.len(), 1, "older segments removed");
+        let bytes = std::fs::read(super::super::segment_path(dir.path(), numbers[0])).expect("read");
+        let d = super::super::decode_segment(&bytes).expect("decodes");
+        let parts: Vec<&[u8]> = d.records.iter().map(|r| r.payload).collect();
+        assert_eq!((d.header.snapshot_parts, parts.concat()), (2, [big(b'a'), big(b'b')].join(&b'|')));
+        // A write fails; the reopen writes what was acknowledged, three halves of a record.
+        let bad = c.enqueue(super::super::RESERVED_KINDS, b"x".to_vec());
+        assert!(bad.wait().is_err());
+        let acked = [big(b'a'), big(b'b'), big(b'c')].join(&b'|');
+        c.enqueue_reopen(acked.clone()).wait().expect("reopen onto a snapshot of three halves");
+        c.enqueue(1, b"later".to_vec()).wait().expect("durable after the reopen");
+        drop(c);
+        let (snapshot, records) = replayed(dir.path());
+        assert_eq!(snapshot, Some(acked));
+        assert_eq!(records, vec![b"later".to_vec()]);
     }
 
     #[test]

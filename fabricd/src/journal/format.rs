@@ -12,7 +12,7 @@
 //! | 16..24 | segment number (equals the number in the file name)    |
 //! | 24..32 | generation (compactions before this segment was made)  |
 //! | 32..40 | sequence number of the segment's first record (>= 1)   |
-//! | 40..44 | reserved, zero                                         |
+//! | 40..44 | snapshot parts: records the snapshot takes, when over one (else 0) |
 //! | 44..48 | CRC-32C of bytes 0..44                                 |
 //!
 //! Record frame ([`FRAME_LEN`] = 20 bytes, then the payload):
@@ -34,8 +34,13 @@ pub const VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 48;
 /// Record frame length before the payload.
 pub const FRAME_LEN: usize = 20;
-/// Largest payload of one record (snapshots included): 16 MiB.
+/// Largest payload of one record: 16 MiB. A larger snapshot is written as several
+/// records ([`MAX_SNAPSHOT_PARTS`]).
 pub const MAX_PAYLOAD: usize = 16 << 20;
+/// Most records one snapshot is written as.
+pub const MAX_SNAPSHOT_PARTS: u32 = 64;
+/// Largest snapshot: [`MAX_SNAPSHOT_PARTS`] records of [`MAX_PAYLOAD`] (1 GiB).
+pub const MAX_SNAPSHOT: usize = MAX_SNAPSHOT_PARTS as usize * MAX_PAYLOAD;
 /// Header flag: the segment's first record is a snapshot, and older segments are obsolete.
 pub const FLAG_SNAPSHOT: u32 = 1;
 /// Record kind of a snapshot written by compaction. Kinds from [`RESERVED_KINDS`] up are
@@ -74,7 +79,8 @@ pub enum FormatError {
     /// Written by another format version.
     #[error("unsupported format version {0} (this build reads {VERSION})")]
     Version(u32),
-    /// Unknown flags, non-zero reserved bytes or a first sequence of zero.
+    /// Unknown flags, a snapshot part count out of range (or without a snapshot) or a
+    /// first sequence of zero.
     #[error("invalid header field {field} = {value:#x}")]
     HeaderField {
         /// Which field.
@@ -171,6 +177,9 @@ pub struct SegmentHeader {
     pub first_seq: u64,
     /// Whether the first record is a snapshot that supersedes all older segments.
     pub snapshot: bool,
+    /// Records the snapshot is split into when it takes more than one (2 up to
+    /// [`MAX_SNAPSHOT_PARTS`]); 0 otherwise. Their payloads, joined, are the snapshot.
+    pub snapshot_parts: u32,
 }
 
 impl SegmentHeader {
@@ -184,6 +193,7 @@ impl SegmentHeader {
         b[16..24].copy_from_slice(&self.segment.to_le_bytes());
         b[24..32].copy_from_slice(&self.generation.to_le_bytes());
         b[32..40].copy_from_slice(&self.first_seq.to_le_bytes());
+        b[40..44].copy_from_slice(&self.snapshot_parts.to_le_bytes());
         let crc = crc32c::crc32c(&b[..44]);
         b[44..48].copy_from_slice(&crc.to_le_bytes());
         b
@@ -210,15 +220,26 @@ impl SegmentHeader {
         if flags & !FLAG_SNAPSHOT != 0 {
             return Err(FormatError::HeaderField { field: "flags", value: u64::from(flags) });
         }
-        let reserved = u32_at(b, 40);
-        if reserved != 0 {
-            return Err(FormatError::HeaderField { field: "reserved", value: u64::from(reserved) });
+        let snapshot = flags & FLAG_SNAPSHOT != 0;
+        // Split only when over one record, and only a snapshot: one part is written as 0.
+        let snapshot_parts = u32_at(b, 40);
+        if snapshot_parts != 0 && (!snapshot || !(2..=MAX_SNAPSHOT_PARTS).contains(&snapshot_parts)) {
+            return Err(FormatError::HeaderField { field: "snapshot_parts", value: u64::from(snapshot_parts) });
         }
         let first_seq = u64_at(b, 32);
         if first_seq == 0 {
             return Err(FormatError::HeaderField { field: "first_seq", value: 0 });
         }
-        Ok(Self { segment: u64_at(b, 16), generation: u64_at(b, 24), first_seq, snapshot: flags & FLAG_SNAPSHOT != 0 })
+        Ok(Self { segment: u64_at(b, 16), generation: u64_at(b, 24), first_seq, snapshot, snapshot_parts })
+    }
+
+    /// How many records at the segment's start are its snapshot: 0 without one.
+    pub fn snapshot_records(&self) -> usize {
+        match (self.snapshot, self.snapshot_parts) {
+            (false, _) => 0,
+            (true, 0) => 1,
+            (true, n) => n as usize,
+        }
     }
 }
 
@@ -307,16 +328,16 @@ pub fn decode_segment(bytes: &[u8]) -> Result<DecodedSegment<'_>, FormatError> {
         if frame.seq != expected {
             return Err(FormatError::Sequence { offset: pos as u64, expected, found: frame.seq });
         }
-        if (frame.kind == KIND_SNAPSHOT) != (header.snapshot && records.is_empty()) {
+        if (frame.kind == KIND_SNAPSHOT) != (records.len() < header.snapshot_records()) {
             return Err(FormatError::Misplaced { offset: pos as u64, kind: frame.kind });
         }
         records.push(RecordRef { offset: pos as u64, seq: frame.seq, kind: frame.kind, payload: frame.payload });
         pos = frame.end;
         expected = expected.saturating_add(1);
     }
-    if header.snapshot && records.is_empty() {
+    if records.len() < header.snapshot_records() {
         // A snapshot segment is written whole with its snapshot, then renamed into place,
-        // so a crash cannot leave it without one.
+        // so a crash cannot leave it without one, or with a part of one.
         return Err(FormatError::MissingSnapshot);
     }
     Ok(DecodedSegment { header, records, valid_len: pos as u64, torn })
@@ -398,7 +419,7 @@ mod tests {
     use super::*;
 
     fn segment(first_seq: u64, snapshot: bool, records: &[(u16, &[u8])]) -> Vec<u8> {
-        let header = SegmentHeader { segment: 7, generation: 2, first_seq, snapshot };
+        let header = SegmentHeader { segment: 7, generation: 2, first_seq, snapshot, snapshot_parts: 0 };
         let mut out = header.encode().to_vec();
         for (i, (kind, payload)) in records.iter().enumerate() {
             encode_record(&mut out, first_seq + i as u64, *kind, payload);
@@ -410,7 +431,10 @@ mod tests {
     fn records_round_trip() {
         let bytes = segment(5, false, &[(1, b"one"), (2, b""), (3, &[0xaa; 1000])]);
         let d = decode_segment(&bytes).expect("decodes");
-        assert_eq!(d.header, SegmentHeader { segment: 7, generation: 2, first_seq: 5, snapshot: false });
+        assert_eq!(
+            d.header,
+            SegmentHeader { segment: 7, generation: 2, first_seq: 5, snapshot: false, snapshot_parts: 0 }
+        );
         let got: Vec<_> = d.records.iter().map(|r| (r.seq, r.kind, r.payload.len())).collect();
         assert_eq!(got, [(5, 1, 3), (6, 2, 0), (7, 3, 1000)]);
         assert_eq!(d.records[0].payload, b"one");
@@ -447,7 +471,8 @@ mod tests {
         let crc = crc32c::crc32c(&v2[..44]);
         v2[44..48].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(decode_segment(&v2), Err(FormatError::Version(2)));
-        let zero_seq = SegmentHeader { segment: 1, generation: 0, first_seq: 0, snapshot: false }.encode();
+        let zero_seq =
+            SegmentHeader { segment: 1, generation: 0, first_seq: 0, snapshot: false, snapshot_parts: 0 }.encode();
         assert!(matches!(decode_segment(&zero_seq), Err(FormatError::HeaderField { field: "first_seq", .. })));
     }
 
@@ -491,6 +516,39 @@ mod tests {
         assert_eq!(decode_segment(&segment(1, true, &[])), Err(FormatError::MissingSnapshot));
         let ok = segment(4, true, &[(KIND_SNAPSHOT, b"s"), (1, b"a")]);
         assert_eq!(decode_segment(&ok).map(|d| d.records.len()), Ok(2));
+    }
+
+    fn split_segment(parts: u32, records: &[(u16, &[u8])]) -> Vec<u8> {
+        let header = SegmentHeader { segment: 3, generation: 1, first_seq: 10, snapshot: true, snapshot_parts: parts };
+        let mut out = header.encode().to_vec();
+        for (i, (kind, payload)) in records.iter().enumerate() {
+            encode_record(&mut out, 10 + i as u64, *kind, payload);
+        }
+        out
+    }
+
+    #[test]
+    fn a_snapshot_split_over_records_is_whole_or_refused() {
+        let s = KIND_SNAPSHOT;
+        let ok = split_segment(3, &[(s, b"one"), (s, b"two"), (s, b"three"), (1, b"after")]);
+        let d = decode_segment(&ok).expect("split snapshot");
+        assert_eq!((d.header.snapshot_parts, d.header.snapshot_records()), (3, 3));
+        assert_eq!(d.records.iter().map(|r| r.kind).collect::<Vec<_>>(), [s, s, s, 1]);
+        // Fewer parts than the header says, whole records or a torn one: never a prefix.
+        assert_eq!(decode_segment(&split_segment(3, &[(s, b"one"), (s, b"two")])), Err(FormatError::MissingSnapshot));
+        let cut = &ok[..HEADER_LEN + 2 * FRAME_LEN + 6 + 2];
+        assert_eq!(decode_segment(cut), Err(FormatError::MissingSnapshot));
+        // A part that is no snapshot, or one part too many.
+        let short = split_segment(3, &[(s, b"one"), (1, b"two"), (s, b"three")]);
+        assert!(matches!(decode_segment(&short), Err(FormatError::Misplaced { kind: 1, .. })));
+        let long = split_segment(2, &[(s, b"one"), (s, b"two"), (s, b"three")]);
+        assert!(matches!(decode_segment(&long), Err(FormatError::Misplaced { kind: KIND_SNAPSHOT, .. })));
+        // A part count of one, past the bound, or without a snapshot is no header of ours.
+        for (snapshot, parts) in [(true, 1), (true, MAX_SNAPSHOT_PARTS + 1), (false, 2)] {
+            let h = SegmentHeader { segment: 1, generation: 0, first_seq: 1, snapshot, snapshot_parts: parts };
+            let r = SegmentHeader::decode(&h.encode());
+            assert!(matches!(r, Err(FormatError::HeaderField { field: "snapshot_parts", .. })), "{parts}: {r:?}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 pub use commit::{Committer, Image, Ticket};
 pub use format::{
-    DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, RecordFault, decode_segment,
+    DecodedSegment, FormatError, KIND_SNAPSHOT, MAX_PAYLOAD, MAX_SNAPSHOT, RESERVED_KINDS, RecordFault, decode_segment,
 };
 pub use salvage::{Salvage, SalvageAction, salvage};
 pub use sys::{segment_name, segment_path};
@@ -86,7 +86,8 @@ pub struct Truncation {
 /// What `open` found: the records to apply, in order, and what it cleaned up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Replay {
-    /// The latest snapshot, if the journal was ever compacted. Apply it first.
+    /// The latest snapshot, if the journal was ever compacted: its records' payloads
+    /// joined, with the last one's sequence number. Apply it first.
     pub snapshot: Option<Record>,
     /// Records after the snapshot (or since the start), in sequence order, no gaps.
     pub records: Vec<Record>,
@@ -212,6 +213,12 @@ pub enum JournalError {
         /// Its size.
         len: usize,
     },
+    /// A snapshot over [`MAX_SNAPSHOT`].
+    #[error("snapshot of {len} bytes exceeds the {MAX_SNAPSHOT}-byte maximum")]
+    SnapshotTooLarge {
+        /// Its size.
+        len: usize,
+    },
     /// A batch over [`MAX_BATCH_BYTES`].
     #[error("batch of {len} bytes exceeds the {MAX_BATCH_BYTES}-byte maximum")]
     BatchTooLarge {
@@ -250,12 +257,12 @@ pub enum JournalError {
 }
 
 impl JournalError {
-    /// Whether nothing was written: a snapshot that did not encode, or a payload refused
-    /// for its size before any byte went out (a registry grown past what one snapshot
-    /// holds); either leaves the journal whole (no reopen needed).
+    /// Whether nothing was written: a snapshot that did not encode, or a payload or
+    /// snapshot refused for its size before any byte went out (a registry grown past what
+    /// a snapshot holds); either leaves the journal whole (no reopen needed).
     pub fn wrote_nothing(&self) -> bool {
         match self {
-            Self::Encode(_) | Self::PayloadTooLarge { .. } => true,
+            Self::Encode(_) | Self::PayloadTooLarge { .. } | Self::SnapshotTooLarge { .. } => true,
             Self::Batch(inner) => inner.wrote_nothing(),
             _ => false,
         }

@@ -91,13 +91,18 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, JournalError> {
         {
             return Err(JournalError::SealedDamage { path, offset: t.offset, fault: t.fault });
         }
-        for r in &decoded.records {
-            let record = Record { seq: r.seq, kind: r.kind, payload: r.payload.to_vec() };
-            if r.kind == format::KIND_SNAPSHOT {
-                replay.snapshot = Some(record);
-            } else {
-                replay.records.push(record);
+        // The decoder found the snapshot's records whole, at the start, and nowhere else.
+        let parts = decoded.header.snapshot_records().min(decoded.records.len());
+        let (snapshot, records) = decoded.records.split_at(parts);
+        if let Some(last) = snapshot.last() {
+            let mut payload = Vec::with_capacity(snapshot.iter().map(|r| r.payload.len()).sum());
+            for part in snapshot {
+                payload.extend_from_slice(part.payload);
             }
+            replay.snapshot = Some(Record { seq: last.seq, kind: format::KIND_SNAPSHOT, payload });
+        }
+        for r in records {
+            replay.records.push(Record { seq: r.seq, kind: r.kind, payload: r.payload.to_vec() });
         }
         prev = Some((n, header.generation, decoded.last_seq()));
         live.push(Checked {
@@ -193,7 +198,7 @@ fn create_first(dir: &Path, temps: Vec<PathBuf>) -> Result<Recovered, JournalErr
         sys::remove(&path)?;
         replay.removed.push(path);
     }
-    let header = SegmentHeader { segment: 1, generation: 0, first_seq: 1, snapshot: false };
+    let header = SegmentHeader { segment: 1, generation: 0, first_seq: 1, snapshot: false, snapshot_parts: 0 };
     let file = sys::create_whole(dir, &sys::segment_path(dir, 1), &header.encode())?;
     tracing::info!(dir = %dir.display(), "journal created");
     Ok(Recovered {

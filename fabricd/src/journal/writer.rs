@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::format::{self, HEADER_LEN, KIND_SNAPSHOT, MAX_PAYLOAD, RESERVED_KINDS, SegmentHeader};
+use super::format::{self, HEADER_LEN, KIND_SNAPSHOT, MAX_PAYLOAD, MAX_SNAPSHOT, RESERVED_KINDS, SegmentHeader};
 use super::recover::{self, Recovered};
 use super::sys;
 use super::{JournalError, JournalOptions, MAX_BATCH_BYTES, MAX_SEGMENT_BYTES, Replay, Seq};
@@ -140,31 +140,40 @@ impl Journal {
     }
 
     /// Replaces the history with `snapshot`, a payload the caller made of its whole state
-    /// as of now. The snapshot is written, whole, as the first record of a new segment
+    /// as of now (at most [`MAX_SNAPSHOT`]). The snapshot is written, whole, at the start of
+    /// a new segment — as one record, or as records of [`MAX_PAYLOAD`] when it is larger —
     /// (temporary file, fsync, rename, directory fsync); only then are older segments
-    /// removed. Returns the snapshot's sequence number. A crash at any step leaves either
-    /// the old history or the snapshot, never both and never neither.
+    /// removed. Returns the sequence number of the snapshot's last record. A crash at any
+    /// step leaves either the old history or the snapshot, never both and never neither.
     pub fn compact(&mut self, snapshot: &[u8]) -> Result<Seq, JournalError> {
         self.check_usable()?;
-        if snapshot.len() > MAX_PAYLOAD {
-            return Err(JournalError::PayloadTooLarge { len: snapshot.len() });
+        if snapshot.len() > MAX_SNAPSHOT {
+            return Err(JournalError::SnapshotTooLarge { len: snapshot.len() });
         }
-        let seq = self.next_seq;
+        let parts: Vec<&[u8]> =
+            if snapshot.is_empty() { vec![snapshot] } else { snapshot.chunks(MAX_PAYLOAD).collect() };
+        let first = self.next_seq;
+        let last = first.checked_add(parts.len() as u64 - 1).ok_or(JournalError::Exhausted)?;
+        let next = last.checked_add(1).ok_or(JournalError::Exhausted)?;
         let segment = self.segment.checked_add(1).ok_or(JournalError::Exhausted)?;
         let generation = self.generation.checked_add(1).ok_or(JournalError::Exhausted)?;
-        seq.checked_add(1).ok_or(JournalError::Exhausted)?;
-        let header = SegmentHeader { segment, generation, first_seq: seq, snapshot: true };
-        let mut bytes = Vec::with_capacity(HEADER_LEN + format::record_len(snapshot.len()));
+        // At most MAX_SNAPSHOT_PARTS, so the count fits.
+        let snapshot_parts = if parts.len() > 1 { parts.len() as u32 } else { 0 };
+        let header = SegmentHeader { segment, generation, first_seq: first, snapshot: true, snapshot_parts };
+        let len = HEADER_LEN + parts.iter().map(|p| format::record_len(p.len())).sum::<usize>();
+        let mut bytes = Vec::with_capacity(len);
         bytes.extend_from_slice(&header.encode());
-        format::encode_record(&mut bytes, seq, KIND_SNAPSHOT, snapshot);
+        for (seq, part) in (first..).zip(&parts) {
+            format::encode_record(&mut bytes, seq, KIND_SNAPSHOT, part);
+        }
         let path = sys::segment_path(&self.dir, segment);
         let file = sys::create_whole(&self.dir, &path, &bytes).inspect_err(|_| self.poisoned = true)?;
         // The snapshot is durable: from here on the old segments are obsolete.
         let old = self.first_segment..segment;
-        self.switch_to(file, segment, bytes.len() as u64, 1);
+        self.switch_to(file, segment, bytes.len() as u64, parts.len() as u64);
         self.generation = generation;
         self.first_segment = segment;
-        self.next_seq = seq + 1;
+        self.next_seq = next;
         let mut removed = 0;
         for n in old {
             match sys::remove(&sys::segment_path(&self.dir, n)) {
@@ -176,8 +185,9 @@ impl Journal {
         if let Err(e) = sys::sync_dir(&self.dir) {
             tracing::warn!(error = %e, "cannot sync the journal directory after compaction");
         }
-        tracing::info!(seq, segment, generation, bytes = snapshot.len(), removed, "journal compacted");
-        Ok(seq)
+        let (bytes, records) = (snapshot.len(), parts.len());
+        tracing::info!(seq = last, segment, generation, bytes, records, removed, "journal compacted");
+        Ok(last)
     }
 
     /// The sequence number the next record will get.
@@ -224,7 +234,9 @@ impl Journal {
     /// Seals the current segment (its records are already durable) and starts the next.
     fn rotate(&mut self) -> Result<(), JournalError> {
         let segment = self.segment.checked_add(1).ok_or(JournalError::Exhausted)?;
-        let header = SegmentHeader { segment, generation: self.generation, first_seq: self.next_seq, snapshot: false };
+        let first_seq = self.next_seq;
+        let header =
+            SegmentHeader { segment, generation: self.generation, first_seq, snapshot: false, snapshot_parts: 0 };
         let path = sys::segment_path(&self.dir, segment);
         let file = sys::create_whole(&self.dir, &path, &header.encode()).inspect_err(|_| self.poisoned = true)?;
         tracing::debug!(segment, first_seq = self.next_seq, "journal segment started");

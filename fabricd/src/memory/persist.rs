@@ -436,7 +436,7 @@ impl Memory {
         let snapshot = st.snapshot()?;
         let compacted = match journal.compact(&snapshot) {
             Ok(_) => true,
-            // A registry larger than one record: its records replay as they are.
+            // A registry larger than a snapshot holds (1 GiB): its records replay as they are.
             Err(e) if e.wrote_nothing() => {
                 tracing::warn!(error = %crate::error_chain(&e), "registry snapshot not written at start; the journal keeps every record until the registry shrinks");
                 false
