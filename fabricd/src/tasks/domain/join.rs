@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::{Domain, DomainStatus, RuntimeGuard, Standing};
-use crate::config::Config;
+use crate::config::{Config, ShareConfig};
 use crate::memory::backing::ResourceShare;
 
 /// Why a node could not take its place in the domain at start.
@@ -87,6 +87,17 @@ pub enum JoinError {
     /// The node link cannot listen at `peer.address`.
     #[error("node link")]
     Listen(#[source] crate::peer::ListenError),
+    /// A `[[memory.shares]]` device is spelled unlike the device this node has of that
+    /// name (another case): served without its share, new regions would go anywhere on it.
+    #[error(
+        "memory.shares names {listed}, which this node does not see; it sees {seen}: write the device id as `fabricctl topo` shows it"
+    )]
+    ShareDevice {
+        /// The device as listed.
+        listed: String,
+        /// The device this node sees.
+        seen: String,
+    },
 }
 
 /// A join that holds: the client, the lease the member key lives on, the fence its
@@ -179,7 +190,7 @@ pub fn start(
     let member = member(config, &dc, inv, node_id);
     let slot_file = state_dir.join("domain-slot.json");
     let share_file = state_dir.join("domain-shares.json");
-    let wants = share_wants(config, inv);
+    let wants = share_wants(config, inv)?;
     let known = remembered_shares(&share_file, &dc);
     // The slot this node served before, if it did: its map (and so its memory's GFAs) lies
     // there, so a start claims that slot back or refuses (`SlotCollected`: an admin's gc
@@ -349,7 +360,7 @@ fn groups(config: &Config, inv: &Inventory) -> Vec<FabricGroup> {
         .memory
         .shares
         .iter()
-        .filter(|s| inv.devices.iter().any(|d| d.id.to_string() == s.device))
+        .filter(|s| share_device(inv, s).is_some())
         .map(|s| FabricGroup::CxlPool { pool: s.pool() });
     let mut out: Vec<FabricGroup> = Vec::new();
     for group in cliques.chain(pools) {
@@ -378,14 +389,26 @@ impl ShareWanted {
     }
 }
 
+/// The device of `share` this node has: the one whose id is the listed one (parsed, so
+/// any spelling of a PCI address finds it).
+fn share_device<'a>(inv: &'a Inventory, share: &ShareConfig) -> Option<&'a fabric_topology::Device> {
+    let id: fabric_topology::DeviceId = share.device.parse().ok()?;
+    inv.devices.iter().find(|d| d.id == id)
+}
+
 /// The resources of the `[[memory.shares]]` devices this node has, each with the bytes it
 /// claims (at most the resource, whole granules). A device the inventory lacks has no
-/// memory here to share: logged and skipped.
-fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
+/// memory here to share: logged and skipped. One spelled unlike a device the node has
+/// (another case: `0x5EED`, where the kernel says `0x5eed`) is refused: skipped, that
+/// device would be served whole, over the other hosts' shares.
+fn share_wants(config: &Config, inv: &Inventory) -> Result<Vec<ShareWanted>, JoinError> {
     let granule = crate::memory::alloc::GRANULE;
     let mut out = Vec::new();
     for s in &config.memory.shares {
-        let Some(dev) = inv.devices.iter().find(|d| d.id.to_string() == s.device) else {
+        let Some(dev) = share_device(inv, s) else {
+            if let Some(d) = inv.devices.iter().find(|d| d.id.to_string().eq_ignore_ascii_case(&s.device)) {
+                return Err(JoinError::ShareDevice { listed: s.device.clone(), seen: d.id.to_string() });
+            }
             tracing::warn!(device = %s.device, "memory.shares names a device this node does not see; no share claimed");
             continue;
         };
@@ -404,7 +427,7 @@ fn share_wants(config: &Config, inv: &Inventory) -> Vec<ShareWanted> {
             });
         }
     }
-    out
+    Ok(out)
 }
 
 /// What to claim of each wanted resource: where the share file remembers this node's
@@ -548,4 +571,50 @@ fn remembered(path: &Path, config: &DomainConfig, node_span: u64) -> Result<Opti
     };
     let same = memory.domain == config.name && memory.node == config.node && memory.node_span == node_span;
     Ok(same.then_some(memory.slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use fabric_topology::{Device, DeviceId, DeviceKind, Inventory, MemoryKind, MemoryResource};
+
+    use super::*;
+
+    fn node_with_pool_device() -> Inventory {
+        let mut dev = Device::new(DeviceId::cxl(0x5eed0000), DeviceKind::CxlMemdev, Some("tray0"));
+        dev.memory.push(MemoryResource { kind: MemoryKind::CxlVolatile, size: 1 << 30, hpa: None, numa_node: None });
+        let mut inv = Inventory::default();
+        inv.devices.push(dev);
+        inv
+    }
+
+    fn config(device: &str) -> Config {
+        let text = format!(
+            "[map]\nnode_span = {{ fixed = 1099511627776 }}\n[domain]\nname = \"d\"\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"tray0\"\n\
+             [[memory.shares]]\ndevice = \"{device}\"\nbytes = 268435456\n"
+        );
+        Config::parse(&text, Path::new("test.toml"), Path::new("/etc/fabric")).expect("config")
+    }
+
+    /// A share device spelled in another case than the kernel's names the device the node
+    /// has: skipped with a warning, it would be served whole, over the other hosts' shares.
+    #[test]
+    fn a_share_device_spelled_in_another_case_is_refused_not_skipped() {
+        let inv = node_with_pool_device();
+        let wants = share_wants(&config("serial:cxl/0x5eed0000"), &inv).expect("the device's own spelling");
+        assert_eq!(
+            wants.iter().map(|w| w.want.resource.as_str()).collect::<Vec<_>>(),
+            ["serial:cxl/0x5eed0000/cxl_volatile0"]
+        );
+        match share_wants(&config("serial:cxl/0x5EED0000"), &inv) {
+            Err(JoinError::ShareDevice { listed, seen }) => {
+                assert_eq!((listed.as_str(), seen.as_str()), ("serial:cxl/0x5EED0000", "serial:cxl/0x5eed0000"))
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // A device this node does not have at all is another host's: skipped.
+        assert!(share_wants(&config("serial:cxl/0x1234"), &inv).expect("skipped").is_empty());
+        assert_eq!(groups(&config("serial:cxl/0x5eed0000"), &inv).len(), 1, "its pool is in the member record");
+    }
 }
