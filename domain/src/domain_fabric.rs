@@ -70,15 +70,17 @@ pub fn merge_nodes(view: &DomainView, own: Option<(&str, &TopologyRecord)>, node
     merge_ordered(records)
 }
 
-/// Merges `records` (node, record, live) and `own` (live), node by node in name order.
+/// Merges `own` (live) first, then `records` (node, record, live) node by node in name
+/// order: a stale record of a node that sorts first (a down node whose GPU moved here)
+/// cannot take this node's own devices from it.
 fn merge_records<'a>(
     mut records: Vec<(&'a str, &'a TopologyRecord, bool)>,
     own: Option<(&'a str, &'a TopologyRecord)>,
 ) -> Inventory {
-    if let Some((name, record)) = own {
-        records.push((name, record, true));
-    }
     records.sort_by(|a, b| a.0.cmp(b.0));
+    if let Some((name, record)) = own {
+        records.insert(0, (name, record, true));
+    }
     merge_ordered(records)
 }
 
@@ -539,6 +541,16 @@ mod tests {
         let inv = merge_with(&v, Some(("tray1", &own)));
         assert!(inv.find(&g("tray1", 0)).is_some());
         assert!(inv.find(&DeviceId::pci("tray1", "0000:17:00.0".parse().unwrap())).is_none(), "{:?}", inv.devices);
+        // A node that sorts first and still publishes a GPU that is tray1's now (moved, or
+        // a record claiming it): on tray1, tray1's own record is merged first and keeps it.
+        let mut stale = tray("old-tray");
+        stale.devices[1].id = g("tray1", 0);
+        let v = view(&[stale, tray("tray1")], &["old-tray"]);
+        let inv = merge_with(&v, Some(("tray1", &own)));
+        let gpu = inv.find(&g("tray1", 0)).expect("its own GPU");
+        assert_eq!(inv.device(gpu).node.as_deref(), Some("tray1"));
+        assert!(inv.find(&g("tray1", 1)).is_some(), "all of its record");
+        assert!(inv.find(&g("old-tray", 0)).is_none(), "the claiming record is refused whole");
     }
 
     /// Two nodes' records merged alone answer what the whole domain answers about the two

@@ -392,13 +392,19 @@ impl DomainClient {
         Ok(response.kvs().first().is_some_and(|e| e.create_revision() == leader.term))
     }
 
-    /// The devices `node`'s topology record names as its own (not the shared switches).
+    /// The devices `node`'s topology record names as its own: not the shared switches, nor
+    /// the CXL devices of a pool (other hosts of the pool still serve them).
     async fn node_devices(&self, node: &str) -> Result<HashSet<String>, EtcdError> {
         let key = self.keys().topology(node);
         let Some((value, _)) = self.get_raw(&key).await? else { return Ok(HashSet::new()) };
-        // A refused record names no devices the gc could take out.
+        // A refused record (or one under another node's key) names no devices the gc
+        // could take out.
         let Ok(record) = records::decode::<TopologyRecord>(&value, self.limits()) else { return Ok(HashSet::new()) };
-        Ok(record.devices.iter().filter(|d| !d.fabric).map(|d| d.id.to_string()).collect())
+        if record.node != node {
+            return Ok(HashSet::new());
+        }
+        let own = record.devices.iter().filter(|d| !d.fabric && !crate::domain_fabric::pooled(d));
+        Ok(own.map(|d| d.id.to_string()).collect())
     }
 
     /// The partitions that name any of `devices`, with their keys and mod revisions.

@@ -192,11 +192,14 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
         local_cpus: None,
         pci: None,
     };
+    // A CXL device of a pool other hosts share: the pool's, not tray-p's to take along.
+    let pool = DeviceId::cxl(0x5eed);
+    let pooled = TopologyDevice { id: pool.clone(), kind: DeviceKind::CxlMemdev, ..device.clone() };
     let record = fabric_domain::TopologyRecord {
         version: fabric_domain::records::RECORD_VERSION,
         node: "tray-p".into(),
         incarnation: 1,
-        devices: vec![device],
+        devices: vec![device, pooled],
         links: Vec::new(),
     };
     let mut kv = gone.raw();
@@ -214,12 +217,14 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
         partitions.push(PartitionRecord::new(&format!("p{i:03}"), devices, &[1000], &[]));
     }
     partitions.push(PartitionRecord::new("untouched", others(2, 0).collect(), &[1000], &[]));
+    partitions.push(PartitionRecord::new("pool", vec![pool.clone()], &[1000], &[]));
     for p in &partitions {
         let value = fabric_domain::records::encode(p);
         assert!(value.len() < 64 * 1024, "{} bytes", value.len());
         kv.put(k.partition(&p.name), value, None).await.unwrap();
     }
     let untouched_at = kv.get(k.partition("untouched"), None).await.unwrap().kvs()[0].mod_revision();
+    let pool_at = kv.get(k.partition("pool"), None).await.unwrap().kvs()[0].mod_revision();
 
     let a = client(&etcd, "tray-a").await;
     let a_lease = a.grant_lease().await.unwrap();
@@ -248,7 +253,7 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
         assert!(!exists(&a, &key).await, "{key} outlived the gc");
     }
     let answer = a.raw().get(k.partitions(), Some(etcd_prefix())).await.unwrap();
-    assert_eq!(answer.kvs().len(), 141, "the 40 naming only its GPU are removed");
+    assert_eq!(answer.kvs().len(), 142, "the 40 naming only its GPU are removed");
     for e in answer.kvs() {
         let p: PartitionRecord = fabric_domain::records::decode(e.value(), RecordLimits::default()).unwrap();
         assert!(!p.devices.contains(&gpu), "{} still names the GPU", p.name);
@@ -256,6 +261,15 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
             "untouched" => {
                 assert_eq!(e.mod_revision(), untouched_at, "a partition without its devices is not rewritten");
                 2
+            }
+            "pool" => {
+                // Deleted before, leaving an unbound client free to reach more.
+                assert_eq!(
+                    (e.mod_revision(), &p.devices[..]),
+                    (pool_at, &[pool.clone()][..]),
+                    "the pool's device stays"
+                );
+                1
             }
             name if name < "p150" => 1,
             _ => 1_000,
