@@ -186,6 +186,9 @@ impl Default for LimitsConfig {
 /// at 128 operations by default).
 pub const MAX_SHARES: usize = 32;
 
+/// The longest period or grace a setting in seconds may name: a year.
+pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
+
 /// `[memory]`: the durable memory registry (docs/fabricd.md, "Durability").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -549,6 +552,17 @@ impl Config {
         if self.memory.compact_records == 0 {
             return Err(bad("memory.compact_records", "must be at least 1".to_owned()));
         }
+        // Periods and deadlines are added to clocks: past a year they overflow them (a
+        // panic in the task that reads them) long before they mean anything.
+        let seconds = [
+            ("discovery.rescan_interval_s", self.discovery.rescan_interval_s),
+            ("memory.resume_grace_s", self.memory.resume_grace_s),
+            ("memory.detach_grace_s", self.memory.detach_grace_s),
+            ("memory.size_check_s", self.memory.size_check_s),
+        ];
+        if let Some((key, _)) = seconds.iter().find(|(_, s)| *s > MAX_SECONDS) {
+            return Err(bad(key, format!("must be at most {MAX_SECONDS} (a year)")));
+        }
         if let Some(n) = self.memory.numa_plain.iter().find(|n| self.memory.numa.contains(n)) {
             return Err(bad("memory.numa_plain", format!("node {n} is in memory.numa too: list it once")));
         }
@@ -747,6 +761,21 @@ mod tests {
 
     const DOMAIN: &str = "[domain]\nname = \"d\"\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"tray0\"\n";
     const FIXED: &str = "[map]\nnode_span = { fixed = 1099511627776 }\n";
+
+    /// A period past any clock's range panicked the task that reads it (the monitor's
+    /// rescan interval, the size check) when it first ticked.
+    #[test]
+    fn periods_and_graces_past_a_year_are_refused() {
+        for key in
+            ["discovery.rescan_interval_s", "memory.resume_grace_s", "memory.detach_grace_s", "memory.size_check_s"]
+        {
+            let (table, field) = key.split_once('.').unwrap();
+            let at = |v: u64| parse(&format!("[{table}]\n{field} = {v}\n"));
+            assert!(at(super::MAX_SECONDS).is_ok(), "{key}");
+            let e = at(9_223_372_036_854_775_807).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("a year"), "{key}: {e}");
+        }
+    }
 
     #[test]
     fn a_domain_node_is_checked_against_the_rest() {

@@ -329,7 +329,16 @@ pub fn resolve(
         out.sets.push(b);
     }
     for s in bar_specs {
-        out.bars.push(bar(sysfs, s)?);
+        let b = bar(sysfs, s)?;
+        // Two spellings of one BAR would be two resources over the same bytes, each with
+        // an allocator of its own.
+        if let Some(first) = out.bars.iter().find(|o| o.address == b.address && o.index == b.index) {
+            return Err(BackingError::Unusable {
+                what: s.clone(),
+                why: format!("the BAR {} names already", first.backing.name),
+            });
+        }
+        out.bars.push(b);
     }
     Ok(out)
 }
@@ -516,5 +525,19 @@ mod tests {
         assert_eq!(inv.devices[0].memory[0].kind, MemoryKind::HostExported);
         assert_eq!(inv.devices[0].memory[0].size, 4 << 20);
         assert_eq!(add_bar_resources(&mut Inventory::default(), &b), vec!["0000:00:05.0/2".to_owned()]);
+    }
+
+    /// One BAR listed twice, in two spellings: two resources over the same bytes, and two
+    /// users' regions at offset 0 of it, unless refused.
+    #[test]
+    fn one_bar_listed_twice_is_refused() {
+        let t = bar_tree(0x40200, 4 << 20);
+        let root = SysfsRoot::new(t.path(), "");
+        let dev = t.path().join("dev");
+        let inv = Inventory::default();
+        let specs = ["0000:00:05.0/2".to_owned(), "0:0:5.0/2".to_owned()];
+        let e = resolve(&root, &dev, &inv, &[], false, &specs).unwrap_err().to_string();
+        assert!(e.contains("0:0:5.0/2") && e.contains("0000:00:05.0/2"), "{e}");
+        assert_eq!(resolve(&root, &dev, &inv, &[], false, &specs[..1]).unwrap().bars.len(), 1);
     }
 }
