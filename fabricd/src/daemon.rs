@@ -344,6 +344,20 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Tests: a standalone daemon on the bundled HGX sim fabric, its files under `dir`.
+    #[cfg(test)]
+    pub(crate) fn on_sim_for_tests(dir: &std::path::Path) -> Self {
+        let sim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        let text = format!(
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            dir.join("fabricd.sock").display().to_string(),
+            dir.join("state").display().to_string(),
+            sim.display().to_string(),
+        );
+        #[allow(clippy::unwrap_used)]
+        Self::start(crate::config::Config::parse(&text, &dir.join("fabricd.toml"), dir).unwrap()).unwrap()
+    }
+
     /// Starts with the defaults for the current user: [`Daemon::start_in`].
     pub fn start(config: Config) -> Result<Self, StartError> {
         Self::start_in(config, &Environment::current())

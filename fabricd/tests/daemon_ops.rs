@@ -54,6 +54,12 @@ fn hello_negotiates_and_refuses_versions_it_does_not_speak() {
     // A 1.0 client does not get the opcodes 1.1 added: UnknownOpcode, typed.
     let e = refused(&mut old, Request::Regions(Default::default()));
     assert_eq!(e.code, ErrorCode::UnknownOpcode, "{e:?}");
+    // Agreed once: a second hello cannot move the connection to another version.
+    match old.hello("old-again", fabric_proto::wire::SUPPORTED_VERSIONS) {
+        Err(CodecError::Refused { body, .. }) => assert_eq!(body.code, ErrorCode::BadRequest, "{body:?}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(refused(&mut old, Request::Regions(Default::default())).code, ErrorCode::UnknownOpcode, "still 1.0");
 
     // A request before hello is refused, typed.
     let mut raw = Connection::new(UnixStream::connect(&s.socket).unwrap());

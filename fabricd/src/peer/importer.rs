@@ -840,16 +840,8 @@ mod tests {
         assert_eq!(none.code, ErrorCode::WrongNode);
     }
 
-    /// A standalone daemon on the bundled sim fabric, its files under `dir`.
     fn daemon(dir: &Path) -> Daemon {
-        let sim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
-        let text = format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
-            dir.join("fabricd.sock").display().to_string(),
-            dir.join("state").display().to_string(),
-            sim.display().to_string(),
-        );
-        Daemon::start(crate::config::Config::parse(&text, &dir.join("fabricd.toml"), dir).unwrap()).unwrap()
+        Daemon::on_sim_for_tests(dir)
     }
 
     fn freed(import: u64) -> RevokeNotice {

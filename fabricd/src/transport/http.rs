@@ -191,8 +191,9 @@ pub fn route(head: &[u8]) -> Route {
 async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
+    let mut searched = 0;
     loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+        if let Some(end) = blank_line(&buf, &mut searched) {
             buf.truncate(end);
             return Some(buf);
         }
@@ -205,6 +206,15 @@ async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
+}
+
+/// Where the head's blank line starts in `buf`, looking only past `searched` (and the
+/// three bytes before it, where the line may have begun), which it moves on: a head that
+/// trickles in a byte at a time is scanned once, not once per read.
+fn blank_line(buf: &[u8], searched: &mut usize) -> Option<usize> {
+    let from = searched.saturating_sub(3);
+    *searched = buf.len();
+    buf.get(from..)?.windows(4).position(|w| w == b"\r\n\r\n").map(|at| from + at)
 }
 
 async fn answer(mut stream: TcpStream, daemon: &Daemon, slot: &Slot) {
@@ -251,6 +261,27 @@ async fn answer(mut stream: TcpStream, daemon: &Daemon, slot: &Slot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A head that arrives a byte at a time is found where a whole one is, each byte
+    /// looked at a bounded number of times (before, every read scanned the whole head).
+    #[test]
+    fn a_trickled_head_is_found_scanning_each_byte_a_few_times() {
+        let head = format!("GET /metrics HTTP/1.1\r\nX-Pad: {}\r\n\r\nrest", "a".repeat(8000));
+        let want = head.find("\r\n\r\n");
+        let (mut buf, mut searched, mut scanned, mut found) = (Vec::new(), 0usize, 0usize, None);
+        for &b in head.as_bytes() {
+            buf.push(b);
+            scanned += buf.len() - searched.saturating_sub(3).min(buf.len());
+            if let Some(end) = blank_line(&buf, &mut searched) {
+                found = Some(end);
+                break;
+            }
+        }
+        assert_eq!(found, want);
+        assert!(scanned <= 4 * head.len(), "{scanned} bytes scanned for a head of {}", head.len());
+        assert_eq!(blank_line(b"GET / HTTP/1.1\r\n\r\n", &mut 0), Some(14));
+        assert_eq!(blank_line(b"GET / HTTP/1.1\r\n", &mut 0), None);
+    }
 
     #[test]
     fn a_new_connection_closes_the_oldest_waiting_one_when_all_are_taken() {

@@ -355,6 +355,8 @@ async fn serve_session(
         out: Vec::with_capacity(OUT_FRESH),
         copies: mpsc::unbounded_channel(),
     };
+    // Dropped before the connection: the session ends before the client sees it closed.
+    let _end = SessionEnd { main, client: client.clone(), session, shutdown };
     loop {
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
         // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
@@ -421,6 +423,32 @@ async fn serve_session(
             break;
         }
     }
+}
+
+/// Ends a session when serving it ends, whichever way: the connection closed or failed,
+/// the daemon stops, or a request's handler panicked — its regions, registrations, imports
+/// and copies would otherwise outlive the session until a restart.
+struct SessionEnd<'a> {
+    main: &'a MainRuntime,
+    client: Arc<Client>,
+    session: u64,
+    shutdown: &'a CancellationToken,
+}
+
+impl Drop for SessionEnd<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(session = self.session, "a request's handler panicked; ending its session");
+        }
+        end_session(self.main, &self.client, self.session, self.shutdown);
+    }
+}
+
+/// What a session leaves behind when it ends: its subscription and copies stop; unless the
+/// daemon is stopping (a restart is no client death), its imports of other nodes' regions
+/// go back, and it is kept for resume (`memory.detach_grace_s`) or closed.
+fn end_session(main: &MainRuntime, client: &Client, session: u64, shutdown: &CancellationToken) {
+    let daemon = &*main.daemon;
     daemon.events.unsubscribe(session);
     let stopped = daemon.copies.end_session(session);
     if stopped > 0 {
@@ -515,6 +543,15 @@ impl Conn<'_> {
         fds: Vec<OwnedFd>,
     ) -> Result<(Response, Option<OwnedFd>), ErrorBody> {
         if let Request::Hello(h) = &req {
+            // Agreed once: events and copy completions already queued were made for it.
+            if let Some(v) = self.version {
+                let body = refusal(
+                    ErrorCode::BadRequest,
+                    format!("this connection speaks {v} already; another version needs a new connection"),
+                );
+                self.daemon.refused(&self.client.principal, "hello", &body);
+                return Err(body);
+            }
             return match negotiate(h.versions, SUPPORTED_VERSIONS) {
                 Ok(v) => {
                     let token = self.session_token(v, h.resume.as_ref(), session)?;
@@ -552,6 +589,10 @@ impl Conn<'_> {
             );
             self.daemon.refused(&self.client.principal, op.name(), &body);
             return Err(body);
+        }
+        #[cfg(test)]
+        if matches!(req, Request::Ping) && tests::PANIC_ON_PING.load(std::sync::atomic::Ordering::Relaxed) {
+            panic!("a handler's bug, injected by a test");
         }
         if matches!(req, Request::Ping) {
             // Liveness and round-trip latency: answered with nothing else done
@@ -704,5 +745,49 @@ impl Conn<'_> {
     /// Sends one answer to the request `h`; false when the connection is unusable.
     async fn send(&mut self, h: &Header, msg: Message) -> bool {
         self.encode(h, &msg, 0).is_some() && self.flush(0).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use fabric_proto::wire::{AllocRequest, AllocTarget, Connection, DeviceName, MemoryClass, Request, Response};
+
+    use super::*;
+
+    /// A `Ping` panics in its handler.
+    pub(super) static PANIC_ON_PING: AtomicBool = AtomicBool::new(false);
+
+    /// A handler that panics ends its connection's thread; the session it served still
+    /// ends, its region reclaimed (before, only the client slots went back: the region
+    /// stayed, counted against its uid, until a restart).
+    #[test]
+    fn a_session_whose_handler_panics_still_ends_and_gives_its_regions_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let daemon = Arc::new(Daemon::on_sim_for_tests(dir.path()));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let path = dir.path().join("t.sock");
+        let shutdown = CancellationToken::new();
+        let listener = rt.block_on(async { UnixListener::bind(&path) }).expect("bind");
+        let served = rt.spawn(run(listener, daemon.clone(), shutdown.clone()));
+        let mut c = Connection::new(std::os::unix::net::UnixStream::connect(&path).expect("connect"));
+        c.hello("panic-test", fabric_proto::wire::SUPPORTED_VERSIONS).expect("hello");
+        let view = daemon.view();
+        let gpu = view.fabric.inventory().devices.iter().find(|d| d.gpu.is_some()).expect("a GPU").id.to_string();
+        let target = AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm };
+        let alloc = AllocRequest { target, size: 2 << 20, align: 4096 };
+        assert!(matches!(c.call(Request::Alloc(alloc), &[]), Ok((Response::Alloc(_), _))));
+        assert_eq!(daemon.memory.counts().regions, 1);
+        PANIC_ON_PING.store(true, Ordering::Relaxed);
+        assert!(c.call(Request::Ping, &[]).is_err(), "the connection ends with its thread");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemon.memory.counts().regions != 0 {
+            assert!(Instant::now() < deadline, "the session's region outlived it");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        shutdown.cancel();
+        rt.block_on(served).expect("joined").expect("served");
     }
 }
