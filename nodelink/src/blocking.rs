@@ -64,6 +64,8 @@ pub struct BlockingLink {
     out: Vec<u8>,
     peer: NodeIdentity,
     peer_incarnation: u64,
+    /// The peer protocol the link speaks, from the Welcome.
+    version: u16,
     next_id: u64,
     limits: LinkLimits,
     /// A call failed mid-way (other than by the peer's refusal): the stream may stand
@@ -108,6 +110,7 @@ impl BlockingLink {
             out: Vec::new(),
             peer: expected.clone(),
             peer_incarnation: 0,
+            version: 0,
             next_id: 1,
             limits,
             broken: false,
@@ -117,7 +120,7 @@ impl BlockingLink {
         // The TLS handshake runs within the first write and the read after it.
         link.send(0, &PeerMessage::Hello(hello_of(creds, incarnation)), deadline, Stage::Handshake)?;
         let welcome = welcomed(expected, link.recv(deadline, deadline, Stage::Handshake)?)?;
-        link.peer_incarnation = welcome.incarnation;
+        (link.peer_incarnation, link.version) = (welcome.incarnation, welcome.version);
         Ok(link)
     }
 
@@ -129,6 +132,11 @@ impl BlockingLink {
     /// The peer's incarnation, from its Welcome.
     pub fn peer_incarnation(&self) -> u64 {
         self.peer_incarnation
+    }
+
+    /// The peer protocol the link speaks, from the Welcome.
+    pub fn version(&self) -> u16 {
+        self.version
     }
 
     /// Sends a request and waits for its answer, at most until `deadline` (and the

@@ -25,7 +25,8 @@ use crate::error::{LinkError, Stage};
 use crate::framed::Framed;
 use crate::identity::NodeIdentity;
 use crate::message::{
-    Hello, PEER_PROTOCOL, PeerError, PeerFailure, PeerMessage, PeerOp, PeerRequest, PeerResponse, Refusal, Welcome,
+    Hello, PEER_PROTOCOL, PEER_PROTOCOL_MIN, PeerError, PeerFailure, PeerMessage, PeerOp, PeerRequest, PeerResponse,
+    Refusal, Welcome, agree,
 };
 use crate::tls::{Credentials, peer_identity, server_name};
 
@@ -104,6 +105,8 @@ pub struct Peer {
     pub incarnation: u64,
     /// Its address.
     pub addr: SocketAddr,
+    /// The peer protocol the link speaks (the newest both ends do).
+    pub version: u16,
 }
 
 /// What a server did with the connections it accepted, since it started.
@@ -397,22 +400,22 @@ async fn admit(
     let PeerMessage::Hello(hello) = message else {
         return Err(LinkError::unexpected("a hello", &message));
     };
-    let verdict = check_hello(shared, &identity, &hello).and_then(|()| {
+    let verdict = check_hello(shared, &identity, &hello).and_then(|version| {
         shared.policy.admit(&identity, hello.incarnation)?;
         // The node's share first: a node at its share never takes a link of all.
         let node = shared.by_node.take(&identity.node, shared.limits.max_links_per_node)?;
         let all = shared.links.clone().try_acquire_owned().map_err(|_| Refusal::Busy)?;
-        Ok(Admitted { _all: all, _node: node })
+        Ok((version, Admitted { _all: all, _node: node }))
     });
     match verdict {
-        Ok(link) => {
+        Ok((version, link)) => {
             let welcome = Welcome {
                 node: shared.identity.node.clone(),
                 incarnation: shared.incarnation.load(Ordering::Relaxed),
-                version: PEER_PROTOCOL,
+                version,
             };
             framed.send(id, &PeerMessage::Welcome(welcome)).await?;
-            Ok((framed, Peer { identity, incarnation: hello.incarnation, addr }, link))
+            Ok((framed, Peer { identity, incarnation: hello.incarnation, addr, version }, link))
         }
         Err(refusal) => {
             framed.send(id, &PeerMessage::Refused(refusal.clone())).await?;
@@ -422,10 +425,10 @@ async fn admit(
     }
 }
 
-fn check_hello(shared: &Shared, certified: &NodeIdentity, hello: &Hello) -> Result<(), Refusal> {
-    if hello.version != PEER_PROTOCOL {
-        return Err(Refusal::Version { offered: hello.version, supported: PEER_PROTOCOL });
-    }
+/// The peer protocol agreed with `hello`'s node, if it is admitted so far.
+fn check_hello(shared: &Shared, certified: &NodeIdentity, hello: &Hello) -> Result<u16, Refusal> {
+    let version =
+        agree(hello.version).ok_or(Refusal::Version { offered: hello.version, supported: PEER_PROTOCOL_MIN })?;
     let ours = &shared.identity.domain;
     for claimed in [&hello.domain, &certified.domain] {
         if claimed != ours {
@@ -435,7 +438,7 @@ fn check_hello(shared: &Shared, certified: &NodeIdentity, hello: &Hello) -> Resu
     if hello.node != certified.node {
         return Err(Refusal::NotCertified { certified: certified.node.clone(), claimed: hello.node.clone() });
     }
-    Ok(())
+    Ok(version)
 }
 
 /// Answers an admitted peer until it leaves, stalls or misbehaves: pings here, requests by
@@ -480,6 +483,7 @@ pub struct Link {
     framed: Framed<ClientStream>,
     peer: NodeIdentity,
     peer_incarnation: u64,
+    version: u16,
     next_id: u64,
     limits: LinkLimits,
 }
@@ -519,7 +523,8 @@ impl Link {
             Err(_) => return Err(LinkError::Timeout(Stage::Handshake)),
             Ok(r) => r?,
         };
-        Ok(Self { framed, peer: expected.clone(), peer_incarnation: welcome.incarnation, next_id: 1, limits })
+        let (peer, peer_incarnation, version) = (expected.clone(), welcome.incarnation, welcome.version);
+        Ok(Self { framed, peer, peer_incarnation, version, next_id: 1, limits })
     }
 
     /// The peer, as its certificate names it.
@@ -530,6 +535,11 @@ impl Link {
     /// The peer's incarnation, from its Welcome.
     pub fn peer_incarnation(&self) -> u64 {
         self.peer_incarnation
+    }
+
+    /// The peer protocol the link speaks, from the Welcome.
+    pub fn version(&self) -> u16 {
+        self.version
     }
 
     /// Pings the peer; the round trip.
@@ -564,11 +574,12 @@ pub(crate) fn hello_of(creds: &Credentials, incarnation: u64) -> Hello {
     Hello { domain: me.domain.clone(), node: me.node.clone(), incarnation, version: PEER_PROTOCOL }
 }
 
-/// The server's Welcome, when the first message it sent is one from `expected` at this
-/// protocol.
+/// The server's Welcome, when the first message it sent is one from `expected` at a
+/// protocol this build speaks (at most the [`PEER_PROTOCOL`] its Hello offered).
 pub(crate) fn welcomed(expected: &NodeIdentity, (id, message): (u64, PeerMessage)) -> Result<Welcome, LinkError> {
+    let spoken = PEER_PROTOCOL_MIN..=PEER_PROTOCOL;
     match (id, message) {
-        (0, PeerMessage::Welcome(w)) if w.node == expected.node && w.version == PEER_PROTOCOL => Ok(w),
+        (0, PeerMessage::Welcome(w)) if w.node == expected.node && spoken.contains(&w.version) => Ok(w),
         (_, PeerMessage::Refused(r)) => Err(LinkError::Refused(r)),
         (_, other) => Err(LinkError::unexpected("a welcome from the expected node", &other)),
     }

@@ -20,9 +20,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::{IdentityError, check_name};
 
-/// The version of the peer protocol a [`Hello`] offers; a server answers another with
-/// [`Refusal::Version`].
+/// The newest version of the peer protocol this build speaks: what its [`Hello`] offers
+/// and the most its [`Welcome`] agrees to.
 pub const PEER_PROTOCOL: u16 = 1;
+/// The oldest version of the peer protocol this build speaks. Nodes whose ranges meet link
+/// at the newest version both speak (a rolling upgrade); others are refused,
+/// [`Refusal::Version`].
+pub const PEER_PROTOCOL_MIN: u16 = 1;
+
+/// The version a server agrees to with a client whose [`Hello`] offers `offered` (the
+/// newest it speaks): the newest both speak, if this build speaks it.
+pub fn agree(offered: u16) -> Option<u16> {
+    let v = offered.min(PEER_PROTOCOL);
+    (v >= PEER_PROTOCOL_MIN).then_some(v)
+}
 
 /// The limits of a node link's decoder: any kind (both ends send requests and answers),
 /// no descriptors (TCP carries none), bodies up to [`PEER_DATA_BODY`] (a copy chunk, the
@@ -41,7 +52,7 @@ pub struct Hello {
     pub node: String,
     /// Its incarnation (fresh per start).
     pub incarnation: u64,
-    /// [`PEER_PROTOCOL`].
+    /// The newest peer protocol it speaks ([`PEER_PROTOCOL`]).
     pub version: u16,
 }
 
@@ -52,7 +63,7 @@ pub struct Welcome {
     pub node: String,
     /// Its incarnation.
     pub incarnation: u64,
-    /// [`PEER_PROTOCOL`].
+    /// The peer protocol the link speaks ([`agree`]).
     pub version: u16,
 }
 
@@ -86,12 +97,12 @@ pub enum Refusal {
     /// The node is not a member of the domain now.
     #[error("node {0:?} is not a member of the domain")]
     NotMember(String),
-    /// The peer protocol version is not spoken here.
-    #[error("peer protocol {offered} is not spoken here ({supported})")]
+    /// No peer protocol version both sides speak.
+    #[error("peer protocol {offered} and older are not spoken here (from {supported} on)")]
     Version {
-        /// The Hello's.
+        /// The newest the Hello offers.
         offered: u16,
-        /// This side's.
+        /// The oldest this side speaks.
         supported: u16,
     },
     /// The server holds as many links as it may.

@@ -103,6 +103,27 @@ async fn a_valid_node_claiming_to_be_another() {
     assert_pong(&mut good).await;
 }
 
+/// A newer node (offering a protocol this build does not know yet) links at the newest
+/// both speak, as in a rolling upgrade; one offering only versions older than any spoken
+/// here is refused, naming the oldest this side speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_versions_are_agreed_within_both_ranges() {
+    let d = TestDomain::start(limits()).await;
+    let hello = |version| Hello { domain: common::DOMAIN.into(), node: "n3".into(), incarnation: 1, version };
+    let mut newer = fabric_nodelink::Link::connect_with(d.addr(), &d.creds("n3"), &d.server_id, hello(7), limits())
+        .await
+        .expect("a newer node links");
+    assert_eq!(newer.version(), PEER_PROTOCOL, "at the newest both speak");
+    assert_pong(&mut newer).await;
+    let r = fabric_nodelink::Link::connect_with(d.addr(), &d.creds("n3"), &d.server_id, hello(0), limits()).await;
+    match r {
+        Err(LinkError::Refused(Refusal::Version { offered, supported })) => {
+            assert_eq!((offered, supported), (0, fabric_nodelink::PEER_PROTOCOL_MIN));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_incarnation_and_a_non_member() {
     let d = TestDomain::start(limits()).await;

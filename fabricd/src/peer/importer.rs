@@ -857,6 +857,7 @@ mod tests {
             identity: NodeIdentity::new("dom", "a").unwrap(),
             incarnation: 1,
             addr: "127.0.0.1:9".parse().unwrap(),
+            version: fabric_nodelink::PEER_PROTOCOL,
         };
         assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "nothing asked, nothing held: acknowledged");
         let asked = importer.asking("a", 1, 1);
