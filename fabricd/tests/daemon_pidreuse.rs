@@ -218,8 +218,10 @@ fn memfd_with(bytes: &[u8]) -> std::fs::File {
 #[ignore = "a child process of this file's tests, which run it"]
 fn pidreuse_attacker_child() {
     let Some(socket) = std::env::var_os(ENV_SOCKET) else { return };
-    let conn = common::client(std::path::Path::new(&socket));
-    let fds = [conn.stream().as_raw_fd()];
+    // Connected, nothing said: its credentials are taken at accept; the test's process
+    // says hello on it (a hello is agreed once per connection).
+    let conn = UnixStream::connect(std::path::Path::new(&socket)).unwrap();
+    let fds = [conn.as_raw_fd()];
     let cmsgs = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
     let iov = [std::io::IoSlice::new(b"c")];
     nix::sys::socket::sendmsg::<()>(0, &iov, &cmsgs, nix::sys::socket::MsgFlags::empty(), None).unwrap();
