@@ -12,9 +12,6 @@
 #include <stdint.h>
 #include <stddef.h>
 
-// Bytes of a cache line on x86-64.
-#define LINE 64
-
 // Success.
 #define FMM_OK 0
 
