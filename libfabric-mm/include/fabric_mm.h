@@ -42,7 +42,8 @@
 // The daemon refused: the memory resource is full.
 #define FMM_E_NO_SPACE -15
 
-// The daemon does not serve the operation.
+// The daemon does not serve the operation: it does not implement it, or it is too old to
+// know it (its protocol predates the operation).
 #define FMM_E_NOT_IMPLEMENTED -16
 
 // The daemon refused a malformed request.

@@ -45,7 +45,8 @@ pub const FMM_E_REVOKED: c_int = -13;
 pub const FMM_E_LIMIT: c_int = -14;
 /// The daemon refused: the memory resource is full.
 pub const FMM_E_NO_SPACE: c_int = -15;
-/// The daemon does not serve the operation.
+/// The daemon does not serve the operation: it does not implement it, or it is too old to
+/// know it (its protocol predates the operation).
 pub const FMM_E_NOT_IMPLEMENTED: c_int = -16;
 /// The daemon refused a malformed request.
 pub const FMM_E_BAD_REQUEST: c_int = -17;
