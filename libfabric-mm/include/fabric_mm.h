@@ -366,6 +366,8 @@ typedef struct fmm_device_info_t {
 } fmm_device_info_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
+// Never NULL: an empty string when there was none, and when the thread is exiting (a
+// thread-local destructor), where the text is no longer kept.
 const char *fmm_last_error(void);
 
 // Opens a session. `socket` NULL: `$FABRIC_SOCKET` or the default path. `window_len` 0:
@@ -994,7 +996,8 @@ int fmm_copy_start(const struct fmm_session_t *s,
 int fmm_copy_poll(const struct fmm_copy_t *c, uint64_t *bytes);
 
 // Waits for the copy: forever when `timeout_ms` is negative, else at most that many
-// milliseconds (then `FMM_COPY_PENDING`). Returns as `fmm_copy_poll` does.
+// milliseconds (then `FMM_COPY_PENDING`, which is not a failure: `fmm_last_error()` is left
+// as it was). Returns as `fmm_copy_poll` does.
 //
 // # Safety
 // `c` is a live copy; `bytes` is NULL or writable.

@@ -7,7 +7,7 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put, set_error};
+use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put};
 use crate::copy::{Copy, CopyEndpoint, CopyOutcome};
 
 /// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
@@ -100,7 +100,8 @@ pub unsafe extern "C" fn fmm_copy_poll(c: *const FmmCopy, bytes: *mut u64) -> c_
 }
 
 /// Waits for the copy: forever when `timeout_ms` is negative, else at most that many
-/// milliseconds (then `FMM_COPY_PENDING`). Returns as `fmm_copy_poll` does.
+/// milliseconds (then `FMM_COPY_PENDING`, which is not a failure: `fmm_last_error()` is left
+/// as it was). Returns as `fmm_copy_poll` does.
 ///
 /// # Safety
 /// `c` is a live copy; `bytes` is NULL or writable.
@@ -116,8 +117,9 @@ pub unsafe extern "C" fn fmm_copy_wait(c: *const FmmCopy, timeout_ms: i64, bytes
             c.0.wait_timeout(Duration::from_millis(timeout_ms.unsigned_abs()))
         };
         match r {
+            // Not a failure: the last error (and a pointer the caller kept to its text)
+            // stays as it was, as with `fmm_copy_poll`.
             None => {
-                set_error("the copy is still running");
                 pending = true;
                 Ok(())
             }
