@@ -997,7 +997,8 @@ int fmm_copy_poll(const struct fmm_copy_t *c, uint64_t *bytes);
 
 // Waits for the copy: forever when `timeout_ms` is negative, else at most that many
 // milliseconds (then `FMM_COPY_PENDING`, which is not a failure: `fmm_last_error()` is left
-// as it was). Returns as `fmm_copy_poll` does.
+// as it was). Returns as `fmm_copy_poll` does. Refused (`FMM_E_ARG`) in one of this
+// session's callbacks, whose thread is the one that would read the completion.
 //
 // # Safety
 // `c` is a live copy; `bytes` is NULL or writable.

@@ -221,7 +221,9 @@ impl Copy {
         self.closed().then_some(Err(Error::Disconnected))
     }
 
-    /// Blocks until the copy is done.
+    /// Blocks until the copy is done. Refused ([`Error::InvalidArgument`]) in one of this
+    /// session's callbacks (a revocation or copy callback), whose thread is the one that
+    /// reads the completion: there, use [`Copy::poll`].
     pub fn wait(&self) -> CopyOutcome {
         loop {
             if let Some(r) = self.wait_timeout(Duration::from_secs(3600)) {
@@ -230,8 +232,12 @@ impl Copy {
         }
     }
 
-    /// Blocks until the copy is done or `timeout` passes (`None`).
+    /// Blocks until the copy is done or `timeout` passes (`None`). Refused in one of this
+    /// session's callbacks, as [`Copy::wait`] is.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CopyOutcome> {
+        if self.session.client.in_callback() {
+            return Some(Err(crate::client::waited_in_callback()));
+        }
         let deadline = Instant::now() + timeout;
         let mut slot = self.state.slot();
         loop {

@@ -263,3 +263,34 @@ fn a_copy_cut_off_by_the_end_of_its_connection_calls_back_with_disconnected() {
     }
     assert!(cut_off >= 1, "the disconnect never came before a 256 MiB copy's completion in 20 rounds");
 }
+
+/// A wait for a copy made in one of its session's callbacks is refused, as any call that
+/// waits for the daemon is there: the callback's thread is the one that reads the
+/// completion (before, the wait blocked it — for good while the copy still ran). `poll`
+/// works there, and the wait after the callback.
+#[test]
+fn waiting_for_a_copy_in_a_callback_of_its_session_is_refused() {
+    let d = common::daemon();
+    let (s, a, b) = session_and_regions(&d.socket);
+    let c = std::sync::Arc::new(s.copy(CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), MIB).unwrap());
+    // Done first, so that the refusal is the only way for the waits below to fail.
+    assert_eq!(c.wait().unwrap(), MIB);
+    // A revocation callback: an import of another session's region, revoked.
+    let owner = common::session(&d.socket);
+    let region = owner.alloc(&Target::Device { device: common::gpu(&owner), memory: MemoryClass::Hbm }, LEN).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+    let _import = s.import(&handle, false).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let inside = c.clone();
+    s.on_revocation(move |_| {
+        let got = (inside.wait(), inside.wait_timeout(Duration::from_secs(1)), inside.poll());
+        let _ = tx.lock().unwrap().send(got);
+    });
+    owner.revoke(&handle).unwrap();
+    let (wait, timed, polled) = rx.recv_timeout(Duration::from_secs(10)).expect("the callback returned");
+    assert!(matches!(&wait, Err(Error::InvalidArgument(m)) if m.contains("callbacks")), "{wait:?}");
+    assert!(matches!(&timed, Some(Err(Error::InvalidArgument(m))) if m.contains("callbacks")), "{timed:?}");
+    assert_eq!(polled.unwrap().unwrap(), MIB, "poll answers there");
+    assert_eq!(c.wait().unwrap(), MIB, "and the wait after the callback");
+}
