@@ -1005,8 +1005,9 @@ int fmm_copy_poll(const struct fmm_copy_t *c, uint64_t *bytes);
 int fmm_copy_wait(const struct fmm_copy_t *c, int64_t timeout_ms, uint64_t *bytes);
 
 // Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
-// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
-// replaces a callback that has not run yet, and one set after the callback ran never runs.
+// reporting it (they answer `FMM_E_ARG` afterwards). One callback per copy: a second call
+// is refused with `FMM_E_ARG` (its `cb` never runs), whether the first callback ran already
+// or is still to run.
 //
 // **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
 // before this returns. Else it runs on the thread that reads the daemon's completion: the

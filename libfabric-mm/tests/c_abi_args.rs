@@ -3,7 +3,7 @@
 //! `FMM_E_ARG` and nothing written, translations that agree with `Session::translate`,
 //! reverse translations that lead back to the same GFAs in C and in Rust, and a completion
 //! callback that runs once on another thread. On the sim HGX: a copy's pending wait leaves
-//! the last error alone.
+//! the last error alone, and a copy takes one callback.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -211,11 +211,19 @@ fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_ru
     }
 }
 
+static CALLED: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn count(user: *mut c_void, rc: c_int, _: u64, _: *const c_char) {
+    assert_eq!((user as usize, rc), (0xf1, FMM_OK), "only the first callback runs, and succeeds");
+    CALLED.fetch_add(1, Ordering::SeqCst);
+}
+
 /// `FMM_COPY_PENDING` is not a failure: a wait that timed out leaves the last error's text,
 /// and a pointer the caller kept to it, as they were (before, it replaced the text and the
-/// kept pointer dangled).
+/// kept pointer dangled). A second `fmm_copy_on_complete` is `FMM_E_ARG`, and its callback
+/// never runs.
 #[test]
-fn a_pending_wait_keeps_the_last_error() {
+fn a_pending_wait_keeps_the_last_error_and_a_copy_takes_one_callback() {
     let d = common::daemon();
     let s = open(&d.socket);
     const LEN: u64 = 64 << 20;
@@ -267,6 +275,24 @@ fn a_pending_wait_keeps_the_last_error() {
         }
     }
     assert!(pending >= 1, "no 64 MiB copy was still running right after its start in 20 rounds");
+
+    // One callback per copy.
+    let mut c = null_mut();
+    // SAFETY: as above; `count` is safe to call from any thread.
+    unsafe {
+        assert_eq!(fmm_copy_start(s, &dst, &src, LEN, &mut c), FMM_OK, "{}", last());
+        assert_eq!(fmm_copy_on_complete(c, Some(count), 0xf1 as *mut c_void), FMM_OK, "{}", last());
+        assert_eq!(fmm_copy_on_complete(c, Some(count), 0xf2 as *mut c_void), FMM_E_ARG);
+        assert!(last().contains("one per copy"), "{}", last());
+        fmm_copy_free(c);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while CALLED.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the callback never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(CALLED.load(Ordering::SeqCst), 1);
 
     // SAFETY: live handles, not used afterwards.
     unsafe {

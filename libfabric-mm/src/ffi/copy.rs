@@ -150,8 +150,9 @@ fn callback_args(r: &CopyOutcome) -> (c_int, u64, Option<CString>) {
 }
 
 /// Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
-/// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
-/// replaces a callback that has not run yet, and one set after the callback ran never runs.
+/// reporting it (they answer `FMM_E_ARG` afterwards). One callback per copy: a second call
+/// is refused with `FMM_E_ARG` (its `cb` never runs), whether the first callback ran already
+/// or is still to run.
 ///
 /// **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
 /// before this returns. Else it runs on the thread that reads the daemon's completion: the
@@ -193,8 +194,8 @@ pub unsafe extern "C" fn fmm_copy_on_complete(c: *const FmmCopy, cb: FmmCopyCall
             // SAFETY: the caller's contract: cb may be called from this thread with user;
             // message is NULL or NUL-terminated and lives across the call.
             unsafe { cb(user.ptr(), rc, bytes, message) };
-        });
-        Ok(())
+        })
+        .map_err(|e| fail(&e))
     })
 }
 
