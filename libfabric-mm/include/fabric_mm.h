@@ -12,9 +12,6 @@
 #include <stdint.h>
 #include <stddef.h>
 
-// Bytes of a cache line on x86-64.
-#define LINE 64
-
 // Success.
 #define FMM_OK 0
 
@@ -45,7 +42,8 @@
 // The daemon refused: the memory resource is full.
 #define FMM_E_NO_SPACE -15
 
-// The daemon does not serve the operation.
+// The daemon does not serve the operation: it does not implement it, or it is too old to
+// know it (its protocol predates the operation).
 #define FMM_E_NOT_IMPLEMENTED -16
 
 // The daemon refused a malformed request.
@@ -368,6 +366,8 @@ typedef struct fmm_device_info_t {
 } fmm_device_info_t;
 
 // The text of the last error on this thread (valid until the next failing call on it).
+// Never NULL: an empty string when there was none, and when the thread is exiting (a
+// thread-local destructor), where the text is no longer kept.
 const char *fmm_last_error(void);
 
 // Opens a session. `socket` NULL: `$FABRIC_SOCKET` or the default path. `window_len` 0:
@@ -996,15 +996,18 @@ int fmm_copy_start(const struct fmm_session_t *s,
 int fmm_copy_poll(const struct fmm_copy_t *c, uint64_t *bytes);
 
 // Waits for the copy: forever when `timeout_ms` is negative, else at most that many
-// milliseconds (then `FMM_COPY_PENDING`). Returns as `fmm_copy_poll` does.
+// milliseconds (then `FMM_COPY_PENDING`, which is not a failure: `fmm_last_error()` is left
+// as it was). Returns as `fmm_copy_poll` does. Refused (`FMM_E_ARG`) in one of this
+// session's callbacks, whose thread is the one that would read the completion.
 //
 // # Safety
 // `c` is a live copy; `bytes` is NULL or writable.
 int fmm_copy_wait(const struct fmm_copy_t *c, int64_t timeout_ms, uint64_t *bytes);
 
 // Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
-// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
-// replaces a callback that has not run yet, and one set after the callback ran never runs.
+// reporting it (they answer `FMM_E_ARG` afterwards). One callback per copy: a second call
+// is refused with `FMM_E_ARG` (its `cb` never runs), whether the first callback ran already
+// or is still to run.
 //
 // **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
 // before this returns. Else it runs on the thread that reads the daemon's completion: the

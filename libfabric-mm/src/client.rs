@@ -214,6 +214,15 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// The refusal of a wait made in one of the session's own callbacks ([`Pending::wait`],
+/// [`crate::Copy::wait`]): what it waits for can only be read once the callback returns.
+pub(crate) fn waited_in_callback() -> Error {
+    Error::InvalidArgument(
+        "a call that waits for the daemon, made in one of this session's callbacks: make it after the callback returns"
+            .into(),
+    )
+}
+
 /// A request in flight.
 pub(crate) struct Pending {
     shared: Arc<Shared>,
@@ -227,9 +236,7 @@ impl Pending {
     /// the answer (the request stays sent; its answer is discarded).
     pub(crate) fn wait(mut self) -> Reply {
         if in_callback(&self.shared) {
-            return Err(Error::InvalidArgument(
-                "a call that waits for the daemon, made in one of this session's callbacks: make it after the callback returns".into(),
-            ));
+            return Err(waited_in_callback());
         }
         self.done = true;
         let shared = &*self.shared;
@@ -389,6 +396,13 @@ impl Client {
     /// thread's next look: the session awaits them (a revocation callback, copies).
     pub(crate) fn events_promptly(&self) {
         self.shared.prompt.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether this thread is running one of this session's callbacks, where a wait for
+    /// anything the daemon sends (an answer, a copy's completion) would wait for this
+    /// very thread.
+    pub(crate) fn in_callback(&self) -> bool {
+        in_callback(&self.shared)
     }
 
     /// Whether the connection is gone.

@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 
 /// Bytes of a cache line on x86-64.
-pub const LINE: usize = 64;
+pub(crate) const LINE: usize = 64;
 
 /// What the CPU offers, from CPUID leaf 7 (EBX bit 23 `clflushopt`, bit 24 `clwb`).
 #[cfg(target_arch = "x86_64")]

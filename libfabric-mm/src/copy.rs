@@ -221,7 +221,9 @@ impl Copy {
         self.closed().then_some(Err(Error::Disconnected))
     }
 
-    /// Blocks until the copy is done.
+    /// Blocks until the copy is done. Refused ([`Error::InvalidArgument`]) in one of this
+    /// session's callbacks (a revocation or copy callback), whose thread is the one that
+    /// reads the completion: there, use [`Copy::poll`].
     pub fn wait(&self) -> CopyOutcome {
         loop {
             if let Some(r) = self.wait_timeout(Duration::from_secs(3600)) {
@@ -230,8 +232,12 @@ impl Copy {
         }
     }
 
-    /// Blocks until the copy is done or `timeout` passes (`None`).
+    /// Blocks until the copy is done or `timeout` passes (`None`). Refused in one of this
+    /// session's callbacks, as [`Copy::wait`] is.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<CopyOutcome> {
+        if self.session.client.in_callback() {
+            return Some(Err(crate::client::waited_in_callback()));
+        }
         let deadline = Instant::now() + timeout;
         let mut slot = self.state.slot();
         loop {
@@ -257,22 +263,32 @@ impl Copy {
     /// already is, else on the session's reader thread (so `f` must not block). If the
     /// connection ends first, `f` gets [`Error::Disconnected`] when the library sees the
     /// end. After this, [`Copy::poll`] and [`Copy::wait`] no longer report the result.
-    pub fn on_complete(&self, f: impl FnOnce(CopyOutcome) + Send + 'static) {
+    ///
+    /// One callback per copy: a second one ([`Session::copy_with`] counts as the first) is
+    /// refused with [`Error::InvalidArgument`] and never runs — the result goes to the
+    /// first, whether it ran already or is still to run.
+    pub fn on_complete(&self, f: impl FnOnce(CopyOutcome) + Send + 'static) -> Result<()> {
         let mut slot = self.state.slot();
+        if slot.handed {
+            return Err(Error::InvalidArgument(
+                "the copy's result already goes to a callback: set one per copy".into(),
+            ));
+        }
         slot.handed = true;
         if let Some(d) = slot.done.take() {
             drop(slot);
             f(outcome(&d));
-            return;
+            return Ok(());
         }
         // The connection is over and no completion will come (`Copies::disconnected`, which
         // runs after the session is marked closed, may already have passed this copy).
         if self.closed() {
             drop(slot);
             f(Err(Error::Disconnected));
-            return;
+            return Ok(());
         }
         slot.callback = Some(Box::new(f));
+        Ok(())
     }
 }
 
@@ -342,7 +358,7 @@ impl Session {
         f: impl FnOnce(CopyOutcome) + Send + 'static,
     ) -> Result<Copy> {
         let c = self.copy(dst, src, len)?;
-        c.on_complete(f);
+        c.on_complete(f)?;
         Ok(c)
     }
 }

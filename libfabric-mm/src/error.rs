@@ -189,7 +189,8 @@ impl Error {
                 ErrorCode::Revoked => FMM_E_REVOKED,
                 ErrorCode::LimitExceeded => FMM_E_LIMIT,
                 ErrorCode::NoSpace => FMM_E_NO_SPACE,
-                ErrorCode::NotImplemented => FMM_E_NOT_IMPLEMENTED,
+                // Also a daemon too old for the operation (an opcode it does not know).
+                ErrorCode::NotImplemented | ErrorCode::UnknownOpcode => FMM_E_NOT_IMPLEMENTED,
                 ErrorCode::BadRequest => FMM_E_BAD_REQUEST,
                 _ => FMM_E_REFUSED,
             },
@@ -207,5 +208,36 @@ impl Error {
             Error::Os { .. } => FMM_E_OS,
             Error::Cuda(_) => FMM_E_DEVICE,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::*;
+
+    fn refused(code: ErrorCode) -> i32 {
+        Error::Refused { op: Opcode::Copy, code, message: String::new(), limit: None }.code()
+    }
+
+    #[test]
+    fn daemon_codes_map_to_the_c_codes_the_header_documents() {
+        // A daemon too old for the operation does not serve it.
+        assert_eq!(refused(ErrorCode::UnknownOpcode), FMM_E_NOT_IMPLEMENTED);
+        assert_eq!(refused(ErrorCode::NotImplemented), FMM_E_NOT_IMPLEMENTED);
+        assert_eq!(refused(ErrorCode::PermissionDenied), FMM_E_PERMISSION);
+        assert_eq!(refused(ErrorCode::AdminRequired), FMM_E_PERMISSION);
+        assert_eq!(refused(ErrorCode::NotFound), FMM_E_NOT_FOUND);
+        assert_eq!(refused(ErrorCode::InvalidHandle), FMM_E_INVALID_HANDLE);
+        assert_eq!(refused(ErrorCode::Revoked), FMM_E_REVOKED);
+        assert_eq!(refused(ErrorCode::LimitExceeded), FMM_E_LIMIT);
+        assert_eq!(refused(ErrorCode::NoSpace), FMM_E_NO_SPACE);
+        assert_eq!(refused(ErrorCode::BadRequest), FMM_E_BAD_REQUEST);
+        for other in [ErrorCode::Unavailable, ErrorCode::Internal, ErrorCode::WrongNode, ErrorCode::BadFds] {
+            assert_eq!(refused(other), FMM_E_REFUSED, "{other:?}");
+        }
+        // A copy that stopped with the same daemon code maps the same way.
+        let failed = Error::CopyFailed { copy: 1, code: ErrorCode::UnknownOpcode, message: String::new(), bytes: 0 };
+        assert_eq!(failed.code(), FMM_E_NOT_IMPLEMENTED);
     }
 }

@@ -45,7 +45,8 @@ pub const FMM_E_REVOKED: c_int = -13;
 pub const FMM_E_LIMIT: c_int = -14;
 /// The daemon refused: the memory resource is full.
 pub const FMM_E_NO_SPACE: c_int = -15;
-/// The daemon does not serve the operation.
+/// The daemon does not serve the operation: it does not implement it, or it is too old to
+/// know it (its protocol predates the operation).
 pub const FMM_E_NOT_IMPLEMENTED: c_int = -16;
 /// The daemon refused a malformed request.
 pub const FMM_E_BAD_REQUEST: c_int = -17;
@@ -106,9 +107,12 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Records `msg` as this thread's last error. A call made while the thread exits (from a
+/// thread-local destructor, after `LAST_ERROR`'s own) records nothing: `with` would panic
+/// there, outside any `catch_unwind`, and abort the process.
 pub(crate) fn set_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 /// The error's text with its sources, as `fmm_last_error()` and callbacks give it (and the
@@ -231,9 +235,11 @@ pub(crate) unsafe fn get<'a, T>(p: *const T, what: &str) -> Result<&'a T, c_int>
 }
 
 /// The text of the last error on this thread (valid until the next failing call on it).
+/// Never NULL: an empty string when there was none, and when the thread is exiting (a
+/// thread-local destructor), where the text is no longer kept.
 #[unsafe(no_mangle)]
 pub extern "C" fn fmm_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 /// Opens a session. `socket` NULL: `$FABRIC_SOCKET` or the default path. `window_len` 0:
@@ -635,5 +641,47 @@ mod tests {
         }
         // SAFETY: fmm_last_error returns a NUL-terminated string.
         assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "set is not UTF-8");
+    }
+
+    /// What a failing call made from a thread-local destructor saw, after the last error's
+    /// own storage was destroyed: (storage already gone, the call's code, the text then).
+    type AtExit = std::sync::Arc<std::sync::Mutex<Option<(bool, c_int, String)>>>;
+
+    /// Makes a failing `fmm_*` call and reads the last error when the thread exits.
+    struct CallsAtExit(AtExit);
+
+    impl Drop for CallsAtExit {
+        fn drop(&mut self) {
+            let gone = LAST_ERROR.try_with(|_| ()).is_err();
+            // SAFETY: a NULL mapping is refused before anything is dereferenced.
+            let rc = unsafe { fmm_mapping_flush(null(), 0, 1) };
+            let text = fmm_last_error();
+            // SAFETY: fmm_last_error returns a NUL-terminated string, never NULL.
+            let text = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+            *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((gone, rc, text));
+        }
+    }
+
+    thread_local! {
+        static AT_EXIT: RefCell<Option<CallsAtExit>> = const { RefCell::new(None) };
+    }
+
+    #[test]
+    fn a_failing_call_from_a_thread_local_destructor_does_not_abort() {
+        let seen = AtExit::default();
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            // Registered first, so destroyed after the last error's storage, which the
+            // failing call below sets up (thread-locals are destroyed in reverse order).
+            AT_EXIT.with(|a| *a.borrow_mut() = Some(CallsAtExit(record)));
+            // SAFETY: as above.
+            assert_eq!(unsafe { fmm_mapping_flush(null(), 0, 1) }, FMM_E_ARG);
+            // SAFETY: fmm_last_error returns a NUL-terminated string.
+            assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "mapping is NULL");
+        })
+        .join()
+        .expect("the thread exits without a panic");
+        let seen = seen.lock().unwrap().take().expect("the destructor ran");
+        assert_eq!(seen, (true, FMM_E_ARG, String::new()), "the error is not kept once its storage is gone");
     }
 }

@@ -177,7 +177,9 @@ fn munlock(p: *mut libc::c_void, n: usize) {
     unsafe { libc::syscall(libc::SYS_munlock, p, n) };
 }
 
-fn madvise(p: *mut libc::c_void, n: usize, advice: libc::c_int) -> bool {
+/// `madvise` as a raw system call (see `mlock`), for `MADV_DONTFORK`/`MADV_DOFORK` only
+/// (other advice may change contents); true when it succeeded.
+pub(crate) fn madvise(p: *mut libc::c_void, n: usize, advice: libc::c_int) -> bool {
     // SAFETY: MADV_DONTFORK/MADV_DOFORK change what a child inherits, not contents.
     unsafe { libc::syscall(libc::SYS_madvise, p, n, advice) == 0 }
 }

@@ -5,7 +5,8 @@
 //! and unplacing puts the reservation back (never `munmap`, which would open a hole another
 //! allocation could take). A revoked import's placements are *fenced*: the reservation is
 //! put back over them at once, while they stay placed until their mapping is dropped, so a
-//! load or store through them faults.
+//! load or store through them faults. Placements are `MADV_DONTFORK`: a forked child has the
+//! reservation but none of the memory placed in it.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -344,6 +345,17 @@ impl Window {
         if p == libc::MAP_FAILED {
             return Err(Error::Os { what: "mapping memory into the window", source: std::io::Error::last_os_error() });
         }
+        // Not inherited by a forked child (the child has the parent's sessions but not their
+        // reader threads: it must not reach the parent's memory through them). The fresh
+        // reservation `reserve_again` maps over a placement is a new mapping without the
+        // advice, so unplacing needs no `MADV_DOFORK`.
+        if !crate::hostmem::madvise(addr.cast(), len as usize, libc::MADV_DONTFORK) {
+            let source = std::io::Error::last_os_error();
+            if let Err(e) = self.reserve_again(&st, gfa, len) {
+                tracing::warn!(gfa, len, error = %e, "cannot take back a placement refused MADV_DONTFORK");
+            }
+            return Err(Error::Os { what: "keeping a window mapping out of forked children (MADV_DONTFORK)", source });
+        }
         let access = Arc::new(Access::default());
         st.placed.insert(gfa, Placed { len, import, access: access.clone() });
         Ok((addr, access))
@@ -515,6 +527,46 @@ mod tests {
             }
         }
         panic!("{at:#x} is not mapped");
+    }
+
+    /// The `VmFlags` `/proc/self/smaps` gives the mapping holding the page at `p`.
+    fn vm_flags(p: *const u8) -> Vec<String> {
+        let at = p as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = first.split_once('-')
+                && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&at);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().map(str::to_owned).collect();
+            }
+        }
+        panic!("{at:#x} is not mapped (or smaps has no VmFlags)");
+    }
+
+    #[test]
+    fn placements_are_not_inherited_by_a_forked_child_and_unplacing_takes_that_back() {
+        let w = Window::reserve(small()).unwrap();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 8192]).unwrap();
+        let gfa = (1 << 30) + (1 << 20);
+        assert!(!vm_flags(w.ptr_of(gfa).unwrap()).contains(&"dc".to_owned()), "the reservation is inherited");
+        let p = w.place(gfa, 8192, f.as_fd(), 0, Protection::ReadWrite).unwrap();
+        // `dc`: VM_DONTCOPY, what MADV_DONTFORK sets; on every page of the placement.
+        for page in [p, p.wrapping_add(4096)] {
+            assert!(vm_flags(page).contains(&"dc".to_owned()), "{:?}", vm_flags(page));
+        }
+        let (_, access) = w.place_as(gfa + (1 << 20), 4096, f.as_fd(), 0, Protection::Read, Some(3)).unwrap();
+        assert!(vm_flags(p.wrapping_add(1 << 20)).contains(&"dc".to_owned()), "an import's placement too");
+        // Unplaced or fenced, the range is the reservation again: inherited, as before.
+        w.unplace(gfa).unwrap();
+        assert!(!vm_flags(p).contains(&"dc".to_owned()), "{:?}", vm_flags(p));
+        assert_eq!(w.fence(3), 1);
+        assert!(access.enter().is_none());
+        assert!(!vm_flags(p.wrapping_add(1 << 20)).contains(&"dc".to_owned()));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! them, against a real fabricd on the sim CXL pool: bad strings and NULLs refused with
 //! `FMM_E_ARG` and nothing written, translations that agree with `Session::translate`,
 //! reverse translations that lead back to the same GFAs in C and in Rust, and a completion
-//! callback that runs once on another thread.
+//! callback that runs once on another thread. On the sim HGX: a copy's pending wait leaves
+//! the last error alone, and a copy takes one callback.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -206,6 +207,99 @@ fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_ru
     unsafe {
         fmm_unmap(m);
         fmm_region_free(r);
+        fmm_session_close(s);
+    }
+}
+
+static CALLED: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn count(user: *mut c_void, rc: c_int, _: u64, _: *const c_char) {
+    assert_eq!((user as usize, rc), (0xf1, FMM_OK), "only the first callback runs, and succeeds");
+    CALLED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// `FMM_COPY_PENDING` is not a failure: a wait that timed out leaves the last error's text,
+/// and a pointer the caller kept to it, as they were (before, it replaced the text and the
+/// kept pointer dangled). A second `fmm_copy_on_complete` is `FMM_E_ARG`, and its callback
+/// never runs.
+#[test]
+fn a_pending_wait_keeps_the_last_error_and_a_copy_takes_one_callback() {
+    let d = common::daemon();
+    let s = open(&d.socket);
+    const LEN: u64 = 64 << 20;
+    let mut gpu = [0 as c_char; 257];
+    let (mut a, mut b, mut ma, mut mb) = (null_mut(), null_mut(), null_mut(), null_mut());
+    // SAFETY: s is live; the buffer has its length; out pointers are writable.
+    unsafe {
+        assert_eq!(fmm_first_device(s, FMM_MEM_HBM, gpu.as_mut_ptr(), gpu.len()), FMM_OK, "{}", last());
+        assert_eq!(fmm_alloc(s, gpu.as_ptr(), FMM_MEM_HBM, LEN, &mut a), FMM_OK, "{}", last());
+        assert_eq!(fmm_alloc(s, gpu.as_ptr(), FMM_MEM_HBM, LEN, &mut b), FMM_OK, "{}", last());
+        assert_eq!(fmm_map_region(s, a, &mut ma), FMM_OK, "{}", last());
+        assert_eq!(fmm_map_region(s, b, &mut mb), FMM_OK, "{}", last());
+    }
+    // SAFETY: live mappings.
+    let (ga, gb) = unsafe { (fmm_mapping_gfa(ma), fmm_mapping_gfa(mb)) };
+    let dst = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: gb };
+    let src = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: ga };
+
+    // A failing call, and a pointer to its text kept.
+    // SAFETY: a NULL copy is refused, not dereferenced.
+    assert_eq!(unsafe { fmm_copy_poll(null(), null_mut()) }, FMM_E_ARG);
+    let kept = fmm_last_error();
+    assert_eq!(last(), "copy is NULL");
+    // A 64 MiB copy nearly always still runs at a 0 ms wait right after its start; rounds
+    // repeat until one did.
+    let mut pending = 0;
+    for _ in 0..20 {
+        let mut c = null_mut();
+        let mut bytes = 7;
+        // SAFETY: s is live, endpoints and out valid; c is live until freed.
+        unsafe {
+            assert_eq!(fmm_copy_start(s, &dst, &src, LEN, &mut c), FMM_OK, "{}", last());
+            let rc = fmm_copy_wait(c, 0, &mut bytes);
+            if rc == FMM_COPY_PENDING {
+                pending += 1;
+                assert_eq!(bytes, 7, "nothing written while pending");
+                assert_eq!(fmm_last_error(), kept, "the last error was replaced by a pending wait");
+                assert_eq!(CStr::from_ptr(kept).to_str().unwrap(), "copy is NULL");
+            } else {
+                assert_eq!(rc, FMM_OK, "{}", last());
+            }
+            assert_eq!(fmm_copy_wait(c, -1, &mut bytes), FMM_OK, "{}", last());
+            assert_eq!(bytes, LEN);
+            assert_eq!(fmm_last_error(), kept, "a successful wait leaves the last error alone too");
+            fmm_copy_free(c);
+        }
+        if pending >= 3 {
+            break;
+        }
+    }
+    assert!(pending >= 1, "no 64 MiB copy was still running right after its start in 20 rounds");
+
+    // One callback per copy.
+    let mut c = null_mut();
+    // SAFETY: as above; `count` is safe to call from any thread.
+    unsafe {
+        assert_eq!(fmm_copy_start(s, &dst, &src, LEN, &mut c), FMM_OK, "{}", last());
+        assert_eq!(fmm_copy_on_complete(c, Some(count), 0xf1 as *mut c_void), FMM_OK, "{}", last());
+        assert_eq!(fmm_copy_on_complete(c, Some(count), 0xf2 as *mut c_void), FMM_E_ARG);
+        assert!(last().contains("one per copy"), "{}", last());
+        fmm_copy_free(c);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while CALLED.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the callback never ran");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(CALLED.load(Ordering::SeqCst), 1);
+
+    // SAFETY: live handles, not used afterwards.
+    unsafe {
+        fmm_unmap(ma);
+        fmm_unmap(mb);
+        fmm_region_free(a);
+        fmm_region_free(b);
         fmm_session_close(s);
     }
 }

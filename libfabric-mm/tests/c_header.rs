@@ -26,3 +26,18 @@ fn committed_header_is_current() {
         path.display()
     );
 }
+
+/// Every name the header defines is the library's own (`FMM_…`, the include guard): a
+/// `pub const` elsewhere in the crate is not part of the C ABI (it was: `#define LINE 64`
+/// from the cache-line flush).
+#[test]
+fn the_header_defines_only_prefixed_names() {
+    let header = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/fabric_mm.h")).unwrap();
+    let stray: Vec<&str> = header
+        .lines()
+        .filter_map(|l| l.strip_prefix("#define "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| !name.starts_with("FMM_") && *name != "FABRIC_MM_H")
+        .collect();
+    assert!(stray.is_empty(), "names outside the FMM_ prefix in the header: {stray:?}");
+}

@@ -90,7 +90,7 @@ fn a_copy_is_polled_waited_for_and_called_back() {
     let c3 = s.copy(CopyEndpoint::Gfa(gb), CopyEndpoint::Gfa(ga + 1), 4096).unwrap();
     c3.wait().unwrap();
     let (tx, rx) = mpsc::channel();
-    c3.on_complete(move |r| tx.send(r.unwrap()).unwrap());
+    c3.on_complete(move |r| tx.send(r.unwrap()).unwrap()).unwrap();
     assert_eq!(rx.try_recv().unwrap(), 4096);
     // SAFETY: all copies are done.
     let got = unsafe { b.as_slice() };
@@ -227,14 +227,14 @@ fn a_batch_is_one_copy_with_the_bytes_of_all_its_parts() {
 }
 
 /// A copy whose connection ends before its completion comes has its callback called once,
-/// with `Disconnected`, and a callback set after the end is called at once with it; without
-/// that a caller waiting on its callback would wait forever. The copy is large so that the
-/// disconnect usually comes first; rounds repeat until it has (a copy that finished first
-/// calls back with its bytes, also exactly once).
+/// with `Disconnected`, and a callback set after the end (on a copy that had none) is
+/// called at once with it; without that a caller waiting on its callback would wait
+/// forever. The copies are large so that the disconnect usually comes first; rounds repeat
+/// until it has (a copy that finished first calls back with its bytes, also exactly once).
 #[test]
 fn a_copy_cut_off_by_the_end_of_its_connection_calls_back_with_disconnected() {
     let d = common::daemon();
-    let mut cut_off = 0;
+    let (mut cut_off, mut late_cut_off) = (0, 0);
     for _ in 0..20 {
         let s = common::session(&d.socket);
         let t = Target::Device { device: common::gpu(&s), memory: MemoryClass::Hbm };
@@ -243,7 +243,9 @@ fn a_copy_cut_off_by_the_end_of_its_connection_calls_back_with_disconnected() {
         let b = s.map(&s.alloc(&t, big).unwrap()).unwrap();
         let (tx, rx) = mpsc::channel();
         let c = s.copy(CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), big).unwrap();
-        c.on_complete(move |r| tx.send(r).unwrap());
+        c.on_complete(move |r| tx.send(r).unwrap()).unwrap();
+        // Its callback is set after the end.
+        let later = s.copy(CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), big).unwrap();
         s.disconnect();
         let first = rx.recv_timeout(Duration::from_secs(10)).expect("the callback ran");
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "the callback ran twice");
@@ -252,14 +254,91 @@ fn a_copy_cut_off_by_the_end_of_its_connection_calls_back_with_disconnected() {
             Err(Error::Disconnected) => cut_off += 1,
             Err(e) => panic!("unexpected copy outcome {e}"),
         }
+        // One callback per copy, before the end or after.
+        assert!(matches!(c.on_complete(|_| {}), Err(Error::InvalidArgument(_))));
         // The connection is over: a callback set now runs at once, here.
         let (tx, rx) = mpsc::channel();
-        c.on_complete(move |r| tx.send(r).unwrap());
-        let later = rx.try_recv().expect("a callback set after the end ran at once");
-        assert!(matches!(later, Err(Error::Disconnected)), "{later:?}");
-        if cut_off >= 3 {
+        later.on_complete(move |r| tx.send(r).unwrap()).unwrap();
+        match rx.try_recv().expect("a callback set after the end ran at once") {
+            Ok(n) => assert_eq!(n, big),
+            Err(Error::Disconnected) => late_cut_off += 1,
+            Err(e) => panic!("unexpected copy outcome {e}"),
+        }
+        if cut_off >= 3 && late_cut_off >= 1 {
             break;
         }
     }
     assert!(cut_off >= 1, "the disconnect never came before a 256 MiB copy's completion in 20 rounds");
+    assert!(late_cut_off >= 1, "the disconnect never came before the second copy's completion in 20 rounds");
+}
+
+/// One callback per copy: a second `on_complete`, while the first is still to run or after
+/// it ran, is refused and never runs (before: it was kept and never called, so a waiter on
+/// it — the Python binding's second `await` — hung).
+#[test]
+fn a_copy_takes_one_callback_and_refuses_a_second() {
+    let d = common::daemon();
+    let (s, a, b) = session_and_regions(&d.socket);
+    let (ga, gb) = (a.gfa(), b.gfa());
+    let (tx, rx) = mpsc::channel();
+    let first = tx.clone();
+    let c = s
+        .copy_with(CopyEndpoint::Gfa(gb), CopyEndpoint::Gfa(ga), LEN, move |r| {
+            first.send(("first", r.unwrap())).unwrap()
+        })
+        .unwrap();
+    let second = tx.clone();
+    let e = c.on_complete(move |r| second.send(("second", r.unwrap())).unwrap()).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("one per copy")), "{e}");
+    assert_eq!(e.code(), fabric_mm::ffi::FMM_E_ARG);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), ("first", LEN));
+    // After it ran, the same; and a callback set on a copy already done runs at once, once.
+    let third = tx.clone();
+    assert!(matches!(
+        c.on_complete(move |r| third.send(("third", r.unwrap())).unwrap()),
+        Err(Error::InvalidArgument(_))
+    ));
+    let c = s.copy(CopyEndpoint::Gfa(gb), CopyEndpoint::Gfa(ga), MIB).unwrap();
+    assert_eq!(c.wait().unwrap(), MIB);
+    let fourth = tx.clone();
+    c.on_complete(move |r| fourth.send(("fourth", r.unwrap())).unwrap()).unwrap();
+    assert_eq!(rx.try_recv().unwrap(), ("fourth", MIB));
+    let fifth = tx.clone();
+    assert!(matches!(
+        c.on_complete(move |r| fifth.send(("fifth", r.unwrap())).unwrap()),
+        Err(Error::InvalidArgument(_))
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(rx.try_recv().is_err(), "a refused callback ran");
+}
+
+/// A wait for a copy made in one of its session's callbacks is refused, as any call that
+/// waits for the daemon is there: the callback's thread is the one that reads the
+/// completion (before, the wait blocked it — for good while the copy still ran). `poll`
+/// works there, and the wait after the callback.
+#[test]
+fn waiting_for_a_copy_in_a_callback_of_its_session_is_refused() {
+    let d = common::daemon();
+    let (s, a, b) = session_and_regions(&d.socket);
+    let c = std::sync::Arc::new(s.copy(CopyEndpoint::Gfa(b.gfa()), CopyEndpoint::Gfa(a.gfa()), MIB).unwrap());
+    // Done first, so that the refusal is the only way for the waits below to fail.
+    assert_eq!(c.wait().unwrap(), MIB);
+    // A revocation callback: an import of another session's region, revoked.
+    let owner = common::session(&d.socket);
+    let region = owner.alloc(&Target::Device { device: common::gpu(&owner), memory: MemoryClass::Hbm }, LEN).unwrap();
+    let handle = owner.export(&region, &Policy::default()).unwrap();
+    let _import = s.import(&handle, false).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let inside = c.clone();
+    s.on_revocation(move |_| {
+        let got = (inside.wait(), inside.wait_timeout(Duration::from_secs(1)), inside.poll());
+        let _ = tx.lock().unwrap().send(got);
+    });
+    owner.revoke(&handle).unwrap();
+    let (wait, timed, polled) = rx.recv_timeout(Duration::from_secs(10)).expect("the callback returned");
+    assert!(matches!(&wait, Err(Error::InvalidArgument(m)) if m.contains("callbacks")), "{wait:?}");
+    assert!(matches!(&timed, Some(Err(Error::InvalidArgument(m))) if m.contains("callbacks")), "{timed:?}");
+    assert_eq!(polled.unwrap().unwrap(), MIB, "poll answers there");
+    assert_eq!(c.wait().unwrap(), MIB, "and the wait after the callback");
 }

@@ -273,12 +273,16 @@ def _settle(future: "asyncio.Future[int]", n: Optional[int], error: Optional[Bas
 
 class Copy:
     """A copy by fabricd's copy engine: :meth:`wait`, :meth:`poll`, :meth:`on_complete`, or
-    ``await`` it (one of them: a callback or an await takes the result)."""
+    ``await`` it (one of them: a callback or an await takes the result). It may be awaited
+    any number of times, by several tasks of the event loop of its first ``await``: all get
+    the same result."""
 
-    __slots__ = ("_native",)
+    __slots__ = ("_native", "_future")
 
     def __init__(self, native: _native.Copy) -> None:
         self._native = native
+        # The one future every await of this copy shares (its result goes to one callback).
+        self._future: "Optional[asyncio.Future[int]]" = None
 
     @property
     def id(self) -> int:
@@ -295,21 +299,27 @@ class Copy:
 
     def on_complete(self, callback: Callable[[Optional[int], Optional[FabricError]], None]) -> None:
         """``callback(bytes, None)`` or ``callback(None, error)``, once, on the library's
-        thread: it must not block or call the session."""
+        thread: it must not block or call the session. One callback per copy (an ``await``
+        counts as one): a second raises :class:`InvalidArgumentError`."""
         self._native.on_complete(callback)
 
     def __await__(self) -> Generator[Any, None, int]:
-        loop = asyncio.get_running_loop()
-        future: "asyncio.Future[int]" = loop.create_future()
+        future = self._future
+        if future is None:
+            loop = asyncio.get_running_loop()
+            made: "asyncio.Future[int]" = loop.create_future()
 
-        def done(n: Optional[int], error: Optional[FabricError]) -> None:
-            try:
-                loop.call_soon_threadsafe(_settle, future, n, error)
-            except RuntimeError:
-                pass  # the loop closed before the copy ended: nobody awaits it any more
+            def done(n: Optional[int], error: Optional[FabricError]) -> None:
+                try:
+                    loop.call_soon_threadsafe(_settle, made, n, error)
+                except RuntimeError:
+                    pass  # the loop closed before the copy ended: nobody awaits it any more
 
-        self._native.on_complete(done)
-        return (yield from future.__await__())
+            self._native.on_complete(done)  # raises when a callback took the result
+            future = self._future = made
+        # Shielded: a cancelled await leaves the shared future (and the result) to the
+        # other awaits and to later ones.
+        return (yield from asyncio.shield(future).__await__())
 
     def __repr__(self) -> str:
         return repr(self._native)

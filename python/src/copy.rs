@@ -253,11 +253,11 @@ impl Copy {
 
     /// Calls `callback(bytes, error)` once when it is done — `(n, None)` or
     /// `(None, FabricError)` — on the library's reader thread, with the GIL (or here at
-    /// once when it is done already). After this, `poll` and `wait` report nothing.
+    /// once when it is done already). After this, `poll` and `wait` report nothing. One
+    /// callback per copy: a second one raises `InvalidArgumentError`.
     fn on_complete(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
         let c = Arc::clone(self.live(py)?);
-        py.detach(move || c.on_complete(move |r: CopyOutcome| deliver(&callback, r)));
-        Ok(())
+        py.detach(move || c.on_complete(move |r: CopyOutcome| deliver(&callback, r))).map_err(|e| to_py(py, e))
     }
 
     fn __repr__(&self) -> String {

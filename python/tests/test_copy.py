@@ -93,6 +93,44 @@ def test_copy_awaited_in_asyncio(session: fabric_mm.Session, gpu: str) -> None:
     assert (numpy.asarray(md)[:MIB] == pattern(MIB, 11)).all()
 
 
+def test_a_copy_awaited_twice_gives_its_result_each_time(session: fabric_mm.Session, gpu: str) -> None:
+    src, dst = session.alloc(GRANULE, device=gpu), session.alloc(GRANULE, device=gpu)
+    ms, md = session.map(src), session.map(dst)
+
+    async def awaited(c: fabric_mm.Copy) -> int:
+        return await c
+
+    async def twice() -> List[int]:
+        c = session.copy(md.gfa, ms.gfa, MIB)
+        first = await asyncio.wait_for(awaited(c), 10)
+        # Again once the result was delivered (before: a hang), and by two tasks at once.
+        again = await asyncio.wait_for(awaited(c), 10)
+        both = await asyncio.wait_for(asyncio.gather(awaited(c), awaited(c)), 10)
+        return [first, again, *both]
+
+    assert asyncio.run(twice()) == [MIB] * 4
+
+    async def cancelled_then_awaited() -> int:
+        c = session.copy(md.gfa, ms.gfa, GRANULE)
+        waiter = asyncio.ensure_future(awaited(c))
+        await asyncio.sleep(0)  # the waiter awaits the copy now (or has its result)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        return await asyncio.wait_for(awaited(c), 10)  # a cancelled await left the result
+
+    assert asyncio.run(cancelled_then_awaited()) == GRANULE
+
+    # One callback per copy: an await is one, and a second on_complete is refused.
+    c = session.copy(md.gfa, ms.gfa, 4096)
+    assert asyncio.run(awaited(c)) == 4096
+    with pytest.raises(fabric_mm.InvalidArgumentError):
+        c.on_complete(lambda n, err: None)
+    c = session.copy(md.gfa, ms.gfa, 4096)
+    c.on_complete(lambda n, err: None)
+    with pytest.raises(fabric_mm.InvalidArgumentError):
+        asyncio.run(awaited(c))
+
+
 def test_copy_refusals_and_failures(session: fabric_mm.Session, gpu: str) -> None:
     region = session.alloc(GRANULE, device=gpu)
     assert region.gfa is not None

@@ -7,7 +7,7 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put, set_error};
+use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put};
 use crate::copy::{Copy, CopyEndpoint, CopyOutcome};
 
 /// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
@@ -100,7 +100,9 @@ pub unsafe extern "C" fn fmm_copy_poll(c: *const FmmCopy, bytes: *mut u64) -> c_
 }
 
 /// Waits for the copy: forever when `timeout_ms` is negative, else at most that many
-/// milliseconds (then `FMM_COPY_PENDING`). Returns as `fmm_copy_poll` does.
+/// milliseconds (then `FMM_COPY_PENDING`, which is not a failure: `fmm_last_error()` is left
+/// as it was). Returns as `fmm_copy_poll` does. Refused (`FMM_E_ARG`) in one of this
+/// session's callbacks, whose thread is the one that would read the completion.
 ///
 /// # Safety
 /// `c` is a live copy; `bytes` is NULL or writable.
@@ -116,8 +118,9 @@ pub unsafe extern "C" fn fmm_copy_wait(c: *const FmmCopy, timeout_ms: i64, bytes
             c.0.wait_timeout(Duration::from_millis(timeout_ms.unsigned_abs()))
         };
         match r {
+            // Not a failure: the last error (and a pointer the caller kept to its text)
+            // stays as it was, as with `fmm_copy_poll`.
             None => {
-                set_error("the copy is still running");
                 pending = true;
                 Ok(())
             }
@@ -147,8 +150,9 @@ fn callback_args(r: &CopyOutcome) -> (c_int, u64, Option<CString>) {
 }
 
 /// Has `cb` called once with the copy's result, instead of `fmm_copy_poll`/`fmm_copy_wait`
-/// reporting it (they answer `FMM_E_ARG` afterwards). Set it once per copy: a second call
-/// replaces a callback that has not run yet, and one set after the callback ran never runs.
+/// reporting it (they answer `FMM_E_ARG` afterwards). One callback per copy: a second call
+/// is refused with `FMM_E_ARG` (its `cb` never runs), whether the first callback ran already
+/// or is still to run.
 ///
 /// **Thread.** When the copy is already done, `cb` runs at once on the calling thread,
 /// before this returns. Else it runs on the thread that reads the daemon's completion: the
@@ -190,8 +194,8 @@ pub unsafe extern "C" fn fmm_copy_on_complete(c: *const FmmCopy, cb: FmmCopyCall
             // SAFETY: the caller's contract: cb may be called from this thread with user;
             // message is NULL or NUL-terminated and lives across the call.
             unsafe { cb(user.ptr(), rc, bytes, message) };
-        });
-        Ok(())
+        })
+        .map_err(|e| fail(&e))
     })
 }
 
