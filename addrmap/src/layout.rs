@@ -51,6 +51,21 @@ pub enum LayoutError {
         /// Where the node's first slot starts.
         at: u64,
     },
+    /// A node pinned at `base` with a slot of `span` bytes whose memory lies past that
+    /// slot in this map (a map laid out while the node had larger slots, or none pinned).
+    #[error(
+        "node {node}: pinned to [{base:#x}, +{span:#x}), but its memory reaches {end:#x} in this map (a node's ranges never move: lay the map out anew, without its saved record, to serve in that slot)"
+    )]
+    PinnedOutside {
+        /// Node.
+        node: String,
+        /// Pinned base.
+        base: u64,
+        /// Pinned slot size.
+        span: u64,
+        /// Where the node's last slot in the map ends.
+        end: u64,
+    },
     /// An interleave set of this name exists.
     #[error("interleave set {0:?} exists")]
     SetExists(String),

@@ -294,13 +294,19 @@ impl AddressMap {
         if config == self.state.config {
             return Ok(Change { generation: self.generation(), ..Change::default() });
         }
-        // A pin moves no node that has memory: its first slot stays where it is.
+        // A pin moves no node that has memory: its first slot stays where it is, and with a
+        // slot size pinned too, every slot of the node lies inside the pinned one (else its
+        // GFAs would reach into the next node's).
         for (node, pin) in &config.nodes {
-            let first = self.state.nodes.iter().filter(|n| n.node == *node).map(|n| n.start).min();
-            if let (Some(base), Some(at)) = (pin.base, first)
-                && base != at
-            {
+            let slots = || self.state.nodes.iter().filter(|n| n.node == *node);
+            let (Some(base), Some(at)) = (pin.base, slots().map(|n| n.start).min()) else { continue };
+            if base != at {
                 return Err(LayoutError::PinnedMoved { node: node.clone(), base, at }.into());
+            }
+            let Some(span) = pin.span else { continue };
+            let end = slots().map(|n| n.start.saturating_add(n.span)).max().unwrap_or(base);
+            if end > base.saturating_add(span) {
+                return Err(LayoutError::PinnedOutside { node: node.clone(), base, span, end }.into());
             }
         }
         let mut st = (*self.state).clone();

@@ -467,6 +467,31 @@ fn a_pin_that_would_move_a_placed_node_is_refused() {
     map.set_config(other).unwrap();
 }
 
+/// A map laid out with larger slots than a domain later pins (a standalone daemon's 2 TiB
+/// slot, a domain of 1 TiB ones): a pin at the node's base is refused while its memory
+/// reaches past the pinned slot, into the next node's GFAs.
+#[test]
+fn a_pin_whose_slot_does_not_hold_the_nodes_memory_is_refused() {
+    let tib = fabric_addrmap::TIB;
+    let mut map = AddressMap::new(MapConfig { node_span: NodeSpan::Fixed(2 * tib), ..MapConfig::default() }).unwrap();
+    let gpus = (0..3).map(|i| device(Some("n1"), &format!("GPU-{i}"), &[(MemoryKind::Hbm, 600 * GIB)]));
+    map.update(&inventory(gpus)).unwrap();
+    let last = map.snapshot().state().placements.iter().map(|p| p.start + p.reserved).max().unwrap();
+    assert!(last > tib, "the map reaches past 1 TiB: {last:#x}");
+    let pinned = |span| {
+        let mut cfg = MapConfig { node_span: NodeSpan::Fixed(tib), ..MapConfig::default() };
+        cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(0), span: Some(span) });
+        cfg
+    };
+    let e = map.set_config(pinned(tib)).unwrap_err();
+    assert!(
+        matches!(&e, fabric_addrmap::MapError::Layout(fabric_addrmap::LayoutError::PinnedOutside { end, .. }) if *end == 2 * tib),
+        "{e:?}"
+    );
+    assert_eq!(map.snapshot().state().config.node_span, NodeSpan::Fixed(2 * tib), "the map stays as it was");
+    map.set_config(pinned(2 * tib)).unwrap();
+}
+
 /// A map of 1 TiB node slots with node n1 pinned at 4 TiB, as a domain pins its slot.
 fn pinned_n1() -> AddressMap {
     let tib = fabric_addrmap::TIB;
