@@ -251,6 +251,13 @@ fn open_map(store: &dyn MapStore, config: &Config, inv: &Inventory) -> Result<(M
     Ok((writer, published))
 }
 
+/// Each device's memory resources (kind and size, in order), by device id.
+fn memory_of(
+    inv: &Inventory,
+) -> std::collections::BTreeMap<&fabric_topology::DeviceId, Vec<(fabric_topology::MemoryKind, u64)>> {
+    inv.devices.iter().map(|d| (&d.id, d.memory.iter().map(|m| (m.kind, m.size)).collect())).collect()
+}
+
 /// Says which CXL regions a map sync could not make interleave sets, and why.
 fn warn_unmapped(skipped: &[String]) {
     for s in skipped {
@@ -348,6 +355,12 @@ impl Daemon {
     #[cfg(test)]
     pub(crate) fn on_sim_for_tests(dir: &std::path::Path) -> Self {
         let sim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        Self::on_sim_file_for_tests(dir, &sim)
+    }
+
+    /// Tests: [`Daemon::on_sim_for_tests`] on the sim file `sim`.
+    #[cfg(test)]
+    pub(crate) fn on_sim_file_for_tests(dir: &std::path::Path, sim: &std::path::Path) -> Self {
         let text = format!(
             "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
             dir.join("fabricd.sock").display().to_string(),
@@ -539,7 +552,10 @@ impl Daemon {
         let vanished: BTreeSet<String> = self.vanished().into_iter().collect();
         let mut events = crate::tasks::monitor::diff(old.fabric.inventory(), &inv, &vanished);
         let sets_differ = fabric_addrmap::region_sets(old.fabric.inventory()) != fabric_addrmap::region_sets(&inv);
-        if events.is_empty() && !sets_differ {
+        // A device whose memory changed size, nothing else (a CXL partition resized): the
+        // map follows, or GFAs past a shrunk resource would still translate.
+        let memory_differs = memory_of(old.fabric.inventory()) != memory_of(&inv);
+        if events.is_empty() && !sets_differ && !memory_differs {
             return Ok(events);
         }
         let view = View::build(inv)?;
@@ -730,5 +746,38 @@ pub struct SessionGuard<'a> {
 impl Drop for SessionGuard<'_> {
     fn drop(&mut self) {
         self.daemon.sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rescan that finds only a device's memory resized (a CXL partition changed; here the
+    /// sim's GPUs' HBM halved) brings the map along: before, the device set and links
+    /// being the same, the rescan returned early and GFAs past the new size still
+    /// translated to the device.
+    #[test]
+    fn a_rescan_that_finds_memory_resized_updates_the_map() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundled = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        let sim = dir.path().join("sim.toml");
+        let text = std::fs::read_to_string(&bundled).expect("sim file");
+        std::fs::write(&sim, &text).expect("copy");
+        let d = Daemon::on_sim_file_for_tests(dir.path(), &sim);
+        let snap = d.map_snapshot();
+        let hbm = |snap: &fabric_addrmap::Snapshot| {
+            let p = snap.state().placements.iter().find(|p| p.key.kind == fabric_topology::MemoryKind::Hbm);
+            p.map(|p| (p.start, p.size)).expect("an HBM range")
+        };
+        let (start, size) = hbm(&snap);
+        assert_eq!(size, 80 << 30);
+        assert!(snap.translate(start + size - 1).is_ok());
+        std::fs::write(&sim, text.replace("hbm = \"80GiB\"", "hbm = \"40GiB\"")).expect("resize");
+        d.rescan().expect("rescan");
+        let snap = d.map_snapshot();
+        assert_eq!(hbm(&snap), (start, 40 << 30), "the range stays, at its new size");
+        assert!(snap.translate(start + (40 << 30) - 1).is_ok());
+        assert!(snap.translate(start + size - 1).is_err(), "past the new size: no device byte");
     }
 }
