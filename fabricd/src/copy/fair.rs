@@ -73,6 +73,27 @@ impl<T> FairQueue<T> {
         item
     }
 
+    /// Takes out the items of `session` of `uid` that `gone` picks (a stopped job's
+    /// chunks, so that what they hold goes now, not when their turn comes); the others keep
+    /// their order and turns. Answers how many went.
+    pub fn remove(&mut self, uid: u32, session: u64, mut gone: impl FnMut(&T) -> bool) -> usize {
+        let Some(s) = self.by_uid.get_mut(&uid) else { return 0 };
+        let Some(q) = s.queues.get_mut(&session) else { return 0 };
+        let before = q.len();
+        q.retain(|item| !gone(item));
+        let removed = before - q.len();
+        if q.is_empty() {
+            s.queues.remove(&session);
+            s.order.retain(|&o| o != session);
+        }
+        if s.order.is_empty() {
+            self.by_uid.remove(&uid);
+            self.uids.retain(|&u| u != uid);
+        }
+        self.len -= removed;
+        removed
+    }
+
     /// Chunks queued.
     pub fn len(&self) -> usize {
         self.len
@@ -82,6 +103,22 @@ impl<T> FairQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removed_items_leave_the_rest_in_order_and_an_emptied_session_its_turn() {
+        let mut q = FairQueue::default();
+        q.extend(1, 10, [(1, 10, 0), (1, 10, 1), (1, 10, 2)]);
+        q.extend(1, 11, [(1, 11, 0)]);
+        q.extend(2, 20, [(2, 20, 0)]);
+        assert_eq!(q.remove(1, 10, |&(_, _, i)| i != 1), 2);
+        assert_eq!(q.remove(1, 11, |_| true), 1, "session 11 emptied");
+        assert_eq!(q.remove(9, 10, |_| true), 0, "no such uid");
+        assert_eq!(q.len(), 2);
+        assert_eq!(drain(&mut q), [(1, 10, 1), (2, 20, 0)]);
+        q.extend(3, 30, [(3, 30, 0)]);
+        assert_eq!(q.remove(3, 30, |_| true), 1);
+        assert_eq!((q.len(), q.pop()), (0, None), "an emptied uid leaves its turn");
+    }
 
     fn drain(q: &mut FairQueue<(u32, u64, u32)>) -> Vec<(u32, u64, u32)> {
         std::iter::from_fn(|| q.pop()).collect()

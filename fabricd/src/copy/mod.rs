@@ -354,7 +354,11 @@ impl CopyEngine {
         // one was in: what it swept for is rechecked here, before any chunk is queued. A
         // sweep that begins later finds the job in the table.
         if swept && let Some(why) = memory.copy_deps_gone(&[job.deps.as_slice()]).pop().flatten() {
-            stop(&job, why);
+            // Stopped before any chunk of it is queued: none is, and it ends here.
+            stop(&self.shared, &job, why);
+            job.left.store(0, Ordering::Release);
+            finish(&self.shared, &job);
+            return Ok(Ok(id));
         }
         let queued = {
             let mut q = lock(&self.shared.queue);
@@ -392,7 +396,7 @@ impl CopyEngine {
     /// flight.
     pub fn end_session(&self, session: u64) -> usize {
         let jobs: Vec<Arc<Job>> = lock(&self.shared.jobs).values().filter(|j| j.session == session).cloned().collect();
-        jobs.iter().map(|j| usize::from(stop(j, "the session ended".into()))).sum()
+        jobs.iter().map(|j| usize::from(stop(&self.shared, j, "the session ended".into()))).sum()
     }
 
     /// Copies queued or running.
@@ -443,7 +447,7 @@ impl Sweeper {
         let mut stopped = 0;
         for (job, why) in jobs.iter().zip(jobs_gone) {
             if let Some(why) = why {
-                stopped += usize::from(stop(job, why.clone()));
+                stopped += usize::from(stop(shared, job, why.clone()));
                 unmap.extend(job.deps.iter().filter_map(|d| match d {
                     Dep::Region(id) => Some(*id),
                     _ => None,
@@ -466,14 +470,24 @@ fn wait_for_loose_chunks(shared: &Shared) {
     drop(shared.loose.write().unwrap_or_else(|p| p.into_inner()));
 }
 
-/// Marks `job` stopped once its chunk in flight (if any) is over; false if it already was.
-fn stop(job: &Job, why: String) -> bool {
-    let mut g = job.gate.write().unwrap_or_else(|p| p.into_inner());
-    if g.is_some() {
-        return false;
+/// Marks `job` stopped once its chunk in flight (if any) is over, and takes its queued
+/// chunks out, so that what its parts hold (pinned pages, region files) goes as soon as
+/// that chunk is over, not when the chunks' turns come behind the session's other copies;
+/// false if it already was stopped.
+fn stop(shared: &Shared, job: &Arc<Job>, why: String) -> bool {
+    {
+        let mut g = job.gate.write().unwrap_or_else(|p| p.into_inner());
+        if g.is_some() {
+            return false;
+        }
+        tracing::info!(copy = job.id, session = job.session, reason = %why, "copy stopped");
+        *g = Some(why);
     }
-    tracing::info!(copy = job.id, session = job.session, reason = %why, "copy stopped");
-    *g = Some(why);
+    let removed = lock(&shared.queue).remove(job.uid, job.session, |c| Arc::ptr_eq(&c.job, job));
+    // The last of its chunks, unless one is running (whose engine then ends the job).
+    if removed > 0 && job.left.fetch_sub(removed, Ordering::AcqRel) == removed {
+        finish(shared, job);
+    }
     true
 }
 
@@ -492,7 +506,22 @@ fn engine(s: &Shared) {
                 q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
-        run_chunk(&chunk, &mut bounce, &s.maps);
+        // A chunk that panics (a bug) fails its job, not the engine: the job still ends
+        // with its completion and gives its session's place back, and the thread goes on
+        // serving every other session's chunks.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_chunk(&chunk, &mut bounce, &s.maps)));
+        if ran.is_err() {
+            tracing::error!(
+                copy = chunk.job.id,
+                part = chunk.part,
+                at = chunk.at,
+                "a copy chunk panicked; the copy fails"
+            );
+            chunk.job.fail(
+                ErrorCode::Internal,
+                "the copy engine failed moving a chunk (a bug: see the daemon's log)".into(),
+            );
+        }
         if chunk.job.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             finish(s, &chunk.job);
         }
@@ -500,6 +529,12 @@ fn engine(s: &Shared) {
 }
 
 fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
+    #[cfg(test)]
+    let _held = tests::ENGINES_HELD.lock().unwrap_or_else(|p| p.into_inner());
+    #[cfg(test)]
+    if tests::PANIC_NEXT_CHUNK.swap(false, Ordering::AcqRel) {
+        panic!("a chunk's bug, injected by a test");
+    }
     let job = &c.job;
     let gate = job.gate.read().unwrap_or_else(|p| p.into_inner());
     if gate.is_some() || lock(&job.failed).is_some() {
@@ -619,6 +654,46 @@ pub(crate) mod chunk;
 mod tests {
     use super::*;
 
+    /// The next chunk an engine takes panics.
+    pub(super) static PANIC_NEXT_CHUNK: AtomicBool = AtomicBool::new(false);
+    /// Held by a test: every engine waits before it moves its next chunk.
+    pub(super) static ENGINES_HELD: Mutex<()> = Mutex::new(());
+
+    /// A copy stopped while its chunks wait behind another copy (its session ended; an
+    /// unregistration swept it) lets go of what its parts hold at once, and its completion
+    /// comes: before, the chunks stayed queued, holding pinned pages or a freed region's
+    /// file, until their turn came.
+    #[test]
+    fn a_stopped_copy_lets_go_of_its_memory_before_its_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = fabric_topology::Inventory::default();
+        let fabric = fabric_topology::Fabric::build(inv.clone()).unwrap();
+        let config = CopyConfig { engines: 1, ..CopyConfig::default() };
+        let engine = CopyEngine::start(config, Arc::new(Metrics::new(&fabric))).unwrap();
+        let memory = Memory::open(dir.path(), &inv, crate::config::LimitsConfig::default()).unwrap();
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let held = ENGINES_HELD.lock().unwrap();
+        // The one engine takes session 1's copy and waits; session 2's is queued.
+        let first = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let first = first.unwrap().unwrap();
+        while lock(&engine.shared.queue).len() > 0 {
+            std::thread::yield_now();
+        }
+        let copy = file_copy(Vec::new());
+        let Side::File { file, .. } = &copy.src else { unreachable!() };
+        let file = Arc::downgrade(file);
+        let second = engine.submit(1, 2, 2, sink, &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        assert_eq!(engine.end_session(2), 1);
+        assert!(file.upgrade().is_none(), "the stopped copy still holds its file");
+        let (_, d) = done.blocking_recv().unwrap();
+        assert_eq!(d.copy, second);
+        assert!(matches!(d.result, CopyResult::Failed { code: ErrorCode::NotFound, .. }), "{:?}", d.result);
+        drop(held);
+        let (_, d) = done.blocking_recv().unwrap();
+        assert_eq!((d.copy, d.result), (first, CopyResult::Ok));
+        assert_eq!(engine.in_flight(), 0);
+    }
+
     #[test]
     fn chunks_share_a_copy_over_the_engines_within_bounds() {
         assert_eq!(chunk_size(1, 2, 4 << 20), MIN_CHUNK);
@@ -706,6 +781,31 @@ mod tests {
         // The refusal gave the place back.
         let third = engine.submit(1, 1, 3, sink, &memory, || Err::<NewCopy, &str>("refused again"));
         assert!(matches!(third, Ok(Err("refused again"))), "{third:?}");
+    }
+
+    /// A chunk that panics fails its copy with `Internal`; the completion still comes, the
+    /// session's place is given back, and the engine moves the next copy (before, the
+    /// thread died with the job: no completion, the place kept, one engine fewer).
+    #[test]
+    fn a_chunk_that_panics_fails_its_copy_and_the_engine_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = fabric_topology::Inventory::default();
+        let fabric = fabric_topology::Fabric::build(inv.clone()).unwrap();
+        let config = CopyConfig { engines: 1, max_in_flight_per_session: 1, ..CopyConfig::default() };
+        let engine = CopyEngine::start(config, Arc::new(Metrics::new(&fabric))).unwrap();
+        let memory = Memory::open(dir.path(), &inv, crate::config::LimitsConfig::default()).unwrap();
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        PANIC_NEXT_CHUNK.store(true, Ordering::Release);
+        let first = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let first = first.unwrap().unwrap();
+        let (_, d) = done.blocking_recv().unwrap();
+        assert_eq!(d.copy, first);
+        assert!(matches!(d.result, CopyResult::Failed { code: ErrorCode::Internal, .. }), "{:?}", d.result);
+        // The session's one place is back, and the one engine thread still runs.
+        let second = engine.submit(1, 1, 2, sink, &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let second = second.unwrap().unwrap();
+        let (_, d) = done.blocking_recv().unwrap();
+        assert_eq!((d.copy, d.result, d.bytes), (second, CopyResult::Ok, 4096));
     }
 
     #[test]
