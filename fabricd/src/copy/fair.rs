@@ -21,6 +21,8 @@ pub struct FairQueue<T> {
 struct Sessions<T> {
     order: VecDeque<u64>,
     queues: HashMap<u64, VecDeque<T>>,
+    /// Items queued in all of them.
+    len: usize,
 }
 
 impl<T> Default for FairQueue<T> {
@@ -38,7 +40,7 @@ impl<T> FairQueue<T> {
         }
         let s = self.by_uid.entry(uid).or_insert_with(|| {
             self.uids.push_back(uid);
-            Sessions { order: VecDeque::new(), queues: HashMap::new() }
+            Sessions { order: VecDeque::new(), queues: HashMap::new(), len: 0 }
         });
         let q = s.queues.entry(session).or_insert_with(|| {
             s.order.push_back(session);
@@ -46,7 +48,9 @@ impl<T> FairQueue<T> {
         });
         let before = q.len();
         q.extend(items);
-        self.len += q.len() - before;
+        let added = q.len() - before;
+        s.len += added;
+        self.len += added;
     }
 
     /// The next chunk: the first of the next session of the next uid, which then go to the
@@ -57,6 +61,9 @@ impl<T> FairQueue<T> {
         let session = s.order.pop_front()?;
         let q = s.queues.get_mut(&session)?;
         let item = q.pop_front();
+        if item.is_some() {
+            s.len -= 1;
+        }
         if q.is_empty() {
             s.queues.remove(&session);
         } else {
@@ -82,6 +89,7 @@ impl<T> FairQueue<T> {
         let before = q.len();
         q.retain(|item| !gone(item));
         let removed = before - q.len();
+        s.len -= removed;
         if q.is_empty() {
             s.queues.remove(&session);
             s.order.retain(|&o| o != session);
@@ -98,6 +106,11 @@ impl<T> FairQueue<T> {
     pub fn len(&self) -> usize {
         self.len
     }
+
+    /// Chunks of `uid` queued.
+    pub fn len_of(&self, uid: u32) -> usize {
+        self.by_uid.get(&uid).map_or(0, |s| s.len)
+    }
 }
 
 #[cfg(test)]
@@ -113,7 +126,7 @@ mod tests {
         assert_eq!(q.remove(1, 10, |&(_, _, i)| i != 1), 2);
         assert_eq!(q.remove(1, 11, |_| true), 1, "session 11 emptied");
         assert_eq!(q.remove(9, 10, |_| true), 0, "no such uid");
-        assert_eq!(q.len(), 2);
+        assert_eq!((q.len(), q.len_of(1), q.len_of(2), q.len_of(9)), (2, 1, 1, 0));
         assert_eq!(drain(&mut q), [(1, 10, 1), (2, 20, 0)]);
         q.extend(3, 30, [(3, 30, 0)]);
         assert_eq!(q.remove(3, 30, |_| true), 1);

@@ -86,10 +86,30 @@ pub enum CopyError {
         /// The limit.
         max: u32,
     },
+    /// Queuing the copy's chunks would pass what the engine queues for one uid
+    /// ([`MAX_QUEUED_PER_UID`]) or for all ([`MAX_QUEUED`]): each queued chunk is the
+    /// daemon's memory, whoever asked.
+    #[error("the copy engine has {queued} chunks queued for {whose}; with this copy's {requested} that passes {max}")]
+    Queue {
+        /// `this uid` or `all uids`.
+        whose: &'static str,
+        /// Chunks queued now.
+        queued: usize,
+        /// This copy's chunks.
+        requested: usize,
+        /// The bound.
+        max: usize,
+    },
     /// The engine threads could not be started.
     #[error("starting copy engine thread")]
     Spawn(#[source] std::io::Error),
 }
+
+/// Most chunks queued for one uid: 131,072 (4 MiB of queue; 512 GiB of copies at 4 MiB
+/// chunks). A copy that would pass it is refused, `LimitExceeded`.
+pub const MAX_QUEUED_PER_UID: usize = 1 << 17;
+/// Most chunks queued for all uids: 1,048,576 (32 MiB of queue).
+pub const MAX_QUEUED: usize = 1 << 20;
 
 /// One copy (or batch of copies), queued or running.
 struct Job {
@@ -362,6 +382,19 @@ impl CopyEngine {
         }
         let queued = {
             let mut q = lock(&self.shared.queue);
+            // Checked where the chunks go in, so that copies of one uid submitted at once
+            // cannot pass the bound together.
+            let full = [("this uid", q.len_of(uid), MAX_QUEUED_PER_UID), ("all uids", q.len(), MAX_QUEUED)]
+                .into_iter()
+                .find(|&(_, queued, max)| queued.saturating_add(n) > max);
+            if let Some((whose, queued, max)) = full {
+                drop(q);
+                // Not queued: out of the table (a sweep that listed it stops nothing of
+                // it) and its place given back, with no completion.
+                lock(&self.shared.jobs).remove(&id);
+                give_back_place(&self.shared, session);
+                return Err(CopyError::Queue { whose, queued, requested: n, max });
+            }
             q.extend(uid, session, chunks.into_iter().map(|(part, at, len)| Chunk { job: job.clone(), part, at, len }));
             q.len()
         };
@@ -666,11 +699,7 @@ mod tests {
     #[test]
     fn a_stopped_copy_lets_go_of_its_memory_before_its_turn() {
         let dir = tempfile::tempdir().unwrap();
-        let inv = fabric_topology::Inventory::default();
-        let fabric = fabric_topology::Fabric::build(inv.clone()).unwrap();
-        let config = CopyConfig { engines: 1, ..CopyConfig::default() };
-        let engine = CopyEngine::start(config, Arc::new(Metrics::new(&fabric))).unwrap();
-        let memory = Memory::open(dir.path(), &inv, crate::config::LimitsConfig::default()).unwrap();
+        let (engine, memory) = engine_with(dir.path(), CopyConfig { engines: 1, ..CopyConfig::default() });
         let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
         let held = ENGINES_HELD.lock().unwrap();
         // The one engine takes session 1's copy and waits; session 2's is queued.
@@ -727,27 +756,36 @@ mod tests {
     }
 
     fn engine_and_memory(dir: &std::path::Path) -> (CopyEngine, Memory) {
+        engine_with(dir, CopyConfig { max_in_flight_per_session: 1, ..CopyConfig::default() })
+    }
+
+    /// An engine run with `config` and an empty registry under `dir`.
+    fn engine_with(dir: &std::path::Path, config: CopyConfig) -> (CopyEngine, Memory) {
         let inv = fabric_topology::Inventory::default();
         let fabric = fabric_topology::Fabric::build(inv.clone()).unwrap();
-        let config = CopyConfig { max_in_flight_per_session: 1, ..CopyConfig::default() };
         let engine = CopyEngine::start(config, Arc::new(Metrics::new(&fabric))).unwrap();
         (engine, Memory::open(dir, &inv, crate::config::LimitsConfig::default()).unwrap())
     }
 
     /// A copy of 4 KiB between two halves of a temporary file, depending on `deps`.
     fn file_copy(deps: Vec<Dep>) -> NewCopy {
+        NewCopy { deps, ..halves_copy(4096) }
+    }
+
+    /// A copy of `half` bytes between the two halves of a temporary (sparse) file.
+    fn halves_copy(half: u64) -> NewCopy {
         let file = Arc::new(tempfile::tempfile().unwrap());
-        file.set_len(8192).unwrap();
+        file.set_len(2 * half).unwrap();
         let side = |offset, writable| Side::File {
             file: file.clone(),
             offset,
             writable,
             region: 0,
             base: 0,
-            region_len: 8192,
+            region_len: 2 * half,
             device: false,
         };
-        NewCopy { dst: side(0, true), src: side(4096, false), len: 4096, deps, device: None }
+        NewCopy { dst: side(0, true), src: side(half, false), len: half, deps: Vec::new(), device: None }
     }
 
     #[test]
@@ -789,11 +827,8 @@ mod tests {
     #[test]
     fn a_chunk_that_panics_fails_its_copy_and_the_engine_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let inv = fabric_topology::Inventory::default();
-        let fabric = fabric_topology::Fabric::build(inv.clone()).unwrap();
-        let config = CopyConfig { engines: 1, max_in_flight_per_session: 1, ..CopyConfig::default() };
-        let engine = CopyEngine::start(config, Arc::new(Metrics::new(&fabric))).unwrap();
-        let memory = Memory::open(dir.path(), &inv, crate::config::LimitsConfig::default()).unwrap();
+        let (engine, memory) =
+            engine_with(dir.path(), CopyConfig { engines: 1, max_in_flight_per_session: 1, ..CopyConfig::default() });
         let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
         PANIC_NEXT_CHUNK.store(true, Ordering::Release);
         let first = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
@@ -806,6 +841,32 @@ mod tests {
         let second = second.unwrap().unwrap();
         let (_, d) = done.blocking_recv().unwrap();
         assert_eq!((d.copy, d.result, d.bytes), (second, CopyResult::Ok, 4096));
+    }
+
+    /// A copy whose chunks would pass what the engine queues for one uid is refused,
+    /// typed, before any chunk is queued, and gives its session's place back: before, a
+    /// client's batches of huge copies queued chunk records without bound (about 64 MiB of
+    /// the daemon's memory per request of 64 parts of 128 GiB).
+    #[test]
+    fn a_copy_past_the_queue_bound_is_refused_and_gives_its_place_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, memory) =
+            engine_with(dir.path(), CopyConfig { engines: 1, max_in_flight_per_session: 1, chunk_bytes: MIN_CHUNK });
+        let (sink, _done) = tokio::sync::mpsc::unbounded_channel();
+        // Sparse: nothing of it is read or written.
+        let huge = halves_copy((MAX_QUEUED_PER_UID as u64 + 1) * MIN_CHUNK);
+        match engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(huge)) {
+            Err(e @ CopyError::Queue { whose: "this uid", requested, max: MAX_QUEUED_PER_UID, .. }) => {
+                assert_eq!(requested, MAX_QUEUED_PER_UID + 1);
+                let body = crate::ops::dispatch::errors::copy(&e);
+                assert_eq!(body.code, ErrorCode::LimitExceeded, "{body:?}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!((engine.in_flight(), lock(&engine.shared.queue).len()), (0, 0));
+        // The session's one place is back.
+        let small = engine.submit(1, 1, 2, sink, &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        assert!(matches!(small, Ok(Ok(_))), "{small:?}");
     }
 
     #[test]

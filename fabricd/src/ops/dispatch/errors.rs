@@ -73,6 +73,16 @@ pub fn copy(e: &CopyError) -> ErrorBody {
             });
             body
         }
+        CopyError::Queue { queued, requested, max, .. } => {
+            let mut body = refusal(ErrorCode::LimitExceeded, e.to_string());
+            body.detail = Some(ErrorDetail::Limit {
+                what: Name::truncated("copy_chunks_queued"),
+                used: *queued as u64,
+                requested: *requested as u64,
+                max: *max as u64,
+            });
+            body
+        }
         e => refusal(ErrorCode::Internal, crate::error_chain(e)),
     }
 }
