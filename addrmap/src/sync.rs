@@ -49,9 +49,16 @@ pub fn set_name(r: &fabric_topology::cxl::CxlRegion) -> Option<String> {
 }
 
 /// The interleave sets the inventory's CXL regions call for. Regions whose geometry is
-/// unknown or inconsistent are left out.
+/// unknown or inconsistent are left out, and so are those whose part on a member does not
+/// start at its partition's first byte (a set covers its members from there).
 pub fn region_sets(inv: &Inventory) -> Vec<RegionSet> {
-    let mut sets = Vec::new();
+    region_sets_checked(inv).0
+}
+
+/// [`region_sets`], with the regions left out because a member's part of them does not
+/// start its memory resource, as `name: reason` (for the sync's report).
+fn region_sets_checked(inv: &Inventory) -> (Vec<RegionSet>, Vec<String>) {
+    let (mut sets, mut skipped) = (Vec::new(), Vec::new());
     for r in &inv.cxl.regions {
         let (Some(ways), Some(gran), Some(size)) = (r.ways, r.granularity, r.size) else { continue };
         if r.targets.is_empty() || r.targets.len() != ways as usize || ways == 0 || size % u64::from(ways) != 0 {
@@ -63,10 +70,44 @@ pub fn region_sets(inv: &Inventory) -> Vec<RegionSet> {
             _ => MemoryKind::CxlVolatile,
         };
         let Some(name) = set_name(r) else { continue };
+        if let Some(why) = misplaced(inv, r, kind) {
+            skipped.push(format!("{name}: {why}"));
+            continue;
+        }
         let members = r.targets.iter().map(|d| ResourceKey::new(d.clone(), kind, 0)).collect();
         sets.push(RegionSet { name, ways, granularity: u64::from(gran), members, member_size: size / u64::from(ways) });
     }
-    sets
+    (sets, skipped)
+}
+
+/// Why a set of region `r` would put its members' bytes at the wrong device addresses, if
+/// it would: a set covers each member's memory resource from its first byte (DPA offset
+/// 0 of the partition), so a region whose endpoint decoder on a member starts later in
+/// that partition (a second region of the device, the first torn down) is not mapped
+/// rather than translated to the wrong bytes. Dynamic-capacity partitions, and members
+/// whose decoder is not listed, are not checked.
+fn misplaced(inv: &Inventory, r: &fabric_topology::cxl::CxlRegion, kind: MemoryKind) -> Option<String> {
+    let keys = [r.uuid.clone(), r.resource.map(|h| format!("hpa:{h:#x}")), Some(r.kernel_name.clone())];
+    for t in &r.targets {
+        let endpoint = inv.cxl.decoders.iter().find(|d| {
+            d.level == fabric_topology::cxl::CxlDecoderLevel::Endpoint
+                && d.owner.as_ref() == Some(t)
+                && d.region.as_ref().is_some_and(|k| keys.iter().flatten().any(|key| key == k))
+        });
+        let Some(dpa) = endpoint.and_then(|d| d.dpa_start) else { continue };
+        let info = inv.find(t).and_then(|i| inv.device(i).cxl.as_ref());
+        let base = match kind {
+            MemoryKind::CxlVolatile => 0,
+            MemoryKind::CxlPersistent => info.and_then(|c| c.ram_size).unwrap_or(0),
+            _ => continue,
+        };
+        if dpa != base {
+            return Some(format!(
+                "not mapped: its part on {t} starts at device address {dpa:#x}, not at the start of the partition ({base:#x}); a set covers its members from their first byte"
+            ));
+        }
+    }
+    None
 }
 
 /// What [`open_synced`] did.
@@ -94,7 +135,9 @@ pub fn open_synced(inv: &Inventory, path: &Path, config: Option<&MapConfig>) -> 
         map.set_config(c.clone())?;
     }
     let change = map.update(inv)?;
-    let (want, mut skipped) = resolve(&map, inv, region_sets(inv));
+    let (sets, misplaced) = region_sets_checked(inv);
+    let (want, mut skipped) = resolve(&map, inv, sets);
+    skipped.extend(misplaced);
     for set in want {
         if is_mapped(&map, &set.name) {
             continue;
@@ -249,8 +292,10 @@ fn set_node(inv: &Inventory, set: &RegionSet) -> String {
 /// Brings the map's `cxl-region:` sets in `scope` in line with `inv` (already applied to
 /// the map, as [`sync_inventory`] does first).
 pub fn sync_sets(map: &mut AddressMap, inv: &Inventory, scope: SyncScope<'_>) -> Result<SetSync, MapError> {
-    let in_scope = region_sets(inv).into_iter().filter(|s| scope.covers(&set_node(inv, s))).collect();
-    let (want, skipped) = resolve(map, inv, in_scope);
+    let (sets, misplaced) = region_sets_checked(inv);
+    let in_scope = sets.into_iter().filter(|s| scope.covers(&set_node(inv, s))).collect();
+    let (want, mut skipped) = resolve(map, inv, in_scope);
+    skipped.extend(misplaced);
     let mut out = SetSync { skipped, ..SetSync::default() };
     let stale: Vec<String> = map
         .state()

@@ -263,3 +263,27 @@ fn a_uuid_named_like_another_nodes_set_over_other_memory_is_reported() {
     assert!(!set_names(&map).iter().any(|n| n.contains('@') && !n.contains(":hpa-")), "{:?}", set_names(&map));
     assert_eq!(node_part(&map, "cxl-host"), a_before);
 }
+
+/// A region whose part on each member starts past the member's first byte (a second
+/// region of the devices) is not mapped as a set, with the reason in the sync's report: a
+/// set covers its members from their first byte, so it would translate its GFAs to the
+/// bytes of the region before it. The region at the start still is one.
+#[test]
+fn a_region_that_starts_past_its_members_first_byte_is_reported_not_mapped() {
+    let region0 = "[[templates.cxl-host.cxl_region]]\nname = \"region0\"\nmode = \"ram\"\ntargets = [\"mem0\", \"mem1\"]\ngranularity = 4096\nnuma = 1\n";
+    let halves = "[[templates.cxl-host.cxl_region]]\nname = \"region0\"\nmode = \"ram\"\ntargets = [\"mem0\", \"mem1\"]\ngranularity = 4096\nsize = \"256GiB\"\nnuma = 1\n\n[[templates.cxl-host.cxl_region]]\nname = \"region2\"\nmode = \"ram\"\ntargets = [\"mem0\", \"mem1\"]\ngranularity = 4096\n";
+    let text = pool();
+    assert!(text.contains(region0));
+    let inv = sim(&text.replace(region0, halves));
+    let second = inv.cxl.regions.iter().find(|r| r.kernel_name == "region2").expect("region2");
+    assert_eq!(second.size, Some(256 << 30));
+    let names: Vec<String> = region_sets(&inv).into_iter().map(|s| s.name).collect();
+    assert_eq!(names.len(), region_sets(&sim(&text)).len(), "region0 is a set, region2 is not: {names:?}");
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    map.update(&inv).unwrap();
+    let s = sync_sets(&mut map, &inv, DOMAIN).unwrap();
+    let hpa = second.resource.unwrap();
+    let report = s.skipped.iter().find(|r| r.contains(&format!("hpa-{hpa:#x}"))).expect("region2 reported");
+    assert!(report.contains("starts at device address 0x2000000000"), "{report}");
+    assert!(!set_names(&map).iter().any(|n| n.contains(&format!("{hpa:#x}"))), "{:?}", set_names(&map));
+}
