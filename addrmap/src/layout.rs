@@ -66,6 +66,19 @@ pub enum LayoutError {
         /// Where the node's last slot in the map ends.
         end: u64,
     },
+    /// A map that holds another node's slot, where only one node's belong (a domain
+    /// node's own map: a record laid out while the daemon served under another name).
+    #[error(
+        "this map holds the slot of node {node} at {at:#x}, and serves node {this} only (a map laid out under another node name: lay the map out anew, without its saved record)"
+    )]
+    OtherNode {
+        /// The node of the slot.
+        node: String,
+        /// The node the map serves.
+        this: String,
+        /// Where that slot starts.
+        at: u64,
+    },
     /// An interleave set of this name exists.
     #[error("interleave set {0:?} exists")]
     SetExists(String),

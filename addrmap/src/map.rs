@@ -288,6 +288,17 @@ impl AddressMap {
         Ok(self.publish(next))
     }
 
+    /// Checks that the map holds slots of `node` only (and of [`crate::FABRIC_NODE`]), as a
+    /// domain node's own map does: other nodes' memory is theirs to place, in their slots,
+    /// and a slot of another name (a map laid out while the daemon served as another node)
+    /// would answer GFAs of the domain's other slots here.
+    pub fn only_node(&self, node: &str) -> Result<(), MapError> {
+        match self.state.nodes.iter().find(|n| n.node != node && n.node != crate::state::FABRIC_NODE) {
+            Some(n) => Err(LayoutError::OtherNode { node: n.node.clone(), this: node.to_owned(), at: n.start }.into()),
+            None => Ok(()),
+        }
+    }
+
     /// Replaces the configuration that *new* placements follow; placed ranges stay.
     pub fn set_config(&mut self, config: MapConfig) -> Result<Change, MapError> {
         config.validate()?;

@@ -492,6 +492,21 @@ fn a_pin_whose_slot_does_not_hold_the_nodes_memory_is_refused() {
     map.set_config(pinned(2 * tib)).unwrap();
 }
 
+/// A domain node's map holds its own node's slots only: one laid out under the host's
+/// name is refused for the domain's node name, naming the other node and its slot.
+#[test]
+fn a_map_of_another_node_name_is_refused_for_a_domain_node() {
+    let mut map = AddressMap::new(MapConfig::default()).unwrap();
+    map.update(&inventory([device(Some("host-a"), "GPU-0", &[(MemoryKind::Hbm, GIB)])])).unwrap();
+    map.only_node("host-a").unwrap();
+    let e = map.only_node("tray0").unwrap_err();
+    assert!(
+        matches!(&e, fabric_addrmap::MapError::Layout(fabric_addrmap::LayoutError::OtherNode { node, this, at: 0 }) if node == "host-a" && this == "tray0"),
+        "{e:?}"
+    );
+    AddressMap::new(MapConfig::default()).unwrap().only_node("tray0").expect("an empty map is anyone's");
+}
+
 /// A map of 1 TiB node slots with node n1 pinned at 4 TiB, as a domain pins its slot.
 fn pinned_n1() -> AddressMap {
     let tib = fabric_addrmap::TIB;

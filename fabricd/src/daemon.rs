@@ -244,6 +244,12 @@ fn open_map(store: &dyn MapStore, config: &Config, inv: &Inventory) -> Result<(M
     let published = Published::new(MapView { map: map.snapshot(), bindings });
     let mut writer = MapWriter::new(map, at);
     let skipped = writer.commit(store, &published, at == 0, |m, _| {
+        // A domain node's map is its own node's alone: one laid out under the host's name
+        // (the daemon ran alone before) would keep that name's slot, answer the GFAs of
+        // whichever node holds that slot in the domain, and publish nothing of its own.
+        if let Some(d) = &config.domain {
+            m.only_node(&d.node)?;
+        }
         m.set_config(config.map.clone())?;
         Ok(fabric_addrmap::sync_inventory(m, inv, sync_scope(config))?.sets.skipped)
     })?;
