@@ -23,6 +23,60 @@ pub(crate) const PAGE: u64 = 4096;
 
 static NEXT_BUFFER: AtomicU64 = AtomicU64::new(1);
 static LOCKED: Mutex<PageCounts> = Mutex::new(PageCounts::new());
+/// Pages of memory this library owns and keeps out of forked children for as long as it
+/// lives (host buffers, window placements), as `[first, end)` page numbers: the end of a
+/// page lock over them (a bare pointer registered inside one) leaves them so. Taken after
+/// `LOCKED` when both are.
+static KEPT_OUT: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// Memory of this library's own that stays `MADV_DONTFORK` while this value lives, whatever
+/// page locks over it come and go ([`KEPT_OUT`]).
+#[derive(Debug)]
+pub(crate) struct KeptOut {
+    pages: (u64, u64),
+}
+
+impl KeptOut {
+    /// Keeps the pages under `len` bytes at `addr` out of forked children.
+    pub(crate) fn new(addr: *const u8, len: u64) -> Self {
+        let first = addr as u64 / PAGE;
+        let pages = (first, (addr as u64).saturating_add(len).div_ceil(PAGE));
+        KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pages);
+        Self { pages }
+    }
+}
+
+impl Drop for KeptOut {
+    fn drop(&mut self) {
+        let mut kept = KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = kept.iter().position(|&r| r == self.pages) {
+            kept.swap_remove(i);
+        }
+    }
+}
+
+/// The parts of the pages `[first, end)` that no [`KeptOut`] covers.
+fn not_kept(first: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut kept: Vec<(u64, u64)> = KEPT_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|&&(a, b)| a < end && b > first)
+        .copied()
+        .collect();
+    kept.sort_unstable();
+    let (mut out, mut at) = (Vec::new(), first);
+    for (a, b) in kept {
+        if a > at {
+            out.push((at, a.min(end)));
+        }
+        at = at.max(b);
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
+}
 
 /// The shared state of a host buffer (opaque).
 #[doc(hidden)]
@@ -32,6 +86,8 @@ pub struct HostMem {
     pub(crate) ptr: *mut u8,
     pub(crate) len: u64,
     pub(crate) fd: OwnedFd,
+    /// Its pages stay out of forked children while it lives.
+    pub(crate) _kept: KeptOut,
 }
 
 // SAFETY: the pointer names a process-wide shared mapping that lives as long as the value;
@@ -108,7 +164,8 @@ impl HostBuffer {
             return Err(Error::os("MADV_DONTFORK on a host buffer")(e));
         }
         let id = NEXT_BUFFER.fetch_add(1, Ordering::Relaxed);
-        Ok(Self(Arc::new(HostMem { session, id, ptr: p.cast(), len, fd })))
+        let kept = KeptOut::new(p.cast(), len);
+        Ok(Self(Arc::new(HostMem { session, id, ptr: p.cast(), len, fd, _kept: kept })))
     }
 
     /// First byte. Loads and stores through it are the caller's (see the safety note on
@@ -200,14 +257,18 @@ fn run_bytes((first, n): PageRun) -> (*mut libc::c_void, usize) {
     ((first * PAGE) as usize as *mut libc::c_void, (n * PAGE) as usize)
 }
 
-/// Unlocks runs and lets children inherit them again.
+/// Unlocks runs and lets children inherit them again, except the pages of memory this
+/// library keeps out of children for its own reasons ([`KeptOut`]).
 fn unlock_runs(runs: &[PageRun]) {
     for run in runs {
         // These pages were locked by `PageLock::new`; if the caller unmapped them already
         // the calls fail harmlessly.
         let (p, n) = run_bytes(*run);
         munlock(p, n);
-        madvise(p, n, libc::MADV_DOFORK);
+        for (first, end) in not_kept(run.0, run.0 + run.1) {
+            let (p, n) = run_bytes((first, end - first));
+            madvise(p, n, libc::MADV_DOFORK);
+        }
     }
 }
 
@@ -265,5 +326,71 @@ impl Drop for PageLock {
         let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let runs = counts.release(self.first, self.pages);
         unlock_runs(&runs);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The `VmFlags` `/proc/self/smaps` gives the mapping holding the page at `p`.
+    pub(crate) fn vm_flags(p: *const u8) -> Vec<String> {
+        let at = p as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = first.split_once('-')
+                && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&at);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().map(str::to_owned).collect();
+            }
+        }
+        panic!("{at:#x} is not mapped (or smaps has no VmFlags)");
+    }
+
+    /// A bare pointer registered inside memory the library keeps out of forked children (a
+    /// host buffer, a window placement) and unregistered leaves it out of them: before, the
+    /// page lock's end advised `MADV_DOFORK` on its pages, and a child forked afterwards
+    /// shared pages a device may still be writing. Memory no one keeps gets its advice
+    /// undone, as before.
+    #[test]
+    fn a_page_lock_inside_kept_memory_leaves_it_out_of_children() {
+        let len = 4 * PAGE;
+        // SAFETY: a new anonymous shared mapping at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let (p, inner) = (p.cast::<u8>(), p.cast::<u8>().wrapping_add(PAGE as usize));
+        assert!(madvise(p.cast(), len as usize, libc::MADV_DONTFORK));
+        let dontfork = |at: *const u8| vm_flags(at).contains(&"dc".to_owned());
+        let kept = KeptOut::new(p, len);
+        drop(PageLock::new(inner as u64, PAGE).unwrap());
+        assert!(dontfork(inner) && dontfork(p), "kept memory left to forked children");
+        drop(kept);
+        drop(PageLock::new(inner as u64, PAGE).unwrap());
+        assert!(!dontfork(inner), "a page lock of memory no one keeps undoes its advice");
+        assert!(dontfork(p), "and only on its own pages");
+        // SAFETY: the mapping made above; nothing refers to it any more.
+        unsafe { libc::munmap(p.cast(), len as usize) };
+    }
+
+    #[test]
+    fn the_pages_not_kept_are_what_the_kept_ranges_leave() {
+        let _a = KeptOut::new((100 * PAGE) as *const u8, 10 * PAGE);
+        let _b = KeptOut::new((105 * PAGE) as *const u8, 20 * PAGE);
+        assert_eq!(not_kept(90, 140), [(90, 100), (125, 140)]);
+        assert_eq!(not_kept(101, 120), []);
+        assert_eq!(not_kept(200, 210), [(200, 210)]);
     }
 }

@@ -149,7 +149,7 @@ struct Placements {
 }
 
 /// One placed range.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Placed {
     len: u64,
     /// The import it maps, when a revocation of that import fences it
@@ -157,6 +157,9 @@ struct Placed {
     import: Option<u64>,
     /// Whether it is fenced, and what keeps a fence out while the library touches it.
     access: Arc<Access>,
+    /// Its pages stay out of forked children while it is placed, whatever page locks of
+    /// bare pointers inside it come and go.
+    _kept: crate::hostmem::KeptOut,
 }
 
 /// Whether a placement is fenced (the reservation back over it), behind a lock that the
@@ -357,7 +360,8 @@ impl Window {
             return Err(Error::Os { what: "keeping a window mapping out of forked children (MADV_DONTFORK)", source });
         }
         let access = Arc::new(Access::default());
-        st.placed.insert(gfa, Placed { len, import, access: access.clone() });
+        let kept = crate::hostmem::KeptOut::new(addr, len);
+        st.placed.insert(gfa, Placed { len, import, access: access.clone(), _kept: kept });
         Ok((addr, access))
     }
 
@@ -529,23 +533,7 @@ mod tests {
         panic!("{at:#x} is not mapped");
     }
 
-    /// The `VmFlags` `/proc/self/smaps` gives the mapping holding the page at `p`.
-    fn vm_flags(p: *const u8) -> Vec<String> {
-        let at = p as usize;
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut inside = false;
-        for line in smaps.lines() {
-            let first = line.split_whitespace().next().unwrap_or("");
-            if let Some((lo, hi)) = first.split_once('-')
-                && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-            {
-                inside = (lo..hi).contains(&at);
-            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
-                return flags.split_whitespace().map(str::to_owned).collect();
-            }
-        }
-        panic!("{at:#x} is not mapped (or smaps has no VmFlags)");
-    }
+    use crate::hostmem::tests::vm_flags;
 
     #[test]
     fn placements_are_not_inherited_by_a_forked_child_and_unplacing_takes_that_back() {
