@@ -212,16 +212,20 @@ fn memfd_with(bytes: &[u8]) -> std::fs::File {
     f
 }
 
-/// The attacker: connects (and says hello, so the daemon has accepted it), sends the
-/// connection to the test on its standard input (a Unix socket) and exits.
+/// The attacker: connects, and asks for a ping before any hello (refused
+/// `NotNegotiated`: an answer, so the daemon has accepted the connection and taken this
+/// process as its peer, without agreeing a version, which the test's process then does),
+/// sends the connection to the test on its standard input (a Unix socket) and exits.
 #[test]
 #[ignore = "a child process of this file's tests, which run it"]
 fn pidreuse_attacker_child() {
     let Some(socket) = std::env::var_os(ENV_SOCKET) else { return };
-    // Connected, nothing said: its credentials are taken at accept; the test's process
-    // says hello on it (a hello is agreed once per connection).
-    let conn = UnixStream::connect(std::path::Path::new(&socket)).unwrap();
-    let fds = [conn.as_raw_fd()];
+    let mut conn = Connection::new(UnixStream::connect(std::path::Path::new(&socket)).unwrap());
+    match conn.call(Request::Ping, &[]) {
+        Err(CodecError::Refused { body, .. }) => assert_eq!(body.code, ErrorCode::NotNegotiated, "{body:?}"),
+        other => panic!("a ping before hello: {other:?}"),
+    }
+    let fds = [conn.stream().as_raw_fd()];
     let cmsgs = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
     let iov = [std::io::IoSlice::new(b"c")];
     nix::sys::socket::sendmsg::<()>(0, &iov, &cmsgs, nix::sys::socket::MsgFlags::empty(), None).unwrap();

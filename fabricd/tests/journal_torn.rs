@@ -278,3 +278,37 @@ fn salvage_keeps_the_prefix_before_the_damage_and_moves_the_rest_aside() {
         (1..=first_segment_records as u64).collect::<Vec<_>>()
     );
 }
+
+/// A snapshot split over records with a part damaged (intact records after it) is the
+/// whole segment's fault: salvage moves it aside whole, once, and its full bytes stay
+/// there (before, a cut inside the snapshot was copied aside, then the cut segment moved
+/// over that copy).
+#[test]
+fn salvage_moves_a_damaged_split_snapshot_aside_whole() {
+    use fabricd::journal::{MAX_PAYLOAD, SalvageAction, salvage};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("j");
+    let (mut j, _) = open(&dir).expect("open");
+    j.append(1, b"before").expect("append");
+    let snapshot = vec![7u8; 2 * MAX_PAYLOAD + 5];
+    j.compact(&snapshot).expect("compact");
+    j.append(1, b"after").expect("append");
+    let path = segment_path(&dir, j.segment());
+    drop(j);
+    let mut bytes = fs::read(&path).expect("read");
+    bytes[HEADER_LEN + FRAME_LEN + MAX_PAYLOAD + FRAME_LEN + 10] ^= 0x01;
+    fs::write(&path, &bytes).expect("write");
+    match open(&dir) {
+        Err(JournalError::Corrupt { offset, source: FormatError::MissingSnapshot, .. }) => {
+            assert_eq!(offset, HEADER_LEN as u64);
+        }
+        other => panic!("expected the snapshot missing, got {:?}", other.map(|(_, r)| r.last_seq())),
+    }
+    let report = salvage(&dir).expect("salvage");
+    let aside = report.aside.clone().expect("aside dir");
+    let to = aside.join(path.file_name().expect("name"));
+    assert_eq!(report.actions, [SalvageAction::MovedAside { path: path.clone(), to: to.clone() }]);
+    assert!(fs::read(&to).expect("kept") == bytes, "the full bytes kept");
+    let (_, replay) = open(&dir).expect("open after salvage");
+    assert_eq!((replay.snapshot, replay.records.len()), (None, 0), "nothing before the snapshot is left");
+}

@@ -105,9 +105,12 @@ pub enum CopyError {
     Spawn(#[source] std::io::Error),
 }
 
-/// Most chunks queued for one uid: 131,072 (4 MiB of queue; 512 GiB of copies at 4 MiB
-/// chunks). A copy that would pass it is refused, `LimitExceeded`.
-pub const MAX_QUEUED_PER_UID: usize = 1 << 17;
+/// Most chunks one copy (one part of a batch) is split into: 2,048 ([`chunk_size`]), so a
+/// batch of [`fabric_proto::wire::MAX_BATCH`] parts is at most 131,072 chunks.
+pub const MAX_PART_CHUNKS: u64 = 2048;
+/// Most chunks queued for one uid: 262,144 (8 MiB of queue; two of the largest batches). A
+/// copy that would pass it is refused, `LimitExceeded`; one request alone always fits.
+pub const MAX_QUEUED_PER_UID: usize = 1 << 18;
 /// Most chunks queued for all uids: 1,048,576 (32 MiB of queue).
 pub const MAX_QUEUED: usize = 1 << 20;
 
@@ -180,6 +183,12 @@ struct Shared {
     /// Read-held by each chunk moving outside the jobs ([`CopyEngine::loose_chunk`]);
     /// a sweep write-locks it once, which waits for those in flight.
     loose: RwLock<()>,
+    /// Tests: held, every engine waits before it moves its next chunk.
+    #[cfg(test)]
+    held: Mutex<()>,
+    /// Tests: the next chunk an engine takes panics.
+    #[cfg(test)]
+    panic_next: AtomicBool,
 }
 
 /// A chunk moving outside the engine's jobs, in flight: a sweep waits for it to drop.
@@ -240,10 +249,14 @@ pub struct DeviceCopy {
 }
 
 /// The chunk size for a copy of `len` bytes on `engines` engines with `max` the largest
-/// chunk: an even share per engine, at least [`MIN_CHUNK`], at most `max`, in pages.
+/// chunk: an even share per engine, at least [`MIN_CHUNK`], at most `max`, in pages — but
+/// large enough that the copy takes at most [`MAX_PART_CHUNKS`] chunks (a copy past
+/// `max × MAX_PART_CHUNKS` bytes moves in larger chunks), so that one request always fits
+/// what the engine queues for a uid.
 pub fn chunk_size(len: u64, engines: u32, max: u64) -> u64 {
     let share = len.div_ceil(u64::from(engines.max(1)));
-    share.clamp(MIN_CHUNK, max.max(MIN_CHUNK)).next_multiple_of(4096)
+    let size = share.clamp(MIN_CHUNK, max.max(MIN_CHUNK));
+    size.max(len.div_ceil(MAX_PART_CHUNKS)).next_multiple_of(4096)
 }
 
 impl CopyEngine {
@@ -273,6 +286,10 @@ impl CopyEngine {
             metrics,
             maps: regionmap::RegionMaps::default(),
             loose: RwLock::new(()),
+            #[cfg(test)]
+            held: Mutex::new(()),
+            #[cfg(test)]
+            panic_next: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
         for i in 0..config.engines {
@@ -394,6 +411,14 @@ impl CopyEngine {
                 lock(&self.shared.jobs).remove(&id);
                 give_back_place(&self.shared, session);
                 return Err(CopyError::Queue { whose, queued, requested: n, max });
+            }
+            // A sweep that listed the job since it went into the table stopped it with
+            // none of its chunks queued (it took out none): none is, and it ends here.
+            if job.gate.read().unwrap_or_else(|p| p.into_inner()).is_some() {
+                drop(q);
+                job.left.store(0, Ordering::Release);
+                finish(&self.shared, &job);
+                return Ok(Ok(id));
             }
             q.extend(uid, session, chunks.into_iter().map(|(part, at, len)| Chunk { job: job.clone(), part, at, len }));
             q.len()
@@ -542,7 +567,7 @@ fn engine(s: &Shared) {
         // A chunk that panics (a bug) fails its job, not the engine: the job still ends
         // with its completion and gives its session's place back, and the thread goes on
         // serving every other session's chunks.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_chunk(&chunk, &mut bounce, &s.maps)));
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_chunk(s, &chunk, &mut bounce)));
         if ran.is_err() {
             tracing::error!(
                 copy = chunk.job.id,
@@ -561,11 +586,12 @@ fn engine(s: &Shared) {
     }
 }
 
-fn run_chunk(c: &Chunk, bounce: &mut Vec<u8>, maps: &regionmap::RegionMaps) {
+fn run_chunk(shared: &Shared, c: &Chunk, bounce: &mut Vec<u8>) {
+    let maps = &shared.maps;
     #[cfg(test)]
-    let _held = tests::ENGINES_HELD.lock().unwrap_or_else(|p| p.into_inner());
+    let _held = lock(&shared.held);
     #[cfg(test)]
-    if tests::PANIC_NEXT_CHUNK.swap(false, Ordering::AcqRel) {
+    if shared.panic_next.swap(false, Ordering::AcqRel) {
         panic!("a chunk's bug, injected by a test");
     }
     let job = &c.job;
@@ -687,11 +713,6 @@ pub(crate) mod chunk;
 mod tests {
     use super::*;
 
-    /// The next chunk an engine takes panics.
-    pub(super) static PANIC_NEXT_CHUNK: AtomicBool = AtomicBool::new(false);
-    /// Held by a test: every engine waits before it moves its next chunk.
-    pub(super) static ENGINES_HELD: Mutex<()> = Mutex::new(());
-
     /// A copy stopped while its chunks wait behind another copy (its session ended; an
     /// unregistration swept it) lets go of what its parts hold at once, and its completion
     /// comes: before, the chunks stayed queued, holding pinned pages or a freed region's
@@ -701,7 +722,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (engine, memory) = engine_with(dir.path(), CopyConfig { engines: 1, ..CopyConfig::default() });
         let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
-        let held = ENGINES_HELD.lock().unwrap();
+        let held = lock(&engine.shared.held);
         // The one engine takes session 1's copy and waits; session 2's is queued.
         let first = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
         let first = first.unwrap().unwrap();
@@ -730,6 +751,10 @@ mod tests {
         assert_eq!(chunk_size(64 << 20, 4, 4 << 20), 4 << 20);
         assert_eq!(chunk_size(64 << 20, 1, 64 << 10), MIN_CHUNK);
         assert_eq!(chunk_size((1 << 20) + 1, 1, 8 << 20) % 4096, 0);
+        // A copy past 2,048 chunks of the largest moves in larger ones.
+        assert_eq!(chunk_size(8 << 30, 2, 4 << 20), 4 << 20);
+        assert_eq!(chunk_size(1 << 40, 2, 4 << 20), 512 << 20);
+        assert!((1u64 << 40).div_ceil(chunk_size((1 << 40) + 1, 2, 4 << 20)) <= MAX_PART_CHUNKS);
     }
 
     #[test]
@@ -830,7 +855,7 @@ mod tests {
         let (engine, memory) =
             engine_with(dir.path(), CopyConfig { engines: 1, max_in_flight_per_session: 1, ..CopyConfig::default() });
         let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
-        PANIC_NEXT_CHUNK.store(true, Ordering::Release);
+        engine.shared.panic_next.store(true, Ordering::Release);
         let first = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
         let first = first.unwrap().unwrap();
         let (_, d) = done.blocking_recv().unwrap();
@@ -846,27 +871,39 @@ mod tests {
     /// A copy whose chunks would pass what the engine queues for one uid is refused,
     /// typed, before any chunk is queued, and gives its session's place back: before, a
     /// client's batches of huge copies queued chunk records without bound (about 64 MiB of
-    /// the daemon's memory per request of 64 parts of 128 GiB).
+    /// the daemon's memory per request of 64 parts of 128 GiB). The largest request
+    /// alone always fits: here two of them fill the uid's share and a third is refused.
     #[test]
     fn a_copy_past_the_queue_bound_is_refused_and_gives_its_place_back() {
         let dir = tempfile::tempdir().unwrap();
         let (engine, memory) =
-            engine_with(dir.path(), CopyConfig { engines: 1, max_in_flight_per_session: 1, chunk_bytes: MIN_CHUNK });
-        let (sink, _done) = tokio::sync::mpsc::unbounded_channel();
-        // Sparse: nothing of it is read or written.
-        let huge = halves_copy((MAX_QUEUED_PER_UID as u64 + 1) * MIN_CHUNK);
-        match engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(huge)) {
+            engine_with(dir.path(), CopyConfig { engines: 1, max_in_flight_per_session: 2, chunk_bytes: MIN_CHUNK });
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        // The largest batch: 64 parts of 2,048 chunks each (sparse: nothing is moved).
+        let batch = || {
+            let copies = (0..fabric_proto::wire::MAX_BATCH).map(|_| halves_copy(MAX_PART_CHUNKS * MIN_CHUNK));
+            Ok::<_, ()>(NewBatch { copies: copies.collect() })
+        };
+        let held = lock(&engine.shared.held);
+        let first = engine.submit_batch(1, 1, 1, sink.clone(), &memory, batch).unwrap().unwrap();
+        let second = engine.submit_batch(1, 1, 2, sink.clone(), &memory, batch).unwrap().unwrap();
+        match engine.submit_batch(1, 2, 3, sink.clone(), &memory, batch) {
             Err(e @ CopyError::Queue { whose: "this uid", requested, max: MAX_QUEUED_PER_UID, .. }) => {
-                assert_eq!(requested, MAX_QUEUED_PER_UID + 1);
+                assert_eq!(requested, 64 * MAX_PART_CHUNKS as usize);
                 let body = crate::ops::dispatch::errors::copy(&e);
                 assert_eq!(body.code, ErrorCode::LimitExceeded, "{body:?}");
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
-        assert_eq!((engine.in_flight(), lock(&engine.shared.queue).len()), (0, 0));
-        // The session's one place is back.
-        let small = engine.submit(1, 1, 2, sink, &memory, || Ok::<_, ()>(file_copy(Vec::new())));
-        assert!(matches!(small, Ok(Ok(_))), "{small:?}");
+        assert_eq!(engine.in_flight(), 2, "nothing of the refused one is in flight");
+        // Session 2's place is back; another uid has its own share.
+        let small = engine.submit(2, 2, 4, sink, &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let small = small.unwrap().unwrap();
+        assert_eq!(engine.end_session(1), 2);
+        drop(held);
+        let mut ended: Vec<u64> = (0..3).map(|_| done.blocking_recv().unwrap().1.copy).collect();
+        ended.sort_unstable();
+        assert_eq!(ended, [first, second, small]);
     }
 
     #[test]

@@ -313,6 +313,12 @@ impl DecodedSegment<'_> {
 pub fn decode_segment(bytes: &[u8]) -> Result<DecodedSegment<'_>, FormatError> {
     let header = SegmentHeader::decode(bytes)?;
     let mut records = Vec::new();
+    // A fault inside the snapshot's records is the whole segment's: without all of them
+    // there is no snapshot, and no prefix of the segment to keep (`salvage` moves it
+    // aside whole rather than cut it where the damage is).
+    let whole = |records: &Vec<RecordRef<'_>>, e: FormatError| {
+        if records.len() < header.snapshot_records() { FormatError::MissingSnapshot } else { e }
+    };
     let mut pos = HEADER_LEN;
     let mut expected = header.first_seq;
     let mut torn = None;
@@ -320,16 +326,16 @@ pub fn decode_segment(bytes: &[u8]) -> Result<DecodedSegment<'_>, FormatError> {
         let frame = match parse_frame(bytes, pos) {
             Ok(f) => f,
             Err(fault) => {
-                check_tail(bytes, pos, expected, fault)?;
+                check_tail(bytes, pos, expected, fault).map_err(|e| whole(&records, e))?;
                 torn = Some(TornTail { offset: pos as u64, len: (bytes.len() - pos) as u64, fault });
                 break;
             }
         };
         if frame.seq != expected {
-            return Err(FormatError::Sequence { offset: pos as u64, expected, found: frame.seq });
+            return Err(whole(&records, FormatError::Sequence { offset: pos as u64, expected, found: frame.seq }));
         }
         if (frame.kind == KIND_SNAPSHOT) != (records.len() < header.snapshot_records()) {
-            return Err(FormatError::Misplaced { offset: pos as u64, kind: frame.kind });
+            return Err(whole(&records, FormatError::Misplaced { offset: pos as u64, kind: frame.kind }));
         }
         records.push(RecordRef { offset: pos as u64, seq: frame.seq, kind: frame.kind, payload: frame.payload });
         pos = frame.end;
@@ -512,7 +518,7 @@ mod tests {
         let snap_in_middle = segment(1, false, &[(1, b"a"), (KIND_SNAPSHOT, b"s")]);
         assert!(matches!(decode_segment(&snap_in_middle), Err(FormatError::Misplaced { kind: KIND_SNAPSHOT, .. })));
         let no_snap = segment(1, true, &[(1, b"a")]);
-        assert!(matches!(decode_segment(&no_snap), Err(FormatError::Misplaced { kind: 1, .. })));
+        assert_eq!(decode_segment(&no_snap), Err(FormatError::MissingSnapshot));
         assert_eq!(decode_segment(&segment(1, true, &[])), Err(FormatError::MissingSnapshot));
         let ok = segment(4, true, &[(KIND_SNAPSHOT, b"s"), (1, b"a")]);
         assert_eq!(decode_segment(&ok).map(|d| d.records.len()), Ok(2));
@@ -540,7 +546,13 @@ mod tests {
         assert_eq!(decode_segment(cut), Err(FormatError::MissingSnapshot));
         // A part that is no snapshot, or one part too many.
         let short = split_segment(3, &[(s, b"one"), (1, b"two"), (s, b"three")]);
-        assert!(matches!(decode_segment(&short), Err(FormatError::Misplaced { kind: 1, .. })));
+        assert_eq!(decode_segment(&short), Err(FormatError::MissingSnapshot), "the whole segment's fault");
+        // A damaged part with intact records after it: the whole segment's too (offset at
+        // the header), never a cut inside the snapshot.
+        let mut damaged = ok.clone();
+        damaged[HEADER_LEN + FRAME_LEN + 3 + FRAME_LEN] ^= 1;
+        let e = decode_segment(&damaged).unwrap_err();
+        assert_eq!((e.clone(), e.offset()), (FormatError::MissingSnapshot, HEADER_LEN as u64));
         let long = split_segment(2, &[(s, b"one"), (s, b"two"), (s, b"three")]);
         assert!(matches!(decode_segment(&long), Err(FormatError::Misplaced { kind: KIND_SNAPSHOT, .. })));
         // A part count of one, past the bound, or without a snapshot is no header of ours.

@@ -114,7 +114,15 @@ fn aside_dir(dir: &Path) -> Result<PathBuf, JournalError> {
 }
 
 fn move_aside(path: &Path, aside: &Path) -> Result<SalvageAction, JournalError> {
-    let to = aside.join(path.file_name().unwrap_or_default());
+    // Never over a file already set aside (the full copy of a segment cut in an earlier
+    // round): each keeps its bytes.
+    let name = path.file_name().unwrap_or_default();
+    let mut to = aside.join(name);
+    let mut n = 1;
+    while to.exists() {
+        to = aside.join(format!("{}.{n}", name.to_string_lossy()));
+        n += 1;
+    }
     fs::rename(path, &to).map_err(|source| JournalError::Write { path: to.clone(), source })?;
     Ok(SalvageAction::MovedAside { path: path.to_owned(), to })
 }
