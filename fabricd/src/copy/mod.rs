@@ -465,7 +465,13 @@ impl CopyEngine {
 
 impl Drop for CopyEngine {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        // Under the queue's lock: an engine reads the flag and goes to wait in one hold of
+        // it, so the wake-up below cannot fall between the two (it did: an engine that had
+        // just found the queue empty slept on, and this join never returned).
+        {
+            let _queue = lock(&self.shared.queue);
+            self.shared.stop.store(true, Ordering::Release);
+        }
         self.shared.ready.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -755,6 +761,24 @@ mod tests {
         assert_eq!(chunk_size(8 << 30, 2, 4 << 20), 4 << 20);
         assert_eq!(chunk_size(1 << 40, 2, 4 << 20), 512 << 20);
         assert!((1u64 << 40).div_ceil(chunk_size((1 << 40) + 1, 2, 4 << 20)) <= MAX_PART_CHUNKS);
+    }
+
+    /// Engines started and dropped at once, many times over: every drop ends every engine
+    /// thread. Before, the stop flag was set and the engines woken without the queue's
+    /// lock, and an engine that had just found the queue empty could miss the wake-up and
+    /// sleep on while the drop waited for it (a test hung this way in CI).
+    #[test]
+    fn an_engine_dropped_at_once_ends_every_thread() {
+        let fabric = fabric_topology::Fabric::build(fabric_topology::Inventory::default()).unwrap();
+        let metrics = Arc::new(Metrics::new(&fabric));
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in 0..3000 {
+                drop(CopyEngine::start(CopyConfig { engines: 4, ..CopyConfig::default() }, metrics.clone()).unwrap());
+            }
+            done.send(()).unwrap();
+        });
+        ended.recv_timeout(std::time::Duration::from_secs(120)).expect("a drop waited for an engine that slept on");
     }
 
     #[test]
