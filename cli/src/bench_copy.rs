@@ -15,9 +15,10 @@
 //! and batched figures; the JSON says which.
 //!
 //! Endpoint kinds: two HBM regions registered for DMA (when the daemon may pin them; the
-//! kernel copies, as a client may shrink a region file), the same regions by GFA, and two
+//! kernel copies, as a client may shrink a region file), the same regions by GFA, two
 //! memfds sealed against shrinking registered by fabricctl (the daemon copies them with
-//! the CPU). The baseline copies between two buffers of this process, both faulted in
+//! the CPU), and fabricctl's own locked memory registered as process memory copied into
+//! a region by GFA (the daemon reads it with `process_vm_readv`). The baseline copies between two buffers of this process, both faulted in
 //! beforehand. The private daemon's state dir is under `--dir` (default `/dev/shm`, as sim
 //! device memory is shared memory); a tmpfs mounted with `huge=` there gives the regions
 //! huge pages, and the JSON says which mount option it had.
@@ -115,6 +116,9 @@ pub struct CopyPoint {
     pub gfa_gbps: f64,
     /// The same copies between sealed memfd registrations (`null`: not pinned).
     pub memfd_gbps: Option<f64>,
+    /// The same copies from fabricctl's process memory into a region by GFA (`null`: not
+    /// locked or registered).
+    pub process_gbps: Option<f64>,
     /// Single-thread memcpy of the same size in this process, measured just before.
     pub memcpy_gbps: f64,
     /// `engine_gbps / memcpy_gbps`.
@@ -125,6 +129,8 @@ pub struct CopyPoint {
     pub pipe_gfa_gbps: f64,
     /// Pipelined, sealed memfd registrations.
     pub pipe_memfd_gbps: Option<f64>,
+    /// Pipelined, process memory into a region.
+    pub pipe_process_gbps: Option<f64>,
     /// Each pipelined figure over `memcpy_gbps`.
     pub pipe_ratio: Ratios,
     /// Batched (`batch` copies per request, `depth` requests in flight), registration
@@ -134,6 +140,8 @@ pub struct CopyPoint {
     pub batch_gfa_gbps: f64,
     /// Batched, sealed memfd registrations.
     pub batch_memfd_gbps: Option<f64>,
+    /// Batched, process memory into a region.
+    pub batch_process_gbps: Option<f64>,
     /// Each batched figure over `memcpy_gbps`.
     pub batch_ratio: Ratios,
 }
@@ -147,6 +155,8 @@ pub struct Ratios {
     pub gfa: f64,
     /// Sealed memfd registrations (`null`: not pinned).
     pub memfd: Option<f64>,
+    /// Process memory into a region (`null`: not locked or registered).
+    pub process: Option<f64>,
 }
 
 impl Ratios {
@@ -155,13 +165,14 @@ impl Ratios {
             registration: self.registration.min(o.registration),
             gfa: self.gfa.min(o.gfa),
             memfd: self.memfd.zip(o.memfd).map(|(a, b)| a.min(b)),
+            process: self.process.zip(o.process).map(|(a, b)| a.min(b)),
         }
     }
 
     /// The best kind and its ratio.
     fn best(self) -> (&'static str, f64) {
         let mut best = ("registration", self.registration);
-        for (k, r) in [("gfa", Some(self.gfa)), ("memfd", self.memfd)] {
+        for (k, r) in [("gfa", Some(self.gfa)), ("memfd", self.memfd), ("process", self.process)] {
             if let Some(r) = r
                 && r > best.1
             {
@@ -322,8 +333,11 @@ fn run_one(
         }
         _ => None,
     };
+    let process = endpoints::process_memory(&mut c, &device, max)?;
+    let by_process =
+        process.as_ref().map(|(_, id)| (CopyEndpoint::Gfa(dst.gfa), CopyEndpoint::Registration { id: *id, offset: 0 }));
     // Fault everything in once (the engine's first touch of region memory).
-    for (d, s) in [Some(by_reg), by_memfd].into_iter().flatten() {
+    for (d, s) in [Some(by_reg), by_memfd, by_process].into_iter().flatten() {
         one_copy(&mut c, d, s, max)?;
     }
     let (a, b) = bufs;
@@ -333,35 +347,46 @@ fn run_one(
         let (engine_gbps, pipe_engine_gbps, batch_engine_gbps) = measure(&mut c, opts, by_reg, size)?;
         let (gfa_gbps, pipe_gfa_gbps, batch_gfa_gbps) = measure(&mut c, opts, by_gfa, size)?;
         let memfd = by_memfd.map(|p| measure(&mut c, opts, p, size)).transpose()?;
+        let process = by_process.map(|p| measure(&mut c, opts, p, size)).transpose()?;
         points.push(CopyPoint {
             size,
             engine_gbps,
             gfa_gbps,
             memfd_gbps: memfd.map(|m| m.0),
+            process_gbps: process.map(|m| m.0),
             memcpy_gbps,
             ratio: engine_gbps / memcpy_gbps,
             pipe_engine_gbps,
             pipe_gfa_gbps,
             pipe_memfd_gbps: memfd.map(|m| m.1),
+            pipe_process_gbps: process.map(|m| m.1),
             pipe_ratio: Ratios {
                 registration: pipe_engine_gbps / memcpy_gbps,
                 gfa: pipe_gfa_gbps / memcpy_gbps,
                 memfd: memfd.map(|m| m.1 / memcpy_gbps),
+                process: process.map(|m| m.1 / memcpy_gbps),
             },
             batch_engine_gbps,
             batch_gfa_gbps,
             batch_memfd_gbps: memfd.map(|m| m.2),
+            batch_process_gbps: process.map(|m| m.2),
             batch_ratio: Ratios {
                 registration: batch_engine_gbps / memcpy_gbps,
                 gfa: batch_gfa_gbps / memcpy_gbps,
                 memfd: memfd.map(|m| m.2 / memcpy_gbps),
+                process: process.map(|m| m.2 / memcpy_gbps),
             },
         });
     }
     let big: Vec<&CopyPoint> = points.iter().filter(|p| p.size >= 1 << 20).collect();
     let pool = if big.is_empty() { points.iter().collect() } else { big };
     let ratio_min = pool.iter().map(|p| p.ratio).fold(f64::INFINITY, f64::min);
-    let inf = Ratios { registration: f64::INFINITY, gfa: f64::INFINITY, memfd: by_memfd.map(|_| f64::INFINITY) };
+    let inf = Ratios {
+        registration: f64::INFINITY,
+        gfa: f64::INFINITY,
+        memfd: by_memfd.map(|_| f64::INFINITY),
+        process: by_process.map(|_| f64::INFINITY),
+    };
     let pipe_ratio_min = pool.iter().fold(inf, |m, p| m.min(p.pipe_ratio));
     let batch_ratio_min = pool.iter().fold(inf, |m, p| m.min(p.batch_ratio));
     Ok((EngineRun { engines, points, ratio_min, pipe_ratio_min, batch_ratio_min }, registered.is_some()))

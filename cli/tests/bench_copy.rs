@@ -73,6 +73,14 @@ fn copy_bench_reports_engine_and_memcpy_figures_per_size_and_engine_count() {
             } else {
                 assert!(p["memfd_gbps"].is_null() && pr["memfd"].is_null() && br["memfd"].is_null(), "{p}");
             }
+            // Process memory is locked by fabricctl under the same limit.
+            if memfd {
+                f(p, "process_gbps");
+                assert!(close(f(pr, "process"), f(p, "pipe_process_gbps") / memcpy), "{p}");
+                assert!(close(f(br, "process"), f(p, "batch_process_gbps") / memcpy), "{p}");
+            } else {
+                assert!(p["process_gbps"].is_null() && pr["process"].is_null(), "{p}");
+            }
         }
         // Only the 1 MiB point counts toward the minima.
         assert_eq!(r["ratio_min"], points[1]["ratio"]);

@@ -1,5 +1,6 @@
-//! The endpoints `bench copy` copies between — two regions (by registration and by GFA)
-//! and two sealed memfds of fabricctl's registered — and the two ways a copy is timed:
+//! The endpoints `bench copy` copies between — two regions (by registration and by GFA),
+//! two sealed memfds of fabricctl's registered, and fabricctl's own locked memory
+//! registered as process memory — and the two ways a copy is timed:
 //! one at a time (request to `CopyDone`) and pipelined (`depth` copies in flight).
 
 use std::collections::HashSet;
@@ -77,6 +78,52 @@ pub(super) fn sealed_memfd(
         return Err(io_err("sealing the memfd")(std::io::Error::last_os_error()));
     }
     Ok(register(c, device, RegisterSource::Fd, size, Some(&fd)).map(|id| (fd, id)))
+}
+
+/// `len` bytes of fabricctl's own anonymous memory, locked (`mlock`), unmapped on drop:
+/// what a client registers as process memory (`RegisterSource::Process`), which the
+/// daemon reaches with `process_vm_readv`/`writev`.
+pub(super) struct Locked {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `locked` with this length and nothing else
+        // unmaps it; no reference into it outlives `self`.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+/// `size` bytes of fabricctl's memory, locked and registered as process memory on
+/// `device`. `None` when they could not be locked (RLIMIT_MEMLOCK) or registered.
+pub(super) fn process_memory(
+    c: &mut Connection,
+    device: &str,
+    size: u64,
+) -> Result<Option<(Locked, u64)>, CopyBenchError> {
+    let len = usize::try_from(size).map_err(|_| CopyBenchError::Options(format!("{size} bytes do not fit")))?;
+    // SAFETY: a new private anonymous mapping; no address of ours is passed.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io_err("mapping process memory")(std::io::Error::last_os_error()));
+    }
+    let mem = Locked { addr, len };
+    // SAFETY: the range is the mapping just made, whole; locking faults it in.
+    if unsafe { libc::mlock(mem.addr, mem.len) } != 0 {
+        return Ok(None);
+    }
+    Ok(register(c, device, RegisterSource::Process { addr: addr as u64 }, size, None).map(|id| (mem, id)))
 }
 
 /// Issues one copy; returns its id.
