@@ -177,6 +177,9 @@ pub struct Metrics {
     /// Finished copies and their bytes, by result (`fabricd_copies_total`,
     /// `fabricd_copy_bytes_total`).
     copies: [[AtomicU64; RESULTS.len()]; 2],
+    /// Copy engines replaced because a chunk stalled in a client's own memory
+    /// (`fabricd_copy_engines_stalled_total`).
+    copy_engines_stalled: AtomicU64,
     /// Connections closed at accept, by the limit they hit (`fabricd_connections_refused_total`).
     refused: [AtomicU64; REFUSAL_LIMITS.len()],
 }
@@ -263,6 +266,7 @@ impl Metrics {
             uevents_listening: AtomicBool::new(false),
             rescans: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             copies: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            copy_engines_stalled: AtomicU64::new(0),
             refused: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -329,6 +333,12 @@ impl Metrics {
         self.copies[1][r].fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Counts one copy engine replaced by the watchdog (a chunk stalled in a client's
+    /// memory).
+    pub fn copy_engine_stalled(&self) {
+        self.copy_engines_stalled.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Sets the address map gauges.
     pub fn set_map(&self, generation: u64, mapped_bytes: u64) {
         self.map_generation.store(generation, Ordering::Relaxed);
@@ -380,6 +390,13 @@ impl Metrics {
                 }
             }
         }
+
+        p.family(
+            "fabricd_copy_engines_stalled_total",
+            "counter",
+            "Copy engine threads replaced because a chunk stalled in a client's own memory.",
+        );
+        p.sample("fabricd_copy_engines_stalled_total", &[], self.copy_engines_stalled.load(Ordering::Relaxed));
 
         p.family("fabricd_sessions", "gauge", "Connected clients.");
         p.sample("fabricd_sessions", &[], live.sessions);

@@ -5,6 +5,8 @@
 //! is an error, never a signal — but a region on device memory (a DAX device, a BAR),
 //! whose file serves `mmap` only, is reached through its kept mapping
 //! ([`RegionMaps`], the engine's), with the recovering CPU copy where there is one.
+//! A client's memory is reached under its registration's gate
+//! ([`crate::dma::ClientGate`]), which the caller then need not cover with its own.
 
 use std::os::unix::fs::FileExt;
 
@@ -26,10 +28,13 @@ pub fn read(side: &Side, offset: u64, buf: &mut [u8], maps: &RegionMaps) -> Resu
             let addr = map.as_ptr() as u64 + base + offset;
             sys::vm_read(sys::own_pid(), local, addr, len).map_err(moved(offset, len))
         }
-        Side::Process { process, addr } => process
-            .with(|pid| sys::vm_read(pid, local, addr + offset, len))
-            .map_err(|_| ChunkError::ProcessGone(process.pid()))?
-            .map_err(moved(offset, len)),
+        Side::Process { process, addr, gate } => {
+            let _access = gate.enter().ok_or(ChunkError::Unregistered)?;
+            process
+                .with(|pid| sys::vm_read(pid, local, addr + offset, len))
+                .map_err(|_| ChunkError::ProcessGone(process.pid()))?
+                .map_err(moved(offset, len))
+        }
         Side::File { device: true, .. } => chunk::with_buffer(side, offset, local, len, false, maps),
         Side::File { file, offset: o, .. } => file.read_exact_at(buf, o + offset).map_err(moved(offset, len)),
     }
@@ -51,10 +56,13 @@ pub fn write(side: &Side, offset: u64, buf: &[u8], maps: &RegionMaps) -> Result<
             let addr = map.as_ptr() as u64 + base + offset;
             sys::vm_write(sys::own_pid(), local, addr, len).map_err(moved(offset, len))
         }
-        Side::Process { process, addr } => process
-            .with(|pid| sys::vm_write(pid, local, addr + offset, len))
-            .map_err(|_| ChunkError::ProcessGone(process.pid()))?
-            .map_err(moved(offset, len)),
+        Side::Process { process, addr, gate } => {
+            let _access = gate.enter().ok_or(ChunkError::Unregistered)?;
+            process
+                .with(|pid| sys::vm_write(pid, local, addr + offset, len))
+                .map_err(|_| ChunkError::ProcessGone(process.pid()))?
+                .map_err(moved(offset, len))
+        }
         Side::File { writable: false, .. } => {
             Err(ChunkError::Move { at: offset, len, source: std::io::Error::from_raw_os_error(libc::EBADF) })
         }

@@ -1,8 +1,9 @@
 //! One chunk of a copy: from a side's memory to the other's — by the CPU between two
 //! daemon mappings (a fault, as from a file a client shrank, recovered into an error:
-//! [`super::fault`]), by the kernel to or from a client's own memory (see the module above
-//! for which call moves which pair of sides), and by the kernel for everything where the
-//! target has no recovering copy (then the CPU only between memory that cannot shrink).
+//! [`super::fault`]), by the kernel between a client's own memory and the engine's buffer
+//! (the daemon-held side then to or from that buffer: see the module above for which call
+//! moves which pair of sides), and by the kernel for everything where the target has no
+//! recovering copy (then the CPU only between memory that cannot shrink).
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use super::BOUNCE;
 use super::fault::{self, FaultError};
 use super::regionmap::RegionMaps;
 use super::sys::{self, Mapping};
+use crate::dma::ClientGate;
 use crate::memory::Side;
 use crate::transport::peer::Process;
 
@@ -21,6 +23,13 @@ pub enum ChunkError {
     /// The process whose memory a side is has exited.
     #[error("the process {0} whose memory is registered has exited")]
     ProcessGone(i32),
+    /// The registration of a client's memory that a side is was undone.
+    #[error("the registered memory was unregistered")]
+    Unregistered,
+    /// The copy was stopped (what it depends on went): not a failure of its own, the
+    /// copy ends with the reason it was stopped for.
+    #[error("the copy was stopped")]
+    Stopped,
     /// A side's memory file could not be mapped.
     #[error("mapping {what} memory for the copy")]
     Map {
@@ -60,37 +69,37 @@ impl ChunkError {
     /// The code the copy's completion carries.
     pub fn code(&self) -> ErrorCode {
         match self {
-            ChunkError::ProcessGone(_) => ErrorCode::NotFound,
+            ChunkError::ProcessGone(_) | ChunkError::Unregistered | ChunkError::Stopped => ErrorCode::NotFound,
             ChunkError::Map { .. } | ChunkError::Move { .. } | ChunkError::Fault { .. } => ErrorCode::Internal,
         }
     }
 }
 
-/// A side at one chunk: a daemon address, or a process address.
-enum At<'a> {
-    /// Daemon memory at this address.
-    Local {
-        addr: usize,
-        /// The mapping, when the chunk made one (unmapped after the move) or took a
-        /// region's kept one (held for the move).
-        _map: Option<Arc<Mapping>>,
-    },
-    /// Process memory: reached by pid only inside [`Process::with`] ([`remote`]).
-    Remote(&'a Process, u64),
+/// A daemon-held side at one chunk: its address, and the mapping that keeps it there.
+struct Local {
+    addr: usize,
+    /// The mapping, when the chunk took a region's kept one (held for the move).
+    _map: Option<Arc<Mapping>>,
 }
 
 /// Moves bytes to or from `process` by its pid, which names it throughout the move (it
-/// has not exited before nor after).
-fn remote(process: &Process, f: impl FnOnce(i32) -> std::io::Result<()>) -> Result<std::io::Result<()>, ChunkError> {
+/// has not exited before nor after), with the registration's gate held
+/// ([`crate::dma::ClientGate`]): never the copy's own.
+fn remote(
+    process: &Process,
+    gate: &ClientGate,
+    f: impl FnOnce(i32) -> std::io::Result<()>,
+) -> Result<std::io::Result<()>, ChunkError> {
+    let _access = gate.enter().ok_or(ChunkError::Unregistered)?;
     process.with(f).map_err(|_| ChunkError::ProcessGone(process.pid()))
 }
 
-fn at<'a>(side: &'a Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<At<'a>, ChunkError> {
+/// The daemon address of byte `offset` of a daemon-held side (a region's kept mapping,
+/// made by the first chunk that reached it, writable for a destination).
+fn local(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<Local, ChunkError> {
     let what = if write { "destination" } else { "source" };
     Ok(match side {
-        Side::Pinned { map, base } => At::Local { addr: map.as_ptr() as usize + (base + offset) as usize, _map: None },
-        // A region: its kept mapping (made by the first chunk that reached it), writable
-        // for a destination.
+        Side::Pinned { map, base } => Local { addr: map.as_ptr() as usize + (base + offset) as usize, _map: None },
         Side::File { file, offset: o, writable, region, base, region_len, .. } => {
             if write && !writable {
                 return Err(ChunkError::Map { what, source: std::io::Error::from_raw_os_error(libc::EBADF) });
@@ -98,13 +107,11 @@ fn at<'a>(side: &'a Side, offset: u64, write: bool, maps: &RegionMaps) -> Result
             let m = maps
                 .get(*region, file, *base, *region_len, write)
                 .map_err(|source| ChunkError::Map { what, source })?;
-            At::Local { addr: m.addr() + (o - base + offset) as usize, _map: Some(m) }
+            Local { addr: m.addr() + (o - base + offset) as usize, _map: Some(m) }
         }
-        Side::Process { process, addr } => {
-            if !process.running() {
-                return Err(ChunkError::ProcessGone(process.pid()));
-            }
-            At::Remote(process, addr + offset)
+        // A client's memory has no daemon address: it moves through a buffer.
+        Side::Process { .. } => {
+            return Err(ChunkError::Map { what, source: std::io::Error::from_raw_os_error(libc::EINVAL) });
         }
     })
 }
@@ -120,26 +127,42 @@ fn cpu_reaches(side: &Side) -> bool {
     }
 }
 
-/// Moves `len` bytes between the daemon buffer at `local` and bytes `[offset, offset +
-/// len)` of `side`, a side the daemon maps (a region on device memory, through its kept
-/// mapping): `store` writes the side. The recovering CPU copy, else the kernel (which
-/// reaches a DAX device's pages, not a BAR's).
+/// Moves `len` bytes between the daemon buffer at `buf` and bytes `[offset, offset +
+/// len)` of `side`, a side the daemon maps (a region on device memory through its kept
+/// mapping): `store` writes the side. The recovering CPU copy where it may reach the side,
+/// else the kernel, with the side's mapping as the call's local end (which the kernel
+/// reaches as the daemon's own memory: a BAR's too) and the buffer as its remote end.
 pub(super) fn with_buffer(
     side: &Side,
     offset: u64,
-    local: usize,
+    buf: usize,
     len: u64,
     store: bool,
     maps: &RegionMaps,
 ) -> Result<(), ChunkError> {
-    let At::Local { addr, _map } = at(side, offset, store, maps)? else {
-        return Err(ChunkError::Move { at: offset, len, source: std::io::Error::from_raw_os_error(libc::EINVAL) });
-    };
-    let (d, s) = if store { (addr, local) } else { (local, addr) };
-    if fault::ready() {
+    let Local { addr, _map } = local(side, offset, store, maps)?;
+    if cpu_reaches(side) && fault::ready() {
+        let (d, s) = if store { (addr, buf) } else { (buf, addr) };
         return cpu_recovering(d, s, offset, len).map(|_| ());
     }
-    sys::vm_read(sys::own_pid(), d, s as u64, len).map_err(|source| ChunkError::Move { at: offset, len, source })
+    let moved = if store {
+        sys::vm_read(sys::own_pid(), addr, buf as u64, len)
+    } else {
+        sys::vm_write(sys::own_pid(), addr, buf as u64, len)
+    };
+    moved.map_err(|source| ChunkError::Move { at: offset, len, source })
+}
+
+/// Reads bytes `[offset, offset + len)` of daemon-held `side` into the buffer at `buf`:
+/// from the file's page cache where the daemon holds a file of it (no mapping to make),
+/// else through its mapping ([`with_buffer`]).
+fn load(side: &Side, offset: u64, buf: usize, len: u64, maps: &RegionMaps) -> Result<(), ChunkError> {
+    match file_of(side) {
+        Some((file, off)) => {
+            sys::pread_into(file, buf, off + offset, len).map_err(|source| ChunkError::Move { at: offset, len, source })
+        }
+        None => with_buffer(side, offset, buf, len, false, maps),
+    }
 }
 
 /// The file behind a daemon-held side and the file offset of its byte 0, when the kernel
@@ -188,26 +211,92 @@ fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, Chu
 }
 
 /// Copies bytes `[offset, offset + len)` of `src` to the same range of `dst`; `bounce`
-/// is the engine's buffer for process-to-process copies, `maps` the regions' kept
-/// mappings. Returns whether the CPU moved the bytes (else the kernel or nothing did).
-pub fn copy(
+/// is the engine's buffer for a client's memory, `maps` the regions' kept mappings.
+/// Returns whether the CPU moved the bytes (else the kernel or nothing did).
+///
+/// `enter` begins an access to daemon-held memory: the job's gate read-locked, `None`
+/// once the job is stopped (the chunk then ends with [`ChunkError::Stopped`]). It is held
+/// around every load or store of a daemon-held side and around nothing else: a client's
+/// memory moves between the client and `bounce` under its registration's gate alone, so a
+/// client that stalls its own memory stalls no sweep ([`crate::dma::ClientGate`]).
+pub fn copy<G>(
     dst: &Side,
     src: &Side,
     offset: u64,
     len: u64,
     bounce: &mut Vec<u8>,
     maps: &RegionMaps,
+    enter: impl Fn() -> Option<G>,
 ) -> Result<bool, ChunkError> {
+    if dst.is_client() || src.is_client() {
+        return through_buffer(dst, src, offset, len, bounce, maps, enter).map(|()| false);
+    }
+    let _in = enter().ok_or(ChunkError::Stopped)?;
+    between_daemon_sides(dst, src, offset, len, maps)
+}
+
+/// A chunk of which one side, or both, is a client's memory: piece by piece through
+/// `bounce`, the client's end under its registration's gate and the daemon's under
+/// `enter` ([`copy`]), never both at once.
+fn through_buffer<G>(
+    dst: &Side,
+    src: &Side,
+    offset: u64,
+    len: u64,
+    bounce: &mut Vec<u8>,
+    maps: &RegionMaps,
+    enter: impl Fn() -> Option<G>,
+) -> Result<(), ChunkError> {
+    bounce.resize(BOUNCE, 0);
+    let buf = bounce.as_mut_ptr() as usize;
+    let mut done = 0;
+    while done < len {
+        let (at, n) = (offset + done, (len - done).min(BOUNCE as u64));
+        piece(src, at, buf, n, false, maps, &enter)?;
+        piece(dst, at, buf, n, true, maps, &enter)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Moves bytes `[at, at + n)` of `side` between it and the buffer at `buf` (`store`
+/// writes the side): a client's memory under its registration's gate, daemon-held memory
+/// under `enter` ([`copy`]).
+fn piece<G>(
+    side: &Side,
+    at: u64,
+    buf: usize,
+    n: u64,
+    store: bool,
+    maps: &RegionMaps,
+    enter: &impl Fn() -> Option<G>,
+) -> Result<(), ChunkError> {
+    match side {
+        Side::Process { process, addr, gate } => {
+            // A stopped copy touches no more of the client's memory either.
+            drop(enter().ok_or(ChunkError::Stopped)?);
+            let call = |pid| {
+                if store { sys::vm_write(pid, buf, addr + at, n) } else { sys::vm_read(pid, buf, addr + at, n) }
+            };
+            remote(process, gate, call)?.map_err(|source| ChunkError::Move { at, len: n, source })
+        }
+        _ => {
+            let _in = enter().ok_or(ChunkError::Stopped)?;
+            if store { with_buffer(side, at, buf, n, true, maps) } else { load(side, at, buf, n, maps) }
+        }
+    }
+}
+
+/// A chunk between two daemon-held sides, with the job's gate held by the caller.
+fn between_daemon_sides(dst: &Side, src: &Side, offset: u64, len: u64, maps: &RegionMaps) -> Result<bool, ChunkError> {
     let moved = |source| ChunkError::Move { at: offset, len, source };
-    let d = at(dst, offset, true, maps)?;
     // Two sides the daemon maps (registrations of memory files, regions by GFA): the CPU
     // copies between the mappings, once, at memcpy speed; a fault (a client shrank a file
     // under the copy) fails the chunk and nothing else.
-    if matches!(d, At::Local { .. }) && cpu_reaches(dst) && cpu_reaches(src) && fault::ready() {
-        let s = at(src, offset, false, maps)?;
-        if let (At::Local { addr: d_addr, .. }, At::Local { addr: s_addr, .. }) = (&d, &s) {
-            return cpu_recovering(*d_addr, *s_addr, offset, len);
-        }
+    if cpu_reaches(dst) && cpu_reaches(src) && fault::ready() {
+        let d = local(dst, offset, true, maps)?;
+        let s = local(src, offset, false, maps)?;
+        return cpu_recovering(d.addr, s.addr, offset, len);
     }
     // Without a recovering copy: two pinned mappings of memory no one can shrink: no load
     // or store can fault, so the CPU copies, once, at memcpy speed.
@@ -226,34 +315,12 @@ pub fn copy(
         unsafe { sys::cpu_copy(d, s, len) };
         return Ok(true);
     }
+    let d = local(dst, offset, true, maps)?;
     // A source the daemon holds a file of is read from the file's page cache straight
     // into the destination: one copy, and no mapping of the source to make.
-    if let (At::Local { addr, .. }, Some((file, off))) = (&d, file_of(src)) {
-        return sys::pread_into(file, *addr, off + offset, len).map_err(moved).map(|()| false);
+    if let Some((file, off)) = file_of(src) {
+        return sys::pread_into(file, d.addr, off + offset, len).map_err(moved).map(|()| false);
     }
-    let s = at(src, offset, false, maps)?;
-    let r = match (&d, &s) {
-        (At::Local { addr: d, .. }, At::Local { addr: s, .. }) => {
-            sys::vm_read(sys::own_pid(), *d, *s as u64, len).map_err(moved)
-        }
-        (At::Local { addr: d, .. }, At::Remote(p, s)) => {
-            remote(p, |pid| sys::vm_read(pid, *d, *s, len))?.map_err(moved)
-        }
-        (At::Remote(p, d), At::Local { addr: s, .. }) => {
-            remote(p, |pid| sys::vm_write(pid, *s, *d, len))?.map_err(moved)
-        }
-        (At::Remote(dp, d), At::Remote(sp, s)) => {
-            bounce.resize(BOUNCE, 0);
-            let buf = bounce.as_mut_ptr() as usize;
-            let mut done = 0;
-            while done < len {
-                let n = (len - done).min(BOUNCE as u64);
-                remote(sp, |pid| sys::vm_read(pid, buf, s + done, n))?.map_err(moved)?;
-                remote(dp, |pid| sys::vm_write(pid, buf, d + done, n))?.map_err(moved)?;
-                done += n;
-            }
-            Ok(())
-        }
-    };
-    r.map(|()| false)
+    let s = local(src, offset, false, maps)?;
+    sys::vm_read(sys::own_pid(), d.addr, s.addr as u64, len).map_err(moved).map(|()| false)
 }

@@ -2,8 +2,9 @@
 //! queued, and within a uid round robin over its sessions; each session's chunks in the
 //! order queued. One engine taking one chunk is one turn, and a chunk is at most
 //! `copy.chunk_bytes`, so a copy of a uid waits for at most one chunk of each other busy
-//! uid per engine, however much they have queued. A plain value with no lock of its own:
-//! the engine holds it under its mutex.
+//! uid per engine, however much they have queued. A session may be parked (its chunks
+//! kept and counted, none taken: the engine's watchdog parks a session stalled in its own
+//! memory). A plain value with no lock of its own: the engine holds it under its mutex.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -13,6 +14,8 @@ pub struct FairQueue<T> {
     /// Uids with chunks queued, the next to serve first.
     uids: VecDeque<u32>,
     by_uid: HashMap<u32, Sessions<T>>,
+    /// Parked sessions: how many times each was parked, and its chunks, out of the turns.
+    parked: HashMap<(u32, u64), (u32, VecDeque<T>)>,
     len: usize,
 }
 
@@ -27,7 +30,7 @@ struct Sessions<T> {
 
 impl<T> Default for FairQueue<T> {
     fn default() -> Self {
-        Self { uids: VecDeque::new(), by_uid: HashMap::new(), len: 0 }
+        Self { uids: VecDeque::new(), by_uid: HashMap::new(), parked: HashMap::new(), len: 0 }
     }
 }
 
@@ -36,6 +39,12 @@ impl<T> FairQueue<T> {
     pub fn extend(&mut self, uid: u32, session: u64, items: impl IntoIterator<Item = T>) {
         let mut items = items.into_iter().peekable();
         if items.peek().is_none() {
+            return;
+        }
+        if let Some((_, q)) = self.parked.get_mut(&(uid, session)) {
+            let before = q.len();
+            q.extend(items);
+            self.len += q.len() - before;
             return;
         }
         let s = self.by_uid.entry(uid).or_insert_with(|| {
@@ -84,6 +93,13 @@ impl<T> FairQueue<T> {
     /// chunks, so that what they hold goes now, not when their turn comes); the others keep
     /// their order and turns. Answers how many went.
     pub fn remove(&mut self, uid: u32, session: u64, mut gone: impl FnMut(&T) -> bool) -> usize {
+        if let Some((_, q)) = self.parked.get_mut(&(uid, session)) {
+            let before = q.len();
+            q.retain(|item| !gone(item));
+            let removed = before - q.len();
+            self.len -= removed;
+            return removed;
+        }
         let Some(s) = self.by_uid.get_mut(&uid) else { return 0 };
         let Some(q) = s.queues.get_mut(&session) else { return 0 };
         let before = q.len();
@@ -107,9 +123,45 @@ impl<T> FairQueue<T> {
         self.len
     }
 
-    /// Chunks of `uid` queued.
+    /// Chunks of `uid` queued, parked ones included.
     pub fn len_of(&self, uid: u32) -> usize {
-        self.by_uid.get(&uid).map_or(0, |s| s.len)
+        let parked: usize = self.parked.iter().filter(|((u, _), _)| *u == uid).map(|(_, (_, q))| q.len()).sum();
+        self.by_uid.get(&uid).map_or(0, |s| s.len) + parked
+    }
+
+    /// Parks `session` of `uid`: none of its chunks, queued or to come, is taken until it
+    /// is unparked as many times as it was parked. Its chunks keep their order and count.
+    pub fn park(&mut self, uid: u32, session: u64) {
+        if let Some((times, _)) = self.parked.get_mut(&(uid, session)) {
+            *times += 1;
+            return;
+        }
+        let mut items = VecDeque::new();
+        if let Some(s) = self.by_uid.get_mut(&uid)
+            && let Some(q) = s.queues.remove(&session)
+        {
+            s.len -= q.len();
+            s.order.retain(|&o| o != session);
+            if s.order.is_empty() {
+                self.by_uid.remove(&uid);
+                self.uids.retain(|&u| u != uid);
+            }
+            items = q;
+        }
+        self.parked.insert((uid, session), (1, items));
+    }
+
+    /// Undoes one [`FairQueue::park`] of `session`; the last one puts its chunks back in
+    /// the turns, at the back.
+    pub fn unpark(&mut self, uid: u32, session: u64) {
+        let Some((times, _)) = self.parked.get_mut(&(uid, session)) else { return };
+        *times -= 1;
+        if *times > 0 {
+            return;
+        }
+        let Some((_, items)) = self.parked.remove(&(uid, session)) else { return };
+        self.len -= items.len();
+        self.extend(uid, session, items);
     }
 }
 
@@ -131,6 +183,30 @@ mod tests {
         q.extend(3, 30, [(3, 30, 0)]);
         assert_eq!(q.remove(3, 30, |_| true), 1);
         assert_eq!((q.len(), q.pop()), (0, None), "an emptied uid leaves its turn");
+    }
+
+    #[test]
+    fn a_parked_session_keeps_its_chunks_counted_and_gives_up_its_turns_until_unparked() {
+        let mut q = FairQueue::default();
+        q.extend(1, 10, [(1, 10, 0), (1, 10, 1)]);
+        q.extend(1, 11, [(1, 11, 0)]);
+        q.extend(2, 20, [(2, 20, 0)]);
+        q.park(1, 10);
+        q.park(1, 10);
+        q.extend(1, 10, [(1, 10, 2)]);
+        q.park(3, 30);
+        assert_eq!((q.len(), q.len_of(1), q.len_of(2)), (5, 4, 1));
+        assert_eq!(drain(&mut q), [(1, 11, 0), (2, 20, 0)], "the parked session's chunks are not taken");
+        assert_eq!(q.remove(1, 10, |&(_, _, i)| i == 1), 1, "a stopped job's chunks go, parked or not");
+        assert_eq!((q.len(), q.len_of(1)), (2, 2));
+        q.unpark(1, 10);
+        assert_eq!(q.pop(), None, "parked twice, unparked once");
+        q.unpark(1, 10);
+        q.unpark(3, 30);
+        q.unpark(9, 90);
+        assert_eq!(drain(&mut q), [(1, 10, 0), (1, 10, 2)], "back in the turns, in order");
+        assert_eq!(q.len(), 0);
+        assert!(q.parked.is_empty() && q.by_uid.is_empty() && q.uids.is_empty());
     }
 
     fn drain(q: &mut FairQueue<(u32, u64, u32)>) -> Vec<(u32, u64, u32)> {

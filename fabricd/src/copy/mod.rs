@@ -18,9 +18,10 @@
 //!   later chunks and copies: `regionmap.rs`; for a region on a DAX device or a BAR, its
 //!   range of the device file, which serves `mmap` only) — the CPU, one `rep movsb`
 //!   between the mappings;
-//! - a daemon-held side to or from a client's memory: `process_vm_writev`/`readv` from or
-//!   into the daemon's mapping (one copy: another process's memory cannot be mapped);
-//! - client to client: both, through a per-engine buffer (two copies).
+//! - a client's memory (a process registration) to or from anything: `process_vm_readv`/
+//!   `writev` between the client and a per-engine buffer, then the daemon-held side from
+//!   or into that buffer (two copies: another process's memory cannot be mapped, and the
+//!   client's end must move outside the job's gate, below).
 //!
 //! Where there is no recovering copy (not x86_64 Linux, or Miri) the kernel copies between
 //! daemon-held sides too (`pread` from the source's file into the destination's mapping),
@@ -40,12 +41,19 @@
 //! marks the job stopped: no byte moves after the operation that ended the dependency has
 //! been answered, and the copy completes with `NotFound` and the bytes done.
 //!
+//! The gate is held around loads and stores of daemon-held memory only, which never wait
+//! on a client. A client's own memory is reached under its registration's gate instead
+//! ([`crate::dma::ClientGate`]), closed by that registration's undoing: a client that
+//! stalls a copy in its own memory (a page whose fault it never serves) holds up its own
+//! `Unregister` and no one else's operation.
+//!
 //! A chunk of a copy across nodes moves outside the jobs (`crate::peer::copy`: the owner
 //! serves a peer's chunk, the importer moves its local end's bytes). It holds the engine's
 //! [`CopyEngine::loose_chunk`] gate while it resolves or rechecks what it touches and moves
 //! the bytes, and every sweep waits for the chunks under it: the same promise, for them too.
 
 pub(crate) mod bytes;
+mod crew;
 mod fair;
 pub mod fault;
 mod regionmap;
@@ -140,6 +148,13 @@ struct Job {
 }
 
 impl Job {
+    /// Begins an access to daemon-held memory for one of its chunks: its gate read-locked
+    /// (a sweep's [`stop`] waits for it), `None` once it is stopped or failed.
+    fn enter(&self) -> Option<std::sync::RwLockReadGuard<'_, Option<String>>> {
+        let gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        (gate.is_none() && lock(&self.failed).is_none()).then_some(gate)
+    }
+
     fn fail(&self, code: ErrorCode, why: String) {
         let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         f.get_or_insert((code, why));
@@ -183,6 +198,9 @@ struct Shared {
     /// Read-held by each chunk moving outside the jobs ([`CopyEngine::loose_chunk`]);
     /// a sweep write-locks it once, which waits for those in flight.
     loose: RwLock<()>,
+    /// The engine threads in service ([`crew`]), and the signal of one ending at stop.
+    crew: Mutex<crew::Crew>,
+    crew_ended: Condvar,
     /// Tests: held, every engine waits before it moves its next chunk.
     #[cfg(test)]
     held: Mutex<()>,
@@ -206,12 +224,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct CopyEngine {
     shared: Arc<Shared>,
     config: CopyConfig,
-    threads: Vec<JoinHandle<()>>,
+    /// The watchdog of the engine threads ([`crew`]).
+    watchdog: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for CopyEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CopyEngine").field("config", &self.config).field("threads", &self.threads.len()).finish()
+        f.debug_struct("CopyEngine").field("config", &self.config).field("engines", &crew::size(&self.shared)).finish()
     }
 }
 
@@ -286,20 +305,24 @@ impl CopyEngine {
             metrics,
             maps: regionmap::RegionMaps::default(),
             loose: RwLock::new(()),
+            crew: Mutex::new(crew::Crew::default()),
+            crew_ended: Condvar::new(),
             #[cfg(test)]
             held: Mutex::new(()),
             #[cfg(test)]
             panic_next: AtomicBool::new(false),
         });
-        let mut threads = Vec::new();
-        for i in 0..config.engines {
-            let s = shared.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("copy-engine-{i}"))
-                .spawn(move || engine(&s))
-                .map_err(CopyError::Spawn)?;
-            threads.push(t);
+        // Built before the threads, so that a failed start stops those it started.
+        let mut this = Self { shared: shared.clone(), config: config.clone(), watchdog: None };
+        for _ in 0..config.engines {
+            crew::hire(&shared, &mut lock(&shared.crew)).map_err(CopyError::Spawn)?;
         }
+        let s = shared.clone();
+        let watchdog = std::thread::Builder::new()
+            .name("copy-watchdog".into())
+            .spawn(move || crew::watch(&s))
+            .map_err(CopyError::Spawn)?;
+        this.watchdog = Some(watchdog);
         // Installed before the first chunk, so that the handler is in place while the
         // daemon is still single-purpose; without it the kernel copies (`chunk.rs`).
         let cpu = fault::ready();
@@ -309,7 +332,7 @@ impl CopyEngine {
             recovering_cpu_copy = cpu,
             "copy engine started"
         );
-        Ok(Self { shared, config, threads })
+        Ok(this)
     }
 
     /// Resolves and queues a copy of `session` (of `uid`): `resolve` gives the copy or a
@@ -473,9 +496,11 @@ impl Drop for CopyEngine {
             self.shared.stop.store(true, Ordering::Release);
         }
         self.shared.ready.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        if let Some(w) = self.watchdog.take() {
+            w.thread().unpark();
+            let _ = w.join();
         }
+        crew::stop(&self.shared);
     }
 }
 
@@ -555,7 +580,9 @@ fn stop(shared: &Shared, job: &Arc<Job>, why: String) -> bool {
     true
 }
 
-fn engine(s: &Shared) {
+/// An engine thread's loop, until the engine stops or the watchdog retires it
+/// ([`crew`]).
+fn engine(s: &Shared, slot: &crew::Slot) {
     let mut bounce = Vec::new();
     loop {
         let chunk = {
@@ -573,7 +600,9 @@ fn engine(s: &Shared) {
         // A chunk that panics (a bug) fails its job, not the engine: the job still ends
         // with its completion and gives its session's place back, and the thread goes on
         // serving every other session's chunks.
+        let stint = slot.stint(&chunk);
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_chunk(s, &chunk, &mut bounce)));
+        drop(stint);
         if ran.is_err() {
             tracing::error!(
                 copy = chunk.job.id,
@@ -589,6 +618,13 @@ fn engine(s: &Shared) {
         if chunk.job.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             finish(s, &chunk.job);
         }
+        // Replaced while its chunk stalled: the session goes back in the turns and this
+        // thread ends.
+        if let Some((uid, session)) = slot.retired() {
+            lock(&s.queue).unpark(uid, session);
+            s.ready.notify_all();
+            return;
+        }
     }
 }
 
@@ -601,30 +637,32 @@ fn run_chunk(shared: &Shared, c: &Chunk, bounce: &mut Vec<u8>) {
         panic!("a chunk's bug, injected by a test");
     }
     let job = &c.job;
-    let gate = job.gate.read().unwrap_or_else(|p| p.into_inner());
-    if gate.is_some() || lock(&job.failed).is_some() {
-        return;
-    }
     let part = &job.parts[c.part];
     let moved = match &part.device {
         // The device's DMA through the IOMMU; the CPU touches no byte.
-        Some(d) => d
-            .device
-            .copy(End { iova: d.src.iova + c.at, ..d.src }, End { iova: d.dst.iova + c.at, ..d.dst }, c.len)
-            .map_err(|e| {
-                let code = match e {
-                    VfioError::Unmapped { .. } => ErrorCode::NotFound,
-                    _ => ErrorCode::Internal,
-                };
-                (code, crate::error_chain(&e))
-            }),
-        None => chunk::copy(&part.dst, &part.src, c.at, c.len, bounce, maps)
-            .map(|cpu| {
+        Some(d) => {
+            let Some(_in) = job.enter() else { return };
+            d.device
+                .copy(End { iova: d.src.iova + c.at, ..d.src }, End { iova: d.dst.iova + c.at, ..d.dst }, c.len)
+                .map_err(|e| {
+                    let code = match e {
+                        VfioError::Unmapped { .. } => ErrorCode::NotFound,
+                        _ => ErrorCode::Internal,
+                    };
+                    (code, crate::error_chain(&e))
+                })
+        }
+        None => match chunk::copy(&part.dst, &part.src, c.at, c.len, bounce, maps, || job.enter()) {
+            Ok(cpu) => {
                 if cpu {
                     job.cpu.store(true, Ordering::Relaxed);
                 }
-            })
-            .map_err(|e| (e.code(), crate::error_chain(&e))),
+                Ok(())
+            }
+            // Stopped: the copy ends with why, from its gate.
+            Err(chunk::ChunkError::Stopped) => return,
+            Err(e) => Err((e.code(), crate::error_chain(&e))),
+        },
     };
     match moved {
         Ok(()) => {
@@ -635,7 +673,6 @@ fn run_chunk(shared: &Shared, c: &Chunk, bounce: &mut Vec<u8>) {
             job.fail(code, why);
         }
     }
-    drop(gate);
 }
 
 /// A session's place among its copies in flight, taken before its copy resolves: given

@@ -28,6 +28,7 @@
 //! any time; the owner must not hold Rust references to registered bytes across a copy.
 //! The daemon itself never forms references to registered memory.
 
+mod client;
 pub mod iova;
 pub mod sys;
 pub mod vfio;
@@ -38,6 +39,7 @@ use std::os::unix::fs::FileExt;
 use fabric_proto::wire::AccessMode;
 use fabric_topology::{Device, DeviceId, DeviceKind};
 
+pub use client::{ClientAccess, ClientGate};
 use iova::{IovaAllocator, IovaError, PAGE};
 use sys::Pinned;
 
@@ -63,6 +65,9 @@ pub enum DmaError {
     /// The process whose memory is registered has exited.
     #[error("the process of registration {0} has exited")]
     ProcessGone(u64),
+    /// The registration of a client's memory was undone while the copy was under way.
+    #[error("registration {0} was unregistered")]
+    Unregistered(u64),
     /// The copy itself failed.
     #[error("copy through registration {registration}")]
     Io {
@@ -131,6 +136,9 @@ pub enum Backing {
         process: crate::transport::peer::Process,
         /// First byte of the first page.
         addr: u64,
+        /// Held around every access to that memory; closed when the registration is
+        /// undone ([`ClientGate`]).
+        gate: std::sync::Arc<ClientGate>,
     },
 }
 
@@ -178,10 +186,15 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Undoes it: unmapped from the IOMMU (a VFIO device's), then unpinned. Whether its
-    /// IOVA range may be handed out again: false when the unmap failed, and the device
+    /// Undoes it: a client's memory's gate closed (which waits for the accesses to it in
+    /// flight: [`ClientGate::close`]), unmapped from the IOMMU (a VFIO device's), then
+    /// unpinned. Runs off the registry lock. Whether its IOVA range may be handed out again: false when the unmap failed, and the device
     /// may still reach the pages there.
     pub fn undo(mut self) -> bool {
+        // A client's memory: the accesses in flight end first, and none begins after.
+        if let Backing::Process { gate, .. } = &self.backing {
+            gate.close();
+        }
         let unmapped = self.vfio.take().is_none_or(vfio::DmaMapping::unmap);
         drop(self);
         unmapped
@@ -208,10 +221,13 @@ impl Reach {
         let io = |source| DmaError::Io { registration: id, source };
         match &self.backing {
             Backing::Mapped(p) => p.file().read_exact_at(buf, p.offset() + at).map_err(io),
-            Backing::Process { process, addr } => process
-                .with(|pid| sys::read_process(pid, addr + at, buf))
-                .map_err(|_| DmaError::ProcessGone(id))?
-                .map_err(io),
+            Backing::Process { process, addr, gate } => {
+                let _access = gate.enter().ok_or(DmaError::Unregistered(id))?;
+                process
+                    .with(|pid| sys::read_process(pid, addr + at, buf))
+                    .map_err(|_| DmaError::ProcessGone(id))?
+                    .map_err(io)
+            }
         }
     }
 
@@ -223,10 +239,13 @@ impl Reach {
         let io = |source| DmaError::Io { registration: id, source };
         match &self.backing {
             Backing::Mapped(p) => p.file().write_all_at(buf, p.offset() + at).map_err(io),
-            Backing::Process { process, addr } => process
-                .with(|pid| sys::write_process(pid, addr + at, buf))
-                .map_err(|_| DmaError::ProcessGone(id))?
-                .map_err(io),
+            Backing::Process { process, addr, gate } => {
+                let _access = gate.enter().ok_or(DmaError::Unregistered(id))?;
+                process
+                    .with(|pid| sys::write_process(pid, addr + at, buf))
+                    .map_err(|_| DmaError::ProcessGone(id))?
+                    .map_err(io)
+            }
         }
     }
 }

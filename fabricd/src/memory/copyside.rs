@@ -54,7 +54,18 @@ pub enum Side {
         process: crate::transport::peer::Process,
         /// Address of the endpoint's byte 0.
         addr: u64,
+        /// The registration's gate, held around each access to that memory (and the
+        /// copy's own gate never is: [`crate::dma::ClientGate`]).
+        gate: Arc<crate::dma::ClientGate>,
     },
+}
+
+impl Side {
+    /// Whether it is a client's own memory, reached under its registration's gate
+    /// ([`crate::dma::ClientGate`]) rather than a copy's.
+    pub fn is_client(&self) -> bool {
+        matches!(self, Side::Process { .. })
+    }
 }
 
 /// What a copy depends on: when any of it goes, the copy stops.
@@ -230,9 +241,9 @@ impl Memory {
                 let key = file_key(p.file(), p.offset() + at);
                 (Side::Pinned { map: p.clone(), base: at }, key)
             }
-            Backing::Process { process, addr } => {
+            Backing::Process { process, addr, gate } => {
                 let key = (1, process.pid() as u64, 0, addr + at);
-                (Side::Process { process: process.clone(), addr: addr + at }, key)
+                (Side::Process { process: process.clone(), addr: addr + at, gate: gate.clone() }, key)
             }
         };
         let mut deps = vec![Dep::Registration(id)];

@@ -443,7 +443,8 @@ impl Shell {
                 };
                 let (id, span) = (l.take_id(), pages * 4096);
                 l.charge(uid, Usage::registration(span));
-                let backing = crate::dma::Backing::Process { process: self.process.clone(), addr: 0 };
+                let backing =
+                    crate::dma::Backing::Process { process: self.process.clone(), addr: 0, gate: Default::default() };
                 let registration = Registration {
                     device: "uuid:GPU-0".parse().unwrap(),
                     domain: "iommu0".into(),

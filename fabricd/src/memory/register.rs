@@ -259,7 +259,7 @@ impl Memory {
                     )));
                 }
                 check_process_range(&process, first, span, access)?;
-                Ok(Backing::Process { process, addr: first })
+                Ok(Backing::Process { process, addr: first, gate: Default::default() })
             }
             (Source::Region(_) | Source::Import(_), Found::Request) => {
                 Err(MemoryError::NotFound("the registered object is gone".into()))

@@ -27,7 +27,7 @@ use super::importer::RemoteReach;
 use super::wire::CopyAsk;
 use crate::copy::{Sink, bytes};
 use crate::daemon::Daemon;
-use crate::memory::{Dep, Resolved};
+use crate::memory::{Dep, Resolved, Side};
 use crate::ops::copyops;
 use crate::ops::dispatch::errors::{memory as refused, refusal};
 use crate::ops::dispatch::{Context, Outcome};
@@ -376,14 +376,16 @@ async fn move_chunk(
     let local = |e: crate::copy::chunk::ChunkError| (e.code(), crate::error_chain(&e));
     // The local end's bytes move on a blocking thread, off the domain runtime's worker.
     // The local end is checked again with the chunk in flight (the sweep of an operation
-    // that ends it waits for that), so no byte lands in memory freed meanwhile.
+    // that ends it waits for that), so no byte lands in memory freed meanwhile. A client's
+    // own memory is in flight under its registration's gate instead (`bytes`): a client
+    // that stalls it holds up its own unregister, not every operation's sweep.
     let (side, daemon, deps) = (part.local.side.clone(), d.clone(), part.local.deps.clone());
     let joined = |e: tokio::task::JoinError| (ErrorCode::Internal, format!("the copy's task failed: {e}"));
     if part.push {
         let mut chunk = std::mem::take(buf);
         chunk.resize(n as usize, 0);
         let read = tokio::task::spawn_blocking(move || {
-            let _in_flight = daemon.copies.loose_chunk();
+            let _in_flight = loose_unless_client(&daemon, &side);
             local_end_gone(&daemon, &deps)?;
             bytes::read(&side, at, &mut chunk, daemon.copies.region_maps()).map_err(local).map(|()| chunk)
         });
@@ -396,7 +398,7 @@ async fn move_chunk(
             return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
         }
         tokio::task::spawn_blocking(move || {
-            let _in_flight = daemon.copies.loose_chunk();
+            let _in_flight = loose_unless_client(&daemon, &side);
             local_end_gone(&daemon, &deps)?;
             bytes::write(&side, at, &r.body, daemon.copies.region_maps()).map_err(local)
         })
@@ -404,6 +406,12 @@ async fn move_chunk(
         .map_err(joined)??;
     }
     Ok(())
+}
+
+/// The local end's chunk in flight for the sweeps ([`crate::copy::CopyEngine::loose_chunk`]),
+/// unless it is a client's own memory, which its registration's gate covers.
+fn loose_unless_client<'a>(d: &'a Daemon, side: &Side) -> Option<crate::copy::LooseChunk<'a>> {
+    (!side.is_client()).then(|| d.copies.loose_chunk())
 }
 
 /// Refuses a chunk whose local end went (unregistered, freed, released, revoked).
