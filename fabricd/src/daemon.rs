@@ -588,6 +588,9 @@ impl Daemon {
         if let Err(e) = self.memory.add_devices(view.fabric.inventory()) {
             tracing::warn!(error = %crate::error_chain(&e), "cannot prepare the memory of new devices");
         }
+        if memory_differs {
+            self.memory.resize_resources(view.fabric.inventory());
+        }
         let view = Arc::new(view);
         self.view.store(view.clone());
         if let Some(d) = &self.domain {
@@ -759,17 +762,24 @@ impl Drop for SessionGuard<'_> {
 mod tests {
     use super::*;
 
+    /// A private copy of the bundled HGX sim file, to edit between rescans: its directory,
+    /// path and text.
+    fn sim_copy() -> (tempfile::TempDir, PathBuf, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundled = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        let sim = dir.path().join("sim.toml");
+        let text = std::fs::read_to_string(&bundled).expect("sim file");
+        std::fs::write(&sim, &text).expect("copy");
+        (dir, sim, text)
+    }
+
     /// A rescan that finds only a device's memory resized (a CXL partition changed; here the
     /// sim's GPUs' HBM halved) brings the map along: before, the device set and links
     /// being the same, the rescan returned early and GFAs past the new size still
     /// translated to the device.
     #[test]
     fn a_rescan_that_finds_memory_resized_updates_the_map() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let bundled = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
-        let sim = dir.path().join("sim.toml");
-        let text = std::fs::read_to_string(&bundled).expect("sim file");
-        std::fs::write(&sim, &text).expect("copy");
+        let (dir, sim, text) = sim_copy();
         let d = Daemon::on_sim_file_for_tests(dir.path(), &sim);
         let snap = d.map_snapshot();
         let hbm = |snap: &fabric_addrmap::Snapshot| {
@@ -785,5 +795,40 @@ mod tests {
         assert_eq!(hbm(&snap), (start, 40 << 30), "the range stays, at its new size");
         assert!(snap.translate(start + (40 << 30) - 1).is_ok());
         assert!(snap.translate(start + size - 1).is_err(), "past the new size: no device byte");
+    }
+
+    /// The memory registry follows a resized device too: new regions fit the new size (a
+    /// region of the old size past the new end is not carved), and a region that lies
+    /// past it is named in the problems. Before, the registry kept the size it started
+    /// with until a restart.
+    #[test]
+    fn a_rescan_that_finds_memory_resized_resizes_the_registry() {
+        let (dir, sim, text) = sim_copy();
+        let d = Daemon::on_sim_file_for_tests(dir.path(), &sim);
+        let gpu = d
+            .view()
+            .fabric
+            .inventory()
+            .devices
+            .iter()
+            .find(|x| x.kind == fabric_topology::DeviceKind::Gpu)
+            .expect("a GPU")
+            .id
+            .clone();
+        let place = crate::memory::Place { device: gpu, kind: fabric_topology::MemoryKind::Hbm, ordinal: None };
+        let me = crate::memory::Identity { pid: std::process::id() as i32, uid: 0, gid: 0 };
+        let big = d.memory.alloc(&me, 1, &place, 50 << 30, 0).expect("50 GiB of 80").region;
+        std::fs::write(&sim, text.replace("hbm = \"80GiB\"", "hbm = \"40GiB\"")).expect("shrink");
+        d.rescan().expect("rescan");
+        let refused = d.memory.alloc(&me, 1, &place, 20 << 30, 0);
+        assert!(refused.is_err(), "carved past the new 40 GiB: {refused:?}");
+        let problems = d.memory.problems();
+        assert!(
+            problems.iter().any(|p| p.contains(&format!("region {big}")) && p.contains("past the new size")),
+            "{problems:?}"
+        );
+        std::fs::write(&sim, &text).expect("grow back");
+        d.rescan().expect("rescan");
+        d.memory.alloc(&me, 1, &place, 20 << 30, 0).expect("the grown device takes it again");
     }
 }

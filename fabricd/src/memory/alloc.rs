@@ -77,6 +77,24 @@ impl RangeAllocator {
         self.capacity
     }
 
+    /// Sets the resource's size: its device's memory was resized (a CXL partition
+    /// changed). New allocations fit the new size, and windows are clipped to it; ranges
+    /// already taken stay where they are, even past a smaller size ([`Self::past_end`]).
+    pub fn resize(&mut self, capacity: u64) {
+        self.capacity = capacity;
+        if let Some(w) = &mut self.windows {
+            for (_, end) in w.iter_mut() {
+                *end = (*end).min(capacity);
+            }
+            w.retain(|&(start, end)| start < end);
+        }
+    }
+
+    /// The ranges taken that end past the resource's size, `(offset, len)`, in order.
+    pub fn past_end(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.used.iter().map(|(&o, &l)| (o, l)).filter(|&(o, l)| o.saturating_add(l) > self.capacity)
+    }
+
     /// Allocates `len` bytes (a multiple of [`GRANULE`]) at the lowest offset aligned to
     /// `align` (0: [`GRANULE`]; smaller ones are raised to it) where they fit.
     pub fn alloc(&mut self, len: u64, align: u64) -> Result<u64, AllocError> {
@@ -173,6 +191,30 @@ mod tests {
         assert_eq!(a.alloc(GRANULE, 0), Ok(3 * GRANULE));
         assert_eq!(a.alloc(GRANULE, 0), Ok(5 * GRANULE));
         assert_eq!(a.alloc(GRANULE, 3), Err(AllocError::BadAlign(3)));
+    }
+
+    #[test]
+    fn a_resized_resource_allocates_within_its_new_size_and_keeps_what_it_gave() {
+        let mut a = RangeAllocator::new(8 * GRANULE);
+        assert_eq!(a.alloc(2 * GRANULE, 0), Ok(0));
+        assert_eq!(a.alloc(4 * GRANULE, 0), Ok(2 * GRANULE));
+        a.resize(4 * GRANULE);
+        assert_eq!(a.past_end().collect::<Vec<_>>(), [(2 * GRANULE, 4 * GRANULE)], "taken past the new end");
+        assert!(a.alloc(GRANULE, 0).is_err(), "nothing free below the new end");
+        assert!(!a.reserve(6 * GRANULE, GRANULE), "past the new end");
+        assert!(a.free(2 * GRANULE));
+        assert_eq!(a.past_end().count(), 0);
+        assert_eq!(a.alloc(2 * GRANULE, 0), Ok(2 * GRANULE));
+        assert!(a.alloc(GRANULE, 0).is_err());
+        // Grown: the new bytes are free; a window is clipped, never widened.
+        a.resize(16 * GRANULE);
+        assert_eq!(a.alloc(4 * GRANULE, 0), Ok(4 * GRANULE));
+        a.confine(8 * GRANULE, 8 * GRANULE);
+        a.resize(10 * GRANULE);
+        assert_eq!(a.windows(), Some(&[(8 * GRANULE, 10 * GRANULE)][..]));
+        a.resize(6 * GRANULE);
+        assert_eq!(a.windows(), Some(&[][..]), "a window wholly past the end is gone");
+        assert!(a.alloc(GRANULE, 0).is_err());
     }
 
     #[test]

@@ -1325,6 +1325,58 @@ impl Memory {
         tracing::warn!(region, error = %crate::error_chain(e), "the loss of a region is not journaled; a restart with its device back would restore it");
     }
 
+    /// Brings the resources' sizes in line with `inv` (a rescan found a device's memory
+    /// resized: a CXL partition changed): new regions fit the new size. Regions already
+    /// past a smaller size keep their ranges until freed; each is logged (`warn`) and
+    /// listed in the status's problems, since its bytes past the end may no longer be the
+    /// device's. A resource backed by a device file (a BAR) keeps that file's size.
+    /// Returns how many resources changed size. No I/O.
+    pub fn resize_resources(&self, inv: &Inventory) -> usize {
+        let mut st = self.state();
+        let mut resized = 0;
+        for dev in inv.devices.iter().filter(|d| !d.memory.is_empty()) {
+            for (kind, ordinal, size) in device_resources(dev) {
+                let Some(i) =
+                    st.resources.iter().position(|r| r.device == dev.id && r.kind == kind && r.ordinal == ordinal)
+                else {
+                    continue;
+                };
+                if st.resources[i].offer.device().is_some() {
+                    continue;
+                }
+                let Some(a) = st.ledger.space.of_mut(i) else { continue };
+                let before = a.capacity();
+                if before == size {
+                    continue;
+                }
+                a.resize(size);
+                let past: Vec<(u64, u64)> = a.past_end().collect();
+                resized += 1;
+                let name = resource_name(&dev.id, kind, ordinal);
+                tracing::info!(resource = %name, before, after = size, "device memory resized; new regions fit the new size");
+                for (offset, len) in past {
+                    let region = st
+                        .ledger
+                        .regions
+                        .iter()
+                        .find(|(_, r)| r.resource == i && r.offset == offset)
+                        .map(|(id, _)| *id);
+                    let what = region.map_or_else(|| "a range taken".to_owned(), |id| format!("region {id}"));
+                    tracing::warn!(resource = %name, offset, len, size, region, "memory in use lies past the device's new size; it stays in use until freed");
+                    if st.problems.len() < 256 {
+                        st.problems.push(format!(
+                            "{what} ({len} bytes at offset {offset}) lies past the new size ({size} bytes) of {name}"
+                        ));
+                    }
+                }
+            }
+        }
+        if resized > 0 {
+            st.recount_fabric();
+        }
+        resized
+    }
+
     /// The device `id` is back (or healthy again): its resources take new regions again.
     /// Regions lost with it stay lost. Returns whether it has resources here.
     pub fn device_back(&self, id: &DeviceId) -> bool {
