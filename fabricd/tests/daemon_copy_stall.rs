@@ -11,7 +11,9 @@
 //!   stop the stalled copy.
 //!
 //! Once the client lets the fault go (it closes its userfaultfd), its `Unregister` is
-//! answered and its copy completes. It needs a userfaultfd that catches the kernel's own
+//! answered and its copy completes. A stalling client that disconnects instead still has
+//! its regions reclaimed and their importers told at once; only the end of its session's
+//! teardown waits for the stall. It needs a userfaultfd that catches the kernel's own
 //! accesses: root, or `vm.unprivileged_userfaultfd = 1`. Otherwise it prints why it
 //! skipped.
 #![allow(clippy::unwrap_used, clippy::print_stderr, reason = "a test")]
@@ -23,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
     AccessMode, Connection, CopyEndpoint, CopyRequest, CopyResult, DeviceName, ErrorCode, Event, FreeRequest,
-    RegisterRequest, RegisterSource, Request, Response, UnregisterRequest,
+    ImportRequest, RegisterRequest, RegisterSource, Request, Response, RevocationReason, SubscribeRequest, Topics,
+    UnregisterRequest,
 };
 use fabric_topology::DeviceKind;
 
@@ -116,17 +119,23 @@ fn done(c: &mut Connection, copy: u64) -> fabric_proto::wire::CopyDone {
     }
 }
 
-/// Runs `f` and says how long it took.
-fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let t = Instant::now();
-    (f(), t.elapsed())
+/// A one-engine daemon on the sim, and 2 MiB of stalling memory here.
+struct Stage {
+    addr: usize,
+    uffd: OwnedFd,
+    setup: common::Setup,
+    daemon: common::Daemon,
+    gpu: String,
 }
 
-#[test]
-fn a_client_stalling_a_copy_in_its_own_memory_holds_up_only_itself() {
+/// The stage, or `None` (having said why) where no stalling userfaultfd is allowed.
+fn stage() -> Option<Stage> {
     let (addr, uffd) = match stalling_memory(2 * MIB as usize) {
         Ok(m) => m,
-        Err(why) => return eprintln!("skipped: {why} (needs root or vm.unprivileged_userfaultfd = 1)"),
+        Err(why) => {
+            eprintln!("skipped: {why} (needs root or vm.unprivileged_userfaultfd = 1)");
+            return None;
+        }
     };
     let setup = common::Setup::with_sim(
         &common::sim_file(),
@@ -135,6 +144,18 @@ fn a_client_stalling_a_copy_in_its_own_memory_holds_up_only_itself() {
     let daemon = common::start(&setup.config, setup.dir.path());
     let inv = fabric_drivers::sim::load(&common::sim_file()).unwrap();
     let gpu = inv.devices.iter().find(|d| d.kind == DeviceKind::Gpu).unwrap().id.to_string();
+    Some(Stage { addr, uffd, setup, daemon, gpu })
+}
+
+/// Runs `f` and says how long it took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let t = Instant::now();
+    (f(), t.elapsed())
+}
+
+#[test]
+fn a_client_stalling_a_copy_in_its_own_memory_holds_up_only_itself() {
+    let Some(Stage { addr, uffd, setup, daemon, gpu }) = stage() else { return };
 
     // The stalling client: a copy from its memory into its region, which blocks in the
     // engine's read of the first page.
@@ -206,4 +227,56 @@ fn a_client_stalling_a_copy_in_its_own_memory_holds_up_only_itself() {
     assert_eq!(done(&mut a, id).result, CopyResult::Ok);
     let log = daemon.log();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn a_stalling_client_that_disconnects_has_its_regions_reclaimed_and_importers_told_at_once() {
+    let Some(Stage { addr, uffd, setup, daemon, gpu }) = stage() else { return };
+
+    // The stalling client exports a region another session imports, then stalls a copy
+    // from its memory into it.
+    let mut a = common::client(&setup.socket);
+    let stalled = register(&mut a, &gpu, RegisterSource::Process { addr: addr as u64 }, 2 * MIB);
+    let (ra, _) = common::alloc_hbm(&mut a, &gpu, 2 * MIB);
+    let handle = common::export(&mut a, ra.region, AccessMode::ReadWrite);
+    let mut b = common::client(&setup.socket);
+    let Response::Subscribe(_) =
+        b.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    let Response::Import(i) =
+        b.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[]).unwrap().0
+    else {
+        panic!()
+    };
+    start_copy(
+        &mut a,
+        CopyEndpoint::Gfa(ra.gfa.unwrap()),
+        CopyEndpoint::Registration { id: stalled, offset: 0 },
+        2 * MIB,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("stalled in the client's own memory") {
+        assert!(Instant::now() < deadline, "the stall was not seen: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // It disconnects with the copy stalled: its region goes, and the importer is told.
+    drop(a);
+    let (event, took) = timed(|| b.next_event().unwrap());
+    let Event::Revocation(r) = event else { panic!("{event:?}") };
+    assert_eq!((r.import, r.reason), (i.import, RevocationReason::OwnerExited));
+    assert!(took < Duration::from_secs(5), "the importer was told after {took:?}");
+    let Response::Status(st) = b.call(Request::Status(Default::default()), &[]).unwrap().0 else { panic!() };
+    assert_eq!(st.regions, 0, "the disconnected client's region is still there");
+
+    // The client lets the fault go: its session's teardown ends.
+    drop(uffd);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("session closed") {
+        assert!(Instant::now() < deadline, "the teardown did not end: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!daemon.log().contains("panicked"));
 }

@@ -94,6 +94,16 @@ fn remote(
     process.with(f).map_err(|_| ChunkError::ProcessGone(process.pid()))
 }
 
+/// How a chunk's accesses are held ([`copy`]).
+pub struct Holds<E, V> {
+    /// Begins an access to daemon-held memory: the job's gate read-locked, `None` once
+    /// the job is stopped (the chunk then ends with [`ChunkError::Stopped`]).
+    pub enter: E,
+    /// Marks an access to a client's memory in flight for as long as what it returns is
+    /// held (the engine's watchdog times it: `crew.rs`).
+    pub visit: V,
+}
+
 /// The daemon address of byte `offset` of a daemon-held side (a region's kept mapping,
 /// made by the first chunk that reached it, writable for a destination).
 fn local(side: &Side, offset: u64, write: bool, maps: &RegionMaps) -> Result<Local, ChunkError> {
@@ -176,7 +186,7 @@ fn file_of(side: &Side) -> Option<(&std::fs::File, u64)> {
 }
 
 /// The CPU copy of a chunk between two daemon addresses, `d` and `s`, that the caller
-/// resolved with [`at`] and holds (with their mappings) across the call — or, one of
+/// resolved with [`local`] and holds (with their mappings) across the call — or, one of
 /// them, a buffer of the caller's own of `len` bytes ([`with_buffer`]).
 fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, ChunkError> {
     let n = usize::try_from(len).map_err(|_| ChunkError::Move {
@@ -184,7 +194,7 @@ fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, Chu
         len,
         source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
     })?;
-    // SAFETY: both addresses lie in mappings the caller holds alive (its `At`s hold the
+    // SAFETY: both addresses lie in mappings the caller holds alive (its `Local`s hold the
     // kept region mappings, the job holds the registrations' pinned ones) or in a buffer
     // the caller owns and no other reference reaches during the call, `len` bytes inside
     // each as the endpoints were checked against the registrations' and regions' lengths
@@ -214,46 +224,45 @@ fn cpu_recovering(d: usize, s: usize, offset: u64, len: u64) -> Result<bool, Chu
 /// is the engine's buffer for a client's memory, `maps` the regions' kept mappings.
 /// Returns whether the CPU moved the bytes (else the kernel or nothing did).
 ///
-/// `enter` begins an access to daemon-held memory: the job's gate read-locked, `None`
-/// once the job is stopped (the chunk then ends with [`ChunkError::Stopped`]). It is held
-/// around every load or store of a daemon-held side and around nothing else: a client's
-/// memory moves between the client and `bounce` under its registration's gate alone, so a
-/// client that stalls its own memory stalls no sweep ([`crate::dma::ClientGate`]).
-pub fn copy<G>(
+/// `holds.enter` is held around every load or store of a daemon-held side and around
+/// nothing else: a client's memory moves between the client and `bounce` under its
+/// registration's gate alone (and `holds.visit`), so a client that stalls its own memory
+/// stalls no sweep ([`crate::dma::ClientGate`]).
+pub fn copy<G, S>(
     dst: &Side,
     src: &Side,
     offset: u64,
     len: u64,
     bounce: &mut Vec<u8>,
     maps: &RegionMaps,
-    enter: impl Fn() -> Option<G>,
+    holds: &Holds<impl Fn() -> Option<G>, impl Fn() -> S>,
 ) -> Result<bool, ChunkError> {
     if dst.is_client() || src.is_client() {
-        return through_buffer(dst, src, offset, len, bounce, maps, enter).map(|()| false);
+        return through_buffer(dst, src, offset, len, bounce, maps, holds).map(|()| false);
     }
-    let _in = enter().ok_or(ChunkError::Stopped)?;
+    let _in = (holds.enter)().ok_or(ChunkError::Stopped)?;
     between_daemon_sides(dst, src, offset, len, maps)
 }
 
 /// A chunk of which one side, or both, is a client's memory: piece by piece through
 /// `bounce`, the client's end under its registration's gate and the daemon's under
-/// `enter` ([`copy`]), never both at once.
-fn through_buffer<G>(
+/// `holds.enter` ([`copy`]), never both at once.
+fn through_buffer<G, S>(
     dst: &Side,
     src: &Side,
     offset: u64,
     len: u64,
     bounce: &mut Vec<u8>,
     maps: &RegionMaps,
-    enter: impl Fn() -> Option<G>,
+    holds: &Holds<impl Fn() -> Option<G>, impl Fn() -> S>,
 ) -> Result<(), ChunkError> {
     bounce.resize(BOUNCE, 0);
     let buf = bounce.as_mut_ptr() as usize;
     let mut done = 0;
     while done < len {
         let (at, n) = (offset + done, (len - done).min(BOUNCE as u64));
-        piece(src, at, buf, n, false, maps, &enter)?;
-        piece(dst, at, buf, n, true, maps, &enter)?;
+        piece(src, at, buf, n, false, maps, holds)?;
+        piece(dst, at, buf, n, true, maps, holds)?;
         done += n;
     }
     Ok(())
@@ -261,27 +270,28 @@ fn through_buffer<G>(
 
 /// Moves bytes `[at, at + n)` of `side` between it and the buffer at `buf` (`store`
 /// writes the side): a client's memory under its registration's gate, daemon-held memory
-/// under `enter` ([`copy`]).
-fn piece<G>(
+/// under `holds.enter` ([`copy`]).
+fn piece<G, S>(
     side: &Side,
     at: u64,
     buf: usize,
     n: u64,
     store: bool,
     maps: &RegionMaps,
-    enter: &impl Fn() -> Option<G>,
+    holds: &Holds<impl Fn() -> Option<G>, impl Fn() -> S>,
 ) -> Result<(), ChunkError> {
     match side {
         Side::Process { process, addr, gate } => {
             // A stopped copy touches no more of the client's memory either.
-            drop(enter().ok_or(ChunkError::Stopped)?);
+            drop((holds.enter)().ok_or(ChunkError::Stopped)?);
+            let _visit = (holds.visit)();
             let call = |pid| {
                 if store { sys::vm_write(pid, buf, addr + at, n) } else { sys::vm_read(pid, buf, addr + at, n) }
             };
             remote(process, gate, call)?.map_err(|source| ChunkError::Move { at, len: n, source })
         }
         _ => {
-            let _in = enter().ok_or(ChunkError::Stopped)?;
+            let _in = (holds.enter)().ok_or(ChunkError::Stopped)?;
             if store { with_buffer(side, at, buf, n, true, maps) } else { load(side, at, buf, n, maps) }
         }
     }

@@ -9,7 +9,8 @@
 //! *retired* — a new thread takes its place, and its session is parked in the queue, so
 //! that no other engine is taken by the same memory. The retired thread ends once its
 //! chunk does (the session is then unparked). The threads a stalling client holds are at
-//! most `copy.engines` per session (the chunks already running when it was parked).
+//! most `copy.engines` per session (the chunks already running when it was parked), and
+//! at most [`MAX_RETIRED`] in all: past that, stalled engines are left in service.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,11 @@ pub(super) const TICK: Duration = Duration::from_millis(100);
 pub(super) const STALL: Duration = Duration::from_millis(500);
 /// How long the engine's drop waits for its threads before leaving the stalled ones.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// Most retired threads still in a client's memory: past it, a stalled engine is not
+/// replaced (every session's copies then share the engines left).
+pub(super) const MAX_RETIRED: usize = 256;
+/// How often the watchdog says it could not replace a stalled engine.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// One engine thread as the watchdog sees it.
 #[derive(Debug, Default)]
@@ -38,20 +44,17 @@ struct SlotState {
     retired: Option<(u32, u64)>,
 }
 
-/// A chunk of a client's memory in flight on an engine ([`Slot::stint`]).
+/// An access to a client's memory in flight on an engine ([`Slot::stint`]).
 pub(super) struct Stint<'a> {
     slot: &'a Slot,
 }
 
 impl Slot {
-    /// Marks `chunk` in flight when it reaches a client's memory (`None` otherwise).
-    pub(super) fn stint(&self, chunk: &Chunk) -> Option<Stint<'_>> {
-        let part = &chunk.job.parts[chunk.part];
-        if !(part.dst.is_client() || part.src.is_client()) {
-            return None;
-        }
+    /// Marks an access to the memory of a client of `chunk`'s session in flight, until
+    /// the stint drops.
+    pub(super) fn stint(&self, chunk: &Chunk) -> Stint<'_> {
         lock(&self.0).stint = Some((Instant::now(), chunk.job.uid, chunk.job.session));
-        Some(Stint { slot: self })
+        Stint { slot: self }
     }
 
     /// After a chunk: the session to unpark when the watchdog retired this engine (which
@@ -75,6 +78,24 @@ pub(super) struct Crew {
     started: u32,
     /// Members that have ended (after the engine's stop), for [`stop`] to wait on.
     ended: usize,
+    /// Retired threads not ended yet (still in a client's memory).
+    retired: usize,
+    /// When the watchdog last said it could not replace a stalled engine.
+    warned: Option<Instant>,
+}
+
+impl Crew {
+    /// Says, at most every [`WARN_EVERY`], that a stalled engine stays in service.
+    fn cannot_replace(&mut self, why: &str) {
+        if self.warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            self.warned = Some(Instant::now());
+            tracing::warn!(
+                retired = self.retired,
+                reason = why,
+                "a copy engine is stalled in a client's memory and is not replaced"
+            );
+        }
+    }
 }
 
 /// Starts one engine thread and adds it to the crew.
@@ -84,8 +105,11 @@ pub(super) fn hire(shared: &Arc<Shared>, crew: &mut Crew) -> std::io::Result<()>
     let thread = std::thread::Builder::new().name(format!("copy-engine-{}", crew.started)).spawn(move || {
         engine(&s, &me);
         // A retired thread has left the crew: nobody waits for it.
-        if me.retired().is_none() {
-            lock(&s.crew).ended += 1;
+        let mut crew = lock(&s.crew);
+        if me.retired().is_some() {
+            crew.retired -= 1;
+        } else {
+            crew.ended += 1;
             s.crew_ended.notify_all();
         }
     })?;
@@ -97,6 +121,12 @@ pub(super) fn hire(shared: &Arc<Shared>, crew: &mut Crew) -> std::io::Result<()>
 /// Engine threads in service.
 pub(super) fn size(shared: &Shared) -> usize {
     lock(&shared.crew).members.len()
+}
+
+/// Retired threads still in a client's memory.
+#[cfg(test)]
+pub(super) fn retired(shared: &Shared) -> usize {
+    lock(&shared.crew).retired
 }
 
 /// The watchdog's loop, until the engine stops.
@@ -121,10 +151,15 @@ fn retire(shared: &Arc<Shared>, crew: &mut Crew, i: usize) -> bool {
     if st.retired.is_some() || since.elapsed() < STALL {
         return false;
     }
-    if let Err(e) = hire(shared, crew) {
-        tracing::warn!(error = %e, "a copy engine is stalled in a client's memory and no thread could replace it");
+    if crew.retired >= MAX_RETIRED {
+        crew.cannot_replace("too many engines already retired, stalled");
         return false;
     }
+    if let Err(e) = hire(shared, crew) {
+        crew.cannot_replace(&format!("no thread could be started: {e}"));
+        return false;
+    }
+    crew.retired += 1;
     st.retired = Some((uid, session));
     lock(&shared.queue).park(uid, session);
     drop(st);

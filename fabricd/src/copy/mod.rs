@@ -43,9 +43,13 @@
 //!
 //! The gate is held around loads and stores of daemon-held memory only, which never wait
 //! on a client. A client's own memory is reached under its registration's gate instead
-//! ([`crate::dma::ClientGate`]), closed by that registration's undoing: a client that
-//! stalls a copy in its own memory (a page whose fault it never serves) holds up its own
-//! `Unregister` and no one else's operation.
+//! ([`crate::dma::ClientGate`]), shut by that registration's undoing and drained last by
+//! the operation that undid it: a client that stalls a copy in its own memory (a page
+//! whose fault it never serves) holds up its own `Unregister` and no one else's operation.
+//! (So bytes a chunk read from daemon memory before an operation was answered may still
+//! land in the client's memory after: they were read while the copy was entitled to them,
+//! and nothing is read from or written to that operation's memory after the answer.)
+//! The engine thread such a stall takes is replaced by a watchdog (`crew.rs`).
 //!
 //! A chunk of a copy across nodes moves outside the jobs (`crate::peer::copy`: the owner
 //! serves a peer's chunk, the importer moves its local end's bytes). It holds the engine's
@@ -207,6 +211,10 @@ struct Shared {
     /// Tests: the next chunk an engine takes panics.
     #[cfg(test)]
     panic_next: AtomicBool,
+    /// Tests: held, every access to a client's memory waits in it, as in a page whose
+    /// fault the client does not serve.
+    #[cfg(test)]
+    client_held: Mutex<()>,
 }
 
 /// A chunk moving outside the engine's jobs, in flight: a sweep waits for it to drop.
@@ -311,6 +319,8 @@ impl CopyEngine {
             held: Mutex::new(()),
             #[cfg(test)]
             panic_next: AtomicBool::new(false),
+            #[cfg(test)]
+            client_held: Mutex::new(()),
         });
         // Built before the threads, so that a failed start stops those it started.
         let mut this = Self { shared: shared.clone(), config: config.clone(), watchdog: None };
@@ -600,9 +610,7 @@ fn engine(s: &Shared, slot: &crew::Slot) {
         // A chunk that panics (a bug) fails its job, not the engine: the job still ends
         // with its completion and gives its session's place back, and the thread goes on
         // serving every other session's chunks.
-        let stint = slot.stint(&chunk);
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_chunk(s, &chunk, &mut bounce)));
-        drop(stint);
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_chunk(s, slot, &chunk, &mut bounce)));
         if ran.is_err() {
             tracing::error!(
                 copy = chunk.job.id,
@@ -628,10 +636,10 @@ fn engine(s: &Shared, slot: &crew::Slot) {
     }
 }
 
-fn run_chunk(shared: &Shared, c: &Chunk, bounce: &mut Vec<u8>) {
+fn run_chunk(shared: &Shared, slot: &crew::Slot, c: &Chunk, bounce: &mut Vec<u8>) {
     let maps = &shared.maps;
     #[cfg(test)]
-    let _held = lock(&shared.held);
+    drop(lock(&shared.held));
     #[cfg(test)]
     if shared.panic_next.swap(false, Ordering::AcqRel) {
         panic!("a chunk's bug, injected by a test");
@@ -652,7 +660,7 @@ fn run_chunk(shared: &Shared, c: &Chunk, bounce: &mut Vec<u8>) {
                     (code, crate::error_chain(&e))
                 })
         }
-        None => match chunk::copy(&part.dst, &part.src, c.at, c.len, bounce, maps, || job.enter()) {
+        None => match chunk::copy(&part.dst, &part.src, c.at, c.len, bounce, maps, &holds(shared, slot, c)) {
             Ok(cpu) => {
                 if cpu {
                     job.cpu.store(true, Ordering::Relaxed);
@@ -672,6 +680,27 @@ fn run_chunk(shared: &Shared, c: &Chunk, bounce: &mut Vec<u8>) {
             tracing::warn!(copy = job.id, part = c.part, at = c.at, len = c.len, error = %why, on_device = part.device.is_some(), "copy chunk failed");
             job.fail(code, why);
         }
+    }
+}
+
+/// How chunk `c` on the engine of `slot` holds its accesses: the job's gate around daemon
+/// memory, the slot's stint (which the watchdog times) around a client's.
+fn holds<'a>(
+    shared: &'a Shared,
+    slot: &'a crew::Slot,
+    c: &'a Chunk,
+) -> chunk::Holds<impl Fn() -> Option<std::sync::RwLockReadGuard<'a, Option<String>>>, impl Fn() -> crew::Stint<'a>> {
+    chunk::Holds {
+        enter: move || c.job.enter(),
+        visit: move || {
+            let stint = slot.stint(c);
+            // Tests: a client's memory that does not answer while `client_held` is held.
+            #[cfg(test)]
+            drop(lock(&shared.client_held));
+            #[cfg(not(test))]
+            let _ = shared;
+            stint
+        },
     }
 }
 
@@ -839,6 +868,107 @@ mod tests {
         // Nothing in flight: no wait, and a chunk taken afterwards is not blocked.
         wait_for_loose_chunks(&engine.shared);
         drop(engine.loose_chunk());
+    }
+
+    /// A copy of `src`, this process's own memory (as a client's process-backed
+    /// registration is), into a new temporary file (region `region`: the engine keeps one
+    /// mapping per region id); the registration's gate.
+    fn client_copy(src: &[u8], region: u64) -> (NewCopy, Arc<crate::dma::ClientGate>) {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        file.set_len(src.len() as u64).unwrap();
+        let gate = Arc::new(crate::dma::ClientGate::new());
+        let process = crate::transport::peer::Process::this().unwrap();
+        let dst = Side::File {
+            file,
+            offset: 0,
+            writable: true,
+            region,
+            base: 0,
+            region_len: src.len() as u64,
+            device: false,
+        };
+        let src = Side::Process { process, addr: src.as_ptr() as u64, gate: gate.clone() };
+        (NewCopy { dst, src, len: 4096, deps: Vec::new(), device: None }, gate)
+    }
+
+    /// Waits up to 10 s for `what` to hold.
+    fn eventually(what: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !what() {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        true
+    }
+
+    /// A chunk stalled in a client's memory (here, the test hook `client_held`: as a page
+    /// whose fault the client never serves) takes its engine: the watchdog replaces the
+    /// engine and parks the session. Another session's copy then completes; the stalled
+    /// session's next copy waits; once the client's memory answers, both of its copies
+    /// complete and the retired thread ends.
+    #[test]
+    fn a_chunk_stalled_in_a_clients_memory_gets_its_engine_replaced_and_its_session_parked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, memory) = engine_with(dir.path(), CopyConfig { engines: 1, ..CopyConfig::default() });
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let held = lock(&engine.shared.client_held);
+        let (copy, _gate) = client_copy(&data, 101);
+        let Side::File { file: out, .. } = &copy.dst else { unreachable!() };
+        let out = out.clone();
+        let stalled = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        assert!(eventually(|| crew::retired(&engine.shared) == 1), "the stalled engine was not retired");
+        assert_eq!(crew::size(&engine.shared), 1, "a new engine took its place");
+        // Another session is served.
+        let other = engine.submit(2, 2, 2, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let other = other.unwrap().unwrap();
+        let (_, d) = done.blocking_recv().unwrap();
+        assert_eq!((d.copy, d.result), (other, CopyResult::Ok));
+        // The stalled session's next copy is parked, not run into the same memory.
+        let (copy, _gate2) = client_copy(&data, 102);
+        let next = engine.submit(1, 1, 3, sink, &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(done.try_recv().is_err(), "a copy of the parked session ran");
+        assert_eq!(lock(&engine.shared.queue).len(), 1);
+        drop(held);
+        let mut ended: Vec<u64> = (0..2)
+            .map(|_| done.blocking_recv().unwrap().1)
+            .map(|d| {
+                assert_eq!(d.result, CopyResult::Ok);
+                d.copy
+            })
+            .collect();
+        ended.sort_unstable();
+        assert_eq!(ended, [stalled, next]);
+        let mut got = vec![0; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(&*out, &mut got, 0).unwrap();
+        assert!(got == data, "the stalled copy's bytes did not land");
+        assert!(eventually(|| crew::retired(&engine.shared) == 0), "the retired thread did not end");
+        assert_eq!(engine.in_flight(), 0);
+    }
+
+    /// An engine dropped while a chunk is stalled in a client's memory does not wait for
+    /// it past its bounded wait.
+    #[test]
+    fn an_engine_dropped_with_a_chunk_stalled_in_a_clients_memory_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, memory) = engine_with(dir.path(), CopyConfig { engines: 1, ..CopyConfig::default() });
+        let (sink, _done) = tokio::sync::mpsc::unbounded_channel();
+        let data = vec![5u8; 4096];
+        let shared = engine.shared.clone();
+        let held = lock(&shared.client_held);
+        let (copy, _gate) = client_copy(&data, 101);
+        engine.submit(1, 1, 1, sink, &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        assert!(eventually(|| lock(&shared.queue).len() == 0), "the engine did not take the chunk");
+        let (dropped, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(engine);
+            dropped.send(()).unwrap();
+        });
+        wait.recv_timeout(std::time::Duration::from_secs(10)).expect("the drop waited for a stalled engine");
+        drop(held);
     }
 
     fn engine_and_memory(dir: &std::path::Path) -> (CopyEngine, Memory) {

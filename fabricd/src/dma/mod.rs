@@ -186,18 +186,27 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Undoes it: a client's memory's gate closed (which waits for the accesses to it in
-    /// flight: [`ClientGate::close`]), unmapped from the IOMMU (a VFIO device's), then
-    /// unpinned. Runs off the registry lock. Whether its IOVA range may be handed out again: false when the unmap failed, and the device
+    /// Undoes it: a client's memory's gate shut ([`ClientGate::shut`]; the operation
+    /// drains it last), unmapped from the IOMMU (a VFIO device's), then unpinned. Runs off
+    /// the registry lock. Whether its IOVA range may be handed out again: false when the unmap failed, and the device
     /// may still reach the pages there.
     pub fn undo(mut self) -> bool {
-        // A client's memory: the accesses in flight end first, and none begins after.
+        // A client's memory: no access begins after (those in flight are drained by the
+        // operation, last: `Memory::deliver`).
         if let Backing::Process { gate, .. } = &self.backing {
-            gate.close();
+            gate.shut();
         }
         let unmapped = self.vfio.take().is_none_or(vfio::DmaMapping::unmap);
         drop(self);
         unmapped
+    }
+
+    /// The gate of a client's memory it registers ([`ClientGate`]), if it does.
+    pub fn client_gate(&self) -> Option<std::sync::Arc<ClientGate>> {
+        match &self.backing {
+            Backing::Process { gate, .. } => Some(gate.clone()),
+            Backing::Mapped(_) => None,
+        }
     }
 
     /// What a copy through it needs, taken under the registry lock and used without it:

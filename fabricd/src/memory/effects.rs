@@ -190,6 +190,10 @@ impl Memory {
     /// depended on it. Without a hook, its revocations have no one to tell.
     pub fn deliver(&self, after: Aftermath) {
         let Aftermath { effects, unregistered, revocations, ended } = after;
+        // Drained last: an access to a client's memory can stall for as long as the client
+        // likes, and nothing else the operation does (files removed, ranges given back,
+        // importers told) may wait for it.
+        let drains: Vec<_> = unregistered.iter().filter_map(|(_, r)| r.client_gate()).collect();
         let mut steps: Vec<Effect> =
             unregistered.into_iter().map(|(id, r)| Effect::Unregister { id, registration: Box::new(r) }).collect();
         let (after_copies, now): (Vec<_>, Vec<_>) =
@@ -207,6 +211,10 @@ impl Memory {
         self.run(after_copies);
         if let Some(h) = hook {
             (h.0.tell)(revocations);
+        }
+        // No byte of an unregistered client's memory moves once this returns.
+        for gate in drains {
+            gate.drain();
         }
     }
 
