@@ -39,6 +39,30 @@ fn a_resized_region_file_gets_its_size_back() {
     assert!(d.log().contains("a client resized its region file; size restored"), "{}", d.log());
 }
 
+/// A sim interleave-set region's file (one file holds the whole region) is put back too:
+/// before, set regions were skipped, so a client could grow one without bound or shrink it
+/// under its importers.
+#[test]
+fn a_resized_set_region_file_gets_its_size_back() {
+    use fabric_proto::wire::{AllocRequest, Request, Response};
+    let (set, _, _) = common::two_way_set();
+    let setup = common::Setup::with_sim(&common::cxl_pool(), "[memory]\nsize_check_s = 1\n");
+    let d = common::start(&setup.config, setup.dir.path());
+    let mut c = common::client(&setup.socket);
+    let req = Request::Alloc(AllocRequest { target: common::on_set(&set), size: 8 * MIB, align: 0 });
+    let (r, mut fds) = c.call(req, &[]).unwrap();
+    let Response::Alloc(_) = r else { panic!("{r:?}") };
+    let file = std::fs::File::from(fds.remove(0));
+    assert_eq!(file.metadata().unwrap().len(), 8 * MIB);
+    file.set_len(64 * MIB).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while file.metadata().unwrap().len() != 8 * MIB {
+        assert!(Instant::now() < deadline, "size not restored: {}", file.metadata().unwrap().len());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.log().contains("a client resized its region file; size restored"), "{}", d.log());
+}
+
 #[test]
 fn with_the_check_off_a_resized_file_stays_so() {
     let setup = common::Setup::with_sim(&common::sim_file(), "[memory]\nsize_check_s = 0\n");

@@ -154,10 +154,13 @@ impl Memory {
         if candidates.is_empty() {
             return Err(MemoryError::NotFound(format!("device {device} has no {} memory", kind_name(*memory))));
         }
+        // Not on a lost device, nor in a share withdrawn (another host may hold it now).
+        let refusals: Vec<Option<String>> = candidates.iter().map(|&i| st.resources[i].refusal()).collect();
         let live: Vec<(usize, u64)> =
-            candidates.into_iter().filter(|&i| !st.resources[i].lost).map(|i| (i, 0)).collect();
+            candidates.into_iter().zip(&refusals).filter(|(_, why)| why.is_none()).map(|(i, _)| (i, 0)).collect();
         if live.is_empty() {
-            return Err(MemoryError::DeviceLost(format!("device {device} vanished or failed")));
+            let why = refusals.into_iter().flatten().next();
+            return Err(MemoryError::DeviceLost(why.unwrap_or_else(|| format!("device {device} vanished or failed"))));
         }
         let (resource, offset) =
             st.ledger.space.place(live, len).map_err(|last| {
@@ -300,6 +303,23 @@ mod tests {
         let Some(super::super::Whereabouts::Resource { offset, len, .. }) = m.whereabouts(a.region) else { panic!() };
         assert_eq!((offset, len), (0, 4 * MIB));
         assert_eq!(m.counts().allocated_bytes, 6 * MIB);
+    }
+
+    /// A resource whose share was withdrawn (collected while this node was away; another
+    /// host may hold it now) places no adopted object, as it places no region. Before,
+    /// adopt looked only at lost devices.
+    #[test]
+    fn a_withdrawn_share_takes_no_adopted_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let (inv, gpu) = inventory(&["pci", "nvml"]);
+        let m = Memory::open(dir.path(), &inv, LimitsConfig::default()).unwrap();
+        let hbm = Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None };
+        for r in m.state().resources.iter_mut().filter(|r| r.kind == MemoryKind::Hbm) {
+            r.withdrawn = Some("the share was collected".into());
+        }
+        let e = m.adopt(&ME, 1, &hbm, 2 * MIB, ObjectKind::CudaPosixFd, Some(memfd())).unwrap_err();
+        assert!(matches!(&e, MemoryError::DeviceLost(w) if w.contains("collected")), "{e}");
+        assert_eq!(m.counts().allocated_bytes, 0);
     }
 
     #[test]

@@ -8,9 +8,10 @@
 use super::{Memory, RegionFile};
 
 impl Memory {
-    /// Every region file whose size is not its region's length gets that length back.
-    /// Device memory (a DAX device, a BAR: never resized by a client), adopted vendor
-    /// objects and interleave-set members are left alone. Returns how many were restored.
+    /// Every region file whose size is not its region's length gets that length back — a
+    /// sim interleave-set region's one file too (it holds the whole region). Device memory
+    /// (a DAX device, a BAR: never resized by a client) and adopted vendor objects are left
+    /// alone. Returns how many were restored.
     pub fn restore_sizes(&self) -> usize {
         // Where the files are is read under the lock and they are checked outside it: region
         // ids are never reused, so a region freed meanwhile only makes its open fail.
@@ -19,7 +20,7 @@ impl Memory {
             st.ledger
                 .regions
                 .iter()
-                .filter(|(id, r)| r.backing.own_file().is_some() && !st.set_regions.contains_key(id))
+                .filter(|(_, r)| r.backing.own_file().is_some())
                 .filter_map(|(id, r)| Some((*id, st.region_file(*id, r).ok()?, r.len)))
                 .collect()
         };
