@@ -332,6 +332,42 @@ fn a_region_whose_file_vanished_is_dropped_with_a_problem() {
     assert!(d.log().contains("region dropped at start"));
 }
 
+/// A region that lies past its device's memory after a restart (the device shrank while the
+/// daemon was down) keeps its range and its owner can take it back; the status names it.
+/// Before, it was dropped as overlapping another region and its file deleted.
+#[test]
+fn a_region_past_a_device_that_shrank_while_down_survives_with_a_problem() {
+    let sims = tempfile::tempdir().unwrap();
+    let sim = sims.path().join("sim.toml");
+    let text = std::fs::read_to_string(common::sim_file()).unwrap();
+    std::fs::write(&sim, &text).unwrap();
+    let setup = common::Setup::with_sim(&sim, "");
+    let d = common::start(&setup.config, setup.dir.path());
+    let (mut a, token) = connect(&setup.socket, None).unwrap();
+    let (big, _) = alloc(&mut a, &gpu(), 50 << 30);
+    stop(d, false);
+    std::fs::write(&sim, text.replace("hbm = \"80GiB\"", "hbm = \"40GiB\"")).unwrap();
+    let _d = common::start(&setup.config, setup.dir.path());
+    let (mut a2, _) = connect(&setup.socket, Some(token)).expect("the region is still there to resume");
+    let s = status(&mut a2);
+    assert_eq!(s.regions, 1);
+    let past: Vec<&str> =
+        s.problems.iter().map(|p| p.detail.as_str()).filter(|p| p.contains("past the new size")).collect();
+    assert!(past.iter().any(|p| p.contains(&format!("region {}", big.region))), "{:?}", s.problems);
+    assert_eq!(region_files(&setup.state).len(), 1, "its file is kept");
+    // Nothing new lands on the bytes it holds (all of the new 40 GiB), nor past them.
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(&gpu()), memory: MemoryClass::Hbm },
+        size: 2 * MIB,
+        align: 0,
+    });
+    match a2.call(req, &[]) {
+        Err(CodecError::Refused { body, .. }) => assert_eq!(body.code, ErrorCode::NoSpace, "{body:?}"),
+        other => panic!("a region landed on a held or missing range: {other:?}"),
+    }
+    drop(a);
+}
+
 // ------------------------------------------------------------ regions striped over a set
 
 use common::{cxl_pool, on_set, two_way_set};

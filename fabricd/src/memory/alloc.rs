@@ -90,6 +90,25 @@ impl RangeAllocator {
         }
     }
 
+    /// Takes `[offset, offset + len)`, which runs past the resource's size, if it overlaps
+    /// no range taken: a region restored after its device shrank keeps its range, as it
+    /// does when the device shrinks under it ([`Self::resize`]). False otherwise, or when
+    /// the range lies inside the size (that is [`Self::reserve`]'s).
+    pub fn reserve_past_end(&mut self, offset: u64, len: u64) -> bool {
+        let past = offset.checked_add(len).is_some_and(|end| end > self.capacity);
+        if len == 0 || !past || !self.overlaps_nothing(offset, len) {
+            return false;
+        }
+        self.used.insert(offset, len);
+        true
+    }
+
+    /// Whether `[offset, offset + len)` overlaps no range taken, wherever it lies.
+    pub fn overlaps_nothing(&self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else { return false };
+        self.used.range(..end).next_back().is_none_or(|(&o, &l)| o + l <= offset)
+    }
+
     /// The ranges taken that end past the resource's size, `(offset, len)`, in order.
     pub fn past_end(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.used.iter().map(|(&o, &l)| (o, l)).filter(|&(o, l)| o.saturating_add(l) > self.capacity)
@@ -214,6 +233,15 @@ mod tests {
         assert_eq!(a.windows(), Some(&[(8 * GRANULE, 10 * GRANULE)][..]));
         a.resize(6 * GRANULE);
         assert_eq!(a.windows(), Some(&[][..]), "a window wholly past the end is gone");
+        assert!(a.alloc(GRANULE, 0).is_err());
+        // Restored past the end: taken if it overlaps nothing.
+        let mut a = RangeAllocator::new(4 * GRANULE);
+        assert!(!a.reserve_past_end(0, GRANULE), "inside the size: reserve's");
+        assert!(a.reserve_past_end(3 * GRANULE, 2 * GRANULE));
+        assert!(!a.reserve_past_end(4 * GRANULE, 2 * GRANULE), "overlaps the first");
+        assert!(!a.reserve_past_end(u64::MAX, 2), "overflows");
+        assert_eq!(a.past_end().collect::<Vec<_>>(), [(3 * GRANULE, 2 * GRANULE)]);
+        assert_eq!(a.alloc(3 * GRANULE, 0), Ok(0));
         assert!(a.alloc(GRANULE, 0).is_err());
     }
 

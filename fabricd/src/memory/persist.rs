@@ -379,8 +379,26 @@ impl Memory {
                 continue;
             }
             if !st.ledger.space.take(&found.members, r.offset, found.per) {
-                st.lost(r.id, &format!("its range {:#x}+{:#x} overlaps another region", r.offset, found.per));
-                continue;
+                // Its device shrank while the daemon was down: it keeps its range, as it
+                // would have had the device shrunk under the running daemon (a rescan).
+                if st.ledger.space.take_past_end(&found.members, r.offset, found.per) {
+                    let why = format!(
+                        "region {} ({:#x} bytes at offset {:#x}) lies past the new size of its device's memory; it stays in use until freed",
+                        r.id, found.per, r.offset
+                    );
+                    tracing::warn!(
+                        region = r.id,
+                        offset = r.offset,
+                        len = found.per,
+                        "a restored region lies past its device's new size"
+                    );
+                    if st.problems.len() < 256 {
+                        st.problems.push(why);
+                    }
+                } else {
+                    st.lost(r.id, &format!("its range {:#x}+{:#x} overlaps another region", r.offset, found.per));
+                    continue;
+                }
             }
             let next = ORPHAN_SESSIONS + orphans.len() as u64;
             let session = *orphans.entry(r.token).or_insert_with(|| {

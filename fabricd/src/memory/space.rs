@@ -105,6 +105,29 @@ impl Space {
         true
     }
 
+    /// [`Space::take`] of a range that runs past a member's size (its device shrank) but
+    /// overlaps nothing: taken in every member, all or nothing. False when it overlaps, or
+    /// lies inside every member (that is `take`'s).
+    pub(super) fn take_past_end(&mut self, members: &[usize], offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else { return false };
+        let fits = |a: &RangeAllocator| a.overlaps_nothing(offset, len);
+        let all = members.iter().all(|&i| self.allocators.get(i).is_some_and(fits));
+        let past = members.iter().any(|&i| self.allocators.get(i).is_some_and(|a| end > a.capacity()));
+        if len == 0 || !all || !past {
+            return false;
+        }
+        for &i in members {
+            let a = &mut self.allocators[i];
+            // Every member was checked just above.
+            if end <= a.capacity() {
+                a.reserve(offset, len);
+            } else {
+                a.reserve_past_end(offset, len);
+            }
+        }
+        true
+    }
+
     /// Gives back the range at `offset` in every one of `members` (a member without one
     /// there is left as it is).
     pub(super) fn give_back(&mut self, members: &[usize], offset: u64) {
