@@ -393,18 +393,30 @@ impl DomainClient {
     }
 
     /// The devices `node`'s topology record names as its own: not the shared switches, nor
-    /// the CXL devices of a pool (other hosts of the pool still serve them).
+    /// the CXL devices of a pool (other hosts of the pool still serve them), nor a device
+    /// another node's topology record names too (a GPU moved to a live node keeps its
+    /// partitions: taking it out would unbind, and so widen, that node's tenants).
     async fn node_devices(&self, node: &str) -> Result<HashSet<String>, EtcdError> {
-        let key = self.keys().topology(node);
-        let Some((value, _)) = self.get_raw(&key).await? else { return Ok(HashSet::new()) };
-        // A refused record (or one under another node's key) names no devices the gc
-        // could take out.
-        let Ok(record) = records::decode::<TopologyRecord>(&value, self.limits()) else { return Ok(HashSet::new()) };
-        if record.node != node {
-            return Ok(HashSet::new());
+        let keys = self.keys();
+        let (entries, _) = self.read_prefix("topology read", &keys.topologies()).await?;
+        let (mut own, mut elsewhere) = (HashSet::new(), HashSet::new());
+        for e in &entries {
+            // A refused record names no devices either way.
+            let Ok(record) = records::decode::<TopologyRecord>(e.value(), self.limits()) else { continue };
+            let Some(name) = e.key().strip_prefix(keys.topologies().as_bytes()) else { continue };
+            let devices = record.devices.iter().filter(|d| !d.fabric && !crate::domain_fabric::pooled(d));
+            let ids = devices.map(|d| d.id.to_string());
+            // A record under another node's key names no devices of `node`'s.
+            if name == node.as_bytes() {
+                if record.node == node {
+                    own.extend(ids);
+                }
+            } else {
+                elsewhere.extend(ids);
+            }
         }
-        let own = record.devices.iter().filter(|d| !d.fabric && !crate::domain_fabric::pooled(d));
-        Ok(own.map(|d| d.id.to_string()).collect())
+        own.retain(|d| !elsewhere.contains(d));
+        Ok(own)
     }
 
     /// The partitions that name any of `devices`, with their keys and mod revisions.

@@ -191,6 +191,11 @@ impl Keys {
         format!("{}topology/{node}", self.prefix)
     }
 
+    /// The prefix of every node's topology record.
+    pub fn topologies(&self) -> String {
+        format!("{}topology/", self.prefix)
+    }
+
     /// The slot number a slot key names, if it is one (`slots/<n>` with `n` in decimal,
     /// no leading zero, below [`MAX_SLOTS`]).
     pub fn parse_slot_key(&self, key: &[u8]) -> Option<u32> {

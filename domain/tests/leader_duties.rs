@@ -21,6 +21,20 @@ async fn client(etcd: &EtcdServer, node: &str) -> DomainClient {
     DomainClient::connect(&testing::config(etcd.endpoint(), node, 2), RecordLimits::default()).await.unwrap()
 }
 
+/// A GPU as a node's topology record names it.
+fn gpu_device(id: &str) -> fabric_domain::topology::TopologyDevice {
+    fabric_domain::topology::TopologyDevice {
+        id: fabric_topology::DeviceId::uuid(id),
+        kind: fabric_topology::DeviceKind::Gpu,
+        name: None,
+        fabric: false,
+        memory: Vec::new(),
+        numa_node: None,
+        local_cpus: None,
+        pci: None,
+    }
+}
+
 async fn exists(c: &DomainClient, key: &str) -> bool {
     !c.raw().get(key, None).await.unwrap().kvs().is_empty()
 }
@@ -182,16 +196,7 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
     let slot = gone.claim_slot(&settings).await.unwrap();
     let k = gone.keys().clone();
     let gpu = DeviceId::uuid("GPU-tray-p-0");
-    let device = TopologyDevice {
-        id: gpu.clone(),
-        kind: DeviceKind::Gpu,
-        name: None,
-        fabric: false,
-        memory: Vec::new(),
-        numa_node: None,
-        local_cpus: None,
-        pci: None,
-    };
+    let device = gpu_device("GPU-tray-p-0");
     // A CXL device of a pool other hosts share: the pool's, not tray-p's to take along.
     let pool = DeviceId::cxl(0x5eed);
     let pooled = TopologyDevice { id: pool.clone(), kind: DeviceKind::CxlMemdev, ..device.clone() };
@@ -276,6 +281,50 @@ async fn a_node_in_more_partitions_than_one_transaction_takes_is_collected() {
         };
         assert_eq!(p.devices.len(), want, "{}", p.name);
     }
+}
+
+/// A device a gone node's record names that a live node's record names too (a GPU moved
+/// to another tray) keeps its partitions through the gone node's gc: before, the gc took it
+/// out, and a partition naming only it was deleted, which unbinds (and so widens) the live
+/// node's tenants. The gone node's own device still leaves its partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_another_node_now_publishes_keeps_its_partitions_through_a_gc() {
+    use fabric_domain::PartitionRecord;
+    use fabric_domain::topology::TopologyDevice;
+    use fabric_topology::DeviceId;
+
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
+    let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
+    let gone = client(&etcd, "tray-q").await;
+    gone.ensure_settings(&settings).await.unwrap();
+    let slot = gone.claim_slot(&settings).await.unwrap();
+    let k = gone.keys().clone();
+    let gpu = gpu_device;
+    let record = |node: &str, devices: Vec<TopologyDevice>| {
+        fabric_domain::records::encode(&fabric_domain::TopologyRecord {
+            version: fabric_domain::records::RECORD_VERSION,
+            node: node.into(),
+            incarnation: 1,
+            devices,
+            links: Vec::new(),
+        })
+    };
+    let mut kv = gone.raw();
+    kv.put(k.topology("tray-q"), record("tray-q", vec![gpu("GPU-moved"), gpu("GPU-own")]), None).await.unwrap();
+    kv.put(k.topology("tray-b"), record("tray-b", vec![gpu("GPU-moved")]), None).await.unwrap();
+    for (name, id) in [("moved", "GPU-moved"), ("own", "GPU-own")] {
+        let p = PartitionRecord::new(name, vec![DeviceId::uuid(id)], &[1000], &[]);
+        kv.put(k.partition(name), fabric_domain::records::encode(&p), None).await.unwrap();
+    }
+
+    let a = client(&etcd, "tray-a").await;
+    let a_lease = a.grant_lease().await.unwrap();
+    let _a_fence = a.join_fenced(&a_lease, &testing::member("tray-a")).await.unwrap();
+    let a_election = Election::start(&a, &a_lease);
+    let leader = LeaderFence::new(&a, a_lease.id(), leads(&a_election, Duration::from_secs(5)).await);
+    assert_eq!(a.gc_led(&leader, "tray-q").await.unwrap(), Some(slot));
+    assert!(exists(&a, &k.partition("moved")).await, "the live node's device lost its partition");
+    assert!(!exists(&a, &k.partition("own")).await, "the gone node's own device kept its partition");
 }
 
 /// A gone node holding shares of 140 resources (one transaction of the gc would hold 140
