@@ -390,10 +390,13 @@ async fn move_chunk(
             bytes::read(&side, at, &mut chunk, daemon.copies.region_maps()).map_err(local).map(|()| chunk)
         });
         let chunk = read.await.map_err(joined)??;
-        link.call_data(domain, owner, lane, ask.request(&chunk)).await.map_err(failed)?;
+        link.call_data(domain, owner, part.reach.owner_incarnation, lane, ask.request(&chunk)).await.map_err(failed)?;
         *buf = chunk;
     } else {
-        let r = link.call_data(domain, owner, lane, ask.request(&[])).await.map_err(failed)?;
+        let r = link
+            .call_data(domain, owner, part.reach.owner_incarnation, lane, ask.request(&[]))
+            .await
+            .map_err(failed)?;
         if r.body.len() as u64 != n {
             return Err((ErrorCode::Internal, format!("node {owner} answered {} bytes for {n}", r.body.len())));
         }

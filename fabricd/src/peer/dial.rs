@@ -65,6 +65,17 @@ pub enum DialError {
         /// The Welcome's.
         welcomed: u64,
     },
+    /// The request is about what an earlier incarnation of the peer granted (an import id),
+    /// and the peer is another one now: its ids name other things, so it is not asked.
+    #[error("node {node} restarted (incarnation {now}, not {granted}): what it granted is gone")]
+    Restarted {
+        /// The node.
+        node: String,
+        /// The incarnation the request is about.
+        granted: u64,
+        /// The member record's now.
+        now: u64,
+    },
     /// The peer did not answer within [`REQUEST_TIMEOUT`] (cut off, or hung): the link is
     /// dropped.
     #[error("node {node} did not answer within {after:?}")]
@@ -115,6 +126,17 @@ pub(super) fn target(domain: &Domain, node: &str) -> Result<(Freshness, String),
         Freshness { incarnation: m.incarnation, ours: status.incarnation, used: Instant::now() },
         m.peer_address.clone(),
     ))
+}
+
+/// Refuses an ask about what incarnation `granted` of `node` granted once the member
+/// record states another one, `now` (its ids then name other things).
+pub(super) fn still_granting(node: &str, granted: Option<u64>, now: &Freshness) -> Result<(), DialError> {
+    match granted {
+        Some(granted) if granted != now.incarnation => {
+            Err(DialError::Restarted { node: node.to_owned(), granted, now: now.incarnation })
+        }
+        _ => Ok(()),
+    }
 }
 
 impl Freshness {
@@ -193,23 +215,41 @@ enum Answer {
 impl NodeLink {
     /// Sends `request` to `node` and waits for its answer (on the domain's runtime).
     pub async fn call(&self, domain: &Domain, node: &str, request: PeerRequest) -> Result<PeerResponse, DialError> {
-        match self.ask(domain, node, node, Ask::Request(request)).await? {
+        match self.ask(domain, node, node, None, Ask::Request(request)).await? {
             Answer::Response(r) => Ok(r),
             Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
         }
     }
 
-    /// [`NodeLink::call`] on `node`'s data lane `lane`: a link of its own, for copy chunks.
+    /// [`NodeLink::call`] of a request about what incarnation `granted` of `node` granted
+    /// (an import id): refused, [`DialError::Restarted`], once `node` is another incarnation,
+    /// whose ids name other things (another node's, or another client's, import).
+    pub async fn call_granted(
+        &self,
+        domain: &Domain,
+        node: &str,
+        granted: u64,
+        request: PeerRequest,
+    ) -> Result<PeerResponse, DialError> {
+        match self.ask(domain, node, node, Some(granted), Ask::Request(request)).await? {
+            Answer::Response(r) => Ok(r),
+            Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
+        }
+    }
+
+    /// [`NodeLink::call_granted`] on `node`'s data lane `lane`: a link of its own, for copy
+    /// chunks.
     pub async fn call_data(
         &self,
         domain: &Domain,
         node: &str,
+        granted: u64,
         lane: u64,
         request: PeerRequest,
     ) -> Result<PeerResponse, DialError> {
         // `/` is in no node name: the lane's slot is no node's.
         let lane = format!("{node}/data{lane}");
-        match self.ask(domain, node, &lane, Ask::Request(request)).await? {
+        match self.ask(domain, node, &lane, Some(granted), Ask::Request(request)).await? {
             Answer::Response(r) => Ok(r),
             Answer::Pong(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
         }
@@ -217,14 +257,24 @@ impl NodeLink {
 
     /// Pings `node`; the round trip (a new link's handshake not counted).
     pub async fn ping(&self, domain: &Domain, node: &str) -> Result<Duration, DialError> {
-        match self.ask(domain, node, node, Ask::Ping).await? {
+        match self.ask(domain, node, node, None, Ask::Ping).await? {
             Answer::Pong(rtt) => Ok(rtt),
             Answer::Response(_) => Err(DialError::Link { node: node.to_owned(), source: LinkError::Closed }),
         }
     }
 
-    async fn ask(&self, domain: &Domain, node: &str, lane: &str, ask: Ask) -> Result<Answer, DialError> {
+    /// Asks `node` on `lane`'s link (made anew when the one held no longer serves); `granted`:
+    /// the incarnation of `node` the ask is about, refused once it is another.
+    async fn ask(
+        &self,
+        domain: &Domain,
+        node: &str,
+        lane: &str,
+        granted: Option<u64>,
+        ask: Ask,
+    ) -> Result<Answer, DialError> {
         let (wanted, address) = target(domain, node)?;
+        still_granting(node, granted, &wanted)?;
         let slot = self.peers().slot(lane);
         let mut held = slot.lock().await;
         let mut h = match held.take() {
@@ -295,6 +345,15 @@ impl NodeLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ask_about_an_earlier_incarnations_grant_is_refused() {
+        let now = Freshness { incarnation: 2, ours: 5, used: Instant::now() };
+        assert!(still_granting("a", None, &now).is_ok());
+        assert!(still_granting("a", Some(2), &now).is_ok());
+        let e = still_granting("a", Some(1), &now).unwrap_err();
+        assert!(matches!(e, DialError::Restarted { granted: 1, now: 2, .. }), "{e}");
+    }
 
     #[test]
     fn departed_nodes_slots_go_with_their_lanes_unless_a_call_holds_them() {

@@ -238,7 +238,9 @@ fn resolve(address: &str, deadline: Instant) -> Result<SocketAddr, Option<std::i
 impl NodeLink {
     /// Sends `request` to `node` and waits for its answer on this thread, at most `within`
     /// (a wait for a free link and the handshake of a new one included). Blocks: for a
-    /// request's thread, never one of the domain runtime's workers.
+    /// request's thread, never one of the domain runtime's workers. With `granted`, only
+    /// while `node` is that incarnation ([`DialError::Restarted`] otherwise): what it
+    /// answers is then that incarnation's.
     ///
     /// When the call gives up waiting for the answer to a request it sent, `late` (if
     /// any) gets that answer should it come within `LATE_WAIT` (10 s): the peer may have acted
@@ -246,7 +248,7 @@ impl NodeLink {
     pub fn call_here(
         &self,
         domain: &Domain,
-        node: &str,
+        (node, granted): (&str, Option<u64>),
         request: PeerRequest,
         within: Duration,
         late: Option<Late>,
@@ -254,6 +256,7 @@ impl NodeLink {
         let asked = Instant::now();
         let deadline = asked + within;
         let (wanted, address) = target(domain, node)?;
+        super::dial::still_granting(node, granted, &wanted)?;
         // The time since the ask began, to the millisecond (what an operator reads).
         let timeout = |by: Instant| {
             let after = Duration::from_millis(u64::try_from(by.duration_since(asked).as_millis()).unwrap_or(u64::MAX));

@@ -68,6 +68,9 @@ pub(super) struct RemoteReach {
     pub owner: String,
     /// The owner's import id.
     pub owner_import: u64,
+    /// The owner's incarnation that granted it: a chunk goes to that one only (another
+    /// incarnation's ids name other imports).
+    pub owner_incarnation: u64,
     /// The region's first GFA and bytes.
     pub gfa: u64,
     /// Its bytes.
@@ -231,13 +234,14 @@ fn owner_named(view: &fabric_domain::DomainView, id: &str) -> Result<(String, u6
     Ok((first.name.clone(), first.incarnation))
 }
 
-/// Asks `owner` for the import `i` of this client (`op`: `Import` or `ImportObject`) and
-/// decodes its grant.
+/// Asks `owner` (incarnation `incarnation`, and no other: its grant's id is that one's)
+/// for the import `i` of this client (`op`: `Import` or `ImportObject`) and decodes its
+/// grant.
 fn ask<T: serde::de::DeserializeOwned>(
     d: &Daemon,
     caller: &Caller,
     (handle, access): (&ExportHandle, AccessMode),
-    owner: &str,
+    (owner, incarnation): (&str, u64),
     op: PeerOp,
 ) -> Result<T, ErrorBody> {
     let Some(domain) = d.domain.as_ref() else {
@@ -272,13 +276,13 @@ fn ask<T: serde::de::DeserializeOwned>(
             let Some(import) = wire::granted_import(&answer.body) else { return };
             tracing::info!(%owner, import, "a grant came after its import gave up; given back");
             if let Some(link) = domain.link() {
-                link.service().importer().give_back(&domain, &owner, import);
+                link.service().importer().give_back(&domain, (&owner, incarnation), import);
             }
         })
     };
     // Asked here, on the request's thread, over a blocking link: no runtime worker
     // between the owner's answer and this thread.
-    match link.call_here(domain, owner, wire::request(op, &ask), ASK_TIMEOUT, Some(late)) {
+    match link.call_here(domain, (owner, Some(incarnation)), wire::request(op, &ask), ASK_TIMEOUT, Some(late)) {
         Ok(r) => wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}"))),
         Err(DialError::Peer { source: PeerError::Denied { code, message }, .. }) => {
             Err(refusal(code, format!("node {owner}: {message}")))
@@ -292,10 +296,10 @@ fn import(d: &Daemon, cx: &Context<'_>, caller: &Caller, to: Asked<'_>) -> Resul
     let shared = d.config.peer.shared_dir.clone();
     let mine = own_incarnation(d);
     let _asking = link.service().importer().asking(&owner, handle.region, handle.generation);
-    let grant: ImportGrant = ask(d, caller, (handle, access), &owner, PeerOp::Import)?;
+    let grant: ImportGrant = ask(d, caller, (handle, access), (&owner, incarnation), PeerOp::Import)?;
     let write = access == AccessMode::ReadWrite;
     // The owner recorded an import this node cannot use: give it back.
-    let give_back = || link.service().importer().give_back(domain, &owner, grant.import);
+    let give_back = || link.service().importer().give_back(domain, (&owner, incarnation), grant.import);
     grant
         .check()
         .map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")))
@@ -375,7 +379,7 @@ fn held(
             hold.end(d, &importer.devices);
         }
         if let Some(domain) = d.domain.as_ref() {
-            importer.give_back(domain, owner, owner_import);
+            importer.give_back(domain, (owner, incarnation), owner_import);
         }
         return Err(refusal(ErrorCode::Internal, format!("node {owner}'s grant: {why}")));
     }
@@ -404,7 +408,7 @@ fn held(
             // Whichever incarnation granted it holds nothing for this one (or ends this
             // node's old session soon): telling it costs nothing when it is gone.
             if let Some(domain) = d.domain.as_ref() {
-                importer.give_back(domain, owner, owner_import);
+                importer.give_back(domain, (owner, incarnation), owner_import);
             }
             refusal(
                 ErrorCode::Unavailable,
@@ -443,7 +447,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, caller: &Caller, to: Asked<'_>) -
     let Asked { link, domain, handle, access, node, owner, incarnation } = to;
     let mine = own_incarnation(d);
     let _asking = link.service().importer().asking(&owner, handle.region, handle.generation);
-    let grant: ObjectGrant = ask(d, caller, (handle, access), &owner, PeerOp::ImportObject)?;
+    let grant: ObjectGrant = ask(d, caller, (handle, access), (&owner, incarnation), PeerOp::ImportObject)?;
     let usable = grant.check().map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}")));
     let usable = usable.and_then(|()| {
         if grant.object.since() > cx.version {
@@ -456,7 +460,7 @@ fn import_object(d: &Daemon, cx: &Context<'_>, caller: &Caller, to: Asked<'_>) -
         }
     });
     if let Err(e) = usable {
-        link.service().importer().give_back(domain, &owner, grant.import);
+        link.service().importer().give_back(domain, (&owner, incarnation), grant.import);
         return Err(e);
     }
     let local = held(
@@ -570,7 +574,8 @@ impl Importer {
                 (h.session == session && start <= gfa && gfa - start < h.len).then(|| {
                     let writable = h.access == fabric_proto::wire::AccessMode::ReadWrite;
                     let (owner, owner_import, len) = (h.owner.clone(), h.owner_import, h.len);
-                    (*id, RemoteReach { owner, owner_import, gfa: start, len, writable }, h.revoked)
+                    let owner_incarnation = h.incarnation;
+                    (*id, RemoteReach { owner, owner_import, owner_incarnation, gfa: start, len, writable }, h.revoked)
                 })
             })
             .max_by_key(|(id, r, revoked)| (!revoked, r.writable, *id))
@@ -591,7 +596,7 @@ impl Importer {
             hold.end(d, &self.devices);
         }
         if let Some(domain) = d.domain.as_ref() {
-            self.give_back(domain, &h.owner, h.owner_import);
+            self.give_back(domain, (&h.owner, h.incarnation), h.owner_import);
         }
         Ok(())
     }
@@ -617,11 +622,19 @@ impl Importer {
     }
 
     /// Tells `owner` that its import `import` is released (in the background).
-    fn give_back(&self, domain: &std::sync::Arc<crate::tasks::domain::Domain>, owner: &str, import: u64) {
+    /// The owner's incarnation that granted it comes along: another incarnation is not
+    /// told (its ids name other imports, and it holds none of the earlier one's).
+    fn give_back(
+        &self,
+        domain: &std::sync::Arc<crate::tasks::domain::Domain>,
+        (owner, granted): (&str, u64),
+        import: u64,
+    ) {
         let (domain, owner) = (domain.clone(), owner.to_owned());
         domain.clone().runtime().spawn(async move {
             let Some(link) = domain.link() else { return };
-            if let Err(e) = link.call(&domain, &owner, wire::request(PeerOp::Release, &ReleaseAsk { import })).await {
+            let release = wire::request(PeerOp::Release, &ReleaseAsk { import });
+            if let Err(e) = link.call_granted(&domain, &owner, granted, release).await {
                 tracing::warn!(%owner, import, error = %crate::error_chain(&e), "cannot release an import at its owner");
             }
         });
@@ -716,7 +729,10 @@ impl Importer {
         // (local import, session, region, generation) of each import the notice is about.
         let found: Vec<(u64, u64, u64, u64)> = held
             .iter()
-            .filter(|(_, h)| h.owner == peer.identity.node && h.owner_import == r.import)
+            // Its ids are the granting incarnation's: another one's notice names other imports.
+            .filter(|(_, h)| {
+                h.owner == peer.identity.node && h.incarnation == peer.incarnation && h.owner_import == r.import
+            })
             .map(|(k, h)| (*k, h.session, h.region, h.generation))
             .collect();
         // Revoked or gone, the import's device goes (its mappings with it): only what the
@@ -844,6 +860,23 @@ mod tests {
         Daemon::on_sim_for_tests(dir)
     }
 
+    /// Session 1's read-only import of node a's region 1, a's import 7 at incarnation 1.
+    fn held_of_a() -> Held {
+        Held {
+            session: 1,
+            owner: "a".to_owned(),
+            incarnation: 1,
+            owner_import: 7,
+            region: 1,
+            generation: 1,
+            gfa: None,
+            len: 4096,
+            access: fabric_proto::wire::AccessMode::ReadOnly,
+            revoked: false,
+            cxl: None,
+        }
+    }
+
     fn freed(import: u64) -> RevokeNotice {
         RevokeNotice { revocation: Revocation { region: 1, generation: 1, import, reason: RevocationReason::Freed } }
     }
@@ -875,24 +908,34 @@ mod tests {
         assert!(importer.asking.lock().unwrap().is_empty(), "every guard counted down");
     }
 
+    /// An owner's import ids are its incarnation's: after it restarted, the new
+    /// incarnation's notice about its import 7 ends another import than the one the old
+    /// incarnation granted as 7. Before, it ended this one.
+    #[test]
+    fn a_notice_of_another_incarnation_of_the_owner_ends_none_of_the_earlier_ones_imports() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path());
+        let importer = Importer::default();
+        let held = held_of_a();
+        importer.held.lock().unwrap().insert(70, held);
+        let peer = |incarnation| Peer {
+            identity: NodeIdentity::new("dom", "a").unwrap(),
+            incarnation,
+            addr: "127.0.0.1:9".parse().unwrap(),
+            version: fabric_nodelink::PEER_PROTOCOL,
+        };
+        assert!(importer.revoked(&d, &peer(2), freed(7)).is_ok());
+        assert!(importer.holds(70), "incarnation 2's import 7 is not incarnation 1's");
+        assert!(importer.revoked(&d, &peer(1), freed(7)).is_ok());
+        assert!(!importer.holds(70), "the granting incarnation's notice ends it");
+    }
+
     #[test]
     fn an_import_whose_owner_is_not_live_at_its_incarnation_is_given_back() {
         let dir = tempfile::tempdir().unwrap();
         let d = daemon(dir.path());
         let importer = Importer::default();
-        let h = Held {
-            session: 1,
-            owner: "a".to_owned(),
-            incarnation: 1,
-            owner_import: 7,
-            region: 1,
-            generation: 1,
-            gfa: None,
-            len: 4096,
-            access: fabric_proto::wire::AccessMode::ReadOnly,
-            revoked: false,
-            cxl: None,
-        };
+        let h = held_of_a();
         let back = importer.hold(&d, 0, h).unwrap_err();
         assert_eq!((back.owner.as_str(), back.owner_import), ("a", 7));
         assert!(importer.held.lock().unwrap().is_empty());
