@@ -2,10 +2,11 @@
 //! of that node's session are taken by a sink of the event bus (never dropped, unlike a
 //! client's bounded queue) into an outbox that keeps one per import (a region's end
 //! supersedes its export's revocation), so it never holds more than the node's imports.
-//! One task per importer node session tells them one at a time, and keeps a revocation it
-//! could not tell, retrying with backoff, until the node acknowledged it or its session
-//! ended (the node left or restarted: it then holds nothing of this node's). An
-//! acknowledged end of a region lifts that node's quarantine of the region's range.
+//! One task per importer node session tells them one at a time, in turn (so one the node
+//! keeps refusing holds up no other), and keeps a revocation it could not tell, retrying
+//! with backoff, until the node acknowledged it or its session ended (the node left or
+//! restarted: it then holds nothing of this node's). An acknowledged end of a region lifts
+//! that node's quarantine of the region's range.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,8 +68,16 @@ impl Outbox {
         self.wake.notify_one();
     }
 
-    fn take(&self) -> Option<Revocation> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).pop_first().map(|(_, r)| r)
+    /// The next revocation to tell: the first after import `after` (the one last tried),
+    /// round the ids, so that a revocation the node keeps refusing takes its turn and
+    /// no more.
+    fn take(&self, after: Option<u64>) -> Option<Revocation> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let next = after
+            .and_then(|a| pending.range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)).next())
+            .or_else(|| pending.first_key_value())
+            .map(|(&k, _)| k)?;
+        pending.remove(&next)
     }
 
     /// Puts back `r`, which could not be told (by the same rule as [`Outbox::push`]).
@@ -91,11 +100,14 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
     let mut retry = RETRY_FIRST;
     // Quarantine lifted since the record was last saved.
     let mut lifted = false;
+    // The import last tried, and how many were refused in a row (a whole round refused:
+    // the task backs off).
+    let (mut after, mut refused) = (None, 0usize);
     loop {
         if outbox.closed.load(Ordering::Acquire) {
             return;
         }
-        let Some(r) = outbox.take() else {
+        let Some(r) = outbox.take(after) else {
             // The outbox is drained: what its acknowledgements lifted is saved once, off
             // the runtime's worker.
             if std::mem::take(&mut lifted)
@@ -122,9 +134,10 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
             tracing::warn!(peer = %node, import = r.import, error = %e, "node link: truncating a freed region's file failed");
         }
         let told = link.call(&domain, &node, wire::request(PeerOp::Revoke, &RevokeNotice { revocation: r })).await;
+        after = Some(r.import);
         match told {
             Ok(_) => {
-                retry = RETRY_FIRST;
+                (retry, refused) = (RETRY_FIRST, 0);
                 tracing::info!(peer = %node, import = r.import, reason = ?r.reason, "node link: importer told of a revocation");
                 if !matches!(r.reason, RevocationReason::Revoked) {
                     let (d, node, region) = (d.clone(), node.clone(), r.region);
@@ -132,8 +145,16 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
                     lifted = true;
                 }
             }
+            // The node answered, and refused this one (it is recording an import it may be
+            // about): the next takes its turn at once, unless every one was refused in a row.
+            Err(super::DialError::Peer { .. }) if refused < outbox.len() => {
+                refused += 1;
+                tracing::debug!(peer = %node, import = r.import, "node link: the importer asked to be told of a revocation again; the next one first");
+                outbox.put_back(r);
+            }
             Err(e) => {
                 tracing::warn!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: cannot tell the importer of a revocation; kept to try again");
+                refused = 0;
                 outbox.put_back(r);
                 drop(d);
                 tokio::select! {
@@ -170,12 +191,30 @@ mod tests {
         o.push(rev(5, RevocationReason::Freed));
         o.push(rev(5, RevocationReason::Revoked));
         assert_eq!(o.len(), 1000, "nothing is dropped past any bound");
-        let all: Vec<Revocation> = std::iter::from_fn(|| o.take()).collect();
+        let all: Vec<Revocation> = std::iter::from_fn(|| o.take(None)).collect();
         assert_eq!(all.len(), 1000);
         assert_eq!(all[5].reason, RevocationReason::Freed);
         o.put_back(rev(7, RevocationReason::Revoked));
         o.push(rev(7, RevocationReason::Freed));
         o.put_back(rev(7, RevocationReason::Revoked));
-        assert_eq!(o.take().map(|r| r.reason), Some(RevocationReason::Freed));
+        assert_eq!(o.take(None).map(|r| r.reason), Some(RevocationReason::Freed));
+    }
+
+    /// A revocation put back after a refusal takes its turn after the others: before, the
+    /// smallest id was always taken first, so one the node kept refusing held up every
+    /// later one to that node.
+    #[test]
+    fn a_revocation_put_back_lets_the_others_go_first() {
+        let o = Outbox::default();
+        for i in [3, 5, 9] {
+            o.push(rev(i, RevocationReason::Freed));
+        }
+        let first = o.take(None).unwrap();
+        assert_eq!(first.import, 3);
+        o.put_back(first);
+        assert_eq!(o.take(Some(3)).map(|r| r.import), Some(5));
+        assert_eq!(o.take(Some(5)).map(|r| r.import), Some(9));
+        assert_eq!(o.take(Some(9)).map(|r| r.import), Some(3), "round the ids");
+        assert_eq!(o.take(Some(3)), None);
     }
 }
