@@ -37,7 +37,10 @@ fn spec(host: Host, run: &Run, port: u16, etcd: &[u8], ca: &DomainCa) -> vm::VmS
     if run.per_region {
         spec.files.push(("fabric/per-region".into(), Vec::new()));
     }
-    spec.timeout = Duration::from_secs(600);
+    // A run takes about a minute; a guest the emulator starved past this is failed here,
+    // before nextest's 10-minute kill, and the test run once more (its retry:
+    // .config/nextest.toml).
+    spec.timeout = Duration::from_secs(240);
     twohost::add(&mut spec, host, file, port).expect("the shared backing file");
     // The node link's credentials: the domain CA and this node's certificate.
     let node = ca.issue(host.node(), &[]).expect("a node certificate");
