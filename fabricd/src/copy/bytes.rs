@@ -29,10 +29,7 @@ pub fn read(side: &Side, offset: u64, buf: &mut [u8], maps: &RegionMaps) -> Resu
             sys::vm_read(sys::own_pid(), local, addr, len).map_err(moved(offset, len))
         }
         Side::Process { process, addr, gate } => {
-            let _access = gate.enter().ok_or(ChunkError::Unregistered)?;
-            process
-                .with(|pid| sys::vm_read(pid, local, addr + offset, len))
-                .map_err(|_| ChunkError::ProcessGone(process.pid()))?
+            chunk::remote(process, gate, |pid| sys::vm_read(pid, local, addr + offset, len))?
                 .map_err(moved(offset, len))
         }
         Side::File { device: true, .. } => chunk::with_buffer(side, offset, local, len, false, maps),
@@ -57,10 +54,7 @@ pub fn write(side: &Side, offset: u64, buf: &[u8], maps: &RegionMaps) -> Result<
             sys::vm_write(sys::own_pid(), local, addr, len).map_err(moved(offset, len))
         }
         Side::Process { process, addr, gate } => {
-            let _access = gate.enter().ok_or(ChunkError::Unregistered)?;
-            process
-                .with(|pid| sys::vm_write(pid, local, addr + offset, len))
-                .map_err(|_| ChunkError::ProcessGone(process.pid()))?
+            chunk::remote(process, gate, |pid| sys::vm_write(pid, local, addr + offset, len))?
                 .map_err(moved(offset, len))
         }
         Side::File { writable: false, .. } => {

@@ -13,7 +13,7 @@ use super::BOUNCE;
 use super::fault::{self, FaultError};
 use super::regionmap::RegionMaps;
 use super::sys::{self, Mapping};
-use crate::dma::ClientGate;
+use crate::dma::{ClientGate, Unreached};
 use crate::memory::Side;
 use crate::transport::peer::Process;
 
@@ -85,13 +85,15 @@ struct Local {
 /// Moves bytes to or from `process` by its pid, which names it throughout the move (it
 /// has not exited before nor after), with the registration's gate held
 /// ([`crate::dma::ClientGate`]): never the copy's own.
-fn remote(
+pub(super) fn remote(
     process: &Process,
     gate: &ClientGate,
     f: impl FnOnce(i32) -> std::io::Result<()>,
 ) -> Result<std::io::Result<()>, ChunkError> {
-    let _access = gate.enter().ok_or(ChunkError::Unregistered)?;
-    process.with(f).map_err(|_| ChunkError::ProcessGone(process.pid()))
+    gate.reach(process, f).map_err(|u| match u {
+        Unreached::Unregistered => ChunkError::Unregistered,
+        Unreached::ProcessGone => ChunkError::ProcessGone(process.pid()),
+    })
 }
 
 /// How a chunk's accesses are held ([`copy`]).

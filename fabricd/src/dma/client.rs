@@ -28,6 +28,16 @@ pub struct ClientGate {
     shut: AtomicBool,
 }
 
+/// Why [`ClientGate::reach`] did not reach a client's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreached {
+    /// The registration was undone (the gate is shut).
+    Unregistered,
+    /// The process that registered it has exited (or is no longer the one that
+    /// connected).
+    ProcessGone,
+}
+
 /// An access to a client's memory in flight: [`ClientGate::drain`] waits for it to drop.
 #[derive(Debug)]
 #[must_use = "the access is in flight while this is held"]
@@ -47,6 +57,18 @@ impl ClientGate {
         // Read under the lock: an access that saw the gate open is in flight until it
         // drops the guard, and a drain after the shut waits for it.
         (!self.shut.load(Ordering::Acquire)).then_some(ClientAccess { _in_flight: in_flight })
+    }
+
+    /// Runs `f` with the pid of `process` (the registration's, followed by its pidfd:
+    /// [`crate::transport::peer::Process::with`]) under the gate: the one way the daemon
+    /// reaches a client's registered memory.
+    pub fn reach<T>(
+        &self,
+        process: &crate::transport::peer::Process,
+        f: impl FnOnce(i32) -> T,
+    ) -> Result<T, Unreached> {
+        let _access = self.enter().ok_or(Unreached::Unregistered)?;
+        process.with(f).map_err(|_| Unreached::ProcessGone)
     }
 
     /// Shuts the gate: no access begins after. Never blocks.

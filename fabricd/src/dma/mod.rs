@@ -39,7 +39,7 @@ use std::os::unix::fs::FileExt;
 use fabric_proto::wire::AccessMode;
 use fabric_topology::{Device, DeviceId, DeviceKind};
 
-pub use client::{ClientAccess, ClientGate};
+pub use client::{ClientAccess, ClientGate, Unreached};
 use iova::{IovaAllocator, IovaError, PAGE};
 use sys::Pinned;
 
@@ -230,13 +230,10 @@ impl Reach {
         let io = |source| DmaError::Io { registration: id, source };
         match &self.backing {
             Backing::Mapped(p) => p.file().read_exact_at(buf, p.offset() + at).map_err(io),
-            Backing::Process { process, addr, gate } => {
-                let _access = gate.enter().ok_or(DmaError::Unregistered(id))?;
-                process
-                    .with(|pid| sys::read_process(pid, addr + at, buf))
-                    .map_err(|_| DmaError::ProcessGone(id))?
-                    .map_err(io)
-            }
+            Backing::Process { process, addr, gate } => gate
+                .reach(process, |pid| sys::read_process(pid, addr + at, buf))
+                .map_err(|u| unreached(u, id))?
+                .map_err(io),
         }
     }
 
@@ -248,14 +245,19 @@ impl Reach {
         let io = |source| DmaError::Io { registration: id, source };
         match &self.backing {
             Backing::Mapped(p) => p.file().write_all_at(buf, p.offset() + at).map_err(io),
-            Backing::Process { process, addr, gate } => {
-                let _access = gate.enter().ok_or(DmaError::Unregistered(id))?;
-                process
-                    .with(|pid| sys::write_process(pid, addr + at, buf))
-                    .map_err(|_| DmaError::ProcessGone(id))?
-                    .map_err(io)
-            }
+            Backing::Process { process, addr, gate } => gate
+                .reach(process, |pid| sys::write_process(pid, addr + at, buf))
+                .map_err(|u| unreached(u, id))?
+                .map_err(io),
         }
+    }
+}
+
+/// The error of a copy through registration `id` whose client memory was not reached.
+fn unreached(u: Unreached, id: u64) -> DmaError {
+    match u {
+        Unreached::Unregistered => DmaError::Unregistered(id),
+        Unreached::ProcessGone => DmaError::ProcessGone(id),
     }
 }
 

@@ -142,9 +142,7 @@ impl RangeAllocator {
 
     /// Whether `[offset, offset + len)` lies in the resource and overlaps no allocation.
     pub fn is_free(&self, offset: u64, len: u64) -> bool {
-        let Some(end) = offset.checked_add(len).filter(|&e| e <= self.capacity) else { return false };
-        let before = self.used.range(..end).next_back();
-        before.is_none_or(|(&o, &l)| o + l <= offset)
+        offset.checked_add(len).is_some_and(|e| e <= self.capacity) && self.overlaps_nothing(offset, len)
     }
 
     /// Takes `[offset, offset + len)` if it is free; false otherwise.
