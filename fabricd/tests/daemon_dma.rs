@@ -15,10 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fabric_proto::wire::{
-    AccessMode, AllocRequest, AllocTarget, BoundedVec, CodecError, Connection, DeviceName, ErrorBody, ErrorCode,
-    ErrorDetail, ExportPolicy, ExportRequest, FreeRequest, ImportRequest, MemoryClass, RegisterRequest,
-    RegisterResponse, RegisterSource, ReleaseRequest, Request, Response, RevokeRequest, StatusRequest, StatusResponse,
-    UnregisterRequest,
+    AccessMode, AllocRequest, AllocTarget, CodecError, Connection, DeviceName, ErrorBody, ErrorCode, ErrorDetail,
+    FreeRequest, ImportRequest, MemoryClass, RegisterRequest, RegisterResponse, RegisterSource, ReleaseRequest,
+    Request, Response, RevokeRequest, StatusRequest, StatusResponse, UnregisterRequest,
 };
 use fabric_topology::DeviceKind;
 
@@ -159,19 +158,9 @@ fn every_source_registers_below_the_mask_at_distinct_iovas_and_unregister_frees(
     let r1 = register(&mut c, &gpu, RegisterSource::Region(region), 0, 2 * MIB, &[]);
     // An import the caller holds, read-only: the device may read it only.
     let shared = alloc(&mut other, &gpu, 2 * MIB);
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadOnly,
-    };
-    let Response::Export(e) =
-        other.call(Request::Export(ExportRequest { region: shared, policy, node: None }), &[]).unwrap().0
-    else {
-        panic!()
-    };
+    let handle = common::export(&mut other, shared, AccessMode::ReadOnly);
     let Response::Import(imp) =
-        c.call(Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadOnly }), &[]).unwrap().0
+        c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }), &[]).unwrap().0
     else {
         panic!()
     };
@@ -255,18 +244,9 @@ fn registrations_end_with_their_region_import_and_session() {
     // Freeing a region drops the registrations over it, the owner's and an importer's.
     let region = alloc(&mut owner, &gpu, 2 * MIB);
     let own = register(&mut owner, &gpu, RegisterSource::Region(region), 0, MIB, &[]);
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
-    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
-    else {
-        panic!()
-    };
+    let handle = common::export(&mut owner, region, AccessMode::ReadWrite);
     let Response::Import(imp) =
-        c.call(Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadWrite }), &[]).unwrap().0
+        c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[]).unwrap().0
     else {
         panic!()
     };
@@ -282,20 +262,11 @@ fn registrations_end_with_their_region_import_and_session() {
 
     // Releasing an import and revoking its export drop registrations over it.
     let region = alloc(&mut owner, &gpu, 2 * MIB);
-    let policy = ExportPolicy {
-        uids: BoundedVec::default(),
-        gids: BoundedVec::default(),
-        partition: None,
-        access: AccessMode::ReadWrite,
-    };
-    let Response::Export(e) = owner.call(Request::Export(ExportRequest { region, policy, node: None }), &[]).unwrap().0
-    else {
-        panic!()
-    };
+    let handle = common::export(&mut owner, region, AccessMode::ReadWrite);
     let mut imports = Vec::new();
     for _ in 0..2 {
         let Response::Import(imp) =
-            c.call(Request::Import(ImportRequest { handle: e.handle, access: AccessMode::ReadWrite }), &[]).unwrap().0
+            c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadWrite }), &[]).unwrap().0
         else {
             panic!()
         };
@@ -305,7 +276,7 @@ fn registrations_end_with_their_region_import_and_session() {
     assert_eq!(status(&mut c).registrations, 2);
     c.call(Request::Release(ReleaseRequest { import: imports[0] }), &[]).unwrap();
     assert_eq!(status(&mut c).registrations, 1);
-    owner.call(Request::Revoke(RevokeRequest { handle: e.handle }), &[]).unwrap();
+    owner.call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap();
     assert_eq!(status(&mut c).registrations, 0);
 
     // A session that closes loses its registrations within a second.
@@ -326,6 +297,62 @@ fn registrations_end_with_their_region_import_and_session() {
         assert!(Instant::now() < deadline, "registrations still live a second after their session closed: {s:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A region's file sent as a memory object registers as the region (or the import) it is:
+/// freeing the region or revoking the export ends the registration, as it ends one made by
+/// id; a session that neither owns nor imports the region is refused its file.
+#[test]
+fn a_region_file_registers_as_its_region_or_import() {
+    let env = start("", |_| {});
+    let mut owner = common::client(&env.setup.socket);
+    let mut c = common::client(&env.setup.socket);
+    let mut stranger = common::client(&env.setup.socket);
+    let gpu = env.gpu.clone();
+    let alloc_file = |c: &mut Connection| {
+        let req = Request::Alloc(AllocRequest {
+            target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
+            size: 2 * MIB,
+            align: 0,
+        });
+        let (Response::Alloc(a), fds) = c.call(req, &[]).unwrap() else { panic!() };
+        (a.region, fds.into_iter().next().unwrap())
+    };
+
+    // The owner's own file: freeing the region ends the registration.
+    let (region, file) = alloc_file(&mut owner);
+    let r = register(&mut owner, &gpu, RegisterSource::Fd, PAGE, MIB, &[file.as_fd()]);
+    assert_eq!(status(&mut owner).registrations, 1);
+    owner.call(Request::Free(FreeRequest { region, node: None }), &[]).unwrap();
+    let s = status(&mut owner);
+    assert_eq!((s.registrations, s.pinned_bytes), (0, 0), "a registration of a freed region's file lives on");
+    let body = refused(&mut owner, Request::Unregister(UnregisterRequest { registration: r.registration }), &[]);
+    assert_eq!(body.code, ErrorCode::NotFound);
+
+    // An importer's file: bounded by the import's access, ended by the revocation.
+    let (region, owners_file) = alloc_file(&mut owner);
+    let handle = common::export(&mut owner, region, AccessMode::ReadWrite);
+    let (Response::Import(_), fds) =
+        c.call(Request::Import(ImportRequest { handle, access: AccessMode::ReadOnly }), &[]).unwrap()
+    else {
+        panic!()
+    };
+    let imported = fds.into_iter().next().unwrap();
+    let body = refused(&mut c, reg_req(&gpu, RegisterSource::Fd, 0, MIB, AccessMode::ReadWrite), &[imported.as_fd()]);
+    assert_eq!(body.code, ErrorCode::PermissionDenied, "{body:?}");
+    let (r, _) = c.call(reg_req(&gpu, RegisterSource::Fd, 0, MIB, AccessMode::ReadOnly), &[imported.as_fd()]).unwrap();
+    assert!(matches!(r, Response::Register(_)), "{r:?}");
+
+    // Someone handed the owner's file holds no right to the region: refused.
+    let body =
+        refused(&mut stranger, reg_req(&gpu, RegisterSource::Fd, 0, MIB, AccessMode::ReadOnly), &[owners_file.as_fd()]);
+    assert_eq!(body.code, ErrorCode::PermissionDenied, "{body:?}");
+    assert!(body.message.contains(&format!("region {region}'s file")), "{}", body.message);
+
+    assert_eq!(status(&mut c).registrations, 1);
+    owner.call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap();
+    let s = status(&mut c);
+    assert_eq!((s.registrations, s.pinned_bytes), (0, 0), "a registration of a revoked import's file lives on");
 }
 
 #[test]

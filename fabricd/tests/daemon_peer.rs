@@ -136,6 +136,25 @@ fn a_client_on_one_node_maps_memory_exported_on_another_and_sees_its_revocation(
     assert_eq!(&m0[..14], b"from tray1 ...");
     m0[len as usize - 5..].copy_from_slice(b"tray0");
     assert_eq!(&m1[len as usize - 5..], b"tray0");
+    // The importer's file is not registered for DMA: the owner's revocation could not end
+    // that registration. The owner's own file is (as the region, which its free ends).
+    let register = |c: &mut Connection, node: &str, file: &File| {
+        use fabric_proto::wire::{DeviceName, RegisterRequest, RegisterSource};
+        let req = Request::Register(RegisterRequest {
+            device: DeviceName::truncated(&hbm_of(c, node)),
+            source: RegisterSource::Fd,
+            offset: 0,
+            len: 4096,
+            access: AccessMode::ReadOnly,
+            node: None,
+        });
+        c.call(req, &[std::os::fd::AsFd::as_fd(file)]).map(|(r, _)| r)
+    };
+    match register(&mut c1, "tray1", &file1) {
+        Err(CodecError::Refused { body, .. }) => assert_eq!(body.code, ErrorCode::NotImplemented, "{body:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(register(&mut c0, "tray0", &file0), Ok(Response::Register(_))));
 
     // tray2 shares no memory fabric: a copy-only grant, no descriptor.
     let net = import_copy_only(&mut c2, handle, AccessMode::ReadOnly).unwrap();

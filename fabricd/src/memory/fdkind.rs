@@ -124,6 +124,33 @@ pub fn classify(fd: BorrowedFd<'_>, regions: &Path) -> Result<FdKind, FdKindErro
     Ok(FdKind::Other(format!("a regular file outside tmpfs and hugetlbfs ({})", link(fd))))
 }
 
+/// Which file a descriptor is: `(st_dev, st_ino)`, as `stat` gives them.
+pub type FileId = (u64, u64);
+
+/// The region whose file `fd` says it is, by the name it was opened at (`r<id>`, still
+/// linked there), with the file's identity. A claim only: the registry then compares that
+/// identity with the region's own file's before it believes it.
+pub fn named_region(fd: BorrowedFd<'_>) -> Option<(u64, FileId)> {
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let id = path.file_name()?.to_str()?.strip_prefix('r')?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let st = sys::stat_fd(fd).ok()?;
+    (st.mode & libc::S_IFMT == libc::S_IFREG).then_some((id.parse().ok()?, file_id(&st)))
+}
+
+/// `(st_dev, st_ino)` of a `statx` result.
+fn file_id(st: &sys::Stat) -> FileId {
+    (libc::makedev(st.dev.0, st.dev.1), st.ino)
+}
+
+/// Whether `fd` was opened at a path under `dir` (both as the kernel resolves them).
+pub fn opened_under(fd: BorrowedFd<'_>, dir: &Path) -> bool {
+    let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else { return false };
+    std::fs::canonicalize(dir).is_ok_and(|dir| path.starts_with(dir))
+}
+
 /// The path `/proc/self/fd` gives for `fd` (what the caller opened), for messages.
 pub fn link(fd: BorrowedFd<'_>) -> String {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))

@@ -246,13 +246,22 @@ impl RegionFile {
     /// The file's size, read without opening it (never through a symlink: one there gives
     /// the link's own size, and the open that would follow refuses it).
     pub(crate) fn size(&self) -> std::io::Result<u64> {
+        self.stat().map(|st| u64::try_from(st.st_size).unwrap_or(0))
+    }
+
+    /// Which file it is, `(st_dev, st_ino)`, read as [`RegionFile::size`] is.
+    pub(crate) fn id(&self) -> std::io::Result<fdkind::FileId> {
+        self.stat().map(|st| (st.st_dev, st.st_ino))
+    }
+
+    fn stat(&self) -> std::io::Result<nix::sys::stat::FileStat> {
         let st = match (&self.dir, self.path.file_name()) {
             (Some(dir), Some(name)) if !self.device_file => {
                 nix::sys::stat::fstatat(dir.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
             }
             _ => nix::sys::stat::fstatat(nix::fcntl::AT_FDCWD, &self.path, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW),
         };
-        st.map(|st| u64::try_from(st.st_size).unwrap_or(0)).map_err(std::io::Error::from)
+        st.map_err(std::io::Error::from)
     }
 
     /// The file's path (for messages and removal).

@@ -8,7 +8,7 @@
 //! cannot go without it.
 
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use crate::memory::Identity;
 use fabric_proto::wire::AccessMode;
@@ -300,17 +300,21 @@ impl Memory {
             _ => offset,
         };
         let (first, lead, span) = span_of(at, len).ok_or_else(|| bad(format!("{len} bytes at {at:#x} overflow")))?;
+        // Before the lock: what the descriptor is, checked without waiting on its filesystem;
+        // one of this daemon's region files stands for its region or import.
+        let source = match source {
+            Source::Fd(fd) => {
+                super::fdkind::check_register(fd.as_fd(), &self.root).map_err(|e| bad(crate::error_chain(&e)))?;
+                self.region_file_source(fd, session, access)?
+            }
+            other => other,
+        };
         let covers = match &source {
             Source::Region(id) => Covers::Region(*id),
             Source::Import(id) => Covers::Import(*id),
             Source::Fd(_) => Covers::Fd,
             Source::Process { .. } => Covers::Process,
         };
-        // Before the lock: what the descriptor is, checked without waiting on its filesystem.
-        if let Source::Fd(fd) = &source {
-            super::fdkind::check_register(std::os::fd::AsFd::as_fd(fd), &self.root)
-                .map_err(|e| bad(crate::error_chain(&e)))?;
-        }
         let (found, iova) = {
             let mut st = self.state();
             self.check(&st, who.uid, 0, 1)?;
@@ -371,6 +375,46 @@ impl Memory {
         );
         debug_assert!(iova.is_multiple_of(PAGE));
         Ok(Registered { registration: id, iova: iova + lead, len })
+    }
+
+    /// What a descriptor sent with `Register` stands for. A region's own file (a sim or
+    /// NUMA region's `r<id>`, the very inode the registry keeps for that region) stands for
+    /// the region when the session owns it, or for the session's import of it that grants
+    /// `access`; anything else is refused. So freeing the region or revoking the export
+    /// ends the registration as it ends one made by region or import id: registered as a
+    /// plain memory object, the device would go on reaching the region's bytes. Other
+    /// descriptors stay memory objects. A region file's offset 0 is the region's.
+    fn region_file_source(&self, fd: OwnedFd, session: u64, access: AccessMode) -> Result<Source, MemoryError> {
+        let Some((id, seen)) = super::fdkind::named_region(fd.as_fd()) else { return Ok(Source::Fd(fd)) };
+        let file = {
+            let st = self.state();
+            match st.ledger.regions.get(&id) {
+                Some(r) if r.backing.own_file().is_some() => st.region_file(id, r).ok(),
+                _ => None,
+            }
+        };
+        // Compared outside the lock (a stat of the daemon's own file): the region cannot
+        // take another file, and its id is never given to another region.
+        if file.and_then(|f| f.id().ok()) != Some(seen) {
+            return Ok(Source::Fd(fd));
+        }
+        let st = self.state();
+        if st.ledger.owned(id, session).is_ok() {
+            return Ok(Source::Region(id));
+        }
+        let import = st.ledger.imports.iter().find(|(_, i)| {
+            i.region == id
+                && i.session == session
+                && (access == AccessMode::ReadOnly || i.access == AccessMode::ReadWrite)
+                && !st.ledger.import_revoked(i)
+        });
+        match import {
+            Some((&import, _)) => Ok(Source::Import(import)),
+            None => Err(MemoryError::PermissionDenied(format!(
+                "the descriptor is region {id}'s file, and this session neither owns that region nor holds {} of it",
+                if access == AccessMode::ReadWrite { "a live read-write import" } else { "a live import" }
+            ))),
+        }
     }
 
     /// Undoes a registration the session made.

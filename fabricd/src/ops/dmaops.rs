@@ -6,7 +6,7 @@ use fabric_topology::DeviceId;
 
 use crate::daemon::Daemon;
 use crate::dma::{Target, can_dma, target_of};
-use crate::memory::{Abandon, Source};
+use crate::memory::{Abandon, Source, fdkind};
 use crate::ops::dispatch::errors::{memory as refused, refusal};
 use crate::ops::dispatch::operation::RegisterFrom;
 use crate::ops::principal::Principal;
@@ -56,7 +56,10 @@ pub fn register(
     let source = match req.from {
         RegisterFrom::Region(id) => Source::Region(id),
         RegisterFrom::Import(id) => Source::Import(id),
-        RegisterFrom::Fd(fd) => Source::Fd(fd),
+        RegisterFrom::Fd(fd) => {
+            refuse_other_nodes_file(d, std::os::fd::AsFd::as_fd(&fd))?;
+            Source::Fd(fd)
+        }
         // The process that connected, followed by its pidfd: never the pid looked up anew.
         RegisterFrom::Process { addr } => Source::Process {
             addr,
@@ -68,6 +71,23 @@ pub fn register(
         .register(&who.owner(), session, &target, source, req.offset, req.len, req.access, abandon)
         .map_err(|e| refused(&e))?;
     Ok(Response::Register(RegisterResponse { registration: r.registration, iova: r.iova, len: r.len }))
+}
+
+/// Refuses a descriptor of another node's region file on the sim's shared fabric (what a
+/// cross-node import hands its client): registered as a plain memory object, the owner's
+/// free or revocation could not end the registration, and the device would go on
+/// reaching that node's memory. This node's own region files are the registry's to
+/// resolve ([`crate::memory::Memory::register`]).
+fn refuse_other_nodes_file(d: &Daemon, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), ErrorBody> {
+    let Some(shared) = &d.config.peer.shared_dir else { return Ok(()) };
+    let own = d.config.memory_root(&d.state_dir);
+    if fdkind::opened_under(fd, shared) && !fdkind::opened_under(fd, &own) {
+        return Err(refusal(
+            ErrorCode::NotImplemented,
+            "the descriptor is another node's region file (a cross-node import): its registration could not be ended by the owner's revocation, so it cannot be registered for DMA; move its bytes with Copy (by the import's GFA) instead",
+        ));
+    }
+    Ok(())
 }
 
 /// `Unregister`: a registration of this session.
