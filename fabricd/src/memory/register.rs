@@ -337,7 +337,16 @@ impl Memory {
             _ => None,
         };
         let mut st = self.state();
-        Self::covered(&st, covers, session, at, len, access)?;
+        if let Err(e) = Self::covered(&st, covers, session, at, len, access) {
+            drop(st);
+            // Unmapped before the reservation frees the range; a range the IOMMU keeps
+            // mapped stays taken, as an unregistration's does.
+            if vfio.is_some_and(|m| !m.unmap()) {
+                self.keep_unmapped(None, &target.device, iova, span);
+                reservation.commit();
+            }
+            return Err(e);
+        }
         // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
         let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
         let id = st.ledger.take_id();
@@ -442,21 +451,30 @@ impl Memory {
     pub(super) fn undo_registration(&self, id: u64, r: crate::dma::Registration) {
         let (uid, device, domain, iova, span) = (r.uid, r.device.clone(), r.domain.clone(), r.iova, r.span);
         let unmapped = r.undo();
-        let mut st = self.state();
         if !unmapped {
-            if st.problems.len() < 256 {
-                st.problems.push(format!(
-                    "registration {id}'s IOVA range {iova:#x} (+{span:#x}) of {device} could not be unmapped; kept out of use until a restart"
-                ));
-            }
-            drop(st);
-            tracing::error!(registration = id, uid, device = %device, iova, span, "unregistered, but its IOMMU mapping stays: its IOVA range is kept out of use");
+            self.keep_unmapped(Some(id), &device, iova, span);
             return;
         }
+        let mut st = self.state();
         st.ledger.dma.free_iova(&domain, iova);
         st.unpin_usage(uid, span);
         drop(st);
         tracing::info!(registration = id, uid, device = %device, iova, span, "unregistered");
+    }
+
+    /// Names in `status` an IOVA range of `device` whose IOMMU mapping could not be undone
+    /// (registration `id`'s, or one refused before it was made): the range and its pinned
+    /// bytes stay taken until a restart, since the device may still reach the pages.
+    fn keep_unmapped(&self, id: Option<u64>, device: &fabric_topology::DeviceId, iova: u64, span: u64) {
+        let whose = id.map_or_else(|| "a refused registration".to_owned(), |id| format!("registration {id}"));
+        let mut st = self.state();
+        if st.problems.len() < 256 {
+            st.problems.push(format!(
+                "{whose}'s IOVA range {iova:#x} (+{span:#x}) of {device} could not be unmapped; kept out of use until a restart"
+            ));
+        }
+        drop(st);
+        tracing::error!(registration = ?id, device = %device, iova, span, "an IOMMU mapping could not be undone: its IOVA range is kept out of use");
     }
 
     /// The registration of `target`'s domain holding `[iova, iova + len)`, resolved under

@@ -146,6 +146,20 @@ impl Setup {
         self.memory.register(&p, session, &self.target, source, 0, PAGE, AccessMode::ReadWrite, &|| None)
     }
 
+    /// Starts [`Setup::register`] on a thread of `s` and returns once its map is held in
+    /// the IOMMU (until `hold_map.release()`).
+    fn register_held<'s>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        session: u64,
+        region: u64,
+    ) -> std::thread::ScopedJoinHandle<'s, Result<Registered, MemoryError>> {
+        self.iommu.hold_map.arm();
+        let slow = s.spawn(move || self.register(session, region));
+        assert!(self.iommu.hold_map.entered());
+        slow
+    }
+
     fn mapped(&self) -> Vec<u64> {
         self.iommu.mapped.lock().unwrap().keys().copied().collect()
     }
@@ -155,10 +169,8 @@ impl Setup {
 fn a_map_the_iommu_holds_up_delays_no_other_client() {
     let t = Setup::new(LimitsConfig::default());
     let (r1, r2) = (t.region(1), t.region(2));
-    t.iommu.hold_map.arm();
     std::thread::scope(|s| {
-        let slow = s.spawn(|| t.register(1, r1));
-        assert!(t.iommu.hold_map.entered());
+        let slow = t.register_held(s, 1, r1);
         // Meanwhile another client allocates, counts and registers in the same domain.
         let (tx, rx) = mpsc::channel();
         let t = &t;
@@ -256,6 +268,26 @@ fn an_iova_whose_unmap_failed_is_kept_out_of_use() {
     assert_eq!(next.iova, 2 * PAGE);
     let third = t.register(1, r1);
     assert!(matches!(third, Err(MemoryError::Limit { .. })), "the kept page still counts: {third:?}");
+    assert!(t.memory.problems().iter().any(|p| p.contains("could not be unmapped")), "{:?}", t.memory.problems());
+}
+
+/// A registration refused after its map (its region freed meanwhile) whose unmap then
+/// fails keeps its IOVA range out of use, as an unregistration's does.
+#[test]
+fn a_refused_registration_whose_unmap_failed_keeps_its_iova_out_of_use() {
+    let t = Setup::new(LimitsConfig::default());
+    let (r1, r2) = (t.region(1), t.region(2));
+    std::thread::scope(|s| {
+        let slow = t.register_held(s, 1, r1);
+        t.memory.free(1, r1).unwrap();
+        t.iommu.fail_next_unmap.store(true, Ordering::SeqCst);
+        t.iommu.hold_map.release();
+        let refused = slow.join().unwrap();
+        assert!(matches!(refused, Err(MemoryError::NotFound(_))), "{refused:?}");
+    });
+    assert_eq!(t.mapped(), vec![PAGE], "still mapped in the IOMMU");
+    let next = t.register(2, r2).expect("the next registration goes elsewhere, not onto the mapped range");
+    assert_eq!(next.iova, 2 * PAGE);
     assert!(t.memory.problems().iter().any(|p| p.contains("could not be unmapped")), "{:?}", t.memory.problems());
 }
 
