@@ -40,6 +40,14 @@ pub struct ForeignRange {
     pub(super) len: u64,
 }
 
+#[cfg(test)]
+impl ForeignRange {
+    /// A range of no resource, which the allocators never held (for other modules' tests).
+    pub fn for_tests() -> Self {
+        ForeignRange { resources: Vec::new(), offset: 0, len: 0 }
+    }
+}
+
 impl super::State {
     /// The resource of a set's member `(device, kind, ordinal)`.
     pub(super) fn member(&self, (device, kind, ordinal): &(DeviceId, MemoryKind, u16)) -> Option<usize> {

@@ -100,6 +100,12 @@ pub struct Hold {
 }
 
 impl Hold {
+    /// A hold of `range` with no carved device: a whole DAX device's import (for tests).
+    #[cfg(test)]
+    pub fn whole_device_for_tests(range: crate::memory::ForeignRange) -> Self {
+        Hold { range, device: None }
+    }
+
     /// The carved device, to delete as soon as the owner ends or revokes the import (its
     /// mappings end with it); the DPAs stay held until the client releases the import,
     /// and, should the client release it first, until the device is gone

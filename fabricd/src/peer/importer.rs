@@ -84,11 +84,10 @@ pub(super) struct RemoteReach {
 pub struct Importer {
     next: AtomicU64,
     held: Mutex<HashMap<u64, Held>>,
-    /// Shared CXL imports the owner ended (freed, left) that the client has not released:
-    /// by import id, with the session. Its whole-DAX mapping outlives the import, so the
-    /// DPAs stay held until the client's `Release` or the end of its session. Locked after
-    /// `held` when both are.
-    ended: Mutex<HashMap<u64, (u64, super::cxl::Hold)>>,
+    /// Shared CXL imports the owner ended (freed, left) that the client has not released,
+    /// by import id. Its whole-DAX mapping outlives the import, so the DPAs stay held until
+    /// the client's `Release` or the end of its session. Locked after `held` when both are.
+    ended: Mutex<HashMap<u64, Ended>>,
     devices: super::cxl::ImportDevices,
     /// Imports being asked and not in `held` yet, by (owner, region, generation): a
     /// revocation of that region that finds nothing held may be about one of them, and is
@@ -99,6 +98,18 @@ pub struct Importer {
     /// void): an import an earlier one granted is not recorded after that. Locked after
     /// `held`.
     current: Mutex<HashMap<String, u64>>,
+}
+
+/// A shared CXL import its owner ended that the client has not released.
+#[derive(Debug)]
+struct Ended {
+    session: u64,
+    hold: super::cxl::Hold,
+    /// `(owner, incarnation, owner's import)` while the client may still reach the
+    /// region's DPAs: a whole DAX device's mapping outlives the import (a carved device's
+    /// mappings went with the device). The owner's end of that import is not acknowledged
+    /// meanwhile, so that it keeps the DPAs out of reuse ([`Importer::revoked`]).
+    mapped: Option<(String, u64, u64)>,
 }
 
 /// Which region an import being asked is of: (owner, region, generation).
@@ -604,11 +615,11 @@ impl Importer {
     /// Releases `import` of `session` that its owner already ended: gives back what it
     /// held here (the owner knows it ended).
     fn release_ended(&self, d: &Daemon, session: u64, import: u64) -> Result<(), ErrorBody> {
-        let taken = take_own(&mut self.ended.lock().unwrap_or_else(|p| p.into_inner()), import, session, |e| e.0);
-        let Some((_, hold)) = taken? else {
+        let taken = take_own(&mut self.ended.lock().unwrap_or_else(|p| p.into_inner()), import, session, |e| e.session);
+        let Some(ended) = taken? else {
             return Err(refusal(ErrorCode::NotFound, format!("no import {import}")));
         };
-        hold.end(d, &self.devices);
+        ended.hold.end(d, &self.devices);
         Ok(())
     }
 
@@ -617,8 +628,19 @@ impl Importer {
     fn linger(&self, d: &Daemon, import: u64, h: Held) -> Option<super::cxl::Deleting> {
         let mut hold = h.cxl?;
         let device = hold.take_device(d);
-        self.ended.lock().unwrap_or_else(|p| p.into_inner()).insert(import, (h.session, hold));
+        let mapped = device.is_none().then_some((h.owner, h.incarnation, h.owner_import));
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).insert(import, Ended { session: h.session, hold, mapped });
         device
+    }
+
+    /// The local import whose client still maps the DPAs of `owner`'s import
+    /// `owner_import` (granted by `incarnation`) after the owner ended it.
+    fn still_mapped(&self, owner: &str, incarnation: u64, owner_import: u64) -> Option<u64> {
+        let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        ended.iter().find_map(|(k, e)| {
+            let (o, i, import) = e.mapped.as_ref()?;
+            (o == owner && *i == incarnation && *import == owner_import).then_some(*k)
+        })
     }
 
     /// Tells `owner` that its import `import` is released (in the background).
@@ -651,8 +673,8 @@ impl Importer {
         }
         let ended: Vec<super::cxl::Hold> = {
             let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-            let ids: Vec<u64> = ended.iter().filter(|(_, (s, _))| *s == session).map(|(k, _)| *k).collect();
-            ids.into_iter().filter_map(|k| ended.remove(&k)).map(|(_, h)| h).collect()
+            let ids: Vec<u64> = ended.iter().filter(|(_, e)| e.session == session).map(|(k, _)| *k).collect();
+            ids.into_iter().filter_map(|k| ended.remove(&k)).map(|e| e.hold).collect()
         };
         for hold in ended {
             hold.end(d, &self.devices);
@@ -766,6 +788,18 @@ impl Importer {
         for (local, session, region, generation) in found {
             let ev = Revocation { region, generation, import: local, reason: r.reason };
             d.events.send_to(session, Event::Revocation(ev));
+        }
+        // The region ended, and a client here still maps a whole DAX device over its DPAs:
+        // acknowledged now, the owner would hand them to another region under that
+        // mapping. Refused until the client releases the import (or its session ends);
+        // the owner keeps the range quarantined and tells it again.
+        if !matches!(r.reason, RevocationReason::Revoked)
+            && let Some(local) = self.still_mapped(&peer.identity.node, peer.incarnation, r.import)
+        {
+            return Err(PeerError::Refused(format!(
+                "import {local} of node {}'s region {} is still mapped by its client here (a whole DAX device): tell import {} again once it is released",
+                peer.identity.node, r.region, r.import
+            )));
         }
         Ok(())
     }
@@ -928,6 +962,39 @@ mod tests {
         assert!(importer.holds(70), "incarnation 2's import 7 is not incarnation 1's");
         assert!(importer.revoked(&d, &peer(1), freed(7)).is_ok());
         assert!(!importer.holds(70), "the granting incarnation's notice ends it");
+    }
+
+    /// A freed region's import that a client here maps through a whole DAX device: the
+    /// client is told at once, but the owner's end is acknowledged only once the client
+    /// released it, so that the owner keeps its DPAs out of reuse meanwhile. Before, it was
+    /// acknowledged at once.
+    #[test]
+    fn the_end_of_an_import_mapped_through_a_whole_dax_device_waits_for_its_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path());
+        let importer = Importer::default();
+        let range = crate::memory::ForeignRange::for_tests();
+        let held = Held { cxl: Some(super::super::cxl::Hold::whole_device_for_tests(range)), ..held_of_a() };
+        importer.held.lock().unwrap().insert(70, held);
+        let viewer = crate::events::Viewer::Fixed(crate::events::Reach::All);
+        let mut events = d.events.subscribe(1, fabric_proto::wire::Topics::REVOCATION, viewer).unwrap();
+        let peer = Peer {
+            identity: NodeIdentity::new("dom", "a").unwrap(),
+            incarnation: 1,
+            addr: "127.0.0.1:9".parse().unwrap(),
+            version: fabric_nodelink::PEER_PROTOCOL,
+        };
+        let first = importer.revoked(&d, &peer, freed(7));
+        assert!(matches!(&first, Err(PeerError::Refused(m)) if m.contains("still mapped")), "{first:?}");
+        assert!(!importer.holds(70), "ended here at once");
+        assert!(events.try_recv().is_ok(), "the client is told at once");
+        let again = importer.revoked(&d, &peer, freed(7));
+        assert!(matches!(again, Err(PeerError::Refused(_))), "{again:?}");
+        assert!(events.try_recv().is_err(), "told once");
+        // Another import of the owner's, or another incarnation's import 7, is acknowledged.
+        assert!(importer.revoked(&d, &peer, freed(8)).is_ok());
+        importer.release(&d, 1, 70).unwrap();
+        assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "released: acknowledged");
     }
 
     #[test]
