@@ -87,11 +87,19 @@ impl Mem {
         }
     }
 
-    /// What the registration cache knows it by: its owner node, region and generation
-    /// (a region of another node may have the id and generation of one of this node's).
+    /// What the registration cache knows it by: an allocation by its owner node, region
+    /// and generation (a region of another node may have the id and generation of one of
+    /// this node's); an import by its id, since the daemon ends an import's registrations
+    /// with that import (two imports of one region, or a region and an import of it, never
+    /// answer for each other).
     pub(crate) fn cache_owner(&self) -> crate::regcache::Owner {
-        let node = self.owner.map_or(0, |n| u64::from_be_bytes(n.0));
-        crate::regcache::Owner::Fabric { node, region: self.region, generation: self.generation }
+        match self.kind {
+            MemKind::Owned => {
+                let node = self.owner.map_or(0, |n| u64::from_be_bytes(n.0));
+                crate::regcache::Owner::Fabric { node, region: self.region, generation: self.generation }
+            }
+            MemKind::Imported { import } => crate::regcache::Owner::Import { import },
+        }
     }
 
     /// `Err(Revoked)` once the daemon revoked this import.

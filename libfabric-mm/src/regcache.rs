@@ -70,7 +70,7 @@ pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// The allocation a registration covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Owner {
-    /// A fabric region (allocated or imported): the node that owns it, and its region id
+    /// A fabric region this session allocated: the node that owns it, and its region id
     /// and generation there (each node counts its own ids).
     Fabric {
         /// The owner node's id (its 8 bytes, big-endian); 0 when the daemon did not say
@@ -80,6 +80,13 @@ pub enum Owner {
         region: u64,
         /// Region generation: a new allocation never reuses an id and generation pair.
         generation: u64,
+    },
+    /// An import this session holds, by its id (the daemon's, never reused): each import
+    /// has registrations of its own, which end with it (its release, its revocation), not
+    /// with another import of the same region.
+    Import {
+        /// Import id.
+        import: u64,
     },
     /// A library host buffer: its process-wide id, never reused.
     Host {

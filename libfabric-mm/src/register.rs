@@ -299,10 +299,8 @@ impl Session {
     ) -> Result<Registration> {
         let (owner, size, keep) = match memory.source() {
             Src::Fabric(m) => {
-                if let Err(e) = m.check_live() {
-                    self.inner.registrations.invalidate(m.cache_owner());
-                    return Err(e);
-                }
+                self.check_own(m, "register")?;
+                self.live_or_forget(m)?;
                 (m.cache_owner(), m.size, Keep::Fabric(m.clone()))
             }
             Src::Host(h) => (Owner::Host { buffer: h.id }, h.len, Keep::Host(h.clone())),
@@ -321,10 +319,18 @@ impl Session {
                 None => *st.devices.entry(device.to_owned()).or_insert(next),
             };
             let key = RegKey { owner, device: dev, writable: access == Access::ReadWrite, offset, len };
-            if let Some((reg, at)) = st.cache.get(&key) {
+            st.cache.get(&key).map(|hit| (hit, key)).ok_or(key)
+        };
+        let key = match key {
+            Ok(((reg, at), _)) => {
+                // A revocation read since the check above: the daemon dropped the
+                // registrations of that import.
+                if let Keep::Fabric(m) = &keep {
+                    self.live_or_forget(m)?;
+                }
                 return Ok(Registration { reg, offset: at, len, _keep: keep, cached: true });
             }
-            key
+            Err(key) => key,
         };
         let (source, fd) = match (memory.source(), &keep) {
             (Src::Fabric(m), _) => (m.register_source(), None),
@@ -378,6 +384,7 @@ impl Session {
     pub fn register_uncached(&self, memory: &impl Registrable, device: &str, access: Access) -> Result<Registration> {
         let (source, len, fd, keep) = match memory.source() {
             Src::Fabric(m) => {
+                self.check_own(m, "register")?;
                 m.check_live()?;
                 (m.register_source(), m.size, None, Keep::Fabric(m.clone()))
             }
@@ -385,6 +392,12 @@ impl Session {
         };
         let reg = self.register_raw(source, 0, len, device, access, fd, None)?;
         Ok(Registration::whole(Arc::new(reg), keep, false))
+    }
+
+    /// `Ok` while `m` is live; a revoked import's cached registrations (which the daemon
+    /// dropped with it) are forgotten, and the revocation returned.
+    fn live_or_forget(&self, m: &Mem) -> Result<()> {
+        m.check_live().inspect_err(|_| self.inner.registrations.invalidate(m.cache_owner()))
     }
 
     #[allow(clippy::too_many_arguments)]

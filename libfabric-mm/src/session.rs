@@ -509,18 +509,25 @@ impl Session {
         Ok(Import::new(mem))
     }
 
+    /// `Ok` when `mem` was allocated or imported on this session; else refused, naming
+    /// what to do (`what`) on the session it came from: its ids are that session's.
+    pub(crate) fn check_own(&self, mem: &crate::memory::Mem, what: &str) -> Result<()> {
+        if Arc::ptr_eq(&mem.session, &self.inner) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "region {} was allocated or imported on another session: {what} it there",
+            mem.region
+        )))
+    }
+
     /// Maps memory at its GFA in the unified window: read-write when the memory is
     /// writable, else read-only. The mapping holds the memory alive. The memory must be
     /// this session's (allocated or imported on it): another session's window and
     /// revocations are that session's.
     pub fn map(&self, memory: &impl Memory) -> Result<Mapping> {
         let mem = memory.mem().clone();
-        if !Arc::ptr_eq(&mem.session, &self.inner) {
-            return Err(Error::InvalidArgument(format!(
-                "region {} was allocated or imported on another session: map it there",
-                mem.region
-            )));
-        }
+        self.check_own(&mem, "map")?;
         mem.check_live()?;
         let fd = mem.fd.as_ref().ok_or(Error::CopyOnly(mem.region))?;
         let gfa = mem.gfa.ok_or(Error::NoGfa(mem.region))?;

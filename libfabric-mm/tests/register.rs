@@ -268,6 +268,52 @@ fn the_cache_hits_evicts_and_never_serves_freed_or_revoked_memory() {
     assert_eq!(s.registration_stats().cache.entries, 0);
 }
 
+/// Each import has registrations of its own: the daemon ends them with that import. So
+/// one import's registration never answers for another import of the same region (nor for
+/// the region its owner registered): after the owner revokes one export and exports the
+/// region again, the new import's registration is a new one, live in the daemon; and
+/// another session's memory is refused. Before, the new import was answered with the
+/// revoked one's registration, which the daemon had already dropped.
+#[test]
+fn an_imports_registration_never_answers_for_another_import_of_the_region() {
+    let env = start("", |_| {});
+    let s = common::session(&env.daemon.socket);
+    let owner = common::session(&env.daemon.socket);
+    let dev = gpu(&s);
+    let region = hbm(&owner, &dev, MIB);
+    let own = owner.register(&region, &dev, Access::ReadWrite).unwrap();
+
+    let first = owner.export(&region, &Policy::default()).unwrap();
+    let a = s.import(&first, true).unwrap();
+    let through_a = s.register(&a, &dev, Access::ReadWrite).unwrap();
+    assert_ne!(through_a.id(), own.id(), "the owner's registration is the owner's");
+    owner.revoke(&first).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.check().is_ok() {
+        assert!(Instant::now() < deadline, "no revocation arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let second = owner.export(&region, &Policy::default()).unwrap();
+    let b = s.import(&second, true).unwrap();
+    let hits = s.registration_stats().cache.hits;
+    let through_b = s.register(&b, &dev, Access::ReadWrite).unwrap();
+    assert_eq!(s.registration_stats().cache.hits, hits, "answered from the revoked import's registration");
+    assert_ne!(through_b.id(), through_a.id());
+    assert_eq!(daemon_registrations(&env.daemon.socket).0, 2, "the owner's and b's");
+    // A second import of the same export: its own registration, and dropping the first
+    // import leaves it registered.
+    let c = s.import(&second, true).unwrap();
+    let through_c = s.register(&c, &dev, Access::ReadWrite).unwrap();
+    assert_eq!(s.registration_stats().cache.hits, hits, "answered from b's registration");
+    drop((through_b, b));
+    assert_eq!(daemon_registrations(&env.daemon.socket).0, 2, "the owner's and c's");
+    drop(through_a);
+    // Another session's memory: refused here, not sent with this session's ids.
+    let e = s.register(&region, &dev, Access::ReadWrite).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("another session")), "{e:?}");
+    drop((through_c, c, own));
+}
+
 #[test]
 fn a_sub_range_is_answered_from_a_cached_larger_registration_and_copies_land_there() {
     let env = start("", |_| {});
