@@ -5,7 +5,7 @@
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use fabric_proto::wire::FrameDecoder;
+use fabric_proto::wire::{DecoderConfig, FrameDecoder};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, timeout_at};
 
@@ -25,7 +25,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Framed<S> {
     /// Messages over `stream`; a frame once begun, and a write, must finish within
     /// `frame_timeout`.
     pub fn new(stream: S, frame_timeout: Duration) -> Self {
-        Self { stream, decoder: FrameDecoder::new(PEER_DECODER), frame_timeout, out: Vec::new() }
+        Self::with_limits(stream, frame_timeout, PEER_DECODER)
+    }
+
+    /// The same, reading frames within `limits` (until [`Framed::set_limits`]).
+    pub fn with_limits(stream: S, frame_timeout: Duration, limits: DecoderConfig) -> Self {
+        Self { stream, decoder: FrameDecoder::new(limits), frame_timeout, out: Vec::new() }
+    }
+
+    /// Reads the next frames within `limits`.
+    pub fn set_limits(&mut self, limits: DecoderConfig) {
+        self.decoder.set_config(limits);
     }
 
     /// The stream.

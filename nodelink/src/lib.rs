@@ -12,8 +12,8 @@ pub use identity::{IdentityError, NodeIdentity};
 pub mod message;
 
 pub use message::{
-    Hello, MessageError, PEER_DECODER, PEER_PROTOCOL, PEER_PROTOCOL_MIN, PeerError, PeerFailure, PeerMessage, PeerOp,
-    PeerRequest, PeerResponse, Refusal, Welcome,
+    HELLO_DECODER, Hello, MessageError, PEER_DECODER, PEER_PROTOCOL, PEER_PROTOCOL_MIN, PeerError, PeerFailure,
+    PeerMessage, PeerOp, PeerRequest, PeerResponse, Refusal, Welcome,
 };
 pub mod tls;
 

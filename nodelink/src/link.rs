@@ -25,8 +25,8 @@ use crate::error::{LinkError, Stage};
 use crate::framed::Framed;
 use crate::identity::NodeIdentity;
 use crate::message::{
-    Hello, PEER_PROTOCOL, PEER_PROTOCOL_MIN, PeerError, PeerFailure, PeerMessage, PeerOp, PeerRequest, PeerResponse,
-    Refusal, Welcome, agree,
+    HELLO_DECODER, Hello, PEER_DECODER, PEER_PROTOCOL, PEER_PROTOCOL_MIN, PeerError, PeerFailure, PeerMessage, PeerOp,
+    PeerRequest, PeerResponse, Refusal, Welcome, agree,
 };
 use crate::tls::{Credentials, peer_identity, server_name};
 
@@ -395,11 +395,13 @@ async fn admit(
     let _ = tcp.set_nodelay(true);
     let tls = shared.acceptor.accept(tcp).await.map_err(LinkError::Io)?;
     let identity = peer_identity(tls.get_ref().1.peer_certificates())?;
-    let mut framed = Framed::new(tls, shared.limits.frame_timeout);
+    // Until it is admitted, the peer's frames are a Hello's size at most.
+    let mut framed = Framed::with_limits(tls, shared.limits.frame_timeout, HELLO_DECODER);
     let (id, message) = framed.recv(shared.limits.handshake_timeout).await?;
     let PeerMessage::Hello(hello) = message else {
         return Err(LinkError::unexpected("a hello", &message));
     };
+    framed.set_limits(PEER_DECODER);
     let verdict = check_hello(shared, &identity, &hello).and_then(|version| {
         shared.policy.admit(&identity, hello.incarnation)?;
         // The node's share first: a node at its share never takes a link of all.

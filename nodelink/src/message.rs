@@ -43,6 +43,16 @@ pub fn agree(offered: u16) -> Option<u16> {
 pub const PEER_DECODER: DecoderConfig =
     DecoderConfig { max_body: PEER_DATA_BODY, expect: None, fds_per_read: 0, extra_fds: ExtraFds::Refuse };
 
+/// The limits of a server's decoder until a connecting node's [`Hello`] is admitted: any
+/// frame larger than a `Hello` request stops the stream at its header, so that a peer not
+/// admitted yet (a certificate of the domain CA is all it needs) has no larger frame read.
+pub const HELLO_DECODER: DecoderConfig = DecoderConfig {
+    max_body: Opcode::Hello.max_body(FrameKind::Request),
+    expect: None,
+    fds_per_read: 0,
+    extra_fds: ExtraFds::Refuse,
+};
+
 /// The first frame a connecting node sends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {

@@ -34,7 +34,8 @@ pub enum TlsError {
     /// The client certificate verifier could not be built (an empty CA).
     #[error("client verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
-    /// A node name that is no TLS server name (cannot happen for a checked name).
+    /// The server name sent for a node is refused by TLS (cannot happen: see
+    /// [`server_name`]).
     #[error("server name {0:?}")]
     ServerName(String),
     /// This node's own certificate names no node.
@@ -108,11 +109,19 @@ impl Credentials {
     }
 }
 
-/// The server name a client sends for `node` (node names are DNS labels); the check that
-/// matters is the verifier's, which checks that the certificate names `node`.
+/// The server name a client sends for `node`: its name, where that is a name TLS takes; a
+/// node name TLS refuses as a host name (all digits, `0x1f`: it could be taken for an IPv4
+/// address) is sent as [`OTHER_NODE`]. The server ignores it; the check that matters is
+/// the verifier's, which checks that the certificate names `node`.
 pub fn server_name(node: &NodeIdentity) -> Result<ServerName<'static>, TlsError> {
-    ServerName::try_from(node.node.clone()).map_err(|_| TlsError::ServerName(node.node.clone()))
+    match ServerName::try_from(node.node.clone()) {
+        Ok(name @ ServerName::DnsName(_)) => Ok(name),
+        _ => ServerName::try_from(OTHER_NODE).map_err(|_| TlsError::ServerName(OTHER_NODE.to_owned())),
+    }
 }
+
+/// What a client sends as the server name of a node whose name TLS does not take.
+pub const OTHER_NODE: &str = "node.fabric.invalid";
 
 /// The identity the peer's certificate of a finished handshake states.
 pub fn peer_identity(certs: Option<&[CertificateDer<'_>]>) -> Result<NodeIdentity, IdentityError> {

@@ -87,6 +87,33 @@ async fn a_server_that_is_not_the_expected_node_a_stale_incarnation_and_a_non_me
     .await;
 }
 
+/// Node names are DNS labels, digits alone included; TLS takes no such name as a host's
+/// (it could be an IPv4 address). A node named `1` or `0x1f` is dialled all the same, on
+/// either link, and still only when its certificate names it. Before, every dial to it
+/// failed before connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_name_is_all_digits_is_dialled() {
+    let d = TestDomain::start(limits()).await;
+    for name in ["1", "0x1f"] {
+        let creds = common::creds(&d.ca, name);
+        let any = "127.0.0.1:0".parse().expect("addr");
+        let server =
+            Server::bind_serving(any, &creds, 7, d.members.clone(), Arc::new(Echo), limits()).await.expect("server");
+        let (addr, n2, id) = (server.local_addr(), d.creds("n2"), creds.identity().clone());
+        let mut link = fabric_nodelink::Link::connect(addr, &n2, &id, 1, limits()).await.expect("async link");
+        common::assert_pong(&mut link).await;
+        let other = NodeIdentity::new(DOMAIN, "n3").expect("id");
+        blocking(move || {
+            let mut link = BlockingLink::connect(addr, &n2, &id, 1, limits()).expect("blocking link");
+            let r = link.call(PeerRequest { op: PeerOp::Copy, body: vec![5] }, Instant::now() + Duration::from_secs(3));
+            assert_eq!(r.expect("answer").body, [5]);
+            // Its certificate names it, not n3: refused.
+            assert!(BlockingLink::connect(addr, &n2, &other, 1, limits()).is_err());
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_come_back_whole_and_a_slow_one_ends_at_the_callers_deadline() {
     let d = TestDomain::start(limits()).await;

@@ -171,6 +171,26 @@ async fn garbage_after_the_handshake() {
     assert_pong(&mut good).await;
 }
 
+/// Before its Hello is admitted a peer holding a certificate of the domain CA (a node
+/// that is no member, or no longer one) has no frame larger than a Hello's read: a copy
+/// chunk's header in its place closes the link at once. Before, the server waited for
+/// the chunk's megabyte (buffering it) until the frame timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_frame_larger_than_a_hello_is_read_before_the_hello() {
+    let d = TestDomain::start(limits()).await;
+    let mut good = d.good_peer().await;
+    for kind in [FrameKind::Request, FrameKind::Response] {
+        let mut tls = d.raw_tls("n9").await;
+        let mut chunk = raw_header(Opcode::PeerData, kind, fabric_proto::wire::PEER_DATA_BODY);
+        chunk.extend_from_slice(&[0u8; 4096]);
+        tls.write_all(&chunk).await.expect("write");
+        tls.flush().await.expect("flush");
+        let took = closed_by_server(&mut tls, SLACK).await;
+        assert!(took < limits().frame_timeout, "{kind:?}: closed at once, not by a timeout: {took:?}");
+        assert_pong(&mut good).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_instead_of_a_client_hello() {
     let d = TestDomain::start(limits()).await;

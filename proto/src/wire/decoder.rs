@@ -254,6 +254,13 @@ impl<D> FrameDecoder<D> {
         &self.config
     }
 
+    /// Changes its limits for the frames whose headers it checks from now on (a frame
+    /// whose header was checked keeps the limits it was checked against): a link that
+    /// takes a small handshake first, then larger frames.
+    pub fn set_config(&mut self, config: DecoderConfig) {
+        self.config = config;
+    }
+
     /// How far the current frame has come; `None` at a frame boundary with nothing
     /// buffered (the next byte received starts a frame).
     pub fn progress(&self) -> Option<Progress> {
