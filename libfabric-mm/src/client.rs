@@ -206,6 +206,8 @@ pub(crate) struct Client {
     session: u64,
     token: Option<SessionToken>,
     background: Option<JoinHandle<()>>,
+    /// The process whose connection it is.
+    origin: crate::origin::Origin,
 }
 
 impl std::fmt::Debug for Client {
@@ -384,6 +386,7 @@ impl Client {
             session: hello.session,
             token: hello.token,
             background: Some(background),
+            origin: crate::origin::Origin::here(),
         })
     }
 
@@ -403,6 +406,13 @@ impl Client {
     /// very thread.
     pub(crate) fn in_callback(&self) -> bool {
         in_callback(&self.shared)
+    }
+
+    /// Whether this is a forked child's copy of the connection: the parent's, never used
+    /// here (a request would act on the parent's session, and its answer would be read
+    /// here, not by the parent).
+    pub(crate) fn forked(&self) -> bool {
+        self.origin.forked()
     }
 
     /// Whether the connection is gone.
@@ -432,6 +442,10 @@ impl Client {
     /// Sends a request; the answer arrives on the returned [`Pending`].
     pub(crate) fn start(&self, req: Request, fds: &[BorrowedFd<'_>]) -> Result<Pending> {
         let op = req.opcode();
+        if self.forked() {
+            tracing::debug!(?op, "a forked child's copy of a session is not used: no request sent");
+            return Err(Error::Disconnected);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
             let mut st = self.shared.state();
@@ -480,6 +494,12 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
+        if self.forked() {
+            // The socket is the parent's: a shutdown would end its connection. The reader
+            // thread is not in this process: nothing to join (its handle is let go).
+            std::mem::forget(self.background.take());
+            return;
+        }
         self.disconnect();
         // Not joined from itself: a callback may drop the session's last object (then the
         // thread ends on its own once the callback returns, the connection closed).

@@ -104,6 +104,11 @@ impl std::fmt::Debug for HostMem {
 
 impl Drop for HostMem {
     fn drop(&mut self) {
+        // In a forked child the buffer is a hole (`MADV_DONTFORK`), where the child's own
+        // memory may lie now: left alone, as the parent's registrations are.
+        if self.session.client.forked() {
+            return;
+        }
         // Undo the cached registrations first: the daemon holds the pages until then.
         self.session.registrations.invalidate(Owner::Host { buffer: self.id });
         // SAFETY: the mapping made in `HostBuffer::new`, `len` bytes; no registration of
@@ -279,6 +284,9 @@ fn unlock_runs(runs: &[PageRun]) {
 pub(crate) struct PageLock {
     first: u64,
     pages: u64,
+    /// In a forked child the pages are holes (or the child's own memory now): not unlocked
+    /// there.
+    origin: crate::origin::Origin,
 }
 
 impl PageLock {
@@ -317,12 +325,15 @@ impl PageLock {
                 });
             }
         }
-        Ok(Self { first, pages })
+        Ok(Self { first, pages, origin: crate::origin::Origin::here() })
     }
 }
 
 impl Drop for PageLock {
     fn drop(&mut self) {
+        if self.origin.forked() {
+            return;
+        }
         let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let runs = counts.release(self.first, self.pages);
         unlock_runs(&runs);

@@ -32,6 +32,7 @@ pub mod ffi;
 pub mod ffi_path;
 pub mod hostmem;
 pub mod memory;
+mod origin;
 pub mod path;
 pub mod regcache;
 pub mod register;

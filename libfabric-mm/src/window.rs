@@ -184,6 +184,10 @@ pub struct Window {
     /// A domain's node span: GFAs outside `first` get an aperture of their node's span.
     span: Option<u64>,
     state: Mutex<Placements>,
+    /// The process that reserved it: in a forked child the placements are holes
+    /// (`MADV_DONTFORK`) where the child's own mappings may lie, so neither they nor the
+    /// apertures are touched there.
+    origin: crate::origin::Origin,
 }
 
 /// Protection for a placement.
@@ -222,7 +226,7 @@ impl Window {
     /// Reserves the window: one range mirroring `config`.
     pub fn reserve(config: WindowConfig) -> Result<Self> {
         let first = Aperture::reserve(checked(config)?)?;
-        Ok(Self { first, span: None, state: Mutex::new(Placements::default()) })
+        Ok(Self { first, span: None, state: Mutex::new(Placements::default()), origin: crate::origin::Origin::here() })
     }
 
     /// Reserves the window of a domain node's client: an aperture mirroring the node span
@@ -238,7 +242,12 @@ impl Window {
             )));
         }
         let first = Aperture::reserve(checked(WindowConfig { gfa: own, len: span })?)?;
-        Ok(Self { first, span: Some(span), state: Mutex::new(Placements::default()) })
+        Ok(Self {
+            first,
+            span: Some(span),
+            state: Mutex::new(Placements::default()),
+            origin: crate::origin::Origin::here(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Placements> {
@@ -326,6 +335,11 @@ impl Window {
         prot: Protection,
         import: Option<u64>,
     ) -> Result<(*mut u8, Arc<Access>)> {
+        if self.origin.forked() {
+            return Err(Error::InvalidArgument(
+                "this window is a forked child's copy of its parent's: open a session in the child".into(),
+            ));
+        }
         let mut st = self.lock();
         let (a, off) = self.check(&mut st, gfa, len)?;
         let overlaps = st.placed.range(..gfa + len).next_back().is_some_and(|(s, p)| s + p.len > gfa);
@@ -412,6 +426,9 @@ impl Window {
 
     /// Fresh reservation pages over the placement at `gfa` (the caller holds the lock).
     fn reserve_again(&self, st: &Placements, gfa: u64, len: u64) -> Result<()> {
+        if self.origin.forked() {
+            return Ok(());
+        }
         let (a, off) =
             self.aperture(st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
         let addr = (a.base as *mut u8).wrapping_add(off as usize);
@@ -451,6 +468,9 @@ impl Window {
 
 impl Drop for Window {
     fn drop(&mut self) {
+        if self.origin.forked() {
+            return;
+        }
         let st = self.state.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
         for a in std::iter::once(&self.first).chain(st.more.values()) {
             // SAFETY: each aperture (with any placements still in it) is ours; the Session

@@ -547,3 +547,61 @@ fn a_forked_child_does_not_get_registered_pages_and_the_parent_keeps_its_registr
     assert_eq!(fork_and_probe(&[own_registered]), vec![1]);
     drop(rh);
 }
+
+/// A forked child that drops its copies of the parent's objects — region, import, mapping,
+/// host buffer, registrations, the session itself — leaves the parent's session as it
+/// was: nothing is sent on the parent's connection (no Free, no Release, no shutdown), no
+/// mapping is made or undone over the holes the parent's `MADV_DONTFORK` memory leaves in
+/// the child, and the child does not hang joining a reader thread it does not have.
+/// Before, the child's drops freed the parent's region, shut its connection and hung.
+#[test]
+fn a_forked_child_dropping_the_parents_objects_leaves_the_parents_session_alone() {
+    let env = start("", |_| {});
+    let s = common::session(&env.daemon.socket);
+    let owner = common::session(&env.daemon.socket);
+    let dev = gpu(&s);
+    let region = hbm(&s, &dev, MIB);
+    let mapping = s.map(&region).unwrap();
+    // SAFETY: the mapping is MiB long, writable, and only this thread touches it.
+    unsafe { std::ptr::write_bytes(mapping.as_ptr(), 0x5a, MIB as usize) };
+    let theirs = hbm(&owner, &dev, MIB);
+    let import = s.import(&owner.export(&theirs, &Policy::default()).unwrap(), true).unwrap();
+    let host = s.alloc_host(MIB).unwrap();
+    let regs = [
+        s.register(&region, &dev, Access::ReadWrite).unwrap(),
+        s.register(&import, &dev, Access::ReadWrite).unwrap(),
+        s.register(&host, &dev, Access::ReadWrite).unwrap(),
+    ];
+    let before = daemon_registrations(&env.daemon.socket);
+    let mut held = Some((regs, mapping, host, import, region, s));
+    // SAFETY: the child drops library objects (no other thread of this test holds their
+    // locks now) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        drop(held.take());
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    // SAFETY: polls the child forked above.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if Instant::now() > deadline {
+            // SAFETY: the child forked above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the child hung dropping its copies of the parent's objects");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    let (regs, mapping, host, import, region, s) = held.take().unwrap();
+    assert_eq!(daemon_registrations(&env.daemon.socket), before, "the parent's registrations stay");
+    // SAFETY: as above; the parent's mapping is still in place.
+    assert!(unsafe { std::slice::from_raw_parts(mapping.as_ptr(), MIB as usize) }.iter().all(|&b| b == 0x5a));
+    // The parent's connection and session still serve it.
+    assert_eq!(s.register(&region, &dev, Access::ReadWrite).unwrap().id(), regs[0].id());
+    let again = hbm(&s, &dev, MIB);
+    drop((regs, mapping, host, import, region, again, s));
+    assert_eq!(daemon_registrations(&env.daemon.socket).0, 0);
+}
