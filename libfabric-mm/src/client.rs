@@ -39,6 +39,9 @@ pub(crate) enum Notice {
 /// end: the reader thread, or a caller's thread inside a call or a disconnect).
 type OnEvent = Box<dyn Fn(Notice) + Send + Sync>;
 
+/// A panic of the application's callback, caught where the library reads.
+type Panic = Box<dyn std::any::Any + Send>;
+
 thread_local! {
     /// The session ([`Shared`], by address) whose frames this thread is reading while it
     /// runs that session's event callback: a call of that session made from the callback
@@ -117,14 +120,21 @@ impl Shared {
         self.changed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Runs the session's handler of `notice`, which runs the application's callbacks; a
+    /// panic there is caught and returned, so that the thread that reads gives the read
+    /// side back before the panic goes on (or is dropped, on the reader thread).
+    fn notify(&self, notice: Notice) -> std::result::Result<(), Panic> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.on_event)(notice)))
+    }
+
     /// Reads one frame (the caller holds the read side) and routes it; false when the
-    /// connection is over (every request still waiting then fails with `Disconnected`).
-    fn read_one(&self) -> bool {
+    /// connection is over (every request still waiting then fails with `Disconnected`);
+    /// the panic of a callback the frame ran.
+    fn read_one(&self) -> std::result::Result<bool, Panic> {
         match recv_message(&self.stream) {
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
                 let _reading = Reading::enter(self);
-                (self.on_event)(Notice::Event(ev));
-                true
+                self.notify(Notice::Event(ev)).map(|()| true)
             }
             Ok((h, msg, fds)) => {
                 let mut st = self.state();
@@ -134,11 +144,11 @@ impl Shared {
                         opcode = h.opcode.name(),
                         "answer to no request; dropped"
                     );
-                    return true;
+                    return Ok(true);
                 };
                 if e.abandoned {
                     st.pending.remove(&h.request_id);
-                    return true;
+                    return Ok(true);
                 }
                 let op = e.op;
                 e.reply = Some(match msg {
@@ -146,7 +156,7 @@ impl Shared {
                     Message::Error(body) => Err(Error::from_codec(op, CodecError::Refused { opcode: op, body })),
                     _ => Err(Error::Unexpected(op)),
                 });
-                true
+                Ok(true)
             }
             Err(e) => {
                 match e {
@@ -154,7 +164,7 @@ impl Shared {
                     e => tracing::warn!(error = %e, "connection to fabricd failed"),
                 }
                 self.close();
-                false
+                Ok(false)
             }
         }
     }
@@ -174,8 +184,8 @@ impl Shared {
         };
         self.changed.notify_all();
         self.idle.notify_all();
-        if first {
-            (self.on_event)(Notice::Closed);
+        if first && self.notify(Notice::Closed).is_err() {
+            tracing::error!("a callback run as the connection closed panicked; the panic is dropped");
         }
     }
 
@@ -258,12 +268,29 @@ impl Pending {
             if st.reader == Reader::Nobody {
                 st.reader = Reader::Caller;
                 drop(st);
-                shared.read_one();
+                let read = shared.read_one();
                 st = shared.state();
                 st.reader = Reader::Nobody;
                 if st.waiting > 1 {
                     // Others may have their answer now, or may take over the reading.
                     shared.changed.notify_all();
+                }
+                if let Err(panic) = read {
+                    // A callback this thread ran for an event panicked: the read side is
+                    // given back above, this wait ends (its answer, when it comes, is
+                    // dropped), and the panic goes on in the caller.
+                    st.waiting -= 1;
+                    match st.pending.get_mut(&self.id) {
+                        Some(e) if e.reply.is_none() => e.abandoned = true,
+                        _ => {
+                            st.pending.remove(&self.id);
+                        }
+                    }
+                    if st.waiting == 0 && shared.prompt.load(std::sync::atomic::Ordering::Relaxed) {
+                        shared.idle.notify_one();
+                    }
+                    drop(st);
+                    std::panic::resume_unwind(panic);
                 }
                 continue;
             }
@@ -331,7 +358,11 @@ fn background(shared: &Shared) {
         drop(st);
         // A caller may have taken the bytes between the poll and the lock: read only when
         // a frame is still there, so the socket is never held by a blocked read.
-        let open = !shared.readable(0) || shared.read_one();
+        let open = !shared.readable(0)
+            || shared.read_one().unwrap_or_else(|_| {
+                tracing::error!("a callback panicked on the library's reader thread; the panic is dropped");
+                true
+            });
         let mut st = shared.state();
         st.reader = Reader::Nobody;
         if st.waiting > 0 {

@@ -192,6 +192,39 @@ fn a_revocation_callback_that_drops_the_import_does_not_hang_the_session() {
     assert!(s.import(&handle, false).is_err(), "the revoked handle imports no more");
 }
 
+/// A revocation callback that panics does not stop the session: whichever thread ran it
+/// (the reader thread, or a caller's that was reading for its answer, where the panic goes
+/// on in that call) gives the read side back, later calls are answered and later
+/// revocations still reach the callback. Before, every later call waited for good.
+#[test]
+fn a_revocation_callback_that_panics_does_not_stop_the_session() {
+    let d = common::daemon();
+    let owner = common::session(&d.socket);
+    let region = owner.alloc(&Target::Device { device: common::gpu(&owner), memory: MemoryClass::Hbm }, LEN).unwrap();
+    let handles = [(); 2].map(|()| owner.export(&region, &Policy::default()).unwrap());
+    let s = common::session(&d.socket);
+    let imports = handles.map(|h| s.import(&h, false).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let first = std::sync::atomic::AtomicBool::new(true);
+    s.on_revocation(move |r| {
+        assert!(!first.swap(false, std::sync::atomic::Ordering::SeqCst), "the first revocation's callback panics");
+        let _ = tx.lock().unwrap().send(r.import);
+    });
+    owner.revoke(&handles[0]).unwrap();
+    // Calls go on meanwhile; one may run the panicking callback (and panic itself).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while imports[0].check().is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the first revocation was not read");
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.translate(&[0])));
+    }
+    owner.revoke(&handles[1]).unwrap();
+    let told = rx.recv_timeout(Duration::from_secs(5)).expect("the next revocation reached the callback");
+    assert_eq!(told, imports[1].import_id());
+    let gpu = common::gpu(&s);
+    drop(s.alloc(&Target::Device { device: gpu, memory: MemoryClass::Hbm }, LEN).unwrap());
+}
+
 /// A revocation callback may remove itself (a one-shot): the call returns at once, the
 /// callback is not called again, and the session goes on. Replaced from another thread
 /// while it runs, the replacement returns only once it has returned.
