@@ -360,7 +360,9 @@ impl Window {
             libc::mmap(addr.cast(), len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), file_off)
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::Os { what: "mapping memory into the window", source: std::io::Error::last_os_error() });
+            let source = std::io::Error::last_os_error();
+            refill(addr, len);
+            return Err(Error::Os { what: "mapping memory into the window", source });
         }
         // Not inherited by a forked child (the child has the parent's sessions but not their
         // reader threads: it must not reach the parent's memory through them). The fresh
@@ -466,6 +468,51 @@ impl Window {
     }
 }
 
+/// Puts reservation pages back where they are missing in `len` bytes at `addr`, after a
+/// placement there was refused: a kernel before 6.12 removes the reservation before the
+/// file's own `mmap` may refuse, and leaves a hole that any mapping of the process could
+/// take (and a later placement would replace, or the window's end unmap). Never replaces
+/// anything (`MAP_FIXED_NOREPLACE`): where the reservation survived, or something else
+/// took the range meanwhile, it is left alone.
+fn refill(addr: *mut u8, len: u64) {
+    let page = page_size();
+    let mut all = vec![0u8; len.div_ceil(page) as usize];
+    // SAFETY: mincore reads nothing at `addr`; `all` has a byte per page of the range.
+    if unsafe { libc::mincore(addr.cast(), len as usize, all.as_mut_ptr()) } == 0 {
+        return;
+    }
+    let mut at = 0;
+    while at < len {
+        let p = addr.wrapping_add(at as usize);
+        let mut v = [0u8; 1];
+        // SAFETY: mincore reads nothing at `p`; it asks the kernel whether a page is mapped.
+        let hole = unsafe { libc::mincore(p.cast(), page as usize, v.as_mut_ptr()) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
+        if hole {
+            // SAFETY: NOREPLACE maps only where nothing is mapped; the range is the window's.
+            let r = unsafe {
+                libc::mmap(
+                    p.cast(),
+                    page as usize,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if r != libc::MAP_FAILED && r != p.cast() {
+                // A kernel that takes the flag for a hint mapped it elsewhere: not ours to keep.
+                // SAFETY: the mapping just made at `r`.
+                unsafe { libc::munmap(r, page as usize) };
+            }
+            if r != p.cast() {
+                tracing::warn!(addr = ?p, "a hole in the window after a refused placement could not be filled");
+            }
+        }
+        at += page;
+    }
+}
+
 impl Drop for Window {
     fn drop(&mut self) {
         if self.origin.forked() {
@@ -507,6 +554,51 @@ mod tests {
         assert_eq!(w.ptr_of(0), None);
         assert_eq!(w.ptr_of(2 << 30), None);
         assert_eq!(w.gfa_of(w.base().wrapping_add(1 << 30)), None);
+    }
+
+    /// Whether the page at `p` is mapped at all (`mincore` says `ENOMEM` for a hole).
+    fn mapped(p: *mut u8) -> bool {
+        let mut v = [0u8; 1];
+        // SAFETY: mincore reads nothing at `p`; it only asks the kernel about the page.
+        unsafe { libc::mincore(p.cast(), 4096, v.as_mut_ptr()) == 0 }
+    }
+
+    /// A placement the file's own `mmap` refuses (a read-write mapping of a memfd sealed
+    /// against writes) leaves the reservation in place, not a hole another mapping of the
+    /// process could take (and a later placement or the window's end would then replace
+    /// or unmap). Before, the range was left unmapped.
+    #[test]
+    fn a_refused_placement_leaves_the_reservation() {
+        let w = Window::reserve(small()).unwrap();
+        // SAFETY: a NUL-terminated name and flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"sealed".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0);
+        // SAFETY: just created, owned by nothing else.
+        let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        f.set_len(8192).unwrap();
+        // SAFETY: F_ADD_SEALS on our own memfd.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_WRITE) }, 0);
+        let gfa = (1 << 30) + (1 << 20);
+        let at = w.ptr_of(gfa).unwrap();
+        assert!(w.place(gfa, 8192, f.as_fd(), 0, Protection::ReadWrite).is_err());
+        assert!(mapped(at), "the refused placement left a hole in the window");
+        assert!(w.placements().is_empty());
+        // The same range takes a placement the file allows.
+        w.place(gfa, 8192, f.as_fd(), 0, Protection::Read).unwrap();
+    }
+
+    /// What a refused placement's clean-up does where the kernel left a hole (this test's
+    /// kernel keeps the reservation: the hole is made by hand): the missing pages are
+    /// reserved again, and pages that are there are left as they are.
+    #[test]
+    fn holes_after_a_refused_placement_are_reserved_again() {
+        let w = Window::reserve(small()).unwrap();
+        let at = w.ptr_of((1 << 30) + (1 << 20)).unwrap();
+        // SAFETY: one page of the window's own reservation.
+        assert_eq!(unsafe { libc::munmap(at.wrapping_add(4096).cast(), 4096) }, 0);
+        assert!(!mapped(at.wrapping_add(4096)));
+        refill(at, 3 * 4096);
+        assert!((0..3).all(|i| mapped(at.wrapping_add(i * 4096))), "the hole is reserved again");
     }
 
     #[test]
