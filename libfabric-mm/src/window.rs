@@ -437,16 +437,7 @@ impl Window {
         // SAFETY: the range is one of our placements inside an aperture; replacing it with
         // fresh PROT_NONE pages drops the mapping. What still points into it (a Mapping
         // not yet dropped, when fencing) faults on access instead of reaching the memory.
-        let p = unsafe {
-            libc::mmap(
-                addr.cast(),
-                len as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
+        let p = unsafe { reserve_at(addr, len, libc::MAP_FIXED) };
         if p == libc::MAP_FAILED {
             return Err(Error::Os {
                 what: "restoring the window reservation",
@@ -465,6 +456,25 @@ impl Window {
     pub fn apertures(&self) -> Vec<(u64, u64)> {
         let more = self.lock().more.values().map(|a| (a.gfa, a.len)).collect::<Vec<_>>();
         std::iter::once((self.first.gfa, self.first.len)).chain(more).collect()
+    }
+}
+
+/// Maps `len` bytes of reservation (`PROT_NONE`, nothing committed) at `addr` with `fixed`
+/// (`MAP_FIXED` or `MAP_FIXED_NOREPLACE`); what `mmap` returns.
+///
+/// # Safety
+/// With `MAP_FIXED`, whatever is mapped at the range is replaced: it must be the window's.
+unsafe fn reserve_at(addr: *mut u8, len: u64, fixed: libc::c_int) -> *mut libc::c_void {
+    // SAFETY: the caller's contract.
+    unsafe {
+        libc::mmap(
+            addr.cast(),
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | fixed,
+            -1,
+            0,
+        )
     }
 }
 
@@ -490,16 +500,7 @@ fn refill(addr: *mut u8, len: u64) {
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
         if hole {
             // SAFETY: NOREPLACE maps only where nothing is mapped; the range is the window's.
-            let r = unsafe {
-                libc::mmap(
-                    p.cast(),
-                    page as usize,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
-                    -1,
-                    0,
-                )
-            };
+            let r = unsafe { reserve_at(p, page, libc::MAP_FIXED_NOREPLACE) };
             if r != libc::MAP_FAILED && r != p.cast() {
                 // A kernel that takes the flag for a hint mapped it elsewhere: not ours to keep.
                 // SAFETY: the mapping just made at `r`.
