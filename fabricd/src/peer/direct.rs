@@ -51,13 +51,47 @@ enum Got {
 /// The blocking links, by peer node.
 #[derive(Debug, Default)]
 pub struct Direct {
+    pools: std::sync::Arc<Pools>,
+    /// Links whose call gave up waiting, read for their late answer ([`Late`]).
+    late: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Every node's pool, and its wake-ups; shared with the threads that read late answers,
+/// whose links stay counted open until they end.
+#[derive(Debug, Default)]
+struct Pools {
     /// Held only to take a link out, count one, or put one back; never across I/O.
-    pools: Mutex<HashMap<String, Pool>>,
+    map: Mutex<HashMap<String, Pool>>,
     /// Told when a link came back or closed, to any node: every waiter looks again at
     /// its own node's pool.
     freed: Condvar,
-    /// Links whose call gave up waiting, read for their late answer ([`Late`]).
-    late: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Pools {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Pool>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `count` links to `node` closed: room for as many more.
+    fn closed(&self, node: &str, count: usize) {
+        if let Some(pool) = self.lock().get_mut(node) {
+            pool.open = pool.open.saturating_sub(count);
+        }
+        self.freed.notify_all();
+    }
+}
+
+/// A link a late answer is read on, counted open to its node until it closes: the peer
+/// counts it against this node's links until then.
+struct LateLink {
+    pools: std::sync::Arc<Pools>,
+    node: String,
+}
+
+impl Drop for LateLink {
+    fn drop(&mut self) {
+        self.pools.closed(&self.node, 1);
+    }
 }
 
 /// One of [`MAX_LATE`], given back when dropped.
@@ -94,7 +128,7 @@ impl Claim<'_> {
     fn put_back(mut self, link: Kept) {
         self.kept = true;
         self.direct.pools().entry(self.node.to_owned()).or_default().idle.push(link);
-        self.direct.freed.notify_all();
+        self.direct.pools.freed.notify_all();
     }
 }
 
@@ -108,21 +142,28 @@ impl Drop for Claim<'_> {
 
 impl Direct {
     fn pools(&self) -> MutexGuard<'_, HashMap<String, Pool>> {
-        self.pools.lock().unwrap_or_else(|p| p.into_inner())
+        self.pools.lock()
     }
 
     /// Reads `link`'s late answer on a thread of its own and hands it to `late`; the
-    /// link is closed after. Past [`MAX_LATE`] such reads, the link is closed at once.
-    fn read_late(&self, node: &str, mut link: BlockingLink, late: Late) {
+    /// link is closed after, and counted open to its node until then (`claim`'s count
+    /// goes with it). Past [`MAX_LATE`] such reads, the link is closed at once.
+    fn read_late(&self, claim: Claim<'_>, mut link: BlockingLink, late: Late) {
         use std::sync::atomic::Ordering;
+        let node = claim.node;
         if self.late.fetch_add(1, Ordering::AcqRel) >= MAX_LATE {
             self.late.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(peer = node, "node link: too many late answers awaited; one is not");
             return;
         }
         let (slot, node) = (LateSlot(self.late.clone()), node.to_owned());
+        // The claim's count, now the late read's: given back when the thread ends (or is
+        // not spawned: the closure is dropped with it).
+        let mut claim = claim;
+        claim.kept = true;
+        let open = LateLink { pools: self.pools.clone(), node: node.clone() };
         let spawned = std::thread::Builder::new().name("fabricd-late".into()).spawn(move || {
-            let _slot = slot;
+            let (_slot, _open) = (slot, open);
             match link.late_answer(Instant::now() + LATE_WAIT) {
                 Ok(answer) => late(answer),
                 Err(e) => tracing::debug!(peer = %node, error = %e, "node link: no late answer"),
@@ -164,14 +205,14 @@ impl Direct {
             if left.is_zero() {
                 break None;
             }
-            pools = self.freed.wait_timeout(pools, left).unwrap_or_else(|p| p.into_inner()).0;
+            pools = self.pools.freed.wait_timeout(pools, left).unwrap_or_else(|p| p.into_inner()).0;
         };
         drop(pools);
         // Claimed before the stale links close (a drop that panicked would lose the count).
         let claimed = got.map(|g| (Claim { direct: self, node, kept: false }, g));
         if stale.len() > usize::from(matches!(claimed, Some((_, Got::Dial)))) {
             // Room freed beyond what this call took: others may dial.
-            self.freed.notify_all();
+            self.pools.freed.notify_all();
         }
         drop(stale);
         claimed
@@ -179,10 +220,7 @@ impl Direct {
 
     /// `count` links to `node` counted open are gone.
     fn closed(&self, node: &str, count: usize) {
-        if let Some(pool) = self.pools().get_mut(node) {
-            pool.open = pool.open.saturating_sub(count);
-        }
-        self.freed.notify_all();
+        self.pools.closed(node, count);
     }
 
     /// Closes the idle links to nodes not in `live` (they left the domain): nothing would
@@ -294,7 +332,7 @@ impl NodeLink {
             // later call dials. One whose answer may still come is read for it first.
             Err(LinkError::Timeout(_)) if Instant::now() >= answer_by => {
                 if let Some(late) = late.filter(|_| kept.link.answer_pending()) {
-                    self.direct().read_late(node, kept.link, late);
+                    self.direct().read_late(claim, kept.link, late);
                 }
                 Err(timeout(answer_by))
             }
@@ -418,6 +456,72 @@ mod tests {
                 assert!(o.join().unwrap().is_none(), "n2 had no room");
             }
         });
+    }
+
+    /// Admits everyone; answers each request after 300 ms.
+    struct Slow;
+
+    impl fabric_nodelink::PeerPolicy for Slow {
+        fn admit(&self, _: &NodeIdentity, _: u64) -> Result<(), fabric_nodelink::Refusal> {
+            Ok(())
+        }
+    }
+
+    impl fabric_nodelink::PeerService for Slow {
+        fn serve(&self, _: &fabric_nodelink::Peer, request: fabric_nodelink::PeerRequest) -> fabric_nodelink::Served {
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(PeerResponse { op: request.op, body: request.body })
+            })
+        }
+    }
+
+    /// A link whose call gave up, read on for its late answer, stays counted open to its
+    /// node until it closes: the peer counts it against this node's links until then, so
+    /// a call does not dial past the bound meanwhile. Before, it was counted closed at
+    /// once, and slow answers let one node hold more links than the peer admits.
+    #[test]
+    fn a_link_read_for_its_late_answer_stays_counted_until_it_closes() {
+        use fabric_nodelink::{Credentials, DomainCa, PeerOp, PeerRequest, San, Server};
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let ca = DomainCa::generate("lab").unwrap();
+        let creds = |node: &str| {
+            let pem = ca.issue(node, &[San::Dns("localhost".into())]).unwrap();
+            Credentials::from_pem(&ca.pem().cert, &pem).unwrap()
+        };
+        let (server, me) = (creds("n1"), creds("n2"));
+        let limits = fabric_nodelink::LinkLimits::default();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let server = rt
+            .block_on(Server::bind_serving(
+                any,
+                &server,
+                7,
+                std::sync::Arc::new(Slow),
+                std::sync::Arc::new(Slow),
+                limits,
+            ))
+            .unwrap();
+        let mut link =
+            BlockingLink::connect(server.local_addr(), &me, &creds("n1").identity().clone(), 1, limits).unwrap();
+        let direct = Direct::default();
+        let now = Freshness { incarnation: 7, ours: 1, used: Instant::now() };
+        let (claim, got) =
+            direct.get("n1", &now, Duration::from_secs(60), Instant::now() + Duration::from_secs(1)).unwrap();
+        assert!(matches!(got, Got::Dial));
+        let gave_up =
+            link.call(PeerRequest { op: PeerOp::Import, body: vec![1] }, Instant::now() + Duration::from_millis(50));
+        assert!(gave_up.is_err() && link.answer_pending(), "{gave_up:?}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        direct.read_late(claim, link, Box::new(move |answer| drop(tx.send(answer.body))));
+        assert_eq!(direct.open("n1"), 1, "counted open while its late answer is read");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), vec![1]);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while direct.open("n1") != 0 {
+            assert!(Instant::now() < deadline, "still counted after the late read ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(server);
     }
 
     #[test]
