@@ -162,6 +162,29 @@ struct Shared {
     handshakes: Arc<Admitting>,
     links: Arc<Semaphore>,
     by_node: Arc<NodeLinks>,
+    /// Refusals of peers with a valid certificate, logged at most once per
+    /// [`REPORT_EVERY`] (a refused node that reconnects in a loop must not flood the log).
+    refusals: Throttle,
+}
+
+/// Counts events and says when to report them: at most once per [`REPORT_EVERY`], with
+/// how many came since the last report.
+#[derive(Debug, Default)]
+struct Throttle(Mutex<(Option<Instant>, u64)>);
+
+impl Throttle {
+    /// One more event: `Some(events since the last report, this one included)` when it
+    /// is to be reported now.
+    fn tick(&self) -> Option<u64> {
+        let mut st = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        st.1 += 1;
+        if st.0.is_some_and(|at| at.elapsed() < REPORT_EVERY) {
+            return None;
+        }
+        let n = std::mem::take(&mut st.1);
+        st.0 = Some(Instant::now());
+        Some(n)
+    }
 }
 
 /// Links held by each node.
@@ -257,6 +280,7 @@ impl Server {
             handshakes: handshakes.clone(),
             links: Arc::new(Semaphore::new(limits.max_links)),
             by_node: Arc::default(),
+            refusals: Throttle::default(),
         });
         let task = tokio::spawn(accept_loop(listener, shared));
         Ok(Self { addr, counters, incarnation, handshakes, task })
@@ -299,13 +323,13 @@ impl Drop for Server {
     }
 }
 
-/// How often the accept loop reports connections it closed for want of a handshake slot
-/// (a flood must not flood the log too).
-const DROPPED_REPORT: Duration = Duration::from_secs(1);
+/// How often what a flood causes is reported (a flood must not flood the log too):
+/// connections closed at accept for want of a handshake slot, peers refused.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut conns = JoinSet::new();
-    let (mut dropped, mut reported) = (0u64, Instant::now());
+    let dropped = Throttle::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -329,10 +353,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     Taken::Full => {
                         drop(tcp);
                         Counters::bump(&shared.counters.closed_at_accept);
-                        dropped += 1;
-                        if reported.elapsed() >= DROPPED_REPORT {
+                        if let Some(dropped) = dropped.tick() {
                             tracing::warn!(%addr, dropped, "node link: too many connections being admitted; closed at accept");
-                            (dropped, reported) = (0, Instant::now());
                         }
                         continue;
                     }
@@ -367,7 +389,9 @@ async fn serve(tcp: TcpStream, addr: SocketAddr, shared: Arc<Shared>, mut handsh
         Err(LinkError::Refused(refusal)) => {
             // Only a node with a valid certificate gets this far: worth a warning.
             Counters::bump(&counters.refused);
-            tracing::warn!(%addr, %refusal, "node link: peer refused");
+            if let Some(refused) = shared.refusals.tick() {
+                tracing::warn!(%addr, %refusal, refused, "node link: peer refused (refused: how many since the last such line)");
+            }
             return;
         }
         Err(e) => {
@@ -593,5 +617,22 @@ pub(crate) fn answer_to(op: PeerOp, answer: PeerMessage) -> Result<PeerResponse,
         PeerMessage::Response(r) if r.op == op => Ok(r),
         PeerMessage::Failure(f) if f.op == op => Err(LinkError::Peer(f.error)),
         other => Err(LinkError::unexpected("the answer to the request", &other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttle_reports_the_first_event_then_once_per_period_with_the_count() {
+        let t = Throttle::default();
+        assert_eq!(t.tick(), Some(1), "the first is reported at once");
+        assert_eq!((t.tick(), t.tick()), (None, None), "within the period: counted only");
+        // The period passed.
+        let past = Instant::now().checked_sub(REPORT_EVERY * 2);
+        t.0.lock().unwrap_or_else(PoisonError::into_inner).0 = past;
+        assert_eq!(t.tick(), Some(3), "the two held back and this one");
+        assert_eq!(t.tick(), None);
     }
 }
