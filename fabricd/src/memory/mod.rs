@@ -1167,6 +1167,12 @@ impl Memory {
         }
     }
 
+    /// Whether region `region` of generation `generation` is still allocated (region ids
+    /// are never reused; the generation guards a tampered or restored record all the same).
+    pub fn region_live(&self, region: u64, generation: u64) -> bool {
+        self.state().ledger.regions.get(&region).is_some_and(|r| r.generation == generation)
+    }
+
     /// Whether region `region`'s bytes are device memory (a range of a DAX device or a
     /// BAR, or a carved DAX device) rather than a file of its own.
     pub fn on_device(&self, region: u64) -> bool {

@@ -333,6 +333,13 @@ impl Owner {
                 self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(g.import, (node.clone(), file));
             }
         }
+        // A free that came between the import's record and the file's keeping above found
+        // no file to truncate (the revocation's `ended` ran first): truncated here, so that
+        // the importer's next load faults as after any free. Checked after the file is
+        // kept: one of the two always sees the other.
+        if matches!(shared, Some(Shared::File(_))) && !d.memory.region_live(g.region, g.generation) {
+            on.blocking(|| self.ended(g.import, RevocationReason::Freed));
+        }
         let reach = match &shared {
             Some(Shared::File(_)) => "shared file",
             Some(Shared::Cxl(_)) => "shared CXL",
