@@ -39,8 +39,21 @@ pub(crate) enum Notice {
 /// end: the reader thread, or a caller's thread inside a call or a disconnect).
 type OnEvent = Box<dyn Fn(Notice) + Send + Sync>;
 
-/// A panic of the application's callback, caught where the library reads.
-type Panic = Box<dyn std::any::Any + Send>;
+/// Runs `callback`, an application's callback the library calls (`what` names it); a
+/// panic in it is caught, logged and dropped: it would otherwise unwind through the
+/// library's reading (leaving the read side taken), through an unrelated call that
+/// happened to read the event (dropping that call's answer), or past other callbacks
+/// still to run.
+pub(crate) fn guarded(what: &'static str, callback: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned());
+        tracing::error!(callback = what, panic = %message, "an application callback panicked; the panic is dropped");
+    }
+}
 
 thread_local! {
     /// The session ([`Shared`], by address) whose frames this thread is reading while it
@@ -120,21 +133,14 @@ impl Shared {
         self.changed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Runs the session's handler of `notice`, which runs the application's callbacks; a
-    /// panic there is caught and returned, so that the thread that reads gives the read
-    /// side back before the panic goes on (or is dropped, on the reader thread).
-    fn notify(&self, notice: Notice) -> std::result::Result<(), Panic> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.on_event)(notice)))
-    }
-
     /// Reads one frame (the caller holds the read side) and routes it; false when the
-    /// connection is over (every request still waiting then fails with `Disconnected`);
-    /// the panic of a callback the frame ran.
-    fn read_one(&self) -> std::result::Result<bool, Panic> {
+    /// connection is over (every request still waiting then fails with `Disconnected`).
+    fn read_one(&self) -> bool {
         match recv_message(&self.stream) {
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
                 let _reading = Reading::enter(self);
-                self.notify(Notice::Event(ev)).map(|()| true)
+                guarded("event", || (self.on_event)(Notice::Event(ev)));
+                true
             }
             Ok((h, msg, fds)) => {
                 let mut st = self.state();
@@ -144,11 +150,11 @@ impl Shared {
                         opcode = h.opcode.name(),
                         "answer to no request; dropped"
                     );
-                    return Ok(true);
+                    return true;
                 };
                 if e.abandoned {
                     st.pending.remove(&h.request_id);
-                    return Ok(true);
+                    return true;
                 }
                 let op = e.op;
                 e.reply = Some(match msg {
@@ -156,7 +162,7 @@ impl Shared {
                     Message::Error(body) => Err(Error::from_codec(op, CodecError::Refused { opcode: op, body })),
                     _ => Err(Error::Unexpected(op)),
                 });
-                Ok(true)
+                true
             }
             Err(e) => {
                 match e {
@@ -164,7 +170,7 @@ impl Shared {
                     e => tracing::warn!(error = %e, "connection to fabricd failed"),
                 }
                 self.close();
-                Ok(false)
+                false
             }
         }
     }
@@ -184,8 +190,8 @@ impl Shared {
         };
         self.changed.notify_all();
         self.idle.notify_all();
-        if first && self.notify(Notice::Closed).is_err() {
-            tracing::error!("a callback run as the connection closed panicked; the panic is dropped");
+        if first {
+            guarded("connection closed", || (self.on_event)(Notice::Closed));
         }
     }
 
@@ -268,29 +274,12 @@ impl Pending {
             if st.reader == Reader::Nobody {
                 st.reader = Reader::Caller;
                 drop(st);
-                let read = shared.read_one();
+                shared.read_one();
                 st = shared.state();
                 st.reader = Reader::Nobody;
                 if st.waiting > 1 {
                     // Others may have their answer now, or may take over the reading.
                     shared.changed.notify_all();
-                }
-                if let Err(panic) = read {
-                    // A callback this thread ran for an event panicked: the read side is
-                    // given back above, this wait ends (its answer, when it comes, is
-                    // dropped), and the panic goes on in the caller.
-                    st.waiting -= 1;
-                    match st.pending.get_mut(&self.id) {
-                        Some(e) if e.reply.is_none() => e.abandoned = true,
-                        _ => {
-                            st.pending.remove(&self.id);
-                        }
-                    }
-                    if st.waiting == 0 && shared.prompt.load(std::sync::atomic::Ordering::Relaxed) {
-                        shared.idle.notify_one();
-                    }
-                    drop(st);
-                    std::panic::resume_unwind(panic);
                 }
                 continue;
             }
@@ -358,11 +347,7 @@ fn background(shared: &Shared) {
         drop(st);
         // A caller may have taken the bytes between the poll and the lock: read only when
         // a frame is still there, so the socket is never held by a blocked read.
-        let open = !shared.readable(0)
-            || shared.read_one().unwrap_or_else(|_| {
-                tracing::error!("a callback panicked on the library's reader thread; the panic is dropped");
-                true
-            });
+        let open = !shared.readable(0) || shared.read_one();
         let mut st = shared.state();
         st.reader = Reader::Nobody;
         if st.waiting > 0 {
@@ -464,6 +449,10 @@ impl Client {
     /// Closes the connection now (both directions); whoever reads sees the end and every
     /// request still waiting fails with `Disconnected`.
     pub(crate) fn disconnect(&self) {
+        // A forked child's copy: the socket is the parent's (see `Drop`).
+        if self.forked() {
+            return;
+        }
         if let Ok(w) = self.writer.lock() {
             let _ = w.shutdown(std::net::Shutdown::Both);
         }

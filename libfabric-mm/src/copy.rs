@@ -133,7 +133,7 @@ impl Copies {
                 cb
             };
             if let Some(cb) = callback {
-                cb(Err(Error::Disconnected));
+                crate::client::guarded("copy completion", || cb(Err(Error::Disconnected)));
             }
         }
     }
@@ -167,7 +167,7 @@ fn deliver(state: &State, done: CopyDone) {
         cb
     };
     if let Some(cb) = callback {
-        cb(outcome(&done));
+        crate::client::guarded("copy completion", || cb(outcome(&done)));
     }
 }
 
@@ -383,6 +383,10 @@ impl From<&crate::Registration> for CopyEndpoint {
 
 impl Drop for Copy {
     fn drop(&mut self) {
+        // A forked child's copy: its state is the parent's reader's to take.
+        if self.session.client.forked() {
+            return;
+        }
         // A callback still waits for it: kept. Otherwise a completion that came is let
         // go; one still to come finds the copy waiting (it is recorded there until
         // then), is taken from there and dropped, rather than kept as an early one

@@ -115,6 +115,11 @@ impl Mem {
 
 impl Drop for Mem {
     fn drop(&mut self) {
+        // A forked child's copy: the region or import is the parent's, and so are the
+        // locks its reader thread may have held at the fork.
+        if self.session.client.forked() {
+            return;
+        }
         // Registrations the cache still holds go first (the daemon would drop them with
         // the region anyway; this keeps the cache from answering with a dead one).
         self.session.registrations.invalidate(self.cache_owner());

@@ -77,6 +77,10 @@ impl Drop for DaemonReg {
     fn drop(&mut self) {
         // A session that is gone took its registrations with it in the daemon.
         let Some(s) = self.session.upgrade() else { return };
+        // A forked child's copy: the registration is the parent's.
+        if s.client.forked() {
+            return;
+        }
         s.registrations.live.fetch_sub(1, Ordering::Relaxed);
         s.registrations.bytes.fetch_sub(self.len, Ordering::Relaxed);
         let req = Request::Unregister(UnregisterRequest { registration: self.id });

@@ -579,6 +579,10 @@ fn a_forked_child_dropping_the_parents_objects_leaves_the_parents_session_alone(
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
     if pid == 0 {
+        // As an atexit handler would: disconnect, then drop everything.
+        if let Some(h) = held.as_ref() {
+            h.5.disconnect();
+        }
         drop(held.take());
         // SAFETY: ends the child without running the parent's exit handlers.
         unsafe { libc::_exit(0) };

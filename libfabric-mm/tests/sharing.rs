@@ -193,9 +193,9 @@ fn a_revocation_callback_that_drops_the_import_does_not_hang_the_session() {
 }
 
 /// A revocation callback that panics does not stop the session: whichever thread ran it
-/// (the reader thread, or a caller's that was reading for its answer, where the panic goes
-/// on in that call) gives the read side back, later calls are answered and later
-/// revocations still reach the callback. Before, every later call waited for good.
+/// (the reader thread, or a caller's that was reading for its answer) catches and logs the
+/// panic and gives the read side back; later calls are answered and later revocations
+/// still reach the callback. Before, every later call waited for good.
 #[test]
 fn a_revocation_callback_that_panics_does_not_stop_the_session() {
     let d = common::daemon();
@@ -212,11 +212,12 @@ fn a_revocation_callback_that_panics_does_not_stop_the_session() {
         let _ = tx.lock().unwrap().send(r.import);
     });
     owner.revoke(&handles[0]).unwrap();
-    // Calls go on meanwhile; one may run the panicking callback (and panic itself).
+    // Calls go on meanwhile; one may run the panicking callback, and is answered all the
+    // same.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while imports[0].check().is_ok() {
         assert!(std::time::Instant::now() < deadline, "the first revocation was not read");
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.translate(&[0])));
+        s.translate(&[0]).unwrap();
     }
     owner.revoke(&handles[1]).unwrap();
     let told = rx.recv_timeout(Duration::from_secs(5)).expect("the next revocation reached the callback");
