@@ -147,8 +147,12 @@ fn file_id(st: &sys::Stat) -> FileId {
 
 /// Whether `fd` was opened at a path under `dir` (both as the kernel resolves them).
 pub fn opened_under(fd: BorrowedFd<'_>, dir: &Path) -> bool {
-    let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else { return false };
-    std::fs::canonicalize(dir).is_ok_and(|dir| path.starts_with(dir))
+    opened_at(fd).is_some_and(|path| std::fs::canonicalize(dir).is_ok_and(|dir| path.starts_with(dir)))
+}
+
+/// The path `fd` was opened at, as the kernel resolves it (`/proc/self/fd`).
+pub fn opened_at(fd: BorrowedFd<'_>) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()
 }
 
 /// The path `/proc/self/fd` gives for `fd` (what the caller opened), for messages.

@@ -1167,6 +1167,18 @@ impl Memory {
         }
     }
 
+    /// Whether `fd` was opened in one of this registry's resource directories, where its
+    /// own region files lie (the memory root's, and a NUMA directory's), by the
+    /// directories' identity.
+    pub fn opened_in_own_dir(&self, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        let Some(parent) = fdkind::opened_at(fd).and_then(|p| p.parent().map(Path::to_owned)) else { return false };
+        let Ok(parent) = nix::sys::stat::stat(&parent) else { return false };
+        let dirs: Vec<Arc<OwnedFd>> = self.state().resources.iter().map(|r| r.dir_fd.clone()).collect();
+        dirs.iter().any(|d| {
+            nix::sys::stat::fstat(d.as_fd()).is_ok_and(|s| (s.st_dev, s.st_ino) == (parent.st_dev, parent.st_ino))
+        })
+    }
+
     /// Whether region `region` of generation `generation` is still allocated (region ids
     /// are never reused; the generation guards a tampered or restored record all the same).
     pub fn region_live(&self, region: u64, generation: u64) -> bool {

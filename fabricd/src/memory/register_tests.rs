@@ -311,3 +311,17 @@ fn a_lost_device_ends_the_registrations_of_its_regions() {
     assert!(t.memory.dma_read(&t.target, reg.iova, &mut buf).is_err());
     assert!(matches!(t.register(1, r1), Err(MemoryError::DeviceLost(_))));
 }
+
+/// A region's own file is known as opened in one of the registry's directories, by the
+/// directory's identity; a file elsewhere is not.
+#[test]
+fn a_region_file_is_known_as_opened_in_an_own_directory() {
+    use std::os::fd::AsFd;
+    let t = Setup::new(LimitsConfig::default());
+    let region = t.region(1);
+    let path = t.memory.own_file(region).expect("a sim region's file");
+    let own = std::fs::File::open(&path).unwrap();
+    assert!(t.memory.opened_in_own_dir(own.as_fd()));
+    let elsewhere = tempfile::NamedTempFile::new().unwrap();
+    assert!(!t.memory.opened_in_own_dir(elsewhere.as_file().as_fd()));
+}

@@ -76,12 +76,13 @@ pub fn register(
 /// Refuses a descriptor of another node's region file on the sim's shared fabric (what a
 /// cross-node import hands its client): registered as a plain memory object, the owner's
 /// free or revocation could not end the registration, and the device would go on
-/// reaching that node's memory. This node's own region files are the registry's to
+/// reaching that node's memory. This node's own region files (in its resource
+/// directories, a NUMA directory under `shared_dir` included) are the registry's to
 /// resolve ([`crate::memory::Memory::register`]).
 fn refuse_other_nodes_file(d: &Daemon, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), ErrorBody> {
     let Some(shared) = &d.config.peer.shared_dir else { return Ok(()) };
     let own = d.config.memory_root(&d.state_dir);
-    if fdkind::opened_under(fd, shared) && !fdkind::opened_under(fd, &own) {
+    if fdkind::opened_under(fd, shared) && !fdkind::opened_under(fd, &own) && !d.memory.opened_in_own_dir(fd) {
         return Err(refusal(
             ErrorCode::NotImplemented,
             "the descriptor is another node's region file (a cross-node import): its registration could not be ended by the owner's revocation, so it cannot be registered for DMA; move its bytes with Copy (by the import's GFA) instead",

@@ -97,13 +97,28 @@ pub fn coherence(d: &Daemon, c: &SharedCxl) -> Coherence {
 pub struct Hold {
     range: crate::memory::ForeignRange,
     device: Option<DeviceKey>,
+    /// The client maps a whole DAX device (at the region's offset), which outlives the
+    /// import: nothing here can take that mapping away. False for a carved device,
+    /// whose deletion ends its mappings.
+    whole: bool,
 }
 
 impl Hold {
     /// A hold of `range` with no carved device: a whole DAX device's import (for tests).
     #[cfg(test)]
     pub fn whole_device_for_tests(range: crate::memory::ForeignRange) -> Self {
-        Hold { range, device: None }
+        Hold { range, device: None, whole: true }
+    }
+
+    /// A hold whose carved device was already taken (a revocation deleted it: for tests).
+    #[cfg(test)]
+    pub fn device_taken_for_tests(range: crate::memory::ForeignRange) -> Self {
+        Hold { range, device: None, whole: false }
+    }
+
+    /// Whether the client maps a whole DAX device, which outlives the import.
+    pub fn whole(&self) -> bool {
+        self.whole
     }
 
     /// The carved device, to delete as soon as the owner ends or revokes the import (its
@@ -228,7 +243,8 @@ pub fn open(
     })();
     match reached {
         Ok((fd, offset, device)) => {
-            Ok(Some(Reach { fd, offset, hold: Hold { range, device }, coherence: coherence(d, c) }))
+            let whole = device.is_none();
+            Ok(Some(Reach { fd, offset, hold: Hold { range, device, whole }, coherence: coherence(d, c) }))
         }
         Err(why) => {
             d.memory.release_foreign(&range);

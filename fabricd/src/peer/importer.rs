@@ -628,7 +628,7 @@ impl Importer {
     fn linger(&self, d: &Daemon, import: u64, h: Held) -> Option<super::cxl::Deleting> {
         let mut hold = h.cxl?;
         let device = hold.take_device(d);
-        let mapped = device.is_none().then_some((h.owner, h.incarnation, h.owner_import));
+        let mapped = hold.whole().then_some((h.owner, h.incarnation, h.owner_import));
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).insert(import, Ended { session: h.session, hold, mapped });
         device
     }
@@ -995,6 +995,13 @@ mod tests {
         assert!(importer.revoked(&d, &peer, freed(8)).is_ok());
         importer.release(&d, 1, 70).unwrap();
         assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "released: acknowledged");
+
+        // A carved device's import, revoked first (its device deleted then), then freed:
+        // nothing maps the DPAs any more, so the end is acknowledged at once.
+        let range = crate::memory::ForeignRange::for_tests();
+        let held = Held { cxl: Some(super::super::cxl::Hold::device_taken_for_tests(range)), ..held_of_a() };
+        importer.held.lock().unwrap().insert(71, held);
+        assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "a carved device's end waits for nothing");
     }
 
     #[test]

@@ -153,24 +153,25 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
                 outbox.put_back(r);
             }
             Err(e) => {
-                tracing::warn!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: cannot tell the importer of a revocation; kept to try again");
+                // Every one refused in a row (an importer whose client still maps a whole
+                // DAX device refuses its end until released) is no failure of the link.
+                if matches!(e, super::DialError::Peer { .. }) {
+                    tracing::debug!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: the importer refused every revocation waiting; told again later");
+                } else {
+                    tracing::warn!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: cannot tell the importer of a revocation; kept to try again");
+                }
                 refused = 0;
                 outbox.put_back(r);
                 drop(d);
+                // A new revocation (or the session's end, seen at the top of the loop)
+                // cuts the wait short: one refused for good holds up no later one.
                 tokio::select! {
                     () = tokio::time::sleep(retry) => {}
-                    () = wait_closed(&outbox) => return,
+                    () = outbox.wake.notified() => {}
                 }
                 retry = (retry * 2).min(RETRY_MAX);
             }
         }
-    }
-}
-
-/// Returns once `outbox` is closed.
-async fn wait_closed(outbox: &Outbox) {
-    while !outbox.closed.load(Ordering::Acquire) {
-        outbox.wake.notified().await;
     }
 }
 
