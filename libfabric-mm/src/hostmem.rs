@@ -39,6 +39,7 @@ pub(crate) struct KeptOut {
 impl KeptOut {
     /// Keeps the pages under `len` bytes at `addr` out of forked children.
     pub(crate) fn new(addr: *const u8, len: u64) -> Self {
+        reserve_in_children();
         let first = addr as u64 / PAGE;
         let pages = (first, (addr as u64).saturating_add(len).div_ceil(PAGE));
         KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pages);
@@ -52,6 +53,39 @@ impl Drop for KeptOut {
         if let Some(i) = kept.iter().position(|&r| r == self.pages) {
             kept.swap_remove(i);
         }
+    }
+}
+
+/// Installs, once per process, the fork handler that reserves in each forked child the
+/// pages kept out of it: there they are holes, where the child's own mappings could land
+/// under a pointer, view or array it inherited, which would then read and write the
+/// child's memory instead of faulting. Reserved (`PROT_NONE`), every access through such a
+/// pointer faults.
+fn reserve_in_children() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler that runs in the child, which only maps anonymous
+        // PROT_NONE pages where nothing is mapped.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(reserve_kept_out)) };
+        if rc != 0 {
+            tracing::warn!(rc, "cannot install the fork handler: a forked child's kept-out pages stay holes");
+        }
+    });
+}
+
+/// The fork handler of [`reserve_in_children`], in the child (one thread, the one that
+/// forked). The list's lock may have been held by another of the parent's threads at the
+/// fork: then nothing is done (the holes stay). Allocates nothing and cannot panic.
+extern "C" fn reserve_kept_out() {
+    let kept = match KEPT_OUT.try_lock() {
+        Ok(k) => k,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    for &(first, end) in kept.iter() {
+        // The holes the parent's MADV_DONTFORK pages left; nothing of the child's is
+        // replaced.
+        crate::window::reserve_hole((first * PAGE) as *mut u8, (end - first) * PAGE);
     }
 }
 

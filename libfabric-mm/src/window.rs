@@ -464,7 +464,7 @@ impl Window {
 ///
 /// # Safety
 /// With `MAP_FIXED`, whatever is mapped at the range is replaced: it must be the window's.
-unsafe fn reserve_at(addr: *mut u8, len: u64, fixed: libc::c_int) -> *mut libc::c_void {
+pub(crate) unsafe fn reserve_at(addr: *mut u8, len: u64, fixed: libc::c_int) -> *mut libc::c_void {
     // SAFETY: the caller's contract.
     unsafe {
         libc::mmap(
@@ -476,6 +476,19 @@ unsafe fn reserve_at(addr: *mut u8, len: u64, fixed: libc::c_int) -> *mut libc::
             0,
         )
     }
+}
+
+/// Reserves `len` bytes at `addr` where nothing is mapped (`MAP_FIXED_NOREPLACE`);
+/// whether they are reserved now. A kernel that takes the flag for a hint and maps them
+/// elsewhere has that mapping undone.
+pub(crate) fn reserve_hole(addr: *mut u8, len: u64) -> bool {
+    // SAFETY: NOREPLACE maps only where nothing is mapped: it replaces nothing.
+    let r = unsafe { reserve_at(addr, len, libc::MAP_FIXED_NOREPLACE) };
+    if r != libc::MAP_FAILED && r != addr.cast() {
+        // SAFETY: the mapping just made at `r`, not ours to keep.
+        unsafe { libc::munmap(r, len as usize) };
+    }
+    r == addr.cast()
 }
 
 /// Puts reservation pages back where they are missing in `len` bytes at `addr`, after a
@@ -498,17 +511,8 @@ fn refill(addr: *mut u8, len: u64) {
         // SAFETY: mincore reads nothing at `p`; it asks the kernel whether a page is mapped.
         let hole = unsafe { libc::mincore(p.cast(), page as usize, v.as_mut_ptr()) } != 0
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
-        if hole {
-            // SAFETY: NOREPLACE maps only where nothing is mapped; the range is the window's.
-            let r = unsafe { reserve_at(p, page, libc::MAP_FIXED_NOREPLACE) };
-            if r != libc::MAP_FAILED && r != p.cast() {
-                // A kernel that takes the flag for a hint mapped it elsewhere: not ours to keep.
-                // SAFETY: the mapping just made at `r`.
-                unsafe { libc::munmap(r, page as usize) };
-            }
-            if r != p.cast() {
-                tracing::warn!(addr = ?p, "a hole in the window after a refused placement could not be filled");
-            }
+        if hole && !reserve_hole(p, page) {
+            tracing::warn!(addr = ?p, "a hole in the window after a refused placement could not be filled");
         }
         at += page;
     }

@@ -489,19 +489,24 @@ fn memlock_child() {
     println!("memlock child: ok");
 }
 
-/// In a forked child: 0 when `p` is not mapped (mincore says ENOMEM), 1 when it is.
+/// In a forked child: 1 when the byte at `p` can be read, 0 when it cannot (a hole, or
+/// the library's `PROT_NONE` reservation over what the parent kept out of children):
+/// read through `process_vm_readv` of this very process, which fails rather than faults.
 fn mapped_in_child(p: *const u8) -> i32 {
-    let mut v = [0u8; 1];
-    // SAFETY: mincore reads nothing at `p`; it only asks the kernel about the page.
-    let r = unsafe { libc::mincore(p as *mut libc::c_void, 4096, v.as_mut_ptr()) };
-    i32::from(r == 0)
+    let mut byte = 0u8;
+    let local = libc::iovec { iov_base: std::ptr::from_mut(&mut byte).cast(), iov_len: 1 };
+    let remote = libc::iovec { iov_base: p.cast_mut().cast(), iov_len: 1 };
+    // SAFETY: reads one byte of this process into `byte`; the kernel checks `p`.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    i32::from(n == 1)
 }
 
 fn fork_and_probe(probes: &[*const u8]) -> Vec<i32> {
     probes
         .iter()
         .map(|&p| {
-            // SAFETY: the child only calls mincore and _exit (async-signal-safe) before exiting.
+            // SAFETY: the child only reads one byte of itself and calls _exit (both system
+            // calls) before exiting.
             let pid = unsafe { libc::fork() };
             assert!(pid >= 0);
             if pid == 0 {
@@ -608,4 +613,46 @@ fn a_forked_child_dropping_the_parents_objects_leaves_the_parents_session_alone(
     let again = hbm(&s, &dev, MIB);
     drop((regs, mapping, host, import, region, again, s));
     assert_eq!(daemon_registrations(&env.daemon.socket).0, 0);
+}
+
+/// In a forked child the pages the library keeps out of children (host buffers, window
+/// placements) are reserved, not holes: the child's own mappings cannot land under a
+/// pointer, view or array it inherited (a write through one would then corrupt the child's
+/// memory instead of faulting). Before, a mapping of the child's could be placed there.
+#[test]
+fn a_forked_childs_own_mappings_never_land_where_the_parent_kept_memory_out() {
+    let env = start("", |_| {});
+    let s = common::session(&env.daemon.socket);
+    let dev = gpu(&s);
+    let host = s.alloc_host(MIB).unwrap();
+    let region = hbm(&s, &dev, MIB);
+    let mapping = s.map(&region).unwrap();
+    let probes = [host.as_ptr().cast_const(), mapping.as_ptr().cast_const()];
+    // SAFETY: the child only maps (or fails to map) and calls _exit (system calls).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let landed = probes.iter().filter(|&&p| {
+            // SAFETY: NOREPLACE maps only where nothing is mapped.
+            let q = unsafe {
+                libc::mmap(
+                    p.cast_mut().cast(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            q == p.cast_mut().cast()
+        });
+        // SAFETY: ends the child.
+        unsafe { libc::_exit(i32::try_from(landed.count()).unwrap_or(99)) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status));
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child's mappings landed where the parent kept memory out");
+    drop((mapping, region, host));
 }
