@@ -378,8 +378,8 @@ impl Mapping {
     /// on the contents staying unchanged while the slice lives. A mapping of an import of
     /// another node's memory is fenced when the import is revoked (the revocation
     /// callback runs after it): from then on a load or store through the slice faults
-    /// (`SIGSEGV`), so the caller stops using it by then, unless the session keeps revoked
-    /// mappings ([`crate::SessionConfig::keep_revoked_mappings`]). A region's owner can
+    /// (`SIGSEGV`), so the caller stops using it by then — or, in a session that fences
+    /// softly ([`crate::SessionConfig::keep_revoked_mappings`]), reads zeros. A region's owner can
     /// shrink a file-backed region (sim, NUMA host memory) under every mapping of it: a
     /// load past the new end raises `SIGBUS` until the daemon restores the size
     /// (docs/libfabric-mm.md, "A mapping can fault with SIGBUS").

@@ -31,11 +31,12 @@ pub struct SessionConfig {
     /// Take back the session this token names (its regions and exports), after a daemon
     /// restart or a dropped connection, within the daemon's grace period (`resume.rs`).
     pub resume: Option<crate::resume::Token>,
-    /// Keep the pages of a revoked import of another node's memory mapped until the
-    /// mapping is dropped, as a local import's are, instead of fencing them when the
-    /// revocation is told (loads and stores through a fenced mapping fault with
-    /// `SIGSEGV`). For callers that cannot survive a fault in code that reads a mapping:
-    /// the Python binding sets it (docs/libfabric-mm.md, "Revocation").
+    /// Fence a revoked import of another node's memory softly: its mappings get private
+    /// zero pages of the same protection when the revocation is told, instead of the
+    /// window's `PROT_NONE` reservation (loads and stores through a fenced mapping fault
+    /// with `SIGSEGV`). Neither way reaches the revoked memory. For callers that cannot
+    /// survive a fault in code that reads a mapping: the Python binding sets it
+    /// (docs/libfabric-mm.md, "Revocation").
     pub keep_revoked_mappings: bool,
 }
 
@@ -165,8 +166,6 @@ pub(crate) struct Inner {
     pub(crate) registrations: crate::register::Registrations,
     /// Copies in flight (`crate::copy`).
     pub(crate) copies: Arc<crate::copy::Copies>,
-    /// [`SessionConfig::keep_revoked_mappings`].
-    pub(crate) keep_revoked_mappings: bool,
 }
 
 impl Inner {
@@ -379,13 +378,13 @@ impl Session {
                 },
             },
         };
-        let window = Arc::new(window);
+        // Revoked imports' mappings are blanked rather than taken back where a fault
+        // cannot be survived.
+        let window = Arc::new(if config.keep_revoked_mappings { window.fence_softly() } else { window });
         // Set once, before any memory is placed in it.
         let _ = revocations.window.set(window.clone());
-        let keep_revoked_mappings = config.keep_revoked_mappings;
         let registrations = Default::default();
-        let inner =
-            Arc::new(Inner { client, window, revocations, socket, registrations, copies, keep_revoked_mappings });
+        let inner = Arc::new(Inner { client, window, revocations, socket, registrations, copies });
         let s = Self { inner };
         match s.call(Request::Subscribe(SubscribeRequest { topics: Topics::REVOCATION }))? {
             Response::Subscribe(_) => Ok(s),
@@ -532,7 +531,7 @@ impl Session {
         let fd = mem.fd.as_ref().ok_or(Error::CopyOnly(mem.region))?;
         let gfa = mem.gfa.ok_or(Error::NoGfa(mem.region))?;
         let prot = if mem.writable { Protection::ReadWrite } else { Protection::Read };
-        let fenced = mem.fenced_import().filter(|_| !self.inner.keep_revoked_mappings);
+        let fenced = mem.fenced_import();
         let placed = self.inner.window.place_as(gfa, mem.size, fd.as_fd(), mem.offset, prot, fenced)?;
         let mapping = Mapping::new(mem, placed, gfa);
         // Revoked while it was placed: refused (dropping it unplaces it).

@@ -152,6 +152,8 @@ struct Placements {
 #[derive(Debug)]
 struct Placed {
     len: u64,
+    /// Its protection (`PROT_*`), which a soft fence keeps.
+    prot: libc::c_int,
     /// The import it maps, when a revocation of that import fences it
     /// ([`Window::fence`]).
     import: Option<u64>,
@@ -184,6 +186,8 @@ pub struct Window {
     /// A domain's node span: GFAs outside `first` get an aperture of their node's span.
     span: Option<u64>,
     state: Mutex<Placements>,
+    /// Fences are soft ([`Window::fence_softly`]).
+    soft: bool,
     /// The process that reserved it: in a forked child the placements are holes
     /// (`MADV_DONTFORK`) where the child's own mappings may lie, so neither they nor the
     /// apertures are touched there.
@@ -226,7 +230,13 @@ impl Window {
     /// Reserves the window: one range mirroring `config`.
     pub fn reserve(config: WindowConfig) -> Result<Self> {
         let first = Aperture::reserve(checked(config)?)?;
-        Ok(Self { first, span: None, state: Mutex::new(Placements::default()), origin: crate::origin::Origin::here() })
+        Ok(Self {
+            first,
+            span: None,
+            state: Mutex::new(Placements::default()),
+            soft: false,
+            origin: crate::origin::Origin::here(),
+        })
     }
 
     /// Reserves the window of a domain node's client: an aperture mirroring the node span
@@ -246,6 +256,7 @@ impl Window {
             first,
             span: Some(span),
             state: Mutex::new(Placements::default()),
+            soft: false,
             origin: crate::origin::Origin::here(),
         })
     }
@@ -377,7 +388,7 @@ impl Window {
         }
         let access = Arc::new(Access::default());
         let kept = crate::hostmem::KeptOut::new(addr, len);
-        st.placed.insert(gfa, Placed { len, import, access: access.clone(), _kept: kept });
+        st.placed.insert(gfa, Placed { len, prot, import, access: access.clone(), _kept: kept });
         Ok((addr, access))
     }
 
@@ -388,12 +399,12 @@ impl Window {
         // Found under the window lock, fenced one by one without holding it across the
         // wait below: a flush in progress holds up this fence only, never another
         // placement. (Lock order: a placement's access, then the window.)
-        let found: Vec<(u64, u64, Arc<Access>)> = (self.lock().placed.iter())
+        let found: Vec<(u64, u64, libc::c_int, Arc<Access>)> = (self.lock().placed.iter())
             .filter(|(_, p)| p.import == Some(import))
-            .map(|(g, p)| (*g, p.len, p.access.clone()))
+            .map(|(g, p)| (*g, p.len, p.prot, p.access.clone()))
             .collect();
         let mut fenced = 0;
-        for (gfa, len, access) in found {
+        for (gfa, len, prot, access) in found {
             // Waits for the library's own accesses to the pages (a flush) to end.
             let mut done = access.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
             if *done {
@@ -404,7 +415,8 @@ impl Window {
             if !st.placed.get(&gfa).is_some_and(|p| Arc::ptr_eq(&p.access, &access)) {
                 continue;
             }
-            match self.reserve_again(&st, gfa, len) {
+            let fence = if self.soft { self.blank(&st, gfa, len, prot) } else { self.reserve_again(&st, gfa, len) };
+            match fence {
                 Ok(()) => {
                     *done = true;
                     fenced += 1;
@@ -423,6 +435,43 @@ impl Window {
         };
         self.reserve_again(&st, gfa, len)?;
         st.placed.remove(&gfa);
+        Ok(())
+    }
+
+    /// Makes fences soft: a fenced placement gets private zero pages of its protection
+    /// instead of the reservation, so loads through it read zeros and stores land in this
+    /// process's own memory — neither faults, and neither reaches the revoked memory. For
+    /// callers that cannot survive a fault in code that reads a mapping (a Python view).
+    pub fn fence_softly(mut self) -> Self {
+        self.soft = true;
+        self
+    }
+
+    /// Private zero pages of protection `prot` over the placement at `gfa` (the caller
+    /// holds the lock): a soft fence.
+    fn blank(&self, st: &Placements, gfa: u64, len: u64, prot: libc::c_int) -> Result<()> {
+        if self.origin.forked() {
+            return Ok(());
+        }
+        let (a, off) =
+            self.aperture(st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
+        let addr = (a.base as *mut u8).wrapping_add(off as usize);
+        // SAFETY: the range is one of our placements inside an aperture; private zero
+        // pages replace the mapping of the revoked memory. What points into it reads and
+        // writes those pages from now on.
+        let p = unsafe {
+            libc::mmap(
+                addr.cast(),
+                len as usize,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Os { what: "blanking a revoked mapping", source: std::io::Error::last_os_error() });
+        }
         Ok(())
     }
 

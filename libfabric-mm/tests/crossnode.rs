@@ -240,7 +240,7 @@ fn an_export_revoked_on_one_node_fences_its_mappings_on_another() {
     let rx = domain::revocations(&importer);
     let import = importer.import(&handle, true).unwrap();
     let im = importer.map(&import).unwrap();
-    // One that keeps a revoked import's pages (as the Python binding does).
+    // One that fences softly (as the Python binding does).
     let keeper = fabric_mm::Session::open_with(fabric_mm::SessionConfig {
         socket: Some(n1.socket.clone()),
         keep_revoked_mappings: true,
@@ -265,12 +265,14 @@ fn an_export_revoked_on_one_node_fences_its_mappings_on_another() {
     assert!(matches!(importer.map(&import), Err(Error::Revoked { .. })));
     drop(im);
     assert!(importer.window().placements().is_empty());
-    // The keeper was told too, and its pages still read the live region.
+    // The keeper was told too: its mapping reads zeros from private pages of its own (no
+    // fault), and no longer the live region.
     kept_rx.recv_timeout(Duration::from_secs(1)).expect("the keeper's revocation");
     assert!(matches!(km.check(), Err(Error::Revoked { .. })));
-    // SAFETY: the keeper's mapping is not fenced; the region lives on its owner.
-    assert_eq!(unsafe { std::ptr::read_volatile(km.as_ptr()) }, 42);
-    assert_eq!(perms(km.as_ptr() as usize), "r--s");
+    // SAFETY: the keeper's mapping is blanked, readable as before.
+    assert_eq!(unsafe { std::ptr::read_volatile(km.as_ptr()) }, 0);
+    assert_eq!(perms(km.as_ptr() as usize), "r--p", "blanked: private pages, not the region's file");
+    assert_eq!(keeper.window().placements(), vec![(km.gfa(), LEN)], "still placed until dropped");
     // The other process's callback ran after its mapping was fenced: its next load faults.
     until(&mut out, "REVOKED Revoked ---p");
     let status = load(&mut child, &mut out).unwrap_err();
