@@ -268,7 +268,8 @@ impl Mapping {
     fn flush(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
         let m = self.get(py)?;
         let size = size.unwrap_or_else(|| (m.len() as u64).saturating_sub(offset));
-        m.flush(offset, size).map_err(|e| to_py(py, e))
+        // A cache line at a time over what may be gigabytes: without the GIL.
+        crate::gil::blocking(py, move || m.flush(offset, size))
     }
     /// Drops this host's cached copies of `size` bytes at `offset` (written back first),
     /// so that the next load reads what another host stored.
@@ -276,7 +277,7 @@ impl Mapping {
     fn invalidate(&self, py: Python<'_>, offset: u64, size: Option<u64>) -> PyResult<()> {
         let m = self.get(py)?;
         let size = size.unwrap_or_else(|| (m.len() as u64).saturating_sub(offset));
-        m.invalidate(offset, size).map_err(|e| to_py(py, e))
+        crate::gil::blocking(py, move || m.invalidate(offset, size))
     }
     /// Stops new views; the memory is unmapped when the last view made earlier goes.
     fn unmap(&self) {
@@ -361,6 +362,14 @@ impl Drop for Pin {
 
 #[pymethods]
 impl Pin {
+    // The session it holds, shown to the collector: a cycle through a view (a revocation
+    // callback holding an array of this memory) is collected.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self._owner.traverse(&visit)
+    }
+    fn __clear__(&self) {
+        self._owner.clear();
+    }
     #[getter]
     fn address(&self) -> usize {
         self.address

@@ -116,6 +116,9 @@ impl Session {
     /// mappings, registrations) keep the connection until they go too.
     fn close(&self) {
         self.slot.close();
+        // No more revocation calls from a closed handle (its imports and views may keep
+        // the library's session).
+        drop(self.revocation.replace(None));
     }
 
     /// Whether `close()` was called.
@@ -174,7 +177,16 @@ impl Session {
     /// Calls `callback(dict)` for every revocation of one of this session's imports (on
     /// the thread that reads the event, with the GIL); `None` stops the calls.
     fn on_revocation(&self, py: Python<'_>, callback: Option<Py<PyAny>>) -> PyResult<()> {
-        let s = self.get(py)?;
+        // A closed handle's imports and views may keep the library's session, which goes
+        // on calling what the cell holds: `None` still clears it.
+        let s = match self.get(py) {
+            Ok(s) => s,
+            Err(_) if callback.is_none() => {
+                drop(self.revocation.replace(None));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         // The old callable goes here, with the GIL held.
         drop(self.revocation.replace(callback));
         // The library's closure calls whatever the cell holds then (nothing once `None`

@@ -232,3 +232,53 @@ def test_the_callback_lives_as_long_as_an_object_made_from_the_session(
     assert seen.get(timeout=5).import_id == imp.import_id
     with pytest.raises(fabric_mm.RevokedError):
         imp.check()
+
+
+def test_a_cycle_through_a_view_is_collected(session: fabric_mm.Session, gpu: str) -> None:
+    # The callback holds a view of the session's own memory: the view's pin holds the
+    # session, which holds the callback. The pin shows the session to the collector, so
+    # the cycle goes (before, the session, its connection and its region stayed until exit).
+    seen: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    session.on_revocation(seen.put)
+
+    def leave_a_cycle() -> fabric_mm.Import:
+        s = fabric_mm.Session(session.socket)
+        region = s.alloc(MIB, device=gpu)
+        imp = session.import_(s.export(region))
+        view = s.map(region).memoryview()
+
+        def holds_a_view(r: fabric_mm.Revocation, view: memoryview = view) -> None:
+            pass
+
+        s.on_revocation(holds_a_view)
+        return imp
+
+    imp = leave_a_cycle()
+    gc.collect()
+    # The session's region went with it: the importer is told.
+    assert seen.get(timeout=5).import_id == imp.import_id
+    session.on_revocation(None)
+
+
+def test_a_closed_session_calls_no_callback_and_can_clear_it(session: fabric_mm.Session,
+                                                           gpu: str) -> None:
+    # Closing ends the calls though the import and its view keep the library's session;
+    # setting None on a closed handle is no error (before: ClosedError, and the callback
+    # went on being called).
+    calls: "queue.Queue[fabric_mm.Revocation]" = queue.Queue()
+    region = session.alloc(MIB, device=gpu)
+    handle = session.export(region)
+    with fabric_mm.Session(session.socket) as importer:
+        importer.on_revocation(calls.put)
+        imp = importer.import_(handle)
+        view = importer.map(imp).memoryview()
+    importer.on_revocation(None)
+    with pytest.raises(fabric_mm.ClosedError):
+        importer.on_revocation(calls.put)
+    session.revoke(handle)
+    with pytest.raises(fabric_mm.RevokedError):
+        for _ in range(500):
+            imp.check()
+            time.sleep(0.01)
+    assert calls.empty(), "a closed handle's callback was called"
+    del view
