@@ -34,6 +34,9 @@ static KEPT_OUT: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
 #[derive(Debug)]
 pub(crate) struct KeptOut {
     pages: (u64, u64),
+    /// In a forked child the list is left alone (another of the parent's threads may have
+    /// held its lock at the fork).
+    origin: crate::origin::Origin,
 }
 
 impl KeptOut {
@@ -43,12 +46,15 @@ impl KeptOut {
         let first = addr as u64 / PAGE;
         let pages = (first, (addr as u64).saturating_add(len).div_ceil(PAGE));
         KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pages);
-        Self { pages }
+        Self { pages, origin: crate::origin::Origin::here() }
     }
 }
 
 impl Drop for KeptOut {
     fn drop(&mut self) {
+        if self.origin.forked() {
+            return;
+        }
         let mut kept = KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(i) = kept.iter().position(|&r| r == self.pages) {
             kept.swap_remove(i);
@@ -84,8 +90,14 @@ extern "C" fn reserve_kept_out() {
     };
     for &(first, end) in kept.iter() {
         // The holes the parent's MADV_DONTFORK pages left; nothing of the child's is
-        // replaced.
-        crate::window::reserve_hole((first * PAGE) as *mut u8, (end - first) * PAGE);
+        // replaced (where another fork handler mapped something in a range already, the
+        // rest of it is reserved page by page).
+        let (addr, len) = ((first * PAGE) as *mut u8, (end - first) * PAGE);
+        if !crate::window::reserve_hole(addr, len) {
+            for page in 0..end - first {
+                crate::window::reserve_hole(addr.wrapping_add((page * PAGE) as usize), PAGE);
+            }
+        }
     }
 }
 
@@ -195,15 +207,17 @@ impl HostBuffer {
         if p == libc::MAP_FAILED {
             return Err(Error::os("mapping a host buffer")(std::io::Error::last_os_error()));
         }
+        // Listed before the advice: a child forked in between has the range reserved.
+        let kept = KeptOut::new(p.cast(), len);
         // SAFETY: advice on the mapping made above.
         if unsafe { libc::madvise(p, ulen, libc::MADV_DONTFORK) } != 0 {
             let e = std::io::Error::last_os_error();
+            drop(kept);
             // SAFETY: the mapping made above, not handed out.
             unsafe { libc::munmap(p, ulen) };
             return Err(Error::os("MADV_DONTFORK on a host buffer")(e));
         }
         let id = NEXT_BUFFER.fetch_add(1, Ordering::Relaxed);
-        let kept = KeptOut::new(p.cast(), len);
         Ok(Self(Arc::new(HostMem { session, id, ptr: p.cast(), len, fd, _kept: kept })))
     }
 

@@ -331,8 +331,8 @@ impl Mapping {
 
     /// `Err(Revoked)` once the memory behind the mapping was revoked. The pages stay
     /// mapped until the mapping is dropped, except for an import of another node's memory,
-    /// whose pages the revocation fences unless the session keeps revoked mappings (see
-    /// docs/libfabric-mm.md, "Revocation").
+    /// whose pages the revocation fences — softly, with private zero pages, in a session
+    /// that keeps revoked mappings (see docs/libfabric-mm.md, "Revocation").
     pub fn check(&self) -> Result<()> {
         self.mem.check_live()
     }
@@ -407,6 +407,11 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // A forked child's copy: the window's lock may have been held at the fork, and
+        // its placements are the parent's.
+        if self.mem.session.client.forked() {
+            return;
+        }
         if let Err(e) = self.mem.session.window.unplace(self.gfa) {
             tracing::warn!(gfa = self.gfa, error = %e, "unmapping from the window");
         }

@@ -415,7 +415,16 @@ impl Window {
             if !st.placed.get(&gfa).is_some_and(|p| Arc::ptr_eq(&p.access, &access)) {
                 continue;
             }
-            let fence = if self.soft { self.blank(&st, gfa, len, prot) } else { self.reserve_again(&st, gfa, len) };
+            // A soft fence that cannot be made (its writable pages charged where memory is
+            // not overcommitted) is made read-only (never charged), else hard: the
+            // revoked memory is never left mapped.
+            let fence = if self.soft {
+                self.blank(&st, gfa, len, prot)
+                    .or_else(|_| self.blank(&st, gfa, len, libc::PROT_READ))
+                    .or_else(|_| self.reserve_again(&st, gfa, len))
+            } else {
+                self.reserve_again(&st, gfa, len)
+            };
             match fence {
                 Ok(()) => {
                     *done = true;
@@ -470,8 +479,14 @@ impl Window {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::Os { what: "blanking a revoked mapping", source: std::io::Error::last_os_error() });
+            let source = std::io::Error::last_os_error();
+            // A kernel before 6.12 may have taken the old mapping away first.
+            refill(addr, len);
+            return Err(Error::Os { what: "blanking a revoked mapping", source });
         }
+        // Kept out of forked children as the placement was (what is written here after
+        // the revocation is this process's).
+        crate::hostmem::madvise(addr.cast(), len as usize, libc::MADV_DONTFORK);
         Ok(())
     }
 
@@ -721,6 +736,33 @@ mod tests {
         assert_eq!(w.fence(3), 1);
         assert!(access.enter().is_none());
         assert!(!vm_flags(p.wrapping_add(1 << 20)).contains(&"dc".to_owned()));
+    }
+
+    /// A soft fence puts private zero pages of the placement's protection over it: loads
+    /// read zeros, stores stay in this process, nothing reaches the file any more, and the
+    /// placement stays (kept out of forked children) until it is unplaced.
+    #[test]
+    fn a_soft_fence_blanks_a_placement_and_keeps_it_placed() {
+        let w = Window::reserve(small()).unwrap().fence_softly();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 8192]).unwrap();
+        let gfa = (1 << 30) + (1 << 20);
+        let (p, access) = w.place_as(gfa, 8192, f.as_fd(), 0, Protection::ReadWrite, Some(9)).unwrap();
+        assert_eq!(w.fence(9), 1);
+        assert!(access.enter().is_none(), "fenced");
+        assert_eq!(perms(p), "rw-p");
+        assert!(vm_flags(p).contains(&"dc".to_owned()), "still kept out of forked children");
+        // SAFETY: the blanked pages are this process's, mapped read-write.
+        unsafe {
+            assert_eq!(p.read_volatile(), 0);
+            p.write_volatile(1);
+        }
+        let mut back = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, 0).unwrap();
+        assert_eq!(back[0], 7, "the store did not reach the file");
+        assert_eq!(w.placements(), vec![(gfa, 8192)]);
+        w.unplace(gfa).unwrap();
+        assert_eq!(perms(p), "---p");
     }
 
     #[test]

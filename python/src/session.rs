@@ -97,7 +97,8 @@ impl Session {
             client_name: Some(client_name.unwrap_or_else(|| "fabric_mm-python".into())),
             resume,
             // A fenced page would crash the interpreter in whatever view reads it: a
-            // revoked import keeps its pages, as a local one does (docs/python.md).
+            // revoked import of another node's memory is fenced softly, its views read
+            // zeros (docs/python.md).
             keep_revoked_mappings: true,
         };
         let s = blocking(py, move || fabric_mm::Session::open_with(config))?;
@@ -114,11 +115,16 @@ impl Session {
 
     /// Closes this handle on the session. Objects made from it (regions, imports,
     /// mappings, registrations) keep the connection until they go too.
-    fn close(&self) {
-        self.slot.close();
+    fn close(&self, py: Python<'_>) {
         // No more revocation calls from a closed handle (its imports and views may keep
-        // the library's session).
+        // the library's session): the library's callback is replaced first, which waits
+        // for a call running on another thread (without the GIL, which that call may wait
+        // for), then the cell is cleared.
+        if let Ok(s) = self.get(py) {
+            py.detach(move || s.on_revocation(|_| {}));
+        }
         drop(self.revocation.replace(None));
+        self.slot.close();
     }
 
     /// Whether `close()` was called.
@@ -132,8 +138,8 @@ impl Session {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
         false
     }
 

@@ -155,7 +155,8 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
             Err(e) => {
                 // Every one refused in a row (an importer whose client still maps a whole
                 // DAX device refuses its end until released) is no failure of the link.
-                if matches!(e, super::DialError::Peer { .. }) {
+                let refusal = matches!(e, super::DialError::Peer { .. });
+                if refusal {
                     tracing::debug!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: the importer refused every revocation waiting; told again later");
                 } else {
                     tracing::warn!(peer = %node, import = r.import, error = %crate::error_chain(&e), retry_in = ?retry, "node link: cannot tell the importer of a revocation; kept to try again");
@@ -163,11 +164,20 @@ pub async fn forward(d: Weak<Daemon>, node: String, outbox: Arc<Outbox>) {
                 refused = 0;
                 outbox.put_back(r);
                 drop(d);
-                // A new revocation (or the session's end, seen at the top of the loop)
-                // cuts the wait short: one refused for good holds up no later one.
+                // After refusals, a new revocation (or the session's end, seen at the top
+                // of the loop) cuts the wait short: one refused for good holds up no later
+                // one. A link that failed is waited out (the session's end still ends it).
+                let woken = async {
+                    loop {
+                        outbox.wake.notified().await;
+                        if refusal || outbox.closed.load(Ordering::Acquire) {
+                            return;
+                        }
+                    }
+                };
                 tokio::select! {
                     () = tokio::time::sleep(retry) => {}
-                    () = outbox.wake.notified() => {}
+                    () = woken => {}
                 }
                 retry = (retry * 2).min(RETRY_MAX);
             }
