@@ -90,14 +90,34 @@ extern "C" fn reserve_kept_out() {
     };
     for &(first, end) in kept.iter() {
         // The holes the parent's MADV_DONTFORK pages left; nothing of the child's is
-        // replaced (where another fork handler mapped something in a range already, the
-        // rest of it is reserved page by page).
-        let (addr, len) = ((first * PAGE) as *mut u8, (end - first) * PAGE);
-        if !crate::window::reserve_hole(addr, len) {
-            for page in 0..end - first {
-                crate::window::reserve_hole(addr.wrapping_add((page * PAGE) as usize), PAGE);
+        // replaced.
+        if !crate::window::reserve_hole((first * PAGE) as *mut u8, (end - first) * PAGE) {
+            reserve_holes_in(first, end);
+        }
+    }
+}
+
+/// Pages looked at by one `mincore` in [`reserve_holes_in`].
+const CHUNK: u64 = 4096;
+
+/// Reserves the holes among the pages `[first, end)`, which are partly mapped (a fenced
+/// placement's reservation, inherited; what another fork handler mapped first): chunks
+/// with no hole are passed over with one `mincore`, so a large range mapped whole costs a
+/// few calls, not one per page. Allocates nothing.
+pub(crate) fn reserve_holes_in(first: u64, end: u64) {
+    let mut page = first;
+    while page < end {
+        let n = (end - page).min(CHUNK);
+        let mut v = [0u8; CHUNK as usize];
+        // SAFETY: mincore reads nothing at the address; `v` has a byte per page of the chunk.
+        let whole =
+            unsafe { libc::mincore((page * PAGE) as *mut libc::c_void, (n * PAGE) as usize, v.as_mut_ptr()) } == 0;
+        if !whole {
+            for p in page..page + n {
+                crate::window::reserve_hole((p * PAGE) as *mut u8, PAGE);
             }
         }
+        page += n;
     }
 }
 
@@ -392,6 +412,44 @@ impl Drop for PageLock {
 pub(crate) mod tests {
     use super::*;
 
+    /// `len` bytes of new anonymous read-write memory, `MAP_PRIVATE` or `MAP_SHARED`.
+    fn anon(len: usize, share: libc::c_int) -> *mut u8 {
+        // SAFETY: a new anonymous mapping at an address the kernel picks; it aliases nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                share | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast()
+    }
+
+    /// In a range partly mapped, only the holes are reserved; what is mapped is left as it
+    /// is, and a range mapped whole costs one look per chunk.
+    #[test]
+    fn only_the_holes_of_a_range_are_reserved() {
+        let len = 3 * PAGE as usize;
+        let p = anon(len, libc::MAP_PRIVATE);
+        // SAFETY: the first page of the mapping above.
+        unsafe { p.write(5) };
+        // SAFETY: its middle page, made a hole.
+        assert_eq!(unsafe { libc::munmap(p.wrapping_add(PAGE as usize).cast(), PAGE as usize) }, 0);
+        let first = p as u64 / PAGE;
+        reserve_holes_in(first, first + 3);
+        let mut v = [0u8; 3];
+        // SAFETY: mincore reads nothing; the range is ours.
+        assert_eq!(unsafe { libc::mincore(p.cast(), len, v.as_mut_ptr()) }, 0, "no hole left");
+        // SAFETY: the first page, still the data it held.
+        assert_eq!(unsafe { p.read() }, 5);
+        // SAFETY: the whole range is this test's.
+        unsafe { libc::munmap(p.cast(), len) };
+    }
+
     /// The `VmFlags` `/proc/self/smaps` gives the mapping holding the page at `p`.
     pub(crate) fn vm_flags(p: *const u8) -> Vec<String> {
         let at = p as usize;
@@ -418,19 +476,8 @@ pub(crate) mod tests {
     #[test]
     fn a_page_lock_inside_kept_memory_leaves_it_out_of_children() {
         let len = 4 * PAGE;
-        // SAFETY: a new anonymous shared mapping at an address the kernel picks.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let (p, inner) = (p.cast::<u8>(), p.cast::<u8>().wrapping_add(PAGE as usize));
+        let p = anon(len as usize, libc::MAP_SHARED);
+        let inner = p.wrapping_add(PAGE as usize);
         assert!(madvise(p.cast(), len as usize, libc::MADV_DONTFORK));
         let dontfork = |at: *const u8| vm_flags(at).contains(&"dc".to_owned());
         let kept = KeptOut::new(p, len);

@@ -562,24 +562,8 @@ pub(crate) fn reserve_hole(addr: *mut u8, len: u64) -> bool {
 /// anything (`MAP_FIXED_NOREPLACE`): where the reservation survived, or something else
 /// took the range meanwhile, it is left alone.
 fn refill(addr: *mut u8, len: u64) {
-    let page = page_size();
-    let mut all = vec![0u8; len.div_ceil(page) as usize];
-    // SAFETY: mincore reads nothing at `addr`; `all` has a byte per page of the range.
-    if unsafe { libc::mincore(addr.cast(), len as usize, all.as_mut_ptr()) } == 0 {
-        return;
-    }
-    let mut at = 0;
-    while at < len {
-        let p = addr.wrapping_add(at as usize);
-        let mut v = [0u8; 1];
-        // SAFETY: mincore reads nothing at `p`; it asks the kernel whether a page is mapped.
-        let hole = unsafe { libc::mincore(p.cast(), page as usize, v.as_mut_ptr()) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
-        if hole && !reserve_hole(p, page) {
-            tracing::warn!(addr = ?p, "a hole in the window after a refused placement could not be filled");
-        }
-        at += page;
-    }
+    use crate::hostmem::PAGE;
+    crate::hostmem::reserve_holes_in(addr as u64 / PAGE, (addr as u64).saturating_add(len).div_ceil(PAGE));
 }
 
 impl Drop for Window {
