@@ -459,25 +459,11 @@ impl Window {
     /// Private zero pages of protection `prot` over the placement at `gfa` (the caller
     /// holds the lock): a soft fence.
     fn blank(&self, st: &Placements, gfa: u64, len: u64, prot: libc::c_int) -> Result<()> {
-        if self.origin.forked() {
-            return Ok(());
-        }
-        let (a, off) =
-            self.aperture(st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
-        let addr = (a.base as *mut u8).wrapping_add(off as usize);
+        let Some(addr) = self.placed_at(st, gfa, len)? else { return Ok(()) };
         // SAFETY: the range is one of our placements inside an aperture; private zero
         // pages replace the mapping of the revoked memory. What points into it reads and
         // writes those pages from now on.
-        let p = unsafe {
-            libc::mmap(
-                addr.cast(),
-                len as usize,
-                prot,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
+        let p = unsafe { anon_at(addr, len, prot, libc::MAP_FIXED) };
         if p == libc::MAP_FAILED {
             let source = std::io::Error::last_os_error();
             // A kernel before 6.12 may have taken the old mapping away first.
@@ -490,18 +476,24 @@ impl Window {
         Ok(())
     }
 
-    /// Fresh reservation pages over the placement at `gfa` (the caller holds the lock).
-    fn reserve_again(&self, st: &Placements, gfa: u64, len: u64) -> Result<()> {
+    /// The address of the placement at `gfa` (`len` bytes) to map over; `None` in a forked
+    /// child, where it is a hole the child's own mappings may lie in, not to be touched.
+    fn placed_at(&self, st: &Placements, gfa: u64, len: u64) -> Result<Option<*mut u8>> {
         if self.origin.forked() {
-            return Ok(());
+            return Ok(None);
         }
         let (a, off) =
             self.aperture(st, gfa, len).ok_or(Error::InvalidArgument(format!("GFA {gfa:#x} outside the window")))?;
-        let addr = (a.base as *mut u8).wrapping_add(off as usize);
+        Ok(Some((a.base as *mut u8).wrapping_add(off as usize)))
+    }
+
+    /// Fresh reservation pages over the placement at `gfa` (the caller holds the lock).
+    fn reserve_again(&self, st: &Placements, gfa: u64, len: u64) -> Result<()> {
+        let Some(addr) = self.placed_at(st, gfa, len)? else { return Ok(()) };
         // SAFETY: the range is one of our placements inside an aperture; replacing it with
         // fresh PROT_NONE pages drops the mapping. What still points into it (a Mapping
         // not yet dropped, when fencing) faults on access instead of reaching the memory.
-        let p = unsafe { reserve_at(addr, len, libc::MAP_FIXED) };
+        let p = unsafe { anon_at(addr, len, libc::PROT_NONE, libc::MAP_FIXED) };
         if p == libc::MAP_FAILED {
             return Err(Error::Os {
                 what: "restoring the window reservation",
@@ -523,18 +515,19 @@ impl Window {
     }
 }
 
-/// Maps `len` bytes of reservation (`PROT_NONE`, nothing committed) at `addr` with `fixed`
-/// (`MAP_FIXED` or `MAP_FIXED_NOREPLACE`); what `mmap` returns.
+/// Maps `len` bytes of private anonymous pages of protection `prot` (a reservation with
+/// `PROT_NONE`; nothing committed) at `addr` with `fixed` (`MAP_FIXED` or
+/// `MAP_FIXED_NOREPLACE`); what `mmap` returns.
 ///
 /// # Safety
 /// With `MAP_FIXED`, whatever is mapped at the range is replaced: it must be the window's.
-pub(crate) unsafe fn reserve_at(addr: *mut u8, len: u64, fixed: libc::c_int) -> *mut libc::c_void {
+unsafe fn anon_at(addr: *mut u8, len: u64, prot: libc::c_int, fixed: libc::c_int) -> *mut libc::c_void {
     // SAFETY: the caller's contract.
     unsafe {
         libc::mmap(
             addr.cast(),
             len as usize,
-            libc::PROT_NONE,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | fixed,
             -1,
             0,
@@ -547,7 +540,7 @@ pub(crate) unsafe fn reserve_at(addr: *mut u8, len: u64, fixed: libc::c_int) -> 
 /// elsewhere has that mapping undone.
 pub(crate) fn reserve_hole(addr: *mut u8, len: u64) -> bool {
     // SAFETY: NOREPLACE maps only where nothing is mapped: it replaces nothing.
-    let r = unsafe { reserve_at(addr, len, libc::MAP_FIXED_NOREPLACE) };
+    let r = unsafe { anon_at(addr, len, libc::PROT_NONE, libc::MAP_FIXED_NOREPLACE) };
     if r != libc::MAP_FAILED && r != addr.cast() {
         // SAFETY: the mapping just made at `r`, not ours to keep.
         unsafe { libc::munmap(r, len as usize) };

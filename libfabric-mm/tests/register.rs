@@ -501,25 +501,36 @@ fn mapped_in_child(p: *const u8) -> i32 {
     i32::from(n == 1)
 }
 
+/// Runs `child` in a forked child, which leaves with `_exit` and the code it returns, and
+/// answers that code. A child that has not ended within 10 s is killed, and the test fails
+/// saying `hung`.
+fn in_child(hung: &str, child: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child runs `child` (system calls, or drops of library objects no other
+    // thread of the test holds the locks of) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = child();
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    // SAFETY: polls the child forked above.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if Instant::now() > deadline {
+            // SAFETY: the child forked above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{hung}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    libc::WEXITSTATUS(status)
+}
+
 fn fork_and_probe(probes: &[*const u8]) -> Vec<i32> {
-    probes
-        .iter()
-        .map(|&p| {
-            // SAFETY: the child only reads one byte of itself and calls _exit (both system
-            // calls) before exiting.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0);
-            if pid == 0 {
-                // SAFETY: see above.
-                unsafe { libc::_exit(mapped_in_child(p)) };
-            }
-            let mut status = 0;
-            // SAFETY: waits for the child forked above.
-            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-            assert!(libc::WIFEXITED(status));
-            libc::WEXITSTATUS(status)
-        })
-        .collect()
+    probes.iter().map(|&p| in_child("the probing child hung", || mapped_in_child(p))).collect()
 }
 
 #[test]
@@ -579,31 +590,15 @@ fn a_forked_child_dropping_the_parents_objects_leaves_the_parents_session_alone(
     ];
     let before = daemon_registrations(&env.daemon.socket);
     let mut held = Some((regs, mapping, host, import, region, s));
-    // SAFETY: the child drops library objects (no other thread of this test holds their
-    // locks now) and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
+    let code = in_child("the child hung dropping its copies of the parent's objects", || {
         // As an atexit handler would: disconnect, then drop everything.
         if let Some(h) = held.as_ref() {
             h.5.disconnect();
         }
         drop(held.take());
-        // SAFETY: ends the child without running the parent's exit handlers.
-        unsafe { libc::_exit(0) };
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut status = 0;
-    // SAFETY: polls the child forked above.
-    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
-        if Instant::now() > deadline {
-            // SAFETY: the child forked above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("the child hung dropping its copies of the parent's objects");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+        0
+    });
+    assert_eq!(code, 0, "child exit {code}");
     let (regs, mapping, host, import, region, s) = held.take().unwrap();
     assert_eq!(daemon_registrations(&env.daemon.socket), before, "the parent's registrations stay");
     // SAFETY: as above; the parent's mapping is still in place.
@@ -628,10 +623,7 @@ fn a_forked_childs_own_mappings_never_land_where_the_parent_kept_memory_out() {
     let region = hbm(&s, &dev, MIB);
     let mapping = s.map(&region).unwrap();
     let probes = [host.as_ptr().cast_const(), mapping.as_ptr().cast_const()];
-    // SAFETY: the child only maps (or fails to map) and calls _exit (system calls).
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
+    let landed = in_child("the mapping child hung", || {
         let landed = probes.iter().filter(|&&p| {
             // SAFETY: NOREPLACE maps only where nothing is mapped.
             let q = unsafe {
@@ -646,13 +638,8 @@ fn a_forked_childs_own_mappings_never_land_where_the_parent_kept_memory_out() {
             };
             q == p.cast_mut().cast()
         });
-        // SAFETY: ends the child.
-        unsafe { libc::_exit(i32::try_from(landed.count()).unwrap_or(99)) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for the child forked above.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status));
-    assert_eq!(libc::WEXITSTATUS(status), 0, "the child's mappings landed where the parent kept memory out");
+        i32::try_from(landed.count()).unwrap_or(99)
+    });
+    assert_eq!(landed, 0, "the child's mappings landed where the parent kept memory out");
     drop((mapping, region, host));
 }

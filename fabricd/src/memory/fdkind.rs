@@ -131,13 +131,18 @@ pub type FileId = (u64, u64);
 /// linked there), with the file's identity. A claim only: the registry then compares that
 /// identity with the region's own file's before it believes it.
 pub fn named_region(fd: BorrowedFd<'_>) -> Option<(u64, FileId)> {
-    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let id = region_id(&opened_at(fd)?)?;
+    let st = sys::stat_fd(fd).ok()?;
+    (st.mode & libc::S_IFMT == libc::S_IFREG).then_some((id, file_id(&st)))
+}
+
+/// The region id a path's name gives, when it has a region file's name: `r<digits>`.
+fn region_id(path: &Path) -> Option<u64> {
     let id = path.file_name()?.to_str()?.strip_prefix('r')?;
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let st = sys::stat_fd(fd).ok()?;
-    (st.mode & libc::S_IFMT == libc::S_IFREG).then_some((id.parse().ok()?, file_id(&st)))
+    id.parse().ok()
 }
 
 /// `(st_dev, st_ino)` of a `statx` result.
@@ -157,9 +162,7 @@ pub fn opened_at(fd: BorrowedFd<'_>) -> Option<std::path::PathBuf> {
 
 /// The path `/proc/self/fd` gives for `fd` (what the caller opened), for messages.
 pub fn link(fd: BorrowedFd<'_>) -> String {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "?".into())
+    opened_at(fd).map(|p| p.display().to_string()).unwrap_or_else(|| "?".into())
 }
 
 /// Whether the regular file `fd` (statted as `st`) is a region file fabricd made: named
@@ -167,7 +170,7 @@ pub fn link(fd: BorrowedFd<'_>) -> String {
 /// owned by the daemon's uid. A client cannot put a file there (the directory is the
 /// daemon's), so holding one means fabricd handed it out.
 fn is_region_file(fd: BorrowedFd<'_>, st: &sys::Stat, regions: &Path) -> bool {
-    let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else { return false };
+    let Some(path) = opened_at(fd) else { return false };
     let Ok(root) = std::fs::canonicalize(regions) else { return false };
     region_path_shape(&path, &root)
         && sys::stat_path(&path).is_ok_and(|p| {
@@ -180,12 +183,7 @@ fn is_region_file(fd: BorrowedFd<'_>, st: &sys::Stat, regions: &Path) -> bool {
 
 /// Whether `path` has the shape `<root>/<resource dir>/r<digits>`.
 fn region_path_shape(path: &Path, root: &Path) -> bool {
-    let name_ok = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix('r'))
-        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
-    name_ok && path.parent().and_then(Path::parent) == Some(root)
+    region_id(path).is_some() && path.parent().and_then(Path::parent) == Some(root)
 }
 
 /// The driver `/proc/devices` (its text `devices`) names for character major `major`.
