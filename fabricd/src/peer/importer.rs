@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fabric_nodelink::{Peer, PeerError, PeerOp};
@@ -26,6 +26,7 @@ use fabric_proto::wire::{
 };
 
 use super::DialError;
+use super::members::listed;
 use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, RevokeNotice, Shared};
 use crate::daemon::Daemon;
 use crate::events::Reach;
@@ -564,7 +565,7 @@ impl Importer {
             let me = domain.status();
             me.standing == crate::tasks::domain::Standing::Joined
                 && me.incarnation == mine
-                && domain.view().members().any(|m| m.name == h.owner && m.incarnation == h.incarnation)
+                && listed(&domain.view(), &h.owner, h.incarnation)
         });
         if dialled.is_some_and(|c| c != h.incarnation) || !live {
             return Err(Box::new(h));
@@ -685,7 +686,29 @@ impl Importer {
     /// granted them: their holders get `OwnerExited`, as when a local owner's process
     /// exits.
     pub fn void_departed(&self, d: &Daemon, live: &HashMap<&str, u64>) {
-        self.void(d, |h| live.get(h.owner.as_str()) != Some(&h.incarnation), || {});
+        self.void_departed_as_of(d, live, || d.domain.as_ref().map(|x| x.view()));
+    }
+
+    /// [`Self::void_departed`] with the current view read by `now`, under the `held` lock:
+    /// `live` may be older than an import recorded since ([`Self::hold`] checks the
+    /// current view), and an import of an owner incarnation the current view lists stays.
+    fn void_departed_as_of(
+        &self,
+        d: &Daemon,
+        live: &HashMap<&str, u64>,
+        now: impl FnOnce() -> Option<Arc<fabric_domain::DomainView>>,
+    ) {
+        let current: std::cell::OnceCell<Option<Arc<fabric_domain::DomainView>>> = std::cell::OnceCell::new();
+        self.void(
+            d,
+            |h| {
+                live.get(h.owner.as_str()) != Some(&h.incarnation)
+                    && !current.get().and_then(Option::as_ref).is_some_and(|v| listed(v, &h.owner, h.incarnation))
+            },
+            || {
+                let _ = current.set(now());
+            },
+        );
     }
 
     /// Ends every import this node holds: its own incarnation is over (a lost lease), and
@@ -1002,6 +1025,29 @@ mod tests {
         let held = Held { cxl: Some(super::super::cxl::Hold::device_taken_for_tests(range)), ..held_of_a() };
         importer.held.lock().unwrap().insert(71, held);
         assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "a carved device's end waits for nothing");
+    }
+
+    /// The view a departure is judged on may be older than an import recorded since: a
+    /// returning owner's import granted at an incarnation the current view lists stays.
+    /// Before, it was voided (`OwnerExited`) on the older view, which had no such member.
+    #[test]
+    fn an_import_the_current_view_lists_its_owner_for_survives_an_older_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path());
+        let importer = Importer::default();
+        // `members` lists its nodes at incarnation 7.
+        importer.held.lock().unwrap().insert(70, Held { incarnation: 7, ..held_of_a() });
+        let older: HashMap<&str, u64> = HashMap::new();
+        let now = Arc::new(members(&[("a", "00000000000000aa")]));
+        importer.void_departed_as_of(&d, &older, || Some(now.clone()));
+        assert!(importer.holds(70), "the current view lists a at 7");
+        let restarted = Arc::new(members(&[("b", "00000000000000bb")]));
+        importer.void_departed_as_of(&d, &older, || Some(restarted));
+        assert!(!importer.holds(70), "neither view lists a at 7: voided");
+        importer.held.lock().unwrap().insert(71, Held { incarnation: 7, ..held_of_a() });
+        let live: HashMap<&str, u64> = [("a", 7)].into();
+        importer.void_departed_as_of(&d, &live, || None);
+        assert!(importer.holds(71), "the view handed lists a at 7");
     }
 
     #[test]

@@ -61,3 +61,8 @@ pub async fn follow(daemon: Weak<Daemon>, changed: Arc<Notify>, advertised: watc
         }
     }
 }
+
+/// Whether `view` lists `node` as a live member at `incarnation`.
+pub(super) fn listed(view: &fabric_domain::DomainView, node: &str, incarnation: u64) -> bool {
+    view.members().any(|m| m.name == node && m.incarnation == incarnation)
+}

@@ -22,6 +22,7 @@ use fabric_nodelink::{Peer, PeerError};
 use fabric_proto::wire::{ErrorCode, ExportHandle, ObjectKind, RevocationReason, Secret, Topics};
 
 use super::clique::NoReach;
+use super::members::listed;
 use super::revokes::{self, Outbox};
 use super::wire::{self, ImportAsk, ImportGrant, ObjectGrant, ReleaseAsk, Shared, SharedFile};
 use crate::daemon::Daemon;
@@ -436,12 +437,10 @@ impl Owner {
             // `live` may be older than a session set up since (`session` checks the
             // current view): a session the current view lists as live stays.
             let now = d.domain.as_ref().map(|x| x.view());
-            let listed = |node: &str, incarnation: u64| {
-                now.as_ref().is_some_and(|v| v.members().any(|m| m.name == node && m.incarnation == incarnation))
-            };
+            let listed_now = |node: &str, incarnation: u64| now.as_ref().is_some_and(|v| listed(v, node, incarnation));
             let gone: Vec<String> = remotes
                 .iter()
-                .filter(|(node, r)| live.get(node.as_str()) != Some(&r.incarnation) && !listed(node, r.incarnation))
+                .filter(|(node, r)| live.get(node.as_str()) != Some(&r.incarnation) && !listed_now(node, r.incarnation))
                 .map(|(node, _)| node.clone())
                 .collect();
             gone.into_iter().filter_map(|n| remotes.remove(&n).map(|r| (n, r))).collect()
