@@ -508,6 +508,20 @@ impl<D> FrameDecoder<D> {
         Some(Ok(FrameView { header, body: &self.buf[f + HEADER_LEN..f + len], fds }))
     }
 
+    /// Gives back a buffer grown past its starting size for a large frame, when nothing is
+    /// buffered and no frame has begun (a link between bursts); the next receive allocates
+    /// what it needs again. Whether anything was given back.
+    pub fn shrink(&mut self) -> bool {
+        if self.buf.len() <= INITIAL || !self.at_boundary() || self.failed.is_some() {
+            return false;
+        }
+        self.base += self.end as u64;
+        self.start = 0;
+        self.end = 0;
+        self.buf = Vec::new();
+        true
+    }
+
     /// The bytes buffered and not yet handed out.
     pub fn buffered(&self) -> usize {
         self.end - self.start
@@ -655,6 +669,32 @@ mod tests {
         assert_eq!(d.push(&second[HEADER_LEN..], vec![], false), 4);
         assert_eq!(d.next_frame().unwrap().unwrap().fds, vec![9]);
         assert!(d.at_boundary() && d.arrived.is_none());
+    }
+
+    /// A link that once carried a large frame gives its buffer back between bursts, and
+    /// reads on as before. Before, the buffer kept the largest frame's size for good.
+    #[test]
+    fn a_buffer_grown_for_a_large_frame_is_given_back_at_a_boundary() {
+        let mut d = server();
+        let big = frame(Opcode::Translate, FrameKind::Request, 1, &[7; 40_000], 0);
+        let mut at = d.push(&big, vec![], false);
+        let body = loop {
+            if let Some(f) = d.next_frame() {
+                break f.unwrap().body.len();
+            }
+            assert!(!d.shrink(), "nothing given back inside a frame");
+            at += d.push(&big[at..], vec![], false);
+        };
+        assert_eq!((at, body), (big.len(), 40_000));
+        assert!(d.capacity() > 40_000);
+        assert!(d.shrink());
+        assert_eq!(d.capacity(), 0);
+        assert!(!d.shrink(), "nothing left to give back");
+        let small = frame(Opcode::Free, FrameKind::Request, 2, &[1; 9], 0);
+        assert_eq!(d.push(&small, vec![], false), small.len());
+        let f = d.next_frame().unwrap().unwrap();
+        assert_eq!((f.header.request_id, f.body), (2, &[1; 9][..]));
+        assert!(d.capacity() <= INITIAL);
     }
 
     #[test]
