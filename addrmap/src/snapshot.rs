@@ -283,7 +283,9 @@ impl Snapshot {
             return None;
         }
         let s = &self.slots[b];
-        if gfa < s.next {
+        // No range starts past the edge (`next` is then `u64::MAX`, which no range can
+        // start at): only the one at the edge may hold `gfa`.
+        if gfa < s.next || s.a as usize == self.recs.len() {
             // `a == 0` only when no range starts at or below the edge; then `end0` is 0.
             return (gfa < s.end0).then(|| (s.a as usize - 1, s.start0, s.w0));
         }
@@ -501,7 +503,8 @@ fn bucket_index(recs: &[Rec], owners: &[u32]) -> Index {
     let mut whole_bytes = 0u128;
     let mut count = 0usize;
     for b in 0..=nb {
-        let edge = lo.saturating_add((b as u64) << shift);
+        // The last edge may lie past 2^64 (`nb << shift` would wrap): it saturates.
+        let edge = u64::try_from(u128::from(lo) + ((b as u128) << shift)).unwrap_or(u64::MAX);
         while count < recs.len() && recs[count].start <= edge {
             count += 1;
         }
@@ -607,6 +610,50 @@ mod tests {
         for gfa in [1, u64::MAX - 1, u64::MAX] {
             assert_eq!(snap.translate(gfa), Err(TranslateError::Unmapped { gfa }));
             assert_eq!(snap.find(gfa), None);
+        }
+    }
+
+    /// A 64-bit map of one 1 GiB GPU on node n0 at 0 and one on each further node, each
+    /// node pinned at its base.
+    fn map_at(bases: &[u64]) -> std::sync::Arc<Snapshot> {
+        use crate::config::NodeOverride;
+        let mut inv = Inventory::new();
+        let mut cfg = MapConfig { address_bits: 64, ..MapConfig::default() };
+        for (i, base) in bases.iter().enumerate() {
+            let node = format!("n{i}");
+            let mut d = Device::new(DeviceId::uuid(&format!("GPU-{i}")), DeviceKind::Gpu, Some(&node));
+            d.memory.push(MemoryResource { kind: MemoryKind::Hbm, size: GIB, hpa: None, numa_node: None });
+            inv.add_device(d).unwrap();
+            cfg.nodes.insert(node, NodeOverride { base: Some(*base), span: Some(GIB) });
+        }
+        let mut map = AddressMap::new(cfg).unwrap();
+        map.update(&inv).unwrap();
+        map.snapshot()
+    }
+
+    /// The top of a 64-bit space: a lookup past the last range in the last bucket found no
+    /// next range and read past the records (a panic any client's translate could
+    /// cause); and a bucket edge past 2^64 wrapped to the map's start, hiding the ranges
+    /// above the last whole edge. Before, the first panicked and the second answered
+    /// `Unmapped` for a placed range.
+    #[test]
+    fn lookups_at_the_top_of_a_64_bit_space_neither_panic_nor_miss() {
+        let snap = map_at(&[0, 0xC000_0000_0000_0000]);
+        assert_eq!(snap.recs.len(), 2, "the case this test is about");
+        for gfa in [u64::MAX, u64::MAX - 1, 0xC000_0000_4000_0000] {
+            assert_eq!(snap.translate(gfa), Err(TranslateError::Unmapped { gfa }));
+        }
+        assert!(snap.translate(0xC000_0000_3FFF_FFFF).is_ok());
+        let e = 0xE000_0000_0000_0000;
+        let snap = map_at(&[0, e, e + GIB, e + 2 * GIB]);
+        assert_eq!(snap.recs.len(), 4);
+        let mut probes = vec![u64::MAX, u64::MAX - 1, e - 1];
+        for r in &snap.recs {
+            probes.extend([r.start, r.start + 1, r.end - 1, r.end, r.start.wrapping_sub(1)]);
+        }
+        for gfa in probes {
+            let linear = snap.recs.iter().position(|r| r.start <= gfa && gfa < r.end);
+            assert_eq!(snap.find(gfa).map(|f| f.0), linear, "{gfa:#x}");
         }
     }
 
