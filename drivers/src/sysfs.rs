@@ -220,7 +220,8 @@ pub fn parse_attr<T>(path: &Path, parse: impl FnOnce(&str) -> Option<T>) -> Resu
 pub fn parse_hex_u64(s: &str) -> Option<u64> {
     let t = s.trim();
     let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
-    if t.is_empty() || t.len() > 16 {
+    // Digits only: `from_str_radix` would take a sign (`0x+10de`).
+    if t.is_empty() || t.len() > 16 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     u64::from_str_radix(t, 16).ok()
@@ -279,6 +280,9 @@ mod tests {
         assert_eq!(parse_hex_u64("ffff"), Some(0xffff));
         assert_eq!(parse_hex_u64("0x"), None);
         assert_eq!(parse_hex_u64("0x12345678901234567"), None);
+        // A sign is no hex digit (before, `0x+10de` read as 0x10de).
+        assert_eq!(parse_hex_u64("0x+10de"), None);
+        assert_eq!(parse_hex_u64("-1"), None);
         assert_eq!(parse_dec_u64("42\n"), Some(42));
         assert_eq!(parse_dec_u64("-1"), None);
         assert_eq!(parse_numa_node("-1"), Some(None));

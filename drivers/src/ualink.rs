@@ -301,8 +301,9 @@ impl Backend for UalinkBackend {
             return r;
         }
         let node = self.root.node();
-        let mut accels: HashMap<(Option<u32>, u16), DeviceIdx> = HashMap::new();
-        let mut switches: HashMap<(Option<u32>, u16), DeviceIdx> = HashMap::new();
+        // `None`: the id is claimed by more than one device, so no port naming it is linked.
+        let mut accels: HashMap<(Option<u32>, u16), Option<DeviceIdx>> = HashMap::new();
+        let mut switches: HashMap<(Option<u32>, u16), Option<DeviceIdx>> = HashMap::new();
         let mut placed = Vec::new();
         for f in &found {
             let Some(idx) = enrich(inventory, node, f, &mut report) else { continue };
@@ -316,9 +317,13 @@ impl Backend for UalinkBackend {
                 }
             };
             if let Some((t, id)) = table
-                && t.insert((a.pod, id), idx).is_some()
+                && t.insert((a.pod, id), Some(idx)).is_some()
             {
-                report.note_unknown(format!("{}: id {id} used twice in pod {:?}", f.addr, a.pod));
+                t.insert((a.pod, id), None);
+                report.note_unknown(format!(
+                    "{}: id {id} used twice in pod {:?}; ports naming it are not linked",
+                    f.addr, a.pod
+                ));
             }
             placed.push((idx, f));
             report.devices += 1;
@@ -362,8 +367,8 @@ fn enrich(inv: &mut Inventory, node: &str, f: &Found, report: &mut BackendReport
 fn links(
     inv: &mut Inventory,
     placed: &[(DeviceIdx, &Found)],
-    accels: &HashMap<(Option<u32>, u16), DeviceIdx>,
-    switches: &HashMap<(Option<u32>, u16), DeviceIdx>,
+    accels: &HashMap<(Option<u32>, u16), Option<DeviceIdx>>,
+    switches: &HashMap<(Option<u32>, u16), Option<DeviceIdx>>,
     report: &mut BackendReport,
 ) {
     // (local, remote) -> the local device's ports that reach the remote.
@@ -381,12 +386,22 @@ fn links(
                 Remote::Accelerator(id) => (accels, false, id),
                 Remote::Switch(id) => (switches, true, id),
             };
-            let Some(&other) = table.get(&(f.attrs.pod, id)) else {
-                report.note_unknown(format!(
-                    "{} port{}: remote {remote:?} not found in pod {:?}",
-                    f.addr, p.index, f.attrs.pod
-                ));
-                continue;
+            let other = match table.get(&(f.attrs.pod, id)) {
+                Some(Some(other)) => *other,
+                Some(None) => {
+                    report.note_unknown(format!(
+                        "{} port{}: remote {remote:?} is claimed by several devices in pod {:?}; not linked",
+                        f.addr, p.index, f.attrs.pod
+                    ));
+                    continue;
+                }
+                None => {
+                    report.note_unknown(format!(
+                        "{} port{}: remote {remote:?} not found in pod {:?}",
+                        f.addr, p.index, f.attrs.pod
+                    ));
+                    continue;
+                }
             };
             let owns = match (local_is_switch, remote_is_switch) {
                 (false, true) => true,

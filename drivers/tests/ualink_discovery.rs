@@ -221,3 +221,28 @@ fn hostile_attributes_are_refused_with_notes() {
     assert_eq!((l.state, l.bandwidth.current_mbps), (LinkState::Down, Some(0)));
     inv.validate().unwrap();
 }
+
+/// Two accelerators claiming one id: a port naming that id could mean either, so it links
+/// to neither. Before, the last one found took the id and got the link.
+#[test]
+fn an_id_claimed_twice_links_no_port_that_names_it() {
+    let t = pod();
+    let root = t.path();
+    let acc = |bdf: &str, parent: &str| root.join(format!("sys/devices/{parent}/{bdf}/ualink"));
+    // acc3 claims acc0's id; acc2 gets a direct port to accelerator 0.
+    w(&acc("0000:c2:00.0", "pci0000:c0/0000:c0:02.0"), "accelerator_id", "0");
+    port(&acc("0000:c1:00.0", "pci0000:c0/0000:c0:01.0"), 4, "up", ("remote_accelerator_id", 0));
+    let mut inv = Inventory::new();
+    let r = discover(root, &mut inv);
+    assert!(r.unknown.iter().any(|l| l.contains("id 0 used twice in pod Some(7)")), "{:#?}", r.unknown);
+    assert!(r.unknown.iter().any(|l| l.contains("port4: remote Accelerator(0) is claimed by several devices")));
+    let acc2 = inv.find(&pci("0000:c1:00.0")).unwrap();
+    for other in ["0000:41:00.0", "0000:c2:00.0"] {
+        let o = inv.find(&pci(other)).unwrap();
+        assert!(
+            !inv.links.iter().any(|l| (l.a, l.b) == (acc2, o) || (l.a, l.b) == (o, acc2)),
+            "acc2 linked to {other}"
+        );
+    }
+    inv.validate().unwrap();
+}

@@ -197,7 +197,10 @@ fn numbered(dir: &Path, max: usize, notes: &mut Vec<String>) -> Vec<u32> {
             return Vec::new();
         }
     };
-    let mut ids: Vec<u32> = names.iter().filter_map(|n| n.parse::<u32>().ok().filter(|_| n.len() <= 10)).collect();
+    // The kernel names nodes by their number alone: `+1` or `01` would read node 1 twice.
+    let canonical = |n: &str| n == "0" || (!n.starts_with('0') && n.bytes().all(|b| b.is_ascii_digit()));
+    let mut ids: Vec<u32> =
+        names.iter().filter(|n| canonical(n)).filter_map(|n| n.parse::<u32>().ok().filter(|_| n.len() <= 10)).collect();
     ids.sort_unstable();
     if ids.len() > max {
         notes.push(format!("{}: {} entries, only the first {max} read", dir.display(), ids.len()));
@@ -302,6 +305,19 @@ mod tests {
         let long: String = (0..=MAX_PROPERTY_LINES).map(|i| format!("k{i} 1\n")).collect();
         assert_eq!(parse_properties(&long), Err(KfdParseError::TooManyLines));
         assert!(parse_properties("").unwrap().is_empty());
+    }
+
+    /// Only the kernel's own spelling of a node number counts: before, `+1` and `01` were
+    /// read as node 1 again.
+    #[test]
+    fn node_directories_count_by_their_canonical_number_only() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["0", "1", "10", "+1", "01", "00", "x", "-2"] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        let mut notes = Vec::new();
+        assert_eq!(numbered(dir.path(), 64, &mut notes), vec![0, 1, 10]);
+        assert!(notes.is_empty(), "{notes:?}");
     }
 
     #[test]
