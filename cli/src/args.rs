@@ -158,7 +158,8 @@ pub enum MapCommand {
     /// Which device, resource and offset a global fabric address (GFA) lands on.
     Translate {
         /// The GFA (0x-prefixed hex or decimal).
-        gfa: String,
+        #[arg(value_parser = address)]
+        gfa: u64,
         /// Resolve through a partition's view only.
         #[arg(long, value_name = "NAME")]
         partition: Option<String>,
@@ -168,11 +169,12 @@ pub enum MapCommand {
         /// The device: an id or a label (GPU0).
         device: String,
         /// Byte offset in the resource (0x-prefixed hex or decimal).
-        offset: String,
+        #[arg(value_parser = address)]
+        offset: u64,
         /// Memory kind (hbm, cxl_volatile, cxl_persistent, cxl_dynamic, host_exported);
         /// default: the device's first mapped kind.
-        #[arg(long)]
-        kind: Option<String>,
+        #[arg(long, value_parser = crate::map::memory_kind)]
+        kind: Option<fabric_topology::MemoryKind>,
         /// Which resource of that kind (0 for the first).
         #[arg(long, default_value_t = 0)]
         ordinal: u16,
@@ -289,8 +291,8 @@ pub enum BenchCommand {
         /// Concurrent clients in the throughput run.
         #[arg(long, default_value_t = 64)]
         clients: usize,
-        /// Seconds each throughput run lasts.
-        #[arg(long, default_value_t = 3.0)]
+        /// Seconds each throughput run lasts (0.1 to 600).
+        #[arg(long, default_value_t = 3.0, value_parser = run_seconds)]
         seconds: f64,
         /// `latency`: round trips against the echo server; `isolation`: no-op latency while
         /// other clients allocate or change partitions, and allocations per second from 1
@@ -518,4 +520,37 @@ pub struct PathArgs {
     /// Inventory source.
     #[command(flatten)]
     pub source: SourceArgs,
+}
+
+/// A GFA or an offset, checked before anything is discovered or saved.
+fn address(s: &str) -> Result<u64, String> {
+    crate::map::parse_number(s).map_err(|e| e.to_string())
+}
+
+/// A run's length in seconds: a finite number from 0.1 to 600 (`nan` or `inf` would reach
+/// `Duration::from_secs_f64`, which panics on them).
+fn run_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.1..=600.0).contains(&v) {
+        return Err(format!("{s} is not between 0.1 and 600 seconds"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `nan` and `inf` parse as f64 and reached `Duration::from_secs_f64`, which panicked
+    /// (exit 101); now they are usage errors like any other bad length.
+    #[test]
+    fn a_run_length_is_a_finite_number_of_seconds_in_range() {
+        for bad in ["nan", "NaN", "inf", "-1", "0", "601", "3s"] {
+            let r = Cli::try_parse_from(["fabricctl", "bench", "control", "--seconds", bad]);
+            assert!(r.is_err(), "{bad} was taken");
+        }
+        for good in ["0.1", "3", "600"] {
+            assert!(Cli::try_parse_from(["fabricctl", "bench", "control", "--seconds", good]).is_ok(), "{good}");
+        }
+    }
 }

@@ -110,8 +110,8 @@ impl MapCmdError {
 }
 
 /// The state file: `--state`, else `$FABRIC_STATE_DIR`, `/var/lib/fabric` for root, or
-/// `$XDG_STATE_HOME/fabric` / `~/.local/state/fabric`; one file per inventory source so a
-/// sim fabric never shares placements with the host.
+/// `$XDG_STATE_HOME/fabric` / `~/.local/state/fabric`; one file per inventory source
+/// ([`state_name`]) so a sim fabric or a sysfs dump never shares placements with the host.
 pub fn state_path(explicit: Option<&Path>, source: &Source) -> Result<PathBuf, MapCmdError> {
     if let Some(p) = explicit {
         return Ok(p.to_owned());
@@ -125,11 +125,30 @@ pub fn state_path(explicit: Option<&Path>, source: &Source) -> Result<PathBuf, M
     } else {
         PathBuf::from(std::env::var_os("HOME").ok_or(MapCmdError::NoStateDir)?).join(".local/state/fabric")
     };
-    let name = match source {
+    Ok(dir.join(state_name(source)))
+}
+
+/// The state file's name for `source`: `map.state` for the live host, `map-sim-STEM.state`
+/// for a sim file, and for another sysfs root (a dump) a name of its own, from a hash of
+/// its canonical path: listing a dump must not place its devices in the host's state (and
+/// mark the host's as vanished, for a later gc to free).
+pub fn state_name(source: &Source) -> String {
+    match source {
         Source::Sim(f) => format!("map-sim-{}.state", f.file_stem().and_then(|s| s.to_str()).unwrap_or("fabric")),
-        Source::Sysfs(_) => "map.state".to_owned(),
-    };
-    Ok(dir.join(name))
+        Source::Sysfs(root) => {
+            let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+            if root == Path::new("/") {
+                return "map.state".to_owned();
+            }
+            // FNV-1a: stable across builds, unlike std's hasher.
+            let hash = root
+                .as_os_str()
+                .as_encoded_bytes()
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3));
+            format!("map-sysfs-{hash:016x}.state")
+        }
+    }
 }
 
 pub(crate) fn is_root() -> bool {
@@ -154,18 +173,21 @@ pub fn open(
     Ok((s.map, s.change, s.skipped))
 }
 
-/// Parses `0x…` hex or decimal.
+/// Parses `0x…` hex or decimal (digits and `_` only: no sign).
 pub fn parse_number(s: &str) -> Result<u64, MapCmdError> {
     let t = s.trim().replace('_', "");
-    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => t.parse(),
+    let (digits, radix) = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => (h, 16),
+        None => (t.as_str(), 10),
     };
-    r.map_err(|_| MapCmdError::BadNumber(s.to_owned()))
+    let r = if digits.chars().all(|c| c.is_digit(radix)) { u64::from_str_radix(digits, radix).ok() } else { None };
+    r.ok_or_else(|| MapCmdError::BadNumber(s.to_owned()))
 }
 
-fn memory_kind(s: &str) -> Option<MemoryKind> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+/// A memory kind by its JSON name (`hbm`, `cxl_volatile`, …).
+pub(crate) fn memory_kind(s: &str) -> Result<MemoryKind, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("{s:?} is no memory kind (hbm, cxl_volatile, cxl_persistent, cxl_dynamic, host_exported)"))
 }
 
 /// A translation, for output.
@@ -317,7 +339,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         Some(MapCommand::Translate { gfa, partition: None }) if args.source.daemon.is_some() => {
             if let Some(mut client) = crate::daemon::select(&args.source)? {
-                return crate::domain::translate(&mut client, parse_number(gfa)?, args.output, out);
+                return crate::domain::translate(&mut client, *gfa, args.output, out);
             }
         }
         Some(c) if args.source.daemon.is_some() => {
@@ -357,7 +379,7 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(MapCommand::Translate { gfa, partition }) => {
             let (map, _, _) = open(inv, &path, config)?;
             let snap = map.snapshot();
-            let g = parse_number(gfa)?;
+            let g = *gfa;
             let what = format!("GFA {g:#x}");
             let loc = match partition {
                 Some(p) => snap.partition(p).ok_or_else(|| MapCmdError::NoPartition(p.clone()))?.translate(g),
@@ -381,11 +403,8 @@ pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             let snap = map.snapshot();
             let idx = view.resolve(device)?;
             let id: &DeviceId = &view.fabric.device(idx).id;
-            let off = parse_number(offset)?;
-            let kind = match kind {
-                Some(k) => memory_kind(k).ok_or_else(|| MapCmdError::BadNumber(k.clone()))?,
-                None => first_mapped_kind(&snap, id).unwrap_or(MemoryKind::Hbm),
-            };
+            let off = *offset;
+            let kind = kind.or_else(|| first_mapped_kind(&snap, id)).unwrap_or(MemoryKind::Hbm);
             let what = format!("{id} offset {off:#x}");
             let gfa =
                 snap.reverse(id, kind, *ordinal, off).map_err(|source| MapCmdError::Translate { what, source })?;
@@ -468,4 +487,24 @@ fn first_mapped_kind(snap: &Snapshot, id: &DeviceId) -> Option<MemoryKind> {
     ]
     .into_iter()
     .find(|&k| snap.lookup(id, k, 0).is_some())
+}
+
+#[cfg(test)]
+mod state_tests {
+    use super::*;
+
+    /// A dump's listing wrote the host's `map.state` before: its devices were placed there
+    /// and the host's marked vanished, for a later gc to free.
+    #[test]
+    fn each_sysfs_root_has_a_state_file_of_its_own() {
+        let dump = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let host = state_name(&Source::Sysfs(PathBuf::from("/")));
+        assert_eq!(host, "map.state");
+        let a = state_name(&Source::Sysfs(dump.path().to_owned()));
+        assert!(a.starts_with("map-sysfs-") && a.ends_with(".state"), "{a}");
+        assert_ne!(a, state_name(&Source::Sysfs(other.path().to_owned())));
+        assert_eq!(a, state_name(&Source::Sysfs(dump.path().join("."))), "the canonical path names it");
+        assert_eq!(state_name(&Source::Sim(PathBuf::from("configs/sim/a.toml"))), "map-sim-a.state");
+    }
 }

@@ -86,6 +86,33 @@ fn each_kind_of_difference_is_reported() {
     assert_eq!(doc["differences"].as_u64().unwrap() as usize, p.len() + bad.len());
 }
 
+/// Differences found exit 1 even when the report's reader went away (`| grep -q`): before,
+/// the closed output made every error exit 0.
+#[test]
+fn differences_exit_1_though_the_reports_reader_is_gone() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let (x, t) = (dir.path().join("q.xml"), dir.path().join("topo.txt"));
+    std::fs::write(&x, fixture("hgx-h100-8gpu.query.xml")).unwrap();
+    let topo = fixture("hgx-h100-8gpu.topo.txt").replacen("GPU0\t X \tNV18", "GPU0\t X \tSYS", 1);
+    std::fs::write(&t, topo).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fabricctl"))
+        .args(["gpu-compare", "--sim", SIM, "--smi-xml"])
+        .arg(&x)
+        .arg("--smi-topo")
+        .arg(&t)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("difference(s) between discovery and nvidia-smi"), "{err}");
+}
+
 #[test]
 fn unreadable_inputs_exit_1_with_a_hint() {
     let dir = tempfile::tempdir().unwrap();

@@ -231,3 +231,25 @@ fn a_map_configuration_steers_new_placements_and_bad_keys_are_named() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("map.toml") && err.contains("line 2") && err.contains("device_allign"), "{err}");
 }
+
+/// A malformed address or kind is a usage error (exit 2) found before discovery: no state
+/// file is written for it. Before, the fabric was discovered and its state saved first,
+/// and the refusal exited 1 (a bad `--kind` was even called "not an address").
+#[test]
+fn malformed_addresses_and_kinds_are_usage_errors_that_save_nothing() {
+    let env = Env::new();
+    for args in [
+        &["map", "translate", "zzz"][..],
+        &["map", "translate", "+5"],
+        &["map", "translate", "0x-1"],
+        &["map", "reverse", "GPU0", "0xg"],
+        &["map", "reverse", "GPU0", "0", "--kind", "bogus"],
+    ] {
+        let o = env.run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(!env.state().exists(), "{args:?} saved the state");
+    }
+    let o = env.run(&["map", "reverse", "GPU0", "0", "--kind", "bogus"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"bogus\" is no memory kind"));
+    env.ok(&["map", "translate", "1_000"]);
+}
