@@ -176,21 +176,35 @@ impl SysfsRoot {
     }
 }
 
-/// Reads an attribute of at most [`MAX_ATTR_BYTES`], which must be a regular file: a FIFO
-/// or device node where an attribute should be (a hostile or broken tree) is refused
-/// rather than waited on or opened as a terminal.
+/// Reads an attribute of at most [`MAX_ATTR_BYTES`], which must be a regular file, itself
+/// no symlink (sysfs attributes never are): a FIFO or device node where an attribute should
+/// be (a hostile or broken tree) is refused before it is opened — opening some devices acts
+/// (a watchdog starts) —, and a link is not followed out of the tree (a dump's `vendor ->
+/// /etc/shadow` would put the file's first bytes into a report). The file opened is checked
+/// to be the one looked at.
 fn read_bounded(path: &Path) -> Result<String, AttrError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let unreadable = |source| AttrError::Unreadable { path: path.to_owned(), source };
-    let file =
-        fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path).map_err(|e| {
-            match e.kind() {
-                std::io::ErrorKind::NotFound => AttrError::Missing { path: path.to_owned() },
-                _ => unreadable(e),
-            }
-        })?;
-    if !file.metadata().map_err(unreadable)?.is_file() {
-        return Err(unreadable(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+    let refused = |why: &str| unreadable(std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_owned()));
+    let missing_or = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => AttrError::Missing { path: path.to_owned() },
+        _ => unreadable(e),
+    };
+    let seen = fs::symlink_metadata(path).map_err(missing_or)?;
+    if seen.file_type().is_symlink() {
+        return Err(refused("a symlink where an attribute should be"));
+    }
+    if !seen.is_file() {
+        return Err(refused("not a regular file"));
+    }
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(missing_or)?;
+    let opened = file.metadata().map_err(unreadable)?;
+    if !opened.is_file() || (opened.dev(), opened.ino()) != (seen.dev(), seen.ino()) {
+        return Err(refused("replaced while being opened"));
     }
     let mut buf = Vec::new();
     file.take(MAX_ATTR_BYTES + 1)

@@ -356,3 +356,27 @@ fn functions_with_fatal_aer_errors_or_dead_config_space_are_failed_with_the_reas
         assert_eq!(failed(healthy), None, "{healthy}");
     }
 }
+
+/// An attribute that is a symlink is not followed (sysfs attributes never are links): a
+/// dump's `vendor -> /some/host/file` read the host's file, and its first bytes went into
+/// the report. Before, the outside `device` value below was taken as the function's.
+#[test]
+fn attributes_that_are_symlinks_are_not_followed_out_of_the_tree() {
+    let s = Synth::new();
+    s.numa(0, "0-3", 1024);
+    let g = "pci0000:00/0000:00:02.0";
+    s.function(g, &ids("0x8086", "0x1234", "0x020000", "0"));
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "SECRET-host-file\n").unwrap();
+    std::fs::write(outside.path().join("device"), "0x5678\n").unwrap();
+    let dir = s.path().join("sys/devices").join(g);
+    for (attr, target) in [("subsystem_vendor", "secret"), ("device", "device")] {
+        let _ = std::fs::remove_file(dir.join(attr));
+        symlink(outside.path().join(target), dir.join(attr)).unwrap();
+    }
+    let (f, report) = discover(&s);
+    let p = f.device(func(&f, "0000:00:02.0")).pci.clone().unwrap();
+    assert_eq!((p.vendor_id, p.device_id, p.subsystem_vendor_id), (Some(0x8086), None, None));
+    assert!(!report.unknown.iter().any(|l| l.contains("SECRET")), "{:#?}", report.unknown);
+    assert!(report.unknown.iter().any(|l| l.contains("device: unreadable or invalid on 1")), "{:#?}", report.unknown);
+}
