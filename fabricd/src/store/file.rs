@@ -38,13 +38,18 @@ impl FileStore {
         &self.path
     }
 
-    fn legacy_files(&self) -> [PathBuf; 2] {
-        [self.dir.join(LEGACY_MAP_FILE), self.dir.join(crate::partitions::FILE_NAME)]
+    /// `map.state`, `partitions.state`, then `map.state.prev` (the legacy map's last good
+    /// copy: left behind, a record moved aside found it and refused to start,
+    /// `MissingWithPrevious`).
+    fn legacy_files(&self) -> [PathBuf; 3] {
+        let map = self.dir.join(LEGACY_MAP_FILE);
+        let prev = fabric_addrmap::persist::prev_path(&map);
+        [map, self.dir.join(crate::partitions::FILE_NAME), prev]
     }
 
     /// Reads `map.state` and `partitions.state`; `None` when neither exists.
     fn load_legacy(&self) -> Result<Option<Record>, StoreError> {
-        let [map_path, _] = self.legacy_files();
+        let [map_path, _, _] = self.legacy_files();
         let map = match fabric_addrmap::persist::load(&map_path) {
             Ok(state) => Some(state),
             Err(PersistError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
@@ -180,7 +185,11 @@ mod tests {
     fn the_two_old_files_migrate_into_the_record() {
         let dir = tempfile::tempdir().unwrap();
         let state = state_with_partition();
+        // Saved twice: the legacy map keeps its last good copy, `map.state.prev`.
         fabric_addrmap::persist::save(&dir.path().join(LEGACY_MAP_FILE), &state).unwrap();
+        fabric_addrmap::persist::save(&dir.path().join(LEGACY_MAP_FILE), &state).unwrap();
+        let prev = fabric_addrmap::persist::prev_path(&dir.path().join(LEGACY_MAP_FILE));
+        assert!(prev.exists());
         let bindings = vec![Binding::new("tenant-a", &[61001], &[61100])];
         std::fs::write(dir.path().join(crate::partitions::FILE_NAME), crate::partitions::encode(&bindings)).unwrap();
         let store = FileStore::new(dir.path());
@@ -191,6 +200,12 @@ mod tests {
         assert!(dir.path().join("partitions.state.migrated").exists());
         let again = FileStore::new(dir.path()).load().unwrap().unwrap();
         assert_eq!((again.generation, &*again.map, &*again.bindings), (1, &state, &bindings));
+        // The legacy map's last good copy is retired too: a record moved aside (what the
+        // corrupt-record message says to do) lays the map out anew. Before, the copy left
+        // behind made that load fail (`MissingWithPrevious`) and the daemon refuse to start.
+        assert!(!prev.exists());
+        std::fs::rename(dir.path().join(RECORD_FILE), dir.path().join("map.record.bad")).unwrap();
+        assert!(FileStore::new(dir.path()).load().unwrap().is_none());
         // Only the bindings file (a daemon that never saved a map): an empty map with them.
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(crate::partitions::FILE_NAME), crate::partitions::encode(&bindings)).unwrap();

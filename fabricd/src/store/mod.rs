@@ -22,7 +22,9 @@ pub use writer::{CommitError, MapWriter};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The stored record is damaged or not a record; it is left as it is.
-    #[error("map record {path} is corrupt (left untouched; move it aside and restore map.state.prev)")]
+    #[error(
+        "map record {path} is corrupt (left untouched; restore it from a backup, or move it aside to lay the map out anew: placed ranges and partition bindings are then made again)"
+    )]
     Corrupt {
         /// Where.
         path: PathBuf,
