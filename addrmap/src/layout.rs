@@ -274,6 +274,18 @@ impl Planner {
                             self.slots.take(base, end);
                             base
                         }
+                        // A slot sized by what it must hold, which the space above its base
+                        // cannot hold: the largest item waits (alone, it fits nowhere), as
+                        // unpinned, rather than fail the whole inventory (one bad size from
+                        // sysfs would leave every other device unplaced).
+                        None if span > st.config.span_for(node, 0) => {
+                            if rest.len() > 1 {
+                                deferred[largest] = true;
+                            } else {
+                                given_up[largest] = true;
+                            }
+                            continue;
+                        }
                         _ => return Err(LayoutError::PinnedConflict { node: node.to_owned(), base, span }),
                     }
                 }

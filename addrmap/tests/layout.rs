@@ -441,6 +441,24 @@ fn pinned_node_base_and_dram_not_mapped() {
     assert_eq!(c.added[0].start, 64 * fabric_addrmap::TIB);
 }
 
+/// A pinned node whose slot is sized by its memory, with one size no slot above its base
+/// could hold (untrusted, from sysfs): that one resource stays unplaced and the rest are
+/// laid out. Before, the whole update failed (`PinnedConflict`) and nothing was placed.
+#[test]
+fn one_impossible_size_on_a_pinned_node_leaves_only_itself_unplaced() {
+    let tib = fabric_addrmap::TIB;
+    let mut cfg = MapConfig::default();
+    cfg.nodes.insert("n1".into(), fabric_addrmap::NodeOverride { base: Some(64 * tib), span: None });
+    let mut map = AddressMap::new(cfg).unwrap();
+    let good = device(Some("n1"), "GPU-1", &[(MemoryKind::Hbm, 80 * GIB)]);
+    let bad = device(Some("n1"), "GPU-2", &[(MemoryKind::Hbm, u64::MAX - 5)]);
+    let c = map.update(&inventory([good, bad])).unwrap();
+    assert_eq!(c.added.len(), 1, "{c:?}");
+    assert_eq!(c.added[0].start, 64 * tib);
+    assert_eq!(c.unplaced.len(), 1);
+    assert_eq!(c.unplaced[0].size, u64::MAX - 5);
+}
+
 /// A node's memory never moves: a configuration pinning its base elsewhere (a domain
 /// node that restarted into another slot) is refused, the map left as it was; the pin
 /// where it lies, and pins of nodes without memory, are taken.
