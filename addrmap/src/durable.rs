@@ -207,7 +207,9 @@ pub enum WriteStep {
     SyncDir,
 }
 
-/// A whole-file write that failed; the file at the path is the old one (or none).
+/// A whole-file write that failed; the file at the path is the old one (or none) — except
+/// after a failed [`WriteStep::SyncDir`]: the new file is in place then (a restart reads
+/// it), not known to survive a power loss until the directory is synced again.
 #[derive(Debug, thiserror::Error)]
 #[error("{step:?} of {path}")]
 pub struct WriteError {
@@ -239,6 +241,15 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// directory. A crash at any point leaves the old file or the new one. Returns the new
 /// file, open for reading and writing.
 pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<File, WriteError> {
+    write_whole_with(path, bytes, sync_dir)
+}
+
+/// [`write_whole`] with the directory synced by `sync` (tests make it fail).
+pub fn write_whole_with(
+    path: &Path,
+    bytes: &[u8],
+    sync: impl FnOnce(&Path) -> io::Result<()>,
+) -> Result<File, WriteError> {
     let tmp = suffixed(path, TEMP_SUFFIX);
     let fail = |step: WriteStep, p: &Path| {
         let path = p.to_owned();
@@ -258,7 +269,7 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<File, WriteError> {
     file.sync_all().map_err(fail(WriteStep::Sync, &tmp))?;
     std::fs::rename(&tmp, path).map_err(fail(WriteStep::Rename, path))?;
     let dir = path.parent().unwrap_or(Path::new(""));
-    sync_dir(dir).map_err(fail(WriteStep::SyncDir, dir))?;
+    sync(dir).map_err(fail(WriteStep::SyncDir, dir))?;
     Ok(file)
 }
 

@@ -183,7 +183,15 @@ pub fn save(path: &Path, state: &State) -> Result<(), PersistError> {
         fs::rename(&prev_tmp, &prev).map_err(werr(&prev))?;
     }
     // The directory fsync at its end makes the `.prev` rename durable too.
-    durable::write_whole(path, &image).map_err(|e| PersistError::Write { path: e.path, source: e.source })?;
+    match durable::write_whole(path, &image) {
+        Ok(_) => {}
+        // The new state is in place and a later run reads it: the change stands (see
+        // `durable::WriteError`); only a power loss before the next save may lose it.
+        Err(e) if e.step == durable::WriteStep::SyncDir => {
+            tracing::error!(path = %path.display(), error = %e.source, "address map saved, but its directory could not be synced: a power loss before the next save may lose it");
+        }
+        Err(e) => return Err(PersistError::Write { path: e.path, source: e.source }),
+    }
     tracing::info!(path = %path.display(), generation = state.generation, bytes = image.len(), "address map saved");
     Ok(())
 }

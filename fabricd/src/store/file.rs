@@ -25,12 +25,25 @@ pub struct FileStore {
     /// The generation on disk; held by a save from its compare to its update, which only
     /// writers (already serialised by the daemon's map writer) take.
     at: Mutex<u64>,
+    /// Syncs the state directory after the record's rename (tests make it fail).
+    sync_dir: fn(&Path) -> std::io::Result<()>,
 }
 
 impl FileStore {
     /// The store of `state_dir` (nothing is read until [`MapStore::load`]).
     pub fn new(state_dir: &Path) -> Self {
-        Self { dir: state_dir.to_owned(), path: state_dir.join(RECORD_FILE), at: Mutex::new(0) }
+        Self {
+            dir: state_dir.to_owned(),
+            path: state_dir.join(RECORD_FILE),
+            at: Mutex::new(0),
+            sync_dir: fabric_addrmap::durable::sync_dir,
+        }
+    }
+
+    /// The same store whose directory syncs fail (`EIO`).
+    #[cfg(test)]
+    fn failing_dir_syncs(self) -> Self {
+        Self { sync_dir: |_| Err(std::io::Error::from_raw_os_error(libc::EIO)), ..self }
     }
 
     /// The record's path.
@@ -111,11 +124,16 @@ impl MapStore for FileStore {
         if *at != expected || record.generation <= expected {
             return Err(StoreError::Conflict { expected, found: *at });
         }
-        fabric_addrmap::durable::write_whole(&self.path, &encode_record(record)).map_err(|e| StoreError::Io {
-            what: "saving",
-            path: e.path,
-            source: e.source,
-        })?;
+        match fabric_addrmap::durable::write_whole_with(&self.path, &encode_record(record), self.sync_dir) {
+            Ok(_) => {}
+            // The new record is in place: a restart loads it, so the change is made (were
+            // it refused, the map rolled back, a restart would bring it back). Only a power
+            // loss before a later save syncs the directory may lose it.
+            Err(e) if e.step == fabric_addrmap::durable::WriteStep::SyncDir => {
+                tracing::error!(path = %self.path.display(), error = %e.source, generation = record.generation, "map record saved, but its directory could not be synced: the change is in effect, and a power loss before the next save may lose it");
+            }
+            Err(e) => return Err(StoreError::Io { what: "saving", path: e.path, source: e.source }),
+        }
         *at = record.generation;
         drop(at);
         if expected == 0 {
@@ -181,6 +199,24 @@ mod tests {
     /// A state dir of a daemon before the record: `map.state` and `partitions.state` load
     /// as one record at generation 0; the first save retires them, and later loads come
     /// from the record alone.
+    /// A directory sync that fails after the rename: the record on disk is the new one,
+    /// so the save stands. Before, it was refused (the writer rolled the map back) while
+    /// a restart loaded the change the client had been told failed.
+    #[test]
+    fn a_save_whose_directory_sync_fails_stands_as_the_record_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).failing_dir_syncs();
+        let state = Arc::new(state_with_partition());
+        let bindings = Arc::new(vec![Binding::new("tenant-a", &[61001], &[61100])]);
+        store.save(0, &next_record(0, state.clone(), bindings.clone())).unwrap();
+        assert!(
+            matches!(store.save(0, &next_record(0, state.clone(), bindings.clone())), Err(StoreError::Conflict { .. })),
+            "the store is at the new generation"
+        );
+        let back = FileStore::new(dir.path()).load().unwrap().unwrap();
+        assert_eq!((back.generation, &*back.bindings), (1, &*bindings));
+    }
+
     #[test]
     fn the_two_old_files_migrate_into_the_record() {
         let dir = tempfile::tempdir().unwrap();
