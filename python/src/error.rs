@@ -104,7 +104,13 @@ fn build(
         let make = py.import("fabric_mm.errors")?.getattr("_from_native")?;
         Ok(PyErr::from_value(make.call1((code, kind, message, d))?))
     };
-    // Only a broken installation (fabric_mm.errors missing) gets here: say so, with the
-    // library's message still in it.
-    attempt().map_err(|e| PyRuntimeError::new_err(format!("{message} (and fabric_mm.errors failed: {e})")))
+    // A broken installation (fabric_mm.errors missing) gets here: say so, with the
+    // library's message still in it. An interrupt (Ctrl-C's KeyboardInterrupt, SystemExit)
+    // raised meanwhile is no failure of the installation: it goes on as it is.
+    attempt().map_err(|e| {
+        if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+            return e;
+        }
+        PyRuntimeError::new_err(format!("{message} (and fabric_mm.errors failed: {e})"))
+    })
 }

@@ -19,6 +19,26 @@ def test_no_daemon_is_a_connect_error_with_a_hint(tmp_path: object) -> None:
     assert e.value.socket.endswith("nobody.sock")
 
 
+def test_an_interrupt_while_an_error_is_built_goes_on_as_it_is(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C landing while the exception is made: before, it became a RuntimeError
+    # ("fabric_mm.errors failed"), which `except KeyboardInterrupt` does not catch.
+    def interrupted(*_: object) -> BaseException:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(errors, "_from_native", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fabric_mm.Session(f"{tmp_path}/nobody.sock")
+
+    def broken(*_: object) -> BaseException:
+        raise ValueError("broken")
+
+    monkeypatch.setattr(errors, "_from_native", broken)
+    with pytest.raises(RuntimeError, match="and fabric_mm.errors failed"):
+        fabric_mm.Session(f"{tmp_path}/nobody.sock")
+
+
 def test_malformed_handle_is_an_argument_error(session: fabric_mm.Session) -> None:
     with pytest.raises(fabric_mm.InvalidArgumentError) as e:
         session.import_("definitely not a handle")
