@@ -185,6 +185,17 @@ impl Throttle {
         st.0 = Some(Instant::now());
         Some(n)
     }
+
+    /// The events held back at the end of a burst, once a period passed since the last
+    /// report (else they would wait for the next event, which may never come).
+    fn held_back(&self) -> Option<u64> {
+        let mut st = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if st.1 == 0 || st.0.is_some_and(|at| at.elapsed() < REPORT_EVERY) {
+            return None;
+        }
+        st.0 = Some(Instant::now());
+        Some(std::mem::take(&mut st.1))
+    }
 }
 
 /// Links held by each node.
@@ -330,8 +341,18 @@ const REPORT_EVERY: Duration = Duration::from_secs(1);
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut conns = JoinSet::new();
     let dropped = Throttle::default();
+    let mut report = tokio::time::interval(REPORT_EVERY);
+    report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = report.tick() => {
+                if let Some(dropped) = dropped.held_back() {
+                    tracing::warn!(dropped, "node link: too many connections being admitted; closed at accept (the last of a burst)");
+                }
+                if let Some(refused) = shared.refusals.held_back() {
+                    tracing::warn!(refused, "node link: peers refused (the last of a burst)");
+                }
+            }
             accepted = listener.accept() => {
                 let (tcp, addr) = match accepted {
                     Ok(a) => a,
@@ -634,5 +655,12 @@ mod tests {
         t.0.lock().unwrap_or_else(PoisonError::into_inner).0 = past;
         assert_eq!(t.tick(), Some(3), "the two held back and this one");
         assert_eq!(t.tick(), None);
+        // The end of a burst: what was held back is reported once the period passed,
+        // without waiting for another event. Before, it waited for the next one.
+        assert_eq!(t.held_back(), None, "within the period");
+        t.0.lock().unwrap_or_else(PoisonError::into_inner).0 = Instant::now().checked_sub(REPORT_EVERY * 2);
+        assert_eq!(t.held_back(), Some(1));
+        assert_eq!(t.held_back(), None, "nothing more held back");
+        assert_eq!(t.tick(), None, "a report was just made");
     }
 }
