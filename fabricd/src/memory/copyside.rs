@@ -86,8 +86,9 @@ pub struct Resolved {
     pub side: Side,
     /// What it depends on.
     pub deps: Vec<Dep>,
-    /// The device whose memory it is (GFA endpoints; for the partition check).
-    pub device: Option<DeviceId>,
+    /// The devices whose memory it is (GFA endpoints, every member of an interleave set's
+    /// region; for the partition check).
+    pub devices: Vec<DeviceId>,
     /// Identity of the underlying object and the offset of byte 0 in it, to find
     /// overlapping copies: `(kind, a, b, offset)` with files as `(0, dev, inode)` and
     /// processes as `(1, pid, 0)`.
@@ -256,7 +257,7 @@ impl Memory {
             .vfio
             .as_ref()
             .map(|m| (m.device().clone(), crate::dma::vfio::engine::End { map: m.id(), iova: r.iova + at }));
-        Ok(Resolved { side, deps, device: None, key, dma })
+        Ok(Resolved { side, deps, devices: Vec::new(), key, dma })
     }
 
     /// A GFA endpoint resolved under the lock, or the region file to open without it first
@@ -321,7 +322,7 @@ impl Memory {
         }
         Self::refuse_object(st, rid, "copy its bytes")?;
         let (region_len, base, device_memory) = (r.len, r.backing.offset(), r.backing.is_device());
-        let device = st.resources.get(r.resource).map(|res| res.device.clone());
+        let devices = st.devices_of(rid);
         let Some((file, ident)) = st.copy_files.get(&rid).cloned() else {
             return Ok(GfaSide::Open { region: rid, generation: r.generation, file: st.region_file(rid, r)? });
         };
@@ -330,7 +331,7 @@ impl Memory {
         Ok(GfaSide::Resolved(Resolved {
             side: Side::File { file, offset, writable: write, region: rid, base, region_len, device: device_memory },
             deps,
-            device,
+            devices,
             key: (ident.0, ident.1, ident.2, offset),
             dma: None,
         }))

@@ -306,14 +306,24 @@ impl State {
         Some(RegionFile { dir, path: path.to_owned(), device_file: backing.is_device() })
     }
 
+    /// The resources region `id` lies on: its own, then, for a region of an interleave set,
+    /// every other member's.
+    fn resources_of(&self, id: u64) -> impl Iterator<Item = &Resource> {
+        let first = self.ledger.regions.get(&id).map(|r| r.resource);
+        let others = self.set_regions.get(&id).map(|s| s.others.as_slice()).unwrap_or_default();
+        first.into_iter().chain(others.iter().copied()).filter_map(|i| self.resources.get(i))
+    }
+
+    /// The devices region `id` lies on (every member of a set: a partition check of the
+    /// first alone would let a set striped over another tenant's device through).
+    fn devices_of(&self, id: u64) -> Vec<DeviceId> {
+        self.resources_of(id).map(|res| res.device.clone()).collect()
+    }
+
     /// Whether this host's caches are kept coherent with region `id`'s memory: `Software`
     /// when any resource it lies on (every member of a set) is, else `Hardware`.
     fn coherence(&self, id: u64) -> Coherence {
-        let Some(r) = self.ledger.regions.get(&id) else { return Coherence::Hardware };
-        let others = self.set_regions.get(&id).map(|s| s.others.as_slice()).unwrap_or_default();
-        let software = std::iter::once(&r.resource)
-            .chain(others)
-            .any(|&i| self.resources.get(i).is_some_and(|res| res.coherence == Coherence::Software));
+        let software = self.resources_of(id).any(|res| res.coherence == Coherence::Software);
         if software { Coherence::Software } else { Coherence::Hardware }
     }
 
@@ -463,8 +473,8 @@ struct PendingImport {
 pub struct ExportSubject {
     /// Who may import.
     pub policy: ExportPolicy,
-    /// The device its region lies on.
-    pub device: DeviceId,
+    /// The devices its region lies on (every member of an interleave set).
+    pub devices: Vec<DeviceId>,
     /// Revoked.
     pub revoked: bool,
     /// The vendor object kind of an adopted region (`None`: fabric memory).
@@ -1206,9 +1216,9 @@ impl Memory {
             (e.policy.clone(), e.revoked)
         };
         let r = st.ledger.regions.get(&handle.region).ok_or(MemoryError::InvalidHandle)?;
-        let device = st.resources[r.resource].device.clone();
         let object = r.object().map(adopt::Object::kind);
-        Ok(ExportSubject { policy, device, revoked, object })
+        let devices = st.devices_of(handle.region);
+        Ok(ExportSubject { policy, devices, revoked, object })
     }
 
     /// Regions, exports (without their secrets) and imports by id; those of `uid` only

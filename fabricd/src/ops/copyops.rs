@@ -37,15 +37,16 @@ impl Copies<'_> {
     /// The one check the table leaves to the copy, for each end on this node (a copy
     /// across nodes' local end included): a GFA's device is known only once resolved.
     pub fn reaches(&self, end: &Resolved) -> Result<(), ErrorBody> {
-        match (&self.members, &end.device) {
-            (Some(m), Some(dev)) if !m.contains(dev) => Err(refusal(
+        let Some(m) = &self.members else { return Ok(()) };
+        match end.devices.iter().find(|dev| !m.contains(*dev)) {
+            Some(dev) => Err(refusal(
                 ErrorCode::PermissionDenied,
                 format!(
                     "the memory lies on {dev}, outside the caller's partitions ({})",
                     self.caller.partition_names()
                 ),
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }

@@ -385,7 +385,9 @@ impl Owner {
                 });
             }
         }
-        super::clique::check(d, &subject.device, &peer.identity.node)?;
+        for device in &subject.devices {
+            super::clique::check(d, device, &peer.identity.node)?;
+        }
         let node = &peer.identity.node;
         let session = self.session(d, peer, On::Blocking)?;
         let o = d
@@ -532,7 +534,8 @@ fn shared_file_for(
         tracing::debug!(peer = %node, region, "node link: the importer maps no shared files; copy-only");
         return Ok(None);
     }
-    match super::clique::scale_up(d, &subject.device, node, on) {
+    // Every device the region lies on (each member of an interleave set).
+    match subject.devices.iter().try_for_each(|device| super::clique::scale_up(d, device, node, on)) {
         Ok(()) => Ok(Some(Shared::File(file))),
         Err(NoReach::Outside(why)) => {
             tracing::info!(peer = %node, region, why, "node link: the importer is not in the region's scale-up domain; copy-only");

@@ -171,16 +171,18 @@ fn import(caller: &Caller, facts: &dyn Facts, handle: &ExportHandle) -> Result<G
             format!("the export is for partition {p:?}; uid {} is not bound to it", caller.uid()),
         ));
     }
-    match members(caller, facts)? {
-        Some(m) if !m.contains(&subject.device) => Err(refusal(
+    let Some(m) = members(caller, facts)? else { return Ok(Grant::default()) };
+    // Every device the region lies on: a region of an interleave set is striped over all
+    // of its members.
+    match subject.devices.iter().find(|dev| !m.contains(*dev)) {
+        Some(dev) => Err(refusal(
             ErrorCode::PermissionDenied,
             format!(
-                "the region lies on {}, outside the caller's partitions ({}); its exporter may name a partition in the policy",
-                subject.device,
+                "the region lies on {dev}, outside the caller's partitions ({}); its exporter may name a partition in the policy",
                 caller.partition_names()
             ),
         )),
-        _ => Ok(Grant::default()),
+        None => Ok(Grant::default()),
     }
 }
 

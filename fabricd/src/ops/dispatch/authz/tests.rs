@@ -62,13 +62,15 @@ impl Facts for Fake {
     }
 
     fn export_subject(&self, h: &ExportHandle) -> Option<ExportSubject> {
-        let (policy, device, revoked) = match h.region {
-            1 => (policy(Some("a")), dev(1), false),
-            2 => (policy(None), dev(0), false),
-            3 => (policy(Some("b")), dev(1), true),
+        let (policy, devices, revoked) = match h.region {
+            1 => (policy(Some("a")), vec![dev(1)], false),
+            2 => (policy(None), vec![dev(0)], false),
+            3 => (policy(Some("b")), vec![dev(1)], true),
+            // A region of the interleave set over both devices.
+            4 => (policy(None), vec![dev(0), dev(1)], false),
             _ => return None,
         };
-        Some(ExportSubject { policy, device, revoked, object: None })
+        Some(ExportSubject { policy, devices, revoked, object: None })
     }
 
     fn admin_group(&self) -> Option<&str> {
@@ -195,6 +197,10 @@ fn rows() -> Vec<(Operation, [Option<ErrorCode>; 5])> {
         (O::ImportObject { handle: handle(1), access: AccessMode::ReadOnly }, [OK, OK, DENIED, DENIED, DENIED]),
         // Export 2 names no partition: its region's device decides.
         (O::Import { handle: handle(2), access: AccessMode::ReadOnly }, on_a),
+        // Export 4 names no partition and its region is striped over both devices: a
+        // client bound to either alone reaches only half of it. Before, the set's first
+        // member alone was checked, and a client bound to `a` imported it.
+        (O::Import { handle: handle(4), access: AccessMode::ReadOnly }, [OK, DENIED, DENIED, OK, DENIED]),
         // Revoked or unknown: the registry refuses it (Revoked, InvalidHandle).
         (O::Import { handle: handle(3), access: AccessMode::ReadOnly }, scoped),
         (O::Import { handle: handle(9), access: AccessMode::ReadOnly }, scoped),
