@@ -178,6 +178,8 @@ pub struct Registration {
     pub session: u64,
     /// What bounds its life.
     pub covers: Covers,
+    /// The fabric region whose memory it maps (the session's own, or an import's), if any.
+    pub region: Option<u64>,
     /// Its IOMMU mapping, for a VFIO device. Declared before `backing`: dropped first, so
     /// the range is unmapped before the memory is unpinned.
     pub vfio: Option<vfio::DmaMapping>,

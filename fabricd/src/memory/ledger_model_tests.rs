@@ -456,6 +456,7 @@ impl Shell {
                     uid,
                     session,
                     covers,
+                    region: None,
                     vfio: None,
                     backing,
                 };

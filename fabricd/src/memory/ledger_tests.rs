@@ -54,7 +54,7 @@ pub(super) fn open(dir: &std::path::Path, inv: &Inventory) -> Memory {
 }
 
 /// [`open`] with the device memory `backings` exports.
-fn open_with(dir: &std::path::Path, inv: &Inventory, backings: Backings) -> Memory {
+pub(super) fn open_with(dir: &std::path::Path, inv: &Inventory, backings: Backings) -> Memory {
     let (journal, replay) = Journal::open(&dir.join("journal"), JournalOptions::default()).unwrap();
     let config = MemoryConfig { compact_records: 4, resume_grace_s: 600, ..MemoryConfig::default() };
     let durability = Durability { journal, replay, config, backings };
@@ -324,7 +324,13 @@ fn a_device_range_region_is_zeroed_kept_and_found_again_at_its_offset() {
 
 /// BAR `index` of function 0000:00:05.0 as the resource of `id` at `ordinal`: a file
 /// `resource<index>` under `dir` standing in for it (8 MiB of `fill`, made once).
-fn bar_backing(dir: &std::path::Path, id: &DeviceId, index: u8, ordinal: u16, fill: u8) -> super::backing::BarBacking {
+pub(super) fn bar_backing(
+    dir: &std::path::Path,
+    id: &DeviceId,
+    index: u8,
+    ordinal: u16,
+    fill: u8,
+) -> super::backing::BarBacking {
     use std::os::unix::fs::FileExt;
 
     use super::backing::{BackingKind, BarBacking, DeviceBacking};

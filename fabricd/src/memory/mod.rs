@@ -393,6 +393,10 @@ struct State {
     problems: Vec<String>,
     /// Regions striped over an interleave set, by region id.
     set_regions: HashMap<u64, set::SetRegion>,
+    /// Regions a registration of which could not be unmapped from an IOMMU: a device may
+    /// still reach their memory, so a device range of one is not handed out again when
+    /// it is freed (until a restart, which closes the VFIO containers).
+    unmap_failed: std::collections::HashSet<u64>,
     /// DAX devices backing interleave sets, by set name.
     set_backings: HashMap<String, backing::DeviceBacking>,
     /// Their sets' members in position order, by set name (where a device's range lies).

@@ -70,6 +70,21 @@ impl State {
         offset: u64,
         len: u64,
     ) {
+        if self.unmap_failed.remove(&region) {
+            // Device memory has no page pin to keep it from reuse: a device whose IOMMU
+            // mapping of it could not be undone may still write there.
+            tracing::error!(
+                region,
+                len,
+                "a freed region's device range stays out of use until a restart: an IOMMU mapping of it could not be undone"
+            );
+            if self.problems.len() < 256 {
+                self.problems.push(format!(
+                    "region {region}'s device range (offset {offset:#x}, +{len:#x}) is kept out of use until a restart: an IOMMU mapping of it could not be undone"
+                ));
+            }
+            return;
+        }
         if !holders.is_empty() {
             tracing::info!(region, len, nodes = ?holders, "a freed region's range is quarantined: another node may still map it");
         }

@@ -349,6 +349,11 @@ impl Memory {
         }
         // Memory no one can shrink (a sealed memfd): the copy engine may memcpy through it.
         let cpu_copy = matches!(&backing, Backing::Mapped(p) if p.cannot_shrink());
+        let region = match covers {
+            Covers::Region(id) => Some(id),
+            Covers::Import(id) => st.ledger.imports.get(&id).map(|i| i.region),
+            Covers::Fd | Covers::Process => None,
+        };
         let id = st.ledger.take_id();
         st.ledger.dma.insert(
             id,
@@ -363,6 +368,7 @@ impl Memory {
                 uid: who.uid,
                 session,
                 covers,
+                region,
                 vfio,
                 backing,
             },
@@ -447,11 +453,16 @@ impl Memory {
     /// order, so that no registration is mapped at the range before its unmap is done. A
     /// range whose unmap failed stays taken (the device may still reach its pages; the
     /// kernel refuses another mapping over it), and its bytes stay counted, until a
-    /// restart; `status` names it.
+    /// restart; `status` names it. So does the device range of the region it mapped, when
+    /// that region is freed: the device may still reach it there (`State::release_range`).
     pub(super) fn undo_registration(&self, id: u64, r: crate::dma::Registration) {
         let (uid, device, domain, iova, span) = (r.uid, r.device.clone(), r.domain.clone(), r.iova, r.span);
+        let region = r.region;
         let unmapped = r.undo();
         if !unmapped {
+            if let Some(region) = region {
+                self.state().unmap_failed.insert(region);
+            }
             self.keep_unmapped(Some(id), &device, iova, span);
             return;
         }

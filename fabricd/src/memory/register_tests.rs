@@ -271,6 +271,43 @@ fn an_iova_whose_unmap_failed_is_kept_out_of_use() {
     assert!(t.memory.problems().iter().any(|p| p.contains("could not be unmapped")), "{:?}", t.memory.problems());
 }
 
+/// A region on device memory (a BAR here; a DAX device alike) whose registration could not
+/// be unmapped: the device may still DMA into the range, and device memory has no page
+/// pin to keep it from reuse, so the range is not handed to the next region when this
+/// one is freed. Before, the next allocation got it (zeroed, another tenant's).
+#[test]
+fn a_device_range_whose_unmap_failed_is_not_allocated_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
+    let mut d = fabric_topology::Device::new(id.clone(), fabric_topology::DeviceKind::Gpu, Some("n0"));
+    d.memory.push(fabric_topology::MemoryResource {
+        kind: MemoryKind::HostExported,
+        size: 8 * MIB,
+        hpa: None,
+        numa_node: None,
+    });
+    let mut inv = fabric_topology::Inventory::default();
+    inv.add_device(d).unwrap();
+    let bar = super::ledger_tests::bar_backing(dir.path(), &id, 2, 0, 0);
+    let backings = super::backing::Backings { bars: vec![bar], ..Default::default() };
+    let memory = super::ledger_tests::open_with(dir.path(), &inv, backings);
+    let iommu = Arc::new(FakeIommu::default());
+    let vfio = VfioDevice::with_iommu("0000:00:04.0", 5, iommu.clone());
+    let target =
+        Target { device: id.clone(), domain: "n0/iommu_group:5".into(), mask_bits: 32, vfio: Some(Arc::new(vfio)) };
+    let me = super::ledger_tests::me();
+    let place = Place { device: id, kind: MemoryKind::HostExported, ordinal: Some(0) };
+    let region = memory.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    assert_eq!(region.offset, 0, "the case this test is about");
+    let source = Source::Region(region.region);
+    memory.register(&me, 1, &target, source, 0, PAGE, AccessMode::ReadWrite, &|| None).unwrap();
+    iommu.fail_next_unmap.store(true, Ordering::SeqCst);
+    memory.free(1, region.region).unwrap();
+    let next = memory.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+    assert_ne!(next.offset, 0, "the range the device may still reach was handed out again");
+    assert!(memory.problems().iter().any(|p| p.contains("kept out of use until a restart")), "{:?}", memory.problems());
+}
+
 /// A registration refused after its map (its region freed meanwhile) whose unmap then
 /// fails keeps its IOVA range out of use, as an unregistration's does.
 #[test]
