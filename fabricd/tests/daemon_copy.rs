@@ -584,3 +584,46 @@ fn a_batch_moves_all_its_copies_with_one_completion_or_is_refused_whole() {
         assert_eq!((d.result, d.bytes), (CopyResult::Ok, 12 * MIB));
     }
 }
+
+/// A client that pipelines its copies (the next requests already buffered whenever one is
+/// answered) gets each completion as it comes, between the answers: what the daemon holds
+/// for it stays within the session's in-flight limit. Before, every answer came first and
+/// the completions queued behind the requests, without bound, in the daemon.
+#[test]
+fn pipelined_copies_get_their_completions_between_the_answers() {
+    use std::io::Write;
+
+    use fabric_proto::wire::{FrameKind, Header, Message, Opcode, encode_message, recv_message};
+    const LIMIT: u64 = 4;
+    const COPIES: u64 = 3000;
+    let env = start(&format!("max_in_flight_per_session = {LIMIT}"));
+    let mut c = common::client(&env.setup.socket);
+    let a = alloc(&mut c, &env.gpus[0], MIB);
+    let copy =
+        Request::Copy(CopyRequest { dst: CopyEndpoint::Gfa(a.gfa() + 4096), src: CopyEndpoint::Gfa(a.gfa()), len: 1 });
+    let mut bytes = Vec::new();
+    for id in 0..COPIES {
+        let h = Header::new(Opcode::Copy, FrameKind::Request, 1000 + id);
+        encode_message(&h, &Message::Request(copy.clone()), &mut bytes).unwrap();
+    }
+    let mut writer = c.stream().try_clone().unwrap();
+    let sent = std::thread::spawn(move || writer.write_all(&bytes).unwrap());
+    let (mut answered, mut accepted, mut done, mut widest) = (0, 0u64, 0u64, 0u64);
+    while answered < COPIES || done < accepted {
+        let (h, msg, _) = recv_message(c.stream()).unwrap();
+        match msg {
+            Message::Response(Response::Copy(_)) => {
+                answered += 1;
+                accepted += 1;
+            }
+            Message::Error(_) => answered += 1,
+            Message::Event(Event::CopyDone(_)) => done += 1,
+            other => panic!("{h:?}: {other:?}"),
+        }
+        widest = widest.max(accepted.saturating_sub(done));
+    }
+    sent.join().unwrap();
+    assert!(accepted >= LIMIT, "copies ran: {accepted}");
+    // A completion is queued just after its place is given back: a few may be in between.
+    assert!(widest <= 2 * LIMIT, "{widest} copies answered and not yet reported (limit {LIMIT}); {accepted} accepted");
+}

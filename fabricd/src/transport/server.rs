@@ -308,7 +308,9 @@ struct Conn<'a> {
     /// The subscribe request's id and the queue of its events.
     events: Option<(u64, mpsc::Receiver<Event>)>,
     /// Where the copy engine sends this connection's copy completions, and where they
-    /// are read from (bounded by `copy.max_in_flight_per_session`).
+    /// are read from: every ready one is sent before the next request is handled, which
+    /// bounds the queue by `copy.max_in_flight_per_session` (a copy is started only by a
+    /// request).
     copies: (crate::copy::Sink, mpsc::UnboundedReceiver<(u64, CopyDone)>),
     /// Bytes read and not yet handled, with their descriptors.
     decoder: FrameDecoder,
@@ -357,7 +359,18 @@ async fn serve_session(
     };
     // Dropped before the connection: the session ends before the client sees it closed.
     let _end = SessionEnd { main, client: client.clone(), session, shutdown };
-    loop {
+    'serve: loop {
+        // Completions first, every one ready, unless a frame is half read (it is read whole
+        // first): a client that pipelines copies always has a request buffered, and
+        // without this its completions queued behind its requests without bound.
+        if conn.decoder.at_boundary() || conn.decoder.want() == 0 {
+            while let Ok((id, done)) = conn.copies.1.try_recv() {
+                let h = Header::new(Opcode::Subscribe, FrameKind::Event, id);
+                if !conn.send(&h, Message::Event(Event::CopyDone(done))).await {
+                    break 'serve;
+                }
+            }
+        }
         // Waiting for a frame to start and for an event are both cancel-safe; a frame that
         // has started is read whole (bounded by FRAME_TIMEOUT) before any event is sent.
         // Bytes already read (a client that sent several frames at once) are handled first.
