@@ -227,12 +227,14 @@ pub fn inventory_in(d: &Daemon, caller: &Caller, node: Option<&str>) -> Result<D
 
 /// The daemon's health: what is missing or degraded and why, and the counters.
 pub fn status(d: &Daemon) -> StatusResponse {
-    status_in(d, &d.view(), &d.vanished())
+    status_in(d, &d.view(), &d.vanished(), true)
 }
 
 /// The daemon's health with the devices and links of `view` and the `vanished` devices
-/// (a partition's, for a bound client); the memory counters are the daemon's.
-pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse {
+/// (a partition's, for a bound client); the memory counters are the daemon's. The
+/// daemon's own problems — functions refused for VFIO, the registry's (which name other
+/// tenants' devices, regions and IOVA ranges) — only for a caller that sees `everything`.
+pub fn status_in(d: &Daemon, view: &View, vanished: &[String], everything: bool) -> StatusResponse {
     let inv = view.fabric.inventory();
     let mut problems = Vec::new();
     for r in &inv.backends {
@@ -248,7 +250,8 @@ pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse
             bandwidth_permille: None,
         });
     }
-    for (bdf, why) in d.vfio.refused() {
+    let refused_for_vfio: &[(String, String)] = if everything { d.vfio.refused() } else { &[] };
+    for (bdf, why) in refused_for_vfio {
         problems.push(Problem {
             kind: ProblemKind::BackendFailed,
             subject: DeviceName::truncated(&format!("vfio:{bdf}")),
@@ -304,7 +307,8 @@ pub fn status_in(d: &Daemon, view: &View, vanished: &[String]) -> StatusResponse
             }
         }
     }
-    for p in d.memory.problems() {
+    let registry = if everything { d.memory.problems() } else { Vec::new() };
+    for p in registry {
         problems.push(Problem {
             kind: ProblemKind::Other,
             subject: DeviceName::truncated("memory"),
@@ -394,4 +398,31 @@ pub fn translate(snap: &Snapshot, queries: &[TranslateQuery]) -> TranslateRespon
         .collect();
     // As many answers as queries, which the request bounds by the same limit.
     TranslateResponse { results: BoundedVec::new(results).unwrap_or_default() }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The daemon's own problems name devices and ranges of every tenant: a client that
+    /// sees a partition (or nothing) does not get them. Before, `status` gave every
+    /// caller the functions refused for VFIO and the registry's problems.
+    #[test]
+    fn a_status_of_part_of_the_fabric_leaves_out_the_daemons_own_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        let text = format!(
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[dma]\nvfio = [\"0000:99:00.0\"]\n",
+            dir.path().join("fabricd.sock").display().to_string(),
+            dir.path().join("state").display().to_string(),
+            sim.display().to_string(),
+        );
+        let config = crate::config::Config::parse(&text, &dir.path().join("fabricd.toml"), dir.path()).unwrap();
+        let d = Daemon::start(config).unwrap();
+        let vfio = |s: &StatusResponse| s.problems.iter().any(|p| p.subject.as_str().starts_with("vfio:"));
+        assert!(vfio(&status_in(&d, &d.view(), &[], true)), "the function is refused (no such device)");
+        assert!(!vfio(&status_in(&d, &d.view(), &[], false)));
+    }
 }

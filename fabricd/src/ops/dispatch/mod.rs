@@ -193,7 +193,8 @@ fn run(
     match op {
         O::Status => answer(caller.status_view(d).and_then(|v| {
             let vanished = caller.vanished(d)?;
-            Ok(Response::Status(ops::status_in(d, &v, &vanished)))
+            let everything = caller.scope == crate::ops::scope::Scope::All;
+            Ok(Response::Status(ops::status_in(d, &v, &vanished, everything)))
         })),
         O::Topology { node } => answer(
             ops::fabric_view(d, caller).and_then(|v| ops::topology_in(&v, node.as_deref())).map(Response::Topology),
