@@ -627,3 +627,45 @@ fn pipelined_copies_get_their_completions_between_the_answers() {
     // A completion is queued just after its place is given back: a few may be in between.
     assert!(widest <= 2 * LIMIT, "{widest} copies answered and not yet reported (limit {LIMIT}); {accepted} accepted");
 }
+
+/// A session holding two imports of one region, one read-only and one read-write, copies
+/// into it through the writable one, every time. Before, the import used was whichever
+/// the registry's map gave first: the same copy was refused or run by chance.
+#[test]
+fn a_copy_into_a_region_imported_twice_goes_through_the_writable_import() {
+    let env = start("");
+    let mut owner = common::client(&env.setup.socket);
+    let mut c = common::client(&env.setup.socket);
+    let a = alloc(&mut owner, &env.gpus[0], 2 * MIB);
+    let export = |owner: &mut Connection, access| {
+        let policy = ExportPolicy { uids: BoundedVec::default(), gids: BoundedVec::default(), partition: None, access };
+        let req = Request::Export(ExportRequest { region: a.info.region, policy, node: None });
+        let Response::Export(e) = owner.call(req, &[]).unwrap().0 else { panic!() };
+        e.handle
+    };
+    let import = |c: &mut Connection, handle, access| {
+        let Response::Import(i) = c.call(Request::Import(ImportRequest { handle, access }), &[]).unwrap().0 else {
+            panic!()
+        };
+        i.import
+    };
+    let (ro, rw) = (export(&mut owner, AccessMode::ReadOnly), export(&mut owner, AccessMode::ReadWrite));
+    for round in 0..16 {
+        let first = import(&mut c, ro, AccessMode::ReadOnly);
+        let second = import(&mut c, rw, AccessMode::ReadWrite);
+        let r = c.call(
+            Request::Copy(CopyRequest {
+                dst: CopyEndpoint::Gfa(a.gfa() + 4096),
+                src: CopyEndpoint::Gfa(a.gfa()),
+                len: 64,
+            }),
+            &[],
+        );
+        let Ok((Response::Copy(started), _)) = r else { panic!("round {round}: {r:?}") };
+        assert_eq!(done(&mut c, started.copy, &mut Vec::new()).result, CopyResult::Ok, "round {round}");
+        for import in [first, second] {
+            let req = Request::Release(fabric_proto::wire::ReleaseRequest { import });
+            c.call(req, &[]).unwrap();
+        }
+    }
+}

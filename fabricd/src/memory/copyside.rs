@@ -98,6 +98,10 @@ pub struct Resolved {
     pub dma: Option<(Arc<crate::dma::vfio::VfioDevice>, crate::dma::vfio::engine::End)>,
 }
 
+/// How a session reaches a region: `None` as its owner, else through an import (its id
+/// and access).
+type Via = Option<(u64, AccessMode)>;
+
 /// A GFA endpoint as resolved under the lock.
 enum GfaSide {
     /// Resolved.
@@ -286,16 +290,22 @@ impl Memory {
             .iter()
             .filter(|(iid, i)| i.session == session && through.is_none_or(|t| t == **iid))
             .map(|(iid, i)| (i.region, Some((*iid, i.access))));
-        let mut found = None;
+        // Which way in wins, whatever order the maps hold them in: an owned region (it
+        // grants more), then an import not revoked, then a writable one, then the newest.
+        let rank = |via: Via| match via {
+            None => (2u8, true, u64::MAX),
+            Some((iid, access)) => {
+                let live = st.ledger.imports.get(&iid).is_some_and(|i| !st.ledger.import_revoked(i));
+                (u8::from(live), access == AccessMode::ReadWrite, iid)
+            }
+        };
+        let mut found: Option<(u64, Via, u64)> = None;
         for (rid, via) in owned.chain(imported) {
             let Some(w) = Self::whereabouts_in(st, rid) else { continue };
             let Some(start) = gfa_in(snap, &w) else { continue };
             let Some(r) = st.ledger.regions.get(&rid) else { continue };
-            if start <= gfa && gfa < start + r.len {
-                // An owned region wins over an import of it (it grants more).
-                if found.is_none() || via.is_none() {
-                    found = Some((rid, via, start));
-                }
+            if start <= gfa && gfa < start + r.len && found.is_none_or(|(_, was, _)| rank(via) > rank(was)) {
+                found = Some((rid, via, start));
             }
         }
         let Some((rid, via, start)) = found else {
