@@ -146,7 +146,13 @@ fn refuse(stream: &UnixStream, who: &Principal, r: &Refused, daemon: &Daemon) {
     let mut out = Vec::with_capacity(256);
     let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
     if encode_message(&h, &Message::Error(body), &mut out).is_ok() {
-        let _ = stream.try_write(&out);
+        // Straight to the kernel: tokio's `try_write` refuses (`WouldBlock`) until the
+        // reactor has seen the new socket writable, which it has not yet at accept.
+        // Straight to the kernel, which takes it (a new socket's send buffer is empty):
+        // tokio's `try_write` answers `WouldBlock` without writing while the reactor has
+        // not yet recorded the new socket as writable.
+        use nix::sys::socket::{MsgFlags, send};
+        let _ = send(std::os::fd::AsRawFd::as_raw_fd(stream), &out, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL);
     }
 }
 
@@ -772,6 +778,41 @@ mod tests {
 
     /// A `Ping` panics in its handler.
     pub(super) static PANIC_ON_PING: AtomicBool = AtomicBool::new(false);
+
+    /// A connection refused at accept gets its `LimitExceeded` frame, on a runtime with one
+    /// worker too. Before, `try_write` refused until the reactor had seen the new socket
+    /// writable, so the client mostly read a bare EOF.
+    #[test]
+    fn a_connection_refused_at_accept_gets_its_error_frame() {
+        use fabric_proto::wire::{ErrorCode, Message, recv_message};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
+        let text = format!(
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[limits]\nclients = 1\n",
+            dir.path().join("fabricd.sock").display().to_string(),
+            dir.path().join("state").display().to_string(),
+            sim.display().to_string(),
+        );
+        let config = crate::config::Config::parse(&text, &dir.path().join("fabricd.toml"), dir.path()).expect("config");
+        let daemon = Arc::new(Daemon::start(config).expect("daemon"));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let path = dir.path().join("t.sock");
+        let shutdown = CancellationToken::new();
+        let listener = rt.block_on(async { UnixListener::bind(&path) }).expect("bind");
+        let served = rt.spawn(run(listener, daemon, shutdown.clone()));
+        let mut first = Connection::new(std::os::unix::net::UnixStream::connect(&path).expect("connect"));
+        first.hello("first", fabric_proto::wire::SUPPORTED_VERSIONS).expect("hello");
+        for _ in 0..5 {
+            let second = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+            second.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            match recv_message(&second) {
+                Ok((_, Message::Error(e), _)) => assert_eq!(e.code, ErrorCode::LimitExceeded),
+                other => panic!("expected the LimitExceeded frame, got {other:?}"),
+            }
+        }
+        shutdown.cancel();
+        rt.block_on(served).expect("joined").expect("served");
+    }
 
     /// A handler that panics ends its connection's thread; the session it served still
     /// ends, its region reclaimed (before, only the client slots went back: the region
