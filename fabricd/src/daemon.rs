@@ -367,8 +367,15 @@ impl Daemon {
     /// Tests: [`Daemon::on_sim_for_tests`] on the sim file `sim`.
     #[cfg(test)]
     pub(crate) fn on_sim_file_for_tests(dir: &std::path::Path, sim: &std::path::Path) -> Self {
+        Self::on_sim_configured_for_tests(dir, sim, "")
+    }
+
+    /// Tests: [`Daemon::on_sim_file_for_tests`] with `more` configuration (whole sections
+    /// other than `socket`, `state`, `discovery` and `metrics`).
+    #[cfg(test)]
+    pub(crate) fn on_sim_configured_for_tests(dir: &std::path::Path, sim: &std::path::Path, more: &str) -> Self {
         let text = format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n",
+            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n{more}",
             dir.join("fabricd.sock").display().to_string(),
             dir.join("state").display().to_string(),
             sim.display().to_string(),

@@ -413,14 +413,7 @@ mod tests {
     fn a_status_of_part_of_the_fabric_leaves_out_the_daemons_own_problems() {
         let dir = tempfile::tempdir().unwrap();
         let sim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
-        let text = format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[dma]\nvfio = [\"0000:99:00.0\"]\n",
-            dir.path().join("fabricd.sock").display().to_string(),
-            dir.path().join("state").display().to_string(),
-            sim.display().to_string(),
-        );
-        let config = crate::config::Config::parse(&text, &dir.path().join("fabricd.toml"), dir.path()).unwrap();
-        let d = Daemon::start(config).unwrap();
+        let d = Daemon::on_sim_configured_for_tests(dir.path(), &sim, "[dma]\nvfio = [\"0000:99:00.0\"]\n");
         let vfio = |s: &StatusResponse| s.problems.iter().any(|p| p.subject.as_str().starts_with("vfio:"));
         assert!(vfio(&status_in(&d, &d.view(), &[], true)), "the function is refused (no such device)");
         assert!(!vfio(&status_in(&d, &d.view(), &[], false)));

@@ -787,14 +787,7 @@ mod tests {
         use fabric_proto::wire::{ErrorCode, Message, recv_message};
         let dir = tempfile::tempdir().expect("tempdir");
         let sim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml");
-        let text = format!(
-            "[socket]\npath = {:?}\n[state]\ndir = {:?}\n[discovery]\nsim = [{:?}]\n[metrics]\nlisten = \"\"\n[limits]\nclients = 1\n",
-            dir.path().join("fabricd.sock").display().to_string(),
-            dir.path().join("state").display().to_string(),
-            sim.display().to_string(),
-        );
-        let config = crate::config::Config::parse(&text, &dir.path().join("fabricd.toml"), dir.path()).expect("config");
-        let daemon = Arc::new(Daemon::start(config).expect("daemon"));
+        let daemon = Arc::new(Daemon::on_sim_configured_for_tests(dir.path(), &sim, "[limits]\nclients = 1\n"));
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
         let path = dir.path().join("t.sock");
         let shutdown = CancellationToken::new();
