@@ -255,6 +255,7 @@ mod tests {
             dir_fd,
             lost: false,
             withdrawn: None,
+            held_back: None,
             offer: Offer::Device(backing.clone()),
             coherence: Coherence::Hardware,
         };

@@ -521,6 +521,55 @@ fn journaled(dir: &std::path::Path) -> Journaled {
     Journaled { inv, m, me: me(), place: Place { device: gpu, kind: MemoryKind::Hbm, ordinal: None }, committer }
 }
 
+/// A share withdrawn while a new region's record is written: the region is kept whole, as
+/// one placed before is. Before, it was published lost (and that loss journaled), for
+/// good, though its device never failed.
+#[test]
+fn a_share_withdrawn_while_a_region_commits_leaves_the_region_whole() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let Journaled { m, me, place, committer, .. } = journaled(dir.path());
+    let held = committer.write_gate.write().unwrap();
+    let granted = std::thread::scope(|s| {
+        let alloc = s.spawn(|| m.alloc(&me, 1, &place, 2 * MIB, 0));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while m.state().log.as_ref().unwrap().in_flight() == 0 {
+            assert!(Instant::now() < deadline, "the allocation never queued its record");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for r in &mut m.state().resources {
+            r.withdrawn = Some("the share was taken".into());
+        }
+        drop(held);
+        alloc.join().unwrap().unwrap()
+    });
+    for r in &mut m.state().resources {
+        r.withdrawn = None;
+    }
+    m.export(&me, 1, granted.region, owner_only()).expect("the region is not lost");
+}
+
+/// A resource start-up held back (regions dropped for its changed memory still in the
+/// journal) stays held back when the domain gives the node its shares back. Before, both
+/// were one field, and `withdraw_shares(None)` lifted the start's guard too: regions placed
+/// there were dropped at the next start.
+#[test]
+fn a_resource_held_back_at_start_stays_so_when_shares_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let Journaled { m, me, place, .. } = journaled(dir.path());
+    {
+        let mut st = m.state();
+        st.ledger.space.of_mut(0).unwrap().confine(0, 128 * MIB);
+        st.resources[0].held_back = Some("regions dropped at start are still in the journal".into());
+    }
+    assert_eq!(m.withdraw_shares(Some("away")), 1, "the resource is a share");
+    assert_eq!(m.withdraw_shares(None), 1);
+    assert!(m.alloc(&me, 1, &place, 2 * MIB, 0).is_err(), "still held back");
+    m.state().resources[0].held_back = None;
+    m.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
+}
+
 /// The registry `m` holds is what its journal in `dir` rebuilds.
 fn rebuilds_the_same(dir: &std::path::Path, inv: &Inventory, m: Memory, committer: Arc<Committer>) {
     let before = held(&m);

@@ -211,6 +211,10 @@ struct Resource {
     /// This node's share of it was collected while the node was away and another host
     /// holds the range now (why): no new region goes here until the share is claimed back.
     withdrawn: Option<String>,
+    /// Start-up dropped regions here for a change of its memory and could not compact
+    /// them out of the journal (why): no new region goes here until a start does. Kept
+    /// apart from `withdrawn`, which the domain sets and clears for shares.
+    held_back: Option<String>,
     /// Whether this host's caches are kept coherent with what other hosts store to it:
     /// `Software` where this node's share of a device other hosts reach too
     /// (`[[memory.shares]]`) is not declared coherent, else `Hardware` (its own memory).
@@ -360,7 +364,7 @@ impl Resource {
         if self.lost {
             return Some(format!("device {} vanished or failed", self.device));
         }
-        self.withdrawn.clone()
+        self.held_back.clone().or_else(|| self.withdrawn.clone())
     }
 
     fn unserved(&self) -> Option<String> {
@@ -625,6 +629,7 @@ fn resources_of(root: &Path, dev: &fabric_topology::Device) -> Result<Vec<(Resou
             lost: false,
             offer: Offer::of(kind, dev.sources.iter().any(|s| s == "sim")),
             withdrawn: None,
+            held_back: None,
             coherence: Coherence::Hardware,
         };
         out.push((resource, size));

@@ -474,7 +474,7 @@ impl Memory {
             let why = "regions dropped at start for this resource's changed memory are still in the journal (the registry is too large to compact); new regions here wait for a start that compacts it";
             tracing::warn!(regions = moved.len(), "{why}");
             for &i in &moved {
-                st.resources[i].withdrawn = Some(why.to_owned());
+                st.resources[i].held_back = Some(why.to_owned());
             }
         }
         tracing::info!(

@@ -65,6 +65,17 @@ impl State {
         resources.iter().filter_map(|&i| self.resources.get(i)).find_map(super::Resource::refusal)
     }
 
+    /// Why a region on `resources` is lost, if one of their devices went. A share taken
+    /// since is no reason: its regions placed before stay (a region committed as its share
+    /// was withdrawn is one of them).
+    pub(super) fn device_lost_among(&self, resources: &[usize]) -> Option<String> {
+        resources
+            .iter()
+            .filter_map(|&i| self.resources.get(i))
+            .find(|r| r.lost)
+            .map(|r| format!("device {} vanished or failed", r.device))
+    }
+
     /// Gives back a reservation whose region was not made: its usage, and its range unless
     /// `held` (what was made of its backing could not be taken away — a carved DAX device
     /// the kernel would not delete — and holds the range until the next start).
@@ -253,7 +264,7 @@ impl Memory {
         // Its device went while the record was written: published lost, as a loss
         // marks the regions it finds (`Memory::device_lost`), and its loss saved too.
         let mut region = region;
-        let lost = st.lost_among(&res.resources).map(|why| {
+        let lost = st.device_lost_among(&res.resources).map(|why| {
             tracing::warn!(region = id, why, "a new region's device went while it was committed; the region is lost");
             region.lost = true;
             st.journal(&Change::RegionLost { id })
