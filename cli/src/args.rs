@@ -141,11 +141,13 @@ pub struct MapArgs {
     pub output: ListFormat,
     /// The map state file (default: one per source under $FABRIC_STATE_DIR,
     /// /var/lib/fabric for root, else $XDG_STATE_HOME/fabric or ~/.local/state/fabric).
-    #[arg(long, value_name = "FILE", global = true)]
+    /// Its map is listed, not a daemon's.
+    #[arg(long, value_name = "FILE", global = true, conflicts_with = "daemon")]
     pub state: Option<PathBuf>,
     /// Map configuration (TOML; see configs/addrmap.toml): base, width, node spans,
-    /// alignments. It steers new placements only; placed ranges never move.
-    #[arg(long, value_name = "FILE", global = true)]
+    /// alignments. It steers new placements only; placed ranges never move. A local map,
+    /// not a daemon's.
+    #[arg(long, value_name = "FILE", global = true, conflicts_with = "daemon")]
     pub config: Option<PathBuf>,
     /// Inventory source.
     #[command(flatten)]

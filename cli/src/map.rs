@@ -325,7 +325,11 @@ fn render_change(change: &Change, format: ListFormat, out: &mut dyn Write) -> io
 pub fn run(args: &MapArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // The listing comes from fabricd when one is selected; the other commands work on a
     // local state file and need --daemon left out.
+    // A state file or a map configuration named is a local map (clap refuses them with
+    // --daemon): no daemon is asked, even one at the default socket.
+    let local = args.state.is_some() || args.config.is_some();
     match &args.command {
+        None if local => {}
         None => {
             if let Some(mut client) = crate::daemon::select(&args.source)? {
                 let l = client.listing()?;

@@ -350,6 +350,19 @@ fn every_format_through_the_daemon_equals_the_local_output() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), same_output(sock, &["devices", "-o", "json"]));
+    // A listing of a named state file is that file's, though a daemon answers (before,
+    // the daemon's map was printed and --state ignored); with --daemon it is a usage error.
+    let mine = dir.path().join("mine.state");
+    let with_socket = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_fabricctl")).args(args).env("FABRIC_SOCKET", sock).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        let out = text(&o.stdout);
+        assert!(out.lines().next().unwrap().ends_with(&format!("state {}", mine.display())), "{out}");
+    };
+    with_socket(&["map", "--sim", simf.to_str().unwrap(), "--state", mine.to_str().unwrap()]);
+    with_socket(&["map", "--state", mine.to_str().unwrap()]);
+    let o = fabricctl(&["map", "--state", mine.to_str().unwrap(), "--daemon", sock]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
 }
 
 fn is_root() -> bool {
