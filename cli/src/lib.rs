@@ -142,7 +142,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let written = r.and_then(|()| out.flush());
             // The verdict is the exit status: a report whose reader went (`| grep -q`)
             // does not turn differences into success.
-            let reader_gone = written.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::BrokenPipe);
+            let reader_gone = written.as_ref().is_err_and(io_broken_pipe);
             if c.differences > 0 && (written.is_ok() || reader_gone) {
                 return Err(gpu_compare::GpuCompareError::Differences(c.differences).into());
             }
@@ -249,6 +249,29 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     out.flush().map_err(RunError::Output)?;
     Ok(())
+}
+
+/// Whether `err` is a write that failed because the reader closed the pipe: an
+/// `io::Error` of that kind anywhere in its chain, also inside a JSON writer's error
+/// (serde_json keeps the `io::Error` it got, and wrapping one in `io::Error::other`
+/// hides the inner one from the chain).
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<io::Error>().is_some_and(io_broken_pipe)
+            || c.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind)
+                == Some(io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// [`is_broken_pipe`] of one `io::Error`.
+fn io_broken_pipe(e: &io::Error) -> bool {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        return true;
+    }
+    let inner = e.get_ref();
+    inner.and_then(|i| i.downcast_ref::<io::Error>()).is_some_and(io_broken_pipe)
+        || inner.and_then(|i| i.downcast_ref::<serde_json::Error>()).and_then(serde_json::Error::io_error_kind)
+            == Some(io::ErrorKind::BrokenPipe)
 }
 
 /// The fix to suggest for an error, from the first error in its chain that knows one.

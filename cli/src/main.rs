@@ -34,7 +34,7 @@ fn main() -> ExitCode {
         // Our own output closed (`fabricctl ... | head`): not an error when that is what
         // failed. Any other error (a comparison that found differences after its report's
         // reader went, or a broken pipe to the daemon's socket) still is one.
-        Err(e) if out.closed() && broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if out.closed() && fabric_cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();
             let mut err = io::stderr().lock();
@@ -48,9 +48,4 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// Whether `e` is a broken pipe (with [`fabric_cli::Output::closed`]: our own output's).
-fn broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|x| x.kind() == io::ErrorKind::BrokenPipe))
 }
