@@ -42,6 +42,10 @@ pub(super) struct Ledger {
     /// resolves them; the shell unmaps and unpins them outside the lock and gives their
     /// usage back then.
     pub(super) unregistered: Vec<(u64, Registration)>,
+    /// Regions with registrations detached whose IOMMU mapping is not undone yet, with
+    /// their count: a region freed meanwhile keeps its range until they are (a device may
+    /// still reach it; `State::release_range`).
+    pub(super) unmapping: HashMap<u64, u32>,
     /// Something a copy may depend on ended since the last [`super::Memory::finish`].
     pub(super) ended: bool,
 }
@@ -332,6 +336,9 @@ impl Ledger {
         let Some(r) = self.dma.detach(id) else { return false };
         // A copy through it ends too.
         self.ended = true;
+        if let Some(region) = r.region.filter(|_| r.vfio.is_some()) {
+            *self.unmapping.entry(region).or_default() += 1;
+        }
         self.unregistered.push((id, r));
         true
     }

@@ -398,9 +398,12 @@ struct State {
     /// Regions striped over an interleave set, by region id.
     set_regions: HashMap<u64, set::SetRegion>,
     /// Regions a registration of which could not be unmapped from an IOMMU: a device may
-    /// still reach their memory, so a device range of one is not handed out again when
-    /// it is freed (until a restart, which closes the VFIO containers).
+    /// still reach their memory, so the range of one is not handed out again when it is
+    /// freed (until a restart, which closes the VFIO containers).
     unmap_failed: std::collections::HashSet<u64>,
+    /// Freed regions' ranges waiting for their registrations' unmaps
+    /// (`Ledger::unmapping`): released once each is done, kept out if one fails.
+    awaiting_unmap: HashMap<u64, quarantine::Release>,
     /// DAX devices backing interleave sets, by set name.
     set_backings: HashMap<String, backing::DeviceBacking>,
     /// Their sets' members in position order, by set name (where a device's range lies).

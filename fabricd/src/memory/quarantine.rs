@@ -71,24 +71,65 @@ impl State {
         len: u64,
     ) {
         if self.unmap_failed.remove(&region) {
-            // Device memory has no page pin to keep it from reuse: a device whose IOMMU
-            // mapping of it could not be undone may still write there.
-            tracing::error!(
-                region,
-                len,
-                "a freed region's device range stays out of use until a restart: an IOMMU mapping of it could not be undone"
-            );
-            if self.problems.len() < 256 {
-                self.problems.push(format!(
-                    "region {region}'s device range (offset {offset:#x}, +{len:#x}) is kept out of use until a restart: an IOMMU mapping of it could not be undone"
-                ));
-            }
+            self.keep_unmapped_range(region, offset, len);
+            return;
+        }
+        // A registration of it is being unmapped (another operation's, outside the lock):
+        // released when that is done, kept out if it fails.
+        if self.ledger.unmapping.get(&region).is_some_and(|&n| n > 0) {
+            self.awaiting_unmap.insert(region, Release { holders, resources, offset, len });
             return;
         }
         if !holders.is_empty() {
             tracing::info!(region, len, nodes = ?holders, "a freed region's range is quarantined: another node may still map it");
         }
         self.ledger.space.release(region, holders, resources, offset, len);
+    }
+
+    /// Keeps a freed region's range out of use until a restart: an IOMMU mapping of it
+    /// could not be undone, and device memory has no page pin to keep it from reuse, so a
+    /// device may still write there.
+    fn keep_unmapped_range(&mut self, region: u64, offset: u64, len: u64) {
+        tracing::error!(
+            region,
+            len,
+            "a freed region's range stays out of use until a restart: an IOMMU mapping of it could not be undone"
+        );
+        if self.problems.len() < 256 {
+            self.problems.push(format!(
+                "region {region}'s range (offset {offset:#x}, +{len:#x}) is kept out of use until a restart: an IOMMU mapping of it could not be undone"
+            ));
+        }
+    }
+
+    /// One unmap of a registration of `region` is done (`unmapped`: it succeeded). A
+    /// failed one keeps the region's range out of use, now if it was freed already, else
+    /// when it is; the last successful one releases a range that waited for it.
+    pub(super) fn unmap_done(&mut self, region: u64, unmapped: bool) {
+        let left = match self.ledger.unmapping.get_mut(&region) {
+            Some(n) => {
+                *n = n.saturating_sub(1);
+                *n
+            }
+            None => 0,
+        };
+        if left == 0 {
+            self.ledger.unmapping.remove(&region);
+        }
+        if !unmapped {
+            match self.awaiting_unmap.remove(&region) {
+                Some(r) => self.keep_unmapped_range(region, r.offset, r.len),
+                None => {
+                    self.unmap_failed.insert(region);
+                }
+            }
+            return;
+        }
+        if left == 0
+            && let Some(r) = self.awaiting_unmap.remove(&region)
+        {
+            self.release_range(region, r.holders, r.resources, r.offset, r.len);
+        }
     }
 
     /// Takes `node` off what it held: one acknowledgement of `region`'s end, or all of
@@ -108,6 +149,15 @@ impl State {
         }
         back
     }
+}
+
+/// A freed region's range to give back, held until its registrations are unmapped.
+#[derive(Debug)]
+pub(super) struct Release {
+    holders: BTreeMap<String, u32>,
+    resources: Vec<usize>,
+    offset: u64,
+    len: u64,
 }
 
 impl Memory {

@@ -453,16 +453,17 @@ impl Memory {
     /// order, so that no registration is mapped at the range before its unmap is done. A
     /// range whose unmap failed stays taken (the device may still reach its pages; the
     /// kernel refuses another mapping over it), and its bytes stay counted, until a
-    /// restart; `status` names it. So does the device range of the region it mapped, when
-    /// that region is freed: the device may still reach it there (`State::release_range`).
+    /// restart; `status` names it. So does the range of the region it mapped, when that
+    /// region is freed: the device may still reach it there. A region freed while the
+    /// unmap runs waits for it (`State::unmap_done`).
     pub(super) fn undo_registration(&self, id: u64, r: crate::dma::Registration) {
         let (uid, device, domain, iova, span) = (r.uid, r.device.clone(), r.domain.clone(), r.iova, r.span);
-        let region = r.region;
+        let region = r.region.filter(|_| r.vfio.is_some());
         let unmapped = r.undo();
+        if let Some(region) = region {
+            self.state().unmap_done(region, unmapped);
+        }
         if !unmapped {
-            if let Some(region) = region {
-                self.state().unmap_failed.insert(region);
-            }
             self.keep_unmapped(Some(id), &device, iova, span);
             return;
         }

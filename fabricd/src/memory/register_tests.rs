@@ -271,41 +271,97 @@ fn an_iova_whose_unmap_failed_is_kept_out_of_use() {
     assert!(t.memory.problems().iter().any(|p| p.contains("could not be unmapped")), "{:?}", t.memory.problems());
 }
 
+/// A registry with one 8 MiB BAR of a GPU (device memory: no page pin keeps a range of it
+/// from reuse), a fake VFIO container for the GPU, and a place on the BAR.
+struct OnBar {
+    _dir: tempfile::TempDir,
+    memory: Memory,
+    iommu: Arc<FakeIommu>,
+    target: Target,
+    me: Identity,
+    place: Place,
+}
+
+impl OnBar {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
+        let mut d = fabric_topology::Device::new(id.clone(), fabric_topology::DeviceKind::Gpu, Some("n0"));
+        let size = 8 * MIB;
+        d.memory.push(fabric_topology::MemoryResource {
+            kind: MemoryKind::HostExported,
+            size,
+            hpa: None,
+            numa_node: None,
+        });
+        let mut inv = fabric_topology::Inventory::default();
+        inv.add_device(d).unwrap();
+        let bar = super::ledger_tests::bar_backing(dir.path(), &id, 2, 0, 0);
+        let backings = super::backing::Backings { bars: vec![bar], ..Default::default() };
+        let memory = super::ledger_tests::open_with(dir.path(), &inv, backings);
+        let iommu = Arc::new(FakeIommu::default());
+        let vfio = VfioDevice::with_iommu("0000:00:04.0", 5, iommu.clone());
+        let target =
+            Target { device: id.clone(), domain: "n0/iommu_group:5".into(), mask_bits: 32, vfio: Some(Arc::new(vfio)) };
+        let place = Place { device: id, kind: MemoryKind::HostExported, ordinal: Some(0) };
+        Self { _dir: dir, memory, iommu, target, me: super::ledger_tests::me(), place }
+    }
+
+    /// A 2 MiB region of session 1 at offset 0 of the BAR, its first page registered.
+    fn registered(&self) -> (u64, Registered) {
+        let region = self.memory.alloc(&self.me, 1, &self.place, 2 * MIB, 0).unwrap();
+        assert_eq!(region.offset, 0, "the case these tests are about");
+        let source = Source::Region(region.region);
+        let r = self.memory.register(&self.me, 1, &self.target, source, 0, PAGE, AccessMode::ReadWrite, &|| None);
+        (region.region, r.unwrap())
+    }
+
+    /// The offset of a new 2 MiB region (given back at once).
+    fn next_offset(&self) -> u64 {
+        let g = self.memory.alloc(&self.me, 1, &self.place, 2 * MIB, 0).unwrap();
+        self.memory.free(1, g.region).unwrap();
+        g.offset
+    }
+}
+
 /// A region on device memory (a BAR here; a DAX device alike) whose registration could not
 /// be unmapped: the device may still DMA into the range, and device memory has no page
 /// pin to keep it from reuse, so the range is not handed to the next region when this
 /// one is freed. Before, the next allocation got it (zeroed, another tenant's).
 #[test]
 fn a_device_range_whose_unmap_failed_is_not_allocated_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let id = DeviceId::uuid("GPU-0d5b4c1e-6a3f-4f7e-9c2b-3e1f5a7d9b11");
-    let mut d = fabric_topology::Device::new(id.clone(), fabric_topology::DeviceKind::Gpu, Some("n0"));
-    d.memory.push(fabric_topology::MemoryResource {
-        kind: MemoryKind::HostExported,
-        size: 8 * MIB,
-        hpa: None,
-        numa_node: None,
-    });
-    let mut inv = fabric_topology::Inventory::default();
-    inv.add_device(d).unwrap();
-    let bar = super::ledger_tests::bar_backing(dir.path(), &id, 2, 0, 0);
-    let backings = super::backing::Backings { bars: vec![bar], ..Default::default() };
-    let memory = super::ledger_tests::open_with(dir.path(), &inv, backings);
-    let iommu = Arc::new(FakeIommu::default());
-    let vfio = VfioDevice::with_iommu("0000:00:04.0", 5, iommu.clone());
-    let target =
-        Target { device: id.clone(), domain: "n0/iommu_group:5".into(), mask_bits: 32, vfio: Some(Arc::new(vfio)) };
-    let me = super::ledger_tests::me();
-    let place = Place { device: id, kind: MemoryKind::HostExported, ordinal: Some(0) };
-    let region = memory.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
-    assert_eq!(region.offset, 0, "the case this test is about");
-    let source = Source::Region(region.region);
-    memory.register(&me, 1, &target, source, 0, PAGE, AccessMode::ReadWrite, &|| None).unwrap();
-    iommu.fail_next_unmap.store(true, Ordering::SeqCst);
-    memory.free(1, region.region).unwrap();
-    let next = memory.alloc(&me, 1, &place, 2 * MIB, 0).unwrap();
-    assert_ne!(next.offset, 0, "the range the device may still reach was handed out again");
-    assert!(memory.problems().iter().any(|p| p.contains("kept out of use until a restart")), "{:?}", memory.problems());
+    let t = OnBar::new();
+    let (region, _) = t.registered();
+    t.iommu.fail_next_unmap.store(true, Ordering::SeqCst);
+    t.memory.free(1, region).unwrap();
+    assert_ne!(t.next_offset(), 0, "the range the device may still reach was handed out again");
+    let problems = t.memory.problems();
+    assert!(problems.iter().any(|p| p.contains("kept out of use until a restart")), "{problems:?}");
+}
+
+/// A region freed while another operation unmaps its registration (outside the lock)
+/// waits for that unmap: its range is released when the unmap is done, and kept out if
+/// it fails. The review of the fix above found the range released at once there.
+#[test]
+fn a_region_freed_while_its_registration_is_unmapped_waits_for_the_unmap() {
+    for fails in [true, false] {
+        let t = OnBar::new();
+        let (region, reg) = t.registered();
+        t.iommu.fail_next_unmap.store(fails, Ordering::SeqCst);
+        t.iommu.hold_unmap.arm();
+        let during = std::thread::scope(|s| {
+            let unregistering = s.spawn(|| t.memory.unregister(1, reg.registration));
+            assert!(t.iommu.hold_unmap.entered());
+            t.memory.free(1, region).unwrap();
+            let during = t.next_offset();
+            t.iommu.hold_unmap.release();
+            unregistering.join().unwrap().unwrap();
+            during
+        });
+        assert_ne!(during, 0, "fails={fails}: handed out while its unmap ran");
+        let back = t.next_offset() == 0;
+        assert_eq!(back, !fails, "fails={fails}: released only once unmapped");
+    }
 }
 
 /// A registration refused after its map (its region freed meanwhile) whose unmap then
