@@ -196,9 +196,6 @@ mod tests {
         assert_eq!(std::fs::read(store.path()).unwrap(), flipped, "left as it was");
     }
 
-    /// A state dir of a daemon before the record: `map.state` and `partitions.state` load
-    /// as one record at generation 0; the first save retires them, and later loads come
-    /// from the record alone.
     /// A directory sync that fails after the rename: the record on disk is the new one,
     /// so the save stands. Before, it was refused (the writer rolled the map back) while
     /// a restart loaded the change the client had been told failed.
@@ -217,6 +214,9 @@ mod tests {
         assert_eq!((back.generation, &*back.bindings), (1, &*bindings));
     }
 
+    /// A state dir of a daemon before the record: `map.state` and `partitions.state` load
+    /// as one record at generation 0; the first save retires them, and later loads come
+    /// from the record alone.
     #[test]
     fn the_two_old_files_migrate_into_the_record() {
         let dir = tempfile::tempdir().unwrap();

@@ -146,8 +146,6 @@ fn refuse(stream: &UnixStream, who: &Principal, r: &Refused, daemon: &Daemon) {
     let mut out = Vec::with_capacity(256);
     let h = Header::new(Opcode::Hello, FrameKind::Error, 0);
     if encode_message(&h, &Message::Error(body), &mut out).is_ok() {
-        // Straight to the kernel: tokio's `try_write` refuses (`WouldBlock`) until the
-        // reactor has seen the new socket writable, which it has not yet at accept.
         // Straight to the kernel, which takes it (a new socket's send buffer is empty):
         // tokio's `try_write` answers `WouldBlock` without writing while the reactor has
         // not yet recorded the new socket as writable.
