@@ -256,21 +256,18 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 /// (serde_json keeps the `io::Error` it got, and wrapping one in `io::Error::other`
 /// hides the inner one from the chain).
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| {
-        c.downcast_ref::<io::Error>().is_some_and(io_broken_pipe)
-            || c.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind)
-                == Some(io::ErrorKind::BrokenPipe)
-    })
+    err.chain().any(error_broken_pipe)
 }
 
-/// [`is_broken_pipe`] of one `io::Error`.
+/// [`is_broken_pipe`] of one `io::Error`, the error it wraps included.
 fn io_broken_pipe(e: &io::Error) -> bool {
-    if e.kind() == io::ErrorKind::BrokenPipe {
-        return true;
-    }
-    let inner = e.get_ref();
-    inner.and_then(|i| i.downcast_ref::<io::Error>()).is_some_and(io_broken_pipe)
-        || inner.and_then(|i| i.downcast_ref::<serde_json::Error>()).and_then(serde_json::Error::io_error_kind)
+    e.kind() == io::ErrorKind::BrokenPipe || e.get_ref().is_some_and(|inner| error_broken_pipe(inner))
+}
+
+/// [`is_broken_pipe`] of one error: an `io::Error`, or a JSON writer's.
+fn error_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<io::Error>().is_some_and(io_broken_pipe)
+        || e.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind)
             == Some(io::ErrorKind::BrokenPipe)
 }
 

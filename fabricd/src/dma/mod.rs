@@ -203,6 +203,12 @@ impl Registration {
         unmapped
     }
 
+    /// The fabric region an IOMMU mapping of it reaches, if it has one: what must wait
+    /// for its unmap before the region's range is handed out again.
+    pub fn iommu_region(&self) -> Option<u64> {
+        self.region.filter(|_| self.vfio.is_some())
+    }
+
     /// The gate of a client's memory it registers ([`ClientGate`]), if it does.
     pub fn client_gate(&self) -> Option<std::sync::Arc<ClientGate>> {
         match &self.backing {

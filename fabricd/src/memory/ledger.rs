@@ -336,7 +336,7 @@ impl Ledger {
         let Some(r) = self.dma.detach(id) else { return false };
         // A copy through it ends too.
         self.ended = true;
-        if let Some(region) = r.region.filter(|_| r.vfio.is_some()) {
+        if let Some(region) = r.iommu_region() {
             *self.unmapping.entry(region).or_default() += 1;
         }
         self.unregistered.push((id, r));

@@ -361,10 +361,12 @@ impl Resource {
     /// either way.
     /// Why no new region may go here now: its device went, or its share was taken.
     fn refusal(&self) -> Option<String> {
-        if self.lost {
-            return Some(format!("device {} vanished or failed", self.device));
-        }
-        self.held_back.clone().or_else(|| self.withdrawn.clone())
+        self.lost_why().or_else(|| self.held_back.clone()).or_else(|| self.withdrawn.clone())
+    }
+
+    /// Why its regions are lost, when its device went.
+    fn lost_why(&self) -> Option<String> {
+        self.lost.then(|| format!("device {} vanished or failed", self.device))
     }
 
     fn unserved(&self) -> Option<String> {

@@ -458,7 +458,7 @@ impl Memory {
     /// unmap runs waits for it (`State::unmap_done`).
     pub(super) fn undo_registration(&self, id: u64, r: crate::dma::Registration) {
         let (uid, device, domain, iova, span) = (r.uid, r.device.clone(), r.domain.clone(), r.iova, r.span);
-        let region = r.region.filter(|_| r.vfio.is_some());
+        let region = r.iommu_region();
         let unmapped = r.undo();
         if let Some(region) = region {
             self.state().unmap_done(region, unmapped);

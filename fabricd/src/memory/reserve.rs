@@ -69,11 +69,7 @@ impl State {
     /// since is no reason: its regions placed before stay (a region committed as its share
     /// was withdrawn is one of them).
     pub(super) fn device_lost_among(&self, resources: &[usize]) -> Option<String> {
-        resources
-            .iter()
-            .filter_map(|&i| self.resources.get(i))
-            .find(|r| r.lost)
-            .map(|r| format!("device {} vanished or failed", r.device))
+        resources.iter().filter_map(|&i| self.resources.get(i)).find_map(super::Resource::lost_why)
     }
 
     /// Gives back a reservation whose region was not made: its usage, and its range unless
