@@ -408,9 +408,14 @@ impl DomainClient {
 
     /// Grants this node a lease of the configured TTL and starts renewing it.
     pub async fn grant_lease(&self) -> Result<Lease, EtcdError> {
+        self.grant_lease_asked(crate::lease::Asked::now()).await
+    }
+
+    /// [`Self::grant_lease`], the grant sent at `asked` (tests give it a boot clock that
+    /// jumps).
+    pub(crate) async fn grant_lease_asked(&self, asked: crate::lease::Asked) -> Result<Lease, EtcdError> {
         let mut lease = self.client.clone();
         let ttl = i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX);
-        let asked = tokio::time::Instant::now();
         let granted = self.call("lease grant", lease.lease_grant(ttl, None)).await?;
         Ok(Lease::start(self.client.clone(), granted.id(), self.lease_ttl, self.request_timeout, asked))
     }

@@ -13,7 +13,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::watch;
 
 use crate::etcd::{DomainClient, EtcdError};
-use crate::lease::{Lease, LeaseState};
+use crate::lease::{Acked, Lease, LeaseState};
 use crate::records::{self, MemberRecord};
 
 /// One membership of this node: what its writes are guarded by.
@@ -25,6 +25,7 @@ pub struct Fence {
     incarnation: u64,
     create_revision: i64,
     state: watch::Receiver<LeaseState>,
+    acked: Acked,
 }
 
 impl Fence {
@@ -48,10 +49,14 @@ impl Fence {
         self.create_revision
     }
 
-    /// `Ok` unless the lease is already known lost (no request to etcd).
+    /// `Ok` unless the lease is already known lost, or its deadline passed on the boot
+    /// clock (no request to etcd).
     pub fn check(&self) -> Result<(), EtcdError> {
         match &*self.state.borrow() {
-            LeaseState::Alive => Ok(()),
+            LeaseState::Alive => match self.acked.overdue_reason() {
+                None => Ok(()),
+                Some(why) => Err(self.fenced(format!("lease {:#x}: {why}", self.lease))),
+            },
             LeaseState::Lost(reason) => Err(self.fenced(format!("lease {:#x} is lost: {reason}", self.lease))),
         }
     }
@@ -101,6 +106,7 @@ impl DomainClient {
             incarnation: record.incarnation,
             create_revision: 0,
             state: lease.watch(),
+            acked: lease.acked(),
         };
         let Some(entry) = response.kvs().first() else {
             return Err(fence.fenced("the member key is absent".to_owned()));

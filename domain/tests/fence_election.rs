@@ -31,10 +31,9 @@ async fn a_node_whose_lease_expired_cannot_write_until_it_rejoins() {
     c.put_fenced(&fence, key.clone(), "one").await.unwrap();
     assert_eq!(value(&c, &key).await.as_deref(), Some(&b"one"[..]));
 
-    // Hung past its TTL: nothing renews the lease, but the node still believes it is alive
-    // (the dropped renewal task never said Lost). Only etcd's compare can stop it.
+    // Hung past its TTL: nothing renews the lease. The zombie learns it is one from the
+    // boot clock (the lease's deadline passed), before it asks etcd.
     drop(lease);
-    assert!(fence.check().is_ok(), "the zombie does not know it is one");
     let stopped = Instant::now();
     while value(&c, &c.keys().member("tray-0")).await.is_some() {
         assert!(stopped.elapsed() < Duration::from_secs(5), "the member key outlived its TTL");
@@ -43,7 +42,7 @@ async fn a_node_whose_lease_expired_cannot_write_until_it_rejoins() {
     match c.put_fenced(&fence, key.clone(), "zombie").await {
         Err(EtcdError::Fenced { node, incarnation, reason }) => {
             assert_eq!((node.as_str(), incarnation), ("tray-0", first.incarnation));
-            assert!(reason.contains("gone"), "{reason}");
+            assert!(reason.contains("boot clock"), "{reason}");
         }
         other => panic!("a zombie's write: {other:?}"),
     }
@@ -51,7 +50,7 @@ async fn a_node_whose_lease_expired_cannot_write_until_it_rejoins() {
     assert_eq!(value(&c, &key).await.as_deref(), Some(&b"one"[..]), "nothing was written");
 
     // Rejoined with a new lease and incarnation: writes go through again, under a larger
-    // fencing token, and the old fence stays refused (naming who holds the key now).
+    // fencing token, and the old fence stays refused.
     let second = testing::member("tray-0");
     assert_ne!(second.incarnation, first.incarnation);
     let lease = c.grant_lease().await.unwrap();
@@ -59,13 +58,29 @@ async fn a_node_whose_lease_expired_cannot_write_until_it_rejoins() {
     assert!(renewed.token() > fence.token(), "{} after {}", renewed.token(), fence.token());
     c.put_fenced(&renewed, key.clone(), "two").await.unwrap();
     assert_eq!(value(&c, &key).await.as_deref(), Some(&b"two"[..]));
-    match c.put_fenced(&fence, key.clone(), "zombie").await {
+    assert!(matches!(c.put_fenced(&fence, key.clone(), "zombie").await, Err(EtcdError::Fenced { .. })));
+
+    // Where only etcd knows (the lease alive here): the member key removed under the node
+    // refuses its writes ("gone") ...
+    c.raw().delete(c.keys().member("tray-0"), None).await.unwrap();
+    assert!(lease.check().is_ok() && renewed.check().is_ok(), "the node believes it is a member");
+    match c.put_fenced(&renewed, key.clone(), "removed").await {
+        Err(EtcdError::Fenced { reason, .. }) => assert!(reason.contains("gone"), "{reason}"),
+        other => panic!("a removed member's write: {other:?}"),
+    }
+    // ... and so does a membership replaced by another incarnation on the same lease,
+    // naming the one that holds the key now.
+    let third = testing::member("tray-0");
+    let current = c.join_fenced(&lease, &third).await.unwrap();
+    assert!(current.token() > renewed.token());
+    match c.put_fenced(&renewed, key.clone(), "replaced").await {
         Err(EtcdError::Fenced { reason, .. }) => {
-            assert!(reason.contains(&second.incarnation.to_string()), "{reason}")
+            assert!(reason.contains(&third.incarnation.to_string()), "{reason}")
         }
         other => panic!("the old membership's write: {other:?}"),
     }
-    c.delete_fenced(&renewed, key.clone()).await.unwrap();
+    assert_eq!(value(&c, &key).await.as_deref(), Some(&b"two"[..]), "nothing was written");
+    c.delete_fenced(&current, key.clone()).await.unwrap();
     assert_eq!(value(&c, &key).await, None);
     // A fence is taken only of the node's own, current membership.
     assert!(matches!(c.fence(&lease, &first).await, Err(EtcdError::Fenced { .. })));
