@@ -167,10 +167,10 @@ impl DomainClient {
     /// ([`GC_TXN_OPS`], [`GC_TXN_BYTES`]); otherwise, in transactions that fit: the
     /// partitions that keep other devices rewritten without its devices, while the node
     /// is still no live member and holds the slot as read; then, under the same guard, its
-    /// shares given back (in batches) and last its slot and placements; then, while it is
-    /// still no member and claims no slot, the partitions left with no
-    /// device deleted, and last its topology and the request (so that a leader taking up
-    /// an interrupted gc again still finds its devices). Answers the
+    /// slot and placements; then, while it is still no member and claims no slot, its
+    /// shares given back (in batches), the partitions left with no device deleted, and
+    /// last its topology and the request (so that a leader taking up an interrupted gc
+    /// again still finds its devices). Answers the
     /// slot freed (none when the node held none). `NotLeader` when `leader` no longer
     /// leads, `GcLive` when the node is live (its queued request is then dropped, under
     /// the same fence).
@@ -207,11 +207,12 @@ impl DomainClient {
                 None
             }
         };
-        // Its shares go while it holds its slot as read and is no member, with the slot
-        // when one transaction takes them all. A node that comes back between batches
-        // (its member key put: the later batches fail) claims the shares it remembers
-        // back where they were, or is refused (`ShareLost`) where another host took the
-        // range meanwhile: it never serves memory another host was given.
+        // Its shares go with the slot when one transaction takes them all, else after
+        // it. A node that comes back before they went (its member key or a slot claim
+        // put: the later batches fail) still holds them; one that comes back after claims
+        // the shares it remembers back where they were, or is refused (`ShareLost`) where
+        // another host took the range meanwhile: it never serves memory another host was
+        // given.
         let shares = self.gc_shares(node).await?;
         // Its topology (which names its devices, for the partitions) and the request go last.
         let mut tail = Edits::default();
@@ -238,12 +239,15 @@ impl DomainClient {
         // deleted only once the slot is freed: a client bound to nothing else would
         // otherwise be bound to nothing, which may reach more.
         info!(%node, shares = shares.ops(), rewrites = rewrites.ops(), deletes = deletes.ops(), term = leader.term, "leader gc: more records than one transaction takes; in batches");
+        // Its shares go back only once its slot is freed (under `gone`): a node that
+        // came back between two share batches would otherwise hold its slot, and serve
+        // its regions, in ranges another host was already given.
         let steps = rewrites
             .split(GC_TXN_OPS, GC_TXN_BYTES)
             .into_iter()
-            .chain(shares.split(GC_TXN_OPS, GC_TXN_BYTES))
             .map(|b| (b, standing.as_slice()))
             .chain(std::iter::once((core, standing.as_slice())))
+            .chain(shares.split(GC_TXN_OPS, GC_TXN_BYTES).into_iter().map(|b| (b, gone.as_slice())))
             .chain(deletes.split(GC_TXN_OPS, GC_TXN_BYTES).into_iter().map(|b| (b, gone.as_slice())))
             .chain(std::iter::once((tail, gone.as_slice())));
         for (batch, guard) in steps {

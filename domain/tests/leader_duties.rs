@@ -386,7 +386,29 @@ async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
     assert!(holders(a.clone()).await.iter().all(|h| h.contains("tray-q")), "a share went while the node was live");
     kv.delete(k.member("tray-q"), None).await.unwrap();
 
+    // The order of its writes, as a watcher sees them.
+    let mut events = kv.watch(k.prefix(), Some(etcd_client::WatchOptions::new().with_prefix())).await.unwrap();
     assert_eq!(a.gc_led(&leader, "tray-q").await.unwrap(), Some(slot));
+    let (mut slot_freed, mut first_share_back) = (None, None);
+    while slot_freed.is_none() || first_share_back.is_none() {
+        let batch = tokio::time::timeout(Duration::from_secs(5), events.message()).await.unwrap().unwrap().unwrap();
+        for event in batch.events() {
+            let Some(kv) = event.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if key == k.slot_of("tray-q") && event.event_type() == etcd_client::EventType::Delete {
+                slot_freed = Some(kv.mod_revision());
+            }
+            if key.starts_with(&k.shares()) && first_share_back.is_none() {
+                first_share_back = Some(kv.mod_revision());
+            }
+        }
+    }
+    // A node that came back between batches would hold its slot with its shares given
+    // away: the slot goes first (or with them).
+    assert!(
+        slot_freed <= first_share_back,
+        "shares given back at {first_share_back:?}, the slot freed at {slot_freed:?}"
+    );
     for key in [k.slot(slot), k.slot_of("tray-q")] {
         assert!(!exists(&a, &key).await, "{key} outlived the gc");
     }
