@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::election::election_name;
 use crate::etcd::{DomainClient, EtcdError};
@@ -320,7 +320,7 @@ impl DomainClient {
     /// by hand. Each node's in one transaction fenced by `leader` (in batches that fit
     /// etcd's limits when its shares are many: them first, its placements and topology
     /// last), and only while it still holds no slot and no member key (a node that claims
-    /// a slot meanwhile keeps them).
+    /// a slot meanwhile keeps them). A node whose gc is queued is left to that gc.
     /// At most `max` nodes per call; answers the nodes swept. `NotLeader` when `leader` no
     /// longer leads.
     pub async fn sweep_orphans(&self, leader: &LeaderFence, max: usize) -> Result<Vec<String>, EtcdError> {
@@ -335,12 +335,17 @@ impl DomainClient {
                 candidates.extend(table.shares.into_iter().map(|s| s.node));
             }
         }
+        // A node whose gc is queued is that gc's to collect: an interrupted one finds its
+        // devices in its topology record, which a sweep would take away.
+        let queued: std::collections::BTreeSet<String> = self.gc_queue().await?.into_iter().collect();
         let (mut kv, mut swept) = (self.raw(), Vec::new());
-        for node in candidates.difference(&slotted).filter(|n| !live.contains(*n)).take(max) {
+        let orphans = candidates.difference(&slotted).filter(|n| !live.contains(*n) && !queued.contains(*n));
+        for node in orphans.take(max) {
             let guard = [
                 leader.compare(),
                 Compare::create_revision(keys.slot_of(node), CompareOp::Equal, 0),
                 Compare::create_revision(keys.member(node), CompareOp::Equal, 0),
+                Compare::create_revision(keys.gc_request(node), CompareOp::Equal, 0),
             ];
             // Its shares go back first, in batches that fit a transaction; its placements
             // and topology last, so that a sweep cut short finds the node again.
@@ -400,24 +405,37 @@ impl DomainClient {
     /// the CXL devices of a pool (other hosts of the pool still serve them), nor a device
     /// another node's topology record names too (a GPU moved to a live node keeps its
     /// partitions: taking it out would unbind, and so widen, that node's tenants).
+    /// `Record` when `node`'s own record has a newer build's format: its devices are not
+    /// known here, and the gc, which deletes that record last, would leave them in every
+    /// partition for good; it waits for a leader that reads the record (or an admin who
+    /// removes it by hand). Any other refused record (junk, or one naming another node)
+    /// names no devices, as no build would read it either.
     async fn node_devices(&self, node: &str) -> Result<HashSet<String>, EtcdError> {
         let keys = self.keys();
         let (entries, _) = self.read_prefix("topology read", &keys.topologies()).await?;
+        let own_key = keys.topology(node);
         let (mut own, mut elsewhere) = (HashSet::new(), HashSet::new());
         for e in &entries {
-            // A refused record names no devices either way.
-            let Ok(record) = records::decode::<TopologyRecord>(e.value(), self.limits()) else { continue };
-            let Some(name) = e.key().strip_prefix(keys.topologies().as_bytes()) else { continue };
-            let devices = record.devices.iter().filter(|d| !d.fabric && !crate::domain_fabric::pooled(d));
-            let ids = devices.map(|d| d.id.to_string());
-            // A record under another node's key names no devices of `node`'s.
-            if name == node.as_bytes() {
-                if record.node == node {
-                    own.extend(ids);
+            if e.key() == own_key.as_bytes() {
+                match records::decode::<TopologyRecord>(e.value(), self.limits()) {
+                    // A record under its key that names another node names none of its devices.
+                    Ok(record) if record.node == node => {
+                        own.extend(record.devices.iter().filter(|d| owned(d)).map(|d| d.id.to_string()));
+                    }
+                    Ok(_) => {}
+                    Err(source @ RecordError::WrongVersion { found }) if found > RECORD_VERSION => {
+                        return Err(EtcdError::Record { key: own_key, source });
+                    }
+                    // Not a record any build wrote: it names no devices anyone can know.
+                    Err(error) => {
+                        warn!(key = %own_key, %error, "gc: the node's topology record is refused; it names no devices")
+                    }
                 }
-            } else {
-                elsewhere.extend(ids);
+                continue;
             }
+            // Another node's refused record names no devices that matter here.
+            let Ok(record) = records::decode::<TopologyRecord>(e.value(), self.limits()) else { continue };
+            elsewhere.extend(record.devices.iter().filter(|d| owned(d)).map(|d| d.id.to_string()));
         }
         own.retain(|d| !elsewhere.contains(d));
         Ok(own)
@@ -442,4 +460,10 @@ impl DomainClient {
             })
             .collect())
     }
+}
+
+/// Whether a topology record's device is its node's own: not a shared switch, nor a CXL
+/// device of a pool (other hosts of the pool still serve it).
+fn owned(device: &crate::topology::TopologyDevice) -> bool {
+    !device.fabric && !crate::domain_fabric::pooled(device)
 }

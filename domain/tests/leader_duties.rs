@@ -440,3 +440,72 @@ async fn a_node_with_more_shares_than_one_transaction_takes_is_collected() {
 fn etcd_prefix() -> fabric_domain::etcd_client::GetOptions {
     fabric_domain::etcd_client::GetOptions::new().with_prefix()
 }
+
+/// A gone node whose topology record this build cannot read (a newer build's format) is
+/// not collected: its devices are not known, and deleting the record (as the gc does last)
+/// would leave them in every partition for good. A sweep leaves a node whose gc is queued
+/// to that gc (before, a gc interrupted after freeing the slot had its topology swept
+/// away). Once the record reads, the gc collects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_node_whose_devices_cannot_be_read_keeps_its_records_until_they_can() {
+    use fabric_domain::PartitionRecord;
+    use fabric_topology::DeviceId;
+
+    let Some(etcd) = testing::etcd_or_skip().await else { return };
+    let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
+    let gone = client(&etcd, "tray-v").await;
+    gone.ensure_settings(&settings).await.unwrap();
+    let slot = gone.claim_slot(&settings).await.unwrap();
+    let k = gone.keys().clone();
+    let record = fabric_domain::TopologyRecord {
+        version: fabric_domain::records::RECORD_VERSION,
+        node: "tray-v".into(),
+        incarnation: 1,
+        devices: vec![gpu_device("GPU-tray-v-0")],
+        links: Vec::new(),
+    };
+    let readable = fabric_domain::records::encode(&record);
+    let mut newer: serde_json::Value = serde_json::from_slice(&readable).unwrap();
+    newer["version"] = serde_json::json!(fabric_domain::records::RECORD_VERSION + 1);
+    let mut kv = gone.raw();
+    kv.put(k.topology("tray-v"), serde_json::to_vec(&newer).unwrap(), None).await.unwrap();
+    let gpu = DeviceId::uuid("GPU-tray-v-0");
+    let other = DeviceId::uuid("GPU-other");
+    let partition = PartitionRecord::new("p", vec![gpu.clone(), other.clone()], &[1000], &[]);
+    kv.put(k.partition("p"), fabric_domain::records::encode(&partition), None).await.unwrap();
+    let partition_at = kv.get(k.partition("p"), None).await.unwrap().kvs()[0].mod_revision();
+
+    let a = client(&etcd, "tray-a").await;
+    let a_lease = a.grant_lease().await.unwrap();
+    let a_fence = a.join_fenced(&a_lease, &testing::member("tray-a")).await.unwrap();
+    let a_election = Election::start(&a, &a_lease);
+    let leader = LeaderFence::new(&a, a_lease.id(), leads(&a_election, Duration::from_secs(5)).await);
+    a.request_gc(&a_fence, "tray-v").await.unwrap();
+
+    match a.gc_led(&leader, "tray-v").await {
+        Err(EtcdError::Record { key, .. }) => assert_eq!(key, k.topology("tray-v")),
+        other => panic!("the gc of a node whose devices are unknown: {other:?}"),
+    }
+    for key in [k.slot(slot), k.slot_of("tray-v"), k.topology("tray-v"), k.gc_request("tray-v")] {
+        assert!(exists(&a, &key).await, "{key} went in a refused gc");
+    }
+    assert_eq!(kv.get(k.partition("p"), None).await.unwrap().kvs()[0].mod_revision(), partition_at);
+
+    // As after a gc interrupted once the slot was freed: no slot, no member, its topology
+    // and its request left. The sweep leaves it to the gc.
+    kv.delete(k.slot(slot), None).await.unwrap();
+    kv.delete(k.slot_of("tray-v"), None).await.unwrap();
+    let swept = a.sweep_orphans(&leader, 64).await.unwrap();
+    assert!(!swept.contains(&"tray-v".to_owned()), "{swept:?}");
+    assert!(exists(&a, &k.topology("tray-v")).await, "the sweep took the devices' record");
+
+    // A leader that reads the record collects the node, devices and all.
+    kv.put(k.topology("tray-v"), readable, None).await.unwrap();
+    assert_eq!(a.gc_led(&leader, "tray-v").await.unwrap(), None);
+    for key in [k.topology("tray-v"), k.gc_request("tray-v")] {
+        assert!(!exists(&a, &key).await, "{key} outlived the gc");
+    }
+    let left = kv.get(k.partition("p"), None).await.unwrap();
+    let p: PartitionRecord = fabric_domain::records::decode(left.kvs()[0].value(), RecordLimits::default()).unwrap();
+    assert_eq!(p.devices, vec![other]);
+}
