@@ -17,7 +17,7 @@ use tracing::warn;
 
 use crate::config::{CONNECT_TIMEOUT, ConfigError, DomainConfig};
 use crate::lease::Lease;
-use crate::records::{self, DomainSettings, Keys, MemberRecord, Record, RecordError, RecordLimits};
+use crate::records::{self, DomainSettings, Keys, MemberRecord, Record, RecordError, RecordLimits, SlotClaim};
 
 /// Keys per page of [`DomainClient::read_domain`].
 pub const READ_PAGE: i64 = 256;
@@ -472,8 +472,10 @@ impl DomainClient {
     /// [`DomainClient::join`], in the same transaction as a check that this node still holds
     /// `slot` (its `slot-of` key, which only an admin's gc deletes, with the slot): a gc
     /// that commits between the node's reading its slot and its join refuses the join
-    /// (`Inconsistent`) instead of leaving a member that serves a slot it no longer holds;
-    /// one that comes after finds the member key and is refused.
+    /// (`SlotCollected`) instead of leaving a member that serves a slot it no longer
+    /// holds — as does a claim of another slot under this name meanwhile (a gc, then a
+    /// second daemon of the same name); one that comes after finds the member key and is
+    /// refused.
     pub async fn join_in_slot(&self, lease: &Lease, record: &MemberRecord, slot: u32) -> Result<(), EtcdError> {
         self.join_checked(lease, record, Some(slot)).await
     }
@@ -488,8 +490,19 @@ impl DomainClient {
         lease.check()?;
         let reverse = self.keys.slot_of(&self.node);
         let mut compares = vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)];
-        if slot.is_some() {
-            compares.push(Compare::create_revision(reverse.clone(), CompareOp::NotEqual, 0));
+        if let Some(slot) = slot {
+            // That very claim, not any: a gc and another daemon of this name claiming a
+            // new slot meanwhile would otherwise let this one serve a slot someone else
+            // holds now.
+            let collected = |now: String| EtcdError::SlotCollected { node: self.node.clone(), slot, now };
+            let Some((value, revision)) = self.get_raw(&reverse).await? else {
+                return Err(collected("before the node joined".to_owned()));
+            };
+            let held: SlotClaim = self.decode(&reverse, &value)?;
+            if held.slot != slot || held.node != self.node {
+                return Err(collected(format!("this node holds slot {} now", held.slot)));
+            }
+            compares.push(Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision));
         }
         let txn = Txn::new().when(compares).and_then([TxnOp::put(
             key.clone(),
@@ -500,14 +513,18 @@ impl DomainClient {
         if self.call("member join", kv.txn(txn)).await?.succeeded() {
             return Ok(());
         }
-        if let Some(slot) = slot
-            && self.get_raw(&reverse).await?.is_none()
-        {
-            return Err(EtcdError::SlotCollected {
-                node: self.node.clone(),
-                slot,
-                now: "while the node joined".to_owned(),
-            });
+        if let Some(slot) = slot {
+            let now = match self.get_raw(&reverse).await? {
+                None => Some("while the node joined".to_owned()),
+                Some((value, _)) => match self.decode::<SlotClaim>(&reverse, &value) {
+                    Ok(held) if held.slot == slot && held.node == self.node => None,
+                    Ok(held) => Some(format!("this node holds slot {} now", held.slot)),
+                    Err(e) => return Err(e),
+                },
+            };
+            if let Some(now) = now {
+                return Err(EtcdError::SlotCollected { node: self.node.clone(), slot, now });
+            }
         }
         let incarnation = match self.get_record::<MemberRecord>(&key).await {
             Ok(Some(holder)) => holder.incarnation.to_string(),

@@ -160,9 +160,11 @@ impl DomainView {
                 self.settings = None;
                 Ok(())
             }
-            (r, v) if r.starts_with("slots/") => match keys.parse_slot_key(key) {
-                Some(slot) => self.slot(slot, v),
-                None => Err(format!("{r:?} is not a slot key")),
+            (r, v) if r.starts_with("slots/") => match (keys.parse_slot_key(key), v) {
+                (Some(slot), v) => self.slot(slot, v),
+                // A junk key's delete: it is no longer refused (its refusal goes below).
+                (None, None) => Ok(()),
+                (None, Some(_)) => Err(format!("{r:?} is not a slot key")),
             },
             (r, v) if r.starts_with("members/") => self.member(&r["members/".len()..], v),
             (r, v) if r.starts_with("placements/") => self.put_placements(&r["placements/".len()..], v),
@@ -466,6 +468,17 @@ mod tests {
         let beyond = view.locate(3 * SPAN + 2 * GIB).unwrap();
         assert_eq!((beyond.node, beyond.range), ("a", None));
         assert_eq!(view.locate(2 * SPAN), None);
+    }
+
+    #[test]
+    fn a_junk_key_under_slots_is_refused_until_deleted() {
+        let mut view = two_nodes();
+        let junk = format!("{}slots/abc", keys().prefix());
+        assert!(put(&mut view, junk.clone(), b"x").unwrap_err().contains("not a slot key"));
+        assert_eq!(view.refused().len(), 1);
+        // Its delete ends the refusal (before, it was refused again and kept for good).
+        view.apply(junk.as_bytes(), None, 2).unwrap();
+        assert!(view.refused().is_empty(), "{:?}", view.refused());
     }
 
     #[test]

@@ -152,6 +152,34 @@ async fn a_join_in_a_slot_an_admin_collected_meanwhile_is_refused() {
     }
 }
 
+#[tokio::test]
+async fn a_join_in_a_slot_this_name_no_longer_holds_is_refused_though_it_holds_another() {
+    // A daemon read its slot; an admin's gc frees it, another node takes it, and a second
+    // daemon under the same name (a misconfiguration) claims a new slot. Before, the first
+    // daemon's join passed (a `slot-of` key existed) and it served a slot another held.
+    let Some(etcd) = etcd().await else { return };
+    let settings = sixteen_slots();
+    let a = client(&etcd, "tray-a", 6).await;
+    let slot = a.claim_slot(&settings).await.unwrap();
+    let lease = a.grant_lease().await.unwrap();
+    assert_eq!(a.gc_slot("tray-a").await.unwrap(), Some(slot));
+    let c = client(&etcd, "tray-c", 6).await;
+    assert_eq!(c.claim_slot_at(slot).await.unwrap(), slot);
+    let twin = client(&etcd, "tray-a", 6).await;
+    let other = twin.claim_slot(&settings).await.unwrap();
+    assert_ne!(other, slot);
+    match a.join_in_slot(&lease, &member("tray-a"), slot).await {
+        Err(EtcdError::SlotCollected { slot: s, now, .. }) => {
+            assert_eq!(s, slot);
+            assert!(now.contains(&format!("slot {other}")), "{now}");
+        }
+        other => panic!("a join in a slot another node holds: {other:?}"),
+    }
+    assert!(a.members().await.unwrap().members.is_empty(), "no member key was written");
+    // In the slot this name holds now, the join goes through.
+    a.join_in_slot(&lease, &member("tray-a"), other).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_daemon_with_the_same_name_is_refused_while_the_first_lease_lives() {
     let Some(etcd) = etcd().await else { return };
