@@ -120,6 +120,8 @@ struct Shared {
     /// completion): the last caller done reading wakes the background thread, which reads
     /// the next event at once instead of at its next look ([`IDLE_CHECK`]).
     prompt: std::sync::atomic::AtomicBool,
+    /// `State::closed`, readable without the lock ([`Client::ended`]).
+    closed: std::sync::atomic::AtomicBool,
     stream: UnixStream,
     on_event: OnEvent,
 }
@@ -182,6 +184,7 @@ impl Shared {
             let mut st = self.state();
             let first = !st.closed;
             st.closed = true;
+            self.closed.store(true, Ordering::Release);
             st.pending.retain(|_, e| !e.abandoned);
             for e in st.pending.values_mut() {
                 e.reply.get_or_insert(Err(Error::Disconnected));
@@ -386,6 +389,7 @@ impl Client {
             changed: Condvar::new(),
             idle: Condvar::new(),
             prompt: std::sync::atomic::AtomicBool::new(false),
+            closed: std::sync::atomic::AtomicBool::new(false),
             stream: read_half,
             on_event,
         });
@@ -434,6 +438,14 @@ impl Client {
     /// Whether the connection is gone.
     pub(crate) fn is_closed(&self) -> bool {
         self.shared.state().closed
+    }
+
+    /// Whether the connection is gone or this is a forked child's copy of it, as far as
+    /// a look without a lock or a system call tells (a child made by a raw `clone` system
+    /// call is found by the requests' own check): for paths that answer without asking
+    /// the daemon, such as a registration cache hit.
+    pub(crate) fn ended(&self) -> bool {
+        self.origin.forked_cheaply() || self.shared.closed.load(Ordering::Acquire)
     }
 
     /// The daemon's id for this session.

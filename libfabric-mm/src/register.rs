@@ -292,7 +292,9 @@ impl Session {
     ///
     /// Errors: [`Error::PinnedLimit`] past the daemon's per-user pinned-bytes limit,
     /// [`Error::DaemonMemlockLimit`] when the daemon's own `RLIMIT_MEMLOCK` refuses,
-    /// [`Error::Revoked`] for a revoked import, and the daemon's other refusals.
+    /// [`Error::Revoked`] for a revoked import, [`Error::Disconnected`] once the session's
+    /// connection ended and in a forked child (cached or not), and the daemon's other
+    /// refusals.
     pub fn register_range(
         &self,
         memory: &impl Registrable,
@@ -301,6 +303,13 @@ impl Session {
         device: &str,
         access: Access,
     ) -> Result<Registration> {
+        // A cache hit asks the daemon nothing: a session whose connection ended (whose
+        // registrations the daemon ended with it), or a forked child's copy, must not
+        // answer one. Before the cache's lock, which another of the parent's threads may
+        // have held at the fork.
+        if self.inner.client.ended() {
+            return Err(Error::Disconnected);
+        }
         let (owner, size, keep) = match memory.source() {
             Src::Fabric(m) => {
                 self.check_own(m, "register")?;

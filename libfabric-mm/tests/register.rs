@@ -529,6 +529,28 @@ fn in_child(hung: &str, child: impl FnOnce() -> i32) -> i32 {
     libc::WEXITSTATUS(status)
 }
 
+#[test]
+fn a_cached_registration_is_not_answered_after_the_connection_ended_nor_in_a_forked_child() {
+    let env = start("", |_| {});
+    let s = common::session(&env.daemon.socket);
+    let dev = gpu(&s);
+    let host = s.alloc_host(MIB).unwrap();
+    let first = s.register(&host, &dev, Access::ReadWrite).unwrap();
+    drop(first);
+    assert!(s.register(&host, &dev, Access::ReadWrite).unwrap().cached(), "kept in the cache");
+    // The child has the parent's cache, not its session: no hit there (before, the
+    // parent's registration was answered).
+    let code = in_child("the registering child hung", || match s.register(&host, &dev, Access::ReadWrite) {
+        Err(fabric_mm::Error::Disconnected) => 0,
+        Ok(_) => 1,
+        Err(_) => 2,
+    });
+    assert_eq!(code, 0, "a forked child's register (1: a cache hit)");
+    // The daemon ends a disconnected session's registrations: no hit either.
+    s.disconnect();
+    assert!(matches!(s.register(&host, &dev, Access::ReadWrite), Err(fabric_mm::Error::Disconnected)));
+}
+
 fn fork_and_probe(probes: &[*const u8]) -> Vec<i32> {
     probes.iter().map(|&p| in_child("the probing child hung", || mapped_in_child(p))).collect()
 }
