@@ -422,7 +422,8 @@ void fmm_region_free(struct fmm_region_t *r);
 
 // Exports a region; writes the handle's text (at most 96 bytes with the NUL) into `buf`.
 // `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
-// `read_only` non-zero limits importers to loads.
+// `read_only` non-zero limits importers to loads. A `buf` of fewer bytes than the text
+// needs is `FMM_E_BUFFER`, and the export is revoked (no export is left without a handle).
 //
 // # Safety
 // `s` and `r` are live; `buf` has `len` writable bytes.

@@ -217,6 +217,34 @@ unsafe impl Send for UserData {}
 // SAFETY: as for Send: the pointer is only copied, never dereferenced here.
 unsafe impl Sync for UserData {}
 
+/// Refuses a NULL result pointer, before the call acts: a copy started, a region
+/// allocated or an import made, then dropped for want of a place to put it, would have
+/// acted while the caller was told nothing happened.
+pub(crate) fn need_out<T>(out: *mut *mut T) -> Result<(), c_int> {
+    if out.is_null() {
+        return Err(arg_err("result pointer is NULL"));
+    }
+    Ok(())
+}
+
+/// Refuses a NULL output buffer, before the call acts (see [`need_out`]).
+pub(crate) fn need_buf(buf: *mut c_char) -> Result<(), c_int> {
+    if buf.is_null() {
+        return Err(arg_err("output buffer is NULL"));
+    }
+    Ok(())
+}
+
+/// Writes a new export's handle text into `buf`; where it does not fit, revokes the
+/// export (the caller, told `FMM_E_BUFFER`, has no handle to revoke it with) and says so.
+pub(crate) fn export_out(s: &Session, h: &crate::memory::Handle, buf: *mut c_char, len: usize) -> Result<(), c_int> {
+    copy_out(&h.to_string(), buf, len).inspect_err(|_| {
+        if let Err(e) = s.revoke(h) {
+            tracing::warn!(error = %e, "revoking an export whose handle did not fit the caller's buffer");
+        }
+    })
+}
+
 /// Writes `value` through `out`.
 pub(crate) fn put<T>(out: *mut *mut T, value: T) -> Result<(), c_int> {
     if out.is_null() {
@@ -271,6 +299,7 @@ pub(crate) unsafe fn open(
     resume: Option<crate::resume::Token>,
     out: *mut *mut FmmSession,
 ) -> Result<(), c_int> {
+    need_out(out)?;
     // SAFETY: forwarded caller contract.
     let socket = unsafe { opt_str(socket, "socket") }?.map(PathBuf::from);
     let window = (window_len != 0).then_some(WindowConfig { gfa: window_gfa, len: window_len });
@@ -334,6 +363,7 @@ pub unsafe extern "C" fn fmm_alloc(
     out: *mut *mut FmmRegion,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let s = unsafe { get(s, "session") }?;
         // SAFETY: forwarded caller contract.
@@ -357,6 +387,7 @@ pub unsafe extern "C" fn fmm_alloc_set(
     out: *mut *mut FmmRegion,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, set) = unsafe { (get(s, "session")?, req_str(set, "set")?) };
         let r = s.0.alloc(&Target::Set(set.to_owned()), size).map_err(|e| fail(&e))?;
@@ -378,7 +409,8 @@ pub unsafe extern "C" fn fmm_region_free(r: *mut FmmRegion) {
 
 /// Exports a region; writes the handle's text (at most 96 bytes with the NUL) into `buf`.
 /// `uid` is the one other user allowed to import (`(uint32_t)-1`: the owner's uid only);
-/// `read_only` non-zero limits importers to loads.
+/// `read_only` non-zero limits importers to loads. A `buf` of fewer bytes than the text
+/// needs is `FMM_E_BUFFER`, and the export is revoked (no export is left without a handle).
 ///
 /// # Safety
 /// `s` and `r` are live; `buf` has `len` writable bytes.
@@ -399,8 +431,9 @@ pub unsafe extern "C" fn fmm_export(
             read_only: read_only != 0,
             ..Policy::default()
         };
+        need_buf(buf)?;
         let h = s.0.export(&r.0, &policy).map_err(|e| fail(&e))?;
-        copy_out(&h.to_string(), buf, len)
+        export_out(&s.0, &h, buf, len)
     })
 }
 
@@ -416,6 +449,7 @@ pub unsafe extern "C" fn fmm_import(
     out: *mut *mut FmmImport,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let s = unsafe { get(s, "session") }?;
         // SAFETY: forwarded caller contract.
@@ -498,6 +532,7 @@ pub unsafe extern "C" fn fmm_import_release(i: *mut FmmImport) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fmm_map_region(s: *const FmmSession, r: *const FmmRegion, out: *mut *mut FmmMapping) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, r) = unsafe { (get(s, "session")?, get(r, "region")?) };
         let m = s.0.map(&r.0).map_err(|e| fail(&e))?;
@@ -512,6 +547,7 @@ pub unsafe extern "C" fn fmm_map_region(s: *const FmmSession, r: *const FmmRegio
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fmm_map_import(s: *const FmmSession, i: *const FmmImport, out: *mut *mut FmmMapping) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, i) = unsafe { (get(s, "session")?, get(i, "import")?) };
         let m = s.0.map(&i.0).map_err(|e| fail(&e))?;
@@ -624,10 +660,12 @@ mod tests {
         // SAFETY: NULL session: refused before the name or out are touched.
         assert_eq!(unsafe { fmm_alloc_set(null(), c"set".as_ptr(), 1 << 20, &mut out) }, FMM_E_ARG);
         assert!(out.is_null());
-        // SAFETY: as above.
-        assert_eq!(unsafe { fmm_alloc_set(null(), null(), 1 << 20, null_mut()) }, FMM_E_ARG);
         // SAFETY: fmm_last_error returns a NUL-terminated string.
         assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "session is NULL");
+        // SAFETY: as above; the result pointer is checked first of all.
+        assert_eq!(unsafe { fmm_alloc_set(null(), null(), 1 << 20, null_mut()) }, FMM_E_ARG);
+        // SAFETY: as above.
+        assert_eq!(unsafe { CStr::from_ptr(fmm_last_error()) }.to_str().unwrap(), "result pointer is NULL");
     }
 
     #[test]

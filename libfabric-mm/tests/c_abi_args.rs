@@ -101,6 +101,9 @@ fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_ru
     unsafe {
         assert_eq!(fmm_translate(s, many.as_ptr(), many.len(), room.as_mut_ptr()), FMM_E_ARG);
         assert!(room.iter().all(|l| l.kind == 99), "nothing written on a refusal");
+        // A count no array has (a -1 by mistake) is refused before a slice is made of it
+        // (before: undefined behaviour, an abort in a debug build).
+        assert_eq!(fmm_translate(s, many.as_ptr(), usize::MAX, room.as_mut_ptr()), FMM_E_ARG);
         assert_eq!(fmm_translate(s, null(), 1, room.as_mut_ptr()), FMM_E_ARG);
         assert_eq!(fmm_translate(s, many.as_ptr(), 1, null_mut()), FMM_E_ARG);
         assert_eq!(fmm_translate(s, null(), 0, null_mut()), FMM_OK);
@@ -159,6 +162,7 @@ fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_ru
         let many = vec![items[0]; FMM_TRANSLATE_MAX + 1];
         let mut room = vec![0u64; many.len()];
         assert_eq!(fmm_reverse(s, many.as_ptr(), many.len(), room.as_mut_ptr()), FMM_E_ARG);
+        assert_eq!(fmm_reverse(s, many.as_ptr(), usize::MAX, room.as_mut_ptr()), FMM_E_ARG);
         assert_eq!(fmm_reverse(s, many.as_ptr(), FMM_TRANSLATE_MAX, room.as_mut_ptr()), FMM_OK, "{}", last());
         assert!(room[..FMM_TRANSLATE_MAX].iter().all(|&g| g == gfas[0]));
     }
@@ -179,6 +183,34 @@ fn alloc_set_translate_and_copy_callback_check_their_arguments_and_agree_with_ru
     let half = len / 2;
     let dst = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: gfa + half };
     let src = FmmCopyEndpoint { kind: FMM_COPY_GFA, id: 0, offset: gfa };
+    // SAFETY: m is live and maps `len` bytes; no copy runs on them yet.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(fmm_mapping_ptr(m).cast::<u8>(), len as usize) };
+    bytes[..half as usize].fill(0x5a);
+    bytes[half as usize..].fill(0);
+    // No place for the copy: refused before it starts (before, it started, was dropped,
+    // and went on writing what the caller was told nothing touched).
+    // SAFETY: s is live and the endpoints valid; the NULL out is refused.
+    assert_eq!(unsafe { fmm_copy_start(s, &dst, &src, half, null_mut()) }, FMM_E_ARG);
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: as above; nothing writes the mapping.
+    assert!(unsafe { std::ptr::read_volatile(&bytes[half as usize]) } == 0, "the refused copy wrote");
+    // An export whose handle does not fit is revoked, not left behind without a handle.
+    let exports = || {
+        let mut c = fabric_proto::wire::Connection::new(std::os::unix::net::UnixStream::connect(&d.socket).unwrap());
+        c.hello("c-abi-test", fabric_proto::wire::SUPPORTED_VERSIONS).unwrap();
+        match c.call(fabric_proto::wire::Request::Status(fabric_proto::wire::StatusRequest {}), &[]).unwrap().0 {
+            fabric_proto::wire::Response::Status(st) => st.exports,
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut small = [0 as c_char; 4];
+    // SAFETY: s and r are live; the buffers have the lengths given.
+    unsafe {
+        assert_eq!(fmm_export(s, r, u32::MAX, 0, null_mut(), 96), FMM_E_ARG);
+        assert_eq!(fmm_export(s, r, u32::MAX, 0, small.as_mut_ptr(), small.len()), FMM_E_BUFFER);
+    }
+    assert!(last().contains("too small"), "{}", last());
+    assert_eq!(exports(), 0, "no export left without a handle");
     let mut c = null_mut();
     // SAFETY: s is live, endpoints and out valid; done is safe to call from any thread.
     unsafe {

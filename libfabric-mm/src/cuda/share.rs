@@ -65,6 +65,11 @@ impl GpuRegion {
     pub fn export(&self, policy: &Policy) -> Result<Handle> {
         self.session.export_region(self.region, self.owner, policy)
     }
+
+    /// The session that adopted it (its exports are revoked there).
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
 }
 
 impl Drop for GpuRegion {

@@ -7,7 +7,7 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, put};
+use super::{FMM_OK, FmmSession, UserData, arg_err, error_text, fail, get, guard, need_out, put};
 use crate::copy::{Copy, CopyEndpoint, CopyOutcome};
 
 /// The copy has not finished yet (`fmm_copy_poll`, `fmm_copy_wait` with a timeout).
@@ -70,6 +70,7 @@ pub unsafe extern "C" fn fmm_copy_start(
     out: *mut *mut FmmCopy,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, dst, src) = unsafe { (get(s, "session")?, get(dst, "dst")?, get(src, "src")?) };
         let c = s.0.copy(endpoint(dst)?, endpoint(src)?, len).map_err(|e| fail(&e))?;

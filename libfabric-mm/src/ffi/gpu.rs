@@ -13,7 +13,7 @@ use std::os::fd::IntoRawFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::{FMM_E_ARG, arg_err, copy_out, fail, get, guard, put};
+use super::{FMM_E_ARG, arg_err, copy_out, fail, get, guard, need_out, put};
 use crate::cuda::{self, AllocOptions, CudaContext, CudaError, GpuImport, GpuMemory, GpuRegion, OwnedGpuMapping};
 use crate::error::Error;
 
@@ -205,6 +205,7 @@ pub unsafe extern "C" fn fmm_gpu_properties(g: *const FmmGpu, out: *mut FmmGpuPr
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fmm_gpu_alloc(g: *const FmmGpu, size: u64, flags: u32, out: *mut *mut FmmGpuMemory) -> c_int {
     cuda_guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let g = unsafe { get(g, "gpu") }?;
         if flags & !ALLOC_FLAGS != 0 {
@@ -275,6 +276,7 @@ pub unsafe extern "C" fn fmm_gpu_map(
     out: *mut *mut FmmGpuMapping,
 ) -> c_int {
     cuda_guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (m, peers) = unsafe { (get(m, "gpu memory")?, peer_list(peers, npeers)?) };
         let map = OwnedGpuMapping::new(m.0.clone(), &peers).map_err(error)?;
@@ -295,6 +297,7 @@ pub unsafe extern "C" fn fmm_gpu_map_import(
     out: *mut *mut FmmGpuMapping,
 ) -> c_int {
     cuda_guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (i, peers) = unsafe { (get(i, "gpu import")?, peer_list(peers, npeers)?) };
         let map = OwnedGpuMapping::new(i.0.clone(), &peers).map_err(error)?;

@@ -136,6 +136,11 @@ pub unsafe extern "C" fn fmm_translate(
         if count == 0 {
             return Ok(());
         }
+        // Before a slice is made of the caller's pointer: a count past isize::MAX bytes
+        // (a -1 passed by mistake) would be undefined behaviour there.
+        if count > FMM_TRANSLATE_MAX {
+            return Err(arg_err(&format!("count {count} is more than FMM_TRANSLATE_MAX ({FMM_TRANSLATE_MAX})")));
+        }
         if gfas.is_null() || out.is_null() {
             return Err(arg_err("gfas or out is NULL with a non-zero count"));
         }
@@ -177,6 +182,11 @@ pub unsafe extern "C" fn fmm_reverse(
         let s = unsafe { get(s, "session") }?;
         if count == 0 {
             return Ok(());
+        }
+        // Before a slice is made of the caller's pointer: a count past isize::MAX bytes
+        // (a -1 passed by mistake) would be undefined behaviour there.
+        if count > FMM_TRANSLATE_MAX {
+            return Err(arg_err(&format!("count {count} is more than FMM_TRANSLATE_MAX ({FMM_TRANSLATE_MAX})")));
         }
         if items.is_null() || gfas.is_null() {
             return Err(arg_err("items or gfas is NULL with a non-zero count"));

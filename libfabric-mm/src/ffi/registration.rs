@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::{FmmImport, FmmRegion, FmmSession, arg_err, fail, get, guard, opt_str, put};
+use super::{FmmImport, FmmRegion, FmmSession, arg_err, fail, get, guard, need_out, opt_str, put};
 use crate::hostmem::HostBuffer;
 use crate::register::{Access, Registration};
 
@@ -69,6 +69,7 @@ unsafe fn device<'a>(device: *const c_char) -> Result<&'a str, c_int> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fmm_host_alloc(s: *const FmmSession, len: u64, out: *mut *mut FmmHostBuffer) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let s = unsafe { get(s, "session") }?;
         let b = s.0.alloc_host(len).map_err(|e| fail(&e))?;
@@ -121,6 +122,7 @@ pub unsafe extern "C" fn fmm_register_host(
     out: *mut *mut FmmRegistration,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, b, device) = unsafe { (get(s, "session")?, get(b, "host buffer")?, self::device(device)?) };
         let r = s.0.register(&b.0, device, access(access_mode)?).map_err(|e| fail(&e))?;
@@ -141,6 +143,7 @@ pub unsafe extern "C" fn fmm_register_region(
     out: *mut *mut FmmRegistration,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, r, device) = unsafe { (get(s, "session")?, get(r, "region")?, self::device(device)?) };
         let reg = s.0.register(&r.0, device, access(access_mode)?).map_err(|e| fail(&e))?;
@@ -161,6 +164,7 @@ pub unsafe extern "C" fn fmm_register_import(
     out: *mut *mut FmmRegistration,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, i, device) = unsafe { (get(s, "session")?, get(i, "import")?, self::device(device)?) };
         let reg = s.0.register(&i.0, device, access(access_mode)?).map_err(|e| fail(&e))?;
@@ -185,6 +189,7 @@ pub unsafe extern "C" fn fmm_register_ptr(
     out: *mut *mut FmmRegistration,
 ) -> c_int {
     guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, device) = unsafe { (get(s, "session")?, self::device(device)?) };
         let a = access(access_mode)?;

@@ -6,7 +6,9 @@
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
 
-use super::super::{FMM_E_NO_GFA, FmmSession, arg_err, copy_out, get, opt_str, put, req_str, set_error};
+use super::super::{
+    FMM_E_NO_GFA, FmmSession, arg_err, export_out, get, need_buf, need_out, opt_str, put, req_str, set_error,
+};
 use super::{FmmGpu, FmmGpuImport, FmmGpuMemory, FmmGpuRegion, cuda_guard, drop_handle, error};
 use crate::memory::Handle;
 use crate::session::Policy;
@@ -37,6 +39,7 @@ pub unsafe extern "C" fn fmm_gpu_adopt(
     out: *mut *mut FmmGpuRegion,
 ) -> c_int {
     cuda_guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, m, device) = unsafe { (get(s, "session")?, get(m, "gpu memory")?, opt_str(device, "device")?) };
         if flags & !ADOPT_FLAGS != 0 {
@@ -75,8 +78,9 @@ pub unsafe extern "C" fn fmm_gpu_export(
             read_only: read_only != 0,
             ..Policy::default()
         };
+        need_buf(buf)?;
         let h = r.0.export(&policy).map_err(error)?;
-        copy_out(&h.to_string(), buf, len)
+        export_out(r.0.session(), &h, buf, len)
     })
 }
 
@@ -137,6 +141,7 @@ pub unsafe extern "C" fn fmm_gpu_import(
     out: *mut *mut FmmGpuImport,
 ) -> c_int {
     cuda_guard(|| {
+        need_out(out)?;
         // SAFETY: forwarded caller contract.
         let (s, text, g) = unsafe { (get(s, "session")?, req_str(handle, "handle")?, get(g, "gpu")?) };
         let h: Handle = text.parse().map_err(error)?;
