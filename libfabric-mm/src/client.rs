@@ -56,31 +56,41 @@ pub(crate) fn guarded(what: &'static str, callback: impl FnOnce()) {
 }
 
 thread_local! {
-    /// The session ([`Shared`], by address) whose frames this thread is reading while it
-    /// runs that session's event callback: a call of that session made from the callback
-    /// would wait for an answer only this thread can read.
-    static READING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The sessions ([`Shared`], by address) whose frames this thread is reading while it
+    /// runs their event callbacks, innermost last (a callback of one session may drop
+    /// another's objects, whose wait may run that one's callbacks): a call of any of them
+    /// made from a callback would wait for an answer only this thread can read.
+    static READING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Marks this thread as reading `shared`'s frames while it lives (restoring what it
-/// marked before: a callback of one session may run another's).
-struct Reading(usize);
+/// Marks this thread as reading a session's frames while it lives.
+struct Reading;
 
 impl Reading {
     fn enter(shared: &Shared) -> Self {
-        Self(READING.replace(std::ptr::from_ref(shared) as usize))
+        Self::at(std::ptr::from_ref(shared) as usize)
+    }
+
+    fn at(session: usize) -> Self {
+        READING.with_borrow_mut(|r| r.push(session));
+        Self
     }
 }
 
 impl Drop for Reading {
     fn drop(&mut self) {
-        READING.set(self.0);
+        READING.with_borrow_mut(|r| r.pop());
     }
 }
 
-/// Whether this thread is running one of `shared`'s callbacks.
+/// Whether this thread is running one of `shared`'s callbacks, at any depth.
 fn in_callback(shared: &Shared) -> bool {
-    READING.get() == std::ptr::from_ref(shared) as usize
+    reading(std::ptr::from_ref(shared) as usize)
+}
+
+/// Whether this thread reads the session at `session` (by address), at any depth.
+fn reading(session: usize) -> bool {
+    READING.with_borrow(|r| r.contains(&session))
 }
 
 /// A request in flight.
@@ -124,6 +134,9 @@ struct Shared {
     closed: std::sync::atomic::AtomicBool,
     stream: UnixStream,
     on_event: OnEvent,
+    /// Events read by a wait inside one of this session's callbacks
+    /// ([`Client::undo_waiting`]): passed on, in order, once that callback returns.
+    deferred: Mutex<std::collections::VecDeque<Event>>,
 }
 
 impl Shared {
@@ -138,10 +151,26 @@ impl Shared {
     /// Reads one frame (the caller holds the read side) and routes it; false when the
     /// connection is over (every request still waiting then fails with `Disconnected`).
     fn read_one(&self) -> bool {
+        self.read_frame(false)
+    }
+
+    /// [`Self::read_one`]; `nested` in one of this session's callbacks (whose thread holds
+    /// the read side), where an event is kept for when the callback returns rather than
+    /// run inside it.
+    fn read_frame(&self, nested: bool) -> bool {
         match recv_message(&self.stream) {
+            Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event && nested => {
+                self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_back(ev);
+                true
+            }
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
                 let _reading = Reading::enter(self);
                 guarded("event", || (self.on_event)(Notice::Event(ev)));
+                // What a wait in that callback read meanwhile, in order.
+                while let Some(ev) = self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop_front()
+                {
+                    guarded("event", || (self.on_event)(Notice::Event(ev)));
+                }
                 true
             }
             Ok((h, msg, fds)) => {
@@ -296,6 +325,39 @@ impl Pending {
     }
 }
 
+impl Pending {
+    /// [`Self::wait`] in one of this session's callbacks: this thread holds the read side
+    /// (the callback's frame was read by it), so it reads on until the answer comes,
+    /// keeping the events it reads for when the callback returns.
+    fn wait_reading(mut self) -> Reply {
+        self.done = true;
+        let shared = &*self.shared;
+        loop {
+            {
+                let mut st = shared.state();
+                if let Some(e) = st.pending.get_mut(&self.id)
+                    && let Some(r) = e.reply.take()
+                {
+                    st.pending.remove(&self.id);
+                    return r;
+                }
+                if !st.pending.contains_key(&self.id) || st.closed {
+                    st.pending.remove(&self.id);
+                    return Err(Error::Disconnected);
+                }
+            }
+            let open = shared.read_frame(true);
+            // Other callers may have their answer now.
+            shared.changed.notify_all();
+            if !open {
+                let mut st = shared.state();
+                st.pending.remove(&self.id);
+                return Err(Error::Disconnected);
+            }
+        }
+    }
+}
+
 impl Drop for Pending {
     fn drop(&mut self) {
         if self.done {
@@ -392,6 +454,7 @@ impl Client {
             closed: std::sync::atomic::AtomicBool::new(false),
             stream: read_half,
             on_event,
+            deferred: Mutex::new(std::collections::VecDeque::new()),
         });
         let bg = shared.clone();
         let background = std::thread::Builder::new()
@@ -522,6 +585,18 @@ impl Client {
         }
         pending.wait().map(drop)
     }
+
+    /// [`Self::undo`] that waits for the answer even in one of the session's callbacks
+    /// (reading the frames itself there): for an undo after whose answer the caller's own
+    /// memory may be reused — an unregister of a bare pointer, which the daemon answers
+    /// once no copy writes those bytes any more.
+    pub(crate) fn undo_waiting(&self, req: Request) -> Result<()> {
+        let pending = self.start(req, &[])?;
+        if in_callback(&self.shared) {
+            return pending.wait_reading().map(drop);
+        }
+        pending.wait().map(drop)
+    }
 }
 
 impl Drop for Client {
@@ -538,5 +613,25 @@ impl Drop for Client {
         if let Some(r) = self.background.take().filter(|r| r.thread().id() != std::thread::current().id()) {
             let _ = r.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Reading, reading};
+
+    #[test]
+    fn a_callback_of_one_session_inside_anothers_still_counts_for_both() {
+        let x = Reading::at(0x1000);
+        {
+            // X's callback drops an object of Y, whose wait runs Y's callback.
+            let _y = Reading::at(0x2000);
+            // There, a call of X would wait for an answer only this thread (further up its
+            // stack) reads: it must be seen (before, only the innermost session was).
+            assert!(reading(0x1000) && reading(0x2000));
+        }
+        assert!(reading(0x1000) && !reading(0x2000));
+        drop(x);
+        assert!(!reading(0x1000));
     }
 }

@@ -84,11 +84,15 @@ impl Drop for DaemonReg {
         s.registrations.live.fetch_sub(1, Ordering::Relaxed);
         s.registrations.bytes.fetch_sub(self.len, Ordering::Relaxed);
         let req = Request::Unregister(UnregisterRequest { registration: self.id });
-        if let Err(e) = s.client.undo(req) {
+        // A bare pointer's bytes are the caller's to free once this drop returns, and the
+        // daemon answers the unregister only once no copy writes them: that answer is
+        // awaited even in a callback (where a copy into them may still run). Other
+        // memory is the library's, kept until its own drop.
+        let undone = if self._lock.is_some() { s.client.undo_waiting(req) } else { s.client.undo(req) };
+        if let Err(e) = undone {
             tracing::debug!(registration = self.id, error = %e, "unregistering on drop");
         }
-        // `_lock` drops after this body: the pages are unlocked once the daemon let go
-        // (dropped in a callback: once the unregister is sent).
+        // `_lock` drops after this body: the pages are unlocked once the daemon let go.
     }
 }
 
@@ -365,7 +369,8 @@ impl Session {
     ///
     /// # Safety
     /// `ptr..ptr + len` must be memory of this process that stays mapped until the
-    /// registration is dropped; while it is registered read-write, no Rust reference to it
+    /// registration is dropped (its drop returns once the daemon writes none of it, in a
+    /// callback too); while it is registered read-write, no Rust reference to it
     /// may be live across a copy (a device may write it at any time). A child forked while
     /// it is registered does not have those pages at all: it must not touch them.
     pub unsafe fn register_ptr(

@@ -342,3 +342,84 @@ fn waiting_for_a_copy_in_a_callback_of_its_session_is_refused() {
     assert_eq!(polled.unwrap().unwrap(), MIB, "poll answers there");
     assert_eq!(c.wait().unwrap(), MIB, "and the wait after the callback");
 }
+
+/// A bare pointer's registration dropped in another copy's callback while a copy into its
+/// bytes runs: the drop returns only once the daemon stopped writing them. Before, in a
+/// callback the unregister was only sent, the drop returned at once, and memory the
+/// caller then freed and reused (here: mapped afresh at the same address) went on being
+/// written by the engine. (Here the old drop's own bookkeeping of the 65,536 locked pages
+/// took about as long as the daemon's stop, so this test did not catch it: it holds the
+/// promise, not the race.)
+#[test]
+fn a_pointer_registration_dropped_in_a_callback_is_let_go_once_no_copy_writes_it() {
+    const BIG: u64 = 256 * MIB;
+    let d = common::daemon_with_config("[copy]\nengines = 3\nchunk_bytes = 134217728\n");
+    let s = common::session(&d.socket);
+    let t = Target::Device { device: common::gpu(&s), memory: MemoryClass::Hbm };
+    let src = s.map(&s.alloc(&t, BIG).unwrap()).unwrap();
+    // SAFETY: nothing else touches the mapping yet.
+    unsafe { src.as_mut_slice().unwrap() }.fill(0x77);
+    let small = s.map(&s.alloc(&t, MIB).unwrap()).unwrap();
+    for attempt in 0..5 {
+        // SAFETY: a fresh anonymous mapping of BIG bytes.
+        let buf = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BIG as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(buf, libc::MAP_FAILED);
+        let at = buf as usize;
+        // SAFETY: the mapping stays until the end of this attempt (replaced in place, as
+        // a free and a new allocation may do, only once the registration is dropped).
+        let reg =
+            unsafe { s.register_ptr(buf.cast::<u8>(), BIG as usize, &common::gpu(&s), Access::ReadWrite) }.unwrap();
+        let big = s.copy(reg.at(0), CopyEndpoint::Gfa(src.gfa()), BIG).unwrap();
+        let held = std::sync::Arc::new(std::sync::Mutex::new(Some(reg)));
+        let (tx, rx) = mpsc::channel();
+        let in_callback = held.clone();
+        let main = std::thread::current().id();
+        let _b = s
+            .copy_with(CopyEndpoint::Gfa(small.gfa()), CopyEndpoint::Gfa(src.gfa()), 4096, move |_| {
+                // On the thread that read the completion (a callback proper), not at once
+                // in `on_complete` because the copy was already done.
+                let reader = std::thread::current().id() != main;
+                let t0 = std::time::Instant::now();
+                drop(in_callback.lock().unwrap().take());
+                let waited = t0.elapsed();
+                // The caller frees the buffer and reuses the address: fresh zero pages.
+                // SAFETY: the registration is gone; the pages are this test's.
+                let again = unsafe {
+                    libc::mmap(
+                        at as *mut libc::c_void,
+                        BIG as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                        -1,
+                        0,
+                    )
+                };
+                tx.send((again as usize == at, waited, reader)).unwrap();
+            })
+            .unwrap();
+        let (remapped, waited, reader) = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        assert!(remapped, "the address was mapped again");
+        let outcome = big.wait();
+        // SAFETY: the fresh mapping of BIG bytes at `at`, which nothing may write now.
+        let fresh = unsafe { std::slice::from_raw_parts(at as *const u8, BIG as usize) };
+        let written = fresh.iter().filter(|&&b| b != 0).count();
+        // SAFETY: unmaps the test's own mapping.
+        unsafe { libc::munmap(at as *mut libc::c_void, BIG as usize) };
+        eprintln!("attempt {attempt}: the drop waited {waited:?} (on the reader: {reader}); the big copy: {outcome:?}");
+        assert_eq!(written, 0, "attempt {attempt}: {written} bytes written after the drop returned");
+        // Dropped in a callback proper, while the big copy still ran (cut short): shown.
+        if reader && outcome.is_err() {
+            return;
+        }
+    }
+    panic!("the drop never waited for a running copy: nothing shown");
+}
