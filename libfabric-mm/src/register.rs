@@ -73,6 +73,18 @@ struct DaemonReg {
     _lock: Option<PageLock>,
 }
 
+/// Whether a `Register` answer fits the request: `asked` bytes, at an IOVA range that does
+/// not wrap.
+fn check_answer(asked: u64, iova: u64, len: u64) -> std::result::Result<(), String> {
+    if len != asked {
+        return Err(format!("{len} bytes registered, {asked} asked for"));
+    }
+    if iova.checked_add(len).is_none() {
+        return Err(format!("IOVA {iova:#x} + {len:#x} wraps"));
+    }
+    Ok(())
+}
+
 impl Drop for DaemonReg {
     fn drop(&mut self) {
         // A session that is gone took its registrations with it in the daemon.
@@ -327,6 +339,15 @@ impl Session {
                 "{len} bytes at offset {offset} do not fit the {size} bytes of the memory"
             )));
         }
+        // Another session's host buffer: its drop empties its own session's cache, not
+        // this one's, where an entry would keep the bytes pinned until evicted. Uncached.
+        if let Src::Host(h) = memory.source()
+            && !Arc::ptr_eq(&h.session, &self.inner)
+        {
+            let source = (RegisterSource::Fd, None);
+            let reg = self.register_raw(source, offset, len, device, access, Some(h.fd.as_fd()), None)?;
+            return Ok(Registration::whole(Arc::new(reg), keep, false));
+        }
         let regs = &self.inner.registrations;
         let key = {
             let mut st = regs.lock();
@@ -447,6 +468,16 @@ impl Session {
             other => other?,
         };
         let Response::Register(r) = resp else { return Err(Error::Unexpected(Opcode::Register)) };
+        // What the cache and `iova()` rely on: the bytes asked for, in an IOVA range that
+        // does not wrap. Anything else is given back.
+        if let Err(why) = check_answer(len, r.iova, r.len) {
+            let undo = Request::Unregister(UnregisterRequest { registration: r.registration });
+            // A bare pointer's pages stay locked until the daemon let go of them.
+            let undone =
+                if lock.is_some() { self.inner.client.undo_waiting(undo) } else { self.inner.client.undo(undo) };
+            tracing::warn!(registration = r.registration, %why, ?undone, "a registration answer refused");
+            return Err(Error::Unexpected(Opcode::Register));
+        }
         let regs = &self.inner.registrations;
         regs.live.fetch_add(1, Ordering::Relaxed);
         regs.bytes.fetch_add(r.len, Ordering::Relaxed);
@@ -499,5 +530,20 @@ impl Session {
     pub fn clear_registration_cache(&self) {
         let gone = self.inner.registrations.lock().cache.clear();
         drop(gone);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_answer;
+
+    #[test]
+    fn a_register_answer_of_other_bytes_or_a_wrapping_iova_is_refused() {
+        assert_eq!(check_answer(4096, 0x1000, 4096), Ok(()));
+        assert_eq!(check_answer(4096, u64::MAX - 4096, 4096), Ok(()));
+        // Shorter than asked: a cached sub-range would describe IOVAs past it.
+        assert!(check_answer(8192, 0x1000, 4096).unwrap_err().contains("8192 asked for"));
+        // `iova()` would overflow (a panic in a debug build, inside a C call).
+        assert!(check_answer(4096, u64::MAX - 4095, 4096).unwrap_err().contains("wraps"));
     }
 }

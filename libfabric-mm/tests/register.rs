@@ -551,6 +551,21 @@ fn a_cached_registration_is_not_answered_after_the_connection_ended_nor_in_a_for
     assert!(matches!(s.register(&host, &dev, Access::ReadWrite), Err(fabric_mm::Error::Disconnected)));
 }
 
+#[test]
+fn another_sessions_host_buffer_is_registered_uncached_and_let_go_with_it() {
+    let env = start("", |_| {});
+    let (s1, s2) = (common::session(&env.daemon.socket), common::session(&env.daemon.socket));
+    let dev = gpu(&s1);
+    let buf = s1.alloc_host(MIB).unwrap();
+    let r = s2.register(&buf, &dev, Access::ReadWrite).unwrap();
+    assert!(!r.cached(), "another session's buffer is not kept in this session's cache");
+    assert_eq!(daemon_registrations(&env.daemon.socket).0, 1);
+    drop(r);
+    // Before, s2's cache kept it (and its pinned bytes) after the buffer was freed.
+    drop(buf);
+    assert_eq!(daemon_registrations(&env.daemon.socket), (0, 0));
+}
+
 fn fork_and_probe(probes: &[*const u8]) -> Vec<i32> {
     probes.iter().map(|&p| in_child("the probing child hung", || mapped_in_child(p))).collect()
 }
