@@ -102,14 +102,17 @@ impl Mem {
         }
     }
 
-    /// `Err(Revoked)` once the daemon revoked this import.
+    /// `Err(Revoked)` once the daemon revoked this import, or lost this region (its
+    /// device went: the daemon ended its registrations).
     pub(crate) fn check_live(&self) -> Result<()> {
-        if let MemKind::Imported { import } = self.kind
-            && let Some(r) = self.session.revocations.of_import(import)
-        {
-            return Err(Error::Revoked { region: r.region, generation: r.generation, reason: r.reason });
+        let revoked = match self.kind {
+            MemKind::Imported { import } => self.session.revocations.of_import(import),
+            MemKind::Owned => self.session.revocations.of_owned(self.region, self.generation),
+        };
+        match revoked {
+            Some(r) => Err(Error::Revoked { region: r.region, generation: r.generation, reason: r.reason }),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -136,8 +139,9 @@ impl Drop for Mem {
         }
         // Forgotten once released: a revocation the daemon sent before the release was
         // read before its answer, and is forgotten with it.
-        if let MemKind::Imported { import } = self.kind {
-            self.session.revocations.forget(import);
+        match self.kind {
+            MemKind::Imported { import } => self.session.revocations.forget(import),
+            MemKind::Owned => self.session.revocations.forget_owned(self.region, self.generation),
         }
     }
 }

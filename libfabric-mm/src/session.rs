@@ -72,6 +72,11 @@ struct Calls {
 pub(crate) struct Revocations {
     /// Revoked imports by import id.
     by_import: Mutex<HashMap<u64, Revocation>>,
+    /// This session's own regions the daemon lost (a revocation with import 0: their
+    /// device went), by region and generation: the daemon ended their registrations.
+    lost_owned: Mutex<HashMap<(u64, u64), Revocation>>,
+    /// Whether `lost_owned` ever held one: the check of owned memory costs no lock before.
+    any_lost_owned: std::sync::atomic::AtomicBool,
     calls: Mutex<Calls>,
     /// Signalled when a call of the callback ends.
     call_ended: std::sync::Condvar,
@@ -88,7 +93,12 @@ impl Revocations {
         tracing::info!(region = r.region, import = r.import, reason = ?r.reason, "import revoked");
         // Marked first: a `map` racing with this either is fenced below or sees the mark
         // after it placed (`Session::map`).
-        Self::lock(&self.by_import).insert(r.import, r);
+        if r.import == 0 {
+            Self::lock(&self.lost_owned).insert((r.region, r.generation), r);
+            self.any_lost_owned.store(true, std::sync::atomic::Ordering::Release);
+        } else {
+            Self::lock(&self.by_import).insert(r.import, r);
+        }
         // Fenced before anyone is told (an import of another node's memory: see
         // `Mem::fenced_import`): from now on a load or store through its mappings faults
         // instead of reaching memory its owner took back.
@@ -135,6 +145,21 @@ impl Revocations {
 
     pub(crate) fn forget(&self, import: u64) {
         Self::lock(&self.by_import).remove(&import);
+    }
+
+    /// The daemon's word that it lost this session's region `region` of `generation`.
+    pub(crate) fn of_owned(&self, region: u64, generation: u64) -> Option<Revocation> {
+        if !self.any_lost_owned.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        Self::lock(&self.lost_owned).get(&(region, generation)).copied()
+    }
+
+    /// Forgets a lost region once it is freed.
+    pub(crate) fn forget_owned(&self, region: u64, generation: u64) {
+        if self.any_lost_owned.load(std::sync::atomic::Ordering::Acquire) {
+            Self::lock(&self.lost_owned).remove(&(region, generation));
+        }
     }
 }
 

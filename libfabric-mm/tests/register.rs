@@ -566,6 +566,54 @@ fn another_sessions_host_buffer_is_registered_uncached_and_let_go_with_it() {
     assert_eq!(daemon_registrations(&env.daemon.socket), (0, 0));
 }
 
+/// A region whose device vanished (the daemon ends its registrations and tells its owner,
+/// a revocation with import 0) is no longer answered from the cache: before, `register`
+/// kept answering the dead registration, whose IOVA the daemon may hand to another.
+#[test]
+fn a_lost_regions_cached_registrations_are_not_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = dir.path().join("fabric.toml");
+    let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/sim/hgx-h100-8gpu.toml"))
+        .unwrap();
+    std::fs::write(&sim, &base).unwrap();
+    let d = common::daemon_on(&sim, "rescan_interval_s = 1", "", |_| {});
+    let s = common::session(&d.socket);
+    let gpus: Vec<String> = s.devices().unwrap().into_iter().filter(|d| d.kind == "gpu").map(|d| d.id).collect();
+    assert_eq!(gpus.len(), 8);
+    let dev = gpus[0].clone();
+    let regions: Vec<fabric_mm::Region> = gpus.iter().map(|g| hbm(&s, g, MIB)).collect();
+    for r in &regions {
+        drop(s.register(r, &dev, Access::ReadWrite).unwrap());
+        assert!(s.register(r, &dev, Access::ReadWrite).unwrap().cached());
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    s.on_revocation(move |r| {
+        let _ = tx.lock().unwrap().send(*r);
+    });
+    // The last GPU goes from the sim; the next rescan loses its memory.
+    let seven = base
+        .replacen(
+            "count = 8\nparent = \"plx{i/2}\"\nmodel = \"NVIDIA H100",
+            "count = 7\nparent = \"plx{i/2}\"\nmodel = \"NVIDIA H100",
+            1,
+        )
+        .replacen("i = 8\n", "i = 7\n", 1);
+    assert_ne!(seven, base);
+    std::fs::write(dir.path().join("fabric.tmp"), &seven).unwrap();
+    std::fs::rename(dir.path().join("fabric.tmp"), &sim).unwrap();
+    let lost = rx.recv_timeout(Duration::from_secs(20)).expect("the owner is told its region was lost");
+    assert_eq!(lost.import, 0);
+    let region = regions.iter().find(|r| r.id() == lost.region).expect("one of this session's regions");
+    match s.register(region, &dev, Access::ReadWrite) {
+        Err(fabric_mm::Error::Revoked { region: r, .. }) => assert_eq!(r, lost.region),
+        other => panic!("a lost region's registration: {other:?}"),
+    }
+    // The others are still answered from the cache.
+    let other = regions.iter().find(|r| r.id() != lost.region).unwrap();
+    assert!(s.register(other, &dev, Access::ReadWrite).unwrap().cached());
+}
+
 fn fork_and_probe(probes: &[*const u8]) -> Vec<i32> {
     probes.iter().map(|&p| in_child("the probing child hung", || mapped_in_child(p))).collect()
 }
