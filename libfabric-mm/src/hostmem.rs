@@ -70,19 +70,71 @@ impl Drop for KeptOut {
 fn reserve_in_children() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registers a handler that runs in the child, which only maps anonymous
-        // PROT_NONE pages where nothing is mapped.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(reserve_kept_out)) };
+        // SAFETY: registers handlers that only touch atomics (before the fork, in the
+        // parent after it) and, in the child, map anonymous PROT_NONE pages where nothing
+        // is mapped.
+        let rc = unsafe { libc::pthread_atfork(Some(hold_forks), Some(forked_parent), Some(reserve_kept_out)) };
         if rc != 0 {
             tracing::warn!(rc, "cannot install the fork handler: a forked child's kept-out pages stay holes");
         }
     });
 }
 
+/// Threads inside [`unforked`]; a fork waits for none to be.
+static MAPPING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Forks under way (their prepare handler ran, their parent handler not yet).
+static FORKING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Runs `f` — a mapping made and advised `MADV_DONTFORK`, and listed kept out — with no
+/// fork in between: a child forked while a placement's live mapping was not yet advised
+/// would keep the memory (a remote import's, which the parent's fence never reaches), and
+/// one forked before it was listed would have a hole the fork handler does not reserve.
+/// A fork started meanwhile waits for `f` to end (its prepare handler); `f` must not fork.
+pub(crate) fn unforked<T>(f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::Ordering::SeqCst;
+    reserve_in_children();
+    loop {
+        MAPPING.fetch_add(1, SeqCst);
+        if FORKING.load(SeqCst) == 0 {
+            break;
+        }
+        MAPPING.fetch_sub(1, SeqCst);
+        while FORKING.load(SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            MAPPING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let _done = Done;
+    f()
+}
+
+/// The prepare handler: no fork while a thread is inside [`unforked`].
+extern "C" fn hold_forks() {
+    use std::sync::atomic::Ordering::SeqCst;
+    FORKING.fetch_add(1, SeqCst);
+    while MAPPING.load(SeqCst) != 0 {
+        // SAFETY: yields the CPU; no memory of ours is touched.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// The parent's handler after a fork: mappings go on.
+extern "C" fn forked_parent() {
+    FORKING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// The fork handler of [`reserve_in_children`], in the child (one thread, the one that
 /// forked). The list's lock may have been held by another of the parent's threads at the
 /// fork: then nothing is done (the holes stay). Allocates nothing and cannot panic.
 extern "C" fn reserve_kept_out() {
+    // The forking thread is the child's only one: nothing maps, and the counts start over.
+    FORKING.store(0, std::sync::atomic::Ordering::SeqCst);
+    MAPPING.store(0, std::sync::atomic::Ordering::SeqCst);
     let kept = match KEPT_OUT.try_lock() {
         Ok(k) => k,
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -219,24 +271,26 @@ impl HostBuffer {
             tracing::debug!(error = %std::io::Error::last_os_error(), "host buffer not sealed");
         }
         let ulen = len as usize;
-        // SAFETY: a new shared mapping of our memfd at an address the kernel picks; it
-        // aliases no Rust object.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), ulen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os("mapping a host buffer")(std::io::Error::last_os_error()));
-        }
-        // Listed before the advice: a child forked in between has the range reserved.
-        let kept = KeptOut::new(p.cast(), len);
-        // SAFETY: advice on the mapping made above.
-        if unsafe { libc::madvise(p, ulen, libc::MADV_DONTFORK) } != 0 {
-            let e = std::io::Error::last_os_error();
-            drop(kept);
-            // SAFETY: the mapping made above, not handed out.
-            unsafe { libc::munmap(p, ulen) };
-            return Err(Error::os("MADV_DONTFORK on a host buffer")(e));
-        }
+        let (p, kept) = unforked(|| {
+            // SAFETY: a new shared mapping of our memfd at an address the kernel picks; it
+            // aliases no Rust object.
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), ulen, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0)
+            };
+            if p == libc::MAP_FAILED {
+                return Err(Error::os("mapping a host buffer")(std::io::Error::last_os_error()));
+            }
+            let kept = KeptOut::new(p.cast(), len);
+            // SAFETY: advice on the mapping made above.
+            if unsafe { libc::madvise(p, ulen, libc::MADV_DONTFORK) } != 0 {
+                let e = std::io::Error::last_os_error();
+                drop(kept);
+                // SAFETY: the mapping made above, not handed out.
+                unsafe { libc::munmap(p, ulen) };
+                return Err(Error::os("MADV_DONTFORK on a host buffer")(e));
+            }
+            Ok((p, kept))
+        })?;
         let id = NEXT_BUFFER.fetch_add(1, Ordering::Relaxed);
         Ok(Self(Arc::new(HostMem { session, id, ptr: p.cast(), len, fd, _kept: kept })))
     }

@@ -364,30 +364,46 @@ impl Window {
         };
         let file_off = libc::off_t::try_from(offset)
             .map_err(|_| Error::InvalidArgument(format!("offset {offset:#x} too large")))?;
-        // SAFETY: `addr..addr+len` lies inside one of our apertures (checked above) and no
-        // other placement covers it (checked under the lock), so MAP_FIXED replaces only
-        // reserved PROT_NONE pages that nothing references.
-        let p = unsafe {
-            libc::mmap(addr.cast(), len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), file_off)
-        };
-        if p == libc::MAP_FAILED {
-            let source = std::io::Error::last_os_error();
-            refill(addr, len);
-            return Err(Error::Os { what: "mapping memory into the window", source });
-        }
-        // Not inherited by a forked child (the child has the parent's sessions but not their
-        // reader threads: it must not reach the parent's memory through them). The fresh
-        // reservation `reserve_again` maps over a placement is a new mapping without the
-        // advice, so unplacing needs no `MADV_DOFORK`.
-        if !crate::hostmem::madvise(addr.cast(), len as usize, libc::MADV_DONTFORK) {
-            let source = std::io::Error::last_os_error();
-            if let Err(e) = self.reserve_again(&st, gfa, len) {
-                tracing::warn!(gfa, len, error = %e, "cannot take back a placement refused MADV_DONTFORK");
+        // No fork from the map to the advice and the listing (`hostmem::unforked`).
+        let kept = crate::hostmem::unforked(|| {
+            // SAFETY: `addr..addr+len` lies inside one of our apertures (checked above) and
+            // no other placement covers it (checked under the lock), so MAP_FIXED replaces
+            // only reserved PROT_NONE pages that nothing references.
+            let p = unsafe {
+                libc::mmap(
+                    addr.cast(),
+                    len as usize,
+                    prot,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    file_off,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                let source = std::io::Error::last_os_error();
+                refill(addr, len);
+                return Err(Error::Os { what: "mapping memory into the window", source });
             }
-            return Err(Error::Os { what: "keeping a window mapping out of forked children (MADV_DONTFORK)", source });
-        }
+            // Listed before the advice: a child has the range reserved.
+            let kept = crate::hostmem::KeptOut::new(addr, len);
+            // Not inherited by a forked child (the child has the parent's sessions but not
+            // their reader threads: it must not reach the parent's memory through them).
+            // The fresh reservation `reserve_again` maps over a placement is a new mapping
+            // without the advice, so unplacing needs no `MADV_DOFORK`.
+            if !crate::hostmem::madvise(addr.cast(), len as usize, libc::MADV_DONTFORK) {
+                let source = std::io::Error::last_os_error();
+                drop(kept);
+                if let Err(e) = self.reserve_again(&st, gfa, len) {
+                    tracing::warn!(gfa, len, error = %e, "cannot take back a placement refused MADV_DONTFORK");
+                }
+                return Err(Error::Os {
+                    what: "keeping a window mapping out of forked children (MADV_DONTFORK)",
+                    source,
+                });
+            }
+            Ok(kept)
+        })?;
         let access = Arc::new(Access::default());
-        let kept = crate::hostmem::KeptOut::new(addr, len);
         st.placed.insert(gfa, Placed { len, prot, import, access: access.clone(), _kept: kept });
         Ok((addr, access))
     }
@@ -673,6 +689,61 @@ mod tests {
         assert_eq!(back[0], 9, "the store went to the file");
         // The range is placeable again.
         w.place(gfa, 4096, f.as_fd(), 0, Protection::Read).unwrap();
+    }
+
+    /// A child forked while another thread places and unplaces a file never has the
+    /// placement's shared mapping: a fork waits for a placement between its `mmap` and
+    /// its `MADV_DONTFORK` (before, a child forked in between kept the memory, which the
+    /// parent's fence of a revoked import never reaches).
+    #[test]
+    fn a_child_forked_while_another_thread_places_never_has_the_placement() {
+        let w = Arc::new(Window::reserve(small()).unwrap());
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![7u8; 1 << 20]).unwrap();
+        let gfa = (1 << 30) + (1 << 20);
+        let at = w.ptr_of(gfa).unwrap() as usize;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let placer = {
+            let (w, stop) = (w.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    w.place(gfa, 1 << 20, f.as_fd(), 0, Protection::Read).unwrap();
+                    w.unplace(gfa).unwrap();
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let mut inherited = 0;
+        for _ in 0..300 {
+            // SAFETY: the child only reads /proc/self/maps (glibc's malloc is fork-safe)
+            // and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+                let shared = maps.lines().any(|l| {
+                    let mut f = l.split_whitespace();
+                    let (range, perms) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+                    let (lo, hi) = range.split_once('-').unwrap_or(("0", "0"));
+                    let (lo, hi) =
+                        (usize::from_str_radix(lo, 16).unwrap_or(0), usize::from_str_radix(hi, 16).unwrap_or(0));
+                    (lo..hi).contains(&at) && perms.ends_with('s')
+                });
+                // SAFETY: ends the child without running the parent's exit handlers.
+                unsafe { libc::_exit(i32::from(shared)) };
+            }
+            let mut status = 0;
+            // SAFETY: waits for the child forked above.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            assert!(libc::WIFEXITED(status));
+            inherited += libc::WEXITSTATUS(status);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = placer.join().unwrap();
+        assert_eq!(inherited, 0, "{inherited} of 300 children had the placement ({rounds} placements meanwhile)");
+        assert!(rounds > 0);
     }
 
     /// The permissions `/proc/self/maps` gives the page at `p` (`rw-s`, `---p`, …).
