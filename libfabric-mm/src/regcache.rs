@@ -331,61 +331,121 @@ impl<V> RegCache<V> {
 /// Reference counts of locked pages, so that overlapping registrations of a process's own
 /// memory lock a page once and unlock it only when the last of them goes (`mlock` does
 /// not nest: one `munlock` undoes every lock of a page). Pure bookkeeping: the caller
-/// makes the system calls for the runs it is handed.
+/// makes the system calls for the runs it is handed. Kept as runs of pages with one count,
+/// so a registration of a gigabyte costs a few map operations, not one per page.
 #[derive(Debug, Default)]
 pub struct PageCounts {
-    counts: BTreeMap<u64, u32>,
+    /// Disjoint runs: first page → (end page, holders), never a count of 0, and two
+    /// touching runs never have the same count.
+    runs: BTreeMap<u64, (u64, u32)>,
+    pages: u64,
 }
 
 /// Consecutive pages: first page number and how many.
 pub type PageRun = (u64, u64);
 
-fn push_run(runs: &mut Vec<PageRun>, page: u64) {
+/// Appends pages `first..end` to `runs`, joining the last run when they touch.
+fn push_pages(runs: &mut Vec<PageRun>, first: u64, end: u64) {
     match runs.last_mut() {
-        Some((first, n)) if *first + *n == page => *n += 1,
-        _ => runs.push((page, 1)),
+        Some((f, n)) if *f + *n == first => *n += end - first,
+        _ => runs.push((first, end - first)),
     }
 }
 
 impl PageCounts {
     /// No pages held.
     pub const fn new() -> Self {
-        Self { counts: BTreeMap::new() }
+        Self { runs: BTreeMap::new(), pages: 0 }
+    }
+
+    /// Cuts the run that holds `page` (not at its start) in two there.
+    fn split(&mut self, page: u64) {
+        let Some((&first, &(end, count))) = self.runs.range(..page).next_back() else { return };
+        if first < page && page < end {
+            self.runs.insert(first, (page, count));
+            self.runs.insert(page, (end, count));
+        }
+    }
+
+    /// Joins touching runs of one count from the run before `first` to the one at `end`.
+    fn join(&mut self, first: u64, end: u64) {
+        let from = self.runs.range(..first).next_back().map_or(first, |(&k, _)| k);
+        let keys: Vec<u64> = self.runs.range(from..=end).map(|(&k, _)| k).collect();
+        let mut last: Option<u64> = None;
+        for k in keys {
+            let Some(&(e, c)) = self.runs.get(&k) else { continue };
+            if let Some(prev) = last
+                && let Some(&(pe, pc)) = self.runs.get(&prev)
+                && pe == k
+                && pc == c
+            {
+                self.runs.remove(&k);
+                self.runs.insert(prev, (e, c));
+                continue;
+            }
+            last = Some(k);
+        }
     }
 
     /// Counts one more holder of pages `first..first + n`; returns the runs that had no
     /// holder before (the ones to lock now).
     pub fn acquire(&mut self, first: u64, n: u64) -> Vec<PageRun> {
-        let mut runs = Vec::new();
-        for page in first..first.saturating_add(n) {
-            let c = self.counts.entry(page).or_insert(0);
-            *c += 1;
-            if *c == 1 {
-                push_run(&mut runs, page);
-            }
+        let end = first.saturating_add(n);
+        let mut fresh = Vec::new();
+        if first >= end {
+            return fresh;
         }
-        runs
+        self.split(first);
+        self.split(end);
+        let held: Vec<(u64, u64)> = self.runs.range(first..end).map(|(&k, &(e, _))| (k, e)).collect();
+        let mut at = first;
+        for (k, e) in held {
+            if k > at {
+                push_pages(&mut fresh, at, k);
+            }
+            if let Some(run) = self.runs.get_mut(&k) {
+                run.1 = run.1.saturating_add(1);
+            }
+            at = e;
+        }
+        if at < end {
+            push_pages(&mut fresh, at, end);
+        }
+        for &(f, n) in &fresh {
+            self.runs.insert(f, (f + n, 1));
+            self.pages += n;
+        }
+        self.join(first, end);
+        fresh
     }
 
     /// Counts one holder fewer of pages `first..first + n`; returns the runs that have no
     /// holder left (the ones to unlock now). Pages never acquired are ignored.
     pub fn release(&mut self, first: u64, n: u64) -> Vec<PageRun> {
-        let mut runs = Vec::new();
-        for page in first..first.saturating_add(n) {
-            if let Some(c) = self.counts.get_mut(&page) {
-                *c -= 1;
-                if *c == 0 {
-                    self.counts.remove(&page);
-                    push_run(&mut runs, page);
-                }
+        let end = first.saturating_add(n);
+        let mut freed = Vec::new();
+        if first >= end {
+            return freed;
+        }
+        self.split(first);
+        self.split(end);
+        let held: Vec<(u64, u64, u32)> = self.runs.range(first..end).map(|(&k, &(e, c))| (k, e, c)).collect();
+        for (k, e, c) in held {
+            if c <= 1 {
+                self.runs.remove(&k);
+                push_pages(&mut freed, k, e);
+                self.pages -= e - k;
+            } else {
+                self.runs.insert(k, (e, c - 1));
             }
         }
-        runs
+        self.join(first, end);
+        freed
     }
 
     /// Pages held now.
     pub fn pages(&self) -> usize {
-        self.counts.len()
+        usize::try_from(self.pages).unwrap_or(usize::MAX)
     }
 }
 
@@ -512,6 +572,47 @@ mod tests {
         assert_eq!(p.release(11, 4), vec![(11, 4)]);
         assert_eq!(p.pages(), 0);
         assert_eq!(p.release(1, 2), vec![]);
+    }
+
+    proptest! {
+        /// Against a count per page (what it was before): the same runs to lock and to
+        /// unlock, the same pages held, whatever the overlaps.
+        #[test]
+        fn page_runs_count_as_pages_do(ops in proptest::collection::vec((any::<bool>(), 0u64..40, 0u64..20), 1..if cfg!(miri) { 30 } else { 200 })) {
+            let mut p = PageCounts::new();
+            let mut model: BTreeMap<u64, u32> = BTreeMap::new();
+            for (take, first, n) in ops {
+                let mut want = Vec::new();
+                for page in first..first + n {
+                    if take {
+                        let c = model.entry(page).or_insert(0);
+                        *c += 1;
+                        if *c == 1 { push_pages(&mut want, page, page + 1); }
+                    } else if let Some(c) = model.get_mut(&page) {
+                        *c -= 1;
+                        if *c == 0 { model.remove(&page); push_pages(&mut want, page, page + 1); }
+                    }
+                }
+                let got = if take { p.acquire(first, n) } else { p.release(first, n) };
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(p.pages(), model.len());
+                // The runs stay few: no two touching runs of one count.
+                let runs: Vec<_> = p.runs.iter().map(|(&k, &v)| (k, v)).collect();
+                for w in runs.windows(2) {
+                    prop_assert!(!(w[0].1.0 == w[1].0 && w[0].1.1 == w[1].1.1), "{:?}", runs);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_gigabyte_of_pages_is_a_few_runs() {
+        let mut p = PageCounts::new();
+        assert_eq!(p.acquire(1 << 20, 1 << 18), vec![(1 << 20, 1 << 18)]);
+        assert_eq!(p.acquire((1 << 20) + 10, 5), vec![]);
+        assert_eq!(p.runs.len(), 3);
+        assert_eq!(p.release(1 << 20, 1 << 18), vec![(1 << 20, 10), ((1 << 20) + 15, (1 << 18) - 15)]);
+        assert_eq!((p.pages(), p.runs.len()), (5, 1));
     }
 
     #[derive(Debug, Clone)]
