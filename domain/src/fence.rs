@@ -61,12 +61,12 @@ impl Fence {
         }
     }
 
-    fn fenced(&self, reason: String) -> EtcdError {
+    pub(crate) fn fenced(&self, reason: String) -> EtcdError {
         EtcdError::Fenced { node: self.node.clone(), incarnation: self.incarnation, reason }
     }
 
     /// The compares that hold while this membership does.
-    fn compares(&self) -> [Compare; 2] {
+    pub(crate) fn compares(&self) -> [Compare; 2] {
         [
             Compare::create_revision(self.member_key.clone(), CompareOp::Equal, self.create_revision),
             Compare::lease(self.member_key.clone(), CompareOp::Equal, self.lease),
@@ -135,6 +135,19 @@ impl DomainClient {
     /// Deletes `key` if `fence`'s membership still holds; returns the write's revision.
     pub async fn delete_fenced(&self, fence: &Fence, key: impl Into<Vec<u8>>) -> Result<i64, EtcdError> {
         self.fenced_txn(fence, "fenced delete", TxnOp::delete(key, None)).await
+    }
+
+    /// `Ok` while `fence`'s membership holds in etcd (its member key, with its create
+    /// revision and lease), else `Fenced` saying why: what tells a transaction that failed
+    /// on its fence from one that met contention.
+    pub(crate) async fn membership_holds(&self, fence: &Fence) -> Result<(), EtcdError> {
+        let mut kv = self.raw();
+        let response = self.call("member read", kv.get(fence.member_key.clone(), None)).await?;
+        match response.kvs().first() {
+            None => Err(fence.fenced("the member key is gone (the lease expired or was revoked)".to_owned())),
+            Some(e) if e.create_revision() == fence.create_revision && e.lease() == fence.lease => Ok(()),
+            Some(e) => Err(fence.fenced(format!("the member key was put again, on lease {:#x}", e.lease()))),
+        }
     }
 
     async fn fenced_txn(&self, fence: &Fence, op: &'static str, write: TxnOp) -> Result<i64, EtcdError> {

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::etcd::{DomainClient, EtcdError};
+use crate::fence::Fence;
 use crate::records::{
     self, MAX_OWNER_LEN, RECORD_VERSION, Record, RecordError, check_node_name, invalid, is_token_byte,
 };
@@ -248,6 +249,28 @@ impl DomainClient {
     /// batches of that many, within etcd's limits on one transaction (an earlier batch
     /// stays claimed when a later one is refused).
     pub async fn claim_shares(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
+        self.claim_shares_as(None, wants, align).await
+    }
+
+    /// [`DomainClient::claim_shares`] while `fence`'s membership holds: each transaction
+    /// compares the member key too, so a node whose lease ran out meanwhile (and whose
+    /// slot and shares a gc may have given back) claims nothing — `Fenced` instead of
+    /// shares held by a node with no slot.
+    pub async fn claim_shares_fenced(
+        &self,
+        fence: &Fence,
+        wants: &[ShareWant],
+        align: u64,
+    ) -> Result<Vec<Share>, EtcdError> {
+        self.claim_shares_as(Some(fence), wants, align).await
+    }
+
+    async fn claim_shares_as(
+        &self,
+        fence: Option<&Fence>,
+        wants: &[ShareWant],
+        align: u64,
+    ) -> Result<Vec<Share>, EtcdError> {
         // Checked whole, before any batch: a resource asked for twice is refused even
         // when its two asks would fall in different batches.
         for (i, w) in wants.iter().enumerate() {
@@ -258,17 +281,22 @@ impl DomainClient {
             }
         }
         if wants.len() <= CLAIM_BATCH || wants.iter().any(|w| w.at.is_none()) {
-            return self.claim_shares_at_once(wants, align).await;
+            return self.claim_shares_at_once(fence, wants, align).await;
         }
         let mut shares = Vec::with_capacity(wants.len());
         for batch in wants.chunks(CLAIM_BATCH) {
-            shares.extend(self.claim_shares_at_once(batch, align).await?);
+            shares.extend(self.claim_shares_at_once(fence, batch, align).await?);
         }
         Ok(shares)
     }
 
     /// [`DomainClient::claim_shares`] in one transaction (`wants` checked).
-    async fn claim_shares_at_once(&self, wants: &[ShareWant], align: u64) -> Result<Vec<Share>, EtcdError> {
+    async fn claim_shares_at_once(
+        &self,
+        fence: Option<&Fence>,
+        wants: &[ShareWant],
+        align: u64,
+    ) -> Result<Vec<Share>, EtcdError> {
         let node = self.node().to_owned();
         let align = align.max(1).next_power_of_two();
         for attempt in 0..MAX_CLAIM_ATTEMPTS {
@@ -348,8 +376,15 @@ impl DomainClient {
                 compares.push(compare.clone());
                 puts.push(TxnOp::put(key.clone(), records::encode(table), None));
             }
+            if let Some(fence) = fence {
+                fence.check()?;
+                compares.extend(fence.compares());
+            }
             let mut kv = self.raw();
             if !self.call("share claim", kv.txn(Txn::new().when(compares).and_then(puts))).await?.succeeded() {
+                if let Some(fence) = fence {
+                    self.membership_holds(fence).await?;
+                }
                 continue;
             }
             info!(%node, resources = wants.len(), offset = ?common, back = wants.iter().any(|w| w.at.is_some()), grown = grows, attempts = attempt + 1, "claimed shares");

@@ -267,3 +267,31 @@ async fn raw_get(c: &DomainClient, key: &str) -> Option<(Vec<u8>, i64)> {
     let answer = c.raw().get(key, None).await.unwrap();
     answer.kvs().first().map(|e| (e.value().to_vec(), e.mod_revision()))
 }
+
+/// A share claim made for a membership claims nothing once that membership is gone: the
+/// member key removed (a lease run out while the node stalled, a gc) — before, the claim
+/// went through and left a node with no slot and no member key holding a range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_share_claim_claims_nothing_for_a_membership_that_is_gone() {
+    let Some(etcd) = fabric_domain::testing::etcd_or_skip().await else { return };
+    let c = client(&etcd, "tray-f").await;
+    let lease = c.grant_lease().await.unwrap();
+    let fence = c.join_fenced(&lease, &fabric_domain::testing::member("tray-f")).await.unwrap();
+    let want = |r: &str| ShareWant { resource: r.into(), capacity: 1 << 30, len: 256 << 20, at: None, grow_to: None };
+    let shares = c.claim_shares_fenced(&fence, &[want("serial:cxl/0x1/cxl_volatile0")], 2 << 20).await.unwrap();
+    assert_eq!(shares.len(), 1);
+    // The member key goes under the node (the lease is still alive here).
+    c.raw().delete(c.keys().member("tray-f"), None).await.unwrap();
+    match c.claim_shares_fenced(&fence, &[want("serial:cxl/0x2/cxl_volatile0")], 2 << 20).await {
+        Err(EtcdError::Fenced { reason, .. }) => assert!(reason.contains("gone"), "{reason}"),
+        other => panic!("a claim for a membership that is gone: {other:?}"),
+    }
+    let table = c.raw().get(c.keys().share("serial:cxl/0x2/cxl_volatile0"), None).await.unwrap();
+    assert!(table.kvs().is_empty(), "nothing was claimed");
+    // Once the lease is known lost, refused without asking etcd.
+    c.leave(lease).await.unwrap();
+    assert!(matches!(
+        c.claim_shares_fenced(&fence, &[want("serial:cxl/0x3/cxl_volatile0")], 2 << 20).await,
+        Err(EtcdError::Fenced { .. })
+    ));
+}

@@ -203,7 +203,7 @@ pub fn start(
         runtime.spawn(async move {
             let joined = async {
                 let (slot, joined) = join(&dc, &local, &member, served).await?;
-                match claim_shares(&joined.client, &claims).await {
+                match claim_shares(&joined.client, &joined.fence, &claims).await {
                     Ok(shares) => {
                         // The domain read before the node is ready: its first answers (a
                         // map, a peer's link) see the whole domain, not an empty view.
@@ -451,11 +451,12 @@ fn share_claims(wanted: &[ShareWanted], known: &[KnownShare]) -> Vec<ShareWant> 
 /// Claims (or finds) this node's share of each resource of `wants`: back where it was
 /// ([`ShareWant::at`]), the others at one offset where that is free (the members of an
 /// interleave set stripe at one DPA on each).
-async fn claim_shares(client: &DomainClient, wants: &[ShareWant]) -> Result<Vec<KnownShare>, EtcdError> {
+/// Fenced by the membership just joined: a node whose lease ran out meanwhile claims none.
+async fn claim_shares(client: &DomainClient, fence: &Fence, wants: &[ShareWant]) -> Result<Vec<KnownShare>, EtcdError> {
     if wants.is_empty() {
         return Ok(Vec::new());
     }
-    let shares = client.claim_shares(wants, crate::memory::alloc::GRANULE).await?;
+    let shares = client.claim_shares_fenced(fence, wants, crate::memory::alloc::GRANULE).await?;
     Ok(wants
         .iter()
         .zip(shares)
@@ -465,9 +466,9 @@ async fn claim_shares(client: &DomainClient, wants: &[ShareWant]) -> Result<Vec<
 
 /// Claims this node's shares back where it serves them (a rejoin: a gc while the node was
 /// away freed them); [`EtcdError::ShareLost`] when another node holds a range now.
-pub(super) async fn claim_back(client: &DomainClient, held: &[KnownShare]) -> Result<(), EtcdError> {
+pub(super) async fn claim_back(client: &DomainClient, fence: &Fence, held: &[KnownShare]) -> Result<(), EtcdError> {
     let wants: Vec<ShareWant> = held.iter().map(KnownShare::want).collect();
-    claim_shares(client, &wants).await.map(drop)
+    claim_shares(client, fence, &wants).await.map(drop)
 }
 
 /// A claimed share as the share file remembers it, and as the node serves it.

@@ -167,7 +167,7 @@ async fn rejoin(domain: &Domain) -> Result<Joined, EtcdError> {
     let (_, j) = join::join(&domain.config, &domain.settings, &domain.member, Some(domain.slot)).await?;
     // The shares too: a gc while the node was away freed them, and another node may hold
     // their ranges now; serving on would hand out its memory.
-    if let Err(e) = join::claim_back(&j.client, &domain.shares).await {
+    if let Err(e) = join::claim_back(&j.client, &j.fence, &domain.shares).await {
         let _ = j.client.leave(j.lease).await;
         return Err(e);
     }
