@@ -280,6 +280,7 @@ pub fn start(
         merges: AtomicU64::new(0),
         etcd_errors: AtomicU64::new(0),
         lease: AtomicI64::new(0),
+        left: std::sync::atomic::AtomicBool::new(false),
         link,
         shares: held,
         daemon: std::sync::OnceLock::new(),

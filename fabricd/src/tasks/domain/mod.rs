@@ -228,6 +228,10 @@ pub struct Domain {
     etcd_errors: AtomicU64,
     /// The lease the member key lives on while joined; 0 when not joined.
     lease: AtomicI64,
+    /// Set by [`Domain::leave`]: the domain task ends instead of rejoining (a revoked
+    /// lease reads as lost, and a rejoin would put a member key that outlives the daemon
+    /// by a TTL, refusing a quick restart `NameTaken`).
+    left: std::sync::atomic::AtomicBool,
     /// The node link (`crate::peer`), when `[peer]` names its credentials.
     link: Option<crate::peer::NodeLink>,
     /// This node's shares of memory other hosts reach too, as claimed at start (and
@@ -521,16 +525,21 @@ impl Domain {
         // Long enough for a leader's handover (one TTL).
         let wait = Duration::from_secs(self.config.lease_ttl_secs).max(self.config.request_timeout() * 2);
         let deadline = std::time::Instant::now() + wait;
+        // Looked at often while a live leader takes it at once, then less and less (up to
+        // a twelfth of the TTL): with no leader, one request is not thousands of reads.
+        let (mut poll, most) = (Duration::from_millis(20), (wait / 12).max(Duration::from_millis(20)));
         loop {
             let (c, n) = (client.clone(), owned.clone());
             if !self.ask("gc queue read", async move { c.gc_pending(&n).await })? {
                 break;
             }
-            if std::time::Instant::now() >= deadline {
+            let now = std::time::Instant::now();
+            if now >= deadline {
                 let leader = self.leadership().leader().map(str::to_owned);
                 return Err(GcError::NotCarriedOut { leader, after: wait });
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(poll.min(deadline - now));
+            poll = (poll * 2).min(most);
         }
         // The leader took the request: done, unless the node was live.
         let (c, n) = (client.clone(), owned.clone());
@@ -594,6 +603,7 @@ impl Domain {
     /// Leaves the domain at shutdown: revokes the lease, so the member key goes at once
     /// (the slot stays). Waits for etcd at most one request timeout.
     pub fn leave(&self) {
+        self.left.store(true, Ordering::SeqCst);
         let lease = self.lease.swap(0, Ordering::Relaxed);
         let Some(client) = (*self.client.load_full()).clone().filter(|_| lease != 0) else { return };
         let (tx, rx) = std::sync::mpsc::channel();
@@ -608,6 +618,11 @@ impl Domain {
             }
             Err(_) => tracing::warn!("etcd did not answer the leave; the node goes with its lease"),
         }
+    }
+
+    /// Whether the node left the domain ([`Domain::leave`]): nothing joins again.
+    pub(super) fn has_left(&self) -> bool {
+        self.left.load(Ordering::SeqCst)
     }
 
     /// Publishes a new view; the node link hears of it (members that left or restarted

@@ -41,6 +41,10 @@ pub(super) async fn run(
     // taken by another host.
     let mut withdrawn = false;
     loop {
+        if domain.has_left() {
+            tracing::info!("left the domain: no rejoin");
+            return;
+        }
         let j = match joined.take() {
             Some(j) => j,
             None => match rejoin(&domain).await {
@@ -120,6 +124,10 @@ pub(super) async fn run(
                 }
             }
         };
+        if domain.has_left() {
+            tracing::info!(%reason, "left the domain: the lease was given back");
+            return;
+        }
         tracing::warn!(%reason, incarnation = j.incarnation, "lease lost: domain writes stop until the node rejoins");
         domain.set_status(|s| s.standing = Standing::Fenced(format!("lease lost: {reason}")));
         domain.client.store(Arc::new(None));
