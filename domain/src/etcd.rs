@@ -579,9 +579,21 @@ impl DomainClient {
 
     /// One key's value and modification revision; `None` when it is absent.
     pub(crate) async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
+        self.get_raw_at(key, None).await.map(|(entry, _)| entry)
+    }
+
+    /// [`Self::get_raw`] as of `revision` (`None`: now), with the revision read at: a
+    /// second read at that revision sees the store as the first did.
+    pub(crate) async fn get_raw_at(
+        &self,
+        key: &str,
+        revision: Option<i64>,
+    ) -> Result<(Option<(Vec<u8>, i64)>, i64), EtcdError> {
         let mut kv = self.client.clone();
-        let response = self.call("read", kv.get(key, None)).await?;
-        Ok(response.kvs().first().map(|entry| (entry.value().to_vec(), entry.mod_revision())))
+        let options = revision.map(|r| etcd_client::GetOptions::new().with_revision(r));
+        let response = self.call("read", kv.get(key, options)).await?;
+        let at = response.header().map_or(0, |h| h.revision());
+        Ok((response.kvs().first().map(|entry| (entry.value().to_vec(), entry.mod_revision())), revision.unwrap_or(at)))
     }
 
     /// Decodes a value read from `key`, naming the key when refused.

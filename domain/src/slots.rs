@@ -95,11 +95,11 @@ impl DomainClient {
     /// The slot `node` holds, checked against the slot's own key; `None` when it holds none.
     pub async fn held_slot(&self, node: &str) -> Result<Option<u32>, EtcdError> {
         let reverse = self.keys().slot_of(node);
-        let Some((value, _)) = self.get_raw(&reverse).await? else {
+        let (Some((value, _)), at) = self.get_raw_at(&reverse, None).await? else {
             return Ok(None);
         };
         let claim: SlotClaim = self.decode(&reverse, &value)?;
-        self.check_claim(node, &claim).await?;
+        self.check_claim(node, &claim, at).await?;
         Ok(Some(claim.slot))
     }
 
@@ -108,11 +108,11 @@ impl DomainClient {
     /// Returns the slot freed, `None` when it held none.
     pub async fn gc_slot(&self, node: &str) -> Result<Option<u32>, EtcdError> {
         let reverse = self.keys().slot_of(node);
-        let Some((value, revision)) = self.get_raw(&reverse).await? else {
+        let (Some((value, revision)), at) = self.get_raw_at(&reverse, None).await? else {
             return Ok(None);
         };
         let claim: SlotClaim = self.decode(&reverse, &value)?;
-        self.check_claim(node, &claim).await?;
+        self.check_claim(node, &claim, at).await?;
         let member = self.keys().member(node);
         let slot_key = self.keys().slot(claim.slot);
         // Its shares of shared memory are released in the same transaction.
@@ -151,14 +151,16 @@ impl DomainClient {
         }
     }
 
-    /// Checks that `slot-of/<node>`'s claim names `node` and that `slots/<n>` agrees.
-    async fn check_claim(&self, node: &str, claim: &SlotClaim) -> Result<(), EtcdError> {
+    /// Checks that `slot-of/<node>`'s claim, read at revision `at`, names `node` and that
+    /// `slots/<n>` agrees at that same revision (a gc between two reads at different
+    /// revisions would read as `Inconsistent`, which stops a start).
+    async fn check_claim(&self, node: &str, claim: &SlotClaim, at: i64) -> Result<(), EtcdError> {
         let inconsistent = |holder: String| EtcdError::Inconsistent { node: node.to_owned(), slot: claim.slot, holder };
         if claim.node != node {
             return Err(inconsistent(format!("{} (by slot-of/{node} itself)", claim.node)));
         }
         let key = self.keys().slot(claim.slot);
-        match self.get_raw(&key).await? {
+        match self.get_raw_at(&key, Some(at)).await?.0 {
             None => Err(inconsistent("nobody".to_owned())),
             Some((value, _)) => {
                 let holder: SlotClaim = self.decode(&key, &value)?;
@@ -184,7 +186,31 @@ fn name_hash(name: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::name_hash;
+    use crate::records::{DataPathKind, DomainSettings, RecordLimits, SlotClaim};
+    use crate::{DomainClient, testing};
+
+    /// A gc that lands between the read of `slot-of/<node>` and that of `slots/<n>` does
+    /// not make the claim read as inconsistent (which stops a start): the second read is
+    /// at the first one's revision. Before, it read `slots/<n>` now: gone, "nobody".
+    #[tokio::test]
+    async fn a_claim_is_checked_at_the_revision_it_was_read() {
+        let Some(etcd) = testing::etcd_or_skip().await else { return };
+        let c = DomainClient::connect(&testing::config(etcd.endpoint(), "tray-r", 6), RecordLimits::default())
+            .await
+            .unwrap();
+        let settings = DomainSettings::new(44, 1 << 40, vec![DataPathKind::SharedFile]);
+        let slot = c.claim_slot(&settings).await.unwrap();
+        let reverse = c.keys().slot_of("tray-r");
+        let (Some((value, _)), at) = c.get_raw_at(&reverse, None).await.unwrap() else { panic!("no claim") };
+        let claim: SlotClaim = c.decode(&reverse, &value).unwrap();
+        assert_eq!(claim.slot, slot);
+        assert_eq!(c.gc_slot("tray-r").await.unwrap(), Some(slot));
+        c.check_claim("tray-r", &claim, at).await.unwrap();
+        assert_eq!(c.held_slot("tray-r").await.unwrap(), None, "held no more, as read now");
+    }
 
     #[test]
     fn the_name_hash_is_fnv1a() {
