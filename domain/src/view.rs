@@ -289,6 +289,11 @@ impl DomainView {
         self.partitions.sorted().into_iter().map(|(_, p)| &**p)
     }
 
+    /// The placements record `node` published, when it was accepted.
+    pub fn placements_of(&self, node: &str) -> Option<&PlacementsRecord> {
+        self.placements.get(node).map(|p| &**p)
+    }
+
     /// The topology record `node` published, when it holds a slot and the record was
     /// accepted (`crate::domain_fabric` merges them).
     pub fn topology(&self, node: &str) -> Option<&TopologyRecord> {

@@ -815,6 +815,48 @@ fn placements_changed_while_etcd_is_away_reach_the_others_once_it_is_back() {
     assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership, no rejoin");
 }
 
+/// A watch broken by an etcd restart (every node's at once) does not make a node write
+/// its unchanged placements and topology again: before, each new session rewrote both,
+/// and every other node received them.
+#[test]
+fn unchanged_records_are_not_written_again_after_etcd_restarts() {
+    const LONG_TTL: u64 = 30;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(mut etcd) = etcd(&rt) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut trays = tray1_rescanning(&etcd, dir.path(), LONG_TTL);
+    let clients = &mut trays.clients;
+    let incarnation = domain(&mut clients[1], DomainAction::Status)["self"]["incarnation"].as_u64().unwrap();
+    let keys = fabric_domain::records::Keys::new("test");
+    let revisions = |rt: &tokio::runtime::Runtime, endpoint: String| {
+        let (placements, topology) = (keys.placements("tray1"), keys.topology("tray1"));
+        rt.block_on(async move {
+            let mut client = fabric_domain::etcd_client::Client::connect([endpoint], None).await.unwrap();
+            let mut at = Vec::new();
+            for key in [placements, topology] {
+                let answer = client.get(key.clone(), None).await.unwrap();
+                at.push(answer.kvs().first().map(|kv| kv.mod_revision()).unwrap_or_else(|| panic!("{key} absent")));
+            }
+            at
+        })
+    };
+    let before = revisions(&rt, etcd.endpoint().to_owned());
+    let restarts = |c: &mut Connection| domain(c, DomainAction::Status)["etcd"]["errors"].as_u64().unwrap_or(0);
+    let errors_before = restarts(&mut clients[1]);
+    rt.block_on(etcd.restart()).unwrap();
+    // tray1 saw its watch break, and watched again.
+    until(Duration::from_secs(10), "tray1 saw etcd go", || restarts(&mut clients[1]) > errors_before);
+    until(Duration::from_secs(10), "tray1 joined and reaching etcd", || {
+        let s = domain(&mut clients[1], DomainAction::Status);
+        s["self"]["standing"] == "joined" && s["etcd"]["reachable"] == true
+    });
+    // Longer than the session's first publish after a watch is set up again.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(revisions(&rt, etcd.endpoint().to_owned()), before, "tray1 rewrote unchanged records");
+    let status = domain(&mut clients[1], DomainAction::Status);
+    assert_eq!(status["self"]["incarnation"].as_u64(), Some(incarnation), "the same membership: {status}");
+}
+
 #[test]
 fn placements_etcd_refuses_to_store_are_written_when_it_takes_writes_again() {
     // etcd stays up, its watch and the node's lease alive, but refuses every write (its
