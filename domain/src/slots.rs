@@ -112,7 +112,7 @@ impl DomainClient {
             return Ok(None);
         };
         let claim: SlotClaim = self.decode(&reverse, &value)?;
-        self.check_claim(node, &claim, at).await?;
+        let slot_revision = self.check_claim(node, &claim, at).await?;
         let member = self.keys().member(node);
         let slot_key = self.keys().slot(claim.slot);
         // Its shares of shared memory are released in the same transaction.
@@ -122,6 +122,8 @@ impl DomainClient {
                 [
                     Compare::create_revision(member.clone(), CompareOp::Equal, 0),
                     Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision),
+                    // The slot key as checked: one changed since (by hand) is not deleted.
+                    Compare::mod_revision(slot_key.clone(), CompareOp::Equal, slot_revision),
                 ]
                 .into_iter()
                 .chain(share_compares)
@@ -153,8 +155,9 @@ impl DomainClient {
 
     /// Checks that `slot-of/<node>`'s claim, read at revision `at`, names `node` and that
     /// `slots/<n>` agrees at that same revision (a gc between two reads at different
-    /// revisions would read as `Inconsistent`, which stops a start).
-    async fn check_claim(&self, node: &str, claim: &SlotClaim, at: i64) -> Result<(), EtcdError> {
+    /// revisions would read as `Inconsistent`, which stops a start). Answers the slot
+    /// key's mod revision.
+    async fn check_claim(&self, node: &str, claim: &SlotClaim, at: i64) -> Result<i64, EtcdError> {
         let inconsistent = |holder: String| EtcdError::Inconsistent { node: node.to_owned(), slot: claim.slot, holder };
         if claim.node != node {
             return Err(inconsistent(format!("{} (by slot-of/{node} itself)", claim.node)));
@@ -162,9 +165,13 @@ impl DomainClient {
         let key = self.keys().slot(claim.slot);
         match self.get_raw_at(&key, Some(at)).await?.0 {
             None => Err(inconsistent("nobody".to_owned())),
-            Some((value, _)) => {
+            Some((value, revision)) => {
                 let holder: SlotClaim = self.decode(&key, &value)?;
-                if holder.node == node && holder.slot == claim.slot { Ok(()) } else { Err(inconsistent(holder.node)) }
+                if holder.node == node && holder.slot == claim.slot {
+                    Ok(revision)
+                } else {
+                    Err(inconsistent(holder.node))
+                }
             }
         }
     }
@@ -208,7 +215,7 @@ mod tests {
         let claim: SlotClaim = c.decode(&reverse, &value).unwrap();
         assert_eq!(claim.slot, slot);
         assert_eq!(c.gc_slot("tray-r").await.unwrap(), Some(slot));
-        c.check_claim("tray-r", &claim, at).await.unwrap();
+        assert!(c.check_claim("tray-r", &claim, at).await.unwrap() > 0);
         assert_eq!(c.held_slot("tray-r").await.unwrap(), None, "held no more, as read now");
     }
 

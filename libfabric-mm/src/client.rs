@@ -30,6 +30,11 @@ pub(crate) type Reply = Result<(Response, Vec<OwnedFd>)>;
 pub(crate) enum Notice {
     /// An event fabricd sent.
     Event(Event),
+    /// An event read by a wait inside one of the session's callbacks, at once: what the
+    /// library itself must do then (a revocation's mark and fence: the memory is not
+    /// reached meanwhile). The same event follows as [`Notice::Event`] once that callback
+    /// returns, for the application's callbacks.
+    Arrived(Event),
     /// The connection is over (fabricd went, or [`Client::disconnect`]); told once. Nothing
     /// that was still to come on it (a copy's completion) will.
     Closed,
@@ -71,15 +76,17 @@ impl Reading {
         Self::at(std::ptr::from_ref(shared) as usize)
     }
 
+    /// (Past the thread's thread-locals' end — a drop in another thread-local's
+    /// destructor, a C `atexit` handler — nothing is marked: no callback runs there.)
     fn at(session: usize) -> Self {
-        READING.with_borrow_mut(|r| r.push(session));
+        let _ = READING.try_with(|r| r.borrow_mut().push(session));
         Self
     }
 }
 
 impl Drop for Reading {
     fn drop(&mut self) {
-        READING.with_borrow_mut(|r| r.pop());
+        let _ = READING.try_with(|r| r.borrow_mut().pop());
     }
 }
 
@@ -90,7 +97,7 @@ fn in_callback(shared: &Shared) -> bool {
 
 /// Whether this thread reads the session at `session` (by address), at any depth.
 fn reading(session: usize) -> bool {
-    READING.with_borrow(|r| r.contains(&session))
+    READING.try_with(|r| r.borrow().contains(&session)).unwrap_or(false)
 }
 
 /// A request in flight.
@@ -154,21 +161,27 @@ impl Shared {
         self.read_frame(false)
     }
 
+    /// The first event a wait in a callback kept, taken off the queue.
+    fn next_deferred(&self) -> Option<Event> {
+        self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop_front()
+    }
+
     /// [`Self::read_one`]; `nested` in one of this session's callbacks (whose thread holds
     /// the read side), where an event is kept for when the callback returns rather than
     /// run inside it.
     fn read_frame(&self, nested: bool) -> bool {
         match recv_message(&self.stream) {
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event && nested => {
+                guarded("event", || (self.on_event)(Notice::Arrived(ev.clone())));
                 self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_back(ev);
                 true
             }
             Ok((h, Message::Event(ev), _)) if h.kind == FrameKind::Event => {
                 let _reading = Reading::enter(self);
                 guarded("event", || (self.on_event)(Notice::Event(ev)));
-                // What a wait in that callback read meanwhile, in order.
-                while let Some(ev) = self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop_front()
-                {
+                // What a wait in that callback read meanwhile, in order (the queue's lock
+                // let go before each call: a callback may wait, and queue, again).
+                while let Some(ev) = self.next_deferred() {
                     guarded("event", || (self.on_event)(Notice::Event(ev)));
                 }
                 true

@@ -90,6 +90,25 @@ impl Revocations {
     }
 
     fn record(&self, r: Revocation) {
+        self.mark(r);
+        // Called outside the lock, so that the callback may replace itself.
+        let me = std::thread::current().id();
+        let cb = {
+            let mut calls = Self::lock(&self.calls);
+            let Some(cb) = calls.callback.clone() else { return };
+            calls.running.push(me);
+            cb
+        };
+        // Leaves the running list when the call ends, a panicking call included: a
+        // replacement waiting for it would otherwise wait for good.
+        let _ended = CallEnded { revocations: self, thread: me };
+        cb(&r);
+    }
+
+    /// What the library does on a revocation before anyone is told: the mark that refuses
+    /// the memory, and the fence of its mappings (both idempotent: a revocation read by a
+    /// wait inside a callback is marked at once, and recorded again once it returns).
+    fn mark(&self, r: Revocation) {
         tracing::info!(region = r.region, import = r.import, reason = ?r.reason, "import revoked");
         // Marked first: a `map` racing with this either is fenced below or sees the mark
         // after it placed (`Session::map`).
@@ -110,18 +129,6 @@ impl Revocations {
                 tracing::info!(import = r.import, mappings = fenced, "revoked import's mappings fenced");
             }
         }
-        // Called outside the lock, so that the callback may replace itself.
-        let me = std::thread::current().id();
-        let cb = {
-            let mut calls = Self::lock(&self.calls);
-            let Some(cb) = calls.callback.clone() else { return };
-            calls.running.push(me);
-            cb
-        };
-        // Leaves the running list when the call ends, a panicking call included: a
-        // replacement waiting for it would otherwise wait for good.
-        let _ended = CallEnded { revocations: self, thread: me };
-        cb(&r);
     }
 
     /// Sets (or, with `None`, removes) the callback. Once this returns the one it replaced
@@ -388,7 +395,8 @@ impl Session {
         let on_event = Box::new(move |n: Notice| match n {
             Notice::Event(Event::Revocation(r)) => sink.record(r),
             Notice::Event(Event::CopyDone(d)) => copy_sink.complete(d),
-            Notice::Event(_) => {}
+            Notice::Arrived(Event::Revocation(r)) => sink.mark(r),
+            Notice::Event(_) | Notice::Arrived(_) => {}
             Notice::Closed => copy_sink.disconnected(),
         });
         let name = config.client_name.as_deref().unwrap_or("libfabric-mm");

@@ -604,7 +604,7 @@ impl Domain {
     /// (the slot stays). Waits for etcd at most one request timeout.
     pub fn leave(&self) {
         self.left.store(true, Ordering::SeqCst);
-        let lease = self.lease.swap(0, Ordering::Relaxed);
+        let lease = self.lease.swap(0, Ordering::SeqCst);
         let Some(client) = (*self.client.load_full()).clone().filter(|_| lease != 0) else { return };
         let (tx, rx) = std::sync::mpsc::channel();
         self.runtime.get().spawn(async move {

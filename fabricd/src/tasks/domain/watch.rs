@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fabric_domain::etcd_client::{EventType, GetOptions};
-use fabric_domain::{DomainClient, DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord};
+use fabric_domain::{
+    DomainClient, DomainView, Election, EtcdError, LeaseState, PlacementsRecord, TopologyRecord, records,
+};
 
 use super::join::{self, Joined};
 use super::{Domain, Standing, duties, publish};
@@ -42,6 +44,10 @@ pub(super) async fn run(
     let mut withdrawn = false;
     loop {
         if domain.has_left() {
+            // A join that was under way when the node left: its lease given back too.
+            if let Some(j) = joined.take() {
+                let _ = tokio::time::timeout(domain.config.request_timeout(), j.client.leave(j.lease)).await;
+            }
             tracing::info!("left the domain: no rejoin");
             return;
         }
@@ -80,7 +86,13 @@ pub(super) async fn run(
         };
         domain.client.store(Arc::new(Some(j.client.clone())));
         domain.fence.store(Arc::new(Some(j.fence.clone())));
-        domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::Relaxed);
+        // Stored, then `left` read (both SeqCst, as `Domain::leave` sets `left`, then
+        // takes the lease): a leave either takes this lease, or is seen here.
+        domain.lease.store(j.lease.id(), std::sync::atomic::Ordering::SeqCst);
+        if domain.has_left() {
+            joined = Some(j);
+            continue;
+        }
         // One campaign per join: a session that ends with a broken watch keeps it.
         let e = election.get_or_insert_with(|| Election::start(&j.client, &j.lease));
         domain.leadership.store(Arc::new(Some(e.watch())));
@@ -94,7 +106,15 @@ pub(super) async fn run(
         });
         let began = tokio::time::Instant::now();
         let reason = match session(&domain, &j, &reader, resume.take()).await {
-            End::LeaseLost(reason) => reason,
+            End::LeaseLost(reason) => {
+                // The view stays a true prefix of the domain's history: the next session
+                // watches on from it rather than reading the whole domain again (about
+                // 18 MiB at 12,500 nodes, every node at once when etcd was away); where
+                // that was compacted, or etcd went back in time, it reads.
+                let last = domain.view();
+                resume = (last.revision() > 0).then(|| Box::new((*last).clone()));
+                reason
+            }
             End::Watch { reason, resume: view } => {
                 match &view {
                     Some(v) => tracing::warn!(%reason, from = v.revision() + 1, "domain watch lost; watching again"),
@@ -147,12 +167,14 @@ pub(super) async fn run(
         if let Ok(Err(e)) = revoked {
             tracing::debug!(error = %crate::error_chain(&e), "the lost lease could not be revoked");
         }
-        // The view stays a true prefix of the domain's history: the next session watches
-        // on from it rather than reading the whole domain again (about 18 MiB at 12,500
-        // nodes, every node at once when etcd was away); compacted past it, it reads.
-        let last = domain.view();
-        resume = (last.revision() > 0).then(|| Box::new((*last).clone()));
     }
+}
+
+/// etcd's revision now (a read of the settings key: any key's answer carries it).
+async fn current_revision(client: &DomainClient) -> Result<i64, EtcdError> {
+    let mut kv = client.raw();
+    let answer = client.call("revision read", kv.get(client.keys().settings(), None)).await?;
+    Ok(answer.header().map_or(0, |h| h.revision()))
 }
 
 /// `d` spread over ±50 %: nodes that all lost etcd at one instant do not all come back
@@ -208,6 +230,24 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
     // A resumed watch that breaks again before any event came is not resumed a second
     // time: what breaks it may be at its start revision (a catch-up answer past the
     // message limit, say), and a read of the domain, paged, gets past it.
+    // A view ahead of etcd (restored from an older snapshot: its revisions went back) is
+    // not watched on from: the revisions it waits for would be other changes.
+    let resume = match resume {
+        Some(view) => match unless_lost(&mut lease, current_revision(&j.client)).await {
+            Ok(Ok(now)) if now >= view.revision() => Some(view),
+            Ok(Ok(now)) => {
+                tracing::warn!(
+                    view = view.revision(),
+                    etcd = now,
+                    "etcd is behind this node's view (restored?); reading the domain again"
+                );
+                None
+            }
+            Ok(Err(e)) => return End::Watch { reason: crate::error_chain(&e), resume: Some(view) },
+            Err(end) => return end,
+        },
+        None => None,
+    };
     let resumed = resume.is_some();
     let mut progressed = false;
     let again = |view: DomainView, progressed: bool| (!resumed || progressed).then(|| Box::new(view));
@@ -236,6 +276,8 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
         placements: view.placements_of(&domain.config.node).cloned(),
         topology: view.topology(&domain.config.node).cloned(),
     };
+    let (own_placements, own_topology) =
+        (j.client.keys().placements(&domain.config.node), j.client.keys().topology(&domain.config.node));
     // When a failed write is tried again: a deadline of the loop below, never a sleep
     // inside it, so a lost lease is acted on at once meanwhile.
     let mut retry = match unless_lost(&mut lease, publish(domain, j, reader, &mut published)).await {
@@ -301,6 +343,7 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                 }
                 progressed |= !response.events().is_empty();
                 let mut queued = false;
+                let mut own_changed = false;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let value = match event.event_type() {
@@ -308,6 +351,15 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                         EventType::Delete => None,
                     };
                     queued |= value.is_some() && kv.key().starts_with(&gc_queue);
+                    // What etcd holds of this node's own records now (its own writes
+                    // coming back, or another's): written again where it differs.
+                    if kv.key() == own_placements.as_bytes() {
+                        published.placements = value.and_then(|v| records::decode(v, Domain::limits()).ok());
+                        own_changed = true;
+                    } else if kv.key() == own_topology.as_bytes() {
+                        published.topology = value.and_then(|v| records::decode(v, Domain::limits()).ok());
+                        own_changed = true;
+                    }
                     if let Err(reason) = view.apply(kv.key(), value, kv.mod_revision()) {
                         tracing::warn!(key = %String::from_utf8_lossy(kv.key()), %reason, "refused an etcd record");
                     }
@@ -315,6 +367,9 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                 domain.publish_view(view.clone());
                 if queued {
                     duties(&busy);
+                }
+                if own_changed && retry.is_none() {
+                    retry = Some(tokio::time::Instant::now());
                 }
             }
             _ = probe.tick() => {
