@@ -9,7 +9,7 @@ mod common;
 
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -353,6 +353,50 @@ fn a_region_file_registers_as_its_region_or_import() {
     owner.call(Request::Revoke(RevokeRequest { handle }), &[]).unwrap();
     let s = status(&mut c);
     assert_eq!((s.registrations, s.pinned_bytes), (0, 0), "a registration of a revoked import's file lives on");
+}
+
+/// A region's file under another name (a hard link a same-uid client made) is not taken
+/// for plain memory: registered so, the region's free could not end the registration, and
+/// the device would go on reaching the bytes. Before, only the `r<id>` name was known.
+#[test]
+fn a_hard_link_of_a_region_file_is_refused_not_registered_as_plain_memory() {
+    // On tmpfs, where a file of any name is a memory object the daemon takes (elsewhere
+    // the link is refused anyway, as no tmpfs file nor one fabricd handed out).
+    let shm = match tempfile::tempdir_in("/dev/shm") {
+        Ok(d) => d,
+        Err(e) => return eprintln!("skipped: no /dev/shm ({e})"),
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let sim = sim(scratch.path());
+    let setup = common::Setup::with_sim(&sim, "");
+    let text = std::fs::read_to_string(&setup.config).unwrap();
+    let state = shm.path().join("state");
+    let text = text
+        .replace(&format!("{:?}", setup.state.display().to_string()), &format!("{:?}", state.display().to_string()));
+    std::fs::write(&setup.config, text).unwrap();
+    let _daemon = common::start_with(&setup.config, setup.dir.path(), |_| {});
+    let mut owner = common::client(&setup.socket);
+    let gpu = gpu(&sim);
+    let req = Request::Alloc(AllocRequest {
+        target: AllocTarget::Device { device: DeviceName::truncated(&gpu), memory: MemoryClass::Hbm },
+        size: 2 * MIB,
+        align: 0,
+    });
+    let (Response::Alloc(_), fds) = owner.call(req, &[]).unwrap() else { panic!() };
+    let file = fds.into_iter().next().unwrap();
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap();
+    let link = shm.path().join("not-a-region-name");
+    std::fs::hard_link(&path, &link).unwrap();
+    let linked = std::fs::File::open(&link).unwrap();
+    let body = refused(&mut owner, reg_req(&gpu, RegisterSource::Fd, 0, MIB, AccessMode::ReadOnly), &[linked.as_fd()]);
+    assert_eq!(body.code, ErrorCode::PermissionDenied, "{body:?}");
+    assert!(body.message.contains("another link"), "{}", body.message);
+    assert_eq!(status(&mut owner).registrations, 0);
+    // A plain file of the client's own registers as ever.
+    let own = shm.path().join("plain");
+    std::fs::write(&own, vec![0u8; 2 * MIB as usize]).unwrap();
+    let plain = std::fs::OpenOptions::new().read(true).write(true).open(&own).unwrap();
+    register(&mut owner, &gpu, RegisterSource::Fd, 0, MIB, &[plain.as_fd()]);
 }
 
 #[test]

@@ -136,6 +136,18 @@ pub fn named_region(fd: BorrowedFd<'_>) -> Option<(u64, FileId)> {
     (st.mode & libc::S_IFMT == libc::S_IFREG).then_some((id, file_id(&st)))
 }
 
+/// Whether `fd` may be a region file under another name: a regular file of the daemon's
+/// uid with more than one hard link, on the filesystem of one of `dirs` (the resource
+/// directories). Such a link (made where the same uid, or `protected_hardlinks=0`, lets a
+/// client link the daemon's file) is not known by its name for the region it is.
+pub fn may_be_linked_region_file(fd: BorrowedFd<'_>, dirs: &[BorrowedFd<'_>]) -> bool {
+    let Ok(st) = sys::stat_fd(fd) else { return false };
+    st.mode & libc::S_IFMT == libc::S_IFREG
+        && st.nlink > 1
+        && st.uid == crate::sys::effective_uid()
+        && dirs.iter().any(|d| sys::stat_fd(*d).is_ok_and(|dir| dir.dev == st.dev))
+}
+
 /// The region id a path's name gives, when it has a region file's name: `r<digits>`.
 fn region_id(path: &Path) -> Option<u64> {
     let id = path.file_name()?.to_str()?.strip_prefix('r')?;

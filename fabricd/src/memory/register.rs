@@ -8,7 +8,8 @@
 //! cannot go without it.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use crate::memory::Identity;
 use fabric_proto::wire::AccessMode;
@@ -400,7 +401,7 @@ impl Memory {
     /// plain memory object, the device would go on reaching the region's bytes. Other
     /// descriptors stay memory objects. A region file's offset 0 is the region's.
     fn region_file_source(&self, fd: OwnedFd, session: u64, access: AccessMode) -> Result<Source, MemoryError> {
-        let Some((id, seen)) = super::fdkind::named_region(fd.as_fd()) else { return Ok(Source::Fd(fd)) };
+        let Some((id, seen)) = super::fdkind::named_region(fd.as_fd()) else { return self.plain_file(fd) };
         let file = {
             let st = self.state();
             match st.ledger.regions.get(&id) {
@@ -411,7 +412,7 @@ impl Memory {
         // Compared outside the lock (a stat of the daemon's own file): the region cannot
         // take another file, and its id is never given to another region.
         if file.and_then(|f| f.id().ok()) != Some(seen) {
-            return Ok(Source::Fd(fd));
+            return self.plain_file(fd);
         }
         let st = self.state();
         if st.ledger.owned(id, session).is_ok() {
@@ -430,6 +431,20 @@ impl Memory {
                 if access == AccessMode::ReadWrite { "a live read-write import" } else { "a live import" }
             ))),
         }
+    }
+
+    /// A descriptor that is no region's file by its name, as a plain memory object —
+    /// unless it may be a region's file under another name (a hard link): refused, as the
+    /// region's free could not end its registration.
+    fn plain_file(&self, fd: OwnedFd) -> Result<Source, MemoryError> {
+        let dirs: Vec<Arc<OwnedFd>> = self.state().resources.iter().map(|r| r.dir_fd.clone()).collect();
+        let dirs: Vec<BorrowedFd<'_>> = dirs.iter().map(|d| d.as_fd()).collect();
+        if super::fdkind::may_be_linked_region_file(fd.as_fd(), &dirs) {
+            return Err(MemoryError::PermissionDenied(
+                "the descriptor is a file of fabricd's with another link, on its memory's filesystem: it may be a region's file under another name, which cannot be registered as plain memory (register the region or import by id)".into(),
+            ));
+        }
+        Ok(Source::Fd(fd))
     }
 
     /// Undoes a registration the session made.

@@ -21,9 +21,11 @@ pub struct Stat {
     pub ino: u64,
     /// The owner.
     pub uid: u32,
+    /// Hard links to the inode.
+    pub nlink: u32,
 }
 
-const MASK: u32 = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_UID;
+const MASK: u32 = libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_UID | libc::STATX_NLINK;
 
 fn statx_at(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> io::Result<Stat> {
     // SAFETY: an all-zero statx is a valid value of the plain C struct.
@@ -38,6 +40,7 @@ fn statx_at(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> io::Result<Stat> {
         rdev: (st.stx_rdev_major, st.stx_rdev_minor),
         ino: st.stx_ino,
         uid: st.stx_uid,
+        nlink: st.stx_nlink,
     })
 }
 
