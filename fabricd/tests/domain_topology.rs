@@ -145,6 +145,10 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
         let status = common::domain::domain(&mut clients[2], fabric_proto::wire::DomainAction::Status);
         status["nodes"].as_array().unwrap().iter().any(|n| n["name"] == "tray1" && n["state"] != "live")
     });
+    // The detection itself: etcd's expiry of the lease (within a TTL of the last renewal,
+    // checked every 500 ms) and its watch event.
+    let gone = killed.elapsed();
+    assert!(gone <= Duration::from_secs(TTL + 1), "tray1 seen gone after {gone:?}, more than TTL + 1 s");
     let before = merges().unwrap();
     let start = std::sync::Barrier::new(8);
     std::thread::scope(|scope| {
@@ -163,8 +167,10 @@ fn the_domain_has_one_topology_and_shows_a_node_down() {
             Matrix::of(&topology(&mut clients[i])).between("tray0", "tray1") == ["-"]
         });
     }
+    // And in the topology, after the eight requests' merge (seconds of CPU in a debug
+    // build on a loaded 2-vCPU runner: CI once saw 3.05 s here with TTL + 1 s allowed).
     let seen = killed.elapsed();
-    assert!(seen <= Duration::from_secs(TTL + 1), "down seen after {seen:?}, more than TTL + 1 s");
+    assert!(seen <= Duration::from_secs(TTL + 2), "down seen after {seen:?}, more than TTL + 2 s");
     let doc = topology(&mut clients[2]);
     assert_eq!(nodes(&doc), serde_json::json!(["node0", "tray0", "tray1"]), "a node down is still listed");
     let m = Matrix::of(&doc);
