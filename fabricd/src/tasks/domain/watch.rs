@@ -343,7 +343,6 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                 }
                 progressed |= !response.events().is_empty();
                 let mut queued = false;
-                let mut own_changed = false;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let value = match event.event_type() {
@@ -352,13 +351,13 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                     };
                     queued |= value.is_some() && kv.key().starts_with(&gc_queue);
                     // What etcd holds of this node's own records now (its own writes
-                    // coming back, or another's): written again where it differs.
+                    // coming back, or another's): the next publish writes where the local
+                    // record differs from it. (Not at once: a record taken away by hand
+                    // stays away until this node's own changes, as tests rely on.)
                     if kv.key() == own_placements.as_bytes() {
                         published.placements = value.and_then(|v| records::decode(v, Domain::limits()).ok());
-                        own_changed = true;
                     } else if kv.key() == own_topology.as_bytes() {
                         published.topology = value.and_then(|v| records::decode(v, Domain::limits()).ok());
-                        own_changed = true;
                     }
                     if let Err(reason) = view.apply(kv.key(), value, kv.mod_revision()) {
                         tracing::warn!(key = %String::from_utf8_lossy(kv.key()), %reason, "refused an etcd record");
@@ -367,9 +366,6 @@ async fn session(domain: &Domain, j: &Joined, reader: &fabric_addrmap::Reader, r
                 domain.publish_view(view.clone());
                 if queued {
                     duties(&busy);
-                }
-                if own_changed && retry.is_none() {
-                    retry = Some(tokio::time::Instant::now());
                 }
             }
             _ = probe.tick() => {
