@@ -89,7 +89,9 @@ static FORKING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 /// fork in between: a child forked while a placement's live mapping was not yet advised
 /// would keep the memory (a remote import's, which the parent's fence never reaches), and
 /// one forked before it was listed would have a hole the fork handler does not reserve.
-/// A fork started meanwhile waits for `f` to end (its prepare handler); `f` must not fork.
+/// A bare pointer's page lock runs here too, so that no child is forked holding the page
+/// counts' lock. A fork started meanwhile waits for `f` to end (its prepare handler); `f`
+/// must not fork nor enter `unforked` again (the inner call would wait for that fork).
 pub(crate) fn unforked<T>(f: impl FnOnce() -> T) -> T {
     use std::sync::atomic::Ordering::SeqCst;
     reserve_in_children();
@@ -420,6 +422,14 @@ impl PageLock {
             .ok_or_else(|| Error::InvalidArgument(format!("{len} bytes at {addr:#x} overflow")))?;
         let first = addr / PAGE;
         let pages = end / PAGE - first;
+        // No fork while the counts' lock is held (a child would find it held for good) or
+        // between a run's `mlock` and its `MADV_DONTFORK` (the child would share the pages).
+        unforked(|| Self::lock_pages(first, pages))?;
+        Ok(Self { first, pages, origin: crate::origin::Origin::here() })
+    }
+
+    /// Counts, locks and advises the pages `[first, first + pages)`; inside [`unforked`].
+    fn lock_pages(first: u64, pages: u64) -> Result<()> {
         let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let runs = counts.acquire(first, pages);
         for (i, run) in runs.iter().enumerate() {
@@ -447,7 +457,7 @@ impl PageLock {
                 });
             }
         }
-        Ok(Self { first, pages, origin: crate::origin::Origin::here() })
+        Ok(())
     }
 }
 
@@ -456,9 +466,11 @@ impl Drop for PageLock {
         if self.origin.forked() {
             return;
         }
-        let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let runs = counts.release(self.first, self.pages);
-        unlock_runs(&runs);
+        unforked(|| {
+            let mut counts = LOCKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let runs = counts.release(self.first, self.pages);
+            unlock_runs(&runs);
+        });
     }
 }
 
@@ -502,6 +514,54 @@ pub(crate) mod tests {
         assert_eq!(unsafe { p.read() }, 5);
         // SAFETY: the whole range is this test's.
         unsafe { libc::munmap(p.cast(), len) };
+    }
+
+    /// A child forked while another thread locks and unlocks pages can lock pages of its
+    /// own: no fork lands while the page counts' lock is held (before, a child forked then
+    /// found it held for good and its first registration hung).
+    #[test]
+    fn a_child_forked_while_another_thread_locks_pages_can_lock_its_own() {
+        let theirs = anon(64 * PAGE as usize, libc::MAP_PRIVATE) as u64;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let locker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    drop(PageLock::new(theirs, 64 * PAGE).unwrap());
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let mut hung = 0;
+        for _ in 0..200 {
+            // SAFETY: the child maps a page, locks it and leaves with _exit; an alarm ends
+            // it if the lock hangs.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                // SAFETY: as above, in the child.
+                unsafe { libc::alarm(5) };
+                let mine = anon(PAGE as usize, libc::MAP_PRIVATE) as u64;
+                let ok = PageLock::new(mine, PAGE).is_ok();
+                // SAFETY: ends the child without running the parent's exit handlers.
+                unsafe { libc::_exit(i32::from(!ok)) };
+            }
+            let mut status = 0;
+            // SAFETY: waits for the child forked above.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            if libc::WIFSIGNALED(status) {
+                hung += 1;
+                break;
+            } else {
+                assert_eq!(libc::WEXITSTATUS(status), 0, "the child's page lock failed");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = locker.join().unwrap();
+        assert_eq!(hung, 0, "a child hung on the page counts ({rounds} locks meanwhile)");
+        assert!(rounds > 0);
     }
 
     /// The `VmFlags` `/proc/self/smaps` gives the mapping holding the page at `p`.
