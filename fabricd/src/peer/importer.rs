@@ -106,10 +106,12 @@ pub struct Importer {
 struct Ended {
     session: u64,
     hold: super::cxl::Hold,
-    /// `(owner, incarnation, owner's import)` while the client may still reach the
-    /// region's DPAs: a whole DAX device's mapping outlives the import (a carved device's
-    /// mappings went with the device). The owner's end of that import is not acknowledged
-    /// meanwhile, so that it keeps the DPAs out of reuse ([`Importer::revoked`]).
+    /// `(owner, region, generation)` while the client may still reach the region's DPAs:
+    /// a whole DAX device's mapping outlives the import (a carved device's mappings went
+    /// with the device). No end of that region is acknowledged to the owner meanwhile
+    /// (whichever import or incarnation of the owner's it names: the owner lifts this
+    /// node's quarantine by region), so that it keeps the DPAs out of reuse
+    /// ([`Importer::revoked`]).
     mapped: Option<(String, u64, u64)>,
 }
 
@@ -629,18 +631,20 @@ impl Importer {
     fn linger(&self, d: &Daemon, import: u64, h: Held) -> Option<super::cxl::Deleting> {
         let mut hold = h.cxl?;
         let device = hold.take_device(d);
-        let mapped = hold.whole().then_some((h.owner, h.incarnation, h.owner_import));
+        let mapped = hold.whole().then_some((h.owner, h.region, h.generation));
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).insert(import, Ended { session: h.session, hold, mapped });
         device
     }
 
-    /// The local import whose client still maps the DPAs of `owner`'s import
-    /// `owner_import` (granted by `incarnation`) after the owner ended it.
-    fn still_mapped(&self, owner: &str, incarnation: u64, owner_import: u64) -> Option<u64> {
+    /// The local import whose client still maps the DPAs of `owner`'s region `region`
+    /// (at `generation`) after the owner ended it. Not by the owner's import id nor its
+    /// incarnation: an owner that rejoined in the same process names the same region by
+    /// another import, and another import's end lifts the same quarantine.
+    fn still_mapped(&self, owner: &str, region: u64, generation: u64) -> Option<u64> {
         let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         ended.iter().find_map(|(k, e)| {
-            let (o, i, import) = e.mapped.as_ref()?;
-            (o == owner && *i == incarnation && *import == owner_import).then_some(*k)
+            let (o, r, g) = e.mapped.as_ref()?;
+            (o == owner && *r == region && *g == generation).then_some(*k)
         })
     }
 
@@ -817,7 +821,7 @@ impl Importer {
         // mapping. Refused until the client releases the import (or its session ends);
         // the owner keeps the range quarantined and tells it again.
         if !matches!(r.reason, RevocationReason::Revoked)
-            && let Some(local) = self.still_mapped(&peer.identity.node, peer.incarnation, r.import)
+            && let Some(local) = self.still_mapped(&peer.identity.node, r.region, r.generation)
         {
             return Err(PeerError::Refused(format!(
                 "import {local} of node {}'s region {} is still mapped by its client here (a whole DAX device): tell import {} again once it is released",
@@ -1014,8 +1018,15 @@ mod tests {
         let again = importer.revoked(&d, &peer, freed(7));
         assert!(matches!(again, Err(PeerError::Refused(_))), "{again:?}");
         assert!(events.try_recv().is_err(), "told once");
-        // Another import of the owner's, or another incarnation's import 7, is acknowledged.
-        assert!(importer.revoked(&d, &peer, freed(8)).is_ok());
+        // Any end of that region is refused: another import of it, or import 7 told by
+        // the owner at another incarnation (it rejoined in the same process, its registry
+        // kept). Before, both were acknowledged and the owner reused the DPAs.
+        assert!(importer.revoked(&d, &peer, freed(8)).is_err(), "another import of the region");
+        let rejoined = Peer { incarnation: 2, ..peer.clone() };
+        assert!(importer.revoked(&d, &rejoined, freed(7)).is_err(), "the owner at another incarnation");
+        // Another region's end is acknowledged.
+        let other = RevokeNotice { revocation: Revocation { region: 2, ..freed(8).revocation } };
+        assert!(importer.revoked(&d, &peer, other).is_ok());
         importer.release(&d, 1, 70).unwrap();
         assert!(importer.revoked(&d, &peer, freed(7)).is_ok(), "released: acknowledged");
 
