@@ -13,7 +13,8 @@
 //! imports and revocations cross again after the heal. Two nodes in namespaces, one
 //! without the shared fabric (class NET): its client pushes to and pulls from the other's
 //! region over the link between the namespaces. An owner stopped past the importer's
-//! ask grants late; the importer gives that grant back.
+//! ask grants late; the importer gives that grant back. An owner stopped past its lease
+//! rejoins holding nothing it granted before.
 //!
 //! Each test starts its own etcd (on 127.0.0.1, or in a namespace); without `etcd` (or,
 //! for the namespaces, root, `ip` and `iptables`) it says it is skipped.
@@ -220,6 +221,50 @@ fn an_owner_restarted_lifts_what_it_saved_for_a_live_importer_once_that_node_rea
     let (fresh, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
     let handle = common::export(&mut c[0], fresh, AccessMode::ReadOnly);
     let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    let now: Vec<u64> = saved_holds(shared.path()).iter().map(|h| h.region).collect();
+    assert_eq!(now, [fresh], "only the new import is held: {now:?}");
+}
+
+/// An owner whose lease ran out (stopped past the TTL) and that rejoins in the same
+/// process ends what it granted: the importer voided those imports when it saw the owner
+/// gone, and the owner holds them no more. What the importer may still map stays saved
+/// (quarantined when freed) until the importer reaches the new incarnation. Before, the
+/// owner kept every such import until the importer node itself restarted.
+#[test]
+fn an_owner_that_rejoins_in_process_holds_nothing_it_granted_before() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (_setups, daemons, mut c) = three_nodes(&etcd, &pki, shared.path(), |_| false);
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (region, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, AccessMode::ReadOnly);
+    subscribe(&mut c[1]);
+    let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 1);
+    let before = incarnation_of(&mut c[1], "tray0").unwrap();
+
+    let owner = daemons[0].as_ref().unwrap().child.id().to_string();
+    let signal =
+        |sig: &str| assert!(std::process::Command::new("kill").arg(sig).arg(&owner).status().unwrap().success());
+    signal("-STOP");
+    let r = revocation(&mut c[1]);
+    assert_eq!((r.region, r.reason), (region, RevocationReason::OwnerExited), "{r:?}");
+    signal("-CONT");
+    until(Duration::from_secs(TTL + 10), "tray0 back as another incarnation", || {
+        incarnation_of(&mut c[1], "tray0").is_some_and(|now| now != before).then_some(())
+    });
+    until(Duration::from_secs(5), "the old grant ended at tray0", || (imports(&mut c[0]) == 0).then_some(()));
+    let holds: Vec<(String, u64)> = saved_holds(shared.path()).into_iter().map(|h| (h.node, h.region)).collect();
+    assert_eq!(holds, [("tray1".to_owned(), region)], "kept for what tray1 may still map");
+    // tray1 reaches the new incarnation (having voided the last one's grants): the hold
+    // goes, and the new import is the only one tray0 holds.
+    let (fresh, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], fresh, AccessMode::ReadOnly);
+    // (Refused `Unavailable` while tray0's own view of tray1 is not yet back.)
+    let _held =
+        until(Duration::from_secs(5), "the new import", || import(&mut c[1], handle, AccessMode::ReadOnly).ok());
+    assert_eq!(imports(&mut c[0]), 1);
     let now: Vec<u64> = saved_holds(shared.path()).iter().map(|h| h.region).collect();
     assert_eq!(now, [fresh], "only the new import is held: {now:?}");
 }

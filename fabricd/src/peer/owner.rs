@@ -61,6 +61,9 @@ pub struct Owner {
     /// By importer node, held while that node's incarnation's session is set up, which is
     /// published in `remotes` only once complete.
     setup: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// This node's incarnations ended so far ([`Owner::end_all`]; changed under the
+    /// `remotes` lock): a session set up across an end is not published.
+    ended: std::sync::atomic::AtomicU64,
 }
 
 /// The principal of `peer`'s client as its ask states it: the node, its incarnation, the
@@ -175,6 +178,11 @@ impl Owner {
         if let Some(session) = current() {
             return Ok(session);
         }
+        // Checked under the gate, which `end_all` takes to end this node's session: one
+        // set up across the end of this node's incarnation is refused at the latest when
+        // published (below), and lifts no quarantine that end saved.
+        let epoch = self.ended.load(std::sync::atomic::Ordering::Acquire);
+        super::service::granting(d)?;
         let live = d.domain.as_ref().and_then(|x| x.view().members().find(|m| &m.name == node).map(|m| m.incarnation));
         if live != Some(peer.incarnation) {
             return Err(PeerError::Denied {
@@ -199,8 +207,40 @@ impl Owner {
             domain.runtime().spawn(revokes::forward(Arc::downgrade(d), node.clone(), outbox.clone()));
         }
         let remote = Remote { incarnation: peer.incarnation, session, outbox };
-        self.remotes.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone(), remote);
+        let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+        if self.ended.load(std::sync::atomic::Ordering::Acquire) != epoch {
+            // This node's incarnation ended meanwhile: the session is nobody's.
+            drop(remotes);
+            self.end(d, node, remote, true);
+            return Err(PeerError::Denied {
+                code: ErrorCode::Unavailable,
+                message: "this node's incarnation ended while the import was asked: ask again once it rejoined".into(),
+            });
+        }
+        remotes.insert(node.clone(), remote);
         Ok(session)
+    }
+
+    /// This node's incarnation is over (its lease is lost): every importer node's session
+    /// ends, as at a restart. The importers void what this incarnation granted when they
+    /// see it gone; until each has (it reaches the next incarnation, returns as another
+    /// one of its own, or an admin collects it), what it imported stays quarantined when
+    /// freed. Before, the sessions lived on across the rejoin and their imports were held
+    /// until the importer node itself restarted.
+    /// Blocking (the quarantine record is saved): never on the domain runtime's workers.
+    pub fn end_all(&self, d: &Daemon) {
+        let all: Vec<(String, Remote)> = {
+            let mut remotes = self.remotes.lock().unwrap_or_else(|p| p.into_inner());
+            self.ended.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            remotes.drain().collect()
+        };
+        for (node, r) in all {
+            let gate = self.setup.lock().unwrap_or_else(|p| p.into_inner()).entry(node.clone()).or_default().clone();
+            let _setup = gate.lock().unwrap_or_else(|p| p.into_inner());
+            self.departed.lock().unwrap_or_else(|p| p.into_inner()).entry(node.clone()).or_insert(r.incarnation);
+            self.restored.lock().unwrap_or_else(|p| p.into_inner()).insert(node.clone());
+            self.end(d, &node, r, true);
+        }
     }
 
     /// Whether `session` is still `node`'s current one: an import recorded in a session

@@ -106,7 +106,7 @@ fn judged<T>(
 /// A node that is not joined grants nothing: its view may be stale and its membership
 /// (what its grants are recorded against) may be gone. Links admitted before the fence
 /// still reach this point.
-fn granting(d: &Daemon) -> Result<(), PeerError> {
+pub(super) fn granting(d: &Daemon) -> Result<(), PeerError> {
     if let Some(domain) = &d.domain
         && let standing = domain.status().standing.clone()
         && standing != crate::tasks::domain::Standing::Joined

@@ -189,13 +189,15 @@ fn jittered(d: Duration) -> Duration {
 /// This node's incarnation is over (its lease is lost): the owners of what its clients
 /// imported release those imports once they see it gone, and reuse the memory once it is
 /// back as another incarnation. Its clients' imports end here first, before it rejoins, so
-/// that no device of this node still maps memory an owner may hand to someone else.
+/// that no device of this node still maps memory an owner may hand to someone else. What
+/// it granted other nodes ends too (`Owner::end_all`): they void it when they see it gone.
 async fn void_imports(domain: &Domain) {
     let Some(d) = domain.link.as_ref().and_then(|l| l.service().daemon()).and_then(|w| w.upgrade()) else { return };
     // Deleting carved devices blocks: off the runtime's worker.
     let voided = tokio::task::spawn_blocking(move || {
         if let Some(link) = d.domain.as_ref().and_then(|x| x.link()) {
             link.service().importer().void_all(&d);
+            link.service().owner().end_all(&d);
         }
     });
     if let Err(e) = voided.await {
