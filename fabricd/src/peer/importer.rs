@@ -297,12 +297,27 @@ fn ask<T: serde::de::DeserializeOwned>(
     // Asked here, on the request's thread, over a blocking link: no runtime worker
     // between the owner's answer and this thread.
     match link.call_here(domain, (owner, Some(incarnation)), wire::request(op, &ask), ASK_TIMEOUT, Some(late)) {
-        Ok(r) => wire::decode(&r.body).map_err(|e| refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}"))),
+        Ok(r) => decoded(owner, &r.body, |import| {
+            link.service().importer().give_back(domain, (owner, incarnation), import);
+        }),
         Err(DialError::Peer { source: PeerError::Denied { code, message }, .. }) => {
             Err(refusal(code, format!("node {owner}: {message}")))
         }
         Err(e) => Err(unavailable(owner, &e)),
     }
+}
+
+/// `owner`'s grant in `body`; one that does not decode (another version's, say) is still
+/// recorded at the owner: its import id, when it can be read, goes to `back` to be given
+/// back (no client gets it).
+fn decoded<T: serde::de::DeserializeOwned>(owner: &str, body: &[u8], back: impl FnOnce(u64)) -> Result<T, ErrorBody> {
+    wire::decode(body).map_err(|e| {
+        if let Some(import) = wire::granted_import(body) {
+            tracing::warn!(%owner, import, error = %e, "a grant that does not decode; given back");
+            back(import);
+        }
+        refusal(ErrorCode::Internal, format!("node {owner}'s grant: {e}"))
+    })
 }
 
 fn import(d: &Daemon, cx: &Context<'_>, caller: &Caller, to: Asked<'_>) -> Result<Outcome, ErrorBody> {
@@ -940,6 +955,33 @@ mod tests {
 
     fn freed(import: u64) -> RevokeNotice {
         RevokeNotice { revocation: Revocation { region: 1, generation: 1, import, reason: RevocationReason::Freed } }
+    }
+
+    /// A grant that does not decode whole is given back (the owner recorded it); before,
+    /// it was refused here and held at the owner until this node restarted.
+    #[test]
+    fn a_grant_that_does_not_decode_is_given_back() {
+        let grant = ObjectGrant {
+            import: 300,
+            region: 1,
+            generation: 1,
+            size: 4096,
+            gfa: None,
+            object: fabric_proto::wire::ObjectKind::CudaPosixFd,
+            device: "gpu0".into(),
+        };
+        let mut body = wire::response(PeerOp::ImportObject, &grant).body;
+        let mut back = None;
+        assert!(decoded::<ObjectGrant>("a", &body, |i| back = Some(i)).is_ok());
+        assert_eq!(back, None, "a grant that decodes is kept");
+        body.push(0);
+        let refused = decoded::<ObjectGrant>("a", &body, |i| back = Some(i)).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Internal);
+        assert_eq!(back, Some(300), "given back");
+        // Nothing readable: nothing to give back.
+        let mut nothing = None;
+        assert!(decoded::<ObjectGrant>("a", &[], |i| nothing = Some(i)).is_err());
+        assert_eq!(nothing, None);
     }
 
     #[test]
