@@ -14,7 +14,8 @@
 //! without the shared fabric (class NET): its client pushes to and pulls from the other's
 //! region over the link between the namespaces. An owner stopped past the importer's
 //! ask grants late; the importer gives that grant back. An owner stopped past its lease
-//! rejoins holding nothing it granted before.
+//! rejoins holding nothing it granted before; a release it could not take while stopped
+//! is told again once it answers.
 //!
 //! Each test starts its own etcd (on 127.0.0.1, or in a namespace); without `etcd` (or,
 //! for the namespaces, root, `ip` and `iptables`) it says it is skipped.
@@ -244,13 +245,10 @@ fn an_owner_that_rejoins_in_process_holds_nothing_it_granted_before() {
     assert_eq!(imports(&mut c[0]), 1);
     let before = incarnation_of(&mut c[1], "tray0").unwrap();
 
-    let owner = daemons[0].as_ref().unwrap().child.id().to_string();
-    let signal =
-        |sig: &str| assert!(std::process::Command::new("kill").arg(sig).arg(&owner).status().unwrap().success());
-    signal("-STOP");
+    signal(&daemons[0], "-STOP");
     let r = revocation(&mut c[1]);
     assert_eq!((r.region, r.reason), (region, RevocationReason::OwnerExited), "{r:?}");
-    signal("-CONT");
+    signal(&daemons[0], "-CONT");
     until(Duration::from_secs(TTL + 10), "tray0 back as another incarnation", || {
         incarnation_of(&mut c[1], "tray0").is_some_and(|now| now != before).then_some(())
     });
@@ -314,6 +312,35 @@ fn more_revocations_at_once_than_a_queue_holds_all_reach_the_importer_nodes_clie
     until(Duration::from_secs(5), "the record saved empty", || saved_holds(shared.path()).is_empty().then_some(()));
 }
 
+/// Three nodes whose leases last `ttl` seconds (long enough that a stop of a few seconds
+/// does not expire one), each with a region of tray0's HBM exported `access`: their files,
+/// daemons and clients, and the handle.
+fn three_with_lease(
+    etcd: &fabric_domain::testing::EtcdServer,
+    pki: &Pki,
+    shared: &std::path::Path,
+    ttl: u64,
+    access: AccessMode,
+) -> (Vec<common::Setup>, Vec<Option<common::Daemon>>, Vec<Connection>, fabric_proto::wire::ExportHandle) {
+    let (setups, daemons, mut c) = three_nodes_with(
+        etcd,
+        pki,
+        shared,
+        |_| false,
+        |_, text| text.replace(&format!("lease_ttl_secs = {TTL}"), &format!("lease_ttl_secs = {ttl}")),
+    );
+    let gpu = hbm_of(&mut c[0], "tray0");
+    let (region, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
+    let handle = common::export(&mut c[0], region, access);
+    (setups, daemons, c, handle)
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to daemon `d`.
+fn signal(d: &Option<common::Daemon>, sig: &str) {
+    let pid = d.as_ref().unwrap().child.id().to_string();
+    assert!(std::process::Command::new("kill").arg(sig).arg(&pid).status().unwrap().success());
+}
+
 /// An owner slower than the importer's ask (stopped, SIGSTOP, past the 3 s an answer is
 /// waited for) still grants and records the import when it resumes; the importer, whose
 /// client was refused meanwhile, reads that late answer on a thread of its own and gives
@@ -324,17 +351,7 @@ fn a_grant_that_comes_after_the_importer_gave_up_is_given_back() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
     let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
-    // Leases long enough that the stop does not expire tray0.
-    let (setups, daemons, mut c) = three_nodes_with(
-        &etcd,
-        &pki,
-        shared.path(),
-        |_| false,
-        |_, text| text.replace(&format!("lease_ttl_secs = {TTL}"), "lease_ttl_secs = 15"),
-    );
-    let gpu = hbm_of(&mut c[0], "tray0");
-    let (region, _) = alloc(&mut c[0], &gpu, 2 * MIB).unwrap();
-    let handle = common::export(&mut c[0], region, AccessMode::ReadWrite);
+    let (setups, daemons, mut c, handle) = three_with_lease(&etcd, &pki, shared.path(), 15, AccessMode::ReadWrite);
     // A first import opens tray1's blocking link to tray0 (kept for later asks); its client
     // leaves, and the import goes back.
     let mut first = common::client(&setups[1].socket);
@@ -342,14 +359,11 @@ fn a_grant_that_comes_after_the_importer_gave_up_is_given_back() {
     drop(first);
     until(Duration::from_secs(5), "the first import given back", || (imports(&mut c[0]) == 0).then_some(()));
 
-    let owner = daemons[0].as_ref().unwrap().child.id().to_string();
-    let signal =
-        |sig: &str| assert!(std::process::Command::new("kill").arg(sig).arg(&owner).status().unwrap().success());
-    signal("-STOP");
+    signal(&daemons[0], "-STOP");
     let asked = Instant::now();
     let refused = import(&mut c[1], handle, AccessMode::ReadOnly).map(|_| ()).unwrap_err();
     let waited = asked.elapsed();
-    signal("-CONT");
+    signal(&daemons[0], "-CONT");
     assert_eq!(refused.code, ErrorCode::Unavailable, "{refused:?}");
     assert!(waited >= Duration::from_secs(3), "refused after {waited:?}, before the answer's wait ended");
     let importer = daemons[1].as_ref().unwrap();
@@ -364,6 +378,33 @@ fn a_grant_that_comes_after_the_importer_gave_up_is_given_back() {
     // The link still serves: the same import now succeeds and is held once.
     let (_i, _f) = import(&mut c[1], handle, AccessMode::ReadOnly).unwrap();
     assert_eq!(imports(&mut c[0]), 1);
+}
+
+/// A release the owner could not take (stopped: the link to it cannot be made) is told
+/// again once it answers: the owner holds nothing the importer's client let go of. Before,
+/// the release was told once and the owner held the import until the importer restarted.
+#[test]
+fn a_release_the_owner_could_not_take_is_told_again() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(etcd) = rt.block_on(fabric_domain::testing::etcd_or_skip()) else { return };
+    let (pki, shared) = (Pki::new(), tempfile::tempdir().unwrap());
+    let (setups, daemons, mut c, handle) = three_with_lease(&etcd, &pki, shared.path(), 20, AccessMode::ReadOnly);
+    let mut holder = common::client(&setups[1].socket);
+    let held = import(&mut holder, handle, AccessMode::ReadOnly).unwrap();
+    assert_eq!(imports(&mut c[0]), 1);
+
+    signal(&daemons[0], "-STOP");
+    // The client leaves: tray1 releases its import, and cannot reach tray0.
+    drop(held);
+    drop(holder);
+    let importer = daemons[1].as_ref().unwrap();
+    until(Duration::from_secs(15), "the release failed once", || {
+        importer.log().contains("cannot release an import at its owner").then_some(())
+    });
+    signal(&daemons[0], "-CONT");
+    let t = Instant::now();
+    until(Duration::from_secs(15), "the release told again", || (imports(&mut c[0]) == 0).then_some(()));
+    eprintln!("released at tray0 {:?} after it resumed", t.elapsed());
 }
 
 /// tray0 and tray1, each in its namespace of `net` with its link at the namespace's

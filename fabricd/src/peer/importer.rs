@@ -307,6 +307,21 @@ fn ask<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// The first wait before a release is told again, and the longest.
+const RELEASE_RETRY_FIRST: Duration = Duration::from_millis(200);
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Whether a release that failed with `e` may still be held by the owner (told again):
+/// not when the owner answered (but `Unavailable`: for now), is another incarnation, or
+/// is no member any more.
+fn release_untold(e: &DialError) -> bool {
+    match e {
+        DialError::Peer { source: PeerError::Denied { code, .. }, .. } => *code == ErrorCode::Unavailable,
+        DialError::Peer { .. } | DialError::Restarted { .. } | DialError::NotMember(_) | DialError::NoLink => false,
+        _ => true,
+    }
+}
+
 /// `owner`'s grant in `body`; one that does not decode (another version's, say) is still
 /// recorded at the owner: its import id, when it can be read, goes to `back` to be given
 /// back (no client gets it).
@@ -663,9 +678,14 @@ impl Importer {
         })
     }
 
-    /// Tells `owner` that its import `import` is released (in the background).
-    /// The owner's incarnation that granted it comes along: another incarnation is not
-    /// told (its ids name other imports, and it holds none of the earlier one's).
+    /// Tells `owner` that its import `import` is released (in the background), until it
+    /// answered. The owner's incarnation that granted it comes along: another incarnation
+    /// is not told (its ids name other imports, and it holds none of the earlier one's).
+    /// A release that gets no answer (the owner stopped or cut off, this node fenced for
+    /// a moment) is told again with backoff, for as long as the owner is a member at that
+    /// incarnation and this node is the incarnation that asked (another one's imports
+    /// the owner ends when it sees it); before, it was told once, and the owner held the
+    /// import, counted against this node, until this node restarted.
     fn give_back(
         &self,
         domain: &std::sync::Arc<crate::tasks::domain::Domain>,
@@ -673,11 +693,36 @@ impl Importer {
         import: u64,
     ) {
         let (domain, owner) = (domain.clone(), owner.to_owned());
+        let ours = domain.status().incarnation;
         domain.clone().runtime().spawn(async move {
-            let Some(link) = domain.link() else { return };
-            let release = wire::request(PeerOp::Release, &ReleaseAsk { import });
-            if let Err(e) = link.call_granted(&domain, &owner, granted, release).await {
-                tracing::warn!(%owner, import, error = %crate::error_chain(&e), "cannot release an import at its owner");
+            let mut wait = RELEASE_RETRY_FIRST;
+            let mut told = 0u32;
+            loop {
+                let Some(link) = domain.link() else { return };
+                let release = wire::request(PeerOp::Release, &ReleaseAsk { import });
+                let e = match link.call_granted(&domain, &owner, granted, release).await {
+                    Ok(_) => return,
+                    Err(e) => e,
+                };
+                told += 1;
+                let why = crate::error_chain(&e);
+                if !release_untold(&e) {
+                    // It answered (an import it no longer holds), or holds nothing of this
+                    // incarnation's any more.
+                    tracing::info!(%owner, import, error = %why, "an import's release ends without the owner's answer: it holds none");
+                    return;
+                }
+                if domain.status().incarnation != ours {
+                    tracing::info!(%owner, import, "an import's release ends: this node is another incarnation now");
+                    return;
+                }
+                if told == 1 {
+                    tracing::warn!(%owner, import, error = %why, "cannot release an import at its owner; told again");
+                } else {
+                    tracing::debug!(%owner, import, told, error = %why, "cannot release an import at its owner");
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
         });
     }
