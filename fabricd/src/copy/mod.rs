@@ -530,10 +530,13 @@ impl Sweeper {
     pub fn sweep(&self, memory: &Memory) -> usize {
         let shared = &self.0;
         shared.sweeps.fetch_add(1, Ordering::SeqCst);
-        let regions = shared.maps.regions();
-        let region_deps: Vec<[Dep; 1]> = regions.iter().map(|&id| [Dep::Region(id)]).collect();
         let jobs: Vec<Arc<Job>> = lock(&shared.jobs).values().cloned().collect();
         wait_for_loose_chunks(shared);
+        // Listed after the jobs and the loose chunks: a loose chunk, or a job's last one
+        // (that job then listed above), may have mapped a region the operation ended.
+        // Before, a mapping made meanwhile was never forgotten by this sweep.
+        let regions = shared.maps.regions();
+        let region_deps: Vec<[Dep; 1]> = regions.iter().map(|&id| [Dep::Region(id)]).collect();
         // What is gone, for the kept mappings and every job, under one hold of the
         // registry's lock (and none of the engine's): one answer per set, in order.
         let sets: Vec<&[Dep]> =
@@ -1002,6 +1005,28 @@ mod tests {
             device: false,
         };
         NewCopy { dst: side(0, true), src: side(half, false), len: half, deps: Vec::new(), device: None }
+    }
+
+    /// A loose chunk (a copy across nodes) in flight when a sweep starts, which maps a
+    /// region the sweep's operation ended, has that mapping forgotten by the sweep, which
+    /// waited for it. Before, the sweep listed the mappings before it waited, and kept it.
+    #[test]
+    fn a_mapping_a_loose_chunk_makes_while_a_sweep_waits_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, memory) = engine_and_memory(dir.path());
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(4096).unwrap();
+        let chunk = engine.loose_chunk();
+        std::thread::scope(|s| {
+            let sweeping = s.spawn(|| engine.sweep(&memory));
+            // The sweep is waiting for the chunk (no way to see it but time).
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // Region 999 is in no registry: gone.
+            drop(engine.region_maps().get(999, &file, 0, 4096, true).unwrap());
+            drop(chunk);
+            sweeping.join().unwrap();
+        });
+        assert!(!engine.region_maps().regions().contains(&999), "kept after the sweep");
     }
 
     #[test]

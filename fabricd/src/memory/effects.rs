@@ -77,6 +77,17 @@ pub(super) enum Effect {
     Release(Box<dyn std::fmt::Debug + Send>),
 }
 
+impl Effect {
+    /// Whether the step runs only once the copies through the region were stopped: a
+    /// device range given back (the kernel leaves a copy's mapping of the device file in
+    /// place), and a carved DAX device deleted with its range (its mapping would fault
+    /// under the copy, which would end `Internal` rather than `NotFound`, and the range is
+    /// free again at once).
+    fn waits_for_copies(&self) -> bool {
+        matches!(self, Effect::ReleaseRange { .. } | Effect::Uncarve { .. })
+    }
+}
+
 /// What one operation left to do once the registry lock is released: its slow steps, the
 /// registrations it detached, the revocations it caused (each with the session to tell)
 /// and whether it ended anything a copy may depend on. Taken out of the registry under the
@@ -196,8 +207,7 @@ impl Memory {
         let drains: Vec<_> = unregistered.iter().filter_map(|(_, r)| r.client_gate()).collect();
         let mut steps: Vec<Effect> =
             unregistered.into_iter().map(|(id, r)| Effect::Unregister { id, registration: Box::new(r) }).collect();
-        let (after_copies, now): (Vec<_>, Vec<_>) =
-            effects.into_iter().partition(|e| matches!(e, Effect::ReleaseRange { .. }));
+        let (after_copies, now): (Vec<_>, Vec<_>) = effects.into_iter().partition(Effect::waits_for_copies);
         steps.extend(now);
         self.run(steps);
         let hook = self.ended_hook.get().filter(|_| ended || !revocations.is_empty());
@@ -250,5 +260,34 @@ impl Memory {
                 Effect::Release(what) => drop(what),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::carve::tests::{BASE, M, open, tree};
+    use super::*;
+
+    /// A freed region's device range, carved or not, is given back only after its copies
+    /// were stopped; a file is removed at once. Before, a carved device was deleted (and
+    /// its range freed) before the copies through it stopped.
+    #[test]
+    fn device_ranges_wait_for_the_copies_and_files_do_not() {
+        let (t, root) = tree(0, true, &[(1, BASE, 4 * M)]);
+        let carve = open(&t, &root, "dax0.0").unwrap();
+        let holders = std::collections::BTreeMap::new();
+        let uncarve = Effect::Uncarve {
+            region: 1,
+            len: 4 * M,
+            holders: holders.clone(),
+            carve,
+            device: "dax0.1".into(),
+            resources: vec![0],
+            offset: 0,
+        };
+        let release = Effect::ReleaseRange { region: 2, len: 4 * M, holders, resources: vec![0], offset: 4 * M };
+        assert!(uncarve.waits_for_copies() && release.waits_for_copies());
+        assert!(!Effect::RemoveFile("/nowhere".into()).waits_for_copies());
     }
 }
