@@ -9,8 +9,11 @@
 //! *retired* — a new thread takes its place, and its session is parked in the queue, so
 //! that no other engine is taken by the same memory. The retired thread ends once its
 //! chunk does (the session is then unparked). The threads a stalling client holds are at
-//! most `copy.engines` per session (the chunks already running when it was parked), and
-//! at most [`MAX_RETIRED`] in all: past that, stalled engines are left in service.
+//! most `copy.engines` per session (the chunks already running when it was parked); a uid
+//! whose stalls took [`UID_SHARE`] replacements has all its sessions parked until every
+//! one of its retired threads returned, so one uid holds at most `UID_SHARE +
+//! copy.engines` of them whatever its sessions; and at most [`MAX_RETIRED`] are retired
+//! in all: past that, stalled engines are left in service.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -29,6 +32,10 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 /// Most retired threads still in a client's memory: past it, a stalled engine is not
 /// replaced (every session's copies then share the engines left).
 pub(super) const MAX_RETIRED: usize = 256;
+/// Replacements one uid's stalls may take before all its sessions are parked: so that
+/// one uid (up to `clients_per_uid` sessions) cannot use up [`MAX_RETIRED`] and leave
+/// every other user's copies to stalled engines.
+pub(super) const UID_SHARE: usize = MAX_RETIRED / 8;
 /// How often the watchdog says it could not replace a stalled engine.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -80,11 +87,30 @@ pub(super) struct Crew {
     ended: usize,
     /// Retired threads not ended yet (still in a client's memory).
     retired: usize,
+    /// Of those, by the uid whose memory holds them.
+    retired_of: std::collections::HashMap<u32, usize>,
+    /// Uids parked whole for taking their share ([`UID_SHARE`]).
+    parked_uids: std::collections::HashSet<u32>,
     /// When the watchdog last said it could not replace a stalled engine.
     warned: Option<Instant>,
 }
 
 impl Crew {
+    /// A thread retired from `uid`'s memory returned: whether that uid, parked whole,
+    /// holds none any more (then it is unparked).
+    fn returned(&mut self, uid: u32) -> bool {
+        self.retired -= 1;
+        let left = self.retired_of.get_mut(&uid).map_or(0, |n| {
+            *n -= 1;
+            *n
+        });
+        if left == 0 {
+            self.retired_of.remove(&uid);
+            return self.parked_uids.remove(&uid);
+        }
+        false
+    }
+
     /// Says, at most every [`WARN_EVERY`], that a stalled engine stays in service.
     fn cannot_replace(&mut self, why: &str) {
         if self.warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
@@ -106,8 +132,12 @@ pub(super) fn hire(shared: &Arc<Shared>, crew: &mut Crew) -> std::io::Result<()>
         engine(&s, &me);
         // A retired thread has left the crew: nobody waits for it.
         let mut crew = lock(&s.crew);
-        if me.retired().is_some() {
-            crew.retired -= 1;
+        if let Some((uid, _)) = me.retired() {
+            if crew.returned(uid) {
+                lock(&s.queue).unpark_uid(uid);
+                s.ready.notify_all();
+                tracing::info!(uid, "every copy engine stalled in a uid's memory returned: its copies go on");
+            }
         } else {
             crew.ended += 1;
             s.crew_ended.notify_all();
@@ -127,6 +157,12 @@ pub(super) fn size(shared: &Shared) -> usize {
 #[cfg(test)]
 pub(super) fn retired(shared: &Shared) -> usize {
     lock(&shared.crew).retired
+}
+
+/// Retired threads still in `uid`'s memory.
+#[cfg(test)]
+pub(super) fn retired_of(shared: &Shared, uid: u32) -> usize {
+    lock(&shared.crew).retired_of.get(&uid).copied().unwrap_or(0)
 }
 
 /// The watchdog's loop, until the engine stops.
@@ -160,8 +196,21 @@ fn retire(shared: &Arc<Shared>, crew: &mut Crew, i: usize) -> bool {
         return false;
     }
     crew.retired += 1;
+    let of_uid = crew.retired_of.entry(uid).or_default();
+    *of_uid += 1;
+    let of_uid = *of_uid;
     st.retired = Some((uid, session));
-    lock(&shared.queue).park(uid, session);
+    let mut queue = lock(&shared.queue);
+    queue.park(uid, session);
+    if of_uid >= UID_SHARE && crew.parked_uids.insert(uid) {
+        queue.park_uid(uid);
+        tracing::warn!(
+            uid,
+            retired = of_uid,
+            "copies stalled in one uid's memory took its share of engine replacements: all its copies wait until they return"
+        );
+    }
+    drop(queue);
     drop(st);
     crew.members.swap_remove(i);
     shared.metrics.copy_engine_stalled();

@@ -4,7 +4,9 @@
 //! `copy.chunk_bytes`, so a copy of a uid waits for at most one chunk of each other busy
 //! uid per engine, however much they have queued. A session may be parked (its chunks
 //! kept and counted, none taken: the engine's watchdog parks a session stalled in its own
-//! memory). A plain value with no lock of its own: the engine holds it under its mutex.
+//! memory), and so may a uid (all its sessions: one whose stalls took more than its share
+//! of the engine's replacements). A plain value with no lock of its own: the engine holds
+//! it under its mutex.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -16,6 +18,8 @@ pub struct FairQueue<T> {
     by_uid: HashMap<u32, Sessions<T>>,
     /// Parked sessions: how many times each was parked, and its chunks, out of the turns.
     parked: HashMap<(u32, u64), (u32, VecDeque<T>)>,
+    /// Parked uids: their sessions' chunks stay queued (in `by_uid`) but out of the turns.
+    parked_uids: std::collections::HashSet<u32>,
     len: usize,
 }
 
@@ -30,7 +34,13 @@ struct Sessions<T> {
 
 impl<T> Default for FairQueue<T> {
     fn default() -> Self {
-        Self { uids: VecDeque::new(), by_uid: HashMap::new(), parked: HashMap::new(), len: 0 }
+        Self {
+            uids: VecDeque::new(),
+            by_uid: HashMap::new(),
+            parked: HashMap::new(),
+            parked_uids: std::collections::HashSet::new(),
+            len: 0,
+        }
     }
 }
 
@@ -48,7 +58,9 @@ impl<T> FairQueue<T> {
             return;
         }
         let s = self.by_uid.entry(uid).or_insert_with(|| {
-            self.uids.push_back(uid);
+            if !self.parked_uids.contains(&uid) {
+                self.uids.push_back(uid);
+            }
             Sessions { order: VecDeque::new(), queues: HashMap::new(), len: 0 }
         });
         let q = s.queues.entry(session).or_insert_with(|| {
@@ -151,6 +163,21 @@ impl<T> FairQueue<T> {
         self.parked.insert((uid, session), (1, items));
     }
 
+    /// Parks every session of `uid`, those to come included: none of their chunks is taken
+    /// until [`FairQueue::unpark_uid`]. Their chunks keep their order and count.
+    pub fn park_uid(&mut self, uid: u32) {
+        if self.parked_uids.insert(uid) {
+            self.uids.retain(|&u| u != uid);
+        }
+    }
+
+    /// Undoes [`FairQueue::park_uid`]: the uid's chunks go back in the turns, at the back.
+    pub fn unpark_uid(&mut self, uid: u32) {
+        if self.parked_uids.remove(&uid) && self.by_uid.contains_key(&uid) {
+            self.uids.push_back(uid);
+        }
+    }
+
     /// Undoes one [`FairQueue::park`] of `session`; the last one puts its chunks back in
     /// the turns, at the back.
     pub fn unpark(&mut self, uid: u32, session: u64) {
@@ -183,6 +210,32 @@ mod tests {
         q.extend(3, 30, [(3, 30, 0)]);
         assert_eq!(q.remove(3, 30, |_| true), 1);
         assert_eq!((q.len(), q.pop()), (0, None), "an emptied uid leaves its turn");
+    }
+
+    #[test]
+    fn a_parked_uid_keeps_its_chunks_counted_and_gives_up_its_turns_until_unparked() {
+        let mut q = FairQueue::default();
+        q.extend(1, 10, [(1, 10, 0)]);
+        q.extend(2, 20, [(2, 20, 0), (2, 20, 1)]);
+        q.park_uid(1);
+        q.park_uid(1);
+        q.extend(1, 11, [(1, 11, 0)]);
+        q.park(1, 12);
+        q.extend(1, 12, [(1, 12, 0)]);
+        q.unpark(1, 12);
+        assert_eq!((q.len(), q.len_of(1)), (5, 3));
+        assert_eq!(q.pop(), Some((2, 20, 0)));
+        assert_eq!(q.pop(), Some((2, 20, 1)), "only the other uid is served");
+        assert_eq!((q.pop(), q.len()), (None, 3));
+        assert_eq!(q.remove(1, 11, |_| true), 1, "a stopped job's chunks go, parked or not");
+        q.unpark_uid(1);
+        assert_eq!(drain(&mut q), [(1, 10, 0), (1, 12, 0)]);
+        q.unpark_uid(1);
+        q.extend(1, 10, [(1, 10, 1)]);
+        assert_eq!(q.pop(), Some((1, 10, 1)), "unparked once is unparked");
+        q.park_uid(3);
+        q.unpark_uid(3);
+        assert_eq!((q.pop(), q.len()), (None, 0), "a uid with nothing queued is in no turn");
     }
 
     #[test]

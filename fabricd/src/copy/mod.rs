@@ -952,6 +952,68 @@ mod tests {
         assert_eq!(engine.in_flight(), 0);
     }
 
+    /// One uid whose copies stall in its memory on many sessions takes at most its share
+    /// of engine replacements (plus the engines running its chunks when it was parked
+    /// whole): another uid's copy still completes. Before, it took every replacement
+    /// (`MAX_RETIRED`), after which the stalled engines stayed in service and no one's
+    /// copy ran.
+    #[test]
+    fn one_uid_stalling_on_many_sessions_takes_only_its_share_of_replacements() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CopyConfig { engines: 64, ..CopyConfig::default() };
+        let (engine, memory) = engine_with(dir.path(), config);
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let data = vec![3u8; 4096];
+        let held = lock(&engine.shared.client_held);
+        // More sessions than every replacement there is, one stalling copy each.
+        let sessions = crew::MAX_RETIRED as u64 + 8;
+        let mut gates = Vec::new();
+        for session in 0..sessions {
+            let (copy, gate) = client_copy(&data, 1000 + session);
+            gates.push(gate);
+            engine.submit(1, 100 + session, session, sink.clone(), &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        }
+        assert!(
+            eventually(|| crew::retired_of(&engine.shared, 1) >= crew::UID_SHARE),
+            "uid 1's stalls were not replaced"
+        );
+        // Until the replacements stop: every engine uid 1 could take, it took.
+        let mut last = (crew::retired_of(&engine.shared, 1), std::time::Instant::now());
+        while last.1.elapsed() < 3 * crew::STALL {
+            std::thread::sleep(crew::TICK);
+            let now = crew::retired_of(&engine.shared, 1);
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            }
+        }
+        let other = engine.submit(2, 2, 2, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let other = other.unwrap().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let got = loop {
+            match done.try_recv() {
+                Ok(got) => break Some(got),
+                Err(_) if std::time::Instant::now() > deadline => break None,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        };
+        let taken = crew::retired_of(&engine.shared, 1);
+        let Some((_, d)) = got else {
+            drop(held);
+            panic!("another uid's copy did not run: uid 1 holds {taken} retired engines");
+        };
+        assert_eq!((d.copy, d.result), (other, CopyResult::Ok), "another uid's copy ran");
+        assert!(taken <= crew::UID_SHARE + 64, "uid 1 holds {taken} retired engines");
+        drop(held);
+        for _ in 0..sessions {
+            assert_eq!(done.blocking_recv().unwrap().1.result, CopyResult::Ok);
+        }
+        assert!(eventually(|| crew::retired(&engine.shared) == 0), "the retired threads did not end");
+        // Unparked: uid 1 copies again.
+        let (copy, _gate) = client_copy(&data, 5000);
+        engine.submit(1, 100, 9999, sink, &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        assert_eq!(done.blocking_recv().unwrap().1.result, CopyResult::Ok);
+    }
+
     /// An engine dropped while a chunk is stalled in a client's memory does not wait for
     /// it past its bounded wait.
     #[test]
