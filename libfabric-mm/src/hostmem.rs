@@ -45,7 +45,8 @@ impl KeptOut {
         reserve_in_children();
         let first = addr as u64 / PAGE;
         let pages = (first, (addr as u64).saturating_add(len).div_ceil(PAGE));
-        KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pages);
+        // No fork while the list's lock is held: the child would find it held for good.
+        unforked(|| KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(pages));
         Self { pages, origin: crate::origin::Origin::here() }
     }
 }
@@ -55,10 +56,12 @@ impl Drop for KeptOut {
         if self.origin.forked() {
             return;
         }
-        let mut kept = KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(i) = kept.iter().position(|&r| r == self.pages) {
-            kept.swap_remove(i);
-        }
+        unforked(|| {
+            let mut kept = KEPT_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(i) = kept.iter().position(|&r| r == self.pages) {
+                kept.swap_remove(i);
+            }
+        });
     }
 }
 
@@ -89,11 +92,29 @@ static FORKING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 /// fork in between: a child forked while a placement's live mapping was not yet advised
 /// would keep the memory (a remote import's, which the parent's fence never reaches), and
 /// one forked before it was listed would have a hole the fork handler does not reserve.
-/// A bare pointer's page lock runs here too, so that no child is forked holding the page
-/// counts' lock. A fork started meanwhile waits for `f` to end (its prepare handler); `f`
-/// must not fork nor enter `unforked` again (the inner call would wait for that fork).
+/// A bare pointer's page lock and the kept-out list's changes run here too, so that no
+/// child is forked holding their locks. A fork started meanwhile waits for `f` to end (its
+/// prepare handler); `f` must not fork. A call inside another (a placement undone, its
+/// kept-out pages given back) just runs `f`: waiting there for a fork would wait for
+/// itself.
 pub(crate) fn unforked<T>(f: impl FnOnce() -> T) -> T {
     use std::sync::atomic::Ordering::SeqCst;
+    thread_local! {
+        /// How deep this thread is in `unforked`.
+        static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    struct Deeper;
+    impl Drop for Deeper {
+        fn drop(&mut self) {
+            let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    // Without the thread-local (a thread's destructors running): taken as outermost.
+    let outer = DEPTH.try_with(|d| d.replace(d.get() + 1)).map_or(true, |was| was == 0);
+    let _deeper = Deeper;
+    if !outer {
+        return f();
+    }
     reserve_in_children();
     loop {
         MAPPING.fetch_add(1, SeqCst);
@@ -516,35 +537,34 @@ pub(crate) mod tests {
         unsafe { libc::munmap(p.cast(), len) };
     }
 
-    /// A child forked while another thread locks and unlocks pages can lock pages of its
-    /// own: no fork lands while the page counts' lock is held (before, a child forked then
-    /// found it held for good and its first registration hung).
-    #[test]
-    fn a_child_forked_while_another_thread_locks_pages_can_lock_its_own() {
-        let theirs = anon(64 * PAGE as usize, libc::MAP_PRIVATE) as u64;
+    /// Forks 200 children while another thread runs `churn` in a loop; each child runs
+    /// `child` (true: it went well) under a 5 s alarm. Whether no child hung.
+    fn forks_while(
+        churn: impl Fn() + Send + Sync + 'static,
+        child: impl Fn() -> bool,
+    ) -> std::result::Result<u64, u64> {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let locker = {
+        let churner = {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let mut rounds = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    drop(PageLock::new(theirs, 64 * PAGE).unwrap());
+                    churn();
                     rounds += 1;
                 }
                 rounds
             })
         };
-        let mut hung = 0;
+        let mut hung = false;
         for _ in 0..200 {
-            // SAFETY: the child maps a page, locks it and leaves with _exit; an alarm ends
-            // it if the lock hangs.
+            // SAFETY: the child runs `child` and leaves with _exit; an alarm ends it if it
+            // hangs.
             let pid = unsafe { libc::fork() };
             assert!(pid >= 0);
             if pid == 0 {
                 // SAFETY: as above, in the child.
                 unsafe { libc::alarm(5) };
-                let mine = anon(PAGE as usize, libc::MAP_PRIVATE) as u64;
-                let ok = PageLock::new(mine, PAGE).is_ok();
+                let ok = child();
                 // SAFETY: ends the child without running the parent's exit handlers.
                 unsafe { libc::_exit(i32::from(!ok)) };
             }
@@ -552,16 +572,46 @@ pub(crate) mod tests {
             // SAFETY: waits for the child forked above.
             assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
             if libc::WIFSIGNALED(status) {
-                hung += 1;
+                hung = true;
                 break;
-            } else {
-                assert_eq!(libc::WEXITSTATUS(status), 0, "the child's page lock failed");
             }
+            assert_eq!(libc::WEXITSTATUS(status), 0, "the child's step failed");
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let rounds = locker.join().unwrap();
-        assert_eq!(hung, 0, "a child hung on the page counts ({rounds} locks meanwhile)");
+        let rounds = churner.join().unwrap();
         assert!(rounds > 0);
+        if hung { Err(rounds) } else { Ok(rounds) }
+    }
+
+    /// A child forked while another thread locks and unlocks pages can lock pages of its
+    /// own: no fork lands while the page counts' lock is held (before, a child forked then
+    /// found it held for good and its first registration hung).
+    #[test]
+    fn a_child_forked_while_another_thread_locks_pages_can_lock_its_own() {
+        let theirs = anon(64 * PAGE as usize, libc::MAP_PRIVATE) as u64;
+        let churn = move || drop(PageLock::new(theirs, 64 * PAGE).unwrap());
+        let child = || PageLock::new(anon(PAGE as usize, libc::MAP_PRIVATE) as u64, PAGE).is_ok();
+        if let Err(rounds) = forks_while(churn, child) {
+            panic!("a child hung on the page counts ({rounds} locks meanwhile)");
+        }
+    }
+
+    /// Likewise for the kept-out list: a child forked while another thread keeps memory
+    /// out and gives it back can keep its own out (its first host buffer or placement).
+    #[test]
+    fn a_child_forked_while_another_thread_keeps_memory_out_can_keep_its_own() {
+        let theirs = anon(PAGE as usize, libc::MAP_PRIVATE) as usize;
+        let churn = move || drop(KeptOut::new(theirs as *const u8, PAGE));
+        let child = || {
+            drop(KeptOut::new(anon(PAGE as usize, libc::MAP_PRIVATE), PAGE));
+            true
+        };
+        if let Err(rounds) = forks_while(churn, child) {
+            panic!("a child hung on the kept-out list ({rounds} changes meanwhile)");
+        }
+        // A call inside another runs at once (a fork waiting for the outer one is no
+        // reason to wait).
+        assert_eq!(unforked(|| unforked(|| 7)), 7);
     }
 
     /// The `VmFlags` `/proc/self/smaps` gives the mapping holding the page at `p`.
