@@ -180,8 +180,9 @@ pub(crate) fn endpoint(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CopyE
         let r = r.get().slot.get().ok_or_else(|| closed(py, "registration"))?;
         return Ok(CopyEndpoint::from(&*r));
     }
-    if let Ok(g) = obj.extract::<u64>() {
-        return Ok(CopyEndpoint::Gfa(g));
+    // An int out of range raises Python's own `OverflowError`, as every int argument does.
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Ok(CopyEndpoint::Gfa(obj.extract::<u64>()?));
     }
     Err(invalid(py, "a copy endpoint is a GFA (int), a Registration or Registration.at(offset)"))
 }
@@ -272,7 +273,7 @@ fn deliver(callback: &Py<PyAny>, r: CopyOutcome) {
             Err(e) => (None, Some(to_py(py, e).into_value(py))),
         };
         if let Err(e) = callback.call1(py, args) {
-            e.write_unraisable(py, Some(callback.bind(py)));
+            crate::gil::unraisable(py, e, callback.bind(py));
         }
     });
 }

@@ -79,6 +79,19 @@ pub(crate) fn register_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// What a callback of the application's raised, `e`, with nobody to raise it to: a
+/// `KeyboardInterrupt` (Ctrl-C while the callback ran, which took the signal's flag) is
+/// raised again in the main thread at its next check, as if the signal came now;
+/// anything else is reported as unraisable (`sys.unraisablehook`), naming `callback`.
+pub(crate) fn unraisable(py: Python<'_>, e: PyErr, callback: &Bound<'_, PyAny>) {
+    if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
+        // SAFETY: sets the interpreter's pending-signal flag; the GIL is held.
+        unsafe { pyo3::ffi::PyErr_SetInterrupt() };
+        return;
+    }
+    e.write_unraisable(py, Some(callback));
+}
+
 /// Runs a callback's `f` with the GIL on the library's thread (or a caller's, inside a
 /// call that reads fabricd's event), unless the interpreter is exiting: then there is no
 /// one left to tell, and attaching could end the thread.

@@ -206,7 +206,7 @@ impl Session {
                     let Some(cb) = cell.get(py) else { return };
                     let call = values::revocation(py, r).and_then(|d| cb.call1(py, (d,)));
                     if let Err(e) = call {
-                        e.write_unraisable(py, Some(cb.bind(py)));
+                        crate::gil::unraisable(py, e, cb.bind(py));
                     }
                 });
             });

@@ -141,6 +141,12 @@ def test_copy_refusals_and_failures(session: fabric_mm.Session, gpu: str) -> Non
         session.copy(region.gfa, region.gfa + MIB, GRANULE)  # past the end
     with pytest.raises(fabric_mm.InvalidArgumentError):
         session.copy("not an endpoint", region.gfa, 1)  # type: ignore[arg-type]
+    # An int out of range is Python's own OverflowError (before: InvalidArgumentError).
+    for out_of_range in (-1, 1 << 64):
+        with pytest.raises(OverflowError):
+            session.copy(out_of_range, region.gfa, 1)
+        with pytest.raises(OverflowError):
+            session.copy(region.gfa, out_of_range, 1)
 
     gfa = region.gfa
 
@@ -149,6 +155,24 @@ def test_copy_refusals_and_failures(session: fabric_mm.Session, gpu: str) -> Non
 
     with pytest.raises(fabric_mm.RefusedError):
         asyncio.run(refused())
+
+
+def test_ctrl_c_in_a_callback_is_raised_again(session: fabric_mm.Session, gpu: str) -> None:
+    # A KeyboardInterrupt raised inside a callback (what Ctrl-C does while the callback's
+    # code runs, taking the signal's flag) reaches the main thread at its next check.
+    # Before, it was printed as an unraisable exception and the Ctrl-C was lost.
+    region = session.alloc(GRANULE, device=gpu)
+    m = session.map(region)
+    c = session.copy(m.gfa + MIB, m.gfa, MIB)
+    assert c.wait() == MIB
+
+    def interrupted(n: Optional[int], error: Optional[fabric_mm.FabricError]) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        c.on_complete(interrupted)  # done already: runs here, at once
+        for _ in range(200):
+            threading.Event().wait(0.01)
 
 
 def test_an_interpreter_exits_cleanly_with_completions_on_their_way(session: fabric_mm.Session) -> None:
