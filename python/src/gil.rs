@@ -117,6 +117,15 @@ pub(crate) fn drop_detached<T: Send>(v: T, born: Born) {
     }
 }
 
+/// Lets go of `v`, a handle a call took out of a [`Slot`], with the GIL released, before
+/// the call runs Python code (an error's conversion, `fabric_mm.errors._from_native`):
+/// that code may let another thread close the slot, making `v` the last handle, whose drop
+/// may wait for fabricd (a `Free`, a `Release`) or for the library's reader thread (the
+/// session's end) — which may be waiting for the GIL.
+pub(crate) fn let_go<T: Send>(py: Python<'_>, v: T) {
+    py.detach(move || drop(v));
+}
+
 /// A library object a Python object holds for its whole life, dropped with the GIL
 /// released ([`drop_detached`]) when the Python object goes: its last drop may end the
 /// session, which waits for the library's reader thread — and that thread may be

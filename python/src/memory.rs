@@ -60,7 +60,7 @@ impl Source {
 #[pyclass(module = "fabric_mm._native", frozen)]
 #[derive(Debug)]
 pub struct Region {
-    slot: Slot<fabric_mm::Region>,
+    pub(crate) slot: Slot<fabric_mm::Region>,
     owner: Owner,
     id: u64,
     generation: u64,
@@ -183,7 +183,10 @@ impl Import {
     }
     /// Raises `RevokedError` once fabricd revoked it.
     fn check(&self, py: Python<'_>) -> PyResult<()> {
-        self.get(py)?.check().map_err(|e| to_py(py, e))
+        let i = self.get(py)?;
+        let checked = i.check();
+        crate::gil::let_go(py, i);
+        checked.map_err(|e| to_py(py, e))
     }
     /// Lets go of the import (released in fabricd once its mappings are gone).
     fn release(&self) {
@@ -254,7 +257,9 @@ impl Mapping {
     /// until it is unmapped).
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         let m = self.get(py)?;
-        m.check().map_err(|e| to_py(py, e))
+        let checked = m.check();
+        crate::gil::let_go(py, m);
+        checked.map_err(|e| to_py(py, e))
     }
     /// Whether the hardware keeps this host's caches coherent with the memory, making
     /// `flush` and `invalidate` no-ops (the grant's coherence: `Mapping::coherent`).

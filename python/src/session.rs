@@ -249,31 +249,48 @@ impl Session {
         partition: Option<String>,
         read_only: bool,
     ) -> PyResult<String> {
-        let s = self.get(py)?;
-        let r = region.get(py)?;
+        // Both taken before either refusal is made (Python code: see `let_go`).
+        let (s, r) = match (self.slot.get(), region.slot.get()) {
+            (Some(s), Some(r)) => (s, r),
+            (s, r) => {
+                let which = if s.is_some() { "region" } else { "session" };
+                crate::gil::let_go(py, (s, r));
+                return Err(closed(py, which));
+            }
+        };
         let policy = Policy { uids, gids, partition, read_only };
         blocking(py, move || s.export(&r, &policy)).map(|h| h.to_string())
     }
 
     fn revoke(&self, py: Python<'_>, handle: &str) -> PyResult<()> {
-        let s = self.get(py)?;
         let h = handle.parse().map_err(|e| to_py(py, e))?;
+        let s = self.get(py)?;
         blocking(py, move || s.revoke(&h))
     }
 
     #[pyo3(signature = (handle, writable=true))]
     fn import_handle(slf: &Bound<'_, Self>, py: Python<'_>, handle: &str, writable: bool) -> PyResult<Import> {
-        let s = slf.get().get(py)?;
         let h = handle.parse().map_err(|e| to_py(py, e))?;
+        let s = slf.get().get(py)?;
         blocking(py, move || s.import(&h, writable)).map(|i| Import::new(i, Owner::of(slf)))
     }
 
     fn map(slf: &Bound<'_, Self>, py: Python<'_>, memory: &Bound<'_, PyAny>) -> PyResult<Mapping> {
-        let s = slf.get().get(py)?;
-        let mapped = match Source::of(py, memory)? {
+        let source = Source::of(py, memory)?;
+        let s = match slf.get().get(py) {
+            Ok(s) => s,
+            Err(e) => {
+                crate::gil::let_go(py, source);
+                return Err(e);
+            }
+        };
+        let mapped = match source {
             Source::Region(r) => blocking(py, move || s.map(&*r)),
             Source::Import(i) => blocking(py, move || s.map(&*i)),
-            _ => return Err(invalid(py, "map takes a Region or an Import")),
+            other => {
+                crate::gil::let_go(py, (s, other));
+                return Err(invalid(py, "map takes a Region or an Import"));
+            }
         }?;
         Ok(Mapping::new(mapped, Owner::of(slf)))
     }
@@ -290,7 +307,6 @@ impl Session {
 
     /// `items`: `(device, memory class, ordinal, offset)` tuples.
     fn reverse(&self, py: Python<'_>, items: Vec<(String, String, u16, u64)>) -> PyResult<Vec<Option<u64>>> {
-        let s = self.get(py)?;
         let items = items
             .into_iter()
             .map(|(device, memory, ordinal, offset)| {
@@ -298,6 +314,7 @@ impl Session {
             })
             .collect::<fabric_mm::Result<Vec<_>>>()
             .map_err(|e| to_py(py, e))?;
+        let s = self.get(py)?;
         blocking(py, move || s.reverse(&items))
     }
 
@@ -347,11 +364,17 @@ impl Session {
         length: Option<u64>,
     ) -> PyResult<Registration> {
         let access = values::access_of(access).map_err(|e| to_py(py, e))?;
-        let s = slf.get().get(py)?;
         let src = Source::of(py, memory)?;
-        let length = match length {
-            Some(l) => l,
-            None => src.len().checked_sub(offset).ok_or_else(|| invalid(py, "offset lies past the memory"))?,
+        let s = match slf.get().get(py) {
+            Ok(s) => s,
+            Err(e) => {
+                crate::gil::let_go(py, src);
+                return Err(e);
+            }
+        };
+        let Some(length) = length.or_else(|| src.len().checked_sub(offset)) else {
+            crate::gil::let_go(py, (s, src));
+            return Err(invalid(py, "offset lies past the memory"));
         };
         let reg = match src {
             Source::Region(m) => blocking(py, move || s.register_range(&*m, offset, length, &device, access)),
@@ -369,7 +392,8 @@ impl Session {
     }
 
     fn registration_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        values::registration_stats(py, &self.get(py)?.registration_stats())
+        let stats = self.get(py)?.registration_stats();
+        values::registration_stats(py, &stats)
     }
 
     fn clear_registration_cache(&self, py: Python<'_>) -> PyResult<()> {

@@ -4,6 +4,8 @@ session blocks for as long as it keeps the connection (2 s)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -61,3 +63,53 @@ def test_a_blocked_call_lets_other_threads_run(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait()
+
+
+LAST_HANDLE_IN_AN_ERROR = textwrap.dedent(
+    """
+    import faulthandler, os, signal, sys, threading, time
+    import fabric_mm, fabric_mm.errors
+    faulthandler.dump_traceback_later(20, exit=True)
+    socket, daemon = sys.argv[1], int(sys.argv[2])
+    s = fabric_mm.Session(socket)
+    gpu = next(d.id for d in s.devices() if any(c == "hbm" for c, _ in d.memory))
+    region = s.alloc(2 << 20, device=gpu)
+    original = fabric_mm.errors._from_native
+
+    def resume() -> None:
+        time.sleep(0.5)
+        os.kill(daemon, signal.SIGCONT)
+
+    def hook(*args):
+        fabric_mm.errors._from_native = original
+        region.free()  # the refused call's own handle is the region's last one now
+        os.kill(daemon, signal.SIGSTOP)
+        threading.Thread(target=resume).start()
+        return original(*args)
+
+    fabric_mm.errors._from_native = hook
+    try:
+        s.register(region, gpu, offset=region.size + 1)
+    except fabric_mm.InvalidArgumentError:
+        print("refused")
+    """
+)
+
+
+def test_a_refused_call_lets_go_of_its_handles_without_the_gil(tmp_path: Path) -> None:
+    # The error of a refused call is made by Python code, during which another thread
+    # (here the error hook itself) may free the region the call holds a handle of; that
+    # handle is then the last, and its drop is the Free round trip. Before, it was dropped
+    # with the GIL held: with fabricd stopped and the thread that resumes it waiting for
+    # the GIL, the process hung.
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        run = subprocess.run([sys.executable, "-c", LAST_HANDLE_IN_AN_ERROR, d.socket, str(d.process.pid)],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        os.kill(d.process.pid, signal.SIGCONT)
+        d.stop()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "refused", run.stdout + run.stderr
