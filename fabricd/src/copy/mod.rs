@@ -487,7 +487,7 @@ impl CopyEngine {
     /// flight.
     pub fn end_session(&self, session: u64) -> usize {
         let jobs: Vec<Arc<Job>> = lock(&self.shared.jobs).values().filter(|j| j.session == session).cloned().collect();
-        jobs.iter().map(|j| usize::from(stop(&self.shared, j, "the session ended".into()))).sum()
+        stop_all(&self.shared, jobs.iter().map(|j| (j, "the session ended".to_owned())))
     }
 
     /// Copies queued or running.
@@ -546,16 +546,15 @@ impl Sweeper {
         // A gone region's kept mapping goes too (a chunk still using it holds it).
         let mut unmap: Vec<u64> =
             regions.iter().zip(maps_gone).filter(|(_, why)| why.is_some()).map(|(id, _)| *id).collect();
-        let mut stopped = 0;
-        for (job, why) in jobs.iter().zip(jobs_gone) {
-            if let Some(why) = why {
-                stopped += usize::from(stop(shared, job, why.clone()));
-                unmap.extend(job.deps.iter().filter_map(|d| match d {
-                    Dep::Region(id) => Some(*id),
-                    _ => None,
-                }));
-            }
+        let gone: Vec<(&Arc<Job>, String)> =
+            jobs.iter().zip(jobs_gone).filter_map(|(job, why)| why.clone().map(|why| (job, why))).collect();
+        for (job, _) in &gone {
+            unmap.extend(job.deps.iter().filter_map(|d| match d {
+                Dep::Region(id) => Some(*id),
+                _ => None,
+            }));
         }
+        let stopped = stop_all(shared, gone);
         // With the stopped jobs' regions: a chunk of one that ran after the kept mappings
         // were listed above may have mapped its region again; with the job stopped (no
         // chunk of it runs), that mapping goes too, rather than hold a freed region's
@@ -577,20 +576,45 @@ fn wait_for_loose_chunks(shared: &Shared) {
 /// that chunk is over, not when the chunks' turns come behind the session's other copies;
 /// false if it already was stopped.
 fn stop(shared: &Shared, job: &Arc<Job>, why: String) -> bool {
-    {
+    stop_all(shared, [(job, why)]) == 1
+}
+
+/// [`stop`] of each of `jobs`, with one pass over each of their sessions' queued chunks
+/// (a session's end stops up to its whole limit of copies, each with chunks queued: one
+/// pass each made that quadratic under the queue's lock, which every engine needs).
+/// Answers how many it stopped.
+fn stop_all<'a>(shared: &Shared, jobs: impl IntoIterator<Item = (&'a Arc<Job>, String)>) -> usize {
+    let mut stopped: HashMap<u64, (&Arc<Job>, usize)> = HashMap::new();
+    for (job, why) in jobs {
         let mut g = job.gate.write().unwrap_or_else(|p| p.into_inner());
         if g.is_some() {
-            return false;
+            continue;
         }
         tracing::info!(copy = job.id, session = job.session, reason = %why, "copy stopped");
         *g = Some(why);
+        stopped.insert(job.id, (job, 0));
     }
-    let removed = lock(&shared.queue).remove(job.uid, job.session, |c| Arc::ptr_eq(&c.job, job));
-    // The last of its chunks, unless one is running (whose engine then ends the job).
-    if removed > 0 && job.left.fetch_sub(removed, Ordering::AcqRel) == removed {
-        finish(shared, job);
+    let sessions: std::collections::BTreeSet<(u32, u64)> =
+        stopped.values().map(|(job, _)| (job.uid, job.session)).collect();
+    {
+        let mut queue = lock(&shared.queue);
+        for (uid, session) in sessions {
+            queue.remove(uid, session, |c| match stopped.get_mut(&c.job.id) {
+                Some((job, n)) if Arc::ptr_eq(&c.job, job) => {
+                    *n += 1;
+                    true
+                }
+                _ => false,
+            });
+        }
     }
-    true
+    for (job, removed) in stopped.values() {
+        // The last of its chunks, unless one is running (whose engine then ends the job).
+        if *removed > 0 && job.left.fetch_sub(*removed, Ordering::AcqRel) == *removed {
+            finish(shared, job);
+        }
+    }
+    stopped.len()
 }
 
 /// An engine thread's loop, until the engine stops or the watchdog retires it
@@ -1182,6 +1206,42 @@ mod tests {
         let mut ended: Vec<u64> = (0..3).map(|_| done.blocking_recv().unwrap().1.copy).collect();
         ended.sort_unstable();
         assert_eq!(ended, [first, second, small]);
+    }
+
+    /// A session's end stops all its copies with their chunks queued, in one pass over
+    /// its queue: each ends once, `NotFound`, with its place given back, and another
+    /// session's queued chunks stay and run.
+    #[test]
+    fn a_sessions_end_stops_every_copy_of_it_once_and_leaves_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CopyConfig { engines: 1, max_in_flight_per_session: 64, chunk_bytes: MIN_CHUNK };
+        let (engine, memory) = engine_with(dir.path(), config);
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let held = lock(&engine.shared.held);
+        let copy = || Ok::<_, ()>(halves_copy(8 * MIN_CHUNK));
+        let mine: std::collections::BTreeSet<u64> =
+            (0..64).map(|i| engine.submit(1, 1, i, sink.clone(), &memory, copy).unwrap().unwrap()).collect();
+        let other = engine.submit(1, 2, 99, sink.clone(), &memory, copy).unwrap().unwrap();
+        assert_eq!(engine.end_session(1), 64);
+        assert_eq!(engine.end_session(1), 0, "stopped once");
+        let mut ended = std::collections::BTreeSet::new();
+        // All but the one whose chunk the held engine took end at once.
+        for _ in 0..63 {
+            let (_, d) = done.blocking_recv().unwrap();
+            assert!(matches!(d.result, CopyResult::Failed { code: ErrorCode::NotFound, .. }), "{:?}", d.result);
+            assert!(ended.insert(d.copy), "ended twice");
+        }
+        drop(held);
+        let mut rest = Vec::new();
+        for _ in 0..2 {
+            rest.push(done.blocking_recv().unwrap().1);
+        }
+        let theirs = rest.iter().find(|d| d.copy == other).expect("the other session's copy ended");
+        assert_eq!(theirs.result, CopyResult::Ok);
+        ended.extend(rest.iter().map(|d| d.copy).filter(|c| *c != other));
+        assert_eq!(ended, mine);
+        assert!(eventually(|| engine.in_flight() == 0));
+        assert!(done.try_recv().is_err(), "nothing ends twice");
     }
 
     #[test]
