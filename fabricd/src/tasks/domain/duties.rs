@@ -17,12 +17,19 @@ use fabric_domain::{DomainClient, EtcdError, LeaderFence, Leadership};
 pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
 /// Most nodes one sweep collects (the rest go in the next).
 pub const SWEEP_MAX: usize = 64;
+/// The first wait before a gc that failed is tried again, and the longest: a gc that
+/// keeps failing (etcd refusing it, a record it cannot read) is not retried, and logged,
+/// at every probe.
+const GC_RETRY_FIRST: Duration = Duration::from_secs(1);
+const GC_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// One session's duties: whether a round runs, and when (in which term) the last sweep ran.
 #[derive(Debug, Default)]
 pub struct Duties {
     busy: AtomicBool,
     swept: std::sync::Mutex<Option<(i64, Instant)>>,
+    /// Queued gcs that failed: how many times in a row, and when to try next.
+    failing: std::sync::Mutex<std::collections::HashMap<String, (u32, Instant)>>,
 }
 
 impl Duties {
@@ -35,6 +42,33 @@ impl Duties {
     fn swept(&self, term: i64) {
         *self.swept.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((term, Instant::now()));
     }
+
+    fn failing(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (u32, Instant)>> {
+        self.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the queued gc of `node` is due: never failed, or its backoff is over. The
+    /// nodes no longer `queued` are forgotten.
+    fn gc_due(&self, node: &str, queued: &[String]) -> bool {
+        let mut failing = self.failing();
+        failing.retain(|n, _| queued.contains(n));
+        failing.get(node).is_none_or(|(_, next)| Instant::now() >= *next)
+    }
+
+    /// The gc of `node` failed (again): its next try waits twice as long as the last, up
+    /// to [`GC_RETRY_MAX`]. Answers that wait.
+    fn gc_failed(&self, node: &str) -> Duration {
+        let mut failing = self.failing();
+        let tries = failing.get(node).map_or(0, |(n, _)| *n);
+        let wait = GC_RETRY_FIRST.saturating_mul(1 << tries.min(6)).min(GC_RETRY_MAX);
+        failing.insert(node.to_owned(), (tries + 1, Instant::now() + wait));
+        wait
+    }
+
+    /// The gc of `node` is done or dropped.
+    fn gc_over(&self, node: &str) {
+        self.failing().remove(node);
+    }
 }
 
 /// Starts one round of duties when this node leads and none is running.
@@ -46,7 +80,7 @@ pub fn spawn(client: &DomainClient, lease: i64, leadership: &Leadership, duties:
     let fence = LeaderFence::new(client, lease, *term);
     let (client, duties) = (client.clone(), duties.clone());
     tokio::spawn(async move {
-        if round(&client, &fence).await && duties.sweep_due(fence.term()) {
+        if round(&client, &fence, &duties).await && duties.sweep_due(fence.term()) {
             sweep(&client, &fence).await;
             duties.swept(fence.term());
         }
@@ -54,8 +88,9 @@ pub fn spawn(client: &DomainClient, lease: i64, leadership: &Leadership, duties:
     });
 }
 
-/// Carries out every queued gc; false when this node no longer leads or etcd failed.
-async fn round(client: &DomainClient, fence: &LeaderFence) -> bool {
+/// Carries out every queued gc that is due; false when this node no longer leads or etcd
+/// failed.
+async fn round(client: &DomainClient, fence: &LeaderFence, duties: &Duties) -> bool {
     let queue = match client.gc_queue().await {
         Ok(q) => q,
         Err(e) => {
@@ -63,22 +98,33 @@ async fn round(client: &DomainClient, fence: &LeaderFence) -> bool {
             return false;
         }
     };
-    for node in queue {
+    for node in &queue {
+        if !duties.gc_due(node, &queue) {
+            continue;
+        }
+        let node = node.clone();
         if !fabric_domain::config::is_valid_name(&node) {
             let dropped = client.drop_gc_request(fence, &node).await;
             tracing::warn!(key = %node, ?dropped, "leader: a queued gc names no node; dropped");
             continue;
         }
         match client.gc_led(fence, &node).await {
-            Ok(slot) => tracing::info!(%node, ?slot, term = fence.term(), "leader: carried out the gc of a gone node"),
+            Ok(slot) => {
+                duties.gc_over(&node);
+                tracing::info!(%node, ?slot, term = fence.term(), "leader: carried out the gc of a gone node")
+            }
             Err(EtcdError::GcLive { .. }) => {
+                duties.gc_over(&node);
                 tracing::info!(%node, "leader: refused the gc of a live node (request dropped)")
             }
             Err(e @ EtcdError::NotLeader { .. }) => {
                 tracing::warn!(error = %e, "leader: no longer leads; gc left to the next leader");
                 return false;
             }
-            Err(e) => tracing::warn!(%node, error = %crate::error_chain(&e), "leader: gc failed; retried later"),
+            Err(e) => {
+                let retry_in = duties.gc_failed(&node);
+                tracing::warn!(%node, error = %crate::error_chain(&e), ?retry_in, "leader: gc failed; retried later")
+            }
         }
     }
     true
@@ -92,5 +138,33 @@ async fn sweep(client: &DomainClient, fence: &LeaderFence) {
             tracing::info!(nodes = ?swept, term = fence.term(), "leader: swept records of nodes without a slot")
         }
         Err(e) => tracing::warn!(error = %crate::error_chain(&e), "leader: sweep failed; tried again later"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queued gc that keeps failing waits longer each time, up to a minute, instead of
+    /// being tried (and logged) at every probe; one that succeeds or is dropped, or is no
+    /// longer queued, starts over.
+    #[test]
+    fn a_failing_gc_backs_off() {
+        let d = Duties::default();
+        let queued = vec!["tray1".to_owned(), "tray2".to_owned()];
+        assert!(d.gc_due("tray1", &queued));
+        let waits: Vec<Duration> = (0..9).map(|_| d.gc_failed("tray1")).collect();
+        assert_eq!(waits[..3], [GC_RETRY_FIRST, 2 * GC_RETRY_FIRST, 4 * GC_RETRY_FIRST]);
+        assert_eq!(waits[8], GC_RETRY_MAX);
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
+        assert!(!d.gc_due("tray1", &queued), "waits");
+        assert!(d.gc_due("tray2", &queued), "another node's gc does not wait");
+        d.gc_over("tray1");
+        assert!(d.gc_due("tray1", &queued));
+        d.gc_failed("tray1");
+        assert!(!d.gc_due("tray1", &queued));
+        // No longer queued: forgotten (a request queued again starts over).
+        assert!(d.gc_due("tray2", &queued[1..]));
+        assert!(d.gc_due("tray1", &queued));
     }
 }
