@@ -124,8 +124,9 @@ pub enum EtcdError {
         /// How many slots there are.
         count: u32,
     },
-    /// A slot claim (or gc) kept losing races with other writers of the same keys.
-    #[error("slot claim or gc for {node} lost {attempts} races in a row")]
+    /// A slot claim (or a join, or a gc) kept losing races with other writers of the same
+    /// keys.
+    #[error("slot claim, join or gc for {node} lost {attempts} races in a row")]
     Contention {
         /// The node.
         node: String,
@@ -216,6 +217,18 @@ pub struct MemberList {
     pub members: Vec<MemberRecord>,
     /// Keys whose values were refused, with why. They never enter the list above.
     pub refused: Vec<(String, RecordError)>,
+}
+
+/// Tries of a join whose refusal finds no member record.
+const JOIN_ATTEMPTS: u32 = 8;
+
+/// How one try of a join ended.
+enum Joined {
+    Yes,
+    /// A live member holds the name: its incarnation (or why it is not known).
+    Taken(String),
+    /// Refused, and no member holds the name: tried again.
+    Again,
 }
 
 /// A connection to the domain's etcd, for one node.
@@ -487,9 +500,33 @@ impl DomainClient {
             let reason = format!("names {:?}, this node is {:?}", record.name, self.node);
             return Err(EtcdError::Record { key, source: RecordError::Invalid { field: "name", reason } });
         }
-        lease.check()?;
+        // A refusal that finds no member record (the slot claim rewritten unchanged
+        // between its read and the transaction, or the holder's lease ending just then)
+        // is tried again, a few times; before, it read as a live holder of "unknown"
+        // incarnation.
+        for _ in 0..JOIN_ATTEMPTS {
+            lease.check()?;
+            match self.join_once(lease, record, &key, slot).await? {
+                Joined::Yes => return Ok(()),
+                Joined::Taken(incarnation) => {
+                    return Err(EtcdError::NameTaken { node: self.node.clone(), incarnation });
+                }
+                Joined::Again => {}
+            }
+        }
+        Err(EtcdError::Contention { node: self.node.clone(), attempts: JOIN_ATTEMPTS })
+    }
+
+    /// One try of [`DomainClient::join_checked`].
+    async fn join_once(
+        &self,
+        lease: &Lease,
+        record: &MemberRecord,
+        key: &str,
+        slot: Option<u32>,
+    ) -> Result<Joined, EtcdError> {
         let reverse = self.keys.slot_of(&self.node);
-        let mut compares = vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)];
+        let mut compares = vec![Compare::create_revision(key.to_owned(), CompareOp::Equal, 0)];
         if let Some(slot) = slot {
             // That very claim, not any: a gc and another daemon of this name claiming a
             // new slot meanwhile would otherwise let this one serve a slot someone else
@@ -505,13 +542,13 @@ impl DomainClient {
             compares.push(Compare::mod_revision(reverse.clone(), CompareOp::Equal, revision));
         }
         let txn = Txn::new().when(compares).and_then([TxnOp::put(
-            key.clone(),
+            key.to_owned(),
             records::encode(record),
             Some(PutOptions::new().with_lease(lease.id())),
         )]);
         let mut kv = self.client.clone();
         if self.call("member join", kv.txn(txn)).await?.succeeded() {
-            return Ok(());
+            return Ok(Joined::Yes);
         }
         if let Some(slot) = slot {
             let now = match self.get_raw(&reverse).await? {
@@ -526,11 +563,14 @@ impl DomainClient {
                 return Err(EtcdError::SlotCollected { node: self.node.clone(), slot, now });
             }
         }
-        let incarnation = match self.get_record::<MemberRecord>(&key).await {
-            Ok(Some(holder)) => holder.incarnation.to_string(),
-            Ok(None) | Err(_) => "unknown".to_owned(),
-        };
-        Err(EtcdError::NameTaken { node: self.node.clone(), incarnation })
+        match self.get_record::<MemberRecord>(key).await {
+            Ok(Some(holder)) => Ok(Joined::Taken(holder.incarnation.to_string())),
+            // No member: the claim was rewritten unchanged since it was read, or the
+            // holder's lease ended just now.
+            Ok(None) => Ok(Joined::Again),
+            Err(e @ EtcdError::Record { .. }) => Ok(Joined::Taken(format!("unknown: {e}"))),
+            Err(e) => Err(e),
+        }
     }
 
     /// Leaves the domain: revokes the lease, which deletes the member record with it.

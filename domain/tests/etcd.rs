@@ -228,6 +228,27 @@ async fn a_second_daemon_with_the_same_name_is_refused_while_the_first_lease_liv
     assert!(stopped.elapsed() >= Duration::from_millis(500), "freed too early: {:?}", stopped.elapsed());
 }
 
+/// A member key that holds junk refuses the join naming why its holder is not known
+/// (before: "unknown", as for any failure to read it). (A refusal whose member key is
+/// gone by the time it is read is tried again; that window is not reproduced here.)
+#[tokio::test]
+async fn a_join_refused_names_the_holder_or_tries_again() {
+    let Some(etcd) = etcd().await else { return };
+    let c = client(&etcd, "tray-9", 2).await;
+    let lease = c.grant_lease().await.unwrap();
+    let key = c.keys().member("tray-9");
+    let short = c.grant_lease().await.unwrap();
+    let put = etcd_client::PutOptions::new().with_lease(short.id());
+    c.raw().put(key.clone(), b"not a record".to_vec(), Some(put)).await.unwrap();
+    match c.join(&lease, &member("tray-9")).await {
+        Err(EtcdError::NameTaken { incarnation, .. }) => assert!(incarnation.starts_with("unknown: "), "{incarnation}"),
+        other => panic!("a join over junk: {other:?}"),
+    }
+    // Gone with its lease: the name is free.
+    c.leave(short).await.unwrap();
+    c.join(&lease, &member("tray-9")).await.unwrap();
+}
+
 #[tokio::test]
 async fn settings_are_written_once_and_a_mismatch_names_both_values() {
     let Some(etcd) = etcd().await else { return };
