@@ -277,19 +277,16 @@ impl Memory {
     ) -> Result<GfaSide, MemoryError> {
         let end = gfa.checked_add(len).ok_or_else(|| bad(format!("{len} bytes at GFA {gfa:#x} overflow")))?;
         // The regions this session reaches: its own, and those it imported (with the import).
-        // Through one import: that import alone.
-        let owned = st
-            .ledger
-            .regions
-            .iter()
-            .filter(|(_, r)| through.is_none() && r.session == session)
-            .map(|(id, _)| (*id, None));
-        let imported = st
-            .ledger
-            .imports
-            .iter()
-            .filter(|(iid, i)| i.session == session && through.is_none_or(|t| t == **iid))
-            .map(|(iid, i)| (i.region, Some((*iid, i.access))));
+        // Through one import: that import alone, looked up (a copy across nodes asks this
+        // for every chunk; it used to walk every region and import of the node).
+        let ledger = &st.ledger;
+        let every = if through.is_none() { usize::MAX } else { 0 };
+        let owned = ledger.regions.iter().take(every).filter(|(_, r)| r.session == session).map(|(id, _)| (*id, None));
+        let one = through.and_then(|t| ledger.imports.get(&t).map(|i| (t, i)));
+        let imported = (ledger.imports.iter().take(every).map(|(iid, i)| (*iid, i)))
+            .chain(one)
+            .filter(|(_, i)| i.session == session)
+            .map(|(iid, i)| (i.region, Some((iid, i.access))));
         // Which way in wins, whatever order the maps hold them in: an owned region (it
         // grants more), then an import not revoked, then a writable one, then the newest.
         let rank = |via: Via| match via {
