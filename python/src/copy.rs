@@ -180,9 +180,12 @@ pub(crate) fn endpoint(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CopyE
         let r = r.get().slot.get().ok_or_else(|| closed(py, "registration"))?;
         return Ok(CopyEndpoint::from(&*r));
     }
-    // An int out of range raises Python's own `OverflowError`, as every int argument does.
-    if obj.is_instance_of::<pyo3::types::PyInt>() {
-        return Ok(CopyEndpoint::Gfa(obj.extract::<u64>()?));
+    // An int (or anything with `__index__`, a numpy integer) out of range raises Python's
+    // own `OverflowError`, as every int argument does.
+    match obj.extract::<u64>() {
+        Ok(g) => return Ok(CopyEndpoint::Gfa(g)),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => return Err(e),
+        Err(_) => {}
     }
     Err(invalid(py, "a copy endpoint is a GFA (int), a Registration or Registration.at(offset)"))
 }

@@ -184,9 +184,15 @@ impl Import {
     /// Raises `RevokedError` once fabricd revoked it.
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         let i = self.get(py)?;
-        let checked = i.check();
-        crate::gil::let_go(py, i);
-        checked.map_err(|e| to_py(py, e))
+        // Let go of before the error is made (Python code: see `let_go`); a check that
+        // passes runs none, and keeps the GIL.
+        match i.check() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                crate::gil::let_go(py, i);
+                Err(to_py(py, e))
+            }
+        }
     }
     /// Lets go of the import (released in fabricd once its mappings are gone).
     fn release(&self) {
@@ -257,9 +263,13 @@ impl Mapping {
     /// until it is unmapped).
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         let m = self.get(py)?;
-        let checked = m.check();
-        crate::gil::let_go(py, m);
-        checked.map_err(|e| to_py(py, e))
+        match m.check() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                crate::gil::let_go(py, m);
+                Err(to_py(py, e))
+            }
+        }
     }
     /// Whether the hardware keeps this host's caches coherent with the memory, making
     /// `flush` and `invalidate` no-ops (the grant's coherence: `Mapping::coherent`).

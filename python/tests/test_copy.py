@@ -147,6 +147,8 @@ def test_copy_refusals_and_failures(session: fabric_mm.Session, gpu: str) -> Non
             session.copy(out_of_range, region.gfa, 1)
         with pytest.raises(OverflowError):
             session.copy(region.gfa, out_of_range, 1)
+    # A numpy integer is an int endpoint (its __index__), as for every int argument.
+    assert session.copy(numpy.uint64(region.gfa + MIB), numpy.int64(region.gfa), 4096).wait() == 4096  # type: ignore[arg-type]
 
     gfa = region.gfa
 
