@@ -34,8 +34,10 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 pub(super) const MAX_RETIRED: usize = 256;
 /// Replacements one uid's stalls may take before all its sessions are parked: so that
 /// one uid (up to `clients_per_uid` sessions) cannot use up [`MAX_RETIRED`] and leave
-/// every other user's copies to stalled engines.
-pub(super) const UID_SHARE: usize = MAX_RETIRED / 8;
+/// every other user's copies to stalled engines. Above what one session can take (its
+/// chunks running when it was parked: at most `copy.engines`, at most 64), so that one
+/// stalling process never parks its uid's other sessions; it takes two or more.
+pub(super) const UID_SHARE: usize = 96;
 /// How often the watchdog says it could not replace a stalled engine.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 

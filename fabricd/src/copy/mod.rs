@@ -901,8 +901,9 @@ mod tests {
     /// registration is), into a new temporary file (region `region`: the engine keeps one
     /// mapping per region id); the registration's gate.
     fn client_copy(src: &[u8], region: u64) -> (NewCopy, Arc<crate::dma::ClientGate>) {
+        let len = src.len() as u64;
         let file = Arc::new(tempfile::tempfile().unwrap());
-        file.set_len(src.len() as u64).unwrap();
+        file.set_len(len).unwrap();
         let gate = Arc::new(crate::dma::ClientGate::new());
         let process = crate::transport::peer::Process::this().unwrap();
         let dst = Side::File {
@@ -915,7 +916,23 @@ mod tests {
             device: false,
         };
         let src = Side::Process { process, addr: src.as_ptr() as u64, gate: gate.clone() };
-        (NewCopy { dst, src, len: 4096, deps: Vec::new(), device: None }, gate)
+        (NewCopy { dst, src, len, deps: Vec::new(), device: None }, gate)
+    }
+
+    /// The next completion `done` gets within `wait`, if any (a copy that may never end
+    /// while the test holds something).
+    fn completion_within<T>(
+        done: &mut tokio::sync::mpsc::UnboundedReceiver<T>,
+        wait: std::time::Duration,
+    ) -> Option<T> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match done.try_recv() {
+                Ok(got) => return Some(got),
+                Err(_) if std::time::Instant::now() > deadline => return None,
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
     }
 
     /// Waits up to 10 s for `what` to hold.
@@ -1012,14 +1029,7 @@ mod tests {
         }
         let other = engine.submit(2, 2, 2, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
         let other = other.unwrap().unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let got = loop {
-            match done.try_recv() {
-                Ok(got) => break Some(got),
-                Err(_) if std::time::Instant::now() > deadline => break None,
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
-            }
-        };
+        let got = completion_within(&mut done, std::time::Duration::from_secs(5));
         let taken = crew::retired_of(&engine.shared, 1);
         let Some((_, d)) = got else {
             drop(held);
@@ -1036,6 +1046,29 @@ mod tests {
         let (copy, _gate) = client_copy(&data, 5000);
         engine.submit(1, 100, 9999, sink, &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
         assert_eq!(done.blocking_recv().unwrap().1.result, CopyResult::Ok);
+    }
+
+    /// One session stalling on every engine (64) does not park its uid's other sessions:
+    /// the uid's share is above what one session can take.
+    #[test]
+    fn one_session_stalling_on_every_engine_leaves_its_uids_other_sessions_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CopyConfig { engines: 64, max_in_flight_per_session: 4, chunk_bytes: MIN_CHUNK };
+        let (engine, memory) = engine_with(dir.path(), config);
+        let (sink, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let data = vec![4u8; 64 * MIN_CHUNK as usize];
+        let held = lock(&engine.shared.client_held);
+        let (copy, _gate) = client_copy(&data, 7000);
+        let stalled = engine.submit(1, 1, 1, sink.clone(), &memory, || Ok::<_, ()>(copy)).unwrap().unwrap();
+        assert!(eventually(|| crew::retired_of(&engine.shared, 1) == 64), "not every engine was retired");
+        let other = engine.submit(1, 2, 2, sink.clone(), &memory, || Ok::<_, ()>(file_copy(Vec::new())));
+        let other = other.unwrap().unwrap();
+        let got = completion_within(&mut done, std::time::Duration::from_secs(5));
+        drop(held);
+        let (_, d) = got.expect("the uid's other session's copy did not run");
+        assert_eq!((d.copy, d.result), (other, CopyResult::Ok));
+        let (_, d) = done.blocking_recv().unwrap();
+        assert_eq!((d.copy, d.result), (stalled, CopyResult::Ok));
     }
 
     /// An engine dropped while a chunk is stalled in a client's memory does not wait for
