@@ -310,6 +310,9 @@ fn ask<T: serde::de::DeserializeOwned>(
 /// The first wait before a release is told again, and the longest.
 const RELEASE_RETRY_FIRST: Duration = Duration::from_millis(200);
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(10);
+/// How long a release is told again before it is given up (a link that can never be
+/// made: an address that does not resolve, another CA's certificate).
+const RELEASE_GIVE_UP: Duration = Duration::from_secs(600);
 
 /// Whether a release that failed with `e` may still be held by the owner (told again):
 /// not when the owner answered (but `Unavailable`: for now), is another incarnation, or
@@ -322,12 +325,15 @@ fn release_untold(e: &DialError) -> bool {
     }
 }
 
-/// `owner`'s grant in `body`; one that does not decode (another version's, say) is still
-/// recorded at the owner: its import id, when it can be read, goes to `back` to be given
-/// back (no client gets it).
+/// `owner`'s grant in `body`; one with bytes after it (another version's, with a field
+/// added) is still recorded at the owner: its import id goes to `back` to be given back
+/// (no client gets it). A body whose head is no grant is given back to no one: its first
+/// number may not be an import id at all, and releasing another live import would free
+/// memory a client maps.
 fn decoded<T: serde::de::DeserializeOwned>(owner: &str, body: &[u8], back: impl FnOnce(u64)) -> Result<T, ErrorBody> {
     wire::decode(body).map_err(|e| {
-        if let Some(import) = wire::granted_import(body) {
+        let grant_first = postcard::take_from_bytes::<T>(body).is_ok();
+        if grant_first && let Some(import) = wire::granted_import(body) {
             tracing::warn!(%owner, import, error = %e, "a grant that does not decode; given back");
             back(import);
         }
@@ -684,8 +690,9 @@ impl Importer {
     /// A release that gets no answer (the owner stopped or cut off, this node fenced for
     /// a moment) is told again with backoff, for as long as the owner is a member at that
     /// incarnation and this node is the incarnation that asked (another one's imports
-    /// the owner ends when it sees it); before, it was told once, and the owner held the
-    /// import, counted against this node, until this node restarted.
+    /// the owner ends when it sees it), for up to [`RELEASE_GIVE_UP`]; before, it was
+    /// told once, and the owner held the import, counted against this node, until this
+    /// node restarted.
     fn give_back(
         &self,
         domain: &std::sync::Arc<crate::tasks::domain::Domain>,
@@ -695,6 +702,7 @@ impl Importer {
         let (domain, owner) = (domain.clone(), owner.to_owned());
         let ours = domain.status().incarnation;
         domain.clone().runtime().spawn(async move {
+            let since = std::time::Instant::now();
             let mut wait = RELEASE_RETRY_FIRST;
             let mut told = 0u32;
             loop {
@@ -714,6 +722,10 @@ impl Importer {
                 }
                 if domain.status().incarnation != ours {
                     tracing::info!(%owner, import, "an import's release ends: this node is another incarnation now");
+                    return;
+                }
+                if since.elapsed() >= RELEASE_GIVE_UP {
+                    tracing::error!(%owner, import, told, error = %why, "an import's release never reached its owner; given up (the owner holds it until this node restarts)");
                     return;
                 }
                 if told == 1 {
@@ -1023,9 +1035,10 @@ mod tests {
         let refused = decoded::<ObjectGrant>("a", &body, |i| back = Some(i)).unwrap_err();
         assert_eq!(refused.code, ErrorCode::Internal);
         assert_eq!(back, Some(300), "given back");
-        // Nothing readable: nothing to give back.
+        // Nothing readable, or a head that is no grant: nothing to give back.
         let mut nothing = None;
         assert!(decoded::<ObjectGrant>("a", &[], |i| nothing = Some(i)).is_err());
+        assert!(decoded::<ObjectGrant>("a", &[42], |i| nothing = Some(i)).is_err());
         assert_eq!(nothing, None);
     }
 

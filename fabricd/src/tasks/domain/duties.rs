@@ -47,12 +47,15 @@ impl Duties {
         self.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether the queued gc of `node` is due: never failed, or its backoff is over. The
-    /// nodes no longer `queued` are forgotten.
-    fn gc_due(&self, node: &str, queued: &[String]) -> bool {
-        let mut failing = self.failing();
-        failing.retain(|n, _| queued.contains(n));
-        failing.get(node).is_none_or(|(_, next)| Instant::now() >= *next)
+    /// Forgets the failures of nodes no longer `queued` (once per round).
+    fn gc_queued(&self, queued: &[String]) {
+        let queued: std::collections::HashSet<&str> = queued.iter().map(String::as_str).collect();
+        self.failing().retain(|n, _| queued.contains(n.as_str()));
+    }
+
+    /// Whether the queued gc of `node` is due: never failed, or its backoff is over.
+    fn gc_due(&self, node: &str) -> bool {
+        self.failing().get(node).is_none_or(|(_, next)| Instant::now() >= *next)
     }
 
     /// The gc of `node` failed (again): its next try waits twice as long as the last, up
@@ -98,8 +101,9 @@ async fn round(client: &DomainClient, fence: &LeaderFence, duties: &Duties) -> b
             return false;
         }
     };
+    duties.gc_queued(&queue);
     for node in &queue {
-        if !duties.gc_due(node, &queue) {
+        if !duties.gc_due(node) {
             continue;
         }
         let node = node.clone();
@@ -152,19 +156,21 @@ mod tests {
     fn a_failing_gc_backs_off() {
         let d = Duties::default();
         let queued = vec!["tray1".to_owned(), "tray2".to_owned()];
-        assert!(d.gc_due("tray1", &queued));
+        d.gc_queued(&queued);
+        assert!(d.gc_due("tray1"));
         let waits: Vec<Duration> = (0..9).map(|_| d.gc_failed("tray1")).collect();
         assert_eq!(waits[..3], [GC_RETRY_FIRST, 2 * GC_RETRY_FIRST, 4 * GC_RETRY_FIRST]);
         assert_eq!(waits[8], GC_RETRY_MAX);
         assert!(waits.windows(2).all(|w| w[0] <= w[1]));
-        assert!(!d.gc_due("tray1", &queued), "waits");
-        assert!(d.gc_due("tray2", &queued), "another node's gc does not wait");
+        assert!(!d.gc_due("tray1"), "waits");
+        assert!(d.gc_due("tray2"), "another node's gc does not wait");
         d.gc_over("tray1");
-        assert!(d.gc_due("tray1", &queued));
+        assert!(d.gc_due("tray1"));
         d.gc_failed("tray1");
-        assert!(!d.gc_due("tray1", &queued));
+        d.gc_queued(&queued);
+        assert!(!d.gc_due("tray1"), "still queued: still waits");
         // No longer queued: forgotten (a request queued again starts over).
-        assert!(d.gc_due("tray2", &queued[1..]));
-        assert!(d.gc_due("tray1", &queued));
+        d.gc_queued(&queued[1..]);
+        assert!(d.gc_due("tray1"));
     }
 }
