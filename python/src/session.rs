@@ -277,12 +277,9 @@ impl Session {
 
     fn map(slf: &Bound<'_, Self>, py: Python<'_>, memory: &Bound<'_, PyAny>) -> PyResult<Mapping> {
         let source = Source::of(py, memory)?;
-        let s = match slf.get().get(py) {
-            Ok(s) => s,
-            Err(e) => {
-                crate::gil::let_go(py, source);
-                return Err(e);
-            }
+        let Some(s) = slf.get().slot.get() else {
+            crate::gil::let_go(py, source);
+            return Err(closed(py, "session"));
         };
         let mapped = match source {
             Source::Region(r) => blocking(py, move || s.map(&*r)),
@@ -365,12 +362,9 @@ impl Session {
     ) -> PyResult<Registration> {
         let access = values::access_of(access).map_err(|e| to_py(py, e))?;
         let src = Source::of(py, memory)?;
-        let s = match slf.get().get(py) {
-            Ok(s) => s,
-            Err(e) => {
-                crate::gil::let_go(py, src);
-                return Err(e);
-            }
+        let Some(s) = slf.get().slot.get() else {
+            crate::gil::let_go(py, src);
+            return Err(closed(py, "session"));
         };
         let Some(length) = length.or_else(|| src.len().checked_sub(offset)) else {
             crate::gil::let_go(py, (s, src));
