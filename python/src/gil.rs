@@ -126,6 +126,15 @@ pub(crate) fn let_go<T: Send>(py: Python<'_>, v: T) {
     py.detach(move || drop(v));
 }
 
+/// `r`, the outcome of a call on `held`: its error is made (Python code) only once `held`
+/// is let go of ([`let_go`]); a success runs no Python code, and keeps the GIL.
+pub(crate) fn outcome<T: Send, R>(py: Python<'_>, held: T, r: fabric_mm::Result<R>) -> PyResult<R> {
+    r.map_err(|e| {
+        let_go(py, held);
+        to_py(py, e)
+    })
+}
+
 /// A library object a Python object holds for its whole life, dropped with the GIL
 /// released ([`drop_detached`]) when the Python object goes: its last drop may end the
 /// session, which waits for the library's reader thread — and that thread may be

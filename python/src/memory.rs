@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::copy::HostBuffer;
-use crate::error::{closed, invalid, to_py};
+use crate::error::{closed, invalid};
 use crate::gil::Slot;
 use crate::session::Owner;
 
@@ -184,15 +184,8 @@ impl Import {
     /// Raises `RevokedError` once fabricd revoked it.
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         let i = self.get(py)?;
-        // Let go of before the error is made (Python code: see `let_go`); a check that
-        // passes runs none, and keeps the GIL.
-        match i.check() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                crate::gil::let_go(py, i);
-                Err(to_py(py, e))
-            }
-        }
+        let checked = i.check();
+        crate::gil::outcome(py, i, checked)
     }
     /// Lets go of the import (released in fabricd once its mappings are gone).
     fn release(&self) {
@@ -263,13 +256,8 @@ impl Mapping {
     /// until it is unmapped).
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         let m = self.get(py)?;
-        match m.check() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                crate::gil::let_go(py, m);
-                Err(to_py(py, e))
-            }
-        }
+        let checked = m.check();
+        crate::gil::outcome(py, m, checked)
     }
     /// Whether the hardware keeps this host's caches coherent with the memory, making
     /// `flush` and `invalidate` no-ops (the grant's coherence: `Mapping::coherent`).
